@@ -1,0 +1,44 @@
+"""orch's exception tree. Every failure of an external system is turned into one of these,
+with a message a user can act on; the CLI maps them to exit codes in one place."""
+
+from __future__ import annotations
+
+
+class OrchError(Exception):
+    """Root of orch's errors. `exit_code` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(OrchError):
+    """Bad input from the user: a malformed plan, pair, round, suite, --set value, ..."""
+
+    exit_code = 2
+
+
+class PlanError(UsageError):
+    """A suite file, config file or plan value is invalid."""
+
+
+class StoreError(OrchError):
+    """state.db is unreadable, corrupt, locked or from a newer orch."""
+
+
+class InvalidTransition(StoreError):
+    """A job state change that the transition table forbids."""
+
+
+class JobNotFound(UsageError):
+    """No job with that id."""
+
+
+class GpuUnavailable(OrchError):
+    """NVML (or the simulated backend) cannot be read."""
+
+
+class LauncherError(OrchError):
+    """tmux or the subprocess launcher could not start, find or stop a worker."""
+
+
+class DaemonError(OrchError):
+    """The daemon is already running, not running, or could not be started/stopped."""

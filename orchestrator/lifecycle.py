@@ -1,0 +1,58 @@
+"""Job states, attempt outcomes and the one transition table every state write is checked against."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from orchestrator.errors import InvalidTransition
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AttemptOutcome(str, Enum):
+    SUCCEEDED = "succeeded"
+    OOM = "oom"
+    HOST_OOM = "host_oom"
+    FAILED = "failed"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES: frozenset[JobState] = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+)
+
+# (from, to) pairs that are allowed. None as `from` is the creation of a job.
+# running -> queued is a requeue after an OOM'd, lost or retried-once attempt;
+# failed/cancelled -> queued is `orch retry`.
+ALLOWED_TRANSITIONS: frozenset[tuple[JobState | None, JobState]] = frozenset(
+    {
+        (None, JobState.QUEUED),
+        (JobState.QUEUED, JobState.RUNNING),
+        (JobState.QUEUED, JobState.CANCELLED),
+        (JobState.QUEUED, JobState.FAILED),  # e.g. the ladder can offer nothing that fits any GPU
+        (JobState.RUNNING, JobState.SUCCEEDED),
+        (JobState.RUNNING, JobState.FAILED),
+        (JobState.RUNNING, JobState.CANCELLED),
+        (JobState.RUNNING, JobState.QUEUED),
+        (JobState.FAILED, JobState.QUEUED),
+        (JobState.CANCELLED, JobState.QUEUED),
+    }
+)
+
+
+def is_allowed(from_state: JobState | None, to_state: JobState) -> bool:
+    return (from_state, to_state) in ALLOWED_TRANSITIONS
+
+
+def check_transition(from_state: JobState | None, to_state: JobState) -> None:
+    """Raise InvalidTransition unless the table allows from_state -> to_state."""
+    if not is_allowed(from_state, to_state):
+        shown_from = from_state.value if from_state is not None else "(new)"
+        raise InvalidTransition(f"job state change {shown_from} -> {to_state.value} is not allowed")

@@ -1,0 +1,1 @@
+"""Worker programs orch launches. They speak the file protocol only and never import orchestrator."""
