@@ -41,7 +41,12 @@ class GpuState:
 @dataclass(frozen=True)
 class PackingPolicy:
     headroom_fraction: float = 0.10  # of each card's total, kept free beside every job
-    starvation_s: float = 600.0  # a head job waiting longer than this blocks backfill on its best GPU
+    starvation_s: float = (
+        600.0  # a head job waiting longer than this blocks backfill on its best GPU
+    )
+    # which fitting GPU a job gets: "spread" (fewest jobs, then most free memory) or "best_fit"
+    # (least memory left over); the packing benchmark decides the default
+    placement: str = "spread"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,140 @@ def outstanding_reservation_mib(attempt: RunningAttempt) -> int:
     return max(0, attempt.predicted_peak_mib - attempt.held_mib)
 
 
+PLACEMENT_RULES = ("spread", "best_fit")
+
+
+def headroom_mib(gpu: GpuState, policy: PackingPolicy) -> int:
+    """Memory kept free beside every job on this card."""
+    return int(policy.headroom_fraction * gpu.total_mib)
+
+
+def _gib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
+@dataclass
+class _Card:
+    """One GPU's state while a single `pack` call places jobs on it."""
+
+    gpu: GpuState
+    headroom_mib: int
+    used_slots: int
+    reserved_mib: int  # outstanding reservations of ramping attempts + placements of this call
+    ramping_mib: int  # the part of `reserved_mib` owed to running attempts still ramping
+    capacity_mib: int  # free memory once our own attempts end: free_mib + what they hold
+    occupied: bool  # any running attempt or placement
+    alone: bool  # a run_alone attempt or placement holds the card
+    held_for: int | None = None  # job id of a starving job this card is kept free for
+
+    @property
+    def available_mib(self) -> int:
+        return self.gpu.free_mib - self.reserved_mib
+
+
+def _cards(
+    gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy
+) -> dict[int, _Card]:
+    cards = {
+        g.index: _Card(g, headroom_mib(g, policy), 0, 0, 0, g.free_mib, False, False) for g in gpus
+    }
+    for attempt in running:
+        card = cards.get(attempt.gpu_index)
+        if card is None:  # a GPU outside the plan: nothing to pack there
+            continue
+        owed = outstanding_reservation_mib(attempt)
+        card.used_slots += 1
+        card.reserved_mib += owed
+        card.ramping_mib += owed
+        card.capacity_mib += attempt.held_mib
+        card.occupied = True
+        card.alone = card.alone or attempt.run_alone
+    return cards
+
+
+def _blocker(job: QueuedJob, card: _Card) -> str | None:
+    """Why `job` cannot start on `card` now, or None when it can."""
+    if card.gpu.slots <= 0:
+        return "plan"
+    if job.predicted_peak_mib + card.headroom_mib > card.gpu.total_mib:
+        return "never"
+    if card.alone:
+        return "alone"
+    if card.used_slots >= card.gpu.slots:
+        return "cap"
+    if job.run_alone and card.occupied:
+        return "occupied"
+    if job.predicted_peak_mib + card.headroom_mib > card.available_mib:
+        return "memory"
+    if card.held_for is not None and card.held_for != job.job_id:
+        return "held"
+    return None
+
+
+def _choose(job: QueuedJob, fits: list[_Card], rule: str) -> _Card:
+    if rule == "best_fit":  # the tightest card keeps large gaps for large jobs
+        return min(fits, key=lambda c: (c.available_mib - job.predicted_peak_mib, c.gpu.index))
+    # spread: a job sharing a card runs slower, so prefer the emptiest, then the most free memory
+    return min(fits, key=lambda c: (c.used_slots, -c.available_mib, c.gpu.index))
+
+
+def _best_candidate(job: QueuedJob, cards: list[_Card]) -> _Card | None:
+    """The card where a starving job should fit soonest: smallest memory deficit now."""
+    possible = [c for c in cards if _blocker(job, c) not in ("plan", "never")]
+    if not possible:
+        return None
+
+    def deficit(c: _Card) -> tuple[int, int, int]:
+        need = job.predicted_peak_mib + c.headroom_mib
+        if job.run_alone or c.alone:
+            jobs_to_drain = c.used_slots
+        else:
+            jobs_to_drain = max(0, c.used_slots - c.gpu.slots + 1)
+        return (jobs_to_drain, max(0, need - c.available_mib), c.gpu.index)
+
+    return min(possible, key=deficit)
+
+
+def _wait_reason(
+    job: QueuedJob,
+    cards: list[_Card],
+    blockers: dict[int, str | None],
+    now_s: float,
+    waits: dict[int, float],
+) -> str:
+    """One line naming the limiting GPU and the numbers, for the dashboard."""
+    if not cards:
+        return "no allowed GPU is in the plan"
+    usable = [c for c in cards if blockers[c.gpu.index] != "plan"]
+    if not usable:
+        return "all allowed GPUs have 0 slots in the plan"
+    if all(blockers[c.gpu.index] == "never" for c in usable):
+        largest = max(usable, key=lambda c: c.gpu.total_mib)
+        return (
+            f"no GPU can ever fit {_gib(job.predicted_peak_mib)} + {_gib(largest.headroom_mib)} "
+            f"headroom (largest card {_gib(largest.gpu.total_mib)})"
+        )
+    held = [c for c in usable if blockers[c.gpu.index] == "held"]
+    if held:
+        c = held[0]
+        assert c.held_for is not None
+        minutes = (now_s - waits[c.held_for]) / 60.0
+        return f"held back: GPU {c.gpu.index} kept free for job {c.held_for} (waiting {minutes:.0f} min)"
+    short = [c for c in usable if blockers[c.gpu.index] == "memory"]
+    if short:
+        c = max(short, key=lambda c: c.available_mib - c.headroom_mib)
+        ramping = f" ({_gib(c.reserved_mib)} reserved for ramping jobs)" if c.reserved_mib else ""
+        return (
+            f"GPU {c.gpu.index}: {_gib(c.available_mib)} free{ramping}, "
+            f"needs {_gib(job.predicted_peak_mib)} + {_gib(c.headroom_mib)} headroom"
+        )
+    if job.run_alone:
+        return "waiting to run alone on a GPU"
+    if any(blockers[c.gpu.index] == "alone" for c in usable):
+        return "all allowed GPUs at their plan cap or running a job alone"
+    return "all allowed GPUs at their plan cap"
+
+
 def pack(
     queue: list[QueuedJob],
     gpus: list[GpuState],
@@ -71,4 +210,43 @@ def pack(
     policy: PackingPolicy,
     now_s: float,
 ) -> PackingDecision:
-    raise NotImplementedError  # implemented with its tests
+    """Place queued jobs on GPUs; every job left waiting gets a reason.
+
+    Jobs are taken by priority (high first), then queue order. A job that does not fit is
+    skipped and later jobs may start around it (backfill), except that the first such job,
+    once it has waited `starvation_s`, keeps its best card free until it starts there.
+    """
+    if policy.placement not in PLACEMENT_RULES:
+        raise ValueError(f"unknown placement rule {policy.placement!r}")
+    cards = _cards(gpus, running, policy)
+    waits = {job.job_id: job.waiting_since_s for job in queue}
+    placements: list[Placement] = []
+    reasons: dict[int, str] = {}
+    head_seen = False
+    for job in sorted(queue, key=lambda j: (-j.priority, j.queued_seq)):
+        allowed = [
+            c
+            for i, c in sorted(cards.items())
+            if job.allowed_gpu_indices is None or i in job.allowed_gpu_indices
+        ]
+        blockers = {c.gpu.index: _blocker(job, c) for c in allowed}
+        fits = [c for c in allowed if blockers[c.gpu.index] is None]
+        if fits:
+            card = _choose(job, fits, policy.placement)
+            placements.append(Placement(job.job_id, card.gpu.index, job.predicted_peak_mib))
+            card.used_slots += 1
+            card.reserved_mib += job.predicted_peak_mib
+            card.occupied = True
+            card.alone = card.alone or job.run_alone
+            if card.held_for == job.job_id:
+                card.held_for = None
+            continue
+        reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
+        if not head_seen:
+            head_seen = True
+            if now_s - job.waiting_since_s > policy.starvation_s:
+                best = _best_candidate(job, [c for c in allowed if c.held_for is None])
+                if best is not None:
+                    best.held_for = job.job_id
+                    reasons[job.job_id] += f"; GPU {best.gpu.index} kept free for it"
+    return PackingDecision(tuple(placements), reasons)
