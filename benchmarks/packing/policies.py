@@ -1,0 +1,219 @@
+"""The launchers raced in the benchmark; each knows only what a real one would know."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from benchmarks.packing.simulator import Attempt, Outcome, Simulator, Start
+from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
+from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+
+MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
+
+
+def _slot_gpus(trace: Trace) -> list[int]:
+    """Bash launchers' slot list: GPU g repeated plan_g times."""
+    return [g.index for g, n in zip(trace.gpus, trace.plan, strict=True) for _ in range(n)]
+
+
+class RoundsPolicy:
+    """Suite sliced into rounds of Σ slots in trace order; each round waits for its slowest job.
+
+    Without `rerun` an OOM fails the job for good. With it, jobs that failed are re-run by hand
+    at level+1 in further rounds after the suite ends; level 4 gets a card to itself.
+    """
+
+    def __init__(self, trace: Trace, rerun: bool = False) -> None:
+        self.name = "rounds+rerun" if rerun else "rounds"
+        self.rerun = rerun
+        self.trace = trace
+        self.slots = _slot_gpus(trace)
+        self.alone_slots = [g.index for g, n in zip(trace.gpus, trace.plan, strict=True) if n > 0]
+        self.rounds: deque[list[tuple[int, int]]] = deque()
+        self._slice([(j, 0) for j in range(len(trace.jobs))], self.slots)
+        self.failed: list[tuple[int, int]] = []
+        self.round_no = 0
+
+    def _slice(self, jobs: list[tuple[int, int]], slots: list[int]) -> None:
+        for i in range(0, len(jobs), len(slots)):
+            self.rounds.append(jobs[i : i + len(slots)])
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
+        if sim.running:
+            return []
+        if not self.rounds and self.failed:
+            again = [(j, lv + 1) for j, lv in self.failed if lv < RUN_ALONE_LEVEL]
+            self.failed = []
+            self._slice([x for x in again if x[1] < RUN_ALONE_LEVEL], self.slots)
+            self._slice([x for x in again if x[1] == RUN_ALONE_LEVEL], self.alone_slots)
+        if not self.rounds:
+            return []
+        self.round_no += 1
+        batch = self.rounds.popleft()
+        slots = self.alone_slots if batch[0][1] == RUN_ALONE_LEVEL else self.slots
+        return [
+            Start(j, gpu, lv, run_alone=lv == RUN_ALONE_LEVEL, tag=self.round_no)
+            for (j, lv), gpu in zip(batch, slots, strict=False)
+        ]
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        if outcome == "oom" and self.rerun:
+            self.failed.append((attempt.start.job_index, attempt.start.level))
+
+    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
+        return now_s if not sim.running and self.rounds else None
+
+    def finished(self) -> bool:
+        return not self.rounds and not self.failed
+
+
+class SlotsPolicy:
+    """Start the next job whenever a plan slot frees, without looking at memory.
+
+    `threshold` also waits until the card's live free memory exceeds the job's declared need,
+    with no reservation for jobs still ramping up. Both keep strict FIFO order, put an OOM'd
+    job back at the end of the queue unchanged, and give up after `MAX_RETRIES` retries.
+    """
+
+    def __init__(self, trace: Trace, threshold: bool = False) -> None:
+        self.name = "threshold" if threshold else "slots"
+        self.threshold = threshold
+        self.trace = trace
+        self.queue: deque[int] = deque(range(len(trace.jobs)))
+        self.ooms = [0] * len(trace.jobs)
+
+    def _fits(self, sim: Simulator, gpu_index: int, job_index: int, now_s: float) -> bool:
+        if not self.threshold:
+            return True
+        return sim.free_mib(gpu_index, now_s) > self.trace.jobs[job_index].declared_mib
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
+        starts: list[Start] = []
+        used = {g.index: len(sim.on_gpu(g.index)) for g in self.trace.gpus}
+        while self.queue:
+            head = self.queue[0]
+            free_slots = [
+                g.index
+                for g, n in zip(self.trace.gpus, self.trace.plan, strict=True)
+                if used[g.index] < n and self._fits(sim, g.index, head, now_s)
+            ]
+            if not free_slots:
+                break
+            self.queue.popleft()
+            used[free_slots[0]] += 1
+            starts.append(Start(head, free_slots[0], 0))
+        return starts
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        j = attempt.start.job_index
+        if outcome == "oom":
+            self.ooms[j] += 1
+            if self.ooms[j] <= MAX_RETRIES:
+                self.queue.append(j)
+
+    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
+        return None  # only the end of an attempt frees a slot or memory
+
+    def finished(self) -> bool:
+        return not self.queue
+
+
+@dataclass
+class _Queued:
+    level: int
+    since_s: float
+
+
+@dataclass
+class OrchPolicy:
+    """The real `pack`, with per-shape learning and the degradation ladder.
+
+    Prediction for a (config, task, level): its measured peak after an attempt of that shape
+    succeeded, plus `margin`; else the declared memory, raised to the memory an OOM'd attempt
+    of that shape held when it failed (a floor), plus `margin`. An OOM moves the job one level
+    down the ladder; level 4 runs alone; an OOM there fails the job.
+    """
+
+    trace: Trace
+    packing: PackingPolicy = field(default_factory=PackingPolicy)
+    margin: float = 0.05
+    name: str = "orch"
+    measured_mib: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    floor_mib: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    queue: dict[int, _Queued] = field(default_factory=dict)
+    wait_reasons: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.queue = {j: _Queued(0, 0.0) for j in range(len(self.trace.jobs))}
+
+    def predict_mib(self, job_index: int, level: int) -> float:
+        job = self.trace.jobs[job_index]
+        shape = job.shape(level)
+        if shape in self.measured_mib:
+            return self.measured_mib[shape] * (1 + self.margin)
+        floor = self.floor_mib.get(shape, 0.0) * (1 + self.margin)
+        return max(job.declared_mib, floor)
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
+        if not self.queue:
+            return []
+        gpus = [
+            GpuState(
+                g.index, f"sim-{g.index}", int(g.total_mib), int(sim.free_mib(g.index, now_s)), n
+            )
+            for g, n in zip(self.trace.gpus, self.trace.plan, strict=True)
+        ]
+        running = [
+            RunningAttempt(
+                a.start.job_index,
+                a.start.gpu_index,
+                int(a.start.predicted_mib),
+                int(a.held_mib(now_s)),
+                reached_peak=not a.ramping(now_s),
+                run_alone=a.start.run_alone,
+            )
+            for a in sim.running
+        ]
+        queue = [
+            QueuedJob(
+                job_id=j,
+                priority=0,
+                queued_seq=j,  # a retried job keeps its place in the queue
+                predicted_peak_mib=int(self.predict_mib(j, q.level)),
+                waiting_since_s=q.since_s,
+                run_alone=q.level == RUN_ALONE_LEVEL,
+            )
+            for j, q in self.queue.items()
+        ]
+        decision = pack(queue, gpus, running, self.packing, now_s)
+        self.wait_reasons = decision.wait_reasons
+        starts = []
+        for p in decision.placements:
+            level = self.queue.pop(p.job_id).level
+            starts.append(
+                Start(p.job_id, p.gpu_index, level, p.reserved_mib, level == RUN_ALONE_LEVEL)
+            )
+        return starts
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        s = attempt.start
+        shape = attempt.job.shape(s.level)
+        if outcome == "succeeded":
+            self.measured_mib[shape] = attempt.peak_mib  # the worker reports its peak
+            return
+        self.floor_mib[shape] = max(self.floor_mib.get(shape, 0.0), attempt.held_mib(now_s))
+        if s.level < RUN_ALONE_LEVEL:
+            self.queue[s.job_index] = _Queued(s.level + 1, now_s)
+
+    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
+        """When the next queued job crosses the starvation threshold (pack's answer may change)."""
+        times = [
+            q.since_s + self.packing.starvation_s
+            for q in self.queue.values()
+            if q.since_s + self.packing.starvation_s > now_s
+        ]
+        return min(times) if times else None
+
+    def finished(self) -> bool:
+        return not self.queue

@@ -1,0 +1,243 @@
+"""Discrete-event simulation of one sweep at virtual time.
+
+Memory of an attempt rises linearly from 0 to its true peak over `ramp_s`. When a card's
+memory (foreign + ours) reaches its size, the attempt that is allocating — the most recently
+started one still ramping — fails with an OOM and its time so far is lost. With k attempts on
+a card each runs at T(k)/k of its solo speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from benchmarks.packing.trace import Trace, TraceJob
+
+# T(k): total throughput of a card shared by k jobs, in solo-job units (the last entry repeats)
+SHARING_THROUGHPUT: tuple[float, ...] = (0.0, 1.0, 1.45, 1.8, 2.0)
+_EPS = 1e-6
+
+Outcome = Literal["succeeded", "oom"]
+
+
+def throughput(k: int, table: Sequence[float] = SHARING_THROUGHPUT) -> float:
+    """T(k) for k jobs on one card."""
+    return table[min(k, len(table) - 1)]
+
+
+@dataclass(frozen=True)
+class Start:
+    """A policy's order to start one job on one card at one ladder level."""
+
+    job_index: int
+    gpu_index: int
+    level: int
+    predicted_mib: float = 0.0  # what the policy believes the peak will be
+    run_alone: bool = False
+    tag: int = -1  # free for the policy, e.g. the round number
+
+
+@dataclass
+class Attempt:
+    start: Start
+    job: TraceJob
+    start_s: float
+    seq: int  # global start order: the latest started ramping attempt is the one that OOMs
+    remaining_min: float  # solo minutes of work left
+
+    @property
+    def peak_mib(self) -> float:
+        return self.job.peak_mib[self.start.level]
+
+    @property
+    def ramp_end_s(self) -> float:
+        return self.start_s + self.job.ramp_s
+
+    def held_mib(self, now_s: float) -> float:
+        if now_s >= self.ramp_end_s:
+            return self.peak_mib
+        return self.peak_mib * (now_s - self.start_s) / self.job.ramp_s
+
+    def ramping(self, now_s: float) -> bool:
+        return now_s < self.ramp_end_s - _EPS
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    job_index: int
+    gpu_index: int
+    level: int
+    tag: int
+    start_s: float
+    end_s: float
+    outcome: Outcome
+    held_at_end_mib: float
+
+
+@dataclass
+class SimResult:
+    makespan_min: float
+    oom_events: int
+    oom_lost_gpu_min: float  # wall minutes of OOM'd attempts, start to failure
+    failed_jobs: int  # jobs that never succeeded
+    mean_wait_min: float  # per job, all time spent queued (before each of its attempts)
+    records: list[AttemptRecord] = field(default_factory=list)
+    max_used_mib: dict[int, float] = field(default_factory=dict)  # per card, ours + foreign
+    max_jobs: dict[int, int] = field(default_factory=dict)  # most attempts at once per card
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]: ...
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None: ...
+
+    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None: ...
+
+    def finished(self) -> bool: ...
+
+
+class Simulator:
+    def __init__(self, trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT) -> None:
+        self.trace = trace
+        self.sharing = tuple(sharing)
+        self.gpus = {g.index: g for g in trace.gpus}
+        self.running: list[Attempt] = []
+        self._seq = 0
+        self._ready_s = [0.0] * len(trace.jobs)
+        self._wait_s = [0.0] * len(trace.jobs)
+        self._succeeded: set[int] = set()
+        self._records: list[AttemptRecord] = []
+        self._max_used = {i: g.foreign_mib for i, g in self.gpus.items()}
+        self._max_jobs = dict.fromkeys(self.gpus, 0)
+
+    # --- what a policy may read -----------------------------------------------------------
+    def on_gpu(self, gpu_index: int) -> list[Attempt]:
+        return [a for a in self.running if a.start.gpu_index == gpu_index]
+
+    def used_mib(self, gpu_index: int, now_s: float) -> float:
+        held = sum(a.held_mib(now_s) for a in self.on_gpu(gpu_index))
+        return self.gpus[gpu_index].foreign_mib + held
+
+    def free_mib(self, gpu_index: int, now_s: float) -> float:
+        return self.gpus[gpu_index].total_mib - self.used_mib(gpu_index, now_s)
+
+    # --- the event loop ---------------------------------------------------------------------
+    def _rate(self, attempt: Attempt) -> float:
+        k = len(self.on_gpu(attempt.start.gpu_index))
+        return throughput(k, self.sharing) / k
+
+    def _start(self, start: Start, now_s: float) -> None:
+        job = self.trace.jobs[start.job_index]
+        self._wait_s[start.job_index] += now_s - self._ready_s[start.job_index]
+        self.running.append(Attempt(start, job, now_s, self._seq, job.minutes[start.level]))
+        self._seq += 1
+        g = start.gpu_index
+        self._max_jobs[g] = max(self._max_jobs[g], len(self.on_gpu(g)))
+
+    def _end(self, policy: Policy, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        held = attempt.held_mib(now_s)
+        self.running.remove(attempt)
+        s = attempt.start
+        self._records.append(
+            AttemptRecord(
+                s.job_index, s.gpu_index, s.level, s.tag, attempt.start_s, now_s, outcome, held
+            )
+        )
+        if outcome == "succeeded":
+            self._succeeded.add(s.job_index)
+        self._ready_s[s.job_index] = now_s
+        policy.on_end(self, attempt, outcome, now_s)
+
+    def _next_event_s(self, now_s: float) -> float | None:
+        times: list[float] = []
+        for a in self.running:
+            times.append(now_s + a.remaining_min / self._rate(a) * 60.0)
+            if a.ramping(now_s):
+                times.append(a.ramp_end_s)
+        for g, gpu in self.gpus.items():
+            slope = sum(a.peak_mib / a.job.ramp_s for a in self.on_gpu(g) if a.ramping(now_s))
+            if slope > 0:
+                room = gpu.total_mib - self.used_mib(g, now_s)
+                times.append(now_s + max(0.0, room) / slope)
+        return min(times) if times else None
+
+    def _advance(self, now_s: float, to_s: float) -> None:
+        for a in self.running:
+            a.remaining_min -= self._rate(a) * (to_s - now_s) / 60.0
+
+    def _handle_events(self, policy: Policy, now_s: float) -> None:
+        for a in [a for a in self.running if a.remaining_min <= _EPS]:
+            self._end(policy, a, "succeeded", now_s)
+        for g, gpu in self.gpus.items():
+            while True:
+                used = self.used_mib(g, now_s)
+                self._max_used[g] = max(self._max_used[g], min(used, gpu.total_mib))
+                allocating = [a for a in self.on_gpu(g) if a.ramping(now_s)]
+                if used < gpu.total_mib - _EPS or not allocating:
+                    break
+                self._end(policy, max(allocating, key=lambda a: a.seq), "oom", now_s)
+
+    def run(self, policy: Policy) -> SimResult:
+        now_s = 0.0
+        while True:
+            for start in policy.decide(self, now_s):
+                self._start(start, now_s)
+            candidates = [
+                t
+                for t in (self._next_event_s(now_s), policy.next_wake_s(self, now_s))
+                if t is not None
+            ]
+            if not candidates:
+                break  # nothing runs and nothing will start: done, or the policy gave up
+            to_s = max(now_s, min(candidates))
+            self._advance(now_s, to_s)
+            now_s = to_s
+            self._handle_events(policy, now_s)
+        return self._result()
+
+    def _result(self) -> SimResult:
+        ooms = [r for r in self._records if r.outcome == "oom"]
+        n = len(self.trace.jobs)
+        return SimResult(
+            makespan_min=max((r.end_s for r in self._records), default=0.0) / 60.0,
+            oom_events=len(ooms),
+            oom_lost_gpu_min=sum(r.end_s - r.start_s for r in ooms) / 60.0,
+            failed_jobs=n - len(self._succeeded),
+            mean_wait_min=sum(self._wait_s) / n / 60.0 if n else 0.0,
+            records=self._records,
+            max_used_mib=self._max_used,
+            max_jobs=self._max_jobs,
+        )
+
+
+def best_level(job: TraceJob, trace: Trace) -> int:
+    """The fastest level whose true peak fits alone on some card of the plan."""
+    room = max(g.usable_mib for g, n in zip(trace.gpus, trace.plan, strict=True) if n > 0)
+    fitting = [lv for lv in range(len(job.minutes)) if job.peak_mib[lv] <= room]
+    if not fitting:
+        raise ValueError(f"job {job.id} fits no card at any level")
+    return min(fitting, key=lambda lv: job.minutes[lv])
+
+
+def lower_bound_min(trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT) -> float:
+    """max(longest job at its best level, total solo work / Σ_g T(cap_g)).
+
+    cap_g = min(plan_g, how many of the smallest best-level peaks fit in card g's memory).
+    """
+    best = [
+        (job.minutes[lv], job.peak_mib[lv]) for job in trace.jobs for lv in [best_level(job, trace)]
+    ]
+    peaks = sorted(p for _, p in best)
+    capacity = 0.0
+    for gpu, slots in zip(trace.gpus, trace.plan, strict=True):
+        fit, used = 0, 0.0
+        for p in peaks[:slots]:
+            if used + p > gpu.usable_mib:
+                break
+            fit, used = fit + 1, used + p
+        capacity += throughput(fit, sharing)
+    work = sum(m for m, _ in best)
+    return max(max(m for m, _ in best), work / capacity)
