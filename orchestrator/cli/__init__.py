@@ -1,0 +1,58 @@
+"""`orch` command line. Commands live one per module; errors map to exit codes here, once."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+
+from orchestrator.errors import OrchError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="orch", prog_name="orch")
+def cli() -> None:
+    """orch: pack GPU sweeps of LoRA fine-tuning jobs by live memory, retry OOMs, show it live."""
+
+
+def _register() -> None:
+    from orchestrator.cli import control, daemon_cmd, jobs, plan, results, status, submit
+
+    for module in (submit, jobs, plan, control, daemon_cmd, status, results):
+        module.register(cli)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "error"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `orch` console script. Returns the exit code."""
+    _register()
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="orch", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.exceptions.Abort:
+        click.echo("orch: aborted", err=True)
+        return 130
+    except click.UsageError as exc:
+        command = f" {exc.ctx.command_path.split(' ', 1)[1]}" if exc.ctx and " " in exc.ctx.command_path else ""
+        click.echo(f"orch: error: {_one_line(exc.format_message())} (see orch{command} --help)", err=True)
+        return 2
+    except click.ClickException as exc:
+        click.echo(f"orch: error: {_one_line(exc.format_message())}", err=True)
+        return exc.exit_code
+    except OrchError as exc:
+        click.echo(f"orch: error: {_one_line(str(exc))}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

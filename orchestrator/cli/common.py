@@ -1,0 +1,77 @@
+"""Options and helpers shared by the command modules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from orchestrator.errors import UsageError
+from orchestrator.store import Store
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def db_option(func: F) -> F:
+    return click.option(
+        "--db",
+        "db_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="ORCH_DB",
+        default="state.db",
+        show_default=True,
+        help="State database (env ORCH_DB).",
+    )(func)
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (documented in the README).")(func)
+
+
+def plans_option(func: F) -> F:
+    return click.option(
+        "--plans",
+        "plans_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        envvar="ORCH_PLANS",
+        default=None,
+        help="Directory holding suites/ and configs/ (env ORCH_PLANS; default ./plans, else the shipped plans).",
+    )(func)
+
+
+def open_store(db_path: Path, *, create: bool = False) -> Store:
+    return Store(db_path, create=create)
+
+
+def echo_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
+
+
+def parse_job_ids(values: tuple[str, ...]) -> list[int]:
+    ids: list[int] = []
+    for value in values:
+        text = value.strip()
+        if not text.isdigit() or len(text) > 12:
+            raise UsageError(f"job id {value!r} is not a job number (see `orch jobs`)")
+        ids.append(int(text))
+    return ids
+
+
+def fmt_mib(mib: int | float | None) -> str:
+    if mib is None:
+        return "-"
+    return f"{mib / 1024:.1f} GiB"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"

@@ -1,0 +1,169 @@
+"""`orch jobs`, `orch show`, `orch logs`: reading what is in state.db and the run dirs."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.common import (
+    db_option,
+    echo_json,
+    fmt_mib,
+    json_option,
+    open_store,
+    parse_job_ids,
+)
+from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState
+from orchestrator.store.queries import (
+    get_attempts,
+    get_events,
+    get_job,
+    job_row_to_public,
+    job_to_public,
+    list_jobs,
+)
+
+STATE_STYLES = {
+    "queued": "yellow",
+    "running": "cyan",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+
+
+def _ts(value: float | None) -> str:
+    return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+@click.command("jobs")
+@click.option("--state", type=click.Choice([s.value for s in JobState]), default=None)
+@click.option("--suite", default=None)
+@json_option
+@db_option
+def jobs_cmd(state: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
+    """List jobs."""
+    with open_store(db_path) as store:
+        rows = list_jobs(store, state=state, suite=suite)
+    if as_json:
+        echo_json([job_row_to_public(r) for r in rows])
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note"):
+        table.add_column(column)
+    for r in rows:
+        note = r["wait_reason"] if r["state"] == "queued" else (r["reason"] or "")
+        table.add_row(
+            str(r["id"]), f"[{STATE_STYLES.get(r['state'], '')}]{r['state']}[/]", r["suite"],
+            r["config_name"], str(r["seed"]), r["data"],
+            "-" if r["gpu"] is None else str(r["gpu"]), str(r["attempt_count"]), str(r["level"]),
+            note or "",
+        )
+    Console().print(table)
+    if not rows:
+        click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))
+
+
+@click.command("show")
+@click.argument("job")
+@json_option
+@db_option
+def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
+    """One job with every attempt and its history."""
+    (job_id,) = parse_job_ids((job,))
+    with open_store(db_path) as store:
+        payload = job_to_public(get_job(store, job_id), get_attempts(store, job_id), get_events(store, job_id))
+    if as_json:
+        echo_json(payload)
+        return
+    console = Console()
+    style = STATE_STYLES.get(payload["state"], "")
+    console.print(
+        f"[bold]job {payload['id']}[/]  [{style}]{payload['state']}[/]  "
+        f"{payload['suite']}/{payload['config']}  seed {payload['seed']}  {payload['data']}"
+    )
+    console.print(f"  worker: {payload['worker']}   config: {payload['config_path']}")
+    console.print(
+        f"  level {payload['level']}, attempt {payload['attempt']} of at most {payload['max_attempts']}, "
+        f"priority {payload['priority']}, declared {fmt_mib(payload['declared_mib'])}"
+        + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
+    )
+    if payload["overrides"]:
+        console.print(f"  --set: {payload['overrides']}")
+    if payload["wait_reason"] and payload["state"] == "queued":
+        console.print(f"  waiting: {payload['wait_reason']}")
+    if payload["reason"]:
+        console.print(f"  reason: {payload['reason']}")
+    if payload["attempts"]:
+        table = Table(title="attempts", box=None, header_style="bold", title_justify="left")
+        for column in ("n", "gpu", "level", "changes", "predicted", "peak", "outcome", "exit", "started", "ended", "reason"):
+            table.add_column(column)
+        for a in payload["attempts"]:
+            changes = ", ".join(f"{k}={v}" for k, v in a["changes"].items()) or ("-" if a["level"] == 0 else "")
+            if a["run_alone"]:
+                changes = (changes + ", " if changes and changes != "-" else "") + "alone"
+            table.add_row(
+                str(a["n"]), str(a["gpu"]), f"{a['level']} {a['step'] or ''}".strip(), changes,
+                f"{fmt_mib(a['predicted_peak_mib'])} ({a['prediction_source']})", fmt_mib(a["peak_mib"]),
+                a["outcome"] or "running", "-" if a["exit_code"] is None else str(a["exit_code"]),
+                _ts(a["started_at"]), _ts(a["ended_at"]), a["reason"] or "",
+            )
+        console.print(table)
+        console.print(f"  run dir: {payload['attempts'][-1]['run_dir']}")
+    console.print("[bold]history[/]")
+    for e in payload["events"]:
+        console.print(f"  {_ts(e['ts'])}  {e['message']}", markup=False, highlight=False)
+
+
+@click.command("logs")
+@click.argument("job")
+@click.option("--attempt", "attempt_n", type=int, default=None, help="Attempt number (default: the latest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the attempt ends.")
+@click.option("--tail", "tail_lines", type=int, default=None, help="Only the last N lines.")
+@db_option
+def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | None, db_path: Path) -> None:
+    """Print an attempt's stdout.log."""
+    (job_id,) = parse_job_ids((job,))
+    with open_store(db_path) as store:
+        get_job(store, job_id)
+        attempts = get_attempts(store, job_id)
+    if not attempts:
+        raise UsageError(f"job {job_id} has not started yet (no attempt, so no log)")
+    chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a["n"] == attempt_n), None)
+    if chosen is None:
+        raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
+    log_path = Path(chosen["run_dir"]) / "stdout.log"
+    if not log_path.exists():
+        raise UsageError(f"no log yet at {log_path}")
+    with open(log_path, "rb") as handle:
+        data = handle.read()
+        if tail_lines is not None:
+            data = b"\n".join(data.splitlines()[-tail_lines:]) + b"\n"
+        click.echo(data.decode("utf-8", errors="replace"), nl=False)
+        if not follow:
+            return
+        exit_record = Path(chosen["run_dir"]) / "exit.json"
+        while True:
+            chunk = handle.read()
+            if chunk:
+                click.echo(chunk.decode("utf-8", errors="replace"), nl=False)
+            elif exit_record.exists():
+                rest = handle.read()
+                if rest:
+                    click.echo(rest.decode("utf-8", errors="replace"), nl=False)
+                return
+            else:
+                time.sleep(0.3)  # following a file: poll its growth
+
+
+def register(group: click.Group) -> None:
+    group.add_command(jobs_cmd)
+    group.add_command(show_cmd)
+    group.add_command(logs_cmd)
+

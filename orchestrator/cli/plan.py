@@ -1,0 +1,60 @@
+"""`orch plan show|set`: the per-GPU concurrency caps the daemon packs under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.common import db_option, echo_json, json_option, open_store
+from orchestrator.plans import parse_gpu_plan, parse_gpus
+from orchestrator.store.jobs import format_plan, get_gpu_plan, set_gpu_plan
+
+DEFAULT_SLOTS = 1  # a GPU the plan does not name runs one job at a time
+
+
+@click.group("plan")
+def plan_group() -> None:
+    """Show or set the per-GPU concurrency plan."""
+
+
+@plan_group.command("show")
+@json_option
+@db_option
+def plan_show(as_json: bool, db_path: Path) -> None:
+    """Show the stored plan."""
+    with open_store(db_path, create=True) as store:
+        plan = get_gpu_plan(store)
+    if as_json:
+        echo_json(
+            {
+                "gpus": {str(k): v for k, v in sorted(plan.slots_by_gpu.items())},
+                "default_slots": plan.default_slots if plan.default_slots is not None else DEFAULT_SLOTS,
+            }
+        )
+        return
+    click.echo(f"GPU plan: {format_plan(plan)}")
+    if plan.default_slots is None:
+        click.echo(f"GPUs not named run {DEFAULT_SLOTS} job(s) at a time")
+
+
+@plan_group.command("set")
+@click.argument("plan_text", metavar="PLAN")
+@click.option("--gpus", "gpus_text", default=None, help='GPUs the plan entries refer to, e.g. "0 1 2".')
+@json_option
+@db_option
+def plan_set(plan_text: str, gpus_text: str | None, as_json: bool, db_path: Path) -> None:
+    """Set caps: PLAN is "2,2,1" (one per GPU) or a single number for every GPU."""
+    gpus = parse_gpus(gpus_text) if gpus_text is not None else None
+    plan = parse_gpu_plan(plan_text, gpus)
+    with open_store(db_path, create=True) as store:
+        set_gpu_plan(store, plan)
+        stored = get_gpu_plan(store)
+    if as_json:
+        echo_json({"gpus": {str(k): v for k, v in sorted(stored.slots_by_gpu.items())}, "default_slots": stored.default_slots})
+        return
+    click.echo(f"GPU plan set: {format_plan(stored)}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(plan_group)

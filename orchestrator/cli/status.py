@@ -1,0 +1,9 @@
+"""placeholder"""
+
+from __future__ import annotations
+
+import click
+
+
+def register(group: click.Group) -> None:
+    return None

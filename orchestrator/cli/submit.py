@@ -1,0 +1,134 @@
+"""`orch submit`: expand a suite × pairs into jobs and queue them, idempotently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.common import db_option, echo_json, json_option, open_store, plans_option
+from orchestrator.errors import PlanError
+from orchestrator.plans import (
+    GpuPlan,
+    default_plans_dir,
+    expand_jobs,
+    load_suite,
+    parse_gpu_plan,
+    parse_gpus,
+    parse_pairs,
+    parse_round,
+    parse_set_overrides,
+)
+from orchestrator.store.jobs import SubmitOutcome, format_plan, get_gpu_plan, set_gpu_plan, submit_jobs
+
+
+def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:
+    """Σ plan, the size of one bash-launcher round."""
+    for candidate in (plan, stored):
+        if candidate is None:
+            continue
+        if gpus is not None:
+            return candidate.total_slots(gpus, fallback=1)
+        if candidate.slots_by_gpu:
+            return sum(candidate.slots_by_gpu.values())
+    raise PlanError(
+        "--round N on a suite without named rounds needs --gpu-plan (with --gpus for a single "
+        "number) to know the round size Σ plan"
+    )
+
+
+@click.command("submit")
+@click.option("--suite", "suite_name", required=True, help="Suite name (plans/suites/NAME.yaml).")
+@click.option("--pairs", "pairs_text", required=True, help='SEED:DATA pairs, e.g. "87:glue-tvt_qnli 127:glue-tvt_rte".')
+@click.option("--round", "round_text", default="all", show_default=True, help="all, a round number (1-based) or a named round.")
+@click.option("--gpus", "gpus_text", default=None, help='Restrict these jobs to GPUs, e.g. "0 1 2 3".')
+@click.option("--gpu-plan", "plan_text", default=None, help='Per-GPU concurrency caps, e.g. "2,2,1" (stored for the daemon).')
+@click.option("--set", "set_items", multiple=True, metavar="KEY=VALUE", help="Override a config key (YAML scalar) or env.NAME.")
+@click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True, help="Higher runs first.")
+@click.option("--dry-run", is_flag=True, help="Show what would be queued; write nothing.")
+@click.option("--force", is_flag=True, help="Queue even jobs that are already queued, running or succeeded.")
+@json_option
+@plans_option
+@db_option
+def submit_cmd(
+    suite_name: str,
+    pairs_text: str,
+    round_text: str,
+    gpus_text: str | None,
+    plan_text: str | None,
+    set_items: tuple[str, ...],
+    priority: int,
+    dry_run: bool,
+    force: bool,
+    as_json: bool,
+    plans_dir: Path | None,
+    db_path: Path,
+) -> None:
+    """Queue SUITE × PAIRS as jobs (idempotent unless --force)."""
+    # Parse and validate everything before touching the database.
+    pairs = parse_pairs(pairs_text)
+    round_selector = parse_round(round_text)
+    gpus = parse_gpus(gpus_text) if gpus_text is not None else None
+    plan = parse_gpu_plan(plan_text, gpus) if plan_text is not None else None
+    suite = load_suite(suite_name, plans_dir or default_plans_dir())
+    overrides = parse_set_overrides(set_items, suite.known_keys())
+
+    store = open_store(db_path, create=True) if (not dry_run or db_path.exists()) else None
+    try:
+        total_slots = 0
+        if isinstance(round_selector, int) and not suite.rounds:
+            total_slots = _round_slots(plan, get_gpu_plan(store) if store else None, gpus)
+        specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
+        if store is None:
+            outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
+        else:
+            outcomes = submit_jobs(
+                store, suite, specs, allowed_gpus=gpus, priority=priority, force=force, dry_run=dry_run
+            )
+            if plan is not None and not dry_run:
+                set_gpu_plan(store, plan)
+    finally:
+        if store is not None:
+            store.close()
+
+    created = [o for o in outcomes if o.created]
+    existing = [o for o in outcomes if not o.created]
+    if as_json:
+        echo_json(
+            {
+                "suite": suite.name,
+                "dry_run": dry_run,
+                "created": len(created),
+                "existing": len(existing),
+                "gpu_plan": format_plan(plan) if plan else None,
+                "jobs": [
+                    {
+                        "id": o.job_id,
+                        "identity": o.spec.identity,
+                        "config": o.spec.config_name,
+                        "seed": o.spec.seed,
+                        "data": o.spec.data,
+                        "created": o.created,
+                        "state": "queued" if o.created else o.existing_state,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+        return
+    verb = "would queue" if dry_run else "queued"
+    if dry_run:
+        for o in created:
+            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}  {o.spec.data}")
+    click.echo(f"{verb} {len(created)} job(s) of suite {suite.name}", nl=False)
+    if existing:
+        states = sorted({o.existing_state or "?" for o in existing})
+        click.echo(f"; {len(existing)} already present ({', '.join(states)}; --force to queue again)")
+    else:
+        click.echo("")
+    if plan is not None:
+        click.echo(f"GPU plan {'would be' if dry_run else ''} set: {format_plan(plan)}".replace("  ", " "))
+
+
+def register(group: click.Group) -> None:
+    group.add_command(submit_cmd)

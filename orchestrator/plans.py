@@ -1,0 +1,505 @@
+"""Suites, configs, GPU plans, pairs, rounds and `--set` overrides.
+
+Parsing functions take strings and return values (no I/O); `load_suite` reads a suite file and its
+configs. Every bad value raises PlanError (exit 2) with one line naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import PlanError
+
+MAX_SLOTS_PER_GPU = 64
+MAX_GPU_INDEX = 1023
+MAX_SEED = 2**31 - 1
+MAX_VALUE_CHARS = 4096
+
+# Config keys shared with the researchers' own training scripts, plus the ones our workers read.
+KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
+    {
+        "model", "peft", "batch_size", "learning_rate", "num_epochs", "prec", "seed",
+        "gradient_accumulation_steps", "gradient_checkpointing", "logits_to_keep",
+        "num_data_workers", "data", "data_dir", "max_steps", "max_seq_len", "no_save",
+        "eval_every_steps", "weight_decay", "warmup_steps",
+        "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
+    }
+)
+PAIR_KEYS = frozenset({"seed", "data"})  # set per job from --pairs, never by --set
+
+_SUITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+_DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_BUILTIN_WORKERS = ("lora", "sim")
+
+Scalar = str | int | float | bool | None
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """A bad value quoted for an error line: printable and short."""
+    shown = text if len(text) <= limit else text[:limit] + "…"
+    return ascii(shown) if _CONTROL_CHARS.search(shown) else repr(shown)
+
+
+def _check_text(what: str, text: str) -> None:
+    if _CONTROL_CHARS.search(text) or "\n" in text:
+        raise PlanError(f"{what} contains control characters: {_shown(text)}")
+    if len(text) > MAX_VALUE_CHARS:
+        raise PlanError(f"{what} is too long ({len(text)} characters, at most {MAX_VALUE_CHARS})")
+
+
+def _parse_nonneg_int(what: str, token: str, maximum: int) -> int:
+    if not re.fullmatch(r"[0-9]+", token):
+        raise PlanError(f"{what} {_shown(token)} is not a non-negative integer")
+    if len(token) > 12 or int(token) > maximum:
+        raise PlanError(f"{what} {_shown(token)} is too large (at most {maximum})")
+    return int(token)
+
+
+def _tokens(text: str) -> list[str]:
+    """Split on commas and/or whitespace, as the bash launchers accepted."""
+    return [t for t in re.split(r"[,\s]+", text.strip()) if t]
+
+
+# ---------------------------------------------------------------- GPUs and plans
+
+
+def parse_gpus(text: str) -> list[int]:
+    """`--gpus "0 1 2"` (or "0,1,2"): physical GPU indices in the order given."""
+    _check_text("--gpus", text)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError("--gpus is empty: give GPU indices such as \"0 1 2\"")
+    indices = [_parse_nonneg_int("GPU index", t, MAX_GPU_INDEX) for t in tokens]
+    seen: set[int] = set()
+    for index in indices:
+        if index in seen:
+            raise PlanError(f"--gpus names GPU {index} twice")
+        seen.add(index)
+    return indices
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """Per-GPU concurrency caps. `default_slots` applies to GPUs the plan does not name."""
+
+    slots_by_gpu: dict[int, int] = field(default_factory=dict)
+    default_slots: int | None = None
+
+    def slots_for(self, gpu_index: int, fallback: int) -> int:
+        if gpu_index in self.slots_by_gpu:
+            return self.slots_by_gpu[gpu_index]
+        return self.default_slots if self.default_slots is not None else fallback
+
+    def total_slots(self, gpu_indices: Iterable[int], fallback: int) -> int:
+        return sum(self.slots_for(i, fallback) for i in gpu_indices)
+
+
+def parse_gpu_plan(text: str, gpus: Sequence[int] | None) -> GpuPlan:
+    """`--gpu-plan "2,2,1"`: one cap per GPU of `--gpus` (or GPUs 0..n-1 without it).
+
+    A single integer is broadcast (to `--gpus`, or to every GPU when `--gpus` is absent);
+    `0` keeps a GPU visible but unused; any other length mismatch is an error.
+    """
+    _check_text("--gpu-plan", text)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError("--gpu-plan is empty: give one number per GPU such as \"2,2,1\"")
+    caps = [_parse_nonneg_int("GPU plan entry", t, MAX_SLOTS_PER_GPU) for t in tokens]
+    if len(caps) == 1:
+        if gpus is None:
+            return GpuPlan(default_slots=caps[0])
+        return GpuPlan(slots_by_gpu={g: caps[0] for g in gpus})
+    targets = list(gpus) if gpus is not None else list(range(len(caps)))
+    if len(caps) != len(targets):
+        raise PlanError(
+            f"--gpu-plan has {len(caps)} entries but --gpus names {len(targets)} GPUs "
+            f"({' '.join(map(str, targets))}): give one entry per GPU or a single number"
+        )
+    return GpuPlan(slots_by_gpu=dict(zip(targets, caps, strict=True)))
+
+
+# ---------------------------------------------------------------- pairs and rounds
+
+
+@dataclass(frozen=True)
+class Pair:
+    seed: int
+    data: str
+
+    def __str__(self) -> str:
+        return f"{self.seed}:{self.data}"
+
+
+def parse_pairs(text: str) -> list[Pair]:
+    """`--pairs "87:glue-tvt_qnli 127:glue-tvt_rte"` (comma- or space-separated SEED:DATA)."""
+    _check_text("--pairs", text)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError('--pairs is empty: give SEED:DATA pairs such as "87:glue-tvt_qnli"')
+    pairs: list[Pair] = []
+    seen: set[Pair] = set()
+    for token in tokens:
+        seed_text, sep, data = token.partition(":")
+        if not sep:
+            raise PlanError(f"pair {_shown(token)} is not SEED:DATA (e.g. 87:glue-tvt_qnli)")
+        seed = _parse_nonneg_int(f"seed in pair {_shown(token)}:", seed_text, MAX_SEED)
+        if not _DATA_NAME.fullmatch(data):
+            raise PlanError(
+                f"data name {_shown(data)} in pair {_shown(token)} is not a task name "
+                "(letters, digits, '_', '-', '.'; e.g. glue-tvt_qnli)"
+            )
+        pair = Pair(seed, data)
+        if pair in seen:
+            raise PlanError(f"pair {pair} is given twice")
+        seen.add(pair)
+        pairs.append(pair)
+    return pairs
+
+
+def parse_round(text: str) -> int | str | None:
+    """`--round all` -> None; `--round 3` -> 3 (1-based); `--round NAME` -> a named round."""
+    _check_text("--round", text)
+    token = text.strip()
+    if token == "" :
+        raise PlanError("--round is empty: give all, a round number (1, 2, ...) or a round name")
+    if token.lower() == "all":
+        return None
+    if re.fullmatch(r"[0-9]+", token):
+        number = _parse_nonneg_int("--round", token, 100_000)
+        if number < 1:
+            raise PlanError("--round numbers start at 1")
+        return number
+    if not _SUITE_NAME.fullmatch(token):
+        raise PlanError(f"--round {_shown(token)} is not all, a number or a round name")
+    return token
+
+
+# ---------------------------------------------------------------- --set overrides
+
+
+def parse_set_overrides(items: Sequence[str], known_keys: Iterable[str]) -> dict[str, Scalar]:
+    """`--set KEY=VALUE`: VALUE is read as a YAML scalar only; KEY is a known key or env.NAME."""
+    known = set(known_keys)
+    overrides: dict[str, Scalar] = {}
+    for item in items:
+        _check_text("--set", item)
+        key, sep, raw_value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise PlanError(f"--set {_shown(item)} is not KEY=VALUE")
+        if key.startswith("env."):
+            name = key[len("env."):]
+            if not _ENV_NAME.fullmatch(name):
+                raise PlanError(f"--set {_shown(key)}: {_shown(name)} is not a valid environment variable name")
+        elif key in PAIR_KEYS:
+            raise PlanError(f"--set {key}=... is not allowed: seed and data come from --pairs")
+        elif key not in known:
+            raise PlanError(f"--set {_shown(key)}: unknown config key (known: {', '.join(sorted(known))})")
+        overrides[key] = parse_scalar(key, raw_value)
+    return overrides
+
+
+def parse_scalar(key: str, raw_value: str) -> Scalar:
+    """A YAML scalar (int, float, bool, null or string); lists, mappings and documents are refused."""
+    _check_text(f"--set {key}", raw_value)
+    try:
+        docs = list(yaml.safe_load_all(raw_value))
+    except yaml.YAMLError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise PlanError(f"--set {key}={_shown(raw_value)}: not a YAML scalar ({first_line})") from None
+    if len(docs) > 1:
+        raise PlanError(f"--set {key}={_shown(raw_value)}: several YAML documents, give one scalar")
+    value = docs[0] if docs else None
+    if not isinstance(value, (str, int, float, bool)) and value is not None:
+        raise PlanError(
+            f"--set {key}={_shown(raw_value)}: value must be a scalar, not a {type(value).__name__}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"--set {key}={_shown(raw_value)}: value must be a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        raise PlanError(f"--set {key}={_shown(raw_value)}: number is too large")
+    return value
+
+
+# ---------------------------------------------------------------- suites
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    name: str
+    path: Path
+    content: dict[str, Any]  # the config file as loaded
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.content).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    worker: str  # "lora", "sim", or a command template
+    mem_gib: float
+    env: dict[str, str]
+    configs: tuple[ConfigSpec, ...]
+    rounds: dict[str, tuple[str, ...]]  # name -> config names, in file order
+    one_token_tasks: tuple[str, ...]  # fnmatch patterns of tasks scored on one token
+    ladder: list[Any] | None
+    max_attempts: int
+    hang_timeout_s: float
+    description: str = ""
+
+    def config_names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+    def known_keys(self) -> set[str]:
+        keys = set(KNOWN_CONFIG_KEYS)
+        for config in self.configs:
+            keys.update(config.content)
+        return keys - PAIR_KEYS
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def default_plans_dir() -> Path:
+    """`./plans` when it exists, else the plans/ shipped beside the orchestrator package."""
+    local = Path.cwd() / "plans"
+    if (local / "suites").is_dir():
+        return local
+    return Path(__file__).resolve().parent.parent / "plans"
+
+
+def list_suites(plans_dir: Path) -> list[str]:
+    suites_dir = plans_dir / "suites"
+    if not suites_dir.is_dir():
+        return []
+    return sorted(p.stem for p in suites_dir.glob("*.yaml"))
+
+
+def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{what} {path} cannot be read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise PlanError(f"{what} {path} is not valid YAML: {first_line}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{what} {path} must be a YAML mapping, not {type(data).__name__}")
+    return data
+
+
+def _typed(path: Path, data: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any) -> Any:
+    value = data.get(key, default)
+    if value is default:
+        return value
+    if isinstance(value, bool) and bool not in kinds:
+        raise PlanError(f"suite {path}: `{key}` must be {'/'.join(k.__name__ for k in kinds)}, not bool")
+    if not isinstance(value, kinds):
+        raise PlanError(
+            f"suite {path}: `{key}` must be {'/'.join(k.__name__ for k in kinds)}, "
+            f"not {type(value).__name__}"
+        )
+    return value
+
+
+def load_suite(name: str, plans_dir: Path) -> Suite:
+    """Load `plans_dir/suites/NAME.yaml` and its configs; every problem is a PlanError."""
+    _check_text("--suite", name)
+    if not _SUITE_NAME.fullmatch(name):
+        raise PlanError(f"suite name {_shown(name)} is not valid (letters, digits, '_', '-', '.')")
+    path = plans_dir / "suites" / f"{name}.yaml"
+    if not path.is_file():
+        known = list_suites(plans_dir)
+        hint = f" (known suites: {', '.join(known)})" if known else f" (no suites in {plans_dir})"
+        raise PlanError(f"unknown suite {name!r}{hint}")
+    data = _read_yaml_mapping(path, "suite file")
+    allowed = {
+        "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
+        "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s",
+    }
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise PlanError(f"suite {path}: unknown key(s) {', '.join(map(str, unknown))}")
+    worker = _typed(path, data, "worker", (str,), None)
+    if not worker or not worker.strip():
+        raise PlanError(f"suite {path}: `worker` is required (lora, sim, or a command template)")
+    _check_text(f"suite {path} worker", worker)
+    mem_gib = _typed(path, data, "mem_gib", (int, float), None)
+    if mem_gib is None or not (0 < float(mem_gib) <= 4096):
+        raise PlanError(f"suite {path}: `mem_gib` must be a number of GiB between 0 and 4096")
+    env_raw = _typed(path, data, "env", (dict,), {})
+    env: dict[str, str] = {}
+    for env_name, env_value in env_raw.items():
+        if not isinstance(env_name, str) or not _ENV_NAME.fullmatch(env_name):
+            raise PlanError(f"suite {path}: env name {env_name!r} is not a valid variable name")
+        if not isinstance(env_value, (str, int, float, bool)):
+            raise PlanError(f"suite {path}: env {env_name} must be a scalar")
+        _check_text(f"suite {path} env {env_name}", str(env_value))
+        env[env_name] = str(env_value)
+    config_names = _typed(path, data, "configs", (list,), None)
+    if not config_names:
+        raise PlanError(f"suite {path}: `configs` must be a non-empty list of config names")
+    config_dir = path.parent / str(_typed(path, data, "config_dir", (str,), f"../configs/{name}"))
+    configs: list[ConfigSpec] = []
+    seen: set[str] = set()
+    for config_name in config_names:
+        if not isinstance(config_name, str) or not _CONFIG_NAME.fullmatch(config_name):
+            raise PlanError(f"suite {path}: config name {config_name!r} is not valid")
+        if config_name in seen:
+            raise PlanError(f"suite {path}: config {config_name} is listed twice")
+        seen.add(config_name)
+        config_path = config_dir / f"{config_name}.yaml"
+        content = _read_yaml_mapping(config_path, "config file")
+        for key in content:
+            if not isinstance(key, str):
+                raise PlanError(f"config {config_path}: key {key!r} is not a string")
+        configs.append(ConfigSpec(config_name, config_path.resolve(), content))
+    rounds_raw = _typed(path, data, "rounds", (dict,), {})
+    rounds: dict[str, tuple[str, ...]] = {}
+    for round_name, members in rounds_raw.items():
+        if not isinstance(round_name, str) or not _SUITE_NAME.fullmatch(round_name):
+            raise PlanError(f"suite {path}: round name {round_name!r} is not valid")
+        if not isinstance(members, list) or not members:
+            raise PlanError(f"suite {path}: round {round_name} must list config names")
+        for member in members:
+            if member not in seen:
+                raise PlanError(f"suite {path}: round {round_name} names unknown config {member!r}")
+        rounds[round_name] = tuple(members)
+    one_token = _typed(path, data, "one_token_tasks", (list,), [])
+    if not all(isinstance(p, str) for p in one_token):
+        raise PlanError(f"suite {path}: `one_token_tasks` must be a list of task patterns")
+    ladder = _typed(path, data, "ladder", (list,), None)
+    max_attempts = _typed(path, data, "max_attempts", (int,), 8)
+    if not 1 <= max_attempts <= 100:
+        raise PlanError(f"suite {path}: `max_attempts` must be between 1 and 100")
+    hang_timeout_s = float(_typed(path, data, "hang_timeout_s", (int, float), 1800.0))
+    if hang_timeout_s <= 0:
+        raise PlanError(f"suite {path}: `hang_timeout_s` must be positive")
+    return Suite(
+        name=name,
+        path=path.resolve(),
+        worker=worker.strip(),
+        mem_gib=float(mem_gib),
+        env=env,
+        configs=tuple(configs),
+        rounds=rounds,
+        one_token_tasks=tuple(one_token),
+        ladder=ladder,
+        max_attempts=max_attempts,
+        hang_timeout_s=hang_timeout_s,
+        description=str(data.get("description", "")),
+    )
+
+
+# ---------------------------------------------------------------- expansion into jobs
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to queue: a config of a suite at one seed and task, with overrides."""
+
+    suite: str
+    config_name: str
+    config_path: str
+    config: dict[str, Any]  # suite config with seed, data and --set overrides merged
+    seed: int
+    data: str
+    overrides: dict[str, Scalar]
+    env: dict[str, str]  # suite env + env.* overrides
+    identity: str
+
+
+def job_identity(suite: str, config: ConfigSpec, pair: Pair, overrides: dict[str, Scalar]) -> str:
+    """Stable id of what a job computes: suite, config content, seed, data and overrides."""
+    payload = canonical_json(
+        {
+            "suite": suite,
+            "config": config.name,
+            "content": config.content,
+            "seed": pair.seed,
+            "data": pair.data,
+            "overrides": overrides,
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def expand_jobs(
+    suite: Suite,
+    pairs: Sequence[Pair],
+    overrides: dict[str, Scalar],
+    round_selector: int | str | None,
+    total_slots: int,
+) -> list[JobSpec]:
+    """Suite configs × pairs (config-major, as the bash launchers ordered them), then the round."""
+    config_overrides = {k: v for k, v in overrides.items() if not k.startswith("env.")}
+    env = dict(suite.env)
+    env.update({k[len("env."):]: "" if v is None else str(v) for k, v in overrides.items() if k.startswith("env.")})
+    configs: Sequence[ConfigSpec] = suite.configs
+    if isinstance(round_selector, str):
+        if round_selector not in suite.rounds:
+            known = ", ".join(suite.rounds) or "none"
+            raise PlanError(f"suite {suite.name} has no round {round_selector!r} (named rounds: {known})")
+        wanted = set(suite.rounds[round_selector])
+        configs = [c for c in suite.configs if c.name in wanted]
+    elif isinstance(round_selector, int) and suite.rounds:
+        names = list(suite.rounds)
+        if round_selector > len(names):
+            raise PlanError(
+                f"--round {round_selector}: suite {suite.name} has {len(names)} named rounds ({', '.join(names)})"
+            )
+        wanted = set(suite.rounds[names[round_selector - 1]])
+        configs = [c for c in suite.configs if c.name in wanted]
+    jobs: list[JobSpec] = []
+    for config in configs:
+        for pair in pairs:
+            merged = dict(config.content)
+            merged.update(config_overrides)
+            merged["seed"] = pair.seed
+            merged["data"] = pair.data
+            jobs.append(
+                JobSpec(
+                    suite=suite.name,
+                    config_name=config.name,
+                    config_path=str(config.path),
+                    config=merged,
+                    seed=pair.seed,
+                    data=pair.data,
+                    overrides=dict(overrides),
+                    env=env,
+                    identity=job_identity(suite.name, config, pair, overrides),
+                )
+            )
+    if isinstance(round_selector, int) and not suite.rounds:
+        # No named rounds: the Nth slice of size Σ plan, as the bash launchers sliced the suite.
+        if total_slots < 1:
+            raise PlanError("--round N needs a GPU plan with at least one slot to size the rounds")
+        n_rounds = max(1, math.ceil(len(jobs) / total_slots))
+        if round_selector > n_rounds:
+            raise PlanError(
+                f"--round {round_selector}: suite {suite.name} × {len(pairs)} pair(s) makes "
+                f"{len(jobs)} jobs = {n_rounds} round(s) of {total_slots} slots"
+            )
+        start = (round_selector - 1) * total_slots
+        jobs = jobs[start : start + total_slots]
+    return jobs

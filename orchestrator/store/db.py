@@ -1,0 +1,121 @@
+"""The one owner of SQLite: opening state.db, migrations, and short write transactions.
+
+Every failure of sqlite3 is turned into StoreError with a message a user can act on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from orchestrator.errors import StoreError
+from orchestrator.store.schema import MIGRATIONS
+
+BUSY_TIMEOUT_S = 30.0
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("ORCH_DB") or "state.db")
+
+
+class Store:
+    """A connection to state.db. One per process (or thread); cheap to open."""
+
+    def __init__(self, path: Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise StoreError(f"no state database at {self.path} (submit a sweep first, or pass --db)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            existed = self.path.exists()
+            # Owner-only from the first byte: state.db holds configs and paths.
+            old_umask = os.umask(0o077)
+            try:
+                conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+            finally:
+                os.umask(old_umask)
+            if not existed:
+                os.chmod(self.path, 0o600)
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self.db = sqlite_utils.Database(conn)
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+        except OSError as exc:
+            raise StoreError(f"cannot open state database {self.path}: {exc.strerror or exc}") from None
+
+    def _migrate(self) -> None:
+        if not MIGRATIONS.pending(self.db):
+            return
+        with self.write():  # BEGIN IMMEDIATE: two processes opening a new db migrate once
+            MIGRATIONS.apply(self.db)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite_utils.Database]:
+        """One short write transaction, taking the write lock up front (BEGIN IMMEDIATE) so a
+        read-then-write never fails halfway on a lock upgrade; nested calls are savepoints."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            with self.db.atomic():
+                yield self.db
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+        try:
+            yield self.db
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        else:
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise StoreError(describe_sqlite_error(self.path, exc)) from None
+
+    def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+        try:
+            return list(self.db.query(sql, params))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return (
+            f"state database {path} is locked by another process for more than "
+            f"{BUSY_TIMEOUT_S:.0f} s; try again, or check for a stuck orch process"
+        )
+    if "not a database" in text or "malformed" in text or "file is encrypted" in text:
+        return f"state database {path} is corrupt or not an orch database ({text}); move it aside and resubmit"
+    if "readonly" in text or "unable to open" in text:
+        return f"cannot write state database {path} ({text}); check the directory's permissions"
+    return f"state database {path}: {text}"
+
+
+def now_s() -> float:
+    return time.time()

@@ -1,0 +1,190 @@
+"""Writes to the jobs, events and gpu_plan tables. Each state change goes through `transition`,
+which checks the lifecycle table and writes the event in the same transaction."""
+
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatchcase
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import InvalidTransition, JobNotFound
+from orchestrator.lifecycle import JobState, check_transition
+from orchestrator.plans import GpuPlan, JobSpec, Suite
+from orchestrator.store.db import Store, now_s
+
+ACTIVE_OR_DONE = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value)
+
+
+def add_event(
+    store: Store,
+    kind: str,
+    message: str,
+    *,
+    job_id: int | None = None,
+    attempt_id: int | None = None,
+    from_state: str | None = None,
+    to_state: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> None:
+    store.db.execute(
+        "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [now_s(), job_id, attempt_id, kind, from_state, to_state, message,
+         json.dumps(data, default=str) if data else None],
+    )
+
+
+def transition(
+    store: Store,
+    job_id: int,
+    to_state: JobState,
+    *,
+    message: str,
+    kind: str = "state",
+    expect_from: Sequence[JobState] | None = None,
+    attempt_id: int | None = None,
+    fields: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+) -> JobState:
+    """Move a job to `to_state` (checked against the table), with its event, atomically.
+
+    Returns the state it left. The UPDATE is a compare-and-swap on the state just read, so a
+    concurrent writer cannot slip a change in between.
+    """
+    with store.write():
+        row = store.db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        from_state = JobState(row[0])
+        if expect_from is not None and from_state not in expect_from:
+            raise InvalidTransition(
+                f"job {job_id} is {from_state.value}, expected {' or '.join(s.value for s in expect_from)}"
+            )
+        check_transition(from_state, to_state)
+        updates = {"state": to_state.value, "updated_at": now_s()}
+        if to_state is JobState.QUEUED:
+            updates["queued_at"] = now_s()
+            updates["wait_reason"] = None
+        updates.update(fields or {})
+        assignments = ", ".join(f"{column} = ?" for column in updates)
+        cursor = store.db.execute(
+            f"UPDATE jobs SET {assignments} WHERE id = ? AND state = ?",
+            [*updates.values(), job_id, from_state.value],
+        )
+        if cursor.rowcount != 1:
+            raise InvalidTransition(f"job {job_id} changed state while being updated; try again")
+        add_event(
+            store, kind, message, job_id=job_id, attempt_id=attempt_id,
+            from_state=from_state.value, to_state=to_state.value, data=data,
+        )
+    return from_state
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    spec: JobSpec
+    job_id: int | None  # None in a dry run of a new job
+    created: bool
+    existing_state: str | None  # the state of the job already there, when not created
+
+
+def submit_jobs(
+    store: Store,
+    suite: Suite,
+    specs: Sequence[JobSpec],
+    *,
+    allowed_gpus: Sequence[int] | None,
+    priority: int,
+    force: bool,
+    dry_run: bool,
+) -> list[SubmitOutcome]:
+    """Queue the specs; a job already queued, running or succeeded is reported, not duplicated."""
+    outcomes: list[SubmitOutcome] = []
+    declared_mib = int(round(suite.mem_gib * 1024))
+    with store.write():
+        for spec in specs:
+            existing = store.db.execute(
+                f"SELECT id, state FROM jobs WHERE identity = ? AND state IN ({','.join('?' * len(ACTIVE_OR_DONE))}) "
+                "ORDER BY id DESC LIMIT 1",
+                [spec.identity, *ACTIVE_OR_DONE],
+            ).fetchone()
+            if existing is not None and not force:
+                outcomes.append(SubmitOutcome(spec, existing[0], False, existing[1]))
+                continue
+            if dry_run:
+                outcomes.append(SubmitOutcome(spec, None, True, None))
+                continue
+            check_transition(None, JobState.QUEUED)
+            ts = now_s()
+            cursor = store.db.execute(
+                "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, "
+                "overrides_json, env_json, worker, declared_mib, allowed_gpus_json, priority, state, "
+                "max_attempts, one_token, ladder_json, hang_timeout_s, queued_at, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    spec.identity, spec.suite, spec.config_name, spec.config_path,
+                    json.dumps(spec.config, sort_keys=True), spec.seed, spec.data,
+                    json.dumps(spec.overrides, sort_keys=True), json.dumps(spec.env, sort_keys=True),
+                    suite.worker, declared_mib,
+                    json.dumps(list(allowed_gpus)) if allowed_gpus is not None else None,
+                    priority, JobState.QUEUED.value, suite.max_attempts,
+                    int(_is_one_token(spec.data, suite.one_token_tasks)),
+                    json.dumps(suite.ladder) if suite.ladder is not None else None,
+                    suite.hang_timeout_s, ts, ts, ts,
+                ],
+            )
+            job_id = int(cursor.lastrowid or 0)
+            add_event(
+                store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed} on {spec.data}",
+                job_id=job_id, to_state=JobState.QUEUED.value,
+            )
+            outcomes.append(SubmitOutcome(spec, job_id, True, None))
+    return outcomes
+
+
+def _is_one_token(task: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatchcase(task, pattern) for pattern in patterns)
+
+
+def set_gpu_plan(store: Store, plan: GpuPlan) -> None:
+    with store.write():
+        ts = now_s()
+        if plan.default_slots is not None:
+            # A broadcast plan replaces every per-GPU cap.
+            store.db.execute("DELETE FROM gpu_plan")
+            store.db.execute(
+                "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (-1, ?, ?)",
+                [plan.default_slots, ts],
+            )
+        for gpu_index, slots in plan.slots_by_gpu.items():
+            store.db.execute(
+                "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(gpu_index) DO UPDATE SET slots = excluded.slots, updated_at = excluded.updated_at",
+                [gpu_index, slots, ts],
+            )
+        add_event(store, "plan", f"GPU plan set: {format_plan(plan)}")
+
+
+def get_gpu_plan(store: Store) -> GpuPlan:
+    rows = store.query("SELECT gpu_index, slots FROM gpu_plan ORDER BY gpu_index")
+    default = next((r["slots"] for r in rows if r["gpu_index"] == -1), None)
+    return GpuPlan(
+        slots_by_gpu={r["gpu_index"]: r["slots"] for r in rows if r["gpu_index"] >= 0},
+        default_slots=default,
+    )
+
+
+def format_plan(plan: GpuPlan) -> str:
+    parts = [f"GPU {g}: {s}" for g, s in sorted(plan.slots_by_gpu.items())]
+    if plan.default_slots is not None:
+        parts.append(f"others: {plan.default_slots}")
+    return ", ".join(parts) or "(default)"
+
+
+def cancel_queued(store: Store, job_id: int, reason: str) -> JobState:
+    return transition(
+        store, job_id, JobState.CANCELLED, message=f"cancelled: {reason}", kind="cancel",
+        expect_from=[JobState.QUEUED], fields={"reason": reason, "wait_reason": None},
+    )

@@ -1,0 +1,145 @@
+"""Read-only queries for the CLI and the dashboard. Nothing here writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import JobNotFound
+from orchestrator.lifecycle import JobState
+from orchestrator.store.db import Store
+
+_JOB_LIST_SQL = """
+SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.priority, j.level,
+       j.attempt_count, j.wait_reason, j.reason, j.created_at, j.updated_at,
+       a.gpu_index AS gpu, a.started_at AS attempt_started_at, a.held_mib, a.peak_mib,
+       a.progress_json, a.id AS attempt_id
+FROM jobs j
+LEFT JOIN attempts a ON a.job_id = j.id AND a.outcome IS NULL
+"""
+
+
+def job_row_to_public(row: dict[str, Any]) -> dict[str, Any]:
+    """The documented `--json` shape of one job in lists."""
+    return {
+        "id": row["id"],
+        "state": row["state"],
+        "suite": row["suite"],
+        "config": row["config_name"],
+        "seed": row["seed"],
+        "data": row["data"],
+        "gpu": row["gpu"],
+        "attempt": row["attempt_count"],
+        "level": row["level"],
+        "priority": row["priority"],
+        "wait_reason": row["wait_reason"],
+        "reason": row["reason"],
+    }
+
+
+def list_jobs(
+    store: Store, *, state: str | None = None, suite: str | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if state is not None:
+        where.append("j.state = ?")
+        params.append(state)
+    if suite is not None:
+        where.append("j.suite = ?")
+        params.append(suite)
+    sql = _JOB_LIST_SQL + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY j.id"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    return store.query(sql, params)
+
+
+def state_counts(store: Store) -> dict[str, int]:
+    counts = {s.value: 0 for s in JobState}
+    for row in store.query("SELECT state, count(*) AS n FROM jobs GROUP BY state"):
+        counts[row["state"]] = row["n"]
+    return counts
+
+
+def get_job(store: Store, job_id: int) -> dict[str, Any]:
+    rows = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
+    if not rows:
+        raise JobNotFound(f"no job {job_id} (see `orch jobs`)")
+    return rows[0]
+
+
+def get_attempts(store: Store, job_id: int) -> list[dict[str, Any]]:
+    return store.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", [job_id])
+
+
+def get_events(store: Store, job_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    if job_id is None:
+        return store.query("SELECT * FROM events ORDER BY id DESC LIMIT ?", [limit])[::-1]
+    return store.query("SELECT * FROM events WHERE job_id = ? ORDER BY id LIMIT ?", [job_id, limit])
+
+
+def attempt_to_public(row: dict[str, Any]) -> dict[str, Any]:
+    """The documented `--json` shape of one attempt."""
+    run_dir = row["run_dir"]
+    return {
+        "n": row["n"],
+        "gpu": row["gpu_index"],
+        "gpu_uuid": row["gpu_uuid"],
+        "level": row["level"],
+        "step": row["level_step"],
+        "outcome": row["outcome"],
+        "exit_code": row["exit_code"],
+        "signal": row["signal"],
+        "reason": row["reason"],
+        "peak_mib": row["peak_mib"],
+        "predicted_peak_mib": row["predicted_peak_mib"],
+        "prediction_source": row["prediction_source"],
+        "started_at": row["started_at"],
+        "ended_at": row["ended_at"],
+        "run_dir": run_dir,
+        "log": str(Path(run_dir) / "stdout.log"),
+        "overrides": json.loads(row["overrides_json"] or "{}"),
+        "changes": json.loads(row["changes_json"] or "{}"),
+        "run_alone": bool(row["run_alone"]),
+    }
+
+
+def job_to_public(job: dict[str, Any], attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    live = next((a for a in attempts if a["outcome"] is None), None)
+    return {
+        "id": job["id"],
+        "state": job["state"],
+        "suite": job["suite"],
+        "config": job["config_name"],
+        "config_path": job["config_path"],
+        "seed": job["seed"],
+        "data": job["data"],
+        "worker": job["worker"],
+        "priority": job["priority"],
+        "level": job["level"],
+        "attempt": job["attempt_count"],
+        "max_attempts": job["max_attempts"],
+        "gpu": live["gpu_index"] if live else None,
+        "declared_mib": job["declared_mib"],
+        "allowed_gpus": json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None,
+        "overrides": json.loads(job["overrides_json"]),
+        "config_content": json.loads(job["config_json"]),
+        "wait_reason": job["wait_reason"],
+        "reason": job["reason"],
+        "identity": job["identity"],
+        "created_at": job["created_at"],
+        "updated_at": job["updated_at"],
+        "attempts": [attempt_to_public(a) for a in attempts],
+        "events": [
+            {
+                "ts": e["ts"],
+                "kind": e["kind"],
+                "from": e["from_state"],
+                "to": e["to_state"],
+                "message": e["message"],
+                "data": json.loads(e["data_json"]) if e["data_json"] else None,
+            }
+            for e in events
+        ],
+    }
