@@ -1,0 +1,123 @@
+"""What every launcher offers, and process-group killing shared by all of them.
+
+A launcher starts `wrapper_argv(spec.run_dir, spec.argv)`: `spec.argv` is the worker's own
+command line (see rundir.build_argv); the wrapper in front of it records pid.json and exit.json
+in the run dir, which is how the daemon learns the pgid to kill and the exit status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from orchestrator.errors import LauncherError, UsageError
+
+log = logging.getLogger(__name__)
+
+LAUNCHERS = ("tmux", "subprocess")
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One attempt to start. `env` is added on top of the launcher's inherited environment."""
+
+    job_id: int
+    attempt_id: int
+    window_name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    run_dir: Path = Path(".")
+
+
+@dataclass(frozen=True)
+class LaunchHandle:
+    """How to find a started attempt again. `pid` is the wrapper's pid when known."""
+
+    launcher: str  # "tmux" | "subprocess"
+    pid: int | None
+    window_id: str | None
+
+
+class Launcher(Protocol):
+    name: str
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle: ...
+
+    def window_alive(self, handle_window_id: str) -> bool:
+        """True while the attempt's command still runs in that window."""
+        ...
+
+    def kill_window(self, window_id: str) -> None:
+        """Remove the window (after the process group was stopped with kill_process_group)."""
+        ...
+
+    def attach_command(self, window_id: str) -> list[str]:
+        """argv a user runs to watch the attempt; empty when the launcher has nothing to show."""
+        ...
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose process group is `pgid`."""
+    members: list[psutil.Process] = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return members
+
+
+def _wait_gone(pgid: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(POLL_S)
+    return not group_members(pgid)
+
+
+def kill_process_group(pgid: int, grace_s: float = 5.0) -> bool:
+    """SIGTERM the group, wait up to `grace_s`, then SIGKILL; True once no member is left."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        raise LauncherError(f"refusing to kill process group {pgid}: it is not an attempt's group")
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError as exc:
+            raise LauncherError(f"cannot signal process group {pgid}: {exc}") from None
+        if _wait_gone(pgid, time.monotonic() + wait_s):
+            return True
+    return False
+
+
+def make_launcher(kind: str | None, socket_name: str) -> Launcher:
+    """`kind` (else env ORCH_LAUNCHER, else tmux when it is installed, else subprocess)."""
+    chosen = (kind or os.environ.get("ORCH_LAUNCHER") or "").strip().lower()
+    if chosen not in ("", *LAUNCHERS):
+        raise UsageError(f"unknown launcher {chosen!r}: use tmux or subprocess")
+    if not chosen:
+        if shutil.which("tmux"):
+            chosen = "tmux"
+        else:
+            log.warning(
+                "tmux is not installed: workers run as plain subprocesses (no `orch attach`)"
+            )
+            chosen = "subprocess"
+    if chosen == "tmux":
+        from orchestrator.launch.tmux import TmuxLauncher
+
+        return TmuxLauncher(socket_name)
+    from orchestrator.launch.subprocess_launcher import SubprocessLauncher
+
+    return SubprocessLauncher()

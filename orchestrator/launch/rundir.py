@@ -1,0 +1,160 @@
+"""An attempt's run dir, environment and command line, prepared before anything is launched.
+
+Nothing here goes through a shell: the config is dumped YAML, the env is a validated dict, and
+a command template is split into argv once and filled in token by token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import string
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import UsageError
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+OUR_WORKERS = {"lora": "workers.lora", "sim": "workers.sim"}
+PLACEHOLDERS = ("config", "run_dir", "seed", "data", "job")
+CONFIG_FILE = "config.yaml"
+ENV_FILE = "env.json"
+
+# Injected into every attempt (DESIGN.md, worker protocol). The suite env comes after and wins.
+BASE_ENV = {
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",  # so stdout.log and the tmux pane show progress as it happens
+}
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write `text` to `path` through a temp file in the same dir and a rename."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def validate_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The env as a plain dict; a bad name or a value with NUL is a UsageError."""
+    checked: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            raise UsageError(
+                f"invalid environment variable name {name!r}: use letters, digits and _"
+            )
+        if not isinstance(value, str):
+            raise UsageError(f"environment variable {name} must be a string, got {value!r}")
+        if "\0" in value:
+            raise UsageError(f"environment variable {name} contains a NUL byte")
+        checked[name] = value
+    return checked
+
+
+def prepare_run_dir(run_dir: Path, config: dict[str, Any], env: dict[str, str]) -> None:
+    """Create `run_dir` (0700) with config.yaml (dumped YAML) and env.json (0600)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask, and exist_ok skips it
+    atomic_write_text(run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
+    atomic_write_text(run_dir / ENV_FILE, json.dumps(validate_env(env), indent=2, sort_keys=True))
+
+
+def build_worker_env(
+    *,
+    gpu_uuid: str,
+    gpu_index: int,
+    seed: int | None,
+    suite_env: dict[str, str],
+    extra: dict[str, str],
+) -> dict[str, str]:
+    """The variables injected into one attempt (on top of the inherited environment).
+
+    The GPU is named by uuid, so a reordered bus cannot put the job on another card;
+    ORCH_GPU_INDEX keeps the index for display. Later sources win: base, suite env, extra.
+    """
+    env = dict(BASE_ENV)
+    env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
+    env["ORCH_GPU_UUID"] = gpu_uuid
+    env["ORCH_GPU_INDEX"] = str(gpu_index)
+    if seed is not None:
+        env["ORCH_SEED"] = str(seed)
+        env["PYTHONHASHSEED"] = str(seed)
+    env.update(validate_env(suite_env))
+    env.update(validate_env(extra))
+    return env
+
+
+def build_argv(
+    worker: str, *, config_path: Path, run_dir: Path, values: dict[str, str]
+) -> list[str]:
+    """The worker's argv: one of ours ("lora", "sim") or a command template.
+
+    A template such as "python train.py --cfg {config} --overwrite" is split with shlex first and
+    its placeholders ({config}, {run_dir}, {seed}, {data}, {job}) are filled inside each token, so
+    a value can never become a second argument or reach a shell.
+    """
+    if worker in OUR_WORKERS:
+        return [
+            sys.executable,
+            "-m",
+            OUR_WORKERS[worker],
+            "--config",
+            str(config_path),
+            "--run-dir",
+            str(run_dir),
+        ]
+    try:
+        tokens = shlex.split(worker)
+    except ValueError as exc:
+        raise UsageError(f"invalid worker command {worker!r}: {exc}") from None
+    if not tokens:
+        raise UsageError("empty worker command: give 'lora', 'sim' or a command template")
+    mapping = {name: str(value) for name, value in values.items() if name in PLACEHOLDERS}
+    mapping.update(config=str(config_path), run_dir=str(run_dir))
+    return [_fill(token, mapping, worker) for token in tokens]
+
+
+def _fill(token: str, mapping: dict[str, str], worker: str) -> str:
+    try:
+        fields = list(string.Formatter().parse(token))
+    except ValueError as exc:
+        raise UsageError(
+            f"invalid worker command {worker!r}: {exc} (write {{{{ }}}} for a brace)"
+        ) from None
+    for _, field, spec, conversion in fields:
+        if field is None:
+            continue
+        if field not in PLACEHOLDERS or spec or conversion:
+            raise UsageError(
+                f"unknown placeholder {{{field}}} in worker command {worker!r}: "
+                f"use {', '.join('{' + p + '}' for p in PLACEHOLDERS)} (write {{{{ }}}} for a brace)"
+            )
+        if field not in mapping:
+            raise UsageError(
+                f"placeholder {{{field}}} in worker command {worker!r} has no value here"
+            )
+    try:
+        return token.format_map(mapping)
+    except (ValueError, IndexError) as exc:
+        raise UsageError(f"invalid worker command {worker!r}: {exc}") from None

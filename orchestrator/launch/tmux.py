@@ -1,0 +1,153 @@
+"""tmux launcher, on libtmux: one private server, session "orch", one window per attempt.
+
+The server listens on its own socket (`tmux -L <socket_name>`), so orch's windows never mix with
+the user's sessions. tmux puts named sockets in `$TMUX_TMPDIR/tmux-<uid>/` (default /tmp), a
+directory tmux creates 0700 and refuses to use when another user owns it or can read it: only
+this user can reach the server. The attempt's command is the window's initial command (a
+shlex-quoted argv run by /bin/sh -c, never keys typed into a shell), and windows keep their pane
+after the command exits (`remain-on-exit`) so the last output stays visible.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import time
+
+import libtmux
+from libtmux import exc as tmux_exc
+
+from orchestrator.errors import LauncherError
+from orchestrator.launch.base import LaunchHandle, LaunchSpec
+from orchestrator.launch.wrapper import wrapper_argv
+
+SESSION = "orch"
+SESSION_DEADLINE_S = 10.0
+# tmux refuses commands larger than its message size (16 KiB in 3.x); keep well below it.
+MAX_COMMAND_BYTES = 12_000
+
+
+class TmuxLauncher:
+    name = "tmux"
+
+    def __init__(self, socket_name: str) -> None:
+        if shutil.which("tmux") is None:
+            raise LauncherError(
+                "tmux is not installed: install it, or set ORCH_LAUNCHER=subprocess"
+            )
+        self.socket_name = socket_name
+        self.server = libtmux.Server(socket_name=socket_name)
+
+    def _session(self) -> libtmux.Session:
+        """Session "orch", created on demand; another process may be creating it at the same time."""
+        deadline = time.monotonic() + SESSION_DEADLINE_S
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                if self.server.has_session(SESSION):
+                    session = self.server.sessions.get(session_name=SESSION, default=None)
+                    if session is not None:
+                        return session
+                else:
+                    session = self.server.new_session(session_name=SESSION, window_name="orch")
+                    self._configure()
+                    return session
+            except (tmux_exc.TmuxSessionExists, tmux_exc.LibTmuxException) as error:
+                last_error = error  # lost a race with another creator, or the server is starting
+            time.sleep(0.1)
+        raise LauncherError(
+            f"cannot create tmux session {SESSION!r} on socket {self.socket_name!r}: {last_error}; "
+            f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
+        )
+
+    def _configure(self) -> None:
+        # Server-wide on our private server: windows created later inherit these.
+        for args in (
+            ("set-option", "-g", "default-shell", "/bin/sh"),
+            ("set-option", "-g", "-w", "remain-on-exit", "on"),
+            ("set-option", "-g", "history-limit", "20000"),
+        ):
+            proc = self.server.cmd(*args)
+            if proc.stderr:
+                raise LauncherError(f"tmux {' '.join(args)} failed: {' '.join(proc.stderr)}")
+
+    def _env_for_window(self, env: dict[str, str]) -> dict[str, str]:
+        """Our environment where the server's global one differs (it may predate us), plus `env`."""
+        try:
+            server_env = self.server.show_environment()
+        except tmux_exc.LibTmuxException:
+            server_env = {}
+        inherited = {k: v for k, v in os.environ.items() if server_env.get(k) != v and k != "TMUX"}
+        return {**inherited, **env}
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+        command = shlex.join(wrapper_argv(spec.run_dir, spec.argv))
+        session = self._session()
+        environment = self._env_for_window(spec.env)
+        size = len(command) + sum(len(k) + len(v) + 4 for k, v in environment.items())
+        if size > MAX_COMMAND_BYTES:
+            raise LauncherError(
+                f"the command and environment of job {spec.job_id} take {size} bytes, more than tmux "
+                f"accepts; restart orch's tmux server (`tmux -L {self.socket_name} kill-server`) "
+                "so it inherits the current environment, or set ORCH_LAUNCHER=subprocess"
+            )
+        try:
+            window = session.new_window(
+                window_name=spec.window_name,
+                attach=False,
+                start_directory=str(spec.run_dir),
+                window_shell=command,
+                environment=environment,
+            )
+            window.set_option("remain-on-exit", "on")
+            pane = window.active_pane
+            pane_pid = int(pane.pane_pid) if pane is not None and pane.pane_pid else None
+        except tmux_exc.LibTmuxException as error:
+            raise LauncherError(
+                f"tmux could not open a window for job {spec.job_id}: {error}; "
+                f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
+            ) from None
+        # The pane's pid is /bin/sh or, when sh execs the command, the wrapper itself;
+        # pid.json in the run dir has the wrapper's pid and pgid either way.
+        return LaunchHandle(launcher=self.name, pid=pane_pid, window_id=window.window_id)
+
+    def _pane_dead(self, window_id: str) -> bool | None:
+        """None when the window does not exist, else whether its command has exited."""
+        proc = self.server.cmd("list-panes", "-t", window_id, "-F", "#{pane_dead}")
+        if proc.returncode != 0 or not proc.stdout:
+            return None
+        return proc.stdout[0].strip() == "1"
+
+    def window_alive(self, handle_window_id: str) -> bool:
+        return self._pane_dead(handle_window_id) is False
+
+    def window_exists(self, window_id: str) -> bool:
+        return self._pane_dead(window_id) is not None
+
+    def kill_window(self, window_id: str) -> None:
+        if self._pane_dead(window_id) is None:
+            return  # already gone: killing is idempotent
+        proc = self.server.cmd("kill-window", "-t", window_id)
+        if proc.returncode != 0 and self._pane_dead(window_id) is not None:
+            raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
+
+    def attach_command(self, window_id: str) -> list[str]:
+        # select the window first, then attach; `tmux -L` keeps us on the private server
+        return [
+            "tmux",
+            "-L",
+            self.socket_name,
+            "select-window",
+            "-t",
+            window_id,
+            ";",
+            "attach-session",
+            "-t",
+            SESSION,
+        ]
+
+    def kill_server(self) -> None:
+        """Stop orch's tmux server (tests, and `orch daemon stop --all`)."""
+        if self.server.is_alive():
+            self.server.kill()

@@ -1,0 +1,173 @@
+"""The launch wrapper: `python -m orchestrator.launch.wrapper --run-dir DIR -- ARGV...`
+
+Every attempt runs under this. It leads its own process group (so the whole tree can be killed
+at once), records `pid.json` before the worker starts and `exit.json` after it ends, both
+atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
+shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker. It never talks to the daemon:
+a daemon that was down learns what happened from these files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import psutil
+
+PID_FILE = "pid.json"
+EXIT_FILE = "exit.json"
+LOG_FILE = "stdout.log"
+EXIT_NOT_STARTED = 127  # the shell's "command not found"
+DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def wrapper_argv(run_dir: Path, argv: list[str]) -> list[str]:
+    """The command line that runs `argv` under this wrapper."""
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator.launch.wrapper",
+        "--run-dir",
+        str(run_dir),
+        "--",
+        *argv,
+    ]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def become_group_leader() -> int:
+    """Lead a new session (hence a process group); return the pgid we end up in."""
+    try:
+        os.setsid()
+    except PermissionError:
+        # Already a process-group leader (e.g. started with start_new_session, or exec'd by the
+        # tmux pane's shell). If we lead only a group, that is what killing needs.
+        if os.getpgid(0) != os.getpid():
+            os.setpgid(0, 0)
+    return os.getpgid(0)
+
+
+class _Tee:
+    """Copies the worker's output to the log file and, while it can, to our stdout."""
+
+    def __init__(self, source: IO[bytes], log: IO[bytes]) -> None:
+        self.source = source
+        self.log = log
+        self.echo = True
+        self.thread = threading.Thread(target=self._run, name="tee", daemon=True)
+
+    def _run(self) -> None:
+        while chunk := os.read(self.source.fileno(), 65536):
+            self.log.write(chunk)
+            self.log.flush()
+            if self.echo:
+                try:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
+                except OSError:
+                    self.echo = False  # the pane is gone (window killed): keep logging
+
+
+def run(run_dir: Path, argv: list[str]) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pgid = become_group_leader()
+    me = psutil.Process()
+    info: dict[str, Any] = {
+        "pid": me.pid,
+        "pgid": pgid,
+        "create_time": me.create_time(),
+        "started_at": _now(),
+        "argv": argv,
+    }
+    _write_json(run_dir / PID_FILE, info)
+
+    with open(run_dir / LOG_FILE, "ab") as log:
+        try:
+            child = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True
+            )
+        except OSError as exc:
+            log.write(f"orch wrapper: cannot start {argv[0]!r}: {exc}\n".encode())
+            _write_json(
+                run_dir / EXIT_FILE,
+                {
+                    "exit_code": EXIT_NOT_STARTED,
+                    "signal": None,
+                    "error": str(exc),
+                    "ended_at": _now(),
+                },
+            )
+            return EXIT_NOT_STARTED
+
+        forwarded: set[int] = set()
+
+        def forward(signum: int, _frame: FrameType | None) -> None:
+            if signum not in forwarded:  # a group kill reaches the worker too; once is enough
+                forwarded.add(signum)
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+        for signum in FORWARDED:
+            signal.signal(signum, forward)
+        _write_json(run_dir / PID_FILE, {**info, "child_pid": child.pid})
+
+        assert child.stdout is not None
+        tee = _Tee(child.stdout, log)
+        tee.thread.start()
+        returncode = child.wait()
+        tee.thread.join(DRAIN_S)
+
+    killed_by = -returncode if returncode < 0 else None
+    exit_code = 128 + killed_by if killed_by is not None else returncode
+    _write_json(
+        run_dir / EXIT_FILE,
+        {
+            "exit_code": exit_code,
+            "signal": killed_by,
+            "signal_name": signal.Signals(killed_by).name if killed_by else None,
+            "ended_at": _now(),
+        },
+    )
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 4 or args[0] != "--run-dir" or args[2] != "--":
+        print(
+            "usage: python -m orchestrator.launch.wrapper --run-dir DIR -- ARGV...", file=sys.stderr
+        )
+        return 2
+    return run(Path(args[1]), args[3:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

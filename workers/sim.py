@@ -1,0 +1,336 @@
+"""Simulated training worker, and the file protocol of simulated GPUs.
+
+`python -m workers.sim --config RUN_DIR/config.yaml --run-dir RUN_DIR`
+
+A simulated GPU is a directory `$ORCH_SIM_DIR/gpu<index>/`. Every process holding memory on it
+has a file `<pid>.json` = {pid, used_mib, create_time}; memory held by processes orch did not
+start is in `foreign-<name>.json` files (pid 0). A holder counts while its process is alive with
+the same create_time, so a reused pid cannot keep a dead worker's memory "allocated". Card sizes
+come from `$ORCH_SIM_GPUS` ("7x24GiB" or "24GiB,24GiB,48GiB"). The probe in orchestrator.gpu.sim
+reads the same files through the functions below; this module must not import orchestrator.
+
+Memory model of the worker (all from the config):
+    base   = sim_base_gib (default 0.4 x sim_mem_gib): weights, LoRA state, CUDA context
+    acts   = (sim_mem_gib - base) x batch_size / sim_reference_batch
+             sim_reference_batch defaults to batch_size x gradient_accumulation_steps, the
+             effective batch, which the degradation ladder keeps constant while it halves
+             batch_size
+    logits = LOGITS_SHARE of acts; `logits_to_keep: k` keeps k / SIM_SEQ_LEN of them
+    rest   = acts - logits; `gradient_checkpointing: true` keeps CHECKPOINT_FACTOR of them
+    peak   = base + rest + logits
+`num_data_workers` costs host memory only, so it does not change the simulated peak.
+The worker allocates the peak in RAMP_STEPS equal steps over sim_ramp_s (like a model load),
+each under an fcntl lock on the GPU dir; a step that would overfill the card fails with torch's
+out-of-memory message, result.json status "oom" and exit code 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from workers import harness
+
+SIZE_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(GiB|MiB|G|M)\s*$", re.IGNORECASE)
+FOREIGN_PID = 0  # pid shown for memory held by processes orch did not start
+LOCK_FILE = ".lock"
+CREATE_TIME_TOLERANCE_S = 0.05
+
+LOGITS_SHARE = 0.25
+SIM_SEQ_LEN = 128
+CHECKPOINT_FACTOR = 0.4
+BASE_SHARE = 0.4
+RAMP_STEPS = 4
+HEARTBEAT_S = 0.25
+
+
+# --- simulated GPU protocol (shared with orchestrator.gpu.sim) ---------------------------------
+
+
+def parse_sizes_mib(spec: str) -> list[int]:
+    """'7x24GiB' or '24GiB,24GiB,48GiB' (also MiB, and mixed '2x24GiB,48GiB') -> sizes in MiB."""
+    sizes: list[int] = []
+    for item in spec.split(","):
+        match = SIZE_RE.match(item)
+        if not match:
+            raise ValueError(
+                f"invalid ORCH_SIM_GPUS entry {item.strip()!r} in {spec!r}: "
+                "expected e.g. '7x24GiB' or '24GiB,24GiB,48GiB' (units GiB or MiB)"
+            )
+        count = int(match.group(1) or 1)
+        unit_mib = 1024 if match.group(3).lower().startswith("g") else 1
+        size_mib = int(float(match.group(2)) * unit_mib)
+        if count < 1 or size_mib < 1:
+            raise ValueError(f"invalid ORCH_SIM_GPUS entry {item.strip()!r}: sizes must be > 0")
+        sizes.extend([size_mib] * count)
+    return sizes
+
+
+def sim_uuid(index: int) -> str:
+    """Stable uuid of simulated GPU `index`, shaped like NVML's."""
+    return f"GPU-00000000-sim0-0000-0000-{index:012d}"
+
+
+def gpu_dir(state_dir: Path, index: int) -> Path:
+    return Path(state_dir) / f"gpu{index}"
+
+
+@contextlib.contextmanager
+def gpu_lock(directory: Path) -> Iterator[None]:
+    """Exclusive lock on one simulated GPU: allocation checks and stale-file removal take it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / LOCK_FILE, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def holder_alive(pid: int, create_time: float) -> bool:
+    """True when `pid` runs and is the process that wrote the file (not a reuse of its pid)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - create_time) < CREATE_TIME_TOLERANCE_S
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def read_holders(directory: Path) -> tuple[list[tuple[int, int]], list[Path]]:
+    """Live holdings [(pid, used_mib)] of one GPU dir (foreign ones as pid 0), and stale files."""
+    holders: list[tuple[int, int]] = []
+    stale: list[Path] = []
+    if not directory.is_dir():
+        return holders, stale
+    for path in sorted(directory.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            used_mib = int(record["used_mib"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # vanished between glob and read, or unreadable: not a holding
+        if path.name.startswith("foreign-"):
+            holders.append((FOREIGN_PID, used_mib))
+        elif holder_alive(int(record.get("pid", -1)), float(record.get("create_time", -1))):
+            holders.append((int(record["pid"]), used_mib))
+        else:
+            stale.append(path)
+    return holders, stale
+
+
+# --- the worker --------------------------------------------------------------------------------
+
+
+def format_size(mib: float) -> str:
+    """torch's format_size: bytes below 1 MiB, MiB below 1 GiB, else GiB, two decimals."""
+    if mib * 1024 * 1024 <= 1048576:
+        return f"{int(mib * 1024 * 1024)} bytes"
+    if mib < 1024:
+        return f"{mib:.2f} MiB"
+    return f"{mib / 1024:.2f} GiB"
+
+
+def oom_message(request_mib: float, total_mib: int, free_mib: float, own_mib: float) -> str:
+    """The text of torch's caching-allocator OOM (torch >= 2.1, device index as the process sees it)."""
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {format_size(request_mib)}. "
+        f"GPU 0 has a total capacity of {format_size(total_mib)} of which "
+        f"{format_size(max(0.0, free_mib))} is free. Including non-PyTorch memory, this process has "
+        f"{format_size(own_mib)} memory in use. Of the allocated memory {format_size(own_mib)} is "
+        "allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If reserved "
+        "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+        "to avoid fragmentation.  See documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+def predicted_peak_mib(config: dict[str, Any]) -> int:
+    """The memory model of the module docstring."""
+    peak_gib = float(config["sim_mem_gib"])
+    base_gib = float(config.get("sim_base_gib", BASE_SHARE * peak_gib))
+    batch = int(config.get("batch_size", 1))
+    accum = int(config.get("gradient_accumulation_steps", 1) or 1)
+    reference = int(config.get("sim_reference_batch") or batch * accum)
+    acts_gib = max(0.0, peak_gib - base_gib) * batch / max(1, reference)
+    logits_gib = LOGITS_SHARE * acts_gib
+    rest_gib = acts_gib - logits_gib
+    keep = config.get("logits_to_keep")
+    if keep:
+        logits_gib *= min(1.0, int(keep) / SIM_SEQ_LEN)
+    if config.get("gradient_checkpointing"):
+        rest_gib *= CHECKPOINT_FACTOR
+    return round((base_gib + rest_gib + logits_gib) * 1024)
+
+
+def resolve_gpu(visible: str, sizes_mib: list[int]) -> int:
+    """Index of the simulated GPU named by CUDA_VISIBLE_DEVICES (a uuid or an index; first one)."""
+    first = visible.split(",")[0].strip()
+    if first.isdigit() and int(first) < len(sizes_mib):
+        return int(first)
+    for index in range(len(sizes_mib)):
+        if first == sim_uuid(index):
+            return index
+    raise ValueError(
+        f"CUDA_VISIBLE_DEVICES={visible!r} names no simulated GPU ({len(sizes_mib)} exist)"
+    )
+
+
+class SimAllocation:
+    """This process's holding file on one simulated GPU."""
+
+    def __init__(self, directory: Path, total_mib: int) -> None:
+        self.directory = directory
+        self.total_mib = total_mib
+        self.path = directory / f"{os.getpid()}.json"
+        self.create_time = psutil.Process().create_time()
+        self.used_mib = 0
+
+    def allocate(self, request_mib: int) -> str | None:
+        """Take `request_mib` more, or return torch's OOM message when the card is too full."""
+        with gpu_lock(self.directory):
+            holders, _ = read_holders(self.directory)
+            others_mib = sum(mib for pid, mib in holders if pid != os.getpid())
+            free_mib = self.total_mib - others_mib - self.used_mib
+            if request_mib > free_mib:
+                return oom_message(request_mib, self.total_mib, free_mib, self.used_mib)
+            self.used_mib += request_mib
+            harness.atomic_write_json(
+                self.path,
+                {"pid": os.getpid(), "used_mib": self.used_mib, "create_time": self.create_time},
+            )
+        return None
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.used_mib = 0
+
+
+def pseudo_accuracy(seed: int, config: dict[str, Any]) -> float:
+    """Deterministic per (seed, data): the same job gives the same result on every attempt."""
+    key = f"{seed}:{config.get('data', '')}:{config.get('sim_mem_gib')}"
+    digest = sum((i + 1) * ord(c) for i, c in enumerate(key)) % 1000
+    return round(0.7 + 0.2 * digest / 1000, 4)
+
+
+def run(config: dict[str, Any], run_dir: Path) -> int:
+    sizes_mib = parse_sizes_mib(os.environ["ORCH_SIM_GPUS"])
+    index = resolve_gpu(os.environ.get("CUDA_VISIBLE_DEVICES", "0"), sizes_mib)
+    alloc = SimAllocation(gpu_dir(Path(os.environ["ORCH_SIM_DIR"]), index), sizes_mib[index])
+
+    def on_term(signum: int, _frame: object) -> None:
+        alloc.release()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        return train(config, run_dir, alloc)
+    finally:
+        alloc.release()
+
+
+def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
+    started = time.monotonic()
+    peak_mib = predicted_peak_mib(config)
+    ramp_s = float(config.get("sim_ramp_s", 2.0))
+    step_mib = [peak_mib // RAMP_STEPS] * RAMP_STEPS
+    step_mib[-1] += peak_mib - sum(step_mib)
+    print(
+        f"sim worker: pid {os.getpid()}, peak {peak_mib} MiB on {alloc.directory.name}", flush=True
+    )
+    for request_mib in step_mib:
+        message = alloc.allocate(request_mib)
+        if message is not None:
+            print(message, file=sys.stderr, flush=True)
+            harness.write_result(
+                run_dir,
+                harness.STATUS_OOM,
+                error=message,
+                peak_mem_mib=alloc.used_mib,
+                seconds=time.monotonic() - started,
+            )
+            return harness.EXIT_OOM
+        time.sleep(ramp_s / RAMP_STEPS)
+
+    heartbeat = harness.Heartbeat(run_dir)
+    total_steps = max(1, int(float(config.get("sim_seconds", 5.0)) / HEARTBEAT_S))
+    batch = int(config.get("batch_size", 1))
+    fail = config.get("sim_fail")
+    train_started = time.monotonic()
+    for step in range(1, total_steps + 1):
+        if fail == "hang" and step > total_steps // 2:
+            while True:  # stops heartbeating, like a deadlocked data loader
+                time.sleep(3600)
+        if fail == "error" and step > total_steps // 2:
+            raise RuntimeError("simulated failure in the training loop (sim_fail: error)")
+        time.sleep(HEARTBEAT_S)
+        elapsed_s = time.monotonic() - train_started
+        heartbeat.beat(
+            step,
+            total_steps,
+            loss=round(2.0 / (1 + 0.1 * step), 4),
+            samples_per_s=round(step * batch / elapsed_s, 2),
+            peak_mem_mib=alloc.used_mib,
+        )
+    seed = int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0)
+    harness.write_result(
+        run_dir,
+        harness.STATUS_SUCCEEDED,
+        metrics={"test": {"accuracy": pseudo_accuracy(seed, config)}},
+        peak_mem_mib=alloc.used_mib,
+        steps=total_steps,
+        seconds=time.monotonic() - started,
+    )
+    print(f"sim worker: done, {total_steps} steps", flush=True)
+    return harness.EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workers.sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config = yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}
+        if not isinstance(config, dict) or "sim_mem_gib" not in config:
+            raise ValueError(f"{args.config}: a mapping with sim_mem_gib is required")
+        for name in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS"):
+            if not os.environ.get(name):
+                raise ValueError(f"{name} is not set: the sim worker needs the simulated GPUs")
+        resolve_gpu(
+            os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+            parse_sizes_mib(os.environ["ORCH_SIM_GPUS"]),
+        )
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"config error: {exc}", file=sys.stderr, flush=True)
+        harness.write_result(args.run_dir, harness.STATUS_CONFIG_ERROR, error=str(exc))
+        return harness.EXIT_CONFIG_ERROR
+    try:
+        return run(config, args.run_dir)
+    except Exception as exc:
+        traceback.print_exc()
+        harness.write_result(
+            args.run_dir, harness.STATUS_FAILED, error=f"{type(exc).__name__}: {exc}"
+        )
+        return harness.EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
