@@ -120,11 +120,16 @@ def _cards(
     return cards
 
 
+def _headroom_for(job: QueuedJob, card: _Card) -> int:
+    """Headroom, capped so that a job predicted to fill most of a card may still have it alone."""
+    return max(0, min(card.headroom_mib, card.gpu.total_mib - job.predicted_peak_mib))
+
+
 def _blocker(job: QueuedJob, card: _Card) -> str | None:
     """Why `job` cannot start on `card` now, or None when it can."""
     if card.gpu.slots <= 0:
         return "plan"
-    if job.predicted_peak_mib + card.headroom_mib > card.gpu.total_mib:
+    if job.predicted_peak_mib > card.gpu.total_mib:
         return "never"
     if card.alone:
         return "alone"
@@ -132,7 +137,7 @@ def _blocker(job: QueuedJob, card: _Card) -> str | None:
         return "cap"
     if job.run_alone and card.occupied:
         return "occupied"
-    if job.predicted_peak_mib + card.headroom_mib > card.available_mib:
+    if job.predicted_peak_mib + _headroom_for(job, card) > card.available_mib:
         return "memory"
     if card.held_for is not None and card.held_for != job.job_id:
         return "held"
@@ -153,7 +158,7 @@ def _best_candidate(job: QueuedJob, cards: list[_Card]) -> _Card | None:
         return None
 
     def deficit(c: _Card) -> tuple[int, int, int]:
-        need = job.predicted_peak_mib + c.headroom_mib
+        need = job.predicted_peak_mib + _headroom_for(job, c)
         if job.run_alone or c.alone:
             jobs_to_drain = c.used_slots
         else:
@@ -179,8 +184,8 @@ def _wait_reason(
     if all(blockers[c.gpu.index] == "never" for c in usable):
         largest = max(usable, key=lambda c: c.gpu.total_mib)
         return (
-            f"no GPU can ever fit {_gib(job.predicted_peak_mib)} + {_gib(largest.headroom_mib)} "
-            f"headroom (largest card {_gib(largest.gpu.total_mib)})"
+            f"no GPU can ever fit {_gib(job.predicted_peak_mib)} "
+            f"(largest card {_gib(largest.gpu.total_mib)})"
         )
     held = [c for c in usable if blockers[c.gpu.index] == "held"]
     if held:
@@ -190,11 +195,11 @@ def _wait_reason(
         return f"held back: GPU {c.gpu.index} kept free for job {c.held_for} (waiting {minutes:.0f} min)"
     short = [c for c in usable if blockers[c.gpu.index] == "memory"]
     if short:
-        c = max(short, key=lambda c: c.available_mib - c.headroom_mib)
+        c = max(short, key=lambda c: c.available_mib - _headroom_for(job, c))
         ramping = f" ({_gib(c.reserved_mib)} reserved for ramping jobs)" if c.reserved_mib else ""
         return (
             f"GPU {c.gpu.index}: {_gib(c.available_mib)} free{ramping}, "
-            f"needs {_gib(job.predicted_peak_mib)} + {_gib(c.headroom_mib)} headroom"
+            f"needs {_gib(job.predicted_peak_mib)} + {_gib(_headroom_for(job, c))} headroom"
         )
     if job.run_alone:
         return "waiting to run alone on a GPU"
