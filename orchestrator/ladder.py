@@ -1,0 +1,328 @@
+"""The degradation ladder: what an OOM'd job changes on its next attempt, and whether to retry.
+
+Pure: the daemon and the virtual-time simulator call `expand_levels` once per job and
+`retry_decision` after every attempt. Each level's overrides are cumulative against the job's
+own config, and every level keeps `batch_size × gradient_accumulation_steps` (so the effective
+batch and the learning-rate schedule) unchanged, which keeps degraded results comparable.
+The schema of a ladder is documented at the top of plans/ladder.yaml.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from orchestrator.classify import REASON_HUNG
+from orchestrator.errors import PlanError
+from orchestrator.lifecycle import AttemptOutcome
+
+BATCH_KEY = "batch_size"
+ACCUM_KEY = "gradient_accumulation_steps"
+CHECKPOINTING_KEY = "gradient_checkpointing"
+LOGITS_KEY = "logits_to_keep"
+WORKERS_KEY = "num_data_workers"
+
+DEFAULT_MAX_ATTEMPTS = 8
+HUNG_RETRIES = 1  # a hang may be the machine's fault: one more try unchanged, then fail
+
+# The default ladder, equal to plans/ladder.yaml (a test checks they agree). Kept here too so an
+# installed orch without the plans/ directory still has it.
+DEFAULT_LADDER_SPEC: list[Any] = [
+    {"name": "checkpointing", "checkpointing": True, "logits_to_keep": 1},
+    "halve_batch",
+    {"data_workers": 0},
+    "run_alone",
+]
+
+_ACTIONS = ("checkpointing", "logits_to_keep", "halve_batch", "data_workers", "run_alone", "set")
+_FLAG_ACTIONS = ("checkpointing", "halve_batch", "run_alone")  # take `true` only
+_BARE_ACTIONS = (*_FLAG_ACTIONS, "logits_to_keep")  # may be written as a bare name
+_GUARDED_KEYS = (BATCH_KEY, ACCUM_KEY)  # only halve_batch may change them, keeping the product
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rung as written in a ladder spec."""
+
+    name: str
+    checkpointing: bool = False
+    logits_to_keep: int | None = None  # applied only to tasks scored on one token
+    halve_batch: bool = False  # expands to one level per halving, down to batch_size 1
+    data_workers: int | None = None
+    run_alone: bool = False
+    set_values: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Ladder:
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One attempt configuration. `overrides` are cumulative against the job's config."""
+
+    index: int
+    step: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    changes: dict[str, Any] = field(default_factory=dict)  # vs. the previous level
+    run_alone: bool = False
+
+    def describe(self) -> str:
+        shown = [f"{key}={value}" for key, value in self.changes.items()]
+        if self.run_alone and not self.changes:
+            shown.append("run alone on a GPU")
+        return f"level {self.index} ({self.step}): " + (", ".join(shown) or "as configured")
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    action: Literal["requeue", "fail", "done"]
+    level: Level | None  # the level of the next attempt when requeued
+    why: str
+
+
+def _step_error(position: int, message: str) -> PlanError:
+    return PlanError(f"ladder step {position}: {message}")
+
+
+def _parse_step(item: Any, position: int) -> Step:
+    if isinstance(item, str):
+        if item not in _BARE_ACTIONS:
+            raise _step_error(
+                position,
+                f"{item!r} is not an action that can stand alone "
+                f"(use one of {', '.join(_BARE_ACTIONS)}, or a mapping such as {{data_workers: 0}})",
+            )
+        item = {item: True}
+    if not isinstance(item, Mapping) or not item:
+        raise _step_error(position, f"expected an action name or a mapping, got {item!r}")
+    unknown = [str(key) for key in item if key not in (*_ACTIONS, "name")]
+    if unknown:
+        raise _step_error(
+            position, f"unknown action {unknown[0]!r} (known: name, {', '.join(_ACTIONS)})"
+        )
+    actions = [key for key in item if key != "name"]
+    if not actions:
+        raise _step_error(position, "a step needs at least one action besides `name`")
+    for flag in _FLAG_ACTIONS:
+        if flag in item and item[flag] is not True:
+            raise _step_error(position, f"`{flag}` takes only `true`, got {item[flag]!r}")
+    if "halve_batch" in item and len(actions) > 1:
+        raise _step_error(position, "`halve_batch` repeats, so it must be a step of its own")
+    logits = item.get("logits_to_keep")
+    if logits is True:
+        logits = 1
+    if logits is not None and (
+        isinstance(logits, bool) or not isinstance(logits, int) or logits < 1
+    ):
+        raise _step_error(position, f"`logits_to_keep` must be a positive integer, got {logits!r}")
+    workers = item.get("data_workers")
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
+    ):
+        raise _step_error(position, f"`data_workers` must be an integer >= 0, got {workers!r}")
+    set_values = item.get("set", {})
+    if not isinstance(set_values, Mapping) or ("set" in item and not set_values):
+        raise _step_error(
+            position, f"`set` must be a non-empty mapping of key: value, got {set_values!r}"
+        )
+    for key, value in set_values.items():
+        if not isinstance(key, str) or not key:
+            raise _step_error(position, f"`set` keys must be config key names, got {key!r}")
+        if key in _GUARDED_KEYS:
+            raise _step_error(
+                position,
+                f"`set` may not change {key!r}: use halve_batch, which keeps batch × accumulation",
+            )
+        if not (value is None or isinstance(value, str | int | float | bool)):
+            raise _step_error(position, f"`set` value for {key!r} must be a scalar, got {value!r}")
+    name = item.get("name", "+".join(actions))
+    if not isinstance(name, str) or not name.strip():
+        raise _step_error(position, f"`name` must be a non-empty string, got {name!r}")
+    return Step(
+        name=name,
+        checkpointing=bool(item.get("checkpointing", False)),
+        logits_to_keep=logits,
+        halve_batch=bool(item.get("halve_batch", False)),
+        data_workers=workers,
+        run_alone=bool(item.get("run_alone", False)),
+        set_values=tuple(set_values.items()),
+    )
+
+
+def load_ladder(spec: Sequence[Any] | None) -> Ladder:
+    """A ladder from a suite's `ladder:` list; None gives the default. Raises PlanError."""
+    if spec is None:
+        spec = DEFAULT_LADDER_SPEC
+    if isinstance(spec, str | bytes) or not isinstance(spec, Sequence):
+        raise PlanError(f"ladder must be a list of steps, got {type(spec).__name__}")
+    return Ladder(tuple(_parse_step(item, position) for position, item in enumerate(spec, 1)))
+
+
+def load_ladder_file(path: Path) -> Ladder:
+    """Read a ladder file shaped like plans/ladder.yaml (a mapping with a `ladder:` list)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise PlanError(f"ladder file {path}: {error}") from error
+    if not isinstance(data, Mapping) or "ladder" not in data:
+        raise PlanError(f"ladder file {path}: expected a mapping with a `ladder:` list")
+    try:
+        return load_ladder(data["ladder"])
+    except PlanError as error:
+        raise PlanError(f"ladder file {path}: {error}") from error
+
+
+def is_one_token_task(task: str, patterns: Sequence[str]) -> bool:
+    """Whether a suite marks `task` as scored on one token (fnmatch patterns, e.g. "glue*")."""
+    return any(fnmatch.fnmatchcase(task, pattern) for pattern in patterns)
+
+
+def _smallest_factor(number: int) -> int:
+    for factor in range(2, int(number**0.5) + 1):
+        if number % factor == 0:
+            return factor
+    return number
+
+
+def _lowers(current: Any, target: int) -> bool:
+    """Whether setting an int knob to `target` reduces it (unset counts as higher)."""
+    return not isinstance(current, int) or isinstance(current, bool) or current > target
+
+
+def _step_changes(step: Step, current: Mapping[str, Any], one_token_task: bool) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if step.checkpointing and current.get(CHECKPOINTING_KEY) is not True:
+        changes[CHECKPOINTING_KEY] = True
+    if step.logits_to_keep is not None and one_token_task:
+        kept = current.get(LOGITS_KEY)
+        if kept in (None, 0) or _lowers(kept, step.logits_to_keep):  # 0 keeps every position
+            changes[LOGITS_KEY] = step.logits_to_keep
+    if step.data_workers is not None and _lowers(current.get(WORKERS_KEY), step.data_workers):
+        changes[WORKERS_KEY] = step.data_workers
+    for key, value in step.set_values:
+        if key not in current or current[key] != value:
+            changes[key] = value
+    return changes
+
+
+def _halvings(current: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Successive batch reductions down to 1. An odd size is divided by its smallest prime
+    factor instead of 2 so that batch × accumulation stays exactly the same."""
+    batch, accum = current.get(BATCH_KEY), current.get(ACCUM_KEY, 1)
+    if not isinstance(batch, int) or isinstance(batch, bool) or not isinstance(accum, int):
+        return []  # no batch size we can reason about: nothing to halve
+    result = []
+    while batch > 1:
+        factor = _smallest_factor(batch)
+        batch, accum = batch // factor, accum * factor
+        result.append({BATCH_KEY: batch, ACCUM_KEY: accum})
+    return result
+
+
+def expand_levels(
+    ladder: Ladder, base_config: Mapping[str, Any], one_token_task: bool
+) -> list[Level]:
+    """Level 0 (as configured) and every rung that really changes this config, in order."""
+    current = dict(base_config)
+    overrides: dict[str, Any] = {}
+    levels = [Level(index=0, step="as_configured")]
+    run_alone = False
+
+    def add(step: Step, changes: dict[str, Any]) -> None:
+        nonlocal run_alone
+        current.update(changes)
+        overrides.update(changes)
+        run_alone = run_alone or step.run_alone
+        levels.append(Level(len(levels), step.name, dict(overrides), changes, run_alone))
+
+    for step in ladder.steps:
+        if step.halve_batch:
+            for changes in _halvings(current):
+                add(step, changes)
+            continue
+        changes = _step_changes(step, current, one_token_task)
+        if changes or (step.run_alone and not run_alone):
+            add(step, changes)
+    return levels
+
+
+def _reduces_host_memory(level: Level, previous: Level) -> bool:
+    return WORKERS_KEY in level.changes or (level.run_alone and not previous.run_alone)
+
+
+def next_level(
+    levels: Sequence[Level], current_index: int, outcome: AttemptOutcome
+) -> Level | None:
+    """The level after an OOM. A host OOM jumps to the next level that lowers host-side memory
+    (fewer data workers, then running alone); being cumulative, that level keeps the GPU-side
+    changes before it. None when the ladder has nothing left."""
+    later = levels[current_index + 1 :]
+    if outcome is AttemptOutcome.OOM:
+        return later[0] if later else None
+    if outcome is AttemptOutcome.HOST_OOM:
+        for level in later:
+            if _reduces_host_memory(level, levels[level.index - 1]):
+                return level
+    return None
+
+
+def should_retry(
+    outcome: AttemptOutcome, attempt_number: int, max_attempts: int, retryable: bool = True
+) -> bool:
+    """Whether an attempt's outcome is worth another attempt at all (ladder aside)."""
+    retriable = outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM, AttemptOutcome.LOST)
+    return retriable and retryable and attempt_number < max_attempts
+
+
+def retry_decision(
+    outcome: AttemptOutcome,
+    reason: str,
+    attempts_so_far: int,
+    levels: Sequence[Level],
+    current_index: int,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    *,
+    retryable: bool = True,
+    hung_retries_so_far: int = 0,
+) -> RetryDecision:
+    """What to do after an attempt ends: the single entry point the daemon calls.
+
+    `attempts_so_far` counts the attempt that just ended; `hung_retries_so_far` counts earlier
+    attempts of this job that were requeued because they hung.
+    """
+    current = levels[current_index]
+    if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.CANCELLED):
+        return RetryDecision("done", None, outcome.value)
+    out_of_attempts = attempts_so_far >= max_attempts
+    if outcome is AttemptOutcome.FAILED:
+        hung_again = hung_retries_so_far >= HUNG_RETRIES
+        if reason == REASON_HUNG and retryable and not hung_again and not out_of_attempts:
+            return RetryDecision("requeue", current, "hung: retried once, unchanged")
+        if not retryable:
+            return RetryDecision("fail", None, f"{reason} (not retryable)")
+        return RetryDecision("fail", None, reason)
+    if out_of_attempts:
+        return RetryDecision(
+            "fail",
+            None,
+            f"gave up after {attempts_so_far} attempts; last: {outcome.value}: {reason}",
+        )
+    if outcome is AttemptOutcome.LOST:
+        return RetryDecision("requeue", current, f"lost ({reason}): requeued unchanged")
+    following = next_level(levels, current_index, outcome)
+    if following is None:
+        if outcome is AttemptOutcome.HOST_OOM:
+            why = f"host OOM with no host-side level left after {current.describe()}: {reason}"
+        else:
+            why = f"OOM at every level of the degradation ladder (last {current.describe()}): {reason}"
+        return RetryDecision("fail", None, why)
+    return RetryDecision(
+        "requeue", following, f"{outcome.value}: {reason}; next {following.describe()}"
+    )
