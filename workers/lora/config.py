@@ -1,0 +1,211 @@
+"""The worker's YAML config: parsing, validation and path resolution (no torch here).
+
+Keys follow the researchers' existing training scripts so one config file serves both.
+Unknown keys are ignored with a warning; orch's own keys are ignored silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUILTIN_MODELS = ("tiny-llama", "tiny-gla")
+PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+DEFAULT_PEFT: dict[str, Any] = {
+    "r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+KNOWN_KEYS = frozenset(
+    {
+        "model", "peft", "data", "data_dir", "batch_size", "learning_rate", "num_epochs",
+        "max_steps", "prec", "seed", "gradient_accumulation_steps", "gradient_checkpointing",
+        "logits_to_keep", "num_data_workers", "max_seq_len", "eval_every_steps", "no_save",
+    }
+)  # fmt: skip
+# Keys orch itself adds to a suite config (memory hints, bookkeeping): not ours, not a mistake.
+ORCH_KEYS = frozenset({"mem_gib", "suite", "name", "level", "priority"})
+ORCH_KEY_PREFIXES = ("sim_", "orch_")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration: reported as status config_error, never retried."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str  # a built-in name or an absolute model directory
+    peft: dict[str, Any]
+    data: str
+    data_dir: Path | None
+    batch_size: int = 8
+    learning_rate: float = 1e-4
+    num_epochs: int | None = None
+    max_steps: int | None = None
+    prec: str = "bf16"
+    seed: int = 0
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    logits_to_keep: int = 0  # 0: logits for every position
+    num_data_workers: int = 0
+    max_seq_len: int = 256
+    eval_every_steps: int | None = None
+    no_save: bool = False
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.gradient_accumulation_steps
+
+
+def load_config(path: Path, env: Mapping[str, str] | None = None) -> RunConfig:
+    """Read and validate a config file; raises ConfigError with a one-line reason."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(raw).__name__}")
+    return parse_config(raw, path.parent, os.environ if env is None else env)
+
+
+def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str]) -> RunConfig:
+    """Validate a config mapping; relative paths resolve against `config_dir`."""
+    warnings = [
+        f"ignoring unknown config key {key!r}"
+        for key in sorted(raw)
+        if key not in KNOWN_KEYS and key not in ORCH_KEYS and not key.startswith(ORCH_KEY_PREFIXES)
+    ]
+    if "model" not in raw:
+        raise ConfigError("config key 'model' is missing")
+    if "data" not in raw:
+        raise ConfigError("config key 'data' is missing")
+    num_epochs = _optional(raw, "num_epochs", _positive_int)
+    max_steps = _optional(raw, "max_steps", _positive_int)
+    if num_epochs is None and max_steps is None:
+        num_epochs = 1
+    prec = str(raw.get("prec", "bf16")).lower()
+    if prec not in PRECISIONS:
+        raise ConfigError(f"config key 'prec' must be bf16 or fp32, got {raw.get('prec')!r}")
+    peft, peft_warning = resolve_peft(raw.get("peft"), config_dir, env)
+    if peft_warning:
+        warnings.append(peft_warning)
+    data_dir_value = raw.get("data_dir") or env.get("ORCH_DATA_DIR")
+    return RunConfig(
+        model=resolve_model(str(raw["model"]), config_dir),
+        peft=peft,
+        data=str(raw["data"]),
+        data_dir=_resolve_path(str(data_dir_value), config_dir) if data_dir_value else None,
+        batch_size=_positive_int("batch_size", raw.get("batch_size", 8)),
+        learning_rate=_positive_float("learning_rate", raw.get("learning_rate", 1e-4)),
+        num_epochs=num_epochs,
+        max_steps=max_steps,
+        prec=PRECISIONS[prec],
+        seed=_non_negative_int("seed", raw.get("seed", 0)),
+        gradient_accumulation_steps=_positive_int(
+            "gradient_accumulation_steps", raw.get("gradient_accumulation_steps", 1)
+        ),
+        gradient_checkpointing=_bool(
+            "gradient_checkpointing", raw.get("gradient_checkpointing", False)
+        ),
+        logits_to_keep=_non_negative_int("logits_to_keep", raw.get("logits_to_keep") or 0),
+        num_data_workers=_non_negative_int("num_data_workers", raw.get("num_data_workers", 0)),
+        max_seq_len=_positive_int("max_seq_len", raw.get("max_seq_len", 256)),
+        eval_every_steps=_optional(raw, "eval_every_steps", _positive_int),
+        no_save=_bool("no_save", raw.get("no_save", False)),
+        warnings=tuple(warnings),
+    )
+
+
+def resolve_model(value: str, config_dir: Path) -> str:
+    """A built-in name, or an existing local model directory (nothing is ever downloaded)."""
+    if value in BUILTIN_MODELS:
+        return value
+    path = _resolve_path(value, config_dir)
+    if not path.is_dir():
+        raise ConfigError(f"model directory not found: {value} (models are never downloaded)")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model directory {path} has no config.json")
+    return str(path)
+
+
+def resolve_peft(
+    value: Any, config_dir: Path, env: Mapping[str, str]
+) -> tuple[dict[str, Any], str | None]:
+    """The LoRA spec as a mapping: inline, or a JSON file found next to the config or in ORCH_PLANS_DIR."""
+    if value is None:
+        return dict(DEFAULT_PEFT), "no 'peft' key: using LoRA r=8 on q/k/v/o projections"
+    if isinstance(value, dict):
+        return dict(value), None
+    candidates = [Path(value)] if Path(value).is_absolute() else [config_dir / value]
+    if not Path(value).is_absolute() and env.get("ORCH_PLANS_DIR"):
+        candidates.append(Path(env["ORCH_PLANS_DIR"]) / value)
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                spec = json.loads(candidate.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"peft spec {candidate} is not valid JSON: {exc}") from None
+            if not isinstance(spec, dict):
+                raise ConfigError(f"peft spec {candidate} must hold a JSON object")
+            return spec, None
+    searched = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"peft spec {value!r} not found (looked in: {searched})")
+
+
+def _resolve_path(value: str, config_dir: Path) -> Path:
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path
+    # Relative to the working directory first (how users type it), then to the config file.
+    return path.resolve() if path.exists() else (config_dir / path).resolve()
+
+
+def _optional(raw: Mapping[str, Any], key: str, check: Callable[[str, Any], int]) -> int | None:
+    value = raw.get(key)
+    return None if value is None else check(key, value)
+
+
+def _positive_int(key: str, value: Any) -> int:
+    number = _non_negative_int(key, value)
+    if number < 1:
+        raise ConfigError(f"config key {key!r} must be a positive integer, got {value!r}")
+    return number
+
+
+def _non_negative_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"config key {key!r} must not be negative, got {value!r}")
+    return int(value)
+
+
+def _positive_float(key: str, value: Any) -> float:
+    try:
+        number = float(value)  # YAML reads "1e-4" (no dot) as a string
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
+    if not number > 0:
+        raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
+    return number
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    if value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")

@@ -1,0 +1,241 @@
+"""GLUE tasks framed as language modelling: prompt + input text(s) -> one answer token.
+
+Data names as users write them: `glue_<task>` (official train / validation), `glue-tvt_<task>`
+(train split 80/20 into train/val, official validation as test), with an optional `_N` suffix
+keeping N training examples. Sources, in order: GLUE TSV release layout, JSON Lines with the
+HF field names, a `datasets.save_to_disk` folder. No torch at import time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.lora.config import ConfigError
+
+# Fixed, independent of the run seed: every seed of a sweep sees the same splits and subsets.
+SPLIT_SEED = 1234
+TRAIN_FRACTION = 0.8
+DIGIT_WORDS = (" 0", " 1", " 2")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    glue_dir: str  # folder name in the GLUE release
+    fields: tuple[str, ...]  # HF field names of the input texts
+    tsv_fields: tuple[str, ...]  # TSV header names of the same texts
+    tsv_label: str
+    label_map: dict[str, int] | None  # TSV label strings -> HF ids; None: already ints
+    template: str  # uses {0}, {1} for the texts
+    tail: str  # the question line: kept when truncating, probes the answer token
+    label_words: tuple[str, ...]  # by HF label id
+
+
+_NLI = {"entailment": 0, "not_entailment": 1}
+TASKS: dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in (
+        TaskSpec("cola", "CoLA", ("sentence",), ("3",), "1", None,
+                 "Sentence: {0}\n", "Is this sentence grammatical? Answer:", (" no", " yes")),
+        TaskSpec("sst2", "SST-2", ("sentence",), ("sentence",), "label", None,
+                 "Review: {0}\n", "Sentiment:", (" negative", " positive")),
+        TaskSpec("mrpc", "MRPC", ("sentence1", "sentence2"), ("#1 String", "#2 String"), "Quality",
+                 None, "Sentence 1: {0}\nSentence 2: {1}\n",
+                 "Do both sentences mean the same thing? Answer:", (" no", " yes")),
+        TaskSpec("qqp", "QQP", ("question1", "question2"), ("question1", "question2"),
+                 "is_duplicate", None, "Question 1: {0}\nQuestion 2: {1}\n",
+                 "Do both questions ask the same thing? Answer:", (" no", " yes")),
+        TaskSpec("mnli", "MNLI", ("premise", "hypothesis"), ("sentence1", "sentence2"), "gold_label",
+                 {"entailment": 0, "neutral": 1, "contradiction": 2},
+                 "Premise: {0}\nHypothesis: {1}\n",
+                 "Does the premise entail the hypothesis? Answer:", (" yes", " maybe", " no")),
+        TaskSpec("qnli", "QNLI", ("question", "sentence"), ("question", "sentence"), "label", _NLI,
+                 "Question: {0}\nSentence: {1}\n",
+                 "Does the sentence answer the question? Answer:", (" yes", " no")),
+        TaskSpec("rte", "RTE", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", _NLI,
+                 "Sentence 1: {0}\nSentence 2: {1}\n",
+                 "Does sentence 1 entail sentence 2? Answer:", (" yes", " no")),
+        TaskSpec("wnli", "WNLI", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label",
+                 None, "Sentence 1: {0}\nSentence 2: {1}\n",
+                 "Does sentence 1 entail sentence 2? Answer:", (" no", " yes")),
+    )
+}  # fmt: skip
+REGRESSION_TASKS = ("stsb",)
+_NAME = re.compile(r"^(glue|glue-tvt)_([a-z0-9]+?)(?:_(\d+))?$")
+
+
+@dataclass(frozen=True)
+class DataName:
+    kind: str  # "glue" | "glue-tvt"
+    task: str
+    subset: int | None
+
+
+@dataclass(frozen=True)
+class Example:
+    texts: tuple[str, ...]
+    label: int
+
+
+def parse_data_name(name: str) -> DataName:
+    match = _NAME.match(name.strip().lower())
+    if not match:
+        raise ConfigError(f"data name {name!r} is not glue_<task>[_N] or glue-tvt_<task>[_N]")
+    kind, task, subset = match.groups()
+    if task in REGRESSION_TASKS:
+        raise ConfigError(f"task {task!r} is a regression task and is not supported")
+    if task not in TASKS:
+        raise ConfigError(f"unknown task {task!r} in {name!r} (known: {', '.join(TASKS)})")
+    if subset is not None and int(subset) < 1:
+        raise ConfigError(f"subset size in {name!r} must be positive")
+    return DataName(kind, task, int(subset) if subset else None)
+
+
+def find_source(data_dir: Path, task: str) -> tuple[str, Path]:
+    """Which format holds `task` under `data_dir`: ("tsv"|"jsonl"|"hf", folder)."""
+    spec = TASKS[task]
+    if not data_dir.is_dir():
+        raise ConfigError(f"data directory not found: {data_dir}")
+    for folder in (data_dir / spec.glue_dir, data_dir / task):
+        if (folder / "train.tsv").is_file():
+            return "tsv", folder
+    if (data_dir / task / "train.jsonl").is_file():
+        return "jsonl", data_dir / task
+    if (data_dir / task / "dataset_dict.json").is_file():
+        return "hf", data_dir / task
+    raise ConfigError(
+        f"no data for {task!r} in {data_dir}: expected {spec.glue_dir}/train.tsv, "
+        f"{task}/train.jsonl or a save_to_disk folder {task}/"
+    )
+
+
+def load_splits(name: str, data_dir: Path) -> dict[str, list[Example]]:
+    """train / val / test examples for a data name."""
+    parsed = parse_data_name(name)
+    fmt, folder = find_source(data_dir, parsed.task)
+    train = read_split(fmt, folder, parsed.task, "train")
+    official_val = read_split(fmt, folder, parsed.task, "validation")
+    if parsed.kind == "glue-tvt":
+        train, val = split_train_val(train)
+        splits = {"train": train, "val": val, "test": official_val}
+    else:
+        splits = {"train": train, "val": official_val, "test": official_val}
+    if parsed.subset is not None:
+        splits["train"] = subset(splits["train"], parsed.subset)
+    for split, examples in splits.items():
+        if not examples:
+            raise ConfigError(f"{name}: the {split} split is empty")
+    return splits
+
+
+def split_train_val(examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    """Deterministic, disjoint 80/20 split (seed fixed, not the run seed)."""
+    order = list(range(len(examples)))
+    random.Random(SPLIT_SEED).shuffle(order)
+    cut = round(len(order) * TRAIN_FRACTION)
+    return [examples[i] for i in sorted(order[:cut])], [examples[i] for i in sorted(order[cut:])]
+
+
+def subset(examples: list[Example], size: int) -> list[Example]:
+    """The first `size` examples after a fixed-seed shuffle."""
+    order = list(range(len(examples)))
+    random.Random(SPLIT_SEED + 1).shuffle(order)
+    return [examples[i] for i in order[:size]]
+
+
+def read_split(fmt: str, folder: Path, task: str, split: str) -> list[Example]:
+    spec = TASKS[task]
+    if fmt == "tsv":
+        file_name = "train.tsv" if split == "train" else (
+            "dev_matched.tsv" if task == "mnli" else "dev.tsv")  # fmt: skip
+        return _read_tsv(folder / file_name, spec)
+    if fmt == "jsonl":
+        names = [f"{split}.jsonl"] + (["validation_matched.jsonl"] if task == "mnli" else [])
+        path = next(
+            (folder / n for n in reversed(names) if (folder / n).is_file()), folder / names[0]
+        )
+        return _rows_to_examples(_read_jsonl(path), spec, str(path))
+    return _rows_to_examples(_read_saved_dataset(folder, task, split), spec, str(folder))
+
+
+def prompt_text(task: str, texts: tuple[str, ...]) -> str:
+    spec = TASKS[task]
+    return spec.template.format(*texts) + spec.tail
+
+
+def _read_tsv(path: Path, spec: TaskSpec) -> list[Example]:
+    if not path.is_file():
+        raise ConfigError(f"data file not found: {path}")
+    with open(path, encoding="utf-8", newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    if spec.name == "cola":  # no header: source, label, original label, sentence
+        header, body = [str(i) for i in range(4)], rows
+    else:
+        header, body = rows[0], rows[1:]
+    try:
+        text_cols = [header.index(f) for f in spec.tsv_fields]
+        label_col = header.index(spec.tsv_label)
+    except ValueError:
+        raise ConfigError(
+            f"{path}: header {header} lacks {(*spec.tsv_fields, spec.tsv_label)}"
+        ) from None
+    examples = []
+    for line_no, row in enumerate(body, start=2):
+        if len(row) <= max(*text_cols, label_col):
+            continue  # GLUE's TSVs have a few broken lines; the official loaders skip them too
+        label = _label(row[label_col], spec, f"{path}:{line_no}")
+        examples.append(Example(tuple(row[c] for c in text_cols), label))
+    return examples
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ConfigError(f"data file not found: {path}")
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _read_saved_dataset(folder: Path, task: str, split: str) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"{folder} is a save_to_disk folder but `datasets` is not installed"
+        ) from None
+    dataset_dict = datasets.load_from_disk(str(folder))
+    names = [split] + (["validation_matched"] if task == "mnli" else [])
+    for candidate in reversed(names):
+        if candidate in dataset_dict:
+            return [dict(row) for row in dataset_dict[candidate]]
+    raise ConfigError(f"{folder} has no {split!r} split (has: {', '.join(dataset_dict)})")
+
+
+def _rows_to_examples(rows: list[dict[str, Any]], spec: TaskSpec, where: str) -> list[Example]:
+    examples = []
+    for row in rows:
+        missing = [f for f in (*spec.fields, "label") if f not in row]
+        if missing:
+            raise ConfigError(f"{where}: rows lack field(s) {missing}")
+        label = _label(row["label"], spec, where)
+        if label >= 0:  # HF test splits carry label -1
+            examples.append(Example(tuple(str(row[f]) for f in spec.fields), label))
+    return examples
+
+
+def _label(value: Any, spec: TaskSpec, where: str) -> int:
+    text = str(value).strip()
+    if spec.label_map is not None and text in spec.label_map:
+        return spec.label_map[text]
+    try:
+        label = int(text)
+    except ValueError:
+        raise ConfigError(f"{where}: label {text!r} is not valid for {spec.name}") from None
+    if label >= len(spec.label_words):
+        raise ConfigError(f"{where}: label {label} out of range for {spec.name}")
+    return label

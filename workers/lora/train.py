@@ -1,0 +1,255 @@
+"""The training loop: AdamW on the LoRA parameters, loss on the one answer token, best-on-val."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import os
+import random
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from workers.harness import Heartbeat
+from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode
+from workers.lora.config import RunConfig
+from workers.lora.data import load_splits, parse_data_name
+from workers.lora.metrics import PRIMARY_METRIC, task_metrics
+from workers.lora.model import apply_lora, enable_checkpointing, load_model
+
+MIB = 1024 * 1024
+Log = Callable[[str], None]
+
+
+@dataclass
+class TrainOutcome:
+    metrics: dict[
+        str, dict[str, float]
+    ]  # {"val": best val scores, "test": scores with best weights}
+    steps: int  # optimizer steps
+    samples_seen: int
+    train_seconds: float
+    samples_per_s: float
+    best_step: int
+    losses: list[float] = field(default_factory=list)  # mean loss per optimizer step
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+def select_device() -> torch.device:
+    wanted = os.environ.get("ORCH_WORKER_DEVICE")
+    if wanted:
+        return torch.device(wanted)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory: CUDA allocator reservation on a GPU, the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return {
+            "peak_mem_mib": math.ceil(torch.cuda.max_memory_reserved(device) / MIB),
+            "peak_mem_allocated_mib": math.ceil(torch.cuda.max_memory_allocated(device) / MIB),
+            "peak_mem_kind": "cuda_max_memory_reserved",
+        }
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"peak_mem_mib": math.ceil(rss_kib / 1024), "peak_mem_kind": "cpu_peak_rss"}
+
+
+def build_loader(
+    encoded: list[Encoded], batch_size: int, collator: LeftPadCollator, num_workers: int,
+    shuffle: bool, seed: int,
+) -> DataLoader[Encoded]:  # fmt: skip
+    return DataLoader(
+        encoded,  # type: ignore[arg-type]  # a list is a map-style dataset
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+        collate_fn=collator,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def answer_logits(
+    model: Any, batch: dict[str, torch.Tensor], logits_to_keep: int, kind: str
+) -> torch.Tensor:
+    """Logits predicting the answer token (the last position), shape [batch, vocab], fp32."""
+    inputs: dict[str, Any] = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+    }
+    if kind != "gla":  # GLA has no position embeddings; Llama needs them to skip left padding
+        inputs["position_ids"] = batch["position_ids"]
+    if logits_to_keep > 0 and _accepts_logits_to_keep(model):
+        inputs["logits_to_keep"] = logits_to_keep
+    return model(**inputs).logits[:, -1, :].float()
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def train_step(
+    model: Any, batch: dict[str, torch.Tensor], config: RunConfig, kind: str, loss_scale: float
+) -> float:
+    """Forward and backward of one micro-batch; returns the batch's mean loss."""
+    logits = answer_logits(model, batch, config.logits_to_keep, kind)
+    loss_sum = torch.nn.functional.cross_entropy(logits, batch["target_ids"], reduction="sum")
+    (loss_sum * loss_scale).backward()
+    return float(loss_sum.detach()) / len(batch["target_ids"])
+
+
+@torch.no_grad()
+def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], task: str, kind: str,
+             device: torch.device, autocast: Callable[[], Any]) -> dict[str, float]:  # fmt: skip
+    model.eval()
+    predictions: list[int] = []
+    labels: list[int] = []
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast():
+            logits = answer_logits(model, batch, 1, kind)
+        predictions += logits[:, answer_ids].argmax(-1).tolist()
+        labels += batch["labels"].tolist()
+    model.train()
+    return task_metrics(task, predictions, labels)
+
+
+def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> TrainOutcome:
+    """Train, evaluate on val, keep the best LoRA weights, score test; save the adapter."""
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    device = select_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    task = parse_data_name(config.data).task
+    assert config.data_dir is not None  # checked before training starts
+    splits = load_splits(config.data, config.data_dir)
+    dtype = torch.bfloat16 if config.prec == "bf16" else torch.float32
+    model, tokenizer, kind = load_model(config, dtype)
+    torch.manual_seed(config.seed)  # LoRA init depends on the seed, not on how the base was built
+    model, warnings = apply_lora(model, config.peft, kind)
+    for warning in warnings:
+        log(f"warning: {warning}")
+    if config.gradient_checkpointing:
+        enable_checkpointing(model)
+    model.to(device)
+    model.train()
+    answer_ids = answer_token_ids(tokenizer, task)
+    collator = LeftPadCollator(tokenizer.pad_token_id, answer_ids)
+    encoded = {
+        name: encode(tokenizer, task, examples, config.max_seq_len)
+        for name, examples in splits.items()
+    }
+    train_loader = build_loader(
+        encoded["train"], config.batch_size, collator, config.num_data_workers, True, config.seed
+    )
+    eval_loaders = {
+        name: build_loader(encoded[name], config.batch_size, collator, 0, False, 0)
+        for name in ("val", "test")
+    }
+
+    def autocast() -> Any:
+        if config.prec == "bf16":
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+    accum = config.gradient_accumulation_steps
+    n_train = len(encoded["train"])
+    updates_per_epoch = math.ceil(len(train_loader) / accum)
+    total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
+    primary = PRIMARY_METRIC[task]
+    log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
+        f"{total_steps} optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
+
+    step, samples_seen, train_seconds, last_beat_s = 0, 0, 0.0, 0.0
+    best_score, best_step, best_val = -math.inf, 0, {}
+    best_state: dict[str, torch.Tensor] = {}
+    losses: list[float] = []
+    beat_interval_s = float(os.environ.get("ORCH_HEARTBEAT_S", "5"))
+
+    def evaluate_val() -> None:
+        nonlocal best_score, best_step, best_val, best_state
+        scores = evaluate(model, eval_loaders["val"], answer_ids, task, kind, device, autocast)
+        if scores[primary] > best_score:
+            best_score, best_step, best_val = scores[primary], step, scores
+            best_state = {
+                k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad
+            }
+        heartbeat.beat(
+            step, total_steps, None, None, peak_memory(device)["peak_mem_mib"], val=scores
+        )
+
+    while step < total_steps:
+        for group in _groups(iter(train_loader), accum):
+            started_s = time.perf_counter()
+            group_samples = sum(len(b["labels"]) for b in group)
+            loss_total = 0.0
+            for batch in group:
+                batch = {k: v.to(device) for k, v in batch.items()}
+                with autocast():
+                    loss_total += train_step(model, batch, config, kind, 1.0 / group_samples) * len(
+                        batch["labels"]
+                    )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            samples_seen += group_samples
+            losses.append(loss_total / group_samples)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            train_seconds += time.perf_counter() - started_s
+            now_s = time.monotonic()
+            if step == 1 or step == total_steps or now_s - last_beat_s >= beat_interval_s:
+                last_beat_s = now_s
+                heartbeat.beat(step, total_steps, losses[-1], samples_seen / train_seconds,
+                               peak_memory(device)["peak_mem_mib"])  # fmt: skip
+            if config.eval_every_steps and step % config.eval_every_steps == 0:
+                evaluate_val()
+            if step >= total_steps:
+                break
+        if not config.eval_every_steps:
+            evaluate_val()  # end of each epoch (or of max_steps mid-epoch)
+        elif step >= total_steps and step % config.eval_every_steps != 0:
+            evaluate_val()  # the last steps since the previous evaluation
+
+    with torch.no_grad():
+        named = dict(model.named_parameters())
+        for name, value in best_state.items():
+            named[name].copy_(value)
+    test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast)
+    if not config.no_save:
+        model.save_pretrained(run_dir / "adapter")
+    return TrainOutcome(
+        metrics={"val": best_val, "test": test_scores},
+        steps=step,
+        samples_seen=samples_seen,
+        train_seconds=train_seconds,
+        samples_per_s=samples_seen / train_seconds if train_seconds else 0.0,
+        best_step=best_step,
+        losses=losses,
+        memory=peak_memory(device),
+    )
+
+
+def _groups(
+    batches: Iterator[dict[str, torch.Tensor]], size: int
+) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Micro-batches in groups of `size` (the last group of an epoch may be shorter)."""
+    group: list[dict[str, torch.Tensor]] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
