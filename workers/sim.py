@@ -199,6 +199,7 @@ class SimAllocation:
         self.path = directory / f"{os.getpid()}.json"
         self.create_time = psutil.Process().create_time()
         self.used_mib = 0
+        self.peak_mib = 0
 
     def allocate(self, request_mib: int) -> str | None:
         """Take `request_mib` more, or return torch's OOM message when the card is too full."""
@@ -207,8 +208,13 @@ class SimAllocation:
             others_mib = sum(mib for pid, mib in holders if pid != os.getpid())
             free_mib = self.total_mib - others_mib - self.used_mib
             if request_mib > free_mib:
-                return oom_message(request_mib, self.total_mib, free_mib, self.used_mib)
+                message = oom_message(request_mib, self.total_mib, free_mib, self.used_mib)
+                # The process is about to die: free its memory before a neighbour's next step,
+                # so two workers that overfill a card do not both fail.
+                self.release()
+                return message
             self.used_mib += request_mib
+            self.peak_mib = max(self.peak_mib, self.used_mib)
             harness.atomic_write_json(
                 self.path,
                 {"pid": os.getpid(), "used_mib": self.used_mib, "create_time": self.create_time},
@@ -262,7 +268,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
                 run_dir,
                 harness.STATUS_OOM,
                 error=message,
-                peak_mem_mib=alloc.used_mib,
+                peak_mem_mib=alloc.peak_mib,
                 seconds=time.monotonic() - started,
             )
             return harness.EXIT_OOM
@@ -286,14 +292,14 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
             total_steps,
             loss=round(2.0 / (1 + 0.1 * step), 4),
             samples_per_s=round(step * batch / elapsed_s, 2),
-            peak_mem_mib=alloc.used_mib,
+            peak_mem_mib=alloc.peak_mib,
         )
     seed = int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0)
     harness.write_result(
         run_dir,
         harness.STATUS_SUCCEEDED,
         metrics={"test": {"accuracy": pseudo_accuracy(seed, config)}},
-        peak_mem_mib=alloc.used_mib,
+        peak_mem_mib=alloc.peak_mib,
         steps=total_steps,
         seconds=time.monotonic() - started,
     )

@@ -1,0 +1,175 @@
+"""The sim worker as a real process on simulated GPUs, read back through the sim probe."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.gpu import make_probe
+from orchestrator.gpu.sim import hold_foreign
+from workers import harness
+from workers.sim import predicted_peak_mib, sim_uuid
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = {"sim_seconds": 1, "sim_ramp_s": 0.3, "batch_size": 8, "seed": 87}
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    state_dir = tmp_path / "sim"
+    monkeypatch.setenv("ORCH_SIM_GPUS", "10GiB,10GiB")
+    monkeypatch.setenv("ORCH_SIM_DIR", str(state_dir))
+    monkeypatch.delenv("ORCH_SIM_FOREIGN", raising=False)
+    return state_dir
+
+
+def start_worker(
+    tmp_path: Path, name: str, config: dict[str, object], gpu: str
+) -> subprocess.Popen[str]:
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**FAST, **config}))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workers.sim",
+            "--config",
+            str(run_dir / "config.yaml"),
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def result(tmp_path: Path, name: str) -> dict[str, object]:
+    return json.loads((tmp_path / name / "result.json").read_text())
+
+
+def test_two_workers_overfill_a_card_one_ooms_with_torch_message(sim: Path, tmp_path: Path) -> None:
+    probe = make_probe("sim")
+    workers = {
+        name: start_worker(tmp_path, name, {"sim_mem_gib": 6}, sim_uuid(0)) for name in ("a", "b")
+    }
+    outputs = {name: proc.communicate(timeout=30) for name, proc in workers.items()}
+    codes = sorted(proc.returncode for proc in workers.values())
+    assert codes == [0, harness.EXIT_OOM]
+
+    oomed = next(name for name, proc in workers.items() if proc.returncode == harness.EXIT_OOM)
+    ok = next(name for name in workers if name != oomed)
+    stderr = outputs[oomed][1]
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB." in stderr
+    assert "GPU 0 has a total capacity of 10.00 GiB of which" in stderr
+    assert "expandable_segments:True" in stderr
+    assert result(tmp_path, oomed)["status"] == "oom"
+
+    done = result(tmp_path, ok)
+    assert done["status"] == "succeeded"
+    assert done["peak_mem_mib"] == 6144
+    assert 0.7 <= done["metrics"]["test"]["accuracy"] <= 0.9  # type: ignore[index]
+    progress = [
+        json.loads(line) for line in (tmp_path / ok / "progress.jsonl").read_text().splitlines()
+    ]
+    assert len(progress) >= 3 and progress[-1]["step"] == progress[-1]["total"]
+    assert progress[-1]["loss"] < progress[0]["loss"]
+    assert max(b["t"] - a["t"] for a, b in itertools.pairwise(progress)) < 0.5
+
+    assert [s.used_mib for s in probe.snapshot()] == [0, 0]  # freed on exit
+
+
+def test_memory_is_visible_while_running_and_foreign_memory_counts(
+    sim: Path, tmp_path: Path
+) -> None:
+    probe = make_probe("sim")
+    hold_foreign(sim, 1, 6 * 1024)
+    running = start_worker(tmp_path, "run", {"sim_mem_gib": 3, "sim_seconds": 2}, "0")
+    blocked = start_worker(tmp_path, "blocked", {"sim_mem_gib": 6}, sim_uuid(1))
+
+    wait_for(lambda: probe.snapshot()[0].used_mib == 3072)
+    gpu0 = probe.snapshot()[0]
+    assert [(p.pid, p.used_mib) for p in gpu0.processes] == [(running.pid, 3072)]
+
+    _, stderr = blocked.communicate(timeout=30)
+    assert blocked.returncode == harness.EXIT_OOM
+    assert "CUDA out of memory" in stderr
+    snap1 = probe.snapshot()[1]
+    assert snap1.used_mib == 6144 and [p.pid for p in snap1.processes] == [0]
+
+    running.communicate(timeout=30)
+    assert running.returncode == 0
+    assert probe.snapshot()[0].used_mib == 0
+
+
+def test_sigterm_frees_memory_and_hang_stops_heartbeats(sim: Path, tmp_path: Path) -> None:
+    probe = make_probe("sim")
+    proc = start_worker(
+        tmp_path, "hang", {"sim_mem_gib": 2, "sim_fail": "hang", "sim_seconds": 1}, "0"
+    )
+    progress = tmp_path / "hang" / "progress.jsonl"
+
+    def last_step() -> int:
+        record = harness.read_last_progress(tmp_path / "hang")
+        return int(record["step"]) if record else 0
+
+    wait_for(lambda: last_step() == 2)  # it hangs after half of its 4 steps
+    lines = progress.read_text().count("\n")
+    time.sleep(0.6)  # the property under test is that nothing happens for a while
+    assert progress.read_text().count("\n") == lines
+    assert proc.poll() is None and probe.snapshot()[0].used_mib == 2048
+
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=10)
+    assert probe.snapshot()[0].used_mib == 0
+    assert not list((sim / "gpu0").glob("*.json"))
+
+
+def test_sim_fail_error_is_a_python_traceback(sim: Path, tmp_path: Path) -> None:
+    proc = start_worker(tmp_path, "err", {"sim_mem_gib": 1, "sim_fail": "error"}, "0")
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == harness.EXIT_FAILED
+    assert "Traceback (most recent call last)" in stderr and "out of memory" not in stderr
+    assert result(tmp_path, "err")["status"] == "failed"
+
+
+def test_config_error_exit_code(sim: Path, tmp_path: Path) -> None:
+    proc = start_worker(tmp_path, "bad", {"sim_mem_gib": 1}, "GPU-not-a-sim-gpu")
+    proc.communicate(timeout=30)
+    assert proc.returncode == harness.EXIT_CONFIG_ERROR
+    assert result(tmp_path, "bad")["status"] == "config_error"
+
+
+def test_memory_model_responds_to_the_degradation_knobs() -> None:
+    base = {"sim_mem_gib": 10, "batch_size": 8}
+    full = predicted_peak_mib(base)
+    assert full == 10240
+    checkpointed = predicted_peak_mib({**base, "gradient_checkpointing": True})
+    one_logit = predicted_peak_mib({**base, "logits_to_keep": 1})
+    halved = predicted_peak_mib({**base, "batch_size": 4, "gradient_accumulation_steps": 2})
+    assert checkpointed < full and one_logit < full and halved < full
+    assert halved == ((4 + 3) * 1024)  # base 4 GiB + half of 6 GiB activations
+    assert predicted_peak_mib({**base, "batch_size": 4, "sim_reference_batch": 8}) == halved
+    assert predicted_peak_mib({**base, "num_data_workers": 0}) == full
