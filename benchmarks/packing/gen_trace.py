@@ -44,8 +44,9 @@ def make_trace(
     gpus, plan = MACHINES[machine]
     biggest = max(total - foreign for total, foreign in gpus)
     jobs = []
-    for model, (declared, base_gib, speed) in MODELS.items():
-        for c in range(configs_per_model):
+    # a suite comparing models: configs alternate between them, as users list them
+    for c in range(configs_per_model):
+        for model, (declared, base_gib, speed) in MODELS.items():
             config = f"{model}_lora_cfg{c}"
             config_mem = base_gib * rng.uniform(0.85, 1.15)
             for task, (mem_factor, minutes) in TASKS.items():
