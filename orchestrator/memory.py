@@ -1,0 +1,286 @@
+"""Peak GPU memory of an attempt: measured per job shape, else estimated, else declared. Pure.
+
+The estimate is the formula of the OOM research note (section 3.4), per process:
+
+    W         = P · bytes_w                                  bf16 base weights, frozen
+    M_lora    = 16 · P_lora                                  fp32 adapter weight, grad, AdamW m and v
+    m_tok     = α·h·L + Σ_{layer,target} d_in·(c_cast + c_drop)           without checkpointing
+              = 2·h·L + α·h + max_layer Σ_target d_in·(c_cast + c_drop)   with checkpointing
+    A         = b · s · m_tok                                s = the config's max sequence length
+    Logits    = 10 · b · k · V                               k = logits_to_keep, else s
+    footprint = f · (W + M_lora + A + Logits + ε) + C_ctx
+
+with α = 34 (Korthikanti et al., flash/linear attention, no s² term), c_cast = 4 (PEFT keeps
+adapters in fp32 and casts each target's input to fp32), c_drop = 4 when lora_dropout > 0,
+ε = 256 MiB (cuBLAS workspaces, buffers), f = 1.10 (allocator gap with expandable_segments,
+which orch injects), C_ctx = 768 MiB (CUDA context, outside the allocator).
+
+Calibration against the figures users reported for E1 (GLA-1.3B, bf16, batch 4, 23.52 GiB
+cards, 2 jobs per card): weights ~2.6 GiB (formula: 2.54 GiB); activations 1.5–3 GiB per step
+(formula at s = 256, LoRA on q,k,v,o with dropout: 3.1 GiB — GLUE batches are padded to their
+longest item, so the real figure is lower: the estimate takes the worst case on purpose);
+per-process peaks 4–12 GiB (formula: 7.6 GiB, 4.4 GiB with checkpointing); savings from
+checkpointing 3–5 GiB (formula: 3.2 GiB) and from batch 4→2 2–3 GiB (formula: 1.7 GiB).
+Eval/generation peaks (+1–2 GiB reported) are not modelled: measured peaks take over after the
+first completed attempt of a shape, and an OOM raises the floor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.lifecycle import AttemptOutcome
+
+MIB = 1024 * 1024
+ALPHA = 34  # activation bytes per token per layer per hidden unit, without checkpointing
+CAST_BYTES = 4  # fp32 copy of each LoRA target's input (PEFT's default adapter dtype)
+DROPOUT_BYTES = 4  # dropout output + mask per LoRA target input, when lora_dropout > 0
+LOGIT_BYTES = 10  # bf16 logits + fp32 copy + fp32 grad per kept position per vocab entry
+MISC_MIB = 256
+ALLOCATOR_FACTOR = 1.10
+CONTEXT_MIB = 768
+DEFAULT_SEQ_LEN = 256  # when the config names no maximum sequence length
+DEFAULT_LORA: dict[str, Any] = {
+    "r": 8,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+_SEQ_KEYS = ("max_seq_len", "max_length", "max_seq_length", "seq_len", "block_size")
+_BATCH_KEYS = ("batch_size", "per_device_train_batch_size", "train_batch_size")
+_LAYER_TARGET = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Sizes the estimate needs. `module_dims` maps a module's short name (`q_proj`,
+    `gk_proj.0`) to (d_in, d_out) where it differs from the defaults (h×h attention,
+    h×intermediate MLP)."""
+
+    n_params: int
+    hidden: int
+    layers: int
+    vocab: int
+    intermediate: int
+    module_dims: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def _gla_info(
+    hidden: int,
+    layers: int,
+    vocab: int,
+    expand_k: float,
+    expand_v: float,
+    hidden_ratio: int,
+    gate_low_rank: int,
+    tied: bool,
+) -> ModelInfo:
+    """fla's GLA: q,k project to h·expand_k, v,g to h·expand_v, a low-rank forget gate."""
+    key_dim, value_dim = int(hidden * expand_k), int(hidden * expand_v)
+    intermediate = 256 * math.ceil(int(hidden * hidden_ratio * 2 / 3) / 256)
+    dims = {
+        "q_proj": (hidden, key_dim), "k_proj": (hidden, key_dim), "v_proj": (hidden, value_dim),
+        "g_proj": (hidden, value_dim), "o_proj": (value_dim, hidden),
+        "gk_proj.0": (hidden, gate_low_rank), "gk_proj.1": (gate_low_rank, key_dim),
+    }  # fmt: skip
+    per_layer = sum(d_in * d_out for d_in, d_out in dims.values()) + key_dim  # gk bias
+    per_layer += 3 * hidden * intermediate + 2 * hidden  # SwiGLU MLP, two norms
+    embeddings = vocab * hidden * (1 if tied else 2)
+    n_params = layers * per_layer + embeddings + hidden  # + the final norm
+    return ModelInfo(n_params, hidden, layers, vocab, intermediate, dims)
+
+
+# fla-hub/gla-1.3B-100B = fla's GLAConfig defaults (research note section 5.1): 1.3655 B params.
+GLA_1_3B = _gla_info(2048, 24, 32000, 0.5, 1.0, 4, 16, tied=False)
+KNOWN_MODELS: dict[str, ModelInfo] = {"gla-1.3b": GLA_1_3B}
+
+
+def lookup_model_info(model: str) -> ModelInfo | None:
+    """A known shape whose key appears in the model name or local path (case-insensitive)."""
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    for key, info in KNOWN_MODELS.items():
+        if key in name:
+            return info
+    return None
+
+
+def model_info_from_hf_config(config: Mapping[str, Any]) -> ModelInfo:
+    """ModelInfo from a Hugging Face config.json already read into a dict."""
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    vocab = int(config["vocab_size"])
+    tied = bool(config.get("tie_word_embeddings", False))
+    if config.get("model_type") == "gla":
+        return _gla_info(
+            hidden,
+            layers,
+            vocab,
+            expand_k=float(config.get("expand_k", 0.5)),
+            expand_v=float(config.get("expand_v", 1.0)),
+            hidden_ratio=int(config.get("hidden_ratio") or 4),
+            gate_low_rank=int(config.get("gate_low_rank_dim", 16)),
+            tied=tied,
+        )
+    intermediate = int(config.get("intermediate_size") or 4 * hidden)
+    heads = int(config.get("num_attention_heads", 1))
+    kv_dim = hidden * int(config.get("num_key_value_heads") or heads) // heads
+    dims = {"k_proj": (hidden, kv_dim), "v_proj": (hidden, kv_dim)}
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * intermediate
+    n_params = layers * per_layer + vocab * hidden * (1 if tied else 2)
+    return ModelInfo(n_params, hidden, layers, vocab, intermediate, dims)
+
+
+def _module_dims(info: ModelInfo, name: str) -> tuple[int, int]:
+    parts = name.split(".")  # "attn.q_proj" -> "q_proj", "attn.gk_proj.0" -> "gk_proj.0"
+    short = ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+    if short in info.module_dims:
+        return info.module_dims[short]
+    h, inter = info.hidden, info.intermediate
+    if short in ("gate_proj", "up_proj", "fc1", "w1", "w3"):
+        return h, inter
+    if short in ("down_proj", "fc2", "w2"):
+        return inter, h
+    if short == "lm_head":
+        return h, info.vocab
+    return h, h
+
+
+def lora_footprint(info: ModelInfo, peft_spec: Mapping[str, Any]) -> tuple[int, dict[int, int]]:
+    """(adapter parameter count, Σ d_in of adapted inputs per layer; lm_head under layer -1)."""
+    rank = int(peft_spec.get("r", 8))
+    targets = peft_spec.get("target_modules") or DEFAULT_LORA["target_modules"]
+    if isinstance(targets, str):  # a regex or "all-linear": assume the common attention set
+        targets = DEFAULT_LORA["target_modules"]
+    params = 0
+    d_in_by_layer: dict[int, int] = {}
+    for target in targets:
+        found = _LAYER_TARGET.search(str(target))
+        module = found.group(2) if found else str(target)
+        d_in, d_out = _module_dims(info, module)
+        if module.endswith("lm_head"):
+            layers = [-1]
+        else:
+            layers = [int(found.group(1))] if found else list(range(info.layers))
+        for layer in layers:
+            params += rank * (d_in + d_out)
+            d_in_by_layer[layer] = d_in_by_layer.get(layer, 0) + d_in
+    return params, d_in_by_layer
+
+
+def _first_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def estimate_peak_mib(
+    config: Mapping[str, Any],
+    model_info: ModelInfo | None,
+    peft_spec: Mapping[str, Any] | None = None,
+) -> int | None:
+    """Estimated per-process peak (MiB) of a LoRA run of `config` (level overrides merged).
+
+    The LoRA spec is `peft_spec`, else a mapping under the config's `peft` key, else r=8 on
+    q,k,v,o. None when the model's shape or the batch size is unknown.
+    """
+    batch = _first_int(config, _BATCH_KEYS)
+    if model_info is None or batch is None:
+        return None
+    if peft_spec is None:
+        peft_spec = config["peft"] if isinstance(config.get("peft"), Mapping) else DEFAULT_LORA
+    seq = _first_int(config, _SEQ_KEYS) or DEFAULT_SEQ_LEN
+    h, n_layers = model_info.hidden, model_info.layers
+    bytes_w = 4 if str(config.get("prec", "bf16")).lower() in ("fp32", "float32", "32") else 2
+    lora_params, d_in_by_layer = lora_footprint(model_info, peft_spec)
+    dropout = float(peft_spec.get("lora_dropout", 0.0) or 0.0)
+    per_input = CAST_BYTES + (DROPOUT_BYTES if dropout > 0 else 0)
+    if config.get("gradient_checkpointing") is True:
+        per_token = (
+            2 * h * n_layers + ALPHA * h + max(d_in_by_layer.values(), default=0) * per_input
+        )
+    else:
+        per_token = ALPHA * h * n_layers + sum(d_in_by_layer.values()) * per_input
+    kept = config.get("logits_to_keep")
+    kept_positions = (
+        kept if isinstance(kept, int) and not isinstance(kept, bool) and kept > 0 else seq
+    )
+    allocated = (
+        model_info.n_params * bytes_w
+        + 16 * lora_params
+        + batch * seq * per_token
+        + LOGIT_BYTES * batch * min(kept_positions, seq) * model_info.vocab
+        + MISC_MIB * MIB
+    )
+    return math.ceil(ALLOCATOR_FACTOR * allocated / MIB) + CONTEXT_MIB
+
+
+def shape_key(config_content_hash: str, model: str, level: int, task: str) -> str:
+    """Attempts with equal keys should peak alike: same config, model, ladder level and task."""
+    return f"{config_content_hash}|{model}|{level}|{task}"
+
+
+@dataclass(frozen=True)
+class ShapeMemory:
+    peak_mib: int | None  # max measured peak over completed attempts of this shape
+    oom_floor_mib: int | None  # least it is known to need: held at an OOM, or seen before dying
+    samples: int = 0  # completed attempts behind peak_mib
+
+
+@dataclass(frozen=True)
+class Prediction:
+    mib: int
+    source: str  # "measured" | "estimate" | "declared" | "none" (nothing known: 0 MiB)
+    floor_applied: bool = False  # an OOM floor raised the figure above its source
+
+
+def _max(*values: int | None) -> int | None:
+    present = [value for value in values if value is not None]
+    return max(present) if present else None
+
+
+def update_shape(
+    old: ShapeMemory | None,
+    observed_peak_mib: int | None,
+    outcome: AttemptOutcome,
+    held_at_oom_mib: int | None,
+) -> ShapeMemory:
+    """Fold one finished attempt into its shape's record. A completed attempt's peak is a
+    measurement; any other attempt's peak so far (and what an OOM'd one held) is a floor."""
+    old = old or ShapeMemory(peak_mib=None, oom_floor_mib=None, samples=0)
+    if outcome is AttemptOutcome.SUCCEEDED:
+        if observed_peak_mib is None:
+            return old
+        return ShapeMemory(
+            _max(old.peak_mib, observed_peak_mib), old.oom_floor_mib, old.samples + 1
+        )
+    held = held_at_oom_mib if outcome is AttemptOutcome.OOM else None
+    return ShapeMemory(old.peak_mib, _max(old.oom_floor_mib, observed_peak_mib, held), old.samples)
+
+
+def predict_peak_mib(
+    measured: ShapeMemory | None,
+    estimated_mib: int | None,
+    declared_mib: int | None,
+    margin_fraction: float = 0.05,
+) -> Prediction:
+    """Measured peak × (1 + margin), else the estimate, else the declared figure; never below
+    the OOM floor × (1 + margin)."""
+    if measured is not None and measured.peak_mib is not None:
+        prediction = Prediction(math.ceil(measured.peak_mib * (1 + margin_fraction)), "measured")
+    elif estimated_mib is not None:
+        prediction = Prediction(estimated_mib, "estimate")
+    elif declared_mib is not None:
+        prediction = Prediction(declared_mib, "declared")
+    else:
+        prediction = Prediction(0, "none")
+    if measured is not None and measured.oom_floor_mib is not None:
+        floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin_fraction))
+        if floor_mib > prediction.mib:
+            source = "measured" if prediction.source == "none" else prediction.source
+            return Prediction(floor_mib, source, floor_applied=True)
+    return prediction
