@@ -1,0 +1,205 @@
+"""Rules of the pure packing policy, one test (or a few) per rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.packing import (
+    GpuState,
+    PackingPolicy,
+    QueuedJob,
+    RunningAttempt,
+    outstanding_reservation_mib,
+    pack,
+)
+
+GIB = 1024
+NO_HEADROOM = PackingPolicy(headroom_fraction=0.0)
+
+
+def gpu(
+    index: int, total_gib: float = 24, free_gib: float | None = None, slots: int = 2
+) -> GpuState:
+    total = int(total_gib * GIB)
+    free = total if free_gib is None else int(free_gib * GIB)
+    return GpuState(index, f"GPU-{index}", total, free, slots)
+
+
+def job(job_id: int, need_gib: float, seq: int | None = None, **kw: object) -> QueuedJob:
+    fields: dict[str, object] = {
+        "priority": 0,
+        "queued_seq": job_id if seq is None else seq,
+        "predicted_peak_mib": int(need_gib * GIB),
+        "waiting_since_s": 0.0,
+    }
+    fields.update(kw)
+    return QueuedJob(job_id=job_id, **fields)  # type: ignore[arg-type]
+
+
+def running(
+    job_id: int,
+    gpu_index: int,
+    predicted_gib: float,
+    held_gib: float,
+    reached_peak: bool = False,
+    run_alone: bool = False,
+) -> RunningAttempt:
+    return RunningAttempt(
+        job_id, gpu_index, int(predicted_gib * GIB), int(held_gib * GIB), reached_peak, run_alone
+    )
+
+
+def placed(decision: object) -> dict[int, int]:
+    return {p.job_id: p.gpu_index for p in decision.placements}  # type: ignore[attr-defined]
+
+
+def test_places_on_an_empty_gpu_and_reserves_the_predicted_peak() -> None:
+    d = pack([job(1, 8)], [gpu(0)], [], PackingPolicy(), 0.0)
+    assert [(p.job_id, p.gpu_index, p.reserved_mib) for p in d.placements] == [(1, 0, 8 * GIB)]
+    assert d.wait_reasons == {}
+
+
+def test_headroom_is_a_fraction_of_the_card_and_the_boundary_is_inclusive() -> None:
+    card = gpu(0, total_gib=10, free_gib=10)  # headroom 10% = 1 GiB
+    assert placed(pack([job(1, 9)], [card], [], PackingPolicy(), 0.0)) == {1: 0}
+    over = QueuedJob(1, 0, 1, 9 * GIB + 1, 0.0)
+    d = pack([over], [gpu(0, total_gib=20, free_gib=10)], [], PackingPolicy(), 0.0)
+    assert d.placements == ()
+    assert "needs 9.0 GiB + 2.0 GiB headroom" in d.wait_reasons[1]
+
+
+def test_plan_cap_counts_running_attempts_and_this_calls_placements() -> None:
+    d = pack([job(1, 1), job(2, 1), job(3, 1)], [gpu(0, slots=2)], [], NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 0, 2: 0}
+    assert d.wait_reasons[3] == "all allowed GPUs at their plan cap"
+    busy = [running(9, 0, 1, 1, reached_peak=True)]
+    assert placed(pack([job(1, 1), job(2, 1)], [gpu(0, slots=2)], busy, NO_HEADROOM, 0.0)) == {1: 0}
+
+
+def test_a_gpu_with_zero_slots_gets_nothing() -> None:
+    d = pack([job(1, 1)], [gpu(0, slots=0), gpu(1, slots=1)], [], NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 1}
+    d = pack([job(1, 1)], [gpu(0, slots=0)], [], NO_HEADROOM, 0.0)
+    assert d.placements == () and "0 slots" in d.wait_reasons[1]
+
+
+def test_allowed_gpu_indices_are_honoured() -> None:
+    d = pack(
+        [job(1, 1, allowed_gpu_indices=frozenset({1}))], [gpu(0), gpu(1)], [], NO_HEADROOM, 0.0
+    )
+    assert placed(d) == {1: 1}
+    d = pack([job(1, 1, allowed_gpu_indices=frozenset({5}))], [gpu(0)], [], NO_HEADROOM, 0.0)
+    assert d.placements == () and d.wait_reasons[1] == "no allowed GPU is in the plan"
+
+
+def test_ramping_attempts_reserve_what_they_have_not_yet_allocated() -> None:
+    ramping = running(9, 0, predicted_gib=10, held_gib=2)
+    assert outstanding_reservation_mib(ramping) == 8 * GIB
+    # 20 GiB free now, 8 GiB of it owed to the ramping job: 12 GiB left, 12.5 does not fit
+    card = gpu(0, total_gib=22, free_gib=20)
+    d = pack([job(1, 12.5)], [card], [ramping], NO_HEADROOM, 0.0)
+    assert d.placements == ()
+    assert d.wait_reasons[1] == (
+        "GPU 0: 12.0 GiB free (8.0 GiB reserved for ramping jobs), needs 12.5 GiB + 0.0 GiB headroom"
+    )
+    assert placed(pack([job(1, 12)], [card], [ramping], NO_HEADROOM, 0.0)) == {1: 0}
+
+
+def test_attempts_past_their_peak_or_above_prediction_reserve_nothing() -> None:
+    assert outstanding_reservation_mib(running(9, 0, 10, 2, reached_peak=True)) == 0
+    assert outstanding_reservation_mib(running(9, 0, 10, 12)) == 0
+    card = gpu(0, total_gib=22, free_gib=20)
+    done = running(9, 0, predicted_gib=10, held_gib=2, reached_peak=True)
+    assert placed(pack([job(1, 19)], [card], [done], NO_HEADROOM, 0.0)) == {1: 0}
+
+
+def test_placements_in_one_call_reserve_their_full_peak() -> None:
+    d = pack([job(1, 8), job(2, 8)], [gpu(0, total_gib=15)], [], NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 0}
+    assert "GPU 0: 7.0 GiB free" in d.wait_reasons[2]
+
+
+def test_run_alone_needs_an_empty_gpu_and_then_blocks_it() -> None:
+    alone = job(1, 2, run_alone=True)
+    busy = [running(9, 0, 1, 1, reached_peak=True)]
+    d = pack([alone], [gpu(0, slots=4)], busy, NO_HEADROOM, 0.0)
+    assert d.placements == () and d.wait_reasons[1] == "waiting to run alone on a GPU"
+    d = pack([alone, job(2, 1)], [gpu(0, slots=4)], [], NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 0}
+    assert "running a job alone" in d.wait_reasons[2]
+
+
+def test_a_gpu_running_a_run_alone_attempt_takes_nothing_else() -> None:
+    alone = [running(9, 0, 1, 1, reached_peak=True, run_alone=True)]
+    d = pack([job(1, 1)], [gpu(0, slots=4), gpu(1, slots=1)], alone, NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 1}
+
+
+def test_order_is_priority_then_queue_order() -> None:
+    card = [gpu(0, total_gib=10, slots=4)]
+    queue = [job(1, 6, seq=1), job(2, 6, seq=2, priority=5), job(3, 6, seq=0)]
+    assert placed(pack(queue, card, [], NO_HEADROOM, 0.0)) == {2: 0}
+    queue = [job(1, 6, seq=1), job(3, 6, seq=0)]
+    assert placed(pack(queue, card, [], NO_HEADROOM, 0.0)) == {3: 0}
+
+
+def test_a_smaller_later_job_backfills_when_the_head_does_not_fit() -> None:
+    d = pack([job(1, 12), job(2, 4)], [gpu(0, total_gib=10)], [], NO_HEADROOM, 0.0)
+    assert placed(d) == {2: 0}
+    assert 1 in d.wait_reasons
+
+
+def test_a_starving_head_job_keeps_its_best_gpu_free() -> None:
+    policy = PackingPolicy(headroom_fraction=0.0, starvation_s=600.0)
+    cards = [gpu(0, total_gib=10, free_gib=6), gpu(1, total_gib=10, free_gib=3)]
+    busy = [running(8, 0, 4, 4, reached_peak=True), running(9, 1, 7, 7, reached_peak=True)]
+    queue = [job(1, 8, waiting_since_s=0.0), job(2, 2, waiting_since_s=700.0)]
+    fresh = pack(queue, cards, busy, policy, now_s=500.0)  # head waited 500 s: backfill allowed
+    assert placed(fresh) == {2: 0}
+    starving = pack(queue, cards, busy, policy, now_s=720.0)  # 12 min: GPU 0 is the closest fit
+    assert placed(starving) == {2: 1}
+    assert "GPU 0 kept free for it" in starving.wait_reasons[1]
+    full = [gpu(0, total_gib=10, free_gib=6), gpu(1, total_gib=10, free_gib=0)]
+    blocked = pack(queue, full, busy, policy, now_s=720.0)
+    assert blocked.placements == ()
+    assert blocked.wait_reasons[2] == "held back: GPU 0 kept free for job 1 (waiting 12 min)"
+
+
+def test_no_gpu_can_ever_fit_names_the_largest_card() -> None:
+    d = pack([job(1, 30)], [gpu(0, total_gib=24), gpu(1, total_gib=16)], [], PackingPolicy(), 0.0)
+    assert d.wait_reasons[1] == "no GPU can ever fit 30.0 GiB (largest card 24.0 GiB)"
+
+
+def test_headroom_shrinks_for_a_job_that_needs_most_of_an_empty_card() -> None:
+    # 23 GiB on a 24 GiB card: the 2.4 GiB headroom would make it unplaceable for ever
+    assert placed(pack([job(1, 23)], [gpu(0, total_gib=24)], [], PackingPolicy(), 0.0)) == {1: 0}
+    d = pack([job(1, 23)], [gpu(0, total_gib=24, free_gib=23.5)], [], PackingPolicy(), 0.0)
+    assert d.placements == ()
+
+
+def test_spread_prefers_the_emptiest_card_and_best_fit_the_tightest() -> None:
+    cards = [gpu(0, total_gib=48, free_gib=30, slots=3), gpu(1, total_gib=24, free_gib=20, slots=3)]
+    busy = [running(9, 0, 18, 18, reached_peak=True)]
+    assert placed(pack([job(1, 4)], cards, busy, PackingPolicy(placement="spread"), 0.0)) == {1: 1}
+    assert placed(pack([job(1, 4)], cards, busy, PackingPolicy(placement="best_fit"), 0.0)) == {
+        1: 1
+    }
+    two_empty = [gpu(0, total_gib=48), gpu(1, total_gib=24)]
+    assert placed(pack([job(1, 4)], two_empty, [], PackingPolicy(placement="spread"), 0.0)) == {
+        1: 0
+    }
+    assert placed(pack([job(1, 4)], two_empty, [], PackingPolicy(placement="best_fit"), 0.0)) == {
+        1: 1
+    }
+
+
+def test_unknown_placement_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="placement"):
+        pack([job(1, 1)], [gpu(0)], [], PackingPolicy(placement="random"), 0.0)
+
+
+def test_pack_is_pure() -> None:
+    queue, cards, busy = [job(1, 5), job(2, 30)], [gpu(0)], [running(9, 0, 4, 1)]
+    first = pack(queue, cards, busy, PackingPolicy(), 100.0)
+    assert pack(queue, cards, busy, PackingPolicy(), 100.0) == first
+    assert queue == [job(1, 5), job(2, 30)]
