@@ -28,7 +28,9 @@ POLL_S = 0.05
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One attempt to start. `env` is added on top of the launcher's inherited environment."""
+    """One attempt to start. `env` is added on top of the launcher's inherited environment;
+    the worker runs in `cwd` (default: the launcher's own working directory, so a template such
+    as "python train.py" finds the user's script), and the launcher creates `run_dir` if needed."""
 
     job_id: int
     attempt_id: int
@@ -36,6 +38,7 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     run_dir: Path = Path(".")
+    cwd: Path | None = None
 
 
 @dataclass(frozen=True)

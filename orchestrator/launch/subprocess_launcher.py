@@ -29,10 +29,11 @@ class SubprocessLauncher:
     def launch(self, spec: LaunchSpec) -> LaunchHandle:
         self._reap()
         try:
+            spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             child = subprocess.Popen(
                 wrapper_argv(spec.run_dir, spec.argv),
                 env={**os.environ, **spec.env},
-                cwd=spec.run_dir,
+                cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

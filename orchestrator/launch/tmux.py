@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import time
+from pathlib import Path
 
 import libtmux
 from libtmux import exc as tmux_exc
@@ -93,10 +94,14 @@ class TmuxLauncher:
                 "so it inherits the current environment, or set ORCH_LAUNCHER=subprocess"
             )
         try:
+            spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as error:
+            raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
+        try:
             window = session.new_window(
                 window_name=spec.window_name,
                 attach=False,
-                start_directory=str(spec.run_dir),
+                start_directory=str(spec.cwd or Path.cwd()),
                 window_shell=command,
                 environment=environment,
             )

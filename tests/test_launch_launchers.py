@@ -1,0 +1,162 @@
+"""Both launchers with real processes (and real tmux on a private socket): the wrapper's files,
+the log, the env, argv passed verbatim, and killing whole process groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.launch.base import (
+    Launcher,
+    LaunchSpec,
+    group_members,
+    kill_process_group,
+    make_launcher,
+)
+from orchestrator.launch.tmux import TmuxLauncher
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = [
+    pytest.param(
+        "tmux",
+        marks=[
+            pytest.mark.tmux,
+            pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux"),
+        ],
+    ),
+    "subprocess",
+]
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Launcher]:
+    monkeypatch.chdir(REPO)  # so `python -m orchestrator.launch.wrapper` is importable anywhere
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    made = make_launcher(request.param, socket_name=f"orch-test-{uuid.uuid4().hex[:10]}")
+    yield made
+    if isinstance(made, TmuxLauncher):
+        made.kill_server()
+
+
+def spec(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=7,
+        attempt_id=1,
+        window_name="job7-E1-87-qnli",
+        argv=argv,
+        env=env or {},
+        run_dir=tmp_path / "run",
+    )
+
+
+def read_json(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("launcher", KINDS, indirect=True)
+def test_launch_records_pid_exit_log_env_and_verbatim_argv(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    tricky = ["a b", "it's", '"quoted"', "$(touch pwned)", "x; touch pwned2", "`id`", "$HOME", "*"]
+    code = (
+        "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], "
+        "'marker': os.environ.get('ORCH_TEST_MARKER')})); "
+        "print('to stderr', file=sys.stderr); sys.exit(5)"
+    )
+    s = spec(tmp_path, [sys.executable, "-c", code, *tricky], {"ORCH_TEST_MARKER": "m-42 $x"})
+    handle = launcher.launch(s)
+    assert handle.launcher == launcher.name
+
+    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    exit_info = read_json(s.run_dir / "exit.json")
+    assert exit_info["exit_code"] == 5 and exit_info["signal"] is None
+
+    pid_info = read_json(s.run_dir / "pid.json")
+    assert pid_info["pgid"] == pid_info["pid"]  # the wrapper leads its group
+    assert {"create_time", "started_at", "child_pid"} <= pid_info.keys()
+    if launcher.name == "subprocess":
+        assert handle.pid == pid_info["pid"]
+
+    log_lines = (s.run_dir / "stdout.log").read_text().splitlines()
+    assert "to stderr" in log_lines
+    seen = json.loads(log_lines[0])
+    assert seen == {"argv": tricky, "marker": "m-42 $x"}
+    assert not list(s.run_dir.glob("pwned*"))
+
+
+@pytest.mark.parametrize("launcher", KINDS, indirect=True)
+def test_kill_process_group_escalates_to_sigkill(launcher: Launcher, tmp_path: Path) -> None:
+    # A worker that ignores SIGTERM and has a grandchild that ignores it too.
+    code = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    s = spec(tmp_path, [sys.executable, "-c", code])
+    launcher.launch(s)
+    wait_for(
+        lambda: (
+            "ready" in (s.run_dir / "stdout.log").read_text()
+            if (s.run_dir / "stdout.log").exists()
+            else False
+        )
+    )
+    pgid = int(read_json(s.run_dir / "pid.json")["pgid"])  # type: ignore[arg-type]
+    assert len(group_members(pgid)) >= 3  # wrapper, worker, grandchild
+
+    started = time.monotonic()
+    assert kill_process_group(pgid, grace_s=0.5) is True
+    assert time.monotonic() - started >= 0.5  # it waited out the grace period first
+    assert group_members(pgid) == []
+    assert kill_process_group(pgid, grace_s=0.5) is True  # idempotent on a gone group
+
+
+@pytest.mark.parametrize("launcher", KINDS, indirect=True)
+def test_sigterm_is_forwarded_and_recorded(launcher: Launcher, tmp_path: Path) -> None:
+    code = "import time; print('ready', flush=True); time.sleep(60)"
+    s = spec(tmp_path, [sys.executable, "-c", code])
+    launcher.launch(s)
+    log = s.run_dir / "stdout.log"
+    wait_for(lambda: log.exists() and "ready" in log.read_text())
+    pid_info = read_json(s.run_dir / "pid.json")
+    assert kill_process_group(int(pid_info["pgid"]), grace_s=5.0)  # type: ignore[arg-type]
+    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    exit_info = read_json(s.run_dir / "exit.json")
+    assert exit_info["signal"] == 15 and exit_info["exit_code"] == 143
+    assert not psutil.pid_exists(int(pid_info["child_pid"]))  # type: ignore[arg-type]
+
+
+def test_make_launcher_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_LAUNCHER", "subprocess")
+    assert make_launcher(None, "s").name == "subprocess"
+    with pytest.raises(UsageError, match="'screen'"):
+        make_launcher("screen", "s")
+    monkeypatch.delenv("ORCH_LAUNCHER")
+    monkeypatch.setenv("PATH", "")  # no tmux on PATH -> subprocess, with a warning
+    assert make_launcher(None, "s").name == "subprocess"
+
+
+def test_refuses_to_kill_own_group() -> None:
+    from orchestrator.errors import LauncherError
+
+    with pytest.raises(LauncherError):
+        kill_process_group(os.getpgid(0))

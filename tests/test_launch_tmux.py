@@ -1,0 +1,119 @@
+"""tmux specifics on a private server: remain-on-exit panes, liveness, kill, attach, races."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.launch.base import LaunchSpec
+from orchestrator.launch.tmux import SESSION, TmuxLauncher
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs the tmux binary"),
+]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxLauncher]:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    launcher = TmuxLauncher(f"orch-test-{uuid.uuid4().hex[:10]}")
+    yield launcher
+    launcher.kill_server()
+
+
+def spec(tmp_path: Path, name: str, code: str, env: dict[str, str] | None = None) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=1,
+        attempt_id=1,
+        window_name=name,
+        argv=[sys.executable, "-c", code],
+        env=env or {},
+        run_dir=tmp_path / name,
+    )
+
+
+def pane_text(tmux: TmuxLauncher, window_id: str) -> str:
+    return "\n".join(tmux.server.cmd("capture-pane", "-p", "-t", window_id).stdout)
+
+
+def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: Path) -> None:
+    s = spec(tmp_path, "job1-E1-87-qnli", "import sys; print('hello pane'); sys.stdin.readline()")
+    handle = tmux.launch(s)
+    assert handle.launcher == "tmux" and handle.window_id and handle.window_id.startswith("@")
+    wait_for(lambda: (s.run_dir / "pid.json").exists())
+    assert tmux.window_alive(handle.window_id)
+    window = tmux.server.windows.get(window_id=handle.window_id)
+    assert window is not None and window.window_name == "job1-E1-87-qnli"
+    assert window.session.session_name == SESSION
+
+    # The worker reads stdin (the pane): ending it lets the command exit on its own.
+    tmux.server.cmd("send-keys", "-t", handle.window_id, "Enter")
+    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    wait_for(lambda: not tmux.window_alive(handle.window_id))
+    assert tmux.window_exists(handle.window_id)  # remain-on-exit keeps the dead pane
+    wait_for(lambda: "hello pane" in pane_text(tmux, handle.window_id))
+
+    tmux.kill_window(handle.window_id)
+    assert not tmux.window_exists(handle.window_id)
+    tmux.kill_window(handle.window_id)  # already gone: no error
+    assert not tmux.window_alive("@99999")
+
+
+def test_env_set_after_the_server_started_still_reaches_the_worker(
+    tmux: TmuxLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = spec(tmp_path, "first", "pass")
+    tmux.launch(first)  # starts the server with the environment of that moment
+    wait_for(lambda: (first.run_dir / "exit.json").exists())
+
+    monkeypatch.setenv("ORCH_TEST_LATE", "late value")
+    code = "import os; print('late=' + os.environ.get('ORCH_TEST_LATE', 'missing'))"
+    second = spec(tmp_path, "second", code)
+    tmux.launch(second)
+    wait_for(lambda: (second.run_dir / "exit.json").exists())
+    assert "late=late value" in (second.run_dir / "stdout.log").read_text()
+
+
+def test_concurrent_launchers_share_one_session(tmux: TmuxLauncher, tmp_path: Path) -> None:
+    others = [TmuxLauncher(tmux.socket_name) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def go(launcher: TmuxLauncher, index: int) -> None:
+        try:
+            launcher.launch(spec(tmp_path, f"race{index}", "pass"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(launcher, i)) for i, launcher in enumerate(others)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert [s.session_name for s in tmux.server.sessions] == [SESSION]
+    for index in range(4):
+        wait_for(lambda index=index: (tmp_path / f"race{index}" / "exit.json").exists())
+
+
+def test_attach_command_targets_the_private_socket(tmux: TmuxLauncher) -> None:
+    argv = tmux.attach_command("@3")
+    assert argv[:3] == ["tmux", "-L", tmux.socket_name]
+    assert "@3" in argv and "attach-session" in argv

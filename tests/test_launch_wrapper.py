@@ -1,0 +1,85 @@
+"""The wrapper on its own: exit records for odd endings, and never waiting on orphans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.launch.base import kill_process_group
+from orchestrator.launch.wrapper import EXIT_NOT_STARTED, wrapper_argv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_wrapper(
+    run_dir: Path, argv: list[str], timeout_s: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        wrapper_argv(run_dir, argv),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        start_new_session=True,
+        check=False,
+    )
+
+
+def exit_info(run_dir: Path) -> dict[str, object]:
+    return json.loads((run_dir / "exit.json").read_text())
+
+
+def test_echoes_output_and_appends_to_the_log(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for text in ("first", "second"):
+        done = run_wrapper(run_dir, [sys.executable, "-c", f"print({text!r})"])
+        assert done.returncode == 0 and text in done.stdout
+    assert (run_dir / "stdout.log").read_text().splitlines() == ["first", "second"]
+
+
+def test_missing_command_is_recorded(tmp_path: Path) -> None:
+    done = run_wrapper(tmp_path, ["/nonexistent/worker", "--x"])
+    assert done.returncode == EXIT_NOT_STARTED
+    assert exit_info(tmp_path)["exit_code"] == EXIT_NOT_STARTED
+    assert "cannot start" in (tmp_path / "stdout.log").read_text()
+
+
+def test_worker_killed_by_a_signal_is_recorded(tmp_path: Path) -> None:
+    done = run_wrapper(
+        tmp_path, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    )
+    assert done.returncode == 137
+    assert exit_info(tmp_path) | {"ended_at": None} == {
+        "exit_code": 137,
+        "signal": 9,
+        "signal_name": "SIGKILL",
+        "ended_at": None,
+    }
+
+
+def test_orphan_holding_the_pipe_does_not_delay_the_exit_record(tmp_path: Path) -> None:
+    code = (
+        "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(20)']); print('parent done')"
+    )
+    started = time.monotonic()
+    done = run_wrapper(tmp_path, [sys.executable, "-c", code])
+    assert done.returncode == 0
+    assert time.monotonic() - started < 10
+    assert exit_info(tmp_path)["exit_code"] == 0
+    pid_info = json.loads((tmp_path / "pid.json").read_text())
+    assert kill_process_group(int(pid_info["pgid"]), grace_s=0.1)  # the orphan
+
+
+def test_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.launch.wrapper", "--run-dir"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "usage" in done.stderr
