@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from benchmarks.packing.simulator import Attempt, Outcome, Simulator, Start
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
+from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.memory import ShapeMemory, predict_peak_mib, update_shape
 from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
@@ -131,7 +133,8 @@ class OrchPolicy:
 
     Prediction for a (config, task, level): its measured peak after an attempt of that shape
     succeeded, plus `margin`; else the declared memory, raised to the memory an OOM'd attempt
-    of that shape held when it failed (a floor), plus `margin`. An OOM moves the job one level
+    of that shape held when it failed (a floor), plus `margin` — the daemon's own rule from
+    `orchestrator.memory`. An OOM moves the job one level
     down the ladder; level 4 runs alone; an OOM there fails the job.
     """
 
@@ -139,8 +142,7 @@ class OrchPolicy:
     packing: PackingPolicy = field(default_factory=PackingPolicy)
     margin: float = 0.05
     name: str = "orch"
-    measured_mib: dict[tuple[str, str, int], float] = field(default_factory=dict)
-    floor_mib: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    shapes: dict[tuple[str, str, int], ShapeMemory] = field(default_factory=dict)
     queue: dict[int, _Queued] = field(default_factory=dict)
     wait_reasons: dict[int, str] = field(default_factory=dict)
 
@@ -148,12 +150,10 @@ class OrchPolicy:
         self.queue = {j: _Queued(0, 0.0) for j in range(len(self.trace.jobs))}
 
     def predict_mib(self, job_index: int, level: int) -> float:
+        """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
         job = self.trace.jobs[job_index]
-        shape = job.shape(level)
-        if shape in self.measured_mib:
-            return self.measured_mib[shape] * (1 + self.margin)
-        floor = self.floor_mib.get(shape, 0.0) * (1 + self.margin)
-        return max(job.declared_mib, floor)
+        shape = self.shapes.get(job.shape(level))
+        return predict_peak_mib(shape, None, int(job.declared_mib), self.margin).mib
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
@@ -198,11 +198,14 @@ class OrchPolicy:
 
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         s = attempt.start
-        shape = attempt.job.shape(s.level)
+        key = attempt.job.shape(s.level)
+        held = int(attempt.held_mib(now_s))  # the worker reports its peak; an OOM what it held
         if outcome == "succeeded":
-            self.measured_mib[shape] = attempt.peak_mib  # the worker reports its peak
+            self.shapes[key] = update_shape(
+                self.shapes.get(key), held, AttemptOutcome.SUCCEEDED, None
+            )
             return
-        self.floor_mib[shape] = max(self.floor_mib.get(shape, 0.0), attempt.held_mib(now_s))
+        self.shapes[key] = update_shape(self.shapes.get(key), held, AttemptOutcome.OOM, held)
         if s.level < RUN_ALONE_LEVEL:
             self.queue[s.job_index] = _Queued(s.level + 1, now_s)
 
