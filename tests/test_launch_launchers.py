@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -67,7 +68,7 @@ def spec(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None) -> 
     )
 
 
-def read_json(path: Path) -> dict[str, object]:
+def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
@@ -92,8 +93,7 @@ def test_launch_records_pid_exit_log_env_and_verbatim_argv(
     pid_info = read_json(s.run_dir / "pid.json")
     assert pid_info["pgid"] == pid_info["pid"]  # the wrapper leads its group
     assert {"create_time", "started_at", "child_pid"} <= pid_info.keys()
-    if launcher.name == "subprocess":
-        assert handle.pid == pid_info["pid"]
+    assert handle.pid == pid_info["pid"]
 
     log_lines = (s.run_dir / "stdout.log").read_text().splitlines()
     assert "to stderr" in log_lines
@@ -120,7 +120,7 @@ def test_kill_process_group_escalates_to_sigkill(launcher: Launcher, tmp_path: P
             else False
         )
     )
-    pgid = int(read_json(s.run_dir / "pid.json")["pgid"])  # type: ignore[arg-type]
+    pgid = int(read_json(s.run_dir / "pid.json")["pgid"])
     assert len(group_members(pgid)) >= 3  # wrapper, worker, grandchild
 
     started = time.monotonic()
@@ -138,11 +138,11 @@ def test_sigterm_is_forwarded_and_recorded(launcher: Launcher, tmp_path: Path) -
     log = s.run_dir / "stdout.log"
     wait_for(lambda: log.exists() and "ready" in log.read_text())
     pid_info = read_json(s.run_dir / "pid.json")
-    assert kill_process_group(int(pid_info["pgid"]), grace_s=5.0)  # type: ignore[arg-type]
+    assert kill_process_group(int(pid_info["pgid"]), grace_s=5.0)
     wait_for(lambda: (s.run_dir / "exit.json").exists())
     exit_info = read_json(s.run_dir / "exit.json")
     assert exit_info["signal"] == 15 and exit_info["exit_code"] == 143
-    assert not psutil.pid_exists(int(pid_info["child_pid"]))  # type: ignore[arg-type]
+    assert not psutil.pid_exists(int(pid_info["child_pid"]))
 
 
 def test_make_launcher_choice(monkeypatch: pytest.MonkeyPatch) -> None:

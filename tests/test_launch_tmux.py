@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import threading
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.launch.base import LaunchSpec
@@ -57,23 +59,24 @@ def pane_text(tmux: TmuxLauncher, window_id: str) -> str:
 def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: Path) -> None:
     s = spec(tmp_path, "job1-E1-87-qnli", "import sys; print('hello pane'); sys.stdin.readline()")
     handle = tmux.launch(s)
-    assert handle.launcher == "tmux" and handle.window_id and handle.window_id.startswith("@")
+    window_id = handle.window_id
+    assert handle.launcher == "tmux" and window_id is not None and window_id.startswith("@")
     wait_for(lambda: (s.run_dir / "pid.json").exists())
-    assert tmux.window_alive(handle.window_id)
-    window = tmux.server.windows.get(window_id=handle.window_id)
+    assert tmux.window_alive(window_id)
+    window = tmux.server.windows.get(window_id=window_id)
     assert window is not None and window.window_name == "job1-E1-87-qnli"
     assert window.session.session_name == SESSION
 
     # The worker reads stdin (the pane): ending it lets the command exit on its own.
-    tmux.server.cmd("send-keys", "-t", handle.window_id, "Enter")
+    tmux.server.cmd("send-keys", "-t", window_id, "Enter")
     wait_for(lambda: (s.run_dir / "exit.json").exists())
-    wait_for(lambda: not tmux.window_alive(handle.window_id))
-    assert tmux.window_exists(handle.window_id)  # remain-on-exit keeps the dead pane
-    wait_for(lambda: "hello pane" in pane_text(tmux, handle.window_id))
+    wait_for(lambda: not tmux.window_alive(window_id))
+    assert tmux.window_exists(window_id)  # remain-on-exit keeps the dead pane
+    wait_for(lambda: "hello pane" in pane_text(tmux, window_id))
 
-    tmux.kill_window(handle.window_id)
-    assert not tmux.window_exists(handle.window_id)
-    tmux.kill_window(handle.window_id)  # already gone: no error
+    tmux.kill_window(window_id)
+    assert not tmux.window_exists(window_id)
+    tmux.kill_window(window_id)  # already gone: no error
     assert not tmux.window_alive("@99999")
 
 
@@ -109,11 +112,29 @@ def test_concurrent_launchers_share_one_session(tmux: TmuxLauncher, tmp_path: Pa
         thread.join(30)
     assert errors == []
     assert [s.session_name for s in tmux.server.sessions] == [SESSION]
-    for index in range(4):
-        wait_for(lambda index=index: (tmp_path / f"race{index}" / "exit.json").exists())
+    exits = [tmp_path / f"race{index}" / "exit.json" for index in range(4)]
+    wait_for(lambda: all(path.exists() for path in exits))
 
 
 def test_attach_command_targets_the_private_socket(tmux: TmuxLauncher) -> None:
     argv = tmux.attach_command("@3")
     assert argv[:3] == ["tmux", "-L", tmux.socket_name]
     assert "@3" in argv and "attach-session" in argv
+
+
+def test_killing_a_running_window_stops_the_worker_and_records_it(
+    tmux: TmuxLauncher, tmp_path: Path
+) -> None:
+    s = spec(tmp_path, "doomed", "import time; print('ready', flush=True); time.sleep(60)")
+    handle = tmux.launch(s)
+    assert handle.window_id is not None
+    log = s.run_dir / "stdout.log"
+    wait_for(lambda: log.exists() and "ready" in log.read_text())
+    child_pid = json.loads((s.run_dir / "pid.json").read_text())["child_pid"]
+
+    tmux.kill_window(handle.window_id)
+    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
+    wait_for(
+        lambda: not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
+    )

@@ -83,7 +83,8 @@ class TmuxLauncher:
         return {**inherited, **env}
 
     def launch(self, spec: LaunchSpec) -> LaunchHandle:
-        command = shlex.join(wrapper_argv(spec.run_dir, spec.argv))
+        # `exec`: the wrapper replaces /bin/sh, so the pane's pid is the wrapper's pid.
+        command = "exec " + shlex.join(wrapper_argv(spec.run_dir, spec.argv))
         session = self._session()
         environment = self._env_for_window(spec.env)
         size = len(command) + sum(len(k) + len(v) + 4 for k, v in environment.items())
@@ -113,8 +114,6 @@ class TmuxLauncher:
                 f"tmux could not open a window for job {spec.job_id}: {error}; "
                 f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
             ) from None
-        # The pane's pid is /bin/sh or, when sh execs the command, the wrapper itself;
-        # pid.json in the run dir has the wrapper's pid and pgid either way.
         return LaunchHandle(launcher=self.name, pid=pane_pid, window_id=window.window_id)
 
     def _pane_dead(self, window_id: str) -> bool | None:
