@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from workers.lora.config import ConfigError
 
@@ -67,6 +67,7 @@ TASKS: dict[str, TaskSpec] = {
     )
 }  # fmt: skip
 REGRESSION_TASKS = ("stsb",)
+T = TypeVar("T")
 _NAME = re.compile(r"^(glue|glue-tvt)_([a-z0-9]+?)(?:_(\d+))?$")
 
 
@@ -134,7 +135,7 @@ def load_splits(name: str, data_dir: Path) -> dict[str, list[Example]]:
     return splits
 
 
-def split_train_val(examples: list[Example]) -> tuple[list[Example], list[Example]]:
+def split_train_val(examples: list[T]) -> tuple[list[T], list[T]]:
     """Deterministic, disjoint 80/20 split (seed fixed, not the run seed)."""
     order = list(range(len(examples)))
     random.Random(SPLIT_SEED).shuffle(order)

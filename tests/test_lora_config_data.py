@@ -1,0 +1,167 @@
+"""Config parsing, data names and formats, tvt splits, LoRA spec translation (no torch needed)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from workers.lora.config import ConfigError, load_config, parse_config
+from workers.lora.data import find_source, load_splits, parse_data_name, split_train_val
+from workers.lora.peft_spec import lora_kwargs, translate_targets
+from workers.lora.sample_data import main as sample_main
+
+WORKER_DIR = Path(__file__).resolve().parents[1] / "workers"
+
+
+def base(**extra: object) -> dict[str, object]:
+    return {"model": "tiny-llama", "data": "glue_rte", **extra}
+
+
+def test_defaults_warnings_and_orch_keys(tmp_path: Path) -> None:
+    config = parse_config(base(foo=1, sim_mem_gib=3, mem_gib=2), tmp_path, {})
+    assert config.batch_size == 8 and config.max_seq_len == 256 and config.num_epochs == 1
+    assert config.logits_to_keep == 0 and config.prec == "bf16"
+    joined = " ".join(config.warnings)
+    assert "'foo'" in joined and "sim_mem_gib" not in joined and "mem_gib" not in joined
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("batch_size", 0), ("batch_size", "x"), ("learning_rate", -1), ("prec", "fp8"),
+     ("gradient_checkpointing", "maybe"), ("num_data_workers", -1), ("max_steps", 1.5)],
+)  # fmt: skip
+def test_bad_values_are_config_errors(tmp_path: Path, key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=key if key != "prec" else "prec"):
+        parse_config(base(**{key: value}), tmp_path, {})
+
+
+def test_learning_rate_written_as_yaml_string(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("model: tiny-llama\ndata: glue_rte\nlearning_rate: 1e-4\n")
+    assert load_config(tmp_path / "c.yaml", env={}).learning_rate == pytest.approx(1e-4)
+
+
+def test_missing_model_dir_is_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="model directory not found"):
+        parse_config(base(model=str(tmp_path / "nope")), tmp_path, {})
+
+
+def test_peft_path_resolution(tmp_path: Path) -> None:
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    (plans / "lora.json").write_text(json.dumps({"r": 4, "targets": ["q_proj"]}))
+    config_dir = tmp_path / "run"
+    config_dir.mkdir()
+    config = parse_config(base(peft="lora.json"), config_dir, {"ORCH_PLANS_DIR": str(plans)})
+    assert config.peft == {"r": 4, "targets": ["q_proj"]}
+    (config_dir / "lora.json").write_text(json.dumps({"r": 2}))  # next to the config wins
+    assert parse_config(base(peft="lora.json"), config_dir, {}).peft == {"r": 2}
+    with pytest.raises(ConfigError, match="not found"):
+        parse_config(base(peft="missing.json"), config_dir, {})
+
+
+def test_data_names() -> None:
+    assert parse_data_name("glue-tvt_qnli").kind == "glue-tvt"
+    parsed = parse_data_name("glue-tvt_sst2_1000")
+    assert (parsed.task, parsed.subset) == ("sst2", 1000)
+    assert parse_data_name("glue_mnli").subset is None
+    for bad, message in (
+        ("glue_stsb", "regression"),
+        ("glue_foo", "unknown task"),
+        ("rte", "not glue"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_data_name(bad)
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("glue")
+    sample_main(["--out", str(out), "--n-train", "50", "--n-dev", "20"])
+    return out
+
+
+def test_every_sample_task_loads_from_tsv(toy_data: Path) -> None:
+    assert find_source(toy_data, "mnli") == ("tsv", toy_data / "MNLI")
+    for task, n_classes in (("rte", 2), ("qnli", 2), ("sst2", 2), ("mrpc", 2), ("cola", 2),
+                            ("mnli", 3), ("qqp", 2), ("wnli", 2)):  # fmt: skip
+        splits = load_splits(f"glue_{task}", toy_data)
+        assert len(splits["train"]) == 50 and len(splits["val"]) == 20
+        assert {e.label for e in splits["train"]} == set(range(n_classes)), task
+
+
+def test_jsonl_matches_tsv(tmp_path: Path, toy_data: Path) -> None:
+    sample_main(["--out", str(tmp_path), "--tasks", "qnli", "--n-train", "50", "--n-dev", "20",
+                 "--format", "jsonl"])  # fmt: skip
+    assert find_source(tmp_path, "qnli")[0] == "jsonl"
+    assert load_splits("glue_qnli", tmp_path) == load_splits("glue_qnli", toy_data)
+
+
+def test_tvt_split_is_deterministic_disjoint_and_seed_free(toy_data: Path) -> None:
+    first = load_splits("glue-tvt_rte", toy_data)
+    again = load_splits("glue-tvt_rte", toy_data)
+    assert first == again
+    assert (len(first["train"]), len(first["val"]), len(first["test"])) == (40, 10, 20)
+    official = load_splits("glue_rte", toy_data)
+    assert first["test"] == official["val"]
+    indexed = list(enumerate(official["train"]))
+    train, val = split_train_val(indexed)
+    assert not {i for i, _ in train} & {i for i, _ in val}
+    assert len(train) + len(val) == len(indexed)
+
+
+def test_subset_takes_n_training_examples(toy_data: Path) -> None:
+    splits = load_splits("glue-tvt_rte_7", toy_data)
+    assert len(splits["train"]) == 7 and len(splits["val"]) == 10
+    assert set(splits["train"]) <= set(load_splits("glue-tvt_rte", toy_data)["train"])
+
+
+def test_missing_data_is_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="data directory not found"):
+        find_source(tmp_path / "nope", "rte")
+    with pytest.raises(ConfigError, match="no data for 'rte'"):
+        find_source(tmp_path, "rte")
+
+
+def test_gla_targets_translate_for_llama() -> None:
+    names, layers, warnings = translate_targets(
+        ["attn.q_proj", "attn.k_proj", "mlp.gate_proj", "attn.g_proj", "attn.gk_proj.0"]
+    )
+    assert names == ["q_proj", "k_proj", "gate_proj"]
+    assert layers is None
+    assert "attn.g_proj" in warnings[0] and "gk_proj.0" in warnings[0]
+    names, layers, _ = translate_targets(["layers.3.attn.q_proj", "layers.1.attn.v_proj"])
+    assert (names, layers) == (["q_proj", "v_proj"], [1, 3])
+    with pytest.raises(ConfigError, match="no LoRA target"):
+        translate_targets(["attn.g_proj", "attn.gk_proj.1"])
+
+
+def test_lora_kwargs_short_keys_and_env_overrides() -> None:
+    spec = {
+        "r": 8,
+        "alpha": 16,
+        "dropout": 0.1,
+        "targets": ["attn.q_proj"],
+        "use_dora": True,
+        "junk": 1,
+    }
+    kwargs, warnings = lora_kwargs(spec, "llama", {"ORCH_LORA_R": "4", "ORCH_LORA_DROPOUT": "0"})
+    assert kwargs == {"task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 16, "lora_dropout": 0.0,
+                      "target_modules": ["q_proj"], "use_dora": True}  # fmt: skip
+    assert any("junk" in w for w in warnings)
+    gla, _ = lora_kwargs(spec, "gla", {})
+    assert gla["target_modules"] == ["attn.q_proj"]  # GLA keeps its own names
+    with pytest.raises(ConfigError):
+        lora_kwargs({"r": 0}, "llama", {})
+
+
+def test_worker_never_imports_orchestrator() -> None:
+    for path in (WORKER_DIR / "lora").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "orchestrator" for n in names), path
