@@ -19,6 +19,7 @@ import yaml
 
 from orchestrator.errors import PlanError
 
+DEFAULT_SLOTS = 1  # a GPU the plan does not name runs one job at a time
 MAX_SLOTS_PER_GPU = 64
 MAX_GPU_INDEX = 1023
 MAX_SEED = 2**31 - 1

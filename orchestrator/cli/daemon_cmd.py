@@ -1,9 +1,184 @@
-"""placeholder"""
+"""`orch daemon start|stop|status|run`."""
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import click
+
+from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
+from orchestrator.daemon import (
+    Daemon,
+    DaemonLock,
+    DaemonSettings,
+    daemon_alive,
+    sim_dir,
+    tmux_socket_name,
+)
+from orchestrator.errors import DaemonError, GpuUnavailable
+from orchestrator.gpu import GpuProbe, make_probe
+from orchestrator.launch.base import make_launcher
+from orchestrator.store.db import Store, now_s
+
+START_TIMEOUT_S = 30.0
+
+
+def daemon_log_path(db_path: Path) -> Path:
+    return Path(str(db_path) + ".daemon.log")
+
+
+def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[str, str]]:
+    """The GPU probe and the env the workers need to see the same GPUs."""
+    chosen = (backend or os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() or None
+    if chosen == "sim":
+        os.environ.setdefault("ORCH_SIM_DIR", str(sim_dir(db_path)))
+        Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
+        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS") if os.environ.get(k)}
+        return probe, {"ORCH_GPU_BACKEND": "sim", **env}
+    return make_probe(chosen), {}
+
+
+@click.group("daemon")
+def daemon_group() -> None:
+    """Start, stop or inspect the scheduler daemon (one per state.db)."""
+
+
+def _backend_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--backend", type=click.Choice(["nvml", "sim"]), default=None,
+        help="GPU backend (env ORCH_GPU_BACKEND; default NVML).",
+    )(func)
+
+
+def _poll_option(func):  # type: ignore[no-untyped-def]
+    return click.option("--poll", "poll_s", type=click.FloatRange(0.05, 60.0), default=1.0, show_default=True,
+                        help="Seconds between scheduling passes.")(func)
+
+
+@daemon_group.command("run")
+@_backend_option
+@_poll_option
+@click.option("--headroom", "headroom_fraction", type=click.FloatRange(0.0, 0.5), default=0.10, show_default=True,
+              help="Fraction of each card kept free beside every job.")
+@click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
+              help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
+@db_option
+def daemon_run(backend: str | None, poll_s: float, headroom_fraction: float, launcher_kind: str | None, db_path: Path) -> None:
+    """Run the daemon in the foreground."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    Store(db_path).close()  # create and migrate before taking the lock
+    probe, worker_env = resolve_backend(db_path, backend)
+    launcher = make_launcher(launcher_kind, tmux_socket_name(db_path))
+    daemon = Daemon(DaemonSettings(db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction), probe, launcher, worker_env)
+    click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
+    daemon.run()
+
+
+@daemon_group.command("start")
+@_backend_option
+@_poll_option
+@click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None)
+@db_option
+def daemon_start(backend: str | None, poll_s: float, launcher_kind: str | None, db_path: Path) -> None:
+    """Start the daemon in the background (log in STATE.db.daemon.log)."""
+    start_daemon(db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind)
+
+
+def start_daemon(db_path: Path, *, backend: str | None = None, poll_s: float = 1.0, launcher_kind: str | None = None, quiet: bool = False) -> int:
+    if DaemonLock.is_held(db_path):
+        raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
+    # Fail here, in the user's terminal, when the GPUs cannot be read.
+    try:
+        probe, _ = resolve_backend(db_path, backend)
+        probe.close()
+    except GpuUnavailable:
+        raise
+    Store(db_path).close()
+    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db_path), "--poll", str(poll_s)]
+    if backend:
+        argv += ["--backend", backend]
+    if launcher_kind:
+        argv += ["--launcher", launcher_kind]
+    log_path = daemon_log_path(db_path)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log_file:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with open_store(db_path) as store:
+        while time.monotonic() < deadline:
+            row = daemon_alive(store)
+            if row is not None and row["pid"] == proc.pid:
+                if not quiet:
+                    click.echo(f"daemon started (pid {proc.pid}); log: {log_path}")
+                return proc.pid
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                raise DaemonError(f"daemon exited at start (code {proc.returncode}): {tail[0]}")
+            time.sleep(0.1)  # waiting on another process to register
+    raise DaemonError(f"daemon did not register within {START_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+@daemon_group.command("stop")
+@click.option("--drain", is_flag=True, help="Start nothing new; exit when the running jobs have ended.")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the daemon to exit.")
+@click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True)
+@db_option
+def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> None:
+    """Stop the daemon; running workers keep running (and are adopted at the next start)."""
+    with open_store(db_path) as store:
+        row = daemon_alive(store)
+        if row is None:
+            raise DaemonError(f"no daemon is running for {db_path}")
+        with store.write():
+            column = "draining" if drain else "stop_requested"
+            store.db.execute(f"UPDATE daemon SET {column} = 1 WHERE id = 1")
+        if drain:
+            click.echo(f"daemon (pid {row['pid']}) draining: nothing new starts; it exits when running jobs end")
+            if not wait:
+                return
+            timeout_s = max(timeout_s, 10 * 24 * 3600.0)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if daemon_alive(store) is None:
+                click.echo("daemon stopped")
+                return
+            time.sleep(0.1)  # waiting on another process to exit
+        raise DaemonError(f"daemon (pid {row['pid']}) did not stop within {timeout_s:.0f} s; `kill {row['pid']}` stops it")
+
+
+@daemon_group.command("status")
+@json_option
+@db_option
+def daemon_status(as_json: bool, db_path: Path) -> None:
+    """Is a daemon running for this state.db?"""
+    with open_store(db_path, create=True) as store:
+        row = daemon_alive(store)
+    payload = {
+        "alive": row is not None,
+        "pid": row["pid"] if row else None,
+        "started_at": row["started_at"] if row else None,
+        "heartbeat_age_s": (now_s() - row["heartbeat_at"]) if row and row["heartbeat_at"] else None,
+        "draining": bool(row["draining"]) if row else False,
+        "log": str(daemon_log_path(db_path)),
+    }
+    if as_json:
+        echo_json(payload)
+        return
+    if row is None:
+        click.echo("daemon: not running (orch daemon start)")
+        return
+    click.echo(
+        f"daemon: running, pid {row['pid']}, up {fmt_duration(now_s() - row['started_at'])}, "
+        f"last tick {payload['heartbeat_age_s']:.1f} s ago" + (", draining" if payload["draining"] else "")
+    )
 
 
 def register(group: click.Group) -> None:
-    return None
+    group.add_command(daemon_group)

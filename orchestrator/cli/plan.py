@@ -7,10 +7,8 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
-from orchestrator.plans import parse_gpu_plan, parse_gpus
+from orchestrator.plans import DEFAULT_SLOTS, parse_gpu_plan, parse_gpus
 from orchestrator.store.jobs import format_plan, get_gpu_plan, set_gpu_plan
-
-DEFAULT_SLOTS = 1  # a GPU the plan does not name runs one job at a time
 
 
 @click.group("plan")

@@ -19,7 +19,13 @@ from orchestrator.plans import (
     parse_round,
     parse_set_overrides,
 )
-from orchestrator.store.jobs import SubmitOutcome, format_plan, get_gpu_plan, set_gpu_plan, submit_jobs
+from orchestrator.store.jobs import (
+    SubmitOutcome,
+    format_plan,
+    get_gpu_plan,
+    set_gpu_plan,
+    submit_jobs,
+)
 
 
 def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:

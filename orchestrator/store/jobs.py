@@ -4,9 +4,9 @@ which checks the lifecycle table and writes the event in the same transaction.""
 from __future__ import annotations
 
 import json
-from fnmatch import fnmatchcase
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from orchestrator.errors import InvalidTransition, JobNotFound
@@ -63,7 +63,7 @@ def transition(
                 f"job {job_id} is {from_state.value}, expected {' or '.join(s.value for s in expect_from)}"
             )
         check_transition(from_state, to_state)
-        updates = {"state": to_state.value, "updated_at": now_s()}
+        updates: dict[str, Any] = {"state": to_state.value, "updated_at": now_s()}
         if to_state is JobState.QUEUED:
             updates["queued_at"] = now_s()
             updates["wait_reason"] = None
@@ -102,7 +102,7 @@ def submit_jobs(
 ) -> list[SubmitOutcome]:
     """Queue the specs; a job already queued, running or succeeded is reported, not duplicated."""
     outcomes: list[SubmitOutcome] = []
-    declared_mib = int(round(suite.mem_gib * 1024))
+    declared_mib = round(suite.mem_gib * 1024)
     with store.write():
         for spec in specs:
             existing = store.db.execute(

@@ -1,0 +1,251 @@
+"""The scheduler daemon: one per state.db; tick = reconcile -> read GPUs -> pack -> launch."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import psutil
+
+from orchestrator.dispatch import DispatchContext, JobShapeCache, schedule
+from orchestrator.errors import DaemonError
+from orchestrator.gpu import GpuProbe
+from orchestrator.gpu.attribution import process_tree_pids
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.launch.base import Launcher, kill_process_group
+from orchestrator.outcomes import complete
+from orchestrator.packing import PackingPolicy
+from orchestrator.reconcile import Verdict, judge, observe
+from orchestrator.store.attempts import live_attempts, update_attempt
+from orchestrator.store.db import Store, now_s
+from orchestrator.store.jobs import add_event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    db_path: Path
+    poll_s: float = 1.0
+    headroom_fraction: float = 0.10
+    starvation_s: float = 600.0
+
+
+def lock_path(db_path: Path) -> Path:
+    return Path(str(db_path) + ".daemon.lock")
+
+
+def runs_dir(db_path: Path) -> Path:
+    return Path(db_path).resolve().parent / "runs"
+
+
+def sim_dir(db_path: Path) -> Path:
+    return Path(str(Path(db_path).resolve()) + ".sim")
+
+
+def tmux_socket_name(db_path: Path) -> str:
+    """One private tmux server per state.db."""
+    digest = hashlib.sha256(str(Path(db_path).resolve()).encode()).hexdigest()[:10]
+    return f"orch-{os.getuid()}-{digest}"
+
+
+class DaemonLock:
+    """An exclusive flock on `<db>.daemon.lock`; the kernel drops it when the process dies."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = lock_path(db_path)
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        handle = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DaemonError(
+                f"a daemon is already running for this state.db (pid {holder}); "
+                "`orch daemon status` shows it, `orch daemon stop` stops it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    @staticmethod
+    def is_held(db_path: Path) -> bool:
+        path = lock_path(db_path)
+        if not path.exists():
+            return False
+        with open(path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+
+
+class Daemon:
+    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher, worker_env: dict[str, str]) -> None:
+        self.settings = settings
+        self.probe = probe
+        self.launcher = launcher
+        self.store = Store(settings.db_path)
+        self.cache = JobShapeCache()
+        self.ctx = DispatchContext(
+            runs_dir=runs_dir(settings.db_path),
+            policy=PackingPolicy(headroom_fraction=settings.headroom_fraction, starvation_s=settings.starvation_s),
+            worker_env=worker_env,
+        )
+        self._stop = threading.Event()
+        self._lock = DaemonLock(settings.db_path)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
+        self._lock.acquire()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            self._register()
+            with self.store.write():
+                add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.launcher.name})")
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    if self.tick():
+                        break
+                except Exception:  # one bad tick must not end a sweep of days
+                    log.exception("tick failed; continuing")
+                self._stop.wait(max(0.0, self.settings.poll_s - (time.monotonic() - started)))
+        finally:
+            with contextlib.suppress(Exception), self.store.write():
+                self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
+                add_event(self.store, "daemon", "daemon stopped; running workers keep running")
+            self.probe.close()
+            self._lock.release()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop.set()
+
+    def _register(self) -> None:
+        create_time = psutil.Process().create_time()
+        with self.store.write():
+            self.store.db.execute(
+                "INSERT INTO daemon (id, pid, proc_create_time, started_at, heartbeat_at, draining, stop_requested) "
+                "VALUES (1, ?, ?, ?, ?, 0, 0) ON CONFLICT(id) DO UPDATE SET pid = excluded.pid, "
+                "proc_create_time = excluded.proc_create_time, started_at = excluded.started_at, "
+                "heartbeat_at = excluded.heartbeat_at, draining = 0, stop_requested = 0",
+                [os.getpid(), create_time, now_s(), now_s()],
+            )
+
+    # -- one tick --------------------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """One pass. Returns True when the daemon should exit (stop requested, or drained)."""
+        control = self.store.query("SELECT draining, stop_requested FROM daemon WHERE id = 1")
+        draining = bool(control and control[0]["draining"])
+        if control and control[0]["stop_requested"]:
+            return True
+        snapshots = self.probe.snapshot()
+        live_count = self.reconcile(snapshots)
+        if draining and live_count == 0:
+            return True
+        snapshots = self.probe.snapshot() if live_count else snapshots
+        schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
+        self._heartbeat(snapshots)
+        return False
+
+    def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
+        """Bring every live attempt's record up to date; returns how many are still live."""
+        by_uuid = {s.uuid: s for s in snapshots}
+        still_live = 0
+        for attempt in live_attempts(self.store):
+            obs = observe(Path(attempt["run_dir"]), now_s())
+            verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]))
+            if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
+                self._track(attempt, obs, by_uuid.get(attempt["gpu_uuid"]))
+            if verdict is Verdict.ALIVE and attempt["kill_requested"]:
+                self._kill(attempt, obs.pid_record)
+                still_live += 1
+            elif verdict is Verdict.HUNG:
+                update_attempt(self.store, attempt["id"], kill_requested="hung")
+                with self.store.write():
+                    add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s: killing it",
+                              job_id=attempt["job_id"], attempt_id=attempt["id"])
+                self._kill(attempt, obs.pid_record)
+                complete(self.store, {**attempt, "kill_requested": "hung"}, observe(Path(attempt["run_dir"]), now_s()), self.cache, hung=True)
+            elif verdict is Verdict.FINISHED:
+                complete(self.store, attempt, obs, self.cache)
+            elif verdict is Verdict.LOST:
+                complete(self.store, attempt, obs, self.cache, lost=True)
+            else:
+                still_live += 1
+        return still_live
+
+    def _track(self, attempt: dict[str, Any], obs: Any, gpu: GpuSnapshot | None) -> None:
+        fields: dict[str, Any] = {}
+        pid_record = obs.pid_record or {}
+        if pid_record and attempt["pgid"] is None:
+            fields.update(pid=pid_record.get("pid"), pgid=pid_record.get("pgid"), proc_create_time=pid_record.get("create_time"))
+        if gpu is not None and obs.process_alive:
+            held = gpu.memory_of(process_tree_pids(int(pid_record["pid"])))
+            if held != attempt["held_mib"]:
+                fields["held_mib"] = held
+            if held > attempt["peak_mib"]:
+                fields["peak_mib"] = held
+            progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
+            if not attempt["reached_peak"] and (progressed or held >= attempt["predicted_peak_mib"]):
+                fields["reached_peak"] = 1
+        if obs.last_progress_at and obs.last_progress_at != attempt["last_progress_at"]:
+            fields["last_progress_at"] = obs.last_progress_at
+            fields["progress_json"] = json.dumps(obs.last_progress) if obs.last_progress else None
+        if fields:
+            update_attempt(self.store, attempt["id"], **fields)
+
+    def _kill(self, attempt: dict[str, Any], pid_record: dict[str, Any] | None) -> None:
+        pgid = (pid_record or {}).get("pgid") or attempt["pgid"]
+        if pgid:
+            kill_process_group(int(pgid), grace_s=5.0)
+
+    def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+        with self.store.write():
+            self.store.db.execute(
+                "UPDATE daemon SET heartbeat_at = ?, gpus_json = ? WHERE id = 1",
+                [now_s(), json.dumps([asdict(s) for s in snapshots])],
+            )
+
+
+def daemon_alive(store: Store) -> dict[str, Any] | None:
+    """The running daemon's row, or None (the pid must be alive and be the recorded process)."""
+    from orchestrator.reconcile import process_matches
+
+    rows = store.query("SELECT * FROM daemon WHERE id = 1")
+    if not rows or not rows[0]["pid"]:
+        return None
+    row = rows[0]
+    return row if process_matches(row["pid"], row["proc_create_time"]) else None

@@ -1,0 +1,299 @@
+"""One scheduling pass: queued jobs and live attempts from the store + GPU snapshots -> `pack`
+-> attempts started. The policy itself is the pure `orchestrator.packing.pack`."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import InvalidTransition, LauncherError, OrchError
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.ladder import Level, expand_levels, load_ladder
+from orchestrator.launch.base import Launcher, LaunchSpec
+from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
+from orchestrator.launch.wrapper import wrapper_argv
+from orchestrator.lifecycle import JobState
+from orchestrator.memory import (
+    ModelInfo,
+    ShapeMemory,
+    estimate_peak_mib,
+    lookup_model_info,
+    model_info_from_hf_config,
+    predict_peak_mib,
+    shape_key,
+)
+from orchestrator.packing import (
+    GpuState,
+    PackingDecision,
+    PackingPolicy,
+    QueuedJob,
+    RunningAttempt,
+    pack,
+)
+from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
+from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.db import Store, now_s
+from orchestrator.store.jobs import get_gpu_plan, transition
+
+log = logging.getLogger(__name__)
+
+PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
+
+
+@dataclass
+class JobShapeCache:
+    """Per-job facts that do not change while the daemon runs (levels, model size)."""
+
+    levels: dict[int, list[Level]] = field(default_factory=dict)
+    model_info: dict[str, ModelInfo | None] = field(default_factory=dict)
+    peft_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Hash of the config content that determines memory (seed and data excluded)."""
+    content = {k: v for k, v in config.items() if k not in ("seed", "data")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve_paths(config: dict[str, Any], config_path: str) -> dict[str, Any]:
+    """Relative file paths in a config are written relative to the config file; the run dir's
+    copy lives elsewhere, so make them absolute where the file exists."""
+    resolved = dict(config)
+    base = Path(config_path).parent
+    for key in PATH_KEYS:
+        value = resolved.get(key)
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            candidate = (base / value).resolve()
+            if candidate.exists():
+                resolved[key] = str(candidate)
+    return resolved
+
+
+def _model_info(config: dict[str, Any], cache: JobShapeCache) -> ModelInfo | None:
+    model = config.get("model")
+    if not isinstance(model, str):
+        return None
+    if model not in cache.model_info:
+        info: ModelInfo | None = None
+        config_json = Path(model) / "config.json"
+        try:
+            if config_json.is_file():
+                info = model_info_from_hf_config(json.loads(config_json.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            info = None
+        cache.model_info[model] = info or lookup_model_info(model)
+    return cache.model_info[model]
+    return cache.model_info[model]
+
+
+def _peft_spec(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] | None:
+    peft = config.get("peft")
+    if isinstance(peft, dict):
+        return peft
+    if not isinstance(peft, str):
+        return None
+    if peft not in cache.peft_specs:
+        try:
+            loaded = json.loads(Path(peft).read_text())
+            cache.peft_specs[peft] = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError):
+            cache.peft_specs[peft] = None
+    return cache.peft_specs[peft]
+
+
+def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
+    if job["id"] not in cache.levels:
+        ladder = load_ladder(json.loads(job["ladder_json"]) if job["ladder_json"] else None)
+        cache.levels[job["id"]] = expand_levels(ladder, json.loads(job["config_json"]), bool(job["one_token"]))
+    return cache.levels[job["id"]]
+
+
+def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
+    levels = job_levels(job, cache)
+    return levels[min(job["level"], len(levels) - 1)]
+
+
+def job_shape_key(job: dict[str, Any], level: Level) -> str:
+    config = json.loads(job["config_json"])
+    return shape_key(config_hash(config), str(config.get("model", "")), level.index, job["data"])
+
+
+def load_shapes(store: Store) -> dict[str, dict[str, Any]]:
+    """Every learned shape, read once per pass (one query instead of one per queued job)."""
+    return {r["shape_key"]: r for r in store.query("SELECT * FROM memory_shapes")}
+
+
+def predict(
+    shapes: dict[str, dict[str, Any]], job: dict[str, Any], level: Level, cache: JobShapeCache
+) -> tuple[int, str]:
+    config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
+    row = shapes.get(job_shape_key(job, level))
+    measured = (
+        ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"])
+        if row else None
+    )
+    estimated = (
+        estimate_peak_mib(config, _model_info(config, cache), _peft_spec(config, cache))
+        if job["worker"] == "lora" else None
+    )
+    prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]))
+    return prediction.mib, prediction.source
+
+
+def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuState]:
+    return [
+        GpuState(
+            index=s.index, uuid=s.uuid, total_mib=s.total_mib, free_mib=s.free_mib,
+            slots=plan.slots_for(s.index, DEFAULT_SLOTS),
+        )
+        for s in snapshots
+    ]
+
+
+@dataclass(frozen=True)
+class DispatchContext:
+    runs_dir: Path
+    policy: PackingPolicy
+    worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+def run_dir_for(ctx: DispatchContext, job: dict[str, Any], n: int) -> Path:
+    job_dir = f"{job['id']:06d}-{_safe_name(job['config_name'])}-s{job['seed']}-{_safe_name(job['data'])}"
+    return ctx.runs_dir / _safe_name(job["suite"]) / job_dir / f"attempt-{n}"
+
+
+def schedule(
+    store: Store,
+    snapshots: tuple[GpuSnapshot, ...],
+    launcher: Launcher,
+    ctx: DispatchContext,
+    cache: JobShapeCache,
+    *,
+    draining: bool,
+) -> PackingDecision:
+    """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests)."""
+    paused = {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
+    queued_rows = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
+    live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
+    running = [
+        RunningAttempt(
+            job_id=a["job_id"], gpu_index=a["gpu_index"], predicted_peak_mib=a["predicted_peak_mib"],
+            held_mib=a["held_mib"], reached_peak=bool(a["reached_peak"]), run_alone=bool(a["run_alone"]),
+        )
+        for a in live
+    ]
+    reasons: dict[int, str] = {}
+    queue: list[QueuedJob] = []
+    levels: dict[int, Level] = {}
+    shapes = load_shapes(store)
+    predictions: dict[int, tuple[int, str]] = {}
+    for job in queued_rows:
+        if job["suite"] in paused:
+            reasons[job["id"]] = f"suite {job['suite']} paused: {paused[job['suite']]} (orch resume {job['suite']})"
+            continue
+        if draining:
+            reasons[job["id"]] = "daemon is draining: nothing new starts"
+            continue
+        try:
+            level = level_of(job, cache)
+        except OrchError as exc:
+            _fail_queued(store, job, f"invalid ladder: {exc}")
+            continue
+        levels[job["id"]] = level
+        predictions[job["id"]] = predict(shapes, job, level, cache)
+        allowed = json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None
+        queue.append(
+            QueuedJob(
+                job_id=job["id"], priority=job["priority"], queued_seq=job["id"],
+                predicted_peak_mib=predictions[job["id"]][0], waiting_since_s=job["queued_at"],
+                allowed_gpu_indices=frozenset(allowed) if allowed is not None else None,
+                run_alone=level.run_alone,
+            )
+        )
+    decision = pack(queue, gpu_states(snapshots, get_gpu_plan(store)), running, ctx.policy, now_s())
+    reasons.update(decision.wait_reasons)
+    by_id = {job["id"]: job for job in queued_rows}
+    by_index = {s.index: s for s in snapshots}
+    for placement in decision.placements:
+        job = by_id[placement.job_id]
+        predicted, source = predictions[placement.job_id]
+        _launch(store, launcher, ctx, job, levels[job["id"]], by_index[placement.gpu_index], predicted, source, placement.reserved_mib)
+    _write_wait_reasons(store, queued_rows, reasons, {p.job_id for p in decision.placements})
+    return decision
+
+
+def _fail_queued(store: Store, job: dict[str, Any], reason: str) -> None:
+    with contextlib.suppress(InvalidTransition):
+        transition(store, job["id"], JobState.FAILED, message=f"failed: {reason}", kind="fail",
+                   expect_from=[JobState.QUEUED], fields={"reason": reason})
+
+
+def _write_wait_reasons(store: Store, rows: list[dict[str, Any]], reasons: dict[int, str], placed: set[int]) -> None:
+    changed = [
+        (reasons.get(r["id"]), r["id"]) for r in rows
+        if r["id"] not in placed and reasons.get(r["id"]) != r["wait_reason"]
+    ]
+    if not changed:
+        return
+    with store.write():
+        store.db.conn.executemany(
+            "UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'", changed
+        )
+
+
+def _launch(
+    store: Store,
+    launcher: Launcher,
+    ctx: DispatchContext,
+    job: dict[str, Any],
+    level: Level,
+    gpu: GpuSnapshot,
+    predicted_mib: int,
+    source: str,
+    reserved_mib: int,
+) -> None:
+    plan = AttemptPlan(
+        job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
+        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
+        run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
+        reserved_mib=reserved_mib,
+    )
+    try:
+        attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
+    except InvalidTransition:
+        return  # cancelled between the read and the claim
+    run_dir = Path(attempt["run_dir"])
+    config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
+    try:
+        env = build_worker_env(
+            gpu_uuid=gpu.uuid, gpu_index=gpu.index, seed=job["seed"],
+            suite_env=json.loads(job["env_json"]),
+            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
+                   "ORCH_RUN_DIR": str(run_dir)},
+        )
+        prepare_run_dir(run_dir, config, env)
+        argv = build_argv(
+            job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
+            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])},
+        )
+        handle = launcher.launch(
+            LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
+                       argv=wrapper_argv(run_dir, argv), env=env, run_dir=run_dir)
+        )
+    except (OSError, OrchError, LauncherError) as exc:
+        from orchestrator.outcomes import fail_before_start
+
+        fail_before_start(store, attempt, f"could not start: {exc}")
+        return
+    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid)

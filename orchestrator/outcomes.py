@@ -1,0 +1,171 @@
+"""Ending attempts: classify, learn memory, decide retry, guard against crash loops."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from orchestrator.classify import classify_attempt
+from orchestrator.dispatch import JobShapeCache, job_levels, job_shape_key
+from orchestrator.ladder import retry_decision
+from orchestrator.launch.base import kill_process_group
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.memory import ShapeMemory, update_shape
+from orchestrator.reconcile import Observation, group_is_ours, read_log_tail, read_result
+from orchestrator.store.attempts import AttemptEnd, finish_attempt, read_shape, write_shape
+from orchestrator.store.db import Store, now_s
+from orchestrator.store.jobs import add_event
+
+log = logging.getLogger(__name__)
+
+CRASH_LOOP_WINDOW_S = 300.0  # look at this much recent history
+CRASH_LOOP_FAST_S = 30.0  # an attempt failing sooner than this counts as a fast failure
+CRASH_LOOP_COUNT = 3  # this many fast non-OOM failures of one suite pause it
+
+
+def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
+    """Kill what is left of the attempt's process group; True once nothing of it lives.
+
+    Never requeue before this is True: two live attempts of one job must not exist."""
+    pid_record = obs.pid_record if obs else None
+    pgid = (pid_record or {}).get("pgid") or attempt.get("pgid")
+    create_time = (pid_record or {}).get("create_time") or attempt.get("proc_create_time")
+    if not pgid or not group_is_ours(int(pgid), float(create_time) if create_time else None):
+        return True
+    return kill_process_group(int(pgid), grace_s=5.0)
+
+
+def _neighbours(store: Store, attempt: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = store.query(
+        "SELECT a.job_id, a.held_mib, a.peak_mib, j.config_name FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "WHERE a.gpu_index = ? AND a.id != ? AND (a.outcome IS NULL OR a.ended_at >= ?)",
+        [attempt["gpu_index"], attempt["id"], now_s() - 5.0],
+    )
+    return [{"job": r["job_id"], "config": r["config_name"], "held_mib": r["held_mib"], "peak_mib": r["peak_mib"]} for r in rows]
+
+
+def complete(
+    store: Store,
+    attempt: dict[str, Any],
+    obs: Observation | None,
+    cache: JobShapeCache,
+    *,
+    lost: bool = False,
+    hung: bool = False,
+) -> None:
+    """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next."""
+    if not ensure_group_dead(attempt, obs):
+        log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt["id"])
+        return
+    run_dir = Path(attempt["run_dir"])
+    exit_record = obs.exit_record if obs else None
+    result = read_result(run_dir)
+    log_tail = read_log_tail(run_dir)
+    kill_reason = attempt.get("kill_requested")
+    verdict = classify_attempt(
+        exit_code=(exit_record or {}).get("exit_code"),
+        signal=(exit_record or {}).get("signal"),
+        result=result,
+        log_tail=log_tail,
+        cancelled=kill_reason in ("cancel", "retry"),
+        exit_record_present=exit_record is not None and not lost,
+        hung=hung or kill_reason == "hung",
+    )
+    job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+    reported_peak = result.get("peak_mem_mib") if result else None
+    peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0)
+    levels = job_levels(job, cache)
+    level = levels[min(attempt["level"], len(levels) - 1)]
+    _learn(store, job, level, verdict.outcome, peak_mib, int(attempt["held_mib"] or 0), cache)
+
+    data: dict[str, Any] = {"gpu": attempt["gpu_index"], "peak_mib": peak_mib, "held_mib": attempt["held_mib"]}
+    if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
+        data["neighbours"] = _neighbours(store, attempt)
+        if verdict.oom_detail is not None:
+            data["oom_detail"] = {k: v for k, v in vars(verdict.oom_detail).items() if v is not None}
+    fields: dict[str, Any]
+    if kill_reason == "retry":
+        end_state, fields, why = JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued"
+    elif verdict.outcome is AttemptOutcome.CANCELLED:
+        end_state, fields, why = JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled"
+    elif verdict.outcome is AttemptOutcome.SUCCEEDED:
+        end_state, fields, why = JobState.SUCCEEDED, {"reason": None}, "succeeded"
+    else:
+        hung_before = store.query(
+            "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND reason = 'hung' AND id != ?",
+            [job["id"], attempt["id"]],
+        )[0]["n"]
+        decision = retry_decision(
+            verdict.outcome, verdict.reason, int(job["attempt_count"]), levels, level.index,
+            int(job["max_attempts"]), retryable=verdict.retryable, hung_retries_so_far=hung_before,
+        )
+        if decision.action == "requeue" and decision.level is not None:
+            end_state, fields = JobState.QUEUED, {"level": decision.level.index, "reason": None}
+            why = f"{verdict.outcome.value} on GPU {attempt['gpu_index']}: requeued ({decision.why})"
+            if decision.level.index != level.index:
+                data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
+        else:
+            end_state, fields, why = JobState.FAILED, {"reason": decision.why}, f"failed: {decision.why}"
+    message = f"attempt {attempt['n']} {verdict.outcome.value}: {verdict.reason}; {why}"
+    finish_attempt(
+        store, attempt,
+        AttemptEnd(
+            outcome=verdict.outcome.value, reason=verdict.reason,
+            exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
+            peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
+        ),
+    )
+    if verdict.outcome is AttemptOutcome.FAILED and not hung:
+        _guard_crash_loop(store, job["suite"])
+
+
+def _learn(
+    store: Store, job: dict[str, Any], level: Any, outcome: AttemptOutcome, peak_mib: int, held_mib: int,
+    cache: JobShapeCache,
+) -> None:
+    if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
+        return
+    key = job_shape_key(job, level)
+    row = read_shape(store, key)
+    old = ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"]) if row else None
+    new = update_shape(old, peak_mib or None, outcome, max(held_mib, peak_mib) or None)
+    write_shape(store, key, new.peak_mib, new.oom_floor_mib, new.samples)
+
+
+def _guard_crash_loop(store: Store, suite: str) -> None:
+    """Pause a suite whose attempts keep failing within seconds for non-OOM reasons."""
+    since = now_s() - CRASH_LOOP_WINDOW_S
+    rows = store.query(
+        "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "WHERE j.suite = ? AND a.outcome = 'failed' AND a.ended_at >= ? AND a.reason != 'hung'",
+        [suite, since],
+    )
+    fast = [r for r in rows if (r["ended_at"] or 0) - r["started_at"] < CRASH_LOOP_FAST_S]
+    if len(fast) < CRASH_LOOP_COUNT:
+        return
+    reason = f"{len(fast)} attempts failed within {CRASH_LOOP_FAST_S:.0f} s each in the last {CRASH_LOOP_WINDOW_S / 60:.0f} min"
+    with store.write():
+        cursor = store.db.execute(
+            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, now_s()]
+        )
+        if cursor.rowcount:
+            add_event(store, "pause", f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")
+
+
+def fail_before_start(store: Store, attempt: dict[str, Any], reason: str) -> None:
+    """The run dir or launcher failed before the worker existed: the attempt fails with that
+    reason; the job is requeued while attempts remain (the daemon itself keeps running)."""
+    job = store.query("SELECT attempt_count, max_attempts FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+    requeue = job["attempt_count"] < job["max_attempts"]
+    finish_attempt(
+        store, attempt,
+        AttemptEnd(
+            outcome=AttemptOutcome.FAILED.value, reason=reason[:300], exit_code=None, signal=None, peak_mib=0,
+            job_state=JobState.QUEUED if requeue else JobState.FAILED,
+            job_fields={"reason": None if requeue else reason[:300]},
+            message=f"attempt {attempt['n']} failed to start: {reason}" + ("; requeued" if requeue else ""),
+            data={"run_dir": attempt["run_dir"]},
+        ),
+    )
+

@@ -1,0 +1,136 @@
+"""What happened to a live attempt: read its run dir and processes, then decide (pure).
+
+Run at daemon start and every tick. The run dir's files are the source of truth (the wrapper
+writes pid.json before the worker starts and exit.json after it ends); a pid alone is never
+trusted: the process must also have the create time recorded in pid.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.launch.wrapper import EXIT_FILE, LOG_FILE, PID_FILE
+from workers.harness import PROGRESS_FILE, RESULT_FILE, read_last_progress
+
+LAUNCH_GRACE_S = 60.0  # from the attempt row to pid.json; python start-up on a loaded box is slow
+CREATE_TIME_TOLERANCE_S = 1.0
+
+
+class Verdict(str, Enum):
+    PENDING = "pending"  # launched, wrapper not yet recorded
+    ALIVE = "alive"
+    HUNG = "hung"  # alive but silent for longer than the suite's hang timeout
+    FINISHED = "finished"  # exit record present
+    LOST = "lost"  # no live process and no exit record
+
+
+@dataclass(frozen=True)
+class Observation:
+    pid_record: dict[str, Any] | None
+    exit_record: dict[str, Any] | None
+    process_alive: bool
+    last_progress: dict[str, Any] | None
+    last_progress_at: float | None
+    now_s: float
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError, PermissionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    return _read_json(Path(run_dir) / RESULT_FILE)
+
+
+def read_log_tail(run_dir: Path, max_bytes: int = 16384) -> str:
+    path = Path(run_dir) / LOG_FILE
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", errors="replace")
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        return ""
+
+
+def process_matches(pid: int | None, create_time: float | None) -> bool:
+    """True when `pid` runs and is the very process recorded (not a reused pid)."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if create_time is None:
+            return False
+        return abs(proc.create_time() - float(create_time)) <= CREATE_TIME_TOLERANCE_S
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def observe(run_dir: Path, now_s: float) -> Observation:
+    run_dir = Path(run_dir)
+    pid_record = _read_json(run_dir / PID_FILE)
+    exit_record = _read_json(run_dir / EXIT_FILE)
+    alive = False
+    if pid_record is not None:
+        alive = process_matches(pid_record.get("pid"), pid_record.get("create_time"))
+    progress_at: float | None = None
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
+        progress_at = (run_dir / PROGRESS_FILE).stat().st_mtime
+    return Observation(
+        pid_record=pid_record,
+        exit_record=exit_record,
+        process_alive=alive,
+        last_progress=read_last_progress(run_dir) if progress_at is not None else None,
+        last_progress_at=progress_at,
+        now_s=now_s,
+    )
+
+
+def judge(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> Verdict:
+    """Pure: the verdict on one live attempt from what was observed."""
+    if obs.exit_record is not None:
+        return Verdict.FINISHED
+    if obs.pid_record is None:
+        if obs.now_s - float(attempt["started_at"]) < LAUNCH_GRACE_S:
+            return Verdict.PENDING
+        return Verdict.LOST
+    if not obs.process_alive:
+        return Verdict.LOST
+    last_sign_of_life = max(float(attempt["started_at"]), obs.last_progress_at or 0.0)
+    if obs.now_s - last_sign_of_life > hang_timeout_s:
+        return Verdict.HUNG
+    return Verdict.ALIVE
+
+
+def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:
+    """A process group may be signalled only while it is still the attempt's: its leader is
+    absent (exited, members linger) or is the recorded wrapper, and some member exists."""
+    if not pgid or pgid <= 1:
+        return False
+    try:
+        leader = psutil.Process(pgid)
+        if leader_create_time is not None and abs(leader.create_time() - leader_create_time) > CREATE_TIME_TOLERANCE_S:
+            return False  # the pgid now belongs to an unrelated process
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.AccessDenied:
+        return False
+    from orchestrator.launch.base import group_members
+
+    return bool(group_members(pgid))

@@ -1,0 +1,129 @@
+"""Writes to the attempts and memory_shapes tables, each with the job transition it implies."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import InvalidTransition
+from orchestrator.lifecycle import JobState
+from orchestrator.store.db import Store, now_s
+from orchestrator.store.jobs import add_event, transition
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """Everything decided about an attempt before it starts."""
+
+    job_id: int
+    gpu_index: int
+    gpu_uuid: str
+    level: int
+    level_step: str
+    changes: dict[str, Any]
+    overrides: dict[str, Any]
+    run_alone: bool
+    predicted_peak_mib: int
+    prediction_source: str
+    reserved_mib: int
+
+
+def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str, Any]:
+    """Create the attempt and move its job queued -> running in one transaction, so the
+    reservation exists the moment the job counts as running. `run_dir_for(n)` names the dir."""
+    with store.write():
+        job = store.query("SELECT state, attempt_count FROM jobs WHERE id = ?", [plan.job_id])
+        if not job or job[0]["state"] != JobState.QUEUED.value:
+            raise InvalidTransition(f"job {plan.job_id} is no longer queued")
+        n = job[0]["attempt_count"] + 1
+        run_dir = str(run_dir_for(n))
+        cursor = store.db.execute(
+            "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, level_step, changes_json, "
+            "overrides_json, run_alone, run_dir, predicted_peak_mib, prediction_source, reserved_mib, "
+            "started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                plan.job_id, n, plan.gpu_index, plan.gpu_uuid, plan.level, plan.level_step,
+                json.dumps(plan.changes, sort_keys=True), json.dumps(plan.overrides, sort_keys=True),
+                int(plan.run_alone), run_dir, plan.predicted_peak_mib, plan.prediction_source,
+                plan.reserved_mib, now_s(),
+            ],
+        )
+        attempt_id = int(cursor.lastrowid or 0)
+        level_note = f" at level {plan.level} ({plan.level_step})" if plan.level else ""
+        transition(
+            store, plan.job_id, JobState.RUNNING,
+            message=(
+                f"attempt {n} started on GPU {plan.gpu_index}{level_note}, predicted "
+                f"{plan.predicted_peak_mib / 1024:.1f} GiB ({plan.prediction_source})"
+            ),
+            kind="start", expect_from=[JobState.QUEUED], attempt_id=attempt_id,
+            fields={"attempt_count": n, "wait_reason": None},
+        )
+    return store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])[0]
+
+
+def update_attempt(store: Store, attempt_id: int, **fields: Any) -> None:
+    if not fields:
+        return
+    assignments = ", ".join(f"{column} = ?" for column in fields)
+    with store.write():
+        store.db.execute(f"UPDATE attempts SET {assignments} WHERE id = ?", [*fields.values(), attempt_id])
+
+
+def live_attempts(store: Store) -> list[dict[str, Any]]:
+    return store.query(
+        "SELECT a.*, j.suite, j.config_name, j.hang_timeout_s, j.state AS job_state "
+        "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IS NULL ORDER BY a.id"
+    )
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    outcome: str
+    reason: str
+    exit_code: int | None
+    signal: int | None
+    peak_mib: int
+    job_state: JobState  # where the job goes next
+    job_fields: dict[str, Any]
+    message: str
+    data: dict[str, Any] | None = None
+
+
+def finish_attempt(store: Store, attempt: dict[str, Any], end: AttemptEnd) -> None:
+    """Record the attempt's end and move its job, atomically. A job that is no longer running
+    (cancelled meanwhile by hand) keeps its state; the attempt is still closed."""
+    with store.write():
+        cursor = store.db.execute(
+            "UPDATE attempts SET outcome = ?, reason = ?, exit_code = ?, signal = ?, peak_mib = ?, "
+            "ended_at = ? WHERE id = ? AND outcome IS NULL",
+            [end.outcome, end.reason, end.exit_code, end.signal, end.peak_mib, now_s(), attempt["id"]],
+        )
+        if cursor.rowcount != 1:
+            return  # closed already by another writer
+        job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+        if job["state"] == JobState.RUNNING.value:
+            transition(
+                store, attempt["job_id"], end.job_state, message=end.message, kind=f"end:{end.outcome}",
+                expect_from=[JobState.RUNNING], attempt_id=attempt["id"], fields=end.job_fields,
+                data=end.data,
+            )
+        else:
+            add_event(store, f"end:{end.outcome}", end.message, job_id=attempt["job_id"],
+                      attempt_id=attempt["id"], data=end.data)
+
+
+def read_shape(store: Store, shape_key: str) -> dict[str, Any] | None:
+    rows = store.query("SELECT * FROM memory_shapes WHERE shape_key = ?", [shape_key])
+    return rows[0] if rows else None
+
+
+def write_shape(store: Store, shape_key: str, peak_mib: int | None, oom_floor_mib: int | None, samples: int) -> None:
+    with store.write():
+        store.db.execute(
+            "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, updated_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
+            "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
+            [shape_key, peak_mib, oom_floor_mib, samples, now_s()],
+        )
