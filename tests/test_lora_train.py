@@ -205,3 +205,30 @@ def test_gla_model_without_fla_is_a_config_error(tmp_path: Path, data_dir: Path)
     write_config(tmp_path / "run", data_dir, model=str(model_dir))
     assert main(["--run-dir", str(tmp_path / "run")]) == EXIT_CONFIG_ERROR
     assert "flash-linear-attention" in read_result(tmp_path / "run")["error"]
+
+
+def test_memory_benchmark_smoke(tmp_path: Path) -> None:
+    from benchmarks.lora_memory import main as benchmark_main
+
+    out = tmp_path / "bench.json"
+    argv = [
+        "--device",
+        "cpu",
+        "--tiny",
+        "--models",
+        "llama",
+        "--batches",
+        "2",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+    ]
+    assert benchmark_main([*argv, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["gradient_checkpointing"], r["logits_to_keep"]) for r in rows] == [
+        (False, 0), (True, 0), (False, 1), (True, 1)
+    ]  # fmt: skip
+    assert all(
+        r["status"] == "ok" and r["peak_rss_mib"] > 0 and r["samples_per_s"] > 0 for r in rows
+    )
