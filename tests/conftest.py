@@ -1,0 +1,82 @@
+"""Shared fixtures: a temp state database and two ways of running `orch` against it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Variables that would point a test at the user's own state, plans or GPUs.
+_HOST_ENV = ("ORCH_DB", "ORCH_PLANS", "ORCH_GPU_BACKEND", "ORCH_SIM_DIR", "ORCH_SIM_GPUS", "ORCH_LAUNCHER")
+
+
+@dataclass(frozen=True)
+class OrchResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+OrchRunner = Callable[..., OrchResult]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """Where the test's state.db lives (not created)."""
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def orch(db_path: Path, tmp_path: Path) -> OrchRunner:
+    """Run the real entry point in a subprocess: `orch(*args, cwd=None, env=None)`."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> OrchResult:
+        full_env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV}
+        full_env["ORCH_DB"] = str(db_path)
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
+        full_env.update(env or {})
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=cwd or tmp_path,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        return OrchResult(done.returncode, done.stdout, done.stderr)
+
+    return run
+
+
+@pytest.fixture
+def orch_inproc(
+    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[OrchRunner]:
+    """Run `orchestrator.cli.main` in this process (same error mapping, no interpreter start):
+    `orch_inproc(*args, cwd=None)`. Much faster than `orch` for many cases."""
+    from orchestrator.cli import main
+
+    for name in _HOST_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORCH_DB", str(db_path))
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str, cwd: Path | None = None) -> OrchResult:
+        capsys.readouterr()
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        try:
+            rc = main(list(args))
+        finally:
+            monkeypatch.chdir(tmp_path)
+        captured = capsys.readouterr()
+        return OrchResult(rc, captured.out, captured.err)
+
+    yield run
