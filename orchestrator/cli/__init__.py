@@ -17,9 +17,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from orchestrator.cli import control, daemon_cmd, jobs, plan, results, status, submit
+    from orchestrator.cli import control, daemon_cmd, demo, jobs, plan, results, status, submit
 
-    for module in (submit, jobs, plan, control, daemon_cmd, status, results):
+    for module in (submit, jobs, plan, control, daemon_cmd, status, results, demo):
         module.register(cli)
 
 

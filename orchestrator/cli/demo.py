@@ -1,0 +1,81 @@
+"""`orch demo`: queue the demo suite, run the daemon, show the sweep live until it is done.
+
+On a machine without an NVIDIA driver it runs on simulated GPUs (real daemon, tmux, SQLite and
+worker processes; only the GPU memory is simulated)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.live import Live
+
+from orchestrator.cli.common import db_option, open_store, plans_option
+from orchestrator.cli.daemon_cmd import start_daemon
+from orchestrator.cli.render import render_status
+from orchestrator.cli.status_query import status_snapshot
+from orchestrator.daemon import daemon_alive
+from orchestrator.gpu.nvml import nvml_available
+from orchestrator.plans import (
+    default_plans_dir,
+    expand_jobs,
+    load_suite,
+    parse_gpu_plan,
+    parse_pairs,
+)
+from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+from orchestrator.store.queries import state_counts
+
+DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
+
+
+@click.command("demo")
+@click.option("--sim-gpus", default="2x24GiB", show_default=True, help="Simulated GPUs when there is no NVIDIA driver.")
+@click.option("--gpu-plan", "plan_text", default="2,1", show_default=True)
+@click.option("--pairs", "pairs_text", default=DEMO_PAIRS, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True)
+@plans_option
+@db_option
+def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, plans_dir: Path | None, db_path: Path) -> None:
+    """Run the demo sweep end to end with the live dashboard."""
+    if not os.environ.get("ORCH_GPU_BACKEND") and not nvml_available():
+        os.environ["ORCH_GPU_BACKEND"] = "sim"
+        os.environ.setdefault("ORCH_SIM_GPUS", sim_gpus)
+        click.echo(f"no NVIDIA driver found: running on simulated GPUs ({os.environ['ORCH_SIM_GPUS']})")
+    suite = load_suite("demo", plans_dir or default_plans_dir())
+    plan = parse_gpu_plan(plan_text, None)
+    specs = expand_jobs(suite, parse_pairs(pairs_text), {}, None, 0)
+    console = Console()
+    with open_store(db_path, create=True) as store:
+        outcomes = submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
+        set_gpu_plan(store, plan)
+        click.echo(f"queued {sum(o.created for o in outcomes)} demo job(s) in {db_path}; GPU plan {plan_text}")
+        started_here = False
+        if daemon_alive(store) is None:
+            start_daemon(db_path, poll_s=0.5)
+            started_here = True
+        deadline = time.monotonic() + timeout_s
+        with Live(render_status(status_snapshot(store, all_jobs=False)), console=console, refresh_per_second=4) as live:
+            while time.monotonic() < deadline:
+                counts = state_counts(store)
+                live.update(render_status(status_snapshot(store, all_jobs=False)))
+                if counts["queued"] == 0 and counts["running"] == 0:
+                    break
+                time.sleep(0.5)  # the dashboard's refresh interval
+        counts = state_counts(store)
+        if started_here:
+            with store.write():
+                store.db.execute("UPDATE daemon SET stop_requested = 1 WHERE id = 1")
+    click.echo(
+        f"demo done: {counts['succeeded']} succeeded, {counts['failed']} failed, {counts['cancelled']} cancelled. "
+        f"Try: orch jobs, orch show 1, orch results --db {db_path}"
+    )
+    if counts["queued"] or counts["running"]:
+        raise click.ClickException(f"demo did not finish within {timeout_s:.0f} s (orch status shows why)")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(demo_cmd)
