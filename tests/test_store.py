@@ -1,0 +1,316 @@
+"""state.db: migrations, checked transitions with their events, idempotent submit, file mode,
+corrupt and locked databases."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import orchestrator.store.db as store_db
+import orchestrator.store.jobs as store_jobs
+from orchestrator.errors import InvalidTransition, JobNotFound, StoreError
+from orchestrator.lifecycle import JobState
+from orchestrator.plans import GpuPlan, JobSpec, Suite, expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.jobs import (
+    cancel_queued,
+    get_gpu_plan,
+    set_gpu_plan,
+    submit_jobs,
+    transition,
+)
+from orchestrator.store.schema import MIGRATIONS
+
+PLANS = Path(__file__).resolve().parent.parent / "plans"
+
+
+@pytest.fixture(scope="module")
+def demo() -> Suite:
+    return load_suite("demo", PLANS)
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    with Store(db_path) as opened:
+        yield opened
+
+
+def specs_of(suite: Suite, pairs: str = "87:glue_rte") -> list[JobSpec]:
+    return expand_jobs(suite, parse_pairs(pairs), {}, None, 0)
+
+
+def submit(store: Store, suite: Suite, specs: list[JobSpec], *, force: bool = False, dry_run: bool = False) -> list[store_jobs.SubmitOutcome]:
+    return submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=force, dry_run=dry_run)
+
+
+def job_state(store: Store, job_id: int) -> str:
+    return str(store.query("SELECT state FROM jobs WHERE id = ?", [job_id])[0]["state"])
+
+
+def event_count(store: Store) -> int:
+    return int(store.query("SELECT count(*) AS n FROM events")[0]["n"])
+
+
+# ---------------------------------------------------------------- migrations and file
+
+
+def test_migrations_apply_once_and_are_recorded(db_path: Path) -> None:
+    Store(db_path).close()
+    with Store(db_path) as again:
+        assert MIGRATIONS.pending(again.db) == []
+        rows = again.query("SELECT migration_set, name FROM _sqlite_migrations")
+    assert rows == [{"migration_set": "orch", "name": "m001_initial"}]
+
+
+def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    def open_once() -> None:
+        try:
+            Store(db_path).close()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_once) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    with Store(db_path) as store:
+        assert len(store.query("SELECT * FROM _sqlite_migrations")) == 1
+
+
+def test_state_db_is_owner_only(db_path: Path, demo: Suite) -> None:
+    with Store(db_path) as store:
+        submit(store, demo, specs_of(demo))
+        for path in (db_path, Path(f"{db_path}-wal"), Path(f"{db_path}-shm")):
+            if path.exists():
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_open_without_create_refuses_a_missing_db(db_path: Path) -> None:
+    with pytest.raises(StoreError, match="no state database"):
+        Store(db_path, create=False)
+    assert not db_path.exists()
+
+
+@pytest.mark.parametrize("garbage", [b"not a database at all\n" * 400, bytes(range(256)) * 64])
+def test_corrupt_db_is_a_store_error(db_path: Path, garbage: bytes) -> None:
+    db_path.write_bytes(garbage)
+    with pytest.raises(StoreError, match="corrupt or not an orch database") as info:
+        Store(db_path)
+    assert str(db_path) in str(info.value)
+    assert db_path.read_bytes() == garbage  # nothing written over the user's file
+
+
+def test_locked_db_is_a_store_error(db_path: Path, monkeypatch: pytest.MonkeyPatch, demo: Suite) -> None:
+    Store(db_path).close()
+    monkeypatch.setattr(store_db, "BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(str(db_path), isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        with Store(db_path) as store, pytest.raises(StoreError, match="locked"):
+            submit(store, demo, specs_of(demo))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with Store(db_path) as store:
+        assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+
+
+def test_unwritable_directory_is_a_store_error(tmp_path: Path) -> None:
+    locked_dir = tmp_path / "ro"
+    locked_dir.mkdir()
+    locked_dir.chmod(0o500)
+    try:
+        if _can_write(locked_dir):
+            pytest.skip("running as a user that ignores directory permissions")
+        with pytest.raises(StoreError):
+            Store(locked_dir / "state.db")
+    finally:
+        locked_dir.chmod(0o700)
+
+
+def _can_write(directory: Path) -> bool:
+    try:
+        (directory / "probe").write_text("")
+    except OSError:
+        return False
+    (directory / "probe").unlink()
+    return True
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def test_transition_writes_state_and_event_together(store: Store, demo: Suite) -> None:
+    (outcome, *_) = submit(store, demo, specs_of(demo))
+    assert outcome.job_id is not None
+    job_id = outcome.job_id
+    left = transition(store, job_id, JobState.RUNNING, message="started", kind="start")
+    assert left is JobState.QUEUED
+    assert job_state(store, job_id) == "running"
+    events = store.query("SELECT kind, from_state, to_state, message FROM events WHERE job_id = ? ORDER BY id", [job_id])
+    assert events == [
+        {"kind": "submitted", "from_state": None, "to_state": "queued", "message": events[0]["message"]},
+        {"kind": "start", "from_state": "queued", "to_state": "running", "message": "started"},
+    ]
+
+
+def test_forbidden_transition_writes_nothing(store: Store, demo: Suite) -> None:
+    job_id = submit(store, demo, specs_of(demo))[0].job_id
+    assert job_id is not None
+    before_events = event_count(store)
+    before_row = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
+    with pytest.raises(InvalidTransition, match="queued -> succeeded is not allowed"):
+        transition(store, job_id, JobState.SUCCEEDED, message="x", fields={"reason": "should not stick"})
+    assert event_count(store) == before_events
+    assert store.query("SELECT * FROM jobs WHERE id = ?", [job_id]) == before_row
+
+
+def test_expect_from_mismatch_writes_nothing(store: Store, demo: Suite) -> None:
+    job_id = submit(store, demo, specs_of(demo))[0].job_id
+    assert job_id is not None
+    before = event_count(store)
+    with pytest.raises(InvalidTransition, match="is queued, expected running"):
+        transition(store, job_id, JobState.SUCCEEDED, message="x", expect_from=[JobState.RUNNING])
+    assert job_state(store, job_id) == "queued" and event_count(store) == before
+
+
+def test_compare_and_swap_refuses_a_state_changed_underneath(
+    store: Store, demo: Suite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = submit(store, demo, specs_of(demo))[0].job_id
+    assert job_id is not None
+    before = event_count(store)
+    real_check = store_jobs.check_transition
+
+    def racing_check(from_state: JobState | None, to_state: JobState) -> None:
+        # Another writer moves the job between the read and the UPDATE.
+        store.db.execute("UPDATE jobs SET state = 'cancelled' WHERE id = ?", [job_id])
+        real_check(from_state, to_state)
+
+    monkeypatch.setattr(store_jobs, "check_transition", racing_check)
+    with pytest.raises(InvalidTransition, match="changed state while being updated"):
+        transition(store, job_id, JobState.RUNNING, message="x")
+    monkeypatch.undo()
+    # The whole transaction rolled back: no event, and the job is as it was.
+    assert job_state(store, job_id) == "queued" and event_count(store) == before
+
+
+def test_transition_of_a_missing_job(store: Store) -> None:
+    with pytest.raises(JobNotFound, match="no job 404"):
+        transition(store, 404, JobState.RUNNING, message="x")
+
+
+def test_cancel_queued_only_cancels_queued(store: Store, demo: Suite) -> None:
+    first, second = (o.job_id for o in submit(store, demo, specs_of(demo))[:2])
+    assert first is not None and second is not None
+    cancel_queued(store, first, "by hand")
+    row = store.query("SELECT state, reason FROM jobs WHERE id = ?", [first])[0]
+    assert row == {"state": "cancelled", "reason": "by hand"}
+    transition(store, second, JobState.RUNNING, message="started")
+    with pytest.raises(InvalidTransition):
+        cancel_queued(store, second, "too late")
+    assert job_state(store, second) == "running"
+
+
+def test_requeue_resets_queued_at_and_wait_reason(store: Store, demo: Suite) -> None:
+    job_id = submit(store, demo, specs_of(demo))[0].job_id
+    assert job_id is not None
+    transition(store, job_id, JobState.RUNNING, message="s", fields={"wait_reason": None})
+    store_before = store.query("SELECT queued_at FROM jobs WHERE id = ?", [job_id])[0]["queued_at"]
+    with store.write():
+        store.db.execute("UPDATE jobs SET wait_reason = 'stale' WHERE id = ?", [job_id])
+    transition(store, job_id, JobState.QUEUED, message="oom, requeued")
+    row = store.query("SELECT queued_at, wait_reason FROM jobs WHERE id = ?", [job_id])[0]
+    assert row["wait_reason"] is None and row["queued_at"] >= store_before
+
+
+# ---------------------------------------------------------------- submit
+
+
+def test_submit_is_idempotent(store: Store, demo: Suite) -> None:
+    specs = specs_of(demo, "87:glue_rte 13:glue_rte")
+    first = submit(store, demo, specs)
+    assert [o.created for o in first] == [True] * 6
+    again = submit(store, demo, specs)
+    assert [o.created for o in again] == [False] * 6
+    assert [o.job_id for o in again] == [o.job_id for o in first]
+    assert {o.existing_state for o in again} == {"queued"}
+    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 6
+
+
+def test_force_duplicates(store: Store, demo: Suite) -> None:
+    specs = specs_of(demo)
+    submit(store, demo, specs)
+    forced = submit(store, demo, specs, force=True)
+    assert all(o.created for o in forced)
+    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 2 * len(specs)
+
+
+def test_dry_run_writes_nothing(store: Store, demo: Suite) -> None:
+    before = event_count(store)
+    outcomes = submit(store, demo, specs_of(demo), dry_run=True)
+    assert all(o.created and o.job_id is None for o in outcomes)
+    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+    assert event_count(store) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "blocks"),
+    [
+        ([], True),  # queued
+        ([JobState.RUNNING], True),
+        ([JobState.RUNNING, JobState.SUCCEEDED], True),
+        ([JobState.RUNNING, JobState.FAILED], False),
+        ([JobState.FAILED], False),  # queued -> failed: nothing on the ladder fits
+        ([JobState.CANCELLED], False),
+        ([JobState.RUNNING, JobState.CANCELLED], False),
+    ],
+)
+def test_only_queued_running_or_succeeded_block_a_resubmit(
+    store: Store, demo: Suite, path: list[JobState], blocks: bool
+) -> None:
+    spec = specs_of(demo)[:1]
+    job_id = submit(store, demo, spec)[0].job_id
+    assert job_id is not None
+    for state in path:
+        transition(store, job_id, state, message=f"to {state.value}")
+    (outcome,) = submit(store, demo, spec)
+    if blocks:
+        assert not outcome.created and outcome.job_id == job_id
+        assert outcome.existing_state == (path[-1].value if path else "queued")
+    else:
+        assert outcome.created and outcome.job_id not in (None, job_id)
+        assert job_state(store, job_id) == path[-1].value  # the old job keeps its history
+        assert job_state(store, outcome.job_id) == "queued"
+
+
+def test_submit_records_suite_fields(store: Store, demo: Suite) -> None:
+    outcome = submit_jobs(store, demo, specs_of(demo)[:1], allowed_gpus=[2, 0], priority=5, force=False, dry_run=False)[0]
+    row = store.query("SELECT * FROM jobs WHERE id = ?", [outcome.job_id])[0]
+    assert row["declared_mib"] == round(demo.mem_gib * 1024)
+    assert row["allowed_gpus_json"] == "[2, 0]"
+    assert row["priority"] == 5 and row["max_attempts"] == demo.max_attempts
+    assert row["one_token"] == 1  # glue_rte matches the demo suite's glue* pattern
+    assert row["identity"] == outcome.spec.identity
+
+
+# ---------------------------------------------------------------- GPU plan
+
+
+def test_gpu_plan_round_trip(store: Store) -> None:
+    assert get_gpu_plan(store) == GpuPlan()
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={0: 2, 1: 0}))
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={1: 3}))  # per-GPU entries are upserted
+    assert get_gpu_plan(store) == GpuPlan(slots_by_gpu={0: 2, 1: 3})
+    set_gpu_plan(store, GpuPlan(default_slots=4))  # a broadcast replaces every cap
+    assert get_gpu_plan(store) == GpuPlan(default_slots=4)
+    assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'plan'")[0]["n"] == 3
