@@ -1,0 +1,197 @@
+"""End-to-end harness: a real daemon started through the CLI, real tmux on a private socket,
+real SQLite, simulated GPUs. Every wait is a poll with a deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+import yaml
+
+from orchestrator.daemon import tmux_socket_name
+
+T = TypeVar("T")
+POLL_S = 0.05
+CLI_TIMEOUT_S = 60.0
+
+
+def wait_until(condition: Callable[[], T], deadline_s: float, what: str, poll_s: float = POLL_S) -> T:
+    """Poll `condition` until it returns something truthy; fail the test after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)  # polling a condition, not waiting blindly
+
+
+class Orch:
+    """One isolated orch installation in a temp dir: state.db, plans dir, sim GPUs, tmux socket."""
+
+    def __init__(self, root: Path, gpus: str = "2x24GiB", foreign: str | None = None) -> None:
+        self.root = root
+        self.db = root / "state.db"
+        self.plans = root / "plans"
+        (self.plans / "suites").mkdir(parents=True)
+        self.socket = tmux_socket_name(self.db)
+        self.env = {
+            **os.environ,
+            "ORCH_DB": str(self.db),
+            "ORCH_PLANS": str(self.plans),
+            "ORCH_GPU_BACKEND": "sim",
+            "ORCH_SIM_GPUS": gpus,
+            "ORCH_SIM_DIR": str(root / "sim"),
+            "ORCH_LAUNCHER": "tmux",
+        }
+        self.env.pop("ORCH_SIM_FOREIGN", None)
+        if foreign:
+            self.env["ORCH_SIM_FOREIGN"] = foreign
+        self.daemon_pids: set[int] = set()
+
+    # -- plans --------------------------------------------------------------------------------
+
+    def write_suite(self, name: str, configs: dict[str, dict[str, Any]], **suite: Any) -> None:
+        """A suite NAME whose configs are the given mappings (sim worker unless `worker=`)."""
+        config_dir = self.plans / "configs" / name
+        config_dir.mkdir(parents=True, exist_ok=True)
+        for config_name, content in configs.items():
+            base = {"model": "tiny-llama", "batch_size": 4, "gradient_accumulation_steps": 1,
+                    "gradient_checkpointing": False, "num_data_workers": 2,
+                    "sim_seconds": 2, "sim_ramp_s": 0.5}
+            (config_dir / f"{config_name}.yaml").write_text(yaml.safe_dump({**base, **content}))
+        body = {"worker": "sim", "mem_gib": 8, "max_attempts": 6, "hang_timeout_s": 60,
+                **suite, "configs": list(configs)}
+        (self.plans / "suites" / f"{name}.yaml").write_text(yaml.safe_dump(body))
+
+    # -- CLI ----------------------------------------------------------------------------------
+
+    def run(self, *args: str, check: bool = True, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args], env=self.env, cwd=self.root,
+            capture_output=True, text=True, timeout=timeout_s,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"orch {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args], env=self.env, cwd=self.root,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "--json").stdout)
+
+    def submit(self, suite: str, pairs: str, *extra: str) -> None:
+        self.run("submit", "--suite", suite, "--pairs", pairs, *extra)
+
+    def start_daemon(self, poll_s: float = 0.2) -> int:
+        self.run("daemon", "start", "--poll", str(poll_s))
+        pid = int(self.json("daemon", "status")["pid"])
+        self.daemon_pids.add(pid)
+        return pid
+
+    def daemon_pid(self) -> int | None:
+        pid = self.json("daemon", "status")["pid"]
+        return int(pid) if pid else None
+
+    def stop_daemon(self) -> None:
+        if self.daemon_pid() is not None:
+            self.run("daemon", "stop", "--timeout", "30")
+
+    # -- state, read straight from SQLite (cheap enough to sample every few ms) ----------------
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        if not self.db.exists():
+            return []
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10.0)
+        try:
+            conn.row_factory = sqlite3.Row
+            return [dict(r) for r in conn.execute(sql, params).fetchall()]
+        finally:
+            conn.close()
+
+    def job_states(self) -> dict[int, str]:
+        return {r["id"]: r["state"] for r in self.query("SELECT id, state FROM jobs")}
+
+    def all_done(self) -> bool:
+        states = self.job_states()
+        return bool(states) and all(s in ("succeeded", "failed", "cancelled") for s in states.values())
+
+    def wait_all_done(self, deadline_s: float) -> dict[int, str]:
+        wait_until(self.all_done, deadline_s, "every job to end")
+        return self.job_states()
+
+    def attempts(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        if job_id is None:
+            return self.query("SELECT * FROM attempts ORDER BY id")
+        return self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
+
+    # -- teardown -----------------------------------------------------------------------------
+
+    def attempt_pgids(self) -> set[int]:
+        pgids = {int(r["pgid"]) for r in self.query("SELECT pgid FROM attempts WHERE pgid IS NOT NULL")}
+        for pid_file in (self.root / "runs").rglob("pid.json") if (self.root / "runs").exists() else []:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                pgids.add(int(json.loads(pid_file.read_text())["pgid"]))
+        return pgids
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop_daemon()
+        for pid in self.daemon_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, check=False)
+        own_group = os.getpgid(0)
+        for pgid in self.attempt_pgids():
+            if pgid > 1 and pgid != own_group:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+        runs = self.root / "runs"
+        if runs.exists():
+            runs.chmod(0o700)
+
+
+def group_alive(pgid: int) -> bool:
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@contextlib.contextmanager
+def orch_env(tmp_path: Path, **kwargs: Any) -> Iterator[Orch]:
+    orch = Orch(tmp_path, **kwargs)
+    try:
+        yield orch
+    finally:
+        orch.cleanup()
+
+
+requires_tmux = pytest.mark.skipif(
+    subprocess.run(["which", "tmux"], capture_output=True, check=False).returncode != 0,
+    reason="needs the tmux binary",
+)

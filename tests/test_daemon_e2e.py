@@ -1,0 +1,147 @@
+"""The daemon end to end: CLI, tmux, SQLite and simulated GPUs, all real."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e_helpers import Orch, group_alive, orch_env, pid_alive, requires_tmux, wait_until
+
+pytestmark = [requires_tmux, pytest.mark.tmux]
+
+CARD_MIB = 24 * 1024
+SIM_PEAK_GIB = {"big": 15, "small": 5}  # the true simulated peaks of the suites below
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def _sweep_suites(orch: Orch) -> None:
+    # Correct declared memory: a big job (15 GiB, more than half a card) never shares a card
+    # with another big one; a small one fits beside it.
+    orch.write_suite("big", {"big": {"sim_mem_gib": SIM_PEAK_GIB["big"], "sim_seconds": 2.5}}, mem_gib=15)
+    orch.write_suite("small", {"small": {"sim_mem_gib": SIM_PEAK_GIB["small"]}}, mem_gib=6)
+
+
+class Sampler(threading.Thread):
+    """Reads the live attempts from the store over and over while the sweep runs."""
+
+    def __init__(self, orch: Orch) -> None:
+        super().__init__(daemon=True)
+        self.orch = orch
+        self.samples: list[list[dict[str, Any]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(self.orch.query(
+                "SELECT a.job_id, a.gpu_index, j.suite FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                "WHERE a.outcome IS NULL"
+            ))
+            self.stop.wait(0.05)
+
+
+@pytest.mark.slow
+def test_sweep_packs_within_caps_and_memory(orch: Orch) -> None:
+    _sweep_suites(orch)
+    orch.submit("big", "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte 5:glue_rte 6:glue_rte", "--gpu-plan", "2,1")
+    orch.submit("small", "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte 5:glue_rte 6:glue_rte 7:glue_rte 8:glue_rte")
+    assert len(orch.job_states()) == 14
+    sampler = Sampler(orch)
+    sampler.start()
+    orch.start_daemon()
+
+    # A second daemon for the same state.db is refused, clearly.
+    second = orch.run("daemon", "start", check=False)
+    assert second.returncode != 0
+    assert "already running" in second.stderr
+
+    # While the cards are full, queued jobs say why they wait; status shows what runs.
+    def full_with_reasons() -> dict[str, Any] | None:
+        status = orch.json("status")
+        queued = [j for j in orch.json("jobs") if j["state"] == "queued"]
+        if status["counts"]["running"] >= 2 and queued and all(j["wait_reason"] for j in queued):
+            return status
+        return None
+
+    status = wait_until(full_with_reasons, 30, "full cards with waiting reasons")
+    assert status["daemon"]["alive"] is True
+    live = {a["job_id"]: a["gpu_index"] for a in orch.query("SELECT job_id, gpu_index FROM attempts WHERE outcome IS NULL")}
+    shown = {r["id"]: r["gpu"] for r in status["running"]}
+    assert set(shown) <= set(live) | set(orch.job_states())  # a job may end between the two reads
+    assert all(live.get(job_id, gpu) == gpu for job_id, gpu in shown.items())
+    assert sum(g["running"] for g in status["gpus"]) == len(status["running"])
+    frame = orch.run("status", "--once").stdout
+    assert "running" in frame and ("big" in frame or "small" in frame)
+
+    states = orch.wait_all_done(120)
+    sampler.stop.set()
+    sampler.join()
+    assert Counter(states.values()) == {"succeeded": 14}
+
+    caps = {0: 2, 1: 1}
+    assert len(sampler.samples) > 20
+    for sample in sampler.samples:
+        per_gpu = Counter(a["gpu_index"] for a in sample)
+        assert all(count <= caps[gpu] for gpu, count in per_gpu.items()), sample
+        for gpu in per_gpu:
+            peaks_gib = sum(SIM_PEAK_GIB[a["suite"]] for a in sample if a["gpu_index"] == gpu)
+            assert peaks_gib * 1024 <= CARD_MIB, sample
+    assert any(len(s) == 3 for s in sampler.samples)  # the caps were reached, not just respected
+    outcomes = Counter(a["outcome"] for a in orch.attempts())
+    assert outcomes == {"succeeded": 14}  # nothing OOM'd: the packing never overfilled a card
+
+    first = min(orch.job_states())
+    logs = orch.run("logs", str(first)).stdout
+    assert "sim worker: done" in logs
+
+
+@pytest.mark.slow
+def test_plan_zero_and_foreign_memory_keep_jobs_off(tmp_path: Path) -> None:
+    # GPU 1 is visible but at plan 0; GPU 2 is full of someone else's memory.
+    with orch_env(tmp_path, gpus="3x24GiB", foreign="2:20GiB") as orch:
+        orch.write_suite("small", {"small": {"sim_mem_gib": 5, "sim_seconds": 1}}, mem_gib=6)
+        orch.submit("small", "1:a 2:a 3:a 4:a 5:a", "--gpu-plan", "2,0,2")
+        orch.start_daemon()
+        gpus = {g["index"]: g for g in orch.json("status")["gpus"]}
+        assert gpus[2]["foreign_mib"] == 20 * 1024
+        assert gpus[1]["slots"] == 0
+        states = orch.wait_all_done(90)
+        assert set(states.values()) == {"succeeded"}
+        assert {a["gpu_index"] for a in orch.attempts()} == {0}
+
+
+def test_cancel_kills_the_whole_process_group(orch: Orch) -> None:
+    orch.write_suite("long", {"long": {"sim_mem_gib": 2, "sim_seconds": 120}}, mem_gib=3)
+    orch.submit("long", "1:a")
+    orch.start_daemon()
+
+    def pid_record() -> dict[str, Any] | None:
+        rows = orch.query("SELECT run_dir FROM attempts WHERE job_id = 1")
+        path = Path(rows[0]["run_dir"]) / "pid.json" if rows else None
+        if path is None or not path.exists():
+            return None
+        record = json.loads(path.read_text())
+        return record if record.get("child_pid") else None
+
+    record = wait_until(pid_record, 30, "the worker's pid.json")
+    worker_pid, pgid = int(record["child_pid"]), int(record["pgid"])
+    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE job_id = 1 AND held_mib > 0"), 30, "the worker to hold memory")
+    assert pid_alive(worker_pid)
+
+    orch.run("cancel", "1")
+    wait_until(lambda: orch.job_states()[1] == "cancelled", 30, "job 1 to be cancelled")
+    assert not pid_alive(worker_pid)
+    assert not group_alive(pgid)
+    (attempt,) = orch.attempts(1)
+    assert attempt["outcome"] == "cancelled"
+    assert attempt["ended_at"] is not None
