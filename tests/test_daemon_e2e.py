@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from e2e_helpers import Orch, group_alive, orch_env, pid_alive, requires_tmux, wait_until
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
