@@ -1,0 +1,134 @@
+"""OOM recovery end to end: OOM'd attempts retried down the degradation ladder on sim GPUs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import Orch, orch_env, requires_tmux
+
+pytestmark = [requires_tmux, pytest.mark.tmux]
+
+FAKE_OOM_SCRIPT = '''
+import os, sys, yaml
+config = yaml.safe_load(open(sys.argv[sys.argv.index("--cfg") + 1]))
+if not config.get("gradient_checkpointing"):
+    print("step 1 loss 2.0")
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+          "GPU 0 has a total capacity of 23.99 GiB of which 1.02 GiB is free.", file=sys.stderr)
+    sys.exit(1)
+print("trained with checkpointing")
+'''
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def _config_yaml(attempt: dict[str, Any]) -> dict[str, Any]:
+    loaded = yaml.safe_load((Path(attempt["run_dir"]) / "config.yaml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _events(orch: Orch, kind: str) -> list[dict[str, Any]]:
+    rows = orch.query("SELECT job_id, data_json FROM events WHERE kind = ? ORDER BY id", (kind,))
+    return [{"job": r["job_id"], "data": json.loads(r["data_json"]) if r["data_json"] else {}} for r in rows]
+
+
+@pytest.mark.slow
+def test_underdeclared_jobs_oom_then_succeed_degraded(orch: Orch) -> None:
+    # Declared 8 GiB, truly 15 GiB: two fit on a 24 GiB card on paper, not in memory.
+    orch.write_suite("fat", {"fat": {"sim_mem_gib": 15}}, mem_gib=8, one_token_tasks=["glue*"], max_attempts=6)
+    orch.submit("fat", " ".join(f"{seed}:glue_rte" for seed in range(1, 9)), "--gpu-plan", "2,2")
+    orch.start_daemon()
+    states = orch.wait_all_done(150)
+    assert set(states.values()) == {"succeeded"}, states
+
+    oomed_jobs: set[int] = set()
+    for job_id in states:
+        show = orch.json("show", str(job_id))
+        attempts = show["attempts"]
+        assert len(attempts) <= show["max_attempts"]
+        assert [a["outcome"] for a in attempts][-1] == "succeeded"
+        for before, after in itertools.pairwise(attempts):
+            assert before["outcome"] == "oom", attempts  # only OOMs are retried here
+            assert after["level"] > before["level"], attempts
+            oomed_jobs.add(job_id)
+        rows = orch.attempts(job_id)
+        original = _config_yaml(rows[0])
+        final = _config_yaml(rows[-1])
+        assert final["batch_size"] * final["gradient_accumulation_steps"] == (
+            original["batch_size"] * original["gradient_accumulation_steps"]
+        )
+        if rows[-1]["level"] >= 1:
+            assert final["gradient_checkpointing"] is True
+            assert final["logits_to_keep"] == 1  # glue_rte is scored on one token
+    assert oomed_jobs, "the sweep was meant to overfill a card at level 0"
+
+    # Each OOM event names who else was on the card.
+    oom_events = _events(orch, "end:oom")
+    assert oom_events
+    assert all("neighbours" in e["data"] for e in oom_events)
+    assert any(e["data"]["neighbours"] for e in oom_events)
+
+    # Once a shape has succeeded, later attempts of that shape are placed on its measured peak.
+    rows = orch.attempts()
+    checked = 0
+    for row in rows:
+        earlier_success = [
+            r for r in rows
+            if r["outcome"] == "succeeded" and r["level"] == row["level"] and r["ended_at"] < row["started_at"]
+        ]
+        if earlier_success:
+            assert row["prediction_source"] == "measured", row
+            checked += 1
+    assert checked >= 1
+    sources = [a["prediction_source"] for job_id in states for a in orch.json("show", str(job_id))["attempts"]]
+    assert "measured" in sources
+
+
+@pytest.mark.slow
+def test_unfixable_oom_errors_and_foreign_scripts(orch: Orch) -> None:
+    script = orch.root / "fake_train.py"
+    script.write_text(FAKE_OOM_SCRIPT)
+    # Too big for a 24 GiB card at every level: the weights alone take 26 GiB.
+    orch.write_suite("huge", {"huge": {"sim_mem_gib": 40, "sim_base_gib": 26}}, mem_gib=8,
+                     one_token_tasks=["glue*"], max_attempts=8)
+    orch.write_suite("broken", {"broken": {"sim_mem_gib": 2, "sim_fail": "error"}}, mem_gib=3)
+    orch.write_suite("foreign", {"foreign": {"batch_size": 4}}, mem_gib=1,
+                     worker=f"{sys.executable} {script} --cfg {{config}}")
+    orch.submit("huge", "1:glue_rte", "--gpus", "0", "--gpu-plan", "2")
+    orch.submit("broken", "1:glue_rte", "--gpus", "1")
+    orch.submit("foreign", "1:glue_rte", "--gpus", "1")
+    orch.start_daemon()
+    states = orch.wait_all_done(120)
+    assert states == {1: "failed", 2: "failed", 3: "succeeded"}, states
+
+    huge = orch.json("show", "1")
+    outcomes = [a["outcome"] for a in huge["attempts"]]
+    assert set(outcomes) == {"oom"}
+    assert 2 <= len(outcomes) <= huge["max_attempts"]
+    assert [a["level"] for a in huge["attempts"]] == sorted({a["level"] for a in huge["attempts"]})
+    assert huge["reason"] and "OOM" in huge["reason"]
+    for row in orch.attempts(1):
+        config = _config_yaml(row)
+        assert config["batch_size"] * config["gradient_accumulation_steps"] == 4
+
+    broken = orch.json("show", "2")
+    assert [a["outcome"] for a in broken["attempts"]] == ["failed"]
+    assert broken["attempts"][0]["level"] == 0
+    assert broken["level"] == 0
+    assert "simulated failure" in (broken["reason"] or "") or "simulated failure" in (broken["attempts"][0]["reason"] or "")
+
+    foreign = orch.json("show", "3")
+    assert [a["outcome"] for a in foreign["attempts"]] == ["oom", "succeeded"]
+    assert [a["level"] for a in foreign["attempts"]] == [0, 1]
