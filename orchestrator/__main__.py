@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

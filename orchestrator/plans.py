@@ -24,6 +24,7 @@ MAX_SLOTS_PER_GPU = 64
 MAX_GPU_INDEX = 1023
 MAX_SEED = 2**31 - 1
 MAX_VALUE_CHARS = 4096
+MAX_PAIRS_CHARS = 65536  # a long sweep's pair list is longer than one value
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
 KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
@@ -53,11 +54,11 @@ def _shown(text: str, limit: int = 60) -> str:
     return ascii(shown) if _CONTROL_CHARS.search(shown) else repr(shown)
 
 
-def _check_text(what: str, text: str) -> None:
+def _check_text(what: str, text: str, max_chars: int = MAX_VALUE_CHARS) -> None:
     if _CONTROL_CHARS.search(text) or "\n" in text:
         raise PlanError(f"{what} contains control characters: {_shown(text)}")
-    if len(text) > MAX_VALUE_CHARS:
-        raise PlanError(f"{what} is too long ({len(text)} characters, at most {MAX_VALUE_CHARS})")
+    if len(text) > max_chars:
+        raise PlanError(f"{what} is too long ({len(text)} characters, at most {max_chars})")
 
 
 def _parse_nonneg_int(what: str, token: str, maximum: int) -> int:
@@ -145,7 +146,7 @@ class Pair:
 
 def parse_pairs(text: str) -> list[Pair]:
     """`--pairs "87:glue-tvt_qnli 127:glue-tvt_rte"` (comma- or space-separated SEED:DATA)."""
-    _check_text("--pairs", text)
+    _check_text("--pairs", text, MAX_PAIRS_CHARS)
     tokens = _tokens(text)
     if not tokens:
         raise PlanError('--pairs is empty: give SEED:DATA pairs such as "87:glue-tvt_qnli"')

@@ -54,5 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> int:
+    """The `orch` console script. sqlite-utils imports pandas and numpy when they are installed
+    (about 2 s with the training extras); orch never gives it DataFrames or arrays, so a CLI
+    process skips them. Only this entry point does it: library users keep their pandas."""
+    for heavy in ("pandas", "numpy"):
+        sys.modules.setdefault(heavy, None)  # type: ignore[arg-type]
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -1,0 +1,176 @@
+"""Daemon overhead figures on simulated GPUs: dispatch latency, `orch status --once` with
+10,000 jobs, idle daemon CPU. Prints a table; `--json FILE` also writes the figures.
+
+    python -m benchmarks.daemon_figures [--jobs 20] [--idle-s 30] [--json benchmarks/results/daemon.json]
+
+Everything is real except the GPU memory: the daemon, tmux, SQLite, the wrapper and the sim
+worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.jobs import submit_jobs
+
+
+def _orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], env=env, capture_output=True, text=True, check=True)
+
+
+def _write_plans(root: Path) -> Path:
+    plans = root / "plans"
+    (plans / "suites").mkdir(parents=True)
+    (plans / "configs" / "bench").mkdir(parents=True)
+    (plans / "suites" / "bench.yaml").write_text(
+        yaml.safe_dump({"worker": "sim", "mem_gib": 1, "configs": ["quick"], "hang_timeout_s": 600})
+    )
+    (plans / "configs" / "bench" / "quick.yaml").write_text(
+        yaml.safe_dump({"batch_size": 4, "sim_mem_gib": 1, "sim_seconds": 0.5, "sim_ramp_s": 0.1})
+    )
+    return plans
+
+
+def _wait(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def dispatch_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
+    """Submit jobs one at a time to an idle daemon; latency = pid.json's start - queued_at."""
+    db = root / "lat" / "state.db"
+    db.parent.mkdir()
+    env = {**os.environ, "ORCH_DB": str(db), "ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "2x24GiB",
+           "ORCH_PLANS": str(_write_plans(root / "lat"))}
+    _orch(env, "plan", "set", "4")
+    _orch(env, "daemon", "start", "--poll", str(poll_s))
+    latencies: list[float] = []
+    try:
+        with Store(db) as store:
+            for i in range(n_jobs):
+                _orch(env, "submit", "--suite", "bench", "--pairs", f"{i}:glue_rte")
+                job = store.query("SELECT id, queued_at FROM jobs ORDER BY id DESC LIMIT 1")[0]
+                _wait(lambda job=job: bool(store.query("SELECT 1 FROM attempts WHERE job_id = ?", [job["id"]])), 30, "start")
+                run_dir = Path(store.query("SELECT run_dir FROM attempts WHERE job_id = ?", [job["id"]])[0]["run_dir"])
+                _wait(lambda run_dir=run_dir: (run_dir / "pid.json").exists(), 30, "pid.json")
+                pid_record = json.loads((run_dir / "pid.json").read_text())
+                started = pid_record.get("started_at")
+                started_s = started if isinstance(started, (int, float)) else _iso_to_s(str(started))
+                latencies.append(started_s - job["queued_at"])
+    finally:
+        _orch(env, "daemon", "stop")
+    return {
+        "jobs": n_jobs,
+        "poll_s": poll_s,
+        "median_s": statistics.median(latencies),
+        "p90_s": sorted(latencies)[int(0.9 * (len(latencies) - 1))],
+        "max_s": max(latencies),
+    }
+
+
+def _iso_to_s(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
+
+
+def status_with_10k_jobs(root: Path) -> dict[str, Any]:
+    db = root / "big" / "state.db"
+    db.parent.mkdir()
+    plans = _write_plans(root / "big")
+    suite = load_suite("bench", plans)
+    with Store(db) as store:
+        for chunk in range(0, 10_000, 2_000):
+            pairs = parse_pairs(" ".join(f"{i}:glue_rte" for i in range(chunk, chunk + 2_000)))
+            submit_jobs(store, suite, expand_jobs(suite, pairs, {}, None, 0), allowed_gpus=None, priority=0,
+                        force=False, dry_run=False)
+    env = {**os.environ, "ORCH_DB": str(db)}
+    timings = []
+    for _ in range(5):
+        started = time.perf_counter()
+        _orch(env, "status", "--once")
+        timings.append(time.perf_counter() - started)
+    json_timings = []
+    for _ in range(3):
+        started = time.perf_counter()
+        _orch(env, "status", "--json")
+        json_timings.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    _orch(env, "--version")
+    startup_s = time.perf_counter() - started
+    return {
+        "jobs": 10_000,
+        "status_once_median_s": statistics.median(timings),
+        "status_json_median_s": statistics.median(json_timings),
+        "interpreter_and_import_s": startup_s,
+    }
+
+
+def idle_cpu(root: Path, idle_s: float, poll_s: float) -> dict[str, Any]:
+    db = root / "idle" / "state.db"
+    db.parent.mkdir()
+    env = {**os.environ, "ORCH_DB": str(db), "ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "7x24GiB"}
+    _orch(env, "daemon", "start", "--poll", str(poll_s))
+    try:
+        pid = json.loads(_orch(env, "daemon", "status", "--json").stdout)["pid"]
+        proc = psutil.Process(pid)
+        time.sleep(2.0)  # let start-up work settle before measuring
+        before = proc.cpu_times()
+        started = time.monotonic()
+        time.sleep(idle_s)  # the measurement window
+        after = proc.cpu_times()
+        elapsed = time.monotonic() - started
+    finally:
+        _orch(env, "daemon", "stop")
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return {"idle_s": round(elapsed, 1), "poll_s": poll_s, "cpu_percent_of_one_core": 100.0 * cpu_s / elapsed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--idle-s", type=float, default=30.0)
+    parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
+        root = Path(tmp)
+        figures = {
+            "dispatch_latency": dispatch_latency(root, args.jobs, args.poll),
+            "status_10k": status_with_10k_jobs(root),
+            "idle_daemon": idle_cpu(root, args.idle_s, args.poll),
+            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        }
+    lat, status, idle = figures["dispatch_latency"], figures["status_10k"], figures["idle_daemon"]
+    print(f"dispatch latency (queued -> worker running), {lat['jobs']} jobs, poll {lat['poll_s']} s: "
+          f"median {lat['median_s']:.3f} s, p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s   (target: median < 1 s)")
+    print(f"orch status --once, 10,000 jobs: median {status['status_once_median_s']:.3f} s "
+          f"(of which interpreter + imports {status['interpreter_and_import_s']:.3f} s); "
+          f"--json {status['status_json_median_s']:.3f} s   (target: < 0.5 s)")
+    print(f"idle daemon, poll {idle['poll_s']} s, {idle['idle_s']} s: {idle['cpu_percent_of_one_core']:.2f}% of one core   (target: < 2%)")
+    if args.json_path:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
