@@ -9,9 +9,8 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store, parse_job_ids
-from orchestrator.daemon import daemon_alive, tmux_socket_name
+from orchestrator.daemon_state import daemon_alive, tmux_socket_name
 from orchestrator.errors import UsageError
-from orchestrator.launch.base import kill_process_group
 from orchestrator.lifecycle import JobState
 from orchestrator.reconcile import group_is_ours
 from orchestrator.store.db import Store
@@ -45,6 +44,8 @@ def _stop_running(store: Store, job_id: int, why: str) -> bool:
         store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why, rows[0]["id"]])
         add_event(store, why, f"{why} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
     if daemon_alive(store) is None and rows[0]["pgid"] and group_is_ours(rows[0]["pgid"], rows[0]["proc_create_time"]):
+        from orchestrator.launch.base import kill_process_group
+
         kill_process_group(int(rows[0]["pgid"]))
     return True
 

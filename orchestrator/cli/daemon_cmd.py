@@ -12,17 +12,9 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
-from orchestrator.daemon import (
-    Daemon,
-    DaemonLock,
-    DaemonSettings,
-    daemon_alive,
-    sim_dir,
-    tmux_socket_name,
-)
+from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
 from orchestrator.errors import DaemonError, GpuUnavailable
 from orchestrator.gpu import GpuProbe, make_probe
-from orchestrator.launch.base import make_launcher
 from orchestrator.store.db import Store, now_s
 
 START_TIMEOUT_S = 30.0
@@ -71,6 +63,9 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
 @db_option
 def daemon_run(backend: str | None, poll_s: float, headroom_fraction: float, launcher_kind: str | None, db_path: Path) -> None:
     """Run the daemon in the foreground."""
+    from orchestrator.daemon import Daemon, DaemonSettings
+    from orchestrator.launch.base import make_launcher
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)

@@ -17,7 +17,7 @@ from orchestrator.cli.common import db_option, open_store, plans_option
 from orchestrator.cli.daemon_cmd import start_daemon
 from orchestrator.cli.render import render_status
 from orchestrator.cli.status_query import status_snapshot
-from orchestrator.daemon import daemon_alive
+from orchestrator.daemon_state import daemon_alive
 from orchestrator.gpu.nvml import nvml_available
 from orchestrator.plans import (
     default_plans_dir,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.daemon import daemon_alive
+from orchestrator.daemon_state import daemon_alive
 from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan

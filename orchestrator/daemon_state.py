@@ -1,0 +1,86 @@
+"""What the CLI needs to know about a daemon without loading the scheduler: where its lock,
+run dirs, simulated GPUs and tmux socket are, and whether it is alive."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from orchestrator.errors import DaemonError
+from orchestrator.reconcile import process_matches
+from orchestrator.store.db import Store
+
+
+def lock_path(db_path: Path) -> Path:
+    return Path(str(db_path) + ".daemon.lock")
+
+
+def runs_dir(db_path: Path) -> Path:
+    return Path(db_path).resolve().parent / "runs"
+
+
+def sim_dir(db_path: Path) -> Path:
+    return Path(str(Path(db_path).resolve()) + ".sim")
+
+
+def tmux_socket_name(db_path: Path) -> str:
+    """One private tmux server per state.db."""
+    digest = hashlib.sha256(str(Path(db_path).resolve()).encode()).hexdigest()[:10]
+    return f"orch-{os.getuid()}-{digest}"
+
+
+class DaemonLock:
+    """An exclusive flock on `<db>.daemon.lock`; the kernel drops it when the process dies."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = lock_path(db_path)
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        handle = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DaemonError(
+                f"a daemon is already running for this state.db (pid {holder}); "
+                "`orch daemon status` shows it, `orch daemon stop` stops it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    @staticmethod
+    def is_held(db_path: Path) -> bool:
+        path = lock_path(db_path)
+        if not path.exists():
+            return False
+        with open(path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+
+
+def daemon_alive(store: Store) -> dict[str, Any] | None:
+    """The running daemon's row, or None (the pid must be alive and be the recorded process)."""
+    rows = store.query("SELECT * FROM daemon WHERE id = 1")
+    if not rows or not rows[0]["pid"]:
+        return None
+    row = rows[0]
+    return row if process_matches(row["pid"], row["proc_create_time"]) else None
