@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: `bash benchmarks/gpu/device_run.sh packed|baseline` with $OUT set.
+#   packed:   GPU tests, the packed sweep (plan 6), the Llama memory benchmark
+#   baseline: the same sweep one job at a time (plan 1), the GLA memory benchmark
+# Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
+set -x
+set -o pipefail
+export PYTHONUNBUFFERED=1
+MODE=${1:-packed}
+OUT=${OUT:-/tmp/orch-gpu-out}
+WORK=/tmp/orch-gpu-sweep
+mkdir -p "$OUT"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+  python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+  python3 -c "import torch, transformers, peft, libtmux, sqlite_utils; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__, torch.cuda.get_device_name())"
+  tmux -V
+  case "$MODE" in
+    packed)
+      timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+      timeout 300 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed --gpu-plan 6 --budget-s 240
+      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      nvidia-smi --query-gpu=memory.used --format=csv
+      timeout 150 python3 benchmarks/lora_memory.py --models llama --out "$OUT/lora_memory_llama.json"
+      ;;
+    baseline)
+      timeout 400 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline --gpu-plan 1 --budget-s 340
+      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      timeout 150 python3 benchmarks/lora_memory.py --models gla --out "$OUT/lora_memory_gla.json"
+      ;;
+  esac
+} 2>&1 | tee "$OUT/log.txt"
