@@ -17,9 +17,6 @@ from tests.conftest import REPO_ROOT, OrchResult, OrchRunner
 
 SUBMIT = ("submit", "--suite", "demo", "--pairs", "87:glue_rte")
 BAD_PLANS = "<bad-plans>"  # stands for a --plans dir holding broken suites, filled in at run time
-XFAIL_DB_CREATED = pytest.mark.xfail(
-    strict=True, reason="submit opens (and so creates) state.db before it validates the round"
-)
 
 
 def submit_with(*extra: str) -> tuple[str, ...]:
@@ -127,7 +124,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("unknown-command", ("frobnicate",)),
 ]
 
-# Round errors found after the store is opened (an xfail until submit validates first).
+# Round errors that need the suite and the plan to be found: still nothing may be written.
 LATE_ROUND_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("round-too-large", submit_with("--round", "999", "--gpus", "0", "--gpu-plan", "2")),
     ("round-without-plan", submit_with("--round", "2")),
@@ -249,7 +246,7 @@ def test_late_round_errors_with_existing_db(
 
 @pytest.mark.parametrize(
     ("case_id", "argv"),
-    [pytest.param(*case, marks=XFAIL_DB_CREATED, id=case[0]) for case in LATE_ROUND_CASES],
+    [pytest.param(*case, id=case[0]) for case in LATE_ROUND_CASES],
 )
 def test_late_round_errors_without_db(orch_inproc: OrchRunner, cwd: Path, db_path: Path, case_id: str, argv: tuple[str, ...]) -> None:
     before = tree(cwd)

@@ -79,23 +79,25 @@ def submit_cmd(
     suite = load_suite(suite_name, plans_dir or default_plans_dir())
     overrides = parse_set_overrides(set_items, suite.known_keys())
 
-    store = open_store(db_path, create=True) if (not dry_run or db_path.exists()) else None
-    try:
-        total_slots = 0
-        if isinstance(round_selector, int) and not suite.rounds:
-            total_slots = _round_slots(plan, get_gpu_plan(store) if store else None, gpus)
-        specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
-        if store is None:
-            outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
-        else:
+    # Validate the round before anything is created: a bad round must leave no state.db behind.
+    stored_plan = None
+    if isinstance(round_selector, int) and not suite.rounds and plan is None and db_path.exists():
+        with open_store(db_path) as reader:
+            stored_plan = get_gpu_plan(reader)
+    total_slots = 0
+    if isinstance(round_selector, int) and not suite.rounds:
+        total_slots = _round_slots(plan, stored_plan, gpus)
+    specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
+
+    if dry_run and not db_path.exists():
+        outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
+    else:
+        with open_store(db_path, create=True) as store:
             outcomes = submit_jobs(
                 store, suite, specs, allowed_gpus=gpus, priority=priority, force=force, dry_run=dry_run
             )
             if plan is not None and not dry_run:
                 set_gpu_plan(store, plan)
-    finally:
-        if store is not None:
-            store.close()
 
     created = [o for o in outcomes if o.created]
     existing = [o for o in outcomes if not o.created]
