@@ -42,6 +42,7 @@ _SUITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 _DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _BUILTIN_WORKERS = ("lora", "sim")
 
@@ -224,6 +225,8 @@ def parse_scalar(key: str, raw_value: str) -> Scalar:
     if len(docs) > 1:
         raise PlanError(f"--set {key}={_shown(raw_value)}: several YAML documents, give one scalar")
     value = docs[0] if docs else None
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(raw_value.strip()):
+        value = float(raw_value)  # YAML 1.1 reads 1e-4 (no dot) as a string; users mean a number
     if not isinstance(value, (str, int, float, bool)) and value is not None:
         raise PlanError(
             f"--set {key}={_shown(raw_value)}: value must be a scalar, not a {type(value).__name__}"
