@@ -53,11 +53,17 @@ def spec(tmp_path: Path, name: str, code: str, env: dict[str, str] | None = None
 
 
 def pane_text(tmux: TmuxLauncher, window_id: str) -> str:
-    return "\n".join(tmux.server.cmd("capture-pane", "-p", "-t", window_id).stdout)
+    """The pane's screen and scrollback (tmux may scroll a dead pane's text off the screen)."""
+    return "\n".join(tmux.server.cmd("capture-pane", "-p", "-S", "-", "-t", window_id).stdout)
 
 
 def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: Path) -> None:
-    s = spec(tmp_path, "job1-E1-87-qnli", "import sys; print('hello pane'); sys.stdin.readline()")
+    gate = tmp_path / "gate"
+    code = (
+        "import os, time; print('hello pane', flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.02)"
+    )
+    s = spec(tmp_path, "job1-E1-87-qnli", code)
     handle = tmux.launch(s)
     window_id = handle.window_id
     assert handle.launcher == "tmux" and window_id is not None and window_id.startswith("@")
@@ -67,8 +73,7 @@ def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: 
     assert window is not None and window.window_name == "job1-E1-87-qnli"
     assert window.session.session_name == SESSION
 
-    # The worker reads stdin (the pane): ending it lets the command exit on its own.
-    tmux.server.cmd("send-keys", "-t", window_id, "Enter")
+    gate.touch()  # lets the worker exit on its own
     wait_for(lambda: (s.run_dir / "exit.json").exists())
     wait_for(lambda: not tmux.window_alive(window_id))
     assert tmux.window_exists(window_id)  # remain-on-exit keeps the dead pane
