@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
-from orchestrator.classify import classify_attempt
+from orchestrator.classify import Classification, classify_attempt
 from orchestrator.dispatch import JobShapeCache, job_levels, job_shape_key
 from orchestrator.ladder import retry_decision
 from orchestrator.launch.base import kill_process_group
@@ -72,6 +73,8 @@ def complete(
         exit_record_present=exit_record is not None and not lost,
         hung=hung or kill_reason == "hung",
     )
+    if _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
+        verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
     job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0)
@@ -118,6 +121,21 @@ def complete(
     )
     if verdict.outcome is AttemptOutcome.FAILED and not hung:
         _guard_crash_loop(store, job["suite"])
+
+
+# The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
+# someone outside orch sent SIGTERM/SIGHUP: no evidence against the job, so it is lost, not failed.
+HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+HANGUP_EXIT_CODES = tuple(128 + s for s in HANGUP_SIGNALS)
+
+
+def _stopped_from_outside(
+    outcome: AttemptOutcome, kill_reason: str | None, exit_record: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+) -> bool:
+    if outcome is not AttemptOutcome.FAILED or kill_reason or result is not None or exit_record is None:
+        return False
+    return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
 
 
 def _learn(
