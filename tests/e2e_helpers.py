@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.daemon import tmux_socket_name
+from orchestrator.daemon_state import tmux_socket_name
 
 T = TypeVar("T")
 POLL_S = 0.05
