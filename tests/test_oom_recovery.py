@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import Orch, orch_env, requires_tmux
+from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -132,3 +133,20 @@ def test_unfixable_oom_errors_and_foreign_scripts(orch: Orch) -> None:
     foreign = orch.json("show", "3")
     assert [a["outcome"] for a in foreign["attempts"]] == ["oom", "succeeded"]
     assert [a["level"] for a in foreign["attempts"]] == [0, 1]
+
+
+def test_fast_errors_pause_the_suite(orch: Orch) -> None:
+    # Errors are not OOMs: no degradation, no retry; three within seconds pause the suite.
+    orch.write_suite("broken", {"broken": {"sim_mem_gib": 1, "sim_seconds": 1, "sim_fail": "error"}}, mem_gib=1)
+    orch.submit("broken", "1:a 2:a 3:a", "--gpu-plan", "2,1")
+    orch.start_daemon()
+    wait_until(lambda: Counter(orch.job_states().values()) == {"failed": 3}, 60, "three failures")
+    status = wait_until(lambda: (s := orch.json("status"))["paused_suites"] and s, 10, "the suite paused")
+    assert [p["suite"] if isinstance(p, dict) else p for p in status["paused_suites"]] == ["broken"]
+    assert all(a["level"] == 0 for a in orch.attempts())
+    orch.submit("broken", "4:a")
+    job = wait_until(lambda: next((j for j in orch.json("jobs") if j["id"] == 4 and j["wait_reason"]), None),
+                     10, "a wait reason on the paused suite's new job")
+    assert "paused" in job["wait_reason"]
+    assert orch.job_states()[4] == "queued"
+    assert not orch.attempts(4)
