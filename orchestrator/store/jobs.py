@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any
 
 from orchestrator.errors import InvalidTransition, JobNotFound
+from orchestrator.ladder import is_one_token_task
 from orchestrator.lifecycle import JobState, check_transition
 from orchestrator.plans import GpuPlan, JobSpec, Suite
 from orchestrator.store.db import Store, now_s
@@ -130,7 +130,7 @@ def submit_jobs(
                     suite.worker, declared_mib,
                     json.dumps(list(allowed_gpus)) if allowed_gpus is not None else None,
                     priority, JobState.QUEUED.value, suite.max_attempts,
-                    int(_is_one_token(spec.data, suite.one_token_tasks)),
+                    int(is_one_token_task(spec.data, list(suite.one_token_tasks))),
                     json.dumps(suite.ladder) if suite.ladder is not None else None,
                     suite.hang_timeout_s, ts, ts, ts,
                 ],
@@ -142,10 +142,6 @@ def submit_jobs(
             )
             outcomes.append(SubmitOutcome(spec, job_id, True, None))
     return outcomes
-
-
-def _is_one_token(task: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatchcase(task, pattern) for pattern in patterns)
 
 
 def set_gpu_plan(store: Store, plan: GpuPlan) -> None:
