@@ -5,6 +5,7 @@ The daemon and the virtual-time simulator in benchmarks/ both call `pack`; nothi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -17,6 +18,8 @@ class QueuedJob:
     waiting_since_s: float  # when the job (re)entered the queue, same clock as `now_s`
     allowed_gpu_indices: frozenset[int] | None = None  # None: any GPU in the plan
     run_alone: bool = False  # ladder's last level: the GPU must hold no other job
+    # learned from completed attempts of the same config/task; None: nothing comparable ran yet
+    expected_duration_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class PackingPolicy:
     # which fitting GPU a job gets: "spread" (fewest jobs, then most free memory) or "best_fit"
     # (least memory left over); the packing benchmark decides the default
     placement: str = "spread"
+    # order among jobs of equal priority: "longest_first" (expected run time, jobs with no
+    # estimate first, ties in queue order) or "fifo" (queue order only)
+    order: str = "longest_first"
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ def outstanding_reservation_mib(attempt: RunningAttempt) -> int:
 
 
 PLACEMENT_RULES = ("spread", "best_fit")
+ORDER_RULES = ("longest_first", "fifo")
 
 
 def headroom_mib(gpu: GpuState, policy: PackingPolicy) -> int:
@@ -142,6 +149,19 @@ def _blocker(job: QueuedJob, card: _Card) -> str | None:
     if card.held_for is not None and card.held_for != job.job_id:
         return "held"
     return None
+
+
+def _order_key(job: QueuedJob, rule: str) -> tuple[int, float, int]:
+    """Priority first, always; then, among equals, the longest expected run first.
+
+    A long job started last sets the makespan alone at the end of a sweep, so it goes first and
+    short jobs fill in around it. A job with no estimate counts as longest: it may well be, and
+    running it early teaches the estimate for its kind.
+    """
+    if rule == "fifo":
+        return (-job.priority, 0.0, job.queued_seq)
+    expected = math.inf if job.expected_duration_s is None else job.expected_duration_s
+    return (-job.priority, -expected, job.queued_seq)
 
 
 def _choose(job: QueuedJob, fits: list[_Card], rule: str) -> _Card:
@@ -223,12 +243,14 @@ def pack(
     """
     if policy.placement not in PLACEMENT_RULES:
         raise ValueError(f"unknown placement rule {policy.placement!r}")
+    if policy.order not in ORDER_RULES:
+        raise ValueError(f"unknown order rule {policy.order!r}")
     cards = _cards(gpus, running, policy)
     waits = {job.job_id: job.waiting_since_s for job in queue}
     placements: list[Placement] = []
     reasons: dict[int, str] = {}
     head_seen = False
-    for job in sorted(queue, key=lambda j: (-j.priority, j.queued_seq)):
+    for job in sorted(queue, key=lambda j: _order_key(j, policy.order)):
         allowed = [
             c
             for i, c in sorted(cards.items())

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.packing.simulator import Attempt, Outcome, Simulator, Start
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
+from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.memory import ShapeMemory, predict_peak_mib, update_shape
 from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
@@ -145,9 +146,16 @@ class OrchPolicy:
     shapes: dict[tuple[str, str, int], ShapeMemory] = field(default_factory=dict)
     queue: dict[int, _Queued] = field(default_factory=dict)
     wait_reasons: dict[int, str] = field(default_factory=dict)
+    completed: list[CompletedRun] = field(default_factory=list)  # what the daemon's table holds
+    durations: DurationTable = field(default_factory=lambda: DurationTable(()))
 
     def __post_init__(self) -> None:
         self.queue = {j: _Queued(0, 0.0) for j in range(len(self.trace.jobs))}
+
+    def expected_s(self, job_index: int, level: int) -> float | None:
+        """Learned from succeeded attempts only, as the daemon learns it (never trace minutes)."""
+        job = self.trace.jobs[job_index]
+        return self.durations.expected_s(job.config, job.task, level)
 
     def predict_mib(self, job_index: int, level: int) -> float:
         """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
@@ -183,6 +191,7 @@ class OrchPolicy:
                 predicted_peak_mib=int(self.predict_mib(j, q.level)),
                 waiting_since_s=q.since_s,
                 run_alone=q.level == RUN_ALONE_LEVEL,
+                expected_duration_s=self.expected_s(j, q.level),
             )
             for j, q in self.queue.items()
         ]
@@ -204,6 +213,11 @@ class OrchPolicy:
             self.shapes[key] = update_shape(
                 self.shapes.get(key), held, AttemptOutcome.SUCCEEDED, None
             )
+            job = attempt.job
+            self.completed.append(
+                CompletedRun(job.config, job.task, s.level, now_s - attempt.start_s)
+            )
+            self.durations = DurationTable(self.completed)
             return
         self.shapes[key] = update_shape(self.shapes.get(key), held, AttemptOutcome.OOM, held)
         if s.level < RUN_ALONE_LEVEL:
