@@ -143,6 +143,48 @@ def test_order_is_priority_then_queue_order() -> None:
     assert placed(pack(queue, card, [], NO_HEADROOM, 0.0)) == {3: 0}
 
 
+def test_equal_priority_jobs_start_longest_expected_first_and_unknown_before_known() -> None:
+    one_slot = [gpu(0, total_gib=10, slots=1)]
+    queue = [
+        job(1, 6, expected_duration_s=600.0),
+        job(2, 6, expected_duration_s=3600.0),
+        job(3, 6, expected_duration_s=60.0),
+    ]
+    assert placed(pack(queue, one_slot, [], NO_HEADROOM, 0.0)) == {2: 0}
+    # no estimate yet: it may be the longest of all, and running it teaches its estimate
+    assert placed(pack([*queue, job(4, 6)], one_slot, [], NO_HEADROOM, 0.0)) == {4: 0}
+    # equal estimates keep queue order
+    tied = [job(5, 6, seq=9, expected_duration_s=60.0), job(6, 6, seq=1, expected_duration_s=60.0)]
+    assert placed(pack(tied, one_slot, [], NO_HEADROOM, 0.0)) == {6: 0}
+
+
+def test_priority_wins_over_a_longer_expected_run() -> None:
+    one_slot = [gpu(0, total_gib=10, slots=1)]
+    queue = [job(1, 6, expected_duration_s=9e9), job(2, 6, priority=1, expected_duration_s=1.0)]
+    assert placed(pack(queue, one_slot, [], NO_HEADROOM, 0.0)) == {2: 0}
+
+
+def test_fifo_order_ignores_expected_durations() -> None:
+    fifo = PackingPolicy(headroom_fraction=0.0, order="fifo")
+    queue = [job(1, 6, expected_duration_s=60.0), job(2, 6, expected_duration_s=3600.0)]
+    assert placed(pack(queue, [gpu(0, total_gib=10, slots=1)], [], fifo, 0.0)) == {1: 0}
+
+
+def test_the_long_head_job_that_does_not_fit_is_the_one_kept_a_card() -> None:
+    # job 2 (long) waits past the starvation limit: the card is held for it, not for job 1
+    queue = [
+        job(1, 8, expected_duration_s=60.0),
+        job(2, 8, expected_duration_s=3600.0),
+        job(3, 1, expected_duration_s=30.0),
+    ]
+    busy = [running(9, 0, 4, 4, reached_peak=True)]
+    policy = PackingPolicy(headroom_fraction=0.0, starvation_s=600.0)
+    d = pack(queue, [gpu(0, total_gib=10, free_gib=6, slots=3)], busy, policy, 1000.0)
+    assert placed(d) == {}
+    assert "kept free for it" in d.wait_reasons[2]
+    assert "kept free for job 2" in d.wait_reasons[3]
+
+
 def test_a_smaller_later_job_backfills_when_the_head_does_not_fit() -> None:
     d = pack([job(1, 12), job(2, 4)], [gpu(0, total_gib=10)], [], NO_HEADROOM, 0.0)
     assert placed(d) == {2: 0}
@@ -196,6 +238,11 @@ def test_spread_prefers_the_emptiest_card_and_best_fit_the_tightest() -> None:
 def test_unknown_placement_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="placement"):
         pack([job(1, 1)], [gpu(0)], [], PackingPolicy(placement="random"), 0.0)
+
+
+def test_unknown_order_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="order"):
+        pack([job(1, 1)], [gpu(0)], [], PackingPolicy(order="shortest_first"), 0.0)
 
 
 def test_pack_is_pure() -> None:

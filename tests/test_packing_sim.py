@@ -12,6 +12,7 @@ from benchmarks.packing.__main__ import main
 from benchmarks.packing.policies import OrchPolicy, RoundsPolicy, SlotsPolicy
 from benchmarks.packing.simulator import Simulator, lower_bound_min
 from benchmarks.packing.trace import Trace, TraceGpu, TraceJob, load_trace
+from orchestrator.packing import PackingPolicy
 
 GIB = 1024.0
 TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"
@@ -147,6 +148,36 @@ def test_orch_beats_rounds_on_the_reference_trace(e5: Trace) -> None:
     assert orch.failed_jobs == 0
     assert orch.makespan_min <= 0.5 * rounds.makespan_min
     assert orch.oom_lost_gpu_min < 0.02 * sum(j.minutes[0] for j in e5.jobs)
+
+
+@pytest.mark.parametrize("name", ["e5_glue_7x24", "mixed_5gpu", "foreign_4x48"])
+def test_orch_is_within_15_percent_of_the_bound_on_every_trace(name: str) -> None:
+    trace = load_trace(TRACES / f"{name}.yaml")
+    r = Simulator(trace).run(OrchPolicy(trace))
+    assert r.failed_jobs == 0
+    assert r.makespan_min <= 1.15 * lower_bound_min(trace)
+    assert r.oom_lost_gpu_min < 0.02 * sum(j.minutes[0] for j in trace.jobs)
+
+
+def test_orch_learns_run_times_from_succeeded_attempts_only() -> None:
+    # one slot: A's first attempt OOMs (declared 2 GiB, true 6 GiB at level 0 on a 5 GiB
+    # card) and teaches nothing about time; its retry at level 1 and then B succeed
+    a = TraceJob("A", "cfg", "long", 0, 2 * GIB, (6 * GIB,) + (3 * GIB,) * 4, (10.0,) * 5, 60.0)
+    b = TraceJob("B", "cfg2", "long", 0, 2 * GIB, (3 * GIB,) * 5, (10.0,) * 5, 60.0)
+    trace = Trace((TraceGpu(0, 5 * GIB, 0.0),), (1,), (a, b))
+    policy = OrchPolicy(trace)
+    assert policy.expected_s(1, 0) is None
+    r = Simulator(trace).run(policy)
+    assert [x.outcome for x in r.records] == ["oom", "succeeded", "succeeded"]
+    assert [run.duration_s for run in policy.completed] == pytest.approx([600.0, 600.0])
+    assert policy.expected_s(1, 0) == pytest.approx(600.0)
+
+
+def test_longest_first_closes_the_gap_fifo_leaves_on_the_mixed_trace() -> None:
+    trace = load_trace(TRACES / "mixed_5gpu.yaml")
+    fifo = Simulator(trace).run(OrchPolicy(trace, PackingPolicy(order="fifo")))
+    longest = Simulator(trace).run(OrchPolicy(trace))
+    assert longest.makespan_min < 0.9 * fifo.makespan_min
 
 
 def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--placement", choices=("spread", "best_fit"), default=PackingPolicy().placement
     )
+    parser.add_argument(
+        "--order", choices=("longest_first", "fifo"), default=PackingPolicy().order
+    )
     parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated subset")
     args = parser.parse_args(argv)
     names = tuple(n for n in args.policies.split(",") if n)
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"cannot read trace {args.trace}: {e}", file=sys.stderr)
         return 2
-    packing = PackingPolicy(args.headroom, args.starvation_s, args.placement)
+    packing = PackingPolicy(args.headroom, args.starvation_s, args.placement, args.order)
     data = report(trace, run_all(trace, packing, names))
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0
