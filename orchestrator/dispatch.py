@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import Level, expand_levels, load_ladder
@@ -130,6 +131,18 @@ def load_shapes(store: Store) -> dict[str, dict[str, Any]]:
     return {r["shape_key"]: r for r in store.query("SELECT * FROM memory_shapes")}
 
 
+def load_durations(store: Store) -> DurationTable:
+    """Run times of succeeded attempts, read once per pass: longest expected jobs start first."""
+    rows = store.query(
+        "SELECT j.config_name, j.data, a.level, a.ended_at - a.started_at AS duration_s"
+        " FROM attempts a JOIN jobs j ON j.id = a.job_id"
+        " WHERE a.outcome = 'succeeded' AND a.ended_at IS NOT NULL"
+    )
+    return DurationTable(
+        CompletedRun(r["config_name"], r["data"], r["level"], r["duration_s"]) for r in rows
+    )
+
+
 def predict(
     shapes: dict[str, dict[str, Any]], job: dict[str, Any], level: Level, cache: JobShapeCache
 ) -> tuple[int, str]:
@@ -197,6 +210,7 @@ def schedule(
     queue: list[QueuedJob] = []
     levels: dict[int, Level] = {}
     shapes = load_shapes(store)
+    durations = load_durations(store)
     predictions: dict[int, tuple[int, str]] = {}
     for job in queued_rows:
         if job["suite"] in paused:
@@ -219,6 +233,7 @@ def schedule(
                 predicted_peak_mib=predictions[job["id"]][0], waiting_since_s=job["queued_at"],
                 allowed_gpu_indices=frozenset(allowed) if allowed is not None else None,
                 run_alone=level.run_alone,
+                expected_duration_s=durations.expected_s(job["config_name"], job["data"], level.index),
             )
         )
     decision = pack(queue, gpu_states(snapshots, get_gpu_plan(store)), running, ctx.policy, now_s())

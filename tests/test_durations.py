@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from orchestrator.dispatch import load_durations
 from orchestrator.durations import CompletedRun, DurationTable, expected_duration_s
+from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.jobs import submit_jobs
+
+PLANS = Path(__file__).resolve().parent.parent / "plans"
 
 
 def run(config: str, task: str, duration_s: float, level: int = 0) -> CompletedRun:
@@ -42,3 +51,28 @@ def test_an_unseen_config_scales_the_task_mean_by_how_fast_that_config_is_elsewh
 
 def test_zero_length_runs_are_ignored() -> None:
     assert expected_duration_s([run("a", "rte", 0.0)], "a", "rte", 0) is None
+
+
+def test_the_daemon_reads_succeeded_attempts_from_its_store(db_path: Path) -> None:
+    with Store(db_path) as store:
+        suite = load_suite("demo", PLANS)
+        specs = expand_jobs(suite, parse_pairs("87:glue_rte"), {}, None, 0)
+        submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
+        jobs = store.query("SELECT id, config_name, data FROM jobs ORDER BY id")
+        ran = {  # job id -> (outcome, wall seconds)
+            jobs[0]["id"]: ("succeeded", 120.0),
+            jobs[1]["id"]: ("oom", 5.0),  # an OOM says nothing about how long the job takes
+        }
+        for job_id, (outcome, wall_s) in ran.items():
+            plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, "declared", 1024)
+            attempt = start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}")
+            update_attempt(
+                store, attempt["id"], outcome=outcome, ended_at=attempt["started_at"] + wall_s
+            )
+        table = load_durations(store)
+    first, second = jobs[0], jobs[1]
+    assert table.expected_s(first["config_name"], first["data"], 0) == pytest.approx(120.0)
+    # the OOM'd job's config has no success: it gets its task's mean, scaled by nothing
+    assert second["data"] == first["data"]
+    assert table.expected_s(second["config_name"], "glue_rte", 0) == pytest.approx(120.0)
+    assert table.expected_s(first["config_name"], "glue_mrpc", 0) is None
