@@ -237,7 +237,8 @@ def pack(
 ) -> PackingDecision:
     """Place queued jobs on GPUs; every job left waiting gets a reason.
 
-    Jobs are taken by priority (high first), then queue order. A job that does not fit is
+    Jobs are taken by priority (high first), then longest expected run first (policy.order),
+    then queue order. A job that does not fit is
     skipped and later jobs may start around it (backfill), except that the first such job,
     once it has waited `starvation_s`, keeps its best card free until it starts there.
     """
