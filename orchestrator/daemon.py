@@ -65,6 +65,7 @@ class Daemon:
 
     def run(self) -> None:
         """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
+        os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
         self._lock.acquire()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 import time
@@ -83,3 +84,17 @@ def test_usage_error() -> None:
         check=False,
     )
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_everything_written_under_the_wrapper_is_owner_only(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('x'); print('hi')"
+    done = subprocess.run(
+        wrapper_argv(run_dir, [sys.executable, "-c", code, str(run_dir / "worker-file")]),
+        cwd=REPO, capture_output=True, text=True, timeout=30, start_new_session=True,
+        check=False, umask=0o022,  # what a login shell usually has
+    )
+    assert done.returncode == 0
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir()}
+    assert set(modes) == {"pid.json", "exit.json", "stdout.log", "worker-file"}
+    assert set(modes.values()) == {0o600}, modes

@@ -71,11 +71,28 @@ def validate_env(env: Mapping[str, str]) -> dict[str, str]:
     return checked
 
 
+def make_private_dirs(path: Path) -> None:
+    """Create `path` and its missing parents, each 0700 (`mkdir(parents=True)` would give the
+    parents the umask's default, 0755 for most users). Existing dirs are left as they are."""
+    missing: list[Path] = []
+    current = Path(path)
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            directory.mkdir(mode=0o700)
+            os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
+
+
 def prepare_run_dir(run_dir: Path, config: dict[str, Any], env: dict[str, str]) -> None:
-    """Create `run_dir` (0700) with config.yaml (dumped YAML) and env.json (0600)."""
+    """Create `run_dir` and its missing parents (0700) with config.yaml (dumped YAML) and
+    env.json (0600)."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask, and exist_ok skips it
+    make_private_dirs(run_dir)
+    os.chmod(run_dir, 0o700)  # a dir that already existed keeps its old mode otherwise
     atomic_write_text(run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
     atomic_write_text(run_dir / ENV_FILE, json.dumps(validate_env(env), indent=2, sort_keys=True))
 

@@ -160,6 +160,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(0o077)  # the log, records and whatever the worker writes are the user's alone
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 4 or args[0] != "--run-dir" or args[2] != "--":
         print(
