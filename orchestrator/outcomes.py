@@ -126,6 +126,7 @@ def complete(
 # The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
 # someone outside orch sent SIGTERM/SIGHUP: no evidence against the job, so it is lost, not failed.
 HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+HANGUP_SIGNAL_NAMES = frozenset(s.name for s in HANGUP_SIGNALS)
 HANGUP_EXIT_CODES = tuple(128 + s for s in HANGUP_SIGNALS)
 
 
@@ -135,6 +136,10 @@ def _stopped_from_outside(
 ) -> bool:
     if outcome is not AttemptOutcome.FAILED or kill_reason or result is not None or exit_record is None:
         return False
+    received = exit_record.get("received")
+    if isinstance(received, list):  # the wrapper says which signals reached it: no guessing
+        return any(name in HANGUP_SIGNAL_NAMES for name in received)
+    # Records written before the wrapper named its signals: infer from the exit status.
     return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import stat
 import subprocess
 import sys
@@ -57,6 +58,8 @@ def test_worker_killed_by_a_signal_is_recorded(tmp_path: Path) -> None:
         "exit_code": 137,
         "signal": 9,
         "signal_name": "SIGKILL",
+        "received": [],
+        "forwarded": [],
         "ended_at": None,
     }
 
@@ -98,3 +101,36 @@ def test_everything_written_under_the_wrapper_is_owner_only(tmp_path: Path) -> N
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir()}
     assert set(modes) == {"pid.json", "exit.json", "stdout.log", "worker-file"}
     assert set(modes.values()) == {0o600}, modes
+
+
+def _wait_for_child(run_dir: Path, deadline_s: float = 20.0) -> dict[str, object]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            record = json.loads((run_dir / "pid.json").read_text())
+        except (FileNotFoundError, ValueError):
+            record = {}
+        if record.get("child_pid"):
+            return record  # handlers are installed before child_pid is recorded
+        time.sleep(0.02)
+    raise AssertionError("the wrapper never recorded its worker")
+
+
+def test_signals_received_and_forwarded_are_recorded(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        wrapper_argv(tmp_path, [sys.executable, "-c", "import time; time.sleep(30)"]),
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    _wait_for_child(tmp_path)
+    proc.send_signal(signal.SIGHUP)  # the wrapper alone, as when its terminal goes away
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    record = exit_info(tmp_path)
+    assert record["received"] == ["SIGHUP"]
+    assert record["forwarded"] == ["SIGTERM"]
+    assert record["signal_name"] == "SIGTERM"
+
+
+def test_a_worker_failing_by_itself_records_no_signal(tmp_path: Path) -> None:
+    done = run_wrapper(tmp_path, [sys.executable, "-c", "raise SystemExit(143)"])
+    assert done.returncode == 143
+    assert exit_info(tmp_path)["received"] == []

@@ -3,7 +3,8 @@
 Every attempt runs under this. It leads its own process group (so the whole tree can be killed
 at once), records `pid.json` before the worker starts and `exit.json` after it ends, both
 atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
-shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker. It never talks to the daemon:
+shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker (SIGHUP as SIGTERM), naming the
+signals it received and forwarded in exit.json. It never talks to the daemon:
 a daemon that was down learns what happened from these files.
 """
 
@@ -127,13 +128,20 @@ def run(run_dir: Path, argv: list[str]) -> int:
             )
             return EXIT_NOT_STARTED
 
-        forwarded: set[int] = set()
+        # Names, in order, for exit.json: the daemon tells "stopped from outside" (SIGHUP when
+        # the tmux server dies, a stray SIGTERM) from a worker that failed by itself.
+        received: list[str] = []
+        forwarded: list[str] = []
 
         def forward(signum: int, _frame: FrameType | None) -> None:
-            if signum not in forwarded:  # a group kill reaches the worker too; once is enough
-                forwarded.add(signum)
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            name = signal.Signals(signum).name
+            if name in received:
+                return  # a group kill reaches the worker too; once is enough
+            received.append(name)
+            sent = signal.SIGTERM if signum == signal.SIGHUP else signal.Signals(signum)
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(sent)
+                forwarded.append(sent.name)
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
@@ -153,6 +161,8 @@ def run(run_dir: Path, argv: list[str]) -> int:
             "exit_code": exit_code,
             "signal": killed_by,
             "signal_name": signal.Signals(killed_by).name if killed_by else None,
+            "received": received,
+            "forwarded": forwarded,
             "ended_at": _now(),
         },
     )
