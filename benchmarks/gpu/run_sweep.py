@@ -195,7 +195,12 @@ def sweep(args: argparse.Namespace) -> int:
         model_dir = work / "llama-1.3b"
         if not (model_dir / "config.json").exists():
             started = time.monotonic()
-            make_model(model_dir)
+            # in a child: a CUDA context left in this process would be foreign memory to orch
+            subprocess.run(
+                [sys.executable, __file__, "make-model", "--dir", str(model_dir)],
+                check=True,
+                cwd=REPO,
+            )
             print(f"model saved in {time.monotonic() - started:.1f} s", flush=True)
         model = str(model_dir)
     plans = tag_dir / "plans"
@@ -317,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     hold = sub.add_parser("ballast")
     hold.add_argument("--leave-gib", type=float, required=True)
     hold.add_argument("--ready", type=Path, required=True)
+    sub.add_parser("make-model").add_argument("--dir", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/orch-gpu-sweep"))
     parser.add_argument("--out", type=Path, default=Path("gpu-sweep-out"))
     parser.add_argument("--tag", default="packed")
@@ -343,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # an outer `timeout` sends SIGTERM: leave through `finally` (dumps, daemon, ballast)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    if args.command == "make-model":
+        make_model(args.dir)
+        return 0
     if args.command == "ballast":
         ballast_main(args.leave_gib, args.ready)
         return 0
