@@ -2,6 +2,7 @@
 # One device call: `bash benchmarks/gpu/device_run.sh packed|baseline` with $OUT set.
 #   packed:   GPU tests, the packed sweep (plan 6), the Llama memory benchmark
 #   baseline: the same sweep one job at a time (plan 1), the GLA memory benchmark
+#   repeat:   the packed sweep again (a second sample), the GLA rows at batch 4
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
 set -x
 set -o pipefail
@@ -28,6 +29,11 @@ mkdir -p "$OUT"
       timeout 400 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline --gpu-plan 1 --budget-s 340
       [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
       timeout 150 python3 benchmarks/lora_memory.py --models gla --out "$OUT/lora_memory_gla.json"
+      ;;
+    repeat)
+      timeout 300 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed2 --gpu-plan 6 --budget-s 240
+      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      timeout 280 python3 benchmarks/lora_memory.py --models gla --batches 4 --out "$OUT/lora_memory_gla_b4.json"
       ;;
   esac
 } 2>&1 | tee "$OUT/log.txt"
