@@ -19,7 +19,6 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import Level, expand_levels, load_ladder
 from orchestrator.launch.base import Launcher, LaunchSpec
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
-from orchestrator.launch.wrapper import wrapper_argv
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import (
     ModelInfo,
@@ -304,7 +303,7 @@ def _launch(
         )
         handle = launcher.launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
-                       argv=wrapper_argv(run_dir, argv), env=env, run_dir=run_dir)
+                       argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
         )
     except (OSError, OrchError, LauncherError) as exc:
         from orchestrator.outcomes import fail_before_start
