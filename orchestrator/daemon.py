@@ -27,7 +27,7 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.outcomes import complete
 from orchestrator.packing import PackingPolicy
-from orchestrator.reconcile import Verdict, judge, observe
+from orchestrator.reconcile import Verdict, disagreement, judge, observe
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
@@ -141,6 +141,8 @@ class Daemon:
             elif verdict is Verdict.FINISHED:
                 complete(self.store, attempt, obs, self.cache)
             elif verdict is Verdict.LOST:
+                if (why := disagreement(attempt, obs)) is not None:
+                    log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
                 complete(self.store, attempt, obs, self.cache, lost=True)
             else:
                 still_live += 1

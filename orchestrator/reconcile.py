@@ -2,7 +2,11 @@
 
 Run at daemon start and every tick. The run dir's files are the source of truth (the wrapper
 writes pid.json before the worker starts and exit.json after it ends); a pid alone is never
-trusted: the process must also have the create time recorded in pid.json.
+trusted: an attempt is alive only when all agree: the process with pid.json's pid has
+pid.json's create time, and the attempt row's pid (the wrapper pid the launcher returned) and
+create time, where known, are pid.json's. On disagreement the attempt is lost (logged with the
+reason); its pid.json group is still killed before any requeue when its leader is the very
+process that wrote pid.json in our private run dir, since that process runs this job.
 """
 
 from __future__ import annotations
@@ -102,6 +106,22 @@ def observe(run_dir: Path, now_s: float) -> Observation:
     )
 
 
+def disagreement(attempt: dict[str, Any], obs: Observation) -> str | None:
+    """Why the attempt row and pid.json name different processes; None when they agree (or
+    one side is not known yet). attempts.pid is the wrapper pid the launcher returned (the tmux
+    pane execs the wrapper), later pid.json's; proc_create_time is copied from pid.json."""
+    record = obs.pid_record
+    if record is None:
+        return None
+    row_pid, file_pid = attempt.get("pid"), record.get("pid")
+    if row_pid and file_pid and int(row_pid) != int(file_pid):
+        return f"the launcher started wrapper pid {row_pid} but pid.json names pid {file_pid}"
+    row_time, file_time = attempt.get("proc_create_time"), record.get("create_time")
+    if row_time is not None and file_time is not None and abs(float(row_time) - float(file_time)) > CREATE_TIME_TOLERANCE_S:
+        return f"pid.json now names a process created at {file_time}, not the recorded {row_time}"
+    return None
+
+
 def judge(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> Verdict:
     """Pure: the verdict on one live attempt from what was observed."""
     if obs.exit_record is not None:
@@ -112,6 +132,8 @@ def judge(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> V
         return Verdict.LOST
     if not obs.process_alive:
         return Verdict.LOST
+    if disagreement(attempt, obs) is not None:
+        return Verdict.LOST  # alive only when pid, create time, pid.json and the row all agree
     last_sign_of_life = max(float(attempt["started_at"]), obs.last_progress_at or 0.0)
     if obs.now_s - last_sign_of_life > hang_timeout_s:
         return Verdict.HUNG
