@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,7 +27,7 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.outcomes import complete
 from orchestrator.packing import PackingPolicy
-from orchestrator.reconcile import Verdict, disagreement, judge, observe
+from orchestrator.reconcile import Verdict, disagreement, judge, mark_lost, observe
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
@@ -44,6 +44,8 @@ class DaemonSettings:
 
 
 class Daemon:
+    started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
+
     def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher, worker_env: dict[str, str]) -> None:
         self.settings = settings
         self.probe = probe
@@ -67,6 +69,7 @@ class Daemon:
         """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
         os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
         self._lock.acquire()
+        self.started_at_s = now_s()  # after the lock: no other daemon launches from here on
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
@@ -125,7 +128,14 @@ class Daemon:
         still_live = 0
         for attempt in live_attempts(self.store):
             obs = observe(Path(attempt["run_dir"]), now_s())
-            verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]))
+            if obs.pid_record is None and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
+                try:
+                    obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
+                except Exception:  # the launcher could not tell: wait out the grace period
+                    log.warning("cannot check window %s of attempt %s", attempt["window_id"], attempt["id"], exc_info=True)
+            verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s)
+            if verdict is Verdict.LOST and obs.pid_record is None and not mark_lost(Path(attempt["run_dir"])):
+                verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
             if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
                 self._track(attempt, obs, by_uuid.get(attempt["gpu_uuid"]))
             if verdict is Verdict.ALIVE and attempt["kill_requested"]:

@@ -7,12 +7,27 @@ pid.json's create time, and the attempt row's pid (the wrapper pid the launcher 
 create time, where known, are pid.json's. On disagreement the attempt is lost (logged with the
 reason); its pid.json group is still killed before any requeue when its leader is the very
 process that wrote pid.json in our private run dir, since that process runs this job.
+
+Claimed but never launched. `start_attempt` commits the attempt (job -> running) before the
+launcher is called, and the daemon records `launcher`/`window_id`/`pid` right after the call
+returns. An attempt without pid.json is judged so:
+- no launcher recorded and claimed before this daemon started (`daemon_started_at_s`): the
+  daemon that claimed it is dead, so no launch call of it can still return: lost at once;
+- its window is gone, or its command ended, without writing pid.json: lost at once;
+- otherwise (window alive, or nothing to look at) pending for up to LAUNCH_GRACE_S.
+The old daemon may have died right after tmux opened the window, with the wrapper still
+starting. So before any attempt without pid.json is declared lost, `mark_lost` creates the
+run dir's lost marker (O_EXCL) and then looks for pid.json; the wrapper (claim_run_dir)
+creates pid.json exclusively and then looks for the marker. Each writes its flag before
+reading the other's, so at most one goes on: either the wrapper never starts the worker, or
+the daemon sees pid.json and judges the attempt again on its next pass, as usual.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -21,8 +36,10 @@ from typing import Any
 
 import psutil
 
-from orchestrator.launch.wrapper import EXIT_FILE, LOG_FILE, PID_FILE
+from orchestrator.launch.wrapper import EXIT_FILE, LOG_FILE, LOST_MARKER, PID_FILE
 from workers.harness import PROGRESS_FILE, RESULT_FILE, read_last_progress
+
+log = logging.getLogger(__name__)
 
 LAUNCH_GRACE_S = 60.0  # from the attempt row to pid.json; python start-up on a loaded box is slow
 CREATE_TIME_TOLERANCE_S = 1.0
@@ -44,6 +61,7 @@ class Observation:
     last_progress: dict[str, Any] | None
     last_progress_at: float | None
     now_s: float
+    window_alive: bool | None = None  # the launcher's word while pid.json is missing; None: unknown
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -122,12 +140,20 @@ def disagreement(attempt: dict[str, Any], obs: Observation) -> str | None:
     return None
 
 
-def judge(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> Verdict:
-    """Pure: the verdict on one live attempt from what was observed."""
+def judge(
+    attempt: dict[str, Any], obs: Observation, hang_timeout_s: float, daemon_started_at_s: float | None = None
+) -> Verdict:
+    """Pure: the verdict on one live attempt from what was observed. A LOST verdict without
+    pid.json must be confirmed by `mark_lost` before the attempt is closed."""
     if obs.exit_record is not None:
         return Verdict.FINISHED
     if obs.pid_record is None:
-        if obs.now_s - float(attempt["started_at"]) < LAUNCH_GRACE_S:
+        started_at_s = float(attempt["started_at"])
+        if attempt.get("launcher") is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
+            return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
+        if obs.window_alive is False:
+            return Verdict.LOST  # the window is gone, or its command ended, without pid.json
+        if obs.now_s - started_at_s < LAUNCH_GRACE_S:
             return Verdict.PENDING
         return Verdict.LOST
     if not obs.process_alive:
@@ -138,6 +164,24 @@ def judge(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> V
     if obs.now_s - last_sign_of_life > hang_timeout_s:
         return Verdict.HUNG
     return Verdict.ALIVE
+
+
+def mark_lost(run_dir: Path) -> bool:
+    """Leave the lost marker, then look for pid.json. True: no worker can start for this run dir
+    any more, the attempt may be closed as lost; False: a wrapper recorded itself first, so
+    judge the attempt again on the next pass."""
+    from orchestrator.launch.rundir import make_private_dirs  # yaml: not for every CLI start
+
+    run_dir = Path(run_dir)
+    try:
+        make_private_dirs(run_dir)
+        os.close(os.open(run_dir / LOST_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass  # left by an earlier pass
+    except OSError as exc:
+        # A run dir we cannot write to is one the wrapper cannot write pid.json to either.
+        log.warning("cannot mark %s lost (%s); no wrapper can record itself there", run_dir, exc)
+    return not (run_dir / PID_FILE).exists()
 
 
 def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:

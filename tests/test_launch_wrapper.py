@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from orchestrator.launch.base import kill_process_group
-from orchestrator.launch.wrapper import EXIT_NOT_STARTED, wrapper_argv
+from orchestrator.launch.wrapper import EXIT_NOT_STARTED, EXIT_REFUSED, LOST_MARKER, wrapper_argv
+from orchestrator.reconcile import mark_lost
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +38,7 @@ def exit_info(run_dir: Path) -> dict[str, object]:
 def test_echoes_output_and_appends_to_the_log(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for text in ("first", "second"):
+        (run_dir / "pid.json").unlink(missing_ok=True)  # pid.json is one wrapper's claim on the dir
         done = run_wrapper(run_dir, [sys.executable, "-c", f"print({text!r})"])
         assert done.returncode == 0 and text in done.stdout
     assert (run_dir / "stdout.log").read_text().splitlines() == ["first", "second"]
@@ -134,3 +136,42 @@ def test_a_worker_failing_by_itself_records_no_signal(tmp_path: Path) -> None:
     done = run_wrapper(tmp_path, [sys.executable, "-c", "raise SystemExit(143)"])
     assert done.returncode == 143
     assert exit_info(tmp_path)["received"] == []
+
+
+def test_a_lost_marker_stops_the_worker_from_starting(tmp_path: Path) -> None:
+    (tmp_path / LOST_MARKER).write_text("")  # the daemon declared the attempt lost first
+    done = run_wrapper(tmp_path, [sys.executable, "-c", f"open({str(tmp_path / 'ran')!r}, 'w')"])
+    assert done.returncode == EXIT_REFUSED and "declared lost" in done.stderr
+    assert not (tmp_path / "ran").exists()
+    assert not (tmp_path / "pid.json").exists() and not (tmp_path / "exit.json").exists()
+
+
+def test_a_second_wrapper_on_one_run_dir_refuses(tmp_path: Path) -> None:
+    (tmp_path / "pid.json").write_text('{"pid": 1}')
+    done = run_wrapper(tmp_path, [sys.executable, "-c", f"open({str(tmp_path / 'ran')!r}, 'w')"])
+    assert done.returncode == EXIT_REFUSED
+    assert not (tmp_path / "ran").exists()
+    assert json.loads((tmp_path / "pid.json").read_text()) == {"pid": 1}
+
+
+def test_marking_lost_while_real_wrappers_start(tmp_path: Path) -> None:
+    """The daemon marks the attempt lost at various moments of the wrapper's start-up: when it
+    wins, the worker never ran; when it loses, pid.json is there."""
+    wins = 0
+    for trial in range(8):
+        run_dir = tmp_path / f"attempt-{trial}"
+        run_dir.mkdir()
+        ran = run_dir / "ran"
+        proc = subprocess.Popen(
+            wrapper_argv(run_dir, [sys.executable, "-c", f"open({str(ran)!r}, 'w')"]),
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        time.sleep(trial * 0.04)  # spread the mark over the wrapper's start-up
+        lost = mark_lost(run_dir)
+        proc.wait(timeout=30)
+        if lost:
+            wins += 1
+            assert not ran.exists() and proc.returncode == EXIT_REFUSED
+        else:
+            assert (run_dir / "pid.json").exists()
+    assert wins >= 1  # the first mark lands before python has even started

@@ -4,20 +4,26 @@ with the wrapper, and the outcome of an attempt stopped from outside."""
 from __future__ import annotations
 
 import json
+import stat
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from orchestrator.launch.wrapper import LOST_MARKER, claim_run_dir
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.outcomes import _stopped_from_outside
 from orchestrator.reconcile import (
+    LAUNCH_GRACE_S,
     Observation,
     Verdict,
     disagreement,
     judge,
+    mark_lost,
     observe,
 )
 
@@ -94,3 +100,72 @@ def test_stopped_from_outside_never_overrides_orch_kills_results_or_other_outcom
     assert not _stopped_from_outside(AttemptOutcome.FAILED, None, hup, {"status": "error"})
     assert not _stopped_from_outside(AttemptOutcome.OOM, None, hup, None)
     assert not _stopped_from_outside(AttemptOutcome.FAILED, None, None, None)
+
+
+# -- claimed but never launched ---------------------------------------------------------------
+
+DAEMON_START = NOW - 2  # this daemon started 2 s ago
+
+
+def test_claimed_by_a_dead_daemon_and_never_launched_is_lost_at_once() -> None:
+    row = attempt_row(launcher=None, window_id=None, started_at=DAEMON_START - 1)
+    assert judge(row, observation(), HANG_S, DAEMON_START) is Verdict.LOST
+    # without the daemon's start time, or claimed by this daemon: the grace period
+    assert judge(row, observation(), HANG_S) is Verdict.PENDING
+    ours = attempt_row(launcher=None, window_id=None, started_at=DAEMON_START + 1)
+    assert judge(ours, observation(), HANG_S, DAEMON_START) is Verdict.PENDING
+    late = observation(now_s=DAEMON_START + 1 + LAUNCH_GRACE_S + 1)
+    assert judge(ours, late, HANG_S, DAEMON_START) is Verdict.LOST
+
+
+def test_window_open_but_no_pid_json_yet_waits_within_the_grace() -> None:
+    row = attempt_row(started_at=DAEMON_START - 1)  # launched by the dead daemon: launcher recorded
+    assert judge(row, observation(window_alive=True), HANG_S, DAEMON_START) is Verdict.PENDING
+    assert judge(row, observation(window_alive=None), HANG_S, DAEMON_START) is Verdict.PENDING
+    assert judge(row, observation(window_alive=False), HANG_S, DAEMON_START) is Verdict.LOST
+    late = observation(window_alive=True, now_s=row["started_at"] + LAUNCH_GRACE_S + 1)
+    assert judge(row, late, HANG_S, DAEMON_START) is Verdict.LOST
+
+
+def test_an_exit_or_pid_record_overrides_the_launch_checks() -> None:
+    row = attempt_row(launcher=None, window_id=None, started_at=DAEMON_START - 1)
+    assert judge(row, observation(exit_record={"exit_code": 0}), HANG_S, DAEMON_START) is Verdict.FINISHED
+    record = {"pid": 4242, "pgid": 4242, "create_time": 500.0}
+    assert judge(row, observation(record, alive=True, window_alive=False), HANG_S, DAEMON_START) is Verdict.ALIVE
+
+
+def test_mark_lost_creates_the_marker_unless_a_wrapper_recorded_itself(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "s" / "job" / "attempt-1"  # never prepared: the daemon died first
+    assert mark_lost(run_dir)
+    assert (run_dir / LOST_MARKER).is_file()
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert mark_lost(run_dir)  # again on the next pass: still lost
+    other = tmp_path / "attempt-2"
+    other.mkdir()
+    (other / "pid.json").write_text("{}")
+    assert not mark_lost(other)
+
+
+def test_the_wrapper_and_mark_lost_never_both_go_on(tmp_path: Path) -> None:
+    """Both sides at once, many times: never a started worker for an attempt declared lost."""
+    outcomes: Counter[tuple[bool, bool]] = Counter()
+    for trial in range(300):
+        run_dir = tmp_path / f"attempt-{trial}"
+        run_dir.mkdir()
+        barrier = threading.Barrier(2)
+        claimed: list[bool] = []
+
+        def wrapper_side(
+            run_dir: Path = run_dir, barrier: threading.Barrier = barrier, claimed: list[bool] = claimed
+        ) -> None:
+            barrier.wait()
+            claimed.append(claim_run_dir(run_dir, {"pid": 1}))
+
+        thread = threading.Thread(target=wrapper_side)
+        thread.start()
+        barrier.wait()
+        lost = mark_lost(run_dir)
+        thread.join()
+        outcomes[(claimed[0], lost)] += 1
+    assert outcomes[(True, True)] == 0, outcomes
+    assert outcomes[(True, False)] + outcomes[(False, True)] > 0, outcomes

@@ -1,8 +1,8 @@
 """The launch wrapper: `python -m orchestrator.launch.wrapper --run-dir DIR -- ARGV...`
 
 Every attempt runs under this. It leads its own process group (so the whole tree can be killed
-at once), records `pid.json` before the worker starts and `exit.json` after it ends, both
-atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
+at once), records `pid.json` (created exclusively, see claim_run_dir) before the worker starts
+and `exit.json` after it ends, both atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
 shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker (SIGHUP as SIGTERM), naming the
 signals it received and forwarded in exit.json. It never talks to the daemon:
 a daemon that was down learns what happened from these files.
@@ -28,7 +28,9 @@ import psutil
 PID_FILE = "pid.json"
 EXIT_FILE = "exit.json"
 LOG_FILE = "stdout.log"
+LOST_MARKER = "lost"  # left by the daemon before it declares an attempt without pid.json lost
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
+EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrapper already)
 DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -62,6 +64,31 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
+    """Create pid.json exclusively, then look for the daemon's lost marker; False means the
+    worker must not start.
+
+    The daemon (reconcile.mark_lost) creates the marker first and then looks for pid.json; we
+    create pid.json first and then look for the marker. Each side writes its own flag before
+    reading the other's, so at most one of them goes on: never a worker running for an
+    attempt the daemon has already declared lost (and requeued)."""
+    if (run_dir / LOST_MARKER).exists():
+        return False
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{PID_FILE}.", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(info, handle, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp_name, run_dir / PID_FILE)  # unlike a rename, fails when pid.json exists
+    except FileExistsError:
+        return False  # another wrapper has this run dir
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+    return not (run_dir / LOST_MARKER).exists()
 
 
 def become_group_leader() -> int:
@@ -108,7 +135,11 @@ def run(run_dir: Path, argv: list[str]) -> int:
         "started_at": _now(),
         "argv": argv,
     }
-    _write_json(run_dir / PID_FILE, info)
+    if not claim_run_dir(run_dir, info):
+        # No exit.json: the daemon already closed this attempt, or pid.json and a dead
+        # wrapper tell it so on its next pass.
+        print(f"orch wrapper: attempt in {run_dir} was declared lost; not starting it", file=sys.stderr)
+        return EXIT_REFUSED
 
     with open(run_dir / LOG_FILE, "ab") as log:
         try:
