@@ -136,8 +136,9 @@ def test_daemon_sigkilled_repeatedly_every_job_once(orch: Orch) -> None:
         "gpu_plan": "3,3",
     }
     print("chaos:", json.dumps(report))
-    RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_FILE.write_text(json.dumps(report, indent=2) + "\n")
+    if os.environ.get("ORCH_RECORD_FIGURES"):  # refresh the committed figures on purpose only
+        RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS_FILE.write_text(json.dumps(report, indent=2) + "\n")
 
 
 @pytest.mark.slow

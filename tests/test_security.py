@@ -78,11 +78,6 @@ def test_a_sim_job_through_the_daemon_leaves_only_private_files(orch: Orch) -> N
 
 @requires_tmux
 @pytest.mark.tmux
-@pytest.mark.xfail(
-    strict=True,
-    reason="the sim GPU dirs are made by `orch daemon start` in the CLI process (SimProbe), "
-    "before the daemon sets its umask; the CLI needs an umask of 0o077 too",
-)
 def test_sim_dir_is_private(orch: Orch) -> None:
     old_umask = os.umask(0o022)
     try:

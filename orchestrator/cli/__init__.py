@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,8 @@ def console_main() -> int:
     process skips them. Only this entry point does it: library users keep their pandas."""
     for heavy in ("pandas", "numpy"):
         sys.modules.setdefault(heavy, None)  # type: ignore[arg-type]
+    # Everything orch creates (state.db, logs, run dirs, simulated GPU dirs) is owner-only.
+    os.umask(0o077)
     return main()
 
 
