@@ -41,6 +41,7 @@ class DaemonSettings:
     poll_s: float = 1.0
     headroom_fraction: float = 0.10
     starvation_s: float = 600.0
+    order: str = "longest_first"  # among equal priorities; "fifo" keeps submission order
 
 
 class Daemon:
@@ -54,7 +55,9 @@ class Daemon:
         self.cache = JobShapeCache()
         self.ctx = DispatchContext(
             runs_dir=runs_dir(settings.db_path),
-            policy=PackingPolicy(headroom_fraction=settings.headroom_fraction, starvation_s=settings.starvation_s),
+            policy=PackingPolicy(
+                headroom_fraction=settings.headroom_fraction, starvation_s=settings.starvation_s, order=settings.order
+            ),
             worker_env=worker_env,
         )
         self._stop = threading.Event()

@@ -13,7 +13,7 @@ import click
 
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
-from orchestrator.errors import DaemonError, GpuUnavailable
+from orchestrator.errors import DaemonError
 from orchestrator.gpu import GpuProbe, make_probe
 from orchestrator.store.db import Store, now_s
 
@@ -48,6 +48,13 @@ def _backend_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def _order_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--order", type=click.Choice(["longest_first", "fifo"]), default="longest_first", show_default=True,
+        help="Among equal priorities: longest expected run first (learned from finished jobs), or submission order.",
+    )(func)
+
+
 def _poll_option(func):  # type: ignore[no-untyped-def]
     return click.option("--poll", "poll_s", type=click.FloatRange(0.05, 60.0), default=1.0, show_default=True,
                         help="Seconds between scheduling passes.")(func)
@@ -60,8 +67,11 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
               help="Fraction of each card kept free beside every job.")
 @click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
+@_order_option
 @db_option
-def daemon_run(backend: str | None, poll_s: float, headroom_fraction: float, launcher_kind: str | None, db_path: Path) -> None:
+def daemon_run(
+    backend: str | None, poll_s: float, headroom_fraction: float, launcher_kind: str | None, order: str, db_path: Path
+) -> None:
     """Run the daemon in the foreground."""
     from orchestrator.daemon import Daemon, DaemonSettings
     from orchestrator.launch.base import make_launcher
@@ -70,7 +80,7 @@ def daemon_run(backend: str | None, poll_s: float, headroom_fraction: float, lau
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)
     launcher = make_launcher(launcher_kind, tmux_socket_name(db_path))
-    daemon = Daemon(DaemonSettings(db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction), probe, launcher, worker_env)
+    daemon = Daemon(DaemonSettings(db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction, order=order), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
 
@@ -79,23 +89,30 @@ def daemon_run(backend: str | None, poll_s: float, headroom_fraction: float, lau
 @_backend_option
 @_poll_option
 @click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None)
+@_order_option
 @db_option
-def daemon_start(backend: str | None, poll_s: float, launcher_kind: str | None, db_path: Path) -> None:
+def daemon_start(backend: str | None, poll_s: float, launcher_kind: str | None, order: str, db_path: Path) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
-    start_daemon(db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind)
+    start_daemon(db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order)
 
 
-def start_daemon(db_path: Path, *, backend: str | None = None, poll_s: float = 1.0, launcher_kind: str | None = None, quiet: bool = False) -> int:
+def start_daemon(
+    db_path: Path,
+    *,
+    backend: str | None = None,
+    poll_s: float = 1.0,
+    launcher_kind: str | None = None,
+    order: str = "longest_first",
+    quiet: bool = False,
+) -> int:
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
     # Fail here, in the user's terminal, when the GPUs cannot be read.
-    try:
-        probe, _ = resolve_backend(db_path, backend)
-        probe.close()
-    except GpuUnavailable:
-        raise
+    probe, _ = resolve_backend(db_path, backend)
+    probe.close()
     Store(db_path).close()
-    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db_path), "--poll", str(poll_s)]
+    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db_path), "--poll", str(poll_s),
+            "--order", order]
     if backend:
         argv += ["--backend", backend]
     if launcher_kind:
