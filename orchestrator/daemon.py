@@ -25,6 +25,7 @@ from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
+from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.outcomes import complete
 from orchestrator.packing import PackingPolicy
 from orchestrator.reconcile import Verdict, disagreement, judge, mark_lost, observe
@@ -33,6 +34,9 @@ from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
 
 log = logging.getLogger(__name__)
+
+
+WAKE_CHECK_S = 0.1  # how often an idle daemon looks for commits by other processes
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Daemon:
             worker_env=worker_env,
         )
         self._stop = threading.Event()
+        self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._lock = DaemonLock(settings.db_path)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -86,13 +91,30 @@ class Daemon:
                         break
                 except Exception:  # one bad tick must not end a sweep of days
                     log.exception("tick failed; continuing")
-                self._stop.wait(max(0.0, self.settings.poll_s - (time.monotonic() - started)))
+                self._idle_until(started + self.settings.poll_s)
         finally:
             with contextlib.suppress(Exception), self.store.write():
                 self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
                 add_event(self.store, "daemon", "daemon stopped; running workers keep running")
             self.probe.close()
             self._lock.release()
+
+    def _idle_until(self, deadline: float) -> None:
+        """Wait for the next tick, but start it early when another process committed to
+        state.db (a submit, cancel or plan change) or a running attempt wrote its exit record:
+        a job that became placeable need not wait a whole poll."""
+        seen = self._data_version()
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._stop.wait(min(WAKE_CHECK_S, remaining))
+            if self._data_version() != seen or any(path.exists() for path in self._exit_files):
+                return
+
+    def _data_version(self) -> int:
+        # Changes only when another connection commits; our own heartbeat writes do not count.
+        return int(self.store.db.execute("PRAGMA data_version").fetchone()[0])
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop.set()
@@ -123,6 +145,10 @@ class Daemon:
         snapshots = self.probe.snapshot() if live_count else snapshots
         schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
         self._heartbeat(snapshots)
+        self._exit_files = [
+            Path(row["run_dir"]) / EXIT_FILE
+            for row in self.store.query("SELECT run_dir FROM attempts WHERE outcome IS NULL")
+        ]
         return False
 
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
