@@ -86,6 +86,31 @@ def dispatch_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
     }
 
 
+def slot_free_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
+    """One slot, a queue of short jobs: latency = next worker's start - previous worker's end."""
+    db = root / "slot" / "state.db"
+    db.parent.mkdir()
+    env = {**os.environ, "ORCH_DB": str(db), "ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "1x24GiB",
+           "ORCH_PLANS": str(_write_plans(root / "slot"))}
+    _orch(env, "submit", "--suite", "bench", "--pairs", " ".join(f"{i}:glue_rte" for i in range(n_jobs)),
+          "--gpu-plan", "1", "--gpus", "0")
+    _orch(env, "daemon", "start", "--poll", str(poll_s), "--order", "fifo")
+    try:
+        with Store(db) as store:
+            _wait(lambda: store.query("SELECT count(*) AS n FROM jobs WHERE state = 'succeeded'")[0]["n"] == n_jobs,
+                  60 + 5 * n_jobs, "sweep")
+            run_dirs = [Path(r["run_dir"]) for r in store.query("SELECT run_dir FROM attempts ORDER BY started_at")]
+    finally:
+        _orch(env, "daemon", "stop")
+    latencies = []
+    for previous, following in zip(run_dirs, run_dirs[1:]):
+        ended = _iso_to_s(json.loads((previous / "exit.json").read_text())["ended_at"])
+        started = _iso_to_s(json.loads((following / "pid.json").read_text())["started_at"])
+        latencies.append(started - ended)
+    return {"handoffs": len(latencies), "poll_s": poll_s, "median_s": statistics.median(latencies),
+            "max_s": max(latencies)}
+
+
 def _iso_to_s(text: str) -> float:
     from datetime import datetime
 
@@ -155,6 +180,7 @@ def main() -> int:
         root = Path(tmp)
         figures = {
             "dispatch_latency": dispatch_latency(root, args.jobs, args.poll),
+            "slot_free_latency": slot_free_latency(root, 10, args.poll),
             "status_10k": status_with_10k_jobs(root),
             "idle_daemon": idle_cpu(root, args.idle_s, args.poll),
             "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
@@ -162,6 +188,9 @@ def main() -> int:
     lat, status, idle = figures["dispatch_latency"], figures["status_10k"], figures["idle_daemon"]
     print(f"dispatch latency (queued -> worker running), {lat['jobs']} jobs, poll {lat['poll_s']} s: "
           f"median {lat['median_s']:.3f} s, p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s   (target: median < 1 s)")
+    slot = figures["slot_free_latency"]
+    print(f"slot freed -> next worker running, {slot['handoffs']} hand-offs on one slot: "
+          f"median {slot['median_s']:.3f} s, max {slot['max_s']:.3f} s")
     print(f"orch status --once, 10,000 jobs: median {status['status_once_median_s']:.3f} s "
           f"(of which interpreter + imports {status['interpreter_and_import_s']:.3f} s); "
           f"--json {status['status_json_median_s']:.3f} s   (target: < 0.5 s)")
