@@ -12,6 +12,7 @@ checkpointing and logits_to_keep=1. Meant for a GPU:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import platform
@@ -62,10 +63,16 @@ def measure(
                            "gradient_checkpointing": checkpointing, "logits_to_keep": logits_to_keep}  # fmt: skip
     model = None
     try:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         with torch.device(device):
             model = build(kind, args.tiny).to(dtype)
+        if device.type == "cuda":
+            # the peak counts from here: the fp32 weights the build made (5.2 GiB for 1.3 B
+            # parameters) are gone after the cast and must not set a floor under training
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            row["weights_mib"] = round(torch.cuda.memory_allocated(device) / MIB)
         lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
         model = get_peft_model(model, lora)
@@ -92,6 +99,8 @@ def measure(
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            if step == 0:  # the first step compiles (fla's Triton kernels): how long it took
+                row["first_step_s"] = round(time.perf_counter() - started_s, 2)
             if step >= args.warmup:
                 timed_s += time.perf_counter() - started_s
         row["samples_per_s"] = round(batch * args.steps / timed_s, 2)
@@ -139,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--traceback-every-s", type=float, default=0.0,
+                        help="dump every thread's stack to stderr this often (0: never)")  # fmt: skip
     args = parser.parse_args(argv)
     import torch
 
@@ -153,19 +164,23 @@ def main(argv: list[str] | None = None) -> int:
             if args.device == "cpu":
                 print("fla kernels need a GPU: skipping the GLA model", file=sys.stderr)
                 kinds.remove("gla")
-    rows = [
-        measure(kind, batch, checkpointing, keep, args)
-        for kind in kinds
-        for batch in (int(b) for b in args.batches.split(","))
-        for checkpointing, keep in VARIANTS
-    ]
+    if args.traceback_every_s > 0:  # a hang (a kernel compile, a deadlock) shows where it is
+        faulthandler.dump_traceback_later(args.traceback_every_s, repeat=True, file=sys.stderr)
+    meta = {"torch": torch.__version__, "python": platform.python_version(), "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+            "tiny": args.tiny, "steps": args.steps, "warmup": args.warmup,
+            "peak_window": "after the model is built and cast"}  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for kind in kinds:
+        for batch in (int(b) for b in args.batches.split(",")):
+            for checkpointing, keep in VARIANTS:
+                rows.append(measure(kind, batch, checkpointing, keep, args))
+                print(render(rows[-1:]).splitlines()[-1], flush=True)
+                if args.out:  # after every row: a run cut short keeps what it measured
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    faulthandler.cancel_dump_traceback_later()
     print(render(rows))
-    if args.out:
-        meta = {"torch": torch.__version__, "python": platform.python_version(), "device": args.device,
-                "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-                "tiny": args.tiny, "steps": args.steps, "warmup": args.warmup}  # fmt: skip
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return 0
 
 
