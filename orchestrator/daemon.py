@@ -44,6 +44,7 @@ class DaemonSettings:
     db_path: Path
     poll_s: float = 1.0
     headroom_fraction: float = 0.10
+    headroom_max_mib: int | None = 4096
     starvation_s: float = 600.0
     order: str = "longest_first"  # among equal priorities; "fifo" keeps submission order
 
@@ -60,7 +61,8 @@ class Daemon:
         self.ctx = DispatchContext(
             runs_dir=runs_dir(settings.db_path),
             policy=PackingPolicy(
-                headroom_fraction=settings.headroom_fraction, starvation_s=settings.starvation_s, order=settings.order
+                headroom_fraction=settings.headroom_fraction, headroom_max_mib=settings.headroom_max_mib,
+                starvation_s=settings.starvation_s, order=settings.order,
             ),
             worker_env=worker_env,
         )

@@ -53,6 +53,9 @@ class PackingPolicy:
     # order among jobs of equal priority: "longest_first" (expected run time, jobs with no
     # estimate first, ties in queue order) or "fifo" (queue order only)
     order: str = "longest_first"
+    # headroom is never more than this: 10% of a 141 GiB card (14 GiB) would waste half of a
+    # 24 GiB share of it; None = no cap
+    headroom_max_mib: int | None = 4096
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,10 @@ ORDER_RULES = ("longest_first", "fifo")
 
 def headroom_mib(gpu: GpuState, policy: PackingPolicy) -> int:
     """Memory kept free beside every job on this card."""
-    return int(policy.headroom_fraction * gpu.total_mib)
+    fraction_mib = int(policy.headroom_fraction * gpu.total_mib)
+    if policy.headroom_max_mib is None:
+        return fraction_mib
+    return min(fraction_mib, policy.headroom_max_mib)
 
 
 def _gib(mib: float) -> str:
@@ -218,7 +224,7 @@ def _wait_reason(
         c = max(short, key=lambda c: c.available_mib - _headroom_for(job, c))
         ramping = f" ({_gib(c.reserved_mib)} reserved for ramping jobs)" if c.reserved_mib else ""
         return (
-            f"GPU {c.gpu.index}: {_gib(c.available_mib)} free{ramping}, "
+            f"GPU {c.gpu.index}: {_gib(max(0, c.available_mib))} free{ramping}, "
             f"needs {_gib(job.predicted_peak_mib)} + {_gib(_headroom_for(job, c))} headroom"
         )
     if job.run_alone:

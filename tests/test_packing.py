@@ -250,3 +250,14 @@ def test_pack_is_pure() -> None:
     first = pack(queue, cards, busy, PackingPolicy(), 100.0)
     assert pack(queue, cards, busy, PackingPolicy(), 100.0) == first
     assert queue == [job(1, 5), job(2, 30)]
+
+
+def test_headroom_is_a_fraction_of_the_card_capped_in_mib() -> None:
+    from orchestrator.packing import GpuState, PackingPolicy, headroom_mib
+
+    small = GpuState(index=0, uuid="u0", total_mib=24 * 1024, free_mib=24 * 1024, slots=2)
+    large = GpuState(index=1, uuid="u1", total_mib=141 * 1024, free_mib=141 * 1024, slots=2)
+    policy = PackingPolicy()
+    assert headroom_mib(small, policy) == int(0.10 * 24 * 1024)  # under the cap: 10%
+    assert headroom_mib(large, policy) == 4096  # 10% would be 14.1 GiB
+    assert headroom_mib(large, PackingPolicy(headroom_max_mib=None)) == int(0.10 * 141 * 1024)

@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"cannot read trace {args.trace}: {e}", file=sys.stderr)
         return 2
-    packing = PackingPolicy(args.headroom, args.starvation_s, args.placement, args.order)
+    packing = PackingPolicy(
+        headroom_fraction=args.headroom, starvation_s=args.starvation_s, placement=args.placement, order=args.order
+    )
     data = report(trace, run_all(trace, packing, names))
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0

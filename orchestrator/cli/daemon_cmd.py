@@ -48,6 +48,17 @@ def _backend_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def _headroom_options(func):  # type: ignore[no-untyped-def]
+    func = click.option(
+        "--headroom-max-gib", "headroom_max_gib", type=click.FloatRange(0.0, 1024.0), default=4.0, show_default=True,
+        help="Cap on the headroom in GiB (10% of a 141 GiB card would be 14 GiB).",
+    )(func)
+    return click.option(
+        "--headroom", "headroom_fraction", type=click.FloatRange(0.0, 0.5), default=0.10, show_default=True,
+        help="Fraction of each card kept free beside every job.",
+    )(func)
+
+
 def _order_option(func):  # type: ignore[no-untyped-def]
     return click.option(
         "--order", type=click.Choice(["longest_first", "fifo"]), default="longest_first", show_default=True,
@@ -63,14 +74,19 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
 @daemon_group.command("run")
 @_backend_option
 @_poll_option
-@click.option("--headroom", "headroom_fraction", type=click.FloatRange(0.0, 0.5), default=0.10, show_default=True,
-              help="Fraction of each card kept free beside every job.")
+@_headroom_options
 @click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
 @db_option
 def daemon_run(
-    backend: str | None, poll_s: float, headroom_fraction: float, launcher_kind: str | None, order: str, db_path: Path
+    backend: str | None,
+    poll_s: float,
+    headroom_fraction: float,
+    headroom_max_gib: float,
+    launcher_kind: str | None,
+    order: str,
+    db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
     from orchestrator.daemon import Daemon, DaemonSettings
@@ -80,7 +96,10 @@ def daemon_run(
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)
     launcher = make_launcher(launcher_kind, tmux_socket_name(db_path))
-    daemon = Daemon(DaemonSettings(db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction, order=order), probe, launcher, worker_env)
+    daemon = Daemon(DaemonSettings(
+            db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
+            headroom_max_mib=round(headroom_max_gib * 1024), order=order,
+        ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
 
@@ -90,10 +109,22 @@ def daemon_run(
 @_poll_option
 @click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None)
 @_order_option
+@_headroom_options
 @db_option
-def daemon_start(backend: str | None, poll_s: float, launcher_kind: str | None, order: str, db_path: Path) -> None:
+def daemon_start(
+    backend: str | None,
+    poll_s: float,
+    launcher_kind: str | None,
+    order: str,
+    headroom_fraction: float,
+    headroom_max_gib: float,
+    db_path: Path,
+) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
-    start_daemon(db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order)
+    start_daemon(
+        db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
+        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib)],
+    )
 
 
 def start_daemon(
@@ -103,6 +134,7 @@ def start_daemon(
     poll_s: float = 1.0,
     launcher_kind: str | None = None,
     order: str = "longest_first",
+    extra_args: list[str] | None = None,
     quiet: bool = False,
 ) -> int:
     if DaemonLock.is_held(db_path):
@@ -112,7 +144,7 @@ def start_daemon(
     probe.close()
     Store(db_path).close()
     argv = [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db_path), "--poll", str(poll_s),
-            "--order", order]
+            "--order", order, *(extra_args or [])]
     if backend:
         argv += ["--backend", backend]
     if launcher_kind:
