@@ -35,6 +35,7 @@ from orchestrator.packing import (
     PackingPolicy,
     QueuedJob,
     RunningAttempt,
+    headroom_mib,
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
@@ -211,6 +212,10 @@ def schedule(
     shapes = load_shapes(store)
     durations = load_durations(store)
     predictions: dict[int, tuple[int, str]] = {}
+    gpus = gpu_states(snapshots, get_gpu_plan(store))
+    # A prediction above every usable card (an inflated estimate or OOM floor) would keep a job
+    # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
+    ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
     for job in queued_rows:
         if job["suite"] in paused:
             reasons[job["id"]] = f"suite {job['suite']} paused: {paused[job['suite']]} (orch resume {job['suite']})"
@@ -224,7 +229,10 @@ def schedule(
             _fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         levels[job["id"]] = level
-        predictions[job["id"]] = predict(shapes, job, level, cache)
+        predicted_mib, source = predict(shapes, job, level, cache)
+        if ceiling_mib is not None and predicted_mib > ceiling_mib:
+            predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
+        predictions[job["id"]] = (predicted_mib, source)
         allowed = json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None
         queue.append(
             QueuedJob(
@@ -235,7 +243,7 @@ def schedule(
                 expected_duration_s=durations.expected_s(job["config_name"], job["data"], level.index),
             )
         )
-    decision = pack(queue, gpu_states(snapshots, get_gpu_plan(store)), running, ctx.policy, now_s())
+    decision = pack(queue, gpus, running, ctx.policy, now_s())
     reasons.update(decision.wait_reasons)
     by_id = {job["id"]: job for job in queued_rows}
     by_index = {s.index: s for s in snapshots}

@@ -243,6 +243,9 @@ def _max(*values: int | None) -> int | None:
     return max(present) if present else None
 
 
+OOM_FLOOR_GROWTH = 1.25  # each further OOM of a shape raises its floor by at least this factor
+
+
 def update_shape(
     old: ShapeMemory | None,
     observed_peak_mib: int | None,
@@ -259,7 +262,12 @@ def update_shape(
             _max(old.peak_mib, observed_peak_mib), old.oom_floor_mib, old.samples + 1
         )
     held = held_at_oom_mib if outcome is AttemptOutcome.OOM else None
-    return ShapeMemory(old.peak_mib, _max(old.oom_floor_mib, observed_peak_mib, held), old.samples)
+    floor = _max(old.oom_floor_mib, observed_peak_mib, held)
+    if outcome is AttemptOutcome.OOM and old.oom_floor_mib is not None and floor is not None:
+        # It died again although placed at or above the floor: what an OOM'd job held is what
+        # it got on a full card, not what it needs, so raise the floor geometrically.
+        floor = max(floor, math.ceil(old.oom_floor_mib * OOM_FLOOR_GROWTH))
+    return ShapeMemory(old.peak_mib, floor, old.samples)
 
 
 def predict_peak_mib(

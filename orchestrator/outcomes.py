@@ -80,7 +80,9 @@ def complete(
     peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0)
     levels = job_levels(job, cache)
     level = levels[min(attempt["level"], len(levels) - 1)]
-    _learn(store, job, level, verdict.outcome, peak_mib, int(attempt["held_mib"] or 0), cache)
+    needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
+    held_at_death_mib = max(int(attempt["held_mib"] or 0), peak_mib, int(needed_mib or 0))
+    _learn(store, job, level, verdict.outcome, peak_mib, held_at_death_mib)
 
     data: dict[str, Any] = {"gpu": attempt["gpu_index"], "peak_mib": peak_mib, "held_mib": attempt["held_mib"]}
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
@@ -144,15 +146,16 @@ def _stopped_from_outside(
 
 
 def _learn(
-    store: Store, job: dict[str, Any], level: Any, outcome: AttemptOutcome, peak_mib: int, held_mib: int,
-    cache: JobShapeCache,
+    store: Store, job: dict[str, Any], level: Any, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int
 ) -> None:
+    """Fold the attempt into its shape's memory record. For an OOM, what the process held plus
+    what it asked for when it died (torch's message) is a floor on what the shape needs."""
     if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
         return
     key = job_shape_key(job, level)
     row = read_shape(store, key)
     old = ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"]) if row else None
-    new = update_shape(old, peak_mib or None, outcome, max(held_mib, peak_mib) or None)
+    new = update_shape(old, peak_mib or None, outcome, held_at_death_mib or None)
     write_shape(store, key, new.peak_mib, new.oom_floor_mib, new.samples)
 
 

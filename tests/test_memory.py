@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,18 @@ def test_never_predicts_below_the_oom_floor(
     without_floor = predict_peak_mib(ShapeMemory(peak, None, 1), estimate, declared)
     assert got.floor_applied is (without_floor.mib < got.mib)
     assert got.mib == max(without_floor.mib, 12300)
+
+
+def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
+    from orchestrator.memory import OOM_FLOOR_GROWTH
+
+    first = update_shape(None, 4000, AttemptOutcome.OOM, 5000)
+    assert first.oom_floor_mib == 5000
+    # Died again although placed above the floor, holding less than the floor (a full card):
+    second = update_shape(first, 3000, AttemptOutcome.OOM, 3500)
+    assert second.oom_floor_mib == math.ceil(5000 * OOM_FLOOR_GROWTH)
+    third = update_shape(second, 3000, AttemptOutcome.OOM, 9000)
+    assert third.oom_floor_mib == max(9000, math.ceil(second.oom_floor_mib * OOM_FLOOR_GROWTH))
+    # A success records the peak but leaves the floor as it was.
+    done = update_shape(third, 8000, AttemptOutcome.SUCCEEDED, None)
+    assert done.oom_floor_mib == third.oom_floor_mib and done.peak_mib == 8000
