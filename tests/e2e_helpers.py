@@ -26,7 +26,9 @@ POLL_S = 0.05
 CLI_TIMEOUT_S = 60.0
 
 
-def wait_until(condition: Callable[[], T | None], deadline_s: float, what: str, poll_s: float = POLL_S) -> T:
+def wait_until(
+    condition: Callable[[], T | None], deadline_s: float = 15.0, what: str = "the condition", poll_s: float = POLL_S
+) -> T:
     """Poll `condition` until it returns something truthy; fail the test after `deadline_s`."""
     deadline = time.monotonic() + deadline_s
     while True:

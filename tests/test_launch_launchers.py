@@ -9,12 +9,13 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from e2e_helpers import wait_until
 
 from orchestrator.errors import UsageError
 from orchestrator.launch.base import (
@@ -37,14 +38,6 @@ KINDS = [
     ),
     "subprocess",
 ]
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -86,7 +79,7 @@ def test_launch_records_pid_exit_log_env_and_verbatim_argv(
     handle = launcher.launch(s)
     assert handle.launcher == launcher.name
 
-    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    wait_until(lambda: (s.run_dir / "exit.json").exists())
     exit_info = read_json(s.run_dir / "exit.json")
     assert exit_info["exit_code"] == 5 and exit_info["signal"] is None
 
@@ -113,7 +106,7 @@ def test_kill_process_group_escalates_to_sigkill(launcher: Launcher, tmp_path: P
     )
     s = spec(tmp_path, [sys.executable, "-c", code])
     launcher.launch(s)
-    wait_for(
+    wait_until(
         lambda: (
             "ready" in (s.run_dir / "stdout.log").read_text()
             if (s.run_dir / "stdout.log").exists()
@@ -136,10 +129,10 @@ def test_sigterm_is_forwarded_and_recorded(launcher: Launcher, tmp_path: Path) -
     s = spec(tmp_path, [sys.executable, "-c", code])
     launcher.launch(s)
     log = s.run_dir / "stdout.log"
-    wait_for(lambda: log.exists() and "ready" in log.read_text())
+    wait_until(lambda: log.exists() and "ready" in log.read_text())
     pid_info = read_json(s.run_dir / "pid.json")
     assert kill_process_group(int(pid_info["pgid"]), grace_s=5.0)
-    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    wait_until(lambda: (s.run_dir / "exit.json").exists())
     exit_info = read_json(s.run_dir / "exit.json")
     assert exit_info["signal"] == 15 and exit_info["exit_code"] == 143
     assert not psutil.pid_exists(int(pid_info["child_pid"]))

@@ -6,13 +6,13 @@ import json
 import shutil
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from e2e_helpers import wait_until
 
 from orchestrator.launch.base import LaunchSpec
 from orchestrator.launch.tmux import SESSION, TmuxLauncher
@@ -22,14 +22,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs the tmux binary"),
 ]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -67,17 +59,17 @@ def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: 
     handle = tmux.launch(s)
     window_id = handle.window_id
     assert handle.launcher == "tmux" and window_id is not None and window_id.startswith("@")
-    wait_for(lambda: (s.run_dir / "pid.json").exists())
+    wait_until(lambda: (s.run_dir / "pid.json").exists())
     assert tmux.window_alive(window_id)
     window = tmux.server.windows.get(window_id=window_id)
     assert window is not None and window.window_name == "job1-E1-87-qnli"
     assert window.session.session_name == SESSION
 
     gate.touch()  # lets the worker exit on its own
-    wait_for(lambda: (s.run_dir / "exit.json").exists())
-    wait_for(lambda: not tmux.window_alive(window_id))
+    wait_until(lambda: (s.run_dir / "exit.json").exists())
+    wait_until(lambda: not tmux.window_alive(window_id))
     assert tmux.window_exists(window_id)  # remain-on-exit keeps the dead pane
-    wait_for(lambda: "hello pane" in pane_text(tmux, window_id))
+    wait_until(lambda: "hello pane" in pane_text(tmux, window_id))
 
     tmux.kill_window(window_id)
     assert not tmux.window_exists(window_id)
@@ -90,13 +82,13 @@ def test_env_set_after_the_server_started_still_reaches_the_worker(
 ) -> None:
     first = spec(tmp_path, "first", "pass")
     tmux.launch(first)  # starts the server with the environment of that moment
-    wait_for(lambda: (first.run_dir / "exit.json").exists())
+    wait_until(lambda: (first.run_dir / "exit.json").exists())
 
     monkeypatch.setenv("ORCH_TEST_LATE", "late value")
     code = "import os; print('late=' + os.environ.get('ORCH_TEST_LATE', 'missing'))"
     second = spec(tmp_path, "second", code)
     tmux.launch(second)
-    wait_for(lambda: (second.run_dir / "exit.json").exists())
+    wait_until(lambda: (second.run_dir / "exit.json").exists())
     assert "late=late value" in (second.run_dir / "stdout.log").read_text()
 
 
@@ -118,7 +110,7 @@ def test_concurrent_launchers_share_one_session(tmux: TmuxLauncher, tmp_path: Pa
     assert errors == []
     assert [s.session_name for s in tmux.server.sessions] == [SESSION]
     exits = [tmp_path / f"race{index}" / "exit.json" for index in range(4)]
-    wait_for(lambda: all(path.exists() for path in exits))
+    wait_until(lambda: all(path.exists() for path in exits))
 
 
 def test_attach_command_targets_the_private_socket(tmux: TmuxLauncher) -> None:
@@ -134,12 +126,12 @@ def test_killing_a_running_window_stops_the_worker_and_records_it(
     handle = tmux.launch(s)
     assert handle.window_id is not None
     log = s.run_dir / "stdout.log"
-    wait_for(lambda: log.exists() and "ready" in log.read_text())
+    wait_until(lambda: log.exists() and "ready" in log.read_text())
     child_pid = json.loads((s.run_dir / "pid.json").read_text())["child_pid"]
 
     tmux.kill_window(handle.window_id)
-    wait_for(lambda: (s.run_dir / "exit.json").exists())
+    wait_until(lambda: (s.run_dir / "exit.json").exists())
     assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
-    wait_for(
+    wait_until(
         lambda: not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
     )

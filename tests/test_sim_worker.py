@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from e2e_helpers import wait_until
 
 from orchestrator.gpu import make_probe
 from orchestrator.gpu.sim import hold_foreign
@@ -22,14 +22,6 @@ from workers.sim import predicted_peak_mib, sim_uuid
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = {"sim_seconds": 1, "sim_ramp_s": 0.3, "batch_size": 8, "seed": 87}
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -109,7 +101,7 @@ def test_memory_is_visible_while_running_and_foreign_memory_counts(
     running = start_worker(tmp_path, "run", {"sim_mem_gib": 3, "sim_seconds": 2}, "0")
     blocked = start_worker(tmp_path, "blocked", {"sim_mem_gib": 6}, sim_uuid(1))
 
-    wait_for(lambda: probe.snapshot()[0].used_mib == 3072)
+    wait_until(lambda: probe.snapshot()[0].used_mib == 3072)
     gpu0 = probe.snapshot()[0]
     assert [(p.pid, p.used_mib) for p in gpu0.processes] == [(running.pid, 3072)]
 
@@ -135,7 +127,7 @@ def test_sigterm_frees_memory_and_hang_stops_heartbeats(sim: Path, tmp_path: Pat
         record = harness.read_last_progress(tmp_path / "hang")
         return int(record["step"]) if record else 0
 
-    wait_for(lambda: last_step() == 2)  # it hangs after half of its 4 steps
+    wait_until(lambda: last_step() == 2)  # it hangs after half of its 4 steps
     lines = progress.read_text().count("\n")
     time.sleep(0.6)  # the property under test is that nothing happens for a while
     assert progress.read_text().count("\n") == lines
