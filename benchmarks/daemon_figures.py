@@ -10,6 +10,7 @@ worker processes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -103,7 +104,7 @@ def slot_free_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
     finally:
         _orch(env, "daemon", "stop")
     latencies = []
-    for previous, following in zip(run_dirs, run_dirs[1:]):
+    for previous, following in itertools.pairwise(run_dirs):
         ended = _iso_to_s(json.loads((previous / "exit.json").read_text())["ended_at"])
         started = _iso_to_s(json.loads((following / "pid.json").read_text())["started_at"])
         latencies.append(started - ended)

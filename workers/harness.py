@@ -7,6 +7,7 @@ never sees half a file. Workers must not import orchestrator: this module is the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -41,10 +42,8 @@ def atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise
 
 

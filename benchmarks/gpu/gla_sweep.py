@@ -16,7 +16,6 @@ in OUT/results-TAG.json. No ballast: the card is all free.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -30,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu.run_sweep import TERMINAL, Sampler, dump, finish, orch, pack_out  # noqa: E402
+from benchmarks.gpu.run_sweep import Sampler, dump, finish, orch, pack_out, watch_sweep  # noqa: E402
 
 # GLA-1.3B (fla-hub/gla-1.3B-100B): hidden 2048, 24 layers, 4 heads, vocab 32000
 GLA_1_3B: dict[str, Any] = dict(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)  # fmt: skip
@@ -121,27 +120,7 @@ def sweep(args: argparse.Namespace) -> int:
              "--backend", backend, "--poll", str(args.poll_s)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
         )  # fmt: skip
-        deadline = time.monotonic() + args.budget_s
-        next_frame, n_frame = 0.0, 0
-        while True:
-            if time.monotonic() >= next_frame:
-                frame = orch(["status", "--once"], db, check=False)
-                (frames / f"frame_{n_frame:02d}.txt").write_text(frame)
-                print(frame, flush=True)
-                n_frame, next_frame = n_frame + 1, time.monotonic() + args.frame_s
-            jobs = json.loads(orch(["jobs", "--json"], db))
-            if jobs and all(j["state"] in TERMINAL for j in jobs):
-                break
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                meta["incomplete"] = (
-                    "deadline" if daemon.poll() is None else f"daemon exited {daemon.poll()}"
-                )
-                break
-            time.sleep(1.0)
-        meta["finished_at"] = time.time()
-        (frames / f"frame_{n_frame:02d}_final.txt").write_text(
-            orch(["status", "--once"], db, check=False)
-        )
+        watch_sweep(db, daemon, frames, meta, args.budget_s, args.frame_s)
     finally:
         sampler.stop.set()
         sampler.join(10)

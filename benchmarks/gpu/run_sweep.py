@@ -228,27 +228,7 @@ def sweep(args: argparse.Namespace) -> int:
              "--poll", str(args.poll_s), "--headroom", str(args.headroom)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
         )  # fmt: skip
-        deadline = time.monotonic() + args.budget_s
-        next_frame, n_frame = 0.0, 0
-        while True:
-            if time.monotonic() >= next_frame:
-                frame = orch(["status", "--once"], db, check=False)
-                (frames / f"frame_{n_frame:02d}.txt").write_text(frame)
-                print(frame, flush=True)
-                n_frame, next_frame = n_frame + 1, time.monotonic() + args.frame_s
-            jobs = json.loads(orch(["jobs", "--json"], db))
-            if jobs and all(j["state"] in TERMINAL for j in jobs):
-                break
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                meta["incomplete"] = (
-                    "deadline" if daemon.poll() is None else f"daemon exited {daemon.poll()}"
-                )
-                break
-            time.sleep(1.0)
-        meta["finished_at"] = time.time()
-        (frames / f"frame_{n_frame:02d}_final.txt").write_text(
-            orch(["status", "--once"], db, check=False)
-        )
+        watch_sweep(db, daemon, frames, meta, args.budget_s, args.frame_s)
     finally:
         sampler.stop.set()
         sampler.join(10)
@@ -259,6 +239,30 @@ def sweep(args: argparse.Namespace) -> int:
         finish(db, daemon, ballast)
         pack_out(tag_dir, out, args.tag)
     return 0
+
+
+def watch_sweep(
+    db: Path, daemon: subprocess.Popen[bytes], frames: Path, meta: dict[str, Any], budget_s: float, frame_s: float
+) -> None:
+    """Until every job has ended (or the budget or the daemon ran out): a status frame every
+    `frame_s`, and a last one at the end. Records `finished_at`, or why it stopped early."""
+    deadline = time.monotonic() + budget_s
+    next_frame, n_frame = 0.0, 0
+    while True:
+        if time.monotonic() >= next_frame:
+            frame = orch(["status", "--once"], db, check=False)
+            (frames / f"frame_{n_frame:02d}.txt").write_text(frame)
+            print(frame, flush=True)
+            n_frame, next_frame = n_frame + 1, time.monotonic() + frame_s
+        jobs = json.loads(orch(["jobs", "--json"], db))
+        if jobs and all(j["state"] in TERMINAL for j in jobs):
+            break
+        if time.monotonic() > deadline or daemon.poll() is not None:
+            meta["incomplete"] = "deadline" if daemon.poll() is None else f"daemon exited {daemon.poll()}"
+            break
+        time.sleep(1.0)  # polling the sweep's progress
+    meta["finished_at"] = time.time()
+    (frames / f"frame_{n_frame:02d}_final.txt").write_text(orch(["status", "--once"], db, check=False))
 
 
 def finish(
