@@ -107,12 +107,18 @@ def complete(
         )
         if decision.action == "requeue" and decision.level is not None:
             end_state, fields = JobState.QUEUED, {"level": decision.level.index, "reason": None}
-            why = f"{verdict.outcome.value} on GPU {attempt['gpu_index']}: requeued ({decision.why})"
+            if decision.level.index != level.index:
+                why = f"requeued at {decision.level.describe()}"
+            else:
+                why = f"requeued unchanged at level {level.index}"
             if decision.level.index != level.index:
                 data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
         else:
             end_state, fields, why = JobState.FAILED, {"reason": decision.why}, f"failed: {decision.why}"
-    message = f"attempt {attempt['n']} {verdict.outcome.value}: {verdict.reason}; {why}"
+    if verdict.outcome is AttemptOutcome.SUCCEEDED:
+        message = f"attempt {attempt['n']} succeeded, peak {peak_mib / 1024:.1f} GiB"
+    else:
+        message = f"attempt {attempt['n']} {verdict.outcome.value} on GPU {attempt['gpu_index']}: {verdict.reason}; {why}"
     finish_attempt(
         store, attempt,
         AttemptEnd(

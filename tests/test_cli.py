@@ -42,7 +42,7 @@ def test_submit_json_shape_and_resubmit(orch_inproc: OrchRunner, db_path: Path) 
     job = payload["jobs"][0]
     assert {"id", "identity", "config", "seed", "data", "created", "state"} <= set(job)
     assert [j["id"] for j in payload["jobs"]] == [1, 2, 3, 4, 5, 6]
-    assert [(j["config"], j["seed"]) for j in payload["jobs"][:2]] == [("demo_small", 87), ("demo_small", 127)]
+    assert [(j["config"], j["seed"]) for j in payload["jobs"][:2]] == [("demo_large", 87), ("demo_large", 127)]
     assert all(j["state"] == "queued" and j["created"] for j in payload["jobs"])
     assert db_path.exists()
 
@@ -110,7 +110,7 @@ def test_jobs_filters(orch_inproc: OrchRunner) -> None:
     assert json.loads(orch_inproc("jobs", "--suite", "E1", "--json").stdout) == []
     assert len(json.loads(orch_inproc("jobs", "--suite", "demo", "--json").stdout)) == 6
     table = orch_inproc("jobs")
-    assert table.rc == 0 and "demo_small" in table.stdout
+    assert table.rc == 0 and "demo_large" in table.stdout
 
 
 def test_show_json(orch_inproc: OrchRunner) -> None:

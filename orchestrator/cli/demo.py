@@ -65,6 +65,7 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
                 if counts["queued"] == 0 and counts["running"] == 0:
                     break
                 time.sleep(0.5)  # the dashboard's refresh interval
+        console.print()
         counts = state_counts(store)
         if started_here:
             with store.write():

@@ -13,6 +13,7 @@ from rich.table import Table
 from orchestrator.cli.common import (
     db_option,
     echo_json,
+    fmt_duration,
     fmt_mib,
     json_option,
     open_store,
@@ -83,6 +84,8 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         echo_json(payload)
         return
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 120))
     style = STATE_STYLES.get(payload["state"], "")
     console.print(
         f"[bold]job {payload['id']}[/]  [{style}]{payload['state']}[/]  "
@@ -102,19 +105,25 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         console.print(f"  reason: {payload['reason']}")
     if payload["attempts"]:
         table = Table(title="attempts", box=None, header_style="bold", title_justify="left")
-        for column in ("n", "gpu", "level", "changes", "predicted", "peak", "outcome", "exit", "started", "ended", "reason"):
-            table.add_column(column)
+        for column in ("n", "GPU", "level", "predicted", "peak", "outcome", "exit", "started", "took"):
+            table.add_column(column, no_wrap=True)
         for a in payload["attempts"]:
-            changes = ", ".join(f"{k}={v}" for k, v in a["changes"].items()) or ("-" if a["level"] == 0 else "")
-            if a["run_alone"]:
-                changes = (changes + ", " if changes and changes != "-" else "") + "alone"
+            took = fmt_duration(a["ended_at"] - a["started_at"]) if a["ended_at"] else "-"
             table.add_row(
-                str(a["n"]), str(a["gpu"]), f"{a['level']} {a['step'] or ''}".strip(), changes,
+                str(a["n"]), str(a["gpu"]), f"{a['level']} {a['step'] or ''}".strip(),
                 f"{fmt_mib(a['predicted_peak_mib'])} ({a['prediction_source']})", fmt_mib(a["peak_mib"]),
                 a["outcome"] or "running", "-" if a["exit_code"] is None else str(a["exit_code"]),
-                _ts(a["started_at"]), _ts(a["ended_at"]), a["reason"] or "",
+                _ts(a["started_at"]), took,
             )
         console.print(table)
+        for a in payload["attempts"]:
+            changes = ", ".join(f"{k}={v}" for k, v in a["changes"].items())
+            if a["run_alone"]:
+                changes = f"{changes}, run alone" if changes else "run alone"
+            notes = [f"changed {changes}" if changes else "", a["reason"] or ""]
+            shown = "; ".join(n for n in notes if n)
+            if shown:
+                console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)
         console.print(f"  run dir: {payload['attempts'][-1]['run_dir']}")
     console.print("[bold]history[/]")
     for e in payload["events"]:

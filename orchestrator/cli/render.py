@@ -94,7 +94,7 @@ def render_status(snapshot: dict[str, Any]) -> RenderableType:
         parts.append(Panel(Text("\n".join(lines)), title="waiting", title_align="left"))
     if snapshot["retries"]:
         lines = [f"{_clock(r['ts'])} job {r['job']}: level {r['from_level']} -> {r['to_level']} ({r['why']})" for r in snapshot["retries"]]
-        parts.append(Panel(Text("\n".join(lines)), title="retries", title_align="left"))
+        parts.append(Panel(Text("\n".join(lines), overflow="ellipsis", no_wrap=True), title="retries", title_align="left"))
     if snapshot["events"]:
         lines = [f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"] for e in snapshot["events"]]
         parts.append(Panel(Text("\n".join(lines), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
