@@ -144,7 +144,7 @@ class Daemon:
         live_count = self.reconcile(snapshots)
         if draining and live_count == 0:
             return True
-        snapshots = self.probe.snapshot() if live_count else snapshots
+        snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
         self._heartbeat(snapshots)
         self._exit_files = [
