@@ -15,6 +15,7 @@ from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_opt
 from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
 from orchestrator.errors import DaemonError
 from orchestrator.gpu import GpuProbe, make_probe
+from orchestrator.reconcile import process_matches
 from orchestrator.store.db import Store, now_s
 
 START_TIMEOUT_S = 30.0
@@ -190,7 +191,8 @@ def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> Non
             timeout_s = max(timeout_s, 10 * 24 * 3600.0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if daemon_alive(store) is None:
+            # The process itself must be gone, not only its row cleared: it may still be exiting.
+            if not process_matches(row["pid"], row["proc_create_time"]):
                 click.echo("daemon stopped")
                 return
             time.sleep(0.1)  # waiting on another process to exit
