@@ -25,6 +25,8 @@ from typing import IO, Any
 
 import psutil
 
+from workers.harness import atomic_write_json
+
 PID_FILE = "pid.json"
 EXIT_FILE = "exit.json"
 LOG_FILE = "stdout.log"
@@ -50,20 +52,6 @@ def wrapper_argv(run_dir: Path, argv: list[str]) -> list[str]:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
 
 
 def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
@@ -148,7 +136,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
             )
         except OSError as exc:
             log.write(f"orch wrapper: cannot start {argv[0]!r}: {exc}\n".encode())
-            _write_json(
+            atomic_write_json(
                 run_dir / EXIT_FILE,
                 {
                     "exit_code": EXIT_NOT_STARTED,
@@ -176,7 +164,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
-        _write_json(run_dir / PID_FILE, {**info, "child_pid": child.pid})
+        atomic_write_json(run_dir / PID_FILE, {**info, "child_pid": child.pid})
 
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
@@ -186,7 +174,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
     killed_by = -returncode if returncode < 0 else None
     exit_code = 128 + killed_by if killed_by is not None else returncode
-    _write_json(
+    atomic_write_json(
         run_dir / EXIT_FILE,
         {
             "exit_code": exit_code,
