@@ -39,7 +39,7 @@ from orchestrator.packing import (
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import AttemptPlan, read_all_shapes, start_attempt, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan, transition
 
@@ -126,11 +126,6 @@ def job_shape_key(job: dict[str, Any], level: Level) -> str:
     return shape_key(config_hash(config), str(config.get("model", "")), level.index, job["data"])
 
 
-def load_shapes(store: Store) -> dict[str, dict[str, Any]]:
-    """Every learned shape, read once per pass (one query instead of one per queued job)."""
-    return {r["shape_key"]: r for r in store.query("SELECT * FROM memory_shapes")}
-
-
 def load_durations(store: Store) -> DurationTable:
     """Run times of succeeded attempts, read once per pass: longest expected jobs start first."""
     rows = store.query(
@@ -144,14 +139,10 @@ def load_durations(store: Store) -> DurationTable:
 
 
 def predict(
-    shapes: dict[str, dict[str, Any]], job: dict[str, Any], level: Level, cache: JobShapeCache
+    shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache
 ) -> tuple[int, str]:
     config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
-    row = shapes.get(job_shape_key(job, level))
-    measured = (
-        ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"])
-        if row else None
-    )
+    measured = shapes.get(job_shape_key(job, level))
     estimated = (
         estimate_peak_mib(config, _model_info(config, cache), _peft_spec(config, cache))
         if job["worker"] == "lora" else None
@@ -209,7 +200,7 @@ def schedule(
     reasons: dict[int, str] = {}
     queue: list[QueuedJob] = []
     levels: dict[int, Level] = {}
-    shapes = load_shapes(store)
+    shapes = read_all_shapes(store)
     durations = load_durations(store)
     predictions: dict[int, tuple[int, str]] = {}
     gpus = gpu_states(snapshots, get_gpu_plan(store))

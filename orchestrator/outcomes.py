@@ -12,7 +12,7 @@ from orchestrator.dispatch import JobShapeCache, job_levels, job_shape_key
 from orchestrator.ladder import retry_decision
 from orchestrator.launch.base import kill_process_group
 from orchestrator.lifecycle import AttemptOutcome, JobState
-from orchestrator.memory import ShapeMemory, update_shape
+from orchestrator.memory import update_shape
 from orchestrator.reconcile import Observation, group_is_ours, read_log_tail, read_result
 from orchestrator.store.attempts import AttemptEnd, finish_attempt, read_shape, write_shape
 from orchestrator.store.db import Store, now_s
@@ -159,10 +159,8 @@ def _learn(
     if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
         return
     key = job_shape_key(job, level)
-    row = read_shape(store, key)
-    old = ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"]) if row else None
-    new = update_shape(old, peak_mib or None, outcome, held_at_death_mib or None)
-    write_shape(store, key, new.peak_mib, new.oom_floor_mib, new.samples)
+    new = update_shape(read_shape(store, key), peak_mib or None, outcome, held_at_death_mib or None)
+    write_shape(store, key, new)
 
 
 def _guard_crash_loop(store: Store, suite: str) -> None:

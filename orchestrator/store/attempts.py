@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.errors import InvalidTransition
 from orchestrator.lifecycle import JobState
+from orchestrator.memory import ShapeMemory
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event, transition
 
@@ -114,16 +115,25 @@ def finish_attempt(store: Store, attempt: dict[str, Any], end: AttemptEnd) -> No
                       attempt_id=attempt["id"], data=end.data)
 
 
-def read_shape(store: Store, shape_key: str) -> dict[str, Any] | None:
+def _shape(row: dict[str, Any]) -> ShapeMemory:
+    return ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"])
+
+
+def read_shape(store: Store, shape_key: str) -> ShapeMemory | None:
     rows = store.query("SELECT * FROM memory_shapes WHERE shape_key = ?", [shape_key])
-    return rows[0] if rows else None
+    return _shape(rows[0]) if rows else None
 
 
-def write_shape(store: Store, shape_key: str, peak_mib: int | None, oom_floor_mib: int | None, samples: int) -> None:
+def read_all_shapes(store: Store) -> dict[str, ShapeMemory]:
+    """Every learned shape, in one query (the scheduler reads them once per pass)."""
+    return {row["shape_key"]: _shape(row) for row in store.query("SELECT * FROM memory_shapes")}
+
+
+def write_shape(store: Store, shape_key: str, shape: ShapeMemory) -> None:
     with store.write():
         store.db.execute(
             "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, updated_at) "
             "VALUES (?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
             "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
-            [shape_key, peak_mib, oom_floor_mib, samples, now_s()],
+            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, now_s()],
         )
