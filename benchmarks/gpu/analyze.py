@@ -128,11 +128,13 @@ def memory_in_use(sweep: Path, start_s: float, end_s: float) -> dict[str, Any]:
     if not path.exists():
         return {}
     used, jobs, util = [], [], []
+    jobs_by_gpu: dict[str, list[float]] = {}
     with path.open() as handle:
         for row in csv.DictReader(handle):
             if start_s <= float(row["t_s"]) <= end_s:
                 used.append(float(row["used_mib"]))
                 jobs.append(float(row["used_mib"]) - float(row["ballast_mib"] or 0))
+                jobs_by_gpu.setdefault(row["gpu"], []).append(jobs[-1])
                 if row["util_pct"] not in ("", "None"):
                     util.append(float(row["util_pct"]))
     free_for_jobs = None
@@ -148,7 +150,18 @@ def memory_in_use(sweep: Path, start_s: float, end_s: float) -> dict[str, Any]:
         "max_used_mib_jobs": round(max(jobs)) if jobs else None,
         "mib_left_by_ballast": free_for_jobs,
         "mean_util_pct": round(statistics.fmean(util), 1) if util else None,
-    }
+        # per card, so that a sweep on several GPUs shows whether every card was kept busy
+        "mean_used_mib_jobs_by_gpu": {gpu: round(statistics.fmean(values))
+                                      for gpu, values in sorted(jobs_by_gpu.items())},
+    }  # fmt: skip
+
+
+def _outcomes_by_gpu(attempts: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    by_gpu: dict[str, dict[str, int]] = {}
+    for a in attempts:
+        counts = by_gpu.setdefault(str(a.get("gpu")), {})
+        counts[str(a["outcome"])] = counts.get(str(a["outcome"]), 0) + 1
+    return dict(sorted(by_gpu.items()))
 
 
 def analyze(sweep: Path) -> dict[str, Any]:
@@ -188,6 +201,7 @@ def analyze(sweep: Path) -> dict[str, Any]:
         "ooms": oom_learning(attempts),
         "dispatch_latency_s": _stats(latencies),
         "attribution": attribution(attempts),
+        "attempt_outcomes_by_gpu": _outcomes_by_gpu(attempts),
         "levels_of_successes": {f"{a['config']}@L{a['level']}": sum(
             1 for b in succeeded if (b["config"], b["level"]) == (a["config"], a["level"])) for a in succeeded},
     }  # fmt: skip

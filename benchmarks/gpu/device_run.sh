@@ -3,6 +3,8 @@
 #   packed:   GPU tests, the packed sweep (plan 6), the Llama memory benchmark
 #   baseline: the same sweep one job at a time (plan 1), the GLA memory benchmark
 #   repeat:   the packed sweep again (a second sample), the GLA rows at batch 4
+#   two:      on a machine of two cards: the packed sweep (plan 6 per card), then the same jobs
+#             one per card (plan 1), both with the ballast on each card
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
 set -x
 set -o pipefail
@@ -34,6 +36,14 @@ mkdir -p "$OUT"
       timeout 300 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed2 --gpu-plan 6 --budget-s 240
       [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
       timeout 280 python3 benchmarks/lora_memory.py --models gla --batches 4 --out "$OUT/lora_memory_gla_b4.json"
+      ;;
+    two)
+      nvidia-smi -L
+      timeout 180 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed_x2 --gpu-plan 6 --budget-s 150
+      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      timeout 230 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline_x2 --gpu-plan 1 --budget-s 200
+      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      python3 benchmarks/gpu/analyze.py "$WORK/packed_x2" --baseline "$WORK/baseline_x2" --out "$OUT/summary_x2.json" | tail -5
       ;;
   esac
 } 2>&1 | tee "$OUT/log.txt"
