@@ -234,8 +234,10 @@ class ShapeMemory:
 @dataclass(frozen=True)
 class Prediction:
     mib: int
-    source: str  # "measured" | "estimate" | "declared" | "none" (nothing known: 0 MiB)
-    floor_applied: bool = False  # an OOM floor raised the figure above its source
+    # "measured" | "estimate" | "declared" | "none" (nothing known: 0 MiB) | "OOM floor"
+    # (an earlier OOM of the shape raised the figure above what the other sources say)
+    source: str
+    floor_applied: bool = False
 
 
 def _max(*values: int | None) -> int | None:
@@ -258,9 +260,12 @@ def update_shape(
     if outcome is AttemptOutcome.SUCCEEDED:
         if observed_peak_mib is None:
             return old
-        return ShapeMemory(
-            _max(old.peak_mib, observed_peak_mib), old.oom_floor_mib, old.samples + 1
-        )
+        peak_mib = max(old.peak_mib or 0, observed_peak_mib)
+        # A floor set before this measurement was a guess at an unknown need (and grows
+        # geometrically on repeated OOMs); the measurement supersedes it. An OOM after it
+        # raises the floor above the measurement again.
+        floor = None if old.oom_floor_mib is None else min(old.oom_floor_mib, peak_mib)
+        return ShapeMemory(peak_mib, floor, old.samples + 1)
     held = held_at_oom_mib if outcome is AttemptOutcome.OOM else None
     floor = _max(old.oom_floor_mib, observed_peak_mib, held)
     if outcome is AttemptOutcome.OOM and old.oom_floor_mib is not None and floor is not None:
@@ -289,6 +294,6 @@ def predict_peak_mib(
     if measured is not None and measured.oom_floor_mib is not None:
         floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin_fraction))
         if floor_mib > prediction.mib:
-            source = "measured" if prediction.source == "none" else prediction.source
-            return Prediction(floor_mib, source, floor_applied=True)
+            # Say so: "declared" beside 6.6 GiB when the suite declared 4 GiB misleads.
+            return Prediction(floor_mib, "OOM floor", floor_applied=True)
     return prediction

@@ -150,6 +150,7 @@ def test_never_predicts_below_the_oom_floor(
     without_floor = predict_peak_mib(ShapeMemory(peak, None, 1), estimate, declared)
     assert got.floor_applied is (without_floor.mib < got.mib)
     assert got.mib == max(without_floor.mib, 12300)
+    assert got.source == ("OOM floor" if got.floor_applied else without_floor.source)
 
 
 def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
@@ -162,6 +163,16 @@ def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
     assert second.oom_floor_mib == math.ceil(5000 * OOM_FLOOR_GROWTH)
     third = update_shape(second, 3000, AttemptOutcome.OOM, 9000)
     assert third.oom_floor_mib == max(9000, math.ceil(second.oom_floor_mib * OOM_FLOOR_GROWTH))
-    # A success records the peak but leaves the floor as it was.
+    # A success measures the need: the guessed floor above it goes, and the prediction is the
+    # measurement (labelled so); an OOM after the measurement raises the floor above it again.
     done = update_shape(third, 8000, AttemptOutcome.SUCCEEDED, None)
-    assert done.oom_floor_mib == third.oom_floor_mib and done.peak_mib == 8000
+    assert third.oom_floor_mib is not None and third.oom_floor_mib > 8000
+    assert done == ShapeMemory(peak_mib=8000, oom_floor_mib=8000, samples=1)
+    assert predict_peak_mib(done, None, 4000) == predict_peak_mib(ShapeMemory(8000, None, 1), None, 4000)
+    assert predict_peak_mib(done, None, 4000).source == "measured"
+    again = update_shape(done, 7000, AttemptOutcome.OOM, 7500)
+    assert again.oom_floor_mib == math.ceil(8000 * OOM_FLOOR_GROWTH)
+    assert predict_peak_mib(again, None, 4000).source == "OOM floor"
+    # A floor below the measurement stays (it is a true lower bound).
+    low = update_shape(update_shape(None, 3000, AttemptOutcome.OOM, 5000), 8000, AttemptOutcome.SUCCEEDED, None)
+    assert low.oom_floor_mib == 5000
