@@ -13,16 +13,13 @@ from orchestrator.ladder import retry_decision
 from orchestrator.launch.base import kill_process_group
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
+from orchestrator.plans import CrashLoop
 from orchestrator.reconcile import Observation, group_is_ours, read_log_tail, read_result
 from orchestrator.store.attempts import AttemptEnd, finish_attempt, read_shape, write_shape
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
 
 log = logging.getLogger(__name__)
-
-CRASH_LOOP_WINDOW_S = 300.0  # look at this much recent history
-CRASH_LOOP_FAST_S = 30.0  # an attempt failing sooner than this counts as a fast failure
-CRASH_LOOP_COUNT = 3  # this many fast non-OOM failures of one suite pause it
 
 
 def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
@@ -128,7 +125,7 @@ def complete(
         ),
     )
     if verdict.outcome is AttemptOutcome.FAILED and not hung:
-        _guard_crash_loop(store, job["suite"])
+        guard_crash_loop(store, job["suite"], crash_loop_of(job))
 
 
 # The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
@@ -163,18 +160,47 @@ def _learn(
     write_shape(store, key, new)
 
 
-def _guard_crash_loop(store: Store, suite: str) -> None:
-    """Pause a suite whose attempts keep failing within seconds for non-OOM reasons."""
-    since = now_s() - CRASH_LOOP_WINDOW_S
+def crash_loop_of(job: dict[str, Any]) -> CrashLoop:
+    """The suite's crash-loop setting as it was when this job was submitted."""
+    return CrashLoop(
+        failures=int(job["crash_loop_failures"]),
+        within_s=float(job["crash_loop_within_s"]),
+        window_s=float(job["crash_loop_window_s"]),
+    )
+
+
+def _seconds(seconds: float) -> str:
+    """300 -> '5 min', 90 -> '90 s': the guard's settings as a user wrote them, roughly."""
+    if seconds >= 120 and seconds % 60 == 0:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:g} s"
+
+
+def crash_loop_reason(durations_s: list[float], guard: CrashLoop) -> str | None:
+    """Why the suite should pause, given how long each of its recent non-OOM failures ran
+    (those that ended inside the guard's window); None while it should not."""
+    if not guard.enabled:
+        return None
+    fast = [d for d in durations_s if d < guard.within_s]
+    if len(fast) < guard.failures:
+        return None
+    attempts = "attempt" if len(fast) == 1 else "attempts"
+    return f"{len(fast)} {attempts} failed within {_seconds(guard.within_s)} each in the last {_seconds(guard.window_s)}"
+
+
+def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
+    """Pause a suite whose attempts keep failing within seconds for non-OOM reasons. The failing
+    job's setting decides, so a suite resubmitted with a changed `crash_loop` uses the new one."""
+    if not guard.enabled:
+        return
     rows = store.query(
         "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE j.suite = ? AND a.outcome = 'failed' AND a.ended_at >= ? AND a.reason != 'hung'",
-        [suite, since],
+        [suite, now_s() - guard.window_s],
     )
-    fast = [r for r in rows if (r["ended_at"] or 0) - r["started_at"] < CRASH_LOOP_FAST_S]
-    if len(fast) < CRASH_LOOP_COUNT:
+    reason = crash_loop_reason([(r["ended_at"] or 0) - r["started_at"] for r in rows], guard)
+    if reason is None:
         return
-    reason = f"{len(fast)} attempts failed within {CRASH_LOOP_FAST_S:.0f} s each in the last {CRASH_LOOP_WINDOW_S / 60:.0f} min"
     with store.write():
         cursor = store.db.execute(
             "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, now_s()]

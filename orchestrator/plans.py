@@ -48,6 +48,14 @@ _BUILTIN_WORKERS = ("lora", "sim")
 
 Scalar = str | int | float | bool | None
 
+# Crash-loop guard defaults (suite key `crash_loop`): this many fast non-OOM failures of one
+# suite inside the window pause it, so a broken config does not burn through the whole queue.
+CRASH_LOOP_FAILURES = 3
+CRASH_LOOP_WITHIN_S = 30.0  # an attempt failing sooner than this after its start counts as fast
+CRASH_LOOP_WINDOW_S = 300.0  # how far back failures are counted
+MAX_CRASH_LOOP_FAILURES = 1000
+MAX_CRASH_LOOP_S = 7 * 24 * 3600.0
+
 
 def _shown(text: str, limit: int = 60) -> str:
     """A bad value quoted for an error line: printable and short."""
@@ -253,6 +261,23 @@ class ConfigSpec:
 
 
 @dataclass(frozen=True)
+class CrashLoop:
+    """When to pause a suite: `failures` attempts that each failed (not OOM, not hung) within
+    `within_s` of starting, all ended in the last `window_s`. `failures == 0` switches it off."""
+
+    failures: int = CRASH_LOOP_FAILURES
+    within_s: float = CRASH_LOOP_WITHIN_S
+    window_s: float = CRASH_LOOP_WINDOW_S
+
+    @property
+    def enabled(self) -> bool:
+        return self.failures > 0
+
+
+CRASH_LOOP_OFF = CrashLoop(failures=0)
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     path: Path
@@ -266,6 +291,7 @@ class Suite:
     max_attempts: int
     hang_timeout_s: float
     description: str = ""
+    crash_loop: CrashLoop = CrashLoop()
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -340,7 +366,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
-        "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s",
+        "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -400,6 +426,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     hang_timeout_s = float(_typed(path, data, "hang_timeout_s", (int, float), 1800.0))
     if hang_timeout_s <= 0:
         raise PlanError(f"suite {path}: `hang_timeout_s` must be positive")
+    crash_loop = _parse_crash_loop(path, data.get("crash_loop", {}))
     return Suite(
         name=name,
         path=path.resolve(),
@@ -413,7 +440,38 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         max_attempts=max_attempts,
         hang_timeout_s=hang_timeout_s,
         description=str(data.get("description", "")),
+        crash_loop=crash_loop,
     )
+
+
+_CRASH_LOOP_SHAPE = "`crash_loop` must be off or a mapping of failures, within_s, window_s"
+
+
+def _parse_crash_loop(path: Path, raw: Any) -> CrashLoop:
+    """`crash_loop: off` (YAML reads it as false), or a mapping whose missing keys keep the defaults."""
+    if raw is False or (isinstance(raw, str) and raw.strip().lower() == "off"):
+        return CRASH_LOOP_OFF
+    if not isinstance(raw, dict):
+        shown = _shown(raw) if isinstance(raw, str) else repr(raw)
+        raise PlanError(f"suite {path}: {_CRASH_LOOP_SHAPE}, not {shown}")
+    unknown = sorted(str(k) for k in set(raw) - {"failures", "within_s", "window_s"})
+    if unknown:
+        raise PlanError(f"suite {path}: `crash_loop` has unknown key(s) {', '.join(unknown)} ({_CRASH_LOOP_SHAPE})")
+    failures = raw.get("failures", CRASH_LOOP_FAILURES)
+    if isinstance(failures, bool) or not isinstance(failures, int):
+        raise PlanError(f"suite {path}: `crash_loop.failures` must be an integer (0 switches the guard off), "
+                        f"not {type(failures).__name__}")
+    if not 0 <= failures <= MAX_CRASH_LOOP_FAILURES:
+        raise PlanError(f"suite {path}: `crash_loop.failures` must be between 0 (off) and {MAX_CRASH_LOOP_FAILURES}")
+    seconds: dict[str, float] = {}
+    for key, default in (("within_s", CRASH_LOOP_WITHIN_S), ("window_s", CRASH_LOOP_WINDOW_S)):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PlanError(f"suite {path}: `crash_loop.{key}` must be a number of seconds, not {type(value).__name__}")
+        if not (math.isfinite(value) and 0 < value <= MAX_CRASH_LOOP_S):
+            raise PlanError(f"suite {path}: `crash_loop.{key}` must be between 0 and {MAX_CRASH_LOOP_S:.0f} seconds")
+        seconds[key] = float(value)
+    return CrashLoop(failures=failures, within_s=seconds["within_s"], window_s=seconds["window_s"])
 
 
 # ---------------------------------------------------------------- expansion into jobs

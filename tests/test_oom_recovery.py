@@ -150,3 +150,21 @@ def test_fast_errors_pause_the_suite(orch: Orch) -> None:
     assert "paused" in job["wait_reason"]
     assert orch.job_states()[4] == "queued"
     assert not orch.attempts(4)
+
+
+def test_suite_crash_loop_setting_is_honoured(orch: Orch) -> None:
+    # `crash_loop: off`: three fast errors pause nothing; `failures: 1`: the first one pauses.
+    failing = {"sim_mem_gib": 1, "sim_seconds": 1, "sim_fail": "error"}
+    orch.write_suite("unguarded", {"broken": failing}, mem_gib=1, crash_loop=False)
+    orch.write_suite("touchy", {"broken": failing}, mem_gib=1, crash_loop={"failures": 1, "within_s": 20})
+    orch.submit("unguarded", "1:a 2:a 3:a", "--gpu-plan", "2,1")
+    orch.start_daemon()
+    wait_until(lambda: Counter(orch.job_states().values()) == {"failed": 3}, 60, "three failures")
+    # Submitted after: the daemon handles one ending at a time, so once this suite is paused the
+    # guard has seen every failure of the first.
+    orch.submit("touchy", "1:a 2:a")
+    status = wait_until(lambda: (s := orch.json("status"))["paused_suites"] and s, 30, "a suite paused")
+    assert [(p["suite"], p["reason"]) for p in status["paused_suites"]] == [
+        ("touchy", "1 attempt failed within 20 s each in the last 5 min")
+    ]
+    assert len(orch.query("SELECT * FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.suite = 'unguarded'")) == 3

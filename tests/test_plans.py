@@ -11,7 +11,9 @@ import yaml
 
 from orchestrator.errors import PlanError, UsageError
 from orchestrator.plans import (
+    CRASH_LOOP_OFF,
     ConfigSpec,
+    CrashLoop,
     Pair,
     Suite,
     expand_jobs,
@@ -388,6 +390,21 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         ({**GOOD, "max_attempts": "3"}, {"a": {}}, "must be int"),
         ({**GOOD, "hang_timeout_s": -1}, {"a": {}}, "must be positive"),
         ({**GOOD, "one_token_tasks": [1]}, {"a": {}}, "list of task patterns"),
+        ({**GOOD, "crash_loop": True}, {"a": {}}, "`crash_loop` must be off or a mapping .*, not True"),
+        ({**GOOD, "crash_loop": None}, {"a": {}}, "`crash_loop` must be off or a mapping .*, not None"),
+        ({**GOOD, "crash_loop": "sometimes"}, {"a": {}}, "must be off or a mapping .*, not 'sometimes'"),
+        ({**GOOD, "crash_loop": [3, 30]}, {"a": {}}, "must be off or a mapping"),
+        ({**GOOD, "crash_loop": {"count": 3}}, {"a": {}}, r"`crash_loop` has unknown key\(s\) count"),
+        ({**GOOD, "crash_loop": {"failures": -1}}, {"a": {}}, r"`crash_loop.failures` must be between 0 \(off\) and 1000"),
+        ({**GOOD, "crash_loop": {"failures": 2.5}}, {"a": {}}, "`crash_loop.failures` must be an integer .*not float"),
+        ({**GOOD, "crash_loop": {"failures": True}}, {"a": {}}, "`crash_loop.failures` must be an integer .*not bool"),
+        ({**GOOD, "crash_loop": {"failures": "3"}}, {"a": {}}, "`crash_loop.failures` must be an integer .*not str"),
+        ({**GOOD, "crash_loop": {"within_s": 0}}, {"a": {}}, "`crash_loop.within_s` must be between 0 and 604800 seconds"),
+        ({**GOOD, "crash_loop": {"window_s": -5}}, {"a": {}}, "`crash_loop.window_s` must be between 0 and"),
+        ({**GOOD, "crash_loop": {"window_s": 1e9}}, {"a": {}}, "`crash_loop.window_s` must be between 0 and"),
+        ({**GOOD, "crash_loop": {"window_s": "5 min"}}, {"a": {}}, "`crash_loop.window_s` must be a number of seconds, not str"),
+        ("worker: sim\nmem_gib: 2\nconfigs: [a]\ncrash_loop: {within_s: .inf}\n", {"a": {}},
+         "`crash_loop.within_s` must be between 0 and"),
         (GOOD, {}, "config file not found"),
         (GOOD, {"a": "- 1\n- 2\n"}, "must be a YAML mapping, not list"),
         (GOOD, {"a": "x: [\n"}, "is not valid YAML"),
@@ -409,7 +426,37 @@ def test_good_minimal_suite_loads(tmp_path: Path) -> None:
     suite = load_suite("ok", plans)
     assert suite.env == {"A": "1", "B": "True"}
     assert suite.max_attempts == 8 and suite.hang_timeout_s == 1800.0
+    assert suite.crash_loop == CrashLoop(failures=3, within_s=30.0, window_s=300.0)
+    assert suite.crash_loop.enabled
     assert suite.configs[0].content == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    ("crash_loop", "expected"),
+    [
+        ({"failures": 5, "within_s": 60, "window_s": 900.5}, CrashLoop(5, 60.0, 900.5)),
+        ({"failures": 1}, CrashLoop(1, 30.0, 300.0)),  # missing keys keep the defaults
+        ({"within_s": 10}, CrashLoop(3, 10.0, 300.0)),
+        ({}, CrashLoop()),
+    ],
+)
+def test_crash_loop_setting_loads(tmp_path: Path, crash_loop: dict[str, Any], expected: CrashLoop) -> None:
+    plans = write_suite(tmp_path / "plans", "ok", {**GOOD, "crash_loop": crash_loop}, {"a": {}})
+    suite = load_suite("ok", plans)
+    assert suite.crash_loop == expected
+    assert suite.crash_loop.enabled
+
+
+@pytest.mark.parametrize(
+    "text", ["crash_loop: off", "crash_loop: false", "crash_loop: 'OFF'", "crash_loop: {failures: 0, window_s: 60}"]
+)
+def test_crash_loop_can_be_switched_off(tmp_path: Path, text: str) -> None:
+    plans = write_suite(tmp_path / "plans", "ok", f"worker: sim\nmem_gib: 2\nconfigs: [a]\n{text}\n", {"a": {}})
+    suite = load_suite("ok", plans)
+    assert not suite.crash_loop.enabled
+    assert suite.crash_loop.failures == 0
+    if "window_s" not in text:
+        assert suite.crash_loop == CRASH_LOOP_OFF
 
 
 # ---------------------------------------------------------------- E1 LoRA specs against the reference table

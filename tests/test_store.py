@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlite_utils
 
 import orchestrator.store.db as store_db
 import orchestrator.store.jobs as store_jobs
@@ -59,12 +60,19 @@ def event_count(store: Store) -> int:
 # ---------------------------------------------------------------- migrations and file
 
 
+def all_migration_names() -> list[str]:
+    """Every registered migration, in order: what a fresh database must end up with."""
+    return [m.name for m in MIGRATIONS.pending(sqlite_utils.Database(memory=True))]
+
+
 def test_migrations_apply_once_and_are_recorded(db_path: Path) -> None:
     Store(db_path).close()
     with Store(db_path) as again:
         assert MIGRATIONS.pending(again.db) == []
         rows = again.query("SELECT migration_set, name FROM _sqlite_migrations")
-    assert rows == [{"migration_set": "orch", "name": "m001_initial"}]
+    names = all_migration_names()
+    assert names[0] == "m001_initial" and "m002_crash_loop" in names
+    assert rows == [{"migration_set": "orch", "name": name} for name in names]
 
 
 def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:
@@ -83,7 +91,7 @@ def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:
         thread.join(timeout=30)
     assert errors == []
     with Store(db_path) as store:
-        assert len(store.query("SELECT * FROM _sqlite_migrations")) == 1
+        assert len(store.query("SELECT * FROM _sqlite_migrations")) == len(all_migration_names())
 
 
 def test_state_db_is_owner_only(db_path: Path, demo: Suite) -> None:

@@ -1,0 +1,146 @@
+"""The crash-loop guard: a suite's `crash_loop` setting travels with its jobs into state.db and
+decides when fast non-OOM failures pause the suite."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlite_utils
+import yaml
+
+from orchestrator.outcomes import crash_loop_of, crash_loop_reason, guard_crash_loop
+from orchestrator.plans import CRASH_LOOP_OFF, CrashLoop, expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.db import now_s
+from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.schema import MIGRATIONS
+
+
+def write_suite(plans: Path, name: str, **settings: Any) -> Path:
+    (plans / "suites").mkdir(parents=True, exist_ok=True)
+    (plans / "configs" / name).mkdir(parents=True, exist_ok=True)
+    (plans / "configs" / name / "a.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1}))
+    body = {"worker": "sim", "mem_gib": 1, "configs": ["a"], **settings}
+    (plans / "suites" / f"{name}.yaml").write_text(yaml.safe_dump(body))
+    return plans
+
+
+def submit(store: Store, plans: Path, name: str, n_jobs: int) -> list[dict[str, Any]]:
+    suite = load_suite(name, plans)
+    pairs = parse_pairs(" ".join(f"{seed}:task" for seed in range(1, n_jobs + 1)))
+    submit_jobs(store, suite, expand_jobs(suite, pairs, {}, None, 0), allowed_gpus=None, priority=0,
+                force=False, dry_run=False)
+    return store.query("SELECT * FROM jobs WHERE suite = ? ORDER BY id", [name])
+
+
+def add_failed_attempt(store: Store, job: dict[str, Any], ran_s: float, ended_ago_s: float = 1.0,
+                       reason: str = "exit 1") -> None:
+    """An attempt that failed `ended_ago_s` ago after running `ran_s`."""
+    ended_at = now_s() - ended_ago_s
+    with store.write():
+        store.db.execute(
+            "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, run_dir, predicted_peak_mib, "
+            "prediction_source, reserved_mib, started_at, ended_at, outcome, reason) "
+            "VALUES (?, (SELECT count(*) + 1 FROM attempts WHERE job_id = ?), 0, 'GPU-0', 0, 'run', 1024, "
+            "'declared', 0, ?, ?, 'failed', ?)",
+            [job["id"], job["id"], ended_at - ran_s, ended_at, reason],
+        )
+
+
+def paused(store: Store) -> dict[str, str]:
+    return {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def test_default_guard_pauses_at_three_fast_failures() -> None:
+    assert crash_loop_reason([1.0, 2.0], CrashLoop()) is None
+    assert crash_loop_reason([1.0, 2.0, 45.0], CrashLoop()) is None  # 45 s is not fast
+    assert crash_loop_reason([1.0, 2.0, 29.9], CrashLoop()) == "3 attempts failed within 30 s each in the last 5 min"
+
+
+def test_guard_follows_its_setting() -> None:
+    assert crash_loop_reason([50.0], CrashLoop(failures=1, within_s=60, window_s=90)) == (
+        "1 attempt failed within 60 s each in the last 90 s"
+    )
+    assert crash_loop_reason([1.0] * 4, CrashLoop(failures=5)) is None
+    assert crash_loop_reason([1.0] * 1000, CRASH_LOOP_OFF) is None
+
+
+# ---------------------------------------------------------------- the setting, through state.db
+
+
+def test_suite_setting_is_stored_with_each_job(db_path: Path, tmp_path: Path) -> None:
+    plans = write_suite(tmp_path / "plans", "tight", crash_loop={"failures": 2, "within_s": 5, "window_s": 60})
+    write_suite(plans, "plain")
+    write_suite(plans, "free", crash_loop=False)
+    with Store(db_path) as store:
+        assert crash_loop_of(submit(store, plans, "tight", 1)[0]) == CrashLoop(2, 5.0, 60.0)
+        assert crash_loop_of(submit(store, plans, "plain", 1)[0]) == CrashLoop()
+        assert crash_loop_of(submit(store, plans, "free", 1)[0]) == CRASH_LOOP_OFF
+
+
+def test_guard_pauses_after_the_suites_count(db_path: Path, tmp_path: Path) -> None:
+    plans = write_suite(tmp_path / "plans", "tight", crash_loop={"failures": 2, "within_s": 5, "window_s": 60})
+    with Store(db_path) as store:
+        jobs = submit(store, plans, "tight", 3)
+        guard = crash_loop_of(jobs[0])
+        add_failed_attempt(store, jobs[0], ran_s=1.0)
+        add_failed_attempt(store, jobs[1], ran_s=8.0)  # slower than within_s: not counted
+        add_failed_attempt(store, jobs[2], ran_s=1.0, ended_ago_s=120.0)  # outside the window
+        add_failed_attempt(store, jobs[2], ran_s=1.0, reason="hung")  # hangs have their own rule
+        guard_crash_loop(store, "tight", guard)
+        assert paused(store) == {}
+        add_failed_attempt(store, jobs[1], ran_s=4.0)
+        guard_crash_loop(store, "tight", guard)
+        assert paused(store) == {"tight": "2 attempts failed within 5 s each in the last 60 s"}
+        assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'pause'")[0]["n"] == 1
+
+
+def test_guard_switched_off_never_pauses(db_path: Path, tmp_path: Path) -> None:
+    plans = write_suite(tmp_path / "plans", "free", crash_loop="off")
+    with Store(db_path) as store:
+        jobs = submit(store, plans, "free", 5)
+        for job in jobs:
+            add_failed_attempt(store, job, ran_s=0.5)
+        guard_crash_loop(store, "free", crash_loop_of(jobs[0]))
+        assert paused(store) == {}
+        guard_crash_loop(store, "free", CrashLoop())  # the same history trips the default guard
+        assert set(paused(store)) == {"free"}
+
+
+def test_jobs_queued_before_the_setting_keep_the_old_guard(db_path: Path) -> None:
+    # A state.db migrated up to just before the crash-loop columns, with a job in it.
+    conn = sqlite3.connect(str(db_path))
+    MIGRATIONS.apply(sqlite_utils.Database(conn), stop_before="m002_crash_loop")
+    conn.execute(
+        "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
+        "env_json, worker, declared_mib, state, max_attempts, hang_timeout_s, queued_at, created_at, updated_at) "
+        "VALUES ('x', 'old', 'a', 'a.yaml', '{}', 1, 'task', '{}', '{}', 'sim', 1024, 'queued', 8, 1800, 0, 0, 0)"
+    )
+    conn.commit()
+    conn.close()
+    with Store(db_path) as store:
+        assert crash_loop_of(store.query("SELECT * FROM jobs")[0]) == CrashLoop(3, 30.0, 300.0)
+
+
+@pytest.mark.parametrize("failures", [1, 4])
+def test_guard_counts_every_job_of_the_suite(db_path: Path, tmp_path: Path, failures: int) -> None:
+    plans = write_suite(tmp_path / "plans", "s", crash_loop={"failures": failures})
+    write_suite(plans, "other")
+    with Store(db_path) as store:
+        jobs = submit(store, plans, "s", failures)
+        other = submit(store, plans, "other", 3)
+        for job in other:  # another suite's failures do not count against this one
+            add_failed_attempt(store, job, ran_s=1.0)
+        for job in jobs[:-1]:
+            add_failed_attempt(store, job, ran_s=1.0)
+        guard_crash_loop(store, "s", crash_loop_of(jobs[0]))
+        assert "s" not in paused(store)
+        add_failed_attempt(store, jobs[-1], ran_s=1.0)
+        guard_crash_loop(store, "s", crash_loop_of(jobs[0]))
+        assert "s" in paused(store)
