@@ -22,6 +22,18 @@ Memory model of the worker (all from the config):
 The worker allocates the peak in RAMP_STEPS equal steps over sim_ramp_s (like a model load),
 each under an fcntl lock on the GPU dir; a step that would overfill the card fails with torch's
 out-of-memory message, result.json status "oom" and exit code 3.
+
+`sim_fail` makes an attempt fail on purpose:
+    error     a RuntimeError halfway through training
+    hang      heartbeats stop halfway through training (the process lives on)
+    host_oom  host RAM runs out when the data loader starts, at the first training step, while
+              `num_data_workers` is above `sim_host_max_workers` (default 0; the ladder's
+              `data_workers: 0` rung brings it down to there). `sim_host_oom_kind` picks torch's
+              wording: `allocator` (default), DefaultCPUAllocator's "can't allocate memory";
+              `dataloader`, "DataLoader worker (pid(s) N) exited unexpectedly" raised from "...
+              is killed by signal: Killed." (the kernel OOM-killed a loader process).
+error and host_oom are Python exceptions, reported as a real worker does: the traceback on
+stderr, result.json status "failed" with the exception's last line, exit code 1.
 """
 
 from __future__ import annotations
@@ -56,6 +68,10 @@ CHECKPOINT_FACTOR = 0.4
 BASE_SHARE = 0.4
 RAMP_STEPS = 4
 HEARTBEAT_S = 0.25
+
+HOST_OOM_KINDS = ("allocator", "dataloader")
+HOST_BYTES_PER_WORKER = 2 * 1024**3  # one data worker's prefetched batches, shown in the message
+ENOMEM = 12
 
 
 # --- simulated GPU protocol (shared with orchestrator.gpu.sim) ---------------------------------
@@ -177,6 +193,46 @@ def predicted_peak_mib(config: dict[str, Any]) -> int:
     return round((base_gib + rest_gib + logits_gib) * 1024)
 
 
+def check_sim_fail(config: dict[str, Any]) -> None:
+    """Refuse sim_fail settings that would otherwise be ignored silently (ValueError)."""
+    if config.get("sim_fail") != "host_oom":
+        return
+    kind = config.get("sim_host_oom_kind", "allocator")
+    if kind not in HOST_OOM_KINDS:
+        raise ValueError(
+            f"sim_host_oom_kind must be one of {', '.join(HOST_OOM_KINDS)}, got {kind!r}"
+        )
+    for key in ("sim_host_max_workers", "num_data_workers"):
+        value = config.get(key, 0)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+
+
+def host_oom_error(config: dict[str, Any], loader_pid: int) -> RuntimeError | None:
+    """The exception torch raises when the data workers need more host RAM than there is:
+    `sim_fail: host_oom` with more than `sim_host_max_workers` of them; None otherwise.
+    `loader_pid` is the data-loader process named in the `dataloader` wording."""
+    if config.get("sim_fail") != "host_oom":
+        return None
+    workers = int(config.get("num_data_workers") or 0)
+    if workers <= int(config.get("sim_host_max_workers") or 0):
+        return None
+    if config.get("sim_host_oom_kind", "allocator") == "dataloader":
+        # torch's loader raises this from the worker's death, so the traceback shows both.
+        error = RuntimeError(f"DataLoader worker (pid(s) {loader_pid}) exited unexpectedly")
+        error.__cause__ = RuntimeError(
+            f"DataLoader worker (pid {loader_pid}) is killed by signal: Killed. "
+        )
+        return error
+    return RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        f"you tried to allocate {workers * HOST_BYTES_PER_WORKER} bytes. "
+        f"Error code {ENOMEM} (Cannot allocate memory)"
+    )
+
+
 def resolve_gpu(visible: str, sizes_mib: list[int]) -> int:
     """Index of the simulated GPU named by CUDA_VISIBLE_DEVICES (a uuid or an index; first one)."""
     first = visible.split(",")[0].strip()
@@ -278,6 +334,10 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
     total_steps = max(1, int(float(config.get("sim_seconds", 5.0)) / HEARTBEAT_S))
     batch = int(config.get("batch_size", 1))
     fail = config.get("sim_fail")
+    # The data loader starts its workers with the first batch: that is when host RAM runs out.
+    host_error = host_oom_error(config, loader_pid=os.getpid() + 1)
+    if host_error is not None:
+        raise host_error
     train_started = time.monotonic()
     for step in range(1, total_steps + 1):
         if fail == "hang" and step > total_steps // 2:
@@ -317,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         config = yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}
         if not isinstance(config, dict) or "sim_mem_gib" not in config:
             raise ValueError(f"{args.config}: a mapping with sim_mem_gib is required")
+        check_sim_fail(config)
         for name in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS"):
             if not os.environ.get(name):
                 raise ValueError(f"{name} is not set: the sim worker needs the simulated GPUs")
