@@ -44,7 +44,7 @@ class Store:
             if not existed:
                 os.chmod(self.path, 0o600)
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             self.db = sqlite_utils.Database(conn)
@@ -101,6 +101,24 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """WAL is a property of the file, set once. Switching to it needs a moment alone with the
+    file, and SQLite answers SQLITE_BUSY at once (no busy handler) when several processes open
+    a new state.db together, so retry until the busy timeout."""
+    deadline_s = time.monotonic() + BUSY_TIMEOUT_S
+    delay_s = 0.005
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline_s:
+                raise
+        time.sleep(delay_s)  # another process is switching the file right now
+        delay_s = min(delay_s * 2, 0.1)
 
 
 def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
