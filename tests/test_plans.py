@@ -16,6 +16,7 @@ from orchestrator.plans import (
     CrashLoop,
     Pair,
     Suite,
+    default_plans_dir,
     expand_jobs,
     job_identity,
     load_suite,
@@ -348,6 +349,13 @@ def test_shipped_suites_load() -> None:
     assert set(e5.config_names()) <= set(load_suite("E1", PLANS).config_names())
     demo = load_suite("demo", PLANS)
     assert demo.worker == "sim" and demo.configs
+
+
+def test_default_plans_dir_is_the_shipped_one_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./plans here
+    assert default_plans_dir() == PLANS
+    (tmp_path / "plans" / "suites").mkdir(parents=True)
+    assert default_plans_dir() == tmp_path / "plans"
 
 
 def test_unknown_suite_lists_the_known_ones() -> None:

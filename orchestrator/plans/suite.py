@@ -1,7 +1,7 @@
-"""Suites, configs, GPU plans, pairs, rounds and `--set` overrides.
+"""Suites: loading a suite file and its configs, and expanding it into jobs.
 
-Parsing functions take strings and return values (no I/O); `load_suite` reads a suite file and its
-configs. Every bad value raises PlanError (exit 2) with one line naming it.
+`load_suite` reads `plans_dir/suites/NAME.yaml` and its config files; everything else here is
+pure. Every problem raises PlanError (exit 2) with one line naming it.
 """
 
 from __future__ import annotations
@@ -10,21 +10,23 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from orchestrator.errors import PlanError
-
-DEFAULT_SLOTS = 1  # a GPU the plan does not name runs one job at a time
-MAX_SLOTS_PER_GPU = 64
-MAX_GPU_INDEX = 1023
-MAX_SEED = 2**31 - 1
-MAX_VALUE_CHARS = 4096
-MAX_PAIRS_CHARS = 65536  # a long sweep's pair list is longer than one value
+from orchestrator.plans.inputs import (
+    ENV_NAME_RE,
+    PAIR_KEYS,
+    SUITE_NAME_RE,
+    Pair,
+    Scalar,
+    check_text,
+    shown_value,
+)
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
 KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
@@ -36,17 +38,8 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
     }
 )
-PAIR_KEYS = frozenset({"seed", "data"})  # set per job from --pairs, never by --set
 
-_SUITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-_DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
-_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_BUILTIN_WORKERS = ("lora", "sim")
-
-Scalar = str | int | float | bool | None
 
 # Crash-loop guard defaults (suite key `crash_loop`): this many fast non-OOM failures of one
 # suite inside the window pause it, so a broken config does not burn through the whole queue.
@@ -55,198 +48,6 @@ CRASH_LOOP_WITHIN_S = 30.0  # an attempt failing sooner than this after its star
 CRASH_LOOP_WINDOW_S = 300.0  # how far back failures are counted
 MAX_CRASH_LOOP_FAILURES = 1000
 MAX_CRASH_LOOP_S = 7 * 24 * 3600.0
-
-
-def _shown(text: str, limit: int = 60) -> str:
-    """A bad value quoted for an error line: printable and short."""
-    shown = text if len(text) <= limit else text[:limit] + "…"
-    return ascii(shown) if _CONTROL_CHARS.search(shown) else repr(shown)
-
-
-def _check_text(what: str, text: str, max_chars: int = MAX_VALUE_CHARS) -> None:
-    if _CONTROL_CHARS.search(text) or "\n" in text:
-        raise PlanError(f"{what} contains control characters: {_shown(text)}")
-    if len(text) > max_chars:
-        raise PlanError(f"{what} is too long ({len(text)} characters, at most {max_chars})")
-
-
-def _parse_nonneg_int(what: str, token: str, maximum: int) -> int:
-    if not re.fullmatch(r"[0-9]+", token):
-        raise PlanError(f"{what} {_shown(token)} is not a non-negative integer")
-    if len(token) > 12 or int(token) > maximum:
-        raise PlanError(f"{what} {_shown(token)} is too large (at most {maximum})")
-    return int(token)
-
-
-def _tokens(text: str) -> list[str]:
-    """Split on commas and/or whitespace, as the bash launchers accepted."""
-    return [t for t in re.split(r"[,\s]+", text.strip()) if t]
-
-
-# ---------------------------------------------------------------- GPUs and plans
-
-
-def parse_gpus(text: str) -> list[int]:
-    """`--gpus "0 1 2"` (or "0,1,2"): physical GPU indices in the order given."""
-    _check_text("--gpus", text)
-    tokens = _tokens(text)
-    if not tokens:
-        raise PlanError("--gpus is empty: give GPU indices such as \"0 1 2\"")
-    indices = [_parse_nonneg_int("GPU index", t, MAX_GPU_INDEX) for t in tokens]
-    seen: set[int] = set()
-    for index in indices:
-        if index in seen:
-            raise PlanError(f"--gpus names GPU {index} twice")
-        seen.add(index)
-    return indices
-
-
-@dataclass(frozen=True)
-class GpuPlan:
-    """Per-GPU concurrency caps. `default_slots` applies to GPUs the plan does not name."""
-
-    slots_by_gpu: dict[int, int] = field(default_factory=dict)
-    default_slots: int | None = None
-
-    def slots_for(self, gpu_index: int, fallback: int) -> int:
-        if gpu_index in self.slots_by_gpu:
-            return self.slots_by_gpu[gpu_index]
-        return self.default_slots if self.default_slots is not None else fallback
-
-    def total_slots(self, gpu_indices: Iterable[int], fallback: int) -> int:
-        return sum(self.slots_for(i, fallback) for i in gpu_indices)
-
-
-def parse_gpu_plan(text: str, gpus: Sequence[int] | None) -> GpuPlan:
-    """`--gpu-plan "2,2,1"`: one cap per GPU of `--gpus` (or GPUs 0..n-1 without it).
-
-    A single integer is broadcast (to `--gpus`, or to every GPU when `--gpus` is absent);
-    `0` keeps a GPU visible but unused; any other length mismatch is an error.
-    """
-    _check_text("--gpu-plan", text)
-    tokens = _tokens(text)
-    if not tokens:
-        raise PlanError("--gpu-plan is empty: give one number per GPU such as \"2,2,1\"")
-    caps = [_parse_nonneg_int("GPU plan entry", t, MAX_SLOTS_PER_GPU) for t in tokens]
-    if len(caps) == 1:
-        if gpus is None:
-            return GpuPlan(default_slots=caps[0])
-        return GpuPlan(slots_by_gpu={g: caps[0] for g in gpus})
-    targets = list(gpus) if gpus is not None else list(range(len(caps)))
-    if len(caps) != len(targets):
-        raise PlanError(
-            f"--gpu-plan has {len(caps)} entries but --gpus names {len(targets)} GPUs "
-            f"({' '.join(map(str, targets))}): give one entry per GPU or a single number"
-        )
-    return GpuPlan(slots_by_gpu=dict(zip(targets, caps, strict=True)))
-
-
-# ---------------------------------------------------------------- pairs and rounds
-
-
-@dataclass(frozen=True)
-class Pair:
-    seed: int
-    data: str
-
-    def __str__(self) -> str:
-        return f"{self.seed}:{self.data}"
-
-
-def parse_pairs(text: str) -> list[Pair]:
-    """`--pairs "87:glue-tvt_qnli 127:glue-tvt_rte"` (comma- or space-separated SEED:DATA)."""
-    _check_text("--pairs", text, MAX_PAIRS_CHARS)
-    tokens = _tokens(text)
-    if not tokens:
-        raise PlanError('--pairs is empty: give SEED:DATA pairs such as "87:glue-tvt_qnli"')
-    pairs: list[Pair] = []
-    seen: set[Pair] = set()
-    for token in tokens:
-        seed_text, sep, data = token.partition(":")
-        if not sep:
-            raise PlanError(f"pair {_shown(token)} is not SEED:DATA (e.g. 87:glue-tvt_qnli)")
-        seed = _parse_nonneg_int(f"seed in pair {_shown(token)}:", seed_text, MAX_SEED)
-        if not _DATA_NAME.fullmatch(data):
-            raise PlanError(
-                f"data name {_shown(data)} in pair {_shown(token)} is not a task name "
-                "(letters, digits, '_', '-', '.'; e.g. glue-tvt_qnli)"
-            )
-        pair = Pair(seed, data)
-        if pair in seen:
-            raise PlanError(f"pair {pair} is given twice")
-        seen.add(pair)
-        pairs.append(pair)
-    return pairs
-
-
-def parse_round(text: str) -> int | str | None:
-    """`--round all` -> None; `--round 3` -> 3 (1-based); `--round NAME` -> a named round."""
-    _check_text("--round", text)
-    token = text.strip()
-    if token == "" :
-        raise PlanError("--round is empty: give all, a round number (1, 2, ...) or a round name")
-    if token.lower() == "all":
-        return None
-    if re.fullmatch(r"[0-9]+", token):
-        number = _parse_nonneg_int("--round", token, 100_000)
-        if number < 1:
-            raise PlanError("--round numbers start at 1")
-        return number
-    if not _SUITE_NAME.fullmatch(token):
-        raise PlanError(f"--round {_shown(token)} is not all, a number or a round name")
-    return token
-
-
-# ---------------------------------------------------------------- --set overrides
-
-
-def parse_set_overrides(items: Sequence[str], known_keys: Iterable[str]) -> dict[str, Scalar]:
-    """`--set KEY=VALUE`: VALUE is read as a YAML scalar only; KEY is a known key or env.NAME."""
-    known = set(known_keys)
-    overrides: dict[str, Scalar] = {}
-    for item in items:
-        _check_text("--set", item)
-        key, sep, raw_value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise PlanError(f"--set {_shown(item)} is not KEY=VALUE")
-        if key.startswith("env."):
-            name = key[len("env."):]
-            if not _ENV_NAME.fullmatch(name):
-                raise PlanError(f"--set {_shown(key)}: {_shown(name)} is not a valid environment variable name")
-        elif key in PAIR_KEYS:
-            raise PlanError(f"--set {key}=... is not allowed: seed and data come from --pairs")
-        elif key not in known:
-            raise PlanError(f"--set {_shown(key)}: unknown config key (known: {', '.join(sorted(known))})")
-        overrides[key] = parse_scalar(key, raw_value)
-    return overrides
-
-
-def parse_scalar(key: str, raw_value: str) -> Scalar:
-    """A YAML scalar (int, float, bool, null or string); lists, mappings and documents are refused."""
-    _check_text(f"--set {key}", raw_value)
-    try:
-        docs = list(yaml.safe_load_all(raw_value))
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise PlanError(f"--set {key}={_shown(raw_value)}: not a YAML scalar ({first_line})") from None
-    if len(docs) > 1:
-        raise PlanError(f"--set {key}={_shown(raw_value)}: several YAML documents, give one scalar")
-    value = docs[0] if docs else None
-    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(raw_value.strip()):
-        value = float(raw_value)  # YAML 1.1 reads 1e-4 (no dot) as a string; users mean a number
-    if not isinstance(value, (str, int, float, bool)) and value is not None:
-        raise PlanError(
-            f"--set {key}={_shown(raw_value)}: value must be a scalar, not a {type(value).__name__}"
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PlanError(f"--set {key}={_shown(raw_value)}: value must be a finite number")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
-        raise PlanError(f"--set {key}={_shown(raw_value)}: number is too large")
-    return value
-
-
-# ---------------------------------------------------------------- suites
 
 
 @dataclass(frozen=True)
@@ -312,7 +113,7 @@ def default_plans_dir() -> Path:
     local = Path.cwd() / "plans"
     if (local / "suites").is_dir():
         return local
-    return Path(__file__).resolve().parent.parent / "plans"
+    return Path(__file__).resolve().parents[2] / "plans"  # orchestrator/plans/suite.py -> repo
 
 
 def list_suites(plans_dir: Path) -> list[str]:
@@ -355,9 +156,9 @@ def _typed(path: Path, data: dict[str, Any], key: str, kinds: tuple[type, ...], 
 
 def load_suite(name: str, plans_dir: Path) -> Suite:
     """Load `plans_dir/suites/NAME.yaml` and its configs; every problem is a PlanError."""
-    _check_text("--suite", name)
-    if not _SUITE_NAME.fullmatch(name):
-        raise PlanError(f"suite name {_shown(name)} is not valid (letters, digits, '_', '-', '.')")
+    check_text("--suite", name)
+    if not SUITE_NAME_RE.fullmatch(name):
+        raise PlanError(f"suite name {shown_value(name)} is not valid (letters, digits, '_', '-', '.')")
     path = plans_dir / "suites" / f"{name}.yaml"
     if not path.is_file():
         known = list_suites(plans_dir)
@@ -374,18 +175,18 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     worker = _typed(path, data, "worker", (str,), None)
     if not worker or not worker.strip():
         raise PlanError(f"suite {path}: `worker` is required (lora, sim, or a command template)")
-    _check_text(f"suite {path} worker", worker)
+    check_text(f"suite {path} worker", worker)
     mem_gib = _typed(path, data, "mem_gib", (int, float), None)
     if mem_gib is None or not (0 < float(mem_gib) <= 4096):
         raise PlanError(f"suite {path}: `mem_gib` must be a number of GiB between 0 and 4096")
     env_raw = _typed(path, data, "env", (dict,), {})
     env: dict[str, str] = {}
     for env_name, env_value in env_raw.items():
-        if not isinstance(env_name, str) or not _ENV_NAME.fullmatch(env_name):
+        if not isinstance(env_name, str) or not ENV_NAME_RE.fullmatch(env_name):
             raise PlanError(f"suite {path}: env name {env_name!r} is not a valid variable name")
         if not isinstance(env_value, (str, int, float, bool)):
             raise PlanError(f"suite {path}: env {env_name} must be a scalar")
-        _check_text(f"suite {path} env {env_name}", str(env_value))
+        check_text(f"suite {path} env {env_name}", str(env_value))
         env[env_name] = str(env_value)
     config_names = _typed(path, data, "configs", (list,), None)
     if not config_names:
@@ -408,7 +209,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     rounds_raw = _typed(path, data, "rounds", (dict,), {})
     rounds: dict[str, tuple[str, ...]] = {}
     for round_name, members in rounds_raw.items():
-        if not isinstance(round_name, str) or not _SUITE_NAME.fullmatch(round_name):
+        if not isinstance(round_name, str) or not SUITE_NAME_RE.fullmatch(round_name):
             raise PlanError(f"suite {path}: round name {round_name!r} is not valid")
         if not isinstance(members, list) or not members:
             raise PlanError(f"suite {path}: round {round_name} must list config names")
@@ -452,7 +253,7 @@ def _parse_crash_loop(path: Path, raw: Any) -> CrashLoop:
     if raw is False or (isinstance(raw, str) and raw.strip().lower() == "off"):
         return CRASH_LOOP_OFF
     if not isinstance(raw, dict):
-        shown = _shown(raw) if isinstance(raw, str) else repr(raw)
+        shown = shown_value(raw) if isinstance(raw, str) else repr(raw)
         raise PlanError(f"suite {path}: {_CRASH_LOOP_SHAPE}, not {shown}")
     unknown = sorted(str(k) for k in set(raw) - {"failures", "within_s", "window_s"})
     if unknown:

@@ -1,0 +1,223 @@
+"""Parsing of what a user types: `--gpus`, `--gpu-plan`, `--pairs`, `--round` and `--set`.
+
+Pure functions: they take strings and return values (no I/O). Every bad value raises PlanError
+(exit 2) with one line naming it. The text checks here are shared with suite loading.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import yaml
+
+from orchestrator.errors import PlanError
+
+DEFAULT_SLOTS = 1  # a GPU the plan does not name runs one job at a time
+MAX_SLOTS_PER_GPU = 64
+MAX_GPU_INDEX = 1023
+MAX_SEED = 2**31 - 1
+MAX_VALUE_CHARS = 4096
+MAX_PAIRS_CHARS = 65536  # a long sweep's pair list is longer than one value
+
+PAIR_KEYS = frozenset({"seed", "data"})  # set per job from --pairs, never by --set
+
+SUITE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+Scalar = str | int | float | bool | None
+
+
+def shown_value(text: str, limit: int = 60) -> str:
+    """A bad value quoted for an error line: printable and short."""
+    shown = text if len(text) <= limit else text[:limit] + "…"
+    return ascii(shown) if _CONTROL_CHARS.search(shown) else repr(shown)
+
+
+def check_text(what: str, text: str, max_chars: int = MAX_VALUE_CHARS) -> None:
+    if _CONTROL_CHARS.search(text) or "\n" in text:
+        raise PlanError(f"{what} contains control characters: {shown_value(text)}")
+    if len(text) > max_chars:
+        raise PlanError(f"{what} is too long ({len(text)} characters, at most {max_chars})")
+
+
+def _parse_nonneg_int(what: str, token: str, maximum: int) -> int:
+    if not re.fullmatch(r"[0-9]+", token):
+        raise PlanError(f"{what} {shown_value(token)} is not a non-negative integer")
+    if len(token) > 12 or int(token) > maximum:
+        raise PlanError(f"{what} {shown_value(token)} is too large (at most {maximum})")
+    return int(token)
+
+
+def _tokens(text: str) -> list[str]:
+    """Split on commas and/or whitespace, as the bash launchers accepted."""
+    return [t for t in re.split(r"[,\s]+", text.strip()) if t]
+
+
+# ---------------------------------------------------------------- GPUs and plans
+
+
+def parse_gpus(text: str) -> list[int]:
+    """`--gpus "0 1 2"` (or "0,1,2"): physical GPU indices in the order given."""
+    check_text("--gpus", text)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError("--gpus is empty: give GPU indices such as \"0 1 2\"")
+    indices = [_parse_nonneg_int("GPU index", t, MAX_GPU_INDEX) for t in tokens]
+    seen: set[int] = set()
+    for index in indices:
+        if index in seen:
+            raise PlanError(f"--gpus names GPU {index} twice")
+        seen.add(index)
+    return indices
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """Per-GPU concurrency caps. `default_slots` applies to GPUs the plan does not name."""
+
+    slots_by_gpu: dict[int, int] = field(default_factory=dict)
+    default_slots: int | None = None
+
+    def slots_for(self, gpu_index: int, fallback: int) -> int:
+        if gpu_index in self.slots_by_gpu:
+            return self.slots_by_gpu[gpu_index]
+        return self.default_slots if self.default_slots is not None else fallback
+
+    def total_slots(self, gpu_indices: Iterable[int], fallback: int) -> int:
+        return sum(self.slots_for(i, fallback) for i in gpu_indices)
+
+
+def parse_gpu_plan(text: str, gpus: Sequence[int] | None) -> GpuPlan:
+    """`--gpu-plan "2,2,1"`: one cap per GPU of `--gpus` (or GPUs 0..n-1 without it).
+
+    A single integer is broadcast (to `--gpus`, or to every GPU when `--gpus` is absent);
+    `0` keeps a GPU visible but unused; any other length mismatch is an error.
+    """
+    check_text("--gpu-plan", text)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError("--gpu-plan is empty: give one number per GPU such as \"2,2,1\"")
+    caps = [_parse_nonneg_int("GPU plan entry", t, MAX_SLOTS_PER_GPU) for t in tokens]
+    if len(caps) == 1:
+        if gpus is None:
+            return GpuPlan(default_slots=caps[0])
+        return GpuPlan(slots_by_gpu={g: caps[0] for g in gpus})
+    targets = list(gpus) if gpus is not None else list(range(len(caps)))
+    if len(caps) != len(targets):
+        raise PlanError(
+            f"--gpu-plan has {len(caps)} entries but --gpus names {len(targets)} GPUs "
+            f"({' '.join(map(str, targets))}): give one entry per GPU or a single number"
+        )
+    return GpuPlan(slots_by_gpu=dict(zip(targets, caps, strict=True)))
+
+
+# ---------------------------------------------------------------- pairs and rounds
+
+
+@dataclass(frozen=True)
+class Pair:
+    seed: int
+    data: str
+
+    def __str__(self) -> str:
+        return f"{self.seed}:{self.data}"
+
+
+def parse_pairs(text: str) -> list[Pair]:
+    """`--pairs "87:glue-tvt_qnli 127:glue-tvt_rte"` (comma- or space-separated SEED:DATA)."""
+    check_text("--pairs", text, MAX_PAIRS_CHARS)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError('--pairs is empty: give SEED:DATA pairs such as "87:glue-tvt_qnli"')
+    pairs: list[Pair] = []
+    seen: set[Pair] = set()
+    for token in tokens:
+        seed_text, sep, data = token.partition(":")
+        if not sep:
+            raise PlanError(f"pair {shown_value(token)} is not SEED:DATA (e.g. 87:glue-tvt_qnli)")
+        seed = _parse_nonneg_int(f"seed in pair {shown_value(token)}:", seed_text, MAX_SEED)
+        if not _DATA_NAME.fullmatch(data):
+            raise PlanError(
+                f"data name {shown_value(data)} in pair {shown_value(token)} is not a task name "
+                "(letters, digits, '_', '-', '.'; e.g. glue-tvt_qnli)"
+            )
+        pair = Pair(seed, data)
+        if pair in seen:
+            raise PlanError(f"pair {pair} is given twice")
+        seen.add(pair)
+        pairs.append(pair)
+    return pairs
+
+
+def parse_round(text: str) -> int | str | None:
+    """`--round all` -> None; `--round 3` -> 3 (1-based); `--round NAME` -> a named round."""
+    check_text("--round", text)
+    token = text.strip()
+    if token == "" :
+        raise PlanError("--round is empty: give all, a round number (1, 2, ...) or a round name")
+    if token.lower() == "all":
+        return None
+    if re.fullmatch(r"[0-9]+", token):
+        number = _parse_nonneg_int("--round", token, 100_000)
+        if number < 1:
+            raise PlanError("--round numbers start at 1")
+        return number
+    if not SUITE_NAME_RE.fullmatch(token):
+        raise PlanError(f"--round {shown_value(token)} is not all, a number or a round name")
+    return token
+
+
+# ---------------------------------------------------------------- --set overrides
+
+
+def parse_set_overrides(items: Sequence[str], known_keys: Iterable[str]) -> dict[str, Scalar]:
+    """`--set KEY=VALUE`: VALUE is read as a YAML scalar only; KEY is a known key or env.NAME."""
+    known = set(known_keys)
+    overrides: dict[str, Scalar] = {}
+    for item in items:
+        check_text("--set", item)
+        key, sep, raw_value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise PlanError(f"--set {shown_value(item)} is not KEY=VALUE")
+        if key.startswith("env."):
+            name = key[len("env."):]
+            if not ENV_NAME_RE.fullmatch(name):
+                raise PlanError(f"--set {shown_value(key)}: {shown_value(name)} is not a valid environment variable name")
+        elif key in PAIR_KEYS:
+            raise PlanError(f"--set {key}=... is not allowed: seed and data come from --pairs")
+        elif key not in known:
+            raise PlanError(f"--set {shown_value(key)}: unknown config key (known: {', '.join(sorted(known))})")
+        overrides[key] = parse_scalar(key, raw_value)
+    return overrides
+
+
+def parse_scalar(key: str, raw_value: str) -> Scalar:
+    """A YAML scalar (int, float, bool, null or string); lists, mappings and documents are refused."""
+    check_text(f"--set {key}", raw_value)
+    try:
+        docs = list(yaml.safe_load_all(raw_value))
+    except yaml.YAMLError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise PlanError(f"--set {key}={shown_value(raw_value)}: not a YAML scalar ({first_line})") from None
+    if len(docs) > 1:
+        raise PlanError(f"--set {key}={shown_value(raw_value)}: several YAML documents, give one scalar")
+    value = docs[0] if docs else None
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(raw_value.strip()):
+        value = float(raw_value)  # YAML 1.1 reads 1e-4 (no dot) as a string; users mean a number
+    if not isinstance(value, (str, int, float, bool)) and value is not None:
+        raise PlanError(
+            f"--set {key}={shown_value(raw_value)}: value must be a scalar, not a {type(value).__name__}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"--set {key}={shown_value(raw_value)}: value must be a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        raise PlanError(f"--set {key}={shown_value(raw_value)}: number is too large")
+    return value
+
