@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,13 @@ from orchestrator.lifecycle import JobState
 from orchestrator.memory import (
     ModelInfo,
     ShapeMemory,
+    at_learned_length,
     estimate_peak_mib,
     lookup_model_info,
+    max_seq_len_of,
     model_info_from_hf_config,
     predict_peak_mib,
+    prompt_length_key,
     shape_key,
 )
 from orchestrator.packing import (
@@ -39,7 +43,13 @@ from orchestrator.packing import (
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
-from orchestrator.store.attempts import AttemptPlan, read_all_shapes, start_attempt, update_attempt
+from orchestrator.store.attempts import (
+    AttemptPlan,
+    read_all_prompt_lengths,
+    read_all_shapes,
+    start_attempt,
+    update_attempt,
+)
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan, transition
 
@@ -91,7 +101,6 @@ def _model_info(config: dict[str, Any], cache: JobShapeCache) -> ModelInfo | Non
             info = None
         cache.model_info[model] = info or lookup_model_info(model)
     return cache.model_info[model]
-    return cache.model_info[model]
 
 
 def _peft_spec(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] | None:
@@ -138,16 +147,25 @@ def load_durations(store: Store) -> DurationTable:
     )
 
 
+def job_prompt_length_key(job: dict[str, Any]) -> str:
+    return prompt_length_key(resolve_paths(json.loads(job["config_json"]), job["config_path"]), job["data"])
+
+
 def predict(
-    shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache
+    shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache,
+    prompt_lengths: Mapping[str, int] | None = None,
 ) -> tuple[int, str]:
     config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
     measured = shapes.get(job_shape_key(job, level))
-    estimated = (
-        estimate_peak_mib(config, _model_info(config, cache), _peft_spec(config, cache))
-        if job["worker"] == "lora" else None
-    )
+    estimated, learned = None, None
+    if job["worker"] == "lora":
+        learned = (prompt_lengths or {}).get(prompt_length_key(config, job["data"]))
+        estimated = estimate_peak_mib(
+            at_learned_length(config, learned), _model_info(config, cache), _peft_spec(config, cache)
+        )
     prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]))
+    if prediction.source == "estimate" and learned is not None and learned < max_seq_len_of(config):
+        return prediction.mib, f"estimate at {learned} tokens"
     return prediction.mib, prediction.source
 
 
@@ -201,6 +219,7 @@ def schedule(
     queue: list[QueuedJob] = []
     levels: dict[int, Level] = {}
     shapes = read_all_shapes(store)
+    prompt_lengths = read_all_prompt_lengths(store)
     durations = load_durations(store)
     predictions: dict[int, tuple[int, str]] = {}
     gpus = gpu_states(snapshots, get_gpu_plan(store))
@@ -220,7 +239,7 @@ def schedule(
             _fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         levels[job["id"]] = level
-        predicted_mib, source = predict(shapes, job, level, cache)
+        predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths)
         if ceiling_mib is not None and predicted_mib > ceiling_mib:
             predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
         predictions[job["id"]] = (predicted_mib, source)

@@ -193,7 +193,7 @@ def estimate_peak_mib(
         return None
     if peft_spec is None:
         peft_spec = config["peft"] if isinstance(config.get("peft"), Mapping) else DEFAULT_LORA
-    seq = _first_int(config, _SEQ_KEYS) or DEFAULT_SEQ_LEN
+    seq = max_seq_len_of(config)
     h, n_layers = model_info.hidden, model_info.layers
     bytes_w = 4 if str(config.get("prec", "bf16")).lower() in ("fp32", "float32", "32") else 2
     lora_params, d_in_by_layer = lora_footprint(model_info, peft_spec)
@@ -217,6 +217,25 @@ def estimate_peak_mib(
         + MISC_MIB * MIB
     )
     return math.ceil(ALLOCATOR_FACTOR * allocated / MIB) + CONTEXT_MIB
+
+
+def max_seq_len_of(config: Mapping[str, Any]) -> int:
+    return _first_int(config, _SEQ_KEYS) or DEFAULT_SEQ_LEN
+
+
+def prompt_length_key(config: Mapping[str, Any], data: str) -> str:
+    """Runs of one model on one data set at one maximum length see the same prompts, whatever
+    their LoRA spec, batch or level: what one of them reports holds for all of them."""
+    return f"{config.get('model', '')}|{data}|{max_seq_len_of(config)}"
+
+
+def at_learned_length(config: Mapping[str, Any], longest_tokens: int | None) -> Mapping[str, Any]:
+    """`config` estimated at the longest prompt a finished run of the same model and data
+    reported, when that is below max_seq_len: batches are padded to their longest item, so
+    max_seq_len alone overstates short GLUE prompts many times over."""
+    if longest_tokens is None or not 0 < longest_tokens < max_seq_len_of(config):
+        return config
+    return {**config, "max_seq_len": longest_tokens}
 
 
 def shape_key(config_content_hash: str, model: str, level: int, task: str) -> str:

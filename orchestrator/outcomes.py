@@ -8,14 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.classify import Classification, classify_attempt
-from orchestrator.dispatch import JobShapeCache, job_levels, job_shape_key
+from orchestrator.dispatch import JobShapeCache, job_levels, job_prompt_length_key, job_shape_key
 from orchestrator.ladder import retry_decision
 from orchestrator.launch.base import kill_process_group
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
 from orchestrator.reconcile import Observation, group_is_ours, read_log_tail, read_result
-from orchestrator.store.attempts import AttemptEnd, finish_attempt, read_shape, write_shape
+from orchestrator.store.attempts import (
+    AttemptEnd,
+    finish_attempt,
+    read_shape,
+    record_prompt_length,
+    write_shape,
+)
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
 
@@ -80,6 +86,7 @@ def complete(
     needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
     held_at_death_mib = max(int(attempt["held_mib"] or 0), peak_mib, int(needed_mib or 0))
     _learn(store, job, level, verdict.outcome, peak_mib, held_at_death_mib)
+    _learn_prompt_length(store, job, verdict.outcome, result)
 
     data: dict[str, Any] = {"gpu": attempt["gpu_index"], "peak_mib": peak_mib, "held_mib": attempt["held_mib"]}
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
@@ -158,6 +165,15 @@ def _learn(
     key = job_shape_key(job, level)
     new = update_shape(read_shape(store, key), peak_mib or None, outcome, held_at_death_mib or None)
     write_shape(store, key, new)
+
+
+def _learn_prompt_length(
+    store: Store, job: dict[str, Any], outcome: AttemptOutcome, result: dict[str, Any] | None
+) -> None:
+    """A finished LoRA run reports its longest prompt; estimates of the model and data use it."""
+    tokens = (result or {}).get("longest_tokens")
+    if outcome is AttemptOutcome.SUCCEEDED and isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+        record_prompt_length(store, job_prompt_length_key(job), tokens)
 
 
 def crash_loop_of(job: dict[str, Any]) -> CrashLoop:

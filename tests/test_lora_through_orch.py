@@ -1,8 +1,9 @@
 """The LoRA worker through the real daemon: a `worker: lora` suite on simulated GPUs.
 
 Real daemon, tmux, SQLite and `workers.lora` training tiny-llama on CPU; only the GPUs are
-simulated. Two seeds of one config: both succeed, each result.json has test metrics, and
-`orch results` aggregates them over the seeds.
+simulated. Two seeds of one config and one seed of another: all succeed, each result.json has
+test metrics, `orch results` aggregates over the seeds, and the longest prompt the first run
+reported lowers the memory estimate of the other config.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchestrator.memory import estimate_peak_mib, model_info_from_hf_config
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from workers.lora.model import save_tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = requires_tmux
@@ -38,30 +42,52 @@ def test_lora_suite_runs_through_the_daemon(orch: Orch, tmp_path: Path) -> None:
         "lora_alpha": 8,
         "target_modules": ["attn.q_proj", "attn.v_proj", "attn.g_proj"],
     }
-    config = {"model": "tiny-llama", "peft": peft, "data_dir": str(data_dir), "max_steps": 3,
+    # A local model directory (config.json), so that orch can estimate the jobs' memory.
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama")
+    config = {"model": str(model_dir), "peft": peft, "data_dir": str(data_dir), "max_steps": 3,
               "num_data_workers": 0, "prec": "fp32", "max_seq_len": 64}  # fmt: skip
     python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path}
-    orch.write_suite("loratiny", {"qv_r4": config}, worker="lora", mem_gib=2,
-                     one_token_tasks=["glue*"], env=env)  # fmt: skip
-    orch.submit("loratiny", "1:glue-tvt_rte,2:glue-tvt_rte")
+    wider = {**config, "peft": {**peft, "r": 8, "lora_alpha": 16}}
+    orch.write_suite("loratiny", {"qv_r4": config, "qv_r8": wider}, worker="lora", mem_gib=2,
+                     one_token_tasks=["glue*"], env=env, rounds={"r4": ["qv_r4"], "r8": ["qv_r8"]})  # fmt: skip
+    # One slot on one card: the jobs run one after another, qv_r4 seed 1 first.
+    orch.submit("loratiny", "1:glue-tvt_rte,2:glue-tvt_rte", "--round", "r4")
+    orch.submit("loratiny", "1:glue-tvt_rte", "--round", "r8")
     orch.start_daemon()
-    states = orch.wait_all_done(deadline_s=90)
+    states = orch.wait_all_done(deadline_s=120)
     orch.stop_daemon()
 
-    assert sorted(states.values()) == ["succeeded", "succeeded"], orch.attempts()
+    assert sorted(states.values()) == ["succeeded"] * 3, orch.attempts()
     seeds = set()
+    by_config: dict[str, list[dict[str, Any]]] = {}
     for job_id in states:
         job = orch.json("show", str(job_id))
+        assert [a["outcome"] for a in job["attempts"]] == ["succeeded"], job["attempts"]
         (attempt,) = job["attempts"]
-        assert attempt["outcome"] == "succeeded"
         result = json.loads((Path(attempt["run_dir"]) / "result.json").read_text())
         assert result["status"] == "succeeded" and result["steps"] == 3
         assert 0.0 <= result["metrics"]["test"]["accuracy"] <= 1.0
-        seeds.add(job["seed"])
+        by_config.setdefault(job["config"], []).append({**attempt, "job": job_id, "result": result})
+        if job["config"] == "qv_r4":
+            seeds.add(job["seed"])
     assert seeds == {1, 2}
 
-    (row,) = [r for r in orch.json("results") if r["metric"] == "accuracy"]
+    # The first job was estimated at max_seq_len; it reported its longest prompt, and the other
+    # config on the same model and data was then estimated at that length.
+    first, second = sorted(by_config["qv_r4"], key=lambda a: a["started_at"])
+    (other,) = by_config["qv_r8"]
+    longest = first["result"]["longest_tokens"]
+    assert isinstance(longest, int) and 0 < longest < 64
+    assert first["prediction_source"] == "estimate"
+    assert second["prediction_source"] == "measured"  # same shape, other seed
+    assert other["started_at"] > first["ended_at"]
+    assert other["prediction_source"] == f"estimate at {longest} tokens"
+    info = model_info_from_hf_config(json.loads((model_dir / "config.json").read_text()))
+    wider_at_longest = {**wider, "batch_size": 4, "max_seq_len": longest}  # the suite's batch
+    assert other["predicted_peak_mib"] == estimate_peak_mib(wider_at_longest, info)
+
+    (row,) = [r for r in orch.json("results") if r["metric"] == "accuracy" and r["config"] == "qv_r4"]
     assert (row["suite"], row["config"], row["task"]) == ("loratiny", "qv_r4", "glue-tvt_rte")
     assert row["n_seeds"] == 2 and sorted(row["seeds"]) == [1, 2]
     assert 0.0 <= row["mean"] <= 1.0 and row["std"] >= 0.0

@@ -13,11 +13,13 @@ from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.memory import (
     GLA_1_3B,
     ShapeMemory,
+    at_learned_length,
     estimate_peak_mib,
     lookup_model_info,
     lora_footprint,
     model_info_from_hf_config,
     predict_peak_mib,
+    prompt_length_key,
     shape_key,
     update_shape,
 )
@@ -176,3 +178,29 @@ def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
     # A floor below the measurement stays (it is a true lower bound).
     low = update_shape(update_shape(None, 3000, AttemptOutcome.OOM, 5000), 8000, AttemptOutcome.SUCCEEDED, None)
     assert low.oom_floor_mib == 5000
+
+
+def test_learned_prompt_length_lowers_the_estimate_only_below_max_seq_len() -> None:
+    config = {**E1, "batch_size": 128}
+    at_max = estimate_peak_mib(config, GLA_1_3B, QKVO)
+    at_34 = estimate_peak_mib(at_learned_length(config, 34), GLA_1_3B, QKVO)
+    assert at_max is not None and at_34 is not None
+    # Activations scale with the padded length: 256 -> 34 tokens cuts most of a b128 estimate.
+    assert at_34 < at_max / 3
+    assert at_34 == estimate_peak_mib({**config, "max_seq_len": 34}, GLA_1_3B, QKVO)
+    for learned in (None, 0, -5, 256, 400):  # unknown, nonsense, or not below max_seq_len
+        assert at_learned_length(config, learned) == config
+    # the learned length replaces whichever maximum-length key the config used
+    assert at_learned_length({"batch_size": 4, "max_length": 128}, 40)["max_seq_len"] == 40
+    no_max = at_learned_length({"batch_size": 4}, 40)  # default maximum: 256
+    assert no_max["max_seq_len"] == 40
+
+
+def test_prompt_length_key_ignores_what_does_not_change_prompts() -> None:
+    base = {"model": "gla-1.3b", "max_seq_len": 256, "batch_size": 4, "peft": "a.json"}
+    key = prompt_length_key(base, "glue-tvt_rte")
+    assert key == prompt_length_key({**base, "batch_size": 16, "peft": "b.json", "seed": 2}, "glue-tvt_rte")
+    assert key != prompt_length_key(base, "glue-tvt_qnli")
+    assert key != prompt_length_key({**base, "model": "llama"}, "glue-tvt_rte")
+    assert key != prompt_length_key({**base, "max_seq_len": 128}, "glue-tvt_rte")
+    assert prompt_length_key({"model": "m"}, "d") == prompt_length_key({"model": "m", "max_seq_len": 256}, "d")

@@ -322,3 +322,15 @@ def test_gpu_plan_round_trip(store: Store) -> None:
     set_gpu_plan(store, GpuPlan(default_slots=4))  # a broadcast replaces every cap
     assert get_gpu_plan(store) == GpuPlan(default_slots=4)
     assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'plan'")[0]["n"] == 3
+
+
+def test_prompt_lengths_keep_the_longest_report(store: Store) -> None:
+    from orchestrator.store.attempts import read_all_prompt_lengths, record_prompt_length
+
+    assert read_all_prompt_lengths(store) == {}
+    record_prompt_length(store, "m|glue_rte|256", 34)
+    record_prompt_length(store, "m|glue_rte|256", 30)  # a shorter report does not lower it
+    record_prompt_length(store, "m|glue_qnli|256", 80)
+    assert read_all_prompt_lengths(store) == {"m|glue_rte|256": 34, "m|glue_qnli|256": 80}
+    record_prompt_length(store, "m|glue_rte|256", 41)
+    assert read_all_prompt_lengths(store)["m|glue_rte|256"] == 41

@@ -137,3 +137,20 @@ def write_shape(store: Store, shape_key: str, shape: ShapeMemory) -> None:
             "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
             [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, now_s()],
         )
+
+
+def read_all_prompt_lengths(store: Store) -> dict[str, int]:
+    """Every learned longest prompt, in one query (the scheduler reads them once per pass)."""
+    rows = store.query("SELECT length_key, longest_tokens FROM prompt_lengths")
+    return {row["length_key"]: int(row["longest_tokens"]) for row in rows}
+
+
+def record_prompt_length(store: Store, length_key: str, longest_tokens: int) -> None:
+    """The largest report wins, so an estimate built on it can only err high."""
+    with store.write():
+        store.db.execute(
+            "INSERT INTO prompt_lengths (length_key, longest_tokens, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT(length_key) DO UPDATE SET longest_tokens = max(longest_tokens, "
+            "excluded.longest_tokens), updated_at = excluded.updated_at",
+            [length_key, longest_tokens, now_s()],
+        )

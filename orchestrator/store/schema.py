@@ -138,3 +138,18 @@ def m002_crash_loop(db: sqlite_utils.Database) -> None:
         "ALTER TABLE jobs ADD COLUMN crash_loop_window_s REAL NOT NULL DEFAULT 300",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m003_prompt_lengths(db: sqlite_utils.Database) -> None:
+    # The longest prompt (tokens, after truncation) a finished LoRA run reported, per model,
+    # data set and max_seq_len: estimates of other configs on the same data use it.
+    db.execute(  # one statement, not executescript: that would commit the migration's transaction
+        """
+        CREATE TABLE prompt_lengths (
+            length_key TEXT PRIMARY KEY,
+            longest_tokens INTEGER NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """
+    )

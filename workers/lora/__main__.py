@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=round(time.monotonic() - started_s, 3),
         best_step=outcome.best_step,
         final_loss=outcome.losses[-1] if outcome.losses else None,
+        longest_tokens=outcome.longest_tokens,
         **outcome.memory,
     )
     log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")

@@ -40,6 +40,9 @@ class TrainOutcome:
     best_step: int
     losses: list[float] = field(default_factory=list)  # mean loss per optimizer step
     memory: dict[str, Any] = field(default_factory=dict)
+    # the longest prompt after truncation, over all splits: batches are padded to their longest
+    # item, so this (not max_seq_len) bounds the activations; orch learns it per model and data
+    longest_tokens: int = 0
 
 
 def select_device() -> torch.device:
@@ -238,6 +241,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         best_step=best_step,
         losses=losses,
         memory=peak_memory(device),
+        longest_tokens=max((len(e.input_ids) for split in encoded.values() for e in split), default=0),
     )
 
 
