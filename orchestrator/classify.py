@@ -261,6 +261,11 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
         AttemptOutcome.HOST_OOM,
     ):
         return from_error
+    # result.json holds the last exception line only; the cause may be chained above it in the
+    # log (a DataLoader worker "killed by signal: Killed" surfaces as "exited unexpectedly").
+    from_log = classify_log_tail(log_tail)
+    if from_log is not None and from_log.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
+        return from_log
     shown = error.strip().splitlines()[-1] if error.strip() else f"status {status!r}"
     return Classification(AttemptOutcome.FAILED, f"result.json: {shown}"[:300])
 
