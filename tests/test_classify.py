@@ -124,6 +124,20 @@ def test_result_failed_with_oom_error_text_counts_as_oom() -> None:
     assert "bad label" in got.reason
 
 
+def test_result_failed_reads_the_log_for_a_chained_memory_cause() -> None:
+    error = "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly"
+    log_tail = (
+        "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed.\n\n"
+        "The above exception was the direct cause of the following exception:\n\n" + error + "\n"
+    )
+    got = _classify(exit_code=1, result={"status": "failed", "error": error}, log_tail=log_tail)
+    assert got.outcome is AttemptOutcome.HOST_OOM
+    # a plain failure stays one, whatever the log says about it
+    plain = "Traceback (most recent call last):\nValueError: bad label\n"
+    got = _classify(exit_code=1, result={"status": "failed", "error": "ValueError: bad label"}, log_tail=plain)
+    assert got.outcome is AttemptOutcome.FAILED
+
+
 def test_exit_zero_without_result_succeeds() -> None:
     assert _classify(exit_code=0).outcome is AttemptOutcome.SUCCEEDED
 
