@@ -546,3 +546,15 @@ def test_e1_shared_training_settings(e1: Suite) -> None:
         content = config.content
         assert (content["batch_size"], content["learning_rate"], content["num_epochs"]) == (4, 0.0003, 10), config.name
         assert content["prec"] == "bf16" and content["no_save"] is False, config.name
+
+
+def test_every_sim_worker_key_can_be_set_from_the_command_line() -> None:
+    """`--set` accepts known keys only: each key the sim worker reads must be one of them."""
+    import re
+
+    from orchestrator.plans import KNOWN_CONFIG_KEYS
+
+    source = (Path(__file__).resolve().parents[1] / "workers" / "sim.py").read_text()
+    read_by_sim = set(re.findall(r"""["'](sim_[a-z_]+)["']""", source))
+    assert {"sim_mem_gib", "sim_fail", "sim_host_max_workers"} <= read_by_sim
+    assert read_by_sim <= KNOWN_CONFIG_KEYS, read_by_sim - KNOWN_CONFIG_KEYS
