@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.ladder import Level, expand_levels, load_ladder
+from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
 from orchestrator.launch.base import Launcher, LaunchSpec
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.lifecycle import JobState
@@ -125,9 +125,15 @@ def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
     return cache.levels[job["id"]]
 
 
+def job_host_settings(job: dict[str, Any]) -> HostSettings:
+    """The host-side steps the job took after host-RAM OOMs (none before the first)."""
+    return HostSettings.from_records(json.loads(job["host_steps_json"] or "[]"))
+
+
 def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
+    """What the job's next attempt runs with: its ladder level plus its host-side settings."""
     levels = job_levels(job, cache)
-    return levels[min(job["level"], len(levels) - 1)]
+    return with_host_settings(levels[min(job["level"], len(levels) - 1)], job_host_settings(job))
 
 
 def job_shape_key(job: dict[str, Any], level: Level) -> str:

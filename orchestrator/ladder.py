@@ -4,7 +4,10 @@ Pure: the daemon and the virtual-time simulator call `expand_levels` once per jo
 `retry_decision` after every attempt. Each level's overrides are cumulative against the job's
 own config, and every level keeps `batch_size × gradient_accumulation_steps` (so the effective
 batch and the learning-rate schedule) unchanged, which keeps degraded results comparable.
-The schema of a ladder is documented at the top of plans/ladder.yaml.
+A CUDA OOM moves the job one level down. A host-RAM OOM leaves the level alone and adds a
+host-side step (fewer data workers, then running alone) to the job's `HostSettings`, which
+every later attempt keeps on top of its level: GPU memory was not the problem, so nothing
+GPU-side changes. The schema of a ladder is documented at the top of plans/ladder.yaml.
 """
 
 from __future__ import annotations
@@ -81,10 +84,67 @@ class Level:
 
 
 @dataclass(frozen=True)
+class HostStep:
+    """One host-side step a job took after a host-RAM OOM, kept on top of its ladder level."""
+
+    level: int  # the ladder level the job was at when it took the step
+    step: str  # the name of the rung it came from
+    changes: dict[str, Any] = field(default_factory=dict)  # config changes (num_data_workers)
+    run_alone: bool = False  # whether this step made the job run alone
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "level": self.level, "step": self.step, "changes": self.changes,
+            "run_alone": self.run_alone,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Every host-side step a job has taken, in order. Stored with the job; a CUDA OOM moving
+    the job down the ladder keeps them."""
+
+    steps: tuple[HostStep, ...] = ()
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for step in self.steps:
+            merged.update(step.changes)
+        return merged
+
+    @property
+    def run_alone(self) -> bool:
+        return any(step.run_alone for step in self.steps)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        return [step.to_record() for step in self.steps]
+
+    @classmethod
+    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> HostSettings:
+        return cls(
+            tuple(
+                HostStep(
+                    level=int(r["level"]),
+                    step=str(r["step"]),
+                    changes=dict(r.get("changes", {})),
+                    run_alone=bool(r.get("run_alone", False)),
+                )
+                for r in records
+            )
+        )
+
+
+NO_HOST_STEPS = HostSettings()
+
+
+@dataclass(frozen=True)
 class RetryDecision:
     action: Literal["requeue", "fail", "done"]
-    level: Level | None  # the level of the next attempt when requeued
+    level: Level | None  # the ladder level of the next attempt when requeued
     why: str
+    # The job's host-side settings for the next attempt (those it had, or one step more).
+    host: HostSettings = NO_HOST_STEPS
 
 
 def _step_error(position: int, message: str) -> PlanError:
@@ -253,23 +313,67 @@ def expand_levels(
     return levels
 
 
-def _reduces_host_memory(level: Level, previous: Level) -> bool:
+def with_host_settings(level: Level, host: HostSettings) -> Level:
+    """What an attempt at `level` runs with: the level's overrides plus the host-side ones
+    (where the level does not already lower the same knob further), running alone if either
+    says so. Its step and changes are the latest host step's when the job took it at this
+    level (the attempt after a host OOM records only what that step changed), else the level's."""
+    if not host.steps:
+        return level
+    overrides = dict(level.overrides)
+    for key, value in host.overrides.items():
+        if key not in overrides or _lowers(overrides[key], value):
+            overrides[key] = value
+    latest = host.steps[-1]
+    step, changes = level.step, dict(level.changes)
+    if latest.level == level.index:
+        step, changes = latest.step, dict(latest.changes)
+    return Level(level.index, step, overrides, changes, level.run_alone or host.run_alone)
+
+
+def _lowers_host_memory(level: Level, previous: Level) -> bool:
     return WORKERS_KEY in level.changes or (level.run_alone and not previous.run_alone)
 
 
+def next_host_step(
+    levels: Sequence[Level], current_index: int, host: HostSettings = NO_HOST_STEPS
+) -> HostSettings | None:
+    """The job's host settings after a host-RAM OOM at `current_index`: one step more, taken
+    from the first rung of its ladder that lowers host memory and is not yet in effect (fewer
+    data workers than it runs with now, then running alone). Only that rung's host-side part
+    is taken, so no GPU-side setting changes. None when nothing host-side is left."""
+    now = with_host_settings(levels[current_index], host)
+    for level in levels[1:]:
+        if not _lowers_host_memory(level, levels[level.index - 1]):
+            continue
+        changes: dict[str, Any] = {}
+        workers = level.changes.get(WORKERS_KEY)
+        # No count in the overrides means the job's own, which the first data_workers level lowers.
+        if isinstance(workers, int) and _lowers(now.overrides.get(WORKERS_KEY), workers):
+            changes[WORKERS_KEY] = workers
+        run_alone = level.run_alone and not now.run_alone
+        if changes or run_alone:
+            taken = HostStep(current_index, level.step, changes, run_alone)
+            return HostSettings((*host.steps, taken))
+    return None
+
+
 def next_level(
-    levels: Sequence[Level], current_index: int, outcome: AttemptOutcome
+    levels: Sequence[Level],
+    current_index: int,
+    outcome: AttemptOutcome,
+    host: HostSettings = NO_HOST_STEPS,
 ) -> Level | None:
-    """The level after an OOM. A host OOM jumps to the next level that lowers host-side memory
-    (fewer data workers, then running alone); being cumulative, that level keeps the GPU-side
-    changes before it. None when the ladder has nothing left."""
-    later = levels[current_index + 1 :]
+    """What the attempt after an OOM runs with (its host settings applied). A CUDA OOM moves
+    one ladder level down and keeps the host settings; a host OOM stays at this level and adds
+    the next host-side step (fewer data workers, then running alone), changing nothing
+    GPU-side. None when the ladder, or its host-side part for a host OOM, has nothing left."""
     if outcome is AttemptOutcome.OOM:
-        return later[0] if later else None
+        later = levels[current_index + 1 :]
+        return with_host_settings(later[0], host) if later else None
     if outcome is AttemptOutcome.HOST_OOM:
-        for level in later:
-            if _reduces_host_memory(level, levels[level.index - 1]):
-                return level
+        stepped = next_host_step(levels, current_index, host)
+        return with_host_settings(levels[current_index], stepped) if stepped else None
     return None
 
 
@@ -291,38 +395,46 @@ def retry_decision(
     *,
     retryable: bool = True,
     hung_retries_so_far: int = 0,
+    host: HostSettings = NO_HOST_STEPS,
 ) -> RetryDecision:
     """What to do after an attempt ends: the single entry point the daemon calls.
 
     `attempts_so_far` counts the attempt that just ended; `hung_retries_so_far` counts earlier
-    attempts of this job that were requeued because they hung.
+    attempts of this job that were requeued because they hung; `host` is the job's host-side
+    settings, kept by every requeue and one step longer after a host OOM.
     """
     current = levels[current_index]
     if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.CANCELLED):
-        return RetryDecision("done", None, outcome.value)
+        return RetryDecision("done", None, outcome.value, host)
     out_of_attempts = attempts_so_far >= max_attempts
     if outcome is AttemptOutcome.FAILED:
         hung_again = hung_retries_so_far >= HUNG_RETRIES
         if reason == REASON_HUNG and retryable and not hung_again and not out_of_attempts:
-            return RetryDecision("requeue", current, "hung: retried once, unchanged")
+            return RetryDecision("requeue", current, "hung: retried once, unchanged", host)
         if not retryable:
-            return RetryDecision("fail", None, f"{reason} (not retryable)")
-        return RetryDecision("fail", None, reason)
+            return RetryDecision("fail", None, f"{reason} (not retryable)", host)
+        return RetryDecision("fail", None, reason, host)
     if out_of_attempts:
         return RetryDecision(
             "fail",
             None,
             f"gave up after {attempts_so_far} attempts; last: {outcome.value}: {reason}",
+            host,
         )
     if outcome is AttemptOutcome.LOST:
-        return RetryDecision("requeue", current, f"lost ({reason}): requeued unchanged")
-    following = next_level(levels, current_index, outcome)
-    if following is None:
-        if outcome is AttemptOutcome.HOST_OOM:
-            why = f"host OOM with no host-side level left after {current.describe()}: {reason}"
-        else:
-            why = f"OOM at every level of the degradation ladder (last {current.describe()}): {reason}"
-        return RetryDecision("fail", None, why)
-    return RetryDecision(
-        "requeue", following, f"{outcome.value}: {reason}; next {following.describe()}"
-    )
+        return RetryDecision("requeue", current, f"lost ({reason}): requeued unchanged", host)
+    ran = with_host_settings(current, host).describe()
+    if outcome is AttemptOutcome.HOST_OOM:
+        stepped = next_host_step(levels, current_index, host)
+        if stepped is None:
+            why = f"host OOM with no host-side step left after {ran}: {reason}"
+            return RetryDecision("fail", None, why, host)
+        following, host = current, stepped
+    else:
+        later = levels[current_index + 1 :]
+        if not later:
+            why = f"OOM at every level of the degradation ladder (last {ran}): {reason}"
+            return RetryDecision("fail", None, why, host)
+        following = later[0]
+    shown = with_host_settings(following, host).describe()
+    return RetryDecision("requeue", following, f"{outcome.value}: {reason}; next {shown}", host)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from pathlib import Path
 from typing import Any
 
 from orchestrator.classify import Classification, classify_attempt
-from orchestrator.dispatch import JobShapeCache, job_levels, job_prompt_length_key, job_shape_key
-from orchestrator.ladder import retry_decision
+from orchestrator.dispatch import (
+    JobShapeCache,
+    job_host_settings,
+    job_levels,
+    job_prompt_length_key,
+    job_shape_key,
+)
+from orchestrator.ladder import retry_decision, with_host_settings
 from orchestrator.launch.base import kill_process_group
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
@@ -105,18 +112,24 @@ def complete(
             "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND reason = 'hung' AND id != ?",
             [job["id"], attempt["id"]],
         )[0]["n"]
+        host = job_host_settings(job)
         decision = retry_decision(
             verdict.outcome, verdict.reason, int(job["attempt_count"]), levels, level.index,
             int(job["max_attempts"]), retryable=verdict.retryable, hung_retries_so_far=hung_before,
+            host=host,
         )
         if decision.action == "requeue" and decision.level is not None:
             end_state, fields = JobState.QUEUED, {"level": decision.level.index, "reason": None}
-            if decision.level.index != level.index:
-                why = f"requeued at {decision.level.describe()}"
+            moved, stepped = decision.level.index != level.index, decision.host != host
+            if stepped:  # a host OOM's step: kept by every later attempt, whatever its level
+                fields["host_steps_json"] = json.dumps(decision.host.to_records(), sort_keys=True)
+            if moved or stepped:
+                why = f"requeued at {with_host_settings(decision.level, decision.host).describe()}"
+                data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
+                if stepped:
+                    data["retry"]["host_step"] = decision.host.steps[-1].to_record()
             else:
                 why = f"requeued unchanged at level {level.index}"
-            if decision.level.index != level.index:
-                data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
         else:
             end_state, fields, why = JobState.FAILED, {"reason": decision.why}, f"failed: {decision.why}"
     if verdict.outcome is AttemptOutcome.SUCCEEDED:

@@ -17,15 +17,19 @@ from orchestrator.ladder import (
     CHECKPOINTING_KEY,
     DEFAULT_LADDER_SPEC,
     LOGITS_KEY,
+    NO_HOST_STEPS,
     WORKERS_KEY,
+    HostSettings,
     Level,
     expand_levels,
     is_one_token_task,
     load_ladder,
     load_ladder_file,
+    next_host_step,
     next_level,
     retry_decision,
     should_retry,
+    with_host_settings,
 )
 from orchestrator.lifecycle import AttemptOutcome
 
@@ -185,19 +189,121 @@ def test_invalid_ladder_file(tmp_path: Path) -> None:
         load_ladder_file(path)
 
 
+GPU_SIDE_KEYS = (BATCH_KEY, ACCUM_KEY, CHECKPOINTING_KEY, LOGITS_KEY)
+
+
+def _gpu_side(level: Level, base: dict[str, Any]) -> dict[str, Any]:
+    config = _effective(level, base)
+    return {key: config.get(key) for key in GPU_SIDE_KEYS}
+
+
 def test_next_level_on_oom_and_host_oom() -> None:
     levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
     assert next_level(levels, 0, OOM) == levels[1]
     assert next_level(levels, 4, OOM) == levels[5]
     assert next_level(levels, 5, OOM) is None
-    # host OOM skips GPU-side rungs: first fewer data workers, then running alone
-    assert next_level(levels, 0, HOST_OOM) == levels[4]
-    assert next_level(levels, 4, HOST_OOM) == levels[5]
-    assert next_level(levels, 5, HOST_OOM) is None
     assert next_level(levels, 0, AttemptOutcome.FAILED) is None
-    no_workers = expand_levels(load_ladder(None), {**E1_CONFIG, "num_data_workers": 0}, True)
-    target = next_level(no_workers, 0, HOST_OOM)
-    assert target is not None and target.run_alone and target.step == "run_alone"
+    # A host OOM stays at its level and adds only the host-side part of the next host rung.
+    host = next_level(levels, 0, HOST_OOM)
+    assert host == Level(0, "data_workers", {WORKERS_KEY: 0}, {WORKERS_KEY: 0}, run_alone=False)
+    at_two = next_level(levels, 2, HOST_OOM)
+    assert at_two is not None and at_two.index == 2
+    assert at_two.overrides == {**levels[2].overrides, WORKERS_KEY: 0}
+    assert at_two.changes == {WORKERS_KEY: 0}
+    # Where the level already runs without workers, the next host step is running alone.
+    alone = next_level(levels, 4, HOST_OOM)
+    assert alone is not None and alone.run_alone and alone.step == "run_alone"
+    assert alone.overrides == levels[4].overrides and alone.changes == {}
+    assert next_level(levels, 5, HOST_OOM) is None
+
+
+def test_host_step_takes_fewer_workers_then_run_alone_then_nothing() -> None:
+    levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+    first = next_host_step(levels, 1, NO_HOST_STEPS)
+    assert first is not None
+    assert first.overrides == {WORKERS_KEY: 0} and not first.run_alone
+    assert [(s.level, s.step) for s in first.steps] == [(1, "data_workers")]
+    second = next_host_step(levels, 1, first)
+    assert second is not None and second.run_alone
+    assert second.overrides == {WORKERS_KEY: 0}
+    assert [(s.level, s.step, s.changes) for s in second.steps] == [
+        (1, "data_workers", {WORKERS_KEY: 0}), (1, "run_alone", {}),
+    ]  # fmt: skip
+    assert next_host_step(levels, 1, second) is None
+
+
+def test_host_steps_leave_gpu_side_settings_alone() -> None:
+    levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+    for index in range(len(levels)):
+        host, ran = NO_HOST_STEPS, levels[index]
+        while (stepped := next_host_step(levels, index, host)) is not None:
+            attempt = with_host_settings(levels[index], stepped)
+            assert attempt.index == index
+            assert _gpu_side(attempt, E1_CONFIG) == _gpu_side(levels[index], E1_CONFIG)
+            assert set(attempt.changes) <= {WORKERS_KEY}
+            assert attempt != ran  # each step changes something host-side
+            host, ran = stepped, attempt
+        assert with_host_settings(levels[index], host).run_alone
+
+
+def test_host_step_follows_a_custom_ladders_rungs() -> None:
+    spec = ["checkpointing", {"data_workers": 4}, "halve_batch", {"data_workers": 1}, "run_alone"]
+    levels = expand_levels(load_ladder(spec), E1_CONFIG, one_token_task=False)
+    steps: list[dict[str, Any]] = []
+    host = NO_HOST_STEPS
+    while (stepped := next_host_step(levels, 0, host)) is not None:
+        host = stepped
+        steps.append({**host.steps[-1].changes, "alone": host.steps[-1].run_alone})
+    assert steps == [
+        {WORKERS_KEY: 4, "alone": False}, {WORKERS_KEY: 1, "alone": False}, {"alone": True},
+    ]  # fmt: skip
+    # A mixed rung gives only its host-side part.
+    mixed = expand_levels(
+        load_ladder([{"checkpointing": True, "data_workers": 0}]), E1_CONFIG, one_token_task=False
+    )
+    only_workers = next_host_step(mixed, 0)
+    assert only_workers is not None and only_workers.overrides == {WORKERS_KEY: 0}
+    assert CHECKPOINTING_KEY not in with_host_settings(mixed[0], only_workers).overrides
+    # A job already without workers on a ladder with no run_alone has nothing host-side left.
+    lean = expand_levels(load_ladder(["checkpointing", {"data_workers": 0}]),
+                         {**E1_CONFIG, WORKERS_KEY: 0}, one_token_task=False)  # fmt: skip
+    assert next_host_step(lean, 0) is None
+
+
+def test_a_cuda_oom_after_a_host_step_keeps_it() -> None:
+    levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+    host = retry_decision(HOST_OOM, "DefaultCPUAllocator", 1, levels, 0)
+    assert host.action == "requeue" and host.level == levels[0]
+    assert host.host.overrides == {WORKERS_KEY: 0}
+    cuda = retry_decision(OOM, "CUDA out of memory", 2, levels, 0, host=host.host)
+    assert cuda.action == "requeue" and cuda.level == levels[1]
+    assert cuda.host == host.host  # kept, not taken again
+    attempt = with_host_settings(levels[1], cuda.host)
+    assert attempt.overrides == {**levels[1].overrides, WORKERS_KEY: 0}
+    assert attempt.changes == levels[1].changes and attempt.step == "checkpointing"
+    assert "num_data_workers" not in cuda.why.split("next")[1]
+    # A lost attempt is requeued with the same settings; a success keeps them too.
+    lost = retry_decision(AttemptOutcome.LOST, "no exit record", 3, levels, 1, host=cuda.host)
+    assert (lost.level, lost.host) == (levels[1], cuda.host)
+
+
+def test_a_level_that_lowers_workers_further_wins_over_the_host_step() -> None:
+    spec = [{"data_workers": 2}, {"data_workers": 0}]
+    levels = expand_levels(load_ladder(spec), E1_CONFIG, one_token_task=False)
+    two = HostSettings.from_records([{"level": 0, "step": "w", "changes": {WORKERS_KEY: 2}}])
+    assert with_host_settings(levels[2], two).overrides == {WORKERS_KEY: 0}
+    assert with_host_settings(levels[0], two).overrides == {WORKERS_KEY: 2}
+
+
+def test_host_settings_round_trip_through_records() -> None:
+    levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+    first = next_host_step(levels, 2)
+    assert first is not None
+    both = next_host_step(levels, 3, first)
+    assert both is not None
+    assert HostSettings.from_records(both.to_records()) == both
+    assert HostSettings.from_records([]) == NO_HOST_STEPS
+    assert with_host_settings(levels[3], NO_HOST_STEPS) is levels[3]
 
 
 def test_should_retry() -> None:
@@ -244,7 +350,24 @@ def test_retry_decision_other_outcomes() -> None:
     )
     assert config_error.action == "fail" and "not retryable" in config_error.why
     host = retry_decision(HOST_OOM, "DataLoader worker killed", 1, levels, 0)
-    assert host.action == "requeue" and host.level == levels[4]
+    assert host.action == "requeue" and host.level == levels[0]
+    assert host.host.overrides == {WORKERS_KEY: 0} and not host.host.run_alone
+    assert "num_data_workers=0" in host.why and "checkpointing" not in host.why
+
+
+def test_host_oom_with_nothing_host_side_left_fails() -> None:
+    levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+    host = NO_HOST_STEPS
+    for attempts in (1, 2):
+        decision = retry_decision(HOST_OOM, "Killed", attempts, levels, 2, host=host)
+        assert decision.action == "requeue" and decision.level == levels[2]
+        host = decision.host
+    assert host.run_alone and host.overrides == {WORKERS_KEY: 0}
+    last = retry_decision(HOST_OOM, "Killed", 3, levels, 2, host=host)
+    assert last.action == "fail" and last.level is None
+    assert "no host-side step left" in last.why and "Killed" in last.why
+    out = retry_decision(HOST_OOM, "Killed", 8, levels, 0, max_attempts=8)
+    assert out.action == "fail" and "gave up after 8 attempts" in out.why
 
 
 def test_hung_is_retried_once_unchanged() -> None:

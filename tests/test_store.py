@@ -14,7 +14,9 @@ import sqlite_utils
 
 import orchestrator.store.db as store_db
 import orchestrator.store.jobs as store_jobs
+from orchestrator.dispatch import job_host_settings
 from orchestrator.errors import InvalidTransition, JobNotFound, StoreError
+from orchestrator.ladder import NO_HOST_STEPS
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import GpuPlan, JobSpec, Suite, expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
@@ -73,6 +75,23 @@ def test_migrations_apply_once_and_are_recorded(db_path: Path) -> None:
     names = all_migration_names()
     assert names[0] == "m001_initial" and "m002_crash_loop" in names
     assert rows == [{"migration_set": "orch", "name": name} for name in names]
+
+
+def test_jobs_queued_before_host_steps_have_none(db_path: Path) -> None:
+    # A state.db migrated up to just before the host-steps column, with a job in it.
+    conn = sqlite3.connect(str(db_path))
+    MIGRATIONS.apply(sqlite_utils.Database(conn), stop_before="m004_host_steps")
+    conn.execute(
+        "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
+        "env_json, worker, declared_mib, state, max_attempts, hang_timeout_s, queued_at, created_at, updated_at) "
+        "VALUES ('x', 'old', 'a', 'a.yaml', '{}', 1, 'task', '{}', '{}', 'sim', 1024, 'queued', 8, 1800, 0, 0, 0)"
+    )
+    conn.commit()
+    conn.close()
+    with Store(db_path) as store:
+        job = store.query("SELECT * FROM jobs")[0]
+    assert job["host_steps_json"] == "[]"
+    assert job_host_settings(job) == NO_HOST_STEPS
 
 
 def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:

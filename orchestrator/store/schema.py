@@ -153,3 +153,10 @@ def m003_prompt_lengths(db: sqlite_utils.Database) -> None:
         )
         """
     )
+
+
+@MIGRATIONS()
+def m004_host_steps(db: sqlite_utils.Database) -> None:
+    # Host-side steps (fewer data workers, running alone) a job took after host-RAM OOMs, as a
+    # JSON list; every later attempt keeps them on top of its ladder level.
+    db.execute("ALTER TABLE jobs ADD COLUMN host_steps_json TEXT NOT NULL DEFAULT '[]'")
