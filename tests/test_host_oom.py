@@ -64,6 +64,8 @@ def test_host_oom_is_retried_with_fewer_data_workers(sweep: tuple[Orch, dict[int
         retry_events = [e for e in show["events"] if e["kind"] == "end:host_oom"]
         assert len(retry_events) == 1, show["events"]
         assert "num_data_workers=0" in retry_events[0]["message"]
+        starts = [e["message"] for e in show["events"] if e["kind"] == "start"]
+        assert len(starts) == 2 and "(data_workers)" in starts[1], starts  # the retry names its step
 
         rows = orch.attempts(job_id)
         before, after = _config_yaml(rows[0]), _config_yaml(rows[1])

@@ -93,9 +93,19 @@ def render_status(snapshot: dict[str, Any]) -> RenderableType:
             lines.append(f"... and {more} more queued")
         parts.append(Panel(Text("\n".join(lines)), title="waiting", title_align="left"))
     if snapshot["retries"]:
-        lines = [f"{_clock(r['ts'])} job {r['job']}: level {r['from_level']} -> {r['to_level']} ({r['why']})" for r in snapshot["retries"]]
+        lines = [f"{_clock(r['ts'])} job {r['job']}: {_retry_move(r)} ({r['why']})" for r in snapshot["retries"]]
         parts.append(Panel(Text("\n".join(lines), overflow="ellipsis", no_wrap=True), title="retries", title_align="left"))
     if snapshot["events"]:
         lines = [f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"] for e in snapshot["events"]]
         parts.append(Panel(Text("\n".join(lines), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
     return Group(*parts)
+
+
+def _retry_move(retry: dict[str, Any]) -> str:
+    """`level 0 -> 1`, or the host step a host-RAM OOM took while the level stayed."""
+    step = retry.get("host_step")
+    if isinstance(step, dict) and retry.get("from_level") == retry.get("to_level"):
+        changes = ", ".join(f"{k}={v}" for k, v in (step.get("changes") or {}).items())
+        alone = "run alone" if step.get("run_alone") else ""
+        return f"level {retry['to_level']} + host step {step.get('step')}" + (f": {changes or alone}" if changes or alone else "")
+    return f"level {retry['from_level']} -> {retry['to_level']}"

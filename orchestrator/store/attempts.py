@@ -51,7 +51,8 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str
             ],
         )
         attempt_id = int(cursor.lastrowid or 0)
-        level_note = f" at level {plan.level} ({plan.level_step})" if plan.level else ""
+        # a host step taken at level 0 is worth naming too (level_step says which)
+        level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""
         transition(
             store, plan.job_id, JobState.RUNNING,
             message=(
