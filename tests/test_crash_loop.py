@@ -3,12 +3,10 @@ decides when fast non-OOM failures pause the suite."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlite_utils
 import yaml
 
 from orchestrator.outcomes import crash_loop_of, crash_loop_reason, guard_crash_loop
@@ -16,7 +14,7 @@ from orchestrator.plans import CRASH_LOOP_OFF, CrashLoop, expand_jobs, load_suit
 from orchestrator.store import Store
 from orchestrator.store.db import now_s
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.schema import MIGRATIONS
+from tests.store_helpers import old_database_with_one_job
 
 
 def write_suite(plans: Path, name: str, **settings: Any) -> Path:
@@ -115,15 +113,7 @@ def test_guard_switched_off_never_pauses(db_path: Path, tmp_path: Path) -> None:
 
 def test_jobs_queued_before_the_setting_keep_the_old_guard(db_path: Path) -> None:
     # A state.db migrated up to just before the crash-loop columns, with a job in it.
-    conn = sqlite3.connect(str(db_path))
-    MIGRATIONS.apply(sqlite_utils.Database(conn), stop_before="m002_crash_loop")
-    conn.execute(
-        "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
-        "env_json, worker, declared_mib, state, max_attempts, hang_timeout_s, queued_at, created_at, updated_at) "
-        "VALUES ('x', 'old', 'a', 'a.yaml', '{}', 1, 'task', '{}', '{}', 'sim', 1024, 'queued', 8, 1800, 0, 0, 0)"
-    )
-    conn.commit()
-    conn.close()
+    old_database_with_one_job(db_path, stop_before="m002_crash_loop")
     with Store(db_path) as store:
         assert crash_loop_of(store.query("SELECT * FROM jobs")[0]) == CrashLoop(3, 30.0, 300.0)
 

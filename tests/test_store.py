@@ -28,6 +28,7 @@ from orchestrator.store.jobs import (
     transition,
 )
 from orchestrator.store.schema import MIGRATIONS
+from tests.store_helpers import old_database_with_one_job
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -79,15 +80,7 @@ def test_migrations_apply_once_and_are_recorded(db_path: Path) -> None:
 
 def test_jobs_queued_before_host_steps_have_none(db_path: Path) -> None:
     # A state.db migrated up to just before the host-steps column, with a job in it.
-    conn = sqlite3.connect(str(db_path))
-    MIGRATIONS.apply(sqlite_utils.Database(conn), stop_before="m004_host_steps")
-    conn.execute(
-        "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
-        "env_json, worker, declared_mib, state, max_attempts, hang_timeout_s, queued_at, created_at, updated_at) "
-        "VALUES ('x', 'old', 'a', 'a.yaml', '{}', 1, 'task', '{}', '{}', 'sim', 1024, 'queued', 8, 1800, 0, 0, 0)"
-    )
-    conn.commit()
-    conn.close()
+    old_database_with_one_job(db_path, stop_before="m004_host_steps")
     with Store(db_path) as store:
         job = store.query("SELECT * FROM jobs")[0]
     assert job["host_steps_json"] == "[]"
