@@ -368,12 +368,20 @@ def next_level(
     one ladder level down and keeps the host settings; a host OOM stays at this level and adds
     the next host-side step (fewer data workers, then running alone), changing nothing
     GPU-side. None when the ladder, or its host-side part for a host OOM, has nothing left."""
+    after = _after_oom(levels, current_index, outcome, host)
+    return with_host_settings(*after) if after is not None else None
+
+
+def _after_oom(
+    levels: Sequence[Level], current_index: int, outcome: AttemptOutcome, host: HostSettings
+) -> tuple[Level, HostSettings] | None:
+    """(ladder level, host settings) of the attempt after an OOM; None when nothing is left."""
     if outcome is AttemptOutcome.OOM:
         later = levels[current_index + 1 :]
-        return with_host_settings(later[0], host) if later else None
+        return (later[0], host) if later else None
     if outcome is AttemptOutcome.HOST_OOM:
         stepped = next_host_step(levels, current_index, host)
-        return with_host_settings(levels[current_index], stepped) if stepped else None
+        return (levels[current_index], stepped) if stepped is not None else None
     return None
 
 
@@ -423,18 +431,14 @@ def retry_decision(
         )
     if outcome is AttemptOutcome.LOST:
         return RetryDecision("requeue", current, f"lost ({reason}): requeued unchanged", host)
-    ran = with_host_settings(current, host).describe()
-    if outcome is AttemptOutcome.HOST_OOM:
-        stepped = next_host_step(levels, current_index, host)
-        if stepped is None:
+    after = _after_oom(levels, current_index, outcome, host)
+    if after is None:
+        ran = with_host_settings(current, host).describe()
+        if outcome is AttemptOutcome.HOST_OOM:
             why = f"host OOM with no host-side step left after {ran}: {reason}"
-            return RetryDecision("fail", None, why, host)
-        following, host = current, stepped
-    else:
-        later = levels[current_index + 1 :]
-        if not later:
+        else:
             why = f"OOM at every level of the degradation ladder (last {ran}): {reason}"
-            return RetryDecision("fail", None, why, host)
-        following = later[0]
+        return RetryDecision("fail", None, why, host)
+    following, host = after
     shown = with_host_settings(following, host).describe()
     return RetryDecision("requeue", following, f"{outcome.value}: {reason}; next {shown}", host)
