@@ -256,7 +256,6 @@ class Prediction:
     # "measured" | "estimate" | "declared" | "none" (nothing known: 0 MiB) | "OOM floor"
     # (an earlier OOM of the shape raised the figure above what the other sources say)
     source: str
-    floor_applied: bool = False
 
 
 def _max(*values: int | None) -> int | None:
@@ -314,5 +313,5 @@ def predict_peak_mib(
         floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin_fraction))
         if floor_mib > prediction.mib:
             # Say so: "declared" beside 6.6 GiB when the suite declared 4 GiB misleads.
-            return Prediction(floor_mib, "OOM floor", floor_applied=True)
+            return Prediction(floor_mib, "OOM floor")
     return prediction
