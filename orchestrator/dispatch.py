@@ -163,15 +163,15 @@ def predict(
 ) -> tuple[int, str]:
     config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
     measured = shapes.get(job_shape_key(job, level))
-    estimated, learned = None, None
+    estimated: int | None = None
+    sized: Mapping[str, Any] = config
     if job["worker"] == "lora":
         learned = (prompt_lengths or {}).get(prompt_length_key(config, job["data"]))
-        estimated = estimate_peak_mib(
-            at_learned_length(config, learned), _model_info(config, cache), _peft_spec(config, cache)
-        )
+        sized = at_learned_length(config, learned)  # `config` itself when nothing applies
+        estimated = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
     prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]))
-    if prediction.source == "estimate" and learned is not None and learned < max_seq_len_of(config):
-        return prediction.mib, f"estimate at {learned} tokens"
+    if prediction.source == "estimate" and sized is not config:
+        return prediction.mib, f"estimate at {max_seq_len_of(sized)} tokens"
     return prediction.mib, prediction.source
 
 
