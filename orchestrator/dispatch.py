@@ -234,7 +234,8 @@ def schedule(
     ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
     for job in queued_rows:
         if job["suite"] in paused:
-            reasons[job["id"]] = f"suite {job['suite']} paused: {paused[job['suite']]} (orch resume {job['suite']})"
+            # The pause's cause is said once, on the suite (orch status); each job only points to it.
+            reasons[job["id"]] = f"suite {job['suite']} is paused"
             continue
         if draining:
             reasons[job["id"]] = "daemon is draining: nothing new starts"

@@ -24,6 +24,12 @@ class StoreError(OrchError):
     """state.db is unreadable, corrupt, locked or from a newer orch."""
 
 
+class MissingDatabase(StoreError):
+    """A command that only reads was pointed at a state.db that does not exist."""
+
+    exit_code = 2
+
+
 class InvalidTransition(StoreError):
     """A job state change that the transition table forbids."""
 

@@ -23,6 +23,7 @@ import yaml
 from orchestrator.classify import REASON_HUNG
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.wording import fmt_value
 
 BATCH_KEY = "batch_size"
 ACCUM_KEY = "gradient_accumulation_steps"
@@ -77,7 +78,7 @@ class Level:
     run_alone: bool = False
 
     def describe(self) -> str:
-        shown = [f"{key}={value}" for key, value in self.changes.items()]
+        shown = [f"{key}={fmt_value(value)}" for key, value in self.changes.items()]
         if self.run_alone and not self.changes:
             shown.append("run alone on a GPU")
         return f"level {self.index} ({self.step}): " + (", ".join(shown) or "as configured")

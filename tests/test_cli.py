@@ -11,6 +11,7 @@ import click
 import pytest
 
 from orchestrator.cli import _register, cli
+from orchestrator.store import Store
 from tests.conftest import OrchRunner
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +135,8 @@ def test_logs_without_attempt(orch_inproc: OrchRunner) -> None:
     assert "has not started yet" in one_error_line(result.stderr)
 
 
-def test_status_json_on_empty_db(orch_inproc: OrchRunner) -> None:
+def test_status_json_on_empty_db(orch_inproc: OrchRunner, db_path: Path) -> None:
+    Store(db_path).close()
     result = orch_inproc("status", "--json")
     assert result.rc == 0
     payload = json.loads(result.stdout)
@@ -151,7 +153,8 @@ def test_status_once_lists_queued(orch_inproc: OrchRunner) -> None:
     assert orch_inproc("status", "--once").rc == 0
 
 
-def test_daemon_status_when_none_runs(orch_inproc: OrchRunner) -> None:
+def test_daemon_status_when_none_runs(orch_inproc: OrchRunner, db_path: Path) -> None:
+    Store(db_path).close()
     result = orch_inproc("daemon", "status", "--json")
     assert result.rc == 0
     assert json.loads(result.stdout)["alive"] is False
@@ -162,7 +165,8 @@ def test_daemon_status_when_none_runs(orch_inproc: OrchRunner) -> None:
 # ---------------------------------------------------------------- plan
 
 
-def test_plan_set_and_show(orch_inproc: OrchRunner) -> None:
+def test_plan_set_and_show(orch_inproc: OrchRunner, db_path: Path) -> None:
+    Store(db_path).close()
     shown = json.loads(orch_inproc("plan", "show", "--json").stdout)
     assert shown == {"gpus": {}, "default_slots": 1}
     stored = json.loads(orch_inproc("plan", "set", "2,0,1", "--gpus", "3 4 5", "--json").stdout)
@@ -214,9 +218,10 @@ def test_resubmit_after_cancel_queues_a_new_job(orch_inproc: OrchRunner) -> None
 
 
 def test_commands_that_read_refuse_a_missing_db(orch_inproc: OrchRunner, db_path: Path) -> None:
-    for args in (("jobs",), ("show", "1"), ("cancel", "--all"), ("results",)):
+    for args in (("jobs",), ("show", "1"), ("cancel", "--all"), ("results",), ("status", "--once"),
+                 ("status", "--json"), ("daemon", "status"), ("plan", "show"), ("daemon", "stop")):
         result = orch_inproc(*args)
-        assert result.rc == 1, args
+        assert result.rc == 2, args
         assert "no state database" in one_error_line(result.stderr)
     assert not db_path.exists()
 

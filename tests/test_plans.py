@@ -92,10 +92,24 @@ def test_plan_length_mismatch_is_an_error() -> None:
         parse_gpu_plan("2,2,1", [0, 1])
 
 
-def test_empty_entries_are_skipped_by_the_tokenizer() -> None:
-    # "2,,2" and " 2 , 2 " are the same plan as "2,2": separators are runs of commas/spaces.
-    assert parse_gpu_plan("2,,2", None).slots_by_gpu == {0: 2, 1: 2}
+def test_an_empty_entry_is_refused_not_skipped() -> None:
+    # "2,,2" is a typo for a three-GPU plan, not the plan "2,2".
+    with pytest.raises(PlanError, match="empty entry"):
+        parse_gpu_plan("2,,2", None)
+    with pytest.raises(PlanError, match="empty entry"):
+        parse_gpu_plan("2,2,", None)
     assert parse_gpu_plan(" 2 , 2 ", None).slots_by_gpu == {0: 2, 1: 2}
+    assert parse_gpu_plan("2 2", None).slots_by_gpu == {0: 2, 1: 2}
+
+
+@pytest.mark.parametrize("text", ["0", "0,0", "0 0 0"])
+def test_a_plan_of_only_zeros_is_refused(text: str) -> None:
+    with pytest.raises(PlanError, match="0 slots"):
+        parse_gpu_plan(text, None)
+    with pytest.raises(PlanError, match="0 slots"):
+        parse_gpu_plan(text, [0, 1, 2] if text.count("0") == 3 else [0, 1][: max(1, text.count("0"))])
+    # Taking named GPUs out of use stays possible where the caller allows it (orch plan set --gpus).
+    assert parse_gpu_plan("0", [3], allow_all_zero=True).slots_by_gpu == {3: 0}
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("orch: aborted", err=True)
         return 130
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # `orch`, `orch daemon`, `orch plan` alone: the help a user asked for, as --help prints it.
+        click.echo(exc.ctx.get_help() if exc.ctx else cli.get_help(click.Context(cli, info_name="orch")))
+        return 0
     except click.UsageError as exc:
         command = f" {exc.ctx.command_path.split(' ', 1)[1]}" if exc.ctx and " " in exc.ctx.command_path else ""
         click.echo(f"orch: error: {_one_line(exc.format_message())} (see orch{command} --help)", err=True)

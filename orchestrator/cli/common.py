@@ -10,7 +10,11 @@ from typing import Any, TypeVar
 import click
 
 from orchestrator.errors import UsageError
+from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.store import Store
+from orchestrator.wording import fmt_changes, fmt_settings, fmt_value
+
+__all__ = ["fmt_changes", "fmt_settings", "fmt_value"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,3 +79,12 @@ def fmt_duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def describe_plan(plan: GpuPlan) -> str:
+    """The plan in words: `GPU 0: 2, GPU 1: 1 jobs at a time; any other GPU: 1`."""
+    named = ", ".join(f"GPU {g}: {s}" for g, s in sorted(plan.slots_by_gpu.items()))
+    others = plan.default_slots if plan.default_slots is not None else DEFAULT_SLOTS
+    if not named:
+        return f"at most {others} job(s) at a time on every GPU"
+    return f"{named} job(s) at a time; any other GPU: {others}"

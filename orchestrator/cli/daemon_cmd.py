@@ -94,6 +94,8 @@ def daemon_run(
     from orchestrator.launch.base import make_launcher
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # libtmux logs every window it creates at INFO; orch logs each launch itself.
+    logging.getLogger("libtmux").setLevel(logging.WARNING)
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)
     launcher = make_launcher(launcher_kind, tmux_socket_name(db_path))
@@ -108,7 +110,8 @@ def daemon_run(
 @daemon_group.command("start")
 @_backend_option
 @_poll_option
-@click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None)
+@click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
+              help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
 @_headroom_options
 @db_option
@@ -173,14 +176,17 @@ def start_daemon(
 @daemon_group.command("stop")
 @click.option("--drain", is_flag=True, help="Start nothing new; exit when the running jobs have ended.")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the daemon to exit.")
-@click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for the daemon to exit (with --wait).")
 @db_option
 def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> None:
     """Stop the daemon; running workers keep running (and are adopted at the next start)."""
     with open_store(db_path) as store:
         row = daemon_alive(store)
         if row is None:
-            raise DaemonError(f"no daemon is running for {db_path}")
+            # Stopping what is already stopped succeeds, so scripts can always call it.
+            click.echo(f"no daemon is running for {db_path}: nothing to stop")
+            return
         with store.write():
             column = "draining" if drain else "stop_requested"
             store.db.execute(f"UPDATE daemon SET {column} = 1 WHERE id = 1")
@@ -204,7 +210,7 @@ def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> Non
 @db_option
 def daemon_status(as_json: bool, db_path: Path) -> None:
     """Is a daemon running for this state.db?"""
-    with open_store(db_path, create=True) as store:
+    with open_store(db_path) as store:  # a read: never creates a database
         row = daemon_alive(store)
     payload = {
         "alive": row is not None,
@@ -218,7 +224,7 @@ def daemon_status(as_json: bool, db_path: Path) -> None:
         echo_json(payload)
         return
     if row is None:
-        click.echo("daemon: not running (orch daemon start)")
+        click.echo(f"daemon: not running for {db_path} (orch daemon start)")
         return
     click.echo(
         f"daemon: running, pid {row['pid']}, up {fmt_duration(now_s() - row['started_at'])}, "

@@ -13,8 +13,10 @@ from rich.table import Table
 from orchestrator.cli.common import (
     db_option,
     echo_json,
+    fmt_changes,
     fmt_duration,
     fmt_mib,
+    fmt_settings,
     json_option,
     open_store,
     parse_job_ids,
@@ -44,8 +46,8 @@ def _ts(value: float | None) -> str:
 
 
 @click.command("jobs")
-@click.option("--state", type=click.Choice([s.value for s in JobState]), default=None)
-@click.option("--suite", default=None)
+@click.option("--state", type=click.Choice([s.value for s in JobState]), default=None, help="Only jobs in this state.")
+@click.option("--suite", default=None, help="Only jobs of this suite.")
 @json_option
 @db_option
 def jobs_cmd(state: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
@@ -98,7 +100,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
     )
     if payload["overrides"]:
-        console.print(f"  --set: {payload['overrides']}")
+        console.print(f"  --set {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
     if payload["wait_reason"] and payload["state"] == "queued":
         console.print(f"  waiting: {payload['wait_reason']}")
     if payload["reason"]:
@@ -117,9 +119,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
             )
         console.print(table)
         for a in payload["attempts"]:
-            changes = ", ".join(f"{k}={v}" for k, v in a["changes"].items())
-            if a["run_alone"]:
-                changes = f"{changes}, run alone" if changes else "run alone"
+            changes = fmt_changes(a["changes"], bool(a["run_alone"]))
             notes = [f"changed {changes}" if changes else "", a["reason"] or ""]
             shown = "; ".join(n for n in notes if n)
             if shown:

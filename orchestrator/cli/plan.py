@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import db_option, echo_json, json_option, open_store
+from orchestrator.cli.common import db_option, describe_plan, echo_json, json_option, open_store
 from orchestrator.plans import DEFAULT_SLOTS, parse_gpu_plan, parse_gpus
-from orchestrator.store.jobs import format_plan, get_gpu_plan, set_gpu_plan
+from orchestrator.store.jobs import get_gpu_plan, set_gpu_plan
 
 
 @click.group("plan")
@@ -21,7 +21,7 @@ def plan_group() -> None:
 @db_option
 def plan_show(as_json: bool, db_path: Path) -> None:
     """Show the stored plan."""
-    with open_store(db_path, create=True) as store:
+    with open_store(db_path) as store:  # a read: never creates a database
         plan = get_gpu_plan(store)
     if as_json:
         echo_json(
@@ -31,9 +31,7 @@ def plan_show(as_json: bool, db_path: Path) -> None:
             }
         )
         return
-    click.echo(f"GPU plan: {format_plan(plan)}")
-    if plan.default_slots is None:
-        click.echo(f"GPUs not named run {DEFAULT_SLOTS} job(s) at a time")
+    click.echo(f"GPU plan: {describe_plan(plan)}")
 
 
 @plan_group.command("set")
@@ -44,14 +42,14 @@ def plan_show(as_json: bool, db_path: Path) -> None:
 def plan_set(plan_text: str, gpus_text: str | None, as_json: bool, db_path: Path) -> None:
     """Set caps: PLAN is "2,2,1" (one per GPU) or a single number for every GPU."""
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
-    plan = parse_gpu_plan(plan_text, gpus)
+    plan = parse_gpu_plan(plan_text, gpus, "PLAN", allow_all_zero=gpus is not None)
     with open_store(db_path, create=True) as store:
         set_gpu_plan(store, plan)
         stored = get_gpu_plan(store)
     if as_json:
         echo_json({"gpus": {str(k): v for k, v in sorted(stored.slots_by_gpu.items())}, "default_slots": stored.default_slots})
         return
-    click.echo(f"GPU plan set: {format_plan(stored)}")
+    click.echo(f"GPU plan set: {describe_plan(stored)}")
 
 
 def register(group: click.Group) -> None:

@@ -6,11 +6,12 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.common import fmt_duration, fmt_mib
+from orchestrator.cli.common import fmt_changes, fmt_duration, fmt_mib
 
 BAR_WIDTH = 24
 
@@ -72,7 +73,9 @@ def render_status(snapshot: dict[str, Any]) -> RenderableType:
     if daemon["alive"]:
         head = f"daemon pid {daemon['pid']}" + (" [yellow](draining)[/]" if daemon["draining"] else "")
     else:
-        head = "[red]daemon not running[/] (orch daemon start)"
+        db = snapshot.get("db")
+        where = f" for {escape(db)}" if db else ""
+        head = f"[red]daemon not running[/]{where} (orch daemon start)"
     summary = (
         f"{head}   queued [yellow]{counts['queued']}[/]  running [cyan]{counts['running']}[/]  "
         f"succeeded [green]{counts['succeeded']}[/]  failed [red]{counts['failed']}[/]  "
@@ -83,12 +86,19 @@ def render_status(snapshot: dict[str, Any]) -> RenderableType:
         parts.append(Panel(_gpu_table(snapshot), title="GPUs", title_align="left"))
     if snapshot["running"]:
         parts.append(Panel(_running_table(snapshot), title="running", title_align="left"))
+    paused_names = {p["suite"] for p in snapshot["paused_suites"]}
     if snapshot["paused_suites"]:
-        paused = "\n".join(f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})" for p in snapshot["paused_suites"])
+        paused = "\n".join(
+            f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})"
+            + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else "")
+            for p in snapshot["paused_suites"]
+        )
         parts.append(Panel(Text(paused, style="red"), title="paused", title_align="left"))
-    if snapshot["waiting"]:
-        lines = [f"job {w['id']} {w['config']}: {w['reason'] or 'not yet considered'}" for w in snapshot["waiting"]]
-        more = counts["queued"] - len(snapshot["waiting"])
+    # A paused suite's jobs are counted on its line above, not repeated one by one.
+    waiting = [w for w in snapshot["waiting"] if w.get("suite") not in paused_names]
+    if waiting:
+        lines = [f"job {w['id']} {w['config']}: {w['reason'] or 'not yet considered'}" for w in waiting]
+        more = counts["queued"] - len(waiting) - sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
         if more > 0:
             lines.append(f"... and {more} more queued")
         parts.append(Panel(Text("\n".join(lines)), title="waiting", title_align="left"))
@@ -105,7 +115,7 @@ def _retry_move(retry: dict[str, Any]) -> str:
     """`level 0 -> 1`, or the host step a host-RAM OOM took while the level stayed."""
     step = retry.get("host_step")
     if isinstance(step, dict) and retry.get("from_level") == retry.get("to_level"):
-        changes = ", ".join(f"{k}={v}" for k, v in (step.get("changes") or {}).items())
+        changes = fmt_changes(step.get("changes"))
         alone = "run alone" if step.get("run_alone") else ""
         return f"level {retry['to_level']} + host step {step.get('step')}" + (f": {changes or alone}" if changes or alone else "")
     return f"level {retry['from_level']} -> {retry['to_level']}"

@@ -17,12 +17,13 @@ from orchestrator.cli.status_query import status_snapshot
 
 @click.command("status")
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
-@click.option("--interval", "interval_s", type=click.FloatRange(0.2, 60.0), default=1.0, show_default=True)
+@click.option("--interval", "interval_s", type=click.FloatRange(0.2, 60.0), default=1.0, show_default=True,
+              help="Seconds between refreshes of the live dashboard.")
 @json_option
 @db_option
 def status_cmd(once: bool, interval_s: float, as_json: bool, db_path: Path) -> None:
     """Live dashboard: GPUs, running jobs, waiting reasons, retries, events."""
-    with open_store(db_path, create=True) as store:
+    with open_store(db_path) as store:  # a read: never creates a database
         if as_json:
             echo_json(status_snapshot(store))
             return
@@ -43,7 +44,8 @@ def status_cmd(once: bool, interval_s: float, as_json: bool, db_path: Path) -> N
 
 
 @click.command("gpus")
-@click.option("--backend", type=click.Choice(["nvml", "sim"]), default=None)
+@click.option("--backend", type=click.Choice(["nvml", "sim"]), default=None,
+              help="GPU backend (env ORCH_GPU_BACKEND; default NVML).")
 @json_option
 @db_option
 def gpus_cmd(backend: str | None, as_json: bool, db_path: Path) -> None:

@@ -74,6 +74,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
     )
     jobs = store.query(jobs_sql) if all_jobs else []
     return {
+        "db": str(store.path),
         "daemon": {
             "alive": daemon is not None,
             "pid": daemon["pid"] if daemon else None,
@@ -84,7 +85,10 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         "counts": state_counts(store),
         "running": running,
         "waiting": [{"id": w["id"], "suite": w["suite"], "config": w["config_name"], "reason": w["wait_reason"]} for w in waiting],
-        "paused_suites": store.query("SELECT suite, reason, paused_at FROM paused_suites"),
+        "paused_suites": store.query(
+            "SELECT p.suite, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
+            "AND j.state = 'queued') AS queued FROM paused_suites p ORDER BY p.suite"
+        ),
         "retries": [
             {"ts": r["ts"], "job": r["job_id"], **json.loads(r["data_json"])["retry"]} for r in retries
         ],

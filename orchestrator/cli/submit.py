@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import db_option, echo_json, json_option, open_store, plans_option
+from orchestrator.cli.common import (
+    db_option,
+    describe_plan,
+    echo_json,
+    json_option,
+    open_store,
+    plans_option,
+)
 from orchestrator.errors import PlanError
 from orchestrator.plans import (
     GpuPlan,
@@ -135,7 +142,7 @@ def submit_cmd(
     else:
         click.echo("")
     if plan is not None:
-        click.echo(f"GPU plan {'would be' if dry_run else ''} set: {format_plan(plan)}".replace("  ", " "))
+        click.echo(f"GPU plan {'would be set' if dry_run else 'set'}: {describe_plan(plan)}")
 
 
 def register(group: click.Group) -> None:

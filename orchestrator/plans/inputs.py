@@ -93,17 +93,25 @@ class GpuPlan:
         return sum(self.slots_for(i, fallback) for i in gpu_indices)
 
 
-def parse_gpu_plan(text: str, gpus: Sequence[int] | None) -> GpuPlan:
+def parse_gpu_plan(
+    text: str, gpus: Sequence[int] | None, what: str = "--gpu-plan", *, allow_all_zero: bool = False
+) -> GpuPlan:
     """`--gpu-plan "2,2,1"`: one cap per GPU of `--gpus` (or GPUs 0..n-1 without it).
 
     A single integer is broadcast (to `--gpus`, or to every GPU when `--gpus` is absent);
-    `0` keeps a GPU visible but unused; any other length mismatch is an error.
+    `0` keeps a GPU visible but unused; any other length mismatch is an error. A plan of
+    only zeros is refused (nothing could run) unless `allow_all_zero`: `orch plan set 0 --gpus 3`
+    takes GPU 3 out of use while the GPUs the plan does not name keep running.
     """
-    check_text("--gpu-plan", text)
+    check_text(what, text)
     tokens = _tokens(text)
     if not tokens:
-        raise PlanError("--gpu-plan is empty: give one number per GPU such as \"2,2,1\"")
+        raise PlanError(f"{what} is empty: give one number per GPU such as \"2,2,1\"")
+    if "," in text and any(not piece.strip() for piece in text.strip().split(",")):
+        raise PlanError(f"{what} {shown_value(text)} has an empty entry: give one number per GPU such as \"2,2,1\"")
     caps = [_parse_nonneg_int("GPU plan entry", t, MAX_SLOTS_PER_GPU) for t in tokens]
+    if not any(caps) and not allow_all_zero:
+        raise PlanError(f"{what} {shown_value(text)} gives every GPU 0 slots: nothing could ever run")
     if len(caps) == 1:
         if gpus is None:
             return GpuPlan(default_slots=caps[0])
@@ -111,7 +119,7 @@ def parse_gpu_plan(text: str, gpus: Sequence[int] | None) -> GpuPlan:
     targets = list(gpus) if gpus is not None else list(range(len(caps)))
     if len(caps) != len(targets):
         raise PlanError(
-            f"--gpu-plan has {len(caps)} entries but --gpus names {len(targets)} GPUs "
+            f"{what} has {len(caps)} entries but --gpus names {len(targets)} GPUs "
             f"({' '.join(map(str, targets))}): give one entry per GPU or a single number"
         )
     return GpuPlan(slots_by_gpu=dict(zip(targets, caps, strict=True)))

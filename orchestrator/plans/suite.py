@@ -222,6 +222,14 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if not all(isinstance(p, str) for p in one_token):
         raise PlanError(f"suite {path}: `one_token_tasks` must be a list of task patterns")
     ladder = _typed(path, data, "ladder", (list,), None)
+    if ladder is not None:
+        # A bad rung must be refused at submit, not found at the first OOM.
+        from orchestrator.ladder import load_ladder
+
+        try:
+            load_ladder(ladder)
+        except PlanError as exc:
+            raise PlanError(f"suite {path}: {exc}") from None
     max_attempts = _typed(path, data, "max_attempts", (int,), 8)
     if not 1 <= max_attempts <= 100:
         raise PlanError(f"suite {path}: `max_attempts` must be between 1 and 100")

@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlite_utils
 
-from orchestrator.errors import StoreError
+from orchestrator.errors import MissingDatabase, StoreError
 from orchestrator.store.schema import MIGRATIONS
 
 BUSY_TIMEOUT_S = 30.0
@@ -31,7 +31,7 @@ class Store:
     def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = Path(path)
         if not create and not self.path.exists():
-            raise StoreError(f"no state database at {self.path} (submit a sweep first, or pass --db)")
+            raise MissingDatabase(f"no state database at {self.path} (submit a sweep first, or pass --db)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             existed = self.path.exists()

@@ -1,0 +1,37 @@
+"""Values as people write them (YAML words, not Python reprs), for messages and tables. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt_value(value: Any) -> str:
+    """A config value as written in YAML: `true`, `null`, `2e-05`; never `True` or a repr."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def fmt_settings(settings: Any) -> str:
+    """`{'sim_seconds': 45, 'env': {'A': 'b'}}` -> `sim_seconds=45 env.A=b`, as --set takes them."""
+    if not isinstance(settings, dict):
+        return fmt_value(settings)
+    parts: list[str] = []
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            parts.extend(f"{key}.{inner}={fmt_value(v)}" for inner, v in value.items())
+        else:
+            parts.append(f"{key}={fmt_value(value)}")
+    return " ".join(parts)
+
+
+def fmt_changes(changes: Any, run_alone: bool = False) -> str:
+    """What a ladder level or host step changed: `gradient_checkpointing=true, batch_size=2`."""
+    shown = [f"{k}={fmt_value(v)}" for k, v in (changes or {}).items()] if isinstance(changes, dict) else []
+    if run_alone:
+        shown.append("run alone")
+    return ", ".join(shown)
