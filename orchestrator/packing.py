@@ -203,7 +203,8 @@ def _wait_reason(
 ) -> str:
     """One line naming the limiting GPU and the numbers, for the dashboard."""
     if not cards:
-        return "no allowed GPU is in the plan"
+        # The job's --gpus names only GPUs the readings lack (submitted where they were unknown).
+        return f"GPU {', '.join(map(str, sorted(job.allowed_gpu_indices or ())))} does not exist on this machine"
     usable = [c for c in cards if blockers[c.gpu.index] != "plan"]
     if not usable:
         return "all allowed GPUs have 0 slots in the plan"

@@ -89,7 +89,7 @@ def test_allowed_gpu_indices_are_honoured() -> None:
     )
     assert placed(d) == {1: 1}
     d = pack([job(1, 1, allowed_gpu_indices=frozenset({5}))], [gpu(0)], [], NO_HEADROOM, 0.0)
-    assert d.placements == () and d.wait_reasons[1] == "no allowed GPU is in the plan"
+    assert d.placements == () and d.wait_reasons[1] == "GPU 5 does not exist on this machine"
 
 
 def test_ramping_attempts_reserve_what_they_have_not_yet_allocated() -> None:

@@ -15,6 +15,7 @@ from orchestrator.cli.common import (
     plans_option,
 )
 from orchestrator.errors import PlanError
+from orchestrator.gpu import machine_gpu_indices
 from orchestrator.plans import (
     GpuPlan,
     default_plans_dir,
@@ -33,6 +34,7 @@ from orchestrator.store.jobs import (
     set_gpu_plan,
     submit_jobs,
 )
+from orchestrator.store.queries import last_seen_gpu_indices
 
 
 def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:
@@ -48,6 +50,25 @@ def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] |
         "--round N on a suite without named rounds needs --gpu-plan (with --gpus for a single "
         "number) to know the round size Σ plan"
     )
+
+
+def _check_gpus_exist(gpus: list[int], db_path: Path) -> None:
+    """Refuse --gpus naming a GPU this machine lacks, when its GPUs are known: from the daemon's
+    last reading, else the simulated GPUs or NVML here. Unknown: the daemon's wait reason says it."""
+    known = None
+    if db_path.exists():
+        with open_store(db_path) as reader:
+            known = last_seen_gpu_indices(reader)
+    if known is None:
+        known = machine_gpu_indices()
+    if known is None:
+        return
+    missing = [g for g in gpus if g not in known]
+    if missing:
+        names = ", ".join(map(str, missing))
+        raise PlanError(
+            f"--gpus names GPU {names}, which this machine does not have (its GPUs: {' '.join(map(str, known))})"
+        )
 
 
 @click.command("submit")
@@ -95,6 +116,8 @@ def submit_cmd(
     if isinstance(round_selector, int) and not suite.rounds:
         total_slots = _round_slots(plan, stored_plan, gpus)
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
+    if gpus is not None:
+        _check_gpus_exist(gpus, db_path)
 
     if dry_run and not db_path.exists():
         outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]

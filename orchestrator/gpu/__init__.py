@@ -46,3 +46,24 @@ def make_probe(backend: str | None = None, state_dir: Path | None = None) -> Gpu
         probe.close()
         raise
     return probe
+
+
+def machine_gpu_indices() -> list[int] | None:
+    """The GPU indices this machine has, read without side effects (the simulated GPUs from
+    ORCH_SIM_GPUS, else NVML); None when they cannot be known here."""
+    if (os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() == "sim":
+        from orchestrator.gpu.sim import parse_gpu_sizes
+
+        try:
+            return list(range(len(parse_gpu_sizes(os.environ.get("ORCH_SIM_GPUS", "")))))
+        except UsageError:
+            return None
+    from orchestrator.gpu.nvml import NvmlProbe
+
+    probe = NvmlProbe()
+    try:
+        return [s.index for s in probe.snapshot()] or None
+    except GpuUnavailable:
+        return None
+    finally:
+        probe.close()

@@ -143,3 +143,15 @@ def job_to_public(job: dict[str, Any], attempts: list[dict[str, Any]], events: l
             for e in events
         ],
     }
+
+
+def last_seen_gpu_indices(store: Store) -> list[int] | None:
+    """The GPU indices of the daemon's last reading (None when no daemon has read any)."""
+    rows = store.query("SELECT gpus_json FROM daemon WHERE id = 1")
+    if not rows or not rows[0]["gpus_json"]:
+        return None
+    try:
+        gpus = json.loads(rows[0]["gpus_json"])
+        return sorted(int(g["index"]) for g in gpus)
+    except (ValueError, TypeError, KeyError):
+        return None
