@@ -6,16 +6,14 @@ F1 for MRPC and QQP, accuracy for the rest.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 PRIMARY_METRICS = {"cola": "mcc", "mrpc": "f1", "qqp": "f1"}
 DEFAULT_METRIC = "accuracy"
-CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds")
 _TASK = re.compile(r"^[a-z0-9-]+_([a-z0-9]+?)(?:_\d+)?$")
 
 
@@ -26,6 +24,27 @@ class ResultRow:
     task: str  # the data name as submitted, e.g. "glue-tvt_qnli"
     seed: int
     metrics: Mapping[str, float]  # the "test" metrics of one result.json
+    # Where the value came from, so every cell can be traced to the attempt that made it.
+    job: int | None = None
+    attempt: int | None = None
+    level: int | None = None  # ladder level the succeeding attempt ran at
+    step: str | None = None  # that level's rung name
+    changes: Mapping[str, Any] = field(default_factory=dict)  # every ladder override vs. the config
+    run_alone: bool = False
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One seed of a summary: its value and the attempt (and ladder level) that produced it."""
+
+    seed: int
+    value: float | None
+    job: int | None
+    attempt: int | None
+    level: int | None
+    step: str | None
+    changes: Mapping[str, Any]
+    run_alone: bool
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,18 @@ class ResultSummary:
     std: float  # sample standard deviation; 0.0 for fewer than two seeds
     n_seeds: int
     seeds: tuple[int, ...]
+    runs: tuple[SeedRun, ...] = ()  # one per seed with a value, in seed order
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """The distinct ladder levels this cell's seeds ran at (host steps count as a change)."""
+        return tuple(sorted({r.level for r in self.runs if r.level is not None}))
+
+    @property
+    def mixed_levels(self) -> bool:
+        """True when the seeds did not all run with the same settings: a reader must know."""
+        shapes = {(r.level, tuple(sorted((k, repr(v)) for k, v in r.changes.items())), r.run_alone) for r in self.runs}
+        return len(shapes) > 1
 
 
 def primary_metric(task: str) -> str:
@@ -49,47 +80,30 @@ def primary_metric(task: str) -> str:
 
 def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
     """Mean and sample std of each group's primary metric, sorted by (suite, config, task)."""
-    groups: dict[tuple[str, str, str], dict[int, float | None]] = {}
+    groups: dict[tuple[str, str, str], dict[int, ResultRow]] = {}
     for row in rows:
-        metric = primary_metric(row.task)
-        value = row.metrics.get(metric)
-        # A repeated seed (a retried job) counts once: the last value seen wins.
-        groups.setdefault((row.suite, row.config, row.task), {})[row.seed] = (
-            None if value is None else float(value)
-        )
+        # A repeated seed (a retried job) counts once: the last row seen wins.
+        groups.setdefault((row.suite, row.config, row.task), {})[row.seed] = row
     summaries = []
     for (suite, config, task), by_seed in sorted(groups.items()):
-        seeds = tuple(sorted(seed for seed, value in by_seed.items() if value is not None))
-        values = [by_seed[seed] for seed in seeds]
-        mean = sum(v for v in values if v is not None) / len(values) if values else None
+        metric = primary_metric(task)
+        values: dict[int, float] = {}
+        for seed, row in by_seed.items():
+            value = row.metrics.get(metric)
+            if value is not None:
+                values[seed] = float(value)
+        seeds = tuple(sorted(values))
+        mean = sum(values[s] for s in seeds) / len(seeds) if seeds else None
         std = 0.0
-        if mean is not None and len(values) > 1:
-            std = math.sqrt(
-                sum((v - mean) ** 2 for v in values if v is not None) / (len(values) - 1)
+        if mean is not None and len(seeds) > 1:
+            std = math.sqrt(sum((values[s] - mean) ** 2 for s in seeds) / (len(seeds) - 1))
+        runs = tuple(
+            SeedRun(
+                seed=seed, value=values[seed], job=by_seed[seed].job, attempt=by_seed[seed].attempt,
+                level=by_seed[seed].level, step=by_seed[seed].step, changes=dict(by_seed[seed].changes),
+                run_alone=by_seed[seed].run_alone,
             )
-        summaries.append(
-            ResultSummary(suite, config, task, primary_metric(task), mean, std, len(seeds), seeds)
+            for seed in seeds
         )
+        summaries.append(ResultSummary(suite, config, task, metric, mean, std, len(seeds), seeds, runs))
     return summaries
-
-
-def render_rows(summaries: Iterable[ResultSummary], digits: int = 4) -> list[list[str]]:
-    """Plain string rows (no header) for a table: suite, config, task, metric, mean ± std, n, seeds."""
-    rows = []
-    for s in summaries:
-        score = "—" if s.mean is None else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
-        seeds = " ".join(str(seed) for seed in s.seeds)
-        rows.append([s.suite, s.config, s.task, s.metric, score, str(s.n_seeds), seeds])
-    return rows
-
-
-def to_csv(summaries: Iterable[ResultSummary]) -> str:
-    """CSV with a header row (CSV_COLUMNS); seeds space-separated; empty mean when missing."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for s in summaries:
-        mean = "" if s.mean is None else repr(s.mean)
-        seeds = " ".join(str(seed) for seed in s.seeds)
-        writer.writerow([s.suite, s.config, s.task, s.metric, mean, repr(s.std), s.n_seeds, seeds])
-    return buffer.getvalue()

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from orchestrator.results import ResultRow, aggregate, primary_metric, render_rows, to_csv
+from orchestrator.results import ResultRow, aggregate, primary_metric
+from orchestrator.results_format import render_rows, to_csv
 
 
 def test_primary_metric_follows_glue_convention() -> None:

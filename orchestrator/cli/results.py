@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -10,57 +9,74 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.cli.common import db_option, echo_json, open_store
-from orchestrator.reconcile import read_result
-from orchestrator.results import ResultRow, aggregate, render_rows, to_csv
+from orchestrator.errors import UsageError
+from orchestrator.results import ResultSummary, aggregate
+from orchestrator.results_format import (
+    DAGGER_NOTE,
+    FORMATS,
+    render_rows,
+    to_csv,
+    to_latex,
+    to_markdown,
+    to_records,
+)
+from orchestrator.results_source import collect_rows
+from orchestrator.store.queries import suite_names
 
 
 @click.command("results")
 @click.option("--suite", default=None, help="Only this suite.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="table (default), csv, markdown or latex (configs × tasks, best in bold), json.")
+@click.option("--digits", type=click.IntRange(0, 10), default=4, show_default=True,
+              help="Decimals shown in table, markdown and latex output.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: every cell with each seed's job, attempt and ladder level.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV (same as --format csv).")
 @db_option
-def results_cmd(suite: str | None, as_json: bool, as_csv: bool, db_path: Path) -> None:
+def results_cmd(suite: str | None, fmt: str | None, digits: int, as_json: bool, as_csv: bool, db_path: Path) -> None:
     """Aggregate the succeeded jobs' test metrics over seeds."""
-    if as_json and as_csv:
-        raise click.UsageError("give at most one of --json and --csv")
-    sql = (
-        "SELECT j.suite, j.config_name, j.data, j.seed, a.run_dir FROM jobs j JOIN attempts a "
-        "ON a.job_id = j.id AND a.outcome = 'succeeded' WHERE j.state = 'succeeded'"
-    )
-    params: list[str] = []
-    if suite is not None:
-        sql += " AND j.suite = ?"
-        params.append(suite)
+    chosen = {f for f, flag in (("json", as_json), ("csv", as_csv)) if flag} | ({fmt} if fmt else set())
+    if len(chosen) > 1:
+        raise click.UsageError("give one output format (--format, --json or --csv)")
+    fmt = chosen.pop() if chosen else "table"
     with open_store(db_path) as store:
-        finished = store.query(sql + " ORDER BY j.id", params)
-    rows: list[ResultRow] = []
-    missing = 0
-    for job in finished:
-        result = read_result(Path(job["run_dir"]))
-        metrics = (result or {}).get("metrics", {}).get("test") if result else None
-        if not isinstance(metrics, dict):
-            missing += 1
-            continue
-        numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        rows.append(ResultRow(job["suite"], job["config_name"], job["data"], job["seed"], numeric))
+        if suite is not None:
+            known = suite_names(store)
+            if suite not in known:
+                raise UsageError(
+                    f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
+                )
+        rows, missing = collect_rows(store, suite)
     summaries = aggregate(rows)
-    if as_json:
-        echo_json([asdict(s) for s in summaries])
-    elif as_csv:
+    if fmt == "json":
+        echo_json(to_records(summaries))
+    elif fmt == "csv":
         click.echo(to_csv(summaries), nl=False)
+    elif fmt == "markdown":
+        click.echo(to_markdown(summaries, digits), nl=False)
+    elif fmt == "latex":
+        click.echo(to_latex(summaries, digits), nl=False)
     else:
-        table = Table(box=None, header_style="bold")
-        for column in ("suite", "config", "task", "metric", "mean ± std", "n", "seeds"):
-            table.add_column(column)
-        for rendered in render_rows(summaries):
-            table.add_row(*rendered)
-        Console().print(table)
-        if not summaries:
-            click.echo("no results yet (only succeeded jobs with test metrics count)")
-    if missing and not as_json and not as_csv:
+        _print_table(summaries, digits)
+    if missing and fmt != "json":
         click.echo(f"{missing} succeeded job(s) had no test metrics in result.json", err=True)
+
+
+def _print_table(summaries: list[ResultSummary], digits: int) -> None:
+    table = Table(box=None, header_style="bold")
+    for column in ("suite", "config", "task", "metric", "mean ± std", "n", "seeds", "levels"):
+        table.add_column(column, overflow="fold")
+    for rendered in render_rows(summaries, digits):
+        table.add_row(*rendered)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=10_000)  # piped: never cut a value
+    console.print(table)
+    if not summaries:
+        click.echo("no results yet (only succeeded jobs with test metrics count)")
+    elif any(s.mixed_levels for s in summaries):
+        click.echo(DAGGER_NOTE)
 
 
 def register(group: click.Group) -> None:
     group.add_command(results_cmd)
-

@@ -1,0 +1,126 @@
+"""`orch results` as text people paste (CSV, Markdown, LaTeX) and as traceable JSON: every cell
+names each seed's job, attempt and ladder level, and a cell whose seeds ran at different levels
+is marked."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.results import ResultRow, aggregate
+from orchestrator.results_format import latex_escape, to_csv, to_latex, to_markdown, to_records
+from orchestrator.store import Store
+from tests.conftest import OrchRunner
+
+HALVED = {"gradient_checkpointing": True, "batch_size": 2, "gradient_accumulation_steps": 2}
+
+
+def rows() -> list[ResultRow]:
+    return [
+        ResultRow("E1", "r8", "glue_rte", 87, {"accuracy": 0.8288}, job=1, attempt=1, level=0, step="as configured"),
+        ResultRow("E1", "r8", "glue_rte", 127, {"accuracy": 0.8}, job=2, attempt=3, level=2, step="halve_batch",
+                  changes=HALVED),
+        ResultRow("E1", "r16", "glue_rte", 87, {"accuracy": 0.9}, job=3, attempt=1, level=0),
+        ResultRow("E1", "r16", "glue_rte", 127, {"accuracy": 0.7}, job=4, attempt=1, level=0),
+        ResultRow("E1", "r8", "glue_cola", 87, {"mcc": 0.4}, job=5, attempt=1, level=0),
+        ResultRow("E1", "r16", "glue_cola", 87, {"mcc": 0.5}, job=6, attempt=1, level=0),
+    ]
+
+
+def test_markdown_is_configs_by_tasks_with_best_in_bold_and_mixed_levels_marked() -> None:
+    text = to_markdown(aggregate(rows()))
+    lines = text.splitlines()
+    assert lines[0] == "| config | glue\\_cola (mcc) | glue\\_rte (accuracy) |"
+    assert lines[1] == "|---|---:|---:|"
+    by_config = {line.split("|")[1].strip(): line for line in lines[2:4]}
+    # r8 on rte: mean 0.8144, seeds at levels 0 and 2 -> best (0.8144 > 0.8) and marked
+    assert "**0.8144 ± 0.0204** †" in by_config["r8"]
+    assert "0.8000 ± 0.1414" in by_config["r16"] and "**0.8000" not in by_config["r16"]
+    assert "**0.5000 ± 0.0000**" in by_config["r16"] and "**0.4000" not in by_config["r8"]
+    assert "different ladder levels" in text
+
+
+def test_latex_escapes_names_bolds_the_best_and_marks_mixed_levels() -> None:
+    text = to_latex(aggregate(rows()))
+    assert text.startswith("\\begin{tabular}{lrr}\n\\hline\n")
+    assert "config & glue\\_cola (mcc) & glue\\_rte (accuracy) \\\\" in text
+    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^\\dagger$ \\\\" in text
+    assert "r16 & \\textbf{0.5000 $\\pm$ 0.0000} & 0.8000 $\\pm$ 0.1414 \\\\" in text
+    assert "\\end{tabular}" in text and "different degradation-ladder levels" in text
+    assert latex_escape("a_b&c%d$e#f{g}") == "a\\_b\\&c\\%d\\$e\\#f\\{g\\}"
+
+
+def test_csv_has_no_float_noise_and_says_which_levels() -> None:
+    parsed = list(csv.DictReader(io.StringIO(to_csv(aggregate([
+        ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.1 + 0.7288}, level=0),  # 0.8287999999999999
+        ResultRow("E1", "a", "glue_rte", 2, {"accuracy": 0.8288}, level=1, changes={"gradient_checkpointing": True}),
+    ])))))
+    assert parsed[0]["mean"] == "0.8288" and parsed[0]["std"] == "0.0"
+    assert parsed[0]["levels"] == "0 1" and parsed[0]["mixed_levels"] == "true"
+
+
+def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
+    (rte,) = [r for r in to_records(aggregate(rows())) if r["config"] == "r8" and r["task"] == "glue_rte"]
+    assert rte["mixed_levels"] is True
+    assert rte["runs"][1] == {
+        "seed": 127, "value": 0.8, "job": 2, "attempt": 3, "level": 2, "step": "halve_batch",
+        "changes": HALVED, "run_alone": False,
+        "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2",
+    }
+    assert rte["runs"][0]["changed"] == "nothing"
+    (same,) = [r for r in to_records(aggregate(rows())) if r["config"] == "r16" and r["task"] == "glue_rte"]
+    assert same["mixed_levels"] is False
+
+
+def _succeeded(store: Store, job_id: int, run_dir: Path, level: int, overrides: dict, accuracy: float) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(json.dumps({"status": "ok", "metrics": {"test": {"accuracy": accuracy}}}))
+    with store.write():
+        store.db.execute(
+            "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
+            "outcome, overrides_json, predicted_peak_mib, prediction_source, reserved_mib) "
+            "VALUES (?, ?, ?, 'step', 0, 'GPU-0', ?, 1.0, 2.0, 'succeeded', ?, 100, 'declared', 0)",
+            [job_id, level + 1, level, str(run_dir), json.dumps(overrides)],
+        )
+        store.db.execute("UPDATE jobs SET state = 'succeeded', level = ? WHERE id = ?", [level, job_id])
+
+
+@pytest.fixture
+def finished_db(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> Path:
+    assert orch_inproc("submit", "--suite", "demo", "--pairs", "87:glue_rte 127:glue_rte").rc == 0
+    with Store(db_path) as store:
+        jobs = store.query("SELECT id, config_name, seed FROM jobs ORDER BY id")
+        for job in jobs:
+            mixed = job["config_name"] == jobs[0]["config_name"] and job["seed"] == 127
+            _succeeded(store, job["id"], tmp_path / "runs" / str(job["id"]), 2 if mixed else 0,
+                       HALVED if mixed else {}, 0.8 + job["id"] / 100)
+    return db_path
+
+
+@pytest.mark.parametrize(
+    ("fmt", "needle"),
+    [("markdown", "| config |"), ("latex", "\\begin{tabular}"), ("csv", "suite,config,task,metric,mean,std")],
+)
+def test_orch_results_formats(orch_inproc: OrchRunner, finished_db: Path, fmt: str, needle: str) -> None:
+    result = orch_inproc("results", "--format", fmt)
+    assert result.rc == 0, result.stderr
+    assert needle in result.stdout
+    if fmt != "csv":
+        assert "†" in result.stdout or "dagger" in result.stdout
+
+
+def test_orch_results_json_and_table(orch_inproc: OrchRunner, finished_db: Path) -> None:
+    payload = json.loads(orch_inproc("results", "--json").stdout)
+    marked = [cell for cell in payload if cell["mixed_levels"]]
+    assert len(marked) == 1
+    levels = {run["seed"]: run["level"] for run in marked[0]["runs"]}
+    assert levels == {87: 0, 127: 2}
+    assert all(run["job"] and run["attempt"] for cell in payload for run in cell["runs"])
+    table = orch_inproc("results")
+    assert "0,2 †" in table.stdout and "different ladder levels" in table.stdout
+    both = orch_inproc("results", "--json", "--format", "csv")
+    assert both.rc == 2
