@@ -98,8 +98,19 @@ class Daemon:
             with contextlib.suppress(Exception), self.store.write():
                 self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
                 add_event(self.store, "daemon", "daemon stopped; running workers keep running")
+            self._close_idle_launcher()
             self.probe.close()
             self._lock.release()
+
+    def _close_idle_launcher(self) -> None:
+        """Nothing orch started for itself outlives it: with no attempt left running, the
+        launcher's own server (tmux) goes too. Workers still running keep it, to be adopted."""
+        with contextlib.suppress(Exception):
+            if self.store.query("SELECT 1 FROM attempts WHERE outcome IS NULL LIMIT 1"):
+                return
+            close = getattr(self.launcher, "kill_server", None)
+            if callable(close):
+                close()
 
     def _idle_until(self, deadline: float) -> None:
         """Wait for the next tick, but start it early when another process committed to

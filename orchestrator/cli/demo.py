@@ -6,14 +6,16 @@ worker processes; only the GPU memory is simulated)."""
 from __future__ import annotations
 
 import os
+import shlex
+import tempfile
 import time
 from pathlib import Path
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
-from orchestrator.cli.common import db_option, open_store, plans_option
+from orchestrator.cli.common import open_store, plans_option
 from orchestrator.cli.daemon_cmd import start_daemon
 from orchestrator.cli.render import render_status
 from orchestrator.cli.status_query import status_snapshot
@@ -26,6 +28,7 @@ from orchestrator.plans import (
     parse_gpu_plan,
     parse_pairs,
 )
+from orchestrator.reconcile import process_matches
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
 from orchestrator.store.queries import state_counts
 
@@ -39,9 +42,11 @@ DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
 @click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True,
               help="Give up (exit 1) when the sweep has not finished after this many seconds.")
 @plans_option
-@db_option
-def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, plans_dir: Path | None, db_path: Path) -> None:
-    """Run the demo sweep end to end with the live dashboard."""
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="State database to use (default: a fresh one in a new temporary folder, named on screen).")
+def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, plans_dir: Path | None,
+             db_path: Path | None) -> None:
+    """Run the demo sweep end to end with the live dashboard (each run starts fresh)."""
     if not os.environ.get("ORCH_GPU_BACKEND") and not nvml_available():
         os.environ["ORCH_GPU_BACKEND"] = "sim"
         os.environ.setdefault("ORCH_SIM_GPUS", sim_gpus)
@@ -50,6 +55,10 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
     plan = parse_gpu_plan(plan_text, None)
     specs = expand_jobs(suite, parse_pairs(pairs_text), {}, None, 0)
     console = Console()
+    if db_path is None:
+        # A second demo must show the sweep again, not "queued 0" over the first one's jobs.
+        db_path = Path(tempfile.mkdtemp(prefix="orch-demo-")) / "state.db"
+        click.echo(f"demo database: {db_path} (a fresh one each run; --db PATH to choose)")
     with open_store(db_path, create=True) as store:
         outcomes = submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
         set_gpu_plan(store, plan)
@@ -59,21 +68,32 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
             start_daemon(db_path, poll_s=0.5)
             started_here = True
         deadline = time.monotonic() + timeout_s
-        with Live(render_status(status_snapshot(store, all_jobs=False)), console=console, refresh_per_second=4) as live:
+        def frame() -> RenderableType:
+            return render_status(status_snapshot(store, all_jobs=False), width=console.width, height=console.height)
+
+        with Live(frame(), console=console, refresh_per_second=4) as live:
             while time.monotonic() < deadline:
                 counts = state_counts(store)
-                live.update(render_status(status_snapshot(store, all_jobs=False)))
+                live.update(frame())
                 if counts["queued"] == 0 and counts["running"] == 0:
                     break
                 time.sleep(0.5)  # the dashboard's refresh interval
         console.print()
         counts = state_counts(store)
         if started_here:
+            daemon = daemon_alive(store)
             with store.write():
                 store.db.execute("UPDATE daemon SET stop_requested = 1 WHERE id = 1")
+            # Wait for it to go (it takes its tmux server along): the demo leaves nothing running.
+            stop_deadline = time.monotonic() + 30.0
+            while daemon is not None and process_matches(daemon["pid"], daemon["proc_create_time"]):
+                if time.monotonic() > stop_deadline:
+                    break
+                time.sleep(0.1)  # waiting on another process to exit
+    db_arg = shlex.quote(str(db_path))
     click.echo(
         f"demo done: {counts['succeeded']} succeeded, {counts['failed']} failed, {counts['cancelled']} cancelled. "
-        f"Try: orch jobs, orch show 1, orch results --db {db_path}"
+        f"Try: orch jobs --db {db_arg}, orch show 1 --db {db_arg}, orch results --db {db_arg}"
     )
     if counts["queued"] or counts["running"]:
         raise click.ClickException(f"demo did not finish within {timeout_s:.0f} s (orch status shows why)")

@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     open_store,
     parse_job_ids,
 )
+from orchestrator.cli.jobs_render import STATE_STYLES, print_jobs
 from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import (
@@ -32,14 +33,6 @@ from orchestrator.store.queries import (
     list_jobs,
 )
 
-STATE_STYLES = {
-    "queued": "yellow",
-    "running": "cyan",
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "magenta",
-}
-
 
 def _ts(value: float | None) -> str:
     return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
@@ -48,27 +41,17 @@ def _ts(value: float | None) -> str:
 @click.command("jobs")
 @click.option("--state", type=click.Choice([s.value for s in JobState]), default=None, help="Only jobs in this state.")
 @click.option("--suite", default=None, help="Only jobs of this suite.")
+@click.option("--wide", is_flag=True, help="Never fold or cut a column, however wide the table gets.")
 @json_option
 @db_option
-def jobs_cmd(state: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
-    """List jobs."""
+def jobs_cmd(state: str | None, suite: str | None, wide: bool, as_json: bool, db_path: Path) -> None:
+    """List jobs (piped output: whole values in plain columns)."""
     with open_store(db_path) as store:
         rows = list_jobs(store, state=state, suite=suite)
     if as_json:
         echo_json([job_row_to_public(r) for r in rows])
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note"):
-        table.add_column(column)
-    for r in rows:
-        note = r["wait_reason"] if r["state"] == "queued" else (r["reason"] or "")
-        table.add_row(
-            str(r["id"]), f"[{STATE_STYLES.get(r['state'], '')}]{r['state']}[/]", r["suite"],
-            r["config_name"], str(r["seed"]), r["data"],
-            "-" if r["gpu"] is None else str(r["gpu"]), str(r["attempt_count"]), str(r["level"]),
-            note or "",
-        )
-    Console().print(table)
+    print_jobs(rows, wide=wide)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))
 
@@ -87,7 +70,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         return
     console = Console()
     if not console.is_terminal:
-        console = Console(width=max(console.width, 120))
+        console = Console(width=100_000)  # piped: lines are never cut or wrapped
     style = STATE_STYLES.get(payload["state"], "")
     console.print(
         f"[bold]job {payload['id']}[/]  [{style}]{payload['state']}[/]  "

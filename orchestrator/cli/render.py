@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.common import fmt_changes, fmt_duration, fmt_mib
+from orchestrator.cli.tables import fit_columns
 
 BAR_WIDTH = 24
 
@@ -47,19 +48,31 @@ def _gpu_table(snapshot: dict[str, Any]) -> Table:
     return table
 
 
-def _running_table(snapshot: dict[str, Any]) -> Table:
+RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
+# Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay.
+RUNNING_OPTIONAL = ("step", "loss", "elapsed", "lvl", "mem/pred", "data", "att", "seed")
+
+
+def _running_cells(r: dict[str, Any]) -> list[str]:
+    progress = r["progress"] or {}
+    step = f"{progress.get('step')}/{progress.get('total')}" if progress.get("total") else "-"
+    loss = progress.get("loss")
+    return [
+        str(r["id"]), r["config"], str(r["seed"]), r["data"], str(r["gpu"]), str(r["attempt"]), str(r["level"]),
+        fmt_duration(r["elapsed_s"]), step, "-" if loss is None else f"{loss:.3f}",
+        f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
+    ]
+
+
+def _running_table(running: list[dict[str, Any]], width: int | None) -> Table:
+    cells = [_running_cells(r) for r in running]
+    columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
+        RUNNING_COLUMNS, cells, width - 4, {"config": 16}, RUNNING_OPTIONAL)  # 4: the panel's border
     table = Table(box=None, header_style="bold")
-    for column in ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred"):
-        table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=4 if column in ("config", "data") else None)
-    for r in snapshot["running"]:
-        progress = r["progress"] or {}
-        step = f"{progress.get('step')}/{progress.get('total')}" if progress.get("total") else "-"
-        loss = progress.get("loss")
-        table.add_row(
-            str(r["id"]), r["config"], str(r["seed"]), r["data"], str(r["gpu"]), str(r["attempt"]), str(r["level"]),
-            fmt_duration(r["elapsed_s"]), step, "-" if loss is None else f"{loss:.3f}",
-            f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
-        )
+    for column in columns:
+        table.add_column(column, no_wrap=column != "config", overflow="fold")
+    for row in cells:
+        table.add_row(*(row[RUNNING_COLUMNS.index(c)] for c in columns))
     return table
 
 
@@ -67,7 +80,37 @@ def _clock(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
-def render_status(snapshot: dict[str, Any]) -> RenderableType:
+def _entries(lines: list[str], limit: int | None) -> list[str]:
+    """At most `limit` lines, the last saying how many more there are."""
+    if limit is None or len(lines) <= limit:
+        return lines
+    kept = max(0, limit - 1)
+    return [*lines[:kept], f"... and {len(lines) - kept} more"]
+
+
+def fit_heights(sizes: dict[str, int], max_lines: int) -> dict[str, int]:
+    """How many entries each list panel may show so that the frame fits `max_lines` and the
+    recent events stay on screen. `sizes` holds the entry counts; each panel costs 2 border
+    lines (and the running table 1 header). Pure, so a test can drive it."""
+    cost = {"running": 3, "waiting": 2, "retries": 2, "events": 2}
+    fixed = sizes.get("fixed", 0)
+    limits = {k: sizes.get(k, 0) for k in cost}
+    # First take from the waiting list, then the retries, then running rows; events go last.
+    floors = {"waiting": 2, "retries": 2, "running": 3, "events": 4}
+    def total() -> int:
+        return fixed + sum(limits[k] + cost[k] for k in cost if limits[k])
+    for name in ("waiting", "retries", "running", "events"):
+        while total() > max_lines and limits[name] > min(floors[name], sizes.get(name, 0)):
+            limits[name] -= 1
+    for name in ("waiting", "retries", "running", "events"):
+        while total() > max_lines and limits[name] > 1:
+            limits[name] -= 1
+    return limits
+
+
+def render_status(snapshot: dict[str, Any], *, width: int | None = None, height: int | None = None) -> RenderableType:
+    """The dashboard. With `width`/`height` (a terminal's), columns and list panels are cut to
+    fit so nothing runs off the screen (the events panel included); without, everything whole."""
     counts = snapshot["counts"]
     daemon = snapshot["daemon"]
     if daemon["alive"]:
@@ -81,33 +124,53 @@ def render_status(snapshot: dict[str, Any]) -> RenderableType:
         f"succeeded [green]{counts['succeeded']}[/]  failed [red]{counts['failed']}[/]  "
         f"cancelled [magenta]{counts['cancelled']}[/]"
     )
+    clipped = width is not None  # on a terminal each entry is one line, so heights are known
+
+    def text(body: str, style: str = "") -> Text:
+        return Text(body, style=style, overflow="ellipsis" if clipped else None, no_wrap=clipped or None)
+
+    paused_names = {p["suite"] for p in snapshot["paused_suites"]}
+    paused_lines = [
+        f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})"
+        + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else "")
+        for p in snapshot["paused_suites"]
+    ]
+    # A paused suite's jobs are counted on its line, not repeated one by one.
+    waiting = [w for w in snapshot["waiting"] if w.get("suite") not in paused_names]
+    waiting_lines = [f"job {w['id']} {w['config']}: {w['reason'] or 'not yet considered'}" for w in waiting]
+    more = counts["queued"] - len(waiting) - sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
+    if waiting_lines and more > 0:
+        waiting_lines.append(f"... and {more} more queued")
+    retry_lines = [f"{_clock(r['ts'])} job {r['job']}: {_retry_move(r)} ({r['why']})" for r in snapshot["retries"]]
+    event_lines = [f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"] for e in snapshot["events"]]
+    running = snapshot["running"]
+    limits: dict[str, int | None] = dict.fromkeys(("running", "waiting", "retries", "events"))
+    if height is not None:
+        fixed = 1 + (len(snapshot["gpus"]) + 3 if snapshot["gpus"] else 0) + (len(paused_lines) + 2 if paused_lines else 0)
+        limits.update(fit_heights({"fixed": fixed + 1, "running": len(running), "waiting": len(waiting_lines),
+                                   "retries": len(retry_lines), "events": len(event_lines)}, height))
+
     parts: list[RenderableType] = [Text.from_markup(summary)]
     if snapshot["gpus"]:
         parts.append(Panel(_gpu_table(snapshot), title="GPUs", title_align="left"))
-    if snapshot["running"]:
-        parts.append(Panel(_running_table(snapshot), title="running", title_align="left"))
-    paused_names = {p["suite"] for p in snapshot["paused_suites"]}
-    if snapshot["paused_suites"]:
-        paused = "\n".join(
-            f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})"
-            + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else "")
-            for p in snapshot["paused_suites"]
-        )
-        parts.append(Panel(Text(paused, style="red"), title="paused", title_align="left"))
-    # A paused suite's jobs are counted on its line above, not repeated one by one.
-    waiting = [w for w in snapshot["waiting"] if w.get("suite") not in paused_names]
-    if waiting:
-        lines = [f"job {w['id']} {w['config']}: {w['reason'] or 'not yet considered'}" for w in waiting]
-        more = counts["queued"] - len(waiting) - sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
-        if more > 0:
-            lines.append(f"... and {more} more queued")
-        parts.append(Panel(Text("\n".join(lines)), title="waiting", title_align="left"))
-    if snapshot["retries"]:
-        lines = [f"{_clock(r['ts'])} job {r['job']}: {_retry_move(r)} ({r['why']})" for r in snapshot["retries"]]
-        parts.append(Panel(Text("\n".join(lines), overflow="ellipsis", no_wrap=True), title="retries", title_align="left"))
-    if snapshot["events"]:
-        lines = [f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"] for e in snapshot["events"]]
-        parts.append(Panel(Text("\n".join(lines), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
+    if running:
+        shown = running if limits["running"] is None or len(running) <= limits["running"] else running[: max(1, limits["running"] - 1)]
+        table = _running_table(shown, width)
+        if len(shown) < len(running):
+            table.add_row(f"+{len(running) - len(shown)}", "more running")
+        parts.append(Panel(table, title="running", title_align="left"))
+    if paused_lines:
+        parts.append(Panel(text("\n".join(paused_lines), style="red"), title="paused", title_align="left"))
+    if waiting_lines:
+        parts.append(Panel(text("\n".join(_entries(waiting_lines, limits["waiting"]))), title="waiting", title_align="left"))
+    if retry_lines:
+        # the newest retries first, so a cut list keeps them
+        parts.append(Panel(Text("\n".join(_entries(retry_lines, limits["retries"])), overflow="ellipsis", no_wrap=True),
+                           title="retries", title_align="left"))
+    if event_lines:
+        # the newest events are last: a cut list keeps the end
+        kept = event_lines if limits["events"] is None else event_lines[-limits["events"]:]
+        parts.append(Panel(Text("\n".join(kept), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
     return Group(*parts)
 
 

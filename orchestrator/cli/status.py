@@ -7,12 +7,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
 from orchestrator.cli.common import db_option, echo_json, fmt_mib, json_option, open_store
 from orchestrator.cli.render import render_status
 from orchestrator.cli.status_query import status_snapshot
+from orchestrator.cli.tables import print_whole
 
 
 @click.command("status")
@@ -28,17 +29,22 @@ def status_cmd(once: bool, interval_s: float, as_json: bool, db_path: Path) -> N
             echo_json(status_snapshot(store))
             return
         console = Console()
-        if once or not console.is_terminal:
-            if not console.is_terminal:
-                console = Console(width=max(console.width, 120))
-            console.print(render_status(status_snapshot(store, all_jobs=False)))
+        if not console.is_terminal:
+            print_whole(render_status(status_snapshot(store, all_jobs=False)), console)  # piped: nothing cut
             return
-        with Live(render_status(status_snapshot(store, all_jobs=False)), console=console, screen=False,
-                  refresh_per_second=4, transient=False) as live:
+        if once:
+            console.print(render_status(status_snapshot(store, all_jobs=False), width=console.width))
+            return
+
+        def frame() -> RenderableType:
+            # sized to the terminal now, so a resize is followed and the events stay on screen
+            return render_status(status_snapshot(store, all_jobs=False), width=console.width, height=console.height)
+
+        with Live(frame(), console=console, screen=False, refresh_per_second=4, transient=False) as live:
             try:
                 while True:
                     time.sleep(interval_s)  # the dashboard's refresh interval
-                    live.update(render_status(status_snapshot(store, all_jobs=False)))
+                    live.update(frame())
             except KeyboardInterrupt:
                 pass
 

@@ -1,0 +1,76 @@
+"""`orch demo` starts fresh every run and, like the daemon, leaves nothing running behind it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.daemon_state import tmux_socket_name
+from tests.conftest import REPO_ROOT
+from tests.e2e_helpers import orch_env, requires_tmux, wait_until
+
+pytestmark = [requires_tmux, pytest.mark.slow]
+
+
+def tmux_server_running(db: Path) -> bool:
+    probe = subprocess.run(["tmux", "-L", tmux_socket_name(db), "ls"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def orch_processes_for(db: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "orchestrator" in cmdline and str(db) in cmdline:
+            found.append(proc)
+    return found
+
+
+def run_demo(tmp_path: Path) -> tuple[str, Path]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update({"ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "2x24GiB", "TMPDIR": str(tmp_path),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte", "--timeout", "240"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    match = re.search(r"demo database: (\S+)", done.stdout)
+    assert match, done.stdout[:2000]
+    return done.stdout, Path(match.group(1))
+
+
+def test_each_demo_starts_fresh_and_leaves_nothing_running(tmp_path: Path) -> None:
+    first_out, first_db = run_demo(tmp_path)
+    second_out, second_db = run_demo(tmp_path)
+    assert first_db != second_db
+    for out, db in ((first_out, first_db), (second_out, second_db)):
+        assert db.exists() and db.parent.parent == tmp_path  # a new folder in the temp dir
+        assert f"queued 3 demo job(s) in {db}" in out
+        assert "demo done: 3 succeeded" in out
+        assert not tmux_server_running(db)
+        assert orch_processes_for(db) == []
+    assert not (tmp_path / "state.db").exists()  # nothing written where the demo was run
+
+
+def test_a_stopped_daemon_takes_its_tmux_server_along_unless_workers_run(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        orch.write_suite("quick", {"a": {"sim_mem_gib": 1, "sim_seconds": 0.2}, "slow": {"sim_mem_gib": 1, "sim_seconds": 60}})
+        orch.submit("quick", "1:glue_rte")
+        orch.start_daemon()
+        wait_until(lambda: orch.job_states().get(1) == "succeeded", 60, "the quick job to succeed")
+        wait_until(lambda: orch.job_states().get(2) == "running", 60, "the slow job to run")
+        orch.stop_daemon()
+        assert tmux_server_running(orch.db)  # the slow worker still runs in it, to be adopted
+        orch.run("cancel", "2")  # no daemon: the cancel stops the worker's process group itself
+        orch.start_daemon()
+        wait_until(lambda: orch.job_states().get(2) == "cancelled", 30, "the cancel to be recorded")
+        orch.stop_daemon()
+        assert not tmux_server_running(orch.db)
+
