@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
@@ -67,7 +69,7 @@ def _running_cells(r: dict[str, Any]) -> list[str]:
 def _running_table(running: list[dict[str, Any]], width: int | None) -> Table:
     cells = [_running_cells(r) for r in running]
     columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
-        RUNNING_COLUMNS, cells, width - 4, {"config": 16}, RUNNING_OPTIONAL)  # 4: the panel's border
+        RUNNING_COLUMNS, cells, width - 4, {"config": 32}, RUNNING_OPTIONAL)  # 4: the panel's border
     table = Table(box=None, header_style="bold")
     for column in columns:
         table.add_column(column, no_wrap=column != "config", overflow="fold")
@@ -80,32 +82,31 @@ def _clock(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
-def _entries(lines: list[str], limit: int | None) -> list[str]:
+def _entries(lines: list[str], limit: int) -> list[str]:
     """At most `limit` lines, the last saying how many more there are."""
-    if limit is None or len(lines) <= limit:
+    if len(lines) <= limit:
         return lines
     kept = max(0, limit - 1)
     return [*lines[:kept], f"... and {len(lines) - kept} more"]
 
 
-def fit_heights(sizes: dict[str, int], max_lines: int) -> dict[str, int]:
-    """How many entries each list panel may show so that the frame fits `max_lines` and the
-    recent events stay on screen. `sizes` holds the entry counts; each panel costs 2 border
-    lines (and the running table 1 header). Pure, so a test can drive it."""
-    cost = {"running": 3, "waiting": 2, "retries": 2, "events": 2}
-    fixed = sizes.get("fixed", 0)
-    limits = {k: sizes.get(k, 0) for k in cost}
-    # First take from the waiting list, then the retries, then running rows; events go last.
-    floors = {"waiting": 2, "retries": 2, "running": 3, "events": 4}
-    def total() -> int:
-        return fixed + sum(limits[k] + cost[k] for k in cost if limits[k])
-    for name in ("waiting", "retries", "running", "events"):
-        while total() > max_lines and limits[name] > min(floors[name], sizes.get(name, 0)):
-            limits[name] -= 1
-    for name in ("waiting", "retries", "running", "events"):
-        while total() > max_lines and limits[name] > 1:
-            limits[name] -= 1
-    return limits
+SHRINK_ORDER = ("waiting", "retries", "running", "events")  # the events panel gives way last
+SHRINK_FLOORS = {"waiting": 2, "retries": 2, "running": 3, "events": 4}
+
+
+def next_limits(limits: dict[str, int]) -> dict[str, int] | None:
+    """One entry less in the first list that may still give some (to its floor first, then to
+    one entry); None when nothing can give. Pure: the dashboard calls it until the frame fits."""
+    for floor_of in (lambda name: SHRINK_FLOORS[name], lambda name: 1):
+        for name in SHRINK_ORDER:
+            if limits[name] > floor_of(name):
+                return {**limits, name: limits[name] - 1}
+    return None
+
+
+def _height(renderable: RenderableType, width: int) -> int:
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    return len(console.render_lines(renderable, console.options, pad=False))
 
 
 def render_status(snapshot: dict[str, Any], *, width: int | None = None, height: int | None = None) -> RenderableType:
@@ -124,7 +125,7 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
         f"succeeded [green]{counts['succeeded']}[/]  failed [red]{counts['failed']}[/]  "
         f"cancelled [magenta]{counts['cancelled']}[/]"
     )
-    clipped = width is not None  # on a terminal each entry is one line, so heights are known
+    clipped = height is not None  # a live frame: one line per entry, cut at the edge
 
     def text(body: str, style: str = "") -> Text:
         return Text(body, style=style, overflow="ellipsis" if clipped else None, no_wrap=clipped or None)
@@ -144,17 +145,47 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
     retry_lines = [f"{_clock(r['ts'])} job {r['job']}: {_retry_move(r)} ({r['why']})" for r in snapshot["retries"]]
     event_lines = [f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"] for e in snapshot["events"]]
     running = snapshot["running"]
-    limits: dict[str, int | None] = dict.fromkeys(("running", "waiting", "retries", "events"))
-    if height is not None:
-        fixed = 1 + (len(snapshot["gpus"]) + 3 if snapshot["gpus"] else 0) + (len(paused_lines) + 2 if paused_lines else 0)
-        limits.update(fit_heights({"fixed": fixed + 1, "running": len(running), "waiting": len(waiting_lines),
-                                   "retries": len(retry_lines), "events": len(event_lines)}, height))
+    full = {"running": len(running), "waiting": len(waiting_lines), "retries": len(retry_lines),
+            "events": len(event_lines)}
 
+    def build(limits: dict[str, int]) -> RenderableType:
+        return _frame(snapshot, summary, running, paused_lines, waiting_lines, retry_lines, event_lines,
+                      limits, width, text)
+
+    frame = build(full)
+    if height is None or width is None:
+        return frame
+    limits: dict[str, int] | None = full
+    # Cut the lists until the frame fits (less one line for the cursor), measured as rendered;
+    # an entry is at least one line, so each pass cuts as many entries as lines are over.
+    excess = _height(frame, width) - (height - 1)
+    while limits is not None and excess > 0:
+        for _ in range(excess):
+            limits = next_limits(limits) if limits is not None else None
+        if limits is None:
+            break
+        frame = build(limits)
+        excess = _height(frame, width) - (height - 1)
+    return frame
+
+
+def _frame(
+    snapshot: dict[str, Any],
+    summary: str,
+    running: list[dict[str, Any]],
+    paused_lines: list[str],
+    waiting_lines: list[str],
+    retry_lines: list[str],
+    event_lines: list[str],
+    limits: dict[str, int],
+    width: int | None,
+    text: Callable[..., Text],
+) -> RenderableType:
     parts: list[RenderableType] = [Text.from_markup(summary)]
     if snapshot["gpus"]:
         parts.append(Panel(_gpu_table(snapshot), title="GPUs", title_align="left"))
     if running:
-        shown = running if limits["running"] is None or len(running) <= limits["running"] else running[: max(1, limits["running"] - 1)]
+        shown = running if len(running) <= limits["running"] else running[: max(1, limits["running"] - 1)]
         table = _running_table(shown, width)
         if len(shown) < len(running):
             table.add_row(f"+{len(running) - len(shown)}", "more running")
@@ -169,7 +200,7 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
                            title="retries", title_align="left"))
     if event_lines:
         # the newest events are last: a cut list keeps the end
-        kept = event_lines if limits["events"] is None else event_lines[-limits["events"]:]
+        kept = event_lines[-limits["events"]:] if limits["events"] else []
         parts.append(Panel(Text("\n".join(kept), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
     return Group(*parts)
 

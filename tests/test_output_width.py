@@ -1,0 +1,124 @@
+"""Output is never cut where it matters: piped output keeps every value whole; a narrow terminal
+keeps id, state, config and the reason readable; the live dashboard keeps its events on screen."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from orchestrator.cli.jobs_render import print_jobs
+from orchestrator.cli.render import render_status
+from orchestrator.cli.tables import plain_columns
+from tests.conftest import OrchRunner
+
+LONG_CONFIG = "E1_QKVO_r16_alpha16_dropout05_lr2e-4"
+LONG_REASON = "GPU 0: 10.0 GiB free, needs 14.7 GiB + 2.4 GiB headroom"
+
+
+def job_row(job_id: int, config: str = LONG_CONFIG, state: str = "queued") -> dict[str, Any]:
+    return {"id": job_id, "state": state, "suite": "E1", "config_name": config, "seed": 127,
+            "data": "glue-tvt_qnli", "gpu": None, "attempt_count": 0, "level": 0,
+            "wait_reason": LONG_REASON, "reason": None}
+
+
+def terminal(width: int, height: int = 40) -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(width=width, height=height, file=buffer, force_terminal=True, color_system=None), buffer
+
+
+def column_text(out: str, header: str, sep: str) -> str:
+    """A column's cells read top to bottom (folded pieces joined by `sep`), located by the
+    header line's column starts."""
+    lines = out.splitlines()
+    heads = lines[0].split()
+    starts = [lines[0].index(f" {h} " if f" {h} " in lines[0] else h) for h in heads]
+    i = heads.index(header)
+    begin, end = starts[i], (starts[i + 1] if i + 1 < len(starts) else None)
+    body = lines[1:]
+    hint = next((n for n, line in enumerate(body) if line.startswith("(")), len(body))
+    pieces = [line[begin:end].strip() for line in body[:hint]]
+    return sep.join(p for p in pieces if p)
+
+
+def test_piped_jobs_keep_every_value_whole(orch_inproc: OrchRunner) -> None:
+    assert orch_inproc("submit", "--suite", "E1", "--pairs", "87:glue-tvt_qnli").rc == 0
+    out = orch_inproc("jobs").stdout  # captured: not a terminal
+    assert "…" not in out
+    configs = [line.split()[3] for line in out.splitlines()[1:]]
+    assert len(configs) == 44 and all(len(c) > 10 for c in configs)
+    assert any("alpha16" in line for line in out.splitlines())
+    assert max(len(line) for line in out.splitlines()) > 80  # wider than a terminal, as it must be
+    assert out.splitlines()[0].split() == ["id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note"]
+
+
+def test_plain_columns_are_aligned_and_whole() -> None:
+    text = plain_columns(("id", "config"), [("1", LONG_CONFIG), ("22", "a")])
+    assert text.splitlines() == ["id  config", f"1   {LONG_CONFIG}", "22  a"]
+
+
+def test_narrow_terminal_keeps_id_state_config_and_reason() -> None:
+    for width in (50, 60, 80):
+        console, buffer = terminal(width)
+        print_jobs([job_row(12), job_row(1333, "E1_A_r8", "failed") | {"reason": "ladder exhausted"}], console=console)
+        out = buffer.getvalue()
+        assert "…" not in out, width
+        assert max(len(line) for line in out.splitlines()) <= width
+        assert column_text(out, "id", " ").split() == ["12", "1333"]
+        assert column_text(out, "state", " ").split() == ["queued", "failed"]
+        assert column_text(out, "config", "") == LONG_CONFIG + "E1_A_r8"
+        assert column_text(out, "note", " ") == f"{LONG_REASON} ladder exhausted"
+        if width < 80:
+            assert "--wide" in out
+
+
+def test_wide_prints_every_column_unfolded() -> None:
+    console, buffer = terminal(50)
+    print_jobs([job_row(12)], wide=True, console=console)
+    out = buffer.getvalue()
+    assert any(LONG_CONFIG in line and LONG_REASON in line and "glue-tvt_qnli" in line for line in out.splitlines())
+
+
+def snapshot(n_waiting: int, n_running: int, n_events: int) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "db": "state.db",
+        "daemon": {"alive": True, "pid": 1, "draining": False, "last_tick_age_s": 0.1},
+        "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "sim", "total_mib": 24576, "used_mib": 1000,
+                  "orch_mib": 1000, "foreign_mib": 0, "free_mib": 23576, "utilization_pct": None,
+                  "slots": 2, "running": 1} for i in range(2)],
+        "counts": {"queued": n_waiting, "running": n_running, "succeeded": 0, "failed": 0, "cancelled": 0},
+        "running": [{"id": 100 + i, "suite": "E1", "config": LONG_CONFIG, "seed": 87, "data": "glue-tvt_qnli",
+                     "gpu": i % 2, "attempt": 1, "level": 0, "elapsed_s": 5.0, "held_mib": 1000,
+                     "predicted_mib": 2000, "progress": {"step": 3, "total": 10, "loss": 0.5}}
+                    for i in range(n_running)],
+        "waiting": [{"id": i, "suite": "E1", "config": LONG_CONFIG, "reason": LONG_REASON} for i in range(n_waiting)],
+        "paused_suites": [],
+        "retries": [],
+        "events": [{"ts": now, "job": i, "kind": "x", "message": f"event number {i}"} for i in range(n_events)],
+    }
+
+
+def test_dashboard_fits_the_terminal_and_keeps_the_events() -> None:
+    for width, height in ((60, 24), (80, 30), (120, 40)):
+        console, buffer = terminal(width, height)
+        console.print(render_status(snapshot(n_waiting=6, n_running=12, n_events=12), width=width, height=height))
+        lines = buffer.getvalue().splitlines()
+        assert len(lines) <= height, (width, height, len(lines))
+        assert any("recent events" in line for line in lines)
+        assert any("event number 11" in line for line in lines), "the newest event must be on screen"
+        shown_running = sum(1 for line in lines if "E1_QKVO_r16_alpha16" in line and "/10" in line)
+        assert shown_running == 12 or any("more running" in line for line in lines)
+        if height < 40:
+            assert shown_running < 12
+        assert any(LONG_CONFIG[:16] in line for line in lines)  # running configs readable, not `E1_…`
+
+
+def test_piped_status_is_whole(orch_inproc: OrchRunner, db_path: Path) -> None:
+    assert orch_inproc("submit", "--suite", "E1", "--pairs", "87:glue-tvt_qnli").rc == 0
+    out = orch_inproc("status", "--once").stdout
+    assert "…" not in out
+    assert f"daemon not running for {db_path}" in out
