@@ -26,6 +26,7 @@ from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.wrapper import EXIT_FILE
+from orchestrator.notify import Watcher
 from orchestrator.outcomes import complete
 from orchestrator.packing import PackingPolicy
 from orchestrator.reconcile import Verdict, disagreement, judge, mark_lost, observe
@@ -47,6 +48,7 @@ class DaemonSettings:
     headroom_max_mib: int | None = 4096
     starvation_s: float = 600.0
     order: str = "longest_first"  # among equal priorities; "fifo" keeps submission order
+    notify_urls: tuple[str, ...] = ()  # sent a line when a suite finishes or a job fails
 
 
 class Daemon:
@@ -66,6 +68,7 @@ class Daemon:
             ),
             worker_env=worker_env,
         )
+        self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._lock = DaemonLock(settings.db_path)
@@ -99,6 +102,9 @@ class Daemon:
                 self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
                 add_event(self.store, "daemon", "daemon stopped; running workers keep running")
             self._close_idle_launcher()
+            with contextlib.suppress(Exception):
+                self.notifier.poll()  # what ended in the last pass
+                self.notifier.close()
             self.probe.close()
             self._lock.release()
 
@@ -157,6 +163,7 @@ class Daemon:
             return True
         snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
+        self.notifier.poll()
         self._heartbeat(snapshots)
         self._exit_files = [
             Path(row["run_dir"]) / EXIT_FILE

@@ -15,6 +15,7 @@ from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_opt
 from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
 from orchestrator.errors import DaemonError
 from orchestrator.gpu import GpuProbe, make_probe
+from orchestrator.notify import check_urls
 from orchestrator.reconcile import process_matches
 from orchestrator.store.db import Store, now_s
 
@@ -67,6 +68,14 @@ def _order_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def _notify_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--notify", "notify_urls", multiple=True, envvar="ORCH_NOTIFY", metavar="URL",
+        help="Send a one-line summary here when a suite finishes or a job fails (Apprise URL, "
+             "e.g. ntfy://TOPIC or slack://...; repeatable; env ORCH_NOTIFY, space-separated; needs orch[notify]).",
+    )(func)
+
+
 def _poll_option(func):  # type: ignore[no-untyped-def]
     return click.option("--poll", "poll_s", type=click.FloatRange(0.05, 60.0), default=1.0, show_default=True,
                         help="Seconds between scheduling passes.")(func)
@@ -79,6 +88,7 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
 @click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
+@_notify_option
 @db_option
 def daemon_run(
     backend: str | None,
@@ -87,12 +97,14 @@ def daemon_run(
     headroom_max_gib: float,
     launcher_kind: str | None,
     order: str,
+    notify_urls: tuple[str, ...],
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
     from orchestrator.daemon import Daemon, DaemonSettings
     from orchestrator.launch.base import make_launcher
 
+    check_urls(notify_urls)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)
@@ -101,7 +113,7 @@ def daemon_run(
     launcher = make_launcher(launcher_kind, tmux_socket_name(db_path))
     daemon = Daemon(DaemonSettings(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
-            headroom_max_mib=round(headroom_max_gib * 1024), order=order,
+            headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
@@ -114,6 +126,7 @@ def daemon_run(
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
 @_headroom_options
+@_notify_option
 @db_option
 def daemon_start(
     backend: str | None,
@@ -122,12 +135,15 @@ def daemon_start(
     order: str,
     headroom_fraction: float,
     headroom_max_gib: float,
+    notify_urls: tuple[str, ...],
     db_path: Path,
 ) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
+    check_urls(notify_urls)
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib)],
+        notify_urls=notify_urls,
     )
 
 
@@ -140,6 +156,7 @@ def start_daemon(
     order: str = "longest_first",
     extra_args: list[str] | None = None,
     quiet: bool = False,
+    notify_urls: tuple[str, ...] = (),
 ) -> int:
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
@@ -156,8 +173,10 @@ def start_daemon(
     log_path = daemon_log_path(db_path)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log_file:
+        # URLs carry tokens: passed in the environment (owner-only), not on the visible command line.
+        env = {**os.environ, "ORCH_NOTIFY": " ".join(notify_urls)} if notify_urls else None
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, env=env)
     deadline = time.monotonic() + START_TIMEOUT_S
     with open_store(db_path) as store:
         while time.monotonic() < deadline:

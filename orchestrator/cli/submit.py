@@ -16,6 +16,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.errors import PlanError
 from orchestrator.gpu import machine_gpu_indices
+from orchestrator.notify import check_urls
 from orchestrator.plans import (
     GpuPlan,
     default_plans_dir,
@@ -34,6 +35,7 @@ from orchestrator.store.jobs import (
     set_gpu_plan,
     submit_jobs,
 )
+from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
 
 
@@ -118,6 +120,7 @@ def submit_cmd(
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
     if gpus is not None:
         _check_gpus_exist(gpus, db_path)
+    check_urls(suite.notify, f"suite {suite.name} notify")
 
     if dry_run and not db_path.exists():
         outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
@@ -128,6 +131,8 @@ def submit_cmd(
             )
             if plan is not None and not dry_run:
                 set_gpu_plan(store, plan)
+            if not dry_run:
+                set_suite_notify_urls(store, suite.name, suite.notify)
 
     created = [o for o in outcomes if o.created]
     existing = [o for o in outcomes if not o.created]

@@ -94,6 +94,7 @@ class Suite:
     hang_timeout_s: float
     description: str = ""
     crash_loop: CrashLoop = CrashLoop()
+    notify: tuple[str, ...] = ()  # notification URLs (Apprise) for this suite's ends and failures
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -168,7 +169,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
-        "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop",
+        "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -237,6 +238,12 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if hang_timeout_s <= 0:
         raise PlanError(f"suite {path}: `hang_timeout_s` must be positive")
     crash_loop = _parse_crash_loop(path, data.get("crash_loop", {}))
+    notify_raw = _typed(path, data, "notify", (str, list), [])
+    notify = [notify_raw] if isinstance(notify_raw, str) else notify_raw
+    if not all(isinstance(u, str) and u.strip() for u in notify):
+        raise PlanError(f"suite {path}: `notify` must be a notification URL or a list of them")
+    for url in notify:
+        check_text(f"suite {path} notify", url)
     return Suite(
         name=name,
         path=path.resolve(),
@@ -251,6 +258,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         hang_timeout_s=hang_timeout_s,
         description=str(data.get("description", "")),
         crash_loop=crash_loop,
+        notify=tuple(u.strip() for u in notify),
     )
 
 

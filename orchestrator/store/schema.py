@@ -160,3 +160,17 @@ def m004_host_steps(db: sqlite_utils.Database) -> None:
     # Host-side steps (fewer data workers, running alone) a job took after host-RAM OOMs, as a
     # JSON list; every later attempt keeps them on top of its ladder level.
     db.execute("ALTER TABLE jobs ADD COLUMN host_steps_json TEXT NOT NULL DEFAULT '[]'")
+
+
+@MIGRATIONS()
+def m007_cli(db: sqlite_utils.Database) -> None:
+    # A suite's `notify:` URLs, as of its latest submit, for the daemon's notifications.
+    db.execute(  # one statement, not executescript: that would commit the migration's transaction
+        """
+        CREATE TABLE suite_notify (
+            suite TEXT PRIMARY KEY,
+            urls_json TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """
+    )

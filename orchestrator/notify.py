@@ -1,0 +1,120 @@
+"""Notifications: a one-line summary when a suite finishes or a job ends `failed`, sent through
+Apprise (Slack, Discord, Telegram, e-mail, ntfy, webhooks, ... with one URL scheme).
+
+Apprise is the optional `notify` extra: nothing here imports it until a URL is configured.
+Sending happens on a worker thread, so a slow endpoint never holds up a scheduling pass; URLs
+carry tokens, so they are never logged."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from orchestrator.errors import UsageError
+from orchestrator.store.db import Store
+from orchestrator.store.notify_queries import (
+    last_event_id,
+    suite_counts,
+    suite_notify_urls,
+    terminal_events_since,
+)
+
+log = logging.getLogger(__name__)
+INSTALL_HINT = "notifications need the notify extra: pip install 'orch[notify]' (Apprise)"
+
+
+def check_urls(urls: Sequence[str], what: str = "--notify") -> None:
+    """Refuse (UsageError, exit 2) a URL Apprise does not understand, or Apprise missing."""
+    if not urls:
+        return
+    try:
+        import apprise
+    except ImportError:
+        raise UsageError(f"{what}: {INSTALL_HINT}") from None
+    for url in urls:
+        if not apprise.Apprise().add(url):
+            shown = url.split("://", 1)[0] + "://…" if "://" in url else repr(url[:40])
+            raise UsageError(f"{what}: {shown} is not a notification URL Apprise understands "
+                             "(e.g. ntfy://TOPIC, slack://…, json://HOST:PORT/PATH)")
+
+
+def job_failed_line(job: dict[str, Any]) -> str:
+    reason = (job.get("reason") or "no reason recorded").splitlines()[0][:300]
+    return (f"orch: job {job['id']} failed ({job['suite']}/{job['config_name']} seed {job['seed']} "
+            f"{job['data']}): {reason}")
+
+
+def suite_finished_line(suite: str, counts: dict[str, int], db: str) -> str:
+    parts = [f"{counts.get(s, 0)} {s}" for s in ("succeeded", "failed", "cancelled") if counts.get(s)]
+    return f"orch: suite {suite} finished: {', '.join(parts) or 'no jobs'} ({db})"
+
+
+class Sender:
+    """Sends on one background thread; `close` waits for what is queued."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orch-notify")
+
+    def send(self, urls: Iterable[str], title: str, body: str) -> None:
+        targets = sorted(set(urls))
+        if targets:
+            self._pool.submit(_deliver, targets, title, body)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _deliver(urls: list[str], title: str, body: str) -> bool:
+    try:
+        import apprise
+
+        sender = apprise.Apprise()
+        for url in urls:
+            sender.add(url)
+        ok = bool(sender.notify(title=title, body=body))
+    except Exception:  # a notification must never take the daemon down
+        log.warning("notification failed: %s", title, exc_info=True)
+        return False
+    if ok:
+        log.info("notification sent to %d URL(s): %s", len(urls), title)
+    else:
+        log.warning("notification to %d URL(s) not delivered: %s", len(urls), title)
+    return ok
+
+
+class Watcher:
+    """Turns job events into notifications: each pass reads the events since the last one."""
+
+    def __init__(self, store: Store, daemon_urls: Sequence[str], sender: Sender | None = None) -> None:
+        self.store = store
+        self.daemon_urls = tuple(daemon_urls)
+        self.sender = sender or Sender()
+        self.cursor = last_event_id(store)  # what happened before this daemon is not news
+
+    def poll(self) -> None:
+        events = terminal_events_since(self.store, self.cursor)
+        if not events:
+            return
+        self.cursor = max(e["event_id"] for e in events)
+        suites: dict[str, None] = {}
+        for event in events:
+            suites[event["suite"]] = None
+            if event["to_state"] == "failed":
+                urls = self._urls(event["suite"])
+                if urls:
+                    self.sender.send(urls, f"orch: job {event['id']} failed", job_failed_line(event))
+        for suite in suites:
+            counts = suite_counts(self.store, suite)
+            if counts.get("queued", 0) == 0 and counts.get("running", 0) == 0:
+                urls = self._urls(suite)
+                if urls:
+                    line = suite_finished_line(suite, counts, str(self.store.path))
+                    self.sender.send(urls, f"orch: suite {suite} finished", line)
+
+    def _urls(self, suite: str) -> list[str]:
+        return [*self.daemon_urls, *suite_notify_urls(self.store, suite)]
+
+    def close(self) -> None:
+        self.sender.close()
