@@ -4,7 +4,6 @@ and what each writes (or must not write)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import click
@@ -280,26 +279,6 @@ def test_every_command_has_help(orch_inproc: OrchRunner) -> None:
         result = orch_inproc(*path, "--help")
         assert result.rc == 0, path
         assert result.stdout.startswith("Usage: orch " + " ".join(path)), path
-
-
-_README_COMMAND = re.compile(r"(?<![\w./-])orch[ \t]+([a-z][a-z-]*)(?:[ \t]+([a-z][a-z-]*))?")
-
-
-def test_readme_commands_exist() -> None:
-    readme = REPO_ROOT / "README.md"
-    if not readme.exists():
-        pytest.skip("no README.md yet")
-    blocks = re.findall(r"```[^\n]*\n(.*?)```", readme.read_text(encoding="utf-8"), flags=re.S)
-    _register()
-    seen = 0
-    for block in blocks:
-        for name, sub in _README_COMMAND.findall(block):
-            command = cli.commands.get(name)
-            assert command is not None, f"README documents `orch {name}`, which is not a command"
-            if isinstance(command, click.Group) and sub:
-                assert sub in command.commands, f"README documents `orch {name} {sub}`, which is not a command"
-            seen += 1
-    assert seen > 0, "README.md has code blocks but no orch command in them"
 
 
 # ---------------------------------------------------------------- the real console entry point
