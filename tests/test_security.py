@@ -57,6 +57,11 @@ def test_a_sim_job_through_the_daemon_leaves_only_private_files(orch: Orch) -> N
         orch.submit("sec", "1:a")
         orch.start_daemon()
         assert orch.wait_all_done(60) == {1: "succeeded"}
+        # asked while the daemon runs: a daemon that stops with nothing running takes its server along
+        socket_path = subprocess.run(
+            ["tmux", "-L", orch.socket, "display-message", "-p", "#{socket_path}"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
         orch.stop_daemon()
     finally:
         os.umask(old_umask)
@@ -67,10 +72,6 @@ def test_a_sim_job_through_the_daemon_leaves_only_private_files(orch: Orch) -> N
     db_files = list(orch.root.glob("state.db*"))
     assert db_files
     assert [p.name for p in db_files if stat.S_IMODE(p.stat().st_mode) != 0o600] == []
-    socket_path = subprocess.run(
-        ["tmux", "-L", orch.socket, "display-message", "-p", "#{socket_path}"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
     socket_dir = Path(socket_path).parent
     assert stat.S_IMODE(socket_dir.stat().st_mode) & GROUP_OTHER == 0, oct(socket_dir.stat().st_mode)
     assert socket_dir.stat().st_uid == os.getuid()
