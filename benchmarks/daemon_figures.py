@@ -76,6 +76,8 @@ def dispatch_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
                 started = pid_record.get("started_at")
                 started_s = started if isinstance(started, (int, float)) else _iso_to_s(str(started))
                 latencies.append(started_s - job["queued_at"])
+            # stopped with nothing running, the daemon takes its tmux server along
+            _wait(lambda: not store.query("SELECT 1 FROM jobs WHERE state IN ('queued', 'running')"), 60, "sweep end")
     finally:
         _orch(env, "daemon", "stop")
     return {

@@ -122,3 +122,19 @@ def test_piped_status_is_whole(orch_inproc: OrchRunner, db_path: Path) -> None:
     out = orch_inproc("status", "--once").stdout
     assert "…" not in out
     assert f"daemon not running for {db_path}" in out
+
+
+def test_a_paused_suite_is_said_once_not_on_every_waiting_job() -> None:
+    snap = snapshot(n_waiting=0, n_running=0, n_events=0)
+    snap["counts"]["queued"] = 5
+    reason = "3 attempts failed within 30 s of their start in 5 min"
+    snap["paused_suites"] = [{"suite": "E1", "reason": reason, "paused_at": time.time(), "queued": 4}]
+    snap["waiting"] = [{"id": i, "suite": "E1", "config": f"c{i}", "reason": "suite E1 is paused"} for i in range(4)]
+    snap["waiting"].append({"id": 9, "suite": "E5", "config": "other", "reason": LONG_REASON})
+    for width, height in ((None, None), (100, 40)):
+        console, buffer = terminal(120)
+        console.print(render_status(snap, width=width, height=height))
+        out = buffer.getvalue()
+        assert out.count(reason) == 1 and out.count("paused") == 2  # the panel's title and its one line
+        assert "4 queued job(s) wait for it" in out and "orch resume E1" in out
+        assert "job 9 other" in out and "job 0 c0" not in out
