@@ -12,9 +12,6 @@ import click
 from orchestrator.errors import UsageError
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.store import Store
-from orchestrator.wording import fmt_changes, fmt_settings, fmt_value
-
-__all__ = ["fmt_changes", "fmt_settings", "fmt_value"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,10 +13,8 @@ from rich.table import Table
 from orchestrator.cli.common import (
     db_option,
     echo_json,
-    fmt_changes,
     fmt_duration,
     fmt_mib,
-    fmt_settings,
     json_option,
     open_store,
     parse_job_ids,
@@ -32,6 +30,7 @@ from orchestrator.store.queries import (
     job_to_public,
     list_jobs,
 )
+from orchestrator.wording import fmt_changes, fmt_settings
 
 
 def _ts(value: float | None) -> str:

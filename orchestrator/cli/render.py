@@ -13,8 +13,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.common import fmt_changes, fmt_duration, fmt_mib
+from orchestrator.cli.common import fmt_duration, fmt_mib
 from orchestrator.cli.tables import fit_columns
+from orchestrator.wording import fmt_changes
 
 BAR_WIDTH = 24
 
