@@ -63,6 +63,9 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, as_json: bool, 
 
 
 def _print_table(summaries: list[ResultSummary], digits: int) -> None:
+    if not summaries:
+        click.echo("no results yet (only succeeded jobs with test metrics count)")
+        return
     table = Table(box=None, header_style="bold")
     for column in ("suite", "config", "task", "metric", "mean ± std", "n", "seeds", "levels"):
         table.add_column(column, overflow="fold")
@@ -72,9 +75,7 @@ def _print_table(summaries: list[ResultSummary], digits: int) -> None:
     if not console.is_terminal:
         console = Console(width=10_000)  # piped: never cut a value
     console.print(table)
-    if not summaries:
-        click.echo("no results yet (only succeeded jobs with test metrics count)")
-    elif any(s.mixed_levels for s in summaries):
+    if any(s.mixed_levels for s in summaries):
         click.echo(DAGGER_NOTE)
 
 
