@@ -212,3 +212,10 @@ def test_daemon_log_has_no_libtmux_chatter(tmp_path: Path) -> None:
         log = (tmp_path / "state.db.daemon.log").read_text()
     assert "window created" not in log
     assert os.path.getsize(tmp_path / "state.db.daemon.log") > 0
+
+
+def test_ladder_levels_are_described_in_yaml_words() -> None:
+    from orchestrator.ladder import Level
+
+    level = Level(1, "checkpointing", changes={"gradient_checkpointing": True, "logits_to_keep": None})
+    assert level.describe() == "level 1 (checkpointing): gradient_checkpointing=true, logits_to_keep=null"
