@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.store.db import Store
+from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import get_attempts, get_events, get_job, state_counts
 
 OOM_OUTCOMES = (AttemptOutcome.OOM.value, AttemptOutcome.HOST_OOM.value)
@@ -24,6 +26,7 @@ class GpuNow:
     orch_mib: int
     free_mib: int
     running: int
+    slots: int
 
     @property
     def foreign_mib(self) -> int:
@@ -111,12 +114,14 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
             None if step is None else int(step), None if total is None else int(total),
             _number(progress.get("loss")),
         ))
+    plan = get_gpu_plan(store)
     gpus = []
     for g in gpus_raw:
         on_gpu = [a for a in live if a["gpu_uuid"] == g["uuid"]]
         orch_mib = min(sum(a["held_mib"] or 0 for a in on_gpu), int(g["used_mib"]))
         gpus.append(GpuNow(int(g["index"]), str(g["uuid"]), str(g["name"]), int(g["total_mib"]),
-                           int(g["used_mib"]), orch_mib, int(g["free_mib"]), len(on_gpu)))
+                           int(g["used_mib"]), orch_mib, int(g["free_mib"]), len(on_gpu),
+                           plan.slots_for(int(g["index"]), DEFAULT_SLOTS)))
     counts = state_counts(store)
     waiting = store.query(
         "SELECT id, suite, config_name, seed, data, wait_reason FROM jobs WHERE state = ? "
