@@ -22,7 +22,7 @@ svg .lane{fill:#f4f6f9}svg .lane-label{font-size:11px;fill:#333}svg .axis-label{
 svg .tick{stroke:#e1e4e8;stroke-width:1}svg .tick-label{font-size:10px;fill:#666;text-anchor:middle}
 svg .lvl{font-size:9px;fill:#fff;pointer-events:none}svg .oom-mark{fill:#d64545;stroke:#fff;stroke-width:.6}
 svg g.attempt:hover rect{stroke:#000;stroke-width:1}
-svg.timeline{cursor:crosshair;background:#fff}svg.memory,svg.loss{background:#fff}
+svg.timeline{cursor:crosshair;background:#fff}svg.memory,svg.loss{background:#fff}svg.loss{max-width:720px;display:block}
 svg.dots .sd{stroke:#555;stroke-width:2}svg.dots .mean{stroke:#1d2330;stroke-width:2}svg.dots .seed{fill:#3b7dd8;fill-opacity:.75}
 pre.log{background:#11151c;color:#d8dee9;padding:8px;max-height:420px;overflow:auto;font-size:12px;white-space:pre-wrap}
 button{font:inherit;padding:2px 10px;cursor:pointer}
