@@ -62,7 +62,7 @@ def loss_curve(run_dir: str, max_points: int = MAX_CURVE_POINTS) -> list[LossPoi
         if not isinstance(record, dict):
             continue
         step, loss = record.get("step"), record.get("loss")
-        if _finite(step) and _finite(loss):
+        if isinstance(step, (int, float)) and isinstance(loss, (int, float)) and _finite(step) and _finite(loss):
             points.append(LossPoint(float(step), float(loss)))
     if len(points) > max_points:
         stride = math.ceil(len(points) / max_points)
