@@ -150,6 +150,7 @@ def test_cancel_is_refused_without_the_token_and_works_with_it(sweep: WebSweep, 
     assert sweep.orch.query("SELECT state FROM jobs WHERE id = ?", (long_job,))[0]["state"] == "running"
     # opened with the token it printed, the same button cancels
     page.goto(f"{sweep.url}/job/{long_job}?token={sweep.token}")
+    assert "token" not in page.url  # kept for the tab, gone from the address bar and history
     page.click("button:has-text('cancel')")
     wait_until(lambda: sweep.orch.query("SELECT state FROM jobs WHERE id = ?", (long_job,))[0]["state"] == "cancelled",
                60, "the job to be cancelled")

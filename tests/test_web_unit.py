@@ -174,6 +174,7 @@ def test_report_cli_writes_one_file(orch_inproc, db_path: Path, tmp_path: Path) 
     assert result.rc == 0, result.stderr
     html = out.read_text()
     assert 'data-summary="jobs">25<' in html and "<link" not in html and "src=" not in html
+    assert "Content-Security-Policy\" content=\"default-src 'none';" in html and "connect-src" not in html
     bad = orch_inproc("report", "--out", str(tmp_path / "missing" / "x.html"))
     assert bad.rc == 2 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
     assert not (tmp_path / "missing").exists()

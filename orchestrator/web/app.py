@@ -72,8 +72,9 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
 
     def timeline_page(request: Request) -> Response:
         a, b = _float_param(request, "from"), _float_param(request, "to")
-        query = f"?{request.url.query}" if request.url.query else ""
-        return page("Timeline", "timeline", "/fragment/timeline" + query, lambda s: views.timeline_view(s, a, b))
+        query = "&".join(f"{k}={v!r}" for k, v in (("from", a), ("to", b)) if v is not None)
+        url = "/fragment/timeline" + (f"?{query}" if query else "")
+        return page("Timeline", "timeline", url, lambda s: views.timeline_view(s, a, b))
 
     def timeline_fragment(request: Request) -> Response:
         a, b = _float_param(request, "from"), _float_param(request, "to")

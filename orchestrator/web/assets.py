@@ -36,6 +36,10 @@ JS = """
 (function(){
   var q = new URLSearchParams(location.search), token = q.get('token');
   try { if (token) sessionStorage.setItem('orch-token', token); else token = sessionStorage.getItem('orch-token'); } catch (e) {}
+  if (q.has('token')) {  // kept for this tab; out of the address bar, history and shared links
+    q.delete('token'); var rest = q.toString();
+    history.replaceState(null, '', location.pathname + (rest ? '?' + rest : ''));
+  }
   var live = document.getElementById('live'), busy = false, again = false, sort = null;
   function applySort(){
     if (!sort) return;

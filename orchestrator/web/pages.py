@@ -29,6 +29,12 @@ PAGES = (("overview", "/", "Overview"), ("timeline", "/timeline", "Timeline"),
 COUNT_ORDER = ("queued", "running", "succeeded", "failed", "cancelled")
 
 
+# Nothing is loaded from anywhere: inline style and script, SVG in the page; a live page may
+# talk to its own server only (the report to nothing at all).
+CSP_LIVE = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; img-src data:"
+CSP_STATIC = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+
+
 def layout(title: str, active: str, body: str, *, fragment_url: str | None = None, nav: bool = True) -> str:
     links = "".join(
         f'<a href="{href}"{" class=active" if key == active else ""}>{label}</a>' for key, href, label in PAGES
@@ -37,6 +43,7 @@ def layout(title: str, active: str, body: str, *, fragment_url: str | None = Non
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP_LIVE if fragment_url else CSP_STATIC}">'
         f"<title>{escape(title)} · orch</title><style>{CSS}</style></head>"
         f'<body data-page="{escape(active)}"><header><span class="brand">orch</span>{links}</header>'
         f'<main><div id="live"{live}>{body}</div><p id="action-result" class="muted"></p></main>'
