@@ -58,12 +58,27 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebSweep]:
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[WebSweep]:
+    # the browser starts first (slow on a loaded machine), so the short jobs are still running
+    # when the first page opens
     with orch_env(tmp_path_factory.mktemp("web")) as orch:
         # this checkout's orch, whatever an editable install elsewhere points at
         orch.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         # short jobs end while the page is open; long ones stay running for the cancel test
-        orch.write_suite("w", {"short": {"sim_mem_gib": 5, "sim_seconds": 6},
+        orch.write_suite("w", {"short": {"sim_mem_gib": 5, "sim_seconds": 10},
                                "long": {"sim_mem_gib": 5, "sim_seconds": 90}}, mem_gib=6, hang_timeout_s=120)
         orch.submit("w", "1:glue_rte 2:glue_rte", "--gpu-plan", "2,1")
         port = _free_port()
@@ -83,19 +98,6 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebSweep]:
             except subprocess.TimeoutExpired:
                 web.kill()
                 web.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture
@@ -169,13 +171,18 @@ def test_timeline_has_one_bar_per_attempt(sweep: WebSweep, page: Any) -> None:
     assert "seed" in title and "peak" in title and "level" in title
     page.screenshot(path=str(ARTIFACTS / "timeline.png"), full_page=True)
     # drag across the chart: the view zooms to that time range without a reload
-    box = page.locator("svg.timeline").bounding_box()
-    below_bars = box["y"] + box["height"] - 6  # the time axis: a drag that starts on a bar opens its job
-    page.mouse.move(box["x"] + box["width"] * 0.6, below_bars)
-    page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * 0.9, below_bars, steps=4)
-    page.mouse.up()
-    wait_until(lambda: "from=" in page.url, 10, "the zoomed range in the address")
+
+    def drag_across() -> bool:
+        # the chart grows while attempts start, so measure it right before each try
+        box = page.locator("svg.timeline").bounding_box()
+        below_bars = box["y"] + box["height"] - 6  # the time axis: a drag that starts on a bar opens its job
+        page.mouse.move(box["x"] + box["width"] * 0.6, below_bars)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.9, below_bars, steps=4)
+        page.mouse.up()
+        return "from=" in page.url
+
+    wait_until(drag_across, 20, "the zoomed range in the address", poll_s=0.5)
     wait_until(lambda: "show the whole sweep" in (page.text_content("#live") or ""), 15, "the zoomed view")
 
 

@@ -56,7 +56,7 @@ JS = """
   }
   function refresh(){
     if (!live || !live.dataset.fragment) return;
-    if (busy) { again = true; return; }
+    if (busy || drag) { again = true; return; }  // a swap mid-drag would lose the selection
     busy = true;
     fetch(live.dataset.fragment, {cache: 'no-store'}).then(function(r){ return r.ok ? r.text() : null; })
       .then(function(html){
@@ -91,20 +91,20 @@ JS = """
   document.addEventListener('mousedown', function(ev){
     var svg = ev.target.closest('svg.timeline');
     if (!svg || !live || !live.dataset.fragment || ev.target.closest('a')) return;
-    drag = {svg: svg, x: ev.clientX, y: ev.clientY}; ev.preventDefault();
+    drag = {rect: svg.getBoundingClientRect(), d: svg.dataset, x: ev.clientX}; ev.preventDefault();
     sel = document.getElementById('selection');
   });
   document.addEventListener('mousemove', function(ev){
     if (!drag || !sel) return;
-    var r = drag.svg.getBoundingClientRect();
+    var r = drag.rect;
     sel.style.display = 'block'; sel.style.left = Math.min(drag.x, ev.clientX) + 'px';
     sel.style.width = Math.abs(ev.clientX - drag.x) + 'px'; sel.style.top = r.top + 'px'; sel.style.height = r.height + 'px';
   });
   document.addEventListener('mouseup', function(ev){
     if (!drag) return;
-    var svg = drag.svg, r = svg.getBoundingClientRect(), d = svg.dataset, x0 = drag.x; drag = null;
+    var r = drag.rect, d = drag.d, x0 = drag.x; drag = null;
     if (sel) sel.style.display = 'none';
-    if (Math.abs(ev.clientX - x0) < 5) return;
+    if (Math.abs(ev.clientX - x0) < 5) { if (again) { again = false; refresh(); } return; }
     function t(cx){ var x = (cx - r.left) / r.width * +d.width;
       return +d.t0 + Math.min(Math.max((x - +d.left) / +d.plotWidth, 0), 1) * (+d.t1 - +d.t0); }
     var a = t(Math.min(x0, ev.clientX)), b = t(Math.max(x0, ev.clientX));
