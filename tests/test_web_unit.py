@@ -13,7 +13,7 @@ from orchestrator.store import Store
 from orchestrator.store.gpu_samples import GpuReading, gpu_sample_series, record_gpu_samples
 from orchestrator.store.web_queries import AttemptSpan, attempt_spans, overview, sweep_counts
 from orchestrator.web.charts import pack_lanes, timeline_svg
-from orchestrator.web.runfiles import loss_curve, read_tail
+from orchestrator.web.runfiles import loss_curve, read_result_json, read_tail
 from orchestrator.web.summary import occupancy
 
 starlette = pytest.importorskip("starlette", reason="needs the web extra")
@@ -111,6 +111,14 @@ def test_run_dir_reads_are_bounded_and_refuse_symlinks(tmp_path: Path) -> None:
     (run / "progress.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(5000)))
     curve = loss_curve(str(run), max_points=100)
     assert len(curve) <= 101 and curve[-1].step == 4999
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"metrics": {"test": {"accuracy": 1.0}}}))
+    (run / "result.json").symlink_to(other)
+    assert read_result_json(str(run)) is None
+    (run / "result.json").unlink()
+    (run / "result.json").write_text(json.dumps({"metrics": {"test": {"accuracy": 0.5}}}) + " " * 2048)
+    assert read_result_json(str(run)) == {"metrics": {"test": {"accuracy": 0.5}}}
+    assert read_result_json(str(run), max_bytes=1024) is None  # too large: not read at all
 
 
 @pytest.fixture

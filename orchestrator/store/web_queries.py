@@ -302,12 +302,20 @@ def succeeded_runs(store: Store, suite: str | None = None) -> list[SucceededRun]
     return [SucceededRun(**r) for r in store.query(sql + " ORDER BY j.id", params)]
 
 
-def change_marker(store: Store) -> tuple[Any, ...]:
-    """Changes whenever something a page shows changes: an event, a heartbeat of progress, a
-    memory sample. Cheap (three index lookups), so a live page can ask every second."""
+@dataclass(frozen=True)
+class ChangeMarker:
+    """What a page may need to redraw for; cheap (three index lookups), so a live page can
+    ask every second."""
+
+    events: int | None  # newest event: a state change, a retry, a cancel, ...
+    progress: float | None  # newest heartbeat of a live attempt (step, loss)
+    samples: int | None  # newest memory sample
+
+
+def change_marker(store: Store) -> ChangeMarker:
     row = store.query(
         "SELECT (SELECT max(id) FROM events) AS e, "
         "(SELECT max(last_progress_at) FROM attempts WHERE outcome IS NULL) AS p, "
         "(SELECT max(id) FROM gpu_samples) AS g"
     )[0]
-    return (row["e"], row["p"], row["g"])
+    return ChangeMarker(row["e"], row["p"], row["g"])

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -27,7 +29,7 @@ from starlette.routing import Route
 from orchestrator.actions import cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
 from orchestrator.store.db import Store
-from orchestrator.store.web_queries import change_marker
+from orchestrator.store.web_queries import ChangeMarker, change_marker
 from orchestrator.web import pages, views
 from orchestrator.web.results_view import MetricsCache, result_table
 
@@ -58,7 +60,7 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
     def page(title: str, active: str, fragment_url: str, render: Callable[[Store], str]) -> HTMLResponse:
         with store() as s:
             body = render(s)
-        return HTMLResponse(pages.layout(title, active, body, fragment_url=fragment_url))
+        return HTMLResponse(pages.layout(title, active, body, fragment_url=fragment_url, watch=pages.WATCH[active]))
 
     def fragment(render: Callable[[Store], str]) -> HTMLResponse:
         with store() as s:
@@ -107,18 +109,19 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
                                  headers={"Content-Disposition": 'attachment; filename="results.csv"'})
 
     async def stream(request: Request) -> Response:
-        def marker() -> tuple[object, ...]:
+        def marker() -> ChangeMarker:
             with store() as s:
                 return change_marker(s)
 
         async def events() -> AsyncIterator[str]:
-            last: tuple[object, ...] | None = None
+            last: ChangeMarker | None = None
             quiet_s = 0.0
             while not await request.is_disconnected():
                 current = await run_in_threadpool(marker)
                 if current != last:
                     last, quiet_s = current, 0.0
-                    yield "event: change\ndata: {}\n\n"
+                    # each page redraws only for what it shows (data-watch on the page)
+                    yield f"event: change\ndata: {json.dumps(asdict(current))}\n\n"
                 elif quiet_s >= KEEPALIVE_S:
                     quiet_s = 0.0
                     yield ": keep-alive\n\n"

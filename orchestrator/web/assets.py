@@ -66,7 +66,15 @@ JS = """
   }
   if (live && live.dataset.fragment && window.EventSource) {
     var es = new EventSource('/api/stream');
-    es.addEventListener('change', refresh);
+    var seen = null, watch = (live.dataset.watch || '').split(' ').filter(Boolean);
+    es.addEventListener('change', function(ev){
+      var now = {}; try { now = JSON.parse(ev.data); } catch (e) {}
+      var moved = seen === null ? false : watch.some(function(k){ return now[k] !== seen[k]; });
+      // the first message only says where things stand: something may have changed since the
+      // page was drawn, so redraw once
+      if (seen === null || moved) refresh();
+      seen = now;
+    });
     es.addEventListener('open', function(){ document.body.dataset.live = 'yes'; });
   }
   document.addEventListener('click', function(ev){

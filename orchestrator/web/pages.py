@@ -35,11 +35,24 @@ CSP_LIVE = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-in
 CSP_STATIC = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
 
-def layout(title: str, active: str, body: str, *, fragment_url: str | None = None, nav: bool = True) -> str:
+# What each live page redraws for (fields of store.web_queries.ChangeMarker). The timeline
+# follows memory samples too, a clock every few seconds, so running bars grow.
+WATCH = {
+    "overview": ("events", "progress", "samples"),
+    "timeline": ("events", "samples"),
+    "memory": ("samples",),
+    "job": ("events", "progress"),
+    "results": ("events",),
+}
+
+
+def layout(
+    title: str, active: str, body: str, *, fragment_url: str | None = None, watch: tuple[str, ...] = (), nav: bool = True
+) -> str:
     links = "".join(
         f'<a href="{href}"{" class=active" if key == active else ""}>{label}</a>' for key, href, label in PAGES
     ) if nav else ""
-    live = f' data-fragment="{escape(fragment_url)}"' if fragment_url else ""
+    live = f' data-fragment="{escape(fragment_url)}" data-watch="{escape(" ".join(watch))}"' if fragment_url else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
-from orchestrator.reconcile import read_result
 from orchestrator.results import ResultRow, aggregate, primary_metric, to_csv
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import succeeded_runs
+from orchestrator.web.runfiles import read_result_json
 
 
 @dataclass(frozen=True)
@@ -44,8 +43,8 @@ class MetricsCache:
         with self._lock:
             if run_dir in self._metrics:
                 return self._metrics[run_dir]
-        result = read_result(Path(run_dir))
-        metrics = (result or {}).get("metrics", {}) if result else None
+        result = read_result_json(run_dir)
+        metrics = result.get("metrics") if result else None
         test = metrics.get("test") if isinstance(metrics, dict) else None
         numeric = (
             {k: float(v) for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

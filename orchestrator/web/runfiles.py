@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG_TAIL_BYTES = 32 * 1024
+RESULT_MAX_BYTES = 1024 * 1024
 PROGRESS_TAIL_BYTES = 1024 * 1024
 MAX_CURVE_POINTS = 400
 
@@ -38,6 +39,19 @@ def read_tail(path: Path, max_bytes: int) -> bytes:
         return b""
     finally:
         os.close(fd)
+
+
+def read_result_json(run_dir: str, max_bytes: int = RESULT_MAX_BYTES) -> dict[str, object] | None:
+    """result.json as a dict; None when missing, a symlink, larger than `max_bytes` or not a
+    JSON object."""
+    data = read_tail(Path(run_dir) / "result.json", max_bytes + 1)
+    if not data or len(data) > max_bytes:
+        return None
+    try:
+        value = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def log_tail(run_dir: str, max_bytes: int = LOG_TAIL_BYTES) -> str:
