@@ -5,9 +5,11 @@ reload). Actions change state only by POST with the token printed at start."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import math
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -181,6 +183,26 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
         Route("/api/jobs/{job_id:int}/retry", retry, methods=["POST"]),
         Route("/api/suites/{suite}/resume", resume, methods=["POST"]),
     ]
+    warmed = threading.Event()
+
+    def warm_up() -> None:
+        # Read every succeeded run's result.json once, in the background at start: it is the
+        # one slow part of a large sweep's Results page (about 0.3 s for 10,000 jobs).
+        try:
+            with store() as s:
+                result_table(s, cache)
+        except Exception:  # the page reads them itself then, and shows any error there
+            pass
+        finally:
+            warmed.set()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        threading.Thread(target=warm_up, name="orch-web-warm-up", daemon=True).start()
+        yield
+
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)] if loopback_only else []
-    return Starlette(routes=routes, middleware=middleware,
-                     exception_handlers={JobNotFound: on_not_found, UsageError: on_bad_input})
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={JobNotFound: on_not_found, UsageError: on_bad_input})
+    app.state.results_warmed = warmed
+    return app
