@@ -55,10 +55,11 @@ def record_gpu_samples(
     readings = list(readings)
     if not readings:
         return False
+    # checked before taking the write lock: most ticks write nothing (one daemon per state.db)
+    last = store.query("SELECT max(ts) AS ts FROM gpu_samples")[0]["ts"]
+    if last is not None and ts - float(last) < every_s:
+        return False
     with store.write():
-        last = store.db.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
-        if last is not None and ts - float(last) < every_s:
-            return False
         held = {
             row[0]: int(row[1] or 0)
             for row in store.db.execute(
