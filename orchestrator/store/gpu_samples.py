@@ -56,7 +56,8 @@ def record_gpu_samples(
     if not readings:
         return False
     # checked before taking the write lock: most ticks write nothing (one daemon per state.db)
-    last = store.query("SELECT max(ts) AS ts FROM gpu_samples")[0]["ts"]
+    newest = store.query("SELECT ts FROM gpu_samples ORDER BY id DESC LIMIT 1")  # by rowid: no scan
+    last = newest[0]["ts"] if newest else None
     if last is not None and ts - float(last) < every_s:
         return False
     with store.write():
