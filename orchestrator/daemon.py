@@ -32,6 +32,7 @@ from orchestrator.packing import PackingPolicy
 from orchestrator.reconcile import Verdict, disagreement, judge, mark_lost, observe
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
+from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,11 @@ class Daemon:
         schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
         self.notifier.poll()
         self._heartbeat(snapshots)
+        record_gpu_samples(  # the memory history the web page and the report draw
+            self.store,
+            [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
+            now_s(),
+        )
         self._exit_files = [
             Path(row["run_dir"]) / EXIT_FILE
             for row in self.store.query("SELECT run_dir FROM attempts WHERE outcome IS NULL")

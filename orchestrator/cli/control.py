@@ -8,13 +8,11 @@ from pathlib import Path
 
 import click
 
+from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store, parse_job_ids
-from orchestrator.daemon_state import daemon_alive, tmux_socket_name
+from orchestrator.daemon_state import tmux_socket_name
 from orchestrator.errors import UsageError
-from orchestrator.lifecycle import JobState
-from orchestrator.reconcile import group_is_ours
 from orchestrator.store.db import Store
-from orchestrator.store.jobs import add_event, cancel_queued, transition
 from orchestrator.store.queries import get_job
 
 
@@ -34,22 +32,6 @@ def _select(store: Store, job_args: tuple[str, ...], suite: str | None, all_jobs
     return [r["id"] for r in rows]
 
 
-def _stop_running(store: Store, job_id: int, why: str) -> bool:
-    """Ask for the live attempt to be stopped; the daemon records the end. Without a daemon,
-    kill the process group here so nothing keeps running unseen."""
-    with store.write():
-        rows = store.query("SELECT id, pgid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
-        if not rows:
-            return False
-        store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why, rows[0]["id"]])
-        add_event(store, why, f"{why} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
-    if daemon_alive(store) is None and rows[0]["pgid"] and group_is_ours(rows[0]["pgid"], rows[0]["proc_create_time"]):
-        from orchestrator.launch.base import kill_process_group
-
-        kill_process_group(int(rows[0]["pgid"]))
-    return True
-
-
 @click.command("cancel")
 @click.argument("jobs", nargs=-1)
 @click.option("--suite", default=None, help="Cancel every queued or running job of a suite.")
@@ -63,14 +45,13 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
     skipped: list[dict[str, object]] = []
     with open_store(db_path) as store:
         for job_id in _select(store, jobs, suite, all_jobs, ("queued", "running")):
-            state = get_job(store, job_id)["state"]
-            if state == JobState.QUEUED.value:
-                cancel_queued(store, job_id, "cancelled by user")
+            done = cancel_job(store, job_id)
+            if done is Done.CANCELLED:
                 cancelled.append(job_id)
-            elif state == JobState.RUNNING.value and _stop_running(store, job_id, "cancel"):
+            elif done is Done.STOPPING:
                 stopping.append(job_id)
             else:
-                skipped.append({"id": job_id, "state": state})
+                skipped.append({"id": job_id, "state": get_job(store, job_id)["state"]})
     if as_json:
         echo_json({"cancelled": cancelled, "stopping": stopping, "skipped": skipped})
         return
@@ -91,17 +72,10 @@ def retry_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json:
     restarting: list[int] = []
     with open_store(db_path) as store:
         for job_id in _select(store, jobs, suite, all_jobs, ("failed", "cancelled")):
-            job = get_job(store, job_id)
-            if job["state"] in (JobState.FAILED.value, JobState.CANCELLED.value):
-                transition(
-                    store, job_id, JobState.QUEUED, message="requeued by orch retry", kind="retry",
-                    fields={"reason": None, "max_attempts": job["attempt_count"] + max(job["max_attempts"], 1)},
-                )
+            if retry_job(store, job_id) is Done.REQUEUED:
                 requeued.append(job_id)
-            elif job["state"] == JobState.RUNNING.value and _stop_running(store, job_id, "retry"):
-                restarting.append(job_id)
             else:
-                raise UsageError(f"job {job_id} is {job['state']}: only failed, cancelled or running jobs can be retried")
+                restarting.append(job_id)
     if as_json:
         echo_json({"requeued": requeued, "restarting": restarting})
         return
@@ -113,11 +87,8 @@ def retry_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json:
 @db_option
 def resume_cmd(suite: str, db_path: Path) -> None:
     """Resume a suite the crash-loop guard paused."""
-    with open_store(db_path) as store, store.write():
-        cursor = store.db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
-        if not cursor.rowcount:
-            raise UsageError(f"suite {suite!r} is not paused")
-        add_event(store, "resume", f"suite {suite} resumed by user")
+    with open_store(db_path) as store:
+        resume_suite(store, suite)
     click.echo(f"suite {suite} resumed")
 
 

@@ -1,0 +1,184 @@
+"""Response time of every page of `orch web` over a state.db of 10,000 jobs.
+
+    python -m benchmarks.web_load [--jobs 10000] [--repeat 5]
+
+Builds a synthetic sweep in a temp dir (jobs over 7 GPUs with their attempts, one in ten
+OOM'd once and retried, run dirs with result.json and progress.jsonl, events, a full memory
+sample table), serves it with uvicorn on a free local port, and prints each page's time over
+real HTTP once the server is up (it reads every result.json once at start, timed apart): the
+first request and the median of the next --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from orchestrator.store.db import Store
+from orchestrator.store.gpu_samples import MAX_ROWS_PER_GPU
+
+GPUS = 7
+CARD_MIB = 24 * 1024
+TASKS = ("glue-tvt_qnli", "glue-tvt_rte", "glue-tvt_sst2", "glue-tvt_mrpc")
+GOAL_S = 0.5
+
+
+def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 200, seed: int = 0) -> None:
+    """A state.db with `n_jobs` jobs: `running` running, `queued` queued, the rest succeeded
+    (one in ten after an OOM'd first attempt). Run dirs sit beside the database."""
+    rng = random.Random(seed)
+    runs = db_path.parent / "runs"
+    t_start = time.time() - 3600 * 24
+    jobs, attempts, events = [], [], []
+    gpu_clock = [t_start] * GPUS
+    attempt_id = 0
+    for job_id in range(1, n_jobs + 1):
+        config, task, jseed = f"c{job_id % 44:02d}", TASKS[job_id % len(TASKS)], job_id // 176
+        state = "succeeded"
+        if job_id > n_jobs - queued:
+            state = "queued"
+        elif job_id > n_jobs - queued - running:
+            state = "running"
+        ts = t_start
+        jobs.append((job_id, f"id{job_id}", "E1", config, f"configs/E1/{config}.yaml", "{}", jseed, task, "{}", "{}",
+                     "sim", 8192, None, 0, state, 0, 0, 8, 0, None, 3600.0, None,
+                     "GPU 0: 2.0 GiB free, needs 9.1 GiB" if state == "queued" else None, ts, ts, ts))
+        events.append((ts, job_id, None, "submitted", None, "queued", f"queued E1/{config} seed {jseed} on {task}", None))
+        if state == "queued":
+            continue
+        n_attempts = 2 if job_id % 10 == 0 else 1
+        for n in range(1, n_attempts + 1):
+            attempt_id += 1
+            gpu = rng.randrange(GPUS)
+            started = gpu_clock[gpu] + rng.uniform(0, 5)
+            duration = rng.uniform(60, 240) if n == n_attempts else rng.uniform(10, 30)
+            live = state == "running" and n == n_attempts
+            ended = None if live else started + duration
+            gpu_clock[gpu] = started + duration / 2  # about two attempts share a card at a time
+            outcome = None if live else ("oom" if n < n_attempts else "succeeded")
+            run_dir = runs / f"{job_id:06d}" / f"attempt-{n}"
+            run_dir.mkdir(parents=True)
+            if outcome == "succeeded":
+                (run_dir / "result.json").write_text(json.dumps(
+                    {"status": "succeeded", "metrics": {"test": {"accuracy": 0.8 + rng.gauss(0, 0.02), "f1": 0.7}}}))
+            (run_dir / "progress.jsonl").write_text("".join(
+                json.dumps({"step": s, "total": 50, "loss": 2 / (1 + 0.1 * s)}) + "\n" for s in range(1, 51)))
+            (run_dir / "stdout.log").write_text("step 50/50 loss 0.33\n" * 200)
+            attempts.append((attempt_id, job_id, n, gpu, f"GPU-{gpu:04d}", n - 1, "as_configured", "{}", "{}", 0,
+                             str(run_dir), 9000, "measured", 0, 8000 if live else 0, 9500, 1, started,
+                             ended, outcome, None if live else 0, None if live else "done",
+                             json.dumps({"step": 20, "total": 50, "loss": 0.7}) if live else None,
+                             started if live else None))
+            events.append((started, job_id, attempt_id, "start", "queued", "running", f"attempt {n} started on GPU {gpu}", None))
+            if not live:
+                to = "queued" if outcome == "oom" else "succeeded"
+                data = json.dumps({"retry": {"from_level": 0, "to_level": 1, "why": "oom"}}) if outcome == "oom" else None
+                events.append((ended, job_id, attempt_id, f"end:{outcome}", "running", to, f"attempt {n} {outcome}", data))
+    now = time.time()
+    gpus_json = json.dumps([
+        {"index": g, "uuid": f"GPU-{g:04d}", "name": "Simulated 24GiB", "total_mib": CARD_MIB, "used_mib": 18000,
+         "free_mib": CARD_MIB - 18000, "utilization_pct": None, "processes": []} for g in range(GPUS)
+    ])
+    samples = [
+        (t_start + i * 43.0, g, f"GPU-{g:04d}", CARD_MIB, 15000 + (i * 37 % 8000), 12000 + (i * 29 % 3000),
+         CARD_MIB - 15000 - (i * 37 % 8000))
+        for g in range(GPUS) for i in range(MAX_ROWS_PER_GPU)
+    ]
+    with Store(db_path) as store, store.write():
+        conn = store.db.conn
+        conn.executemany(
+            "INSERT INTO jobs (id, identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
+            "env_json, worker, declared_mib, allowed_gpus_json, priority, state, level, attempt_count, max_attempts, "
+            "one_token, ladder_json, hang_timeout_s, reason, wait_reason, queued_at, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", jobs)
+        conn.executemany(
+            "INSERT INTO attempts (id, job_id, n, gpu_index, gpu_uuid, level, level_step, changes_json, overrides_json, "
+            "run_alone, run_dir, predicted_peak_mib, prediction_source, reserved_mib, held_mib, peak_mib, reached_peak, "
+            "started_at, ended_at, outcome, exit_code, reason, progress_json, last_progress_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", attempts)
+        conn.execute("UPDATE jobs SET attempt_count = (SELECT count(*) FROM attempts a WHERE a.job_id = jobs.id)")
+        conn.executemany(
+            "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", events)
+        conn.executemany(
+            "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)", samples)
+        conn.execute("INSERT INTO daemon (id, pid, heartbeat_at, gpus_json) VALUES (1, NULL, ?, ?)", [now, gpus_json])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as response:
+        size = len(response.read())
+    return time.perf_counter() - started, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    import uvicorn
+
+    from orchestrator.web.app import create_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db_path = Path(tmp) / "state.db"
+        t0 = time.perf_counter()
+        build_sweep(db_path, args.jobs)
+        with Store(db_path) as store:
+            n_attempts = store.query("SELECT count(*) AS n FROM attempts")[0]["n"]
+        print(f"built {args.jobs} jobs, {n_attempts} attempts, {GPUS} GPUs in {time.perf_counter() - t0:.1f} s")
+        from orchestrator.web.results_view import MetricsCache, result_table
+
+        started = time.perf_counter()
+        with Store(db_path) as store:
+            result_table(store, MetricsCache())
+        print(f"reading every result.json once (what the server does at start): {time.perf_counter() - started:.3f} s")
+        port = _free_port()
+        app = create_app(db_path, "benchmark")
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        while not app.state.results_warmed.wait(0.05):
+            pass  # uvicorn starting in its thread, then the start-up read
+        print(f"server up and results read {time.perf_counter() - started:.3f} s after start")
+        pages = ["/", "/timeline", "/memory", f"/job/{args.jobs // 2}", "/results", "/results.csv",
+                 "/fragment/overview", "/fragment/timeline", "/fragment/results"]
+        print(f"{'page':<22}{'first (s)':>10}{'median (s)':>12}{'KiB':>8}  goal < {GOAL_S} s")
+        worst = 0.0
+        for page in pages:
+            first, size = _get(f"http://127.0.0.1:{port}{page}")
+            times = [_get(f"http://127.0.0.1:{port}{page}")[0] for _ in range(args.repeat)]
+            median = statistics.median(times)
+            worst = max(worst, first, median)
+            print(f"{page:<22}{first:>10.3f}{median:>12.3f}{size / 1024:>8.0f}  {'ok' if max(first, median) < GOAL_S else 'SLOW'}")
+        print(f"slowest: {worst:.3f} s ({'within' if worst < GOAL_S else 'over'} the {GOAL_S} s goal)")
+        server.should_exit = True
+        thread.join(timeout=10)
+        from orchestrator.web.report import render_report
+
+        started = time.perf_counter()
+        with Store(db_path) as store:
+            html = render_report(store)
+        print(f"orch report: {time.perf_counter() - started:.3f} s, {len(html.encode()) / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Cancel, retry, resume: the changes a user asks for, shared by the CLI and the web page."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from orchestrator.daemon_state import daemon_alive
+from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState
+from orchestrator.reconcile import group_is_ours
+from orchestrator.store.control import request_stop, unpause_suite
+from orchestrator.store.db import Store
+from orchestrator.store.jobs import cancel_queued, transition
+from orchestrator.store.queries import get_job
+
+
+class Done(str, Enum):
+    CANCELLED = "cancelled"  # a queued job, now cancelled
+    REQUEUED = "requeued"  # a failed or cancelled job, queued again
+    STOPPING = "stopping"  # a running job: the daemon stops it and records the end
+    SKIPPED = "skipped"  # nothing to do in its state
+
+
+def _stop_running(store: Store, job_id: int, why: str) -> bool:
+    """Ask for the live attempt to be stopped; the daemon records the end. Without a daemon,
+    kill the process group here so nothing keeps running unseen."""
+    live = request_stop(store, job_id, why)
+    if live is None:
+        return False
+    if daemon_alive(store) is None and live.pgid and group_is_ours(live.pgid, live.proc_create_time):
+        from orchestrator.launch.base import kill_process_group
+
+        kill_process_group(int(live.pgid))
+    return True
+
+
+def cancel_job(store: Store, job_id: int) -> Done:
+    """Raises JobNotFound for an unknown id."""
+    state = get_job(store, job_id)["state"]
+    if state == JobState.QUEUED.value:
+        cancel_queued(store, job_id, "cancelled by user")
+        return Done.CANCELLED
+    if state == JobState.RUNNING.value and _stop_running(store, job_id, "cancel"):
+        return Done.STOPPING
+    return Done.SKIPPED
+
+
+def retry_job(store: Store, job_id: int) -> Done:
+    """Requeue a failed or cancelled job (attempt budget renewed); restart a running one.
+    Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
+    job = get_job(store, job_id)
+    if job["state"] in (JobState.FAILED.value, JobState.CANCELLED.value):
+        transition(
+            store, job_id, JobState.QUEUED, message="requeued by orch retry", kind="retry",
+            fields={"reason": None, "max_attempts": job["attempt_count"] + max(job["max_attempts"], 1)},
+        )
+        return Done.REQUEUED
+    if job["state"] == JobState.RUNNING.value and _stop_running(store, job_id, "retry"):
+        return Done.STOPPING
+    raise UsageError(f"job {job_id} is {job['state']}: only failed, cancelled or running jobs can be retried")
+
+
+def resume_suite(store: Store, suite: str) -> None:
+    """Raises UsageError when the suite is not paused."""
+    if not unpause_suite(store, suite):
+        raise UsageError(f"suite {suite!r} is not paused")

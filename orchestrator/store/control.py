@@ -1,0 +1,37 @@
+"""Writes behind the user's control actions (cancel, retry, resume), for the CLI and the web page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.store.db import Store
+from orchestrator.store.jobs import add_event
+
+
+@dataclass(frozen=True)
+class LiveProcess:
+    attempt_id: int
+    pgid: int | None
+    proc_create_time: float | None
+
+
+def request_stop(store: Store, job_id: int, why: str) -> LiveProcess | None:
+    """Mark the job's live attempt to be stopped (`why`: 'cancel' or 'retry'), with its event.
+    Returns its process group, or None when the job has no live attempt."""
+    with store.write():
+        rows = store.query("SELECT id, pgid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
+        if not rows:
+            return None
+        store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why, rows[0]["id"]])
+        add_event(store, why, f"{why} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
+    return LiveProcess(rows[0]["id"], rows[0]["pgid"], rows[0]["proc_create_time"])
+
+
+def unpause_suite(store: Store, suite: str) -> bool:
+    """Lift the crash-loop pause of `suite`; False when it was not paused."""
+    with store.write():
+        cursor = store.db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
+        if not cursor.rowcount:
+            return False
+        add_event(store, "resume", f"suite {suite} resumed by user")
+    return True

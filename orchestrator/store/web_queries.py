@@ -1,0 +1,321 @@
+"""Read-only queries behind `orch web` and `orch report`, returning typed rows. Nothing here
+writes. Every list a page shows is bounded, so a database of 10,000 jobs answers quickly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.plans import DEFAULT_SLOTS
+from orchestrator.store.db import Store
+from orchestrator.store.jobs import get_gpu_plan
+from orchestrator.store.queries import get_attempts, get_events, get_job, state_counts
+
+OOM_OUTCOMES = (AttemptOutcome.OOM.value, AttemptOutcome.HOST_OOM.value)
+
+
+@dataclass(frozen=True)
+class GpuNow:
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    used_mib: int
+    orch_mib: int
+    free_mib: int
+    running: int
+    slots: int
+
+    @property
+    def foreign_mib(self) -> int:
+        return max(0, self.used_mib - self.orch_mib)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: int
+    suite: str
+    config: str
+    seed: int
+    data: str
+    gpu: int
+    attempt: int
+    level: int
+    started_at: float
+    held_mib: int
+    predicted_mib: int
+    step: int | None
+    total: int | None
+    loss: float | None
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    job_id: int
+    suite: str
+    config: str
+    seed: int
+    data: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    ts: float
+    job_id: int | None
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PausedSuite:
+    suite: str
+    reason: str
+    paused_at: float
+
+
+@dataclass(frozen=True)
+class Overview:
+    counts: dict[str, int]
+    heartbeat_at: float | None
+    gpus: list[GpuNow]
+    running: list[RunningJob]
+    waiting: list[WaitingJob]
+    waiting_total: int
+    retries: list[EventRow]
+    paused: list[PausedSuite]
+
+
+def _number(value: Any) -> float | None:
+    # progress_json comes from a worker's file: keep only real numbers
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) -> Overview:
+    daemon = store.query("SELECT gpus_json, heartbeat_at FROM daemon WHERE id = 1")
+    gpus_raw = json.loads(daemon[0]["gpus_json"]) if daemon and daemon[0]["gpus_json"] else []
+    live = store.query(
+        "SELECT a.job_id, a.n, a.gpu_index, a.gpu_uuid, a.level, a.started_at, a.held_mib, "
+        "a.predicted_peak_mib, a.progress_json, j.suite, j.config_name, j.seed, j.data "
+        "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IS NULL ORDER BY a.gpu_index, a.id"
+    )
+    running = []
+    for a in live:
+        progress = json.loads(a["progress_json"]) if a["progress_json"] else {}
+        progress = progress if isinstance(progress, dict) else {}
+        step, total = _number(progress.get("step")), _number(progress.get("total"))
+        running.append(RunningJob(
+            a["job_id"], a["suite"], a["config_name"], a["seed"], a["data"], a["gpu_index"], a["n"],
+            a["level"], a["started_at"], a["held_mib"] or 0, a["predicted_peak_mib"],
+            None if step is None else int(step), None if total is None else int(total),
+            _number(progress.get("loss")),
+        ))
+    plan = get_gpu_plan(store)
+    gpus = []
+    for g in gpus_raw:
+        on_gpu = [a for a in live if a["gpu_uuid"] == g["uuid"]]
+        orch_mib = min(sum(a["held_mib"] or 0 for a in on_gpu), int(g["used_mib"]))
+        gpus.append(GpuNow(int(g["index"]), str(g["uuid"]), str(g["name"]), int(g["total_mib"]),
+                           int(g["used_mib"]), orch_mib, int(g["free_mib"]), len(on_gpu),
+                           plan.slots_for(int(g["index"]), DEFAULT_SLOTS)))
+    counts = state_counts(store)
+    waiting = store.query(
+        "SELECT id, suite, config_name, seed, data, wait_reason FROM jobs WHERE state = ? "
+        "ORDER BY priority DESC, id LIMIT ?", [JobState.QUEUED.value, waiting_limit],
+    )
+    retries = store.query(
+        "SELECT ts, job_id, kind, message FROM events WHERE data_json LIKE '%\"retry\"%' "
+        "ORDER BY id DESC LIMIT ?", [retries_limit],
+    )
+    return Overview(
+        counts=counts,
+        heartbeat_at=daemon[0]["heartbeat_at"] if daemon else None,
+        gpus=gpus,
+        running=running,
+        waiting=[WaitingJob(w["id"], w["suite"], w["config_name"], w["seed"], w["data"], w["wait_reason"]) for w in waiting],
+        waiting_total=counts.get(JobState.QUEUED.value, 0),
+        retries=[EventRow(**r) for r in retries],
+        paused=[PausedSuite(**p) for p in store.query("SELECT suite, reason, paused_at FROM paused_suites ORDER BY suite")],
+    )
+
+
+@dataclass(frozen=True)
+class AttemptSpan:
+    """One attempt as a bar on the timeline."""
+
+    attempt_id: int
+    job_id: int
+    n: int
+    gpu: int
+    level: int
+    level_step: str | None
+    outcome: str | None  # None while it runs
+    started_at: float
+    ended_at: float | None
+    suite: str
+    config: str
+    seed: int
+    data: str
+    peak_mib: int
+    predicted_mib: int
+
+
+_SPAN_SQL = (
+    "SELECT a.id AS attempt_id, a.job_id, a.n, a.gpu_index AS gpu, a.level, a.level_step, a.outcome, "
+    "a.started_at, a.ended_at, j.suite, j.config_name AS config, j.seed, j.data, a.peak_mib, "
+    "a.predicted_peak_mib AS predicted_mib FROM attempts a JOIN jobs j ON j.id = a.job_id"
+)
+
+
+def attempt_spans(
+    store: Store, *, from_s: float | None = None, to_s: float | None = None, limit: int = 5000
+) -> tuple[list[AttemptSpan], int]:
+    """Attempts that overlap [from_s, to_s] (the latest `limit` of them, oldest first) and how
+    many overlap in all."""
+    where: list[str] = []
+    params: list[Any] = []
+    if to_s is not None:
+        where.append("a.started_at <= ?")
+        params.append(to_s)
+    if from_s is not None:
+        where.append("(a.ended_at IS NULL OR a.ended_at >= ?)")
+        params.append(from_s)
+    clause = (" WHERE " + " AND ".join(where)) if where else ""
+    total = store.query("SELECT count(*) AS n FROM attempts a" + clause, params)[0]["n"]
+    rows = store.query(_SPAN_SQL + clause + " ORDER BY a.id DESC LIMIT ?", [*params, limit])
+    return [AttemptSpan(**r) for r in reversed(rows)], int(total)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    start_s: float | None
+    end_s: float | None  # the last end or start seen; a live attempt runs on to now
+
+
+def sweep_time_range(store: Store) -> TimeRange:
+    row = store.query("SELECT min(started_at) AS s, max(coalesce(ended_at, started_at)) AS e FROM attempts")[0]
+    return TimeRange(row["s"], row["e"])
+
+
+@dataclass(frozen=True)
+class SweepCounts:
+    jobs: int
+    attempts: int
+    by_state: dict[str, int]
+    by_outcome: dict[str, int]
+    ooms: int  # attempts that ended in a GPU or host OOM
+    oom_jobs_recovered: int  # jobs with an OOM'd attempt that later succeeded
+
+
+def sweep_counts(store: Store) -> SweepCounts:
+    by_state = state_counts(store)
+    by_outcome = {
+        r["outcome"]: r["n"]
+        for r in store.query("SELECT outcome, count(*) AS n FROM attempts WHERE outcome IS NOT NULL GROUP BY outcome")
+    }
+    attempts = store.query("SELECT count(*) AS n FROM attempts")[0]["n"]
+    recovered = store.query(
+        "SELECT count(*) AS n FROM jobs j WHERE j.state = ? AND EXISTS (SELECT 1 FROM attempts a "
+        "WHERE a.job_id = j.id AND a.outcome IN (?, ?))", [JobState.SUCCEEDED.value, *OOM_OUTCOMES],
+    )[0]["n"]
+    return SweepCounts(
+        jobs=sum(by_state.values()), attempts=int(attempts), by_state=by_state, by_outcome=by_outcome,
+        ooms=sum(by_outcome.get(o, 0) for o in OOM_OUTCOMES), oom_jobs_recovered=int(recovered),
+    )
+
+
+@dataclass(frozen=True)
+class AttemptDetail:
+    n: int
+    gpu: int
+    level: int
+    level_step: str | None
+    changes: dict[str, Any]
+    outcome: str | None
+    reason: str | None
+    exit_code: int | None
+    peak_mib: int
+    predicted_mib: int
+    prediction_source: str
+    started_at: float
+    ended_at: float | None
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    job_id: int
+    state: str
+    suite: str
+    config: str
+    seed: int
+    data: str
+    level: int
+    attempt_count: int
+    max_attempts: int
+    reason: str | None
+    wait_reason: str | None
+    attempts: list[AttemptDetail]
+    events: list[EventRow]
+
+
+def job_detail(store: Store, job_id: int, *, events_limit: int = 200) -> JobDetail:
+    """Raises JobNotFound for an unknown id."""
+    job = get_job(store, job_id)
+    attempts = [
+        AttemptDetail(
+            a["n"], a["gpu_index"], a["level"], a["level_step"], json.loads(a["changes_json"] or "{}"),
+            a["outcome"], a["reason"], a["exit_code"], a["peak_mib"], a["predicted_peak_mib"],
+            a["prediction_source"], a["started_at"], a["ended_at"], a["run_dir"],
+        )
+        for a in get_attempts(store, job_id)
+    ]
+    events = [EventRow(e["ts"], e["job_id"], e["kind"], e["message"]) for e in get_events(store, job_id, events_limit)]
+    return JobDetail(
+        job["id"], job["state"], job["suite"], job["config_name"], job["seed"], job["data"], job["level"],
+        job["attempt_count"], job["max_attempts"], job["reason"], job["wait_reason"], attempts, events,
+    )
+
+
+@dataclass(frozen=True)
+class SucceededRun:
+    suite: str
+    config: str
+    data: str
+    seed: int
+    run_dir: str
+
+
+def succeeded_runs(store: Store, suite: str | None = None) -> list[SucceededRun]:
+    sql = (
+        "SELECT j.suite, j.config_name AS config, j.data, j.seed, a.run_dir FROM jobs j JOIN attempts a "
+        "ON a.job_id = j.id AND a.outcome = ? WHERE j.state = ?"
+    )
+    params: list[Any] = [AttemptOutcome.SUCCEEDED.value, JobState.SUCCEEDED.value]
+    if suite is not None:
+        sql += " AND j.suite = ?"
+        params.append(suite)
+    return [SucceededRun(**r) for r in store.query(sql + " ORDER BY j.id", params)]
+
+
+@dataclass(frozen=True)
+class ChangeMarker:
+    """What a page may need to redraw for; cheap (three index lookups), so a live page can
+    ask every second."""
+
+    events: int | None  # newest event: a state change, a retry, a cancel, ...
+    progress: float | None  # newest heartbeat of a live attempt (step, loss)
+    samples: int | None  # newest memory sample
+
+
+def change_marker(store: Store) -> ChangeMarker:
+    row = store.query(
+        "SELECT (SELECT max(id) FROM events) AS e, "
+        "(SELECT max(last_progress_at) FROM attempts WHERE outcome IS NULL) AS p, "
+        "(SELECT max(id) FROM gpu_samples) AS g"
+    )[0]
+    return ChangeMarker(row["e"], row["p"], row["g"])

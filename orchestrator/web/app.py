@@ -1,0 +1,208 @@
+"""`orch web`: a Starlette app over state.db. Pages are server-rendered; a server-sent event
+stream tells open pages when the state changed, and they fetch their fragment again (no
+reload). Actions change state only by POST with the token printed at start."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Route
+
+from orchestrator.actions import cancel_job, resume_suite, retry_job
+from orchestrator.errors import JobNotFound, OrchError, UsageError
+from orchestrator.store.db import Store
+from orchestrator.store.web_queries import ChangeMarker, change_marker
+from orchestrator.web import pages, views
+from orchestrator.web.results_view import MetricsCache, result_table
+
+TOKEN_HEADER = "X-Orch-Token"
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+KEEPALIVE_S = 15.0
+
+
+def _float_param(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{name} must be a number of seconds since the epoch, not {raw[:40]!r}") from None
+    if not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number")
+    return value
+
+
+def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s: float = 1.0) -> Starlette:
+    cache = MetricsCache()
+
+    def store() -> Store:
+        return Store(db_path, create=False)
+
+    def page(title: str, active: str, fragment_url: str, render: Callable[[Store], str]) -> HTMLResponse:
+        with store() as s:
+            body = render(s)
+        return HTMLResponse(pages.layout(title, active, body, fragment_url=fragment_url, watch=pages.WATCH[active]))
+
+    def fragment(render: Callable[[Store], str]) -> HTMLResponse:
+        with store() as s:
+            return HTMLResponse(render(s), headers={"Cache-Control": "no-store"})
+
+    def overview_page(request: Request) -> Response:
+        return page("Overview", "overview", "/fragment/overview", views.overview_view)
+
+    def overview_fragment(request: Request) -> Response:
+        return fragment(views.overview_view)
+
+    def timeline_page(request: Request) -> Response:
+        a, b = _float_param(request, "from"), _float_param(request, "to")
+        query = "&".join(f"{k}={v!r}" for k, v in (("from", a), ("to", b)) if v is not None)
+        url = "/fragment/timeline" + (f"?{query}" if query else "")
+        return page("Timeline", "timeline", url, lambda s: views.timeline_view(s, a, b))
+
+    def timeline_fragment(request: Request) -> Response:
+        a, b = _float_param(request, "from"), _float_param(request, "to")
+        return fragment(lambda s: views.timeline_view(s, a, b))
+
+    def memory_page(request: Request) -> Response:
+        return page("Memory", "memory", "/fragment/memory", views.memory_view)
+
+    def memory_fragment(request: Request) -> Response:
+        return fragment(views.memory_view)
+
+    def job_page(request: Request) -> Response:
+        job_id = int(request.path_params["job_id"])
+        return page(f"Job {job_id}", "job", f"/fragment/job/{job_id}", lambda s: views.job_view(s, job_id))
+
+    def job_fragment(request: Request) -> Response:
+        job_id = int(request.path_params["job_id"])
+        return fragment(lambda s: views.job_view(s, job_id))
+
+    def results_page(request: Request) -> Response:
+        return page("Results", "results", "/fragment/results", lambda s: views.results_view(s, cache, "/results.csv"))
+
+    def results_fragment(request: Request) -> Response:
+        return fragment(lambda s: views.results_view(s, cache, "/results.csv"))
+
+    def results_csv(request: Request) -> Response:
+        with store() as s:
+            csv = result_table(s, cache).csv
+        return PlainTextResponse(csv, media_type="text/csv",
+                                 headers={"Content-Disposition": 'attachment; filename="results.csv"'})
+
+    async def stream(request: Request) -> Response:
+        def marker() -> ChangeMarker:
+            with store() as s:
+                return change_marker(s)
+
+        async def events() -> AsyncIterator[str]:
+            last: ChangeMarker | None = None
+            quiet_s = 0.0
+            while not await request.is_disconnected():
+                current = await run_in_threadpool(marker)
+                if current != last:
+                    last, quiet_s = current, 0.0
+                    # each page redraws only for what it shows (data-watch on the page)
+                    yield f"event: change\ndata: {json.dumps(asdict(current))}\n\n"
+                elif quiet_s >= KEEPALIVE_S:
+                    quiet_s = 0.0
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(poll_s)
+                quiet_s += poll_s
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    def authorised(request: Request) -> bool:
+        return hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(), token.encode())
+
+    def action(request: Request, run: Callable[[Store], dict[str, object]]) -> Response:
+        if not authorised(request):
+            return JSONResponse({"error": f"refused: send the token orch web printed in the {TOKEN_HEADER} header"},
+                                status_code=403)
+        try:
+            with store() as s:
+                return JSONResponse(run(s))
+        except JobNotFound as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        except OrchError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=409)
+
+    def cancel(request: Request) -> Response:
+        job_id = int(request.path_params["job_id"])
+        return action(request, lambda s: {"job": job_id, "done": cancel_job(s, job_id).value})
+
+    def retry(request: Request) -> Response:
+        job_id = int(request.path_params["job_id"])
+        return action(request, lambda s: {"job": job_id, "done": retry_job(s, job_id).value})
+
+    def resume(request: Request) -> Response:
+        suite = str(request.path_params["suite"])
+
+        def run(s: Store) -> dict[str, object]:
+            resume_suite(s, suite)
+            return {"suite": suite, "done": "resumed"}
+
+        return action(request, run)
+
+    async def on_not_found(request: Request, exc: Exception) -> Response:
+        return PlainTextResponse(str(exc), status_code=404)
+
+    async def on_bad_input(request: Request, exc: Exception) -> Response:
+        return PlainTextResponse(str(exc), status_code=400)
+
+    routes = [
+        Route("/", overview_page), Route("/fragment/overview", overview_fragment),
+        Route("/timeline", timeline_page), Route("/fragment/timeline", timeline_fragment),
+        Route("/memory", memory_page), Route("/fragment/memory", memory_fragment),
+        Route("/job/{job_id:int}", job_page), Route("/fragment/job/{job_id:int}", job_fragment),
+        Route("/results", results_page), Route("/fragment/results", results_fragment),
+        Route("/results.csv", results_csv),
+        Route("/api/stream", stream),
+        Route("/api/jobs/{job_id:int}/cancel", cancel, methods=["POST"]),
+        Route("/api/jobs/{job_id:int}/retry", retry, methods=["POST"]),
+        Route("/api/suites/{suite}/resume", resume, methods=["POST"]),
+    ]
+    warmed = threading.Event()
+
+    def warm_up() -> None:
+        # Read every succeeded run's result.json once, in the background at start: it is the
+        # one slow part of a large sweep's Results page (about 0.3 s for 10,000 jobs).
+        try:
+            with store() as s:
+                result_table(s, cache)
+        except Exception:  # the page reads them itself then, and shows any error there
+            pass
+        finally:
+            warmed.set()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        threading.Thread(target=warm_up, name="orch-web-warm-up", daemon=True).start()
+        yield
+
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)] if loopback_only else []
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={JobNotFound: on_not_found, UsageError: on_bad_input})
+    app.state.results_warmed = warmed
+    return app

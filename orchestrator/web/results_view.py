@@ -1,0 +1,81 @@
+"""Results per config × task for the page and the report: mean ± std over seeds (through
+orchestrator.results) and each seed's value, from the succeeded attempts' result.json."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from orchestrator.results import ResultRow, aggregate, primary_metric, to_csv
+from orchestrator.store.db import Store
+from orchestrator.store.web_queries import succeeded_runs
+from orchestrator.web.runfiles import read_result_json
+
+
+@dataclass(frozen=True)
+class ResultLine:
+    suite: str
+    config: str
+    task: str
+    metric: str
+    mean: float | None
+    std: float
+    n_seeds: int
+    values: tuple[tuple[int, float], ...]  # (seed, value), by seed
+
+
+@dataclass(frozen=True)
+class ResultTable:
+    lines: list[ResultLine]
+    csv: str
+    missing: int  # succeeded jobs whose result.json had no test metrics
+
+
+class MetricsCache:
+    """A succeeded attempt's result.json does not change, so each is read once per process."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._metrics: dict[str, dict[str, float] | None] = {}
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+
+    def test_metrics(self, run_dir: str) -> dict[str, float] | None:
+        with self._lock:
+            if run_dir in self._metrics:
+                return self._metrics[run_dir]
+        result = read_result_json(run_dir)
+        metrics = result.get("metrics") if result else None
+        test = metrics.get("test") if isinstance(metrics, dict) else None
+        numeric = (
+            {k: float(v) for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if isinstance(test, dict) else None
+        )
+        with self._lock:
+            if len(self._metrics) >= self.max_entries:
+                self._metrics.clear()
+            if numeric is not None:  # a missing file may still appear: read it again next time
+                self._metrics[run_dir] = numeric
+        return numeric
+
+
+def result_table(store: Store, cache: MetricsCache, suite: str | None = None) -> ResultTable:
+    rows: list[ResultRow] = []
+    missing = 0
+    for run in succeeded_runs(store, suite):
+        metrics = cache.test_metrics(run.run_dir)
+        if metrics is None:
+            missing += 1
+            continue
+        rows.append(ResultRow(run.suite, run.config, run.data, run.seed, metrics))
+    values: dict[tuple[str, str, str], dict[int, float]] = {}
+    for row in rows:
+        value = row.metrics.get(primary_metric(row.task))
+        if value is not None:
+            values.setdefault((row.suite, row.config, row.task), {})[row.seed] = value
+    summaries = aggregate(rows)
+    lines = [
+        ResultLine(s.suite, s.config, s.task, s.metric, s.mean, s.std, s.n_seeds,
+                   tuple(sorted(values.get((s.suite, s.config, s.task), {}).items())))
+        for s in summaries
+    ]
+    return ResultTable(lines, to_csv(summaries), missing)
