@@ -143,7 +143,7 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
     assert client.get("/timeline").text.count('class="attempt"') == n_attempts
     csv = client.get("/results.csv")
     assert csv.headers["content-type"].startswith("text/csv")
-    assert csv.text.splitlines()[0] == "suite,config,task,metric,mean,std,n_seeds,seeds"
+    assert csv.text.splitlines()[0] == "suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels"
     assert client.get("/job/9999").status_code == 404
     assert client.get("/timeline?from=abc").status_code == 400
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from orchestrator.results import ResultRow, aggregate, primary_metric, to_csv
+from orchestrator.results import ResultRow, aggregate, primary_metric
+from orchestrator.results_format import to_csv
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import succeeded_runs
 from orchestrator.web.runfiles import read_result_json
