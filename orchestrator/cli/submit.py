@@ -10,6 +10,7 @@ from orchestrator.cli.common import db_option, echo_json, json_option, open_stor
 from orchestrator.errors import PlanError
 from orchestrator.plans import (
     GpuPlan,
+    check_worker_template,
     default_plans_dir,
     expand_jobs,
     load_suite,
@@ -88,6 +89,7 @@ def submit_cmd(
     if isinstance(round_selector, int) and not suite.rounds:
         total_slots = _round_slots(plan, stored_plan, gpus)
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
+    check_worker_template(suite, specs, overrides)
 
     if dry_run and not db_path.exists():
         outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
