@@ -49,9 +49,20 @@ def primary_metric(task: str) -> str:
 
 def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
     """Mean and sample std of each group's primary metric, sorted by (suite, config, task)."""
+    rows = list(rows)
+    chosen: dict[tuple[str, str, str], str] = {}
+    for row in rows:  # accuracy, else (a script's own task) the first metric its runs report
+        group = (row.suite, row.config, row.task)
+        primary = primary_metric(row.task)
+        if primary != DEFAULT_METRIC or chosen.get(group) == primary:
+            continue
+        if primary in row.metrics:
+            chosen[group] = primary
+        elif group not in chosen and row.metrics:
+            chosen[group] = next(iter(row.metrics))
     groups: dict[tuple[str, str, str], dict[int, float | None]] = {}
     for row in rows:
-        metric = primary_metric(row.task)
+        metric = chosen.get((row.suite, row.config, row.task), primary_metric(row.task))
         value = row.metrics.get(metric)
         # A repeated seed (a retried job) counts once: the last value seen wins.
         groups.setdefault((row.suite, row.config, row.task), {})[row.seed] = (
@@ -67,8 +78,9 @@ def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
             std = math.sqrt(
                 sum((v - mean) ** 2 for v in values if v is not None) / (len(values) - 1)
             )
+        metric = chosen.get((suite, config, task), primary_metric(task))
         summaries.append(
-            ResultSummary(suite, config, task, primary_metric(task), mean, std, len(seeds), seeds)
+            ResultSummary(suite, config, task, metric, mean, std, len(seeds), seeds)
         )
     return summaries
 

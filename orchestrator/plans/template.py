@@ -125,7 +125,7 @@ def _parse_arg(token: str, source: str) -> tuple[Part, ...]:
             parts.append(Part("text", whole[0]))
             continue
         if whole in ("{", "}"):
-            raise PlanError(f"worker command {source!r}: a lone {whole!r} (write {whole * 2} for a brace)")
+            raise PlanError(f"invalid worker command {source!r}: a lone {whole!r} (write {whole * 2} for a brace)")
         field = match.group(1)
         if field in NAMES:
             parts.append(Part("name", key=field))

@@ -160,3 +160,12 @@ def m004_host_steps(db: sqlite_utils.Database) -> None:
     # Host-side steps (fewer data workers, running alone) a job took after host-RAM OOMs, as a
     # JSON list; every later attempt keeps them on top of its ladder level.
     db.execute("ALTER TABLE jobs ADD COLUMN host_steps_json TEXT NOT NULL DEFAULT '[]'")
+
+
+@MIGRATIONS()
+def m005_worker_output(db: sqlite_utils.Database) -> None:
+    # What the daemon needs to drive and read a suite's own script, stored with each job as JSON:
+    # `keys` (ladder knobs under the script's names), `progress_regex`, `result_regex`. And the
+    # metrics parsed from an attempt's stdout when it wrote no result.json.
+    db.execute("ALTER TABLE jobs ADD COLUMN worker_output_json TEXT NOT NULL DEFAULT '{}'")
+    db.execute("ALTER TABLE attempts ADD COLUMN output_metrics_json TEXT")
