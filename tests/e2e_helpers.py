@@ -22,6 +22,7 @@ import yaml
 from orchestrator.daemon_state import tmux_socket_name
 
 T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.05
 CLI_TIMEOUT_S = 60.0
 
@@ -57,6 +58,8 @@ class Orch:
             "ORCH_SIM_GPUS": gpus,
             "ORCH_SIM_DIR": str(root / "sim"),
             "ORCH_LAUNCHER": "tmux",
+            # this checkout's orch, whatever `pip install -e` points the interpreter at
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.env.pop("ORCH_SIM_FOREIGN", None)
         if foreign:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from tqdm import tqdm
@@ -167,3 +168,16 @@ def test_result_regex_last_match() -> None:
 def test_no_result() -> None:
     assert parse_result("{'loss': 0.3}\nbye\n") is None
     assert parse_result("") is None
+
+
+def test_real_trainer_log() -> None:
+    """stdout+stderr of transformers' Trainer (tqdm bars, quoted-number log dicts, an evaluation
+    bar, then the script's own `print(json.dumps(trainer.evaluate()))`), as captured on CPU."""
+    text = (Path(__file__).parent / "data" / "stdout" / "hf_trainer_cpu.log").read_text(encoding="utf-8")
+    snapshot = feed_all(text, chunk=64).snapshot()
+    assert snapshot is not None
+    assert (snapshot["step"], snapshot["total"]) == (6, 6)  # the training bar, not the 4-step eval bar
+    assert snapshot["loss"] == pytest.approx(4.076)
+    assert snapshot["epoch"] == pytest.approx(1.5)
+    result = parse_result(text)
+    assert result is not None and result["eval_loss"] == pytest.approx(4.071030616760254)

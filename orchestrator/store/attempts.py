@@ -108,7 +108,7 @@ def finish_attempt(store: Store, attempt: dict[str, Any], end: AttemptEnd) -> No
         if end.output_metrics:
             store.db.execute(
                 "UPDATE attempts SET output_metrics_json = ? WHERE id = ?",
-                [json.dumps(end.output_metrics, sort_keys=True), attempt["id"]],
+                [json.dumps(end.output_metrics), attempt["id"]],  # printed order: the first is the headline
             )
         job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
         if job["state"] == JobState.RUNNING.value:
