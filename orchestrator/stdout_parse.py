@@ -105,6 +105,7 @@ class StdoutProgress:
     bars: dict[tuple[str, int | None], _Bar] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
     carry: str = ""  # the unterminated last segment (a tqdm bar being redrawn)
+    totals: dict[str, int] = field(default_factory=dict)  # the last total seen per source
     mid_line: bool = False  # reading started inside a line: drop text up to the first line end
 
     @classmethod
@@ -157,10 +158,11 @@ class StdoutProgress:
             return
         logged = parse_dict(line) if "{" in line else None
         if logged is not None:
-            step = logged.get("step")
-            if step is not None and step >= 0 and step == int(step):  # a JSON log line with a step
+            logged_step = logged.get("step")
+            if logged_step is not None and 0 <= logged_step == int(logged_step):  # a JSON log line with a step
                 total = logged.get("total", logged.get("max_steps"))
-                self._step("step", int(step), int(total) if total is not None and total == int(total) else None)
+                whole_total = int(total) if total is not None and total == int(total) else None
+                self._step("step", int(logged_step), whole_total)
             for key, value in logged.items():
                 if key in _PROGRESS_KEYS or key.startswith("eval_"):
                     self.values[key] = value
@@ -185,6 +187,10 @@ class StdoutProgress:
             self.values["loss"] = loss
 
     def _step(self, source: str, step: int, total: int | None) -> None:
+        if total is None:  # a line without its total belongs to the last bar of its kind that had one
+            total = self.totals.get(source)
+        else:
+            self.totals[source] = total
         key = (source, total)
         bar = self.bars.get(key)
         if bar is None or step >= bar.step or step <= bar.step // 2:
@@ -233,7 +239,7 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
         except ValueError:
             continue  # a Python dict (a Trainer log line) is progress, not a result
         if isinstance(parsed, dict):
-            metrics = parse_dict(stripped)
-            if metrics:
-                return metrics
+            printed = parse_dict(stripped)
+            if printed:
+                return printed
     return None

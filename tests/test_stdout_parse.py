@@ -181,3 +181,9 @@ def test_real_trainer_log() -> None:
     assert snapshot["epoch"] == pytest.approx(1.5)
     result = parse_result(text)
     assert result is not None and result["eval_loss"] == pytest.approx(4.071030616760254)
+
+
+def test_json_log_lines_with_a_step() -> None:
+    snapshot = feed_all('{"step": 10, "max_steps": 100, "loss": 0.3}\n{"step": 11, "loss": "0.29"}\n').snapshot()
+    assert snapshot is not None
+    assert (snapshot["step"], snapshot["total"], snapshot["loss"]) == (11, 100, pytest.approx(0.29))
