@@ -92,3 +92,15 @@ def test_keys_mapping_is_stored(orch: OrchRunner, tmp_path: Path, db_path: Path)
     assert submit(orch, plans).rc == 0
     stored = sqlite3.connect(db_path).execute("SELECT worker_output_json FROM jobs").fetchone()[0]
     assert json.loads(stored) == {"keys": {"batch_size": "per_device_train_batch_size"}}
+
+
+def test_submit_names_the_changes_the_command_cannot_receive(orch: OrchRunner, tmp_path: Path) -> None:
+    plans = write_plans(tmp_path, {"one_token_tasks": ["glue*"]})
+    result = orch("submit", "--suite", "own", "--pairs", "1:glue_rte", "--plans", str(plans))
+    assert result.rc == 0
+    note = result.stderr.strip()
+    assert note.startswith("note: the worker command cannot receive gradient_checkpointing (rung checkpointing)")
+    assert "logits_to_keep" in note and "num_data_workers (rung data_workers)" in note
+    assert "batch_size" not in note  # halving reaches it: both flags are in the command
+    wired = write_plans(tmp_path, {"worker": "python train.py --cfg {config}"})
+    assert orch("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(wired)).stderr == ""

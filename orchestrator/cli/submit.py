@@ -8,8 +8,11 @@ import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store, plans_option
 from orchestrator.errors import PlanError
+from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
 from orchestrator.plans import (
     GpuPlan,
+    JobSpec,
+    Suite,
     check_worker_template,
     default_plans_dir,
     expand_jobs,
@@ -20,6 +23,7 @@ from orchestrator.plans import (
     parse_round,
     parse_set_overrides,
 )
+from orchestrator.plans.template import parse_template
 from orchestrator.store.jobs import (
     SubmitOutcome,
     format_plan,
@@ -42,6 +46,31 @@ def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] |
         "--round N on a suite without named rounds needs --gpu-plan (with --gpus for a single "
         "number) to know the round size Σ plan"
     )
+
+
+def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
+    """A line naming the ladder changes the worker command cannot receive (those rungs are
+    skipped for this suite), and how to wire them; None when every change reaches it."""
+    if suite.worker in ("lora", "sim"):
+        return None
+    template = parse_template(suite.worker)
+    if template.reads_config:
+        return None
+    ladder = load_ladder(suite.ladder)
+    unreached: dict[str, str] = {}  # script key -> rung
+    for spec in specs:
+        one_token = is_one_token_task(spec.data, list(suite.one_token_tasks))
+        for level in expand_levels(ladder, suite.keys.to_orch(spec.config), one_token):
+            for key in level.changes:
+                script_key = suite.keys.script_key(key)
+                if not template.reaches(script_key):
+                    unreached.setdefault(script_key, level.step)
+    if not unreached:
+        return None
+    shown = ", ".join(f"{key} (rung {rung})" for key, rung in unreached.items())
+    example = next(iter(unreached))
+    return (f"note: the worker command cannot receive {shown}: orch skips those changes; pass {{config}} "
+            f"or add e.g. --{example.replace('_', '-')} {{cfg.{example}}} to the command to wire them")
 
 
 @click.command("submit")
@@ -90,6 +119,7 @@ def submit_cmd(
         total_slots = _round_slots(plan, stored_plan, gpus)
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
     check_worker_template(suite, specs, overrides)
+    note = unreached_rungs_note(suite, specs)
 
     if dry_run and not db_path.exists():
         outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
@@ -101,6 +131,8 @@ def submit_cmd(
             if plan is not None and not dry_run:
                 set_gpu_plan(store, plan)
 
+    if note:
+        click.echo(note, err=True)
     created = [o for o in outcomes if o.created]
     existing = [o for o in outcomes if not o.created]
     if as_json:
