@@ -179,7 +179,7 @@ class Daemon:
             elif verdict is Verdict.HUNG:
                 update_attempt(self.store, attempt["id"], kill_requested="hung")
                 with self.store.write():
-                    add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s: killing it",
+                    add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s (no progress.jsonl line, stdout.log not growing): killing it",
                               job_id=attempt["job_id"], attempt_id=attempt["id"])
                 self._kill(attempt, obs.pid_record)
                 complete(self.store, {**attempt, "kill_requested": "hung"}, observe(Path(attempt["run_dir"]), now_s()), self.cache, hung=True)

@@ -145,7 +145,7 @@ def test_argparse_script_flags_progress_liveness_results(orch: Orch) -> None:
     assert "batch_size=16 grad_accum=2 lr=0.001 checkpointing=False" in log
     ran_s = second["ended_at"] - second["started_at"]
     assert ran_s > hang_timeout_s, f"ran {ran_s:.1f} s"  # longer than the hang timeout, never killed
-    assert not [e for e in shown["events"] if "silent for" in e["message"]]
+    assert not [e for e in shown["events"] if e["kind"] == "hung" or "silent for" in e["message"]]
     assert "gradient_checkpointing" not in orch.run("show", "1").stdout
 
     results = orch.json("results")
