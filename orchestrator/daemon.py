@@ -199,7 +199,11 @@ class Daemon:
         if obs.last_progress_at is not None or obs.pid_record is None:
             return obs
         regex = job_worker_output(attempt).get("progress_regex")
-        parsed = self.output.progress(int(attempt["id"]), Path(attempt["run_dir"]), regex if isinstance(regex, str) else None)
+        try:
+            parsed = self.output.progress(int(attempt["id"]), Path(attempt["run_dir"]), regex if isinstance(regex, str) else None)
+        except Exception:  # output we cannot parse must not stop the pass: progress is only shown
+            log.warning("cannot read the output of attempt %s", attempt["id"], exc_info=True)
+            return obs
         return replace(obs, last_progress=parsed) if parsed is not None else obs
 
     def _track(self, attempt: dict[str, Any], obs: Any, gpu: GpuSnapshot | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,10 @@ def _stdout_metrics(job: dict[str, Any], run_dir: Path) -> dict[str, float] | No
     """A script that wrote no result.json: the metrics it printed last (the suite's
     `result_regex`, else the last JSON object line), from the tail of its stdout.log."""
     regex = job_worker_output(job).get("result_regex")
-    return parse_result(read_output_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
+    try:
+        return parse_result(read_output_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
+    except re.error:  # checked at submit; a row edited since must not stop the attempt's end
+        return None
 
 
 def _learn(
