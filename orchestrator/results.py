@@ -1,7 +1,8 @@
 """Aggregates worker results over seeds: one summary per (suite, config, task). Pure: no I/O.
 
 The primary metric follows the GLUE convention for the task: Matthews correlation for CoLA,
-F1 for MRPC and QQP, accuracy for the rest.
+F1 for MRPC and QQP, accuracy for the rest; where the runs of a group report no accuracy (a
+script's own task and metrics), the first metric they report.
 """
 
 from __future__ import annotations
