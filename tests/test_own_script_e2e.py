@@ -177,3 +177,37 @@ def test_trainer_script_reads_training_arguments_from_config_yaml(orch: Orch) ->
     assert "per_device_train_batch_size=4 gradient_accumulation_steps=2" in Path(second["log"]).read_text()
     results = orch.json("results")
     assert [r["metric"] for r in results] == ["eval_loss"] and results[0]["mean"] > 0
+
+
+CUSTOM_SCRIPT = textwrap.dedent(
+    """\
+    import sys
+    import time
+
+    for it in range(1, 16):
+        time.sleep(0.3)
+        print(f"[rank{it % 2}] it {it} of 15 | l={2.0 / it:.3f}", flush=True)
+    print("final test acc=0.905 (best)", flush=True)
+    """
+)
+
+
+def test_suite_regexes_for_progress_and_results(orch: Orch) -> None:
+    (orch.root / "custom.py").write_text(CUSTOM_SCRIPT)
+    write_own_suite(
+        orch, f"{PY} custom.py --lr {{cfg.learning_rate}}", {"learning_rate": 0.1}, hang_timeout_s=3,
+        progress_regex=r"it (?P<step>\d+) of (?P<total>\d+) \| l=(?P<loss>[0-9.]+)",
+        result_regex=r"final test acc=(?P<accuracy>[0-9.]+)",
+    )
+    orch.submit("own", "5:mytask")
+    orch.start_daemon()
+
+    def regex_progress() -> dict[str, Any] | None:
+        running = orch.json("status")["running"]
+        progress = (running[0].get("progress") or {}) if running else {}
+        return progress if (progress.get("step") or 0) >= 3 else None
+
+    progress = wait_until(regex_progress, 60, "progress parsed by the suite's progress_regex")
+    assert progress["total"] == 15 and progress["loss"] == pytest.approx(2.0 / progress["step"], abs=1e-3)
+    assert orch.wait_all_done(60) == {1: "succeeded"}
+    assert [(r["metric"], r["mean"]) for r in orch.json("results")] == [("accuracy", 0.905)]
