@@ -104,3 +104,11 @@ def test_submit_names_the_changes_the_command_cannot_receive(orch: OrchRunner, t
     assert "batch_size" not in note  # halving reaches it: both flags are in the command
     wired = write_plans(tmp_path, {"worker": "python train.py --cfg {config}"})
     assert orch("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(wired)).stderr == ""
+
+
+def test_ladder_set_of_a_renamed_batch_key_is_refused(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+    configs = {"hf": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}}
+    plans = write_plans(tmp_path, {"worker": "python train.py {config}", "keys": {"batch_size": "per_device_train_batch_size"},
+                                   "ladder": [{"set": {"per_device_train_batch_size": 2}}]}, configs)
+    result = submit(orch, plans)
+    assert result.rc == 2 and "use halve_batch" in result.stderr and not db_path.exists()

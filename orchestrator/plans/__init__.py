@@ -35,13 +35,13 @@ from orchestrator.plans.suite import (
     JobSpec,
     Suite,
     canonical_json,
-    check_worker_template,
     default_plans_dir,
     expand_jobs,
     job_identity,
     list_suites,
     load_suite,
 )
+from orchestrator.plans.worker_output import check_worker_template
 
 __all__ = [
     "CRASH_LOOP_FAILURES",

@@ -28,7 +28,7 @@ from orchestrator.plans.inputs import (
     shown_value,
 )
 from orchestrator.plans.keymap import NO_KEYS, KeyMap, parse_keys
-from orchestrator.plans.template import check_config_keys, parse_template
+from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
@@ -266,21 +266,6 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         progress_regex=parse_regex(path, data, "progress_regex", required_group="step"),
         result_regex=parse_regex(path, data, "result_regex", required_group=None),
     )
-
-
-def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict[str, Scalar]) -> None:
-    """Refuse (PlanError) a command template whose `{cfg.KEY}` placeholders the submitted jobs
-    cannot fill. Our own workers read config.yaml and have no template."""
-    if suite.worker in ("lora", "sim"):
-        return
-    settable = set(suite.keys.script_keys()) | set(overrides)
-    for step in suite.ladder or []:
-        if isinstance(step, dict) and isinstance(step.get("set"), dict):
-            settable.update(str(k) for k in step["set"])
-    configs = {job.config_name: job.config for job in jobs}
-    if not configs:  # nothing selected: check against the suite's configs as they are
-        configs = {c.name: c.content for c in suite.configs}
-    check_config_keys(parse_template(suite.worker), configs, settable)
 
 
 _CRASH_LOOP_SHAPE = "`crash_loop` must be off or a mapping of failures, within_s, window_s"
