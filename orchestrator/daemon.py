@@ -20,7 +20,7 @@ from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
 )
-from orchestrator.dispatch import DispatchContext, JobShapeCache, schedule
+from orchestrator.dispatch import DispatchContext, JobShapeCache, job_worker_output, schedule
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -29,7 +29,8 @@ from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
 from orchestrator.outcomes import complete
 from orchestrator.packing import PackingPolicy
-from orchestrator.reconcile import Verdict, disagreement, judge, mark_lost, observe
+from orchestrator.reconcile import Observation, Verdict, disagreement, judge, mark_lost, observe
+from orchestrator.stdout_follow import OutputFollower
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
@@ -73,6 +74,7 @@ class Daemon:
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._lock = DaemonLock(settings.db_path)
+        self.output = OutputFollower()  # progress of workers that write no progress.jsonl
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -181,13 +183,15 @@ class Daemon:
         """Bring every live attempt's record up to date; returns how many are still live."""
         by_uuid = {s.uuid: s for s in snapshots}
         still_live = 0
-        for attempt in live_attempts(self.store):
+        attempts = live_attempts(self.store)
+        for attempt in attempts:
             obs = observe(Path(attempt["run_dir"]), now_s())
             if obs.pid_record is None and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
                 try:
                     obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
                 except Exception:  # the launcher could not tell: wait out the grace period
                     log.warning("cannot check window %s of attempt %s", attempt["window_id"], attempt["id"], exc_info=True)
+            obs = self._with_stdout_progress(attempt, obs)
             verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s)
             if verdict is Verdict.LOST and obs.pid_record is None and not mark_lost(Path(attempt["run_dir"])):
                 verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
@@ -199,7 +203,7 @@ class Daemon:
             elif verdict is Verdict.HUNG:
                 update_attempt(self.store, attempt["id"], kill_requested="hung")
                 with self.store.write():
-                    add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s: killing it",
+                    add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s (no progress.jsonl line, stdout.log not growing): killing it",
                               job_id=attempt["job_id"], attempt_id=attempt["id"])
                 self._kill(attempt, obs.pid_record)
                 complete(self.store, {**attempt, "kill_requested": "hung"}, observe(Path(attempt["run_dir"]), now_s()), self.cache, hung=True)
@@ -211,7 +215,20 @@ class Daemon:
                 complete(self.store, attempt, obs, self.cache, lost=True)
             else:
                 still_live += 1
+        self.output.keep_only(a["id"] for a in attempts)  # those closed now go at the next pass
         return still_live
+
+    def _with_stdout_progress(self, attempt: dict[str, Any], obs: Observation) -> Observation:
+        """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
+        if obs.last_progress_at is not None or obs.pid_record is None:
+            return obs
+        regex = job_worker_output(attempt).get("progress_regex")
+        try:
+            parsed = self.output.progress(int(attempt["id"]), Path(attempt["run_dir"]), regex if isinstance(regex, str) else None)
+        except Exception:  # output we cannot parse must not stop the pass: progress is only shown
+            log.warning("cannot read the output of attempt %s", attempt["id"], exc_info=True)
+            return obs
+        return replace(obs, last_progress=parsed) if parsed is not None else obs
 
     def _track(self, attempt: dict[str, Any], obs: Any, gpu: GpuSnapshot | None) -> None:
         fields: dict[str, Any] = {}
@@ -230,6 +247,11 @@ class Daemon:
         if obs.last_progress_at and obs.last_progress_at != attempt["last_progress_at"]:
             fields["last_progress_at"] = obs.last_progress_at
             fields["progress_json"] = json.dumps(obs.last_progress) if obs.last_progress else None
+        elif obs.last_progress_at is None and obs.last_progress is not None:  # parsed from stdout
+            dumped = json.dumps(obs.last_progress)
+            if dumped != attempt["progress_json"]:
+                fields["progress_json"] = dumped
+                fields["last_progress_at"] = obs.last_output_at
         if fields:
             update_attempt(self.store, attempt["id"], **fields)
 

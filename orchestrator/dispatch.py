@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from orchestrator.errors import InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
 from orchestrator.launch.base import Launcher, LaunchSpec
-from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
+from orchestrator.launch.rundir import OUR_WORKERS, build_argv, build_worker_env, prepare_run_dir
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import (
     ModelInfo,
@@ -43,6 +43,8 @@ from orchestrator.packing import (
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
+from orchestrator.plans.keymap import KeyMap
+from orchestrator.plans.template import parse_template
 from orchestrator.store.attempts import (
     AttemptPlan,
     read_all_prompt_lengths,
@@ -118,11 +120,57 @@ def _peft_spec(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] |
     return cache.peft_specs[peft]
 
 
+def job_worker_output(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The suite's settings for its worker's output, stored with the job (`keys`,
+    `progress_regex`, `result_regex`); {} for jobs queued before they existed."""
+    try:
+        stored = json.loads(row.get("worker_output_json") or "{}")
+    except ValueError:
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def job_keys(job: Mapping[str, Any]) -> KeyMap:
+    """The ladder knobs under the script's own key names (the suite's `keys:`)."""
+    names = job_worker_output(job).get("keys") or {}
+    return KeyMap({str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {})
+
+
+def worker_reaches(job: Mapping[str, Any], keys: KeyMap) -> Callable[[str], bool] | None:
+    """Which config changes (orch's key names) reach the job's worker; None: every one does (our
+    workers and templates with {config} read the merged config.yaml)."""
+    if job["worker"] in OUR_WORKERS:
+        return None
+    template = parse_template(job["worker"])
+    if template.reads_config:
+        return None
+    return lambda key: template.reaches(keys.script_key(key))
+
+
 def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
+    """The job's ladder levels, in orch's key names (`attempt_overrides` renames them)."""
     if job["id"] not in cache.levels:
         ladder = load_ladder(json.loads(job["ladder_json"]) if job["ladder_json"] else None)
-        cache.levels[job["id"]] = expand_levels(ladder, json.loads(job["config_json"]), bool(job["one_token"]))
+        keys = job_keys(job)
+        cache.levels[job["id"]] = expand_levels(
+            ladder, keys.to_orch(json.loads(job["config_json"])), bool(job["one_token"]), worker_reaches(job, keys)
+        )
     return cache.levels[job["id"]]
+
+
+def as_received(job: Mapping[str, Any], level: Level) -> Level:
+    """`level` with its changes under the script's own key names, for messages."""
+    keys = job_keys(job)
+    if not keys.names:
+        return level
+    return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone)
+
+
+def attempt_config(job: Mapping[str, Any], level: Level) -> dict[str, Any]:
+    """The config an attempt at `level` runs with: the job's, with the level's overrides under
+    the script's own key names, relative paths made absolute."""
+    overrides = job_keys(job).to_script(level.overrides)
+    return resolve_paths({**json.loads(job["config_json"]), **overrides}, job["config_path"])
 
 
 def job_host_settings(job: dict[str, Any]) -> HostSettings:
@@ -161,7 +209,7 @@ def predict(
     shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache,
     prompt_lengths: Mapping[str, int] | None = None,
 ) -> tuple[int, str]:
-    config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
+    config = attempt_config(job, level)
     measured = shapes.get(job_shape_key(job, level))
     estimated: int | None = None
     sized: Mapping[str, Any] = config
@@ -302,9 +350,10 @@ def _launch(
     source: str,
     reserved_mib: int,
 ) -> None:
+    keys = job_keys(job)  # the attempt records its changes as the script receives them
     plan = AttemptPlan(
         job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
-        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
+        level_step=level.step, changes=keys.to_script(level.changes), overrides=keys.to_script(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
         reserved_mib=reserved_mib,
     )
@@ -313,7 +362,7 @@ def _launch(
     except InvalidTransition:
         return  # cancelled between the read and the claim
     run_dir = Path(attempt["run_dir"])
-    config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
+    config = attempt_config(job, level)
     try:
         env = build_worker_env(
             gpu_uuid=gpu.uuid, gpu_index=gpu.index, seed=job["seed"],
@@ -324,7 +373,7 @@ def _launch(
         prepare_run_dir(run_dir, config, env)
         argv = build_argv(
             job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
-            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])},
+            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])}, config=config,
         )
         handle = launcher.launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",

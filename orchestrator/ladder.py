@@ -13,7 +13,7 @@ GPU-side changes. The schema of a ladder is documented at the top of plans/ladde
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -288,9 +288,16 @@ def _halvings(current: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def expand_levels(
-    ladder: Ladder, base_config: Mapping[str, Any], one_token_task: bool
+    ladder: Ladder,
+    base_config: Mapping[str, Any],
+    one_token_task: bool,
+    reaches: Callable[[str], bool] | None = None,
 ) -> list[Level]:
-    """Level 0 (as configured) and every rung that really changes this config, in order."""
+    """Level 0 (as configured) and every rung that really changes this config, in order.
+
+    `reaches(key)` says whether a change of config `key` reaches the worker (None: all do). A
+    change that cannot reach it is left out, and a rung left with nothing to change is skipped,
+    so no level claims a change the worker never received."""
     current = dict(base_config)
     overrides: dict[str, Any] = {}
     levels = [Level(index=0, step="as_configured")]
@@ -305,10 +312,13 @@ def expand_levels(
 
     for step in ladder.steps:
         if step.halve_batch:
-            for changes in _halvings(current):
-                add(step, changes)
+            if reaches is None or (reaches(BATCH_KEY) and reaches(ACCUM_KEY)):
+                for changes in _halvings(current):
+                    add(step, changes)
             continue
         changes = _step_changes(step, current, one_token_task)
+        if reaches is not None:
+            changes = {key: value for key, value in changes.items() if reaches(key)}
         if changes or (step.run_alone and not run_alone):
             add(step, changes)
     return levels

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -11,17 +12,21 @@ from typing import Any
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.dispatch import (
     JobShapeCache,
+    as_received,
     job_host_settings,
     job_levels,
     job_prompt_length_key,
     job_shape_key,
+    job_worker_output,
 )
 from orchestrator.ladder import retry_decision, with_host_settings
 from orchestrator.launch.base import kill_process_group
+from orchestrator.launch.rundir import read_output_tail
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
 from orchestrator.reconcile import Observation, group_is_ours, read_log_tail, read_result
+from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import (
     AttemptEnd,
     finish_attempt,
@@ -33,6 +38,8 @@ from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
 
 log = logging.getLogger(__name__)
+
+RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
 
 
 def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
@@ -124,7 +131,7 @@ def complete(
             if stepped:  # a host OOM's step: kept by every later attempt, whatever its level
                 fields["host_steps_json"] = json.dumps(decision.host.to_records(), sort_keys=True)
             if moved or stepped:
-                why = f"requeued at {with_host_settings(decision.level, decision.host).describe()}"
+                why = f"requeued at {as_received(job, with_host_settings(decision.level, decision.host)).describe()}"
                 data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
                 if stepped:
                     data["retry"]["host_step"] = decision.host.steps[-1].to_record()
@@ -142,6 +149,7 @@ def complete(
             outcome=verdict.outcome.value, reason=verdict.reason,
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
             peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
+            output_metrics=_stdout_metrics(job, run_dir) if result is None and verdict.outcome is AttemptOutcome.SUCCEEDED else None,
         ),
     )
     if verdict.outcome is AttemptOutcome.FAILED and not hung:
@@ -166,6 +174,16 @@ def _stopped_from_outside(
         return any(name in HANGUP_SIGNAL_NAMES for name in received)
     # Records written before the wrapper named its signals: infer from the exit status.
     return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
+
+
+def _stdout_metrics(job: dict[str, Any], run_dir: Path) -> dict[str, float] | None:
+    """A script that wrote no result.json: the metrics it printed last (the suite's
+    `result_regex`, else the last JSON object line), from the tail of its stdout.log."""
+    regex = job_worker_output(job).get("result_regex")
+    try:
+        return parse_result(read_output_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
+    except re.error:  # checked at submit; a row edited since must not stop the attempt's end
+        return None
 
 
 def _learn(
@@ -241,7 +259,7 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
 def fail_before_start(store: Store, attempt: dict[str, Any], reason: str) -> None:
     """The run dir or launcher failed before the worker existed: the attempt fails with that
     reason; the job is requeued while attempts remain (the daemon itself keeps running)."""
-    job = store.query("SELECT attempt_count, max_attempts FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+    job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
     requeue = job["attempt_count"] < job["max_attempts"]
     finish_attempt(
         store, attempt,
@@ -253,4 +271,7 @@ def fail_before_start(store: Store, attempt: dict[str, Any], reason: str) -> Non
             data={"run_dir": attempt["run_dir"]},
         ),
     )
+    # A launch failure (a bad template, a command that cannot start) fails every attempt the same
+    # way within a second: the crash-loop guard counts it like any other fast failure.
+    guard_crash_loop(store, job["suite"], crash_loop_of(job))
 

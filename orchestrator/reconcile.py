@@ -62,6 +62,7 @@ class Observation:
     last_progress_at: float | None
     now_s: float
     window_alive: bool | None = None  # the launcher's word while pid.json is missing; None: unknown
+    last_output_at: float | None = None  # stdout.log's mtime: any output is a sign of life
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -114,7 +115,11 @@ def observe(run_dir: Path, now_s: float) -> Observation:
     progress_at: float | None = None
     with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
         progress_at = (run_dir / PROGRESS_FILE).stat().st_mtime
+    from orchestrator.launch.rundir import stat_output  # yaml: not for every CLI start
+
+    output = stat_output(run_dir)
     return Observation(
+        last_output_at=output.mtime_s if output is not None else None,
         pid_record=pid_record,
         exit_record=exit_record,
         process_alive=alive,
@@ -160,8 +165,9 @@ def judge(
         return Verdict.LOST
     if disagreement(attempt, obs) is not None:
         return Verdict.LOST  # alive only when pid, create time, pid.json and the row all agree
-    last_sign_of_life = max(float(attempt["started_at"]), obs.last_progress_at or 0.0)
-    if obs.now_s - last_sign_of_life > hang_timeout_s:
+    # Alive while it makes output: progress.jsonl lines or stdout.log growing. 0 means `off`.
+    last_sign_of_life = max(float(attempt["started_at"]), obs.last_progress_at or 0.0, obs.last_output_at or 0.0)
+    if hang_timeout_s > 0 and obs.now_s - last_sign_of_life > hang_timeout_s:
         return Verdict.HUNG
     return Verdict.ALIVE
 

@@ -1,7 +1,8 @@
 """Aggregates worker results over seeds: one summary per (suite, config, task). Pure: no I/O.
 
 The primary metric follows the GLUE convention for the task: Matthews correlation for CoLA,
-F1 for MRPC and QQP, accuracy for the rest.
+F1 for MRPC and QQP, accuracy for the rest; where the runs of a group report no accuracy (a
+script's own task and metrics), the first metric they report.
 """
 
 from __future__ import annotations
@@ -80,13 +81,24 @@ def primary_metric(task: str) -> str:
 
 def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
     """Mean and sample std of each group's primary metric, sorted by (suite, config, task)."""
+    rows = list(rows)
+    chosen: dict[tuple[str, str, str], str] = {}
+    for row in rows:  # accuracy, else (a script's own task) the first metric its runs report
+        group = (row.suite, row.config, row.task)
+        primary = primary_metric(row.task)
+        if primary != DEFAULT_METRIC or chosen.get(group) == primary:
+            continue
+        if primary in row.metrics:
+            chosen[group] = primary
+        elif group not in chosen and row.metrics:
+            chosen[group] = next(iter(row.metrics))
     groups: dict[tuple[str, str, str], dict[int, ResultRow]] = {}
     for row in rows:
         # A repeated seed (a retried job) counts once: the last row seen wins.
         groups.setdefault((row.suite, row.config, row.task), {})[row.seed] = row
     summaries = []
     for (suite, config, task), by_seed in sorted(groups.items()):
-        metric = primary_metric(task)
+        metric = chosen.get((suite, config, task), primary_metric(task))
         values: dict[int, float] = {}
         for seed, row in by_seed.items():
             value = row.metrics.get(metric)

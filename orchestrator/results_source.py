@@ -5,8 +5,10 @@ counted as missing, never trusted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 from orchestrator.reconcile import read_result
 from orchestrator.results import ResultRow
@@ -19,10 +21,8 @@ def collect_rows(store: Store, suite: str | None = None) -> tuple[list[ResultRow
     rows: list[ResultRow] = []
     missing = 0
     for job in succeeded_attempts(store, suite):
-        result = read_result(Path(job["run_dir"]))
-        metrics = result.get("metrics", {}) if isinstance(result, dict) else None
-        test = metrics.get("test") if isinstance(metrics, dict) else None
-        if not isinstance(test, dict):
+        test = job_metrics(read_result(Path(job["run_dir"])), job["output_metrics_json"])
+        if test is None:
             missing += 1
             continue
         numeric = {k: float(v) for k, v in test.items() if isinstance(v, int | float) and not isinstance(v, bool)}
@@ -36,3 +36,23 @@ def collect_rows(store: Store, suite: str | None = None) -> tuple[list[ResultRow
             changes=changes if isinstance(changes, dict) else {}, run_alone=bool(job["run_alone"]),
         ))  # fmt: skip
     return rows, missing
+
+
+def job_metrics(result: dict[str, Any] | None, printed_json: str | None) -> dict[str, Any] | None:
+    """A job's metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else what
+    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X."""
+    metrics: Any = None
+    if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+        reported = result["metrics"]
+        metrics = reported.get("test") if isinstance(reported.get("test"), dict) else reported
+    if not metrics and printed_json:
+        with contextlib.suppress(ValueError):
+            metrics = json.loads(printed_json)
+    if not isinstance(metrics, dict) or not metrics:
+        return None
+    named = dict(metrics)
+    for key, value in metrics.items():
+        for prefix in ("test_", "eval_"):
+            if isinstance(key, str) and key.startswith(prefix):
+                named.setdefault(key[len(prefix):], value)
+    return named

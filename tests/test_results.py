@@ -72,3 +72,22 @@ def test_csv_and_rendered_rows() -> None:
     assert render_rows(summaries, digits=2) == [
         ["E1", "r8", "glue_rte", "accuracy", "0.75 ± 0.35", "2", "1 2"]
     ]
+
+
+def test_own_task_without_accuracy_shows_its_first_metric() -> None:
+    rows = [ResultRow("own", "a", "toy", 1, {"eval_loss": 0.5, "epoch": 1.0}),
+            ResultRow("own", "a", "toy", 2, {"eval_loss": 0.7, "epoch": 1.0})]
+    (summary,) = aggregate(rows)
+    assert (summary.metric, summary.mean, summary.n_seeds) == ("eval_loss", pytest.approx(0.6), 2)
+
+
+def test_job_metrics_sources() -> None:
+    from orchestrator.results_source import job_metrics
+
+    assert job_metrics({"metrics": {"test": {"accuracy": 0.7}}}, None) == {"accuracy": 0.7}
+    assert job_metrics({"status": "succeeded", "metrics": {"eval_accuracy": 0.6}}, None) == {
+        "eval_accuracy": 0.6, "accuracy": 0.6}
+    assert job_metrics(None, '{"eval_accuracy": 0.81, "eval_loss": 0.4}') == {
+        "eval_accuracy": 0.81, "eval_loss": 0.4, "accuracy": 0.81, "loss": 0.4}
+    assert job_metrics({"metrics": {}}, '{"test_f1": 0.5}') == {"test_f1": 0.5, "f1": 0.5}
+    assert job_metrics(None, None) is None and job_metrics(None, "not json") is None

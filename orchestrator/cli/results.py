@@ -59,7 +59,7 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, as_json: bool, 
     else:
         _print_table(summaries, digits)
     if missing and fmt != "json":
-        click.echo(f"{missing} succeeded job(s) had no test metrics in result.json", err=True)
+        click.echo(f"{missing} succeeded job(s) had no test metrics (result.json or printed)", err=True)
 
 
 def _print_table(summaries: list[ResultSummary], digits: int) -> None:

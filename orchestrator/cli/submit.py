@@ -16,9 +16,13 @@ from orchestrator.cli.common import (
 )
 from orchestrator.errors import PlanError
 from orchestrator.gpu import machine_gpu_indices
+from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
 from orchestrator.notify import check_urls
 from orchestrator.plans import (
     GpuPlan,
+    JobSpec,
+    Suite,
+    check_worker_template,
     default_plans_dir,
     expand_jobs,
     load_suite,
@@ -28,6 +32,7 @@ from orchestrator.plans import (
     parse_round,
     parse_set_overrides,
 )
+from orchestrator.plans.template import parse_template
 from orchestrator.store.jobs import (
     SubmitOutcome,
     format_plan,
@@ -71,6 +76,31 @@ def _check_gpus_exist(gpus: list[int], db_path: Path) -> None:
         raise PlanError(
             f"--gpus names GPU {names}, which this machine does not have (its GPUs: {' '.join(map(str, known))})"
         )
+
+
+def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
+    """A line naming the ladder changes the worker command cannot receive (those rungs are
+    skipped for this suite), and how to wire them; None when every change reaches it."""
+    if suite.worker in ("lora", "sim"):
+        return None
+    template = parse_template(suite.worker)
+    if template.reads_config:
+        return None
+    ladder = load_ladder(suite.ladder)
+    unreached: dict[str, str] = {}  # script key -> rung
+    for spec in specs:
+        one_token = is_one_token_task(spec.data, list(suite.one_token_tasks))
+        for level in expand_levels(ladder, suite.keys.to_orch(spec.config), one_token):
+            for key in level.changes:
+                script_key = suite.keys.script_key(key)
+                if not template.reaches(script_key):
+                    unreached.setdefault(script_key, level.step)
+    if not unreached:
+        return None
+    shown = ", ".join(f"{key} (rung {rung})" for key, rung in unreached.items())
+    example = next(iter(unreached))
+    return (f"note: the worker command cannot receive {shown}: orch skips those changes; pass {{config}} "
+            f"or add e.g. --{example.replace('_', '-')} {{cfg.{example}}} to the command to wire them")
 
 
 @click.command("submit")
@@ -121,6 +151,8 @@ def submit_cmd(
     if gpus is not None:
         _check_gpus_exist(gpus, db_path)
     check_urls(suite.notify, f"suite {suite.name} notify")
+    check_worker_template(suite, specs, overrides)
+    note = unreached_rungs_note(suite, specs)
 
     if dry_run and not db_path.exists():
         outcomes = [SubmitOutcome(spec, None, True, None) for spec in specs]
@@ -134,6 +166,8 @@ def submit_cmd(
             if not dry_run:
                 set_suite_notify_urls(store, suite.name, suite.notify)
 
+    if note:
+        click.echo(note, err=True)
     created = [o for o in outcomes if o.created]
     existing = [o for o in outcomes if not o.created]
     if as_json:

@@ -10,21 +10,22 @@ import contextlib
 import json
 import os
 import re
-import shlex
-import string
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from orchestrator.errors import UsageError
+from orchestrator.plans.template import NAMES, parse_template
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 OUR_WORKERS = {"lora": "workers.lora", "sim": "workers.sim"}
-PLACEHOLDERS = ("config", "run_dir", "seed", "data", "job")
+PLACEHOLDERS = NAMES
 CONFIG_FILE = "config.yaml"
 ENV_FILE = "env.json"
 
@@ -123,13 +124,19 @@ def build_worker_env(
 
 
 def build_argv(
-    worker: str, *, config_path: Path, run_dir: Path, values: dict[str, str]
+    worker: str,
+    *,
+    config_path: Path,
+    run_dir: Path,
+    values: dict[str, str],
+    config: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The worker's argv: one of ours ("lora", "sim") or a command template.
 
-    A template such as "python train.py --cfg {config} --overwrite" is split with shlex first and
-    its placeholders ({config}, {run_dir}, {seed}, {data}, {job}) are filled inside each token, so
-    a value can never become a second argument or reach a shell.
+    A template such as "python train.py --cfg {config} --batch-size {cfg.batch_size}" is split
+    with shlex first and its placeholders (orchestrator.plans.template) are filled inside each
+    token, `{cfg.KEY}` from `config` (the attempt's, after --set and the ladder), so a value can
+    never become a second argument or reach a shell.
     """
     if worker in OUR_WORKERS:
         return [
@@ -141,37 +148,65 @@ def build_argv(
             "--run-dir",
             str(run_dir),
         ]
-    try:
-        tokens = shlex.split(worker)
-    except ValueError as exc:
-        raise UsageError(f"invalid worker command {worker!r}: {exc}") from None
-    if not tokens:
-        raise UsageError("empty worker command: give 'lora', 'sim' or a command template")
-    mapping = {name: str(value) for name, value in values.items() if name in PLACEHOLDERS}
-    mapping.update(config=str(config_path), run_dir=str(run_dir))
-    return [_fill(token, mapping, worker) for token in tokens]
+    template = parse_template(worker)
+    names = {name: str(value) for name, value in values.items() if name in PLACEHOLDERS}
+    names.update(config=str(config_path), run_dir=str(run_dir))
+    return template.fill(names, config or {})
 
 
-def _fill(token: str, mapping: dict[str, str], worker: str) -> str:
+# ---------------------------------------------------------------- reading what a worker printed
+
+OUTPUT_FILE = "stdout.log"  # written by the wrapper (launch/wrapper.py LOG_FILE)
+
+
+@dataclass(frozen=True)
+class OutputStat:
+    size_bytes: int
+    mtime_s: float
+
+
+def _open_regular(path: Path) -> int | None:
+    """A read-only fd of `path` when it is a regular file reached without following a symlink."""
     try:
-        fields = list(string.Formatter().parse(token))
-    except ValueError as exc:
-        raise UsageError(
-            f"invalid worker command {worker!r}: {exc} (write {{{{ }}}} for a brace)"
-        ) from None
-    for _, field, spec, conversion in fields:
-        if field is None:
-            continue
-        if field not in PLACEHOLDERS or spec or conversion:
-            raise UsageError(
-                f"unknown placeholder {{{field}}} in worker command {worker!r}: "
-                f"use {', '.join('{' + p + '}' for p in PLACEHOLDERS)} (write {{{{ }}}} for a brace)"
-            )
-        if field not in mapping:
-            raise UsageError(
-                f"placeholder {{{field}}} in worker command {worker!r} has no value here"
-            )
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def stat_output(run_dir: Path) -> OutputStat | None:
+    """Size and modification time of the attempt's stdout.log; None when there is none (or it is
+    not a regular file). Its growth is the worker's sign of life."""
     try:
-        return token.format_map(mapping)
-    except (ValueError, IndexError) as exc:
-        raise UsageError(f"invalid worker command {worker!r}: {exc}") from None
+        info = os.lstat(Path(run_dir) / OUTPUT_FILE)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return OutputStat(info.st_size, info.st_mtime)
+
+
+def read_output(run_dir: Path, start: int, max_bytes: int) -> bytes:
+    """At most `max_bytes` of stdout.log from byte `start`: never the whole of a log that may
+    be gigabytes."""
+    fd = _open_regular(Path(run_dir) / OUTPUT_FILE)
+    if fd is None:
+        return b""
+    try:
+        return os.pread(fd, max(0, max_bytes), max(0, start))
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def read_output_tail(run_dir: Path, max_bytes: int) -> str:
+    """The last `max_bytes` of stdout.log, decoded leniently."""
+    found = stat_output(run_dir)
+    if found is None:
+        return ""
+    start = max(0, found.size_bytes - max_bytes)
+    return read_output(run_dir, start, max_bytes).decode("utf-8", errors="replace")

@@ -41,6 +41,7 @@ from orchestrator.plans.suite import (
     list_suites,
     load_suite,
 )
+from orchestrator.plans.worker_output import check_worker_template
 
 __all__ = [
     "CRASH_LOOP_FAILURES",
@@ -65,6 +66,7 @@ __all__ = [
     "Scalar",
     "Suite",
     "canonical_json",
+    "check_worker_template",
     "default_plans_dir",
     "expand_jobs",
     "job_identity",

@@ -27,6 +27,9 @@ from orchestrator.plans.inputs import (
     check_text,
     shown_value,
 )
+from orchestrator.plans.keymap import NO_KEYS, KeyMap, parse_keys
+from orchestrator.plans.template import parse_template
+from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
 KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
@@ -95,6 +98,21 @@ class Suite:
     description: str = ""
     crash_loop: CrashLoop = CrashLoop()
     notify: tuple[str, ...] = ()  # notification URLs (Apprise) for this suite's ends and failures
+    keys: KeyMap = NO_KEYS  # orch's ladder knobs under the script's own key names
+    progress_regex: str | None = None  # progress from stdout beyond the shapes orch knows
+    result_regex: str | None = None  # metrics from stdout when there is no result.json
+
+    @property
+    def worker_output(self) -> dict[str, Any]:
+        """What the daemon needs to drive and read this suite's worker, stored with each job."""
+        stored: dict[str, Any] = {}
+        if self.keys.names:
+            stored["keys"] = self.keys.to_json()
+        if self.progress_regex:
+            stored["progress_regex"] = self.progress_regex
+        if self.result_regex:
+            stored["result_regex"] = self.result_regex
+        return stored
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -170,6 +188,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
+        "keys", "progress_regex", "result_regex",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -178,6 +197,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if not worker or not worker.strip():
         raise PlanError(f"suite {path}: `worker` is required (lora, sim, or a command template)")
     check_text(f"suite {path} worker", worker)
+    if worker.strip() not in ("lora", "sim"):
+        parse_template(worker.strip())  # an unknown placeholder is refused here, at submit
     mem_gib = _typed(path, data, "mem_gib", (int, float), None)
     if mem_gib is None or not (0 < float(mem_gib) <= 4096):
         raise PlanError(f"suite {path}: `mem_gib` must be a number of GiB between 0 and 4096")
@@ -234,9 +255,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     max_attempts = _typed(path, data, "max_attempts", (int,), 8)
     if not 1 <= max_attempts <= 100:
         raise PlanError(f"suite {path}: `max_attempts` must be between 1 and 100")
-    hang_timeout_s = float(_typed(path, data, "hang_timeout_s", (int, float), 1800.0))
-    if hang_timeout_s <= 0:
-        raise PlanError(f"suite {path}: `hang_timeout_s` must be positive")
+    hang_timeout_s = parse_hang_timeout(path, data.get("hang_timeout_s", 1800.0))
     crash_loop = _parse_crash_loop(path, data.get("crash_loop", {}))
     notify_raw = _typed(path, data, "notify", (str, list), [])
     notify = [notify_raw] if isinstance(notify_raw, str) else notify_raw
@@ -259,6 +278,9 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         description=str(data.get("description", "")),
         crash_loop=crash_loop,
         notify=tuple(u.strip() for u in notify),
+        keys=parse_keys(data.get("keys"), f"suite {path}"),
+        progress_regex=parse_regex(path, data, "progress_regex", required_group="step"),
+        result_regex=parse_regex(path, data, "result_regex", required_group=None),
     )
 
 

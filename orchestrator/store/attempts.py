@@ -75,7 +75,7 @@ def update_attempt(store: Store, attempt_id: int, **fields: Any) -> None:
 
 def live_attempts(store: Store) -> list[dict[str, Any]]:
     return store.query(
-        "SELECT a.*, j.suite, j.config_name, j.hang_timeout_s, j.state AS job_state "
+        "SELECT a.*, j.suite, j.config_name, j.hang_timeout_s, j.state AS job_state, j.worker_output_json "
         "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IS NULL ORDER BY a.id"
     )
 
@@ -91,6 +91,7 @@ class AttemptEnd:
     job_fields: dict[str, Any]
     message: str
     data: dict[str, Any] | None = None
+    output_metrics: dict[str, float] | None = None  # parsed from stdout when there is no result.json
 
 
 def finish_attempt(store: Store, attempt: dict[str, Any], end: AttemptEnd) -> None:
@@ -104,6 +105,11 @@ def finish_attempt(store: Store, attempt: dict[str, Any], end: AttemptEnd) -> No
         )
         if cursor.rowcount != 1:
             return  # closed already by another writer
+        if end.output_metrics:
+            store.db.execute(
+                "UPDATE attempts SET output_metrics_json = ? WHERE id = ?",
+                [json.dumps(end.output_metrics), attempt["id"]],  # printed order: the first is the headline
+            )
         job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
         if job["state"] == JobState.RUNNING.value:
             transition(

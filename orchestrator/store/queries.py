@@ -166,7 +166,7 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[dict[str,
     """Each succeeded job with its succeeding attempt: where its result is and how it ran."""
     sql = (
         "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
-        "a.overrides_json, a.run_alone, a.run_dir FROM jobs j JOIN attempts a "
+        "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json FROM jobs j JOIN attempts a "
         "ON a.job_id = j.id AND a.outcome = 'succeeded' WHERE j.state = 'succeeded'"
     )
     params: list[str] = []

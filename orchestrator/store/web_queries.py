@@ -288,11 +288,12 @@ class SucceededRun:
     data: str
     seed: int
     run_dir: str
+    output_metrics_json: str | None  # metrics the script printed, when it wrote no result.json
 
 
 def succeeded_runs(store: Store, suite: str | None = None) -> list[SucceededRun]:
     sql = (
-        "SELECT j.suite, j.config_name AS config, j.data, j.seed, a.run_dir FROM jobs j JOIN attempts a "
+        "SELECT j.suite, j.config_name AS config, j.data, j.seed, a.run_dir, a.output_metrics_json FROM jobs j JOIN attempts a "
         "ON a.job_id = j.id AND a.outcome = ? WHERE j.state = ?"
     )
     params: list[Any] = [AttemptOutcome.SUCCEEDED.value, JobState.SUCCEEDED.value]

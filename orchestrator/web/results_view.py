@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from orchestrator.results import ResultRow, aggregate, primary_metric
 from orchestrator.results_format import to_csv
+from orchestrator.results_source import job_metrics
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import succeeded_runs
 from orchestrator.web.runfiles import read_result_json
@@ -40,16 +41,14 @@ class MetricsCache:
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
-    def test_metrics(self, run_dir: str) -> dict[str, float] | None:
+    def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
         with self._lock:
             if run_dir in self._metrics:
                 return self._metrics[run_dir]
-        result = read_result_json(run_dir)
-        metrics = result.get("metrics") if result else None
-        test = metrics.get("test") if isinstance(metrics, dict) else None
+        test = job_metrics(read_result_json(run_dir), printed_json)
         numeric = (
             {k: float(v) for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if isinstance(test, dict) else None
+            if test is not None else None
         )
         with self._lock:
             if len(self._metrics) >= self.max_entries:
@@ -63,7 +62,7 @@ def result_table(store: Store, cache: MetricsCache, suite: str | None = None) ->
     rows: list[ResultRow] = []
     missing = 0
     for run in succeeded_runs(store, suite):
-        metrics = cache.test_metrics(run.run_dir)
+        metrics = cache.test_metrics(run.run_dir, run.output_metrics_json)
         if metrics is None:
             missing += 1
             continue

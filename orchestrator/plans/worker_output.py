@@ -1,0 +1,70 @@
+"""Suite settings about a suite's worker: hang timeout, progress and result regexes, and the
+check at submit that its command template can be filled. Pure."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import PlanError
+from orchestrator.plans.inputs import Scalar
+from orchestrator.plans.template import check_config_keys, parse_template
+
+if TYPE_CHECKING:  # suite.py imports this module
+    from orchestrator.plans.suite import JobSpec, Suite
+
+HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
+MAX_REGEX_CHARS = 500
+
+
+def parse_hang_timeout(path: Path, raw: Any) -> float:
+    """Seconds without any output (progress.jsonl or stdout.log) before a worker counts as hung;
+    `off` (YAML may read it as false) disables the check."""
+    if raw is False or (isinstance(raw, str) and raw.strip().lower() == "off"):
+        return HANG_TIMEOUT_OFF
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise PlanError(f"suite {path}: `hang_timeout_s` must be a number of seconds or off")
+    if not (math.isfinite(raw) and raw > 0):
+        raise PlanError(f"suite {path}: `hang_timeout_s` must be positive (or off)")
+    return float(raw)
+
+
+def parse_regex(path: Path, data: dict[str, Any], key: str, required_group: str | None) -> str | None:
+    raw = data.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_REGEX_CHARS:
+        raise PlanError(f"suite {path}: `{key}` must be a regular expression of at most {MAX_REGEX_CHARS} characters")
+    try:
+        pattern = re.compile(raw)
+    except re.error as exc:
+        raise PlanError(f"suite {path}: `{key}` is not a valid regular expression: {exc}") from None
+    if required_group and required_group not in pattern.groupindex:
+        raise PlanError(f"suite {path}: `{key}` needs a named group (?P<{required_group}>...)")
+    if not pattern.groupindex:
+        raise PlanError(f"suite {path}: `{key}` needs named groups, one per metric, e.g. (?P<accuracy>[0-9.]+)")
+    return raw
+
+
+def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict[str, Scalar]) -> None:
+    """Refuse (PlanError) a command template whose `{cfg.KEY}` placeholders the submitted jobs
+    cannot fill, or a ladder `set:` of a renamed batch key (only halve_batch may change it, to
+    keep batch x accumulation). Our own workers read config.yaml and have no template."""
+    ladder_sets: set[str] = set()
+    for step in suite.ladder or []:
+        if isinstance(step, dict) and isinstance(step.get("set"), dict):
+            ladder_sets.update(str(k) for k in step["set"])
+    for knob in ("batch_size", "gradient_accumulation_steps"):
+        if suite.keys.script_key(knob) in ladder_sets - {knob}:
+            raise PlanError(f"suite {suite.path}: a ladder `set:` changes {suite.keys.script_key(knob)!r} "
+                            f"(orch's {knob}): use halve_batch, which keeps batch x accumulation")
+    if suite.worker in ("lora", "sim"):
+        return
+    settable = set(suite.keys.script_keys()) | set(overrides) | ladder_sets
+    configs = {job.config_name: job.config for job in jobs}
+    if not configs:  # nothing selected: check against the suite's configs as they are
+        configs = {c.name: c.content for c in suite.configs}
+    check_config_keys(parse_template(suite.worker), configs, settable)
