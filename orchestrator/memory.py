@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.shapes import RunningPeak, Transfer, measured_margin, running_margin
 
 MIB = 1024 * 1024
 ALPHA = 34  # activation bytes per token per layer per hidden unit, without checkpointing
@@ -239,7 +240,8 @@ def at_learned_length(config: Mapping[str, Any], longest_tokens: int | None) -> 
 
 
 def shape_key(config_content_hash: str, model: str, level: int, task: str) -> str:
-    """Attempts with equal keys should peak alike: same config, model, ladder level and task."""
+    """Attempts with equal keys should peak alike: same memory-relevant config content
+    (`orchestrator.shapes.memory_hash`), model, ladder level and task."""
     return f"{config_content_hash}|{model}|{level}|{task}"
 
 
@@ -253,7 +255,8 @@ class ShapeMemory:
 @dataclass(frozen=True)
 class Prediction:
     mib: int
-    # "measured" | "estimate" | "declared" | "none" (nothing known: 0 MiB) | "OOM floor"
+    # "measured" | "measured (running, step N)" | "measured (level J peak)" | "measured (TASK
+    # peak at ...)" | "estimate" | "declared" | "none" (nothing known: 0 MiB) | "OOM floor"
     # (an earlier OOM of the shape raised the figure above what the other sources say)
     source: str
 
@@ -297,12 +300,27 @@ def predict_peak_mib(
     measured: ShapeMemory | None,
     estimated_mib: int | None,
     declared_mib: int | None,
-    margin_fraction: float = 0.05,
+    margin_fraction: float | None = None,
+    running: RunningPeak | None = None,
+    transfer: Transfer | None = None,
 ) -> Prediction:
-    """Measured peak × (1 + margin), else the estimate, else the declared figure; never below
-    the OOM floor × (1 + margin)."""
+    """The first that is known, plus a margin: the shape's measured peak (completed attempts;
+    margin shrinking with their number, or `margin_fraction`), else the peak so far of its
+    running attempts past step K (a wider margin, shrinking as they run on), else a peak
+    borrowed from a neighbouring shape (`transfer`: a lower ladder level, another task), else
+    the estimate, else the declared figure. Never below the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
-        prediction = Prediction(math.ceil(measured.peak_mib * (1 + margin_fraction)), "measured")
+        margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
+        peak_mib = max(measured.peak_mib, running.peak_mib if running is not None else 0)
+        prediction = Prediction(math.ceil(peak_mib * (1 + margin)), "measured")
+    elif running is not None:
+        prediction = Prediction(
+            math.ceil(running.peak_mib * (1 + running_margin(running.step))),
+            f"measured (running, step {running.step})",
+        )
+    elif transfer is not None:
+        margin = measured_margin(1) if margin_fraction is None else margin_fraction
+        prediction = Prediction(math.ceil(transfer.mib * (1 + margin)), f"measured ({transfer.source})")
     elif estimated_mib is not None:
         prediction = Prediction(estimated_mib, "estimate")
     elif declared_mib is not None:
@@ -310,7 +328,8 @@ def predict_peak_mib(
     else:
         prediction = Prediction(0, "none")
     if measured is not None and measured.oom_floor_mib is not None:
-        floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin_fraction))
+        margin = measured_margin(1) if margin_fraction is None else margin_fraction
+        floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin))
         if floor_mib > prediction.mib:
             # Say so: "declared" beside 6.6 GiB when the suite declared 4 GiB misleads.
             return Prediction(floor_mib, "OOM floor")

@@ -22,6 +22,9 @@ def _register() -> None:
 
     for module in (submit, jobs, plan, control, daemon_cmd, status, results, demo):
         module.register(cli)
+    from orchestrator.cli import memory
+
+    memory.register(cli)
 
 
 def _one_line(text: str) -> str:
