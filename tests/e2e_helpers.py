@@ -57,6 +57,8 @@ class Orch:
             "ORCH_SIM_GPUS": gpus,
             "ORCH_SIM_DIR": str(root / "sim"),
             "ORCH_LAUNCHER": "tmux",
+            # the checkout under test, not whichever one an installed `orch` points at
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])),
         }
         self.env.pop("ORCH_SIM_FOREIGN", None)
         if foreign:
