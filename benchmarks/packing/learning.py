@@ -24,7 +24,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from benchmarks.packing.policies import OrchPolicy
-from benchmarks.packing.simulator import Attempt, Outcome, SimResult, Simulator, Start, best_level, lower_bound_min
+from benchmarks.packing.simulator import (
+    Attempt,
+    Outcome,
+    SimResult,
+    Simulator,
+    Start,
+    best_level,
+    lower_bound_min,
+)
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob, load_trace
 from orchestrator.memory import predict_peak_mib
 from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
