@@ -1,7 +1,7 @@
 """A GPU sweep of minutes-long jobs whose declared memory is wrong both ways: does orch learn
 each shape's peak from its first running attempt and pack the rest at the measured size?
 
-    python benchmarks/gpu/learn_sweep.py --work /tmp/learn --out OUT             # GPU, ~9 min
+    python benchmarks/gpu/learn_sweep.py --work /tmp/learn --out OUT --budget-s 420   # GPU, ~9 min
     python benchmarks/gpu/learn_sweep.py --dry --work /tmp/learn-dry --out /tmp/o --max-steps 20
 
 Two suites on the Llama of 1.3B shape (LoRA r=8 q/k/v/o, toy GLUE data, ≤ 34 tokens) of
@@ -118,11 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/orch-learn"))
     parser.add_argument("--out", type=Path, default=Path("learn-out"))
     parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--max-steps", type=int, default=400, help="about 2-4 minutes per job on an H200")
+    parser.add_argument("--max-steps", type=int, default=1200, help="a few minutes per job on an H200")
     parser.add_argument("--leave-gib", type=float, default=40.0)
     parser.add_argument("--gpu-plan", default="8")
     parser.add_argument("--headroom", type=float, default=0.017)
-    parser.add_argument("--budget-s", type=float, default=560.0)
+    parser.add_argument("--budget-s", type=float, default=480.0, help="then what still runs is cancelled")
     parser.add_argument("--dry", action="store_true", help="CPU: sim GPUs, tiny-llama, no ballast")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
