@@ -41,5 +41,11 @@ def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) 
     learned = orch.json("memory", "--json")["shapes"]
     assert len(learned) == 1 and learned[0]["samples"] == 2 and learned[0]["source"].startswith("measured")
     assert learned[0]["suite"] == "wide"
+    # samples/s learned alone and beside the second job (4 samples per 0.25 s step: 16/s)
+    (curve,) = learned[0]["throughput"].values()
+    assert {"1", "2"} <= set(curve["samples_per_s"]), curve
+    assert all(8 <= rate <= 24 for rate in curve["samples_per_s"].values()), curve
+    assert curve["relative"]["1"] == 1.0
+    assert "jobs per card -> throughput 1:1.0x" in orch.run("memory").stdout
     orch.run("memory", "forget", "--suite", "wide")
     assert orch.json("memory", "--json")["shapes"] == []

@@ -11,7 +11,8 @@ Two learning rules for the `orch` policy, side by side:
   peak (later batches can be longer).
 and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
 that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
-learning). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
+learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
+alone costs). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
 (long jobs: the first wave then lasts hours, which is where learning early pays).
 """
 
@@ -86,10 +87,14 @@ class OraclePolicy:
     trace: Trace
     name: str = "oracle"
     queue: dict[int, int] = field(default_factory=dict)  # job -> level
+    headroom: bool = False  # keep orch's headroom (10 %, at most 4 GiB): its share of the gap
 
     def __post_init__(self) -> None:
         self.queue = {j: best_level(job, self.trace) for j, job in enumerate(self.trace.jobs)}
-        self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12)
+        if self.headroom:
+            self.packing = PackingPolicy(starvation_s=1e12)
+        else:
+            self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12)
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
@@ -153,10 +158,12 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
     step_k = Simulator(trace).run(
         StepKPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
     )
+    with_headroom = Simulator(trace).run(OraclePolicy(trace, headroom=True))
     return [
         row("orch end", end, bound, oracle.makespan_min, work),
         row("orch step-k", step_k, bound, oracle.makespan_min, work),
         row("oracle", oracle, bound, oracle.makespan_min, work),
+        row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
     ]
 
 
