@@ -98,7 +98,7 @@ def errors(rows: list[Row], k: EstimateConstants) -> list[float]:
 
 def fit(rows: list[Row]) -> EstimateConstants:
     """Coordinate search: each constant over a grid, keeping the others, a few rounds."""
-    grids = {
+    grids: dict[str, list[float]] = {
         "alpha": [6, 8, 10, 12, 14, 16, 18, 20, 24, 28, 34],
         "checkpoint_per_layer": [0.5, 1, 2, 3, 4, 6, 8],
         "logit_bytes": [2, 4, 6, 8, 10],
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = load_rows()
     fitted = fit(rows)
-    table = [
+    table: list[dict[str, Any]] = [
         {"row": r.source, "model": r.model, "batch": r.config.get("batch_size"), "tokens": r.config.get("max_seq_len"),
          "ckpt": bool(r.config.get("gradient_checkpointing")), "keep": r.config.get("logits_to_keep"),
          "measured_mib": r.measured_mib, "textbook_mib": estimate(r, DEFAULT_CONSTANTS),

@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 # Keys that change peak memory in the workers we ship and in the common training scripts.
 MEMORY_KEYS: frozenset[str] = frozenset(
@@ -93,10 +95,10 @@ def measured_margin(samples: int) -> float:
     return max(0.02, 0.05 / math.sqrt(max(samples, 1)))
 
 
-def fold_running(peaks: Iterable[tuple[str, int, int]]) -> dict[str, RunningPeak]:
+def fold_running(peaks: Iterable[tuple[K, int, int]]) -> dict[K, RunningPeak]:
     """(shape key, peak so far, step) of every live attempt past the provisional point ->
     one RunningPeak per shape."""
-    out: dict[str, RunningPeak] = {}
+    out: dict[K, RunningPeak] = {}
     for key, peak_mib, step in peaks:
         old = out.get(key)
         if old is None:

@@ -206,3 +206,31 @@ def test_suite_memory_settings(tmp_path) -> None:  # type: ignore[no-untyped-def
     for bad in ({"memory_keys": "chunk"}, {"memory_keys": [3]}, {"min_stack_gain": 2}, {"min_stack_gain": "x"}):
         with pytest.raises(PlanError):
             _suite(tmp_path, **bad)
+
+
+def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.store.attempts import write_shape
+    from orchestrator.store.db import Store
+    from orchestrator.store.learning import label_shape, record_throughput
+
+    key = shape_key("h", "m", 0, "glue_rte")
+    with Store(db_path) as store:
+        write_shape(store, key, ShapeMemory(10_240, None, 2))
+        label_shape(store, key, "E1", "c L0 glue_rte")
+        record_throughput(store, "GPU-1", key, 1, 100.0, "E1")
+        record_throughput(store, "GPU-1", key, 2, 60.0, "E1")
+        write_shape(store, "other|m|0|t", ShapeMemory(None, 4_000, 0))
+    listed = json.loads(orch_inproc("memory", "--json").stdout)["shapes"]
+    first = next(s for s in listed if s["shape"] == key)
+    assert first["peak_mib"] == 10_240 and first["samples"] == 2 and first["source"] == "measured (2 attempts)"
+    assert first["throughput"]["GPU-1"]["relative"] == {"1": 1.0, "2": 1.2}
+    assert "1:1.0x, 2:1.2x" in orch_inproc("memory").stdout
+    for bad in (("memory", "forget"), ("memory", "forget", key, "--suite", "E1"),
+                ("memory", "forget", "nope"), ("memory", "forget", "a\x01b")):
+        result = orch_inproc(*bad)
+        assert result.rc == 2 and len(result.stderr.strip().splitlines()) == 1, bad
+    assert len(json.loads(orch_inproc("memory", "--json").stdout)["shapes"]) == 2  # nothing went
+    assert orch_inproc("memory", "forget", "--suite", "E1").rc == 0
+    assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == ["other|m|0|t"]
+    assert orch_inproc("memory", "forget", "other|m|0|t").rc == 0
+    assert json.loads(orch_inproc("memory", "--json").stdout)["shapes"] == []

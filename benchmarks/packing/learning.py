@@ -23,6 +23,7 @@ import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.packing.policies import OrchPolicy
 from benchmarks.packing.simulator import (
@@ -57,7 +58,7 @@ class StepKPolicy(OrchPolicy):
             for a in sim.running
             if now_s >= a.ramp_end_s + self.known_after_s
         ]
-        self.running = fold_running(passed)  # type: ignore[arg-type]
+        self.running = fold_running(passed)
 
     def predict_mib(self, job_index: int, level: int) -> float:
         job = self.trace.jobs[job_index]
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"invalid input: {exc}", file=sys.stderr)
         return 2
-    results = []
+    results: list[dict[str, Any]] = []
     for name, trace in traces:
         for factor in factors:
             rows = compare(scaled(trace, factor), args.known_after_s, args.early_fraction)

@@ -113,7 +113,7 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
     if (shape is None) == (suite is None):
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
-    with open_store(db_path, create=True) as store:
+    with open_store(db_path, create=False) as store:
         if shape is not None and not store.query("SELECT 1 FROM memory_shapes WHERE shape_key = ? UNION "
                                                  "SELECT 1 FROM throughput WHERE shape_key = ?", [shape, shape]):
             raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
