@@ -21,6 +21,8 @@ cards, 2 jobs per card): weights ~2.6 GiB (formula: 2.54 GiB); activations 1.5�
 longest item, so the real figure is lower: the estimate takes the worst case on purpose);
 per-process peaks 4–12 GiB (formula: 7.6 GiB, 4.4 GiB with checkpointing); savings from
 checkpointing 3–5 GiB (formula: 3.2 GiB) and from batch 4→2 2–3 GiB (formula: 1.7 GiB).
+Those are the textbook constants (DEFAULT_CONSTANTS); the ones used (CALIBRATED) are fitted to
+peaks measured on an H200 by benchmarks/memory_fit.py, which prints the error of every row.
 Eval/generation peaks (+1–2 GiB reported) are not modelled: measured peaks take over after the
 first completed attempt of a shape, and an OOM raises the floor.
 """
