@@ -354,7 +354,8 @@ def predict_peak_mib(
     else:
         prediction = Prediction(0, "none")
     if measured is not None and measured.oom_floor_mib is not None:
-        margin = measured_margin(1) if margin_fraction is None else margin_fraction
+        # the margin the measured peak gets: a floor equal to that peak must not outbid it
+        margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin))
         if floor_mib > prediction.mib:
             # Say so: "declared" beside 6.6 GiB when the suite declared 4 GiB misleads.

@@ -234,3 +234,11 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == ["other|m|0|t"]
     assert orch_inproc("memory", "forget", "other|m|0|t").rc == 0
     assert json.loads(orch_inproc("memory", "--json").stdout)["shapes"] == []
+
+
+def test_a_floor_equal_to_the_measured_peak_does_not_outbid_it() -> None:
+    # a success after an OOM leaves floor == peak; with more samples the margin shrinks alike
+    for samples in (1, 2, 5):
+        p = predict_peak_mib(ShapeMemory(15_360, 15_360, samples), None, 8_192)
+        assert p.source == "measured", samples
+    assert predict_peak_mib(ShapeMemory(15_360, 20_000, 3), None, 8_192).source == "OOM floor"
