@@ -2,7 +2,7 @@
 each shape's peak from its first running attempt and pack the rest at the measured size?
 
     python benchmarks/gpu/learn_sweep.py --work /tmp/learn --out OUT --budget-s 420   # GPU, ~9 min
-    python benchmarks/gpu/learn_sweep.py --dry --work /tmp/learn-dry --out /tmp/o --max-steps 20
+    python benchmarks/gpu/learn_sweep.py --dry --work /tmp/learn-dry --out /tmp/o --max-steps 120
 
 Two suites on the Llama of 1.3B shape (LoRA r=8 q/k/v/o, toy GLUE data, ≤ 34 tokens) of
 benchmarks/gpu/run_sweep.py: `under` declares 4 GiB for batch 128 and 64 (true peaks about 12
@@ -38,7 +38,12 @@ SUITES = {"under": (4, {"big_b128": 128, "mid_b64": 64}), "over": (24, {"small_b
 WINDOW_S = 600.0
 
 
-def write_plans(plans: Path, model: str, data_dir: Path, max_steps: int) -> None:
+# --dry: the sim worker holding the true peaks of the GPU run on a simulated card, so that the
+# learning itself (not only the plumbing) runs here; 4 steps per second
+SIM_PEAK_GIB = {"big_b128": 12.0, "mid_b64": 7.7, "small_b16": 4.5}
+
+
+def write_plans(plans: Path, model: str, data_dir: Path, max_steps: int, sim: bool = False) -> None:
     peft = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM",
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}  # fmt: skip
     (plans / "suites").mkdir(parents=True, exist_ok=True)
@@ -49,8 +54,13 @@ def write_plans(plans: Path, model: str, data_dir: Path, max_steps: int) -> None
                       "max_steps": max_steps, "prec": "bf16", "gradient_accumulation_steps": 1,
                       "gradient_checkpointing": False, "num_data_workers": 2, "max_seq_len": 256,
                       "no_save": True, "batch_size": batch}  # fmt: skip
+            if sim:
+                config = {"model": "sim-llama", "batch_size": batch, "learning_rate": 3e-4,
+                          "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
+                          "sim_mem_gib": SIM_PEAK_GIB[name], "sim_seconds": max_steps / 4, "sim_ramp_s": 2}  # fmt: skip
             (plans / "configs" / suite / f"{name}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        body = {"worker": f"{sys.executable} -m workers.lora --config {{config}} --run-dir {{run_dir}}",
+        worker = "sim" if sim else f"{sys.executable} -m workers.lora --config {{config}} --run-dir {{run_dir}}"
+        body = {"worker": worker,
                 "mem_gib": mem_gib, "one_token_tasks": ["glue*"], "max_attempts": 8, "hang_timeout_s": 300,
                 "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "ORCH_HEARTBEAT_S": "2",
                         **({"ORCH_WORKER_DEVICE": "cpu"} if model == "tiny-llama" else {})},
@@ -127,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-plan", default="8")
     parser.add_argument("--headroom", type=float, default=0.017)
     parser.add_argument("--budget-s", type=float, default=480.0, help="then what still runs is cancelled")
-    parser.add_argument("--dry", action="store_true", help="CPU: sim GPUs, tiny-llama, no ballast")
+    parser.add_argument("--dry", action="store_true", help="CPU: the sim worker on one simulated card of --leave-gib")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     work, out = args.work.resolve(), args.out.resolve()
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     db = tag_dir / "state.db"
     backend = "sim" if args.dry else "nvml"
     if args.dry:
-        os.environ.update(ORCH_GPU_BACKEND="sim", ORCH_SIM_GPUS="1x48GiB", ORCH_SIM_DIR=str(tag_dir / "sim"),
+        os.environ.update(ORCH_GPU_BACKEND="sim", ORCH_SIM_GPUS=f"1x{int(args.leave_gib)}GiB", ORCH_SIM_DIR=str(tag_dir / "sim"),
                           ORCH_WORKER_DEVICE="cpu")  # fmt: skip
     data_dir = work / "data"
     if not (data_dir / "RTE" / "train.tsv").exists():
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                             str(model_dir)], check=True, cwd=REPO)  # fmt: skip
         model = str(model_dir)
     plans = tag_dir / "plans"
-    write_plans(plans, model, data_dir, args.max_steps)
+    write_plans(plans, model, data_dir, args.max_steps, sim=args.dry)
     meta: dict[str, Any] = {"tag": "learn", "gpu_plan": args.gpu_plan, "seeds": args.seeds,
                             "max_steps": args.max_steps, "leave_gib": args.leave_gib, "dry": args.dry}  # fmt: skip
     ballast = None
@@ -178,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         dump(db, tag_dir, meta)
         (tag_dir / "dumps" / "memory.json").write_text(orch(["memory", "--json"], db, check=False))
         finish(db, daemon, ballast)
-        free_mib = int(args.leave_gib * 1024) if not args.dry else 48 * 1024
+        free_mib = int(args.leave_gib * 1024)
         summary = {"meta": meta, **summarize(tag_dir, free_mib, int(args.gpu_plan.split(",")[0]))}
         (out / "learn-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(json.dumps(summary, indent=2), flush=True)
