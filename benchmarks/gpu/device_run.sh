@@ -48,7 +48,7 @@ mkdir -p "$OUT"
       python3 benchmarks/gpu/analyze.py "$WORK/packed_x2" --baseline "$WORK/baseline_x2" --out "$OUT/summary_x2.json" | tail -5
       ;;
     learn)
-      timeout 570 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 420
+      timeout 540 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 390
       [ -f /tmp/orch-learn/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('/tmp/orch-learn/ballast.json'))['pid'])")" 2>/dev/null
       ;;
   esac

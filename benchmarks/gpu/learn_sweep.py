@@ -1,7 +1,7 @@
 """A GPU sweep of minutes-long jobs whose declared memory is wrong both ways: does orch learn
 each shape's peak from its first running attempt and pack the rest at the measured size?
 
-    python benchmarks/gpu/learn_sweep.py --work /tmp/learn --out OUT --budget-s 420   # GPU, ~9 min
+    python benchmarks/gpu/learn_sweep.py --work /tmp/learn --out OUT --budget-s 390   # GPU, ~8 min
     python benchmarks/gpu/learn_sweep.py --dry --work /tmp/learn-dry --out /tmp/o --max-steps 120
 
 Two suites on the Llama of 1.3B shape (LoRA r=8 q/k/v/o, toy GLUE data, ≤ 34 tokens) of
