@@ -102,7 +102,8 @@ def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
     peaks: dict[str, int] = {}
     for j in jobs:
         for a in j["attempts"]:
-            if a["outcome"] == "succeeded" and a["level"] == 0:
+            # cancelled at the deadline after minutes of training: its peak is the shape's too
+            if a["outcome"] in ("succeeded", "cancelled") and a["level"] == 0 and a["peak_mib"]:
                 key = f"{j['suite']}/{j['config']}"
                 peaks[key] = max(peaks.get(key, 0), a["peak_mib"])
     shapes: dict[str, Any] = {}
