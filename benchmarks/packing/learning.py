@@ -12,7 +12,8 @@ Two learning rules for the `orch` policy, side by side:
 and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
 that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
 learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
-alone costs). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
+alone costs); `step-k nohold` is `orch step-k` without the starvation hold (a head job waiting
+10 minutes keeps its best card free), which is what costs most of the rest. Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
 (long jobs: the first wave then lasts hours, which is where learning early pays).
 """
 
@@ -160,9 +161,14 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         StepKPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
     )
     with_headroom = Simulator(trace).run(OraclePolicy(trace, headroom=True))
+    no_hold = Simulator(trace).run(
+        StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), known_after_s=known_after_s,
+                    early_fraction=early_fraction, name="step-k nohold")
+    )
     return [
         row("orch end", end, bound, oracle.makespan_min, work),
         row("orch step-k", step_k, bound, oracle.makespan_min, work),
+        row("step-k nohold", no_hold, bound, oracle.makespan_min, work),
         row("oracle", oracle, bound, oracle.makespan_min, work),
         row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
     ]
@@ -191,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'trace':<22}{'×min':>5}  {'policy':<12}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
+    print(f"{'trace':<22}{'×min':>5}  {'policy':<14}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
           f"{'OOMs':>6}{'lost GPU-min':>14}{'lost %':>8}{'failed':>8}")
     for r in results:
         for p in r["rows"]:
-            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<12}{p['makespan_min']:>10.1f}"
+            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<14}{p['makespan_min']:>10.1f}"
                   f"{p['vs_bound']:>8.3f}{p['vs_oracle']:>9.3f}{p['oom_events']:>6}{p['oom_lost_gpu_min']:>14.1f}"
                   f"{p['oom_lost_pct']:>8.2f}{p['failed_jobs']:>8}")
     return 0
