@@ -242,3 +242,20 @@ def test_a_floor_equal_to_the_measured_peak_does_not_outbid_it() -> None:
         p = predict_peak_mib(ShapeMemory(15_360, 15_360, samples), None, 8_192)
         assert p.source == "measured", samples
     assert predict_peak_mib(ShapeMemory(15_360, 20_000, 3), None, 8_192).source == "OOM floor"
+
+
+def test_packing_benchmark_oracle_and_step_k_learning() -> None:
+    from pathlib import Path
+
+    from benchmarks.packing.learning import OraclePolicy, StepKPolicy
+    from benchmarks.packing.simulator import Simulator, lower_bound_min
+    from benchmarks.packing.trace import load_trace
+
+    trace = load_trace(Path(__file__).resolve().parents[1] / "benchmarks/traces/foreign_4x48.yaml")
+    oracle = Simulator(trace).run(OraclePolicy(trace))
+    assert oracle.oom_events == 0 and oracle.failed_jobs == 0
+    assert lower_bound_min(trace) <= oracle.makespan_min <= 1.05 * lower_bound_min(trace)
+    policy = StepKPolicy(trace, known_after_s=30.0)
+    step_k = Simulator(trace).run(policy)
+    assert step_k.failed_jobs == 0 and step_k.makespan_min >= oracle.makespan_min
+    assert policy.shapes  # completions replaced the running peaks
