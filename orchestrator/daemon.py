@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -27,7 +28,7 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
-from orchestrator.outcomes import complete
+from orchestrator.outcomes import complete, learn_rate
 from orchestrator.packing import PackingPolicy
 from orchestrator.reconcile import Observation, Verdict, disagreement, judge, mark_lost, observe
 from orchestrator.stdout_follow import OutputFollower
@@ -75,6 +76,7 @@ class Daemon:
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
+        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -183,7 +185,10 @@ class Daemon:
         """Bring every live attempt's record up to date; returns how many are still live."""
         by_uuid = {s.uuid: s for s in snapshots}
         still_live = 0
-        attempts = live_attempts(self.store)
+        live = live_attempts(self.store)
+        tenants = Counter(a["gpu_uuid"] for a in live)
+        self._rates = {a["id"]: r for a, r in ((a, self._rates.get(a["id"])) for a in live) if r is not None}
+        attempts = live
         for attempt in attempts:
             obs = observe(Path(attempt["run_dir"]), now_s())
             if obs.pid_record is None and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
@@ -197,6 +202,7 @@ class Daemon:
                 verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
             if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
                 self._track(attempt, obs, by_uuid.get(attempt["gpu_uuid"]))
+                self._learn_rate(attempt, obs, tenants[attempt["gpu_uuid"]])
             if verdict is Verdict.ALIVE and attempt["kill_requested"]:
                 self._kill(attempt, obs.pid_record)
                 still_live += 1
@@ -254,6 +260,21 @@ class Daemon:
                 fields["last_progress_at"] = obs.last_output_at
         if fields:
             update_attempt(self.store, attempt["id"], **fields)
+
+    def _learn_rate(self, attempt: dict[str, Any], obs: Any, tenants: int) -> None:
+        """Samples/s of the attempt between two of its progress readings, recorded with the
+        number of attempts on its card when both readings saw the same number."""
+        step = (obs.last_progress or {}).get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or obs.last_progress_at is None:
+            return
+        previous = self._rates.get(attempt["id"])
+        self._rates[attempt["id"]] = (step, float(obs.last_progress_at), tenants)
+        if previous is None or previous[2] != tenants:
+            return
+        try:
+            learn_rate(self.store, attempt, previous[:2], (step, float(obs.last_progress_at)), tenants, self.cache)
+        except Exception:  # a bad config row must not stop reconciling the others
+            log.warning("cannot record the rate of attempt %s", attempt["id"], exc_info=True)
 
     def _kill(self, attempt: dict[str, Any], pid_record: dict[str, Any] | None) -> None:
         pgid = (pid_record or {}).get("pgid") or attempt["pgid"]

@@ -20,6 +20,7 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
 from orchestrator.launch.base import Launcher, LaunchSpec
 from orchestrator.launch.rundir import OUR_WORKERS, build_argv, build_worker_env, prepare_run_dir
+from orchestrator.learned import Knowledge, running_peaks, throughput_curves
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import (
     ModelInfo,
@@ -45,6 +46,7 @@ from orchestrator.packing import (
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
+from orchestrator.shapes import memory_hash
 from orchestrator.store.attempts import (
     AttemptPlan,
     read_all_prompt_lengths,
@@ -54,6 +56,7 @@ from orchestrator.store.attempts import (
 )
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan, transition
+from orchestrator.store.learning import read_throughput
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +188,17 @@ def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
 
 
 def job_shape_key(job: dict[str, Any], level: Level) -> str:
+    """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
+    suite's `memory_keys`), model, level index and task."""
     config = json.loads(job["config_json"])
-    return shape_key(config_hash(config), str(config.get("model", "")), level.index, job["data"])
+    extra = json.loads(job.get("memory_keys_json") or "[]")
+    return shape_key(memory_hash(config, extra), str(config.get("model", "")), level.index, job["data"])
+
+
+def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: JobShapeCache) -> str:
+    """The shape key of a (live) attempt: its job's shape at the attempt's level."""
+    levels = job_levels(job, cache)
+    return job_shape_key(job, levels[min(int(attempt["level"]), len(levels) - 1)])
 
 
 def load_durations(store: Store) -> DurationTable:
@@ -208,19 +220,46 @@ def job_prompt_length_key(job: dict[str, Any]) -> str:
 def predict(
     shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache,
     prompt_lengths: Mapping[str, int] | None = None,
+    knowledge: Knowledge | None = None,
 ) -> tuple[int, str]:
     config = attempt_config(job, level)
-    measured = shapes.get(job_shape_key(job, level))
+    key = job_shape_key(job, level)
+    measured = shapes.get(key)
     estimated: int | None = None
     sized: Mapping[str, Any] = config
     if job["worker"] == "lora":
         learned = (prompt_lengths or {}).get(prompt_length_key(config, job["data"]))
         sized = at_learned_length(config, learned)  # `config` itself when nothing applies
         estimated = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
-    prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]))
+    running = knowledge.running.get(key) if knowledge is not None else None
+    transfer = None
+    if knowledge is not None and (measured is None or measured.peak_mib is None) and running is None:
+        transfer = knowledge.transfer(
+            key, _level_ratios(job, level, cache, estimated, prompt_lengths),
+            lambda task: (prompt_lengths or {}).get(prompt_length_key(config, task)),
+        )
+    prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]), running=running, transfer=transfer)
     if prediction.source == "estimate" and sized is not config:
         return prediction.mib, f"estimate at {max_seq_len_of(sized)} tokens"
     return prediction.mib, prediction.source
+
+
+def _level_ratios(
+    job: dict[str, Any], level: Level, cache: JobShapeCache, estimated: int | None,
+    prompt_lengths: Mapping[str, int] | None,
+) -> dict[int, float] | None:
+    """Estimate at `level` / estimate at each lower level (LoRA jobs): how much the rungs between
+    save, applied to a peak measured at the lower level."""
+    if estimated is None or level.index == 0:
+        return None
+    ratios: dict[int, float] = {}
+    for lower in job_levels(job, cache)[: level.index]:
+        config = resolve_paths({**json.loads(job["config_json"]), **lower.overrides}, job["config_path"])
+        sized = at_learned_length(config, (prompt_lengths or {}).get(prompt_length_key(config, job["data"])))
+        at_lower = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
+        if at_lower:
+            ratios[lower.index] = estimated / at_lower
+    return ratios
 
 
 def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuState]:
@@ -274,6 +313,10 @@ def schedule(
     levels: dict[int, Level] = {}
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
+    live_jobs = {j["id"]: j for j in store.query(
+        "SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)")}
+    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(dict(j), a, cache)))
+    curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
     durations = load_durations(store)
     predictions: dict[int, tuple[int, str]] = {}
     gpus = gpu_states(snapshots, get_gpu_plan(store))
@@ -294,7 +337,7 @@ def schedule(
             _fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         levels[job["id"]] = level
-        predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths)
+        predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
         if ceiling_mib is not None and predicted_mib > ceiling_mib:
             predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
         predictions[job["id"]] = (predicted_mib, source)
@@ -306,6 +349,8 @@ def schedule(
                 allowed_gpu_indices=frozenset(allowed) if allowed is not None else None,
                 run_alone=level.run_alone,
                 expected_duration_s=durations.expected_s(job["config_name"], job["data"], level.index),
+                throughput_by_gpu=curves.get(job_shape_key(job, level)),
+                min_stack_gain=job.get("min_stack_gain"),
             )
         )
     decision = pack(queue, gpus, running, ctx.policy, now_s())

@@ -13,6 +13,7 @@ from orchestrator.classify import Classification, classify_attempt
 from orchestrator.dispatch import (
     JobShapeCache,
     as_received,
+    attempt_shape_key,
     job_host_settings,
     job_levels,
     job_prompt_length_key,
@@ -36,6 +37,8 @@ from orchestrator.store.attempts import (
 )
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event
+from orchestrator.store.learning import label_shape, record_throughput
+from orchestrator.throughput import interval_rate
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +199,30 @@ def _learn(
     key = job_shape_key(job, level)
     new = update_shape(read_shape(store, key), peak_mib or None, outcome, held_at_death_mib or None)
     write_shape(store, key, new)
+    label_shape(store, key, job["suite"], f"{job['config_name']} L{level.index} {job['data']}")
+
+
+def learn_rate(
+    store: Store, attempt: dict[str, Any], before: tuple[int, float], after: tuple[int, float],
+    tenants: int, cache: JobShapeCache,
+) -> None:
+    """Record the attempt's samples/s between two progress readings (steps × effective batch
+    over the time between them) at `tenants` attempts on its card."""
+    rows = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])
+    if not rows:
+        return
+    job = rows[0]
+    config = {**json.loads(job["config_json"]), **json.loads(attempt["overrides_json"] or "{}")}
+    per_step = 1
+    for key in ("batch_size", "gradient_accumulation_steps"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            per_step *= value
+    rate = interval_rate(before[0], before[1], after[0], after[1], per_step)
+    if rate is None:
+        return
+    key = attempt_shape_key(job, attempt, cache)
+    record_throughput(store, attempt["gpu_uuid"], key, tenants, rate, job["suite"])
 
 
 def _learn_prompt_length(

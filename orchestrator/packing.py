@@ -6,7 +6,10 @@ The daemon and the virtual-time simulator in benchmarks/ both call `pack`; nothi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from orchestrator.throughput import marginal_gain
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,11 @@ class QueuedJob:
     run_alone: bool = False  # ladder's last level: the GPU must hold no other job
     # learned from completed attempts of the same config/task; None: nothing comparable ran yet
     expected_duration_s: float | None = None
+    # GPU index -> {jobs on the card: aggregate throughput in solo-job units}, measured for this
+    # job's shape (orchestrator.throughput); None or missing GPUs: nothing measured yet
+    throughput_by_gpu: Mapping[int, Mapping[int, float]] | None = None
+    # the suite's `min_stack_gain`: no stacking where the measured marginal gain is below it
+    min_stack_gain: float | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,10 @@ def _blocker(job: QueuedJob, card: _Card) -> str | None:
         return "cap"
     if job.run_alone and card.occupied:
         return "occupied"
+    if job.min_stack_gain is not None:
+        gain = _gain(job, card)
+        if gain is not None and gain < job.min_stack_gain:
+            return "gain"
     if job.predicted_peak_mib + _headroom_for(job, card) > card.available_mib:
         return "memory"
     if card.held_for is not None and card.held_for != job.job_id:
@@ -170,11 +182,24 @@ def _order_key(job: QueuedJob, rule: str) -> tuple[int, float, int]:
     return (-job.priority, -expected, job.queued_seq)
 
 
+def _gain(job: QueuedJob, card: _Card) -> float | None:
+    """Measured throughput one more job of this shape adds to the card (solo-job units)."""
+    curve = (job.throughput_by_gpu or {}).get(card.gpu.index)
+    return marginal_gain(curve or {}, card.used_slots)
+
+
 def _choose(job: QueuedJob, fits: list[_Card], rule: str) -> _Card:
     if rule == "best_fit":  # the tightest card keeps large gaps for large jobs
         return min(fits, key=lambda c: (c.available_mib - job.predicted_peak_mib, c.gpu.index))
-    # spread: a job sharing a card runs slower, so prefer the emptiest, then the most free memory
-    return min(fits, key=lambda c: (c.used_slots, -c.available_mib, c.gpu.index))
+
+    # spread: idle cards first; then where the job adds the most measured throughput (an even
+    # split, 1/(k+1), where nothing is measured), then the emptiest, then the most free memory
+    def key(c: _Card) -> tuple[bool, float, int, int, int]:
+        gain = _gain(job, c)
+        expected = gain if gain is not None else 1.0 / (c.used_slots + 1)
+        return (c.used_slots > 0, -expected, c.used_slots, -c.available_mib, c.gpu.index)
+
+    return min(fits, key=key)
 
 
 def _best_candidate(job: QueuedJob, cards: list[_Card]) -> _Card | None:
@@ -227,6 +252,13 @@ def _wait_reason(
         return (
             f"GPU {c.gpu.index}: {_gib(max(0, c.available_mib))} free{ramping}, "
             f"needs {_gib(job.predicted_peak_mib)} + {_gib(_headroom_for(job, c))} headroom"
+        )
+    stacked = [c for c in usable if blockers[c.gpu.index] == "gain"]
+    if stacked:
+        c = stacked[0]
+        return (
+            f"GPU {c.gpu.index}: one more job would add {_gain(job, c) or 0:.0%} throughput "
+            f"(measured), below min_stack_gain {job.min_stack_gain:.0%}"
         )
     if job.run_alone:
         return "waiting to run alone on a GPU"

@@ -74,9 +74,12 @@ def test_calibrated_against_the_e1_figures() -> None:
         spec = json.loads(spec_file.read_text(encoding="utf-8"))
         peak = _estimate(spec)
         assert 4 * GIB <= peak <= 12 * GIB, spec_file.name
-    # checkpointing saves 3-5 GiB reported; batch 4 -> 2 saves 2-3 GiB (ours: a bit under)
-    assert 2.5 * GIB <= _estimate() - _estimate(gradient_checkpointing=True) <= 5 * GIB
-    assert 1.2 * GIB <= _estimate() - _estimate(batch_size=2) <= 3 * GIB
+    # checkpointing saves 3-5 GiB reported (1.9 GiB measured at 256 tokens on an H200, Llama of
+    # the same shape: benchmarks/results/lora_memory_h200.json); batch 4 -> 2 saves 2-3 GiB
+    # reported, 0.9 GiB per 4 samples measured (batch 8 -> 4, GLA). The constants are fitted to
+    # the measurements (benchmarks/memory_fit.py).
+    assert 1.5 * GIB <= _estimate() - _estimate(gradient_checkpointing=True) <= 5 * GIB
+    assert 0.6 * GIB <= _estimate() - _estimate(batch_size=2) <= 3 * GIB
 
 
 def test_monotonic_in_the_degradation_knobs() -> None:

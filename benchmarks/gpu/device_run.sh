@@ -5,6 +5,8 @@
 #   repeat:   the packed sweep again (a second sample), the GLA rows at batch 4
 #   two:      on a machine of two cards: the packed sweep (plan 6 per card), then the same jobs
 #             one per card (plan 1), both with the ballast on each card
+#   learn:    minutes-long jobs declared too low and too high (learn_sweep.py): concurrency of
+#             the first 10 minutes against an oracle, OOMs after the first per shape
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
 set -x
 set -o pipefail
@@ -44,6 +46,10 @@ mkdir -p "$OUT"
       timeout 230 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline_x2 --gpu-plan 1 --budget-s 200
       [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
       python3 benchmarks/gpu/analyze.py "$WORK/packed_x2" --baseline "$WORK/baseline_x2" --out "$OUT/summary_x2.json" | tail -5
+      ;;
+    learn)
+      timeout 540 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 390
+      [ -f /tmp/orch-learn/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('/tmp/orch-learn/ballast.json'))['pid'])")" 2>/dev/null
       ;;
   esac
 } 2>&1 | tee "$OUT/log.txt"

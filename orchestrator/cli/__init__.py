@@ -25,6 +25,9 @@ def _register() -> None:
     from orchestrator.cli import web_cmd
 
     web_cmd.register(cli)
+    from orchestrator.cli import memory
+
+    memory.register(cli)
 
 
 def _one_line(text: str) -> str:

@@ -43,6 +43,7 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
     }
 )
 
+_CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 
 # Crash-loop guard defaults (suite key `crash_loop`): this many fast non-OOM failures of one
@@ -113,6 +114,8 @@ class Suite:
         if self.result_regex:
             stored["result_regex"] = self.result_regex
         return stored
+    memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
+    min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -189,6 +192,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex",
+        "memory_keys", "min_stack_gain",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -263,6 +267,12 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         raise PlanError(f"suite {path}: `notify` must be a notification URL or a list of them")
     for url in notify:
         check_text(f"suite {path} notify", url)
+    memory_keys = _typed(path, data, "memory_keys", (list,), [])
+    if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in memory_keys) or len(memory_keys) > 100:
+        raise PlanError(f"suite {path}: `memory_keys` must be a list of config key names")
+    min_stack_gain = _typed(path, data, "min_stack_gain", (int, float), None)
+    if min_stack_gain is not None and not (math.isfinite(min_stack_gain) and 0 <= min_stack_gain <= 1):
+        raise PlanError(f"suite {path}: `min_stack_gain` must be a fraction between 0 and 1 (e.g. 0.10)")
     return Suite(
         name=name,
         path=path.resolve(),
@@ -281,6 +291,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         keys=parse_keys(data.get("keys"), f"suite {path}"),
         progress_regex=parse_regex(path, data, "progress_regex", required_group="step"),
         result_regex=parse_regex(path, data, "result_regex", required_group=None),
+        memory_keys=tuple(memory_keys),
+        min_stack_gain=None if min_stack_gain is None else float(min_stack_gain),
     )
 
 

@@ -122,8 +122,8 @@ def submit_jobs(
                 "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, "
                 "overrides_json, env_json, worker, declared_mib, allowed_gpus_json, priority, state, "
                 "max_attempts, one_token, ladder_json, hang_timeout_s, crash_loop_failures, crash_loop_within_s, "
-                "crash_loop_window_s, queued_at, created_at, updated_at, worker_output_json) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "crash_loop_window_s, queued_at, created_at, updated_at, worker_output_json, memory_keys_json, min_stack_gain) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     spec.identity, spec.suite, spec.config_name, spec.config_path,
                     json.dumps(spec.config, sort_keys=True), spec.seed, spec.data,
@@ -135,6 +135,7 @@ def submit_jobs(
                     json.dumps(suite.ladder) if suite.ladder is not None else None,
                     suite.hang_timeout_s, suite.crash_loop.failures, suite.crash_loop.within_s,
                     suite.crash_loop.window_s, ts, ts, ts, json.dumps(suite.worker_output, sort_keys=True),
+                    json.dumps(list(suite.memory_keys)), suite.min_stack_gain,
                 ],
             )
             job_id = int(cursor.lastrowid or 0)

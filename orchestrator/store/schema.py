@@ -163,7 +163,7 @@ def m004_host_steps(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
-def m007_cli(db: sqlite_utils.Database) -> None:
+def m005_suite_notify(db: sqlite_utils.Database) -> None:
     # A suite's `notify:` URLs, as of its latest submit, for the daemon's notifications.
     db.execute(  # one statement, not executescript: that would commit the migration's transaction
         """
@@ -177,7 +177,7 @@ def m007_cli(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
-def m008_gpu_samples(db: sqlite_utils.Database) -> None:
+def m006_gpu_samples(db: sqlite_utils.Database) -> None:
     # Each GPU's memory over time (ours vs foreign vs free) for the web page and the report.
     # The daemon writes a row per GPU every few seconds; the table is kept bounded by thinning
     # its older rows (store.gpu_samples), so a sweep of weeks stays small.
@@ -199,9 +199,36 @@ def m008_gpu_samples(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
-def m005_worker_output(db: sqlite_utils.Database) -> None:
+def m007_worker_output(db: sqlite_utils.Database) -> None:
     # What the daemon needs to drive and read a suite's own script, stored with each job as JSON:
     # `keys` (ladder knobs under the script's names), `progress_regex`, `result_regex`. And the
     # metrics parsed from an attempt's stdout when it wrote no result.json.
     db.execute("ALTER TABLE jobs ADD COLUMN worker_output_json TEXT NOT NULL DEFAULT '{}'")
     db.execute("ALTER TABLE attempts ADD COLUMN output_metrics_json TEXT")
+
+
+@MIGRATIONS()
+def m008_memory_learning(db: sqlite_utils.Database) -> None:
+    # Shapes keyed by memory-relevant keys only; a suite's `memory_keys` (JSON list) and
+    # `min_stack_gain` (NULL: stack up to the plan) are stored with each job. A shape row names
+    # the suite and config that last taught it, so `orch memory forget --suite S` can find it.
+    # Throughput: samples/s per GPU, shape and number of jobs on the card, learned while running.
+    for statement in (
+        "ALTER TABLE jobs ADD COLUMN memory_keys_json TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE jobs ADD COLUMN min_stack_gain REAL",
+        "ALTER TABLE memory_shapes ADD COLUMN suite TEXT",
+        "ALTER TABLE memory_shapes ADD COLUMN label TEXT",
+        """
+        CREATE TABLE throughput (
+            gpu_uuid TEXT NOT NULL,
+            shape_key TEXT NOT NULL,
+            tenants INTEGER NOT NULL,       -- attempts on the card, this one included
+            samples_per_s REAL NOT NULL,    -- running mean of one attempt's rate at that count
+            samples INTEGER NOT NULL,
+            suite TEXT,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (gpu_uuid, shape_key, tenants)
+        )
+        """,
+    ):
+        db.execute(statement)

@@ -1,0 +1,211 @@
+"""When a peak becomes known, and how far orch is from an oracle.
+
+`python -m benchmarks.packing.learning [--trace FILE]... [--minutes-scale 1,10] [--json]`
+
+Two learning rules for the `orch` policy, side by side:
+- `end`: a shape's peak is known when an attempt of it completes (the daemon before provisional
+  peaks);
+- `step-k`: a running attempt's peak so far counts for its shape once it has run K optimizer
+  steps (`known_after_s` after its memory ramp ended), with the daemon's running margin; the
+  attempt's completion replaces it. At step K an attempt has seen `early_fraction` of its true
+  peak (later batches can be longer).
+and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
+that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
+learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
+alone costs); `step-k nohold` is `orch step-k` without the starvation hold (a head job waiting
+10 minutes keeps its best card free), which is what costs most of the rest. Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
+(long jobs: the first wave then lasts hours, which is where learning early pays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.packing.policies import OrchPolicy
+from benchmarks.packing.simulator import (
+    Attempt,
+    Outcome,
+    SimResult,
+    Simulator,
+    Start,
+    best_level,
+    lower_bound_min,
+)
+from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob, load_trace
+from orchestrator.memory import predict_peak_mib
+from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
+
+TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
+
+
+@dataclass
+class StepKPolicy(OrchPolicy):
+    """`orch` whose shapes also learn from running attempts past step K."""
+
+    known_after_s: float = 30.0  # from the end of the memory ramp to step K
+    early_fraction: float = 0.97  # share of the true peak an attempt has reached by step K
+    name: str = "orch step-k"
+    running: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)
+
+    def _refresh(self, sim: Simulator, now_s: float) -> None:
+        passed = [
+            (a.job.shape(a.start.level), int(a.peak_mib * self.early_fraction), PROVISIONAL_STEPS)
+            for a in sim.running
+            if now_s >= a.ramp_end_s + self.known_after_s
+        ]
+        self.running = fold_running(passed)
+
+    def predict_mib(self, job_index: int, level: int) -> float:
+        job = self.trace.jobs[job_index]
+        key = job.shape(level)
+        return predict_peak_mib(
+            self.shapes.get(key), None, int(job.declared_mib), self.margin, running=self.running.get(key)
+        ).mib
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
+        self._refresh(sim, now_s)
+        return super().decide(sim, now_s)
+
+    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
+        times = [t for t in [super().next_wake_s(sim, now_s)] if t is not None]
+        times += [
+            a.ramp_end_s + self.known_after_s
+            for a in sim.running
+            if a.ramp_end_s + self.known_after_s > now_s
+        ]
+        return min(times) if times else None
+
+
+@dataclass
+class OraclePolicy:
+    """Offline: true peaks and durations, fastest fitting level, longest first, no headroom."""
+
+    trace: Trace
+    name: str = "oracle"
+    queue: dict[int, int] = field(default_factory=dict)  # job -> level
+    headroom: bool = False  # keep orch's headroom (10 %, at most 4 GiB): its share of the gap
+
+    def __post_init__(self) -> None:
+        self.queue = {j: best_level(job, self.trace) for j, job in enumerate(self.trace.jobs)}
+        if self.headroom:
+            self.packing = PackingPolicy(starvation_s=1e12)
+        else:
+            self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12)
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
+        if not self.queue:
+            return []
+        gpus = [
+            GpuState(g.index, f"sim-{g.index}", int(g.total_mib), int(sim.free_mib(g.index, now_s)), n)
+            for g, n in zip(self.trace.gpus, self.trace.plan, strict=True)
+        ]
+        running = [
+            RunningAttempt(a.start.job_index, a.start.gpu_index, int(a.peak_mib) + 1, int(a.held_mib(now_s)),
+                           reached_peak=not a.ramping(now_s), run_alone=a.start.run_alone)
+            for a in sim.running
+        ]
+        queue = [
+            QueuedJob(j, 0, j, int(self.trace.jobs[j].peak_mib[lv]) + 1, 0.0,
+                      run_alone=lv == RUN_ALONE_LEVEL, expected_duration_s=self.trace.jobs[j].minutes[lv] * 60)
+            for j, lv in self.queue.items()
+        ]
+        starts = []
+        for p in pack(queue, gpus, running, self.packing, now_s).placements:
+            level = self.queue.pop(p.job_id)
+            starts.append(Start(p.job_id, p.gpu_index, level, p.reserved_mib, level == RUN_ALONE_LEVEL))
+        return starts
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        if outcome == "oom":  # cannot happen with true peaks; retried alone if it ever does
+            self.queue[attempt.start.job_index] = RUN_ALONE_LEVEL
+
+    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
+        return None
+
+    def finished(self) -> bool:
+        return not self.queue
+
+
+def scaled(trace: Trace, factor: float) -> Trace:
+    def job(j: TraceJob) -> TraceJob:
+        return replace(j, minutes=tuple(m * factor for m in j.minutes))
+
+    return replace(trace, jobs=tuple(job(j) for j in trace.jobs))
+
+
+def row(name: str, r: SimResult, bound: float, oracle_min: float, work_min: float) -> dict[str, object]:
+    return {
+        "policy": name,
+        "makespan_min": round(r.makespan_min, 1),
+        "vs_bound": round(r.makespan_min / bound, 3),
+        "vs_oracle": round(r.makespan_min / oracle_min, 3),
+        "oom_events": r.oom_events,
+        "oom_lost_gpu_min": round(r.oom_lost_gpu_min, 1),
+        "oom_lost_pct": round(100 * r.oom_lost_gpu_min / work_min, 2),
+        "failed_jobs": r.failed_jobs,
+    }
+
+
+def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[dict[str, object]]:
+    bound = lower_bound_min(trace)
+    work = sum(j.minutes[0] for j in trace.jobs)
+    oracle = Simulator(trace).run(OraclePolicy(trace))
+    end = Simulator(trace).run(OrchPolicy(trace, name="orch end"))
+    step_k = Simulator(trace).run(
+        StepKPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
+    )
+    with_headroom = Simulator(trace).run(OraclePolicy(trace, headroom=True))
+    no_hold = Simulator(trace).run(
+        StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), known_after_s=known_after_s,
+                    early_fraction=early_fraction, name="step-k nohold")
+    )
+    return [
+        row("orch end", end, bound, oracle.makespan_min, work),
+        row("orch step-k", step_k, bound, oracle.makespan_min, work),
+        row("step-k nohold", no_hold, bound, oracle.makespan_min, work),
+        row("oracle", oracle, bound, oracle.makespan_min, work),
+        row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = Path(__file__).resolve().parents[1] / "traces"
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.packing.learning", description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", action="append", help="trace YAML (default: the shipped traces)")
+    parser.add_argument("--minutes-scale", default="1,10", help="comma-separated factors on every job's minutes")
+    parser.add_argument("--known-after-s", type=float, default=30.0, help="ramp end to step K, seconds")
+    parser.add_argument("--early-fraction", type=float, default=0.97, help="peak seen by step K / true peak")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        factors = [float(f) for f in args.minutes_scale.split(",") if f]
+        traces = [(Path(t).name, load_trace(t)) for t in (args.trace or [here / n for n in TRACES])]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"invalid input: {exc}", file=sys.stderr)
+        return 2
+    results: list[dict[str, Any]] = []
+    for name, trace in traces:
+        for factor in factors:
+            rows = compare(scaled(trace, factor), args.known_after_s, args.early_fraction)
+            results.append({"trace": name, "minutes_scale": factor, "rows": rows})
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"{'trace':<22}{'×min':>5}  {'policy':<14}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
+          f"{'OOMs':>6}{'lost GPU-min':>14}{'lost %':>8}{'failed':>8}")
+    for r in results:
+        for p in r["rows"]:
+            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<14}{p['makespan_min']:>10.1f}"
+                  f"{p['vs_bound']:>8.3f}{p['vs_oracle']:>9.3f}{p['oom_events']:>6}{p['oom_lost_gpu_min']:>14.1f}"
+                  f"{p['oom_lost_pct']:>8.2f}{p['failed_jobs']:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

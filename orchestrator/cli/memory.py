@@ -1,0 +1,128 @@
+"""`orch memory [--json]`, `orch memory forget SHAPE|--suite S`: what orch has learned per job
+shape (peak, OOM floor, samples, running attempts' peaks, throughput by jobs per card)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.cli.common import db_option, echo_json, json_option, open_store
+from orchestrator.errors import UsageError
+from orchestrator.plans.inputs import check_text
+from orchestrator.shapes import measured_margin, running_margin
+from orchestrator.store.db import Store
+from orchestrator.store.learning import forget_shapes, list_shapes, read_throughput
+from orchestrator.throughput import relative_curve
+
+
+def _running(store: Store) -> dict[str, Any]:
+    from orchestrator.dispatch import (  # the ladder: not for every CLI start
+        JobShapeCache,
+        attempt_shape_key,
+    )
+    from orchestrator.learned import running_peaks
+
+    live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
+    jobs = {j["id"]: j for j in store.query("SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)")}
+    cache = JobShapeCache()
+    return running_peaks(live, jobs, lambda j, a: attempt_shape_key(dict(j), a, cache))
+
+
+def memory_snapshot(store: Store) -> list[dict[str, Any]]:
+    """One entry per shape that has a learned row, running attempts past step K, or throughput."""
+    rows = {r["shape_key"]: r for r in list_shapes(store)}
+    running = _running(store)
+    rates: dict[str, dict[str, dict[int, float]]] = {}
+    for t in read_throughput(store):
+        rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
+    out: list[dict[str, Any]] = []
+    for key in sorted(set(rows) | set(running) | set(rates), key=lambda k: ((rows.get(k) or {}).get("label") or "", k)):
+        row = rows.get(key) or {}
+        run = running.get(key)
+        peak, floor, samples = row.get("peak_mib"), row.get("oom_floor_mib"), int(row.get("samples") or 0)
+        if peak:
+            source, margin = f"measured ({samples} attempt{'s' if samples != 1 else ''})", measured_margin(samples)
+        elif run is not None:
+            source, margin = f"measured (running, step {run.step})", running_margin(run.step)
+        elif floor:
+            source, margin = "OOM floor", measured_margin(1)
+        else:
+            source, margin = "throughput only", 0.0
+        out.append({
+            "shape": key, "suite": row.get("suite"), "label": row.get("label"),
+            "peak_mib": peak, "oom_floor_mib": floor, "samples": samples,
+            "running": None if run is None else {"peak_mib": run.peak_mib, "step": run.step, "attempts": run.attempts},
+            "source": source, "margin": round(margin, 3),
+            "throughput": {
+                gpu: {"samples_per_s": {str(k): round(v, 2) for k, v in sorted(by_k.items())},
+                      "relative": {str(k): round(v, 2) for k, v in relative_curve(by_k).items()}}
+                for gpu, by_k in sorted(rates.get(key, {}).items())
+            },
+        })  # fmt: skip
+    return out
+
+
+def _gib(mib: int | None) -> str:
+    return "-" if not mib else f"{mib / 1024:.1f} GiB"
+
+
+def render(entries: list[dict[str, Any]]) -> str:
+    if not entries:
+        return "nothing learned yet"
+    lines = [f"{'shape':<40} {'peak':>9} {'floor':>9} {'n':>3} {'margin':>6}  source / throughput"]
+    for e in entries:
+        name = e["label"] or e["shape"][:40]
+        peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
+        lines.append(
+            f"{name[:40]:<40} {_gib(peak):>9} {_gib(e['oom_floor_mib']):>9} {e['samples']:>3} "
+            f"{e['margin']:>6.0%}  {e['source']}"
+        )
+        for gpu, curve in e["throughput"].items():
+            relative = curve["relative"] or {}
+            shown = ", ".join(f"{k}:{v}x" for k, v in relative.items()) or "no solo reading yet"
+            lines.append(f"{'':<40}   {gpu[-12:]}: jobs per card -> throughput {shown}")
+        lines.append(f"{'':<40}   key {e['shape']}")
+    return "\n".join(lines)
+
+
+@click.group("memory", invoke_without_command=True)
+@json_option
+@db_option
+@click.pass_context
+def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
+    """What orch has learned per job shape: peak, OOM floor, samples, throughput per card."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with open_store(db_path, create=True) as store:
+        entries = memory_snapshot(store)
+    if as_json:
+        echo_json({"shapes": entries})
+    else:
+        click.echo(render(entries))
+
+
+@memory_group.command("forget")
+@click.argument("shape", required=False)
+@click.option("--suite", default=None, help="Forget every shape this suite taught.")
+@json_option
+@db_option
+def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
+    """Forget one shape (its key, from `orch memory`) or every shape a suite taught."""
+    if (shape is None) == (suite is None):
+        raise UsageError("give a SHAPE key or --suite NAME (one of them)")
+    check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
+    with open_store(db_path, create=False) as store:
+        if shape is not None and not store.query("SELECT 1 FROM memory_shapes WHERE shape_key = ? UNION "
+                                                 "SELECT 1 FROM throughput WHERE shape_key = ?", [shape, shape]):
+            raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
+        removed = forget_shapes(store, shape_key=shape, suite=suite)
+    if as_json:
+        echo_json({"forgotten": removed, "shape": shape, "suite": suite})
+    else:
+        click.echo(f"forgot {removed} shape(s)")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(memory_group)

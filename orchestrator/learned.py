@@ -1,0 +1,123 @@
+"""What one scheduling pass knows beyond a shape's own completed attempts: the peaks of its
+running attempts, its neighbours' peaks (other levels, other tasks) and measured throughput.
+
+Built once per pass from rows already read; the choices themselves are the pure functions of
+`orchestrator.shapes` and `orchestrator.throughput`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.memory import ShapeMemory
+from orchestrator.shapes import (
+    RunningPeak,
+    Transfer,
+    fold_running,
+    level_transfer,
+    parse_shape_key,
+    provisional_step_reached,
+    task_transfer,
+)
+from orchestrator.throughput import curves_by_gpu
+
+
+def attempt_step(attempt: Mapping[str, Any]) -> int | None:
+    """The last step a live attempt reported (progress_json), None before its first."""
+    try:
+        progress = json.loads(attempt.get("progress_json") or "null")
+    except ValueError:
+        return None
+    step = progress.get("step") if isinstance(progress, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def attempt_peak_so_far(attempt: Mapping[str, Any]) -> int:
+    """The most its process tree held (NVML), or the worker's own report if that is larger."""
+    peak = int(attempt.get("peak_mib") or 0)
+    try:
+        progress = json.loads(attempt.get("progress_json") or "null")
+    except ValueError:
+        progress = None
+    reported = progress.get("peak_mem_mib") if isinstance(progress, dict) else None
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and 0 < reported < 1 << 24:
+        peak = max(peak, int(reported))
+    return peak
+
+
+def eval_every_steps(job: Mapping[str, Any]) -> int | None:
+    value = json.loads(job["config_json"]).get("eval_every_steps")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def running_peaks(
+    live: Iterable[Mapping[str, Any]], jobs: Mapping[int, Mapping[str, Any]], key_of: Callable[[Mapping[str, Any], Mapping[str, Any]], str]
+) -> dict[str, RunningPeak]:
+    """Shape key -> peak so far of its live attempts that passed step K (and their first
+    evaluation). `key_of(job, attempt)` is the attempt's shape key."""
+    passed: list[tuple[str, int, int]] = []
+    for attempt in live:
+        job = jobs.get(int(attempt["job_id"]))
+        step = attempt_step(attempt)
+        if job is None or step is None or not provisional_step_reached(step, eval_every_steps(job)):
+            continue
+        peak = attempt_peak_so_far(attempt)
+        if peak > 0:
+            passed.append((key_of(job, attempt), peak, step))
+    return fold_running(passed)
+
+
+@dataclass
+class Knowledge:
+    """Every shape's completed and running peaks, indexed for the neighbour look-ups."""
+
+    shapes: Mapping[str, ShapeMemory]
+    running: Mapping[str, RunningPeak]
+    _by_base_task: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
+    _by_base_level: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        peaks: dict[str, int] = {k: m.peak_mib for k, m in self.shapes.items() if m.peak_mib}
+        for key, run in self.running.items():
+            peaks[key] = max(peaks.get(key, 0), run.peak_mib)
+        for key, peak in peaks.items():
+            parts = parse_shape_key(key)
+            if parts is None:
+                continue
+            self._by_base_task.setdefault((parts.base, parts.task), {})[parts.level] = peak
+            self._by_base_level.setdefault((parts.base, parts.level), {})[parts.task] = peak
+
+    def transfer(
+        self, key: str, estimate_ratio: Mapping[int, float] | None, prompt_tokens: Callable[[str], int | None]
+    ) -> Transfer | None:
+        """A neighbour's peak for a shape with none of its own: a lower level of the same task,
+        else the same level on other tasks scaled by learned prompt lengths."""
+        parts = parse_shape_key(key)
+        if parts is None:
+            return None
+        by_level = self._by_base_task.get((parts.base, parts.task), {})
+        found = level_transfer(parts.level, by_level, estimate_ratio)
+        if found is not None:
+            return found
+        others = {
+            task: (peak, prompt_tokens(task))
+            for task, peak in self._by_base_level.get((parts.base, parts.level), {}).items()
+            if task != parts.task
+        }
+        return task_transfer(prompt_tokens(parts.task), others) if others else None
+
+
+def throughput_curves(
+    rows: Iterable[Any], index_of_uuid: Mapping[str, int]
+) -> dict[str, dict[int, dict[int, float]]]:
+    """Throughput rows -> shape key -> GPU index -> relative curve (GPUs without their own solo
+    reading use the shape's curve pooled over every GPU)."""
+    curves = curves_by_gpu((r.shape_key, r.gpu_uuid, r.tenants, r.samples_per_s) for r in rows)
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for shape, per_gpu in curves.items():
+        pooled = per_gpu.get("*", {})
+        out[shape] = {index: per_gpu.get(uuid) or pooled for uuid, index in index_of_uuid.items()}
+    return out

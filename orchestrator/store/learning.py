@@ -1,0 +1,72 @@
+"""What orch has learned per job shape: memory rows (listing, forgetting, who taught them) and
+throughput per GPU, shape and number of jobs on the card."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.store.db import Store, now_s
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    gpu_uuid: str
+    shape_key: str
+    tenants: int  # attempts on the card, this one included
+    samples_per_s: float
+    samples: int
+
+
+def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
+    """Name the suite and config that last taught a shape (shown by `orch memory`)."""
+    with store.write():
+        store.db.execute(
+            "UPDATE memory_shapes SET suite = ?, label = ? WHERE shape_key = ?", [suite, label, shape_key]
+        )
+
+
+def list_shapes(store: Store) -> list[dict[str, Any]]:
+    return store.query(
+        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label, updated_at FROM memory_shapes "
+        "ORDER BY suite, label, shape_key"
+    )
+
+
+def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> int:
+    """Delete learned memory and throughput of one shape, or of every shape a suite taught.
+    Returns how many memory rows went."""
+    if (shape_key is None) == (suite is None):
+        raise ValueError("give exactly one of shape_key and suite")
+    with store.write():
+        if shape_key is not None:
+            cursor = store.db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [shape_key])
+            store.db.execute("DELETE FROM throughput WHERE shape_key = ?", [shape_key])
+        else:
+            cursor = store.db.execute("DELETE FROM memory_shapes WHERE suite = ?", [suite])
+            store.db.execute("DELETE FROM throughput WHERE suite = ?", [suite])
+    return int(cursor.rowcount or 0)
+
+
+def record_throughput(
+    store: Store, gpu_uuid: str, shape_key: str, tenants: int, samples_per_s: float, suite: str
+) -> None:
+    """Fold one reading into the running mean for (GPU, shape, tenants)."""
+    with store.write():
+        store.db.execute(
+            "INSERT INTO throughput (gpu_uuid, shape_key, tenants, samples_per_s, samples, suite, updated_at) "
+            "VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT(gpu_uuid, shape_key, tenants) DO UPDATE SET "
+            "samples_per_s = (samples_per_s * samples + excluded.samples_per_s) / (samples + 1), "
+            "samples = samples + 1, suite = excluded.suite, updated_at = excluded.updated_at",
+            [gpu_uuid, shape_key, tenants, samples_per_s, suite, now_s()],
+        )
+
+
+def read_throughput(store: Store) -> list[ThroughputRow]:
+    rows = store.query(
+        "SELECT gpu_uuid, shape_key, tenants, samples_per_s, samples FROM throughput ORDER BY shape_key, gpu_uuid, tenants"
+    )
+    return [
+        ThroughputRow(r["gpu_uuid"], r["shape_key"], int(r["tenants"]), float(r["samples_per_s"]), int(r["samples"]))
+        for r in rows
+    ]

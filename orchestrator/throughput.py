@@ -1,0 +1,68 @@
+"""Throughput per GPU and job shape as a function of how many jobs share the card. Pure.
+
+Memory says how many jobs fit; this says how many are worth it. From each attempt's samples/s
+at each number of tenants (itself included) the curve T(k) = k · rate(k) / rate(1) follows, in
+units of one job alone; the marginal gain of one more job on a card holding k is
+T(k+1) − T(k). Placement prefers the card where a job adds the most, and a suite's
+`min_stack_gain` stops stacking where the measured gain is below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RateReading:
+    """One interval of one attempt: samples/s while `tenants` attempts shared its card."""
+
+    tenants: int
+    samples_per_s: float
+
+
+def interval_rate(
+    prev_step: int, prev_t: float, step: int, t: float, samples_per_step: int
+) -> float | None:
+    """Samples/s between two progress readings; None when nothing can be said."""
+    if t <= prev_t or step <= prev_step or samples_per_step <= 0:
+        return None
+    return (step - prev_step) * samples_per_step / (t - prev_t)
+
+
+def relative_curve(rates: Mapping[int, float]) -> dict[int, float]:
+    """{tenants: mean rate of one attempt} -> {tenants: aggregate rate in solo-job units}.
+    Empty without a solo reading: nothing to compare against."""
+    solo = rates.get(1)
+    if not solo or solo <= 0:
+        return {}
+    return {k: k * rate / solo for k, rate in sorted(rates.items()) if k >= 1 and rate > 0}
+
+
+def marginal_gain(curve: Mapping[int, float], tenants_now: int) -> float | None:
+    """What one more job adds to a card holding `tenants_now`, in solo-job units: 1 on an idle
+    card; measured T(k+1) − T(k) where both are known; None otherwise."""
+    if tenants_now <= 0:
+        return 1.0
+    before, after = curve.get(tenants_now), curve.get(tenants_now + 1)
+    if before is None or after is None:
+        return None
+    return after - before
+
+
+def curves_by_gpu(rows: Iterable[tuple[str, str, int, float]]) -> dict[str, dict[str, dict[int, float]]]:
+    """(shape key, gpu uuid, tenants, mean samples/s) rows -> shape -> gpu -> relative curve.
+    A GPU with no solo reading of the shape borrows the rates pooled over the other GPUs."""
+    rates: dict[str, dict[str, dict[int, float]]] = {}
+    for shape, gpu, tenants, rate in rows:
+        rates.setdefault(shape, {}).setdefault(gpu, {})[tenants] = rate
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for shape, per_gpu in rates.items():
+        pooled: dict[int, list[float]] = {}
+        for by_tenants in per_gpu.values():
+            for k, rate in by_tenants.items():
+                pooled.setdefault(k, []).append(rate)
+        pooled_curve = relative_curve({k: sum(v) / len(v) for k, v in pooled.items()})
+        out[shape] = {gpu: relative_curve(r) or pooled_curve for gpu, r in per_gpu.items()}
+        out[shape]["*"] = pooled_curve
+    return out

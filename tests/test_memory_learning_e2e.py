@@ -1,0 +1,51 @@
+"""Memory learned from a running attempt, end to end: CLI, daemon, tmux, SQLite, sim GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+
+pytestmark = [requires_tmux, pytest.mark.tmux]
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path, gpus="1x24GiB") as env:
+        yield env
+
+
+@pytest.mark.slow
+def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) -> None:
+    # Declared 20 GiB, true peak 5 GiB: by the declared figure only one job fits the card. Once
+    # the first has run K steps, its peak so far sizes the second, which starts beside it. The
+    # second differs in learning rate, seed and run time: none of them is a memory key.
+    orch.write_suite("wide", {"w": {"sim_mem_gib": 5, "sim_seconds": 12, "sim_ramp_s": 0.5,
+                                    "learning_rate": 0.001}}, mem_gib=20)
+    orch.submit("wide", "1:glue_rte", "--gpu-plan", "3")
+    orch.start_daemon()
+    wait_until(lambda: orch.attempts(1), 20, "the first job to start")
+    orch.submit("wide", "2:glue_rte", "--set", "learning_rate=0.002", "--set", "sim_seconds=11")
+    second = wait_until(lambda: orch.attempts(2), 30, "the second job to start")[0]
+    first = orch.attempts(1)[0]
+    assert first["prediction_source"] == "declared"
+    assert second["prediction_source"].startswith("measured (running, step "), second["prediction_source"]
+    assert first["outcome"] is None, "the second job started only after the first ended"
+    # 5 GiB held, +15 % margin at step K: far below the declared 20 GiB
+    assert 5 * 1024 <= second["predicted_peak_mib"] <= int(5 * 1024 * 1.16)
+    shown = orch.json("memory", "--json")["shapes"]
+    assert len(shown) == 1 and shown[0]["running"]["step"] >= 10 and shown[0]["peak_mib"] is None
+    assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}
+    learned = orch.json("memory", "--json")["shapes"]
+    assert len(learned) == 1 and learned[0]["samples"] == 2 and learned[0]["source"].startswith("measured")
+    assert learned[0]["suite"] == "wide"
+    # samples/s learned alone and beside the second job (4 samples per 0.25 s step: 16/s)
+    (curve,) = learned[0]["throughput"].values()
+    assert {"1", "2"} <= set(curve["samples_per_s"]), curve
+    assert all(8 <= rate <= 24 for rate in curve["samples_per_s"].values()), curve
+    assert curve["relative"]["1"] == 1.0
+    assert "jobs per card -> throughput 1:1.0x" in orch.run("memory").stdout
+    orch.run("memory", "forget", "--suite", "wide")
+    assert orch.json("memory", "--json")["shapes"] == []
