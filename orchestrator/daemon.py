@@ -31,7 +31,7 @@ from orchestrator.notify import Watcher
 from orchestrator.outcomes import complete, learn_rate
 from orchestrator.packing import PackingPolicy
 from orchestrator.reconcile import Observation, Verdict, disagreement, judge, mark_lost, observe
-from orchestrator.stdout_follow import OutputFollower
+from orchestrator.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
@@ -226,7 +226,7 @@ class Daemon:
 
     def _with_stdout_progress(self, attempt: dict[str, Any], obs: Observation) -> Observation:
         """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
-        if obs.last_progress_at is not None or obs.pid_record is None:
+        if obs.last_progress_at is not None or obs.pid_record is None or not follows_stdout(attempt["worker"]):
             return obs
         regex = job_worker_output(attempt).get("progress_regex")
         try:

@@ -14,11 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launch.rundir import read_output, stat_output
+from orchestrator.launch.rundir import OUR_WORKERS, read_output, stat_output
 from orchestrator.stdout_parse import StdoutProgress
 
 TAIL_START_BYTES = 64 * 1024
 MAX_READ_BYTES = 1024 * 1024
+
+
+def follows_stdout(worker: str) -> bool:
+    """Whether a worker's progress is read from its stdout: not for ours, which write
+    progress.jsonl (their stdout holds loading bars, not training steps, before it appears)."""
+    return worker not in OUR_WORKERS
 
 
 def _decoder() -> codecs.IncrementalDecoder:

@@ -9,7 +9,10 @@ Understood on stdout/stderr (the wrapper logs both into stdout.log):
 - a suite's `progress_regex` with named groups `step` (and optionally `total`, `loss`).
 Several ranks may print the same bar: a step that goes back a little is a slower rank and is
 ignored; one that drops below half of the last is a new epoch's bar and is taken. When several
-bars run (training and evaluation), the one with the largest total is the progress.
+bars run (training and evaluation), the one with the largest total is the progress. A bar whose
+description names a phase other than training (`Loading weights: 219/219`, `Map: 3200/3200`,
+`Downloading`, `Tokenizing`, ...) is not a step count: taken as one, a model load looked like
+hundreds of training steps, and the memory it held then was taken for the shape's peak.
 
 Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
 last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`).
@@ -35,6 +38,11 @@ _LOSS = re.compile(r"\bloss\b\s*[:=]?\s*'?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|
 # Keys of a Trainer log dict kept as progress, besides eval_* metrics.
 _PROGRESS_KEYS = ("loss", "learning_rate", "epoch", "grad_norm")
 _RANKED = {"regex": 3, "step": 2, "tqdm": 1}  # an explicit step line beats a bar
+# Descriptions of tqdm bars that count loading and data preparation, not optimizer steps.
+_NOT_TRAINING = re.compile(
+    r"\b(load|map|download|fetch|token|filter|generat|sav|preprocess|convert|shard|extract|resolv|"
+    r"checkpoint|evaluat|predict|valid|test|infer|compil|warm)", re.IGNORECASE,
+)
 
 
 def number(value: Any) -> float | None:
@@ -177,6 +185,8 @@ class StdoutProgress:
             self._tqdm(line, tqdm)
 
     def _tqdm(self, line: str, match: re.Match[str]) -> None:
+        if _NOT_TRAINING.search(line[: match.start()].rsplit("\r", 1)[-1]):
+            return
         self._step("tqdm", int(match.group(1)), int(match.group(2)))
         self._loss_in(line[match.end() :])  # tqdm's postfix: `loss=0.41`
 

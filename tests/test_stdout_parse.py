@@ -187,3 +187,30 @@ def test_json_log_lines_with_a_step() -> None:
     snapshot = feed_all('{"step": 10, "max_steps": 100, "loss": 0.3}\n{"step": 11, "loss": "0.29"}\n').snapshot()
     assert snapshot is not None
     assert (snapshot["step"], snapshot["total"], snapshot["loss"]) == (11, 100, pytest.approx(0.29))
+
+
+def described_tqdm_output(desc: str, total: int, upto: int) -> str:
+    out = io.StringIO()
+    bar = tqdm(total=total, file=out, mininterval=0, miniters=1, desc=desc)
+    for _ in range(upto):
+        bar.update(1)
+    bar.close()
+    return out.getvalue()
+
+
+def test_loading_and_data_bars_are_not_training_steps() -> None:
+    # What transformers and datasets print before the first optimizer step: taken as steps,
+    # a model load read as step 219 and its memory then as the shape's peak.
+    text = (
+        described_tqdm_output("Loading weights", 219, 219)
+        + described_tqdm_output("Map", 3200, 3200)
+        + described_tqdm_output("Tokenizing train", 50, 50)
+    )
+    assert feed_all(text).snapshot() is None
+    text += real_tqdm_output(1200, 12)
+    snapshot = feed_all(text).snapshot()
+    assert snapshot is not None
+    assert (snapshot["step"], snapshot["total"]) == (12, 1200)
+    # an undescribed or plainly named training bar still counts
+    named = feed_all(described_tqdm_output("Epoch 1", 100, 30)).snapshot()
+    assert named is not None and named["step"] == 30

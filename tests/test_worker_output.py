@@ -126,3 +126,11 @@ def test_launch_failures_count_for_the_crash_loop_guard(db_path: Path, tmp_path:
             fail_before_start(store, attempt, "could not start: unknown placeholder {batch_size}")
         assert crash_loop_of(jobs[0]).failures == 3
         assert paused(store) == {"broken": "3 attempts failed within 30 s each in the last 5 min"}
+
+
+def test_our_workers_progress_is_never_read_from_stdout() -> None:
+    # lora and sim write progress.jsonl; their stdout has only loading bars before it exists
+    from orchestrator.stdout_follow import follows_stdout
+
+    assert not follows_stdout("lora") and not follows_stdout("sim")
+    assert follows_stdout("python train.py --cfg {config}")

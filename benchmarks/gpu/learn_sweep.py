@@ -113,8 +113,12 @@ def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
         ooms = [a for a in mine if a["outcome"] == "oom"]
         first_oom_end = min((a["ended_at"] for a in ooms if a["ended_at"]), default=None)
         later = [a for a in ooms if first_oom_end is not None and a["started_at"] > first_oom_end]
+        # an OOM of an attempt placed by a measurement (finished, running or a neighbour's) is
+        # learning gone wrong, whenever it started; OOMs of declared/estimated starts are not
+        measured_ooms = [a for a in ooms if str(a["prediction_source"]).startswith("measured")]
         shapes[shape] = {
             "attempts": len(mine), "ooms": len(ooms), "ooms_after_first": len(later),
+            "ooms_of_measured_starts": len(measured_ooms),
             "first_running_sized_start_after_s": round(running[0]["started_at"] - mine[0]["started_at"], 1) if running else None,
             "sources": sorted({str(a["prediction_source"]) for a in mine}),
         }  # fmt: skip
@@ -124,6 +128,7 @@ def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
         "oracle_concurrency": oracle_concurrency(jobs, peaks, free_mib, slots),
         "true_peaks_mib": peaks,
         "ooms_after_first_per_shape": sum(s["ooms_after_first"] for s in shapes.values()),
+        "ooms_of_measured_starts": sum(s["ooms_of_measured_starts"] for s in shapes.values()),
         "shapes": shapes,
     }
 

@@ -75,7 +75,7 @@ def update_attempt(store: Store, attempt_id: int, **fields: Any) -> None:
 
 def live_attempts(store: Store) -> list[dict[str, Any]]:
     return store.query(
-        "SELECT a.*, j.suite, j.config_name, j.hang_timeout_s, j.state AS job_state, j.worker_output_json "
+        "SELECT a.*, j.suite, j.config_name, j.worker, j.hang_timeout_s, j.state AS job_state, j.worker_output_json "
         "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IS NULL ORDER BY a.id"
     )
 
