@@ -22,6 +22,9 @@ from orchestrator.daemon_state import (
     runs_dir,
 )
 from orchestrator.dispatch import DispatchContext, JobShapeCache, job_worker_output, schedule
+from orchestrator.dispatch_remote import schedule_remote
+from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
+from orchestrator.executors.remote_verdict import remote_end, remote_observation
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -52,15 +55,17 @@ class DaemonSettings:
     starvation_s: float = 600.0
     order: str = "longest_first"  # among equal priorities; "fifo" keeps submission order
     notify_urls: tuple[str, ...] = ()  # sent a line when a suite finishes or a job fails
+    max_in_queue: int = 16  # a remote executor (Slurm): attempts kept submitted at once
 
 
 class Daemon:
     started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
 
-    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher, worker_env: dict[str, str]) -> None:
+    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str]) -> None:
         self.settings = settings
         self.probe = probe
-        self.launcher = launcher
+        # the executor seam; a bare launcher (tmux, subprocess) is wrapped as a local executor
+        self.launcher: Executor = launcher if hasattr(launcher, "poll") else LocalExecutor(launcher)  # type: ignore[arg-type]
         self.store = Store(settings.db_path)
         self.cache = JobShapeCache()
         self.ctx = DispatchContext(
@@ -76,7 +81,8 @@ class Daemon:
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
-        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
+        self._rates: dict[int, tuple[int, float, int]] = {}
+        self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend  # attempt -> last (step, time, tenants)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -167,7 +173,11 @@ class Daemon:
         if draining and live_count == 0:
             return True
         snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
-        schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
+        if self.launcher.remote:
+            schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
+                            max_in_queue=self.settings.max_in_queue)
+        else:
+            schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -189,8 +199,16 @@ class Daemon:
         tenants = Counter(a["gpu_uuid"] for a in live)
         self._rates = {a["id"]: r for a, r in ((a, self._rates.get(a["id"])) for a in live) if r is not None}
         attempts = live
+        try:  # one batched question to the backend per tick (Slurm: squeue)
+            remote = self.launcher.poll(live)
+        except Exception:  # a failed poll never fails a job: nothing is concluded this tick
+            log.warning("executor poll failed", exc_info=True)
+            remote = None
         for attempt in attempts:
             obs = observe(Path(attempt["run_dir"]), now_s())
+            if self._is_remote(attempt):
+                still_live += self._reconcile_remote(attempt, obs, remote, by_uuid, tenants)
+                continue
             if obs.pid_record is None and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
                 try:
                     obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
@@ -215,14 +233,70 @@ class Daemon:
                 complete(self.store, {**attempt, "kill_requested": "hung"}, observe(Path(attempt["run_dir"]), now_s()), self.cache, hung=True)
             elif verdict is Verdict.FINISHED:
                 complete(self.store, attempt, obs, self.cache)
+                self._cleanup(attempt)
             elif verdict is Verdict.LOST:
                 if (why := disagreement(attempt, obs)) is not None:
                     log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
                 complete(self.store, attempt, obs, self.cache, lost=True)
+                self._cleanup(attempt)
             else:
                 still_live += 1
         self.output.keep_only(a["id"] for a in attempts)  # those closed now go at the next pass
         return still_live
+
+    def _is_remote(self, attempt: dict[str, Any]) -> bool:
+        return bool(self.launcher.remote and (attempt.get("executor") or attempt.get("launcher")) in (None, self.launcher.name))
+
+    def _cleanup(self, attempt: dict[str, Any]) -> None:
+        """Once the attempt's end is recorded: close what its executor kept open (a tmux window)."""
+        if self.store.query("SELECT 1 FROM attempts WHERE id = ? AND outcome IS NOT NULL", [attempt["id"]]):
+            self.launcher.cleanup(attempt)
+
+    def _reconcile_remote(
+        self, attempt: dict[str, Any], obs: Observation, remote: dict[int, RemoteStatus] | None,
+        by_uuid: dict[str, GpuSnapshot], tenants: Counter[str],
+    ) -> int:
+        """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
+        status = (remote or {}).get(int(attempt["id"])) if remote is not None else None
+        if status is not None:
+            shown = status.state if status.kind != "queued" else f"{status.state} ({status.reason})"
+            fields: dict[str, Any] = {}
+            if shown != attempt.get("executor_state"):
+                fields["executor_state"] = shown
+            if status.job_id and not attempt.get("executor_id"):
+                fields["executor_id"] = status.job_id  # adopted by name after a crash mid-submit
+            if fields:
+                update_attempt(self.store, attempt["id"], **fields)
+                attempt = {**attempt, **fields}
+        obs = remote_observation(obs, status)
+        obs = self._with_stdout_progress(attempt, obs)
+        end = remote_end(attempt, obs, status, remote is not None, self.started_at_s)
+        if end is None:
+            verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s) if obs.pid_record else Verdict.PENDING
+            if verdict is Verdict.LOST:
+                verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
+        else:
+            verdict = Verdict.FINISHED if end == "finished" else Verdict.LOST
+        if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
+            # its pid and group live on the node, not here: never recorded as killable locally
+            self._track(attempt, replace(obs, pid_record=None), None)
+            self._learn_rate(attempt, obs, tenants[attempt["gpu_uuid"]])
+        if verdict in (Verdict.ALIVE, Verdict.PENDING) and attempt["kill_requested"]:
+            self._kill(attempt, obs.pid_record)
+            return 1
+        if verdict is Verdict.HUNG:
+            update_attempt(self.store, attempt["id"], kill_requested="hung")
+            self._kill(attempt, obs.pid_record)
+            return 1
+        if verdict is Verdict.FINISHED:
+            complete(self.store, attempt, obs, self.cache)
+            return 0
+        if verdict is Verdict.LOST:
+            assert isinstance(end, tuple)
+            complete(self.store, attempt, obs, self.cache, lost=True, remote_end=end)
+            self._cancel_sent.discard(int(attempt["id"]))
+            return 0
+        return 1
 
     def _with_stdout_progress(self, attempt: dict[str, Any], obs: Observation) -> Observation:
         """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
@@ -277,6 +351,14 @@ class Daemon:
             log.warning("cannot record the rate of attempt %s", attempt["id"], exc_info=True)
 
     def _kill(self, attempt: dict[str, Any], pid_record: dict[str, Any] | None) -> None:
+        if self._is_remote(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
+            if int(attempt["id"]) not in self._cancel_sent:
+                try:
+                    self.launcher.cancel(attempt)
+                    self._cancel_sent.add(int(attempt["id"]))
+                except Exception:  # tried again next pass
+                    log.warning("cannot cancel attempt %s", attempt["id"], exc_info=True)
+            return
         pgid = (pid_record or {}).get("pgid") or attempt["pgid"]
         if pgid:
             kill_process_group(int(pgid), grace_s=5.0)

@@ -422,11 +422,14 @@ def _launch(
         )
         handle = launcher.launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
-                       argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
+                       argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
+                       meta={"suite": job["suite"], "n": attempt["n"], "predicted_peak_mib": predicted_mib,
+                             "slurm": json.loads(job.get("slurm_json") or "{}")})
         )
     except (OSError, OrchError, LauncherError) as exc:
         from orchestrator.outcomes import fail_before_start
 
         fail_before_start(store, attempt, f"could not start: {exc}")
         return
-    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid)
+    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid,
+                   executor=handle.launcher, executor_id=handle.executor_id or handle.window_id)

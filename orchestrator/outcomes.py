@@ -22,6 +22,7 @@ from orchestrator.dispatch import (
 )
 from orchestrator.ladder import retry_decision, with_host_settings
 from orchestrator.launch.base import kill_process_group
+from orchestrator.launch.gpu_peak import read_gpu_peak_mib
 from orchestrator.launch.rundir import read_output_tail
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
@@ -74,9 +75,12 @@ def complete(
     *,
     lost: bool = False,
     hung: bool = False,
+    remote_end: tuple[AttemptOutcome, str, bool] | None = None,
 ) -> None:
-    """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next."""
-    if not ensure_group_dead(attempt, obs):
+    """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
+    `remote_end`: the cluster ended it without an exit record (outcome, reason, retryable)."""
+    cluster_owned = (attempt.get("executor") or attempt.get("launcher")) == "slurm"
+    if not cluster_owned and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt["id"])
         return
     run_dir = Path(attempt["run_dir"])
@@ -93,11 +97,14 @@ def complete(
         exit_record_present=exit_record is not None and not lost,
         hung=hung or kill_reason == "hung",
     )
+    if remote_end is not None and exit_record is None:
+        verdict = Classification(remote_end[0], remote_end[1], retryable=remote_end[2])
     if _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
     job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
     reported_peak = result.get("peak_mem_mib") if result else None
-    peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0)
+    peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
+                   read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
     levels = job_levels(job, cache)
     level = levels[min(attempt["level"], len(levels) - 1)]
     needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
-from orchestrator.errors import DaemonError
+from orchestrator.errors import DaemonError, UsageError
 from orchestrator.gpu import GpuProbe, make_probe
 from orchestrator.notify import check_urls
 from orchestrator.reconcile import process_matches
@@ -81,7 +83,54 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
                         help="Seconds between scheduling passes.")(func)
 
 
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _executor_options(func: Any) -> Any:
+    for option in reversed((
+        click.option("--executor", "executor_kind", type=click.Choice(["tmux", "subprocess", "slurm"]), default=None,
+                     help="Where attempts run (default: --launcher's choice, tmux when installed)."),
+        click.option("--partition", default=None, help="Slurm partition for every attempt (--executor slurm)."),
+        click.option("--account", default=None, help="Slurm account to charge (--executor slurm)."),
+        click.option("--shard-mib", "shard_mib", type=click.IntRange(1, 10_000_000), default=None,
+                     help="MiB one Slurm GPU shard stands for (default: GPU size / shards per GPU)."),
+        click.option("--max-in-queue", "max_in_queue", type=click.IntRange(1, 100_000), default=16, show_default=True,
+                     help="Attempts kept submitted to Slurm at once (--executor slurm)."),
+    )):
+        func = option(func)
+    return func
+
+
+def _executor_args(executor_kind: str | None, partition: str | None, account: str | None,
+                   shard_mib: int | None, max_in_queue: int) -> list[str]:
+    """Checked here, in the user's terminal; passed on to `daemon run`."""
+    for what, value in (("--partition", partition), ("--account", account)):
+        if value is not None and not _SLURM_NAME.fullmatch(value):
+            raise UsageError(f"{what} {value!r} is not a Slurm name (letters, digits, '_', '.', '-')")
+    if executor_kind != "slurm" and (partition or account or shard_mib):
+        raise UsageError("--partition, --account and --shard-mib need --executor slurm")
+    args = ["--max-in-queue", str(max_in_queue)]
+    if executor_kind:
+        args += ["--executor", executor_kind]
+    for flag, value in (("--partition", partition), ("--account", account), ("--shard-mib", shard_mib)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def _make_executor(executor_kind: str | None, launcher_kind: str | None, db_path: Path, probe: Any,
+                   partition: str | None, account: str | None, shard_mib: int | None, max_in_queue: int) -> Any:
+    from orchestrator.executors import make_executor
+    from orchestrator.executors.slurm import SlurmOptions
+
+    if executor_kind == "slurm":
+        gpu_mib = max((s.total_mib for s in probe.snapshot()), default=None)
+        return make_executor("slurm", tmux_socket_name(db_path), SlurmOptions(partition, account, shard_mib, max_in_queue), gpu_mib)
+    return make_executor(executor_kind or launcher_kind, tmux_socket_name(db_path))
+
+
 @daemon_group.command("run")
+@_executor_options
 @_backend_option
 @_poll_option
 @_headroom_options
@@ -91,6 +140,11 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
 @_notify_option
 @db_option
 def daemon_run(
+    executor_kind: str | None,
+    partition: str | None,
+    account: str | None,
+    shard_mib: int | None,
+    max_in_queue: int,
     backend: str | None,
     poll_s: float,
     headroom_fraction: float,
@@ -102,24 +156,25 @@ def daemon_run(
 ) -> None:
     """Run the daemon in the foreground."""
     from orchestrator.daemon import Daemon, DaemonSettings
-    from orchestrator.launch.base import make_launcher
-
     check_urls(notify_urls)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)
-    launcher = make_launcher(launcher_kind, tmux_socket_name(db_path))
+    _executor_args(executor_kind, partition, account, shard_mib, max_in_queue)
+    launcher = _make_executor(executor_kind, launcher_kind, db_path, probe, partition, account, shard_mib, max_in_queue)
     daemon = Daemon(DaemonSettings(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
+            max_in_queue=max_in_queue,
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
 
 
 @daemon_group.command("start")
+@_executor_options
 @_backend_option
 @_poll_option
 @click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
@@ -129,6 +184,11 @@ def daemon_run(
 @_notify_option
 @db_option
 def daemon_start(
+    executor_kind: str | None,
+    partition: str | None,
+    account: str | None,
+    shard_mib: int | None,
+    max_in_queue: int,
     backend: str | None,
     poll_s: float,
     launcher_kind: str | None,
@@ -142,7 +202,8 @@ def daemon_start(
     check_urls(notify_urls)
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
-        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib)],
+        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
+                    *_executor_args(executor_kind, partition, account, shard_mib, max_in_queue)],
         notify_urls=notify_urls,
     )
 

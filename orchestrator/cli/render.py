@@ -56,12 +56,19 @@ RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapse
 RUNNING_OPTIONAL = ("step", "loss", "elapsed", "lvl", "mem/pred", "data", "att", "seed")
 
 
+def _where(r: dict[str, Any]) -> str:
+    """The GPU index; for an attempt in Slurm, its job id and state (with the pending reason)."""
+    if r.get("executor") == "slurm":
+        return f"slurm {r.get('executor_id') or '?'} {r.get('executor_state') or ''}".strip()
+    return str(r["gpu"])
+
+
 def _running_cells(r: dict[str, Any]) -> list[str]:
     progress = r["progress"] or {}
     step = f"{progress.get('step')}/{progress.get('total')}" if progress.get("total") else "-"
     loss = progress.get("loss")
     return [
-        str(r["id"]), r["config"], str(r["seed"]), r["data"], str(r["gpu"]), str(r["attempt"]), str(r["level"]),
+        str(r["id"]), r["config"], str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step, "-" if loss is None else f"{loss:.3f}",
         f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
     ]

@@ -57,6 +57,9 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "held_mib": a["held_mib"],
             "predicted_mib": a["predicted_peak_mib"],
             "progress": json.loads(a["progress_json"]) if a["progress_json"] else None,
+            "executor": a.get("executor") or a.get("launcher"),
+            "executor_id": a.get("executor_id"),
+            "executor_state": a.get("executor_state"),  # Slurm: e.g. "PENDING (Resources)"
         }
         for a in live
     ]

@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import psutil
 
@@ -39,6 +39,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     run_dir: Path = Path(".")
     cwd: Path | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # what a remote executor sizes its request by
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class LaunchHandle:
     launcher: str  # "tmux" | "subprocess"
     pid: int | None
     window_id: str | None
+    executor_id: str | None = None  # the backend's own id (a Slurm job id); window_id for tmux
 
 
 class Launcher(Protocol):

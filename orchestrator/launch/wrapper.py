@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import psutil
 
+from orchestrator.launch.gpu_peak import GpuPeakSampler
 from workers.harness import atomic_write_json
 
 PID_FILE = "pid.json"
@@ -169,7 +170,10 @@ def run(run_dir: Path, argv: list[str]) -> int:
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
         tee.thread.start()
+        sampler = GpuPeakSampler(run_dir, me.pid)  # our own tree's GPU memory, on this node
+        sampler.start()
         returncode = child.wait()
+        sampler.stop()
         tee.thread.join(DRAIN_S)
 
     killed_by = -returncode if returncode < 0 else None

@@ -11,13 +11,13 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from orchestrator.errors import PlanError
+from orchestrator.errors import PlanError, UsageError
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
     PAIR_KEYS,
@@ -116,6 +116,7 @@ class Suite:
         return stored
     memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
     min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain
+    slurm: dict[str, Any] = field(default_factory=dict)  # validated `slurm:` settings (executors.slurm_parse)
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -192,7 +193,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex",
-        "memory_keys", "min_stack_gain",
+        "memory_keys", "min_stack_gain", "slurm",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -293,7 +294,20 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         result_regex=parse_regex(path, data, "result_regex", required_group=None),
         memory_keys=tuple(memory_keys),
         min_stack_gain=None if min_stack_gain is None else float(min_stack_gain),
+        slurm=_parse_slurm(path, data.get("slurm")),
     )
+
+
+def _parse_slurm(path: Path, raw: Any) -> dict[str, Any]:
+    """Checked at submit, so a bad time limit or sbatch option never reaches the cluster."""
+    if raw is None:
+        return {}
+    from orchestrator.executors.slurm_parse import parse_settings
+
+    try:
+        return parse_settings(raw, f"suite {path}").to_json()
+    except UsageError as exc:
+        raise PlanError(str(exc)) from None
 
 
 _CRASH_LOOP_SHAPE = "`crash_loop` must be off or a mapping of failures, within_s, window_s"

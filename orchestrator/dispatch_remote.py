@@ -1,0 +1,62 @@
+"""Scheduling for an executor whose cluster places the attempts (Slurm): no local packing.
+
+Queued jobs are submitted in priority order, each with its predicted peak (which sizes the
+shard request), until `max_in_queue` attempts are submitted; the cluster's scheduler decides
+where and when each runs, and its pending reason is shown by `orch status`.
+"""
+
+from __future__ import annotations
+
+from orchestrator.dispatch import (
+    DispatchContext,
+    JobShapeCache,
+    _fail_queued,
+    _launch,
+    _write_wait_reasons,
+    level_of,
+    predict,
+)
+from orchestrator.errors import OrchError
+from orchestrator.executors.base import Executor
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.learned import Knowledge
+from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
+from orchestrator.store.db import Store
+
+# The attempt row's GPU while the cluster, not orch, picks the card.
+CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0, used_mib=0, free_mib=0)
+
+
+def schedule_remote(
+    store: Store, executor: Executor, ctx: DispatchContext, cache: JobShapeCache, *, draining: bool, max_in_queue: int,
+) -> int:
+    """Submit what the queue limit allows; returns how many were submitted."""
+    paused = {r["suite"] for r in store.query("SELECT suite FROM paused_suites")}
+    queued = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
+    in_queue = int(store.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"])
+    shapes = read_all_shapes(store)
+    prompt_lengths = read_all_prompt_lengths(store)
+    knowledge = Knowledge(shapes, {})
+    reasons: dict[int, str] = {}
+    placed: set[int] = set()
+    for job in queued:
+        if job["suite"] in paused:
+            reasons[job["id"]] = f"suite {job['suite']} is paused"
+            continue
+        if draining:
+            reasons[job["id"]] = "daemon is draining: nothing new starts"
+            continue
+        if in_queue >= max_in_queue:
+            reasons[job["id"]] = f"{in_queue} attempts already submitted to Slurm (--max-in-queue {max_in_queue})"
+            continue
+        try:
+            level = level_of(job, cache)
+        except OrchError as exc:
+            _fail_queued(store, job, f"invalid ladder: {exc}")
+            continue
+        predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
+        _launch(store, executor, ctx, job, level, CLUSTER_GPU, predicted_mib, source, 0)  # type: ignore[arg-type]
+        placed.add(job["id"])
+        in_queue += 1
+    _write_wait_reasons(store, queued, reasons, placed)
+    return len(placed)

@@ -1,0 +1,61 @@
+"""The executor seam: one interface owns an attempt's life on a backend.
+
+submit (`launch`) -> an opaque `executor_id` kept on the attempt row; `poll` once per tick for
+every live attempt at once; `cancel`; `logs`; `attach` (an argv, or NotAttachable); `cleanup`
+once the attempt's end is recorded. The run dir stays the source of truth (pid.json, exit.json,
+stdout.log, result.json): an executor only adds what its backend knows (a Slurm job's state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.errors import UsageError
+from orchestrator.launch.base import LaunchHandle, LaunchSpec
+from orchestrator.launch.wrapper import LOG_FILE
+
+
+class NotAttachable(UsageError):
+    """The attempt runs where there is nothing to attach to (no tmux window here)."""
+
+
+@dataclass(frozen=True)
+class RemoteStatus:
+    """What a backend that owns the process (Slurm) says about one attempt this tick."""
+
+    state: str  # the backend's own word: PENDING, RUNNING, NODE_FAIL, ...
+    kind: str  # slurm_parse.SlurmState value: queued, running, ended, lost, failed
+    reason: str = ""  # pending reason, e.g. Resources, Priority
+    job_id: str = ""  # the backend's id of the attempt (found by name when it was never recorded)
+
+
+class Executor(Protocol):
+    name: str
+    remote: bool  # True: the backend owns the process (liveness and stopping go through it)
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle: ...
+
+    def poll(self, attempts: Sequence[Mapping[str, Any]]) -> dict[int, RemoteStatus] | None:
+        """Status by attempt id for attempts this executor owns; None when the backend could
+        not be asked this tick (nothing may be concluded from that)."""
+        ...
+
+    def cancel(self, attempt: Mapping[str, Any]) -> None: ...
+
+    def cleanup(self, attempt: Mapping[str, Any]) -> None:
+        """Called once the attempt's end is recorded: close what the backend kept open for it."""
+        ...
+
+    def window_alive(self, handle_window_id: str) -> bool: ...
+
+    def kill_window(self, window_id: str) -> None: ...
+
+    def attach_command(self, window_id: str) -> list[str]: ...
+
+
+def log_path(attempt: Mapping[str, Any]) -> Path:
+    """Where every executor's attempt output is: the wrapper writes it into the run dir."""
+    return Path(str(attempt["run_dir"])) / LOG_FILE

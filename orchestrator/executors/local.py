@@ -1,0 +1,58 @@
+"""tmux and subprocess executors: the local launchers behind the executor seam.
+
+Liveness stays with the run dir and the local process checks in reconcile (poll has nothing to
+add); a finished attempt's tmux window is closed once its end is recorded (its output is in the
+run dir's stdout.log), so windows of finished attempts do not pile up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestrator.executors.base import RemoteStatus
+from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
+
+log = logging.getLogger(__name__)
+
+
+class LocalExecutor:
+    remote = False
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.name = launcher.name
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+        return self.launcher.launch(spec)
+
+    def poll(self, attempts: Sequence[Mapping[str, Any]]) -> dict[int, RemoteStatus] | None:
+        return {}
+
+    def cancel(self, attempt: Mapping[str, Any]) -> None:
+        """Local attempts are stopped by their process group (the daemon's kill path)."""
+
+    def cleanup(self, attempt: Mapping[str, Any]) -> None:
+        window_id = attempt.get("window_id")
+        if window_id and attempt.get("launcher") == self.name:
+            try:
+                self.launcher.kill_window(str(window_id))
+            except Exception:  # a window we cannot close is only clutter
+                log.warning("cannot close window %s of attempt %s", window_id, attempt.get("id"), exc_info=True)
+
+    def window_alive(self, handle_window_id: str) -> bool:
+        return self.launcher.window_alive(handle_window_id)
+
+    def kill_window(self, window_id: str) -> None:
+        self.launcher.kill_window(window_id)
+
+    def attach_command(self, window_id: str) -> list[str]:
+        return self.launcher.attach_command(window_id)
+
+    def kill_server(self) -> None:
+        close = getattr(self.launcher, "kill_server", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()

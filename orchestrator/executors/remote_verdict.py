@@ -1,0 +1,51 @@
+"""Pure: what a cluster-owned attempt's run dir and its backend status mean together.
+
+The run dir wins: an exit record ends the attempt as every executor's does. Without one, only
+the backend's own word ends it (NODE_FAIL, PREEMPTED, BOOT_FAIL: lost and requeued; TIMEOUT and
+the like: failed), with the backend's state in the reason. An unanswered poll concludes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from orchestrator.executors.base import RemoteStatus
+from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.reconcile import Observation
+
+RemoteEnd = tuple[AttemptOutcome, str, bool]  # outcome, reason, retryable
+
+
+def remote_observation(obs: Observation, status: RemoteStatus | None) -> Observation:
+    """The process is alive while the backend says the job runs (its pid is on another node)."""
+    running = status is not None and status.kind == "running" and obs.pid_record is not None
+    return replace(obs, process_alive=running)
+
+
+def remote_end(
+    attempt: Mapping[str, Any], obs: Observation, status: RemoteStatus | None, polled: bool,
+    daemon_started_at_s: float | None,
+) -> str | RemoteEnd | None:
+    """"finished" (exit record), an end decided by the backend, or None (still live / unknown)."""
+    if obs.exit_record is not None:
+        return "finished"
+    if status is None:
+        never_submitted = (
+            polled and not attempt.get("executor_id") and attempt.get("launcher") is None
+            and daemon_started_at_s is not None and float(attempt["started_at"]) < daemon_started_at_s
+        )
+        if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
+            return (AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", True)
+        return None
+    job = f"Slurm job {status.job_id or attempt.get('executor_id')}"
+    if status.kind in ("queued", "running"):
+        return None
+    if status.kind == "lost":
+        return (AttemptOutcome.LOST, f"{job} ended {status.state}", True)
+    if status.kind == "failed":
+        return (AttemptOutcome.FAILED, f"{job} ended {status.state}", False)
+    if attempt.get("kill_requested") in ("cancel", "retry"):
+        return (AttemptOutcome.CANCELLED, f"{job} cancelled (scancel)", True)
+    return (AttemptOutcome.LOST, f"{job} ended {status.state} without an exit record", True)
