@@ -8,10 +8,11 @@ installed, except in CI (env CI set), where a missing Slurm fails the module.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -161,6 +162,7 @@ def test_cancel_scancels(orch: Orch, cluster: SlurmCluster) -> None:
 
 def test_daemon_killed_and_restarted_resubmits_nothing(orch: Orch, cluster: SlurmCluster) -> None:
     _slow_suite(orch, seconds=12)
+    before = set(slurm_jobs(cluster))
     orch.submit("long", "1:a 2:a 3:a 4:a 5:a 6:a")  # 6 x 1 shard... all fit: some run, the limit queues the rest
     pid = start_slurm_daemon(orch, "--max-in-queue", "4")
     wait_until(lambda: _running_in_slurm(orch, 2), 60, "attempts running in Slurm")
@@ -175,7 +177,7 @@ def test_daemon_killed_and_restarted_resubmits_nothing(orch: Orch, cluster: Slur
         row = next(a for a in attempts if a["id"] == attempt_id)
         assert row["executor_id"] == job_id and row["outcome"] == "succeeded", row
     assert len(attempts) == 6, "an attempt was submitted twice"
-    names = [name for name, _ in slurm_jobs(cluster).values() if name.startswith("orch-long-")]
+    names = [name for job_id, (name, _) in slurm_jobs(cluster).items() if job_id not in before]
     assert len(names) == len(set(names)) == 6
 
 
@@ -195,7 +197,8 @@ def test_slurmd_killed_mid_job_ends_attempts_lost_and_requeued(orch: Orch, clust
     finally:
         # leftover batch steps of the dead node: end them as a rebooted node would
         for r in running:
-            subprocess.run(["pkill", "-KILL", "-f", f"--run-dir {r['run_dir']}"], check=False)
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.killpg(int(json.loads((Path(r["run_dir"]) / "pid.json").read_text())["pgid"]), signal.SIGKILL)
         cluster.start_slurmd()
         cluster.wait_idle(60)
     wait_until(lambda: all(orch.attempts(r["job_id"])[-1]["n"] == 2 for r in running), 60, "the jobs resubmitted")
