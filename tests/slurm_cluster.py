@@ -6,6 +6,7 @@ Everything lives in one private directory; the daemons run as the current user (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -137,7 +138,5 @@ class SlurmCluster:
             self.kill(name, signal.SIGTERM)
         pid = self.procs.pop("munged", None)
         if pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass

@@ -14,12 +14,10 @@ import os
 import shutil
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import Orch, orch_env, wait_until
 from slurm_cluster import SlurmCluster, missing_binaries
 
@@ -155,7 +153,7 @@ def test_cancel_scancels(orch: Orch, cluster: SlurmCluster) -> None:
     assert any(r["executor_id"] == attempt["executor_id"] for r in status["running"])
     orch.run("cancel", str(attempt["job_id"]))
     wait_until(lambda: orch.job_states()[attempt["job_id"]] == "cancelled", 60, "the job cancelled")
-    name, state = slurm_jobs(cluster)[attempt["executor_id"]]
+    _name, state = slurm_jobs(cluster)[attempt["executor_id"]]
     assert state == "CANCELLED", state
     assert orch.attempts(attempt["job_id"])[0]["outcome"] == "cancelled"
 

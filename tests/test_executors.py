@@ -1,0 +1,230 @@
+"""The executor seam's pure parts (Slurm settings, batch script, squeue/sacct/scontrol output,
+what a Slurm state means), the wrapper's own GPU peak, the CLI's checks, and tmux cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_helpers import orch_env, requires_tmux, wait_until
+
+from orchestrator.errors import UsageError
+from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.remote_verdict import remote_end, remote_observation
+from orchestrator.executors.slurm_parse import (
+    Request,
+    SlurmState,
+    classify_state,
+    job_name,
+    parse_node_shards,
+    parse_sacct,
+    parse_scontrol_jobs,
+    parse_settings,
+    parse_squeue,
+    sbatch_script,
+    shards_for,
+)
+from orchestrator.launch.gpu_peak import GPU_PEAK_FILE, read_gpu_peak_mib
+from orchestrator.launch.wrapper import wrapper_argv
+from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.reconcile import Observation
+
+# -- suite `slurm:` settings -----------------------------------------------------------------
+
+
+def test_settings_parse_sizes_and_defaults() -> None:
+    settings = parse_settings({"time": "1-02:00:00", "cpus": 4, "mem": "6G", "extra": ["--qos=short"]}, "s")
+    assert (settings.time, settings.cpus, settings.mem_mib, settings.extra) == ("1-02:00:00", 4, 6144, ("--qos=short",))
+    assert parse_settings(None, "s").mem_mib == 2048 and parse_settings({"mem": "512M"}, "s").mem_mib == 512
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ({"time": "soon"}, "time"), ({"cpus": 0}, "cpus"), ({"cpus": True}, "cpus"), ({"mem": "lots"}, "mem"),
+        ({"extra": ["--gres=gpu:8"]}, "set by orch"), ({"extra": ["--qos=a; rm -rf ~"]}, "extra option"),
+        ({"extra": "--qos=a"}, "extra"), ({"partition": "x"}, "unknown key"), (["time"], "mapping"),
+    ],
+)
+def test_settings_refuse_bad_values(raw: object, named: str) -> None:
+    with pytest.raises(UsageError, match=named):
+        parse_settings(raw, "suite s.yaml")
+
+
+# -- requests and the batch script -----------------------------------------------------------
+
+
+def test_shards_are_sized_from_the_prediction_and_capped_at_one_gpu() -> None:
+    assert shards_for(8192, 6144, 4) == 2
+    assert shards_for(6144, 6144, 4) == 1
+    assert shards_for(0, 6144, 4) == 1
+    assert shards_for(100_000, 6144, 4) == 4  # 22.05 cannot spread a shard request over GPUs
+
+
+def test_batch_script_execs_the_wrapper_with_the_attempt_env_and_leaves_the_gpu_to_slurm(tmp_path: Path) -> None:
+    request = Request(name=job_name("E 1", 7, 2), gres="shard:3", cpus=2, mem_mib=4096, partition="gpu", time="30")
+    argv = wrapper_argv(tmp_path, ["python", "train.py", "--name", "a b"])
+    script = sbatch_script(request, str(tmp_path), "/home/u", argv, {"CUDA_VISIBLE_DEVICES": "GPU-x", "SEED": "it's"})
+    assert "#SBATCH --job-name=orch-E_1-7-a2" in script
+    for line in ("--gres=shard:3", "--cpus-per-task=2", "--mem=4096M", "--no-requeue", "--partition=gpu", "--time=30"):
+        assert f"#SBATCH {line}\n" in script
+    assert "export CUDA_VISIBLE_DEVICES" not in script  # Slurm sets it for the allocation
+    assert "export SEED='it'\"'\"'s'" in script
+    assert script.rstrip().splitlines()[-1].startswith("exec ") and "'a b'" in script
+    done = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+# -- Slurm's output --------------------------------------------------------------------------
+
+
+def test_squeue_sacct_and_scontrol_output_are_parsed() -> None:
+    queue = parse_squeue("12|orch-demo-1-a1|PENDING|Resources\n13|orch-demo-2-a1|RUNNING|None\ngarbage\n")
+    assert queue["12"].reason == "Resources" and queue["13"].state == "RUNNING" and len(queue) == 2
+    sacct = parse_sacct("14|orch-demo-3-a1|NODE_FAIL|None\n15|orch-demo-4-a1|CANCELLED by 0|None\n")
+    assert sacct["14"].state == "NODE_FAIL" and sacct["15"].state == "CANCELLED"
+    scontrol = parse_scontrol_jobs("JobId=16 JobName=orch-demo-5-a1 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Comment=JobState=X\n")
+    assert scontrol["16"].state == "TIMEOUT" and scontrol["16"].name == "orch-demo-5-a1"
+    assert parse_node_shards("NodeName=vm Arch=x86_64 Gres=gpu:2,shard:8 State=IDLE") == (2, 8)
+    assert parse_node_shards("NodeName=vm Gres=gpu:a100:4(S:0-1) State=IDLE") is None
+
+
+@pytest.mark.parametrize(
+    ("state", "kind"),
+    [
+        ("PENDING", SlurmState.QUEUED), ("RUNNING", SlurmState.RUNNING), ("COMPLETING", SlurmState.RUNNING),
+        ("NODE_FAIL", SlurmState.LOST), ("PREEMPTED", SlurmState.LOST), ("BOOT_FAIL", SlurmState.LOST),
+        ("TIMEOUT", SlurmState.FAILED), ("COMPLETED", SlurmState.ENDED), ("CANCELLED+", SlurmState.ENDED),
+        ("FAILED", SlurmState.ENDED),
+    ],
+)
+def test_slurm_states_map_to_what_they_mean_for_an_attempt(state: str, kind: SlurmState) -> None:
+    assert classify_state(state) is kind
+
+
+# -- a cluster-owned attempt's end -----------------------------------------------------------
+
+ATTEMPT = {"id": 1, "executor_id": "42", "launcher": "slurm", "started_at": 100.0, "kill_requested": None}
+
+
+def _obs(exit_record: dict | None = None, pid_record: dict | None = None) -> Observation:
+    return Observation(pid_record=pid_record, exit_record=exit_record, process_alive=False, last_progress=None,
+                       last_progress_at=None, now_s=200.0)
+
+
+def _status(state: str, reason: str = "") -> RemoteStatus:
+    return RemoteStatus(state, classify_state(state).value, reason, "42")
+
+
+def test_the_run_dir_wins_over_slurm() -> None:
+    assert remote_end(ATTEMPT, _obs(exit_record={"exit_code": 0}), _status("NODE_FAIL"), True, 50.0) == "finished"
+
+
+def test_slurm_ends_without_an_exit_record_carry_the_state_in_the_reason() -> None:
+    assert remote_end(ATTEMPT, _obs(), _status("NODE_FAIL"), True, 50.0) == (AttemptOutcome.LOST, "Slurm job 42 ended NODE_FAIL", True)
+    assert remote_end(ATTEMPT, _obs(), _status("PREEMPTED"), True, 50.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
+    assert remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, 50.0) == (AttemptOutcome.FAILED, "Slurm job 42 ended TIMEOUT", False)
+    cancelled = {**ATTEMPT, "kill_requested": "cancel"}
+    assert remote_end(cancelled, _obs(), _status("CANCELLED"), True, 50.0)[0] is AttemptOutcome.CANCELLED  # type: ignore[index]
+
+
+def test_waiting_running_or_unanswered_concludes_nothing() -> None:
+    assert remote_end(ATTEMPT, _obs(), _status("PENDING", "Priority"), True, 50.0) is None
+    assert remote_end(ATTEMPT, _obs(pid_record={"pid": 5}), _status("RUNNING"), True, 50.0) is None
+    assert remote_end(ATTEMPT, _obs(), None, False, 500.0) is None  # the poll failed
+    claimed = {**ATTEMPT, "executor_id": None, "launcher": None}
+    assert remote_end(claimed, _obs(), None, False, 500.0) is None
+    assert remote_end(claimed, _obs(), None, True, 500.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
+    assert remote_end(claimed, _obs(), None, True, 50.0) is None  # claimed by this daemon: sbatch may still return
+
+
+def test_a_remote_process_is_alive_while_slurm_runs_it() -> None:
+    assert remote_observation(_obs(pid_record={"pid": 5}), _status("RUNNING")).process_alive
+    assert not remote_observation(_obs(pid_record={"pid": 5}), _status("COMPLETED")).process_alive
+    assert not remote_observation(_obs(), _status("RUNNING")).process_alive
+
+
+# -- the wrapper's own GPU peak --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ['{"peak_mib": true}', '{"peak_mib": -1}', '{"peak_mib": 1e30}', "[1]", "{", '{"peak_mib": 99999999999}'])
+def test_an_unbelievable_gpu_peak_file_reads_as_zero(tmp_path: Path, content: str) -> None:
+    (tmp_path / GPU_PEAK_FILE).write_text(content)
+    assert read_gpu_peak_mib(tmp_path) == 0
+
+
+def test_a_gpu_peak_symlink_or_fifo_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"peak_mib": 5}')
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / GPU_PEAK_FILE).symlink_to(target)
+    assert read_gpu_peak_mib(run_dir) == 0
+    (run_dir / GPU_PEAK_FILE).unlink()
+    os.mkfifo(run_dir / GPU_PEAK_FILE)
+    assert read_gpu_peak_mib(run_dir) == 0
+
+
+def test_the_wrapper_measures_its_own_tree_on_simulated_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sim_dir, run_dir = tmp_path / "sim", tmp_path / "run"
+    holder = (
+        "import time; from pathlib import Path; from workers.sim import SimAllocation, gpu_dir;"
+        f"a = SimAllocation(gpu_dir(Path({str(sim_dir)!r}), 1), 24576); assert a.allocate(3000) is None;"
+        "time.sleep(2.5); a.release()"
+    )
+    env = {**os.environ, "ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "2x24GiB", "ORCH_SIM_DIR": str(sim_dir),
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    from orchestrator.gpu import make_probe
+
+    monkeypatch.setenv("ORCH_SIM_GPUS", "2x24GiB")
+    make_probe("sim", sim_dir).close()  # creates the card directories
+    done = subprocess.run(wrapper_argv(run_dir, [sys.executable, "-c", holder]), env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert read_gpu_peak_mib(run_dir) == 3000
+    assert json.loads((run_dir / GPU_PEAK_FILE).read_text())["samples"] >= 1
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+
+def test_submit_refuses_bad_slurm_settings_and_writes_nothing(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        orch.write_suite("bad", {"c": {"sim_mem_gib": 1}}, slurm={"time": "tomorrow"})
+        done = orch.run("submit", "--suite", "bad", "--pairs", "1:a", check=False)
+        assert done.returncode == 2 and "slurm time 'tomorrow'" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+        assert not orch.query("SELECT 1 FROM sqlite_master WHERE name = 'jobs'") or not orch.query("SELECT * FROM jobs")
+        orch.write_suite("good", {"c": {"sim_mem_gib": 1}}, slurm={"time": "5", "mem": "1G", "extra": ["--qos=short"]})
+        orch.submit("good", "1:a")
+        stored = json.loads(orch.query("SELECT slurm_json FROM jobs")[0]["slurm_json"])
+        assert stored == {"cpus": 1, "extra": ["--qos=short"], "mem_mib": 1024, "time": "5"}
+
+
+def test_slurm_options_need_the_slurm_executor(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        for args in (("--partition", "gpu"), ("--executor", "slurm", "--partition", "a b")):
+            done = orch.run("daemon", "start", *args, check=False)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+
+
+@requires_tmux
+def test_finished_tmux_windows_are_closed_once_recorded(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        orch.write_suite("quick", {"a": {"sim_mem_gib": 1, "sim_seconds": 1}, "b": {"sim_mem_gib": 1, "sim_seconds": 1}})
+        orch.submit("quick", "1:x 2:x")
+        orch.start_daemon()
+        orch.wait_all_done(90)
+        assert set(orch.job_states().values()) == {"succeeded"}
+
+        def windows() -> list[str]:
+            done = subprocess.run(["tmux", "-L", orch.socket, "list-windows", "-a", "-F", "#{window_name}"],
+                                  capture_output=True, text=True, check=False)
+            return done.stdout.split()
+
+        assert wait_until(lambda: windows() == ["orch"], 15, "only the session's own window left")
+        assert all((Path(a["run_dir"]) / "stdout.log").stat().st_size > 0 for a in orch.attempts())
