@@ -228,3 +228,23 @@ def test_finished_tmux_windows_are_closed_once_recorded(tmp_path: Path) -> None:
 
         assert wait_until(lambda: windows() == ["orch"], 15, "only the session's own window left")
         assert all((Path(a["run_dir"]) / "stdout.log").stat().st_size > 0 for a in orch.attempts())
+
+
+def test_attach_is_a_tmux_argv_or_a_clear_not_attachable() -> None:
+    from orchestrator.executors.base import NotAttachable, attach_argv
+
+    assert attach_argv({"job_id": 3, "launcher": "tmux", "executor": "tmux", "executor_id": "@7"}, "sock") == [
+        "tmux", "-L", "sock", "attach-session", "-t", "@7"]
+    assert attach_argv({"job_id": 3, "launcher": "tmux", "window_id": "@8"}, "sock")[-1] == "@8"  # rows from before executors
+    with pytest.raises(NotAttachable, match="Slurm job 42: not attachable here"):
+        attach_argv({"job_id": 3, "launcher": "slurm", "executor": "slurm", "executor_id": "42"}, "sock")
+    with pytest.raises(NotAttachable, match="no tmux window"):
+        attach_argv({"job_id": 3, "launcher": "subprocess", "executor": "subprocess"}, "sock")
+
+
+def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
+    from orchestrator.cli.render import _where
+
+    assert _where({"gpu": -1, "executor": "slurm", "executor_id": "42", "executor_state": "PENDING (Resources)"}) == (
+        "slurm 42 PENDING (Resources)")
+    assert _where({"gpu": 1, "executor": "tmux", "executor_id": "@3", "executor_state": None}) == "1"

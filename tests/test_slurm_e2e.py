@@ -204,3 +204,21 @@ def test_slurmd_killed_mid_job_ends_attempts_lost_and_requeued(orch: Orch, clust
         cluster.wait_idle(60)
     wait_until(lambda: all(orch.attempts(r["job_id"])[-1]["n"] == 2 for r in running), 60, "the jobs resubmitted")
     assert all(orch.attempts(r["job_id"])[-1]["executor_id"] != r["executor_id"] for r in running)
+
+
+def test_slurm_unreachable_for_a_while_fails_no_job(orch: Orch, cluster: SlurmCluster) -> None:
+    _slow_suite(orch, seconds=15)
+    orch.submit("long", "1:a 2:a")
+    start_slurm_daemon(orch)
+    wait_until(lambda: _running_in_slurm(orch, 2), 60, "both attempts running in Slurm")
+    log = Path(str(orch.db) + ".daemon.log")
+    cluster.kill("slurmctld", signal.SIGTERM)  # a controller restart: it saves its state first
+    try:
+        wait_until(lambda: log.exists() and "Slurm poll failed" in log.read_text(errors="replace"), 60,
+                   "the daemon to see a failed poll")
+        assert orch.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"] == 2
+    finally:
+        cluster.start_slurmctld()
+    states = orch.wait_all_done(180)
+    assert set(states.values()) == {"succeeded"}, states
+    assert [a["outcome"] for a in orch.attempts()] == ["succeeded", "succeeded"]

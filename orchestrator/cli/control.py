@@ -12,7 +12,7 @@ from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store, parse_job_ids
 from orchestrator.daemon_state import tmux_socket_name
 from orchestrator.errors import UsageError
-from orchestrator.executors.base import NotAttachable
+from orchestrator.executors.base import NotAttachable, attach_argv
 from orchestrator.store.db import Store
 from orchestrator.store.queries import get_job
 
@@ -101,19 +101,15 @@ def attach_cmd(job: str, db_path: Path) -> None:
     (job_id,) = parse_job_ids((job,))
     with open_store(db_path) as store:
         get_job(store, job_id)
-        rows = store.query("SELECT window_id, launcher, executor_id FROM attempts WHERE job_id = ? ORDER BY n DESC LIMIT 1", [job_id])
-    if rows and rows[0]["launcher"] == "slurm":
-        raise NotAttachable(
-            f"job {job_id} runs in Slurm job {rows[0]['executor_id'] or '(not yet submitted)'}: not attachable here; "
-            f"use `orch logs {job_id} -f` (the output is in its run dir)"
-        )
-    if not rows or not rows[0]["window_id"] or rows[0]["launcher"] != "tmux":
-        raise UsageError(f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`")
-    tmux = shutil.which("tmux")
+        rows = store.query("SELECT job_id, window_id, launcher, executor, executor_id FROM attempts WHERE job_id = ? "
+                           "ORDER BY n DESC LIMIT 1", [job_id])
+    if not rows:
+        raise NotAttachable(f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`")
+    argv = attach_argv(rows[0], tmux_socket_name(db_path))
+    tmux = shutil.which(argv[0])
     if tmux is None:
         raise UsageError("tmux is not installed")
-    socket = tmux_socket_name(db_path)
-    os.execv(tmux, [tmux, "-L", socket, "attach-session", "-t", rows[0]["window_id"]])
+    os.execv(tmux, [tmux, *argv[1:]])
 
 
 def register(group: click.Group) -> None:

@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.jobs_render import STATE_STYLES, print_jobs
 from orchestrator.errors import UsageError
+from orchestrator.executors.base import log_path as executor_log_path
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import (
     get_attempts,
@@ -129,7 +130,7 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
     chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a["n"] == attempt_n), None)
     if chosen is None:
         raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
-    log_path = Path(chosen["run_dir"]) / "stdout.log"
+    log_path = executor_log_path(chosen)  # every executor's wrapper writes it into the run dir
     if not log_path.exists():
         raise UsageError(f"no log yet at {log_path}")
     with open(log_path, "rb") as handle:

@@ -49,6 +49,12 @@ class Executor(Protocol):
         """Called once the attempt's end is recorded: close what the backend kept open for it."""
         ...
 
+    def logs(self, attempt: Mapping[str, Any]) -> Path: ...
+
+    def attach(self, attempt: Mapping[str, Any]) -> list[str]:
+        """The argv that shows the running attempt; NotAttachable where there is none."""
+        ...
+
     def window_alive(self, handle_window_id: str) -> bool: ...
 
     def kill_window(self, window_id: str) -> None: ...
@@ -59,3 +65,18 @@ class Executor(Protocol):
 def log_path(attempt: Mapping[str, Any]) -> Path:
     """Where every executor's attempt output is: the wrapper writes it into the run dir."""
     return Path(str(attempt["run_dir"])) / LOG_FILE
+
+
+def attach_argv(attempt: Mapping[str, Any], tmux_socket: str) -> list[str]:
+    """What `orch attach` runs for an attempt, from its row alone (no backend is asked)."""
+    executor = attempt.get("executor") or attempt.get("launcher")
+    job = attempt.get("job_id")
+    if executor == "slurm":
+        raise NotAttachable(
+            f"job {job} runs in Slurm job {attempt.get('executor_id') or '(not yet submitted)'}: not attachable here; "
+            f"use `orch logs {job} -f` (the output is in its run dir)"
+        )
+    window = attempt.get("executor_id") or attempt.get("window_id")
+    if executor != "tmux" or not window:
+        raise NotAttachable(f"job {job} has no tmux window (not started, or run without tmux): use `orch logs {job} -f`")
+    return ["tmux", "-L", tmux_socket, "attach-session", "-t", str(window)]

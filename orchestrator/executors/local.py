@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.base import NotAttachable, RemoteStatus, log_path
 from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,16 @@ class LocalExecutor:
                 self.launcher.kill_window(str(window_id))
             except Exception:  # a window we cannot close is only clutter
                 log.warning("cannot close window %s of attempt %s", window_id, attempt.get("id"), exc_info=True)
+
+    def logs(self, attempt: Mapping[str, Any]) -> Path:
+        return log_path(attempt)
+
+    def attach(self, attempt: Mapping[str, Any]) -> list[str]:
+        window_id = attempt.get("executor_id") or attempt.get("window_id")
+        argv = self.launcher.attach_command(str(window_id)) if window_id else []
+        if not argv:
+            raise NotAttachable(f"attempt {attempt.get('id')} has no window here ({self.name} executor): use `orch logs`")
+        return argv
 
     def window_alive(self, handle_window_id: str) -> bool:
         return self.launcher.window_alive(handle_window_id)

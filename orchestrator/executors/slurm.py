@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import LauncherError, UsageError
-from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.base import RemoteStatus, attach_argv, log_path
 from orchestrator.executors.slurm_parse import (
     JOB_NAME_PREFIX,
     Request,
@@ -209,6 +209,12 @@ class SlurmExecutor:
 
     def cleanup(self, attempt: Mapping[str, Any]) -> None:
         """Nothing stays open on a login node: Slurm's own output file is in the run dir."""
+
+    def logs(self, attempt: Mapping[str, Any]) -> Path:
+        return log_path(attempt)  # the wrapper writes it on the shared filesystem
+
+    def attach(self, attempt: Mapping[str, Any]) -> list[str]:
+        return attach_argv(attempt, "")  # raises NotAttachable, naming the Slurm job
 
     def window_alive(self, handle_window_id: str) -> bool:
         return False

@@ -102,6 +102,8 @@ def attempt_to_public(row: dict[str, Any]) -> dict[str, Any]:
         "overrides": json.loads(row["overrides_json"] or "{}"),
         "changes": json.loads(row["changes_json"] or "{}"),
         "run_alone": bool(row["run_alone"]),
+        "executor": row.get("executor") or row.get("launcher"),
+        "executor_id": row.get("executor_id"),  # a Slurm job id, a tmux window id
     }
 
 
