@@ -25,6 +25,7 @@ from orchestrator.dispatch import DispatchContext, JobShapeCache, job_worker_out
 from orchestrator.dispatch_remote import schedule_remote
 from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
 from orchestrator.executors.remote_verdict import remote_end, remote_observation
+from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -65,7 +66,7 @@ class Daemon:
         self.settings = settings
         self.probe = probe
         # the executor seam; a bare launcher (tmux, subprocess) is wrapped as a local executor
-        self.launcher: Executor = launcher if hasattr(launcher, "poll") else LocalExecutor(launcher)  # type: ignore[arg-type]
+        self.launcher: Executor = launcher if isinstance(launcher, (LocalExecutor, SlurmExecutor)) else LocalExecutor(launcher)
         self.store = Store(settings.db_path)
         self.cache = JobShapeCache()
         self.ctx = DispatchContext(

@@ -423,7 +423,7 @@ def _launch(
         handle = launcher.launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
                        argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
-                       meta={"suite": job["suite"], "n": attempt["n"], "predicted_peak_mib": predicted_mib,
+                       meta={"suite": job["suite"], "n": attempt["n"], "predicted_peak_mib": predicted_mib, "run_alone": level.run_alone,
                              "slurm": json.loads(job.get("slurm_json") or "{}")})
         )
     except (OSError, OrchError, LauncherError) as exc:

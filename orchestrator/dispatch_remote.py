@@ -55,7 +55,7 @@ def schedule_remote(
             _fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
-        _launch(store, executor, ctx, job, level, CLUSTER_GPU, predicted_mib, source, 0)  # type: ignore[arg-type]
+        _launch(store, executor, ctx, job, level, CLUSTER_GPU, predicted_mib, source, 0)
         placed.add(job["id"])
         in_queue += 1
     _write_wait_reasons(store, queued, reasons, placed)

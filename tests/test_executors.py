@@ -248,3 +248,23 @@ def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
     assert _where({"gpu": -1, "executor": "slurm", "executor_id": "42", "executor_state": "PENDING (Resources)"}) == (
         "slurm 42 PENDING (Resources)")
     assert _where({"gpu": 1, "executor": "tmux", "executor_id": "@3", "executor_state": None}) == "1"
+
+
+def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(tmp_path: Path) -> None:
+    from orchestrator.executors.slurm import SlurmExecutor, SlurmOptions
+    from orchestrator.launch.base import LaunchSpec
+
+    executor = SlurmExecutor.__new__(SlurmExecutor)  # no cluster needed for the request itself
+    executor.options, executor.shard_mib, executor.shards_per_gpu = SlurmOptions(partition="gpu"), 6144, 4
+
+    def request(**meta: object) -> str:
+        spec = LaunchSpec(job_id=5, attempt_id=9, window_name="w", argv=["true"], run_dir=tmp_path,
+                          meta={"suite": "demo", "n": 2, "slurm": {"cpus": 3, "mem_mib": 1024}, **meta})
+        built = executor.request_for(spec)
+        assert (built.name, built.cpus, built.mem_mib, built.partition) == ("orch-demo-5-a2", 3, 1024, "gpu")
+        return built.gres
+
+    assert request(predicted_peak_mib=8192) == "shard:2"
+    assert request(predicted_peak_mib=8192, run_alone=True) == "shard:4"
+    executor.shard_mib = None  # a cluster without shards
+    assert request(predicted_peak_mib=8192) == "gpu:1"

@@ -112,9 +112,10 @@ def _executor_args(executor_kind: str | None, partition: str | None, account: st
     args = ["--max-in-queue", str(max_in_queue)]
     if executor_kind:
         args += ["--executor", executor_kind]
-    for flag, value in (("--partition", partition), ("--account", account), ("--shard-mib", shard_mib)):
-        if value is not None:
-            args += [flag, str(value)]
+    named: tuple[tuple[str, str | int | None], ...] = (("--partition", partition), ("--account", account), ("--shard-mib", shard_mib))
+    for flag, given in named:
+        if given is not None:
+            args += [flag, str(given)]
     return args
 
 

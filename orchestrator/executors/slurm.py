@@ -100,7 +100,9 @@ class SlurmExecutor:
     def request_for(self, spec: LaunchSpec) -> Request:
         meta = spec.meta
         settings = settings_from_json(meta.get("slurm") or {})
-        if self.shard_mib is not None:
+        if self.shard_mib is not None and meta.get("run_alone") and self.shards_per_gpu:
+            gres = f"shard:{self.shards_per_gpu}"  # the ladder's last rung: all of one GPU's shards
+        elif self.shard_mib is not None:
             gres = f"shard:{shards_for(int(meta.get('predicted_peak_mib') or 0), self.shard_mib, self.shards_per_gpu)}"
         else:
             gres = "gpu:1"
