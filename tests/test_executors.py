@@ -268,3 +268,12 @@ def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(
     assert request(predicted_peak_mib=8192, run_alone=True) == "shard:4"
     executor.shard_mib = None  # a cluster without shards
     assert request(predicted_peak_mib=8192) == "gpu:1"
+
+
+def test_an_sbatch_that_never_answered_is_lost_once_its_name_stays_absent() -> None:
+    timed_out = {**ATTEMPT, "executor_id": None, "launcher": "slurm", "started_at": 180.0}
+    assert remote_end(timed_out, _obs(), None, True, 50.0) is None  # within the launch grace (now 200)
+    late = Observation(pid_record=None, exit_record=None, process_alive=False, last_progress=None,
+                       last_progress_at=None, now_s=1000.0)
+    assert remote_end(timed_out, late, None, True, 50.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
+    assert remote_end(timed_out, late, None, False, 50.0) is None  # the poll failed: nothing concluded

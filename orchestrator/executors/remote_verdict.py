@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.executors.base import RemoteStatus
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.reconcile import Observation
+from orchestrator.reconcile import LAUNCH_GRACE_S, Observation
 
 RemoteEnd = tuple[AttemptOutcome, str, bool]  # outcome, reason, retryable
 
@@ -38,6 +38,9 @@ def remote_end(
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
             return (AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", True)
+        unanswered = polled and attempt.get("launcher") and not attempt.get("executor_id") and obs.now_s - float(attempt["started_at"]) > LAUNCH_GRACE_S
+        if unanswered:  # sbatch timed out and no job of its name was ever seen in the queue
+            return (AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue", True)
         return None
     job = f"Slurm job {status.job_id or attempt.get('executor_id')}"
     if status.kind in ("queued", "running"):

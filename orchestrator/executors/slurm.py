@@ -126,8 +126,11 @@ class SlurmExecutor:
         try:
             done = _run("sbatch", "--parsable", str(script))
         except subprocess.TimeoutExpired:
-            # It may have been queued all the same: the next poll adopts it by its name.
-            raise LauncherError(f"sbatch did not answer within {COMMAND_TIMEOUT_S:.0f} s") from None
+            # It may have been queued all the same: the next polls adopt it by its unique name,
+            # or, absent from the queue past the launch grace, close it lost (never submitted).
+            log.warning("sbatch for job %s did not answer within %.0f s; looking for %s in the queue",
+                        spec.job_id, COMMAND_TIMEOUT_S, request.name)
+            return LaunchHandle(launcher=self.name, pid=None, window_id=None, executor_id=None)
         job_id = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
             raise LauncherError(f"sbatch refused job {spec.job_id}: {(done.stderr or done.stdout).strip()[:300]}")
