@@ -13,7 +13,12 @@ from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
 from orchestrator.shapes import measured_margin, running_margin
 from orchestrator.store.db import Store
-from orchestrator.store.learning import forget_shapes, list_shapes, live_attempts_and_jobs, read_throughput
+from orchestrator.store.learning import (
+    forget_shapes,
+    list_shapes,
+    live_attempts_and_jobs,
+    read_throughput,
+)
 from orchestrator.throughput import relative_curve
 
 
