@@ -425,7 +425,7 @@ def _launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
                        argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
         )
-    except (OSError, OrchError, LauncherError) as exc:
+    except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
         from orchestrator.outcomes import fail_before_start
 
         fail_before_start(store, attempt, f"could not start: {exc}")
