@@ -192,7 +192,8 @@ def job_shape_key(job: dict[str, Any], level: Level) -> str:
     suite's `memory_keys`), model, level index and task."""
     config = json.loads(job["config_json"])
     extra = json.loads(job.get("memory_keys_json") or "[]")
-    return shape_key(memory_hash(config, extra), str(config.get("model", "")), level.index, job["data"])
+    foreign = job["worker"] not in OUR_WORKERS  # its memory keys are not known: all but the harmless
+    return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), level.index, job["data"])
 
 
 def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: JobShapeCache) -> str:
@@ -426,7 +427,7 @@ def _launch(
                        meta={"suite": job["suite"], "n": attempt["n"], "predicted_peak_mib": predicted_mib, "run_alone": level.run_alone,
                              "slurm": json.loads(job.get("slurm_json") or "{}")})
         )
-    except (OSError, OrchError, LauncherError) as exc:
+    except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
         from orchestrator.outcomes import fail_before_start
 
         fail_before_start(store, attempt, f"could not start: {exc}")

@@ -158,6 +158,9 @@ def daemon_run(
     """Run the daemon in the foreground."""
     from orchestrator.daemon import Daemon, DaemonSettings
     check_urls(notify_urls)
+    # The URLs carry tokens: read once, then gone from the environment before the launcher and
+    # its tmux server exist, so no worker inherits them.
+    os.environ.pop("ORCH_NOTIFY", None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)
