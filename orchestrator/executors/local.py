@@ -25,6 +25,9 @@ class LocalExecutor:
     def __init__(self, launcher: Launcher) -> None:
         self.launcher = launcher
         self.name = launcher.name
+        batch = getattr(launcher, "launch_many", None)
+        if batch is not None:  # a launcher that starts a pass's attempts in one call keeps doing so
+            self.launch_many = batch
 
     def launch(self, spec: LaunchSpec) -> LaunchHandle:
         return self.launcher.launch(spec)
