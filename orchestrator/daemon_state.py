@@ -15,7 +15,9 @@ from orchestrator.store.db import Store
 
 
 def lock_path(db_path: Path) -> Path:
-    return Path(str(db_path) + ".daemon.lock")
+    """Beside the resolved state.db: every path to one database (a symlink, a relative path)
+    takes the same lock. (A hard link is caught by the daemon row check at registration.)"""
+    return Path(str(Path(db_path).resolve()) + ".daemon.lock")
 
 
 def runs_dir(db_path: Path) -> Path:

@@ -38,15 +38,17 @@ def _stop_running(store: Store, job_id: int, why: str) -> bool:
     """Ask for the live attempt to be stopped; the daemon records the end. Without a daemon,
     kill the process group here so nothing keeps running unseen."""
     with store.write():
-        rows = store.query("SELECT id, pgid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
+        # pid/proc_create_time: the wrapper as the launcher started it (it leads its own group)
+        rows = store.query("SELECT id, pid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
         if not rows:
             return False
         store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why, rows[0]["id"]])
         add_event(store, why, f"{why} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
-    if daemon_alive(store) is None and rows[0]["pgid"] and group_is_ours(rows[0]["pgid"], rows[0]["proc_create_time"]):
+    pid, create_time = rows[0]["pid"], rows[0]["proc_create_time"]
+    if daemon_alive(store) is None and pid and create_time is not None and group_is_ours(pid, create_time):
         from orchestrator.launch.base import kill_process_group
 
-        kill_process_group(int(rows[0]["pgid"]))
+        kill_process_group(int(pid))
     return True
 
 

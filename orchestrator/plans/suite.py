@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
@@ -27,6 +25,7 @@ from orchestrator.plans.inputs import (
     check_text,
     shown_value,
 )
+from orchestrator.yaml_limits import read_yaml_file
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
 KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
@@ -125,17 +124,7 @@ def list_suites(plans_dir: Path) -> list[str]:
 
 
 def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"{what} not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{what} {path} cannot be read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise PlanError(f"{what} {path} is not valid YAML: {first_line}") from None
+    data = read_yaml_file(path, what)  # size-, alias- and depth-limited
     if not isinstance(data, dict):
         raise PlanError(f"{what} {path} must be a YAML mapping, not {type(data).__name__}")
     return data

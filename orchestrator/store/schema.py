@@ -160,3 +160,10 @@ def m004_host_steps(db: sqlite_utils.Database) -> None:
     # Host-side steps (fewer data workers, running alone) a job took after host-RAM OOMs, as a
     # JSON list; every later attempt keeps them on top of its ladder level.
     db.execute("ALTER TABLE jobs ADD COLUMN host_steps_json TEXT NOT NULL DEFAULT '[]'")
+
+
+@MIGRATIONS()
+def m006_untrusted_files(db: sqlite_utils.Database) -> None:
+    # The runs dir's free space as the daemon last read it ({path, free_mib, min_free_mib,
+    # warn_free_mib, level}), so `orch status` can say the disk is full without a daemon call.
+    db.execute("ALTER TABLE daemon ADD COLUMN disk_json TEXT")
