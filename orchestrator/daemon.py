@@ -34,7 +34,7 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.launch.wrapper import EXIT_FILE
-from orchestrator.outcomes import KILL_GRACE_S, complete
+from orchestrator.outcomes import KILL_GRACE_S, abandon, complete
 from orchestrator.packing import PackingPolicy
 from orchestrator.reconcile import (
     Observation,
@@ -54,6 +54,7 @@ from orchestrator.store.jobs import add_event
 log = logging.getLogger(__name__)
 
 
+MAX_ATTEMPT_ERRORS = 5  # passes in a row that fail on one attempt before it is closed as failed
 WAKE_CHECK_S = 0.1  # how often an idle daemon looks for commits by other processes
 
 
@@ -91,6 +92,7 @@ class Daemon:
         self._lock = DaemonLock(settings.db_path)
         self.disk: DiskState | None = None
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
+        self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -231,13 +233,19 @@ class Daemon:
         return still_live
 
     def _record_attempt_error(self, attempt: dict[str, Any], exc: Exception) -> None:
+        """Record the error against the attempt (once per distinct message); after
+        MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
         message = f"attempt {attempt['n']}: error while checking it: {type(exc).__name__}: {exc}"[:500]
-        if self._attempt_errors.get(attempt["id"]) == message:
-            return  # recorded already; it is retried every pass
-        self._attempt_errors[attempt["id"]] = message
-        log.warning("%s", message, exc_info=True)
-        with contextlib.suppress(Exception), self.store.write():
-            add_event(self.store, "error", message, job_id=attempt["job_id"], attempt_id=attempt["id"])
+        count = self._attempt_error_counts.get(attempt["id"], 0) + 1
+        self._attempt_error_counts[attempt["id"]] = count
+        if self._attempt_errors.get(attempt["id"]) != message:
+            self._attempt_errors[attempt["id"]] = message
+            log.warning("%s", message, exc_info=True)
+            with contextlib.suppress(Exception), self.store.write():
+                add_event(self.store, "error", message, job_id=attempt["job_id"], attempt_id=attempt["id"])
+        if count >= MAX_ATTEMPT_ERRORS:
+            with contextlib.suppress(Exception):
+                abandon(self.store, attempt, message)
 
     def _reconcile_one(self, attempt: dict[str, Any], gpu: GpuSnapshot | None) -> int:
         run_dir = Path(attempt["run_dir"])
@@ -273,6 +281,7 @@ class Daemon:
         else:
             return 1
         self._attempt_errors.pop(attempt["id"], None)
+        self._attempt_error_counts.pop(attempt["id"], None)
         return 0
 
     def _track(self, attempt: dict[str, Any], obs: Observation, gpu: GpuSnapshot | None) -> None:

@@ -300,3 +300,11 @@ def fail_before_start(store: Store, attempt: dict[str, Any], reason: str, *, dis
             data={"run_dir": attempt["run_dir"]},
         ),
     )
+
+
+def abandon(store: Store, attempt: dict[str, Any], reason: str) -> None:
+    """Close an attempt orch keeps failing to check: its proven group is stopped first, then it
+    fails with that reason and its job is requeued while attempts remain."""
+    if not ensure_group_dead(attempt, None):
+        return
+    fail_before_start(store, attempt, reason)

@@ -43,8 +43,13 @@ def _int_in(low: int, high: int) -> Check:
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
 
 
+def _is_number(v: Any) -> bool:
+    # no math.isfinite on an int: a 4000-digit integer overflows the float conversion
+    return isinstance(v, int | float) and not isinstance(v, bool) and not (isinstance(v, float) and not math.isfinite(v))
+
+
 def _number_in(low: float, high: float) -> Check:
-    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= high
+    return lambda v: _is_number(v) and low <= v <= high
 
 
 def _short_text(limit: int) -> Check:
@@ -130,8 +135,8 @@ def clean_metrics(value: Any, depth: int = 0) -> dict[str, Any]:
             continue
         if isinstance(item, dict):
             out[key] = clean_metrics(item, depth + 1)
-        elif isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
-            out[key] = item
+        elif _is_number(item) and abs(item) <= 1e300:
+            out[key] = float(item) if isinstance(item, int) and abs(item) > 2**53 else item
     return out
 
 

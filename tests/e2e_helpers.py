@@ -22,6 +22,7 @@ import yaml
 from orchestrator.daemon_state import tmux_socket_name
 
 T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.05
 CLI_TIMEOUT_S = 60.0
 
@@ -57,6 +58,8 @@ class Orch:
             "ORCH_SIM_GPUS": gpus,
             "ORCH_SIM_DIR": str(root / "sim"),
             "ORCH_LAUNCHER": "tmux",
+            # this checkout's orch, whatever an editable install elsewhere points at
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.env.pop("ORCH_SIM_FOREIGN", None)
         if foreign:
@@ -148,6 +151,8 @@ class Orch:
     def attempt_pgids(self) -> set[int]:
         pgids = {int(r["pgid"]) for r in self.query("SELECT pgid FROM attempts WHERE pgid IS NOT NULL")}
         for pid_file in (self.root / "runs").rglob("pid.json") if (self.root / "runs").exists() else []:
+            if pid_file.is_symlink() or not pid_file.is_file():
+                continue  # a hostile worker's FIFO or link: reading it could block or leave the tree
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 pgids.add(int(json.loads(pid_file.read_text())["pgid"]))
         return pgids
