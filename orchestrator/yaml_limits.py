@@ -17,6 +17,7 @@ from orchestrator.errors import PlanError
 MAX_YAML_BYTES = 1024 * 1024
 MAX_YAML_ALIASES = 100
 MAX_YAML_DEPTH = 50
+MAX_YAML_NODES = 200_000  # scalars, lists and mappings with every alias expanded
 
 
 class _LimitedLoader(yaml.SafeLoader):
@@ -41,6 +42,21 @@ class _LimitedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes in the document once every alias is expanded: each node counted once per
+    reference, computed once per node, so a billion-laughs document costs microseconds."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = 0  # a recursive alias counts as a leaf
+        size = 1
+        if isinstance(node, yaml.SequenceNode):
+            size += sum(min(_expanded_size(item, memo), MAX_YAML_NODES + 1) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+        memo[key] = min(size, MAX_YAML_NODES + 1)
+    return memo[key]
+
+
 def load_yaml(text: str, what: str) -> Any:
     """The one YAML document in `text`; PlanError (naming `what`) when it is too large, has too
     many aliases, nests too deep, or is not YAML."""
@@ -48,7 +64,13 @@ def load_yaml(text: str, what: str) -> Any:
         raise PlanError(f"{what} is larger than {MAX_YAML_BYTES // 1024} KiB")
     loader = _LimitedLoader(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_size(node, {})
+        if expanded > MAX_YAML_NODES:
+            raise PlanError(f"expands to {expanded} nodes through its aliases, more than {MAX_YAML_NODES}")
+        return loader.construct_document(node)
     except PlanError as exc:
         raise PlanError(f"{what}: {exc}") from None
     except yaml.YAMLError as exc:
