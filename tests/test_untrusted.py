@@ -78,7 +78,8 @@ def test_world_writable_runs_dir_is_refused(orch: Orch) -> None:
 
 def test_a_pre_made_symlinked_attempt_dir_is_never_followed(orch: Orch, tmp_path: Path) -> None:
     target = tmp_path / "target"
-    target.mkdir(mode=0o755)
+    target.mkdir()
+    target.chmod(0o755)  # explicitly: the test process's umask may be anything
     (target / "config.yaml").write_text("mine: true\n")
     orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=1, max_attempts=2)
     orch.submit("s", "1:a")
