@@ -298,3 +298,14 @@ def test_cancel_with_an_invalid_pid_json_stops_the_job(orch: Orch) -> None:
     assert orch.wait_all_done(30) == {1: "cancelled"}
     assert not group_alive(int(str(attempt["pid"])))
     assert json.loads(json.dumps(orch.json("show", "1")["attempts"][0]["outcome"])) == "cancelled"
+
+
+def test_logs_of_a_run_dir_whose_log_is_a_fifo_or_link(orch: Orch) -> None:
+    orch.write_suite("l", {"fifo": {"corrupt": "log_fifo", "hold_s": 0},
+                           "link": {"corrupt": "log_symlink", "hold_s": 0}}, worker=hostile_command(), mem_gib=0.25)
+    orch.submit("l", "1:a")
+    orch.start_daemon()
+    orch.wait_all_done(60)
+    for job, kind in (("1", "a FIFO"), ("2", "a symlink")):
+        proc = orch.run("logs", job, check=False, timeout_s=20)  # a FIFO must not block it
+        assert proc.returncode == 2 and kind in proc.stderr and "root:" not in proc.stdout, proc

@@ -219,3 +219,22 @@ def _kind(mode: int) -> str:
         if test(mode):
             return kind
     return "not a regular file"
+
+
+def open_regular_file(run_dir: Path, name: str) -> int:
+    """A descriptor of a regular file in a run dir, reached without following any link.
+    Raises FileNotFoundError, FileProblem (a link, FIFO, directory, ...) or RunTreeError."""
+    with open_run_dir(Path(run_dir)) as dir_fd:
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise FileProblem(f"{name} is a symlink (not followed)") from None
+            raise FileProblem(f"{name} cannot be read: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise FileProblem(f"{name} is {_kind(mode)}, not a regular file")
+    return fd
