@@ -1,4 +1,4 @@
-"""The run-dir boundary: every value the issue's hostile run used, refused and named, never
+"""The run-dir boundary: every malformed value a hostile run used, refused and named, never
 raised; files reached without following symlinks; the runs dir itself checked."""
 
 from __future__ import annotations
