@@ -232,3 +232,10 @@ def m008_memory_learning(db: sqlite_utils.Database) -> None:
         """,
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m009_untrusted_files(db: sqlite_utils.Database) -> None:
+    # The runs dir's free space as the daemon last read it ({path, free_mib, min_free_mib,
+    # warn_free_mib, level}), so `orch status` can say the disk is full without a daemon call.
+    db.execute("ALTER TABLE daemon ADD COLUMN disk_json TEXT")
