@@ -77,12 +77,10 @@ class DaemonLock:
 
     @staticmethod
     def is_held(db_path: Path) -> bool:
-        try:
-            os.close(_lock_database_file(Path(db_path)))
-        except DaemonError:
-            return True
-        except OSError:
-            pass
+        # Only the lock file: opening and closing state.db here would drop every fcntl lock this
+        # process's SQLite connections hold on it (POSIX locks are per process, not per fd), and
+        # a connection that lost them read a stale snapshot for good. A daemon on a hard link
+        # is refused by its own flock on state.db, and by the daemon row check at registration.
         path = lock_path(db_path)
         if not path.exists():
             return False
