@@ -29,8 +29,10 @@ CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0,
 
 def schedule_remote(
     store: Store, executor: Executor, ctx: DispatchContext, cache: JobShapeCache, *, draining: bool, max_in_queue: int,
+    hold: str | None = None,
 ) -> int:
-    """Submit what the queue limit allows; returns how many were submitted."""
+    """Submit what the queue limit allows; returns how many were submitted. `hold`: why nothing
+    may start now (a full disk, an unsafe runs dir), shown on every queued job."""
     paused = {r["suite"] for r in store.query("SELECT suite FROM paused_suites")}
     queued = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
     in_queue = int(store.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"])
@@ -43,8 +45,8 @@ def schedule_remote(
         if job["suite"] in paused:
             reasons[job["id"]] = f"suite {job['suite']} is paused"
             continue
-        if draining:
-            reasons[job["id"]] = "daemon is draining: nothing new starts"
+        if draining or hold:
+            reasons[job["id"]] = hold or "daemon is draining: nothing new starts"
             continue
         if in_queue >= max_in_queue:
             reasons[job["id"]] = f"{in_queue} attempts already submitted to Slurm (--max-in-queue {max_in_queue})"

@@ -14,9 +14,11 @@ from typing import Any
 import click
 
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
-from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
+from orchestrator.daemon_state import DaemonLock, daemon_alive, runs_dir, sim_dir, tmux_socket_name
+from orchestrator.diskspace import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
 from orchestrator.errors import DaemonError, UsageError
 from orchestrator.gpu import GpuProbe, make_probe
+from orchestrator.launch.runtree import check_runs_root
 from orchestrator.notify import check_urls
 from orchestrator.reconcile import process_matches
 from orchestrator.store.db import Store, now_s
@@ -25,7 +27,7 @@ START_TIMEOUT_S = 30.0
 
 
 def daemon_log_path(db_path: Path) -> Path:
-    return Path(str(db_path) + ".daemon.log")
+    return Path(str(Path(db_path).resolve()) + ".daemon.log")
 
 
 def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[str, str]]:
@@ -75,6 +77,17 @@ def _notify_option(func):  # type: ignore[no-untyped-def]
         "--notify", "notify_urls", multiple=True, envvar="ORCH_NOTIFY", metavar="URL",
         help="Send a one-line summary here when a suite finishes or a job fails (Apprise URL, "
              "e.g. ntfy://TOPIC or slack://...; repeatable; env ORCH_NOTIFY, space-separated; needs orch[notify]).",
+    )(func)
+
+
+def _disk_options(func):  # type: ignore[no-untyped-def]
+    func = click.option(
+        "--warn-free-mib", "warn_free_mib", type=click.IntRange(0, 1 << 30), default=DEFAULT_WARN_FREE_MIB,
+        show_default=True, help="Warn when the runs dir's filesystem has less free space than this.",
+    )(func)
+    return click.option(
+        "--min-free-mib", "min_free_mib", type=click.IntRange(0, 1 << 30), default=DEFAULT_MIN_FREE_MIB,
+        show_default=True, help="Start nothing while the runs dir's filesystem has less free space than this.",
     )(func)
 
 
@@ -139,6 +152,7 @@ def _make_executor(executor_kind: str | None, launcher_kind: str | None, db_path
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
 @_notify_option
+@_disk_options
 @db_option
 def daemon_run(
     executor_kind: str | None,
@@ -153,6 +167,8 @@ def daemon_run(
     launcher_kind: str | None,
     order: str,
     notify_urls: tuple[str, ...],
+    min_free_mib: int,
+    warn_free_mib: int,
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
@@ -172,6 +188,7 @@ def daemon_run(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
             max_in_queue=max_in_queue,
+            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib,
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
@@ -186,6 +203,7 @@ def daemon_run(
 @_order_option
 @_headroom_options
 @_notify_option
+@_disk_options
 @db_option
 def daemon_start(
     executor_kind: str | None,
@@ -200,6 +218,8 @@ def daemon_start(
     headroom_fraction: float,
     headroom_max_gib: float,
     notify_urls: tuple[str, ...],
+    min_free_mib: int,
+    warn_free_mib: int,
     db_path: Path,
 ) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
@@ -207,6 +227,7 @@ def daemon_start(
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
+                    "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
                     *_executor_args(executor_kind, partition, account, shard_mib, max_in_queue)],
         notify_urls=notify_urls,
     )
@@ -225,6 +246,7 @@ def start_daemon(
 ) -> int:
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
+    check_runs_root(runs_dir(db_path), create=False)  # a planted or foreign runs dir: say so here
     # Fail here, in the user's terminal, when the GPUs cannot be read.
     probe, _ = resolve_backend(db_path, backend)
     probe.close()
@@ -240,6 +262,7 @@ def start_daemon(
     with os.fdopen(fd, "ab") as log_file:
         # URLs carry tokens: passed in the environment (owner-only), not on the visible command line.
         env = {**os.environ, "ORCH_NOTIFY": " ".join(notify_urls)} if notify_urls else None
+        log_offset = os.fstat(fd).st_size  # what this daemon writes starts here
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 start_new_session=True, close_fds=True, env=env)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -251,10 +274,32 @@ def start_daemon(
                     click.echo(f"daemon started (pid {proc.pid}); log: {log_path}")
                 return proc.pid
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                raise DaemonError(f"daemon exited at start (code {proc.returncode}): {tail[0]}")
+                winner = daemon_alive(store)
+                if winner is not None or DaemonLock.is_held(db_path):
+                    # Lost a race with another `daemon start`: the log's last line is the winner's.
+                    shown = f" (pid {winner['pid']})" if winner is not None else ""
+                    raise DaemonError(f"another daemon started for {db_path} at the same time and is running{shown}; "
+                                      "this one did not start (`orch daemon status`)")
+                raise DaemonError(f"daemon exited at start (code {proc.returncode}): {_own_error(log_path, log_offset, proc.pid)}")
             time.sleep(0.1)  # waiting on another process to register
     raise DaemonError(f"daemon did not register within {START_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def _own_error(log_path: Path, offset: int, pid: int) -> str:
+    """The last line this daemon wrote to the shared log (lines from `offset` on; a line
+    naming another daemon's pid is someone else's)."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(offset)
+            lines = handle.read(1 << 20).decode("utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "no output"
+    other_pid = re.compile(r"\bpid (\d+)\b")
+    for line in reversed(lines):
+        match = other_pid.search(line)
+        if match is None or int(match.group(1)) == pid:
+            return line
+    return "no output"
 
 
 @daemon_group.command("stop")

@@ -235,6 +235,13 @@ def m008_memory_learning(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m009_untrusted_files(db: sqlite_utils.Database) -> None:
+    # The runs dir's free space as the daemon last read it ({path, free_mib, min_free_mib,
+    # warn_free_mib, level}), so `orch status` can say the disk is full without a daemon call.
+    db.execute("ALTER TABLE daemon ADD COLUMN disk_json TEXT")
+
+
+@MIGRATIONS()
 def m011_executors(db: sqlite_utils.Database) -> None:
     # Where an attempt runs: the executor that owns it ("tmux", "subprocess", "slurm") and its
     # opaque id there (a tmux window id, a Slurm job id); and, per job, the suite's `slurm:`
