@@ -160,3 +160,17 @@ def m004_host_steps(db: sqlite_utils.Database) -> None:
     # Host-side steps (fewer data workers, running alone) a job took after host-RAM OOMs, as a
     # JSON list; every later attempt keeps them on top of its ladder level.
     db.execute("ALTER TABLE jobs ADD COLUMN host_steps_json TEXT NOT NULL DEFAULT '[]'")
+
+
+@MIGRATIONS()
+def m009_scale(db: sqlite_utils.Database) -> None:
+    # Reads that must not scan a queue of 100,000 jobs: the head of the queue in order, a job's
+    # attempts, succeeded attempts by end time (the run-time table is read incrementally), and
+    # the latest retry events (a partial index over exactly the dashboard's filter).
+    for statement in (
+        "CREATE INDEX jobs_queue_order ON jobs(state, priority DESC, id)",
+        "CREATE INDEX attempts_job ON attempts(job_id, n)",
+        "CREATE INDEX attempts_ended ON attempts(outcome, ended_at)",
+        "CREATE INDEX events_retry ON events(id) WHERE data_json LIKE '%\"retry\"%'",
+    ):
+        db.execute(statement)
