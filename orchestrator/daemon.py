@@ -22,7 +22,7 @@ from orchestrator.daemon_state import (
 )
 from orchestrator.dispatch import DispatchContext, JobShapeCache, schedule
 from orchestrator.gpu import GpuProbe
-from orchestrator.gpu.attribution import process_tree_pids
+from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.wrapper import EXIT_FILE
@@ -69,6 +69,7 @@ class Daemon:
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._lock = DaemonLock(settings.db_path)
+        self._trees = ProcessTrees()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -156,6 +157,7 @@ class Daemon:
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
         """Bring every live attempt's record up to date; returns how many are still live."""
         by_uuid = {s.uuid: s for s in snapshots}
+        self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
         still_live = 0
         for attempt in live_attempts(self.store):
             obs = observe(Path(attempt["run_dir"]), now_s())
@@ -195,7 +197,7 @@ class Daemon:
         if pid_record and attempt["pgid"] is None:
             fields.update(pid=pid_record.get("pid"), pgid=pid_record.get("pgid"), proc_create_time=pid_record.get("create_time"))
         if gpu is not None and obs.process_alive:
-            held = gpu.memory_of(process_tree_pids(int(pid_record["pid"])))
+            held = gpu.memory_of(self._trees.pids(int(pid_record["pid"])))
             if held != attempt["held_mib"]:
                 fields["held_mib"] = held
             if held > attempt["peak_mib"]:

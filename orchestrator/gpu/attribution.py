@@ -17,6 +17,36 @@ def process_tree_pids(pid: int) -> frozenset[int]:
     return frozenset([pid, *(child.pid for child in children)])
 
 
+class ProcessTrees:
+    """Process trees of many roots from one scan of the process table (a scan per root costs
+    milliseconds each on a busy host); build one per pass, as the table changes between passes."""
+
+    def __init__(self) -> None:
+        self._children: dict[int, list[int]] | None = None
+
+    def _scan(self) -> dict[int, list[int]]:
+        children: dict[int, list[int]] = {}
+        for proc in psutil.process_iter(["ppid"]):
+            ppid = proc.info.get("ppid")
+            if ppid is not None:
+                children.setdefault(int(ppid), []).append(proc.pid)
+        return children
+
+    def pids(self, pid: int) -> frozenset[int]:
+        """`pid` and its descendants as of the scan; empty when `pid` is gone now."""
+        if not psutil.pid_exists(pid):
+            return frozenset()
+        if self._children is None:
+            self._children = self._scan()
+        found, stack = {pid}, [pid]
+        while stack:
+            for child in self._children.get(stack.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+        return frozenset(found)
+
+
 def tree_memory_mib(snapshot: GpuSnapshot, root_pid: int) -> int:
     """MiB that `root_pid`'s process tree holds on the GPU of `snapshot`."""
     return snapshot.memory_of(process_tree_pids(root_pid))

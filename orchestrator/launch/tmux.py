@@ -39,6 +39,10 @@ class TmuxLauncher:
             )
         self.socket_name = socket_name
         self.server = libtmux.Server(socket_name=socket_name)
+        # Learned on the first launch and kept: asking tmux again for every window cost several
+        # subprocesses each; a launch is then one `tmux new-window`.
+        self._ready = False
+        self._server_env: dict[str, str] | None = None
 
     def _session(self) -> libtmux.Session:
         """Session "orch", created on demand; another process may be creating it at the same time."""
@@ -75,17 +79,27 @@ class TmuxLauncher:
 
     def _env_for_window(self, env: dict[str, str]) -> dict[str, str]:
         """Our environment where the server's global one differs (it may predate us), plus `env`."""
-        try:
-            server_env = self.server.show_environment()
-        except tmux_exc.LibTmuxException:
-            server_env = {}
+        if self._server_env is None:
+            try:
+                self._server_env = {k: str(v) for k, v in self.server.show_environment().items()}
+            except tmux_exc.LibTmuxException:
+                self._server_env = {}
+        server_env = self._server_env
         inherited = {k: v for k, v in os.environ.items() if server_env.get(k) != v and k != "TMUX"}
         return {**inherited, **env}
+
+    def _prepare(self) -> None:
+        """Once per launcher: the session exists and the server has our options (a session
+        another orch process created has them too; setting them again is harmless)."""
+        if not self._ready:
+            self._session()
+            self._configure()
+            self._ready = True
 
     def launch(self, spec: LaunchSpec) -> LaunchHandle:
         # `exec`: the wrapper replaces /bin/sh, so the pane's pid is the wrapper's pid.
         command = "exec " + shlex.join(wrapper_argv(spec.run_dir, spec.argv))
-        session = self._session()
+        self._prepare()
         environment = self._env_for_window(spec.env)
         size = len(command) + sum(len(k) + len(v) + 4 for k, v in environment.items())
         if size > MAX_COMMAND_BYTES:
@@ -98,23 +112,22 @@ class TmuxLauncher:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
             raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
-        try:
-            window = session.new_window(
-                window_name=spec.window_name,
-                attach=False,
-                start_directory=str(spec.cwd or Path.cwd()),
-                window_shell=command,
-                environment=environment,
-            )
-            window.set_option("remain-on-exit", "on")
-            pane = window.active_pane
-            pane_pid = int(pane.pane_pid) if pane is not None and pane.pane_pid else None
-        except tmux_exc.LibTmuxException as error:
+        args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
+                "-n", spec.window_name, "-c", str(spec.cwd or Path.cwd())]
+        for key, value in environment.items():
+            args += ["-e", f"{key}={value}"]
+        proc = self.server.cmd(*args, command)
+        if proc.returncode != 0 or not proc.stdout:
+            self._ready = False  # the session may have gone: make it again on the next try
+            self._prepare()
+            proc = self.server.cmd(*args, command)
+        if proc.returncode != 0 or not proc.stdout:
             raise LauncherError(
-                f"tmux could not open a window for job {spec.job_id}: {error}; "
+                f"tmux could not open a window for job {spec.job_id}: {' '.join(proc.stderr)}; "
                 f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
-            ) from None
-        return LaunchHandle(launcher=self.name, pid=pane_pid, window_id=window.window_id)
+            )
+        window_id, _, pane_pid = proc.stdout[0].strip().partition(" ")
+        return LaunchHandle(launcher=self.name, pid=int(pane_pid) if pane_pid.isdigit() else None, window_id=window_id)
 
     def _pane_dead(self, window_id: str) -> bool | None:
         """None when the window does not exist, else whether its command has exited."""
