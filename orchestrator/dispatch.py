@@ -8,18 +8,17 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
-from orchestrator.errors import InvalidTransition, LauncherError, OrchError
+from orchestrator.errors import InvalidTransition, OrchError
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
-from orchestrator.launch.base import Launcher, LaunchSpec
-from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
+from orchestrator.launch.base import Launcher
+from orchestrator.launching import DispatchContext, claim, launch_all
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import (
     ModelInfo,
@@ -36,7 +35,6 @@ from orchestrator.memory import (
 from orchestrator.packing import (
     GpuState,
     PackingDecision,
-    PackingPolicy,
     QueuedJob,
     RunningAttempt,
     can_take_any,
@@ -45,11 +43,8 @@ from orchestrator.packing import (
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.store.attempts import (
-    AttemptPlan,
     read_all_prompt_lengths,
     read_all_shapes,
-    start_attempt,
-    update_attempt,
 )
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan, transition
@@ -270,22 +265,6 @@ def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuSta
     ]
 
 
-@dataclass(frozen=True)
-class DispatchContext:
-    runs_dir: Path
-    policy: PackingPolicy
-    worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
-
-
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
-
-
-def run_dir_for(ctx: DispatchContext, job: dict[str, Any], n: int) -> Path:
-    job_dir = f"{job['id']:06d}-{_safe_name(job['config_name'])}-s{job['seed']}-{_safe_name(job['data'])}"
-    return ctx.runs_dir / _safe_name(job["suite"]) / job_dir / f"attempt-{n}"
-
-
 def schedule(
     store: Store,
     snapshots: tuple[GpuSnapshot, ...],
@@ -353,11 +332,16 @@ def schedule(
     reasons.update(decision.wait_reasons)
     placed = jobs_by_id(store, [p.job_id for p in decision.placements])
     by_index = {s.index: s for s in snapshots}
+    claims = []
     for placement in decision.placements:
-        job = placed[placement.job_id]
         predicted, source = predictions[placement.job_id]
-        level = cache.jobs[placement.job_id].level
-        _launch(store, launcher, ctx, job, level, by_index[placement.gpu_index], predicted, source, placement.reserved_mib)
+        job, level = placed[placement.job_id], cache.jobs[placement.job_id].level
+        config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
+        claimed = claim(store, ctx, job, level, config, by_index[placement.gpu_index], predicted, source,
+                        placement.reserved_mib)
+        if claimed is not None:
+            claims.append(claimed)
+    launch_all(store, launcher, ctx, claims)
     explained = queued_rows if whole_queue else [r for r in queued_rows if r["id"] in reasons]
     _write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
@@ -402,50 +386,3 @@ def _write_wait_reasons(store: Store, rows: list[dict[str, Any]], reasons: dict[
         store.db.conn.executemany(
             "UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'", changed
         )
-
-
-def _launch(
-    store: Store,
-    launcher: Launcher,
-    ctx: DispatchContext,
-    job: dict[str, Any],
-    level: Level,
-    gpu: GpuSnapshot,
-    predicted_mib: int,
-    source: str,
-    reserved_mib: int,
-) -> None:
-    plan = AttemptPlan(
-        job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
-        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
-        run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
-        reserved_mib=reserved_mib,
-    )
-    try:
-        attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
-    except InvalidTransition:
-        return  # cancelled between the read and the claim
-    run_dir = Path(attempt["run_dir"])
-    config = resolve_paths({**json.loads(job["config_json"]), **level.overrides}, job["config_path"])
-    try:
-        env = build_worker_env(
-            gpu_uuid=gpu.uuid, gpu_index=gpu.index, seed=job["seed"],
-            suite_env=json.loads(job["env_json"]),
-            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
-                   "ORCH_RUN_DIR": str(run_dir)},
-        )
-        prepare_run_dir(run_dir, config, env)
-        argv = build_argv(
-            job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
-            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])},
-        )
-        handle = launcher.launch(
-            LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
-                       argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
-        )
-    except (OSError, OrchError, LauncherError) as exc:
-        from orchestrator.outcomes import fail_before_start
-
-        fail_before_start(store, attempt, f"could not start: {exc}")
-        return
-    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid)

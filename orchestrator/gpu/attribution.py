@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import psutil
 
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -17,6 +19,16 @@ def process_tree_pids(pid: int) -> frozenset[int]:
     return frozenset([pid, *(child.pid for child in children)])
 
 
+def _ppid_map() -> dict[int, int]:
+    """pid -> parent pid of every process: psutil's own fast table where the platform has one
+    (what `Process.children` reads), else one process_iter."""
+    fast = getattr(psutil._psplatform, "ppid_map", None)
+    if fast is not None:
+        with contextlib.suppress(Exception):
+            return {int(k): int(v) for k, v in fast().items()}
+    return {p.pid: int(p.info["ppid"]) for p in psutil.process_iter(["ppid"]) if p.info.get("ppid") is not None}
+
+
 class ProcessTrees:
     """Process trees of many roots from one scan of the process table (a scan per root costs
     milliseconds each on a busy host); build one per pass, as the table changes between passes."""
@@ -26,10 +38,8 @@ class ProcessTrees:
 
     def _scan(self) -> dict[int, list[int]]:
         children: dict[int, list[int]] = {}
-        for proc in psutil.process_iter(["ppid"]):
-            ppid = proc.info.get("ppid")
-            if ppid is not None:
-                children.setdefault(int(ppid), []).append(proc.pid)
+        for pid, ppid in _ppid_map().items():
+            children.setdefault(ppid, []).append(pid)
         return children
 
     def pids(self, pid: int) -> frozenset[int]:

@@ -1,0 +1,120 @@
+"""Starting the workers of attempts a scheduling pass placed: claim each in the store, then
+write its run dir and ask the launcher, several at once."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import InvalidTransition, LauncherError, OrchError
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.ladder import Level
+from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
+from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
+from orchestrator.packing import PackingPolicy
+from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.db import Store
+
+
+@dataclass(frozen=True)
+class DispatchContext:
+    runs_dir: Path
+    policy: PackingPolicy
+    worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+def run_dir_for(ctx: DispatchContext, job: dict[str, Any], n: int) -> Path:
+    job_dir = f"{job['id']:06d}-{_safe_name(job['config_name'])}-s{job['seed']}-{_safe_name(job['data'])}"
+    return ctx.runs_dir / _safe_name(job["suite"]) / job_dir / f"attempt-{n}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An attempt written as started (the job moved to running), its worker not yet launched."""
+
+    job: dict[str, Any]
+    gpu: GpuSnapshot
+    attempt: dict[str, Any]
+    config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
+
+
+LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
+
+
+def launch_all(
+    store: Store, launcher: Launcher, ctx: DispatchContext, claims: list[Claim]
+) -> None:
+    """Start the workers of the attempts claimed this pass. Writing the run dirs and asking the
+    launcher waits on the disk and on tmux, not the CPU, so up to LAUNCH_THREADS go at once;
+    every database write stays on this thread."""
+    if not claims:
+        return
+    if len(claims) == 1:
+        outcomes: list[Any] = [_start_worker(launcher, ctx, claims[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(LAUNCH_THREADS, len(claims))) as pool:
+            outcomes = list(pool.map(lambda c: _start_worker(launcher, ctx, c), claims))
+    for claimed, outcome in zip(claims, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            from orchestrator.outcomes import fail_before_start
+
+            fail_before_start(store, claimed.attempt, f"could not start: {outcome}")
+            continue
+        update_attempt(store, claimed.attempt["id"], launcher=outcome.launcher, window_id=outcome.window_id, pid=outcome.pid)
+
+
+def claim(
+    store: Store,
+    ctx: DispatchContext,
+    job: dict[str, Any],
+    level: Level,
+    config: dict[str, Any],
+    gpu: GpuSnapshot,
+    predicted_mib: int,
+    source: str,
+    reserved_mib: int,
+) -> Claim | None:
+    """Write the attempt as started (the job moves to running); None if the job left the queue."""
+    plan = AttemptPlan(
+        job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
+        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
+        run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
+        reserved_mib=reserved_mib,
+    )
+    try:
+        attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
+    except InvalidTransition:
+        return None  # cancelled between the read and the claim
+    return Claim(job, gpu, attempt, config)
+
+
+def _start_worker(launcher: Launcher, ctx: DispatchContext, claimed: Claim) -> LaunchHandle | Exception:
+    """Run dir and worker of one claimed attempt; no database access (it runs in a pool)."""
+    job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
+    run_dir = Path(attempt["run_dir"])
+    try:
+        env = build_worker_env(
+            gpu_uuid=gpu.uuid, gpu_index=gpu.index, seed=job["seed"],
+            suite_env=json.loads(job["env_json"]),
+            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
+                   "ORCH_RUN_DIR": str(run_dir)},
+        )
+        prepare_run_dir(run_dir, claimed.config, env)
+        argv = build_argv(
+            job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
+            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])},
+        )
+        return launcher.launch(
+            LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
+                       argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
+        )
+    except (OSError, OrchError, LauncherError) as exc:
+        return exc
