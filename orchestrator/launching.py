@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,16 +53,22 @@ LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync,
 def launch_all(
     store: Store, launcher: Launcher, ctx: DispatchContext, claims: list[Claim]
 ) -> None:
-    """Start the workers of the attempts claimed this pass. Writing the run dirs and asking the
-    launcher waits on the disk and on tmux, not the CPU, so up to LAUNCH_THREADS go at once;
-    every database write stays on this thread."""
+    """Start the workers of the attempts claimed this pass: first every run dir (up to
+    LAUNCH_THREADS at once: they wait on fsync, not the CPU), then every worker, in few
+    launcher calls where the launcher can batch (tmux) — before the first worker starts
+    competing for the CPU. Every database write stays on this thread."""
     if not claims:
         return
-    if len(claims) == 1:
-        outcomes: list[Any] = [_start_worker(launcher, ctx, claims[0])]
+    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c), claims)
+    ready = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec, LaunchSpec)]
+    outcomes: list[LaunchHandle | Exception] = [s if isinstance(s, Exception) else LauncherError("") for s in specs]
+    batch = getattr(launcher, "launch_many", None)
+    if batch is not None and len(ready) > 1:
+        handles = batch([spec for _, spec in ready])
     else:
-        with ThreadPoolExecutor(max_workers=min(LAUNCH_THREADS, len(claims))) as pool:
-            outcomes = list(pool.map(lambda c: _start_worker(launcher, ctx, c), claims))
+        handles = _in_threads(lambda spec: _launch_one(launcher, spec), [spec for _, spec in ready])
+    for (i, _), handle in zip(ready, handles, strict=True):
+        outcomes[i] = handle
     for claimed, outcome in zip(claims, outcomes, strict=True):
         if isinstance(outcome, Exception):
             from orchestrator.outcomes import fail_before_start
@@ -69,6 +76,20 @@ def launch_all(
             fail_before_start(store, claimed.attempt, f"could not start: {outcome}")
             continue
         update_attempt(store, claimed.attempt["id"], launcher=outcome.launcher, window_id=outcome.window_id, pid=outcome.pid)
+
+
+def _in_threads(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    if len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(LAUNCH_THREADS, len(items))) as pool:
+        return list(pool.map(work, items))
+
+
+def _launch_one(launcher: Launcher, spec: LaunchSpec) -> LaunchHandle | Exception:
+    try:
+        return launcher.launch(spec)
+    except (OSError, OrchError, LauncherError) as exc:
+        return exc
 
 
 def claim(
@@ -96,8 +117,8 @@ def claim(
     return Claim(job, gpu, attempt, config)
 
 
-def _start_worker(launcher: Launcher, ctx: DispatchContext, claimed: Claim) -> LaunchHandle | Exception:
-    """Run dir and worker of one claimed attempt; no database access (it runs in a pool)."""
+def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
+    """Run dir and launch spec of one claimed attempt; no database access (it runs in a pool)."""
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     run_dir = Path(attempt["run_dir"])
     try:
@@ -112,9 +133,7 @@ def _start_worker(launcher: Launcher, ctx: DispatchContext, claimed: Claim) -> L
             job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
             values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])},
         )
-        return launcher.launch(
-            LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
-                       argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
-        )
     except (OSError, OrchError, LauncherError) as exc:
         return exc
+    return LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
+                      argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
