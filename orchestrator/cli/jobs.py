@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -13,18 +14,21 @@ from rich.table import Table
 from orchestrator.cli.common import (
     db_option,
     echo_json,
+    echo_json_stream,
     fmt_duration,
     fmt_mib,
     json_option,
     open_store,
     parse_job_ids,
 )
+from orchestrator.cli.plain_table import render_plain
 from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import (
     get_attempts,
     get_events,
     get_job,
+    iter_jobs,
     job_row_to_public,
     job_to_public,
     list_jobs,
@@ -37,36 +41,51 @@ STATE_STYLES = {
     "failed": "red",
     "cancelled": "magenta",
 }
+_COLOURS = STATE_STYLES  # rich's and click's names agree for these
 
 
 def _ts(value: float | None) -> str:
     return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
+JOB_COLUMNS = ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note")
+RICH_TABLE_ROWS = 300  # above this many rows rich's layout takes seconds: a plain table instead
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    note = r["wait_reason"] if r["state"] == "queued" else (r["reason"] or "")
+    return [
+        str(r["id"]), r["state"], r["suite"], r["config_name"], str(r["seed"]), r["data"],
+        "-" if r["gpu"] is None else str(r["gpu"]), str(r["attempt_count"]), str(r["level"]), note or "",
+    ]
+
+
 @click.command("jobs")
 @click.option("--state", type=click.Choice([s.value for s in JobState]), default=None)
 @click.option("--suite", default=None)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many jobs (by id).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many jobs first.")
 @json_option
 @db_option
-def jobs_cmd(state: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
+def jobs_cmd(state: str | None, suite: str | None, limit: int | None, offset: int, as_json: bool, db_path: Path) -> None:
     """List jobs."""
     with open_store(db_path) as store:
-        rows = list_jobs(store, state=state, suite=suite)
-    if as_json:
-        echo_json([job_row_to_public(r) for r in rows])
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note"):
-        table.add_column(column)
-    for r in rows:
-        note = r["wait_reason"] if r["state"] == "queued" else (r["reason"] or "")
-        table.add_row(
-            str(r["id"]), f"[{STATE_STYLES.get(r['state'], '')}]{r['state']}[/]", r["suite"],
-            r["config_name"], str(r["seed"]), r["data"],
-            "-" if r["gpu"] is None else str(r["gpu"]), str(r["attempt_count"]), str(r["level"]),
-            note or "",
-        )
-    Console().print(table)
+        if as_json:  # streamed from the cursor: flat memory at any number of jobs
+            echo_json_stream(job_row_to_public(r) for r in iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset))
+            return
+        rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
+    if len(rows) > RICH_TABLE_ROWS:
+        cells = [_cells(r) for r in rows]
+        click.echo(render_plain(JOB_COLUMNS, cells, [_COLOURS.get(r["state"]) for r in rows], coloured_column=1))
+    else:
+        table = Table(box=None, header_style="bold")
+        for column in JOB_COLUMNS:
+            table.add_column(column)
+        for r in rows:
+            cells = _cells(r)
+            cells[1] = f"[{STATE_STYLES.get(r['state'], '')}]{r['state']}[/]"
+            table.add_row(*cells)
+        Console().print(table)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))
 
