@@ -286,9 +286,14 @@ def pack(
     }
     any_open = any(_open(c) for c in ordered_cards)
     explained = 0
+    # Jobs alike in what placement reads (peak, GPUs, alone) fail alike until a placement
+    # changes a card: a queue of many seeds of few shapes is then one check per shape.
+    failed: set[tuple[int, frozenset[int] | None, bool]] = set()
     for job in sorted(queue, key=lambda j: _order_key(j, policy.order)):
-        if not any_open and head_seen and explained >= policy.reasons_for and job.job_id not in listed:
-            continue  # nothing can start anywhere: the rest of the queue needs no work
+        wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
+        alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone)
+        if (not any_open or alike in failed) and not wanted:
+            continue  # cannot start, and no reason asked for: no work
         allowed = [
             c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices
         ]
@@ -304,10 +309,11 @@ def pack(
             if card.held_for == job.job_id:
                 card.held_for = None
             any_open = any(_open(c) for c in ordered_cards)
+            failed.clear()
             continue
-        if explained < policy.reasons_for or job.job_id in listed or not head_seen:
-            reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
-            explained += 1
+        failed.add(alike)
+        reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
+        explained += 1
         if not head_seen:
             head_seen = True
             if now_s - job.waiting_since_s > policy.starvation_s:
@@ -315,4 +321,5 @@ def pack(
                 if best is not None:
                     best.held_for = job.job_id
                     reasons[job.job_id] += f"; GPU {best.gpu.index} kept free for it"
+                    failed.clear()  # a card now held: blockers of later jobs change
     return PackingDecision(tuple(placements), reasons)

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from benchmarks.packing.simulator import Attempt, Outcome, Simulator, Start
+from benchmarks.packing.simulator import Attempt, Outcome, ShapeQueue, Simulator, Start, free_slots
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.memory import ShapeMemory, predict_peak_mib, update_shape
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+from orchestrator.packing import (
+    GpuState,
+    PackingPolicy,
+    QueuedJob,
+    RunningAttempt,
+    can_take_any,
+    pack,
+)
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
 
@@ -150,7 +158,11 @@ class OrchPolicy:
     durations: DurationTable = field(default_factory=lambda: DurationTable(()))
 
     def __post_init__(self) -> None:
-        self.queue = {j: _Queued(0, 0.0) for j in range(len(self.trace.jobs))}
+        self.queue = {}
+        self.by_shape = ShapeQueue()
+        self._wakes: list[tuple[float, int]] = []
+        for j in range(len(self.trace.jobs)):
+            self._enqueue(j, 0, 0.0)
 
     def expected_s(self, job_index: int, level: int) -> float | None:
         """Learned from succeeded attempts only, as the daemon learns it (never trace minutes)."""
@@ -183,23 +195,33 @@ class OrchPolicy:
             )
             for a in sim.running
         ]
-        queue = [
-            QueuedJob(
-                job_id=j,
-                priority=0,
-                queued_seq=j,  # a retried job keeps its place in the queue
-                predicted_peak_mib=int(self.predict_mib(j, q.level)),
-                waiting_since_s=q.since_s,
-                run_alone=q.level == RUN_ALONE_LEVEL,
-                expected_duration_s=self.expected_s(j, q.level),
+        if not can_take_any(gpus, running, self.packing):
+            return []  # pack would place nothing
+        # Per shape, only the jobs that can matter with this many free slots (ShapeQueue).
+        per_shape: dict[object, tuple[int, float | None]] = {}
+        queue = []
+        for shape, j in self.by_shape.heads(free_slots(self.trace, sim.running) + 1):
+            q = self.queue[j]
+            if shape not in per_shape:
+                per_shape[shape] = (int(self.predict_mib(j, q.level)), self.expected_s(j, q.level))
+            predicted_mib, expected_s = per_shape[shape]
+            queue.append(
+                QueuedJob(
+                    job_id=j,
+                    priority=0,
+                    queued_seq=j,  # a retried job keeps its place in the queue
+                    predicted_peak_mib=predicted_mib,
+                    waiting_since_s=q.since_s,
+                    run_alone=q.level == RUN_ALONE_LEVEL,
+                    expected_duration_s=expected_s,
+                )
             )
-            for j, q in self.queue.items()
-        ]
         decision = pack(queue, gpus, running, self.packing, now_s)
         self.wait_reasons = decision.wait_reasons
         starts = []
         for p in decision.placements:
             level = self.queue.pop(p.job_id).level
+            self.by_shape.remove(p.job_id)
             starts.append(
                 Start(p.job_id, p.gpu_index, level, p.reserved_mib, level == RUN_ALONE_LEVEL)
             )
@@ -217,20 +239,27 @@ class OrchPolicy:
             self.completed.append(
                 CompletedRun(job.config, job.task, s.level, now_s - attempt.start_s)
             )
-            self.durations = DurationTable(self.completed)
+            self.durations.add(self.completed[-1])  # not rebuilt from every run: O(1)
             return
         self.shapes[key] = update_shape(self.shapes.get(key), held, AttemptOutcome.OOM, held)
         if s.level < RUN_ALONE_LEVEL:
-            self.queue[s.job_index] = _Queued(s.level + 1, now_s)
+            self._enqueue(s.job_index, s.level + 1, now_s)
+
+    def _enqueue(self, j: int, level: int, now_s: float) -> None:
+        self.queue[j] = _Queued(level, now_s)
+        self.by_shape.add(j, self.trace.jobs[j].shape(level), j)
+        heapq.heappush(self._wakes, (now_s + self.packing.starvation_s, j))
 
     def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
         """When the next queued job crosses the starvation threshold (pack's answer may change)."""
-        times = [
-            q.since_s + self.packing.starvation_s
-            for q in self.queue.values()
-            if q.since_s + self.packing.starvation_s > now_s
-        ]
-        return min(times) if times else None
+        # a heap of (threshold, job): entries past, of jobs that left, or superseded are dropped
+        while self._wakes and (
+            self._wakes[0][0] <= now_s
+            or self._wakes[0][1] not in self.queue
+            or self.queue[self._wakes[0][1]].since_s + self.packing.starvation_s != self._wakes[0][0]
+        ):
+            heapq.heappop(self._wakes)
+        return self._wakes[0][0] if self._wakes else None
 
     def finished(self) -> bool:
         return not self.queue

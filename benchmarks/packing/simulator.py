@@ -8,7 +8,8 @@ a card each runs at T(k)/k of its solo speed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -85,6 +86,54 @@ class SimResult:
     records: list[AttemptRecord] = field(default_factory=list)
     max_used_mib: dict[int, float] = field(default_factory=dict)  # per card, ours + foreign
     max_jobs: dict[int, int] = field(default_factory=dict)  # most attempts at once per card
+
+
+class ShapeQueue:
+    """Queued jobs grouped by shape, each group in queue order.
+
+    Jobs of one shape look alike to a packer (same prediction, same expected run time, same
+    level), so when k slots are free at most the first k + 1 of each group can matter: the
+    first k may be placed, the next is the first left waiting. `heads(k)` hands a policy just
+    those, and a 10,000-job queue costs a pass a few jobs per shape instead of every job.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[Hashable, list[tuple[int, int]]] = {}  # shape -> sorted (seq, job)
+        self._where: dict[int, Hashable] = {}  # job -> its shape
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, job_index: object) -> bool:
+        return job_index in self._where
+
+    def add(self, job_index: int, shape: Hashable, seq: int) -> None:
+        self.remove(job_index)
+        bisect.insort(self._groups.setdefault(shape, []), (seq, job_index))
+        self._where[job_index] = shape
+
+    def remove(self, job_index: int) -> None:
+        shape = self._where.pop(job_index, None)
+        if shape is None:
+            return
+        group = self._groups[shape]
+        group.pop(next(i for i, (_, j) in enumerate(group) if j == job_index))
+        if not group:
+            del self._groups[shape]
+
+    def heads(self, k: int) -> Iterator[tuple[Hashable, int]]:
+        """(shape, job) for the first `k` jobs of every shape, groups in no fixed order."""
+        for shape, group in self._groups.items():
+            for _, job_index in group[:k]:
+                yield shape, job_index
+
+
+def free_slots(trace: Trace, running: Sequence[Attempt]) -> int:
+    """Plan slots not taken by a running attempt, over all cards."""
+    used: dict[int, int] = {}
+    for a in running:
+        used[a.start.gpu_index] = used.get(a.start.gpu_index, 0) + 1
+    return sum(max(0, n - used.get(g.index, 0)) for g, n in zip(trace.gpus, trace.plan, strict=True))
 
 
 class Policy(Protocol):
