@@ -283,7 +283,7 @@ def pack(
     # Reasons for the first few in queue order too: the dashboard lists those.
     listed = {
         j.job_id for j in heapq.nsmallest(policy.reasons_for, queue, key=lambda j: (-j.priority, j.queued_seq))
-    }
+    } if policy.reasons_for > 0 else set()
     any_open = any(_open(c) for c in ordered_cards)
     explained = 0
     # Jobs alike in what placement reads (peak, GPUs, alone) fail alike until a placement
@@ -312,8 +312,9 @@ def pack(
             failed.clear()
             continue
         failed.add(alike)
-        reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
-        explained += 1
+        if wanted:
+            reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
+            explained += 1
         if not head_seen:
             head_seen = True
             if now_s - job.waiting_since_s > policy.starvation_s:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from benchmarks.packing.simulator import Attempt, Outcome, ShapeQueue, Simulator, Start, free_slots
+from benchmarks.packing.simulator import (
+    Attempt,
+    Outcome,
+    ShapeQueue,
+    Simulator,
+    Start,
+    most_placeable,
+)
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.lifecycle import AttemptOutcome
@@ -160,6 +167,8 @@ class OrchPolicy:
     def __post_init__(self) -> None:
         self.queue = {}
         self.by_shape = ShapeQueue()
+        # no waiting reasons: nothing reads them here, and they cost a pass over the cards each
+        self._packing = replace(self.packing, reasons_for=0)
         self._wakes: list[tuple[float, int]] = []
         for j in range(len(self.trace.jobs)):
             self._enqueue(j, 0, 0.0)
@@ -197,26 +206,33 @@ class OrchPolicy:
         ]
         if not can_take_any(gpus, running, self.packing):
             return []  # pack would place nothing
-        # Per shape, only the jobs that can matter with this many free slots (ShapeQueue).
-        per_shape: dict[object, tuple[int, float | None]] = {}
+        on_card = {g.index: [r for r in running if r.gpu_index == g.index] for g in gpus}
+        cards = [(g.slots - len(on_card[g.index]), g.free_mib, bool(on_card[g.index])) for g in gpus]
+        # Per shape, only the jobs that can matter (ShapeQueue): those that might be placed
+        # and the first left waiting; none at all when no shape can be placed.
         queue = []
-        for shape, j in self.by_shape.heads(free_slots(self.trace, sim.running) + 1):
-            q = self.queue[j]
-            if shape not in per_shape:
-                per_shape[shape] = (int(self.predict_mib(j, q.level)), self.expected_s(j, q.level))
-            predicted_mib, expected_s = per_shape[shape]
-            queue.append(
-                QueuedJob(
-                    job_id=j,
-                    priority=0,
-                    queued_seq=j,  # a retried job keeps its place in the queue
-                    predicted_peak_mib=predicted_mib,
-                    waiting_since_s=q.since_s,
-                    run_alone=q.level == RUN_ALONE_LEVEL,
-                    expected_duration_s=expected_s,
+        placeable = False
+        for shape, first in list(self.by_shape.shapes()):
+            level = self.queue[first].level
+            predicted_mib = int(self.predict_mib(first, level))
+            expected_s = self.expected_s(first, level)
+            k = most_placeable(predicted_mib, level == RUN_ALONE_LEVEL, cards)
+            placeable = placeable or k > 0
+            for j in self.by_shape.first(shape, k + 1):
+                queue.append(
+                    QueuedJob(
+                        job_id=j,
+                        priority=0,
+                        queued_seq=j,  # a retried job keeps its place in the queue
+                        predicted_peak_mib=predicted_mib,
+                        waiting_since_s=self.queue[j].since_s,
+                        run_alone=level == RUN_ALONE_LEVEL,
+                        expected_duration_s=expected_s,
+                    )
                 )
-            )
-        decision = pack(queue, gpus, running, self.packing, now_s)
+        if not placeable:
+            return []  # no shape fits anywhere: pack would place nothing
+        decision = pack(queue, gpus, running, self._packing, now_s)
         self.wait_reasons = decision.wait_reasons
         starts = []
         for p in decision.placements:

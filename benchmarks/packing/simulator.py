@@ -92,9 +92,10 @@ class ShapeQueue:
     """Queued jobs grouped by shape, each group in queue order.
 
     Jobs of one shape look alike to a packer (same prediction, same expected run time, same
-    level), so when k slots are free at most the first k + 1 of each group can matter: the
-    first k may be placed, the next is the first left waiting. `heads(k)` hands a policy just
-    those, and a 10,000-job queue costs a pass a few jobs per shape instead of every job.
+    level), and a card only fills up during one packing pass, so when at most k of a shape can
+    be placed only its first k + 1 can matter: the first k may be placed, the next is the first
+    left waiting. `heads` hands a policy just those, and a 10,000-job queue costs a pass a few
+    jobs per shape instead of every job.
     """
 
     def __init__(self) -> None:
@@ -127,13 +128,24 @@ class ShapeQueue:
             for _, job_index in group[:k]:
                 yield shape, job_index
 
+    def shapes(self) -> Iterator[tuple[Hashable, int]]:
+        """(shape, its first job) for every shape in the queue."""
+        for shape, group in self._groups.items():
+            yield shape, group[0][1]
 
-def free_slots(trace: Trace, running: Sequence[Attempt]) -> int:
-    """Plan slots not taken by a running attempt, over all cards."""
-    used: dict[int, int] = {}
-    for a in running:
-        used[a.start.gpu_index] = used.get(a.start.gpu_index, 0) + 1
-    return sum(max(0, n - used.get(g.index, 0)) for g, n in zip(trace.gpus, trace.plan, strict=True))
+    def first(self, shape: Hashable, k: int) -> list[int]:
+        """The first `k` jobs of `shape`, in queue order."""
+        return [job_index for _, job_index in self._groups.get(shape, [])[:k]]
+
+
+def most_placeable(peak_mib: int, run_alone: bool, cards: Sequence[tuple[int, int, bool]]) -> int:
+    """An upper bound on how many jobs of one peak a packing pass can place on cards given as
+    (free slots, free MiB now, occupied): each needs a slot and its peak in free memory
+    (reservations and headroom only lower what is free); a job that runs alone needs an
+    unoccupied card."""
+    if run_alone:
+        return sum(1 for slots, free_mib, occupied in cards if slots > 0 and not occupied and free_mib >= peak_mib)
+    return sum(min(slots, free_mib // max(1, peak_mib)) for slots, free_mib, _ in cards if slots > 0)
 
 
 class Policy(Protocol):
