@@ -166,6 +166,7 @@ class Simulator:
         self.sharing = tuple(sharing)
         self.gpus = {g.index: g for g in trace.gpus}
         self.running: list[Attempt] = []
+        self._by_gpu: dict[int, list[Attempt]] = {i: [] for i in self.gpus}  # running, per card
         self._seq = 0
         self._ready_s = [0.0] * len(trace.jobs)
         self._wait_s = [0.0] * len(trace.jobs)
@@ -176,7 +177,9 @@ class Simulator:
 
     # --- what a policy may read -----------------------------------------------------------
     def on_gpu(self, gpu_index: int) -> list[Attempt]:
-        return [a for a in self.running if a.start.gpu_index == gpu_index]
+        # kept per card as attempts start and end: scanning every running attempt for each
+        # card on every event made long traces slow
+        return list(self._by_gpu.get(gpu_index, ()))
 
     def used_mib(self, gpu_index: int, now_s: float) -> float:
         held = sum(a.held_mib(now_s) for a in self.on_gpu(gpu_index))
@@ -187,20 +190,23 @@ class Simulator:
 
     # --- the event loop ---------------------------------------------------------------------
     def _rate(self, attempt: Attempt) -> float:
-        k = len(self.on_gpu(attempt.start.gpu_index))
+        k = len(self._by_gpu[attempt.start.gpu_index])
         return throughput(k, self.sharing) / k
 
     def _start(self, start: Start, now_s: float) -> None:
         job = self.trace.jobs[start.job_index]
         self._wait_s[start.job_index] += now_s - self._ready_s[start.job_index]
-        self.running.append(Attempt(start, job, now_s, self._seq, job.minutes[start.level]))
+        attempt = Attempt(start, job, now_s, self._seq, job.minutes[start.level])
+        self.running.append(attempt)
+        self._by_gpu[start.gpu_index].append(attempt)
         self._seq += 1
         g = start.gpu_index
-        self._max_jobs[g] = max(self._max_jobs[g], len(self.on_gpu(g)))
+        self._max_jobs[g] = max(self._max_jobs[g], len(self._by_gpu[g]))
 
     def _end(self, policy: Policy, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         held = attempt.held_mib(now_s)
         self.running.remove(attempt)
+        self._by_gpu[attempt.start.gpu_index].remove(attempt)
         s = attempt.start
         self._records.append(
             AttemptRecord(
