@@ -7,8 +7,10 @@ Each figure is measured on a fresh state.db holding `queued` jobs of one small s
   worker is a Python process starting on the same 2 cores, so this one measures the machine);
 - waiting: then, with every slot busy (the workers run for an hour), the daemon's CPU over a
   window, per tick, and its RSS;
-- hand-off: 8 cards x 5 slots, workers of `handoff_job_s`; per card, the k-th worker started
-  after the first wave is paired with the k-th that ended there: its start minus that end;
+- hand-off: 8 cards x 5 slots, workers of 0.6-1.4 x `handoff_job_s` (five configs, so that
+  they do not all end at once); per card, the k-th attempt started after the first wave is
+  paired with the k-th that ended there: its wrapper's start (pid.json) minus that end
+  (exit.json), and, the daemon's own part, the attempt's claim in state.db minus that end;
 - CLI: `orch jobs`, `orch jobs --json`, `orch status --once`, `orch status --json` on that
   state.db (wall time of the whole command, and its peak RSS).
 """
@@ -73,19 +75,24 @@ def iso_s(text: str) -> float:
 class Bench:
     """One state.db with its plans, sim GPUs and tmux socket under `root`."""
 
-    def __init__(self, root: Path, gpus: str, job_s: float) -> None:
+    def __init__(self, root: Path, gpus: str, job_s: float, spread: bool = False) -> None:
         self.root = root
         root.mkdir(parents=True)
         self.db = root / "state.db"
         plans = root / "plans"
         (plans / "suites").mkdir(parents=True)
         (plans / "configs" / "bench").mkdir(parents=True)
+        # `spread`: five configs of 0.6-1.4 x job_s, so that workers do not all end at once
+        factors = (0.6, 0.8, 1.0, 1.2, 1.4) if spread else (1.0,)
+        configs = [f"quick{i}" for i in range(len(factors))]
         (plans / "suites" / "bench.yaml").write_text(
-            yaml.safe_dump({"worker": "sim", "mem_gib": 1, "configs": ["quick"], "hang_timeout_s": 7200})
+            yaml.safe_dump({"worker": "sim", "mem_gib": 1, "configs": configs, "hang_timeout_s": 7200})
         )
-        (plans / "configs" / "bench" / "quick.yaml").write_text(
-            yaml.safe_dump({"batch_size": 4, "sim_mem_gib": 1, "sim_seconds": job_s, "sim_ramp_s": 0.1})
-        )
+        for name, factor in zip(configs, factors, strict=True):
+            (plans / "configs" / "bench" / f"{name}.yaml").write_text(
+                yaml.safe_dump({"batch_size": 4, "sim_mem_gib": 1, "sim_seconds": job_s * factor, "sim_ramp_s": 0.1})
+            )
+        self.n_configs = len(configs)
         self.plans = plans
         self.env = {**os.environ, "ORCH_DB": str(self.db), "ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": gpus,
                     "ORCH_PLANS": str(plans), "ORCH_SIM_DIR": str(root / "sim"), "ORCH_LAUNCHER": "tmux"}
@@ -94,8 +101,9 @@ class Bench:
         """Submit n jobs in-process (the CLI's own submit path, without a process per chunk)."""
         suite = load_suite("bench", self.plans)
         with Store(self.db) as store:
-            for start in range(0, n_jobs, PAIRS_PER_SUBMIT):
-                seeds = range(start, min(n_jobs, start + PAIRS_PER_SUBMIT))
+            n_pairs = -(-n_jobs // self.n_configs)  # each pair makes one job per config
+            for start in range(0, n_pairs, PAIRS_PER_SUBMIT):
+                seeds = range(start, min(n_pairs, start + PAIRS_PER_SUBMIT))
                 pairs = parse_pairs(" ".join(f"{i}:glue_rte" for i in seeds))
                 submit_jobs(store, suite, expand_jobs(suite, pairs, {}, None, 0), allowed_gpus=None,
                             priority=0, force=False, dry_run=False)
@@ -169,12 +177,12 @@ def status_at(root: Path, jobs: int) -> dict[str, Any]:
     """`orch status --once` (and the CLI's other reads) on a state.db of `jobs` queued jobs."""
     bench = Bench(root, "8x80GiB", job_s=1)
     bench.queue(jobs)
-    return {"jobs": jobs, **cli_figures(bench)}
+    return {"n_jobs": jobs, **cli_figures(bench)}
 
 
 def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: float) -> dict[str, Any]:
     """Slot freed -> next worker running, 40 slots busy with a queue of `queued` behind them."""
-    bench = Bench(root, "8x80GiB", job_s=job_s)
+    bench = Bench(root, "8x80GiB", job_s=job_s, spread=True)
     bench.queue(queued)
     orch(bench.env, "plan", "set", "5")
     try:
@@ -186,7 +194,8 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
     ends: dict[int, list[float]] = defaultdict(list)
     starts: dict[int, list[float]] = defaultdict(list)
     with Store(bench.db) as store:
-        rows = store.query("SELECT gpu_index, run_dir FROM attempts")
+        rows = store.query("SELECT gpu_index, run_dir, started_at FROM attempts")
+    claims: dict[int, list[float]] = defaultdict(list)
     for row in rows:
         run_dir = Path(row["run_dir"])
         try:
@@ -194,14 +203,18 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
         except (OSError, ValueError):
             continue
         starts[row["gpu_index"]].append(iso_s(pid_record["started_at"]))
+        claims[row["gpu_index"]].append(row["started_at"])
         with contextlib.suppress(OSError, ValueError, KeyError):
             ends[row["gpu_index"]].append(iso_s(json.loads((run_dir / "exit.json").read_text())["ended_at"]))
     latencies: list[float] = []
+    daemon_part: list[float] = []
     for gpu, gpu_starts in starts.items():
         later = sorted(gpu_starts)[5:]  # the first wave filled the card's 5 slots
-        for started, ended in zip(later, sorted(ends[gpu]), strict=False):
+        for started, claimed, ended in zip(later, sorted(claims[gpu])[5:], sorted(ends[gpu]), strict=False):
             latencies.append(started - ended)
+            daemon_part.append(claimed - ended)
     latencies.sort()
+    daemon_part.sort()
     if not latencies:
         raise RuntimeError("no hand-off observed: lengthen the window")
     return {
@@ -209,6 +222,8 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
         "median_s": statistics.median(latencies),
         "p99_s": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "max_s": latencies[-1],
+        "claim_median_s": statistics.median(daemon_part),
+        "claim_p99_s": daemon_part[min(len(daemon_part) - 1, int(0.99 * len(daemon_part)))],
     }
 
 

@@ -142,10 +142,12 @@ class Daemon:
         if control and control[0]["stop_requested"]:
             return True
         snapshots = self.probe.snapshot()
+        live_before = len(self._exit_files)
         live_count = self.reconcile(snapshots)
         if draining and live_count == 0:
             return True
-        snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
+        if live_count != live_before:  # read again only when an attempt ended (or began) since
+            snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
         self._heartbeat(snapshots)
         self._exit_files = [
