@@ -216,7 +216,7 @@ def print_by_queue(data: dict[str, Any]) -> None:
     line("hand-off: slot freed -> next wrapper running, median / p99", lambda r: f"{r['handoff']['median_s']:.3f} / {r['handoff']['p99_s']:.3f} s", "< 0.2 / 0.5 s at 10k")
     line("of which the daemon's: slot freed -> attempt claimed, median / p99", lambda r: f"{r['handoff']['claim_median_s']:.3f} / {r['handoff']['claim_p99_s']:.3f} s", "")
     line("start -> 64 slots launched", lambda r: f"{r['launch_64_s']:.2f} s", "< 2 s")
-    line("daemon CPU spent on those 64 launches", lambda r: f"{r['launch_64_daemon_cpu_s']:.2f} s", "")
+    line("daemon CPU from its start to the 64th launch", lambda r: f"{r['launch_64_daemon_cpu_s']:.2f} s", "")
     line("start -> 64 wrappers running", lambda r: f"{r['fill_64_s']:.2f} s", "")
     line("orch jobs", lambda r: f"{r['cli']['jobs']['median_s']:.2f} s", "< 1 s at 10k")
     line("orch jobs --json (peak RSS)", lambda r: f"{r['cli']['jobs_json']['median_s']:.2f} s ({r['cli']['jobs_json']['max_rss_mib']:.0f} MiB)", "")
