@@ -55,7 +55,7 @@ def timed_orch(env: dict[str, str], *args: str) -> tuple[float, float]:
     wall_s = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise RuntimeError(f"orch {' '.join(args)} failed: {proc.stderr.read() if proc.stderr else ''}")
+        raise RuntimeError(f"orch {' '.join(args)} failed: {proc.stderr.read().decode(errors='replace') if proc.stderr else ''}")
     return wall_s, usage.ru_maxrss / 1024.0  # Linux: KiB
 
 

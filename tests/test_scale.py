@@ -146,6 +146,15 @@ class _Recorder:
         self.specs.append(spec)
         return LaunchHandle(launcher="fake", pid=None, window_id=f"@{len(self.specs)}")
 
+    def window_alive(self, handle_window_id: str) -> bool:
+        return False
+
+    def kill_window(self, window_id: str) -> None:
+        return None
+
+    def attach_command(self, window_id: str) -> list[str]:
+        return []
+
 
 def _store_with_queue(tmp_path: Path, n: int) -> Store:
     suite = load_suite("demo", REPO_ROOT / "plans")

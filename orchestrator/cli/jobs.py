@@ -75,8 +75,8 @@ def jobs_cmd(state: str | None, suite: str | None, limit: int | None, offset: in
             return
         rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
     if len(rows) > RICH_TABLE_ROWS:
-        cells = [_cells(r) for r in rows]
-        click.echo(render_plain(JOB_COLUMNS, cells, [_COLOURS.get(r["state"]) for r in rows], coloured_column=1))
+        all_cells = [_cells(r) for r in rows]
+        click.echo(render_plain(JOB_COLUMNS, all_cells, [_COLOURS.get(r["state"]) for r in rows], coloured_column=1))
     else:
         table = Table(box=None, header_style="bold")
         for column in JOB_COLUMNS:

@@ -22,7 +22,7 @@ def process_tree_pids(pid: int) -> frozenset[int]:
 def _ppid_map() -> dict[int, int]:
     """pid -> parent pid of every process: psutil's own fast table where the platform has one
     (what `Process.children` reads), else one process_iter."""
-    fast = getattr(psutil._psplatform, "ppid_map", None)
+    fast = getattr(getattr(psutil, "_psplatform", None), "ppid_map", None)
     if fast is not None:
         with contextlib.suppress(Exception):
             return {int(k): int(v) for k, v in fast().items()}
