@@ -71,7 +71,7 @@ def test_a_long_listing_is_a_plain_table_with_every_row(orch_inproc: OrchRunner)
     pairs = " ".join(f"{i}:glue_rte" for i in range(40))
     assert orch_inproc("submit", "--suite", "demo", "--pairs", pairs).rc == 0
     n_jobs = len(json.loads(orch_inproc("jobs", "--json").stdout))
-    import orchestrator.cli.jobs as jobs_module
+    import orchestrator.cli.jobs_render as jobs_module
 
     original = jobs_module.RICH_TABLE_ROWS
     jobs_module.RICH_TABLE_ROWS = 10
