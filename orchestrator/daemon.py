@@ -34,7 +34,7 @@ from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
 from orchestrator.executors.remote_verdict import remote_end, remote_observation
 from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.gpu import GpuProbe
-from orchestrator.gpu.attribution import process_tree_pids
+from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
@@ -107,6 +107,7 @@ class Daemon:
         self.disk: DiskState | None = None
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
+        self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -208,10 +209,12 @@ class Daemon:
             return True
         self._check_disk()
         snapshots = self.probe.snapshot()
+        live_before = len(self._exit_files)
         live_count = self.reconcile(snapshots)
         if draining and live_count == 0:
             return True
-        snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
+        if live_count != live_before:  # read again only when an attempt ended (or began) since
+            snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         hold = self._hold_reason()
         if self.launcher.remote:
             schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
@@ -262,6 +265,7 @@ class Daemon:
         attempt is handled apart: an exception is recorded against that attempt and the others
         (and the loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
+        self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
         still_live = 0
         live = live_attempts(self.store)
         tenants = Counter(a["gpu_uuid"] for a in live)
@@ -415,7 +419,7 @@ class Daemon:
                 pid = group[0]
         alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
         if gpu is not None and alive and pid:
-            held = gpu.memory_of(process_tree_pids(int(pid)))
+            held = gpu.memory_of(self._trees.pids(int(pid)))
             if held != attempt["held_mib"]:
                 fields["held_mib"] = held
             if held > attempt["peak_mib"]:

@@ -8,17 +8,18 @@ where and when each runs, and its pending reason is shown by `orch status`.
 from __future__ import annotations
 
 from orchestrator.dispatch import (
-    DispatchContext,
     JobShapeCache,
     _fail_queued,
-    _launch,
     _write_wait_reasons,
+    as_received,
+    attempt_config,
     level_of,
     predict,
 )
 from orchestrator.errors import OrchError
 from orchestrator.executors.base import Executor
 from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.launching import Claim, DispatchContext, claim, launch_all
 from orchestrator.learned import Knowledge
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
 from orchestrator.store.db import Store
@@ -41,6 +42,7 @@ def schedule_remote(
     knowledge = Knowledge(shapes, {})
     reasons: dict[int, str] = {}
     placed: set[int] = set()
+    claims: list[Claim] = []
     for job in queued:
         if job["suite"] in paused:
             reasons[job["id"]] = f"suite {job['suite']} is paused"
@@ -57,8 +59,11 @@ def schedule_remote(
             _fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
-        _launch(store, executor, ctx, job, level, CLUSTER_GPU, predicted_mib, source, 0)
+        claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level), CLUSTER_GPU, predicted_mib, source, 0)
+        if claimed is not None:
+            claims.append(claimed)
         placed.add(job["id"])
         in_queue += 1
+    launch_all(store, executor, ctx, claims)
     _write_wait_reasons(store, queued, reasons, placed)
     return len(placed)

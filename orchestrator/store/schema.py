@@ -242,6 +242,20 @@ def m009_untrusted_files(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m010_scale(db: sqlite_utils.Database) -> None:
+    # Reads that must not scan a queue of 100,000 jobs: the head of the queue in order, a job's
+    # attempts, succeeded attempts by end time (the run-time table is read incrementally), and
+    # the latest retry events (a partial index over exactly the dashboard's filter).
+    for statement in (
+        "CREATE INDEX jobs_queue_order ON jobs(state, priority DESC, id)",
+        "CREATE INDEX attempts_job ON attempts(job_id, n)",
+        "CREATE INDEX attempts_ended ON attempts(outcome, ended_at)",
+        "CREATE INDEX events_retry ON events(id) WHERE data_json LIKE '%\"retry\"%'",
+    ):
+        db.execute(statement)
+
+
+@MIGRATIONS()
 def m011_executors(db: sqlite_utils.Database) -> None:
     # Where an attempt runs: the executor that owns it ("tmux", "subprocess", "slurm") and its
     # opaque id there (a tmux window id, a Slurm job id); and, per job, the suite's `slurm:`
