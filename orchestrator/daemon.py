@@ -21,9 +21,16 @@ from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
 )
-from orchestrator.dispatch import DispatchContext, JobShapeCache, job_worker_output, schedule
+from orchestrator.dispatch import (
+    DispatchContext,
+    JobShapeCache,
+    attempt_shape_key,
+    job_worker_output,
+    schedule,
+)
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import process_tree_pids
+from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.wrapper import EXIT_FILE
@@ -36,6 +43,8 @@ from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
+from orchestrator.store.resources import learn_host_shape, write_host_reading
+from orchestrator.track_resources import ResourceTracker
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,19 @@ class DaemonSettings:
     starvation_s: float = 600.0
     order: str = "longest_first"  # among equal priorities; "fifo" keeps submission order
     notify_urls: tuple[str, ...] = ()  # sent a line when a suite finishes or a job fails
+    host_reserve_mib: int = 2048  # host RAM no job may take (--host-reserve-gib)
+
+
+def _topology(probe: GpuProbe) -> dict[tuple[int, int], int] | None:
+    """Card distances where the probe can tell (NVML, simulated pairs); None elsewhere."""
+    read = getattr(probe, "topology", None)
+    if read is None:
+        return None
+    try:
+        return dict(read())
+    except Exception:  # topology only orders equally good choices: never stop the daemon for it
+        log.warning("cannot read the GPU topology", exc_info=True)
+        return None
 
 
 class Daemon:
@@ -70,7 +92,10 @@ class Daemon:
                 starvation_s=settings.starvation_s, order=settings.order,
             ),
             worker_env=worker_env,
+            host=make_host_probe(), host_reserve_mib=settings.host_reserve_mib,
+            topology=_topology(probe),
         )
+        self.resources = ResourceTracker(self.ctx.host)
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
@@ -184,6 +209,7 @@ class Daemon:
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
         """Bring every live attempt's record up to date; returns how many are still live."""
         by_uuid = {s.uuid: s for s in snapshots}
+        self._by_uuid = by_uuid
         still_live = 0
         live = live_attempts(self.store)
         tenants = Counter(a["gpu_uuid"] for a in live)
@@ -214,6 +240,7 @@ class Daemon:
                 self._kill(attempt, obs.pid_record)
                 complete(self.store, {**attempt, "kill_requested": "hung"}, observe(Path(attempt["run_dir"]), now_s()), self.cache, hung=True)
             elif verdict is Verdict.FINISHED:
+                self._learn_host(attempt)
                 complete(self.store, attempt, obs, self.cache)
             elif verdict is Verdict.LOST:
                 if (why := disagreement(attempt, obs)) is not None:
@@ -247,6 +274,9 @@ class Daemon:
                 fields["held_mib"] = held
             if held > attempt["peak_mib"]:
                 fields["peak_mib"] = held
+            tree = process_tree_pids(int(pid_record["pid"]))
+            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid))
+            held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
             if not attempt["reached_peak"] and (progressed or held >= attempt["predicted_peak_mib"]):
                 fields["reached_peak"] = 1
@@ -260,6 +290,18 @@ class Daemon:
                 fields["last_progress_at"] = obs.last_output_at
         if fields:
             update_attempt(self.store, attempt["id"], **fields)
+
+    def _learn_host(self, attempt: dict[str, Any]) -> None:
+        """A finished attempt's host RAM and CPU peaks teach its shape."""
+        self.resources.forget(int(attempt["id"]))
+        if not attempt.get("host_peak_mib"):
+            return
+        try:
+            job = self.store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.cache),
+                             int(attempt["host_peak_mib"]), attempt.get("cpu_peak_cores"))
+        except Exception:  # a bad config row must not stop reconciling the others
+            log.warning("cannot record the host memory of attempt %s", attempt["id"], exc_info=True)
 
     def _learn_rate(self, attempt: dict[str, Any], obs: Any, tenants: int) -> None:
         """Samples/s of the attempt between two of its progress readings, recorded with the
@@ -282,6 +324,14 @@ class Daemon:
             kill_process_group(int(pgid), grace_s=5.0)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+        if self.ctx.host is not None:
+            reading = self.ctx.host.snapshot()
+            ours = sum(int(r["host_held_mib"] or 0) for r in self.store.query(
+                "SELECT host_held_mib FROM attempts WHERE outcome IS NULL"))
+            write_host_reading(self.store, {
+                "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
+                "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
+            })
         with self.store.write():
             self.store.db.execute(
                 "UPDATE daemon SET heartbeat_at = ?, gpus_json = ? WHERE id = 1",

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, LauncherError, OrchError
+from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
 from orchestrator.launch.base import Launcher, LaunchSpec
@@ -39,13 +40,13 @@ from orchestrator.packing import (
     PackingDecision,
     PackingPolicy,
     QueuedJob,
-    RunningAttempt,
     headroom_mib,
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
+from orchestrator.resources import free_port, host_state, predict_host_mib, running_attempts
 from orchestrator.shapes import memory_hash
 from orchestrator.store.attempts import (
     AttemptPlan,
@@ -57,6 +58,7 @@ from orchestrator.store.attempts import (
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan, transition
 from orchestrator.store.learning import read_throughput
+from orchestrator.store.resources import live_ports, read_host_shapes
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +279,9 @@ class DispatchContext:
     runs_dir: Path
     policy: PackingPolicy
     worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
+    host: HostProbe | None = None  # host RAM and cores; None: not looked at
+    host_reserve_mib: int = 2048  # kept free of jobs (--host-reserve-gib)
+    topology: Mapping[tuple[int, int], int] | None = None  # card distances, read once at start
 
 
 def _safe_name(text: str) -> str:
@@ -301,13 +306,6 @@ def schedule(
     paused = {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
     queued_rows = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
     live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
-    running = [
-        RunningAttempt(
-            job_id=a["job_id"], gpu_index=a["gpu_index"], predicted_peak_mib=a["predicted_peak_mib"],
-            held_mib=a["held_mib"], reached_peak=bool(a["reached_peak"]), run_alone=bool(a["run_alone"]),
-        )
-        for a in live
-    ]
     reasons: dict[int, str] = {}
     queue: list[QueuedJob] = []
     levels: dict[int, Level] = {}
@@ -318,7 +316,15 @@ def schedule(
     knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(dict(j), a, cache)))
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
     durations = load_durations(store)
+    running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
+    host_shapes = read_host_shapes(store)
+    host_running: dict[str, int] = {}
+    for a in live:
+        if a["job_id"] in live_jobs:
+            key = attempt_shape_key(dict(live_jobs[a["job_id"]]), a, cache)
+            host_running[key] = max(host_running.get(key, 0), int(a["host_peak_mib"] or 0))
     predictions: dict[int, tuple[int, str]] = {}
+    host_predictions: dict[int, int] = {}
     gpus = gpu_states(snapshots, get_gpu_plan(store))
     # A prediction above every usable card (an inflated estimate or OOM floor) would keep a job
     # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
@@ -342,6 +348,9 @@ def schedule(
             predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
         predictions[job["id"]] = (predicted_mib, source)
         allowed = json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None
+        key = job_shape_key(job, level)
+        host_predictions[job["id"]], _ = predict_host_mib(
+            host_shapes.get(key), host_running.get(key), _declared_host_mib(job))
         queue.append(
             QueuedJob(
                 job_id=job["id"], priority=job["priority"], queued_seq=job["id"],
@@ -351,18 +360,45 @@ def schedule(
                 expected_duration_s=durations.expected_s(job["config_name"], job["data"], level.index),
                 throughput_by_gpu=curves.get(job_shape_key(job, level)),
                 min_stack_gain=job.get("min_stack_gain"),
+                gpus=int(job.get("gpus") or 1), host_mib=host_predictions[job["id"]], cpus=job.get("cpus"),
             )
         )
-    decision = pack(queue, gpus, running, ctx.policy, now_s())
+    host = None
+    if ctx.host is not None:
+        cpus_of_job = {j["id"]: j.get("cpus") for j in live_jobs.values()}
+        host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
+                          any(q.cpus is not None for q in queue))
+    decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology)
     reasons.update(decision.wait_reasons)
     by_id = {job["id"]: job for job in queued_rows}
     by_index = {s.index: s for s in snapshots}
     for placement in decision.placements:
         job = by_id[placement.job_id]
         predicted, source = predictions[placement.job_id]
-        _launch(store, launcher, ctx, job, levels[job["id"]], by_index[placement.gpu_index], predicted, source, placement.reserved_mib)
+        cards = [by_index[i] for i in placement.all_gpus]
+        _launch(store, launcher, ctx, job, levels[job["id"]], cards, predicted, source, placement.reserved_mib,
+                host_predictions[job["id"]])
     _write_wait_reasons(store, queued_rows, reasons, {p.job_id for p in decision.placements})
     return decision
+
+
+def _expected_end(
+    live_jobs: Mapping[int, Mapping[str, Any]], durations: DurationTable
+) -> Callable[[Mapping[str, Any]], float | None]:
+    """When a live attempt is expected to end: its start plus the learned run time of its kind."""
+    def end(a: Mapping[str, Any]) -> float | None:
+        job = live_jobs.get(a["job_id"])
+        expected = durations.expected_s(job["config_name"], job["data"], int(a["level"])) if job else None
+        return None if expected is None else float(a["started_at"]) + expected
+    return end
+
+
+def _declared_host_mib(job: Mapping[str, Any]) -> int | None:
+    """The config's `host_mem_gib` (RAM of the whole process tree), when it gives a number."""
+    value = json.loads(job["config_json"]).get("host_mem_gib")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 65536:
+        return None
+    return round(value * 1024)
 
 
 def _fail_queued(store: Store, job: dict[str, Any], reason: str) -> None:
@@ -390,17 +426,21 @@ def _launch(
     ctx: DispatchContext,
     job: dict[str, Any],
     level: Level,
-    gpu: GpuSnapshot,
+    cards: list[GpuSnapshot],
     predicted_mib: int,
     source: str,
     reserved_mib: int,
+    host_mib: int = 0,
 ) -> None:
     keys = job_keys(job)  # the attempt records its changes as the script receives them
+    gpu = cards[0]
+    uuids = tuple(c.uuid for c in cards)
+    port = free_port(live_ports(store))
     plan = AttemptPlan(
         job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
         level_step=level.step, changes=keys.to_script(level.changes), overrides=keys.to_script(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
-        reserved_mib=reserved_mib,
+        reserved_mib=reserved_mib, gpu_uuids=uuids if len(uuids) > 1 else (), port=port, predicted_host_mib=host_mib,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
@@ -410,7 +450,7 @@ def _launch(
     config = attempt_config(job, level)
     try:
         env = build_worker_env(
-            gpu_uuid=gpu.uuid, gpu_index=gpu.index, seed=job["seed"],
+            gpu_uuid=",".join(uuids), gpu_index=gpu.index, seed=job["seed"],
             suite_env=json.loads(job["env_json"]),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
                    "ORCH_RUN_DIR": str(run_dir)},
@@ -418,7 +458,8 @@ def _launch(
         prepare_run_dir(run_dir, config, env)
         argv = build_argv(
             job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
-            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])}, config=config,
+            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"]),
+                    "nproc": str(len(uuids)), "port": str(port)}, config=config,
         )
         handle = launcher.launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",

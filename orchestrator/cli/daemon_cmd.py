@@ -33,7 +33,7 @@ def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[
         os.environ.setdefault("ORCH_SIM_DIR", str(sim_dir(db_path)))
         Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
         probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
-        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS") if os.environ.get(k)}
+        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS", "ORCH_SIM_HOST") if os.environ.get(k)}
         return probe, {"ORCH_GPU_BACKEND": "sim", **env}
     return make_probe(chosen), {}
 
@@ -76,6 +76,13 @@ def _notify_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def _host_reserve_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--host-reserve-gib", "host_reserve_gib", type=click.FloatRange(0.0, 65536.0), default=2.0, show_default=True,
+        help="Host RAM kept free of jobs: a job starts only when its predicted host RAM fits in the rest.",
+    )(func)
+
+
 def _poll_option(func):  # type: ignore[no-untyped-def]
     return click.option("--poll", "poll_s", type=click.FloatRange(0.05, 60.0), default=1.0, show_default=True,
                         help="Seconds between scheduling passes.")(func)
@@ -89,6 +96,7 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
 @_notify_option
+@_host_reserve_option
 @db_option
 def daemon_run(
     backend: str | None,
@@ -98,6 +106,7 @@ def daemon_run(
     launcher_kind: str | None,
     order: str,
     notify_urls: tuple[str, ...],
+    host_reserve_gib: float,
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
@@ -114,6 +123,7 @@ def daemon_run(
     daemon = Daemon(DaemonSettings(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
+            host_reserve_mib=round(host_reserve_gib * 1024),
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
@@ -127,6 +137,7 @@ def daemon_run(
 @_order_option
 @_headroom_options
 @_notify_option
+@_host_reserve_option
 @db_option
 def daemon_start(
     backend: str | None,
@@ -136,13 +147,15 @@ def daemon_start(
     headroom_fraction: float,
     headroom_max_gib: float,
     notify_urls: tuple[str, ...],
+    host_reserve_gib: float,
     db_path: Path,
 ) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
     check_urls(notify_urls)
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
-        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib)],
+        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
+                    "--host-reserve-gib", str(host_reserve_gib)],
         notify_urls=notify_urls,
     )
 
