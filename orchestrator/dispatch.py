@@ -191,9 +191,12 @@ def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
 
 def job_shape_key(job: dict[str, Any], level: Level) -> str:
     """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
-    suite's `memory_keys`), model, level index and task."""
+    suite's `memory_keys`, and the number of GPUs of a multi-GPU job), model, level index and task."""
     config = json.loads(job["config_json"])
     extra = json.loads(job.get("memory_keys_json") or "[]")
+    gpus = int(job.get("gpus") or 1)
+    if gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
+        config, extra = {**config, "gpus": gpus}, [*extra, "gpus"]
     return shape_key(memory_hash(config, extra), str(config.get("model", "")), level.index, job["data"])
 
 

@@ -26,6 +26,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def _peaks(attempt: Mapping[str, Any]) -> dict[str, int]:
+    try:
+        loaded = json.loads(attempt.get("peak_by_gpu_json") or "{}")
+    except ValueError:
+        return {}
+    return {str(k): int(v) for k, v in loaded.items() if isinstance(v, int)} if isinstance(loaded, dict) else {}
+
+
 class ResourceTracker:
     """Per-attempt readings between passes (CPU needs two readings to give a rate)."""
 
@@ -43,6 +51,9 @@ class ResourceTracker:
             dumped = json.dumps(per_card, sort_keys=True)
             if dumped != attempt.get("held_by_gpu_json"):
                 fields["held_by_gpu_json"] = dumped
+            peaks = {u: max(v, _peaks(attempt).get(u, 0)) for u, v in per_card.items()}
+            if peaks != _peaks(attempt):
+                fields["peak_by_gpu_json"] = json.dumps(peaks, sort_keys=True)
             rank_mib = max(per_card.values(), default=0)
             fields["held_mib"] = rank_mib
             if rank_mib > int(attempt["peak_mib"] or 0):

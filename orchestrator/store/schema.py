@@ -238,7 +238,8 @@ def m008_memory_learning(db: sqlite_utils.Database) -> None:
 def m012_resources(db: sqlite_utils.Database) -> None:
     # Jobs bigger than one GPU and the host's other resources. A job asks for `gpus` cards (a
     # gang) and, when the suite says so, `cpus` cores. An attempt keeps all its cards (the first
-    # stays in gpu_index/gpu_uuid), what its tree holds on each (JSON {uuid: MiB}), its rendezvous
+    # stays in gpu_index/gpu_uuid), what its tree holds on each now and at its peak (JSON
+    # {uuid: MiB}: the per-rank peaks), its rendezvous
     # port, and its host RAM (RSS of the process tree) and CPU use, now and at their peak. Host
     # RAM and CPU are learned per shape beside GPU memory. The daemon row keeps its last host
     # reading for `orch status`.
@@ -247,6 +248,7 @@ def m012_resources(db: sqlite_utils.Database) -> None:
         "ALTER TABLE jobs ADD COLUMN cpus INTEGER",
         "ALTER TABLE attempts ADD COLUMN gpu_uuids_json TEXT",
         "ALTER TABLE attempts ADD COLUMN held_by_gpu_json TEXT",
+        "ALTER TABLE attempts ADD COLUMN peak_by_gpu_json TEXT",
         "ALTER TABLE attempts ADD COLUMN port INTEGER",
         "ALTER TABLE attempts ADD COLUMN predicted_host_mib INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE attempts ADD COLUMN host_held_mib INTEGER NOT NULL DEFAULT 0",
