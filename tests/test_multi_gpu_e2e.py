@@ -149,14 +149,15 @@ def test_host_memory_limited_jobs_are_held_back_instead_of_killed(orch: Orch) ->
 
     def done() -> bool:
         nonlocal most
-        most = max(most, len(orch.query("SELECT id FROM attempts WHERE outcome IS NULL")))
+        holders, _ = read_holders(orch.root / "sim" / "host")  # what the simulated host hands out
+        most = max(most, len([mib for _, mib in holders if mib > 0]))
         reasons.update(r["wait_reason"] for r in orch.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL"))
         return orch.all_done()
 
     wait_until(done, 120, "every job to end")
     outcomes = [a["outcome"] for a in orch.attempts()]
     assert outcomes == ["succeeded"] * 5, outcomes
-    assert most == 2
+    assert most == 2  # two at a time on the host, though the GPUs had room for eight
     assert any(r.startswith("host RAM: ") and r.endswith("needs 9.0 GiB") for r in reasons), reasons
     assert max(a["host_peak_mib"] for a in orch.attempts()) == 9 * 1024
     (learned,) = orch.query("SELECT host_peak_mib FROM host_shapes")
