@@ -34,6 +34,14 @@ def _peaks(attempt: Mapping[str, Any]) -> dict[str, int]:
     return {str(k): int(v) for k, v in loaded.items() if isinstance(v, int)} if isinstance(loaded, dict) else {}
 
 
+def _ranks(attempt: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    try:
+        loaded = json.loads(attempt.get("peak_by_rank_json") or "{}")
+    except ValueError:
+        return {}
+    return {str(k): v for k, v in loaded.items() if isinstance(v, dict)} if isinstance(loaded, dict) else {}
+
+
 class ResourceTracker:
     """Per-attempt readings between passes (CPU needs two readings to give a rate)."""
 
@@ -58,6 +66,14 @@ class ResourceTracker:
             fields["held_mib"] = rank_mib
             if rank_mib > int(attempt["peak_mib"] or 0):
                 fields["peak_mib"] = rank_mib
+        ranks = _ranks(attempt)
+        for uuid in uuids:
+            card = by_uuid.get(uuid)
+            for process in card.processes if card is not None else ():
+                if process.pid in pids and process.used_mib > ranks.get(str(process.pid), {}).get("mib", 0):
+                    ranks[str(process.pid)] = {"gpu": uuid, "mib": process.used_mib}
+        if ranks != _ranks(attempt):
+            fields["peak_by_rank_json"] = json.dumps(ranks, sort_keys=True)
         if self.host is not None:
             host_mib = self.host.tree_mib(pids)
             if host_mib != attempt.get("host_held_mib"):

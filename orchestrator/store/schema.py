@@ -239,7 +239,7 @@ def m012_resources(db: sqlite_utils.Database) -> None:
     # Jobs bigger than one GPU and the host's other resources. A job asks for `gpus` cards (a
     # gang) and, when the suite says so, `cpus` cores. An attempt keeps all its cards (the first
     # stays in gpu_index/gpu_uuid), what its tree holds on each now and at its peak (JSON
-    # {uuid: MiB}: the per-rank peaks), its rendezvous
+    # {uuid: MiB}: the per-rank peaks; per process too, for ranks sharing a card), its rendezvous
     # port, and its host RAM (RSS of the process tree) and CPU use, now and at their peak. Host
     # RAM and CPU are learned per shape beside GPU memory. The daemon row keeps its last host
     # reading for `orch status`.
@@ -249,6 +249,7 @@ def m012_resources(db: sqlite_utils.Database) -> None:
         "ALTER TABLE attempts ADD COLUMN gpu_uuids_json TEXT",
         "ALTER TABLE attempts ADD COLUMN held_by_gpu_json TEXT",
         "ALTER TABLE attempts ADD COLUMN peak_by_gpu_json TEXT",
+        "ALTER TABLE attempts ADD COLUMN peak_by_rank_json TEXT",  # {pid: {gpu: uuid, mib: peak}}
         "ALTER TABLE attempts ADD COLUMN port INTEGER",
         "ALTER TABLE attempts ADD COLUMN predicted_host_mib INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE attempts ADD COLUMN host_held_mib INTEGER NOT NULL DEFAULT 0",
