@@ -2,7 +2,8 @@
 
 `gpus:` and `cpus:` may be set in the suite (the default for its configs) or in a config (or by
 `--set gpus=2`), the config winning. Both are whole numbers: gpus 1..64 (default 1), cpus
-1..1024 (default: not counted).
+1..1024 (default: not counted). A config's `host_mem_gib` (host RAM of the job's whole process
+tree, used until a finished attempt of its shape has measured it) is checked here too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def job_resources(
     config: Mapping[str, Any], suite_gpus: int, suite_cpus: int | None, where: str
 ) -> tuple[int, int | None]:
     """(gpus, cpus) of one job: the config's values, else the suite's."""
+    host = config.get("host_mem_gib")
+    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float)) or not 0 < host <= 65536):
+        raise PlanError(f"{where}: `host_mem_gib` must be a number of GiB between 0 and 65536, got {host!r}")
     gpus = parse_count(config["gpus"], "gpus", where, MAX_GPUS) if config.get("gpus") is not None else suite_gpus
     cpus = parse_count(config["cpus"], "cpus", where, MAX_CPUS) if config.get("cpus") is not None else suite_cpus
     return gpus, cpus

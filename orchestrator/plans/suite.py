@@ -41,7 +41,7 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "eval_every_steps", "weight_decay", "warmup_steps",
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
         "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind",
-        "gpus", "cpus", "sim_host_gib",
+        "gpus", "cpus", "host_mem_gib", "sim_host_gib",
     }
 )
 
