@@ -12,7 +12,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -38,7 +38,7 @@ def distance(topology: Mapping[tuple[int, int], int] | None, a: int, b: int) -> 
 
 def closest_set(
     candidates: Sequence[T], n: int, index: Callable[[T], int],
-    topology: Mapping[tuple[int, int], int] | None, preference: Callable[[T], object],
+    topology: Mapping[tuple[int, int], int] | None, preference: Callable[[T], Any],
 ) -> list[T]:
     """The n candidates with the smallest summed pairwise distance; ties go to the set whose
     worst member by `preference` is best (then the next worst, ...). The result is in GPU index order (CUDA_VISIBLE_DEVICES

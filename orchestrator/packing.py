@@ -352,7 +352,7 @@ def pack(
                 chosen = [_choose(job, fits, policy.placement)]
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
-                chosen = closest_set(fits, job.gpus, lambda c: c.gpu.index, topology, lambda c, rank=rank: rank[c.gpu.index])
+                chosen = closest_set(fits, job.gpus, _index, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
             for card in chosen:
                 card.used_slots += 1
                 card.reserved_mib += job.predicted_peak_mib
@@ -414,8 +414,8 @@ def _reserve_for_gang(
                  for c in possible}
         cutoff = sorted(ready.values())[job.gpus - 1]
         pool = [c for c in possible if ready[c.gpu.index] <= cutoff]
-        chosen = closest_set(pool, job.gpus, lambda c: c.gpu.index, topology,
-                             lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index))
+        chosen = closest_set(pool, job.gpus, _index, topology,
+                             lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index))  # type: ignore[misc]
         until_s = max(ready[c.gpu.index] for c in chosen)
         for card in chosen:
             card.held_for = job.job_id
@@ -429,6 +429,10 @@ def _reserve_for_gang(
                      "backfilling only jobs that end before then")
         return {job.job_id: note}
     return {}
+
+
+def _index(card: _Card) -> int:
+    return card.gpu.index
 
 
 def _list(indices: list[int]) -> str:

@@ -55,7 +55,7 @@ class ResourceTracker:
         fields: dict[str, Any] = {}
         uuids = attempt_uuids(attempt)
         if len(uuids) > 1:
-            per_card = {u: by_uuid[u].memory_of(pids) for u in uuids if u in by_uuid}
+            per_card = {u: by_uuid[u].memory_of(set(pids)) for u in uuids if u in by_uuid}
             dumped = json.dumps(per_card, sort_keys=True)
             if dumped != attempt.get("held_by_gpu_json"):
                 fields["held_by_gpu_json"] = dumped
