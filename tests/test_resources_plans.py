@@ -111,3 +111,14 @@ def test_sim_topology_pairs_and_free_ports() -> None:
     assert topology[(0, 1)] < topology[(1, 2)] and topology[(2, 3)] == topology[(0, 1)]
     port = free_port(set())
     assert 0 < port < 65536
+
+
+def test_status_shows_host_ram_ours_others_free() -> None:
+    from orchestrator.cli.render import host_line
+    from orchestrator.cli.status_query import host_summary
+
+    summary = host_summary({"total_mib": 65536, "available_mib": 9728, "ours_mib": 40960, "reserve_mib": 2048})
+    assert summary == {"total_mib": 65536, "ours_mib": 40960, "others_mib": 14848, "free_mib": 9728, "reserve_mib": 2048}
+    text = host_line(summary).plain
+    assert "ours 40.0 GiB" in text and "others 14.5 GiB" in text and "free 9.5 GiB" in text
+    assert host_summary(None) is None and host_summary({"total_mib": "x"}) is None
