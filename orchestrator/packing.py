@@ -176,6 +176,8 @@ def _blocker(job: QueuedJob, card: _Card, now_s: float = 0.0) -> str | None:
         return "plan"
     if job.predicted_peak_mib > card.gpu.total_mib:
         return "never"
+    if _kept_for_gang(job, card) and not _beside_hold(job, card, now_s):
+        return "held"  # said first: the card stays the gang's even after its jobs end
     if card.alone:
         return "alone"
     if card.used_slots >= card.gpu.slots:
@@ -191,6 +193,10 @@ def _blocker(job: QueuedJob, card: _Card, now_s: float = 0.0) -> str | None:
     if card.held_for is not None and card.held_for != job.job_id and not _beside_hold(job, card, now_s):
         return "held"
     return None
+
+
+def _kept_for_gang(job: QueuedJob, card: _Card) -> bool:
+    return card.held_for is not None and card.held_for != job.job_id and card.held_need_mib is not None
 
 
 def _beside_hold(job: QueuedJob, card: _Card, now_s: float) -> bool:
