@@ -67,6 +67,8 @@ def test_two_torchrun_jobs_at_once_get_their_own_ports(orch: Orch) -> None:
     pairs = {tuple(json.loads(a["gpu_uuids_json"])) for a in (first, second)}
     assert pairs == {(sim_uuid(0), sim_uuid(1)), (sim_uuid(2), sim_uuid(3))}
     for attempt in (first, second):
+        (shown,) = orch.json("show", str(attempt["job_id"]))["attempts"]
+        assert shown["port"] == attempt["port"] and shown["gpu_uuids"] == json.loads(attempt["gpu_uuids_json"])
         result = _result(attempt)
         assert result["world_size"] == 2 and result["master_port"] == attempt["port"]
         assert [r["rank"] for r in result["ranks"]] == [0, 1]
