@@ -86,6 +86,7 @@ def main() -> int:
         print(json.dumps({"loss": round(loss.item(), 4), "world_size": world, "sharded": args.sharded,
                           "cpu_offload": args.cpu_offload, "master_port": int(os.environ["MASTER_PORT"]),
                           "ranks": gathered}), flush=True)
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
