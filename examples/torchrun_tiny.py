@@ -86,9 +86,11 @@ def main() -> int:
         print(json.dumps({"loss": round(loss.item(), 4), "world_size": world, "sharded": args.sharded,
                           "cpu_offload": args.cpu_offload, "master_port": int(os.environ["MASTER_PORT"]),
                           "ranks": gathered}), flush=True)
-    dist.barrier()  # every rank past its last collective before any tears the group down
-    dist.destroy_process_group()
-    return 0
+    dist.barrier()  # every rank past its last collective before any leaves
+    # No destroy_process_group(): with gloo it now and then never returned on one rank (two jobs
+    # at once on a loaded 2-core machine); the process exit closes the group's sockets anyway.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
