@@ -307,14 +307,16 @@ class Daemon:
         """Samples/s of the attempt between two of its progress readings, recorded with the
         number of attempts on its card when both readings saw the same number."""
         step = (obs.last_progress or {}).get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or obs.last_progress_at is None:
+        # progress parsed from stdout is as old as the log's last write
+        read_at = obs.last_progress_at if obs.last_progress_at is not None else obs.last_output_at
+        if not isinstance(step, int) or isinstance(step, bool) or read_at is None:
             return
         previous = self._rates.get(attempt["id"])
-        self._rates[attempt["id"]] = (step, float(obs.last_progress_at), tenants)
+        self._rates[attempt["id"]] = (step, float(read_at), tenants)
         if previous is None or previous[2] != tenants:
             return
         try:
-            learn_rate(self.store, attempt, previous[:2], (step, float(obs.last_progress_at)), tenants, self.cache)
+            learn_rate(self.store, attempt, previous[:2], (step, float(read_at)), tenants, self.cache)
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the rate of attempt %s", attempt["id"], exc_info=True)
 

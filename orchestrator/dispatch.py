@@ -197,7 +197,8 @@ def job_shape_key(job: dict[str, Any], level: Level) -> str:
     gpus = int(job.get("gpus") or 1)
     if gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
         config, extra = {**config, "gpus": gpus}, [*extra, "gpus"]
-    return shape_key(memory_hash(config, extra), str(config.get("model", "")), level.index, job["data"])
+    foreign = job["worker"] not in OUR_WORKERS  # its memory keys are not known: all but the harmless
+    return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), level.index, job["data"])
 
 
 def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: JobShapeCache) -> str:
@@ -468,7 +469,7 @@ def _launch(
             LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
                        argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
         )
-    except (OSError, OrchError, LauncherError) as exc:
+    except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
         from orchestrator.outcomes import fail_before_start
 
         fail_before_start(store, attempt, f"could not start: {exc}")

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.reconcile import read_result
 from orchestrator.results import ResultRow
+from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
 from orchestrator.store.queries import succeeded_attempts
 
@@ -25,7 +26,7 @@ def collect_rows(store: Store, suite: str | None = None) -> tuple[list[ResultRow
         if test is None:
             missing += 1
             continue
-        numeric = {k: float(v) for k, v in test.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        numeric = finite_metrics(test)
         try:
             changes = json.loads(job["overrides_json"] or "{}")
         except ValueError:
@@ -56,3 +57,15 @@ def job_metrics(result: dict[str, Any] | None, printed_json: str | None) -> dict
             if isinstance(key, str) and key.startswith(prefix):
                 named.setdefault(key[len(prefix):], value)
     return named
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers among a job's metrics (written by user code: NaN, infinities, ints
+    too large for a float and non-numbers are left out, never shown or averaged)."""
+    kept: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)):
+            finite = number(value)
+            if finite is not None:
+                kept[str(key)] = finite
+    return kept

@@ -33,17 +33,35 @@ MEMORY_KEYS: frozenset[str] = frozenset(
 _SIM_ACCUMULATION_KEY = "gradient_accumulation_steps"
 
 
-def memory_config(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> dict[str, Any]:
-    """The part of `config` that decides memory: MEMORY_KEYS plus the suite's `memory_keys`."""
+# Keys that never change memory, left out of a foreign script's shape. Such a script's memory
+# keys are not known (`model_name_or_path`, `bs`, ...), so its shape is every other key: a shape
+# split too finely only learns more slowly, while two configs merged into one shape share a peak
+# that fits only one of them.
+NOT_MEMORY_KEYS: frozenset[str] = frozenset(
+    {
+        "learning_rate", "lr", "seed", "epochs", "num_train_epochs", "max_steps", "warmup_steps",
+        "warmup_ratio", "weight_decay", "lr_scheduler_type", "output_dir", "run_name", "logging_dir",
+        "logging_steps", "eval_steps", "save_steps", "eval_every_steps", "save_total_limit",
+        "report_to", "overwrite_output_dir", "resume_from_checkpoint", "data", "data_dir",
+        "sim_seconds", "sim_ramp_s",
+    }
+)  # fmt: skip
+
+
+def memory_config(config: Mapping[str, Any], extra_keys: Iterable[str] = (), *, foreign: bool = False) -> dict[str, Any]:
+    """The part of `config` that decides memory: MEMORY_KEYS plus the suite's `memory_keys`; for a
+    foreign script (`foreign=True`), every key but NOT_MEMORY_KEYS."""
+    if foreign:
+        return {key: config[key] for key in sorted(config) if key not in NOT_MEMORY_KEYS}
     wanted = set(MEMORY_KEYS) | set(extra_keys)
     if "sim_mem_gib" in config and "sim_reference_batch" not in config:
         wanted.add(_SIM_ACCUMULATION_KEY)
     return {key: config[key] for key in sorted(wanted) if key in config}
 
 
-def memory_hash(config: Mapping[str, Any], extra_keys: Iterable[str] = ()) -> str:
+def memory_hash(config: Mapping[str, Any], extra_keys: Iterable[str] = (), *, foreign: bool = False) -> str:
     """Stable hash of `memory_config` (16 hex digits): the first part of a shape key."""
-    content = json.dumps(memory_config(config, extra_keys), sort_keys=True, default=str)
+    content = json.dumps(memory_config(config, extra_keys, foreign=foreign), sort_keys=True, default=str)
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 

@@ -49,14 +49,14 @@ def number(value: Any) -> float | None:
     """A finite number from a value a script printed (a number or a numeric string)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        result = float(value)
-    elif isinstance(value, str) and len(value) <= 64:
-        try:
+    try:  # an int of 400 digits overflows a float: not a number a metric can be
+        if isinstance(value, (int, float)):
+            result = float(value)
+        elif isinstance(value, str) and len(value) <= 64:
             result = float(value.strip())
-        except ValueError:
+        else:
             return None
-    else:
+    except (ValueError, OverflowError):
         return None
     return result if math.isfinite(result) else None
 

@@ -32,7 +32,8 @@ def one_error_line(stderr: str) -> str:
 @pytest.mark.parametrize(
     "args",
     [("status", "--once"), ("status", "--json"), ("daemon", "status"), ("daemon", "status", "--json"),
-     ("plan", "show"), ("jobs",), ("results",)],
+     ("plan", "show"), ("jobs",), ("results",), ("memory",), ("memory", "--json"),
+     ("report", "--out", "sweep.html")],
     ids=" ".join,
 )
 def test_a_read_command_creates_nothing(orch_inproc: OrchRunner, tmp_path: Path, args: tuple[str, ...]) -> None:

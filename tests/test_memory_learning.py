@@ -45,6 +45,17 @@ def test_suite_memory_keys_join_the_shape() -> None:
     assert memory_hash({**BASE, "chunk": 64}, ["chunk"]) != memory_hash({**BASE, "chunk": 128}, ["chunk"])
 
 
+def test_a_foreign_scripts_shape_is_every_key_but_the_harmless() -> None:
+    # its memory keys are unknown: a 7B and a 1B model under `model_name_or_path`, or a batch
+    # under its own name `bs`, must not share one learned peak
+    hf = {"model_name_or_path": "llama-1b", "bs": 4, "learning_rate": 1e-4, "seed": 1, "num_train_epochs": 3}
+    assert memory_hash(hf) == memory_hash({**hf, "model_name_or_path": "llama-7b"})  # known keys only
+    assert memory_hash(hf, foreign=True) != memory_hash({**hf, "model_name_or_path": "llama-7b"}, foreign=True)
+    assert memory_hash(hf, foreign=True) != memory_hash({**hf, "bs": 32}, foreign=True)
+    same = {**hf, "learning_rate": 3e-4, "seed": 2, "num_train_epochs": 5, "output_dir": "/x"}
+    assert memory_hash(hf, foreign=True) == memory_hash(same, foreign=True)
+
+
 def test_sim_accumulation_counts_only_without_a_reference_batch() -> None:
     sim = {**BASE, "sim_mem_gib": 5, "gradient_accumulation_steps": 1}
     assert memory_hash(sim) != memory_hash({**sim, "gradient_accumulation_steps": 2})

@@ -5,6 +5,7 @@ from a suite's `notify:` setting."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,21 +69,33 @@ def test_suite_finished_and_job_failed_are_sent(tmp_path: Path, inbox: Inbox) ->
             {"good": {"sim_mem_gib": 1, "sim_seconds": 0.3}, "bad": {"sim_mem_gib": 1, "sim_seconds": 0.4, "sim_fail": "error"}},
             notify=inbox.url("suite"),
         )
+        # a script of the user's that dumps its environment (as experiment trackers do)
+        orch.write_suite(
+            "envdump", {"e": {}},
+            worker=f"{sys.executable} -c \"import os; print(sorted(os.environ.items()))\"",
+        )
         orch.submit("overnight", "1:glue_rte")
+        orch.submit("envdump", "1:glue_rte")
         orch.run("daemon", "start", "--poll", "0.2", "--notify", inbox.url("daemon"))
         orch.wait_all_done(90)
-        wait_until(lambda: len(inbox.messages("daemon")) >= 2 and len(inbox.messages("suite")) >= 2, 30,
+        wait_until(lambda: len(inbox.messages("daemon")) >= 3 and len(inbox.messages("suite")) >= 2, 30,
                    "both notifications at both URLs")
         orch.stop_daemon()
     states = orch.job_states()
-    assert sorted(states.values()) == ["failed", "succeeded"]
+    assert sorted(states.values()) == ["failed", "succeeded", "succeeded"]
+    # the URLs (tokens, in real services) never reach a worker's environment
+    dumped = [Path(a["run_dir"]) / "stdout.log" for a in orch.attempts() if "envdump" in a["run_dir"]]
+    assert dumped and "ORCH_SIM_GPUS" in dumped[0].read_text()
+    assert str(inbox.port) not in dumped[0].read_text()
     failed_id = next(i for i, s in states.items() if s == "failed")
     for path in ("daemon", "suite"):
         messages = inbox.messages(path)
-        assert len(messages) == 2, messages
+        # the daemon's URL hears of every suite; a suite's own URL of that suite only
+        assert len(messages) == (3 if path == "daemon" else 2), messages
         failed = [m for m in messages if m.startswith(f"orch: job {failed_id} failed")]
         assert len(failed) == 1 and "overnight/bad seed 1 glue_rte" in failed[0]
         finished = [m for m in messages if m.startswith("orch: suite overnight finished")]
+        assert any(m.startswith("orch: suite envdump finished") for m in messages) == (path == "daemon")
         assert finished == [f"orch: suite overnight finished: 1 succeeded, 1 failed ({orch.db})"]
         assert all("\n" not in m for m in messages)
     # the URL (a token, in real services) is not in the daemon's log

@@ -150,6 +150,9 @@ def test_argparse_script_flags_progress_liveness_results(orch: Orch) -> None:
 
     results = orch.json("results")
     assert [(r["metric"], r["mean"], r["n_seeds"]) for r in results] == [("accuracy", 0.81, 1)]
+    # its samples/s, from the steps it printed, is learned like an orch worker's (alone on the card)
+    rates = [entry["throughput"] for entry in orch.json("memory")["shapes"] if entry["throughput"]]
+    assert rates and all("1" in curve["samples_per_s"] for t in rates for curve in t.values())
 
 
 def test_trainer_script_reads_training_arguments_from_config_yaml(orch: Orch) -> None:

@@ -4,6 +4,7 @@ checked before anything is written (exit 2, one line, no state.db or an unchange
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,12 @@ def test_submit_names_the_changes_the_command_cannot_receive(orch: OrchRunner, t
     assert note.startswith("note: the worker command cannot receive gradient_checkpointing (rung checkpointing)")
     assert "logits_to_keep" in note and "num_data_workers (rung data_workers)" in note
     assert "batch_size" not in note  # halving reaches it: both flags are in the command
+    # the advice works as given: a switch is wired by its flag-presence form
+    advice = re.search(r"add e\.g\. (\S+) to the command", note)
+    assert advice is not None and advice.group(1) == "{cfg.gradient_checkpointing?--gradient-checkpointing}"
+    followed = write_plans(tmp_path, {"one_token_tasks": ["glue*"], "worker": f"{FLAGS} {advice.group(1)}"})
+    result = orch("submit", "--suite", "own", "--pairs", "2:glue_rte", "--plans", str(followed))
+    assert result.rc == 0 and "gradient_checkpointing" not in result.stderr
     wired = write_plans(tmp_path, {"worker": "python train.py --cfg {config}"})
     assert orch("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(wired)).stderr == ""
 

@@ -91,3 +91,13 @@ def test_job_metrics_sources() -> None:
         "eval_accuracy": 0.81, "eval_loss": 0.4, "accuracy": 0.81, "loss": 0.4}
     assert job_metrics({"metrics": {}}, '{"test_f1": 0.5}') == {"test_f1": 0.5, "f1": 0.5}
     assert job_metrics(None, None) is None and job_metrics(None, "not json") is None
+
+
+def test_only_finite_metrics_are_kept() -> None:
+    # result.json is written by user code: NaN, infinities and ints beyond a float are dropped
+    # (float(10**400) raises; NaN would print as invalid JSON and poison a mean)
+    from orchestrator.results_source import finite_metrics
+
+    kept = finite_metrics({"nan": float("nan"), "inf": float("inf"), "huge": 10**400, "flag": True,
+                           "text": "0.5", "acc": 0.8, "n": 3})
+    assert kept == {"acc": 0.8, "n": 3.0}

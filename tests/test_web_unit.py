@@ -145,6 +145,7 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
     assert csv.headers["content-type"].startswith("text/csv")
     assert csv.text.splitlines()[0] == "suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels"
     assert client.get("/job/9999").status_code == 404
+    assert client.get("/job/99999999999999999999999").status_code == 404  # beyond SQLite's integers
     assert client.get("/timeline?from=abc").status_code == 400
 
 
@@ -164,6 +165,8 @@ def test_actions_need_the_token_and_a_post(client, db_path: Path) -> None:  # ty
     again = client.post(f"/api/jobs/{queued}/retry", headers={"X-Orch-Token": "t0ken"})
     assert again.json()["done"] == "requeued" and state(queued) == "queued"
     assert client.post("/api/jobs/9999/cancel", headers={"X-Orch-Token": "t0ken"}).status_code == 404
+    huge = "/api/jobs/99999999999999999999999/cancel"
+    assert client.post(huge, headers={"X-Orch-Token": "t0ken"}).status_code == 404
     assert client.post("/api/suites/nope/resume", headers={"X-Orch-Token": "t0ken"}).status_code == 409
 
 
@@ -171,6 +174,18 @@ def test_loopback_server_refuses_other_host_names(client) -> None:  # type: igno
     # a page on another site that resolves its name to 127.0.0.1 (DNS rebinding) gets nothing
     assert client.get("/", headers={"Host": "attacker.example"}).status_code == 400
     assert client.get("/", headers={"Host": "localhost:8765"}).status_code == 200
+
+
+def test_a_loopback_address_it_listens_on_is_a_good_host_name(db_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from benchmarks.web_load import build_sweep
+    from orchestrator.web.app import create_app
+
+    build_sweep(db_path, 3, running=0, queued=1)
+    with TestClient(create_app(db_path, "t", bound_host="127.0.0.2"), base_url="http://127.0.0.2:8765") as c:
+        assert c.get("/").status_code == 200
+        assert c.get("/", headers={"Host": "attacker.example"}).status_code == 400
 
 
 def test_report_cli_writes_one_file(orch_inproc, db_path: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -114,6 +114,9 @@ def daemon_run(
     from orchestrator.launch.base import make_launcher
 
     check_urls(notify_urls)
+    # The URLs carry tokens: read once, then gone from the environment before the launcher and
+    # its tmux server exist, so no worker inherits them.
+    os.environ.pop("ORCH_NOTIFY", None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)

@@ -13,7 +13,12 @@ from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
 from orchestrator.shapes import measured_margin, running_margin
 from orchestrator.store.db import Store
-from orchestrator.store.learning import forget_shapes, list_shapes, read_throughput
+from orchestrator.store.learning import (
+    forget_shapes,
+    list_shapes,
+    live_attempts_and_jobs,
+    read_throughput,
+)
 from orchestrator.throughput import relative_curve
 
 
@@ -24,8 +29,7 @@ def _running(store: Store) -> dict[str, Any]:
     )
     from orchestrator.learned import running_peaks
 
-    live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
-    jobs = {j["id"]: j for j in store.query("SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)")}
+    live, jobs = live_attempts_and_jobs(store)
     cache = JobShapeCache()
     return running_peaks(live, jobs, lambda j, a: attempt_shape_key(dict(j), a, cache))
 
@@ -95,7 +99,7 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
     """What orch has learned per job shape: peak, OOM floor, samples, throughput per card."""
     if ctx.invoked_subcommand is not None:
         return
-    with open_store(db_path, create=True) as store:
+    with open_store(db_path) as store:
         entries = memory_snapshot(store)
     if as_json:
         echo_json({"shapes": entries})

@@ -87,20 +87,24 @@ def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
     if template.reads_config:
         return None
     ladder = load_ladder(suite.ladder)
-    unreached: dict[str, str] = {}  # script key -> rung
+    unreached: dict[str, tuple[str, object]] = {}  # script key -> (rung, a value it sets)
     for spec in specs:
         one_token = is_one_token_task(spec.data, list(suite.one_token_tasks))
         for level in expand_levels(ladder, suite.keys.to_orch(spec.config), one_token):
-            for key in level.changes:
+            for key, value in level.changes.items():
                 script_key = suite.keys.script_key(key)
                 if not template.reaches(script_key):
-                    unreached.setdefault(script_key, level.step)
+                    unreached.setdefault(script_key, (level.step, value))
     if not unreached:
         return None
-    shown = ", ".join(f"{key} (rung {rung})" for key, rung in unreached.items())
-    example = next(iter(unreached))
+    shown = ", ".join(f"{key} (rung {rung})" for key, (rung, _) in unreached.items())
+    key, (_, value) = next(iter(unreached.items()))
+    flag = f"--{key.replace('_', '-')}"
+    # a switch gets the flag-presence form; a value needs the key in every config to be filled
+    wire = (f"{{cfg.{key}?{flag}}}" if isinstance(value, bool)
+            else f"{flag} {{cfg.{key}}} (with {key} set in every config)")
     return (f"note: the worker command cannot receive {shown}: orch skips those changes; pass {{config}} "
-            f"or add e.g. --{example.replace('_', '-')} {{cfg.{example}}} to the command to wire them")
+            f"or add e.g. {wire} to the command to wire them")
 
 
 @click.command("submit")

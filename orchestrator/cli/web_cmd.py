@@ -62,7 +62,7 @@ def web_cmd(host: str, port: int, db_path: Path) -> None:
     click.echo(f"orch web: serving {db_path} at http://{shown_host}:{bound_port}/")
     click.echo(f"orch web: actions (cancel, retry, resume) need the token; open http://{shown_host}:{bound_port}/?token={token}")
     click.echo(f"orch web: token {token}", nl=True)
-    app = create_app(Path(db_path), token, loopback_only=loopback)
+    app = create_app(Path(db_path), token, loopback_only=loopback, bound_host=host)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False)
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):

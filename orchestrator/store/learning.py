@@ -70,3 +70,12 @@ def read_throughput(store: Store) -> list[ThroughputRow]:
         ThroughputRow(r["gpu_uuid"], r["shape_key"], int(r["tenants"]), float(r["samples_per_s"]), int(r["samples"]))
         for r in rows
     ]
+
+
+def live_attempts_and_jobs(store: Store) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """Every live attempt, and the jobs they belong to by id."""
+    live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
+    jobs = {j["id"]: j for j in store.query(
+        "SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)"
+    )}
+    return live, jobs

@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import DEFAULT_SLOTS
+from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import get_attempts, get_events, get_job, state_counts
@@ -89,10 +90,8 @@ class Overview:
 
 
 def _number(value: Any) -> float | None:
-    # progress_json comes from a worker's file: keep only real numbers
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if value == value and abs(value) != float("inf") else None
+    # progress_json comes from a worker's file: keep only finite real numbers
+    return number(value) if isinstance(value, (int, float)) else None
 
 
 def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) -> Overview:

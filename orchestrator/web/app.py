@@ -40,6 +40,13 @@ LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 KEEPALIVE_S = 15.0
 
 
+def _job_id(request: Request) -> int:
+    job_id = int(request.path_params["job_id"])
+    if job_id >= 1 << 63:  # beyond SQLite's integers: no such job (not an overflow and a 500)
+        raise JobNotFound(f"no job {job_id}")
+    return job_id
+
+
 def _float_param(request: Request, name: str) -> float | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -53,7 +60,9 @@ def _float_param(request: Request, name: str) -> float | None:
     return value
 
 
-def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s: float = 1.0) -> Starlette:
+def create_app(
+    db_path: Path, token: str, *, loopback_only: bool = True, poll_s: float = 1.0, bound_host: str | None = None,
+) -> Starlette:
     cache = MetricsCache()
 
     def store() -> Store:
@@ -91,11 +100,11 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
         return fragment(views.memory_view)
 
     def job_page(request: Request) -> Response:
-        job_id = int(request.path_params["job_id"])
+        job_id = _job_id(request)
         return page(f"Job {job_id}", "job", f"/fragment/job/{job_id}", lambda s: views.job_view(s, job_id))
 
     def job_fragment(request: Request) -> Response:
-        job_id = int(request.path_params["job_id"])
+        job_id = _job_id(request)
         return fragment(lambda s: views.job_view(s, job_id))
 
     def results_page(request: Request) -> Response:
@@ -149,11 +158,11 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
             return JSONResponse({"error": str(exc)}, status_code=409)
 
     def cancel(request: Request) -> Response:
-        job_id = int(request.path_params["job_id"])
+        job_id = _job_id(request)
         return action(request, lambda s: {"job": job_id, "done": cancel_job(s, job_id).value})
 
     def retry(request: Request) -> Response:
-        job_id = int(request.path_params["job_id"])
+        job_id = _job_id(request)
         return action(request, lambda s: {"job": job_id, "done": retry_job(s, job_id).value})
 
     def resume(request: Request) -> Response:
@@ -201,7 +210,9 @@ def create_app(db_path: Path, token: str, *, loopback_only: bool = True, poll_s:
         threading.Thread(target=warm_up, name="orch-web-warm-up", daemon=True).start()
         yield
 
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)] if loopback_only else []
+    # the address it listens on (127.0.0.2 is loopback too) is a name the browser may use
+    allowed_hosts = [*LOOPBACK_HOSTS, *([bound_host.strip("[]"), f"[{bound_host.strip('[]')}]"] if bound_host else [])]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if loopback_only else []
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={JobNotFound: on_not_found, UsageError: on_bad_input})
     app.state.results_warmed = warmed

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from orchestrator.results import ResultRow, aggregate, primary_metric
+from orchestrator.results import ResultRow, aggregate
 from orchestrator.results_format import to_csv
-from orchestrator.results_source import job_metrics
+from orchestrator.results_source import finite_metrics, job_metrics
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import succeeded_runs
 from orchestrator.web.runfiles import read_result_json
@@ -46,10 +46,7 @@ class MetricsCache:
             if run_dir in self._metrics:
                 return self._metrics[run_dir]
         test = job_metrics(read_result_json(run_dir), printed_json)
-        numeric = (
-            {k: float(v) for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if test is not None else None
-        )
+        numeric = finite_metrics(test) if test is not None else None
         with self._lock:
             if len(self._metrics) >= self.max_entries:
                 self._metrics.clear()
@@ -67,15 +64,10 @@ def result_table(store: Store, cache: MetricsCache, suite: str | None = None) ->
             missing += 1
             continue
         rows.append(ResultRow(run.suite, run.config, run.data, run.seed, metrics))
-    values: dict[tuple[str, str, str], dict[int, float]] = {}
-    for row in rows:
-        value = row.metrics.get(primary_metric(row.task))
-        if value is not None:
-            values.setdefault((row.suite, row.config, row.task), {})[row.seed] = value
     summaries = aggregate(rows)
     lines = [
         ResultLine(s.suite, s.config, s.task, s.metric, s.mean, s.std, s.n_seeds,
-                   tuple(sorted(values.get((s.suite, s.config, s.task), {}).items())))
+                   tuple((run.seed, run.value) for run in s.runs if run.value is not None))
         for s in summaries
     ]
     return ResultTable(lines, to_csv(summaries), missing)
