@@ -27,10 +27,11 @@ def _stop_running(store: Store, job_id: int, why: str) -> bool:
     live = request_stop(store, job_id, why)
     if live is None:
         return False
-    if daemon_alive(store) is None and live.pgid and group_is_ours(live.pgid, live.proc_create_time):
+    # only the process the launcher started, proven by its start time; never a pid from a file
+    if daemon_alive(store) is None and live.pid and live.proc_create_time is not None and group_is_ours(live.pid, live.proc_create_time):
         from orchestrator.launch.base import kill_process_group
 
-        kill_process_group(int(live.pgid))
+        kill_process_group(int(live.pid))
     return True
 
 

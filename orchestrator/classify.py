@@ -284,12 +284,15 @@ def classify_attempt(
     """Outcome of one attempt. `hung`: the daemon killed it for missing heartbeats."""
     if cancelled:
         return Classification(AttemptOutcome.CANCELLED, "cancelled")
+    if hung and result is None:
+        # Killed by orch for silence. A worker that ignored SIGTERM died of the SIGKILL before
+        # its wrapper could write exit.json: still hung, not lost (which would retry it again
+        # and again instead of once).
+        return Classification(AttemptOutcome.FAILED, REASON_HUNG)
     if not exit_record_present and result is None:
         return Classification(AttemptOutcome.LOST, "no exit record and no result.json")
     if result is not None:
         return _from_result(result, log_tail)
-    if hung:
-        return Classification(AttemptOutcome.FAILED, REASON_HUNG)
     if exit_code == 0 and signal is None:
         return Classification(AttemptOutcome.SUCCEEDED, "exit code 0")
     if exit_code == EXIT_CONFIG_ERROR:

@@ -21,6 +21,12 @@ from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
 )
+from orchestrator.diskspace import (
+    DEFAULT_MIN_FREE_MIB,
+    DEFAULT_WARN_FREE_MIB,
+    DiskState,
+    disk_state,
+)
 from orchestrator.dispatch import (
     DispatchContext,
     JobShapeCache,
@@ -28,16 +34,28 @@ from orchestrator.dispatch import (
     job_worker_output,
     schedule,
 )
+from orchestrator.errors import DaemonError, OrchError
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
+from orchestrator.launch.runtree import check_runs_root
 from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
-from orchestrator.outcomes import complete, learn_rate
+from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
-from orchestrator.reconcile import Observation, Verdict, disagreement, judge, mark_lost, observe
+from orchestrator.reconcile import (
+    Observation,
+    Verdict,
+    disagreement,
+    group_is_ours,
+    judge,
+    mark_lost,
+    observe,
+    process_matches,
+    proven_group,
+)
 from orchestrator.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
@@ -49,6 +67,7 @@ from orchestrator.track_resources import ResourceTracker
 log = logging.getLogger(__name__)
 
 
+MAX_ATTEMPT_ERRORS = 5  # passes in a row that fail on one attempt before it is closed as failed
 WAKE_CHECK_S = 0.1  # how often an idle daemon looks for commits by other processes
 
 
@@ -61,6 +80,8 @@ class DaemonSettings:
     starvation_s: float = 600.0
     order: str = "longest_first"  # among equal priorities; "fifo" keeps submission order
     notify_urls: tuple[str, ...] = ()  # sent a line when a suite finishes or a job fails
+    min_free_mib: int = DEFAULT_MIN_FREE_MIB  # below this on the runs dir's filesystem, jobs wait
+    warn_free_mib: int = DEFAULT_WARN_FREE_MIB  # below this, the daemon warns
     host_reserve_mib: int = 2048  # host RAM no job may take (--host-reserve-gib)
 
 
@@ -102,6 +123,9 @@ class Daemon:
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
+        self.disk: DiskState | None = None
+        self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
+        self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -113,10 +137,15 @@ class Daemon:
         os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
         self._lock.acquire()
         self.started_at_s = now_s()  # after the lock: no other daemon launches from here on
+        try:
+            check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
+            self._register()
+        except BaseException:
+            self._lock.release()
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
-            self._register()
             with self.store.write():
                 add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.launcher.name})")
             while not self._stop.is_set():
@@ -169,8 +198,16 @@ class Daemon:
         self._stop.set()
 
     def _register(self) -> None:
+        """Record this daemon in state.db, unless another live daemon is recorded there: a second
+        guard beside the lock file, for the same state.db reached through a hard link."""
         create_time = psutil.Process().create_time()
         with self.store.write():
+            rows = self.store.query("SELECT pid, proc_create_time FROM daemon WHERE id = 1")
+            if rows and rows[0]["pid"] and rows[0]["pid"] != os.getpid() and process_matches(rows[0]["pid"], rows[0]["proc_create_time"]):
+                raise DaemonError(
+                    f"a daemon is already running for this state.db (pid {rows[0]['pid']}); "
+                    "`orch daemon status` shows it, `orch daemon stop` stops it"
+                )
             self.store.db.execute(
                 "INSERT INTO daemon (id, pid, proc_create_time, started_at, heartbeat_at, draining, stop_requested) "
                 "VALUES (1, ?, ?, ?, ?, 0, 0) ON CONFLICT(id) DO UPDATE SET pid = excluded.pid, "
@@ -187,12 +224,14 @@ class Daemon:
         draining = bool(control and control[0]["draining"])
         if control and control[0]["stop_requested"]:
             return True
+        self._check_disk()
         snapshots = self.probe.snapshot()
         live_count = self.reconcile(snapshots)
         if draining and live_count == 0:
             return True
         snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
-        schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining)
+        hold = self._hold_reason()
+        schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -206,54 +245,109 @@ class Daemon:
         ]
         return False
 
+    def _hold_reason(self) -> str | None:
+        """Why nothing may start now, for every queued job: a full disk, or an unsafe runs dir."""
+        if self.disk is not None and self.disk.full:
+            return self.disk.wait_reason()
+        try:
+            check_runs_root(self.ctx.runs_dir, create=True)
+        except OrchError as exc:
+            return str(exc)
+        return None
+
+    def _check_disk(self) -> None:
+        """Read the runs dir's free space; log and record an event when its level changes."""
+        before = self.disk.level if self.disk is not None else "ok"
+        self.disk = disk_state(self.ctx.runs_dir, self.settings.min_free_mib, self.settings.warn_free_mib)
+        if self.disk.level == before:
+            return
+        if self.disk.full:
+            message = self.disk.wait_reason()
+        elif self.disk.low:
+            message = self.disk.warning()
+        else:
+            message = f"disk space back: {self.disk.path} has {self.disk.free_mib} MiB free"
+        (log.warning if self.disk.level != "ok" else log.info)("%s", message)
+        with self.store.write():
+            add_event(self.store, "disk", message, data=self.disk.to_json())
+
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
-        """Bring every live attempt's record up to date; returns how many are still live."""
+        """Bring every live attempt's record up to date; returns how many are still live. Each
+        attempt is handled apart: an exception is recorded against that attempt and the others
+        (and the loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
         still_live = 0
         live = live_attempts(self.store)
         tenants = Counter(a["gpu_uuid"] for a in live)
         self._rates = {a["id"]: r for a, r in ((a, self._rates.get(a["id"])) for a in live) if r is not None}
-        attempts = live
-        for attempt in attempts:
-            obs = observe(Path(attempt["run_dir"]), now_s())
-            if obs.pid_record is None and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
-                try:
-                    obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
-                except Exception:  # the launcher could not tell: wait out the grace period
-                    log.warning("cannot check window %s of attempt %s", attempt["window_id"], attempt["id"], exc_info=True)
-            obs = self._with_stdout_progress(attempt, obs)
-            verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s)
-            if verdict is Verdict.LOST and obs.pid_record is None and not mark_lost(Path(attempt["run_dir"])):
-                verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
-            if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
-                self._track(attempt, obs, by_uuid.get(attempt["gpu_uuid"]))
-                self._learn_rate(attempt, obs, tenants[attempt["gpu_uuid"]])
-            if verdict is Verdict.ALIVE and attempt["kill_requested"]:
-                self._kill(attempt, obs.pid_record)
+        for attempt in live:
+            try:
+                still_live += self._reconcile_one(attempt, by_uuid.get(attempt["gpu_uuid"]), tenants[attempt["gpu_uuid"]])
+            except Exception as exc:
                 still_live += 1
-            elif verdict is Verdict.HUNG:
-                update_attempt(self.store, attempt["id"], kill_requested="hung")
-                with self.store.write():
-                    add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s (no progress.jsonl line, stdout.log not growing): killing it",
-                              job_id=attempt["job_id"], attempt_id=attempt["id"])
-                self._kill(attempt, obs.pid_record)
-                complete(self.store, {**attempt, "kill_requested": "hung"}, observe(Path(attempt["run_dir"]), now_s()), self.cache, hung=True)
-            elif verdict is Verdict.FINISHED:
-                self._learn_host(attempt)
-                complete(self.store, attempt, obs, self.cache)
-            elif verdict is Verdict.LOST:
-                if (why := disagreement(attempt, obs)) is not None:
-                    log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
-                complete(self.store, attempt, obs, self.cache, lost=True)
-            else:
-                still_live += 1
-        self.output.keep_only(a["id"] for a in attempts)  # those closed now go at the next pass
+                self._record_attempt_error(attempt, exc)
+        self.output.keep_only(a["id"] for a in live)  # those closed now go at the next pass
         return still_live
+
+    def _record_attempt_error(self, attempt: dict[str, Any], exc: Exception) -> None:
+        """Record the error against the attempt (once per distinct message); after
+        MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
+        message = f"attempt {attempt['n']}: error while checking it: {type(exc).__name__}: {exc}"[:500]
+        count = self._attempt_error_counts.get(attempt["id"], 0) + 1
+        self._attempt_error_counts[attempt["id"]] = count
+        if self._attempt_errors.get(attempt["id"]) != message:
+            self._attempt_errors[attempt["id"]] = message
+            log.warning("%s", message, exc_info=True)
+            with contextlib.suppress(Exception), self.store.write():
+                add_event(self.store, "error", message, job_id=attempt["job_id"], attempt_id=attempt["id"])
+        if count >= MAX_ATTEMPT_ERRORS:
+            with contextlib.suppress(Exception):
+                abandon(self.store, attempt, message)
+
+    def _reconcile_one(self, attempt: dict[str, Any], gpu: GpuSnapshot | None, tenants: int) -> int:
+        run_dir = Path(attempt["run_dir"])
+        obs = observe(run_dir, now_s(), attempt)
+        if not obs.pid_file_present and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
+            try:
+                obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
+            except Exception:  # the launcher could not tell: wait out the grace period
+                log.warning("cannot check window %s of attempt %s", attempt["window_id"], attempt["id"], exc_info=True)
+        obs = self._with_stdout_progress(attempt, obs)
+        verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s)
+        if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
+            verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
+        if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
+            self._track(attempt, obs, gpu)
+            self._learn_rate(attempt, obs, tenants)
+        disk_full = self.disk is not None and self.disk.full
+        if verdict is Verdict.ALIVE and attempt["kill_requested"]:
+            self._kill(attempt, obs)
+            return 1
+        if verdict is Verdict.HUNG:
+            update_attempt(self.store, attempt["id"], kill_requested="hung")
+            with self.store.write():
+                add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s (no progress.jsonl line, stdout.log not growing): killing it",
+                          job_id=attempt["job_id"], attempt_id=attempt["id"])
+            hung = {**attempt, "kill_requested": "hung"}
+            self._kill(hung, obs)
+            complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
+        elif verdict is Verdict.FINISHED:
+            self._learn_host(attempt)
+            complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
+        elif verdict is Verdict.LOST:
+            if (why := disagreement(attempt, obs)) is not None:
+                log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
+            complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full)
+        else:
+            return 1
+        self._attempt_errors.pop(attempt["id"], None)
+        self._attempt_error_counts.pop(attempt["id"], None)
+        return 0
 
     def _with_stdout_progress(self, attempt: dict[str, Any], obs: Observation) -> Observation:
         """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
-        if obs.last_progress_at is not None or obs.pid_record is None or not follows_stdout(attempt["worker"]):
+        if obs.last_progress_at is not None or not obs.pid_file_present or not follows_stdout(attempt["worker"]):
             return obs
         regex = job_worker_output(attempt).get("progress_regex")
         try:
@@ -263,18 +357,22 @@ class Daemon:
             return obs
         return replace(obs, last_progress=parsed) if parsed is not None else obs
 
-    def _track(self, attempt: dict[str, Any], obs: Any, gpu: GpuSnapshot | None) -> None:
+    def _track(self, attempt: dict[str, Any], obs: Observation, gpu: GpuSnapshot | None) -> None:
         fields: dict[str, Any] = {}
-        pid_record = obs.pid_record or {}
-        if pid_record and attempt["pgid"] is None:
-            fields.update(pid=pid_record.get("pid"), pgid=pid_record.get("pgid"), proc_create_time=pid_record.get("create_time"))
-        if gpu is not None and obs.process_alive:
-            held = gpu.memory_of(process_tree_pids(int(pid_record["pid"])))
+        pid = attempt["pid"]
+        if attempt["pgid"] is None:
+            group = proven_group(attempt, obs)
+            if group is not None:  # the wrapper leads its own group: pgid = its pid
+                fields.update(pid=group[0], pgid=group[0], proc_create_time=group[1])
+                pid = group[0]
+        alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
+        if gpu is not None and alive and pid:
+            tree = process_tree_pids(int(pid))
+            held = gpu.memory_of(tree)
             if held != attempt["held_mib"]:
                 fields["held_mib"] = held
             if held > attempt["peak_mib"]:
                 fields["peak_mib"] = held
-            tree = process_tree_pids(int(pid_record["pid"]))
             fields.update(self.resources.fields(attempt, list(tree), self._by_uuid))
             held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
@@ -320,10 +418,14 @@ class Daemon:
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the rate of attempt %s", attempt["id"], exc_info=True)
 
-    def _kill(self, attempt: dict[str, Any], pid_record: dict[str, Any] | None) -> None:
-        pgid = (pid_record or {}).get("pgid") or attempt["pgid"]
-        if pgid:
-            kill_process_group(int(pgid), grace_s=5.0)
+    def _kill(self, attempt: dict[str, Any], obs: Observation | None) -> None:
+        """Stop the attempt's process group, only when orch can prove it started it."""
+        group = proven_group(attempt, obs)
+        if group is None:
+            log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt["id"])
+            return
+        if group_is_ours(*group):
+            kill_process_group(group[0], grace_s=KILL_GRACE_S)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:
@@ -338,4 +440,8 @@ class Daemon:
             self.store.db.execute(
                 "UPDATE daemon SET heartbeat_at = ?, gpus_json = ? WHERE id = 1",
                 [now_s(), json.dumps([asdict(s) for s in snapshots])],
+            )
+            self.store.db.execute(
+                "UPDATE daemon SET disk_json = ? WHERE id = 1",
+                [json.dumps(self.disk.to_json()) if self.disk is not None else None],
             )

@@ -15,7 +15,9 @@ from orchestrator.store.db import Store
 
 
 def lock_path(db_path: Path) -> Path:
-    return Path(str(db_path) + ".daemon.lock")
+    """Beside the resolved state.db: every path to one database (a symlink, a relative path)
+    takes the same lock. (A hard link is caught by the daemon row check at registration.)"""
+    return Path(str(Path(db_path).resolve()) + ".daemon.lock")
 
 
 def runs_dir(db_path: Path) -> Path:
@@ -37,7 +39,9 @@ class DaemonLock:
 
     def __init__(self, db_path: Path) -> None:
         self.path = lock_path(db_path)
+        self.db_path = Path(db_path)
         self._handle: IO[str] | None = None
+        self._db_handle: int | None = None
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +56,11 @@ class DaemonLock:
                 f"a daemon is already running for this state.db (pid {holder}); "
                 "`orch daemon status` shows it, `orch daemon stop` stops it"
             ) from None
+        try:
+            self._db_handle = _lock_database_file(self.db_path)  # the same file by another name
+        except BaseException:
+            handle.close()
+            raise
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
@@ -62,9 +71,16 @@ class DaemonLock:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+        if self._db_handle is not None:
+            os.close(self._db_handle)
+            self._db_handle = None
 
     @staticmethod
     def is_held(db_path: Path) -> bool:
+        # Only the lock file: opening and closing state.db here would drop every fcntl lock this
+        # process's SQLite connections hold on it (POSIX locks are per process, not per fd), and
+        # a connection that lost them read a stale snapshot for good. A daemon on a hard link
+        # is refused by its own flock on state.db, and by the daemon row check at registration.
         path = lock_path(db_path)
         if not path.exists():
             return False
@@ -75,6 +91,20 @@ class DaemonLock:
                 return True
             fcntl.flock(handle, fcntl.LOCK_UN)
             return False
+
+
+def _lock_database_file(db_path: Path) -> int:
+    """An exclusive flock on state.db itself, which every path to it shares (a symlink, a
+    hard link, a relative path). SQLite locks with fcntl, which flock does not touch on Linux."""
+    fd = os.open(db_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DaemonError(
+            f"a daemon is already running for {db_path}; `orch daemon status` shows it, `orch daemon stop` stops it"
+        ) from None
+    return fd
 
 
 def daemon_alive(store: Store) -> dict[str, Any] | None:

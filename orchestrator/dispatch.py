@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from orchestrator.diskspace import is_disk_full_error
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.host import HostProbe
@@ -305,8 +308,10 @@ def schedule(
     cache: JobShapeCache,
     *,
     draining: bool,
+    hold: str | None = None,
 ) -> PackingDecision:
-    """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests)."""
+    """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests).
+    `hold`: why nothing may start now (a full disk); every queued job shows it."""
     paused = {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
     queued_rows = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
     live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
@@ -338,8 +343,8 @@ def schedule(
             # The pause's cause is said once, on the suite (orch status); each job only points to it.
             reasons[job["id"]] = f"suite {job['suite']} is paused"
             continue
-        if draining:
-            reasons[job["id"]] = "daemon is draining: nothing new starts"
+        if draining or hold:
+            reasons[job["id"]] = hold or "daemon is draining: nothing new starts"
             continue
         try:
             level = level_of(job, cache)
@@ -472,6 +477,19 @@ def _launch(
     except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
         from orchestrator.outcomes import fail_before_start
 
-        fail_before_start(store, attempt, f"could not start: {exc}")
+        full = is_disk_full_error(exc)
+        fail_before_start(store, attempt, f"{'disk full: ' if full else ''}could not start: {exc}", disk_full=full)
         return
-    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid)
+    # The launcher's pid and the create time read now are what later proves which process
+    # group is this attempt's; nothing the worker writes can change them.
+    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid,
+                   proc_create_time=_create_time(handle.pid))
+
+
+def _create_time(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None

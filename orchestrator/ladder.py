@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from orchestrator.classify import REASON_HUNG
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.wording import fmt_value
+from orchestrator.yaml_limits import read_yaml_file
 
 BATCH_KEY = "batch_size"
 ACCUM_KEY = "gradient_accumulation_steps"
@@ -228,10 +227,7 @@ def load_ladder(spec: Sequence[Any] | None) -> Ladder:
 
 def load_ladder_file(path: Path) -> Ladder:
     """Read a ladder file shaped like plans/ladder.yaml (a mapping with a `ladder:` list)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as error:
-        raise PlanError(f"ladder file {path}: {error}") from error
+    data = read_yaml_file(path, "ladder file")  # size-, alias- and depth-limited
     if not isinstance(data, Mapping) or "ladder" not in data:
         raise PlanError(f"ladder file {path}: expected a mapping with a `ladder:` list")
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.classify import Classification, classify_attempt
+from orchestrator.diskspace import disk_full_evidence
 from orchestrator.dispatch import (
     JobShapeCache,
     as_received,
@@ -26,7 +27,13 @@ from orchestrator.launch.rundir import read_output_tail
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
-from orchestrator.reconcile import Observation, group_is_ours, read_log_tail, read_result
+from orchestrator.reconcile import (
+    Observation,
+    group_is_ours,
+    proven_group,
+    read_log_tail,
+    read_result,
+)
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import (
     AttemptEnd,
@@ -43,18 +50,19 @@ from orchestrator.throughput import interval_rate
 log = logging.getLogger(__name__)
 
 RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
+KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
 
 
 def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
     """Kill what is left of the attempt's process group; True once nothing of it lives.
 
-    Never requeue before this is True: two live attempts of one job must not exist."""
-    pid_record = obs.pid_record if obs else None
-    pgid = (pid_record or {}).get("pgid") or attempt.get("pgid")
-    create_time = (pid_record or {}).get("create_time") or attempt.get("proc_create_time")
-    if not pgid or not group_is_ours(int(pgid), float(create_time) if create_time else None):
+    Never requeue before this is True: two live attempts of one job must not exist. Only a
+    group orch can prove it started is signalled (reconcile.proven_group), never one named by
+    a file in the run dir."""
+    group = proven_group(attempt, obs)
+    if group is None or not group_is_ours(*group):
         return True
-    return kill_process_group(int(pgid), grace_s=5.0)
+    return kill_process_group(group[0], grace_s=KILL_GRACE_S)
 
 
 def _neighbours(store: Store, attempt: dict[str, Any]) -> list[dict[str, Any]]:
@@ -74,14 +82,17 @@ def complete(
     *,
     lost: bool = False,
     hung: bool = False,
+    disk_full_now: bool = False,
 ) -> None:
-    """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next."""
+    """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
+    `disk_full_now`: the runs dir's filesystem is below its free-space minimum right now."""
     if not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt["id"])
         return
     run_dir = Path(attempt["run_dir"])
     exit_record = obs.exit_record if obs else None
-    result = read_result(run_dir)
+    problems = list(obs.problems) if obs else []
+    result = read_result(run_dir, problems)
     log_tail = read_log_tail(run_dir)
     kill_reason = attempt.get("kill_requested")
     verdict = classify_attempt(
@@ -95,6 +106,9 @@ def complete(
     )
     if _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
+    disk_full = _disk_full(verdict, kill_reason, disk_full_now, log_tail, result, exit_record)
+    if disk_full is not None:
+        verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
     job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0)
@@ -111,7 +125,12 @@ def complete(
         if verdict.oom_detail is not None:
             data["oom_detail"] = {k: v for k, v in vars(verdict.oom_detail).items() if v is not None}
     fields: dict[str, Any]
-    if kill_reason == "retry":
+    if disk_full is not None:
+        # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
+        end_state = JobState.QUEUED
+        fields = {"reason": None, "max_attempts": int(job["max_attempts"]) + 1}
+        why = "requeued unchanged, not counted: waits until the disk has space"
+    elif kill_reason == "retry":
         end_state, fields, why = JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued"
     elif verdict.outcome is AttemptOutcome.CANCELLED:
         end_state, fields, why = JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled"
@@ -146,10 +165,16 @@ def complete(
         message = f"attempt {attempt['n']} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
         message = f"attempt {attempt['n']} {verdict.outcome.value} on GPU {attempt['gpu_index']}: {verdict.reason}; {why}"
+    reason = verdict.reason
+    if problems:  # what in the run dir was refused: named, never the cause of a crash
+        unique = list(dict.fromkeys(problems))
+        reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
+        message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
+        data["invalid_files"] = unique[:20]
     finish_attempt(
         store, attempt,
         AttemptEnd(
-            outcome=verdict.outcome.value, reason=verdict.reason,
+            outcome=verdict.outcome.value, reason=reason,
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
             peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
             output_metrics=_stdout_metrics(job, run_dir) if result is None and verdict.outcome is AttemptOutcome.SUCCEEDED else None,
@@ -157,6 +182,22 @@ def complete(
     )
     if verdict.outcome is AttemptOutcome.FAILED and not hung:
         guard_crash_loop(store, job["suite"], crash_loop_of(job))
+
+
+def _disk_full(
+    verdict: Classification, kill_reason: str | None, disk_full_now: bool, log_tail: str,
+    result: dict[str, Any] | None, exit_record: dict[str, Any] | None,
+) -> str | None:
+    """Why an attempt that failed or was lost is put down to a full disk (ENOSPC/EDQUOT named in
+    its log, result or exit record, or the runs filesystem full right now); None otherwise."""
+    if verdict.outcome not in (AttemptOutcome.FAILED, AttemptOutcome.LOST) or kill_reason:
+        return None
+    evidence = disk_full_evidence(
+        (result or {}).get("error"), (exit_record or {}).get("error"), log_tail[-4096:]
+    )
+    if evidence is not None:
+        return evidence
+    return "the runs dir's filesystem is full" if disk_full_now else None
 
 
 # The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
@@ -283,22 +324,36 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
             add_event(store, "pause", f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")
 
 
-def fail_before_start(store: Store, attempt: dict[str, Any], reason: str) -> None:
+def fail_before_start(store: Store, attempt: dict[str, Any], reason: str, *, disk_full: bool = False) -> None:
     """The run dir or launcher failed before the worker existed: the attempt fails with that
-    reason; the job is requeued while attempts remain (the daemon itself keeps running)."""
+    reason; the job is requeued while attempts remain (the daemon itself keeps running). A full
+    disk is not the job's fault: requeued without counting the attempt."""
     job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
-    requeue = job["attempt_count"] < job["max_attempts"]
+    requeue = disk_full or job["attempt_count"] < job["max_attempts"]
+    fields: dict[str, Any] = {"reason": None if requeue else reason[:300]}
+    if disk_full:
+        fields["max_attempts"] = int(job["max_attempts"]) + 1
     finish_attempt(
         store, attempt,
         AttemptEnd(
-            outcome=AttemptOutcome.FAILED.value, reason=reason[:300], exit_code=None, signal=None, peak_mib=0,
+            outcome=(AttemptOutcome.LOST if disk_full else AttemptOutcome.FAILED).value, reason=reason[:300],
+            exit_code=None, signal=None, peak_mib=0,
             job_state=JobState.QUEUED if requeue else JobState.FAILED,
-            job_fields={"reason": None if requeue else reason[:300]},
+            job_fields=fields,
             message=f"attempt {attempt['n']} failed to start: {reason}" + ("; requeued" if requeue else ""),
             data={"run_dir": attempt["run_dir"]},
         ),
     )
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same
-    # way within a second: the crash-loop guard counts it like any other fast failure.
-    guard_crash_loop(store, job["suite"], crash_loop_of(job))
+    # way within a second: the crash-loop guard counts it like any other fast failure. A full
+    # disk is the machine's, not the suite's: it pauses nothing.
+    if not disk_full:
+        guard_crash_loop(store, job["suite"], crash_loop_of(job))
 
+
+def abandon(store: Store, attempt: dict[str, Any], reason: str) -> None:
+    """Close an attempt orch keeps failing to check: its proven group is stopped first, then it
+    fails with that reason and its job is requeued while attempts remain."""
+    if not ensure_group_dead(attempt, None):
+        return
+    fail_before_start(store, attempt, reason)

@@ -1,12 +1,13 @@
 """What happened to a live attempt: read its run dir and processes, then decide (pure).
 
-Run at daemon start and every tick. The run dir's files are the source of truth (the wrapper
-writes pid.json before the worker starts and exit.json after it ends); a pid alone is never
-trusted: an attempt is alive only when all agree: the process with pid.json's pid has
-pid.json's create time, and the attempt row's pid (the wrapper pid the launcher returned) and
-create time, where known, are pid.json's. On disagreement the attempt is lost (logged with the
-reason); its pid.json group is still killed before any requeue when its leader is the very
-process that wrote pid.json in our private run dir, since that process runs this job.
+Run at daemon start and every tick. The run dir's files are the source of truth for what
+happened (the wrapper writes pid.json before the worker starts and exit.json after it ends),
+but they are written where user code runs, so they are read only through `runfiles` (no
+symlinks, size limits, every field checked) and never decide which process orch signals. The
+launcher's record does: the wrapper pid it returned and the create time orch read at launch
+(attempts.pid, proc_create_time). An attempt is alive when that process runs; pid.json, when
+valid, must agree with it (else the attempt is lost, logged with the reason); a pid.json that
+is invalid is named in the attempt's reason and otherwise ignored.
 
 Claimed but never launched. `start_attempt` commits the attempt (job -> running) before the
 launcher is called, and the daemon records `launcher`/`window_id`/`pid` right after the call
@@ -25,8 +26,6 @@ the daemon sees pid.json and judges the attempt again on its next pass, as usual
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -36,8 +35,9 @@ from typing import Any
 
 import psutil
 
-from orchestrator.launch.wrapper import EXIT_FILE, LOG_FILE, LOST_MARKER, PID_FILE
-from workers.harness import PROGRESS_FILE, RESULT_FILE, read_last_progress
+from orchestrator import runfiles
+from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, open_run_dir
+from orchestrator.launch.wrapper import LOST_MARKER, PID_FILE
 
 log = logging.getLogger(__name__)
 
@@ -63,36 +63,24 @@ class Observation:
     now_s: float
     window_alive: bool | None = None  # the launcher's word while pid.json is missing; None: unknown
     last_output_at: float | None = None  # stdout.log's mtime: any output is a sign of life
+    # The wrapper the launcher started (attempts.pid + proc_create_time, which orch itself
+    # recorded) is still running; None when the row has no such record (an adopted attempt).
+    launcher_alive: bool | None = None
+    pid_file_present: bool = False  # something named pid.json exists, valid or not
+    problems: tuple[str, ...] = ()  # what in the run dir was refused, for the attempt's reason
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError, PermissionError):
-        return None
-    return data if isinstance(data, dict) else None
+def read_result(run_dir: Path, problems: list[str] | None = None) -> dict[str, Any] | None:
+    return runfiles.read_result(run_dir, problems)
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
-    return _read_json(Path(run_dir) / RESULT_FILE)
-
-
-def read_log_tail(run_dir: Path, max_bytes: int = 16384) -> str:
-    path = Path(run_dir) / LOG_FILE
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            return handle.read().decode("utf-8", errors="replace")
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        return ""
+def read_log_tail(run_dir: Path, max_bytes: int = runfiles.LOG_TAIL_BYTES) -> str:
+    return runfiles.read_log_tail(run_dir, max_bytes)
 
 
 def process_matches(pid: int | None, create_time: float | None) -> bool:
     """True when `pid` runs and is the very process recorded (not a reused pid)."""
-    if not pid or pid <= 0:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return False
     try:
         proc = psutil.Process(pid)
@@ -101,31 +89,61 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
         if create_time is None:
             return False
         return abs(proc.create_time() - float(create_time)) <= CREATE_TIME_TOLERANCE_S
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError, OverflowError):
         return False
 
 
-def observe(run_dir: Path, now_s: float) -> Observation:
+def launcher_record(attempt: dict[str, Any]) -> tuple[int, float] | None:
+    """(wrapper pid, its create time) as orch recorded them at launch; None when unknown."""
+    pid, create_time = attempt.get("pid"), attempt.get("proc_create_time")
+    if not pid or create_time is None:
+        return None
+    return int(pid), float(create_time)
+
+
+def wrapper_create_time(pid: int, run_dir: Path) -> float | None:
+    """The create time of `pid` when it is, provably, orch's wrapper for this run dir: a
+    process of this user whose command line is the wrapper's for exactly `run_dir`. None
+    otherwise (a pid named by a file must never be enough to signal a process)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.uids().real != os.getuid() or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        cmdline = proc.cmdline()
+        expected = ["-m", "orchestrator.launch.wrapper", "--run-dir", str(run_dir), "--"]
+        if cmdline[1 : 1 + len(expected)] != expected:
+            return None
+        return float(proc.create_time())
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None) -> Observation:
+    """Read the run dir (through the validating boundary) and check the processes. A process
+    is checked before its exit record is read, so one that ends in between is not taken for lost."""
     run_dir = Path(run_dir)
-    pid_record = _read_json(run_dir / PID_FILE)
-    exit_record = _read_json(run_dir / EXIT_FILE)
+    files = runfiles.read_run_files(run_dir)
+    record = launcher_record(attempt or {})
+    launcher_alive = process_matches(*record) if record is not None else None
     alive = False
-    if pid_record is not None:
-        alive = process_matches(pid_record.get("pid"), pid_record.get("create_time"))
-    progress_at: float | None = None
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
-        progress_at = (run_dir / PROGRESS_FILE).stat().st_mtime
+    if files.pid_record is not None:
+        alive = process_matches(files.pid_record["pid"], files.pid_record["create_time"])
+    if files.exit_record is None and not (alive or launcher_alive):
+        files = runfiles.read_run_files(run_dir)  # it may have ended, with its record, just now
     from orchestrator.launch.rundir import stat_output  # yaml: not for every CLI start
 
     output = stat_output(run_dir)
     return Observation(
         last_output_at=output.mtime_s if output is not None else None,
-        pid_record=pid_record,
-        exit_record=exit_record,
+        pid_record=files.pid_record,
+        exit_record=files.exit_record,
         process_alive=alive,
-        last_progress=read_last_progress(run_dir) if progress_at is not None else None,
-        last_progress_at=progress_at,
+        last_progress=files.last_progress,
+        last_progress_at=files.last_progress_at,
         now_s=now_s,
+        launcher_alive=launcher_alive,
+        pid_file_present=files.pid_file_present,
+        problems=tuple(files.problems),
     )
 
 
@@ -149,10 +167,13 @@ def judge(
     attempt: dict[str, Any], obs: Observation, hang_timeout_s: float, daemon_started_at_s: float | None = None
 ) -> Verdict:
     """Pure: the verdict on one live attempt from what was observed. A LOST verdict without
-    pid.json must be confirmed by `mark_lost` before the attempt is closed."""
+    pid.json must be confirmed by `mark_lost` before the attempt is closed. A pid.json that
+    exists but is invalid is ignored: the attempt is judged on the wrapper orch launched."""
     if obs.exit_record is not None:
         return Verdict.FINISHED
     if obs.pid_record is None:
+        if obs.pid_file_present:
+            return _judge_alive(attempt, obs, hang_timeout_s) if obs.launcher_alive else Verdict.LOST
         started_at_s = float(attempt["started_at"])
         if attempt.get("launcher") is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
@@ -161,10 +182,15 @@ def judge(
         if obs.now_s - started_at_s < LAUNCH_GRACE_S:
             return Verdict.PENDING
         return Verdict.LOST
-    if not obs.process_alive:
+    alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
+    if not alive:
         return Verdict.LOST
     if disagreement(attempt, obs) is not None:
         return Verdict.LOST  # alive only when pid, create time, pid.json and the row all agree
+    return _judge_alive(attempt, obs, hang_timeout_s)
+
+
+def _judge_alive(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> Verdict:
     # Alive while it makes output: progress.jsonl lines or stdout.log growing. 0 means `off`.
     last_sign_of_life = max(float(attempt["started_at"]), obs.last_progress_at or 0.0, obs.last_output_at or 0.0)
     if hang_timeout_s > 0 and obs.now_s - last_sign_of_life > hang_timeout_s:
@@ -176,18 +202,33 @@ def mark_lost(run_dir: Path) -> bool:
     """Leave the lost marker, then look for pid.json. True: no worker can start for this run dir
     any more, the attempt may be closed as lost; False: a wrapper recorded itself first, so
     judge the attempt again on the next pass."""
-    from orchestrator.launch.rundir import make_private_dirs  # yaml: not for every CLI start
-
     run_dir = Path(run_dir)
     try:
-        make_private_dirs(run_dir)
-        os.close(os.open(run_dir / LOST_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        pass  # left by an earlier pass
-    except OSError as exc:
-        # A run dir we cannot write to is one the wrapper cannot write pid.json to either.
+        with open_run_dir(run_dir, create=True) as dir_fd:
+            create_exclusive(dir_fd, LOST_MARKER)  # False: left by an earlier pass
+            return not exists(dir_fd, PID_FILE)
+    except (RunTreeError, OSError) as exc:
+        # A run dir we cannot write to (or reach safely) is one the wrapper cannot record itself in either.
         log.warning("cannot mark %s lost (%s); no wrapper can record itself there", run_dir, exc)
-    return not (run_dir / PID_FILE).exists()
+        return True
+
+
+def proven_group(attempt: dict[str, Any], obs: Observation | None) -> tuple[int, float] | None:
+    """(pgid, leader create time) of the attempt's process group, only from what proves orch
+    started it: the wrapper pid and create time recorded at launch (the wrapper leads its own
+    group, so pgid = pid), else, for an attempt adopted without that record, pid.json's pid
+    when that process is this user's wrapper for this very run dir. Never a pgid from a file."""
+    record = launcher_record(attempt)
+    if record is not None:
+        return record
+    pid_record = obs.pid_record if obs is not None else None
+    if pid_record is None:
+        return None
+    pid = int(pid_record["pid"])
+    create_time = wrapper_create_time(pid, Path(attempt["run_dir"]))
+    if create_time is None or abs(create_time - float(pid_record["create_time"])) > CREATE_TIME_TOLERANCE_S:
+        return None
+    return pid, create_time
 
 
 def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:

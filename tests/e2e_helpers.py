@@ -151,6 +151,8 @@ class Orch:
     def attempt_pgids(self) -> set[int]:
         pgids = {int(r["pgid"]) for r in self.query("SELECT pgid FROM attempts WHERE pgid IS NOT NULL")}
         for pid_file in (self.root / "runs").rglob("pid.json") if (self.root / "runs").exists() else []:
+            if pid_file.is_symlink() or not pid_file.is_file():
+                continue  # a hostile worker's FIFO or link: reading it could block or leave the tree
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 pgids.add(int(json.loads(pid_file.read_text())["pgid"]))
         return pgids

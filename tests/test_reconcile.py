@@ -61,6 +61,7 @@ def _write_pid_json(run_dir: Path, pid: int, create_time: float) -> None:
 
 
 def test_adoption_of_a_real_process(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "runs" / "s" / "job" / "attempt-1"  # run dirs are read only inside a runs tree
     me = psutil.Process()
     now = time.time()
     _write_pid_json(tmp_path, me.pid, me.create_time())

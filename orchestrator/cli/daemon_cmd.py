@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,9 +13,11 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
-from orchestrator.daemon_state import DaemonLock, daemon_alive, sim_dir, tmux_socket_name
+from orchestrator.daemon_state import DaemonLock, daemon_alive, runs_dir, sim_dir, tmux_socket_name
+from orchestrator.diskspace import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
 from orchestrator.errors import DaemonError
 from orchestrator.gpu import GpuProbe, make_probe
+from orchestrator.launch.runtree import check_runs_root
 from orchestrator.notify import check_urls
 from orchestrator.reconcile import process_matches
 from orchestrator.store.db import Store, now_s
@@ -23,7 +26,7 @@ START_TIMEOUT_S = 30.0
 
 
 def daemon_log_path(db_path: Path) -> Path:
-    return Path(str(db_path) + ".daemon.log")
+    return Path(str(Path(db_path).resolve()) + ".daemon.log")
 
 
 def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[str, str]]:
@@ -83,6 +86,17 @@ def _host_reserve_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def _disk_options(func):  # type: ignore[no-untyped-def]
+    func = click.option(
+        "--warn-free-mib", "warn_free_mib", type=click.IntRange(0, 1 << 30), default=DEFAULT_WARN_FREE_MIB,
+        show_default=True, help="Warn when the runs dir's filesystem has less free space than this.",
+    )(func)
+    return click.option(
+        "--min-free-mib", "min_free_mib", type=click.IntRange(0, 1 << 30), default=DEFAULT_MIN_FREE_MIB,
+        show_default=True, help="Start nothing while the runs dir's filesystem has less free space than this.",
+    )(func)
+
+
 def _poll_option(func):  # type: ignore[no-untyped-def]
     return click.option("--poll", "poll_s", type=click.FloatRange(0.05, 60.0), default=1.0, show_default=True,
                         help="Seconds between scheduling passes.")(func)
@@ -97,6 +111,7 @@ def _poll_option(func):  # type: ignore[no-untyped-def]
 @_order_option
 @_notify_option
 @_host_reserve_option
+@_disk_options
 @db_option
 def daemon_run(
     backend: str | None,
@@ -107,6 +122,8 @@ def daemon_run(
     order: str,
     notify_urls: tuple[str, ...],
     host_reserve_gib: float,
+    min_free_mib: int,
+    warn_free_mib: int,
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
@@ -127,6 +144,7 @@ def daemon_run(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
             host_reserve_mib=round(host_reserve_gib * 1024),
+            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib,
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
@@ -141,6 +159,7 @@ def daemon_run(
 @_headroom_options
 @_notify_option
 @_host_reserve_option
+@_disk_options
 @db_option
 def daemon_start(
     backend: str | None,
@@ -151,6 +170,8 @@ def daemon_start(
     headroom_max_gib: float,
     notify_urls: tuple[str, ...],
     host_reserve_gib: float,
+    min_free_mib: int,
+    warn_free_mib: int,
     db_path: Path,
 ) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
@@ -158,7 +179,8 @@ def daemon_start(
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
-                    "--host-reserve-gib", str(host_reserve_gib)],
+                    "--host-reserve-gib", str(host_reserve_gib),
+                    "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib)],
         notify_urls=notify_urls,
     )
 
@@ -176,6 +198,7 @@ def start_daemon(
 ) -> int:
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
+    check_runs_root(runs_dir(db_path), create=False)  # a planted or foreign runs dir: say so here
     # Fail here, in the user's terminal, when the GPUs cannot be read.
     probe, _ = resolve_backend(db_path, backend)
     probe.close()
@@ -191,6 +214,7 @@ def start_daemon(
     with os.fdopen(fd, "ab") as log_file:
         # URLs carry tokens: passed in the environment (owner-only), not on the visible command line.
         env = {**os.environ, "ORCH_NOTIFY": " ".join(notify_urls)} if notify_urls else None
+        log_offset = os.fstat(fd).st_size  # what this daemon writes starts here
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 start_new_session=True, close_fds=True, env=env)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -202,10 +226,32 @@ def start_daemon(
                     click.echo(f"daemon started (pid {proc.pid}); log: {log_path}")
                 return proc.pid
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                raise DaemonError(f"daemon exited at start (code {proc.returncode}): {tail[0]}")
+                winner = daemon_alive(store)
+                if winner is not None or DaemonLock.is_held(db_path):
+                    # Lost a race with another `daemon start`: the log's last line is the winner's.
+                    shown = f" (pid {winner['pid']})" if winner is not None else ""
+                    raise DaemonError(f"another daemon started for {db_path} at the same time and is running{shown}; "
+                                      "this one did not start (`orch daemon status`)")
+                raise DaemonError(f"daemon exited at start (code {proc.returncode}): {_own_error(log_path, log_offset, proc.pid)}")
             time.sleep(0.1)  # waiting on another process to register
     raise DaemonError(f"daemon did not register within {START_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def _own_error(log_path: Path, offset: int, pid: int) -> str:
+    """The last line this daemon wrote to the shared log (lines from `offset` on; a line
+    naming another daemon's pid is someone else's)."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(offset)
+            lines = handle.read(1 << 20).decode("utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "no output"
+    other_pid = re.compile(r"\bpid (\d+)\b")
+    for line in reversed(lines):
+        match = other_pid.search(line)
+        if match is None or int(match.group(1)) == pid:
+            return line
+    return "no output"
 
 
 @daemon_group.command("stop")

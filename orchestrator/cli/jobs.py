@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.jobs_render import STATE_STYLES, print_jobs
 from orchestrator.errors import UsageError
+from orchestrator.launch.runtree import FileProblem, RunTreeError, open_regular_file
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import (
     get_attempts,
@@ -130,9 +132,13 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
     if chosen is None:
         raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
     log_path = Path(chosen["run_dir"]) / "stdout.log"
-    if not log_path.exists():
-        raise UsageError(f"no log yet at {log_path}")
-    with open(log_path, "rb") as handle:
+    try:  # user code writes in the run dir: no link followed, no FIFO read
+        fd = open_regular_file(Path(chosen["run_dir"]), "stdout.log")
+    except FileNotFoundError:
+        raise UsageError(f"no log yet at {log_path}") from None
+    except (FileProblem, RunTreeError) as exc:
+        raise UsageError(f"cannot show {log_path}: {exc}") from None
+    with os.fdopen(fd, "rb") as handle:
         data = handle.read()
         if tail_lines is not None:
             data = b"\n".join(data.splitlines()[-tail_lines:]) + b"\n"

@@ -192,6 +192,14 @@ def _frame(
     text: Callable[..., Text],
 ) -> RenderableType:
     parts: list[RenderableType] = [Text.from_markup(summary)]
+    disk = snapshot.get("disk")
+    if disk and disk.get("level") in ("full", "low"):
+        if disk["level"] == "full":
+            line = (f"disk full: {disk['path']} has {disk['free_mib']} MiB free; nothing starts until "
+                    f"{disk['min_free_mib']} MiB are free")
+        else:
+            line = f"disk space low: {disk['path']} has {disk['free_mib']} MiB free"
+        parts.append(Text(line, style="red" if disk["level"] == "full" else "yellow"))
     if snapshot["gpus"]:
         parts.append(Panel(_gpu_table(snapshot), title="GPUs", title_align="left"))
     if snapshot.get("host"):

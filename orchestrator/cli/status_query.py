@@ -19,7 +19,7 @@ FIRST_WAITING = 6
 
 def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
     daemon = daemon_alive(store)
-    daemon_row = store.query("SELECT gpus_json, heartbeat_at FROM daemon WHERE id = 1")
+    daemon_row = store.query("SELECT gpus_json, heartbeat_at, disk_json FROM daemon WHERE id = 1")
     gpus_raw = json.loads(daemon_row[0]["gpus_json"]) if daemon_row and daemon_row[0]["gpus_json"] else []
     plan = get_gpu_plan(store)
     live = store.query(
@@ -85,6 +85,9 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         },
         "gpus": gpus,
         "host": host_summary(read_host_reading(store)),
+        # the runs dir's free space as the daemon last read it: {path, free_mib, min_free_mib,
+        # warn_free_mib, level: ok|low|full}; null before a daemon has run
+        "disk": json.loads(daemon_row[0]["disk_json"]) if daemon_row and daemon_row[0]["disk_json"] else None,
         "counts": state_counts(store),
         "running": running,
         "waiting": [{"id": w["id"], "suite": w["suite"], "config": w["config_name"], "reason": w["wait_reason"]} for w in waiting],

@@ -90,12 +90,15 @@ def make_private_dirs(path: Path) -> None:
 
 def prepare_run_dir(run_dir: Path, config: dict[str, Any], env: dict[str, str]) -> None:
     """Create `run_dir` and its missing parents (0700) with config.yaml (dumped YAML) and
-    env.json (0600)."""
-    run_dir = Path(run_dir)
-    make_private_dirs(run_dir)
-    os.chmod(run_dir, 0o700)  # a dir that already existed keeps its old mode otherwise
-    atomic_write_text(run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False))
-    atomic_write_text(run_dir / ENV_FILE, json.dumps(validate_env(env), indent=2, sort_keys=True))
+    env.json (0600). Every level is reached without following a symlink and must be ours
+    (runtree); a symlink named config.yaml is replaced, never written through."""
+    from orchestrator.launch.runtree import open_run_dir, write_file
+
+    config_text = yaml.safe_dump(config, sort_keys=False)
+    env_text = json.dumps(validate_env(env), indent=2, sort_keys=True)
+    with open_run_dir(Path(run_dir), create=True) as dir_fd:
+        write_file(dir_fd, CONFIG_FILE, config_text.encode("utf-8"))
+        write_file(dir_fd, ENV_FILE, env_text.encode("utf-8"))
 
 
 def build_worker_env(

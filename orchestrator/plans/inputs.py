@@ -210,6 +210,8 @@ def parse_scalar(key: str, raw_value: str) -> Scalar:
     """A YAML scalar (int, float, bool, null or string); lists, mappings and documents are refused."""
     check_text(f"--set {key}", raw_value)
     try:
+        # 4096 characters at most (check_text), and anything but one scalar is refused before it
+        # is walked, so aliases cannot blow up here.
         docs = list(yaml.safe_load_all(raw_value))
     except yaml.YAMLError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
@@ -31,6 +29,7 @@ from orchestrator.plans.keymap import NO_KEYS, KeyMap, parse_keys
 from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex
+from orchestrator.yaml_limits import read_yaml_file
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
 KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
@@ -151,17 +150,7 @@ def list_suites(plans_dir: Path) -> list[str]:
 
 
 def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"{what} not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{what} {path} cannot be read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise PlanError(f"{what} {path} is not valid YAML: {first_line}") from None
+    data = read_yaml_file(path, what)  # size-, alias- and depth-limited
     if not isinstance(data, dict):
         raise PlanError(f"{what} {path} must be a YAML mapping, not {type(data).__name__}")
     return data

@@ -11,20 +11,20 @@ from orchestrator.store.jobs import add_event
 @dataclass(frozen=True)
 class LiveProcess:
     attempt_id: int
-    pgid: int | None
+    pid: int | None  # the wrapper as the launcher started it (it leads its own process group)
     proc_create_time: float | None
 
 
 def request_stop(store: Store, job_id: int, why: str) -> LiveProcess | None:
     """Mark the job's live attempt to be stopped (`why`: 'cancel' or 'retry'), with its event.
-    Returns its process group, or None when the job has no live attempt."""
+    Returns its wrapper process, or None when the job has no live attempt."""
     with store.write():
-        rows = store.query("SELECT id, pgid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
+        rows = store.query("SELECT id, pid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
         if not rows:
             return None
         store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why, rows[0]["id"]])
         add_event(store, why, f"{why} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
-    return LiveProcess(rows[0]["id"], rows[0]["pgid"], rows[0]["proc_create_time"])
+    return LiveProcess(rows[0]["id"], rows[0]["pid"], rows[0]["proc_create_time"])
 
 
 def unpause_suite(store: Store, suite: str) -> bool:

@@ -35,6 +35,8 @@ class Store:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             existed = self.path.exists()
+            if existed:
+                _refuse_emptied(self.path)
             # Owner-only from the first byte: state.db holds configs and paths.
             old_umask = os.umask(0o077)
             try:
@@ -101,6 +103,21 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+NEW_FILE_S = 60.0  # a 0-byte state.db younger than this is one being created right now
+
+
+def _refuse_emptied(path: Path) -> None:
+    """SQLite takes a 0-byte file for a new, empty database. One that is not new was a
+    database once (truncated, or replaced by an empty file): refuse it rather than start
+    afresh over its history without a word."""
+    info = path.stat()
+    if info.st_size == 0 and time.time() - info.st_mtime > NEW_FILE_S:
+        raise StoreError(
+            f"state database {path} is empty (0 bytes) but not new: its history is gone; "
+            "move it aside (or delete it) to start a new one"
+        )
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:

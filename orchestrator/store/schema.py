@@ -235,6 +235,13 @@ def m008_memory_learning(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m009_untrusted_files(db: sqlite_utils.Database) -> None:
+    # The runs dir's free space as the daemon last read it ({path, free_mib, min_free_mib,
+    # warn_free_mib, level}), so `orch status` can say the disk is full without a daemon call.
+    db.execute("ALTER TABLE daemon ADD COLUMN disk_json TEXT")
+
+
+@MIGRATIONS()
 def m012_resources(db: sqlite_utils.Database) -> None:
     # Jobs bigger than one GPU and the host's other resources. A job asks for `gpus` cards (a
     # gang) and, when the suite says so, `cpus` cores. An attempt keeps all its cards (the first
