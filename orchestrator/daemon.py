@@ -117,6 +117,7 @@ class Daemon:
             topology=_topology(probe),
         )
         self.resources = ResourceTracker(self.ctx.host)
+        self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
