@@ -1,7 +1,10 @@
 """Daemon overhead figures on simulated GPUs: dispatch latency, `orch status --once` with
-10,000 jobs, idle daemon CPU. Prints a table; `--json FILE` also writes the figures.
+10,000 jobs, idle daemon CPU; and by queue size (`--queued`, see daemon_scale.py): filling 64
+slots, the daemon's CPU and RSS while nothing can start, slot hand-off, the CLI's reads.
+Prints a table; `--json FILE` also writes the figures.
 
-    python -m benchmarks.daemon_figures [--jobs 20] [--idle-s 30] [--json benchmarks/results/daemon.json]
+    python -m benchmarks.daemon_figures [--jobs 20] [--idle-s 30] [--queued 1000,10000,50000]
+        [--json benchmarks/results/daemon.json]
 
 Everything is real except the GPU memory: the daemon, tmux, SQLite, the wrapper and the sim
 worker processes.
@@ -24,6 +27,7 @@ from typing import Any
 import psutil
 import yaml
 
+from benchmarks import daemon_scale
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
 from orchestrator.store.jobs import submit_jobs
@@ -172,32 +176,102 @@ def idle_cpu(root: Path, idle_s: float, poll_s: float) -> dict[str, Any]:
     return {"idle_s": round(elapsed, 1), "poll_s": poll_s, "cpu_percent_of_one_core": 100.0 * cpu_s / elapsed}
 
 
+def _queue_sizes(text: str) -> list[int]:
+    sizes = [int(part) for part in text.split(",") if part.strip()]
+    if not sizes or any(n < 100 for n in sizes):
+        raise argparse.ArgumentTypeError("--queued: comma-separated queue sizes of at least 100")
+    return sizes
+
+
+def by_queue_size(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for n in args.queued:
+        print(f"queue of {n:,} ...", file=sys.stderr, flush=True)
+        row = daemon_scale.fill_and_wait(root / f"fill-{n}", n, args.waiting_s, args.poll)
+        if n <= args.handoff_max:
+            row["handoff"] = daemon_scale.handoff(root / f"handoff-{n}", n, args.handoff_s, args.handoff_job_s, args.poll)
+        row["load"] = daemon_scale.load_note()
+        rows[str(n)] = row
+    status_big = daemon_scale.status_at(root / "status-big", args.status_jobs)
+    return {"by_queue": rows, "status_big": status_big}
+
+
+def print_by_queue(data: dict[str, Any]) -> None:
+    rows = data["by_queue"]
+    sizes = list(rows)
+    print()
+    print("| figure | " + " | ".join(f"{int(n):,} queued" for n in sizes) + " | target |")
+    print("|---|" + "---|" * len(sizes) + "---|")
+
+    def line(name: str, fmt: Any, target: str) -> None:
+        cells = []
+        for n in sizes:
+            try:
+                cells.append(fmt(rows[n]))
+            except KeyError:
+                cells.append("–")
+        print(f"| {name} | " + " | ".join(cells) + f" | {target} |")
+
+    line("daemon CPU, no slot free (% of a core)", lambda r: f"{r['waiting']['cpu_percent_of_one_core']:.2f} %", "< 2 %")
+    line("CPU per tick", lambda r: f"{1000 * r['waiting']['cpu_per_tick_s']:.1f} ms", "")
+    line("daemon RSS", lambda r: f"{r['waiting']['rss_mib']:.0f} MiB", "< 150 MiB")
+    line("hand-off: slot freed -> next wrapper running, median / p99", lambda r: f"{r['handoff']['median_s']:.3f} / {r['handoff']['p99_s']:.3f} s", "< 0.2 / 0.5 s at 10k")
+    line("of which the daemon's: slot freed -> attempt claimed, median / p99", lambda r: f"{r['handoff']['claim_median_s']:.3f} / {r['handoff']['claim_p99_s']:.3f} s", "")
+    line("start -> 64 slots launched", lambda r: f"{r['launch_64_s']:.2f} s", "< 2 s")
+    line("daemon CPU from its start to the 64th launch", lambda r: f"{r['launch_64_daemon_cpu_s']:.2f} s", "")
+    line("start -> 64 wrappers running", lambda r: f"{r['fill_64_s']:.2f} s", "")
+    line("orch jobs", lambda r: f"{r['cli']['jobs']['median_s']:.2f} s", "< 1 s at 10k")
+    line("orch jobs --json (peak RSS)", lambda r: f"{r['cli']['jobs_json']['median_s']:.2f} s ({r['cli']['jobs_json']['max_rss_mib']:.0f} MiB)", "")
+    line("orch status --once", lambda r: f"{r['cli']['status_once']['median_s']:.2f} s", "")
+    line("orch status --json (peak RSS)", lambda r: f"{r['cli']['status_json']['median_s']:.2f} s ({r['cli']['status_json']['max_rss_mib']:.0f} MiB)", "")
+    big = data["status_big"]
+    print(f"\norch status --once at {big['n_jobs']:,} jobs: {big['status_once']['median_s']:.3f} s (target < 0.3 s); "
+          f"status --json {big['status_json']['median_s']:.2f} s, peak RSS {big['status_json']['max_rss_mib']:.0f} MiB; "
+          f"jobs --json {big['jobs_json']['median_s']:.2f} s, peak RSS {big['jobs_json']['max_rss_mib']:.0f} MiB")
+    for n in sizes:
+        print(f"  {int(n):,} queued: {rows[n]['load']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--queued", type=_queue_sizes, default=None,
+                        help="queue sizes for the by-size figures, e.g. 1000,10000,50000")
+    parser.add_argument("--waiting-s", type=float, default=20.0, help="CPU window while no slot is free")
+    parser.add_argument("--handoff-s", type=float, default=40.0, help="how long to watch hand-offs")
+    parser.add_argument("--handoff-job-s", type=float, default=15.0, help="run time of each hand-off worker")
+    parser.add_argument("--handoff-max", type=int, default=10_000, help="largest queue to measure hand-off at")
+    parser.add_argument("--status-jobs", type=int, default=100_000, help="jobs for the big `status --once` figure")
+    parser.add_argument("--only-queued", action="store_true", help="skip the empty-queue figures")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args()
+    figures: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         root = Path(tmp)
-        figures = {
-            "dispatch_latency": dispatch_latency(root, args.jobs, args.poll),
-            "slot_free_latency": slot_free_latency(root, 10, args.poll),
-            "status_10k": status_with_10k_jobs(root),
-            "idle_daemon": idle_cpu(root, args.idle_s, args.poll),
-            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        }
-    lat, status, idle = figures["dispatch_latency"], figures["status_10k"], figures["idle_daemon"]
-    print(f"dispatch latency (queued -> worker running), {lat['jobs']} jobs, poll {lat['poll_s']} s: "
-          f"median {lat['median_s']:.3f} s, p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s   (target: median < 1 s)")
-    slot = figures["slot_free_latency"]
-    print(f"slot freed -> next worker running, {slot['handoffs']} hand-offs on one slot: "
-          f"median {slot['median_s']:.3f} s, max {slot['max_s']:.3f} s")
-    print(f"orch status --once, 10,000 jobs: median {status['status_once_median_s']:.3f} s "
-          f"(of which interpreter + imports {status['interpreter_and_import_s']:.3f} s); "
-          f"--json {status['status_json_median_s']:.3f} s   (target: < 0.5 s)")
-    print(f"idle daemon, poll {idle['poll_s']} s, {idle['idle_s']} s: {idle['cpu_percent_of_one_core']:.2f}% of one core   (target: < 2%)")
+        if not args.only_queued:
+            figures.update({
+                "dispatch_latency": dispatch_latency(root, args.jobs, args.poll),
+                "slot_free_latency": slot_free_latency(root, 10, args.poll),
+                "status_10k": status_with_10k_jobs(root),
+                "idle_daemon": idle_cpu(root, args.idle_s, args.poll),
+            })
+        if args.queued:
+            figures.update(by_queue_size(root, args))
+    if not args.only_queued:
+        lat, status, idle = figures["dispatch_latency"], figures["status_10k"], figures["idle_daemon"]
+        print(f"dispatch latency (queued -> worker running), {lat['jobs']} jobs, poll {lat['poll_s']} s: "
+              f"median {lat['median_s']:.3f} s, p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s   (target: median < 1 s)")
+        slot = figures["slot_free_latency"]
+        print(f"slot freed -> next worker running, {slot['handoffs']} hand-offs on one slot: "
+              f"median {slot['median_s']:.3f} s, max {slot['max_s']:.3f} s")
+        print(f"orch status --once, 10,000 jobs: median {status['status_once_median_s']:.3f} s "
+              f"(of which interpreter + imports {status['interpreter_and_import_s']:.3f} s); "
+              f"--json {status['status_json_median_s']:.3f} s   (target: < 0.5 s)")
+        print(f"idle daemon, poll {idle['poll_s']} s, {idle['idle_s']} s: {idle['cpu_percent_of_one_core']:.2f}% of one core   (target: < 2%)")
+    if args.queued:
+        print_by_queue(figures)
     if args.json_path:
         args.json_path.parent.mkdir(parents=True, exist_ok=True)
         args.json_path.write_text(json.dumps(figures, indent=2) + "\n")

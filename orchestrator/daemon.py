@@ -36,7 +36,7 @@ from orchestrator.dispatch import (
 )
 from orchestrator.errors import DaemonError, OrchError
 from orchestrator.gpu import GpuProbe
-from orchestrator.gpu.attribution import process_tree_pids
+from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
@@ -127,6 +127,7 @@ class Daemon:
         self.disk: DiskState | None = None
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
+        self._trees = ProcessTrees()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -227,10 +228,12 @@ class Daemon:
             return True
         self._check_disk()
         snapshots = self.probe.snapshot()
+        live_before = len(self._exit_files)
         live_count = self.reconcile(snapshots)
         if draining and live_count == 0:
             return True
-        snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
+        if live_count != live_before:  # read again only when an attempt ended (or began) since
+            snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         hold = self._hold_reason()
         schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
         self.notifier.poll()
@@ -278,6 +281,7 @@ class Daemon:
         (and the loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
+        self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
         still_live = 0
         live = live_attempts(self.store)
         tenants = Counter(a["gpu_uuid"] for a in live)
@@ -368,7 +372,7 @@ class Daemon:
                 pid = group[0]
         alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
         if gpu is not None and alive and pid:
-            tree = process_tree_pids(int(pid))
+            tree = self._trees.pids(int(pid))
             held = gpu.memory_of(tree)
             if held != attempt["held_mib"]:
                 fields["held_mib"] = held

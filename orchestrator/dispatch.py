@@ -8,22 +8,18 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from orchestrator.diskspace import is_disk_full_error
 from orchestrator.durations import CompletedRun, DurationTable
-from orchestrator.errors import InvalidTransition, LauncherError, OrchError
-from orchestrator.gpu.host import HostProbe
+from orchestrator.errors import InvalidTransition, OrchError
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
-from orchestrator.launch.base import Launcher, LaunchSpec
-from orchestrator.launch.rundir import OUR_WORKERS, build_argv, build_worker_env, prepare_run_dir
+from orchestrator.launch.base import Launcher
+from orchestrator.launch.rundir import OUR_WORKERS
+from orchestrator.launching import DispatchContext, claim, launch_all
 from orchestrator.learned import Knowledge, running_peaks, throughput_curves
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import (
@@ -41,27 +37,31 @@ from orchestrator.memory import (
 from orchestrator.packing import (
     GpuState,
     PackingDecision,
-    PackingPolicy,
     QueuedJob,
+    can_take_any,
     headroom_mib,
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
-from orchestrator.resources import free_port, host_state, predict_host_mib, running_attempts
+from orchestrator.resources import host_state, predict_host_mib, running_attempts
 from orchestrator.shapes import memory_hash
 from orchestrator.store.attempts import (
-    AttemptPlan,
     read_all_prompt_lengths,
     read_all_shapes,
-    start_attempt,
-    update_attempt,
 )
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan, transition
 from orchestrator.store.learning import read_throughput
-from orchestrator.store.resources import live_ports, read_host_shapes
+from orchestrator.store.queue import (
+    jobs_by_id,
+    live_attempt_rows,
+    paused_suites,
+    queued_jobs,
+    succeeded_runs_since,
+)
+from orchestrator.store.resources import read_host_shapes
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,44 @@ PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are rela
 
 
 @dataclass
-class JobShapeCache:
-    """Per-job facts that do not change while the daemon runs (levels, model size)."""
+class ShapeFacts:
+    """What a prediction needs, shared by the queued jobs that differ only by seed."""
 
-    levels: dict[int, list[Level]] = field(default_factory=dict)
+    config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
+    shape_key: str
+    length_key: str
+    depends: tuple[Any, ...] | None = None  # what `prediction` was made from
+    prediction: tuple[int, str] = (0, "")
+    computed_for: Any = None  # the pass's Knowledge, for a prediction borrowed from a neighbour
+    job: dict[str, Any] = field(default_factory=dict)  # a whole row of a job of this shape (its ladder)
+
+
+@dataclass
+class JobFacts:
+    """A queued job's level and prediction inputs, valid while its level and host steps stay."""
+
+    key: tuple[int, str]  # (level, host_steps_json)
+    level: Level
+    shape: ShapeFacts
+    allowed: frozenset[int] | None
+    gpus: int = 1  # a multi-GPU job's cards
+    cpus: int | None = None  # cores the suite asks for
+    declared_host_mib: int | None = None  # the config's host_mem_gib
+
+
+@dataclass
+class JobShapeCache:
+    """Facts computed once per job or per shape and kept between passes: a pass over a long
+    queue then redoes only what changed (a new level, a newly measured peak or prompt length)."""
+
+    levels: dict[tuple[Any, ...], list[Level]] = field(default_factory=dict)  # by content
     model_info: dict[str, ModelInfo | None] = field(default_factory=dict)
     peft_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    jobs: dict[int, JobFacts] = field(default_factory=dict)
+    shapes: dict[tuple[Any, ...], ShapeFacts] = field(default_factory=dict)
+    durations: DurationTable = field(default_factory=DurationTable)
+    durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
+    durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -156,14 +188,23 @@ def worker_reaches(job: Mapping[str, Any], keys: KeyMap) -> Callable[[str], bool
 
 
 def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
-    """The job's ladder levels, in orch's key names (`attempt_overrides` renames them)."""
-    if job["id"] not in cache.levels:
+    """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
+    content, not job id: a sweep's seeds share one ladder (and one entry)."""
+    key = (job["ladder_json"] or "", _without_seed(job["config_json"]), int(job["one_token"]), job["worker"],
+           job.get("worker_output_json") or "")
+    levels = cache.levels.get(key)
+    if levels is None:
         ladder = load_ladder(json.loads(job["ladder_json"]) if job["ladder_json"] else None)
         keys = job_keys(job)
-        cache.levels[job["id"]] = expand_levels(
+        levels = cache.levels[key] = expand_levels(
             ladder, keys.to_orch(json.loads(job["config_json"])), bool(job["one_token"]), worker_reaches(job, keys)
         )
-    return cache.levels[job["id"]]
+    return levels
+
+
+def _without_seed(config_json: str) -> str:
+    config = json.loads(config_json)
+    return json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
 
 
 def as_received(job: Mapping[str, Any], level: Level) -> Level:
@@ -211,15 +252,29 @@ def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: Jo
 
 
 def load_durations(store: Store) -> DurationTable:
-    """Run times of succeeded attempts, read once per pass: longest expected jobs start first."""
-    rows = store.query(
-        "SELECT j.config_name, j.data, a.level, a.ended_at - a.started_at AS duration_s"
-        " FROM attempts a JOIN jobs j ON j.id = a.job_id"
-        " WHERE a.outcome = 'succeeded' AND a.ended_at IS NOT NULL"
-    )
-    return DurationTable(
-        CompletedRun(r["config_name"], r["data"], r["level"], r["duration_s"]) for r in rows
-    )
+    """Run times of succeeded attempts: longest expected jobs start first."""
+    return refresh_durations(store, JobShapeCache())
+
+
+# Attempts are ended by the daemon, one after another, so a succeeded attempt that ended more
+# than this long before the latest one read is already in the table.
+DURATIONS_OVERLAP_S = 60.0
+
+
+def refresh_durations(store: Store, cache: JobShapeCache) -> DurationTable:
+    """Add the attempts that succeeded since the last call to the cached run-time table."""
+    since = None if cache.durations_after_s is None else cache.durations_after_s - DURATIONS_OVERLAP_S
+    for r in succeeded_runs_since(store, since):
+        if r["id"] in cache.durations_seen:
+            continue
+        cache.durations_seen[r["id"]] = r["ended_at"]
+        cache.durations.add(CompletedRun(r["config_name"], r["data"], r["level"], r["duration_s"]))
+        if cache.durations_after_s is None or r["ended_at"] > cache.durations_after_s:
+            cache.durations_after_s = r["ended_at"]
+    if cache.durations_after_s is not None and len(cache.durations_seen) > 1000:
+        oldest_s = cache.durations_after_s - 2 * DURATIONS_OVERLAP_S
+        cache.durations_seen = {k: v for k, v in cache.durations_seen.items() if v >= oldest_s}
+    return cache.durations
 
 
 def job_prompt_length_key(job: dict[str, Any]) -> str:
@@ -231,26 +286,58 @@ def predict(
     prompt_lengths: Mapping[str, int] | None = None,
     knowledge: Knowledge | None = None,
 ) -> tuple[int, str]:
-    config = attempt_config(job, level)
-    key = job_shape_key(job, level)
+    return _predict(_shape_facts(job, level, cache), job, level, shapes, prompt_lengths or {}, cache, knowledge)
+
+
+def _shape_facts(job: dict[str, Any], level: Level, cache: JobShapeCache) -> ShapeFacts:
+    config = json.loads(job["config_json"])
+    key = (
+        config_hash(config), job["config_path"], job["data"], job["worker"], job["declared_mib"],
+        level.index, json.dumps(level.overrides, sort_keys=True, default=str),
+        job.get("worker_output_json") or "", job.get("memory_keys_json") or "",
+    )
+    facts = cache.shapes.get(key)
+    if facts is None:
+        resolved = attempt_config(job, level)
+        facts = cache.shapes[key] = ShapeFacts(
+            resolved, job_shape_key(job, level), prompt_length_key(resolved, job["data"]), job=dict(job)
+        )
+    return facts
+
+
+def _predict(
+    facts: ShapeFacts, job: Mapping[str, Any], level: Level, shapes: Mapping[str, ShapeMemory],
+    prompt_lengths: Mapping[str, int], cache: JobShapeCache, knowledge: Knowledge | None,
+) -> tuple[int, str]:
+    """The job's prediction, recomputed only when its shape's measured memory, running peak or
+    learned prompt length changed since the last time; a shape with none of its own (which
+    borrows a neighbour's peak) once per pass."""
+    key = facts.shape_key
     measured = shapes.get(key)
+    learned = prompt_lengths.get(facts.length_key) if job["worker"] == "lora" else None
+    running = knowledge.running.get(key) if knowledge is not None else None
+    borrows = knowledge is not None and (measured is None or measured.peak_mib is None) and running is None
+    depends = (measured, learned, running)
+    if facts.depends == depends and (not borrows or facts.computed_for is knowledge):
+        return facts.prediction
+    config = facts.config
     estimated: int | None = None
     sized: Mapping[str, Any] = config
     if job["worker"] == "lora":
-        learned = (prompt_lengths or {}).get(prompt_length_key(config, job["data"]))
         sized = at_learned_length(config, learned)  # `config` itself when nothing applies
         estimated = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
-    running = knowledge.running.get(key) if knowledge is not None else None
     transfer = None
-    if knowledge is not None and (measured is None or measured.peak_mib is None) and running is None:
+    if borrows and knowledge is not None:
         transfer = knowledge.transfer(
-            key, _level_ratios(job, level, cache, estimated, prompt_lengths),
-            lambda task: (prompt_lengths or {}).get(prompt_length_key(config, task)),
+            key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
+            lambda task: prompt_lengths.get(prompt_length_key(config, task)),
         )
     prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]), running=running, transfer=transfer)
+    result = (prediction.mib, prediction.source)
     if prediction.source == "estimate" and sized is not config:
-        return prediction.mib, f"estimate at {max_seq_len_of(sized)} tokens"
-    return prediction.mib, prediction.source
+        result = (prediction.mib, f"estimate at {max_seq_len_of(sized)} tokens")
+    facts.depends, facts.prediction, facts.computed_for = depends, result, knowledge
+    return result
 
 
 def _level_ratios(
@@ -281,25 +368,6 @@ def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuSta
     ]
 
 
-@dataclass(frozen=True)
-class DispatchContext:
-    runs_dir: Path
-    policy: PackingPolicy
-    worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
-    host: HostProbe | None = None  # host RAM and cores; None: not looked at
-    host_reserve_mib: int = 2048  # kept free of jobs (--host-reserve-gib)
-    topology: Mapping[tuple[int, int], int] | None = None  # card distances, read once at start
-
-
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
-
-
-def run_dir_for(ctx: DispatchContext, job: dict[str, Any], n: int) -> Path:
-    job_dir = f"{job['id']:06d}-{_safe_name(job['config_name'])}-s{job['seed']}-{_safe_name(job['data'])}"
-    return ctx.runs_dir / _safe_name(job["suite"]) / job_dir / f"attempt-{n}"
-
-
 def schedule(
     store: Store,
     snapshots: tuple[GpuSnapshot, ...],
@@ -311,21 +379,26 @@ def schedule(
     hold: str | None = None,
 ) -> PackingDecision:
     """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests).
-    `hold`: why nothing may start now (a full disk); every queued job shows it."""
-    paused = {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
-    queued_rows = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
-    live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
+
+    When no card has a free slot with free memory, only the head of the queue is read (for its
+    waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
+    start now (a full disk); every queued job shows it."""
+    paused = paused_suites(store)
+    live = live_attempt_rows(store)
+    live_jobs = jobs_by_id(store, sorted({int(a["job_id"]) for a in live}))
+    durations = refresh_durations(store, cache)
+    # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
+    running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
+    gpus = gpu_states(snapshots, get_gpu_plan(store))
+    whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
+    queued_rows = queued_jobs(store, limit=None if whole_queue else ctx.policy.reasons_for)
+    _learn_new_jobs(store, queued_rows, cache)
     reasons: dict[int, str] = {}
     queue: list[QueuedJob] = []
-    levels: dict[int, Level] = {}
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
-    live_jobs = {j["id"]: j for j in store.query(
-        "SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)")}
     knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(dict(j), a, cache)))
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
-    durations = load_durations(store)
-    running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
     host_shapes = read_host_shapes(store)
     host_running: dict[str, int] = {}
     for a in live:
@@ -334,7 +407,6 @@ def schedule(
             host_running[key] = max(host_running.get(key, 0), int(a["host_peak_mib"] or 0))
     predictions: dict[int, tuple[int, str]] = {}
     host_predictions: dict[int, int] = {}
-    gpus = gpu_states(snapshots, get_gpu_plan(store))
     # A prediction above every usable card (an inflated estimate or OOM floor) would keep a job
     # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
     ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
@@ -346,32 +418,32 @@ def schedule(
         if draining or hold:
             reasons[job["id"]] = hold or "daemon is draining: nothing new starts"
             continue
-        try:
-            level = level_of(job, cache)
-        except OrchError as exc:
-            _fail_queued(store, job, f"invalid ladder: {exc}")
+        facts = cache.jobs.get(job["id"])
+        if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
             continue
-        levels[job["id"]] = level
-        predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
+        predicted_mib, source = _predict(facts.shape, job, facts.level, shapes, prompt_lengths, cache, knowledge)
         if ceiling_mib is not None and predicted_mib > ceiling_mib:
             predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
         predictions[job["id"]] = (predicted_mib, source)
-        allowed = json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None
-        key = job_shape_key(job, level)
         host_predictions[job["id"]], _ = predict_host_mib(
-            host_shapes.get(key), host_running.get(key), _declared_host_mib(job))
+            host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
         queue.append(
             QueuedJob(
                 job_id=job["id"], priority=job["priority"], queued_seq=job["id"],
-                predicted_peak_mib=predictions[job["id"]][0], waiting_since_s=job["queued_at"],
-                allowed_gpu_indices=frozenset(allowed) if allowed is not None else None,
-                run_alone=level.run_alone,
-                expected_duration_s=durations.expected_s(job["config_name"], job["data"], level.index),
-                throughput_by_gpu=curves.get(job_shape_key(job, level)),
+                predicted_peak_mib=predicted_mib, waiting_since_s=job["queued_at"],
+                allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
+                expected_duration_s=durations.expected_s(job["config_name"], job["data"], facts.level.index),
+                throughput_by_gpu=curves.get(facts.shape.shape_key),
                 min_stack_gain=job.get("min_stack_gain"),
-                gpus=int(job.get("gpus") or 1), host_mib=host_predictions[job["id"]], cpus=job.get("cpus"),
+                gpus=facts.gpus, host_mib=host_predictions[job["id"]], cpus=facts.cpus,
             )
         )
+    if whole_queue:  # forget jobs that left the queue, and shapes no queued job has
+        queued_ids = {job["id"] for job in queued_rows}
+        cache.jobs = {k: v for k, v in cache.jobs.items() if k in queued_ids}
+        if len(cache.shapes) > 2 * len(cache.jobs) + 100:
+            kept = {id(f.shape) for f in cache.jobs.values()}
+            cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept}
     host = None
     if ctx.host is not None:
         cpus_of_job = {j["id"]: j.get("cpus") for j in live_jobs.values()}
@@ -379,15 +451,21 @@ def schedule(
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology)
     reasons.update(decision.wait_reasons)
-    by_id = {job["id"]: job for job in queued_rows}
+    placed = jobs_by_id(store, [p.job_id for p in decision.placements])
     by_index = {s.index: s for s in snapshots}
+    claims = []
     for placement in decision.placements:
-        job = by_id[placement.job_id]
         predicted, source = predictions[placement.job_id]
-        cards = [by_index[i] for i in placement.all_gpus]
-        _launch(store, launcher, ctx, job, levels[job["id"]], cards, predicted, source, placement.reserved_mib,
-                host_predictions[job["id"]])
-    _write_wait_reasons(store, queued_rows, reasons, {p.job_id for p in decision.placements})
+        job, level = placed[placement.job_id], cache.jobs[placement.job_id].level
+        # the attempt records its changes as the script receives them (the suite's `keys:`)
+        claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level),
+                        by_index[placement.gpu_index], predicted, source, placement.reserved_mib,
+                        tuple(by_index[i] for i in placement.all_gpus), host_predictions[placement.job_id])
+        if claimed is not None:
+            claims.append(claimed)
+    launch_all(store, launcher, ctx, claims)
+    explained = queued_rows if whole_queue else [r for r in queued_rows if r["id"] in reasons]
+    _write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
 
 
@@ -410,6 +488,29 @@ def _declared_host_mib(job: Mapping[str, Any]) -> int | None:
     return round(value * 1024)
 
 
+def _learn_new_jobs(store: Store, rows: list[dict[str, Any]], cache: JobShapeCache) -> None:
+    """Level and shape facts for jobs not seen before, or whose level or host steps changed;
+    a job whose ladder cannot be expanded fails here."""
+    stale = [r["id"] for r in rows if (f := cache.jobs.get(r["id"])) is None or f.key != (r["level"], r["host_steps_json"])]
+    if not stale:
+        return
+    for job in jobs_by_id(store, stale).values():
+        if job["state"] != JobState.QUEUED.value:
+            continue
+        try:
+            level = level_of(job, cache)
+        except OrchError as exc:
+            cache.jobs.pop(job["id"], None)
+            _fail_queued(store, job, f"invalid ladder: {exc}")
+            continue
+        allowed = json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None
+        cache.jobs[job["id"]] = JobFacts(
+            key=(job["level"], job["host_steps_json"]), level=level, shape=_shape_facts(job, level, cache),
+            allowed=frozenset(allowed) if allowed is not None else None,
+            gpus=int(job.get("gpus") or 1), cpus=job.get("cpus"), declared_host_mib=_declared_host_mib(job),
+        )
+
+
 def _fail_queued(store: Store, job: dict[str, Any], reason: str) -> None:
     with contextlib.suppress(InvalidTransition):
         transition(store, job["id"], JobState.FAILED, message=f"failed: {reason}", kind="fail",
@@ -427,69 +528,3 @@ def _write_wait_reasons(store: Store, rows: list[dict[str, Any]], reasons: dict[
         store.db.conn.executemany(
             "UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'", changed
         )
-
-
-def _launch(
-    store: Store,
-    launcher: Launcher,
-    ctx: DispatchContext,
-    job: dict[str, Any],
-    level: Level,
-    cards: list[GpuSnapshot],
-    predicted_mib: int,
-    source: str,
-    reserved_mib: int,
-    host_mib: int = 0,
-) -> None:
-    keys = job_keys(job)  # the attempt records its changes as the script receives them
-    gpu = cards[0]
-    uuids = tuple(c.uuid for c in cards)
-    port = free_port(live_ports(store))
-    plan = AttemptPlan(
-        job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
-        level_step=level.step, changes=keys.to_script(level.changes), overrides=keys.to_script(level.overrides),
-        run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
-        reserved_mib=reserved_mib, gpu_uuids=uuids if len(uuids) > 1 else (), port=port, predicted_host_mib=host_mib,
-    )
-    try:
-        attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
-    except InvalidTransition:
-        return  # cancelled between the read and the claim
-    run_dir = Path(attempt["run_dir"])
-    config = attempt_config(job, level)
-    try:
-        env = build_worker_env(
-            gpu_uuid=",".join(uuids), gpu_index=gpu.index, seed=job["seed"],
-            suite_env=json.loads(job["env_json"]),
-            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
-                   "ORCH_RUN_DIR": str(run_dir)},
-        )
-        prepare_run_dir(run_dir, config, env)
-        argv = build_argv(
-            job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
-            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"]),
-                    "nproc": str(len(uuids)), "port": str(port)}, config=config,
-        )
-        handle = launcher.launch(
-            LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
-                       argv=argv, env=env, run_dir=run_dir)  # the launcher puts the wrapper in front
-        )
-    except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
-        from orchestrator.outcomes import fail_before_start
-
-        full = is_disk_full_error(exc)
-        fail_before_start(store, attempt, f"{'disk full: ' if full else ''}could not start: {exc}", disk_full=full)
-        return
-    # The launcher's pid and the create time read now are what later proves which process
-    # group is this attempt's; nothing the worker writes can change them.
-    update_attempt(store, attempt["id"], launcher=handle.launcher, window_id=handle.window_id, pid=handle.pid,
-                   proc_create_time=_create_time(handle.pid))
-
-
-def _create_time(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None

@@ -21,12 +21,13 @@ class CompletedRun:
     duration_s: float  # wall time, start to success
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def _mean(entry: list[float]) -> float:
+    """Mean of a [count, sum] entry."""
+    return entry[1] / entry[0]
 
 
 class DurationTable:
-    """Means of completed run times, indexed for one scheduling pass.
+    """Means of completed run times, kept as running sums so that runs can be added one by one.
 
     Estimate for (config, task, level), first that applies:
     1. the mean of that exact shape;
@@ -38,34 +39,56 @@ class DurationTable:
     otherwise None: nothing of that task has completed yet.
     """
 
-    def __init__(self, runs: Iterable[CompletedRun]) -> None:
-        by_shape: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-        by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
-        by_task: dict[str, list[float]] = defaultdict(list)
-        kept = [r for r in runs if r.duration_s > 0]
-        for r in kept:
-            by_shape[(r.config, r.task, r.level)].append(r.duration_s)
-            by_pair[(r.config, r.task)].append(r.duration_s)
-            by_task[r.task].append(r.duration_s)
-        self._shape = {k: _mean(v) for k, v in by_shape.items()}
-        self._pair = {k: _mean(v) for k, v in by_pair.items()}
-        self._task = {k: _mean(v) for k, v in by_task.items()}
-        log_ratios: dict[str, list[float]] = defaultdict(list)
-        for r in kept:
-            log_ratios[r.config].append(math.log(r.duration_s / self._task[r.task]))
-        self._config_factor = {k: math.exp(_mean(v)) for k, v in log_ratios.items()}
+    def __init__(self, runs: Iterable[CompletedRun] = ()) -> None:
+        # key -> [count, sum of seconds]
+        self._shape: dict[tuple[str, str, int], list[float]] = defaultdict(lambda: [0, 0.0])
+        self._pair: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+        self._task: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        # config -> task -> [count, sum of log seconds]: the factor is recomputed from these
+        # against the task means of the moment, as if every run were read again
+        self._logs: dict[str, dict[str, list[float]]] = defaultdict(dict)
+        self._factors: dict[str, float] = {}  # memo, cleared by `add`
+        for run in runs:
+            self.add(run)
+
+    def add(self, run: CompletedRun) -> None:
+        if run.duration_s <= 0:
+            return
+        for table, key in (
+            (self._shape, (run.config, run.task, run.level)),
+            (self._pair, (run.config, run.task)),
+            (self._task, run.task),
+        ):
+            entry = table[key]  # type: ignore[index]
+            entry[0] += 1
+            entry[1] += run.duration_s
+        logs = self._logs[run.config].setdefault(run.task, [0, 0.0])
+        logs[0] += 1
+        logs[1] += math.log(run.duration_s)
+        self._factors.clear()
+
+    def _config_factor(self, config: str) -> float:
+        factor = self._factors.get(config)
+        if factor is None:
+            per_task = self._logs.get(config)
+            if not per_task:
+                return 1.0
+            count = sum(n for n, _ in per_task.values())
+            log_sum = sum(s - n * math.log(_mean(self._task[t])) for t, (n, s) in per_task.items())
+            factor = self._factors[config] = math.exp(log_sum / count)
+        return factor
 
     def expected_s(self, config: str, task: str, level: int) -> float | None:
         exact = self._shape.get((config, task, level))
         if exact is not None:
-            return exact
+            return _mean(exact)
         pair = self._pair.get((config, task))
         if pair is not None:
-            return pair
-        task_mean = self._task.get(task)
-        if task_mean is None:
+            return _mean(pair)
+        task_entry = self._task.get(task)
+        if task_entry is None:
             return None
-        return task_mean * self._config_factor.get(config, 1.0)
+        return _mean(task_entry) * self._config_factor(config)
 
 
 def expected_duration_s(

@@ -5,6 +5,7 @@ The daemon and the virtual-time simulator in benchmarks/ both call `pack`; nothi
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,9 @@ class PackingPolicy:
     # headroom is never more than this: 10% of a 141 GiB card (14 GiB) would waste half of a
     # 24 GiB share of it; None = no cap
     headroom_max_mib: int | None = 4096
+    # a waiting job's reason costs a pass over the cards: only the first this many jobs in packing
+    # order, and the first this many in queue order (the dashboard's list), get one per call
+    reasons_for: int = 50
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,22 @@ def _cards(
         card.alone = card.alone or attempt.run_alone
         card.ends_s.append(attempt.expected_end_s)
     return cards
+
+
+def _open(card: _Card) -> bool:
+    """Whether any job at all could start on this card now (a free slot and some memory)."""
+    return (
+        card.gpu.slots > 0
+        and not card.alone
+        and card.used_slots < card.gpu.slots
+        and card.available_mib > 0
+    )
+
+
+def can_take_any(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> bool:
+    """False when no card has a free slot with free memory: `pack` would place nothing, so a
+    caller may skip building the queue."""
+    return any(_open(card) for card in _cards(gpus, running, policy).values())
 
 
 def _headroom_for(job: QueuedJob, card: _Card) -> int:
@@ -323,7 +343,8 @@ def pack(
     host: HostState | None = None,
     topology: Mapping[tuple[int, int], int] | None = None,
 ) -> PackingDecision:
-    """Place queued jobs on GPUs; every job left waiting gets a reason.
+    """Place queued jobs on GPUs; the first `policy.reasons_for` waiting jobs (in packing order
+    and in queue order) get a reason.
 
     Jobs are taken by priority (high first), then longest expected run first (policy.order),
     then queue order. A job that does not fit is skipped and later jobs may start around it
@@ -331,24 +352,38 @@ def pack(
     card free until it starts there, and the first multi-GPU job keeps the cards it will run on
     as they free up (`orchestrator.gang`). `host` (when given) is spent by every placement: a job
     whose predicted host RAM or cores do not fit waits. `topology` ((i, j) -> distance, i < j)
-    picks the closest cards for a gang.
+    picks the closest cards for a gang. Once no
+    card has a free slot with free memory the rest of the queue is not examined.
     """
     if policy.placement not in PLACEMENT_RULES:
         raise ValueError(f"unknown placement rule {policy.placement!r}")
     if policy.order not in ORDER_RULES:
         raise ValueError(f"unknown order rule {policy.order!r}")
     cards = _cards(gpus, running, policy)
+    ordered_cards = [c for _, c in sorted(cards.items())]
     waits = {job.job_id: job.waiting_since_s for job in queue}
     placements: list[Placement] = []
     reasons: dict[int, str] = {}
     ordered = sorted(queue, key=lambda j: _order_key(j, policy.order))
     gang_note = _reserve_for_gang(ordered, cards, now_s, topology, host)
     head_seen = False
+    # Reasons for the first few in queue order too: the dashboard lists those.
+    listed = {
+        j.job_id for j in heapq.nsmallest(policy.reasons_for, queue, key=lambda j: (-j.priority, j.queued_seq))
+    } if policy.reasons_for > 0 else set()
+    any_open = any(_open(c) for c in ordered_cards)
+    explained = 0
+    # Jobs alike in what placement reads (peak, GPUs, alone) fail alike until a placement
+    # changes a card: a queue of many seeds of few shapes is then one check per shape.
+    failed: set[tuple[object, ...]] = set()
     for job in ordered:
+        wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
+        alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
+                 job.cpus, job.expected_duration_s)
+        if (not any_open or alike in failed) and not wanted:
+            continue  # cannot start, and no reason asked for: no work
         allowed = [
-            c
-            for i, c in sorted(cards.items())
-            if job.allowed_gpu_indices is None or i in job.allowed_gpu_indices
+            c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices
         ]
         blockers = {c.gpu.index: _blocker(job, c, now_s) for c in allowed}
         fits = [c for c in allowed if blockers[c.gpu.index] is None]
@@ -372,15 +407,25 @@ def pack(
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
             placements.append(Placement(job.job_id, indices[0], job.predicted_peak_mib, indices if job.gpus > 1 else ()))
+            any_open = any(_open(c) for c in ordered_cards)
+            failed.clear()
             continue
         if len(fits) >= job.gpus:
             assert host_reason is not None
-            reasons[job.job_id] = host_reason
+            failed.add(alike)
+            if wanted:
+                reasons[job.job_id] = host_reason
+                explained += 1
             continue
         if job.gpus > 1:
+            failed.add(alike)
             reasons[job.job_id] = _gang_reason(job, allowed, fits, blockers, gang_note)
+            explained += 1
             continue
-        reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
+        failed.add(alike)
+        if wanted:
+            reasons[job.job_id] = _wait_reason(job, allowed, blockers, now_s, waits)
+            explained += 1
         if not head_seen:
             head_seen = True
             if now_s - job.waiting_since_s > policy.starvation_s:
@@ -388,6 +433,7 @@ def pack(
                 if best is not None:
                     best.held_for = job.job_id
                     reasons[job.job_id] += f"; GPU {best.gpu.index} kept free for it"
+                    failed.clear()  # a card now held: blockers of later jobs change
     return PackingDecision(tuple(placements), reasons)
 
 

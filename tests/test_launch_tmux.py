@@ -135,3 +135,38 @@ def test_killing_a_running_window_stops_the_worker_and_records_it(
     wait_until(
         lambda: not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
     )
+
+
+def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
+    tmux: TmuxLauncher, tmp_path: Path
+) -> None:
+    # Values tmux's command syntax would otherwise read: quotes, $VAR, ;, #, braces, ~, %if.
+    tricky = "a'b\"c $HOME; d #e {f} ~g \\h %if"
+    code = "import os, pathlib; pathlib.Path(os.environ['ORCH_RUN_DIR'], 'seen').write_text(os.environ['TRICKY'])"
+    specs = [
+        spec(tmp_path, f"job{i}-many", code, {"TRICKY": f"{tricky} {i}", "ORCH_RUN_DIR": str(tmp_path / f"job{i}-many")})
+        for i in range(12)
+    ]
+    # a newline cannot go through a command file: that window is opened on its own
+    specs.append(spec(tmp_path, "job12-many", code, {"TRICKY": "two\nlines", "ORCH_RUN_DIR": str(tmp_path / "job12-many")}))
+    handles = tmux.launch_many(specs)
+    assert len(handles) == len(specs)
+    assert all(not isinstance(h, Exception) for h in handles)
+    assert len({h.window_id for h in handles if not isinstance(h, Exception)}) == len(specs)
+    for i, s in enumerate(specs):
+        seen = s.run_dir / "seen"
+        wait_until(seen.exists, 20, f"window {i} ran")
+        assert seen.read_text() == s.env["TRICKY"]
+    handle = handles[3]
+    assert not isinstance(handle, Exception) and handle.pid is not None
+    # the pid printed for a window is its pane's: the wrapper that ran job 3
+    assert json.loads((specs[3].run_dir / "pid.json").read_text())["pid"] == handle.pid
+
+
+def test_launch_many_reports_a_window_tmux_refuses_and_opens_the_rest(tmux: TmuxLauncher, tmp_path: Path) -> None:
+    code = "print('ok')"
+    too_big = spec(tmp_path, "job2-big", code, {"BIG": "x" * 20_000})
+    handles = tmux.launch_many([spec(tmp_path, "job1-ok", code), too_big, spec(tmp_path, "job3-ok", code)])
+    assert isinstance(handles[1], Exception) and "more than tmux" in str(handles[1])
+    assert not isinstance(handles[0], Exception) and not isinstance(handles[2], Exception)
+    assert handles[0].window_id != handles[2].window_id

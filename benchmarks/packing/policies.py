@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from benchmarks.packing.simulator import Attempt, Outcome, Simulator, Start
+from benchmarks.packing.simulator import (
+    Attempt,
+    Outcome,
+    ShapeQueue,
+    Simulator,
+    Start,
+    most_placeable,
+)
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.memory import ShapeMemory, predict_peak_mib, update_shape
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+from orchestrator.packing import (
+    GpuState,
+    PackingPolicy,
+    QueuedJob,
+    RunningAttempt,
+    can_take_any,
+    pack,
+)
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
 
@@ -150,7 +165,13 @@ class OrchPolicy:
     durations: DurationTable = field(default_factory=lambda: DurationTable(()))
 
     def __post_init__(self) -> None:
-        self.queue = {j: _Queued(0, 0.0) for j in range(len(self.trace.jobs))}
+        self.queue = {}
+        self.by_shape = ShapeQueue()
+        # no waiting reasons: nothing reads them here, and they cost a pass over the cards each
+        self._packing = replace(self.packing, reasons_for=0)
+        self._wakes: list[tuple[float, int]] = []
+        for j in range(len(self.trace.jobs)):
+            self._enqueue(j, 0, 0.0)
 
     def expected_s(self, job_index: int, level: int) -> float | None:
         """Learned from succeeded attempts only, as the daemon learns it (never trace minutes)."""
@@ -183,23 +204,40 @@ class OrchPolicy:
             )
             for a in sim.running
         ]
-        queue = [
-            QueuedJob(
-                job_id=j,
-                priority=0,
-                queued_seq=j,  # a retried job keeps its place in the queue
-                predicted_peak_mib=int(self.predict_mib(j, q.level)),
-                waiting_since_s=q.since_s,
-                run_alone=q.level == RUN_ALONE_LEVEL,
-                expected_duration_s=self.expected_s(j, q.level),
-            )
-            for j, q in self.queue.items()
-        ]
-        decision = pack(queue, gpus, running, self.packing, now_s)
+        if not can_take_any(gpus, running, self.packing):
+            return []  # pack would place nothing
+        on_card = {g.index: [r for r in running if r.gpu_index == g.index] for g in gpus}
+        cards = [(g.slots - len(on_card[g.index]), g.free_mib, bool(on_card[g.index])) for g in gpus]
+        # Per shape, only the jobs that can matter (ShapeQueue): those that might be placed
+        # and the first left waiting; none at all when no shape can be placed.
+        queue = []
+        placeable = False
+        for shape, first in list(self.by_shape.shapes()):
+            level = self.queue[first].level
+            predicted_mib = int(self.predict_mib(first, level))
+            expected_s = self.expected_s(first, level)
+            k = most_placeable(predicted_mib, level == RUN_ALONE_LEVEL, cards)
+            placeable = placeable or k > 0
+            for j in self.by_shape.first(shape, k + 1):
+                queue.append(
+                    QueuedJob(
+                        job_id=j,
+                        priority=0,
+                        queued_seq=j,  # a retried job keeps its place in the queue
+                        predicted_peak_mib=predicted_mib,
+                        waiting_since_s=self.queue[j].since_s,
+                        run_alone=level == RUN_ALONE_LEVEL,
+                        expected_duration_s=expected_s,
+                    )
+                )
+        if not placeable:
+            return []  # no shape fits anywhere: pack would place nothing
+        decision = pack(queue, gpus, running, self._packing, now_s)
         self.wait_reasons = decision.wait_reasons
         starts = []
         for p in decision.placements:
             level = self.queue.pop(p.job_id).level
+            self.by_shape.remove(p.job_id)
             starts.append(
                 Start(p.job_id, p.gpu_index, level, p.reserved_mib, level == RUN_ALONE_LEVEL)
             )
@@ -217,20 +255,27 @@ class OrchPolicy:
             self.completed.append(
                 CompletedRun(job.config, job.task, s.level, now_s - attempt.start_s)
             )
-            self.durations = DurationTable(self.completed)
+            self.durations.add(self.completed[-1])  # not rebuilt from every run: O(1)
             return
         self.shapes[key] = update_shape(self.shapes.get(key), held, AttemptOutcome.OOM, held)
         if s.level < RUN_ALONE_LEVEL:
-            self.queue[s.job_index] = _Queued(s.level + 1, now_s)
+            self._enqueue(s.job_index, s.level + 1, now_s)
+
+    def _enqueue(self, j: int, level: int, now_s: float) -> None:
+        self.queue[j] = _Queued(level, now_s)
+        self.by_shape.add(j, self.trace.jobs[j].shape(level), j)
+        heapq.heappush(self._wakes, (now_s + self.packing.starvation_s, j))
 
     def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
         """When the next queued job crosses the starvation threshold (pack's answer may change)."""
-        times = [
-            q.since_s + self.packing.starvation_s
-            for q in self.queue.values()
-            if q.since_s + self.packing.starvation_s > now_s
-        ]
-        return min(times) if times else None
+        # a heap of (threshold, job): entries past, of jobs that left, or superseded are dropped
+        while self._wakes and (
+            self._wakes[0][0] <= now_s
+            or self._wakes[0][1] not in self.queue
+            or self.queue[self._wakes[0][1]].since_s + self.packing.starvation_s != self._wakes[0][0]
+        ):
+            heapq.heappop(self._wakes)
+        return self._wakes[0][0] if self._wakes else None
 
     def finished(self) -> bool:
         return not self.queue

@@ -8,7 +8,8 @@ a card each runs at T(k)/k of its solo speed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -87,6 +88,66 @@ class SimResult:
     max_jobs: dict[int, int] = field(default_factory=dict)  # most attempts at once per card
 
 
+class ShapeQueue:
+    """Queued jobs grouped by shape, each group in queue order.
+
+    Jobs of one shape look alike to a packer (same prediction, same expected run time, same
+    level), and a card only fills up during one packing pass, so when at most k of a shape can
+    be placed only its first k + 1 can matter: the first k may be placed, the next is the first
+    left waiting. `heads` hands a policy just those, and a 10,000-job queue costs a pass a few
+    jobs per shape instead of every job.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[Hashable, list[tuple[int, int]]] = {}  # shape -> sorted (seq, job)
+        self._where: dict[int, Hashable] = {}  # job -> its shape
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, job_index: object) -> bool:
+        return job_index in self._where
+
+    def add(self, job_index: int, shape: Hashable, seq: int) -> None:
+        self.remove(job_index)
+        bisect.insort(self._groups.setdefault(shape, []), (seq, job_index))
+        self._where[job_index] = shape
+
+    def remove(self, job_index: int) -> None:
+        shape = self._where.pop(job_index, None)
+        if shape is None:
+            return
+        group = self._groups[shape]
+        group.pop(next(i for i, (_, j) in enumerate(group) if j == job_index))
+        if not group:
+            del self._groups[shape]
+
+    def heads(self, k: int) -> Iterator[tuple[Hashable, int]]:
+        """(shape, job) for the first `k` jobs of every shape, groups in no fixed order."""
+        for shape, group in self._groups.items():
+            for _, job_index in group[:k]:
+                yield shape, job_index
+
+    def shapes(self) -> Iterator[tuple[Hashable, int]]:
+        """(shape, its first job) for every shape in the queue."""
+        for shape, group in self._groups.items():
+            yield shape, group[0][1]
+
+    def first(self, shape: Hashable, k: int) -> list[int]:
+        """The first `k` jobs of `shape`, in queue order."""
+        return [job_index for _, job_index in self._groups.get(shape, [])[:k]]
+
+
+def most_placeable(peak_mib: int, run_alone: bool, cards: Sequence[tuple[int, int, bool]]) -> int:
+    """An upper bound on how many jobs of one peak a packing pass can place on cards given as
+    (free slots, free MiB now, occupied): each needs a slot and its peak in free memory
+    (reservations and headroom only lower what is free); a job that runs alone needs an
+    unoccupied card."""
+    if run_alone:
+        return sum(1 for slots, free_mib, occupied in cards if slots > 0 and not occupied and free_mib >= peak_mib)
+    return sum(min(slots, free_mib // max(1, peak_mib)) for slots, free_mib, _ in cards if slots > 0)
+
+
 class Policy(Protocol):
     name: str
 
@@ -105,6 +166,7 @@ class Simulator:
         self.sharing = tuple(sharing)
         self.gpus = {g.index: g for g in trace.gpus}
         self.running: list[Attempt] = []
+        self._by_gpu: dict[int, list[Attempt]] = {i: [] for i in self.gpus}  # running, per card
         self._seq = 0
         self._ready_s = [0.0] * len(trace.jobs)
         self._wait_s = [0.0] * len(trace.jobs)
@@ -115,7 +177,9 @@ class Simulator:
 
     # --- what a policy may read -----------------------------------------------------------
     def on_gpu(self, gpu_index: int) -> list[Attempt]:
-        return [a for a in self.running if a.start.gpu_index == gpu_index]
+        # kept per card as attempts start and end: scanning every running attempt for each
+        # card on every event made long traces slow
+        return list(self._by_gpu.get(gpu_index, ()))
 
     def used_mib(self, gpu_index: int, now_s: float) -> float:
         held = sum(a.held_mib(now_s) for a in self.on_gpu(gpu_index))
@@ -126,20 +190,23 @@ class Simulator:
 
     # --- the event loop ---------------------------------------------------------------------
     def _rate(self, attempt: Attempt) -> float:
-        k = len(self.on_gpu(attempt.start.gpu_index))
+        k = len(self._by_gpu[attempt.start.gpu_index])
         return throughput(k, self.sharing) / k
 
     def _start(self, start: Start, now_s: float) -> None:
         job = self.trace.jobs[start.job_index]
         self._wait_s[start.job_index] += now_s - self._ready_s[start.job_index]
-        self.running.append(Attempt(start, job, now_s, self._seq, job.minutes[start.level]))
+        attempt = Attempt(start, job, now_s, self._seq, job.minutes[start.level])
+        self.running.append(attempt)
+        self._by_gpu[start.gpu_index].append(attempt)
         self._seq += 1
         g = start.gpu_index
-        self._max_jobs[g] = max(self._max_jobs[g], len(self.on_gpu(g)))
+        self._max_jobs[g] = max(self._max_jobs[g], len(self._by_gpu[g]))
 
     def _end(self, policy: Policy, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         held = attempt.held_mib(now_s)
         self.running.remove(attempt)
+        self._by_gpu[attempt.start.gpu_index].remove(attempt)
         s = attempt.start
         self._records.append(
             AttemptRecord(

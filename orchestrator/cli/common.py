@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +50,24 @@ def open_store(db_path: Path, *, create: bool = False) -> Store:
 
 def echo_json(payload: Any) -> None:
     click.echo(json.dumps(payload, indent=2, sort_keys=False, default=str))
+
+
+def echo_json_stream(items: Iterable[Any], head: dict[str, Any] | None = None, key: str = "") -> None:
+    """What `echo_json` prints for `items` as a list (or for `{**head, key: items}`), written
+    item by item: the output of a long listing never has to be in memory at once."""
+    depth = "  " if head is None else "    "
+    if head is not None:
+        opening = json.dumps({**head, key: []}, indent=2, sort_keys=False, default=str)
+        # the listing is the last member: cut its `[]` and the closing brace
+        assert opening.endswith("[]\n}")
+        click.echo(opening[: -len("[]\n}")], nl=False)
+    empty = True
+    for item in items:
+        text = json.dumps(item, indent=2, sort_keys=False, default=str)
+        click.echo(("[\n" if empty else ",\n") + textwrap.indent(text, depth), nl=False)
+        empty = False
+    closing = "[]" if empty else "\n" + depth[:-2] + "]"
+    click.echo(closing + ("" if head is None else "\n}"))
 
 
 def parse_job_ids(values: tuple[str, ...]) -> list[int]:

@@ -14,6 +14,7 @@ from rich.table import Table
 from orchestrator.cli.common import (
     db_option,
     echo_json,
+    echo_json_stream,
     fmt_duration,
     fmt_mib,
     json_option,
@@ -28,6 +29,7 @@ from orchestrator.store.queries import (
     get_attempts,
     get_events,
     get_job,
+    iter_jobs,
     job_row_to_public,
     job_to_public,
     list_jobs,
@@ -43,15 +45,19 @@ def _ts(value: float | None) -> str:
 @click.option("--state", type=click.Choice([s.value for s in JobState]), default=None, help="Only jobs in this state.")
 @click.option("--suite", default=None, help="Only jobs of this suite.")
 @click.option("--wide", is_flag=True, help="Never fold or cut a column, however wide the table gets.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many jobs (by id).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many jobs first.")
 @json_option
 @db_option
-def jobs_cmd(state: str | None, suite: str | None, wide: bool, as_json: bool, db_path: Path) -> None:
+def jobs_cmd(
+    state: str | None, suite: str | None, wide: bool, limit: int | None, offset: int, as_json: bool, db_path: Path
+) -> None:
     """List jobs (piped output: whole values in plain columns)."""
     with open_store(db_path) as store:
-        rows = list_jobs(store, state=state, suite=suite)
-    if as_json:
-        echo_json([job_row_to_public(r) for r in rows])
-        return
+        if as_json:  # streamed from the cursor: flat memory at any number of jobs
+            echo_json_stream(job_row_to_public(r) for r in iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset))
+            return
+        rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
     print_jobs(rows, wide=wide)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))

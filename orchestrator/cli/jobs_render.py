@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.plain_table import render_plain
 from orchestrator.cli.tables import fit_columns, plain_columns, print_whole
 
 COLUMNS = ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note")
@@ -57,10 +58,16 @@ def jobs_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS)
     return table
 
 
+RICH_TABLE_ROWS = 300  # above this many rows rich's layout takes seconds (~3 ms a row): plain columns
+
+
 def print_jobs(rows: Sequence[dict[str, Any]], *, wide: bool = False, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
         click.echo(plain_columns(COLUMNS, [job_cells(r) for r in rows]), nl=False)
+    elif len(rows) > RICH_TABLE_ROWS:  # whole values, states coloured, in a fraction of the time
+        click.echo(render_plain(COLUMNS, [job_cells(r) for r in rows], [STATE_STYLES.get(r["state"]) for r in rows],
+                                coloured_column=1))
     elif wide:
         print_whole(jobs_table(rows), console)
     else:

@@ -10,23 +10,35 @@ import click
 from rich.console import Console, RenderableType
 from rich.live import Live
 
-from orchestrator.cli.common import db_option, echo_json, fmt_mib, json_option, open_store
+from orchestrator.cli.common import (
+    db_option,
+    echo_json,
+    echo_json_stream,
+    fmt_mib,
+    json_option,
+    open_store,
+)
 from orchestrator.cli.render import render_status
 from orchestrator.cli.status_query import status_snapshot
 from orchestrator.cli.tables import print_whole
+from orchestrator.store.queries import iter_status_jobs
 
 
 @click.command("status")
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
 @click.option("--interval", "interval_s", type=click.FloatRange(0.2, 60.0), default=1.0, show_default=True,
               help="Seconds between refreshes of the live dashboard.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="--json: at most this many jobs in `jobs` (by id).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="--json: skip this many jobs first.")
 @json_option
 @db_option
-def status_cmd(once: bool, interval_s: float, as_json: bool, db_path: Path) -> None:
+def status_cmd(once: bool, interval_s: float, limit: int | None, offset: int, as_json: bool, db_path: Path) -> None:
     """Live dashboard: GPUs, running jobs, waiting reasons, retries, events."""
     with open_store(db_path) as store:  # a read: never creates a database
-        if as_json:
-            echo_json(status_snapshot(store))
+        if as_json:  # `jobs` streamed from the cursor: flat memory at any number of jobs
+            head = status_snapshot(store, all_jobs=False)
+            del head["jobs"]
+            echo_json_stream(iter_status_jobs(store, limit=limit, offset=offset), head, "jobs")
             return
         console = Console()
         if not console.is_terminal:

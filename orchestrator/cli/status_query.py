@@ -10,7 +10,7 @@ from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.resources import attempt_uuids, held_by_gpu
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan
-from orchestrator.store.queries import state_counts
+from orchestrator.store.queries import iter_status_jobs, state_counts
 from orchestrator.store.resources import read_host_reading
 
 RECENT_EVENTS = 12
@@ -70,11 +70,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         "SELECT ts, job_id, data_json, message FROM events WHERE data_json LIKE '%\"retry\"%' ORDER BY id DESC LIMIT 8"
     )
     events = store.query("SELECT ts, job_id, kind, message FROM events ORDER BY id DESC LIMIT ?", [RECENT_EVENTS])
-    jobs_sql = (
-        "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.attempt_count, j.level, a.gpu_index "
-        "FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.outcome IS NULL ORDER BY j.id"
-    )
-    jobs = store.query(jobs_sql) if all_jobs else []
+    jobs = list(iter_status_jobs(store)) if all_jobs else []
     return {
         "db": str(store.path),
         "daemon": {
@@ -99,14 +95,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             {"ts": r["ts"], "job": r["job_id"], **json.loads(r["data_json"])["retry"]} for r in retries
         ],
         "events": [{"ts": e["ts"], "job": e["job_id"], "kind": e["kind"], "message": e["message"]} for e in reversed(events)],
-        "jobs": [
-            {
-                "id": j["id"], "state": j["state"], "suite": j["suite"], "config": j["config_name"],
-                "seed": j["seed"], "data": j["data"], "gpu": j["gpu_index"], "attempt": j["attempt_count"],
-                "level": j["level"],
-            }
-            for j in jobs
-        ],
+        "jobs": jobs,
     }
 
 

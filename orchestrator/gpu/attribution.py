@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import psutil
 
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -15,6 +17,44 @@ def process_tree_pids(pid: int) -> frozenset[int]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return frozenset()
     return frozenset([pid, *(child.pid for child in children)])
+
+
+def _ppid_map() -> dict[int, int]:
+    """pid -> parent pid of every process: psutil's own fast table where the platform has one
+    (what `Process.children` reads), else one process_iter."""
+    fast = getattr(getattr(psutil, "_psplatform", None), "ppid_map", None)
+    if fast is not None:
+        with contextlib.suppress(Exception):
+            return {int(k): int(v) for k, v in fast().items()}
+    return {p.pid: int(p.info["ppid"]) for p in psutil.process_iter(["ppid"]) if p.info.get("ppid") is not None}
+
+
+class ProcessTrees:
+    """Process trees of many roots from one scan of the process table (a scan per root costs
+    milliseconds each on a busy host); build one per pass, as the table changes between passes."""
+
+    def __init__(self) -> None:
+        self._children: dict[int, list[int]] | None = None
+
+    def _scan(self) -> dict[int, list[int]]:
+        children: dict[int, list[int]] = {}
+        for pid, ppid in _ppid_map().items():
+            children.setdefault(ppid, []).append(pid)
+        return children
+
+    def pids(self, pid: int) -> frozenset[int]:
+        """`pid` and its descendants as of the scan; empty when `pid` is gone now."""
+        if not psutil.pid_exists(pid):
+            return frozenset()
+        if self._children is None:
+            self._children = self._scan()
+        found, stack = {pid}, [pid]
+        while stack:
+            for child in self._children.get(stack.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+        return frozenset(found)
 
 
 def tree_memory_mib(snapshot: GpuSnapshot, root_pid: int) -> int:

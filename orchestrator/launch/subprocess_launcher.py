@@ -24,7 +24,7 @@ class SubprocessLauncher:
         """Collect exited wrappers so they do not linger as zombies of the daemon."""
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
-                del self._children[pid]
+                self._children.pop(pid, None)  # launches may run in several threads
 
     def launch(self, spec: LaunchSpec) -> LaunchHandle:
         self._reap()

@@ -10,9 +10,11 @@ after the command exits (`remain-on-exit`) so the last output stays visible.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +41,10 @@ class TmuxLauncher:
             )
         self.socket_name = socket_name
         self.server = libtmux.Server(socket_name=socket_name)
+        # Learned on the first launch and kept: asking tmux again for every window cost several
+        # subprocesses each; a launch is then one `tmux new-window`.
+        self._ready = False
+        self._server_env: dict[str, str] | None = None
 
     def _session(self) -> libtmux.Session:
         """Session "orch", created on demand; another process may be creating it at the same time."""
@@ -75,17 +81,28 @@ class TmuxLauncher:
 
     def _env_for_window(self, env: dict[str, str]) -> dict[str, str]:
         """Our environment where the server's global one differs (it may predate us), plus `env`."""
-        try:
-            server_env = self.server.show_environment()
-        except tmux_exc.LibTmuxException:
-            server_env = {}
+        if self._server_env is None:
+            try:
+                self._server_env = {k: str(v) for k, v in self.server.show_environment().items()}
+            except tmux_exc.LibTmuxException:
+                self._server_env = {}
+        server_env = self._server_env
         inherited = {k: v for k, v in os.environ.items() if server_env.get(k) != v and k != "TMUX"}
         return {**inherited, **env}
 
-    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+    def _prepare(self) -> None:
+        """Once per launcher: the session exists and the server has our options (a session
+        another orch process created has them too; setting them again is harmless)."""
+        if not self._ready:
+            self._session()
+            self._configure()
+            self._ready = True
+
+    def _new_window_args(self, spec: LaunchSpec) -> list[str]:
+        """`new-window` for one attempt, printing its window id and pane pid; raises
+        LauncherError when tmux would refuse it or its run dir cannot be made."""
         # `exec`: the wrapper replaces /bin/sh, so the pane's pid is the wrapper's pid.
         command = "exec " + shlex.join(wrapper_argv(spec.run_dir, spec.argv))
-        session = self._session()
         environment = self._env_for_window(spec.env)
         size = len(command) + sum(len(k) + len(v) + 4 for k, v in environment.items())
         if size > MAX_COMMAND_BYTES:
@@ -98,23 +115,80 @@ class TmuxLauncher:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
             raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
-        try:
-            window = session.new_window(
-                window_name=spec.window_name,
-                attach=False,
-                start_directory=str(spec.cwd or Path.cwd()),
-                window_shell=command,
-                environment=environment,
-            )
-            window.set_option("remain-on-exit", "on")
-            pane = window.active_pane
-            pane_pid = int(pane.pane_pid) if pane is not None and pane.pane_pid else None
-        except tmux_exc.LibTmuxException as error:
+        args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
+                "-n", spec.window_name, "-c", str(spec.cwd or Path.cwd())]
+        for key, value in environment.items():
+            args += ["-e", f"{key}={value}"]
+        return [*args, command]
+
+    def _run(self, args: list[str], expected: int) -> list[str]:
+        """Run a tmux command (sequence); the lines it printed, one per window opened."""
+        proc = self.server.cmd(*args)
+        lines = [line for line in proc.stdout if line.strip()]
+        if proc.returncode != 0 and len(lines) < expected:
+            self._ready = False  # the session may have gone: make it again on the next try
+        return lines
+
+    @staticmethod
+    def _handle(line: str) -> LaunchHandle:
+        window_id, _, pane_pid = line.strip().partition(" ")
+        return LaunchHandle(launcher="tmux", pid=int(pane_pid) if pane_pid.isdigit() else None, window_id=window_id)
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+        self._prepare()
+        args = self._new_window_args(spec)
+        lines = self._run(args, 1)
+        if not lines:
+            self._prepare()
+            lines = self._run(args, 1)
+        if not lines:
             raise LauncherError(
-                f"tmux could not open a window for job {spec.job_id}: {error}; "
+                f"tmux could not open a window for job {spec.job_id}; "
                 f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
-            ) from None
-        return LaunchHandle(launcher=self.name, pid=pane_pid, window_id=window.window_id)
+            )
+        return self._handle(lines[0])
+
+    def launch_many(self, specs: list[LaunchSpec]) -> list[LaunchHandle | Exception]:
+        """Open many windows in one tmux call: their `new-window` commands written to a private
+        temp file and run by `source-file` (a command line is limited to one client message,
+        16 KiB, about a dozen windows). Each window prints its position, so a window tmux did
+        not open is known, and tried again alone."""
+        self._prepare()
+        results: list[LaunchHandle | Exception | None] = [None] * len(specs)
+        lines: list[str] = []
+        for i, spec in enumerate(specs):
+            try:
+                args = self._new_window_args(spec)
+            except LauncherError as error:
+                results[i] = error
+                continue
+            if any("\n" in a or "\r" in a for a in args):
+                continue  # not for a config file's syntax: launched alone below
+            args[args.index("#{window_id} #{pane_pid}")] = f"#{{window_id}} #{{pane_pid}} {i}"
+            lines.append(" ".join(_tmux_quote(a) for a in args))
+        if lines:
+            for line in self._source(lines):
+                window_id, pane_pid, index = [*line.split(), "", "", ""][:3]
+                if index.isdigit() and int(index) < len(specs):
+                    results[int(index)] = self._handle(f"{window_id} {pane_pid}")
+        for i, spec in enumerate(specs):
+            if results[i] is None:
+                try:
+                    results[i] = self.launch(spec)
+                except LauncherError as error:
+                    results[i] = error
+        return [r for r in results if r is not None]
+
+    def _source(self, commands: list[str]) -> list[str]:
+        fd, name = tempfile.mkstemp(prefix="orch-launch-", suffix=".conf")  # 0600: holds job env
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write("\n".join(commands) + "\n")
+            proc = self.server.cmd("source-file", name)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        return [line for line in proc.stdout if line.strip()]
 
     def _pane_dead(self, window_id: str) -> bool | None:
         """None when the window does not exist, else whether its command has exited."""
@@ -155,3 +229,9 @@ class TmuxLauncher:
         """Stop orch's tmux server (tests, and `orch daemon stop --all`)."""
         if self.server.is_alive():
             self.server.kill()
+
+
+def _tmux_quote(text: str) -> str:
+    """One word of tmux's command syntax that stands for `text` exactly: single quotes keep
+    everything literal ($, ~, #, ;, braces); a quote itself is closed, escaped and reopened."""
+    return "'" + text.replace("'", "'\\''") + "'"

@@ -95,6 +95,18 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
+    def iter_query(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[dict[str, Any]]:
+        """Rows one at a time from a cursor, fetched `batch` at a time: memory stays flat
+        whatever the number of rows."""
+        try:
+            cursor = self.db.conn.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            while rows := cursor.fetchmany(batch):
+                for row in rows:
+                    yield dict(zip(names, row, strict=True))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+
     def close(self) -> None:
         self.db.close()
 

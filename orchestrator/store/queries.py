@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,9 @@ def job_row_to_public(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def list_jobs(
-    store: Store, *, state: str | None = None, suite: str | None = None, limit: int | None = None
-) -> list[dict[str, Any]]:
+def _job_list_sql(
+    state: str | None, suite: str | None, limit: int | None, offset: int
+) -> tuple[str, list[Any]]:
     where: list[str] = []
     params: list[Any] = []
     if state is not None:
@@ -50,9 +51,43 @@ def list_jobs(
         where.append("j.suite = ?")
         params.append(suite)
     sql = _JOB_LIST_SQL + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY j.id"
-    if limit is not None:
-        sql += f" LIMIT {int(limit)}"
-    return store.query(sql, params)
+    if limit is not None or offset:
+        sql += " LIMIT ? OFFSET ?"
+        params += [-1 if limit is None else int(limit), int(offset)]
+    return sql, params
+
+
+def list_jobs(
+    store: Store, *, state: str | None = None, suite: str | None = None, limit: int | None = None,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    return store.query(*_job_list_sql(state, suite, limit, offset))
+
+
+def iter_jobs(
+    store: Store, *, state: str | None = None, suite: str | None = None, limit: int | None = None,
+    offset: int = 0,
+) -> Iterator[dict[str, Any]]:
+    """`list_jobs`, streamed from a cursor (for output of any length in flat memory)."""
+    return store.iter_query(*_job_list_sql(state, suite, limit, offset))
+
+
+def iter_status_jobs(store: Store, *, limit: int | None = None, offset: int = 0) -> Iterator[dict[str, Any]]:
+    """Every job in the `orch status --json` shape, by id, streamed."""
+    sql = (
+        "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.attempt_count, j.level, a.gpu_index "
+        "FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.outcome IS NULL ORDER BY j.id"
+    )
+    params: list[Any] = []
+    if limit is not None or offset:
+        sql += " LIMIT ? OFFSET ?"
+        params = [-1 if limit is None else int(limit), int(offset)]
+    for j in store.iter_query(sql, params):
+        yield {
+            "id": j["id"], "state": j["state"], "suite": j["suite"], "config": j["config_name"],
+            "seed": j["seed"], "data": j["data"], "gpu": j["gpu_index"], "attempt": j["attempt_count"],
+            "level": j["level"],
+        }
 
 
 def state_counts(store: Store) -> dict[str, int]:

@@ -242,6 +242,20 @@ def m009_untrusted_files(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m010_scale(db: sqlite_utils.Database) -> None:
+    # Reads that must not scan a queue of 100,000 jobs: the head of the queue in order, a job's
+    # attempts, succeeded attempts by end time (the run-time table is read incrementally), and
+    # the latest retry events (a partial index over exactly the dashboard's filter).
+    for statement in (
+        "CREATE INDEX jobs_queue_order ON jobs(state, priority DESC, id)",
+        "CREATE INDEX attempts_job ON attempts(job_id, n)",
+        "CREATE INDEX attempts_ended ON attempts(outcome, ended_at)",
+        "CREATE INDEX events_retry ON events(id) WHERE data_json LIKE '%\"retry\"%'",
+    ):
+        db.execute(statement)
+
+
+@MIGRATIONS()
 def m012_resources(db: sqlite_utils.Database) -> None:
     # Jobs bigger than one GPU and the host's other resources. A job asks for `gpus` cards (a
     # gang) and, when the suite says so, `cpus` cores. An attempt keeps all its cards (the first

@@ -1,0 +1,204 @@
+"""A long queue costs little: listings page and stream, the scheduling pass keeps what it
+computed per job and per shape and redoes it when its inputs change, pack stops early."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+
+from orchestrator.cli.common import echo_json, echo_json_stream
+from orchestrator.dispatch import DispatchContext, JobShapeCache, schedule
+from orchestrator.durations import CompletedRun, DurationTable
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.launch.base import LaunchHandle, LaunchSpec
+from orchestrator.memory import ShapeMemory
+from orchestrator.packing import (
+    GpuState,
+    PackingPolicy,
+    QueuedJob,
+    RunningAttempt,
+    can_take_any,
+    pack,
+)
+from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.attempts import read_all_shapes, update_attempt, write_shape
+from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+from tests.conftest import REPO_ROOT, OrchRunner
+
+# ---------------------------------------------------------------- streamed JSON
+
+
+@pytest.mark.parametrize("items", [[], [{"id": 1, "a": [1, 2], "b": None}], [{"id": i, "n": {"x": i}} for i in range(3)]])
+def test_streamed_json_is_what_echo_json_prints(items: list, capsys: pytest.CaptureFixture[str]) -> None:
+    echo_json(items)
+    whole = capsys.readouterr().out
+    echo_json_stream(iter(items))
+    assert capsys.readouterr().out == whole
+    head = {"daemon": {"alive": False}, "counts": {"queued": 3}}
+    echo_json({**head, "jobs": items})
+    whole = capsys.readouterr().out
+    echo_json_stream(iter(items), head, "jobs")
+    assert capsys.readouterr().out == whole
+    assert json.loads(whole)["jobs"] == items
+
+
+# ---------------------------------------------------------------- paging
+
+
+def test_jobs_and_status_json_page_by_limit_and_offset(orch_inproc: OrchRunner) -> None:
+    pairs = " ".join(f"{i}:glue_rte" for i in range(40))
+    assert orch_inproc("submit", "--suite", "demo", "--pairs", pairs).rc == 0
+    every = json.loads(orch_inproc("jobs", "--json").stdout)
+    assert len(every) > 40
+    page = json.loads(orch_inproc("jobs", "--json", "--limit", "5", "--offset", "10").stdout)
+    assert [j["id"] for j in page] == [j["id"] for j in every[10:15]]
+    tail = json.loads(orch_inproc("jobs", "--json", "--offset", str(len(every) - 2)).stdout)
+    assert [j["id"] for j in tail] == [j["id"] for j in every[-2:]]
+    status = json.loads(orch_inproc("status", "--json", "--limit", "3", "--offset", "1").stdout)
+    assert [j["id"] for j in status["jobs"]] == [j["id"] for j in every[1:4]]
+    assert status["counts"]["queued"] == len(every)  # the counts are of every job, not the page
+    table = orch_inproc("jobs", "--limit", "2", "--offset", "3").stdout
+    assert [line.split()[0] for line in table.splitlines()[1:]] == [str(j["id"]) for j in every[3:5]]
+    bad = orch_inproc("jobs", "--limit", "0")
+    assert bad.rc == 2 and len(bad.stderr.splitlines()) == 1 and "--limit" in bad.stderr
+
+
+def test_a_long_listing_is_a_plain_table_with_every_row(orch_inproc: OrchRunner) -> None:
+    pairs = " ".join(f"{i}:glue_rte" for i in range(40))
+    assert orch_inproc("submit", "--suite", "demo", "--pairs", pairs).rc == 0
+    n_jobs = len(json.loads(orch_inproc("jobs", "--json").stdout))
+    import orchestrator.cli.jobs_render as jobs_module
+
+    original = jobs_module.RICH_TABLE_ROWS
+    jobs_module.RICH_TABLE_ROWS = 10
+    try:
+        out = orch_inproc("jobs").stdout
+    finally:
+        jobs_module.RICH_TABLE_ROWS = original
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note"]
+    assert len(lines) == n_jobs + 1
+    assert all(line.split()[1] == "queued" for line in lines[1:])
+    assert click.unstyle(out) == out  # not a terminal: no colour codes
+
+
+# ---------------------------------------------------------------- pack
+
+
+def _queue(n: int, peak_mib: int = 1000) -> list[QueuedJob]:
+    return [QueuedJob(job_id=i, priority=0, queued_seq=i, predicted_peak_mib=peak_mib, waiting_since_s=0.0) for i in range(n)]
+
+
+def test_pack_on_a_full_machine_places_nothing_and_explains_only_the_head() -> None:
+    gpus = [GpuState(0, "u0", 24_000, 20_000, 1)]
+    running = [RunningAttempt(99, 0, 1000, 1000, True)]
+    policy = PackingPolicy(reasons_for=5)
+    assert not can_take_any(gpus, running, policy)
+    decision = pack(_queue(1000), gpus, running, policy, now_s=0.0)
+    assert decision.placements == ()
+    assert set(decision.wait_reasons) == {0, 1, 2, 3, 4}
+    assert decision.wait_reasons[0] == "all allowed GPUs at their plan cap"
+
+
+def test_pack_still_backfills_a_small_job_deep_in_the_queue() -> None:
+    gpus = [GpuState(0, "u0", 24_000, 6_000, 2)]
+    big = _queue(500, peak_mib=20_000)
+    small = QueuedJob(job_id=500, priority=0, queued_seq=500, predicted_peak_mib=1_000, waiting_since_s=0.0)
+    policy = PackingPolicy(reasons_for=3, order="fifo")
+    assert can_take_any(gpus, [], policy)
+    decision = pack([*big, small], gpus, [], policy, now_s=0.0)
+    assert [p.job_id for p in decision.placements] == [500]
+    assert {0, 1, 2} <= set(decision.wait_reasons) and len(decision.wait_reasons) <= 6
+
+
+# ---------------------------------------------------------------- run times
+
+
+def test_a_run_time_table_filled_run_by_run_answers_as_one_built_at_once() -> None:
+    runs = [CompletedRun("a", "rte", 0, 100.0), CompletedRun("b", "rte", 0, 300.0), CompletedRun("a", "qnli", 1, 900.0),
+            CompletedRun("b", "qnli", 0, 2_000.0), CompletedRun("c", "rte", 2, 50.0)]
+    growing = DurationTable()
+    for i, run in enumerate(runs):
+        growing.add(run)
+        fresh = DurationTable(runs[: i + 1])
+        for config in ("a", "b", "c", "d"):
+            for task in ("rte", "qnli", "mnli"):
+                for level in (0, 1, 2):
+                    assert growing.expected_s(config, task, level) == pytest.approx(fresh.expected_s(config, task, level))
+    # config c ran at a sixth of rte's mean; qnli's mean times that factor
+    assert growing.expected_s("c", "qnli", 0) == pytest.approx((900 + 2_000) / 2 * 50 / ((100 + 300 + 50) / 3))
+
+
+# ---------------------------------------------------------------- the scheduling pass
+
+
+class _Recorder:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.specs: list[LaunchSpec] = []
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+        self.specs.append(spec)
+        return LaunchHandle(launcher="fake", pid=None, window_id=f"@{len(self.specs)}")
+
+    def window_alive(self, handle_window_id: str) -> bool:
+        return False
+
+    def kill_window(self, window_id: str) -> None:
+        return None
+
+    def attach_command(self, window_id: str) -> list[str]:
+        return []
+
+
+def _store_with_queue(tmp_path: Path, n: int) -> Store:
+    suite = load_suite("demo", REPO_ROOT / "plans")
+    store = Store(tmp_path / "state.db")
+    specs = expand_jobs(suite, parse_pairs(" ".join(f"{i}:glue_rte" for i in range(n))), {}, None, 0)
+    submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
+    return store
+
+
+def test_a_queued_job_is_predicted_again_when_its_shape_learns_a_peak(tmp_path: Path) -> None:
+    store = _store_with_queue(tmp_path, 3)
+    ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
+    cache = JobShapeCache()
+    gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
+    launcher = _Recorder()
+    first = schedule(store, gpu, launcher, ctx, cache, draining=False)
+    assert len(first.placements) == 1
+    (attempt,) = store.query("SELECT * FROM attempts")
+    assert attempt["prediction_source"] != "measured"
+    queued = store.query("SELECT id FROM jobs WHERE state = 'queued' ORDER BY id")
+    facts = cache.jobs[queued[0]["id"]]
+    write_shape(store, facts.shape.shape_key, ShapeMemory(peak_mib=3_000, oom_floor_mib=None, samples=1))
+    assert facts.shape.shape_key in read_all_shapes(store)
+    # the running attempt ends: the slot frees, and the next job of that shape starts
+    update_attempt(store, attempt["id"], outcome="succeeded", ended_at=attempt["started_at"] + 5)
+    store.db.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", [attempt["job_id"]])
+    store.db.conn.commit()
+    second = schedule(store, gpu, launcher, ctx, cache, draining=False)
+    placed = [p for p in second.placements if p.job_id == queued[0]["id"]]
+    assert placed and placed[0].reserved_mib == 3_150  # measured x 1.05
+    started = store.query("SELECT prediction_source FROM attempts WHERE job_id = ?", [queued[0]["id"]])
+    assert started[0]["prediction_source"] == "measured"
+    assert len(launcher.specs) == 2
+
+
+def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path) -> None:
+    store = _store_with_queue(tmp_path, 200)
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=0))
+    ctx = DispatchContext(tmp_path / "runs", PackingPolicy(reasons_for=7), {})
+    cache = JobShapeCache()
+    gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
+    decision = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
+    assert decision.placements == ()
+    assert len(cache.jobs) == 7  # the head only: nothing else was read or computed
+    reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
+    assert len(reasons) == 7 and all("0 slots" in r["wait_reason"] for r in reasons)
