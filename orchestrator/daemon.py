@@ -27,7 +27,13 @@ from orchestrator.diskspace import (
     DiskState,
     disk_state,
 )
-from orchestrator.dispatch import DispatchContext, JobShapeCache, job_worker_output, schedule
+from orchestrator.dispatch import (
+    DispatchContext,
+    JobShapeCache,
+    attempt_shape_key,
+    job_worker_output,
+    schedule,
+)
 from orchestrator.dispatch_remote import schedule_remote
 from orchestrator.errors import DaemonError, OrchError
 from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
@@ -35,6 +41,7 @@ from orchestrator.executors.remote_verdict import remote_end, remote_observation
 from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
+from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
@@ -58,6 +65,8 @@ from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
+from orchestrator.store.resources import learn_host_shape, write_host_reading
+from orchestrator.track_resources import ResourceTracker
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,19 @@ class DaemonSettings:
     max_in_queue: int = 16  # a remote executor (Slurm): attempts kept submitted at once
     min_free_mib: int = DEFAULT_MIN_FREE_MIB  # below this on the runs dir's filesystem, jobs wait
     warn_free_mib: int = DEFAULT_WARN_FREE_MIB  # below this, the daemon warns
+    host_reserve_mib: int = 2048  # host RAM no job may take (--host-reserve-gib)
+
+
+def _topology(probe: GpuProbe) -> dict[tuple[int, int], int] | None:
+    """Card distances where the probe can tell (NVML, simulated pairs); None elsewhere."""
+    read = getattr(probe, "topology", None)
+    if read is None:
+        return None
+    try:
+        return dict(read())
+    except Exception:  # topology only orders equally good choices: never stop the daemon for it
+        log.warning("cannot read the GPU topology", exc_info=True)
+        return None
 
 
 class Daemon:
@@ -97,7 +119,11 @@ class Daemon:
                 starvation_s=settings.starvation_s, order=settings.order,
             ),
             worker_env=worker_env,
+            host=make_host_probe(), host_reserve_mib=settings.host_reserve_mib,
+            topology=_topology(probe),
         )
+        self.resources = ResourceTracker(self.ctx.host)
+        self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
@@ -265,6 +291,7 @@ class Daemon:
         attempt is handled apart: an exception is recorded against that attempt and the others
         (and the loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
+        self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
         still_live = 0
         live = live_attempts(self.store)
@@ -330,6 +357,7 @@ class Daemon:
             self._kill(hung, obs)
             complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
         elif verdict is Verdict.FINISHED:
+            self._learn_host(attempt)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
             self._cleanup(attempt)
         elif verdict is Verdict.LOST:
@@ -419,11 +447,14 @@ class Daemon:
                 pid = group[0]
         alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
         if gpu is not None and alive and pid:
-            held = gpu.memory_of(self._trees.pids(int(pid)))
+            tree = self._trees.pids(int(pid))
+            held = gpu.memory_of(tree)
             if held != attempt["held_mib"]:
                 fields["held_mib"] = held
             if held > attempt["peak_mib"]:
                 fields["peak_mib"] = held
+            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid))
+            held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
             if not attempt["reached_peak"] and (progressed or held >= attempt["predicted_peak_mib"]):
                 fields["reached_peak"] = 1
@@ -437,6 +468,18 @@ class Daemon:
                 fields["last_progress_at"] = obs.last_output_at
         if fields:
             update_attempt(self.store, attempt["id"], **fields)
+
+    def _learn_host(self, attempt: dict[str, Any]) -> None:
+        """A finished attempt's host RAM and CPU peaks teach its shape."""
+        self.resources.forget(int(attempt["id"]))
+        if not attempt.get("host_peak_mib"):
+            return
+        try:
+            job = self.store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.cache),
+                             int(attempt["host_peak_mib"]), attempt.get("cpu_peak_cores"))
+        except Exception:  # a bad config row must not stop reconciling the others
+            log.warning("cannot record the host memory of attempt %s", attempt["id"], exc_info=True)
 
     def _learn_rate(self, attempt: dict[str, Any], obs: Any, tenants: int) -> None:
         """Samples/s of the attempt between two of its progress readings, recorded with the
@@ -473,6 +516,14 @@ class Daemon:
             kill_process_group(group[0], grace_s=KILL_GRACE_S)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+        if self.ctx.host is not None:
+            reading = self.ctx.host.snapshot()
+            ours = sum(int(r["host_held_mib"] or 0) for r in self.store.query(
+                "SELECT host_held_mib FROM attempts WHERE outcome IS NULL"))
+            write_host_reading(self.store, {
+                "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
+                "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
+            })
         with self.store.write():
             self.store.db.execute(
                 "UPDATE daemon SET heartbeat_at = ?, gpus_json = ? WHERE id = 1",

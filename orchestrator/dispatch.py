@@ -38,7 +38,6 @@ from orchestrator.packing import (
     GpuState,
     PackingDecision,
     QueuedJob,
-    RunningAttempt,
     can_take_any,
     headroom_mib,
     pack,
@@ -46,6 +45,7 @@ from orchestrator.packing import (
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
+from orchestrator.resources import host_state, predict_host_mib, running_attempts
 from orchestrator.shapes import memory_hash
 from orchestrator.store.attempts import (
     read_all_prompt_lengths,
@@ -61,6 +61,7 @@ from orchestrator.store.queue import (
     queued_jobs,
     succeeded_runs_since,
 )
+from orchestrator.store.resources import read_host_shapes
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class JobFacts:
     level: Level
     shape: ShapeFacts
     allowed: frozenset[int] | None
+    gpus: int = 1  # a multi-GPU job's cards
+    cpus: int | None = None  # cores the suite asks for
+    declared_host_mib: int | None = None  # the config's host_mem_gib
 
 
 @dataclass
@@ -231,9 +235,12 @@ def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
 
 def job_shape_key(job: dict[str, Any], level: Level) -> str:
     """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
-    suite's `memory_keys`), model, level index and task."""
+    suite's `memory_keys`, and the number of GPUs of a multi-GPU job), model, level index and task."""
     config = json.loads(job["config_json"])
     extra = json.loads(job.get("memory_keys_json") or "[]")
+    gpus = int(job.get("gpus") or 1)
+    if gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
+        config, extra = {**config, "gpus": gpus}, [*extra, "gpus"]
     foreign = job["worker"] not in OUR_WORKERS  # its memory keys are not known: all but the harmless
     return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), level.index, job["data"])
 
@@ -378,13 +385,10 @@ def schedule(
     start now (a full disk); every queued job shows it."""
     paused = paused_suites(store)
     live = live_attempt_rows(store)
-    running = [
-        RunningAttempt(
-            job_id=a["job_id"], gpu_index=a["gpu_index"], predicted_peak_mib=a["predicted_peak_mib"],
-            held_mib=a["held_mib"], reached_peak=bool(a["reached_peak"]), run_alone=bool(a["run_alone"]),
-        )
-        for a in live
-    ]
+    live_jobs = jobs_by_id(store, sorted({int(a["job_id"]) for a in live}))
+    durations = refresh_durations(store, cache)
+    # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
+    running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
     gpus = gpu_states(snapshots, get_gpu_plan(store))
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
     queued_rows = queued_jobs(store, limit=None if whole_queue else ctx.policy.reasons_for)
@@ -393,11 +397,16 @@ def schedule(
     queue: list[QueuedJob] = []
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
-    live_jobs = jobs_by_id(store, sorted({int(a["job_id"]) for a in live}))
     knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(dict(j), a, cache)))
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
-    durations = refresh_durations(store, cache)
+    host_shapes = read_host_shapes(store)
+    host_running: dict[str, int] = {}
+    for a in live:
+        if a["job_id"] in live_jobs:
+            key = attempt_shape_key(dict(live_jobs[a["job_id"]]), a, cache)
+            host_running[key] = max(host_running.get(key, 0), int(a["host_peak_mib"] or 0))
     predictions: dict[int, tuple[int, str]] = {}
+    host_predictions: dict[int, int] = {}
     # A prediction above every usable card (an inflated estimate or OOM floor) would keep a job
     # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
     ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
@@ -416,6 +425,8 @@ def schedule(
         if ceiling_mib is not None and predicted_mib > ceiling_mib:
             predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
         predictions[job["id"]] = (predicted_mib, source)
+        host_predictions[job["id"]], _ = predict_host_mib(
+            host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
         queue.append(
             QueuedJob(
                 job_id=job["id"], priority=job["priority"], queued_seq=job["id"],
@@ -424,6 +435,7 @@ def schedule(
                 expected_duration_s=durations.expected_s(job["config_name"], job["data"], facts.level.index),
                 throughput_by_gpu=curves.get(facts.shape.shape_key),
                 min_stack_gain=job.get("min_stack_gain"),
+                gpus=facts.gpus, host_mib=host_predictions[job["id"]], cpus=facts.cpus,
             )
         )
     if whole_queue:  # forget jobs that left the queue, and shapes no queued job has
@@ -432,7 +444,12 @@ def schedule(
         if len(cache.shapes) > 2 * len(cache.jobs) + 100:
             kept = {id(f.shape) for f in cache.jobs.values()}
             cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept}
-    decision = pack(queue, gpus, running, ctx.policy, now_s())
+    host = None
+    if ctx.host is not None:
+        cpus_of_job = {j["id"]: j.get("cpus") for j in live_jobs.values()}
+        host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
+                          any(q.cpus is not None for q in queue))
+    decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology)
     reasons.update(decision.wait_reasons)
     placed = jobs_by_id(store, [p.job_id for p in decision.placements])
     by_index = {s.index: s for s in snapshots}
@@ -442,13 +459,33 @@ def schedule(
         job, level = placed[placement.job_id], cache.jobs[placement.job_id].level
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level),
-                        by_index[placement.gpu_index], predicted, source, placement.reserved_mib)
+                        by_index[placement.gpu_index], predicted, source, placement.reserved_mib,
+                        tuple(by_index[i] for i in placement.all_gpus), host_predictions[placement.job_id])
         if claimed is not None:
             claims.append(claimed)
     launch_all(store, launcher, ctx, claims)
     explained = queued_rows if whole_queue else [r for r in queued_rows if r["id"] in reasons]
     _write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
+
+
+def _expected_end(
+    live_jobs: Mapping[int, Mapping[str, Any]], durations: DurationTable
+) -> Callable[[Mapping[str, Any]], float | None]:
+    """When a live attempt is expected to end: its start plus the learned run time of its kind."""
+    def end(a: Mapping[str, Any]) -> float | None:
+        job = live_jobs.get(a["job_id"])
+        expected = durations.expected_s(job["config_name"], job["data"], int(a["level"])) if job else None
+        return None if expected is None else float(a["started_at"]) + expected
+    return end
+
+
+def _declared_host_mib(job: Mapping[str, Any]) -> int | None:
+    """The config's `host_mem_gib` (RAM of the whole process tree), when it gives a number."""
+    value = json.loads(job["config_json"]).get("host_mem_gib")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 65536:
+        return None
+    return round(value * 1024)
 
 
 def _learn_new_jobs(store: Store, rows: list[dict[str, Any]], cache: JobShapeCache) -> None:
@@ -470,6 +507,7 @@ def _learn_new_jobs(store: Store, rows: list[dict[str, Any]], cache: JobShapeCac
         cache.jobs[job["id"]] = JobFacts(
             key=(job["level"], job["host_steps_json"]), level=level, shape=_shape_facts(job, level, cache),
             allowed=frozenset(allowed) if allowed is not None else None,
+            gpus=int(job.get("gpus") or 1), cpus=job.get("cpus"), declared_host_mib=_declared_host_mib(job),
         )
 
 

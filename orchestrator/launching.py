@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +15,16 @@ import psutil
 
 from orchestrator.diskspace import is_disk_full_error
 from orchestrator.errors import InvalidTransition, LauncherError, OrchError
+from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import Level
 from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
+from orchestrator.resources import free_port
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.db import Store
+from orchestrator.store.resources import live_ports
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class DispatchContext:
     runs_dir: Path
     policy: PackingPolicy
     worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
+    host: HostProbe | None = None  # host RAM and cores; None: not looked at
+    host_reserve_mib: int = 2048  # kept free of jobs (--host-reserve-gib)
+    topology: Mapping[tuple[int, int], int] | None = None  # card distances, read once at start
 
 
 def _safe_name(text: str) -> str:
@@ -48,6 +54,7 @@ class Claim:
     gpu: GpuSnapshot
     attempt: dict[str, Any]
     config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
+    cards: tuple[GpuSnapshot, ...] = ()  # a multi-GPU job's cards in order (gpu is the first)
 
 
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
@@ -119,28 +126,33 @@ def claim(
     predicted_mib: int,
     source: str,
     reserved_mib: int,
+    cards: tuple[GpuSnapshot, ...] = (),
+    host_mib: int = 0,
 ) -> Claim | None:
-    """Write the attempt as started (the job moves to running); None if the job left the queue."""
+    """Write the attempt as started (the job moves to running); None if the job left the queue.
+    A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
+    uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
     plan = AttemptPlan(
         job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
         level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
-        reserved_mib=reserved_mib,
+        reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
     except InvalidTransition:
         return None  # cancelled between the read and the claim
-    return Claim(job, gpu, attempt, config)
+    return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
 
 
 def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
     """Run dir and launch spec of one claimed attempt; no database access (it runs in a pool)."""
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
+    cards = claimed.cards or (gpu,)
     run_dir = Path(attempt["run_dir"])
     try:
         env = build_worker_env(
-            gpu_uuid=gpu.uuid, gpu_index=gpu.index, seed=job["seed"],
+            gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job["seed"],
             suite_env=json.loads(job["env_json"]),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
                    "ORCH_RUN_DIR": str(run_dir)},
@@ -148,7 +160,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
         prepare_run_dir(run_dir, claimed.config, env)
         argv = build_argv(
             job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
-            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"])}, config=claimed.config,
+            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"]),
+                    "nproc": str(len(cards)), "port": str(attempt["port"])}, config=claimed.config,
         )
     except (OSError, ValueError, OrchError, LauncherError) as exc:
         return exc

@@ -43,7 +43,7 @@ NOT_MEMORY_KEYS: frozenset[str] = frozenset(
         "warmup_ratio", "weight_decay", "lr_scheduler_type", "output_dir", "run_name", "logging_dir",
         "logging_steps", "eval_steps", "save_steps", "eval_every_steps", "save_total_limit",
         "report_to", "overwrite_output_dir", "resume_from_checkpoint", "data", "data_dir",
-        "sim_seconds", "sim_ramp_s",
+        "sim_seconds", "sim_ramp_s", "host_mem_gib", "cpus",
     }
 )  # fmt: skip
 

@@ -290,21 +290,79 @@ def pseudo_accuracy(seed: int, config: dict[str, Any]) -> float:
     return round(0.7 + 0.2 * digest / 1000, 4)
 
 
+def resolve_gpus(visible: str, sizes_mib: list[int]) -> list[int]:
+    """Indices of every simulated GPU CUDA_VISIBLE_DEVICES names, in its order."""
+    return [resolve_gpu(item, sizes_mib) for item in visible.split(",") if item.strip()] or [resolve_gpu("0", sizes_mib)]
+
+
+class GangAllocation(SimAllocation):
+    """One process holding the same memory on each of its GPUs, as the ranks of a multi-GPU job
+    each hold theirs: an allocation that does not fit on any one card is the job's OOM."""
+
+    def __init__(self, parts: list[SimAllocation]) -> None:
+        super().__init__(parts[0].directory, parts[0].total_mib)
+        self.parts = parts
+
+    def allocate(self, request_mib: int) -> str | None:
+        for part in self.parts:
+            message = part.allocate(request_mib)
+            if message is not None:
+                self.release()
+                return message
+        self.peak_mib = max(part.peak_mib for part in self.parts)
+        return None
+
+    def release(self) -> None:
+        for part in self.parts:
+            part.release()
+
+
+HOST_DIR = "host"  # $ORCH_SIM_DIR/host: simulated host RAM, same holder files as a GPU
+
+
+def hold_host(config: dict[str, Any]) -> SimAllocation | None:
+    """Take `sim_host_gib` of the simulated host RAM ($ORCH_SIM_HOST, e.g. "32GiB"); more than
+    is free fails as torch's CPU allocator does (a host OOM)."""
+    want_gib = config.get("sim_host_gib")
+    total_spec = os.environ.get("ORCH_SIM_HOST", "")
+    if not want_gib or not total_spec.strip():
+        return None
+    directory = Path(os.environ["ORCH_SIM_DIR"]) / HOST_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    host = SimAllocation(directory, parse_sizes_mib(total_spec)[0])
+    want_mib = round(float(want_gib) * 1024)
+    if host.allocate(want_mib) is not None:
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: "
+            f"you tried to allocate {want_mib * 1024 * 1024} bytes. Error code {ENOMEM} (Cannot allocate memory)"
+        )
+    return host
+
+
 def run(config: dict[str, Any], run_dir: Path) -> int:
     sizes_mib = parse_sizes_mib(os.environ["ORCH_SIM_GPUS"])
-    index = resolve_gpu(os.environ.get("CUDA_VISIBLE_DEVICES", "0"), sizes_mib)
-    alloc = SimAllocation(gpu_dir(Path(os.environ["ORCH_SIM_DIR"]), index), sizes_mib[index])
+    indices = resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES", "0"), sizes_mib)
+    state = Path(os.environ["ORCH_SIM_DIR"])
+    parts = [SimAllocation(gpu_dir(state, i), sizes_mib[i]) for i in indices]
+    alloc = parts[0] if len(parts) == 1 else GangAllocation(parts)
+    host: list[SimAllocation] = []
 
     def on_term(signum: int, _frame: object) -> None:
         alloc.release()
+        for held in host:
+            held.release()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     try:
+        held_host = hold_host(config)  # weights and data loaded into host RAM first
+        host.extend([held_host] if held_host else [])
         return train(config, run_dir, alloc)
     finally:
         alloc.release()
+        for held in host:
+            held.release()
 
 
 def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
@@ -381,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS"):
             if not os.environ.get(name):
                 raise ValueError(f"{name} is not set: the sim worker needs the simulated GPUs")
-        resolve_gpu(
+        resolve_gpus(
             os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
             parse_sizes_mib(os.environ["ORCH_SIM_GPUS"]),
         )

@@ -7,6 +7,8 @@
 #             one per card (plan 1), both with the ballast on each card
 #   learn:    minutes-long jobs declared too low and too high (learn_sweep.py): concurrency of
 #             the first 10 minutes against an oracle, OOMs after the first per shape
+#   torchrun: two torchrun jobs (examples/torchrun_tiny.py, DDP over gloo) through orch, 2 ranks
+#             each (on one card when the machine has one), reporting per-rank peaks (~3 min)
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
 set -x
 set -o pipefail
@@ -46,6 +48,10 @@ mkdir -p "$OUT"
       timeout 230 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline_x2 --gpu-plan 1 --budget-s 200
       [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
       python3 benchmarks/gpu/analyze.py "$WORK/packed_x2" --baseline "$WORK/baseline_x2" --out "$OUT/summary_x2.json" | tail -5
+      ;;
+    torchrun)
+      timeout 220 python3 benchmarks/gpu/torchrun_orch.py --work /tmp/orch-torchrun --out "$OUT" --budget-s 180
+      nvidia-smi --query-gpu=memory.used --format=csv
       ;;
     learn)
       timeout 540 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 390

@@ -37,7 +37,7 @@ def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[
         os.environ.setdefault("ORCH_SIM_DIR", str(sim_dir(db_path)))
         Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
         probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
-        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS") if os.environ.get(k)}
+        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS", "ORCH_SIM_HOST") if os.environ.get(k)}
         return probe, {"ORCH_GPU_BACKEND": "sim", **env}
     return make_probe(chosen), {}
 
@@ -77,6 +77,13 @@ def _notify_option(func):  # type: ignore[no-untyped-def]
         "--notify", "notify_urls", multiple=True, envvar="ORCH_NOTIFY", metavar="URL",
         help="Send a one-line summary here when a suite finishes or a job fails (Apprise URL, "
              "e.g. ntfy://TOPIC or slack://...; repeatable; env ORCH_NOTIFY, space-separated; needs orch[notify]).",
+    )(func)
+
+
+def _host_reserve_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--host-reserve-gib", "host_reserve_gib", type=click.FloatRange(0.0, 65536.0), default=2.0, show_default=True,
+        help="Host RAM kept free of jobs: a job starts only when its predicted host RAM fits in the rest.",
     )(func)
 
 
@@ -152,6 +159,7 @@ def _make_executor(executor_kind: str | None, launcher_kind: str | None, db_path
               help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
 @_order_option
 @_notify_option
+@_host_reserve_option
 @_disk_options
 @db_option
 def daemon_run(
@@ -167,6 +175,7 @@ def daemon_run(
     launcher_kind: str | None,
     order: str,
     notify_urls: tuple[str, ...],
+    host_reserve_gib: float,
     min_free_mib: int,
     warn_free_mib: int,
     db_path: Path,
@@ -188,6 +197,7 @@ def daemon_run(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
             max_in_queue=max_in_queue,
+            host_reserve_mib=round(host_reserve_gib * 1024),
             min_free_mib=min_free_mib, warn_free_mib=warn_free_mib,
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
@@ -203,6 +213,7 @@ def daemon_run(
 @_order_option
 @_headroom_options
 @_notify_option
+@_host_reserve_option
 @_disk_options
 @db_option
 def daemon_start(
@@ -218,6 +229,7 @@ def daemon_start(
     headroom_fraction: float,
     headroom_max_gib: float,
     notify_urls: tuple[str, ...],
+    host_reserve_gib: float,
     min_free_mib: int,
     warn_free_mib: int,
     db_path: Path,
@@ -227,6 +239,7 @@ def daemon_start(
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
+                    "--host-reserve-gib", str(host_reserve_gib),
                     "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
                     *_executor_args(executor_kind, partition, account, shard_mib, max_in_queue)],
         notify_urls=notify_urls,

@@ -51,6 +51,15 @@ def _gpu_table(snapshot: dict[str, Any]) -> Table:
     return table
 
 
+def host_line(host: dict[str, Any]) -> Text:
+    """`host RAM [bar] ours 18.0 GiB, others 1.2 GiB, free 4.8 GiB (2.0 GiB reserved)`."""
+    line = Text("host RAM ")
+    line.append_text(memory_bar(host["total_mib"], host["ours_mib"], host["others_mib"]))
+    line.append(f" ours {fmt_mib(host['ours_mib'])}, others {fmt_mib(host['others_mib'])}, "
+                f"free {fmt_mib(host['free_mib'])} ({fmt_mib(host['reserve_mib'])} reserved)")
+    return line
+
+
 RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
 # Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay.
 RUNNING_OPTIONAL = ("step", "loss", "elapsed", "lvl", "mem/pred", "data", "att", "seed")
@@ -200,6 +209,8 @@ def _frame(
         parts.append(Text(line, style="red" if disk["level"] == "full" else "yellow"))
     if snapshot["gpus"]:
         parts.append(Panel(_gpu_table(snapshot), title="GPUs", title_align="left"))
+    if snapshot.get("host"):
+        parts.append(host_line(snapshot["host"]))
     if running:
         shown = running if len(running) <= limits["running"] else running[: max(1, limits["running"] - 1)]
         table = _running_table(shown, width)

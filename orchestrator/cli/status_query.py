@@ -7,9 +7,11 @@ from typing import Any
 
 from orchestrator.daemon_state import daemon_alive
 from orchestrator.plans import DEFAULT_SLOTS
+from orchestrator.resources import attempt_uuids, held_by_gpu
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import iter_status_jobs, state_counts
+from orchestrator.store.resources import read_host_reading
 
 RECENT_EVENTS = 12
 FIRST_WAITING = 6
@@ -26,8 +28,8 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
     )
     gpus: list[dict[str, Any]] = []
     for g in gpus_raw:
-        on_gpu = [a for a in live if a["gpu_uuid"] == g["uuid"]]
-        orch_mib = sum(a["held_mib"] or 0 for a in on_gpu)
+        on_gpu = [a for a in live if g["uuid"] in attempt_uuids(a)]  # every rank of a gang counts
+        orch_mib = sum(held_by_gpu(a).get(g["uuid"], a["held_mib"] or 0) for a in on_gpu)
         gpus.append(
             {
                 "index": g["index"],
@@ -81,6 +83,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "last_tick_age_s": (now_s() - daemon_row[0]["heartbeat_at"]) if daemon_row and daemon_row[0]["heartbeat_at"] else None,
         },
         "gpus": gpus,
+        "host": host_summary(read_host_reading(store)),
         # the runs dir's free space as the daemon last read it: {path, free_mib, min_free_mib,
         # warn_free_mib, level: ok|low|full}; null before a daemon has run
         "disk": json.loads(daemon_row[0]["disk_json"]) if daemon_row and daemon_row[0]["disk_json"] else None,
@@ -96,4 +99,19 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         ],
         "events": [{"ts": e["ts"], "job": e["job_id"], "kind": e["kind"], "message": e["message"]} for e in reversed(events)],
         "jobs": jobs,
+    }
+
+
+def host_summary(reading: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Host RAM as `orch status` shows it: ours (our attempts' trees), others, free; None
+    before a daemon has read it."""
+    if reading is None:
+        return None
+    try:
+        total, available, ours = int(reading["total_mib"]), int(reading["available_mib"]), int(reading["ours_mib"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {
+        "total_mib": total, "ours_mib": ours, "others_mib": max(0, total - available - ours),
+        "free_mib": available, "reserve_mib": int(reading.get("reserve_mib") or 0),
     }

@@ -107,6 +107,29 @@ class NvmlProbe:
                 per_pid[int(info.pid)] = max(per_pid.get(int(info.pid), 0), mib or 0)
         return tuple(ProcessMemory(pid, mib) for pid, mib in sorted(per_pid.items()))
 
+    def topology(self) -> dict[tuple[int, int], int]:
+        """Pairwise distance of the cards by NVML's common ancestor (10: same board or switch,
+        20: several switches, 30: host bridge, 40: NUMA node, 50: across sockets); NVLink-
+        connected pairs count as 0. Pairs NVML cannot place are left out (distance 0)."""
+        nvml = self._init()
+        distances: dict[tuple[int, int], int] = {}
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except nvml.NVMLError:
+            return distances
+        for i, a in enumerate(handles):
+            for j in range(i + 1, len(handles)):
+                try:
+                    level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(a, handles[j]))
+                except (nvml.NVMLError, AttributeError):
+                    continue
+                try:
+                    linked = nvml.nvmlDeviceGetP2PStatus(a, handles[j], nvml.NVML_P2P_CAPS_INDEX_NVLINK) == 0
+                except (nvml.NVMLError, AttributeError):
+                    linked = False
+                distances[(i, j)] = 0 if linked else level
+        return distances
+
     def close(self) -> None:
         with self._lock:
             if self._nvml is not None:

@@ -112,6 +112,11 @@ class SimProbe:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 
+    def topology(self) -> dict[tuple[int, int], int]:
+        from orchestrator.gpu.host import sim_topology
+
+        return sim_topology(len(self.sizes_mib))
+
     def close(self) -> None:
         """Nothing to release: the probe holds no handles between snapshots."""
 

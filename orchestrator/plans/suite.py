@@ -26,6 +26,7 @@ from orchestrator.plans.inputs import (
     shown_value,
 )
 from orchestrator.plans.keymap import NO_KEYS, KeyMap, parse_keys
+from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex
 from orchestrator.yaml_limits import read_yaml_file
@@ -39,6 +40,7 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "eval_every_steps", "weight_decay", "warmup_steps",
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
         "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind",
+        "gpus", "cpus", "host_mem_gib", "sim_host_gib",
     }
 )
 
@@ -116,6 +118,8 @@ class Suite:
     memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
     min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain
     slurm: dict[str, Any] = field(default_factory=dict)  # validated `slurm:` settings (executors.slurm_parse)
+    gpus: int = 1  # cards per job (a gang) unless a config says otherwise
+    cpus: int | None = None  # cores per job, counted only when set
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -183,6 +187,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex",
         "memory_keys", "min_stack_gain", "slurm",
+        "gpus", "cpus",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -263,7 +268,13 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     min_stack_gain = _typed(path, data, "min_stack_gain", (int, float), None)
     if min_stack_gain is not None and not (math.isfinite(min_stack_gain) and 0 <= min_stack_gain <= 1):
         raise PlanError(f"suite {path}: `min_stack_gain` must be a fraction between 0 and 1 (e.g. 0.10)")
+    gpus = parse_count(data["gpus"], "gpus", f"suite {path}", MAX_GPUS) if data.get("gpus") is not None else 1
+    cpus = parse_count(data["cpus"], "cpus", f"suite {path}", MAX_CPUS) if data.get("cpus") is not None else None
+    for spec in configs:
+        job_resources(spec.content, gpus, cpus, f"config {spec.path}")
     return Suite(
+        gpus=gpus,
+        cpus=cpus,
         name=name,
         path=path.resolve(),
         worker=worker.strip(),
@@ -345,6 +356,8 @@ class JobSpec:
     overrides: dict[str, Scalar]
     env: dict[str, str]  # suite env + env.* overrides
     identity: str
+    gpus: int = 1
+    cpus: int | None = None
 
 
 def job_identity(suite: str, config: ConfigSpec, pair: Pair, overrides: dict[str, Scalar]) -> str:
@@ -395,6 +408,7 @@ def expand_jobs(
             merged.update(config_overrides)
             merged["seed"] = pair.seed
             merged["data"] = pair.data
+            gpus, cpus = job_resources(merged, suite.gpus, suite.cpus, f"config {config.name}")
             jobs.append(
                 JobSpec(
                     suite=suite.name,
@@ -406,6 +420,8 @@ def expand_jobs(
                     overrides=dict(overrides),
                     env=env,
                     identity=job_identity(suite.name, config, pair, overrides),
+                    gpus=gpus,
+                    cpus=cpus,
                 )
             )
     if isinstance(round_selector, int) and not suite.rounds:

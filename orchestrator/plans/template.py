@@ -5,6 +5,8 @@ A template such as `python train.py --cfg {config} --batch-size {cfg.batch_size}
 is then parsed into literal text and placeholders:
 
 - `{config}` `{run_dir}` `{seed}` `{data}` `{job}`: the attempt's config.yaml, run dir, ...;
+- `{nproc}` `{port}`: the job's number of GPUs (`gpus:`) and a free TCP port chosen per attempt,
+  for `torchrun --nproc_per_node={nproc} --master_port={port}` (two jobs never share 29500);
 - `{cfg.KEY}`: the attempt's config value of KEY, after `--set` and the ladder (numbers as
   Python writes them, `true`/`false` for booleans, lists and mappings as JSON);
 - `{cfg.KEY?TEXT}`: TEXT when KEY is true (or a non-zero number, a non-empty string), nothing
@@ -26,7 +28,7 @@ from typing import Any
 
 from orchestrator.errors import PlanError
 
-NAMES = ("config", "run_dir", "seed", "data", "job")
+NAMES = ("config", "run_dir", "seed", "data", "job", "nproc", "port")
 _PART = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _CFG = re.compile(r"^cfg\.([A-Za-z0-9_][A-Za-z0-9_.\-]{0,127})(?:\?([^{}]*))?$")
 _NAMES_SHOWN = ", ".join("{" + n + "}" for n in NAMES)

@@ -28,6 +28,9 @@ class AttemptPlan:
     predicted_peak_mib: int
     prediction_source: str
     reserved_mib: int
+    gpu_uuids: tuple[str, ...] = ()  # a multi-GPU job's cards in order (the first is gpu_uuid)
+    port: int | None = None  # the rendezvous port chosen for this attempt ({port})
+    predicted_host_mib: int = 0  # host RAM reserved for the attempt's process tree
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str, Any]:
@@ -51,18 +54,27 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str
             ],
         )
         attempt_id = int(cursor.lastrowid or 0)
+        store.db.execute(
+            "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ? WHERE id = ?",
+            [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib, attempt_id],
+        )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""
         transition(
             store, plan.job_id, JobState.RUNNING,
             message=(
-                f"attempt {n} started on GPU {plan.gpu_index}{level_note}, predicted "
-                f"{plan.predicted_peak_mib / 1024:.1f} GiB ({plan.prediction_source})"
+                f"attempt {n} started on GPU {plan.gpu_index}{_more_gpus(plan)}{level_note}, predicted "
+                f"{plan.predicted_peak_mib / 1024:.1f} GiB{' per GPU' if len(plan.gpu_uuids) > 1 else ''} "
+                f"({plan.prediction_source})"
             ),
             kind="start", expect_from=[JobState.QUEUED], attempt_id=attempt_id,
             fields={"attempt_count": n, "wait_reason": None},
         )
     return store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])[0]
+
+
+def _more_gpus(plan: AttemptPlan) -> str:
+    return f" and {len(plan.gpu_uuids) - 1} more" if len(plan.gpu_uuids) > 1 else ""
 
 
 def update_attempt(store: Store, attempt_id: int, **fields: Any) -> None:

@@ -141,6 +141,7 @@ def submit_jobs(
             job_id = int(cursor.lastrowid or 0)
             if getattr(suite, "slurm", None):
                 store.db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
+            store.db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
             add_event(
                 store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed} on {spec.data}",
                 job_id=job_id, to_state=JobState.QUEUED.value,

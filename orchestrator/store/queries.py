@@ -114,6 +114,25 @@ def get_events(store: Store, job_id: int | None = None, limit: int = 200) -> lis
     return store.query("SELECT * FROM events WHERE job_id = ? ORDER BY id LIMIT ?", [job_id, limit])
 
 
+def _json_or_none(text: Any) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _resources_public(row: dict[str, Any]) -> dict[str, Any]:
+    """A multi-GPU attempt's cards, port and per-card / per-rank peaks; host RAM and CPU peaks."""
+    return {
+        "gpu_uuids": _json_or_none(row.get("gpu_uuids_json")) or [row["gpu_uuid"]],
+        "port": row.get("port"),
+        "peak_by_gpu_mib": _json_or_none(row.get("peak_by_gpu_json")),
+        "peak_by_rank_mib": _json_or_none(row.get("peak_by_rank_json")),
+        "host_peak_mib": row.get("host_peak_mib"),
+        "cpu_peak_cores": row.get("cpu_peak_cores"),
+    }
+
+
 def attempt_to_public(row: dict[str, Any]) -> dict[str, Any]:
     """The documented `--json` shape of one attempt."""
     run_dir = row["run_dir"]
@@ -128,6 +147,7 @@ def attempt_to_public(row: dict[str, Any]) -> dict[str, Any]:
         "signal": row["signal"],
         "reason": row["reason"],
         "peak_mib": row["peak_mib"],
+        **_resources_public(row),
         "predicted_peak_mib": row["predicted_peak_mib"],
         "prediction_source": row["prediction_source"],
         "started_at": row["started_at"],
