@@ -8,7 +8,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -411,12 +411,9 @@ def schedule(
     # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
     ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
     for job in queued_rows:
-        if job["suite"] in paused:
-            # The pause's cause is said once, on the suite (orch status); each job only points to it.
-            reasons[job["id"]] = f"suite {job['suite']} is paused"
-            continue
-        if draining or hold:
-            reasons[job["id"]] = hold or "daemon is draining: nothing new starts"
+        held_back = held_reason(job, paused, draining, hold)
+        if held_back is not None:
+            reasons[job["id"]] = held_back
             continue
         facts = cache.jobs.get(job["id"])
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
@@ -509,6 +506,16 @@ def _learn_new_jobs(store: Store, rows: list[dict[str, Any]], cache: JobShapeCac
             allowed=frozenset(allowed) if allowed is not None else None,
             gpus=int(job.get("gpus") or 1), cpus=job.get("cpus"), declared_host_mib=_declared_host_mib(job),
         )
+
+
+def held_reason(job: Mapping[str, Any], paused: Container[str], draining: bool, hold: str | None) -> str | None:
+    """Why no queued job of this kind may start on any executor now, or None."""
+    if job["suite"] in paused:
+        # The pause's cause is said once, on the suite (orch status); each job only points to it.
+        return f"suite {job['suite']} is paused"
+    if draining or hold:
+        return hold or "daemon is draining: nothing new starts"
+    return None
 
 
 def _fail_queued(store: Store, job: dict[str, Any], reason: str) -> None:

@@ -13,6 +13,7 @@ from orchestrator.dispatch import (
     _write_wait_reasons,
     as_received,
     attempt_config,
+    held_reason,
     level_of,
     predict,
 )
@@ -44,11 +45,9 @@ def schedule_remote(
     placed: set[int] = set()
     claims: list[Claim] = []
     for job in queued:
-        if job["suite"] in paused:
-            reasons[job["id"]] = f"suite {job['suite']} is paused"
-            continue
-        if draining or hold:
-            reasons[job["id"]] = hold or "daemon is draining: nothing new starts"
+        held_back = held_reason(job, paused, draining, hold)
+        if held_back is not None:
+            reasons[job["id"]] = held_back
             continue
         if in_queue >= max_in_queue:
             reasons[job["id"]] = f"{in_queue} attempts already submitted to Slurm (--max-in-queue {max_in_queue})"
