@@ -27,13 +27,7 @@ from orchestrator.diskspace import (
     DiskState,
     disk_state,
 )
-from orchestrator.dispatch import (
-    DispatchContext,
-    JobShapeCache,
-    attempt_shape_key,
-    job_worker_output,
-    schedule,
-)
+from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.dispatch_remote import schedule_remote
 from orchestrator.errors import DaemonError, OrchError
 from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
@@ -49,6 +43,7 @@ from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
 from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
+from orchestrator.prediction import JobShapeCache, attempt_shape_key, job_worker_output
 from orchestrator.reconcile import (
     Observation,
     Verdict,

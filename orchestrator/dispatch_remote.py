@@ -7,21 +7,13 @@ where and when each runs, and its pending reason is shown by `orch status`.
 
 from __future__ import annotations
 
-from orchestrator.dispatch import (
-    JobShapeCache,
-    _fail_queued,
-    _write_wait_reasons,
-    as_received,
-    attempt_config,
-    held_reason,
-    level_of,
-    predict,
-)
+from orchestrator.dispatch import fail_queued, held_reason, write_wait_reasons
 from orchestrator.errors import OrchError
 from orchestrator.executors.base import Executor
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launching import Claim, DispatchContext, claim, launch_all
 from orchestrator.learned import Knowledge
+from orchestrator.prediction import JobShapeCache, as_received, attempt_config, level_of, predict
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
 from orchestrator.store.db import Store
 
@@ -55,7 +47,7 @@ def schedule_remote(
         try:
             level = level_of(job, cache)
         except OrchError as exc:
-            _fail_queued(store, job, f"invalid ladder: {exc}")
+            fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
         claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level), CLUSTER_GPU, predicted_mib, source, 0)
@@ -64,5 +56,5 @@ def schedule_remote(
         placed.add(job["id"])
         in_queue += 1
     launch_all(store, executor, ctx, claims)
-    _write_wait_reasons(store, queued, reasons, placed)
+    write_wait_reasons(store, queued, reasons, placed)
     return len(placed)

@@ -11,7 +11,14 @@ from typing import Any
 
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
-from orchestrator.dispatch import (
+from orchestrator.ladder import retry_decision, with_host_settings
+from orchestrator.launch.base import kill_process_group
+from orchestrator.launch.gpu_peak import read_gpu_peak_mib
+from orchestrator.launch.rundir import read_output_tail
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.memory import update_shape
+from orchestrator.plans import CrashLoop
+from orchestrator.prediction import (
     JobShapeCache,
     as_received,
     attempt_shape_key,
@@ -21,13 +28,6 @@ from orchestrator.dispatch import (
     job_shape_key,
     job_worker_output,
 )
-from orchestrator.ladder import retry_decision, with_host_settings
-from orchestrator.launch.base import kill_process_group
-from orchestrator.launch.gpu_peak import read_gpu_peak_mib
-from orchestrator.launch.rundir import read_output_tail
-from orchestrator.lifecycle import AttemptOutcome, JobState
-from orchestrator.memory import update_shape
-from orchestrator.plans import CrashLoop
 from orchestrator.reconcile import (
     Observation,
     group_is_ours,

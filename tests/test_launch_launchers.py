@@ -23,8 +23,8 @@ from orchestrator.launch.base import (
     LaunchSpec,
     group_members,
     kill_process_group,
-    make_launcher,
 )
+from orchestrator.launch.factory import make_launcher
 from orchestrator.launch.tmux import TmuxLauncher
 
 REPO = Path(__file__).resolve().parents[1]

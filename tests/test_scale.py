@@ -10,7 +10,7 @@ import click
 import pytest
 
 from orchestrator.cli.common import echo_json, echo_json_stream
-from orchestrator.dispatch import DispatchContext, JobShapeCache, schedule
+from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import LaunchHandle, LaunchSpec
@@ -24,6 +24,7 @@ from orchestrator.packing import (
     pack,
 )
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction import JobShapeCache
 from orchestrator.store import Store
 from orchestrator.store.attempts import read_all_shapes, update_attempt, write_shape
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs

@@ -23,11 +23,11 @@ from orchestrator.throughput import relative_curve
 
 
 def _running(store: Store) -> dict[str, Any]:
-    from orchestrator.dispatch import (  # the ladder: not for every CLI start
+    from orchestrator.learned import running_peaks
+    from orchestrator.prediction import (  # the ladder: not for every CLI start
         JobShapeCache,
         attempt_shape_key,
     )
-    from orchestrator.learned import running_peaks
 
     live, jobs = live_attempts_and_jobs(store)
     cache = JobShapeCache()

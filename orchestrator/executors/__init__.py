@@ -20,6 +20,6 @@ def make_executor(kind: str | None, socket_name: str, slurm_options: object | No
         return SlurmExecutor(options, gpu_mib=gpu_mib)
     if kind and kind not in EXECUTORS:
         raise UsageError(f"unknown executor {kind!r}: use one of {', '.join(EXECUTORS)}")
-    from orchestrator.launch.base import make_launcher
+    from orchestrator.launch.factory import make_launcher
 
     return LocalExecutor(make_launcher(kind, socket_name))

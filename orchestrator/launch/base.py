@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from orchestrator.errors import LauncherError, UsageError
+from orchestrator.errors import LauncherError
 
 log = logging.getLogger(__name__)
 
@@ -104,25 +103,3 @@ def kill_process_group(pgid: int, grace_s: float = 5.0) -> bool:
         if _wait_gone(pgid, time.monotonic() + wait_s):
             return True
     return False
-
-
-def make_launcher(kind: str | None, socket_name: str) -> Launcher:
-    """`kind` (else env ORCH_LAUNCHER, else tmux when it is installed, else subprocess)."""
-    chosen = (kind or os.environ.get("ORCH_LAUNCHER") or "").strip().lower()
-    if chosen not in ("", *LAUNCHERS):
-        raise UsageError(f"unknown launcher {chosen!r}: use tmux or subprocess")
-    if not chosen:
-        if shutil.which("tmux"):
-            chosen = "tmux"
-        else:
-            log.warning(
-                "tmux is not installed: workers run as plain subprocesses (no `orch attach`)"
-            )
-            chosen = "subprocess"
-    if chosen == "tmux":
-        from orchestrator.launch.tmux import TmuxLauncher
-
-        return TmuxLauncher(socket_name)
-    from orchestrator.launch.subprocess_launcher import SubprocessLauncher
-
-    return SubprocessLauncher()

@@ -1,0 +1,299 @@
+"""What a queued job is at its ladder level: its levels, the config an attempt receives, its
+memory shape key and its predicted peak. Computed once per job or per shape and cached between
+scheduling passes (`JobShapeCache`); read by the scheduler and by the attempt's outcome."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.durations import DurationTable
+from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
+from orchestrator.launch.rundir import OUR_WORKERS
+from orchestrator.learned import Knowledge
+from orchestrator.memory import (
+    ModelInfo,
+    ShapeMemory,
+    at_learned_length,
+    estimate_peak_mib,
+    lookup_model_info,
+    max_seq_len_of,
+    model_info_from_hf_config,
+    predict_peak_mib,
+    prompt_length_key,
+    shape_key,
+)
+from orchestrator.plans.keymap import KeyMap
+from orchestrator.plans.template import parse_template
+from orchestrator.shapes import memory_hash
+
+PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
+
+
+@dataclass
+class ShapeFacts:
+    """What a prediction needs, shared by the queued jobs that differ only by seed."""
+
+    config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
+    shape_key: str
+    length_key: str
+    depends: tuple[Any, ...] | None = None  # what `prediction` was made from
+    prediction: tuple[int, str] = (0, "")
+    computed_for: Any = None  # the pass's Knowledge, for a prediction borrowed from a neighbour
+    job: dict[str, Any] = field(default_factory=dict)  # a whole row of a job of this shape (its ladder)
+
+
+@dataclass
+class JobFacts:
+    """A queued job's level and prediction inputs, valid while its level and host steps stay."""
+
+    key: tuple[int, str]  # (level, host_steps_json)
+    level: Level
+    shape: ShapeFacts
+    allowed: frozenset[int] | None
+    gpus: int = 1  # a multi-GPU job's cards
+    cpus: int | None = None  # cores the suite asks for
+    declared_host_mib: int | None = None  # the config's host_mem_gib
+
+
+@dataclass
+class JobShapeCache:
+    """Facts computed once per job or per shape and kept between passes: a pass over a long
+    queue then redoes only what changed (a new level, a newly measured peak or prompt length)."""
+
+    levels: dict[tuple[Any, ...], list[Level]] = field(default_factory=dict)  # by content
+    model_info: dict[str, ModelInfo | None] = field(default_factory=dict)
+    peft_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    jobs: dict[int, JobFacts] = field(default_factory=dict)
+    shapes: dict[tuple[Any, ...], ShapeFacts] = field(default_factory=dict)
+    durations: DurationTable = field(default_factory=DurationTable)
+    durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
+    durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Hash of the config content that determines memory (seed and data excluded)."""
+    content = {k: v for k, v in config.items() if k not in ("seed", "data")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve_paths(config: dict[str, Any], config_path: str) -> dict[str, Any]:
+    """Relative file paths in a config are written relative to the config file; the run dir's
+    copy lives elsewhere, so make them absolute where the file exists."""
+    resolved = dict(config)
+    base = Path(config_path).parent
+    for key in PATH_KEYS:
+        value = resolved.get(key)
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            candidate = (base / value).resolve()
+            if candidate.exists():
+                resolved[key] = str(candidate)
+    return resolved
+
+
+def _model_info(config: dict[str, Any], cache: JobShapeCache) -> ModelInfo | None:
+    model = config.get("model")
+    if not isinstance(model, str):
+        return None
+    if model not in cache.model_info:
+        info: ModelInfo | None = None
+        config_json = Path(model) / "config.json"
+        try:
+            if config_json.is_file():
+                info = model_info_from_hf_config(json.loads(config_json.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            info = None
+        cache.model_info[model] = info or lookup_model_info(model)
+    return cache.model_info[model]
+
+
+def _peft_spec(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] | None:
+    peft = config.get("peft")
+    if isinstance(peft, dict):
+        return peft
+    if not isinstance(peft, str):
+        return None
+    if peft not in cache.peft_specs:
+        try:
+            loaded = json.loads(Path(peft).read_text())
+            cache.peft_specs[peft] = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError):
+            cache.peft_specs[peft] = None
+    return cache.peft_specs[peft]
+
+
+def job_worker_output(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The suite's settings for its worker's output, stored with the job (`keys`,
+    `progress_regex`, `result_regex`); {} for jobs queued before they existed."""
+    try:
+        stored = json.loads(row.get("worker_output_json") or "{}")
+    except ValueError:
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def job_keys(job: Mapping[str, Any]) -> KeyMap:
+    """The ladder knobs under the script's own key names (the suite's `keys:`)."""
+    names = job_worker_output(job).get("keys") or {}
+    return KeyMap({str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {})
+
+
+def worker_reaches(job: Mapping[str, Any], keys: KeyMap) -> Callable[[str], bool] | None:
+    """Which config changes (orch's key names) reach the job's worker; None: every one does (our
+    workers and templates with {config} read the merged config.yaml)."""
+    if job["worker"] in OUR_WORKERS:
+        return None
+    template = parse_template(job["worker"])
+    if template.reads_config:
+        return None
+    return lambda key: template.reaches(keys.script_key(key))
+
+
+def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
+    """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
+    content, not job id: a sweep's seeds share one ladder (and one entry)."""
+    key = (job["ladder_json"] or "", _without_seed(job["config_json"]), int(job["one_token"]), job["worker"],
+           job.get("worker_output_json") or "")
+    levels = cache.levels.get(key)
+    if levels is None:
+        ladder = load_ladder(json.loads(job["ladder_json"]) if job["ladder_json"] else None)
+        keys = job_keys(job)
+        levels = cache.levels[key] = expand_levels(
+            ladder, keys.to_orch(json.loads(job["config_json"])), bool(job["one_token"]), worker_reaches(job, keys)
+        )
+    return levels
+
+
+def _without_seed(config_json: str) -> str:
+    config = json.loads(config_json)
+    return json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
+
+
+def as_received(job: Mapping[str, Any], level: Level) -> Level:
+    """`level` with its changes under the script's own key names, for messages."""
+    keys = job_keys(job)
+    if not keys.names:
+        return level
+    return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone)
+
+
+def attempt_config(job: Mapping[str, Any], level: Level) -> dict[str, Any]:
+    """The config an attempt at `level` runs with: the job's, with the level's overrides under
+    the script's own key names, relative paths made absolute."""
+    overrides = job_keys(job).to_script(level.overrides)
+    return resolve_paths({**json.loads(job["config_json"]), **overrides}, job["config_path"])
+
+
+def job_host_settings(job: dict[str, Any]) -> HostSettings:
+    """The host-side steps the job took after host-RAM OOMs (none before the first)."""
+    return HostSettings.from_records(json.loads(job["host_steps_json"] or "[]"))
+
+
+def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
+    """What the job's next attempt runs with: its ladder level plus its host-side settings."""
+    levels = job_levels(job, cache)
+    return with_host_settings(levels[min(job["level"], len(levels) - 1)], job_host_settings(job))
+
+
+def job_shape_key(job: dict[str, Any], level: Level) -> str:
+    """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
+    suite's `memory_keys`, and the number of GPUs of a multi-GPU job), model, level index and task."""
+    config = json.loads(job["config_json"])
+    extra = json.loads(job.get("memory_keys_json") or "[]")
+    gpus = int(job.get("gpus") or 1)
+    if gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
+        config, extra = {**config, "gpus": gpus}, [*extra, "gpus"]
+    foreign = job["worker"] not in OUR_WORKERS  # its memory keys are not known: all but the harmless
+    return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), level.index, job["data"])
+
+
+def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: JobShapeCache) -> str:
+    """The shape key of a (live) attempt: its job's shape at the attempt's level."""
+    levels = job_levels(job, cache)
+    return job_shape_key(job, levels[min(int(attempt["level"]), len(levels) - 1)])
+
+
+def job_prompt_length_key(job: dict[str, Any]) -> str:
+    return prompt_length_key(resolve_paths(json.loads(job["config_json"]), job["config_path"]), job["data"])
+
+
+def predict(
+    shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache,
+    prompt_lengths: Mapping[str, int] | None = None,
+    knowledge: Knowledge | None = None,
+) -> tuple[int, str]:
+    return predict_for(shape_facts(job, level, cache), job, level, shapes, prompt_lengths or {}, cache, knowledge)
+
+
+def shape_facts(job: dict[str, Any], level: Level, cache: JobShapeCache) -> ShapeFacts:
+    config = json.loads(job["config_json"])
+    key = (
+        config_hash(config), job["config_path"], job["data"], job["worker"], job["declared_mib"],
+        level.index, json.dumps(level.overrides, sort_keys=True, default=str),
+        job.get("worker_output_json") or "", job.get("memory_keys_json") or "",
+    )
+    facts = cache.shapes.get(key)
+    if facts is None:
+        resolved = attempt_config(job, level)
+        facts = cache.shapes[key] = ShapeFacts(
+            resolved, job_shape_key(job, level), prompt_length_key(resolved, job["data"]), job=dict(job)
+        )
+    return facts
+
+
+def predict_for(
+    facts: ShapeFacts, job: Mapping[str, Any], level: Level, shapes: Mapping[str, ShapeMemory],
+    prompt_lengths: Mapping[str, int], cache: JobShapeCache, knowledge: Knowledge | None,
+) -> tuple[int, str]:
+    """The job's prediction, recomputed only when its shape's measured memory, running peak or
+    learned prompt length changed since the last time; a shape with none of its own (which
+    borrows a neighbour's peak) once per pass."""
+    key = facts.shape_key
+    measured = shapes.get(key)
+    learned = prompt_lengths.get(facts.length_key) if job["worker"] == "lora" else None
+    running = knowledge.running.get(key) if knowledge is not None else None
+    borrows = knowledge is not None and (measured is None or measured.peak_mib is None) and running is None
+    depends = (measured, learned, running)
+    if facts.depends == depends and (not borrows or facts.computed_for is knowledge):
+        return facts.prediction
+    config = facts.config
+    estimated: int | None = None
+    sized: Mapping[str, Any] = config
+    if job["worker"] == "lora":
+        sized = at_learned_length(config, learned)  # `config` itself when nothing applies
+        estimated = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
+    transfer = None
+    if borrows and knowledge is not None:
+        transfer = knowledge.transfer(
+            key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
+            lambda task: prompt_lengths.get(prompt_length_key(config, task)),
+        )
+    prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]), running=running, transfer=transfer)
+    result = (prediction.mib, prediction.source)
+    if prediction.source == "estimate" and sized is not config:
+        result = (prediction.mib, f"estimate at {max_seq_len_of(sized)} tokens")
+    facts.depends, facts.prediction, facts.computed_for = depends, result, knowledge
+    return result
+
+
+def _level_ratios(
+    job: dict[str, Any], level: Level, cache: JobShapeCache, estimated: int | None,
+    prompt_lengths: Mapping[str, int] | None,
+) -> dict[int, float] | None:
+    """Estimate at `level` / estimate at each lower level (LoRA jobs): how much the rungs between
+    save, applied to a peak measured at the lower level."""
+    if estimated is None or level.index == 0:
+        return None
+    ratios: dict[int, float] = {}
+    for lower in job_levels(job, cache)[: level.index]:
+        config = resolve_paths({**json.loads(job["config_json"]), **lower.overrides}, job["config_path"])
+        sized = at_learned_length(config, (prompt_lengths or {}).get(prompt_length_key(config, job["data"])))
+        at_lower = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
+        if at_lower:
+            ratios[lower.index] = estimated / at_lower
+    return ratios
