@@ -1,0 +1,180 @@
+"""Typed rows: a job or an attempt as the code above the store sees it. Built once from a row,
+with every JSON column parsed once (a bad value reads as empty, never raises), and the states
+as enums. Rows are snapshots: writes go through the store's functions, which return fresh ones."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.lifecycle import AttemptOutcome, JobState
+
+
+def _json(text: Any, default: Any) -> Any:
+    """A JSON column's value, or `default` when it is empty, not JSON, or not of its type."""
+    if not text:
+        return default
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    identity: str
+    suite: str
+    config_name: str
+    config_path: str
+    config_json: str  # kept as stored: the shape caches key on its text
+    seed: int
+    data: str
+    worker: str
+    declared_mib: int
+    priority: int
+    state: JobState
+    level: int
+    attempt_count: int
+    max_attempts: int
+    one_token: bool
+    hang_timeout_s: float
+    queued_at: float
+    created_at: float
+    updated_at: float
+    crash_loop_failures: int
+    crash_loop_within_s: float
+    crash_loop_window_s: float
+    gpus: int
+    config: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    allowed_gpus: frozenset[int] | None = None
+    ladder_json: str | None = None
+    reason: str | None = None
+    wait_reason: str | None = None
+    host_steps_json: str = "[]"
+    worker_output: dict[str, Any] = field(default_factory=dict)
+    worker_output_json: str = "{}"
+    memory_keys: tuple[str, ...] = ()
+    memory_keys_json: str = "[]"
+    min_stack_gain: float | None = None
+    slurm: dict[str, Any] = field(default_factory=dict)
+    cpus: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        allowed = _json(row.get("allowed_gpus_json"), None if not row.get("allowed_gpus_json") else [])
+        return cls(
+            id=int(row["id"]), identity=row["identity"], suite=row["suite"], config_name=row["config_name"],
+            config_path=row["config_path"], config_json=row["config_json"], seed=int(row["seed"]),
+            data=row["data"], worker=row["worker"], declared_mib=int(row["declared_mib"]),
+            priority=int(row["priority"]), state=JobState(row["state"]), level=int(row["level"]),
+            attempt_count=int(row["attempt_count"]), max_attempts=int(row["max_attempts"]),
+            one_token=bool(row["one_token"]), hang_timeout_s=float(row["hang_timeout_s"]),
+            queued_at=float(row["queued_at"]), created_at=float(row["created_at"]),
+            updated_at=float(row["updated_at"]), crash_loop_failures=int(row["crash_loop_failures"]),
+            crash_loop_within_s=float(row["crash_loop_within_s"]),
+            crash_loop_window_s=float(row["crash_loop_window_s"]), gpus=int(row.get("gpus") or 1),
+            config=_json(row["config_json"], {}), overrides=_json(row.get("overrides_json"), {}),
+            env={str(k): str(v) for k, v in _json(row.get("env_json"), {}).items()},
+            allowed_gpus=None if allowed is None else frozenset(int(i) for i in allowed),
+            ladder_json=row.get("ladder_json"), reason=row.get("reason"), wait_reason=row.get("wait_reason"),
+            host_steps_json=row.get("host_steps_json") or "[]",
+            worker_output=_json(row.get("worker_output_json"), {}),
+            worker_output_json=row.get("worker_output_json") or "{}",
+            memory_keys=tuple(str(k) for k in _json(row.get("memory_keys_json"), [])),
+            memory_keys_json=row.get("memory_keys_json") or "[]",
+            min_stack_gain=_opt_float(row.get("min_stack_gain")), slurm=_json(row.get("slurm_json"), {}),
+            cpus=_opt_int(row.get("cpus")),
+        )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: int
+    job_id: int
+    n: int
+    gpu_index: int
+    gpu_uuid: str
+    level: int
+    run_dir: str
+    predicted_peak_mib: int
+    prediction_source: str
+    reserved_mib: int
+    held_mib: int
+    peak_mib: int
+    reached_peak: bool
+    started_at: float
+    run_alone: bool
+    predicted_host_mib: int
+    host_held_mib: int
+    host_peak_mib: int
+    level_step: str | None = None
+    changes: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    launcher: str | None = None
+    window_id: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    proc_create_time: float | None = None
+    last_progress_at: float | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    ended_at: float | None = None
+    outcome: AttemptOutcome | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    kill_requested: str | None = None
+    output_metrics: dict[str, Any] = field(default_factory=dict)
+    executor: str | None = None
+    executor_id: str | None = None
+    executor_state: str | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    held_by_gpu: dict[str, int] = field(default_factory=dict)
+    peak_by_gpu: dict[str, int] = field(default_factory=dict)
+    peak_by_rank: dict[str, int] = field(default_factory=dict)
+    port: int | None = None
+    cpu_peak_cores: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Attempt:
+        return cls(
+            id=int(row["id"]), job_id=int(row["job_id"]), n=int(row["n"]), gpu_index=int(row["gpu_index"]),
+            gpu_uuid=row["gpu_uuid"], level=int(row["level"]), run_dir=row["run_dir"],
+            predicted_peak_mib=int(row["predicted_peak_mib"]), prediction_source=row["prediction_source"],
+            reserved_mib=int(row["reserved_mib"]), held_mib=int(row["held_mib"]), peak_mib=int(row["peak_mib"]),
+            reached_peak=bool(row["reached_peak"]), started_at=float(row["started_at"]),
+            run_alone=bool(row["run_alone"]), predicted_host_mib=int(row["predicted_host_mib"]),
+            host_held_mib=int(row["host_held_mib"]), host_peak_mib=int(row["host_peak_mib"]),
+            level_step=row.get("level_step"), changes=_json(row.get("changes_json"), {}),
+            overrides=_json(row.get("overrides_json"), {}), launcher=row.get("launcher"),
+            window_id=row.get("window_id"), pid=_opt_int(row.get("pid")), pgid=_opt_int(row.get("pgid")),
+            proc_create_time=_opt_float(row.get("proc_create_time")),
+            last_progress_at=_opt_float(row.get("last_progress_at")),
+            progress=_json(row.get("progress_json"), {}), ended_at=_opt_float(row.get("ended_at")),
+            outcome=AttemptOutcome(row["outcome"]) if row.get("outcome") else None,
+            exit_code=_opt_int(row.get("exit_code")), signal=_opt_int(row.get("signal")),
+            reason=row.get("reason"), kill_requested=row.get("kill_requested"),
+            output_metrics=_json(row.get("output_metrics_json"), {}), executor=row.get("executor"),
+            executor_id=row.get("executor_id"), executor_state=row.get("executor_state"),
+            gpu_uuids=tuple(str(u) for u in _json(row.get("gpu_uuids_json"), [])),
+            held_by_gpu=_json(row.get("held_by_gpu_json"), {}), peak_by_gpu=_json(row.get("peak_by_gpu_json"), {}),
+            peak_by_rank=_json(row.get("peak_by_rank_json"), {}), port=_opt_int(row.get("port")),
+            cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")),
+        )
+
+    @property
+    def live(self) -> bool:
+        return self.ended_at is None
