@@ -54,6 +54,11 @@ def _orch(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Orch]:
     with orch_env(tmp_path) as orch:
         orch.env.update(cluster.env)
         shutil.copytree(REPO_PLANS / "configs" / "demo", orch.plans / "configs" / "demo")
+        # demo_large peaks above a whole 24 GiB card at its first level here, so it OOMs there
+        # whatever Slurm packs beside it (at 15 GiB it OOMs only when two share a card, which a
+        # running attempt's learned peak may avoid); its second level fits (21 GiB).
+        large = orch.plans / "configs" / "demo" / "demo_large.yaml"
+        large.write_text(large.read_text().replace("sim_mem_gib: 15", "sim_mem_gib: 30"))
         shutil.copy(REPO_PLANS / "suites" / "demo.yaml", orch.plans / "suites" / "demo.yaml")
         try:
             yield orch
@@ -123,7 +128,7 @@ def test_demo_sweep_through_slurm(orch: Orch, cluster: SlurmCluster) -> None:
         assert ours[attempt["executor_id"]][0] == f"orch-{job['suite']}-{attempt['job_id']}-a{attempt['n']}"
         script = (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
         assert "#SBATCH --gres=shard:" in script and "#SBATCH --mem=" in script and "#SBATCH --cpus-per-task=" in script
-    # the under-declared config (demo_large: declares 8 GiB, peaks at 15) OOMs and succeeds
+    # the under-declared config (demo_large: declares 8 GiB, peaks at 30 here) OOMs and succeeds
     # at a later level, as a new Slurm job
     ooms = [a for a in attempts if a["outcome"] == "oom"]
     assert ooms, "no attempt OOM'd"
