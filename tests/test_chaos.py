@@ -206,7 +206,8 @@ def test_unwritable_runs_dir_fails_the_attempt_daemon_lives(orch: Orch) -> None:
 
 
 def test_drain_starts_nothing_new_and_exits_when_idle(orch: Orch) -> None:
-    orch.write_suite("drain", {"drain": {"sim_mem_gib": 2, "sim_seconds": 3}}, mem_gib=3)
+    # long enough that neither running job ends (and frees a slot) before the drain is seen
+    orch.write_suite("drain", {"drain": {"sim_mem_gib": 2, "sim_seconds": 8}}, mem_gib=3)
     orch.submit("drain", "1:a 2:a 3:a 4:a 5:a", "--gpu-plan", "1,1")
     daemon = orch.start_daemon()
     wait_until(lambda: len(orch.query("SELECT 1 FROM attempts WHERE outcome IS NULL")) == 2, 30, "two running")
