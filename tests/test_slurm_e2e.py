@@ -161,8 +161,11 @@ def test_cancel_scancels(orch: Orch, cluster: SlurmCluster) -> None:
     assert any(r["executor_id"] == attempt["executor_id"] for r in status["running"])
     orch.run("cancel", str(attempt["job_id"]))
     wait_until(lambda: orch.job_states()[attempt["job_id"]] == "cancelled", 60, "the job cancelled")
-    _name, state = slurm_jobs(cluster)[attempt["executor_id"]]
-    assert state == "CANCELLED", state
+    # Slurm shows COMPLETING while the job's processes are reaped, then CANCELLED
+    def slurm_state() -> str | None:
+        _name, state = slurm_jobs(cluster)[attempt["executor_id"]]
+        return None if state == "COMPLETING" else state
+    assert wait_until(slurm_state, 60, "Slurm to finish cancelling the job") == "CANCELLED"
     assert orch.attempts(attempt["job_id"])[0]["outcome"] == "cancelled"
 
 
