@@ -178,6 +178,11 @@ class OrchPolicy:
         job = self.trace.jobs[job_index]
         return self.durations.expected_s(job.config, job.task, level)
 
+    def _expected_end_s(self, attempt: Attempt) -> float | None:
+        """Its start plus the learned run time of its kind, as the daemon reckons it."""
+        expected = self.expected_s(attempt.start.job_index, attempt.start.level)
+        return None if expected is None else attempt.start_s + expected
+
     def predict_mib(self, job_index: int, level: int) -> float:
         """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
         job = self.trace.jobs[job_index]
@@ -201,6 +206,7 @@ class OrchPolicy:
                 int(a.held_mib(now_s)),
                 reached_peak=not a.ramping(now_s),
                 run_alone=a.start.run_alone,
+                expected_end_s=self._expected_end_s(a),
             )
             for a in sim.running
         ]
