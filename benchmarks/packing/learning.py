@@ -12,8 +12,10 @@ Two learning rules for the `orch` policy, side by side:
 and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
 that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
 learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
-alone costs); `step-k nohold` is `orch step-k` without the starvation hold (a head job waiting
-10 minutes keeps its best card free), which is what costs most of the rest. Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
+alone costs). Diagnostics, each `orch step-k` with one thing changed: `step-k nohold` without the
+starvation hold (what the hold costs), `step-k best_fit` with best-fit placement instead of
+spread (what placement costs), `step-k durations` told every run time up front (what learning
+run times costs). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
 (long jobs: the first wave then lasts hours, which is where learning early pays).
 """
 
@@ -132,6 +134,16 @@ class OraclePolicy:
         return not self.queue
 
 
+@dataclass
+class KnownDurationsPolicy(StepKPolicy):
+    """`orch step-k` told every job's true run time up front: what learning run times costs."""
+
+    name: str = "step-k durations"
+
+    def expected_s(self, job_index: int, level: int) -> float | None:
+        return self.trace.jobs[job_index].minutes[level] * 60.0
+
+
 def scaled(trace: Trace, factor: float) -> Trace:
     def job(j: TraceJob) -> TraceJob:
         return replace(j, minutes=tuple(m * factor for m in j.minutes))
@@ -165,10 +177,19 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), known_after_s=known_after_s,
                     early_fraction=early_fraction, name="step-k nohold")
     )
+    best_fit = Simulator(trace).run(
+        StepKPolicy(trace, packing=PackingPolicy(placement="best_fit"), known_after_s=known_after_s,
+                    early_fraction=early_fraction, name="step-k best_fit")
+    )
+    durations = Simulator(trace).run(
+        KnownDurationsPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
+    )
     return [
         row("orch end", end, bound, oracle.makespan_min, work),
         row("orch step-k", step_k, bound, oracle.makespan_min, work),
         row("step-k nohold", no_hold, bound, oracle.makespan_min, work),
+        row("step-k best_fit", best_fit, bound, oracle.makespan_min, work),
+        row("step-k durations", durations, bound, oracle.makespan_min, work),
         row("oracle", oracle, bound, oracle.makespan_min, work),
         row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
     ]
