@@ -114,7 +114,7 @@ def fit(rows: list[Row]) -> EstimateConstants:
 
     for _ in range(4):
         for name, grid in grids.items():
-            best = min((replace(best, **{name: v}) for v in grid), key=score)
+            best = min((replace(best, **{name: v}) for v in grid), key=score)  # type: ignore[arg-type]
     for a, c in itertools.product([best.alpha - 1, best.alpha, best.alpha + 1], [best.context_mib - 64, best.context_mib, best.context_mib + 64]):
         candidate = replace(best, alpha=a, context_mib=c)
         if score(candidate) < score(best):

@@ -238,8 +238,9 @@ def pack(
     if not movable:
         return PackingDecision((), reasons)
     ceiling = ceiling_mib(gpus, policy)
-    capped = {j.job_id for j in movable if ceiling is not None and j.predicted_peak_mib > ceiling}
-    if capped:
+    capped: set[int] = set()
+    if ceiling is not None:
+        capped = {j.job_id for j in movable if j.predicted_peak_mib > ceiling}
         movable = [replace(j, predicted_peak_mib=ceiling) if j.job_id in capped else j for j in movable]
     return _pack(movable, gpus, running, policy, now_s, host, topology, reasons, capped)
 
