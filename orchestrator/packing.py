@@ -299,7 +299,7 @@ def _pack(
         if len(fits) >= job.gpus:
             assert host_reason is not None
             if wanted:
-                reasons[job.job_id] = Wait(WaitKind.HOST, text=host_reason)
+                reasons[job.job_id] = host_reason
                 explained += 1
             continue
         if job.gpus > 1:

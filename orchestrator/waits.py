@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from orchestrator.gang import minutes
-
 
 class Blocker(str, Enum):
     """Why one job cannot start on one card now."""
@@ -41,7 +39,8 @@ class WaitKind(str, Enum):
     RUN_ALONE = "run_alone"
     CAP_OR_ALONE = "cap_or_alone"
     CAP = "cap"
-    HOST = "host"  # host RAM or cores: `text` says which
+    HOST_RAM = "host_ram"  # the host's available memory
+    HOST_CPUS = "host_cpus"  # cores not promised to running jobs
     GANG = "gang"  # a multi-GPU job: not enough cards fit at once
 
 
@@ -67,11 +66,17 @@ class Wait:
     usable: int = 0  # GANG: allowed cards that can ever fit a rank
     note: str = ""  # GANG: what is reserved for it
     kept_gpu: int | None = None  # a card now kept free for this (starving) job
-    text: str = ""  # HOLD, HOST: said as given
+    text: str = ""  # HOLD: said as given; PAUSED: the suite
+    free_cpus: int = 0  # HOST_CPUS
+    cpus: int = 0  # HOST_CPUS: cores the job asks for
 
 
 def _gib(mib: float) -> str:
     return f"{mib / 1024:.1f} GiB"
+
+
+def minutes(seconds: float) -> str:
+    return "an unknown time" if math.isinf(seconds) else f"~{max(0.0, seconds) / 60:.0f} min"
 
 
 def _list(indices: tuple[int, ...] | list[int]) -> str:
@@ -91,8 +96,12 @@ def _render(w: Wait) -> str:
         return f"suite {w.text} is paused"
     if k is WaitKind.DRAINING:
         return "daemon is draining: nothing new starts"
-    if k in (WaitKind.HOLD, WaitKind.HOST):
+    if k is WaitKind.HOLD:
         return w.text
+    if k is WaitKind.HOST_RAM:
+        return f"host RAM: {_gib(max(0, w.free_mib))} free, needs {_gib(w.need_mib)}"
+    if k is WaitKind.HOST_CPUS:
+        return f"CPU cores: {max(0, w.free_cpus)} free, needs {w.cpus}"
     if k is WaitKind.NO_GPU:
         return f"GPU {_list(w.gpus)} does not exist on this machine"
     if k is WaitKind.NO_SLOTS:
