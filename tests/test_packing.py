@@ -286,7 +286,7 @@ def test_a_prediction_above_every_usable_card_is_capped_to_the_largest() -> None
     d = pack([job(1, 30), job(2, 5)], cards, [], policy, 0.0)
     [big] = [p for p in d.placements if p.job_id == 1]
     assert (big.gpu_index, big.reserved_mib, big.capped) == (1, 20 * GIB - int(0.1 * 20 * GIB), True)
-    assert not [p for p in d.placements if p.job_id == 2][0].capped
+    assert not next(p for p in d.placements if p.job_id == 2).capped
 
 
 def test_a_starving_job_that_one_end_makes_room_for_holds_no_card() -> None:
