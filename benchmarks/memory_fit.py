@@ -103,10 +103,10 @@ def fit(rows: list[Row]) -> EstimateConstants:
         "checkpoint_per_layer": [0.5, 1, 2, 3, 4, 6, 8],
         "logit_bytes": [2, 4, 6, 8, 10],
         "misc_mib": [0, 64, 128, 256, 384, 512],
-        "allocator_factor": [1.0, 1.02, 1.05, 1.08, 1.10],
+        "allocator_factor": [1.0, 1.02, 1.05, 1.08, 1.10, 1.15, 1.2, 1.3],
         "context_mib": [256, 384, 512, 640, 768, 1024],
     }
-    best = DEFAULT_CONSTANTS
+    best = replace(CALIBRATED, gap_on_weights=False)
 
     def score(k: EstimateConstants) -> float:
         errs = errors(rows, k)
@@ -114,7 +114,7 @@ def fit(rows: list[Row]) -> EstimateConstants:
 
     for _ in range(4):
         for name, grid in grids.items():
-            best = min((replace(best, **{name: v}) for v in grid), key=score)
+            best = min((replace(best, **{name: v}) for v in grid), key=score)  # type: ignore[arg-type]
     for a, c in itertools.product([best.alpha - 1, best.alpha, best.alpha + 1], [best.context_mib - 64, best.context_mib, best.context_mib + 64]):
         candidate = replace(best, alpha=a, context_mib=c)
         if score(candidate) < score(best):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
@@ -21,7 +21,6 @@ from orchestrator.packing import (
     PackingDecision,
     QueuedJob,
     can_take_any,
-    headroom_mib,
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
@@ -129,20 +128,11 @@ def schedule(
             host_running[key] = max(host_running.get(key, 0), int(a["host_peak_mib"] or 0))
     predictions: dict[int, tuple[int, str]] = {}
     host_predictions: dict[int, int] = {}
-    # A prediction above every usable card (an inflated estimate or OOM floor) would keep a job
-    # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
-    ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
     for job in queued_rows:
-        held_back = held_reason(job, paused, draining, hold)
-        if held_back is not None:
-            reasons[job["id"]] = held_back
-            continue
         facts = cache.jobs.get(job["id"])
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
             continue
         predicted_mib, source = predict_for(facts.shape, job, facts.level, shapes, prompt_lengths, cache, knowledge)
-        if ceiling_mib is not None and predicted_mib > ceiling_mib:
-            predicted_mib, source = ceiling_mib, f"{source}, capped at the largest card"
         predictions[job["id"]] = (predicted_mib, source)
         host_predictions[job["id"]], _ = predict_host_mib(
             host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
@@ -154,7 +144,7 @@ def schedule(
                 expected_duration_s=durations.expected_s(job["config_name"], job["data"], facts.level.index),
                 throughput_by_gpu=curves.get(facts.shape.shape_key),
                 min_stack_gain=job.get("min_stack_gain"),
-                gpus=facts.gpus, host_mib=host_predictions[job["id"]], cpus=facts.cpus,
+                gpus=facts.gpus, host_mib=host_predictions[job["id"]], cpus=facts.cpus, suite=job["suite"],
             )
         )
     if whole_queue:  # forget jobs that left the queue, and shapes no queued job has
@@ -168,13 +158,16 @@ def schedule(
         cpus_of_job = {j["id"]: j.get("cpus") for j in live_jobs.values()}
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
-    decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology)
+    decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology,
+                    paused=paused, draining=draining, hold=hold)
     reasons.update(decision.wait_reasons)
     placed = jobs_by_id(store, [p.job_id for p in decision.placements])
     by_index = {s.index: s for s in snapshots}
     claims = []
     for placement in decision.placements:
         predicted, source = predictions[placement.job_id]
+        if placement.capped:
+            predicted, source = placement.reserved_mib, f"{source}, capped at the largest card"
         job, level = placed[placement.job_id], cache.jobs[placement.job_id].level
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level),
@@ -228,16 +221,6 @@ def _learn_new_jobs(store: Store, rows: list[dict[str, Any]], cache: JobShapeCac
             allowed=frozenset(allowed) if allowed is not None else None,
             gpus=int(job.get("gpus") or 1), cpus=job.get("cpus"), declared_host_mib=_declared_host_mib(job),
         )
-
-
-def held_reason(job: Mapping[str, Any], paused: Container[str], draining: bool, hold: str | None) -> str | None:
-    """Why no queued job of this kind may start on any executor now, or None."""
-    if job["suite"] in paused:
-        # The pause's cause is said once, on the suite (orch status); each job only points to it.
-        return f"suite {job['suite']} is paused"
-    if draining or hold:
-        return hold or "daemon is draining: nothing new starts"
-    return None
 
 
 def fail_queued(store: Store, job: dict[str, Any], reason: str) -> None:

@@ -7,7 +7,7 @@ where and when each runs, and its pending reason is shown by `orch status`.
 
 from __future__ import annotations
 
-from orchestrator.dispatch import fail_queued, held_reason, write_wait_reasons
+from orchestrator.dispatch import fail_queued, write_wait_reasons
 from orchestrator.errors import OrchError
 from orchestrator.executors.base import Executor
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -16,6 +16,7 @@ from orchestrator.learned import Knowledge
 from orchestrator.prediction import JobShapeCache, as_received, attempt_config, level_of, predict
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
 from orchestrator.store.db import Store
+from orchestrator.waits import held_reason
 
 # The attempt row's GPU while the cluster, not orch, picks the card.
 CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0, used_mib=0, free_mib=0)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from orchestrator.waits import Wait, WaitKind
+
 T = TypeVar("T")
 
 # Above this many candidate sets the closest set is chosen greedily (C(16, 8) is 12870 sets).
@@ -80,14 +82,14 @@ def may_backfill(expected_duration_s: float | None, now_s: float, reservation_re
     return now_s + expected_duration_s <= reservation_ready_s
 
 
-def host_blocker(host_mib: int, cpus: int | None, host: HostState | None) -> str | None:
+def host_blocker(host_mib: int, cpus: int | None, host: HostState | None) -> Wait | None:
     """Why a job cannot start for want of host RAM or cores, or None."""
     if host is None:
         return None
     if host_mib > host.available_mib:
-        return f"host RAM: {_gib(max(0, host.available_mib))} free, needs {_gib(host_mib)}"
+        return Wait(WaitKind.HOST_RAM, free_mib=host.available_mib, need_mib=host_mib)
     if cpus is not None and host.free_cpus is not None and cpus > host.free_cpus:
-        return f"CPU cores: {max(0, host.free_cpus)} free, needs {cpus}"
+        return Wait(WaitKind.HOST_CPUS, free_cpus=host.free_cpus, cpus=cpus)
     return None
 
 
@@ -97,11 +99,3 @@ def spend(host: HostState | None, host_mib: int, cpus: int | None) -> None:
     host.available_mib -= host_mib
     if cpus is not None and host.free_cpus is not None:
         host.free_cpus -= cpus
-
-
-def _gib(mib: float) -> str:
-    return f"{mib / 1024:.1f} GiB"
-
-
-def minutes(seconds: float) -> str:
-    return "an unknown time" if math.isinf(seconds) else f"~{max(0.0, seconds) / 60:.0f} min"

@@ -12,6 +12,7 @@ from orchestrator.packing import (
     outstanding_reservation_mib,
     pack,
 )
+from orchestrator.waits import WaitKind
 
 GIB = 1024
 NO_HEADROOM = PackingPolicy(headroom_fraction=0.0)
@@ -186,7 +187,8 @@ def test_the_long_head_job_that_does_not_fit_is_the_one_kept_a_card() -> None:
 
 
 def test_a_smaller_later_job_backfills_when_the_head_does_not_fit() -> None:
-    d = pack([job(1, 12), job(2, 4)], [gpu(0, total_gib=10)], [], NO_HEADROOM, 0.0)
+    busy = [running(9, 0, 4, 4, reached_peak=True)]
+    d = pack([job(1, 8), job(2, 4)], [gpu(0, total_gib=10, free_gib=6, slots=3)], busy, NO_HEADROOM, 0.0)
     assert placed(d) == {2: 0}
     assert 1 in d.wait_reasons
 
@@ -208,8 +210,12 @@ def test_a_starving_head_job_keeps_its_best_gpu_free() -> None:
 
 
 def test_no_gpu_can_ever_fit_names_the_largest_card() -> None:
-    d = pack([job(1, 30)], [gpu(0, total_gib=24), gpu(1, total_gib=16)], [], PackingPolicy(), 0.0)
-    assert d.wait_reasons[1] == "no GPU can ever fit 30.0 GiB (largest card 24.0 GiB)"
+    # (above every card it would be capped to the largest: see the ceiling test below)
+    only_small = frozenset({1})
+    d = pack([job(1, 20, allowed_gpu_indices=only_small)], [gpu(0, total_gib=24), gpu(1, total_gib=16)], [],
+             PackingPolicy(), 0.0)
+    assert d.wait_reasons[1] == "no GPU can ever fit 20.0 GiB (largest card 16.0 GiB)"
+    assert d.waits[1].kind is WaitKind.NEVER_FITS and d.waits[1].largest_mib == 16 * GIB
 
 
 def test_headroom_shrinks_for_a_job_that_needs_most_of_an_empty_card() -> None:
@@ -261,3 +267,48 @@ def test_headroom_is_a_fraction_of_the_card_capped_in_mib() -> None:
     assert headroom_mib(small, policy) == int(0.10 * 24 * 1024)  # under the cap: 10%
     assert headroom_mib(large, policy) == 4096  # 10% would be 14.1 GiB
     assert headroom_mib(large, PackingPolicy(headroom_max_mib=None)) == int(0.10 * 141 * 1024)
+
+
+def test_paused_suites_draining_and_a_hold_keep_jobs_queued_with_their_reason() -> None:
+    queue = [job(1, 4, suite="a"), job(2, 4, suite="b")]
+    d = pack(queue, [gpu(0)], [], NO_HEADROOM, 0.0, paused={"a"})
+    assert placed(d) == {2: 0}
+    assert d.waits[1].kind is WaitKind.PAUSED and d.wait_reasons[1] == "suite a is paused"
+    drain = pack(queue, [gpu(0)], [], NO_HEADROOM, 0.0, draining=True)
+    assert drain.placements == () and {w.kind for w in drain.waits.values()} == {WaitKind.DRAINING}
+    full = pack(queue, [gpu(0)], [], NO_HEADROOM, 0.0, draining=True, hold="disk full")
+    assert full.wait_reasons == {1: "disk full", 2: "disk full"}
+
+
+def test_a_prediction_above_every_usable_card_is_capped_to_the_largest() -> None:
+    policy = PackingPolicy(headroom_fraction=0.1, headroom_max_mib=None)
+    cards = [gpu(0, total_gib=10), gpu(1, total_gib=20), gpu(2, total_gib=40, slots=0)]
+    d = pack([job(1, 30), job(2, 5)], cards, [], policy, 0.0)
+    [big] = [p for p in d.placements if p.job_id == 1]
+    assert (big.gpu_index, big.reserved_mib, big.capped) == (1, 20 * GIB - int(0.1 * 20 * GIB), True)
+    assert not next(p for p in d.placements if p.job_id == 2).capped
+
+
+def test_a_starving_job_that_one_end_makes_room_for_holds_no_card() -> None:
+    # GPU 0 is at its cap; whichever of its jobs ends first frees 6 GiB: the head job starts then
+    policy = PackingPolicy(headroom_fraction=0.0, starvation_s=600.0)
+    busy = [running(8, 0, 6, 6, reached_peak=True), running(9, 0, 6, 6, reached_peak=True),
+            running(7, 1, 9, 9, reached_peak=True)]
+    queue = [job(1, 8, waiting_since_s=0.0), job(2, 1, waiting_since_s=0.0)]
+    cards = [gpu(0, total_gib=16, free_gib=4), gpu(1, total_gib=10, free_gib=1, slots=2)]
+    d = pack(queue, cards, busy, policy, now_s=1000.0)
+    assert placed(d) == {2: 1} and "kept free" not in d.wait_reasons[1]
+
+
+def test_a_starving_job_keeps_its_card_from_when_it_fits_and_short_jobs_backfill_until_then() -> None:
+    # the head needs both running jobs on GPU 0 gone (at 1600 s and 2000 s): it is kept from 2000 s
+    policy = PackingPolicy(headroom_fraction=0.0, starvation_s=600.0)
+    busy = [RunningAttempt(8, 0, 4 * GIB, 4 * GIB, True, expected_end_s=1600.0),
+            RunningAttempt(9, 0, 4 * GIB, 4 * GIB, True, expected_end_s=2000.0)]
+    queue = [job(1, 9, waiting_since_s=0.0), job(2, 1, expected_duration_s=600.0),
+             job(3, 1, expected_duration_s=3000.0)]
+    d = pack(queue, [gpu(0, total_gib=10, free_gib=2, slots=3)], busy, policy, now_s=1000.0)
+    assert placed(d) == {2: 0}  # ends at 1600 s, before 2000 s; job 3 would not
+    assert d.waits[3].kind is WaitKind.HELD_FOR_STARVING and d.waits[3].for_job == 1
+    assert "reserved for job 1 (ready in ~17 min)" in d.wait_reasons[3]
+    assert d.waits[1].kept_gpu == 0

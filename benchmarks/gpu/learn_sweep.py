@@ -4,15 +4,19 @@ each shape's peak from its first running attempt and pack the rest at the measur
     python benchmarks/gpu/learn_sweep.py --work /tmp/learn --out OUT --budget-s 390   # GPU, ~8 min
     python benchmarks/gpu/learn_sweep.py --dry --work /tmp/learn-dry --out /tmp/o --max-steps 120
 
-Two suites on the Llama of 1.3B shape (LoRA r=8 q/k/v/o, toy GLUE data, ≤ 34 tokens) of
-benchmarks/gpu/run_sweep.py: `under` declares 4 GiB for batch 128 and 64 (true peaks about 12
-and 8 GiB), `over` declares 24 GiB for batch 16 (true about 4.6 GiB). A ballast leaves
-`--leave-gib` free on the card. Reported in OUT/learn-summary.json: for the first 10 minutes the
-time-averaged number of running jobs against an oracle that knows every true peak (the jobs that
-fit the free memory and the plan at once, taken from the queue in order, by the peaks measured in
-this very run); per shape the delay from its first attempt's start to the first start sized
-from a running attempt (`measured (running, step N)`); per shape the OOMs of attempts started
-after its first OOM had ended (the first wave's simultaneous OOMs are the declared figure's).
+Two suites on the Llama of 1.3B shape (LoRA r=8 q/k/v/o, toy GLUE data, <= 34 tokens) of
+benchmarks/gpu/run_sweep.py: `over` declares 20 GiB for batch 16 (true peak about 4.6 GiB) and
+`under` declares 8 GiB for batch 128 (true about 12.1 GiB). A ballast leaves `--leave-gib` (38)
+free on the card, with a fixed headroom of 2.4 GiB. The sizes are chosen so that the second
+`over` job cannot start at its declared 20 GiB beside the first wave (one job of each shape) but
+fits at its measured size: it starts only once the first `over` attempt has passed step K.
+Reported in OUT/learn-summary.json: for the first 10 minutes the time-averaged number of running
+jobs against an oracle that knows every true peak (the jobs that fit the free memory and the
+plan at once, taken from the queue in order, by the peaks measured in this very run); per shape
+when its first attempt passed step K (from its `progress.jsonl`), the first start sized from a
+running attempt (`measured (running, step N)`) and the delay between the two; per shape the
+OOMs of attempts started after its first OOM had ended (the first wave's simultaneous OOMs are
+the declared figure's).
 """
 
 from __future__ import annotations
@@ -32,15 +36,18 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.gpu.run_sweep import REPO, dump, finish, orch, pack_out, start_ballast, watch_sweep
+from orchestrator.shapes import PROVISIONAL_STEPS
 
-# declared GiB, {config: batch}; `over` must still fit the 40 GiB left, or it would never start
-SUITES = {"under": (4, {"big_b128": 128, "mid_b64": 64}), "over": (24, {"small_b16": 16})}
+# declared GiB, {config: batch}; `over` first in queue order. On 38 GiB with 2.4 GiB headroom the
+# first pass places one of each (20 + 8 GiB declared); a second `over` at 20 GiB never fits beside
+# their true 16.7 GiB, at its measured ~5.3 GiB it does
+SUITES = {"over": (20, {"small_b16": 16}), "under": (8, {"big_b128": 128})}
 WINDOW_S = 600.0
 
 
 # --dry: the sim worker holding the true peaks of the GPU run on a simulated card, so that the
 # learning itself (not only the plumbing) runs here; 4 steps per second
-SIM_PEAK_GIB = {"big_b128": 12.0, "mid_b64": 7.7, "small_b16": 4.5}
+SIM_PEAK_GIB = {"big_b128": 12.0, "small_b16": 4.5}
 
 
 def write_plans(plans: Path, model: str, data_dir: Path, max_steps: int, sim: bool = False) -> None:
@@ -91,6 +98,23 @@ def oracle_concurrency(jobs: list[dict[str, Any]], peaks: dict[str, int], free_m
     return n
 
 
+def _step_k_at(run_dir: str | None, k: int = PROVISIONAL_STEPS) -> float | None:
+    """When an attempt's worker first reported step >= K (its progress.jsonl), or None."""
+    if not run_dir:
+        return None
+    path = Path(run_dir) / "progress.jsonl"
+    if not path.is_file():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            beat = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(beat, dict) and isinstance(beat.get("step"), int) and beat["step"] >= k:
+            return float(beat["t"])
+    return None
+
+
 def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
     jobs = [json.loads((db_dir / "dumps" / "show" / p.name).read_text())
             for p in sorted((db_dir / "dumps" / "show").glob("*.json"), key=lambda p: int(p.stem))]  # fmt: skip
@@ -116,10 +140,17 @@ def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
         # an OOM of an attempt placed by a measurement (finished, running or a neighbour's) is
         # learning gone wrong, whenever it started; OOMs of declared/estimated starts are not
         measured_ooms = [a for a in ooms if str(a["prediction_source"]).startswith("measured")]
+        step_k_at = _step_k_at(mine[0].get("run_dir"))
         shapes[shape] = {
             "attempts": len(mine), "ooms": len(ooms), "ooms_after_first": len(later),
             "ooms_of_measured_starts": len(measured_ooms),
             "first_running_sized_start_after_s": round(running[0]["started_at"] - mine[0]["started_at"], 1) if running else None,
+            "first_step_k_after_s": None if step_k_at is None else round(step_k_at - mine[0]["started_at"], 1),
+            "running_sized_start_after_step_k_s": round(running[0]["started_at"] - step_k_at, 1)
+            if running and step_k_at is not None else None,
+            "running_sized_starts": [{"job": a["job"], "predicted_mib": a.get("predicted_peak_mib"),
+                                      "source": a["prediction_source"], "outcome": a["outcome"],
+                                      "peak_mib": a["peak_mib"]} for a in running],
             "sources": sorted({str(a["prediction_source"]) for a in mine}),
         }  # fmt: skip
     return {
@@ -139,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("learn-out"))
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=1200, help="a few minutes per job on an H200")
-    parser.add_argument("--leave-gib", type=float, default=40.0)
+    parser.add_argument("--leave-gib", type=float, default=38.0)
     parser.add_argument("--gpu-plan", default="8")
-    parser.add_argument("--headroom", type=float, default=0.017)
+    parser.add_argument("--headroom", type=float, default=0.1, help="fraction of the card, capped by --headroom-max-gib")
+    parser.add_argument("--headroom-max-gib", type=float, default=2.4, help="the same headroom on an H100 and an H200")
     parser.add_argument("--budget-s", type=float, default=480.0, help="then what still runs is cancelled")
     parser.add_argument("--dry", action="store_true", help="CPU: the sim worker on one simulated card of --leave-gib")
     args = parser.parse_args(argv)
@@ -183,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         log = open(str(db) + ".daemon.log", "ab")  # noqa: SIM115  (the daemon writes it until it exits)
         daemon = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db), "--backend", backend,
-             "--poll", "0.5", "--headroom", str(args.headroom)],
+             "--poll", "0.5", "--headroom", str(args.headroom), "--headroom-max-gib", str(args.headroom_max_gib)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
         )  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)

@@ -12,8 +12,12 @@ Two learning rules for the `orch` policy, side by side:
 and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
 that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
 learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
-alone costs); `step-k nohold` is `orch step-k` without the starvation hold (a head job waiting
-10 minutes keeps its best card free), which is what costs most of the rest. Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
+alone costs). Diagnostics, each `orch step-k` with one thing changed: `step-k nohold` without the
+starvation hold (what the hold costs), `step-k best_fit` with best-fit placement instead of
+spread (what placement costs), `step-k durations` told every run time up front (what learning
+run times costs), `step-k peaks` told every true peak + 5 % up front (what predicting from the
+declared figure and learning peaks costs), and `step-k +estimate` with a model of the LoRA
+estimate the daemon has for real jobs and trace jobs lack (EstimatePolicy). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
 (long jobs: the first wave then lasts hours, which is where learning early pays).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -132,6 +137,57 @@ class OraclePolicy:
         return not self.queue
 
 
+@dataclass
+class KnownDurationsPolicy(StepKPolicy):
+    """`orch step-k` told every job's true run time up front: what learning run times costs."""
+
+    name: str = "step-k durations"
+
+    def expected_s(self, job_index: int, level: int) -> float | None:
+        return self.trace.jobs[job_index].minutes[level] * 60.0
+
+
+@dataclass
+class KnownPeaksPolicy(StepKPolicy):
+    """`orch step-k` told every job's true peak (plus the measured margin) up front: what
+    predicting from declared figures and learning costs."""
+
+    name: str = "step-k peaks"
+
+    def predict_mib(self, job_index: int, level: int) -> float:
+        return self.trace.jobs[job_index].peak_mib[level] * (1 + self.margin)
+
+
+ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
+
+
+@dataclass
+class EstimatePolicy(StepKPolicy):
+    """`orch step-k` with a model of the daemon's LoRA estimate, which trace jobs lack: once a
+    job of the same task has succeeded (its result reports the longest prompt), later jobs of
+    that task are estimated at their true peak times (1 + e), e fixed per (config, task, level)
+    and spread evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`)."""
+
+    name: str = "step-k +estimate"
+    tasks_done: set[str] = field(default_factory=set)
+
+    def predict_mib(self, job_index: int, level: int) -> float:
+        job = self.trace.jobs[job_index]
+        key = job.shape(level)
+        estimate = None
+        if job.task in self.tasks_done:
+            spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
+            estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
+        return predict_peak_mib(
+            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key)
+        ).mib
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        if outcome == "succeeded":
+            self.tasks_done.add(attempt.job.task)
+        super().on_end(sim, attempt, outcome, now_s)
+
+
 def scaled(trace: Trace, factor: float) -> Trace:
     def job(j: TraceJob) -> TraceJob:
         return replace(j, minutes=tuple(m * factor for m in j.minutes))
@@ -165,10 +221,23 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), known_after_s=known_after_s,
                     early_fraction=early_fraction, name="step-k nohold")
     )
+    best_fit = Simulator(trace).run(
+        StepKPolicy(trace, packing=PackingPolicy(placement="best_fit"), known_after_s=known_after_s,
+                    early_fraction=early_fraction, name="step-k best_fit")
+    )
+    durations = Simulator(trace).run(
+        KnownDurationsPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
+    )
+    peaks = Simulator(trace).run(KnownPeaksPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction))
+    estimate = Simulator(trace).run(EstimatePolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction))
     return [
         row("orch end", end, bound, oracle.makespan_min, work),
         row("orch step-k", step_k, bound, oracle.makespan_min, work),
         row("step-k nohold", no_hold, bound, oracle.makespan_min, work),
+        row("step-k best_fit", best_fit, bound, oracle.makespan_min, work),
+        row("step-k durations", durations, bound, oracle.makespan_min, work),
+        row("step-k peaks", peaks, bound, oracle.makespan_min, work),
+        row("step-k +estimate", estimate, bound, oracle.makespan_min, work),
         row("oracle", oracle, bound, oracle.makespan_min, work),
         row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
     ]

@@ -16,6 +16,7 @@ from benchmarks.packing.simulator import (
 )
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
 from orchestrator.durations import CompletedRun, DurationTable
+from orchestrator.ladder import Level, expand_levels, load_ladder, retry_decision
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.memory import ShapeMemory, predict_peak_mib, update_shape
 from orchestrator.packing import (
@@ -28,6 +29,14 @@ from orchestrator.packing import (
 )
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
+# The daemon's default ladder expanded for a config of batch 2 with data workers: exactly the
+# trace's five levels (as configured, checkpointing, half batch, no data workers, alone).
+TRACE_LEVELS: tuple[Level, ...] = tuple(expand_levels(
+    load_ladder(None),
+    {"batch_size": 2, "gradient_accumulation_steps": 1, "num_data_workers": 2, "gradient_checkpointing": False},
+    one_token_task=True,
+))
+assert len(TRACE_LEVELS) == RUN_ALONE_LEVEL + 1 and TRACE_LEVELS[RUN_ALONE_LEVEL].run_alone
 
 
 def _slot_gpus(trace: Trace) -> list[int]:
@@ -150,8 +159,9 @@ class OrchPolicy:
     Prediction for a (config, task, level): its measured peak after an attempt of that shape
     succeeded, plus `margin`; else the declared memory, raised to the memory an OOM'd attempt
     of that shape held when it failed (a floor), plus `margin` — the daemon's own rule from
-    `orchestrator.memory`. An OOM moves the job one level
-    down the ladder; level 4 runs alone; an OOM there fails the job.
+    `orchestrator.memory`. What follows an OOM is the daemon's `retry_decision` over its default
+    ladder (TRACE_LEVELS): one level down, level 4 alone, an OOM there (or the attempt limit)
+    fails the job.
     """
 
     trace: Trace
@@ -163,6 +173,7 @@ class OrchPolicy:
     wait_reasons: dict[int, str] = field(default_factory=dict)
     completed: list[CompletedRun] = field(default_factory=list)  # what the daemon's table holds
     durations: DurationTable = field(default_factory=lambda: DurationTable(()))
+    attempts: dict[int, int] = field(default_factory=dict)  # job -> attempts ended so far
 
     def __post_init__(self) -> None:
         self.queue = {}
@@ -177,6 +188,11 @@ class OrchPolicy:
         """Learned from succeeded attempts only, as the daemon learns it (never trace minutes)."""
         job = self.trace.jobs[job_index]
         return self.durations.expected_s(job.config, job.task, level)
+
+    def _expected_end_s(self, attempt: Attempt) -> float | None:
+        """Its start plus the learned run time of its kind, as the daemon reckons it."""
+        expected = self.expected_s(attempt.start.job_index, attempt.start.level)
+        return None if expected is None else attempt.start_s + expected
 
     def predict_mib(self, job_index: int, level: int) -> float:
         """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
@@ -201,6 +217,7 @@ class OrchPolicy:
                 int(a.held_mib(now_s)),
                 reached_peak=not a.ramping(now_s),
                 run_alone=a.start.run_alone,
+                expected_end_s=self._expected_end_s(a),
             )
             for a in sim.running
         ]
@@ -216,7 +233,8 @@ class OrchPolicy:
             level = self.queue[first].level
             predicted_mib = int(self.predict_mib(first, level))
             expected_s = self.expected_s(first, level)
-            k = most_placeable(predicted_mib, level == RUN_ALONE_LEVEL, cards)
+            alone = TRACE_LEVELS[level].run_alone
+            k = most_placeable(predicted_mib, alone, cards)
             placeable = placeable or k > 0
             for j in self.by_shape.first(shape, k + 1):
                 queue.append(
@@ -226,7 +244,7 @@ class OrchPolicy:
                         queued_seq=j,  # a retried job keeps its place in the queue
                         predicted_peak_mib=predicted_mib,
                         waiting_since_s=self.queue[j].since_s,
-                        run_alone=level == RUN_ALONE_LEVEL,
+                        run_alone=alone,
                         expected_duration_s=expected_s,
                     )
                 )
@@ -239,7 +257,7 @@ class OrchPolicy:
             level = self.queue.pop(p.job_id).level
             self.by_shape.remove(p.job_id)
             starts.append(
-                Start(p.job_id, p.gpu_index, level, p.reserved_mib, level == RUN_ALONE_LEVEL)
+                Start(p.job_id, p.gpu_index, level, p.reserved_mib, TRACE_LEVELS[level].run_alone)
             )
         return starts
 
@@ -247,6 +265,7 @@ class OrchPolicy:
         s = attempt.start
         key = attempt.job.shape(s.level)
         held = int(attempt.held_mib(now_s))  # the worker reports its peak; an OOM what it held
+        self.attempts[s.job_index] = self.attempts.get(s.job_index, 0) + 1
         if outcome == "succeeded":
             self.shapes[key] = update_shape(
                 self.shapes.get(key), held, AttemptOutcome.SUCCEEDED, None
@@ -258,8 +277,10 @@ class OrchPolicy:
             self.durations.add(self.completed[-1])  # not rebuilt from every run: O(1)
             return
         self.shapes[key] = update_shape(self.shapes.get(key), held, AttemptOutcome.OOM, held)
-        if s.level < RUN_ALONE_LEVEL:
-            self._enqueue(s.job_index, s.level + 1, now_s)
+        decision = retry_decision(AttemptOutcome.OOM, "CUDA out of memory", self.attempts[s.job_index],
+                                  TRACE_LEVELS, s.level)
+        if decision.action == "requeue" and decision.level is not None:
+            self._enqueue(s.job_index, decision.level.index, now_s)
 
     def _enqueue(self, j: int, level: int, now_s: float) -> None:
         self.queue[j] = _Queued(level, now_s)
