@@ -15,9 +15,8 @@ import stat
 import threading
 from pathlib import Path
 
-from workers.harness import atomic_write_json
+from orchestrator.rundir_files import RunDir, write_json
 
-GPU_PEAK_FILE = "gpu_peak.json"
 SAMPLE_S = 1.0
 MAX_FILE_BYTES = 4096
 MAX_PEAK_MIB = 16 * 1024 * 1024  # 16 TiB: anything larger is not a reading
@@ -66,12 +65,12 @@ class GpuPeakSampler:
 
     def _write(self) -> None:
         with contextlib.suppress(OSError):
-            atomic_write_json(self.run_dir / GPU_PEAK_FILE, {"peak_mib": self.peak_mib, "samples": self.samples})
+            write_json(RunDir(self.run_dir).gpu_peak, {"peak_mib": self.peak_mib, "samples": self.samples})
 
 
 def read_gpu_peak_mib(run_dir: Path) -> int:
     """The wrapper's measured peak, or 0 when absent or not believable."""
-    path = Path(run_dir) / GPU_PEAK_FILE
+    path = RunDir(run_dir).gpu_peak
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
