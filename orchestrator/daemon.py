@@ -133,9 +133,6 @@ class Daemon:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def request_stop(self, *_: object) -> None:
-        self._stop.set()
-
     def run(self) -> None:
         """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
         os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes

@@ -365,24 +365,13 @@ def next_host_step(
     return None
 
 
-def next_level(
-    levels: Sequence[Level],
-    current_index: int,
-    outcome: AttemptOutcome,
-    host: HostSettings = NO_HOST_STEPS,
-) -> Level | None:
-    """What the attempt after an OOM runs with (its host settings applied). A CUDA OOM moves
-    one ladder level down and keeps the host settings; a host OOM stays at this level and adds
-    the next host-side step (fewer data workers, then running alone), changing nothing
-    GPU-side. None when the ladder, or its host-side part for a host OOM, has nothing left."""
-    after = _after_oom(levels, current_index, outcome, host)
-    return with_host_settings(*after) if after is not None else None
-
-
 def _after_oom(
     levels: Sequence[Level], current_index: int, outcome: AttemptOutcome, host: HostSettings
 ) -> tuple[Level, HostSettings] | None:
-    """(ladder level, host settings) of the attempt after an OOM; None when nothing is left."""
+    """(ladder level, host settings) of the attempt after an OOM; None when nothing is left.
+    A CUDA OOM moves one ladder level down and keeps the host settings; a host OOM stays at
+    this level and adds the next host-side step (fewer data workers, then running alone),
+    changing nothing GPU-side."""
     if outcome is AttemptOutcome.OOM:
         later = levels[current_index + 1 :]
         return (later[0], host) if later else None
@@ -390,14 +379,6 @@ def _after_oom(
         stepped = next_host_step(levels, current_index, host)
         return (levels[current_index], stepped) if stepped is not None else None
     return None
-
-
-def should_retry(
-    outcome: AttemptOutcome, attempt_number: int, max_attempts: int, retryable: bool = True
-) -> bool:
-    """Whether an attempt's outcome is worth another attempt at all (ladder aside)."""
-    retriable = outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM, AttemptOutcome.LOST)
-    return retriable and retryable and attempt_number < max_attempts
 
 
 def retry_decision(
