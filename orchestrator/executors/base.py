@@ -57,6 +57,10 @@ class Executor(Protocol):
 
     def window_alive(self, handle_window_id: str) -> bool: ...
 
+    def kill_window(self, window_id: str) -> None: ...
+
+    def attach_command(self, window_id: str) -> list[str]: ...
+
 
 def log_path(attempt: Mapping[str, Any]) -> Path:
     """Where every executor's attempt output is: the wrapper writes it into the run dir."""

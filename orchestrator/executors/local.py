@@ -59,6 +59,12 @@ class LocalExecutor:
     def window_alive(self, handle_window_id: str) -> bool:
         return self.launcher.window_alive(handle_window_id)
 
+    def kill_window(self, window_id: str) -> None:
+        self.launcher.kill_window(window_id)
+
+    def attach_command(self, window_id: str) -> list[str]:
+        return self.launcher.attach_command(window_id)
+
     def kill_server(self) -> None:
         close = getattr(self.launcher, "kill_server", None)
         if callable(close):

@@ -224,6 +224,12 @@ class SlurmExecutor:
     def window_alive(self, handle_window_id: str) -> bool:
         return False
 
+    def kill_window(self, window_id: str) -> None:
+        return None
+
+    def attach_command(self, window_id: str) -> list[str]:
+        return []
+
 
 def slurm_available() -> bool:
     return all(shutil.which(tool) for tool in ("sbatch", "squeue", "scancel", "scontrol")) and bool(
