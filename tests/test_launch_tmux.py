@@ -160,7 +160,8 @@ def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
     assert len({h.window_id for h in handles if not isinstance(h, Exception)}) == len(specs)
     for i, s in enumerate(specs):
         seen = s.run_dir / "seen"
-        wait_until(seen.exists, 20, f"window {i} ran")
+        # written by a plain write_text: created empty first, so wait for its content too
+        wait_until(lambda seen=seen: seen.exists() and seen.stat().st_size > 0, 20, f"window {i} ran")
         assert seen.read_text() == s.env["TRICKY"]
     handle = handles[3]
     assert not isinstance(handle, Exception) and handle.pid is not None
