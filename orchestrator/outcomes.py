@@ -13,7 +13,6 @@ from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
 from orchestrator.ladder import retry_decision, with_host_settings
 from orchestrator.launch.base import kill_process_group
-from orchestrator.launch.gpu_peak import read_gpu_peak_mib
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
@@ -34,6 +33,7 @@ from orchestrator.reconcile import (
     read_log_tail,
     read_result,
 )
+from orchestrator.runfiles import read_gpu_peak_mib
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import (
     AttemptEnd,

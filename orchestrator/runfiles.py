@@ -38,6 +38,8 @@ MAX_PID = 4_194_304  # the kernel's pid_max ceiling
 MAX_MIB = 1 << 30  # 1 PiB: far above any GPU, far below SQLite's integer range
 MAX_COUNT = 10**12  # steps, totals, tokens
 MAX_METRIC_DEPTH = 4
+MAX_GPU_PEAK_BYTES = 4096  # gpu_peak.json
+MAX_PEAK_MIB = 16 * 1024 * 1024  # 16 TiB: anything larger is not a reading
 
 Check = Callable[[Any], bool]
 
@@ -255,6 +257,31 @@ def read_log_tail(run_dir: Path | str, max_bytes: int = LOG_TAIL_BYTES) -> str:
     except (FileNotFoundError, FileProblem, RunTreeError, OSError):
         return ""
     return (raw or b"").decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- the wrapper's GPU peak
+
+
+def read_gpu_peak_mib(run_dir: Path) -> int:
+    """The wrapper's measured peak, or 0 when absent or not believable."""
+    path = RunDir(run_dir).gpu_peak
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_GPU_PEAK_BYTES:
+            return 0
+        data = json.loads(os.read(fd, MAX_GPU_PEAK_BYTES).decode("utf-8"))
+    except (OSError, ValueError):
+        return 0
+    finally:
+        os.close(fd)
+    peak = data.get("peak_mib") if isinstance(data, dict) else None
+    if isinstance(peak, bool) or not isinstance(peak, int) or not 0 <= peak <= MAX_PEAK_MIB:
+        return 0
+    return peak
 
 
 # ---------------------------------------------------------------- following stdout.log

@@ -28,11 +28,11 @@ from orchestrator.executors.slurm_parse import (
     sbatch_script,
     shards_for,
 )
-from orchestrator.launch.gpu_peak import read_gpu_peak_mib
 from orchestrator.launch.wrapper import wrapper_argv
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.reconcile import Observation
 from orchestrator.rundir_files import RunDir
+from orchestrator.runfiles import read_gpu_peak_mib
 
 # -- suite `slurm:` settings -----------------------------------------------------------------
 
