@@ -29,6 +29,7 @@ import yaml
 
 from benchmarks import daemon_scale
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
 from orchestrator.store.jobs import submit_jobs
 
@@ -75,8 +76,8 @@ def dispatch_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
                 job = store.query("SELECT id, queued_at FROM jobs ORDER BY id DESC LIMIT 1")[0]
                 _wait(lambda job=job: bool(store.query("SELECT 1 FROM attempts WHERE job_id = ?", [job["id"]])), 30, "start")
                 run_dir = Path(store.query("SELECT run_dir FROM attempts WHERE job_id = ?", [job["id"]])[0]["run_dir"])
-                _wait(lambda run_dir=run_dir: (run_dir / "pid.json").exists(), 30, "pid.json")
-                pid_record = json.loads((run_dir / "pid.json").read_text())
+                _wait(lambda run_dir=run_dir: RunDir(run_dir).pid.exists(), 30, RunDir.PID)
+                pid_record = json.loads(RunDir(run_dir).pid.read_text())
                 started = pid_record.get("started_at")
                 started_s = started if isinstance(started, (int, float)) else _iso_to_s(str(started))
                 latencies.append(started_s - job["queued_at"])
@@ -111,8 +112,8 @@ def slot_free_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
         _orch(env, "daemon", "stop")
     latencies = []
     for previous, following in itertools.pairwise(run_dirs):
-        ended = _iso_to_s(json.loads((previous / "exit.json").read_text())["ended_at"])
-        started = _iso_to_s(json.loads((following / "pid.json").read_text())["started_at"])
+        ended = _iso_to_s(json.loads(RunDir(previous).exit.read_text())["ended_at"])
+        started = _iso_to_s(json.loads(RunDir(following).pid.read_text())["started_at"])
         latencies.append(started - ended)
     return {"handoffs": len(latencies), "poll_s": poll_s, "median_s": statistics.median(latencies),
             "max_s": max(latencies)}

@@ -36,6 +36,7 @@ import yaml
 
 from orchestrator.daemon_state import tmux_socket_name
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
 from orchestrator.store.jobs import submit_jobs
 
@@ -202,13 +203,13 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
     for row in rows:
         run_dir = Path(row["run_dir"])
         try:
-            pid_record = json.loads((run_dir / "pid.json").read_text())
+            pid_record = json.loads(RunDir(run_dir).pid.read_text())
         except (OSError, ValueError):
             continue
         starts[row["gpu_index"]].append(iso_s(pid_record["started_at"]))
         claims[row["gpu_index"]].append(row["started_at"])
         with contextlib.suppress(OSError, ValueError, KeyError):
-            ends[row["gpu_index"]].append(iso_s(json.loads((run_dir / "exit.json").read_text())["ended_at"]))
+            ends[row["gpu_index"]].append(iso_s(json.loads(RunDir(run_dir).exit.read_text())["ended_at"]))
     latencies: list[float] = []
     daemon_part: list[float] = []
     for gpu, gpu_starts in starts.items():

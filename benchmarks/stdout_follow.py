@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.rundir_files import RunDir
 from orchestrator.stdout_follow import OutputFollower
 
 REDRAW = "\r 45%|####5     | {n}/100000 [00:09<00:11, 4.9it/s, loss=0.41]"
@@ -26,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp)
-        log = run_dir / "stdout.log"
+        log = RunDir(run_dir).log
         block = "".join(REDRAW.format(n=n) for n in range(1000)).encode()
         with open(log, "wb") as handle:
             for _ in range(args.log_mib * 1024 * 1024 // len(block)):

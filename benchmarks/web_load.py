@@ -22,6 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
 from orchestrator.store.gpu_samples import MAX_ROWS_PER_GPU
 
@@ -64,14 +65,14 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
             ended = None if live else started + duration
             gpu_clock[gpu] = started + duration / 2  # about two attempts share a card at a time
             outcome = None if live else ("oom" if n < n_attempts else "succeeded")
-            run_dir = runs / f"{job_id:06d}" / f"attempt-{n}"
+            run_dir = runs / "E1" / f"{job_id:06d}" / f"attempt-{n}"  # the real layout
             run_dir.mkdir(parents=True)
             if outcome == "succeeded":
-                (run_dir / "result.json").write_text(json.dumps(
+                RunDir(run_dir).result.write_text(json.dumps(
                     {"status": "succeeded", "metrics": {"test": {"accuracy": 0.8 + rng.gauss(0, 0.02), "f1": 0.7}}}))
-            (run_dir / "progress.jsonl").write_text("".join(
+            RunDir(run_dir).progress.write_text("".join(
                 json.dumps({"step": s, "total": 50, "loss": 2 / (1 + 0.1 * s)}) + "\n" for s in range(1, 51)))
-            (run_dir / "stdout.log").write_text("step 50/50 loss 0.33\n" * 200)
+            RunDir(run_dir).log.write_text("step 50/50 loss 0.33\n" * 200)
             attempts.append((attempt_id, job_id, n, gpu, f"GPU-{gpu:04d}", n - 1, "as_configured", "{}", "{}", 0,
                              str(run_dir), 9000, "measured", 0, 8000 if live else 0, 9500, 1, started,
                              ended, outcome, None if live else 0, None if live else "done",

@@ -15,7 +15,10 @@ from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome
 
-EXIT_OOM = 3  # workers.harness.EXIT_OOM (workers must not import orchestrator, nor we them)
+# The exit codes of our workers' protocol, as workers.harness defines them (a test checks they
+# agree). Not imported from there: this classifier stays a pure module of orch's own, and a
+# foreign script that exits 3 or 4 is read the same way.
+EXIT_OOM = 3  # workers.harness.EXIT_OOM
 EXIT_CONFIG_ERROR = 4  # workers.harness.EXIT_CONFIG_ERROR
 SIGKILL = 9
 REASON_HUNG = "hung"

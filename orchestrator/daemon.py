@@ -39,7 +39,6 @@ from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
-from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
 from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
@@ -55,6 +54,7 @@ from orchestrator.reconcile import (
     process_matches,
     proven_group,
 )
+from orchestrator.rundir_files import RunDir
 from orchestrator.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.store.attempts import live_attempts, update_attempt
 from orchestrator.store.db import Store, now_s
@@ -132,9 +132,6 @@ class Daemon:
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
 
     # -- lifecycle -------------------------------------------------------------------------
-
-    def request_stop(self, *_: object) -> None:
-        self._stop.set()
 
     def run(self) -> None:
         """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
@@ -250,7 +247,7 @@ class Daemon:
             now_s(),
         )
         self._exit_files = [
-            Path(row["run_dir"]) / EXIT_FILE
+            RunDir(row["run_dir"]).exit
             for row in self.store.query("SELECT run_dir FROM attempts WHERE outcome IS NULL")
         ]
         return False

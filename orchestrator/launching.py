@@ -22,6 +22,7 @@ from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
 from orchestrator.resources import free_port
+from orchestrator.rundir_files import RunDir
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
@@ -159,7 +160,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
         )
         prepare_run_dir(run_dir, claimed.config, env)
         argv = build_argv(
-            job["worker"], config_path=run_dir / "config.yaml", run_dir=run_dir,
+            job["worker"], config_path=RunDir(run_dir).config, run_dir=run_dir,
             values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"]),
                     "nproc": str(len(cards)), "port": str(attempt["port"])}, config=claimed.config,
         )

@@ -13,8 +13,6 @@ from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
 from orchestrator.ladder import retry_decision, with_host_settings
 from orchestrator.launch.base import kill_process_group
-from orchestrator.launch.gpu_peak import read_gpu_peak_mib
-from orchestrator.launch.rundir import read_output_tail
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
@@ -35,6 +33,7 @@ from orchestrator.reconcile import (
     read_log_tail,
     read_result,
 )
+from orchestrator.runfiles import read_gpu_peak_mib
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import (
     AttemptEnd,
@@ -232,7 +231,7 @@ def _stdout_metrics(job: dict[str, Any], run_dir: Path) -> dict[str, float] | No
     `result_regex`, else the last JSON object line), from the tail of its stdout.log."""
     regex = job_worker_output(job).get("result_regex")
     try:
-        return parse_result(read_output_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
+        return parse_result(read_log_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
     except re.error:  # checked at submit; a row edited since must not stop the attempt's end
         return None
 

@@ -37,7 +37,7 @@ import psutil
 
 from orchestrator import runfiles
 from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, open_run_dir
-from orchestrator.launch.wrapper import LOST_MARKER, PID_FILE
+from orchestrator.rundir_files import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,8 @@ def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None) 
         alive = process_matches(files.pid_record["pid"], files.pid_record["create_time"])
     if files.exit_record is None and not (alive or launcher_alive):
         files = runfiles.read_run_files(run_dir)  # it may have ended, with its record, just now
-    from orchestrator.launch.rundir import stat_output  # yaml: not for every CLI start
 
-    output = stat_output(run_dir)
+    output = runfiles.stat_output(run_dir)
     return Observation(
         last_output_at=output.mtime_s if output is not None else None,
         pid_record=files.pid_record,
@@ -205,8 +204,8 @@ def mark_lost(run_dir: Path) -> bool:
     run_dir = Path(run_dir)
     try:
         with open_run_dir(run_dir, create=True) as dir_fd:
-            create_exclusive(dir_fd, LOST_MARKER)  # False: left by an earlier pass
-            return not exists(dir_fd, PID_FILE)
+            create_exclusive(dir_fd, RunDir.LOST_MARKER)  # False: left by an earlier pass
+            return not exists(dir_fd, RunDir.PID)
     except (RunTreeError, OSError) as exc:
         # A run dir we cannot write to (or reach safely) is one the wrapper cannot record itself in either.
         log.warning("cannot mark %s lost (%s); no wrapper can record itself there", run_dir, exc)

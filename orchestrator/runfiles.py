@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,18 +25,21 @@ from orchestrator.launch.runtree import (
     open_run_dir,
     read_file,
 )
-from orchestrator.launch.wrapper import EXIT_FILE, LOG_FILE, PID_FILE
-from workers.harness import PROGRESS_FILE, RESULT_FILE
+from orchestrator.rundir_files import RunDir
 
 MAX_RECORD_BYTES = 64 * 1024  # pid.json, exit.json
 MAX_RESULT_BYTES = 4 * 1024 * 1024  # result.json (metrics of many evals)
 PROGRESS_TAIL_BYTES = 8192
+CURVE_TAIL_BYTES = 1024 * 1024  # progress.jsonl read for a loss curve
+MAX_CURVE_POINTS = 400
 LOG_TAIL_BYTES = 16384
 MAX_TEXT_CHARS = 4000  # an error message kept from result.json
 MAX_PID = 4_194_304  # the kernel's pid_max ceiling
 MAX_MIB = 1 << 30  # 1 PiB: far above any GPU, far below SQLite's integer range
 MAX_COUNT = 10**12  # steps, totals, tokens
 MAX_METRIC_DEPTH = 4
+MAX_GPU_PEAK_BYTES = 4096  # gpu_peak.json
+MAX_PEAK_MIB = 16 * 1024 * 1024  # 16 TiB: anything larger is not a reading
 
 Check = Callable[[Any], bool]
 
@@ -95,7 +100,7 @@ PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "samples_per_s": (lambda v: v is None or _number_in(0, 1e12)(v), "a finite number or null"),
     "peak_mem_mib": (lambda v: v is None or _number_in(0, MAX_MIB)(v), "a number of MiB or null"),
 }
-REQUIRED = {PID_FILE: ("pid", "pgid", "create_time"), EXIT_FILE: ("exit_code",)}
+REQUIRED = {RunDir.PID: ("pid", "pgid", "create_time"), RunDir.EXIT: ("exit_code",)}
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -181,11 +186,11 @@ def _record(dir_fd: int, name: str, limit: int, fields: dict[str, tuple[Check, s
 
 
 def read_result_in(dir_fd: int, problems: list[str]) -> dict[str, Any] | None:
-    result, _ = _record(dir_fd, RESULT_FILE, MAX_RESULT_BYTES, RESULT_FIELDS, problems)
+    result, _ = _record(dir_fd, RunDir.RESULT, MAX_RESULT_BYTES, RESULT_FIELDS, problems)
     if result is None:
         return None
     if "status" not in result:
-        problems.append(f"{RESULT_FILE}: no valid status")
+        problems.append(f"{RunDir.RESULT}: no valid status")
     result["metrics"] = clean_metrics(result.get("metrics", {}))
     if isinstance(result.get("error"), str):
         result["error"] = result["error"][-MAX_TEXT_CHARS:]
@@ -196,7 +201,7 @@ def read_result_in(dir_fd: int, problems: list[str]) -> dict[str, Any] | None:
 
 def _last_progress(dir_fd: int, problems: list[str]) -> dict[str, Any] | None:
     try:
-        raw = read_file(dir_fd, PROGRESS_FILE, PROGRESS_TAIL_BYTES, tail=True)
+        raw = read_file(dir_fd, RunDir.PROGRESS, PROGRESS_TAIL_BYTES, tail=True)
     except FileProblem as exc:
         problems.append(str(exc))
         return None
@@ -208,7 +213,7 @@ def _last_progress(dir_fd: int, problems: list[str]) -> dict[str, Any] | None:
         except (ValueError, RecursionError):
             continue  # a line being written, or noise
         if isinstance(record, dict):
-            return validate(PROGRESS_FILE, record, PROGRESS_FIELDS, problems)
+            return validate(RunDir.PROGRESS, record, PROGRESS_FIELDS, problems)
     return None
 
 
@@ -217,9 +222,9 @@ def read_run_files(run_dir: Path, *, with_result: bool = False) -> RunFiles:
     files = RunFiles()
     try:
         with open_run_dir(Path(run_dir)) as dir_fd:
-            files.pid_record, files.pid_file_present = _record(dir_fd, PID_FILE, MAX_RECORD_BYTES, PID_FIELDS, files.problems)
-            files.exit_record, _ = _record(dir_fd, EXIT_FILE, MAX_RECORD_BYTES, EXIT_FIELDS, files.problems)
-            files.last_progress_at = file_mtime(dir_fd, PROGRESS_FILE)
+            files.pid_record, files.pid_file_present = _record(dir_fd, RunDir.PID, MAX_RECORD_BYTES, PID_FIELDS, files.problems)
+            files.exit_record, _ = _record(dir_fd, RunDir.EXIT, MAX_RECORD_BYTES, EXIT_FIELDS, files.problems)
+            files.last_progress_at = file_mtime(dir_fd, RunDir.PROGRESS)
             if files.last_progress_at is not None:
                 files.last_progress = _last_progress(dir_fd, files.problems)
             if with_result:
@@ -244,11 +249,111 @@ def read_result(run_dir: Path, problems: list[str] | None = None) -> dict[str, A
         return None
 
 
-def read_log_tail(run_dir: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
+def read_log_tail(run_dir: Path | str, max_bytes: int = LOG_TAIL_BYTES) -> str:
     """The last bytes of stdout.log as text; "" when it is absent or not a regular file."""
     try:
         with open_run_dir(Path(run_dir)) as dir_fd:
-            raw = read_file(dir_fd, LOG_FILE, max_bytes, tail=True)
+            raw = read_file(dir_fd, RunDir.LOG, max_bytes, tail=True)
     except (FileNotFoundError, FileProblem, RunTreeError, OSError):
         return ""
     return (raw or b"").decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- the wrapper's GPU peak
+
+
+def read_gpu_peak_mib(run_dir: Path) -> int:
+    """The wrapper's measured peak, or 0 when absent or not believable."""
+    path = RunDir(run_dir).gpu_peak
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_GPU_PEAK_BYTES:
+            return 0
+        data = json.loads(os.read(fd, MAX_GPU_PEAK_BYTES).decode("utf-8"))
+    except (OSError, ValueError):
+        return 0
+    finally:
+        os.close(fd)
+    peak = data.get("peak_mib") if isinstance(data, dict) else None
+    if isinstance(peak, bool) or not isinstance(peak, int) or not 0 <= peak <= MAX_PEAK_MIB:
+        return 0
+    return peak
+
+
+# ---------------------------------------------------------------- following stdout.log
+# Read every tick for workers without progress.jsonl: a stat and a pread of what was appended,
+# straight by path (the file itself is never followed if a link, and must be regular).
+
+
+@dataclass(frozen=True)
+class OutputStat:
+    size_bytes: int
+    mtime_s: float
+
+
+def stat_output(run_dir: Path) -> OutputStat | None:
+    """Size and modification time of the attempt's stdout.log; None when there is none (or it is
+    not a regular file). Its growth is the worker's sign of life."""
+    try:
+        info = os.lstat(RunDir(run_dir).log)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return OutputStat(info.st_size, info.st_mtime)
+
+
+def read_output(run_dir: Path, start: int, max_bytes: int) -> bytes:
+    """At most `max_bytes` of stdout.log from byte `start`: never the whole of a log that may
+    be gigabytes."""
+    try:
+        fd = os.open(RunDir(run_dir).log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, max(0, max_bytes), max(0, start))
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- the loss curve (web page)
+
+
+@dataclass(frozen=True)
+class LossPoint:
+    step: float
+    loss: float
+
+
+def loss_curve(run_dir: Path | str, max_points: int = MAX_CURVE_POINTS) -> list[LossPoint]:
+    """(step, loss) from the tail of progress.jsonl, thinned to at most `max_points` (and the
+    last); lines that are not a mapping of finite numbers are skipped."""
+    try:
+        with open_run_dir(Path(run_dir)) as dir_fd:
+            raw = read_file(dir_fd, RunDir.PROGRESS, CURVE_TAIL_BYTES, tail=True)
+    except (FileNotFoundError, FileProblem, RunTreeError, OSError):
+        return []
+    points: list[LossPoint] = []
+    for line in (raw or b"").decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            continue  # a partial first line, or a line being written
+        if not isinstance(record, dict):
+            continue
+        step: Any = record.get("step")
+        loss: Any = record.get("loss")
+        if _is_number(step) and _is_number(loss) and abs(step) <= 1e300 and abs(loss) <= 1e300:
+            points.append(LossPoint(float(step), float(loss)))
+    if len(points) > max_points:
+        stride = math.ceil(len(points) / max_points)
+        points = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+    return points

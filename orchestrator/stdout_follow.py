@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launch.rundir import OUR_WORKERS, read_output, stat_output
+from orchestrator.launch.rundir import OUR_WORKERS
+from orchestrator.runfiles import read_output, stat_output
 from orchestrator.stdout_parse import StdoutProgress
 
 TAIL_START_BYTES = 64 * 1024

@@ -186,3 +186,10 @@ def test_last_error_line_wins() -> None:
 )
 def test_mentions_are_not_errors(line: str) -> None:
     assert classify_log_tail(line + "\n") is None
+
+
+def test_exit_codes_agree_with_the_workers_harness() -> None:
+    from orchestrator import classify
+    from workers import harness
+
+    assert (classify.EXIT_OOM, classify.EXIT_CONFIG_ERROR) == (harness.EXIT_OOM, harness.EXIT_CONFIG_ERROR)

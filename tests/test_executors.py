@@ -28,10 +28,11 @@ from orchestrator.executors.slurm_parse import (
     sbatch_script,
     shards_for,
 )
-from orchestrator.launch.gpu_peak import GPU_PEAK_FILE, read_gpu_peak_mib
 from orchestrator.launch.wrapper import wrapper_argv
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.reconcile import Observation
+from orchestrator.rundir_files import RunDir
+from orchestrator.runfiles import read_gpu_peak_mib
 
 # -- suite `slurm:` settings -----------------------------------------------------------------
 
@@ -153,7 +154,7 @@ def test_a_remote_process_is_alive_while_slurm_runs_it() -> None:
 
 @pytest.mark.parametrize("content", ['{"peak_mib": true}', '{"peak_mib": -1}', '{"peak_mib": 1e30}', "[1]", "{", '{"peak_mib": 99999999999}'])
 def test_an_unbelievable_gpu_peak_file_reads_as_zero(tmp_path: Path, content: str) -> None:
-    (tmp_path / GPU_PEAK_FILE).write_text(content)
+    (tmp_path / RunDir.GPU_PEAK).write_text(content)
     assert read_gpu_peak_mib(tmp_path) == 0
 
 
@@ -162,10 +163,10 @@ def test_a_gpu_peak_symlink_or_fifo_is_not_followed(tmp_path: Path) -> None:
     target.write_text('{"peak_mib": 5}')
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / GPU_PEAK_FILE).symlink_to(target)
+    (run_dir / RunDir.GPU_PEAK).symlink_to(target)
     assert read_gpu_peak_mib(run_dir) == 0
-    (run_dir / GPU_PEAK_FILE).unlink()
-    os.mkfifo(run_dir / GPU_PEAK_FILE)
+    (run_dir / RunDir.GPU_PEAK).unlink()
+    os.mkfifo(run_dir / RunDir.GPU_PEAK)
     assert read_gpu_peak_mib(run_dir) == 0
 
 
@@ -185,7 +186,7 @@ def test_the_wrapper_measures_its_own_tree_on_simulated_gpus(tmp_path: Path, mon
     done = subprocess.run(wrapper_argv(run_dir, [sys.executable, "-c", holder]), env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert read_gpu_peak_mib(run_dir) == 3000
-    assert json.loads((run_dir / GPU_PEAK_FILE).read_text())["samples"] >= 1
+    assert json.loads((run_dir / RunDir.GPU_PEAK).read_text())["samples"] >= 1
 
 
 # -- CLI -------------------------------------------------------------------------------------

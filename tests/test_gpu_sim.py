@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.errors import GpuUnavailable, UsageError
 from orchestrator.gpu import make_probe
-from orchestrator.gpu.attribution import process_tree_pids, tree_memory_mib
+from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.sim import hold_foreign, parse_foreign, parse_gpu_sizes
 from workers.sim import FOREIGN_PID, gpu_dir, sim_uuid
 
@@ -133,8 +133,8 @@ def test_process_tree_attribution(sim_env: Path) -> None:
         hold_foreign(sim_env, 0, 2000)
         gpu0 = make_probe().snapshot()[0]
         assert gpu0.used_mib == 5000
-        assert tree_memory_mib(gpu0, parent.pid) == 3000
-        assert tree_memory_mib(gpu0, os.getpid()) == 3000  # we are the ancestor of both
+        assert gpu0.memory_of(process_tree_pids(parent.pid)) == 3000
+        assert gpu0.memory_of(process_tree_pids(os.getpid())) == 3000  # we are the ancestor of both
     finally:
         for proc in psutil.Process(parent.pid).children(recursive=True):
             proc.kill()

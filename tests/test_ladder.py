@@ -26,9 +26,7 @@ from orchestrator.ladder import (
     load_ladder,
     load_ladder_file,
     next_host_step,
-    next_level,
     retry_decision,
-    should_retry,
     with_host_settings,
 )
 from orchestrator.lifecycle import AttemptOutcome
@@ -197,24 +195,33 @@ def _gpu_side(level: Level, base: dict[str, Any]) -> dict[str, Any]:
     return {key: config.get(key) for key in GPU_SIDE_KEYS}
 
 
-def test_next_level_on_oom_and_host_oom() -> None:
+def _next_attempt(levels: list[Level], index: int, outcome: AttemptOutcome) -> Level | None:
+    """What the attempt after this one runs with (host settings applied), by retry_decision."""
+    decision = retry_decision(outcome, "out of memory", 1, levels, index)
+    if decision.action != "requeue":
+        return None
+    assert decision.level is not None
+    return with_host_settings(decision.level, decision.host)
+
+
+def test_the_attempt_after_an_oom_and_a_host_oom() -> None:
     levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
-    assert next_level(levels, 0, OOM) == levels[1]
-    assert next_level(levels, 4, OOM) == levels[5]
-    assert next_level(levels, 5, OOM) is None
-    assert next_level(levels, 0, AttemptOutcome.FAILED) is None
+    assert _next_attempt(levels, 0, OOM) == levels[1]
+    assert _next_attempt(levels, 4, OOM) == levels[5]
+    assert _next_attempt(levels, 5, OOM) is None
+    assert _next_attempt(levels, 0, AttemptOutcome.FAILED) is None
     # A host OOM stays at its level and adds only the host-side part of the next host rung.
-    host = next_level(levels, 0, HOST_OOM)
+    host = _next_attempt(levels, 0, HOST_OOM)
     assert host == Level(0, "data_workers", {WORKERS_KEY: 0}, {WORKERS_KEY: 0}, run_alone=False)
-    at_two = next_level(levels, 2, HOST_OOM)
+    at_two = _next_attempt(levels, 2, HOST_OOM)
     assert at_two is not None and at_two.index == 2
     assert at_two.overrides == {**levels[2].overrides, WORKERS_KEY: 0}
     assert at_two.changes == {WORKERS_KEY: 0}
     # Where the level already runs without workers, the next host step is running alone.
-    alone = next_level(levels, 4, HOST_OOM)
+    alone = _next_attempt(levels, 4, HOST_OOM)
     assert alone is not None and alone.run_alone and alone.step == "run_alone"
     assert alone.overrides == levels[4].overrides and alone.changes == {}
-    assert next_level(levels, 5, HOST_OOM) is None
+    assert _next_attempt(levels, 5, HOST_OOM) is None
 
 
 def test_host_step_takes_fewer_workers_then_run_alone_then_nothing() -> None:
@@ -306,13 +313,18 @@ def test_host_settings_round_trip_through_records() -> None:
     assert with_host_settings(levels[3], NO_HOST_STEPS) is levels[3]
 
 
-def test_should_retry() -> None:
-    assert should_retry(OOM, 1, 8, True)
-    assert should_retry(AttemptOutcome.LOST, 7, 8, True)
-    assert not should_retry(OOM, 8, 8, True)
-    assert not should_retry(OOM, 1, 8, False)
-    assert not should_retry(AttemptOutcome.FAILED, 1, 8, True)
-    assert not should_retry(AttemptOutcome.SUCCEEDED, 1, 8, True)
+def test_which_outcomes_are_retried_at_all() -> None:
+    levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+
+    def action(outcome: AttemptOutcome, attempts: int, retryable: bool = True) -> str:
+        return retry_decision(outcome, "why", attempts, levels, 0, 8, retryable=retryable).action
+
+    assert action(OOM, 1) == "requeue"
+    assert action(AttemptOutcome.LOST, 7) == "requeue"
+    assert action(OOM, 8) == "fail"  # out of attempts
+    assert action(AttemptOutcome.FAILED, 1) == "fail"
+    assert action(AttemptOutcome.SUCCEEDED, 1) == "done"
+    assert action(AttemptOutcome.CANCELLED, 1) == "done"
 
 
 def test_retry_decision_walks_the_ladder_until_exhausted() -> None:

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from orchestrator.launch.base import kill_process_group
-from orchestrator.launch.wrapper import EXIT_NOT_STARTED, EXIT_REFUSED, LOST_MARKER, wrapper_argv
+from orchestrator.launch.wrapper import EXIT_NOT_STARTED, EXIT_REFUSED, wrapper_argv
 from orchestrator.reconcile import mark_lost
+from orchestrator.rundir_files import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,7 @@ def test_a_worker_failing_by_itself_records_no_signal(tmp_path: Path) -> None:
 
 
 def test_a_lost_marker_stops_the_worker_from_starting(tmp_path: Path) -> None:
-    (tmp_path / LOST_MARKER).write_text("")  # the daemon declared the attempt lost first
+    (tmp_path / RunDir.LOST_MARKER).write_text("")  # the daemon declared the attempt lost first
     done = run_wrapper(tmp_path, [sys.executable, "-c", f"open({str(tmp_path / 'ran')!r}, 'w')"])
     assert done.returncode == EXIT_REFUSED and "declared lost" in done.stderr
     assert not (tmp_path / "ran").exists()

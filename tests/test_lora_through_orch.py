@@ -20,6 +20,10 @@ import pytest
 
 from orchestrator.memory import estimate_peak_mib, model_info_from_hf_config
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
+
+pytest.importorskip("torch")  # the train extra; without it the module is skipped, not an error
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
 from workers.lora.model import save_tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.launch.wrapper import LOST_MARKER, claim_run_dir
+from orchestrator.launch.wrapper import claim_run_dir
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.outcomes import _stopped_from_outside
 from orchestrator.reconcile import (
@@ -26,6 +26,7 @@ from orchestrator.reconcile import (
     mark_lost,
     observe,
 )
+from orchestrator.rundir_files import RunDir
 
 NOW = 1_000_000.0
 HANG_S = 600.0
@@ -138,7 +139,7 @@ def test_an_exit_or_pid_record_overrides_the_launch_checks() -> None:
 def test_mark_lost_creates_the_marker_unless_a_wrapper_recorded_itself(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "s" / "job" / "attempt-1"  # never prepared: the daemon died first
     assert mark_lost(run_dir)
-    assert (run_dir / LOST_MARKER).is_file()
+    assert (run_dir / RunDir.LOST_MARKER).is_file()
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     assert mark_lost(run_dir)  # again on the next pass: still lost
     other = tmp_path / "attempt-2"

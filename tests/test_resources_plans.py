@@ -21,7 +21,7 @@ from orchestrator.resources import (
     predict_host_mib,
     running_attempts,
 )
-from workers import harness
+from orchestrator.rundir_files import write_json
 from workers.sim import hold_host
 
 
@@ -101,7 +101,7 @@ def test_sim_host_counts_what_sim_workers_hold(tmp_path: Path, monkeypatch: pyte
     held.release()
     assert host.snapshot().available_mib == 16 * 1024
     # another process holding 10 GiB: 8 more do not fit, as the kernel would refuse them
-    harness.atomic_write_json(tmp_path / "host" / "foreign-test.json", {"pid": 0, "used_mib": 10 * 1024, "create_time": 0})
+    write_json(tmp_path / "host" / "foreign-test.json", {"pid": 0, "used_mib": 10 * 1024, "create_time": 0}, parents=True)
     with pytest.raises(RuntimeError, match="DefaultCPUAllocator: can't allocate memory"):
         hold_host({"sim_host_gib": 8})
 

@@ -13,7 +13,14 @@ import pytest
 from orchestrator.launch.rundir import prepare_run_dir
 from orchestrator.launch.runtree import RunTreeError, check_runs_root
 from orchestrator.reconcile import Observation, Verdict, judge, mark_lost, observe
-from orchestrator.runfiles import read_result, read_run_files
+from orchestrator.runfiles import (
+    loss_curve,
+    read_log_tail,
+    read_output,
+    read_result,
+    read_run_files,
+    stat_output,
+)
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -151,3 +158,49 @@ def test_invalid_pid_json_is_judged_on_the_launchers_process(tmp_path: Path) -> 
     assert judge(me, obs, 600) is Verdict.ALIVE
     gone: Observation = Observation(**{**obs.__dict__, "launcher_alive": False})
     assert judge(me, gone, 600) is Verdict.LOST
+
+
+def test_log_reads_are_bounded_and_refuse_links_and_fifos(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not show")
+    (run_dir / "stdout.log").symlink_to(secret)
+    assert read_log_tail(run_dir) == "" and stat_output(run_dir) is None
+    assert read_output(run_dir, 0, 1024) == b""
+    (run_dir / "stdout.log").unlink()
+    os.mkfifo(run_dir / "stdout.log")  # a FIFO would block a plain open(): never read
+    assert read_log_tail(run_dir) == "" and stat_output(run_dir) is None
+    assert read_output(run_dir, 0, 1024) == b""
+    (run_dir / "stdout.log").unlink()
+    (run_dir / "stdout.log").write_bytes(b"x" * 100_000 + b"END")
+    assert read_log_tail(run_dir, 10) == "xxxxxxxEND"
+    assert read_output(run_dir, 99_998, 3) == b"xxE"
+    found = stat_output(run_dir)
+    assert found is not None and found.size_bytes == 100_003
+
+
+def test_loss_curve_keeps_finite_points_and_thins_them(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    lines = ["not json", json.dumps({"step": 1, "loss": 2.0}), json.dumps({"step": 2, "loss": float("nan")}),
+             '{"step": 4, "loss": Infinity}', json.dumps({"step": True, "loss": 1.0}), json.dumps([1, 2]),
+             json.dumps({"step": 3, "loss": 1.5})]
+    (run_dir / "progress.jsonl").write_text("\n".join(lines) + "\n")
+    assert [(p.step, p.loss) for p in loss_curve(str(run_dir))] == [(1.0, 2.0), (3.0, 1.5)]
+    (run_dir / "progress.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(5000)))
+    curve = loss_curve(run_dir, max_points=100)
+    assert len(curve) <= 101 and curve[-1].step == 4999
+    (run_dir / "progress.jsonl").unlink()
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    (run_dir / "progress.jsonl").symlink_to(target)
+    assert loss_curve(run_dir) == []
+
+
+def test_result_json_through_a_symlink_is_not_read(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"status": "succeeded", "metrics": {"test": {"accuracy": 1.0}}}))
+    (run_dir / "result.json").symlink_to(other)
+    problems: list[str] = []
+    assert read_result(run_dir, problems) is None
+    assert any("symlink" in p for p in problems), problems

@@ -19,7 +19,7 @@ from e2e_helpers import wait_until
 from orchestrator.classify import classify_attempt
 from orchestrator.gpu import make_probe
 from orchestrator.gpu.sim import hold_foreign
-from orchestrator.ladder import expand_levels, load_ladder, next_level
+from orchestrator.ladder import expand_levels, load_ladder, retry_decision
 from orchestrator.lifecycle import AttemptOutcome
 from workers import harness
 from workers.sim import (
@@ -200,9 +200,10 @@ def test_host_oom_only_while_data_workers_exceed_the_threshold() -> None:
 def test_the_ladders_host_oom_level_clears_the_sim_host_oom() -> None:
     config = {**HOST_OOM, "batch_size": 4, "gradient_accumulation_steps": 1}
     levels = expand_levels(load_ladder(None), config, one_token_task=False)
-    degraded = next_level(levels, 0, AttemptOutcome.HOST_OOM)
-    assert degraded is not None
-    assert host_oom_error({**config, **degraded.overrides}, 4242) is None
+    decision = retry_decision(AttemptOutcome.HOST_OOM, "host OOM", 1, levels, 0)
+    assert decision.action == "requeue" and decision.level is not None
+    overrides = {**decision.level.overrides, **decision.host.overrides}
+    assert host_oom_error({**config, **overrides}, 4242) is None
 
 
 @pytest.mark.parametrize(

@@ -2,21 +2,20 @@
 
 A run dir holds `config.yaml` (written by orch), `progress.jsonl` (one heartbeat per line) and
 `result.json` (written once, at the end). Writes are atomic (temp file + rename) so a reader
-never sees half a file. Workers must not import orchestrator: this module is the whole contract.
+never sees half a file. The file names and the writer come from `orchestrator.rundir_files`,
+the one module of orchestrator a worker imports (it needs nothing outside the standard
+library); nothing else of orchestrator is imported here, so a worker starts fast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-PROGRESS_FILE = "progress.jsonl"
-RESULT_FILE = "result.json"
+from orchestrator.rundir_files import RunDir, write_json
 
 # Exit codes orch recognises without reading the log.
 EXIT_OK = 0
@@ -31,27 +30,11 @@ STATUS_FAILED = "failed"
 STATUS_CONFIG_ERROR = "config_error"
 
 
-def atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to `path` through a temp file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-
-
 class Heartbeat:
     """Appends progress lines to `progress.jsonl`; each line is flushed so orch sees it at once."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / PROGRESS_FILE
+        self.path = RunDir(run_dir).progress
 
     def beat(
         self,
@@ -99,12 +82,12 @@ def write_result(
         "seconds": seconds,
     }
     payload.update(extra)
-    atomic_write_json(Path(run_dir) / RESULT_FILE, payload)
+    write_json(RunDir(run_dir).result, payload, parents=True)
 
 
 def read_last_progress(run_dir: Path) -> dict[str, Any] | None:
     """The last complete heartbeat line, or None."""
-    path = Path(run_dir) / PROGRESS_FILE
+    path = RunDir(run_dir).progress
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)

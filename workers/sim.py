@@ -7,7 +7,8 @@ has a file `<pid>.json` = {pid, used_mib, create_time}; memory held by processes
 start is in `foreign-<name>.json` files (pid 0). A holder counts while its process is alive with
 the same create_time, so a reused pid cannot keep a dead worker's memory "allocated". Card sizes
 come from `$ORCH_SIM_GPUS` ("7x24GiB" or "24GiB,24GiB,48GiB"). The probe in orchestrator.gpu.sim
-reads the same files through the functions below; this module must not import orchestrator.
+reads the same files through the functions below; of orchestrator this module imports only
+`orchestrator.rundir_files` (standard library alone), so it starts fast.
 
 Memory model of the worker (all from the config):
     base   = sim_base_gib (default 0.4 x sim_mem_gib): weights, LoRA state, CUDA context
@@ -55,6 +56,7 @@ from typing import Any
 import psutil
 import yaml
 
+from orchestrator.rundir_files import write_json
 from workers import harness
 
 SIZE_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(GiB|MiB|G|M)\s*$", re.IGNORECASE)
@@ -271,9 +273,10 @@ class SimAllocation:
                 return message
             self.used_mib += request_mib
             self.peak_mib = max(self.peak_mib, self.used_mib)
-            harness.atomic_write_json(
+            write_json(
                 self.path,
                 {"pid": os.getpid(), "used_mib": self.used_mib, "create_time": self.create_time},
+                parents=True,
             )
         return None
 

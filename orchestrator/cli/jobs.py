@@ -25,6 +25,7 @@ from orchestrator.cli.jobs_render import STATE_STYLES, print_jobs
 from orchestrator.errors import UsageError
 from orchestrator.launch.runtree import FileProblem, RunTreeError, open_regular_file
 from orchestrator.lifecycle import JobState
+from orchestrator.rundir_files import RunDir
 from orchestrator.store.queries import (
     get_attempts,
     get_events,
@@ -137,9 +138,10 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
     chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a["n"] == attempt_n), None)
     if chosen is None:
         raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
-    log_path = Path(chosen["run_dir"]) / "stdout.log"
+    files = RunDir(chosen["run_dir"])
+    log_path = files.log
     try:  # user code writes in the run dir: no link followed, no FIFO read
-        fd = open_regular_file(Path(chosen["run_dir"]), "stdout.log")
+        fd = open_regular_file(files.path, RunDir.LOG)
     except FileNotFoundError:
         raise UsageError(f"no log yet at {log_path}") from None
     except (FileProblem, RunTreeError) as exc:
@@ -151,7 +153,7 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
         click.echo(data.decode("utf-8", errors="replace"), nl=False)
         if not follow:
             return
-        exit_record = Path(chosen["run_dir"]) / "exit.json"
+        exit_record = files.exit
         while True:
             chunk = handle.read()
             if chunk:

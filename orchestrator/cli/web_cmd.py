@@ -12,7 +12,7 @@ import click
 
 from orchestrator.cli.common import db_option, open_store
 from orchestrator.errors import UsageError
-from orchestrator.launch.rundir import atomic_write_text
+from orchestrator.rundir_files import write_text
 
 
 def _is_loopback(host: str) -> bool:
@@ -84,7 +84,7 @@ def report_cmd(out_path: Path, title: str, db_path: Path) -> None:
 
     with open_store(db_path) as store:
         html = render_report(store, title)
-    atomic_write_text(out_path, html, mode=0o644)
+    write_text(out_path, html, mode=0o644)
     click.echo(f"wrote {out_path} ({len(html.encode()) / 1024:.0f} KiB)")
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import UsageError
 from orchestrator.launch.base import LaunchHandle, LaunchSpec
-from orchestrator.launch.wrapper import LOG_FILE
+from orchestrator.rundir_files import RunDir
 
 
 class NotAttachable(UsageError):
@@ -64,7 +64,7 @@ class Executor(Protocol):
 
 def log_path(attempt: Mapping[str, Any]) -> Path:
     """Where every executor's attempt output is: the wrapper writes it into the run dir."""
-    return Path(str(attempt["run_dir"])) / LOG_FILE
+    return RunDir(str(attempt["run_dir"])).log
 
 
 def attach_argv(attempt: Mapping[str, Any], tmux_socket: str) -> list[str]:

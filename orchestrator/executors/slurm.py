@@ -38,12 +38,12 @@ from orchestrator.executors.slurm_parse import (
 )
 from orchestrator.launch.base import LaunchHandle, LaunchSpec
 from orchestrator.launch.wrapper import wrapper_argv
+from orchestrator.rundir_files import RunDir
 
 log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_S = 20.0
 BACKOFF_MAX_S = 60.0
-SCRIPT_FILE = "sbatch.sh"
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class SlurmExecutor:
         request = self.request_for(spec)
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            script = spec.run_dir / SCRIPT_FILE
+            script = RunDir(spec.run_dir).sbatch_script
             script.write_text(sbatch_script(
                 request, str(spec.run_dir), str(spec.cwd or Path.cwd()), wrapper_argv(spec.run_dir, spec.argv), spec.env,
             ))

@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.rundir_files import RunDir
 
 JOB_NAME_PREFIX = "orch-"
 TIME_RE = re.compile(r"^(?:\d+-)?\d{1,3}(?::\d{2}){0,2}$")  # Slurm's --time forms: M, H:M:S, D-H:M:S
@@ -123,7 +124,7 @@ def sbatch_script(request: Request, run_dir: str, cwd: str, argv: list[str], env
     lines = [
         "#!/bin/sh",
         f"#SBATCH --job-name={request.name}",
-        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        f"#SBATCH --output={run_dir}/{RunDir.SLURM_OUTPUT}",
         f"#SBATCH --gres={request.gres}",
         f"#SBATCH --cpus-per-task={request.cpus}",
         f"#SBATCH --mem={request.mem_mib}M",

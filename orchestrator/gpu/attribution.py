@@ -6,8 +6,6 @@ import contextlib
 
 import psutil
 
-from orchestrator.gpu.snapshot import GpuSnapshot
-
 
 def process_tree_pids(pid: int) -> frozenset[int]:
     """`pid` and all its live descendants; empty when `pid` is gone."""
@@ -55,8 +53,3 @@ class ProcessTrees:
                     found.add(child)
                     stack.append(child)
         return frozenset(found)
-
-
-def tree_memory_mib(snapshot: GpuSnapshot, root_pid: int) -> int:
-    """MiB that `root_pid`'s process tree holds on the GPU of `snapshot`."""
-    return snapshot.memory_of(process_tree_pids(root_pid))

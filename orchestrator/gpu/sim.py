@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.errors import GpuUnavailable, UsageError
 from orchestrator.gpu.snapshot import GpuSnapshot, ProcessMemory
-from workers import harness
+from orchestrator.rundir_files import write_json
 from workers.sim import (
     FOREIGN_PID,
     gpu_dir,
@@ -61,7 +61,7 @@ def parse_foreign(spec: str, gpu_count: int) -> dict[int, int]:
 def hold_foreign(state_dir: Path, gpu_index: int, mib: int, *, name: str = "test") -> Path:
     """Mark `mib` of GPU `gpu_index` as held by a foreign process; delete the file to free it."""
     path = gpu_dir(state_dir, gpu_index) / f"foreign-{name}.json"
-    harness.atomic_write_json(path, {"pid": FOREIGN_PID, "used_mib": int(mib), "create_time": 0})
+    write_json(path, {"pid": FOREIGN_PID, "used_mib": int(mib), "create_time": 0}, parents=True)
     return path
 
 

@@ -3,24 +3,18 @@
 Written to `gpu_peak.json` in the run dir (atomically, whenever the peak grows), so memory
 learning works on every executor, also where the daemon cannot read this node's GPUs (Slurm).
 NVML where present, the simulated GPUs where ORCH_GPU_BACKEND=sim; nothing where neither is.
-Read back as untrusted input: a regular file of bounded size holding one sane integer.
+Read back as untrusted input by `runfiles.read_gpu_peak_mib`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import stat
 import threading
 from pathlib import Path
 
-from workers.harness import atomic_write_json
+from orchestrator.rundir_files import RunDir, write_json
 
-GPU_PEAK_FILE = "gpu_peak.json"
 SAMPLE_S = 1.0
-MAX_FILE_BYTES = 4096
-MAX_PEAK_MIB = 16 * 1024 * 1024  # 16 TiB: anything larger is not a reading
 
 
 class GpuPeakSampler:
@@ -66,26 +60,4 @@ class GpuPeakSampler:
 
     def _write(self) -> None:
         with contextlib.suppress(OSError):
-            atomic_write_json(self.run_dir / GPU_PEAK_FILE, {"peak_mib": self.peak_mib, "samples": self.samples})
-
-
-def read_gpu_peak_mib(run_dir: Path) -> int:
-    """The wrapper's measured peak, or 0 when absent or not believable."""
-    path = Path(run_dir) / GPU_PEAK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return 0
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
-            return 0
-        data = json.loads(os.read(fd, MAX_FILE_BYTES).decode("utf-8"))
-    except (OSError, ValueError):
-        return 0
-    finally:
-        os.close(fd)
-    peak = data.get("peak_mib") if isinstance(data, dict) else None
-    if isinstance(peak, bool) or not isinstance(peak, int) or not 0 <= peak <= MAX_PEAK_MIB:
-        return 0
-    return peak
+            write_json(RunDir(self.run_dir).gpu_peak, {"peak_mib": self.peak_mib, "samples": self.samples})

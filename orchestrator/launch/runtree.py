@@ -181,27 +181,6 @@ def exists(dir_fd: int, name: str) -> bool:
     return True
 
 
-def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Write through a temp file created exclusively in the dir and renamed over `name` (a
-    symlink of that name is replaced, never followed)."""
-    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-
-
 def create_exclusive(dir_fd: int, name: str) -> bool:
     """Create an empty file; False when the name exists already (a symlink counts)."""
     try:

@@ -200,9 +200,6 @@ class TmuxLauncher:
     def window_alive(self, handle_window_id: str) -> bool:
         return self._pane_dead(handle_window_id) is False
 
-    def window_exists(self, window_id: str) -> bool:
-        return self._pane_dead(window_id) is not None
-
     def kill_window(self, window_id: str) -> None:
         if self._pane_dead(window_id) is None:
             return  # already gone: killing is idempotent

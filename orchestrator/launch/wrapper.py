@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -26,12 +24,8 @@ from typing import IO, Any
 import psutil
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
-from workers.harness import atomic_write_json
+from orchestrator.rundir_files import RunDir, write_json
 
-PID_FILE = "pid.json"
-EXIT_FILE = "exit.json"
-LOG_FILE = "stdout.log"
-LOST_MARKER = "lost"  # left by the daemon before it declares an attempt without pid.json lost
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
 EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrapper already)
 DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
@@ -63,21 +57,12 @@ def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
     create pid.json first and then look for the marker. Each side writes its own flag before
     reading the other's, so at most one of them goes on: never a worker running for an
     attempt the daemon has already declared lost (and requeued)."""
-    if (run_dir / LOST_MARKER).exists():
+    files = RunDir(run_dir)
+    if files.lost_marker.exists():
         return False
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{PID_FILE}.", dir=run_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(info, handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.link(tmp_name, run_dir / PID_FILE)  # unlike a rename, fails when pid.json exists
-    except FileExistsError:
+    if not write_json(files.pid, info, exclusive=True):
         return False  # another wrapper has this run dir
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-    return not (run_dir / LOST_MARKER).exists()
+    return not files.lost_marker.exists()
 
 
 def become_group_leader() -> int:
@@ -115,6 +100,7 @@ class _Tee:
 
 def run(run_dir: Path, argv: list[str]) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
+    files = RunDir(run_dir)
     pgid = become_group_leader()
     me = psutil.Process()
     info: dict[str, Any] = {
@@ -130,15 +116,15 @@ def run(run_dir: Path, argv: list[str]) -> int:
         print(f"orch wrapper: attempt in {run_dir} was declared lost; not starting it", file=sys.stderr)
         return EXIT_REFUSED
 
-    with open(run_dir / LOG_FILE, "ab") as log:
+    with open(files.log, "ab") as log:
         try:
             child = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True
             )
         except OSError as exc:
             log.write(f"orch wrapper: cannot start {argv[0]!r}: {exc}\n".encode())
-            atomic_write_json(
-                run_dir / EXIT_FILE,
+            write_json(
+                files.exit,
                 {
                     "exit_code": EXIT_NOT_STARTED,
                     "signal": None,
@@ -165,7 +151,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
-        atomic_write_json(run_dir / PID_FILE, {**info, "child_pid": child.pid})
+        write_json(files.pid, {**info, "child_pid": child.pid})
 
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
@@ -178,8 +164,8 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
     killed_by = -returncode if returncode < 0 else None
     exit_code = 128 + killed_by if killed_by is not None else returncode
-    atomic_write_json(
-        run_dir / EXIT_FILE,
+    write_json(
+        files.exit,
         {
             "exit_code": exit_code,
             "signal": killed_by,

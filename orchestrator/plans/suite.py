@@ -1,27 +1,27 @@
-"""Suites: loading a suite file and its configs, and expanding it into jobs.
+"""Suites: loading a suite file and its configs.
 
 `load_suite` reads `plans_dir/suites/NAME.yaml` and its config files; everything else here is
-pure. Every problem raises PlanError (exit 2) with one line naming it.
+pure. Every problem raises PlanError (exit 2) with one line naming it. Expanding a suite into
+jobs is `plans.expand` (its names are importable from here too).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import PlanError, UsageError
+
+# JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
+from orchestrator.plans.expand import JobSpec, canonical_json, expand_jobs, job_identity  # noqa: F401
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
     PAIR_KEYS,
     SUITE_NAME_RE,
-    Pair,
-    Scalar,
     check_text,
     shown_value,
 )
@@ -129,10 +129,6 @@ class Suite:
         for config in self.configs:
             keys.update(config.content)
         return keys - PAIR_KEYS
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def default_plans_dir() -> Path:
@@ -338,102 +334,3 @@ def _parse_crash_loop(path: Path, raw: Any) -> CrashLoop:
             raise PlanError(f"suite {path}: `crash_loop.{key}` must be between 0 and {MAX_CRASH_LOOP_S:.0f} seconds")
         seconds[key] = float(value)
     return CrashLoop(failures=failures, within_s=seconds["within_s"], window_s=seconds["window_s"])
-
-
-# ---------------------------------------------------------------- expansion into jobs
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job to queue: a config of a suite at one seed and task, with overrides."""
-
-    suite: str
-    config_name: str
-    config_path: str
-    config: dict[str, Any]  # suite config with seed, data and --set overrides merged
-    seed: int
-    data: str
-    overrides: dict[str, Scalar]
-    env: dict[str, str]  # suite env + env.* overrides
-    identity: str
-    gpus: int = 1
-    cpus: int | None = None
-
-
-def job_identity(suite: str, config: ConfigSpec, pair: Pair, overrides: dict[str, Scalar]) -> str:
-    """Stable id of what a job computes: suite, config content, seed, data and overrides."""
-    payload = canonical_json(
-        {
-            "suite": suite,
-            "config": config.name,
-            "content": config.content,
-            "seed": pair.seed,
-            "data": pair.data,
-            "overrides": overrides,
-        }
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:20]
-
-
-def expand_jobs(
-    suite: Suite,
-    pairs: Sequence[Pair],
-    overrides: dict[str, Scalar],
-    round_selector: int | str | None,
-    total_slots: int,
-) -> list[JobSpec]:
-    """Suite configs × pairs (config-major, as the bash launchers ordered them), then the round."""
-    config_overrides = {k: v for k, v in overrides.items() if not k.startswith("env.")}
-    env = dict(suite.env)
-    env.update({k[len("env."):]: "" if v is None else str(v) for k, v in overrides.items() if k.startswith("env.")})
-    configs: Sequence[ConfigSpec] = suite.configs
-    if isinstance(round_selector, str):
-        if round_selector not in suite.rounds:
-            known = ", ".join(suite.rounds) or "none"
-            raise PlanError(f"suite {suite.name} has no round {round_selector!r} (named rounds: {known})")
-        wanted = set(suite.rounds[round_selector])
-        configs = [c for c in suite.configs if c.name in wanted]
-    elif isinstance(round_selector, int) and suite.rounds:
-        names = list(suite.rounds)
-        if round_selector > len(names):
-            raise PlanError(
-                f"--round {round_selector}: suite {suite.name} has {len(names)} named rounds ({', '.join(names)})"
-            )
-        wanted = set(suite.rounds[names[round_selector - 1]])
-        configs = [c for c in suite.configs if c.name in wanted]
-    jobs: list[JobSpec] = []
-    for config in configs:
-        for pair in pairs:
-            merged = dict(config.content)
-            merged.update(config_overrides)
-            merged["seed"] = pair.seed
-            merged["data"] = pair.data
-            gpus, cpus = job_resources(merged, suite.gpus, suite.cpus, f"config {config.name}")
-            jobs.append(
-                JobSpec(
-                    suite=suite.name,
-                    config_name=config.name,
-                    config_path=str(config.path),
-                    config=merged,
-                    seed=pair.seed,
-                    data=pair.data,
-                    overrides=dict(overrides),
-                    env=env,
-                    identity=job_identity(suite.name, config, pair, overrides),
-                    gpus=gpus,
-                    cpus=cpus,
-                )
-            )
-    if isinstance(round_selector, int) and not suite.rounds:
-        # No named rounds: the Nth slice of size Σ plan, as the bash launchers sliced the suite.
-        if total_slots < 1:
-            raise PlanError("--round N needs a GPU plan with at least one slot to size the rounds")
-        n_rounds = max(1, math.ceil(len(jobs) / total_slots))
-        if round_selector > n_rounds:
-            raise PlanError(
-                f"--round {round_selector}: suite {suite.name} × {len(pairs)} pair(s) makes "
-                f"{len(jobs)} jobs = {n_rounds} round(s) of {total_slots} slots"
-            )
-        start = (round_selector - 1) * total_slots
-        jobs = jobs[start : start + total_slots]
-    return jobs

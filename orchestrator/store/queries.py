@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import JobState
+from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
 
 _JOB_LIST_SQL = """
@@ -153,7 +153,7 @@ def attempt_to_public(row: dict[str, Any]) -> dict[str, Any]:
         "started_at": row["started_at"],
         "ended_at": row["ended_at"],
         "run_dir": run_dir,
-        "log": str(Path(run_dir) / "stdout.log"),
+        "log": str(RunDir(run_dir).log),
         "overrides": json.loads(row["overrides_json"] or "{}"),
         "changes": json.loads(row["changes_json"] or "{}"),
         "run_alone": bool(row["run_alone"]),

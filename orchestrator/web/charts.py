@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from html import escape
 
+from orchestrator.runfiles import LossPoint
 from orchestrator.store.gpu_samples import GpuSample
 from orchestrator.store.web_queries import AttemptSpan
-from orchestrator.web.runfiles import LossPoint
 
 OUTCOME_COLOURS = {
     "running": "#3b7dd8",

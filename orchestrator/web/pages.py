@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 from urllib.parse import quote
 
+from orchestrator.runfiles import LossPoint
 from orchestrator.store.gpu_samples import GpuSample
 from orchestrator.store.web_queries import AttemptSpan, JobDetail, Overview
 from orchestrator.web.assets import CSS, JS
@@ -22,7 +23,6 @@ from orchestrator.web.charts import (
     timeline_svg,
 )
 from orchestrator.web.results_view import ResultTable
-from orchestrator.web.runfiles import LossPoint
 
 PAGES = (("overview", "/", "Overview"), ("timeline", "/timeline", "Timeline"),
          ("memory", "/memory", "Memory"), ("results", "/results", "Results"))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.results import ResultRow, aggregate
 from orchestrator.results_format import to_csv
 from orchestrator.results_source import finite_metrics, job_metrics
+from orchestrator.runfiles import read_result
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import succeeded_runs
-from orchestrator.web.runfiles import read_result_json
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class MetricsCache:
         with self._lock:
             if run_dir in self._metrics:
                 return self._metrics[run_dir]
-        test = job_metrics(read_result_json(run_dir), printed_json)
+        test = job_metrics(read_result(Path(run_dir)), printed_json)
         numeric = finite_metrics(test) if test is not None else None
         with self._lock:
             if len(self._metrics) >= self.max_entries:

@@ -4,12 +4,14 @@ rendering (pages), shared by the live app and the report."""
 from __future__ import annotations
 
 from orchestrator.daemon_state import daemon_alive
+from orchestrator.runfiles import loss_curve, read_log_tail
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
 from orchestrator.store.web_queries import attempt_spans, job_detail, overview, sweep_time_range
 from orchestrator.web import pages
 from orchestrator.web.results_view import MetricsCache, result_table
-from orchestrator.web.runfiles import log_tail, loss_curve
+
+WEB_LOG_TAIL_BYTES = 32 * 1024
 
 TIMELINE_LIMIT = 5000
 
@@ -41,7 +43,7 @@ def job_view(store: Store, job_id: int) -> str:
     job = job_detail(store, job_id)
     curves = [(f"attempt {a.n}", loss_curve(a.run_dir)) for a in job.attempts]
     last = job.attempts[-1] if job.attempts else None
-    return pages.job_fragment(job, curves, log_tail(last.run_dir) if last else "", last.n if last else None)
+    return pages.job_fragment(job, curves, read_log_tail(last.run_dir, WEB_LOG_TAIL_BYTES) if last else "", last.n if last else None)
 
 
 def results_view(store: Store, cache: MetricsCache, csv_href: str) -> str:

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from orchestrator.rundir_files import RunDir
 from workers.harness import (
     EXIT_CONFIG_ERROR,
     EXIT_FAILED,
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     started_s = time.monotonic()
     memory: dict[str, Any] = {}
     try:
-        config = load_config(args.config or run_dir / "config.yaml")
+        config = load_config(args.config or RunDir(run_dir).config)
         for warning in config.warnings:
             log(f"warning: {warning}")
         check_inputs(config)

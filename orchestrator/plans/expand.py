@@ -1,0 +1,120 @@
+"""Expanding a loaded suite into jobs: configs × pairs, `--set` overrides, rounds, identities.
+
+Pure: takes a `Suite` (plans.suite) and returns `JobSpec`s. Every problem raises PlanError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import PlanError
+from orchestrator.plans.inputs import Pair, Scalar
+from orchestrator.plans.resources import job_resources
+
+if TYPE_CHECKING:  # plans.suite imports this module; the types are for annotations only
+    from orchestrator.plans.suite import ConfigSpec, Suite
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to queue: a config of a suite at one seed and task, with overrides."""
+
+    suite: str
+    config_name: str
+    config_path: str
+    config: dict[str, Any]  # suite config with seed, data and --set overrides merged
+    seed: int
+    data: str
+    overrides: dict[str, Scalar]
+    env: dict[str, str]  # suite env + env.* overrides
+    identity: str
+    gpus: int = 1
+    cpus: int | None = None
+
+
+def job_identity(suite: str, config: ConfigSpec, pair: Pair, overrides: dict[str, Scalar]) -> str:
+    """Stable id of what a job computes: suite, config content, seed, data and overrides."""
+    payload = canonical_json(
+        {
+            "suite": suite,
+            "config": config.name,
+            "content": config.content,
+            "seed": pair.seed,
+            "data": pair.data,
+            "overrides": overrides,
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def expand_jobs(
+    suite: Suite,
+    pairs: Sequence[Pair],
+    overrides: dict[str, Scalar],
+    round_selector: int | str | None,
+    total_slots: int,
+) -> list[JobSpec]:
+    """Suite configs × pairs (config-major, as the bash launchers ordered them), then the round."""
+    config_overrides = {k: v for k, v in overrides.items() if not k.startswith("env.")}
+    env = dict(suite.env)
+    env.update({k[len("env."):]: "" if v is None else str(v) for k, v in overrides.items() if k.startswith("env.")})
+    configs: Sequence[ConfigSpec] = suite.configs
+    if isinstance(round_selector, str):
+        if round_selector not in suite.rounds:
+            known = ", ".join(suite.rounds) or "none"
+            raise PlanError(f"suite {suite.name} has no round {round_selector!r} (named rounds: {known})")
+        wanted = set(suite.rounds[round_selector])
+        configs = [c for c in suite.configs if c.name in wanted]
+    elif isinstance(round_selector, int) and suite.rounds:
+        names = list(suite.rounds)
+        if round_selector > len(names):
+            raise PlanError(
+                f"--round {round_selector}: suite {suite.name} has {len(names)} named rounds ({', '.join(names)})"
+            )
+        wanted = set(suite.rounds[names[round_selector - 1]])
+        configs = [c for c in suite.configs if c.name in wanted]
+    jobs: list[JobSpec] = []
+    for config in configs:
+        for pair in pairs:
+            merged = dict(config.content)
+            merged.update(config_overrides)
+            merged["seed"] = pair.seed
+            merged["data"] = pair.data
+            gpus, cpus = job_resources(merged, suite.gpus, suite.cpus, f"config {config.name}")
+            jobs.append(
+                JobSpec(
+                    suite=suite.name,
+                    config_name=config.name,
+                    config_path=str(config.path),
+                    config=merged,
+                    seed=pair.seed,
+                    data=pair.data,
+                    overrides=dict(overrides),
+                    env=env,
+                    identity=job_identity(suite.name, config, pair, overrides),
+                    gpus=gpus,
+                    cpus=cpus,
+                )
+            )
+    if isinstance(round_selector, int) and not suite.rounds:
+        # No named rounds: the Nth slice of size Σ plan, as the bash launchers sliced the suite.
+        if total_slots < 1:
+            raise PlanError("--round N needs a GPU plan with at least one slot to size the rounds")
+        n_rounds = max(1, math.ceil(len(jobs) / total_slots))
+        if round_selector > n_rounds:
+            raise PlanError(
+                f"--round {round_selector}: suite {suite.name} × {len(pairs)} pair(s) makes "
+                f"{len(jobs)} jobs = {n_rounds} round(s) of {total_slots} slots"
+            )
+        start = (round_selector - 1) * total_slots
+        jobs = jobs[start : start + total_slots]
+    return jobs
