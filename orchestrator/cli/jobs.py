@@ -134,12 +134,12 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
         attempts = get_attempts(store, job_id)
     if not attempts:
         raise UsageError(f"job {job_id} has not started yet (no attempt, so no log)")
-    chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a["n"] == attempt_n), None)
+    chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a.n == attempt_n), None)
     if chosen is None:
         raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
-    log_path = Path(chosen["run_dir"]) / "stdout.log"
+    log_path = Path(chosen.run_dir) / "stdout.log"
     try:  # user code writes in the run dir: no link followed, no FIFO read
-        fd = open_regular_file(Path(chosen["run_dir"]), "stdout.log")
+        fd = open_regular_file(Path(chosen.run_dir), "stdout.log")
     except FileNotFoundError:
         raise UsageError(f"no log yet at {log_path}") from None
     except (FileProblem, RunTreeError) as exc:
@@ -151,7 +151,7 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
         click.echo(data.decode("utf-8", errors="replace"), nl=False)
         if not follow:
             return
-        exit_record = Path(chosen["run_dir"]) / "exit.json"
+        exit_record = Path(chosen.run_dir) / "exit.json"
         while True:
             chunk = handle.read()
             if chunk:

@@ -18,6 +18,7 @@ from orchestrator.store.learning import (
     list_shapes,
     live_attempts_and_jobs,
     read_throughput,
+    shape_known,
 )
 from orchestrator.throughput import relative_curve
 
@@ -118,8 +119,7 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
     with open_store(db_path, create=False) as store:
-        if shape is not None and not store.query("SELECT 1 FROM memory_shapes WHERE shape_key = ? UNION "
-                                                 "SELECT 1 FROM throughput WHERE shape_key = ?", [shape, shape]):
+        if shape is not None and not shape_known(store, shape):
             raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
         removed = forget_shapes(store, shape_key=shape, suite=suite)
     if as_json:

@@ -79,3 +79,9 @@ def live_attempts_and_jobs(store: Store) -> tuple[list[dict[str, Any]], dict[int
         "SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)"
     )}
     return live, jobs
+
+
+def shape_known(store: Store, shape_key: str) -> bool:
+    """Has orch learned anything (memory or throughput) of this shape?"""
+    return bool(store.query("SELECT 1 FROM memory_shapes WHERE shape_key = ? UNION "
+                            "SELECT 1 FROM throughput WHERE shape_key = ?", [shape_key, shape_key]))

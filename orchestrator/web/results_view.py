@@ -10,7 +10,7 @@ from orchestrator.results import ResultRow, aggregate
 from orchestrator.results_format import to_csv
 from orchestrator.results_source import finite_metrics, job_metrics
 from orchestrator.store.db import Store
-from orchestrator.store.web_queries import succeeded_runs
+from orchestrator.store.queries import succeeded_attempts
 from orchestrator.web.runfiles import read_result_json
 
 
@@ -58,7 +58,7 @@ class MetricsCache:
 def result_table(store: Store, cache: MetricsCache, suite: str | None = None) -> ResultTable:
     rows: list[ResultRow] = []
     missing = 0
-    for run in succeeded_runs(store, suite):
+    for run in succeeded_attempts(store, suite):
         metrics = cache.test_metrics(run.run_dir, run.output_metrics_json)
         if metrics is None:
             missing += 1
