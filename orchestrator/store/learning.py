@@ -26,11 +26,25 @@ def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
         )
 
 
-def list_shapes(store: Store) -> list[dict[str, Any]]:
-    return store.query(
-        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label, updated_at FROM memory_shapes "
+@dataclass(frozen=True)
+class LearnedShape:
+    """A shape's learned memory with who taught it (`orch memory`)."""
+
+    shape_key: str
+    peak_mib: int | None
+    oom_floor_mib: int | None
+    samples: int
+    suite: str | None
+    label: str | None
+
+
+def list_shapes(store: Store) -> list[LearnedShape]:
+    rows = store.query(
+        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label FROM memory_shapes "
         "ORDER BY suite, label, shape_key"
     )
+    return [LearnedShape(r["shape_key"], r["peak_mib"], r["oom_floor_mib"], int(r["samples"] or 0), r["suite"],
+                         r["label"]) for r in rows]
 
 
 def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> int:
