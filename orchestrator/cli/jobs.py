@@ -27,9 +27,9 @@ from orchestrator.launch.runtree import FileProblem, RunTreeError, open_regular_
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import (
     get_attempts,
-    get_events,
     get_job,
     iter_jobs,
+    job_history,
     job_row_to_public,
     job_to_public,
     list_jobs,
@@ -71,7 +71,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     """One job with every attempt and its history."""
     (job_id,) = parse_job_ids((job,))
     with open_store(db_path) as store:
-        payload = job_to_public(get_job(store, job_id), get_attempts(store, job_id), get_events(store, job_id))
+        payload = job_to_public(job_history(store, job_id))
     if as_json:
         echo_json(payload)
         return

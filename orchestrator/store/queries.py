@@ -147,6 +147,20 @@ def get_events(store: Store, job_id: int | None = None, limit: int = 200) -> lis
     return recent_events(store, limit) if job_id is None else job_events(store, job_id, limit)
 
 
+@dataclass(frozen=True)
+class JobHistory:
+    """A job with every attempt and its events (`orch show`, the web page's job view)."""
+
+    job: Job
+    attempts: list[Attempt]
+    events: list[Event]
+
+
+def job_history(store: Store, job_id: int, *, events_limit: int = 200) -> JobHistory:
+    """Raises JobNotFound for an unknown id."""
+    return JobHistory(get_job(store, job_id), get_attempts(store, job_id), get_events(store, job_id, events_limit))
+
+
 def job_ids_in_states(store: Store, states: Sequence[JobState], suite: str | None = None) -> list[int]:
     """Ids of the jobs in one of `states` (of one suite, when given), by id."""
     marks = ",".join("?" * len(states))
@@ -198,7 +212,8 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
     }
 
 
-def job_to_public(job: Job, attempts: list[Attempt], events: list[Event]) -> dict[str, Any]:
+def job_to_public(history: JobHistory) -> dict[str, Any]:
+    job, attempts, events = history.job, history.attempts, history.events
     live = next((a for a in attempts if a.outcome is None), None)
     return {
         "id": job.id,

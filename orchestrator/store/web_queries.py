@@ -11,7 +11,7 @@ from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan
-from orchestrator.store.queries import get_attempts, get_events, get_job, state_counts
+from orchestrator.store.queries import state_counts
 from orchestrator.store.status import (
     Event,
     PausedSuite,
@@ -193,58 +193,6 @@ def sweep_counts(store: Store) -> SweepCounts:
     return SweepCounts(
         jobs=sum(by_state.values()), attempts=int(attempts), by_state=by_state, by_outcome=by_outcome,
         ooms=sum(by_outcome.get(o, 0) for o in OOM_OUTCOMES), oom_jobs_recovered=int(recovered),
-    )
-
-
-@dataclass(frozen=True)
-class AttemptDetail:
-    n: int
-    gpu: int
-    level: int
-    level_step: str | None
-    changes: dict[str, Any]
-    outcome: str | None
-    reason: str | None
-    exit_code: int | None
-    peak_mib: int
-    predicted_mib: int
-    prediction_source: str
-    started_at: float
-    ended_at: float | None
-    run_dir: str
-
-
-@dataclass(frozen=True)
-class JobDetail:
-    job_id: int
-    state: str
-    suite: str
-    config: str
-    seed: int
-    data: str
-    level: int
-    attempt_count: int
-    max_attempts: int
-    reason: str | None
-    wait_reason: str | None
-    attempts: list[AttemptDetail]
-    events: list[Event]
-
-
-def job_detail(store: Store, job_id: int, *, events_limit: int = 200) -> JobDetail:
-    """Raises JobNotFound for an unknown id."""
-    job = get_job(store, job_id)
-    attempts = [
-        AttemptDetail(
-            a.n, a.gpu_index, a.level, a.level_step, a.changes, None if a.outcome is None else a.outcome.value,
-            a.reason, a.exit_code, a.peak_mib, a.predicted_peak_mib, a.prediction_source, a.started_at,
-            a.ended_at, a.run_dir,
-        )
-        for a in get_attempts(store, job_id)
-    ]
-    return JobDetail(
-        job.id, job.state.value, job.suite, job.config_name, job.seed, job.data, job.level, job.attempt_count,
-        job.max_attempts, job.reason, job.wait_reason, attempts, get_events(store, job_id, events_limit),
     )
 
 
