@@ -14,6 +14,7 @@ from orchestrator.store.db import Store
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.status import Event, job_events, recent_events
 
+# The columns are JobListRow's fields, in their order (rows are built by position).
 _JOB_LIST_SQL = """
 SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.priority, j.level,
        j.attempt_count, j.wait_reason, j.reason, a.gpu_index AS gpu
@@ -47,6 +48,11 @@ class JobListRow(NamedTuple):
     def from_row(cls, row: dict[str, Any]) -> JobListRow:
         return cls(row["id"], _STATES[row["state"]], row["suite"], row["config_name"], row["seed"], row["data"],
                    row["priority"], row["level"], row["attempt_count"], row["wait_reason"], row["reason"], row["gpu"])
+
+    @classmethod
+    def from_tuple(cls, row: tuple[Any, ...]) -> JobListRow:
+        """From a row of `_JOB_LIST_SQL`, whose columns are these fields in this order."""
+        return cls(row[0], _STATES[row[1]], *row[2:])
 
 
 def job_row_to_public(row: JobListRow) -> dict[str, Any]:
@@ -89,7 +95,7 @@ def list_jobs(
     store: Store, *, state: str | None = None, suite: str | None = None, limit: int | None = None,
     offset: int = 0,
 ) -> list[JobListRow]:
-    return [JobListRow.from_row(r) for r in store.query(*_job_list_sql(state, suite, limit, offset))]
+    return list(iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset))
 
 
 def iter_jobs(
@@ -97,7 +103,7 @@ def iter_jobs(
     offset: int = 0,
 ) -> Iterator[JobListRow]:
     """`list_jobs`, streamed from a cursor (for output of any length in flat memory)."""
-    return (JobListRow.from_row(r) for r in store.iter_query(*_job_list_sql(state, suite, limit, offset)))
+    return (JobListRow.from_tuple(r) for r in store.iter_rows(*_job_list_sql(state, suite, limit, offset)))
 
 
 def iter_status_jobs(store: Store, *, limit: int | None = None, offset: int = 0) -> Iterator[dict[str, Any]]:
