@@ -108,7 +108,6 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
         conn.executemany(
             "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [(*e, int(e[-1] is not None and '"retry"' in e[-1])) for e in events])
-        conn.execute("UPDATE jobs SET retry_count = (SELECT count(*) FROM events e WHERE e.job_id = jobs.id AND e.retry = 1)")
         conn.executemany(
             "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)", samples)

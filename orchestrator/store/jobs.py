@@ -28,7 +28,7 @@ def add_event(
     to_state: str | None = None,
     data: dict[str, Any] | None = None,
 ) -> None:
-    # A move down the ladder (data["retry"]) is marked, and counted on its job, in this same write.
+    # A move down the ladder (data["retry"]) is marked as one, for the reads that list them.
     retry = int(data is not None and isinstance(data.get("retry"), dict))
     store.db.execute(
         "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
@@ -36,8 +36,6 @@ def add_event(
         [now_s(), job_id, attempt_id, kind, from_state, to_state, message,
          json.dumps(data, default=str) if data else None, retry],
     )
-    if retry and job_id is not None:
-        store.db.execute("UPDATE jobs SET retry_count = retry_count + 1 WHERE id = ?", [job_id])
 
 
 def transition(
