@@ -108,20 +108,12 @@ def iter_jobs(
 
 def iter_status_jobs(store: Store, *, limit: int | None = None, offset: int = 0) -> Iterator[dict[str, Any]]:
     """Every job in the `orch status --json` shape, by id, streamed."""
-    sql = (
-        "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.attempt_count, j.level, a.gpu_index "
-        "FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.outcome IS NULL ORDER BY j.id"
-    )
-    params: list[Any] = []
-    if limit is not None or offset:
-        sql += " LIMIT ? OFFSET ?"
-        params = [-1 if limit is None else int(limit), int(offset)]
-    for j in store.iter_query(sql, params):
-        yield {
-            "id": j["id"], "state": j["state"], "suite": j["suite"], "config": j["config_name"],
-            "seed": j["seed"], "data": j["data"], "gpu": j["gpu_index"], "attempt": j["attempt_count"],
-            "level": j["level"],
-        }
+    # the listing's own rows, unpacked straight into the JSON shape (no row object per job)
+    for job_id, state, suite, config, seed, data, _, level, attempt, _, _, gpu in store.iter_rows(
+        *_job_list_sql(None, None, limit, offset)
+    ):
+        yield {"id": job_id, "state": state, "suite": suite, "config": config, "seed": seed, "data": data,
+               "gpu": gpu, "attempt": attempt, "level": level}
 
 
 def state_counts(store: Store) -> dict[str, int]:
