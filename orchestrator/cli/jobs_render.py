@@ -25,10 +25,13 @@ STATE_STYLES = {
 }
 
 
+STATE_TEXT = {s: s.value for s in JobState}  # a look-up: `.value` costs more, 100,000 rows at a time
+
+
 def job_cells(r: JobListRow) -> list[str]:
     note = r.wait_reason if r.state is JobState.QUEUED else (r.reason or "")
     return [
-        str(r.id), r.state.value, r.suite, r.config_name, str(r.seed), r.data,
+        str(r.id), STATE_TEXT[r.state], r.suite, r.config_name, str(r.seed), r.data,
         "-" if r.gpu is None else str(r.gpu), str(r.attempt_count), str(r.level), note or "",
     ]
 
@@ -67,7 +70,7 @@ def print_jobs(rows: Sequence[JobListRow], *, wide: bool = False, console: Conso
     if not console.is_terminal:
         click.echo(plain_columns(COLUMNS, [job_cells(r) for r in rows]), nl=False)
     elif len(rows) > RICH_TABLE_ROWS:  # whole values, states coloured, in a fraction of the time
-        click.echo(render_plain(COLUMNS, [job_cells(r) for r in rows], [STATE_STYLES.get(r.state.value) for r in rows],
+        click.echo(render_plain(COLUMNS, [job_cells(r) for r in rows], [STATE_STYLES.get(STATE_TEXT[r.state]) for r in rows],
                                 coloured_column=1))
     elif wide:
         print_whole(jobs_table(rows), console)
