@@ -107,8 +107,8 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", attempts)
         conn.execute("UPDATE jobs SET attempt_count = (SELECT count(*) FROM attempts a WHERE a.job_id = jobs.id)")
         conn.executemany(
-            "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", events)
+            "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [(*e, int(e[-1] is not None and '"retry"' in e[-1])) for e in events])
         conn.executemany(
             "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)", samples)

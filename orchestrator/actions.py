@@ -37,11 +37,11 @@ def _stop_running(store: Store, job_id: int, why: str) -> bool:
 
 def cancel_job(store: Store, job_id: int) -> Done:
     """Raises JobNotFound for an unknown id."""
-    state = get_job(store, job_id)["state"]
-    if state == JobState.QUEUED.value:
+    state = get_job(store, job_id).state
+    if state is JobState.QUEUED:
         cancel_queued(store, job_id, "cancelled by user")
         return Done.CANCELLED
-    if state == JobState.RUNNING.value and _stop_running(store, job_id, "cancel"):
+    if state is JobState.RUNNING and _stop_running(store, job_id, "cancel"):
         return Done.STOPPING
     return Done.SKIPPED
 
@@ -50,15 +50,15 @@ def retry_job(store: Store, job_id: int) -> Done:
     """Requeue a failed or cancelled job (attempt budget renewed); restart a running one.
     Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
     job = get_job(store, job_id)
-    if job["state"] in (JobState.FAILED.value, JobState.CANCELLED.value):
+    if job.state in (JobState.FAILED, JobState.CANCELLED):
         transition(
             store, job_id, JobState.QUEUED, message="requeued by orch retry", kind="retry",
-            fields={"reason": None, "max_attempts": job["attempt_count"] + max(job["max_attempts"], 1)},
+            fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
         )
         return Done.REQUEUED
-    if job["state"] == JobState.RUNNING.value and _stop_running(store, job_id, "retry"):
+    if job.state is JobState.RUNNING and _stop_running(store, job_id, "retry"):
         return Done.STOPPING
-    raise UsageError(f"job {job_id} is {job['state']}: only failed, cancelled or running jobs can be retried")
+    raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
 
 
 def resume_suite(store: Store, suite: str) -> None:

@@ -21,20 +21,15 @@ def collect_rows(store: Store, suite: str | None = None) -> tuple[list[ResultRow
     """(rows, how many succeeded jobs had no usable test metrics)."""
     rows: list[ResultRow] = []
     missing = 0
-    for job in succeeded_attempts(store, suite):
-        test = job_metrics(read_result(Path(job["run_dir"])), job["output_metrics_json"])
+    for run in succeeded_attempts(store, suite):
+        test = job_metrics(read_result(Path(run.run_dir)), run.output_metrics_json)
         if test is None:
             missing += 1
             continue
-        numeric = finite_metrics(test)
-        try:
-            changes = json.loads(job["overrides_json"] or "{}")
-        except ValueError:
-            changes = {}
         rows.append(ResultRow(
-            job["suite"], job["config_name"], job["data"], job["seed"], numeric,
-            job=job["job_id"], attempt=job["n"], level=job["level"], step=job["level_step"],
-            changes=changes if isinstance(changes, dict) else {}, run_alone=bool(job["run_alone"]),
+            run.suite, run.config, run.data, run.seed, finite_metrics(test),
+            job=run.job_id, attempt=run.n, level=run.level, step=run.level_step,
+            changes=run.overrides, run_alone=run.run_alone,
         ))  # fmt: skip
     return rows, missing
 

@@ -59,7 +59,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return [*path[path.index(nxt):], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -84,6 +84,6 @@ def test_type_checking_imports_do_not_count() -> None:
 
 def test_orchestrator_has_no_import_cycle() -> None:
     graph = import_graph()
-    assert "orchestrator.dispatch" in graph and graph["orchestrator.dispatch"]
+    assert graph.get("orchestrator.dispatch")
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

@@ -13,16 +13,17 @@ from rich.console import Console
 from orchestrator.cli.jobs_render import print_jobs
 from orchestrator.cli.render import render_status
 from orchestrator.cli.tables import plain_columns
+from orchestrator.store.queries import JobListRow
 from tests.conftest import OrchRunner
 
 LONG_CONFIG = "E1_QKVO_r16_alpha16_dropout05_lr2e-4"
 LONG_REASON = "GPU 0: 10.0 GiB free, needs 14.7 GiB + 2.4 GiB headroom"
 
 
-def job_row(job_id: int, config: str = LONG_CONFIG, state: str = "queued") -> dict[str, Any]:
-    return {"id": job_id, "state": state, "suite": "E1", "config_name": config, "seed": 127,
-            "data": "glue-tvt_qnli", "gpu": None, "attempt_count": 0, "level": 0,
-            "wait_reason": LONG_REASON, "reason": None}
+def job_row(job_id: int, config: str = LONG_CONFIG, state: str = "queued", reason: str | None = None) -> JobListRow:
+    return JobListRow.from_row({"id": job_id, "state": state, "suite": "E1", "config_name": config, "seed": 127,
+                                "data": "glue-tvt_qnli", "priority": 0, "gpu": None, "attempt_count": 0, "level": 0,
+                                "wait_reason": LONG_REASON, "reason": reason})
 
 
 def terminal(width: int, height: int = 40) -> tuple[Console, io.StringIO]:
@@ -63,7 +64,7 @@ def test_plain_columns_are_aligned_and_whole() -> None:
 def test_narrow_terminal_keeps_id_state_config_and_reason() -> None:
     for width in (50, 60, 80):
         console, buffer = terminal(width)
-        print_jobs([job_row(12), job_row(1333, "E1_A_r8", "failed") | {"reason": "ladder exhausted"}], console=console)
+        print_jobs([job_row(12), job_row(1333, "E1_A_r8", "failed", "ladder exhausted")], console=console)
         out = buffer.getvalue()
         assert "…" not in out, width
         assert max(len(line) for line in out.splitlines()) <= width

@@ -55,6 +55,7 @@ def test_ours_is_what_live_attempts_hold(db_path: Path) -> None:
     assert {r.job_id for r in view.running} == running_ids and len(running_ids) == 3
     assert all(r.step == 20 and r.loss == 0.7 for r in view.running)
     assert view.waiting_total == 5 and all(w.reason for w in view.waiting)
+    assert view.retries and all(e.retry["to_level"] == 1 for e in view.retries)  # the sweep's OOMs moved a level
     assert counts.jobs == 40 and counts.ooms == counts.oom_jobs_recovered > 0
 
 

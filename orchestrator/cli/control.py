@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -13,11 +14,14 @@ from orchestrator.cli.common import db_option, echo_json, json_option, open_stor
 from orchestrator.daemon_state import tmux_socket_name
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import NotAttachable, attach_argv
+from orchestrator.lifecycle import JobState
 from orchestrator.store.db import Store
-from orchestrator.store.queries import get_job
+from orchestrator.store.queries import get_job, job_ids_in_states, latest_attempt
 
 
-def _select(store: Store, job_args: tuple[str, ...], suite: str | None, all_jobs: bool, states: tuple[str, ...]) -> list[int]:
+def _select(
+    store: Store, job_args: tuple[str, ...], suite: str | None, all_jobs: bool, states: tuple[JobState, ...]
+) -> list[int]:
     if sum(bool(x) for x in (job_args, suite, all_jobs)) != 1:
         raise UsageError("give job ids, --suite S or --all (exactly one of them)")
     if job_args:
@@ -25,12 +29,7 @@ def _select(store: Store, job_args: tuple[str, ...], suite: str | None, all_jobs
         for job_id in ids:
             get_job(store, job_id)
         return ids
-    marks = ",".join("?" * len(states))
-    if suite:
-        rows = store.query(f"SELECT id FROM jobs WHERE suite = ? AND state IN ({marks}) ORDER BY id", [suite, *states])
-    else:
-        rows = store.query(f"SELECT id FROM jobs WHERE state IN ({marks}) ORDER BY id", list(states))
-    return [r["id"] for r in rows]
+    return job_ids_in_states(store, states, suite or None)
 
 
 @click.command("cancel")
@@ -45,14 +44,14 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
     stopping: list[int] = []
     skipped: list[dict[str, object]] = []
     with open_store(db_path) as store:
-        for job_id in _select(store, jobs, suite, all_jobs, ("queued", "running")):
+        for job_id in _select(store, jobs, suite, all_jobs, (JobState.QUEUED, JobState.RUNNING)):
             done = cancel_job(store, job_id)
             if done is Done.CANCELLED:
                 cancelled.append(job_id)
             elif done is Done.STOPPING:
                 stopping.append(job_id)
             else:
-                skipped.append({"id": job_id, "state": get_job(store, job_id)["state"]})
+                skipped.append({"id": job_id, "state": get_job(store, job_id).state.value})
     if as_json:
         echo_json({"cancelled": cancelled, "stopping": stopping, "skipped": skipped})
         return
@@ -72,7 +71,7 @@ def retry_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json:
     requeued: list[int] = []
     restarting: list[int] = []
     with open_store(db_path) as store:
-        for job_id in _select(store, jobs, suite, all_jobs, ("failed", "cancelled")):
+        for job_id in _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED)):
             if retry_job(store, job_id) is Done.REQUEUED:
                 requeued.append(job_id)
             else:
@@ -101,11 +100,10 @@ def attach_cmd(job: str, db_path: Path) -> None:
     (job_id,) = parse_job_ids((job,))
     with open_store(db_path) as store:
         get_job(store, job_id)
-        rows = store.query("SELECT job_id, window_id, launcher, executor, executor_id FROM attempts WHERE job_id = ? "
-                           "ORDER BY n DESC LIMIT 1", [job_id])
-    if not rows:
+        attempt = latest_attempt(store, job_id)
+    if attempt is None:
         raise NotAttachable(f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`")
-    argv = attach_argv(rows[0], tmux_socket_name(db_path))
+    argv = attach_argv(asdict(attempt), tmux_socket_name(db_path))
     tmux = shutil.which(argv[0])
     if tmux is None:
         raise UsageError("tmux is not installed")

@@ -21,6 +21,7 @@ from orchestrator.gpu import GpuProbe, make_probe
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.notify import check_urls
 from orchestrator.reconcile import process_matches
+from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.db import Store, now_s
 
 START_TIMEOUT_S = 30.0
@@ -329,9 +330,7 @@ def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> Non
             # Stopping what is already stopped succeeds, so scripts can always call it.
             click.echo(f"no daemon is running for {db_path}: nothing to stop")
             return
-        with store.write():
-            column = "draining" if drain else "stop_requested"
-            store.db.execute(f"UPDATE daemon SET {column} = 1 WHERE id = 1")
+        request_daemon_stop(store, drain=drain)
         if drain:
             click.echo(f"daemon (pid {row['pid']}) draining: nothing new starts; it exits when running jobs end")
             if not wait:

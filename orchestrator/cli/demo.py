@@ -29,6 +29,7 @@ from orchestrator.plans import (
     parse_pairs,
 )
 from orchestrator.reconcile import process_matches
+from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
 from orchestrator.store.queries import state_counts
 
@@ -82,8 +83,7 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
         counts = state_counts(store)
         if started_here:
             daemon = daemon_alive(store)
-            with store.write():
-                store.db.execute("UPDATE daemon SET stop_requested = 1 WHERE id = 1")
+            request_daemon_stop(store)
             # Wait for it to go (it takes its tmux server along): the demo leaves nothing running.
             stop_deadline = time.monotonic() + 30.0
             while daemon is not None and process_matches(daemon["pid"], daemon["proc_create_time"]):

@@ -28,9 +28,9 @@ from orchestrator.lifecycle import JobState
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.queries import (
     get_attempts,
-    get_events,
     get_job,
     iter_jobs,
+    job_history,
     job_row_to_public,
     job_to_public,
     list_jobs,
@@ -72,7 +72,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     """One job with every attempt and its history."""
     (job_id,) = parse_job_ids((job,))
     with open_store(db_path) as store:
-        payload = job_to_public(get_job(store, job_id), get_attempts(store, job_id), get_events(store, job_id))
+        payload = job_to_public(job_history(store, job_id))
     if as_json:
         echo_json(payload)
         return
@@ -135,10 +135,10 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
         attempts = get_attempts(store, job_id)
     if not attempts:
         raise UsageError(f"job {job_id} has not started yet (no attempt, so no log)")
-    chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a["n"] == attempt_n), None)
+    chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a.n == attempt_n), None)
     if chosen is None:
         raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
-    files = RunDir(chosen["run_dir"])
+    files = RunDir(chosen.run_dir)
     log_path = files.log
     try:  # user code writes in the run dir: no link followed, no FIFO read
         fd = open_regular_file(files.path, RunDir.LOG)

@@ -11,18 +11,19 @@ import click
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
 from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
-from orchestrator.shapes import measured_margin, running_margin
+from orchestrator.shapes import RunningPeak, measured_margin, running_margin
 from orchestrator.store.db import Store
 from orchestrator.store.learning import (
     forget_shapes,
     list_shapes,
     live_attempts_and_jobs,
     read_throughput,
+    shape_known,
 )
 from orchestrator.throughput import relative_curve
 
 
-def _running(store: Store) -> dict[str, Any]:
+def _running(store: Store) -> dict[str, RunningPeak]:
     from orchestrator.learned import running_peaks
     from orchestrator.prediction import (  # the ladder: not for every CLI start
         JobShapeCache,
@@ -36,16 +37,20 @@ def _running(store: Store) -> dict[str, Any]:
 
 def memory_snapshot(store: Store) -> list[dict[str, Any]]:
     """One entry per shape that has a learned row, running attempts past step K, or throughput."""
-    rows = {r["shape_key"]: r for r in list_shapes(store)}
+    rows = {r.shape_key: r for r in list_shapes(store)}
     running = _running(store)
     rates: dict[str, dict[str, dict[int, float]]] = {}
     for t in read_throughput(store):
         rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
     out: list[dict[str, Any]] = []
-    for key in sorted(set(rows) | set(running) | set(rates), key=lambda k: ((rows.get(k) or {}).get("label") or "", k)):
-        row = rows.get(key) or {}
+    def label_of(key: str) -> str:
+        return (rows[key].label if key in rows else None) or ""
+
+    for key in sorted(set(rows) | set(running) | set(rates), key=lambda k: (label_of(k), k)):
+        row = rows.get(key)
         run = running.get(key)
-        peak, floor, samples = row.get("peak_mib"), row.get("oom_floor_mib"), int(row.get("samples") or 0)
+        peak, floor = (row.peak_mib, row.oom_floor_mib) if row else (None, None)
+        samples = row.samples if row else 0
         if peak:
             source, margin = f"measured ({samples} attempt{'s' if samples != 1 else ''})", measured_margin(samples)
         elif run is not None:
@@ -55,7 +60,7 @@ def memory_snapshot(store: Store) -> list[dict[str, Any]]:
         else:
             source, margin = "throughput only", 0.0
         out.append({
-            "shape": key, "suite": row.get("suite"), "label": row.get("label"),
+            "shape": key, "suite": row.suite if row else None, "label": row.label if row else None,
             "peak_mib": peak, "oom_floor_mib": floor, "samples": samples,
             "running": None if run is None else {"peak_mib": run.peak_mib, "step": run.step, "attempts": run.attempts},
             "source": source, "margin": round(margin, 3),
@@ -118,8 +123,7 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
     with open_store(db_path, create=False) as store:
-        if shape is not None and not store.query("SELECT 1 FROM memory_shapes WHERE shape_key = ? UNION "
-                                                 "SELECT 1 FROM throughput WHERE shape_key = ?", [shape, shape]):
+        if shape is not None and not shape_known(store, shape):
             raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
         removed = forget_shapes(store, shape_key=shape, suite=suite)
     if as_json:

@@ -2,34 +2,50 @@
 
 from __future__ import annotations
 
-import json
+from dataclasses import asdict
 from typing import Any
 
 from orchestrator.daemon_state import daemon_alive
 from orchestrator.plans import DEFAULT_SLOTS
-from orchestrator.resources import attempt_uuids, held_by_gpu
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import iter_status_jobs, state_counts
 from orchestrator.store.resources import read_host_reading
+from orchestrator.store.rows import Attempt
+from orchestrator.store.status import (
+    daemon_reading,
+    first_waiting,
+    live_attempts,
+    paused_suites,
+    recent_events,
+    recent_retries,
+)
 
 RECENT_EVENTS = 12
 FIRST_WAITING = 6
+RECENT_RETRIES = 8
+
+
+def _cards(a: Attempt) -> tuple[str, ...]:
+    """Every card of an attempt (one for a one-GPU attempt)."""
+    return a.gpu_uuids or (a.gpu_uuid,)
+
+
+def _held_on(a: Attempt, uuid: str) -> int:
+    """What the attempt's tree holds on one card: a gang's reading per card, else its own."""
+    held = a.held_by_gpu.get(uuid)
+    return held if isinstance(held, int) else a.held_mib
 
 
 def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
     daemon = daemon_alive(store)
-    daemon_row = store.query("SELECT gpus_json, heartbeat_at, disk_json FROM daemon WHERE id = 1")
-    gpus_raw = json.loads(daemon_row[0]["gpus_json"]) if daemon_row and daemon_row[0]["gpus_json"] else []
+    reading = daemon_reading(store)
     plan = get_gpu_plan(store)
-    live = store.query(
-        "SELECT a.*, j.suite, j.config_name, j.seed, j.data FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        "WHERE a.outcome IS NULL ORDER BY a.gpu_index, a.id"
-    )
+    live = live_attempts(store)
     gpus: list[dict[str, Any]] = []
-    for g in gpus_raw:
-        on_gpu = [a for a in live if g["uuid"] in attempt_uuids(a)]  # every rank of a gang counts
-        orch_mib = sum(held_by_gpu(a).get(g["uuid"], a["held_mib"] or 0) for a in on_gpu)
+    for g in reading.gpus if reading else []:
+        on_gpu = [la.attempt for la in live if g["uuid"] in _cards(la.attempt)]  # every rank of a gang counts
+        orch_mib = sum(_held_on(a, g["uuid"]) for a in on_gpu)
         gpus.append(
             {
                 "index": g["index"],
@@ -47,57 +63,47 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         )
     running = [
         {
-            "id": a["job_id"],
-            "suite": a["suite"],
-            "config": a["config_name"],
-            "seed": a["seed"],
-            "data": a["data"],
-            "gpu": a["gpu_index"],
-            "attempt": a["n"],
-            "level": a["level"],
-            "elapsed_s": now_s() - a["started_at"],
-            "held_mib": a["held_mib"],
-            "predicted_mib": a["predicted_peak_mib"],
-            "progress": json.loads(a["progress_json"]) if a["progress_json"] else None,
-            "executor": a.get("executor") or a.get("launcher"),
-            "executor_id": a.get("executor_id"),
-            "executor_state": a.get("executor_state"),  # Slurm: e.g. "PENDING (Resources)"
+            "id": la.attempt.job_id,
+            "suite": la.suite,
+            "config": la.config_name,
+            "seed": la.seed,
+            "data": la.data,
+            "gpu": la.attempt.gpu_index,
+            "attempt": la.attempt.n,
+            "level": la.attempt.level,
+            "elapsed_s": now_s() - la.attempt.started_at,
+            "held_mib": la.attempt.held_mib,
+            "predicted_mib": la.attempt.predicted_peak_mib,
+            "progress": la.attempt.progress or None,
+            "executor": la.attempt.executor or la.attempt.launcher,
+            "executor_id": la.attempt.executor_id,
+            "executor_state": la.attempt.executor_state,  # Slurm: e.g. "PENDING (Resources)"
         }
-        for a in live
+        for la in live
     ]
-    waiting = store.query(
-        "SELECT id, suite, config_name, wait_reason FROM jobs WHERE state = 'queued' "
-        "ORDER BY priority DESC, id LIMIT ?", [FIRST_WAITING]
-    )
-    retries = store.query(
-        "SELECT ts, job_id, data_json, message FROM events WHERE data_json LIKE '%\"retry\"%' ORDER BY id DESC LIMIT 8"
-    )
-    events = store.query("SELECT ts, job_id, kind, message FROM events ORDER BY id DESC LIMIT ?", [RECENT_EVENTS])
     jobs = list(iter_status_jobs(store)) if all_jobs else []
+    heartbeat_at = reading.heartbeat_at if reading else None
     return {
         "db": str(store.path),
         "daemon": {
             "alive": daemon is not None,
             "pid": daemon["pid"] if daemon else None,
             "draining": bool(daemon["draining"]) if daemon else False,
-            "last_tick_age_s": (now_s() - daemon_row[0]["heartbeat_at"]) if daemon_row and daemon_row[0]["heartbeat_at"] else None,
+            "last_tick_age_s": (now_s() - heartbeat_at) if heartbeat_at else None,
         },
         "gpus": gpus,
         "host": host_summary(read_host_reading(store)),
         # the runs dir's free space as the daemon last read it: {path, free_mib, min_free_mib,
         # warn_free_mib, level: ok|low|full}; null before a daemon has run
-        "disk": json.loads(daemon_row[0]["disk_json"]) if daemon_row and daemon_row[0]["disk_json"] else None,
+        "disk": reading.disk if reading else None,
         "counts": state_counts(store),
         "running": running,
-        "waiting": [{"id": w["id"], "suite": w["suite"], "config": w["config_name"], "reason": w["wait_reason"]} for w in waiting],
-        "paused_suites": store.query(
-            "SELECT p.suite, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
-            "AND j.state = 'queued') AS queued FROM paused_suites p ORDER BY p.suite"
-        ),
-        "retries": [
-            {"ts": r["ts"], "job": r["job_id"], **json.loads(r["data_json"])["retry"]} for r in retries
-        ],
-        "events": [{"ts": e["ts"], "job": e["job_id"], "kind": e["kind"], "message": e["message"]} for e in reversed(events)],
+        "waiting": [{"id": w.job_id, "suite": w.suite, "config": w.config, "reason": w.reason}
+                    for w in first_waiting(store, FIRST_WAITING)],
+        "paused_suites": [asdict(p) for p in paused_suites(store)],
+        "retries": [{"ts": e.ts, "job": e.job_id, **e.retry} for e in recent_retries(store, RECENT_RETRIES)],
+        "events": [{"ts": e.ts, "job": e.job_id, "kind": e.kind, "message": e.message}
+                   for e in recent_events(store, RECENT_EVENTS)],
         "jobs": jobs,
     }
 

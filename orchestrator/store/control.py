@@ -35,3 +35,10 @@ def unpause_suite(store: Store, suite: str) -> bool:
             return False
         add_event(store, "resume", f"suite {suite} resumed by user")
     return True
+
+
+def request_daemon_stop(store: Store, *, drain: bool = False) -> None:
+    """Ask the daemon to exit now (its workers keep running), or with `drain` to start nothing
+    new and exit when its running jobs have ended. It reads the flag at its next tick."""
+    with store.write():
+        store.db.execute(f"UPDATE daemon SET {'draining' if drain else 'stop_requested'} = 1 WHERE id = 1")

@@ -107,6 +107,16 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
+    def iter_rows(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[tuple[Any, ...]]:
+        """`iter_query` as plain tuples, in the order selected: for typed rows built by position
+        (no dict per row on the way)."""
+        try:
+            cursor = self.db.conn.execute(sql, params)
+            while rows := cursor.fetchmany(batch):
+                yield from rows
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+
     def close(self) -> None:
         self.db.close()
 

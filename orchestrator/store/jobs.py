@@ -28,11 +28,13 @@ def add_event(
     to_state: str | None = None,
     data: dict[str, Any] | None = None,
 ) -> None:
+    # A move down the ladder (data["retry"]) is marked as one, for the reads that list them.
+    retry = int(data is not None and isinstance(data.get("retry"), dict))
     store.db.execute(
-        "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [now_s(), job_id, attempt_id, kind, from_state, to_state, message,
-         json.dumps(data, default=str) if data else None],
+         json.dumps(data, default=str) if data else None, retry],
     )
 
 

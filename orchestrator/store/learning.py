@@ -26,11 +26,25 @@ def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
         )
 
 
-def list_shapes(store: Store) -> list[dict[str, Any]]:
-    return store.query(
-        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label, updated_at FROM memory_shapes "
+@dataclass(frozen=True)
+class LearnedShape:
+    """A shape's learned memory with who taught it (`orch memory`)."""
+
+    shape_key: str
+    peak_mib: int | None
+    oom_floor_mib: int | None
+    samples: int
+    suite: str | None
+    label: str | None
+
+
+def list_shapes(store: Store) -> list[LearnedShape]:
+    rows = store.query(
+        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label FROM memory_shapes "
         "ORDER BY suite, label, shape_key"
     )
+    return [LearnedShape(r["shape_key"], r["peak_mib"], r["oom_floor_mib"], int(r["samples"] or 0), r["suite"],
+                         r["label"]) for r in rows]
 
 
 def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> int:
@@ -79,3 +93,9 @@ def live_attempts_and_jobs(store: Store) -> tuple[list[dict[str, Any]], dict[int
         "SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)"
     )}
     return live, jobs
+
+
+def shape_known(store: Store, shape_key: str) -> bool:
+    """Has orch learned anything (memory or throughput) of this shape?"""
+    return bool(store.query("SELECT 1 FROM memory_shapes WHERE shape_key = ? UNION "
+                            "SELECT 1 FROM throughput WHERE shape_key = ?", [shape_key, shape_key]))

@@ -3,7 +3,6 @@ writes. Every list a page shows is bounded, so a database of 10,000 jobs answers
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +11,17 @@ from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan
-from orchestrator.store.queries import get_attempts, get_events, get_job, state_counts
+from orchestrator.store.queries import state_counts
+from orchestrator.store.status import (
+    Event,
+    PausedSuite,
+    WaitingJob,
+    daemon_reading,
+    first_waiting,
+    live_attempts,
+    paused_suites,
+    recent_retries,
+)
 
 OOM_OUTCOMES = (AttemptOutcome.OOM.value, AttemptOutcome.HOST_OOM.value)
 
@@ -53,31 +62,6 @@ class RunningJob:
 
 
 @dataclass(frozen=True)
-class WaitingJob:
-    job_id: int
-    suite: str
-    config: str
-    seed: int
-    data: str
-    reason: str | None
-
-
-@dataclass(frozen=True)
-class EventRow:
-    ts: float
-    job_id: int | None
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True)
-class PausedSuite:
-    suite: str
-    reason: str
-    paused_at: float
-
-
-@dataclass(frozen=True)
 class Overview:
     counts: dict[str, int]
     heartbeat_at: float | None
@@ -85,7 +69,7 @@ class Overview:
     running: list[RunningJob]
     waiting: list[WaitingJob]
     waiting_total: int
-    retries: list[EventRow]
+    retries: list[Event]
     paused: list[PausedSuite]
 
 
@@ -95,50 +79,35 @@ def _number(value: Any) -> float | None:
 
 
 def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) -> Overview:
-    daemon = store.query("SELECT gpus_json, heartbeat_at FROM daemon WHERE id = 1")
-    gpus_raw = json.loads(daemon[0]["gpus_json"]) if daemon and daemon[0]["gpus_json"] else []
-    live = store.query(
-        "SELECT a.job_id, a.n, a.gpu_index, a.gpu_uuid, a.level, a.started_at, a.held_mib, "
-        "a.predicted_peak_mib, a.progress_json, j.suite, j.config_name, j.seed, j.data "
-        "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IS NULL ORDER BY a.gpu_index, a.id"
-    )
+    daemon = daemon_reading(store)
+    live = live_attempts(store)
     running = []
-    for a in live:
-        progress = json.loads(a["progress_json"]) if a["progress_json"] else {}
-        progress = progress if isinstance(progress, dict) else {}
-        step, total = _number(progress.get("step")), _number(progress.get("total"))
+    for la in live:
+        a = la.attempt
+        step, total = _number(a.progress.get("step")), _number(a.progress.get("total"))
         running.append(RunningJob(
-            a["job_id"], a["suite"], a["config_name"], a["seed"], a["data"], a["gpu_index"], a["n"],
-            a["level"], a["started_at"], a["held_mib"] or 0, a["predicted_peak_mib"],
-            None if step is None else int(step), None if total is None else int(total),
-            _number(progress.get("loss")),
+            a.job_id, la.suite, la.config_name, la.seed, la.data, a.gpu_index, a.n, a.level, a.started_at,
+            a.held_mib, a.predicted_peak_mib, None if step is None else int(step),
+            None if total is None else int(total), _number(a.progress.get("loss")),
         ))
     plan = get_gpu_plan(store)
     gpus = []
-    for g in gpus_raw:
-        on_gpu = [a for a in live if a["gpu_uuid"] == g["uuid"]]
-        orch_mib = min(sum(a["held_mib"] or 0 for a in on_gpu), int(g["used_mib"]))
+    for g in daemon.gpus if daemon else []:
+        on_gpu = [la.attempt for la in live if la.attempt.gpu_uuid == g["uuid"]]
+        orch_mib = min(sum(a.held_mib for a in on_gpu), int(g["used_mib"]))
         gpus.append(GpuNow(int(g["index"]), str(g["uuid"]), str(g["name"]), int(g["total_mib"]),
                            int(g["used_mib"]), orch_mib, int(g["free_mib"]), len(on_gpu),
                            plan.slots_for(int(g["index"]), DEFAULT_SLOTS)))
     counts = state_counts(store)
-    waiting = store.query(
-        "SELECT id, suite, config_name, seed, data, wait_reason FROM jobs WHERE state = ? "
-        "ORDER BY priority DESC, id LIMIT ?", [JobState.QUEUED.value, waiting_limit],
-    )
-    retries = store.query(
-        "SELECT ts, job_id, kind, message FROM events WHERE data_json LIKE '%\"retry\"%' "
-        "ORDER BY id DESC LIMIT ?", [retries_limit],
-    )
     return Overview(
         counts=counts,
-        heartbeat_at=daemon[0]["heartbeat_at"] if daemon else None,
+        heartbeat_at=daemon.heartbeat_at if daemon else None,
         gpus=gpus,
         running=running,
-        waiting=[WaitingJob(w["id"], w["suite"], w["config_name"], w["seed"], w["data"], w["wait_reason"]) for w in waiting],
+        waiting=first_waiting(store, waiting_limit),
         waiting_total=counts.get(JobState.QUEUED.value, 0),
-        retries=[EventRow(**r) for r in retries],
-        paused=[PausedSuite(**p) for p in store.query("SELECT suite, reason, paused_at FROM paused_suites ORDER BY suite")],
+        retries=recent_retries(store, retries_limit),
+        paused=paused_suites(store),
     )
 
 
@@ -225,81 +194,6 @@ def sweep_counts(store: Store) -> SweepCounts:
         jobs=sum(by_state.values()), attempts=int(attempts), by_state=by_state, by_outcome=by_outcome,
         ooms=sum(by_outcome.get(o, 0) for o in OOM_OUTCOMES), oom_jobs_recovered=int(recovered),
     )
-
-
-@dataclass(frozen=True)
-class AttemptDetail:
-    n: int
-    gpu: int
-    level: int
-    level_step: str | None
-    changes: dict[str, Any]
-    outcome: str | None
-    reason: str | None
-    exit_code: int | None
-    peak_mib: int
-    predicted_mib: int
-    prediction_source: str
-    started_at: float
-    ended_at: float | None
-    run_dir: str
-
-
-@dataclass(frozen=True)
-class JobDetail:
-    job_id: int
-    state: str
-    suite: str
-    config: str
-    seed: int
-    data: str
-    level: int
-    attempt_count: int
-    max_attempts: int
-    reason: str | None
-    wait_reason: str | None
-    attempts: list[AttemptDetail]
-    events: list[EventRow]
-
-
-def job_detail(store: Store, job_id: int, *, events_limit: int = 200) -> JobDetail:
-    """Raises JobNotFound for an unknown id."""
-    job = get_job(store, job_id)
-    attempts = [
-        AttemptDetail(
-            a["n"], a["gpu_index"], a["level"], a["level_step"], json.loads(a["changes_json"] or "{}"),
-            a["outcome"], a["reason"], a["exit_code"], a["peak_mib"], a["predicted_peak_mib"],
-            a["prediction_source"], a["started_at"], a["ended_at"], a["run_dir"],
-        )
-        for a in get_attempts(store, job_id)
-    ]
-    events = [EventRow(e["ts"], e["job_id"], e["kind"], e["message"]) for e in get_events(store, job_id, events_limit)]
-    return JobDetail(
-        job["id"], job["state"], job["suite"], job["config_name"], job["seed"], job["data"], job["level"],
-        job["attempt_count"], job["max_attempts"], job["reason"], job["wait_reason"], attempts, events,
-    )
-
-
-@dataclass(frozen=True)
-class SucceededRun:
-    suite: str
-    config: str
-    data: str
-    seed: int
-    run_dir: str
-    output_metrics_json: str | None  # metrics the script printed, when it wrote no result.json
-
-
-def succeeded_runs(store: Store, suite: str | None = None) -> list[SucceededRun]:
-    sql = (
-        "SELECT j.suite, j.config_name AS config, j.data, j.seed, a.run_dir, a.output_metrics_json FROM jobs j JOIN attempts a "
-        "ON a.job_id = j.id AND a.outcome = ? WHERE j.state = ?"
-    )
-    params: list[Any] = [AttemptOutcome.SUCCEEDED.value, JobState.SUCCEEDED.value]
-    if suite is not None:
-        sql += " AND j.suite = ?"
-        params.append(suite)
-    return [SucceededRun(**r) for r in store.query(sql + " ORDER BY j.id", params)]
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from html import escape
 from urllib.parse import quote
 
+from orchestrator.lifecycle import JobState
 from orchestrator.runfiles import LossPoint
 from orchestrator.store.gpu_samples import GpuSample
-from orchestrator.store.web_queries import AttemptSpan, JobDetail, Overview
+from orchestrator.store.queries import JobHistory
+from orchestrator.store.web_queries import AttemptSpan, Overview
 from orchestrator.web.assets import CSS, JS
 from orchestrator.web.charts import (
     MEMORY_COLOURS,
@@ -147,23 +149,25 @@ def memory_fragment(samples: list[GpuSample]) -> str:
     return memory_legend() + memory_svg(samples)
 
 
-def job_fragment(job: JobDetail, curves: list[tuple[str, list[LossPoint]]], log: str, log_attempt: int | None) -> str:
-    parts = [f'<h2>Job {job.job_id}: {escape(job.suite)} / {escape(job.config)} · seed {job.seed} · {escape(job.data)}</h2>',
-             f'<p><b class="state-{escape(job.state)}" data-state="{escape(job.state)}">{escape(job.state)}</b> · '
+def job_fragment(history: JobHistory, curves: list[tuple[str, list[LossPoint]]], log: str, log_attempt: int | None) -> str:
+    job, state = history.job, history.job.state.value
+    parts = [f'<h2>Job {job.id}: {escape(job.suite)} / {escape(job.config_name)} · seed {job.seed} · {escape(job.data)}</h2>',
+             f'<p><b class="state-{escape(state)}" data-state="{escape(state)}">{escape(state)}</b> · '
              f"level {job.level} · attempt {job.attempt_count} of at most {job.max_attempts}"
              + (f" · {escape(job.reason)}" if job.reason else "")
-             + (f" · waits: {escape(job.wait_reason)}" if job.wait_reason and job.state == "queued" else "") + "</p>",
-             f'<p><button data-action="/api/jobs/{job.job_id}/cancel">cancel</button> '
-             f'<button data-action="/api/jobs/{job.job_id}/retry">retry</button></p>',
+             + (f" · waits: {escape(job.wait_reason)}" if job.wait_reason and job.state is JobState.QUEUED else "") + "</p>",
+             f'<p><button data-action="/api/jobs/{job.id}/cancel">cancel</button> '
+             f'<button data-action="/api/jobs/{job.id}/retry">retry</button></p>',
              "<h2>Attempts and ladder changes</h2>"]
-    if job.attempts:
+    if history.attempts:
         parts.append('<table class="attempts"><thead><tr><th>#</th><th>GPU</th><th>level</th><th>changes</th><th>outcome</th>'
                      '<th class=num>peak / predicted</th><th>started</th><th>ended</th><th>reason</th></tr></thead><tbody>')
-        for a in job.attempts:
+        for a in history.attempts:
             changes = ", ".join(f"{k}: {v}" for k, v in a.changes.items()) or "-"
             step = f" ({escape(a.level_step)})" if a.level_step else ""
-            parts.append(f'<tr class="attempt-row"><td>{a.n}</td><td>{a.gpu}</td><td>{a.level}{step}</td><td>{escape(changes)}</td>'
-                         f"<td>{escape(a.outcome or 'running')}</td><td class=num>{mib(a.peak_mib)} / {mib(a.predicted_mib)} "
+            parts.append(f'<tr class="attempt-row"><td>{a.n}</td><td>{a.gpu_index}</td><td>{a.level}{step}</td><td>{escape(changes)}</td>'
+                         f"<td>{escape(a.outcome.value if a.outcome else 'running')}</td><td class=num>{mib(a.peak_mib)} / "
+                         f"{mib(a.predicted_peak_mib)} "
                          f'<span class="muted">({escape(a.prediction_source)})</span></td><td>{stamp(a.started_at)}</td>'
                          f"<td>{stamp(a.ended_at)}</td><td>{escape(a.reason or '')}</td></tr>")
         parts.append("</tbody></table>")
@@ -171,7 +175,7 @@ def job_fragment(job: JobDetail, curves: list[tuple[str, list[LossPoint]]], log:
         parts.append('<p class="empty">no attempt yet</p>')
     parts.append("<h2>Loss</h2>" + loss_svg(curves))
     parts.append("<h2>Events</h2><table class=events><tbody>" + "".join(
-        f"<tr><td>{stamp(e.ts)}</td><td>{escape(e.kind)}</td><td>{escape(e.message)}</td></tr>" for e in job.events
+        f"<tr><td>{stamp(e.ts)}</td><td>{escape(e.kind)}</td><td>{escape(e.message)}</td></tr>" for e in history.events
     ) + "</tbody></table>")
     if log_attempt is not None:
         parts.append(f"<h2>Log tail (attempt {log_attempt})</h2><pre class=log>{escape(log) or '(empty)'}</pre>")

@@ -12,7 +12,7 @@ from orchestrator.results_format import to_csv
 from orchestrator.results_source import finite_metrics, job_metrics
 from orchestrator.runfiles import read_result
 from orchestrator.store.db import Store
-from orchestrator.store.web_queries import succeeded_runs
+from orchestrator.store.queries import succeeded_attempts
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class MetricsCache:
 def result_table(store: Store, cache: MetricsCache, suite: str | None = None) -> ResultTable:
     rows: list[ResultRow] = []
     missing = 0
-    for run in succeeded_runs(store, suite):
+    for run in succeeded_attempts(store, suite):
         metrics = cache.test_metrics(run.run_dir, run.output_metrics_json)
         if metrics is None:
             missing += 1

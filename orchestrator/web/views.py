@@ -7,7 +7,8 @@ from orchestrator.daemon_state import daemon_alive
 from orchestrator.runfiles import loss_curve, read_log_tail
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
-from orchestrator.store.web_queries import attempt_spans, job_detail, overview, sweep_time_range
+from orchestrator.store.queries import job_history
+from orchestrator.store.web_queries import attempt_spans, overview, sweep_time_range
 from orchestrator.web import pages
 from orchestrator.web.results_view import MetricsCache, result_table
 
@@ -40,10 +41,10 @@ def memory_view(store: Store) -> str:
 
 def job_view(store: Store, job_id: int) -> str:
     """Raises JobNotFound for an unknown id."""
-    job = job_detail(store, job_id)
-    curves = [(f"attempt {a.n}", loss_curve(a.run_dir)) for a in job.attempts]
-    last = job.attempts[-1] if job.attempts else None
-    return pages.job_fragment(job, curves, read_log_tail(last.run_dir, WEB_LOG_TAIL_BYTES) if last else "", last.n if last else None)
+    history = job_history(store, job_id)
+    curves = [(f"attempt {a.n}", loss_curve(a.run_dir)) for a in history.attempts]
+    last = history.attempts[-1] if history.attempts else None
+    return pages.job_fragment(history, curves, read_log_tail(last.run_dir, WEB_LOG_TAIL_BYTES) if last else "", last.n if last else None)
 
 
 def results_view(store: Store, cache: MetricsCache, csv_href: str) -> str:

@@ -1,0 +1,141 @@
+"""Read-only queries behind the live views (`orch status`, the web page's overview): the
+daemon's last reading, the live attempts, the head of the queue, the latest events and ladder
+retries, the paused suites. Each returns typed rows; each is bounded or indexed, so a queue
+of 100,000 jobs answers quickly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.lifecycle import JobState
+from orchestrator.store.db import Store
+from orchestrator.store.rows import Attempt
+
+
+def _json(text: Any) -> Any:
+    """A JSON column's value; None when it is empty or not JSON."""
+    try:
+        return json.loads(text) if text else None
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class DaemonReading:
+    """What the daemon last wrote of the machine: GPUs (as its probe read them), its
+    heartbeat, the runs dir's free space."""
+
+    gpus: list[dict[str, Any]]
+    heartbeat_at: float | None
+    disk: dict[str, Any] | None
+
+
+def daemon_reading(store: Store) -> DaemonReading | None:
+    """None before any daemon has written its row."""
+    rows = store.query("SELECT gpus_json, heartbeat_at, disk_json FROM daemon WHERE id = 1")
+    if not rows:
+        return None
+    gpus = _json(rows[0]["gpus_json"])
+    return DaemonReading(gpus if isinstance(gpus, list) else [], rows[0]["heartbeat_at"], _json(rows[0]["disk_json"]))
+
+
+@dataclass(frozen=True)
+class LiveAttempt:
+    """A running attempt with the job fields the views show beside it."""
+
+    attempt: Attempt
+    suite: str
+    config_name: str
+    seed: int
+    data: str
+
+
+def live_attempts(store: Store) -> list[LiveAttempt]:
+    """Every attempt still running, by GPU then start."""
+    rows = store.query(
+        "SELECT a.*, j.suite AS job_suite, j.config_name AS job_config_name, j.seed AS job_seed, "
+        "j.data AS job_data FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "WHERE a.outcome IS NULL ORDER BY a.gpu_index, a.id"
+    )
+    return [LiveAttempt(Attempt.from_row(r), r["job_suite"], r["job_config_name"], int(r["job_seed"]), r["job_data"])
+            for r in rows]
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    job_id: int
+    suite: str
+    config: str
+    seed: int
+    data: str
+    reason: str | None  # why it waits, as the daemon last wrote it
+
+
+def first_waiting(store: Store, limit: int) -> list[WaitingJob]:
+    """The head of the queue, in the order the daemon considers it."""
+    rows = store.query(
+        "SELECT id, suite, config_name, seed, data, wait_reason FROM jobs WHERE state = ? "
+        "ORDER BY priority DESC, id LIMIT ?", [JobState.QUEUED.value, limit],
+    )
+    return [WaitingJob(r["id"], r["suite"], r["config_name"], r["seed"], r["data"], r["wait_reason"]) for r in rows]
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    ts: float
+    job_id: int | None
+    attempt_id: int | None
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    message: str
+    data: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Event:
+        data = _json(row.get("data_json"))
+        return cls(row["id"], row["ts"], row.get("job_id"), row.get("attempt_id"), row["kind"], row.get("from_state"),
+                   row.get("to_state"), row["message"], data if isinstance(data, dict) else None)
+
+    @property
+    def retry(self) -> dict[str, Any]:
+        """A ladder retry's move (from_level, to_level, why[, host_step]); empty for other events."""
+        move = (self.data or {}).get("retry")
+        return move if isinstance(move, dict) else {}
+
+
+def recent_events(store: Store, limit: int) -> list[Event]:
+    """The latest `limit` events, oldest first."""
+    rows = store.query("SELECT * FROM events ORDER BY id DESC LIMIT ?", [limit])
+    return [Event.from_row(r) for r in reversed(rows)]
+
+
+def job_events(store: Store, job_id: int, limit: int = 200) -> list[Event]:
+    """A job's first `limit` events, oldest first."""
+    return [Event.from_row(r) for r in store.query("SELECT * FROM events WHERE job_id = ? ORDER BY id LIMIT ?",
+                                                   [job_id, limit])]
+
+
+def recent_retries(store: Store, limit: int) -> list[Event]:
+    """The latest `limit` moves down the ladder, newest first (a partial index holds exactly these)."""
+    rows = store.query("SELECT * FROM events WHERE retry = 1 ORDER BY id DESC LIMIT ?", [limit])
+    return [Event.from_row(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class PausedSuite:
+    suite: str
+    reason: str
+    paused_at: float
+    queued: int  # its queued jobs, which wait for it
+
+
+def paused_suites(store: Store) -> list[PausedSuite]:
+    rows = store.query(
+        "SELECT p.suite, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
+        "AND j.state = ?) AS queued FROM paused_suites p ORDER BY p.suite", [JobState.QUEUED.value],
+    )
+    return [PausedSuite(r["suite"], r["reason"], r["paused_at"], int(r["queued"])) for r in rows]
