@@ -350,8 +350,7 @@ class Daemon:
             self._kill(attempt, job, obs)
             return 1
         if verdict is Verdict.HUNG:
-            mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
-            hung = replace(attempt, kill_requested=KillRequest.HUNG)
+            hung = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
             self._kill(hung, job, obs)
             complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
         elif verdict is Verdict.FINISHED:

@@ -15,6 +15,7 @@ from orchestrator.memory import ShapeMemory
 from orchestrator.store.attempts import (
     AttemptEnd,
     finish_attempt,
+    read_attempt,
     read_shape,
     record_prompt_length,
     write_shape,
@@ -100,8 +101,12 @@ def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:
     return True
 
 
-def mark_hung(store: Store, attempt: Attempt, message: str) -> None:
-    """Record that orch kills the attempt as hung, with its event, in one transaction."""
+def mark_hung(store: Store, attempt: Attempt, message: str) -> Attempt:
+    """Record that orch kills the attempt as hung, with its event, in one transaction; returns
+    the attempt as now stored."""
     with store.write():
         store.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [KillRequest.HUNG.value, attempt.id])
         add_event(store, "hung", message, job_id=attempt.job_id, attempt_id=attempt.id)
+        fresh = read_attempt(store, attempt.id)
+    assert fresh is not None  # updated just now, in this transaction
+    return fresh
