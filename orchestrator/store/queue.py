@@ -1,6 +1,6 @@
-"""Reads behind one scheduling pass, shaped so that a long queue costs little per pass: the
-queue's light columns, the heavy ones only for jobs the scheduler has not seen, and run times
-of attempts that succeeded since the last read."""
+"""Typed reads of jobs and attempts. Those behind one scheduling pass are shaped so that a long
+queue costs little per pass: the queue's light columns, whole jobs only for jobs the scheduler
+has not seen, and run times of attempts that succeeded since the last read."""
 
 from __future__ import annotations
 
