@@ -351,6 +351,7 @@ class Daemon:
             return 1
         if verdict is Verdict.HUNG:
             hung = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
+            faults.reach("after_mark_hung")
             self._kill(hung, job, obs)
             complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
         elif verdict is Verdict.FINISHED:

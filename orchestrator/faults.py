@@ -1,7 +1,8 @@
 """Fault injection for crash-recovery tests: `ORCH_FAULT_POINT=NAME`, read once by the daemon
 when it starts, makes the process exit at once (no clean-up, no commit, as a kill would) the
 first time it reaches the point named NAME. Points: `after_learn` (an attempt's end: memory
-learned, the attempt not yet closed)."""
+learned, the attempt not yet closed), `after_mark_hung` (a silent attempt marked hung, not yet
+killed)."""
 
 from __future__ import annotations
 

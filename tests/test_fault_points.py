@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import orch_env, requires_tmux, wait_until
+from e2e_helpers import group_alive, orch_env, requires_tmux, wait_until
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -51,3 +51,28 @@ def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp
         assert shapes == [{"oom_floor_mib": FLOOR_MIB, "samples": 0}], shapes
         ends = orch.query("SELECT kind FROM events WHERE kind LIKE 'end:%'")
         assert ends == [{"kind": "end:oom"}]
+
+
+def test_a_daemon_killed_after_marking_an_attempt_hung_kills_and_counts_it_once(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        orch.write_suite("hang", {"hang": {"sim_mem_gib": 2, "sim_seconds": 2, "sim_fail": "hang"}},
+                         mem_gib=3, hang_timeout_s=3)
+        orch.submit("hang", "1:a")
+        orch.env["ORCH_FAULT_POINT"] = "after_mark_hung"
+        orch.run("daemon", "start", "--poll", "0.2")
+        log = Path(str(orch.db) + ".daemon.log")
+        wait_until(lambda: "fault point after_mark_hung reached" in log.read_text(errors="replace") or None, 60,
+                   "the daemon to stop at the fault point")
+        wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+        (marked,) = orch.attempts()
+        assert marked["kill_requested"] == "hung" and marked["outcome"] is None
+        assert group_alive(int(marked["pgid"]))  # the daemon died before it killed the worker
+
+        del orch.env["ORCH_FAULT_POINT"]
+        orch.start_daemon()
+        assert orch.wait_all_done(60) == {1: "failed"}
+        attempts = orch.attempts(1)  # killed by the restarted daemon, retried once, hung again
+        assert [(a["outcome"], a["reason"], a["kill_requested"]) for a in attempts] == [("failed", "hung", "hung")] * 2
+        assert len(orch.query("SELECT 1 FROM events WHERE kind = 'hung'")) == 2
+        for row in attempts:
+            assert row["pgid"] and not group_alive(int(row["pgid"]))

@@ -103,10 +103,15 @@ def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:
 
 def mark_hung(store: Store, attempt: Attempt, message: str) -> Attempt:
     """Record that orch kills the attempt as hung, with its event, in one transaction; returns
-    the attempt as now stored."""
+    the attempt as now stored. Marked already (by a daemon that died before killing it): no
+    second event."""
     with store.write():
-        store.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [KillRequest.HUNG.value, attempt.id])
-        add_event(store, "hung", message, job_id=attempt.job_id, attempt_id=attempt.id)
+        cursor = store.execute(
+            "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NOT ?",
+            [KillRequest.HUNG.value, attempt.id, KillRequest.HUNG.value],
+        )
+        if cursor.rowcount:
+            add_event(store, "hung", message, job_id=attempt.job_id, attempt_id=attempt.id)
         fresh = read_attempt(store, attempt.id)
     assert fresh is not None  # updated just now, in this transaction
     return fresh
