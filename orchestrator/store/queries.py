@@ -217,17 +217,3 @@ def last_seen_gpu_indices(store: Store) -> list[int] | None:
 def suite_names(store: Store) -> list[str]:
     """Every suite that has jobs in this state.db."""
     return [r["suite"] for r in store.query("SELECT DISTINCT suite FROM jobs ORDER BY suite")]
-
-
-def succeeded_attempts(store: Store, suite: str | None = None) -> list[dict[str, Any]]:
-    """Each succeeded job with its succeeding attempt: where its result is and how it ran."""
-    sql = (
-        "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
-        "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json FROM jobs j JOIN attempts a "
-        "ON a.job_id = j.id AND a.outcome = 'succeeded' WHERE j.state = 'succeeded'"
-    )
-    params: list[str] = []
-    if suite is not None:
-        sql += " AND j.suite = ?"
-        params.append(suite)
-    return store.query(sql + " ORDER BY j.id", params)
