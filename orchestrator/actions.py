@@ -5,13 +5,14 @@ from __future__ import annotations
 from enum import Enum
 
 from orchestrator.daemon_state import daemon_alive
-from orchestrator.errors import UsageError
-from orchestrator.lifecycle import JobState
+from orchestrator.errors import JobNotFound, UsageError
+from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.reconcile import group_is_ours
 from orchestrator.store.control import request_stop, unpause_suite
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import cancel_queued, transition
-from orchestrator.store.queries import get_job
+from orchestrator.store.queue import job_by_id
+from orchestrator.store.rows import Job
 
 
 class Done(str, Enum):
@@ -21,7 +22,7 @@ class Done(str, Enum):
     SKIPPED = "skipped"  # nothing to do in its state
 
 
-def _stop_running(store: Store, job_id: int, why: str) -> bool:
+def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
     """Ask for the live attempt to be stopped; the daemon records the end. Without a daemon,
     kill the process group here so nothing keeps running unseen."""
     live = request_stop(store, job_id, why)
@@ -37,11 +38,11 @@ def _stop_running(store: Store, job_id: int, why: str) -> bool:
 
 def cancel_job(store: Store, job_id: int) -> Done:
     """Raises JobNotFound for an unknown id."""
-    state = get_job(store, job_id).state
+    state = _job(store, job_id).state
     if state is JobState.QUEUED:
         cancel_queued(store, job_id, "cancelled by user")
         return Done.CANCELLED
-    if state is JobState.RUNNING and _stop_running(store, job_id, "cancel"):
+    if state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.CANCEL):
         return Done.STOPPING
     return Done.SKIPPED
 
@@ -49,16 +50,23 @@ def cancel_job(store: Store, job_id: int) -> Done:
 def retry_job(store: Store, job_id: int) -> Done:
     """Requeue a failed or cancelled job (attempt budget renewed); restart a running one.
     Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
-    job = get_job(store, job_id)
+    job = _job(store, job_id)
     if job.state in (JobState.FAILED, JobState.CANCELLED):
         transition(
             store, job_id, JobState.QUEUED, message="requeued by orch retry", kind="retry",
             fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
         )
         return Done.REQUEUED
-    if job.state is JobState.RUNNING and _stop_running(store, job_id, "retry"):
+    if job.state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.RETRY):
         return Done.STOPPING
     raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
+
+
+def _job(store: Store, job_id: int) -> Job:
+    job = job_by_id(store, job_id)
+    if job is None:
+        raise JobNotFound(f"no job {job_id} (see `orch jobs`)")
+    return job
 
 
 def resume_suite(store: Store, suite: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator import faults
 from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
@@ -39,10 +40,11 @@ from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
+from orchestrator.lifecycle import KillRequest
 from orchestrator.notify import Watcher
 from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
-from orchestrator.prediction import JobShapeCache, attempt_shape_key, job_worker_output
+from orchestrator.prediction import JobShapeCache, attempt_shape_key
 from orchestrator.reconcile import (
     Observation,
     Verdict,
@@ -56,11 +58,24 @@ from orchestrator.reconcile import (
 )
 from orchestrator.rundir_files import RunDir
 from orchestrator.stdout_follow import OutputFollower, follows_stdout
-from orchestrator.store.attempts import live_attempts, update_attempt
+from orchestrator.store.attempts import attempt_closed, update_attempt
+from orchestrator.store.daemon_row import (
+    any_live_attempt,
+    daemon_control,
+    data_version,
+    live_host_held_mib,
+    live_run_dirs,
+    register_daemon,
+    unregister_daemon,
+    write_heartbeat,
+)
 from orchestrator.store.db import Store, now_s
+from orchestrator.store.endings import mark_hung
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
+from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.resources import learn_host_shape, write_host_reading
+from orchestrator.store.rows import Attempt, Job
 from orchestrator.track_resources import ResourceTracker
 
 log = logging.getLogger(__name__)
@@ -136,6 +151,7 @@ class Daemon:
     def run(self) -> None:
         """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
         os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
+        faults.arm_from_env()  # crash-recovery tests only: exit at a named point
         self._lock.acquire()
         self.started_at_s = now_s()  # after the lock: no other daemon launches from here on
         try:
@@ -158,9 +174,8 @@ class Daemon:
                     log.exception("tick failed; continuing")
                 self._idle_until(started + self.settings.poll_s)
         finally:
-            with contextlib.suppress(Exception), self.store.write():
-                self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
-                add_event(self.store, "daemon", "daemon stopped; running workers keep running")
+            with contextlib.suppress(Exception):
+                unregister_daemon(self.store, now_s(), "daemon stopped; running workers keep running")
             self._close_idle_launcher()
             with contextlib.suppress(Exception):
                 self.notifier.poll()  # what ended in the last pass
@@ -172,7 +187,7 @@ class Daemon:
         """Nothing orch started for itself outlives it: with no attempt left running, the
         launcher's own server (tmux) goes too. Workers still running keep it, to be adopted."""
         with contextlib.suppress(Exception):
-            if self.store.query("SELECT 1 FROM attempts WHERE outcome IS NULL LIMIT 1"):
+            if any_live_attempt(self.store):
                 return
             close = getattr(self.launcher, "kill_server", None)
             if callable(close):
@@ -193,7 +208,7 @@ class Daemon:
 
     def _data_version(self) -> int:
         # Changes only when another connection commits; our own heartbeat writes do not count.
-        return int(self.store.db.execute("PRAGMA data_version").fetchone()[0])
+        return data_version(self.store)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop.set()
@@ -201,29 +216,22 @@ class Daemon:
     def _register(self) -> None:
         """Record this daemon in state.db, unless another live daemon is recorded there: a second
         guard beside the lock file, for the same state.db reached through a hard link."""
-        create_time = psutil.Process().create_time()
-        with self.store.write():
-            rows = self.store.query("SELECT pid, proc_create_time FROM daemon WHERE id = 1")
-            if rows and rows[0]["pid"] and rows[0]["pid"] != os.getpid() and process_matches(rows[0]["pid"], rows[0]["proc_create_time"]):
+        def refuse_live(pid: int | None, proc_create_time: float | None) -> None:
+            if pid and pid != os.getpid() and process_matches(pid, proc_create_time):
                 raise DaemonError(
-                    f"a daemon is already running for this state.db (pid {rows[0]['pid']}); "
+                    f"a daemon is already running for this state.db (pid {pid}); "
                     "`orch daemon status` shows it, `orch daemon stop` stops it"
                 )
-            self.store.db.execute(
-                "INSERT INTO daemon (id, pid, proc_create_time, started_at, heartbeat_at, draining, stop_requested) "
-                "VALUES (1, ?, ?, ?, ?, 0, 0) ON CONFLICT(id) DO UPDATE SET pid = excluded.pid, "
-                "proc_create_time = excluded.proc_create_time, started_at = excluded.started_at, "
-                "heartbeat_at = excluded.heartbeat_at, draining = 0, stop_requested = 0",
-                [os.getpid(), create_time, now_s(), now_s()],
-            )
+
+        register_daemon(self.store, os.getpid(), psutil.Process().create_time(), now_s(), refuse_live)
 
     # -- one tick --------------------------------------------------------------------------
 
     def tick(self) -> bool:
         """One pass. Returns True when the daemon should exit (stop requested, or drained)."""
-        control = self.store.query("SELECT draining, stop_requested FROM daemon WHERE id = 1")
-        draining = bool(control and control[0]["draining"])
-        if control and control[0]["stop_requested"]:
+        control = daemon_control(self.store)
+        draining = control.draining
+        if control.stop_requested:
             return True
         self._check_disk()
         snapshots = self.probe.snapshot()
@@ -246,10 +254,7 @@ class Daemon:
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
             now_s(),
         )
-        self._exit_files = [
-            RunDir(row["run_dir"]).exit
-            for row in self.store.query("SELECT run_dir FROM attempts WHERE outcome IS NULL")
-        ]
+        self._exit_files = [RunDir(run_dir).exit for run_dir in live_run_dirs(self.store)]
         return False
 
     def _hold_reason(self) -> str | None:
@@ -286,112 +291,110 @@ class Daemon:
         self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
         still_live = 0
-        live = live_attempts(self.store)
-        tenants = Counter(a["gpu_uuid"] for a in live)
-        self._rates = {a["id"]: r for a, r in ((a, self._rates.get(a["id"])) for a in live) if r is not None}
+        live, jobs = live_attempts_with_jobs(self.store)
+        tenants = Counter(a.gpu_uuid for a in live)
+        self._rates = {a.id: r for a, r in ((a, self._rates.get(a.id)) for a in live) if r is not None}
         try:  # one batched question to the backend per tick (Slurm: squeue)
-            remote = self.launcher.poll(live)
+            remote = self.launcher.poll([(a, jobs[a.job_id]) for a in live])
         except Exception:  # a failed poll never fails a job: nothing is concluded this tick
             log.warning("executor poll failed", exc_info=True)
             remote = None
         for attempt in live:
             try:
+                job = jobs[attempt.job_id]
                 if self._is_remote(attempt):
-                    still_live += self._reconcile_remote(attempt, remote, tenants)
+                    still_live += self._reconcile_remote(attempt, job, remote, tenants)
                     continue
-                still_live += self._reconcile_one(attempt, by_uuid.get(attempt["gpu_uuid"]), tenants[attempt["gpu_uuid"]])
+                still_live += self._reconcile_one(attempt, job, by_uuid.get(attempt.gpu_uuid), tenants[attempt.gpu_uuid])
             except Exception as exc:
                 still_live += 1
                 self._record_attempt_error(attempt, exc)
-        self.output.keep_only(a["id"] for a in live)  # those closed now go at the next pass
+        self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         return still_live
 
-    def _record_attempt_error(self, attempt: dict[str, Any], exc: Exception) -> None:
+    def _record_attempt_error(self, attempt: Attempt, exc: Exception) -> None:
         """Record the error against the attempt (once per distinct message); after
         MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
-        message = f"attempt {attempt['n']}: error while checking it: {type(exc).__name__}: {exc}"[:500]
-        count = self._attempt_error_counts.get(attempt["id"], 0) + 1
-        self._attempt_error_counts[attempt["id"]] = count
-        if self._attempt_errors.get(attempt["id"]) != message:
-            self._attempt_errors[attempt["id"]] = message
+        message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
+        count = self._attempt_error_counts.get(attempt.id, 0) + 1
+        self._attempt_error_counts[attempt.id] = count
+        if self._attempt_errors.get(attempt.id) != message:
+            self._attempt_errors[attempt.id] = message
             log.warning("%s", message, exc_info=True)
             with contextlib.suppress(Exception), self.store.write():
-                add_event(self.store, "error", message, job_id=attempt["job_id"], attempt_id=attempt["id"])
+                add_event(self.store, "error", message, job_id=attempt.job_id, attempt_id=attempt.id)
         if count >= MAX_ATTEMPT_ERRORS:
             with contextlib.suppress(Exception):
                 abandon(self.store, attempt, message)
 
-    def _reconcile_one(self, attempt: dict[str, Any], gpu: GpuSnapshot | None, tenants: int) -> int:
-        run_dir = Path(attempt["run_dir"])
+    def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
+        run_dir = Path(attempt.run_dir)
         obs = observe(run_dir, now_s(), attempt)
-        if not obs.pid_file_present and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
+        if not obs.pid_file_present and obs.exit_record is None and attempt.window_id and attempt.launcher == self.launcher.name:
             try:
-                obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
+                obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt.window_id)))
             except Exception:  # the launcher could not tell: wait out the grace period
-                log.warning("cannot check window %s of attempt %s", attempt["window_id"], attempt["id"], exc_info=True)
-        obs = self._with_stdout_progress(attempt, obs)
-        verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s)
+                log.warning("cannot check window %s of attempt %s", attempt.window_id, attempt.id, exc_info=True)
+        obs = self._with_stdout_progress(attempt, job, obs)
+        verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
         if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
             verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
         if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
             self._track(attempt, obs, gpu)
-            self._learn_rate(attempt, obs, tenants)
+            self._learn_rate(attempt, job, obs, tenants)
         disk_full = self.disk is not None and self.disk.full
-        if verdict is Verdict.ALIVE and attempt["kill_requested"]:
-            self._kill(attempt, obs)
+        if verdict is Verdict.ALIVE and attempt.kill_requested:
+            self._kill(attempt, job, obs)
             return 1
         if verdict is Verdict.HUNG:
-            update_attempt(self.store, attempt["id"], kill_requested="hung")
-            with self.store.write():
-                add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s (no progress.jsonl line, stdout.log not growing): killing it",
-                          job_id=attempt["job_id"], attempt_id=attempt["id"])
-            hung = {**attempt, "kill_requested": "hung"}
-            self._kill(hung, obs)
+            hung = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
+            faults.reach("after_mark_hung")
+            self._kill(hung, job, obs)
             complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
         elif verdict is Verdict.FINISHED:
-            self._learn_host(attempt)
+            self._learn_host(attempt, job)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
             self._cleanup(attempt)
         elif verdict is Verdict.LOST:
             if (why := disagreement(attempt, obs)) is not None:
-                log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
+                log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
             complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full)
             self._cleanup(attempt)
         else:
             return 1
-        self._attempt_errors.pop(attempt["id"], None)
-        self._attempt_error_counts.pop(attempt["id"], None)
+        self._attempt_errors.pop(attempt.id, None)
+        self._attempt_error_counts.pop(attempt.id, None)
         return 0
 
-    def _is_remote(self, attempt: dict[str, Any]) -> bool:
-        return bool(self.launcher.remote and (attempt.get("executor") or attempt.get("launcher")) in (None, self.launcher.name))
+    def _is_remote(self, attempt: Attempt) -> bool:
+        return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))
 
-    def _cleanup(self, attempt: dict[str, Any]) -> None:
+    def _cleanup(self, attempt: Attempt) -> None:
         """Once the attempt's end is recorded: close what its executor kept open (a tmux window)."""
-        if self.store.query("SELECT 1 FROM attempts WHERE id = ? AND outcome IS NOT NULL", [attempt["id"]]):
+        if attempt_closed(self.store, attempt.id):
             self.launcher.cleanup(attempt)
 
     def _reconcile_remote(
-        self, attempt: dict[str, Any], remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
+        self, attempt: Attempt, job: Job, remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
     ) -> int:
         """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
-        obs = observe(Path(attempt["run_dir"]), now_s(), attempt)
-        status = (remote or {}).get(int(attempt["id"])) if remote is not None else None
+        obs = observe(Path(attempt.run_dir), now_s(), attempt)
+        status = (remote or {}).get(attempt.id) if remote is not None else None
         if status is not None:
             shown = status.state if status.kind != "queued" else f"{status.state} ({status.reason})"
             fields: dict[str, Any] = {}
-            if shown != attempt.get("executor_state"):
+            if shown != attempt.executor_state:
                 fields["executor_state"] = shown
-            if status.job_id and not attempt.get("executor_id"):
+            if status.job_id and not attempt.executor_id:
                 fields["executor_id"] = status.job_id  # adopted by name after a crash mid-submit
             if fields:
-                update_attempt(self.store, attempt["id"], **fields)
-                attempt = {**attempt, **fields}
+                update_attempt(self.store, attempt.id, **fields)
+                attempt = replace(attempt, **fields)
         obs = remote_observation(obs, status)
-        obs = self._with_stdout_progress(attempt, obs)
+        obs = self._with_stdout_progress(attempt, job, obs)
         end = remote_end(attempt, obs, status, remote is not None, self.started_at_s)
         if end is None:
-            verdict = judge(attempt, obs, float(attempt["hang_timeout_s"]), self.started_at_s) if obs.pid_record else Verdict.PENDING
+            verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s) if obs.pid_record else Verdict.PENDING
             if verdict is Verdict.LOST:
                 verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
         else:
@@ -399,13 +402,13 @@ class Daemon:
         if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
             # its pid and group live on the node, not here: never recorded as killable locally
             self._track(attempt, replace(obs, pid_record=None), None)
-            self._learn_rate(attempt, obs, tenants[attempt["gpu_uuid"]])
-        if verdict in (Verdict.ALIVE, Verdict.PENDING) and attempt["kill_requested"]:
-            self._kill(attempt, obs)
+            self._learn_rate(attempt, job, obs, tenants[attempt.gpu_uuid])
+        if verdict in (Verdict.ALIVE, Verdict.PENDING) and attempt.kill_requested:
+            self._kill(attempt, job, obs)
             return 1
         if verdict is Verdict.HUNG:
-            update_attempt(self.store, attempt["id"], kill_requested="hung")
-            self._kill(attempt, obs)
+            update_attempt(self.store, attempt.id, kill_requested=KillRequest.HUNG.value)
+            self._kill(attempt, job, obs)
             return 1
         if verdict is Verdict.FINISHED:
             complete(self.store, attempt, obs, self.cache)
@@ -413,26 +416,26 @@ class Daemon:
         if verdict is Verdict.LOST:
             assert isinstance(end, tuple)
             complete(self.store, attempt, obs, self.cache, lost=True, remote_end=end)
-            self._cancel_sent.discard(int(attempt["id"]))
+            self._cancel_sent.discard(attempt.id)
             return 0
         return 1
 
-    def _with_stdout_progress(self, attempt: dict[str, Any], obs: Observation) -> Observation:
+    def _with_stdout_progress(self, attempt: Attempt, job: Job, obs: Observation) -> Observation:
         """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
-        if obs.last_progress_at is not None or not obs.pid_file_present or not follows_stdout(attempt["worker"]):
+        if obs.last_progress_at is not None or not obs.pid_file_present or not follows_stdout(job.worker):
             return obs
-        regex = job_worker_output(attempt).get("progress_regex")
+        regex = job.worker_output.get("progress_regex")
         try:
-            parsed = self.output.progress(int(attempt["id"]), Path(attempt["run_dir"]), regex if isinstance(regex, str) else None)
+            parsed = self.output.progress(attempt.id, Path(attempt.run_dir), regex if isinstance(regex, str) else None)
         except Exception:  # output we cannot parse must not stop the pass: progress is only shown
-            log.warning("cannot read the output of attempt %s", attempt["id"], exc_info=True)
+            log.warning("cannot read the output of attempt %s", attempt.id, exc_info=True)
             return obs
         return replace(obs, last_progress=parsed) if parsed is not None else obs
 
-    def _track(self, attempt: dict[str, Any], obs: Observation, gpu: GpuSnapshot | None) -> None:
+    def _track(self, attempt: Attempt, obs: Observation, gpu: GpuSnapshot | None) -> None:
         fields: dict[str, Any] = {}
-        pid = attempt["pid"]
-        if attempt["pgid"] is None:
+        pid = attempt.pid
+        if attempt.pgid is None:
             group = proven_group(attempt, obs)
             if group is not None:  # the wrapper leads its own group: pgid = its pid
                 fields.update(pid=group[0], pgid=group[0], proc_create_time=group[1])
@@ -441,39 +444,36 @@ class Daemon:
         if gpu is not None and alive and pid:
             tree = self._trees.pids(int(pid))
             held = gpu.memory_of(tree)
-            if held != attempt["held_mib"]:
+            if held != attempt.held_mib:
                 fields["held_mib"] = held
-            if held > attempt["peak_mib"]:
+            if held > attempt.peak_mib:
                 fields["peak_mib"] = held
             fields.update(self.resources.fields(attempt, list(tree), self._by_uuid))
             held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
-            if not attempt["reached_peak"] and (progressed or held >= attempt["predicted_peak_mib"]):
+            if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):
                 fields["reached_peak"] = 1
-        if obs.last_progress_at and obs.last_progress_at != attempt["last_progress_at"]:
+        if obs.last_progress_at and obs.last_progress_at != attempt.last_progress_at:
             fields["last_progress_at"] = obs.last_progress_at
             fields["progress_json"] = json.dumps(obs.last_progress) if obs.last_progress else None
-        elif obs.last_progress_at is None and obs.last_progress is not None:  # parsed from stdout
-            dumped = json.dumps(obs.last_progress)
-            if dumped != attempt["progress_json"]:
-                fields["progress_json"] = dumped
-                fields["last_progress_at"] = obs.last_output_at
+        elif obs.last_progress_at is None and obs.last_progress is not None and obs.last_progress != attempt.progress:
+            fields["progress_json"] = json.dumps(obs.last_progress)  # parsed from stdout
+            fields["last_progress_at"] = obs.last_output_at
         if fields:
-            update_attempt(self.store, attempt["id"], **fields)
+            update_attempt(self.store, attempt.id, **fields)
 
-    def _learn_host(self, attempt: dict[str, Any]) -> None:
+    def _learn_host(self, attempt: Attempt, job: Job) -> None:
         """A finished attempt's host RAM and CPU peaks teach its shape."""
-        self.resources.forget(int(attempt["id"]))
-        if not attempt.get("host_peak_mib"):
+        self.resources.forget(attempt.id)
+        if not attempt.host_peak_mib:
             return
         try:
-            job = self.store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
             learn_host_shape(self.store, attempt_shape_key(job, attempt, self.cache),
-                             int(attempt["host_peak_mib"]), attempt.get("cpu_peak_cores"))
+                             attempt.host_peak_mib, attempt.cpu_peak_cores)
         except Exception:  # a bad config row must not stop reconciling the others
-            log.warning("cannot record the host memory of attempt %s", attempt["id"], exc_info=True)
+            log.warning("cannot record the host memory of attempt %s", attempt.id, exc_info=True)
 
-    def _learn_rate(self, attempt: dict[str, Any], obs: Any, tenants: int) -> None:
+    def _learn_rate(self, attempt: Attempt, job: Job, obs: Any, tenants: int) -> None:
         """Samples/s of the attempt between two of its progress readings, recorded with the
         number of attempts on its card when both readings saw the same number."""
         step = (obs.last_progress or {}).get("step")
@@ -481,28 +481,28 @@ class Daemon:
         read_at = obs.last_progress_at if obs.last_progress_at is not None else obs.last_output_at
         if not isinstance(step, int) or isinstance(step, bool) or read_at is None:
             return
-        previous = self._rates.get(attempt["id"])
-        self._rates[attempt["id"]] = (step, float(read_at), tenants)
+        previous = self._rates.get(attempt.id)
+        self._rates[attempt.id] = (step, float(read_at), tenants)
         if previous is None or previous[2] != tenants:
             return
         try:
-            learn_rate(self.store, attempt, previous[:2], (step, float(read_at)), tenants, self.cache)
+            learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.cache)
         except Exception:  # a bad config row must not stop reconciling the others
-            log.warning("cannot record the rate of attempt %s", attempt["id"], exc_info=True)
+            log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
 
-    def _kill(self, attempt: dict[str, Any], obs: Observation | None) -> None:
+    def _kill(self, attempt: Attempt, job: Job, obs: Observation | None) -> None:
         """Stop the attempt's process group, only when orch can prove it started it."""
         if self._is_remote(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
-            if int(attempt["id"]) not in self._cancel_sent:
+            if attempt.id not in self._cancel_sent:
                 try:
-                    self.launcher.cancel(attempt)
-                    self._cancel_sent.add(int(attempt["id"]))
+                    self.launcher.cancel(attempt, job)
+                    self._cancel_sent.add(attempt.id)
                 except Exception:  # tried again next pass
-                    log.warning("cannot cancel attempt %s", attempt["id"], exc_info=True)
+                    log.warning("cannot cancel attempt %s", attempt.id, exc_info=True)
             return
         group = proven_group(attempt, obs)
         if group is None:
-            log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt["id"])
+            log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt.id)
             return
         if group_is_ours(*group):
             kill_process_group(group[0], grace_s=KILL_GRACE_S)
@@ -510,18 +510,10 @@ class Daemon:
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:
             reading = self.ctx.host.snapshot()
-            ours = sum(int(r["host_held_mib"] or 0) for r in self.store.query(
-                "SELECT host_held_mib FROM attempts WHERE outcome IS NULL"))
+            ours = live_host_held_mib(self.store)
             write_host_reading(self.store, {
                 "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
                 "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
             })
-        with self.store.write():
-            self.store.db.execute(
-                "UPDATE daemon SET heartbeat_at = ?, gpus_json = ? WHERE id = 1",
-                [now_s(), json.dumps([asdict(s) for s in snapshots])],
-            )
-            self.store.db.execute(
-                "UPDATE daemon SET disk_json = ? WHERE id = 1",
-                [json.dumps(self.disk.to_json()) if self.disk is not None else None],
-            )
+        write_heartbeat(self.store, now_s(), [asdict(s) for s in snapshots],
+                        self.disk.to_json() if self.disk is not None else None)

@@ -11,6 +11,7 @@ from typing import IO, Any
 
 from orchestrator.errors import DaemonError
 from orchestrator.reconcile import process_matches
+from orchestrator.store.daemon_row import daemon_row_fields
 from orchestrator.store.db import Store
 
 
@@ -109,8 +110,7 @@ def _lock_database_file(db_path: Path) -> int:
 
 def daemon_alive(store: Store) -> dict[str, Any] | None:
     """The running daemon's row, or None (the pid must be alive and be the recorded process)."""
-    rows = store.query("SELECT * FROM daemon WHERE id = 1")
-    if not rows or not rows[0]["pid"]:
+    row = daemon_row_fields(store)
+    if row is None or not row["pid"]:
         return None
-    row = rows[0]
     return row if process_matches(row["pid"], row["proc_create_time"]) else None

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
@@ -34,6 +32,7 @@ from orchestrator.prediction import (
     predict_for,
     shape_facts,
 )
+from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import host_state, predict_host_mib, running_attempts
 from orchestrator.store.attempts import (
     read_all_prompt_lengths,
@@ -44,12 +43,14 @@ from orchestrator.store.jobs import get_gpu_plan, transition
 from orchestrator.store.learning import read_throughput
 from orchestrator.store.queue import (
     jobs_by_id,
-    live_attempt_rows,
+    live_attempts_with_jobs,
     paused_suites,
     queued_jobs,
     succeeded_runs_since,
 )
+from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
+from orchestrator.store.rows import Attempt, Job, QueueEntry
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,12 @@ def refresh_durations(store: Store, cache: JobShapeCache) -> DurationTable:
     """Add the attempts that succeeded since the last call to the cached run-time table."""
     since = None if cache.durations_after_s is None else cache.durations_after_s - DURATIONS_OVERLAP_S
     for r in succeeded_runs_since(store, since):
-        if r["id"] in cache.durations_seen:
+        if r.attempt_id in cache.durations_seen:
             continue
-        cache.durations_seen[r["id"]] = r["ended_at"]
-        cache.durations.add(CompletedRun(r["config_name"], r["data"], r["level"], r["duration_s"]))
-        if cache.durations_after_s is None or r["ended_at"] > cache.durations_after_s:
-            cache.durations_after_s = r["ended_at"]
+        cache.durations_seen[r.attempt_id] = r.ended_at
+        cache.durations.add(CompletedRun(r.config_name, r.data, r.level, r.duration_s))
+        if cache.durations_after_s is None or r.ended_at > cache.durations_after_s:
+            cache.durations_after_s = r.ended_at
     if cache.durations_after_s is not None and len(cache.durations_seen) > 1000:
         oldest_s = cache.durations_after_s - 2 * DURATIONS_OVERLAP_S
         cache.durations_seen = {k: v for k, v in cache.durations_seen.items() if v >= oldest_s}
@@ -105,8 +106,7 @@ def schedule(
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
     start now (a full disk); every queued job shows it."""
     paused = paused_suites(store)
-    live = live_attempt_rows(store)
-    live_jobs = jobs_by_id(store, sorted({int(a["job_id"]) for a in live}))
+    live, live_jobs = live_attempts_with_jobs(store)
     durations = refresh_durations(store, cache)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
     running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
@@ -118,44 +118,44 @@ def schedule(
     queue: list[QueuedJob] = []
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
-    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(dict(j), a, cache)))
+    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(j, a, cache)))
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
     host_shapes = read_host_shapes(store)
     host_running: dict[str, int] = {}
     for a in live:
-        if a["job_id"] in live_jobs:
-            key = attempt_shape_key(dict(live_jobs[a["job_id"]]), a, cache)
-            host_running[key] = max(host_running.get(key, 0), int(a["host_peak_mib"] or 0))
-    predictions: dict[int, tuple[int, str]] = {}
+        if a.job_id in live_jobs:
+            key = attempt_shape_key(live_jobs[a.job_id], a, cache)
+            host_running[key] = max(host_running.get(key, 0), a.host_peak_mib)
+    predictions: dict[int, tuple[int, PredictionSource]] = {}
     host_predictions: dict[int, int] = {}
     for job in queued_rows:
-        facts = cache.jobs.get(job["id"])
+        facts = cache.jobs.get(job.id)
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
             continue
-        predicted_mib, source = predict_for(facts.shape, job, facts.level, shapes, prompt_lengths, cache, knowledge)
-        predictions[job["id"]] = (predicted_mib, source)
-        host_predictions[job["id"]], _ = predict_host_mib(
+        predicted_mib, source = predict_for(facts.shape, facts.shape.job, facts.level, shapes, prompt_lengths, cache, knowledge)
+        predictions[job.id] = (predicted_mib, source)
+        host_predictions[job.id], _ = predict_host_mib(
             host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
         queue.append(
             QueuedJob(
-                job_id=job["id"], priority=job["priority"], queued_seq=job["id"],
-                predicted_peak_mib=predicted_mib, waiting_since_s=job["queued_at"],
+                job_id=job.id, priority=job.priority, queued_seq=job.id,
+                predicted_peak_mib=predicted_mib, waiting_since_s=job.queued_at,
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
-                expected_duration_s=durations.expected_s(job["config_name"], job["data"], facts.level.index),
+                expected_duration_s=durations.expected_s(job.config_name, job.data, facts.level.index),
                 throughput_by_gpu=curves.get(facts.shape.shape_key),
-                min_stack_gain=job.get("min_stack_gain"),
-                gpus=facts.gpus, host_mib=host_predictions[job["id"]], cpus=facts.cpus, suite=job["suite"],
+                min_stack_gain=facts.min_stack_gain,
+                gpus=facts.gpus, host_mib=host_predictions[job.id], cpus=facts.cpus, suite=job.suite,
             )
         )
     if whole_queue:  # forget jobs that left the queue, and shapes no queued job has
-        queued_ids = {job["id"] for job in queued_rows}
+        queued_ids = {job.id for job in queued_rows}
         cache.jobs = {k: v for k, v in cache.jobs.items() if k in queued_ids}
         if len(cache.shapes) > 2 * len(cache.jobs) + 100:
             kept = {id(f.shape) for f in cache.jobs.values()}
             cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept}
     host = None
     if ctx.host is not None:
-        cpus_of_job = {j["id"]: j.get("cpus") for j in live_jobs.values()}
+        cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology,
@@ -167,76 +167,70 @@ def schedule(
     for placement in decision.placements:
         predicted, source = predictions[placement.job_id]
         if placement.capped:
-            predicted, source = placement.reserved_mib, f"{source}, capped at the largest card"
-        job, level = placed[placement.job_id], cache.jobs[placement.job_id].level
+            predicted, source = placement.reserved_mib, source.with_cap()
+        whole, level = placed[placement.job_id], cache.jobs[placement.job_id].level
         # the attempt records its changes as the script receives them (the suite's `keys:`)
-        claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level),
+        claimed = claim(store, ctx, whole, as_received(whole, level), attempt_config(whole, level),
                         by_index[placement.gpu_index], predicted, source, placement.reserved_mib,
                         tuple(by_index[i] for i in placement.all_gpus), host_predictions[placement.job_id])
         if claimed is not None:
             claims.append(claimed)
     launch_all(store, launcher, ctx, claims)
-    explained = queued_rows if whole_queue else [r for r in queued_rows if r["id"] in reasons]
+    explained = queued_rows if whole_queue else [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
 
 
 def _expected_end(
-    live_jobs: Mapping[int, Mapping[str, Any]], durations: DurationTable
-) -> Callable[[Mapping[str, Any]], float | None]:
+    live_jobs: Mapping[int, Job], durations: DurationTable
+) -> Callable[[Attempt], float | None]:
     """When a live attempt is expected to end: its start plus the learned run time of its kind."""
-    def end(a: Mapping[str, Any]) -> float | None:
-        job = live_jobs.get(a["job_id"])
-        expected = durations.expected_s(job["config_name"], job["data"], int(a["level"])) if job else None
-        return None if expected is None else float(a["started_at"]) + expected
+    def end(a: Attempt) -> float | None:
+        job = live_jobs.get(a.job_id)
+        expected = durations.expected_s(job.config_name, job.data, a.level) if job else None
+        return None if expected is None else a.started_at + expected
     return end
 
 
-def _declared_host_mib(job: Mapping[str, Any]) -> int | None:
+def _declared_host_mib(job: Job) -> int | None:
     """The config's `host_mem_gib` (RAM of the whole process tree), when it gives a number."""
-    value = json.loads(job["config_json"]).get("host_mem_gib")
+    value = job.config.get("host_mem_gib")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 65536:
         return None
     return round(value * 1024)
 
 
-def _learn_new_jobs(store: Store, rows: list[dict[str, Any]], cache: JobShapeCache) -> None:
+def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) -> None:
     """Level and shape facts for jobs not seen before, or whose level or host steps changed;
     a job whose ladder cannot be expanded fails here."""
-    stale = [r["id"] for r in rows if (f := cache.jobs.get(r["id"])) is None or f.key != (r["level"], r["host_steps_json"])]
+    stale = [r.id for r in rows if (f := cache.jobs.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
     if not stale:
         return
     for job in jobs_by_id(store, stale).values():
-        if job["state"] != JobState.QUEUED.value:
+        if job.state is not JobState.QUEUED:
             continue
         try:
             level = level_of(job, cache)
         except OrchError as exc:
-            cache.jobs.pop(job["id"], None)
+            cache.jobs.pop(job.id, None)
             fail_queued(store, job, f"invalid ladder: {exc}")
             continue
-        allowed = json.loads(job["allowed_gpus_json"]) if job["allowed_gpus_json"] else None
-        cache.jobs[job["id"]] = JobFacts(
-            key=(job["level"], job["host_steps_json"]), level=level, shape=shape_facts(job, level, cache),
-            allowed=frozenset(allowed) if allowed is not None else None,
-            gpus=int(job.get("gpus") or 1), cpus=job.get("cpus"), declared_host_mib=_declared_host_mib(job),
+        cache.jobs[job.id] = JobFacts(
+            key=(job.level, job.host_steps_json), level=level, shape=shape_facts(job, level, cache),
+            allowed=job.allowed_gpus, gpus=job.gpus, cpus=job.cpus, declared_host_mib=_declared_host_mib(job),
+            min_stack_gain=job.min_stack_gain,
         )
 
 
-def fail_queued(store: Store, job: dict[str, Any], reason: str) -> None:
+def fail_queued(store: Store, job: Job, reason: str) -> None:
     with contextlib.suppress(InvalidTransition):
-        transition(store, job["id"], JobState.FAILED, message=f"failed: {reason}", kind="fail",
+        transition(store, job.id, JobState.FAILED, message=f"failed: {reason}", kind="fail",
                    expect_from=[JobState.QUEUED], fields={"reason": reason})
 
 
-def write_wait_reasons(store: Store, rows: list[dict[str, Any]], reasons: dict[int, str], placed: set[int]) -> None:
+def write_wait_reasons(store: Store, rows: Sequence[Job | QueueEntry], reasons: dict[int, str], placed: set[int]) -> None:
     changed = [
-        (reasons.get(r["id"]), r["id"]) for r in rows
-        if r["id"] not in placed and reasons.get(r["id"]) != r["wait_reason"]
+        (reasons.get(r.id), r.id) for r in rows
+        if r.id not in placed and reasons.get(r.id) != r.wait_reason
     ]
-    if not changed:
-        return
-    with store.write():
-        store.db.conn.executemany(
-            "UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'", changed
-        )
+    store_wait_reasons(store, changed)

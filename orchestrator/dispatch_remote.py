@@ -16,6 +16,7 @@ from orchestrator.learned import Knowledge
 from orchestrator.prediction import JobShapeCache, as_received, attempt_config, level_of, predict
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
 from orchestrator.store.db import Store
+from orchestrator.store.queue import live_attempt_count, paused_suites, queued_whole_jobs
 from orchestrator.waits import held_reason
 
 # The attempt row's GPU while the cluster, not orch, picks the card.
@@ -28,9 +29,9 @@ def schedule_remote(
 ) -> int:
     """Submit what the queue limit allows; returns how many were submitted. `hold`: why nothing
     may start now (a full disk, an unsafe runs dir), shown on every queued job."""
-    paused = {r["suite"] for r in store.query("SELECT suite FROM paused_suites")}
-    queued = store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
-    in_queue = int(store.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"])
+    paused = set(paused_suites(store))
+    queued = queued_whole_jobs(store)
+    in_queue = live_attempt_count(store)
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
     knowledge = Knowledge(shapes, {})
@@ -38,12 +39,12 @@ def schedule_remote(
     placed: set[int] = set()
     claims: list[Claim] = []
     for job in queued:
-        held_back = held_reason(job, paused, draining, hold)
+        held_back = held_reason(job.suite, paused, draining, hold)
         if held_back is not None:
-            reasons[job["id"]] = held_back
+            reasons[job.id] = held_back
             continue
         if in_queue >= max_in_queue:
-            reasons[job["id"]] = f"{in_queue} attempts already submitted to Slurm (--max-in-queue {max_in_queue})"
+            reasons[job.id] = f"{in_queue} attempts already submitted to Slurm (--max-in-queue {max_in_queue})"
             continue
         try:
             level = level_of(job, cache)
@@ -54,7 +55,7 @@ def schedule_remote(
         claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level), CLUSTER_GPU, predicted_mib, source, 0)
         if claimed is not None:
             claims.append(claimed)
-        placed.add(job["id"])
+        placed.add(job.id)
         in_queue += 1
     launch_all(store, executor, ctx, claims)
     write_wait_reasons(store, queued, reasons, placed)

@@ -3,7 +3,6 @@ write its run dir and ask the launcher, several at once."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -21,11 +20,13 @@ from orchestrator.ladder import Level
 from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
+from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
+from orchestrator.store.rows import Attempt, Job
 
 
 @dataclass(frozen=True)
@@ -42,18 +43,18 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
-def run_dir_for(ctx: DispatchContext, job: dict[str, Any], n: int) -> Path:
-    job_dir = f"{job['id']:06d}-{_safe_name(job['config_name'])}-s{job['seed']}-{_safe_name(job['data'])}"
-    return ctx.runs_dir / _safe_name(job["suite"]) / job_dir / f"attempt-{n}"
+def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
+    job_dir = f"{job.id:06d}-{_safe_name(job.config_name)}-s{job.seed}-{_safe_name(job.data)}"
+    return ctx.runs_dir / _safe_name(job.suite) / job_dir / f"attempt-{n}"
 
 
 @dataclass(frozen=True)
 class Claim:
     """An attempt written as started (the job moved to running), its worker not yet launched."""
 
-    job: dict[str, Any]
+    job: Job
     gpu: GpuSnapshot
-    attempt: dict[str, Any]
+    attempt: Attempt
     config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
     cards: tuple[GpuSnapshot, ...] = ()  # a multi-GPU job's cards in order (gpu is the first)
 
@@ -89,7 +90,7 @@ def launch_all(
             continue
         # The launcher's pid and the create time read now are what later proves which process
         # group is this attempt's; nothing the worker writes can change them.
-        update_attempt(store, claimed.attempt["id"], launcher=outcome.launcher, window_id=outcome.window_id,
+        update_attempt(store, claimed.attempt.id, launcher=outcome.launcher, window_id=outcome.window_id,
                        pid=outcome.pid, proc_create_time=_create_time(outcome.pid),
                        executor=outcome.launcher, executor_id=outcome.executor_id or outcome.window_id)
 
@@ -120,12 +121,12 @@ def _launch_one(launcher: Launcher, spec: LaunchSpec) -> LaunchHandle | Exceptio
 def claim(
     store: Store,
     ctx: DispatchContext,
-    job: dict[str, Any],
+    job: Job,
     level: Level,
     config: dict[str, Any],
     gpu: GpuSnapshot,
     predicted_mib: int,
-    source: str,
+    source: PredictionSource,
     reserved_mib: int,
     cards: tuple[GpuSnapshot, ...] = (),
     host_mib: int = 0,
@@ -134,7 +135,7 @@ def claim(
     A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
     uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
     plan = AttemptPlan(
-        job_id=job["id"], gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
+        job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
         level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
@@ -150,23 +151,23 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
     """Run dir and launch spec of one claimed attempt; no database access (it runs in a pool)."""
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
-    run_dir = Path(attempt["run_dir"])
+    run_dir = Path(attempt.run_dir)
     try:
         env = build_worker_env(
-            gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job["seed"],
-            suite_env=json.loads(job["env_json"]),
-            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job["id"]), "ORCH_ATTEMPT": str(attempt["n"]),
+            gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
+            suite_env=dict(job.env),
+            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir)},
         )
         prepare_run_dir(run_dir, claimed.config, env)
         argv = build_argv(
-            job["worker"], config_path=RunDir(run_dir).config, run_dir=run_dir,
-            values={"seed": str(job["seed"]), "data": job["data"], "job": str(job["id"]),
-                    "nproc": str(len(cards)), "port": str(attempt["port"])}, config=claimed.config,
+            job.worker, config_path=RunDir(run_dir).config, run_dir=run_dir,
+            values={"seed": str(job.seed), "data": job.data, "job": str(job.id),
+                    "nproc": str(len(cards)), "port": str(attempt.port)}, config=claimed.config,
         )
     except (OSError, ValueError, OrchError, LauncherError) as exc:
         return exc
-    return LaunchSpec(job_id=job["id"], attempt_id=attempt["id"], window_name=f"job{job['id']}-{_safe_name(job['config_name'])[:30]}",
+    return LaunchSpec(job_id=job.id, attempt_id=attempt.id, window_name=f"job{job.id}-{_safe_name(job.config_name)[:30]}",
                       argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
-                      meta={"suite": job["suite"], "n": attempt["n"], "predicted_peak_mib": attempt["predicted_peak_mib"],
-                            "run_alone": bool(attempt["run_alone"]), "slurm": json.loads(job.get("slurm_json") or "{}")})
+                      meta={"suite": job.suite, "n": attempt.n, "predicted_peak_mib": attempt.predicted_peak_mib,
+                            "run_alone": attempt.run_alone, "slurm": dict(job.slurm)})

@@ -7,7 +7,6 @@ Built once per pass from rows already read; the choices themselves are the pure 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,45 +21,38 @@ from orchestrator.shapes import (
     provisional_step_reached,
     task_transfer,
 )
+from orchestrator.store.rows import Attempt, Job
 from orchestrator.throughput import curves_by_gpu
 
 
-def attempt_step(attempt: Mapping[str, Any]) -> int | None:
+def attempt_step(attempt: Attempt) -> int | None:
     """The last step a live attempt reported (progress_json), None before its first."""
-    try:
-        progress = json.loads(attempt.get("progress_json") or "null")
-    except ValueError:
-        return None
-    step = progress.get("step") if isinstance(progress, dict) else None
+    step = attempt.progress.get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
-def attempt_peak_so_far(attempt: Mapping[str, Any]) -> int:
+def attempt_peak_so_far(attempt: Attempt) -> int:
     """The most its process tree held (NVML), or the worker's own report if that is larger."""
-    peak = int(attempt.get("peak_mib") or 0)
-    try:
-        progress = json.loads(attempt.get("progress_json") or "null")
-    except ValueError:
-        progress = None
-    reported = progress.get("peak_mem_mib") if isinstance(progress, dict) else None
+    peak = attempt.peak_mib
+    reported = attempt.progress.get("peak_mem_mib")
     if isinstance(reported, (int, float)) and not isinstance(reported, bool) and 0 < reported < 1 << 24:
         peak = max(peak, int(reported))
     return peak
 
 
-def eval_every_steps(job: Mapping[str, Any]) -> int | None:
-    value = json.loads(job["config_json"]).get("eval_every_steps")
+def eval_every_steps(job: Job) -> int | None:
+    value = job.config.get("eval_every_steps")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def running_peaks(
-    live: Iterable[Mapping[str, Any]], jobs: Mapping[int, Mapping[str, Any]], key_of: Callable[[Mapping[str, Any], Mapping[str, Any]], str]
+    live: Iterable[Attempt], jobs: Mapping[int, Job], key_of: Callable[[Job, Attempt], str]
 ) -> dict[str, RunningPeak]:
     """Shape key -> peak so far of its live attempts that passed step K (and their first
     evaluation). `key_of(job, attempt)` is the attempt's shape key."""
     passed: list[tuple[str, int, int]] = []
     for attempt in live:
-        job = jobs.get(int(attempt["job_id"]))
+        job = jobs.get(attempt.job_id)
         step = attempt_step(attempt)
         if job is None or step is None or not provisional_step_reached(step, eval_every_steps(job)):
             continue

@@ -24,6 +24,14 @@ class AttemptOutcome(str, Enum):
     CANCELLED = "cancelled"
 
 
+class KillRequest(str, Enum):
+    """Why an attempt is to be stopped (attempts.kill_requested)."""
+
+    CANCEL = "cancel"  # orch cancel: the job ends cancelled
+    RETRY = "retry"  # orch retry: the job is requeued
+    HUNG = "hung"  # silent past its hang timeout: killed by the daemon
+
+
 TERMINAL_STATES: frozenset[JobState] = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
 )

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.shapes import RunningPeak, Transfer, measured_margin, running_margin
 
 MIB = 1024 * 1024
@@ -291,10 +292,7 @@ class ShapeMemory:
 @dataclass(frozen=True)
 class Prediction:
     mib: int
-    # "measured" | "measured (running, step N)" | "measured (level J peak)" | "measured (TASK
-    # peak at ...)" | "estimate" | "declared" | "none" (nothing known: 0 MiB) | "OOM floor"
-    # (an earlier OOM of the shape raised the figure above what the other sources say)
-    source: str
+    source: PredictionSource  # OOM_FLOOR: an earlier OOM of the shape raised the figure above the others
 
 
 def _max(*values: int | None) -> int | None:
@@ -348,26 +346,26 @@ def predict_peak_mib(
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         peak_mib = max(measured.peak_mib, running.peak_mib if running is not None else 0)
-        prediction = Prediction(math.ceil(peak_mib * (1 + margin)), "measured")
+        prediction = Prediction(math.ceil(peak_mib * (1 + margin)), PredictionSource(SourceKind.MEASURED))
     elif running is not None:
         prediction = Prediction(
             math.ceil(running.peak_mib * (1 + running_margin(running.step))),
-            f"measured (running, step {running.step})",
+            PredictionSource(SourceKind.RUNNING, step=running.step),
         )
     elif transfer is not None:
         margin = measured_margin(1) if margin_fraction is None else margin_fraction
-        prediction = Prediction(math.ceil(transfer.mib * (1 + margin)), f"measured ({transfer.source})")
+        prediction = Prediction(math.ceil(transfer.mib * (1 + margin)), transfer.source)
     elif estimated_mib is not None:
-        prediction = Prediction(estimated_mib, "estimate")
+        prediction = Prediction(estimated_mib, PredictionSource(SourceKind.ESTIMATE))
     elif declared_mib is not None:
-        prediction = Prediction(declared_mib, "declared")
+        prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
-        prediction = Prediction(0, "none")
+        prediction = Prediction(0, PredictionSource(SourceKind.NONE))
     if measured is not None and measured.oom_floor_mib is not None:
         # the margin the measured peak gets: a floor equal to that peak must not outbid it
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         floor_mib = math.ceil(measured.oom_floor_mib * (1 + margin))
         if floor_mib > prediction.mib:
             # Say so: "declared" beside 6.6 GiB when the suite declared 4 GiB misleads.
-            return Prediction(floor_mib, "OOM floor")
+            return Prediction(floor_mib, PredictionSource(SourceKind.OOM_FLOOR))
     return prediction

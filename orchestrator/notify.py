@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState
 from orchestrator.store.db import Store
 from orchestrator.store.notify_queries import (
+    TerminalEvent,
     last_event_id,
     suite_counts,
     suite_notify_urls,
@@ -40,10 +41,10 @@ def check_urls(urls: Sequence[str], what: str = "--notify") -> None:
                              "(e.g. ntfy://TOPIC, slack://…, json://HOST:PORT/PATH)")
 
 
-def job_failed_line(job: dict[str, Any]) -> str:
-    reason = (job.get("reason") or "no reason recorded").splitlines()[0][:300]
-    return (f"orch: job {job['id']} failed ({job['suite']}/{job['config_name']} seed {job['seed']} "
-            f"{job['data']}): {reason}")
+def job_failed_line(event: TerminalEvent) -> str:
+    reason = (event.reason or "no reason recorded").splitlines()[0][:300]
+    return (f"orch: job {event.job_id} failed ({event.suite}/{event.config_name} seed {event.seed} "
+            f"{event.data}): {reason}")
 
 
 def suite_finished_line(suite: str, counts: dict[str, int], db: str) -> str:
@@ -97,14 +98,14 @@ class Watcher:
         events = terminal_events_since(self.store, self.cursor)
         if not events:
             return
-        self.cursor = max(e["event_id"] for e in events)
+        self.cursor = max(e.event_id for e in events)
         suites: dict[str, None] = {}
         for event in events:
-            suites[event["suite"]] = None
-            if event["to_state"] == "failed":
-                urls = self._urls(event["suite"])
+            suites[event.suite] = None
+            if event.to_state == JobState.FAILED.value:
+                urls = self._urls(event.suite)
                 if urls:
-                    self.sender.send(urls, f"orch: job {event['id']} failed", job_failed_line(event))
+                    self.sender.send(urls, f"orch: job {event.job_id} failed", job_failed_line(event))
         for suite in suites:
             counts = suite_counts(self.store, suite)
             if counts.get("queued", 0) == 0 and counts.get("running", 0) == 0:

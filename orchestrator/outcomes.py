@@ -11,9 +11,9 @@ from typing import Any
 
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
-from orchestrator.ladder import retry_decision, with_host_settings
+from orchestrator.ladder import Level, retry_decision, with_host_settings
 from orchestrator.launch.base import kill_process_group
-from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
 from orchestrator.prediction import (
@@ -24,7 +24,6 @@ from orchestrator.prediction import (
     job_levels,
     job_prompt_length_key,
     job_shape_key,
-    job_worker_output,
 )
 from orchestrator.reconcile import (
     Observation,
@@ -35,16 +34,20 @@ from orchestrator.reconcile import (
 )
 from orchestrator.runfiles import read_gpu_peak_mib
 from orchestrator.stdout_parse import parse_result
-from orchestrator.store.attempts import (
-    AttemptEnd,
-    finish_attempt,
-    read_shape,
-    record_prompt_length,
-    write_shape,
-)
+from orchestrator.store.attempts import AttemptEnd
 from orchestrator.store.db import Store, now_s
-from orchestrator.store.jobs import add_event
-from orchestrator.store.learning import label_shape, record_throughput
+from orchestrator.store.endings import (
+    PromptLesson,
+    ShapeLesson,
+    close_attempt,
+    hung_attempts_before,
+    neighbours,
+    pause_suite,
+    recent_failure_durations,
+)
+from orchestrator.store.learning import record_throughput
+from orchestrator.store.queue import job_by_id
+from orchestrator.store.rows import Attempt, Job
 from orchestrator.throughput import interval_rate
 
 log = logging.getLogger(__name__)
@@ -53,7 +56,7 @@ RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched f
 KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
 
 
-def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
+def ensure_group_dead(attempt: Attempt, obs: Observation | None) -> bool:
     """Kill what is left of the attempt's process group; True once nothing of it lives.
 
     Never requeue before this is True: two live attempts of one job must not exist. Only a
@@ -65,18 +68,9 @@ def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
     return kill_process_group(group[0], grace_s=KILL_GRACE_S)
 
 
-def _neighbours(store: Store, attempt: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = store.query(
-        "SELECT a.job_id, a.held_mib, a.peak_mib, j.config_name FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        "WHERE a.gpu_index = ? AND a.id != ? AND (a.outcome IS NULL OR a.ended_at >= ?)",
-        [attempt["gpu_index"], attempt["id"], now_s() - 5.0],
-    )
-    return [{"job": r["job_id"], "config": r["config_name"], "held_mib": r["held_mib"], "peak_mib": r["peak_mib"]} for r in rows]
-
-
 def complete(
     store: Store,
-    attempt: dict[str, Any],
+    attempt: Attempt,
     obs: Observation | None,
     cache: JobShapeCache,
     *,
@@ -87,25 +81,26 @@ def complete(
 ) -> None:
     """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
     `disk_full_now`: the runs dir's filesystem is below its free-space minimum right now.
-    `remote_end`: the cluster ended it without an exit record (outcome, reason, retryable)."""
-    cluster_owned = (attempt.get("executor") or attempt.get("launcher")) == "slurm"
+    `remote_end`: the cluster ended it without an exit record (outcome, reason, retryable).
+    What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
+    cluster_owned = (attempt.executor or attempt.launcher) == "slurm"
     if not cluster_owned and not ensure_group_dead(attempt, obs):
-        log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt["id"])
+        log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt.id)
         return
-    run_dir = Path(attempt["run_dir"])
+    run_dir = Path(attempt.run_dir)
     exit_record = obs.exit_record if obs else None
     problems = list(obs.problems) if obs else []
     result = read_result(run_dir, problems)
     log_tail = read_log_tail(run_dir)
-    kill_reason = attempt.get("kill_requested")
+    kill_reason = attempt.kill_requested
     verdict = classify_attempt(
         exit_code=(exit_record or {}).get("exit_code"),
         signal=(exit_record or {}).get("signal"),
         result=result,
         log_tail=log_tail,
-        cancelled=kill_reason in ("cancel", "retry"),
+        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
         exit_record_present=exit_record is not None and not lost,
-        hung=hung or kill_reason == "hung",
+        hung=hung or kill_reason is KillRequest.HUNG,
     )
     if remote_end is not None and exit_record is None:
         verdict = Classification(remote_end[0], remote_end[1], retryable=remote_end[2])
@@ -114,43 +109,41 @@ def complete(
     disk_full = _disk_full(verdict, kill_reason, disk_full_now, log_tail, result, exit_record)
     if disk_full is not None:
         verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
-    job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+    job = job_by_id(store, attempt.job_id)
+    assert job is not None  # attempts reference their job (a foreign key)
     reported_peak = result.get("peak_mem_mib") if result else None
-    peak_mib = max(int(attempt["peak_mib"] or 0), int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
+    peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
     levels = job_levels(job, cache)
-    level = levels[min(attempt["level"], len(levels) - 1)]
+    level = levels[min(attempt.level, len(levels) - 1)]
     needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
-    held_at_death_mib = max(int(attempt["held_mib"] or 0), peak_mib, int(needed_mib or 0))
-    _learn(store, job, level, verdict.outcome, peak_mib, held_at_death_mib)
-    _learn_prompt_length(store, job, verdict.outcome, result)
+    held_at_death_mib = max(attempt.held_mib, peak_mib, int(needed_mib or 0))
+    shape_lesson = _shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib)
+    prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
 
-    data: dict[str, Any] = {"gpu": attempt["gpu_index"], "peak_mib": peak_mib, "held_mib": attempt["held_mib"]}
+    data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
-        data["neighbours"] = _neighbours(store, attempt)
+        data["neighbours"] = neighbours(store, attempt)
         if verdict.oom_detail is not None:
             data["oom_detail"] = {k: v for k, v in vars(verdict.oom_detail).items() if v is not None}
     fields: dict[str, Any]
     if disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
         end_state = JobState.QUEUED
-        fields = {"reason": None, "max_attempts": int(job["max_attempts"]) + 1}
+        fields = {"reason": None, "max_attempts": job.max_attempts + 1}
         why = "requeued unchanged, not counted: waits until the disk has space"
-    elif kill_reason == "retry":
+    elif kill_reason is KillRequest.RETRY:
         end_state, fields, why = JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued"
     elif verdict.outcome is AttemptOutcome.CANCELLED:
         end_state, fields, why = JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled"
     elif verdict.outcome is AttemptOutcome.SUCCEEDED:
         end_state, fields, why = JobState.SUCCEEDED, {"reason": None}, "succeeded"
     else:
-        hung_before = store.query(
-            "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND reason = 'hung' AND id != ?",
-            [job["id"], attempt["id"]],
-        )[0]["n"]
+        hung_before = hung_attempts_before(store, attempt)
         host = job_host_settings(job)
         decision = retry_decision(
-            verdict.outcome, verdict.reason, int(job["attempt_count"]), levels, level.index,
-            int(job["max_attempts"]), retryable=verdict.retryable, hung_retries_so_far=hung_before,
+            verdict.outcome, verdict.reason, job.attempt_count, levels, level.index,
+            job.max_attempts, retryable=verdict.retryable, hung_retries_so_far=hung_before,
             host=host,
         )
         if decision.action == "requeue" and decision.level is not None:
@@ -168,16 +161,16 @@ def complete(
         else:
             end_state, fields, why = JobState.FAILED, {"reason": decision.why}, f"failed: {decision.why}"
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
-        message = f"attempt {attempt['n']} succeeded, peak {peak_mib / 1024:.1f} GiB"
+        message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
-        message = f"attempt {attempt['n']} {verdict.outcome.value} on GPU {attempt['gpu_index']}: {verdict.reason}; {why}"
+        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {why}"
     reason = verdict.reason
     if problems:  # what in the run dir was refused: named, never the cause of a crash
         unique = list(dict.fromkeys(problems))
         reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         data["invalid_files"] = unique[:20]
-    finish_attempt(
+    close_attempt(
         store, attempt,
         AttemptEnd(
             outcome=verdict.outcome.value, reason=reason,
@@ -185,13 +178,14 @@ def complete(
             peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
             output_metrics=_stdout_metrics(job, run_dir) if result is None and verdict.outcome is AttemptOutcome.SUCCEEDED else None,
         ),
+        shape=shape_lesson, prompt=prompt_lesson,
     )
     if verdict.outcome is AttemptOutcome.FAILED and not hung:
-        guard_crash_loop(store, job["suite"], crash_loop_of(job))
+        guard_crash_loop(store, job.suite, crash_loop_of(job))
 
 
 def _disk_full(
-    verdict: Classification, kill_reason: str | None, disk_full_now: bool, log_tail: str,
+    verdict: Classification, kill_reason: KillRequest | None, disk_full_now: bool, log_tail: str,
     result: dict[str, Any] | None, exit_record: dict[str, Any] | None,
 ) -> str | None:
     """Why an attempt that failed or was lost is put down to a full disk (ENOSPC/EDQUOT named in
@@ -214,7 +208,7 @@ HANGUP_EXIT_CODES = tuple(128 + s for s in HANGUP_SIGNALS)
 
 
 def _stopped_from_outside(
-    outcome: AttemptOutcome, kill_reason: str | None, exit_record: dict[str, Any] | None,
+    outcome: AttemptOutcome, kill_reason: KillRequest | None, exit_record: dict[str, Any] | None,
     result: dict[str, Any] | None,
 ) -> bool:
     if outcome is not AttemptOutcome.FAILED or kill_reason or result is not None or exit_record is None:
@@ -226,40 +220,37 @@ def _stopped_from_outside(
     return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
 
 
-def _stdout_metrics(job: dict[str, Any], run_dir: Path) -> dict[str, float] | None:
+def _stdout_metrics(job: Job, run_dir: Path) -> dict[str, float] | None:
     """A script that wrote no result.json: the metrics it printed last (the suite's
     `result_regex`, else the last JSON object line), from the tail of its stdout.log."""
-    regex = job_worker_output(job).get("result_regex")
+    regex = job.worker_output.get("result_regex")
     try:
         return parse_result(read_log_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
     except re.error:  # checked at submit; a row edited since must not stop the attempt's end
         return None
 
 
-def _learn(
-    store: Store, job: dict[str, Any], level: Any, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int
-) -> None:
-    """Fold the attempt into its shape's memory record. For an OOM, what the process held plus
-    what it asked for when it died (torch's message) is a floor on what the shape needs."""
+def _shape_lesson(
+    job: Job, level: Level, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int
+) -> ShapeLesson | None:
+    """How the attempt folds into its shape's memory record. For an OOM, what the process held
+    plus what it asked for when it died (torch's message) is a floor on what the shape needs."""
     if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
-        return
-    key = job_shape_key(job, level)
-    new = update_shape(read_shape(store, key), peak_mib or None, outcome, held_at_death_mib or None)
-    write_shape(store, key, new)
-    label_shape(store, key, job["suite"], f"{job['config_name']} L{level.index} {job['data']}")
+        return None
+    return ShapeLesson(
+        job_shape_key(job, level),
+        lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None),
+        job.suite, f"{job.config_name} L{level.index} {job.data}",
+    )
 
 
 def learn_rate(
-    store: Store, attempt: dict[str, Any], before: tuple[int, float], after: tuple[int, float],
+    store: Store, attempt: Attempt, job: Job, before: tuple[int, float], after: tuple[int, float],
     tenants: int, cache: JobShapeCache,
 ) -> None:
     """Record the attempt's samples/s between two progress readings (steps × effective batch
     over the time between them) at `tenants` attempts on its card."""
-    rows = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])
-    if not rows:
-        return
-    job = rows[0]
-    config = {**json.loads(job["config_json"]), **json.loads(attempt["overrides_json"] or "{}")}
+    config = {**job.config, **attempt.overrides}
     per_step = 1
     for key in ("batch_size", "gradient_accumulation_steps"):
         value = config.get(key)
@@ -269,24 +260,23 @@ def learn_rate(
     if rate is None:
         return
     key = attempt_shape_key(job, attempt, cache)
-    record_throughput(store, attempt["gpu_uuid"], key, tenants, rate, job["suite"])
+    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite)
 
 
-def _learn_prompt_length(
-    store: Store, job: dict[str, Any], outcome: AttemptOutcome, result: dict[str, Any] | None
-) -> None:
+def _prompt_lesson(job: Job, outcome: AttemptOutcome, result: dict[str, Any] | None) -> PromptLesson | None:
     """A finished LoRA run reports its longest prompt; estimates of the model and data use it."""
     tokens = (result or {}).get("longest_tokens")
     if outcome is AttemptOutcome.SUCCEEDED and isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
-        record_prompt_length(store, job_prompt_length_key(job), tokens)
+        return PromptLesson(job_prompt_length_key(job), tokens)
+    return None
 
 
-def crash_loop_of(job: dict[str, Any]) -> CrashLoop:
+def crash_loop_of(job: Job) -> CrashLoop:
     """The suite's crash-loop setting as it was when this job was submitted."""
     return CrashLoop(
-        failures=int(job["crash_loop_failures"]),
-        within_s=float(job["crash_loop_within_s"]),
-        window_s=float(job["crash_loop_window_s"]),
+        failures=job.crash_loop_failures,
+        within_s=job.crash_loop_within_s,
+        window_s=job.crash_loop_window_s,
     )
 
 
@@ -314,50 +304,41 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
     job's setting decides, so a suite resubmitted with a changed `crash_loop` uses the new one."""
     if not guard.enabled:
         return
-    rows = store.query(
-        "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        "WHERE j.suite = ? AND a.outcome = 'failed' AND a.ended_at >= ? AND a.reason != 'hung'",
-        [suite, now_s() - guard.window_s],
-    )
-    reason = crash_loop_reason([(r["ended_at"] or 0) - r["started_at"] for r in rows], guard)
+    reason = crash_loop_reason(recent_failure_durations(store, suite, now_s() - guard.window_s), guard)
     if reason is None:
         return
-    with store.write():
-        cursor = store.db.execute(
-            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, now_s()]
-        )
-        if cursor.rowcount:
-            add_event(store, "pause", f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")
+    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")
 
 
-def fail_before_start(store: Store, attempt: dict[str, Any], reason: str, *, disk_full: bool = False) -> None:
+def fail_before_start(store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False) -> None:
     """The run dir or launcher failed before the worker existed: the attempt fails with that
     reason; the job is requeued while attempts remain (the daemon itself keeps running). A full
     disk is not the job's fault: requeued without counting the attempt."""
-    job = store.query("SELECT * FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
-    requeue = disk_full or job["attempt_count"] < job["max_attempts"]
+    job = job_by_id(store, attempt.job_id)
+    assert job is not None  # attempts reference their job (a foreign key)
+    requeue = disk_full or job.attempt_count < job.max_attempts
     fields: dict[str, Any] = {"reason": None if requeue else reason[:300]}
     if disk_full:
-        fields["max_attempts"] = int(job["max_attempts"]) + 1
-    finish_attempt(
+        fields["max_attempts"] = job.max_attempts + 1
+    close_attempt(
         store, attempt,
         AttemptEnd(
             outcome=(AttemptOutcome.LOST if disk_full else AttemptOutcome.FAILED).value, reason=reason[:300],
             exit_code=None, signal=None, peak_mib=0,
             job_state=JobState.QUEUED if requeue else JobState.FAILED,
             job_fields=fields,
-            message=f"attempt {attempt['n']} failed to start: {reason}" + ("; requeued" if requeue else ""),
-            data={"run_dir": attempt["run_dir"]},
+            message=f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else ""),
+            data={"run_dir": attempt.run_dir},
         ),
     )
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same
     # way within a second: the crash-loop guard counts it like any other fast failure. A full
     # disk is the machine's, not the suite's: it pauses nothing.
     if not disk_full:
-        guard_crash_loop(store, job["suite"], crash_loop_of(job))
+        guard_crash_loop(store, job.suite, crash_loop_of(job))
 
 
-def abandon(store: Store, attempt: dict[str, Any], reason: str) -> None:
+def abandon(store: Store, attempt: Attempt, reason: str) -> None:
     """Close an attempt orch keeps failing to check: its proven group is stopped first, then it
     fails with that reason and its job is requeued while attempts remain."""
     if not ensure_group_dead(attempt, None):

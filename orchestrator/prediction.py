@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,9 @@ from orchestrator.memory import (
 )
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.shapes import memory_hash
+from orchestrator.store.rows import Attempt, Job
 
 PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
 
@@ -42,10 +44,10 @@ class ShapeFacts:
     config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
     shape_key: str
     length_key: str
+    job: Job  # a job of this shape (its ladder)
     depends: tuple[Any, ...] | None = None  # what `prediction` was made from
-    prediction: tuple[int, str] = (0, "")
+    prediction: tuple[int, PredictionSource] = (0, PredictionSource(SourceKind.NONE))
     computed_for: Any = None  # the pass's Knowledge, for a prediction borrowed from a neighbour
-    job: dict[str, Any] = field(default_factory=dict)  # a whole row of a job of this shape (its ladder)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class JobFacts:
     gpus: int = 1  # a multi-GPU job's cards
     cpus: int | None = None  # cores the suite asks for
     declared_host_mib: int | None = None  # the config's host_mem_gib
+    min_stack_gain: float | None = None  # the suite's least gain for sharing a card
 
 
 @dataclass
@@ -127,54 +130,42 @@ def _peft_spec(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] |
     return cache.peft_specs[peft]
 
 
-def job_worker_output(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The suite's settings for its worker's output, stored with the job (`keys`,
-    `progress_regex`, `result_regex`); {} for jobs queued before they existed."""
-    try:
-        stored = json.loads(row.get("worker_output_json") or "{}")
-    except ValueError:
-        return {}
-    return stored if isinstance(stored, dict) else {}
-
-
-def job_keys(job: Mapping[str, Any]) -> KeyMap:
+def job_keys(job: Job) -> KeyMap:
     """The ladder knobs under the script's own key names (the suite's `keys:`)."""
-    names = job_worker_output(job).get("keys") or {}
+    names = job.worker_output.get("keys") or {}
     return KeyMap({str(k): str(v) for k, v in names.items()} if isinstance(names, dict) else {})
 
 
-def worker_reaches(job: Mapping[str, Any], keys: KeyMap) -> Callable[[str], bool] | None:
+def worker_reaches(job: Job, keys: KeyMap) -> Callable[[str], bool] | None:
     """Which config changes (orch's key names) reach the job's worker; None: every one does (our
     workers and templates with {config} read the merged config.yaml)."""
-    if job["worker"] in OUR_WORKERS:
+    if job.worker in OUR_WORKERS:
         return None
-    template = parse_template(job["worker"])
+    template = parse_template(job.worker)
     if template.reads_config:
         return None
     return lambda key: template.reaches(keys.script_key(key))
 
 
-def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
+def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
     content, not job id: a sweep's seeds share one ladder (and one entry)."""
-    key = (job["ladder_json"] or "", _without_seed(job["config_json"]), int(job["one_token"]), job["worker"],
-           job.get("worker_output_json") or "")
+    key = (job.ladder_json or "", _without_seed(job.config), int(job.one_token), job.worker, job.worker_output_json)
     levels = cache.levels.get(key)
     if levels is None:
-        ladder = load_ladder(json.loads(job["ladder_json"]) if job["ladder_json"] else None)
+        ladder = load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
         keys = job_keys(job)
         levels = cache.levels[key] = expand_levels(
-            ladder, keys.to_orch(json.loads(job["config_json"])), bool(job["one_token"]), worker_reaches(job, keys)
+            ladder, keys.to_orch(dict(job.config)), job.one_token, worker_reaches(job, keys)
         )
     return levels
 
 
-def _without_seed(config_json: str) -> str:
-    config = json.loads(config_json)
+def _without_seed(config: Mapping[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
 
 
-def as_received(job: Mapping[str, Any], level: Level) -> Level:
+def as_received(job: Job, level: Level) -> Level:
     """`level` with its changes under the script's own key names, for messages."""
     keys = job_keys(job)
     if not keys.names:
@@ -182,80 +173,78 @@ def as_received(job: Mapping[str, Any], level: Level) -> Level:
     return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone)
 
 
-def attempt_config(job: Mapping[str, Any], level: Level) -> dict[str, Any]:
+def attempt_config(job: Job, level: Level) -> dict[str, Any]:
     """The config an attempt at `level` runs with: the job's, with the level's overrides under
     the script's own key names, relative paths made absolute."""
     overrides = job_keys(job).to_script(level.overrides)
-    return resolve_paths({**json.loads(job["config_json"]), **overrides}, job["config_path"])
+    return resolve_paths({**job.config, **overrides}, job.config_path)
 
 
-def job_host_settings(job: dict[str, Any]) -> HostSettings:
+def job_host_settings(job: Job) -> HostSettings:
     """The host-side steps the job took after host-RAM OOMs (none before the first)."""
-    return HostSettings.from_records(json.loads(job["host_steps_json"] or "[]"))
+    return HostSettings.from_records(json.loads(job.host_steps_json or "[]"))
 
 
-def level_of(job: dict[str, Any], cache: JobShapeCache) -> Level:
+def level_of(job: Job, cache: JobShapeCache) -> Level:
     """What the job's next attempt runs with: its ladder level plus its host-side settings."""
     levels = job_levels(job, cache)
-    return with_host_settings(levels[min(job["level"], len(levels) - 1)], job_host_settings(job))
+    return with_host_settings(levels[min(job.level, len(levels) - 1)], job_host_settings(job))
 
 
-def job_shape_key(job: dict[str, Any], level: Level) -> str:
+def job_shape_key(job: Job, level: Level) -> str:
     """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
     suite's `memory_keys`, and the number of GPUs of a multi-GPU job), model, level index and task."""
-    config = json.loads(job["config_json"])
-    extra = json.loads(job.get("memory_keys_json") or "[]")
-    gpus = int(job.get("gpus") or 1)
-    if gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
-        config, extra = {**config, "gpus": gpus}, [*extra, "gpus"]
-    foreign = job["worker"] not in OUR_WORKERS  # its memory keys are not known: all but the harmless
-    return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), level.index, job["data"])
+    config: Mapping[str, Any] = job.config
+    extra = list(job.memory_keys)
+    if job.gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
+        config, extra = {**config, "gpus": job.gpus}, [*extra, "gpus"]
+    foreign = job.worker not in OUR_WORKERS  # its memory keys are not known: all but the harmless
+    return shape_key(memory_hash(dict(config), extra, foreign=foreign), str(config.get("model", "")), level.index, job.data)
 
 
-def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: JobShapeCache) -> str:
+def attempt_shape_key(job: Job, attempt: Attempt, cache: JobShapeCache) -> str:
     """The shape key of a (live) attempt: its job's shape at the attempt's level."""
     levels = job_levels(job, cache)
-    return job_shape_key(job, levels[min(int(attempt["level"]), len(levels) - 1)])
+    return job_shape_key(job, levels[min(attempt.level, len(levels) - 1)])
 
 
-def job_prompt_length_key(job: dict[str, Any]) -> str:
-    return prompt_length_key(resolve_paths(json.loads(job["config_json"]), job["config_path"]), job["data"])
+def job_prompt_length_key(job: Job) -> str:
+    return prompt_length_key(resolve_paths(job.config, job.config_path), job.data)
 
 
 def predict(
-    shapes: dict[str, ShapeMemory], job: dict[str, Any], level: Level, cache: JobShapeCache,
+    shapes: dict[str, ShapeMemory], job: Job, level: Level, cache: JobShapeCache,
     prompt_lengths: Mapping[str, int] | None = None,
     knowledge: Knowledge | None = None,
-) -> tuple[int, str]:
+) -> tuple[int, PredictionSource]:
     return predict_for(shape_facts(job, level, cache), job, level, shapes, prompt_lengths or {}, cache, knowledge)
 
 
-def shape_facts(job: dict[str, Any], level: Level, cache: JobShapeCache) -> ShapeFacts:
-    config = json.loads(job["config_json"])
+def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     key = (
-        config_hash(config), job["config_path"], job["data"], job["worker"], job["declared_mib"],
+        config_hash(job.config), job.config_path, job.data, job.worker, job.declared_mib,
         level.index, json.dumps(level.overrides, sort_keys=True, default=str),
-        job.get("worker_output_json") or "", job.get("memory_keys_json") or "",
+        job.worker_output_json, job.memory_keys_json,
     )
     facts = cache.shapes.get(key)
     if facts is None:
         resolved = attempt_config(job, level)
         facts = cache.shapes[key] = ShapeFacts(
-            resolved, job_shape_key(job, level), prompt_length_key(resolved, job["data"]), job=dict(job)
+            resolved, job_shape_key(job, level), prompt_length_key(resolved, job.data), job=job
         )
     return facts
 
 
 def predict_for(
-    facts: ShapeFacts, job: Mapping[str, Any], level: Level, shapes: Mapping[str, ShapeMemory],
+    facts: ShapeFacts, job: Job, level: Level, shapes: Mapping[str, ShapeMemory],
     prompt_lengths: Mapping[str, int], cache: JobShapeCache, knowledge: Knowledge | None,
-) -> tuple[int, str]:
+) -> tuple[int, PredictionSource]:
     """The job's prediction, recomputed only when its shape's measured memory, running peak or
     learned prompt length changed since the last time; a shape with none of its own (which
     borrows a neighbour's peak) once per pass."""
     key = facts.shape_key
     measured = shapes.get(key)
-    learned = prompt_lengths.get(facts.length_key) if job["worker"] == "lora" else None
+    learned = prompt_lengths.get(facts.length_key) if job.worker == "lora" else None
     running = knowledge.running.get(key) if knowledge is not None else None
     borrows = knowledge is not None and (measured is None or measured.peak_mib is None) and running is None
     depends = (measured, learned, running)
@@ -264,7 +253,7 @@ def predict_for(
     config = facts.config
     estimated: int | None = None
     sized: Mapping[str, Any] = config
-    if job["worker"] == "lora":
+    if job.worker == "lora":
         sized = at_learned_length(config, learned)  # `config` itself when nothing applies
         estimated = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
     transfer = None
@@ -273,16 +262,16 @@ def predict_for(
             key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
             lambda task: prompt_lengths.get(prompt_length_key(config, task)),
         )
-    prediction = predict_peak_mib(measured, estimated, int(job["declared_mib"]), running=running, transfer=transfer)
+    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer)
     result = (prediction.mib, prediction.source)
-    if prediction.source == "estimate" and sized is not config:
-        result = (prediction.mib, f"estimate at {max_seq_len_of(sized)} tokens")
+    if prediction.source.kind is SourceKind.ESTIMATE and sized is not config:
+        result = (prediction.mib, replace(prediction.source, tokens=max_seq_len_of(sized)))
     facts.depends, facts.prediction, facts.computed_for = depends, result, knowledge
     return result
 
 
 def _level_ratios(
-    job: dict[str, Any], level: Level, cache: JobShapeCache, estimated: int | None,
+    job: Job, level: Level, cache: JobShapeCache, estimated: int | None,
     prompt_lengths: Mapping[str, int] | None,
 ) -> dict[int, float] | None:
     """Estimate at `level` / estimate at each lower level (LoRA jobs): how much the rungs between
@@ -291,8 +280,8 @@ def _level_ratios(
         return None
     ratios: dict[int, float] = {}
     for lower in job_levels(job, cache)[: level.index]:
-        config = resolve_paths({**json.loads(job["config_json"]), **lower.overrides}, job["config_path"])
-        sized = at_learned_length(config, (prompt_lengths or {}).get(prompt_length_key(config, job["data"])))
+        config = resolve_paths({**job.config, **lower.overrides}, job.config_path)
+        sized = at_learned_length(config, (prompt_lengths or {}).get(prompt_length_key(config, job.data)))
         at_lower = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
         if at_lower:
             ratios[lower.index] = estimated / at_lower

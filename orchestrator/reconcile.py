@@ -38,6 +38,7 @@ import psutil
 from orchestrator import runfiles
 from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, open_run_dir
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.rows import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,12 @@ def process_matches(pid: int | None, create_time: float | None) -> bool:
         return False
 
 
-def launcher_record(attempt: dict[str, Any]) -> tuple[int, float] | None:
+def launcher_record(attempt: Attempt) -> tuple[int, float] | None:
     """(wrapper pid, its create time) as orch recorded them at launch; None when unknown."""
-    pid, create_time = attempt.get("pid"), attempt.get("proc_create_time")
+    pid, create_time = attempt.pid, attempt.proc_create_time
     if not pid or create_time is None:
         return None
-    return int(pid), float(create_time)
+    return pid, create_time
 
 
 def wrapper_create_time(pid: int, run_dir: Path) -> float | None:
@@ -118,12 +119,12 @@ def wrapper_create_time(pid: int, run_dir: Path) -> float | None:
         return None
 
 
-def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None) -> Observation:
+def observe(run_dir: Path, now_s: float, attempt: Attempt | None = None) -> Observation:
     """Read the run dir (through the validating boundary) and check the processes. A process
     is checked before its exit record is read, so one that ends in between is not taken for lost."""
     run_dir = Path(run_dir)
     files = runfiles.read_run_files(run_dir)
-    record = launcher_record(attempt or {})
+    record = launcher_record(attempt) if attempt is not None else None
     launcher_alive = process_matches(*record) if record is not None else None
     alive = False
     if files.pid_record is not None:
@@ -146,24 +147,24 @@ def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None) 
     )
 
 
-def disagreement(attempt: dict[str, Any], obs: Observation) -> str | None:
+def disagreement(attempt: Attempt, obs: Observation) -> str | None:
     """Why the attempt row and pid.json name different processes; None when they agree (or
     one side is not known yet). attempts.pid is the wrapper pid the launcher returned (the tmux
     pane execs the wrapper), later pid.json's; proc_create_time is copied from pid.json."""
     record = obs.pid_record
     if record is None:
         return None
-    row_pid, file_pid = attempt.get("pid"), record.get("pid")
+    row_pid, file_pid = attempt.pid, record.get("pid")
     if row_pid and file_pid and int(row_pid) != int(file_pid):
         return f"the launcher started wrapper pid {row_pid} but pid.json names pid {file_pid}"
-    row_time, file_time = attempt.get("proc_create_time"), record.get("create_time")
+    row_time, file_time = attempt.proc_create_time, record.get("create_time")
     if row_time is not None and file_time is not None and abs(float(row_time) - float(file_time)) > CREATE_TIME_TOLERANCE_S:
         return f"pid.json now names a process created at {file_time}, not the recorded {row_time}"
     return None
 
 
 def judge(
-    attempt: dict[str, Any], obs: Observation, hang_timeout_s: float, daemon_started_at_s: float | None = None
+    attempt: Attempt, obs: Observation, hang_timeout_s: float, daemon_started_at_s: float | None = None
 ) -> Verdict:
     """Pure: the verdict on one live attempt from what was observed. A LOST verdict without
     pid.json must be confirmed by `mark_lost` before the attempt is closed. A pid.json that
@@ -173,8 +174,8 @@ def judge(
     if obs.pid_record is None:
         if obs.pid_file_present:
             return _judge_alive(attempt, obs, hang_timeout_s) if obs.launcher_alive else Verdict.LOST
-        started_at_s = float(attempt["started_at"])
-        if attempt.get("launcher") is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
+        started_at_s = attempt.started_at
+        if attempt.launcher is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
         if obs.window_alive is False:
             return Verdict.LOST  # the window is gone, or its command ended, without pid.json
@@ -189,9 +190,9 @@ def judge(
     return _judge_alive(attempt, obs, hang_timeout_s)
 
 
-def _judge_alive(attempt: dict[str, Any], obs: Observation, hang_timeout_s: float) -> Verdict:
+def _judge_alive(attempt: Attempt, obs: Observation, hang_timeout_s: float) -> Verdict:
     # Alive while it makes output: progress.jsonl lines or stdout.log growing. 0 means `off`.
-    last_sign_of_life = max(float(attempt["started_at"]), obs.last_progress_at or 0.0, obs.last_output_at or 0.0)
+    last_sign_of_life = max(attempt.started_at, obs.last_progress_at or 0.0, obs.last_output_at or 0.0)
     if hang_timeout_s > 0 and obs.now_s - last_sign_of_life > hang_timeout_s:
         return Verdict.HUNG
     return Verdict.ALIVE
@@ -212,7 +213,7 @@ def mark_lost(run_dir: Path) -> bool:
         return True
 
 
-def proven_group(attempt: dict[str, Any], obs: Observation | None) -> tuple[int, float] | None:
+def proven_group(attempt: Attempt, obs: Observation | None) -> tuple[int, float] | None:
     """(pgid, leader create time) of the attempt's process group, only from what proves orch
     started it: the wrapper pid and create time recorded at launch (the wrapper leads its own
     group, so pgid = pid), else, for an attempt adopted without that record, pid.json's pid
@@ -224,7 +225,7 @@ def proven_group(attempt: dict[str, Any], obs: Observation | None) -> tuple[int,
     if pid_record is None:
         return None
     pid = int(pid_record["pid"])
-    create_time = wrapper_create_time(pid, Path(attempt["run_dir"]))
+    create_time = wrapper_create_time(pid, Path(attempt.run_dir))
     if create_time is None or abs(create_time - float(pid_record["create_time"])) > CREATE_TIME_TOLERANCE_S:
         return None
     return pid, create_time

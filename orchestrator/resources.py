@@ -11,10 +11,12 @@ from typing import Any
 from orchestrator.gang import HostState
 from orchestrator.gpu.host import HostSnapshot
 from orchestrator.packing import RunningAttempt
+from orchestrator.store.rows import Attempt
 
 
 def attempt_uuids(attempt: Mapping[str, Any]) -> list[str]:
-    """Every card of an attempt, in CUDA_VISIBLE_DEVICES order (one for a one-GPU attempt)."""
+    """Every card of an attempt row as `orch status` reads it, in CUDA_VISIBLE_DEVICES order (one
+    for a one-GPU attempt); `Attempt.cards` is the same for a typed row."""
     try:
         uuids = json.loads(attempt.get("gpu_uuids_json") or "null")
     except ValueError:
@@ -33,23 +35,23 @@ def held_by_gpu(attempt: Mapping[str, Any]) -> dict[str, int]:
 
 
 def running_attempts(
-    live: Iterable[Mapping[str, Any]], index_of_uuid: Mapping[str, int],
-    expected_end_s: Callable[[Mapping[str, Any]], float | None],
+    live: Iterable[Attempt], index_of_uuid: Mapping[str, int],
+    expected_end_s: Callable[[Attempt], float | None],
 ) -> list[RunningAttempt]:
     """One RunningAttempt per card a live attempt runs on, holding what its tree holds there."""
     out: list[RunningAttempt] = []
     for a in live:
-        uuids = attempt_uuids(a)
-        held = held_by_gpu(a)
+        uuids = a.cards
+        held = {str(k): int(v) for k, v in a.held_by_gpu.items() if isinstance(v, int)}
         end = expected_end_s(a)
         for n, uuid in enumerate(uuids):
-            index = int(a["gpu_index"]) if n == 0 else index_of_uuid.get(uuid)
+            index = a.gpu_index if n == 0 else index_of_uuid.get(uuid)
             if index is None:
                 continue  # a card no longer read: nothing to pack there
             out.append(RunningAttempt(
-                job_id=a["job_id"], gpu_index=index, predicted_peak_mib=a["predicted_peak_mib"],
-                held_mib=held.get(uuid, a["held_mib"] if len(uuids) == 1 else 0),
-                reached_peak=bool(a["reached_peak"]), run_alone=bool(a["run_alone"]), expected_end_s=end,
+                job_id=a.job_id, gpu_index=index, predicted_peak_mib=a.predicted_peak_mib,
+                held_mib=held.get(uuid, a.held_mib if len(uuids) == 1 else 0),
+                reached_peak=a.reached_peak, run_alone=a.run_alone, expected_end_s=end,
             ))
     return out
 
@@ -67,7 +69,7 @@ def predict_host_mib(learned_mib: int | None, running_peak_mib: int | None, decl
 
 
 def host_state(
-    snapshot: HostSnapshot, reserve_mib: int, live: Iterable[Mapping[str, Any]], cpus_of_job: Mapping[int, int | None],
+    snapshot: HostSnapshot, reserve_mib: int, live: Iterable[Attempt], cpus_of_job: Mapping[int, int | None],
     count_cpus: bool,
 ) -> HostState:
     """What the pass may spend: available memory minus the reserve minus what attempts still
@@ -75,9 +77,9 @@ def host_state(
     outstanding = 0
     promised = 0
     for a in live:
-        if not a["reached_peak"]:
-            outstanding += max(0, int(a.get("predicted_host_mib") or 0) - int(a.get("host_held_mib") or 0))
-        promised += cpus_of_job.get(a["job_id"]) or 0
+        if not a.reached_peak:
+            outstanding += max(0, a.predicted_host_mib - a.host_held_mib)
+        promised += cpus_of_job.get(a.job_id) or 0
     return HostState(
         available_mib=snapshot.available_mib - reserve_mib - outstanding, total_mib=snapshot.total_mib - reserve_mib,
         free_cpus=snapshot.cpus - promised if count_cpus else None,

@@ -14,34 +14,37 @@ from orchestrator.reconcile import read_result
 from orchestrator.results import ResultRow
 from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
-from orchestrator.store.queries import succeeded_attempts
+from orchestrator.store.queue import succeeded_jobs_with_attempts
 
 
 def collect_rows(store: Store, suite: str | None = None) -> tuple[list[ResultRow], int]:
     """(rows, how many succeeded jobs had no usable test metrics)."""
     rows: list[ResultRow] = []
     missing = 0
-    for run in succeeded_attempts(store, suite):
-        test = job_metrics(read_result(Path(run.run_dir)), run.output_metrics_json)
+    for job, attempt in succeeded_jobs_with_attempts(store, suite):
+        test = job_metrics(read_result(Path(attempt.run_dir)), attempt.output_metrics or None)
         if test is None:
             missing += 1
             continue
+        numeric = finite_metrics(test)
         rows.append(ResultRow(
-            run.suite, run.config, run.data, run.seed, finite_metrics(test),
-            job=run.job_id, attempt=run.n, level=run.level, step=run.level_step,
-            changes=run.overrides, run_alone=run.run_alone,
+            job.suite, job.config_name, job.data, job.seed, numeric,
+            job=job.id, attempt=attempt.n, level=attempt.level, step=attempt.level_step,
+            changes=dict(attempt.overrides), run_alone=attempt.run_alone,
         ))  # fmt: skip
     return rows, missing
 
 
-def job_metrics(result: dict[str, Any] | None, printed_json: str | None) -> dict[str, Any] | None:
+def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
     """A job's metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else what
     its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X."""
     metrics: Any = None
     if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
         reported = result["metrics"]
         metrics = reported.get("test") if isinstance(reported.get("test"), dict) else reported
-    if not metrics and printed_json:
+    if not metrics and isinstance(printed_json, dict):
+        metrics = printed_json  # parsed already (a typed Attempt's output_metrics)
+    elif not metrics and isinstance(printed_json, str) and printed_json:
         with contextlib.suppress(ValueError):
             metrics = json.loads(printed_json)
     if not isinstance(metrics, dict) or not metrics:

@@ -16,6 +16,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from orchestrator.prediction_source import PredictionSource, SourceKind
+
 K = TypeVar("K", bound=Hashable)
 
 # Keys that change peak memory in the workers we ship and in the common training scripts.
@@ -131,7 +133,7 @@ class Transfer:
     """A peak borrowed from a neighbouring shape, already scaled to this one."""
 
     mib: int
-    source: str
+    source: PredictionSource  # SourceKind.LEVEL or TASK, with where it was borrowed from
 
 
 def level_transfer(
@@ -146,7 +148,7 @@ def level_transfer(
         return None
     j = max(lower)
     ratio = min(1.0, (estimate_ratio or {}).get(j, 1.0))
-    return Transfer(math.ceil(peaks_by_level[j] * ratio), f"level {j} peak")
+    return Transfer(math.ceil(peaks_by_level[j] * ratio), PredictionSource(SourceKind.LEVEL, level=j))
 
 
 def task_transfer(
@@ -158,13 +160,14 @@ def task_transfer(
     (the weights do not grow with the prompt). The smallest upper bound wins."""
     if prompt_tokens is None or prompt_tokens <= 0:
         return None
-    bounds: list[tuple[int, str]] = []
+    bounds: list[tuple[int, str, PredictionSource]] = []
     for task, (peak_mib, tokens) in sorted(peaks_by_task.items()):
         if tokens is None or tokens <= 0:
             continue
         scaled = math.ceil(peak_mib * max(1.0, prompt_tokens / tokens))
-        bounds.append((scaled, f"{task} peak at {tokens} tokens, scaled to {prompt_tokens}"))
+        source = PredictionSource(SourceKind.TASK, task=task, task_tokens=tokens, tokens=prompt_tokens)
+        bounds.append((scaled, source.borrowed(), source))  # ties broken by the text, as shown
     if not bounds:
         return None
-    mib, source = min(bounds)
+    mib, _, source = min(bounds, key=lambda bound: bound[:2])
     return Transfer(mib, source)

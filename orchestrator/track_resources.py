@@ -12,7 +12,7 @@ import psutil
 
 from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.resources import attempt_uuids
+from orchestrator.store.rows import Attempt
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -26,20 +26,12 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _peaks(attempt: Mapping[str, Any]) -> dict[str, int]:
-    try:
-        loaded = json.loads(attempt.get("peak_by_gpu_json") or "{}")
-    except ValueError:
-        return {}
-    return {str(k): int(v) for k, v in loaded.items() if isinstance(v, int)} if isinstance(loaded, dict) else {}
+def _peaks(attempt: Attempt) -> dict[str, int]:
+    return {str(k): int(v) for k, v in attempt.peak_by_gpu.items() if isinstance(v, int)}
 
 
-def _ranks(attempt: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    try:
-        loaded = json.loads(attempt.get("peak_by_rank_json") or "{}")
-    except ValueError:
-        return {}
-    return {str(k): v for k, v in loaded.items() if isinstance(v, dict)} if isinstance(loaded, dict) else {}
+def _ranks(attempt: Attempt) -> dict[str, dict[str, Any]]:
+    return {str(k): v for k, v in attempt.peak_by_rank.items() if isinstance(v, dict)}
 
 
 class ResourceTracker:
@@ -49,22 +41,21 @@ class ResourceTracker:
         self.host = host
         self._cpu: dict[int, tuple[float, float]] = {}  # attempt id -> (cpu seconds, monotonic time)
 
-    def fields(self, attempt: Mapping[str, Any], pids: list[int], by_uuid: Mapping[str, GpuSnapshot]) -> dict[str, Any]:
+    def fields(self, attempt: Attempt, pids: list[int], by_uuid: Mapping[str, GpuSnapshot]) -> dict[str, Any]:
         """Column updates for the attempt: per-card memory of a gang (its held/peak become the
         largest rank's), host RAM now and at its peak, CPU cores at their peak."""
         fields: dict[str, Any] = {}
-        uuids = attempt_uuids(attempt)
+        uuids = attempt.cards
         if len(uuids) > 1:
             per_card = {u: by_uuid[u].memory_of(set(pids)) for u in uuids if u in by_uuid}
-            dumped = json.dumps(per_card, sort_keys=True)
-            if dumped != attempt.get("held_by_gpu_json"):
-                fields["held_by_gpu_json"] = dumped
+            if per_card != attempt.held_by_gpu:
+                fields["held_by_gpu_json"] = json.dumps(per_card, sort_keys=True)
             peaks = {u: max(v, _peaks(attempt).get(u, 0)) for u, v in per_card.items()}
             if peaks != _peaks(attempt):
                 fields["peak_by_gpu_json"] = json.dumps(peaks, sort_keys=True)
             rank_mib = max(per_card.values(), default=0)
             fields["held_mib"] = rank_mib
-            if rank_mib > int(attempt["peak_mib"] or 0):
+            if rank_mib > attempt.peak_mib:
                 fields["peak_mib"] = rank_mib
         ranks = _ranks(attempt)
         for uuid in uuids:
@@ -76,17 +67,17 @@ class ResourceTracker:
             fields["peak_by_rank_json"] = json.dumps(ranks, sort_keys=True)
         if self.host is not None:
             host_mib = self.host.tree_mib(pids)
-            if host_mib != attempt.get("host_held_mib"):
+            if host_mib != attempt.host_held_mib:
                 fields["host_held_mib"] = host_mib
-            if host_mib > int(attempt.get("host_peak_mib") or 0):
+            if host_mib > attempt.host_peak_mib:
                 fields["host_peak_mib"] = host_mib
         now = time.monotonic()
         used_s = cpu_seconds(pids)
-        previous = self._cpu.get(int(attempt["id"]))
-        self._cpu[int(attempt["id"])] = (used_s, now)
+        previous = self._cpu.get(attempt.id)
+        self._cpu[attempt.id] = (used_s, now)
         if previous is not None and now > previous[1]:
             cores = round(max(0.0, used_s - previous[0]) / (now - previous[1]), 2)
-            if cores > float(attempt.get("cpu_peak_cores") or 0.0):
+            if cores > (attempt.cpu_peak_cores or 0.0):
                 fields["cpu_peak_cores"] = cores
         return fields
 

@@ -4,10 +4,9 @@ rendered here and nowhere else. Pure."""
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Mapping
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 
 class Blocker(str, Enum):
@@ -156,7 +155,7 @@ def held(suite: str, paused: Container[str], draining: bool, hold: str | None) -
     return None
 
 
-def held_reason(job: Mapping[str, Any], paused: Container[str], draining: bool, hold: str | None) -> str | None:
+def held_reason(suite: str, paused: Container[str], draining: bool, hold: str | None) -> str | None:
     """The same as text, for a scheduling pass that does not pack (a cluster's queue)."""
-    wait = held(str(job["suite"]), paused, draining, hold)
+    wait = held(suite, paused, draining, hold)
     return None if wait is None else render(wait)

@@ -14,6 +14,7 @@ from orchestrator.plans import CRASH_LOOP_OFF, CrashLoop, expand_jobs, load_suit
 from orchestrator.store import Store
 from orchestrator.store.db import now_s
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.rows import Job
 from tests.store_helpers import old_database_with_one_job
 
 
@@ -26,25 +27,25 @@ def write_suite(plans: Path, name: str, **settings: Any) -> Path:
     return plans
 
 
-def submit(store: Store, plans: Path, name: str, n_jobs: int) -> list[dict[str, Any]]:
+def submit(store: Store, plans: Path, name: str, n_jobs: int) -> list[Job]:
     suite = load_suite(name, plans)
     pairs = parse_pairs(" ".join(f"{seed}:task" for seed in range(1, n_jobs + 1)))
     submit_jobs(store, suite, expand_jobs(suite, pairs, {}, None, 0), allowed_gpus=None, priority=0,
                 force=False, dry_run=False)
-    return store.query("SELECT * FROM jobs WHERE suite = ? ORDER BY id", [name])
+    return [Job.from_row(r) for r in store.query("SELECT * FROM jobs WHERE suite = ? ORDER BY id", [name])]
 
 
-def add_failed_attempt(store: Store, job: dict[str, Any], ran_s: float, ended_ago_s: float = 1.0,
-                       reason: str = "exit 1") -> None:
+def add_failed_attempt(store: Store, job: Job, ran_s: float, ended_ago_s: float = 1.0,
+                       reason: str = "exit 1", kill_requested: str | None = None) -> None:
     """An attempt that failed `ended_ago_s` ago after running `ran_s`."""
     ended_at = now_s() - ended_ago_s
     with store.write():
         store.db.execute(
             "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, run_dir, predicted_peak_mib, "
-            "prediction_source, reserved_mib, started_at, ended_at, outcome, reason) "
+            "prediction_source, reserved_mib, started_at, ended_at, outcome, reason, kill_requested) "
             "VALUES (?, (SELECT count(*) + 1 FROM attempts WHERE job_id = ?), 0, 'GPU-0', 0, 'run', 1024, "
-            "'declared', 0, ?, ?, 'failed', ?)",
-            [job["id"], job["id"], ended_at - ran_s, ended_at, reason],
+            "'declared', 0, ?, ?, 'failed', ?, ?)",
+            [job.id, job.id, ended_at - ran_s, ended_at, reason, kill_requested],
         )
 
 
@@ -90,7 +91,7 @@ def test_guard_pauses_after_the_suites_count(db_path: Path, tmp_path: Path) -> N
         add_failed_attempt(store, jobs[0], ran_s=1.0)
         add_failed_attempt(store, jobs[1], ran_s=8.0)  # slower than within_s: not counted
         add_failed_attempt(store, jobs[2], ran_s=1.0, ended_ago_s=120.0)  # outside the window
-        add_failed_attempt(store, jobs[2], ran_s=1.0, reason="hung")  # hangs have their own rule
+        add_failed_attempt(store, jobs[2], ran_s=1.0, reason="hung", kill_requested="hung")  # hangs have their own rule
         guard_crash_loop(store, "tight", guard)
         assert paused(store) == {}
         add_failed_attempt(store, jobs[1], ran_s=4.0)
@@ -115,7 +116,7 @@ def test_jobs_queued_before_the_setting_keep_the_old_guard(db_path: Path) -> Non
     # A state.db migrated up to just before the crash-loop columns, with a job in it.
     old_database_with_one_job(db_path, stop_before="m002_crash_loop")
     with Store(db_path) as store:
-        assert crash_loop_of(store.query("SELECT * FROM jobs")[0]) == CrashLoop(3, 30.0, 300.0)
+        assert crash_loop_of(Job.from_row(store.query("SELECT * FROM jobs")[0])) == CrashLoop(3, 30.0, 300.0)
 
 
 @pytest.mark.parametrize("failures", [1, 4])

@@ -9,6 +9,7 @@ import pytest
 from orchestrator.dispatch import load_durations
 from orchestrator.durations import CompletedRun, DurationTable, expected_duration_s
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
@@ -64,10 +65,10 @@ def test_the_daemon_reads_succeeded_attempts_from_its_store(db_path: Path) -> No
             jobs[1]["id"]: ("oom", 5.0),  # an OOM says nothing about how long the job takes
         }
         for job_id, (outcome, wall_s) in ran.items():
-            plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, "declared", 1024)
+            plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
             attempt = start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}")
             update_attempt(
-                store, attempt["id"], outcome=outcome, ended_at=attempt["started_at"] + wall_s
+                store, attempt.id, outcome=outcome, ended_at=attempt.started_at + wall_s
             )
         table = load_durations(store)
     first, second = jobs[0], jobs[1]

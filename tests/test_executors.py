@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from e2e_helpers import orch_env, requires_tmux, wait_until
+from rows_helpers import attempt_of
 
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import RemoteStatus
@@ -29,7 +31,7 @@ from orchestrator.executors.slurm_parse import (
     shards_for,
 )
 from orchestrator.launch.wrapper import wrapper_argv
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.reconcile import Observation
 from orchestrator.rundir_files import RunDir
 from orchestrator.runfiles import read_gpu_peak_mib
@@ -109,7 +111,7 @@ def test_slurm_states_map_to_what_they_mean_for_an_attempt(state: str, kind: Slu
 
 # -- a cluster-owned attempt's end -----------------------------------------------------------
 
-ATTEMPT = {"id": 1, "executor_id": "42", "launcher": "slurm", "started_at": 100.0, "kill_requested": None}
+ATTEMPT = attempt_of(id=1, executor_id="42", launcher="slurm", started_at=100.0, kill_requested=None)
 
 
 def _obs(exit_record: dict | None = None, pid_record: dict | None = None) -> Observation:
@@ -129,7 +131,7 @@ def test_slurm_ends_without_an_exit_record_carry_the_state_in_the_reason() -> No
     assert remote_end(ATTEMPT, _obs(), _status("NODE_FAIL"), True, 50.0) == (AttemptOutcome.LOST, "Slurm job 42 ended NODE_FAIL", True)
     assert remote_end(ATTEMPT, _obs(), _status("PREEMPTED"), True, 50.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
     assert remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, 50.0) == (AttemptOutcome.FAILED, "Slurm job 42 ended TIMEOUT", False)
-    cancelled = {**ATTEMPT, "kill_requested": "cancel"}
+    cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
     assert remote_end(cancelled, _obs(), _status("CANCELLED"), True, 50.0)[0] is AttemptOutcome.CANCELLED  # type: ignore[index]
 
 
@@ -137,7 +139,7 @@ def test_waiting_running_or_unanswered_concludes_nothing() -> None:
     assert remote_end(ATTEMPT, _obs(), _status("PENDING", "Priority"), True, 50.0) is None
     assert remote_end(ATTEMPT, _obs(pid_record={"pid": 5}), _status("RUNNING"), True, 50.0) is None
     assert remote_end(ATTEMPT, _obs(), None, False, 500.0) is None  # the poll failed
-    claimed = {**ATTEMPT, "executor_id": None, "launcher": None}
+    claimed = replace(ATTEMPT, executor_id=None, launcher=None)
     assert remote_end(claimed, _obs(), None, False, 500.0) is None
     assert remote_end(claimed, _obs(), None, True, 500.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
     assert remote_end(claimed, _obs(), None, True, 50.0) is None  # claimed by this daemon: sbatch may still return
@@ -272,7 +274,7 @@ def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(
 
 
 def test_an_sbatch_that_never_answered_is_lost_once_its_name_stays_absent() -> None:
-    timed_out = {**ATTEMPT, "executor_id": None, "launcher": "slurm", "started_at": 180.0}
+    timed_out = replace(ATTEMPT, executor_id=None, launcher="slurm", started_at=180.0)
     assert remote_end(timed_out, _obs(), None, True, 50.0) is None  # within the launch grace (now 200)
     late = Observation(pid_record=None, exit_record=None, process_alive=False, last_progress=None,
                        last_progress_at=None, now_s=1000.0)

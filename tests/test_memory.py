@@ -23,6 +23,7 @@ from orchestrator.memory import (
     shape_key,
     update_shape,
 )
+from orchestrator.prediction_source import PredictionSource, SourceKind
 
 PEFT_DIR = Path(__file__).resolve().parent.parent / "plans" / "peft"
 QKVO: dict[str, Any] = {"r": 8, "lora_dropout": 0.05, "target_modules": ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"]}  # fmt: skip
@@ -137,10 +138,10 @@ def test_prediction_sources_in_order() -> None:
     measured = ShapeMemory(peak_mib=8000, oom_floor_mib=None, samples=1)
     assert predict_peak_mib(measured, 9000, 12288) == predict_peak_mib(measured, None, None)
     got = predict_peak_mib(measured, 9000, 12288)
-    assert (got.mib, got.source) == (8400, "measured")
-    assert predict_peak_mib(None, 9000, 12288).source == "estimate"
+    assert (got.mib, got.source.kind) == (8400, SourceKind.MEASURED)
+    assert predict_peak_mib(None, 9000, 12288).source.kind is SourceKind.ESTIMATE
     assert predict_peak_mib(None, None, 12288).mib == 12288
-    assert predict_peak_mib(None, None, None).source == "none"
+    assert predict_peak_mib(None, None, None).source.kind is SourceKind.NONE
 
 
 @pytest.mark.parametrize("estimate", [None, 5000, 20000])
@@ -155,7 +156,7 @@ def test_never_predicts_below_the_oom_floor(
     without_floor = predict_peak_mib(ShapeMemory(peak, None, 1), estimate, declared)
     floor_won = without_floor.mib < got.mib
     assert got.mib == max(without_floor.mib, 12300)
-    assert got.source == ("OOM floor" if floor_won else without_floor.source)
+    assert got.source == (PredictionSource(SourceKind.OOM_FLOOR) if floor_won else without_floor.source)
 
 
 def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
@@ -174,10 +175,10 @@ def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
     assert third.oom_floor_mib is not None and third.oom_floor_mib > 8000
     assert done == ShapeMemory(peak_mib=8000, oom_floor_mib=8000, samples=1)
     assert predict_peak_mib(done, None, 4000) == predict_peak_mib(ShapeMemory(8000, None, 1), None, 4000)
-    assert predict_peak_mib(done, None, 4000).source == "measured"
+    assert predict_peak_mib(done, None, 4000).source.kind is SourceKind.MEASURED
     again = update_shape(done, 7000, AttemptOutcome.OOM, 7500)
     assert again.oom_floor_mib == math.ceil(8000 * OOM_FLOOR_GROWTH)
-    assert predict_peak_mib(again, None, 4000).source == "OOM floor"
+    assert predict_peak_mib(again, None, 4000).source.kind is SourceKind.OOM_FLOOR
     # A floor below the measurement stays (it is a true lower bound).
     low = update_shape(update_shape(None, 3000, AttemptOutcome.OOM, 5000), 8000, AttemptOutcome.SUCCEEDED, None)
     assert low.oom_floor_mib == 5000

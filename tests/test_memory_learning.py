@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from rows_helpers import attempt_of, job_of
 
 from orchestrator.learned import Knowledge, attempt_peak_so_far, running_peaks
 from orchestrator.memory import ShapeMemory, predict_peak_mib, shape_key
 from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.shapes import (
     RunningPeak,
     Transfer,
@@ -21,6 +23,7 @@ from orchestrator.shapes import (
     running_margin,
     task_transfer,
 )
+from orchestrator.store.rows import Attempt
 from orchestrator.throughput import curves_by_gpu, interval_rate, marginal_gain, relative_curve
 
 BASE = {"model": "m", "batch_size": 8, "max_seq_len": 256, "prec": "bf16", "learning_rate": 1e-4,
@@ -90,20 +93,21 @@ def test_margins_shrink_with_evidence() -> None:
 def test_running_peak_is_used_until_completion_replaces_it() -> None:
     running = RunningPeak(peak_mib=10_000, step=10)
     p = predict_peak_mib(None, 30_000, 20_000, running=running)
-    assert (p.mib, p.source) == (11_500, "measured (running, step 10)")
+    assert (p.mib, p.source) == (11_500, PredictionSource(SourceKind.RUNNING, step=10))
+    assert p.source.render() == "measured (running, step 10)"
     done = predict_peak_mib(ShapeMemory(10_400, None, 1), 30_000, 20_000, running=running)
-    assert (done.mib, done.source) == (10_920, "measured")
+    assert (done.mib, done.source.kind) == (10_920, SourceKind.MEASURED)
     # a running attempt that has already gone above the completed peak raises it
     higher = predict_peak_mib(ShapeMemory(9_000, None, 1), None, None, running=running)
     assert higher.mib == 10_500
     # an OOM floor above everything still wins
     floor = predict_peak_mib(ShapeMemory(None, 15_000, 0), None, None, running=running)
-    assert floor.source == "OOM floor" and floor.mib == 15_750
+    assert floor.source.kind is SourceKind.OOM_FLOOR and floor.mib == 15_750
 
 
 def test_transfer_comes_before_estimate_and_declared() -> None:
-    p = predict_peak_mib(None, 30_000, 20_000, transfer=Transfer(8_000, "level 0 peak"))
-    assert (p.mib, p.source) == (8_400, "measured (level 0 peak)")
+    p = predict_peak_mib(None, 30_000, 20_000, transfer=Transfer(8_000, PredictionSource(SourceKind.LEVEL, level=0)))
+    assert (p.mib, p.source.render()) == (8_400, "measured (level 0 peak)")
 
 
 def test_fold_running_keeps_the_largest_peak_and_furthest_step() -> None:
@@ -111,11 +115,14 @@ def test_fold_running_keeps_the_largest_peak_and_furthest_step() -> None:
     assert folded == {"a": RunningPeak(5_500, 12, 2), "b": RunningPeak(1_000, 30, 1)}
 
 
+LEVEL_1 = PredictionSource(SourceKind.LEVEL, level=1)
+
+
 def test_level_transfer_takes_the_nearest_lower_level_scaled_down() -> None:
     assert level_transfer(0, {1: 9_000}) is None  # a higher level says nothing about a lower one
-    assert level_transfer(2, {0: 14_000, 1: 9_000}) == Transfer(9_000, "level 1 peak")
-    assert level_transfer(2, {1: 9_000}, {1: 0.7}) == Transfer(6_300, "level 1 peak")
-    assert level_transfer(2, {1: 9_000}, {1: 1.4}) == Transfer(9_000, "level 1 peak")  # a bound
+    assert level_transfer(2, {0: 14_000, 1: 9_000}) == Transfer(9_000, LEVEL_1)
+    assert level_transfer(2, {1: 9_000}, {1: 0.7}) == Transfer(6_300, LEVEL_1)
+    assert level_transfer(2, {1: 9_000}, {1: 1.4}) == Transfer(9_000, LEVEL_1)  # a bound
 
 
 def test_task_transfer_scales_by_prompt_length_and_keeps_the_tightest_bound() -> None:
@@ -126,16 +133,17 @@ def test_task_transfer_scales_by_prompt_length_and_keeps_the_tightest_bound() ->
     shorter = task_transfer(200, {"rte": (4_000, 100)})  # shorter there: scale the whole peak up
     assert shorter is not None and shorter.mib == 8_000
     both = task_transfer(150, {"qnli": (9_000, 300), "rte": (4_000, 100)})
-    assert both is not None and both.mib == 6_000 and both.source.startswith("rte peak")
+    assert both is not None and both.mib == 6_000 and both.source.task == "rte"
+    assert both.source.render() == "measured (rte peak at 100 tokens, scaled to 150)"
 
 
-def _attempt(job_id: int, level: int, step: int | None, peak: int, reported: int | None = None) -> dict[str, object]:
+def _attempt(job_id: int, level: int, step: int | None, peak: int, reported: int | None = None) -> Attempt:
     progress = None if step is None else json.dumps({"step": step, "peak_mem_mib": reported})
-    return {"job_id": job_id, "level": level, "progress_json": progress, "peak_mib": peak}
+    return attempt_of(job_id=job_id, level=level, progress_json=progress, peak_mib=peak)
 
 
 def test_running_peaks_from_live_attempts() -> None:
-    jobs = {1: {"config_json": json.dumps({"eval_every_steps": 20})}, 2: {"config_json": "{}"}, 3: {"config_json": "{}"}}
+    jobs = {1: job_of(id=1, config_json=json.dumps({"eval_every_steps": 20})), 2: job_of(id=2), 3: job_of(id=3)}
     live = [_attempt(1, 0, 15, 9_000), _attempt(2, 0, 12, 5_000, reported=5_200), _attempt(3, 0, 3, 7_000)]
     peaks = running_peaks(live, jobs, lambda job, attempt: "k")
     assert peaks == {"k": RunningPeak(5_200, 12, 1)}  # job 1 awaits its evaluation, job 3 step K
@@ -147,9 +155,9 @@ def test_knowledge_transfers_between_levels_then_tasks() -> None:
     running = {shape_key("h", "m", 1, "qnli"): RunningPeak(7_000, 15)}
     k = Knowledge(shapes, running)
     lengths = {"rte": 100, "qnli": 250, "sst2": 50}.get
-    assert k.transfer(shape_key("h", "m", 2, "rte"), None, lengths) == Transfer(12_000, "level 0 peak")
+    assert k.transfer(shape_key("h", "m", 2, "rte"), None, lengths) == Transfer(12_000, PredictionSource(SourceKind.LEVEL, level=0))
     via_task = k.transfer(shape_key("h", "m", 1, "sst2"), None, lengths)
-    assert via_task is not None and via_task.mib == 7_000 and via_task.source.startswith("qnli")
+    assert via_task is not None and via_task.mib == 7_000 and via_task.source.task == "qnli"
     assert k.transfer(shape_key("other", "m", 1, "rte"), None, lengths) is None
 
 
@@ -251,8 +259,8 @@ def test_a_floor_equal_to_the_measured_peak_does_not_outbid_it() -> None:
     # a success after an OOM leaves floor == peak; with more samples the margin shrinks alike
     for samples in (1, 2, 5):
         p = predict_peak_mib(ShapeMemory(15_360, 15_360, samples), None, 8_192)
-        assert p.source == "measured", samples
-    assert predict_peak_mib(ShapeMemory(15_360, 20_000, 3), None, 8_192).source == "OOM floor"
+        assert p.source.kind is SourceKind.MEASURED, samples
+    assert predict_peak_mib(ShapeMemory(15_360, 20_000, 3), None, 8_192).source.kind is SourceKind.OOM_FLOOR
 
 
 def test_packing_benchmark_oracle_and_step_k_learning() -> None:

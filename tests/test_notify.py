@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.notify import job_failed_line, suite_finished_line
+from orchestrator.store.notify_queries import TerminalEvent
 from tests.conftest import OrchRunner
 from tests.e2e_helpers import orch_env, requires_tmux, wait_until
 
@@ -116,9 +117,9 @@ def test_bad_notify_urls_are_refused(orch_inproc: OrchRunner, tmp_path: Path, db
 
 
 def test_lines_are_one_line_summaries() -> None:
-    job = {"id": 7, "suite": "E1", "config_name": "r8", "seed": 87, "data": "glue_rte",
-           "reason": "RuntimeError: boom\nTraceback ..."}
-    assert job_failed_line(job) == "orch: job 7 failed (E1/r8 seed 87 glue_rte): RuntimeError: boom"
+    event = TerminalEvent(event_id=1, to_state="failed", job_id=7, suite="E1", config_name="r8", seed=87,
+                          data="glue_rte", reason="RuntimeError: boom\nTraceback ...")
+    assert job_failed_line(event) == "orch: job 7 failed (E1/r8 seed 87 glue_rte): RuntimeError: boom"
     assert suite_finished_line("E1", {"succeeded": 3, "cancelled": 1}, "state.db") == (
         "orch: suite E1 finished: 3 succeeded, 1 cancelled (state.db)"
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+from rows_helpers import attempt_of
 
 from orchestrator.launch.wrapper import claim_run_dir
 from orchestrator.lifecycle import AttemptOutcome
@@ -27,15 +28,16 @@ from orchestrator.reconcile import (
     observe,
 )
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.rows import Attempt
 
 NOW = 1_000_000.0
 HANG_S = 600.0
 
 
-def attempt_row(**fields: Any) -> dict[str, Any]:
+def attempt_row(**fields: Any) -> Attempt:
     row: dict[str, Any] = {"id": 1, "started_at": NOW - 5, "launcher": "tmux", "window_id": "@3",
                            "pid": None, "pgid": None, "proc_create_time": None}
-    return {**row, **fields}
+    return attempt_of(**{**row, **fields})
 
 
 def observation(pid_record: dict[str, Any] | None = None, *, alive: bool = False, **fields: Any) -> Observation:
@@ -125,7 +127,7 @@ def test_window_open_but_no_pid_json_yet_waits_within_the_grace() -> None:
     assert judge(row, observation(window_alive=True), HANG_S, DAEMON_START) is Verdict.PENDING
     assert judge(row, observation(window_alive=None), HANG_S, DAEMON_START) is Verdict.PENDING
     assert judge(row, observation(window_alive=False), HANG_S, DAEMON_START) is Verdict.LOST
-    late = observation(window_alive=True, now_s=row["started_at"] + LAUNCH_GRACE_S + 1)
+    late = observation(window_alive=True, now_s=row.started_at + LAUNCH_GRACE_S + 1)
     assert judge(row, late, HANG_S, DAEMON_START) is Verdict.LOST
 
 

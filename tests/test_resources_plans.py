@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rows_helpers import attempt_of
 
 from orchestrator.errors import PlanError
 from orchestrator.gpu.host import SimHost, sim_topology
@@ -66,11 +67,12 @@ def test_nproc_and_port_are_template_names() -> None:
 
 
 def test_a_gang_attempt_is_one_running_attempt_per_card() -> None:
-    attempt = {"job_id": 3, "gpu_index": 2, "gpu_uuid": "U2", "gpu_uuids_json": json.dumps(["U2", "U3"]),
-               "held_by_gpu_json": json.dumps({"U2": 100, "U3": 200}), "held_mib": 200,
-               "predicted_peak_mib": 500, "reached_peak": 0, "run_alone": 0}
-    assert attempt_uuids(attempt) == ["U2", "U3"]
-    ranks = running_attempts([attempt], {"U2": 2, "U3": 3}, lambda a: 99.0)
+    row = {"job_id": 3, "gpu_index": 2, "gpu_uuid": "U2", "gpu_uuids_json": json.dumps(["U2", "U3"]),
+           "held_by_gpu_json": json.dumps({"U2": 100, "U3": 200}), "held_mib": 200,
+           "predicted_peak_mib": 500, "reached_peak": 0, "run_alone": 0}
+    assert attempt_uuids(row) == ["U2", "U3"]
+    assert attempt_of(**row).cards == ("U2", "U3")
+    ranks = running_attempts([attempt_of(**row)], {"U2": 2, "U3": 3}, lambda a: 99.0)
     assert [(r.gpu_index, r.held_mib, r.expected_end_s) for r in ranks] == [(2, 100, 99.0), (3, 200, 99.0)]
     assert attempt_uuids({"gpu_uuid": "U1", "gpu_uuids_json": "not json"}) == ["U1"]
 
@@ -82,8 +84,8 @@ def test_host_prediction_and_state() -> None:
     assert predict_host_mib(None, None, None) == (0, "unknown")
     from orchestrator.gpu.host import HostSnapshot
 
-    live = [{"job_id": 1, "reached_peak": 0, "predicted_host_mib": 4000, "host_held_mib": 1000},
-            {"job_id": 2, "reached_peak": 1, "predicted_host_mib": 4000, "host_held_mib": 1000}]
+    live = [attempt_of(job_id=1, reached_peak=0, predicted_host_mib=4000, host_held_mib=1000),
+            attempt_of(job_id=2, reached_peak=1, predicted_host_mib=4000, host_held_mib=1000)]
     state = host_state(HostSnapshot(32000, 20000, 16), 2000, live, {1: 4, 2: None}, True)
     assert (state.available_mib, state.total_mib, state.free_cpus) == (15000, 30000, 12)
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rows_helpers import attempt_of
 
 from orchestrator.launch.rundir import prepare_run_dir
 from orchestrator.launch.runtree import RunTreeError, check_runs_root
@@ -150,9 +151,9 @@ def test_invalid_pid_json_is_judged_on_the_launchers_process(tmp_path: Path) -> 
     alive while the wrapper the launcher started runs, and lost once that is gone."""
     run_dir = _run_dir(tmp_path)
     (run_dir / "pid.json").write_text("{not json")
-    me = {"id": 1, "started_at": time.time(), "launcher": "tmux", "window_id": "@1",
-          "pid": os.getpid(), "pgid": None, "proc_create_time": __import__("psutil").Process().create_time(),
-          "run_dir": str(run_dir)}
+    me = attempt_of(id=1, started_at=time.time(), launcher="tmux", window_id="@1",
+                    pid=os.getpid(), pgid=None, proc_create_time=__import__("psutil").Process().create_time(),
+                    run_dir=str(run_dir))
     obs = observe(run_dir, time.time(), me)
     assert obs.pid_file_present and obs.pid_record is None and obs.launcher_alive
     assert judge(me, obs, 600) is Verdict.ALIVE

@@ -27,6 +27,7 @@ from orchestrator.store.jobs import (
     submit_jobs,
     transition,
 )
+from orchestrator.store.rows import Job
 from orchestrator.store.schema import MIGRATIONS
 from tests.store_helpers import old_database_with_one_job
 
@@ -84,7 +85,7 @@ def test_jobs_queued_before_host_steps_have_none(db_path: Path) -> None:
     with Store(db_path) as store:
         job = store.query("SELECT * FROM jobs")[0]
     assert job["host_steps_json"] == "[]"
-    assert job_host_settings(job) == NO_HOST_STEPS
+    assert job_host_settings(Job.from_row(job)) == NO_HOST_STEPS
 
 
 def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:

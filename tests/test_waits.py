@@ -18,8 +18,8 @@ def test_held_orders_pause_then_hold_then_draining() -> None:
     assert held("b", {"a"}, True, "disk full") == Wait(WaitKind.HOLD, text="disk full")
     assert held("b", {"a"}, True, None) == Wait(WaitKind.DRAINING)
     assert held("b", {"a"}, False, None) is None
-    assert held_reason({"suite": "a"}, {"a"}, False, None) == "suite a is paused"
-    assert held_reason({"suite": "b"}, set(), True, None) == "daemon is draining: nothing new starts"
+    assert held_reason("a", {"a"}, False, None) == "suite a is paused"
+    assert held_reason("b", set(), True, None) == "daemon is draining: nothing new starts"
 
 
 def test_a_kept_card_is_named_after_the_reason() -> None:

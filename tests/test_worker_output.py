@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rows_helpers import attempt_of
 
 from orchestrator import stdout_follow
 from orchestrator.outcomes import crash_loop_of, fail_before_start
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.reconcile import Observation, Verdict, judge, observe
 from orchestrator.stdout_follow import MAX_READ_BYTES, TAIL_START_BYTES, OutputFollower
 from orchestrator.store import Store
@@ -26,7 +28,7 @@ def observation(**fields: Any) -> Observation:
     return Observation(**{**base, **fields})
 
 
-ATTEMPT = {"started_at": NOW - 100.0, "pid": None, "proc_create_time": None}
+ATTEMPT = attempt_of(started_at=NOW - 100.0, pid=None, proc_create_time=None)
 
 
 @pytest.mark.parametrize(
@@ -118,10 +120,10 @@ def test_launch_failures_count_for_the_crash_loop_guard(db_path: Path, tmp_path:
     with Store(db_path) as store:
         jobs = submit(store, plans, "broken", 3)
         for job in jobs:
-            plan = AttemptPlan(job_id=job["id"], gpu_index=0, gpu_uuid="GPU-0", level=0, level_step="as_configured",
+            plan = AttemptPlan(job_id=job.id, gpu_index=0, gpu_uuid="GPU-0", level=0, level_step="as_configured",
                                changes={}, overrides={}, run_alone=False, predicted_peak_mib=1024,
-                               prediction_source="declared", reserved_mib=1024)
-            attempt = start_attempt(store, plan, lambda n, job=job: tmp_path / "runs" / str(job["id"]) / str(n))
+                               prediction_source=PredictionSource(SourceKind.DECLARED), reserved_mib=1024)
+            attempt = start_attempt(store, plan, lambda n, job=job: tmp_path / "runs" / str(job.id) / str(n))
             assert "broken" not in paused(store)
             fail_before_start(store, attempt, "could not start: unknown placeholder {batch_size}")
         assert crash_loop_of(jobs[0]).failures == 3

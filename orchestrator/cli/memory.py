@@ -32,7 +32,7 @@ def _running(store: Store) -> dict[str, RunningPeak]:
 
     live, jobs = live_attempts_and_jobs(store)
     cache = JobShapeCache()
-    return running_peaks(live, jobs, lambda j, a: attempt_shape_key(dict(j), a, cache))
+    return running_peaks(live, jobs, lambda j, a: attempt_shape_key(j, a, cache))
 
 
 def memory_snapshot(store: Store) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from orchestrator.errors import UsageError
 from orchestrator.launch.base import LaunchHandle, LaunchSpec
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.rows import Attempt, Job
 
 
 class NotAttachable(UsageError):
@@ -38,20 +39,20 @@ class Executor(Protocol):
 
     def launch(self, spec: LaunchSpec) -> LaunchHandle: ...
 
-    def poll(self, attempts: Sequence[Mapping[str, Any]]) -> dict[int, RemoteStatus] | None:
-        """Status by attempt id for attempts this executor owns; None when the backend could
-        not be asked this tick (nothing may be concluded from that)."""
+    def poll(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
+        """Status by attempt id for the live attempts (each with its job) this executor owns;
+        None when the backend could not be asked this tick (nothing may be concluded from that)."""
         ...
 
-    def cancel(self, attempt: Mapping[str, Any]) -> None: ...
+    def cancel(self, attempt: Attempt, job: Job) -> None: ...
 
-    def cleanup(self, attempt: Mapping[str, Any]) -> None:
+    def cleanup(self, attempt: Attempt) -> None:
         """Called once the attempt's end is recorded: close what the backend kept open for it."""
         ...
 
-    def logs(self, attempt: Mapping[str, Any]) -> Path: ...
+    def logs(self, attempt: Attempt) -> Path: ...
 
-    def attach(self, attempt: Mapping[str, Any]) -> list[str]:
+    def attach(self, attempt: Attempt) -> list[str]:
         """The argv that shows the running attempt; NotAttachable where there is none."""
         ...
 
@@ -62,13 +63,14 @@ class Executor(Protocol):
     def attach_command(self, window_id: str) -> list[str]: ...
 
 
-def log_path(attempt: Mapping[str, Any]) -> Path:
+def log_path(attempt: Attempt) -> Path:
     """Where every executor's attempt output is: the wrapper writes it into the run dir."""
-    return RunDir(str(attempt["run_dir"])).log
+    return RunDir(attempt.run_dir).log
 
 
 def attach_argv(attempt: Mapping[str, Any], tmux_socket: str) -> list[str]:
-    """What `orch attach` runs for an attempt, from its row alone (no backend is asked)."""
+    """What `orch attach` runs for an attempt, from its row alone (no backend is asked): the
+    attempt row as `orch attach` reads it, or a typed Attempt's fields (`dataclasses.asdict`)."""
     executor = attempt.get("executor") or attempt.get("launcher")
     job = attempt.get("job_id")
     if executor == "slurm":

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from orchestrator.executors.base import NotAttachable, RemoteStatus, log_path
 from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
+from orchestrator.store.rows import Attempt, Job
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +32,28 @@ class LocalExecutor:
     def launch(self, spec: LaunchSpec) -> LaunchHandle:
         return self.launcher.launch(spec)
 
-    def poll(self, attempts: Sequence[Mapping[str, Any]]) -> dict[int, RemoteStatus] | None:
+    def poll(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
         return {}
 
-    def cancel(self, attempt: Mapping[str, Any]) -> None:
+    def cancel(self, attempt: Attempt, job: Job) -> None:
         """Local attempts are stopped by their process group (the daemon's kill path)."""
 
-    def cleanup(self, attempt: Mapping[str, Any]) -> None:
-        window_id = attempt.get("window_id")
-        if window_id and attempt.get("launcher") == self.name:
+    def cleanup(self, attempt: Attempt) -> None:
+        window_id = attempt.window_id
+        if window_id and attempt.launcher == self.name:
             try:
                 self.launcher.kill_window(str(window_id))
             except Exception:  # a window we cannot close is only clutter
-                log.warning("cannot close window %s of attempt %s", window_id, attempt.get("id"), exc_info=True)
+                log.warning("cannot close window %s of attempt %s", window_id, attempt.id, exc_info=True)
 
-    def logs(self, attempt: Mapping[str, Any]) -> Path:
+    def logs(self, attempt: Attempt) -> Path:
         return log_path(attempt)
 
-    def attach(self, attempt: Mapping[str, Any]) -> list[str]:
-        window_id = attempt.get("executor_id") or attempt.get("window_id")
+    def attach(self, attempt: Attempt) -> list[str]:
+        window_id = attempt.executor_id or attempt.window_id
         argv = self.launcher.attach_command(str(window_id)) if window_id else []
         if not argv:
-            raise NotAttachable(f"attempt {attempt.get('id')} has no window here ({self.name} executor): use `orch logs`")
+            raise NotAttachable(f"attempt {attempt.id} has no window here ({self.name} executor): use `orch logs`")
         return argv
 
     def window_alive(self, handle_window_id: str) -> bool:

@@ -7,13 +7,12 @@ the like: failed), with the backend's state in the reason. An unanswered poll co
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from orchestrator.executors.base import RemoteStatus
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.reconcile import LAUNCH_GRACE_S, Observation
+from orchestrator.store.rows import Attempt
 
 RemoteEnd = tuple[AttemptOutcome, str, bool]  # outcome, reason, retryable
 
@@ -25,7 +24,7 @@ def remote_observation(obs: Observation, status: RemoteStatus | None) -> Observa
 
 
 def remote_end(
-    attempt: Mapping[str, Any], obs: Observation, status: RemoteStatus | None, polled: bool,
+    attempt: Attempt, obs: Observation, status: RemoteStatus | None, polled: bool,
     daemon_started_at_s: float | None,
 ) -> str | RemoteEnd | None:
     """"finished" (exit record), an end decided by the backend, or None (still live / unknown)."""
@@ -33,22 +32,22 @@ def remote_end(
         return "finished"
     if status is None:
         never_submitted = (
-            polled and not attempt.get("executor_id") and attempt.get("launcher") is None
-            and daemon_started_at_s is not None and float(attempt["started_at"]) < daemon_started_at_s
+            polled and not attempt.executor_id and attempt.launcher is None
+            and daemon_started_at_s is not None and attempt.started_at < daemon_started_at_s
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
             return (AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", True)
-        unanswered = polled and attempt.get("launcher") and not attempt.get("executor_id") and obs.now_s - float(attempt["started_at"]) > LAUNCH_GRACE_S
+        unanswered = polled and attempt.launcher and not attempt.executor_id and obs.now_s - attempt.started_at > LAUNCH_GRACE_S
         if unanswered:  # sbatch timed out and no job of its name was ever seen in the queue
             return (AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue", True)
         return None
-    job = f"Slurm job {status.job_id or attempt.get('executor_id')}"
+    job = f"Slurm job {status.job_id or attempt.executor_id}"
     if status.kind in ("queued", "running"):
         return None
     if status.kind == "lost":
         return (AttemptOutcome.LOST, f"{job} ended {status.state}", True)
     if status.kind == "failed":
         return (AttemptOutcome.FAILED, f"{job} ended {status.state}", False)
-    if attempt.get("kill_requested") in ("cancel", "retry"):
+    if attempt.kill_requested in (KillRequest.CANCEL, KillRequest.RETRY):
         return (AttemptOutcome.CANCELLED, f"{job} cancelled (scancel)", True)
     return (AttemptOutcome.LOST, f"{job} ended {status.state} without an exit record", True)

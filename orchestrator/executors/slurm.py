@@ -15,10 +15,9 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from orchestrator.errors import LauncherError, UsageError
 from orchestrator.executors.base import RemoteStatus, attach_argv, log_path
@@ -39,6 +38,7 @@ from orchestrator.executors.slurm_parse import (
 from orchestrator.launch.base import LaunchHandle, LaunchSpec
 from orchestrator.launch.wrapper import wrapper_argv
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.rows import Attempt, Job
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,8 @@ class SlurmExecutor:
             return {}
         return parse_scontrol_jobs(done.stdout) if done.returncode == 0 else {}
 
-    def poll(self, attempts: Sequence[Mapping[str, Any]]) -> dict[int, RemoteStatus] | None:
-        ours = [a for a in attempts if a.get("executor") == self.name or a.get("launcher") == self.name]
+    def poll(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
+        ours = [(a, j) for a, j in attempts if a.executor == self.name or a.launcher == self.name]
         if not ours:
             return {}
         if time.monotonic() < self._next_poll_at:
@@ -181,13 +181,13 @@ class SlurmExecutor:
         by_name = {job.name: job for job in queue.values()}
         statuses: dict[int, RemoteStatus] = {}
         gone: dict[int, str] = {}
-        for attempt in ours:
-            job_id = str(attempt.get("executor_id") or "")
-            job = queue.get(job_id) if job_id else by_name.get(job_name(str(attempt["suite"]), int(attempt["job_id"]), int(attempt["n"])))
+        for attempt, of_job in ours:
+            job_id = attempt.executor_id or ""
+            job = queue.get(job_id) if job_id else by_name.get(job_name(of_job.suite, attempt.job_id, attempt.n))
             if job is not None:
-                statuses[int(attempt["id"])] = RemoteStatus(job.state, classify_state(job.state).value, job.reason, job.job_id)
+                statuses[attempt.id] = RemoteStatus(job.state, classify_state(job.state).value, job.reason, job.job_id)
             elif job_id:
-                gone[int(attempt["id"])] = job_id
+                gone[attempt.id] = job_id
         if gone:
             ended = self._finished(sorted(set(gone.values())))
             for attempt_id, job_id in gone.items():
@@ -199,12 +199,12 @@ class SlurmExecutor:
 
     # -- stop, attach, cleanup -------------------------------------------------------------
 
-    def cancel(self, attempt: Mapping[str, Any]) -> None:
-        job_id = str(attempt.get("executor_id") or "")
+    def cancel(self, attempt: Attempt, job: Job) -> None:
+        job_id = attempt.executor_id or ""
         if job_id:
             argv = ["scancel", job_id]
         else:  # submitted, but its id was never recorded: cancel it by its unique name
-            argv = ["scancel", "-u", self.user, "--name", job_name(str(attempt["suite"]), int(attempt["job_id"]), int(attempt["n"]))]
+            argv = ["scancel", "-u", self.user, "--name", job_name(job.suite, attempt.job_id, attempt.n)]
         try:
             done = _run(*argv)
         except (subprocess.TimeoutExpired, OSError) as exc:
@@ -212,14 +212,14 @@ class SlurmExecutor:
         if done.returncode != 0:
             raise LauncherError(f"scancel {job_id} failed: {done.stderr.strip()[:200]}")
 
-    def cleanup(self, attempt: Mapping[str, Any]) -> None:
+    def cleanup(self, attempt: Attempt) -> None:
         """Nothing stays open on a login node: Slurm's own output file is in the run dir."""
 
-    def logs(self, attempt: Mapping[str, Any]) -> Path:
+    def logs(self, attempt: Attempt) -> Path:
         return log_path(attempt)  # the wrapper writes it on the shared filesystem
 
-    def attach(self, attempt: Mapping[str, Any]) -> list[str]:
-        return attach_argv(attempt, "")  # raises NotAttachable, naming the Slurm job
+    def attach(self, attempt: Attempt) -> list[str]:
+        return attach_argv(asdict(attempt), "")  # raises NotAttachable, naming the Slurm job
 
     def window_alive(self, handle_window_id: str) -> bool:
         return False

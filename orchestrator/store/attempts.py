@@ -9,8 +9,10 @@ from typing import Any
 from orchestrator.errors import InvalidTransition
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import ShapeMemory
+from orchestrator.prediction_source import PredictionSource
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.jobs import add_event, transition
+from orchestrator.store.rows import Attempt
 
 
 @dataclass(frozen=True)
@@ -26,14 +28,14 @@ class AttemptPlan:
     overrides: dict[str, Any]
     run_alone: bool
     predicted_peak_mib: int
-    prediction_source: str
+    prediction_source: PredictionSource  # stored as its rendered text
     reserved_mib: int
     gpu_uuids: tuple[str, ...] = ()  # a multi-GPU job's cards in order (the first is gpu_uuid)
     port: int | None = None  # the rendezvous port chosen for this attempt ({port})
     predicted_host_mib: int = 0  # host RAM reserved for the attempt's process tree
 
 
-def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str, Any]:
+def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
     """Create the attempt and move its job queued -> running in one transaction, so the
     reservation exists the moment the job counts as running. `run_dir_for(n)` names the dir."""
     with store.write():
@@ -49,7 +51,7 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str
             [
                 plan.job_id, n, plan.gpu_index, plan.gpu_uuid, plan.level, plan.level_step,
                 json.dumps(plan.changes, sort_keys=True), json.dumps(plan.overrides, sort_keys=True),
-                int(plan.run_alone), run_dir, plan.predicted_peak_mib, plan.prediction_source,
+                int(plan.run_alone), run_dir, plan.predicted_peak_mib, plan.prediction_source.render(),
                 plan.reserved_mib, now_s(),
             ],
         )
@@ -65,12 +67,12 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> dict[str
             message=(
                 f"attempt {n} started on GPU {plan.gpu_index}{_more_gpus(plan)}{level_note}, predicted "
                 f"{plan.predicted_peak_mib / 1024:.1f} GiB{' per GPU' if len(plan.gpu_uuids) > 1 else ''} "
-                f"({plan.prediction_source})"
+                f"({plan.prediction_source.render()})"
             ),
             kind="start", expect_from=[JobState.QUEUED], attempt_id=attempt_id,
             fields={"attempt_count": n, "wait_reason": None},
         )
-    return store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])[0]
+    return Attempt.from_row(store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])[0])
 
 
 def _more_gpus(plan: AttemptPlan) -> str:
@@ -85,11 +87,14 @@ def update_attempt(store: Store, attempt_id: int, **fields: Any) -> None:
         store.db.execute(f"UPDATE attempts SET {assignments} WHERE id = ?", [*fields.values(), attempt_id])
 
 
-def live_attempts(store: Store) -> list[dict[str, Any]]:
-    return store.query(
-        "SELECT a.*, j.suite, j.config_name, j.worker, j.hang_timeout_s, j.state AS job_state, j.worker_output_json "
-        "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IS NULL ORDER BY a.id"
-    )
+def read_attempt(store: Store, attempt_id: int) -> Attempt | None:
+    rows = store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])
+    return Attempt.from_row(rows[0]) if rows else None
+
+
+def attempt_closed(store: Store, attempt_id: int) -> bool:
+    """The attempt's end is recorded."""
+    return bool(store.query("SELECT 1 FROM attempts WHERE id = ? AND outcome IS NOT NULL", [attempt_id]))
 
 
 @dataclass(frozen=True)
@@ -106,32 +111,34 @@ class AttemptEnd:
     output_metrics: dict[str, float] | None = None  # parsed from stdout when there is no result.json
 
 
-def finish_attempt(store: Store, attempt: dict[str, Any], end: AttemptEnd) -> None:
+def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
     """Record the attempt's end and move its job, atomically. A job that is no longer running
-    (cancelled meanwhile by hand) keeps its state; the attempt is still closed."""
+    (cancelled meanwhile by hand) keeps its state; the attempt is still closed. False when
+    another writer had closed it already (nothing is written then)."""
     with store.write():
         cursor = store.db.execute(
             "UPDATE attempts SET outcome = ?, reason = ?, exit_code = ?, signal = ?, peak_mib = ?, "
             "ended_at = ? WHERE id = ? AND outcome IS NULL",
-            [end.outcome, end.reason, end.exit_code, end.signal, end.peak_mib, now_s(), attempt["id"]],
+            [end.outcome, end.reason, end.exit_code, end.signal, end.peak_mib, now_s(), attempt.id],
         )
         if cursor.rowcount != 1:
-            return  # closed already by another writer
+            return False  # closed already by another writer
         if end.output_metrics:
             store.db.execute(
                 "UPDATE attempts SET output_metrics_json = ? WHERE id = ?",
-                [json.dumps(end.output_metrics), attempt["id"]],  # printed order: the first is the headline
+                [json.dumps(end.output_metrics), attempt.id],  # printed order: the first is the headline
             )
-        job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt["job_id"]])[0]
+        job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt.job_id])[0]
         if job["state"] == JobState.RUNNING.value:
             transition(
-                store, attempt["job_id"], end.job_state, message=end.message, kind=f"end:{end.outcome}",
-                expect_from=[JobState.RUNNING], attempt_id=attempt["id"], fields=end.job_fields,
+                store, attempt.job_id, end.job_state, message=end.message, kind=f"end:{end.outcome}",
+                expect_from=[JobState.RUNNING], attempt_id=attempt.id, fields=end.job_fields,
                 data=end.data,
             )
         else:
-            add_event(store, f"end:{end.outcome}", end.message, job_id=attempt["job_id"],
-                      attempt_id=attempt["id"], data=end.data)
+            add_event(store, f"end:{end.outcome}", end.message, job_id=attempt.job_id,
+                      attempt_id=attempt.id, data=end.data)
+    return True
 
 
 def _shape(row: dict[str, Any]) -> ShapeMemory:

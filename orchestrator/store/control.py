@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.lifecycle import KillRequest
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 
@@ -15,15 +16,15 @@ class LiveProcess:
     proc_create_time: float | None
 
 
-def request_stop(store: Store, job_id: int, why: str) -> LiveProcess | None:
-    """Mark the job's live attempt to be stopped (`why`: 'cancel' or 'retry'), with its event.
+def request_stop(store: Store, job_id: int, why: KillRequest) -> LiveProcess | None:
+    """Mark the job's live attempt to be stopped (`why`: cancel or retry), with its event.
     Returns its wrapper process, or None when the job has no live attempt."""
     with store.write():
         rows = store.query("SELECT id, pid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
         if not rows:
             return None
-        store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why, rows[0]["id"]])
-        add_event(store, why, f"{why} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
+        store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why.value, rows[0]["id"]])
+        add_event(store, why.value, f"{why.value} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
     return LiveProcess(rows[0]["id"], rows[0]["pid"], rows[0]["proc_create_time"])
 
 

@@ -95,6 +95,19 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        """One statement (inside `write()` for a change), its failure as StoreError."""
+        try:
+            return self.db.conn.execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        try:
+            return self.db.conn.executemany(sql, rows)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+
     def iter_query(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[dict[str, Any]]:
         """Rows one at a time from a cursor, fetched `batch` at a time: memory stays flat
         whatever the number of rows."""

@@ -4,9 +4,10 @@ throughput per GPU, shape and number of jobs on the card."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.store.db import Store, now_s
+from orchestrator.store.queue import live_attempts_with_jobs
+from orchestrator.store.rows import Attempt, Job
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,9 @@ def read_throughput(store: Store) -> list[ThroughputRow]:
     ]
 
 
-def live_attempts_and_jobs(store: Store) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+def live_attempts_and_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:
     """Every live attempt, and the jobs they belong to by id."""
-    live = store.query("SELECT * FROM attempts WHERE outcome IS NULL")
-    jobs = {j["id"]: j for j in store.query(
-        "SELECT * FROM jobs WHERE id IN (SELECT job_id FROM attempts WHERE outcome IS NULL)"
-    )}
-    return live, jobs
+    return live_attempts_with_jobs(store)
 
 
 def shape_known(store: Store, shape_key: str) -> bool:

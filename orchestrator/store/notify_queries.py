@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from orchestrator.store.db import Store, now_s
 
@@ -16,14 +16,33 @@ def last_event_id(store: Store) -> int:
     return int(rows[0]["id"] or 0) if rows else 0
 
 
-def terminal_events_since(store: Store, event_id: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class TerminalEvent:
+    """A job that reached succeeded, failed or cancelled, with what its notification names."""
+
+    event_id: int
+    to_state: str
+    job_id: int
+    suite: str
+    config_name: str
+    seed: int
+    data: str
+    reason: str | None
+
+
+def terminal_events_since(store: Store, event_id: int) -> list[TerminalEvent]:
     """Jobs that reached succeeded, failed or cancelled after `event_id`, with the job's fields."""
     marks = ",".join("?" * len(TERMINAL))
-    return store.query(
+    rows = store.query(
         "SELECT e.id AS event_id, e.to_state, j.id, j.suite, j.config_name, j.seed, j.data, j.reason "
         f"FROM events e JOIN jobs j ON j.id = e.job_id WHERE e.id > ? AND e.to_state IN ({marks}) ORDER BY e.id",
         [event_id, *TERMINAL],
     )
+    return [
+        TerminalEvent(int(r["event_id"]), r["to_state"], int(r["id"]), r["suite"], r["config_name"], int(r["seed"]),
+                      r["data"], r["reason"])
+        for r in rows
+    ]
 
 
 def suite_counts(store: Store, suite: str) -> dict[str, int]:

@@ -1,43 +1,56 @@
-"""Reads behind one scheduling pass, shaped so that a long queue costs little per pass: the
-queue's light columns, the heavy ones only for jobs the scheduler has not seen, and run times
-of attempts that succeeded since the last read."""
+"""Typed reads of jobs and attempts. Those behind one scheduling pass are shaped so that a long
+queue costs little per pass: the queue's light columns, whole jobs only for jobs the scheduler
+has not seen, and run times of attempts that succeeded since the last read."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from orchestrator.store.db import Store
+from orchestrator.store.rows import Attempt, Job, QueueEntry
 
-# What a pass needs of every queued job; config, ladder and env are read once per job.
-QUEUED_COLUMNS = (
-    "id, suite, priority, level, host_steps_json, queued_at, allowed_gpus_json, config_name, data, "
-    "wait_reason, worker, declared_mib, min_stack_gain"
-)
 _IN_CHUNK = 500  # host parameters per IN (...) list, well below SQLite's limit
 
 
-def queued_jobs(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
+def queued_jobs(store: Store, limit: int | None = None) -> list[QueueEntry]:
     """Queued jobs in queue order (priority, then submission), light columns only."""
-    sql = f"SELECT {QUEUED_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id"
+    sql = f"SELECT {QueueEntry.COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id"
     if limit is not None:
-        return store.query(sql + " LIMIT ?", [int(limit)])
-    return store.query(sql)
+        return [QueueEntry.from_row(r) for r in store.query(sql + " LIMIT ?", [int(limit)])]
+    return [QueueEntry.from_row(r) for r in store.query(sql)]
 
 
-def jobs_by_id(store: Store, job_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+def queued_whole_jobs(store: Store) -> list[Job]:
+    """Every queued job, whole, in queue order (a cluster-placed pass reads them all)."""
+    return [Job.from_row(r) for r in store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")]
+
+
+def jobs_by_id(store: Store, job_ids: Iterable[int]) -> dict[int, Job]:
     """Whole job rows for these ids."""
     ids = list(job_ids)
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, Job] = {}
     for start in range(0, len(ids), _IN_CHUNK):
         chunk = ids[start : start + _IN_CHUNK]
         marks = ",".join("?" * len(chunk))
         for row in store.query(f"SELECT * FROM jobs WHERE id IN ({marks})", chunk):
-            rows[row["id"]] = row
+            rows[int(row["id"])] = Job.from_row(row)
     return rows
 
 
-def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SucceededRun:
+    """A succeeded attempt's run time, with what the run-time table keys it by."""
+
+    attempt_id: int
+    config_name: str
+    data: str
+    level: int
+    ended_at: float
+    duration_s: float
+
+
+def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[SucceededRun]:
     """Succeeded attempts that ended at or after `ended_at_s` (all when None), with their
     config, data and level: the run-time table is built from these."""
     sql = (
@@ -45,14 +58,50 @@ def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[dict[st
         " FROM attempts a JOIN jobs j ON j.id = a.job_id"
         " WHERE a.outcome = 'succeeded' AND a.ended_at IS NOT NULL"
     )
-    if ended_at_s is None:
-        return store.query(sql)
-    return store.query(sql + " AND a.ended_at >= ?", [ended_at_s])
+    rows = store.query(sql) if ended_at_s is None else store.query(sql + " AND a.ended_at >= ?", [ended_at_s])
+    return [
+        SucceededRun(int(r["id"]), r["config_name"], r["data"], int(r["level"]), float(r["ended_at"]), float(r["duration_s"]))
+        for r in rows
+    ]
 
 
-def live_attempt_rows(store: Store) -> list[dict[str, Any]]:
-    return store.query("SELECT * FROM attempts WHERE outcome IS NULL")
+def live_attempts_with_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:
+    """Every live attempt (in id order), and the jobs they belong to by id."""
+    live = [Attempt.from_row(r) for r in store.query("SELECT * FROM attempts WHERE outcome IS NULL ORDER BY id")]
+    return live, jobs_by_id(store, sorted({a.job_id for a in live}))
+
+
+def live_attempt_count(store: Store) -> int:
+    return int(store.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"])
 
 
 def paused_suites(store: Store) -> dict[str, str]:
     return {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
+
+
+def write_wait_reasons(store: Store, changed: Sequence[tuple[str | None, int]]) -> None:
+    """(reason, job id) pairs: each still queued job's waiting reason, in one transaction."""
+    if not changed:
+        return
+    with store.write():
+        store.executemany("UPDATE jobs SET wait_reason = ? WHERE id = ? AND state = 'queued'", changed)
+
+
+def job_by_id(store: Store, job_id: int) -> Job | None:
+    rows = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
+    return Job.from_row(rows[0]) if rows else None
+
+
+def succeeded_jobs_with_attempts(store: Store, suite: str | None = None) -> list[tuple[Job, Attempt]]:
+    """Each succeeded job with its succeeding attempt (where its result is and how it ran), by job id."""
+    sql = (
+        "SELECT a.* FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "WHERE a.outcome = 'succeeded' AND j.state = 'succeeded'"
+    )
+    params: list[str] = []
+    if suite is not None:
+        sql += " AND j.suite = ?"
+        params.append(suite)
+    attempts = [Attempt.from_row(r) for r in store.query(sql + " ORDER BY j.id", params)]
+    jobs = jobs_by_id(store, sorted({a.job_id for a in attempts}))
+    return [(jobs[a.job_id], a) for a in attempts]

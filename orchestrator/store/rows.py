@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 
 
 def _json(text: Any, default: Any) -> Any:
@@ -102,6 +102,32 @@ class Job:
 
 
 @dataclass(frozen=True)
+class QueueEntry:
+    """What a scheduling pass reads of every queued job (the light columns); the whole `Job`
+    is read only for jobs the scheduler has not seen."""
+
+    id: int
+    suite: str
+    priority: int
+    level: int
+    host_steps_json: str
+    queued_at: float
+    config_name: str
+    data: str
+    wait_reason: str | None
+
+    COLUMNS = "id, suite, priority, level, host_steps_json, queued_at, config_name, data, wait_reason"
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> QueueEntry:
+        return cls(
+            id=int(row["id"]), suite=row["suite"], priority=int(row["priority"]), level=int(row["level"]),
+            host_steps_json=row.get("host_steps_json") or "[]", queued_at=float(row["queued_at"]),
+            config_name=row["config_name"], data=row["data"], wait_reason=row.get("wait_reason"),
+        )
+
+
+@dataclass(frozen=True)
 class Attempt:
     id: int
     job_id: int
@@ -136,7 +162,7 @@ class Attempt:
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
-    kill_requested: str | None = None
+    kill_requested: KillRequest | None = None
     output_metrics: dict[str, Any] = field(default_factory=dict)
     executor: str | None = None
     executor_id: str | None = None
@@ -144,7 +170,7 @@ class Attempt:
     gpu_uuids: tuple[str, ...] = ()
     held_by_gpu: dict[str, int] = field(default_factory=dict)
     peak_by_gpu: dict[str, int] = field(default_factory=dict)
-    peak_by_rank: dict[str, int] = field(default_factory=dict)
+    peak_by_rank: dict[str, Any] = field(default_factory=dict)  # worker pid -> {gpu, mib}
     port: int | None = None
     cpu_peak_cores: float | None = None
 
@@ -166,7 +192,8 @@ class Attempt:
             progress=_json(row.get("progress_json"), {}), ended_at=_opt_float(row.get("ended_at")),
             outcome=AttemptOutcome(row["outcome"]) if row.get("outcome") else None,
             exit_code=_opt_int(row.get("exit_code")), signal=_opt_int(row.get("signal")),
-            reason=row.get("reason"), kill_requested=row.get("kill_requested"),
+            reason=row.get("reason"),
+            kill_requested=KillRequest(row["kill_requested"]) if row.get("kill_requested") else None,
             output_metrics=_json(row.get("output_metrics_json"), {}), executor=row.get("executor"),
             executor_id=row.get("executor_id"), executor_state=row.get("executor_state"),
             gpu_uuids=tuple(str(u) for u in _json(row.get("gpu_uuids_json"), [])),
@@ -178,3 +205,8 @@ class Attempt:
     @property
     def live(self) -> bool:
         return self.ended_at is None
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """Every card of the attempt, in CUDA_VISIBLE_DEVICES order (one for a one-GPU attempt)."""
+        return self.gpu_uuids or (self.gpu_uuid,)

@@ -1,0 +1,57 @@
+"""Where a predicted peak came from, as a value: a kind plus its details (the step of a running
+peak, the level or task a peak was borrowed from, a cap). Rendered to text in one place, for
+the attempt's stored `prediction_source` and for messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+
+class SourceKind(str, Enum):
+    MEASURED = "measured"  # completed attempts of the shape
+    RUNNING = "running"  # running attempts of the shape past step K
+    LEVEL = "level"  # a peak measured at a lower ladder level of the same task
+    TASK = "task"  # a peak of the same level on another task, scaled by prompt length
+    ESTIMATE = "estimate"  # from the model's size, rank, batch, sequence length
+    DECLARED = "declared"  # the suite's mem_gib
+    NONE = "none"  # nothing known: 0 MiB
+    OOM_FLOOR = "OOM floor"  # an earlier OOM raised the figure above every other source
+
+
+@dataclass(frozen=True)
+class PredictionSource:
+    kind: SourceKind
+    step: int | None = None  # RUNNING: the furthest step of the running attempts
+    level: int | None = None  # LEVEL: the lower level whose peak is borrowed
+    task: str | None = None  # TASK: the task whose peak is borrowed
+    task_tokens: int | None = None  # TASK: that task's longest prompt
+    tokens: int | None = None  # TASK: this task's longest prompt; ESTIMATE: the learned length used
+    capped: bool = False  # lowered to the largest card's usable memory
+
+    def render(self) -> str:
+        """The text shown and stored (attempts.prediction_source)."""
+        kind = self.kind
+        if kind is SourceKind.RUNNING:
+            text = f"measured (running, step {self.step})"
+        elif kind is SourceKind.LEVEL or kind is SourceKind.TASK:
+            text = f"measured ({self.borrowed()})"
+        elif kind is SourceKind.ESTIMATE and self.tokens is not None:
+            text = f"estimate at {self.tokens} tokens"
+        else:
+            text = kind.value
+        return f"{text}, capped at the largest card" if self.capped else text
+
+    def borrowed(self) -> str:
+        """A borrowed peak's origin: 'level J peak', 'TASK peak at N tokens, scaled to M'."""
+        if self.kind is SourceKind.LEVEL:
+            return f"level {self.level} peak"
+        if self.kind is SourceKind.TASK:
+            return f"{self.task} peak at {self.task_tokens} tokens, scaled to {self.tokens}"
+        return self.kind.value
+
+    def with_cap(self) -> PredictionSource:
+        return replace(self, capped=True)
+
+    def __str__(self) -> str:
+        return self.render()

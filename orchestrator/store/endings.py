@@ -1,0 +1,117 @@
+"""An attempt's end as one transaction: what its shape learned (memory, prompt length) and the
+attempt closed with its job's next state, so a daemon killed halfway applies neither or both
+(an OOM floor grows by x1.25 per OOM: applied twice, it would overshoot). Also the reads the
+end is decided from, and the suite pause it may lead to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import faults
+from orchestrator.lifecycle import AttemptOutcome, KillRequest
+from orchestrator.memory import ShapeMemory
+from orchestrator.store.attempts import (
+    AttemptEnd,
+    finish_attempt,
+    read_attempt,
+    read_shape,
+    record_prompt_length,
+    write_shape,
+)
+from orchestrator.store.db import Store, now_s
+from orchestrator.store.jobs import add_event
+from orchestrator.store.learning import label_shape
+from orchestrator.store.rows import Attempt
+
+
+@dataclass(frozen=True)
+class ShapeLesson:
+    """What a finished attempt teaches its shape: `fold` turns the stored record into the new one."""
+
+    shape_key: str
+    fold: Callable[[ShapeMemory | None], ShapeMemory]
+    suite: str
+    label: str  # the config, level and task, shown by `orch memory`
+
+
+@dataclass(frozen=True)
+class PromptLesson:
+    length_key: str
+    longest_tokens: int
+
+
+def close_attempt(
+    store: Store, attempt: Attempt, end: AttemptEnd, *, shape: ShapeLesson | None = None,
+    prompt: PromptLesson | None = None,
+) -> bool:
+    """Learn from the attempt and close it, in one transaction; nothing is learned when another
+    writer closed it first. False then."""
+    with store.write():
+        if not store.query("SELECT 1 FROM attempts WHERE id = ? AND outcome IS NULL", [attempt.id]):
+            return False
+        if shape is not None:
+            write_shape(store, shape.shape_key, shape.fold(read_shape(store, shape.shape_key)))
+            label_shape(store, shape.shape_key, shape.suite, shape.label)
+        if prompt is not None:
+            record_prompt_length(store, prompt.length_key, prompt.longest_tokens)
+        faults.reach("after_learn")
+        return finish_attempt(store, attempt, end)
+
+
+def neighbours(store: Store, attempt: Attempt, within_s: float = 5.0) -> list[dict[str, Any]]:
+    """The attempts on the same card, live or ended in the last `within_s` (for an OOM's event)."""
+    rows = store.query(
+        "SELECT a.job_id, a.held_mib, a.peak_mib, j.config_name FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "WHERE a.gpu_index = ? AND a.id != ? AND (a.outcome IS NULL OR a.ended_at >= ?)",
+        [attempt.gpu_index, attempt.id, now_s() - within_s],
+    )
+    return [{"job": r["job_id"], "config": r["config_name"], "held_mib": r["held_mib"], "peak_mib": r["peak_mib"]} for r in rows]
+
+
+def hung_attempts_before(store: Store, attempt: Attempt) -> int:
+    """Earlier attempts of the attempt's job that failed because orch killed them as hung."""
+    return int(store.query(
+        "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND kill_requested = ? AND outcome = ? AND id != ?",
+        [attempt.job_id, KillRequest.HUNG.value, AttemptOutcome.FAILED.value, attempt.id],
+    )[0]["n"])
+
+
+def recent_failure_durations(store: Store, suite: str, since_s: float) -> list[float]:
+    """How long each of the suite's failed attempts that ended since `since_s` ran (hung ones,
+    killed by orch, left out)."""
+    rows = store.query(
+        "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "WHERE j.suite = ? AND a.outcome = ? AND a.ended_at >= ? AND a.kill_requested IS NOT ?",
+        [suite, AttemptOutcome.FAILED.value, since_s, KillRequest.HUNG.value],
+    )
+    return [(r["ended_at"] or 0) - r["started_at"] for r in rows]
+
+
+def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:
+    """Pause the suite (nothing of it starts until resumed), with its event; False when it was paused already."""
+    with store.write():
+        cursor = store.execute(
+            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, now_s()]
+        )
+        if not cursor.rowcount:
+            return False
+        add_event(store, "pause", message)
+    return True
+
+
+def mark_hung(store: Store, attempt: Attempt, message: str) -> Attempt:
+    """Record that orch kills the attempt as hung, with its event, in one transaction; returns
+    the attempt as now stored. Marked already (by a daemon that died before killing it): no
+    second event."""
+    with store.write():
+        cursor = store.execute(
+            "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NOT ?",
+            [KillRequest.HUNG.value, attempt.id, KillRequest.HUNG.value],
+        )
+        if cursor.rowcount:
+            add_event(store, "hung", message, job_id=attempt.job_id, attempt_id=attempt.id)
+        fresh = read_attempt(store, attempt.id)
+    assert fresh is not None  # updated just now, in this transaction
+    return fresh

@@ -1,0 +1,78 @@
+"""A daemon killed inside an attempt's end (its memory learned, the attempt not yet closed, by
+the `after_learn` fault point) and restarted: the OOM floor is applied once, not twice."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_helpers import group_alive, orch_env, requires_tmux, wait_until
+
+pytestmark = [requires_tmux, pytest.mark.tmux]
+
+# Held 6 GiB and asked for 2 more: the shape needs at least 8 GiB (8192 MiB). A second
+# application of the same OOM would raise the floor by x1.25 to 10240 MiB.
+OOM_SCRIPT = '''
+import sys
+print("step 1 loss 2.0", flush=True)
+print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+      "of 23.99 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 6.00 GiB "
+      "memory in use.", file=sys.stderr)
+sys.exit(1)
+'''
+FLOOR_MIB = 8192
+
+
+def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        script = tmp_path / "oom.py"
+        script.write_text(OOM_SCRIPT)
+        orch.write_suite("oomy", {"a": {}}, worker=f"{sys.executable} {script} --cfg {{config}}", mem_gib=1,
+                         max_attempts=1)
+        orch.submit("oomy", "1:glue_rte")
+
+        orch.env["ORCH_FAULT_POINT"] = "after_learn"
+        orch.run("daemon", "start", "--poll", "0.2")
+        log = Path(str(orch.db) + ".daemon.log")
+        wait_until(lambda: "fault point after_learn reached" in log.read_text(errors="replace") or None, 60,
+                   "the daemon to stop at the fault point")
+        wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+        # nothing of the end was committed: the attempt is open and no memory was learned
+        assert [a["outcome"] for a in orch.attempts()] == [None]
+        assert orch.query("SELECT * FROM memory_shapes") == []
+
+        del orch.env["ORCH_FAULT_POINT"]
+        orch.start_daemon()
+        assert orch.wait_all_done(60) == {1: "failed"}
+        attempts = orch.attempts()
+        assert [(a["outcome"], a["peak_mib"]) for a in attempts] == [("oom", 0)]
+        shapes = orch.query("SELECT oom_floor_mib, samples FROM memory_shapes")
+        assert shapes == [{"oom_floor_mib": FLOOR_MIB, "samples": 0}], shapes
+        ends = orch.query("SELECT kind FROM events WHERE kind LIKE 'end:%'")
+        assert ends == [{"kind": "end:oom"}]
+
+
+def test_a_daemon_killed_after_marking_an_attempt_hung_kills_and_counts_it_once(tmp_path: Path) -> None:
+    with orch_env(tmp_path) as orch:
+        orch.write_suite("hang", {"hang": {"sim_mem_gib": 2, "sim_seconds": 2, "sim_fail": "hang"}},
+                         mem_gib=3, hang_timeout_s=3)
+        orch.submit("hang", "1:a")
+        orch.env["ORCH_FAULT_POINT"] = "after_mark_hung"
+        orch.run("daemon", "start", "--poll", "0.2")
+        log = Path(str(orch.db) + ".daemon.log")
+        wait_until(lambda: "fault point after_mark_hung reached" in log.read_text(errors="replace") or None, 60,
+                   "the daemon to stop at the fault point")
+        wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+        (marked,) = orch.attempts()
+        assert marked["kill_requested"] == "hung" and marked["outcome"] is None
+        assert group_alive(int(marked["pgid"]))  # the daemon died before it killed the worker
+
+        del orch.env["ORCH_FAULT_POINT"]
+        orch.start_daemon()
+        assert orch.wait_all_done(60) == {1: "failed"}
+        attempts = orch.attempts(1)  # killed by the restarted daemon, retried once, hung again
+        assert [(a["outcome"], a["reason"], a["kill_requested"]) for a in attempts] == [("failed", "hung", "hung")] * 2
+        assert len(orch.query("SELECT 1 FROM events WHERE kind = 'hung'")) == 2
+        for row in attempts:
+            assert row["pgid"] and not group_alive(int(row["pgid"]))
