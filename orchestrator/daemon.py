@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -62,12 +63,14 @@ from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
 from orchestrator.store.resources import learn_host_shape, write_host_reading
 from orchestrator.track_resources import ResourceTracker
+from orchestrator.wake import WakeChannel, wait_gone
 
 log = logging.getLogger(__name__)
 
 
 MAX_ATTEMPT_ERRORS = 5  # passes in a row that fail on one attempt before it is closed as failed
 WAKE_CHECK_S = 0.1  # how often an idle daemon looks for commits by other processes
+WRAPPER_EXIT_WAIT_S = 1.0  # a poking wrapper is still exiting: its group is judged once it has
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class Daemon:
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
+        self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
@@ -147,24 +151,32 @@ class Daemon:
         except BaseException:
             self._lock.release()
             raise
+        if not self.wake.open():  # without it, exit records are looked for every WAKE_CHECK_S
+            log.warning("cannot open %s: an ended attempt is seen at the next pass", self.wake.path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
             with self.store.write():
                 add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.launcher.name})")
+            next_full_s = 0.0
+            poked: set[Path] | None = None
             while not self._stop.is_set():
-                started = time.monotonic()
+                # A poke (an attempt ended) starts a pass over just those attempts at once;
+                # the full pass keeps its period, and is the fallback for a poke never sent.
+                if poked is None or time.monotonic() >= next_full_s:
+                    poked, next_full_s = None, time.monotonic() + self.settings.poll_s
                 try:
-                    if self.tick():
+                    if self.tick(only=poked):
                         break
                 except Exception:  # one bad tick must not end a sweep of days
                     log.exception("tick failed; continuing")
-                self._idle_until(started + self.settings.poll_s)
+                poked = self._idle_until(next_full_s)
         finally:
             with contextlib.suppress(Exception), self.store.write():
                 self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
                 add_event(self.store, "daemon", "daemon stopped; running workers keep running")
             self._close_idle_launcher()
+            self.wake.close()
             with contextlib.suppress(Exception):
                 self.notifier.poll()  # what ended in the last pass
                 self.notifier.close()
@@ -181,18 +193,23 @@ class Daemon:
             if callable(close):
                 close()
 
-    def _idle_until(self, deadline: float) -> None:
+    def _idle_until(self, deadline: float) -> set[Path] | None:
         """Wait for the next tick, but start it early when another process committed to
-        state.db (a submit, cancel or plan change) or a running attempt wrote its exit record:
-        a job that became placeable need not wait a whole poll."""
+        state.db (a submit, cancel or plan change) or a running attempt ended: a job that
+        became placeable need not wait a whole poll. Returns the run dirs of attempts whose
+        wrappers poked the wake FIFO (a pass over just those), or None (a full pass)."""
         seen = self._data_version()
+        poll_exit_files = not self.wake.active  # the FIFO says it at once; else look every 0.1 s
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return
-            self._stop.wait(min(WAKE_CHECK_S, remaining))
-            if self._data_version() != seen or any(path.exists() for path in self._exit_files):
-                return
+                return None
+            poked = self.wake.wait(min(WAKE_CHECK_S, remaining))
+            if poked:
+                return poked
+            if self._data_version() != seen or (poll_exit_files and any(path.exists() for path in self._exit_files)):
+                return None
+        return None
 
     def _data_version(self) -> int:
         # Changes only when another connection commits; our own heartbeat writes do not count.
@@ -222,8 +239,9 @@ class Daemon:
 
     # -- one tick --------------------------------------------------------------------------
 
-    def tick(self) -> bool:
-        """One pass. Returns True when the daemon should exit (stop requested, or drained)."""
+    def tick(self, only: Collection[Path] | None = None) -> bool:
+        """One pass. Returns True when the daemon should exit (stop requested, or drained).
+        `only`: run dirs whose wrappers said they ended; just those attempts are reconciled."""
         control = self.store.query("SELECT draining, stop_requested FROM daemon WHERE id = 1")
         draining = bool(control and control[0]["draining"])
         if control and control[0]["stop_requested"]:
@@ -231,7 +249,7 @@ class Daemon:
         self._check_disk()
         snapshots = self.probe.snapshot()
         live_before = len(self._exit_files)
-        live_count = self.reconcile(snapshots)
+        live_count = self.reconcile(snapshots, only)
         if draining and live_count == 0:
             return True
         if live_count != live_before:  # read again only when an attempt ended (or began) since
@@ -249,10 +267,11 @@ class Daemon:
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
             now_s(),
         )
-        self._exit_files = [
-            Path(row["run_dir"]) / EXIT_FILE
-            for row in self.store.query("SELECT run_dir FROM attempts WHERE outcome IS NULL")
-        ]
+        if only is None or live_count != live_before:
+            self._exit_files = [
+                Path(row["run_dir"]) / EXIT_FILE
+                for row in self.store.query("SELECT run_dir FROM attempts WHERE outcome IS NULL")
+            ]
         return False
 
     def _hold_reason(self) -> str | None:
@@ -281,10 +300,11 @@ class Daemon:
         with self.store.write():
             add_event(self.store, "disk", message, data=self.disk.to_json())
 
-    def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
-        """Bring every live attempt's record up to date; returns how many are still live. Each
-        attempt is handled apart: an exception is recorded against that attempt and the others
-        (and the loop) go on."""
+    def reconcile(self, snapshots: tuple[GpuSnapshot, ...], only: Collection[Path] | None = None) -> int:
+        """Bring every live attempt's record up to date (`only`: those with these run dirs;
+        the others count as live, unread); returns how many are still live. Each attempt is
+        handled apart: an exception is recorded against that attempt and the others (and the
+        loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
@@ -297,7 +317,14 @@ class Daemon:
         except Exception:  # a failed poll never fails a job: nothing is concluded this tick
             log.warning("executor poll failed", exc_info=True)
             remote = None
+        wanted = None if only is None else {str(p) for p in only}
         for attempt in live:
+            if wanted is not None:
+                if attempt["run_dir"] not in wanted:
+                    still_live += 1
+                    continue
+                if attempt["pid"] and attempt["proc_create_time"] is not None and os.path.lexists(Path(attempt["run_dir"]) / EXIT_FILE):
+                    wait_gone(int(attempt["pid"]), float(attempt["proc_create_time"]), WRAPPER_EXIT_WAIT_S)
             try:
                 if self._is_remote(attempt):
                     still_live += self._reconcile_remote(attempt, remote, tenants)

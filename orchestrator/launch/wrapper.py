@@ -4,8 +4,9 @@ Every attempt runs under this. It leads its own process group (so the whole tree
 at once), records `pid.json` (created exclusively, see claim_run_dir) before the worker starts
 and `exit.json` after it ends, both atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
 shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker (SIGHUP as SIGTERM), naming the
-signals it received and forwarded in exit.json. It never talks to the daemon:
-a daemon that was down learns what happened from these files.
+signals it received and forwarded in exit.json. Its only word to the daemon is a poke after
+exit.json (orchestrator.wake), which may go unheard: a daemon that was down learns what
+happened from these files.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import IO, Any
 import psutil
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
+from orchestrator.wake import poke
 from workers.harness import atomic_write_json
 
 PID_FILE = "pid.json"
@@ -146,6 +148,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
                     "ended_at": _now(),
                 },
             )
+            poke(run_dir)
             return EXIT_NOT_STARTED
 
         # Names, in order, for exit.json: the daemon tells "stopped from outside" (SIGHUP when
@@ -189,6 +192,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
             "ended_at": _now(),
         },
     )
+    poke(run_dir)  # the daemon hands the slot on now, not at its next pass
     return exit_code
 
 
