@@ -42,6 +42,7 @@ from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
+from orchestrator.observe_cache import ObserveCache
 from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
 from orchestrator.prediction import JobShapeCache, attempt_shape_key, job_worker_output
@@ -126,6 +127,7 @@ class Daemon:
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
+        self.observed = ObserveCache()  # run-dir reads and process checks kept between passes
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
@@ -177,6 +179,7 @@ class Daemon:
                 add_event(self.store, "daemon", "daemon stopped; running workers keep running")
             self._close_idle_launcher()
             self.wake.close()
+            self.observed.close()
             with contextlib.suppress(Exception):
                 self.notifier.poll()  # what ended in the last pass
                 self.notifier.close()
@@ -334,6 +337,8 @@ class Daemon:
                 still_live += 1
                 self._record_attempt_error(attempt, exc)
         self.output.keep_only(a["id"] for a in live)  # those closed now go at the next pass
+        if wanted is None:
+            self.observed.end_pass(a["run_dir"] for a in live)
         return still_live
 
     def _record_attempt_error(self, attempt: dict[str, Any], exc: Exception) -> None:
@@ -353,7 +358,7 @@ class Daemon:
 
     def _reconcile_one(self, attempt: dict[str, Any], gpu: GpuSnapshot | None, tenants: int) -> int:
         run_dir = Path(attempt["run_dir"])
-        obs = observe(run_dir, now_s(), attempt)
+        obs = observe(run_dir, now_s(), attempt, self.observed)
         if not obs.pid_file_present and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
             try:
                 obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))

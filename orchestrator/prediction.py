@@ -74,6 +74,10 @@ class JobShapeCache:
     durations: DurationTable = field(default_factory=DurationTable)
     durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
     durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
+    attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
+
+
+ATTEMPT_KEYS_KEPT = 4096
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -213,9 +217,18 @@ def job_shape_key(job: dict[str, Any], level: Level) -> str:
 
 
 def attempt_shape_key(job: dict[str, Any], attempt: Mapping[str, Any], cache: JobShapeCache) -> str:
-    """The shape key of a (live) attempt: its job's shape at the attempt's level."""
+    """The shape key of a (live) attempt: its job's shape at the attempt's level. Kept per
+    attempt: a running attempt's key is asked for several times in every pass."""
+    memo = (int(attempt["id"]), int(attempt["level"])) if attempt.get("id") is not None else None
+    if memo is not None and (found := cache.attempt_keys.get(memo)) is not None:
+        return found
     levels = job_levels(job, cache)
-    return job_shape_key(job, levels[min(int(attempt["level"]), len(levels) - 1)])
+    key = job_shape_key(job, levels[min(int(attempt["level"]), len(levels) - 1)])
+    if memo is not None:
+        if len(cache.attempt_keys) >= ATTEMPT_KEYS_KEPT:
+            cache.attempt_keys.clear()  # ended attempts' keys: dropped wholesale, rarely
+        cache.attempt_keys[memo] = key
+    return key
 
 
 def job_prompt_length_key(job: dict[str, Any]) -> str:

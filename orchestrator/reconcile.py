@@ -31,13 +31,16 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from orchestrator import runfiles
 from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, open_run_dir
 from orchestrator.launch.wrapper import LOST_MARKER, PID_FILE
+
+if TYPE_CHECKING:
+    from orchestrator.observe_cache import ObserveCache
 
 log = logging.getLogger(__name__)
 
@@ -118,18 +121,24 @@ def wrapper_create_time(pid: int, run_dir: Path) -> float | None:
         return None
 
 
-def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None) -> Observation:
+def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None, cache: ObserveCache | None = None) -> Observation:
     """Read the run dir (through the validating boundary) and check the processes. A process
-    is checked before its exit record is read, so one that ends in between is not taken for lost."""
+    is checked before its exit record is read, so one that ends in between is not taken for lost.
+    `cache` (the daemon's): files read again only when they changed, processes held by pidfd."""
     run_dir = Path(run_dir)
-    files = runfiles.read_run_files(run_dir)
+    read = cache.run_files if cache is not None else runfiles.read_run_files
+
+    def matches(pid: int, create_time: float | None) -> bool:
+        return cache.process_matches(pid, create_time, process_matches) if cache is not None else process_matches(pid, create_time)
+
+    files = read(run_dir)
     record = launcher_record(attempt or {})
-    launcher_alive = process_matches(*record) if record is not None else None
+    launcher_alive = matches(*record) if record is not None else None
     alive = False
     if files.pid_record is not None:
-        alive = process_matches(files.pid_record["pid"], files.pid_record["create_time"])
+        alive = matches(files.pid_record["pid"], files.pid_record["create_time"])
     if files.exit_record is None and not (alive or launcher_alive):
-        files = runfiles.read_run_files(run_dir)  # it may have ended, with its record, just now
+        files = read(run_dir)  # it may have ended, with its record, just now
     from orchestrator.launch.rundir import stat_output  # yaml: not for every CLI start
 
     output = stat_output(run_dir)
