@@ -3,9 +3,9 @@
     python -m benchmarks.daemon_profile --queued 10000 [--scenario busy|handoff] [--window-s 20]
         [--out FILE.prof] [--top 30]
 
-`busy`: 8 cards x 8 slots, workers that run for an hour; the profile covers the passes and the
-waits between them once all 64 wrappers run, while nothing can start. `handoff`: 8 cards x 5
-slots, workers of 3-7 s, so slots free all the time; the profile covers the same loop while
+`fill`: 8 cards x 8 slots, from the daemon's first pass until 64 windows are open. `busy`: the same, workers that run for an hour; the profile covers the passes and the
+waits between them once all 64 wrappers run, while nothing can start. `handoff`:
+8 cards x 5 slots, workers of 3-7 s, so slots free all the time; the profile covers the same loop while
 the queue drains into them. Prints the top functions by cumulative and by own time, the
 process CPU seconds of the window, and the number of passes.
 """
@@ -37,7 +37,7 @@ def _daemon(bench: Bench, poll_s: float) -> Any:
 
 
 def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: float) -> tuple[cProfile.Profile, dict[str, Any]]:
-    busy = scenario == "busy"
+    busy = scenario in ("busy", "fill")
     bench = Bench(root, "8x80GiB", job_s=3600 if busy else 5.0, spread=not busy)
     bench.queue(queued)
     orch(bench.env, "plan", "set", "8" if busy else "5")
@@ -49,6 +49,12 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
 
     def watch() -> None:
         deadline = time.monotonic() + 300
+        if scenario == "fill":  # from the first pass until every slot's window is open
+            armed.set()
+            while bench.count("SELECT count(*) AS n FROM attempts WHERE window_id IS NOT NULL") < slots:
+                time.sleep(0.02)
+            daemon.request_stop()
+            return
         while len(bench.pid_files()) < slots and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(3 * poll_s)  # the pass that saw the last start is over
@@ -92,7 +98,7 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queued", type=int, default=10_000)
-    parser.add_argument("--scenario", choices=("busy", "handoff"), default="busy")
+    parser.add_argument("--scenario", choices=("busy", "handoff", "fill"), default="busy")
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--top", type=int, default=30)

@@ -4,6 +4,7 @@ scheduling passes (`JobShapeCache`); read by the scheduler and by the attempt's 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -173,7 +174,10 @@ def job_levels(job: dict[str, Any], cache: JobShapeCache) -> list[Level]:
     return levels
 
 
+@functools.lru_cache(maxsize=16)
 def _without_seed(config_json: str) -> str:
+    """The config's memory-relevant text; kept for the last few configs, as a job's facts ask
+    for it twice (its ladder's key, its shape's hash) in a row."""
     config = json.loads(config_json)
     return json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
 
@@ -244,9 +248,8 @@ def predict(
 
 
 def shape_facts(job: dict[str, Any], level: Level, cache: JobShapeCache) -> ShapeFacts:
-    config = json.loads(job["config_json"])
     key = (
-        config_hash(config), job["config_path"], job["data"], job["worker"], job["declared_mib"],
+        hashlib.sha256(_without_seed(job["config_json"]).encode()).hexdigest()[:16], job["config_path"], job["data"], job["worker"], job["declared_mib"],
         level.index, json.dumps(level.overrides, sort_keys=True, default=str),
         job.get("worker_output_json") or "", job.get("memory_keys_json") or "",
     )
