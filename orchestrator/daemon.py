@@ -128,6 +128,7 @@ class Daemon:
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
         self.observed = ObserveCache()  # run-dir reads and process checks kept between passes
+        self._ended: list[dict[str, Any]] = []  # attempts closed this pass: windows closed after launching
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
@@ -254,15 +255,19 @@ class Daemon:
         live_before = len(self._exit_files)
         live_count = self.reconcile(snapshots, only)
         if draining and live_count == 0:
+            self._close_ended()
             return True
         if live_count != live_before:  # read again only when an attempt ended (or began) since
             snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         hold = self._hold_reason()
-        if self.launcher.remote:
-            schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
-                            max_in_queue=self.settings.max_in_queue, hold=hold)
-        else:
-            schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+        try:
+            if self.launcher.remote:
+                schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
+                                max_in_queue=self.settings.max_in_queue, hold=hold)
+            else:
+                schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+        finally:  # the next workers start first: closing a dead window costs tmux calls
+            self._close_ended()
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -386,12 +391,12 @@ class Daemon:
         elif verdict is Verdict.FINISHED:
             self._learn_host(attempt)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
-            self._cleanup(attempt)
+            self._ended.append(attempt)
         elif verdict is Verdict.LOST:
             if (why := disagreement(attempt, obs)) is not None:
                 log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
             complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full)
-            self._cleanup(attempt)
+            self._ended.append(attempt)
         else:
             return 1
         self._attempt_errors.pop(attempt["id"], None)
@@ -400,6 +405,14 @@ class Daemon:
 
     def _is_remote(self, attempt: dict[str, Any]) -> bool:
         return bool(self.launcher.remote and (attempt.get("executor") or attempt.get("launcher")) in (None, self.launcher.name))
+
+    def _close_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        for attempt in ended:
+            try:
+                self._cleanup(attempt)
+            except Exception:  # a window left open is only untidy
+                log.warning("cannot close the window of attempt %s", attempt["id"], exc_info=True)
 
     def _cleanup(self, attempt: dict[str, Any]) -> None:
         """Once the attempt's end is recorded: close what its executor kept open (a tmux window)."""
