@@ -132,6 +132,7 @@ def schedule(
     # A prediction above every usable card (an inflated estimate or OOM floor) would keep a job
     # queued forever; capped, it runs on an empty card and the ladder takes over if it OOMs.
     ceiling_mib = max((g.total_mib - headroom_mib(g, ctx.policy) for g in gpus if g.slots > 0), default=None)
+    expected_s: dict[tuple[str, str, int], float | None] = {}  # a sweep's seeds share their kind's run time
     for job in queued_rows:
         held_back = held_reason(job, paused, draining, hold)
         if held_back is not None:
@@ -151,7 +152,7 @@ def schedule(
                 job_id=job["id"], priority=job["priority"], queued_seq=job["id"],
                 predicted_peak_mib=predicted_mib, waiting_since_s=job["queued_at"],
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
-                expected_duration_s=durations.expected_s(job["config_name"], job["data"], facts.level.index),
+                expected_duration_s=_expected_s(expected_s, durations, job["config_name"], job["data"], facts.level.index),
                 throughput_by_gpu=curves.get(facts.shape.shape_key),
                 min_stack_gain=job.get("min_stack_gain"),
                 gpus=facts.gpus, host_mib=host_predictions[job["id"]], cpus=facts.cpus,
@@ -186,6 +187,13 @@ def schedule(
     explained = queued_rows if whole_queue else [r for r in queued_rows if r["id"] in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
+
+
+def _expected_s(memo: dict[tuple[str, str, int], float | None], durations: DurationTable, config: str, task: str, level: int) -> float | None:
+    key = (config, task, level)
+    if key not in memo:
+        memo[key] = durations.expected_s(config, task, level)
+    return memo[key]
 
 
 def _expected_end(
