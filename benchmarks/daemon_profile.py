@@ -45,7 +45,7 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
     daemon = _daemon(bench, poll_s)
     profiler = cProfile.Profile(time.thread_time)  # CPU time of the loop: the machine is shared
     armed = threading.Event()
-    figures: dict[str, Any] = {"ticks": 0, "quick": 0}
+    figures: dict[str, Any] = {"ticks": 0, "quick": 0, "quick_cpu_s": [], "full_cpu_s": []}
 
     def watch() -> None:
         deadline = time.monotonic() + 300
@@ -72,10 +72,14 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
 
     def profiled_tick(only: Any = None) -> bool:
         maybe_start()
-        if state["on"]:
-            figures["ticks"] += 1
-            figures["quick"] += only is not None
-        return bool(tick(only=only))
+        started = time.thread_time()
+        try:
+            return bool(tick(only=only))
+        finally:
+            if state["on"]:
+                figures["ticks"] += 1
+                figures["quick"] += only is not None
+                figures["quick_cpu_s" if only is not None else "full_cpu_s"].append(time.thread_time() - started)
 
     def profiled_idle(deadline: float) -> Any:
         maybe_start()
@@ -115,6 +119,10 @@ def main() -> int:
     print(f"{args.scenario}, {args.queued:,} queued: {figures['ticks']} passes ({figures['quick']} after a poke), process CPU {figures['cpu_s']:.2f} s "
           f"in {figures['wall_s']:.1f} s wall ({100 * figures['cpu_s'] / max(figures['wall_s'], 1e-9):.2f} % of a core), "
           f"{figures['attempts']} attempts in all; load average {os.getloadavg()[0]:.2f}")
+    for kind in ("full", "quick"):
+        cpu = sorted(figures[f"{kind}_cpu_s"])
+        if cpu:  # profiled: cProfile's own overhead is in these
+            print(f"  {kind} passes: {len(cpu)}, CPU median {1000 * cpu[len(cpu) // 2]:.1f} ms, max {1000 * cpu[-1]:.1f} ms")
     return 0
 
 
