@@ -531,8 +531,8 @@ class Daemon:
             return
         previous = self._rates.get(attempt["id"])
         self._rates[attempt["id"]] = (step, float(read_at), tenants)
-        if previous is None or previous[2] != tenants:
-            return
+        if previous is None or previous[2] != tenants or previous[:2] == (step, float(read_at)):
+            return  # no second reading yet (progress is read again every few seconds)
         try:
             learn_rate(self.store, attempt, previous[:2], (step, float(read_at)), tenants, self.cache)
         except Exception:  # a bad config row must not stop reconciling the others

@@ -4,7 +4,10 @@ A pass looks at every running attempt, so at 64 running its cost is mostly readi
 pid.json and asking /proc about the same processes again. Here:
 - a run dir's files are read again (through `runfiles`, the validating reader) only when the
   lstat signature of pid.json, exit.json or progress.jsonl changed; the signature only says
-  *whether* to read, never *what*: every value still comes from the safe read;
+  *whether* to read, never *what*: every value still comes from the safe read. A worker that
+  only appended to progress.jsonl (most passes) is read again once `max_age_s` has passed since
+  the last read: its progress and the time of it are then that old, together (rates stay
+  right), and the caller keeps `max_age_s` well under its hang timeout;
 - a process proven to be the recorded one (pid and create time) is then held by a pidfd, and
   is alive while that pidfd is not readable: one poll instead of several /proc reads, and a
   reused pid can never pass for it.
@@ -15,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import stat
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -23,10 +28,11 @@ from orchestrator.launch.wrapper import EXIT_FILE, PID_FILE
 from workers.harness import PROGRESS_FILE
 
 MAX_PIDFDS = 512  # processes held at once; beyond, they are checked through /proc as before
-Signature = tuple[tuple[int, int, int, int] | None, ...]
+FileSig = tuple[int, int, int, int]  # inode, size, mtime (ns), mode
+Signature = tuple[FileSig | None, ...]
 
 
-def _stat(path: str) -> tuple[int, int, int, int] | None:
+def _stat(path: str) -> FileSig | None:
     try:
         info = os.lstat(path)
     except OSError:
@@ -48,20 +54,31 @@ def _ended(fd: int) -> bool:
     return bool(ready)
 
 
+def _appended(before: FileSig | None, now: FileSig | None) -> bool:
+    """The same regular file, grown (or rewritten in place): nothing else in it to check."""
+    return (before is not None and now is not None and before[0] == now[0] and before[3] == now[3]
+            and stat.S_ISREG(now[3]) and now[1] >= before[1])
+
+
 class ObserveCache:
     def __init__(self) -> None:
-        self._files: dict[str, tuple[Signature, runfiles.RunFiles]] = {}
+        self._files: dict[str, tuple[Signature, runfiles.RunFiles, float]] = {}  # ..., read at (monotonic)
         self._pidfds: dict[tuple[int, float], int] = {}
         self._touched: set[tuple[int, float]] = set()
 
-    def run_files(self, run_dir: Path) -> runfiles.RunFiles:
+    def run_files(self, run_dir: Path, max_age_s: float = 0.0) -> runfiles.RunFiles:
         key = os.fspath(run_dir)
         sig = signature(run_dir)
         cached = self._files.get(key)
-        if cached is not None and cached[0] == sig:
-            return cached[1]
+        now = time.monotonic()
+        if cached is not None:
+            before, files, read_at = cached
+            if before == sig:
+                return files
+            if before[:2] == sig[:2] and _appended(before[2], sig[2]) and now - read_at < max_age_s:
+                return files  # only new progress lines: read at the next refresh
         files = runfiles.read_run_files(run_dir)
-        self._files[key] = (sig, files)
+        self._files[key] = (sig, files, now)
         return files
 
     def process_matches(self, pid: int, create_time: float | None, check: Callable[[int, float | None], bool]) -> bool:

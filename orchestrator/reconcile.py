@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PROGRESS_REFRESH_S = 5.0  # the daemon reads a running worker's new progress lines this often
 LAUNCH_GRACE_S = 60.0  # from the attempt row to pid.json; python start-up on a loaded box is slow
 CREATE_TIME_TOLERANCE_S = 1.0
 
@@ -126,7 +127,12 @@ def observe(run_dir: Path, now_s: float, attempt: dict[str, Any] | None = None, 
     is checked before its exit record is read, so one that ends in between is not taken for lost.
     `cache` (the daemon's): files read again only when they changed, processes held by pidfd."""
     run_dir = Path(run_dir)
-    read = cache.run_files if cache is not None else runfiles.read_run_files
+    hang_timeout_s = float((attempt or {}).get("hang_timeout_s") or 0.0)
+    # progress shown at most this old; a quarter of the hang timeout, so it never looks hung
+    max_age_s = min(PROGRESS_REFRESH_S, hang_timeout_s / 4) if hang_timeout_s > 0 else PROGRESS_REFRESH_S
+
+    def read(path: Path) -> runfiles.RunFiles:
+        return cache.run_files(path, max_age_s) if cache is not None else runfiles.read_run_files(path)
 
     def matches(pid: int, create_time: float | None) -> bool:
         return cache.process_matches(pid, create_time, process_matches) if cache is not None else process_matches(pid, create_time)

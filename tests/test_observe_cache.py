@@ -92,3 +92,24 @@ def test_observe_with_the_cache_sees_what_observe_without_it_sees(tmp_path: Path
     write_json(run_dir / "exit.json", {"exit_code": 3})
     assert observe(run_dir, 1.0, attempt, cache).exit_record == {"exit_code": 3}
     cache.close()
+
+
+def test_new_progress_lines_alone_wait_for_the_refresh(tmp_path: Path) -> None:
+    run_dir = run_dir_in(tmp_path)
+    write_json(run_dir / "pid.json", {"pid": 12345, "pgid": 12345, "create_time": 1.0})
+    progress = run_dir / "progress.jsonl"
+    with open(progress, "a") as handle:
+        handle.write(json.dumps({"t": 1.0, "step": 1}) + "\n")
+    cache = ObserveCache()
+    first = cache.run_files(run_dir, max_age_s=60.0)
+    assert first.last_progress == {"t": 1.0, "step": 1}
+    with open(progress, "a") as handle:
+        handle.write(json.dumps({"t": 2.0, "step": 2}) + "\n")
+    held = cache.run_files(run_dir, max_age_s=60.0)
+    assert held is first  # the step and its time stay as they were read, together
+    assert cache.run_files(run_dir, max_age_s=0.0).last_progress == {"t": 2.0, "step": 2}
+    # anything but an append is read at once: the file replaced, or an exit record
+    write_json(progress, {"t": 3.0, "step": 3})
+    assert cache.run_files(run_dir, max_age_s=60.0).last_progress == {"t": 3.0, "step": 3}
+    write_json(run_dir / "exit.json", {"exit_code": 0})
+    assert cache.run_files(run_dir, max_age_s=60.0).exit_record == {"exit_code": 0}
