@@ -85,7 +85,7 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
         maybe_start()
         return idle(deadline)
 
-    daemon.tick, daemon._idle_until = profiled_tick, profiled_idle  # type: ignore[method-assign]
+    daemon.tick, daemon._idle_until = profiled_tick, profiled_idle
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
