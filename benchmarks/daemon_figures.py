@@ -188,13 +188,13 @@ def by_queue_size(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for n in args.queued:
         print(f"queue of {n:,} ...", file=sys.stderr, flush=True)
-        row = daemon_scale.fill_and_wait(root / f"fill-{n}", n, args.waiting_s, args.poll)
+        row = daemon_scale.fill_and_wait(root / f"fill-{n}", n, args.waiting_s, args.poll, cli=not args.no_cli)
         if n <= args.handoff_max:
             row["handoff"] = daemon_scale.handoff(root / f"handoff-{n}", n, args.handoff_s, args.handoff_job_s, args.poll)
         row["load"] = daemon_scale.load_note()
         rows[str(n)] = row
-    status_big = daemon_scale.status_at(root / "status-big", args.status_jobs)
-    return {"by_queue": rows, "status_big": status_big}
+    status_big = daemon_scale.status_at(root / "status-big", args.status_jobs) if args.status_jobs else None
+    return {"by_queue": rows, "status_big": status_big, "wrapper": daemon_scale.wrapper_start_cpu(root / "wrapper")}
 
 
 def print_by_queue(data: dict[str, Any]) -> None:
@@ -218,6 +218,7 @@ def print_by_queue(data: dict[str, Any]) -> None:
     line("daemon RSS", lambda r: f"{r['waiting']['rss_mib']:.0f} MiB", "< 150 MiB")
     line("hand-off: slot freed -> next wrapper running, median / p99", lambda r: f"{r['handoff']['median_s']:.3f} / {r['handoff']['p99_s']:.3f} s", "< 0.2 / 0.5 s at 10k")
     line("of which the daemon's: slot freed -> attempt claimed, median / p99", lambda r: f"{r['handoff']['claim_median_s']:.3f} / {r['handoff']['claim_p99_s']:.3f} s", "")
+    line("daemon CPU per attempt started, hand-off window", lambda r: f"{1000 * r['handoff']['daemon_cpu_per_start_s']:.0f} ms", "")
     line("start -> 64 slots launched", lambda r: f"{r['launch_64_s']:.2f} s", "< 2 s")
     line("daemon CPU from its start to the 64th launch", lambda r: f"{r['launch_64_daemon_cpu_s']:.2f} s", "")
     line("start -> 64 wrappers running", lambda r: f"{r['fill_64_s']:.2f} s", "")
@@ -225,10 +226,13 @@ def print_by_queue(data: dict[str, Any]) -> None:
     line("orch jobs --json (peak RSS)", lambda r: f"{r['cli']['jobs_json']['median_s']:.2f} s ({r['cli']['jobs_json']['max_rss_mib']:.0f} MiB)", "")
     line("orch status --once", lambda r: f"{r['cli']['status_once']['median_s']:.2f} s", "")
     line("orch status --json (peak RSS)", lambda r: f"{r['cli']['status_json']['median_s']:.2f} s ({r['cli']['status_json']['max_rss_mib']:.0f} MiB)", "")
+    wrapper = data["wrapper"]
+    print(f"\nwrapper start-up CPU: {1000 * wrapper['wrapper_cpu_s']:.0f} ms (bare python {1000 * wrapper['bare_python_cpu_s']:.0f} ms)")
     big = data["status_big"]
-    print(f"\norch status --once at {big['n_jobs']:,} jobs: {big['status_once']['median_s']:.3f} s (target < 0.3 s); "
-          f"status --json {big['status_json']['median_s']:.2f} s, peak RSS {big['status_json']['max_rss_mib']:.0f} MiB; "
-          f"jobs --json {big['jobs_json']['median_s']:.2f} s, peak RSS {big['jobs_json']['max_rss_mib']:.0f} MiB")
+    if big is not None:
+        print(f"orch status --once at {big['n_jobs']:,} jobs: {big['status_once']['median_s']:.3f} s (target < 0.3 s); "
+              f"status --json {big['status_json']['median_s']:.2f} s, peak RSS {big['status_json']['max_rss_mib']:.0f} MiB; "
+              f"jobs --json {big['jobs_json']['median_s']:.2f} s, peak RSS {big['jobs_json']['max_rss_mib']:.0f} MiB")
     for n in sizes:
         print(f"  {int(n):,} queued: {rows[n]['load']}")
 
@@ -244,7 +248,8 @@ def main() -> int:
     parser.add_argument("--handoff-s", type=float, default=40.0, help="how long to watch hand-offs")
     parser.add_argument("--handoff-job-s", type=float, default=15.0, help="run time of each hand-off worker")
     parser.add_argument("--handoff-max", type=int, default=10_000, help="largest queue to measure hand-off at")
-    parser.add_argument("--status-jobs", type=int, default=100_000, help="jobs for the big `status --once` figure")
+    parser.add_argument("--status-jobs", type=int, default=100_000, help="jobs for the big `status --once` figure (0: skip it)")
+    parser.add_argument("--no-cli", action="store_true", help="skip the CLI figures by queue size")
     parser.add_argument("--only-queued", action="store_true", help="skip the empty-queue figures")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
     args = parser.parse_args()

@@ -11,6 +11,8 @@ Each figure is measured on a fresh state.db holding `queued` jobs of one small s
   they do not all end at once); per card, the k-th attempt started after the first wave is
   paired with the k-th that ended there: its wrapper's start (pid.json) minus that end
   (exit.json), and, the daemon's own part, the attempt's claim in state.db minus that end;
+  and the daemon's CPU over the window divided by the attempts it started then;
+- wrapper start-up: CPU of a wrapper around /bin/true, beside a bare `python -c pass`;
 - CLI: `orch jobs`, `orch jobs --json`, `orch status --once`, `orch status --json` on that
   state.db (wall time of the whole command, and its peak RSS).
 """
@@ -127,7 +129,7 @@ class Bench:
         subprocess.run(["tmux", "-L", tmux_socket_name(self.db), "kill-server"], capture_output=True, check=False)
 
 
-def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float) -> dict[str, Any]:
+def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float, cli: bool = True) -> dict[str, Any]:
     """64 slots filled from a queue of `queued`, then the daemon while nothing can start."""
     bench = Bench(root, "8x80GiB", job_s=3600)
     bench.queue(queued)
@@ -155,7 +157,7 @@ def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float) -> dict
         running = bench.count("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")
     finally:
         bench.stop()
-    cli = cli_figures(bench)
+    figures = cli_figures(bench) if cli else {}
     return {
         "queued": queued,
         "fill_64_s": fill_s,
@@ -164,7 +166,7 @@ def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float) -> dict
         "waiting": {"window_s": round(window_s, 1), "poll_s": poll_s, "running": running,
                     "cpu_percent_of_one_core": 100.0 * cpu_s / window_s,
                     "cpu_per_tick_s": cpu_s / (window_s / poll_s), "rss_mib": rss_mib},
-        "cli": cli,
+        "cli": figures,
     }
 
 
@@ -190,11 +192,15 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
     bench.queue(queued)
     orch(bench.env, "plan", "set", "5")
     try:
-        bench.start_daemon(poll_s)
+        proc = bench.start_daemon(poll_s)
         wait_for(lambda: len(bench.pid_files()) >= 40, 120, "40 workers")
+        attempts_before, cpu_before = bench.count("SELECT count(*) AS n FROM attempts"), proc.cpu_times()
         time.sleep(window_s)
+        cpu_after = proc.cpu_times()
+        started_in_window = bench.count("SELECT count(*) AS n FROM attempts") - attempts_before
     finally:
         bench.stop()
+    daemon_cpu_s = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
     ends: dict[int, list[float]] = defaultdict(list)
     starts: dict[int, list[float]] = defaultdict(list)
     with Store(bench.db) as store:
@@ -228,7 +234,30 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
         "max_s": latencies[-1],
         "claim_median_s": statistics.median(daemon_part),
         "claim_p99_s": daemon_part[min(len(daemon_part) - 1, int(0.99 * len(daemon_part)))],
+        # every pass of the window (periodic ones too) over the attempts it started
+        "daemon_cpu_per_start_s": daemon_cpu_s / max(1, started_in_window),
+        "window_s": window_s, "started_in_window": started_in_window,
     }
+
+
+def wrapper_start_cpu(root: Path, runs: int = 7) -> dict[str, float]:
+    """CPU seconds (user + system) of one wrapper around `/bin/true`: the interpreter start-up
+    and imports every attempt pays before its worker starts; median of `runs`."""
+    from orchestrator.launch.wrapper import wrapper_argv
+
+    samples = []
+    for i in range(runs):
+        run_dir = root / "runs" / "s" / "j" / f"attempt-{i}"
+        run_dir.mkdir(parents=True)
+        proc = subprocess.Popen(wrapper_argv(run_dir, ["/bin/true"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, _, usage = os.wait4(proc.pid, 0)
+        samples.append(usage.ru_utime + usage.ru_stime)
+    bare = []
+    for _ in range(runs):
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        _, _, usage = os.wait4(proc.pid, 0)
+        bare.append(usage.ru_utime + usage.ru_stime)
+    return {"wrapper_cpu_s": statistics.median(samples), "bare_python_cpu_s": statistics.median(bare)}
 
 
 def load_note() -> str:

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -42,6 +43,7 @@ from orchestrator.launch.base import Launcher, kill_process_group
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.lifecycle import KillRequest
 from orchestrator.notify import Watcher
+from orchestrator.observe_cache import ObserveCache
 from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
 from orchestrator.prediction import JobShapeCache, attempt_shape_key
@@ -77,12 +79,14 @@ from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.resources import learn_host_shape, write_host_reading
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.track_resources import ResourceTracker
+from orchestrator.wake import WakeChannel, wait_gone
 
 log = logging.getLogger(__name__)
 
 
 MAX_ATTEMPT_ERRORS = 5  # passes in a row that fail on one attempt before it is closed as failed
 WAKE_CHECK_S = 0.1  # how often an idle daemon looks for commits by other processes
+WRAPPER_EXIT_WAIT_S = 1.0  # a poking wrapper is still exiting: its group is judged once it has
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class Daemon:
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
+        self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
+        self.observed = ObserveCache()  # run-dir reads and process checks kept between passes
+        self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
@@ -160,23 +167,32 @@ class Daemon:
         except BaseException:
             self._lock.release()
             raise
+        if not self.wake.open():  # without it, exit records are looked for every WAKE_CHECK_S
+            log.warning("cannot open %s: an ended attempt is seen at the next pass", self.wake.path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         try:
             with self.store.write():
                 add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.launcher.name})")
+            next_full_s = 0.0
+            poked: set[Path] | None = None
             while not self._stop.is_set():
-                started = time.monotonic()
+                # A poke (an attempt ended) starts a pass over just those attempts at once;
+                # the full pass keeps its period, and is the fallback for a poke never sent.
+                if poked is None or time.monotonic() >= next_full_s:
+                    poked, next_full_s = None, time.monotonic() + self.settings.poll_s
                 try:
-                    if self.tick():
+                    if self.tick(only=poked):
                         break
                 except Exception:  # one bad tick must not end a sweep of days
                     log.exception("tick failed; continuing")
-                self._idle_until(started + self.settings.poll_s)
+                poked = self._idle_until(next_full_s)
         finally:
             with contextlib.suppress(Exception):
                 unregister_daemon(self.store, now_s(), "daemon stopped; running workers keep running")
             self._close_idle_launcher()
+            self.wake.close()
+            self.observed.close()
             with contextlib.suppress(Exception):
                 self.notifier.poll()  # what ended in the last pass
                 self.notifier.close()
@@ -193,18 +209,23 @@ class Daemon:
             if callable(close):
                 close()
 
-    def _idle_until(self, deadline: float) -> None:
+    def _idle_until(self, deadline: float) -> set[Path] | None:
         """Wait for the next tick, but start it early when another process committed to
-        state.db (a submit, cancel or plan change) or a running attempt wrote its exit record:
-        a job that became placeable need not wait a whole poll."""
+        state.db (a submit, cancel or plan change) or a running attempt ended: a job that
+        became placeable need not wait a whole poll. Returns the run dirs of attempts whose
+        wrappers poked the wake FIFO (a pass over just those), or None (a full pass)."""
         seen = self._data_version()
+        poll_exit_files = not self.wake.active  # the FIFO says it at once; else look every 0.1 s
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return
-            self._stop.wait(min(WAKE_CHECK_S, remaining))
-            if self._data_version() != seen or any(path.exists() for path in self._exit_files):
-                return
+                return None
+            poked = self.wake.wait(min(WAKE_CHECK_S, remaining))
+            if poked:
+                return poked
+            if self._data_version() != seen or (poll_exit_files and any(path.exists() for path in self._exit_files)):
+                return None
+        return None
 
     def _data_version(self) -> int:
         # Changes only when another connection commits; our own heartbeat writes do not count.
@@ -227,8 +248,9 @@ class Daemon:
 
     # -- one tick --------------------------------------------------------------------------
 
-    def tick(self) -> bool:
-        """One pass. Returns True when the daemon should exit (stop requested, or drained)."""
+    def tick(self, only: Collection[Path] | None = None) -> bool:
+        """One pass. Returns True when the daemon should exit (stop requested, or drained).
+        `only`: run dirs whose wrappers said they ended; just those attempts are reconciled."""
         control = daemon_control(self.store)
         draining = control.draining
         if control.stop_requested:
@@ -236,17 +258,21 @@ class Daemon:
         self._check_disk()
         snapshots = self.probe.snapshot()
         live_before = len(self._exit_files)
-        live_count = self.reconcile(snapshots)
+        live_count = self.reconcile(snapshots, only)
         if draining and live_count == 0:
+            self._close_ended()
             return True
         if live_count != live_before:  # read again only when an attempt ended (or began) since
             snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
         hold = self._hold_reason()
-        if self.launcher.remote:
-            schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
-                            max_in_queue=self.settings.max_in_queue, hold=hold)
-        else:
-            schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+        try:
+            if self.launcher.remote:
+                schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
+                                max_in_queue=self.settings.max_in_queue, hold=hold)
+            else:
+                schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+        finally:  # the next workers start first: closing a dead window costs tmux calls
+            self._close_ended()
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -254,7 +280,8 @@ class Daemon:
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
             now_s(),
         )
-        self._exit_files = [RunDir(run_dir).exit for run_dir in live_run_dirs(self.store)]
+        if only is None or live_count != live_before:
+            self._exit_files = [RunDir(run_dir).exit for run_dir in live_run_dirs(self.store)]
         return False
 
     def _hold_reason(self) -> str | None:
@@ -283,10 +310,11 @@ class Daemon:
         with self.store.write():
             add_event(self.store, "disk", message, data=self.disk.to_json())
 
-    def reconcile(self, snapshots: tuple[GpuSnapshot, ...]) -> int:
-        """Bring every live attempt's record up to date; returns how many are still live. Each
-        attempt is handled apart: an exception is recorded against that attempt and the others
-        (and the loop) go on."""
+    def reconcile(self, snapshots: tuple[GpuSnapshot, ...], only: Collection[Path] | None = None) -> int:
+        """Bring every live attempt's record up to date (`only`: those with these run dirs;
+        the others count as live, unread); returns how many are still live. Each attempt is
+        handled apart: an exception is recorded against that attempt and the others (and the
+        loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
@@ -299,7 +327,14 @@ class Daemon:
         except Exception:  # a failed poll never fails a job: nothing is concluded this tick
             log.warning("executor poll failed", exc_info=True)
             remote = None
+        wanted = None if only is None else {str(p) for p in only}
         for attempt in live:
+            if wanted is not None:
+                if attempt.run_dir not in wanted:
+                    still_live += 1
+                    continue
+                if attempt.pid and attempt.proc_create_time is not None and os.path.lexists(RunDir(attempt.run_dir).exit):
+                    wait_gone(attempt.pid, attempt.proc_create_time, WRAPPER_EXIT_WAIT_S)
             try:
                 job = jobs[attempt.job_id]
                 if self._is_remote(attempt):
@@ -310,6 +345,8 @@ class Daemon:
                 still_live += 1
                 self._record_attempt_error(attempt, exc)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
+        if wanted is None:
+            self.observed.end_pass(a.run_dir for a in live)
         return still_live
 
     def _record_attempt_error(self, attempt: Attempt, exc: Exception) -> None:
@@ -329,7 +366,7 @@ class Daemon:
 
     def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
         run_dir = Path(attempt.run_dir)
-        obs = observe(run_dir, now_s(), attempt)
+        obs = observe(run_dir, now_s(), attempt, self.observed, job.hang_timeout_s)
         if not obs.pid_file_present and obs.exit_record is None and attempt.window_id and attempt.launcher == self.launcher.name:
             try:
                 obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt.window_id)))
@@ -354,12 +391,12 @@ class Daemon:
         elif verdict is Verdict.FINISHED:
             self._learn_host(attempt, job)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
-            self._cleanup(attempt)
+            self._ended.append(attempt)
         elif verdict is Verdict.LOST:
             if (why := disagreement(attempt, obs)) is not None:
                 log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
             complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full)
-            self._cleanup(attempt)
+            self._ended.append(attempt)
         else:
             return 1
         self._attempt_errors.pop(attempt.id, None)
@@ -368,6 +405,14 @@ class Daemon:
 
     def _is_remote(self, attempt: Attempt) -> bool:
         return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))
+
+    def _close_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        for attempt in ended:
+            try:
+                self._cleanup(attempt)
+            except Exception:  # a window left open is only untidy
+                log.warning("cannot close the window of attempt %s", attempt.id, exc_info=True)
 
     def _cleanup(self, attempt: Attempt) -> None:
         """Once the attempt's end is recorded: close what its executor kept open (a tmux window)."""
@@ -483,8 +528,8 @@ class Daemon:
             return
         previous = self._rates.get(attempt.id)
         self._rates[attempt.id] = (step, float(read_at), tenants)
-        if previous is None or previous[2] != tenants:
-            return
+        if previous is None or previous[2] != tenants or previous[:2] == (step, float(read_at)):
+            return  # no second reading yet (progress is read again every few seconds)
         try:
             learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.cache)
         except Exception:  # a bad config row must not stop reconciling the others

@@ -128,6 +128,7 @@ def schedule(
             host_running[key] = max(host_running.get(key, 0), a.host_peak_mib)
     predictions: dict[int, tuple[int, PredictionSource]] = {}
     host_predictions: dict[int, int] = {}
+    expected_s: dict[tuple[str, str, int], float | None] = {}  # a sweep's seeds share their kind's run time
     for job in queued_rows:
         facts = cache.jobs.get(job.id)
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
@@ -141,7 +142,7 @@ def schedule(
                 job_id=job.id, priority=job.priority, queued_seq=job.id,
                 predicted_peak_mib=predicted_mib, waiting_since_s=job.queued_at,
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
-                expected_duration_s=durations.expected_s(job.config_name, job.data, facts.level.index),
+                expected_duration_s=_expected_s(expected_s, durations, job.config_name, job.data, facts.level.index),
                 throughput_by_gpu=curves.get(facts.shape.shape_key),
                 min_stack_gain=facts.min_stack_gain,
                 gpus=facts.gpus, host_mib=host_predictions[job.id], cpus=facts.cpus, suite=job.suite,
@@ -179,6 +180,13 @@ def schedule(
     explained = queued_rows if whole_queue else [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
+
+
+def _expected_s(memo: dict[tuple[str, str, int], float | None], durations: DurationTable, config: str, task: str, level: int) -> float | None:
+    key = (config, task, level)
+    if key not in memo:
+        memo[key] = durations.expected_s(config, task, level)
+    return memo[key]
 
 
 def _expected_end(

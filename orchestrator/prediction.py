@@ -4,6 +4,7 @@ scheduling passes (`JobShapeCache`); read by the scheduler and by the attempt's 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -77,12 +78,10 @@ class JobShapeCache:
     durations: DurationTable = field(default_factory=DurationTable)
     durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
     durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
+    attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
 
 
-def config_hash(config: dict[str, Any]) -> str:
-    """Hash of the config content that determines memory (seed and data excluded)."""
-    content = {k: v for k, v in config.items() if k not in ("seed", "data")}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+ATTEMPT_KEYS_KEPT = 4096
 
 
 def resolve_paths(config: dict[str, Any], config_path: str) -> dict[str, Any]:
@@ -150,7 +149,7 @@ def worker_reaches(job: Job, keys: KeyMap) -> Callable[[str], bool] | None:
 def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
     content, not job id: a sweep's seeds share one ladder (and one entry)."""
-    key = (job.ladder_json or "", _without_seed(job.config), int(job.one_token), job.worker, job.worker_output_json)
+    key = (job.ladder_json or "", _without_seed(job.config_json), int(job.one_token), job.worker, job.worker_output_json)
     levels = cache.levels.get(key)
     if levels is None:
         ladder = load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
@@ -161,7 +160,11 @@ def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     return levels
 
 
-def _without_seed(config: Mapping[str, Any]) -> str:
+@functools.lru_cache(maxsize=16)
+def _without_seed(config_json: str) -> str:
+    """The config's memory-relevant text; kept for the last few configs, as a job's facts ask
+    for it twice (its ladder's key, its shape's hash) in a row."""
+    config = json.loads(config_json)
     return json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
 
 
@@ -203,9 +206,17 @@ def job_shape_key(job: Job, level: Level) -> str:
 
 
 def attempt_shape_key(job: Job, attempt: Attempt, cache: JobShapeCache) -> str:
-    """The shape key of a (live) attempt: its job's shape at the attempt's level."""
+    """The shape key of a (live) attempt: its job's shape at the attempt's level. Kept per
+    attempt: a running attempt's key is asked for several times in every pass."""
+    memo = (attempt.id, attempt.level)
+    if (found := cache.attempt_keys.get(memo)) is not None:
+        return found
     levels = job_levels(job, cache)
-    return job_shape_key(job, levels[min(attempt.level, len(levels) - 1)])
+    key = job_shape_key(job, levels[min(attempt.level, len(levels) - 1)])
+    if len(cache.attempt_keys) >= ATTEMPT_KEYS_KEPT:
+        cache.attempt_keys.clear()  # ended attempts' keys: dropped wholesale, rarely
+    cache.attempt_keys[memo] = key
+    return key
 
 
 def job_prompt_length_key(job: Job) -> str:
@@ -222,7 +233,8 @@ def predict(
 
 def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     key = (
-        config_hash(job.config), job.config_path, job.data, job.worker, job.declared_mib,
+        hashlib.sha256(_without_seed(job.config_json).encode()).hexdigest()[:16], job.config_path, job.data,
+        job.worker, job.declared_mib,
         level.index, json.dumps(level.overrides, sort_keys=True, default=str),
         job.worker_output_json, job.memory_keys_json,
     )

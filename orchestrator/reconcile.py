@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -40,8 +40,12 @@ from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, 
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt
 
+if TYPE_CHECKING:
+    from orchestrator.observe_cache import ObserveCache
+
 log = logging.getLogger(__name__)
 
+PROGRESS_REFRESH_S = 5.0  # the daemon reads a running worker's new progress lines this often
 LAUNCH_GRACE_S = 60.0  # from the attempt row to pid.json; python start-up on a loaded box is slow
 CREATE_TIME_TOLERANCE_S = 1.0
 
@@ -119,18 +123,31 @@ def wrapper_create_time(pid: int, run_dir: Path) -> float | None:
         return None
 
 
-def observe(run_dir: Path, now_s: float, attempt: Attempt | None = None) -> Observation:
+def observe(
+    run_dir: Path, now_s: float, attempt: Attempt | None = None, cache: ObserveCache | None = None,
+    hang_timeout_s: float = 0.0,
+) -> Observation:
     """Read the run dir (through the validating boundary) and check the processes. A process
-    is checked before its exit record is read, so one that ends in between is not taken for lost."""
+    is checked before its exit record is read, so one that ends in between is not taken for lost.
+    `cache` (the daemon's): files read again only when they changed, processes held by pidfd."""
     run_dir = Path(run_dir)
-    files = runfiles.read_run_files(run_dir)
+    # progress shown at most this old; a quarter of the hang timeout, so it never looks hung
+    max_age_s = min(PROGRESS_REFRESH_S, hang_timeout_s / 4) if hang_timeout_s > 0 else PROGRESS_REFRESH_S
+
+    def read(path: Path) -> runfiles.RunFiles:
+        return cache.run_files(path, max_age_s) if cache is not None else runfiles.read_run_files(path)
+
+    def matches(pid: int, create_time: float | None) -> bool:
+        return cache.process_matches(pid, create_time, process_matches) if cache is not None else process_matches(pid, create_time)
+
+    files = read(run_dir)
     record = launcher_record(attempt) if attempt is not None else None
-    launcher_alive = process_matches(*record) if record is not None else None
+    launcher_alive = matches(*record) if record is not None else None
     alive = False
     if files.pid_record is not None:
-        alive = process_matches(files.pid_record["pid"], files.pid_record["create_time"])
+        alive = matches(files.pid_record["pid"], files.pid_record["create_time"])
     if files.exit_record is None and not (alive or launcher_alive):
-        files = runfiles.read_run_files(run_dir)  # it may have ended, with its record, just now
+        files = read(run_dir)  # it may have ended, with its record, just now
 
     output = runfiles.stat_output(run_dir)
     return Observation(

@@ -4,8 +4,9 @@ Every attempt runs under this. It leads its own process group (so the whole tree
 at once), records `pid.json` (created exclusively, see claim_run_dir) before the worker starts
 and `exit.json` after it ends, both atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
 shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker (SIGHUP as SIGTERM), naming the
-signals it received and forwarded in exit.json. It never talks to the daemon:
-a daemon that was down learns what happened from these files.
+signals it received and forwarded in exit.json. Its only word to the daemon is a poke after
+exit.json (orchestrator.wake), which may go unheard: a daemon that was down learns what
+happened from these files.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import psutil
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
 from orchestrator.rundir_files import RunDir, write_json
+from orchestrator.wake import poke
 
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
 EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrapper already)
@@ -132,6 +134,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
                     "ended_at": _now(),
                 },
             )
+            poke(run_dir)
             return EXIT_NOT_STARTED
 
         # Names, in order, for exit.json: the daemon tells "stopped from outside" (SIGHUP when
@@ -175,6 +178,7 @@ def run(run_dir: Path, argv: list[str]) -> int:
             "ended_at": _now(),
         },
     )
+    poke(run_dir)  # the daemon hands the slot on now, not at its next pass
     return exit_code
 
 
@@ -190,4 +194,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The daemon was poked after exit.json and waits for this process to end before it judges
+    # the group: end now, without the interpreter's teardown (nothing is left to flush but these).
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the pane may be gone
+            stream.flush()
+    os._exit(code)
