@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+from rows_helpers import attempt_of
 
 from orchestrator import runfiles
 from orchestrator.observe_cache import ObserveCache
@@ -84,7 +85,7 @@ def test_observe_with_the_cache_sees_what_observe_without_it_sees(tmp_path: Path
     run_dir = run_dir_in(tmp_path)
     me = psutil.Process()
     write_json(run_dir / "pid.json", {"pid": me.pid, "pgid": os.getpgid(0), "create_time": me.create_time()})
-    attempt = {"pid": me.pid, "proc_create_time": me.create_time()}
+    attempt = attempt_of(pid=me.pid, proc_create_time=me.create_time())
     cache = ObserveCache()
     for _ in range(2):
         cached, plain = observe(run_dir, 1.0, attempt, cache), observe(run_dir, 1.0, attempt)
