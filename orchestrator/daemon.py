@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
@@ -37,18 +38,18 @@ from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.launch.base import Launcher, kill_process_group
+from orchestrator.kills import GroupStopper
+from orchestrator.launch.base import Launcher
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.launch.wrapper import EXIT_FILE
 from orchestrator.notify import Watcher
-from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
+from orchestrator.outcomes import abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
 from orchestrator.prediction import JobShapeCache, attempt_shape_key, job_worker_output
 from orchestrator.reconcile import (
     Observation,
     Verdict,
     disagreement,
-    group_is_ours,
     judge,
     mark_lost,
     observe,
@@ -57,7 +58,7 @@ from orchestrator.reconcile import (
 )
 from orchestrator.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.store.attempts import live_attempts, update_attempt
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
 from orchestrator.store.resources import learn_host_shape, write_host_reading
@@ -100,12 +101,14 @@ def _topology(probe: GpuProbe) -> dict[tuple[int, int], int] | None:
 class Daemon:
     started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
 
-    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str]) -> None:
+    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str],
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.probe = probe
+        self.clock = clock  # where time is policy (hang timeouts, kill grace, holds): tests move it
         # the executor seam; a bare launcher (tmux, subprocess) is wrapped as a local executor
         self.launcher: Executor = launcher if isinstance(launcher, (LocalExecutor, SlurmExecutor)) else LocalExecutor(launcher)
-        self.store = Store(settings.db_path)
+        self.store = Store(settings.db_path, clock=clock)
         self.cache = JobShapeCache()
         self.ctx = DispatchContext(
             runs_dir=runs_dir(settings.db_path),
@@ -130,6 +133,7 @@ class Daemon:
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
         self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
+        self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -140,7 +144,7 @@ class Daemon:
         """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
         os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
         self._lock.acquire()
-        self.started_at_s = now_s()  # after the lock: no other daemon launches from here on
+        self.started_at_s = self.clock.now_s()  # after the lock: no other daemon launches from here on
         try:
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
             self._register()
@@ -162,7 +166,7 @@ class Daemon:
                 self._idle_until(started + self.settings.poll_s)
         finally:
             with contextlib.suppress(Exception), self.store.write():
-                self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s()])
+                self.store.db.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [self.clock.now_s()])
                 add_event(self.store, "daemon", "daemon stopped; running workers keep running")
             self._close_idle_launcher()
             with contextlib.suppress(Exception):
@@ -217,7 +221,7 @@ class Daemon:
                 "VALUES (1, ?, ?, ?, ?, 0, 0) ON CONFLICT(id) DO UPDATE SET pid = excluded.pid, "
                 "proc_create_time = excluded.proc_create_time, started_at = excluded.started_at, "
                 "heartbeat_at = excluded.heartbeat_at, draining = 0, stop_requested = 0",
-                [os.getpid(), create_time, now_s(), now_s()],
+                [os.getpid(), create_time, self.clock.now_s(), self.clock.now_s()],
             )
 
     # -- one tick --------------------------------------------------------------------------
@@ -247,7 +251,7 @@ class Daemon:
         record_gpu_samples(  # the memory history the web page and the report draw
             self.store,
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
-            now_s(),
+            self.clock.now_s(),
         )
         self._exit_files = [
             Path(row["run_dir"]) / EXIT_FILE
@@ -288,6 +292,7 @@ class Daemon:
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
+        self.stopper.new_pass()
         still_live = 0
         live = live_attempts(self.store)
         tenants = Counter(a["gpu_uuid"] for a in live)
@@ -307,6 +312,7 @@ class Daemon:
                 still_live += 1
                 self._record_attempt_error(attempt, exc)
         self.output.keep_only(a["id"] for a in live)  # those closed now go at the next pass
+        self.stopper.keep_only(a["id"] for a in live)
         return still_live
 
     def _record_attempt_error(self, attempt: dict[str, Any], exc: Exception) -> None:
@@ -322,11 +328,12 @@ class Daemon:
                 add_event(self.store, "error", message, job_id=attempt["job_id"], attempt_id=attempt["id"])
         if count >= MAX_ATTEMPT_ERRORS:
             with contextlib.suppress(Exception):
-                abandon(self.store, attempt, message)
+                if self._kill(attempt, None):  # its group is stopped across passes first
+                    abandon(self.store, attempt, message)
 
     def _reconcile_one(self, attempt: dict[str, Any], gpu: GpuSnapshot | None, tenants: int) -> int:
         run_dir = Path(attempt["run_dir"])
-        obs = observe(run_dir, now_s(), attempt)
+        obs = observe(run_dir, self.clock.now_s(), attempt)
         if not obs.pid_file_present and obs.exit_record is None and attempt["window_id"] and attempt["launcher"] == self.launcher.name:
             try:
                 obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt["window_id"])))
@@ -340,25 +347,28 @@ class Daemon:
             self._track(attempt, obs, gpu)
             self._learn_rate(attempt, obs, tenants)
         disk_full = self.disk is not None and self.disk.full
-        if verdict is Verdict.ALIVE and attempt["kill_requested"]:
-            self._kill(attempt, obs)
-            return 1
-        if verdict is Verdict.HUNG:
+        if verdict is Verdict.HUNG and not attempt["kill_requested"]:
             update_attempt(self.store, attempt["id"], kill_requested="hung")
             with self.store.write():
                 add_event(self.store, "hung", f"attempt {attempt['n']} silent for more than {attempt['hang_timeout_s']:.0f} s (no progress.jsonl line, stdout.log not growing): killing it",
                           job_id=attempt["job_id"], attempt_id=attempt["id"])
-            hung = {**attempt, "kill_requested": "hung"}
-            self._kill(hung, obs)
-            complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
-        elif verdict is Verdict.FINISHED:
+            attempt = {**attempt, "kill_requested": "hung"}
+        if verdict in (Verdict.ALIVE, Verdict.HUNG) and attempt["kill_requested"]:
+            # signalled now, confirmed on later passes; its end is recorded once a pass finds
+            # the wrapper ended (FINISHED or LOST below), never while the tick waits
+            self._kill(attempt, obs)
+            return 1
+        hung = attempt["kill_requested"] == "hung"
+        if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, obs):
+            return 1  # members of its group live on: stopped across passes before it may end
+        if verdict is Verdict.FINISHED:
             self._learn_host(attempt)
-            complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
+            complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full, hung=hung)
             self._cleanup(attempt)
         elif verdict is Verdict.LOST:
             if (why := disagreement(attempt, obs)) is not None:
                 log.warning("attempt %s is not ours: %s; treating it as lost", attempt["id"], why)
-            complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full)
+            complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full, hung=hung)
             self._cleanup(attempt)
         else:
             return 1
@@ -378,7 +388,7 @@ class Daemon:
         self, attempt: dict[str, Any], remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
     ) -> int:
         """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
-        obs = observe(Path(attempt["run_dir"]), now_s(), attempt)
+        obs = observe(Path(attempt["run_dir"]), self.clock.now_s(), attempt)
         status = (remote or {}).get(int(attempt["id"])) if remote is not None else None
         if status is not None:
             shown = status.state if status.kind != "queued" else f"{status.state} ({status.reason})"
@@ -493,8 +503,10 @@ class Daemon:
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the rate of attempt %s", attempt["id"], exc_info=True)
 
-    def _kill(self, attempt: dict[str, Any], obs: Observation | None) -> None:
-        """Stop the attempt's process group, only when orch can prove it started it."""
+    def _kill(self, attempt: dict[str, Any], obs: Observation | None) -> bool:
+        """Move the stop of the attempt's process group one step on (SIGTERM, SIGKILL after the
+        grace), only when orch can prove it started it; never waits. True once nothing of the
+        group lives (a remote attempt: False, Slurm says when it ended)."""
         if self._is_remote(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
             if int(attempt["id"]) not in self._cancel_sent:
                 try:
@@ -502,13 +514,13 @@ class Daemon:
                     self._cancel_sent.add(int(attempt["id"]))
                 except Exception:  # tried again next pass
                     log.warning("cannot cancel attempt %s", attempt["id"], exc_info=True)
-            return
+            return False
         group = proven_group(attempt, obs)
         if group is None:
-            log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt["id"])
-            return
-        if group_is_ours(*group):
-            kill_process_group(group[0], grace_s=KILL_GRACE_S)
+            if obs is not None and (obs.launcher_alive or obs.process_alive):
+                log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt["id"])
+            return True
+        return self.stopper.stop(int(attempt["id"]), *group)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:
@@ -522,7 +534,7 @@ class Daemon:
         with self.store.write():
             self.store.db.execute(
                 "UPDATE daemon SET heartbeat_at = ?, gpus_json = ? WHERE id = 1",
-                [now_s(), json.dumps([asdict(s) for s in snapshots])],
+                [self.clock.now_s(), json.dumps([asdict(s) for s in snapshots])],
             )
             self.store.db.execute(
                 "UPDATE daemon SET disk_json = ? WHERE id = 1",

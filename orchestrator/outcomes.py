@@ -12,7 +12,6 @@ from typing import Any
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
 from orchestrator.ladder import retry_decision, with_host_settings
-from orchestrator.launch.base import kill_process_group
 from orchestrator.launch.gpu_peak import read_gpu_peak_mib
 from orchestrator.launch.rundir import read_output_tail
 from orchestrator.lifecycle import AttemptOutcome, JobState
@@ -43,7 +42,7 @@ from orchestrator.store.attempts import (
     record_prompt_length,
     write_shape,
 )
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.learning import label_shape, record_throughput
 from orchestrator.throughput import interval_rate
@@ -51,26 +50,24 @@ from orchestrator.throughput import interval_rate
 log = logging.getLogger(__name__)
 
 RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
-KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
 
 
 def ensure_group_dead(attempt: dict[str, Any], obs: Observation | None) -> bool:
-    """Kill what is left of the attempt's process group; True once nothing of it lives.
+    """True once nothing of the attempt's process group lives; never waits, never signals (the
+    daemon stops a group across passes, orchestrator.kills, before it ends the attempt).
 
     Never requeue before this is True: two live attempts of one job must not exist. Only a
-    group orch can prove it started is signalled (reconcile.proven_group), never one named by
-    a file in the run dir."""
+    group orch can prove it started counts (reconcile.proven_group), never one named by a
+    file in the run dir."""
     group = proven_group(attempt, obs)
-    if group is None or not group_is_ours(*group):
-        return True
-    return kill_process_group(group[0], grace_s=KILL_GRACE_S)
+    return group is None or not group_is_ours(*group)
 
 
 def _neighbours(store: Store, attempt: dict[str, Any]) -> list[dict[str, Any]]:
     rows = store.query(
         "SELECT a.job_id, a.held_mib, a.peak_mib, j.config_name FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE a.gpu_index = ? AND a.id != ? AND (a.outcome IS NULL OR a.ended_at >= ?)",
-        [attempt["gpu_index"], attempt["id"], now_s() - 5.0],
+        [attempt["gpu_index"], attempt["id"], store.now_s() - 5.0],
     )
     return [{"job": r["job_id"], "config": r["config_name"], "held_mib": r["held_mib"], "peak_mib": r["peak_mib"]} for r in rows]
 
@@ -91,7 +88,7 @@ def complete(
     `remote_end`: the cluster ended it without an exit record (outcome, reason, retryable)."""
     cluster_owned = (attempt.get("executor") or attempt.get("launcher")) == "slurm"
     if not cluster_owned and not ensure_group_dead(attempt, obs):
-        log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt["id"])
+        log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt["id"])
         return
     run_dir = Path(attempt["run_dir"])
     exit_record = obs.exit_record if obs else None
@@ -318,14 +315,14 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
     rows = store.query(
         "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE j.suite = ? AND a.outcome = 'failed' AND a.ended_at >= ? AND a.reason != 'hung'",
-        [suite, now_s() - guard.window_s],
+        [suite, store.now_s() - guard.window_s],
     )
     reason = crash_loop_reason([(r["ended_at"] or 0) - r["started_at"] for r in rows], guard)
     if reason is None:
         return
     with store.write():
         cursor = store.db.execute(
-            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, now_s()]
+            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, store.now_s()]
         )
         if cursor.rowcount:
             add_event(store, "pause", f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")

@@ -31,13 +31,16 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from orchestrator import runfiles
 from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, open_run_dir
 from orchestrator.launch.wrapper import LOST_MARKER, PID_FILE
+
+if TYPE_CHECKING:
+    from orchestrator.launch.base import ProcessGroups
 
 log = logging.getLogger(__name__)
 
@@ -231,9 +234,10 @@ def proven_group(attempt: dict[str, Any], obs: Observation | None) -> tuple[int,
     return pid, create_time
 
 
-def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:
+def group_is_ours(pgid: int | None, leader_create_time: float | None, groups: ProcessGroups | None = None) -> bool:
     """A process group may be signalled only while it is still the attempt's: its leader is
-    absent (exited, members linger) or is the recorded wrapper, and some member exists."""
+    absent (exited, members linger) or is the recorded wrapper, and some member exists
+    (`groups`: this pass's read of the process table, shared by every group asked about)."""
     if not pgid or pgid <= 1:
         return False
     try:
@@ -244,6 +248,6 @@ def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:
         pass
     except psutil.AccessDenied:
         return False
-    from orchestrator.launch.base import group_members
+    from orchestrator.launch.base import ProcessGroups
 
-    return bool(group_members(pgid))
+    return (groups or ProcessGroups()).alive(pgid)
