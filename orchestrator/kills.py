@@ -42,7 +42,8 @@ class KillState:
     """What was sent to one group, and when (monotonic seconds)."""
 
     term_at_s: float | None = None
-    kill_at_s: float | None = None
+    kill_at_s: float | None = None  # the first SIGKILL
+    last_kill_at_s: float | None = None  # the latest, resent while members outlive it
     stuck_said: bool = False
 
 
@@ -55,7 +56,8 @@ def next_step(state: KillState, alive: bool, now_s: float, grace_s: float = KILL
         return KillStep.TERM
     if state.kill_at_s is None:
         return KillStep.KILL if now_s - state.term_at_s >= grace_s else KillStep.WAIT
-    return KillStep.KILL if now_s - state.kill_at_s >= resend_s else KillStep.WAIT
+    last = state.last_kill_at_s if state.last_kill_at_s is not None else state.kill_at_s
+    return KillStep.KILL if now_s - last >= resend_s else KillStep.WAIT
 
 
 def after(state: KillState, step: KillStep, now_s: float) -> KillState:
@@ -63,7 +65,9 @@ def after(state: KillState, step: KillStep, now_s: float) -> KillState:
     if step is KillStep.TERM:
         return replace(state, term_at_s=now_s)
     if step is KillStep.KILL:
-        return replace(state, kill_at_s=now_s, term_at_s=state.term_at_s if state.term_at_s is not None else now_s)
+        first = state.kill_at_s if state.kill_at_s is not None else now_s
+        return replace(state, kill_at_s=first, last_kill_at_s=now_s,
+                       term_at_s=state.term_at_s if state.term_at_s is not None else now_s)
     return state
 
 
