@@ -245,19 +245,7 @@ def test_yaml_alias_bomb_in_a_config_is_refused_at_once(orch: Orch) -> None:
     assert not orch.db.exists() or orch.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
 
 
-# -- 6. a hung worker that ignores SIGTERM ------------------------------------------------------
-
-def test_hung_worker_ignoring_sigterm_retried_once_then_failed(orch: Orch) -> None:
-    orch.write_suite("h", {"h": {"corrupt": "none", "ignore_term": True, "hold_s": 600}},
-                     worker=hostile_command(), mem_gib=0.25, hang_timeout_s=2, max_attempts=4)
-    orch.submit("h", "1:a")
-    orch.start_daemon()
-    assert orch.wait_all_done(90) == {1: "failed"}
-    attempts = orch.json("show", "1")["attempts"]
-    assert [(a["outcome"], a["reason"]) for a in attempts] == [("failed", "hung"), ("failed", "hung")]
-    assert orch.json("show", "1")["reason"].startswith("hung")
-    for row in orch.attempts(1):
-        assert not group_alive(int(row["pid"]))
+# -- 6. a hung worker that ignores SIGTERM: tests/test_clock_rules.py (the clock passes the hang timeout and the kill grace)
 
 
 # -- 7. smaller ones ---------------------------------------------------------------------------
