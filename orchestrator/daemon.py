@@ -38,7 +38,7 @@ from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.kills import GroupStopper
+from orchestrator.kills import GroupStopper, ending_peaks_mib, with_memory_held
 from orchestrator.launch.base import Launcher
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.launch.wrapper import EXIT_FILE
@@ -134,6 +134,7 @@ class Daemon:
         self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
+        self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -245,7 +246,7 @@ class Daemon:
             schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
                             max_in_queue=self.settings.max_in_queue, hold=hold)
         else:
-            schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+            schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -293,6 +294,7 @@ class Daemon:
         self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
         self.stopper.new_pass()
+        self._ending_mib = Counter()
         still_live = 0
         live = live_attempts(self.store)
         tenants = Counter(a["gpu_uuid"] for a in live)
@@ -360,6 +362,7 @@ class Daemon:
             return 1
         hung = attempt["kill_requested"] == "hung"
         if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, obs):
+            self._ending_mib.update(ending_peaks_mib(attempt))  # counted as held until the group is gone
             return 1  # members of its group live on: stopped across passes before it may end
         if verdict is Verdict.FINISHED:
             self._learn_host(attempt)

@@ -12,14 +12,17 @@ to do. `GroupStopper` applies it: it holds the state, reads the table, sends the
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
 from orchestrator.clock import Clock
 from orchestrator.errors import LauncherError
+from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import ProcessGroups, signal_group
 from orchestrator.reconcile import group_is_ours
 
@@ -132,3 +135,23 @@ class GroupStopper:
         """Forget stops of attempts closed meanwhile."""
         wanted = set(keys)
         self._states = {k: v for k, v in self._states.items() if k in wanted}
+
+
+def ending_peaks_mib(attempt: Mapping[str, Any]) -> dict[str, int]:
+    """Pure: card uuid -> MiB to count as held for an attempt that ended while members of its
+    group live on (its wrapper exiting, a straggler being stopped): its peak on each card, as
+    when the pass waited for the group, so nothing is packed into memory it may still hold."""
+    try:
+        peaks = {str(k): int(v) for k, v in json.loads(attempt.get("peak_by_gpu_json") or "{}").items()}
+    except (ValueError, TypeError, AttributeError):
+        peaks = {}
+    if not peaks and attempt.get("gpu_uuid"):
+        peaks = {str(attempt["gpu_uuid"]): int(attempt.get("peak_mib") or attempt.get("predicted_peak_mib") or 0)}
+    return peaks
+
+
+def with_memory_held(snapshots: tuple[GpuSnapshot, ...], held_mib: Mapping[str, int]) -> tuple[GpuSnapshot, ...]:
+    """Pure: the readings with `held_mib` (per card uuid) taken off each card's free memory."""
+    if not any(held_mib.values()):
+        return snapshots
+    return tuple(replace(s, free_mib=max(0, s.free_mib - held_mib.get(s.uuid, 0))) for s in snapshots)

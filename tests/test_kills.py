@@ -206,3 +206,19 @@ def test_a_real_group_ignoring_sigterm_is_killed_after_the_clock_passes_the_grac
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# -- an ended attempt whose group lingers keeps its memory counted -----------------------------
+
+def test_an_ending_attempt_keeps_its_peak_counted_on_its_cards() -> None:
+    from orchestrator.gpu.snapshot import GpuSnapshot
+    from orchestrator.kills import ending_peaks_mib, with_memory_held
+
+    assert ending_peaks_mib({"gpu_uuid": "GPU-a", "peak_mib": 15360, "predicted_peak_mib": 9000}) == {"GPU-a": 15360}
+    assert ending_peaks_mib({"gpu_uuid": "GPU-a", "peak_mib": 0, "predicted_peak_mib": 9000}) == {"GPU-a": 9000}
+    assert ending_peaks_mib({"gpu_uuid": "GPU-a", "peak_mib": 1, "peak_by_gpu_json": '{"GPU-a": 7, "GPU-b": 8}'}) == {"GPU-a": 7, "GPU-b": 8}
+    assert ending_peaks_mib({"gpu_uuid": "GPU-a", "peak_mib": 5, "peak_by_gpu_json": "[not json"}) == {"GPU-a": 5}
+    cards = (GpuSnapshot(0, "GPU-a", "sim", 24576, 0, 24576), GpuSnapshot(1, "GPU-b", "sim", 24576, 20000, 4576))
+    held = with_memory_held(cards, {"GPU-a": 15360, "GPU-b": 8000})
+    assert [c.free_mib for c in held] == [24576 - 15360, 0]
+    assert with_memory_held(cards, {}) is cards
