@@ -70,8 +70,9 @@ def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB", starvation_s=600) as d:
-        d.orch.write_suite("small", {"small": HOLD}, worker=hostile_command(), mem_gib=8)
-        d.orch.write_suite("big", {"big": HOLD}, worker=hostile_command(), mem_gib=28)
+        # silent workers, with no hang timeout: moving the clock must not end them as hung
+        d.orch.write_suite("small", {"small": HOLD}, worker=hostile_command(), mem_gib=8, hang_timeout_s="off")
+        d.orch.write_suite("big", {"big": HOLD}, worker=hostile_command(), mem_gib=28, hang_timeout_s="off")
         d.cli("plan", "set", "4")
         d.submit("small", "1:a")
         d.tick_until(lambda: d.running(1), what="job 1 running")
@@ -83,7 +84,8 @@ def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
         d.submit("small", "1:c")  # job 4 fits too, but the card is now kept for job 2
         d.ticks(3)
         states = d.orch.job_states()
-        assert (states[2], states[4]) == ("queued", "queued")
+        assert states == {1: "running", 2: "queued", 3: "running", 4: "queued"}
+        assert len(d.orch.attempts()) == 2
         reason = d.orch.query("SELECT wait_reason FROM jobs WHERE id = 4")[0]["wait_reason"]
         assert "kept free for job 2" in reason, reason
 
