@@ -222,3 +222,19 @@ def test_an_ending_attempt_keeps_its_peak_counted_on_its_cards() -> None:
     held = with_memory_held(cards, {"GPU-a": 15360, "GPU-b": 8000})
     assert [c.free_mib for c in held] == [24576 - 15360, 0]
     assert with_memory_held(cards, {}) is cards
+
+
+def test_the_process_table_is_read_once_for_every_group_asked_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from orchestrator.launch import base
+
+    reads: list[int] = []
+    real = psutil.pids
+    monkeypatch.setattr(base.psutil, "pids", lambda: reads.append(1) or real())
+    groups = ProcessGroups()
+    assert reads == []  # nothing read until asked
+    assert groups.alive(os.getpgid(0))  # this test's own group
+    assert not groups.alive(NO_SUCH_PID)
+    assert groups.alive(os.getpgid(0))
+    assert reads == [1]
