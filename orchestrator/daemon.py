@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from orchestrator import faults
+from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
@@ -39,19 +40,19 @@ from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.launch.base import Launcher, kill_process_group
+from orchestrator.kills import GroupStopper, ending_peaks_mib, with_memory_held
+from orchestrator.launch.base import Launcher
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.lifecycle import KillRequest
 from orchestrator.notify import Watcher
 from orchestrator.observe_cache import ObserveCache
-from orchestrator.outcomes import KILL_GRACE_S, abandon, complete, learn_rate
+from orchestrator.outcomes import abandon, complete, learn_rate
 from orchestrator.packing import PackingPolicy
 from orchestrator.prediction import JobShapeCache, attempt_shape_key
 from orchestrator.reconcile import (
     Observation,
     Verdict,
     disagreement,
-    group_is_ours,
     judge,
     mark_lost,
     observe,
@@ -71,7 +72,7 @@ from orchestrator.store.daemon_row import (
     unregister_daemon,
     write_heartbeat,
 )
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.endings import mark_hung
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
@@ -119,12 +120,14 @@ def _topology(probe: GpuProbe) -> dict[tuple[int, int], int] | None:
 class Daemon:
     started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
 
-    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str]) -> None:
+    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str],
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.probe = probe
+        self.clock = clock  # where time is policy (hang timeouts, kill grace, holds): tests move it
         # the executor seam; a bare launcher (tmux, subprocess) is wrapped as a local executor
         self.launcher: Executor = launcher if isinstance(launcher, (LocalExecutor, SlurmExecutor)) else LocalExecutor(launcher)
-        self.store = Store(settings.db_path)
+        self.store = Store(settings.db_path, clock=clock)
         self.cache = JobShapeCache()
         self.ctx = DispatchContext(
             runs_dir=runs_dir(settings.db_path),
@@ -152,6 +155,8 @@ class Daemon:
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
         self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
+        self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
+        self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -160,7 +165,7 @@ class Daemon:
         os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
         faults.arm_from_env()  # crash-recovery tests only: exit at a named point
         self._lock.acquire()
-        self.started_at_s = now_s()  # after the lock: no other daemon launches from here on
+        self.started_at_s = self.clock.now_s()  # after the lock: no other daemon launches from here on
         try:
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
             self._register()
@@ -189,7 +194,7 @@ class Daemon:
                 poked = self._idle_until(next_full_s)
         finally:
             with contextlib.suppress(Exception):
-                unregister_daemon(self.store, now_s(), "daemon stopped; running workers keep running")
+                unregister_daemon(self.store, self.clock.now_s(), "daemon stopped; running workers keep running")
             self._close_idle_launcher()
             self.wake.close()
             self.observed.close()
@@ -244,7 +249,7 @@ class Daemon:
                     "`orch daemon status` shows it, `orch daemon stop` stops it"
                 )
 
-        register_daemon(self.store, os.getpid(), psutil.Process().create_time(), now_s(), refuse_live)
+        register_daemon(self.store, os.getpid(), psutil.Process().create_time(), self.clock.now_s(), refuse_live)
 
     # -- one tick --------------------------------------------------------------------------
 
@@ -270,7 +275,7 @@ class Daemon:
                 schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
                                 max_in_queue=self.settings.max_in_queue, hold=hold)
             else:
-                schedule(self.store, snapshots, self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+                schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
         finally:  # the next workers start first: closing a dead window costs tmux calls
             self._close_ended()
         self.notifier.poll()
@@ -278,7 +283,7 @@ class Daemon:
         record_gpu_samples(  # the memory history the web page and the report draw
             self.store,
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
-            now_s(),
+            self.clock.now_s(),
         )
         if only is None or live_count != live_before:
             self._exit_files = [RunDir(run_dir).exit for run_dir in live_run_dirs(self.store)]
@@ -318,6 +323,8 @@ class Daemon:
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
         self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
+        self.stopper.new_pass()
+        self._ending_mib = Counter()
         still_live = 0
         live, jobs = live_attempts_with_jobs(self.store)
         tenants = Counter(a.gpu_uuid for a in live)
@@ -343,13 +350,14 @@ class Daemon:
                 still_live += self._reconcile_one(attempt, job, by_uuid.get(attempt.gpu_uuid), tenants[attempt.gpu_uuid])
             except Exception as exc:
                 still_live += 1
-                self._record_attempt_error(attempt, exc)
+                self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
+        self.stopper.keep_only(a.id for a in live)
         return still_live
 
-    def _record_attempt_error(self, attempt: Attempt, exc: Exception) -> None:
+    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
         """Record the error against the attempt (once per distinct message); after
         MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
         message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
@@ -362,11 +370,12 @@ class Daemon:
                 add_event(self.store, "error", message, job_id=attempt.job_id, attempt_id=attempt.id)
         if count >= MAX_ATTEMPT_ERRORS:
             with contextlib.suppress(Exception):
-                abandon(self.store, attempt, message)
+                if job is None or self._kill(attempt, job, None):  # its group is stopped across passes first
+                    abandon(self.store, attempt, message)
 
     def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
         run_dir = Path(attempt.run_dir)
-        obs = observe(run_dir, now_s(), attempt, self.observed, job.hang_timeout_s)
+        obs = observe(run_dir, self.clock.now_s(), attempt, self.observed, job.hang_timeout_s)
         if not obs.pid_file_present and obs.exit_record is None and attempt.window_id and attempt.launcher == self.launcher.name:
             try:
                 obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt.window_id)))
@@ -380,22 +389,26 @@ class Daemon:
             self._track(attempt, obs, gpu)
             self._learn_rate(attempt, job, obs, tenants)
         disk_full = self.disk is not None and self.disk.full
-        if verdict is Verdict.ALIVE and attempt.kill_requested:
+        if verdict is Verdict.HUNG and attempt.kill_requested is None:
+            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
+            faults.reach("after_mark_hung")
+        if verdict in (Verdict.ALIVE, Verdict.HUNG) and attempt.kill_requested:
+            # signalled now, confirmed on later passes; its end is recorded once a pass finds
+            # the wrapper ended (FINISHED or LOST below), never while the tick waits
             self._kill(attempt, job, obs)
             return 1
-        if verdict is Verdict.HUNG:
-            hung = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
-            faults.reach("after_mark_hung")
-            self._kill(hung, job, obs)
-            complete(self.store, hung, observe(run_dir, now_s(), attempt), self.cache, hung=True)
-        elif verdict is Verdict.FINISHED:
+        hung = attempt.kill_requested is KillRequest.HUNG
+        if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, job, obs):
+            self._ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
+            return 1  # members of its group live on: stopped across passes before it may end
+        if verdict is Verdict.FINISHED:
             self._learn_host(attempt, job)
-            complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full)
+            complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full, hung=hung)
             self._ended.append(attempt)
         elif verdict is Verdict.LOST:
             if (why := disagreement(attempt, obs)) is not None:
                 log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
-            complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full)
+            complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full, hung=hung)
             self._ended.append(attempt)
         else:
             return 1
@@ -423,7 +436,7 @@ class Daemon:
         self, attempt: Attempt, job: Job, remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
     ) -> int:
         """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
-        obs = observe(Path(attempt.run_dir), now_s(), attempt)
+        obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
         status = (remote or {}).get(attempt.id) if remote is not None else None
         if status is not None:
             shown = status.state if status.kind != "queued" else f"{status.state} ({status.reason})"
@@ -535,8 +548,10 @@ class Daemon:
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
 
-    def _kill(self, attempt: Attempt, job: Job, obs: Observation | None) -> None:
-        """Stop the attempt's process group, only when orch can prove it started it."""
+    def _kill(self, attempt: Attempt, job: Job, obs: Observation | None) -> bool:
+        """Move the stop of the attempt's process group one step on (SIGTERM, SIGKILL after the
+        grace), only when orch can prove it started it; never waits. True once nothing of the
+        group lives (a remote attempt: False, Slurm says when it ended)."""
         if self._is_remote(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
             if attempt.id not in self._cancel_sent:
                 try:
@@ -544,13 +559,13 @@ class Daemon:
                     self._cancel_sent.add(attempt.id)
                 except Exception:  # tried again next pass
                     log.warning("cannot cancel attempt %s", attempt.id, exc_info=True)
-            return
+            return False
         group = proven_group(attempt, obs)
         if group is None:
-            log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt.id)
-            return
-        if group_is_ours(*group):
-            kill_process_group(group[0], grace_s=KILL_GRACE_S)
+            if obs is not None and (obs.launcher_alive or obs.process_alive):
+                log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt.id)
+            return True
+        return self.stopper.stop(attempt.id, *group)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:
@@ -560,5 +575,5 @@ class Daemon:
                 "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
                 "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
             })
-        write_heartbeat(self.store, now_s(), [asdict(s) for s in snapshots],
+        write_heartbeat(self.store, self.clock.now_s(), [asdict(s) for s in snapshots],
                         self.disk.to_json() if self.disk is not None else None)

@@ -38,7 +38,7 @@ from orchestrator.store.attempts import (
     read_all_prompt_lengths,
     read_all_shapes,
 )
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan, transition
 from orchestrator.store.learning import read_throughput
 from orchestrator.store.queue import (
@@ -159,7 +159,7 @@ def schedule(
         cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
-    decision = pack(queue, gpus, running, ctx.policy, now_s(), host=host, topology=ctx.topology,
+    decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
                     paused=paused, draining=draining, hold=hold)
     reasons.update(decision.wait_reasons)
     placed = jobs_by_id(store, [p.job_id for p in decision.placements])

@@ -12,7 +12,6 @@ from typing import Any
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
 from orchestrator.ladder import Level, retry_decision, with_host_settings
-from orchestrator.launch.base import kill_process_group
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
@@ -35,7 +34,7 @@ from orchestrator.reconcile import (
 from orchestrator.runfiles import read_gpu_peak_mib
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import AttemptEnd
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.endings import (
     PromptLesson,
     ShapeLesson,
@@ -53,19 +52,17 @@ from orchestrator.throughput import interval_rate
 log = logging.getLogger(__name__)
 
 RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
-KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
 
 
 def ensure_group_dead(attempt: Attempt, obs: Observation | None) -> bool:
-    """Kill what is left of the attempt's process group; True once nothing of it lives.
+    """True once nothing of the attempt's process group lives; never waits, never signals (the
+    daemon stops a group across passes, orchestrator.kills, before it ends the attempt).
 
     Never requeue before this is True: two live attempts of one job must not exist. Only a
-    group orch can prove it started is signalled (reconcile.proven_group), never one named by
-    a file in the run dir."""
+    group orch can prove it started counts (reconcile.proven_group), never one named by a
+    file in the run dir."""
     group = proven_group(attempt, obs)
-    if group is None or not group_is_ours(*group):
-        return True
-    return kill_process_group(group[0], grace_s=KILL_GRACE_S)
+    return group is None or not group_is_ours(*group)
 
 
 def complete(
@@ -85,7 +82,7 @@ def complete(
     What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
     cluster_owned = (attempt.executor or attempt.launcher) == "slurm"
     if not cluster_owned and not ensure_group_dead(attempt, obs):
-        log.warning("attempt %s: process group still alive after SIGKILL; will retry next tick", attempt.id)
+        log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
     run_dir = Path(attempt.run_dir)
     exit_record = obs.exit_record if obs else None
@@ -304,7 +301,7 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
     job's setting decides, so a suite resubmitted with a changed `crash_loop` uses the new one."""
     if not guard.enabled:
         return
-    reason = crash_loop_reason(recent_failure_durations(store, suite, now_s() - guard.window_s), guard)
+    reason = crash_loop_reason(recent_failure_durations(store, suite, store.now_s() - guard.window_s), guard)
     if reason is None:
         return
     pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")

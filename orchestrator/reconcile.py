@@ -43,6 +43,9 @@ from orchestrator.store.rows import Attempt
 if TYPE_CHECKING:
     from orchestrator.observe_cache import ObserveCache
 
+if TYPE_CHECKING:
+    from orchestrator.launch.base import ProcessGroups
+
 log = logging.getLogger(__name__)
 
 PROGRESS_REFRESH_S = 5.0  # the daemon reads a running worker's new progress lines this often
@@ -248,9 +251,10 @@ def proven_group(attempt: Attempt, obs: Observation | None) -> tuple[int, float]
     return pid, create_time
 
 
-def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:
+def group_is_ours(pgid: int | None, leader_create_time: float | None, groups: ProcessGroups | None = None) -> bool:
     """A process group may be signalled only while it is still the attempt's: its leader is
-    absent (exited, members linger) or is the recorded wrapper, and some member exists."""
+    absent (exited, members linger) or is the recorded wrapper, and some member exists
+    (`groups`: this pass's read of the process table, shared by every group asked about)."""
     if not pgid or pgid <= 1:
         return False
     try:
@@ -261,6 +265,6 @@ def group_is_ours(pgid: int | None, leader_create_time: float | None) -> bool:
         pass
     except psutil.AccessDenied:
         return False
-    from orchestrator.launch.base import group_members
+    from orchestrator.launch.base import ProcessGroups
 
-    return bool(group_members(pgid))
+    return (groups or ProcessGroups()).alive(pgid)

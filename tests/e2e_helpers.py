@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from orchestrator.daemon_state import tmux_socket_name
+from orchestrator.reconcile import process_matches
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -105,8 +107,9 @@ class Orch:
         self.run("submit", "--suite", suite, "--pairs", pairs, *extra)
 
     def start_daemon(self, poll_s: float = 0.2) -> int:
-        self.run("daemon", "start", "--poll", str(poll_s))
-        pid = int(self.json("daemon", "status")["pid"])
+        started = self.run("daemon", "start", "--poll", str(poll_s)).stdout
+        said = re.search(r"daemon started \(pid (\d+)\)", started)  # saves a `daemon status` call
+        pid = int(said.group(1)) if said else int(self.json("daemon", "status")["pid"])
         self.daemon_pids.add(pid)
         return pid
 
@@ -157,10 +160,24 @@ class Orch:
                 pgids.add(int(json.loads(pid_file.read_text())["pgid"]))
         return pgids
 
-    def cleanup(self) -> None:
+    def _live_daemons(self) -> set[int]:
+        """Daemons this test started, and the one state.db names while it is that very process."""
+        live = {pid for pid in self.daemon_pids if pid > 0 and pid_alive(pid)}
         with contextlib.suppress(Exception):
-            self.stop_daemon()
-        for pid in self.daemon_pids:
+            for row in self.query("SELECT pid, proc_create_time FROM daemon WHERE pid IS NOT NULL"):
+                if process_matches(row["pid"], row["proc_create_time"]):
+                    live.add(int(row["pid"]))
+        return live
+
+    def cleanup(self) -> None:
+        # SIGTERM is what `orch daemon stop` leads to, without two CLI starts per test
+        daemons = self._live_daemons()
+        for pid in daemons:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not any(pid_alive(pid) for pid in daemons), 30, "the daemons to stop")
+        for pid in daemons:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, check=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,10 @@ from typing import Any
 
 import pytest
 from e2e_helpers import Orch, group_alive, orch_env, pid_alive, requires_tmux, wait_until
+from hostile_helpers import hostile_command
+
+from orchestrator.gpu.sim import hold_foreign
+from orchestrator.kills import KILL_GRACE_S
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -144,3 +149,41 @@ def test_cancel_kills_the_whole_process_group(orch: Orch) -> None:
     (attempt,) = orch.attempts(1)
     assert attempt["outcome"] == "cancelled"
     assert attempt["ended_at"] is not None
+
+
+def test_a_cancel_of_a_worker_ignoring_sigterm_never_stalls_scheduling(orch: Orch) -> None:
+    # The kill is signalled in one pass and confirmed in later ones: while the first job's group
+    # outlives its SIGTERM, the daemon goes on scheduling, and a job that became placeable
+    # meanwhile starts. Job 2 waits for memory that another user's process holds until the
+    # moment job 1 is cancelled.
+    foreign = [hold_foreign(orch.root / "sim", index, 20 * 1024) for index in (0, 1)]
+    orch.write_suite("stubborn", {"stubborn": {"corrupt": "none", "ignore_term": True, "hold_s": 600}},
+                     worker=hostile_command(), mem_gib=0.25)
+    orch.write_suite("quick", {"quick": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=2)
+    orch.submit("stubborn", "1:a")
+    orch.submit("quick", "1:a")
+    orch.start_daemon()
+    first = wait_until(lambda: (rows := orch.query("SELECT * FROM attempts WHERE job_id = 1 AND pgid IS NOT NULL"))
+                       and "hostile worker: did" in _log(rows[0]) and rows[0], 30, "job 1 running, ignoring SIGTERM")
+    pgid = int(first["pgid"])
+    wait_until(lambda: orch.query("SELECT wait_reason FROM jobs WHERE id = 2 AND wait_reason LIKE '%free%'"), 30,
+               "job 2 to wait for memory")
+    orch.run("cancel", "1")
+    cancelled_at = time.monotonic()
+    for path in foreign:
+        path.unlink()
+    second = wait_until(lambda: orch.query("SELECT started_at FROM attempts WHERE job_id = 2"), 30, "job 2 to start")
+    # the first kill is still pending: its group ignores SIGTERM, and SIGKILL comes after the grace
+    still_pending = group_alive(pgid) and orch.query("SELECT 1 FROM attempts WHERE job_id = 1 AND outcome IS NULL")
+    assert still_pending, "job 2 started only once job 1's kill was over"
+    wait_until(lambda: orch.job_states()[1] == "cancelled", 30, "job 1 to be cancelled")
+    assert time.monotonic() - cancelled_at >= KILL_GRACE_S - 1  # it waited out the grace, then SIGKILL
+    assert not group_alive(pgid)
+    (attempt,) = orch.attempts(1)
+    assert attempt["outcome"] == "cancelled" and attempt["ended_at"] > second[0]["started_at"]
+    assert orch.wait_all_done(30) == {1: "cancelled", 2: "succeeded"}
+
+
+def _log(attempt: dict[str, Any]) -> str:
+    path = Path(attempt["run_dir"]) / "stdout.log"
+    return path.read_text() if path.exists() else ""

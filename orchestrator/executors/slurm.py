@@ -14,11 +14,11 @@ import logging
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.errors import LauncherError, UsageError
 from orchestrator.executors.base import RemoteStatus, attach_argv, log_path
 from orchestrator.executors.slurm_parse import (
@@ -62,7 +62,7 @@ class SlurmExecutor:
     name = "slurm"
     remote = True
 
-    def __init__(self, options: SlurmOptions, gpu_mib: int | None = None) -> None:
+    def __init__(self, options: SlurmOptions, gpu_mib: int | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         missing = [tool for tool in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(tool) is None]
         if missing:
             raise LauncherError(f"Slurm's {', '.join(missing)} not found on PATH: run the daemon on a login node")
@@ -72,6 +72,7 @@ class SlurmExecutor:
         self.shard_mib: int | None = None
         self.accounting = False
         self._failures = 0
+        self.clock = clock  # the poll backoff's
         self._next_poll_at = 0.0
         self._discover(gpu_mib)
 
@@ -141,7 +142,7 @@ class SlurmExecutor:
     def _backoff(self, why: str) -> None:
         self._failures += 1
         delay = min(BACKOFF_MAX_S, 2.0 ** self._failures)
-        self._next_poll_at = time.monotonic() + delay
+        self._next_poll_at = self.clock.monotonic_s() + delay
         log.warning("Slurm poll failed (%s); next try in %.0f s, attempts keep their state", why, delay)
 
     def _squeue(self) -> dict[str, SlurmJob] | None:
@@ -172,7 +173,7 @@ class SlurmExecutor:
         ours = [(a, j) for a, j in attempts if a.executor == self.name or a.launcher == self.name]
         if not ours:
             return {}
-        if time.monotonic() < self._next_poll_at:
+        if self.clock.monotonic_s() < self._next_poll_at:
             return None
         queue = self._squeue()
         if queue is None:

@@ -81,6 +81,47 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
+class ProcessGroups:
+    """Which process groups have a live (non-zombie) member, from one read of the process
+    table, made at the first question: one per daemon pass serves every group it asks about."""
+
+    def __init__(self) -> None:
+        self._members: dict[int, list[int]] | None = None
+
+    def _scan(self) -> dict[int, list[int]]:
+        members: dict[int, list[int]] = {}
+        for pid in psutil.pids():
+            try:
+                members.setdefault(os.getpgid(pid), []).append(pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+        return members
+
+    def alive(self, pgid: int) -> bool:
+        if self._members is None:
+            self._members = self._scan()
+        for pid in self._members.get(pgid, ()):
+            try:  # only the members of a group asked about are read beyond their pgid
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return False
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the group; False when no process of it is left. Refuses orch's own group."""
+    if pgid <= 1 or pgid == os.getpgid(0):
+        raise LauncherError(f"refusing to kill process group {pgid}: it is not an attempt's group")
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError as exc:
+        raise LauncherError(f"cannot signal process group {pgid}: {exc}") from None
+    return True
+
+
 def _wait_gone(pgid: int, deadline: float) -> bool:
     while time.monotonic() < deadline:
         if not group_members(pgid):

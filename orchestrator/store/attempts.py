@@ -10,7 +10,7 @@ from orchestrator.errors import InvalidTransition
 from orchestrator.lifecycle import JobState
 from orchestrator.memory import ShapeMemory
 from orchestrator.prediction_source import PredictionSource
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event, transition
 from orchestrator.store.rows import Attempt
 
@@ -52,7 +52,7 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
                 plan.job_id, n, plan.gpu_index, plan.gpu_uuid, plan.level, plan.level_step,
                 json.dumps(plan.changes, sort_keys=True), json.dumps(plan.overrides, sort_keys=True),
                 int(plan.run_alone), run_dir, plan.predicted_peak_mib, plan.prediction_source.render(),
-                plan.reserved_mib, now_s(),
+                plan.reserved_mib, store.now_s(),
             ],
         )
         attempt_id = int(cursor.lastrowid or 0)
@@ -119,7 +119,7 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
         cursor = store.db.execute(
             "UPDATE attempts SET outcome = ?, reason = ?, exit_code = ?, signal = ?, peak_mib = ?, "
             "ended_at = ? WHERE id = ? AND outcome IS NULL",
-            [end.outcome, end.reason, end.exit_code, end.signal, end.peak_mib, now_s(), attempt.id],
+            [end.outcome, end.reason, end.exit_code, end.signal, end.peak_mib, store.now_s(), attempt.id],
         )
         if cursor.rowcount != 1:
             return False  # closed already by another writer
@@ -161,7 +161,7 @@ def write_shape(store: Store, shape_key: str, shape: ShapeMemory) -> None:
             "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, updated_at) "
             "VALUES (?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
             "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
-            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, now_s()],
+            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, store.now_s()],
         )
 
 
@@ -178,5 +178,5 @@ def record_prompt_length(store: Store, length_key: str, longest_tokens: int) -> 
             "INSERT INTO prompt_lengths (length_key, longest_tokens, updated_at) VALUES (?, ?, ?) "
             "ON CONFLICT(length_key) DO UPDATE SET longest_tokens = max(longest_tokens, "
             "excluded.longest_tokens), updated_at = excluded.updated_at",
-            [length_key, longest_tokens, now_s()],
+            [length_key, longest_tokens, store.now_s()],
         )

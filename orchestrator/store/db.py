@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlite_utils
 
+from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.errors import MissingDatabase, StoreError
 from orchestrator.store.schema import MIGRATIONS
 
@@ -28,8 +29,9 @@ def default_db_path() -> Path:
 class Store:
     """A connection to state.db. One per process (or thread); cheap to open."""
 
-    def __init__(self, path: Path, *, create: bool = True) -> None:
+    def __init__(self, path: Path, *, create: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
+        self.clock = clock  # stamps rows (queued_at, started_at, ended_at) on the clock that judges them
         if not create and not self.path.exists():
             raise MissingDatabase(f"no state database at {self.path} (submit a sweep first, or pass --db)")
         try:
@@ -130,6 +132,9 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
+    def now_s(self) -> float:
+        return self.clock.now_s()
+
     def close(self) -> None:
         self.db.close()
 
@@ -188,4 +193,5 @@ def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
 
 
 def now_s() -> float:
+    """Wall time where no store is at hand (what the CLI shows); a store's rows use `store.now_s()`."""
     return time.time()

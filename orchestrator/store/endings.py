@@ -20,7 +20,7 @@ from orchestrator.store.attempts import (
     record_prompt_length,
     write_shape,
 )
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.learning import label_shape
 from orchestrator.store.rows import Attempt
@@ -65,7 +65,7 @@ def neighbours(store: Store, attempt: Attempt, within_s: float = 5.0) -> list[di
     rows = store.query(
         "SELECT a.job_id, a.held_mib, a.peak_mib, j.config_name FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE a.gpu_index = ? AND a.id != ? AND (a.outcome IS NULL OR a.ended_at >= ?)",
-        [attempt.gpu_index, attempt.id, now_s() - within_s],
+        [attempt.gpu_index, attempt.id, store.now_s() - within_s],
     )
     return [{"job": r["job_id"], "config": r["config_name"], "held_mib": r["held_mib"], "peak_mib": r["peak_mib"]} for r in rows]
 
@@ -93,7 +93,7 @@ def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:
     """Pause the suite (nothing of it starts until resumed), with its event; False when it was paused already."""
     with store.write():
         cursor = store.execute(
-            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, now_s()]
+            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, store.now_s()]
         )
         if not cursor.rowcount:
             return False

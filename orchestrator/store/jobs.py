@@ -12,7 +12,7 @@ from orchestrator.errors import InvalidTransition, JobNotFound
 from orchestrator.ladder import is_one_token_task
 from orchestrator.lifecycle import JobState, check_transition
 from orchestrator.plans import GpuPlan, JobSpec, Suite
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 
 ACTIVE_OR_DONE = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value)
 
@@ -33,7 +33,7 @@ def add_event(
     store.db.execute(
         "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [now_s(), job_id, attempt_id, kind, from_state, to_state, message,
+        [store.now_s(), job_id, attempt_id, kind, from_state, to_state, message,
          json.dumps(data, default=str) if data else None, retry],
     )
 
@@ -65,9 +65,9 @@ def transition(
                 f"job {job_id} is {from_state.value}, expected {' or '.join(s.value for s in expect_from)}"
             )
         check_transition(from_state, to_state)
-        updates: dict[str, Any] = {"state": to_state.value, "updated_at": now_s()}
+        updates: dict[str, Any] = {"state": to_state.value, "updated_at": store.now_s()}
         if to_state is JobState.QUEUED:
-            updates["queued_at"] = now_s()
+            updates["queued_at"] = store.now_s()
             updates["wait_reason"] = None
         updates.update(fields or {})
         assignments = ", ".join(f"{column} = ?" for column in updates)
@@ -119,7 +119,7 @@ def submit_jobs(
                 outcomes.append(SubmitOutcome(spec, None, True, None))
                 continue
             check_transition(None, JobState.QUEUED)
-            ts = now_s()
+            ts = store.now_s()
             cursor = store.db.execute(
                 "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, "
                 "overrides_json, env_json, worker, declared_mib, allowed_gpus_json, priority, state, "
@@ -154,7 +154,7 @@ def submit_jobs(
 
 def set_gpu_plan(store: Store, plan: GpuPlan) -> None:
     with store.write():
-        ts = now_s()
+        ts = store.now_s()
         if plan.default_slots is not None:
             # A broadcast plan replaces every per-GPU cap.
             store.db.execute("DELETE FROM gpu_plan")

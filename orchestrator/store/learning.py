@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.rows import Attempt, Job
 
@@ -73,7 +73,7 @@ def record_throughput(
             "VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT(gpu_uuid, shape_key, tenants) DO UPDATE SET "
             "samples_per_s = (samples_per_s * samples + excluded.samples_per_s) / (samples + 1), "
             "samples = samples + 1, suite = excluded.suite, updated_at = excluded.updated_at",
-            [gpu_uuid, shape_key, tenants, samples_per_s, suite, now_s()],
+            [gpu_uuid, shape_key, tenants, samples_per_s, suite, store.now_s()],
         )
 
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -65,7 +65,7 @@ def set_suite_notify_urls(store: Store, suite: str, urls: Sequence[str]) -> None
             store.db.execute(
                 "INSERT INTO suite_notify (suite, urls_json, updated_at) VALUES (?, ?, ?) ON CONFLICT(suite) "
                 "DO UPDATE SET urls_json = excluded.urls_json, updated_at = excluded.updated_at",
-                [suite, json.dumps(list(urls)), now_s()],
+                [suite, json.dumps(list(urls)), store.now_s()],
             )
         else:
             store.db.execute("DELETE FROM suite_notify WHERE suite = ?", [suite])

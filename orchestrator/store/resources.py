@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.store.db import Store, now_s
+from orchestrator.store.db import Store
 
 
 def read_host_shapes(store: Store) -> dict[str, int]:
@@ -22,7 +22,7 @@ def learn_host_shape(store: Store, shape_key: str, host_peak_mib: int, cpu_peak_
             "host_peak_mib = max(host_peak_mib, excluded.host_peak_mib), "
             "cpu_peak_cores = max(coalesce(cpu_peak_cores, 0), coalesce(excluded.cpu_peak_cores, 0)), "
             "samples = samples + 1, updated_at = excluded.updated_at",
-            [shape_key, host_peak_mib, cpu_peak_cores, now_s()],
+            [shape_key, host_peak_mib, cpu_peak_cores, store.now_s()],
         )
 
 
