@@ -94,25 +94,24 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
         for g in range(GPUS) for i in range(MAX_ROWS_PER_GPU)
     ]
     with Store(db_path) as store, store.write():
-        conn = store.db.conn
-        conn.executemany(
+        store.executemany(
             "INSERT INTO jobs (id, identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
             "env_json, worker, declared_mib, allowed_gpus_json, priority, state, level, attempt_count, max_attempts, "
             "one_token, ladder_json, hang_timeout_s, reason, wait_reason, queued_at, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", jobs)
-        conn.executemany(
+        store.executemany(
             "INSERT INTO attempts (id, job_id, n, gpu_index, gpu_uuid, level, level_step, changes_json, overrides_json, "
             "run_alone, run_dir, predicted_peak_mib, prediction_source, reserved_mib, held_mib, peak_mib, reached_peak, "
             "started_at, ended_at, outcome, exit_code, reason, progress_json, last_progress_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", attempts)
-        conn.execute("UPDATE jobs SET attempt_count = (SELECT count(*) FROM attempts a WHERE a.job_id = jobs.id)")
-        conn.executemany(
+        store.execute("UPDATE jobs SET attempt_count = (SELECT count(*) FROM attempts a WHERE a.job_id = jobs.id)")
+        store.executemany(
             "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [(*e, int(e[-1] is not None and '"retry"' in e[-1])) for e in events])
-        conn.executemany(
+        store.executemany(
             "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)", samples)
-        conn.execute("INSERT INTO daemon (id, pid, heartbeat_at, gpus_json) VALUES (1, NULL, ?, ?)", [now, gpus_json])
+        store.execute("INSERT INTO daemon (id, pid, heartbeat_at, gpus_json) VALUES (1, NULL, ?, ?)", [now, gpus_json])
 
 
 def _free_port() -> int:

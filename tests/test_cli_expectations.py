@@ -141,7 +141,7 @@ def test_gpus_checked_against_the_daemons_last_reading(orch_inproc: OrchRunner, 
     assert orch_inproc(*SUBMIT).rc == 0
     with Store(db_path) as store, store.write():
         gpus = [{"index": i, "uuid": f"GPU-{i}"} for i in range(3)]
-        store.db.execute("INSERT OR REPLACE INTO daemon (id, gpus_json) VALUES (1, ?)", [json.dumps(gpus)])
+        store.execute("INSERT OR REPLACE INTO daemon (id, gpus_json) VALUES (1, ?)", [json.dumps(gpus)])
     before = db_path.read_bytes()
     refused = orch_inproc("submit", "--suite", "demo", "--pairs", "1:glue_rte", "--gpus", "2 3")
     assert refused.rc == 2 and "GPU 3, which this machine does not have (its GPUs: 0 1 2)" in refused.stderr
@@ -177,7 +177,7 @@ def test_show_prints_overrides_and_changes_as_yaml_words(orch_inproc: OrchRunner
     result = orch_inproc(*SUBMIT, "--set", "sim_seconds=45", "--set", "gradient_checkpointing=true")
     assert result.rc == 0, result.stderr
     with Store(db_path) as store, store.write():
-        store.db.execute(
+        store.execute(
             "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
             "outcome, changes_json, predicted_peak_mib, prediction_source, reserved_mib) "
             "VALUES (1, 1, 1, 'checkpointing', 0, 'GPU-0', '/nonexistent', 1.0, 2.0, 'oom', ?, 100, 'declared', 0)",

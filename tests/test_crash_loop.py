@@ -40,7 +40,7 @@ def add_failed_attempt(store: Store, job: Job, ran_s: float, ended_ago_s: float 
     """An attempt that failed `ended_ago_s` ago after running `ran_s`."""
     ended_at = now_s() - ended_ago_s
     with store.write():
-        store.db.execute(
+        store.execute(
             "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, run_dir, predicted_peak_mib, "
             "prediction_source, reserved_mib, started_at, ended_at, outcome, reason, kill_requested) "
             "VALUES (?, (SELECT count(*) + 1 FROM attempts WHERE job_id = ?), 0, 'GPU-0', 0, 'run', 1024, "

@@ -80,13 +80,13 @@ def _succeeded(store: Store, job_id: int, run_dir: Path, level: int, overrides: 
     run_dir.mkdir(parents=True)
     (run_dir / "result.json").write_text(json.dumps({"status": "ok", "metrics": {"test": {"accuracy": accuracy}}}))
     with store.write():
-        store.db.execute(
+        store.execute(
             "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
             "outcome, overrides_json, predicted_peak_mib, prediction_source, reserved_mib) "
             "VALUES (?, ?, ?, 'step', 0, 'GPU-0', ?, 1.0, 2.0, 'succeeded', ?, 100, 'declared', 0)",
             [job_id, level + 1, level, str(run_dir), json.dumps(overrides)],
         )
-        store.db.execute("UPDATE jobs SET state = 'succeeded', level = ? WHERE id = ?", [level, job_id])
+        store.execute("UPDATE jobs SET state = 'succeeded', level = ? WHERE id = ?", [level, job_id])
 
 
 @pytest.fixture

@@ -182,8 +182,8 @@ def test_a_queued_job_is_predicted_again_when_its_shape_learns_a_peak(tmp_path: 
     assert facts.shape.shape_key in read_all_shapes(store)
     # the running attempt ends: the slot frees, and the next job of that shape starts
     update_attempt(store, attempt["id"], outcome="succeeded", ended_at=attempt["started_at"] + 5)
-    store.db.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", [attempt["job_id"]])
-    store.db.conn.commit()
+    with store.write():
+        store.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", [attempt["job_id"]])
     second = schedule(store, gpu, launcher, ctx, cache, draining=False)
     placed = [p for p in second.placements if p.job_id == queued[0]["id"]]
     assert placed and placed[0].reserved_mib == 3_150  # measured x 1.05

@@ -72,7 +72,7 @@ def all_migration_names() -> list[str]:
 def test_migrations_apply_once_and_are_recorded(db_path: Path) -> None:
     Store(db_path).close()
     with Store(db_path) as again:
-        assert MIGRATIONS.pending(again.db) == []
+        assert again.pending_migrations() == []
         rows = again.query("SELECT migration_set, name FROM _sqlite_migrations")
     names = all_migration_names()
     assert names[0] == "m001_initial" and "m002_crash_loop" in names
@@ -214,7 +214,7 @@ def test_compare_and_swap_refuses_a_state_changed_underneath(
 
     def racing_check(from_state: JobState | None, to_state: JobState) -> None:
         # Another writer moves the job between the read and the UPDATE.
-        store.db.execute("UPDATE jobs SET state = 'cancelled' WHERE id = ?", [job_id])
+        store.execute("UPDATE jobs SET state = 'cancelled' WHERE id = ?", [job_id])
         real_check(from_state, to_state)
 
     monkeypatch.setattr(store_jobs, "check_transition", racing_check)
@@ -248,7 +248,7 @@ def test_requeue_resets_queued_at_and_wait_reason(store: Store, demo: Suite) -> 
     transition(store, job_id, JobState.RUNNING, message="s", fields={"wait_reason": None})
     store_before = store.query("SELECT queued_at FROM jobs WHERE id = ?", [job_id])[0]["queued_at"]
     with store.write():
-        store.db.execute("UPDATE jobs SET wait_reason = 'stale' WHERE id = ?", [job_id])
+        store.execute("UPDATE jobs SET wait_reason = 'stale' WHERE id = ?", [job_id])
     transition(store, job_id, JobState.QUEUED, message="oom, requeued")
     row = store.query("SELECT queued_at, wait_reason FROM jobs WHERE id = ?", [job_id])[0]
     assert row["wait_reason"] is None and row["queued_at"] >= store_before

@@ -44,7 +44,7 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
             raise InvalidTransition(f"job {plan.job_id} is no longer queued")
         n = job[0]["attempt_count"] + 1
         run_dir = str(run_dir_for(n))
-        cursor = store.db.execute(
+        cursor = store._db.execute(
             "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, level_step, changes_json, "
             "overrides_json, run_alone, run_dir, predicted_peak_mib, prediction_source, reserved_mib, "
             "started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -56,7 +56,7 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
             ],
         )
         attempt_id = int(cursor.lastrowid or 0)
-        store.db.execute(
+        store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ? WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib, attempt_id],
         )
@@ -84,7 +84,7 @@ def update_attempt(store: Store, attempt_id: int, **fields: Any) -> None:
         return
     assignments = ", ".join(f"{column} = ?" for column in fields)
     with store.write():
-        store.db.execute(f"UPDATE attempts SET {assignments} WHERE id = ?", [*fields.values(), attempt_id])
+        store._db.execute(f"UPDATE attempts SET {assignments} WHERE id = ?", [*fields.values(), attempt_id])
 
 
 def read_attempt(store: Store, attempt_id: int) -> Attempt | None:
@@ -116,7 +116,7 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
     (cancelled meanwhile by hand) keeps its state; the attempt is still closed. False when
     another writer had closed it already (nothing is written then)."""
     with store.write():
-        cursor = store.db.execute(
+        cursor = store._db.execute(
             "UPDATE attempts SET outcome = ?, reason = ?, exit_code = ?, signal = ?, peak_mib = ?, "
             "ended_at = ? WHERE id = ? AND outcome IS NULL",
             [end.outcome, end.reason, end.exit_code, end.signal, end.peak_mib, store.now_s(), attempt.id],
@@ -124,7 +124,7 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
         if cursor.rowcount != 1:
             return False  # closed already by another writer
         if end.output_metrics:
-            store.db.execute(
+            store._db.execute(
                 "UPDATE attempts SET output_metrics_json = ? WHERE id = ?",
                 [json.dumps(end.output_metrics), attempt.id],  # printed order: the first is the headline
             )
@@ -157,7 +157,7 @@ def read_all_shapes(store: Store) -> dict[str, ShapeMemory]:
 
 def write_shape(store: Store, shape_key: str, shape: ShapeMemory) -> None:
     with store.write():
-        store.db.execute(
+        store._db.execute(
             "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, updated_at) "
             "VALUES (?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
             "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
@@ -174,7 +174,7 @@ def read_all_prompt_lengths(store: Store) -> dict[str, int]:
 def record_prompt_length(store: Store, length_key: str, longest_tokens: int) -> None:
     """The largest report wins, so an estimate built on it can only err high."""
     with store.write():
-        store.db.execute(
+        store._db.execute(
             "INSERT INTO prompt_lengths (length_key, longest_tokens, updated_at) VALUES (?, ?, ?) "
             "ON CONFLICT(length_key) DO UPDATE SET longest_tokens = max(longest_tokens, "
             "excluded.longest_tokens), updated_at = excluded.updated_at",

@@ -23,7 +23,7 @@ def request_stop(store: Store, job_id: int, why: KillRequest) -> LiveProcess | N
         rows = store.query("SELECT id, pid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
         if not rows:
             return None
-        store.db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why.value, rows[0]["id"]])
+        store._db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why.value, rows[0]["id"]])
         add_event(store, why.value, f"{why.value} requested by user", job_id=job_id, attempt_id=rows[0]["id"])
     return LiveProcess(rows[0]["id"], rows[0]["pid"], rows[0]["proc_create_time"])
 
@@ -31,7 +31,7 @@ def request_stop(store: Store, job_id: int, why: KillRequest) -> LiveProcess | N
 def unpause_suite(store: Store, suite: str) -> bool:
     """Lift the crash-loop pause of `suite`; False when it was not paused."""
     with store.write():
-        cursor = store.db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
+        cursor = store._db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
         if not cursor.rowcount:
             return False
         add_event(store, "resume", f"suite {suite} resumed by user")
@@ -42,4 +42,4 @@ def request_daemon_stop(store: Store, *, drain: bool = False) -> None:
     """Ask the daemon to exit now (its workers keep running), or with `drain` to start nothing
     new and exit when its running jobs have ended. It reads the flag at its next tick."""
     with store.write():
-        store.db.execute(f"UPDATE daemon SET {'draining' if drain else 'stop_requested'} = 1 WHERE id = 1")
+        store._db.execute(f"UPDATE daemon SET {'draining' if drain else 'stop_requested'} = 1 WHERE id = 1")

@@ -51,34 +51,38 @@ class Store:
             _enable_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
-            self.db = sqlite_utils.Database(conn)
+            self._db = sqlite_utils.Database(conn)
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
         except OSError as exc:
             raise StoreError(f"cannot open state database {self.path}: {exc.strerror or exc}") from None
 
+    def pending_migrations(self) -> list[str]:
+        """Names of the migrations this database has not had yet (none after opening it)."""
+        return [m.name for m in MIGRATIONS.pending(self._db)]
+
     def _migrate(self) -> None:
-        if not MIGRATIONS.pending(self.db):
+        if not MIGRATIONS.pending(self._db):
             return
         with self.write():  # BEGIN IMMEDIATE: two processes opening a new db migrate once
-            MIGRATIONS.apply(self.db)
+            MIGRATIONS.apply(self._db)
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite_utils.Database]:
+    def write(self) -> Iterator[None]:
         """One short write transaction, taking the write lock up front (BEGIN IMMEDIATE) so a
         read-then-write never fails halfway on a lock upgrade; nested calls are savepoints."""
-        conn = self.db.conn
+        conn = self._db.conn
         if conn.in_transaction:
-            with self.db.atomic():
-                yield self.db
+            with self._db.atomic():
+                yield
             return
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
         try:
-            yield self.db
+            yield
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -93,20 +97,20 @@ class Store:
 
     def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
         try:
-            return list(self.db.query(sql, params))
+            return list(self._db.query(sql, params))
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
     def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         """One statement (inside `write()` for a change), its failure as StoreError."""
         try:
-            return self.db.conn.execute(sql, params)
+            return self._db.conn.execute(sql, params)
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
     def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
         try:
-            return self.db.conn.executemany(sql, rows)
+            return self._db.conn.executemany(sql, rows)
         except sqlite3.DatabaseError as exc:
             raise StoreError(describe_sqlite_error(self.path, exc)) from None
 
@@ -114,7 +118,7 @@ class Store:
         """Rows one at a time from a cursor, fetched `batch` at a time: memory stays flat
         whatever the number of rows."""
         try:
-            cursor = self.db.conn.execute(sql, params)
+            cursor = self._db.conn.execute(sql, params)
             names = [d[0] for d in cursor.description]
             while rows := cursor.fetchmany(batch):
                 for row in rows:
@@ -126,7 +130,7 @@ class Store:
         """`iter_query` as plain tuples, in the order selected: for typed rows built by position
         (no dict per row on the way)."""
         try:
-            cursor = self.db.conn.execute(sql, params)
+            cursor = self._db.conn.execute(sql, params)
             while rows := cursor.fetchmany(batch):
                 yield from rows
         except sqlite3.DatabaseError as exc:
@@ -136,7 +140,7 @@ class Store:
         return self.clock.now_s()
 
     def close(self) -> None:
-        self.db.close()
+        self._db.close()
 
     def __enter__(self) -> Store:
         return self

@@ -63,11 +63,11 @@ def record_gpu_samples(
     with store.write():
         held = {
             row[0]: int(row[1] or 0)
-            for row in store.db.execute(
+            for row in store._db.execute(
                 "SELECT gpu_uuid, sum(held_mib) FROM attempts WHERE outcome IS NULL GROUP BY gpu_uuid"
             ).fetchall()
         }
-        store.db.conn.executemany(
+        store._db.conn.executemany(
             "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
@@ -81,16 +81,16 @@ def record_gpu_samples(
 
 
 def _thin(store: Store, uuid: str, max_rows: int) -> None:
-    count = store.db.execute("SELECT count(*) FROM gpu_samples WHERE gpu_uuid = ?", [uuid]).fetchone()[0]
+    count = store._db.execute("SELECT count(*) FROM gpu_samples WHERE gpu_uuid = ?", [uuid]).fetchone()[0]
     if count <= max_rows:
         return
     old_half = [
         row[0]
-        for row in store.db.execute(
+        for row in store._db.execute(
             "SELECT id FROM gpu_samples WHERE gpu_uuid = ? ORDER BY id LIMIT ?", [uuid, count // 2]
         ).fetchall()
     ]
-    store.db.conn.executemany("DELETE FROM gpu_samples WHERE id = ?", [(i,) for i in old_half[1::2]])
+    store._db.conn.executemany("DELETE FROM gpu_samples WHERE id = ?", [(i,) for i in old_half[1::2]])
 
 
 def gpu_sample_series(store: Store, since_s: float | None = None) -> list[GpuSample]:

@@ -30,7 +30,7 @@ def add_event(
 ) -> None:
     # A move down the ladder (data["retry"]) is marked as one, for the reads that list them.
     retry = int(data is not None and isinstance(data.get("retry"), dict))
-    store.db.execute(
+    store._db.execute(
         "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [store.now_s(), job_id, attempt_id, kind, from_state, to_state, message,
@@ -56,7 +56,7 @@ def transition(
     concurrent writer cannot slip a change in between.
     """
     with store.write():
-        row = store.db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
+        row = store._db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         from_state = JobState(row[0])
@@ -71,7 +71,7 @@ def transition(
             updates["wait_reason"] = None
         updates.update(fields or {})
         assignments = ", ".join(f"{column} = ?" for column in updates)
-        cursor = store.db.execute(
+        cursor = store._db.execute(
             f"UPDATE jobs SET {assignments} WHERE id = ? AND state = ?",
             [*updates.values(), job_id, from_state.value],
         )
@@ -107,7 +107,7 @@ def submit_jobs(
     declared_mib = round(suite.mem_gib * 1024)
     with store.write():
         for spec in specs:
-            existing = store.db.execute(
+            existing = store._db.execute(
                 f"SELECT id, state FROM jobs WHERE identity = ? AND state IN ({','.join('?' * len(ACTIVE_OR_DONE))}) "
                 "ORDER BY id DESC LIMIT 1",
                 [spec.identity, *ACTIVE_OR_DONE],
@@ -120,7 +120,7 @@ def submit_jobs(
                 continue
             check_transition(None, JobState.QUEUED)
             ts = store.now_s()
-            cursor = store.db.execute(
+            cursor = store._db.execute(
                 "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, "
                 "overrides_json, env_json, worker, declared_mib, allowed_gpus_json, priority, state, "
                 "max_attempts, one_token, ladder_json, hang_timeout_s, crash_loop_failures, crash_loop_within_s, "
@@ -142,8 +142,8 @@ def submit_jobs(
             )
             job_id = int(cursor.lastrowid or 0)
             if getattr(suite, "slurm", None):
-                store.db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
-            store.db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
+                store._db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
+            store._db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
             add_event(
                 store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed} on {spec.data}",
                 job_id=job_id, to_state=JobState.QUEUED.value,
@@ -157,13 +157,13 @@ def set_gpu_plan(store: Store, plan: GpuPlan) -> None:
         ts = store.now_s()
         if plan.default_slots is not None:
             # A broadcast plan replaces every per-GPU cap.
-            store.db.execute("DELETE FROM gpu_plan")
-            store.db.execute(
+            store._db.execute("DELETE FROM gpu_plan")
+            store._db.execute(
                 "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (-1, ?, ?)",
                 [plan.default_slots, ts],
             )
         for gpu_index, slots in plan.slots_by_gpu.items():
-            store.db.execute(
+            store._db.execute(
                 "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT(gpu_index) DO UPDATE SET slots = excluded.slots, updated_at = excluded.updated_at",
                 [gpu_index, slots, ts],

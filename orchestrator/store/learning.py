@@ -22,7 +22,7 @@ class ThroughputRow:
 def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
     """Name the suite and config that last taught a shape (shown by `orch memory`)."""
     with store.write():
-        store.db.execute(
+        store._db.execute(
             "UPDATE memory_shapes SET suite = ?, label = ? WHERE shape_key = ?", [suite, label, shape_key]
         )
 
@@ -55,11 +55,11 @@ def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None 
         raise ValueError("give exactly one of shape_key and suite")
     with store.write():
         if shape_key is not None:
-            cursor = store.db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [shape_key])
-            store.db.execute("DELETE FROM throughput WHERE shape_key = ?", [shape_key])
+            cursor = store._db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [shape_key])
+            store._db.execute("DELETE FROM throughput WHERE shape_key = ?", [shape_key])
         else:
-            cursor = store.db.execute("DELETE FROM memory_shapes WHERE suite = ?", [suite])
-            store.db.execute("DELETE FROM throughput WHERE suite = ?", [suite])
+            cursor = store._db.execute("DELETE FROM memory_shapes WHERE suite = ?", [suite])
+            store._db.execute("DELETE FROM throughput WHERE suite = ?", [suite])
     return int(cursor.rowcount or 0)
 
 
@@ -68,7 +68,7 @@ def record_throughput(
 ) -> None:
     """Fold one reading into the running mean for (GPU, shape, tenants)."""
     with store.write():
-        store.db.execute(
+        store._db.execute(
             "INSERT INTO throughput (gpu_uuid, shape_key, tenants, samples_per_s, samples, suite, updated_at) "
             "VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT(gpu_uuid, shape_key, tenants) DO UPDATE SET "
             "samples_per_s = (samples_per_s * samples + excluded.samples_per_s) / (samples + 1), "

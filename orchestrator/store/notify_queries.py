@@ -62,10 +62,10 @@ def set_suite_notify_urls(store: Store, suite: str, urls: Sequence[str]) -> None
     """The suite file's `notify:` as of its latest submit (none: the row goes)."""
     with store.write():
         if urls:
-            store.db.execute(
+            store._db.execute(
                 "INSERT INTO suite_notify (suite, urls_json, updated_at) VALUES (?, ?, ?) ON CONFLICT(suite) "
                 "DO UPDATE SET urls_json = excluded.urls_json, updated_at = excluded.updated_at",
                 [suite, json.dumps(list(urls)), store.now_s()],
             )
         else:
-            store.db.execute("DELETE FROM suite_notify WHERE suite = ?", [suite])
+            store._db.execute("DELETE FROM suite_notify WHERE suite = ?", [suite])

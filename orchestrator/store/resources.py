@@ -16,7 +16,7 @@ def read_host_shapes(store: Store) -> dict[str, int]:
 def learn_host_shape(store: Store, shape_key: str, host_peak_mib: int, cpu_peak_cores: float | None) -> None:
     """Keep the largest host RAM and CPU use seen for the shape (a finished attempt's peaks)."""
     with store.write():
-        store.db.execute(
+        store._db.execute(
             "INSERT INTO host_shapes (shape_key, host_peak_mib, cpu_peak_cores, samples, updated_at) "
             "VALUES (?, ?, ?, 1, ?) ON CONFLICT(shape_key) DO UPDATE SET "
             "host_peak_mib = max(host_peak_mib, excluded.host_peak_mib), "
@@ -32,7 +32,7 @@ def live_ports(store: Store) -> set[int]:
 
 def write_host_reading(store: Store, reading: dict[str, Any]) -> None:
     with store.write():
-        store.db.execute("UPDATE daemon SET host_json = ? WHERE id = 1", [json.dumps(reading)])
+        store._db.execute("UPDATE daemon SET host_json = ? WHERE id = 1", [json.dumps(reading)])
 
 
 def read_host_reading(store: Store) -> dict[str, Any] | None:
