@@ -3,35 +3,13 @@ packing values out. Only `free_port` touches the machine."""
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from orchestrator.gang import HostState
 from orchestrator.gpu.host import HostSnapshot
 from orchestrator.packing import RunningAttempt
 from orchestrator.store.rows import Attempt
-
-
-def attempt_uuids(attempt: Mapping[str, Any]) -> list[str]:
-    """Every card of an attempt row as `orch status` reads it, in CUDA_VISIBLE_DEVICES order (one
-    for a one-GPU attempt); `Attempt.cards` is the same for a typed row."""
-    try:
-        uuids = json.loads(attempt.get("gpu_uuids_json") or "null")
-    except ValueError:
-        uuids = None
-    if isinstance(uuids, list) and uuids and all(isinstance(u, str) for u in uuids):
-        return uuids
-    return [str(attempt["gpu_uuid"])]
-
-
-def held_by_gpu(attempt: Mapping[str, Any]) -> dict[str, int]:
-    try:
-        held = json.loads(attempt.get("held_by_gpu_json") or "{}")
-    except ValueError:
-        return {}
-    return {str(k): int(v) for k, v in held.items() if isinstance(v, int)} if isinstance(held, dict) else {}
 
 
 def running_attempts(

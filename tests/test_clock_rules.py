@@ -13,6 +13,7 @@ import pytest
 from clock_daemon import clock_daemon
 from e2e_helpers import group_alive
 from hostile_helpers import hostile_command
+from rows_helpers import attempt_of, job_of
 
 from orchestrator.clock import FakeClock
 from orchestrator.executors import slurm
@@ -126,7 +127,7 @@ def test_slurm_polls_back_off_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
     clock = FakeClock()
     executor = slurm.SlurmExecutor(slurm.SlurmOptions(), clock=clock)
-    live = [{"id": 1, "job_id": 1, "n": 1, "suite": "s", "executor": "slurm", "executor_id": "42"}]
+    live = [(attempt_of(id=1, job_id=1, n=1, executor="slurm", executor_id="42"), job_of(id=1, suite="s"))]
     squeues = lambda: sum(1 for c in calls if c[0] == "squeue")  # noqa: E731
     for failures, delay_s in ((1, 2.0), (2, 4.0), (3, 8.0)):
         assert executor.poll(live) is None and squeues() == failures

@@ -236,13 +236,13 @@ def test_finished_tmux_windows_are_closed_once_recorded(tmp_path: Path) -> None:
 def test_attach_is_a_tmux_argv_or_a_clear_not_attachable() -> None:
     from orchestrator.executors.base import NotAttachable, attach_argv
 
-    assert attach_argv({"job_id": 3, "launcher": "tmux", "executor": "tmux", "executor_id": "@7"}, "sock") == [
+    assert attach_argv(attempt_of(job_id=3, launcher="tmux", executor="tmux", executor_id="@7"), "sock") == [
         "tmux", "-L", "sock", "attach-session", "-t", "@7"]
-    assert attach_argv({"job_id": 3, "launcher": "tmux", "window_id": "@8"}, "sock")[-1] == "@8"  # rows from before executors
+    assert attach_argv(attempt_of(job_id=3, launcher="tmux", window_id="@8"), "sock")[-1] == "@8"  # rows from before executors
     with pytest.raises(NotAttachable, match="Slurm job 42: not attachable here"):
-        attach_argv({"job_id": 3, "launcher": "slurm", "executor": "slurm", "executor_id": "42"}, "sock")
+        attach_argv(attempt_of(job_id=3, launcher="slurm", executor="slurm", executor_id="42"), "sock")
     with pytest.raises(NotAttachable, match="no tmux window"):
-        attach_argv({"job_id": 3, "launcher": "subprocess", "executor": "subprocess"}, "sock")
+        attach_argv(attempt_of(job_id=3, launcher="subprocess", executor="subprocess"), "sock")
 
 
 def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:

@@ -16,7 +16,6 @@ from orchestrator.plans.resources import job_resources
 from orchestrator.plans.suite import expand_jobs, load_suite
 from orchestrator.plans.template import parse_template
 from orchestrator.resources import (
-    attempt_uuids,
     free_port,
     host_state,
     predict_host_mib,
@@ -70,11 +69,10 @@ def test_a_gang_attempt_is_one_running_attempt_per_card() -> None:
     row = {"job_id": 3, "gpu_index": 2, "gpu_uuid": "U2", "gpu_uuids_json": json.dumps(["U2", "U3"]),
            "held_by_gpu_json": json.dumps({"U2": 100, "U3": 200}), "held_mib": 200,
            "predicted_peak_mib": 500, "reached_peak": 0, "run_alone": 0}
-    assert attempt_uuids(row) == ["U2", "U3"]
     assert attempt_of(**row).cards == ("U2", "U3")
     ranks = running_attempts([attempt_of(**row)], {"U2": 2, "U3": 3}, lambda a: 99.0)
     assert [(r.gpu_index, r.held_mib, r.expected_end_s) for r in ranks] == [(2, 100, 99.0), (3, 200, 99.0)]
-    assert attempt_uuids({"gpu_uuid": "U1", "gpu_uuids_json": "not json"}) == ["U1"]
+    assert attempt_of(**{**row, "gpu_uuid": "U1", "gpu_uuids_json": "not json"}).cards == ("U1",)
 
 
 def test_host_prediction_and_state() -> None:

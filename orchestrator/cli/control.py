@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -103,7 +102,7 @@ def attach_cmd(job: str, db_path: Path) -> None:
         attempt = latest_attempt(store, job_id)
     if attempt is None:
         raise NotAttachable(f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`")
-    argv = attach_argv(asdict(attempt), tmux_socket_name(db_path))
+    argv = attach_argv(attempt, tmux_socket_name(db_path))
     tmux = shutil.which(argv[0])
     if tmux is None:
         raise UsageError("tmux is not installed")

@@ -8,10 +8,10 @@ stdout.log, result.json): an executor only adds what its backend knows (a Slurm 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from orchestrator.errors import UsageError
 from orchestrator.launch.base import LaunchHandle, LaunchSpec
@@ -68,17 +68,16 @@ def log_path(attempt: Attempt) -> Path:
     return RunDir(attempt.run_dir).log
 
 
-def attach_argv(attempt: Mapping[str, Any], tmux_socket: str) -> list[str]:
-    """What `orch attach` runs for an attempt, from its row alone (no backend is asked): the
-    attempt row as `orch attach` reads it, or a typed Attempt's fields (`dataclasses.asdict`)."""
-    executor = attempt.get("executor") or attempt.get("launcher")
-    job = attempt.get("job_id")
+def attach_argv(attempt: Attempt, tmux_socket: str) -> list[str]:
+    """What `orch attach` runs for an attempt, from its row alone (no backend is asked)."""
+    executor = attempt.executor or attempt.launcher
+    job = attempt.job_id
     if executor == "slurm":
         raise NotAttachable(
-            f"job {job} runs in Slurm job {attempt.get('executor_id') or '(not yet submitted)'}: not attachable here; "
+            f"job {job} runs in Slurm job {attempt.executor_id or '(not yet submitted)'}: not attachable here; "
             f"use `orch logs {job} -f` (the output is in its run dir)"
         )
-    window = attempt.get("executor_id") or attempt.get("window_id")
+    window = attempt.executor_id or attempt.window_id
     if executor != "tmux" or not window:
         raise NotAttachable(f"job {job} has no tmux window (not started, or run without tmux): use `orch logs {job} -f`")
     return ["tmux", "-L", tmux_socket, "attach-session", "-t", str(window)]

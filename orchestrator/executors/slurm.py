@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.clock import SYSTEM_CLOCK, Clock
@@ -220,7 +220,7 @@ class SlurmExecutor:
         return log_path(attempt)  # the wrapper writes it on the shared filesystem
 
     def attach(self, attempt: Attempt) -> list[str]:
-        return attach_argv(asdict(attempt), "")  # raises NotAttachable, naming the Slurm job
+        return attach_argv(attempt, "")  # raises NotAttachable, naming the Slurm job
 
     def window_alive(self, handle_window_id: str) -> bool:
         return False
