@@ -103,12 +103,12 @@ def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:
 
 def mark_hung(store: Store, attempt: Attempt, message: str) -> Attempt:
     """Record that orch kills the attempt as hung, with its event, in one transaction; returns
-    the attempt as now stored. Marked already (by a daemon that died before killing it): no
-    second event."""
+    the attempt as now stored. Marked already (by a daemon that died before killing it), or a
+    cancel or retry asked for since the pass read the row: left as it is, no event."""
     with store.write():
         cursor = store.execute(
-            "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NOT ?",
-            [KillRequest.HUNG.value, attempt.id, KillRequest.HUNG.value],
+            "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NULL",
+            [KillRequest.HUNG.value, attempt.id],
         )
         if cursor.rowcount:
             add_event(store, "hung", message, job_id=attempt.job_id, attempt_id=attempt.id)

@@ -1,0 +1,49 @@
+"""Marking an attempt hung never overwrites a stop the user asked for since the daemon read it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.lifecycle import KillRequest
+from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.store import Store
+from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.endings import mark_hung
+from orchestrator.store.jobs import submit_jobs
+
+PLANS = Path(__file__).resolve().parents[1] / "plans"
+
+
+def _hung_events(store: Store, attempt_id: int) -> int:
+    return len(store.query("SELECT 1 FROM events WHERE kind = 'hung' AND attempt_id = ?", [attempt_id]))
+
+
+@pytest.mark.parametrize("asked", [KillRequest.CANCEL, KillRequest.RETRY])
+def test_a_cancel_or_retry_asked_for_meanwhile_stays(db_path: Path, asked: KillRequest) -> None:
+    with Store(db_path) as store:
+        suite = load_suite("demo", PLANS)
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                    allowed_gpus=None, priority=0, force=False, dry_run=False)
+        job_id = store.query("SELECT id FROM jobs ORDER BY id")[0]["id"]
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        read_by_the_pass = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
+        update_attempt(store, read_by_the_pass.id, kill_requested=asked.value)  # `orch cancel` meanwhile
+        after = mark_hung(store, read_by_the_pass, "silent: killing it")
+        assert after.kill_requested is asked
+        assert _hung_events(store, after.id) == 0
+
+
+def test_a_silent_attempt_is_marked_once(db_path: Path) -> None:
+    with Store(db_path) as store:
+        suite = load_suite("demo", PLANS)
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                    allowed_gpus=None, priority=0, force=False, dry_run=False)
+        job_id = store.query("SELECT id FROM jobs ORDER BY id")[0]["id"]
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
+        assert mark_hung(store, attempt, "silent").kill_requested is KillRequest.HUNG
+        assert mark_hung(store, attempt, "silent").kill_requested is KillRequest.HUNG  # a restarted daemon
+        assert _hung_events(store, attempt.id) == 1
