@@ -145,7 +145,7 @@ class Daemon:
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
-        self.observed = ObserveCache()  # run-dir reads and process checks kept between passes
+        self.observed = ObserveCache(self.clock.monotonic_s)  # run-dir reads and process checks kept between passes
         self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
         self._lock = DaemonLock(settings.db_path)
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
@@ -153,6 +153,7 @@ class Daemon:
         self.disk: DiskState | None = None
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
+        self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
         self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
@@ -342,12 +343,16 @@ class Daemon:
                     continue
                 if attempt.pid and attempt.proc_create_time is not None and os.path.lexists(RunDir(attempt.run_dir).exit):
                     wait_gone(attempt.pid, attempt.proc_create_time, WRAPPER_EXIT_WAIT_S)
+            if attempt.id in self._abandoning:
+                still_live += self._finish_abandoning(attempt, jobs.get(attempt.job_id))
+                continue
             try:
                 job = jobs[attempt.job_id]
                 if self._is_remote(attempt):
                     still_live += self._reconcile_remote(attempt, job, remote, tenants)
-                    continue
-                still_live += self._reconcile_one(attempt, job, by_uuid.get(attempt.gpu_uuid), tenants[attempt.gpu_uuid])
+                else:
+                    still_live += self._reconcile_one(attempt, job, by_uuid.get(attempt.gpu_uuid), tenants[attempt.gpu_uuid])
+                self._attempt_error_counts.pop(attempt.id, None)  # errors count in a row only
             except Exception as exc:
                 still_live += 1
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
@@ -355,6 +360,8 @@ class Daemon:
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
         self.stopper.keep_only(a.id for a in live)
+        if wanted is None:
+            self._abandoning &= {a.id for a in live}
         return still_live
 
     def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
@@ -369,9 +376,27 @@ class Daemon:
             with contextlib.suppress(Exception), self.store.write():
                 add_event(self.store, "error", message, job_id=attempt.job_id, attempt_id=attempt.id)
         if count >= MAX_ATTEMPT_ERRORS:
-            with contextlib.suppress(Exception):
-                if job is None or self._kill(attempt, job, None):  # its group is stopped across passes first
-                    abandon(self.store, attempt, message)
+            self._abandoning.add(attempt.id)  # from the next pass: its group stopped, then closed
+            self._finish_abandoning(attempt, job)
+
+    def _finish_abandoning(self, attempt: Attempt, job: Job | None) -> int:
+        """An attempt given up on after errors in a row: its proven group is stopped across
+        passes (SIGTERM, SIGKILL after the grace), then it is closed as failed. Returns 1 while
+        it is still live."""
+        message = self._attempt_errors.get(attempt.id, f"attempt {attempt.n}: errors while checking it")
+        try:
+            obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
+        except Exception:  # what failed the checks may fail this too: the launcher record is enough
+            obs = None
+        try:
+            if job is not None and not self._kill(attempt, job, obs):
+                return 1
+            if abandon(self.store, attempt, message, obs):
+                self._abandoning.discard(attempt.id)
+                return 0
+        except Exception:
+            log.exception("cannot close attempt %s after errors in a row", attempt.id)
+        return 1
 
     def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
         run_dir = Path(attempt.run_dir)
@@ -461,11 +486,9 @@ class Daemon:
             # its pid and group live on the node, not here: never recorded as killable locally
             self._track(attempt, replace(obs, pid_record=None), None)
             self._learn_rate(attempt, job, obs, tenants[attempt.gpu_uuid])
-        if verdict in (Verdict.ALIVE, Verdict.PENDING) and attempt.kill_requested:
-            self._kill(attempt, job, obs)
-            return 1
-        if verdict is Verdict.HUNG:
-            update_attempt(self.store, attempt.id, kill_requested=KillRequest.HUNG.value)
+        if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
+            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): cancelling it")
+        if verdict in (Verdict.ALIVE, Verdict.PENDING, Verdict.HUNG) and attempt.kill_requested:
             self._kill(attempt, job, obs)
             return 1
         if verdict is Verdict.FINISHED:

@@ -335,9 +335,10 @@ def fail_before_start(store: Store, attempt: Attempt, reason: str, *, disk_full:
         guard_crash_loop(store, job.suite, crash_loop_of(job))
 
 
-def abandon(store: Store, attempt: Attempt, reason: str) -> None:
-    """Close an attempt orch keeps failing to check: its proven group is stopped first, then it
-    fails with that reason and its job is requeued while attempts remain."""
-    if not ensure_group_dead(attempt, None):
-        return
+def abandon(store: Store, attempt: Attempt, reason: str, obs: Observation | None = None) -> bool:
+    """Close an attempt orch keeps failing to check, once nothing of its proven group lives: it
+    fails with that reason and its job is requeued while attempts remain. True once closed."""
+    if not ensure_group_dead(attempt, obs):
+        return False
     fail_before_start(store, attempt, reason)
+    return True
