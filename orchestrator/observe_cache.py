@@ -60,7 +60,8 @@ def _appended(before: FileSig | None, now: FileSig | None) -> bool:
 
 
 class ObserveCache:
-    def __init__(self) -> None:
+    def __init__(self, monotonic_s: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic_s = monotonic_s  # the daemon's clock: when appended progress is read again
         self._files: dict[str, tuple[Signature, runfiles.RunFiles, float]] = {}  # ..., read at (monotonic)
         self._pidfds: dict[tuple[int, float], int] = {}
         self._touched: set[tuple[int, float]] = set()
@@ -69,7 +70,7 @@ class ObserveCache:
         key = os.fspath(run_dir)
         sig = signature(run_dir)
         cached = self._files.get(key)
-        now = time.monotonic()
+        now = self._monotonic_s()
         if cached is not None:
             before, files, read_at = cached
             if before == sig:

@@ -236,7 +236,7 @@ def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
         hashlib.sha256(_without_seed(job.config_json).encode()).hexdigest()[:16], job.config_path, job.data,
         job.worker, job.declared_mib,
         level.index, json.dumps(level.overrides, sort_keys=True, default=str),
-        job.worker_output_json, job.memory_keys_json,
+        job.worker_output_json, job.memory_keys_json, job.gpus, job.ladder_json,
     )
     facts = cache.shapes.get(key)
     if facts is None:
