@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import group_alive, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, group_alive, orch_env, requires_tmux, wait_until
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -24,6 +24,16 @@ sys.exit(1)
 FLOOR_MIB = 8192
 
 
+def _daemon_dies_at(orch: Orch, point: str) -> None:
+    """Start the daemon with the fault point set; return once it has stopped there and is gone."""
+    orch.env["ORCH_FAULT_POINT"] = point
+    orch.run("daemon", "start", "--poll", "0.2")
+    log = Path(str(orch.db) + ".daemon.log")
+    wait_until(lambda: f"fault point {point} reached" in log.read_text(errors="replace") or None, 60,
+               "the daemon to stop at the fault point")
+    wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+
+
 def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp_path: Path) -> None:
     with orch_env(tmp_path) as orch:
         script = tmp_path / "oom.py"
@@ -32,12 +42,7 @@ def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp
                          max_attempts=1)
         orch.submit("oomy", "1:glue_rte")
 
-        orch.env["ORCH_FAULT_POINT"] = "after_learn"
-        orch.run("daemon", "start", "--poll", "0.2")
-        log = Path(str(orch.db) + ".daemon.log")
-        wait_until(lambda: "fault point after_learn reached" in log.read_text(errors="replace") or None, 60,
-                   "the daemon to stop at the fault point")
-        wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+        _daemon_dies_at(orch, "after_learn")
         # nothing of the end was committed: the attempt is open and no memory was learned
         assert [a["outcome"] for a in orch.attempts()] == [None]
         assert orch.query("SELECT * FROM memory_shapes") == []
@@ -58,12 +63,7 @@ def test_a_daemon_killed_after_marking_an_attempt_hung_kills_and_counts_it_once(
         orch.write_suite("hang", {"hang": {"sim_mem_gib": 2, "sim_seconds": 2, "sim_fail": "hang"}},
                          mem_gib=3, hang_timeout_s=3)
         orch.submit("hang", "1:a")
-        orch.env["ORCH_FAULT_POINT"] = "after_mark_hung"
-        orch.run("daemon", "start", "--poll", "0.2")
-        log = Path(str(orch.db) + ".daemon.log")
-        wait_until(lambda: "fault point after_mark_hung reached" in log.read_text(errors="replace") or None, 60,
-                   "the daemon to stop at the fault point")
-        wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+        _daemon_dies_at(orch, "after_mark_hung")
         (marked,) = orch.attempts()
         assert marked["kill_requested"] == "hung" and marked["outcome"] is None
         assert group_alive(int(marked["pgid"]))  # the daemon died before it killed the worker
