@@ -5,14 +5,13 @@ from __future__ import annotations
 from enum import Enum
 
 from orchestrator.daemon_state import daemon_alive
-from orchestrator.errors import JobNotFound, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.reconcile import group_is_ours
 from orchestrator.store.control import request_stop, unpause_suite
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import cancel_queued, transition
-from orchestrator.store.queue import job_by_id
-from orchestrator.store.rows import Job
+from orchestrator.store.queries import get_job
 
 
 class Done(str, Enum):
@@ -38,7 +37,7 @@ def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
 
 def cancel_job(store: Store, job_id: int) -> Done:
     """Raises JobNotFound for an unknown id."""
-    state = _job(store, job_id).state
+    state = get_job(store, job_id).state
     if state is JobState.QUEUED:
         cancel_queued(store, job_id, "cancelled by user")
         return Done.CANCELLED
@@ -50,7 +49,7 @@ def cancel_job(store: Store, job_id: int) -> Done:
 def retry_job(store: Store, job_id: int) -> Done:
     """Requeue a failed or cancelled job (attempt budget renewed); restart a running one.
     Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
-    job = _job(store, job_id)
+    job = get_job(store, job_id)
     if job.state in (JobState.FAILED, JobState.CANCELLED):
         transition(
             store, job_id, JobState.QUEUED, message="requeued by orch retry", kind="retry",
@@ -60,14 +59,6 @@ def retry_job(store: Store, job_id: int) -> Done:
     if job.state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.RETRY):
         return Done.STOPPING
     raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
-
-
-def _job(store: Store, job_id: int) -> Job:
-    job = job_by_id(store, job_id)
-    if job is None:
-        raise JobNotFound(f"no job {job_id} (see `orch jobs`)")
-    return job
-
 
 def resume_suite(store: Store, suite: str) -> None:
     """Raises UsageError when the suite is not paused."""

@@ -11,6 +11,7 @@ from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
+from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.status import Event, job_events, recent_events
 
@@ -125,10 +126,10 @@ def state_counts(store: Store) -> dict[str, int]:
 
 def get_job(store: Store, job_id: int) -> Job:
     """Raises JobNotFound for an unknown id."""
-    rows = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
-    if not rows:
+    job = job_by_id(store, job_id)
+    if job is None:
         raise JobNotFound(f"no job {job_id} (see `orch jobs`)")
-    return Job.from_row(rows[0])
+    return job
 
 
 def get_attempts(store: Store, job_id: int) -> list[Attempt]:
