@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import getpass
 import logging
-import os
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -230,9 +229,3 @@ class SlurmExecutor:
 
     def attach_command(self, window_id: str) -> list[str]:
         return []
-
-
-def slurm_available() -> bool:
-    return all(shutil.which(tool) for tool in ("sbatch", "squeue", "scancel", "scontrol")) and bool(
-        os.environ.get("SLURM_CONF") or Path("/etc/slurm/slurm.conf").exists()
-    )
