@@ -12,7 +12,7 @@ from orchestrator.errors import InvalidTransition, OrchError
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher
 from orchestrator.launching import DispatchContext, claim, launch_all
-from orchestrator.learned import Knowledge, running_peaks, throughput_curves
+from orchestrator.learned import Knowledge, held_peaks, running_peaks, throughput_curves
 from orchestrator.lifecycle import JobState
 from orchestrator.packing import (
     GpuState,
@@ -118,7 +118,10 @@ def schedule(
     queue: list[QueuedJob] = []
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
-    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, lambda j, a: attempt_shape_key(j, a, cache)))
+    def key_of(job: Job, attempt: Attempt) -> str:
+        return attempt_shape_key(job, attempt, cache)
+
+    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of))
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
     host_shapes = read_host_shapes(store)
     host_running: dict[str, int] = {}

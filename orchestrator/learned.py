@@ -46,20 +46,33 @@ def eval_every_steps(job: Job) -> int | None:
 
 
 def running_peaks(
-    live: Iterable[Attempt], jobs: Mapping[int, Job], key_of: Callable[[Job, Attempt], str]
+    live: Iterable[Attempt], jobs: Mapping[int, Job], key_of: Callable[[Job, Attempt], str],
+    past_step_k: bool = True,
 ) -> dict[str, RunningPeak]:
     """Shape key -> peak so far of its live attempts that passed step K (and their first
-    evaluation). `key_of(job, attempt)` is the attempt's shape key."""
-    passed: list[tuple[str, int, int]] = []
+    evaluation); with `past_step_k=False`, of those that have not yet. `key_of(job, attempt)` is
+    the attempt's shape key."""
+    folded: list[tuple[str, int, int]] = []
     for attempt in live:
         job = jobs.get(attempt.job_id)
+        if job is None:
+            continue
         step = attempt_step(attempt)
-        if job is None or step is None or not provisional_step_reached(step, eval_every_steps(job)):
+        if provisional_step_reached(step, eval_every_steps(job)) != past_step_k:
             continue
         peak = attempt_peak_so_far(attempt)
         if peak > 0:
-            passed.append((key_of(job, attempt), peak, step))
-    return fold_running(passed)
+            folded.append((key_of(job, attempt), peak, step or 0))
+    return fold_running(folded)
+
+
+def held_peaks(
+    live: Iterable[Attempt], jobs: Mapping[int, Job], key_of: Callable[[Job, Attempt], str]
+) -> dict[str, RunningPeak]:
+    """Shape key -> the most a live attempt of it holds before step K. Not yet a measurement,
+    but a floor: once its first step ends its reservation, the next job of an under-declared
+    shape must not be placed at the declared figure beside an attempt already holding more."""
+    return running_peaks(live, jobs, key_of, past_step_k=False)
 
 
 @dataclass
@@ -68,6 +81,7 @@ class Knowledge:
 
     shapes: Mapping[str, ShapeMemory]
     running: Mapping[str, RunningPeak]
+    held: Mapping[str, RunningPeak] = field(default_factory=dict)  # before step K: floors only
     _by_base_task: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
     _by_base_level: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
 

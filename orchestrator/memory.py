@@ -337,12 +337,14 @@ def predict_peak_mib(
     margin_fraction: float | None = None,
     running: RunningPeak | None = None,
     transfer: Transfer | None = None,
+    held: RunningPeak | None = None,
 ) -> Prediction:
     """The first that is known, plus a margin: the shape's measured peak (completed attempts;
     margin shrinking with their number, or `margin_fraction`), else the peak so far of its
     running attempts past step K (a wider margin, shrinking as they run on), else a peak
     borrowed from a neighbouring shape (`transfer`: a lower ladder level, another task), else
-    the estimate, else the declared figure. Never below the OOM floor × (1 + margin)."""
+    the estimate, else the declared figure. Never below what a running attempt of the shape
+    already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         peak_mib = max(measured.peak_mib, running.peak_mib if running is not None else 0)
@@ -361,6 +363,10 @@ def predict_peak_mib(
         prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
         prediction = Prediction(0, PredictionSource(SourceKind.NONE))
+    if held is not None:
+        held_mib = math.ceil(held.peak_mib * (1 + running_margin(held.step)))
+        if held_mib > prediction.mib:
+            prediction = Prediction(held_mib, PredictionSource(SourceKind.RUNNING, step=held.step))
     if measured is not None and measured.oom_floor_mib is not None:
         # the margin the measured peak gets: a floor equal to that peak must not outbid it
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction

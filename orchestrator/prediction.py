@@ -258,8 +258,9 @@ def predict_for(
     measured = shapes.get(key)
     learned = prompt_lengths.get(facts.length_key) if job.worker == "lora" else None
     running = knowledge.running.get(key) if knowledge is not None else None
+    held = knowledge.held.get(key) if knowledge is not None else None
     borrows = knowledge is not None and (measured is None or measured.peak_mib is None) and running is None
-    depends = (measured, learned, running)
+    depends = (measured, learned, running, held)
     if facts.depends == depends and (not borrows or facts.computed_for is knowledge):
         return facts.prediction
     config = facts.config
@@ -274,7 +275,7 @@ def predict_for(
             key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
             lambda task: prompt_lengths.get(prompt_length_key(config, task)),
         )
-    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer)
+    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held)
     result = (prediction.mib, prediction.source)
     if prediction.source.kind is SourceKind.ESTIMATE and sized is not config:
         result = (prediction.mib, replace(prediction.source, tokens=max_seq_len_of(sized)))

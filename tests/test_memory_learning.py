@@ -7,7 +7,7 @@ import json
 import pytest
 from rows_helpers import attempt_of, job_of
 
-from orchestrator.learned import Knowledge, attempt_peak_so_far, running_peaks
+from orchestrator.learned import Knowledge, attempt_peak_so_far, held_peaks, running_peaks
 from orchestrator.memory import ShapeMemory, predict_peak_mib, shape_key
 from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
 from orchestrator.prediction_source import PredictionSource, SourceKind
@@ -148,6 +148,20 @@ def test_running_peaks_from_live_attempts() -> None:
     peaks = running_peaks(live, jobs, lambda job, attempt: "k")
     assert peaks == {"k": RunningPeak(5_200, 12, 1)}  # job 1 awaits its evaluation, job 3 step K
     assert attempt_peak_so_far(_attempt(1, 0, 1, 100, reported=10**9)) == 100  # absurd report ignored
+
+
+def test_memory_held_before_step_k_is_a_floor_not_a_measurement() -> None:
+    jobs = {1: job_of(id=1), 2: job_of(id=2), 3: job_of(id=3)}
+    live = [_attempt(1, 0, 3, 10_000), _attempt(2, 0, None, 800), _attempt(3, 0, 12, 5_000)]
+    held = held_peaks(live, jobs, lambda job, attempt: "k")
+    assert held == {"k": RunningPeak(10_000, 3, 2)}  # job 3 passed step K: it is `running`, not held
+    # an under-declared shape: 8 GiB declared, its first attempt already holds 10,000 MiB at step 3
+    p = predict_peak_mib(None, None, 8_192, held=held["k"])
+    assert (p.mib, p.source.render()) == (11_500, "measured (running, step 3)")
+    # it only ever raises a prediction: a loading attempt's 800 MiB leaves the declared figure
+    low = predict_peak_mib(None, None, 8_192, held=RunningPeak(800, 0, 1))
+    assert (low.mib, low.source.kind) == (8_192, SourceKind.DECLARED)
+    assert predict_peak_mib(ShapeMemory(12_000, None, 1), None, 8_192, held=held["k"]).source.kind is SourceKind.MEASURED
 
 
 def test_knowledge_transfers_between_levels_then_tasks() -> None:

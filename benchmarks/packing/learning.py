@@ -57,6 +57,7 @@ class StepKPolicy(OrchPolicy):
     early_fraction: float = 0.97  # share of the true peak an attempt has reached by step K
     name: str = "orch step-k"
     running: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)
+    held: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)  # before step K: floors
 
     def _refresh(self, sim: Simulator, now_s: float) -> None:
         passed = [
@@ -65,12 +66,18 @@ class StepKPolicy(OrchPolicy):
             if now_s >= a.ramp_end_s + self.known_after_s
         ]
         self.running = fold_running(passed)
+        self.held = fold_running(
+            (a.job.shape(a.start.level), int(a.held_mib(now_s)), 0)
+            for a in sim.running
+            if now_s < a.ramp_end_s + self.known_after_s and a.held_mib(now_s) > 0
+        )
 
     def predict_mib(self, job_index: int, level: int) -> float:
         job = self.trace.jobs[job_index]
         key = job.shape(level)
         return predict_peak_mib(
-            self.shapes.get(key), None, int(job.declared_mib), self.margin, running=self.running.get(key)
+            self.shapes.get(key), None, int(job.declared_mib), self.margin, running=self.running.get(key),
+            held=self.held.get(key),
         ).mib
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
@@ -179,7 +186,8 @@ class EstimatePolicy(StepKPolicy):
             spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
             estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
         return predict_peak_mib(
-            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key)
+            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key),
+            held=self.held.get(key),
         ).mib
 
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
