@@ -347,7 +347,8 @@ def predict_peak_mib(
     already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
-        peak_mib = max(measured.peak_mib, running.peak_mib if running is not None else 0)
+        # running attempts count at this margin: a shape measured to completion is known
+        peak_mib = max([measured.peak_mib, *(r.peak_mib for r in (running, held) if r is not None)])
         prediction = Prediction(math.ceil(peak_mib * (1 + margin)), PredictionSource(SourceKind.MEASURED))
     elif running is not None:
         prediction = Prediction(
@@ -363,7 +364,7 @@ def predict_peak_mib(
         prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
         prediction = Prediction(0, PredictionSource(SourceKind.NONE))
-    if held is not None:
+    if held is not None and prediction.source.kind is not SourceKind.MEASURED:
         held_mib = math.ceil(held.peak_mib * (1 + running_margin(held.step)))
         if held_mib > prediction.mib:
             prediction = Prediction(held_mib, PredictionSource(SourceKind.RUNNING, step=held.step))

@@ -161,7 +161,11 @@ def test_memory_held_before_step_k_is_a_floor_not_a_measurement() -> None:
     # it only ever raises a prediction: a loading attempt's 800 MiB leaves the declared figure
     low = predict_peak_mib(None, None, 8_192, held=RunningPeak(800, 0, 1))
     assert (low.mib, low.source.kind) == (8_192, SourceKind.DECLARED)
-    assert predict_peak_mib(ShapeMemory(12_000, None, 1), None, 8_192, held=held["k"]).source.kind is SourceKind.MEASURED
+    # a shape measured to completion keeps its own margin: held memory below its peak adds nothing
+    measured = predict_peak_mib(ShapeMemory(4_598, None, 1), None, 20_480, held=RunningPeak(4_580, 1, 1))
+    assert (measured.mib, measured.source.kind) == (4_828, SourceKind.MEASURED)
+    above = predict_peak_mib(ShapeMemory(4_598, None, 1), None, 20_480, held=RunningPeak(5_000, 1, 1))
+    assert (above.mib, above.source.kind) == (5_250, SourceKind.MEASURED)
 
 
 def test_knowledge_transfers_between_levels_then_tasks() -> None:
