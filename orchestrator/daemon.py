@@ -238,6 +238,10 @@ class Daemon:
         return data_version(self.store)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """End the loop after the current pass (a signal, or a caller running it in a thread)."""
         self._stop.set()
 
     def _register(self) -> None:
