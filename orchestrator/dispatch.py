@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
@@ -19,6 +22,7 @@ from orchestrator.packing import (
     PackingDecision,
     QueuedJob,
     can_take_any,
+    open_slots,
     pack,
 )
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
@@ -33,6 +37,7 @@ from orchestrator.prediction import (
     shape_facts,
 )
 from orchestrator.prediction_source import PredictionSource
+from orchestrator.queue_cache import QueueRead
 from orchestrator.resources import host_state, predict_host_mib, running_attempts
 from orchestrator.store.attempts import (
     read_all_prompt_lengths,
@@ -112,7 +117,13 @@ def schedule(
     running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
     gpus = gpu_states(snapshots, get_gpu_plan(store))
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
-    queued_rows = queued_jobs(store, limit=None if whole_queue else ctx.policy.reasons_for)
+    if whole_queue:
+        read = cache.queue.read(store)
+        queued_rows = read.order
+        _forget_left(cache, read)
+    else:  # only the head, for its waiting reasons
+        head = cache.queue.head(store, ctx.policy.reasons_for)
+        queued_rows = head if head is not None else queued_jobs(store, limit=ctx.policy.reasons_for)
     _learn_new_jobs(store, queued_rows, cache)
     reasons: dict[int, str] = {}
     queue: list[QueuedJob] = []
@@ -131,32 +142,40 @@ def schedule(
             host_running[key] = max(host_running.get(key, 0), a.host_peak_mib)
     predictions: dict[int, tuple[int, PredictionSource]] = {}
     host_predictions: dict[int, int] = {}
-    expected_s: dict[tuple[str, str, int], float | None] = {}  # a sweep's seeds share their kind's run time
-    for job in queued_rows:
+    # Jobs of one kind differ only by their place in the queue, and no pass places more jobs
+    # than there are free slots: `pack` gets that many of each kind (and the head of the queue,
+    # whose waiting reasons it gives), each kind worked out once.
+    per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else len(queued_rows)
+    kinds: dict[tuple[Any, ...], _KindInputs] = {}
+    taken: Counter[tuple[Any, ...]] = Counter()
+    for position, job in enumerate(queued_rows):
         facts = cache.jobs.get(job.id)
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
             continue
-        predicted_mib, source = predict_for(facts.shape, facts.shape.job, facts.level, shapes, prompt_lengths, cache, knowledge)
-        predictions[job.id] = (predicted_mib, source)
-        host_predictions[job.id], _ = predict_host_mib(
-            host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
+        kind = (facts.kind, job.priority, job.suite, job.config_name, job.data)
+        if taken[kind] >= per_kind and position >= ctx.policy.reasons_for + per_kind:
+            continue
+        taken[kind] += 1
+        inputs = kinds.get(kind)
+        if inputs is None:
+            predicted = predict_for(facts.shape, facts.shape.job, facts.level, shapes, prompt_lengths, cache, knowledge)
+            host_mib, _ = predict_host_mib(
+                host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
+            inputs = kinds[kind] = _KindInputs(
+                predicted, host_mib, durations.expected_s(job.config_name, job.data, facts.level.index),
+                curves.get(facts.shape.shape_key))
+        predictions[job.id] = inputs.prediction
+        host_predictions[job.id] = inputs.host_mib
         queue.append(
             QueuedJob(
                 job_id=job.id, priority=job.priority, queued_seq=job.id,
-                predicted_peak_mib=predicted_mib, waiting_since_s=job.queued_at,
+                predicted_peak_mib=inputs.prediction[0], waiting_since_s=job.queued_at,
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
-                expected_duration_s=_expected_s(expected_s, durations, job.config_name, job.data, facts.level.index),
-                throughput_by_gpu=curves.get(facts.shape.shape_key),
+                expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,
-                gpus=facts.gpus, host_mib=host_predictions[job.id], cpus=facts.cpus, suite=job.suite,
+                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
             )
         )
-    if whole_queue:  # forget jobs that left the queue, and shapes no queued job has
-        queued_ids = {job.id for job in queued_rows}
-        cache.jobs = {k: v for k, v in cache.jobs.items() if k in queued_ids}
-        if len(cache.shapes) > 2 * len(cache.jobs) + 100:
-            kept = {id(f.shape) for f in cache.jobs.values()}
-            cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept}
     host = None
     if ctx.host is not None:
         cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
@@ -180,16 +199,35 @@ def schedule(
         if claimed is not None:
             claims.append(claimed)
     launch_all(store, launcher, ctx, claims)
-    explained = queued_rows if whole_queue else [r for r in queued_rows if r.id in reasons]
+    if whole_queue:  # those handed to `pack`, and any other whose old reason no longer stands
+        handed = {q.job_id for q in queue}
+        explained = [r for r in queued_rows if r.id in handed or r.wait_reason is not None]
+    else:
+        explained = [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
 
 
-def _expected_s(memo: dict[tuple[str, str, int], float | None], durations: DurationTable, config: str, task: str, level: int) -> float | None:
-    key = (config, task, level)
-    if key not in memo:
-        memo[key] = durations.expected_s(config, task, level)
-    return memo[key]
+@dataclass(frozen=True)
+class _KindInputs:
+    """What one pass works out once per kind of queued job."""
+
+    prediction: tuple[int, PredictionSource]
+    host_mib: int
+    expected_s: float | None
+    curve: Mapping[int, Mapping[int, float]] | None
+
+
+def _forget_left(cache: JobShapeCache, read: QueueRead) -> None:
+    """Drop the facts of jobs that left the queue, and shapes no queued job has."""
+    if read.whole:
+        cache.jobs = {k: v for k, v in cache.jobs.items() if k in cache.queue.entries}
+    else:
+        for job_id in read.left:
+            cache.jobs.pop(job_id, None)
+    if len(cache.shapes) > 2 * len(cache.jobs) + 100:
+        kept = {id(f.shape) for f in cache.jobs.values()}
+        cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept}
 
 
 def _expected_end(

@@ -133,6 +133,13 @@ def can_take_any(gpus: list[GpuState], running: list[RunningAttempt], policy: Pa
     return any(is_open(card) for card in cards_of(gpus, running, policy).values())
 
 
+def open_slots(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> int:
+    """Free slots over the cards that could take a job now: no pass places more jobs than this,
+    so a caller may hand `pack` only that many of each kind of job (jobs alike but for their
+    place in the queue; `pack` takes them in queue order)."""
+    return sum(card.gpu.slots - card.used_slots for card in cards_of(gpus, running, policy).values() if is_open(card))
+
+
 def ceiling_mib(gpus: list[GpuState], policy: PackingPolicy) -> int | None:
     """The most a prediction may say: the largest usable card less its headroom. A prediction
     above every usable card (an inflated estimate or OOM floor) would keep a job queued forever;

@@ -32,6 +32,7 @@ from orchestrator.memory import (
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
 from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.queue_cache import QueueCache
 from orchestrator.shapes import memory_hash
 from orchestrator.store.rows import Attempt, Job
 
@@ -64,6 +65,13 @@ class JobFacts:
     declared_host_mib: int | None = None  # the config's host_mem_gib
     min_stack_gain: float | None = None  # the suite's least gain for sharing a card
 
+    @functools.cached_property
+    def kind(self) -> tuple[Any, ...]:
+        """Jobs with equal kinds (and priority, suite, config and task) differ for packing only by
+        their place in the queue. The shape is compared by identity: seeds share one."""
+        return (id(self.shape), self.level.index, self.level.run_alone, self.allowed, self.gpus, self.cpus,
+                self.declared_host_mib, self.min_stack_gain)
+
 
 @dataclass
 class JobShapeCache:
@@ -79,6 +87,7 @@ class JobShapeCache:
     durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
     durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
+    queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
 
 
 ATTEMPT_KEYS_KEPT = 4096

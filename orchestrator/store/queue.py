@@ -21,6 +21,45 @@ def queued_jobs(store: Store, limit: int | None = None) -> list[QueueEntry]:
     return [QueueEntry.from_row(r) for r in store.query(sql)]
 
 
+def queued_entries(store: Store) -> tuple[int, list[QueueEntry]]:
+    """The queue-change mark (see `queue_changes_since`), then every queued job in queue order.
+    The mark is read first: a change made between the two reads is read again later."""
+    mark = queue_change_mark(store)
+    sql = f"SELECT {QueueEntry.COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id"
+    return mark, [QueueEntry.from_values(values) for values in store.iter_rows(sql)]
+
+
+def queue_change_mark(store: Store) -> int:
+    """The number of the last queue change logged (m014's trigger), 0 before any."""
+    rows = store.query("SELECT seq FROM sqlite_sequence WHERE name = 'queue_changes'")
+    return int(rows[0]["seq"]) if rows else 0
+
+
+def queue_changes_since(store: Store, mark: int) -> tuple[int, set[int]]:
+    """(the new mark, ids of jobs that entered, left or changed in the queue after `mark`)."""
+    rows = list(store.iter_rows("SELECT seq, job_id FROM queue_changes WHERE seq > ?", [mark]))
+    return (max(seq for seq, _ in rows) if rows else mark), {int(job_id) for _, job_id in rows}
+
+
+def queued_entries_by_id(store: Store, job_ids: Iterable[int]) -> dict[int, QueueEntry]:
+    """Those of these jobs that are queued now."""
+    ids = list(job_ids)
+    found: dict[int, QueueEntry] = {}
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        sql = f"SELECT {QueueEntry.COLUMNS} FROM jobs WHERE state = 'queued' AND id IN ({','.join('?' * len(chunk))})"
+        for values in store.iter_rows(sql, chunk):
+            entry = QueueEntry.from_values(values)
+            found[entry.id] = entry
+    return found
+
+
+def forget_queue_changes(store: Store, mark: int) -> None:
+    """Drop the log up to `mark`, once read (AUTOINCREMENT: numbers are never reused)."""
+    with store.write():
+        store.execute("DELETE FROM queue_changes WHERE seq <= ?", [mark])
+
+
 def queued_whole_jobs(store: Store) -> list[Job]:
     """Every queued job, whole, in queue order (a cluster-placed pass reads them all)."""
     return [Job.from_row(r) for r in store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")]

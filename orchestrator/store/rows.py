@@ -5,6 +5,7 @@ as enums. Rows are snapshots: writes go through the store's functions, which ret
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,7 +102,7 @@ class Job:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueueEntry:
     """What a scheduling pass reads of every queued job (the light columns); the whole `Job`
     is read only for jobs the scheduler has not seen."""
@@ -124,6 +125,17 @@ class QueueEntry:
             id=int(row["id"]), suite=row["suite"], priority=int(row["priority"]), level=int(row["level"]),
             host_steps_json=row.get("host_steps_json") or "[]", queued_at=float(row["queued_at"]),
             config_name=row["config_name"], data=row["data"], wait_reason=row.get("wait_reason"),
+        )
+
+    @classmethod
+    def from_values(cls, values: tuple[Any, ...]) -> QueueEntry:
+        """From a row selected as COLUMNS, in that order. The texts seeds share are interned:
+        a daemon keeps tens of thousands of these between passes."""
+        job_id, suite, priority, level, host_steps, queued_at, config_name, data, wait_reason = values
+        return cls(
+            id=int(job_id), suite=sys.intern(suite), priority=int(priority), level=int(level),
+            host_steps_json=sys.intern(host_steps or "[]"), queued_at=float(queued_at),
+            config_name=sys.intern(config_name), data=sys.intern(data), wait_reason=wait_reason,
         )
 
 

@@ -1,0 +1,117 @@
+"""The daemon keeps the queue between passes and re-reads only the jobs the change log names;
+what it keeps is always what a whole read would give."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from orchestrator.dispatch import DispatchContext, schedule
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.lifecycle import JobState
+from orchestrator.packing import PackingPolicy
+from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction import JobShapeCache
+from orchestrator.queue_cache import FORGET_AFTER, FULL_READ_CHANGES, QueueCache
+from orchestrator.store import Store
+from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs, transition
+from tests.conftest import REPO_ROOT
+from tests.test_scale import _Recorder
+
+
+def _submit(store: Store, seeds: range, priority: int = 0) -> list[int]:
+    suite = load_suite("demo", REPO_ROOT / "plans")
+    specs = expand_jobs(suite, parse_pairs(" ".join(f"{i}:glue_rte" for i in seeds)), {}, None, 0)
+    submit_jobs(store, suite, specs, allowed_gpus=None, priority=priority, force=False, dry_run=False)
+    return [int(r["id"]) for r in store.query("SELECT id FROM jobs ORDER BY id")]
+
+
+def _whole(store: Store) -> list[tuple[int, int, int, str | None]]:
+    return [(e.id, e.priority, e.level, e.wait_reason) for e in QueueCache().read(store).order]
+
+
+def _kept(cache: QueueCache, store: Store) -> list[tuple[int, int, int, str | None]]:
+    return [(e.id, e.priority, e.level, e.wait_reason) for e in cache.read(store).order]
+
+
+def test_after_the_first_read_only_changed_jobs_are_read(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    ids = _submit(store, range(10))
+    cache = QueueCache()
+    first = cache.read(store)
+    assert first.whole and [e.id for e in first.order] == ids
+    again = cache.read(store)
+    assert not again.whole and again.order is first.order  # nothing changed: nothing read
+    transition(store, ids[0], JobState.RUNNING, message="started")
+    cancel_queued(store, ids[1], "not wanted")
+    moved = cache.read(store)
+    assert not moved.whole and moved.left == {ids[0], ids[1]}
+    assert [e.id for e in moved.order] == ids[2:]
+    urgent = _submit(store, range(10, 12), priority=5)[-6:]  # three configs x two seeds, ahead of the rest
+    ahead = cache.read(store)
+    assert not ahead.whole and [e.id for e in ahead.order][:6] == urgent
+    transition(store, ids[0], JobState.QUEUED, message="requeued after an OOM", fields={"level": 1})
+    back = cache.read(store)
+    assert not back.whole and (ids[0], 0, 1, None) in _kept(cache, store)
+    assert _kept(cache, store) == _whole(store)
+
+
+def test_the_log_is_forgotten_once_read_and_a_burst_reads_the_queue_whole(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    cache = QueueCache()
+    _submit(store, range(2))
+    cache.read(store)
+    _submit(store, range(2, 2 + FORGET_AFTER // 3 + 1))  # three jobs per seed
+    assert not cache.read(store).whole
+    assert store.query("SELECT count(*) AS n FROM queue_changes")[0]["n"] == 0  # read, then deleted
+    assert _kept(cache, store) == _whole(store)
+    _submit(store, range(1_000, 1_000 + FULL_READ_CHANGES // 3 + 1))
+    assert cache.read(store).whole  # a burst: one whole read, not thousands of look-ups
+    assert _kept(cache, store) == _whole(store)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_changes_keep_the_kept_queue_equal_to_a_whole_read(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    store = Store(tmp_path / "state.db")
+    ids = _submit(store, range(20))
+    cache = QueueCache()
+    cache.read(store)
+    next_seed = 20
+    for _ in range(60):
+        queued = [int(r["id"]) for r in store.query("SELECT id FROM jobs WHERE state = 'queued'")]
+        running = [int(r["id"]) for r in store.query("SELECT id FROM jobs WHERE state = 'running'")]
+        move = rng.choice(["start", "cancel", "requeue", "submit", "reason"])
+        if move == "start" and queued:
+            transition(store, rng.choice(queued), JobState.RUNNING, message="started")
+        elif move == "cancel" and queued:
+            cancel_queued(store, rng.choice(queued), "cancelled")
+        elif move == "requeue" and running:
+            transition(store, rng.choice(running), JobState.QUEUED, message="retry", fields={"level": rng.randint(1, 3)})
+        elif move == "submit":
+            ids = _submit(store, range(next_seed, next_seed + 1), priority=rng.randint(-1, 1))
+            next_seed += 1
+        elif move == "reason" and queued:
+            with store.write():
+                store.execute("UPDATE jobs SET wait_reason = ? WHERE id = ?", [f"r{rng.random()}", rng.choice(queued)])
+        if rng.random() < 0.5:
+            assert _kept(cache, store) == _whole(store)
+    assert _kept(cache, store) == _whole(store)
+
+
+def test_a_pass_hands_pack_as_many_jobs_of_each_kind_as_there_are_free_slots(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    ids = _submit(store, range(100))  # 300 jobs of three kinds (the demo's configs)
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=2))
+    ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
+    gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
+    cache = JobShapeCache()
+    decision = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
+    assert [p.job_id for p in decision.placements] == ids[:2]  # fifo: the head of the queue
+    # two free slots: two jobs of each of the three kinds, and the head of the queue (whose
+    # waiting reasons `orch status` shows), were handed to pack
+    explained = store.query("SELECT id FROM jobs WHERE wait_reason IS NOT NULL ORDER BY id")
+    assert [r["id"] for r in explained] == ids[2:52]  # as when the whole queue is handed over
+    assert len(cache.jobs) == 300  # every job's facts are known: later passes place any of them
