@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
@@ -38,6 +36,7 @@ from orchestrator.prediction import (
 )
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.queue_cache import QueueRead
+from orchestrator.queue_kinds import Kind, handed_to_pack, kind_of
 from orchestrator.resources import host_state, predict_host_mib, running_attempts
 from orchestrator.store.attempts import (
     read_all_prompt_lengths,
@@ -117,14 +116,26 @@ def schedule(
     running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
     gpus = gpu_states(snapshots, get_gpu_plan(store))
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
+    # Jobs of one kind differ only by their place in the queue, and no pass places more jobs
+    # than there are free slots: `pack` gets that many of each kind, and the head of the queue
+    # (whose waiting reasons it gives); each kind's prediction is worked out once.
+    per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
     if whole_queue:
         read = cache.queue.read(store)
-        queued_rows = read.order
         _forget_left(cache, read)
+        entries = cache.queue.entries
+        if read.whole:
+            _learn_new_jobs(store, cache.queue.order, cache)
+            cache.kinds.rebuild(cache.queue.order, cache.jobs)
+        else:
+            _learn_new_jobs(store, [entries[i] for i in read.changed], cache)
+            cache.kinds.add(read.changed, entries, cache.jobs)
+        head = cache.queue.first(ctx.policy.reasons_for + per_kind)
+        queued_rows = handed_to_pack(head, cache.kinds.heads(per_kind, entries))
     else:  # only the head, for its waiting reasons
         head = cache.queue.head(store, ctx.policy.reasons_for)
         queued_rows = head if head is not None else queued_jobs(store, limit=ctx.policy.reasons_for)
-    _learn_new_jobs(store, queued_rows, cache)
+        _learn_new_jobs(store, queued_rows, cache)
     reasons: dict[int, str] = {}
     queue: list[QueuedJob] = []
     shapes = read_all_shapes(store)
@@ -142,20 +153,12 @@ def schedule(
             host_running[key] = max(host_running.get(key, 0), a.host_peak_mib)
     predictions: dict[int, tuple[int, PredictionSource]] = {}
     host_predictions: dict[int, int] = {}
-    # Jobs of one kind differ only by their place in the queue, and no pass places more jobs
-    # than there are free slots: `pack` gets that many of each kind (and the head of the queue,
-    # whose waiting reasons it gives), each kind worked out once.
-    per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else len(queued_rows)
-    kinds: dict[tuple[Any, ...], _KindInputs] = {}
-    taken: Counter[tuple[Any, ...]] = Counter()
-    for position, job in enumerate(queued_rows):
+    kinds: dict[Kind, _KindInputs] = {}
+    for job in queued_rows:
         facts = cache.jobs.get(job.id)
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
             continue
-        kind = (facts.kind, job.priority, job.suite, job.config_name, job.data)
-        if taken[kind] >= per_kind and position >= ctx.policy.reasons_for + per_kind:
-            continue
-        taken[kind] += 1
+        kind = kind_of(facts, job)
         inputs = kinds.get(kind)
         if inputs is None:
             predicted = predict_for(facts.shape, facts.shape.job, facts.level, shapes, prompt_lengths, cache, knowledge)
@@ -201,7 +204,7 @@ def schedule(
     launch_all(store, launcher, ctx, claims)
     if whole_queue:  # those handed to `pack`, and any other whose old reason no longer stands
         handed = {q.job_id for q in queue}
-        explained = [r for r in queued_rows if r.id in handed or r.wait_reason is not None]
+        explained = queued_rows + [cache.queue.entries[i] for i in cache.queue.with_reason - handed]
     else:
         explained = [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})

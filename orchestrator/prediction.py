@@ -33,6 +33,7 @@ from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.template import parse_template
 from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.queue_cache import QueueCache
+from orchestrator.queue_kinds import KindIndex
 from orchestrator.shapes import memory_hash
 from orchestrator.store.rows import Attempt, Job
 
@@ -88,6 +89,7 @@ class JobShapeCache:
     durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
     queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
+    kinds: KindIndex = field(default_factory=KindIndex)  # queued jobs by kind, in queue order
 
 
 ATTEMPT_KEYS_KEPT = 4096

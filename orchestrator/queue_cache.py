@@ -7,6 +7,7 @@ claims touched since the last; a burst of changes (a large submit) reads the who
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from orchestrator.store.db import Store
@@ -28,25 +29,29 @@ def _queue_order(entry: QueueEntry) -> tuple[int, int]:
 
 @dataclass
 class QueueRead:
-    order: list[QueueEntry]  # every queued job, in queue order
     left: set[int]  # jobs that left the queue since the last read
-    whole: bool  # the whole queue was read: anything not in `order` has left it
+    whole: bool  # the whole queue was read: anything not kept has left it
+    changed: set[int] = field(default_factory=set)  # queued jobs read again (not whole)
 
 
 @dataclass
 class QueueCache:
+    """`entries` is exact after each read. `order` is kept lazily: a job that left the queue
+    or was read again may still sit there, and is dropped or replaced when the head is read."""
+
     entries: dict[int, QueueEntry] = field(default_factory=dict)
     order: list[QueueEntry] = field(default_factory=list)
     mark: int | None = None  # the last change applied; None: the queue was never read whole
     forgotten: int = 0  # log rows up to here are deleted
+    with_reason: set[int] = field(default_factory=set)  # queued jobs that show a waiting reason
 
     def read(self, store: Store) -> QueueRead:
-        """Every queued job in queue order, with only what changed read from the store."""
+        """Bring the kept queue up to date, reading only what changed."""
         if self.mark is None:
             return self._read_whole(store)
         mark, changed = queue_changes_since(store, self.mark)
         if not changed:
-            return QueueRead(self.order, set(), False)
+            return QueueRead(set(), False)
         if len(changed) > max(FULL_READ_CHANGES, len(self.entries) // 4):
             return self._read_whole(store)
         fresh = queued_entries_by_id(store, changed)
@@ -54,33 +59,63 @@ class QueueCache:
         reorder = False
         for job_id in changed:
             new, old = fresh.get(job_id), self.entries.get(job_id)
+            if new is None or new.wait_reason is None:
+                self.with_reason.discard(job_id)
+            else:
+                self.with_reason.add(job_id)
             if new is None:
                 if old is not None:
                     del self.entries[job_id]
                     left.add(job_id)
                 continue
-            reorder = reorder or old is None or old.priority != new.priority
             self.entries[job_id] = new
+            if old is None:
+                bisect.insort(self.order, new, key=_queue_order)
+            elif old.priority != new.priority:
+                reorder = True
         if reorder:
             self.order = sorted(self.entries.values(), key=_queue_order)
-        else:  # removals and updates in place keep the order
-            self.order = [self.entries[e.id] for e in self.order if e.id in self.entries]
         self.mark = mark
         self._forget(store)
-        return QueueRead(self.order, left, False)
+        return QueueRead(left, False, set(fresh))
+
+    def first(self, limit: int) -> list[QueueEntry]:
+        """The first `limit` queued jobs in queue order (as of the last read)."""
+        taken: list[QueueEntry] = []
+        seen: set[int] = set()
+        position = 0
+        while position < len(self.order) and len(taken) < limit:
+            entry = self.order[position]
+            current = self.entries.get(entry.id)
+            if current is None or entry.id in seen or _queue_order(current) != _queue_order(entry):
+                # left the queue, or a second copy of a job that left and came back
+                del self.order[position]
+                continue
+            if current is not entry:
+                self.order[position] = current  # read again, same place in the queue
+            taken.append(current)
+            seen.add(current.id)
+            position += 1
+        return taken
+
+    def ordered(self) -> list[QueueEntry]:
+        """Every queued job in queue order."""
+        return self.first(len(self.entries))
 
     def head(self, store: Store, limit: int) -> list[QueueEntry] | None:
         """The first `limit` queued jobs, from what is kept (None: nothing kept yet)."""
         if self.mark is None:
             return None
-        return self.read(store).order[:limit]
+        self.read(store)
+        return self.first(limit)
 
     def _read_whole(self, store: Store) -> QueueRead:
         before = set(self.entries)
         self.mark, self.order = queued_entries(store)
         self.entries = {e.id: e for e in self.order}
+        self.with_reason = {e.id for e in self.order if e.wait_reason is not None}
         self._forget(store)
-        return QueueRead(self.order, before - set(self.entries), True)
+        return QueueRead(before - set(self.entries), True)
 
     def _forget(self, store: Store) -> None:
         assert self.mark is not None

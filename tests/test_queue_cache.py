@@ -29,11 +29,14 @@ def _submit(store: Store, seeds: range, priority: int = 0) -> list[int]:
 
 
 def _whole(store: Store) -> list[tuple[int, int, int, str | None]]:
-    return [(e.id, e.priority, e.level, e.wait_reason) for e in QueueCache().read(store).order]
+    cache = QueueCache()
+    cache.read(store)
+    return [(e.id, e.priority, e.level, e.wait_reason) for e in cache.ordered()]
 
 
 def _kept(cache: QueueCache, store: Store) -> list[tuple[int, int, int, str | None]]:
-    return [(e.id, e.priority, e.level, e.wait_reason) for e in cache.read(store).order]
+    cache.read(store)
+    return [(e.id, e.priority, e.level, e.wait_reason) for e in cache.ordered()]
 
 
 def test_after_the_first_read_only_changed_jobs_are_read(tmp_path: Path) -> None:
@@ -41,17 +44,17 @@ def test_after_the_first_read_only_changed_jobs_are_read(tmp_path: Path) -> None
     ids = _submit(store, range(10))
     cache = QueueCache()
     first = cache.read(store)
-    assert first.whole and [e.id for e in first.order] == ids
+    assert first.whole and [e.id for e in cache.ordered()] == ids
     again = cache.read(store)
-    assert not again.whole and again.order is first.order  # nothing changed: nothing read
+    assert not again.whole and not again.changed and not again.left  # nothing changed: nothing read
     transition(store, ids[0], JobState.RUNNING, message="started")
     cancel_queued(store, ids[1], "not wanted")
     moved = cache.read(store)
     assert not moved.whole and moved.left == {ids[0], ids[1]}
-    assert [e.id for e in moved.order] == ids[2:]
+    assert [e.id for e in cache.ordered()] == ids[2:]
     urgent = _submit(store, range(10, 12), priority=5)[-6:]  # three configs x two seeds, ahead of the rest
     ahead = cache.read(store)
-    assert not ahead.whole and [e.id for e in ahead.order][:6] == urgent
+    assert not ahead.whole and [e.id for e in cache.first(6)] == urgent
     transition(store, ids[0], JobState.QUEUED, message="requeued after an OOM", fields={"level": 1})
     back = cache.read(store)
     assert not back.whole and (ids[0], 0, 1, None) in _kept(cache, store)
@@ -72,18 +75,18 @@ def test_the_log_is_forgotten_once_read_and_a_burst_reads_the_queue_whole(tmp_pa
     assert _kept(cache, store) == _whole(store)
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(8))
 def test_random_changes_keep_the_kept_queue_equal_to_a_whole_read(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     store = Store(tmp_path / "state.db")
-    ids = _submit(store, range(20))
+    _submit(store, range(20))
     cache = QueueCache()
     cache.read(store)
     next_seed = 20
     for _ in range(60):
         queued = [int(r["id"]) for r in store.query("SELECT id FROM jobs WHERE state = 'queued'")]
         running = [int(r["id"]) for r in store.query("SELECT id FROM jobs WHERE state = 'running'")]
-        move = rng.choice(["start", "cancel", "requeue", "submit", "reason"])
+        move = rng.choice(["start", "cancel", "requeue", "submit", "reason", "priority"])
         if move == "start" and queued:
             transition(store, rng.choice(queued), JobState.RUNNING, message="started")
         elif move == "cancel" and queued:
@@ -91,12 +94,19 @@ def test_random_changes_keep_the_kept_queue_equal_to_a_whole_read(tmp_path: Path
         elif move == "requeue" and running:
             transition(store, rng.choice(running), JobState.QUEUED, message="retry", fields={"level": rng.randint(1, 3)})
         elif move == "submit":
-            ids = _submit(store, range(next_seed, next_seed + 1), priority=rng.randint(-1, 1))
+            _submit(store, range(next_seed, next_seed + 1), priority=rng.randint(-1, 1))
             next_seed += 1
+        elif move == "priority" and (queued or running):
+            with store.write():
+                store.execute("UPDATE jobs SET priority = ? WHERE id = ?", [rng.randint(-2, 2), rng.choice(queued + running)])
         elif move == "reason" and queued:
             with store.write():
                 store.execute("UPDATE jobs SET wait_reason = ? WHERE id = ?", [f"r{rng.random()}", rng.choice(queued)])
-        if rng.random() < 0.5:
+        roll = rng.random()
+        if roll < 0.3:  # the head alone, read lazily
+            cache.read(store)
+            assert [e.id for e in cache.first(5)] == [row[0] for row in _whole(store)[:5]]
+        elif roll < 0.6:
             assert _kept(cache, store) == _whole(store)
     assert _kept(cache, store) == _whole(store)
 
