@@ -37,6 +37,7 @@ import psutil
 
 from orchestrator import runfiles
 from orchestrator.launch.runtree import RunTreeError, create_exclusive, exists, open_run_dir
+from orchestrator.launch.wrapper import LOCAL_PREFIX, PORTABLE_PREFIX
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt
 
@@ -118,8 +119,8 @@ def wrapper_create_time(pid: int, run_dir: Path) -> float | None:
         if proc.uids().real != os.getuid() or proc.status() == psutil.STATUS_ZOMBIE:
             return None
         cmdline = proc.cmdline()
-        expected = ["-m", "orchestrator.launch.wrapper", "--run-dir", str(run_dir), "--"]
-        if cmdline[1 : 1 + len(expected)] != expected:
+        tail = ["--run-dir", str(run_dir), "--"]
+        if not any(cmdline[1 : 3 + len(tail)] == [*prefix, *tail] for prefix in (LOCAL_PREFIX, PORTABLE_PREFIX)):
             return None
         return float(proc.create_time())
     except (psutil.Error, OSError, ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import subprocess
@@ -14,6 +15,7 @@ from orchestrator.launch.base import kill_process_group
 from orchestrator.launch.wrapper import EXIT_NOT_STARTED, EXIT_REFUSED, wrapper_argv
 from orchestrator.reconcile import mark_lost
 from orchestrator.rundir_files import RunDir
+from orchestrator.runfiles import read_gpu_peak_mib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,3 +178,28 @@ def test_marking_lost_while_real_wrappers_start(tmp_path: Path) -> None:
         else:
             assert (run_dir / "pid.json").exists()
     assert wins >= 1  # the first mark lands before python has even started
+
+
+def test_the_wrapper_starts_without_site_packages_and_still_samples_the_gpu(tmp_path: Path) -> None:
+    # The wrapper runs by path under `python -S` (its start-up is on every hand-off's path);
+    # once the worker runs it loads site-packages, so its GPU peak sampler still works.
+    sim_dir, run_dir = tmp_path / "sim", tmp_path / "run"
+    argv = wrapper_argv(run_dir, [])
+    assert argv[1:3] == ["-S", str(REPO / "orchestrator" / "launch" / "wrapper.py")]
+    code = (
+        "import json, os, time, psutil\n"
+        "from pathlib import Path\n"
+        "from orchestrator.gpu.sim import gpu_dir\n"
+        f"d = gpu_dir(Path({str(sim_dir)!r}), 0)\n"
+        "d.mkdir(parents=True, exist_ok=True)\n"
+        "record = {'pid': os.getpid(), 'create_time': psutil.Process().create_time(), 'used_mib': 3000}\n"
+        "(d / f'{os.getpid()}.json').write_text(json.dumps(record))\n"
+        "time.sleep(2.5)\n"
+    )
+    env = {**os.environ, "ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "1x24GiB", "ORCH_SIM_DIR": str(sim_dir)}
+    done = subprocess.run(wrapper_argv(run_dir, [sys.executable, "-c", code]), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=30, start_new_session=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert read_gpu_peak_mib(run_dir) == 3000
+    pid_record = json.loads((run_dir / "pid.json").read_text())
+    assert abs(pid_record["create_time"] - time.time()) < 60  # read from /proc, as psutil gives it

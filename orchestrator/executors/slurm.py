@@ -119,7 +119,7 @@ class SlurmExecutor:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             script = RunDir(spec.run_dir).sbatch_script
             script.write_text(sbatch_script(
-                request, str(spec.run_dir), str(spec.cwd or Path.cwd()), wrapper_argv(spec.run_dir, spec.argv), spec.env,
+                request, str(spec.run_dir), str(spec.cwd or Path.cwd()), wrapper_argv(spec.run_dir, spec.argv, portable=True), spec.env,
             ))
         except OSError as exc:
             raise LauncherError(f"cannot write the batch script of job {spec.job_id}: {exc}") from None
