@@ -160,7 +160,7 @@ def worker_reaches(job: Job, keys: KeyMap) -> Callable[[str], bool] | None:
 def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
     content, not job id: a sweep's seeds share one ladder (and one entry)."""
-    key = (job.ladder_json or "", _without_seed(job.config_json), int(job.one_token), job.worker, job.worker_output_json)
+    key = (job.ladder_json or "", _without_seed(job), int(job.one_token), job.worker, job.worker_output_json)
     levels = cache.levels.get(key)
     if levels is None:
         ladder = load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
@@ -171,12 +171,20 @@ def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     return levels
 
 
-@functools.lru_cache(maxsize=16)
-def _without_seed(config_json: str) -> str:
-    """The config's memory-relevant text; kept for the last few configs, as a job's facts ask
-    for it twice (its ladder's key, its shape's hash) in a row."""
-    config = json.loads(config_json)
-    return json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
+_WITHOUT_SEED: dict[str, str] = {}  # config text -> `_without_seed`, for the last few configs
+
+
+def _without_seed(job: Job) -> str:
+    """The config's text without its seed and task, from the config already parsed; kept for
+    the last few configs, as a job's facts ask for it twice (its ladder's key, its shape's hash)."""
+    found = _WITHOUT_SEED.get(job.config_json)
+    if found is None:
+        config = job.config
+        found = json.dumps({k: v for k, v in config.items() if k not in ("seed", "data")}, sort_keys=True, default=str)
+        if len(_WITHOUT_SEED) >= 16:
+            _WITHOUT_SEED.pop(next(iter(_WITHOUT_SEED)))
+        _WITHOUT_SEED[job.config_json] = found
+    return found
 
 
 def as_received(job: Job, level: Level) -> Level:
@@ -196,7 +204,9 @@ def attempt_config(job: Job, level: Level) -> dict[str, Any]:
 
 def job_host_settings(job: Job) -> HostSettings:
     """The host-side steps the job took after host-RAM OOMs (none before the first)."""
-    return HostSettings.from_records(json.loads(job.host_steps_json or "[]"))
+    if job.host_steps_json in ("", "[]"):  # nearly every job: no json.loads per job per pass
+        return HostSettings.from_records(())
+    return HostSettings.from_records(json.loads(job.host_steps_json))
 
 
 def level_of(job: Job, cache: JobShapeCache) -> Level:
@@ -244,7 +254,7 @@ def predict(
 
 def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     key = (
-        hashlib.sha256(_without_seed(job.config_json).encode()).hexdigest()[:16], job.config_path, job.data,
+        hashlib.sha256(_without_seed(job).encode()).hexdigest()[:16], job.config_path, job.data,
         job.worker, job.declared_mib,
         level.index, json.dumps(level.overrides, sort_keys=True, default=str),
         job.worker_output_json, job.memory_keys_json, job.gpus, job.ladder_json,

@@ -12,11 +12,15 @@ from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 
+_EMPTY_JSON: dict[Any, type] = {"{}": dict, "[]": list}  # most JSON columns of most rows
+
 
 def _json(text: Any, default: Any) -> Any:
     """A JSON column's value, or `default` when it is empty, not JSON, or not of its type."""
     if not text:
         return default
+    if isinstance(text, str) and (empty := _EMPTY_JSON.get(text)) is not None:
+        return empty() if isinstance(default, empty) else default
     try:
         value = json.loads(text)
     except (TypeError, ValueError):
