@@ -121,14 +121,15 @@ def schedule(
     # (whose waiting reasons it gives); each kind's prediction is worked out once.
     per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
     if whole_queue:
-        read = cache.queue.read(store)
+        cache.queue.read(store)
+        read = cache.queue.take_changes()
         _forget_left(cache, read)
         entries = cache.queue.entries
         if read.whole:
             _learn_new_jobs(store, cache.queue.order, cache)
             cache.kinds.rebuild(cache.queue.order, cache.jobs)
         else:
-            _learn_new_jobs(store, [entries[i] for i in read.changed], cache)
+            _learn_new_jobs(store, [entries[i] for i in read.changed if i in entries], cache)
             cache.kinds.add(read.changed, entries, cache.jobs)
         head = cache.queue.first(ctx.policy.reasons_for + per_kind)
         queued_rows = handed_to_pack(head, cache.kinds.heads(per_kind, entries))

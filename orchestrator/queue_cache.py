@@ -44,6 +44,7 @@ class QueueCache:
     mark: int | None = None  # the last change applied; None: the queue was never read whole
     forgotten: int = 0  # log rows up to here are deleted
     with_reason: set[int] = field(default_factory=set)  # queued jobs that show a waiting reason
+    pending: QueueRead = field(default_factory=lambda: QueueRead(set(), False))  # since `take_changes`
 
     def read(self, store: Store) -> QueueRead:
         """Bring the kept queue up to date, reading only what changed."""
@@ -77,7 +78,24 @@ class QueueCache:
             self.order = sorted(self.entries.values(), key=_queue_order)
         self.mark = mark
         self._forget(store)
-        return QueueRead(left, False, set(fresh))
+        return self._note(QueueRead(left, False, set(fresh)))
+
+    def take_changes(self) -> QueueRead:
+        """What changed over every read since the last call (a pass that looked only at the
+        head of the queue leaves its changes to the next pass that packs)."""
+        taken, self.pending = self.pending, QueueRead(set(), False)
+        return taken
+
+    def _note(self, read: QueueRead) -> QueueRead:
+        if read.whole:
+            self.pending = QueueRead(self.pending.left | read.left, True)
+        elif not self.pending.whole:
+            self.pending.changed -= read.left
+            self.pending.changed |= read.changed
+            self.pending.left |= read.left
+        else:
+            self.pending.left |= read.left
+        return read
 
     def first(self, limit: int) -> list[QueueEntry]:
         """The first `limit` queued jobs in queue order (as of the last read)."""
@@ -115,7 +133,7 @@ class QueueCache:
         self.entries = {e.id: e for e in self.order}
         self.with_reason = {e.id for e in self.order if e.wait_reason is not None}
         self._forget(store)
-        return QueueRead(before - set(self.entries), True)
+        return self._note(QueueRead(before - set(self.entries), True))
 
     def _forget(self, store: Store) -> None:
         assert self.mark is not None

@@ -61,6 +61,22 @@ def test_after_the_first_read_only_changed_jobs_are_read(tmp_path: Path) -> None
     assert _kept(cache, store) == _whole(store)
 
 
+def test_changes_read_while_only_the_head_is_looked_at_wait_for_the_next_pass_that_packs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    ids = _submit(store, range(3))
+    cache = QueueCache()
+    cache.read(store)
+    assert cache.take_changes().whole
+    added = _submit(store, range(3, 4))[-3:]
+    transition(store, ids[0], JobState.RUNNING, message="started")
+    assert [e.id for e in cache.head(store, 2) or []] == ids[1:3]  # a busy pass: the head only
+    transition(store, added[0], JobState.RUNNING, message="started")
+    cache.read(store)
+    changes = cache.take_changes()
+    assert not changes.whole and changes.changed == set(added[1:]) and changes.left == {ids[0], added[0]}
+    assert cache.take_changes().changed == set()  # taken once
+
+
 def test_the_log_is_forgotten_once_read_and_a_burst_reads_the_queue_whole(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     cache = QueueCache()
