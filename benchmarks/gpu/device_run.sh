@@ -7,6 +7,8 @@
 #             one per card (plan 1), both with the ballast on each card
 #   learn:    minutes-long jobs declared too low and too high (learn_sweep.py): concurrency of
 #             the first 10 minutes against an oracle, OOMs after the first per shape
+#   scale:    the daemon figures by queue size (benchmarks/daemon_figures.py) on this host's CPU
+#             cores, with simulated GPUs: no GPU is used (~6 min)
 #   torchrun: two torchrun jobs (examples/torchrun_tiny.py, DDP over gloo) through orch, 2 ranks
 #             each (on one card when the machine has one), reporting per-rank peaks (~3 min)
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
@@ -52,6 +54,11 @@ mkdir -p "$OUT"
     torchrun)
       timeout 220 python3 benchmarks/gpu/torchrun_orch.py --work /tmp/orch-torchrun --out "$OUT" --budget-s 180
       nvidia-smi --query-gpu=memory.used --format=csv
+      ;;
+    scale)
+      nproc; uptime
+      timeout 560 python3 -m benchmarks.daemon_figures --queued 1000,10000,50000 --only-queued --no-cli --status-jobs 0 --json "$OUT/daemon_scale.json"
+      uptime
       ;;
     learn)
       timeout 540 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 390
