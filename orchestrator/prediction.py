@@ -66,6 +66,12 @@ class JobFacts:
     declared_host_mib: int | None = None  # the config's host_mem_gib
     min_stack_gain: float | None = None  # the suite's least gain for sharing a card
 
+    @property
+    def pool_key(self) -> tuple[Any, ...]:
+        """Equal for facts that are interchangeable (kept once in JobShapeCache.facts_pool)."""
+        return (self.key, id(self.shape), id(self.level), self.allowed, self.gpus, self.cpus,
+                self.declared_host_mib, self.min_stack_gain)
+
     @functools.cached_property
     def kind(self) -> tuple[Any, ...]:
         """Jobs with equal kinds (and priority, suite, config and task) differ for packing only by
@@ -83,6 +89,7 @@ class JobShapeCache:
     model_info: dict[str, ModelInfo | None] = field(default_factory=dict)
     peft_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     jobs: dict[int, JobFacts] = field(default_factory=dict)
+    facts_pool: dict[tuple[Any, ...], JobFacts] = field(default_factory=dict)  # shared by jobs alike
     shapes: dict[tuple[Any, ...], ShapeFacts] = field(default_factory=dict)
     durations: DurationTable = field(default_factory=DurationTable)
     durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
