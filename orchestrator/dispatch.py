@@ -50,6 +50,7 @@ from orchestrator.store.queue import (
     live_attempts_with_jobs,
     paused_suites,
     queued_jobs,
+    queued_jobs_alike,
     succeeded_runs_since,
 )
 from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
@@ -255,31 +256,34 @@ def _declared_host_mib(job: Job) -> int | None:
     return round(value * 1024)
 
 
-LEARN_CHUNK = 1_000  # jobs read whole at once while learning their facts
-
-
 def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) -> None:
     """Level and shape facts for jobs not seen before, or whose level or host steps changed;
     a job whose ladder cannot be expanded fails here."""
     stale = [r.id for r in rows if (f := cache.jobs.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
-    # whole jobs a chunk at a time: 50,000 of them read at once held 200 MiB at the peak
-    for start in range(0, len(stale), LEARN_CHUNK):
-        for job in jobs_by_id(store, stale[start : start + LEARN_CHUNK]).values():
-            if job.state is not JobState.QUEUED:
-                continue
-            try:
-                level = level_of(job, cache)
-            except OrchError as exc:
-                cache.jobs.pop(job.id, None)
-                fail_queued(store, job, f"invalid ladder: {exc}")
-                continue
-            facts = JobFacts(
-                key=(job.level, job.host_steps_json), level=level, shape=shape_facts(job, level, cache),
-                allowed=job.allowed_gpus, gpus=job.gpus, cpus=job.cpus, declared_host_mib=_declared_host_mib(job),
-                min_stack_gain=job.min_stack_gain,
-            )
-            # one object for a sweep's seeds: the facts hold nothing of a job's own
-            cache.jobs[job.id] = cache.facts_pool.setdefault(facts.pool_key, facts)
+    if not stale:
+        return
+    # Seeds of a sweep share their facts: one job of each group is read whole and learned, the
+    # rest take its (one object; the facts hold nothing of a job's own).
+    for alike in queued_jobs_alike(store, stale):
+        job = jobs_by_id(store, alike[:1]).get(alike[0])
+        if job is None or job.state is not JobState.QUEUED:
+            continue
+        try:
+            level = level_of(job, cache)
+        except OrchError as exc:
+            for job_id in alike:
+                cache.jobs.pop(job_id, None)
+            for failed in jobs_by_id(store, alike).values():
+                fail_queued(store, failed, f"invalid ladder: {exc}")
+            continue
+        facts = JobFacts(
+            key=(job.level, job.host_steps_json), level=level, shape=shape_facts(job, level, cache),
+            allowed=job.allowed_gpus, gpus=job.gpus, cpus=job.cpus, declared_host_mib=_declared_host_mib(job),
+            min_stack_gain=job.min_stack_gain,
+        )
+        facts = cache.facts_pool.setdefault(facts.pool_key, facts)
+        for job_id in alike:
+            cache.jobs[job_id] = facts
 
 
 def fail_queued(store: Store, job: Job, reason: str) -> None:

@@ -60,6 +60,30 @@ def forget_queue_changes(store: Store, mark: int) -> None:
         store.execute("DELETE FROM queue_changes WHERE seq <= ?", [mark])
 
 
+# What a queued job's packing facts are made of (orchestrator.dispatch._learn_new_jobs) besides
+# its config: jobs equal in these and in their config without `seed` and `data` share them.
+_FACT_COLUMNS = (
+    "level, host_steps_json, config_path, data, ladder_json, worker, declared_mib, worker_output_json, "
+    "memory_keys_json, gpus, cpus, allowed_gpus_json, min_stack_gain, one_token"
+)
+
+
+def queued_jobs_alike(store: Store, job_ids: Iterable[int]) -> list[list[int]]:
+    """These jobs, those still queued, in groups that differ only by seed: the config compared
+    without `seed` and `data` (by SQLite, not parsed here), and every other column the
+    scheduler's per-job facts are made of. A sweep's seeds are then learned once."""
+    ids = list(job_ids)
+    groups: dict[tuple[object, ...], list[int]] = {}
+    seedless = "CASE WHEN json_valid(config_json) THEN json_remove(config_json, '$.seed', '$.data') ELSE config_json END"
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        sql = (f"SELECT id, {seedless}, {_FACT_COLUMNS} FROM jobs "
+               f"WHERE state = 'queued' AND id IN ({','.join('?' * len(chunk))})")
+        for row in store.iter_rows(sql, chunk):
+            groups.setdefault(tuple(row[1:]), []).append(int(row[0]))
+    return list(groups.values())
+
+
 def queued_whole_jobs(store: Store) -> list[Job]:
     """Every queued job, whole, in queue order (a cluster-placed pass reads them all)."""
     return [Job.from_row(r) for r in store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")]
