@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
@@ -217,7 +217,7 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) 
     stale = [r.id for r in rows if (f := cache.jobs.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
     if not stale:
         return
-    for job in jobs_by_id(store, stale).values():
+    for job in _whole_jobs(store, stale):
         if job.state is not JobState.QUEUED:
             continue
         try:
@@ -231,6 +231,16 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) 
             allowed=job.allowed_gpus, gpus=job.gpus, cpus=job.cpus, declared_host_mib=_declared_host_mib(job),
             min_stack_gain=job.min_stack_gain,
         )
+
+
+LEARN_CHUNK = 500  # whole jobs read at once by a first pass over a long queue
+
+
+def _whole_jobs(store: Store, ids: list[int]) -> Iterator[Job]:
+    """Whole job rows a chunk at a time: a first pass over a long queue never holds every queued
+    job whole at once (the daemon's RSS keeps that peak)."""
+    for start in range(0, len(ids), LEARN_CHUNK):
+        yield from jobs_by_id(store, ids[start : start + LEARN_CHUNK]).values()
 
 
 def fail_queued(store: Store, job: Job, reason: str) -> None:

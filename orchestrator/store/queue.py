@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.store.db import Store
+from orchestrator.store.row_memo import RowMemo
 from orchestrator.store.rows import Attempt, Job, QueueEntry
 
 _IN_CHUNK = 500  # host parameters per IN (...) list, well below SQLite's limit
@@ -65,10 +66,24 @@ def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[Succeed
     ]
 
 
+_LIVE_ATTEMPTS: RowMemo[Attempt] = RowMemo(Attempt.from_row)
+_LIVE_JOBS: RowMemo[Job] = RowMemo(Job.from_row)
+
+
 def live_attempts_with_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:
-    """Every live attempt (in id order), and the jobs they belong to by id."""
-    live = [Attempt.from_row(r) for r in store.query("SELECT * FROM attempts WHERE outcome IS NULL ORDER BY id")]
-    return live, jobs_by_id(store, sorted({a.job_id for a in live}))
+    """Every live attempt (in id order), and the jobs they belong to by id. Rows unchanged since
+    the last call are not built again (`RowMemo`)."""
+    live = [_LIVE_ATTEMPTS.get(r) for r in store.query("SELECT * FROM attempts WHERE outcome IS NULL ORDER BY id")]
+    ids = sorted({a.job_id for a in live})
+    jobs: dict[int, Job] = {}
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for row in store.query(f"SELECT * FROM jobs WHERE id IN ({marks})", chunk):
+            jobs[int(row["id"])] = _LIVE_JOBS.get(row)
+    _LIVE_ATTEMPTS.keep_only(a.id for a in live)
+    _LIVE_JOBS.keep_only(jobs)
+    return live, jobs
 
 
 def live_attempt_count(store: Store) -> int:
