@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -602,5 +602,5 @@ class Daemon:
                 "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
                 "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
             })
-        write_heartbeat(self.store, self.clock.now_s(), [asdict(s) for s in snapshots],
+        write_heartbeat(self.store, self.clock.now_s(), [s.to_json() for s in snapshots],
                         self.disk.to_json() if self.disk is not None else None)
