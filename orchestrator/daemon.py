@@ -327,7 +327,8 @@ class Daemon:
         loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
-        self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
+        self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
+        self.resources.new_pass()
         self.stopper.new_pass()
         self._ending_mib = Counter()
         still_live = 0
@@ -527,13 +528,14 @@ class Daemon:
                 pid = group[0]
         alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
         if gpu is not None and alive and pid:
-            tree = self._trees.pids(int(pid))
+            host_due = self.resources.host_due(attempt)
+            tree = self._trees.pids(int(pid), fresh=host_due)
             held = gpu.memory_of(tree)
             if held != attempt.held_mib:
                 fields["held_mib"] = held
             if held > attempt.peak_mib:
                 fields["peak_mib"] = held
-            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid))
+            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid, host_due))
             held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
             if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):

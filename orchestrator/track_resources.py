@@ -50,17 +50,30 @@ class ResourceTracker:
         self._monotonic_s = monotonic_s
         self._cpu: dict[int, tuple[float, float]] = {}  # attempt id -> (cpu seconds, monotonic time)
         self._first_seen: dict[int, float] = {}  # attempt id -> monotonic time
+        self._settled_at: float | None = None  # when settled attempts were last all read
+        self._settled_due = False
 
-    def _host_due(self, attempt: Attempt, now: float) -> bool:
-        """Read host RAM and CPU now: while the attempt ramps up, else once per HOST_SAMPLE_S."""
+    def new_pass(self) -> None:
+        """Settled attempts are read together, in one pass every HOST_SAMPLE_S: the process
+        table is then scanned for them once, not in most passes."""
+        now = self._monotonic_s()
+        self._settled_due = self._settled_at is None or now - self._settled_at >= HOST_SAMPLE_S
+        if self._settled_due:
+            self._settled_at = now
+
+    def host_due(self, attempt: Attempt) -> bool:
+        """Read host RAM and CPU in this pass: while the attempt ramps up, else once per HOST_SAMPLE_S."""
+        now = self._monotonic_s()
         first = self._first_seen.setdefault(attempt.id, now)
         previous = self._cpu.get(attempt.id)
         return (previous is None or not attempt.reached_peak or now - first < HOST_WARMUP_S
-                or now - previous[1] >= HOST_SAMPLE_S)
+                or self._settled_due or now - previous[1] >= HOST_SAMPLE_S)
 
-    def fields(self, attempt: Attempt, pids: list[int], by_uuid: Mapping[str, GpuSnapshot]) -> dict[str, Any]:
+    def fields(self, attempt: Attempt, pids: list[int], by_uuid: Mapping[str, GpuSnapshot],
+               host_due: bool | None = None) -> dict[str, Any]:
         """Column updates for the attempt: per-card memory of a gang (its held/peak become the
-        largest rank's), host RAM now and at its peak, CPU cores at their peak."""
+        largest rank's), host RAM now and at its peak, CPU cores at their peak (when `host_due`;
+        None: as `host_due()` says)."""
         fields: dict[str, Any] = {}
         uuids = attempt.cards
         if len(uuids) > 1:
@@ -82,9 +95,9 @@ class ResourceTracker:
                     ranks[str(process.pid)] = {"gpu": uuid, "mib": process.used_mib}
         if ranks != _ranks(attempt):
             fields["peak_by_rank_json"] = json.dumps(ranks, sort_keys=True)
-        now = self._monotonic_s()
-        if not self._host_due(attempt, now):
+        if not (self.host_due(attempt) if host_due is None else host_due):
             return fields
+        now = self._monotonic_s()
         if self.host is not None:
             host_mib = self.host.tree_mib(pids)
             if host_mib != attempt.host_held_mib:

@@ -76,3 +76,27 @@ def test_a_forgotten_attempt_is_new_again() -> None:
     host.reads = 0
     _passes(tracker, clock, reached_peak=1, seconds=3)
     assert host.reads == 3
+
+
+def test_settled_attempts_are_read_together_in_one_pass() -> None:
+    host, clock = CountingHost(), Clock()
+    tracker = ResourceTracker(host, clock)
+    first, second = attempt_of(id=1, reached_peak=1), attempt_of(id=2, reached_peak=1)
+    for _ in range(int(HOST_WARMUP_S)):  # the second attempt is first seen 2 s after the first
+        tracker.new_pass()
+        tracker.fields(first, [os.getpid()], {})
+        if clock.now_s >= 1002:
+            tracker.fields(second, [os.getpid()], {})
+        clock.now_s += 1
+    clock.now_s += 2  # both settled now
+    due_in_passes = []
+    for _ in range(3 * int(HOST_SAMPLE_S)):
+        tracker.new_pass()
+        due = (tracker.host_due(first), tracker.host_due(second))
+        due_in_passes.append(due)
+        tracker.fields(first, [os.getpid()], {}, due[0])
+        tracker.fields(second, [os.getpid()], {}, due[1])
+        clock.now_s += 1
+    sampled = [d for d in due_in_passes if any(d)]
+    assert sampled == [(True, True)] * len(sampled)  # never one without the other
+    assert len(sampled) == 3
