@@ -144,6 +144,7 @@ class Daemon:
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
+        self._exit_dirs: list[str] = []  # the live run dirs `_exit_files` were made for
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
         self.observed = ObserveCache(self.clock.monotonic_s)  # run-dir reads and process checks kept between passes
         self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
@@ -291,7 +292,9 @@ class Daemon:
             self.clock.now_s(),
         )
         if only is None or live_count != live_before:
-            self._exit_files = [RunDir(run_dir).exit for run_dir in live_run_dirs(self.store)]
+            run_dirs = live_run_dirs(self.store)
+            if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
+                self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
         return False
 
     def _hold_reason(self) -> str | None:
