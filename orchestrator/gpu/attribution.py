@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable
 
 import psutil
@@ -26,6 +27,23 @@ def _ppid_map() -> dict[int, int]:
         with contextlib.suppress(Exception):
             return {int(k): int(v) for k, v in fast().items()}
     return {p.pid: int(p.info["ppid"]) for p in psutil.process_iter(["ppid"]) if p.info.get("ppid") is not None}
+
+
+def _exists(pid: int) -> bool:
+    """Whether a process `pid` exists now: one kill(pid, 0), not psutil's read of /proc (asked
+    per live attempt per pass). A thread id that is not a process counts as one here, and then
+    has no children in the scan."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 class ProcessTrees:
@@ -54,7 +72,7 @@ class ProcessTrees:
     def pids(self, pid: int, fresh: bool = True) -> frozenset[int]:
         """`pid` and its descendants as of the scan (made in this pass when `fresh`); empty when
         `pid` is gone now."""
-        if not psutil.pid_exists(pid):
+        if not _exists(pid):
             return frozenset()
         if self._children is None or pid not in self._known or (fresh and not self._this_pass):
             self._children = self._scan()
