@@ -370,6 +370,7 @@ class Daemon:
         self.stopper.keep_only(a.id for a in live)
         if wanted is None:
             self._abandoning &= {a.id for a in live}
+            self.resources.keep_only(a.id for a in live)
         return still_live
 
     def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:

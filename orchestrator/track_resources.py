@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psutil
@@ -116,3 +116,9 @@ class ResourceTracker:
     def forget(self, attempt_id: int) -> None:
         self._cpu.pop(attempt_id, None)
         self._first_seen.pop(attempt_id, None)
+
+    def keep_only(self, attempt_ids: Iterable[int]) -> None:
+        """Forget attempts no longer live (`forget` is called only for those that finished)."""
+        keep = set(attempt_ids)
+        self._cpu = {k: v for k, v in self._cpu.items() if k in keep}
+        self._first_seen = {k: v for k, v in self._first_seen.items() if k in keep}

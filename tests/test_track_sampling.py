@@ -100,3 +100,13 @@ def test_settled_attempts_are_read_together_in_one_pass() -> None:
     sampled = [d for d in due_in_passes if any(d)]
     assert sampled == [(True, True)] * len(sampled)  # never one without the other
     assert len(sampled) == 3
+
+
+def test_attempts_no_longer_live_are_forgotten() -> None:
+    host, clock = CountingHost(), Clock()
+    tracker = ResourceTracker(host, clock)
+    _passes(tracker, clock, reached_peak=1, seconds=HOST_WARMUP_S + 10)
+    tracker.keep_only([2])
+    host.reads = 0
+    _passes(tracker, clock, reached_peak=1, seconds=3)
+    assert host.reads == 3  # new again: read at every pass
