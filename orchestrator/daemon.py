@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -144,6 +144,7 @@ class Daemon:
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
+        self._exit_dirs: list[str] = []  # the live run dirs `_exit_files` were made for
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
         self.observed = ObserveCache(self.clock.monotonic_s)  # run-dir reads and process checks kept between passes
         self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
@@ -291,7 +292,9 @@ class Daemon:
             self.clock.now_s(),
         )
         if only is None or live_count != live_before:
-            self._exit_files = [RunDir(run_dir).exit for run_dir in live_run_dirs(self.store)]
+            run_dirs = live_run_dirs(self.store)
+            if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
+                self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
         return False
 
     def _hold_reason(self) -> str | None:
@@ -327,7 +330,8 @@ class Daemon:
         loop) go on."""
         by_uuid = {s.uuid: s for s in snapshots}
         self._by_uuid = by_uuid
-        self._trees = ProcessTrees()  # one scan of the host's processes per pass, when needed
+        self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
+        self.resources.new_pass()
         self.stopper.new_pass()
         self._ending_mib = Counter()
         still_live = 0
@@ -366,6 +370,7 @@ class Daemon:
         self.stopper.keep_only(a.id for a in live)
         if wanted is None:
             self._abandoning &= {a.id for a in live}
+            self.resources.keep_only(a.id for a in live)
         return still_live
 
     def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
@@ -527,13 +532,14 @@ class Daemon:
                 pid = group[0]
         alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
         if gpu is not None and alive and pid:
-            tree = self._trees.pids(int(pid))
+            host_due = self.resources.host_due(attempt)
+            tree = self._trees.pids(int(pid), fresh=host_due)
             held = gpu.memory_of(tree)
             if held != attempt.held_mib:
                 fields["held_mib"] = held
             if held > attempt.peak_mib:
                 fields["peak_mib"] = held
-            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid))
+            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid, host_due))
             held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
             if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):
@@ -602,5 +608,5 @@ class Daemon:
                 "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
                 "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
             })
-        write_heartbeat(self.store, self.clock.now_s(), [asdict(s) for s in snapshots],
+        write_heartbeat(self.store, self.clock.now_s(), [s.to_json() for s in snapshots],
                         self.disk.to_json() if self.disk is not None else None)

@@ -134,7 +134,7 @@ def observe(
     """Read the run dir (through the validating boundary) and check the processes. A process
     is checked before its exit record is read, so one that ends in between is not taken for lost.
     `cache` (the daemon's): files read again only when they changed, processes held by pidfd."""
-    run_dir = Path(run_dir)
+    run_dir = run_dir if isinstance(run_dir, Path) else Path(run_dir)
     # progress shown at most this old; a quarter of the hang timeout, so it never looks hung
     max_age_s = min(PROGRESS_REFRESH_S, hang_timeout_s / 4) if hang_timeout_s > 0 else PROGRESS_REFRESH_S
 

@@ -299,7 +299,7 @@ def stat_output(run_dir: Path) -> OutputStat | None:
     """Size and modification time of the attempt's stdout.log; None when there is none (or it is
     not a regular file). Its growth is the worker's sign of life."""
     try:
-        info = os.lstat(RunDir(run_dir).log)
+        info = os.lstat(os.path.join(run_dir, RunDir.LOG))  # no Path objects: read per attempt per pass
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode):

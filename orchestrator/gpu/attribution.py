@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Iterable
 
 import psutil
 
@@ -27,12 +29,33 @@ def _ppid_map() -> dict[int, int]:
     return {p.pid: int(p.info["ppid"]) for p in psutil.process_iter(["ppid"]) if p.info.get("ppid") is not None}
 
 
+def _exists(pid: int) -> bool:
+    """Whether a process `pid` exists now: one kill(pid, 0), not psutil's read of /proc (asked
+    per live attempt per pass). A thread id that is not a process counts as one here, and then
+    has no children in the scan."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 class ProcessTrees:
     """Process trees of many roots from one scan of the process table (a scan per root costs
-    milliseconds each on a busy host); build one per pass, as the table changes between passes."""
+    milliseconds each on a busy host). The scan is kept from pass to pass for callers that do not
+    ask for a fresh one, while every root and every process the GPUs report is in it: GPU memory
+    of a new process is never missed, and host readings ask for a fresh scan."""
 
     def __init__(self) -> None:
         self._children: dict[int, list[int]] | None = None
+        self._known: set[int] = set()
+        self._this_pass = False  # the scan was made in this pass
 
     def _scan(self) -> dict[int, list[int]]:
         children: dict[int, list[int]] = {}
@@ -40,12 +63,21 @@ class ProcessTrees:
             children.setdefault(ppid, []).append(pid)
         return children
 
-    def pids(self, pid: int) -> frozenset[int]:
-        """`pid` and its descendants as of the scan; empty when `pid` is gone now."""
-        if not psutil.pid_exists(pid):
+    def new_pass(self, reported_pids: Iterable[int] = ()) -> None:
+        """A new pass; `reported_pids`: the processes the GPUs report now."""
+        self._this_pass = False
+        if any(pid not in self._known for pid in reported_pids):
+            self._children = None
+
+    def pids(self, pid: int, fresh: bool = True) -> frozenset[int]:
+        """`pid` and its descendants as of the scan (made in this pass when `fresh`); empty when
+        `pid` is gone now."""
+        if not _exists(pid):
             return frozenset()
-        if self._children is None:
+        if self._children is None or pid not in self._known or (fresh and not self._this_pass):
             self._children = self._scan()
+            self._known = set(self._children).union(*self._children.values())
+            self._this_pass = True
         found, stack = {pid}, [pid]
         while stack:
             for child in self._children.get(stack.pop(), ()):

@@ -4,12 +4,17 @@ has not seen, and run times of attempts that succeeded since the last read."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from orchestrator.store.db import Store
+from orchestrator.errors import StoreError
+from orchestrator.store.db import Store, describe_sqlite_error
+from orchestrator.store.row_memo import RowMemo
 from orchestrator.store.rows import Attempt, Job, QueueEntry
 
+T = TypeVar("T")
 _IN_CHUNK = 500  # host parameters per IN (...) list, well below SQLite's limit
 
 
@@ -128,10 +133,30 @@ def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[Succeed
     ]
 
 
+_LIVE_ATTEMPTS: RowMemo[Attempt] = RowMemo(Attempt.from_row)
+_LIVE_JOBS: RowMemo[Job] = RowMemo(Job.from_row)
+
+
+def _kept_rows(store: Store, memo: RowMemo[T], sql: str, params: Sequence[Any] = ()) -> list[T]:
+    try:
+        return memo.rows(store.execute(sql, params))
+    except sqlite3.DatabaseError as exc:  # raised while the rows are fetched, past `execute`
+        raise StoreError(describe_sqlite_error(store.path, exc)) from None
+
+
 def live_attempts_with_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:
-    """Every live attempt (in id order), and the jobs they belong to by id."""
-    live = [Attempt.from_row(r) for r in store.query("SELECT * FROM attempts WHERE outcome IS NULL ORDER BY id")]
-    return live, jobs_by_id(store, sorted({a.job_id for a in live}))
+    """Every live attempt (in id order), and the jobs they belong to by id. Rows unchanged since
+    the last call are not built again (`RowMemo`)."""
+    live = _kept_rows(store, _LIVE_ATTEMPTS, "SELECT * FROM attempts WHERE outcome IS NULL ORDER BY id")
+    ids = sorted({a.job_id for a in live})
+    jobs: dict[int, Job] = {}
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        jobs.update((j.id, j) for j in _kept_rows(store, _LIVE_JOBS, f"SELECT * FROM jobs WHERE id IN ({marks})", chunk))
+    _LIVE_ATTEMPTS.keep_only(a.id for a in live)
+    _LIVE_JOBS.keep_only(jobs)
+    return live, jobs
 
 
 def live_attempt_count(store: Store) -> int:

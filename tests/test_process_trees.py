@@ -1,0 +1,52 @@
+"""Process trees kept between passes: a fresh scan when asked for, or when the GPUs report a
+process the last scan did not see."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from orchestrator.gpu.attribution import ProcessTrees
+
+
+@pytest.fixture
+def parent() -> Iterator[subprocess.Popen[bytes]]:
+    # a parent that starts a child when its stdin says so
+    code = ("import subprocess, sys\nsys.stdin.readline()\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print(c.pid, flush=True)\nsys.stdin.readline()\nc.kill()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _spawn_child(proc: subprocess.Popen[bytes]) -> int:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+    return int(proc.stdout.readline())
+
+
+def test_a_kept_scan_is_used_until_a_fresh_one_is_asked_for(parent: subprocess.Popen[bytes]) -> None:
+    trees = ProcessTrees()
+    trees.new_pass()
+    assert trees.pids(parent.pid) == {parent.pid}
+    child = _spawn_child(parent)
+    trees.new_pass()
+    assert trees.pids(parent.pid, fresh=False) == {parent.pid}  # the last pass's scan
+    assert trees.pids(parent.pid, fresh=True) == {parent.pid, child}
+    trees.new_pass()
+    assert trees.pids(parent.pid, fresh=False) == {parent.pid, child}
+
+
+def test_a_process_the_gpus_report_and_the_scan_missed_makes_a_new_scan(parent: subprocess.Popen[bytes]) -> None:
+    trees = ProcessTrees()
+    trees.new_pass()
+    assert trees.pids(parent.pid) == {parent.pid}
+    child = _spawn_child(parent)
+    trees.new_pass(reported_pids=[child])
+    assert trees.pids(parent.pid, fresh=False) == {parent.pid, child}
