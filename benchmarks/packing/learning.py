@@ -47,6 +47,7 @@ from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAtte
 from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
 
 TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
+ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
 
 
 @dataclass
@@ -58,6 +59,12 @@ class StepKPolicy(OrchPolicy):
     name: str = "orch step-k"
     running: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)
     held: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)  # before step K: floors
+    # Model the daemon's LoRA estimate, which trace jobs (no configs) lack: once a job of the same
+    # task has succeeded (its result reports the longest prompt), later jobs of that task are
+    # estimated at their true peak times (1 + e), e fixed per (config, task, level) and spread
+    # evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`). Before that: declared.
+    estimate: bool = False
+    tasks_done: set[str] = field(default_factory=set)
 
     def _refresh(self, sim: Simulator, now_s: float) -> None:
         passed = [
@@ -75,10 +82,19 @@ class StepKPolicy(OrchPolicy):
     def predict_mib(self, job_index: int, level: int) -> float:
         job = self.trace.jobs[job_index]
         key = job.shape(level)
+        estimate = None
+        if self.estimate and job.task in self.tasks_done:
+            spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
+            estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
         return predict_peak_mib(
-            self.shapes.get(key), None, int(job.declared_mib), self.margin, running=self.running.get(key),
+            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key),
             held=self.held.get(key),
         ).mib
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        if outcome == "succeeded":
+            self.tasks_done.add(attempt.job.task)
+        super().on_end(sim, attempt, outcome, now_s)
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         self._refresh(sim, now_s)
@@ -106,9 +122,10 @@ class OraclePolicy:
     def __post_init__(self) -> None:
         self.queue = {j: best_level(job, self.trace) for j, job in enumerate(self.trace.jobs)}
         if self.headroom:
-            self.packing = PackingPolicy(starvation_s=1e12)
+            self.packing = PackingPolicy(starvation_s=1e12, order="longest_run_first")
         else:
-            self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12)
+            self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12,
+                                         order="longest_run_first")
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
@@ -148,7 +165,7 @@ class OraclePolicy:
 class KnownDurationsPolicy(StepKPolicy):
     """`orch step-k` told every job's true run time up front: what learning run times costs."""
 
-    name: str = "step-k durations"
+    name: str = "orch durations"
 
     def expected_s(self, job_index: int, level: int) -> float | None:
         return self.trace.jobs[job_index].minutes[level] * 60.0
@@ -159,41 +176,18 @@ class KnownPeaksPolicy(StepKPolicy):
     """`orch step-k` told every job's true peak (plus the measured margin) up front: what
     predicting from declared figures and learning costs."""
 
-    name: str = "step-k peaks"
+    name: str = "orch peaks"
 
     def predict_mib(self, job_index: int, level: int) -> float:
         return self.trace.jobs[job_index].peak_mib[level] * (1 + self.margin)
 
 
-ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
-
-
 @dataclass
 class EstimatePolicy(StepKPolicy):
-    """`orch step-k` with a model of the daemon's LoRA estimate, which trace jobs lack: once a
-    job of the same task has succeeded (its result reports the longest prompt), later jobs of
-    that task are estimated at their true peak times (1 + e), e fixed per (config, task, level)
-    and spread evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`)."""
+    """`orch step-k` with a model of the daemon's LoRA estimate (see StepKPolicy.estimate)."""
 
-    name: str = "step-k +estimate"
-    tasks_done: set[str] = field(default_factory=set)
-
-    def predict_mib(self, job_index: int, level: int) -> float:
-        job = self.trace.jobs[job_index]
-        key = job.shape(level)
-        estimate = None
-        if job.task in self.tasks_done:
-            spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
-            estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
-        return predict_peak_mib(
-            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key),
-            held=self.held.get(key),
-        ).mib
-
-    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
-        if outcome == "succeeded":
-            self.tasks_done.add(attempt.job.task)
-        super().on_end(sim, attempt, outcome, now_s)
+    name: str = "orch"
+    estimate: bool = True
 
 
 def scaled(trace: Trace, factor: float) -> Trace:
@@ -220,35 +214,22 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
     bound = lower_bound_min(trace)
     work = sum(j.minutes[0] for j in trace.jobs)
     oracle = Simulator(trace).run(OraclePolicy(trace))
-    end = Simulator(trace).run(OrchPolicy(trace, name="orch end"))
-    step_k = Simulator(trace).run(
-        StepKPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
-    )
-    with_headroom = Simulator(trace).run(OraclePolicy(trace, headroom=True))
-    no_hold = Simulator(trace).run(
-        StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), known_after_s=known_after_s,
-                    early_fraction=early_fraction, name="step-k nohold")
-    )
-    best_fit = Simulator(trace).run(
-        StepKPolicy(trace, packing=PackingPolicy(placement="best_fit"), known_after_s=known_after_s,
-                    early_fraction=early_fraction, name="step-k best_fit")
-    )
-    durations = Simulator(trace).run(
-        KnownDurationsPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
-    )
-    peaks = Simulator(trace).run(KnownPeaksPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction))
-    estimate = Simulator(trace).run(EstimatePolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction))
-    return [
-        row("orch end", end, bound, oracle.makespan_min, work),
-        row("orch step-k", step_k, bound, oracle.makespan_min, work),
-        row("step-k nohold", no_hold, bound, oracle.makespan_min, work),
-        row("step-k best_fit", best_fit, bound, oracle.makespan_min, work),
-        row("step-k durations", durations, bound, oracle.makespan_min, work),
-        row("step-k peaks", peaks, bound, oracle.makespan_min, work),
-        row("step-k +estimate", estimate, bound, oracle.makespan_min, work),
-        row("oracle", oracle, bound, oracle.makespan_min, work),
-        row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
+    k = {"known_after_s": known_after_s, "early_fraction": early_fraction}
+    runs = [
+        EstimatePolicy(trace, **k),
+        EstimatePolicy(trace, packing=PackingPolicy(starvation_s=1e12), name="orch nohold", **k),
+        EstimatePolicy(trace, packing=PackingPolicy(placement="best_fit"), name="orch best_fit", **k),
+        KnownDurationsPolicy(trace, estimate=True, name="orch durations", **k),
+        KnownPeaksPolicy(trace, **k),
+        StepKPolicy(trace, name="declared step-k", **k),
+        OrchPolicy(trace, name="declared end"),
+        StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), name="declared nohold", **k),
     ]
+    rows = [row(p.name, Simulator(trace).run(p), bound, oracle.makespan_min, work) for p in runs]
+    rows.append(row("oracle", oracle, bound, oracle.makespan_min, work))
+    rows.append(row("oracle+hdrm", Simulator(trace).run(OraclePolicy(trace, headroom=True)), bound,
+                    oracle.makespan_min, work))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'trace':<22}{'×min':>5}  {'policy':<14}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
+    print(f"{'trace':<22}{'×min':>5}  {'policy':<17}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
           f"{'OOMs':>6}{'lost GPU-min':>14}{'lost %':>8}{'failed':>8}")
     for r in results:
         for p in r["rows"]:
-            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<14}{p['makespan_min']:>10.1f}"
+            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<17}{p['makespan_min']:>10.1f}"
                   f"{p['vs_bound']:>8.3f}{p['vs_oracle']:>9.3f}{p['oom_events']:>6}{p['oom_lost_gpu_min']:>14.1f}"
                   f"{p['oom_lost_pct']:>8.2f}{p['failed_jobs']:>8}")
     return 0
