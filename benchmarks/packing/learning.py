@@ -50,6 +50,12 @@ TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
 ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
 
 
+def model_of(config: str) -> str:
+    """The model a trace config runs: generated traces name configs `<model>_lora_cfgN`; the E5
+    trace's configs (no `_lora`) all run GLA-1.3B."""
+    return config.split("_lora", 1)[0] if "_lora" in config else ""
+
+
 @dataclass
 class StepKPolicy(OrchPolicy):
     """`orch` whose shapes also learn from running attempts past step K."""
@@ -60,11 +66,12 @@ class StepKPolicy(OrchPolicy):
     running: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)
     held: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)  # before step K: floors
     # Model the daemon's LoRA estimate, which trace jobs (no configs) lack: once a job of the same
-    # task has succeeded (its result reports the longest prompt), later jobs of that task are
-    # estimated at their true peak times (1 + e), e fixed per (config, task, level) and spread
-    # evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`). Before that: declared.
+    # model and task has succeeded (its result reports the longest prompt), later jobs of that
+    # model and task are estimated at their true peak times (1 + e), e fixed per (config, task,
+    # level) and spread evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`).
+    # Before that: the declared figure (the daemon's estimate at max_seq_len needs the config).
     estimate: bool = False
-    tasks_done: set[str] = field(default_factory=set)
+    tasks_done: set[tuple[str, str]] = field(default_factory=set)
 
     def _refresh(self, sim: Simulator, now_s: float) -> None:
         passed = [
@@ -83,7 +90,7 @@ class StepKPolicy(OrchPolicy):
         job = self.trace.jobs[job_index]
         key = job.shape(level)
         estimate = None
-        if self.estimate and job.task in self.tasks_done:
+        if self.estimate and (model_of(job.config), job.task) in self.tasks_done:
             spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
             estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
         return predict_peak_mib(
@@ -93,7 +100,7 @@ class StepKPolicy(OrchPolicy):
 
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         if outcome == "succeeded":
-            self.tasks_done.add(attempt.job.task)
+            self.tasks_done.add((model_of(attempt.job.config), attempt.job.task))
         super().on_end(sim, attempt, outcome, now_s)
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
