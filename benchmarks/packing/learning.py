@@ -2,23 +2,27 @@
 
 `python -m benchmarks.packing.learning [--trace FILE]... [--minutes-scale 1,10] [--json]`
 
-Two learning rules for the `orch` policy, side by side:
-- `end`: a shape's peak is known when an attempt of it completes (the daemon before provisional
-  peaks);
-- `step-k`: a running attempt's peak so far counts for its shape once it has run K optimizer
-  steps (`known_after_s` after its memory ramp ended), with the daemon's running margin; the
-  attempt's completion replaces it. At step K an attempt has seen `early_fraction` of its true
-  peak (later batches can be longer).
-and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
-that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
-learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
-alone costs). Diagnostics, each `orch step-k` with one thing changed: `step-k nohold` without the
-starvation hold (what the hold costs), `step-k best_fit` with best-fit placement instead of
-spread (what placement costs), `step-k durations` told every run time up front (what learning
-run times costs), `step-k peaks` told every true peak + 5 % up front (what predicting from the
-declared figure and learning peaks costs), and `step-k +estimate` with a model of the LoRA
-estimate the daemon has for real jobs and trace jobs lack (EstimatePolicy). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
-(long jobs: the first wave then lasts hours, which is where learning early pays).
+Every shipped trace is LoRA fine-tuning jobs (GLA-1.3B on E5; 0.5B-3B models on the generated
+ones), for which the daemon has its calibrated memory estimate; the trace carries no configs, so
+the estimate is modelled (StepKPolicy.estimate). Rows:
+- `orch` (the daemon on these traces): the real `pack` with the daemon's defaults; a shape's
+  peak counts once a running attempt of it has run K optimizer steps (`known_after_s` after its
+  memory ramp, at `early_fraction` of its true peak, with the running margin) and its
+  completion replaces it; before that, the model of the LoRA estimate once a job of the same
+  model and task has succeeded, else the declared figure.
+- diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
+  hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
+  run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
+  known up front: what predicting costs);
+- `declared step-k`: `orch` without the estimate (declared figures, learning at step K): the
+  daemon for jobs it cannot estimate (not LoRA, or an unknown model); `declared end` learns a
+  peak only when an attempt completes (the daemon before provisional peaks); `declared nohold`
+  is `declared step-k` without the starvation hold;
+- `oracle`: offline, knows every job's true peak and solo duration, picks the fastest level
+  that fits a card and list-schedules longest run first through the same `pack` (no headroom,
+  no learning); `oracle+hdrm` the same with orch's headroom (what the headroom alone costs).
+Each trace is run as shipped and with every job's minutes × each `--minutes-scale` (long jobs:
+the first wave then lasts hours, which is where learning early pays).
 """
 
 from __future__ import annotations
@@ -221,16 +225,20 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
     bound = lower_bound_min(trace)
     work = sum(j.minutes[0] for j in trace.jobs)
     oracle = Simulator(trace).run(OraclePolicy(trace))
-    k = {"known_after_s": known_after_s, "early_fraction": early_fraction}
-    runs = [
-        EstimatePolicy(trace, **k),
-        EstimatePolicy(trace, packing=PackingPolicy(starvation_s=1e12), name="orch nohold", **k),
-        EstimatePolicy(trace, packing=PackingPolicy(placement="best_fit"), name="orch best_fit", **k),
-        KnownDurationsPolicy(trace, estimate=True, name="orch durations", **k),
-        KnownPeaksPolicy(trace, **k),
-        StepKPolicy(trace, name="declared step-k", **k),
+    def step_k(cls: type[StepKPolicy], name: str, packing: PackingPolicy | None = None,
+               estimate: bool = True) -> StepKPolicy:
+        return cls(trace, packing=packing or PackingPolicy(), name=name, known_after_s=known_after_s,
+                   early_fraction=early_fraction, estimate=estimate)
+
+    runs: list[OrchPolicy] = [
+        step_k(StepKPolicy, "orch"),
+        step_k(StepKPolicy, "orch nohold", PackingPolicy(starvation_s=1e12)),
+        step_k(StepKPolicy, "orch best_fit", PackingPolicy(placement="best_fit")),
+        step_k(KnownDurationsPolicy, "orch durations"),
+        step_k(KnownPeaksPolicy, "orch peaks"),
+        step_k(StepKPolicy, "declared step-k", estimate=False),
         OrchPolicy(trace, name="declared end"),
-        StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), name="declared nohold", **k),
+        step_k(StepKPolicy, "declared nohold", PackingPolicy(starvation_s=1e12), estimate=False),
     ]
     rows = [row(p.name, Simulator(trace).run(p), bound, oracle.makespan_min, work) for p in runs]
     rows.append(row("oracle", oracle, bound, oracle.makespan_min, work))
