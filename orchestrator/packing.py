@@ -143,8 +143,9 @@ def ceiling_mib(gpus: list[GpuState], policy: PackingPolicy) -> int | None:
 
 
 def slot_share_mib(gpus: list[GpuState]) -> float:
-    """The most memory one plan slot gets on any card (its size over its plan cap)."""
-    return max((g.total_mib / g.slots for g in gpus if g.slots > 0), default=1.0)
+    """The most memory one plan slot gets on any card (its size over its plan cap); inf when no
+    card is in the plan (then no job is weighed)."""
+    return max((g.total_mib / g.slots for g in gpus if g.slots > 0), default=math.inf)
 
 
 def _order_key(job: QueuedJob, rule: str, slot_mib: float = math.inf) -> tuple[int, float, int]:
@@ -162,7 +163,7 @@ def _order_key(job: QueuedJob, rule: str, slot_mib: float = math.inf) -> tuple[i
         return (-job.priority, 0.0, job.queued_seq)
     expected = math.inf if job.expected_duration_s is None else job.expected_duration_s
     slots_taken = 1.0
-    if rule == "longest_first" and slot_mib > 0:
+    if rule == "longest_first" and 0 < slot_mib < math.inf:
         slots_taken = max(1.0, job.predicted_peak_mib / slot_mib)
     return (-job.priority, -expected * slots_taken, job.queued_seq)
 
