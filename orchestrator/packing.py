@@ -31,7 +31,7 @@ from orchestrator.waits import Blocker, Wait, WaitKind, held, render
 
 __all__ = [
     "GpuState", "PackingDecision", "PackingPolicy", "Placement", "QueuedJob", "RunningAttempt",
-    "can_take_any", "ceiling_mib", "headroom_mib", "outstanding_reservation_mib", "pack",
+    "can_take_any", "ceiling_mib", "headroom_mib", "outstanding_reservation_mib", "pack", "slot_share_mib",
 ]
 
 
@@ -88,8 +88,10 @@ class PackingPolicy:
     # which fitting GPU a job gets: "spread" (fewest jobs, then most free memory) or "best_fit"
     # (least memory left over); the packing benchmark decides the default
     placement: str = "spread"
-    # order among jobs of equal priority: "longest_first" (expected run time, jobs with no
-    # estimate first, ties in queue order) or "fifo" (queue order only)
+    # order among jobs of equal priority: "longest_first" (expected run time, times the plan
+    # slots its predicted memory takes beyond one slot's share of a card; jobs with no
+    # estimate first, ties in queue order), "longest_run_first" (run time only: classic
+    # longest-processing-time order) or "fifo" (queue order only)
     order: str = "longest_first"
     # headroom is never more than this: 10% of a 141 GiB card (14 GiB) would waste half of a
     # 24 GiB share of it; None = no cap
@@ -124,7 +126,7 @@ class PackingDecision:
 
 
 PLACEMENT_RULES = ("spread", "best_fit")
-ORDER_RULES = ("longest_first", "fifo")
+ORDER_RULES = ("longest_first", "longest_run_first", "fifo")
 
 
 def can_take_any(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> bool:
@@ -147,17 +149,30 @@ def ceiling_mib(gpus: list[GpuState], policy: PackingPolicy) -> int | None:
     return max((g.total_mib - headroom_mib(g, policy) for g in gpus if g.slots > 0), default=None)
 
 
-def _order_key(job: QueuedJob, rule: str) -> tuple[int, float, int]:
-    """Priority first, always; then, among equals, the longest expected run first.
+def slot_share_mib(gpus: list[GpuState]) -> float:
+    """The most memory one plan slot gets on any card (its size over its plan cap); inf when no
+    card is in the plan (then no job is weighed)."""
+    return max((g.total_mib / g.slots for g in gpus if g.slots > 0), default=math.inf)
+
+
+def _order_key(job: QueuedJob, rule: str, slot_mib: float = math.inf) -> tuple[int, float, int]:
+    """Priority first, always; then, among equals, the largest expected share of the machine.
 
     A long job started last sets the makespan alone at the end of a sweep, so it goes first and
-    short jobs fill in around it. A job with no estimate counts as longest: it may well be, and
-    running it early teaches the estimate for its kind.
+    short jobs fill in around it. A job predicted to take more memory than one plan slot's share
+    of a card (`slot_mib`) keeps that many slots' worth of the card for its run, so its run time
+    counts that many times: otherwise short jobs too large to share a card are left for the end,
+    where they run one or two to a card while the rest of the machine drains. A job with no
+    estimate counts as longest: it may well be, and running it early teaches the estimate for
+    its kind.
     """
     if rule == "fifo":
         return (-job.priority, 0.0, job.queued_seq)
     expected = math.inf if job.expected_duration_s is None else job.expected_duration_s
-    return (-job.priority, -expected, job.queued_seq)
+    slots_taken = 1.0
+    if rule == "longest_first" and 0 < slot_mib < math.inf:
+        slots_taken = max(1.0, job.predicted_peak_mib / slot_mib)
+    return (-job.priority, -expected * slots_taken, job.queued_seq)
 
 
 def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None], now_s: float,
@@ -221,7 +236,8 @@ def pack(
     Jobs of a `paused` suite wait, and so does every job while `draining` or a `hold` (why
     nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
     capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
-    priority (high first), then longest expected run first (policy.order), then queue order. A
+    priority (high first), then longest expected run first (weighted by the plan slots its memory
+    takes; policy.order), then queue order. A
     job that does not fit is skipped and later jobs may start around it (backfill), except that
     the first such job, once it has waited `starvation_s` and no single running attempt's end
     would make room for it, keeps its best card (orchestrator.packing_holds), and the first
@@ -261,7 +277,8 @@ def _pack(
     ordered_cards = [c for _, c in sorted(cards.items())]
     waits = {job.job_id: job.waiting_since_s for job in queue}
     placements: list[Placement] = []
-    ordered = sorted(queue, key=lambda j: _order_key(j, policy.order))
+    slot_mib = slot_share_mib(gpus)
+    ordered = sorted(queue, key=lambda j: _order_key(j, policy.order, slot_mib))
     notes = reserve_for_gang(ordered, cards, now_s, topology, host)
     head_seen = False
     # Reasons for the first few in queue order too: the dashboard lists those.

@@ -284,7 +284,7 @@ def test_a_floor_equal_to_the_measured_peak_does_not_outbid_it() -> None:
 def test_packing_benchmark_oracle_and_step_k_learning() -> None:
     from pathlib import Path
 
-    from benchmarks.packing.learning import OraclePolicy, StepKPolicy
+    from benchmarks.packing.learning import EstimatePolicy, OraclePolicy, StepKPolicy
     from benchmarks.packing.simulator import Simulator, lower_bound_min
     from benchmarks.packing.trace import load_trace
 
@@ -296,3 +296,7 @@ def test_packing_benchmark_oracle_and_step_k_learning() -> None:
     step_k = Simulator(trace).run(policy)
     assert step_k.failed_jobs == 0 and step_k.makespan_min >= oracle.makespan_min
     assert policy.shapes  # completions replaced the running peaks
+    # the headline row (with the model of the LoRA estimate): near the oracle, few OOMs
+    headline = Simulator(trace).run(EstimatePolicy(trace, known_after_s=30.0))
+    assert headline.failed_jobs == 0 and headline.makespan_min <= 1.03 * oracle.makespan_min
+    assert headline.oom_lost_gpu_min <= 0.005 * sum(j.minutes[0] for j in trace.jobs)

@@ -159,6 +159,29 @@ def test_equal_priority_jobs_start_longest_expected_first_and_unknown_before_kno
     assert placed(pack(tied, one_slot, [], NO_HEADROOM, 0.0)) == {6: 0}
 
 
+def test_a_job_taking_two_slots_of_memory_counts_its_run_twice() -> None:
+    # 48 GiB over 3 slots: 16 GiB a slot; 16 GiB held by a running job leaves room for one of
+    # the two. A 10-minute job of 32 GiB keeps two slots' worth of the card for its run (20
+    # slot-minutes), so it goes before a 15-minute job of 8 GiB.
+    card = [gpu(0, total_gib=48, free_gib=32, slots=3)]
+    busy = [running(9, 0, 16, 16, reached_peak=True)]
+    queue = [job(1, 8, expected_duration_s=900.0), job(2, 32, expected_duration_s=600.0)]
+    assert placed(pack(queue, card, busy, NO_HEADROOM, 0.0)) == {2: 0}
+    # ... but not before a job long enough to outweigh it (25 min > 20 slot-minutes)
+    longer = [job(3, 8, expected_duration_s=1500.0), job(2, 32, expected_duration_s=600.0)]
+    assert placed(pack(longer, card, busy, NO_HEADROOM, 0.0)) == {3: 0}
+    # within one slot's share nothing is weighted: run time alone decides
+    small = [job(4, 16, expected_duration_s=600.0), job(5, 4, expected_duration_s=700.0)]
+    assert placed(pack(small, [gpu(0, total_gib=16, slots=1)], [], NO_HEADROOM, 0.0)) == {5: 0}
+
+
+def test_longest_run_first_ignores_memory() -> None:
+    lpt = PackingPolicy(headroom_fraction=0.0, order="longest_run_first")
+    queue = [job(1, 8, expected_duration_s=900.0), job(2, 32, expected_duration_s=600.0)]
+    busy = [running(9, 0, 16, 16, reached_peak=True)]
+    assert placed(pack(queue, [gpu(0, total_gib=48, free_gib=32, slots=3)], busy, lpt, 0.0)) == {1: 0}
+
+
 def test_priority_wins_over_a_longer_expected_run() -> None:
     one_slot = [gpu(0, total_gib=10, slots=1)]
     queue = [job(1, 6, expected_duration_s=9e9), job(2, 6, priority=1, expected_duration_s=1.0)]

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "--placement", choices=("spread", "best_fit"), default=PackingPolicy().placement
     )
     parser.add_argument(
-        "--order", choices=("longest_first", "fifo"), default=PackingPolicy().order
+        "--order", choices=("longest_first", "longest_run_first", "fifo"), default=PackingPolicy().order
     )
     parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated subset")
     args = parser.parse_args(argv)

@@ -2,23 +2,27 @@
 
 `python -m benchmarks.packing.learning [--trace FILE]... [--minutes-scale 1,10] [--json]`
 
-Two learning rules for the `orch` policy, side by side:
-- `end`: a shape's peak is known when an attempt of it completes (the daemon before provisional
-  peaks);
-- `step-k`: a running attempt's peak so far counts for its shape once it has run K optimizer
-  steps (`known_after_s` after its memory ramp ended), with the daemon's running margin; the
-  attempt's completion replaces it. At step K an attempt has seen `early_fraction` of its true
-  peak (later batches can be longer).
-and an offline `oracle`: knows every job's true peak and solo duration, picks the fastest level
-that fits a card, and list-schedules longest first through the same `pack` (no headroom, no
-learning), and the same with orch's headroom (`oracle+hdrm`: how much of the gap the headroom
-alone costs). Diagnostics, each `orch step-k` with one thing changed: `step-k nohold` without the
-starvation hold (what the hold costs), `step-k best_fit` with best-fit placement instead of
-spread (what placement costs), `step-k durations` told every run time up front (what learning
-run times costs), `step-k peaks` told every true peak + 5 % up front (what predicting from the
-declared figure and learning peaks costs), and `step-k +estimate` with a model of the LoRA
-estimate the daemon has for real jobs and trace jobs lack (EstimatePolicy). Each trace is run as shipped and with every job's minutes × each `--minutes-scale`
-(long jobs: the first wave then lasts hours, which is where learning early pays).
+Every shipped trace is LoRA fine-tuning jobs (GLA-1.3B on E5; 0.5B-3B models on the generated
+ones), for which the daemon has its calibrated memory estimate; the trace carries no configs, so
+the estimate is modelled (StepKPolicy.estimate). Rows:
+- `orch` (the daemon on these traces): the real `pack` with the daemon's defaults; a shape's
+  peak counts once a running attempt of it has run K optimizer steps (`known_after_s` after its
+  memory ramp, at `early_fraction` of its true peak, with the running margin) and its
+  completion replaces it; before that, the model of the LoRA estimate once a job of the same
+  model and task has succeeded, else the declared figure.
+- diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
+  hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
+  run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
+  known up front: what predicting costs);
+- `declared step-k`: `orch` without the estimate (declared figures, learning at step K): the
+  daemon for jobs it cannot estimate (not LoRA, or an unknown model); `declared end` learns a
+  peak only when an attempt completes (the daemon before provisional peaks); `declared nohold`
+  is `declared step-k` without the starvation hold;
+- `oracle`: offline, knows every job's true peak and solo duration, picks the fastest level
+  that fits a card and list-schedules longest run first through the same `pack` (no headroom,
+  no learning); `oracle+hdrm` the same with orch's headroom (what the headroom alone costs).
+Each trace is run as shipped and with every job's minutes × each `--minutes-scale` (long jobs:
+the first wave then lasts hours, which is where learning early pays).
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAtte
 from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
 
 TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
+ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
+
+
+def model_of(config: str) -> str:
+    """The model a trace config runs: generated traces name configs `<model>_lora_cfgN`; the E5
+    trace's configs (no `_lora`) all run GLA-1.3B."""
+    return config.split("_lora", 1)[0] if "_lora" in config else ""
 
 
 @dataclass
@@ -58,6 +69,13 @@ class StepKPolicy(OrchPolicy):
     name: str = "orch step-k"
     running: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)
     held: dict[tuple[str, str, int], RunningPeak] = field(default_factory=dict)  # before step K: floors
+    # Model the daemon's LoRA estimate, which trace jobs (no configs) lack: once a job of the same
+    # model and task has succeeded (its result reports the longest prompt), later jobs of that
+    # model and task are estimated at their true peak times (1 + e), e fixed per (config, task,
+    # level) and spread evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`).
+    # Before that: the declared figure (the daemon's estimate at max_seq_len needs the config).
+    estimate: bool = False
+    tasks_done: set[tuple[str, str]] = field(default_factory=set)
 
     def _refresh(self, sim: Simulator, now_s: float) -> None:
         passed = [
@@ -75,10 +93,19 @@ class StepKPolicy(OrchPolicy):
     def predict_mib(self, job_index: int, level: int) -> float:
         job = self.trace.jobs[job_index]
         key = job.shape(level)
+        estimate = None
+        if self.estimate and (model_of(job.config), job.task) in self.tasks_done:
+            spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
+            estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
         return predict_peak_mib(
-            self.shapes.get(key), None, int(job.declared_mib), self.margin, running=self.running.get(key),
+            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key),
             held=self.held.get(key),
         ).mib
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        if outcome == "succeeded":
+            self.tasks_done.add((model_of(attempt.job.config), attempt.job.task))
+        super().on_end(sim, attempt, outcome, now_s)
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         self._refresh(sim, now_s)
@@ -106,9 +133,10 @@ class OraclePolicy:
     def __post_init__(self) -> None:
         self.queue = {j: best_level(job, self.trace) for j, job in enumerate(self.trace.jobs)}
         if self.headroom:
-            self.packing = PackingPolicy(starvation_s=1e12)
+            self.packing = PackingPolicy(starvation_s=1e12, order="longest_run_first")
         else:
-            self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12)
+            self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12,
+                                         order="longest_run_first")
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
@@ -148,7 +176,7 @@ class OraclePolicy:
 class KnownDurationsPolicy(StepKPolicy):
     """`orch step-k` told every job's true run time up front: what learning run times costs."""
 
-    name: str = "step-k durations"
+    name: str = "orch durations"
 
     def expected_s(self, job_index: int, level: int) -> float | None:
         return self.trace.jobs[job_index].minutes[level] * 60.0
@@ -159,41 +187,18 @@ class KnownPeaksPolicy(StepKPolicy):
     """`orch step-k` told every job's true peak (plus the measured margin) up front: what
     predicting from declared figures and learning costs."""
 
-    name: str = "step-k peaks"
+    name: str = "orch peaks"
 
     def predict_mib(self, job_index: int, level: int) -> float:
         return self.trace.jobs[job_index].peak_mib[level] * (1 + self.margin)
 
 
-ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
-
-
 @dataclass
 class EstimatePolicy(StepKPolicy):
-    """`orch step-k` with a model of the daemon's LoRA estimate, which trace jobs lack: once a
-    job of the same task has succeeded (its result reports the longest prompt), later jobs of
-    that task are estimated at their true peak times (1 + e), e fixed per (config, task, level)
-    and spread evenly over ±ESTIMATE_MAX_ERROR (`python -m benchmarks.memory_fit`)."""
+    """`orch step-k` with a model of the daemon's LoRA estimate (see StepKPolicy.estimate)."""
 
-    name: str = "step-k +estimate"
-    tasks_done: set[str] = field(default_factory=set)
-
-    def predict_mib(self, job_index: int, level: int) -> float:
-        job = self.trace.jobs[job_index]
-        key = job.shape(level)
-        estimate = None
-        if job.task in self.tasks_done:
-            spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
-            estimate = int(job.peak_mib[level] * (1 + ESTIMATE_MAX_ERROR * spread))
-        return predict_peak_mib(
-            self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key),
-            held=self.held.get(key),
-        ).mib
-
-    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
-        if outcome == "succeeded":
-            self.tasks_done.add(attempt.job.task)
-        super().on_end(sim, attempt, outcome, now_s)
+    name: str = "orch"
+    estimate: bool = True
 
 
 def scaled(trace: Trace, factor: float) -> Trace:
@@ -220,35 +225,26 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
     bound = lower_bound_min(trace)
     work = sum(j.minutes[0] for j in trace.jobs)
     oracle = Simulator(trace).run(OraclePolicy(trace))
-    end = Simulator(trace).run(OrchPolicy(trace, name="orch end"))
-    step_k = Simulator(trace).run(
-        StepKPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
-    )
-    with_headroom = Simulator(trace).run(OraclePolicy(trace, headroom=True))
-    no_hold = Simulator(trace).run(
-        StepKPolicy(trace, packing=PackingPolicy(starvation_s=1e12), known_after_s=known_after_s,
-                    early_fraction=early_fraction, name="step-k nohold")
-    )
-    best_fit = Simulator(trace).run(
-        StepKPolicy(trace, packing=PackingPolicy(placement="best_fit"), known_after_s=known_after_s,
-                    early_fraction=early_fraction, name="step-k best_fit")
-    )
-    durations = Simulator(trace).run(
-        KnownDurationsPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction)
-    )
-    peaks = Simulator(trace).run(KnownPeaksPolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction))
-    estimate = Simulator(trace).run(EstimatePolicy(trace, known_after_s=known_after_s, early_fraction=early_fraction))
-    return [
-        row("orch end", end, bound, oracle.makespan_min, work),
-        row("orch step-k", step_k, bound, oracle.makespan_min, work),
-        row("step-k nohold", no_hold, bound, oracle.makespan_min, work),
-        row("step-k best_fit", best_fit, bound, oracle.makespan_min, work),
-        row("step-k durations", durations, bound, oracle.makespan_min, work),
-        row("step-k peaks", peaks, bound, oracle.makespan_min, work),
-        row("step-k +estimate", estimate, bound, oracle.makespan_min, work),
-        row("oracle", oracle, bound, oracle.makespan_min, work),
-        row("oracle+hdrm", with_headroom, bound, oracle.makespan_min, work),
+    def step_k(cls: type[StepKPolicy], name: str, packing: PackingPolicy | None = None,
+               estimate: bool = True) -> StepKPolicy:
+        return cls(trace, packing=packing or PackingPolicy(), name=name, known_after_s=known_after_s,
+                   early_fraction=early_fraction, estimate=estimate)
+
+    runs: list[OrchPolicy] = [
+        step_k(StepKPolicy, "orch"),
+        step_k(StepKPolicy, "orch nohold", PackingPolicy(starvation_s=1e12)),
+        step_k(StepKPolicy, "orch best_fit", PackingPolicy(placement="best_fit")),
+        step_k(KnownDurationsPolicy, "orch durations"),
+        step_k(KnownPeaksPolicy, "orch peaks"),
+        step_k(StepKPolicy, "declared step-k", estimate=False),
+        OrchPolicy(trace, name="declared end"),
+        step_k(StepKPolicy, "declared nohold", PackingPolicy(starvation_s=1e12), estimate=False),
     ]
+    rows = [row(p.name, Simulator(trace).run(p), bound, oracle.makespan_min, work) for p in runs]
+    rows.append(row("oracle", oracle, bound, oracle.makespan_min, work))
+    rows.append(row("oracle+hdrm", Simulator(trace).run(OraclePolicy(trace, headroom=True)), bound,
+                    oracle.makespan_min, work))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'trace':<22}{'×min':>5}  {'policy':<14}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
+    print(f"{'trace':<22}{'×min':>5}  {'policy':<17}{'makespan':>10}{'/bound':>8}{'/oracle':>9}"
           f"{'OOMs':>6}{'lost GPU-min':>14}{'lost %':>8}{'failed':>8}")
     for r in results:
         for p in r["rows"]:
-            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<14}{p['makespan_min']:>10.1f}"
+            print(f"{r['trace']:<22}{r['minutes_scale']:>5g}  {p['policy']:<17}{p['makespan_min']:>10.1f}"
                   f"{p['vs_bound']:>8.3f}{p['vs_oracle']:>9.3f}{p['oom_events']:>6}{p['oom_lost_gpu_min']:>14.1f}"
                   f"{p['oom_lost_pct']:>8.2f}{p['failed_jobs']:>8}")
     return 0
