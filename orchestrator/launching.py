@@ -81,18 +81,23 @@ def launch_all(
         handles = _in_threads(lambda spec: _launch_one(launcher, spec), [spec for _, spec in ready])
     for (i, _), handle in zip(ready, handles, strict=True):
         outcomes[i] = handle
+    # The launcher's pid and the create time read now are what later proves which process
+    # group is this attempt's; nothing the worker writes can change them.
+    started = [
+        (claimed.attempt.id, outcome, _create_time(outcome.pid))
+        for claimed, outcome in zip(claims, outcomes, strict=True) if not isinstance(outcome, Exception)
+    ]
+    with store.write():  # one commit for the batch: 64 of them took seconds while 64 workers started
+        for attempt_id, handle, create_time in started:
+            update_attempt(store, attempt_id, launcher=handle.launcher, window_id=handle.window_id,
+                           pid=handle.pid, proc_create_time=create_time,
+                           executor=handle.launcher, executor_id=handle.executor_id or handle.window_id)
     for claimed, outcome in zip(claims, outcomes, strict=True):
         if isinstance(outcome, Exception):
             from orchestrator.outcomes import fail_before_start
 
             full = is_disk_full_error(outcome)
             fail_before_start(store, claimed.attempt, f"{'disk full: ' if full else ''}could not start: {outcome}", disk_full=full)
-            continue
-        # The launcher's pid and the create time read now are what later proves which process
-        # group is this attempt's; nothing the worker writes can change them.
-        update_attempt(store, claimed.attempt.id, launcher=outcome.launcher, window_id=outcome.window_id,
-                       pid=outcome.pid, proc_create_time=_create_time(outcome.pid),
-                       executor=outcome.launcher, executor_id=outcome.executor_id or outcome.window_id)
 
 
 def _create_time(pid: int | None) -> float | None:
