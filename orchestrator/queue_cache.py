@@ -23,7 +23,8 @@ FULL_READ_CHANGES = 2_000  # more changed jobs than this (and than a quarter of 
 FORGET_AFTER = 1_000  # log rows read before the daemon deletes them
 
 
-def _queue_order(entry: QueueEntry) -> tuple[int, int]:
+def queue_order(entry: QueueEntry) -> tuple[int, int]:
+    """Queue order: priority first, then submission (the store's own ORDER BY)."""
     return (-entry.priority, entry.id)
 
 
@@ -71,11 +72,11 @@ class QueueCache:
                 continue
             self.entries[job_id] = new
             if old is None:
-                bisect.insort(self.order, new, key=_queue_order)
+                bisect.insort(self.order, new, key=queue_order)
             elif old.priority != new.priority:
                 reorder = True
         if reorder:
-            self.order = sorted(self.entries.values(), key=_queue_order)
+            self.order = sorted(self.entries.values(), key=queue_order)
         self.mark = mark
         self._forget(store)
         return self._note(QueueRead(left, False, set(fresh)))
@@ -105,7 +106,7 @@ class QueueCache:
         while position < len(self.order) and len(taken) < limit:
             entry = self.order[position]
             current = self.entries.get(entry.id)
-            if current is None or entry.id in seen or _queue_order(current) != _queue_order(entry):
+            if current is None or entry.id in seen or queue_order(current) != queue_order(entry):
                 # left the queue, or a second copy of a job that left and came back
                 del self.order[position]
                 continue

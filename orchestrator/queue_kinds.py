@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.queue_cache import queue_order
 from orchestrator.store.rows import QueueEntry
 
 if TYPE_CHECKING:
@@ -24,10 +25,6 @@ Kind = tuple[Any, ...]
 
 def kind_of(facts: JobFacts, entry: QueueEntry) -> Kind:
     return (facts.kind, entry.priority, entry.suite, entry.config_name, entry.data)
-
-
-def _queue_order(entry: QueueEntry) -> tuple[int, int]:
-    return (-entry.priority, entry.id)
 
 
 @dataclass
@@ -49,7 +46,7 @@ class KindIndex:
         for job_id in changed:
             entry, job_facts = entries.get(job_id), facts.get(job_id)
             if entry is not None and job_facts is not None:
-                bisect.insort(self.lists.setdefault(kind_of(job_facts, entry), []), entry, key=_queue_order)
+                bisect.insort(self.lists.setdefault(kind_of(job_facts, entry), []), entry, key=queue_order)
 
     def heads(self, per_kind: int, entries: Mapping[int, QueueEntry]) -> list[QueueEntry]:
         """The first `per_kind` queued jobs of every kind."""
@@ -76,4 +73,4 @@ def handed_to_pack(head: list[QueueEntry], heads: list[QueueEntry]) -> list[Queu
     chosen = {e.id: e for e in head}
     for entry in heads:
         chosen.setdefault(entry.id, entry)
-    return sorted(chosen.values(), key=_queue_order)
+    return sorted(chosen.values(), key=queue_order)
