@@ -454,17 +454,14 @@ class Daemon:
         return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))
 
     def _close_ended(self) -> None:
+        """Once their ends are recorded: close what the executor kept open (tmux windows)."""
         ended, self._ended = self._ended, []
-        for attempt in ended:
-            try:
-                self._cleanup(attempt)
-            except Exception:  # a window left open is only untidy
-                log.warning("cannot close the window of attempt %s", attempt.id, exc_info=True)
-
-    def _cleanup(self, attempt: Attempt) -> None:
-        """Once the attempt's end is recorded: close what its executor kept open (a tmux window)."""
-        if attempt_closed(self.store, attempt.id):
-            self.launcher.cleanup(attempt)
+        try:
+            closed = [attempt for attempt in ended if attempt_closed(self.store, attempt.id)]
+            if closed:
+                self.launcher.cleanup(closed)
+        except Exception:  # a window left open is only untidy
+            log.warning("cannot close the windows of attempts %s", ", ".join(str(a.id) for a in ended), exc_info=True)
 
     def _reconcile_remote(
         self, attempt: Attempt, job: Job, remote: dict[int, RemoteStatus] | None, tenants: Counter[str],

@@ -176,3 +176,16 @@ def test_launch_many_reports_a_window_tmux_refuses_and_opens_the_rest(tmux: Tmux
     assert isinstance(handles[1], Exception) and "more than tmux" in str(handles[1])
     assert not isinstance(handles[0], Exception) and not isinstance(handles[2], Exception)
     assert handles[0].window_id != handles[2].window_id
+
+
+def test_many_windows_close_in_one_call_past_one_already_gone(tmux: TmuxLauncher, tmp_path: Path) -> None:
+    handles = [tmux.launch(spec(tmp_path, f"w{i}", "pass")) for i in range(3)]
+    ids = [h.window_id for h in handles]
+    assert all(ids) and all(_listed(tmux, w) for w in ids)
+    tmux.kill_window(ids[1])  # closed by someone else first
+    calls: list[tuple[str, ...]] = []
+    real_cmd = tmux.server.cmd
+    tmux.server.cmd = lambda *args: calls.append(args) or real_cmd(*args)  # type: ignore[method-assign]
+    tmux.kill_windows([w for w in ids if w])
+    assert [c[0] for c in calls] == ["source-file"]
+    assert not any(_listed(tmux, w) for w in ids)

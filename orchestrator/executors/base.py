@@ -46,8 +46,9 @@ class Executor(Protocol):
 
     def cancel(self, attempt: Attempt, job: Job) -> None: ...
 
-    def cleanup(self, attempt: Attempt) -> None:
-        """Called once the attempt's end is recorded: close what the backend kept open for it."""
+    def cleanup(self, attempts: Sequence[Attempt]) -> None:
+        """Called once these attempts' ends are recorded: close what the backend kept open for
+        them (in as few calls as it can)."""
         ...
 
     def logs(self, attempt: Attempt) -> Path: ...

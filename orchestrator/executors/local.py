@@ -38,13 +38,19 @@ class LocalExecutor:
     def cancel(self, attempt: Attempt, job: Job) -> None:
         """Local attempts are stopped by their process group (the daemon's kill path)."""
 
-    def cleanup(self, attempt: Attempt) -> None:
-        window_id = attempt.window_id
-        if window_id and attempt.launcher == self.name:
-            try:
-                self.launcher.kill_window(str(window_id))
-            except Exception:  # a window we cannot close is only clutter
-                log.warning("cannot close window %s of attempt %s", window_id, attempt.id, exc_info=True)
+    def cleanup(self, attempts: Sequence[Attempt]) -> None:
+        window_ids = [str(a.window_id) for a in attempts if a.window_id and a.launcher == self.name]
+        if not window_ids:
+            return
+        try:
+            many = getattr(self.launcher, "kill_windows", None)
+            if many is not None:  # one call for the pass's ended attempts
+                many(window_ids)
+            else:
+                for window_id in window_ids:
+                    self.launcher.kill_window(window_id)
+        except Exception:  # a window we cannot close is only clutter
+            log.warning("cannot close windows %s", ", ".join(window_ids), exc_info=True)
 
     def logs(self, attempt: Attempt) -> Path:
         return log_path(attempt)

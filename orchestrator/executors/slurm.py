@@ -212,7 +212,7 @@ class SlurmExecutor:
         if done.returncode != 0:
             raise LauncherError(f"scancel {job_id} failed: {done.stderr.strip()[:200]}")
 
-    def cleanup(self, attempt: Attempt) -> None:
+    def cleanup(self, attempts: Sequence[Attempt]) -> None:
         """Nothing stays open on a login node: Slurm's own output file is in the run dir."""
 
     def logs(self, attempt: Attempt) -> Path:
