@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.gpu.attribution import ProcessTrees
+from orchestrator.gpu.attribution import ProcessTrees, TreeMembers
 
 
 @pytest.fixture
@@ -50,3 +50,40 @@ def test_a_process_the_gpus_report_and_the_scan_missed_makes_a_new_scan(parent: 
     child = _spawn_child(parent)
     trees.new_pass(reported_pids=[child])
     assert trees.pids(parent.pid, fresh=False) == {parent.pid, child}
+
+
+def test_tree_members_are_the_root_and_its_descendants_among_the_reported(parent: subprocess.Popen[bytes]) -> None:
+    child = _spawn_child(parent)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tree = TreeMembers(parent.pid)
+        reported = [parent.pid, child, stranger.pid, 999_999_999]
+        assert tree.among(reported) == {parent.pid, child}
+        assert tree.among(reported) == {parent.pid, child}  # the stranger is now known outside
+        assert TreeMembers(stranger.pid).among(reported) == {stranger.pid}
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_descendant_in_another_session_is_found_by_its_ancestry() -> None:
+    # the root leads its own session; its child leaves it (setsid): only its ancestry says whose it is
+    code = ("import os, subprocess, sys\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+            "print(c.pid, flush=True)\nsys.stdin.readline()\nc.kill()\n")
+    root = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert root.stdout is not None
+        child = int(root.stdout.readline())
+        tree = TreeMembers(root.pid)
+        assert tree.among([child]) == {child}
+    finally:
+        root.kill()
+        root.wait()
+
+
+def test_tree_members_are_none_once_the_root_is_gone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert TreeMembers(proc.pid).among([proc.pid]) == frozenset()

@@ -56,6 +56,7 @@ from typing import Any
 import psutil
 import yaml
 
+from orchestrator.procstat import create_time_s, read_stat
 from orchestrator.rundir_files import write_json
 from workers import harness
 
@@ -121,6 +122,10 @@ def gpu_lock(directory: Path) -> Iterator[None]:
 
 def holder_alive(pid: int, create_time: float) -> bool:
     """True when `pid` runs and is the process that wrote the file (not a reuse of its pid)."""
+    stat = read_stat(pid) if pid > 0 else None  # one read: asked for every holder, every second
+    created_s = create_time_s(stat) if stat is not None else None
+    if stat is not None and created_s is not None:
+        return stat.state != "Z" and abs(created_s - create_time) < CREATE_TIME_TOLERANCE_S
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from orchestrator.procstat import read_stat
+
 
 def process_tree_pids(pid: int) -> frozenset[int]:
     """`pid` and all its live descendants; empty when `pid` is gone."""
@@ -17,6 +19,63 @@ def process_tree_pids(pid: int) -> frozenset[int]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return frozenset()
     return frozenset([pid, *(child.pid for child in children)])
+
+
+class TreeMembers:
+    """Which of the pids a GPU reports descend from one root: each such pid's ancestry walked
+    up through /proc, not a scan of the host's whole process table per question (a wrapper asks
+    every second, and forty of them scanning a busy host took a third of a core). A process
+    found outside the tree stays outside for as long as it lives (keyed by pid and start time):
+    a process is never adopted into another tree, only reparented to init or a subreaper."""
+
+    MAX_DEPTH = 64
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        self._outside: set[tuple[int, int]] = set()
+        try:
+            self._root_sid = os.getsid(root_pid) if os.getsid(root_pid) == root_pid else None
+        except OSError:
+            self._root_sid = None
+
+    def among(self, pids: Iterable[int]) -> frozenset[int]:
+        """Those of `pids` that are the root or its live descendants."""
+        if not _exists(self.root_pid):
+            return frozenset()
+        members: set[int] = set()
+        for pid in pids:
+            if pid == self.root_pid or self._inside(pid):
+                members.add(pid)
+        return frozenset(members)
+
+    def _inside(self, pid: int) -> bool:
+        if self._root_sid is not None:
+            with contextlib.suppress(OSError):
+                if os.getsid(pid) == self._root_sid:
+                    return True  # the root leads the session: one syscall for most members
+        here = read_stat(pid)
+        if here is None:
+            return False
+        key = (pid, here.start_ticks)
+        if key in self._outside:
+            return False
+        parent = here.ppid
+        for _ in range(self.MAX_DEPTH):
+            if parent == self.root_pid:
+                return True
+            if parent <= 1:
+                break
+            up = read_stat(parent)
+            if up is None:
+                break
+            parent = up.ppid
+        self._outside.add(key)
+        return False
+
+    def forget_except(self, pids: Iterable[int]) -> None:
+        """Keep what is known only of processes still reported (a pid's entry goes with it)."""
+        keep = set(pids)
+        self._outside = {key for key in self._outside if key[0] in keep}
 
 
 def _ppid_map() -> dict[int, int]:

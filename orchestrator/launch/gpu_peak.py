@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.rundir_files import RunDir, write_json
@@ -18,10 +19,16 @@ SAMPLE_S = 1.0
 
 
 class GpuPeakSampler:
-    def __init__(self, run_dir: Path, root_pid: int, interval_s: float = SAMPLE_S) -> None:
+    """Samples every `interval_s`, the first one `interval_s` in: a worker holds no GPU memory
+    before CUDA has started (seconds), and what the sampler imports first (`prepare`, then NVML)
+    then stays off the cores while the other attempts of a batch start."""
+
+    def __init__(self, run_dir: Path, root_pid: int, interval_s: float = SAMPLE_S,
+                 prepare: Callable[[], None] | None = None) -> None:
         self.run_dir = run_dir
         self.root_pid = root_pid
         self.interval_s = interval_s
+        self.prepare = prepare
         self.peak_mib = 0
         self.samples = 0
         self._stop = threading.Event()
@@ -35,23 +42,30 @@ class GpuPeakSampler:
         self.thread.join(self.interval_s * 3)
 
     def _run(self) -> None:
+        if self._stop.wait(self.interval_s):
+            return
+        if self.prepare is not None:
+            self.prepare()
         from orchestrator.gpu import make_probe
-        from orchestrator.gpu.attribution import process_tree_pids
+        from orchestrator.gpu.attribution import TreeMembers
 
         try:
             probe = make_probe(None)
         except Exception:  # no NVML and no simulated GPUs here: nothing to measure
             return
+        tree = TreeMembers(self.root_pid)
         try:
             while True:
-                pids = process_tree_pids(self.root_pid)
-                if pids:
-                    with contextlib.suppress(Exception):
-                        held = sum(s.memory_of(pids) for s in probe.snapshot())
-                        self.samples += 1
-                        if held > self.peak_mib:
-                            self.peak_mib = held
-                            self._write()
+                with contextlib.suppress(Exception):
+                    snapshots = probe.snapshot()
+                    reported = [p.pid for s in snapshots for p in s.processes]
+                    tree.forget_except(reported)
+                    ours = tree.among(reported)
+                    held = sum(s.memory_of(ours) for s in snapshots)
+                    self.samples += 1
+                    if held > self.peak_mib:
+                        self.peak_mib = held
+                        self._write()
                 if self._stop.wait(self.interval_s):
                     return
         finally:

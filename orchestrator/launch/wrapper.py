@@ -29,6 +29,7 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
+from orchestrator.procstat import create_time_s, read_stat
 from orchestrator.rundir_files import RunDir, write_json
 from orchestrator.wake import poke
 
@@ -55,18 +56,15 @@ def wrapper_argv(run_dir: Path, argv: list[str], *, portable: bool = False) -> l
 
 
 def _own_create_time() -> float:
-    """This process's start as psutil gives it (boot time + start ticks), read from /proc:
-    psutil's import is not paid before the worker starts."""
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        with open("/proc/stat", "rb") as host:
-            boot_s = next(int(line.split()[1]) for line in host if line.startswith(b"btime "))
-        return boot_s + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        import psutil
+    """This process's start as psutil gives it, read from /proc: psutil's import is not paid
+    before the worker starts."""
+    stat = read_stat("self")
+    created_s = create_time_s(stat) if stat is not None else None
+    if created_s is not None:
+        return created_s
+    import psutil
 
-        return float(psutil.Process().create_time())
+    return float(psutil.Process().create_time())
 
 
 def _load_site() -> None:
@@ -190,8 +188,8 @@ def run(run_dir: Path, argv: list[str]) -> int:
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
         tee.thread.start()
-        _load_site()
-        sampler = GpuPeakSampler(run_dir, my_pid)  # our own tree's GPU memory, on this node
+        # our own tree's GPU memory, on this node; site-packages (NVML) loaded in its thread
+        sampler = GpuPeakSampler(run_dir, my_pid, prepare=_load_site)
         sampler.start()
         returncode = child.wait()
         sampler.stop()
