@@ -190,7 +190,8 @@ def by_queue_size(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         print(f"queue of {n:,} ...", file=sys.stderr, flush=True)
         row = daemon_scale.fill_and_wait(root / f"fill-{n}", n, args.waiting_s, args.poll, cli=not args.no_cli)
         if n <= args.handoff_max:
-            row["handoff"] = daemon_scale.handoff(root / f"handoff-{n}", n, args.handoff_s, args.handoff_job_s, args.poll)
+            row["handoff"] = daemon_scale.handoff(root / f"handoff-{n}", n, args.handoff_s, args.handoff_job_s, args.poll,
+                                                 configs=args.handoff_configs)
         row["load"] = daemon_scale.load_note()
         rows[str(n)] = row
     status_big = daemon_scale.status_at(root / "status-big", args.status_jobs) if args.status_jobs else None
@@ -247,6 +248,8 @@ def main() -> int:
     parser.add_argument("--waiting-s", type=float, default=20.0, help="CPU window while no slot is free")
     parser.add_argument("--handoff-s", type=float, default=40.0, help="how long to watch hand-offs")
     parser.add_argument("--handoff-job-s", type=float, default=15.0, help="run time of each hand-off worker")
+    parser.add_argument("--handoff-configs", type=int, default=daemon_scale.HANDOFF_CONFIGS,
+                        help="run times of the hand-off workers (1: all 40 end together)")
     parser.add_argument("--handoff-max", type=int, default=10_000, help="largest queue to measure hand-off at")
     parser.add_argument("--status-jobs", type=int, default=100_000, help="jobs for the big `status --once` figure (0: skip it)")
     parser.add_argument("--no-cli", action="store_true", help="skip the CLI figures by queue size")

@@ -7,8 +7,10 @@ Each figure is measured on a fresh state.db holding `queued` jobs of one small s
   worker is a Python process starting on the same 2 cores, so this one measures the machine);
 - waiting: then, with every slot busy (the workers run for an hour), the daemon's CPU over a
   window, per tick, and its RSS;
-- hand-off: 8 cards x 5 slots, workers of 0.6-1.4 x `handoff_job_s` (five configs, so that
-  they do not all end at once); per card, the k-th attempt started after the first wave is
+- hand-off: 8 cards x 5 slots, workers of 0.6-1.4 x `handoff_job_s` (40 configs, spaced so
+  that ends spread as a real sweep's do, queued seed-major; `--handoff-configs 1` ends the
+  40 workers of each wave at the same moment, as earlier runs of this benchmark did, whose
+  queue's head was one config's jobs); per card, the k-th attempt started after the first wave is
   paired with the k-th that ended there: its wrapper's start (pid.json) minus that end
   (exit.json), and, the daemon's own part, the attempt's claim in state.db minus that end;
   and the daemon's CPU over the window divided by the attempts it started then;
@@ -76,18 +78,29 @@ def iso_s(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
+def spread_factors(n: int) -> tuple[float, ...]:
+    """Run times of `n` configs as factors of the mean, 0.6-1.4: evenly spaced up to five
+    (sums of grid points fall on the grid, 0.6 + 0.8 = 1.4, so waves end together), more
+    spaced by the golden ratio's fractional parts, so that ends spread as a real sweep's do."""
+    if n <= 1:
+        return (1.0,)
+    if n <= 5:
+        return tuple(0.6 + 0.8 * i / (n - 1) for i in range(n))
+    golden = (5 ** 0.5 - 1) / 2
+    return tuple(round(0.6 + 0.8 * ((i * golden) % 1.0), 4) for i in range(n))
+
+
 class Bench:
     """One state.db with its plans, sim GPUs and tmux socket under `root`."""
 
-    def __init__(self, root: Path, gpus: str, job_s: float, spread: bool = False) -> None:
+    def __init__(self, root: Path, gpus: str, job_s: float, spread: int = 1) -> None:
         self.root = root
         root.mkdir(parents=True)
         self.db = root / "state.db"
         plans = root / "plans"
         (plans / "suites").mkdir(parents=True)
         (plans / "configs" / "bench").mkdir(parents=True)
-        # `spread`: five configs of 0.6-1.4 x job_s, so that workers do not all end at once
-        factors = (0.6, 0.8, 1.0, 1.2, 1.4) if spread else (1.0,)
+        factors = spread_factors(spread)
         configs = [f"quick{i}" for i in range(len(factors))]
         (plans / "suites" / "bench.yaml").write_text(
             yaml.safe_dump({"worker": "sim", "mem_gib": 1, "configs": configs, "hang_timeout_s": 7200})
@@ -109,8 +122,11 @@ class Bench:
             for start in range(0, n_pairs, PAIRS_PER_SUBMIT):
                 seeds = range(start, min(n_pairs, start + PAIRS_PER_SUBMIT))
                 pairs = parse_pairs(" ".join(f"{i}:glue_rte" for i in seeds))
-                submit_jobs(store, suite, expand_jobs(suite, pairs, {}, None, 0), allowed_gpus=None,
-                            priority=0, force=False, dry_run=False)
+                jobs = expand_jobs(suite, pairs, {}, None, 0)  # config-major
+                # seed-major: the queue's head holds every run time, not one config's 2,000 jobs
+                # (which made every worker of a wave end at the same moment)
+                jobs = [jobs[c * len(pairs) + p] for p in range(len(pairs)) for c in range(self.n_configs)]
+                submit_jobs(store, suite, jobs, allowed_gpus=None, priority=0, force=False, dry_run=False)
 
     def count(self, sql: str) -> int:
         with Store(self.db) as store:
@@ -195,9 +211,14 @@ def status_at(root: Path, jobs: int) -> dict[str, Any]:
     return {"n_jobs": jobs, **cli_figures(bench)}
 
 
-def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: float) -> dict[str, Any]:
-    """Slot freed -> next worker running, 40 slots busy with a queue of `queued` behind them."""
-    bench = Bench(root, "8x80GiB", job_s=job_s, spread=True)
+HANDOFF_CONFIGS = 40  # run times spread over 0.6-1.4 x job_s (spread_factors)
+
+
+def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: float,
+            configs: int = HANDOFF_CONFIGS) -> dict[str, Any]:
+    """Slot freed -> next worker running, 40 slots busy with a queue of `queued` behind them;
+    `configs`: how many run times (1: all 40 end together, wave after wave)."""
+    bench = Bench(root, "8x80GiB", job_s=job_s, spread=configs)
     bench.queue(queued)
     orch(bench.env, "plan", "set", "5")
     try:
