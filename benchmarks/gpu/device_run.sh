@@ -8,7 +8,7 @@
 #   learn:    minutes-long jobs declared too low and too high (learn_sweep.py): concurrency of
 #             the first 10 minutes against an oracle, OOMs after the first per shape
 #   scale:    the daemon figures by queue size (benchmarks/daemon_figures.py) on this host's CPU
-#             cores, with simulated GPUs: no GPU is used (~6 min)
+#             cores, with simulated GPUs: no GPU is used (~8 min)
 #   torchrun: two torchrun jobs (examples/torchrun_tiny.py, DDP over gloo) through orch, 2 ranks
 #             each (on one card when the machine has one), reporting per-rank peaks (~3 min)
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.
@@ -57,7 +57,10 @@ mkdir -p "$OUT"
       ;;
     scale)
       nproc; uptime
-      timeout 560 python3 -m benchmarks.daemon_figures --queued 1000,10000,50000 --only-queued --no-cli --status-jobs 0 --json "$OUT/daemon_scale.json"
+      timeout 420 python3 -m benchmarks.daemon_figures --queued 1000,10000,50000 --only-queued --no-cli --status-jobs 0 --json "$OUT/daemon_scale.json"
+      uptime
+      # every worker of a wave ending at the same moment: the hand-off's worst case
+      timeout 150 python3 -m benchmarks.daemon_figures --queued 10000 --only-queued --no-cli --status-jobs 0 --handoff-configs 1 --json "$OUT/daemon_scale_lockstep.json"
       uptime
       ;;
     learn)
