@@ -13,21 +13,35 @@ import functools
 import os
 from typing import NamedTuple
 
+HAVE_PROC = os.path.isdir("/proc/self")
+
 
 class ProcStat(NamedTuple):
     state: str  # "R", "S", "Z" (zombie), ...
     ppid: int
     start_ticks: int  # clock ticks after boot
+    cpu_ticks: int  # user + system time, in clock ticks
+    rss_pages: int  # resident set size, as psutil's memory_info().rss / page size
 
 
 def read_stat(pid: int | str) -> ProcStat | None:
     """`pid`'s stat ("self" for this process); None when it is gone or there is no /proc."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()  # the name may hold spaces and ')'
-        return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[19]))
+            # after the name (which may hold spaces and ')'), fields count from 3 (state)
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return ProcStat(fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[19]),
+                        int(fields[11]) + int(fields[12]), int(fields[21]))
     except (OSError, ValueError, IndexError):
         return None
+
+
+def cpu_seconds(stat: ProcStat) -> float:
+    return stat.cpu_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(stat: ProcStat) -> int:
+    return stat.rss_pages * os.sysconf("SC_PAGE_SIZE")
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,8 +15,10 @@ from typing import Any
 
 import psutil
 
+from orchestrator import procstat
 from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.procstat import HAVE_PROC, read_stat
 from orchestrator.store.rows import Attempt
 
 HOST_SAMPLE_S = 5.0  # host RAM and CPU of a settled attempt: read this often
@@ -26,6 +28,10 @@ HOST_WARMUP_S = 10.0  # read at every pass for this long after an attempt is fir
 def cpu_seconds(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
+        if HAVE_PROC:  # one read of /proc/<pid>/stat, not psutil's several per process
+            stat = read_stat(pid)
+            total += procstat.cpu_seconds(stat) if stat is not None else 0.0
+            continue
         try:
             times = psutil.Process(pid).cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from orchestrator.procstat import create_time_s, read_stat
+from orchestrator.procstat import cpu_seconds, create_time_s, read_stat, rss_bytes
 from tests.e2e_helpers import wait_until
 
 
@@ -32,3 +32,19 @@ def test_a_zombie_reads_as_one_and_a_gone_pid_as_none() -> None:
     wait_until(lambda: (stat := read_stat(child.pid)) is not None and stat.state == "Z")  # exited, not reaped
     child.wait()
     assert read_stat(child.pid) is None
+
+
+def test_cpu_and_rss_match_psutils() -> None:
+    code = "x = bytearray(64 * 2**20)\nimport time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    try:
+        wait_until(lambda: sum(psutil.Process(child.pid).cpu_times()[:2]) >= 0.3)
+        stat = read_stat(child.pid)
+        assert stat is not None
+        proc = psutil.Process(child.pid)
+        times, rss = proc.cpu_times(), proc.memory_info().rss
+        assert abs(cpu_seconds(stat) - (times.user + times.system)) < 0.05
+        assert rss_bytes(stat) >= 64 * 2**20 and abs(rss_bytes(stat) - rss) < 2**20
+    finally:
+        child.kill()
+        child.wait()

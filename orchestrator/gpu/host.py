@@ -17,6 +17,8 @@ from typing import Protocol
 
 import psutil
 
+from orchestrator.procstat import HAVE_PROC, read_stat, rss_bytes
+
 MIB = 1024 * 1024
 
 
@@ -43,6 +45,10 @@ class RealHost:
     def tree_mib(self, pids: Iterable[int]) -> int:
         total = 0
         for pid in pids:
+            if HAVE_PROC:  # one read of /proc/<pid>/stat, not psutil's several per process
+                stat = read_stat(pid)
+                total += rss_bytes(stat) if stat is not None else 0
+                continue
             try:
                 total += psutil.Process(pid).memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
