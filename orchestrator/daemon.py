@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -103,6 +104,11 @@ class DaemonSettings:
     min_free_mib: int = DEFAULT_MIN_FREE_MIB  # below this on the runs dir's filesystem, jobs wait
     warn_free_mib: int = DEFAULT_WARN_FREE_MIB  # below this, the daemon warns
     host_reserve_mib: int = 2048  # host RAM no job may take (--host-reserve-gib)
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_dir_path(run_dir: str) -> Path:
+    return Path(run_dir)
 
 
 def _topology(probe: GpuProbe) -> dict[tuple[int, int], int] | None:
@@ -408,7 +414,7 @@ class Daemon:
         return 1
 
     def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
-        run_dir = Path(attempt.run_dir)
+        run_dir = _run_dir_path(attempt.run_dir)  # every live attempt, every pass
         obs = observe(run_dir, self.clock.now_s(), attempt, self.observed, job.hang_timeout_s)
         if not obs.pid_file_present and obs.exit_record is None and attempt.window_id and attempt.launcher == self.launcher.name:
             try:

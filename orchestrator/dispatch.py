@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
@@ -115,8 +116,17 @@ def schedule(
     durations = refresh_durations(store, cache)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
     running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
-    gpus = gpu_states(snapshots, get_gpu_plan(store))
+    plan = get_gpu_plan(store)
+    gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
+    head: list[QueueEntry] | None = None
+    if not whole_queue:  # only the head, for its waiting reasons
+        head = cache.queue.head(store, ctx.policy.reasons_for)
+        if head is None:
+            head = queued_jobs(store, limit=ctx.policy.reasons_for)
+        if _reasons_still_fresh(cache, (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold),
+                                head, store.now_s()):
+            return PackingDecision((), {})
     # Jobs of one kind differ only by their place in the queue, and no pass places more jobs
     # than there are free slots: `pack` gets that many of each kind, and the head of the queue
     # (whose waiting reasons it gives); each kind's prediction is worked out once.
@@ -134,9 +144,9 @@ def schedule(
             cache.kinds.add(read.changed, entries, cache.jobs)
         head = cache.queue.first(ctx.policy.reasons_for + per_kind)
         queued_rows = handed_to_pack(head, cache.kinds.heads(per_kind, entries))
-    else:  # only the head, for its waiting reasons
-        head = cache.queue.head(store, ctx.policy.reasons_for)
-        queued_rows = head if head is not None else queued_jobs(store, limit=ctx.policy.reasons_for)
+    else:
+        assert head is not None
+        queued_rows = head
         _learn_new_jobs(store, queued_rows, cache)
     reasons: dict[int, str] = {}
     queue: list[QueuedJob] = []
@@ -211,6 +221,22 @@ def schedule(
         explained = [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
+
+
+WAITING_REFRESH_S = 5.0  # while nothing can start, the head's waiting reasons are this old at most
+
+
+def _reasons_still_fresh(cache: JobShapeCache, key: tuple[Any, ...], head: list[QueueEntry], now_s: float) -> bool:
+    """While no card can take anything, the head's waiting reasons are worked out again only
+    when what they rest on changed (`key`: the running attempts, the plan, pauses, draining, a
+    hold; or the head's rows) or WAITING_REFRESH_S has passed: free memory in them may be that
+    old. Nothing could start either way, so a pass skipped here places nothing."""
+    last = cache.waiting_checked
+    rows = tuple(head)
+    if last is not None and last[0] == key and last[1] == rows and now_s - last[2] < WAITING_REFRESH_S:
+        return True
+    cache.waiting_checked = (key, rows, now_s)
+    return False
 
 
 @dataclass(frozen=True)

@@ -62,23 +62,33 @@ def _appended(before: FileSig | None, now: FileSig | None) -> bool:
 class ObserveCache:
     def __init__(self, monotonic_s: Callable[[], float] = time.monotonic) -> None:
         self._monotonic_s = monotonic_s  # the daemon's clock: when appended progress is read again
-        self._files: dict[str, tuple[Signature, runfiles.RunFiles, float]] = {}  # ..., read at (monotonic)
+        # run dir -> (signature, files, read at, signature taken at), monotonic times
+        self._files: dict[str, tuple[Signature, runfiles.RunFiles, float, float]] = {}
         self._pidfds: dict[tuple[int, float], int] = {}
         self._touched: set[tuple[int, float]] = set()
 
-    def run_files(self, run_dir: Path, max_age_s: float = 0.0) -> runfiles.RunFiles:
+    def run_files(self, run_dir: Path, max_age_s: float = 0.0, settled: bool = False) -> runfiles.RunFiles:
+        """`settled`: the attempt's wrapper, proven at launch, is alive now (its pidfd says so),
+        so once it has recorded itself its exit record cannot be final yet: what was read then
+        stands, unlooked-at, for up to `max_age_s` (a record that changes meanwhile, pid.json
+        rewritten, is seen that late)."""
         key = os.fspath(run_dir)
-        sig = signature(run_dir)
         cached = self._files.get(key)
         now = self._monotonic_s()
+        if (settled and cached is not None and cached[1].pid_record is not None and cached[1].exit_record is None
+                and now - cached[3] < max_age_s):
+            return cached[1]
+        sig = signature(run_dir)
         if cached is not None:
-            before, files, read_at = cached
+            before, files, read_at, _ = cached
             if before == sig:
+                self._files[key] = (sig, files, read_at, now)
                 return files
             if before[:2] == sig[:2] and _appended(before[2], sig[2]) and now - read_at < max_age_s:
+                self._files[key] = (before, files, read_at, now)  # the signature of what was read
                 return files  # only new progress lines: read at the next refresh
         files = runfiles.read_run_files(run_dir)
-        self._files[key] = (sig, files, now)
+        self._files[key] = (sig, files, now, now)
         return files
 
     def process_matches(self, pid: int, create_time: float | None, check: Callable[[int, float | None], bool]) -> bool:

@@ -97,6 +97,8 @@ class JobShapeCache:
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
     queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
     kinds: KindIndex = field(default_factory=KindIndex)  # queued jobs by kind, in queue order
+    # while nothing can start: what the head's waiting reasons were last worked out from, and when
+    waiting_checked: tuple[Any, tuple[Any, ...], float] | None = None
 
 
 ATTEMPT_KEYS_KEPT = 4096

@@ -138,15 +138,17 @@ def observe(
     # progress shown at most this old; a quarter of the hang timeout, so it never looks hung
     max_age_s = min(PROGRESS_REFRESH_S, hang_timeout_s / 4) if hang_timeout_s > 0 else PROGRESS_REFRESH_S
 
-    def read(path: Path) -> runfiles.RunFiles:
-        return cache.run_files(path, max_age_s) if cache is not None else runfiles.read_run_files(path)
+    def read(path: Path, settled: bool = False) -> runfiles.RunFiles:
+        return cache.run_files(path, max_age_s, settled) if cache is not None else runfiles.read_run_files(path)
 
     def matches(pid: int, create_time: float | None) -> bool:
         return cache.process_matches(pid, create_time, process_matches) if cache is not None else process_matches(pid, create_time)
 
-    files = read(run_dir)
     record = launcher_record(attempt) if attempt is not None else None
     launcher_alive = matches(*record) if record is not None else None
+    # The wrapper orch launched is alive: between refreshes its files are not looked at (its
+    # end comes as a poke, or as its pidfd turning readable, and then they are).
+    files = read(run_dir, settled=bool(launcher_alive))
     alive = False
     if files.pid_record is not None:
         alive = matches(files.pid_record["pid"], files.pid_record["create_time"])

@@ -15,7 +15,7 @@ from rows_helpers import attempt_of
 
 from orchestrator import runfiles
 from orchestrator.observe_cache import ObserveCache
-from orchestrator.reconcile import observe, process_matches
+from orchestrator.reconcile import PROGRESS_REFRESH_S, observe, process_matches
 
 
 def run_dir_in(tmp_path: Path) -> Path:
@@ -86,11 +86,15 @@ def test_observe_with_the_cache_sees_what_observe_without_it_sees(tmp_path: Path
     me = psutil.Process()
     write_json(run_dir / "pid.json", {"pid": me.pid, "pgid": os.getpgid(0), "create_time": me.create_time()})
     attempt = attempt_of(pid=me.pid, proc_create_time=me.create_time())
-    cache = ObserveCache()
+    now = [100.0]
+    cache = ObserveCache(monotonic_s=lambda: now[0])
     for _ in range(2):
         cached, plain = observe(run_dir, 1.0, attempt, cache), observe(run_dir, 1.0, attempt)
         assert cached == plain and cached.launcher_alive and cached.process_alive
     write_json(run_dir / "exit.json", {"exit_code": 3})
+    # its wrapper still runs: the record is seen at the refresh, or once the wrapper has ended
+    assert observe(run_dir, 1.0, attempt, cache).exit_record is None
+    now[0] += PROGRESS_REFRESH_S
     assert observe(run_dir, 1.0, attempt, cache).exit_record == {"exit_code": 3}
     cache.close()
 
@@ -114,3 +118,31 @@ def test_new_progress_lines_alone_wait_for_the_refresh(tmp_path: Path) -> None:
     assert cache.run_files(run_dir, max_age_s=60.0).last_progress == {"t": 3.0, "step": 3}
     write_json(run_dir / "exit.json", {"exit_code": 0})
     assert cache.run_files(run_dir, max_age_s=60.0).exit_record == {"exit_code": 0}
+
+
+def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator import observe_cache
+
+    run_dir = run_dir_in(tmp_path)
+    now = [100.0]
+    cache = ObserveCache(monotonic_s=lambda: now[0])
+    looked: list[Path] = []
+    real = observe_cache.signature
+    monkeypatch.setattr(observe_cache, "signature", lambda d: looked.append(d) or real(d))
+    # before the wrapper has recorded itself, its launcher being alive holds nothing back
+    cache.run_files(run_dir, 5.0, settled=True)
+    assert cache.run_files(run_dir, 5.0, settled=True).pid_record is None and len(looked) == 2
+    write_json(run_dir / "pid.json", {"pid": 12345, "pgid": 12345, "create_time": 1.0})
+    assert cache.run_files(run_dir, 5.0, settled=True).pid_record is not None
+    write_json(run_dir / "exit.json", {"exit_code": 0})
+    looked.clear()
+    assert cache.run_files(run_dir, 5.0, settled=True).exit_record is None and not looked  # unlooked-at
+    assert cache.run_files(run_dir, 5.0).exit_record == {"exit_code": 0}  # not settled: looked at
+    write_json(run_dir / "exit.json", {"exit_code": 1})
+    assert cache.run_files(run_dir, 5.0, settled=True).exit_record == {"exit_code": 1}  # an end is never held
+    os.unlink(run_dir / "exit.json")
+    cache.run_files(run_dir, 5.0)
+    looked.clear()
+    now[0] += 5.0  # the refresh: looked at again
+    assert cache.run_files(run_dir, 5.0, settled=True).exit_record is None and len(looked) == 1
+    cache.close()

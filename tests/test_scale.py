@@ -10,6 +10,7 @@ import click
 import pytest
 
 from orchestrator.cli.common import echo_json, echo_json_stream
+from orchestrator.clock import FakeClock
 from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -203,3 +204,37 @@ def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path
     assert len(cache.jobs) == 7  # the head only: nothing else was read or computed
     reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
     assert len(reasons) == 7 and all("0 slots" in r["wait_reason"] for r in reasons)
+
+
+def test_while_nothing_can_start_the_heads_reasons_are_worked_out_again_only_on_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestrator.dispatch as dispatch
+
+    store = _store_with_queue(tmp_path, 20)
+    store.clock = clock = FakeClock()
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=0))
+    ctx = DispatchContext(tmp_path / "runs", PackingPolicy(reasons_for=5), {})
+    cache = JobShapeCache()
+    gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
+    packed: list[int] = []
+    real_pack = dispatch.pack
+    monkeypatch.setattr(dispatch, "pack", lambda queue, *a, **k: packed.append(len(queue)) or real_pack(queue, *a, **k))
+
+    def passes(**kwargs: object) -> int:
+        before = len(packed)
+        schedule(store, gpu, _Recorder(), ctx, cache, draining=False, **kwargs)  # type: ignore[arg-type]
+        return len(packed) - before
+
+    assert passes() == 1 and passes() == 1  # the second sees the reasons the first wrote
+    assert passes() == 0  # nothing changed: the reasons stand
+    assert passes(hold="disk full") == 1  # a hold: at once
+    reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
+    assert len(reasons) == 5 and all("disk full" in r["wait_reason"] for r in reasons)
+    assert passes(hold="disk full") == 1 and passes(hold="disk full") == 0
+    assert passes() == 1  # the hold lifted
+    clock.advance(dispatch.WAITING_REFRESH_S + 0.1)
+    assert passes() == 1  # too old: the free memory in them may have changed
+    with store.write():  # the head leaves the queue
+        store.execute("UPDATE jobs SET state = 'cancelled' WHERE id = (SELECT min(id) FROM jobs WHERE state = 'queued')")
+    assert passes() == 1
