@@ -5,7 +5,8 @@ Each figure is measured on a fresh state.db holding `queued` jobs of one small s
   "daemon started" event, time until 64 attempts are launched (window opened, recorded in
   state.db; polled every 20 ms), and until 64 wrappers have written pid.json (each wrapper and
   worker is a Python process starting on the same 2 cores, so this one measures the machine);
-- waiting: then, with every slot busy (the workers run for an hour), the daemon's CPU over a
+- waiting: then, with every slot busy (the workers run for an hour), once every attempt is
+  past its first HOST_WARMUP_S (host RAM and CPU read at every pass), the daemon's CPU over a
   window, per tick, and its RSS;
 - hand-off: 8 cards x 5 slots, workers of 0.6-1.4 x `handoff_job_s` (40 configs, spaced so
   that ends spread as a real sweep's do, queued seed-major; `--handoff-configs 1` ends the
@@ -44,6 +45,7 @@ from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
 from orchestrator.store.daemon_row import read_daemon
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.track_resources import HOST_WARMUP_S
 
 PAIRS_PER_SUBMIT = 2_000  # --pairs is bounded in length
 
@@ -172,7 +174,9 @@ def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float, cli: bo
             started = store.query("SELECT min(ts) AS ts FROM events WHERE message LIKE 'daemon started%'")[0]["ts"]
         fill_s = starts[63] - started
         launch_s = launched_at - started
-        time.sleep(3 * poll_s)  # let the pass that saw the last start finish
+        # past every attempt's first HOST_WARMUP_S, while the daemon reads host RAM and CPU at
+        # every pass: the window measures waiting, not the sweep's start
+        time.sleep(max(3 * poll_s, HOST_WARMUP_S + poll_s))
         before, wall_before = proc.cpu_times(), time.monotonic()
         time.sleep(idle_s)  # the measurement window
         after, wall_after = proc.cpu_times(), time.monotonic()

@@ -84,9 +84,13 @@ class ObserveCache:
             if before == sig:
                 self._files[key] = (sig, files, read_at, now)
                 return files
-            if before[:2] == sig[:2] and _appended(before[2], sig[2]) and now - read_at < max_age_s:
-                self._files[key] = (before, files, read_at, now)  # the signature of what was read
-                return files  # only new progress lines: read at the next refresh
+            if before[:2] == sig[:2] and _appended(before[2], sig[2]):
+                if now - read_at < max_age_s:
+                    self._files[key] = (before, files, read_at, now)  # the signature of what was read
+                    return files  # only new progress lines: read at the next refresh
+                files = runfiles.read_progress(run_dir, files)  # pid.json and exit.json as they were
+                self._files[key] = (sig, files, now, now)
+                return files
         files = runfiles.read_run_files(run_dir)
         self._files[key] = (sig, files, now, now)
         return files

@@ -14,7 +14,7 @@ import math
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +234,21 @@ def read_run_files(run_dir: Path, *, with_result: bool = False) -> RunFiles:
     except (RunTreeError, OSError) as exc:
         files.problems.append(f"run dir: {exc}")
     return files
+
+
+def read_progress(run_dir: Path, files: RunFiles) -> RunFiles:
+    """`files` with the last heartbeat read again (its records as they were): for a worker
+    that only appended progress lines since `files` was read."""
+    fresh = replace(files, problems=[p for p in files.problems if not p.startswith(RunDir.PROGRESS)])
+    try:
+        with open_run_dir(Path(run_dir)) as dir_fd:
+            fresh.last_progress_at = file_mtime(dir_fd, RunDir.PROGRESS)
+            fresh.last_progress = _last_progress(dir_fd, fresh.problems) if fresh.last_progress_at is not None else None
+    except FileNotFoundError:
+        return files
+    except (RunTreeError, OSError) as exc:
+        fresh.problems.append(f"run dir: {exc}")
+    return fresh
 
 
 def read_result(run_dir: Path, problems: list[str] | None = None) -> dict[str, Any] | None:

@@ -146,3 +146,24 @@ def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(tmp_path: 
     now[0] += 5.0  # the refresh: looked at again
     assert cache.run_files(run_dir, 5.0, settled=True).exit_record is None and len(looked) == 1
     cache.close()
+
+
+def test_a_refresh_after_appended_lines_reads_only_the_progress(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    run_dir = run_dir_in(tmp_path)
+    write_json(run_dir / "pid.json", {"pid": 12345, "pgid": 12345, "create_time": 1.0})
+    progress = run_dir / "progress.jsonl"
+    with open(progress, "a") as handle:
+        handle.write(json.dumps({"t": 1.0, "step": 1}) + "\n")
+    whole: list[Path] = []
+    real = runfiles.read_run_files
+    monkeypatch.setattr(runfiles, "read_run_files", lambda d, **kw: whole.append(d) or real(d, **kw))
+    cache = ObserveCache()
+    first = cache.run_files(run_dir, max_age_s=0.0)
+    with open(progress, "a") as handle:
+        handle.write(json.dumps({"t": 2.0, "step": 2}) + "\n")
+    again = cache.run_files(run_dir, max_age_s=0.0)
+    assert again.last_progress == {"t": 2.0, "step": 2} and again.pid_record == first.pid_record
+    assert len(whole) == 1  # the records were not read again
+    write_json(run_dir / "exit.json", {"exit_code": 0})  # a new record: everything is read
+    assert cache.run_files(run_dir, max_age_s=0.0).exit_record == {"exit_code": 0} and len(whole) == 2
+    cache.close()

@@ -139,20 +139,24 @@ def read_holders(directory: Path) -> tuple[list[tuple[int, int]], list[Path]]:
     """Live holdings [(pid, used_mib)] of one GPU dir (foreign ones as pid 0), and stale files."""
     holders: list[tuple[int, int]] = []
     stale: list[Path] = []
-    if not directory.is_dir():
-        return holders, stale
-    for path in sorted(directory.glob("*.json")):
+    base = os.fspath(directory)
+    try:  # read every second by the daemon and each wrapper's sampler: no Path per file
+        names = sorted(entry.name for entry in os.scandir(base) if entry.name.endswith(".json"))
+    except OSError:
+        return holders, stale  # no such GPU dir (yet)
+    for name in names:
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            with open(os.path.join(base, name), encoding="utf-8") as handle:
+                record = json.loads(handle.read())
             used_mib = int(record["used_mib"])
         except (OSError, ValueError, KeyError, TypeError):
-            continue  # vanished between glob and read, or unreadable: not a holding
-        if path.name.startswith("foreign-"):
+            continue  # vanished between listing and read, or unreadable: not a holding
+        if name.startswith("foreign-"):
             holders.append((FOREIGN_PID, used_mib))
         elif holder_alive(int(record.get("pid", -1)), float(record.get("create_time", -1))):
             holders.append((int(record["pid"]), used_mib))
         else:
-            stale.append(path)
+            stale.append(directory / name)
     return holders, stale
 
 
