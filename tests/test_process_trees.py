@@ -3,6 +3,7 @@ process the last scan did not see."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -87,3 +88,10 @@ def test_tree_members_are_none_once_the_root_is_gone() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert TreeMembers(proc.pid).among([proc.pid]) == frozenset()
+
+
+def test_pid_zero_is_never_a_member_even_of_our_own_session() -> None:
+    # the sim GPUs report foreign memory as pid 0, and getsid(0) names the caller's own session
+    tree = TreeMembers(os.getpid())
+    tree._root_sid = os.getsid(0)
+    assert tree.among([0]) == frozenset()

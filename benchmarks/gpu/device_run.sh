@@ -8,7 +8,7 @@
 #   learn:    minutes-long jobs declared too low and too high (learn_sweep.py): concurrency of
 #             the first 10 minutes against an oracle, OOMs after the first per shape
 #   scale:    the daemon figures by queue size (benchmarks/daemon_figures.py) on this host's CPU
-#             cores, with simulated GPUs: no GPU is used (~8 min)
+#             cores, with simulated GPUs: no GPU is used (~5 min)
 #   torchrun: two torchrun jobs (examples/torchrun_tiny.py, DDP over gloo) through orch, 2 ranks
 #             each (on one card when the machine has one), reporting per-rank peaks (~3 min)
 # Wheels of what the machine lacks (libtmux, sqlite-utils and deps, fla) are expected in .whl/.

@@ -22,11 +22,13 @@ def process_tree_pids(pid: int) -> frozenset[int]:
 
 
 class TreeMembers:
-    """Which of the pids a GPU reports descend from one root: each such pid's ancestry walked
-    up through /proc, not a scan of the host's whole process table per question (a wrapper asks
-    every second, and forty of them scanning a busy host took a third of a core). A process
-    found outside the tree stays outside for as long as it lives (keyed by pid and start time):
-    a process is never adopted into another tree, only reparented to init or a subreaper."""
+    """Which of the pids a GPU reports belong to one root: those in the session it leads (one
+    syscall each; this also keeps a grandchild orphaned to init), else those whose ancestry,
+    walked up through /proc, reaches it. Not a scan of the host's whole process table per
+    question: a wrapper asks every second, and forty of them scanning a busy host took a third
+    of a core. A process found outside stays outside for as long as it lives (keyed by pid and
+    start time): a process is never adopted into another tree, only reparented to init or a
+    subreaper."""
 
     MAX_DEPTH = 64
 
@@ -49,6 +51,8 @@ class TreeMembers:
         return frozenset(members)
 
     def _inside(self, pid: int) -> bool:
+        if pid <= 0:
+            return False  # memory of processes not ours (sim GPUs' foreign pid 0); getsid(0) is our own
         if self._root_sid is not None:
             with contextlib.suppress(OSError):
                 if os.getsid(pid) == self._root_sid:
