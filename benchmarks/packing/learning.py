@@ -110,6 +110,10 @@ class StepKPolicy(OrchPolicy):
         job = self.trace.jobs[job_index]
         return (model_of(job.config), job.task) if self.estimate else None
 
+    def length_learned(self, job_index: int) -> bool:
+        job = self.trace.jobs[job_index]
+        return (model_of(job.config), job.task) in self.tasks_done
+
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         if outcome == "succeeded":
             self.tasks_done.add((model_of(attempt.job.config), attempt.job.task))

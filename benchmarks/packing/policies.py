@@ -210,15 +210,20 @@ class OrchPolicy:
         (orchestrator.teaching); None without an estimate: a run teaches only its own shape."""
         return None
 
-    def _teaching(self, sim: Simulator, firsts: list[tuple[int, int, Prediction]]) -> set[int]:
+    def length_learned(self, job_index: int) -> bool:
+        """Whether a run of the job's model and data has reported its prompt lengths."""
+        return True
+
+    def _teaching(self, sim: Simulator, firsts: list[tuple[int, int, Prediction, int]]) -> set[int]:
         """The daemon's rule: the first queued job of each group whose prediction is untaught
         and that no running attempt teaches counts as longest."""
         queue = []
-        for j, level, prediction in sorted(firsts, key=lambda f: f[0]):
-            # the benchmark models the estimate only once its model and data have run: learned
+        for j, level, prediction, queued in sorted(firsts, key=lambda f: f[0]):
             group = self.group(j, level)
-            queue.append((j, group if group is not None and untaught(prediction.source, True) else None))
-        if all(group is None for _, group in queue):
+            if group is not None and not untaught(prediction.source, self.length_learned(j)):
+                group = None
+            queue.append((j, group, queued))
+        if all(group is None for _, group, _ in queue):
             return set()
         learning = {self.group(a.start.job_index, a.start.level) for a in sim.running}
         return teaching_jobs(queue, learning)
@@ -256,8 +261,8 @@ class OrchPolicy:
         for shape, first in list(self.by_shape.shapes()):
             level = self.queue[first].level
             prediction = self.predict(first, level)
-            # two per shape: whether a group has a job left to teach is all the rule asks
-            firsts += [(j, level, prediction) for j in self.by_shape.first(shape, 2)]
+            # how many are queued matters only up to two: whether a group has a job to teach
+            firsts.append((first, level, prediction, len(self.by_shape.first(shape, 2))))
             predicted_mib = int(prediction.mib)
             expected_s = self.expected_s(first, level)
             alone = TRACE_LEVELS[level].run_alone
