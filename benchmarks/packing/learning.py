@@ -9,7 +9,8 @@ the estimate is modelled (StepKPolicy.estimate). Rows:
   peak counts once a running attempt of it has run K optimizer steps (`known_after_s` after its
   memory ramp, at `early_fraction` of its true peak, with the running margin) and its
   completion replaces it; before that, the model of the LoRA estimate once a job of the same
-  model and task has succeeded, else the declared figure.
+  model and task has succeeded, else the declared figure; the first queued job of each model
+  and task not yet taught counts as longest (orchestrator.teaching, as in the daemon).
 - diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
   hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
   run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
