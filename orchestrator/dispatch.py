@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
@@ -31,6 +31,7 @@ from orchestrator.prediction import (
     as_received,
     attempt_config,
     attempt_shape_key,
+    job_prompt_length_key,
     level_of,
     predict_for,
     shape_facts,
@@ -57,6 +58,7 @@ from orchestrator.store.queue import (
 from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
+from orchestrator.teaching import teaching_jobs, untaught
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,7 @@ def schedule(
     predictions: dict[int, tuple[int, PredictionSource]] = {}
     host_predictions: dict[int, int] = {}
     kinds: dict[Kind, _KindInputs] = {}
+    firsts: list[tuple[int, str | None, int]] = []  # per kind, in queue order (orchestrator.teaching)
     for job in queued_rows:
         facts = cache.jobs.get(job.id)
         if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
@@ -179,6 +182,9 @@ def schedule(
             inputs = kinds[kind] = _KindInputs(
                 predicted, host_mib, durations.expected_s(job.config_name, job.data, facts.level.index),
                 curves.get(facts.shape.shape_key))
+            if whole_queue:
+                firsts.append((job.id, _teaching_group(facts, predicted[1], prompt_lengths),
+                               len(cache.kinds.lists.get(kind, ())) or 1))
         predictions[job.id] = inputs.prediction
         host_predictions[job.id] = inputs.host_mib
         queue.append(
@@ -191,6 +197,9 @@ def schedule(
                 gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
             )
         )
+    teaching = teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"}) \
+        if any(group is not None for _, group, _ in firsts) else set()
+    queue = [replace(q, teaches=True) if q.job_id in teaching else q for q in queue]
     host = None
     if ctx.host is not None:
         cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
@@ -221,6 +230,15 @@ def schedule(
         explained = [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
+
+
+def _teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:
+    """A LoRA job's model and data while its prediction is untaught: one finished run of them
+    reports the prompt lengths that size every config of that model and data."""
+    shape = facts.shape
+    if shape.job.worker != "lora" or not untaught(source, shape.length_key in prompt_lengths):
+        return None
+    return shape.length_key
 
 
 WAITING_REFRESH_S = 5.0  # while nothing can start, the head's waiting reasons are this old at most

@@ -55,6 +55,9 @@ class QueuedJob:
     host_mib: int = 0  # predicted host RAM of the whole process tree (0: nothing known)
     cpus: int | None = None  # cores the suite asks for; None: not counted
     suite: str = ""  # a paused suite's jobs wait
+    # the first queued job of a group whose memory nothing has taught yet (orchestrator.teaching):
+    # ordered as a job with no run-time estimate, so that it runs early and teaches the rest
+    teaches: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,11 @@ def _order_key(job: QueuedJob, rule: str, slot_mib: float = math.inf) -> tuple[i
     counts that many times: otherwise short jobs too large to share a card are left for the end,
     where they run one or two to a card while the rest of the machine drains. A job with no
     estimate counts as longest: it may well be, and running it early teaches the estimate for
-    its kind.
+    its kind; so does a job marked `teaches` (its memory prediction is untaught).
     """
     if rule == "fifo":
         return (-job.priority, 0.0, job.queued_seq)
-    expected = math.inf if job.expected_duration_s is None else job.expected_duration_s
+    expected = math.inf if job.expected_duration_s is None or job.teaches else job.expected_duration_s
     slots_taken = 1.0
     if rule == "longest_first" and 0 < slot_mib < math.inf:
         slots_taken = max(1.0, job.predicted_peak_mib / slot_mib)

@@ -9,7 +9,8 @@ the estimate is modelled (StepKPolicy.estimate). Rows:
   peak counts once a running attempt of it has run K optimizer steps (`known_after_s` after its
   memory ramp, at `early_fraction` of its true peak, with the running margin) and its
   completion replaces it; before that, the model of the LoRA estimate once a job of the same
-  model and task has succeeded, else the declared figure.
+  model and task has succeeded, else the declared figure; the first queued job of each model
+  and task not yet taught counts as longest (orchestrator.teaching, as in the daemon).
 - diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
   hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
   run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
@@ -31,6 +32,7 @@ import argparse
 import json
 import sys
 import zlib
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,9 @@ from benchmarks.packing.simulator import (
     lower_bound_min,
 )
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob, load_trace
-from orchestrator.memory import predict_peak_mib
+from orchestrator.memory import Prediction, predict_peak_mib
 from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
 
 TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
@@ -90,7 +93,7 @@ class StepKPolicy(OrchPolicy):
             if now_s < a.ramp_end_s + self.known_after_s and a.held_mib(now_s) > 0
         )
 
-    def predict_mib(self, job_index: int, level: int) -> float:
+    def predict(self, job_index: int, level: int) -> Prediction:
         job = self.trace.jobs[job_index]
         key = job.shape(level)
         estimate = None
@@ -100,7 +103,17 @@ class StepKPolicy(OrchPolicy):
         return predict_peak_mib(
             self.shapes.get(key), estimate, int(job.declared_mib), self.margin, running=self.running.get(key),
             held=self.held.get(key),
-        ).mib
+        )
+
+    def group(self, job_index: int, level: int) -> Hashable | None:
+        """With the estimate, a finished run teaches every job of its model and data (their
+        prompt lengths: the daemon's `prompt_length_key`)."""
+        job = self.trace.jobs[job_index]
+        return (model_of(job.config), job.task) if self.estimate else None
+
+    def length_learned(self, job_index: int) -> bool:
+        job = self.trace.jobs[job_index]
+        return (model_of(job.config), job.task) in self.tasks_done
 
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         if outcome == "succeeded":
@@ -189,8 +202,9 @@ class KnownPeaksPolicy(StepKPolicy):
 
     name: str = "orch peaks"
 
-    def predict_mib(self, job_index: int, level: int) -> float:
-        return self.trace.jobs[job_index].peak_mib[level] * (1 + self.margin)
+    def predict(self, job_index: int, level: int) -> Prediction:
+        peak_mib = self.trace.jobs[job_index].peak_mib[level] * (1 + self.margin)
+        return Prediction(int(peak_mib), PredictionSource(SourceKind.MEASURED))
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 
 from benchmarks.packing.simulator import (
@@ -18,7 +19,7 @@ from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.ladder import Level, expand_levels, load_ladder, retry_decision
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.memory import ShapeMemory, predict_peak_mib, update_shape
+from orchestrator.memory import Prediction, ShapeMemory, predict_peak_mib, update_shape
 from orchestrator.packing import (
     GpuState,
     PackingPolicy,
@@ -27,6 +28,7 @@ from orchestrator.packing import (
     can_take_any,
     pack,
 )
+from orchestrator.teaching import teaching_jobs, untaught
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
 # The daemon's default ladder expanded for a config of batch 2 with data workers: exactly the
@@ -194,11 +196,37 @@ class OrchPolicy:
         expected = self.expected_s(attempt.start.job_index, attempt.start.level)
         return None if expected is None else attempt.start_s + expected
 
-    def predict_mib(self, job_index: int, level: int) -> float:
+    def predict(self, job_index: int, level: int) -> Prediction:
         """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
         job = self.trace.jobs[job_index]
         shape = self.shapes.get(job.shape(level))
-        return predict_peak_mib(shape, None, int(job.declared_mib), self.margin).mib
+        return predict_peak_mib(shape, None, int(job.declared_mib), self.margin)
+
+    def predict_mib(self, job_index: int, level: int) -> float:
+        return self.predict(job_index, level).mib
+
+    def group(self, job_index: int, level: int) -> Hashable | None:
+        """The jobs whose prediction one run of this job teaches beyond its own shape
+        (orchestrator.teaching); None without an estimate: a run teaches only its own shape."""
+        return None
+
+    def length_learned(self, job_index: int) -> bool:
+        """Whether a run of the job's model and data has reported its prompt lengths."""
+        return True
+
+    def _teaching(self, sim: Simulator, firsts: list[tuple[int, int, Prediction, int]]) -> set[int]:
+        """The daemon's rule: the first queued job of each group whose prediction is untaught
+        and that no running attempt teaches counts as longest."""
+        queue = []
+        for j, level, prediction, queued in sorted(firsts, key=lambda f: f[0]):
+            group = self.group(j, level)
+            if group is not None and not untaught(prediction.source, self.length_learned(j)):
+                group = None
+            queue.append((j, group, queued))
+        if all(group is None for _, group, _ in queue):
+            return set()
+        learning = {self.group(a.start.job_index, a.start.level) for a in sim.running}
+        return teaching_jobs(queue, learning)
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
@@ -229,9 +257,13 @@ class OrchPolicy:
         # and the first left waiting; none at all when no shape can be placed.
         queue = []
         placeable = False
+        firsts = []
         for shape, first in list(self.by_shape.shapes()):
             level = self.queue[first].level
-            predicted_mib = int(self.predict_mib(first, level))
+            prediction = self.predict(first, level)
+            # how many are queued matters only up to two: whether a group has a job to teach
+            firsts.append((first, level, prediction, len(self.by_shape.first(shape, 2))))
+            predicted_mib = int(prediction.mib)
             expected_s = self.expected_s(first, level)
             alone = TRACE_LEVELS[level].run_alone
             k = most_placeable(predicted_mib, alone, cards)
@@ -250,6 +282,8 @@ class OrchPolicy:
                 )
         if not placeable:
             return []  # no shape fits anywhere: pack would place nothing
+        teaching = self._teaching(sim, firsts)
+        queue = [replace(q, teaches=True) if q.job_id in teaching else q for q in queue]
         decision = pack(queue, gpus, running, self._packing, now_s)
         self.wait_reasons = decision.wait_reasons
         starts = []
