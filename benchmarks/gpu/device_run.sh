@@ -6,7 +6,9 @@
 #   two:      on a machine of two cards: the packed sweep (plan 6 per card), then the same jobs
 #             one per card (plan 1), both with the ballast on each card
 #   learn:    minutes-long jobs declared too low and too high (learn_sweep.py): concurrency of
-#             the first 10 minutes against an oracle, OOMs after the first per shape
+#             the first 390 s against an oracle, OOMs after the first per shape (one call)
+#   learn-start, then learn-collect within the machine's warm period: the same over the whole
+#             10-minute window, in two calls
 #   scale:    the daemon figures by queue size (benchmarks/daemon_figures.py) on this host's CPU
 #             cores, with simulated GPUs: no GPU is used (~5 min)
 #   torchrun: two torchrun jobs (examples/torchrun_tiny.py, DDP over gloo) through orch, 2 ranks
@@ -66,6 +68,21 @@ mkdir -p "$OUT"
     learn)
       timeout 540 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 390
       [ -f /tmp/orch-learn/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('/tmp/orch-learn/ballast.json'))['pid'])")" 2>/dev/null
+      ;;
+    learn-start)
+      # the whole 10-minute window outlasts one call: the sweep runs in its own session from a
+      # copy of the repo (the next call re-copies the tree), and `learn-collect`, called while
+      # the machine is still warm, waits for it and brings its files back
+      rm -rf /tmp/orch-learn-repo /tmp/orch-learn-site /tmp/orch-learn-out && mkdir -p /tmp/orch-learn-out
+      cp -r . /tmp/orch-learn-repo && rm -rf /tmp/orch-learn-repo/.whl && cp -r /tmp/site /tmp/orch-learn-site
+      (cd /tmp/orch-learn-repo && PYTHONPATH=/tmp/orch-learn-site:/tmp/orch-learn-repo setsid bash -c "timeout 900 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out /tmp/orch-learn-out --budget-s ${LEARN_BUDGET_S:-630} >/tmp/orch-learn-out/sweep.log 2>&1; echo \$? >/tmp/orch-learn-out/rc" </dev/null >/dev/null 2>&1 &)
+      for _ in $(seq 1 $(( ${LEARN_START_WAIT_S:-540} / 30 ))); do sleep 30; tail -n 1 /tmp/orch-learn-out/sweep.log; done
+      ;;
+    learn-collect)
+      for _ in $(seq 1 ${LEARN_COLLECT_WAIT_S:-420}); do [ -f /tmp/orch-learn-out/rc ] && break; sleep 1; done
+      cat /tmp/orch-learn-out/rc; tail -n 60 /tmp/orch-learn-out/sweep.log
+      [ -f /tmp/orch-learn/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('/tmp/orch-learn/ballast.json'))['pid'])")" 2>/dev/null
+      cp /tmp/orch-learn-out/* "$OUT"/
       ;;
   esac
 } 2>&1 | tee "$OUT/log.txt"
