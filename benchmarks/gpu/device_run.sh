@@ -76,7 +76,7 @@ mkdir -p "$OUT"
       rm -rf /tmp/orch-learn-repo /tmp/orch-learn-site /tmp/orch-learn-out && mkdir -p /tmp/orch-learn-out
       cp -r . /tmp/orch-learn-repo && rm -rf /tmp/orch-learn-repo/.whl && cp -r /tmp/site /tmp/orch-learn-site
       (cd /tmp/orch-learn-repo && PYTHONPATH=/tmp/orch-learn-site:/tmp/orch-learn-repo setsid bash -c "timeout 900 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out /tmp/orch-learn-out --budget-s ${LEARN_BUDGET_S:-630} >/tmp/orch-learn-out/sweep.log 2>&1; echo \$? >/tmp/orch-learn-out/rc" </dev/null >/dev/null 2>&1 &)
-      for _ in $(seq 1 $(( ${LEARN_START_WAIT_S:-540} / 30 ))); do sleep 30; tail -n 1 /tmp/orch-learn-out/sweep.log; done
+      for _ in $(seq 1 $(( ${LEARN_START_WAIT_S:-510} / 30 ))); do sleep 30; tail -n 1 /tmp/orch-learn-out/sweep.log; done
       ;;
     learn-collect)
       for _ in $(seq 1 ${LEARN_COLLECT_WAIT_S:-420}); do [ -f /tmp/orch-learn-out/rc ] && break; sleep 1; done

@@ -115,7 +115,7 @@ def _step_k_at(run_dir: str | None, k: int = PROVISIONAL_STEPS) -> float | None:
     return None
 
 
-def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
+def summarize(db_dir: Path, free_mib: int, slots: int, headroom_mib: int = 0) -> dict[str, Any]:
     jobs = [json.loads((db_dir / "dumps" / "show" / p.name).read_text())
             for p in sorted((db_dir / "dumps" / "show").glob("*.json"), key=lambda p: int(p.stem))]  # fmt: skip
     attempts = [{**a, "shape": f"{j['suite']}/{j['config']} L{a['level']}", "job": j["id"]} for j in jobs for a in j["attempts"]]
@@ -153,10 +153,16 @@ def summarize(db_dir: Path, free_mib: int, slots: int) -> dict[str, Any]:
                                       "peak_mib": a["peak_mib"]} for a in running],
             "sources": sorted({str(a["prediction_source"]) for a in mine}),
         }  # fmt: skip
+    # once the last job has started, concurrency falls as jobs end whatever the policy: the
+    # oracle's figure (how many fit at once) compares with the time while jobs still queued
+    queue_empty_at = min(t1, max(a["started_at"] for a in attempts))
     return {
         "window_s": round(t1 - t0, 1),
         "mean_concurrency": round(concurrency(attempts, t0, t1), 2),
+        "queued_for_s": round(queue_empty_at - t0, 1),
+        "mean_concurrency_while_queued": round(concurrency(attempts, t0, queue_empty_at), 2),
         "oracle_concurrency": oracle_concurrency(jobs, peaks, free_mib, slots),
+        "oracle_concurrency_with_headroom": oracle_concurrency(jobs, peaks, free_mib - headroom_mib, slots),
         "true_peaks_mib": peaks,
         "ooms_after_first_per_shape": sum(s["ooms_after_first"] for s in shapes.values()),
         "ooms_of_measured_starts": sum(s["ooms_of_measured_starts"] for s in shapes.values()),
@@ -227,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         (tag_dir / "dumps" / "memory.json").write_text(orch(["memory", "--json"], db, check=False))
         finish(db, daemon, ballast)
         free_mib = int(args.leave_gib * 1024)
-        summary = {"meta": meta, **summarize(tag_dir, free_mib, int(args.gpu_plan.split(",")[0]))}
+        # the daemon's headroom is a fraction of the card's total, capped; the cap binds here
+        # (a card's total is at least the memory left to the sweep)
+        headroom_mib = int(min(args.headroom * free_mib, args.headroom_max_gib * 1024))
+        slots = int(args.gpu_plan.split(",")[0])
+        summary = {"meta": meta, **summarize(tag_dir, free_mib, slots, headroom_mib)}
         (out / "learn-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(json.dumps(summary, indent=2), flush=True)
         pack_out(tag_dir, out, "learn")
