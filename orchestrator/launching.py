@@ -3,6 +3,7 @@ write its run dir and ask the launcher, several at once."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,8 @@ from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attem
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,9 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir)},
         )
-        prepare_run_dir(run_dir, claimed.config, env)
+        moved_to = prepare_run_dir(run_dir, claimed.config, env)
+        if moved_to is not None:
+            log.warning("%s already held files of an earlier database's job; moved them to %s", run_dir, moved_to)
         argv = build_argv(
             job.worker, config_path=RunDir(run_dir).config, run_dir=run_dir,
             values={"seed": str(job.seed), "data": job.data, "job": str(job.id),

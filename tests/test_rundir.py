@@ -24,8 +24,27 @@ def test_prepare_run_dir_writes_yaml_and_private_env(tmp_path: Path) -> None:
     assert json.loads((run_dir / "env.json").read_text())["ODD"] == "x'y\"z $(rm -rf /)"
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]  # no temp files left
 
-    prepare_run_dir(run_dir, {"model": "other"}, {})  # rewriting replaces, never appends
-    assert yaml.safe_load((run_dir / "config.yaml").read_text()) == {"model": "other"}
+
+
+def test_a_run_dir_left_by_an_earlier_database_is_moved_aside_not_read(tmp_path: Path) -> None:
+    # after `rm state.db`, job 1 of the new database gets job 1's old attempt dir: its
+    # result.json would be read as the new attempt's outcome
+    run_dir = tmp_path / "runs" / "suite" / "000001-cfg-s1-rte" / "attempt-1"
+    assert prepare_run_dir(run_dir, {"model": "old"}, {}) is None
+    (run_dir / "result.json").write_text('{"status": "ok"}')
+    (run_dir / "checkpoint.bin").write_bytes(b"weights")
+    assert prepare_run_dir(run_dir, {"model": "new"}, {}) == run_dir.with_name("attempt-1.stale-1")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "env.json"]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text()) == {"model": "new"}
+    kept = run_dir.with_name("attempt-1.stale-1")
+    assert (kept / "checkpoint.bin").read_bytes() == b"weights"  # user output is kept
+    assert yaml.safe_load((kept / "config.yaml").read_text()) == {"model": "old"}
+
+    (run_dir / "result.json").write_text("{}")
+    assert prepare_run_dir(run_dir, {}, {}) == run_dir.with_name("attempt-1.stale-2")
+    empty = tmp_path / "runs" / "suite" / "000002-cfg-s1-rte" / "attempt-1"
+    empty.mkdir(parents=True)
+    assert prepare_run_dir(empty, {}, {}) is None  # an empty dir is taken as it is
 
 
 def test_prepare_run_dir_rejects_bad_env_before_writing(tmp_path: Path) -> None:

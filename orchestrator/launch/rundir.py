@@ -68,17 +68,21 @@ def make_private_dirs(path: Path) -> None:
             os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
 
 
-def prepare_run_dir(run_dir: Path, config: dict[str, Any], env: dict[str, str]) -> None:
+def prepare_run_dir(run_dir: Path, config: dict[str, Any], env: dict[str, str]) -> Path | None:
     """Create `run_dir` and its missing parents (0700) with config.yaml (dumped YAML) and
     env.json (0600). Every level is reached without following a symlink and must be ours
-    (runtree); a symlink named config.yaml is replaced, never written through."""
-    from orchestrator.launch.runtree import open_run_dir
+    (runtree); a symlink named config.yaml is replaced, never written through. A run dir that
+    already holds files is not this attempt's (runtree.set_aside_stale): it is moved aside
+    first, and its new path returned."""
+    from orchestrator.launch.runtree import open_run_dir, set_aside_stale
 
     config_text = yaml.safe_dump(config, sort_keys=False)
     env_text = json.dumps(validate_env(env), indent=2, sort_keys=True)
+    moved_to = set_aside_stale(Path(run_dir))
     with open_run_dir(Path(run_dir), create=True) as dir_fd:
         write_in_dir(dir_fd, RunDir.CONFIG, config_text.encode("utf-8"))
         write_in_dir(dir_fd, RunDir.ENV, env_text.encode("utf-8"))
+    return moved_to
 
 
 def build_worker_env(

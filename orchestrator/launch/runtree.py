@@ -129,6 +129,53 @@ def open_run_dir(run_dir: Path, *, create: bool = False) -> Iterator[int]:
         os.close(fd)
 
 
+def set_aside_stale(run_dir: Path) -> Path | None:
+    """Rename a new attempt's run dir that already holds files to `attempt-N.stale-K` (the
+    first K free) and return its new path; None when there is none, or it is empty.
+
+    Job ids restart at 1 in a new database, so after `rm state.db` (or a second database in
+    the same folder) attempt dirs of the old jobs sit where the new ones go: their result.json
+    and exit.json would be read as the new attempt's. They are user output, so they are kept,
+    not removed. Only a real directory is moved; a symlink there is refused by open_run_dir."""
+    root, names = run_dir_parts(run_dir)
+    fd = open_runs_root(root, create=False)
+    if fd is None:
+        return None
+    path = root
+    try:
+        for name in names[:-1]:
+            path = path / name
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise RunTreeError(_why_not_dir(path, exc)) from None
+            os.close(fd)
+            fd = child
+            _check_dir(fd, path)
+        leaf = names[-1]
+        try:
+            leaf_fd = os.open(leaf, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            return None  # missing, or not a directory: open_run_dir says what is wrong
+        try:
+            if not os.listdir(leaf_fd):
+                return None
+        finally:
+            os.close(leaf_fd)
+        for k in range(1, 10_000):
+            target = f"{leaf}.stale-{k}"
+            try:
+                os.stat(target, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                break
+        os.rename(leaf, target, src_dir_fd=fd, dst_dir_fd=fd)
+        return Path(run_dir).with_name(target)
+    finally:
+        os.close(fd)
+
+
 def read_file(dir_fd: int, name: str, max_bytes: int, *, tail: bool = False) -> bytes | None:
     """The file's bytes (its last `max_bytes` with `tail`); None when it does not exist.
     Raises FileProblem for a symlink, a non-regular file, or (without `tail`) one too large."""
