@@ -308,9 +308,11 @@ def update_shape(
     observed_peak_mib: int | None,
     outcome: AttemptOutcome,
     held_at_oom_mib: int | None,
+    placed_mib: int | None = None,
 ) -> ShapeMemory:
     """Fold one finished attempt into its shape's record. A completed attempt's peak is a
-    measurement; any other attempt's peak so far (and what an OOM'd one held) is a floor."""
+    measurement; any other attempt's peak so far (and what an OOM'd one held) is a floor.
+    `placed_mib`: the size the attempt was placed at (None: unknown, taken as at the floor)."""
     old = old or ShapeMemory(peak_mib=None, oom_floor_mib=None, samples=0)
     if outcome is AttemptOutcome.SUCCEEDED:
         if observed_peak_mib is None:
@@ -323,9 +325,11 @@ def update_shape(
         return ShapeMemory(peak_mib, floor, old.samples + 1)
     held = held_at_oom_mib if outcome is AttemptOutcome.OOM else None
     floor = _max(old.oom_floor_mib, observed_peak_mib, held)
-    if outcome is AttemptOutcome.OOM and old.oom_floor_mib is not None and floor is not None:
+    placed_at_floor = placed_mib is None or (old.oom_floor_mib is not None and placed_mib >= old.oom_floor_mib)
+    if outcome is AttemptOutcome.OOM and old.oom_floor_mib is not None and floor is not None and placed_at_floor:
         # It died again although placed at or above the floor: what an OOM'd job held is what
-        # it got on a full card, not what it needs, so raise the floor geometrically.
+        # it got on a full card, not what it needs, so raise the floor geometrically. One
+        # placed below it (started beside the first OOM, before the floor existed) says nothing new.
         floor = max(floor, math.ceil(old.oom_floor_mib * OOM_FLOOR_GROWTH))
     return ShapeMemory(old.peak_mib, floor, old.samples)
 

@@ -115,7 +115,7 @@ def complete(
     level = levels[min(attempt.level, len(levels) - 1)]
     needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
     held_at_death_mib = max(attempt.held_mib, peak_mib, int(needed_mib or 0))
-    shape_lesson = _shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib)
+    shape_lesson = _shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib)
     prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
 
     data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
@@ -228,7 +228,7 @@ def _stdout_metrics(job: Job, run_dir: Path) -> dict[str, float] | None:
 
 
 def _shape_lesson(
-    job: Job, level: Level, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int
+    job: Job, level: Level, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int, placed_mib: int | None
 ) -> ShapeLesson | None:
     """How the attempt folds into its shape's memory record. For an OOM, what the process held
     plus what it asked for when it died (torch's message) is a floor on what the shape needs."""
@@ -236,7 +236,7 @@ def _shape_lesson(
         return None
     return ShapeLesson(
         job_shape_key(job, level),
-        lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None),
+        lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None, placed_mib or None),
         job.suite, f"{job.config_name} L{level.index} {job.data}",
     )
 

@@ -179,6 +179,12 @@ def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
     again = update_shape(done, 7000, AttemptOutcome.OOM, 7500)
     assert again.oom_floor_mib == math.ceil(8000 * OOM_FLOOR_GROWTH)
     assert predict_peak_mib(again, None, 4000).source.kind is SourceKind.OOM_FLOOR
+    # An attempt placed below the floor (it started beside the first OOM, at the declared
+    # figure) dies for want of memory already known: the floor does not grow.
+    beside = update_shape(first, 3000, AttemptOutcome.OOM, 4800, placed_mib=4096)
+    assert beside.oom_floor_mib == 5000
+    assert update_shape(first, 3000, AttemptOutcome.OOM, 4800, placed_mib=5500).oom_floor_mib == math.ceil(
+        5000 * OOM_FLOOR_GROWTH)  # fmt: skip
     # A floor below the measurement stays (it is a true lower bound).
     low = update_shape(update_shape(None, 3000, AttemptOutcome.OOM, 5000), 8000, AttemptOutcome.SUCCEEDED, None)
     assert low.oom_floor_mib == 5000
