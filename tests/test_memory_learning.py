@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from rows_helpers import attempt_of, job_of
@@ -271,6 +272,49 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == ["other|m|0|t"]
     assert orch_inproc("memory", "forget", "other|m|0|t").rc == 0
     assert json.loads(orch_inproc("memory", "--json").stdout)["shapes"] == []
+
+
+def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.store.attempts import write_shape
+    from orchestrator.store.db import Store
+    from orchestrator.store.learning import label_shape, record_throughput
+
+    shared, own = shape_key("h", "m", 0, "glue_rte"), shape_key("g", "m", 0, "glue_rte")
+    with Store(db_path) as store:
+        write_shape(store, shared, ShapeMemory(10_240, None, 2))
+        label_shape(store, shared, "low", "c L0 glue_rte")
+        label_shape(store, shared, "low", "c L0 glue_rte")  # a suite is listed once
+        label_shape(store, shared, "nomk", "c L0 glue_rte")  # the last teacher is another suite
+        write_shape(store, own, ShapeMemory(4_096, None, 1))
+        label_shape(store, own, "nomk", "d L0 glue_rte")
+        record_throughput(store, "GPU-1", shape_key("t", "m", 0, "glue_rte"), 1, 50.0, "low")  # throughput only
+        assert store.query("SELECT suites_json FROM memory_shapes WHERE shape_key = ?", [shared])[0][
+            "suites_json"] == '["low","nomk"]'  # fmt: skip
+    for bad in (("--suite", "nosuite"), ("--suite", "")):
+        result = orch_inproc("memory", "forget", *bad)
+        assert result.rc == 2 and len(result.stderr.strip().splitlines()) == 1, bad
+    assert "no suite 'nosuite'" in orch_inproc("memory", "forget", "--suite", "nosuite").stderr
+    assert len(json.loads(orch_inproc("memory", "--json").stdout)["shapes"]) == 3  # nothing went
+    result = orch_inproc("memory", "forget", "--suite", "low", "--json")
+    assert result.rc == 0
+    assert sorted(json.loads(result.stdout)["shapes"]) == sorted([shared, shape_key("t", "m", 0, "glue_rte")])
+    assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == [own]
+
+
+def test_old_shape_rows_keep_their_teacher_through_the_migration(tmp_path: Path) -> None:
+    import sqlite3
+
+    from orchestrator.store.db import Store
+    from orchestrator.store.learning import forget_shapes
+    from tests.store_helpers import old_database_with_one_job
+
+    db = tmp_path / "state.db"
+    old_database_with_one_job(db, stop_before="m015_shape_teachers")
+    with sqlite3.connect(str(db)) as conn:
+        conn.execute("INSERT INTO memory_shapes (shape_key, peak_mib, samples, updated_at, suite, label) "
+                     "VALUES ('k', 1000, 1, 0, 'E1', 'c L0 t')")  # fmt: skip
+    with Store(db) as store:
+        assert forget_shapes(store, suite="E1") == ["k"]
 
 
 def test_a_floor_equal_to_the_measured_peak_does_not_outbid_it() -> None:

@@ -19,11 +19,14 @@ from orchestrator.store.learning import (
     live_attempts_and_jobs,
     read_throughput,
     shape_known,
+    suite_known,
 )
 from orchestrator.throughput import relative_curve
 
 
-def _running(store: Store) -> dict[str, RunningPeak]:
+def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str, str]]]:
+    """Shape key -> its running attempts past step K; shape key -> (suite, label) of a live
+    attempt of it, for shapes nothing has been learned of yet."""
     from orchestrator.learned import running_peaks
     from orchestrator.prediction import (  # the ladder: not for every CLI start
         JobShapeCache,
@@ -32,19 +35,29 @@ def _running(store: Store) -> dict[str, RunningPeak]:
 
     live, jobs = live_attempts_and_jobs(store)
     cache = JobShapeCache()
-    return running_peaks(live, jobs, lambda j, a: attempt_shape_key(j, a, cache))
+    names: dict[str, tuple[str, str]] = {}
+    for attempt in live:
+        job = jobs.get(attempt.job_id)
+        if job is not None:
+            key = attempt_shape_key(job, attempt, cache)
+            names.setdefault(key, (job.suite, f"{job.config_name} L{attempt.level} {job.data}"))
+    return running_peaks(live, jobs, lambda j, a: attempt_shape_key(j, a, cache)), names
 
 
 def memory_snapshot(store: Store) -> list[dict[str, Any]]:
     """One entry per shape that has a learned row, running attempts past step K, or throughput."""
     rows = {r.shape_key: r for r in list_shapes(store)}
-    running = _running(store)
+    running, names = _running(store)
     rates: dict[str, dict[str, dict[int, float]]] = {}
     for t in read_throughput(store):
         rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
     out: list[dict[str, Any]] = []
+    def suite_and_label(key: str) -> tuple[str | None, str | None]:
+        row = rows.get(key)
+        return (row.suite, row.label) if row is not None and row.label else names.get(key, (None, None))
+
     def label_of(key: str) -> str:
-        return (rows[key].label if key in rows else None) or ""
+        return suite_and_label(key)[1] or ""
 
     for key in sorted(set(rows) | set(running) | set(rates), key=lambda k: (label_of(k), k)):
         row = rows.get(key)
@@ -60,7 +73,7 @@ def memory_snapshot(store: Store) -> list[dict[str, Any]]:
         else:
             source, margin = "throughput only", 0.0
         out.append({
-            "shape": key, "suite": row.suite if row else None, "label": row.label if row else None,
+            "shape": key, "suite": suite_and_label(key)[0], "label": suite_and_label(key)[1],
             "peak_mib": peak, "oom_floor_mib": floor, "samples": samples,
             "running": None if run is None else {"peak_mib": run.peak_mib, "step": run.step, "attempts": run.attempts},
             "source": source, "margin": round(margin, 3),
@@ -123,13 +136,25 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
     with open_store(db_path, create=False) as store:
+        running, _names = _running(store)
         if shape is not None and not shape_known(store, shape):
+            if shape in running:
+                raise UsageError(f"shape {shape!r} has learned nothing yet: only its running attempts, "
+                                 "whose peak counts until they end")  # fmt: skip
             raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
-        removed = forget_shapes(store, shape_key=shape, suite=suite)
+        if suite is not None and not suite_known(store, suite):
+            raise UsageError(f"no suite {suite!r} in this database (see `orch status`)")
+        forgotten = forget_shapes(store, shape_key=shape, suite=suite)
+    still_running = [key for key in forgotten if key in running]
     if as_json:
-        echo_json({"forgotten": removed, "shape": shape, "suite": suite})
-    else:
-        click.echo(f"forgot {removed} shape(s)")
+        echo_json({"forgotten": len(forgotten), "shapes": forgotten, "still_running": still_running,
+                   "shape": shape, "suite": suite})  # fmt: skip
+        return
+    note = ""
+    if still_running:
+        note = (f"; {len(still_running)} of them still ha{'s' if len(still_running) == 1 else 've'} running "
+                "attempts, whose peak counts until they end")  # fmt: skip
+    click.echo(f"forgot {len(forgotten)} shape(s){note}")
 
 
 def register(group: click.Group) -> None:

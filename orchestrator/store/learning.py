@@ -20,10 +20,14 @@ class ThroughputRow:
 
 
 def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
-    """Name the suite and config that last taught a shape (shown by `orch memory`)."""
+    """Name the suite and config that last taught a shape (shown by `orch memory`), and add
+    the suite to those that taught it (`orch memory forget --suite`)."""
     with store.write():
         store._db.execute(
-            "UPDATE memory_shapes SET suite = ?, label = ? WHERE shape_key = ?", [suite, label, shape_key]
+            "UPDATE memory_shapes SET suite = ?, label = ?, suites_json = CASE WHEN EXISTS "
+            "(SELECT 1 FROM json_each(memory_shapes.suites_json) WHERE value = ?) THEN suites_json "
+            "ELSE json_insert(suites_json, '$[#]', ?) END WHERE shape_key = ?",
+            [suite, label, suite, suite, shape_key],
         )
 
 
@@ -48,19 +52,34 @@ def list_shapes(store: Store) -> list[LearnedShape]:
                          r["label"]) for r in rows]
 
 
-def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> int:
-    """Delete learned memory and throughput of one shape, or of every shape a suite taught.
-    Returns how many memory rows went."""
+def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> list[str]:
+    """Delete learned memory and throughput of one shape, or of every shape a suite taught
+    (alone or with other suites). Returns the keys of the shapes that lost anything."""
     if (shape_key is None) == (suite is None):
         raise ValueError("give exactly one of shape_key and suite")
     with store.write():
         if shape_key is not None:
-            cursor = store._db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [shape_key])
-            store._db.execute("DELETE FROM throughput WHERE shape_key = ?", [shape_key])
+            keys = [shape_key]
         else:
-            cursor = store._db.execute("DELETE FROM memory_shapes WHERE suite = ?", [suite])
-            store._db.execute("DELETE FROM throughput WHERE suite = ?", [suite])
-    return int(cursor.rowcount or 0)
+            keys = [r["shape_key"] for r in store.query(
+                "SELECT shape_key FROM memory_shapes WHERE suite = ? OR EXISTS "
+                "(SELECT 1 FROM json_each(suites_json) WHERE value = ?) "
+                "UNION SELECT shape_key FROM throughput WHERE suite = ?", [suite, suite, suite])]  # fmt: skip
+        forgotten: list[str] = []
+        for key in keys:
+            memory = store._db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [key]).rowcount
+            rates = store._db.execute("DELETE FROM throughput WHERE shape_key = ?", [key]).rowcount
+            if memory or rates:
+                forgotten.append(key)
+    return forgotten
+
+
+def suite_known(store: Store, suite: str) -> bool:
+    """Does the database hold a job of this suite, or anything it taught?"""
+    return bool(store.query(
+        "SELECT 1 FROM jobs WHERE suite = ? UNION SELECT 1 FROM memory_shapes WHERE suite = ? OR EXISTS "
+        "(SELECT 1 FROM json_each(suites_json) WHERE value = ?) UNION SELECT 1 FROM throughput WHERE suite = ? "
+        "LIMIT 1", [suite, suite, suite, suite]))  # fmt: skip
 
 
 def record_throughput(

@@ -337,3 +337,14 @@ def m014_queue_changes(db: sqlite_utils.Database) -> None:
         "BEGIN INSERT INTO queue_changes (job_id) VALUES (OLD.id); END",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m015_shape_teachers(db: sqlite_utils.Database) -> None:
+    # Every suite that taught a shape, not only the last: `orch memory forget --suite S` must
+    # find a shape that S taught and another suite taught after it.
+    for statement in (
+        "ALTER TABLE memory_shapes ADD COLUMN suites_json TEXT NOT NULL DEFAULT '[]'",
+        "UPDATE memory_shapes SET suites_json = json_array(suite) WHERE suite IS NOT NULL",
+    ):
+        db.execute(statement)
