@@ -244,6 +244,12 @@ def test_suite_memory_settings(tmp_path) -> None:  # type: ignore[no-untyped-def
     for bad in ({"memory_keys": "chunk"}, {"memory_keys": [3]}, {"min_stack_gain": 2}, {"min_stack_gain": "x"}):
         with pytest.raises(PlanError):
             _suite(tmp_path, **bad)
+    from orchestrator.plans.suite import load_suite
+
+    # written by hand as `min_stack_gain: 1e-3`, which YAML 1.1 reads as text
+    (tmp_path / "suites" / "s.yaml").write_text("worker: sim\nmem_gib: 4\nconfigs: [c]\nmin_stack_gain: 1e-3\n")
+    with pytest.raises(PlanError, match=r"YAML reads 1e-3 as text: write 0\.001"):
+        load_suite("s", tmp_path)
 
 
 def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]

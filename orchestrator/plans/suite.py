@@ -153,6 +153,9 @@ def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+_EXPONENT_WITHOUT_DOT = re.compile(r"[+-]?[0-9]+[eE][+-]?[0-9]+")
+
+
 def _typed(path: Path, data: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any) -> Any:
     value = data.get(key, default)
     if value is default:
@@ -160,9 +163,13 @@ def _typed(path: Path, data: dict[str, Any], key: str, kinds: tuple[type, ...], 
     if isinstance(value, bool) and bool not in kinds:
         raise PlanError(f"suite {path}: `{key}` must be {'/'.join(k.__name__ for k in kinds)}, not bool")
     if not isinstance(value, kinds):
+        hint = ""
+        if float in kinds and isinstance(value, str) and _EXPONENT_WITHOUT_DOT.fullmatch(value.strip()):
+            # YAML 1.1 reads an exponent without a dot (1e-3) as text
+            hint = f" (YAML reads {value} as text: write {float(value)!r})"
         raise PlanError(
             f"suite {path}: `{key}` must be {'/'.join(k.__name__ for k in kinds)}, "
-            f"not {type(value).__name__}"
+            f"not {type(value).__name__}{hint}"
         )
     return value
 
