@@ -37,6 +37,8 @@ def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) 
     assert 5 * 1024 <= second["predicted_peak_mib"] <= int(5 * 1024 * 1.16)
     shown = orch.json("memory", "--json")["shapes"]
     assert len(shown) == 1 and shown[0]["running"]["step"] >= 10 and shown[0]["peak_mib"] is None
+    # nothing learned yet, but named after the live attempt's suite and config
+    assert shown[0]["suite"] == "wide" and shown[0]["label"] == "w L0 glue_rte", shown[0]
     assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}
     learned = orch.json("memory", "--json")["shapes"]
     assert len(learned) == 1 and learned[0]["samples"] == 2 and learned[0]["source"].startswith("measured")

@@ -95,7 +95,8 @@ def render(entries: list[dict[str, Any]]) -> str:
         return "nothing learned yet"
     lines = [f"{'shape':<40} {'peak':>9} {'floor':>9} {'n':>3} {'margin':>6}  source / throughput"]
     for e in entries:
-        name = e["label"] or e["shape"][:40]
+        # configs of the same name in two suites are two shapes: the suite tells them apart
+        name = (f"{e['suite']}/{e['label']}" if e["suite"] else e["label"]) or e["shape"][:40]
         peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
         lines.append(
             f"{name[:40]:<40} {_gib(peak):>9} {_gib(e['oom_floor_mib']):>9} {e['samples']:>3} "
