@@ -187,3 +187,29 @@ def test_a_cancel_of_a_worker_ignoring_sigterm_never_stalls_scheduling(orch: Orc
 def _log(attempt: dict[str, Any]) -> str:
     path = Path(attempt["run_dir"]) / "stdout.log"
     return path.read_text() if path.exists() else ""
+
+
+def test_a_new_database_in_the_same_folder_never_reads_the_old_runs(orch: Orch) -> None:
+    # Job ids restart at 1 after `rm state.db`: the new job 1 is given the old job 1's run dir.
+    # Its stale result.json and exit.json (a success) must not become the new attempt's outcome.
+    orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 0.5, "sim_ramp_s": 0.1}}, mem_gib=2)
+    orch.submit("s", "1:glue_rte")
+    orch.start_daemon()
+    assert orch.wait_all_done(30) == {1: "succeeded"}
+    orch.stop_daemon()
+    (old_dir,) = [a["run_dir"] for a in orch.attempts(1)]
+    assert (Path(old_dir) / "result.json").is_file()
+    for path in orch.root.glob("state.db*"):
+        if path.is_file():
+            path.unlink()
+
+    orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 1.0, "sim_ramp_s": 0.1, "sim_fail": "error"}},
+                     mem_gib=2, max_attempts=1)  # fmt: skip
+    orch.submit("s", "1:glue_rte")
+    orch.start_daemon()
+    assert orch.wait_all_done(30) == {1: "failed"}
+    (attempt,) = orch.attempts(1)
+    assert attempt["run_dir"] == old_dir and attempt["outcome"] == "failed", attempt
+    assert "sim_fail" in (Path(old_dir) / "config.yaml").read_text()  # the dir is the new attempt's
+    kept = Path(old_dir).with_name("attempt-1.stale-1")
+    assert (kept / "result.json").is_file() and (kept / "exit.json").is_file()
