@@ -15,6 +15,7 @@ from orchestrator.shapes import RunningPeak, measured_margin, running_margin
 from orchestrator.store.db import Store
 from orchestrator.store.learning import (
     forget_shapes,
+    gpu_indexes,
     list_shapes,
     live_attempts_and_jobs,
     read_throughput,
@@ -90,7 +91,7 @@ def _gib(mib: int | None) -> str:
     return "-" if not mib else f"{mib / 1024:.1f} GiB"
 
 
-def render(entries: list[dict[str, Any]]) -> str:
+def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = None) -> str:
     if not entries:
         return "nothing learned yet"
     lines = [f"{'shape':<40} {'peak':>9} {'floor':>9} {'n':>3} {'margin':>6}  source / throughput"]
@@ -105,7 +106,8 @@ def render(entries: list[dict[str, Any]]) -> str:
         for gpu, curve in e["throughput"].items():
             relative = curve["relative"] or {}
             shown = ", ".join(f"{k}:{v}x" for k, v in relative.items()) or "no solo reading yet"
-            lines.append(f"{'':<40}   {gpu[-12:]}: jobs per card -> throughput {shown}")
+            card = f"GPU {gpu_index[gpu]}" if gpu_index and gpu in gpu_index else gpu[-12:]
+            lines.append(f"{'':<40}   {card}: jobs per card -> throughput {shown}")
         lines.append(f"{'':<40}   key {e['shape']}")
     return "\n".join(lines)
 
@@ -120,10 +122,11 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
         return
     with open_store(db_path) as store:
         entries = memory_snapshot(store)
+        cards = gpu_indexes(store, (gpu for e in entries for gpu in e["throughput"]))
     if as_json:
         echo_json({"shapes": entries})
     else:
-        click.echo(render(entries))
+        click.echo(render(entries, cards))
 
 
 @memory_group.command("forget")

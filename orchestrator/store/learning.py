@@ -3,6 +3,7 @@ throughput per GPU, shape and number of jobs on the card."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.store.db import Store
@@ -104,6 +105,16 @@ def read_throughput(store: Store) -> list[ThroughputRow]:
         ThroughputRow(r["gpu_uuid"], r["shape_key"], int(r["tenants"]), float(r["samples_per_s"]), int(r["samples"]))
         for r in rows
     ]
+
+
+def gpu_indexes(store: Store, gpu_uuids: Iterable[str]) -> dict[str, int]:
+    """The index each card had at its last sample (cards never sampled are left out)."""
+    found: dict[str, int] = {}
+    for uuid in set(gpu_uuids):
+        rows = store.query("SELECT gpu_index FROM gpu_samples WHERE gpu_uuid = ? ORDER BY id DESC LIMIT 1", [uuid])
+        if rows:
+            found[uuid] = int(rows[0]["gpu_index"])
+    return found
 
 
 def live_attempts_and_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:
