@@ -32,6 +32,7 @@ from orchestrator.reconcile import (
     read_result,
 )
 from orchestrator.runfiles import read_gpu_peak_mib
+from orchestrator.shapes import shape_label
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import AttemptEnd
 from orchestrator.store.db import Store
@@ -237,7 +238,7 @@ def _shape_lesson(
     return ShapeLesson(
         job_shape_key(job, level),
         lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None, placed_mib or None),
-        job.suite, f"{job.config_name} L{level.index} {job.data}",
+        job.suite, shape_label(job.config_name, level.index, job.data),
     )
 
 

@@ -74,6 +74,11 @@ class ShapeParts:
     task: str
 
 
+def shape_label(config_name: str, level: int, data: str) -> str:
+    """How `orch memory` names a shape: its config, ladder level and task."""
+    return f"{config_name} L{level} {data}"
+
+
 def parse_shape_key(key: str) -> ShapeParts | None:
     """The parts of a key built by `orchestrator.memory.shape_key`; None for a key of another
     form. Tasks and levels hold no '|' (their character sets are restricted); models may."""

@@ -214,3 +214,20 @@ def test_prompt_length_key_ignores_what_does_not_change_prompts() -> None:
     assert key != prompt_length_key({**base, "model": "llama"}, "glue-tvt_rte")
     assert key != prompt_length_key({**base, "max_seq_len": 128}, "glue-tvt_rte")
     assert prompt_length_key({"model": "m"}, "d") == prompt_length_key({"model": "m", "max_seq_len": 256}, "d")
+
+
+def test_an_attempts_end_passes_where_it_was_placed_to_the_floor() -> None:
+    # the lesson an OOM'd attempt teaches: placed below the floor, the floor stays
+    from rows_helpers import job_of
+
+    from orchestrator.ladder import Level
+    from orchestrator.memory import OOM_FLOOR_GROWTH
+    from orchestrator.outcomes import _shape_lesson
+
+    known = ShapeMemory(None, 5000, 0)
+    job, level = job_of(), Level(0, "base")
+    below = _shape_lesson(job, level, AttemptOutcome.OOM, 3000, 4800, placed_mib=4096)
+    at_floor = _shape_lesson(job, level, AttemptOutcome.OOM, 3000, 4800, placed_mib=5500)
+    assert below is not None and at_floor is not None
+    assert below.fold(known).oom_floor_mib == 5000
+    assert at_floor.fold(known).oom_floor_mib == math.ceil(5000 * OOM_FLOOR_GROWTH)

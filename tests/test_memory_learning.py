@@ -250,6 +250,9 @@ def test_suite_memory_settings(tmp_path) -> None:  # type: ignore[no-untyped-def
     (tmp_path / "suites" / "s.yaml").write_text("worker: sim\nmem_gib: 4\nconfigs: [c]\nmin_stack_gain: 1e-3\n")
     with pytest.raises(PlanError, match=r"YAML reads 1e-3 as text: write 0\.001"):
         load_suite("s", tmp_path)
+    (tmp_path / "suites" / "s.yaml").write_text("worker: sim\nmem_gib: 4\nconfigs: [c]\nmin_stack_gain: 1e-5\n")
+    with pytest.raises(PlanError, match=r"write 0\.00001\)"):  # not 1e-05, which YAML reads as text too
+        load_suite("s", tmp_path)
 
 
 def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
@@ -268,7 +271,8 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     first = next(s for s in listed if s["shape"] == key)
     assert first["peak_mib"] == 10_240 and first["samples"] == 2 and first["source"] == "measured (2 attempts)"
     assert first["throughput"]["GPU-1"]["relative"] == {"1": 1.0, "2": 1.2}
-    assert "1:1.0x, 2:1.2x" in orch_inproc("memory").stdout
+    shown = orch_inproc("memory").stdout
+    assert "1:1.0x, 2:1.2x" in shown and "E1/c L0 glue_rte" in shown  # configs of one name in two suites differ
     for bad in (("memory", "forget"), ("memory", "forget", key, "--suite", "E1"),
                 ("memory", "forget", "nope"), ("memory", "forget", "a\x01b")):
         result = orch_inproc(*bad)
@@ -305,6 +309,15 @@ def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db
     assert result.rc == 0
     assert sorted(json.loads(result.stdout)["shapes"]) == sorted([shared, shape_key("t", "m", 0, "glue_rte")])
     assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == [own]
+    # memory taught by another suite stays; only the readings `low` measured last go
+    other = shape_key("u", "m", 0, "glue_rte")
+    with Store(db_path) as store:
+        write_shape(store, other, ShapeMemory(6_000, None, 1))
+        label_shape(store, other, "nomk", "e L0 glue_rte")
+        record_throughput(store, "GPU-1", other, 1, 20.0, "low")
+    assert json.loads(orch_inproc("memory", "forget", "--suite", "low", "--json").stdout)["shapes"] == [other]
+    kept = {s["shape"]: s for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]}
+    assert kept[other]["peak_mib"] == 6_000 and kept[other]["throughput"] == {}
 
 
 def test_old_shape_rows_keep_their_teacher_through_the_migration(tmp_path: Path) -> None:
@@ -350,3 +363,35 @@ def test_packing_benchmark_oracle_and_step_k_learning() -> None:
     headline = Simulator(trace).run(EstimatePolicy(trace, known_after_s=30.0))
     assert headline.failed_jobs == 0 and headline.makespan_min <= 1.03 * oracle.makespan_min
     assert headline.oom_lost_gpu_min <= 0.005 * sum(j.minutes[0] for j in trace.jobs)
+
+
+def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction import JobShapeCache, attempt_shape_key
+    from orchestrator.store.attempts import AttemptPlan, start_attempt
+    from orchestrator.store.db import Store
+    from orchestrator.store.jobs import submit_jobs
+    from orchestrator.store.learning import record_throughput
+    from orchestrator.store.queue import live_attempts_with_jobs
+
+    plans = Path(__file__).resolve().parents[1] / "plans"
+    with Store(db_path) as store:
+        suite = load_suite("demo", plans)
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0), allowed_gpus=None,
+                    priority=0, force=False, dry_run=False)  # fmt: skip
+        job_id = store.query("SELECT id FROM jobs ORDER BY id LIMIT 1")[0]["id"]
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
+        live, jobs = live_attempts_with_jobs(store)
+        key = attempt_shape_key(jobs[job_id], live[0], JobShapeCache())
+    # before step K: nothing learned, but the attempt's held memory counts; the error says so
+    result = orch_inproc("memory", "forget", key)
+    assert result.rc == 2 and "learned nothing yet" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    with Store(db_path) as store:
+        record_throughput(store, "GPU-0", key, 1, 10.0, "demo")
+    result = orch_inproc("memory", "forget", key, "--json")
+    assert result.rc == 0 and json.loads(result.stdout)["still_running"] == [key]
+    with Store(db_path) as store:
+        record_throughput(store, "GPU-0", key, 1, 10.0, "demo")
+    assert orch_inproc("memory", "forget", "--suite", "demo").stdout.strip() == (
+        "forgot 1 shape(s); 1 of them still has running attempts, whose peak counts until they end")

@@ -123,15 +123,18 @@ def test_a_symlinked_level_of_the_runs_tree_is_never_followed(tmp_path: Path) ->
     assert not (elsewhere / "lost").exists()
 
 
-def test_prepare_replaces_a_planted_config_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
+def test_prepare_never_writes_through_a_planted_config_symlink(tmp_path: Path) -> None:
+    # a dir holding anything is not the new attempt's: it goes aside with the link in it, untouched
+    # (write_in_dir's replacing of a planted link is tested in test_rundir_files)
     run_dir = _run_dir(tmp_path)
     target = tmp_path / "precious.txt"
     target.write_text("keep me")
     target.chmod(0o644)
     (run_dir / "config.yaml").symlink_to(target)
-    prepare_run_dir(run_dir, {"model": "x"}, {})
+    assert prepare_run_dir(run_dir, {"model": "x"}, {}) == run_dir.with_name("attempt-1.stale-1")
     assert target.read_text() == "keep me" and oct(target.stat().st_mode & 0o777) == "0o644"
     assert not (run_dir / "config.yaml").is_symlink()
+    assert (run_dir.with_name("attempt-1.stale-1") / "config.yaml").readlink() == target
 
 
 def test_a_world_writable_runs_dir_is_refused(tmp_path: Path) -> None:

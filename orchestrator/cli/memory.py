@@ -11,11 +11,11 @@ import click
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
 from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
-from orchestrator.shapes import RunningPeak, measured_margin, running_margin
+from orchestrator.shapes import RunningPeak, measured_margin, running_margin, shape_label
 from orchestrator.store.db import Store
+from orchestrator.store.gpu_samples import gpu_indexes
 from orchestrator.store.learning import (
     forget_shapes,
-    gpu_indexes,
     list_shapes,
     live_attempts_and_jobs,
     read_throughput,
@@ -41,7 +41,7 @@ def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str,
         job = jobs.get(attempt.job_id)
         if job is not None:
             key = attempt_shape_key(job, attempt, cache)
-            names.setdefault(key, (job.suite, f"{job.config_name} L{attempt.level} {job.data}"))
+            names.setdefault(key, (job.suite, shape_label(job.config_name, attempt.level, job.data)))
     return running_peaks(live, jobs, lambda j, a: attempt_shape_key(j, a, cache)), names
 
 
@@ -140,7 +140,8 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
     with open_store(db_path, create=False) as store:
-        running, _names = _running(store)
+        # every live attempt counts here, before step K too: its held memory is a floor
+        _past_step_k, running = _running(store)
         if shape is not None and not shape_known(store, shape):
             if shape in running:
                 raise UsageError(f"shape {shape!r} has learned nothing yet: only its running attempts, "

@@ -170,6 +170,8 @@ def set_aside_stale(run_dir: Path) -> Path | None:
                 os.stat(target, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 break
+        else:
+            raise RunTreeError(f"{path}: {leaf}.stale-1 to -9999 all exist; clear them out of the way")
         os.rename(leaf, target, src_dir_fd=fd, dst_dir_fd=fd)
         return Path(run_dir).with_name(target)
     finally:

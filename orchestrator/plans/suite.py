@@ -11,6 +11,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-_EXPONENT_WITHOUT_DOT = re.compile(r"[+-]?[0-9]+[eE][+-]?[0-9]+")
+_NUMBER_WITH_EXPONENT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+")
 
 
 def _typed(path: Path, data: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any) -> Any:
@@ -164,9 +165,9 @@ def _typed(path: Path, data: dict[str, Any], key: str, kinds: tuple[type, ...], 
         raise PlanError(f"suite {path}: `{key}` must be {'/'.join(k.__name__ for k in kinds)}, not bool")
     if not isinstance(value, kinds):
         hint = ""
-        if float in kinds and isinstance(value, str) and _EXPONENT_WITHOUT_DOT.fullmatch(value.strip()):
-            # YAML 1.1 reads an exponent without a dot (1e-3) as text
-            hint = f" (YAML reads {value} as text: write {float(value)!r})"
+        if float in kinds and isinstance(value, str) and _NUMBER_WITH_EXPONENT.fullmatch(value.strip()):
+            # YAML 1.1 reads 1e-3 (no dot) and 1.0e3 (no sign) as text; a plain decimal always works
+            hint = f" (YAML reads {value} as text: write {format(Decimal(value.strip()), 'f')})"
         raise PlanError(
             f"suite {path}: `{key}` must be {'/'.join(k.__name__ for k in kinds)}, "
             f"not {type(value).__name__}{hint}"

@@ -101,3 +101,13 @@ def gpu_sample_series(store: Store, since_s: float | None = None) -> list[GpuSam
         sql += " WHERE ts >= ?"
         params.append(since_s)
     return [GpuSample(**row) for row in store.query(sql + " ORDER BY id", params)]
+
+
+def gpu_indexes(store: Store, gpu_uuids: Iterable[str]) -> dict[str, int]:
+    """The index each card had at its last sample (cards never sampled are left out)."""
+    found: dict[str, int] = {}
+    for uuid in set(gpu_uuids):
+        rows = store.query("SELECT gpu_index FROM gpu_samples WHERE gpu_uuid = ? ORDER BY id DESC LIMIT 1", [uuid])
+        if rows:
+            found[uuid] = int(rows[0]["gpu_index"])
+    return found

@@ -3,7 +3,6 @@ throughput per GPU, shape and number of jobs on the card."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.store.db import Store
@@ -54,24 +53,30 @@ def list_shapes(store: Store) -> list[LearnedShape]:
 
 
 def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> list[str]:
-    """Delete learned memory and throughput of one shape, or of every shape a suite taught
-    (alone or with other suites). Returns the keys of the shapes that lost anything."""
+    """Delete learned memory and throughput of one shape, or what a suite taught: every shape
+    whose memory it taught (alone or with other suites), with that shape's throughput, and the
+    throughput readings it measured last. Returns the keys of the shapes that lost anything."""
     if (shape_key is None) == (suite is None):
         raise ValueError("give exactly one of shape_key and suite")
+    forgotten: list[str] = []
     with store.write():
         if shape_key is not None:
-            keys = [shape_key]
+            memory_keys = [shape_key]
         else:
-            keys = [r["shape_key"] for r in store.query(
+            memory_keys = [r["shape_key"] for r in store.query(
                 "SELECT shape_key FROM memory_shapes WHERE suite = ? OR EXISTS "
-                "(SELECT 1 FROM json_each(suites_json) WHERE value = ?) "
-                "UNION SELECT shape_key FROM throughput WHERE suite = ?", [suite, suite, suite])]  # fmt: skip
-        forgotten: list[str] = []
-        for key in keys:
+                "(SELECT 1 FROM json_each(suites_json) WHERE value = ?)", [suite, suite])]  # fmt: skip
+        for key in memory_keys:
             memory = store._db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [key]).rowcount
             rates = store._db.execute("DELETE FROM throughput WHERE shape_key = ?", [key]).rowcount
             if memory or rates:
                 forgotten.append(key)
+        if suite is not None:
+            # a throughput row remembers the suite that measured it last
+            measured = [r["shape_key"] for r in store.query(
+                "SELECT DISTINCT shape_key FROM throughput WHERE suite = ?", [suite])]  # fmt: skip
+            store._db.execute("DELETE FROM throughput WHERE suite = ?", [suite])
+            forgotten += [key for key in measured if key not in forgotten]
     return forgotten
 
 
@@ -105,16 +110,6 @@ def read_throughput(store: Store) -> list[ThroughputRow]:
         ThroughputRow(r["gpu_uuid"], r["shape_key"], int(r["tenants"]), float(r["samples_per_s"]), int(r["samples"]))
         for r in rows
     ]
-
-
-def gpu_indexes(store: Store, gpu_uuids: Iterable[str]) -> dict[str, int]:
-    """The index each card had at its last sample (cards never sampled are left out)."""
-    found: dict[str, int] = {}
-    for uuid in set(gpu_uuids):
-        rows = store.query("SELECT gpu_index FROM gpu_samples WHERE gpu_uuid = ? ORDER BY id DESC LIMIT 1", [uuid])
-        if rows:
-            found[uuid] = int(rows[0]["gpu_index"])
-    return found
 
 
 def live_attempts_and_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:
