@@ -155,7 +155,8 @@ def summarize(db_dir: Path, free_mib: int, slots: int, headroom_mib: int = 0) ->
         }  # fmt: skip
     # once the last job has started, concurrency falls as jobs end whatever the policy: the
     # oracle's figure (how many fit at once) compares with the time while jobs still queued
-    queue_empty_at = min(t1, max(a["started_at"] for a in attempts))
+    never_started = {j["id"] for j in jobs} - {a["job"] for a in attempts}
+    queue_empty_at = t1 if never_started else min(t1, max(a["started_at"] for a in attempts))
     return {
         "window_s": round(t1 - t0, 1),
         "mean_concurrency": round(concurrency(attempts, t0, t1), 2),
