@@ -106,7 +106,20 @@ def open_run_dir(run_dir: Path, *, create: bool = False) -> Iterator[int]:
     fd = open_runs_root(root, create=create)
     if fd is None:
         raise FileNotFoundError(errno.ENOENT, "no runs dir", str(root))
-    path = root
+    fd, _path = _descend(fd, root, names, create=create)
+    try:
+        if create:
+            os.fchmod(fd, 0o700)  # a dir that already existed keeps its old mode otherwise
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _descend(fd: int, path: Path, names: tuple[str, ...], *, create: bool) -> tuple[int, Path]:
+    """The dir `names` below the dir `fd` (at `path`), reached one O_NOFOLLOW level at a time,
+    each level checked as ours; with `create`, missing levels are made 0700. Takes `fd` over:
+    returns the last level's descriptor and path, or raises (FileNotFoundError, RunTreeError)
+    with every descriptor closed."""
     try:
         for name in names:
             path = path / name
@@ -122,11 +135,10 @@ def open_run_dir(run_dir: Path, *, create: bool = False) -> Iterator[int]:
             os.close(fd)
             fd = child
             _check_dir(fd, path)
-        if create:
-            os.fchmod(fd, 0o700)  # a dir that already existed keeps its old mode otherwise
-        yield fd
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, path
 
 
 def set_aside_stale(run_dir: Path) -> Path | None:
@@ -141,19 +153,11 @@ def set_aside_stale(run_dir: Path) -> Path | None:
     fd = open_runs_root(root, create=False)
     if fd is None:
         return None
-    path = root
     try:
-        for name in names[:-1]:
-            path = path / name
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise RunTreeError(_why_not_dir(path, exc)) from None
-            os.close(fd)
-            fd = child
-            _check_dir(fd, path)
+        fd, path = _descend(fd, root, names[:-1], create=False)
+    except FileNotFoundError:
+        return None
+    try:
         leaf = names[-1]
         try:
             leaf_fd = os.open(leaf, _DIR_FLAGS, dir_fd=fd)
