@@ -325,8 +325,10 @@ def update_shape(
         return ShapeMemory(peak_mib, floor, old.samples + 1)
     held = held_at_oom_mib if outcome is AttemptOutcome.OOM else None
     floor = _max(old.oom_floor_mib, observed_peak_mib, held)
-    placed_at_floor = placed_mib is None or (old.oom_floor_mib is not None and placed_mib >= old.oom_floor_mib)
-    if outcome is AttemptOutcome.OOM and old.oom_floor_mib is not None and floor is not None and placed_at_floor:
+    if (
+        outcome is AttemptOutcome.OOM and old.oom_floor_mib is not None and floor is not None
+        and (placed_mib is None or placed_mib >= old.oom_floor_mib)
+    ):
         # It died again although placed at or above the floor: what an OOM'd job held is what
         # it got on a full card, not what it needs, so raise the floor geometrically. One
         # placed below it (started beside the first OOM, before the floor existed) says nothing new.

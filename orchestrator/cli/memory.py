@@ -36,13 +36,14 @@ def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str,
 
     live, jobs = live_attempts_and_jobs(store)
     cache = JobShapeCache()
+    key_of: dict[int, str] = {}  # attempt id -> shape key, worked out once per attempt
     names: dict[str, tuple[str, str]] = {}
     for attempt in live:
         job = jobs.get(attempt.job_id)
         if job is not None:
-            key = attempt_shape_key(job, attempt, cache)
+            key = key_of[attempt.id] = attempt_shape_key(job, attempt, cache)
             names.setdefault(key, (job.suite, shape_label(job.config_name, attempt.level, job.data)))
-    return running_peaks(live, jobs, lambda j, a: attempt_shape_key(j, a, cache)), names
+    return running_peaks(live, jobs, lambda _job, attempt: key_of[attempt.id]), names
 
 
 def memory_snapshot(store: Store) -> list[dict[str, Any]]:
@@ -53,14 +54,13 @@ def memory_snapshot(store: Store) -> list[dict[str, Any]]:
     for t in read_throughput(store):
         rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
     out: list[dict[str, Any]] = []
-    def suite_and_label(key: str) -> tuple[str | None, str | None]:
-        row = rows.get(key)
-        return (row.suite, row.label) if row is not None and row.label else names.get(key, (None, None))
-
-    def label_of(key: str) -> str:
-        return suite_and_label(key)[1] or ""
-
-    for key in sorted(set(rows) | set(running) | set(rates), key=lambda k: (label_of(k), k)):
+    named: dict[str, tuple[str | None, str | None]] = {
+        key: (row.suite, row.label) if row is not None and row.label else names.get(key, (None, None))
+        for key in set(rows) | set(running) | set(rates)
+        for row in (rows.get(key),)
+    }
+    for key in sorted(named, key=lambda k: (named[k][1] or "", k)):
+        suite, label = named[key]
         row = rows.get(key)
         run = running.get(key)
         peak, floor = (row.peak_mib, row.oom_floor_mib) if row else (None, None)
@@ -74,7 +74,7 @@ def memory_snapshot(store: Store) -> list[dict[str, Any]]:
         else:
             source, margin = "throughput only", 0.0
         out.append({
-            "shape": key, "suite": suite_and_label(key)[0], "label": suite_and_label(key)[1],
+            "shape": key, "suite": suite, "label": label,
             "peak_mib": peak, "oom_floor_mib": floor, "samples": samples,
             "running": None if run is None else {"peak_mib": run.peak_mib, "step": run.step, "attempts": run.attempts},
             "source": source, "margin": round(margin, 3),

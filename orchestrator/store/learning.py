@@ -19,14 +19,17 @@ class ThroughputRow:
     samples: int
 
 
+# a shape row's suites_json lists every suite that taught it (label_shape; m015 seeded it from `suite`)
+_TAUGHT_BY = "EXISTS (SELECT 1 FROM json_each(memory_shapes.suites_json) WHERE value = ?)"
+
+
 def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
     """Name the suite and config that last taught a shape (shown by `orch memory`), and add
     the suite to those that taught it (`orch memory forget --suite`)."""
     with store.write():
         store._db.execute(
-            "UPDATE memory_shapes SET suite = ?, label = ?, suites_json = CASE WHEN EXISTS "
-            "(SELECT 1 FROM json_each(memory_shapes.suites_json) WHERE value = ?) THEN suites_json "
-            "ELSE json_insert(suites_json, '$[#]', ?) END WHERE shape_key = ?",
+            f"UPDATE memory_shapes SET suite = ?, label = ?, suites_json = CASE WHEN {_TAUGHT_BY} "
+            "THEN suites_json ELSE json_insert(suites_json, '$[#]', ?) END WHERE shape_key = ?",
             [suite, label, suite, suite, shape_key],
         )
 
@@ -64,8 +67,7 @@ def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None 
             memory_keys = [shape_key]
         else:
             memory_keys = [r["shape_key"] for r in store.query(
-                "SELECT shape_key FROM memory_shapes WHERE suite = ? OR EXISTS "
-                "(SELECT 1 FROM json_each(suites_json) WHERE value = ?)", [suite, suite])]  # fmt: skip
+                f"SELECT shape_key FROM memory_shapes WHERE {_TAUGHT_BY}", [suite])]  # fmt: skip
         for key in memory_keys:
             memory = store._db.execute("DELETE FROM memory_shapes WHERE shape_key = ?", [key]).rowcount
             rates = store._db.execute("DELETE FROM throughput WHERE shape_key = ?", [key]).rowcount
@@ -83,9 +85,8 @@ def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None 
 def suite_known(store: Store, suite: str) -> bool:
     """Does the database hold a job of this suite, or anything it taught?"""
     return bool(store.query(
-        "SELECT 1 FROM jobs WHERE suite = ? UNION SELECT 1 FROM memory_shapes WHERE suite = ? OR EXISTS "
-        "(SELECT 1 FROM json_each(suites_json) WHERE value = ?) UNION SELECT 1 FROM throughput WHERE suite = ? "
-        "LIMIT 1", [suite, suite, suite, suite]))  # fmt: skip
+        f"SELECT 1 FROM jobs WHERE suite = ? UNION SELECT 1 FROM memory_shapes WHERE {_TAUGHT_BY} "
+        "UNION SELECT 1 FROM throughput WHERE suite = ? LIMIT 1", [suite, suite, suite]))  # fmt: skip
 
 
 def record_throughput(
