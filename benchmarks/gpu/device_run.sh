@@ -21,6 +21,10 @@ MODE=${1:-packed}
 OUT=${OUT:-/tmp/orch-gpu-out}
 WORK=/tmp/orch-gpu-sweep
 mkdir -p "$OUT"
+# the ballast process a sweep left holding the card's memory (its pid in DIR/ballast.json)
+kill_ballast() {
+  [ -f "$1/ballast.json" ] && kill -9 "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['pid'])" "$1/ballast.json")" 2>/dev/null
+}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
   python3 -m pip install -q --no-deps --target /tmp/site .whl/*.whl
@@ -31,26 +35,26 @@ mkdir -p "$OUT"
     packed)
       timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
       timeout 300 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed --gpu-plan 6 --budget-s 240
-      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast $WORK
       nvidia-smi --query-gpu=memory.used --format=csv
       timeout 150 python3 benchmarks/lora_memory.py --models llama --out "$OUT/lora_memory_llama.json"
       ;;
     baseline)
       timeout 400 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline --gpu-plan 1 --budget-s 340
-      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast $WORK
       timeout 150 python3 benchmarks/lora_memory.py --models gla --out "$OUT/lora_memory_gla.json"
       ;;
     repeat)
       timeout 300 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed2 --gpu-plan 6 --budget-s 240
-      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast $WORK
       timeout 280 python3 benchmarks/lora_memory.py --models gla --batches 4 --out "$OUT/lora_memory_gla_b4.json"
       ;;
     two)
       nvidia-smi -L
       timeout 180 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed_x2 --gpu-plan 6 --budget-s 150
-      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast $WORK
       timeout 230 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag baseline_x2 --gpu-plan 1 --budget-s 200
-      [ -f $WORK/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('$WORK/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast $WORK
       python3 benchmarks/gpu/analyze.py "$WORK/packed_x2" --baseline "$WORK/baseline_x2" --out "$OUT/summary_x2.json" | tail -5
       ;;
     torchrun)
@@ -67,7 +71,7 @@ mkdir -p "$OUT"
       ;;
     learn)
       timeout 540 python3 benchmarks/gpu/learn_sweep.py --work /tmp/orch-learn --out "$OUT" --budget-s 390
-      [ -f /tmp/orch-learn/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('/tmp/orch-learn/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast /tmp/orch-learn
       ;;
     learn-start)
       # the whole 10-minute window outlasts one call: the sweep runs in its own session from a
@@ -81,7 +85,7 @@ mkdir -p "$OUT"
     learn-collect)
       for _ in $(seq 1 ${LEARN_COLLECT_WAIT_S:-420}); do [ -f /tmp/orch-learn-out/rc ] && break; sleep 1; done
       cat /tmp/orch-learn-out/rc; tail -n 60 /tmp/orch-learn-out/sweep.log
-      [ -f /tmp/orch-learn/ballast.json ] && kill -9 "$(python3 -c "import json; print(json.load(open('/tmp/orch-learn/ballast.json'))['pid'])")" 2>/dev/null
+      kill_ballast /tmp/orch-learn
       cp /tmp/orch-learn-out/* "$OUT"/
       ;;
   esac
