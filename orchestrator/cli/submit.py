@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import (
+    check_gpus_exist,
     db_option,
     describe_plan,
     echo_json,
@@ -15,7 +16,6 @@ from orchestrator.cli.common import (
     plans_option,
 )
 from orchestrator.errors import PlanError
-from orchestrator.gpu import machine_gpu_indices
 from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
 from orchestrator.notify import check_urls
 from orchestrator.plans import (
@@ -32,6 +32,7 @@ from orchestrator.plans import (
     parse_round,
     parse_set_overrides,
 )
+from orchestrator.plans.inputs import shown_value
 from orchestrator.plans.template import parse_template
 from orchestrator.store.jobs import (
     SubmitOutcome,
@@ -41,7 +42,6 @@ from orchestrator.store.jobs import (
     submit_jobs,
 )
 from orchestrator.store.notify_queries import set_suite_notify_urls
-from orchestrator.store.queries import last_seen_gpu_indices
 
 
 def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:
@@ -57,25 +57,6 @@ def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] |
         "--round N on a suite without named rounds needs --gpu-plan (with --gpus for a single "
         "number) to know the round size Σ plan"
     )
-
-
-def _check_gpus_exist(gpus: list[int], db_path: Path) -> None:
-    """Refuse --gpus naming a GPU this machine lacks, when its GPUs are known: from the daemon's
-    last reading, else the simulated GPUs or NVML here. Unknown: the daemon's wait reason says it."""
-    known = None
-    if db_path.exists():
-        with open_store(db_path) as reader:
-            known = last_seen_gpu_indices(reader)
-    if known is None:
-        known = machine_gpu_indices()
-    if known is None:
-        return
-    missing = [g for g in gpus if g not in known]
-    if missing:
-        names = ", ".join(map(str, missing))
-        raise PlanError(
-            f"--gpus names GPU {names}, which this machine does not have (its GPUs: {' '.join(map(str, known))})"
-        )
 
 
 def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
@@ -153,7 +134,9 @@ def submit_cmd(
         total_slots = _round_slots(plan, stored_plan, gpus)
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
     if gpus is not None:
-        _check_gpus_exist(gpus, db_path)
+        check_gpus_exist(gpus, db_path, "--gpus")
+    if plan is not None and gpus is None:
+        check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"--gpu-plan {shown_value(plan_text)}")
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, overrides)
     note = unreached_rungs_note(suite, specs)
