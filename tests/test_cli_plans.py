@@ -41,3 +41,17 @@ def test_a_new_plan_replaces_the_old_one_whole(
     assert "GPU 2" not in orch_inproc("plan", "show").stdout
     assert orch_inproc("plan", "set", "1", "--gpus", "2").rc == 0
     assert json.loads(orch_inproc("plan", "show", "--json").stdout)["gpus"] == {"2": 1}
+
+
+def test_a_gang_with_fewer_gpus_than_it_needs_is_refused(
+    orch_inproc: OrchRunner, db_path: Path, two_sim_gpus: None
+) -> None:
+    narrowed = orch_inproc(*SUBMIT, "--set", "gpus=2", "--gpus", "0")
+    assert narrowed.rc == 2
+    line = one_error_line(narrowed.stderr)
+    assert "needs gpus: 2" in line and "--gpus gives it 1 GPU(s) (0)" in line
+    too_many = orch_inproc(*SUBMIT, "--set", "gpus=3")
+    assert too_many.rc == 2
+    assert "this machine has 2 GPU(s) (0 1)" in one_error_line(too_many.stderr)
+    assert not db_path.exists()
+    assert orch_inproc(*SUBMIT, "--set", "gpus=2").rc == 0  # two GPUs: it fits

@@ -108,16 +108,21 @@ def describe_plan(plan: GpuPlan) -> str:
     return f"{named} job(s) at a time; any other GPU: {others}"
 
 
-def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
-    """Refuse `what` (--gpus, or a plan's entries) naming a GPU this machine lacks, when its GPUs
-    are known: from the daemon's last reading, else the simulated GPUs or NVML here. Unknown:
-    the daemon's wait reason says it."""
+def known_gpu_indices(db_path: Path) -> list[int] | None:
+    """This machine's GPU indices: the daemon's last reading, else the simulated GPUs or NVML
+    here; None when they cannot be known."""
     known = None
     if db_path.exists():
         with open_store(db_path) as reader:
             known = last_seen_gpu_indices(reader)
-    if known is None:
-        known = machine_gpu_indices()
+    return known if known is not None else machine_gpu_indices()
+
+
+def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
+    """Refuse `what` (--gpus, or a plan's entries) naming a GPU this machine lacks, when its GPUs
+    are known: from the daemon's last reading, else the simulated GPUs or NVML here. Unknown:
+    the daemon's wait reason says it."""
+    known = known_gpu_indices(db_path)
     if known is None:
         return
     missing = [g for g in gpus if g not in known]

@@ -8,6 +8,7 @@ import click
 
 from orchestrator.cli.common import (
     check_gpus_exist,
+    known_gpu_indices,
     db_option,
     describe_plan,
     echo_json,
@@ -33,6 +34,7 @@ from orchestrator.plans import (
     parse_set_overrides,
 )
 from orchestrator.plans.inputs import shown_value
+from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
 from orchestrator.store.jobs import (
     SubmitOutcome,
@@ -57,6 +59,19 @@ def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] |
         "--round N on a suite without named rounds needs --gpu-plan (with --gpus for a single "
         "number) to know the round size Σ plan"
     )
+
+
+def _check_gangs_fit(specs: list[JobSpec], gpus: list[int] | None, db_path: Path) -> None:
+    """A job of `gpus: N` with fewer than N GPUs it may use is refused: it would wait forever."""
+    needed = {spec.config_name: spec.gpus for spec in specs if spec.gpus > 1}
+    if not needed:
+        return
+    if gpus is not None:
+        check_gangs_fit(needed, gpus, "--gpus gives it")
+        return
+    known = known_gpu_indices(db_path)
+    if known is not None:
+        check_gangs_fit(needed, known, "this machine has")
 
 
 def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
@@ -137,6 +152,7 @@ def submit_cmd(
         check_gpus_exist(gpus, db_path, "--gpus")
     if plan is not None and gpus is None:
         check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"--gpu-plan {shown_value(plan_text)}")
+    _check_gangs_fit(specs, gpus, db_path)
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, overrides)
     note = unreached_rungs_note(suite, specs)
