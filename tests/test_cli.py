@@ -158,7 +158,7 @@ def test_daemon_status_when_none_runs(orch_inproc: OrchRunner, db_path: Path) ->
     assert result.rc == 0
     assert json.loads(result.stdout)["alive"] is False
     text = orch_inproc("daemon", "status")
-    assert text.rc == 0 and "not running" in text.stdout
+    assert text.rc == 3 and "not running" in text.stdout and not text.stderr
 
 
 # ---------------------------------------------------------------- plan
