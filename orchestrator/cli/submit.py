@@ -16,6 +16,7 @@ from orchestrator.cli.common import (
     open_store,
     plans_option,
 )
+from orchestrator.cli.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.errors import PlanError
 from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
 from orchestrator.notify import check_urls
@@ -168,6 +169,10 @@ def submit_cmd(
                 set_gpu_plan(store, plan)
             if not dry_run:
                 set_suite_notify_urls(store, suite.name, suite.notify)
+            if not dry_run and any(o.created for o in outcomes):
+                changed = worker_changed_since_failure(store, suite.name, suite.worker)
+                paused_note = resume_if_changed(store, suite.name, changed)
+                note = "\n".join(n for n in (note, paused_note and f"note: {paused_note}") if n) or None
 
     if note:
         click.echo(note, err=True)
