@@ -57,3 +57,48 @@ def test_show_at_80_columns_keeps_dates_whole(
     assert "…" not in out
     assert "[bold]x[/]" in out  # a reason is text, never markup
     assert "measured (running, step 10)" in out
+
+
+OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has a total capacity of 23.65 GiB of which "
+            "1.1 GiB is free.\nIncluding non-PyTorch memory, this process has 21.3 GiB memory in use. " * 3)
+
+
+def status_snapshot_with_an_oom() -> dict[str, Any]:
+    from tests.test_output_width import snapshot
+
+    snap = snapshot(n_waiting=2, n_running=2, n_events=3)
+    snap["retries"] = [{"ts": STARTED_S, "job": 3, "from_level": 0, "to_level": 1, "why": OOM_TEXT}]
+    snap["events"].append({"ts": STARTED_S, "job": 3, "kind": "oom", "message": f"attempt 1 oom: {OOM_TEXT}"})
+    return snap
+
+
+def test_piped_status_is_plain_columns() -> None:
+    from orchestrator.cli.status_plain import plain_status
+
+    out = plain_status(status_snapshot_with_an_oom())
+    assert not any(ch in out for ch in "│─╭╮╰╯┃━")  # no box drawing
+    assert "\x1b" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("daemon pid 1") and "queued 2" in lines[0]
+    header = next(line for line in lines if line.startswith("job ") and "config" in line and "GPU" in line)
+    assert header.split() == ["job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred"]
+    assert sum(1 for line in lines if "Tried to allocate" in line) == 2  # the retry and its event, one line each
+    assert any(line.startswith("GPU") and "foreign" in line for line in lines)
+
+
+def test_piped_status_through_the_command(orch_inproc: OrchRunner, db_path: Path) -> None:
+    assert orch_inproc(*SUBMIT).rc == 0
+    out = orch_inproc("status", "--once").stdout  # captured: not a terminal
+    assert not any(ch in out for ch in "│─╭╮╰╯")
+    assert max(len(line) for line in out.splitlines()) < 200
+    assert f"daemon not running for {db_path}" in out
+
+
+def test_a_long_oom_text_takes_one_line_in_the_dashboard() -> None:
+    from orchestrator.cli.render import render_status
+
+    console = Console(file=io.StringIO(), force_terminal=True, color_system=None, width=100, height=60)
+    console.print(render_status(status_snapshot_with_an_oom(), width=100))
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert sum(1 for line in lines if "Tried to allocate" in line) == 2
+    assert not any("GPU 0 has a total capacity" in line and "Tried" not in line for line in lines)

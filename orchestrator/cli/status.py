@@ -19,8 +19,8 @@ from orchestrator.cli.common import (
     open_store,
 )
 from orchestrator.cli.render import render_status
+from orchestrator.cli.status_plain import plain_status
 from orchestrator.cli.status_query import status_snapshot
-from orchestrator.cli.tables import print_whole
 from orchestrator.store.queries import iter_status_jobs
 
 
@@ -41,8 +41,8 @@ def status_cmd(once: bool, interval_s: float, limit: int | None, offset: int, as
             echo_json_stream(iter_status_jobs(store, limit=limit, offset=offset), head, "jobs")
             return
         console = Console()
-        if not console.is_terminal:
-            print_whole(render_status(status_snapshot(store, all_jobs=False)), console)  # piped: nothing cut
+        if not console.is_terminal:  # piped: plain columns, nothing cut, no boxes
+            click.echo(plain_status(status_snapshot(store, all_jobs=False)), nl=False)
             return
         if once:
             console.print(render_status(status_snapshot(store, all_jobs=False), width=console.width))
