@@ -102,3 +102,33 @@ def test_a_long_oom_text_takes_one_line_in_the_dashboard() -> None:
     lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
     assert sum(1 for line in lines if "Tried to allocate" in line) == 2
     assert not any("GPU 0 has a total capacity" in line and "Tried" not in line for line in lines)
+
+
+def test_gpus_without_nvml_shows_the_daemons_last_reading(
+    orch_inproc: OrchRunner, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep run on simulated GPUs, read from a shell without ORCH_GPU_BACKEND: `orch status`
+    shows the GPUs from the database, and so does `orch gpus`."""
+    import time
+
+    import orchestrator.cli.daemon_cmd as daemon_cmd
+    from orchestrator.errors import GpuUnavailable
+    from orchestrator.store.daemon_row import register_daemon, unregister_daemon, write_heartbeat
+
+    def no_nvml(backend: str | None = None, state_dir: Path | None = None) -> Any:
+        raise GpuUnavailable("NVML could not initialise: NVML Shared Library Not Found")
+
+    monkeypatch.setattr(daemon_cmd, "make_probe", no_nvml)  # this machine may have NVML: it must not matter
+    card = {"index": 1, "uuid": "GPU-sim-1", "name": "sim 24GiB", "total_mib": 24576, "used_mib": 2048,
+            "free_mib": 22528, "utilization_pct": None, "processes": [{"pid": 4242, "used_mib": 2048}]}
+    with Store(db_path, create=True) as store:
+        register_daemon(store, 1, 0.0, time.time(), lambda pid, created: None)
+        write_heartbeat(store, time.time(), [card], None)
+        unregister_daemon(store, time.time(), "daemon stopped")
+    result = orch_inproc("gpus")
+    assert result.rc == 0, result.stderr
+    assert "GPU 1  sim 24GiB  2.0 GiB used / 24.0 GiB, 22.0 GiB free  GPU-sim-1" in result.stdout
+    assert "pid 4242" in result.stdout and "last reading" in result.stderr
+    assert json.loads(orch_inproc("gpus", "--json").stdout)[0]["uuid"] == "GPU-sim-1"
+    monkeypatch.setenv("ORCH_GPU_BACKEND", "nvml")  # asked for NVML by name: its error, not an old reading
+    assert orch_inproc("gpus").rc != 0
