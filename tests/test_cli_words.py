@@ -55,3 +55,27 @@ def test_a_local_plans_folder_that_hides_a_shipped_suite_says_so(orch_inproc: Or
     line = submit(orch_inproc, "demo")
     assert f"in {tmp_path / 'plans' / 'suites'}" in line
     assert f"suite demo ships with orch, but {tmp_path / 'plans'} is read instead: --plans {shipped_plans_dir()}" in line
+
+
+def test_the_demos_closing_hint_names_the_job_that_ran_out_of_memory(orch_inproc: OrchRunner, db_path: Path) -> None:
+    from orchestrator.cli.demo import closing_hint
+    from orchestrator.store import Store
+    from orchestrator.store.queries import first_oom_job
+
+    assert orch_inproc("submit", "--suite", "demo", "--pairs", "1:glue_rte").rc == 0
+    with Store(db_path) as store:
+        assert first_oom_job(store) is None
+        with store.write():
+            for job_id, outcome, ended in ((2, "succeeded", 5.0), (3, "oom", 7.0), (1, "oom", 9.0)):
+                store.execute(
+                    "INSERT INTO attempts (job_id, n, level, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
+                    "outcome, predicted_peak_mib, prediction_source, reserved_mib) "
+                    "VALUES (?, 1, 0, 0, 'GPU-0', '/nonexistent', 1.0, ?, ?, 1024, 'declared', 0)",
+                    [job_id, ended, outcome],
+                )
+        oom_job = first_oom_job(store)
+    assert oom_job == 3
+    counts = {"succeeded": 3, "failed": 0, "cancelled": 0}
+    assert "orch show 3 --db " in closing_hint(counts, oom_job, db_path)
+    assert "ran out of memory" in closing_hint(counts, oom_job, db_path)
+    assert "orch show 1 --db " in closing_hint(counts, None, db_path)
