@@ -79,3 +79,17 @@ def test_the_demos_closing_hint_names_the_job_that_ran_out_of_memory(orch_inproc
     assert "orch show 3 --db " in closing_hint(counts, oom_job, db_path)
     assert "ran out of memory" in closing_hint(counts, oom_job, db_path)
     assert "orch show 1 --db " in closing_hint(counts, None, db_path)
+
+
+def test_the_too_big_for_tmux_hint_names_the_way_out_that_works() -> None:
+    from orchestrator.launch.tmux import MAX_ARG_BYTES, too_big_for_tmux
+
+    huge = too_big_for_tmux(7, ["python", "t.py", "--notes", "x" * 900_000], 900_100, 500, "orch-x")
+    assert "job 7" in huge and "through {config}" in huge
+    assert "--launcher subprocess" not in huge  # no process takes a 900 KB argument: not a way out
+    assert "tmux -L" not in huge
+    big = too_big_for_tmux(7, ["python", "t.py", "--notes", "x" * 20_000], 20_100, 500, "orch-x")
+    assert "through {config}" in big and "orch daemon start --launcher subprocess" in big
+    assert 20_000 < MAX_ARG_BYTES
+    env = too_big_for_tmux(7, ["python", "t.py"], 100, 20_000, "orch-x")
+    assert "most of it environment" in env and "tmux -L orch-x kill-server" in env
