@@ -11,6 +11,7 @@ import yaml
 from orchestrator.store import Store
 from orchestrator.store.endings import pause_suite
 from tests.conftest import OrchRunner
+from tests.e2e_helpers import orch_env, requires_tmux, wait_until
 from tests.test_cli_expectations import one_error_line
 
 TYPO = "python trian.py --seed {seed}"
@@ -100,3 +101,23 @@ def test_retrying_a_succeeded_job_points_at_submit_force(orch_inproc: OrchRunner
     result = orch_inproc("retry", "1")
     assert result.rc == 2
     assert "orch submit --suite mine --pairs 1:glue_rte --force" in one_error_line(result.stderr)
+
+
+@requires_tmux
+@pytest.mark.slow
+def test_a_script_not_found_is_said_and_fixing_the_suite_then_retrying_runs_it(tmp_path: Path) -> None:
+    """Real daemon, tmux and sim GPUs: a typo in `worker:` fails with Python's own line, the
+    crash-loop guard pauses the suite, and fixing the file then `orch retry --suite` runs it."""
+    with orch_env(tmp_path) as orch:
+        write_suite(orch.plans, "python trian.py --seed {seed}")
+        orch.submit("mine", "1:glue_rte 2:glue_rte 3:glue_rte")
+        orch.start_daemon()
+        wait_until(lambda: orch.query("SELECT suite FROM paused_suites"), 60, "the crash-loop guard to pause the suite")
+        wait_until(lambda: set(orch.job_states().values()) == {"failed"}, 60, "every job to fail")
+        reason = orch.json("show", "1")["attempts"][0]["reason"]
+        assert reason.startswith("exit code 2: ") and "can't open file" in reason and "trian.py" in reason
+        (tmp_path / "train.py").write_text("print('trained')\n")
+        write_suite(orch.plans, "python train.py --seed {seed}")
+        retried = orch.run("retry", "--suite", "mine")
+        assert "resumed" in retried.stderr
+        assert set(orch.wait_all_done(60).values()) == {"succeeded"}
