@@ -305,7 +305,8 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
     reason = crash_loop_reason(recent_failure_durations(store, suite, store.now_s() - guard.window_s), guard)
     if reason is None:
         return
-    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")
+    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch retry --suite {suite}` "
+                f"(and `orch resume {suite}`, unless the fix changed its worker command)")
 
 
 def fail_before_start(store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False) -> None:
