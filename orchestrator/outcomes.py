@@ -157,7 +157,9 @@ def complete(
             else:
                 why = f"requeued unchanged at level {level.index}"
         else:
-            end_state, fields, why = JobState.FAILED, {"reason": decision.why}, f"failed: {decision.why}"
+            # the attempt's reason is said once in the event: "job failed" when the job's is the same
+            why = "job failed" if decision.why == verdict.reason else f"failed: {decision.why}"
+            end_state, fields = JobState.FAILED, {"reason": decision.why}
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
