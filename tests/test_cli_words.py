@@ -90,6 +90,6 @@ def test_the_too_big_for_tmux_hint_names_the_way_out_that_works() -> None:
     assert "tmux -L" not in huge
     big = too_big_for_tmux(7, ["python", "t.py", "--notes", "x" * 20_000], 20_100, 500, "orch-x")
     assert "through {config}" in big and "orch daemon start --launcher subprocess" in big
-    assert 20_000 < MAX_ARG_BYTES
+    assert MAX_ARG_BYTES > 20_000
     env = too_big_for_tmux(7, ["python", "t.py"], 100, 20_000, "orch-x")
     assert "most of it environment" in env and "tmux -L orch-x kill-server" in env

@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
-from orchestrator.cli.common import db_option, echo_json, json_option, open_store, parse_job_ids, plans_option
+from orchestrator.cli.common import (
+    db_option,
+    echo_json,
+    json_option,
+    open_store,
+    parse_job_ids,
+    plans_option,
+)
 from orchestrator.cli.suite_changes import resume_if_changed, take_suite_as_it_is
 from orchestrator.daemon_state import tmux_socket_name
 from orchestrator.errors import UsageError

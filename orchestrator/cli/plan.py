@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import check_gpus_exist, db_option, describe_plan, echo_json, json_option, open_store
+from orchestrator.cli.common import (
+    check_gpus_exist,
+    db_option,
+    describe_plan,
+    echo_json,
+    json_option,
+    open_store,
+)
 from orchestrator.plans import DEFAULT_SLOTS, parse_gpu_plan, parse_gpus
 from orchestrator.plans.inputs import shown_value
 from orchestrator.store.jobs import get_gpu_plan, set_gpu_plan

@@ -23,8 +23,8 @@ from orchestrator.cli.common import (
 from orchestrator.cli.render import render_status
 from orchestrator.cli.status_plain import plain_status
 from orchestrator.cli.status_query import status_snapshot
-from orchestrator.store.db import now_s
 from orchestrator.errors import GpuUnavailable
+from orchestrator.store.db import now_s
 from orchestrator.store.queries import iter_status_jobs
 from orchestrator.store.status import daemon_reading
 

@@ -8,7 +8,14 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.cli.common import fmt_mib
-from orchestrator.cli.render import RUNNING_COLUMNS, one_line, paused_line, retry_move, running_cells, waiting_entries
+from orchestrator.cli.render import (
+    RUNNING_COLUMNS,
+    one_line,
+    paused_line,
+    retry_move,
+    running_cells,
+    waiting_entries,
+)
 from orchestrator.cli.tables import plain_columns
 
 

@@ -8,11 +8,11 @@ import click
 
 from orchestrator.cli.common import (
     check_gpus_exist,
-    known_gpu_indices,
     db_option,
     describe_plan,
     echo_json,
     json_option,
+    known_gpu_indices,
     open_store,
     plans_option,
 )
@@ -152,7 +152,7 @@ def submit_cmd(
     if gpus is not None:
         check_gpus_exist(gpus, db_path, "--gpus")
     if plan is not None and gpus is None:
-        check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"--gpu-plan {shown_value(plan_text)}")
+        check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"--gpu-plan {shown_value(plan_text or '')}")
     _check_gangs_fit(specs, gpus, db_path)
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, overrides)
