@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from enum import Enum
 
 from orchestrator.daemon_state import daemon_alive
@@ -12,6 +13,7 @@ from orchestrator.store.control import request_stop, unpause_suite
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import cancel_queued, transition
 from orchestrator.store.queries import get_job
+from orchestrator.wording import fmt_value
 
 
 class Done(str, Enum):
@@ -58,6 +60,13 @@ def retry_job(store: Store, job_id: int) -> Done:
         return Done.REQUEUED
     if job.state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.RETRY):
         return Done.STOPPING
+    if job.state is JobState.SUCCEEDED:
+        sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
+        raise UsageError(
+            f"job {job_id} succeeded: a retry is for failed, cancelled or running jobs; to run it again, "
+            f"`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}{sets} --force` "
+            "(it queues every config of the suite for that pair)"
+        )
     raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
 
 def resume_suite(store: Store, suite: str) -> None:

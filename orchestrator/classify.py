@@ -236,7 +236,7 @@ def classify_log_tail(log_tail: str, *, sigkilled: bool = False) -> Classificati
         return None
     index, signature, line = found
     if signature is None:
-        return Classification(AttemptOutcome.FAILED, line.strip()[:300])
+        return Classification(AttemptOutcome.FAILED, printable_line(line)[:300])
     detail = None
     if signature.outcome is AttemptOutcome.OOM:
         detail = parse_oom_detail("\n".join(lines[index : index + 12]))
@@ -327,4 +327,30 @@ def classify_attempt(
         return Classification(AttemptOutcome.FAILED, f"killed by signal {signal}")
     if exit_code is None:
         return Classification(AttemptOutcome.FAILED, "no exit status recorded")
-    return Classification(AttemptOutcome.FAILED, f"exit code {exit_code}")
+    said = last_meaningful_line(log_tail)
+    return Classification(AttemptOutcome.FAILED, f"exit code {exit_code}" + (f": {said}" if said else ""))
+
+
+# ANSI escape sequences (colours, cursor moves) and other control characters a script prints.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+# Lines that say nothing on their own: tqdm bars redrawn with \r, separators, a bare prompt.
+_NO_WORDS = re.compile(r"^[\W_]*$")
+MEANINGFUL_LINE_CHARS = 200
+
+
+def printable_line(text: str) -> str:
+    """`text` without escape sequences or control characters, stripped."""
+    return _CONTROL.sub("", _ANSI.sub("", text)).strip()
+
+
+def last_meaningful_line(log_tail: str, max_chars: int = MEANINGFUL_LINE_CHARS) -> str:
+    """The last line of the log tail with words in it, as one printable line of at most
+    `max_chars` (the log is written by user code: escapes and control characters removed), or
+    "" when there is none. It tells why a script exited without an error line we know
+    (`python: can't open file '/w/trian.py': [Errno 2] No such file or directory`)."""
+    for raw in reversed(log_tail.splitlines()):
+        line = printable_line(raw)
+        if line and not _NO_WORDS.match(line):
+            return line if len(line) <= max_chars else line[: max_chars - 1] + "…"
+    return ""

@@ -157,7 +157,9 @@ def complete(
             else:
                 why = f"requeued unchanged at level {level.index}"
         else:
-            end_state, fields, why = JobState.FAILED, {"reason": decision.why}, f"failed: {decision.why}"
+            # the attempt's reason is said once in the event: "job failed" when the job's is the same
+            why = "job failed" if decision.why == verdict.reason else f"failed: {decision.why}"
+            end_state, fields = JobState.FAILED, {"reason": decision.why}
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
@@ -305,7 +307,8 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
     reason = crash_loop_reason(recent_failure_durations(store, suite, store.now_s() - guard.window_s), guard)
     if reason is None:
         return
-    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch resume {suite}`")
+    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch retry --suite {suite}` "
+                f"(and `orch resume {suite}`, unless the fix changed its worker command)")
 
 
 def fail_before_start(store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False) -> None:

@@ -57,6 +57,14 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     return memo[key]
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """`line 3, column 8: mapping values are not allowed here`: where in the file, and what."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines()[0] if str(exc) else "invalid YAML")
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
 def load_yaml(text: str, what: str) -> Any:
     """The one YAML document in `text`; PlanError (naming `what`) when it is too large, has too
     many aliases, nests too deep, or is not YAML."""
@@ -74,8 +82,7 @@ def load_yaml(text: str, what: str) -> Any:
     except PlanError as exc:
         raise PlanError(f"{what}: {exc}") from None
     except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise PlanError(f"{what} is not valid YAML: {first_line}") from None
+        raise PlanError(f"{what} is not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise PlanError(f"{what}: nested too deeply") from None
     finally:

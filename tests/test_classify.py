@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.classify import REASON_HUNG, classify_attempt, classify_log_tail, parse_oom_detail
+from orchestrator.classify import (
+    MEANINGFUL_LINE_CHARS,
+    REASON_HUNG,
+    classify_attempt,
+    classify_log_tail,
+    parse_oom_detail,
+)
 from orchestrator.lifecycle import AttemptOutcome
 
 CORPUS = Path(__file__).parent / "data" / "failures"
@@ -193,3 +199,22 @@ def test_exit_codes_agree_with_the_workers_harness() -> None:
     from workers import harness
 
     assert (classify.EXIT_OOM, classify.EXIT_CONFIG_ERROR) == (harness.EXIT_OOM, harness.EXIT_CONFIG_ERROR)
+
+
+# ---------------------------------------------------------------- a plain non-zero exit
+
+
+def test_a_plain_exit_carries_the_last_line_the_script_printed() -> None:
+    tail = "loading...\npython: can't open file '/w/trian.py': [Errno 2] No such file or directory\n\n----\n"
+    verdict = classify_attempt(exit_code=2, signal=None, result=None, log_tail=tail)
+    assert verdict.outcome is AttemptOutcome.FAILED
+    assert verdict.reason == "exit code 2: python: can't open file '/w/trian.py': [Errno 2] No such file or directory"
+
+
+def test_the_line_a_plain_exit_carries_is_printable_and_bounded() -> None:
+    tail = "\x1b[31mboom\x1b[0m \x07in \u202eside\x00 " + "x" * 5000 + "\n"
+    reason = classify_attempt(exit_code=1, signal=None, result=None, log_tail=tail).reason
+    assert reason.startswith("exit code 1: boom in side")
+    assert len(reason) <= len("exit code 1: ") + MEANINGFUL_LINE_CHARS
+    assert not any(ord(ch) < 32 or ch == "\u202e" for ch in reason)
+    assert classify_attempt(exit_code=1, signal=None, result=None, log_tail="\n \n").reason == "exit code 1"

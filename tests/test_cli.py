@@ -158,13 +158,15 @@ def test_daemon_status_when_none_runs(orch_inproc: OrchRunner, db_path: Path) ->
     assert result.rc == 0
     assert json.loads(result.stdout)["alive"] is False
     text = orch_inproc("daemon", "status")
-    assert text.rc == 0 and "not running" in text.stdout
+    assert text.rc == 3 and "not running" in text.stdout and not text.stderr
 
 
 # ---------------------------------------------------------------- plan
 
 
-def test_plan_set_and_show(orch_inproc: OrchRunner, db_path: Path) -> None:
+def test_plan_set_and_show(orch_inproc: OrchRunner, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_GPU_BACKEND", "sim")
+    monkeypatch.setenv("ORCH_SIM_GPUS", "6x24GiB")  # GPUs 3, 4 and 5 exist
     Store(db_path).close()
     shown = json.loads(orch_inproc("plan", "show", "--json").stdout)
     assert shown == {"gpus": {}, "default_slots": 1}

@@ -149,7 +149,11 @@ def test_gpus_checked_against_the_daemons_last_reading(orch_inproc: OrchRunner, 
     assert orch_inproc("submit", "--suite", "demo", "--pairs", "1:glue_rte", "--gpus", "2").rc == 0
 
 
-def test_plan_set_speaks_of_its_own_argument(orch_inproc: OrchRunner, db_path: Path) -> None:
+def test_plan_set_speaks_of_its_own_argument(
+    orch_inproc: OrchRunner, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCH_GPU_BACKEND", "sim")
+    monkeypatch.setenv("ORCH_SIM_GPUS", "4x24GiB")  # GPU 3 exists
     Store(db_path).close()
     result = orch_inproc("plan", "set", "2,2", "--gpus", "0")
     assert result.rc == 2

@@ -330,8 +330,8 @@ def test_submit_records_suite_fields(store: Store, demo: Suite) -> None:
 def test_gpu_plan_round_trip(store: Store) -> None:
     assert get_gpu_plan(store) == GpuPlan()
     set_gpu_plan(store, GpuPlan(slots_by_gpu={0: 2, 1: 0}))
-    set_gpu_plan(store, GpuPlan(slots_by_gpu={1: 3}))  # per-GPU entries are upserted
-    assert get_gpu_plan(store) == GpuPlan(slots_by_gpu={0: 2, 1: 3})
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={1: 3}))  # a new plan replaces the old one whole
+    assert get_gpu_plan(store) == GpuPlan(slots_by_gpu={1: 3})
     set_gpu_plan(store, GpuPlan(default_slots=4))  # a broadcast replaces every cap
     assert get_gpu_plan(store) == GpuPlan(default_slots=4)
     assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'plan'")[0]["n"] == 3

@@ -38,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `orch` console script. Returns the exit code."""
     _register()
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="orch", standalone_mode=False)
+        # a command's own exit code (click.exceptions.Exit) comes back as the return value here
+        returned = cli.main(args=list(argv) if argv is not None else None, prog_name="orch", standalone_mode=False)
+        if isinstance(returned, int) and not isinstance(returned, bool):
+            return returned
     except click.exceptions.Exit as exc:
         return int(exc.exit_code or 0)
     except click.exceptions.Abort:

@@ -346,11 +346,15 @@ def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> Non
         raise DaemonError(f"daemon (pid {row['pid']}) did not stop within {timeout_s:.0f} s; `kill {row['pid']}` stops it")
 
 
+EXIT_NOT_RUNNING = 3  # LSB's "program is not running", so `orch daemon status && ...` reads right
+
+
 @daemon_group.command("status")
 @json_option
 @db_option
 def daemon_status(as_json: bool, db_path: Path) -> None:
-    """Is a daemon running for this state.db?"""
+    """Is a daemon running for this state.db? Exits 3 when none is (as `systemctl status` does);
+    --json exits 0 either way and says it in `alive`."""
     with open_store(db_path) as store:  # a read: never creates a database
         row = daemon_alive(store)
     payload = {
@@ -366,7 +370,7 @@ def daemon_status(as_json: bool, db_path: Path) -> None:
         return
     if row is None:
         click.echo(f"daemon: not running for {db_path} (orch daemon start)")
-        return
+        raise click.exceptions.Exit(EXIT_NOT_RUNNING)
     click.echo(
         f"daemon: running, pid {row['pid']}, up {fmt_duration(now_s() - row['started_at'])}, "
         f"last tick {payload['heartbeat_age_s']:.1f} s ago" + (", draining" if payload["draining"] else "")

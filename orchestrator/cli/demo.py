@@ -31,7 +31,7 @@ from orchestrator.plans import (
 from orchestrator.reconcile import process_matches
 from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
-from orchestrator.store.queries import state_counts
+from orchestrator.store.queries import first_oom_job, state_counts
 
 DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
 
@@ -81,6 +81,7 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
                 time.sleep(0.5)  # the dashboard's refresh interval
         console.print()
         counts = state_counts(store)
+        oom_job = first_oom_job(store)
         if started_here:
             daemon = daemon_alive(store)
             request_daemon_stop(store)
@@ -90,13 +91,19 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
                 if time.monotonic() > stop_deadline:
                     break
                 time.sleep(0.1)  # waiting on another process to exit
-    db_arg = shlex.quote(str(db_path))
-    click.echo(
-        f"demo done: {counts['succeeded']} succeeded, {counts['failed']} failed, {counts['cancelled']} cancelled. "
-        f"Try: orch jobs --db {db_arg}, orch show 1 --db {db_arg}, orch results --db {db_arg}"
-    )
+    click.echo(closing_hint(counts, oom_job, db_path))
     if counts["queued"] or counts["running"]:
         raise click.ClickException(f"demo did not finish within {timeout_s:.0f} s (orch status shows why)")
+
+
+def closing_hint(counts: dict[str, int], oom_job: int | None, db_path: Path) -> str:
+    """What the sweep did and where to look next: `orch show` of the job that ran out of memory
+    (its retry down the ladder is the story), else of job 1."""
+    db_arg = shlex.quote(str(db_path))
+    show = (f"orch show {oom_job} --db {db_arg} (job {oom_job} ran out of memory and was retried)"
+            if oom_job is not None else f"orch show 1 --db {db_arg}")
+    return (f"demo done: {counts['succeeded']} succeeded, {counts['failed']} failed, {counts['cancelled']} cancelled. "
+            f"Try: orch jobs --db {db_arg}, {show}, orch results --db {db_arg}")
 
 
 def register(group: click.Group) -> None:

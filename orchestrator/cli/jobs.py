@@ -93,25 +93,27 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     if payload["overrides"]:
         console.print(f"  --set {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
     if payload["wait_reason"] and payload["state"] == "queued":
-        console.print(f"  waiting: {payload['wait_reason']}")
+        console.print(f"  waiting: {payload['wait_reason']}", markup=False, highlight=False)
     if payload["reason"]:
-        console.print(f"  reason: {payload['reason']}")
+        console.print(f"  reason: {payload['reason']}", markup=False, highlight=False)
     if payload["attempts"]:
         table = Table(title="attempts", box=None, header_style="bold", title_justify="left")
+        # A narrow terminal folds the level's name; numbers and dates are never cut or broken.
         for column in ("n", "GPU", "level", "predicted", "peak", "outcome", "exit", "started", "took"):
-            table.add_column(column, no_wrap=True)
+            table.add_column(column, overflow="fold", no_wrap=column != "level")
         for a in payload["attempts"]:
             took = fmt_duration(a["ended_at"] - a["started_at"]) if a["ended_at"] else "-"
             table.add_row(
                 str(a["n"]), str(a["gpu"]), f"{a['level']} {a['step'] or ''}".strip(),
-                f"{fmt_mib(a['predicted_peak_mib'])} ({a['prediction_source']})", fmt_mib(a["peak_mib"]),
+                fmt_mib(a["predicted_peak_mib"]), fmt_mib(a["peak_mib"]),
                 a["outcome"] or "running", "-" if a["exit_code"] is None else str(a["exit_code"]),
                 _ts(a["started_at"]), took,
             )
         console.print(table)
         for a in payload["attempts"]:
             changes = fmt_changes(a["changes"], bool(a["run_alone"]))
-            notes = [f"changed {changes}" if changes else "", a["reason"] or ""]
+            predicted = f"predicted from {a['prediction_source']}" if a["prediction_source"] else ""
+            notes = [predicted, f"changed {changes}" if changes else "", a["reason"] or ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
                 console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)

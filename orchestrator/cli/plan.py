@@ -6,8 +6,16 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import db_option, describe_plan, echo_json, json_option, open_store
+from orchestrator.cli.common import (
+    check_gpus_exist,
+    db_option,
+    describe_plan,
+    echo_json,
+    json_option,
+    open_store,
+)
 from orchestrator.plans import DEFAULT_SLOTS, parse_gpu_plan, parse_gpus
+from orchestrator.plans.inputs import shown_value
 from orchestrator.store.jobs import get_gpu_plan, set_gpu_plan
 
 
@@ -40,9 +48,14 @@ def plan_show(as_json: bool, db_path: Path) -> None:
 @json_option
 @db_option
 def plan_set(plan_text: str, gpus_text: str | None, as_json: bool, db_path: Path) -> None:
-    """Set caps: PLAN is "2,2,1" (one per GPU) or a single number for every GPU."""
+    """Set caps: PLAN is "2,2,1" (one per GPU) or a single number for every GPU.
+    It replaces the stored plan whole: a GPU it does not name runs 1 job at a time."""
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     plan = parse_gpu_plan(plan_text, gpus, "PLAN", allow_all_zero=gpus is not None)
+    if gpus is not None:
+        check_gpus_exist(gpus, db_path, "--gpus")
+    else:
+        check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"PLAN {shown_value(plan_text)}")
     with open_store(db_path, create=True) as store:
         set_gpu_plan(store, plan)
         stored = get_gpu_plan(store)

@@ -72,7 +72,7 @@ def _where(r: dict[str, Any]) -> str:
     return str(r["gpu"])
 
 
-def _running_cells(r: dict[str, Any]) -> list[str]:
+def running_cells(r: dict[str, Any]) -> list[str]:
     progress = r["progress"] or {}
     step = f"{progress.get('step')}/{progress.get('total')}" if progress.get("total") else "-"
     loss = progress.get("loss")
@@ -84,7 +84,7 @@ def _running_cells(r: dict[str, Any]) -> list[str]:
 
 
 def _running_table(running: list[dict[str, Any]], width: int | None) -> Table:
-    cells = [_running_cells(r) for r in running]
+    cells = [running_cells(r) for r in running]
     columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
         RUNNING_COLUMNS, cells, width - 4, {"config": 32}, RUNNING_OPTIONAL)  # 4: the panel's border
     table = Table(box=None, header_style="bold")
@@ -121,6 +121,25 @@ def next_limits(limits: dict[str, int]) -> dict[str, int] | None:
     return None
 
 
+def one_line(text: str) -> str:
+    """Every run of whitespace (the newlines of a long OOM text included) as one space."""
+    return " ".join(str(text).split())
+
+
+def paused_line(p: dict[str, Any]) -> str:
+    return (f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})"
+            + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else ""))
+
+
+def waiting_entries(snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """The waiting jobs to list, and how many more are queued. A paused suite's jobs are counted
+    on its line, not repeated one by one."""
+    paused_names = {p["suite"] for p in snapshot["paused_suites"]}
+    waiting = [w for w in snapshot["waiting"] if w.get("suite") not in paused_names]
+    more = snapshot["counts"]["queued"] - len(waiting) - sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
+    return waiting, more
+
+
 def _height(renderable: RenderableType, width: int) -> int:
     console = Console(width=width, file=io.StringIO(), color_system=None)
     return len(console.render_lines(renderable, console.options, pad=False))
@@ -147,20 +166,15 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
     def text(body: str, style: str = "") -> Text:
         return Text(body, style=style, overflow="ellipsis" if clipped else None, no_wrap=clipped or None)
 
-    paused_names = {p["suite"] for p in snapshot["paused_suites"]}
-    paused_lines = [
-        f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})"
-        + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else "")
-        for p in snapshot["paused_suites"]
-    ]
-    # A paused suite's jobs are counted on its line, not repeated one by one.
-    waiting = [w for w in snapshot["waiting"] if w.get("suite") not in paused_names]
+    paused_lines = [paused_line(p) for p in snapshot["paused_suites"]]
+    waiting, more = waiting_entries(snapshot)
     waiting_lines = [f"job {w['id']} {w['config']}: {w['reason'] or 'not yet considered'}" for w in waiting]
-    more = counts["queued"] - len(waiting) - sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
     if waiting_lines and more > 0:
         waiting_lines.append(f"... and {more} more queued")
-    retry_lines = [f"{_clock(r['ts'])} job {r['job']}: {_retry_move(r)} ({r['why']})" for r in snapshot["retries"]]
-    event_lines = [f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"] for e in snapshot["events"]]
+    # one line per entry: a long OOM text's own newlines are spaces here
+    retry_lines = [one_line(f"{_clock(r['ts'])} job {r['job']}: {retry_move(r)} ({r['why']})") for r in snapshot["retries"]]
+    event_lines = [one_line(f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"])
+                   for e in snapshot["events"]]
     running = snapshot["running"]
     full = {"running": len(running), "waiting": len(waiting_lines), "retries": len(retry_lines),
             "events": len(event_lines)}
@@ -232,7 +246,7 @@ def _frame(
     return Group(*parts)
 
 
-def _retry_move(retry: dict[str, Any]) -> str:
+def retry_move(retry: dict[str, Any]) -> str:
     """`level 0 -> 1`, or the host step a host-RAM OOM took while the level stayed."""
     step = retry.get("host_step")
     if isinstance(step, dict) and retry.get("from_level") == retry.get("to_level"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -14,14 +15,18 @@ from orchestrator.cli.common import (
     db_option,
     echo_json,
     echo_json_stream,
+    fmt_duration,
     fmt_mib,
     json_option,
     open_store,
 )
 from orchestrator.cli.render import render_status
+from orchestrator.cli.status_plain import plain_status
 from orchestrator.cli.status_query import status_snapshot
-from orchestrator.cli.tables import print_whole
+from orchestrator.errors import GpuUnavailable
+from orchestrator.store.db import now_s
 from orchestrator.store.queries import iter_status_jobs
+from orchestrator.store.status import daemon_reading
 
 
 @click.command("status")
@@ -41,8 +46,8 @@ def status_cmd(once: bool, interval_s: float, limit: int | None, offset: int, as
             echo_json_stream(iter_status_jobs(store, limit=limit, offset=offset), head, "jobs")
             return
         console = Console()
-        if not console.is_terminal:
-            print_whole(render_status(status_snapshot(store, all_jobs=False)), console)  # piped: nothing cut
+        if not console.is_terminal:  # piped: plain columns, nothing cut, no boxes
+            click.echo(plain_status(status_snapshot(store, all_jobs=False)), nl=False)
             return
         if once:
             console.print(render_status(status_snapshot(store, all_jobs=False), width=console.width))
@@ -67,22 +72,37 @@ def status_cmd(once: bool, interval_s: float, limit: int | None, offset: int, as
 @json_option
 @db_option
 def gpus_cmd(backend: str | None, as_json: bool, db_path: Path) -> None:
-    """Read the GPUs now (NVML, or the simulated backend)."""
+    """Read the GPUs now (NVML, or the simulated backend); without either here, the daemon's
+    last reading from the database (as `orch status` shows it)."""
     from orchestrator.cli.daemon_cmd import resolve_backend
 
-    probe, _ = resolve_backend(db_path, backend)
     try:
-        snapshots = probe.snapshot()
-    finally:
-        probe.close()
+        probe, _ = resolve_backend(db_path, backend)
+        try:
+            gpus = [asdict(s) for s in probe.snapshot()]
+        finally:
+            probe.close()
+    except GpuUnavailable as exc:
+        named = backend or os.environ.get("ORCH_GPU_BACKEND")
+        reading = None
+        if not named and db_path.exists():
+            with open_store(db_path) as store:
+                reading = daemon_reading(store)
+        if reading is None or not reading.gpus:
+            raise
+        age = "" if reading.heartbeat_at is None else f", {fmt_duration(now_s() - reading.heartbeat_at)} ago"
+        click.echo(f"note: {' '.join(str(exc).split())}; showing the daemon's last reading{age} from {db_path}",
+                   err=True)
+        gpus = reading.gpus
     if as_json:
-        echo_json([asdict(s) for s in snapshots])
+        echo_json(gpus)
         return
-    for s in snapshots:
-        util = "" if s.utilization_pct is None else f", {s.utilization_pct}% busy"
-        click.echo(f"GPU {s.index}  {s.name}  {fmt_mib(s.used_mib)} used / {fmt_mib(s.total_mib)}, {fmt_mib(s.free_mib)} free{util}  {s.uuid}")
-        for p in s.processes:
-            click.echo(f"    pid {p.pid}: {fmt_mib(p.used_mib)}")
+    for s in gpus:
+        util = "" if s.get("utilization_pct") is None else f", {s['utilization_pct']}% busy"
+        click.echo(f"GPU {s['index']}  {s['name']}  {fmt_mib(s['used_mib'])} used / {fmt_mib(s['total_mib'])}, "
+                   f"{fmt_mib(s['free_mib'])} free{util}  {s['uuid']}")
+        for p in s.get("processes") or []:
+            click.echo(f"    pid {p['pid']}: {fmt_mib(p['used_mib'])}")
 
 
 def register(group: click.Group) -> None:

@@ -7,15 +7,17 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import (
+    check_gpus_exist,
     db_option,
     describe_plan,
     echo_json,
     json_option,
+    known_gpu_indices,
     open_store,
     plans_option,
 )
+from orchestrator.cli.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.errors import PlanError
-from orchestrator.gpu import machine_gpu_indices
 from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
 from orchestrator.notify import check_urls
 from orchestrator.plans import (
@@ -32,6 +34,8 @@ from orchestrator.plans import (
     parse_round,
     parse_set_overrides,
 )
+from orchestrator.plans.inputs import shown_value
+from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
 from orchestrator.store.jobs import (
     SubmitOutcome,
@@ -41,7 +45,6 @@ from orchestrator.store.jobs import (
     submit_jobs,
 )
 from orchestrator.store.notify_queries import set_suite_notify_urls
-from orchestrator.store.queries import last_seen_gpu_indices
 
 
 def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:
@@ -59,23 +62,17 @@ def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] |
     )
 
 
-def _check_gpus_exist(gpus: list[int], db_path: Path) -> None:
-    """Refuse --gpus naming a GPU this machine lacks, when its GPUs are known: from the daemon's
-    last reading, else the simulated GPUs or NVML here. Unknown: the daemon's wait reason says it."""
-    known = None
-    if db_path.exists():
-        with open_store(db_path) as reader:
-            known = last_seen_gpu_indices(reader)
-    if known is None:
-        known = machine_gpu_indices()
-    if known is None:
+def _check_gangs_fit(specs: list[JobSpec], gpus: list[int] | None, db_path: Path) -> None:
+    """A job of `gpus: N` with fewer than N GPUs it may use is refused: it would wait forever."""
+    needed = {spec.config_name: spec.gpus for spec in specs if spec.gpus > 1}
+    if not needed:
         return
-    missing = [g for g in gpus if g not in known]
-    if missing:
-        names = ", ".join(map(str, missing))
-        raise PlanError(
-            f"--gpus names GPU {names}, which this machine does not have (its GPUs: {' '.join(map(str, known))})"
-        )
+    if gpus is not None:
+        check_gangs_fit(needed, gpus, "--gpus gives it")
+        return
+    known = known_gpu_indices(db_path)
+    if known is not None:
+        check_gangs_fit(needed, known, "this machine has")
 
 
 def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
@@ -153,7 +150,10 @@ def submit_cmd(
         total_slots = _round_slots(plan, stored_plan, gpus)
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots)
     if gpus is not None:
-        _check_gpus_exist(gpus, db_path)
+        check_gpus_exist(gpus, db_path, "--gpus")
+    if plan is not None and gpus is None:
+        check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"--gpu-plan {shown_value(plan_text or '')}")
+    _check_gangs_fit(specs, gpus, db_path)
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, overrides)
     note = unreached_rungs_note(suite, specs)
@@ -169,6 +169,10 @@ def submit_cmd(
                 set_gpu_plan(store, plan)
             if not dry_run:
                 set_suite_notify_urls(store, suite.name, suite.notify)
+            if not dry_run and any(o.created for o in outcomes):
+                changed = worker_changed_since_failure(store, suite.name, suite.worker)
+                paused_note = resume_if_changed(store, suite.name, changed)
+                note = "\n".join(n for n in (note, paused_note and f"note: {paused_note}") if n) or None
 
     if note:
         click.echo(note, err=True)

@@ -33,6 +33,22 @@ SESSION = "orch"
 SESSION_DEADLINE_S = 10.0
 # tmux refuses commands larger than its message size (16 KiB in 3.x); keep well below it.
 MAX_COMMAND_BYTES = 12_000
+MAX_ARG_BYTES = 131_072  # Linux's MAX_ARG_STRLEN: no process may be given one longer argument
+
+
+def too_big_for_tmux(job_id: int, argv: list[str], command_bytes: int, env_bytes: int, socket_name: str) -> str:
+    """Why tmux refuses job `job_id`'s window, with the way out that works for what is big."""
+    said = (f"the command and environment of job {job_id} take {command_bytes + env_bytes} bytes, "
+            f"more than tmux accepts ({MAX_COMMAND_BYTES})")
+    if env_bytes > command_bytes:  # an environment the server does not share (it predates it)
+        return (f"{said}, most of it environment: restart orch's tmux server (`tmux -L {socket_name} "
+                "kill-server`, with no workers running) so it inherits the current environment")
+    longest = max((len(a.encode()) for a in argv), default=0)
+    through_config = "pass large values through {config} (the attempt's config.yaml) instead of {cfg.KEY}"
+    if longest > MAX_ARG_BYTES:
+        return f"{said}; one argument has {longest} bytes, more than any process may be given: {through_config}"
+    return (f"{said}: {through_config}, or run the daemon without tmux "
+            "(`orch daemon stop`, then `orch daemon start --launcher subprocess`)")
 
 
 class TmuxLauncher:
@@ -112,13 +128,9 @@ class TmuxLauncher:
         if gate is not None:  # `;`: a gate that cannot be opened holds nothing back
             command = f": <{shlex.quote(str(gate))}; {command}"
         environment = self._env_for_window(spec.env)
-        size = len(command) + sum(len(k) + len(v) + 4 for k, v in environment.items())
-        if size > MAX_COMMAND_BYTES:
-            raise LauncherError(
-                f"the command and environment of job {spec.job_id} take {size} bytes, more than tmux "
-                f"accepts; restart orch's tmux server (`tmux -L {self.socket_name} kill-server`) "
-                "so it inherits the current environment, or set ORCH_LAUNCHER=subprocess"
-            )
+        env_bytes = sum(len(k) + len(v) + 4 for k, v in environment.items())
+        if len(command) + env_bytes > MAX_COMMAND_BYTES:
+            raise LauncherError(too_big_for_tmux(spec.job_id, spec.argv, len(command), env_bytes, self.socket_name))
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:

@@ -34,3 +34,19 @@ def job_resources(
     gpus = parse_count(config["gpus"], "gpus", where, MAX_GPUS) if config.get("gpus") is not None else suite_gpus
     cpus = parse_count(config["cpus"], "cpus", where, MAX_CPUS) if config.get("cpus") is not None else suite_cpus
     return gpus, cpus
+
+
+def check_gangs_fit(gpus_needed: Mapping[str, int], usable_gpus: list[int], where: str) -> None:
+    """Refuse a job needing more GPUs than it may ever use (`gpus_needed`: config name -> gpus):
+    a gang is never placed in part, so it would wait forever. `usable_gpus`: the GPUs the jobs
+    may run on (`--gpus`, else the machine's); `where` says where they come from."""
+    too_big = {name: n for name, n in gpus_needed.items() if n > len(usable_gpus)}
+    if not too_big:
+        return
+    name, needed = max(too_big.items(), key=lambda item: item[1])
+    others = f" (and {len(too_big) - 1} other config(s))" if len(too_big) > 1 else ""
+    shown = " ".join(map(str, usable_gpus)) or "none"
+    raise PlanError(
+        f"config {name}{others} needs gpus: {needed}, but {where} {len(usable_gpus)} GPU(s) ({shown}): "
+        f"it would wait forever; give it at least {needed} GPUs or --set gpus={len(usable_gpus) or 1}"
+    )

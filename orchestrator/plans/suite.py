@@ -137,7 +137,30 @@ def default_plans_dir() -> Path:
     local = Path.cwd() / "plans"
     if (local / "suites").is_dir():
         return local
+    return shipped_plans_dir()
+
+
+def shipped_plans_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "plans"  # orchestrator/plans/suite.py -> repo
+
+
+def _path_hint(name: str) -> str:
+    """For `--suite plans/suites/E1.yaml`: the name and folder that say the same."""
+    if "/" not in name and not name.endswith((".yaml", ".yml")):
+        return ""
+    given = Path(name)
+    stem = given.name.rsplit(".", 1)[0] if given.suffix in (".yaml", ".yml") else given.name
+    if given.parent.name == "suites":
+        return f"; --suite takes a name: --suite {stem} --plans {given.parent.parent or '.'}"
+    return f"; --suite takes a name, read from DIR/suites/NAME.yaml of --plans DIR: --suite {stem}"
+
+
+def _shipped_hint(name: str, plans_dir: Path) -> str:
+    """When a local plans folder hides a suite that ships with orch: how to reach it."""
+    shipped = shipped_plans_dir()
+    if plans_dir.resolve() == shipped.resolve() or not (shipped / "suites" / f"{name}.yaml").is_file():
+        return ""
+    return f"; suite {name} ships with orch, but {plans_dir} is read instead: --plans {shipped}"
 
 
 def list_suites(plans_dir: Path) -> list[str]:
@@ -179,12 +202,16 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     """Load `plans_dir/suites/NAME.yaml` and its configs; every problem is a PlanError."""
     check_text("--suite", name)
     if not SUITE_NAME_RE.fullmatch(name):
-        raise PlanError(f"suite name {shown_value(name)} is not valid (letters, digits, '_', '-', '.')")
+        raise PlanError(f"suite name {shown_value(name)} is not valid (letters, digits, '_', '-', '.')"
+                        + _path_hint(name))
+    if not plans_dir.is_dir():
+        raise PlanError(f"the plans folder {plans_dir} does not exist (--plans DIR or ORCH_PLANS: a folder "
+                        "holding suites/ and configs/)")
     path = plans_dir / "suites" / f"{name}.yaml"
     if not path.is_file():
         known = list_suites(plans_dir)
-        hint = f" (known suites: {', '.join(known)})" if known else f" (no suites in {plans_dir})"
-        raise PlanError(f"unknown suite {name!r}{hint}")
+        hint = f" (known suites: {', '.join(known)})" if known else ""
+        raise PlanError(f"unknown suite {name!r} in {plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}")
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
@@ -202,8 +229,11 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     check_text(f"suite {path} worker", worker)
     if worker.strip() not in ("lora", "sim"):
         parse_template(worker.strip())  # an unknown placeholder is refused here, at submit
+    if data.get("mem_gib") is None:
+        raise PlanError(f"suite {path}: `mem_gib` is required: the GiB one job needs, used until orch has "
+                        "measured it (e.g. `mem_gib: 20`)")
     mem_gib = _typed(path, data, "mem_gib", (int, float), None)
-    if mem_gib is None or not (0 < float(mem_gib) <= 4096):
+    if not (0 < float(mem_gib) <= 4096):
         raise PlanError(f"suite {path}: `mem_gib` must be a number of GiB between 0 and 4096")
     env_raw = _typed(path, data, "env", (dict,), {})
     env: dict[str, str] = {}

@@ -43,3 +43,45 @@ def request_daemon_stop(store: Store, *, drain: bool = False) -> None:
     new and exit when its running jobs have ended. It reads the flag at its next tick."""
     with store.write():
         store._db.execute(f"UPDATE daemon SET {'draining' if drain else 'stop_requested'} = 1 WHERE id = 1")
+
+
+@dataclass(frozen=True)
+class JobCommand:
+    """How a job's worker is started: what a retry takes from the suite file as it is now."""
+
+    worker: str
+    env_json: str
+    worker_output_json: str
+    hang_timeout_s: float
+
+
+def job_command(store: Store, job_id: int) -> JobCommand:
+    row = store.query("SELECT worker, env_json, worker_output_json, hang_timeout_s FROM jobs WHERE id = ?", [job_id])[0]
+    return JobCommand(row["worker"], row["env_json"] or "{}", row["worker_output_json"] or "{}", float(row["hang_timeout_s"]))
+
+
+def set_job_command(store: Store, job_id: int, command: JobCommand, message: str) -> None:
+    """Start the job's next attempts with `command` (its suite file changed since submit)."""
+    with store.write():
+        store._db.execute(
+            "UPDATE jobs SET worker = ?, env_json = ?, worker_output_json = ?, hang_timeout_s = ? WHERE id = ?",
+            [command.worker, command.env_json, command.worker_output_json, command.hang_timeout_s, job_id],
+        )
+        add_event(store, "retry", message, job_id=job_id)
+
+
+def worker_of_last_failure(store: Store, suite: str) -> str | None:
+    """The worker command of the suite's job that failed last (what a crash-loop pause ran)."""
+    rows = store.query(
+        "SELECT j.worker FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.suite = ? AND a.outcome = 'failed' "
+        "ORDER BY a.ended_at DESC LIMIT 1", [suite],
+    )
+    return rows[0]["worker"] if rows else None
+
+
+def resume_changed_suite(store: Store, suite: str, why: str) -> None:
+    """Lift a crash-loop pause because what failed was changed (`why`)."""
+    with store.write():
+        cursor = store._db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
+        if cursor.rowcount:
+            add_event(store, "resume", f"suite {suite} resumed: {why}")

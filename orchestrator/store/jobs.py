@@ -153,19 +153,19 @@ def submit_jobs(
 
 
 def set_gpu_plan(store: Store, plan: GpuPlan) -> None:
+    """Store `plan` in place of the old one, whole: a GPU the old plan named and this one does
+    not goes back to the default cap."""
     with store.write():
         ts = store.now_s()
+        store._db.execute("DELETE FROM gpu_plan")
         if plan.default_slots is not None:
-            # A broadcast plan replaces every per-GPU cap.
-            store._db.execute("DELETE FROM gpu_plan")
             store._db.execute(
                 "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (-1, ?, ?)",
                 [plan.default_slots, ts],
             )
         for gpu_index, slots in plan.slots_by_gpu.items():
             store._db.execute(
-                "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(gpu_index) DO UPDATE SET slots = excluded.slots, updated_at = excluded.updated_at",
+                "INSERT INTO gpu_plan (gpu_index, slots, updated_at) VALUES (?, ?, ?)",
                 [gpu_index, slots, ts],
             )
         add_event(store, "plan", f"GPU plan set: {format_plan(plan)}")

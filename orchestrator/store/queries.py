@@ -124,6 +124,14 @@ def state_counts(store: Store) -> dict[str, int]:
     return counts
 
 
+def first_oom_job(store: Store) -> int | None:
+    """The job whose attempt ran out of memory first (GPU or host), or None."""
+    rows = store.query(
+        "SELECT job_id FROM attempts WHERE outcome IN ('oom', 'host_oom') ORDER BY ended_at, id LIMIT 1"
+    )
+    return int(rows[0]["job_id"]) if rows else None
+
+
 def get_job(store: Store, job_id: int) -> Job:
     """Raises JobNotFound for an unknown id."""
     job = job_by_id(store, job_id)
