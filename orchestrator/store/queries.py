@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from orchestrator.errors import JobNotFound
@@ -278,12 +278,27 @@ class SucceededAttempt:
     run_alone: bool
     run_dir: str
     output_metrics_json: str | None  # metrics the script printed, when it wrote no result.json
+    job_overrides: dict[str, Any] = field(default_factory=dict)  # the job's `--set` overrides
+    setting_json: str = "{}"  # the job's merged config without seed and data, as stored
+    config_path: str = ""
+    job_env: dict[str, Any] = field(default_factory=dict)  # suite env + env.* overrides
+
+
+def _mapping(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def succeeded_attempts(store: Store, suite: str | None = None) -> list[SucceededAttempt]:
     sql = (
         "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
-        "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json FROM jobs j JOIN attempts a "
+        "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
+        "j.config_path, j.env_json, CASE WHEN json_valid(j.config_json) "
+        "THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END AS setting_json "
+        "FROM jobs j JOIN attempts a "
         "ON a.job_id = j.id AND a.outcome = ? WHERE j.state = ?"
     )
     params: list[Any] = [AttemptOutcome.SUCCEEDED.value, JobState.SUCCEEDED.value]
@@ -292,13 +307,10 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
         params.append(suite)
     out: list[SucceededAttempt] = []
     for r in store.query(sql + " ORDER BY j.id", params):
-        try:
-            overrides = json.loads(r["overrides_json"] or "{}")
-        except ValueError:
-            overrides = {}
         out.append(SucceededAttempt(
             r["job_id"], r["suite"], r["config_name"], r["data"], r["seed"], r["n"], r["level"], r["level_step"],
-            overrides if isinstance(overrides, dict) else {}, bool(r["run_alone"]), r["run_dir"],
-            r["output_metrics_json"],
+            _mapping(r["overrides_json"]), bool(r["run_alone"]), r["run_dir"], r["output_metrics_json"],
+            _mapping(r["job_overrides_json"]), r["setting_json"] or "{}", r["config_path"] or "",
+            _mapping(r["env_json"]),
         ))  # fmt: skip
     return out
