@@ -9,7 +9,8 @@ twice, and the summary says so.
 
 The metric follows the GLUE convention for the task: Matthews correlation for CoLA, F1 for MRPC
 and QQP, accuracy for the rest. When none of a row's runs reported that metric, the row shows
-accuracy, else the first metric its runs reported, and its notes say so.
+accuracy, else the first metric its runs reported; for a benchmark's task (`glue_mrpc`) its
+notes say so (a script's own task, `toy`, just names the metric it shows).
 """
 
 from __future__ import annotations
@@ -162,12 +163,15 @@ def choose_metric(task: str, rows: list[ResultRow]) -> tuple[str, str | None]:
     primary = primary_metric(task)
     if any(primary in row.metrics for row in rows):
         return primary, None
+    # A benchmark's task (`glue_mrpc`) has a metric a reader expects; a script's own task
+    # (`toy`) shows what its runs report, and the metric column says which.
+    named = _TASK.match(task.lower()) is not None
     if any(DEFAULT_METRIC in row.metrics for row in rows):
-        return DEFAULT_METRIC, f"no run reported {primary}: {DEFAULT_METRIC} shown"
-    for row in rows:  # a script's own task: the first metric its runs report
+        return DEFAULT_METRIC, f"no run reported {primary}: {DEFAULT_METRIC} shown" if named else None
+    for row in rows:  # the first metric its runs report
         if row.metrics:
             first = next(iter(row.metrics))
-            return first, f"no run reported {primary}: {first} shown"
+            return first, f"no run reported {primary}: {first} shown" if named else None
     return primary, None
 
 
