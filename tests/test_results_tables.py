@@ -102,13 +102,12 @@ SCRIPT = textwrap.dedent(
     import sys
 
     if sys.argv[1] == "inject":
-        print(json.dumps({%r: 0.5}))
+        print(json.dumps({HOSTILE: 0.5}))
     else:
         print(json.dumps({"accuracy": 0.8}))
         print(json.dumps({"step": 1e30, "loss": 0.25}))
     """
-    % HOSTILE
-)
+).replace("HOSTILE", repr(HOSTILE))
 
 
 @pytest.fixture
