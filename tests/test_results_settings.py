@@ -118,3 +118,56 @@ def test_web_results_and_report_keep_settings_apart(orch_inproc: OrchRunner, db_
     small = sorted((line.label, line.n_seeds) for line in table.lines if line.config == "demo_small")
     assert small == [("demo_small", 2), ("demo_small [learning_rate=0.001]", 1)]
     assert "demo_small [learning_rate=0.001]" in report
+
+
+def _own_plans(root: Path, peft: object) -> Path:
+    plans = root / "own-plans"
+    (plans / "configs" / "lo").mkdir(parents=True)
+    (plans / "suites").mkdir()
+    (plans / "peft.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "lora_dropout": 0.05}))
+    config = {"model": "tiny-llama", "batch_size": 4, "gradient_accumulation_steps": 1, "learning_rate": 3e-4,
+              "peft": peft}
+    (plans / "configs" / "lo" / "lo.yaml").write_text(json.dumps(config))  # JSON is YAML
+    (plans / "suites" / "lo.yaml").write_text(json.dumps({"worker": "sim", "mem_gib": 1, "configs": ["lo"]}))
+    return plans
+
+
+@pytest.mark.parametrize("peft", ["../../peft.json", {"r": 8, "lora_dropout": 0.05}])
+def test_validation_as_test_and_dropout_under_mixed_levels_are_marked(
+    orch_inproc: OrchRunner, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peft: object
+) -> None:
+    monkeypatch.setenv("ORCH_PLANS", str(_own_plans(tmp_path, peft)))
+    assert orch_inproc("submit", "--suite", "lo", "--pairs", "1:glue_rte 2:glue_rte 1:glue_cola").rc == 0
+    with Store(db_path) as store:
+        jobs = {(j["seed"], j["data"]): j["id"] for j in store.query("SELECT id, seed, data FROM jobs")}
+        for (seed, data), job_id in jobs.items():
+            run_dir = tmp_path / "runs" / str(job_id)
+            metrics = {"accuracy": 0.7 + seed / 10} if data == "glue_rte" else {"mcc": 0.3}
+            _succeeded(store, job_id, run_dir, {"status": "ok", "metrics": {"test": metrics},
+                                                "test_is_val": data == "glue_cola"})
+        # seed 2 on RTE ran at the halved batch: mixed levels, with LoRA dropout on
+        with store.write():
+            store.execute("UPDATE attempts SET level = 2, overrides_json = ? WHERE job_id = ?",
+                          [json.dumps({"batch_size": 2, "gradient_accumulation_steps": 2}), jobs[(2, "glue_rte")]])
+    payload = {row["task"]: row for row in json.loads(orch_inproc("results", "--json").stdout)}
+    rte, cola = payload["glue_rte"], payload["glue_cola"]
+    assert (rte["mixed_levels"], rte["lora_dropout"], rte["dropout_differs"], rte["marks"]) == (True, 0.05, True, ["‡"])
+    assert (cola["test_is_val"], cola["marks"]) == (True, ["§"]) and cola["runs"][0]["test_is_val"] is True
+    assert rte["test_is_val"] is False
+    dropout = "dropout draws differ at other micro-batch sizes (statistically equal, not bit-equal)"
+    table = orch_inproc("results").stdout
+    assert "0,2 ‡" in table and "0.3000 ± 0.0000 §" in table
+    assert dropout in table and "§ test = validation set" in table
+    markdown = orch_inproc("results", "--format", "markdown").stdout
+    assert "0.3000 ± 0.0000** §" in markdown and " ‡" in markdown
+    assert dropout in markdown and "§ test = validation set" in markdown
+    latex = orch_inproc("results", "--format", "latex").stdout
+    assert "$^\\ddagger$" in latex and "$^\\S$" in latex and "$^\\S$ test = validation set" in latex
+    parsed = {r["task"]: r for r in csv.DictReader(io.StringIO(orch_inproc("results", "--csv").stdout))}
+    assert (parsed["glue_cola"]["test_is_val"], parsed["glue_rte"]["dropout_differs"]) == ("true", "true")
+    from orchestrator.web.report import render_report
+
+    with Store(db_path) as store:
+        report = render_report(store)
+    assert "§ test = validation set" in report and dropout in report
+    assert "mcc §" in report  # the cell's mark, beside its metric

@@ -200,6 +200,10 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
                      f'<td class=num data-v="{line.std}">{line.std:.4f}</td><td class=num data-v="{line.n_seeds}">{line.n_seeds}</td>'
                      f"<td>{dots_svg(line.values, line.mean, line.std, lo, hi)}</td></tr>")
     parts.append("</tbody></table>")
+    parts += [f'<p class="muted">{escape(text)}</p>' for text in table.legend]
+    noted = [f"<li>{escape(line.label)} · {escape(line.task)}: {escape(note)}</li>" for line in table.lines for note in line.notes]
+    if noted:
+        parts.append('<ul class="muted">' + "".join(noted) + "</ul>")
     if table.missing:
         parts.append(f'<p class="muted">{table.missing} succeeded job(s) had no test metrics in result.json</p>')
     return "".join(parts)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.results import aggregate
-from orchestrator.results_format import cell_marks, to_csv
+from orchestrator.results_format import cell_marks, legend_lines, to_csv
 from orchestrator.results_source import RunReader, collect_rows
 from orchestrator.store.db import Store
 
@@ -36,6 +36,7 @@ class ResultTable:
     lines: list[ResultLine]
     csv: str
     missing: int  # succeeded jobs whose result.json had no test metrics
+    legend: tuple[str, ...] = ()  # one line per mark used (results_format.LEGEND)
 
 
 def result_table(store: Store, cache: MetricsCache, suite: str | None = None) -> ResultTable:
@@ -47,4 +48,4 @@ def result_table(store: Store, cache: MetricsCache, suite: str | None = None) ->
                    dict(s.overrides), s.label, s.notes, "".join(cell_marks(s)))
         for s in summaries
     ]
-    return ResultTable(lines, to_csv(summaries), missing)
+    return ResultTable(lines, to_csv(summaries), missing, tuple(legend_lines(summaries)))
