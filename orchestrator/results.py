@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from orchestrator.wording import fmt_value
@@ -101,12 +102,12 @@ class ResultSummary:
         extra = ", ".join(part for part in (self.overrides_label, self.variant) if part)
         return f"{self.config} [{extra}]" if extra else self.config
 
-    @property
+    @cached_property
     def levels(self) -> tuple[int, ...]:
         """The distinct ladder levels this row's runs ran at (host steps count as a change)."""
         return tuple(sorted({r.level for r in self.runs if r.level is not None}))
 
-    @property
+    @cached_property
     def mixed_levels(self) -> bool:
         """True when the runs did not all run with the same settings: a reader must know."""
         shapes = {(r.level, tuple(sorted((k, repr(v)) for k, v in r.changes.items())), r.run_alone) for r in self.runs}
@@ -175,15 +176,15 @@ def choose_metric(task: str, rows: list[ResultRow]) -> tuple[str, str | None]:
     return primary, None
 
 
-def _group_key(row: ResultRow) -> tuple[str, str, str, str, str]:
-    return (row.suite, row.config, overrides_label(row.overrides), row.task, row.setting)
-
-
 def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
     """One summary per (suite, config, overrides, config content, task), sorted that way."""
     groups: dict[tuple[str, str, str, str, str], list[ResultRow]] = {}
+    labels: dict[int, str] = {}  # rows of one job's setting share one overrides mapping
     for row in rows:
-        groups.setdefault(_group_key(row), []).append(row)
+        label = labels.get(id(row.overrides))
+        if label is None:
+            label = labels[id(row.overrides)] = overrides_label(row.overrides)
+        groups.setdefault((row.suite, row.config, label, row.task, row.setting), []).append(row)
     # The same config and overrides submitted with different config content: name the content.
     contents: dict[tuple[str, str, str], set[str]] = {}
     for suite, config, label, _, setting in groups:
@@ -222,9 +223,13 @@ def _summarise(rows: list[ResultRow], label: str, variant: str) -> ResultSummary
         uncounted=tuple(run for _, run in uncounted), primary=primary_metric(first.task),
         lora_dropout=max(r.lora_dropout for r in rows),
     )
-    for seed, times in sorted(summary.repeated_seeds.items()):
-        jobs = ", ".join(str(r.job) for r in counted if r.seed == seed and r.job is not None)
-        notes.append(f"seed {seed} ran {_times(times)}{f' (jobs {jobs})' if jobs else ''}: every run counted")
+    jobs_by_seed: dict[int, list[str]] = {}
+    for run in counted:
+        jobs_by_seed.setdefault(run.seed, []).append(str(run.job) if run.job is not None else "")
+    for seed, jobs in jobs_by_seed.items():  # in seed order
+        if len(jobs) > 1:
+            named = ", ".join(filter(None, jobs))
+            notes.append(f"seed {seed} ran {_times(len(jobs))}{f' (jobs {named})' if named else ''}: every run counted")
     for row, _ in uncounted:
         where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
         why = row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}")

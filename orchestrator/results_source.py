@@ -37,14 +37,23 @@ class RunReading:
     test_is_val: bool = False
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A job's effective config: its `--set` overrides, their digest with the config's content
+    (results.setting_digest) and the LoRA dropout it asks for."""
+
+    overrides: dict[str, Any]
+    digest: str
+    lora_dropout: float
+
+
 class RunReader:
     """Reads each succeeded attempt's result.json once per process (it does not change after
     the attempt succeeded); a missing file is read again next time, as it may still appear."""
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
-        self._dropout: dict[tuple[str, str, str], float] = {}
-        self._digests: dict[tuple[str, str], str] = {}
+        self._settings: dict[tuple[str, str, str, str], Setting] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
@@ -66,25 +75,20 @@ class RunReader:
     def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
         return self.reading(run_dir, printed_json).metrics
 
-    def setting(self, run: SucceededAttempt) -> str:
-        key = (run.setting_json, json.dumps(run.job_overrides, sort_keys=True, default=str))
+    def setting(self, run: SucceededAttempt) -> Setting:
+        """The job's effective config, worked out once per distinct stored text (the jobs of a
+        config × overrides share it whatever their seed and task)."""
+        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json)
         with self._lock:
-            found = self._digests.get(key)
+            found = self._settings.get(key)
         if found is None:
-            config = _loads_mapping(run.setting_json)
-            found = setting_digest(config, run.job_overrides)
+            config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
+            found = Setting(overrides, setting_digest(config, overrides),
+                            lora_dropout_of(config, run.config_path, _loads_mapping(run.env_json)))
             with self._lock:
-                self._digests[key] = found
-        return found
-
-    def lora_dropout(self, run: SucceededAttempt) -> float:
-        key = (run.setting_json, run.config_path, str(run.job_env.get("ORCH_LORA_DROPOUT", "")))
-        with self._lock:
-            found = self._dropout.get(key)
-        if found is None:
-            found = lora_dropout_of(_loads_mapping(run.setting_json), run.config_path, run.job_env)
-            with self._lock:
-                self._dropout[key] = found
+                if len(self._settings) >= self.max_entries:
+                    self._settings.clear()
+                self._settings[key] = found
         return found
 
 
@@ -96,13 +100,14 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     missing = 0
     for run in succeeded_attempts(store, suite):
         reading = reader.reading(run.run_dir, run.output_metrics_json)
+        setting = reader.setting(run)
         if reading.metrics is None:
             missing += 1
         rows.append(ResultRow(
             run.suite, run.config, run.data, run.seed, reading.metrics or {},
             job=run.job_id, attempt=run.n, level=run.level, step=run.level_step,
-            changes=dict(run.overrides), run_alone=run.run_alone, overrides=dict(run.job_overrides),
-            setting=reader.setting(run), test_is_val=reading.test_is_val, lora_dropout=reader.lora_dropout(run),
+            changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
+            setting=setting.digest, test_is_val=reading.test_is_val, lora_dropout=setting.lora_dropout,
             no_metrics=NO_METRICS if reading.metrics is None else None,
         ))  # fmt: skip
     return rows, missing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from orchestrator.errors import JobNotFound
@@ -278,18 +278,11 @@ class SucceededAttempt:
     run_alone: bool
     run_dir: str
     output_metrics_json: str | None  # metrics the script printed, when it wrote no result.json
-    job_overrides: dict[str, Any] = field(default_factory=dict)  # the job's `--set` overrides
-    setting_json: str = "{}"  # the job's merged config without seed and data, as stored
+    # The job's effective config, as stored (JSON texts, parsed by the reader: many jobs share one)
+    job_overrides_json: str = "{}"  # the job's `--set` overrides
+    setting_json: str = "{}"  # the job's merged config without seed and data
     config_path: str = ""
-    job_env: dict[str, Any] = field(default_factory=dict)  # suite env + env.* overrides
-
-
-def _mapping(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    env_json: str = "{}"  # suite env + env.* overrides
 
 
 def succeeded_attempts(store: Store, suite: str | None = None) -> list[SucceededAttempt]:
@@ -307,10 +300,14 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
         params.append(suite)
     out: list[SucceededAttempt] = []
     for r in store.query(sql + " ORDER BY j.id", params):
+        try:
+            overrides = json.loads(r["overrides_json"] or "{}")
+        except ValueError:
+            overrides = {}
         out.append(SucceededAttempt(
             r["job_id"], r["suite"], r["config_name"], r["data"], r["seed"], r["n"], r["level"], r["level_step"],
-            _mapping(r["overrides_json"]), bool(r["run_alone"]), r["run_dir"], r["output_metrics_json"],
-            _mapping(r["job_overrides_json"]), r["setting_json"] or "{}", r["config_path"] or "",
-            _mapping(r["env_json"]),
+            overrides if isinstance(overrides, dict) else {}, bool(r["run_alone"]), r["run_dir"],
+            r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
+            r["config_path"] or "", r["env_json"] or "{}",
         ))  # fmt: skip
     return out
