@@ -88,7 +88,8 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
             marks = cell_marks(s)
             out.append(text + (" " + " ".join(md_escape(m) for m in marks) if marks else ""))
         lines.append(f"| {md_escape(label)} | " + " | ".join(out) + " |")
-    legend = [md_escape(line) for line in legend_lines(summaries)]
+    # Our own sentences, outside the table: only a leading `*` would start a list
+    legend = [("\\" + line) if line.startswith("*") else line for line in legend_lines(summaries)]
     notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
     if legend:
         lines += [""] + [line + "  " for line in legend[:-1]] + legend[-1:]
@@ -99,14 +100,27 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                  "\n": " ", "\r": " "}
-_LATEX_MARKS = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "*": r"$^*$", "×": r"$\times$",
-                "±": r"$\pm$", "—": "--", "·": r"\textperiodcentered{}"}
+                  "\n": " ", "\r": " ", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+                  "`": "'"}
+_LATEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "*": "*"}  # in a $^{...}$ superscript
+_LATEX_TEXT = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "*": r"$^*$", "×": r"$\times$",
+               "±": r"$\pm$", "·": r"\textperiodcentered{}"}
 
 
 def latex_escape(text: str) -> str:
-    """Text for LaTeX: `& % $ # _ { } ~ ^ \\` escaped, line ends made spaces."""
-    return "".join(_LATEX_SPECIAL.get(ch, _LATEX_MARKS.get(ch, ch)) for ch in text)
+    """Text for LaTeX: `& % $ # _ { } ~ ^ \\` escaped (and `< > |`, which the default font
+    does not have), `--` kept two hyphens, line ends made spaces."""
+    out = []
+    for i, ch in enumerate(text):
+        if ch == "-" and text[i + 1 : i + 2] == "-":
+            out.append("-{}")  # `--` would print an en dash
+        else:
+            out.append(_LATEX_SPECIAL.get(ch, _LATEX_TEXT.get(ch, ch)))
+    return "".join(out)
+
+
+def _latex_marks(marks: list[str]) -> str:
+    return "$^{" + "".join(_LATEX_MARKS[m] + " " for m in marks).rstrip() + "}$" if marks else ""
 
 
 def to_latex(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
@@ -129,7 +143,7 @@ def to_latex(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
             text = "--" if s.mean is None else f"{s.mean:.{digits}f} $\\pm$ {s.std:.{digits}f}"
             if s.mean is not None and label in best[(task, metric)]:
                 text = f"\\textbf{{{text}}}"
-            out.append(text + "".join(_LATEX_MARKS[m] for m in cell_marks(s)))
+            out.append(text + _latex_marks(cell_marks(s)))
         lines.append(latex_escape(label) + " & " + " & ".join(out) + r" \\")
     lines += [r"\hline", r"\end{tabular}"]
     lines += [latex_escape(line) + r"\par" for line in legend_lines(summaries)]

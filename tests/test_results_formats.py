@@ -49,7 +49,7 @@ def test_latex_escapes_names_bolds_the_best_and_marks_mixed_levels() -> None:
     text = to_latex(aggregate(rows()))
     assert text.startswith("\\begin{tabular}{lrr}\n\\hline\n")
     assert "config & glue\\_cola (mcc) & glue\\_rte (accuracy) \\\\" in text
-    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^\\dagger$ \\\\" in text
+    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^{\\dagger}$ \\\\" in text
     assert "r16 & \\textbf{0.5000 $\\pm$ 0.0000} & 0.8000 $\\pm$ 0.1414 \\\\" in text
     assert "\\end{tabular}" in text and "different ladder levels, all with the same effective batch" in text
     assert latex_escape("a_b&c%d$e#f{g}") == "a\\_b\\&c\\%d\\$e\\#f\\{g\\}"

@@ -162,7 +162,7 @@ def test_validation_as_test_and_dropout_under_mixed_levels_are_marked(
     assert "0.3000 ± 0.0000** §" in markdown and " ‡" in markdown
     assert dropout in markdown and "§ test = validation set" in markdown
     latex = orch_inproc("results", "--format", "latex").stdout
-    assert "$^\\ddagger$" in latex and "$^\\S$" in latex and "$^\\S$ test = validation set" in latex
+    assert "$^{\\ddagger}$" in latex and "$^{\\S}$" in latex and "$^\\S$ test = validation set" in latex
     parsed = {r["task"]: r for r in csv.DictReader(io.StringIO(orch_inproc("results", "--csv").stdout))}
     assert (parsed["glue_cola"]["test_is_val"], parsed["glue_rte"]["dropout_differs"]) == ("true", "true")
     from orchestrator.web.report import render_report

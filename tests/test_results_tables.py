@@ -71,6 +71,7 @@ def test_markdown_escapes_pipes_backslashes_and_underscores_in_names() -> None:
 def test_latex_escapes_every_special_character() -> None:
     assert latex_escape("&%$#_{}~^\\") == ("\\&\\%\\$\\#\\_\\{\\}\\textasciitilde{}\\textasciicircum{}"
                                            "\\textbackslash{}")
+    assert latex_escape("a--b<c>|") == "a-{}-b\\textless{}c\\textgreater{}\\textbar{}"  # no en dash, no ¡
     text = to_latex(aggregate([ResultRow("E", "x", "t", 1, {"a_b&c%d": 0.5})]))
     assert "config & t (a\\_b\\&c\\%d) \\\\" in text
 
