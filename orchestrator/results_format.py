@@ -32,7 +32,6 @@ LEGEND = {
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
     SEE_NOTES: "* see the notes below",
 }
-DAGGER_NOTE = LEGEND[MIXED]
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
 
 
