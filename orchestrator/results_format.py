@@ -1,23 +1,38 @@
-"""Results as text people paste: a terminal table's rows, CSV, Markdown, LaTeX, and JSON records.
+"""Results as text people paste: a terminal table's rows, CSV, and JSON records (Markdown and
+LaTeX grids are in results_grid). Pure functions from ResultSummary lists to strings or dicts.
 
-Pure functions from ResultSummary lists to strings or plain dicts, for every command or page
-that shows results. Markdown and LaTeX lay out configs × tasks (mean ± std over seeds), bold
-the best mean of each task, and mark (†) a cell whose seeds ran at different ladder levels.
+Every format names a row's `--set` overrides, and marks what a reader must know about a cell:
+† its runs ran at different ladder levels (same effective batch); ‡ the same with LoRA dropout
+on, whose draws differ at other micro-batch sizes; § its "test" metric was scored on the
+validation set; * see its notes (metric fallback, a seed that ran twice, runs not counted).
+
+Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
+a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from orchestrator.results import ResultSummary
 from orchestrator.wording import fmt_changes
 
-CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels")
+CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
+               "overrides", "test_is_val", "dropout_differs", "notes")
+TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "n", "seeds", "levels", "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
-DAGGER_NOTE = "† seeds ran at different ladder levels (`orch results --json` lists each seed's level and changes)"
+
+MIXED, MIXED_DROPOUT, TEST_IS_VAL, SEE_NOTES = "†", "‡", "§", "*"
+LEGEND = {
+    MIXED: "† runs ran at different ladder levels, all with the same effective batch "
+           "(`orch results --json` lists each run's level and changes)",
+    MIXED_DROPOUT: "‡ as †, with lora_dropout > 0: dropout draws differ at other micro-batch sizes "
+                   "(statistically equal, not bit-equal)",
+    TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
+    SEE_NOTES: "* see the notes below",
+}
+_CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _exact(value: float) -> float:
@@ -25,160 +40,109 @@ def _exact(value: float) -> float:
     return round(value, 10)
 
 
-def _score(summary: ResultSummary, digits: int) -> str:
+def score(summary: ResultSummary, digits: int) -> str:
     if summary.mean is None:
         return "—"
     return f"{summary.mean:.{digits}f} ± {summary.std:.{digits}f}"
 
 
-def _levels_text(summary: ResultSummary) -> str:
-    return ",".join(map(str, summary.levels)) + (" †" if summary.mixed_levels else "")
+def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
+    """The marks a cell carries, in legend order."""
+    marks = []
+    if summary.mixed_levels:
+        marks.append(MIXED_DROPOUT if summary.dropout_differs else MIXED)
+    if summary.test_is_val:
+        marks.append(TEST_IS_VAL)
+    if with_notes and summary.notes:
+        marks.append(SEE_NOTES)
+    return marks
+
+
+def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True) -> list[str]:
+    """One line per mark used, in legend order."""
+    used = {mark for s in summaries for mark in cell_marks(s, with_notes)}
+    return [text for mark, text in LEGEND.items() if mark in used]
+
+
+def seeds_text(summary: ResultSummary) -> str:
+    """`1 2 3`; a seed that ran twice reads `1×2`."""
+    counts: dict[int, int] = {}
+    for seed in summary.seeds:
+        counts[seed] = counts.get(seed, 0) + 1
+    return " ".join(str(seed) if times == 1 else f"{seed}×{times}" for seed, times in counts.items())
 
 
 def render_rows(summaries: Iterable[ResultSummary], digits: int = 4) -> list[list[str]]:
-    """Plain string rows (no header) for a terminal table: suite, config, task, metric,
-    mean ± std, n, seeds, and the ladder levels the seeds ran at when known."""
+    """Plain string rows (no header, TABLE_COLUMNS) for a terminal table."""
     rows = []
     for s in summaries:
-        seeds = " ".join(str(seed) for seed in s.seeds)
-        row = [s.suite, s.config, s.task, s.metric, _score(s, digits), str(s.n_seeds), seeds]
-        if s.levels:
-            row.append(_levels_text(s))
-        rows.append(row)
+        shown = score(s, digits) + (f" {TEST_IS_VAL}" if s.test_is_val else "")
+        levels = ",".join(map(str, s.levels))
+        if s.mixed_levels:
+            levels += f" {MIXED_DROPOUT if s.dropout_differs else MIXED}"
+        rows.append([s.suite, s.config, s.overrides_label or s.variant or "-", s.task, s.metric, shown, str(s.n),
+                     seeds_text(s), levels, "; ".join(s.notes)])
     return rows
 
 
+def csv_cell(text: str) -> str:
+    """A CSV field for text from user code: a leading `=`, `+`, `-`, `@`, tab or CR would make
+    a spreadsheet run it, so such a cell starts with `'` and is quoted (OWASP)."""
+    if text[:1] in _CSV_DANGER and text:
+        return '"' + ("'" + text).replace('"', '""') + '"'
+    if any(ch in text for ch in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def csv_lines(header: Sequence[str], rows: Iterable[Sequence[str | int | float]]) -> str:
+    """CSV text: str cells through csv_cell, numbers as Python writes them (repr)."""
+    lines = [",".join(csv_cell(name) for name in header)]
+    for row in rows:
+        lines.append(",".join(csv_cell(c) if isinstance(c, str) else repr(c) for c in row))
+    return "\n".join(lines) + "\n"
+
+
 def to_csv(summaries: Iterable[ResultSummary]) -> str:
-    """CSV with a header row (CSV_COLUMNS); seeds and levels space-separated; empty mean when missing."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    """CSV with a header row (CSV_COLUMNS): one line per effective config × task; seeds (one per
+    run counted) and levels space-separated; empty mean when missing; notes joined by `; `."""
+    rows: list[list[str | int | float]] = []
     for s in summaries:
-        mean = "" if s.mean is None else repr(_exact(s.mean))
-        seeds = " ".join(str(seed) for seed in s.seeds)
-        levels = " ".join(map(str, s.levels))
-        writer.writerow([s.suite, s.config, s.task, s.metric, mean, repr(_exact(s.std)), s.n_seeds, seeds,
-                         levels, "true" if s.mixed_levels else "false"])
-    return buffer.getvalue()
+        rows.append([
+            s.suite, s.config, s.task, s.metric, "" if s.mean is None else _exact(s.mean), _exact(s.std), s.n,
+            " ".join(map(str, s.seeds)), " ".join(map(str, s.levels)), _flag(s.mixed_levels),
+            s.overrides_label if not s.variant else ", ".join(filter(None, (s.overrides_label, s.variant))),
+            _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes),
+        ])  # fmt: skip
+    return csv_lines(CSV_COLUMNS, rows)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _run_record(r: Any) -> dict[str, Any]:
+    return {"seed": r.seed, "value": None if r.value is None else _exact(r.value), "job": r.job,
+            "attempt": r.attempt, "level": r.level, "step": r.step, "changes": dict(r.changes),
+            "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing",
+            "test_is_val": r.test_is_val}
 
 
 def to_records(summaries: Iterable[ResultSummary]) -> list[dict[str, Any]]:
-    """The `--json` shape: one record per cell, with every seed traced to its job, attempt,
-    ladder level and what that level changed."""
+    """The `--json` shape: one record per effective config × task, with every run counted traced
+    to its job, attempt, ladder level and what that level changed (and the runs not counted)."""
     records = []
     for s in summaries:
         records.append({
-            "suite": s.suite, "config": s.config, "task": s.task, "metric": s.metric,
+            "suite": s.suite, "config": s.config, "overrides": dict(s.overrides),
+            "overrides_label": s.overrides_label, "variant": s.variant, "task": s.task,
+            "metric": s.metric, "primary_metric": s.primary,
             "mean": None if s.mean is None else _exact(s.mean), "std": _exact(s.std),
-            "n_seeds": s.n_seeds, "seeds": list(s.seeds), "mixed_levels": s.mixed_levels,
-            "runs": [
-                {"seed": r.seed, "value": None if r.value is None else _exact(r.value), "job": r.job,
-                 "attempt": r.attempt, "level": r.level, "step": r.step, "changes": dict(r.changes),
-                 "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing"}
-                for r in s.runs
-            ],
+            "n": s.n, "n_seeds": s.n, "seeds": list(s.seeds),
+            "repeated_seeds": {str(k): v for k, v in s.repeated_seeds.items()},
+            "levels": list(s.levels), "mixed_levels": s.mixed_levels,
+            "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
+            "marks": cell_marks(s), "notes": list(s.notes),
+            "runs": [_run_record(r) for r in s.runs], "uncounted": [_run_record(r) for r in s.uncounted],
         })  # fmt: skip
     return records
-
-
-# ---------------------------------------------------------------- configs × tasks grids
-
-
-def _grid(summaries: Sequence[ResultSummary]) -> tuple[list[str], list[tuple[str, str]], dict[tuple[str, str], ResultSummary]]:
-    """Row labels (configs, with the suite when several), column keys (task, metric), cells."""
-    several_suites = len({s.suite for s in summaries}) > 1
-    rows: list[str] = []
-    columns: list[tuple[str, str]] = []
-    cells: dict[tuple[str, str], ResultSummary] = {}
-    for s in summaries:
-        label = f"{s.suite}/{s.config}" if several_suites else s.config
-        if label not in rows:
-            rows.append(label)
-        if (s.task, s.metric) not in columns:
-            columns.append((s.task, s.metric))
-        cells[(label, s.task)] = s
-    columns.sort()
-    return rows, columns, cells
-
-
-def _best(cells: dict[tuple[str, str], ResultSummary], rows: list[str], task: str, digits: int) -> set[str]:
-    """Row labels holding the best mean of a task (ties at the shown precision all count)."""
-    shown = {r: round(cells[(r, task)].mean, digits) for r in rows  # type: ignore[arg-type]
-             if (r, task) in cells and cells[(r, task)].mean is not None}
-    if not shown:
-        return set()
-    top = max(shown.values())
-    return {r for r, v in shown.items() if v == top}
-
-
-def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
-    """A GitHub Markdown table, configs × tasks, best per task in bold, † for mixed levels."""
-    rows, columns, cells = _grid(summaries)
-    if not rows:
-        return ""
-
-    def esc(text: str) -> str:
-        return text.replace("|", "\\|").replace("_", "\\_").replace("*", "\\*")
-
-    lines = ["| config | " + " | ".join(f"{esc(t)} ({m})" for t, m in columns) + " |",
-             "|---|" + "---:|" * len(columns)]
-    best = {t: _best(cells, rows, t, digits) for t, _ in columns}
-    mixed = False
-    for label in rows:
-        out = []
-        for task, _ in columns:
-            s = cells.get((label, task))
-            if s is None:
-                out.append("")
-                continue
-            text = _score(s, digits)
-            if label in best[task]:
-                text = f"**{text}**"
-            if s.mixed_levels:
-                text += " †"
-                mixed = True
-            out.append(text)
-        lines.append(f"| {esc(label)} | " + " | ".join(out) + " |")
-    if mixed:
-        lines += ["", DAGGER_NOTE]
-    return "\n".join(lines) + "\n"
-
-
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
-
-
-def to_latex(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
-    """A LaTeX tabular (no packages needed), configs × tasks, best per task in \\textbf,
-    $^\\dagger$ for mixed levels with a note below."""
-    rows, columns, cells = _grid(summaries)
-    if not rows:
-        return ""
-    lines = [r"\begin{tabular}{l" + "r" * len(columns) + "}", r"\hline",
-             "config & " + " & ".join(f"{latex_escape(t)} ({latex_escape(m)})" for t, m in columns) + r" \\",
-             r"\hline"]
-    best = {t: _best(cells, rows, t, digits) for t, _ in columns}
-    mixed = False
-    for label in rows:
-        out = []
-        for task, _ in columns:
-            s = cells.get((label, task))
-            if s is None or s.mean is None:
-                out.append("--" if s is not None else "")
-                continue
-            text = f"{s.mean:.{digits}f} $\\pm$ {s.std:.{digits}f}"
-            if label in best[task]:
-                text = f"\\textbf{{{text}}}"
-            if s.mixed_levels:
-                text += r"$^\dagger$"
-                mixed = True
-            out.append(text)
-        lines.append(latex_escape(label) + " & " + " & ".join(out) + r" \\")
-    lines += [r"\hline", r"\end{tabular}"]
-    if mixed:
-        lines.append(r"$^\dagger$ seeds ran at different degradation-ladder levels.")
-    return "\n".join(lines) + "\n"

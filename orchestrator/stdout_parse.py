@@ -15,7 +15,8 @@ description names a phase other than training (`Loading weights: 219/219`, `Map:
 hundreds of training steps, and the memory it held then was taken for the shape's peak.
 
 Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
-last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`).
+last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
+progress line (a `step` with only loss, learning rate, epoch and the like).
 """
 
 from __future__ import annotations
@@ -250,6 +251,16 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
             continue  # a Python dict (a Trainer log line) is progress, not a result
         if isinstance(parsed, dict):
             printed = parse_dict(stripped)
-            if printed:
+            if printed and not is_progress_line(printed):
                 return printed
     return None
+
+
+# What a training loop logs about its own progress: a JSON line of only these (with a step) is
+# a heartbeat, not the script's result (its `step` was once read as a metric).
+PROGRESS_LINE_KEYS = frozenset({"step", "global_step", "total", "max_steps", "loss", "learning_rate", "lr",
+                                "epoch", "grad_norm", "samples_per_s", "peak_mem_mib", "t"})
+
+
+def is_progress_line(printed: dict[str, float]) -> bool:
+    return ("step" in printed or "global_step" in printed) and set(printed) <= PROGRESS_LINE_KEYS

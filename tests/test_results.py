@@ -35,25 +35,50 @@ def test_mean_and_sample_std_over_seeds() -> None:
     assert (mrpc.metric, mrpc.mean, mrpc.std, mrpc.n_seeds) == ("f1", 0.5, 0.0, 1)
 
 
-def test_groups_are_separate_and_sorted_and_retried_seed_counts_once() -> None:
+def test_groups_are_separate_and_sorted_and_a_repeated_seed_counts_every_run() -> None:
     rows = [
         ResultRow("E2", "a", "glue_rte", 1, {"accuracy": 0.5}),
         ResultRow("E1", "b", "glue_rte", 1, {"accuracy": 0.2}),
-        ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.1}),
-        ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.3}),  # same seed again: last wins
+        ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.1}, job=1),
+        ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.3}, job=4),  # the same seed again (--force)
     ]
     summaries = aggregate(rows)
     assert [(s.suite, s.config) for s in summaries] == [("E1", "a"), ("E1", "b"), ("E2", "a")]
-    assert summaries[0].mean == pytest.approx(0.3)
-    assert summaries[0].n_seeds == 1
+    assert summaries[0].mean == pytest.approx(0.2)  # both runs, nothing dropped
+    assert (summaries[0].n, summaries[0].seeds) == (2, (1, 1))
+    assert [r.job for r in summaries[0].runs] == [1, 4]
+    assert summaries[0].notes == ("seed 1 ran twice (jobs 1, 4): every run counted",)
+    assert render_rows(summaries[:1])[0][7] == "1×2"
 
 
-def test_missing_metric_gives_no_mean() -> None:
-    (summary,) = aggregate([ResultRow("E1", "a", "glue_cola", 1, {"accuracy": 0.7})])
-    assert summary.metric == "mcc"
-    assert summary.mean is None
-    assert summary.n_seeds == 0
-    assert render_rows([summary])[0][4] == "—"
+def test_a_row_without_its_task_metric_falls_back_and_says_which() -> None:
+    # a worker that wrote only accuracy for CoLA and MRPC: never `mcc — 0`
+    summaries = aggregate([ResultRow("E1", "a", "glue_cola", 1, {"accuracy": 0.7}),
+                           ResultRow("E1", "a", "glue_cola", 2, {"accuracy": 0.9}),
+                           ResultRow("E1", "a", "glue_mrpc", 1, {"accuracy": 0.8})])
+    cola, mrpc = summaries
+    assert (cola.metric, cola.primary, cola.mean, cola.n) == ("accuracy", "mcc", pytest.approx(0.8), 2)
+    assert cola.notes == ("no run reported mcc: accuracy shown",)
+    assert (mrpc.metric, mrpc.n, mrpc.notes) == ("accuracy", 1, ("no run reported f1: accuracy shown",))
+    assert "no run reported f1: accuracy shown" in render_rows([mrpc])[0][9]
+
+
+def test_runs_that_lack_the_shown_metric_are_named_not_dropped_silently() -> None:
+    (summary,) = aggregate([ResultRow("E1", "a", "glue_mrpc", 1, {"f1": 0.7, "accuracy": 0.8}, job=1),
+                            ResultRow("E1", "a", "glue_mrpc", 2, {"accuracy": 0.9}, job=2),
+                            ResultRow("E1", "a", "glue_mrpc", 3, {}, job=3,
+                                      no_metrics="no test metrics (result.json or printed)")])
+    assert (summary.metric, summary.n, summary.mean) == ("f1", 1, 0.7)
+    assert [r.job for r in summary.uncounted] == [2, 3]
+    assert summary.notes == ("seed 2 (job 2) reported no f1: not counted",
+                             "seed 3 (job 3) reported no test metrics (result.json or printed): not counted")
+
+
+def test_an_empty_row_says_why() -> None:
+    (summary,) = aggregate([ResultRow("E1", "a", "glue_cola", 1, {}, job=7)])  # only NaN metrics
+    assert (summary.metric, summary.mean, summary.n) == ("mcc", None, 0)
+    assert summary.notes == ("seed 1 (job 7) reported no finite metric: not counted",)
+    assert render_rows([summary])[0][5] == "—"
 
 
 def test_csv_and_rendered_rows() -> None:
@@ -70,7 +95,7 @@ def test_csv_and_rendered_rows() -> None:
     assert float(parsed[0]["std"]) == pytest.approx(math.sqrt(0.125))
     assert parsed[0]["seeds"] == "1 2"
     assert render_rows(summaries, digits=2) == [
-        ["E1", "r8", "glue_rte", "accuracy", "0.75 ± 0.35", "2", "1 2"]
+        ["E1", "r8", "-", "glue_rte", "accuracy", "0.75 ± 0.35", "2", "1 2", "", ""]
     ]
 
 
@@ -101,3 +126,22 @@ def test_only_finite_metrics_are_kept() -> None:
     kept = finite_metrics({"nan": float("nan"), "inf": float("inf"), "huge": 10**400, "flag": True,
                            "text": "0.5", "acc": 0.8, "n": 3})
     assert kept == {"acc": 0.8, "n": 3.0}
+
+
+def test_settings_that_differ_are_never_pooled() -> None:
+    from orchestrator.results import overrides_label, setting_digest
+
+    base = {"learning_rate": 3e-4, "batch_size": 4}
+    lr = {**base, "learning_rate": 1e-3}
+    rows = [ResultRow("E1", "a", "glue_rte", s, {"accuracy": 0.5}, overrides={}, setting=setting_digest(base, {}))
+            for s in (1, 2, 3)]
+    rows += [ResultRow("E1", "a", "glue_rte", s, {"accuracy": 0.7}, overrides={"learning_rate": 1e-3},
+                       setting=setting_digest(lr, {"learning_rate": 1e-3})) for s in (1, 2)]
+    edited = {**base, "num_epochs": 3}  # the config file changed between two submits, no --set
+    rows.append(ResultRow("E1", "a", "glue_rte", 4, {"accuracy": 0.9}, setting=setting_digest(edited, {})))
+    summaries = aggregate(rows)
+    assert [(s.label, s.n) for s in summaries if not s.variant] == [("a [learning_rate=0.001]", 2)]
+    variants = sorted((s.n, s.variant) for s in summaries if s.variant)
+    assert [n for n, _ in variants] == [1, 3] and all(v.startswith("content ") for _, v in variants)
+    assert setting_digest({**base, "seed": 1, "data": "x"}, {}) == setting_digest({**base, "seed": 2}, {})
+    assert overrides_label({"b": 1e-3, "a": True, "c": 0.1 + 0.2}) == "a=true, b=0.001, c=0.30000000000000004"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.results import ResultRow, aggregate
-from orchestrator.results_format import latex_escape, to_csv, to_latex, to_markdown, to_records
+from orchestrator.results_format import to_csv, to_records
+from orchestrator.results_grid import latex_escape, to_latex, to_markdown
 from orchestrator.store import Store
 from tests.conftest import OrchRunner
 
@@ -48,9 +49,9 @@ def test_latex_escapes_names_bolds_the_best_and_marks_mixed_levels() -> None:
     text = to_latex(aggregate(rows()))
     assert text.startswith("\\begin{tabular}{lrr}\n\\hline\n")
     assert "config & glue\\_cola (mcc) & glue\\_rte (accuracy) \\\\" in text
-    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^\\dagger$ \\\\" in text
+    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^{\\dagger}$ \\\\" in text
     assert "r16 & \\textbf{0.5000 $\\pm$ 0.0000} & 0.8000 $\\pm$ 0.1414 \\\\" in text
-    assert "\\end{tabular}" in text and "different degradation-ladder levels" in text
+    assert "\\end{tabular}" in text and "different ladder levels, all with the same effective batch" in text
     assert latex_escape("a_b&c%d$e#f{g}") == "a\\_b\\&c\\%d\\$e\\#f\\{g\\}"
 
 
@@ -69,7 +70,7 @@ def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
     assert rte["runs"][1] == {
         "seed": 127, "value": 0.8, "job": 2, "attempt": 3, "level": 2, "step": "halve_batch",
         "changes": HALVED, "run_alone": False,
-        "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2",
+        "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2", "test_is_val": False,
     }
     assert rte["runs"][0]["changed"] == "nothing"
     (same,) = [r for r in to_records(aggregate(rows())) if r["config"] == "r16" and r["task"] == "glue_rte"]

@@ -278,7 +278,9 @@ def test_results_with_non_dict_metrics(orch: Orch) -> None:
     proc = orch.run("results", check=False)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
     assert "no test metrics" in proc.stderr
-    assert orch.json("results") == []
+    (row,) = orch.json("results")  # the row is there, empty, and says why
+    assert (row["mean"], row["n"], row["runs"]) == (None, 0, [])
+    assert row["notes"] == ["seed 1 (job 1) reported no test metrics (result.json or printed): not counted"]
 
 
 def test_cancel_with_an_invalid_pid_json_stops_the_job(orch: Orch) -> None:

@@ -1,4 +1,5 @@
-"""`orch results`: test metrics per config × task, mean ± std over seeds, from succeeded jobs."""
+"""`orch results`: test metrics per effective config (config + `--set` overrides) × task, mean ±
+std over seeds, from succeeded jobs."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
 from orchestrator.results import ResultSummary, aggregate
 from orchestrator.results_format import (
-    DAGGER_NOTE,
     FORMATS,
+    TABLE_COLUMNS,
+    legend_lines,
     render_rows,
     to_csv,
-    to_latex,
-    to_markdown,
     to_records,
 )
+from orchestrator.results_grid import to_latex, to_markdown
 from orchestrator.results_source import collect_rows
 from orchestrator.store.queries import suite_names
 
@@ -30,11 +31,12 @@ from orchestrator.store.queries import suite_names
               help="table (default), csv, markdown or latex (configs × tasks, best in bold), json.")
 @click.option("--digits", type=click.IntRange(0, 10), default=4, show_default=True,
               help="Decimals shown in table, markdown and latex output.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON: every cell with each seed's job, attempt and ladder level.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: every row with its overrides and each run's job, attempt and ladder level.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (same as --format csv).")
 @db_option
 def results_cmd(suite: str | None, fmt: str | None, digits: int, as_json: bool, as_csv: bool, db_path: Path) -> None:
-    """Aggregate the succeeded jobs' test metrics over seeds."""
+    """Aggregate the succeeded jobs' test metrics over seeds: one row per effective config
+    (config and its --set overrides) × task, every succeeded run counted."""
     chosen = {f for f, flag in (("json", as_json), ("csv", as_csv)) if flag} | ({fmt} if fmt else set())
     if len(chosen) > 1:
         raise click.UsageError("give one output format (--format, --json or --csv)")
@@ -66,17 +68,21 @@ def _print_table(summaries: list[ResultSummary], digits: int) -> None:
     if not summaries:
         click.echo("no results yet (only succeeded jobs with test metrics count)")
         return
+    rendered = render_rows(summaries, digits)
+    # Columns that say nothing in this table (no overrides, no levels known, no notes) are left out.
+    shown = [i for i, name in enumerate(TABLE_COLUMNS)
+             if name not in ("overrides", "levels", "notes") or any(row[i] not in ("", "-") for row in rendered)]
     table = Table(box=None, header_style="bold")
-    for column in ("suite", "config", "task", "metric", "mean ± std", "n", "seeds", "levels"):
-        table.add_column(column, overflow="fold")
-    for rendered in render_rows(summaries, digits):
-        table.add_row(*rendered)
+    for i in shown:
+        table.add_column(TABLE_COLUMNS[i], overflow="fold")
+    for row in rendered:
+        table.add_row(*(row[i] for i in shown))
     console = Console()
     if not console.is_terminal:
         console = Console(width=10_000)  # piped: never cut a value
     console.print(table)
-    if any(s.mixed_levels for s in summaries):
-        click.echo(DAGGER_NOTE)
+    for line in legend_lines(summaries, with_notes=False):
+        click.echo(line)
 
 
 def register(group: click.Group) -> None:

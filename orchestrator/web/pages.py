@@ -194,11 +194,16 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
              f'<th data-sort class=num>seeds</th><th>{lo:.3f} … {hi:.3f}</th></tr></thead><tbody>']
     for line in table.lines:
         mean = "-" if line.mean is None else f"{line.mean:.4f}"
-        parts.append(f'<tr class="result"><td>{escape(line.suite)}</td><td>{escape(line.config)}</td><td>{escape(line.task)}</td>'
-                     f'<td>{escape(line.metric)}</td><td class=num data-v="{line.mean if line.mean is not None else "NaN"}">{mean}</td>'
+        marks = f" {line.marks}" if line.marks else ""
+        parts.append(f'<tr class="result"><td>{escape(line.suite)}</td><td>{escape(line.label or line.config)}</td><td>{escape(line.task)}</td>'
+                     f'<td>{escape(line.metric)}{escape(marks)}</td><td class=num data-v="{line.mean if line.mean is not None else "NaN"}">{mean}</td>'
                      f'<td class=num data-v="{line.std}">{line.std:.4f}</td><td class=num data-v="{line.n_seeds}">{line.n_seeds}</td>'
                      f"<td>{dots_svg(line.values, line.mean, line.std, lo, hi)}</td></tr>")
     parts.append("</tbody></table>")
+    parts += [f'<p class="muted">{escape(text)}</p>' for text in table.legend]
+    noted = [f"<li>{escape(line.label)} · {escape(line.task)}: {escape(note)}</li>" for line in table.lines for note in line.notes]
+    if noted:
+        parts.append('<ul class="muted">' + "".join(noted) + "</ul>")
     if table.missing:
         parts.append(f'<p class="muted">{table.missing} succeeded job(s) had no test metrics in result.json</p>')
     return "".join(parts)

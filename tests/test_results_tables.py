@@ -1,0 +1,155 @@
+"""Results tables that are right and safe: a grid cell holds only its own (task, metric), the
+best of a column is bold, names are escaped for Markdown and LaTeX, CSV cells a spreadsheet
+would run are neutralised (CLI, /results.csv, the report), and a progress line is no result."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shlex
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+import yaml
+
+from orchestrator.results import ResultRow, aggregate
+from orchestrator.results_format import csv_cell, to_csv
+from orchestrator.results_grid import latex_escape, md_escape, to_latex, to_markdown
+from orchestrator.stdout_parse import parse_result
+from tests.e2e_helpers import Orch, orch_env, requires_tmux
+
+HOSTILE = '=HYPERLINK("http://example.invalid")'
+
+
+def _cells(line: str) -> list[str]:
+    """A Markdown table row's cells: split on `|` not escaped by a backslash."""
+    cells, current, escaped = [], "", False
+    for ch in line.strip()[1:-1]:
+        if ch == "|" and not escaped:
+            cells.append(current)
+            current = ""
+        else:
+            current += ch
+        escaped = ch == "\\" and not escaped
+    return [*cells, current]
+
+
+def different_metrics() -> list[ResultRow]:
+    # Config "a" reports accuracy on the task, config "b" only a loss (a script's own task).
+    return [ResultRow("E", "a", "toy", 1, {"accuracy": 0.9}), ResultRow("E", "a", "toy", 2, {"accuracy": 0.7}),
+            ResultRow("E", "b", "toy", 1, {"loss": 0.4}), ResultRow("E", "c", "toy", 1, {"loss": 0.2})]
+
+
+def test_markdown_cells_hold_their_own_metric_and_the_best_is_bold() -> None:
+    lines = to_markdown(aggregate(different_metrics())).splitlines()
+    assert lines[0] == "| config | toy (accuracy) | toy (loss) |"
+    rows = {_cells(line)[0].strip(): [c.strip() for c in _cells(line)[1:]] for line in lines[2:5]}
+    assert rows["a"] == ["**0.8000 ± 0.1414**", ""]  # never copied into the loss column
+    assert rows["b"] == ["", "0.4000 ± 0.0000"]
+    assert rows["c"] == ["", "**0.2000 ± 0.0000**"]  # the lowest loss is the best
+
+
+def test_latex_cells_hold_their_own_metric_and_the_best_is_bold() -> None:
+    text = to_latex(aggregate(different_metrics()))
+    assert "a & \\textbf{0.8000 $\\pm$ 0.1414} &  \\\\" in text
+    assert "b &  & 0.4000 $\\pm$ 0.0000 \\\\" in text
+    assert "c &  & \\textbf{0.2000 $\\pm$ 0.0000} \\\\" in text
+
+
+def test_markdown_escapes_pipes_backslashes_and_underscores_in_names() -> None:
+    rows = [ResultRow("E", "x", "t_1", 1, {"f1|macro_avg\\": 0.5}), ResultRow("E", "y", "t_1", 1, {"f1|macro_avg\\": 0.6})]
+    lines = to_markdown(aggregate(rows)).splitlines()
+    assert len(_cells(lines[0])) == 2 and len(_cells(lines[2])) == 2  # the `|` in the name split nothing
+    assert lines[0] == "| config | t\\_1 (f1\\|macro\\_avg\\\\) |"
+    assert md_escape("a|b\\c_d*e\nf") == "a\\|b\\\\c\\_d\\*e f"
+
+
+def test_latex_escapes_every_special_character() -> None:
+    assert latex_escape("&%$#_{}~^\\") == ("\\&\\%\\$\\#\\_\\{\\}\\textasciitilde{}\\textasciicircum{}"
+                                           "\\textbackslash{}")
+    assert latex_escape("a--b<c>|") == "a-{}-b\\textless{}c\\textgreater{}\\textbar{}"  # no en dash, no ¡
+    text = to_latex(aggregate([ResultRow("E", "x", "t", 1, {"a_b&c%d": 0.5})]))
+    assert "config & t (a\\_b\\&c\\%d) \\\\" in text
+
+
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
+def test_csv_cells_a_spreadsheet_would_run_are_neutralised(start: str) -> None:
+    rows = [ResultRow("E", "x", "t", 1, {f"{start}cmd()": -0.5})]
+    parsed = list(csv.DictReader(io.StringIO(to_csv(aggregate(rows)), newline="")))
+    assert parsed[0]["metric"] == f"'{start}cmd()"
+    assert parsed[0]["mean"] == "-0.5"  # numbers orch writes stay numbers
+    assert csv_cell(f"{start}x").startswith("\"'")
+    assert csv_cell("plain") == "plain" and csv_cell('a,"b"') == '"a,""b"""'
+
+
+def test_a_progress_line_is_not_the_result() -> None:
+    tail = '{"accuracy": 0.8}\n{"step": 1e30, "loss": 0.25, "epoch": 1}\n'
+    assert parse_result(tail) == {"accuracy": 0.8}
+    assert parse_result('{"step": 100, "eval_accuracy": 0.7}\n') == {"step": 100, "eval_accuracy": 0.7}
+    from orchestrator.results_source import finite_metrics
+
+    assert finite_metrics({"step": 100, "epoch": 2, "eval_accuracy": 0.7}) == {"eval_accuracy": 0.7}
+
+
+# A script that prints a hostile metric name for one task, and its result followed by a
+# progress line with an absurd step for the other.
+SCRIPT = textwrap.dedent(
+    """\
+    import json
+    import sys
+
+    if sys.argv[1] == "inject":
+        print(json.dumps({HOSTILE: 0.5}))
+    else:
+        print(json.dumps({"accuracy": 0.8}))
+        print(json.dumps({"step": 1e30, "loss": 0.25}))
+    """
+).replace("HOSTILE", repr(HOSTILE))
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+@requires_tmux
+def test_printed_results_reach_every_csv_safely_and_a_progress_step_is_no_metric(live: Orch) -> None:
+    (live.root / "s.py").write_text(SCRIPT)
+    config_dir = live.plans / "configs" / "own"
+    config_dir.mkdir(parents=True)
+    (config_dir / "own.yaml").write_text(yaml.safe_dump({"learning_rate": 0.1}))
+    (live.plans / "suites" / "own.yaml").write_text(yaml.safe_dump(
+        {"worker": f"{shlex.quote(sys.executable)} s.py {{data}}", "mem_gib": 1, "configs": ["own"]}))
+    live.submit("own", "1:inject,1:progress")
+    live.start_daemon()
+    assert set(live.wait_all_done(60).values()) == {"succeeded"}
+
+    by_task = {row["task"]: row for row in live.json("results")}
+    assert (by_task["progress"]["metric"], by_task["progress"]["mean"]) == ("accuracy", 0.8)
+    assert by_task["inject"]["metric"] == HOSTILE  # the JSON says exactly what was printed
+
+    def check(text: str) -> None:
+        parsed = {r["task"]: r for r in csv.DictReader(io.StringIO(text, newline=""))}
+        assert parsed["inject"]["metric"] == "'" + HOSTILE
+        assert parsed["progress"]["metric"] == "accuracy"
+        assert not any(line.startswith("=") or ",=" in line for line in text.splitlines())
+
+    check(live.run("results", "--csv").stdout)
+    pytest.importorskip("starlette", reason="needs the web extra")
+    from starlette.testclient import TestClient
+
+    from orchestrator.store import Store
+    from orchestrator.web.app import create_app
+    from orchestrator.web.report import render_report
+
+    with TestClient(create_app(live.db, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        check(client.get("/results.csv").text)
+    with Store(live.db) as store:
+        report = render_report(store)
+    start = report.index("data:text/csv;charset=utf-8,") + len("data:text/csv;charset=utf-8,")
+    check(unquote(report[start:report.index('"', start)]))
