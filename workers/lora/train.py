@@ -23,6 +23,7 @@ from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
 from workers.lora.model import apply_lora, enable_checkpointing, load_model
+from workers.lora.order import EpochOrder
 
 MIB = 1024 * 1024
 Log = Callable[[str], None]
@@ -66,13 +67,16 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
 
 def build_loader(
     encoded: list[Encoded], batch_size: int, collator: LeftPadCollator, num_workers: int,
-    shuffle: bool, seed: int,
+    order: EpochOrder | None, seed: int,
 ) -> DataLoader[Encoded]:  # fmt: skip
+    """Batches in `order` (the epoch's permutation; None: as listed). The loader's own
+    generator only seeds its worker processes, and is private: a loader iterator would
+    otherwise draw that seed from torch's global RNG, which LoRA dropout uses."""
     return DataLoader(
         encoded,  # type: ignore[arg-type]  # a list is a map-style dataset
         batch_size=batch_size,
-        shuffle=shuffle,
-        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+        sampler=order,
+        generator=torch.Generator().manual_seed(seed),
         collate_fn=collator,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
@@ -151,11 +155,12 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         name: encode(tokenizer, task, examples, config.max_seq_len)
         for name, examples in splits.items()
     }
+    order = EpochOrder(len(encoded["train"]), config.seed)
     train_loader = build_loader(
-        encoded["train"], config.batch_size, collator, config.num_data_workers, True, config.seed
+        encoded["train"], config.batch_size, collator, config.num_data_workers, order, config.seed
     )
     eval_loaders = {
-        name: build_loader(encoded[name], config.batch_size, collator, 0, False, 0)
+        name: build_loader(encoded[name], config.batch_size, collator, 0, None, 0)
         for name in ("val", "test")
     }
 
@@ -168,7 +173,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
     accum = config.gradient_accumulation_steps
     n_train = len(encoded["train"])
-    updates_per_epoch = math.ceil(len(train_loader) / accum)
+    updates_per_epoch = math.ceil(n_train / config.effective_batch_size)
     total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
     primary = PRIMARY_METRIC[task]
     log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
@@ -192,7 +197,10 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             step, total_steps, None, None, peak_memory(device)["peak_mem_mib"], val=scores
         )
 
+    epoch = 0
     while step < total_steps:
+        order.set_epoch(epoch)
+        epoch += 1
         for group in _groups(iter(train_loader), accum):
             started_s = time.perf_counter()
             group_samples = sum(len(b["labels"]) for b in group)
