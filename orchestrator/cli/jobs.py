@@ -111,7 +111,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         console.print(table)
         for a in payload["attempts"]:
             changes = fmt_changes(a["changes"], bool(a["run_alone"]))
-            notes = [f"changed {changes}" if changes else "", a["reason"] or ""]
+            resumed = a["resumed_from"]
+            notes = [f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}" if resumed else "",
+                     f"changed {changes}" if changes else "", a["reason"] or ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
                 console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)

@@ -1,0 +1,96 @@
+"""Resume, don't restart: an attempt after an OOM continues from the checkpoint its predecessor
+left, through the real daemon, tmux, SQLite and sim GPUs."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e_helpers import Orch, orch_env, requires_tmux
+
+pytestmark = requires_tmux
+
+PY = shlex.quote(sys.executable)
+
+# A script with Hugging Face's checkpoint layout (OUT/checkpoint-N): the first run saves step 3,
+# plants a symlinked "checkpoint-99" pointing out of its run dir, and dies of a CUDA OOM; a
+# run given --resume=DIR continues from DIR's step.
+RESUMABLE_SCRIPT = textwrap.dedent(
+    """\
+    import argparse
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--accum", type=int, required=True)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args()
+    if args.rest:
+        sys.exit(f"unexpected arguments: {args.rest}")
+    step = 0
+    if args.resume is not None:
+        step = json.loads((Path(args.resume) / "state.json").read_text())["step"]
+        print(f"resuming from {args.resume} at step {step}", flush=True)
+    else:
+        print("fresh start", flush=True)
+    while step < 6:
+        step += 1
+        print(f"step {step}/6", flush=True)
+        if step == 3 and args.resume is None:
+            folder = args.out / "checkpoint-3"
+            folder.mkdir(parents=True)
+            (folder / "state.json").write_text(json.dumps({"step": 3}))
+            outside = args.out.parents[3] / "elsewhere" / "checkpoint-99"
+            outside.mkdir(parents=True)
+            (outside / "state.json").write_text(json.dumps({"step": 99}))
+            os.symlink(outside, args.out / "checkpoint-99")
+            if args.batch_size > 8:
+                print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", file=sys.stderr)
+                sys.exit(1)
+    print(json.dumps({"eval_accuracy": 0.75, "steps_run": step}))
+    """
+)
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) -> None:
+    (orch.root / "resumable.py").write_text(RESUMABLE_SCRIPT)
+    config_dir = orch.plans / "configs" / "own"
+    config_dir.mkdir(parents=True)
+    (config_dir / "own.yaml").write_text(yaml.safe_dump({"batch_size": 16, "gradient_accumulation_steps": 1}))
+    worker = (f"{PY} resumable.py --out {{run_dir}}/out --batch-size {{cfg.batch_size}} "
+              "--accum {cfg.gradient_accumulation_steps} --resume={resume}")
+    suite = {"worker": worker, "mem_gib": 1, "max_attempts": 3, "ladder": ["halve_batch"], "configs": ["own"]}
+    (orch.plans / "suites" / "own.yaml").write_text(yaml.safe_dump(suite))
+    orch.submit("own", "3:toy")
+    orch.start_daemon()
+    assert orch.wait_all_done(90) == {1: "succeeded"}
+
+    shown = orch.json("show", "1")
+    first, second = shown["attempts"]
+    assert first["outcome"] == "oom" and first["resumed_from"] is None
+    checkpoint = str(Path(first["run_dir"]) / "out" / "checkpoint-3")  # never the symlinked checkpoint-99
+    assert second["resumed_from"] == {"attempt": 1, "checkpoint": checkpoint}
+    assert "fresh start" in Path(first["log"]).read_text()  # no empty --resume= on a first attempt
+    log = Path(second["log"]).read_text()
+    assert f"resuming from {checkpoint} at step 3" in log and "step 4/6" in log and "step 1/6" not in log
+    assert second["changes"] == {"batch_size": 8, "gradient_accumulation_steps": 2}
+    text = orch.run("show", "1").stdout
+    assert f"attempt 2: resumed from attempt 1's checkpoint {checkpoint}" in text
+    assert any("resuming from attempt 1's checkpoint-3" in e["message"] for e in shown["events"])
