@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from workers.harness import Heartbeat
 from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode
+from workers.lora.checkpoint import LoopState, load_checkpoint, save_checkpoint
 from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
@@ -197,10 +198,17 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             step, total_steps, None, None, peak_memory(device)["peak_mem_mib"], val=scores
         )
 
-    epoch = 0
+    epoch, consumed = 0, 0  # consumed: examples of the epoch's permutation trained on so far
+    if config.resume_from_checkpoint is not None:
+        loop, best_state = load_checkpoint(config.resume_from_checkpoint, model, optimizer, config)
+        step, epoch, consumed = loop.step, loop.epoch, loop.consumed_in_epoch
+        samples_seen, train_seconds, losses = loop.samples_seen, loop.train_seconds, loop.losses
+        best_score, best_step, best_val = loop.best_score, loop.best_step, loop.best_val
+        log(f"resumed from {config.resume_from_checkpoint}: step {step} of {total_steps}, "
+            f"epoch {epoch + 1} with {consumed} of its {n_train} examples done")  # fmt: skip
+
     while step < total_steps:
-        order.set_epoch(epoch)
-        epoch += 1
+        order.set_epoch(epoch, skip=consumed)  # a resumed epoch goes on where its checkpoint was
         for group in _groups(iter(train_loader), accum):
             started_s = time.perf_counter()
             group_samples = sum(len(b["labels"]) for b in group)
@@ -215,6 +223,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             optimizer.zero_grad(set_to_none=True)
             step += 1
             samples_seen += group_samples
+            consumed += group_samples
             losses.append(loss_total / group_samples)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -226,12 +235,18 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
                                peak_memory(device)["peak_mem_mib"])  # fmt: skip
             if config.eval_every_steps and step % config.eval_every_steps == 0:
                 evaluate_val()
+            every = config.checkpoint_every_steps
+            if every and step % every == 0 and step < total_steps:
+                loop = LoopState(step, epoch, consumed, samples_seen, train_seconds, losses,
+                                 best_score, best_step, best_val)  # fmt: skip
+                log(f"saved {save_checkpoint(run_dir, loop, model, optimizer, best_state, config)}")
             if step >= total_steps:
                 break
         if not config.eval_every_steps:
             evaluate_val()  # end of each epoch (or of max_steps mid-epoch)
         elif step >= total_steps and step % config.eval_every_steps != 0:
             evaluate_val()  # the last steps since the previous evaluation
+        epoch, consumed = epoch + 1, 0
 
     with torch.no_grad():
         named = dict(model.named_parameters())
