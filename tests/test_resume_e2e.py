@@ -3,7 +3,11 @@ left, through the real daemon, tmux, SQLite and sim GPUs."""
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import signal
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -12,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
 
 pytestmark = requires_tmux
 
@@ -94,3 +98,43 @@ def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) ->
     text = orch.run("show", "1").stdout
     assert f"attempt 2: resumed from attempt 1's checkpoint {checkpoint}" in text
     assert any("resuming from attempt 1's checkpoint-3" in e["message"] for e in shown["events"])
+
+
+def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    data_dir = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data_dir), "--tasks", "rte",
+                    "--n-train", "40", "--n-dev", "16"], check=True, cwd=REPO_ROOT, capture_output=True)  # fmt: skip
+    config = {"model": "tiny-llama", "data_dir": str(data_dir), "max_steps": 150, "batch_size": 4,
+              "checkpoint_every_steps": 3, "num_data_workers": 0, "prec": "fp32", "max_seq_len": 64,
+              "no_save": True}  # fmt: skip
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    orch.write_suite("lora", {"tiny": config}, worker="lora", mem_gib=2,
+                     env={"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path})  # fmt: skip
+    orch.submit("lora", "1:glue-tvt_rte")
+    orch.start_daemon()
+
+    def first_checkpoint() -> tuple[Path, int] | None:
+        rows = orch.attempts(1)
+        if not rows or rows[0]["pgid"] is None:
+            return None
+        run_dir = Path(rows[0]["run_dir"])
+        return (run_dir, int(rows[0]["pgid"])) if any(run_dir.glob("checkpoint-*")) else None
+
+    first_dir, pgid = wait_until(first_checkpoint, 90, "attempt 1's first checkpoint")
+    os.killpg(pgid, signal.SIGKILL)  # the attempt dies with its wrapper: nothing recorded, as on a lost node
+    assert orch.wait_all_done(120) == {1: "succeeded"}
+
+    first, second = orch.json("show", "1")["attempts"]
+    assert first["outcome"] == "lost"
+    (checkpoint,) = first_dir.glob("checkpoint-*")  # the latest, the only one kept
+    assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}
+    received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
+    assert received["resume_from_checkpoint"] == str(checkpoint)
+    step = int(checkpoint.name.removeprefix("checkpoint-"))
+    assert f"resumed from {checkpoint}: step {step} of 150" in Path(second["log"]).read_text()
+    beats = [json.loads(line) for line in (Path(second["run_dir"]) / "progress.jsonl").read_text().splitlines()]
+    assert beats[0]["step"] == step + 1 and beats[-1]["step"] == 150
+    assert json.loads((Path(second["run_dir"]) / "result.json").read_text())["steps"] == 150
