@@ -27,7 +27,12 @@ from orchestrator.prediction import job_keys
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
 from orchestrator.rundir_files import RunDir
-from orchestrator.store.attempts import AttemptPlan, previous_run_dirs, start_attempt, update_attempt
+from orchestrator.store.attempts import (
+    AttemptPlan,
+    previous_run_dirs,
+    start_attempt,
+    update_attempt,
+)
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job

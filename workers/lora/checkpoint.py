@@ -76,7 +76,7 @@ def save_checkpoint(
     partial.mkdir(mode=0o700)
     state = {**asdict(loop), "best_score": _finite_or_none(loop.best_score), "identity": run_identity(config),
              "python_rng": _jsonable(random.getstate())}  # fmt: skip
-    rng = {"torch": torch.get_rng_state()}
+    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     weights = {name: p.detach().cpu() for name, p in trainable(model).items()}
