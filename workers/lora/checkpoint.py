@@ -149,8 +149,10 @@ def _save(path: Path, payload: Any) -> None:
 def _load(path: Path) -> Any:
     if path.is_symlink() or not path.is_file():
         raise ConfigError(f"resume_from_checkpoint: {path} is missing")
-    # weights_only: tensors and plain containers, never arbitrary pickled objects
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError) as exc:  # EOFError: cut short
+        raise ConfigError(f"resume_from_checkpoint: cannot read {path}: {exc}".splitlines()[0]) from None
 
 
 def _write_synced(path: Path, data: bytes) -> None:
