@@ -138,3 +138,76 @@ def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_p
     beats = [json.loads(line) for line in (Path(second["run_dir"]) / "progress.jsonl").read_text().splitlines()]
     assert beats[0]["step"] == step + 1 and beats[-1]["step"] == 150
     assert json.loads((Path(second["run_dir"]) / "result.json").read_text())["steps"] == 150
+
+
+# A Hugging Face Trainer script: TrainingArguments from config.yaml, output_dir below the run dir.
+# Out of memory at step 3 while the micro-batch is above 4 (after checkpoint-2 was saved).
+TRAINER_SCRIPT = textwrap.dedent(
+    """\
+    import json
+    import sys
+
+    import torch
+    import yaml
+    from transformers import (HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
+                              TrainingArguments)
+
+    settings = yaml.safe_load(open(sys.argv[1])) | {"output_dir": sys.argv[2]}
+    (args,) = HfArgumentParser(TrainingArguments).parse_dict(settings, allow_extra_keys=True)
+
+
+    class Report(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            print(f"train begins at global step {state.global_step}", flush=True)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3 and args.per_device_train_batch_size > 4:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
+
+
+    class Toy(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            ids = torch.tensor([(i + k) % 60 + 2 for k in range(8)])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    trainer = Trainer(model=model, args=args, train_dataset=Toy(), callbacks=[Report()])
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    print(json.dumps({"global_step": trainer.state.global_step}))
+    """
+)
+
+
+def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(orch: Orch) -> None:
+    pytest.importorskip("transformers")
+    (orch.root / "hf_resume.py").write_text(TRAINER_SCRIPT)
+    config_dir = orch.plans / "configs" / "hf"
+    config_dir.mkdir(parents=True)
+    config = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 6,
+              "save_strategy": "steps", "save_steps": 2, "logging_steps": 1, "report_to": "none",
+              "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}  # fmt: skip
+    (config_dir / "hf.yaml").write_text(yaml.safe_dump(config))
+    suite = {"worker": f"{PY} hf_resume.py {{config}} {{run_dir}}/out", "mem_gib": 1, "max_attempts": 3,
+             "hang_timeout_s": "off", "ladder": ["halve_batch"], "configs": ["hf"],
+             "keys": {"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}}
+    (orch.plans / "suites" / "hf.yaml").write_text(yaml.safe_dump(suite))
+    orch.submit("hf", "0:toy")
+    orch.start_daemon()
+    assert orch.wait_all_done(240) == {1: "succeeded"}
+
+    first, second = orch.json("show", "1")["attempts"]
+    assert first["outcome"] == "oom" and "resume_from_checkpoint" not in (Path(first["run_dir"]) / "config.yaml").read_text()
+    checkpoint = Path(first["run_dir"]) / "out" / "checkpoint-2"
+    assert (checkpoint / "trainer_state.json").is_file()
+    assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}
+    received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
+    assert received["resume_from_checkpoint"] == str(checkpoint)
+    assert received["per_device_train_batch_size"] == 4 and received["gradient_accumulation_steps"] == 2
+    log = Path(second["log"]).read_text()
+    assert "train begins at global step 2" in log and '{"global_step": 6}' in log
