@@ -95,12 +95,13 @@ def test_a_run_resumed_from_its_checkpoint_matches_one_never_stopped(
     last = (die_at - 1) // 6 * 6
     assert saved == [f"checkpoint-{last}"]  # whole (renamed into place), older ones removed
 
-    resumed = run(tmp_path / "attempt-2", data_dir, peft=peft, batch_size=resume_batch,
+    resumed = run(tmp_path / "attempt-2", data_dir, peft=peft, batch_size=resume_batch, checkpoint_every_steps=6,
                   gradient_accumulation_steps=resume_accum, resume_from_checkpoint=str(first / f"checkpoint-{last}"))
     assert resumed.steps == whole.steps and resumed.samples_seen == whole.samples_seen
     assert resumed.losses == pytest.approx(whole.losses, rel=1e-4)
     assert resumed.best_step == whole.best_step
     assert resumed.metrics == whole.metrics  # the same predictions, counted
+    assert not list((tmp_path / "attempt-2").glob("checkpoint-*"))  # finished: its checkpoints are gone
 
 
 def test_a_checkpoint_of_other_settings_is_refused(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

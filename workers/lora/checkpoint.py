@@ -9,7 +9,7 @@ orch looks for) in the run dir, holding what the loop needs to go on as if never
   for a resume to be the same run (seed, data, effective batch, ...).
 
 Written to a temp folder and renamed, so a `checkpoint-N` folder is always whole; only the
-newest is kept. A resumed run skips the consumed examples of the permutation, so it continues
+newest is kept, and none once the run has finished. A resumed run skips the consumed examples of the permutation, so it continues
 with the same optimizer steps whatever its micro-batch: the ladder halves the batch and doubles
 the accumulation, and a checkpoint is taken at a step's end, a multiple of the effective batch.
 """
@@ -90,11 +90,19 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.rename(partial, final)
     _fsync_dir(run_dir)
-    for older in run_dir.iterdir():
-        match = CHECKPOINT_NAME.match(older.name)
-        if match and int(match.group(1)) < loop.step and older.is_dir() and not older.is_symlink():
-            shutil.rmtree(older, ignore_errors=True)
+    remove_checkpoints(run_dir, below_step=loop.step)
     return final
+
+
+def remove_checkpoints(run_dir: Path, below_step: int | None = None) -> None:
+    """Delete this run's checkpoints (those before `below_step`; all when None): a finished run
+    needs none, and a sweep of hundreds of runs would keep tens of GB of them."""
+    for folder in run_dir.iterdir():
+        match = CHECKPOINT_NAME.match(folder.name)
+        if match is None or folder.is_symlink() or not folder.is_dir():
+            continue
+        if below_step is None or int(match.group(1)) < below_step:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def load_checkpoint(

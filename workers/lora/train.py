@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from workers.harness import Heartbeat
 from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode
-from workers.lora.checkpoint import LoopState, load_checkpoint, save_checkpoint
+from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoints, save_checkpoint
 from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
@@ -255,6 +255,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast)
     if not config.no_save:
         model.save_pretrained(run_dir / "adapter")
+    remove_checkpoints(run_dir)  # finished: nothing left to resume
     return TrainOutcome(
         metrics={"val": best_val, "test": test_scores},
         steps=step,
