@@ -40,7 +40,8 @@ def test_an_argument_using_resume_is_left_out_without_a_checkpoint() -> None:
         ("python t.py {config}", HF_KEYS, {}, True),
         ("python t.py {config}", NO_KEYS, {"resume_from_checkpoint": None}, True),
         ("python t.py {config}", parse_keys({"resume_from_checkpoint": "ckpt"}, "t"), {}, True),
-        ("python t.py {cfg.resume_from_checkpoint?--resume}", NO_KEYS, {}, True),
+        ("python t.py --ckpt {cfg.resume_from_checkpoint}", NO_KEYS, {}, True),
+        ("python t.py {cfg.resume_from_checkpoint?--resume}", NO_KEYS, {}, False),  # no path in a flag
         ("python t.py {nonsense}", NO_KEYS, {}, False),
     ],
 )

@@ -25,8 +25,8 @@ NOT_RESUMING_WORKERS = frozenset({"sim"})
 
 def worker_can_resume(worker: str, keys: KeyMap, config: Mapping[str, Any] | None = None) -> bool:
     """Whether the worker (`lora`, `sim` or a command template) takes a checkpoint to resume from:
-    ours that read the key; a template that uses `{resume}` or the resume key in a `{cfg.KEY}`
-    placeholder; a template that passes `{config}` when the suite's `keys:` names the resume key,
+    ours that read the key; a template that uses `{resume}` or the resume key as a `{cfg.KEY}`
+    value; a template that passes `{config}` when the suite's `keys:` names the resume key,
     or the job's `config` already holds it (a script that does not know the key must never find
     it in its config)."""
     if worker in RESUMING_WORKERS:
@@ -38,7 +38,8 @@ def worker_can_resume(worker: str, keys: KeyMap, config: Mapping[str, Any] | Non
     except PlanError:
         return False
     script_key = keys.script_key(RESUME_KEY)
-    if RESUME_PLACEHOLDER in template.names or script_key in template.value_keys | template.flag_keys:
+    # a `{cfg.KEY?--flag}` of the key is not enough: a flag cannot carry the path
+    if RESUME_PLACEHOLDER in template.names or script_key in template.value_keys:
         return True
     if not template.reads_config:
         return False
