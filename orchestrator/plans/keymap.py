@@ -2,9 +2,10 @@
 
 The ladder reasons about `batch_size`, `gradient_accumulation_steps`, `gradient_checkpointing`,
 `logits_to_keep` and `num_data_workers`; `resume_from_checkpoint` (not a ladder knob) is
-where a resumed attempt finds its checkpoint. A Hugging Face `TrainingArguments` YAML calls
-`batch_size` `per_device_train_batch_size`; with `keys: {batch_size: per_device_train_batch_size}` the ladder
-reads and halves that key instead, and keeps batch x accumulation under the script's own names.
+where a resumed attempt finds its checkpoint. A Hugging Face `TrainingArguments` YAML names the
+batch `per_device_train_batch_size`; with `keys: {batch_size: per_device_train_batch_size}` the
+ladder reads and halves that key instead, and keeps batch x accumulation under the script's own
+names.
 """
 
 from __future__ import annotations
