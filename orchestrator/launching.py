@@ -19,12 +19,20 @@ from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import Level
 from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
+from orchestrator.launch.checkpoints import Checkpoint, latest_checkpoint
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
+from orchestrator.plans.resume import resume_config, worker_can_resume
+from orchestrator.prediction import job_keys
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
 from orchestrator.rundir_files import RunDir
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import (
+    AttemptPlan,
+    previous_run_dirs,
+    start_attempt,
+    update_attempt,
+)
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job
@@ -142,17 +150,30 @@ def claim(
     """Write the attempt as started (the job moves to running); None if the job left the queue.
     A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
     uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
+    checkpoint = resume_point(store, job)
+    if checkpoint is not None:
+        config = resume_config(config, job_keys(job), str(checkpoint.path))
     plan = AttemptPlan(
         job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
         level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
+        resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
+        resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
     except InvalidTransition:
         return None  # cancelled between the read and the claim
     return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
+
+
+def resume_point(store: Store, job: Job) -> Checkpoint | None:
+    """The checkpoint the job's next attempt resumes from: the latest its earlier attempts left
+    in their run dirs, where its worker can take one; None otherwise (and for a first attempt)."""
+    if job.attempt_count == 0 or not worker_can_resume(job.worker, job_keys(job), job.config):
+        return None
+    return latest_checkpoint((n, Path(run_dir)) for n, run_dir in previous_run_dirs(store, job.id))
 
 
 def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
@@ -173,7 +194,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
         argv = build_argv(
             job.worker, config_path=RunDir(run_dir).config, run_dir=run_dir,
             values={"seed": str(job.seed), "data": job.data, "job": str(job.id),
-                    "nproc": str(len(cards)), "port": str(attempt.port)}, config=claimed.config,
+                    "nproc": str(len(cards)), "port": str(attempt.port),
+                    "resume": attempt.resumed_from_checkpoint or ""}, config=claimed.config,
         )
     except (OSError, ValueError, OrchError, LauncherError) as exc:
         return exc

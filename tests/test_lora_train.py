@@ -116,20 +116,21 @@ def test_batch_times_accumulation_keeps_steps_and_updates(
     monkeypatch.setattr(train, "build_loader", spy_build)
     monkeypatch.setattr(train, "train_step", spy_step)
     outcomes = []
-    for batch, accum, workers, ckpt in ((8, 1, 0, False), (4, 2, 1, True)):
-        raw = yaml.safe_load(write_config(tmp_path, data_dir, num_epochs=1, batch_size=batch,
+    # 2 epochs: the order of the second must not depend on the loader's workers either
+    for batch, accum, workers, ckpt in ((8, 1, 1, False), (4, 2, 0, True)):
+        raw = yaml.safe_load(write_config(tmp_path, data_dir, num_epochs=2, batch_size=batch,
                                           gradient_accumulation_steps=accum, num_data_workers=workers,
                                           gradient_checkpointing=ckpt).read_text())  # fmt: skip
         outcomes.append(
             train.run(parse_config(raw, tmp_path, {}), tmp_path, train.Heartbeat(tmp_path), print)
         )
     plain, accumulated = outcomes
-    assert plain.steps == accumulated.steps == 96 // 8
-    assert plain.samples_seen == accumulated.samples_seen == 96
+    assert plain.steps == accumulated.steps == 2 * 96 // 8
+    assert plain.samples_seen == accumulated.samples_seen == 2 * 96
     assert accumulated.losses == pytest.approx(plain.losses, rel=1e-4)  # same updates, same order
-    assert [loader.num_workers for loader in loaders[::3]] == [0, 1]  # train loader of each run
-    assert len(checkpointing) == 12 + 24  # micro-batches: 12 of 8, then 24 of 4
-    assert not any(checkpointing[:12]) and all(checkpointing[12:])
+    assert [loader.num_workers for loader in loaders[::3]] == [1, 0]  # train loader of each run
+    assert len(checkpointing) == 24 + 48  # micro-batches: 24 of 8, then 48 of 4
+    assert not any(checkpointing[:24]) and all(checkpointing[24:])
 
 
 def test_logits_to_keep_gives_the_full_logits_loss(data_dir: Path) -> None:

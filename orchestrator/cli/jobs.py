@@ -113,7 +113,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         for a in payload["attempts"]:
             changes = fmt_changes(a["changes"], bool(a["run_alone"]))
             predicted = f"predicted from {a['prediction_source']}" if a["prediction_source"] else ""
-            notes = [predicted, f"changed {changes}" if changes else "", a["reason"] or ""]
+            resumed = a["resumed_from"]
+            resumed_text = f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}" if resumed else ""
+            notes = [resumed_text, predicted, f"changed {changes}" if changes else "", a["reason"] or ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
                 console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)

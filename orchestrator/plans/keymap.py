@@ -1,9 +1,11 @@
 """A suite's `keys:` mapping: orch's ladder knobs under the names the user's script reads. Pure.
 
 The ladder reasons about `batch_size`, `gradient_accumulation_steps`, `gradient_checkpointing`,
-`logits_to_keep` and `num_data_workers`. A Hugging Face `TrainingArguments` YAML calls the first
-`per_device_train_batch_size`; with `keys: {batch_size: per_device_train_batch_size}` the ladder
-reads and halves that key instead, and keeps batch x accumulation under the script's own names.
+`logits_to_keep` and `num_data_workers`; `resume_from_checkpoint` (not a ladder knob) is
+where a resumed attempt finds its checkpoint. A Hugging Face `TrainingArguments` YAML names the
+batch `per_device_train_batch_size`; with `keys: {batch_size: per_device_train_batch_size}` the
+ladder reads and halves that key instead, and keeps batch x accumulation under the script's own
+names.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ KNOBS: dict[str, str] = {
     "logits_to_keep": "logits_to_keep",
     "num_data_workers": "num_data_workers",
     "data_workers": "num_data_workers",
+    # not a ladder knob: the checkpoint an attempt after a death resumes from (plans/resume.py)
+    "resume_from_checkpoint": "resume_from_checkpoint",
 }
+RESUME_KEY = "resume_from_checkpoint"
 _MAX_KEY_CHARS = 128
 
 
@@ -82,7 +87,7 @@ def parse_keys(raw: Any, where: str) -> KeyMap:
             raise PlanError(f"{where}: `keys` maps {orch_key} twice")
         if key in names.values():
             raise PlanError(f"{where}: `keys` maps two knobs to {key!r}")
-        if key != orch_key:
+        if key != orch_key or orch_key == RESUME_KEY:  # naming the resume key opts {config} in
             names[orch_key] = key
     taken = set(names.values()) & set(KNOBS.values()) - set(names)
     if taken:

@@ -5,6 +5,9 @@ A template such as `python train.py --cfg {config} --batch-size {cfg.batch_size}
 is then parsed into literal text and placeholders:
 
 - `{config}` `{run_dir}` `{seed}` `{data}` `{job}`: the attempt's config.yaml, run dir, ...;
+- `{resume}`: the checkpoint an attempt after a death resumes from (orchestrator.plans.resume);
+  an argument that uses it is left out when there is none, so `--resume_from_checkpoint={resume}`
+  is given only on a resume;
 - `{nproc}` `{port}`: the job's number of GPUs (`gpus:`) and a free TCP port chosen per attempt,
   for `torchrun --nproc_per_node={nproc} --master_port={port}` (two jobs never share 29500);
 - `{cfg.KEY}`: the attempt's config value of KEY, after `--set` and the ladder (numbers as
@@ -28,7 +31,8 @@ from typing import Any
 
 from orchestrator.errors import PlanError
 
-NAMES = ("config", "run_dir", "seed", "data", "job", "nproc", "port")
+NAMES = ("config", "run_dir", "seed", "data", "job", "nproc", "port", "resume")
+_DROPPED_WHEN_EMPTY = frozenset({"resume"})  # an argument using one of these, empty, is left out
 _PART = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _CFG = re.compile(r"^cfg\.([A-Za-z0-9_][A-Za-z0-9_.\-]{0,127})(?:\?([^{}]*))?$")
 _NAMES_SHOWN = ", ".join("{" + n + "}" for n in NAMES)
@@ -76,6 +80,8 @@ class Template:
         for arg in self.args:
             pieces: list[str] = []
             only_flags = True
+            if any(p.kind == "name" and p.key in _DROPPED_WHEN_EMPTY and not names.get(p.key) for p in arg):
+                continue
             for part in arg:
                 if part.kind == "text":
                     pieces.append(part.text)

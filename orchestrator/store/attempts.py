@@ -33,6 +33,8 @@ class AttemptPlan:
     gpu_uuids: tuple[str, ...] = ()  # a multi-GPU job's cards in order (the first is gpu_uuid)
     port: int | None = None  # the rendezvous port chosen for this attempt ({port})
     predicted_host_mib: int = 0  # host RAM reserved for the attempt's process tree
+    resumed_from_attempt: int | None = None  # the earlier attempt (n) whose checkpoint it resumes from
+    resumed_from_checkpoint: str | None = None  # that checkpoint's folder
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -57,8 +59,10 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         )
         attempt_id = int(cursor.lastrowid or 0)
         store._db.execute(
-            "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ? WHERE id = ?",
-            [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib, attempt_id],
+            "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
+            "resumed_from_checkpoint = ? WHERE id = ?",
+            [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
+             plan.resumed_from_attempt, plan.resumed_from_checkpoint, attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""
@@ -67,12 +71,25 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
             message=(
                 f"attempt {n} started on GPU {plan.gpu_index}{_more_gpus(plan)}{level_note}, predicted "
                 f"{plan.predicted_peak_mib / 1024:.1f} GiB{' per GPU' if len(plan.gpu_uuids) > 1 else ''} "
-                f"({plan.prediction_source.render()})"
+                f"({plan.prediction_source.render()})" + _resume_note(plan)
             ),
             kind="start", expect_from=[JobState.QUEUED], attempt_id=attempt_id,
             fields={"attempt_count": n, "wait_reason": None},
         )
     return Attempt.from_row(store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])[0])
+
+
+def _resume_note(plan: AttemptPlan) -> str:
+    if plan.resumed_from_checkpoint is None:
+        return ""
+    name = plan.resumed_from_checkpoint.rstrip("/").rsplit("/", 1)[-1]
+    return f", resuming from attempt {plan.resumed_from_attempt}'s {name}"
+
+
+def previous_run_dirs(store: Store, job_id: int) -> list[tuple[int, str]]:
+    """(n, run dir) of every attempt of the job so far, the latest first."""
+    rows = store.query("SELECT n, run_dir FROM attempts WHERE job_id = ? ORDER BY n DESC", [job_id])
+    return [(int(row["n"]), str(row["run_dir"])) for row in rows]
 
 
 def _more_gpus(plan: AttemptPlan) -> str:

@@ -216,6 +216,9 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         "run_alone": a.run_alone,
         "executor": a.executor or a.launcher,
         "executor_id": a.executor_id,  # a Slurm job id, a tmux window id
+        "resumed_from": None if a.resumed_from_checkpoint is None else {
+            "attempt": a.resumed_from_attempt, "checkpoint": a.resumed_from_checkpoint,
+        },
     }
 
 

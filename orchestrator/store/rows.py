@@ -189,6 +189,8 @@ class Attempt:
     peak_by_rank: dict[str, Any] = field(default_factory=dict)  # worker pid -> {gpu, mib}
     port: int | None = None
     cpu_peak_cores: float | None = None
+    resumed_from_attempt: int | None = None  # the earlier attempt whose checkpoint it resumed from
+    resumed_from_checkpoint: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -216,6 +218,8 @@ class Attempt:
             held_by_gpu=_json(row.get("held_by_gpu_json"), {}), peak_by_gpu=_json(row.get("peak_by_gpu_json"), {}),
             peak_by_rank=_json(row.get("peak_by_rank_json"), {}), port=_opt_int(row.get("port")),
             cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")),
+            resumed_from_attempt=_opt_int(row.get("resumed_from_attempt")),
+            resumed_from_checkpoint=row.get("resumed_from_checkpoint"),
         )
 
     @property

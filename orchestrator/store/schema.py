@@ -348,3 +348,14 @@ def m015_shape_teachers(db: sqlite_utils.Database) -> None:
         "UPDATE memory_shapes SET suites_json = json_array(suite) WHERE suite IS NOT NULL",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m016_resume(db: sqlite_utils.Database) -> None:
+    # An attempt after a death may continue from a checkpoint an earlier attempt of its job left
+    # in its run dir: which attempt (its n) and which checkpoint (the folder's path).
+    for statement in (
+        "ALTER TABLE attempts ADD COLUMN resumed_from_attempt INTEGER",
+        "ALTER TABLE attempts ADD COLUMN resumed_from_checkpoint TEXT",
+    ):
+        db.execute(statement)

@@ -30,6 +30,9 @@ KNOWN_KEYS = frozenset(
         "logits_to_keep", "num_data_workers", "max_seq_len", "eval_every_steps", "no_save",
     }
 )  # fmt: skip
+# Checkpoints (workers/lora/checkpoint.py): how often, and the one a resumed attempt starts from.
+DEFAULT_CHECKPOINT_EVERY_STEPS = 200
+RESUME_KEYS = frozenset({"checkpoint_every_steps", "resume_from_checkpoint"})
 # Keys orch itself adds to a suite config (memory hints, bookkeeping): not ours, not a mistake.
 ORCH_KEYS = frozenset({"mem_gib", "suite", "name", "level", "priority"})
 ORCH_KEY_PREFIXES = ("sim_", "orch_")
@@ -58,6 +61,8 @@ class RunConfig:
     max_seq_len: int = 256
     eval_every_steps: int | None = None
     no_save: bool = False
+    checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS  # 0: never
+    resume_from_checkpoint: Path | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -84,7 +89,7 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
     warnings = [
         f"ignoring unknown config key {key!r}"
         for key in sorted(raw)
-        if key not in KNOWN_KEYS and key not in ORCH_KEYS and not key.startswith(ORCH_KEY_PREFIXES)
+        if key not in KNOWN_KEYS | RESUME_KEYS and key not in ORCH_KEYS and not key.startswith(ORCH_KEY_PREFIXES)
     ]
     if "model" not in raw:
         raise ConfigError("config key 'model' is missing")
@@ -123,6 +128,10 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
         max_seq_len=_positive_int("max_seq_len", raw.get("max_seq_len", 256)),
         eval_every_steps=_optional(raw, "eval_every_steps", _positive_int),
         no_save=_bool("no_save", raw.get("no_save", False)),
+        checkpoint_every_steps=_non_negative_int(
+            "checkpoint_every_steps", raw.get("checkpoint_every_steps", DEFAULT_CHECKPOINT_EVERY_STEPS)
+        ),
+        resume_from_checkpoint=_resume_path(raw.get("resume_from_checkpoint"), config_dir),
         warnings=tuple(warnings),
     )
 
@@ -161,6 +170,15 @@ def resolve_peft(
             return spec, None
     searched = ", ".join(str(c) for c in candidates)
     raise ConfigError(f"peft spec {value!r} not found (looked in: {searched})")
+
+
+def _resume_path(value: Any, config_dir: Path) -> Path | None:
+    """The checkpoint folder to resume from; None or "" (or false): start afresh."""
+    if value is None or value is False or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"config key 'resume_from_checkpoint' must be a folder path, got {value!r}")
+    return _resolve_path(value, config_dir)
 
 
 def _resolve_path(value: str, config_dir: Path) -> Path:

@@ -19,10 +19,12 @@ from torch.utils.data import DataLoader
 
 from workers.harness import Heartbeat
 from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode
+from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoints, save_checkpoint
 from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
 from workers.lora.model import apply_lora, enable_checkpointing, load_model
+from workers.lora.order import EpochOrder
 
 MIB = 1024 * 1024
 Log = Callable[[str], None]
@@ -66,13 +68,16 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
 
 def build_loader(
     encoded: list[Encoded], batch_size: int, collator: LeftPadCollator, num_workers: int,
-    shuffle: bool, seed: int,
+    order: EpochOrder | None, seed: int,
 ) -> DataLoader[Encoded]:  # fmt: skip
+    """Batches in `order` (the epoch's permutation; None: as listed). The loader's own
+    generator only seeds its worker processes, and is private: a loader iterator would
+    otherwise draw that seed from torch's global RNG, which LoRA dropout uses."""
     return DataLoader(
         encoded,  # type: ignore[arg-type]  # a list is a map-style dataset
         batch_size=batch_size,
-        shuffle=shuffle,
-        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+        sampler=order,
+        generator=torch.Generator().manual_seed(seed),
         collate_fn=collator,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
@@ -151,11 +156,12 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         name: encode(tokenizer, task, examples, config.max_seq_len)
         for name, examples in splits.items()
     }
+    order = EpochOrder(len(encoded["train"]), config.seed)
     train_loader = build_loader(
-        encoded["train"], config.batch_size, collator, config.num_data_workers, True, config.seed
+        encoded["train"], config.batch_size, collator, config.num_data_workers, order, config.seed
     )
     eval_loaders = {
-        name: build_loader(encoded[name], config.batch_size, collator, 0, False, 0)
+        name: build_loader(encoded[name], config.batch_size, collator, 0, None, 0)
         for name in ("val", "test")
     }
 
@@ -168,7 +174,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
     accum = config.gradient_accumulation_steps
     n_train = len(encoded["train"])
-    updates_per_epoch = math.ceil(len(train_loader) / accum)
+    updates_per_epoch = math.ceil(n_train / config.effective_batch_size)
     total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
     primary = PRIMARY_METRIC[task]
     log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
@@ -192,7 +198,17 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             step, total_steps, None, None, peak_memory(device)["peak_mem_mib"], val=scores
         )
 
+    epoch, consumed = 0, 0  # consumed: examples of the epoch's permutation trained on so far
+    if config.resume_from_checkpoint is not None:
+        loop, best_state = load_checkpoint(config.resume_from_checkpoint, model, optimizer, config)
+        step, epoch, consumed = loop.step, loop.epoch, loop.consumed_in_epoch
+        samples_seen, train_seconds, losses = loop.samples_seen, loop.train_seconds, loop.losses
+        best_score, best_step, best_val = loop.best_score, loop.best_step, loop.best_val
+        log(f"resumed from {config.resume_from_checkpoint}: step {step} of {total_steps}, "
+            f"epoch {epoch + 1} with {consumed} of its {n_train} examples done")  # fmt: skip
+
     while step < total_steps:
+        order.set_epoch(epoch, skip=consumed)  # a resumed epoch goes on where its checkpoint was
         for group in _groups(iter(train_loader), accum):
             started_s = time.perf_counter()
             group_samples = sum(len(b["labels"]) for b in group)
@@ -207,6 +223,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             optimizer.zero_grad(set_to_none=True)
             step += 1
             samples_seen += group_samples
+            consumed += group_samples
             losses.append(loss_total / group_samples)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -218,12 +235,18 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
                                peak_memory(device)["peak_mem_mib"])  # fmt: skip
             if config.eval_every_steps and step % config.eval_every_steps == 0:
                 evaluate_val()
+            every = config.checkpoint_every_steps
+            if every and step % every == 0 and step < total_steps:
+                loop = LoopState(step, epoch, consumed, samples_seen, train_seconds, losses,
+                                 best_score, best_step, best_val)  # fmt: skip
+                log(f"saved {save_checkpoint(run_dir, loop, model, optimizer, best_state, config)}")
             if step >= total_steps:
                 break
         if not config.eval_every_steps:
             evaluate_val()  # end of each epoch (or of max_steps mid-epoch)
         elif step >= total_steps and step % config.eval_every_steps != 0:
             evaluate_val()  # the last steps since the previous evaluation
+        epoch, consumed = epoch + 1, 0
 
     with torch.no_grad():
         named = dict(model.named_parameters())
@@ -232,6 +255,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast)
     if not config.no_save:
         model.save_pretrained(run_dir / "adapter")
+    remove_checkpoints(run_dir)  # finished: nothing left to resume
     return TrainOutcome(
         metrics={"val": best_val, "test": test_scores},
         steps=step,

@@ -1,0 +1,51 @@
+"""Whether a job's worker can resume from a checkpoint, and how it is told which. Pure.
+
+An attempt after a death gets the latest checkpoint of the job's earlier attempts
+(orchestrator.launch.checkpoints) in two ways, only where the worker can take it:
+- `{resume}` in a command template: the checkpoint's path; an argument that uses it is left
+  out when there is none, so `--resume_from_checkpoint={resume}` is given only on a resume;
+- the config key `resume_from_checkpoint` (or the name the suite's `keys:` gives it), in the
+  attempt's config.yaml and `{cfg.KEY}` values: set only on a resume, never to an empty value
+  (a Hugging Face Trainer given "" looks for a checkpoint named "").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.errors import PlanError
+from orchestrator.plans.keymap import RESUME_KEY, KeyMap
+from orchestrator.plans.template import parse_template
+
+RESUME_PLACEHOLDER = "resume"
+RESUMING_WORKERS = frozenset({"lora"})  # ours that read the key (the sim worker keeps no state)
+NOT_RESUMING_WORKERS = frozenset({"sim"})
+
+
+def worker_can_resume(worker: str, keys: KeyMap, config: Mapping[str, Any] | None = None) -> bool:
+    """Whether the worker (`lora`, `sim` or a command template) takes a checkpoint to resume from:
+    ours that read the key; a template that uses `{resume}` or the resume key as a `{cfg.KEY}`
+    value; a template that passes `{config}` when the suite's `keys:` names the resume key,
+    or the job's `config` already holds it (a script that does not know the key must never find
+    it in its config)."""
+    if worker in RESUMING_WORKERS:
+        return True
+    if worker in NOT_RESUMING_WORKERS:
+        return False
+    try:
+        template = parse_template(worker)
+    except PlanError:
+        return False
+    script_key = keys.script_key(RESUME_KEY)
+    # a `{cfg.KEY?--flag}` of the key is not enough: a flag cannot carry the path
+    if RESUME_PLACEHOLDER in template.names or script_key in template.value_keys:
+        return True
+    if not template.reads_config:
+        return False
+    return RESUME_KEY in keys.names or (config is not None and script_key in config)
+
+
+def resume_config(config: Mapping[str, Any], keys: KeyMap, checkpoint: str) -> dict[str, Any]:
+    """The attempt's config with the checkpoint under the script's name for the resume key."""
+    return {**config, keys.script_key(RESUME_KEY): checkpoint}

@@ -1,0 +1,132 @@
+"""Resume: which workers take a checkpoint, how a template passes it, and finding it in run dirs
+written by user code (symlinks never followed, bounded search, half-written saves skipped)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import PlanError
+from orchestrator.launch.checkpoints import MAX_DEPTH, find_in_run_dir, latest_checkpoint
+from orchestrator.plans.keymap import NO_KEYS, parse_keys
+from orchestrator.plans.resume import resume_config, worker_can_resume
+from orchestrator.plans.template import parse_template
+
+HF_KEYS = parse_keys({"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}, "t")
+
+
+def test_an_argument_using_resume_is_left_out_without_a_checkpoint() -> None:
+    template = parse_template("python t.py --out {run_dir}/out --resume_from_checkpoint={resume} {resume}")
+    names = {"run_dir": "/r/attempt-2"}
+    assert template.fill({**names, "resume": ""}, {}) == ["python", "t.py", "--out", "/r/attempt-2/out"]
+    assert template.fill(names, {}) == ["python", "t.py", "--out", "/r/attempt-2/out"]
+    assert template.fill({**names, "resume": "/r/attempt-1/out/checkpoint-40"}, {}) == [
+        "python", "t.py", "--out", "/r/attempt-2/out",
+        "--resume_from_checkpoint=/r/attempt-1/out/checkpoint-40", "/r/attempt-1/out/checkpoint-40",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("worker", "keys", "config", "can"),
+    [
+        ("lora", NO_KEYS, {}, True),
+        ("sim", NO_KEYS, {}, False),
+        ("python t.py --resume={resume}", NO_KEYS, {}, True),
+        ("python t.py --bs {cfg.batch_size}", NO_KEYS, {}, False),
+        # a {config} script is given the key only where it is known to read it
+        ("python t.py {config}", NO_KEYS, {}, False),
+        ("python t.py {config}", HF_KEYS, {}, True),
+        ("python t.py {config}", NO_KEYS, {"resume_from_checkpoint": None}, True),
+        ("python t.py {config}", parse_keys({"resume_from_checkpoint": "ckpt"}, "t"), {}, True),
+        ("python t.py --ckpt {cfg.resume_from_checkpoint}", NO_KEYS, {}, True),
+        ("python t.py {cfg.resume_from_checkpoint?--resume}", NO_KEYS, {}, False),  # no path in a flag
+        ("python t.py {nonsense}", NO_KEYS, {}, False),
+    ],
+)
+def test_worker_can_resume(worker: str, keys: object, config: dict[str, object], can: bool) -> None:
+    assert worker_can_resume(worker, keys, config) is can  # type: ignore[arg-type]
+
+
+def test_the_resume_key_goes_under_the_scripts_name() -> None:
+    keys = parse_keys({"resume_from_checkpoint": "ckpt"}, "t")
+    assert resume_config({"lr": 1}, keys, "/c") == {"lr": 1, "ckpt": "/c"}
+    assert resume_config({"lr": 1}, NO_KEYS, "/c") == {"lr": 1, "resume_from_checkpoint": "/c"}
+    assert HF_KEYS.to_json()["resume_from_checkpoint"] == "resume_from_checkpoint"  # kept: it opts in
+    with pytest.raises(PlanError):
+        parse_keys({"resume_from_checkpoint": "per_device_train_batch_size", "batch_size": "per_device_train_batch_size"}, "t")
+
+
+def _checkpoint(path: Path, *files: str) -> Path:
+    path.mkdir(parents=True)
+    for name in files or ("adapter.bin",):
+        (path / name).write_text("x")
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    return root
+
+
+def run_dir(runs: Path, n: int) -> Path:
+    path = runs / "suite" / "000001-job" / f"attempt-{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+def test_the_highest_step_in_the_run_dir_or_an_output_dir_below_it(runs: Path) -> None:
+    attempt = run_dir(runs, 1)
+    _checkpoint(attempt / "checkpoint-5")
+    _checkpoint(attempt / "out" / "checkpoint-40")
+    _checkpoint(attempt / "out" / "checkpoint-200")
+    (attempt / "out" / "checkpoint-300").mkdir()  # empty: nothing was saved in it
+    (attempt / "checkpoint-999").write_text("a file, not a folder")
+    found = find_in_run_dir(1, attempt)
+    assert found is not None and (found.path, found.step) == (attempt / "out" / "checkpoint-200", 200)
+
+
+def test_symlinks_are_never_followed(runs: Path, tmp_path: Path) -> None:
+    attempt = run_dir(runs, 1)
+    _checkpoint(attempt / "out" / "checkpoint-10")
+    outside = _checkpoint(tmp_path / "elsewhere" / "checkpoint-500")
+    os.symlink(outside, attempt / "checkpoint-500")
+    _checkpoint(tmp_path / "other-out" / "checkpoint-700")
+    os.symlink(tmp_path / "other-out", attempt / "linked-out")
+    found = find_in_run_dir(1, attempt)
+    assert found is not None and found.path == attempt / "out" / "checkpoint-10"
+    linked = run_dir(runs, 2).parent / "attempt-3"
+    os.symlink(attempt, linked)  # a run dir that is itself a link
+    assert find_in_run_dir(3, linked) is None
+
+
+def test_the_search_is_bounded_in_depth(runs: Path) -> None:
+    attempt = run_dir(runs, 1)
+    deep = attempt.joinpath(*[f"d{i}" for i in range(MAX_DEPTH)])
+    _checkpoint(deep / "checkpoint-9")
+    _checkpoint(attempt.joinpath(*[f"d{i}" for i in range(MAX_DEPTH - 1)]) / "checkpoint-2")
+    found = find_in_run_dir(1, attempt)
+    assert found is not None and found.step == 2
+
+
+def test_a_trainer_save_that_died_half_way_is_skipped(runs: Path) -> None:
+    attempt = run_dir(runs, 1)
+    _checkpoint(attempt / "out" / "checkpoint-20", "model.safetensors", "trainer_state.json")
+    _checkpoint(attempt / "out" / "checkpoint-30", "model.safetensors")  # trainer_state.json comes last
+    found = find_in_run_dir(1, attempt)
+    assert found is not None and found.step == 20
+
+
+def test_the_latest_attempt_that_left_one_wins(runs: Path) -> None:
+    first, second, third = run_dir(runs, 1), run_dir(runs, 2), run_dir(runs, 3)
+    _checkpoint(first / "checkpoint-100")
+    _checkpoint(second / "checkpoint-60")  # a later attempt's, though its step is lower
+    found = latest_checkpoint([(1, first), (2, second), (3, third)])
+    assert found is not None and (found.attempt_n, found.step) == (2, 60)
+    (second / "checkpoint-60" / "adapter.bin").unlink()
+    found = latest_checkpoint([(3, third), (1, first), (2, second)])
+    assert found is not None and (found.attempt_n, found.path) == (1, first / "checkpoint-100")
+    assert latest_checkpoint([(4, runs / "suite" / "000001-job" / "attempt-4")]) is None  # never made

@@ -1,0 +1,213 @@
+"""Resume, don't restart: an attempt after an OOM continues from the checkpoint its predecessor
+left, through the real daemon, tmux, SQLite and sim GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
+
+pytestmark = requires_tmux
+
+PY = shlex.quote(sys.executable)
+
+# A script with Hugging Face's checkpoint layout (OUT/checkpoint-N): the first run saves step 3,
+# plants a symlinked "checkpoint-99" pointing out of its run dir, and dies of a CUDA OOM; a
+# run given --resume=DIR continues from DIR's step.
+RESUMABLE_SCRIPT = textwrap.dedent(
+    """\
+    import argparse
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--accum", type=int, required=True)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args()
+    if args.rest:
+        sys.exit(f"unexpected arguments: {args.rest}")
+    step = 0
+    if args.resume is not None:
+        step = json.loads((Path(args.resume) / "state.json").read_text())["step"]
+        print(f"resuming from {args.resume} at step {step}", flush=True)
+    else:
+        print("fresh start", flush=True)
+    while step < 6:
+        step += 1
+        print(f"step {step}/6", flush=True)
+        if step == 3 and args.resume is None:
+            folder = args.out / "checkpoint-3"
+            folder.mkdir(parents=True)
+            (folder / "state.json").write_text(json.dumps({"step": 3}))
+            outside = args.out.parents[3] / "elsewhere" / "checkpoint-99"
+            outside.mkdir(parents=True)
+            (outside / "state.json").write_text(json.dumps({"step": 99}))
+            os.symlink(outside, args.out / "checkpoint-99")
+            if args.batch_size > 8:
+                print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", file=sys.stderr)
+                sys.exit(1)
+    print(json.dumps({"eval_accuracy": 0.75, "steps_run": step}))
+    """
+)
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) -> None:
+    (orch.root / "resumable.py").write_text(RESUMABLE_SCRIPT)
+    config_dir = orch.plans / "configs" / "own"
+    config_dir.mkdir(parents=True)
+    (config_dir / "own.yaml").write_text(yaml.safe_dump({"batch_size": 16, "gradient_accumulation_steps": 1}))
+    worker = (f"{PY} resumable.py --out {{run_dir}}/out --batch-size {{cfg.batch_size}} "
+              "--accum {cfg.gradient_accumulation_steps} --resume={resume}")
+    suite = {"worker": worker, "mem_gib": 1, "max_attempts": 3, "ladder": ["halve_batch"], "configs": ["own"]}
+    (orch.plans / "suites" / "own.yaml").write_text(yaml.safe_dump(suite))
+    orch.submit("own", "3:toy")
+    orch.start_daemon()
+    assert orch.wait_all_done(90) == {1: "succeeded"}
+
+    shown = orch.json("show", "1")
+    first, second = shown["attempts"]
+    assert first["outcome"] == "oom" and first["resumed_from"] is None
+    checkpoint = str(Path(first["run_dir"]) / "out" / "checkpoint-3")  # never the symlinked checkpoint-99
+    assert second["resumed_from"] == {"attempt": 1, "checkpoint": checkpoint}
+    assert "fresh start" in Path(first["log"]).read_text()  # no empty --resume= on a first attempt
+    log = Path(second["log"]).read_text()
+    assert f"resuming from {checkpoint} at step 3" in log and "step 4/6" in log and "step 1/6" not in log
+    assert second["changes"] == {"batch_size": 8, "gradient_accumulation_steps": 2}
+    text = orch.run("show", "1").stdout
+    assert f"attempt 2: resumed from attempt 1's checkpoint {checkpoint}" in text
+    assert any("resuming from attempt 1's checkpoint-3" in e["message"] for e in shown["events"])
+
+
+def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    data_dir = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data_dir), "--tasks", "rte",
+                    "--n-train", "40", "--n-dev", "16"], check=True, cwd=REPO_ROOT, capture_output=True)  # fmt: skip
+    config = {"model": "tiny-llama", "data_dir": str(data_dir), "max_steps": 150, "batch_size": 4,
+              "checkpoint_every_steps": 3, "num_data_workers": 0, "prec": "fp32", "max_seq_len": 64,
+              "no_save": True}  # fmt: skip
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    orch.write_suite("lora", {"tiny": config}, worker="lora", mem_gib=2,
+                     env={"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path})  # fmt: skip
+    orch.submit("lora", "1:glue-tvt_rte")
+    orch.start_daemon()
+
+    def first_checkpoint() -> tuple[Path, int] | None:
+        rows = orch.attempts(1)
+        if not rows or rows[0]["pgid"] is None:
+            return None
+        run_dir = Path(rows[0]["run_dir"])
+        return (run_dir, int(rows[0]["pgid"])) if any(run_dir.glob("checkpoint-*")) else None
+
+    first_dir, pgid = wait_until(first_checkpoint, 90, "attempt 1's first checkpoint")
+    os.killpg(pgid, signal.SIGKILL)  # the attempt dies with its wrapper: nothing recorded, as on a lost node
+    assert orch.wait_all_done(120) == {1: "succeeded"}
+
+    first, second = orch.json("show", "1")["attempts"]
+    assert first["outcome"] == "lost"
+    (checkpoint,) = first_dir.glob("checkpoint-*")  # the latest, the only one kept
+    assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}
+    received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
+    assert received["resume_from_checkpoint"] == str(checkpoint)
+    step = int(checkpoint.name.removeprefix("checkpoint-"))
+    assert f"resumed from {checkpoint}: step {step} of 150" in Path(second["log"]).read_text()
+    beats = [json.loads(line) for line in (Path(second["run_dir"]) / "progress.jsonl").read_text().splitlines()]
+    assert beats[0]["step"] == step + 1 and beats[-1]["step"] == 150
+    assert json.loads((Path(second["run_dir"]) / "result.json").read_text())["steps"] == 150
+
+
+# A Hugging Face Trainer script: TrainingArguments from config.yaml, output_dir below the run dir.
+# Out of memory at step 3 while the micro-batch is above 4 (after checkpoint-2 was saved).
+TRAINER_SCRIPT = textwrap.dedent(
+    """\
+    import json
+    import sys
+
+    import torch
+    import yaml
+    from transformers import (HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
+                              TrainingArguments)
+
+    settings = yaml.safe_load(open(sys.argv[1])) | {"output_dir": sys.argv[2]}
+    (args,) = HfArgumentParser(TrainingArguments).parse_dict(settings, allow_extra_keys=True)
+
+
+    class Report(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            print(f"train begins at global step {state.global_step}", flush=True)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3 and args.per_device_train_batch_size > 4:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
+
+
+    class Toy(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            ids = torch.tensor([(i + k) % 60 + 2 for k in range(8)])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    trainer = Trainer(model=model, args=args, train_dataset=Toy(), callbacks=[Report()])
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    print(json.dumps({"global_step": trainer.state.global_step}))
+    """
+)
+
+
+def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(orch: Orch) -> None:
+    pytest.importorskip("transformers")
+    (orch.root / "hf_resume.py").write_text(TRAINER_SCRIPT)
+    config_dir = orch.plans / "configs" / "hf"
+    config_dir.mkdir(parents=True)
+    config = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 6,
+              "save_strategy": "steps", "save_steps": 2, "logging_steps": 1, "report_to": "none",
+              "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}  # fmt: skip
+    (config_dir / "hf.yaml").write_text(yaml.safe_dump(config))
+    suite = {"worker": f"{PY} hf_resume.py {{config}} {{run_dir}}/out", "mem_gib": 1, "max_attempts": 3,
+             "hang_timeout_s": "off", "ladder": ["halve_batch"], "configs": ["hf"],
+             "keys": {"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}}
+    (orch.plans / "suites" / "hf.yaml").write_text(yaml.safe_dump(suite))
+    orch.submit("hf", "0:toy")
+    orch.start_daemon()
+    assert orch.wait_all_done(240) == {1: "succeeded"}
+
+    first, second = orch.json("show", "1")["attempts"]
+    assert first["outcome"] == "oom" and "resume_from_checkpoint" not in (Path(first["run_dir"]) / "config.yaml").read_text()
+    checkpoint = Path(first["run_dir"]) / "out" / "checkpoint-2"
+    assert (checkpoint / "trainer_state.json").is_file()
+    assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}
+    received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
+    assert received["resume_from_checkpoint"] == str(checkpoint)
+    assert received["per_device_train_batch_size"] == 4 and received["gradient_accumulation_steps"] == 2
+    log = Path(second["log"]).read_text()
+    assert "train begins at global step 2" in log and '{"global_step": 6}' in log
