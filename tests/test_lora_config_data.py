@@ -21,11 +21,19 @@ def base(**extra: object) -> dict[str, object]:
 
 
 def test_defaults_warnings_and_orch_keys(tmp_path: Path) -> None:
-    config = parse_config(base(foo=1, sim_mem_gib=3, mem_gib=2), tmp_path, {})
+    config = parse_config(base(sim_mem_gib=3, mem_gib=2, orch_note="x"), tmp_path, {})
     assert config.batch_size == 8 and config.max_seq_len == 256 and config.num_epochs == 1
     assert config.logits_to_keep == 0 and config.prec == "bf16"
     joined = " ".join(config.warnings)
-    assert "'foo'" in joined and "sim_mem_gib" not in joined and "mem_gib" not in joined
+    assert "sim_mem_gib" not in joined and "mem_gib" not in joined and "orch_note" not in joined
+
+
+def test_an_unknown_training_key_is_a_config_error(tmp_path: Path) -> None:
+    # a misspelt key must not train with the default instead of what the researcher meant
+    with pytest.raises(ConfigError, match=r"^unknown config key 'warmup_step' \(known: .*warmup_steps"):
+        parse_config(base(warmup_step=100), tmp_path, {})
+    with pytest.raises(ConfigError, match=r"^unknown config keys 'foo', 'warmup_step' \("):
+        parse_config(base(warmup_step=100, foo=1), tmp_path, {})
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,14 @@
 """The worker's YAML config: parsing, validation and path resolution (no torch here).
 
 Keys follow the researchers' existing training scripts so one config file serves both.
-Unknown keys are ignored with a warning; orch's own keys are ignored silently.
+An unknown key is an error (a misspelt `warmup_step` must not train without warm-up); orch's
+own keys are ignored silently.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,13 @@ KNOWN_KEYS = frozenset(
         "logits_to_keep", "num_data_workers", "max_seq_len", "eval_every_steps", "no_save",
     }
 )  # fmt: skip
+# The optimizer's keys; the defaults keep the worker's earlier behaviour (HF Trainer's differ:
+# weight_decay 0.0, lr_scheduler linear; warm-up 0 and max_grad_norm 1.0 are the same).
+OPTIMIZER_KEYS = frozenset(
+    {"weight_decay", "lr_scheduler", "warmup_steps", "warmup_ratio", "max_grad_norm"}
+)
+LR_SCHEDULES = ("constant", "linear", "cosine")
+TRAINING_KEYS = KNOWN_KEYS | OPTIMIZER_KEYS
 # Keys orch itself adds to a suite config (memory hints, bookkeeping): not ours, not a mistake.
 ORCH_KEYS = frozenset({"mem_gib", "suite", "name", "level", "priority"})
 ORCH_KEY_PREFIXES = ("sim_", "orch_")
@@ -58,6 +67,11 @@ class RunConfig:
     max_seq_len: int = 256
     eval_every_steps: int | None = None
     no_save: bool = False
+    weight_decay: float = 0.01  # torch's AdamW default; HF Trainer: 0.0
+    lr_scheduler: str = "constant"  # HF Trainer: linear
+    warmup_steps: int = 0  # HF Trainer: 0; wins over warmup_ratio when positive
+    warmup_ratio: float = 0.0  # HF Trainer: 0.0
+    max_grad_norm: float = 1.0  # HF Trainer: 1.0; 0 turns clipping off
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -81,11 +95,10 @@ def load_config(path: Path, env: Mapping[str, str] | None = None) -> RunConfig:
 
 def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str]) -> RunConfig:
     """Validate a config mapping; relative paths resolve against `config_dir`."""
-    warnings = [
-        f"ignoring unknown config key {key!r}"
-        for key in sorted(raw)
-        if key not in KNOWN_KEYS and key not in ORCH_KEYS and not key.startswith(ORCH_KEY_PREFIXES)
-    ]
+    unknown = unknown_keys(raw)
+    if unknown:
+        raise ConfigError(unknown_keys_message(unknown))
+    warnings: list[str] = []
     if "model" not in raw:
         raise ConfigError("config key 'model' is missing")
     if "data" not in raw:
@@ -123,8 +136,45 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
         max_seq_len=_positive_int("max_seq_len", raw.get("max_seq_len", 256)),
         eval_every_steps=_optional(raw, "eval_every_steps", _positive_int),
         no_save=_bool("no_save", raw.get("no_save", False)),
+        **optimizer_settings(raw),
         warnings=tuple(warnings),
     )
+
+
+def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
+    """The keys of a config neither the worker nor orch knows, sorted."""
+    return sorted(
+        str(key) for key in raw
+        if key not in TRAINING_KEYS and key not in ORCH_KEYS
+        and not str(key).startswith(ORCH_KEY_PREFIXES)
+    )  # fmt: skip
+
+
+def unknown_keys_message(unknown: list[str]) -> str:
+    named = ", ".join(repr(key) for key in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    return f"unknown config key{plural} {named} (known: {', '.join(sorted(TRAINING_KEYS))})"
+
+
+def optimizer_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    schedule = str(raw.get("lr_scheduler") or "constant").lower()
+    if schedule not in LR_SCHEDULES:
+        raise ConfigError(
+            f"config key 'lr_scheduler' must be one of {', '.join(LR_SCHEDULES)}, got {raw['lr_scheduler']!r}"
+        )
+    warmup_ratio = _non_negative_float("warmup_ratio", raw.get("warmup_ratio", 0.0))
+    if warmup_ratio > 1:
+        raise ConfigError(f"config key 'warmup_ratio' must be at most 1, got {warmup_ratio!r}")
+    max_grad_norm = raw.get("max_grad_norm", 1.0)
+    if max_grad_norm is None:  # null: no clipping, as 0
+        max_grad_norm = 0.0
+    return {
+        "weight_decay": _non_negative_float("weight_decay", raw.get("weight_decay", 0.01)),
+        "lr_scheduler": schedule,
+        "warmup_steps": _non_negative_int("warmup_steps", raw.get("warmup_steps", 0)),
+        "warmup_ratio": warmup_ratio,
+        "max_grad_norm": _non_negative_float("max_grad_norm", max_grad_norm),
+    }
 
 
 def resolve_model(value: str, config_dir: Path) -> str:
@@ -196,8 +246,18 @@ def _positive_float(key: str, value: Any) -> float:
         number = float(value)  # YAML reads "1e-4" (no dot) as a string
     except (TypeError, ValueError):
         raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
-    if not number > 0:
-        raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"config key {key!r} must be a finite positive number, got {value!r}")
+    return number
+
+
+def _non_negative_float(key: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not (math.isfinite(number) and number >= 0):
+        raise ConfigError(f"config key {key!r} must be a finite number >= 0, got {value!r}")
     return number
 
 

@@ -23,6 +23,7 @@ from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
 from workers.lora.model import apply_lora, enable_checkpointing, load_model
+from workers.lora.optimizer import apply_update, build_optimizer
 
 MIB = 1024 * 1024
 Log = Callable[[str], None]
@@ -165,11 +166,11 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         return contextlib.nullcontext()
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
     accum = config.gradient_accumulation_steps
     n_train = len(encoded["train"])
     updates_per_epoch = math.ceil(len(train_loader) / accum)
     total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
+    optimizer, scheduler = build_optimizer(params, config, total_steps)
     primary = PRIMARY_METRIC[task]
     log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
         f"{total_steps} optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
@@ -203,8 +204,8 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
                     loss_total += train_step(model, batch, config, kind, 1.0 / group_samples) * len(
                         batch["labels"]
                     )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            update = apply_update(optimizer, scheduler, params, config.max_grad_norm,
+                                     loss_total / group_samples, step + 1, total_steps)  # fmt: skip
             step += 1
             samples_seen += group_samples
             losses.append(loss_total / group_samples)
@@ -215,7 +216,8 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             if step == 1 or step == total_steps or now_s - last_beat_s >= beat_interval_s:
                 last_beat_s = now_s
                 heartbeat.beat(step, total_steps, losses[-1], samples_seen / train_seconds,
-                               peak_memory(device)["peak_mem_mib"])  # fmt: skip
+                               peak_memory(device)["peak_mem_mib"], grad_norm=update.grad_norm,
+                               lr=update.learning_rate)  # fmt: skip
             if config.eval_every_steps and step % config.eval_every_steps == 0:
                 evaluate_val()
             if step >= total_steps:
