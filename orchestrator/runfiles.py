@@ -91,6 +91,8 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
+    # true: the test metrics were scored on the split that also chose the best epoch
+    "test_is_val": (lambda v: isinstance(v, bool), "true or false"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "t": (_number_in(0, 1e11), "a time in seconds"),
