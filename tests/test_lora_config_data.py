@@ -146,7 +146,7 @@ def test_gla_targets_translate_for_llama() -> None:
         translate_targets(["attn.g_proj", "attn.gk_proj.1"])
 
 
-def test_lora_kwargs_short_keys_and_env_overrides() -> None:
+def test_lora_kwargs_short_keys_and_no_env_overrides() -> None:
     spec = {
         "r": 8,
         "alpha": 16,
@@ -156,9 +156,10 @@ def test_lora_kwargs_short_keys_and_env_overrides() -> None:
         "junk": 1,
     }
     kwargs, warnings = lora_kwargs(spec, "llama", {"ORCH_LORA_R": "4", "ORCH_LORA_DROPOUT": "0"})
-    assert kwargs == {"task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 16, "lora_dropout": 0.0,
+    assert kwargs == {"task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
                       "target_modules": ["q_proj"], "use_dora": True}  # fmt: skip
     assert any("junk" in w for w in warnings)
+    assert "ORCH_LORA_R is not read: set the LoRA setting in the peft spec" in warnings
     gla, _ = lora_kwargs(spec, "gla", {})
     assert gla["target_modules"] == ["attn.q_proj"]  # GLA keeps its own names
     with pytest.raises(ConfigError):

@@ -69,3 +69,31 @@ def test_reader_keeps_only_a_boolean_test_is_val(tmp_path: Path) -> None:
     result = read_result(run_dir, problems)
     assert result is not None and "test_is_val" not in result
     assert problems == ["result.json: test_is_val must be true or false, not 'yes'"]
+
+
+def test_effective_lora_settings_and_optimizer_are_recorded(
+    tmp_path: Path,
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ORCH_LORA_R", "2")  # once overrode the spec silently; now only warned of
+    monkeypatch.setenv("ORCH_LORA_DROPOUT", "0.5")
+    peft = {"r": 4, "alpha": 8, "dropout": 0.1, "targets": ["layers.1.attn.q_proj", "attn.v_proj"]}
+    result = run_worker(tmp_path, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
+                        warmup_ratio=0.5)  # fmt: skip
+    assert result["lora"] == {
+        "r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"],
+        "layers_to_transform": None, "use_dora": False, "use_rslora": False, "bias": "none",
+        "modules_to_save": None, "exclude_modules": None,
+    }  # fmt: skip
+    # q_proj and v_proj (32 -> 32) in 2 layers at r=4: 4 x (4x32 + 32x4) parameters
+    assert result["trainable_params"] == 4 * (4 * 32 + 32 * 4)
+    assert result["total_params"] > 10 * result["trainable_params"]
+    assert result["optimizer"] == {
+        "name": "AdamW", "learning_rate": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+        "weight_decay": 0.0, "lr_scheduler": "cosine", "warmup_steps": 1, "total_steps": 2,
+        "max_grad_norm": 1.0,
+    }  # fmt: skip
+    err = capsys.readouterr().err
+    assert "ORCH_LORA_R is not read" in err and "ORCH_LORA_DROPOUT is not read" in err

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         final_loss=outcome.losses[-1] if outcome.losses else None,
         longest_tokens=outcome.longest_tokens,
         test_is_val=test_is_validation(config.data),
+        **outcome.settings,
         **outcome.memory,
     )
     log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")

@@ -153,6 +153,25 @@ def apply_lora(model: Any, spec: dict[str, Any], kind: str) -> tuple[Any, list[s
         raise ConfigError(f"invalid LoRA spec: {str(exc).splitlines()[0]}") from None
 
 
+LORA_SETTINGS = ("r", "lora_alpha", "lora_dropout", "target_modules", "layers_to_transform",
+                 "use_dora", "use_rslora", "bias", "modules_to_save", "exclude_modules")  # fmt: skip
+
+
+def lora_settings(model: Any) -> dict[str, Any]:
+    """For result.json: the LoRA settings peft applied (after the spec's translation for this
+    model) as `lora`, and the trainable and total parameter counts."""
+    applied = model.peft_config["default"]
+    lora: dict[str, Any] = {}
+    for name in LORA_SETTINGS:
+        value = getattr(applied, name, None)
+        lora[name] = sorted(value) if isinstance(value, set | frozenset) else value
+    return {
+        "lora": lora,
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "total_params": sum(p.numel() for p in model.parameters()),
+    }
+
+
 def enable_checkpointing(model: Any) -> None:
     """Non-reentrant activation checkpointing (works with frozen embeddings, no input grads needed)."""
     kwargs = {"use_reentrant": False}

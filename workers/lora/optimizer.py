@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,6 +50,16 @@ def lr_factor(step: int, total_steps: int, warmup: int, schedule: str) -> float:
     if schedule == "cosine":
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def describe_optimizer(config: RunConfig, total_steps: int) -> dict[str, Any]:
+    """The optimizer as it ran, for result.json."""
+    return {
+        "name": "AdamW", "learning_rate": config.learning_rate, "betas": list(ADAM_BETAS),
+        "eps": ADAM_EPS, "weight_decay": config.weight_decay, "lr_scheduler": config.lr_scheduler,
+        "warmup_steps": warmup_steps(config, total_steps), "total_steps": total_steps,
+        "max_grad_norm": config.max_grad_norm or None,
+    }  # fmt: skip
 
 
 def build_optimizer(

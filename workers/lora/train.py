@@ -22,8 +22,8 @@ from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, en
 from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
-from workers.lora.model import apply_lora, enable_checkpointing, load_model
-from workers.lora.optimizer import apply_update, build_optimizer
+from workers.lora.model import apply_lora, enable_checkpointing, load_model, lora_settings
+from workers.lora.optimizer import apply_update, build_optimizer, describe_optimizer
 
 MIB = 1024 * 1024
 Log = Callable[[str], None]
@@ -44,6 +44,8 @@ class TrainOutcome:
     # the longest prompt after truncation, over all splits: batches are padded to their longest
     # item, so this (not max_seq_len) bounds the activations; orch learns it per model and data
     longest_tokens: int = 0
+    # what ran, for result.json: the applied LoRA settings, parameter counts, the optimizer
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def select_device() -> torch.device:
@@ -171,6 +173,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     updates_per_epoch = math.ceil(len(train_loader) / accum)
     total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
     optimizer, scheduler = build_optimizer(params, config, total_steps)
+    settings = lora_settings(model) | {"optimizer": describe_optimizer(config, total_steps)}
     primary = PRIMARY_METRIC[task]
     log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
         f"{total_steps} optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
@@ -244,6 +247,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         losses=losses,
         memory=peak_memory(device),
         longest_tokens=max((len(e.input_ids) for split in encoded.values() for e in split), default=0),
+        settings=settings,
     )
 
 
