@@ -139,7 +139,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     assert config.data_dir is not None  # checked before training starts
     splits = load_splits(config.data, config.data_dir)
     dtype = torch.bfloat16 if config.prec == "bf16" else torch.float32
-    model, tokenizer, kind = load_model(config, dtype)
+    model, tokenizer, kind = load_model(config, dtype, log)
     torch.manual_seed(config.seed)  # LoRA init depends on the seed, not on how the base was built
     model, warnings = apply_lora(model, config.peft, kind)
     for warning in warnings:
