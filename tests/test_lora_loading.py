@@ -1,5 +1,6 @@
-"""Loading the model: only a missing path or a bad config is a config error (never retried); a
-transient read error is tried again, then fails the attempt as retryable."""
+"""The model as the LoRA worker meets it. Loading: only a missing path or a bad config is a config
+error (never retried); a transient read error is tried again, then fails the attempt as
+retryable. Calling: `logits_to_keep` reaches the model under the name its forward takes."""
 
 from __future__ import annotations
 
@@ -100,3 +101,61 @@ def test_a_missing_file_or_a_bad_config_is_a_config_error(
     code, result = run(tmp_path / "run", data_dir, copy)
     assert (code, result["status"]) == (EXIT_CONFIG_ERROR, "config_error")
     assert result["error"].startswith(f"cannot load model from {copy}: ")
+
+
+class _Output:
+    def __init__(self, logits: Any) -> None:
+        self.logits = logits
+
+
+class OldLlama(torch.nn.Module):  # transformers 4.45-4.49 named it num_logits_to_keep
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, Any] = {}
+
+    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any = None,
+                num_logits_to_keep: int = 0) -> _Output:  # fmt: skip
+        self.seen = {"num_logits_to_keep": num_logits_to_keep}
+        return _Output(torch.zeros(input_ids.shape[0], input_ids.shape[1], 5))
+
+
+class NoKeep(OldLlama):
+    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any = None) -> _Output:  # type: ignore[override]
+        return _Output(torch.zeros(input_ids.shape[0], input_ids.shape[1], 5))
+
+
+def test_logits_to_keep_is_passed_under_the_name_the_model_takes() -> None:
+    from workers.lora import train
+
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3),
+             "position_ids": torch.zeros(2, 3, dtype=torch.long)}  # fmt: skip
+    old = OldLlama()
+    assert train.answer_logits(old, batch, 1, "llama").shape == (2, 5)
+    assert old.seen == {"num_logits_to_keep": 1}
+    assert train.logits_to_keep_argument(NoKeep()) is None
+    assert train.answer_logits(NoKeep(), batch, 1, "llama").shape == (
+        2,
+        5,
+    )  # nothing unknown passed
+    tiny, _ = lora_model.build_tiny_llama()
+    assert train.logits_to_keep_argument(tiny) == "logits_to_keep"
+
+
+def test_a_model_without_logits_to_keep_is_warned_of(
+    tmp_path: Path, data_dir: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from workers.lora import train
+
+    monkeypatch.setattr(train, "logits_to_keep_argument", lambda model: None)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "model": "tiny-llama", "data": "glue-tvt_rte", "data_dir": str(data_dir), "max_steps": 1,
+        "prec": "fp32", "no_save": True, "logits_to_keep": 1,
+    }))  # fmt: skip
+    assert main(["--run-dir", str(run_dir)]) == EXIT_OK
+    assert (
+        "logits_to_keep: 1 has no effect: this model's forward takes neither"
+        in capsys.readouterr().err
+    )

@@ -92,14 +92,18 @@ def answer_logits(
     }
     if kind != "gla":  # GLA has no position embeddings; Llama needs them to skip left padding
         inputs["position_ids"] = batch["position_ids"]
-    if logits_to_keep > 0 and _accepts_logits_to_keep(model):
-        inputs["logits_to_keep"] = logits_to_keep
+    argument = logits_to_keep_argument(model) if logits_to_keep > 0 else None
+    if argument is not None:
+        inputs[argument] = logits_to_keep
     return model(**inputs).logits[:, -1, :].float()
 
 
-def _accepts_logits_to_keep(model: Any) -> bool:
+def logits_to_keep_argument(model: Any) -> str | None:
+    """The name the model's forward gives the logits-to-keep count: `logits_to_keep`
+    (transformers >= 4.50), `num_logits_to_keep` (4.45-4.49), or None when it takes neither."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    parameters = inspect.signature(base.forward).parameters
+    return next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
 
 
 def train_step(
@@ -146,6 +150,9 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         log(f"warning: {warning}")
     if config.gradient_checkpointing:
         enable_checkpointing(model)
+    if config.logits_to_keep > 0 and logits_to_keep_argument(model) is None:
+        log(f"warning: logits_to_keep: {config.logits_to_keep} has no effect: this model's forward "
+            "takes neither logits_to_keep nor num_logits_to_keep, so it computes every position's logits")  # fmt: skip
     model.to(device)
     model.train()
     answer_ids = answer_token_ids(tokenizer, task)
