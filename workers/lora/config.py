@@ -32,11 +32,12 @@ KNOWN_KEYS = frozenset(
         "logits_to_keep", "num_data_workers", "max_seq_len", "eval_every_steps", "no_save",
     }
 )  # fmt: skip
-# The optimizer's keys; the defaults keep the worker's earlier behaviour (HF Trainer's differ:
+# The optimizer's keys (and the eval batch); the defaults keep the worker's earlier behaviour (HF Trainer's differ:
 # weight_decay 0.0, lr_scheduler linear; warm-up 0 and max_grad_norm 1.0 are the same).
 OPTIMIZER_KEYS = frozenset(
-    {"weight_decay", "lr_scheduler", "warmup_steps", "warmup_ratio", "max_grad_norm"}
-)
+    {"weight_decay", "lr_scheduler", "warmup_steps", "warmup_ratio", "max_grad_norm",
+     "eval_batch_size"}
+)  # fmt: skip
 LR_SCHEDULES = ("constant", "linear", "cosine")
 TRAINING_KEYS = KNOWN_KEYS | OPTIMIZER_KEYS
 # Keys orch itself adds to a suite config (memory hints, bookkeeping): not ours, not a mistake.
@@ -72,6 +73,7 @@ class RunConfig:
     warmup_steps: int = 0  # HF Trainer: 0; wins over warmup_ratio when positive
     warmup_ratio: float = 0.0  # HF Trainer: 0.0
     max_grad_norm: float = 1.0  # HF Trainer: 1.0; 0 turns clipping off
+    eval_batch_size: int | None = None  # None: 2 x batch_size, so it follows the ladder's halving
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -137,6 +139,7 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
         eval_every_steps=_optional(raw, "eval_every_steps", _positive_int),
         no_save=_bool("no_save", raw.get("no_save", False)),
         **optimizer_settings(raw),
+        eval_batch_size=_optional(raw, "eval_batch_size", _positive_int),
         warnings=tuple(warnings),
     )
 

@@ -118,16 +118,19 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], task: str, kind: str,
-             device: torch.device, autocast: Callable[[], Any]) -> dict[str, float]:  # fmt: skip
+             device: torch.device, autocast: Callable[[], Any],
+             beat: Callable[[int, int], None] = lambda done, total: None) -> dict[str, float]:  # fmt: skip
+    """Scores of the model on a loader; `beat(batches done, batches)` after each batch."""
     model.eval()
     predictions: list[int] = []
     labels: list[int] = []
-    for batch in loader:
+    for done, batch in enumerate(loader, start=1):
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast():
             logits = answer_logits(model, batch, 1, kind)
         predictions += logits[:, answer_ids].argmax(-1).tolist()
         labels += batch["labels"].tolist()
+        beat(done, len(loader))
     model.train()
     return task_metrics(task, predictions, labels)
 
@@ -164,10 +167,14 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     train_loader = build_loader(
         encoded["train"], config.batch_size, collator, config.num_data_workers, True, config.seed
     )
+    # Evaluation keeps no activations for backward: a larger batch, longest prompts first (an
+    # OOM shows at once; similar lengths share a batch, so little padding). Scores do not depend
+    # on the order or the batch beyond float rounding.
     eval_loaders = {
-        name: build_loader(encoded[name], config.batch_size, collator, 0, False, 0)
+        name: build_loader(sorted(encoded[name], key=lambda e: -len(e.input_ids)),
+                           config.eval_batch_size or 2 * config.batch_size, collator, 0, False, 0)
         for name in ("val", "test")
-    }
+    }  # fmt: skip
 
     def autocast() -> Any:
         if config.prec == "bf16":
@@ -191,9 +198,20 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     losses: list[float] = []
     beat_interval_s = float(os.environ.get("ORCH_HEARTBEAT_S", "5"))
 
+    def eval_beat(split: str) -> Callable[[int, int], None]:
+        def beat(done: int, batches: int) -> None:  # liveness while a long evaluation runs
+            nonlocal last_beat_s
+            if time.monotonic() - last_beat_s >= beat_interval_s:
+                last_beat_s = time.monotonic()
+                heartbeat.beat(step, total_steps, None, None, peak_memory(device)["peak_mem_mib"],
+                               eval_split=split, eval_batches_done=done, eval_batches=batches)  # fmt: skip
+
+        return beat
+
     def evaluate_val() -> None:
         nonlocal best_score, best_step, best_val, best_state
-        scores = evaluate(model, eval_loaders["val"], answer_ids, task, kind, device, autocast)
+        scores = evaluate(model, eval_loaders["val"], answer_ids, task, kind, device, autocast,
+                          eval_beat("val"))  # fmt: skip
         if scores[primary] > best_score:
             best_score, best_step, best_val = scores[primary], step, scores
             best_state = {
@@ -241,7 +259,8 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         named = dict(model.named_parameters())
         for name, value in best_state.items():
             named[name].copy_(value)
-    test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast)
+    test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast,
+                           eval_beat("test"))  # fmt: skip
     if not config.no_save:
         model.save_pretrained(run_dir / "adapter")
     return TrainOutcome(
