@@ -93,6 +93,9 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
     # true: the test metrics were scored on the split that also chose the best epoch
     "test_is_val": (lambda v: isinstance(v, bool), "true or false"),
+    # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
+    # statistically equal to one at the configured batch, not bit-equal
+    "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "t": (_number_in(0, 1e11), "a time in seconds"),

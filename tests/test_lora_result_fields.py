@@ -62,13 +62,19 @@ def test_test_is_val_is_written_and_read_back(
     assert ("result.json says test_is_val" in capsys.readouterr().err) is flag
 
 
-def test_reader_keeps_only_a_boolean_test_is_val(tmp_path: Path) -> None:
+def test_reader_keeps_only_a_boolean_test_is_val_and_a_dropout_probability(tmp_path: Path) -> None:
     run_dir = attempt_dir(tmp_path)
-    (run_dir / "result.json").write_text(json.dumps({"status": "succeeded", "test_is_val": "yes"}))
+    written = {"status": "succeeded", "test_is_val": "yes", "lora_dropout": 2}
+    (run_dir / "result.json").write_text(json.dumps(written))
     problems: list[str] = []
     result = read_result(run_dir, problems)
-    assert result is not None and "test_is_val" not in result
-    assert problems == ["result.json: test_is_val must be true or false, not 'yes'"]
+    assert result is not None and "test_is_val" not in result and "lora_dropout" not in result
+    assert problems == [
+        "result.json: test_is_val must be true or false, not 'yes'",
+        "result.json: lora_dropout must be a number from 0 to 1 or null, not 2",
+    ]
+    (run_dir / "result.json").write_text(json.dumps(written | {"lora_dropout": 0.05}))
+    assert read_result(run_dir)["lora_dropout"] == 0.05  # type: ignore[index]
 
 
 def test_effective_lora_settings_and_optimizer_are_recorded(
@@ -87,6 +93,7 @@ def test_effective_lora_settings_and_optimizer_are_recorded(
         "layers_to_transform": None, "use_dora": False, "use_rslora": False, "bias": "none",
         "modules_to_save": None, "exclude_modules": None,
     }  # fmt: skip
+    assert result["lora_dropout"] == 0.1
     # q_proj and v_proj (32 -> 32) in 2 layers at r=4: 4 x (4x32 + 32x4) parameters
     assert result["trainable_params"] == 4 * (4 * 32 + 32 * 4)
     assert result["total_params"] > 10 * result["trainable_params"]

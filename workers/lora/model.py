@@ -210,6 +210,8 @@ def lora_settings(model: Any) -> dict[str, Any]:
         lora[name] = sorted(value) if isinstance(value, set | frozenset) else value
     return {
         "lora": lora,
+        # top level too, for orch: dropout > 0 makes a halved batch draw other masks
+        "lora_dropout": float(lora["lora_dropout"] or 0.0),
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "total_params": sum(p.numel() for p in model.parameters()),
     }
