@@ -21,7 +21,8 @@ def base(**extra: object) -> dict[str, object]:
 
 
 def test_defaults_warnings_and_orch_keys(tmp_path: Path) -> None:
-    config = parse_config(base(sim_mem_gib=3, mem_gib=2, orch_note="x"), tmp_path, {})
+    orch_keys = {"sim_mem_gib": 3, "mem_gib": 2, "orch_note": "x", "host_mem_gib": 8, "cpus": 2}
+    config = parse_config(base(**orch_keys), tmp_path, {})
     assert config.batch_size == 8 and config.max_seq_len == 256 and config.num_epochs == 1
     assert config.logits_to_keep == 0 and config.prec == "bf16"
     joined = " ".join(config.warnings)

@@ -56,9 +56,10 @@ def test_unknown_lora_keys_are_refused_at_submit(
 
 def test_known_and_orch_keys_are_accepted(orch: OrchRunner, tmp_path: Path) -> None:
     config = {**CONFIG, "lr_scheduler": "linear", "warmup_ratio": 0.1, "max_grad_norm": 1.0,
-              "sim_mem_gib": 3, "orch_note": "x"}  # fmt: skip
+              "sim_mem_gib": 3, "orch_note": "x", "host_mem_gib": 8, "cpus": 2}  # fmt: skip
     plans = write_plans(tmp_path, config)
     result = orch(
-        "submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), "--dry-run"
-    )
+        "submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), "--dry-run",
+        "--set", "weight_decay=0", "--set", "eval_batch_size=32",
+    )  # fmt: skip
     assert result.rc == 0, result

@@ -40,8 +40,11 @@ OPTIMIZER_KEYS = frozenset(
 )  # fmt: skip
 LR_SCHEDULES = ("constant", "linear", "cosine")
 TRAINING_KEYS = KNOWN_KEYS | OPTIMIZER_KEYS
-# Keys orch itself adds to a suite config (memory hints, bookkeeping): not ours, not a mistake.
-ORCH_KEYS = frozenset({"mem_gib", "suite", "name", "level", "priority"})
+# Keys orch itself reads from or adds to a suite config (memory hints, the job's GPUs, CPU cores
+# and host RAM, bookkeeping): not ours, not a mistake.
+ORCH_KEYS = frozenset(
+    {"mem_gib", "suite", "name", "level", "priority", "gpus", "cpus", "host_mem_gib"}
+)
 ORCH_KEY_PREFIXES = ("sim_", "orch_")
 
 
