@@ -233,7 +233,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
                         batch["labels"]
                     )
             update = apply_update(optimizer, scheduler, params, config.max_grad_norm,
-                                     loss_total / group_samples, step + 1, total_steps)  # fmt: skip
+                                  loss_total / group_samples, step + 1, total_steps)  # fmt: skip
             step += 1
             samples_seen += group_samples
             losses.append(loss_total / group_samples)
