@@ -91,7 +91,11 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
-    "test_is_val": (lambda v: isinstance(v, bool), "true or false"),  # "test" scored on the validation split
+    # true: the test metrics were scored on the split that also chose the best epoch
+    "test_is_val": (lambda v: isinstance(v, bool), "true or false"),
+    # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
+    # statistically equal to one at the configured batch, not bit-equal
+    "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "t": (_number_in(0, 1e11), "a time in seconds"),

@@ -21,11 +21,20 @@ def base(**extra: object) -> dict[str, object]:
 
 
 def test_defaults_warnings_and_orch_keys(tmp_path: Path) -> None:
-    config = parse_config(base(foo=1, sim_mem_gib=3, mem_gib=2), tmp_path, {})
+    orch_keys = {"sim_mem_gib": 3, "mem_gib": 2, "orch_note": "x", "host_mem_gib": 8, "cpus": 2}
+    config = parse_config(base(**orch_keys), tmp_path, {})
     assert config.batch_size == 8 and config.max_seq_len == 256 and config.num_epochs == 1
     assert config.logits_to_keep == 0 and config.prec == "bf16"
     joined = " ".join(config.warnings)
-    assert "'foo'" in joined and "sim_mem_gib" not in joined and "mem_gib" not in joined
+    assert "sim_mem_gib" not in joined and "mem_gib" not in joined and "orch_note" not in joined
+
+
+def test_an_unknown_training_key_is_a_config_error(tmp_path: Path) -> None:
+    # a misspelt key must not train with the default instead of what the researcher meant
+    with pytest.raises(ConfigError, match=r"^unknown config key 'warmup_step' \(known: .*warmup_steps"):
+        parse_config(base(warmup_step=100), tmp_path, {})
+    with pytest.raises(ConfigError, match=r"^unknown config keys 'foo', 'warmup_step' \("):
+        parse_config(base(warmup_step=100, foo=1), tmp_path, {})
 
 
 @pytest.mark.parametrize(
@@ -138,7 +147,7 @@ def test_gla_targets_translate_for_llama() -> None:
         translate_targets(["attn.g_proj", "attn.gk_proj.1"])
 
 
-def test_lora_kwargs_short_keys_and_env_overrides() -> None:
+def test_lora_kwargs_short_keys_and_no_env_overrides() -> None:
     spec = {
         "r": 8,
         "alpha": 16,
@@ -148,9 +157,10 @@ def test_lora_kwargs_short_keys_and_env_overrides() -> None:
         "junk": 1,
     }
     kwargs, warnings = lora_kwargs(spec, "llama", {"ORCH_LORA_R": "4", "ORCH_LORA_DROPOUT": "0"})
-    assert kwargs == {"task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 16, "lora_dropout": 0.0,
+    assert kwargs == {"task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
                       "target_modules": ["q_proj"], "use_dora": True}  # fmt: skip
     assert any("junk" in w for w in warnings)
+    assert "ORCH_LORA_R is not read: set the LoRA setting in the peft spec" in warnings
     gla, _ = lora_kwargs(spec, "gla", {})
     assert gla["target_modules"] == ["attn.q_proj"]  # GLA keeps its own names
     with pytest.raises(ConfigError):

@@ -10,6 +10,7 @@ library); nothing else of orchestrator is imported here, so a worker starts fast
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -28,6 +29,18 @@ STATUS_SUCCEEDED = "succeeded"
 STATUS_OOM = "oom"
 STATUS_FAILED = "failed"
 STATUS_CONFIG_ERROR = "config_error"
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None: JSON has no such numbers, and
+    Python's bare `NaN` would make the whole record unreadable to a strict reader."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(item) for item in value]
+    return value
 
 
 class Heartbeat:
@@ -55,7 +68,7 @@ class Heartbeat:
         }
         record.update(extra)
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, default=str) + "\n")
+            handle.write(json.dumps(finite_json(record), default=str, allow_nan=False) + "\n")
             handle.flush()
 
 
@@ -82,7 +95,7 @@ def write_result(
         "seconds": seconds,
     }
     payload.update(extra)
-    write_json(RunDir(run_dir).result, payload, parents=True)
+    write_json(RunDir(run_dir).result, finite_json(payload), parents=True)
 
 
 def read_last_progress(run_dir: Path) -> dict[str, Any] | None:

@@ -39,6 +39,7 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "gradient_accumulation_steps", "gradient_checkpointing", "logits_to_keep",
         "num_data_workers", "data", "data_dir", "max_steps", "max_seq_len", "no_save",
         "eval_every_steps", "weight_decay", "warmup_steps",
+        "warmup_ratio", "lr_scheduler", "max_grad_norm", "eval_batch_size",
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
         "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind",
         "gpus", "cpus", "host_mem_gib", "sim_host_gib",

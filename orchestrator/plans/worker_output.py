@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
 from orchestrator.plans.template import check_config_keys, parse_template
+from workers.lora.config import unknown_keys, unknown_keys_message  # yaml only, no torch
 
 if TYPE_CHECKING:  # suite.py imports this module
     from orchestrator.plans.suite import JobSpec, Suite
@@ -61,6 +62,8 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
         if suite.keys.script_key(knob) in ladder_sets - {knob}:
             raise PlanError(f"suite {suite.path}: a ladder `set:` changes {suite.keys.script_key(knob)!r} "
                             f"(orch's {knob}): use halve_batch, which keeps batch x accumulation")
+    if suite.worker == "lora":
+        check_lora_config_keys(suite, jobs, ladder_sets)
     if suite.worker in ("lora", "sim"):
         return
     settable = set(suite.keys.script_keys()) | set(overrides) | ladder_sets
@@ -68,3 +71,18 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
     if not configs:  # nothing selected: check against the suite's configs as they are
         configs = {c.name: c.content for c in suite.configs}
     check_config_keys(parse_template(suite.worker), configs, settable)
+
+
+def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: set[str]) -> None:
+    """Refuse a key the LoRA worker does not know (a misspelt `warmup_step` would otherwise run
+    without warm-up), in the submitted configs or the suite ladder's `set:`."""
+    configs = {job.config_name: job.config for job in jobs}
+    if not configs:
+        configs = {c.name: c.content for c in suite.configs}
+    for name, config in configs.items():
+        unknown = unknown_keys(config)
+        if unknown:
+            raise PlanError(f"suite {suite.name}, config {name}: {unknown_keys_message(unknown)}")
+    unknown = unknown_keys(dict.fromkeys(ladder_sets))
+    if unknown:
+        raise PlanError(f"suite {suite.name}, ladder set: {unknown_keys_message(unknown)}")

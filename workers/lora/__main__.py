@@ -26,7 +26,7 @@ from workers.harness import (
     write_result,
 )
 from workers.lora.config import ConfigError, RunConfig, load_config
-from workers.lora.data import find_source, parse_data_name
+from workers.lora.data import find_source, parse_data_name, test_is_validation
 
 # Messages of device out-of-memory errors (torch, CUDA runtime, cuBLAS, Triton, NCCL).
 OOM_SIGNATURES = (
@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         for warning in config.warnings:
             log(f"warning: {warning}")
         check_inputs(config)
+        if test_is_validation(config.data):
+            log(f"warning: {config.data} scores test on the validation split that also picks the "
+                "best epoch; result.json says test_is_val (use glue-tvt_ for a held-out test)")  # fmt: skip
         from workers.lora import train  # torch is imported only once the config is known good
 
         outcome = train.run(config, run_dir, Heartbeat(run_dir), log)
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         best_step=outcome.best_step,
         final_loss=outcome.losses[-1] if outcome.losses else None,
         longest_tokens=outcome.longest_tokens,
+        test_is_val=test_is_validation(config.data),
+        **outcome.settings,
         **outcome.memory,
     )
     log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")

@@ -58,6 +58,9 @@ def run_identity(config: RunConfig) -> dict[str, Any]:
         "effective_batch_size": config.effective_batch_size, "learning_rate": config.learning_rate,
         "num_epochs": config.num_epochs, "max_steps": config.max_steps, "prec": config.prec,
         "max_seq_len": config.max_seq_len, "eval_every_steps": config.eval_every_steps,
+        "weight_decay": config.weight_decay, "lr_scheduler": config.lr_scheduler,
+        "warmup_steps": config.warmup_steps, "warmup_ratio": config.warmup_ratio,
+        "max_grad_norm": config.max_grad_norm,
     }  # fmt: skip
 
 
@@ -67,7 +70,8 @@ def trainable(model: Any) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(
     run_dir: Path, loop: LoopState, model: Any, optimizer: torch.optim.Optimizer,
-    best_weights: dict[str, torch.Tensor], config: RunConfig,
+    scheduler: torch.optim.lr_scheduler.LRScheduler, best_weights: dict[str, torch.Tensor],
+    config: RunConfig,
 ) -> Path:  # fmt: skip
     """Write `run_dir/checkpoint-<step>` atomically and remove the older ones; returns its path."""
     final = run_dir / f"checkpoint-{loop.step}"
@@ -83,6 +87,7 @@ def save_checkpoint(
     _save(partial / "lora.pt", weights)
     _save(partial / "best.pt", {name: v.detach().cpu() for name, v in best_weights.items()})
     _save(partial / "optimizer.pt", optimizer.state_dict())
+    _save(partial / "scheduler.pt", scheduler.state_dict())  # where warm-up and decay stand
     _save(partial / "rng.pt", rng)
     _write_synced(partial / STATE_FILE, json.dumps(state, sort_keys=True).encode())
     _fsync_dir(partial)
@@ -106,8 +111,9 @@ def remove_checkpoints(run_dir: Path, below_step: int | None = None) -> None:
 
 
 def load_checkpoint(
-    path: Path, model: Any, optimizer: torch.optim.Optimizer, config: RunConfig
-) -> tuple[LoopState, dict[str, torch.Tensor]]:
+    path: Path, model: Any, optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler, config: RunConfig,
+) -> tuple[LoopState, dict[str, torch.Tensor]]:  # fmt: skip
     """Restore the weights, optimizer and RNG from `path`; returns the loop's state and the
     best-on-val weights. ConfigError when it is not a checkpoint of this run."""
     state_path = path / STATE_FILE
@@ -137,6 +143,7 @@ def load_checkpoint(
             params[name].copy_(value)
     best = {name: value.to(device) for name, value in _load(path / "best.pt").items()}
     optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    scheduler.load_state_dict(_load(path / "scheduler.pt"))
     rng = _load(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():

@@ -1,12 +1,14 @@
 """The worker's YAML config: parsing, validation and path resolution (no torch here).
 
 Keys follow the researchers' existing training scripts so one config file serves both.
-Unknown keys are ignored with a warning; orch's own keys are ignored silently.
+An unknown key is an error (a misspelt `warmup_step` must not train without warm-up); orch's
+own keys are ignored silently.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,8 +35,19 @@ KNOWN_KEYS = frozenset(
 # Checkpoints (workers/lora/checkpoint.py): how often, and the one a resumed attempt starts from.
 DEFAULT_CHECKPOINT_EVERY_STEPS = 200
 RESUME_KEYS = frozenset({"checkpoint_every_steps", "resume_from_checkpoint"})
-# Keys orch itself adds to a suite config (memory hints, bookkeeping): not ours, not a mistake.
-ORCH_KEYS = frozenset({"mem_gib", "suite", "name", "level", "priority"})
+# The optimizer's keys (and the eval batch); the defaults keep the worker's earlier behaviour (HF Trainer's differ:
+# weight_decay 0.0, lr_scheduler linear; warm-up 0 and max_grad_norm 1.0 are the same).
+OPTIMIZER_KEYS = frozenset(
+    {"weight_decay", "lr_scheduler", "warmup_steps", "warmup_ratio", "max_grad_norm",
+     "eval_batch_size"}
+)  # fmt: skip
+LR_SCHEDULES = ("constant", "linear", "cosine")
+TRAINING_KEYS = KNOWN_KEYS | OPTIMIZER_KEYS | RESUME_KEYS
+# Keys orch itself reads from or adds to a suite config (memory hints, the job's GPUs, CPU cores
+# and host RAM, bookkeeping): not ours, not a mistake.
+ORCH_KEYS = frozenset(
+    {"mem_gib", "suite", "name", "level", "priority", "gpus", "cpus", "host_mem_gib"}
+)
 ORCH_KEY_PREFIXES = ("sim_", "orch_")
 
 
@@ -63,6 +76,12 @@ class RunConfig:
     no_save: bool = False
     checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS  # 0: never
     resume_from_checkpoint: Path | None = None
+    weight_decay: float = 0.01  # torch's AdamW default; HF Trainer: 0.0
+    lr_scheduler: str = "constant"  # HF Trainer: linear
+    warmup_steps: int = 0  # HF Trainer: 0; wins over warmup_ratio when positive
+    warmup_ratio: float = 0.0  # HF Trainer: 0.0
+    max_grad_norm: float = 1.0  # HF Trainer: 1.0; 0 turns clipping off
+    eval_batch_size: int | None = None  # None: 2 x batch_size, so it follows the ladder's halving
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -86,11 +105,10 @@ def load_config(path: Path, env: Mapping[str, str] | None = None) -> RunConfig:
 
 def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str]) -> RunConfig:
     """Validate a config mapping; relative paths resolve against `config_dir`."""
-    warnings = [
-        f"ignoring unknown config key {key!r}"
-        for key in sorted(raw)
-        if key not in KNOWN_KEYS | RESUME_KEYS and key not in ORCH_KEYS and not key.startswith(ORCH_KEY_PREFIXES)
-    ]
+    unknown = unknown_keys(raw)
+    if unknown:
+        raise ConfigError(unknown_keys_message(unknown))
+    warnings: list[str] = []
     if "model" not in raw:
         raise ConfigError("config key 'model' is missing")
     if "data" not in raw:
@@ -132,8 +150,46 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
             "checkpoint_every_steps", raw.get("checkpoint_every_steps", DEFAULT_CHECKPOINT_EVERY_STEPS)
         ),
         resume_from_checkpoint=_resume_path(raw.get("resume_from_checkpoint"), config_dir),
+        **optimizer_settings(raw),
+        eval_batch_size=_optional(raw, "eval_batch_size", _positive_int),
         warnings=tuple(warnings),
     )
+
+
+def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
+    """The keys of a config neither the worker nor orch knows, sorted."""
+    return sorted(
+        str(key) for key in raw
+        if key not in TRAINING_KEYS and key not in ORCH_KEYS
+        and not str(key).startswith(ORCH_KEY_PREFIXES)
+    )  # fmt: skip
+
+
+def unknown_keys_message(unknown: list[str]) -> str:
+    named = ", ".join(repr(key) for key in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    return f"unknown config key{plural} {named} (known: {', '.join(sorted(TRAINING_KEYS))})"
+
+
+def optimizer_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    schedule = str(raw.get("lr_scheduler") or "constant").lower()
+    if schedule not in LR_SCHEDULES:
+        raise ConfigError(
+            f"config key 'lr_scheduler' must be one of {', '.join(LR_SCHEDULES)}, got {raw['lr_scheduler']!r}"
+        )
+    warmup_ratio = _non_negative_float("warmup_ratio", raw.get("warmup_ratio", 0.0))
+    if warmup_ratio > 1:
+        raise ConfigError(f"config key 'warmup_ratio' must be at most 1, got {warmup_ratio!r}")
+    max_grad_norm = raw.get("max_grad_norm", 1.0)
+    if max_grad_norm is None:  # null: no clipping, as 0
+        max_grad_norm = 0.0
+    return {
+        "weight_decay": _non_negative_float("weight_decay", raw.get("weight_decay", 0.01)),
+        "lr_scheduler": schedule,
+        "warmup_steps": _non_negative_int("warmup_steps", raw.get("warmup_steps", 0)),
+        "warmup_ratio": warmup_ratio,
+        "max_grad_norm": _non_negative_float("max_grad_norm", max_grad_norm),
+    }
 
 
 def resolve_model(value: str, config_dir: Path) -> str:
@@ -214,8 +270,18 @@ def _positive_float(key: str, value: Any) -> float:
         number = float(value)  # YAML reads "1e-4" (no dot) as a string
     except (TypeError, ValueError):
         raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
-    if not number > 0:
-        raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"config key {key!r} must be a finite positive number, got {value!r}")
+    return number
+
+
+def _non_negative_float(key: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not (math.isfinite(number) and number >= 0):
+        raise ConfigError(f"config key {key!r} must be a finite number >= 0, got {value!r}")
     return number
 
 

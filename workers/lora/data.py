@@ -98,6 +98,12 @@ def parse_data_name(name: str) -> DataName:
     return DataName(kind, task, int(subset) if subset else None)
 
 
+def test_is_validation(name: str) -> bool:
+    """`glue_<task>` scores test on the official validation split, the one that also picked the
+    best epoch: the test figure is then optimistic, and result.json says so (`test_is_val`)."""
+    return parse_data_name(name).kind == "glue"
+
+
 def find_source(data_dir: Path, task: str) -> tuple[str, Path]:
     """Which format holds `task` under `data_dir`: ("tsv"|"jsonl"|"hf", folder)."""
     spec = TASKS[task]

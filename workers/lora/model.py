@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +18,17 @@ from workers.lora.data import DIGIT_WORDS, TASKS
 from workers.lora.peft_spec import lora_kwargs
 from workers.lora.sample_data import VOCABULARY
 
+# Waits before the second and third try of reading a model whose read failed for a reason
+# other than a missing file.
+LOAD_RETRY_WAITS_S = (5.0, 30.0)
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
 TINY_HIDDEN = 32
 TINY_LAYERS = 2
 TINY_HEADS = 2
+
+
+class ModelLoadError(RuntimeError):
+    """Reading the model failed for a reason other than a missing file or a bad config."""
 
 
 def model_kind(model: str) -> str:
@@ -29,7 +39,7 @@ def model_kind(model: str) -> str:
         return "llama"
     try:
         config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read {model}/config.json: {exc}") from None
     return "gla" if config.get("model_type") == "gla" else "llama"
 
@@ -112,7 +122,9 @@ def save_tiny_llama(directory: Path, seed: int = 0) -> Path:
     return Path(directory)
 
 
-def load_model(config: RunConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
+def load_model(
+    config: RunConfig, dtype: torch.dtype, log: Callable[[str], None] | None = None
+) -> tuple[Any, Any, str]:
     """(model on CPU in `dtype`, tokenizer with left padding, model kind)."""
     kind = model_kind(config.model)
     if config.model == "tiny-llama":
@@ -123,23 +135,54 @@ def load_model(config: RunConfig, dtype: torch.dtype) -> tuple[Any, Any, str]:
         if kind == "gla":
             require_fla()
             import fla  # noqa: F401
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                config.model, dtype=dtype, local_files_only=True
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(
-                f"cannot load model from {config.model}: {str(exc).splitlines()[0]}"
-            ) from None
+        model, tokenizer = load_pretrained(config.model, dtype, log or (lambda _: None))
     model = model.to(dtype)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.use_cache = False
     return model, tokenizer, kind
+
+
+def load_pretrained(directory: str, dtype: torch.dtype, log: Callable[[str], None]) -> tuple[Any, Any]:
+    """(model, tokenizer) from a local directory. A missing file or a config transformers
+    refuses is a config error (retrying cannot help); any other OSError (an NFS hiccup, EIO,
+    too many open files) is tried again after a wait, then fails the attempt, which orch may
+    retry: a flaky disk must not mark a good config as wrong for good."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for attempt, wait_s in enumerate((*LOAD_RETRY_WAITS_S, None), start=1):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+            return model, tokenizer
+        except (ValueError, KeyError) as exc:
+            raise ConfigError(f"cannot load model from {directory}: {_first_line(exc)}") from None
+        except OSError as exc:
+            if _is_missing(exc, directory):
+                raise ConfigError(f"cannot load model from {directory}: {_first_line(exc)}") from None
+            if wait_s is None:
+                raise ModelLoadError(
+                    f"cannot read model from {directory} (tried {attempt} times): {_first_line(exc)}"
+                ) from exc
+            log(f"warning: reading the model failed ({_first_line(exc)}); trying again in {wait_s:g} s")
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
+def _is_missing(exc: OSError, directory: str) -> bool:
+    """A path that is not there: ENOENT/ENOTDIR, the directory gone, or transformers' own
+    errno-less OSError for a file the directory lacks (weights, tokenizer files)."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return True
+    if not (Path(directory) / "config.json").is_file():
+        return True
+    return exc.errno is None and not isinstance(exc, TimeoutError | ConnectionError)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def apply_lora(model: Any, spec: dict[str, Any], kind: str) -> tuple[Any, list[str]]:
@@ -151,6 +194,27 @@ def apply_lora(model: Any, spec: dict[str, Any], kind: str) -> tuple[Any, list[s
         return get_peft_model(model, lora_config), warnings
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid LoRA spec: {str(exc).splitlines()[0]}") from None
+
+
+LORA_SETTINGS = ("r", "lora_alpha", "lora_dropout", "target_modules", "layers_to_transform",
+                 "use_dora", "use_rslora", "bias", "modules_to_save", "exclude_modules")  # fmt: skip
+
+
+def lora_settings(model: Any) -> dict[str, Any]:
+    """For result.json: the LoRA settings peft applied (after the spec's translation for this
+    model) as `lora`, and the trainable and total parameter counts."""
+    applied = model.peft_config["default"]
+    lora: dict[str, Any] = {}
+    for name in LORA_SETTINGS:
+        value = getattr(applied, name, None)
+        lora[name] = sorted(value) if isinstance(value, set | frozenset) else value
+    return {
+        "lora": lora,
+        # top level too, for orch: dropout > 0 makes a halved batch draw other masks
+        "lora_dropout": float(lora["lora_dropout"] or 0.0),
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "total_params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def enable_checkpointing(model: Any) -> None:

@@ -29,8 +29,9 @@ LORA_KEYS = frozenset(
         "init_lora_weights", "fan_in_fan_out", "exclude_modules",
     }
 )  # fmt: skip
-ENV_OVERRIDES = {"ORCH_LORA_R": ("r", int), "ORCH_LORA_ALPHA": ("lora_alpha", float),
-                 "ORCH_LORA_DROPOUT": ("lora_dropout", float)}  # fmt: skip
+# Once read from the environment over the spec; no more: a setting that changes the science
+# belongs in the config, where the job's identity and result.json see it.
+RETIRED_ENV = ("ORCH_LORA_R", "ORCH_LORA_ALPHA", "ORCH_LORA_DROPOUT")
 
 
 def lora_kwargs(
@@ -45,12 +46,9 @@ def lora_kwargs(
             kwargs[name] = value
         elif key not in ("peft_type", "base_model_name_or_path", "revision", "inference_mode"):
             warnings.append(f"ignoring unknown LoRA spec key {key!r}")
-    for variable, (name, cast) in ENV_OVERRIDES.items():
+    for variable in RETIRED_ENV:
         if env.get(variable):
-            try:
-                kwargs[name] = cast(env[variable])
-            except ValueError:
-                raise ConfigError(f"{variable}={env[variable]!r} is not a number") from None
+            warnings.append(f"{variable} is not read: set the LoRA setting in the peft spec")
     if not isinstance(kwargs.get("r", 8), int) or kwargs.get("r", 8) < 1:
         raise ConfigError(f"LoRA rank r must be a positive integer, got {kwargs.get('r')!r}")
     if not 0 <= float(kwargs.get("lora_dropout", 0.0)) < 1:

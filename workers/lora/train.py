@@ -23,7 +23,8 @@ from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoin
 from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
-from workers.lora.model import apply_lora, enable_checkpointing, load_model
+from workers.lora.model import apply_lora, enable_checkpointing, load_model, lora_settings
+from workers.lora.optimizer import apply_update, build_optimizer, describe_optimizer
 from workers.lora.order import EpochOrder
 
 MIB = 1024 * 1024
@@ -45,6 +46,8 @@ class TrainOutcome:
     # the longest prompt after truncation, over all splits: batches are padded to their longest
     # item, so this (not max_seq_len) bounds the activations; orch learns it per model and data
     longest_tokens: int = 0
+    # what ran, for result.json: the applied LoRA settings, parameter counts, the optimizer
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def select_device() -> torch.device:
@@ -94,14 +97,18 @@ def answer_logits(
     }
     if kind != "gla":  # GLA has no position embeddings; Llama needs them to skip left padding
         inputs["position_ids"] = batch["position_ids"]
-    if logits_to_keep > 0 and _accepts_logits_to_keep(model):
-        inputs["logits_to_keep"] = logits_to_keep
+    argument = logits_to_keep_argument(model) if logits_to_keep > 0 else None
+    if argument is not None:
+        inputs[argument] = logits_to_keep
     return model(**inputs).logits[:, -1, :].float()
 
 
-def _accepts_logits_to_keep(model: Any) -> bool:
+def logits_to_keep_argument(model: Any) -> str | None:
+    """The name the model's forward gives the logits-to-keep count: `logits_to_keep`
+    (transformers >= 4.50), `num_logits_to_keep` (4.45-4.49), or None when it takes neither."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    parameters = inspect.signature(base.forward).parameters
+    return next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
 
 
 def train_step(
@@ -116,16 +123,19 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], task: str, kind: str,
-             device: torch.device, autocast: Callable[[], Any]) -> dict[str, float]:  # fmt: skip
+             device: torch.device, autocast: Callable[[], Any],
+             beat: Callable[[int, int], None] = lambda done, total: None) -> dict[str, float]:  # fmt: skip
+    """Scores of the model on a loader; `beat(batches done, batches)` after each batch."""
     model.eval()
     predictions: list[int] = []
     labels: list[int] = []
-    for batch in loader:
+    for done, batch in enumerate(loader, start=1):
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast():
             logits = answer_logits(model, batch, 1, kind)
         predictions += logits[:, answer_ids].argmax(-1).tolist()
         labels += batch["labels"].tolist()
+        beat(done, len(loader))
     model.train()
     return task_metrics(task, predictions, labels)
 
@@ -141,13 +151,16 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     assert config.data_dir is not None  # checked before training starts
     splits = load_splits(config.data, config.data_dir)
     dtype = torch.bfloat16 if config.prec == "bf16" else torch.float32
-    model, tokenizer, kind = load_model(config, dtype)
+    model, tokenizer, kind = load_model(config, dtype, log)
     torch.manual_seed(config.seed)  # LoRA init depends on the seed, not on how the base was built
     model, warnings = apply_lora(model, config.peft, kind)
     for warning in warnings:
         log(f"warning: {warning}")
     if config.gradient_checkpointing:
         enable_checkpointing(model)
+    if config.logits_to_keep > 0 and logits_to_keep_argument(model) is None:
+        log(f"warning: logits_to_keep: {config.logits_to_keep} has no effect: this model's forward "
+            "takes neither logits_to_keep nor num_logits_to_keep, so it computes every position's logits")  # fmt: skip
     model.to(device)
     model.train()
     answer_ids = answer_token_ids(tokenizer, task)
@@ -160,10 +173,14 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     train_loader = build_loader(
         encoded["train"], config.batch_size, collator, config.num_data_workers, order, config.seed
     )
+    # Evaluation keeps no activations for backward: a larger batch, longest prompts first (an
+    # OOM shows at once; similar lengths share a batch, so little padding). Scores do not depend
+    # on the order or the batch beyond float rounding.
     eval_loaders = {
-        name: build_loader(encoded[name], config.batch_size, collator, 0, None, 0)
+        name: build_loader(sorted(encoded[name], key=lambda e: -len(e.input_ids)),
+                           config.eval_batch_size or 2 * config.batch_size, collator, 0, None, 0)
         for name in ("val", "test")
-    }
+    }  # fmt: skip
 
     def autocast() -> Any:
         if config.prec == "bf16":
@@ -171,11 +188,12 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         return contextlib.nullcontext()
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
     accum = config.gradient_accumulation_steps
     n_train = len(encoded["train"])
     updates_per_epoch = math.ceil(n_train / config.effective_batch_size)
     total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
+    optimizer, scheduler = build_optimizer(params, config, total_steps)
+    settings = lora_settings(model) | {"optimizer": describe_optimizer(config, total_steps)}
     primary = PRIMARY_METRIC[task]
     log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
         f"{total_steps} optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
@@ -186,9 +204,20 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     losses: list[float] = []
     beat_interval_s = float(os.environ.get("ORCH_HEARTBEAT_S", "5"))
 
+    def eval_beat(split: str) -> Callable[[int, int], None]:
+        def beat(done: int, batches: int) -> None:  # liveness while a long evaluation runs
+            nonlocal last_beat_s
+            if time.monotonic() - last_beat_s >= beat_interval_s:
+                last_beat_s = time.monotonic()
+                heartbeat.beat(step, total_steps, None, None, peak_memory(device)["peak_mem_mib"],
+                               eval_split=split, eval_batches_done=done, eval_batches=batches)  # fmt: skip
+
+        return beat
+
     def evaluate_val() -> None:
         nonlocal best_score, best_step, best_val, best_state
-        scores = evaluate(model, eval_loaders["val"], answer_ids, task, kind, device, autocast)
+        scores = evaluate(model, eval_loaders["val"], answer_ids, task, kind, device, autocast,
+                          eval_beat("val"))  # fmt: skip
         if scores[primary] > best_score:
             best_score, best_step, best_val = scores[primary], step, scores
             best_state = {
@@ -200,7 +229,9 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
 
     epoch, consumed = 0, 0  # consumed: examples of the epoch's permutation trained on so far
     if config.resume_from_checkpoint is not None:
-        loop, best_state = load_checkpoint(config.resume_from_checkpoint, model, optimizer, config)
+        loop, best_state = load_checkpoint(
+            config.resume_from_checkpoint, model, optimizer, scheduler, config
+        )
         step, epoch, consumed = loop.step, loop.epoch, loop.consumed_in_epoch
         samples_seen, train_seconds, losses = loop.samples_seen, loop.train_seconds, loop.losses
         best_score, best_step, best_val = loop.best_score, loop.best_step, loop.best_val
@@ -219,8 +250,8 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
                     loss_total += train_step(model, batch, config, kind, 1.0 / group_samples) * len(
                         batch["labels"]
                     )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            update = apply_update(optimizer, scheduler, params, config.max_grad_norm,
+                                  loss_total / group_samples, step + 1, total_steps)  # fmt: skip
             step += 1
             samples_seen += group_samples
             consumed += group_samples
@@ -232,14 +263,16 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             if step == 1 or step == total_steps or now_s - last_beat_s >= beat_interval_s:
                 last_beat_s = now_s
                 heartbeat.beat(step, total_steps, losses[-1], samples_seen / train_seconds,
-                               peak_memory(device)["peak_mem_mib"])  # fmt: skip
+                               peak_memory(device)["peak_mem_mib"], grad_norm=update.grad_norm,
+                               lr=update.learning_rate)  # fmt: skip
             if config.eval_every_steps and step % config.eval_every_steps == 0:
                 evaluate_val()
             every = config.checkpoint_every_steps
             if every and step % every == 0 and step < total_steps:
                 loop = LoopState(step, epoch, consumed, samples_seen, train_seconds, losses,
                                  best_score, best_step, best_val)  # fmt: skip
-                log(f"saved {save_checkpoint(run_dir, loop, model, optimizer, best_state, config)}")
+                saved = save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config)
+                log(f"saved {saved}")
             if step >= total_steps:
                 break
         if not config.eval_every_steps:
@@ -252,7 +285,8 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         named = dict(model.named_parameters())
         for name, value in best_state.items():
             named[name].copy_(value)
-    test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast)
+    test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast,
+                           eval_beat("test"))  # fmt: skip
     if not config.no_save:
         model.save_pretrained(run_dir / "adapter")
     remove_checkpoints(run_dir)  # finished: nothing left to resume
@@ -266,6 +300,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         losses=losses,
         memory=peak_memory(device),
         longest_tokens=max((len(e.input_ids) for split in encoded.values() for e in split), default=0),
+        settings=settings,
     )
 
 

@@ -1,0 +1,106 @@
+"""What the LoRA worker's result.json says about how its numbers were made, and that orch's
+reader keeps it: the test-is-validation flag, the effective LoRA settings, the optimizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.runfiles import read_result
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from workers.harness import EXIT_OK  # noqa: E402
+from workers.lora.__main__ import main  # noqa: E402
+from workers.lora.sample_data import main as sample_main  # noqa: E402
+
+pytestmark = pytest.mark.train
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("glue")
+    sample_main(["--out", str(out), "--tasks", "rte", "--n-train", "24", "--n-dev", "8"])
+    return out
+
+
+def attempt_dir(tmp_path: Path) -> Path:
+    """A run dir where orch's reader looks: runs/SUITE/JOB/ATTEMPT, each level ours (0700)."""
+    run_dir = tmp_path / "runs" / "suite" / "job" / "attempt-1"
+    run_dir.mkdir(parents=True)
+    for level in (tmp_path / "runs", run_dir.parent.parent, run_dir.parent, run_dir):
+        level.chmod(0o700)
+    return run_dir
+
+
+def run_worker(run_dir: Path, data_root: Path, **overrides: Any) -> dict[str, Any]:
+    config = {
+        "model": "tiny-llama", "peft": {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
+        "data": "glue-tvt_rte", "data_dir": str(data_root), "batch_size": 8, "max_steps": 2,
+        "learning_rate": 0.01, "prec": "fp32", "seed": 1, "no_save": True,
+    } | overrides  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["--run-dir", str(run_dir)]) == EXIT_OK
+    return dict(json.loads((run_dir / "result.json").read_text()))
+
+
+@pytest.mark.parametrize(("data", "flag"), [("glue_rte", True), ("glue-tvt_rte", False)])
+def test_test_is_val_is_written_and_read_back(
+    tmp_path: Path, data_dir: Path, data: str, flag: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = attempt_dir(tmp_path)
+    written = run_worker(run_dir, data_dir, data=data)
+    assert written["test_is_val"] is flag
+    assert read_result(run_dir)["test_is_val"] is flag  # type: ignore[index]
+    assert ("result.json says test_is_val" in capsys.readouterr().err) is flag
+
+
+def test_reader_keeps_only_a_boolean_test_is_val_and_a_dropout_probability(tmp_path: Path) -> None:
+    run_dir = attempt_dir(tmp_path)
+    written = {"status": "succeeded", "test_is_val": "yes", "lora_dropout": 2}
+    (run_dir / "result.json").write_text(json.dumps(written))
+    problems: list[str] = []
+    result = read_result(run_dir, problems)
+    assert result is not None and "test_is_val" not in result and "lora_dropout" not in result
+    assert problems == [
+        "result.json: test_is_val must be true or false, not 'yes'",
+        "result.json: lora_dropout must be a number from 0 to 1 or null, not 2",
+    ]
+    (run_dir / "result.json").write_text(json.dumps(written | {"lora_dropout": 0.05}))
+    assert read_result(run_dir)["lora_dropout"] == 0.05  # type: ignore[index]
+
+
+def test_effective_lora_settings_and_optimizer_are_recorded(
+    tmp_path: Path,
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ORCH_LORA_R", "2")  # once overrode the spec silently; now only warned of
+    monkeypatch.setenv("ORCH_LORA_DROPOUT", "0.5")
+    peft = {"r": 4, "alpha": 8, "dropout": 0.1, "targets": ["layers.1.attn.q_proj", "attn.v_proj"]}
+    result = run_worker(tmp_path, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
+                        warmup_ratio=0.5)  # fmt: skip
+    assert result["lora"] == {
+        "r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"],
+        "layers_to_transform": None, "use_dora": False, "use_rslora": False, "bias": "none",
+        "modules_to_save": None, "exclude_modules": None,
+    }  # fmt: skip
+    assert result["lora_dropout"] == 0.1
+    # q_proj and v_proj (32 -> 32) in 2 layers at r=4: 4 x (4x32 + 32x4) parameters
+    assert result["trainable_params"] == 4 * (4 * 32 + 32 * 4)
+    assert result["total_params"] > 10 * result["trainable_params"]
+    assert result["optimizer"] == {
+        "name": "AdamW", "learning_rate": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+        "weight_decay": 0.0, "lr_scheduler": "cosine", "warmup_steps": 1, "total_steps": 2,
+        "max_grad_norm": 1.0,
+    }  # fmt: skip
+    err = capsys.readouterr().err
+    assert "ORCH_LORA_R is not read" in err and "ORCH_LORA_DROPOUT is not read" in err

@@ -1,0 +1,65 @@
+"""`orch submit` of a `worker: lora` suite refuses a config key the worker does not know
+(exit 2, one line naming it, nothing written): a misspelt key must not train with a default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import OrchRunner
+
+CONFIG = {"model": "tiny-llama", "batch_size": 8, "learning_rate": 0.001, "num_epochs": 1}
+
+
+def write_plans(root: Path, config: dict[str, Any], **suite: Any) -> Path:
+    plans = root / "plans"
+    (plans / "configs" / "tl").mkdir(parents=True)
+    (plans / "suites").mkdir(parents=True)
+    (plans / "configs" / "tl" / "c1.yaml").write_text(yaml.safe_dump(config))
+    body = {"worker": "lora", "mem_gib": 2, "configs": ["c1"], **suite}
+    (plans / "suites" / "tl.yaml").write_text(yaml.safe_dump(body))
+    return plans
+
+
+@pytest.mark.parametrize(
+    ("config", "suite", "extra", "needle"),
+    [
+        (
+            {**CONFIG, "warmup_step": 10},
+            {},
+            (),
+            "config c1: unknown config key 'warmup_step' (known: ",
+        ),
+        (CONFIG, {}, ("--set", "weight_decy=0.1"), "weight_decy"),
+        (
+            CONFIG,
+            {"ladder": [{"set": {"grad_ckpt": True}}]},
+            (),
+            "ladder set: unknown config key 'grad_ckpt'",
+        ),
+    ],
+)
+def test_unknown_lora_keys_are_refused_at_submit(
+    orch: OrchRunner, tmp_path: Path, db_path: Path, config: dict[str, Any], suite: dict[str, Any],
+    extra: tuple[str, ...], needle: str,
+) -> None:  # fmt: skip
+    plans = write_plans(tmp_path, config, **suite)
+    result = orch("submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), *extra)
+    assert result.rc == 2, result
+    assert needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not db_path.exists()
+
+
+def test_known_and_orch_keys_are_accepted(orch: OrchRunner, tmp_path: Path) -> None:
+    config = {**CONFIG, "lr_scheduler": "linear", "warmup_ratio": 0.1, "max_grad_norm": 1.0,
+              "sim_mem_gib": 3, "orch_note": "x", "host_mem_gib": 8, "cpus": 2}  # fmt: skip
+    plans = write_plans(tmp_path, config)
+    result = orch(
+        "submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), "--dry-run",
+        "--set", "weight_decay=0", "--set", "eval_batch_size=32",
+    )  # fmt: skip
+    assert result.rc == 0, result
