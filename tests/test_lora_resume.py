@@ -70,33 +70,36 @@ def test_each_epoch_is_a_permutation_of_seed_and_epoch_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    ("die_at", "resume_batch", "resume_accum", "dropout"),
+    ("die_at", "resume_batch", "resume_accum", "dropout", "schedule"),
     [
         # checkpoint-12 is the end of epoch 1 (its evaluation not yet run); at half the batch
-        (14, 4, 2, 0.0),
+        (14, 4, 2, 0.0, {}),
         # checkpoint-18 is mid epoch 2; the same batch with LoRA dropout, whose RNG is restored
-        (20, 8, 1, 0.1),
+        (20, 8, 1, 0.1, {}),
+        # checkpoint-6 is inside a cosine schedule's warm-up: its position is restored too
+        (8, 4, 2, 0.0, {"lr_scheduler": "cosine", "warmup_steps": 8}),
     ],
 )
 def test_a_run_resumed_from_its_checkpoint_matches_one_never_stopped(
     tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
-    die_at: int, resume_batch: int, resume_accum: int, dropout: float,
+    die_at: int, resume_batch: int, resume_accum: int, dropout: float, schedule: dict[str, Any],
 ) -> None:  # fmt: skip
     peft = {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"], "lora_dropout": dropout}
-    whole = run(tmp_path / "whole", data_dir, peft=peft)
+    whole = run(tmp_path / "whole", data_dir, peft=peft, **schedule)
     assert whole.steps == 2 * STEPS_PER_EPOCH
 
     first = tmp_path / "attempt-1"
     with monkeypatch.context() as patch:
         die_at_step(patch, die_at, 1)
         with pytest.raises(Interrupted):
-            run(first, data_dir, peft=peft, checkpoint_every_steps=6, num_data_workers=1)
+            run(first, data_dir, peft=peft, checkpoint_every_steps=6, num_data_workers=1, **schedule)
     saved = sorted(p.name for p in first.iterdir() if p.name.startswith(("checkpoint-", ".checkpoint-")))
     last = (die_at - 1) // 6 * 6
     assert saved == [f"checkpoint-{last}"]  # whole (renamed into place), older ones removed
 
     resumed = run(tmp_path / "attempt-2", data_dir, peft=peft, batch_size=resume_batch, checkpoint_every_steps=6,
-                  gradient_accumulation_steps=resume_accum, resume_from_checkpoint=str(first / f"checkpoint-{last}"))
+                  gradient_accumulation_steps=resume_accum, resume_from_checkpoint=str(first / f"checkpoint-{last}"),
+                  **schedule)
     assert resumed.steps == whole.steps and resumed.samples_seen == whole.samples_seen
     assert resumed.losses == pytest.approx(whole.losses, rel=1e-4)
     assert resumed.best_step == whole.best_step
