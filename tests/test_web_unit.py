@@ -121,6 +121,15 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
     assert client.get("/timeline?from=abc").status_code == 400
 
 
+@pytest.mark.parametrize("query", ["from=0&to=1e20", "to=-1e300", "from=1e19", "from=200&to=100", "from=nan"])
+def test_a_time_range_no_clock_can_show_is_a_400(client, query: str) -> None:  # type: ignore[no-untyped-def]
+    for page in ("/timeline", "/fragment/timeline"):
+        response = client.get(f"{page}?{query}")
+        assert response.status_code == 400, (page, query, response.text)
+        assert "Traceback" not in response.text and response.text.count("\n") == 0
+    assert client.get("/timeline?from=0&to=253402300799").status_code == 200
+
+
 def test_actions_need_the_token_and_a_post(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
     def state(job_id: int) -> str:
         with Store(db_path) as store:

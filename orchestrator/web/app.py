@@ -38,6 +38,7 @@ from orchestrator.web.results_view import MetricsCache, result_table
 TOKEN_HEADER = "X-Orch-Token"
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 KEEPALIVE_S = 15.0
+LATEST_TIME_S = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last second time.gmtime can show
 
 
 def _job_id(request: Request) -> int:
@@ -55,9 +56,16 @@ def _float_param(request: Request, name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise UsageError(f"{name} must be a number of seconds since the epoch, not {raw[:40]!r}") from None
-    if not math.isfinite(value):
-        raise UsageError(f"{name} must be a finite number")
+    if not math.isfinite(value) or abs(value) > LATEST_TIME_S:
+        raise UsageError(f"{name} must be a time in seconds since the epoch, at most {LATEST_TIME_S:.0f} (year 9999)")
     return value
+
+
+def _time_range(request: Request) -> tuple[float | None, float | None]:
+    from_s, to_s = _float_param(request, "from"), _float_param(request, "to")
+    if from_s is not None and to_s is not None and from_s > to_s:
+        raise UsageError("from must not be later than to")
+    return from_s, to_s
 
 
 def create_app(
@@ -84,13 +92,13 @@ def create_app(
         return fragment(views.overview_view)
 
     def timeline_page(request: Request) -> Response:
-        a, b = _float_param(request, "from"), _float_param(request, "to")
+        a, b = _time_range(request)
         query = "&".join(f"{k}={v!r}" for k, v in (("from", a), ("to", b)) if v is not None)
         url = "/fragment/timeline" + (f"?{query}" if query else "")
         return page("Timeline", "timeline", url, lambda s: views.timeline_view(s, a, b))
 
     def timeline_fragment(request: Request) -> Response:
-        a, b = _float_param(request, "from"), _float_param(request, "to")
+        a, b = _time_range(request)
         return fragment(lambda s: views.timeline_view(s, a, b))
 
     def memory_page(request: Request) -> Response:
