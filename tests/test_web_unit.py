@@ -11,7 +11,7 @@ import pytest
 from orchestrator.store import Store
 from orchestrator.store.gpu_samples import GpuReading, gpu_sample_series, record_gpu_samples
 from orchestrator.store.web_queries import AttemptSpan, attempt_spans, overview, sweep_counts
-from orchestrator.web.charts import pack_lanes, timeline_svg
+from orchestrator.web.charts import pack_lanes
 from orchestrator.web.summary import occupancy
 
 starlette = pytest.importorskip("starlette", reason="needs the web extra")
@@ -87,7 +87,9 @@ def test_timeline_draws_one_bar_per_attempt_in_lanes_without_overlap() -> None:
     spans = [span(1, 0, 0, 10), span(2, 0, 5, 15, outcome="oom"), span(3, 0, 12, 20), span(4, 1, 0, 5, config="<script>x")]
     rows = pack_lanes(spans, now_s=20)
     assert rows[1] == 0 and rows[2] == 1 and rows[3] == 0  # 3 starts after 1 ended: back on row 0
-    svg = timeline_svg(spans, 0, 20, 20)
+    from orchestrator.web.pages import timeline_fragment
+
+    svg = timeline_fragment(spans, len(spans), 0, 20, 20, zoomed=False, gpus=[])
     assert svg.count('class="attempt"') == 4
     assert svg.count('class="oom-mark"') == 1
     assert "<script>" not in svg and "&lt;script&gt;" in svg

@@ -348,3 +348,10 @@ def m015_shape_teachers(db: sqlite_utils.Database) -> None:
         "UPDATE memory_shapes SET suites_json = json_array(suite) WHERE suite IS NOT NULL",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m016_gpu_sample_holds(db: sqlite_utils.Database) -> None:
+    # What each job held in a memory sample ({job id: MiB} on that GPU), so the web page's memory
+    # chart can split "ours" per job. NULL in rows written before: those show ours as one band.
+    db.execute("ALTER TABLE gpu_samples ADD COLUMN holds_json TEXT")

@@ -1,13 +1,16 @@
-"""Results per config × task for the page and the report: mean ± std over seeds (through
-orchestrator.results) and each seed's value, from the succeeded attempts' result.json."""
+"""Results per effective config × task for the page and the report: mean ± std over seeds
+(through orchestrator.results.aggregate), each seed's value, and the configs × tasks pivot,
+from the succeeded attempts' result.json."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from orchestrator.results import ResultRow, aggregate
+from orchestrator.results import ResultRow, ResultSummary, aggregate
 from orchestrator.results_format import to_csv
 from orchestrator.results_source import finite_metrics, job_metrics
 from orchestrator.runfiles import read_result
@@ -19,6 +22,7 @@ from orchestrator.store.queries import succeeded_attempts
 class ResultLine:
     suite: str
     config: str
+    label: str  # the effective config: config and its --set overrides (effective_config_label)
     task: str
     metric: str
     mean: float | None
@@ -32,6 +36,75 @@ class ResultTable:
     lines: list[ResultLine]
     csv: str
     missing: int  # succeeded jobs whose result.json had no test metrics
+    summaries: list[ResultSummary]
+
+
+def _overrides_text(overrides: Any) -> str:
+    if not isinstance(overrides, Mapping) or not overrides:
+        return ""
+    return " ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+
+
+def effective_config_label(summary: Any) -> str:
+    """The one adapter to the results row model: "config" or "config [lr=1e-3]" where the row
+    names --set overrides (`overrides_label` if the model gives one, else `overrides`)."""
+    label = getattr(summary, "overrides_label", None)
+    if not isinstance(label, str) or not label:
+        label = _overrides_text(getattr(summary, "overrides", None))
+    return f"{summary.config} [{label}]" if label else str(summary.config)
+
+
+@dataclass(frozen=True)
+class PivotCell:
+    mean: float | None
+    std: float
+    n: int
+    mixed: bool
+    best: bool
+
+
+@dataclass(frozen=True)
+class PivotRow:
+    label: str  # suite/config [overrides] when several suites, else config [overrides]
+    cells: list[PivotCell | None]  # one per column; None where the config has no run of that task
+
+
+@dataclass(frozen=True)
+class Pivot:
+    columns: list[tuple[str, str]]  # (task, metric)
+    rows: list[PivotRow]
+    mixed: bool  # some cell's seeds ran at different ladder levels
+
+
+def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
+    """Effective configs × tasks (as `orch results --format markdown`), best mean per task marked."""
+    several_suites = len({s.suite for s in summaries}) > 1
+    labels: list[str] = []
+    columns: list[tuple[str, str]] = []
+    cells: dict[tuple[str, tuple[str, str]], ResultSummary] = {}
+    for s in summaries:
+        label = effective_config_label(s)
+        label = f"{s.suite}/{label}" if several_suites else label
+        if label not in labels:
+            labels.append(label)
+        if (s.task, s.metric) not in columns:
+            columns.append((s.task, s.metric))
+        cells[(label, (s.task, s.metric))] = s
+    columns.sort()
+    best: dict[tuple[str, str], float] = {}
+    for (_, column), s in cells.items():
+        if s.mean is not None:
+            best[column] = max(best.get(column, -float("inf")), round(s.mean, digits))
+    rows = []
+    for label in labels:
+        row: list[PivotCell | None] = []
+        for column in columns:
+            cell = cells.get((label, column))
+            row.append(None if cell is None else PivotCell(
+                cell.mean, cell.std, cell.n_seeds, cell.mixed_levels,
+                cell.mean is not None and round(cell.mean, digits) == best.get(column)))
+        rows.append(PivotRow(label, row))
+    return Pivot(columns, rows, any(s.mixed_levels for s in summaries))
 
 
 class MetricsCache:
@@ -67,8 +140,8 @@ def result_table(store: Store, cache: MetricsCache, suite: str | None = None) ->
         rows.append(ResultRow(run.suite, run.config, run.data, run.seed, metrics))
     summaries = aggregate(rows)
     lines = [
-        ResultLine(s.suite, s.config, s.task, s.metric, s.mean, s.std, s.n_seeds,
+        ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
                    tuple((run.seed, run.value) for run in s.runs if run.value is not None))
         for s in summaries
     ]
-    return ResultTable(lines, to_csv(summaries), missing)
+    return ResultTable(lines, to_csv(summaries), missing, summaries)
