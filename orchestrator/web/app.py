@@ -245,6 +245,8 @@ def create_app(
         except OrchError as exc:
             return answer("Not done (409)", str(exc), 409, {"error": str(exc)})
         what = f"job {done['job']}" if "job" in done else f"suite {done.get('suite')}"
+        if done["done"] == "skipped":  # e.g. cancel on a job that already ended: nothing changed
+            return answer(f"{what}: nothing to do", f"{what} was left as it is: its state does not allow that.", 200, done)
         return answer(f"{what}: {done['done']}", f"{what} is {done['done']}.", 200, done)
 
     async def cancel(request: Request) -> Response:
