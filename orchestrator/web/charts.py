@@ -153,7 +153,8 @@ def timeline_layout(
         x0 = x_of(s.started_at)
         w = max(x_of(end) - x0, 1.5)
         outcome = s.outcome or "running"
-        bars.append(Bar(s, x0, lane_y[s.gpu] + rows[s.attempt_id] * (BAR_H + BAR_GAP), w,
+        # rounded here (0.1 px), so the template writes them as they are
+        bars.append(Bar(s, round(x0, 1), round(lane_y[s.gpu] + rows[s.attempt_id] * (BAR_H + BAR_GAP), 1), round(w, 1),
                         OUTCOME_COLOURS.get(outcome, "#444"), outcome, bar_label(s, w), span_title(s), outcome in OOM))
     return TimelineLayout(WIDTH, max(y, 30.0), LEFT, plot_w, t0, t1, time_ticks(t0, t1, LEFT, plot_w), lanes, bars)
 

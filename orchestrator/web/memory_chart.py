@@ -74,7 +74,8 @@ def memory_charts(
         bands = [Band(labels.get(j, f"job {j}"), JOB_PALETTE[i % len(JOB_PALETTE)], [s.held_by_job.get(j, 0) for s in series], j)
                  for i, j in enumerate(sorted(own))]
         if rest:
-            bands.append(Band(f"{len(rest)} other jobs", "#9fb3d1", [sum(s.held_by_job.get(j, 0) for j in rest) for s in series]))
+            bands.append(Band(f"{len(rest)} other jobs", "#9fb3d1", [
+                sum(s.held_by_job.values()) - sum(s.held_by_job.get(j, 0) for j in own) for s in series]))
         # ours minus what the jobs' shares account for (old samples, or a share not recorded)
         unsplit = [max(0, s.orch_mib - sum(s.held_by_job.values())) for s in series]
         if any(unsplit):

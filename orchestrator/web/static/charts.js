@@ -37,6 +37,12 @@
     if (!window.ResizeObserver) return;
     new ResizeObserver(function(){ var w = width(box); if (Math.abs(w - u.width) > 4) u.setSize({width: w, height: u.height}); }).observe(box);
   }
+  // 24-hour UTC times on the time axis; the date too when the chart spans more than a day
+  function timeLabels(u, splits){
+    var span = u.scales.x.max - u.scales.x.min;
+    var fmt = uPlot.fmtDate(span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}');
+    return splits.map(function(v){ return fmt(utc(v)); });
+  }
   function gib(v){ return v == null ? '-' : (v / MiB_PER_GiB).toFixed(1) + ' GiB'; }
 
   // ---------------------------------------------------------------- memory: stacked bands per GPU
@@ -59,7 +65,7 @@
     var opts = {
       width: width(box), height: 200, tzDate: utc, cursor: {drag: {x: true, y: false}},
       scales: {x: {time: true}, y: {range: [0, Math.max(spec.total_mib / MiB_PER_GiB, 0.001)]}},
-      axes: [{label: 'time (UTC)', labelSize: 18},
+      axes: [{label: 'time (UTC)', labelSize: 18, values: timeLabels},
              {label: 'GPU memory (GiB)', labelSize: 18, size: 56, values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
       series: series,
       hooks: Object.assign(keepZoom(key), {
