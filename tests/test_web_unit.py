@@ -373,6 +373,8 @@ def test_curves_page_overlays_picked_jobs_and_a_configs_seeds(client) -> None:  
     by_config = spec("config=c01")
     assert len(by_config["runs"]) >= 1 and all("/c01" in r["group"] for r in by_config["runs"])
     assert client.get("/curves?job=abc").status_code == 400
-    assert client.get("/curves?smooth=1.5").status_code == 400
+    for bad in ("1.5", "nan", "x", "-0.1"):
+        response = client.get(f"/curves?smooth={bad}")
+        assert response.status_code == 400 and response.text.startswith("smooth must be a number from 0 to 0.99")
     assert "no run picked yet" in client.get("/curves").text
     assert "1 picked job(s) have no attempt yet" in client.get("/curves?job=30&job=1").text

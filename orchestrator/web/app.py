@@ -95,9 +95,13 @@ def _curve_params(request: Request) -> tuple[list[int], str | None, float, bool,
     ids = request.query_params.getlist("job")
     if len(ids) > MAX_PICKED_JOBS or not all(i.isdigit() and len(i) <= 18 for i in ids):
         raise UsageError(f"job must be job ids (at most {MAX_PICKED_JOBS})")
-    smooth = _float_param(request, "smooth") or 0.0
-    if not 0.0 <= smooth < 1.0:
-        raise UsageError("smooth must be at least 0 and below 1")
+    raw = request.query_params.get("smooth") or "0"
+    try:
+        smooth = float(raw)
+    except ValueError:
+        raise UsageError(f"smooth must be a number from 0 to 0.99, not {raw[:40]!r}") from None
+    if not 0.0 <= smooth < 1.0:  # NaN fails this too
+        raise UsageError("smooth must be a number from 0 to 0.99")
     flag = {"1", "yes", "on", "true"}
     return ([int(i) for i in ids], _text_param(request, "config"), smooth,
             request.query_params.get("log", "") in flag, request.query_params.get("band", "") in flag)
