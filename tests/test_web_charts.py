@@ -121,6 +121,9 @@ def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task() -> None:
     assert b.cells[0] is None and b.cells[1] is not None and b.cells[1].best
     several = pivot(aggregate([*rows, ResultRow("E2", "a", "glue_rte", 1, {"accuracy": 0.1})]))
     assert [r.label for r in several.rows] == ["E1/a", "E1/b", "E2/a"]  # suites apart when there are several
+    mixed = pivot(aggregate([ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.5}, level=0),
+                             ResultRow("E1", "a", "glue_rte", 2, {"accuracy": 0.6}, level=1)]))
+    assert mixed.mixed and mixed.rows[0].cells[0] is not None and mixed.rows[0].cells[0].mixed
 
 
 def span(attempt_id: int, start: float, end: float, config: str = "cfg") -> AttemptSpan:

@@ -378,3 +378,11 @@ def test_curves_page_overlays_picked_jobs_and_a_configs_seeds(client) -> None:  
         assert response.status_code == 400 and response.text.startswith("smooth must be a number from 0 to 0.99")
     assert "no run picked yet" in client.get("/curves").text
     assert "1 picked job(s) have no attempt yet" in client.get("/curves?job=30&job=1").text
+
+
+def test_web_results_agree_with_orch_results(client, orch_inproc) -> None:  # type: ignore[no-untyped-def]
+    cli = orch_inproc("results", "--csv")
+    assert cli.rc == 0, cli.stderr
+    web = client.get("/results.csv").text
+    assert web == cli.stdout and ",1,false" in web  # an OOM'd job's seed ran at level 1, and the page says so
+    assert 'class="pivot-row"' in client.get("/results").text

@@ -137,7 +137,11 @@ def result_table(store: Store, cache: MetricsCache, suite: str | None = None) ->
         if metrics is None:
             missing += 1
             continue
-        rows.append(ResultRow(run.suite, run.config, run.data, run.seed, metrics))
+        # traced to its attempt as `orch results` does (results_source.collect_rows), so the
+        # levels, the † of mixed levels and the CSV's levels columns agree with the CLI
+        rows.append(ResultRow(run.suite, run.config, run.data, run.seed, metrics, job=run.job_id, attempt=run.n,
+                              level=run.level, step=run.level_step, changes=dict(run.overrides),
+                              run_alone=run.run_alone))
     summaries = aggregate(rows)
     lines = [
         ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
