@@ -216,6 +216,17 @@ def test_memory_chart_has_time_and_gib_axes_a_band_per_job_and_a_legend(sweep: W
     legend = chart.locator(".u-legend").inner_text()
     assert "foreign" in legend and "free" in legend
     page.screenshot(path=str(ARTIFACTS / "memory.png"), full_page=True)
+    # drag across the chart to zoom; the zoom survives the page's live redraws
+    box = chart.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    refreshes = int(page.evaluate("document.body.dataset.refreshes || '0'"))
+    wait_until(lambda: int(page.evaluate("document.body.dataset.refreshes || '0'")) > refreshes, 30,
+               "a live redraw (a new memory sample)")
+    wait_until(lambda: _memory_charts_drawn(page) == 2, 15, "the charts drawn again")
+    assert page.locator('.gpu-memory [data-chart="memory"]').first.get_attribute("data-zoomed") == "yes"
 
 
 def test_jobs_page_filters_and_is_one_click_from_the_counts(sweep: WebSweep, page: Any) -> None:

@@ -29,13 +29,17 @@
   function noteAxes(box){
     return function(u){ box.dataset.axes = JSON.stringify(u.axes.map(function(a){ return {label: a.label, ticks: a._values || []}; })); };
   }
-  function restoreZoom(u, key){
-    var st = kept[key];
-    if (st && st.xmin !== undefined) u.setScale('x', {min: st.xmin, max: st.xmax});
+  function restoreZoom(u, key, box){
+    var st = kept[key], zoomed = !!(st && st.xmin !== undefined);
+    if (zoomed) u.setScale('x', {min: st.xmin, max: st.xmax});
+    box.dataset.zoomed = zoomed ? 'yes' : 'no';
   }
   function fit(u, box){
     if (!window.ResizeObserver) return;
-    new ResizeObserver(function(){ var w = width(box); if (Math.abs(w - u.width) > 4) u.setSize({width: w, height: u.height}); }).observe(box);
+    box._observer = new ResizeObserver(function(){
+      var p = box._plot; if (p && Math.abs(width(box) - p.width) > 4) p.setSize({width: width(box), height: p.height});
+    });
+    box._observer.observe(box);
   }
   // 24-hour UTC times on the time axis; the date too when the chart spans more than a day
   function timeLabels(u, splits){
@@ -84,8 +88,8 @@
         }]
       })
     };
-    var u = new uPlot(opts, data, box.querySelector('.plot'));
-    restoreZoom(u, key); fit(u, box);
+    var u = box._plot = new uPlot(opts, data, box.querySelector('.plot'));
+    restoreZoom(u, key, box); fit(u, box);
     box.dataset.drawn = 'yes';
   }
 
@@ -165,8 +169,8 @@
         axes: [{label: 'step', labelSize: 18}, {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
         series: series, bands: bandsOpt, hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box)]})
       };
-      u = new uPlot(opts, data, plot);
-      restoreZoom(u, key);
+      u = box._plot = new uPlot(opts, data, plot);
+      restoreZoom(u, key, box);
       box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1);
       box.dataset.metric = st.metric; box.dataset.log = st.log && !bad ? 'yes' : 'no';
     }
@@ -175,10 +179,18 @@
     lg.addEventListener('change', function(){ st.log = lg.checked; draw(); });
     if (bd) bd.addEventListener('change', function(){ st.band = bd.checked; draw(); });
     draw();
-    if (window.ResizeObserver) new ResizeObserver(function(){ if (u && Math.abs(width(box) - u.width) > 4) u.setSize({width: width(box), height: u.height}); }).observe(box);
+    fit(u, box);
   }
 
   var kinds = {memory: memory, curves: curves};
+  // before a live redraw replaces them: uPlot listens on the window until destroyed
+  window.orchChartsDestroy = function(root){
+    (root || document).querySelectorAll('[data-chart]').forEach(function(box){
+      if (box._observer) box._observer.disconnect();
+      if (box._plot) box._plot.destroy();
+      box._plot = box._observer = null;
+    });
+  };
   window.orchCharts = function(root){
     if (!window.uPlot) return;
     (root || document).querySelectorAll('[data-chart]').forEach(function(box){

@@ -30,7 +30,7 @@
     busy = true;
     fetch(live.dataset.fragment, {cache: 'no-store'}).then(function(r){ return r.ok ? r.text() : null; })
       .then(function(html){
-        if (html !== null) { live.innerHTML = html; applySort(); if (window.orchCharts) window.orchCharts(live);
+        if (html !== null && !picking) { if (window.orchChartsDestroy) window.orchChartsDestroy(live); live.innerHTML = html; applySort(); if (window.orchCharts) window.orchCharts(live);
           document.body.dataset.refreshes = String(1 + +(document.body.dataset.refreshes || 0)); }
       }).catch(function(){}).then(function(){ busy = false; if (again) { again = false; refresh(); } });
   }
