@@ -305,6 +305,7 @@ def test_job_page_shows_final_metrics_and_set_overrides(client, db_path: Path) -
         store.execute("UPDATE jobs SET overrides_json = '{\"learning_rate\": 0.001}' WHERE id = 1")
     page = client.get("/job/1").text
     assert "<code>learning_rate=0.001</code>" in page
+    assert 'href="/curves?config=c01&amp;job=1&amp;band=1"' in page  # its config's seeds, one click away
     assert re.search(r"<b>accuracy</b> 0\.\d+", page) and "<b>f1</b> 0.7" in page
     queued = client.get("/job/27").text
     assert "none: the config as written" in queued and "only a succeeded attempt has final metrics" in queued
