@@ -386,4 +386,5 @@ def test_web_results_agree_with_orch_results(client, orch_inproc) -> None:  # ty
     assert cli.rc == 0, cli.stderr
     web = client.get("/results.csv").text
     assert web == cli.stdout and ",1,false" in web  # an OOM'd job's seed ran at level 1, and the page says so
-    assert 'class="pivot-row"' in client.get("/results").text
+    page = client.get("/results").text
+    assert 'class="pivot-row"' in page and '<td class="levels">1</td>' in page

@@ -29,6 +29,7 @@ class ResultLine:
     std: float
     n_seeds: int
     values: tuple[tuple[int, float], ...]  # (seed, value), by seed
+    levels: str = ""  # the ladder levels its seeds ran at, "0,1 †" when they differ
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ def result_table(store: Store, cache: MetricsCache, suite: str | None = None) ->
     summaries = aggregate(rows)
     lines = [
         ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
-                   tuple((run.seed, run.value) for run in s.runs if run.value is not None))
+                   tuple((run.seed, run.value) for run in s.runs if run.value is not None),
+                   ",".join(map(str, s.levels)) + (" †" if s.mixed_levels else ""))
         for s in summaries
     ]
     return ResultTable(lines, to_csv(summaries), missing, summaries)

@@ -142,7 +142,7 @@
     var u = null;
     function draw(){
       if (u) { u.destroy(); u = null; }
-      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false;
+      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null;
       if (st.band && spec.bands) {
         (spec.bands[st.metric] || []).forEach(function(b){
           var lo = smooth(b.lo, st.smooth), hi = smooth(b.hi, st.smooth), mean = smooth(b.mean, st.smooth);
@@ -154,15 +154,19 @@
           bandsOpt.push({series: [base, base + 1], fill: b.colour + '33'});
         });
       } else {
+        without = [];
         spec.runs.forEach(function(r){
-          var c = r.curves[st.metric]; if (!c) return;
+          var c = r.curves[st.metric]; if (!c) { without.push(r.label); return; }
           lines.push({steps: c[0], values: smooth(c[1], st.smooth)});
           series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined, points: {show: false}, spanGaps: true});
         });
       }
       var data = align(lines);
       if (st.log) data.slice(1).forEach(function(y){ y.forEach(function(v){ if (v != null && v <= 0) bad = true; }); });
-      note.textContent = bad ? 'log scale needs values above 0: shown on a linear scale' : '';
+      var notes = [];
+      if (bad) notes.push('log scale needs values above 0: shown on a linear scale');
+      if (without && without.length) notes.push('no ' + st.metric + ' reported by: ' + without.join('; '));
+      note.textContent = notes.join(' · ');
       var opts = {
         width: width(box), height: 260, cursor: {drag: {x: true, y: false}},
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
