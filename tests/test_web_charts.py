@@ -147,3 +147,20 @@ def test_the_last_tick_label_stays_inside_the_chart() -> None:
     ticks = time_ticks(0, 60.5, LEFT, plot_w)  # a tick at 60 s, right at the edge
     assert ticks[-1].label == "00:01:00" and ticks[-1].anchor == "end"
     assert all(t.anchor == "middle" for t in ticks[:-1])
+
+
+def test_curves_are_read_from_the_run_dir_itself_never_through_a_symlink(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.web.curves import read_curves
+
+    run_dir = tmp_path / "runs" / "suite" / "job" / "attempt-1"
+    run_dir.mkdir(parents=True)
+    for level in (tmp_path / "runs", run_dir.parent.parent, run_dir.parent, run_dir):
+        level.chmod(0o700)
+    line = json.dumps({"step": 1, "loss": 1.0, "eval_f1": 0.5}) + "\n"
+    (run_dir / "progress.jsonl").write_text(line)
+    assert set(read_curves(run_dir)) == {"loss", "eval_f1"}
+    (run_dir / "progress.jsonl").unlink()
+    (tmp_path / "elsewhere.jsonl").write_text(line)
+    (run_dir / "progress.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    assert read_curves(run_dir) == {}
+    assert read_curves(tmp_path / "missing") == {}
