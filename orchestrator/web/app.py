@@ -238,6 +238,7 @@ def create_app(
             refusal = f"refused: send the token orch web printed in the {TOKEN_HEADER} header"
             return answer("Refused (403)", "refused: open the page through the address orch web printed (/?token=...), "
                           "so its buttons carry the token", 403, {"error": refusal})
+
         def in_store() -> dict[str, object]:
             with store() as s:  # opened in the worker thread that uses it (sqlite3 connections stay in theirs)
                 return run(s)

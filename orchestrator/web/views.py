@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orchestrator.daemon_state import daemon_alive
 from orchestrator.errors import JobNotFound
+from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.results_source import finite_metrics, job_metrics
 from orchestrator.runfiles import read_log_tail, read_result
 from orchestrator.store.db import Store, now_s
@@ -59,7 +60,7 @@ def memory_view(store: Store) -> str:
 
 def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
     """The succeeded attempt's test metrics (as `orch results` reads them), or why there are none."""
-    done = [a for a in history.attempts if a.outcome is not None and a.outcome.value == "succeeded"]
+    done = [a for a in history.attempts if a.outcome is AttemptOutcome.SUCCEEDED]
     if not done:
         return None, "none yet: only a succeeded attempt has final metrics"
     test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None)
