@@ -5,6 +5,7 @@ test-artifacts/web/."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -145,18 +146,26 @@ def test_cancel_is_refused_without_the_token_and_works_with_it(sweep: WebSweep, 
     assert page.request.post(action).status == 403
     assert page.request.post(action, headers={"X-Orch-Token": "guess"}).status == 403
     assert page.request.get(action).status == 405
-    # the button on a page opened without the token is refused too
+    # the button on a page opened without the token is refused too, and says so on a page
     page.goto(f"{sweep.url}/job/{long_job}")
-    page.click("button:has-text('cancel')")
-    wait_until(lambda: "refused" in (page.text_content("#action-result") or ""), 15, "the refusal to show")
+    with page.expect_navigation():
+        page.click("form.action button:has-text('cancel')")
+    assert page.get_attribute(".action-answer", "data-status") == "403"
+    assert "refused" in (page.text_content(".action-message") or "") and "{" not in (page.text_content("main") or "")
     assert sweep.orch.query("SELECT state FROM jobs WHERE id = ?", (long_job,))[0]["state"] == "running"
-    # opened with the token it printed, the same button cancels
+    # opened with the token it printed, the same button cancels; the answer is a page, not JSON
     page.goto(f"{sweep.url}/job/{long_job}?token={sweep.token}")
     assert "token" not in page.url  # kept for the tab, gone from the address bar and history
-    page.click("button:has-text('cancel')")
+    assert page.locator("form.action button").all_text_contents() == ["cancel", "retry"]  # what a running job allows
+    with page.expect_navigation():
+        page.click("form.action button:has-text('cancel')")
+    assert page.get_attribute(".action-answer", "data-status") == "200"
+    assert f"job {long_job} is stopping" in (page.text_content(".action-message") or "")  # a running job stops first
     wait_until(lambda: sweep.orch.query("SELECT state FROM jobs WHERE id = ?", (long_job,))[0]["state"] == "cancelled",
                60, "the job to be cancelled")
+    page.click(f"a:has-text('back to job {long_job}')")
     wait_until(lambda: page.get_attribute("[data-state]", "data-state") == "cancelled", 30, "the job page to show it")
+    assert page.locator("form.action button").all_text_contents() == ["retry"]  # a cancelled job: retry only
     page.screenshot(path=str(ARTIFACTS / "job.png"), full_page=True)
 
 
@@ -186,18 +195,120 @@ def test_timeline_has_one_bar_per_attempt(sweep: WebSweep, page: Any) -> None:
     wait_until(lambda: "show the whole sweep" in (page.text_content("#live") or ""), 15, "the zoomed view")
 
 
-def test_memory_and_results_pages(sweep: WebSweep, page: Any) -> None:
+def _memory_charts_drawn(page: Any) -> int:
+    return int(page.locator('.gpu-memory [data-chart="memory"][data-drawn="yes"]').count())
+
+
+def test_memory_chart_has_time_and_gib_axes_a_band_per_job_and_a_legend(sweep: WebSweep, page: Any) -> None:
+    wait_until(lambda: len(sweep.running_ids()) >= 1, 60, "a job running")
     page.goto(sweep.url + "/memory")
-    wait_until(lambda: page.locator("svg.memory g.gpu-memory").count() == 2, 30, "a memory panel per GPU")
+    wait_until(lambda: _memory_charts_drawn(page) == 2, 30, "a memory chart per GPU, drawn by uPlot")
+    # the samples name the jobs that held memory: wait until a drawn chart has a band for one
+    wait_until(lambda: (page.reload() or True) and _memory_charts_drawn(page) == 2 and re.search(
+        r"job \d+ · (short|long)", page.text_content(".gpu-memory .u-legend") or ""), 30, "a band named for a job")
+    chart = page.locator(".gpu-memory").first
+    assert chart.locator(".u-axis").count() == 2  # time and memory
+    time_axis, memory_axis = json.loads(chart.locator('[data-chart="memory"]').get_attribute("data-axes"))
+    assert time_axis["label"] == "time (UTC)" and memory_axis["label"] == "GPU memory (GiB)"
+    assert memory_axis["ticks"] and all(re.fullmatch(r"[\d.]+ GiB", t) for t in memory_axis["ticks"])
+    assert memory_axis["ticks"][0] == "0 GiB" and len(memory_axis["ticks"]) >= 3
+    assert any(re.search(r"\d:\d\d", t) for t in time_axis["ticks"]), time_axis
+    legend = chart.locator(".u-legend").inner_text()
+    assert "foreign" in legend and "free" in legend
     page.screenshot(path=str(ARTIFACTS / "memory.png"), full_page=True)
+    # drag across the chart to zoom; the zoom survives the page's live redraws
+    box = chart.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    refreshes = int(page.evaluate("document.body.dataset.refreshes || '0'"))
+    wait_until(lambda: int(page.evaluate("document.body.dataset.refreshes || '0'")) > refreshes, 30,
+               "a live redraw (a new memory sample)")
+    wait_until(lambda: _memory_charts_drawn(page) == 2, 15, "the charts drawn again")
+    assert page.locator('.gpu-memory [data-chart="memory"]').first.get_attribute("data-zoomed") == "yes"
+
+
+def test_jobs_page_filters_and_is_one_click_from_the_counts(sweep: WebSweep, page: Any) -> None:
+    page.goto(sweep.url + "/")
+    wait_until(lambda: _shown_count(page, "queued") >= 0, 15, "the counts")
+    with page.expect_navigation():
+        page.click('[data-count="succeeded"]')
+    assert page.url.endswith("/jobs?state=succeeded")
+
+    def shown(state: str) -> set[int]:
+        return {int(x) for x in page.eval_on_selector_all(
+            f'tr.job-row[data-state="{state}"]', "rows => rows.map(r => r.dataset.job)")}
+
+    listed = {int(x) for x in page.eval_on_selector_all("tr.job-row", "rows => rows.map(r => r.dataset.job)")}
+    in_db = {r["id"] for r in sweep.orch.query("SELECT id FROM jobs WHERE state = 'succeeded'")}
+    assert listed == shown("succeeded") and listed <= in_db  # only succeeded jobs (more may finish meanwhile)
+    # filter by config through the form: every job of that config, in any state
+    page.goto(sweep.url + "/jobs")
+    page.select_option('select[data-filter="config"]', "long")
+    with page.expect_navigation():
+        page.click("form.filters button")
+    assert "config=long" in page.url
+    longs = {r["id"] for r in sweep.orch.query("SELECT id FROM jobs WHERE config_name = 'long'")}
+    assert {int(x) for x in page.eval_on_selector_all("tr.job-row", "rows => rows.map(r => r.dataset.job)")} == longs
+    assert page.get_attribute("[data-jobs-total]", "data-jobs-total") == str(len(longs))
+    page.screenshot(path=str(ARTIFACTS / "jobs.png"), full_page=True)
+
+
+def test_curves_overlay_picked_runs_with_log_scale_and_a_seed_band(sweep: WebSweep, page: Any) -> None:
+    shorts = wait_until(lambda: [r["id"] for r in sweep.orch.query(
+        "SELECT id FROM jobs WHERE config_name = 'short' AND state = 'succeeded'")] if sweep.counts().get("succeeded", 0) >= 2
+        else None, 90, "both short jobs to succeed")
+    page.goto(sweep.url + "/jobs?config=short")
+    for job_id in shorts:
+        page.check(f'input[name="job"][value="{job_id}"]')
+    with page.expect_navigation():
+        page.click("form.pick-runs button")
+    chart = page.locator('[data-chart="curves"]')
+    wait_until(lambda: chart.get_attribute("data-drawn") == "yes", 15, "the curves chart")
+    assert chart.get_attribute("data-series") == str(len(shorts)) == "2"  # one line per picked run
+    assert chart.get_attribute("data-metric") == "loss"
+    legend = chart.locator(".u-legend").inner_text()
+    assert all(f"job {j}" in legend for j in shorts)
+    assert "samples_per_s" in chart.locator("select.metric").inner_text()  # any metric the worker reports
+    chart.locator("input.log").check()
+    wait_until(lambda: chart.get_attribute("data-log") == "yes", 10, "a log scale")
+    chart.locator("input.band").check()  # seeds of one config: a band (max, min) and its mean
+    wait_until(lambda: chart.get_attribute("data-series") == "3", 10, "one band")
+    assert "mean (n=2)" in chart.locator(".u-legend").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "curves.png"), full_page=True)
+
+
+def test_results_pivot_has_a_row_per_config_and_a_column_per_task(sweep: WebSweep, page: Any) -> None:
     wait_until(lambda: sweep.counts().get("succeeded", 0) >= 2, 90, "both short jobs to succeed")
     page.goto(sweep.url + "/results")
-    wait_until(lambda: page.locator("table.results tr.result").count() >= 1, 30, "a results row")
+    wait_until(lambda: page.locator("table.pivot tr.pivot-row").count() >= 1, 30, "a pivot row")
+    assert page.locator("table.pivot thead th[data-task]").all_text_contents()[0].startswith("glue_rte")
+    short = page.locator('table.pivot tr.pivot-row[data-config="short"] td')
+    assert short.count() == 1 and short.first.get_attribute("data-n") == "2"  # both seeds in the cell
+    assert re.search(r"\d\.\d{4} ± \d\.\d{4}", short.first.inner_text())
     assert page.locator("svg.dots circle.seed").count() >= 2  # the two seeds as points
     csv = page.request.get(sweep.url + "/results.csv").text()
     assert csv.startswith("suite,config,task,metric,mean,std,n_seeds,seeds") and "short" in csv
-    page.click("th:has-text('config')")  # sortable: a click orders the rows
+    page.click("table.results th:has-text('config')")  # sortable: a click orders the rows
     page.screenshot(path=str(ARTIFACTS / "results.png"), full_page=True)
+
+
+def test_every_page_fits_800_px(sweep: WebSweep, browser: Any) -> None:
+    context = browser.new_context(viewport={"width": 800, "height": 900})
+    try:
+        page = context.new_page()
+        job = sweep.orch.query("SELECT min(id) AS id FROM jobs")[0]["id"]
+        for path in ("/", "/jobs", "/timeline", "/memory", "/curves?config=short", "/results", f"/job/{job}"):
+            page.goto(sweep.url + path)
+            page.wait_for_load_state("load")
+            # nothing but a table's own scroll box may be wider than the window
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 800, (path, wide)
+            name = path.strip("/").split("?")[0].replace("/", "-") or "overview"
+            page.screenshot(path=str(ARTIFACTS / f"800px-{name}.png"), full_page=True)
+    finally:
+        context.close()
 
 
 def test_report_opens_offline_and_shows_the_same_counts(sweep: WebSweep, browser: Any) -> None:
@@ -218,8 +329,11 @@ def test_report_opens_offline_and_shows_the_same_counts(sweep: WebSweep, browser
         for state, n in sweep.counts().items():
             assert _shown_count(page, state) == n
         assert _bars(page) == attempts
-        assert page.locator("svg.memory g.gpu-memory").count() == 2
+        wait_until(lambda: _memory_charts_drawn(page) == 2, 15, "the memory charts, drawn offline")
+        assert page.locator(".gpu-memory .u-axis").count() == 4
         assert page.locator("table.results tr.result").count() >= 1
+        assert page.locator("table.pivot tr.pivot-row").count() >= 1
+        assert page.locator('#curves [data-chart="curves"][data-drawn="yes"]').count() == 1
         page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
     finally:
         context.close()

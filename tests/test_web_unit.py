@@ -3,7 +3,9 @@ figures and drawings, and the app over HTTP (token, methods, hosts)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from orchestrator.store import Store
 from orchestrator.store.gpu_samples import GpuReading, gpu_sample_series, record_gpu_samples
 from orchestrator.store.web_queries import AttemptSpan, attempt_spans, overview, sweep_counts
-from orchestrator.web.charts import pack_lanes, timeline_svg
+from orchestrator.web.charts import pack_lanes
 from orchestrator.web.summary import occupancy
 
 starlette = pytest.importorskip("starlette", reason="needs the web extra")
@@ -87,7 +89,9 @@ def test_timeline_draws_one_bar_per_attempt_in_lanes_without_overlap() -> None:
     spans = [span(1, 0, 0, 10), span(2, 0, 5, 15, outcome="oom"), span(3, 0, 12, 20), span(4, 1, 0, 5, config="<script>x")]
     rows = pack_lanes(spans, now_s=20)
     assert rows[1] == 0 and rows[2] == 1 and rows[3] == 0  # 3 starts after 1 ended: back on row 0
-    svg = timeline_svg(spans, 0, 20, 20)
+    from orchestrator.web.pages import timeline_fragment
+
+    svg = timeline_fragment(spans, len(spans), 0, 20, 20, zoomed=False, gpus=[])
     assert svg.count('class="attempt"') == 4
     assert svg.count('class="oom-mark"') == 1
     assert "<script>" not in svg and "&lt;script&gt;" in svg
@@ -120,6 +124,15 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
     assert client.get("/job/9999").status_code == 404
     assert client.get("/job/99999999999999999999999").status_code == 404  # beyond SQLite's integers
     assert client.get("/timeline?from=abc").status_code == 400
+
+
+@pytest.mark.parametrize("query", ["from=0&to=1e20", "to=-1e300", "from=1e19", "from=200&to=100", "from=nan"])
+def test_a_time_range_no_clock_can_show_is_a_400(client, query: str) -> None:  # type: ignore[no-untyped-def]
+    for page in ("/timeline", "/fragment/timeline"):
+        response = client.get(f"{page}?{query}")
+        assert response.status_code == 400, (page, query, response.text)
+        assert "Traceback" not in response.text and response.text.count("\n") == 0
+    assert client.get("/timeline?from=0&to=253402300799").status_code == 200
 
 
 def test_actions_need_the_token_and_a_post(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -209,3 +222,170 @@ def test_web_warns_when_listening_beyond_this_machine(db_path: Path) -> None:
         proc.wait(timeout=30)
     assert "warning: listening on 0.0.0.0" in warning
     assert first.startswith("orch web: serving") and ":0/" not in first  # the port it really got
+
+
+def _set_state(db_path: Path, job_id: int, state: str, **columns: object) -> None:
+    with Store(db_path) as store, store.write():
+        sets = ", ".join(["state = ?", *(f"{k} = ?" for k in columns)])
+        store.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [state, *columns.values(), job_id])
+
+
+def test_jobs_page_filters_by_state_suite_config_and_data(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    def listed(query: str) -> set[int]:
+        response = client.get(f"/fragment/jobs?{query}")
+        assert response.status_code == 200, response.text
+        return {int(j) for j in re.findall(r'<tr class="job-row" data-job="(\d+)"', response.text)}
+
+    with Store(db_path) as store:
+        def ids(where: str, *params: object) -> set[int]:
+            return {r["id"] for r in store.query(f"SELECT id FROM jobs WHERE {where}", list(params))}
+
+        assert listed("") == ids("1")
+        assert listed("state=queued") == ids("state = 'queued'") and len(listed("state=queued")) == 4
+        assert listed("config=c03") == ids("config_name = 'c03'")
+        assert listed("data=glue-tvt_rte&state=succeeded") == ids("data = 'glue-tvt_rte' AND state = 'succeeded'")
+        assert listed("suite=E1") == ids("1") and listed("suite=nope") == set()
+    page = client.get("/jobs?state=failed")
+    assert page.status_code == 200 and "no job matches" in page.text
+    assert 'data-fragment="/fragment/jobs?state=failed"' in page.text
+    assert client.get("/jobs?state=exploded").status_code == 400
+    assert client.get("/jobs?config=" + "x" * 300).status_code == 400
+    overview_page = client.get("/").text
+    assert 'href="/jobs?state=succeeded"' in overview_page and 'href="/jobs?state=queued"' in overview_page
+
+
+def test_a_failed_job_is_one_click_from_the_overview(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _set_state(db_path, 5, "failed", reason="exit code 2: python: can't open file 'trian.py'")
+    overview_page = client.get("/").text
+    assert 'href="/jobs?state=failed"' in overview_page and "1 failed" in overview_page
+    failed = client.get("/jobs?state=failed").text
+    assert 'data-job="5"' in failed and "trian.py" in failed and failed.count('class="job-row"') == 1
+
+
+def test_pages_escape_what_users_and_workers_wrote(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with Store(db_path) as store, store.write():
+        store.execute("UPDATE jobs SET config_name = '<script>alert(1)</script>', "
+                      "overrides_json = '{\"x\": \"<img src=x onerror=alert(1)>\"}' WHERE id = 3")
+        run_dir = store.query("SELECT run_dir FROM attempts WHERE job_id = 3")[0]["run_dir"]
+    (Path(run_dir) / "progress.jsonl").write_text('{"step": 1, "</script><script>alert(1)</script>": 1.0}\n')
+    for page in ("/jobs", "/job/3", "/timeline", "/results", "/curves?job=3"):
+        text = client.get(page).text
+        assert "<script>alert" not in text and "<img src=x" not in text, page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in client.get("/jobs").text
+    assert "\\u003c/script\\u003e" in client.get("/job/3").text  # in the chart's JSON, it cannot close the element
+
+
+def test_job_page_offers_only_what_its_state_allows(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    from orchestrator.lifecycle import JobState
+    from orchestrator.web.pages import ACTIONS_BY_STATE
+
+    def buttons(job_id: int) -> list[str]:
+        return re.findall(r'action="/api/jobs/\d+/(\w+)"', client.get(f"/fragment/job/{job_id}").text)
+
+    assert buttons(27) == ["cancel"]  # queued
+    assert buttons(25) == ["cancel", "retry"]  # running
+    assert buttons(1) == []  # succeeded
+    _set_state(db_path, 2, "failed")
+    assert buttons(2) == ["retry"]
+    # and the actions agree: what a state does not offer changes nothing (refused, or skipped)
+    for job_id, state in ((1, JobState.SUCCEEDED), (27, JobState.QUEUED)):
+        for name in ("cancel", "retry"):
+            response = client.post(f"/api/jobs/{job_id}/{name}", headers={"X-Orch-Token": "t0ken"})
+            acted = response.status_code == 200 and response.json()["done"] != "skipped"
+            assert acted == (name in ACTIONS_BY_STATE[state]), (job_id, name, response.text)
+            if acted:
+                break  # the job's state moved on
+
+
+def test_job_page_shows_final_metrics_and_set_overrides(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with Store(db_path) as store, store.write():
+        store.execute("UPDATE jobs SET overrides_json = '{\"learning_rate\": 0.001}' WHERE id = 1")
+    page = client.get("/job/1").text
+    assert "<code>learning_rate=0.001</code>" in page
+    assert 'href="/curves?config=c01&amp;job=1&amp;band=1"' in page  # its config's seeds, one click away
+    assert re.search(r"<b>accuracy</b> 0\.\d+", page) and "<b>f1</b> 0.7" in page
+    queued = client.get("/job/27").text
+    assert "none: the config as written" in queued and "only a succeeded attempt has final metrics" in queued
+    oomed = client.get("/job/10").text  # an OOM'd attempt, then a succeeded one: a line each in the curves
+    spec = json.loads(re.search(r'<script type="application/json">(.*?)</script>', oomed, re.S).group(1))
+    assert [r["label"].split(" · ")[0] for r in spec["runs"]] == ["attempt 1", "attempt 2"]
+    assert spec["runs"][0]["colour"] != spec["runs"][1]["colour"] and spec["metrics"] == ["loss"]
+
+
+def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    refused = client.post("/api/jobs/28/cancel", content="token=wrong", headers=form)
+    assert refused.status_code == 403 and refused.headers["content-type"].startswith("text/html")
+    assert "Refused (403)" in refused.text and "wrong" not in refused.text
+    done = client.post("/api/jobs/28/cancel", content="token=t0ken", headers=form)
+    assert done.status_code == 200 and "job 28 is cancelled" in done.text and 'href="/job/28"' in done.text
+    again = client.post("/api/jobs/28/cancel", content="token=t0ken", headers=form)
+    assert again.status_code == 200 and "job 28: nothing to do" in again.text
+    not_done = client.post("/api/jobs/1/retry", content="token=t0ken", headers=form)  # succeeded: refused
+    assert not_done.status_code == 409 and "Not done (409)" in not_done.text and "succeeded" in not_done.text
+    too_big = client.post("/api/jobs/29/cancel", content="token=t0ken&pad=" + "x" * 5000, headers=form)
+    assert too_big.status_code == 403
+    api = client.post("/api/jobs/29/cancel", headers={"X-Orch-Token": "t0ken"})
+    assert api.json() == {"job": 29, "done": "cancelled"}
+    # a form post carries the token in its body only: a header alone does not make it an API call
+    mixed = client.post("/api/jobs/30/cancel", content="token=", headers={**form, "X-Orch-Token": "t0ken"})
+    assert mixed.status_code == 403
+
+
+def test_static_files_are_served_and_live_pages_load_only_from_their_server(client) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.web.assets import UPLOT_VERSION
+
+    uplot = client.get("/static/uPlot.iife.min.js")
+    assert uplot.status_code == 200 and uplot.headers["content-type"].startswith("text/javascript")
+    assert "uPlot" in uplot.text and UPLOT_VERSION == "1.6.32"
+    assert client.get("/static/orch.css").headers["content-type"].startswith("text/css")
+    assert client.get("/static/uPlot.LICENSE").status_code == 404  # only the files the page uses
+    assert client.get("/static/..%2Fapp.py").status_code == 404
+    page = client.get("/memory").text
+    assert "script-src 'self';" in page and "https://" not in page and 'src="/static/uPlot.iife.min.js"' in page
+
+
+def test_memory_samples_record_each_jobs_share(db_path: Path) -> None:
+    from benchmarks.web_load import build_sweep
+
+    build_sweep(db_path, 10, running=3, queued=0)
+    with Store(db_path) as store:
+        record_gpu_samples(store, [GpuReading(g, f"GPU-{g:04d}", 24576, 20000, 4576) for g in range(7)], 1e10)
+        held = store.query("SELECT job_id, gpu_index, held_mib FROM attempts WHERE outcome IS NULL")
+        latest = {s.gpu_index: s for s in gpu_sample_series(store, since_s=1e10)}
+    assert held
+    for row in held:
+        assert latest[row["gpu_index"]].held_by_job[row["job_id"]] == row["held_mib"]
+    assert all(sum(s.held_by_job.values()) == s.orch_mib for s in latest.values())
+
+
+def test_curves_page_overlays_picked_jobs_and_a_configs_seeds(client) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    def spec(query: str) -> dict:  # type: ignore[type-arg]
+        text = client.get(f"/curves?{query}").text
+        return json.loads(re.search(r'<script type="application/json">(.*?)</script>', text, re.S).group(1))
+
+    picked = spec("job=1&job=2&log=1&smooth=0.5")
+    assert [r["key"] for r in picked["runs"]] == ["job-1", "job-2"] and picked["log"] and picked["smooth"] == 0.5
+    by_config = spec("config=c01")
+    assert len(by_config["runs"]) >= 1 and all("/c01" in r["group"] for r in by_config["runs"])
+    assert client.get("/curves?job=abc").status_code == 400
+    for bad in ("1.5", "nan", "x", "-0.1"):
+        response = client.get(f"/curves?smooth={bad}")
+        assert response.status_code == 400 and response.text.startswith("smooth must be a number from 0 to 0.99")
+    assert "no run picked yet" in client.get("/curves").text
+    assert "1 picked job(s) have no attempt yet" in client.get("/curves?job=30&job=1").text
+
+
+def test_web_results_agree_with_orch_results(client, orch_inproc) -> None:  # type: ignore[no-untyped-def]
+    cli = orch_inproc("results", "--csv")
+    assert cli.rc == 0, cli.stderr
+    web = client.get("/results.csv").text
+    assert web == cli.stdout and ",1,false" in web  # an OOM'd job's seed ran at level 1, and the page says so
+    page = client.get("/results").text
+    assert 'class="pivot-row"' in page and '<td class="levels">1</td>' in page

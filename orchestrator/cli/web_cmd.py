@@ -75,7 +75,7 @@ def web_cmd(host: str, port: int, db_path: Path) -> None:
 @click.option("--title", default="orch sweep report", show_default=True, help="Heading of the report.")
 @db_option
 def report_cmd(out_path: Path, title: str, db_path: Path) -> None:
-    """Write one self-contained HTML file: summary, timeline, memory and results."""
+    """Write one self-contained HTML file: summary, failed jobs, timeline, memory, curves and results."""
     if not out_path.parent.is_dir():
         raise UsageError(f"--out: directory {str(out_path.parent)!r} does not exist")
     if out_path.is_dir():

@@ -7,8 +7,9 @@ the whole sweep stays visible at a coarser one, in at most `max_rows_per_gpu` ro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.store.db import Store
 
@@ -36,10 +37,21 @@ class GpuSample:
     used_mib: int
     orch_mib: int  # held by the process trees of orch's live attempts
     free_mib: int
+    held_by_job: dict[int, int] = field(default_factory=dict)  # job id -> MiB its attempt held (empty if unknown)
 
     @property
     def foreign_mib(self) -> int:
         return max(0, self.used_mib - self.orch_mib)
+
+
+def _holds(text: str | None) -> dict[int, int]:
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {int(k): int(v) for k, v in raw.items() if str(k).isdigit() and isinstance(v, int)}
 
 
 def record_gpu_samples(
@@ -61,17 +73,20 @@ def record_gpu_samples(
     if last is not None and ts - float(last) < every_s:
         return False
     with store.write():
-        held = {
-            row[0]: int(row[1] or 0)
-            for row in store._db.execute(
-                "SELECT gpu_uuid, sum(held_mib) FROM attempts WHERE outcome IS NULL GROUP BY gpu_uuid"
-            ).fetchall()
-        }
+        held: dict[str, int] = {}
+        by_job: dict[str, dict[int, int]] = {}
+        for uuid, job_id, mib in store._db.execute(
+            "SELECT gpu_uuid, job_id, sum(held_mib) FROM attempts WHERE outcome IS NULL GROUP BY gpu_uuid, job_id"
+        ).fetchall():
+            held[uuid] = held.get(uuid, 0) + int(mib or 0)
+            if mib:
+                by_job.setdefault(uuid, {})[int(job_id)] = int(mib)
         store._db.conn.executemany(
-            "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, holds_json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (ts, r.index, r.uuid, r.total_mib, r.used_mib, min(held.get(r.uuid, 0), r.used_mib), r.free_mib)
+                (ts, r.index, r.uuid, r.total_mib, r.used_mib, min(held.get(r.uuid, 0), r.used_mib), r.free_mib,
+                 json.dumps(by_job.get(r.uuid, {}), sort_keys=True))
                 for r in readings
             ],
         )
@@ -95,12 +110,16 @@ def _thin(store: Store, uuid: str, max_rows: int) -> None:
 
 def gpu_sample_series(store: Store, since_s: float | None = None) -> list[GpuSample]:
     """Every sample (oldest first), optionally only those at or after `since_s`."""
-    sql = "SELECT ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib FROM gpu_samples"
+    sql = "SELECT ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, holds_json FROM gpu_samples"
     params: list[float] = []
     if since_s is not None:
         sql += " WHERE ts >= ?"
         params.append(since_s)
-    return [GpuSample(**row) for row in store.query(sql + " ORDER BY id", params)]
+    return [
+        GpuSample(r["ts"], r["gpu_index"], r["gpu_uuid"], r["total_mib"], r["used_mib"], r["orch_mib"], r["free_mib"],
+                  _holds(r["holds_json"]))
+        for r in store.query(sql + " ORDER BY id", params)
+    ]
 
 
 def gpu_indexes(store: Store, gpu_uuids: Iterable[str]) -> dict[str, int]:

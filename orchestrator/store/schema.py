@@ -359,3 +359,10 @@ def m016_resume(db: sqlite_utils.Database) -> None:
         "ALTER TABLE attempts ADD COLUMN resumed_from_checkpoint TEXT",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m017_gpu_sample_holds(db: sqlite_utils.Database) -> None:
+    # What each job held in a memory sample ({job id: MiB} on that GPU), so the web page's memory
+    # chart can split "ours" per job. NULL in rows written before: those show ours as one band.
+    db.execute("ALTER TABLE gpu_samples ADD COLUMN holds_json TEXT")

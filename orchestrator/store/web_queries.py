@@ -3,6 +3,8 @@ writes. Every list a page shows is bounded, so a database of 10,000 jobs answers
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,3 +215,108 @@ def change_marker(store: Store) -> ChangeMarker:
         "(SELECT max(id) FROM gpu_samples) AS g"
     )[0]
     return ChangeMarker(row["e"], row["p"], row["g"])
+
+
+@dataclass(frozen=True)
+class OomMark:
+    """An attempt that ran out of memory, where the memory chart marks it."""
+
+    ts: float
+    gpu: int
+    job_id: int
+    attempt: int
+    config: str
+    outcome: str
+
+
+def oom_marks(store: Store, since_s: float | None = None, limit: int = 2000) -> list[OomMark]:
+    sql = ("SELECT a.ended_at AS ts, a.gpu_index AS gpu, a.job_id, a.n AS attempt, j.config_name AS config, a.outcome "
+           "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.outcome IN (?, ?) AND a.ended_at IS NOT NULL")
+    params: list[Any] = [*OOM_OUTCOMES]
+    if since_s is not None:
+        sql += " AND a.ended_at >= ?"
+        params.append(since_s)
+    rows = store.query(sql + " ORDER BY a.ended_at DESC LIMIT ?", [*params, limit])
+    return [OomMark(**r) for r in reversed(rows)]
+
+
+def job_labels(store: Store, job_ids: Iterable[int]) -> dict[int, str]:
+    """Job id -> "job 12 · config" for the ids asked (in chunks: SQLite bounds parameters)."""
+    ids = sorted(set(job_ids))
+    labels: dict[int, str] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        for r in store.query(f"SELECT id, config_name FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk):
+            labels[int(r["id"])] = f"job {r['id']} · {r['config_name']}"
+    return labels
+
+
+@dataclass(frozen=True)
+class JobsFilter:
+    state: str | None = None
+    suite: str | None = None
+    config: str | None = None
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class JobsPageRow:
+    id: int
+    state: str
+    suite: str
+    config: str
+    seed: int
+    data: str
+    level: int
+    attempts: int
+    gpu: int | None  # of its live attempt
+    overrides: dict[str, Any]  # its --set overrides
+    reason: str | None  # why it failed, or why it waits
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class JobsPage:
+    rows: list[JobsPageRow]
+    total: int  # jobs matching the filter (rows holds at most `limit` of them)
+    suites: list[str]  # the values the filters offer
+    configs: list[str]
+    datas: list[str]
+
+
+def _filter_sql(f: JobsFilter) -> tuple[str, list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("j.state", f.state), ("j.suite", f.suite), ("j.config_name", f.config), ("j.data", f.data)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    return (" WHERE " + " AND ".join(where)) if where else "", params
+
+
+def _distinct(store: Store, column: str, limit: int) -> list[str]:
+    return [str(r["v"]) for r in store.query(f"SELECT DISTINCT {column} AS v FROM jobs ORDER BY v LIMIT ?", [limit])]
+
+
+def jobs_page(store: Store, f: JobsFilter, *, limit: int = 500, offset: int = 0, facets_limit: int = 500) -> JobsPage:
+    """The jobs matching a filter, newest first, bounded, with what each filter can pick."""
+    clause, params = _filter_sql(f)
+    total = int(store.query("SELECT count(*) AS n FROM jobs j" + clause, params)[0]["n"])
+    rows = store.query(
+        "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.level, j.attempt_count, j.overrides_json, "
+        "coalesce(j.reason, j.wait_reason) AS reason, j.updated_at, "
+        "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND a.outcome IS NULL) AS gpu "
+        "FROM jobs j" + clause + " ORDER BY j.id DESC LIMIT ? OFFSET ?", [*params, limit, offset],
+    )
+    out = []
+    for r in rows:
+        try:
+            overrides = json.loads(r["overrides_json"] or "{}")
+        except ValueError:
+            overrides = {}
+        out.append(JobsPageRow(
+            r["id"], r["state"], r["suite"], r["config_name"], r["seed"], r["data"], r["level"], r["attempt_count"],
+            r["gpu"], overrides if isinstance(overrides, dict) else {}, r["reason"], r["updated_at"],
+        ))  # fmt: skip
+    return JobsPage(out, total, _distinct(store, "suite", facets_limit), _distinct(store, "config_name", facets_limit),
+                    _distinct(store, "data", facets_limit))

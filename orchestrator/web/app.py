@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -30,14 +31,17 @@ from starlette.routing import Route
 
 from orchestrator.actions import cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
+from orchestrator.lifecycle import JobState
 from orchestrator.store.db import Store
-from orchestrator.store.web_queries import ChangeMarker, change_marker
+from orchestrator.store.web_queries import ChangeMarker, JobsFilter, change_marker
 from orchestrator.web import pages, views
+from orchestrator.web.assets import STATIC_FILES, static_text
 from orchestrator.web.results_view import MetricsCache, result_table
 
 TOKEN_HEADER = "X-Orch-Token"
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 KEEPALIVE_S = 15.0
+LATEST_TIME_S = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last second time.gmtime can show
 
 
 def _job_id(request: Request) -> int:
@@ -55,9 +59,52 @@ def _float_param(request: Request, name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise UsageError(f"{name} must be a number of seconds since the epoch, not {raw[:40]!r}") from None
-    if not math.isfinite(value):
-        raise UsageError(f"{name} must be a finite number")
+    if not math.isfinite(value) or abs(value) > LATEST_TIME_S:
+        raise UsageError(f"{name} must be a time in seconds since the epoch, at most {LATEST_TIME_S:.0f} (year 9999)")
     return value
+
+
+def _time_range(request: Request) -> tuple[float | None, float | None]:
+    from_s, to_s = _float_param(request, "from"), _float_param(request, "to")
+    if from_s is not None and to_s is not None and from_s > to_s:
+        raise UsageError("from must not be later than to")
+    return from_s, to_s
+
+
+MAX_FORM_BYTES = 4096  # an action form holds the token and nothing else
+MAX_PICKED_JOBS = 200
+
+
+def _text_param(request: Request, name: str) -> str | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if len(raw) > 200:
+        raise UsageError(f"{name} is too long")
+    return raw
+
+
+def _jobs_filter(request: Request) -> JobsFilter:
+    state = _text_param(request, "state")
+    if state is not None and state not in {s.value for s in JobState}:
+        raise UsageError(f"state must be one of {', '.join(s.value for s in JobState)}, not {state[:40]!r}")
+    return JobsFilter(state, _text_param(request, "suite"), _text_param(request, "config"), _text_param(request, "data"))
+
+
+def _curve_params(request: Request) -> tuple[list[int], str | None, float, bool, bool]:
+    ids = request.query_params.getlist("job")
+    if len(ids) > MAX_PICKED_JOBS or not all(i.isdigit() and len(i) <= 18 for i in ids):
+        raise UsageError(f"job must be job ids (at most {MAX_PICKED_JOBS})")
+    raw = request.query_params.get("smooth") or "0"
+    try:
+        smooth = float(raw)
+    except ValueError:
+        raise UsageError(f"smooth must be a number from 0 to 0.99, not {raw[:40]!r}") from None
+    if not 0.0 <= smooth < 1.0:  # NaN fails this too
+        raise UsageError("smooth must be a number from 0 to 0.99")
+    flag = {"1", "yes", "on", "true"}
+    return ([int(i) for i in ids], _text_param(request, "config"), smooth,
+            request.query_params.get("log", "") in flag, request.query_params.get("band", "") in flag)
 
 
 def create_app(
@@ -84,13 +131,13 @@ def create_app(
         return fragment(views.overview_view)
 
     def timeline_page(request: Request) -> Response:
-        a, b = _float_param(request, "from"), _float_param(request, "to")
+        a, b = _time_range(request)
         query = "&".join(f"{k}={v!r}" for k, v in (("from", a), ("to", b)) if v is not None)
         url = "/fragment/timeline" + (f"?{query}" if query else "")
         return page("Timeline", "timeline", url, lambda s: views.timeline_view(s, a, b))
 
     def timeline_fragment(request: Request) -> Response:
-        a, b = _float_param(request, "from"), _float_param(request, "to")
+        a, b = _time_range(request)
         return fragment(lambda s: views.timeline_view(s, a, b))
 
     def memory_page(request: Request) -> Response:
@@ -98,6 +145,27 @@ def create_app(
 
     def memory_fragment(request: Request) -> Response:
         return fragment(views.memory_view)
+
+    def jobs_page(request: Request) -> Response:
+        f = _jobs_filter(request)
+        return page("Jobs", "jobs", "/fragment/jobs" + (f"?{request.url.query}" if request.url.query else ""),
+                    lambda s: views.jobs_view(s, f))
+
+    def jobs_fragment(request: Request) -> Response:
+        f = _jobs_filter(request)
+        return fragment(lambda s: views.jobs_view(s, f))
+
+    def curves_page(request: Request) -> Response:
+        ids, config, smooth, log, band = _curve_params(request)
+        with store() as s:
+            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band)
+        return HTMLResponse(pages.layout("Curves", "curves", body))
+
+    def static(request: Request) -> Response:
+        name = str(request.path_params["name"])
+        if name not in STATIC_FILES:
+            return PlainTextResponse(f"no static file {name[:60]!r}", status_code=404)
+        return Response(static_text(name), media_type=STATIC_FILES[name], headers={"Cache-Control": "max-age=3600"})
 
     def job_page(request: Request) -> Response:
         job_id = _job_id(request)
@@ -142,37 +210,66 @@ def create_app(
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
-    def authorised(request: Request) -> bool:
-        return hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(), token.encode())
+    def matches(sent: str) -> bool:
+        return hmac.compare_digest(sent.encode(), token.encode())
 
-    def action(request: Request, run: Callable[[Store], dict[str, object]]) -> Response:
-        if not authorised(request):
-            return JSONResponse({"error": f"refused: send the token orch web printed in the {TOKEN_HEADER} header"},
-                                status_code=403)
+    async def form_token(request: Request) -> str | None:
+        """The token of an HTML form post (application/x-www-form-urlencoded), or None for an API call."""
+        if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            return None
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return ""
+        return parse_qs(body.decode("utf-8", errors="replace")).get("token", [""])[0]
+
+    async def action(request: Request, run: Callable[[Store], dict[str, object]], job_id: int | None = None) -> Response:
+        sent = await form_token(request)
+        as_page = sent is not None
+
+        def answer(heading: str, message: str, status: int, data: dict[str, object]) -> Response:
+            if as_page:
+                html = pages.layout(heading, "action", pages.action_page(heading, message, status, job_id))
+                return HTMLResponse(html, status_code=status)
+            return JSONResponse(data, status_code=status)
+
+        if not matches(sent if sent is not None else request.headers.get(TOKEN_HEADER, "")):
+            refusal = f"refused: send the token orch web printed in the {TOKEN_HEADER} header"
+            return answer("Refused (403)", "refused: open the page through the address orch web printed (/?token=...), "
+                          "so its buttons carry the token", 403, {"error": refusal})
+
+        def in_store() -> dict[str, object]:
+            with store() as s:  # opened in the worker thread that uses it (sqlite3 connections stay in theirs)
+                return run(s)
+
         try:
-            with store() as s:
-                return JSONResponse(run(s))
+            done = await run_in_threadpool(in_store)
         except JobNotFound as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+            return answer("Not found (404)", str(exc), 404, {"error": str(exc)})
         except OrchError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=409)
+            return answer("Not done (409)", str(exc), 409, {"error": str(exc)})
+        what = f"job {done['job']}" if "job" in done else f"suite {done.get('suite')}"
+        if done["done"] == "skipped":  # e.g. cancel on a job that already ended: nothing changed
+            return answer(f"{what}: nothing to do", f"{what} was left as it is: its state does not allow that.", 200, done)
+        return answer(f"{what}: {done['done']}", f"{what} is {done['done']}.", 200, done)
 
-    def cancel(request: Request) -> Response:
+    async def cancel(request: Request) -> Response:
         job_id = _job_id(request)
-        return action(request, lambda s: {"job": job_id, "done": cancel_job(s, job_id).value})
+        return await action(request, lambda s: {"job": job_id, "done": cancel_job(s, job_id).value}, job_id)
 
-    def retry(request: Request) -> Response:
+    async def retry(request: Request) -> Response:
         job_id = _job_id(request)
-        return action(request, lambda s: {"job": job_id, "done": retry_job(s, job_id).value})
+        return await action(request, lambda s: {"job": job_id, "done": retry_job(s, job_id).value}, job_id)
 
-    def resume(request: Request) -> Response:
+    async def resume(request: Request) -> Response:
         suite = str(request.path_params["suite"])
 
         def run(s: Store) -> dict[str, object]:
             resume_suite(s, suite)
             return {"suite": suite, "done": "resumed"}
 
-        return action(request, run)
+        return await action(request, run)
 
     async def on_not_found(request: Request, exc: Exception) -> Response:
         return PlainTextResponse(str(exc), status_code=404)
@@ -182,6 +279,8 @@ def create_app(
 
     routes = [
         Route("/", overview_page), Route("/fragment/overview", overview_fragment),
+        Route("/jobs", jobs_page), Route("/fragment/jobs", jobs_fragment), Route("/curves", curves_page),
+        Route("/static/{name}", static),
         Route("/timeline", timeline_page), Route("/fragment/timeline", timeline_fragment),
         Route("/memory", memory_page), Route("/fragment/memory", memory_fragment),
         Route("/job/{job_id:int}", job_page), Route("/fragment/job/{job_id:int}", job_fragment),

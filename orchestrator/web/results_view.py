@@ -1,12 +1,14 @@
 """Results per effective config × task for the page and the report: mean ± std over seeds
-(through orchestrator.results) and each run's value, from the succeeded attempts' result.json."""
+(through orchestrator.results.aggregate), each seed's value, and the configs × tasks pivot,
+from the succeeded attempts' result.json."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.results import aggregate
+from orchestrator.results import ResultSummary, aggregate
 from orchestrator.results_format import cell_marks, legend_lines, to_csv
 from orchestrator.results_source import RunReader, collect_rows
 from orchestrator.store.db import Store
@@ -19,14 +21,15 @@ MetricsCache = RunReader
 class ResultLine:
     suite: str
     config: str
+    label: str  # the effective config: config and its --set overrides (effective_config_label)
     task: str
     metric: str
     mean: float | None
     std: float
     n_seeds: int  # runs counted (a seed that ran twice counts twice)
     values: tuple[tuple[int, float], ...]  # (seed, value) per run counted, by seed
+    levels: str = ""  # the ladder levels its seeds ran at, "0,1 †" when they differ
     overrides: dict[str, Any] = field(default_factory=dict)  # the row's `--set` overrides
-    label: str = ""  # config with its overrides: `r8 [learning_rate=0.001]`
     notes: tuple[str, ...] = ()
     marks: str = ""  # the same marks as the CLI's markdown (†, ‡, §, *)
 
@@ -36,16 +39,93 @@ class ResultTable:
     lines: list[ResultLine]
     csv: str
     missing: int  # succeeded jobs whose result.json had no test metrics
+    summaries: list[ResultSummary]
     legend: tuple[str, ...] = ()  # one line per mark used (results_format.LEGEND)
 
 
+def _overrides_text(overrides: Any) -> str:
+    if not isinstance(overrides, Mapping) or not overrides:
+        return ""
+    return " ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+
+
+def effective_config_label(summary: Any) -> str:
+    """The one adapter to the results row model: "config" or "config [lr=1e-3]" where the row
+    names --set overrides (`overrides_label` if the model gives one, else `overrides`)."""
+    named = getattr(summary, "label", None)  # ResultSummary.label: overrides and config content
+    if isinstance(named, str) and named:
+        return named
+    label = getattr(summary, "overrides_label", None)
+    if not isinstance(label, str) or not label:
+        label = _overrides_text(getattr(summary, "overrides", None))
+    return f"{summary.config} [{label}]" if label else str(summary.config)
+
+
+@dataclass(frozen=True)
+class PivotCell:
+    mean: float | None
+    std: float
+    n: int
+    mixed: bool
+    best: bool
+    marks: str = ""  # the CLI's marks (†, ‡, §, *): see the legend under the table
+
+
+@dataclass(frozen=True)
+class PivotRow:
+    label: str  # suite/config [overrides] when several suites, else config [overrides]
+    cells: list[PivotCell | None]  # one per column; None where the config has no run of that task
+
+
+@dataclass(frozen=True)
+class Pivot:
+    columns: list[tuple[str, str]]  # (task, metric)
+    rows: list[PivotRow]
+    mixed: bool  # some cell's seeds ran at different ladder levels
+
+
+def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
+    """Effective configs × tasks (as `orch results --format markdown`), best mean per task marked."""
+    several_suites = len({s.suite for s in summaries}) > 1
+    labels: list[str] = []
+    columns: list[tuple[str, str]] = []
+    cells: dict[tuple[str, tuple[str, str]], ResultSummary] = {}
+    for s in summaries:
+        label = effective_config_label(s)
+        label = f"{s.suite}/{label}" if several_suites else label
+        if label not in labels:
+            labels.append(label)
+        if (s.task, s.metric) not in columns:
+            columns.append((s.task, s.metric))
+        cells[(label, (s.task, s.metric))] = s
+    columns.sort()
+    best: dict[tuple[str, str], float] = {}
+    for (_, column), s in cells.items():
+        if s.mean is not None:
+            best[column] = max(best.get(column, -float("inf")), round(s.mean, digits))
+    rows = []
+    for label in labels:
+        row: list[PivotCell | None] = []
+        for column in columns:
+            cell = cells.get((label, column))
+            row.append(None if cell is None else PivotCell(
+                cell.mean, cell.std, cell.n_seeds, cell.mixed_levels,
+                cell.mean is not None and round(cell.mean, digits) == best.get(column),
+                "".join(cell_marks(cell))))
+        rows.append(PivotRow(label, row))
+    return Pivot(columns, rows, any(s.mixed_levels for s in summaries))
+
+
 def result_table(store: Store, cache: MetricsCache, suite: str | None = None) -> ResultTable:
+    # the same rows as `orch results` (results_source.collect_rows): one per effective config,
+    # traced to their attempts, so levels, marks, notes and the CSV agree with the CLI
     rows, missing = collect_rows(store, suite, cache)
     summaries = aggregate(rows)
     lines = [
-        ResultLine(s.suite, s.config, s.task, s.metric, s.mean, s.std, s.n,
+        ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
                    tuple((run.seed, run.value) for run in s.runs if run.value is not None),
-                   dict(s.overrides), s.label, s.notes, "".join(cell_marks(s)))
+                   ",".join(map(str, s.levels)) + (" †" if s.mixed_levels else ""),
+                   dict(s.overrides), s.notes, "".join(cell_marks(s)))
         for s in summaries
     ]
-    return ResultTable(lines, to_csv(summaries), missing, tuple(legend_lines(summaries)))
+    return ResultTable(lines, to_csv(summaries), missing, summaries, tuple(legend_lines(summaries)))

@@ -1,0 +1,167 @@
+"""Curves from the workers' heartbeats (pure where it can be): every metric a worker reports
+in `progress.jsonl` against step, runs overlaid, and the seeds of one effective config as a
+band (mean, min and max at each step).
+
+progress.jsonl is written by user code: read bounded through runfiles' run-dir descent (no
+symlink followed), each line a JSON mapping or skipped, values finite numbers or dropped,
+metric names short text, at most MAX_METRICS of them."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.launch.runtree import FileProblem, RunTreeError, open_run_dir, read_file
+from orchestrator.rundir_files import RunDir
+from orchestrator.runfiles import CURVE_TAIL_BYTES, MAX_CURVE_POINTS
+
+NOT_METRICS = frozenset({"t", "ts", "time", "step", "total", "epoch"})
+MAX_METRICS = 24
+MAX_NAME_CHARS = 64
+# Attempts and runs are told apart by these; none is the OOM red of the timeline.
+PALETTE = ("#3b7dd8", "#2e9d5b", "#8e6bd8", "#e07b00", "#1fa2a8", "#b05fc4", "#6b8e23", "#5c7cfa",
+           "#a0522d", "#2b8cbe", "#c71585", "#708090")
+
+
+@dataclass(frozen=True)
+class Curve:
+    steps: list[float]
+    values: list[float]
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value) if abs(value) <= 1e300 else math.inf
+    return number if math.isfinite(number) else None
+
+
+def _thin(points: list[tuple[float, float]], limit: int) -> list[tuple[float, float]]:
+    if len(points) <= limit:
+        return points
+    stride = math.ceil(len(points) / limit)
+    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+
+
+def parse_curves(text: str, max_points: int = MAX_CURVE_POINTS) -> dict[str, Curve]:
+    """Metric name -> its (step, value) points, from progress.jsonl's text (pure)."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for line in text.splitlines():
+        try:
+            record = json.loads(line, parse_constant=lambda token: None)
+        except (ValueError, RecursionError):
+            continue  # a partial first line, or a line being written
+        if not isinstance(record, dict):
+            continue
+        step = _finite(record.get("step"))
+        if step is None:
+            continue
+        for name, raw in record.items():
+            if not isinstance(name, str) or name in NOT_METRICS or len(name) > MAX_NAME_CHARS:
+                continue
+            value = _finite(raw)
+            if value is None or (name not in points and len(points) >= MAX_METRICS):
+                continue
+            points.setdefault(name, []).append((step, value))
+    curves = {}
+    for name in sorted(points, key=lambda n: (n != "loss", n)):  # loss first, then by name
+        thinned = _thin(points[name], max_points)
+        curves[name] = Curve([s for s, _ in thinned], [v for _, v in thinned])
+    return curves
+
+
+def read_curves(run_dir: str | Path, max_points: int = MAX_CURVE_POINTS) -> dict[str, Curve]:
+    try:
+        with open_run_dir(Path(run_dir)) as dir_fd:
+            raw = read_file(dir_fd, RunDir.PROGRESS, CURVE_TAIL_BYTES, tail=True)
+    except (FileNotFoundError, FileProblem, RunTreeError, OSError):
+        return {}
+    return parse_curves((raw or b"").decode("utf-8", errors="replace"), max_points)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One line of a curves chart: a job's attempt (or its latest), and the group its band joins."""
+
+    key: str
+    label: str
+    group: str  # runs of one group are seeds of one effective config
+    curves: dict[str, Curve]
+    colour: str = PALETTE[0]
+    dash: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SeedBand:
+    label: str
+    colour: str
+    n: int
+    steps: list[float]
+    mean: list[float]
+    lo: list[float]
+    hi: list[float]
+
+
+def _at(curve: Curve, step: float) -> float | None:
+    """The curve's value at `step`, linear between its points; None outside its range."""
+    xs = curve.steps
+    if not xs or step < xs[0] or step > xs[-1]:
+        return None
+    lo, hi = 0, len(xs) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if xs[mid] <= step:
+            lo = mid
+        else:
+            hi = mid
+    if xs[lo] == step or hi == lo:
+        return curve.values[lo]
+    if xs[hi] == step:
+        return curve.values[hi]
+    w = (step - xs[lo]) / (xs[hi] - xs[lo])
+    return curve.values[lo] * (1 - w) + curve.values[hi] * w
+
+
+def seed_bands(runs: Sequence[Run], metric: str) -> list[SeedBand]:
+    """Per group with the metric: mean, min and max over its runs at every step any of them
+    logged, counting at each step only the runs whose range covers it (no extrapolation)."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if metric in run.curves and run.curves[metric].steps:
+            groups.setdefault(run.group, []).append(run)
+    bands = []
+    for i, (group, members) in enumerate(groups.items()):
+        steps = sorted({s for r in members for s in r.curves[metric].steps})
+        kept_steps, mean, lo, hi = [], [], [], []
+        for step in steps:
+            values = [v for v in (_at(r.curves[metric], step) for r in members) if v is not None]
+            if not values:
+                continue
+            kept_steps.append(step)
+            mean.append(sum(values) / len(values))
+            lo.append(min(values))
+            hi.append(max(values))
+        bands.append(SeedBand(group, PALETTE[i % len(PALETTE)], len(members), kept_steps, mean, lo, hi))
+    return bands
+
+
+def chart_spec(runs: Sequence[Run], *, key: str, metric: str = "loss", smooth: float = 0.0, log: bool = False,
+               band: bool = False, with_bands: bool = True, empty: str = "no curve reported yet") -> dict[str, Any]:
+    """The JSON the page's curves chart draws (static/charts.js)."""
+    metrics: list[str] = []
+    for run in runs:
+        metrics += [m for m in run.curves if m not in metrics]
+    metrics.sort(key=lambda m: (m != "loss", m))
+    spec: dict[str, Any] = {
+        "key": key, "metric": metric, "metrics": metrics, "smooth": smooth, "log": log, "band": band, "empty": empty,
+        "runs": [{"key": r.key, "label": r.label, "group": r.group, "colour": r.colour, "dash": r.dash or None,
+                  "curves": {m: [c.steps, c.values] for m, c in r.curves.items()}} for r in runs],
+    }
+    if with_bands:
+        spec["bands"] = {m: [{"label": b.label, "colour": b.colour, "n": b.n, "steps": b.steps, "mean": b.mean,
+                              "lo": b.lo, "hi": b.hi} for b in seed_bands(runs, m)] for m in metrics}
+    return spec
