@@ -82,35 +82,35 @@ class Knowledge:
     shapes: Mapping[str, ShapeMemory]
     running: Mapping[str, RunningPeak]
     held: Mapping[str, RunningPeak] = field(default_factory=dict)  # before step K: floors only
-    _by_base_task: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
-    _by_base_level: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)  # shape key -> completed or running peak
+    _by_base: dict[str, dict[str, int]] = field(default_factory=dict)  # base -> task -> peak
 
     def __post_init__(self) -> None:
-        peaks: dict[str, int] = {k: m.peak_mib for k, m in self.shapes.items() if m.peak_mib}
+        self.peaks = {k: m.peak_mib for k, m in self.shapes.items() if m.peak_mib}
         for key, run in self.running.items():
-            peaks[key] = max(peaks.get(key, 0), run.peak_mib)
-        for key, peak in peaks.items():
+            self.peaks[key] = max(self.peaks.get(key, 0), run.peak_mib)
+        for key, peak in self.peaks.items():
             parts = parse_shape_key(key)
-            if parts is None:
-                continue
-            self._by_base_task.setdefault((parts.base, parts.task), {})[parts.level] = peak
-            self._by_base_level.setdefault((parts.base, parts.level), {})[parts.task] = peak
+            if parts is not None:
+                self._by_base.setdefault(parts.base, {})[parts.task] = peak
 
     def transfer(
-        self, key: str, estimate_ratio: Mapping[int, float] | None, prompt_tokens: Callable[[str], int | None]
+        self, key: str, estimate_ratio: Mapping[int, float] | None, prompt_tokens: Callable[[str], int | None],
+        lower_levels: Mapping[int, str] | None = None,
     ) -> Transfer | None:
-        """A neighbour's peak for a shape with none of its own: a lower level of the same task,
-        else the same level on other tasks scaled by learned prompt lengths."""
+        """A neighbour's peak for a shape with none of its own: the shape the job had at a lower
+        ladder level (`lower_levels`: level -> its shape key), else the same received config on
+        other tasks scaled by learned prompt lengths."""
         parts = parse_shape_key(key)
         if parts is None:
             return None
-        by_level = self._by_base_task.get((parts.base, parts.task), {})
-        found = level_transfer(parts.level, by_level, estimate_ratio)
+        by_level = {level: self.peaks[k] for level, k in (lower_levels or {}).items() if k != key and k in self.peaks}
+        found = level_transfer(max(by_level, default=-1) + 1, by_level, estimate_ratio)
         if found is not None:
             return found
         others = {
             task: (peak, prompt_tokens(task))
-            for task, peak in self._by_base_level.get((parts.base, parts.level), {}).items()
+            for task, peak in self._by_base.get(parts.base, {}).items()
             if task != parts.task
         }
         return task_transfer(prompt_tokens(parts.task), others) if others else None

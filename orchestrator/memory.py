@@ -276,10 +276,12 @@ def at_learned_length(config: Mapping[str, Any], longest_tokens: int | None) -> 
     return {**config, "max_seq_len": longest_tokens}
 
 
-def shape_key(config_content_hash: str, model: str, level: int, task: str) -> str:
-    """Attempts with equal keys should peak alike: same memory-relevant config content
-    (`orchestrator.shapes.memory_hash`), model, ladder level and task."""
-    return f"{config_content_hash}|{model}|{level}|{task}"
+def shape_key(config_content_hash: str, model: str, task: str) -> str:
+    """Attempts with equal keys should peak alike: same memory-relevant content of the config the
+    script receives (`orchestrator.shapes.memory_hash`, after `--set` and the ladder's changes),
+    model and task. The ladder level is not part of it: two attempts passing the same settings
+    have one shape, whichever level or config name they came from."""
+    return f"{config_content_hash}|{model}|{task}"
 
 
 @dataclass(frozen=True)

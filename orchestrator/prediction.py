@@ -224,15 +224,24 @@ def level_of(job: Job, cache: JobShapeCache) -> Level:
     return with_host_settings(levels[min(job.level, len(levels) - 1)], job_host_settings(job))
 
 
-def job_shape_key(job: Job, level: Level) -> str:
-    """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
-    suite's `memory_keys`, and the number of GPUs of a multi-GPU job), model, level index and task."""
-    config: Mapping[str, Any] = job.config
+def received_memory_config(job: Job, level: Level) -> tuple[dict[str, Any], list[str]]:
+    """The config the script receives at `level` (the job's, with the level's changes under the
+    script's own key names), and the suite's `memory_keys` (plus the number of GPUs of a
+    multi-GPU job: a rank's peak depends on how the model is split)."""
+    config: dict[str, Any] = {**job.config, **job_keys(job).to_script(level.overrides)}
     extra = list(job.memory_keys)
-    if job.gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
+    if job.gpus > 1:
         config, extra = {**config, "gpus": job.gpus}, [*extra, "gpus"]
+    return config, extra
+
+
+def job_shape_key(job: Job, level: Level) -> str:
+    """The shape of the job's attempts at `level`: the memory-relevant keys of the config the
+    script receives there (plus the suite's `memory_keys`), model and task. Two attempts passing
+    identical settings share it, whatever their config name or ladder level."""
+    config, extra = received_memory_config(job, level)
     foreign = job.worker not in OUR_WORKERS  # its memory keys are not known: all but the harmless
-    return shape_key(memory_hash(dict(config), extra, foreign=foreign), str(config.get("model", "")), level.index, job.data)
+    return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), job.data)
 
 
 def attempt_shape_key(job: Job, attempt: Attempt, cache: JobShapeCache) -> str:
@@ -304,6 +313,7 @@ def predict_for(
         transfer = knowledge.transfer(
             key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
             lambda task: prompt_lengths.get(prompt_length_key(config, task)),
+            {lower.index: job_shape_key(facts.job, lower) for lower in job_levels(facts.job, cache)[: level.index]},
         )
     prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held)
     result = (prediction.mib, prediction.source)
