@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
+from orchestrator.families import FamilyTag
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher
 from orchestrator.launching import DispatchContext, claim, launch_all
@@ -20,6 +21,7 @@ from orchestrator.packing import (
     GpuState,
     PackingDecision,
     QueuedJob,
+    RunningAttempt,
     can_take_any,
     open_slots,
     pack,
@@ -30,13 +32,14 @@ from orchestrator.prediction import (
     JobShapeCache,
     as_received,
     attempt_config,
+    attempt_family_tag,
     attempt_shape_key,
     job_prompt_length_key,
     level_of,
     predict_for,
     shape_facts,
 )
-from orchestrator.prediction_source import PredictionSource
+from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.queue_cache import QueueRead
 from orchestrator.queue_kinds import Kind, handed_to_pack, kind_of
 from orchestrator.resources import host_state, predict_host_mib, running_attempts
@@ -46,7 +49,7 @@ from orchestrator.store.attempts import (
 )
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan, transition
-from orchestrator.store.learning import read_throughput
+from orchestrator.store.learning import read_family_members, read_throughput
 from orchestrator.store.queue import (
     jobs_by_id,
     live_attempts_with_jobs,
@@ -157,7 +160,9 @@ def schedule(
     def key_of(job: Job, attempt: Attempt) -> str:
         return attempt_shape_key(job, attempt, cache)
 
-    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of))
+    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of),
+                          family_tags(store, live, live_jobs, cache))
+    running = _mark_probes(running, live, live_jobs, knowledge, cache)
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
     host_shapes = read_host_shapes(store)
     host_running: dict[str, int] = {}
@@ -181,7 +186,7 @@ def schedule(
                 host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
             inputs = kinds[kind] = _KindInputs(
                 predicted, host_mib, durations.expected_s(job.config_name, job.data, facts.level.index),
-                curves.get(facts.shape.shape_key))
+                curves.get(facts.shape.shape_key), _probe_family(facts, predicted[1], knowledge))
             if whole_queue:
                 firsts.append((job.id, _teaching_group(facts, predicted[1], prompt_lengths),
                                len(cache.kinds.lists.get(kind, ())) or 1))
@@ -195,6 +200,7 @@ def schedule(
                 expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,
                 gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
+                probe_family=inputs.probe_family,
             )
         )
     teaching = teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"}) \
@@ -232,6 +238,45 @@ def schedule(
     return decision
 
 
+def family_tags(store: Store, live: Sequence[Attempt], live_jobs: Mapping[int, Job],
+                cache: JobShapeCache) -> dict[str, FamilyTag]:
+    """Shape key -> its place in its memory family, for every learned shape and live attempt."""
+    tags = {m.shape_key: m.tag for m in read_family_members(store)}
+    for attempt in live:
+        job = live_jobs.get(attempt.job_id)
+        if job is not None and (tag := attempt_family_tag(job, attempt, cache)) is not None:
+            tags[attempt_shape_key(job, attempt, cache)] = tag
+    return tags
+
+
+# Predictions that rest on nothing measured on this machine (the estimate is a fitted model, not a guess)
+_GUESSES = (SourceKind.DECLARED, SourceKind.NONE, SourceKind.OOM_FLOOR)
+
+
+def _probe_family(facts: JobFacts, source: PredictionSource, knowledge: Knowledge) -> str | None:
+    """The job's family while its memory rests on nothing measured: such jobs probe, one per
+    family per card, until one reaches step K (orchestrator.packing)."""
+    tag = facts.shape.family
+    if tag is None or source.kind not in _GUESSES or knowledge.family_measured(tag.family_key):
+        return None
+    return tag.family_key
+
+
+def _mark_probes(running: list[RunningAttempt], live: Sequence[Attempt], live_jobs: Mapping[int, Job],
+                 knowledge: Knowledge, cache: JobShapeCache) -> list[RunningAttempt]:
+    """Live attempts of families that have measured nothing: their cards take no other job of
+    the family until one of them reaches step K."""
+    probes: dict[int, str] = {}
+    for attempt in live:
+        job = live_jobs.get(attempt.job_id)
+        tag = attempt_family_tag(job, attempt, cache) if job is not None else None
+        if tag is not None and not knowledge.family_measured(tag.family_key):
+            probes[attempt.job_id] = tag.family_key
+    if not probes:
+        return running
+    return [replace(r, probe_family=probes[r.job_id]) if r.job_id in probes else r for r in running]
+
+
 def _teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:
     """A LoRA job's model and data while its prediction is untaught: one finished run of them
     reports the prompt lengths that size every config of that model and data."""
@@ -265,6 +310,7 @@ class _KindInputs:
     host_mib: int
     expected_s: float | None
     curve: Mapping[int, Mapping[int, float]] | None
+    probe_family: str | None = None
 
 
 def _forget_left(cache: JobShapeCache, read: QueueRead) -> None:

@@ -346,12 +346,17 @@ def predict_peak_mib(
     running: RunningPeak | None = None,
     transfer: Transfer | None = None,
     held: RunningPeak | None = None,
+    family: Prediction | None = None,
+    disproven_mib: int | None = None,
 ) -> Prediction:
     """The first that is known, plus a margin: the shape's measured peak (completed attempts;
     margin shrinking with their number, or `margin_fraction`), else the peak so far of its
     running attempts past step K (a wider margin, shrinking as they run on), else a peak
+    predicted by the shape's memory family (`family`: its fit over other batch sizes), else a peak
     borrowed from a neighbouring shape (`transfer`: a lower ladder level, another task), else
-    the estimate, else the declared figure. Never below what a running attempt of the shape
+    the estimate, else the declared figure. Once an OOM has struck a family that has measured
+    nothing (`disproven_mib`: the most its members held), the estimate and the declared figure
+    are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a running attempt of the shape
     already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
@@ -363,6 +368,8 @@ def predict_peak_mib(
             math.ceil(running.peak_mib * (1 + running_margin(running.step))),
             PredictionSource(SourceKind.RUNNING, step=running.step),
         )
+    elif family is not None:
+        prediction = family
     elif transfer is not None:
         margin = measured_margin(1) if margin_fraction is None else margin_fraction
         prediction = Prediction(math.ceil(transfer.mib * (1 + margin)), transfer.source)
@@ -372,6 +379,9 @@ def predict_peak_mib(
         prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
         prediction = Prediction(0, PredictionSource(SourceKind.NONE))
+    if disproven_mib is not None and prediction.source.kind in (SourceKind.ESTIMATE, SourceKind.DECLARED, SourceKind.NONE):
+        prediction = Prediction(math.ceil(max(prediction.mib, disproven_mib) * OOM_FLOOR_GROWTH),
+                                PredictionSource(SourceKind.OOM_FLOOR))
     if held is not None and prediction.source.kind is not SourceKind.MEASURED:
         held_mib = math.ceil(held.peak_mib * (1 + running_margin(held.step)))
         if held_mib > prediction.mib:

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.durations import DurationTable
+from orchestrator.families import FamilyTag, family_of
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
 from orchestrator.launch.rundir import OUR_WORKERS
 from orchestrator.learned import Knowledge
 from orchestrator.memory import (
     ModelInfo,
+    Prediction,
     ShapeMemory,
     at_learned_length,
     estimate_peak_mib,
@@ -34,7 +36,7 @@ from orchestrator.plans.template import parse_template
 from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.queue_cache import QueueCache
 from orchestrator.queue_kinds import KindIndex
-from orchestrator.shapes import memory_hash
+from orchestrator.shapes import memory_config, memory_hash
 from orchestrator.store.rows import Attempt, Job
 
 PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
@@ -51,6 +53,7 @@ class ShapeFacts:
     depends: tuple[Any, ...] | None = None  # what `prediction` was made from
     prediction: tuple[int, PredictionSource] = (0, PredictionSource(SourceKind.NONE))
     computed_for: Any = None  # the pass's Knowledge, for a prediction borrowed from a neighbour
+    family: FamilyTag | None = None  # where the shape sits in its memory family
 
 
 @dataclass
@@ -95,6 +98,7 @@ class JobShapeCache:
     durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
     durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
+    attempt_families: dict[tuple[int, int], FamilyTag | None] = field(default_factory=dict)  # and its family
     queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
     kinds: KindIndex = field(default_factory=KindIndex)  # queued jobs by kind, in queue order
     # while nothing can start: what the head's waiting reasons were last worked out from, and when
@@ -244,6 +248,26 @@ def job_shape_key(job: Job, level: Level) -> str:
     return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), job.data)
 
 
+def job_family_tag(job: Job, level: Level) -> FamilyTag | None:
+    """Where the job's shape at `level` sits in its memory family (`orchestrator.families`);
+    None when the script receives no batch size."""
+    config, extra = received_memory_config(job, level)
+    foreign = job.worker not in OUR_WORKERS
+    keys = job_keys(job)
+    return family_of(memory_config(config, extra, foreign=foreign), str(config.get("model", "")), job.data,
+                     keys.script_key("batch_size") if keys.names else None)
+
+
+def attempt_family_tag(job: Job, attempt: Attempt, cache: JobShapeCache) -> FamilyTag | None:
+    memo = (attempt.id, attempt.level)
+    if memo not in cache.attempt_families:
+        if len(cache.attempt_families) >= ATTEMPT_KEYS_KEPT:
+            cache.attempt_families.clear()
+        levels = job_levels(job, cache)
+        cache.attempt_families[memo] = job_family_tag(job, levels[min(attempt.level, len(levels) - 1)])
+    return cache.attempt_families[memo]
+
+
 def attempt_shape_key(job: Job, attempt: Attempt, cache: JobShapeCache) -> str:
     """The shape key of a (live) attempt: its job's shape at the attempt's level. Kept per
     attempt: a running attempt's key is asked for several times in every pass."""
@@ -281,7 +305,8 @@ def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     if facts is None:
         resolved = attempt_config(job, level)
         facts = cache.shapes[key] = ShapeFacts(
-            resolved, job_shape_key(job, level), prompt_length_key(resolved, job.data), job=job
+            resolved, job_shape_key(job, level), prompt_length_key(resolved, job.data), job=job,
+            family=job_family_tag(job, level),
         )
     return facts
 
@@ -315,12 +340,27 @@ def predict_for(
             lambda task: prompt_lengths.get(prompt_length_key(config, task)),
             {lower.index: job_shape_key(facts.job, lower) for lower in job_levels(facts.job, cache)[: level.index]},
         )
-    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held)
+    family, disproven = _family_inputs(facts, knowledge) if borrows and knowledge is not None else (None, None)
+    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held,
+                                  family=family, disproven_mib=disproven)
     result = (prediction.mib, prediction.source)
     if prediction.source.kind is SourceKind.ESTIMATE and sized is not config:
         result = (prediction.mib, replace(prediction.source, tokens=max_seq_len_of(sized)))
     facts.depends, facts.prediction, facts.computed_for = depends, result, knowledge
     return result
+
+
+def _family_inputs(facts: ShapeFacts, knowledge: Knowledge) -> tuple[Prediction | None, int | None]:
+    """The family fit's prediction for a shape with no peak of its own, and (while the family
+    has measured nothing) the bound an OOM in it set."""
+    tag = facts.family
+    if tag is None:
+        return None, None
+    found = knowledge.family_prediction(tag)
+    if found is None:
+        return None, knowledge.disproven_bound(tag)
+    mib, fit = found
+    return Prediction(mib, PredictionSource(SourceKind.FAMILY, points=len(fit.points), error=fit.error_fraction)), None
 
 
 def _level_ratios(

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from tests.rows_helpers import job_of
-
 from orchestrator.prediction import JobShapeCache, job_levels, job_shape_key
+from tests.rows_helpers import job_of
 
 TRL = "trl sft --per_device_train_batch_size {cfg.per_device_train_batch_size} --gradient_accumulation_steps {cfg.gradient_accumulation_steps} --seed {cfg.seed}"
 KEYS = {"keys": {"batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps"}}

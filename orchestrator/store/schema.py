@@ -348,3 +348,16 @@ def m015_shape_teachers(db: sqlite_utils.Database) -> None:
         "UPDATE memory_shapes SET suites_json = json_array(suite) WHERE suite IS NOT NULL",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m016_memory_families(db: sqlite_utils.Database) -> None:
+    # Where a learned shape sits in its memory family (jobs whose received configs differ only in
+    # batch size and sequence length): the family's fit predicts members never run. Rows learned
+    # before this have none: they are not part of any family's fit.
+    for statement in (
+        "ALTER TABLE memory_shapes ADD COLUMN family_key TEXT",
+        "ALTER TABLE memory_shapes ADD COLUMN batch_size INTEGER",
+        "ALTER TABLE memory_shapes ADD COLUMN tokens INTEGER",
+    ):
+        db.execute(statement)
