@@ -218,13 +218,13 @@ def schedule(
     by_index = {s.index: s for s in snapshots}
     claims = []
     for placement in decision.placements:
-        predicted, source = predictions[placement.job_id]
+        predicted_mib, source = predictions[placement.job_id]
         if placement.capped:
-            predicted, source = placement.reserved_mib, source.with_cap()
+            predicted_mib, source = placement.reserved_mib, source.with_cap()
         whole, level = placed[placement.job_id], cache.jobs[placement.job_id].level
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, level), attempt_config(whole, level),
-                        by_index[placement.gpu_index], predicted, source, placement.reserved_mib,
+                        by_index[placement.gpu_index], predicted_mib, source, placement.reserved_mib,
                         tuple(by_index[i] for i in placement.all_gpus), host_predictions[placement.job_id])
         if claimed is not None:
             claims.append(claimed)

@@ -123,11 +123,11 @@ def fit_family(points: Sequence[FamilyPoint], floors: Sequence[FamilyFloor] = ()
         n = len(xs)
         mean_x, mean_y = sum(xs) / n, sum(ys) / n
         sxx = sum((x - mean_x) ** 2 for x in xs)
-        per_unit = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx)
+        per_unit = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx)
         fixed = mean_y - per_unit * mean_x
         if fixed < 0:  # through the origin instead: the steepest ratio, which covers every point
-            fixed, per_unit = 0.0, max(y / x for x, y in zip(xs, ys))
-        error = max(abs(fixed + per_unit * x - y) / y for x, y in zip(xs, ys))
+            fixed, per_unit = 0.0, max(y / x for x, y in zip(xs, ys, strict=True))
+        error = max(abs(fixed + per_unit * x - y) / y for x, y in zip(xs, ys, strict=True))
     # two points at two batch sizes fit any line exactly: only a third shows the error
     spare = len(points) - min(len(distinct), 2) + 1
     base = RUNNING_MARGIN if any(p.running for p in points) else BASE_MARGIN / math.sqrt(spare)
@@ -152,10 +152,8 @@ def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, t
                          fit.floors) or fit
         per_token = False
     x = _x(batch_size, tokens, per_token)
-    if fit.x_min == fit.x_max:  # one batch size measured
-        raw = fit.fixed_mib * max(1.0, x / fit.x_max)
-    else:
-        raw = fit.at(x)
+    # one batch size measured: its peak, scaled up to a larger batch
+    raw = fit.fixed_mib * max(1.0, x / fit.x_max) if fit.x_min == fit.x_max else fit.at(x)
     margin = fit.margin_fraction
     if x > fit.x_max and fit.per_unit_mib > 0:  # extrapolating: the slope's error grows with the distance
         margin = min(MAX_MARGIN, margin + fit.error_fraction * (x / fit.x_max - 1.0))

@@ -109,8 +109,7 @@ class Knowledge:
             if parts is not None:
                 self._by_base.setdefault(parts.base, {})[parts.task] = peak
         for key, tag in self.tags.items():
-            peak = self.peaks.get(key)
-            if peak:
+            if peak := self.peaks.get(key, 0):
                 completed = (m := self.shapes.get(key)) is not None and m.peak_mib is not None
                 self._points.setdefault(tag.family_key, []).append(
                     FamilyPoint(tag.batch_size, tag.tokens, tag.task, peak, running=not completed))
