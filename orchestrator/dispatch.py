@@ -249,8 +249,9 @@ def family_tags(store: Store, live: Sequence[Attempt], live_jobs: Mapping[int, J
     return tags
 
 
-# Predictions that rest on nothing measured on this machine (the estimate is a fitted model, not a guess)
-_GUESSES = (SourceKind.DECLARED, SourceKind.NONE, SourceKind.OOM_FLOOR)
+# Predictions that may rest on nothing measured on this machine (RUNNING: what a live attempt holds
+# before step K, while its family has measured nothing); the estimate is a fitted model, not a guess
+_GUESSES = (SourceKind.DECLARED, SourceKind.NONE, SourceKind.OOM_FLOOR, SourceKind.RUNNING)
 
 
 def _probe_family(facts: JobFacts, source: PredictionSource, knowledge: Knowledge) -> str | None:

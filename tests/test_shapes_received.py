@@ -26,3 +26,16 @@ def test_batch_256_at_level_1_and_batch_128_at_level_0_share_one_shape() -> None
     # the seed is not memory; the batch is
     assert job_shape_key(big, big_levels[0]) != job_shape_key(small, small_levels[0])
     assert job_shape_key(big, big_levels[2]) == job_shape_key(small, small_levels[1])
+
+
+def test_batch_128_level_0_starts_at_the_batch_256_level_1_measurement() -> None:
+    from orchestrator.memory import ShapeMemory
+    from orchestrator.prediction import predict
+    from orchestrator.prediction_source import SourceKind
+
+    cache = JobShapeCache()
+    big, small = _trl_job(1, "b256", 256, 1), _trl_job(2, "b128", 128, 2)
+    measured_at = job_shape_key(big, job_levels(big, cache)[1])
+    shapes = {measured_at: ShapeMemory(9_318, None, 1)}
+    mib, source = predict(shapes, small, job_levels(small, cache)[0], cache)
+    assert source.kind is SourceKind.MEASURED and mib == round(9_318 * 1.05)
