@@ -15,7 +15,6 @@ The rules are the daemon's own (`orchestrator.families`, `orchestrator.memory`, 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 
 from benchmarks.packing.learning import StepKPolicy
@@ -48,7 +47,7 @@ class FamilyPolicy(StepKPolicy):
     probing: bool = True
     families: bool = True
 
-    def shape_of(self, job: TraceJob, level: int) -> Hashable:
+    def shape_of(self, job: TraceJob, level: int) -> tuple[str, str, int]:
         return job.shape(received_level(level))
 
     def _members(self, family: tuple[str, bool, bool]) -> tuple[list[FamilyPoint], list[FamilyFloor]]:

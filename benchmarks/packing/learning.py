@@ -53,7 +53,7 @@ from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAtte
 from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
 
-TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
+TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml", "late_oom_4x48.yaml")
 ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
 
 
@@ -262,6 +262,9 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
                      probing=False),
     ]
     rows = [row(p.name, Simulator(trace).run(p), bound, oracle.makespan_min, work) for p in runs]
+    # the same, with every attempt after a death resuming from the last checkpoint (every 10 % of the work)
+    resumed = [step_k(StepKPolicy, "orch resume"), step_k(FamilyPolicy, "family resume", estimate=False)]
+    rows += [row(p.name, Simulator(trace, resume=True).run(p), bound, oracle.makespan_min, work) for p in resumed]
     rows.append(row("oracle", oracle, bound, oracle.makespan_min, work))
     rows.append(row("oracle+hdrm", Simulator(trace).run(OraclePolicy(trace, headroom=True)), bound,
                     oracle.makespan_min, work))

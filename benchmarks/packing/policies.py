@@ -196,7 +196,7 @@ class OrchPolicy:
         expected = self.expected_s(attempt.start.job_index, attempt.start.level)
         return None if expected is None else attempt.start_s + expected
 
-    def shape_of(self, job: TraceJob, level: int) -> Hashable:
+    def shape_of(self, job: TraceJob, level: int) -> tuple[str, str, int]:
         """The key a job's memory is learned under at a ladder level."""
         return job.shape(level)
 
