@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
-from orchestrator.families import FamilyTag
+from orchestrator.family_pass import curve_of, family_tags, mark_probes, probe_family
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher
 from orchestrator.launching import DispatchContext, claim, launch_all
@@ -21,7 +21,6 @@ from orchestrator.packing import (
     GpuState,
     PackingDecision,
     QueuedJob,
-    RunningAttempt,
     can_take_any,
     open_slots,
     pack,
@@ -32,14 +31,13 @@ from orchestrator.prediction import (
     JobShapeCache,
     as_received,
     attempt_config,
-    attempt_family_tag,
     attempt_shape_key,
     job_prompt_length_key,
     level_of,
     predict_for,
     shape_facts,
 )
-from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.prediction_source import PredictionSource
 from orchestrator.queue_cache import QueueRead
 from orchestrator.queue_kinds import Kind, handed_to_pack, kind_of
 from orchestrator.resources import host_state, predict_host_mib, running_attempts
@@ -49,7 +47,7 @@ from orchestrator.store.attempts import (
 )
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan, transition
-from orchestrator.store.learning import read_family_members, read_throughput
+from orchestrator.store.learning import read_throughput
 from orchestrator.store.queue import (
     jobs_by_id,
     live_attempts_with_jobs,
@@ -62,6 +60,7 @@ from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
 from orchestrator.teaching import teaching_jobs, untaught
+from orchestrator.throughput import family_curves
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +161,9 @@ def schedule(
 
     knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of),
                           family_tags(store, live, live_jobs, cache))
-    running = _mark_probes(running, live, live_jobs, knowledge, cache)
+    running = mark_probes(running, live, live_jobs, knowledge, cache)
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
+    by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
     host_shapes = read_host_shapes(store)
     host_running: dict[str, int] = {}
     for a in live:
@@ -186,7 +186,7 @@ def schedule(
                 host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
             inputs = kinds[kind] = _KindInputs(
                 predicted, host_mib, durations.expected_s(job.config_name, job.data, facts.level.index),
-                curves.get(facts.shape.shape_key), _probe_family(facts, predicted[1], knowledge))
+                curve_of(facts, curves, by_family), probe_family(facts, predicted[1], knowledge))
             if whole_queue:
                 firsts.append((job.id, _teaching_group(facts, predicted[1], prompt_lengths),
                                len(cache.kinds.lists.get(kind, ())) or 1))
@@ -236,46 +236,6 @@ def schedule(
         explained = [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
     return decision
-
-
-def family_tags(store: Store, live: Sequence[Attempt], live_jobs: Mapping[int, Job],
-                cache: JobShapeCache) -> dict[str, FamilyTag]:
-    """Shape key -> its place in its memory family, for every learned shape and live attempt."""
-    tags = {m.shape_key: m.tag for m in read_family_members(store)}
-    for attempt in live:
-        job = live_jobs.get(attempt.job_id)
-        if job is not None and (tag := attempt_family_tag(job, attempt, cache)) is not None:
-            tags[attempt_shape_key(job, attempt, cache)] = tag
-    return tags
-
-
-# Predictions that may rest on nothing measured on this machine (RUNNING: what a live attempt holds
-# before step K, while its family has measured nothing); the estimate is a fitted model, not a guess
-_GUESSES = (SourceKind.DECLARED, SourceKind.NONE, SourceKind.OOM_FLOOR, SourceKind.RUNNING)
-
-
-def _probe_family(facts: JobFacts, source: PredictionSource, knowledge: Knowledge) -> str | None:
-    """The job's family while its memory rests on nothing measured: such jobs probe, one per
-    family per card, until one reaches step K (orchestrator.packing)."""
-    tag = facts.shape.family
-    if tag is None or source.kind not in _GUESSES or knowledge.family_measured(tag.family_key):
-        return None
-    return tag.family_key
-
-
-def _mark_probes(running: list[RunningAttempt], live: Sequence[Attempt], live_jobs: Mapping[int, Job],
-                 knowledge: Knowledge, cache: JobShapeCache) -> list[RunningAttempt]:
-    """Live attempts of families that have measured nothing: their cards take no other job of
-    the family until one of them reaches step K."""
-    probes: dict[int, str] = {}
-    for attempt in live:
-        job = live_jobs.get(attempt.job_id)
-        tag = attempt_family_tag(job, attempt, cache) if job is not None else None
-        if tag is not None and not knowledge.family_measured(tag.family_key):
-            probes[attempt.job_id] = tag.family_key
-    if not probes:
-        return running
-    return [replace(r, probe_family=probes[r.job_id]) if r.job_id in probes else r for r in running]
 
 
 def _teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:

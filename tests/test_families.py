@@ -113,3 +113,36 @@ def test_family_predicts_a_member_never_run_and_an_oom_retires_the_declared_figu
     # a running attempt past step K measures the family
     running = Knowledge({}, {shape_key("h256", "m", "t"): RunningPeak(9_000, 12)}, tags={shape_key("h256", "m", "t"): tag256})
     assert running.family_measured(member.family_key)
+
+
+def test_a_family_shares_its_co_location_curve_and_min_stack_gain_stops_stacking() -> None:
+    from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+    from orchestrator.throughput import family_curves, relative_curve
+
+    # b64 measured alone and three to a card (1.16x: compute-bound); b128 only alone
+    shape_curves = {"s64": {0: relative_curve({1: 100.0, 2: 55.0, 3: 100.0 * 1.16 / 3})},
+                    "s128": {0: relative_curve({1: 50.0})}, "other": {0: relative_curve({1: 10.0, 2: 9.0})}}
+    shared = family_curves(shape_curves, {"s64": "fam", "s128": "fam"})
+    assert set(shared) == {"fam"} and shared["fam"][0][1] == 1.0 and round(shared["fam"][0][3], 2) == 1.16
+    # a job of the family never measured (b256) stacks by its siblings' curve: no third tenant
+    # where the third adds 6 %, below min_stack_gain 10 %
+    gpu = [GpuState(0, "GPU-0", 80_000, 70_000, 4)]
+    running = [RunningAttempt(n, 0, 4_000, 4_000, True) for n in (1, 2)]
+    job = QueuedJob(3, 0, 3, 4_000, 0.0, throughput_by_gpu=shared["fam"], min_stack_gain=0.10)
+    decision = pack([job], gpu, running, PackingPolicy(), 0.0)
+    assert not decision.placements and "below min_stack_gain" in decision.wait_reasons[3]
+    assert pack([job], gpu, running[:1], PackingPolicy(), 0.0).placements  # the second still pays
+
+
+def test_a_probing_family_takes_one_job_per_card_until_step_k() -> None:
+    from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+
+    gpus = [GpuState(0, "GPU-0", 80_000, 80_000, 4), GpuState(1, "GPU-1", 80_000, 80_000, 4)]
+    queue = [QueuedJob(n, 0, n, 2_048, 0.0, probe_family="fam") for n in range(1, 5)]
+    placed = pack(queue, gpus, [], PackingPolicy(), 0.0).placements
+    assert sorted(p.gpu_index for p in placed) == [0, 1]  # one probe per card
+    running = [RunningAttempt(1, 0, 2_048, 2_048, True, probe_family="fam")]
+    decision = pack(queue[1:], gpus[:1], running, PackingPolicy(), 0.0)
+    assert not decision.placements and "measuring its peak" in decision.wait_reasons[2]
+    other = QueuedJob(9, 0, 9, 2_048, 0.0, probe_family="other")
+    assert pack([other], gpus[:1], running, PackingPolicy(), 0.0).placements  # another family may share

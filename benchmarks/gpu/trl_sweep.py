@@ -13,7 +13,7 @@ word-level tokenizer saved once; 6,000 rows of 400 random words (`train.jsonl`);
 worker is the `trl sft` command line (LoRA r=16 on q/k/v/o, `--max_length 512`, bf16) reached
 through `{cfg.KEY}` placeholders; configs `b64`, `b128`, `b256`: per-device batch 64/128/256 with
 accumulation 4/2/1 (one effective batch of 256) × seeds 1-3; `mem_gib: 2` (the true peaks are
-several times that); ladder `[halve_batch]`. A ballast process holds all but `--leave-gib` (24) of
+several times that); ladder `[halve_batch]`; `min_stack_gain: 0.1`. A ballast process holds all but `--leave-gib` (24) of
 the card. `run` writes OUT/trl-TAG.json (every attempt: config, level, outcome, peak, start and
 end, prediction and its source; `orch memory --json`) and OUT/sweep-trl-TAG.tar.gz (dumps, run
 dirs' small files, daemon log). `analyze` (no GPU) reads both runs: OOM'd attempts per family
@@ -108,7 +108,7 @@ def write_plans(plans: Path, model_dir: Path, data_dir: Path, max_steps: int, me
         "--save_strategy no --report_to none --dataloader_num_workers 0 "
         + ("--use_cpu True" if dry else "--bf16 True")
     )
-    body = {"worker": worker, "mem_gib": mem_gib, "max_attempts": 6, "hang_timeout_s": 300,
+    body = {"worker": worker, "mem_gib": mem_gib, "max_attempts": 6, "hang_timeout_s": 300, "min_stack_gain": 0.1,
             "keys": {"batch_size": "per_device_train_batch_size"}, "ladder": [{"halve_batch": True}],
             "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "HF_HUB_OFFLINE": "1",
                     "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
