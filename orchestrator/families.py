@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,16 +136,26 @@ def fit_family(points: Sequence[FamilyPoint], floors: Sequence[FamilyFloor] = ()
 
 
 def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, task: str,
-                   floors: Iterable[FamilyFloor] = ()) -> tuple[int, float] | None:
-    """(predicted peak, margin used) for a member at `batch_size` on `task`, or None when the
-    family has measured nothing. Points of the member's own task are fitted first; other tasks
-    count when tokens scale them, else the family's largest peak (scaled up to a larger batch)
-    bounds the member."""
+                   floors: Iterable[FamilyFloor] = (),
+                   prompt_tokens: Callable[[str], int | None] | None = None) -> tuple[int, float] | None:
+    """(predicted peak, margin used) for a member at `batch_size` (sized at `tokens`, where its
+    config says) on `task`, or None when the family has measured nothing. The points of the
+    member's own task are fitted where there are any. Other tasks see other prompts, which a
+    configured length only bounds: their points count scaled by the learned prompt lengths
+    (`prompt_tokens(task)`, where the worker reports them, for this task and theirs); else the
+    family's largest peak (scaled up to a larger batch) bounds the member."""
     if fit is None:
         return None
     own = [p for p in fit.points if p.task == task]
+    lengths = {p.task: prompt_tokens(p.task) for p in fit.points} if prompt_tokens is not None else {}
+    learned = prompt_tokens(task) if prompt_tokens is not None else None
+    scaled = not own and bool(learned) and all(lengths.values())
     if own and len(own) < len(fit.points):
         fit = fit_family(own, fit.floors) or fit
+    elif scaled:  # every point at its task's learned length, the member at its own
+        fit = fit_family([FamilyPoint(p.batch_size, lengths[p.task], p.task, p.peak_mib, p.running)
+                          for p in fit.points], fit.floors) or fit
+        tokens = learned
     per_token = fit.per_token and bool(tokens)
     if fit.per_token and not tokens:  # the member's length is unknown: fit on batch alone
         fit = fit_family([FamilyPoint(p.batch_size, None, p.task, p.peak_mib, p.running) for p in fit.points],
@@ -157,7 +167,7 @@ def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, t
     margin = fit.margin_fraction
     if x > fit.x_max and fit.per_unit_mib > 0:  # extrapolating: the slope's error grows with the distance
         margin = min(MAX_MARGIN, margin + fit.error_fraction * (x / fit.x_max - 1.0))
-    if not own and not per_token:
+    if not own and not scaled:
         # another task, its prompt lengths unknown: the family's largest peak bounds the member
         largest = max(fit.points, key=lambda p: p.peak_mib)
         raw = max(raw, largest.peak_mib * max(1.0, batch_size / largest.batch_size))

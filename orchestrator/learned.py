@@ -134,12 +134,16 @@ class Knowledge:
     def family_floors(self, family_key: str) -> list[FamilyFloor]:
         return self._floors.get(family_key, [])
 
-    def family_prediction(self, tag: FamilyTag) -> tuple[int, FamilyFit] | None:
-        """The family fit's prediction for a member (OOM floors of the family bound it below)."""
+    def family_prediction(
+        self, tag: FamilyTag, prompt_tokens: Callable[[str], int | None] | None = None
+    ) -> tuple[int, FamilyFit] | None:
+        """The family fit's prediction for a member (OOM floors of the family bound it below);
+        `prompt_tokens(task)`: a task's learned longest prompt, where the worker reports it."""
         fit = self.family_fit(tag.family_key)
         if fit is None:
             return None
-        predicted = predict_member(fit, tag.batch_size, tag.tokens, tag.task, self.family_floors(tag.family_key))
+        predicted = predict_member(fit, tag.batch_size, tag.tokens, tag.task, self.family_floors(tag.family_key),
+                                   prompt_tokens)
         return None if predicted is None else (predicted[0], fit)
 
     def disproven_bound(self, tag: FamilyTag) -> int | None:

@@ -340,7 +340,10 @@ def predict_for(
             lambda task: prompt_lengths.get(prompt_length_key(config, task)),
             {lower.index: job_shape_key(facts.job, lower) for lower in job_levels(facts.job, cache)[: level.index]},
         )
-    family, disproven = _family_inputs(facts, knowledge) if borrows and knowledge is not None else (None, None)
+    family, disproven = (None, None)
+    if borrows and knowledge is not None:
+        family, disproven = _family_inputs(facts, knowledge, (
+            lambda task: prompt_lengths.get(prompt_length_key(config, task))) if job.worker == "lora" else None)
     prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held,
                                   family=family, disproven_mib=disproven)
     result = (prediction.mib, prediction.source)
@@ -350,13 +353,15 @@ def predict_for(
     return result
 
 
-def _family_inputs(facts: ShapeFacts, knowledge: Knowledge) -> tuple[Prediction | None, int | None]:
+def _family_inputs(facts: ShapeFacts, knowledge: Knowledge, prompt_tokens: Callable[[str], int | None] | None,
+                   ) -> tuple[Prediction | None, int | None]:
     """The family fit's prediction for a shape with no peak of its own, and (while the family
-    has measured nothing) the bound an OOM in it set."""
+    has measured nothing) the bound an OOM in it set. `prompt_tokens`: learned prompt lengths
+    by task (LoRA jobs), which scale other tasks' points."""
     tag = facts.family
     if tag is None:
         return None, None
-    found = knowledge.family_prediction(tag)
+    found = knowledge.family_prediction(tag, prompt_tokens)
     if found is None:
         return None, knowledge.disproven_bound(tag)
     mib, fit = found

@@ -60,11 +60,26 @@ def test_two_points_give_the_line_and_a_third_its_error() -> None:
 
 
 def test_tokens_multiply_the_batch_when_every_point_knows_them() -> None:
-    points = [FamilyPoint(64, 128, "a", 2048 + 64 * 128 // 4), FamilyPoint(32, 256, "b", 2048 + 32 * 256 // 4 + 512)]
+    points = [FamilyPoint(64, 128, "a", 2048 + 64 * 128 // 4), FamilyPoint(32, 256, "a", 2048 + 32 * 256 // 4 + 512)]
     fit = fit_family(points)
     assert fit is not None and fit.per_token
-    predicted = predict_member(fit, 16, 512, "c")
-    assert predicted is not None and predicted[0] >= 2048 + 16 * 512 // 4
+    predicted = predict_member(fit, 16, 512, "a")
+    assert predicted is not None and 2048 + 16 * 512 // 4 <= predicted[0] <= (2048 + 16 * 512 // 4 + 512) * 1.2
+
+
+def test_other_tasks_scale_by_learned_prompt_lengths_never_by_the_configured_bound() -> None:
+    # sst2's prompts are short, rte's long: both configured at max_seq_len 256
+    def peak(batch: int, prompt: int) -> int:
+        return 2048 + batch * prompt // 2
+
+    points = [FamilyPoint(b, 256, "sst2", peak(b, 60)) for b in (16, 64)]
+    fit = fit_family(points)
+    # lengths unknown: the family's largest peak bounds rte, never the sst2 fit at 256 tokens
+    unknown = predict_member(fit, 64, 256, "rte")
+    assert unknown is not None and unknown[0] >= peak(64, 60)
+    learned = {"sst2": 60, "rte": 250}.get
+    scaled = predict_member(fit, 64, 256, "rte", prompt_tokens=learned)
+    assert scaled is not None and peak(64, 250) <= scaled[0] <= peak(64, 250) * 1.15
 
 
 def test_another_task_without_lengths_takes_the_family_largest_peak() -> None:
