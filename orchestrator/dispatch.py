@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.errors import InvalidTransition, OrchError
+from orchestrator.family_pass import curve_of, family_tags, mark_probes, probe_family
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launch.base import Launcher
 from orchestrator.launching import DispatchContext, claim, launch_all
@@ -59,6 +60,7 @@ from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
 from orchestrator.teaching import teaching_jobs, untaught
+from orchestrator.throughput import family_curves
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +159,11 @@ def schedule(
     def key_of(job: Job, attempt: Attempt) -> str:
         return attempt_shape_key(job, attempt, cache)
 
-    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of))
+    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of),
+                          family_tags(store, live, live_jobs, cache))
+    running = mark_probes(running, live, live_jobs, knowledge, cache)
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
+    by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
     host_shapes = read_host_shapes(store)
     host_running: dict[str, int] = {}
     for a in live:
@@ -181,7 +186,7 @@ def schedule(
                 host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
             inputs = kinds[kind] = _KindInputs(
                 predicted, host_mib, durations.expected_s(job.config_name, job.data, facts.level.index),
-                curves.get(facts.shape.shape_key))
+                curve_of(facts, curves, by_family), probe_family(facts, predicted[1], knowledge))
             if whole_queue:
                 firsts.append((job.id, _teaching_group(facts, predicted[1], prompt_lengths),
                                len(cache.kinds.lists.get(kind, ())) or 1))
@@ -195,6 +200,7 @@ def schedule(
                 expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,
                 gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
+                probe_family=inputs.probe_family,
             )
         )
     teaching = teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"}) \
@@ -212,13 +218,13 @@ def schedule(
     by_index = {s.index: s for s in snapshots}
     claims = []
     for placement in decision.placements:
-        predicted, source = predictions[placement.job_id]
+        predicted_mib, source = predictions[placement.job_id]
         if placement.capped:
-            predicted, source = placement.reserved_mib, source.with_cap()
+            predicted_mib, source = placement.reserved_mib, source.with_cap()
         whole, level = placed[placement.job_id], cache.jobs[placement.job_id].level
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, level), attempt_config(whole, level),
-                        by_index[placement.gpu_index], predicted, source, placement.reserved_mib,
+                        by_index[placement.gpu_index], predicted_mib, source, placement.reserved_mib,
                         tuple(by_index[i] for i in placement.all_gpus), host_predictions[placement.job_id])
         if claimed is not None:
             claims.append(claimed)
@@ -265,6 +271,7 @@ class _KindInputs:
     host_mib: int
     expected_s: float | None
     curve: Mapping[int, Mapping[int, float]] | None
+    probe_family: str | None = None
 
 
 def _forget_left(cache: JobShapeCache, read: QueueRead) -> None:

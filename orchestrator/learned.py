@@ -11,6 +11,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.families import (
+    FamilyFit,
+    FamilyFloor,
+    FamilyPoint,
+    FamilyTag,
+    fit_family,
+    floors_bound,
+    predict_member,
+)
 from orchestrator.memory import ShapeMemory
 from orchestrator.shapes import (
     RunningPeak,
@@ -82,35 +91,85 @@ class Knowledge:
     shapes: Mapping[str, ShapeMemory]
     running: Mapping[str, RunningPeak]
     held: Mapping[str, RunningPeak] = field(default_factory=dict)  # before step K: floors only
-    _by_base_task: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
-    _by_base_level: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
+    # shape key -> where it sits in its family: learned shapes (the store) and live attempts'
+    tags: Mapping[str, FamilyTag] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)  # shape key -> completed or running peak
+    _by_base: dict[str, dict[str, int]] = field(default_factory=dict)  # base -> task -> peak
+    _points: dict[str, list[FamilyPoint]] = field(default_factory=dict)  # family key -> its points
+    _floors: dict[str, list[FamilyFloor]] = field(default_factory=dict)
+    _fits: dict[str, FamilyFit | None] = field(default_factory=dict)
+    _oomed: set[str] = field(default_factory=set)  # families an OOM struck
 
     def __post_init__(self) -> None:
-        peaks: dict[str, int] = {k: m.peak_mib for k, m in self.shapes.items() if m.peak_mib}
+        self.peaks = {k: m.peak_mib for k, m in self.shapes.items() if m.peak_mib}
         for key, run in self.running.items():
-            peaks[key] = max(peaks.get(key, 0), run.peak_mib)
-        for key, peak in peaks.items():
+            self.peaks[key] = max(self.peaks.get(key, 0), run.peak_mib)
+        for key, peak in self.peaks.items():
             parts = parse_shape_key(key)
-            if parts is None:
-                continue
-            self._by_base_task.setdefault((parts.base, parts.task), {})[parts.level] = peak
-            self._by_base_level.setdefault((parts.base, parts.level), {})[parts.task] = peak
+            if parts is not None:
+                self._by_base.setdefault(parts.base, {})[parts.task] = peak
+        for key, tag in self.tags.items():
+            if peak := self.peaks.get(key, 0):
+                completed = (m := self.shapes.get(key)) is not None and m.peak_mib is not None
+                self._points.setdefault(tag.family_key, []).append(
+                    FamilyPoint(tag.batch_size, tag.tokens, tag.task, peak, running=not completed))
+            floor = m.oom_floor_mib if (m := self.shapes.get(key)) is not None else None
+            if floor:
+                self._oomed.add(tag.family_key)
+            held = self.held.get(key)
+            floor = max(floor or 0, held.peak_mib if held is not None else 0)
+            if floor:
+                self._floors.setdefault(tag.family_key, []).append(
+                    FamilyFloor(tag.batch_size, tag.tokens, tag.task, floor))
+
+    def family_fit(self, family_key: str) -> FamilyFit | None:
+        if family_key not in self._fits:
+            self._fits[family_key] = fit_family(self._points.get(family_key, ()), self._floors.get(family_key, ()))
+        return self._fits[family_key]
+
+    def family_measured(self, family_key: str) -> bool:
+        """Whether any member of the family has a completed peak or a running one past step K."""
+        return bool(self._points.get(family_key))
+
+    def family_floors(self, family_key: str) -> list[FamilyFloor]:
+        return self._floors.get(family_key, [])
+
+    def family_prediction(
+        self, tag: FamilyTag, prompt_tokens: Callable[[str], int | None] | None = None
+    ) -> tuple[int, FamilyFit] | None:
+        """The family fit's prediction for a member (OOM floors of the family bound it below);
+        `prompt_tokens(task)`: a task's learned longest prompt, where the worker reports it."""
+        fit = self.family_fit(tag.family_key)
+        if fit is None:
+            return None
+        predicted = predict_member(fit, tag.batch_size, tag.tokens, tag.task, self.family_floors(tag.family_key),
+                                   prompt_tokens)
+        return None if predicted is None else (predicted[0], fit)
+
+    def disproven_bound(self, tag: FamilyTag) -> int | None:
+        """While the family has measured nothing but an OOM has struck it: the most any of its
+        members at this batch or a smaller one held (a lower bound). None: no OOM yet."""
+        if self.family_measured(tag.family_key) or tag.family_key not in self._oomed:
+            return None
+        return floors_bound(self.family_floors(tag.family_key), tag.batch_size) or 0
 
     def transfer(
-        self, key: str, estimate_ratio: Mapping[int, float] | None, prompt_tokens: Callable[[str], int | None]
+        self, key: str, estimate_ratio: Mapping[int, float] | None, prompt_tokens: Callable[[str], int | None],
+        lower_levels: Mapping[int, str] | None = None,
     ) -> Transfer | None:
-        """A neighbour's peak for a shape with none of its own: a lower level of the same task,
-        else the same level on other tasks scaled by learned prompt lengths."""
+        """A neighbour's peak for a shape with none of its own: the shape the job had at a lower
+        ladder level (`lower_levels`: level -> its shape key), else the same received config on
+        other tasks scaled by learned prompt lengths."""
         parts = parse_shape_key(key)
         if parts is None:
             return None
-        by_level = self._by_base_task.get((parts.base, parts.task), {})
-        found = level_transfer(parts.level, by_level, estimate_ratio)
+        by_level = {level: self.peaks[k] for level, k in (lower_levels or {}).items() if k != key and k in self.peaks}
+        found = level_transfer(max(by_level, default=-1) + 1, by_level, estimate_ratio)
         if found is not None:
             return found
         others = {
             task: (peak, prompt_tokens(task))
-            for task, peak in self._by_base_level.get((parts.base, parts.level), {}).items()
+            for task, peak in self._by_base.get(parts.base, {}).items()
             if task != parts.task
         }
         return task_transfer(prompt_tokens(parts.task), others) if others else None

@@ -276,10 +276,12 @@ def at_learned_length(config: Mapping[str, Any], longest_tokens: int | None) -> 
     return {**config, "max_seq_len": longest_tokens}
 
 
-def shape_key(config_content_hash: str, model: str, level: int, task: str) -> str:
-    """Attempts with equal keys should peak alike: same memory-relevant config content
-    (`orchestrator.shapes.memory_hash`), model, ladder level and task."""
-    return f"{config_content_hash}|{model}|{level}|{task}"
+def shape_key(config_content_hash: str, model: str, task: str) -> str:
+    """Attempts with equal keys should peak alike: same memory-relevant content of the config the
+    script receives (`orchestrator.shapes.memory_hash`, after `--set` and the ladder's changes),
+    model and task. The ladder level is not part of it: two attempts passing the same settings
+    have one shape, whichever level or config name they came from."""
+    return f"{config_content_hash}|{model}|{task}"
 
 
 @dataclass(frozen=True)
@@ -344,12 +346,17 @@ def predict_peak_mib(
     running: RunningPeak | None = None,
     transfer: Transfer | None = None,
     held: RunningPeak | None = None,
+    family: Prediction | None = None,
+    disproven_mib: int | None = None,
 ) -> Prediction:
     """The first that is known, plus a margin: the shape's measured peak (completed attempts;
     margin shrinking with their number, or `margin_fraction`), else the peak so far of its
     running attempts past step K (a wider margin, shrinking as they run on), else a peak
+    predicted by the shape's memory family (`family`: its fit over other batch sizes), else a peak
     borrowed from a neighbouring shape (`transfer`: a lower ladder level, another task), else
-    the estimate, else the declared figure. Never below what a running attempt of the shape
+    the estimate, else the declared figure. Once an OOM has struck a family that has measured
+    nothing (`disproven_mib`: the most its members held), the estimate and the declared figure
+    are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a running attempt of the shape
     already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
@@ -361,6 +368,8 @@ def predict_peak_mib(
             math.ceil(running.peak_mib * (1 + running_margin(running.step))),
             PredictionSource(SourceKind.RUNNING, step=running.step),
         )
+    elif family is not None:
+        prediction = family
     elif transfer is not None:
         margin = measured_margin(1) if margin_fraction is None else margin_fraction
         prediction = Prediction(math.ceil(transfer.mib * (1 + margin)), transfer.source)
@@ -370,6 +379,9 @@ def predict_peak_mib(
         prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
         prediction = Prediction(0, PredictionSource(SourceKind.NONE))
+    if disproven_mib is not None and prediction.source.kind in (SourceKind.ESTIMATE, SourceKind.DECLARED, SourceKind.NONE):
+        prediction = Prediction(math.ceil(max(prediction.mib, disproven_mib) * OOM_FLOOR_GROWTH),
+                                PredictionSource(SourceKind.OOM_FLOOR))
     if held is not None and prediction.source.kind is not SourceKind.MEASURED:
         held_mib = math.ceil(held.peak_mib * (1 + running_margin(held.step)))
         if held_mib > prediction.mib:

@@ -19,6 +19,7 @@ from orchestrator.prediction import (
     JobShapeCache,
     as_received,
     attempt_shape_key,
+    job_family_tag,
     job_host_settings,
     job_levels,
     job_prompt_length_key,
@@ -240,7 +241,7 @@ def _shape_lesson(
     return ShapeLesson(
         job_shape_key(job, level),
         lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None, placed_mib or None),
-        job.suite, shape_label(job.config_name, level.index, job.data),
+        job.suite, shape_label(job.config_name, level.index, job.data), job_family_tag(job, level),
     )
 
 

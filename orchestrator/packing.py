@@ -58,6 +58,9 @@ class QueuedJob:
     # the first queued job of a group whose memory nothing has taught yet (orchestrator.teaching):
     # ordered as a job with no run-time estimate, so that it runs early and teaches the rest
     teaches: bool = False
+    # its memory family (orchestrator.families) while the family has measured nothing: one such
+    # job per family per card until a running one reaches step K (probe before stacking)
+    probe_family: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class RunningAttempt:
     # when the attempt is expected to end (its start + the learned duration); None: unknown.
     # A gang's attempt is one RunningAttempt per card it runs on.
     expected_end_s: float | None = None
+    # its memory family while that family has measured nothing (its probe, before step K)
+    probe_family: str | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,9 @@ def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None]
         c = max(short, key=lambda c: c.available_mib - headroom_for(job, c))
         return Wait(WaitKind.MEMORY, gpu=c.gpu.index, free_mib=c.available_mib, reserved_mib=c.reserved_mib,
                     need_mib=job.predicted_peak_mib, headroom_mib=headroom_for(job, c))
+    probing = [c for c in usable if blockers[c.gpu.index] is Blocker.PROBE]
+    if probing:
+        return Wait(WaitKind.PROBE, gpu=probing[0].gpu.index)
     stacked = [c for c in usable if blockers[c.gpu.index] is Blocker.GAIN]
     if stacked:
         c = stacked[0]
@@ -297,7 +305,7 @@ def _pack(
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
-                 id(job.throughput_by_gpu))  # one curve object per shape and pass
+                 id(job.throughput_by_gpu), job.probe_family)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [

@@ -52,6 +52,7 @@ class Card:
     ends_s: list[float | None] = field(default_factory=list)  # running attempts' expected ends
     # (expected end, memory it frees then: what it holds plus what it still reserves), per attempt
     frees: list[tuple[float, int]] = field(default_factory=list)
+    probing: set[str] = field(default_factory=set)  # families measuring their memory here (probes)
 
     @property
     def available_mib(self) -> int:
@@ -79,6 +80,8 @@ def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: Packin
         card.ends_s.append(attempt.expected_end_s)
         end_s = math.inf if attempt.expected_end_s is None else attempt.expected_end_s
         card.frees.append((end_s, attempt.held_mib + owed))
+        if attempt.probe_family is not None:
+            card.probing.add(attempt.probe_family)
     return cards
 
 
@@ -117,6 +120,8 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         return Blocker.CAP
     if job.run_alone and card.occupied:
         return Blocker.OCCUPIED
+    if job.probe_family is not None and job.probe_family in card.probing:
+        return Blocker.PROBE
     if job.min_stack_gain is not None:
         measured = gain(job, card)
         if measured is not None and measured < job.min_stack_gain:
@@ -157,4 +162,6 @@ def place_on(card: Card, job: QueuedJob) -> None:
     card.reserved_mib += job.predicted_peak_mib
     card.occupied = True
     card.alone = card.alone or job.run_alone
+    if job.probe_family is not None:
+        card.probing.add(job.probe_family)
     card.release(job.job_id)

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.durations import DurationTable
+from orchestrator.families import FamilyTag, family_of
 from orchestrator.ladder import HostSettings, Level, expand_levels, load_ladder, with_host_settings
 from orchestrator.launch.rundir import OUR_WORKERS
 from orchestrator.learned import Knowledge
 from orchestrator.memory import (
     ModelInfo,
+    Prediction,
     ShapeMemory,
     at_learned_length,
     estimate_peak_mib,
@@ -34,7 +36,7 @@ from orchestrator.plans.template import parse_template
 from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.queue_cache import QueueCache
 from orchestrator.queue_kinds import KindIndex
-from orchestrator.shapes import memory_hash
+from orchestrator.shapes import memory_config, memory_hash
 from orchestrator.store.rows import Attempt, Job
 
 PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
@@ -51,6 +53,7 @@ class ShapeFacts:
     depends: tuple[Any, ...] | None = None  # what `prediction` was made from
     prediction: tuple[int, PredictionSource] = (0, PredictionSource(SourceKind.NONE))
     computed_for: Any = None  # the pass's Knowledge, for a prediction borrowed from a neighbour
+    family: FamilyTag | None = None  # where the shape sits in its memory family
 
 
 @dataclass
@@ -95,6 +98,7 @@ class JobShapeCache:
     durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
     durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
+    attempt_families: dict[tuple[int, int], FamilyTag | None] = field(default_factory=dict)  # and its family
     queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
     kinds: KindIndex = field(default_factory=KindIndex)  # queued jobs by kind, in queue order
     # while nothing can start: what the head's waiting reasons were last worked out from, and when
@@ -224,15 +228,44 @@ def level_of(job: Job, cache: JobShapeCache) -> Level:
     return with_host_settings(levels[min(job.level, len(levels) - 1)], job_host_settings(job))
 
 
-def job_shape_key(job: Job, level: Level) -> str:
-    """The shape of the job's attempts at `level`: memory-relevant config keys (plus the
-    suite's `memory_keys`, and the number of GPUs of a multi-GPU job), model, level index and task."""
-    config: Mapping[str, Any] = job.config
+def received_memory_config(job: Job, level: Level) -> tuple[dict[str, Any], list[str]]:
+    """The config the script receives at `level` (the job's, with the level's changes under the
+    script's own key names), and the suite's `memory_keys` (plus the number of GPUs of a
+    multi-GPU job: a rank's peak depends on how the model is split)."""
+    config: dict[str, Any] = {**job.config, **job_keys(job).to_script(level.overrides)}
     extra = list(job.memory_keys)
-    if job.gpus > 1:  # a rank's peak depends on how the model is split: N is part of the shape
+    if job.gpus > 1:
         config, extra = {**config, "gpus": job.gpus}, [*extra, "gpus"]
+    return config, extra
+
+
+def job_shape_key(job: Job, level: Level) -> str:
+    """The shape of the job's attempts at `level`: the memory-relevant keys of the config the
+    script receives there (plus the suite's `memory_keys`), model and task. Two attempts passing
+    identical settings share it, whatever their config name or ladder level."""
+    config, extra = received_memory_config(job, level)
     foreign = job.worker not in OUR_WORKERS  # its memory keys are not known: all but the harmless
-    return shape_key(memory_hash(dict(config), extra, foreign=foreign), str(config.get("model", "")), level.index, job.data)
+    return shape_key(memory_hash(config, extra, foreign=foreign), str(config.get("model", "")), job.data)
+
+
+def job_family_tag(job: Job, level: Level) -> FamilyTag | None:
+    """Where the job's shape at `level` sits in its memory family (`orchestrator.families`);
+    None when the script receives no batch size."""
+    config, extra = received_memory_config(job, level)
+    foreign = job.worker not in OUR_WORKERS
+    keys = job_keys(job)
+    return family_of(memory_config(config, extra, foreign=foreign), str(config.get("model", "")), job.data,
+                     keys.script_key("batch_size") if keys.names else None)
+
+
+def attempt_family_tag(job: Job, attempt: Attempt, cache: JobShapeCache) -> FamilyTag | None:
+    memo = (attempt.id, attempt.level)
+    if memo not in cache.attempt_families:
+        if len(cache.attempt_families) >= ATTEMPT_KEYS_KEPT:
+            cache.attempt_families.clear()
+        levels = job_levels(job, cache)
+        cache.attempt_families[memo] = job_family_tag(job, levels[min(attempt.level, len(levels) - 1)])
+    return cache.attempt_families[memo]
 
 
 def attempt_shape_key(job: Job, attempt: Attempt, cache: JobShapeCache) -> str:
@@ -272,7 +305,8 @@ def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     if facts is None:
         resolved = attempt_config(job, level)
         facts = cache.shapes[key] = ShapeFacts(
-            resolved, job_shape_key(job, level), prompt_length_key(resolved, job.data), job=job
+            resolved, job_shape_key(job, level), prompt_length_key(resolved, job.data), job=job,
+            family=job_family_tag(job, level),
         )
     return facts
 
@@ -304,13 +338,34 @@ def predict_for(
         transfer = knowledge.transfer(
             key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
             lambda task: prompt_lengths.get(prompt_length_key(config, task)),
+            {lower.index: job_shape_key(facts.job, lower) for lower in job_levels(facts.job, cache)[: level.index]},
         )
-    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held)
+    family, disproven = (None, None)
+    if borrows and knowledge is not None:
+        family, disproven = _family_inputs(facts, knowledge, (
+            lambda task: prompt_lengths.get(prompt_length_key(config, task))) if job.worker == "lora" else None)
+    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held,
+                                  family=family, disproven_mib=disproven)
     result = (prediction.mib, prediction.source)
     if prediction.source.kind is SourceKind.ESTIMATE and sized is not config:
         result = (prediction.mib, replace(prediction.source, tokens=max_seq_len_of(sized)))
     facts.depends, facts.prediction, facts.computed_for = depends, result, knowledge
     return result
+
+
+def _family_inputs(facts: ShapeFacts, knowledge: Knowledge, prompt_tokens: Callable[[str], int | None] | None,
+                   ) -> tuple[Prediction | None, int | None]:
+    """The family fit's prediction for a shape with no peak of its own, and (while the family
+    has measured nothing) the bound an OOM in it set. `prompt_tokens`: learned prompt lengths
+    by task (LoRA jobs), which scale other tasks' points."""
+    tag = facts.family
+    if tag is None:
+        return None, None
+    found = knowledge.family_prediction(tag, prompt_tokens)
+    if found is None:
+        return None, knowledge.disproven_bound(tag)
+    mib, fit = found
+    return Prediction(mib, PredictionSource(SourceKind.FAMILY, points=len(fit.points), error=fit.error_fraction)), None
 
 
 def _level_ratios(

@@ -17,6 +17,7 @@ class SourceKind(str, Enum):
     DECLARED = "declared"  # the suite's mem_gib
     NONE = "none"  # nothing known: 0 MiB
     OOM_FLOOR = "OOM floor"  # an earlier OOM raised the figure above every other source
+    FAMILY = "family"  # the fit over the memory family's measured members (other batch sizes)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class PredictionSource:
     task_tokens: int | None = None  # TASK: that task's longest prompt
     tokens: int | None = None  # TASK: this task's longest prompt; ESTIMATE: the learned length used
     capped: bool = False  # lowered to the largest card's usable memory
+    points: int | None = None  # FAMILY: measured members behind the fit
+    error: float | None = None  # FAMILY: the fit's largest relative residual
 
     def render(self) -> str:
         """The text shown and stored (attempts.prediction_source)."""
@@ -36,6 +39,9 @@ class PredictionSource:
             text = f"measured (running, step {self.step})"
         elif kind is SourceKind.LEVEL or kind is SourceKind.TASK:
             text = f"measured ({self.borrowed()})"
+        elif kind is SourceKind.FAMILY:
+            members = "member" if self.points == 1 else "members"
+            text = f"family fit ({self.points} {members}, error {100 * (self.error or 0.0):.0f} %)"
         elif kind is SourceKind.ESTIMATE and self.tokens is not None:
             text = f"estimate at {self.tokens} tokens"
         else:

@@ -1,8 +1,9 @@
 """Job shapes: which config keys decide an attempt's GPU memory, and what one shape's peaks say
 about its neighbours (other ladder levels, other tasks). Pure: values in, values out.
 
-Two attempts have one shape when they agree on every memory-relevant key, the model, the ladder
-level and the task. Keys that change only the science or the run time (learning rate, epochs,
+Two attempts have one shape when they agree on every memory-relevant key of the config the script
+receives (after `--set` and the ladder's changes), the model and the task: the ladder level and
+the config's name are not part of it. Keys that change only the science or the run time (learning rate, epochs,
 eval cadence, seed, the sim worker's run time) are left out, so a `--set learning_rate=...`
 keeps what was learned. A suite lists further keys its own script reads (`memory_keys:`).
 """
@@ -69,8 +70,7 @@ def memory_hash(config: Mapping[str, Any], extra_keys: Iterable[str] = (), *, fo
 
 @dataclass(frozen=True)
 class ShapeParts:
-    base: str  # memory hash | model: equal for every level and task of one config
-    level: int
+    base: str  # memory hash | model: equal for every task of one received config
     task: str
 
 
@@ -81,11 +81,11 @@ def shape_label(config_name: str, level: int, data: str) -> str:
 
 def parse_shape_key(key: str) -> ShapeParts | None:
     """The parts of a key built by `orchestrator.memory.shape_key`; None for a key of another
-    form. Tasks and levels hold no '|' (their character sets are restricted); models may."""
-    parts = key.rsplit("|", 2)
-    if len(parts) != 3 or not parts[1].lstrip("-").isdigit():
+    form. Tasks hold no '|' (their character set is restricted); models may."""
+    parts = key.rsplit("|", 1)
+    if len(parts) != 2 or "|" not in parts[0]:
         return None
-    return ShapeParts(parts[0], int(parts[1]), parts[2])
+    return ShapeParts(parts[0], parts[1])
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,25 @@ def curves_by_gpu(rows: Iterable[tuple[str, str, int, float]]) -> dict[str, dict
         out[shape] = {gpu: relative_curve(r) or pooled_curve for gpu, r in per_gpu.items()}
         out[shape]["*"] = pooled_curve
     return out
+
+
+def family_curves(
+    shape_curves: Mapping[str, Mapping[int, Mapping[int, float]]], family_of: Mapping[str, str]
+) -> dict[str, dict[int, dict[int, float]]]:
+    """Shape -> GPU -> relative curve, and each shape's memory family -> family -> GPU ->
+    the curve averaged over the family's shapes, per number of tenants: a config of the family
+    never measured stacks by what its siblings measured (the curve is relative, so batch sizes
+    with different samples/s average fairly)."""
+    sums: dict[str, dict[int, dict[int, list[float]]]] = {}
+    for shape, per_gpu in shape_curves.items():
+        family = family_of.get(shape)
+        if family is None:
+            continue
+        for gpu, curve in per_gpu.items():
+            by_k = sums.setdefault(family, {}).setdefault(gpu, {})
+            for k, value in curve.items():
+                by_k.setdefault(k, []).append(value)
+    return {
+        family: {gpu: {k: sum(v) / len(v) for k, v in sorted(by_k.items())} for gpu, by_k in per_gpu.items()}
+        for family, per_gpu in sums.items()
+    }

@@ -19,6 +19,7 @@ class Blocker(str, Enum):
     CAP = "cap"  # the plan's cap is reached
     OCCUPIED = "occupied"  # the job must run alone and the card is not empty
     GAIN = "gain"  # one more job would add less throughput than min_stack_gain
+    PROBE = "probe"  # a job of its memory family, which has measured nothing yet, runs there
     MEMORY = "memory"  # not enough free memory beside the reservations and headroom
 
 
@@ -35,6 +36,7 @@ class WaitKind(str, Enum):
     HELD_FOR_STARVING = "held_for_starving"
     MEMORY = "memory"
     GAIN = "gain"
+    PROBE = "probe"  # its family's memory is being measured on every card it could use
     RUN_ALONE = "run_alone"
     CAP_OR_ALONE = "cap_or_alone"
     CAP = "cap"
@@ -121,6 +123,9 @@ def _render(w: Wait) -> str:
     if k is WaitKind.GAIN:
         return (f"GPU {w.gpu}: one more job would add {w.gain:.0%} throughput "
                 f"(measured), below min_stack_gain {w.min_gain:.0%}")
+    if k is WaitKind.PROBE:
+        return (f"GPU {w.gpu}: a job of the same memory family is measuring its peak "
+                "(nothing of the family measured yet)")
     if k is WaitKind.RUN_ALONE:
         return "waiting to run alone on a GPU"
     if k is WaitKind.CAP_OR_ALONE:

@@ -112,14 +112,13 @@ def test_unknown_inputs_give_no_estimate() -> None:
 
 def test_shape_key_separates_every_part() -> None:
     keys = {
-        shape_key("abc", "gla", 0, "glue_rte"),
-        shape_key("abd", "gla", 0, "glue_rte"),
-        shape_key("abc", "llama", 0, "glue_rte"),
-        shape_key("abc", "gla", 1, "glue_rte"),
-        shape_key("abc", "gla", 0, "glue_qnli"),
+        shape_key("abc", "gla", "glue_rte"),
+        shape_key("abd", "gla", "glue_rte"),
+        shape_key("abc", "llama", "glue_rte"),
+        shape_key("abc", "gla", "glue_qnli"),
     }
-    assert len(keys) == 5
-    assert shape_key("abc", "gla", 0, "glue_rte") == shape_key("abc", "gla", 0, "glue_rte")
+    assert len(keys) == 4
+    assert shape_key("abc", "gla", "glue_rte") == shape_key("abc", "gla", "glue_rte")
 
 
 def test_update_shape() -> None:

@@ -69,8 +69,8 @@ def test_sim_accumulation_counts_only_without_a_reference_batch() -> None:
 
 
 def test_shape_key_parts_round_trip() -> None:
-    parts = parse_shape_key(shape_key("abc", "org/model|x", 2, "glue_rte"))
-    assert parts is not None and (parts.base, parts.level, parts.task) == ("abc|org/model|x", 2, "glue_rte")
+    parts = parse_shape_key(shape_key("abc", "org/model|x", "glue_rte"))
+    assert parts is not None and (parts.base, parts.task) == ("abc|org/model|x", "glue_rte")
     assert parse_shape_key("no-separators") is None
 
 
@@ -170,14 +170,16 @@ def test_memory_held_before_step_k_is_a_floor_not_a_measurement() -> None:
 
 
 def test_knowledge_transfers_between_levels_then_tasks() -> None:
-    shapes = {shape_key("h", "m", 0, "rte"): ShapeMemory(12_000, None, 1)}
-    running = {shape_key("h", "m", 1, "qnli"): RunningPeak(7_000, 15)}
+    # the job's level-0 shape ("h0") and its level-1 shape ("h1", e.g. checkpointing on)
+    shapes = {shape_key("h0", "m", "rte"): ShapeMemory(12_000, None, 1)}
+    running = {shape_key("h1", "m", "qnli"): RunningPeak(7_000, 15)}
     k = Knowledge(shapes, running)
     lengths = {"rte": 100, "qnli": 250, "sst2": 50}.get
-    assert k.transfer(shape_key("h", "m", 2, "rte"), None, lengths) == Transfer(12_000, PredictionSource(SourceKind.LEVEL, level=0))
-    via_task = k.transfer(shape_key("h", "m", 1, "sst2"), None, lengths)
+    lower = {0: shape_key("h0", "m", "rte"), 1: shape_key("h1", "m", "rte")}
+    assert k.transfer(shape_key("h2", "m", "rte"), None, lengths, lower) == Transfer(12_000, PredictionSource(SourceKind.LEVEL, level=0))
+    via_task = k.transfer(shape_key("h1", "m", "sst2"), None, lengths)
     assert via_task is not None and via_task.mib == 7_000 and via_task.source.task == "qnli"
-    assert k.transfer(shape_key("other", "m", 1, "rte"), None, lengths) is None
+    assert k.transfer(shape_key("other", "m", "rte"), None, lengths) is None
 
 
 def test_throughput_curve_and_marginal_gain() -> None:
@@ -260,13 +262,13 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     from orchestrator.store.db import Store
     from orchestrator.store.learning import label_shape, record_throughput
 
-    key = shape_key("h", "m", 0, "glue_rte")
+    key = shape_key("h", "m", "glue_rte")
     with Store(db_path) as store:
         write_shape(store, key, ShapeMemory(10_240, None, 2))
         label_shape(store, key, "E1", "c L0 glue_rte")
         record_throughput(store, "GPU-1", key, 1, 100.0, "E1")
         record_throughput(store, "GPU-1", key, 2, 60.0, "E1")
-        write_shape(store, "other|m|0|t", ShapeMemory(None, 4_000, 0))
+        write_shape(store, "other|m|t", ShapeMemory(None, 4_000, 0))
     listed = json.loads(orch_inproc("memory", "--json").stdout)["shapes"]
     first = next(s for s in listed if s["shape"] == key)
     assert first["peak_mib"] == 10_240 and first["samples"] == 2 and first["source"] == "measured (2 attempts)"
@@ -279,8 +281,8 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
         assert result.rc == 2 and len(result.stderr.strip().splitlines()) == 1, bad
     assert len(json.loads(orch_inproc("memory", "--json").stdout)["shapes"]) == 2  # nothing went
     assert orch_inproc("memory", "forget", "--suite", "E1").rc == 0
-    assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == ["other|m|0|t"]
-    assert orch_inproc("memory", "forget", "other|m|0|t").rc == 0
+    assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == ["other|m|t"]
+    assert orch_inproc("memory", "forget", "other|m|t").rc == 0
     assert json.loads(orch_inproc("memory", "--json").stdout)["shapes"] == []
 
 
@@ -289,7 +291,7 @@ def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db
     from orchestrator.store.db import Store
     from orchestrator.store.learning import label_shape, record_throughput
 
-    shared, own = shape_key("h", "m", 0, "glue_rte"), shape_key("g", "m", 0, "glue_rte")
+    shared, own = shape_key("h", "m", "glue_rte"), shape_key("g", "m", "glue_rte")
     with Store(db_path) as store:
         write_shape(store, shared, ShapeMemory(10_240, None, 2))
         label_shape(store, shared, "low", "c L0 glue_rte")
@@ -297,7 +299,7 @@ def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db
         label_shape(store, shared, "nomk", "c L0 glue_rte")  # the last teacher is another suite
         write_shape(store, own, ShapeMemory(4_096, None, 1))
         label_shape(store, own, "nomk", "d L0 glue_rte")
-        record_throughput(store, "GPU-1", shape_key("t", "m", 0, "glue_rte"), 1, 50.0, "low")  # throughput only
+        record_throughput(store, "GPU-1", shape_key("t", "m", "glue_rte"), 1, 50.0, "low")  # throughput only
         assert store.query("SELECT suites_json FROM memory_shapes WHERE shape_key = ?", [shared])[0][
             "suites_json"] == '["low","nomk"]'  # fmt: skip
     for bad in (("--suite", "nosuite"), ("--suite", "")):
@@ -307,10 +309,10 @@ def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db
     assert len(json.loads(orch_inproc("memory", "--json").stdout)["shapes"]) == 3  # nothing went
     result = orch_inproc("memory", "forget", "--suite", "low", "--json")
     assert result.rc == 0
-    assert sorted(json.loads(result.stdout)["shapes"]) == sorted([shared, shape_key("t", "m", 0, "glue_rte")])
+    assert sorted(json.loads(result.stdout)["shapes"]) == sorted([shared, shape_key("t", "m", "glue_rte")])
     assert [s["shape"] for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]] == [own]
     # memory taught by another suite stays; only the readings `low` measured last go
-    other = shape_key("u", "m", 0, "glue_rte")
+    other = shape_key("u", "m", "glue_rte")
     with Store(db_path) as store:
         write_shape(store, other, ShapeMemory(6_000, None, 1))
         label_shape(store, other, "nomk", "e L0 glue_rte")

@@ -54,19 +54,23 @@ def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) 
 
 
 @pytest.mark.slow
-def test_an_under_declared_shape_is_sized_by_what_its_first_attempt_already_holds(orch: Orch) -> None:
-    # Declared 2 GiB, true peak 9 GiB over a slow ramp. Once the first attempt holds more than
-    # it declared, its reservation is over; the next job of the shape must not be placed at
-    # 2 GiB beside it: what the first already holds (before any step) is its floor.
+def test_an_under_declared_shape_waits_for_its_probe_and_never_starts_at_the_declared_figure(orch: Orch) -> None:
+    # Declared 2 GiB, true peak 9 GiB over a slow ramp. While its family has measured nothing,
+    # the next job of the shape does not stack beside the first (probe before stacking): it
+    # waits, saying why, and starts at what the first measured, never at the declared 2 GiB.
     orch.write_suite("tight", {"t": {"sim_mem_gib": 9, "sim_seconds": 1, "sim_ramp_s": 8}}, mem_gib=2)
     orch.submit("tight", "1:glue_rte", "--gpu-plan", "3")
     orch.start_daemon()
     wait_until(lambda: (orch.attempts(1) or [{}])[0].get("peak_mib", 0) >= 4096, 30,
                "the first attempt to hold twice its declared memory")
     orch.submit("tight", "2:glue_rte")
-    second = wait_until(lambda: orch.attempts(2), 30, "the second job to start")[0]
+    reason = wait_until(lambda: orch.query("SELECT wait_reason FROM jobs WHERE id = 2")[0]["wait_reason"], 30,
+                        "the second job's waiting reason")
+    assert "same memory family is measuring its peak" in reason, reason
+    second = wait_until(lambda: orch.attempts(2), 60, "the second job to start")[0]
     first = orch.attempts(1)[0]
-    assert first["prediction_source"] == "declared" and first["outcome"] is None
-    assert second["prediction_source"].startswith("measured (running, step "), second["prediction_source"]
-    assert second["predicted_peak_mib"] >= int(4096 * 1.15), second["predicted_peak_mib"]
+    assert first["prediction_source"] == "declared"
+    assert first["ended_at"] is not None and first["ended_at"] <= second["started_at"]
+    assert second["prediction_source"] == "measured", second["prediction_source"]
+    assert second["predicted_peak_mib"] >= 9 * 1024, second["predicted_peak_mib"]
     assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}

@@ -47,9 +47,12 @@ def _events(orch: Orch, kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_underdeclared_jobs_oom_then_succeed_degraded(orch: Orch) -> None:
-    # Declared 8 GiB, truly 15 GiB: two fit on a 24 GiB card on paper, not in memory.
-    orch.write_suite("fat", {"fat": {"sim_mem_gib": 15}}, mem_gib=8, one_token_tasks=["glue*"], max_attempts=6)
-    orch.submit("fat", " ".join(f"{seed}:glue_rte" for seed in range(1, 9)), "--gpu-plan", "2,2")
+    # Declared 8 GiB, truly 15 GiB: two fit on a 24 GiB card on paper, not in memory. Two
+    # configs, each its own memory family: a family probes one job per card, but the probes of
+    # two families that have measured nothing may share a card.
+    configs = {f"fat{n}": {"sim_mem_gib": 15 + n / 10} for n in range(2)}
+    orch.write_suite("fat", configs, mem_gib=8, one_token_tasks=["glue*"], max_attempts=6)
+    orch.submit("fat", " ".join(f"{seed}:glue_rte" for seed in range(1, 5)), "--gpu-plan", "2,2")
     orch.start_daemon()
     states = orch.wait_all_done(150)
     assert set(states.values()) == {"succeeded"}, states
@@ -83,11 +86,13 @@ def test_underdeclared_jobs_oom_then_succeed_degraded(orch: Orch) -> None:
 
     # Once a shape has succeeded, later attempts of that shape are placed on its measured peak.
     rows = orch.attempts()
+    config_of = {r["id"]: r["config_name"] for r in orch.query("SELECT id, config_name FROM jobs")}
     checked = 0
     for row in rows:
         earlier_success = [
             r for r in rows
             if r["outcome"] == "succeeded" and r["level"] == row["level"] and r["ended_at"] < row["started_at"]
+            and config_of[r["job_id"]] == config_of[row["job_id"]]
         ]
         if earlier_success:
             assert row["prediction_source"] == "measured", row

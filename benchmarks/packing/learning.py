@@ -53,7 +53,7 @@ from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAtte
 from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
 
-TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml")
+TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml", "late_oom_4x48.yaml")
 ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows
 
 
@@ -82,20 +82,20 @@ class StepKPolicy(OrchPolicy):
 
     def _refresh(self, sim: Simulator, now_s: float) -> None:
         passed = [
-            (a.job.shape(a.start.level), int(a.peak_mib * self.early_fraction), PROVISIONAL_STEPS)
+            (self.shape_of(a.job, a.start.level), int(a.peak_mib * self.early_fraction), PROVISIONAL_STEPS)
             for a in sim.running
             if now_s >= a.ramp_end_s + self.known_after_s
         ]
         self.running = fold_running(passed)
         self.held = fold_running(
-            (a.job.shape(a.start.level), int(a.held_mib(now_s)), 0)
+            (self.shape_of(a.job, a.start.level), int(a.held_mib(now_s)), 0)
             for a in sim.running
             if now_s < a.ramp_end_s + self.known_after_s and a.held_mib(now_s) > 0
         )
 
     def predict(self, job_index: int, level: int) -> Prediction:
         job = self.trace.jobs[job_index]
-        key = job.shape(level)
+        key = self.shape_of(job, level)
         estimate = None
         if self.estimate and (model_of(job.config), job.task) in self.tasks_done:
             spread = (zlib.crc32(repr(key).encode()) % 1001) / 500.0 - 1.0  # in [-1, 1]
@@ -254,7 +254,17 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         OrchPolicy(trace, name="declared end"),
         step_k(StepKPolicy, "declared nohold", PackingPolicy(starvation_s=1e12), estimate=False),
     ]
+    from benchmarks.packing.family_policy import FamilyPolicy  # it builds on StepKPolicy, above
+
+    runs += [
+        step_k(FamilyPolicy, "family", estimate=False),
+        FamilyPolicy(trace, name="family noprobe", known_after_s=known_after_s, early_fraction=early_fraction,
+                     probing=False),
+    ]
     rows = [row(p.name, Simulator(trace).run(p), bound, oracle.makespan_min, work) for p in runs]
+    # the same, with every attempt after a death resuming from the last checkpoint (every 10 % of the work)
+    resumed = [step_k(StepKPolicy, "orch resume"), step_k(FamilyPolicy, "family resume", estimate=False)]
+    rows += [row(p.name, Simulator(trace, resume=True).run(p), bound, oracle.makespan_min, work) for p in resumed]
     rows.append(row("oracle", oracle, bound, oracle.makespan_min, work))
     rows.append(row("oracle+hdrm", Simulator(trace).run(OraclePolicy(trace, headroom=True)), bound,
                     oracle.makespan_min, work))

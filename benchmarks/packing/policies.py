@@ -15,7 +15,7 @@ from benchmarks.packing.simulator import (
     Start,
     most_placeable,
 )
-from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace
+from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob
 from orchestrator.durations import CompletedRun, DurationTable
 from orchestrator.ladder import Level, expand_levels, load_ladder, retry_decision
 from orchestrator.lifecycle import AttemptOutcome
@@ -196,10 +196,21 @@ class OrchPolicy:
         expected = self.expected_s(attempt.start.job_index, attempt.start.level)
         return None if expected is None else attempt.start_s + expected
 
+    def shape_of(self, job: TraceJob, level: int) -> tuple[str, str, int]:
+        """The key a job's memory is learned under at a ladder level."""
+        return job.shape(level)
+
+    def probe_of(self, job_index: int, level: int, prediction: Prediction) -> str | None:
+        """The memory family a queued job probes (one per family per card until step K); None: no probing."""
+        return None
+
+    def running_probe_of(self, attempt: Attempt) -> str | None:
+        return None
+
     def predict(self, job_index: int, level: int) -> Prediction:
         """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
         job = self.trace.jobs[job_index]
-        shape = self.shapes.get(job.shape(level))
+        shape = self.shapes.get(self.shape_of(job, level))
         return predict_peak_mib(shape, None, int(job.declared_mib), self.margin)
 
     def predict_mib(self, job_index: int, level: int) -> float:
@@ -246,6 +257,7 @@ class OrchPolicy:
                 reached_peak=not a.ramping(now_s),
                 run_alone=a.start.run_alone,
                 expected_end_s=self._expected_end_s(a),
+                probe_family=self.running_probe_of(a),
             )
             for a in sim.running
         ]
@@ -266,6 +278,7 @@ class OrchPolicy:
             predicted_mib = int(prediction.mib)
             expected_s = self.expected_s(first, level)
             alone = TRACE_LEVELS[level].run_alone
+            probe = self.probe_of(first, level, prediction)
             k = most_placeable(predicted_mib, alone, cards)
             placeable = placeable or k > 0
             for j in self.by_shape.first(shape, k + 1):
@@ -278,6 +291,7 @@ class OrchPolicy:
                         waiting_since_s=self.queue[j].since_s,
                         run_alone=alone,
                         expected_duration_s=expected_s,
+                        probe_family=probe,
                     )
                 )
         if not placeable:
@@ -297,7 +311,7 @@ class OrchPolicy:
 
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         s = attempt.start
-        key = attempt.job.shape(s.level)
+        key = self.shape_of(attempt.job, s.level)
         held = int(attempt.held_mib(now_s))  # the worker reports its peak; an OOM what it held
         self.attempts[s.job_index] = self.attempts.get(s.job_index, 0) + 1
         if outcome == "succeeded":
@@ -318,7 +332,7 @@ class OrchPolicy:
 
     def _enqueue(self, j: int, level: int, now_s: float) -> None:
         self.queue[j] = _Queued(level, now_s)
-        self.by_shape.add(j, self.trace.jobs[j].shape(level), j)
+        self.by_shape.add(j, self.shape_of(self.trace.jobs[j], level), j)
         heapq.heappush(self._wakes, (now_s + self.packing.starvation_s, j))
 
     def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:

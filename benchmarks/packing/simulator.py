@@ -3,7 +3,10 @@
 Memory of an attempt rises linearly from 0 to its true peak over `ramp_s`. When a card's
 memory (foreign + ours) reaches its size, the attempt that is allocating — the most recently
 started one still ramping — fails with an OOM and its time so far is lost. With k attempts on
-a card each runs at T(k)/k of its solo speed.
+a card each runs at T(k)/k of its solo speed. A job may also die of a late OOM at a fixed
+fraction of its work (`TraceJob.late_oom_at`). With `resume`, an attempt after a death continues
+from the last checkpoint its predecessors wrote (every `checkpoint_every` of the job's work),
+the ladder keeping the effective batch, so the fraction of the work carries over between levels.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class Attempt:
     start_s: float
     seq: int  # global start order: the latest started ramping attempt is the one that OOMs
     remaining_min: float  # solo minutes of work left
+    work_min: float = 0.0  # solo minutes of the whole job at this level
+    start_fraction: float = 0.0  # of the work, done before this attempt (resumed from a checkpoint)
+    late_oom_remaining_min: float | None = None  # the attempt dies of a late OOM when this much is left
 
     @property
     def peak_mib(self) -> float:
@@ -74,13 +80,14 @@ class AttemptRecord:
     end_s: float
     outcome: Outcome
     held_at_end_mib: float
+    lost_min: float = 0.0  # an OOM'd attempt's wall minutes whose work no checkpoint kept
 
 
 @dataclass
 class SimResult:
     makespan_min: float
     oom_events: int
-    oom_lost_gpu_min: float  # wall minutes of OOM'd attempts, start to failure
+    oom_lost_gpu_min: float  # wall minutes of OOM'd attempts, start to failure, less what a checkpoint kept
     failed_jobs: int  # jobs that never succeeded
     mean_wait_min: float  # per job, all time spent queued (before each of its attempts)
     records: list[AttemptRecord] = field(default_factory=list)
@@ -161,8 +168,12 @@ class Policy(Protocol):
 
 
 class Simulator:
-    def __init__(self, trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT) -> None:
+    def __init__(self, trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT, *, resume: bool = False,
+                 checkpoint_every: float = 0.1) -> None:
         self.trace = trace
+        self.resume = resume
+        self.checkpoint_every = checkpoint_every
+        self._kept = [0.0] * len(trace.jobs)  # per job: fraction of its work a checkpoint holds
         self.sharing = tuple(sharing)
         self.gpus = {g.index: g for g in trace.gpus}
         self.running: list[Attempt] = []
@@ -196,7 +207,12 @@ class Simulator:
     def _start(self, start: Start, now_s: float) -> None:
         job = self.trace.jobs[start.job_index]
         self._wait_s[start.job_index] += now_s - self._ready_s[start.job_index]
-        attempt = Attempt(start, job, now_s, self._seq, job.minutes[start.level])
+        work_min = job.minutes[start.level]
+        kept = self._kept[start.job_index] if self.resume else 0.0
+        late = None
+        if job.late_oom_at > kept and start.level < job.late_oom_levels:
+            late = work_min * (1.0 - job.late_oom_at)
+        attempt = Attempt(start, job, now_s, self._seq, work_min * (1.0 - kept), work_min, kept, late)
         self.running.append(attempt)
         self._by_gpu[start.gpu_index].append(attempt)
         self._seq += 1
@@ -208,9 +224,18 @@ class Simulator:
         self.running.remove(attempt)
         self._by_gpu[attempt.start.gpu_index].remove(attempt)
         s = attempt.start
+        lost_min = 0.0
+        if outcome == "oom":
+            lost_min = (now_s - attempt.start_s) / 60.0
+            done = 1.0 - attempt.remaining_min / attempt.work_min if attempt.work_min > 0 else 0.0
+            checkpointed = int(done / self.checkpoint_every + _EPS) * self.checkpoint_every
+            if self.resume and done > attempt.start_fraction and checkpointed > attempt.start_fraction:
+                kept_share = (checkpointed - attempt.start_fraction) / (done - attempt.start_fraction)
+                lost_min *= 1.0 - min(1.0, kept_share)
+                self._kept[s.job_index] = max(self._kept[s.job_index], checkpointed)
         self._records.append(
             AttemptRecord(
-                s.job_index, s.gpu_index, s.level, s.tag, attempt.start_s, now_s, outcome, held
+                s.job_index, s.gpu_index, s.level, s.tag, attempt.start_s, now_s, outcome, held, lost_min
             )
         )
         if outcome == "succeeded":
@@ -222,6 +247,8 @@ class Simulator:
         times: list[float] = []
         for a in self.running:
             times.append(now_s + a.remaining_min / self._rate(a) * 60.0)
+            if a.late_oom_remaining_min is not None:
+                times.append(now_s + max(0.0, a.remaining_min - a.late_oom_remaining_min) / self._rate(a) * 60.0)
             if a.ramping(now_s):
                 times.append(a.ramp_end_s)
         for g, gpu in self.gpus.items():
@@ -238,6 +265,9 @@ class Simulator:
     def _handle_events(self, policy: Policy, now_s: float) -> None:
         for a in [a for a in self.running if a.remaining_min <= _EPS]:
             self._end(policy, a, "succeeded", now_s)
+        for a in [a for a in self.running
+                  if a.late_oom_remaining_min is not None and a.remaining_min <= a.late_oom_remaining_min + _EPS]:
+            self._end(policy, a, "oom", now_s)
         for g, gpu in self.gpus.items():
             while True:
                 used = self.used_mib(g, now_s)
@@ -271,7 +301,7 @@ class Simulator:
         return SimResult(
             makespan_min=max((r.end_s for r in self._records), default=0.0) / 60.0,
             oom_events=len(ooms),
-            oom_lost_gpu_min=sum(r.end_s - r.start_s for r in ooms) / 60.0,
+            oom_lost_gpu_min=sum(r.lost_min for r in ooms),
             failed_jobs=n - len(self._succeeded),
             mean_wait_min=sum(self._wait_s) / n / 60.0 if n else 0.0,
             records=self._records,
@@ -281,9 +311,11 @@ class Simulator:
 
 
 def best_level(job: TraceJob, trace: Trace) -> int:
-    """The fastest level whose true peak fits alone on some card of the plan."""
+    """The fastest level whose true peak fits alone on some card of the plan (and that no late
+    OOM strikes)."""
     room = max(g.usable_mib for g, n in zip(trace.gpus, trace.plan, strict=True) if n > 0)
-    fitting = [lv for lv in range(len(job.minutes)) if job.peak_mib[lv] <= room]
+    lowest = job.late_oom_levels if job.late_oom_at > 0 else 0
+    fitting = [lv for lv in range(lowest, len(job.minutes)) if job.peak_mib[lv] <= room]
     if not fitting:
         raise ValueError(f"job {job.id} fits no card at any level")
     return min(fitting, key=lambda lv: job.minutes[lv])

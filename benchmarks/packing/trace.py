@@ -33,6 +33,10 @@ class TraceJob:
     peak_mib: tuple[float, ...]  # true peak per ladder level, hidden from the policies
     minutes: tuple[float, ...]  # run time per level when alone on a card
     ramp_s: float  # memory rises linearly to the peak over this long
+    # a late OOM (an evaluation's spike): an attempt at a level below `late_oom_levels` dies at
+    # this fraction of its work, whatever its neighbours; 0: none
+    late_oom_at: float = 0.0
+    late_oom_levels: int = 1
 
     def shape(self, level: int) -> tuple[str, str, int]:
         return (self.config, self.task, level)
@@ -79,6 +83,8 @@ def load_trace(path: Path | str) -> Trace:
             peak_mib=tuple(p * MIB_PER_GIB for p in j["peak_gib"]),
             minutes=tuple(float(m) for m in j["minutes"]),
             ramp_s=float(j["ramp_s"]),
+            late_oom_at=float(j.get("late_oom_at", 0.0)),
+            late_oom_levels=int(j.get("late_oom_levels", 1)),
         )
         for j in raw["jobs"]
     )

@@ -10,6 +10,7 @@ import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
 from orchestrator.errors import UsageError
+from orchestrator.families import FamilyFloor, FamilyPoint, FamilyTag, fit_family
 from orchestrator.plans.inputs import check_text
 from orchestrator.shapes import RunningPeak, measured_margin, running_margin, shape_label
 from orchestrator.store.db import Store
@@ -18,6 +19,7 @@ from orchestrator.store.learning import (
     forget_shapes,
     list_shapes,
     live_attempts_and_jobs,
+    read_family_members,
     read_throughput,
     shape_known,
     suite_known,
@@ -25,12 +27,13 @@ from orchestrator.store.learning import (
 from orchestrator.throughput import relative_curve
 
 
-def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str, str]]]:
+def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str, str]], dict[str, FamilyTag]]:
     """Shape key -> its running attempts past step K; shape key -> (suite, label) of a live
-    attempt of it, for shapes nothing has been learned of yet."""
+    attempt of it, for shapes nothing has been learned of yet; shape key -> its family."""
     from orchestrator.learned import running_peaks
     from orchestrator.prediction import (  # the ladder: not for every CLI start
         JobShapeCache,
+        attempt_family_tag,
         attempt_shape_key,
     )
 
@@ -38,18 +41,82 @@ def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str,
     cache = JobShapeCache()
     key_of: dict[int, str] = {}  # attempt id -> shape key, worked out once per attempt
     names: dict[str, tuple[str, str]] = {}
+    tags: dict[str, FamilyTag] = {}
     for attempt in live:
         job = jobs.get(attempt.job_id)
         if job is not None:
             key = key_of[attempt.id] = attempt_shape_key(job, attempt, cache)
             names.setdefault(key, (job.suite, shape_label(job.config_name, attempt.level, job.data)))
-    return running_peaks(live, jobs, lambda _job, attempt: key_of[attempt.id]), names
+            if (tag := attempt_family_tag(job, attempt, cache)) is not None:
+                tags[key] = tag
+    return running_peaks(live, jobs, lambda _job, attempt: key_of[attempt.id]), names, tags
 
 
-def memory_snapshot(store: Store) -> list[dict[str, Any]]:
-    """One entry per shape that has a learned row, running attempts past step K, or throughput."""
+def family_snapshot(store: Store, running: dict[str, RunningPeak], names: dict[str, tuple[str, str]],
+                    live_tags: dict[str, FamilyTag]) -> list[dict[str, Any]]:
+    """One entry per memory family with a measured member or an OOM floor: its fit (fixed part,
+    per sample or per sample-token), its error and margin, its points and floors, named by the
+    suites and configs that taught it."""
+    members: dict[str, list[tuple[str, FamilyTag, int | None, bool, int | None, str | None, str | None]]] = {}
+    learned = {m.shape_key: m for m in read_family_members(store)}
+    for key, m in learned.items():
+        run = running.get(key)
+        peak = m.peak_mib or (run.peak_mib if run else None)
+        members.setdefault(m.tag.family_key, []).append(
+            (key, m.tag, peak, not m.peak_mib and run is not None, m.oom_floor_mib, m.suite, m.label))
+    for key, tag in live_tags.items():
+        if key not in learned and (run := running.get(key)) is not None:
+            suite, label = names.get(key, (None, None))
+            members.setdefault(tag.family_key, []).append((key, tag, run.peak_mib, True, None, suite, label))
+    out: list[dict[str, Any]] = []
+    for family_key, rows in sorted(members.items()):
+        points = [FamilyPoint(t.batch_size, t.tokens, t.task, peak, running=r)
+                  for _, t, peak, r, _, _, _ in rows if peak]
+        floors = [FamilyFloor(t.batch_size, t.tokens, t.task, floor) for _, t, _, _, floor, _, _ in rows if floor]
+        fit = fit_family(points, floors)
+        suites = sorted({suite for *_, suite, _ in rows if suite})
+        configs = sorted({label.split(" ")[0] for *_, label in rows if label}, key=lambda c: (len(c), c))
+        out.append({
+            "family": family_key, "name": f"{'/'.join(suites)}: {', '.join(configs)}",
+            "model": family_key.split("|", 1)[-1],
+            "fixed_mib": None if fit is None else round(fit.fixed_mib),
+            "per_sample_mib": None if fit is None else round(fit.per_unit_mib, 3),
+            "per_token": bool(fit and fit.per_token),
+            "error": None if fit is None else round(fit.error_fraction, 4),
+            "margin": None if fit is None else round(fit.margin_fraction, 3),
+            "points": [{"batch_size": t.batch_size, "tokens": t.tokens, "task": t.task, "peak_mib": peak,
+                        "running": r, "label": label} for _, t, peak, r, _, _, label in rows if peak],
+            "floors": [{"batch_size": t.batch_size, "task": t.task, "oom_floor_mib": floor}
+                       for _, t, _, _, floor, _, _ in rows if floor],
+        })  # fmt: skip
+    return out
+
+
+def render_families(families: list[dict[str, Any]]) -> str:
+    lines = ["families: peak ≈ fixed + per sample × batch (× tokens where known)"]
+    for f in families:
+        if f["fixed_mib"] is None:
+            fit = "no member measured yet"
+        else:
+            unit = "sample-token" if f["per_token"] else "sample"
+            fit = (f"fit {_gib(f['fixed_mib'])} + {f['per_sample_mib']:.1f} MiB per {unit}, "
+                   f"error {f['error']:.0%}, margin {f['margin']:.0%}")
+        lines.append(f"  {f['name']} ({f['model']}): {fit}")
+        points = sorted(f["points"], key=lambda p: (p["task"], p["batch_size"]))
+        for p in points:
+            how = "running" if p["running"] else "measured"
+            lines.append(f"    batch {p['batch_size']:>5} {p['task']}: {_gib(p['peak_mib'])} ({how})")
+        for floor in sorted(f["floors"], key=lambda p: (p["task"], p["batch_size"])):
+            lines.append(f"    batch {floor['batch_size']:>5} {floor['task']}: at least "
+                         f"{_gib(floor['oom_floor_mib'])} (OOM)")
+    return "\n".join(lines)
+
+
+def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One entry per shape that has a learned row, running attempts past step K, or throughput;
+    one per memory family (`family_snapshot`)."""
     rows = {r.shape_key: r for r in list_shapes(store)}
-    running, names = _running(store)
+    running, names, tags = _running(store)
     rates: dict[str, dict[str, dict[int, float]]] = {}
     for t in read_throughput(store):
         rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
@@ -84,7 +151,7 @@ def memory_snapshot(store: Store) -> list[dict[str, Any]]:
                 for gpu, by_k in sorted(rates.get(key, {}).items())
             },
         })  # fmt: skip
-    return out
+    return out, family_snapshot(store, running, names, tags)
 
 
 def _gib(mib: int | None) -> str:
@@ -121,12 +188,14 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with open_store(db_path) as store:
-        entries = memory_snapshot(store)
+        entries, families = memory_snapshot(store)
         cards = gpu_indexes(store, (gpu for e in entries for gpu in e["throughput"]))
     if as_json:
-        echo_json({"shapes": entries})
+        echo_json({"shapes": entries, "families": families})
     else:
         click.echo(render(entries, cards))
+        if families:
+            click.echo(render_families(families))
 
 
 @memory_group.command("forget")
@@ -141,7 +210,7 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
     with open_store(db_path, create=False) as store:
         # every live attempt counts here, before step K too: its held memory is a floor
-        _past_step_k, running = _running(store)
+        _past_step_k, running, _tags = _running(store)
         if shape is not None and not shape_known(store, shape):
             if shape in running:
                 raise UsageError(f"shape {shape!r} has learned nothing yet: only its running attempts, "

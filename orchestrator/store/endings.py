@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import faults
+from orchestrator.families import FamilyTag
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.memory import ShapeMemory
 from orchestrator.store.attempts import (
@@ -34,6 +35,7 @@ class ShapeLesson:
     fold: Callable[[ShapeMemory | None], ShapeMemory]
     suite: str
     label: str  # the config, level and task, shown by `orch memory`
+    family: FamilyTag | None = None  # where the shape sits in its memory family
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def close_attempt(
             return False
         if shape is not None:
             write_shape(store, shape.shape_key, shape.fold(read_shape(store, shape.shape_key)))
-            label_shape(store, shape.shape_key, shape.suite, shape.label)
+            label_shape(store, shape.shape_key, shape.suite, shape.label, shape.family)
         if prompt is not None:
             record_prompt_length(store, prompt.length_key, prompt.longest_tokens)
         faults.reach("after_learn")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.families import FamilyTag
 from orchestrator.store.db import Store
 from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.rows import Attempt, Job
@@ -23,15 +24,47 @@ class ThroughputRow:
 _TAUGHT_BY = "EXISTS (SELECT 1 FROM json_each(memory_shapes.suites_json) WHERE value = ?)"
 
 
-def label_shape(store: Store, shape_key: str, suite: str, label: str) -> None:
-    """Name the suite and config that last taught a shape (shown by `orch memory`), and add
-    the suite to those that taught it (`orch memory forget --suite`)."""
+def label_shape(store: Store, shape_key: str, suite: str, label: str, family: FamilyTag | None = None) -> None:
+    """Name the suite and config that last taught a shape (shown by `orch memory`), add the
+    suite to those that taught it (`orch memory forget --suite`), and place it in its family."""
     with store.write():
         store._db.execute(
             f"UPDATE memory_shapes SET suite = ?, label = ?, suites_json = CASE WHEN {_TAUGHT_BY} "
             "THEN suites_json ELSE json_insert(suites_json, '$[#]', ?) END WHERE shape_key = ?",
             [suite, label, suite, suite, shape_key],
         )
+        if family is not None:
+            store._db.execute(
+                "UPDATE memory_shapes SET family_key = ?, batch_size = ?, tokens = ? WHERE shape_key = ?",
+                [family.family_key, family.batch_size, family.tokens, shape_key],
+            )
+
+
+@dataclass(frozen=True)
+class FamilyMember:
+    """A learned shape that belongs to a memory family."""
+
+    shape_key: str
+    tag: FamilyTag
+    peak_mib: int | None
+    oom_floor_mib: int | None
+    samples: int
+    suite: str | None
+    label: str | None
+
+
+def read_family_members(store: Store) -> list[FamilyMember]:
+    """Every learned shape placed in a family (the scheduler reads them once per pass)."""
+    rows = store.query(
+        "SELECT shape_key, family_key, batch_size, tokens, peak_mib, oom_floor_mib, samples, suite, label "
+        "FROM memory_shapes WHERE family_key IS NOT NULL AND batch_size > 0 ORDER BY family_key, batch_size"
+    )
+    return [
+        FamilyMember(r["shape_key"], FamilyTag(r["family_key"], int(r["batch_size"]), r["tokens"],
+                                               r["shape_key"].rsplit("|", 1)[-1]),
+                     r["peak_mib"], r["oom_floor_mib"], int(r["samples"] or 0), r["suite"], r["label"])
+        for r in rows
+    ]
 
 
 @dataclass(frozen=True)

@@ -366,3 +366,16 @@ def m017_gpu_sample_holds(db: sqlite_utils.Database) -> None:
     # What each job held in a memory sample ({job id: MiB} on that GPU), so the web page's memory
     # chart can split "ours" per job. NULL in rows written before: those show ours as one band.
     db.execute("ALTER TABLE gpu_samples ADD COLUMN holds_json TEXT")
+
+
+@MIGRATIONS()
+def m018_memory_families(db: sqlite_utils.Database) -> None:
+    # Where a learned shape sits in its memory family (jobs whose received configs differ only in
+    # batch size and sequence length): the family's fit predicts members never run. Rows learned
+    # before this have none: they are not part of any family's fit.
+    for statement in (
+        "ALTER TABLE memory_shapes ADD COLUMN family_key TEXT",
+        "ALTER TABLE memory_shapes ADD COLUMN batch_size INTEGER",
+        "ALTER TABLE memory_shapes ADD COLUMN tokens INTEGER",
+    ):
+        db.execute(statement)

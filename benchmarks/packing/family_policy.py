@@ -1,0 +1,107 @@
+"""`orch` for a foreign script's sweep: no memory estimate (orch does not know the script), only
+the declared figure, what running attempts show at step K, and the daemon's memory families.
+
+The rules are the daemon's own (`orchestrator.families`, `orchestrator.memory`, `orchestrator.packing`):
+- a shape is what the script receives: ladder levels that change nothing the script receives
+  (level 4, alone, after level 3) share one shape;
+- a family is a config at one setting of checkpointing and data workers: its members differ in
+  batch size (levels 1 and 2: the batch halves) and task; its fit predicts members never run,
+  other tasks (no prompt lengths from a foreign script) bounded by the family's largest peak;
+- an OOM in a family that has measured nothing retires the declared figure
+  (`predict_peak_mib(disproven_mib=...)`);
+- probe before stacking: while a family has measured nothing, one job of it per card until a
+  running one reaches step K (`QueuedJob.probe_family`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.packing.learning import StepKPolicy
+from benchmarks.packing.simulator import Attempt
+from benchmarks.packing.trace import RUN_ALONE_LEVEL, TraceJob
+from orchestrator.families import FamilyFloor, FamilyPoint, fit_family, floors_bound, predict_member
+from orchestrator.memory import Prediction, predict_peak_mib
+from orchestrator.prediction_source import PredictionSource, SourceKind
+
+_GUESSES = (SourceKind.DECLARED, SourceKind.NONE, SourceKind.OOM_FLOOR, SourceKind.RUNNING)
+
+
+def received_level(level: int) -> int:
+    """Level 4 (alone) sends the script what level 3 sent."""
+    return min(level, RUN_ALONE_LEVEL - 1)
+
+
+def family_of(job: TraceJob, level: int) -> tuple[str, bool, bool]:
+    """(config, checkpointing, data workers): levels 1 and 2 differ only in batch size."""
+    return (job.config, level >= 1, level < 3)
+
+
+def batch_of(level: int) -> int:
+    return 2 if level < 2 else 1  # the trace's configs run batch 2; level 2 halves it
+
+
+@dataclass
+class FamilyPolicy(StepKPolicy):
+    name: str = "orch family"
+    probing: bool = True
+    families: bool = True
+
+    def shape_of(self, job: TraceJob, level: int) -> tuple[str, str, int]:
+        return job.shape(received_level(level))
+
+    def _members(self, family: tuple[str, bool, bool]) -> tuple[list[FamilyPoint], list[FamilyFloor]]:
+        points, floors = [], []
+        for j_level in range(RUN_ALONE_LEVEL):
+            if family_of(self.trace.jobs[0], j_level)[1:] != family[1:]:
+                continue
+            for task in self._tasks:
+                key = (family[0], task, j_level)
+                memory, running = self.shapes.get(key), self.running.get(key)
+                peak = memory.peak_mib if memory is not None and memory.peak_mib else None
+                if peak is None and running is not None:
+                    points.append(FamilyPoint(batch_of(j_level), None, task, running.peak_mib, running=True))
+                elif peak is not None:
+                    points.append(FamilyPoint(batch_of(j_level), None, task, peak))
+                if memory is not None and memory.oom_floor_mib:
+                    floors.append(FamilyFloor(batch_of(j_level), None, task, memory.oom_floor_mib))
+        return points, floors
+
+    def predict(self, job_index: int, level: int) -> Prediction:
+        job = self.trace.jobs[job_index]
+        key = self.shape_of(job, level)
+        own, running = self.shapes.get(key), self.running.get(key)
+        if not self.families or (own is not None and own.peak_mib) or running is not None:
+            return super().predict(job_index, level)
+        points, floors = self._members(family_of(job, level))
+        fit = fit_family(points, floors)
+        family = None
+        disproven = None
+        if fit is not None:
+            found = predict_member(fit, batch_of(level), None, job.task, floors)
+            if found is not None:
+                family = Prediction(found[0], PredictionSource(SourceKind.FAMILY, points=len(points),
+                                                               error=fit.error_fraction))
+        elif floors:
+            disproven = floors_bound(floors, batch_of(level)) or 0
+        return predict_peak_mib(own, None, int(job.declared_mib), self.margin, held=self.held.get(key),
+                                family=family, disproven_mib=disproven)
+
+    def _measured(self, family: tuple[str, bool, bool]) -> bool:
+        return bool(self._members(family)[0])
+
+    def probe_of(self, job_index: int, level: int, prediction: Prediction) -> str | None:
+        if not self.probing or prediction.source.kind not in _GUESSES:
+            return None
+        family = family_of(self.trace.jobs[job_index], level)
+        return None if self._measured(family) else repr(family)
+
+    def running_probe_of(self, attempt: Attempt) -> str | None:
+        if not self.probing:
+            return None
+        family = family_of(attempt.job, attempt.start.level)
+        return None if self._measured(family) else repr(family)
+
+    def __post_init__(self) -> None:
+        self._tasks = sorted({j.task for j in self.trace.jobs})
+        super().__post_init__()
