@@ -130,3 +130,35 @@ def test_the_latest_attempt_that_left_one_wins(runs: Path) -> None:
     found = latest_checkpoint([(3, third), (1, first), (2, second)])
     assert found is not None and (found.attempt_n, found.path) == (1, first / "checkpoint-100")
     assert latest_checkpoint([(4, runs / "suite" / "000001-job" / "attempt-4")]) is None  # never made
+
+
+def test_a_half_saved_checkpoint_of_a_later_attempt_loses_to_a_complete_one(runs: Path) -> None:
+    first, second = run_dir(runs, 1), run_dir(runs, 2)
+    _checkpoint(first / "out" / "checkpoint-100", "model.safetensors", "trainer_state.json")
+    _checkpoint(second / "out" / "checkpoint-150", "model.safetensors")  # died mid-save: no marker
+    found = latest_checkpoint([(1, first), (2, second)])
+    assert found is not None and (found.attempt_n, found.step) == (1, 100)
+
+
+def test_a_linked_marker_does_not_make_a_save_complete(runs: Path, tmp_path: Path) -> None:
+    attempt = run_dir(runs, 1)
+    _checkpoint(attempt / "checkpoint-10", "model.safetensors", "trainer_state.json")
+    half = _checkpoint(attempt / "checkpoint-20", "model.safetensors")
+    (tmp_path / "state.json").write_text("{}")
+    os.symlink(tmp_path / "state.json", half / "trainer_state.json")
+    found = find_in_run_dir(1, attempt)
+    assert found is not None and found.step == 10
+
+
+def test_checkpoints_are_visited_before_other_folders_and_a_cut_search_says_so(runs: Path) -> None:
+    from orchestrator.launch.checkpoints import MAX_ENTRIES, search_checkpoints
+
+    attempt = run_dir(runs, 1)
+    clutter = attempt / "aaa-clutter"
+    clutter.mkdir()
+    for i in range(MAX_ENTRIES):
+        (clutter / f"f{i}").mkdir()  # read in part: the budget runs out here
+    _checkpoint(attempt / "out" / "checkpoint-7")
+    search = search_checkpoints([(1, attempt)])
+    assert search.checkpoint is not None and search.checkpoint.step == 7
+    assert search.searched_in_part == (1,)

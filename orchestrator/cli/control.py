@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
+from orchestrator.actions import Done, cancel_job, check_retryable, resume_suite, retry_job
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -72,26 +72,32 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
 @click.argument("jobs", nargs=-1)
 @click.option("--suite", default=None, help="Requeue every failed or cancelled job of a suite.")
 @click.option("--all", "all_jobs", is_flag=True, help="Requeue every failed or cancelled job.")
+@click.option("--fresh", is_flag=True, help="Start without a checkpoint: resume from none of the job's attempts so far.")
 @json_option
 @plans_option
 @db_option
 def retry_cmd(
-    jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json: bool, plans_dir: Path | None, db_path: Path
+    jobs: tuple[str, ...], suite: str | None, all_jobs: bool, fresh: bool, as_json: bool, plans_dir: Path | None,
+    db_path: Path,
 ) -> None:
     """Requeue failed or cancelled jobs (attempt budget renewed); restart running ones.
-    A requeued job takes its suite's worker command as the suite file has it now."""
+    A requeued job takes its suite's worker command as the suite file has it now, and resumes
+    from its latest checkpoint where its worker can (--fresh: from none)."""
     requeued: list[int] = []
     restarting: list[int] = []
     notes: list[str] = []
     changed_suites: set[str] = set()
     with open_store(db_path) as store:
-        for job_id in _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED)):
+        selected = _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED))
+        for job_id in selected:  # every one checked before anything is written
+            check_retryable(store, job_id)
+        for job_id in selected:
             job = get_job(store, job_id)
             if job.state in (JobState.FAILED, JobState.CANCELLED):
                 changed, note = take_suite_as_it_is(store, job_id, plans_dir or default_plans_dir())
                 notes.extend([note] if note else [])
                 changed_suites.update([job.suite] if changed else [])
-            if retry_job(store, job_id) is Done.REQUEUED:
+            if retry_job(store, job_id, fresh=fresh) is Done.REQUEUED:
                 requeued.append(job_id)
             else:
                 restarting.append(job_id)

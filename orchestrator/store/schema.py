@@ -366,3 +366,14 @@ def m017_gpu_sample_holds(db: sqlite_utils.Database) -> None:
     # What each job held in a memory sample ({job id: MiB} on that GPU), so the web page's memory
     # chart can split "ours" per job. NULL in rows written before: those show ours as one band.
     db.execute("ALTER TABLE gpu_samples ADD COLUMN holds_json TEXT")
+
+
+@MIGRATIONS()
+def m018_resume_boundaries(db: sqlite_utils.Database) -> None:
+    # A resume never crosses a change of worker command (each attempt records the one it ran;
+    # NULL in rows written before) nor an `orch retry --fresh` (attempts up to n are not resumed).
+    for statement in (
+        "ALTER TABLE attempts ADD COLUMN worker TEXT",
+        "ALTER TABLE jobs ADD COLUMN fresh_after_attempt INTEGER NOT NULL DEFAULT 0",
+    ):
+        db.execute(statement)
