@@ -22,7 +22,7 @@ from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.launch.checkpoints import CheckpointSearch, search_checkpoints
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
-from orchestrator.plans.resume import resumable_attempts, resume_config, worker_can_resume
+from orchestrator.plans.resume import resumable_attempts, resume_config, takes_resume_key, worker_can_resume
 from orchestrator.prediction import job_keys
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
@@ -152,8 +152,8 @@ def claim(
     uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
     search = resume_point(store, job)
     checkpoint = search.checkpoint
-    if checkpoint is not None:
-        config = resume_config(config, job_keys(job), str(checkpoint.path))
+    if checkpoint is not None and takes_resume_key(job.worker, job_keys(job), job.config):
+        config = resume_config(config, job_keys(job), str(checkpoint.path))  # {resume} alone: not in config.yaml
     plan = AttemptPlan(
         job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
         level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -111,6 +112,21 @@ def _candidates_in(attempt_n: int, run_dir: Path) -> tuple[list[_Candidate], boo
     return [_Candidate(attempt_n, step, names, marked) for step, names, marked in found], budget.ran_out
 
 
+def remove_checkpoints(run_dirs: Iterable[Path]) -> list[Path]:
+    """Delete the checkpoint-N folders in `run_dirs` (a succeeded job's earlier attempts: no
+    attempt will resume from them), found by the same bounded walk that never follows a
+    symlink; each folder is removed relative to its parent's descriptor. The folders removed."""
+    from orchestrator.launch.runtree import open_run_dir
+
+    removed: list[Path] = []
+    for run_dir in run_dirs:
+        found: list[tuple[int, tuple[str, ...], bool]] = []
+        with contextlib.suppress(OSError, LauncherError), open_run_dir(Path(run_dir)) as dir_fd:
+            _search(dir_fd, (), 1, _Budget(MAX_ENTRIES), found, remove=True)
+        removed.extend(Path(run_dir).joinpath(*names) for _, names, _ in found)
+    return removed
+
+
 def _visit_order(name: str) -> tuple[int, str]:
     """checkpoint-N folders first, then likely output dirs, then the rest (by name)."""
     if CHECKPOINT_NAME.match(name):
@@ -120,10 +136,11 @@ def _visit_order(name: str) -> tuple[int, str]:
 
 def _search(
     dir_fd: int, names: tuple[str, ...], depth: int, budget: _Budget,
-    found: list[tuple[int, tuple[str, ...], bool]],
+    found: list[tuple[int, tuple[str, ...], bool]], remove: bool = False,
 ) -> None:  # fmt: skip
     """Collect (N, path names, has the Trainer's marker) of the non-empty checkpoint-N folders
-    below `dir_fd`; descends into other folders up to MAX_DEPTH."""
+    below `dir_fd` (with `remove`: every checkpoint-N folder, deleted); descends into other
+    folders up to MAX_DEPTH."""
     for name, is_dir in sorted(_entries(dir_fd, budget), key=lambda entry: _visit_order(entry[0])):
         match = CHECKPOINT_NAME.match(name)
         if not is_dir or (match is None and depth >= MAX_DEPTH):
@@ -133,7 +150,11 @@ def _search(
             continue
         try:
             if match is None:
-                _search(child, (*names, name), depth + 1, budget, found)
+                _search(child, (*names, name), depth + 1, budget, found, remove)
+            elif remove:
+                with contextlib.suppress(OSError):  # shutil.rmtree(dir_fd=) never follows a link
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                    found.append((int(match.group(1)), (*names, name), False))
             elif _entries(child, budget, limit=1):
                 found.append((int(match.group(1)), (*names, name), _has_marker(child)))
         finally:

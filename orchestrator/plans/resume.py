@@ -28,11 +28,26 @@ NOT_RESUMING_WORKERS = frozenset({"sim"})
 
 
 def worker_can_resume(worker: str, keys: KeyMap, config: Mapping[str, Any] | None = None) -> bool:
-    """Whether the worker (`lora`, `sim` or a command template) takes a checkpoint to resume from:
-    ours that read the key; a template that uses `{resume}` or the resume key as a `{cfg.KEY}`
-    value; a template that passes `{config}` when the suite's `keys:` names the resume key,
-    or the job's `config` already holds it (a script that does not know the key must never find
-    it in its config)."""
+    """Whether the worker (`lora`, `sim` or a command template) takes a checkpoint to resume
+    from in either way: as the `{resume}` argument or as the resume key."""
+    return takes_resume_argument(worker) or takes_resume_key(worker, keys, config)
+
+
+def takes_resume_argument(worker: str) -> bool:
+    """A command template that uses `{resume}`."""
+    if worker in RESUMING_WORKERS or worker in NOT_RESUMING_WORKERS:
+        return False
+    try:
+        return RESUME_PLACEHOLDER in parse_template(worker).names
+    except PlanError:
+        return False
+
+
+def takes_resume_key(worker: str, keys: KeyMap, config: Mapping[str, Any] | None = None) -> bool:
+    """Whether the resume key belongs in the worker's config: ours that read it; a template that
+    uses it as a `{cfg.KEY}` value; a template that passes `{config}` when the suite's `keys:`
+    names the resume key, or the job's `config` already holds it (a script that does not know
+    the key, one that opted in only through `{resume}` included, must never find it there)."""
     if worker in RESUMING_WORKERS:
         return True
     if worker in NOT_RESUMING_WORKERS:
@@ -43,7 +58,7 @@ def worker_can_resume(worker: str, keys: KeyMap, config: Mapping[str, Any] | Non
         return False
     script_key = keys.script_key(RESUME_KEY)
     # a `{cfg.KEY?--flag}` of the key is not enough: a flag cannot carry the path
-    if RESUME_PLACEHOLDER in template.names or script_key in template.value_keys:
+    if script_key in template.value_keys:
         return True
     if not template.reads_config:
         return False
