@@ -171,3 +171,18 @@ def test_validation_as_test_and_dropout_under_mixed_levels_are_marked(
         report = render_report(store)
     assert "§ test = validation set" in report and dropout in report
     assert "mcc §" in report  # the cell's mark, beside its metric
+
+
+def test_the_dropout_a_run_reports_wins_over_its_config(
+    orch_inproc: OrchRunner, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCH_PLANS", str(_own_plans(tmp_path, {"r": 8, "lora_dropout": 0.05})))
+    assert orch_inproc("submit", "--suite", "lo", "--pairs", "1:glue_rte 2:glue_rte").rc == 0
+    with Store(db_path) as store:
+        for job in store.query("SELECT id, seed FROM jobs"):
+            _succeeded(store, job["id"], tmp_path / "runs" / str(job["id"]),
+                       {"status": "ok", "metrics": {"test": {"accuracy": 0.7}}, "lora_dropout": 0.0})
+        with store.write():  # seed 2 ran at the halved batch: mixed levels, but the runs drew no dropout
+            store.execute("UPDATE attempts SET level = 2 WHERE job_id = 2")
+    (row,) = json.loads(orch_inproc("results", "--json").stdout)
+    assert (row["mixed_levels"], row["lora_dropout"], row["dropout_differs"], row["marks"]) == (True, 0.0, False, ["†"])
