@@ -82,3 +82,33 @@ def test_scores_do_not_depend_on_the_eval_batch(data_dir: Path) -> None:
                                      contextlib.nullcontext))  # fmt: skip
     assert scores[0] == scores[1]
     assert 0.0 < scores[0]["accuracy"] < 1.0  # a random LoRA: both classes are predicted
+
+
+def test_a_checkpoint_is_taken_before_test_is_scored_and_a_resume_from_it_only_scores_test(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[str]] = []
+    real_evaluate = train.evaluate
+
+    def spy(*args: Any) -> Any:
+        seen.append(sorted(p.name for p in tmp_path.glob("checkpoint-*")))
+        return real_evaluate(*args)
+
+    monkeypatch.setattr(train, "evaluate", spy)
+    first = train.run(config(data_dir, checkpoint_every_steps=100), tmp_path, Heartbeat(tmp_path), print)
+    assert seen == [[], ["checkpoint-2"]]  # val after the last step, then test with the final state on disk
+    assert not list(tmp_path.glob("checkpoint-*"))  # finished: removed
+
+    # an attempt that died while scoring test resumes at the last step: it scores test alone
+    saved = tmp_path / "saved"
+    real_save = train.save_checkpoint
+    monkeypatch.setattr(train, "save_checkpoint", lambda run_dir, *a: real_save(saved, *a))
+    saved.mkdir()
+    train.run(config(data_dir, checkpoint_every_steps=100), tmp_path, Heartbeat(tmp_path), print)
+    seen.clear()
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    again = train.run(config(data_dir, checkpoint_every_steps=100, resume_from_checkpoint=str(saved / "checkpoint-2")),
+                      resumed_dir, Heartbeat(resumed_dir), print)
+    assert len(seen) == 1 and again.steps == 2
+    assert again.metrics["test"] == pytest.approx(first.metrics["test"])
