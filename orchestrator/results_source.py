@@ -41,8 +41,8 @@ class RunReading:
 
 @dataclass(frozen=True)
 class Setting:
-    """A job's effective config: its `--set` overrides, their digest with the config's content
-    (results.setting_digest) and the LoRA dropout it asks for (used for runs whose result.json
+    """A job's effective setting: its `--set` overrides, their digest with the config's content,
+    the worker command and the suite's env (results.setting_digest) and the LoRA dropout it asks for (used for runs whose result.json
     does not say)."""
 
     overrides: dict[str, Any]
@@ -56,7 +56,7 @@ class RunReader:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
-        self._settings: dict[tuple[str, str, str, str], Setting] = {}
+        self._settings: dict[tuple[str, str, str, str, str], Setting] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
@@ -82,12 +82,13 @@ class RunReader:
     def setting(self, run: SucceededAttempt) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task)."""
-        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json)
+        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker)
         with self._lock:
             found = self._settings.get(key)
         if found is None:
             config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
-            found = Setting(overrides, setting_digest(config, overrides),
+            env = {str(k): str(v) for k, v in _loads_mapping(run.env_json).items()}
+            found = Setting(overrides, setting_digest(config, overrides, run.worker, env),
                             lora_dropout_of(config, run.config_path))
             with self._lock:
                 if len(self._settings) >= self.max_entries:

@@ -186,3 +186,19 @@ def test_the_dropout_a_run_reports_wins_over_its_config(
             store.execute("UPDATE attempts SET level = 2 WHERE job_id = 2")
     (row,) = json.loads(orch_inproc("results", "--json").stdout)
     assert (row["mixed_levels"], row["lora_dropout"], row["dropout_differs"], row["marks"]) == (True, 0.0, False, ["†"])
+
+
+def test_runs_of_another_worker_command_or_env_are_not_pooled(
+    orch_inproc: OrchRunner, db_path: Path, tmp_path: Path
+) -> None:
+    demo = ("--suite", "demo", "--round", "all")
+    assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte").rc == 0
+    with Store(db_path) as store, store.write():  # as `orch retry` leaves jobs after the suite file was edited
+        first = store.query("SELECT MIN(id) AS id FROM jobs WHERE config_name = 'demo_small'")[0]["id"]
+        store.execute("UPDATE jobs SET worker = worker || ' --fixed' WHERE id = ?", [first + 1])
+        store.execute("UPDATE jobs SET env_json = '{\"TOKENIZERS_PARALLELISM\": \"false\"}' WHERE id = ?", [first + 2])
+        store.execute("UPDATE jobs SET env_json = '{\"ORCH_SOMETHING\": \"1\"}' WHERE id = ?", [first + 3])
+    _finish_all(db_path, tmp_path)
+    small = [row for row in json.loads(orch_inproc("results", "--json").stdout) if row["config"] == "demo_small"]
+    assert sorted(row["n"] for row in small) == [1, 1, 2]  # orch's own ORCH_* names do not split a row
+    assert sum(len(row["runs"]) for row in small) == 4
