@@ -170,8 +170,9 @@ def _halvings(current: Mapping[str, Any], eval_too: bool = True) -> list[dict[st
     batch, accum = current.get(BATCH_KEY), current.get(ACCUM_KEY, 1)
     if not isinstance(batch, int) or isinstance(batch, bool) or not isinstance(accum, int):
         return []  # no batch size we can reason about: nothing to halve
-    configured_batch, eval_batch = batch, current.get(EVAL_BATCH_KEY)
-    scale_eval = eval_too and isinstance(eval_batch, int) and not isinstance(eval_batch, bool) and eval_batch > 0
+    configured_batch, raw_eval = batch, current.get(EVAL_BATCH_KEY)
+    eval_batch = raw_eval if isinstance(raw_eval, int) and not isinstance(raw_eval, bool) and raw_eval > 0 else 0
+    scale_eval = eval_too and eval_batch > 0
     result: list[dict[str, Any]] = []
     while batch > 1:
         factor = _smallest_factor(batch)

@@ -22,7 +22,12 @@ from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.launch.checkpoints import CheckpointSearch, search_checkpoints
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
-from orchestrator.plans.resume import resumable_attempts, resume_config, takes_resume_key, worker_can_resume
+from orchestrator.plans.resume import (
+    resumable_attempts,
+    resume_config,
+    takes_resume_key,
+    worker_can_resume,
+)
 from orchestrator.prediction import job_keys
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port

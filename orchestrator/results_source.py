@@ -17,13 +17,10 @@ from typing import Any
 
 from orchestrator.results import ResultRow, setting_digest
 from orchestrator.runfiles import read_result
-from orchestrator.stdout_parse import number
+from orchestrator.stdout_parse import BOOKKEEPING_KEYS, number
 from orchestrator.store.db import Store
 from orchestrator.store.queries import SucceededAttempt, succeeded_attempts
 
-# Keys a training loop logs about itself, not about the model's quality.
-BOOKKEEPING_KEYS = frozenset({"step", "global_step", "total", "max_steps", "epoch", "learning_rate", "lr",
-                              "grad_norm", "samples_per_s", "peak_mem_mib"})
 NO_METRICS = "no test metrics (result.json or printed)"
 MAX_PEFT_BYTES = 1 << 20
 

@@ -20,16 +20,12 @@ from workers.lora.batching import LeftPadCollator, answer_token_ids, encode  # n
 from workers.lora.config import parse_config  # noqa: E402
 from workers.lora.data import load_splits  # noqa: E402
 from workers.lora.model import apply_lora, build_tiny_llama  # noqa: E402
-from workers.lora.sample_data import main as sample_main  # noqa: E402
 
 pytestmark = pytest.mark.train
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("glue")
-    sample_main(["--out", str(out), "--tasks", "rte", "--n-train", "40", "--n-dev", "24"])
-    return out
+# the sample GLUE data of the data_dir fixture (tests/conftest.py): tasks, train and dev examples
+SAMPLE_GLUE = ("rte", 40, 24)
 
 
 def config(data_root: Path, **overrides: Any) -> Any:

@@ -11,7 +11,12 @@ import pytest
 from orchestrator.errors import PlanError
 from orchestrator.launch.checkpoints import MAX_DEPTH, find_in_run_dir, latest_checkpoint
 from orchestrator.plans.keymap import NO_KEYS, parse_keys
-from orchestrator.plans.resume import resume_config, takes_resume_argument, takes_resume_key, worker_can_resume
+from orchestrator.plans.resume import (
+    resume_config,
+    takes_resume_argument,
+    takes_resume_key,
+    worker_can_resume,
+)
 from orchestrator.plans.template import parse_template
 
 HF_KEYS = parse_keys({"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}, "t")
