@@ -43,8 +43,9 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
         "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind",
         "gpus", "cpus", "host_mem_gib", "sim_host_gib",
+        "checkpoint_every_steps",  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
     }
-) | {"checkpoint_every_steps"}  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
+)
 
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
