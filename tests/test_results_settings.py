@@ -105,15 +105,16 @@ def test_a_forced_rerun_of_a_seed_is_counted_and_named(orch_inproc: OrchRunner, 
 
 def test_web_results_and_report_keep_settings_apart(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("starlette", reason="needs the web extra")
+    from orchestrator.results_source import RunReader
     from orchestrator.web.report import render_report
-    from orchestrator.web.results_view import MetricsCache, result_table
+    from orchestrator.web.results_view import result_table
 
     demo = ("--suite", "demo", "--round", "all")
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte 2:glue_rte").rc == 0
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte", "--set", "learning_rate=1e-3").rc == 0
     _finish_all(db_path, tmp_path)
     with Store(db_path) as store:
-        table = result_table(store, MetricsCache())
+        table = result_table(store, RunReader())
         report = render_report(store)
     small = sorted((line.label, line.n_seeds) for line in table.lines if line.config == "demo_small")
     assert small == [("demo_small", 2), ("demo_small [learning_rate=0.001]", 1)]

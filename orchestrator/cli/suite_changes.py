@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.errors import PlanError
+from orchestrator.errors import PlanError, SuiteNotFound
 from orchestrator.plans import Pair, check_worker_template, expand_jobs, load_suite
 from orchestrator.store.control import (
     JobCommand,
@@ -29,9 +29,9 @@ def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[boo
     job = get_job(store, job_id)
     try:
         suite = load_suite(job.suite, plans_dir)
+    except SuiteNotFound:
+        return False, None  # submitted from another plans folder: it runs as it was submitted
     except PlanError as exc:
-        if str(exc).startswith("unknown suite"):
-            return False, None  # submitted from elsewhere: it runs as it was submitted
         return False, f"job {job_id} runs as submitted: its suite file does not load now ({exc})"
     overrides = dict(job.overrides)
     specs = [s for s in expand_jobs(suite, [Pair(job.seed, job.data)], overrides, None, 0)

@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import PlanError, UsageError
+from orchestrator.errors import PlanError, SuiteNotFound, UsageError
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import JobSpec, canonical_json, expand_jobs, job_identity  # noqa: F401
@@ -213,7 +213,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if not path.is_file():
         known = list_suites(plans_dir)
         hint = f" (known suites: {', '.join(known)})" if known else ""
-        raise PlanError(f"unknown suite {name!r} in {plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}")
+        raise SuiteNotFound(f"unknown suite {name!r} in {plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}")
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",

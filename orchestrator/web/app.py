@@ -32,11 +32,12 @@ from starlette.routing import Route
 from orchestrator.actions import cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
 from orchestrator.lifecycle import JobState
+from orchestrator.results_source import RunReader
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import ChangeMarker, JobsFilter, change_marker
 from orchestrator.web import pages, views
 from orchestrator.web.assets import STATIC_FILES, static_text
-from orchestrator.web.results_view import MetricsCache, result_table
+from orchestrator.web.results_view import result_table
 
 TOKEN_HEADER = "X-Orch-Token"
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -110,7 +111,7 @@ def _curve_params(request: Request) -> tuple[list[int], str | None, float, bool,
 def create_app(
     db_path: Path, token: str, *, loopback_only: bool = True, poll_s: float = 1.0, bound_host: str | None = None,
 ) -> Starlette:
-    cache = MetricsCache()
+    cache = RunReader()
 
     def store() -> Store:
         return Store(db_path, create=False)
