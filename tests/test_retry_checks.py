@@ -62,3 +62,25 @@ def test_a_resume_stops_at_a_failure_a_command_change_and_a_fresh_start() -> Non
     changed = [_past(1, "oom", worker="old"), _past(2, "oom"), _past(3, "oom", worker=None)]
     assert [n for n, _ in resumable_attempts(changed, "w", 0)] == [3, 2]
     assert [n for n, _ in resumable_attempts(deaths, "w", 2)] == [3]
+
+
+def test_an_attempt_records_its_command_and_a_cut_checkpoint_search_is_said(db_path: Path) -> None:
+    from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction_source import PredictionSource, SourceKind
+    from orchestrator.store.attempts import AttemptPlan, past_attempts, start_attempt
+    from orchestrator.store.jobs import submit_jobs
+
+    plans = Path(__file__).resolve().parents[1] / "plans"
+    with Store(db_path) as store:
+        suite = load_suite("demo", plans)
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                    allowed_gpus=None, priority=0, force=False, dry_run=False)
+        job_id = store.query("SELECT id FROM jobs ORDER BY id")[0]["id"]
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED),
+                           1024, searched_in_part=(2, 1))
+        attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
+        (past,) = past_attempts(store, job_id)
+        worker = store.query("SELECT worker FROM jobs WHERE id = ?", [job_id])[0]["worker"]
+        start = store.query("SELECT message FROM events WHERE kind = 'start' AND attempt_id = ?", [attempt.id])
+    assert past.worker == worker
+    assert "read the run dir of attempt(s) 2, 1 only in part" in start[0]["message"]
