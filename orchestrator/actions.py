@@ -9,10 +9,11 @@ from orchestrator.daemon_state import daemon_alive
 from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.reconcile import group_is_ours
-from orchestrator.store.control import request_stop, unpause_suite
+from orchestrator.store.control import request_stop, start_fresh, unpause_suite
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import cancel_queued, transition
 from orchestrator.store.queries import get_job
+from orchestrator.store.rows import Job
 from orchestrator.wording import fmt_value
 
 
@@ -48,18 +49,30 @@ def cancel_job(store: Store, job_id: int) -> Done:
     return Done.SKIPPED
 
 
-def retry_job(store: Store, job_id: int) -> Done:
-    """Requeue a failed or cancelled job (attempt budget renewed); restart a running one.
-    Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
-    job = get_job(store, job_id)
+def retry_job(store: Store, job_id: int, *, fresh: bool = False) -> Done:
+    """Requeue a failed or cancelled job (attempt budget renewed); restart a running one. With
+    `fresh`, its next attempt starts without a checkpoint (none of its attempts so far is
+    resumed from). Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
+    job = check_retryable(store, job_id)
+    if fresh:
+        start_fresh(store, job_id)
     if job.state in (JobState.FAILED, JobState.CANCELLED):
         transition(
-            store, job_id, JobState.QUEUED, message="requeued by orch retry", kind="retry",
-            fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
+            store, job_id, JobState.QUEUED, message="requeued by orch retry" + (" --fresh" if fresh else ""),
+            kind="retry", fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
         )
         return Done.REQUEUED
-    if job.state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.RETRY):
+    if _stop_running(store, job_id, KillRequest.RETRY):
         return Done.STOPPING
+    raise UsageError(f"job {job_id} is running but has no live attempt to restart; try again in a moment")
+
+
+def check_retryable(store: Store, job_id: int) -> Job:
+    """The job, when a retry can take it (failed, cancelled or running); else UsageError, naming
+    what to do instead. Writes nothing."""
+    job = get_job(store, job_id)
+    if job.state in (JobState.FAILED, JobState.CANCELLED, JobState.RUNNING):
+        return job
     if job.state is JobState.SUCCEEDED:
         sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
         raise UsageError(
@@ -68,6 +81,7 @@ def retry_job(store: Store, job_id: int) -> Done:
             "(it queues every config of the suite for that pair)"
         )
     raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
+
 
 def resume_suite(store: Store, suite: str) -> None:
     """Raises UsageError when the suite is not paused."""

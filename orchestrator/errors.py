@@ -20,6 +20,10 @@ class PlanError(UsageError):
     """A suite file, config file or plan value is invalid."""
 
 
+class SuiteNotFound(PlanError):
+    """No suite file of that name in the plans folder."""
+
+
 class StoreError(OrchError):
     """state.db is unreadable, corrupt, locked or from a newer orch."""
 

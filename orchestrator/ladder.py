@@ -26,6 +26,7 @@ from orchestrator.ladder_spec import (
     BATCH_KEY,
     CHECKPOINTING_KEY,
     DEFAULT_LADDER_SPEC,
+    EVAL_BATCH_KEY,
     LOGITS_KEY,
     WORKERS_KEY,
     Ladder,
@@ -161,17 +162,25 @@ def _step_changes(step: Step, current: Mapping[str, Any], one_token_task: bool) 
     return changes
 
 
-def _halvings(current: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _halvings(current: Mapping[str, Any], eval_too: bool = True) -> list[dict[str, Any]]:
     """Successive batch reductions down to 1. An odd size is divided by its smallest prime
-    factor instead of 2 so that batch × accumulation stays exactly the same."""
+    factor instead of 2 so that batch × accumulation stays exactly the same. An explicit
+    `eval_batch_size` (`eval_too`: it reaches the worker) is scaled by the same factor, at least
+    1, so an evaluation that ran out of memory gets smaller too (scores do not depend on it)."""
     batch, accum = current.get(BATCH_KEY), current.get(ACCUM_KEY, 1)
     if not isinstance(batch, int) or isinstance(batch, bool) or not isinstance(accum, int):
         return []  # no batch size we can reason about: nothing to halve
-    result = []
+    configured_batch, raw_eval = batch, current.get(EVAL_BATCH_KEY)
+    eval_batch = raw_eval if isinstance(raw_eval, int) and not isinstance(raw_eval, bool) and raw_eval > 0 else 0
+    scale_eval = eval_too and eval_batch > 0
+    result: list[dict[str, Any]] = []
     while batch > 1:
         factor = _smallest_factor(batch)
         batch, accum = batch // factor, accum * factor
-        result.append({BATCH_KEY: batch, ACCUM_KEY: accum})
+        changes: dict[str, Any] = {BATCH_KEY: batch, ACCUM_KEY: accum}
+        if scale_eval:
+            changes[EVAL_BATCH_KEY] = max(1, eval_batch * batch // configured_batch)
+        result.append(changes)
     return result
 
 
@@ -201,7 +210,7 @@ def expand_levels(
     for step in ladder.steps:
         if step.halve_batch:
             if reaches is None or (reaches(BATCH_KEY) and reaches(ACCUM_KEY)):
-                for changes in _halvings(current):
+                for changes in _halvings(current, reaches is None or reaches(EVAL_BATCH_KEY)):
                     add(step, changes)
             continue
         changes = _step_changes(step, current, one_token_task)

@@ -20,6 +20,7 @@ ACCUM_KEY = "gradient_accumulation_steps"
 CHECKPOINTING_KEY = "gradient_checkpointing"
 LOGITS_KEY = "logits_to_keep"
 WORKERS_KEY = "num_data_workers"
+EVAL_BATCH_KEY = "eval_batch_size"  # scaled with the batch where a config sets it
 
 # The default ladder, equal to plans/ladder.yaml (a test checks they agree). Kept here too so an
 # installed orch without the plans/ directory still has it.

@@ -19,17 +19,22 @@ from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import Level
 from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
-from orchestrator.launch.checkpoints import Checkpoint, latest_checkpoint
+from orchestrator.launch.checkpoints import CheckpointSearch, search_checkpoints
 from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.packing import PackingPolicy
-from orchestrator.plans.resume import resume_config, worker_can_resume
+from orchestrator.plans.resume import (
+    resumable_attempts,
+    resume_config,
+    takes_resume_key,
+    worker_can_resume,
+)
 from orchestrator.prediction import job_keys
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.attempts import (
     AttemptPlan,
-    previous_run_dirs,
+    past_attempts,
     start_attempt,
     update_attempt,
 )
@@ -150,9 +155,10 @@ def claim(
     """Write the attempt as started (the job moves to running); None if the job left the queue.
     A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
     uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
-    checkpoint = resume_point(store, job)
-    if checkpoint is not None:
-        config = resume_config(config, job_keys(job), str(checkpoint.path))
+    search = resume_point(store, job)
+    checkpoint = search.checkpoint
+    if checkpoint is not None and takes_resume_key(job.worker, job_keys(job), job.config):
+        config = resume_config(config, job_keys(job), str(checkpoint.path))  # {resume} alone: not in config.yaml
     plan = AttemptPlan(
         job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
         level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
@@ -160,6 +166,7 @@ def claim(
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
         resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
+        searched_in_part=search.searched_in_part,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
@@ -168,12 +175,14 @@ def claim(
     return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
 
 
-def resume_point(store: Store, job: Job) -> Checkpoint | None:
+def resume_point(store: Store, job: Job) -> CheckpointSearch:
     """The checkpoint the job's next attempt resumes from: the latest its earlier attempts left
-    in their run dirs, where its worker can take one; None otherwise (and for a first attempt)."""
+    in their run dirs (those a resume may cross: plans.resume), where its worker can take one;
+    none otherwise (and for a first attempt)."""
     if job.attempt_count == 0 or not worker_can_resume(job.worker, job_keys(job), job.config):
-        return None
-    return latest_checkpoint((n, Path(run_dir)) for n, run_dir in previous_run_dirs(store, job.id))
+        return CheckpointSearch(None)
+    usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
+    return search_checkpoints((n, Path(run_dir)) for n, run_dir in usable)
 
 
 def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:

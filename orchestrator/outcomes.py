@@ -12,6 +12,7 @@ from typing import Any
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
 from orchestrator.ladder import Level, retry_decision, with_host_settings
+from orchestrator.launch.checkpoints import remove_checkpoints
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
@@ -35,7 +36,7 @@ from orchestrator.reconcile import (
 from orchestrator.runfiles import read_gpu_peak_mib
 from orchestrator.shapes import shape_label
 from orchestrator.stdout_parse import parse_result
-from orchestrator.store.attempts import AttemptEnd
+from orchestrator.store.attempts import AttemptEnd, past_attempts
 from orchestrator.store.db import Store
 from orchestrator.store.endings import (
     PromptLesson,
@@ -171,7 +172,7 @@ def complete(
         reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         data["invalid_files"] = unique[:20]
-    close_attempt(
+    closed = close_attempt(
         store, attempt,
         AttemptEnd(
             outcome=verdict.outcome.value, reason=reason,
@@ -181,8 +182,19 @@ def complete(
         ),
         shape=shape_lesson, prompt=prompt_lesson,
     )
+    if closed and end_state is JobState.SUCCEEDED:
+        _remove_earlier_checkpoints(store, attempt)
     if verdict.outcome is AttemptOutcome.FAILED and not hung:
         guard_crash_loop(store, job.suite, crash_loop_of(job))
+
+
+def _remove_earlier_checkpoints(store: Store, attempt: Attempt) -> None:
+    """A succeeded job resumes no more: the checkpoints its earlier attempts left are deleted
+    (its own, the worker's to keep or remove)."""
+    earlier = [Path(past.run_dir) for past in past_attempts(store, attempt.job_id) if past.n < attempt.n]
+    removed = remove_checkpoints(earlier)
+    if removed:
+        log.info("job %s succeeded: removed %d checkpoint(s) of its earlier attempts", attempt.job_id, len(removed))
 
 
 def _disk_full(

@@ -139,11 +139,18 @@ def primary_metric(task: str) -> str:
     return PRIMARY_METRICS.get(base, DEFAULT_METRIC)
 
 
-def setting_digest(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
-    """A short digest of an effective config: the merged config without seed and data, and the
-    overrides (env.* ones reach only the environment). Equal digests, equal settings."""
+def setting_digest(
+    config: Mapping[str, Any], overrides: Mapping[str, Any], worker: str = "", env: Mapping[str, str] | None = None,
+) -> str:
+    """A short digest of an effective setting: the merged config without seed and data, the
+    overrides (env.* ones reach only the environment), the worker command the run ran and the
+    environment its suite gave it (without orch's own `ORCH_*` names). Equal digests, equal
+    settings: `orch retry` may give a job a changed command or env, and its runs are not pooled
+    with runs of the old one."""
     effective = {k: v for k, v in config.items() if k not in PAIR_KEYS}
-    text = json.dumps({"config": effective, "overrides": dict(overrides)}, sort_keys=True, default=str)
+    own_env = {k: v for k, v in (env or {}).items() if not k.startswith("ORCH_")}
+    text = json.dumps({"config": effective, "overrides": dict(overrides), "worker": worker, "env": own_env},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
@@ -185,14 +192,14 @@ def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
         if label is None:
             label = labels[id(row.overrides)] = overrides_label(row.overrides)
         groups.setdefault((row.suite, row.config, label, row.task, row.setting), []).append(row)
-    # The same config and overrides submitted with different config content: name the content.
+    # The same config and overrides run with different content, worker command or env: name the setting.
     contents: dict[tuple[str, str, str], set[str]] = {}
     for suite, config, label, _, setting in groups:
         contents.setdefault((suite, config, label), set()).add(setting)
     summaries = []
     for key in sorted(groups):
         suite, config, label, _, setting = key
-        variant = f"content {setting}" if len(contents[(suite, config, label)]) > 1 and setting else ""
+        variant = f"setting {setting}" if len(contents[(suite, config, label)]) > 1 and setting else ""
         summaries.append(_summarise(groups[key], label, variant))
     return summaries
 

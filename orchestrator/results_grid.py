@@ -10,12 +10,13 @@ marked `*` and its notes are listed under the grid.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from orchestrator.results import ResultSummary
 from orchestrator.results_format import cell_marks, legend_lines, score
 
-_LOWER_IS_BETTER = re.compile(r"loss|error|err$|perplexity|ppl|mse|mae|rmse|wer$|cer$", re.IGNORECASE)
+# whole words of a metric's name only (`eval_loss`, `wer`, not `exact_answer` or `lossless`)
+_LOWER_IS_BETTER = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|mse|mae|rmse|wer|cer)($|_)", re.IGNORECASE)
 Column = tuple[str, str]  # (task, metric)
 Cell = tuple[str, str, str]  # (row label, task, metric)
 
@@ -53,6 +54,16 @@ def best_rows(cells: dict[Cell, ResultSummary], rows: list[str], column: Column,
     return {r for r, v in shown.items() if v == top}
 
 
+def _row_cells(
+    label: str, columns: list[Column], cells: dict[Cell, ResultSummary], best: dict[Column, set[str]],
+    render: Callable[[ResultSummary, bool], str],
+) -> list[str]:
+    """A row's cells in column order: "" where the row has no summary, else `render(summary,
+    holds the column's best mean)`."""
+    return ["" if (s := cells.get((label, task, metric))) is None else render(s, label in best[(task, metric)])
+            for task, metric in columns]
+
+
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
     return [f"{label} · {task} ({metric}): {note}" for label in rows for task, metric in columns
             if (s := cells.get((label, task, metric))) is not None for note in s.notes]
@@ -75,19 +86,14 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
     lines = ["| config | " + " | ".join(f"{md_escape(t)} ({md_escape(m)})" for t, m in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     best = {column: best_rows(cells, rows, column, digits) for column in columns}
+
+    def render(s: ResultSummary, is_best: bool) -> str:
+        text = f"**{score(s, digits)}**" if is_best else score(s, digits)
+        marks = cell_marks(s)
+        return text + (" " + " ".join(md_escape(m) for m in marks) if marks else "")
+
     for label in rows:
-        out = []
-        for task, metric in columns:
-            s = cells.get((label, task, metric))
-            if s is None:
-                out.append("")
-                continue
-            text = score(s, digits)
-            if label in best[(task, metric)]:
-                text = f"**{text}**"
-            marks = cell_marks(s)
-            out.append(text + (" " + " ".join(md_escape(m) for m in marks) if marks else ""))
-        lines.append(f"| {md_escape(label)} | " + " | ".join(out) + " |")
+        lines.append(f"| {md_escape(label)} | " + " | ".join(_row_cells(label, columns, cells, best, render)) + " |")
     # Our own sentences, outside the table: only a leading `*` would start a list
     legend = [("\\" + line) if line.startswith("*") else line for line in legend_lines(summaries)]
     notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
@@ -133,18 +139,15 @@ def to_latex(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
              "config & " + " & ".join(f"{latex_escape(t)} ({latex_escape(m)})" for t, m in columns) + r" \\",
              r"\hline"]
     best = {column: best_rows(cells, rows, column, digits) for column in columns}
+
+    def render(s: ResultSummary, is_best: bool) -> str:
+        text = "--" if s.mean is None else f"{s.mean:.{digits}f} $\\pm$ {s.std:.{digits}f}"
+        if s.mean is not None and is_best:
+            text = f"\\textbf{{{text}}}"
+        return text + _latex_marks(cell_marks(s))
+
     for label in rows:
-        out = []
-        for task, metric in columns:
-            s = cells.get((label, task, metric))
-            if s is None:
-                out.append("")
-                continue
-            text = "--" if s.mean is None else f"{s.mean:.{digits}f} $\\pm$ {s.std:.{digits}f}"
-            if s.mean is not None and label in best[(task, metric)]:
-                text = f"\\textbf{{{text}}}"
-            out.append(text + _latex_marks(cell_marks(s)))
-        lines.append(latex_escape(label) + " & " + " & ".join(out) + r" \\")
+        lines.append(latex_escape(label) + " & " + " & ".join(_row_cells(label, columns, cells, best, render)) + r" \\")
     lines += [r"\hline", r"\end{tabular}"]
     lines += [latex_escape(line) + r"\par" for line in legend_lines(summaries)]
     notes = _notes(rows, columns, cells)

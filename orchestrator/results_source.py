@@ -17,30 +17,30 @@ from typing import Any
 
 from orchestrator.results import ResultRow, setting_digest
 from orchestrator.runfiles import read_result
-from orchestrator.stdout_parse import number
+from orchestrator.stdout_parse import BOOKKEEPING_KEYS, number
 from orchestrator.store.db import Store
 from orchestrator.store.queries import SucceededAttempt, succeeded_attempts
 
-# Keys a training loop logs about itself, not about the model's quality.
-BOOKKEEPING_KEYS = frozenset({"step", "global_step", "total", "max_steps", "epoch", "learning_rate", "lr",
-                              "grad_norm", "samples_per_s", "peak_mem_mib"})
 NO_METRICS = "no test metrics (result.json or printed)"
 MAX_PEFT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class RunReading:
-    """What one succeeded attempt's run dir says: its finite metrics (None when it has none) and
-    whether its "test" split is the validation split."""
+    """What one succeeded attempt's run dir says: its finite metrics (None when it has none),
+    whether its "test" split is the validation split, and the LoRA dropout it ran with (None
+    when its result.json does not say)."""
 
     metrics: dict[str, float] | None
     test_is_val: bool = False
+    lora_dropout: float | None = None
 
 
 @dataclass(frozen=True)
 class Setting:
-    """A job's effective config: its `--set` overrides, their digest with the config's content
-    (results.setting_digest) and the LoRA dropout it asks for."""
+    """A job's effective setting: its `--set` overrides, their digest with the config's content,
+    the worker command and the suite's env (results.setting_digest) and the LoRA dropout it asks for (used for runs whose result.json
+    does not say)."""
 
     overrides: dict[str, Any]
     digest: str
@@ -53,7 +53,7 @@ class RunReader:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
-        self._settings: dict[tuple[str, str, str, str], Setting] = {}
+        self._settings: dict[tuple[str, str, str, str, str], Setting] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
@@ -63,8 +63,9 @@ class RunReader:
                 return self._readings[run_dir]
         result = read_result(Path(run_dir))
         test = job_metrics(result, printed_json)
+        reported_dropout = number(result.get("lora_dropout")) if isinstance(result, dict) else None
         reading = RunReading(None if test is None else finite_metrics(test),
-                             isinstance(result, dict) and result.get("test_is_val") is True)
+                             isinstance(result, dict) and result.get("test_is_val") is True, reported_dropout)
         with self._lock:
             if len(self._readings) >= self.max_entries:
                 self._readings.clear()
@@ -78,13 +79,14 @@ class RunReader:
     def setting(self, run: SucceededAttempt) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task)."""
-        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json)
+        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker)
         with self._lock:
             found = self._settings.get(key)
         if found is None:
             config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
-            found = Setting(overrides, setting_digest(config, overrides),
-                            lora_dropout_of(config, run.config_path, _loads_mapping(run.env_json)))
+            env = {str(k): str(v) for k, v in _loads_mapping(run.env_json).items()}
+            found = Setting(overrides, setting_digest(config, overrides, run.worker, env),
+                            lora_dropout_of(config, run.config_path))
             with self._lock:
                 if len(self._settings) >= self.max_entries:
                     self._settings.clear()
@@ -107,7 +109,8 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             run.suite, run.config, run.data, run.seed, reading.metrics or {},
             job=run.job_id, attempt=run.n, level=run.level, step=run.level_step,
             changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
-            setting=setting.digest, test_is_val=reading.test_is_val, lora_dropout=setting.lora_dropout,
+            setting=setting.digest, test_is_val=reading.test_is_val,
+            lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
             no_metrics=NO_METRICS if reading.metrics is None else None,
         ))  # fmt: skip
     return rows, missing
@@ -148,12 +151,12 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return kept
 
 
-def lora_dropout_of(config: dict[str, Any], config_path: str, env: dict[str, Any]) -> float:
-    """The LoRA dropout a config asks for: `ORCH_LORA_DROPOUT` in the job's env, a top-level
+def lora_dropout_of(config: dict[str, Any], config_path: str) -> float:
+    """The LoRA dropout a config asks for, for a run whose result.json does not say: a top-level
     `lora_dropout`, the `peft` mapping, or the `peft` JSON file next to the config; 0 when none."""
-    for raw in (env.get("ORCH_LORA_DROPOUT"), config.get("lora_dropout")):
-        if raw not in (None, "") and (value := number(raw)) is not None:
-            return value
+    raw = config.get("lora_dropout")
+    if raw not in (None, "") and (value := number(raw)) is not None:
+        return value
     spec = config.get("peft")
     if isinstance(spec, str) and config_path:
         spec = _peft_file(Path(config_path).parent, spec)

@@ -256,10 +256,12 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
     return None
 
 
+# Keys a training loop logs about itself, not about the model's quality: never a result metric.
+BOOKKEEPING_KEYS = frozenset({"step", "global_step", "total", "max_steps", "epoch", "learning_rate", "lr",
+                              "grad_norm", "samples_per_s", "peak_mem_mib"})
 # What a training loop logs about its own progress: a JSON line of only these (with a step) is
 # a heartbeat, not the script's result (its `step` was once read as a metric).
-PROGRESS_LINE_KEYS = frozenset({"step", "global_step", "total", "max_steps", "loss", "learning_rate", "lr",
-                                "epoch", "grad_norm", "samples_per_s", "peak_mem_mib", "t"})
+PROGRESS_LINE_KEYS = BOOKKEEPING_KEYS | {"loss", "t"}
 
 
 def is_progress_line(printed: dict[str, float]) -> bool:

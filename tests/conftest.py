@@ -80,3 +80,15 @@ def orch_inproc(
         return OrchResult(rc, captured.out, captured.err)
 
     yield run
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """Sample GLUE data for the LoRA worker's tests, sized by the module's
+    `SAMPLE_GLUE = (tasks, n_train, n_dev)` (default: RTE, 16 and 8 examples)."""
+    from workers.lora.sample_data import main as sample_main
+
+    tasks, n_train, n_dev = getattr(request.module, "SAMPLE_GLUE", ("rte", 16, 8))
+    out = tmp_path_factory.mktemp("glue")
+    sample_main(["--out", str(out), "--tasks", tasks, "--n-train", str(n_train), "--n-dev", str(n_dev)])
+    return out

@@ -121,3 +121,24 @@ def test_a_script_not_found_is_said_and_fixing_the_suite_then_retrying_runs_it(t
         retried = orch.run("retry", "--suite", "mine")
         assert "resumed" in retried.stderr
         assert set(orch.wait_all_done(60).values()) == {"succeeded"}
+
+
+@pytest.mark.parametrize("knows_plans", [True, False])
+def test_the_web_retry_takes_the_suite_file_as_orch_retry_does(
+    orch_inproc: OrchRunner, db_path: Path, plans: Path, knows_plans: bool
+) -> None:
+    pytest.importorskip("starlette", reason="needs the web extra")
+    from starlette.testclient import TestClient
+
+    from orchestrator.web.app import create_app
+
+    write_suite(plans, TYPO)
+    assert orch_inproc("submit", "--suite", "mine", "--pairs", "1:glue_rte").rc == 0
+    fail_and_pause(db_path, 1)
+    write_suite(plans, FIXED)
+    app = create_app(db_path, "t0ken", plans_dir=plans if knows_plans else None)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        done = client.post("/api/jobs/1/retry", headers={"X-Orch-Token": "t0ken"})
+    assert done.status_code == 200 and done.json()["done"] == "requeued"
+    assert worker_of(db_path, 1) == (FIXED if knows_plans else TYPO)
+    assert paused(db_path) == ([] if knows_plans else ["mine"])

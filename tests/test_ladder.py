@@ -395,3 +395,15 @@ def test_is_one_token_task() -> None:
     assert is_one_token_task("glue_rte", ["squad", "glue_*"])
     assert not is_one_token_task("squad", ["glue*"])
     assert not is_one_token_task("glue-tvt_qnli", [])
+
+
+def test_an_explicit_eval_batch_is_scaled_with_the_batch() -> None:
+    base = {"batch_size": 8, "gradient_accumulation_steps": 1, "eval_batch_size": 12}
+    levels = expand_levels(load_ladder(["halve_batch"]), base, one_token_task=False)
+    assert [lv.changes for lv in levels[1:]] == [
+        {"batch_size": 4, "gradient_accumulation_steps": 2, "eval_batch_size": 6},
+        {"batch_size": 2, "gradient_accumulation_steps": 4, "eval_batch_size": 3},
+        {"batch_size": 1, "gradient_accumulation_steps": 8, "eval_batch_size": 1},
+    ]
+    unreached = expand_levels(load_ladder(["halve_batch"]), base, False, reaches=lambda key: key != "eval_batch_size")
+    assert "eval_batch_size" not in unreached[1].changes

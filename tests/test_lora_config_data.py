@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,11 +171,18 @@ def test_lora_kwargs_short_keys_and_no_env_overrides() -> None:
 
 def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
     """The LoRA worker runs with the training stack only: of orchestrator it may use the
-    dependency-free run-dir names and writer, nothing else."""
+    dependency-free run-dir names and writer and the config key table, nothing else (and the
+    table pulls in nothing of orch's own dependencies)."""
+    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys"}
     for path in (WORKER_DIR / "lora").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
-            assert all(n.split(".")[0] != "orchestrator" or n == "orchestrator.rundir_files" for n in names), path
+            assert all(n.split(".")[0] != "orchestrator" or n in allowed for n in names), path
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, orchestrator.plans.lora_keys; print(' '.join(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert not {"sqlite_utils", "psutil", "libtmux", "pynvml", "click", "torch"} & {m.split(".")[0] for m in loaded}

@@ -20,16 +20,12 @@ from workers.lora.batching import LeftPadCollator, answer_token_ids, encode  # n
 from workers.lora.config import parse_config  # noqa: E402
 from workers.lora.data import load_splits  # noqa: E402
 from workers.lora.model import apply_lora, build_tiny_llama  # noqa: E402
-from workers.lora.sample_data import main as sample_main  # noqa: E402
 
 pytestmark = pytest.mark.train
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("glue")
-    sample_main(["--out", str(out), "--tasks", "rte", "--n-train", "40", "--n-dev", "24"])
-    return out
+# the sample GLUE data of the data_dir fixture (tests/conftest.py): tasks, train and dev examples
+SAMPLE_GLUE = ("rte", 40, 24)
 
 
 def config(data_root: Path, **overrides: Any) -> Any:
@@ -82,3 +78,33 @@ def test_scores_do_not_depend_on_the_eval_batch(data_dir: Path) -> None:
                                      contextlib.nullcontext))  # fmt: skip
     assert scores[0] == scores[1]
     assert 0.0 < scores[0]["accuracy"] < 1.0  # a random LoRA: both classes are predicted
+
+
+def test_a_checkpoint_is_taken_before_test_is_scored_and_a_resume_from_it_only_scores_test(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[str]] = []
+    real_evaluate = train.evaluate
+
+    def spy(*args: Any) -> Any:
+        seen.append(sorted(p.name for p in tmp_path.glob("checkpoint-*")))
+        return real_evaluate(*args)
+
+    monkeypatch.setattr(train, "evaluate", spy)
+    first = train.run(config(data_dir, checkpoint_every_steps=100), tmp_path, Heartbeat(tmp_path), print)
+    assert seen == [[], ["checkpoint-2"]]  # val after the last step, then test with the final state on disk
+    assert not list(tmp_path.glob("checkpoint-*"))  # finished: removed
+
+    # an attempt that died while scoring test resumes at the last step: it scores test alone
+    saved = tmp_path / "saved"
+    real_save = train.save_checkpoint
+    monkeypatch.setattr(train, "save_checkpoint", lambda run_dir, *a: real_save(saved, *a))
+    saved.mkdir()
+    train.run(config(data_dir, checkpoint_every_steps=100), tmp_path, Heartbeat(tmp_path), print)
+    seen.clear()
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    again = train.run(config(data_dir, checkpoint_every_steps=100, resume_from_checkpoint=str(saved / "checkpoint-2")),
+                      resumed_dir, Heartbeat(resumed_dir), print)
+    assert len(seen) == 1 and again.steps == 2
+    assert again.metrics["test"] == pytest.approx(first.metrics["test"])

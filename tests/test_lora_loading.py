@@ -19,16 +19,12 @@ pytest.importorskip("peft")
 from workers.harness import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_OK  # noqa: E402
 from workers.lora import model as lora_model  # noqa: E402
 from workers.lora.__main__ import main  # noqa: E402
-from workers.lora.sample_data import main as sample_main  # noqa: E402
 
 pytestmark = pytest.mark.train
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("glue")
-    sample_main(["--out", str(out), "--tasks", "rte", "--n-train", "16", "--n-dev", "8"])
-    return out
+# the sample GLUE data of the data_dir fixture (tests/conftest.py): tasks, train and dev examples
+SAMPLE_GLUE = ("rte", 16, 8)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from workers.lora import train  # noqa: E402
 from workers.lora.__main__ import main  # noqa: E402
 from workers.lora.config import ConfigError, parse_config  # noqa: E402
 from workers.lora.optimizer import lr_factor  # noqa: E402
-from workers.lora.sample_data import main as sample_main  # noqa: E402
 
 pytestmark = pytest.mark.train
 
@@ -32,11 +31,8 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("glue")
-    sample_main(["--out", str(out), "--tasks", "rte", "--n-train", "40", "--n-dev", "16"])
-    return out
+# the sample GLUE data of the data_dir fixture (tests/conftest.py): tasks, train and dev examples
+SAMPLE_GLUE = ("rte", 40, 16)
 
 
 def config_dict(data_root: Path, **overrides: Any) -> dict[str, Any]:

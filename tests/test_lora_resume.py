@@ -18,7 +18,6 @@ from workers.lora import train  # noqa: E402
 from workers.lora.checkpoint import STATE_FILE  # noqa: E402
 from workers.lora.config import ConfigError, parse_config  # noqa: E402
 from workers.lora.order import EpochOrder, epoch_permutation  # noqa: E402
-from workers.lora.sample_data import main as sample_main  # noqa: E402
 
 pytestmark = pytest.mark.train
 STEPS_PER_EPOCH = 96 // 8  # 120 examples, 80 % for training, effective batch 8
@@ -28,11 +27,8 @@ class Interrupted(Exception):
     """The death of an attempt, some steps after its last checkpoint."""
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("glue")
-    sample_main(["--out", str(out), "--tasks", "rte", "--n-train", "120", "--n-dev", "40"])
-    return out
+# the sample GLUE data of the data_dir fixture (tests/conftest.py): tasks, train and dev examples
+SAMPLE_GLUE = ("rte", 120, 40)
 
 
 def run(run_dir: Path, data_dir: Path, **settings: Any) -> train.TrainOutcome:

@@ -23,17 +23,13 @@ from workers.lora.batching import LeftPadCollator, answer_token_ids, encode  # n
 from workers.lora.config import parse_config  # noqa: E402
 from workers.lora.data import load_splits  # noqa: E402
 from workers.lora.model import apply_lora, build_tiny_llama, is_checkpointing, save_tiny_llama  # noqa: E402
-from workers.lora.sample_data import main as sample_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.train
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("glue")
-    sample_main(["--out", str(out), "--tasks", "rte,mrpc", "--n-train", "120", "--n-dev", "40"])
-    return out
+# the sample GLUE data of the data_dir fixture (tests/conftest.py): tasks, train and dev examples
+SAMPLE_GLUE = ("rte,mrpc", 120, 40)
 
 
 def write_config(run_dir: Path, data_root: Path, **overrides: Any) -> Path:

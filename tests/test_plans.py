@@ -572,3 +572,12 @@ def test_every_sim_worker_key_can_be_set_from_the_command_line() -> None:
     read_by_sim = set(re.findall(r"""["'](sim_[a-z_]+)["']""", source))
     assert {"sim_mem_gib", "sim_fail", "sim_host_max_workers"} <= read_by_sim
     assert read_by_sim <= KNOWN_CONFIG_KEYS, read_by_sim - KNOWN_CONFIG_KEYS
+
+
+def test_a_missing_suite_is_its_own_error(tmp_path: Path) -> None:
+    from orchestrator.errors import SuiteNotFound
+    from orchestrator.plans import load_suite
+
+    (tmp_path / "suites").mkdir()
+    with pytest.raises(SuiteNotFound, match="unknown suite 'nope'"):
+        load_suite("nope", tmp_path)

@@ -142,6 +142,6 @@ def test_settings_that_differ_are_never_pooled() -> None:
     summaries = aggregate(rows)
     assert [(s.label, s.n) for s in summaries if not s.variant] == [("a [learning_rate=0.001]", 2)]
     variants = sorted((s.n, s.variant) for s in summaries if s.variant)
-    assert [n for n, _ in variants] == [1, 3] and all(v.startswith("content ") for _, v in variants)
+    assert [n for n, _ in variants] == [1, 3] and all(v.startswith("setting ") for _, v in variants)
     assert setting_digest({**base, "seed": 1, "data": "x"}, {}) == setting_digest({**base, "seed": 2}, {})
     assert overrides_label({"b": 1e-3, "a": True, "c": 0.1 + 0.2}) == "a=true, b=0.001, c=0.30000000000000004"

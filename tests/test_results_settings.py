@@ -105,15 +105,16 @@ def test_a_forced_rerun_of_a_seed_is_counted_and_named(orch_inproc: OrchRunner, 
 
 def test_web_results_and_report_keep_settings_apart(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("starlette", reason="needs the web extra")
+    from orchestrator.results_source import RunReader
     from orchestrator.web.report import render_report
-    from orchestrator.web.results_view import MetricsCache, result_table
+    from orchestrator.web.results_view import result_table
 
     demo = ("--suite", "demo", "--round", "all")
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte 2:glue_rte").rc == 0
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte", "--set", "learning_rate=1e-3").rc == 0
     _finish_all(db_path, tmp_path)
     with Store(db_path) as store:
-        table = result_table(store, MetricsCache())
+        table = result_table(store, RunReader())
         report = render_report(store)
     small = sorted((line.label, line.n_seeds) for line in table.lines if line.config == "demo_small")
     assert small == [("demo_small", 2), ("demo_small [learning_rate=0.001]", 1)]
@@ -171,3 +172,34 @@ def test_validation_as_test_and_dropout_under_mixed_levels_are_marked(
         report = render_report(store)
     assert "§ test = validation set" in report and dropout in report
     assert "mcc §" in report  # the cell's mark, beside its metric
+
+
+def test_the_dropout_a_run_reports_wins_over_its_config(
+    orch_inproc: OrchRunner, db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCH_PLANS", str(_own_plans(tmp_path, {"r": 8, "lora_dropout": 0.05})))
+    assert orch_inproc("submit", "--suite", "lo", "--pairs", "1:glue_rte 2:glue_rte").rc == 0
+    with Store(db_path) as store:
+        for job in store.query("SELECT id, seed FROM jobs"):
+            _succeeded(store, job["id"], tmp_path / "runs" / str(job["id"]),
+                       {"status": "ok", "metrics": {"test": {"accuracy": 0.7}}, "lora_dropout": 0.0})
+        with store.write():  # seed 2 ran at the halved batch: mixed levels, but the runs drew no dropout
+            store.execute("UPDATE attempts SET level = 2 WHERE job_id = 2")
+    (row,) = json.loads(orch_inproc("results", "--json").stdout)
+    assert (row["mixed_levels"], row["lora_dropout"], row["dropout_differs"], row["marks"]) == (True, 0.0, False, ["†"])
+
+
+def test_runs_of_another_worker_command_or_env_are_not_pooled(
+    orch_inproc: OrchRunner, db_path: Path, tmp_path: Path
+) -> None:
+    demo = ("--suite", "demo", "--round", "all")
+    assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte").rc == 0
+    with Store(db_path) as store, store.write():  # as `orch retry` leaves jobs after the suite file was edited
+        first = store.query("SELECT MIN(id) AS id FROM jobs WHERE config_name = 'demo_small'")[0]["id"]
+        store.execute("UPDATE jobs SET worker = worker || ' --fixed' WHERE id = ?", [first + 1])
+        store.execute("UPDATE jobs SET env_json = '{\"TOKENIZERS_PARALLELISM\": \"false\"}' WHERE id = ?", [first + 2])
+        store.execute("UPDATE jobs SET env_json = '{\"ORCH_SOMETHING\": \"1\"}' WHERE id = ?", [first + 3])
+    _finish_all(db_path, tmp_path)
+    small = [row for row in json.loads(orch_inproc("results", "--json").stdout) if row["config"] == "demo_small"]
+    assert sorted(row["n"] for row in small) == [1, 1, 2]  # orch's own ORCH_* names do not split a row
+    assert sum(len(row["runs"]) for row in small) == 4

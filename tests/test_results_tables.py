@@ -153,3 +153,14 @@ def test_printed_results_reach_every_csv_safely_and_a_progress_step_is_no_metric
         report = render_report(store)
     start = report.index("data:text/csv;charset=utf-8,") + len("data:text/csv;charset=utf-8,")
     check(unquote(report[start:report.index('"', start)]))
+
+
+@pytest.mark.parametrize(
+    ("metric", "lower"),
+    [("loss", True), ("eval_loss", True), ("wer", True), ("test_cer", True), ("mse_avg", True), ("ERROR", True),
+     ("exact_answer", False), ("answer", False), ("lossless_rate", False), ("accuracy", False), ("mcc", False)],
+)
+def test_lower_is_better_reads_whole_words_of_a_metric_name(metric: str, lower: bool) -> None:
+    from orchestrator.results_grid import lower_is_better
+
+    assert lower_is_better(metric) is lower

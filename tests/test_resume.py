@@ -11,7 +11,12 @@ import pytest
 from orchestrator.errors import PlanError
 from orchestrator.launch.checkpoints import MAX_DEPTH, find_in_run_dir, latest_checkpoint
 from orchestrator.plans.keymap import NO_KEYS, parse_keys
-from orchestrator.plans.resume import resume_config, worker_can_resume
+from orchestrator.plans.resume import (
+    resume_config,
+    takes_resume_argument,
+    takes_resume_key,
+    worker_can_resume,
+)
 from orchestrator.plans.template import parse_template
 
 HF_KEYS = parse_keys({"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}, "t")
@@ -47,6 +52,20 @@ def test_an_argument_using_resume_is_left_out_without_a_checkpoint() -> None:
 )
 def test_worker_can_resume(worker: str, keys: object, config: dict[str, object], can: bool) -> None:
     assert worker_can_resume(worker, keys, config) is can  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("worker", "argument", "key"),
+    [
+        ("lora", False, True),
+        ("python t.py --resume={resume}", True, False),  # opted in by the argument only: no key in config.yaml
+        ("python t.py --resume={resume} {config}", True, False),
+        ("python t.py --ckpt {cfg.resume_from_checkpoint}", False, True),
+        ("python t.py --r={resume} --ckpt {cfg.resume_from_checkpoint}", True, True),
+    ],
+)
+def test_the_argument_and_the_key_are_told_apart(worker: str, argument: bool, key: bool) -> None:
+    assert (takes_resume_argument(worker), takes_resume_key(worker, NO_KEYS, {})) == (argument, key)
 
 
 def test_the_resume_key_goes_under_the_scripts_name() -> None:
@@ -130,3 +149,51 @@ def test_the_latest_attempt_that_left_one_wins(runs: Path) -> None:
     found = latest_checkpoint([(3, third), (1, first), (2, second)])
     assert found is not None and (found.attempt_n, found.path) == (1, first / "checkpoint-100")
     assert latest_checkpoint([(4, runs / "suite" / "000001-job" / "attempt-4")]) is None  # never made
+
+
+def test_a_half_saved_checkpoint_of_a_later_attempt_loses_to_a_complete_one(runs: Path) -> None:
+    first, second = run_dir(runs, 1), run_dir(runs, 2)
+    _checkpoint(first / "out" / "checkpoint-100", "model.safetensors", "trainer_state.json")
+    _checkpoint(second / "out" / "checkpoint-150", "model.safetensors")  # died mid-save: no marker
+    found = latest_checkpoint([(1, first), (2, second)])
+    assert found is not None and (found.attempt_n, found.step) == (1, 100)
+
+
+def test_a_linked_marker_does_not_make_a_save_complete(runs: Path, tmp_path: Path) -> None:
+    attempt = run_dir(runs, 1)
+    _checkpoint(attempt / "checkpoint-10", "model.safetensors", "trainer_state.json")
+    half = _checkpoint(attempt / "checkpoint-20", "model.safetensors")
+    (tmp_path / "state.json").write_text("{}")
+    os.symlink(tmp_path / "state.json", half / "trainer_state.json")
+    found = find_in_run_dir(1, attempt)
+    assert found is not None and found.step == 10
+
+
+def test_checkpoints_are_visited_before_other_folders_and_a_cut_search_says_so(runs: Path) -> None:
+    from orchestrator.launch.checkpoints import MAX_ENTRIES, search_checkpoints
+
+    attempt = run_dir(runs, 1)
+    clutter = attempt / "aaa-clutter"
+    clutter.mkdir()
+    for i in range(MAX_ENTRIES):
+        (clutter / f"f{i}").mkdir()  # read in part: the budget runs out here
+    _checkpoint(attempt / "out" / "checkpoint-7")
+    search = search_checkpoints([(1, attempt)])
+    assert search.checkpoint is not None and search.checkpoint.step == 7
+    assert search.searched_in_part == (1,)
+
+
+def test_a_succeeded_jobs_earlier_checkpoints_are_removed_without_following_links(runs: Path, tmp_path: Path) -> None:
+    from orchestrator.launch.checkpoints import remove_checkpoints
+
+    first = run_dir(runs, 1)
+    _checkpoint(first / "checkpoint-5")
+    _checkpoint(first / "out" / "checkpoint-10", "model.safetensors", "trainer_state.json")
+    (first / "out" / "eval.json").write_text("{}")
+    outside = _checkpoint(tmp_path / "elsewhere" / "checkpoint-7")
+    os.symlink(outside, first / "checkpoint-7")
+    os.symlink(tmp_path / "elsewhere", first / "out" / "linked")
+    removed = remove_checkpoints([first])
+    assert sorted(removed) == sorted([first / "checkpoint-5", first / "out" / "checkpoint-10"])
+    assert not (first / "checkpoint-5").exists() and not (first / "out" / "checkpoint-10").exists()
+    assert (first / "out" / "eval.json").exists() and (outside / "adapter.bin").exists()

@@ -67,6 +67,14 @@ RESUMABLE_SCRIPT = textwrap.dedent(
 )
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @pytest.fixture
 def orch(tmp_path: Path) -> Iterator[Orch]:
     with orch_env(tmp_path) as env:
@@ -98,6 +106,8 @@ def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) ->
     text = orch.run("show", "1").stdout
     assert f"attempt 2: resumed from attempt 1's checkpoint {checkpoint}" in text
     assert any("resuming from attempt 1's checkpoint-3" in e["message"] for e in shown["events"])
+    received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
+    assert "resume_from_checkpoint" not in received  # it opted in through {resume} alone
 
 
 def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_path: Path) -> None:
@@ -125,12 +135,15 @@ def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_p
 
     first_dir, pgid = wait_until(first_checkpoint, 90, "attempt 1's first checkpoint")
     os.killpg(pgid, signal.SIGKILL)  # the attempt dies with its wrapper: nothing recorded, as on a lost node
+    wait_until(lambda: not _group_alive(pgid), 30, "attempt 1's process group to be gone")
+    # a kill between a save's rename and the removal of the older one leaves two: the highest is the latest
+    checkpoint = max(first_dir.glob("checkpoint-*"), key=lambda p: int(p.name.removeprefix("checkpoint-")))
     assert orch.wait_all_done(120) == {1: "succeeded"}
 
     first, second = orch.json("show", "1")["attempts"]
     assert first["outcome"] == "lost"
-    (checkpoint,) = first_dir.glob("checkpoint-*")  # the latest, the only one kept
     assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}
+    assert not list(first_dir.glob("checkpoint-*"))  # the job succeeded: attempt 1's checkpoints are removed
     received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
     assert received["resume_from_checkpoint"] == str(checkpoint)
     step = int(checkpoint.name.removeprefix("checkpoint-"))
@@ -204,7 +217,7 @@ def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(or
     first, second = orch.json("show", "1")["attempts"]
     assert first["outcome"] == "oom" and "resume_from_checkpoint" not in (Path(first["run_dir"]) / "config.yaml").read_text()
     checkpoint = Path(first["run_dir"]) / "out" / "checkpoint-2"
-    assert (checkpoint / "trainer_state.json").is_file()
+    assert not checkpoint.exists() and (Path(first["run_dir"]) / "out").is_dir()  # removed once the job succeeded
     assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}
     received = yaml.safe_load((Path(second["run_dir"]) / "config.yaml").read_text())
     assert received["resume_from_checkpoint"] == str(checkpoint)

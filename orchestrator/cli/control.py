@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
+from orchestrator.actions import Done, cancel_job, resume_suite
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -17,7 +17,6 @@ from orchestrator.cli.common import (
     parse_job_ids,
     plans_option,
 )
-from orchestrator.cli.suite_changes import resume_if_changed, take_suite_as_it_is
 from orchestrator.daemon_state import tmux_socket_name
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import NotAttachable, attach_argv
@@ -25,6 +24,7 @@ from orchestrator.lifecycle import JobState
 from orchestrator.plans import default_plans_dir
 from orchestrator.store.db import Store
 from orchestrator.store.queries import get_job, job_ids_in_states, latest_attempt
+from orchestrator.suite_changes import retry_jobs
 
 
 def _select(
@@ -72,32 +72,21 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
 @click.argument("jobs", nargs=-1)
 @click.option("--suite", default=None, help="Requeue every failed or cancelled job of a suite.")
 @click.option("--all", "all_jobs", is_flag=True, help="Requeue every failed or cancelled job.")
+@click.option("--fresh", is_flag=True, help="Start without a checkpoint: resume from none of the job's attempts so far.")
 @json_option
 @plans_option
 @db_option
 def retry_cmd(
-    jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json: bool, plans_dir: Path | None, db_path: Path
+    jobs: tuple[str, ...], suite: str | None, all_jobs: bool, fresh: bool, as_json: bool, plans_dir: Path | None,
+    db_path: Path,
 ) -> None:
     """Requeue failed or cancelled jobs (attempt budget renewed); restart running ones.
-    A requeued job takes its suite's worker command as the suite file has it now."""
-    requeued: list[int] = []
-    restarting: list[int] = []
-    notes: list[str] = []
-    changed_suites: set[str] = set()
+    A requeued job takes its suite's worker command as the suite file has it now, and resumes
+    from its latest checkpoint where its worker can (--fresh: from none)."""
     with open_store(db_path) as store:
-        for job_id in _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED)):
-            job = get_job(store, job_id)
-            if job.state in (JobState.FAILED, JobState.CANCELLED):
-                changed, note = take_suite_as_it_is(store, job_id, plans_dir or default_plans_dir())
-                notes.extend([note] if note else [])
-                changed_suites.update([job.suite] if changed else [])
-            if retry_job(store, job_id) is Done.REQUEUED:
-                requeued.append(job_id)
-            else:
-                restarting.append(job_id)
-        for suite_name in sorted({get_job(store, i).suite for i in requeued}):
-            note = resume_if_changed(store, suite_name, suite_name in changed_suites)
-            notes.extend([note] if note else [])
+        selected = _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED))
+        done = retry_jobs(store, selected, plans_dir or default_plans_dir(), fresh=fresh)
+    requeued, restarting, notes = done.requeued, done.restarting, done.notes
     for note in notes:
         click.echo(f"note: {note}", err=True)
     if as_json:

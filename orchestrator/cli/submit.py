@@ -16,7 +16,6 @@ from orchestrator.cli.common import (
     open_store,
     plans_option,
 )
-from orchestrator.cli.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.errors import PlanError
 from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
 from orchestrator.notify import check_urls
@@ -45,6 +44,7 @@ from orchestrator.store.jobs import (
     submit_jobs,
 )
 from orchestrator.store.notify_queries import set_suite_notify_urls
+from orchestrator.suite_changes import resume_if_changed, worker_changed_since_failure
 
 
 def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:

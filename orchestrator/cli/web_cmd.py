@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import db_option, open_store
+from orchestrator.cli.common import db_option, open_store, plans_option
 from orchestrator.errors import UsageError
+from orchestrator.plans import default_plans_dir
 from orchestrator.rundir_files import write_text
 
 
@@ -41,8 +42,9 @@ def _bind(host: str, port: int) -> socket.socket:
 @click.command("web")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (anything but localhost is warned about).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one).")
+@plans_option
 @db_option
-def web_cmd(host: str, port: int, db_path: Path) -> None:
+def web_cmd(host: str, port: int, plans_dir: Path | None, db_path: Path) -> None:
     """Serve the live web page over state.db; actions need the token it prints."""
     try:
         import uvicorn
@@ -62,7 +64,9 @@ def web_cmd(host: str, port: int, db_path: Path) -> None:
     click.echo(f"orch web: serving {db_path} at http://{shown_host}:{bound_port}/")
     click.echo(f"orch web: actions (cancel, retry, resume) need the token; open http://{shown_host}:{bound_port}/?token={token}")
     click.echo(f"orch web: token {token}", nl=True)
-    app = create_app(Path(db_path), token, loopback_only=loopback, bound_host=host)
+    # a retry takes the suite file as it is now, from the same plans folder `orch retry` reads
+    app = create_app(Path(db_path), token, loopback_only=loopback, bound_host=host,
+                     plans_dir=plans_dir or default_plans_dir())
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False)
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):

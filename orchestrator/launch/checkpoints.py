@@ -8,9 +8,11 @@ attempt 1's checkpoint and died before writing its own leaves attempt 1's as the
 Run dirs are written by user code, so the search trusts nothing there: every level is opened
 with O_NOFOLLOW relative to its parent's descriptor, starting from the runs tree's checked run
 dir (runtree), so a symlink is never followed and a folder found is provably inside that run
-dir; the search is bounded in depth and in directory entries read. Trainer saves that died
-half-way are skipped: where some checkpoint holds `trainer_state.json` (which the Trainer
-writes last), one without it is incomplete.
+dir; the search is bounded in depth and in directory entries read (checkpoint-N folders and
+likely output dirs are visited first; a search that ran out says so in the attempt's start
+event). Trainer saves that died half-way are skipped: where some checkpoint of any earlier
+attempt holds `trainer_state.json` (which the Trainer writes last), every one without it is
+taken as incomplete.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,44 +45,103 @@ class Checkpoint:
 @dataclass
 class _Budget:
     entries_left: int
+    ran_out: bool = False  # some directory was read only in part
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    attempt_n: int
+    step: int
+    names: tuple[str, ...]  # the folders from the run dir down to checkpoint-N
+    marked: bool  # holds the Trainer's trainer_state.json (a real file)
+
+
+@dataclass(frozen=True)
+class CheckpointSearch:
+    checkpoint: Checkpoint | None
+    searched_in_part: tuple[int, ...] = ()  # attempts (n) whose run dir outran MAX_ENTRIES
+
+
+# Folders a checkpoint is likely in (output_dir names), searched before any other folder.
+LIKELY_OUTPUT_DIRS = ("out", "output", "outputs", "output_dir", "checkpoints", "ckpt", "results", "model")
 
 
 def latest_checkpoint(previous: Iterable[tuple[int, Path]]) -> Checkpoint | None:
-    """The checkpoint to resume from: the latest one in the most recent of `previous`
-    ((attempt n, run dir) of the job's earlier attempts, any order) that holds one."""
-    for attempt_n, run_dir in sorted(previous, key=lambda item: item[0], reverse=True):
-        found = find_in_run_dir(attempt_n, Path(run_dir))
-        if found is not None:
-            return found
-    return None
+    """The checkpoint to resume from among `previous` ((attempt n, run dir) of the job's earlier
+    attempts, any order); see search_checkpoints."""
+    return search_checkpoints(previous).checkpoint
+
+
+def search_checkpoints(previous: Iterable[tuple[int, Path]]) -> CheckpointSearch:
+    """Candidates are gathered from every attempt first: where any holds the Trainer's marker,
+    every unmarked one is dropped (a save that died half-way, in whichever attempt); then the
+    most recent attempt's highest step wins."""
+    candidates: list[_Candidate] = []
+    in_part: list[int] = []
+    run_dirs = dict(previous)
+    for attempt_n in sorted(run_dirs, reverse=True):
+        found, ran_out = _candidates_in(attempt_n, Path(run_dirs[attempt_n]))
+        candidates.extend(found)
+        if ran_out:
+            in_part.append(attempt_n)
+    if any(c.marked for c in candidates):
+        candidates = [c for c in candidates if c.marked]
+    if not candidates:
+        return CheckpointSearch(None, tuple(in_part))
+    best = max(candidates, key=lambda c: (c.attempt_n, c.step, c.names))
+    return CheckpointSearch(Checkpoint(best.attempt_n, best.step, Path(run_dirs[best.attempt_n]).joinpath(*best.names)), tuple(in_part))
 
 
 def find_in_run_dir(attempt_n: int, run_dir: Path) -> Checkpoint | None:
     """The complete checkpoint-N with the highest N in `run_dir` (up to MAX_DEPTH below it);
     None when there is none, or the run dir is missing or not safe to read."""
+    return search_checkpoints([(attempt_n, run_dir)]).checkpoint
+
+
+def _candidates_in(attempt_n: int, run_dir: Path) -> tuple[list[_Candidate], bool]:
+    """The non-empty checkpoint-N folders of one run dir, and whether the budget ran out."""
     from orchestrator.launch.runtree import open_run_dir
 
+    found: list[tuple[int, tuple[str, ...], bool]] = []
+    budget = _Budget(MAX_ENTRIES)
     try:
         with open_run_dir(run_dir) as dir_fd:
-            candidates: list[tuple[int, tuple[str, ...], bool]] = []
-            _search(dir_fd, (), 1, _Budget(MAX_ENTRIES), candidates)
+            _search(dir_fd, (), 1, budget, found)
     except (OSError, LauncherError):
-        return None
-    if any(marked for _, _, marked in candidates):  # a Trainer's: unmarked ones died mid-save
-        candidates = [c for c in candidates if c[2]]
-    if not candidates:
-        return None
-    step, names, _ = max(candidates, key=lambda c: (c[0], c[1]))
-    return Checkpoint(attempt_n, step, run_dir.joinpath(*names))
+        return [], False
+    return [_Candidate(attempt_n, step, names, marked) for step, names, marked in found], budget.ran_out
+
+
+def remove_checkpoints(run_dirs: Iterable[Path]) -> list[Path]:
+    """Delete the checkpoint-N folders in `run_dirs` (a succeeded job's earlier attempts: no
+    attempt will resume from them), found by the same bounded walk that never follows a
+    symlink; each folder is removed relative to its parent's descriptor. The folders removed."""
+    from orchestrator.launch.runtree import open_run_dir
+
+    removed: list[Path] = []
+    for run_dir in run_dirs:
+        found: list[tuple[int, tuple[str, ...], bool]] = []
+        with contextlib.suppress(OSError, LauncherError), open_run_dir(Path(run_dir)) as dir_fd:
+            _search(dir_fd, (), 1, _Budget(MAX_ENTRIES), found, remove=True)
+        removed.extend(Path(run_dir).joinpath(*names) for _, names, _ in found)
+    return removed
+
+
+def _visit_order(name: str) -> tuple[int, str]:
+    """checkpoint-N folders first, then likely output dirs, then the rest (by name)."""
+    if CHECKPOINT_NAME.match(name):
+        return (0, name)
+    return (1 if name.lower() in LIKELY_OUTPUT_DIRS else 2, name)
 
 
 def _search(
     dir_fd: int, names: tuple[str, ...], depth: int, budget: _Budget,
-    found: list[tuple[int, tuple[str, ...], bool]],
+    found: list[tuple[int, tuple[str, ...], bool]], remove: bool = False,
 ) -> None:  # fmt: skip
     """Collect (N, path names, has the Trainer's marker) of the non-empty checkpoint-N folders
-    below `dir_fd`; descends into other folders up to MAX_DEPTH."""
-    for name, is_dir in _entries(dir_fd, budget):
+    below `dir_fd` (with `remove`: every checkpoint-N folder, deleted); descends into other
+    folders up to MAX_DEPTH."""
+    for name, is_dir in sorted(_entries(dir_fd, budget), key=lambda entry: _visit_order(entry[0])):
         match = CHECKPOINT_NAME.match(name)
         if not is_dir or (match is None and depth >= MAX_DEPTH):
             continue
@@ -88,22 +150,36 @@ def _search(
             continue
         try:
             if match is None:
-                _search(child, (*names, name), depth + 1, budget, found)
-                continue
-            contents = {entry for entry, _ in _entries(child, budget)}
-            if contents:
-                found.append((int(match.group(1)), (*names, name), HF_COMPLETE_MARKER in contents))
+                _search(child, (*names, name), depth + 1, budget, found, remove)
+            elif remove:
+                with contextlib.suppress(OSError):  # shutil.rmtree(dir_fd=) never follows a link
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                    found.append((int(match.group(1)), (*names, name), False))
+            elif _entries(child, budget, limit=1):
+                found.append((int(match.group(1)), (*names, name), _has_marker(child)))
         finally:
             os.close(child)
 
 
-def _entries(dir_fd: int, budget: _Budget) -> list[tuple[str, bool]]:
-    """(name, is a real directory) of a directory's entries, no more than the budget has left
-    (it is charged for them). A symlink is never a directory here."""
+def _has_marker(dir_fd: int) -> bool:
+    """The folder holds trainer_state.json as a regular file (a link to one does not count)."""
+    try:
+        info = os.stat(HF_COMPLETE_MARKER, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode)
+
+
+def _entries(dir_fd: int, budget: _Budget, limit: int | None = None) -> list[tuple[str, bool]]:
+    """(name, is a real directory) of a directory's entries (at most `limit`), no more than the
+    budget has left (it is charged for them). A symlink is never a directory here."""
     entries: list[tuple[str, bool]] = []
     with contextlib.suppress(OSError), os.scandir(dir_fd) as scan:
         for entry in scan:
+            if limit is not None and len(entries) >= limit:
+                break
             if budget.entries_left <= 0:
+                budget.ran_out = True
                 break
             budget.entries_left -= 1
             with contextlib.suppress(OSError):

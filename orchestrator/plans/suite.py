@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import PlanError, UsageError
+from orchestrator.errors import PlanError, SuiteNotFound, UsageError
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import JobSpec, canonical_json, expand_jobs, job_identity  # noqa: F401
@@ -43,8 +43,9 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
         "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind",
         "gpus", "cpus", "host_mem_gib", "sim_host_gib",
+        "checkpoint_every_steps",  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
     }
-) | {"checkpoint_every_steps"}  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
+)
 
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
@@ -212,7 +213,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if not path.is_file():
         known = list_suites(plans_dir)
         hint = f" (known suites: {', '.join(known)})" if known else ""
-        raise PlanError(f"unknown suite {name!r} in {plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}")
+        raise SuiteNotFound(f"unknown suite {name!r} in {plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}")
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
+from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
 from orchestrator.plans.template import check_config_keys, parse_template
-from workers.lora.config import unknown_keys, unknown_keys_message  # yaml only, no torch
 
 if TYPE_CHECKING:  # suite.py imports this module
     from orchestrator.plans.suite import JobSpec, Suite

@@ -35,6 +35,7 @@ class AttemptPlan:
     predicted_host_mib: int = 0  # host RAM reserved for the attempt's process tree
     resumed_from_attempt: int | None = None  # the earlier attempt (n) whose checkpoint it resumes from
     resumed_from_checkpoint: str | None = None  # that checkpoint's folder
+    searched_in_part: tuple[int, ...] = ()  # earlier attempts whose run dir the checkpoint search read in part
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -60,9 +61,9 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         attempt_id = int(cursor.lastrowid or 0)
         store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
-            "resumed_from_checkpoint = ? WHERE id = ?",
+            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?) WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
-             plan.resumed_from_attempt, plan.resumed_from_checkpoint, attempt_id],
+             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""
@@ -80,16 +81,33 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
 
 
 def _resume_note(plan: AttemptPlan) -> str:
-    if plan.resumed_from_checkpoint is None:
-        return ""
-    name = plan.resumed_from_checkpoint.rstrip("/").rsplit("/", 1)[-1]
-    return f", resuming from attempt {plan.resumed_from_attempt}'s {name}"
+    note = ""
+    if plan.resumed_from_checkpoint is not None:
+        name = plan.resumed_from_checkpoint.rstrip("/").rsplit("/", 1)[-1]
+        note = f", resuming from attempt {plan.resumed_from_attempt}'s {name}"
+    if plan.searched_in_part:
+        shown = ", ".join(str(n) for n in plan.searched_in_part)
+        note += f"; the checkpoint search read the run dir of attempt(s) {shown} only in part (too many entries)"
+    return note
 
 
-def previous_run_dirs(store: Store, job_id: int) -> list[tuple[int, str]]:
-    """(n, run dir) of every attempt of the job so far, the latest first."""
-    rows = store.query("SELECT n, run_dir FROM attempts WHERE job_id = ? ORDER BY n DESC", [job_id])
-    return [(int(row["n"]), str(row["run_dir"])) for row in rows]
+@dataclass(frozen=True)
+class PastAttempt:
+    """What deciding a resume needs of an earlier attempt."""
+
+    n: int
+    run_dir: str
+    outcome: str | None  # None while it has not ended
+    reason: str | None
+    worker: str | None  # the command it ran; None for attempts recorded before it was kept
+
+
+def past_attempts(store: Store, job_id: int) -> list[PastAttempt]:
+    """Every attempt of the job so far, the latest first."""
+    rows = store.query(
+        "SELECT n, run_dir, outcome, reason, worker FROM attempts WHERE job_id = ? ORDER BY n DESC", [job_id]
+    )
+    return [PastAttempt(int(r["n"]), str(r["run_dir"]), r["outcome"], r["reason"], r["worker"]) for r in rows]
 
 
 def _more_gpus(plan: AttemptPlan) -> str:

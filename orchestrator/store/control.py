@@ -28,6 +28,13 @@ def request_stop(store: Store, job_id: int, why: KillRequest) -> LiveProcess | N
     return LiveProcess(rows[0]["id"], rows[0]["pid"], rows[0]["proc_create_time"])
 
 
+def start_fresh(store: Store, job_id: int) -> None:
+    """The job's next attempt resumes from none of the attempts it has had so far."""
+    with store.write():
+        store._db.execute("UPDATE jobs SET fresh_after_attempt = attempt_count WHERE id = ?", [job_id])
+        add_event(store, "retry", "its next attempt starts fresh: no earlier checkpoint is resumed from", job_id=job_id)
+
+
 def unpause_suite(store: Store, suite: str) -> bool:
     """Lift the crash-loop pause of `suite`; False when it was not paused."""
     with store.write():

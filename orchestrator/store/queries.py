@@ -294,13 +294,14 @@ class SucceededAttempt:
     setting_json: str = "{}"  # the job's merged config without seed and data
     config_path: str = ""
     env_json: str = "{}"  # suite env + env.* overrides
+    worker: str = ""  # the command the succeeding attempt ran (the job's, for attempts that did not record it)
 
 
 def succeeded_attempts(store: Store, suite: str | None = None) -> list[SucceededAttempt]:
     sql = (
         "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
         "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
-        "j.config_path, j.env_json, CASE WHEN json_valid(j.config_json) "
+        "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, CASE WHEN json_valid(j.config_json) "
         "THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END AS setting_json "
         "FROM jobs j JOIN attempts a "
         "ON a.job_id = j.id AND a.outcome = ? WHERE j.state = ?"
@@ -319,6 +320,6 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
             r["job_id"], r["suite"], r["config_name"], r["data"], r["seed"], r["n"], r["level"], r["level_step"],
             overrides if isinstance(overrides, dict) else {}, bool(r["run_alone"]), r["run_dir"],
             r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
-            r["config_path"] or "", r["env_json"] or "{}",
+            r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "",
         ))  # fmt: skip
     return out

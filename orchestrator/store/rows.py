@@ -77,6 +77,7 @@ class Job:
     min_stack_gain: float | None = None
     slurm: dict[str, Any] = field(default_factory=dict)
     cpus: int | None = None
+    fresh_after_attempt: int = 0  # attempts up to this n are never resumed from (orch retry --fresh)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -102,7 +103,7 @@ class Job:
             memory_keys=tuple(str(k) for k in _json(row.get("memory_keys_json"), [])),
             memory_keys_json=row.get("memory_keys_json") or "[]",
             min_stack_gain=_opt_float(row.get("min_stack_gain")), slurm=_json(row.get("slurm_json"), {}),
-            cpus=_opt_int(row.get("cpus")),
+            cpus=_opt_int(row.get("cpus")), fresh_after_attempt=int(row.get("fresh_after_attempt") or 0),
         )
 
 

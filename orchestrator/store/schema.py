@@ -377,5 +377,14 @@ def m018_memory_families(db: sqlite_utils.Database) -> None:
         "ALTER TABLE memory_shapes ADD COLUMN family_key TEXT",
         "ALTER TABLE memory_shapes ADD COLUMN batch_size INTEGER",
         "ALTER TABLE memory_shapes ADD COLUMN tokens INTEGER",
+
+
+@MIGRATIONS()
+def m019_resume_boundaries(db: sqlite_utils.Database) -> None:
+    # A resume never crosses a change of worker command (each attempt records the one it ran;
+    # NULL in rows written before) nor an `orch retry --fresh` (attempts up to n are not resumed).
+    for statement in (
+        "ALTER TABLE attempts ADD COLUMN worker TEXT",
+        "ALTER TABLE jobs ADD COLUMN fresh_after_attempt INTEGER NOT NULL DEFAULT 0",
     ):
         db.execute(statement)

@@ -29,14 +29,16 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from orchestrator.actions import cancel_job, resume_suite, retry_job
+from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
 from orchestrator.lifecycle import JobState
+from orchestrator.results_source import RunReader
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import ChangeMarker, JobsFilter, change_marker
+from orchestrator.suite_changes import retry_jobs
 from orchestrator.web import pages, views
 from orchestrator.web.assets import STATIC_FILES, static_text
-from orchestrator.web.results_view import MetricsCache, result_table
+from orchestrator.web.results_view import result_table
 
 TOKEN_HEADER = "X-Orch-Token"
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -109,8 +111,11 @@ def _curve_params(request: Request) -> tuple[list[int], str | None, float, bool,
 
 def create_app(
     db_path: Path, token: str, *, loopback_only: bool = True, poll_s: float = 1.0, bound_host: str | None = None,
+    plans_dir: Path | None = None,
 ) -> Starlette:
-    cache = MetricsCache()
+    """`plans_dir`: where a retry finds the suite files (as `orch retry --plans`); None: a
+    retry runs the job as it was submitted."""
+    cache = RunReader()
 
     def store() -> Store:
         return Store(db_path, create=False)
@@ -252,7 +257,9 @@ def create_app(
         what = f"job {done['job']}" if "job" in done else f"suite {done.get('suite')}"
         if done["done"] == "skipped":  # e.g. cancel on a job that already ended: nothing changed
             return answer(f"{what}: nothing to do", f"{what} was left as it is: its state does not allow that.", 200, done)
-        return answer(f"{what}: {done['done']}", f"{what} is {done['done']}.", 200, done)
+        notes = done.get("notes")
+        said = "".join(f" Note: {note}." for note in notes) if isinstance(notes, list) else ""
+        return answer(f"{what}: {done['done']}", f"{what} is {done['done']}.{said}", 200, done)
 
     async def cancel(request: Request) -> Response:
         job_id = _job_id(request)
@@ -260,7 +267,15 @@ def create_app(
 
     async def retry(request: Request) -> Response:
         job_id = _job_id(request)
-        return await action(request, lambda s: {"job": job_id, "done": retry_job(s, job_id).value}, job_id)
+
+        def run(s: Store) -> dict[str, object]:
+            if plans_dir is None:
+                return {"job": job_id, "done": retry_job(s, job_id).value}
+            done = retry_jobs(s, [job_id], plans_dir)  # as `orch retry`: the suite file as it is now
+            return {"job": job_id, "done": (Done.REQUEUED if done.requeued else Done.STOPPING).value,
+                    "notes": done.notes}
+
+        return await action(request, run, job_id)
 
     async def resume(request: Request) -> Response:
         suite = str(request.path_params["suite"])

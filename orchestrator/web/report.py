@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from orchestrator.results_source import RunReader
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.web_queries import JobsFilter, attempt_spans, jobs_page, sweep_counts
 from orchestrator.web import pages, views
 from orchestrator.web.curves import chart_spec
-from orchestrator.web.results_view import MetricsCache, result_table
+from orchestrator.web.results_view import result_table
 from orchestrator.web.summary import occupancy
 from orchestrator.web.templating import render
 
@@ -21,7 +22,7 @@ def render_report(store: Store, title: str = "orch sweep report") -> str:
     now = now_s()
     counts = sweep_counts(store)
     spans, _ = attempt_spans(store, limit=ALL_ATTEMPTS)
-    table = result_table(store, MetricsCache())
+    table = result_table(store, RunReader())
     failed = jobs_page(store, JobsFilter(state="failed"), limit=200)
     done = jobs_page(store, JobsFilter(state="succeeded"), limit=REPORT_CURVE_RUNS)
     runs, _, _ = views.curve_runs(store, [r.id for r in reversed(done.rows)])

@@ -13,9 +13,6 @@ from orchestrator.results_format import cell_marks, legend_lines, to_csv
 from orchestrator.results_source import RunReader, collect_rows
 from orchestrator.store.db import Store
 
-# A succeeded attempt's result.json does not change, so each is read once per process.
-MetricsCache = RunReader
-
 
 @dataclass(frozen=True)
 class ResultLine:
@@ -116,7 +113,7 @@ def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
     return Pivot(columns, rows, any(s.mixed_levels for s in summaries))
 
 
-def result_table(store: Store, cache: MetricsCache, suite: str | None = None) -> ResultTable:
+def result_table(store: Store, cache: RunReader, suite: str | None = None) -> ResultTable:
     # the same rows as `orch results` (results_source.collect_rows): one per effective config,
     # traced to their attempts, so levels, marks, notes and the CSV agree with the CLI
     rows, missing = collect_rows(store, suite, cache)

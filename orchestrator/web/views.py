@@ -8,7 +8,7 @@ from pathlib import Path
 from orchestrator.daemon_state import daemon_alive
 from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.results_source import finite_metrics, job_metrics
+from orchestrator.results_source import RunReader, finite_metrics, job_metrics
 from orchestrator.runfiles import read_log_tail, read_result
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
@@ -25,7 +25,7 @@ from orchestrator.store.web_queries import (
 from orchestrator.web import pages
 from orchestrator.web.curves import PALETTE, Run, chart_spec, read_curves
 from orchestrator.web.memory_chart import memory_charts
-from orchestrator.web.results_view import MetricsCache, result_table
+from orchestrator.web.results_view import result_table
 
 WEB_LOG_TAIL_BYTES = 32 * 1024
 
@@ -81,7 +81,7 @@ def job_view(store: Store, job_id: int) -> str:
                               last.n if last else None, metrics, note)
 
 
-def results_view(store: Store, cache: MetricsCache, csv_href: str) -> str:
+def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
     return pages.results_fragment(result_table(store, cache), csv_href)
 
 

@@ -17,6 +17,14 @@ from typing import Any
 
 import yaml
 
+# The keys the worker and orch know (orch checks them at submit without importing the worker).
+from orchestrator.plans.lora_keys import (
+    DEFAULT_CHECKPOINT_EVERY_STEPS,
+    LR_SCHEDULES,
+    unknown_keys,
+    unknown_keys_message,
+)
+
 BUILTIN_MODELS = ("tiny-llama", "tiny-gla")
 PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
 DEFAULT_PEFT: dict[str, Any] = {
@@ -25,30 +33,6 @@ DEFAULT_PEFT: dict[str, Any] = {
     "lora_dropout": 0.0,
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }
-KNOWN_KEYS = frozenset(
-    {
-        "model", "peft", "data", "data_dir", "batch_size", "learning_rate", "num_epochs",
-        "max_steps", "prec", "seed", "gradient_accumulation_steps", "gradient_checkpointing",
-        "logits_to_keep", "num_data_workers", "max_seq_len", "eval_every_steps", "no_save",
-    }
-)  # fmt: skip
-# Checkpoints (workers/lora/checkpoint.py): how often, and the one a resumed attempt starts from.
-DEFAULT_CHECKPOINT_EVERY_STEPS = 200
-RESUME_KEYS = frozenset({"checkpoint_every_steps", "resume_from_checkpoint"})
-# The optimizer's keys (and the eval batch); the defaults keep the worker's earlier behaviour (HF Trainer's differ:
-# weight_decay 0.0, lr_scheduler linear; warm-up 0 and max_grad_norm 1.0 are the same).
-OPTIMIZER_KEYS = frozenset(
-    {"weight_decay", "lr_scheduler", "warmup_steps", "warmup_ratio", "max_grad_norm",
-     "eval_batch_size"}
-)  # fmt: skip
-LR_SCHEDULES = ("constant", "linear", "cosine")
-TRAINING_KEYS = KNOWN_KEYS | OPTIMIZER_KEYS | RESUME_KEYS
-# Keys orch itself reads from or adds to a suite config (memory hints, the job's GPUs, CPU cores
-# and host RAM, bookkeeping): not ours, not a mistake.
-ORCH_KEYS = frozenset(
-    {"mem_gib", "suite", "name", "level", "priority", "gpus", "cpus", "host_mem_gib"}
-)
-ORCH_KEY_PREFIXES = ("sim_", "orch_")
 
 
 class ConfigError(ValueError):
@@ -154,21 +138,6 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
         eval_batch_size=_optional(raw, "eval_batch_size", _positive_int),
         warnings=tuple(warnings),
     )
-
-
-def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
-    """The keys of a config neither the worker nor orch knows, sorted."""
-    return sorted(
-        str(key) for key in raw
-        if key not in TRAINING_KEYS and key not in ORCH_KEYS
-        and not str(key).startswith(ORCH_KEY_PREFIXES)
-    )  # fmt: skip
-
-
-def unknown_keys_message(unknown: list[str]) -> str:
-    named = ", ".join(repr(key) for key in unknown)
-    plural = "s" if len(unknown) > 1 else ""
-    return f"unknown config key{plural} {named} (known: {', '.join(sorted(TRAINING_KEYS))})"
 
 
 def optimizer_settings(raw: Mapping[str, Any]) -> dict[str, Any]:

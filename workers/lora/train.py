@@ -238,6 +238,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         log(f"resumed from {config.resume_from_checkpoint}: step {step} of {total_steps}, "
             f"epoch {epoch + 1} with {consumed} of its {n_train} examples done")  # fmt: skip
 
+    start_step = step
     while step < total_steps:
         order.set_epoch(epoch, skip=consumed)  # a resumed epoch goes on where its checkpoint was
         for group in _groups(iter(train_loader), accum):
@@ -281,6 +282,11 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             evaluate_val()  # the last steps since the previous evaluation
         epoch, consumed = epoch + 1, 0
 
+    if config.checkpoint_every_steps and step > start_step:
+        # before test is scored: an evaluation that runs out of memory resumes here, not up to
+        # checkpoint_every_steps - 1 steps back
+        loop = LoopState(step, epoch, 0, samples_seen, train_seconds, losses, best_score, best_step, best_val)
+        log(f"saved {save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config)}")
     with torch.no_grad():
         named = dict(model.named_parameters())
         for name, value in best_state.items():
