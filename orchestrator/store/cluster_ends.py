@@ -1,0 +1,16 @@
+"""What earlier attempts of a job ended as in the cluster (Slurm's own word, kept in
+attempts.executor_state): a resumable job's time limits are capped apart from max_attempts."""
+
+from __future__ import annotations
+
+from orchestrator.store.db import Store
+
+
+def ended_in_state(store: Store, job_id: int, state: str, before_attempt_n: int) -> int:
+    """How many attempts of the job before attempt `before_attempt_n` ended in the cluster's
+    `state` (e.g. TIMEOUT)."""
+    rows = store.query(
+        "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND n < ? AND outcome IS NOT NULL AND executor_state = ?",
+        [job_id, before_attempt_n, state],
+    )
+    return int(rows[0]["n"]) if rows else 0
