@@ -12,11 +12,13 @@ from dataclasses import replace
 from orchestrator.dispatch import fail_queued, write_wait_reasons
 from orchestrator.errors import OrchError
 from orchestrator.executors.base import Executor
+from orchestrator.executors.slurm_parse import STUCK_WORDS
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launching import Claim, DispatchContext, claim, launch_all
 from orchestrator.learned import Knowledge
 from orchestrator.prediction import JobShapeCache, as_received, attempt_config, level_of, predict
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
+from orchestrator.store.cluster_ends import stuck_attempt_count
 from orchestrator.store.db import Store
 from orchestrator.store.queue import live_attempt_count, paused_suites, queued_whole_jobs
 from orchestrator.waits import held_reason
@@ -41,7 +43,7 @@ def schedule_remote(
     hold = hold or (submit_hold() if callable(submit_hold) else None)  # sbatch waits out Slurm's backoff too
     paused = set(paused_suites(store))
     queued = queued_whole_jobs(store)
-    in_queue = live_attempt_count(store)
+    in_queue = live_attempt_count(store) - stuck_attempt_count(store, STUCK_WORDS)  # those never start: no slot
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
     knowledge = Knowledge(shapes, {})

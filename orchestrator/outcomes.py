@@ -32,7 +32,7 @@ from orchestrator.reconcile import (
     read_log_tail,
     read_result,
 )
-from orchestrator.runfiles import read_gpu_peak_mib
+from orchestrator.runfiles import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.shapes import shape_label
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import AttemptEnd
@@ -122,6 +122,9 @@ def complete(
     prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
 
     data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
+    card = read_gpu_peak_card(run_dir)  # on a cluster, the only word on which card it ran
+    if card is not None:
+        data["gpu_model"], data["gpu_total_mib"] = card
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
         data["neighbours"] = neighbours(store, attempt)
         if verdict.oom_detail is not None:

@@ -29,6 +29,7 @@ from orchestrator.executors.slurm_parse import (
     SlurmState,
     classify_state,
     job_name,
+    never_clears,
     parse_node_shards,
     parse_sacct,
     parse_scontrol_jobs,
@@ -44,7 +45,7 @@ from orchestrator.launch.wrapper import wrapper_argv
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.reconcile import Observation
 from orchestrator.rundir_files import RunDir
-from orchestrator.runfiles import read_gpu_peak_mib
+from orchestrator.runfiles import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.worker_resume import worker_can_resume
 
 # -- suite `slurm:` settings -----------------------------------------------------------------
@@ -151,6 +152,13 @@ def test_squeue_sacct_and_scontrol_output_are_parsed() -> None:
 )
 def test_slurm_states_map_to_what_they_mean_for_an_attempt(state: str, kind: SlurmState) -> None:
     assert classify_state(state) is kind
+
+
+def test_pending_reasons_that_never_clear_are_told_from_those_that_do() -> None:
+    for reason in ("PartitionTimeLimit", "InvalidAccount", "QOSMaxWallDurationPerJobLimit", "QOSMaxGRESPerJob"):
+        assert never_clears(reason), reason
+    for reason in ("Resources", "Priority", "QOSMaxJobsPerUserLimit", "AssocGrpGRES", "ReqNodeNotAvail", "None"):
+        assert not never_clears(reason), reason
 
 
 # -- a cluster-owned attempt's end -----------------------------------------------------------
@@ -289,6 +297,15 @@ def test_the_wrapper_measures_its_own_tree_on_simulated_gpus(tmp_path: Path, mon
     assert done.returncode == 0, done.stderr
     assert read_gpu_peak_mib(run_dir) == 3000
     assert json.loads((run_dir / RunDir.GPU_PEAK).read_text())["samples"] >= 1
+    name, total_mib = read_gpu_peak_card(run_dir) or ("", 0)  # the card it peaked on: GPU 1, 24 GiB
+    assert total_mib == 24576 and name, (name, total_mib)
+
+
+@pytest.mark.parametrize("card", [{"gpu_name": 5, "gpu_total_mib": 1}, {"gpu_name": "A\n", "gpu_total_mib": 1},
+                                  {"gpu_name": "A100", "gpu_total_mib": True}, {"gpu_name": "A100"}])
+def test_an_unbelievable_gpu_card_reads_as_unknown(tmp_path: Path, card: dict) -> None:
+    (tmp_path / RunDir.GPU_PEAK).write_text(json.dumps({"peak_mib": 5, **card}))
+    assert read_gpu_peak_card(tmp_path) is None and read_gpu_peak_mib(tmp_path) == 5
 
 
 # -- CLI -------------------------------------------------------------------------------------

@@ -130,7 +130,8 @@ def test_demo_sweep_through_slurm(orch: Orch, cluster: SlurmCluster) -> None:
         job = orch.query("SELECT suite FROM jobs WHERE id = ?", (attempt["job_id"],))[0]
         assert ours[attempt["executor_id"]][0] == f"orch-{job['suite']}-{attempt['job_id']}-a{attempt['n']}"
         script = (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
-        assert "#SBATCH --gres=shard:" in script and "#SBATCH --mem=" in script and "#SBATCH --cpus-per-task=" in script
+        assert "#SBATCH --gres=shard:" in script and "#SBATCH --cpus-per-task=" in script
+        assert "#SBATCH --mem=" not in script  # the demo suite sets no mem: the cluster's default holds
     # the under-declared config (demo_large: declares 8 GiB, peaks at 30 here) OOMs and succeeds
     # at a later level, as a new Slurm job
     ooms = [a for a in attempts if a["outcome"] == "oom"]
@@ -346,3 +347,22 @@ def test_slurm_is_asked_at_most_4_times_a_minute_at_steady_state(orch: Orch, clu
     print(f"squeue calls in 60 s at steady state: {len(asked)}")
     assert len(asked) <= 4, asked
     assert all("--jobs=" in line for line in asked), asked  # only our jobs, never the whole cluster
+
+
+def test_a_job_slurm_never_starts_is_shown_as_such_and_holds_no_slot(orch: Orch, cluster: SlurmCluster) -> None:
+    orch.write_suite("toolong", {"c": {"sim_mem_gib": 1}}, mem_gib=1, slurm={"partition": "short", "time": "5", "mem": "256M"})
+    orch.write_suite("fine", {"c": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=1, slurm={"mem": "256M"})
+    orch.submit("toolong", "1:a")
+    orch.submit("fine", "1:a")
+    start_slurm_daemon(orch, "--max-in-queue", "1")
+    stuck, fine = sorted(orch.job_states())
+    (attempt,) = wait_until(lambda: [a for a in orch.attempts(stuck) if "never starts" in (a["executor_state"] or "")], 60,
+                            "the attempt shown as never starting")
+    # Slurm names it PartitionConfig on its first look at the job, PartitionTimeLimit later
+    assert attempt["executor_state"] in ("PENDING (PartitionTimeLimit: never starts as submitted)",
+                                         "PENDING (PartitionConfig: never starts as submitted)"), attempt
+    assert "#SBATCH --partition=short" in (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
+    # its slot is free: the other suite's job is submitted beside it and runs
+    wait_until(lambda: orch.job_states()[fine] == "succeeded", 60, "the other job to run and succeed")
+    orch.run("cancel", str(stuck))
+    wait_until(lambda: orch.job_states()[stuck] == "cancelled", 60, "the stuck job cancelled")

@@ -23,11 +23,13 @@ from orchestrator.errors import ClusterBusy, LauncherError, UsageError
 from orchestrator.executors.base import RemoteStatus, attach_argv, log_path
 from orchestrator.executors.slurm_parse import (
     JOB_NAME_PREFIX,
+    STUCK_WORDS,
     Request,
     SlurmJob,
     classify_state,
     is_transient_refusal,
     job_name,
+    never_clears,
     parse_node_shards,
     parse_sacct,
     parse_scontrol_jobs,
@@ -269,7 +271,8 @@ class SlurmExecutor:
             job = queue.get(job_id) if job_id else by_name.get(job_name(of_job.suite, attempt.job_id, attempt.n))
             if job is not None:
                 self._gone_at.pop(attempt.id, None)
-                statuses[attempt.id] = RemoteStatus(job.state, classify_state(job.state).value, job.reason, job.job_id,
+                reason = f"{job.reason}: {STUCK_WORDS}" if never_clears(job.reason) else job.reason
+                statuses[attempt.id] = RemoteStatus(job.state, classify_state(job.state).value, reason, job.job_id,
                                                     mem_mib=job.mem_mib)
                 continue
             if not job_id:

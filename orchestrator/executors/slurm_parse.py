@@ -140,6 +140,22 @@ OWN_WORD = {"PREEMPTED": SlurmState.PREEMPTED, "TIMEOUT": SlurmState.TIMEOUT, "O
 CLUSTER_ENDS = frozenset({SlurmState.LOST, SlurmState.PREEMPTED, SlurmState.TIMEOUT, SlurmState.HOST_OOM, SlurmState.FAILED})
 
 
+# Pending reasons that no other job's end will clear: the job never starts as submitted.
+NEVER_CLEARS = frozenset({
+    "PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig", "InvalidAccount", "InvalidQOS",
+    "AccountNotAllowed", "QOSNotAllowed", "BadConstraints", "DependencyNeverSatisfied",
+})
+STUCK_WORDS = "never starts as submitted"  # shown after the reason; the slot it held is freed
+
+
+def never_clears(reason: str) -> bool:
+    """PartitionTimeLimit, InvalidAccount, a QOS or association limit per job (QOSMaxWallDurationPerJobLimit,
+    QOSMaxGRESPerJob, AssocMaxCpuPerJobLimit, ...): waiting will not start it."""
+    word = reason.strip()
+    per_job = word.startswith(("QOSMax", "QOSMin", "AssocMax", "AssocGrp")) and "PerJob" in word
+    return word in NEVER_CLEARS or per_job
+
+
 def classify_state(state: str) -> SlurmState:
     base = state.split()[0].rstrip("+").upper() if state.strip() else ""
     if base in QUEUED_STATES:

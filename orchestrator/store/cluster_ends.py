@@ -14,3 +14,12 @@ def ended_in_state(store: Store, job_id: int, state: str, before_attempt_n: int)
         [job_id, before_attempt_n, state],
     )
     return int(rows[0]["n"]) if rows else 0
+
+
+def stuck_attempt_count(store: Store, words: str) -> int:
+    """Live attempts whose cluster state says they will never start (`words` in it): they hold
+    no place among the attempts kept submitted."""
+    rows = store.query(
+        "SELECT count(*) AS n FROM attempts WHERE outcome IS NULL AND instr(coalesce(executor_state, ''), ?) > 0", [words],
+    )
+    return int(rows[0]["n"]) if rows else 0
