@@ -195,8 +195,6 @@ class SlurmExecutor:
 
     def _due(self) -> bool:
         now = self.clock.monotonic_s()
-        if now < self._next_poll_at:  # backing off after a failure
-            return False
         if now >= self._polled_at + self.options.poll_s:
             return True
         soon = [at for at in self._soon if at <= now]
@@ -236,6 +234,8 @@ class SlurmExecutor:
         self.answered_now = False
         if not ours:
             return {}
+        if self.clock.monotonic_s() < self._next_poll_at:
+            return None  # backing off after Slurm did not answer: nothing is concluded meanwhile
         if not self._due():
             return {a.id: self._statuses[a.id] for a, _ in ours if a.id in self._statuses}
         statuses = self._ask(ours)
