@@ -35,14 +35,9 @@ from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.dispatch_remote import schedule_remote
 from orchestrator.errors import DaemonError, OrchError
 from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
-from orchestrator.executors.remote_verdict import (
-    AWAIT,
-    TimeLimit,
-    refresh_dir,
-    remote_end,
-    remote_observation,
-)
+from orchestrator.executors.remote_verdict import AWAIT, refresh_dir, remote_end, remote_observation
 from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.executors.time_limits import time_limit_of
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
@@ -69,7 +64,6 @@ from orchestrator.reconcile import (
 from orchestrator.rundir_files import RunDir
 from orchestrator.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.store.attempts import attempt_closed, update_attempt
-from orchestrator.store.cluster_ends import ended_in_state
 from orchestrator.store.daemon_row import (
     any_live_attempt,
     daemon_control,
@@ -89,7 +83,6 @@ from orchestrator.store.resources import learn_host_shape, write_host_reading
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.track_resources import ResourceTracker
 from orchestrator.wake import WakeChannel, wait_gone
-from orchestrator.worker_resume import worker_can_resume
 
 log = logging.getLogger(__name__)
 
@@ -499,7 +492,7 @@ class Daemon:
         obs = remote_observation(obs, status)
         obs = self._with_stdout_progress(attempt, job, obs)
         polled = remote is not None and getattr(self.launcher, "answered_now", True)
-        end = remote_end(attempt, obs, status, polled, self.started_at_s, self._time_limit(attempt, job) if ended else None)
+        end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
         if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
             expedite = getattr(self.launcher, "expedite", None)
             if callable(expedite):
@@ -529,17 +522,6 @@ class Daemon:
             self._cancel_sent.discard(attempt.id)
             return 0
         return 1
-
-    def _time_limit(self, attempt: Attempt, job: Job) -> TimeLimit:
-        """What a time limit means for this job: its worker resumes (up to its cap), or it fails."""
-        settings = job.slurm or {}
-        cap = settings.get("max_timeouts")
-        return TimeLimit(
-            can_resume=worker_can_resume(job.worker, {**job.config, **attempt.overrides}),
-            timeouts_before=ended_in_state(self.store, job.id, "TIMEOUT", attempt.n),
-            max_timeouts=cap if isinstance(cap, int) and not isinstance(cap, bool) else TimeLimit.max_timeouts,
-            limit=settings.get("time"),
-        )
 
     def _with_stdout_progress(self, attempt: Attempt, job: Job, obs: Observation) -> Observation:
         """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""

@@ -53,6 +53,7 @@ POLL_S = 30.0  # how often Slurm is asked about our jobs at steady state
 EXIT_GRACE_S = 60.0  # NFS's attribute cache: how long an exit record may take to be seen here
 SUBMIT_FOLLOW_UPS_S = (2.0, 6.0, 14.0)  # asks after a submission: it starts, or fails at once
 EXPEDITE_S = 5.0  # the soonest a waiting attempt's end makes Slurm be asked again
+MAX_LOOKUPS = 16  # ended jobs looked up one by one (scontrol/sacct -j ID) in one ask, at most
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,7 @@ class SlurmExecutor:
         by_name = {job.name: job for job in queue.values()}
         statuses: dict[int, RemoteStatus] = {}
         now = self.clock.monotonic_s()
+        lookups = 0
         for attempt, of_job in ours:
             job_id = attempt.executor_id or ""
             job = queue.get(job_id) if job_id else by_name.get(job_name(of_job.suite, attempt.job_id, attempt.n))
@@ -279,6 +281,12 @@ class SlurmExecutor:
                 continue
             ended = self._ended.get(job_id)
             if ended is None:
+                if lookups >= MAX_LOOKUPS:  # many ended at once: the rest at the next ask, soon
+                    self.expedite()
+                    if attempt.id in self._statuses:
+                        statuses[attempt.id] = self._statuses[attempt.id]
+                    continue
+                lookups += 1
                 ended = self._finished(job_id)
                 if ended is None:  # Slurm did not answer: nothing is concluded about this one
                     if attempt.id in self._statuses:
@@ -288,8 +296,7 @@ class SlurmExecutor:
                     self._ended[job_id] = ended  # a final state never changes: not asked again
             gone_at = self._gone_at.setdefault(attempt.id, now)
             settled = now - gone_at >= self.options.exit_grace_s
-            if not settled:
-                self.expedite()  # look again when the grace is over
+            if not settled:  # asked again when the grace is over
                 self._soon.add(gone_at + self.options.exit_grace_s)
             statuses[attempt.id] = RemoteStatus(
                 ended.state, classify_state(ended.state).value, ended.reason, job_id, settled=settled,
