@@ -4,7 +4,7 @@ An attempt ended by a cluster's time limit is worth another attempt only when th
 carries on from where the last one stopped; rerunning from scratch would hit the same limit.
 A worker says it can resume through its command template (`{resume}`, or `{resume?TEXT}`)
 or through its config (a `resume_from_checkpoint` key, Hugging Face's name, which the
-script reads).
+script reads; `resume_from_checkpoint: false` opts out).
 """
 
 from __future__ import annotations
@@ -25,4 +25,5 @@ def worker_can_resume(worker: str, config: Mapping[str, Any], keys: Mapping[str,
     if _RESUME_PLACEHOLDER.search(worker or ""):
         return True
     script_key = (keys or {}).get("resume", RESUME_KEY)
-    return RESUME_KEY in config or script_key in config
+    # present, even as null (orch fills it in on a resumed attempt); `false` says it does not
+    return any(key in config and config[key] is not False for key in {RESUME_KEY, script_key})

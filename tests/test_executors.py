@@ -207,6 +207,12 @@ def test_slurms_final_word_wins_over_an_exit_record_written_under_its_signal() -
     assert isinstance(preempted, ClusterEnd) and not preempted.counted
     # a stray SIGTERM that Slurm did not send: the run dir decides (stopped from outside: lost)
     assert remote_end(ATTEMPT, _obs(STOPPED), _status("CANCELLED"), True, 50.0) == "finished"
+    # a worker SIGKILLed (a cgroup's OOM kill): Slurm's OUT_OF_MEMORY decides, else the run dir
+    killed = {"exit_code": 137, "signal": 9, "received": []}
+    assert remote_end(ATTEMPT, _obs(killed), _status("RUNNING"), True, 50.0) == AWAIT
+    oom = remote_end(ATTEMPT, _obs(killed), replace(_status("OUT_OF_MEMORY"), mem_mib=1024), True, 50.0)
+    assert isinstance(oom, ClusterEnd) and oom.outcome is AttemptOutcome.HOST_OOM and oom.next_mem_mib == 2048
+    assert remote_end(ATTEMPT, _obs(killed), _status("FAILED"), True, 50.0) == "finished"
     # orch's own cancel: the run dir decides at once
     cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
     assert remote_end(cancelled, _obs(STOPPED), _status("RUNNING"), True, 50.0) == "finished"
@@ -240,6 +246,8 @@ def test_worker_can_resume_from_its_template_or_its_config() -> None:
     assert not worker_can_resume("python train.py --x {{resume}}", {})
     assert worker_can_resume("sim", {"resume_from_checkpoint": True})
     assert worker_can_resume("python t.py {config}", {"ckpt": "x"}, keys={"resume": "ckpt"})
+    assert worker_can_resume("sim", {"resume_from_checkpoint": None})  # read by the script, filled in by orch
+    assert not worker_can_resume("sim", {"resume_from_checkpoint": False})
     assert not worker_can_resume("sim", {"batch_size": 4}) and not worker_can_resume("lora", {})
 
 

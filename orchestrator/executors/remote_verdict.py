@@ -2,7 +2,7 @@
 
 The run dir wins for an attempt that ended by itself: its exit record is classified as every
 executor's is. An attempt stopped from outside (the wrapper names SIGTERM, SIGHUP or the time
-limit's warning SIGUSR2) waits for the backend's final word, which then decides: TIMEOUT fails
+limit's warning SIGUSR2, or the worker died of SIGKILL) waits for the backend's final word, which then decides: TIMEOUT fails
 the job with the limit named, or resumes it where the worker can; PREEMPTED requeues it without
 counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host OOM. A job that left the
 queue without an exit record is given a grace period for the record to appear on a shared
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -66,6 +67,11 @@ def received_signals(exit_record: dict[str, Any]) -> frozenset[str]:
     return frozenset(name for name in received if isinstance(name, str))
 
 
+def _killed(exit_record: dict[str, Any]) -> bool:
+    """The worker died of SIGKILL: a cgroup's OOM kill (Slurm's OUT_OF_MEMORY) looks so here."""
+    return exit_record.get("signal") == signal.SIGKILL or exit_record.get("exit_code") == 128 + signal.SIGKILL
+
+
 def remote_end(
     attempt: Attempt, obs: Observation, status: RemoteStatus | None, polled: bool,
     daemon_started_at_s: float | None, time_limit: TimeLimit | None = None,
@@ -76,7 +82,7 @@ def remote_end(
     stopped_by_orch = attempt.kill_requested is not None
     if obs.exit_record is not None:
         received = received_signals(obs.exit_record)
-        if stopped_by_orch or not received & OUTSIDE_SIGNALS:
+        if stopped_by_orch or not (received & OUTSIDE_SIGNALS or _killed(obs.exit_record)):
             return FINISHED
         if status is None or status.kind in ("queued", "running"):
             return AWAIT
