@@ -274,7 +274,7 @@ def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch:
 
 
 def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: SlurmCluster) -> None:
-    orch.write_suite("low", {"c": {"sim_mem_gib": 1, "sim_seconds": 15, "sim_ramp_s": 0.5}}, mem_gib=1, max_attempts=1,
+    orch.write_suite("low", {"c": {"sim_mem_gib": 1, "sim_seconds": 25, "sim_ramp_s": 0.5}}, mem_gib=1, max_attempts=1,
                      slurm={"mem": "256M"})
     orch.submit("low", "1:a")
     start_slurm_daemon(orch)
@@ -291,10 +291,13 @@ def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: S
 
 
 def test_gpus_2_gets_two_gpus_of_one_node_and_nproc_2(orch: Orch, cluster: SlurmCluster) -> None:
-    worker = """sh -c 'echo "cvd=$CUDA_VISIBLE_DEVICES nproc={nproc}"'"""
+    worker = """sh -c 'echo "cvd=$CUDA_VISIBLE_DEVICES nproc={nproc}"; sleep 4'"""
     orch.write_suite("pair", {"c": {}}, worker=worker, mem_gib=1, gpus=2, slurm={"mem": "256M"})
     orch.submit("pair", "1:a")
     start_slurm_daemon(orch)
+    (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
+    shown = orch.run("status").stdout  # a two-GPU attempt the cluster placed is shown by its Slurm job
+    assert f"slurm {running['executor_id']} RUNNING" in shown, shown
     assert list(orch.wait_all_done(120).values()) == ["succeeded"]
     (attempt,) = orch.attempts()
     assert "#SBATCH --gres=gpu:2\n" in (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
