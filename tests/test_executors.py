@@ -334,7 +334,8 @@ def test_submit_refuses_bad_slurm_settings_and_writes_nothing(tmp_path: Path) ->
 
 def test_slurm_options_need_the_slurm_executor(tmp_path: Path) -> None:
     with orch_env(tmp_path) as orch:
-        for args in (("--partition", "gpu"), ("--executor", "slurm", "--partition", "a b")):
+        for args in (("--partition", "gpu"), ("--executor", "slurm", "--partition", "a b"), ("--exit-grace", "5"),
+                     ("--slurm-poll", "10"), ("--executor", "slurm", "--slurm-poll", "0.1")):
             done = orch.run("daemon", "start", *args, check=False)
             assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
             assert len(done.stderr.strip().splitlines()) == 1
