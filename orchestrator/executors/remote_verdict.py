@@ -27,6 +27,7 @@ FINISHED = "finished"  # the exit record decides, as on one box
 WARNING_SIGNAL = "SIGUSR2"  # Slurm's --signal=B:USR2@N before the time limit
 OUTSIDE_SIGNALS = frozenset({"SIGTERM", "SIGHUP", WARNING_SIGNAL})
 DEFAULT_MAX_TIMEOUTS = 3
+TIME_LIMIT_WORDS = "reached its time limit"  # in the reason of every time-limit end
 
 
 class ClusterEnd(NamedTuple):
@@ -134,18 +135,18 @@ def _timed_out(job: str, time_limit: TimeLimit | None) -> ClusterEnd:
     if policy.can_resume and policy.timeouts_before < policy.max_timeouts:
         return ClusterEnd(
             AttemptOutcome.LOST,
-            f"{job} reached its time limit ({limit}); the next attempt resumes from its checkpoint "
+            f"{job} {TIME_LIMIT_WORDS} ({limit}); the next attempt resumes from its checkpoint "
             f"(time limit {policy.timeouts_before + 1} of at most {policy.max_timeouts})",
             counted=False,
         )
     if policy.can_resume:
         return ClusterEnd(
             AttemptOutcome.FAILED,
-            f"{job} reached its time limit ({limit}) {policy.timeouts_before + 1} times (slurm max_timeouts "
+            f"{job} {TIME_LIMIT_WORDS} ({limit}) {policy.timeouts_before + 1} times (slurm max_timeouts "
             f"{policy.max_timeouts})", retryable=False,
         )
     return ClusterEnd(
         AttemptOutcome.FAILED,
-        f"{job} reached its time limit ({limit}); a rerun from scratch would reach it again: raise slurm time, "
+        f"{job} {TIME_LIMIT_WORDS} ({limit}); a rerun from scratch would reach it again: raise slurm time, "
         "or let the worker resume ({resume} in its template, or resume_from_checkpoint)", retryable=False,
     )

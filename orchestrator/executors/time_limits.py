@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.executors.remote_verdict import TimeLimit
+from orchestrator.executors.remote_verdict import TIME_LIMIT_WORDS, TimeLimit
 from orchestrator.executors.slurm_settings import settings_from_json
 from orchestrator.store.cluster_ends import ended_in_state
 from orchestrator.store.db import Store
@@ -15,6 +15,6 @@ def time_limit_of(store: Store, attempt: Attempt, job: Job) -> TimeLimit:
     settings = settings_from_json(job.slurm or {})
     return TimeLimit(
         can_resume=worker_can_resume(job.worker, {**job.config, **attempt.overrides}),
-        timeouts_before=ended_in_state(store, job.id, "TIMEOUT", attempt.n),
+        timeouts_before=ended_in_state(store, job.id, "TIMEOUT", attempt.n, TIME_LIMIT_WORDS),
         max_timeouts=settings.max_timeouts, limit=settings.time,
     )

@@ -6,12 +6,14 @@ from __future__ import annotations
 from orchestrator.store.db import Store
 
 
-def ended_in_state(store: Store, job_id: int, state: str, before_attempt_n: int) -> int:
+def ended_in_state(store: Store, job_id: int, state: str, before_attempt_n: int, reason_words: str | None = None) -> int:
     """How many attempts of the job before attempt `before_attempt_n` ended in the cluster's
-    `state` (e.g. TIMEOUT)."""
+    `state` (e.g. TIMEOUT), or with `reason_words` in their reason (the same end, seen another
+    way: a worker that died of the time limit's warning)."""
     rows = store.query(
-        "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND n < ? AND outcome IS NOT NULL AND executor_state = ?",
-        [job_id, before_attempt_n, state],
+        "SELECT count(*) AS n FROM attempts WHERE job_id = ? AND n < ? AND outcome IS NOT NULL "
+        "AND (executor_state = ? OR (? IS NOT NULL AND instr(coalesce(reason, ''), ?) > 0))",
+        [job_id, before_attempt_n, state, reason_words, reason_words],
     )
     return int(rows[0]["n"]) if rows else 0
 
