@@ -35,8 +35,9 @@ from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.dispatch_remote import schedule_remote
 from orchestrator.errors import DaemonError, OrchError
 from orchestrator.executors import Executor, LocalExecutor, RemoteStatus
-from orchestrator.executors.remote_verdict import remote_end, remote_observation
+from orchestrator.executors.remote_verdict import AWAIT, refresh_dir, remote_end, remote_observation
 from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.executors.time_limits import time_limit_of
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
@@ -473,8 +474,11 @@ class Daemon:
         self, attempt: Attempt, job: Job, remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
     ) -> int:
         """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
-        obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
         status = (remote or {}).get(attempt.id) if remote is not None else None
+        ended = status is not None and status.kind not in ("queued", "running")
+        if ended:
+            refresh_dir(attempt.run_dir)  # a shared filesystem shows what the node wrote
+        obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
         if status is not None:
             shown = status.state if status.kind != "queued" else f"{status.state} ({status.reason})"
             fields: dict[str, Any] = {}
@@ -487,8 +491,14 @@ class Daemon:
                 attempt = replace(attempt, **fields)
         obs = remote_observation(obs, status)
         obs = self._with_stdout_progress(attempt, job, obs)
-        end = remote_end(attempt, obs, status, remote is not None, self.started_at_s)
-        if end is None:
+        polled = remote is not None and getattr(self.launcher, "answered_now", True)
+        end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
+        if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
+            expedite = getattr(self.launcher, "expedite", None)
+            if callable(expedite):
+                expedite()
+            verdict = Verdict.PENDING
+        elif end is None:
             verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s) if obs.pid_record else Verdict.PENDING
             if verdict is Verdict.LOST:
                 verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json

@@ -7,14 +7,18 @@ where and when each runs, and its pending reason is shown by `orch status`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from orchestrator.dispatch import fail_queued, write_wait_reasons
 from orchestrator.errors import OrchError
 from orchestrator.executors.base import Executor
+from orchestrator.executors.slurm_parse import STUCK_WORDS
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.launching import Claim, DispatchContext, claim, launch_all
 from orchestrator.learned import Knowledge
 from orchestrator.prediction import JobShapeCache, as_received, attempt_config, level_of, predict
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
+from orchestrator.store.cluster_ends import stuck_attempt_count
 from orchestrator.store.db import Store
 from orchestrator.store.queue import live_attempt_count, paused_suites, queued_whole_jobs
 from orchestrator.waits import held_reason
@@ -23,15 +27,23 @@ from orchestrator.waits import held_reason
 CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0, used_mib=0, free_mib=0)
 
 
+def cluster_cards(gpus: int) -> tuple[GpuSnapshot, ...]:
+    """A `gpus: N` job's N cards, all the cluster's to pick: {nproc} is N, and the batch
+    script asks for N GPUs of one node."""
+    return (CLUSTER_GPU, *tuple(replace(CLUSTER_GPU, index=-1 - i, uuid=f"cluster-{i}") for i in range(1, max(1, gpus))))
+
+
 def schedule_remote(
     store: Store, executor: Executor, ctx: DispatchContext, cache: JobShapeCache, *, draining: bool, max_in_queue: int,
     hold: str | None = None,
 ) -> int:
     """Submit what the queue limit allows; returns how many were submitted. `hold`: why nothing
     may start now (a full disk, an unsafe runs dir), shown on every queued job."""
+    submit_hold = getattr(executor, "submit_hold", None)
+    hold = hold or (submit_hold() if callable(submit_hold) else None)  # sbatch waits out Slurm's backoff too
     paused = set(paused_suites(store))
     queued = queued_whole_jobs(store)
-    in_queue = live_attempt_count(store)
+    in_queue = live_attempt_count(store) - stuck_attempt_count(store, STUCK_WORDS)  # those never start: no slot
     shapes = read_all_shapes(store)
     prompt_lengths = read_all_prompt_lengths(store)
     knowledge = Knowledge(shapes, {})
@@ -52,7 +64,8 @@ def schedule_remote(
             fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
-        claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level), CLUSTER_GPU, predicted_mib, source, 0)
+        claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level), CLUSTER_GPU, predicted_mib, source, 0,
+                        cards=cluster_cards(job.gpus))
         if claimed is not None:
             claims.append(claimed)
         placed.add(job.id)

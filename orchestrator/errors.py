@@ -50,5 +50,10 @@ class LauncherError(OrchError):
     """tmux or the subprocess launcher could not start, find or stop a worker."""
 
 
+class ClusterBusy(LauncherError):
+    """The cluster refused a submission for now (a busy controller): submit it again later,
+    without counting it against the job."""
+
+
 class DaemonError(OrchError):
     """The daemon is already running, not running, or could not be started/stopped."""

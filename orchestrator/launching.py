@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from orchestrator.diskspace import is_disk_full_error
-from orchestrator.errors import InvalidTransition, LauncherError, OrchError
+from orchestrator.errors import ClusterBusy, InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.ladder import Level
@@ -41,6 +41,7 @@ from orchestrator.store.attempts import (
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job
+from orchestrator.worker_resume import worker_can_resume
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,9 @@ def launch_all(
             from orchestrator.outcomes import fail_before_start
 
             full = is_disk_full_error(outcome)
-            fail_before_start(store, claimed.attempt, f"{'disk full: ' if full else ''}could not start: {outcome}", disk_full=full)
+            busy = isinstance(outcome, ClusterBusy)  # submitted again once the cluster answers, not counted
+            fail_before_start(store, claimed.attempt, f"{'disk full: ' if full else ''}could not start: {outcome}",
+                              disk_full=full, not_counted=busy)
 
 
 def _create_time(pid: int | None) -> float | None:
@@ -211,4 +214,5 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
     return LaunchSpec(job_id=job.id, attempt_id=attempt.id, window_name=f"job{job.id}-{_safe_name(job.config_name)[:30]}",
                       argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
                       meta={"suite": job.suite, "n": attempt.n, "predicted_peak_mib": attempt.predicted_peak_mib,
-                            "run_alone": attempt.run_alone, "slurm": dict(job.slurm)})
+                            "run_alone": attempt.run_alone, "slurm": dict(job.slurm), "gpus": job.gpus,
+                            "can_resume": worker_can_resume(job.worker, claimed.config)})

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.classify import Classification, classify_attempt
 from orchestrator.diskspace import disk_full_evidence
+from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.ladder import Level, retry_decision, with_host_settings
 from orchestrator.launch.checkpoints import remove_checkpoints
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
@@ -33,7 +34,7 @@ from orchestrator.reconcile import (
     read_log_tail,
     read_result,
 )
-from orchestrator.runfiles import read_gpu_peak_mib
+from orchestrator.runfiles import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.shapes import shape_label
 from orchestrator.stdout_parse import parse_result
 from orchestrator.store.attempts import AttemptEnd, past_attempts
@@ -77,11 +78,12 @@ def complete(
     lost: bool = False,
     hung: bool = False,
     disk_full_now: bool = False,
-    remote_end: tuple[AttemptOutcome, str, bool] | None = None,
+    remote_end: ClusterEnd | None = None,
 ) -> None:
     """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
     `disk_full_now`: the runs dir's filesystem is below its free-space minimum right now.
-    `remote_end`: the cluster ended it without an exit record (outcome, reason, retryable).
+    `remote_end`: the cluster's own word on how it ended (Slurm's TIMEOUT, PREEMPTED, ...), which
+    wins over the exit record the wrapper wrote when the cluster's signal stopped it.
     What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
     cluster_owned = (attempt.executor or attempt.launcher) == "slurm"
     if not cluster_owned and not ensure_group_dead(attempt, obs):
@@ -102,9 +104,9 @@ def complete(
         exit_record_present=exit_record is not None and not lost,
         hung=hung or kill_reason is KillRequest.HUNG,
     )
-    if remote_end is not None and exit_record is None:
-        verdict = Classification(remote_end[0], remote_end[1], retryable=remote_end[2])
-    if _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
+    if remote_end is not None:
+        verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
+    elif _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
     disk_full = _disk_full(verdict, kill_reason, disk_full_now, log_tail, result, exit_record)
     if disk_full is not None:
@@ -122,6 +124,9 @@ def complete(
     prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
 
     data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
+    card = read_gpu_peak_card(run_dir)  # on a cluster, the only word on which card it ran
+    if card is not None:
+        data["gpu_model"], data["gpu_total_mib"] = card
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
         data["neighbours"] = neighbours(store, attempt)
         if verdict.oom_detail is not None:
@@ -134,6 +139,15 @@ def complete(
         why = "requeued unchanged, not counted: waits until the disk has space"
     elif kill_reason is KillRequest.RETRY:
         end_state, fields, why = JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued"
+    elif remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
+        # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
+        slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
+        end_state, fields = JobState.QUEUED, {"reason": None, "slurm_json": json.dumps(slurm, sort_keys=True)}
+        why = f"requeued at level {level.index} with --mem={remote_end.next_mem_mib}M"
+    elif remote_end is not None and not remote_end.counted:
+        # preempted, or stopped at a time limit it resumes from: not the job's fault
+        end_state, fields = JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}
+        why = "requeued unchanged, not counted"
     elif verdict.outcome is AttemptOutcome.CANCELLED:
         end_state, fields, why = JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled"
     elif verdict.outcome is AttemptOutcome.SUCCEEDED:
@@ -324,20 +338,24 @@ def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
                 f"(and `orch resume {suite}`, unless the fix changed its worker command)")
 
 
-def fail_before_start(store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False) -> None:
+def fail_before_start(
+    store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False, not_counted: bool = False,
+) -> None:
     """The run dir or launcher failed before the worker existed: the attempt fails with that
     reason; the job is requeued while attempts remain (the daemon itself keeps running). A full
-    disk is not the job's fault: requeued without counting the attempt."""
+    disk is not the job's fault, nor a cluster too busy to take it (`not_counted`): requeued
+    without counting the attempt."""
+    disk_full_or_busy = disk_full or not_counted
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
-    requeue = disk_full or job.attempt_count < job.max_attempts
+    requeue = disk_full_or_busy or job.attempt_count < job.max_attempts
     fields: dict[str, Any] = {"reason": None if requeue else reason[:300]}
-    if disk_full:
+    if disk_full_or_busy:
         fields["max_attempts"] = job.max_attempts + 1
     close_attempt(
         store, attempt,
         AttemptEnd(
-            outcome=(AttemptOutcome.LOST if disk_full else AttemptOutcome.FAILED).value, reason=reason[:300],
+            outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value, reason=reason[:300],
             exit_code=None, signal=None, peak_mib=0,
             job_state=JobState.QUEUED if requeue else JobState.FAILED,
             job_fields=fields,
@@ -347,8 +365,8 @@ def fail_before_start(store: Store, attempt: Attempt, reason: str, *, disk_full:
     )
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same
     # way within a second: the crash-loop guard counts it like any other fast failure. A full
-    # disk is the machine's, not the suite's: it pauses nothing.
-    if not disk_full:
+    # disk is the machine's, a busy controller the cluster's, not the suite's: they pause nothing.
+    if not (disk_full or not_counted):
         guard_crash_loop(store, job.suite, crash_loop_of(job))
 
 

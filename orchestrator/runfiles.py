@@ -282,26 +282,42 @@ def read_log_tail(run_dir: Path | str, max_bytes: int = LOG_TAIL_BYTES) -> str:
 # ---------------------------------------------------------------- the wrapper's GPU peak
 
 
-def read_gpu_peak_mib(run_dir: Path) -> int:
-    """The wrapper's measured peak, or 0 when absent or not believable."""
+def _read_gpu_peak(run_dir: Path) -> dict[str, Any]:
+    """gpu_peak.json as a mapping; empty when absent, not a small regular file, or not JSON."""
     path = RunDir(run_dir).gpu_peak
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return 0
+        return {}
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_GPU_PEAK_BYTES:
-            return 0
+            return {}
         data = json.loads(os.read(fd, MAX_GPU_PEAK_BYTES).decode("utf-8"))
     except (OSError, ValueError):
-        return 0
+        return {}
     finally:
         os.close(fd)
-    peak = data.get("peak_mib") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def read_gpu_peak_mib(run_dir: Path) -> int:
+    """The wrapper's measured peak, or 0 when absent or not believable."""
+    peak = _read_gpu_peak(run_dir).get("peak_mib")
     if isinstance(peak, bool) or not isinstance(peak, int) or not 0 <= peak <= MAX_PEAK_MIB:
         return 0
     return peak
+
+
+def read_gpu_peak_card(run_dir: Path) -> tuple[str, int] | None:
+    """The model and size (MiB) of the card the wrapper's peak was on, where it wrote them."""
+    data = _read_gpu_peak(run_dir)
+    name, total = data.get("gpu_name"), data.get("gpu_total_mib")
+    if not isinstance(name, str) or not 0 < len(name) <= 128 or not name.isprintable():
+        return None
+    if isinstance(total, bool) or not isinstance(total, int) or not 0 < total <= MAX_PEAK_MIB:
+        return None
+    return name, total
 
 
 # ---------------------------------------------------------------- following stdout.log

@@ -107,7 +107,8 @@ class SlurmCluster:
 
     def node_state(self) -> str:
         done = self._run("sinfo", "-h", "-N", "-o", "%T")
-        return done.stdout.strip()
+        states = set(done.stdout.split())  # one line per partition the node is in
+        return states.pop() if len(states) == 1 else " ".join(sorted(states))
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -136,5 +136,7 @@ def test_slurm_polls_back_off_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> N
         assert executor.poll(live) is None and squeues() == failures
         clock.advance(0.5)
     answers["squeue"] = 0
-    assert executor.poll(live) is not None and squeues() == 4  # answered: polled every pass again
+    assert executor.poll(live) is not None and squeues() == 4  # answered
+    assert executor.poll(live) is not None and squeues() == 4  # the last answer stands until the period is over
+    clock.advance(slurm.POLL_S)
     assert executor.poll(live) is not None and squeues() == 5

@@ -72,7 +72,10 @@ def orch(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Orch]:
 
 
 def start_slurm_daemon(orch: Orch, *extra: str) -> int:
-    orch.run("daemon", "start", "--executor", "slurm", "--poll", "0.5", *extra)
+    """Slurm asked every 3 s and a short shared-filesystem grace, unless `extra` says otherwise."""
+    timing = [] if "--slurm-poll" in extra else ["--slurm-poll", "3"]
+    timing += [] if "--exit-grace" in extra else ["--exit-grace", "3"]
+    orch.run("daemon", "start", "--executor", "slurm", "--poll", "0.5", *timing, *extra)
     pid = int(orch.json("daemon", "status")["pid"])
     orch.daemon_pids.add(pid)
     return pid
@@ -127,7 +130,8 @@ def test_demo_sweep_through_slurm(orch: Orch, cluster: SlurmCluster) -> None:
         job = orch.query("SELECT suite FROM jobs WHERE id = ?", (attempt["job_id"],))[0]
         assert ours[attempt["executor_id"]][0] == f"orch-{job['suite']}-{attempt['job_id']}-a{attempt['n']}"
         script = (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
-        assert "#SBATCH --gres=shard:" in script and "#SBATCH --mem=" in script and "#SBATCH --cpus-per-task=" in script
+        assert "#SBATCH --gres=shard:" in script and "#SBATCH --cpus-per-task=" in script
+        assert "#SBATCH --mem=" not in script  # the demo suite sets no mem: the cluster's default holds
     # the under-declared config (demo_large: declares 8 GiB, peaks at 30 here) OOMs and succeeds
     # at a later level, as a new Slurm job
     ooms = [a for a in attempts if a["outcome"] == "oom"]
@@ -230,3 +234,138 @@ def test_slurm_unreachable_for_a_while_fails_no_job(orch: Orch, cluster: SlurmCl
     states = orch.wait_all_done(180)
     assert set(states.values()) == {"succeeded"}, states
     assert [a["outcome"] for a in orch.attempts()] == ["succeeded", "succeeded"]
+
+
+# -- Slurm's end states ------------------------------------------------------------------------
+
+# A command worker that takes Slurm's time-limit warning (SIGUSR2) and keeps going, printing
+# a line a second so it is never silent, until Slurm ends it.
+WARNED_WORKER = """sh -c 'trap "echo warned" USR2; while true; do echo tick; sleep 1; done'"""
+
+
+def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch: Orch, cluster: SlurmCluster) -> None:
+    orch.write_suite("limited", {"c": {"sim_mem_gib": 1, "sim_seconds": 600}}, mem_gib=1, max_attempts=3,
+                     hang_timeout_s=900, slurm={"time": "1", "mem": "256M"})
+    orch.write_suite("resumable", {"r": {"resume_from_checkpoint": True}}, worker=WARNED_WORKER, mem_gib=1,
+                     max_attempts=1, hang_timeout_s=900, slurm={"time": "1", "mem": "256M", "max_timeouts": 1})
+    orch.submit("limited", "1:a")
+    orch.submit("resumable", "1:a")
+    start_slurm_daemon(orch)
+    limited, resumable = sorted(orch.job_states())
+    # Slurm checks time limits every 30 s: a 1-minute limit ends the job 60-90 s after it starts
+    wait_until(lambda: orch.job_states()[limited] == "failed", 240, "the time-limited job to fail")
+    (only,) = orch.attempts(limited)
+    assert only["executor_state"] == "TIMEOUT" and only["outcome"] == "failed", only
+    job = orch.query("SELECT * FROM jobs WHERE id = ?", (limited,))[0]
+    assert "reached its time limit (--time=1)" in job["reason"], job["reason"]
+    # the resumable worker: warned first (USR2 forwarded by the wrapper), then resumed at attempt 2,
+    # its time limit not counted against max_attempts 1
+    first = wait_until(lambda: [a for a in orch.attempts(resumable) if a["outcome"]], 120, "its first attempt to end")[0]
+    assert first["executor_state"] == "TIMEOUT" and "resumes from its checkpoint" in first["reason"], first
+    assert "warned" in (Path(first["run_dir"]) / "stdout.log").read_text()
+    exit_record = json.loads((Path(first["run_dir"]) / "exit.json").read_text())
+    assert exit_record["received"][:1] == ["SIGUSR2"], exit_record
+    assert "#SBATCH --signal=B:USR2@30" in (Path(first["run_dir"]) / "sbatch.sh").read_text()
+    wait_until(lambda: len(orch.attempts(resumable)) == 2, 60, "the resumed attempt to be submitted")
+    # its own cap: max_timeouts 1, so the second time limit fails it
+    wait_until(lambda: orch.job_states()[resumable] == "failed", 240, "the resumed job to reach its cap")
+    job = orch.query("SELECT * FROM jobs WHERE id = ?", (resumable,))[0]
+    assert "2 times (slurm max_timeouts 1)" in job["reason"], job["reason"]
+
+
+def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: SlurmCluster) -> None:
+    orch.write_suite("low", {"c": {"sim_mem_gib": 1, "sim_seconds": 25, "sim_ramp_s": 0.5}}, mem_gib=1, max_attempts=1,
+                     slurm={"mem": "256M"})
+    orch.submit("low", "1:a")
+    start_slurm_daemon(orch)
+    (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
+    # a job of the higher-priority partition that needs every CPU of the node: ours is preempted
+    done = cluster._run("sbatch", "--parsable", "-p", "high", "-c", "8", "--mem=100", "--output=/dev/null", "--wrap", "sleep 5")
+    assert done.returncode == 0, done.stderr
+    states = orch.wait_all_done(180)
+    assert list(states.values()) == ["succeeded"], states
+    first, second = orch.attempts(running["job_id"])
+    assert first["executor_state"] == "PREEMPTED" and first["outcome"] == "lost", first
+    assert "preempted" in first["reason"] and second["outcome"] == "succeeded"
+    assert orch.query("SELECT max_attempts FROM jobs")[0]["max_attempts"] == 2  # the preemption was not counted
+
+
+def test_gpus_2_gets_two_gpus_of_one_node_and_nproc_2(orch: Orch, cluster: SlurmCluster) -> None:
+    worker = """sh -c 'echo "cvd=$CUDA_VISIBLE_DEVICES nproc={nproc}"; sleep 4'"""
+    orch.write_suite("pair", {"c": {}}, worker=worker, mem_gib=1, gpus=2, slurm={"mem": "256M"})
+    orch.submit("pair", "1:a")
+    start_slurm_daemon(orch)
+    (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
+    shown = orch.run("status").stdout  # a two-GPU attempt the cluster placed is shown by its Slurm job
+    assert f"slurm {running['executor_id']} RUNNING" in shown, shown
+    assert list(orch.wait_all_done(120).values()) == ["succeeded"]
+    (attempt,) = orch.attempts()
+    assert "#SBATCH --gres=gpu:2\n" in (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
+    assert "cvd=0,1 nproc=2" in (Path(attempt["run_dir"]) / "stdout.log").read_text()
+
+
+def test_an_exit_record_that_shows_late_on_a_shared_filesystem_is_not_rerun(orch: Orch, cluster: SlurmCluster) -> None:
+    # The worker ends its own wrapper before it can write exit.json, as if the node's files had
+    # not reached this host yet; the test writes them 20 s after Slurm says the job ended.
+    orch.write_suite("late", {"c": {}}, worker="sh -c 'sleep 2; kill -9 $PPID'", mem_gib=1, max_attempts=3,
+                     slurm={"mem": "256M"})
+    orch.submit("late", "1:a")
+    start_slurm_daemon(orch, "--exit-grace", "40")
+    attempt = wait_until(lambda: [a for a in orch.attempts() if a["executor_id"]], 60, "the attempt submitted")[0]
+
+    def slurm_ended() -> str | None:
+        state = slurm_jobs(cluster).get(attempt["executor_id"], ("", ""))[1]
+        return state if state not in ("", "PENDING", "RUNNING", "COMPLETING") else None
+
+    wait_until(slurm_ended, 60, "Slurm to end the job")
+    ended = threading.Event()
+    assert not ended.wait(20)  # the shared filesystem's delay
+    assert orch.attempts()[0]["outcome"] is None, "concluded before its exit record could arrive"
+    run_dir = Path(attempt["run_dir"])
+    (run_dir / "exit.json.tmp").write_text(json.dumps({"exit_code": 0, "signal": None, "ended_at": 0.0}))
+    os.replace(run_dir / "exit.json.tmp", run_dir / "exit.json")
+    states = orch.wait_all_done(60)
+    assert list(states.values()) == ["succeeded"], states
+    assert len(orch.attempts()) == 1, "the finished attempt was run again"
+
+
+def test_slurm_is_asked_at_most_4_times_a_minute_at_steady_state(orch: Orch, cluster: SlurmCluster, tmp_path: Path) -> None:
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    calls = tmp_path / "squeue.calls"
+    real = shutil.which("squeue")
+    assert real is not None
+    (shims / "squeue").write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {real} \"$@\"\n")
+    (shims / "squeue").chmod(0o755)
+    orch.env["PATH"] = f"{shims}{os.pathsep}{orch.env['PATH']}"
+    _slow_suite(orch, seconds=150)
+    orch.submit("long", "1:a 2:a 3:a")
+    start_slurm_daemon(orch, "--slurm-poll", "30")  # the default period
+    wait_until(lambda: _running_in_slurm(orch, 3), 90, "three attempts running in Slurm")
+    settled = threading.Event()
+    assert not settled.wait(15)  # past the quick follow-ups of the submissions
+    before = len(calls.read_text().splitlines())
+    assert not settled.wait(60)  # one minute at steady state, counted
+    asked = calls.read_text().splitlines()[before:]
+    print(f"squeue calls in 60 s at steady state: {len(asked)}")
+    assert len(asked) <= 4, asked
+    assert all("--jobs=" in line for line in asked), asked  # only our jobs, never the whole cluster
+
+
+def test_a_job_slurm_never_starts_is_shown_as_such_and_holds_no_slot(orch: Orch, cluster: SlurmCluster) -> None:
+    orch.write_suite("toolong", {"c": {"sim_mem_gib": 1}}, mem_gib=1, slurm={"partition": "short", "time": "5", "mem": "256M"})
+    orch.write_suite("fine", {"c": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=1, slurm={"mem": "256M"})
+    orch.submit("toolong", "1:a")
+    orch.submit("fine", "1:a")
+    start_slurm_daemon(orch, "--max-in-queue", "1")
+    stuck, fine = sorted(orch.job_states())
+    (attempt,) = wait_until(lambda: [a for a in orch.attempts(stuck) if "never starts" in (a["executor_state"] or "")], 60,
+                            "the attempt shown as never starting")
+    # Slurm names it PartitionConfig on its first look at the job, PartitionTimeLimit later
+    assert attempt["executor_state"] in ("PENDING (PartitionTimeLimit: never starts as submitted)",
+                                         "PENDING (PartitionConfig: never starts as submitted)"), attempt
+    assert "#SBATCH --partition=short" in (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
+    # its slot is free: the other suite's job is submitted beside it and runs
+    wait_until(lambda: orch.job_states()[fine] == "succeeded", 60, "the other job to run and succeed")
+    orch.run("cancel", str(stuck))
+    wait_until(lambda: orch.job_states()[stuck] == "cancelled", 60, "the stuck job cancelled")

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,23 +118,32 @@ def _executor_options(func: Any) -> Any:
                      help="MiB one Slurm GPU shard stands for (default: GPU size / shards per GPU)."),
         click.option("--max-in-queue", "max_in_queue", type=click.IntRange(1, 100_000), default=16, show_default=True,
                      help="Attempts kept submitted to Slurm at once (--executor slurm)."),
+        click.option("--slurm-poll", "slurm_poll_s", type=click.FloatRange(1.0, 3600.0), default=None,
+                     help="Seconds between questions to Slurm about our jobs (default 30; sooner after a submission)."),
+        click.option("--exit-grace", "exit_grace_s", type=click.FloatRange(0.0, 3600.0), default=None,
+                     help="Seconds a Slurm job out of the queue waits for its exit.json to show on the "
+                          "shared filesystem before it is lost (default 60)."),
     )):
         func = option(func)
     return func
 
 
 def _executor_args(executor_kind: str | None, partition: str | None, account: str | None,
-                   shard_mib: int | None, max_in_queue: int) -> list[str]:
+                   shard_mib: int | None, max_in_queue: int, slurm_poll_s: float | None = None,
+                   exit_grace_s: float | None = None) -> list[str]:
     """Checked here, in the user's terminal; passed on to `daemon run`."""
     for what, value in (("--partition", partition), ("--account", account)):
         if value is not None and not _SLURM_NAME.fullmatch(value):
             raise UsageError(f"{what} {value!r} is not a Slurm name (letters, digits, '_', '.', '-')")
-    if executor_kind != "slurm" and (partition or account or shard_mib):
-        raise UsageError("--partition, --account and --shard-mib need --executor slurm")
+    if executor_kind != "slurm" and (partition or account or shard_mib or slurm_poll_s is not None or exit_grace_s is not None):
+        raise UsageError("--partition, --account, --shard-mib, --slurm-poll and --exit-grace need --executor slurm")
     args = ["--max-in-queue", str(max_in_queue)]
     if executor_kind:
         args += ["--executor", executor_kind]
-    named: tuple[tuple[str, str | int | None], ...] = (("--partition", partition), ("--account", account), ("--shard-mib", shard_mib))
+    named: tuple[tuple[str, str | int | float | None], ...] = (
+        ("--partition", partition), ("--account", account), ("--shard-mib", shard_mib),
+        ("--slurm-poll", slurm_poll_s), ("--exit-grace", exit_grace_s),
+    )
     for flag, given in named:
         if given is not None:
             args += [flag, str(given)]
@@ -141,13 +151,19 @@ def _executor_args(executor_kind: str | None, partition: str | None, account: st
 
 
 def _make_executor(executor_kind: str | None, launcher_kind: str | None, db_path: Path, probe: Any,
-                   partition: str | None, account: str | None, shard_mib: int | None, max_in_queue: int) -> Any:
+                   partition: str | None, account: str | None, shard_mib: int | None, max_in_queue: int,
+                   slurm_poll_s: float | None = None, exit_grace_s: float | None = None) -> Any:
     from orchestrator.executors import make_executor
     from orchestrator.executors.slurm import SlurmOptions
 
     if executor_kind == "slurm":
         gpu_mib = max((s.total_mib for s in probe.snapshot()), default=None)
-        return make_executor("slurm", tmux_socket_name(db_path), SlurmOptions(partition, account, shard_mib, max_in_queue), gpu_mib)
+        options = SlurmOptions(partition, account, shard_mib, max_in_queue)
+        if slurm_poll_s is not None:
+            options = replace(options, poll_s=slurm_poll_s)
+        if exit_grace_s is not None:
+            options = replace(options, exit_grace_s=exit_grace_s)
+        return make_executor("slurm", tmux_socket_name(db_path), options, gpu_mib)
     return make_executor(executor_kind or launcher_kind, tmux_socket_name(db_path))
 
 
@@ -169,6 +185,8 @@ def daemon_run(
     account: str | None,
     shard_mib: int | None,
     max_in_queue: int,
+    slurm_poll_s: float | None,
+    exit_grace_s: float | None,
     backend: str | None,
     poll_s: float,
     headroom_fraction: float,
@@ -192,8 +210,9 @@ def daemon_run(
     logging.getLogger("libtmux").setLevel(logging.WARNING)
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)
-    _executor_args(executor_kind, partition, account, shard_mib, max_in_queue)
-    launcher = _make_executor(executor_kind, launcher_kind, db_path, probe, partition, account, shard_mib, max_in_queue)
+    _executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)
+    launcher = _make_executor(executor_kind, launcher_kind, db_path, probe, partition, account, shard_mib, max_in_queue,
+                              slurm_poll_s, exit_grace_s)
     daemon = Daemon(DaemonSettings(
             db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
@@ -223,6 +242,8 @@ def daemon_start(
     account: str | None,
     shard_mib: int | None,
     max_in_queue: int,
+    slurm_poll_s: float | None,
+    exit_grace_s: float | None,
     backend: str | None,
     poll_s: float,
     launcher_kind: str | None,
@@ -242,7 +263,7 @@ def daemon_start(
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
                     "--host-reserve-gib", str(host_reserve_gib),
                     "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
-                    *_executor_args(executor_kind, partition, account, shard_mib, max_in_queue)],
+                    *_executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)],
         notify_urls=notify_urls,
     )
 

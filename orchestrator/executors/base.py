@@ -31,6 +31,10 @@ class RemoteStatus:
     kind: str  # slurm_parse.SlurmState value: queued, running, ended, lost, failed
     reason: str = ""  # pending reason, e.g. Resources, Priority
     job_id: str = ""  # the backend's id of the attempt (found by name when it was never recorded)
+    # False while the job left the queue less than the shared filesystem's grace ago: its exit
+    # record may still be on its way, so its absence proves nothing yet
+    settled: bool = True
+    mem_mib: int | None = None  # host memory the backend gave the job (Slurm's --mem), where known
 
 
 class Executor(Protocol):

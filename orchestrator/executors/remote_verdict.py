@@ -1,20 +1,51 @@
 """Pure: what a cluster-owned attempt's run dir and its backend status mean together.
 
-The run dir wins: an exit record ends the attempt as every executor's does. Without one, only
-the backend's own word ends it (NODE_FAIL, PREEMPTED, BOOT_FAIL: lost and requeued; TIMEOUT and
-the like: failed), with the backend's state in the reason. An unanswered poll concludes nothing.
+The run dir wins for an attempt that ended by itself: its exit record is classified as every
+executor's is. An attempt stopped from outside (the wrapper names SIGTERM, SIGHUP or the time
+limit's warning SIGUSR2, or the worker died of SIGKILL) waits for the backend's final word, which then decides: TIMEOUT fails
+the job with the limit named, or resumes it where the worker can; PREEMPTED requeues it without
+counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host OOM. A job that left the
+queue without an exit record is given a grace period for the record to appear on a shared
+filesystem before it is lost. An unanswered poll concludes nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import contextlib
+import os
+import signal
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 from orchestrator.executors.base import RemoteStatus
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.reconcile import LAUNCH_GRACE_S, Observation
 from orchestrator.store.rows import Attempt
 
-RemoteEnd = tuple[AttemptOutcome, str, bool]  # outcome, reason, retryable
+AWAIT = "await"  # stopped from outside: the backend's final word is needed (poll it soon)
+FINISHED = "finished"  # the exit record decides, as on one box
+WARNING_SIGNAL = "SIGUSR2"  # Slurm's --signal=B:USR2@N before the time limit
+OUTSIDE_SIGNALS = frozenset({"SIGTERM", "SIGHUP", WARNING_SIGNAL})
+DEFAULT_MAX_TIMEOUTS = 3
+TIME_LIMIT_WORDS = "reached its time limit"  # in the reason of every time-limit end
+
+
+class ClusterEnd(NamedTuple):
+    outcome: AttemptOutcome
+    reason: str
+    retryable: bool = True
+    counted: bool = True  # False: requeued without using up one of the job's max_attempts
+    next_mem_mib: int | None = None  # a host OOM: the host memory (--mem) the next attempt asks for
+
+
+@dataclass(frozen=True)
+class TimeLimit:
+    """What a time limit means for this job: resumed (with its own cap) or failed."""
+
+    can_resume: bool = False
+    timeouts_before: int = 0  # earlier attempts of the job that ended at their time limit
+    max_timeouts: int = DEFAULT_MAX_TIMEOUTS
+    limit: str | None = None  # the suite's slurm time, as written
 
 
 def remote_observation(obs: Observation, status: RemoteStatus | None) -> Observation:
@@ -23,31 +54,99 @@ def remote_observation(obs: Observation, status: RemoteStatus | None) -> Observa
     return replace(obs, process_alive=running)
 
 
+def refresh_dir(path: str) -> None:
+    """List the run dir: on NFS this revalidates the directory's cached attributes, so a file
+    the node wrote is seen before its absence is concluded."""
+    with contextlib.suppress(OSError):
+        os.listdir(path)
+
+
+def received_signals(exit_record: dict[str, Any]) -> frozenset[str]:
+    received = exit_record.get("received")
+    if not isinstance(received, list):
+        return frozenset()
+    return frozenset(name for name in received if isinstance(name, str))
+
+
+def _killed(exit_record: dict[str, Any]) -> bool:
+    """The worker died of SIGKILL: a cgroup's OOM kill (Slurm's OUT_OF_MEMORY) looks so here."""
+    return exit_record.get("signal") == signal.SIGKILL or exit_record.get("exit_code") == 128 + signal.SIGKILL
+
+
 def remote_end(
     attempt: Attempt, obs: Observation, status: RemoteStatus | None, polled: bool,
-    daemon_started_at_s: float | None,
-) -> str | RemoteEnd | None:
-    """"finished" (exit record), an end decided by the backend, or None (still live / unknown)."""
+    daemon_started_at_s: float | None, time_limit: TimeLimit | None = None,
+) -> str | ClusterEnd | None:
+    """FINISHED (the exit record decides), AWAIT, an end decided by the backend, or None
+    (still live / unknown)."""
+    job = f"Slurm job {(status.job_id if status else '') or attempt.executor_id}"
+    stopped_by_orch = attempt.kill_requested is not None
     if obs.exit_record is not None:
-        return "finished"
+        received = received_signals(obs.exit_record)
+        if stopped_by_orch or not (received & OUTSIDE_SIGNALS or _killed(obs.exit_record)):
+            return FINISHED
+        if status is None or status.kind in ("queued", "running"):
+            return AWAIT
+        if status.kind == "ended":  # the batch step ended by itself: only the warning tells more
+            if WARNING_SIGNAL not in received or obs.exit_record.get("exit_code") == 0:
+                return FINISHED
+            return _timed_out(job, time_limit)
+        return _cluster_end(job, status, time_limit)
     if status is None:
         never_submitted = (
             polled and not attempt.executor_id and attempt.launcher is None
             and daemon_started_at_s is not None and attempt.started_at < daemon_started_at_s
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
-            return (AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", True)
+            return ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it")
         unanswered = polled and attempt.launcher and not attempt.executor_id and obs.now_s - attempt.started_at > LAUNCH_GRACE_S
         if unanswered:  # sbatch timed out and no job of its name was ever seen in the queue
-            return (AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue", True)
+            return ClusterEnd(AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue")
         return None
-    job = f"Slurm job {status.job_id or attempt.executor_id}"
     if status.kind in ("queued", "running"):
         return None
+    if stopped_by_orch and attempt.kill_requested in (KillRequest.CANCEL, KillRequest.RETRY):
+        return ClusterEnd(AttemptOutcome.CANCELLED, f"{job} cancelled (scancel)")
+    if not status.settled:  # its exit record may not be visible here yet (a shared filesystem's delay)
+        return None
+    if status.kind == "ended":
+        return ClusterEnd(AttemptOutcome.LOST, f"{job} ended {status.state} and no exit record appeared")
+    return _cluster_end(job, status, time_limit)
+
+
+def _cluster_end(job: str, status: RemoteStatus, time_limit: TimeLimit | None) -> ClusterEnd:
+    if status.kind == "timeout":
+        return _timed_out(job, time_limit)
+    if status.kind == "preempted":
+        return ClusterEnd(AttemptOutcome.LOST, f"{job} was preempted ({status.state}): requeued, not counted", counted=False)
+    if status.kind == "host_oom":  # the cgroup's kill: more host memory, same settings otherwise
+        more = 2 * status.mem_mib if status.mem_mib else None
+        then = f"; the next attempt asks for --mem={more}M" if more else ""
+        return ClusterEnd(AttemptOutcome.HOST_OOM, f"{job} ended {status.state}: over its host memory (--mem){then}",
+                          next_mem_mib=more)
     if status.kind == "lost":
-        return (AttemptOutcome.LOST, f"{job} ended {status.state}", True)
-    if status.kind == "failed":
-        return (AttemptOutcome.FAILED, f"{job} ended {status.state}", False)
-    if attempt.kill_requested in (KillRequest.CANCEL, KillRequest.RETRY):
-        return (AttemptOutcome.CANCELLED, f"{job} cancelled (scancel)", True)
-    return (AttemptOutcome.LOST, f"{job} ended {status.state} without an exit record", True)
+        return ClusterEnd(AttemptOutcome.LOST, f"{job} ended {status.state}")
+    return ClusterEnd(AttemptOutcome.FAILED, f"{job} ended {status.state}", retryable=False)
+
+
+def _timed_out(job: str, time_limit: TimeLimit | None) -> ClusterEnd:
+    policy = time_limit or TimeLimit()
+    limit = f"--time={policy.limit}" if policy.limit else "the partition's default"
+    if policy.can_resume and policy.timeouts_before < policy.max_timeouts:
+        return ClusterEnd(
+            AttemptOutcome.LOST,
+            f"{job} {TIME_LIMIT_WORDS} ({limit}); the next attempt resumes from its checkpoint "
+            f"(time limit {policy.timeouts_before + 1} of at most {policy.max_timeouts})",
+            counted=False,
+        )
+    if policy.can_resume:
+        return ClusterEnd(
+            AttemptOutcome.FAILED,
+            f"{job} {TIME_LIMIT_WORDS} ({limit}) {policy.timeouts_before + 1} times (slurm max_timeouts "
+            f"{policy.max_timeouts})", retryable=False,
+        )
+    return ClusterEnd(
+        AttemptOutcome.FAILED,
+        f"{job} {TIME_LIMIT_WORDS} ({limit}); a rerun from scratch would reach it again: raise slurm time, "
+        "or let the worker resume ({resume} in its template, or resume_from_checkpoint)", retryable=False,
+    )

@@ -1,4 +1,4 @@
-"""Pure Slurm parts: suite `slurm:` settings, the sbatch script, squeue/sacct/scontrol output,
+"""Pure Slurm parts: the sbatch script, squeue/sacct/scontrol output,
 and what a Slurm job state means for an attempt. No processes are run here."""
 
 from __future__ import annotations
@@ -9,85 +9,28 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
-from orchestrator.errors import UsageError
+from orchestrator.executors.slurm_settings import (
+    SlurmSettings,
+    parse_settings,
+    settings_from_json,
+    time_limit_s,
+)
 from orchestrator.rundir_files import RunDir
 
 JOB_NAME_PREFIX = "orch-"
-TIME_RE = re.compile(r"^(?:\d+-)?\d{1,3}(?::\d{2}){0,2}$")  # Slurm's --time forms: M, H:M:S, D-H:M:S
-MEM_RE = re.compile(r"^(\d{1,9})([KMGT]?)$")
-EXTRA_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/%@+=-]*)?$")
-# Options orch sets itself; a suite's extra lines may not change them.
-RESERVED_OPTIONS = frozenset({
-    "--job-name", "--output", "--error", "--gres", "--gpus", "--mem", "--cpus-per-task", "--chdir",
-    "--requeue", "--no-requeue", "--array", "--export", "--partition", "--account", "--parsable",
-})
-DEFAULT_CPUS = 1
-DEFAULT_MEM_MIB = 2048
+__all__ = ["SlurmSettings", "parse_settings", "settings_from_json", "time_limit_s"]  # kept importable from here
 
 
-@dataclass(frozen=True)
-class SlurmSettings:
-    """A suite's `slurm:` block."""
-
-    time: str | None = None  # --time
-    cpus: int = DEFAULT_CPUS  # --cpus-per-task
-    mem_mib: int = DEFAULT_MEM_MIB  # --mem, host memory
-    extra: tuple[str, ...] = ()  # further `#SBATCH` options, e.g. "--qos=short"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"time": self.time, "cpus": self.cpus, "mem_mib": self.mem_mib, "extra": list(self.extra)}
+# What a busy or restarting controller answers: the submission is worth making again later.
+TRANSIENT_REFUSALS = (
+    "Socket timed out", "Resource temporarily unavailable", "Unable to contact slurm controller",
+    "slurm_receive_msg", "Zero Bytes were transmitted", "Slurm temporarily unable to accept job",
+)
 
 
-def _mem_mib(text: str) -> int:
-    match = MEM_RE.fullmatch(text.strip().upper())
-    if match is None:
-        raise ValueError(text)
-    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2)]
-    return max(1, math.ceil(int(match.group(1)) * factor))
-
-
-def parse_settings(raw: Any, where: str) -> SlurmSettings:
-    """A suite's `slurm:` mapping -> SlurmSettings; anything invalid is a UsageError naming it."""
-    if raw is None:
-        return SlurmSettings()
-    if not isinstance(raw, Mapping):
-        raise UsageError(f"{where}: `slurm` must be a mapping (time, cpus, mem, extra)")
-    unknown = sorted(str(k) for k in set(raw) - {"time", "cpus", "mem", "extra"})
-    if unknown:
-        raise UsageError(f"{where}: `slurm` has unknown key(s) {', '.join(unknown)} (known: time, cpus, mem, extra)")
-    time = raw.get("time")
-    if time is not None:
-        time = str(time)
-        if not TIME_RE.fullmatch(time):
-            raise UsageError(f"{where}: slurm time {time!r} is not a Slurm time limit (MINUTES, H:MM:SS or D-H:MM:SS)")
-    cpus = raw.get("cpus", DEFAULT_CPUS)
-    if isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= 1024:
-        raise UsageError(f"{where}: slurm cpus {cpus!r} must be an integer from 1 to 1024")
-    mem = raw.get("mem", f"{DEFAULT_MEM_MIB}M")
-    try:
-        mem_mib = _mem_mib(str(mem))
-    except ValueError:
-        raise UsageError(f"{where}: slurm mem {mem!r} is not a size such as 4G or 4096M") from None
-    extra_raw = raw.get("extra", [])
-    if not isinstance(extra_raw, list) or not all(isinstance(x, str) for x in extra_raw):
-        raise UsageError(f"{where}: slurm extra must be a list of sbatch options such as '--qos=short'")
-    for option in extra_raw:
-        if not EXTRA_RE.fullmatch(option):
-            raise UsageError(f"{where}: slurm extra option {option!r} is not of the form --name or --name=value")
-        if option.split("=", 1)[0] in RESERVED_OPTIONS:
-            raise UsageError(f"{where}: slurm extra option {option!r} is set by orch itself")
-    return SlurmSettings(time=time, cpus=cpus, mem_mib=mem_mib, extra=tuple(extra_raw))
-
-
-def settings_from_json(data: Mapping[str, Any]) -> SlurmSettings:
-    if not data:
-        return SlurmSettings()
-    return SlurmSettings(
-        time=data.get("time"), cpus=int(data.get("cpus") or DEFAULT_CPUS),
-        mem_mib=int(data.get("mem_mib") or DEFAULT_MEM_MIB), extra=tuple(data.get("extra") or ()),
-    )
+def is_transient_refusal(message: str) -> bool:
+    return any(marker.lower() in message.lower() for marker in TRANSIENT_REFUSALS)
 
 
 def job_name(suite: str, job_id: int, attempt_n: int) -> str:
@@ -105,17 +48,34 @@ def shards_for(predicted_mib: int, shard_mib: int, shards_per_gpu: int | None) -
 @dataclass(frozen=True)
 class Request:
     name: str
-    gres: str  # "shard:3" or "gpu:1"
-    cpus: int
-    mem_mib: int
+    gres: str  # "shard:3", "gpu:1", "gpu:a100:2"
+    cpus: int | None  # --cpus-per-task; None: --cpus-per-gpu, or the cluster's default
+    mem_mib: int | None  # --mem; None: --mem-per-gpu, or the cluster's default
     partition: str | None = None
     account: str | None = None
     time: str | None = None
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()  # passed to sbatch as arguments, never written into the script
+    cpus_per_gpu: int | None = None
+    mem_per_gpu_mib: int | None = None
+    signal_s: int | None = None  # --signal=B:USR2@N: a warning N s before the time limit
 
 
 # Variables Slurm itself sets for the allocation: never carried over from the daemon.
 SLURM_OWNS = ("CUDA_VISIBLE_DEVICES", "ORCH_GPU_UUID", "ORCH_GPU_INDEX")
+WARNING_S = 120  # how long before the time limit a resumable worker is warned (SIGUSR2)
+
+
+def warning_s(time: str | None) -> int:
+    """Seconds before the limit for --signal: 120, or half of a shorter limit (at least 10;
+    Slurm may send it up to a minute early)."""
+    limit = time_limit_s(time)
+    return WARNING_S if limit is None else max(10, min(WARNING_S, limit // 2))
+
+
+def sbatch_argv(request: Request, script: str) -> list[str]:
+    """sbatch's command line: the suite's extra options as arguments (no shell ever parses
+    them, so `--constraint=a100|h100` and `--exclude=n[1-3]` arrive as written)."""
+    return ["sbatch", "--parsable", *request.extra, script]
 
 
 def sbatch_script(request: Request, run_dir: str, cwd: str, argv: list[str], env: Mapping[str, str]) -> str:
@@ -126,8 +86,16 @@ def sbatch_script(request: Request, run_dir: str, cwd: str, argv: list[str], env
         f"#SBATCH --job-name={request.name}",
         f"#SBATCH --output={run_dir}/{RunDir.SLURM_OUTPUT}",
         f"#SBATCH --gres={request.gres}",
-        f"#SBATCH --cpus-per-task={request.cpus}",
-        f"#SBATCH --mem={request.mem_mib}M",
+    ]
+    if request.cpus is not None:
+        lines.append(f"#SBATCH --cpus-per-task={request.cpus}")
+    if request.cpus_per_gpu is not None:
+        lines.append(f"#SBATCH --cpus-per-gpu={request.cpus_per_gpu}")
+    if request.mem_mib is not None:
+        lines.append(f"#SBATCH --mem={request.mem_mib}M")
+    if request.mem_per_gpu_mib is not None:
+        lines.append(f"#SBATCH --mem-per-gpu={request.mem_per_gpu_mib}M")
+    lines += [
         "#SBATCH --no-requeue",  # orch's own ladder resubmits, as a new job
         f"#SBATCH --chdir={cwd}",
     ]
@@ -137,7 +105,10 @@ def sbatch_script(request: Request, run_dir: str, cwd: str, argv: list[str], env
         lines.append(f"#SBATCH --account={request.account}")
     if request.time:
         lines.append(f"#SBATCH --time={request.time}")
-    lines += [f"#SBATCH {option}" for option in request.extra]
+    if request.signal_s is not None:
+        lines.append(f"#SBATCH --signal=B:USR2@{request.signal_s}")
+    if request.extra:
+        lines.append("# submitted with: " + shlex.join(sbatch_argv(request, "sbatch.sh")))
     lines.append("# the attempt's environment (Slurm sets CUDA_VISIBLE_DEVICES for the allocation)")
     for key in sorted(env):
         if key not in SLURM_OWNS:
@@ -154,13 +125,35 @@ class SlurmState(str, Enum):
     RUNNING = "running"
     ENDED = "ended"  # ended normally or by the worker: the run dir says how
     LOST = "lost"  # the node or Slurm ended it: requeue unchanged
+    PREEMPTED = "preempted"  # a higher-priority job took its place: requeued, never counted
+    TIMEOUT = "timeout"  # its time limit: failed, or resumed where the worker can resume
+    HOST_OOM = "host_oom"  # its --mem (the cgroup's limit): retried with more host memory
     FAILED = "failed"  # Slurm ended it for a reason rerunning would not fix
 
 
 QUEUED_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"})
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED", "RESIZING"})
-LOST_STATES = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
-FAILED_STATES = frozenset({"TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})
+LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+FAILED_STATES = frozenset({"DEADLINE", "REVOKED", "SPECIAL_EXIT"})
+OWN_WORD = {"PREEMPTED": SlurmState.PREEMPTED, "TIMEOUT": SlurmState.TIMEOUT, "OUT_OF_MEMORY": SlurmState.HOST_OOM}
+# Ends only Slurm can name: they decide the attempt's outcome even when the wrapper wrote exit.json
+CLUSTER_ENDS = frozenset({SlurmState.LOST, SlurmState.PREEMPTED, SlurmState.TIMEOUT, SlurmState.HOST_OOM, SlurmState.FAILED})
+
+
+# Pending reasons that no other job's end will clear: the job never starts as submitted.
+NEVER_CLEARS = frozenset({
+    "PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig", "InvalidAccount", "InvalidQOS",
+    "AccountNotAllowed", "QOSNotAllowed", "BadConstraints", "DependencyNeverSatisfied",
+})
+STUCK_WORDS = "never starts as submitted"  # shown after the reason; the slot it held is freed
+
+
+def never_clears(reason: str) -> bool:
+    """PartitionTimeLimit, InvalidAccount, a QOS or association limit per job (QOSMaxWallDurationPerJobLimit,
+    QOSMaxGRESPerJob, AssocMaxCpuPerJobLimit, ...): waiting will not start it."""
+    word = reason.strip()
+    per_job = word.startswith(("QOSMax", "QOSMin", "AssocMax", "AssocGrp")) and "PerJob" in word
+    return word in NEVER_CLEARS or per_job
 
 
 def classify_state(state: str) -> SlurmState:
@@ -169,6 +162,8 @@ def classify_state(state: str) -> SlurmState:
         return SlurmState.QUEUED
     if base in RUNNING_STATES:
         return SlurmState.RUNNING
+    if base in OWN_WORD:
+        return OWN_WORD[base]
     if base in LOST_STATES:
         return SlurmState.LOST
     if base in FAILED_STATES:
@@ -182,27 +177,40 @@ class SlurmJob:
     name: str
     state: str  # Slurm's own word, e.g. PENDING, NODE_FAIL
     reason: str  # pending reason (Resources, Priority, ...) or "None"
+    mem_mib: int | None = None  # the host memory Slurm gave it (per node), where it says
+
+
+def slurm_mem_mib(text: str) -> int | None:
+    """Slurm's memory words (`256M`, `4G`, `2000Mn`, `16Gc`) in MiB; None when unreadable or 0."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)[nc]?", text.strip())
+    if match is None:
+        return None
+    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2)]
+    mib = math.ceil(float(match.group(1)) * factor)
+    return mib or None
 
 
 def parse_squeue(text: str) -> dict[str, SlurmJob]:
-    """`squeue -h -o %i|%j|%T|%r` -> jobs by id; malformed lines are skipped."""
+    """`squeue -h -o %i|%j|%T|%r|%m` -> jobs by id; malformed lines are skipped."""
     jobs: dict[str, SlurmJob] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 4 or not parts[0].isdigit():
+        if len(parts) not in (4, 5) or not parts[0].isdigit():
             continue
-        jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2].upper(), parts[3])
+        mem = slurm_mem_mib(parts[4]) if len(parts) == 5 else None
+        jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2].upper(), parts[3], mem)
     return jobs
 
 
 def parse_sacct(text: str) -> dict[str, SlurmJob]:
-    """`sacct -X -n -P -o JobID,JobName,State,Reason` -> jobs by id (the last row of each wins)."""
+    """`sacct -X -n -P -o JobID,JobName,State,Reason,ReqMem` -> jobs by id (the last row of each wins)."""
     jobs: dict[str, SlurmJob] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) < 3 or not parts[0].isdigit():
+        if len(parts) < 3 or not parts[0].isdigit() or not parts[2].strip():
             continue
-        jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2].split()[0].upper(), parts[3] if len(parts) > 3 else "")
+        mem = slurm_mem_mib(parts[4]) if len(parts) > 4 else None
+        jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2].split()[0].upper(), parts[3] if len(parts) > 3 else "", mem)
     return jobs
 
 
@@ -217,7 +225,8 @@ def parse_scontrol_jobs(text: str) -> dict[str, SlurmJob]:
                 fields[key] = value
         job_id = fields.get("JobId", "")
         if job_id.isdigit():
-            jobs[job_id] = SlurmJob(job_id, fields.get("JobName", ""), fields.get("JobState", "").upper(), fields.get("Reason", ""))
+            jobs[job_id] = SlurmJob(job_id, fields.get("JobName", ""), fields.get("JobState", "").upper(), fields.get("Reason", ""),
+                                    slurm_mem_mib(fields.get("MinMemoryNode", "")))
     return jobs
 
 

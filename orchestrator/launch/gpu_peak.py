@@ -1,6 +1,7 @@
 """The wrapper's own GPU peak: its process tree's memory, sampled on the node where it runs.
 
-Written to `gpu_peak.json` in the run dir (atomically, whenever the peak grows), so memory
+Written to `gpu_peak.json` in the run dir (atomically, whenever the peak grows), with the model
+and size of the card it peaked on (a mixed cluster's cards differ), so memory
 learning works on every executor, also where the daemon cannot read this node's GPUs (Slurm).
 NVML where present, the simulated GPUs where ORCH_GPU_BACKEND=sim; nothing where neither is.
 Read back as untrusted input by `runfiles.read_gpu_peak_mib`.
@@ -31,6 +32,8 @@ class GpuPeakSampler:
         self.prepare = prepare
         self.peak_mib = 0
         self.samples = 0
+        self.gpu_name: str | None = None
+        self.gpu_total_mib: int | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="gpu-peak", daemon=True)
 
@@ -65,6 +68,9 @@ class GpuPeakSampler:
                     self.samples += 1
                     if held > self.peak_mib:
                         self.peak_mib = held
+                        # the card it peaked on: on a mixed cluster, a peak means little without its size
+                        card = max(snapshots, key=lambda s: s.memory_of(ours))
+                        self.gpu_name, self.gpu_total_mib = card.name, card.total_mib
                         self._write()
                 if self._stop.wait(self.interval_s):
                     return
@@ -74,4 +80,7 @@ class GpuPeakSampler:
 
     def _write(self) -> None:
         with contextlib.suppress(OSError):
-            write_json(RunDir(self.run_dir).gpu_peak, {"peak_mib": self.peak_mib, "samples": self.samples})
+            write_json(RunDir(self.run_dir).gpu_peak, {
+                "peak_mib": self.peak_mib, "samples": self.samples,
+                "gpu_name": self.gpu_name, "gpu_total_mib": self.gpu_total_mib,
+            })

@@ -4,7 +4,7 @@
 Every attempt runs under this. It leads its own process group (so the whole tree can be killed
 at once), records `pid.json` (created exclusively, see claim_run_dir) before the worker starts
 and `exit.json` after it ends, both atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
-shows it), and forwards SIGTERM/SIGINT/SIGHUP to the worker (SIGHUP as SIGTERM), naming the
+shows it), and forwards SIGTERM/SIGINT/SIGHUP/SIGUSR2 to the worker (SIGHUP as SIGTERM), naming the
 signals it received and forwarded in exit.json. Its only word to the daemon is a poke after
 exit.json (orchestrator.wake), which may go unheard: a daemon that was down learns what
 happened from these files.
@@ -36,7 +36,8 @@ from orchestrator.wake import poke
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
 EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrapper already)
 DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# SIGUSR2: Slurm's warning before a time limit (--signal=B:USR2@N), for a worker that checkpoints
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
 
 WRAPPER_FILE = Path(__file__).resolve()
