@@ -41,7 +41,6 @@ from orchestrator.store.attempts import (
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job
-from orchestrator.worker_resume import worker_can_resume
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,11 @@ from orchestrator.executors.slurm_parse import (
 )
 from orchestrator.launch.wrapper import wrapper_argv
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
+from orchestrator.plans.keymap import KeyMap
+from orchestrator.plans.resume import worker_can_resume
 from orchestrator.reconcile import Observation
 from orchestrator.rundir_files import RunDir
 from orchestrator.runfiles import read_gpu_peak_card, read_gpu_peak_mib
-from orchestrator.worker_resume import worker_can_resume
 
 # -- suite `slurm:` settings -----------------------------------------------------------------
 
@@ -241,14 +242,13 @@ def test_a_job_out_of_the_queue_waits_out_the_grace_for_its_exit_record() -> Non
 
 
 def test_worker_can_resume_from_its_template_or_its_config() -> None:
-    assert worker_can_resume("python train.py --resume {resume}", {})
-    assert worker_can_resume("python train.py {resume?--resume}", {})
-    assert not worker_can_resume("python train.py --x {{resume}}", {})
-    assert worker_can_resume("sim", {"resume_from_checkpoint": True})
-    assert worker_can_resume("python t.py {config}", {"ckpt": "x"}, keys={"resume": "ckpt"})
-    assert worker_can_resume("sim", {"resume_from_checkpoint": None})  # read by the script, filled in by orch
-    assert not worker_can_resume("sim", {"resume_from_checkpoint": False})
-    assert not worker_can_resume("sim", {"batch_size": 4}) and not worker_can_resume("lora", {})
+    none = KeyMap({})
+    assert worker_can_resume("python train.py --resume {resume}", none)
+    assert not worker_can_resume("python train.py --x {{resume}}", none)
+    assert worker_can_resume("lora", none) and not worker_can_resume("sim", none, {"resume_from_checkpoint": True})
+    assert worker_can_resume("python t.py --cfg {config}", KeyMap({"resume_from_checkpoint": "ckpt"}), {})
+    assert worker_can_resume("python t.py --cfg {config}", none, {"resume_from_checkpoint": None})
+    assert not worker_can_resume("python t.py --cfg {config}", none, {"batch_size": 4})
 
 
 def test_waiting_running_or_unanswered_concludes_nothing() -> None:

@@ -240,7 +240,8 @@ def test_slurm_unreachable_for_a_while_fails_no_job(orch: Orch, cluster: SlurmCl
 
 # A command worker that takes Slurm's time-limit warning (SIGUSR2) and keeps going, printing
 # a line a second so it is never silent, until Slurm ends it.
-WARNED_WORKER = """sh -c 'trap "echo warned" USR2; while true; do echo tick; sleep 1; done'"""
+# resumable through `{resume}` (dropped while there is no checkpoint)
+WARNED_WORKER = """sh -c 'trap "echo warned" USR2; while true; do echo tick; sleep 1; done' worker {resume}"""
 
 
 def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch: Orch, cluster: SlurmCluster) -> None:

@@ -69,7 +69,8 @@ def test_slurms_out_of_memory_reruns_with_twice_the_host_memory(db_path: Path, t
 def test_every_time_limit_counts_toward_the_cap_even_one_slurm_called_failed(db_path: Path, tmp_path: Path) -> None:
     # a resumable worker without a SIGUSR2 handler dies of the warning: Slurm says FAILED, not
     # TIMEOUT; it is the same time limit, so it counts toward max_timeouts (no endless resumes)
-    plans = write_suite(tmp_path / "plans", "s", max_attempts=1, slurm={"time": "1", "max_timeouts": 1})
+    plans = write_suite(tmp_path / "plans", "s", max_attempts=1, worker="python -m workers.sim --config {config}",
+                        slurm={"time": "1", "max_timeouts": 1})
     (plans / "configs" / "s" / "a.yaml").write_text("sim_mem_gib: 1\nresume_from_checkpoint: null\n")
     with Store(db_path) as store:
         (job,) = submit(store, plans, "s", 1)

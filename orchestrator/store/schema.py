@@ -377,6 +377,8 @@ def m018_memory_families(db: sqlite_utils.Database) -> None:
         "ALTER TABLE memory_shapes ADD COLUMN family_key TEXT",
         "ALTER TABLE memory_shapes ADD COLUMN batch_size INTEGER",
         "ALTER TABLE memory_shapes ADD COLUMN tokens INTEGER",
+    ):
+        db.execute(statement)
 
 
 @MIGRATIONS()
