@@ -1,7 +1,7 @@
 """The wrapper's own GPU peak: its process tree's memory, sampled on the node where it runs.
 
-Written to `gpu_peak.json` in the run dir (atomically, whenever the peak grows), so memory
-learning works on every executor, also where the daemon cannot read this node's GPUs (Slurm).
+Written to `gpu_peak.json` in the run dir by `record` (the wrapper's held run dir, atomically,
+whenever the peak grows), so memory learning works on every executor, also where the daemon cannot read this node's GPUs (Slurm).
 NVML where present, the simulated GPUs where ORCH_GPU_BACKEND=sim; nothing where neither is.
 Read back as untrusted input by `runfiles.read_gpu_peak_mib`.
 """
@@ -11,9 +11,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from pathlib import Path
-
-from orchestrator.rundir_files import RunDir, write_json
 
 SAMPLE_S = 1.0
 
@@ -23,9 +20,9 @@ class GpuPeakSampler:
     before CUDA has started (seconds), and what the sampler imports first (`prepare`, then NVML)
     then stays off the cores while the other attempts of a batch start."""
 
-    def __init__(self, run_dir: Path, root_pid: int, interval_s: float = SAMPLE_S,
+    def __init__(self, record: Callable[[dict[str, int]], object], root_pid: int, interval_s: float = SAMPLE_S,
                  prepare: Callable[[], None] | None = None) -> None:
-        self.run_dir = run_dir
+        self.record = record  # writes gpu_peak.json (the wrapper's held run dir)
         self.root_pid = root_pid
         self.interval_s = interval_s
         self.prepare = prepare
@@ -73,5 +70,4 @@ class GpuPeakSampler:
                 probe.close()
 
     def _write(self) -> None:
-        with contextlib.suppress(OSError):
-            write_json(RunDir(self.run_dir).gpu_peak, {"peak_mib": self.peak_mib, "samples": self.samples})
+        self.record({"peak_mib": self.peak_mib, "samples": self.samples})

@@ -29,8 +29,9 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
+from orchestrator.launch.held_dir import HeldRunDir, RunDirMoved, write_quietly
 from orchestrator.procstat import create_time_s, read_stat
-from orchestrator.rundir_files import RunDir, write_json
+from orchestrator.rundir_files import RunDir
 from orchestrator.wake import poke
 
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
@@ -80,7 +81,7 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
+def claim_run_dir(held: HeldRunDir, info: dict[str, Any]) -> bool:
     """Create pid.json exclusively, then look for the daemon's lost marker; False means the
     worker must not start.
 
@@ -88,12 +89,11 @@ def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
     create pid.json first and then look for the marker. Each side writes its own flag before
     reading the other's, so at most one of them goes on: never a worker running for an
     attempt the daemon has already declared lost (and requeued)."""
-    files = RunDir(run_dir)
-    if files.lost_marker.exists():
+    if held.has(RunDir.LOST_MARKER):
         return False
-    if not write_json(files.pid, info, exclusive=True):
+    if not held.write_json(RunDir.PID, info, exclusive=True):
         return False  # another wrapper has this run dir
-    return not files.lost_marker.exists()
+    return not held.has(RunDir.LOST_MARKER)
 
 
 def become_group_leader() -> int:
@@ -130,8 +130,18 @@ class _Tee:
 
 
 def run(run_dir: Path, argv: list[str]) -> int:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    files = RunDir(run_dir)
+    try:
+        held = HeldRunDir(run_dir, create=True)
+    except OSError as exc:  # a symlink, not ours, or not there: nothing is written anywhere
+        print(f"orch wrapper: refusing run dir {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    with held:
+        return _run_held(held, argv)
+
+
+def _run_held(held: HeldRunDir, argv: list[str]) -> int:
+    """The attempt, with every record written through `held` (see held_dir)."""
+    run_dir = held.path
     pgid = become_group_leader()
     my_pid = os.getpid()
     info: dict[str, Any] = {
@@ -141,21 +151,27 @@ def run(run_dir: Path, argv: list[str]) -> int:
         "started_at": _now(),
         "argv": argv,
     }
-    if not claim_run_dir(run_dir, info):
+    try:
+        claimed = claim_run_dir(held, info)
+    except OSError as exc:
+        print(f"orch wrapper: cannot claim {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if not claimed:
         # No exit.json: the daemon already closed this attempt, or pid.json and a dead
         # wrapper tell it so on its next pass.
         print(f"orch wrapper: attempt in {run_dir} was declared lost; not starting it", file=sys.stderr)
         return EXIT_REFUSED
 
-    with open(files.log, "ab") as log:
+    with os.fdopen(held.open_append(RunDir.LOG), "ab") as log:
         try:
             child = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True
             )
         except OSError as exc:
             log.write(f"orch wrapper: cannot start {argv[0]!r}: {exc}\n".encode())
-            write_json(
-                files.exit,
+            write_quietly(
+                held,
+                RunDir.EXIT,
                 {
                     "exit_code": EXIT_NOT_STARTED,
                     "signal": None,
@@ -183,31 +199,43 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
-        write_json(files.pid, {**info, "child_pid": child.pid})
+        write_quietly(held, RunDir.PID, {**info, "child_pid": child.pid})
 
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
         tee.thread.start()
         # our own tree's GPU memory, on this node; site-packages (NVML) loaded in its thread
-        sampler = GpuPeakSampler(run_dir, my_pid, prepare=_load_site)
+        sampler = GpuPeakSampler(
+            lambda peak: write_quietly(held, RunDir.GPU_PEAK, peak), my_pid, prepare=_load_site
+        )
         sampler.start()
         returncode = child.wait()
         sampler.stop()
         tee.thread.join(DRAIN_S)
 
-    killed_by = -returncode if returncode < 0 else None
-    exit_code = 128 + killed_by if killed_by is not None else returncode
-    write_json(
-        files.exit,
-        {
-            "exit_code": exit_code,
-            "signal": killed_by,
-            "signal_name": signal.Signals(killed_by).name if killed_by else None,
-            "received": received,
-            "forwarded": forwarded,
-            "ended_at": _now(),
-        },
-    )
+        killed_by = -returncode if returncode < 0 else None
+        exit_code = 128 + killed_by if killed_by is not None else returncode
+        try:
+            held.write_json(
+                RunDir.EXIT,
+                {
+                    "exit_code": exit_code,
+                    "signal": killed_by,
+                    "signal_name": signal.Signals(killed_by).name if killed_by else None,
+                    "received": received,
+                    "forwarded": forwarded,
+                    "ended_at": _now(),
+                },
+            )
+        except RunDirMoved as exc:
+            # The worker swapped its run dir (for a link elsewhere, say): nothing is written
+            # through it; the daemon judges an attempt without its exit record.
+            note = f"orch wrapper: {exc}"
+            print(note, file=sys.stderr)
+            with contextlib.suppress(OSError, ValueError):
+                log.write(note.encode() + b"\n")
+        except OSError as exc:
+            print(f"orch wrapper: cannot write exit.json: {exc}", file=sys.stderr)
     poke(run_dir)  # the daemon hands the slot on now, not at its next pass
     return exit_code
 

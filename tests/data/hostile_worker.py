@@ -130,6 +130,10 @@ def corrupt(mode: str, run_dir: Path, config: dict[str, object]) -> None:
         moved = run_dir.with_name(run_dir.name + ".moved")
         os.rename(run_dir, moved)
         run_dir.symlink_to(moved)
+    elif mode == "rundir_to_outside":
+        # move the run dir aside and leave a symlink to a folder outside the runs tree
+        os.rename(run_dir, run_dir.with_name(run_dir.name + ".moved"))
+        run_dir.symlink_to(str(config["outside_dir"]))
     elif mode == "none":
         pass
     else:
