@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from orchestrator import faults
+from orchestrator.attempt_tracking import StrayHunter, record_hunted
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon_state import (
     DaemonLock,
@@ -164,6 +165,7 @@ class Daemon:
         self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
+        self.hunter = StrayHunter(clock, self.ctx.runs_dir)  # then their processes outside the group
         self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -339,6 +341,7 @@ class Daemon:
         self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
         self.resources.new_pass()
         self.stopper.new_pass()
+        self.hunter.new_pass()
         self._ending_mib = Counter()
         still_live = 0
         live, jobs = live_attempts_with_jobs(self.store)
@@ -374,6 +377,7 @@ class Daemon:
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
         self.stopper.keep_only(a.id for a in live)
+        self.hunter.keep_only({a.id for a in live})
         if wanted is None:
             self._abandoning &= {a.id for a in live}
             self.resources.keep_only(a.id for a in live)
@@ -441,6 +445,7 @@ class Daemon:
         if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, job, obs):
             self._ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
             return 1  # members of its group live on: stopped across passes before it may end
+        record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
         if verdict is Verdict.FINISHED:
             self._learn_host(attempt, job)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full, hung=hung)
@@ -600,8 +605,10 @@ class Daemon:
         if group is None:
             if obs is not None and (obs.launcher_alive or obs.process_alive):
                 log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt.id)
-            return True
-        return self.stopper.stop(attempt.id, *group)
+        elif not self.stopper.stop(attempt.id, *group):
+            return False
+        # the group is gone: what left it (setsid, double fork) is found by cgroup or mark
+        return self.hunter.stop(attempt.id)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.attempt_tracking import tracking_env
 from orchestrator.diskspace import is_disk_full_error
 from orchestrator.errors import InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.host import HostProbe
@@ -165,7 +166,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
-                   "ORCH_RUN_DIR": str(run_dir)},
+                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id)},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
         if moved_to is not None:

@@ -65,6 +65,13 @@ def _names(v: Any) -> bool:
     return isinstance(v, list) and len(v) <= 16 and all(isinstance(s, str) and len(s) <= 32 for s in v)
 
 
+def _leftovers(v: Any) -> bool:
+    """The wrapper's list of processes the worker left running (launch.strays)."""
+    return isinstance(v, list) and len(v) <= 64 and all(
+        isinstance(p, dict) and _int_in(1, MAX_PID)(p.get("pid")) and _short_text(64)(p.get("name")) for p in v
+    )
+
+
 # field -> (check, what it must be); a field failing its check is dropped and named.
 PID_FIELDS: dict[str, tuple[Check, str]] = {
     "pid": (_int_in(1, MAX_PID), f"an integer from 1 to {MAX_PID}"),
@@ -81,6 +88,8 @@ EXIT_FIELDS: dict[str, tuple[Check, str]] = {
     "forwarded": (_names, "a short list of signal names"),
     "error": (_short_text(MAX_TEXT_CHARS), "a short text"),
     "ended_at": (_short_text(64), "a timestamp"),
+    "leftovers": (_leftovers, "a short list of {pid, name}"),
+    "tracking": (_names, "a short list of names"),
 }
 RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "status": (_short_text(64), "a short text"),

@@ -3,12 +3,20 @@ real daemon, tmux, SQLite and simulated GPUs (the README's reliability section n
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux
+from e2e_helpers import Orch, orch_env, pid_alive, requires_tmux, wait_until
 from hostile_helpers import hostile_command
+
+from orchestrator.attempt_tracking import cgroup_parent
+
+ESCAPING_WORKER = Path(__file__).resolve().parent / "data" / "escaping_worker.py"
+ESCAPING = f"{sys.executable} {ESCAPING_WORKER} {{config}} {{run_dir}}"
+# the ways an attempt's processes are tracked here: its cgroup where one can be made, else the mark
+TRACKINGS = ["environment", *(["cgroup"] if cgroup_parent() is not None else [])]
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -32,3 +40,54 @@ def test_a_run_dir_swapped_for_a_link_gets_nothing_written_outside(orch: Orch, t
     assert (moved / "pid.json").is_file() and not (moved / "exit.json").exists()
     attempt = orch.attempts(1)[0]
     assert "symlink" in attempt["reason"], attempt
+
+
+def _escaped_pid(orch: Orch, n: int = 1) -> int:
+    def written() -> int | None:
+        found = list((orch.root / "runs").glob(f"*/*/attempt-{n}/escaped.pid"))
+        return int(found[0].read_text()) if found and found[0].read_text() else None
+    return wait_until(written, 30, f"attempt {n}'s escaped process")
+
+
+@pytest.mark.parametrize("tracking", TRACKINGS)
+def test_a_hung_worker_that_left_its_session_dies_before_the_next_attempt(orch: Orch, tracking: str) -> None:
+    if tracking == "environment":
+        orch.env["ORCH_TRACKING"] = "environment"
+    orch.write_suite("s", {"escape": {"escape": "setsid_hang"}}, worker=ESCAPING, mem_gib=0.25,
+                     max_attempts=2, hang_timeout_s=1.5)
+    orch.submit("s", "1:a")
+    orch.start_daemon(poll_s=0.1)
+    escaped = _escaped_pid(orch)
+    assert orch.wait_all_done(60) == {1: "succeeded"}
+    assert not pid_alive(escaped)
+    first, second = orch.attempts(1)
+    assert first["reason"] == "hung"
+    # attempt 2 looked for attempt 1's process when it started: already gone
+    assert (Path(str(second["run_dir"])) / "predecessor.txt").read_text() == "alive: False\n"
+    assert f"pid {escaped} " in first["hunted"] and f"found by its {tracking}" in first["hunted"], first["hunted"]
+    shown = orch.run("show", "1").stdout
+    assert "left running and ended by orch" in shown and tracking in shown
+
+
+def test_a_cancelled_worker_that_left_its_session_and_ignores_sigterm_dies(orch: Orch) -> None:
+    orch.write_suite("s", {"escape": {"escape": "setsid_hang"}}, worker=ESCAPING, mem_gib=0.25, max_attempts=1)
+    orch.submit("s", "1:a")
+    orch.start_daemon(poll_s=0.1)
+    escaped = _escaped_pid(orch)
+    orch.run("cancel", "1")
+    assert orch.wait_all_done(60) == {1: "cancelled"}
+    assert not pid_alive(escaped)
+    assert f"pid {escaped} " in orch.attempts(1)[0]["hunted"]
+
+
+def test_a_double_forked_child_holding_gpu_memory_is_the_attempts_and_is_ended(orch: Orch) -> None:
+    orch.write_suite("s", {"fork": {"escape": "double_fork_gpu", "hold_mib": 3072}}, worker=ESCAPING, mem_gib=4,
+                     max_attempts=1)
+    orch.submit("s", "1:a")
+    orch.start_daemon(poll_s=0.1)
+    escaped = _escaped_pid(orch)
+    assert orch.wait_all_done(60) == {1: "succeeded"}
+    assert not pid_alive(escaped)
+    attempt = orch.attempts(1)[0]
+    assert attempt["peak_mib"] >= 3072, attempt["peak_mib"]  # its memory, not a foreign process's
+    assert f"pid {escaped} " in attempt["hunted"] and "by its wrapper" in attempt["hunted"], attempt["hunted"]

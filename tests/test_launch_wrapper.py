@@ -66,6 +66,8 @@ def test_worker_killed_by_a_signal_is_recorded(tmp_path: Path) -> None:
         "received": [],
         "forwarded": [],
         "ended_at": None,
+        "leftovers": [],
+        "tracking": ["subreaper"],  # no cgroup was given (ORCH_CGROUP)
     }
 
 

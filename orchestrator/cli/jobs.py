@@ -111,7 +111,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         console.print(table)
         for a in payload["attempts"]:
             changes = fmt_changes(a["changes"], bool(a["run_alone"]))
-            notes = [f"changed {changes}" if changes else "", a["reason"] or ""]
+            notes = [f"changed {changes}" if changes else "", a["reason"] or "", a.get("hunted") or ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
                 console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)

@@ -29,17 +29,21 @@ class GpuPeakSampler:
         self.peak_mib = 0
         self.samples = 0
         self._stop = threading.Event()
+        self._final = False
         self.thread = threading.Thread(target=self._run, name="gpu-peak", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, final: bool = False) -> None:
+        """Stop sampling; with `final`, after one last sample (processes the worker left
+        behind still hold memory then), even before the first interval is over."""
+        self._final = final
         self._stop.set()
         self.thread.join(self.interval_s * 3)
 
     def _run(self) -> None:
-        if self._stop.wait(self.interval_s):
+        if self._stop.wait(self.interval_s) and not self._final:
             return
         if self.prepare is not None:
             self.prepare()
@@ -63,7 +67,7 @@ class GpuPeakSampler:
                     if held > self.peak_mib:
                         self.peak_mib = held
                         self._write()
-                if self._stop.wait(self.interval_s):
+                if self._stop.is_set() or (self._stop.wait(self.interval_s) and not self._final):
                     return
         finally:
             with contextlib.suppress(Exception):

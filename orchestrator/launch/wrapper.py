@@ -30,6 +30,13 @@ if __name__ == "__main__" and not __package__:
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
 from orchestrator.launch.held_dir import HeldRunDir, RunDirMoved, write_quietly
+from orchestrator.launch.strays import (
+    CGROUP_VAR,
+    become_subreaper,
+    descendants,
+    end_leftovers,
+    join_cgroup,
+)
 from orchestrator.procstat import create_time_s, read_stat
 from orchestrator.rundir_files import RunDir
 from orchestrator.wake import poke
@@ -143,6 +150,10 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
     """The attempt, with every record written through `held` (see held_dir)."""
     run_dir = held.path
     pgid = become_group_leader()
+    # Before the worker starts: whatever it starts stays in the cgroup and, orphaned, in our
+    # tree (strays), so none of it outlives the attempt or hides its GPU memory.
+    in_cgroup = join_cgroup(os.environ.get(CGROUP_VAR, ""))
+    subreaper = become_subreaper()
     my_pid = os.getpid()
     info: dict[str, Any] = {
         "pid": my_pid,
@@ -210,7 +221,9 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
         )
         sampler.start()
         returncode = child.wait()
-        sampler.stop()
+        left = descendants(my_pid)
+        sampler.stop(final=bool(left))  # what the leftovers hold is the attempt's peak too
+        leftovers = end_leftovers(my_pid) if left else []
         tee.thread.join(DRAIN_S)
 
         killed_by = -returncode if returncode < 0 else None
@@ -225,6 +238,9 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
                     "received": received,
                     "forwarded": forwarded,
                     "ended_at": _now(),
+                    # processes the worker left running, ended here before this record
+                    "leftovers": leftovers,
+                    "tracking": [name for name, on in (("cgroup", in_cgroup), ("subreaper", subreaper)) if on],
                 },
             )
         except RunDirMoved as exc:

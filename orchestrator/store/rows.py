@@ -189,6 +189,7 @@ class Attempt:
     peak_by_rank: dict[str, Any] = field(default_factory=dict)  # worker pid -> {gpu, mib}
     port: int | None = None
     cpu_peak_cores: float | None = None
+    hunted: str | None = None  # processes outside its group ended at its end (attempt_tracking)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -215,7 +216,7 @@ class Attempt:
             gpu_uuids=tuple(str(u) for u in _json(row.get("gpu_uuids_json"), [])),
             held_by_gpu=_json(row.get("held_by_gpu_json"), {}), peak_by_gpu=_json(row.get("peak_by_gpu_json"), {}),
             peak_by_rank=_json(row.get("peak_by_rank_json"), {}), port=_opt_int(row.get("port")),
-            cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")),
+            cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")), hunted=row.get("hunted"),
         )
 
     @property

@@ -348,3 +348,10 @@ def m015_shape_teachers(db: sqlite_utils.Database) -> None:
         "UPDATE memory_shapes SET suites_json = json_array(suite) WHERE suite IS NOT NULL",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m016_attempt_strays(db: sqlite_utils.Database) -> None:
+    # Processes of an attempt that had to be found and ended outside its process group
+    # (setsid, double fork), in one line for `orch show`: how many, which, and how found.
+    db.execute("ALTER TABLE attempts ADD COLUMN hunted TEXT")
