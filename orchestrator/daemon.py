@@ -31,6 +31,7 @@ from orchestrator.diskspace import (
     DEFAULT_WARN_FREE_MIB,
     DiskState,
     disk_state,
+    is_disk_full_error,
 )
 from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.dispatch_remote import schedule_remote
@@ -167,6 +168,8 @@ class Daemon:
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
         self.hunter = StrayHunter(clock, self.ctx.runs_dir)  # then their processes outside the group
         self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
+        self._disk_full_at_s: float | None = None  # when a write last found the disk full (monotonic)
+        self._disk_full_said = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -328,8 +331,15 @@ class Daemon:
         else:
             message = f"disk space back: {self.disk.path} has {self.disk.free_mib} MiB free"
         (log.warning if self.disk.level != "ok" else log.info)("%s", message)
-        with self.store.write():
-            add_event(self.store, "disk", message, data=self.disk.to_json())
+        if not self.disk.full:
+            self._disk_full_said = False
+        try:
+            with self.store.write():
+                add_event(self.store, "disk", message, data=self.disk.to_json())
+        except Exception as exc:
+            if not is_disk_full_error(exc):
+                raise
+            self._note_disk_full(exc)  # the event is lost; the state it tells of is in the log
 
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...], only: Collection[Path] | None = None) -> int:
         """Bring every live attempt's record up to date (`only`: those with these run dirs;
@@ -372,6 +382,9 @@ class Daemon:
                 self._attempt_error_counts.pop(attempt.id, None)  # errors count in a row only
             except Exception as exc:
                 still_live += 1
+                if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
+                    self._note_disk_full(exc)
+                    continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         if wanted is None:
@@ -382,6 +395,13 @@ class Daemon:
             self._abandoning &= {a.id for a in live}
             self.resources.keep_only(a.id for a in live)
         return still_live
+
+    def _note_disk_full(self, exc: Exception) -> None:
+        """A write refused for lack of space: said once until the disk has room again."""
+        self._disk_full_at_s = self.clock.monotonic_s()
+        if not self._disk_full_said:
+            self._disk_full_said = True
+            log.warning("%s; running attempts keep running, their ends are recorded once there is room", exc)
 
     def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
         """Record the error against the attempt (once per distinct message); after
@@ -433,6 +453,8 @@ class Daemon:
             self._track(attempt, obs, gpu)
             self._learn_rate(attempt, job, obs, tenants)
         disk_full = self.disk is not None and self.disk.full
+        if verdict is Verdict.HUNG and self._silenced_by_disk(job.hang_timeout_s):
+            verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
         if verdict is Verdict.HUNG and attempt.kill_requested is None:
             attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
             faults.reach("after_mark_hung")
@@ -460,6 +482,13 @@ class Daemon:
         self._attempt_errors.pop(attempt.id, None)
         self._attempt_error_counts.pop(attempt.id, None)
         return 0
+
+    def _silenced_by_disk(self, hang_timeout_s: float) -> bool:
+        """The disk was full within the hang timeout (now, or a write found it so)."""
+        now = self.clock.monotonic_s()
+        if self.disk is not None and self.disk.full:
+            self._disk_full_at_s = now
+        return self._disk_full_at_s is not None and now - self._disk_full_at_s < hang_timeout_s
 
     def _is_remote(self, attempt: Attempt) -> bool:
         return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))

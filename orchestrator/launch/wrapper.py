@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -43,6 +45,8 @@ from orchestrator.wake import poke
 
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
 EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrapper already)
+DISK_RETRY_S = 1.0  # how often a record refused for a full disk is written again
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -122,12 +126,18 @@ class _Tee:
         self.source = source
         self.log = log
         self.echo = True
+        self.dropped_bytes = 0  # output that could not be logged (disk full)
         self.thread = threading.Thread(target=self._run, name="tee", daemon=True)
 
     def _run(self) -> None:
         while chunk := os.read(self.source.fileno(), 65536):
-            self.log.write(chunk)
-            self.log.flush()
+            try:
+                self.log.write(chunk)
+                self.log.flush()
+            except OSError:
+                # A full disk: this chunk is not logged, but the pipe is still drained (a
+                # worker blocked on a full pipe would stop) and the pane still shows it.
+                self.dropped_bytes += len(chunk)
             if self.echo:
                 try:
                     sys.stdout.buffer.write(chunk)
@@ -225,11 +235,15 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
         sampler.stop(final=bool(left))  # what the leftovers hold is the attempt's peak too
         leftovers = end_leftovers(my_pid) if left else []
         tee.thread.join(DRAIN_S)
+        if tee.dropped_bytes:
+            with contextlib.suppress(OSError, ValueError):
+                log.write(f"orch wrapper: {tee.dropped_bytes} bytes of output not logged (disk full)\n".encode())
 
         killed_by = -returncode if returncode < 0 else None
         exit_code = 128 + killed_by if killed_by is not None else returncode
         try:
-            held.write_json(
+            write_until_room(
+                held,
                 RunDir.EXIT,
                 {
                     "exit_code": exit_code,
@@ -254,6 +268,23 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
             print(f"orch wrapper: cannot write exit.json: {exc}", file=sys.stderr)
     poke(run_dir)  # the daemon hands the slot on now, not at its next pass
     return exit_code
+
+
+def write_until_room(held: HeldRunDir, name: str, record: dict[str, Any]) -> None:
+    """Write `record`, waiting while the disk is full: the daemon sees this wrapper alive and
+    decides nothing until the record is there (a stop from orch still ends it: SIGKILL)."""
+    said = False
+    while True:
+        try:
+            held.write_json(name, record)
+            return
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS or isinstance(exc, RunDirMoved):
+                raise
+            if not said:
+                print(f"orch wrapper: disk full, waiting for room to write {name}", file=sys.stderr)
+                said = True
+            time.sleep(DISK_RETRY_S)
 
 
 def main(argv: list[str] | None = None) -> int:
