@@ -26,6 +26,7 @@ from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
 )
+from orchestrator.database_file import file_identity, leave_note, what_became_of
 from orchestrator.diskspace import (
     DEFAULT_MIN_FREE_MIB,
     DEFAULT_WARN_FREE_MIB,
@@ -170,6 +171,7 @@ class Daemon:
         self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
         self._disk_full_at_s: float | None = None  # when a write last found the disk full (monotonic)
         self._disk_full_said = False
+        self._db_identity: tuple[int, int] | None = None  # (device, inode) of state.db, read at start
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -179,6 +181,7 @@ class Daemon:
         faults.arm_from_env()  # crash-recovery tests only: exit at a named point
         self._lock.acquire()
         self.started_at_s = self.clock.now_s()  # after the lock: no other daemon launches from here on
+        self._db_identity = file_identity(self.settings.db_path)  # the file this daemon runs on
         try:
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
             self._register()
@@ -249,6 +252,18 @@ class Daemon:
         # Changes only when another connection commits; our own heartbeat writes do not count.
         return data_version(self.store)
 
+    def _database_lost(self) -> bool:
+        """state.db removed or replaced under us (device and inode, read every pass): stop,
+        saying why in the log and the lock file; running workers keep running."""
+        why = what_became_of(self.settings.db_path, self._db_identity) if self._db_identity is not None else None
+        if why is None:
+            return False
+        log.error("%s: stopping; running workers keep running (a daemon on a new database adopts none of them)", why)
+        fd = self._lock.fileno()
+        if fd is not None:
+            leave_note(fd, why)
+        return True
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request_stop()
 
@@ -273,6 +288,8 @@ class Daemon:
     def tick(self, only: Collection[Path] | None = None) -> bool:
         """One pass. Returns True when the daemon should exit (stop requested, or drained).
         `only`: run dirs whose wrappers said they ended; just those attempts are reconciled."""
+        if self._database_lost():
+            return True
         control = daemon_control(self.store)
         draining = control.draining
         if control.stop_requested:

@@ -141,3 +141,55 @@ def test_a_full_disk_under_the_database_holds_decisions_it_does_not_make_them(tm
             assert all(a["peak_mib"] > 0 for a in attempts)
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True, check=False)
+
+
+def test_state_db_removed_under_a_running_daemon_stops_it_and_the_cli_says_so(orch: Orch) -> None:
+    orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 30}}, mem_gib=1, max_attempts=1)
+    orch.submit("s", "1:a")
+    pid = orch.start_daemon(poll_s=0.2)
+    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the job running")
+    orch.db.unlink()
+    # the daemon notices at its next pass and stops; until then, or after, one line each
+    status = orch.run("daemon", "status", check=False)
+    assert status.returncode == 0 and len(status.stdout.strip().splitlines()) == 1, status
+    assert "was removed" in status.stdout and "Traceback" not in status.stderr
+    wait_until(lambda: not pid_alive(pid), 30, "the daemon to stop by itself")
+    assert "was removed while the daemon ran" in Path(str(orch.db) + ".daemon.log").read_text()
+    status = orch.run("daemon", "status")
+    assert status.stdout.strip().splitlines() == [
+        f"daemon: not running for {orch.db}; the last one stopped at {status.stdout.split(' at ', 1)[1].strip()}"]
+    assert "was removed while the daemon ran" in status.stdout
+    assert orch.run("daemon", "stop").stdout.startswith("no daemon is running")
+    submitted = orch.run("submit", "--suite", "s", "--pairs", "2:a")
+    assert "was removed while the daemon ran" in submitted.stderr and "Traceback" not in submitted.stderr
+
+
+def test_daemon_stop_stops_a_daemon_still_running_on_a_removed_state_db(orch: Orch) -> None:
+    orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 30}}, mem_gib=1, max_attempts=1)
+    orch.submit("s", "1:a")
+    pid = orch.start_daemon(poll_s=30)  # a long pass: it is still running on the removed file
+    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the job running")
+    orch.db.unlink()
+    submitted = orch.run("submit", "--suite", "s", "--pairs", "2:a", check=False)
+    assert submitted.returncode == 1 and "Traceback" not in submitted.stderr
+    assert submitted.stderr.strip().splitlines() == [
+        f"orch: error: state database {orch.db} was removed while its daemon (pid {pid}) ran on it; the daemon "
+        "stops by itself at its next pass, `orch daemon stop` stops it now"]
+    assert not orch.db.exists()  # nothing was written
+    stopped = orch.run("daemon", "stop")
+    assert f"daemon (pid {pid}) stopped" in stopped.stdout and not pid_alive(pid)
+
+
+def test_an_immutable_state_db_is_one_line_on_submit(orch: Orch) -> None:
+    orch.write_suite("s", {"c": {"sim_mem_gib": 1}}, mem_gib=1)
+    orch.submit("s", "1:a")
+    if subprocess.run(["chattr", "+i", str(orch.db)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("chattr +i is not allowed here (needs root on a filesystem with attributes)")
+    try:
+        proc = orch.run("submit", "--suite", "s", "--pairs", "2:a", check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"orch: error: cannot write state database {orch.db}: the file is read-only or immutable "
+            f"(`lsattr {orch.db}`); make it writable (`chmod u+w`, `chattr -i`) or pass another --db"]
+    finally:
+        subprocess.run(["chattr", "-i", str(orch.db)], capture_output=True, check=False)

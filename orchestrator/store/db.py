@@ -202,6 +202,11 @@ def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
         )
     if "not a database" in text or "malformed" in text or "file is encrypted" in text:
         return f"state database {path} is corrupt or not an orch database ({text}); move it aside and resubmit"
+    if "readonly" in text and path.exists() and not os.access(path, os.W_OK):
+        return (
+            f"cannot write state database {path}: the file is read-only or immutable (`lsattr {path}`); "
+            f"make it writable (`chmod u+w`, `chattr -i`) or pass another --db"
+        )
     if "readonly" in text or "unable to open" in text:
         return f"cannot write state database {path} ({text}); check the directory's permissions"
     return f"state database {path}: {text}"
