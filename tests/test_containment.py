@@ -125,11 +125,10 @@ def test_a_full_disk_under_the_database_holds_decisions_it_does_not_make_them(tm
                 return pids if len(pids) == 4 else None
             worker_pids = wait_until(workers, 30, "four workers running")
             filler = small / "filler"
-            with open(filler, "wb") as handle:  # fill the filesystem for real
-                with contextlib.suppress(OSError):
-                    while True:
-                        handle.write(b"\0" * (1 << 20))
-                        handle.flush()
+            with open(filler, "wb") as handle, contextlib.suppress(OSError):  # fill the filesystem for real
+                while True:
+                    handle.write(b"\0" * (1 << 20))
+                    handle.flush()
             # full until every worker has reached its end (7 s of steps), then freed
             wait_until(lambda: all(time.time() - psutil.Process(pid).create_time() > 8.5 for pid in worker_pids
                                    if pid_alive(pid)), 60, "the workers to reach their end")
