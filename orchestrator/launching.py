@@ -24,7 +24,7 @@ from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run
 from orchestrator.packing import PackingPolicy
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
-from orchestrator.rundir_files import RunDir
+from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.resources import live_ports
@@ -166,7 +166,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
-                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id)},
+                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id),
+                   **({TOKEN_VAR: attempt.token} if attempt.token else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
         if moved_to is not None:

@@ -89,6 +89,7 @@ EXIT_FIELDS: dict[str, tuple[Check, str]] = {
     "error": (_short_text(MAX_TEXT_CHARS), "a short text"),
     "ended_at": (_short_text(64), "a timestamp"),
     "leftovers": (_leftovers, "a short list of {pid, name}"),
+    "token": (_short_text(64), "a short text"),
     "tracking": (_names, "a short list of names"),
 }
 RESULT_FIELDS: dict[str, tuple[Check, str]] = {
@@ -100,6 +101,7 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
+    "token": (_short_text(64), "a short text"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "t": (_number_in(0, 1e11), "a time in seconds"),
@@ -287,21 +289,14 @@ def read_log_tail(run_dir: Path | str, max_bytes: int = LOG_TAIL_BYTES) -> str:
 
 
 def read_gpu_peak_mib(run_dir: Path) -> int:
-    """The wrapper's measured peak, or 0 when absent or not believable."""
-    path = RunDir(run_dir).gpu_peak
+    """The wrapper's measured peak, or 0 when absent or not believable. Read through the run
+    dir's own handle (no level of the path followed if a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        with open_run_dir(Path(run_dir)) as dir_fd:
+            raw = read_file(dir_fd, RunDir.GPU_PEAK, MAX_GPU_PEAK_BYTES)
+        data = json.loads((raw or b"").decode("utf-8"))
+    except (FileProblem, RunTreeError, OSError, ValueError):
         return 0
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_GPU_PEAK_BYTES:
-            return 0
-        data = json.loads(os.read(fd, MAX_GPU_PEAK_BYTES).decode("utf-8"))
-    except (OSError, ValueError):
-        return 0
-    finally:
-        os.close(fd)
     peak = data.get("peak_mib") if isinstance(data, dict) else None
     if isinstance(peak, bool) or not isinstance(peak, int) or not 0 <= peak <= MAX_PEAK_MIB:
         return 0

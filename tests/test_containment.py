@@ -192,3 +192,21 @@ def test_an_immutable_state_db_is_one_line_on_submit(orch: Orch) -> None:
             f"(`lsattr {orch.db}`); make it writable (`chmod u+w`, `chattr -i`) or pass another --db"]
     finally:
         subprocess.run(["chattr", "-i", str(orch.db)], capture_output=True, check=False)
+
+
+def test_records_another_attempts_worker_forges_fail_no_one(orch: Orch) -> None:
+    orch.write_suite("victim", {"v": {"sim_mem_gib": 1, "sim_seconds": 6, "sim_ramp_s": 0.2}}, mem_gib=1, max_attempts=1)
+    orch.write_suite("forger", {"f": {"corrupt": "forge_neighbours", "forge_s": 2.5, "hold_s": 0}},
+                     worker=hostile_command(), mem_gib=0.25, max_attempts=1)
+    orch.submit("victim", "1:a")
+    orch.start_daemon(poll_s=0.1)
+    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the victim running")
+    orch.submit("forger", "1:a")
+    assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}
+    victim = orch.attempts(1)
+    assert [a["outcome"] for a in victim] == ["succeeded"]  # once: its forged end was not taken for its own
+    run_dir = Path(str(victim[0]["run_dir"]))
+    # its own records, written at its end over the forged ones, are what was read
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "succeeded"
+    assert "forged" not in (run_dir / "exit.json").read_text()
+    assert "forged" not in (victim[0]["reason"] or "")

@@ -68,6 +68,7 @@ def test_worker_killed_by_a_signal_is_recorded(tmp_path: Path) -> None:
         "ended_at": None,
         "leftovers": [],
         "tracking": ["subreaper"],  # no cgroup was given (ORCH_CGROUP)
+        "token": "",  # none was given (ORCH_ATTEMPT_TOKEN)
     }
 
 

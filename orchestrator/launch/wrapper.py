@@ -40,7 +40,7 @@ from orchestrator.launch.strays import (
     join_cgroup,
 )
 from orchestrator.procstat import create_time_s, read_stat
-from orchestrator.rundir_files import RunDir
+from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.wake import poke
 
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
@@ -198,6 +198,7 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
                     "signal": None,
                     "error": str(exc),
                     "ended_at": _now(),
+                    "token": os.environ.get(TOKEN_VAR, ""),
                 },
             )
             poke(run_dir)
@@ -252,6 +253,7 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
                     "received": received,
                     "forwarded": forwarded,
                     "ended_at": _now(),
+                    "token": os.environ.get(TOKEN_VAR, ""),  # this attempt's: others' workers lack it
                     # processes the worker left running, ended here before this record
                     "leftovers": leftovers,
                     "tracking": [name for name, on in (("cgroup", in_cgroup), ("subreaper", subreaper)) if on],

@@ -190,6 +190,7 @@ class Attempt:
     port: int | None = None
     cpu_peak_cores: float | None = None
     hunted: str | None = None  # processes outside its group ended at its end (attempt_tracking)
+    token: str | None = None  # this attempt's own, in its exit.json and our workers' result.json
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -217,6 +218,7 @@ class Attempt:
             held_by_gpu=_json(row.get("held_by_gpu_json"), {}), peak_by_gpu=_json(row.get("peak_by_gpu_json"), {}),
             peak_by_rank=_json(row.get("peak_by_rank_json"), {}), port=_opt_int(row.get("port")),
             cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")), hunted=row.get("hunted"),
+            token=row.get("token"),
         )
 
     @property
