@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from clock_daemon import clock_daemon
 from e2e_helpers import Orch, orch_env, pid_alive, requires_tmux, wait_until
 from hostile_helpers import hostile_command
 
@@ -210,3 +211,21 @@ def test_records_another_attempts_worker_forges_fail_no_one(orch: Orch) -> None:
     assert json.loads((run_dir / "result.json").read_text())["status"] == "succeeded"
     assert "forged" not in (run_dir / "exit.json").read_text()
     assert "forged" not in (victim[0]["reason"] or "")
+
+
+def test_a_result_json_of_ours_without_the_attempts_token_is_ignored(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic with a daemon ticked by hand: the record is forged between the worker's end
+    and the pass that reads it."""
+    with clock_daemon(tmp_path, monkeypatch) as d:
+        d.orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 1, "sim_ramp_s": 0.1}}, mem_gib=1,
+                           max_attempts=1)
+        d.submit("s", "1:a")
+        run_dir = Path(str(d.tick_until(lambda: d.running(1), 30, "the job running")["run_dir"]))
+        wait_until(lambda: (run_dir / "exit.json").exists(), 30, "the worker to end")  # no pass has read it
+        assert json.loads((run_dir / "result.json").read_text())["token"]  # the worker's own carries it
+        (run_dir / "result.json").write_text('{"status": "failed", "error": "forged", "metrics": {}}')
+        d.tick_until(lambda: d.orch.job_states()[1] != "running", 30, "the attempt to close")
+        attempt = d.attempt(1)
+        assert attempt is not None and attempt["outcome"] == "succeeded", attempt
+        assert "result.json: not written by this attempt's worker" in str(attempt["reason"])
