@@ -80,16 +80,28 @@ def attempt_cgroup(runs_dir: Path, attempt_id: int) -> Path | None:
     return None if parent is None else parent / f"a-{attempt_mark(runs_dir, attempt_id)}"
 
 
-def tracking_env(runs_dir: Path, attempt_id: int) -> dict[str, str]:
-    """What an attempt's environment carries to be found again: its mark, and its cgroup folder
-    when one could be made (the wrapper joins it)."""
+def tracking_env(runs_dir: Path, attempt_id: int, *, cgroup: bool = True) -> dict[str, str]:
+    """What an attempt's environment carries to be found again: its mark, and (`cgroup`: it runs
+    on this host) its cgroup folder when one could be made (the wrapper joins it)."""
     env = {MARK_VAR: attempt_mark(runs_dir, attempt_id)}
-    folder = attempt_cgroup(runs_dir, attempt_id)
+    folder = attempt_cgroup(runs_dir, attempt_id) if cgroup else None
     if folder is not None:
         with contextlib.suppress(OSError):
             folder.mkdir(exist_ok=True)
             env[CGROUP_VAR] = str(folder)
     return env
+
+
+def remove_empty_cgroups(runs_dir: Path) -> None:
+    """Remove this runs dir's attempt folders that hold no process (left by a daemon that was
+    killed, or attempts closed without a hunt); one with processes refuses (EBUSY) and stays."""
+    parent = cgroup_parent()
+    if parent is None:
+        return
+    with contextlib.suppress(OSError):
+        for folder in parent.glob(f"a-{runs_key(runs_dir)}-*"):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def cgroup_pids(folder: Path) -> list[int]:
@@ -152,9 +164,13 @@ class StrayHunter:
         self.runs_dir = runs_dir
         self._hunts: dict[int, Hunt] = {}
         self._marked: dict[str, list[int]] | None = None
+        self._swept = False
 
     def new_pass(self) -> None:
         self._marked = None  # /proc is read again at the first question of the pass
+        if not self._swept:  # the first pass (the daemon holds its lock): what earlier ones left
+            self._swept = True
+            remove_empty_cgroups(self.runs_dir)
 
     def _members(self, attempt_id: int) -> tuple[list[int], Tracking]:
         folder = attempt_cgroup(self.runs_dir, attempt_id)

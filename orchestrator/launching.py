@@ -75,7 +75,8 @@ def launch_all(
     competing for the CPU. Every database write stays on this thread."""
     if not claims:
         return
-    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c), claims)
+    local = not getattr(launcher, "remote", False)  # a cluster node has no use for our cgroups
+    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c, local), claims)
     ready = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec, LaunchSpec)]
     outcomes: list[LaunchHandle | Exception] = [s if isinstance(s, Exception) else LauncherError("") for s in specs]
     batch = getattr(launcher, "launch_many", None)
@@ -156,7 +157,7 @@ def claim(
     return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
 
 
-def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
+def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> LaunchSpec | Exception:
     """Run dir and launch spec of one claimed attempt; no database access (it runs in a pool)."""
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
@@ -166,7 +167,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
-                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id),
+                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
