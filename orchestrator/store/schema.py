@@ -351,7 +351,7 @@ def m015_shape_teachers(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
-def m016_attempt_containment(db: sqlite_utils.Database) -> None:
+def m018_attempt_containment(db: sqlite_utils.Database) -> None:
     # `hunted`: processes of an attempt that had to be found and ended outside its process
     # group (setsid, double fork), in one line for `orch show`: how many, which, how found.
     # `token`: random per attempt, given to its wrapper and worker (ORCH_ATTEMPT_TOKEN); an
