@@ -150,13 +150,13 @@ def test_state_db_removed_under_a_running_daemon_stops_it_and_the_cli_says_so(or
     wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the job running")
     orch.db.unlink()
     # the daemon notices at its next pass and stops; until then, or after, one line each
-    status = orch.run("daemon", "status", check=False)
-    assert status.returncode == 0 and len(status.stdout.strip().splitlines()) == 1, status
-    assert "was removed" in status.stdout and "Traceback" not in status.stderr
+    status = orch.run("daemon", "status", check=False)  # still running on it, or stopped already
+    assert len(status.stdout.strip().splitlines()) == 1 and not status.stderr, status
+    assert "was removed" in status.stdout
     wait_until(lambda: not pid_alive(pid), 30, "the daemon to stop by itself")
     assert "was removed while the daemon ran" in Path(str(orch.db) + ".daemon.log").read_text()
-    status = orch.run("daemon", "status")
-    assert status.stdout.strip().splitlines() == [
+    status = orch.run("daemon", "status", check=False)  # exits as "not running" does
+    assert not status.stderr and status.stdout.strip().splitlines() == [
         f"daemon: not running for {orch.db}; the last one stopped at {status.stdout.split(' at ', 1)[1].strip()}"]
     assert "was removed while the daemon ran" in status.stdout
     assert orch.run("daemon", "stop").stdout.startswith("no daemon is running")
