@@ -219,8 +219,9 @@ class StrayHunter:
                 folder.rmdir()
 
     def hunted(self, attempt_id: int) -> str | None:
-        """What had to be hunted for this attempt, in one line (None: nothing); forgets it."""
-        hunt = self._hunts.pop(attempt_id, None)
+        """What had to be hunted for this attempt, in one line (None: nothing); kept until the
+        attempt is closed (keep_only), so an end whose write failed says it again."""
+        hunt = self._hunts.get(attempt_id)
         if hunt is None or not hunt.found:
             return None
         return describe(hunt.found, f"found by its {hunt.tracking.value}", "by orch after its process group ended")
