@@ -484,7 +484,8 @@ class Daemon:
         if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, job, obs):
             self._ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
             return 1  # members of its group live on: stopped across passes before it may end
-        record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
+        if verdict in (Verdict.FINISHED, Verdict.LOST):  # its processes are all gone: say what that took
+            record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
         if verdict is Verdict.FINISHED:
             self._learn_host(attempt, job)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full, hung=hung)
