@@ -92,16 +92,21 @@ def tracking_env(runs_dir: Path, attempt_id: int, *, cgroup: bool = True) -> dic
     return env
 
 
-def remove_empty_cgroups(runs_dir: Path) -> None:
+def remove_empty_cgroups(runs_dir: Path) -> int:
     """Remove this runs dir's attempt folders that hold no process (left by a daemon that was
-    killed, or attempts closed without a hunt); one with processes refuses (EBUSY) and stays."""
+    killed, or attempts closed without a hunt); one with processes refuses (EBUSY) and stays.
+    Returns how many stay."""
     parent = cgroup_parent()
     if parent is None:
-        return
+        return 0
+    staying = 0
     with contextlib.suppress(OSError):
         for folder in parent.glob(f"a-{runs_key(runs_dir)}-*"):
-            with contextlib.suppress(OSError):
+            try:
                 folder.rmdir()
+            except OSError:
+                staying += 1
+    return staying
 
 
 def cgroup_pids(folder: Path) -> list[int]:

@@ -188,7 +188,9 @@ class Orch:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
         runs = self.root / "runs"
-        remove_empty_cgroups(runs_dir(self.db))  # the attempts' cgroup folders, where any were made
+        # the attempts' cgroup folders, where any were made, once the processes killed above are gone
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: remove_empty_cgroups(runs_dir(self.db)) == 0, 5, "the attempts' cgroups to empty")
         if runs.exists():
             runs.chmod(0o700)
 
