@@ -86,6 +86,43 @@ def _name(pid: int) -> str:
     return "?"
 
 
+def reap_orphans(worker_pid: int) -> None:
+    """Collect orphans reparented to us that have exited (a subreaper's zombies would pile up
+    over a long run), never the worker itself: its status is Popen's to collect."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return
+        if info is None or info.si_pid == worker_pid:
+            return  # none has exited, or the worker has: the wrapper is about to end anyway
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(info.si_pid, os.WNOHANG)
+
+
+class OrphanReaper:
+    """Calls reap_orphans every `interval_s` on a thread of its own while the worker runs."""
+
+    def __init__(self, worker_pid: int, interval_s: float = 2.0) -> None:
+        import threading
+
+        self.worker_pid = worker_pid
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="reaper", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(self.interval_s * 2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            reap_orphans(self.worker_pid)
+
+
 def _reap() -> None:
     """Collect the exit status of orphans reparented to us (they are our children now)."""
     with contextlib.suppress(ChildProcessError, OSError):

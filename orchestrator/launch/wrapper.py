@@ -34,6 +34,7 @@ from orchestrator.launch.gpu_peak import GpuPeakSampler
 from orchestrator.launch.held_dir import HeldRunDir, RunDirMoved, write_quietly
 from orchestrator.launch.strays import (
     CGROUP_VAR,
+    OrphanReaper,
     become_subreaper,
     descendants,
     end_leftovers,
@@ -231,7 +232,12 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
             lambda peak: write_quietly(held, RunDir.GPU_PEAK, peak), my_pid, prepare=_load_site
         )
         sampler.start()
+        reaper = OrphanReaper(child.pid) if subreaper else None
+        if reaper is not None:
+            reaper.start()
         returncode = child.wait()
+        if reaper is not None:
+            reaper.stop()
         left = descendants(my_pid)
         sampler.stop(final=bool(left))  # what the leftovers hold is the attempt's peak too
         leftovers = end_leftovers(my_pid) if left else []
