@@ -20,16 +20,19 @@ from typing import Any
 import psutil
 
 from orchestrator import faults
+from orchestrator.attempt_tracking import StrayHunter, record_hunted
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon_state import (
     DaemonLock,
     runs_dir,
 )
+from orchestrator.database_file import file_identity, leave_note, what_became_of
 from orchestrator.diskspace import (
     DEFAULT_MIN_FREE_MIB,
     DEFAULT_WARN_FREE_MIB,
     DiskState,
     disk_state,
+    is_disk_full_error,
 )
 from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.dispatch_remote import schedule_remote
@@ -165,7 +168,11 @@ class Daemon:
         self._trees = ProcessTrees()
         self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
+        self.hunter = StrayHunter(clock, self.ctx.runs_dir)  # then their processes outside the group
         self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
+        self._disk_full_at_s: float | None = None  # when a write last found the disk full (monotonic)
+        self._disk_full_said = False
+        self._db_identity: tuple[int, int] | None = None  # (device, inode) of state.db, read at start
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -175,6 +182,7 @@ class Daemon:
         faults.arm_from_env()  # crash-recovery tests only: exit at a named point
         self._lock.acquire()
         self.started_at_s = self.clock.now_s()  # after the lock: no other daemon launches from here on
+        self._db_identity = file_identity(self.settings.db_path)  # the file this daemon runs on
         try:
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
             self._register()
@@ -245,6 +253,18 @@ class Daemon:
         # Changes only when another connection commits; our own heartbeat writes do not count.
         return data_version(self.store)
 
+    def _database_lost(self) -> bool:
+        """state.db removed or replaced under us (device and inode, read every pass): stop,
+        saying why in the log and the lock file; running workers keep running."""
+        why = what_became_of(self.settings.db_path, self._db_identity) if self._db_identity is not None else None
+        if why is None:
+            return False
+        log.error("%s: stopping; running workers keep running (a daemon on a new database adopts none of them)", why)
+        fd = self._lock.fileno()
+        if fd is not None:
+            leave_note(fd, why)
+        return True
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request_stop()
 
@@ -269,6 +289,8 @@ class Daemon:
     def tick(self, only: Collection[Path] | None = None) -> bool:
         """One pass. Returns True when the daemon should exit (stop requested, or drained).
         `only`: run dirs whose wrappers said they ended; just those attempts are reconciled."""
+        if self._database_lost():
+            return True
         control = daemon_control(self.store)
         draining = control.draining
         if control.stop_requested:
@@ -327,8 +349,15 @@ class Daemon:
         else:
             message = f"disk space back: {self.disk.path} has {self.disk.free_mib} MiB free"
         (log.warning if self.disk.level != "ok" else log.info)("%s", message)
-        with self.store.write():
-            add_event(self.store, "disk", message, data=self.disk.to_json())
+        if not self.disk.full:
+            self._disk_full_said = False
+        try:
+            with self.store.write():
+                add_event(self.store, "disk", message, data=self.disk.to_json())
+        except Exception as exc:
+            if not is_disk_full_error(exc):
+                raise
+            self._note_disk_full(exc)  # the event is lost; the state it tells of is in the log
 
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...], only: Collection[Path] | None = None) -> int:
         """Bring every live attempt's record up to date (`only`: those with these run dirs;
@@ -340,6 +369,7 @@ class Daemon:
         self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
         self.resources.new_pass()
         self.stopper.new_pass()
+        self.hunter.new_pass()
         self._ending_mib = Counter()
         still_live = 0
         live, jobs = live_attempts_with_jobs(self.store)
@@ -370,15 +400,26 @@ class Daemon:
                 self._attempt_error_counts.pop(attempt.id, None)  # errors count in a row only
             except Exception as exc:
                 still_live += 1
+                if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
+                    self._note_disk_full(exc)
+                    continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
         self.stopper.keep_only(a.id for a in live)
+        self.hunter.keep_only({a.id for a in live})
         if wanted is None:
             self._abandoning &= {a.id for a in live}
             self.resources.keep_only(a.id for a in live)
         return still_live
+
+    def _note_disk_full(self, exc: Exception) -> None:
+        """A write refused for lack of space: said once until the disk has room again."""
+        self._disk_full_at_s = self.clock.monotonic_s()
+        if not self._disk_full_said:
+            self._disk_full_said = True
+            log.warning("%s; running attempts keep running, their ends are recorded once there is room", exc)
 
     def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
         """Record the error against the attempt (once per distinct message); after
@@ -430,6 +471,8 @@ class Daemon:
             self._track(attempt, obs, gpu)
             self._learn_rate(attempt, job, obs, tenants)
         disk_full = self.disk is not None and self.disk.full
+        if verdict is Verdict.HUNG and self._silenced_by_disk(job.hang_timeout_s):
+            verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
         if verdict is Verdict.HUNG and attempt.kill_requested is None:
             attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
             faults.reach("after_mark_hung")
@@ -442,6 +485,8 @@ class Daemon:
         if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, job, obs):
             self._ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
             return 1  # members of its group live on: stopped across passes before it may end
+        if verdict in (Verdict.FINISHED, Verdict.LOST):  # its processes are all gone: say what that took
+            record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
         if verdict is Verdict.FINISHED:
             self._learn_host(attempt, job)
             complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full, hung=hung)
@@ -456,6 +501,13 @@ class Daemon:
         self._attempt_errors.pop(attempt.id, None)
         self._attempt_error_counts.pop(attempt.id, None)
         return 0
+
+    def _silenced_by_disk(self, hang_timeout_s: float) -> bool:
+        """The disk was full within the hang timeout (now, or a write found it so)."""
+        now = self.clock.monotonic_s()
+        if self.disk is not None and self.disk.full:
+            self._disk_full_at_s = now
+        return self._disk_full_at_s is not None and now - self._disk_full_at_s < hang_timeout_s
 
     def _is_remote(self, attempt: Attempt) -> bool:
         return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))
@@ -610,8 +662,10 @@ class Daemon:
         if group is None:
             if obs is not None and (obs.launcher_alive or obs.process_alive):
                 log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt.id)
-            return True
-        return self.stopper.stop(attempt.id, *group)
+        elif not self.stopper.stop(attempt.id, *group):
+            return False
+        # the group is gone: what left it (setsid, double fork) is found by cgroup or mark
+        return self.hunter.stop(attempt.id)
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:

@@ -68,6 +68,10 @@ class DaemonLock:
         handle.flush()
         self._handle = handle
 
+    def fileno(self) -> int | None:
+        """The held lock file's descriptor (database_file.leave_note writes through it)."""
+        return self._handle.fileno() if self._handle is not None else None
+
     def release(self) -> None:
         if self._handle is not None:
             self._handle.close()

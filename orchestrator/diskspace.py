@@ -73,7 +73,10 @@ def disk_state(path: Path, min_free_mib: int, warn_free_mib: int) -> DiskState:
 
 
 def is_disk_full_error(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+    """ENOSPC/EDQUOT from the OS, or SQLite's full database (errors.DatabaseDiskFull)."""
+    from orchestrator.errors import DatabaseDiskFull
+
+    return isinstance(exc, DatabaseDiskFull) or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS)
 
 
 def disk_full_evidence(*texts: str | None) -> str | None:

@@ -28,6 +28,11 @@ class StoreError(OrchError):
     """state.db is unreadable, corrupt, locked or from a newer orch."""
 
 
+class DatabaseDiskFull(StoreError):
+    """state.db could not be written: its filesystem is full (SQLITE_FULL). Nothing about a
+    job follows from it: what was to be written is written again once there is room."""
+
+
 class MissingDatabase(StoreError):
     """A command that only reads was pointed at a state.db that does not exist."""
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.attempt_tracking import tracking_env
 from orchestrator.diskspace import is_disk_full_error
 from orchestrator.errors import ClusterBusy, InvalidTransition, LauncherError, OrchError
 from orchestrator.gpu.host import HostProbe
@@ -31,7 +32,7 @@ from orchestrator.plans.resume import (
 from orchestrator.prediction import job_keys
 from orchestrator.prediction_source import PredictionSource
 from orchestrator.resources import free_port
-from orchestrator.rundir_files import RunDir
+from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.store.attempts import (
     AttemptPlan,
     past_attempts,
@@ -87,7 +88,8 @@ def launch_all(
     competing for the CPU. Every database write stays on this thread."""
     if not claims:
         return
-    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c), claims)
+    local = not getattr(launcher, "remote", False)  # a cluster node has no use for our cgroups
+    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c, local), claims)
     ready = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec, LaunchSpec)]
     outcomes: list[LaunchHandle | Exception] = [s if isinstance(s, Exception) else LauncherError("") for s in specs]
     batch = getattr(launcher, "launch_many", None)
@@ -187,7 +189,7 @@ def resume_point(store: Store, job: Job) -> CheckpointSearch:
     return search_checkpoints((n, Path(run_dir)) for n, run_dir in usable)
 
 
-def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
+def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> LaunchSpec | Exception:
     """Run dir and launch spec of one claimed attempt; no database access (it runs in a pool)."""
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
@@ -197,7 +199,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
-                   "ORCH_RUN_DIR": str(run_dir)},
+                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
+                   **({TOKEN_VAR: attempt.token} if attempt.token else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
         if moved_to is not None:
@@ -214,4 +217,4 @@ def _prepare(ctx: DispatchContext, claimed: Claim) -> LaunchSpec | Exception:
                       argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
                       meta={"suite": job.suite, "n": attempt.n, "predicted_peak_mib": attempt.predicted_peak_mib,
                             "run_alone": attempt.run_alone, "slurm": dict(job.slurm), "gpus": job.gpus,
-                            "can_resume": worker_can_resume(job.worker, claimed.config)})
+                            "can_resume": worker_can_resume(job.worker, job_keys(job), claimed.config)})

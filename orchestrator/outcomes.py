@@ -14,6 +14,7 @@ from orchestrator.diskspace import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.ladder import Level, retry_decision, with_host_settings
 from orchestrator.launch.checkpoints import remove_checkpoints
+from orchestrator.launch.rundir import OUR_WORKERS
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.memory import update_shape
 from orchestrator.plans import CrashLoop
@@ -92,7 +93,13 @@ def complete(
     run_dir = Path(attempt.run_dir)
     exit_record = obs.exit_record if obs else None
     problems = list(obs.problems) if obs else []
+    job = job_by_id(store, attempt.job_id)
+    assert job is not None  # attempts reference their job (a foreign key)
     result = read_result(run_dir, problems)
+    if result is not None and attempt.token and job.worker in OUR_WORKERS and result.get("token") != attempt.token:
+        # our workers sign their result; this one was written by another attempt's worker
+        problems.append("result.json: not written by this attempt's worker (no matching token); ignored")
+        result = None
     log_tail = read_log_tail(run_dir)
     kill_reason = attempt.kill_requested
     verdict = classify_attempt(
@@ -111,8 +118,6 @@ def complete(
     disk_full = _disk_full(verdict, kill_reason, disk_full_now, log_tail, result, exit_record)
     if disk_full is not None:
         verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
-    job = job_by_id(store, attempt.job_id)
-    assert job is not None  # attempts reference their job (a foreign key)
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on

@@ -156,17 +156,22 @@ def observe(
         files = read(run_dir)  # it may have ended, with its record, just now
 
     output = runfiles.stat_output(run_dir)
+    exit_record, problems = files.exit_record, list(files.problems)
+    if exit_record is not None and attempt is not None and attempt.token and exit_record.get("token") != attempt.token:
+        # written by another attempt's worker (all run as one user): not this attempt's end
+        problems.append("exit.json: not written by this attempt's wrapper (no matching token); ignored")
+        exit_record = None
     return Observation(
         last_output_at=output.mtime_s if output is not None else None,
         pid_record=files.pid_record,
-        exit_record=files.exit_record,
+        exit_record=exit_record,
         process_alive=alive,
         last_progress=files.last_progress,
         last_progress_at=files.last_progress_at,
         now_s=now_s,
         launcher_alive=launcher_alive,
         pid_file_present=files.pid_file_present,
-        problems=tuple(files.problems),
+        problems=tuple(problems),
     )
 
 

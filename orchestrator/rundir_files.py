@@ -19,6 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+# The attempt's own random token, in its wrapper's and worker's environment: the wrapper writes
+# it into exit.json, our workers into result.json, and the daemon ignores a record without it
+# (written into this run dir by some other attempt's worker).
+TOKEN_VAR = "ORCH_ATTEMPT_TOKEN"
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 

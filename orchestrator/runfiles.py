@@ -65,6 +65,13 @@ def _names(v: Any) -> bool:
     return isinstance(v, list) and len(v) <= 16 and all(isinstance(s, str) and len(s) <= 32 for s in v)
 
 
+def _leftovers(v: Any) -> bool:
+    """The wrapper's list of processes the worker left running (launch.strays)."""
+    return isinstance(v, list) and len(v) <= 64 and all(
+        isinstance(p, dict) and _int_in(1, MAX_PID)(p.get("pid")) and _short_text(64)(p.get("name")) for p in v
+    )
+
+
 # field -> (check, what it must be); a field failing its check is dropped and named.
 PID_FIELDS: dict[str, tuple[Check, str]] = {
     "pid": (_int_in(1, MAX_PID), f"an integer from 1 to {MAX_PID}"),
@@ -81,6 +88,9 @@ EXIT_FIELDS: dict[str, tuple[Check, str]] = {
     "forwarded": (_names, "a short list of signal names"),
     "error": (_short_text(MAX_TEXT_CHARS), "a short text"),
     "ended_at": (_short_text(64), "a timestamp"),
+    "leftovers": (_leftovers, "a short list of {pid, name}"),
+    "token": (_short_text(64), "a short text"),
+    "tracking": (_names, "a short list of names"),
 }
 RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "status": (_short_text(64), "a short text"),
@@ -96,6 +106,7 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
     # statistically equal to one at the configured batch, not bit-equal
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
+    "token": (_short_text(64), "a short text"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "t": (_number_in(0, 1e11), "a time in seconds"),
@@ -283,21 +294,14 @@ def read_log_tail(run_dir: Path | str, max_bytes: int = LOG_TAIL_BYTES) -> str:
 
 
 def _read_gpu_peak(run_dir: Path) -> dict[str, Any]:
-    """gpu_peak.json as a mapping; empty when absent, not a small regular file, or not JSON."""
-    path = RunDir(run_dir).gpu_peak
+    """gpu_peak.json as a mapping; empty when absent, not a small regular file, or not JSON.
+    Read through the run dir's own handle (no level of the path followed if a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        with open_run_dir(Path(run_dir)) as dir_fd:
+            raw = read_file(dir_fd, RunDir.GPU_PEAK, MAX_GPU_PEAK_BYTES)
+        data = json.loads((raw or b"").decode("utf-8"))
+    except (FileProblem, RunTreeError, OSError, ValueError):
         return {}
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_GPU_PEAK_BYTES:
-            return {}
-        data = json.loads(os.read(fd, MAX_GPU_PEAK_BYTES).decode("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    finally:
-        os.close(fd)
     return data if isinstance(data, dict) else {}
 
 

@@ -20,7 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.daemon_state import tmux_socket_name
+from orchestrator.attempt_tracking import remove_empty_cgroups
+from orchestrator.daemon_state import runs_dir, tmux_socket_name
 from orchestrator.reconcile import process_matches
 
 T = TypeVar("T")
@@ -187,6 +188,9 @@ class Orch:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
         runs = self.root / "runs"
+        # the attempts' cgroup folders, where any were made, once the processes killed above are gone
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: remove_empty_cgroups(runs_dir(self.db)) == 0, 5, "the attempts' cgroups to empty")
         if runs.exists():
             runs.chmod(0o700)
 

@@ -238,3 +238,24 @@ def test_the_process_table_is_read_once_for_every_group_asked_about(monkeypatch:
     assert not groups.alive(NO_SUCH_PID)
     assert groups.alive(os.getpgid(0))
     assert reads == [1]
+
+
+def test_strays_get_sigterm_then_sigkill_after_their_shorter_grace() -> None:
+    from orchestrator.attempt_tracking import STRAY_GRACE_S, Hunt, plan_stop
+
+    hunt = Hunt()
+    assert plan_stop(hunt, True, 100.0) is KillStep.TERM
+    hunt.state = after(hunt.state, KillStep.TERM, 100.0)
+    assert plan_stop(hunt, True, 100.0 + STRAY_GRACE_S - 0.1) is KillStep.WAIT
+    assert plan_stop(hunt, True, 100.0 + STRAY_GRACE_S) is KillStep.KILL
+    assert plan_stop(hunt, False, 100.0 + STRAY_GRACE_S) is KillStep.GONE
+
+
+def test_what_was_hunted_is_said_in_one_line() -> None:
+    from orchestrator.attempt_tracking import describe
+
+    assert describe({12: "python", 13: "sleep"}, "found by its cgroup", "by orch after its process group ended") == (
+        "2 processes were left running and ended by orch after its process group ended "
+        "(pid 12 python, 13 sleep; found by its cgroup)")
+    many = describe({pid: "w" for pid in range(10, 20)}, "found by its environment", "by orch")
+    assert "and 2 more" in many and many.startswith("10 processes")

@@ -66,6 +66,9 @@ def test_worker_killed_by_a_signal_is_recorded(tmp_path: Path) -> None:
         "received": [],
         "forwarded": [],
         "ended_at": None,
+        "leftovers": [],
+        "tracking": ["subreaper"],  # no cgroup was given (ORCH_CGROUP)
+        "token": "",  # none was given (ORCH_ATTEMPT_TOKEN)
     }
 
 
@@ -203,3 +206,39 @@ def test_the_wrapper_starts_without_site_packages_and_still_samples_the_gpu(tmp_
     assert read_gpu_peak_mib(run_dir) == 3000
     pid_record = json.loads((run_dir / "pid.json").read_text())
     assert abs(pid_record["create_time"] - time.time()) < 60  # read from /proc, as psutil gives it
+
+
+def _zombie_children(pid: int) -> list[int]:
+    zombies = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == b"Z" and int(fields[1]) == pid:
+                zombies.append(int(entry))
+    return zombies
+
+
+def test_orphans_reparented_to_the_wrapper_are_reaped_while_the_worker_runs(tmp_path: Path) -> None:
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(0.2); os._exit(0)\n"  # an orphan of the wrapper once its parent is gone
+        "    os._exit(0)\n"
+        "os.wait(); print('forked', flush=True); time.sleep(5)\n"
+    )
+    proc = subprocess.Popen(wrapper_argv(tmp_path, [sys.executable, "-c", code]), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and b"forked" in proc.stdout.readline()
+        time.sleep(0.5)  # the orphan has exited by now (it lived 0.2 s)
+        deadline = time.monotonic() + 4
+        while _zombie_children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling the process table for the reaper's pass
+        assert _zombie_children(proc.pid) == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from rows_helpers import attempt_of
 
+from orchestrator.launch.held_dir import HeldRunDir
 from orchestrator.launch.wrapper import claim_run_dir
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.outcomes import _stopped_from_outside
@@ -162,8 +163,9 @@ def test_the_wrapper_and_mark_lost_never_both_go_on(tmp_path: Path) -> None:
         def wrapper_side(
             run_dir: Path = run_dir, barrier: threading.Barrier = barrier, claimed: list[bool] = claimed
         ) -> None:
-            barrier.wait()
-            claimed.append(claim_run_dir(run_dir, {"pid": 1}))
+            with HeldRunDir(run_dir) as held:
+                barrier.wait()
+                claimed.append(claim_run_dir(held, {"pid": 1}))
 
         thread = threading.Thread(target=wrapper_side)
         thread.start()

@@ -203,7 +203,7 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
         orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 4, "sim_ramp_s": 0.2}}, mem_gib=1, max_attempts=1)
-        orch.run("plan", "set", "3,3")
+        orch.run("plan", "set", "1,1")
         orch.submit("s", "1:a 2:a 3:a 4:a")
         orch.run("daemon", "start", "--poll", "0.2", "--min-free-mib", "2", "--warn-free-mib", "8")
         orch.daemon_pids.add(int(orch.daemon_pid() or 0))
@@ -229,7 +229,8 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
         filler.unlink()
         states = orch.wait_all_done(120)
         assert set(states.values()) == {"succeeded"}, states  # max_attempts 1: no disk-full attempt counted
-        assert any("disk full" in (a["reason"] or "") for a in orch.attempts())
+        # the running ones rode it out (their workers wait for room to write their result)
+        assert [a["outcome"] for a in orch.attempts()] == ["succeeded"] * 4
         assert orch.json("status")["disk"]["level"] == "ok"
     finally:
         orch.cleanup()

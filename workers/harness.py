@@ -9,14 +9,19 @@ library); nothing else of orchestrator is imported here, so a worker starts fast
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.rundir_files import RunDir, write_json
+from orchestrator.rundir_files import TOKEN_VAR, RunDir, write_json
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_RETRY_S = 1.0
 
 # Exit codes orch recognises without reading the log.
 EXIT_OK = 0
@@ -67,9 +72,14 @@ class Heartbeat:
             "peak_mem_mib": peak_mem_mib,
         }
         record.update(extra)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(finite_json(record), default=str, allow_nan=False) + "\n")
-            handle.flush()
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(finite_json(record), default=str, allow_nan=False) + "\n")
+                handle.flush()
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            # A full disk loses this heartbeat, not the run: orch holds its judgement meanwhile.
 
 
 def write_result(
@@ -95,7 +105,20 @@ def write_result(
         "seconds": seconds,
     }
     payload.update(extra)
-    write_json(RunDir(run_dir).result, finite_json(payload), parents=True)
+    if os.environ.get(TOKEN_VAR):
+        payload["token"] = os.environ[TOKEN_VAR]  # orch ignores a result.json of ours without it
+    said = False
+    while True:
+        try:
+            write_json(RunDir(run_dir).result, finite_json(payload), parents=True)
+            return
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            if not said:  # the result is the run's point: wait for room rather than lose it
+                print("worker: disk full, waiting for room to write result.json", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(DISK_RETRY_S)
 
 
 def read_last_progress(run_dir: Path) -> dict[str, Any] | None:

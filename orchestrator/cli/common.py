@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from orchestrator.errors import PlanError, UsageError
+from orchestrator.database_file import daemon_on_lost_file, last_note
+from orchestrator.errors import PlanError, StoreError, UsageError
 from orchestrator.gpu import machine_gpu_indices
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.store import Store
@@ -47,7 +48,16 @@ def plans_option(func: F) -> F:
 
 
 def open_store(db_path: Path, *, create: bool = False) -> Store:
-    return Store(db_path, create=create)
+    """state.db, refused in one line while a daemon still runs on a removed or replaced one;
+    a new database made where the last daemon stopped for that reason says so on stderr."""
+    lost = daemon_on_lost_file(db_path)
+    if lost is not None:
+        raise StoreError(lost[1])
+    note = last_note(db_path) if create and not Path(db_path).exists() else None
+    store = Store(db_path, create=create)
+    if note is not None:
+        click.echo(f"orch: note: a new state database; the last daemon stopped at {note}", err=True)
+    return store
 
 
 def echo_json(payload: Any) -> None:

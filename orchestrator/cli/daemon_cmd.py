@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -13,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+import psutil
 
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.daemon_state import DaemonLock, daemon_alive, runs_dir, sim_dir, tmux_socket_name
+from orchestrator.database_file import daemon_on_lost_file, last_note
 from orchestrator.diskspace import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
-from orchestrator.errors import DaemonError, UsageError
+from orchestrator.errors import DaemonError, MissingDatabase, StoreError, UsageError
 from orchestrator.gpu import GpuProbe, make_probe
 from orchestrator.launch.runtree import check_runs_root
 from orchestrator.notify import check_urls
@@ -345,13 +349,28 @@ def _own_error(log_path: Path, offset: int, pid: int) -> str:
 @db_option
 def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> None:
     """Stop the daemon; running workers keep running (and are adopted at the next start)."""
+    lost = daemon_on_lost_file(db_path)
+    if lost is not None:  # its database is gone: nothing to write the request into
+        _stop_by_signal(lost[0], timeout_s, f"daemon (pid {lost[0]}) stopped; {lost[1].split(';')[0]}")
+        return
+    note = last_note(db_path) if not Path(db_path).exists() else None
+    if note is not None:  # no database since its daemon stopped for that (a live one: above)
+        click.echo(f"no daemon is running for {db_path}: nothing to stop (the last one stopped at {note})")
+        return
     with open_store(db_path) as store:
         row = daemon_alive(store)
         if row is None:
             # Stopping what is already stopped succeeds, so scripts can always call it.
             click.echo(f"no daemon is running for {db_path}: nothing to stop")
             return
-        request_daemon_stop(store, drain=drain)
+        try:
+            request_daemon_stop(store, drain=drain)
+        except StoreError as exc:
+            if drain:
+                raise
+            # state.db cannot be written (read-only, immutable, disk full): SIGTERM does the same
+            _stop_by_signal(int(row["pid"]), timeout_s, f"daemon stopped (by SIGTERM: {exc})")
+            return
         if drain:
             click.echo(f"daemon (pid {row['pid']}) draining: nothing new starts; it exits when running jobs end")
             if not wait:
@@ -370,14 +389,38 @@ def daemon_stop(drain: bool, wait: bool, timeout_s: float, db_path: Path) -> Non
 EXIT_NOT_RUNNING = 3  # LSB's "program is not running", so `orch daemon status && ...` reads right
 
 
+def _stop_by_signal(pid: int, timeout_s: float, said: str) -> None:
+    """SIGTERM the daemon `pid` (proven ours by the caller) and wait for it to exit."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            click.echo(said)
+            return
+        time.sleep(0.1)  # waiting on another process to exit
+    raise DaemonError(f"daemon (pid {pid}) did not stop within {timeout_s:.0f} s; `kill {pid}` stops it")
+
+
 @daemon_group.command("status")
 @json_option
 @db_option
 def daemon_status(as_json: bool, db_path: Path) -> None:
     """Is a daemon running for this state.db? Exits 3 when none is (as `systemctl status` does);
     --json exits 0 either way and says it in `alive`."""
-    with open_store(db_path) as store:  # a read: never creates a database
-        row = daemon_alive(store)
+    lost = daemon_on_lost_file(db_path)
+    if lost is not None and not as_json:
+        click.echo(f"daemon: {lost[1]}")  # still running, on a database file that is gone
+        return
+    try:
+        with open_store(db_path) as store:  # a read: never creates a database
+            row = daemon_alive(store)
+    except MissingDatabase:
+        note = last_note(db_path)
+        if note is None or as_json:
+            raise
+        click.echo(f"daemon: not running for {db_path}; the last one stopped at {note}")
+        raise click.exceptions.Exit(EXIT_NOT_RUNNING) from None
     payload = {
         "alive": row is not None,
         "pid": row["pid"] if row else None,

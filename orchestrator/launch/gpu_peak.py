@@ -1,8 +1,9 @@
 """The wrapper's own GPU peak: its process tree's memory, sampled on the node where it runs.
 
-Written to `gpu_peak.json` in the run dir (atomically, whenever the peak grows), with the model
-and size of the card it peaked on (a mixed cluster's cards differ), so memory
-learning works on every executor, also where the daemon cannot read this node's GPUs (Slurm).
+Written to `gpu_peak.json` in the run dir by `record` (the wrapper's held run dir, atomically,
+whenever the peak grows), with the model and size of the card it peaked on (a mixed cluster's
+cards differ), so memory learning works on every executor, also where the daemon cannot read
+this node's GPUs (Slurm).
 NVML where present, the simulated GPUs where ORCH_GPU_BACKEND=sim; nothing where neither is.
 Read back as untrusted input by `runfiles.read_gpu_peak_mib`.
 """
@@ -12,9 +13,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from pathlib import Path
-
-from orchestrator.rundir_files import RunDir, write_json
 
 SAMPLE_S = 1.0
 
@@ -24,9 +22,9 @@ class GpuPeakSampler:
     before CUDA has started (seconds), and what the sampler imports first (`prepare`, then NVML)
     then stays off the cores while the other attempts of a batch start."""
 
-    def __init__(self, run_dir: Path, root_pid: int, interval_s: float = SAMPLE_S,
+    def __init__(self, record: Callable[[dict[str, object]], object], root_pid: int, interval_s: float = SAMPLE_S,
                  prepare: Callable[[], None] | None = None) -> None:
-        self.run_dir = run_dir
+        self.record = record  # writes gpu_peak.json (the wrapper's held run dir)
         self.root_pid = root_pid
         self.interval_s = interval_s
         self.prepare = prepare
@@ -35,17 +33,21 @@ class GpuPeakSampler:
         self.gpu_name: str | None = None
         self.gpu_total_mib: int | None = None
         self._stop = threading.Event()
+        self._final = False
         self.thread = threading.Thread(target=self._run, name="gpu-peak", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, final: bool = False) -> None:
+        """Stop sampling; with `final`, after one last sample (processes the worker left
+        behind still hold memory then), even before the first interval is over."""
+        self._final = final
         self._stop.set()
         self.thread.join(self.interval_s * 3)
 
     def _run(self) -> None:
-        if self._stop.wait(self.interval_s):
+        if self._stop.wait(self.interval_s) and not self._final:
             return
         if self.prepare is not None:
             self.prepare()
@@ -72,15 +74,12 @@ class GpuPeakSampler:
                         card = max(snapshots, key=lambda s: s.memory_of(ours))
                         self.gpu_name, self.gpu_total_mib = card.name, card.total_mib
                         self._write()
-                if self._stop.wait(self.interval_s):
+                if self._stop.is_set() or (self._stop.wait(self.interval_s) and not self._final):
                     return
         finally:
             with contextlib.suppress(Exception):
                 probe.close()
 
     def _write(self) -> None:
-        with contextlib.suppress(OSError):
-            write_json(RunDir(self.run_dir).gpu_peak, {
-                "peak_mib": self.peak_mib, "samples": self.samples,
-                "gpu_name": self.gpu_name, "gpu_total_mib": self.gpu_total_mib,
-            })
+        self.record({"peak_mib": self.peak_mib, "samples": self.samples,
+                     "gpu_name": self.gpu_name, "gpu_total_mib": self.gpu_total_mib})

@@ -141,6 +141,15 @@ def _descend(fd: int, path: Path, names: tuple[str, ...], *, create: bool) -> tu
     return fd, path
 
 
+def open_attempt_levels(run_dir: Path, *, create: bool) -> int:
+    """A descriptor of the run dir for the wrapper, which may run where the runs dir was made
+    by someone else's layout (a test's temp dir, a cluster's scratch): the runs dir is opened
+    as given (only its last component not followed) and every level below it one O_NOFOLLOW
+    step at a time, each ours; with `create`, missing levels are made 0700."""
+    root, names = run_dir_parts(run_dir)
+    return _descend(os.open(root, _DIR_FLAGS), root, names, create=create)[0]
+
+
 def set_aside_stale(run_dir: Path) -> Path | None:
     """Rename a new attempt's run dir that already holds files to `attempt-N.stale-K` (the
     first K free) and return its new path; None when there is none, or it is empty.

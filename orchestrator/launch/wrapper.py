@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -29,12 +31,23 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from orchestrator.launch.gpu_peak import GpuPeakSampler
+from orchestrator.launch.held_dir import HeldRunDir, RunDirMoved, write_quietly
+from orchestrator.launch.strays import (
+    CGROUP_VAR,
+    OrphanReaper,
+    become_subreaper,
+    descendants,
+    end_leftovers,
+    join_cgroup,
+)
 from orchestrator.procstat import create_time_s, read_stat
-from orchestrator.rundir_files import RunDir, write_json
+from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.wake import poke
 
 EXIT_NOT_STARTED = 127  # the shell's "command not found"
 EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrapper already)
+DISK_RETRY_S = 1.0  # how often a record refused for a full disk is written again
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
 # SIGUSR2: Slurm's warning before a time limit (--signal=B:USR2@N), for a worker that checkpoints
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
@@ -81,7 +94,7 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
+def claim_run_dir(held: HeldRunDir, info: dict[str, Any]) -> bool:
     """Create pid.json exclusively, then look for the daemon's lost marker; False means the
     worker must not start.
 
@@ -89,12 +102,11 @@ def claim_run_dir(run_dir: Path, info: dict[str, Any]) -> bool:
     create pid.json first and then look for the marker. Each side writes its own flag before
     reading the other's, so at most one of them goes on: never a worker running for an
     attempt the daemon has already declared lost (and requeued)."""
-    files = RunDir(run_dir)
-    if files.lost_marker.exists():
+    if held.has(RunDir.LOST_MARKER):
         return False
-    if not write_json(files.pid, info, exclusive=True):
+    if not held.write_json(RunDir.PID, info, exclusive=True):
         return False  # another wrapper has this run dir
-    return not files.lost_marker.exists()
+    return not held.has(RunDir.LOST_MARKER)
 
 
 def become_group_leader() -> int:
@@ -116,12 +128,18 @@ class _Tee:
         self.source = source
         self.log = log
         self.echo = True
+        self.dropped_bytes = 0  # output that could not be logged (disk full)
         self.thread = threading.Thread(target=self._run, name="tee", daemon=True)
 
     def _run(self) -> None:
         while chunk := os.read(self.source.fileno(), 65536):
-            self.log.write(chunk)
-            self.log.flush()
+            try:
+                self.log.write(chunk)
+                self.log.flush()
+            except OSError:
+                # A full disk: this chunk is not logged, but the pipe is still drained (a
+                # worker blocked on a full pipe would stop) and the pane still shows it.
+                self.dropped_bytes += len(chunk)
             if self.echo:
                 try:
                     sys.stdout.buffer.write(chunk)
@@ -131,9 +149,23 @@ class _Tee:
 
 
 def run(run_dir: Path, argv: list[str]) -> int:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    files = RunDir(run_dir)
+    try:
+        held = HeldRunDir(run_dir, create=True)
+    except OSError as exc:  # a symlink, not ours, or not there: nothing is written anywhere
+        print(f"orch wrapper: refusing run dir {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    with held:
+        return _run_held(held, argv)
+
+
+def _run_held(held: HeldRunDir, argv: list[str]) -> int:
+    """The attempt, with every record written through `held` (see held_dir)."""
+    run_dir = held.path
     pgid = become_group_leader()
+    # Before the worker starts: whatever it starts stays in the cgroup and, orphaned, in our
+    # tree (strays), so none of it outlives the attempt or hides its GPU memory.
+    in_cgroup = join_cgroup(os.environ.get(CGROUP_VAR, ""))
+    subreaper = become_subreaper()
     my_pid = os.getpid()
     info: dict[str, Any] = {
         "pid": my_pid,
@@ -142,26 +174,33 @@ def run(run_dir: Path, argv: list[str]) -> int:
         "started_at": _now(),
         "argv": argv,
     }
-    if not claim_run_dir(run_dir, info):
+    try:
+        claimed = claim_run_dir(held, info)
+    except OSError as exc:
+        print(f"orch wrapper: cannot claim {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if not claimed:
         # No exit.json: the daemon already closed this attempt, or pid.json and a dead
         # wrapper tell it so on its next pass.
         print(f"orch wrapper: attempt in {run_dir} was declared lost; not starting it", file=sys.stderr)
         return EXIT_REFUSED
 
-    with open(files.log, "ab") as log:
+    with os.fdopen(held.open_append(RunDir.LOG), "ab") as log:
         try:
             child = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True
             )
         except OSError as exc:
             log.write(f"orch wrapper: cannot start {argv[0]!r}: {exc}\n".encode())
-            write_json(
-                files.exit,
+            write_quietly(
+                held,
+                RunDir.EXIT,
                 {
                     "exit_code": EXIT_NOT_STARTED,
                     "signal": None,
                     "error": str(exc),
                     "ended_at": _now(),
+                    "token": os.environ.get(TOKEN_VAR, ""),
                 },
             )
             poke(run_dir)
@@ -184,33 +223,77 @@ def run(run_dir: Path, argv: list[str]) -> int:
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
-        write_json(files.pid, {**info, "child_pid": child.pid})
+        write_quietly(held, RunDir.PID, {**info, "child_pid": child.pid})
 
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
         tee.thread.start()
         # our own tree's GPU memory, on this node; site-packages (NVML) loaded in its thread
-        sampler = GpuPeakSampler(run_dir, my_pid, prepare=_load_site)
+        sampler = GpuPeakSampler(
+            lambda peak: write_quietly(held, RunDir.GPU_PEAK, peak), my_pid, prepare=_load_site
+        )
         sampler.start()
+        reaper = OrphanReaper(child.pid) if subreaper else None
+        if reaper is not None:
+            reaper.start()
         returncode = child.wait()
-        sampler.stop()
+        if reaper is not None:
+            reaper.stop()
+        left = descendants(my_pid)
+        sampler.stop(final=bool(left))  # what the leftovers hold is the attempt's peak too
+        leftovers = end_leftovers(my_pid) if left else []
         tee.thread.join(DRAIN_S)
+        if tee.dropped_bytes:
+            with contextlib.suppress(OSError, ValueError):
+                log.write(f"orch wrapper: {tee.dropped_bytes} bytes of output not logged (disk full)\n".encode())
 
-    killed_by = -returncode if returncode < 0 else None
-    exit_code = 128 + killed_by if killed_by is not None else returncode
-    write_json(
-        files.exit,
-        {
-            "exit_code": exit_code,
-            "signal": killed_by,
-            "signal_name": signal.Signals(killed_by).name if killed_by else None,
-            "received": received,
-            "forwarded": forwarded,
-            "ended_at": _now(),
-        },
-    )
+        killed_by = -returncode if returncode < 0 else None
+        exit_code = 128 + killed_by if killed_by is not None else returncode
+        try:
+            write_until_room(
+                held,
+                RunDir.EXIT,
+                {
+                    "exit_code": exit_code,
+                    "signal": killed_by,
+                    "signal_name": signal.Signals(killed_by).name if killed_by else None,
+                    "received": received,
+                    "forwarded": forwarded,
+                    "ended_at": _now(),
+                    "token": os.environ.get(TOKEN_VAR, ""),  # this attempt's: others' workers lack it
+                    # processes the worker left running, ended here before this record
+                    "leftovers": leftovers,
+                    "tracking": [name for name, on in (("cgroup", in_cgroup), ("subreaper", subreaper)) if on],
+                },
+            )
+        except RunDirMoved as exc:
+            # The worker swapped its run dir (for a link elsewhere, say): nothing is written
+            # through it; the daemon judges an attempt without its exit record.
+            note = f"orch wrapper: {exc}"
+            print(note, file=sys.stderr)
+            with contextlib.suppress(OSError, ValueError):
+                log.write(note.encode() + b"\n")
+        except OSError as exc:
+            print(f"orch wrapper: cannot write exit.json: {exc}", file=sys.stderr)
     poke(run_dir)  # the daemon hands the slot on now, not at its next pass
     return exit_code
+
+
+def write_until_room(held: HeldRunDir, name: str, record: dict[str, Any]) -> None:
+    """Write `record`, waiting while the disk is full: the daemon sees this wrapper alive and
+    decides nothing until the record is there (a stop from orch still ends it: SIGKILL)."""
+    said = False
+    while True:
+        try:
+            held.write_json(name, record)
+            return
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS or isinstance(exc, RunDirMoved):
+                raise
+            if not said:
+                print(f"orch wrapper: disk full, waiting for room to write {name}", file=sys.stderr)
+                said = True
+            time.sleep(DISK_RETRY_S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +62,9 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         attempt_id = int(cursor.lastrowid or 0)
         store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
-            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?) WHERE id = ?",
+            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ? WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
-             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, attempt_id],
+             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16), attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""

@@ -16,7 +16,7 @@ from typing import Any
 import sqlite_utils
 
 from orchestrator.clock import SYSTEM_CLOCK, Clock
-from orchestrator.errors import MissingDatabase, StoreError
+from orchestrator.errors import DatabaseDiskFull, MissingDatabase, StoreError
 from orchestrator.store.schema import MIGRATIONS
 
 BUSY_TIMEOUT_S = 30.0
@@ -54,7 +54,7 @@ class Store:
             self._db = sqlite_utils.Database(conn)
             self._migrate()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
         except OSError as exc:
             raise StoreError(f"cannot open state database {self.path}: {exc.strerror or exc}") from None
 
@@ -80,9 +80,13 @@ class Store:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
         try:
             yield
+        except sqlite3.DatabaseError as exc:  # a statement of the body (a full disk, say)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise store_error(self.path, exc) from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -93,26 +97,26 @@ class Store:
             except sqlite3.DatabaseError as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise StoreError(describe_sqlite_error(self.path, exc)) from None
+                raise store_error(self.path, exc) from None
 
     def query(self, sql: str, params: Any = ()) -> list[dict[str, Any]]:
         try:
             return list(self._db.query(sql, params))
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
 
     def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         """One statement (inside `write()` for a change), its failure as StoreError."""
         try:
             return self._db.conn.execute(sql, params)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
 
     def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
         try:
             return self._db.conn.executemany(sql, rows)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
 
     def iter_query(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[dict[str, Any]]:
         """Rows one at a time from a cursor, fetched `batch` at a time: memory stays flat
@@ -124,7 +128,7 @@ class Store:
                 for row in rows:
                     yield dict(zip(names, row, strict=True))
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
 
     def iter_rows(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[tuple[Any, ...]]:
         """`iter_query` as plain tuples, in the order selected: for typed rows built by position
@@ -134,7 +138,7 @@ class Store:
             while rows := cursor.fetchmany(batch):
                 yield from rows
         except sqlite3.DatabaseError as exc:
-            raise StoreError(describe_sqlite_error(self.path, exc)) from None
+            raise store_error(self.path, exc) from None
 
     def now_s(self) -> float:
         return self.clock.now_s()
@@ -182,6 +186,13 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
         delay_s = min(delay_s * 2, 0.1)
 
 
+def store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """sqlite3's error as ours: DatabaseDiskFull for a full filesystem, else StoreError."""
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc):
+        return DatabaseDiskFull(f"state database {path}: its disk is full ({exc}); free space there")
+    return StoreError(describe_sqlite_error(path, exc))
+
+
 def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
     text = str(exc)
     if "locked" in text or "busy" in text:
@@ -191,6 +202,11 @@ def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
         )
     if "not a database" in text or "malformed" in text or "file is encrypted" in text:
         return f"state database {path} is corrupt or not an orch database ({text}); move it aside and resubmit"
+    if "readonly" in text and path.exists() and not os.access(path, os.W_OK):
+        return (
+            f"cannot write state database {path}: the file is read-only or immutable (`lsattr {path}`); "
+            f"make it writable (`chmod u+w`, `chattr -i`) or pass another --db"
+        )
     if "readonly" in text or "unable to open" in text:
         return f"cannot write state database {path} ({text}); check the directory's permissions"
     return f"state database {path}: {text}"

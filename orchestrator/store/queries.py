@@ -203,6 +203,7 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         "exit_code": a.exit_code,
         "signal": a.signal,
         "reason": a.reason,
+        "hunted": a.hunted,  # processes left running outside its group, ended at its end
         "peak_mib": a.peak_mib,
         **_resources_public(a),
         "predicted_peak_mib": a.predicted_peak_mib,

@@ -9,8 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from orchestrator.errors import StoreError
-from orchestrator.store.db import Store, describe_sqlite_error
+from orchestrator.store.db import Store, store_error
 from orchestrator.store.row_memo import RowMemo
 from orchestrator.store.rows import Attempt, Job, QueueEntry
 
@@ -141,7 +140,7 @@ def _kept_rows(store: Store, memo: RowMemo[T], sql: str, params: Sequence[Any] =
     try:
         return memo.rows(store.execute(sql, params))
     except sqlite3.DatabaseError as exc:  # raised while the rows are fetched, past `execute`
-        raise StoreError(describe_sqlite_error(store.path, exc)) from None
+        raise store_error(store.path, exc) from None
 
 
 def live_attempts_with_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]]:

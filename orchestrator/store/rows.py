@@ -192,6 +192,8 @@ class Attempt:
     cpu_peak_cores: float | None = None
     resumed_from_attempt: int | None = None  # the earlier attempt whose checkpoint it resumed from
     resumed_from_checkpoint: str | None = None
+    hunted: str | None = None  # processes outside its group ended at its end (attempt_tracking)
+    token: str | None = None  # this attempt's own, in its exit.json and our workers' result.json
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -221,6 +223,7 @@ class Attempt:
             cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")),
             resumed_from_attempt=_opt_int(row.get("resumed_from_attempt")),
             resumed_from_checkpoint=row.get("resumed_from_checkpoint"),
+            hunted=row.get("hunted"), token=row.get("token"),
         )
 
     @property

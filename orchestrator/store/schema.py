@@ -390,3 +390,13 @@ def m019_resume_boundaries(db: sqlite_utils.Database) -> None:
         "ALTER TABLE jobs ADD COLUMN fresh_after_attempt INTEGER NOT NULL DEFAULT 0",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m020_attempt_containment(db: sqlite_utils.Database) -> None:
+    # `hunted`: processes of an attempt that had to be found and ended outside its process
+    # group (setsid, double fork), in one line for `orch show`: how many, which, how found.
+    # `token`: random per attempt, given to its wrapper and worker (ORCH_ATTEMPT_TOKEN); an
+    # exit.json (and, from our workers, a result.json) without it is not this attempt's.
+    db.execute("ALTER TABLE attempts ADD COLUMN hunted TEXT")
+    db.execute("ALTER TABLE attempts ADD COLUMN token TEXT")

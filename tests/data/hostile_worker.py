@@ -130,6 +130,19 @@ def corrupt(mode: str, run_dir: Path, config: dict[str, object]) -> None:
         moved = run_dir.with_name(run_dir.name + ".moved")
         os.rename(run_dir, moved)
         run_dir.symlink_to(moved)
+    elif mode == "rundir_to_outside":
+        # move the run dir aside and leave a symlink to a folder outside the runs tree
+        os.rename(run_dir, run_dir.with_name(run_dir.name + ".moved"))
+        run_dir.symlink_to(str(config["outside_dir"]))
+    elif mode == "forge_neighbours":
+        # write an exit.json and a result.json saying "failed" into every other attempt's dir
+        deadline = time.monotonic() + float(str(config.get("forge_s", "2")))
+        while time.monotonic() < deadline:
+            for other in run_dir.parents[2].glob("*/*/attempt-*"):
+                if other != run_dir and not other.is_symlink():
+                    _replace(other / "exit.json", b'{"exit_code": 1, "signal": null, "ended_at": "forged"}')
+                    _result(other, '{"status": "failed", "error": "forged by another attempt", "metrics": {}}')
+            time.sleep(0.05)
     elif mode == "none":
         pass
     else:
