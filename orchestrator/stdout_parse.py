@@ -42,8 +42,11 @@ _RANKED = {"regex": 3, "step": 2, "tqdm": 1}  # an explicit step line beats a ba
 # Descriptions of tqdm bars that count loading and data preparation, not optimizer steps.
 _NOT_TRAINING = re.compile(
     r"\b(load|map|download|fetch|token|filter|generat|sav|preprocess|convert|shard|extract|resolv|"
-    r"checkpoint|evaluat|predict|valid|test|infer|compil|warm)", re.IGNORECASE,
+    r"checkpoint|evaluat|predict|valid|test|infer|compil|warm|adding|trunc|pack|dataset|split)", re.IGNORECASE,
 )
+# A bar counting examples, dataset batches or bytes (`examples/s`, `ba/s`, `MB/s`) goes over data,
+# not optimizer steps, whatever its description (TRL's `Adding EOS to train dataset`).
+_DATA_RATE = re.compile(r"(?:examples|ex|ba|[kMG]?B)/s\b")
 
 
 def number(value: Any) -> float | None:
@@ -187,6 +190,8 @@ class StdoutProgress:
 
     def _tqdm(self, line: str, match: re.Match[str]) -> None:
         if _NOT_TRAINING.search(line[: match.start()].rsplit("\r", 1)[-1]):
+            return
+        if _DATA_RATE.search(line[match.end() :].split("]", 1)[0]):
             return
         self._step("tqdm", int(match.group(1)), int(match.group(2)))
         self._loss_in(line[match.end() :])  # tqdm's postfix: `loss=0.41`

@@ -214,3 +214,18 @@ def test_loading_and_data_bars_are_not_training_steps() -> None:
     # an undescribed or plainly named training bar still counts
     named = feed_all(described_tqdm_output("Epoch 1", 100, 30)).snapshot()
     assert named is not None and named["step"] == 30
+
+
+def test_trl_dataset_bars_are_not_training_steps() -> None:
+    # TRL's `trl sft` prepares its data with bars whose names say nothing of loading: taken as
+    # steps, step K came from tokenising, at a fraction of the training peak
+    data = [
+        "Generating train split: 6000 examples [00:00, 129683.31 examples/s]\n",
+        "Adding EOS to train dataset:  56%|#####6    | 3362/6000 [00:00<00:00, 33080.95 examples/s]\r",
+        "Adding EOS to train dataset: 100%|##########| 6000/6000 [00:00<00:00, 33382.71 examples/s]\n",
+        "Truncating train dataset: 100%|##########| 6000/6000 [00:00<00:00, 9000.00 examples/s]\n",
+        "Some custom pass: 100%|##########| 6000/6000 [00:00<00:00, 512.00 ba/s]\n",
+    ]
+    assert feed_all("".join(data)).snapshot() is None
+    snapshot = feed_all("".join(data) + "  6%|6         | 1/16 [00:02<00:43,  2.91s/it]\n").snapshot()
+    assert snapshot is not None and (snapshot["step"], snapshot["total"]) == (1, 16)
