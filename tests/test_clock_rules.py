@@ -72,17 +72,20 @@ def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
 ) -> None:
     with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB", starvation_s=600) as d:
         # silent workers, with no hang timeout: moving the clock must not end them as hung
-        d.orch.write_suite("small", {"small": HOLD}, worker=hostile_command(), mem_gib=8, hang_timeout_s="off")
-        d.orch.write_suite("big", {"big": HOLD}, worker=hostile_command(), mem_gib=28, hang_timeout_s="off")
+        # each job its own model, so its own memory family: a silent job of an unmeasured family
+        # keeps the rest of its family back until it ends (probing), which is not what is tested
+        for name, mem_gib in (("small", 8), ("big", 28), ("other", 8), ("third", 8)):
+            d.orch.write_suite(name, {name: {**HOLD, "model": f"{name}-model"}}, worker=hostile_command(),
+                               mem_gib=mem_gib, hang_timeout_s="off")
         d.cli("plan", "set", "4")
         d.submit("small", "1:a")
         d.tick_until(lambda: d.running(1), what="job 1 running")
         d.submit("big", "1:a")  # job 2: cannot fit beside job 1
-        d.submit("small", "1:b")  # job 3: fits beside job 1, and the big one has not waited long
+        d.submit("other", "1:b")  # job 3: fits beside job 1, and the big one has not waited long
         d.tick_until(lambda: d.running(3), what="job 3 to backfill")
         assert d.orch.job_states()[2] == "queued"
         d.clock.advance(601)
-        d.submit("small", "1:c")  # job 4 fits too, but the card is now kept for job 2
+        d.submit("third", "1:c")  # job 4 fits too, but the card is now kept for job 2
         d.ticks(3)
         states = d.orch.job_states()
         assert states == {1: "running", 2: "queued", 3: "running", 4: "queued"}

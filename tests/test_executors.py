@@ -312,8 +312,10 @@ def test_the_wrapper_measures_its_own_tree_on_simulated_gpus(tmp_path: Path, mon
 @pytest.mark.parametrize("card", [{"gpu_name": 5, "gpu_total_mib": 1}, {"gpu_name": "A\n", "gpu_total_mib": 1},
                                   {"gpu_name": "A100", "gpu_total_mib": True}, {"gpu_name": "A100"}])
 def test_an_unbelievable_gpu_card_reads_as_unknown(tmp_path: Path, card: dict) -> None:
-    (tmp_path / RunDir.GPU_PEAK).write_text(json.dumps({"peak_mib": 5, **card}))
-    assert read_gpu_peak_card(tmp_path) is None and read_gpu_peak_mib(tmp_path) == 5
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / RunDir.GPU_PEAK).write_text(json.dumps({"peak_mib": 5, **card}))
+    assert read_gpu_peak_card(run_dir) is None and read_gpu_peak_mib(run_dir) == 5
 
 
 # -- CLI -------------------------------------------------------------------------------------

@@ -323,7 +323,8 @@ def test_an_exit_record_that_shows_late_on_a_shared_filesystem_is_not_rerun(orch
     assert not ended.wait(20)  # the shared filesystem's delay
     assert orch.attempts()[0]["outcome"] is None, "concluded before its exit record could arrive"
     run_dir = Path(attempt["run_dir"])
-    (run_dir / "exit.json.tmp").write_text(json.dumps({"exit_code": 0, "signal": None, "ended_at": 0.0}))
+    token = orch.attempts()[0]["token"]  # as the wrapper writes it: an exit record without it is not this attempt's
+    (run_dir / "exit.json.tmp").write_text(json.dumps({"exit_code": 0, "signal": None, "ended_at": 0.0, "token": token}))
     os.replace(run_dir / "exit.json.tmp", run_dir / "exit.json")
     states = orch.wait_all_done(60)
     assert list(states.values()) == ["succeeded"], states
