@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.classify import (
+from orchestrator.attempts.classify import (
     MEANINGFUL_LINE_CHARS,
     REASON_HUNG,
     classify_attempt,
@@ -195,7 +195,7 @@ def test_mentions_are_not_errors(line: str) -> None:
 
 
 def test_exit_codes_agree_with_the_workers_harness() -> None:
-    from orchestrator import classify
+    from orchestrator.attempts import classify
     from workers import harness
 
     assert (classify.EXIT_OOM, classify.EXIT_CONFIG_ERROR) == (harness.EXIT_OOM, harness.EXIT_CONFIG_ERROR)

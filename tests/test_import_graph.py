@@ -84,6 +84,6 @@ def test_type_checking_imports_do_not_count() -> None:
 
 def test_orchestrator_has_no_import_cycle() -> None:
     graph = import_graph()
-    assert graph.get("orchestrator.dispatch")
+    assert graph.get("orchestrator.scheduling.dispatch")
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

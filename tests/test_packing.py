@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.packing import (
+from orchestrator.scheduling.packing.pack import (
     GpuState,
     PackingPolicy,
     QueuedJob,
@@ -12,7 +12,7 @@ from orchestrator.packing import (
     outstanding_reservation_mib,
     pack,
 )
-from orchestrator.waits import WaitKind
+from orchestrator.scheduling.waits import WaitKind
 
 GIB = 1024
 NO_HEADROOM = PackingPolicy(headroom_fraction=0.0)
@@ -282,7 +282,7 @@ def test_pack_is_pure() -> None:
 
 
 def test_headroom_is_a_fraction_of_the_card_capped_in_mib() -> None:
-    from orchestrator.packing import GpuState, PackingPolicy, headroom_mib
+    from orchestrator.scheduling.packing.pack import GpuState, PackingPolicy, headroom_mib
 
     small = GpuState(index=0, uuid="u0", total_mib=24 * 1024, free_mib=24 * 1024, slots=2)
     large = GpuState(index=1, uuid="u1", total_mib=141 * 1024, free_mib=141 * 1024, slots=2)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import JobState
-from orchestrator.packing import PackingPolicy
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import JobShapeCache
-from orchestrator.queue_cache import FORGET_AFTER, FULL_READ_CHANGES, QueueCache
+from orchestrator.prediction.job_facts import JobShapeCache
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.pack import PackingPolicy
+from orchestrator.scheduling.queue_index import FORGET_AFTER, FULL_READ_CHANGES, QueueCache
 from orchestrator.store import Store
 from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs, transition
 from tests.conftest import REPO_ROOT

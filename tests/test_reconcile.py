@@ -15,11 +15,8 @@ import psutil
 import pytest
 from rows_helpers import attempt_of
 
-from orchestrator.launch.held_dir import HeldRunDir
-from orchestrator.launch.wrapper import claim_run_dir
-from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.outcomes import _stopped_from_outside
-from orchestrator.reconcile import (
+from orchestrator.attempts.outcomes import _stopped_from_outside
+from orchestrator.attempts.reconcile import (
     LAUNCH_GRACE_S,
     Observation,
     Verdict,
@@ -28,6 +25,9 @@ from orchestrator.reconcile import (
     mark_lost,
     observe,
 )
+from orchestrator.executors.wrapper.held_dir import HeldRunDir
+from orchestrator.executors.wrapper.run import claim_run_dir
+from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt
 

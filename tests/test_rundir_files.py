@@ -88,10 +88,10 @@ def test_workers_import_nothing_else_of_orchestrator() -> None:
 
 
 def test_the_wrapper_and_workers_load_no_heavy_module() -> None:
-    """What `python -m orchestrator.launch.wrapper` and a worker's harness pull in at start."""
+    """What `python -m orchestrator.executors.wrapper.run` and a worker's harness pull in at start."""
     heavy = ("yaml", "sqlite_utils", "rich", "click", "libtmux", "torch", "orchestrator.store")
     code = (
-        "import sys, orchestrator.launch.wrapper, workers.harness; "
+        "import sys, orchestrator.executors.wrapper.run, workers.harness; "
         f"print([m for m in sys.modules if m.startswith({heavy!r})])"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -11,12 +11,14 @@ import pytest
 
 from orchestrator.cli.common import echo_json, echo_json_stream
 from orchestrator.clock import FakeClock
-from orchestrator.dispatch import DispatchContext, schedule
-from orchestrator.durations import CompletedRun, DurationTable
+from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.launch.base import LaunchHandle, LaunchSpec
-from orchestrator.memory import ShapeMemory
-from orchestrator.packing import (
+from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction.durations import CompletedRun, DurationTable
+from orchestrator.prediction.job_facts import JobShapeCache
+from orchestrator.prediction.memory import ShapeMemory
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.pack import (
     GpuState,
     PackingPolicy,
     QueuedJob,
@@ -24,8 +26,6 @@ from orchestrator.packing import (
     can_take_any,
     pack,
 )
-from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import JobShapeCache
 from orchestrator.store import Store
 from orchestrator.store.attempts import read_all_shapes, update_attempt, write_shape
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
@@ -73,7 +73,7 @@ def test_a_long_listing_is_a_plain_table_with_every_row(orch_inproc: OrchRunner)
     pairs = " ".join(f"{i}:glue_rte" for i in range(40))
     assert orch_inproc("submit", "--suite", "demo", "--pairs", pairs).rc == 0
     n_jobs = len(json.loads(orch_inproc("jobs", "--json").stdout))
-    import orchestrator.cli.jobs_render as jobs_module
+    import orchestrator.cli.jobs.table as jobs_module
 
     original = jobs_module.RICH_TABLE_ROWS
     jobs_module.RICH_TABLE_ROWS = 10
@@ -209,7 +209,7 @@ def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path
 def test_while_nothing_can_start_the_heads_reasons_are_worked_out_again_only_on_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.dispatch as dispatch
+    import orchestrator.scheduling.dispatch as dispatch
 
     store = _store_with_queue(tmp_path, 20)
     store.clock = clock = FakeClock()

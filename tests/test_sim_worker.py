@@ -16,11 +16,12 @@ import pytest
 import yaml
 from e2e_helpers import wait_until
 
-from orchestrator.classify import classify_attempt
+from orchestrator.attempts.classify import classify_attempt
 from orchestrator.gpu import make_probe
 from orchestrator.gpu.sim import hold_foreign
-from orchestrator.ladder import expand_levels, load_ladder, retry_decision
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.prediction.ladder import expand_levels, retry_decision
 from workers import harness
 from workers.sim import (
     HOST_BYTES_PER_WORKER,

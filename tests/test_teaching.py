@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, pack
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import JobShapeCache, job_prompt_length_key
-from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.prediction.job_facts import JobShapeCache, job_prompt_length_key
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.pack import GpuState, PackingPolicy, QueuedJob, pack
+from orchestrator.scheduling.teaching import teaching_jobs, untaught
 from orchestrator.store import Store
 from orchestrator.store.attempts import (
     AttemptPlan,
@@ -18,8 +18,8 @@ from orchestrator.store.attempts import (
     update_attempt,
 )
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_job
-from orchestrator.teaching import teaching_jobs, untaught
 from tests.conftest import REPO_ROOT
 from tests.test_scale import _Recorder
 

@@ -18,7 +18,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from orchestrator.cli import control, daemon_cmd, demo, jobs, plan, results, status, submit
+    from orchestrator.cli import control, daemon_cmd, demo, plan, results, submit
+    from orchestrator.cli.jobs import command as jobs
+    from orchestrator.cli.status import command as status
 
     for module in (submit, jobs, plan, control, daemon_cmd, status, results, demo):
         module.register(cli)

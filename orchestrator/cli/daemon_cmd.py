@@ -17,15 +17,15 @@ from typing import Any
 import click
 import psutil
 
+from orchestrator.attempts.disk_space import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
+from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
-from orchestrator.daemon_state import DaemonLock, daemon_alive, runs_dir, sim_dir, tmux_socket_name
-from orchestrator.database_file import daemon_on_lost_file, last_note
-from orchestrator.diskspace import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
+from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
+from orchestrator.daemon.notify import check_urls
+from orchestrator.daemon.state import DaemonLock, daemon_alive, runs_dir, sim_dir, tmux_socket_name
 from orchestrator.errors import DaemonError, MissingDatabase, StoreError, UsageError
+from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.gpu import GpuProbe, make_probe
-from orchestrator.launch.runtree import check_runs_root
-from orchestrator.notify import check_urls
-from orchestrator.reconcile import process_matches
 from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.db import Store, now_s
 
@@ -157,8 +157,8 @@ def _executor_args(executor_kind: str | None, partition: str | None, account: st
 def _make_executor(executor_kind: str | None, launcher_kind: str | None, db_path: Path, probe: Any,
                    partition: str | None, account: str | None, shard_mib: int | None, max_in_queue: int,
                    slurm_poll_s: float | None = None, exit_grace_s: float | None = None) -> Any:
-    from orchestrator.executors import make_executor
-    from orchestrator.executors.slurm import SlurmOptions
+    from orchestrator.executors.factory import make_executor
+    from orchestrator.executors.slurm.executor import SlurmOptions
 
     if executor_kind == "slurm":
         gpu_mib = max((s.total_mib for s in probe.snapshot()), default=None)
@@ -204,7 +204,7 @@ def daemon_run(
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
-    from orchestrator.daemon import Daemon, DaemonSettings
+    from orchestrator.daemon.loop import Daemon, DaemonSettings
     check_urls(notify_urls)
     # The URLs carry tokens: read once, then gone from the environment before the launcher and
     # its tmux server exist, so no worker inherits them.

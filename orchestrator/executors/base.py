@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.errors import UsageError
-from orchestrator.launch.base import LaunchHandle, LaunchSpec
+from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt, Job
 

@@ -281,7 +281,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     ladder = _typed(path, data, "ladder", (list,), None)
     if ladder is not None:
         # A bad rung must be refused at submit, not found at the first OOM.
-        from orchestrator.ladder import load_ladder
+        from orchestrator.plans.ladder_spec import load_ladder
 
         try:
             load_ladder(ladder)
@@ -338,7 +338,7 @@ def _parse_slurm(path: Path, raw: Any) -> dict[str, Any]:
     """Checked at submit, so a bad time limit or sbatch option never reaches the cluster."""
     if raw is None:
         return {}
-    from orchestrator.executors.slurm_parse import parse_settings
+    from orchestrator.plans.slurm_settings import parse_settings
 
     try:
         return parse_settings(raw, f"suite {path}").to_json()

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import faults
-from orchestrator.families import FamilyTag
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
-from orchestrator.memory import ShapeMemory
+from orchestrator.prediction.families import FamilyTag
+from orchestrator.prediction.memory import ShapeMemory
 from orchestrator.store.attempts import (
     AttemptEnd,
     finish_attempt,

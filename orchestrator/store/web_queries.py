@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.attempts.printed_metrics import number
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import DEFAULT_SLOTS
-from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import state_counts

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launch.runtree import FileProblem, RunTreeError, open_run_dir, read_file
+from orchestrator.attempts.rundir_reads import CURVE_TAIL_BYTES, MAX_CURVE_POINTS
+from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run_dir, read_file
 from orchestrator.rundir_files import RunDir
-from orchestrator.runfiles import CURVE_TAIL_BYTES, MAX_CURVE_POINTS
 
 NOT_METRICS = frozenset({"t", "ts", "time", "step", "total", "epoch"})
 MAX_METRICS = 24

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.results import ResultSummary, aggregate
-from orchestrator.results_format import cell_marks, legend_lines, to_csv
-from orchestrator.results_source import RunReader, collect_rows
+from orchestrator.results.aggregate import ResultSummary, aggregate
+from orchestrator.results.collect import RunReader, collect_rows
+from orchestrator.results.formats import cell_marks, legend_lines, to_csv
 from orchestrator.store.db import Store
 
 
