@@ -9,12 +9,11 @@ import pytest
 
 from orchestrator.attempts.classify import (
     MEANINGFUL_LINE_CHARS,
-    REASON_HUNG,
     classify_attempt,
     classify_log_tail,
     parse_oom_detail,
 )
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
 CORPUS = Path(__file__).parent / "data" / "failures"
 CORPUS_FILES = sorted(CORPUS.glob("*.txt"))

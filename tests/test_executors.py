@@ -14,10 +14,10 @@ import pytest
 from e2e_helpers import orch_env, requires_tmux, wait_until
 from rows_helpers import attempt_of
 
-from orchestrator.attempts.reconcile import Observation
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import (
     AWAIT,
     ClusterEnd,

@@ -13,9 +13,10 @@ from orchestrator.prediction.families import (
     predict_member,
 )
 from orchestrator.prediction.learned import Knowledge
-from orchestrator.prediction.memory import ShapeMemory, predict_peak_mib, shape_key
+from orchestrator.prediction.memory import predict_peak_mib, shape_key
 from orchestrator.prediction.shapes import RunningPeak
 from orchestrator.store.peak_source import SourceKind
+from orchestrator.store.rows import ShapeMemory
 
 
 def _true_peak(batch: int) -> int:  # 2 GiB fixed + 28 MiB a sample
@@ -132,12 +133,12 @@ def test_family_predicts_a_member_never_run_and_an_oom_retires_the_declared_figu
 
 def test_a_family_shares_its_co_location_curve_and_min_stack_gain_stops_stacking() -> None:
     from orchestrator.prediction.throughput import family_curves, relative_curve
-    from orchestrator.scheduling.packing.pack import (
+    from orchestrator.scheduling.packing.pack import pack
+    from orchestrator.scheduling.packing.types import (
         GpuState,
         PackingPolicy,
         QueuedJob,
         RunningAttempt,
-        pack,
     )
 
     # b64 measured alone and three to a card (1.16x: compute-bound); b128 only alone
@@ -156,12 +157,12 @@ def test_a_family_shares_its_co_location_curve_and_min_stack_gain_stops_stacking
 
 
 def test_a_probing_family_takes_one_job_per_card_until_step_k() -> None:
-    from orchestrator.scheduling.packing.pack import (
+    from orchestrator.scheduling.packing.pack import pack
+    from orchestrator.scheduling.packing.types import (
         GpuState,
         PackingPolicy,
         QueuedJob,
         RunningAttempt,
-        pack,
     )
 
     gpus = [GpuState(0, "GPU-0", 80_000, 80_000, 4), GpuState(1, "GPU-1", 80_000, 80_000, 4)]

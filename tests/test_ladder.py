@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.attempts.classify import REASON_HUNG
 from orchestrator.errors import PlanError
-from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.plans.ladder_spec import load_ladder, load_ladder_file
+from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
+from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, load_ladder_file
 from orchestrator.prediction.ladder import (
     ACCUM_KEY,
     BATCH_KEY,
@@ -24,7 +23,6 @@ from orchestrator.prediction.ladder import (
     HostSettings,
     Level,
     expand_levels,
-    is_one_token_task,
     next_host_step,
     retry_decision,
     with_host_settings,

@@ -12,7 +12,6 @@ import pytest
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.prediction.memory import (
     GLA_1_3B,
-    ShapeMemory,
     at_learned_length,
     estimate_peak_mib,
     lookup_model_info,
@@ -24,6 +23,7 @@ from orchestrator.prediction.memory import (
     update_shape,
 )
 from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.rows import ShapeMemory
 
 PEFT_DIR = Path(__file__).resolve().parent.parent / "plans" / "peft"
 QKVO: dict[str, Any] = {"r": 8, "lora_dropout": 0.05, "target_modules": ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"]}  # fmt: skip

@@ -14,7 +14,7 @@ from orchestrator.prediction.learned import (
     held_peaks,
     running_peaks,
 )
-from orchestrator.prediction.memory import ShapeMemory, predict_peak_mib, shape_key
+from orchestrator.prediction.memory import predict_peak_mib, shape_key
 from orchestrator.prediction.shapes import (
     RunningPeak,
     Transfer,
@@ -33,15 +33,10 @@ from orchestrator.prediction.throughput import (
     marginal_gain,
     relative_curve,
 )
-from orchestrator.scheduling.packing.pack import (
-    GpuState,
-    PackingPolicy,
-    QueuedJob,
-    RunningAttempt,
-    pack,
-)
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.store.peak_source import PredictionSource, SourceKind
-from orchestrator.store.rows import Attempt
+from orchestrator.store.rows import Attempt, ShapeMemory
 
 BASE = {"model": "m", "batch_size": 8, "max_seq_len": 256, "prec": "bf16", "learning_rate": 1e-4,
         "num_epochs": 3, "seed": 1, "data": "glue_rte", "eval_every_steps": 50, "sim_seconds": 20}

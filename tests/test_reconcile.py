@@ -16,15 +16,8 @@ import pytest
 from rows_helpers import attempt_of
 
 from orchestrator.attempts.outcomes import _stopped_from_outside
-from orchestrator.attempts.reconcile import (
-    LAUNCH_GRACE_S,
-    Observation,
-    Verdict,
-    disagreement,
-    judge,
-    mark_lost,
-    observe,
-)
+from orchestrator.attempts.reconcile import Verdict, disagreement, judge, mark_lost, observe
+from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.wrapper.held_dir import HeldRunDir
 from orchestrator.executors.wrapper.run import claim_run_dir
 from orchestrator.lifecycle import AttemptOutcome

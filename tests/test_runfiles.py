@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rows_helpers import attempt_of
 
-from orchestrator.attempts.reconcile import Observation, Verdict, judge, mark_lost, observe
+from orchestrator.attempts.reconcile import Verdict, judge, mark_lost, observe
 from orchestrator.attempts.rundir_reads import (
     loss_curve,
     read_log_tail,
@@ -20,6 +20,7 @@ from orchestrator.attempts.rundir_reads import (
     read_run_files,
     stat_output,
 )
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.run_dir import prepare_run_dir
 from orchestrator.executors.runs_tree import RunTreeError, check_runs_root
 

@@ -30,8 +30,8 @@ def test_batch_256_at_level_1_and_batch_128_at_level_0_share_one_shape() -> None
 
 def test_batch_128_level_0_starts_at_the_batch_256_level_1_measurement() -> None:
     from orchestrator.prediction.job_facts import predict
-    from orchestrator.prediction.memory import ShapeMemory
     from orchestrator.store.peak_source import SourceKind
+    from orchestrator.store.rows import ShapeMemory
 
     cache = JobShapeCache()
     big, small = _trl_job(1, "b256", 256, 1), _trl_job(2, "b128", 128, 2)

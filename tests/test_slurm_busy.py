@@ -15,7 +15,7 @@ from orchestrator.executors.slurm.parse import is_transient_refusal
 from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.scheduling.cluster_dispatch import schedule_remote
 from orchestrator.scheduling.launching import DispatchContext
-from orchestrator.scheduling.packing.pack import PackingPolicy
+from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.store import Store
 from tests.test_crash_loop import paused, submit, write_suite
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from orchestrator.attempts.outcomes import complete
-from orchestrator.attempts.reconcile import Observation
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd, remote_end
 from orchestrator.executors.slurm.time_limits import time_limit_of
 from orchestrator.lifecycle import AttemptOutcome

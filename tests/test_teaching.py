@@ -6,9 +6,11 @@ from pathlib import Path
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction.job_facts import JobShapeCache, job_prompt_length_key
+from orchestrator.prediction.job_facts import job_prompt_length_key
 from orchestrator.scheduling.dispatch import DispatchContext, schedule
-from orchestrator.scheduling.packing.pack import GpuState, PackingPolicy, QueuedJob, pack
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob
+from orchestrator.scheduling.state import SchedulerState
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
 from orchestrator.store import Store
 from orchestrator.store.attempts import (
@@ -77,7 +79,7 @@ def test_the_daemon_starts_a_short_job_of_an_untaught_model_and_data_before_long
     set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(), {})
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
-    cache = JobShapeCache()
+    cache = SchedulerState()
     first = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
     # longest first would take an hour-long SST-2 job; the first queued RTE job goes instead
     assert [p.job_id for p in first.placements] == [rte[1]]

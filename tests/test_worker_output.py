@@ -12,8 +12,9 @@ from rows_helpers import attempt_of
 
 from orchestrator.attempts import stdout_follow
 from orchestrator.attempts.outcomes import crash_loop_of, fail_before_start
-from orchestrator.attempts.reconcile import Observation, Verdict, judge, observe
+from orchestrator.attempts.reconcile import Verdict, judge, observe
 from orchestrator.attempts.stdout_follow import MAX_READ_BYTES, TAIL_START_BYTES, OutputFollower
+from orchestrator.executors.observation import Observation
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt
 from orchestrator.store.peak_source import PredictionSource, SourceKind

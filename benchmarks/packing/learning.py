@@ -50,13 +50,8 @@ from benchmarks.packing.simulator import (
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob, load_trace
 from orchestrator.prediction.memory import Prediction, predict_peak_mib
 from orchestrator.prediction.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
-from orchestrator.scheduling.packing.pack import (
-    GpuState,
-    PackingPolicy,
-    QueuedJob,
-    RunningAttempt,
-    pack,
-)
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 
 TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml", "late_oom_4x48.yaml")

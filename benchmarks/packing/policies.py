@@ -20,16 +20,11 @@ from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.ladder import Level, expand_levels, retry_decision
-from orchestrator.prediction.memory import Prediction, ShapeMemory, predict_peak_mib, update_shape
-from orchestrator.scheduling.packing.pack import (
-    GpuState,
-    PackingPolicy,
-    QueuedJob,
-    RunningAttempt,
-    can_take_any,
-    pack,
-)
+from orchestrator.prediction.memory import Prediction, predict_peak_mib, update_shape
+from orchestrator.scheduling.packing.pack import can_take_any, pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
+from orchestrator.store.rows import ShapeMemory
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
 # The daemon's default ladder expanded for a config of batch 2 with data workers: exactly the

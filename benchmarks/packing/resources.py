@@ -32,13 +32,8 @@ from pathlib import Path
 import yaml
 
 from orchestrator.scheduling.packing.gang import HostState
-from orchestrator.scheduling.packing.pack import (
-    GpuState,
-    PackingPolicy,
-    QueuedJob,
-    RunningAttempt,
-    pack,
-)
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 
 GIB = 1024
 KILL_AFTER_MIN = 1.0  # a host OOM kills the newest job when its data loader starts

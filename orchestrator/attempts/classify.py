@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
 # The exit codes of our workers' protocol, as workers.harness defines them (a test checks they
 # agree). Not imported from there: this classifier stays a pure module of orch's own, and a
@@ -21,7 +21,6 @@ from orchestrator.lifecycle import AttemptOutcome
 EXIT_OOM = 3  # workers.harness.EXIT_OOM
 EXIT_CONFIG_ERROR = 4  # workers.harness.EXIT_CONFIG_ERROR
 SIGKILL = 9
-REASON_HUNG = "hung"
 
 # At the start of a line, or right after an error label. The label is case-sensitive on purpose:
 # Python exception names are CamelCase, so `on_error: CUDA out of memory` in a config is no label.

@@ -25,8 +25,8 @@ from enum import Enum
 from pathlib import Path
 
 from orchestrator.attempts.kills import KillState, KillStep, after, next_step
-from orchestrator.attempts.reconcile import Observation
 from orchestrator.clock import Clock
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.wrapper.strays import CGROUP_VAR, MARK_VAR
 from orchestrator.procstat import read_stat
 from orchestrator.store.attempts import update_attempt

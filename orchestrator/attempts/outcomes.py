@@ -12,19 +12,14 @@ from typing import Any
 from orchestrator.attempts.classify import Classification, classify_attempt
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.attempts.printed_metrics import parse_result
-from orchestrator.attempts.reconcile import (
-    Observation,
-    group_is_ours,
-    proven_group,
-    read_log_tail,
-    read_result,
-)
+from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.checkpoints import remove_checkpoints
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
-from orchestrator.executors.run_dir import OUR_WORKERS
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.plans import CrashLoop
+from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.prediction.job_facts import (
     JobShapeCache,
     as_received,

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from orchestrator.wording import number
 
 MAX_LINE_CHARS = 8192  # longer "lines" (a binary dump, a progress bar gone wrong) are cut
 MAX_DICT_CHARS = 4096  # a log dict longer than this is not a Trainer log line
@@ -44,22 +45,6 @@ _NOT_TRAINING = re.compile(
     r"\b(load|map|download|fetch|token|filter|generat|sav|preprocess|convert|shard|extract|resolv|"
     r"checkpoint|evaluat|predict|valid|test|infer|compil|warm)", re.IGNORECASE,
 )
-
-
-def number(value: Any) -> float | None:
-    """A finite number from a value a script printed (a number or a numeric string)."""
-    if isinstance(value, bool):
-        return None
-    try:  # an int of 400 digits overflows a float: not a number a metric can be
-        if isinstance(value, (int, float)):
-            result = float(value)
-        elif isinstance(value, str) and len(value) <= 64:
-            result = float(value.strip())
-        else:
-            return None
-    except (ValueError, OverflowError):
-        return None
-    return result if math.isfinite(result) else None
 
 
 def _int(value: str | None) -> int | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from orchestrator.attempts import rundir_reads as runfiles
+from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.runs_tree import RunTreeError, create_exclusive, exists, open_run_dir
 from orchestrator.executors.wrapper.run import LOCAL_PREFIX, PORTABLE_PREFIX
 from orchestrator.rundir_files import RunDir
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_REFRESH_S = 5.0  # the daemon reads a running worker's new progress lines this often
-LAUNCH_GRACE_S = 60.0  # from the attempt row to pid.json; python start-up on a loaded box is slow
 CREATE_TIME_TOLERANCE_S = 1.0
 
 
@@ -60,23 +59,6 @@ class Verdict(str, Enum):
     HUNG = "hung"  # alive but silent for longer than the suite's hang timeout
     FINISHED = "finished"  # exit record present
     LOST = "lost"  # no live process and no exit record
-
-
-@dataclass(frozen=True)
-class Observation:
-    pid_record: dict[str, Any] | None
-    exit_record: dict[str, Any] | None
-    process_alive: bool
-    last_progress: dict[str, Any] | None
-    last_progress_at: float | None
-    now_s: float
-    window_alive: bool | None = None  # the launcher's word while pid.json is missing; None: unknown
-    last_output_at: float | None = None  # stdout.log's mtime: any output is a sign of life
-    # The wrapper the launcher started (attempts.pid + proc_create_time, which orch itself
-    # recorded) is still running; None when the row has no such record (an adopted attempt).
-    launcher_alive: bool | None = None
-    pid_file_present: bool = False  # something named pid.json exists, valid or not
-    problems: tuple[str, ...] = ()  # what in the run dir was refused, for the attempt's reason
 
 
 def read_result(run_dir: Path, problems: list[str] | None = None) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.attempts.printed_metrics import StdoutProgress
 from orchestrator.attempts.rundir_reads import read_output, stat_output
-from orchestrator.executors.run_dir import OUR_WORKERS
+from orchestrator.plans.template import OUR_WORKERS
 
 TAIL_START_BYTES = 64 * 1024
 MAX_READ_BYTES = 1024 * 1024

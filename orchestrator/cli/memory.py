@@ -11,7 +11,7 @@ import click
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
 from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
-from orchestrator.prediction.families import FamilyFloor, FamilyPoint, FamilyTag, fit_family
+from orchestrator.prediction.families import FamilyFloor, FamilyPoint, fit_family
 from orchestrator.prediction.shapes import RunningPeak, measured_margin, running_margin, shape_label
 from orchestrator.prediction.throughput import relative_curve
 from orchestrator.store.db import Store
@@ -25,6 +25,7 @@ from orchestrator.store.learning import (
     shape_known,
     suite_known,
 )
+from orchestrator.store.rows import FamilyTag
 
 
 def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str, str]], dict[str, FamilyTag]]:

@@ -34,10 +34,10 @@ from orchestrator.plans import (
     parse_set_overrides,
 )
 from orchestrator.plans.inputs import shown_value
-from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
-from orchestrator.prediction.ladder import expand_levels, is_one_token_task
+from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.jobs import (
     SubmitOutcome,
     format_plan,

@@ -32,7 +32,6 @@ from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib, with_mem
 from orchestrator.attempts.observe_cache import ObserveCache
 from orchestrator.attempts.outcomes import abandon, complete, learn_rate
 from orchestrator.attempts.reconcile import (
-    Observation,
     Verdict,
     disagreement,
     judge,
@@ -53,6 +52,7 @@ from orchestrator.daemon.state import (
 from orchestrator.errors import DaemonError, OrchError
 from orchestrator.executors.base import Executor, RemoteStatus
 from orchestrator.executors.local import LocalExecutor
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.process_groups import Launcher
 from orchestrator.executors.remote_verdict import AWAIT, refresh_dir, remote_end, remote_observation
 from orchestrator.executors.runs_tree import check_runs_root
@@ -64,11 +64,12 @@ from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import KillRequest
-from orchestrator.prediction.job_facts import JobShapeCache, attempt_shape_key
+from orchestrator.prediction.job_facts import attempt_shape_key
 from orchestrator.rundir_files import RunDir
 from orchestrator.scheduling.cluster_dispatch import schedule_remote
 from orchestrator.scheduling.dispatch import DispatchContext, schedule
-from orchestrator.scheduling.packing.pack import PackingPolicy
+from orchestrator.scheduling.packing.types import PackingPolicy
+from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store.attempts import attempt_closed, update_attempt
 from orchestrator.store.daemon_row import (
     any_live_attempt,
@@ -139,7 +140,7 @@ class Daemon:
         # the executor seam; a bare launcher (tmux, subprocess) is wrapped as a local executor
         self.launcher: Executor = launcher if isinstance(launcher, (LocalExecutor, SlurmExecutor)) else LocalExecutor(launcher)
         self.store = Store(settings.db_path, clock=clock)
-        self.cache = JobShapeCache()
+        self.scheduler = SchedulerState()  # the scheduler's caches between passes (prediction's in .shapes)
         self.ctx = DispatchContext(
             runs_dir=runs_dir(settings.db_path),
             policy=PackingPolicy(
@@ -308,10 +309,10 @@ class Daemon:
         hold = self._hold_reason()
         try:
             if self.launcher.remote:
-                schedule_remote(self.store, self.launcher, self.ctx, self.cache, draining=draining,
+                schedule_remote(self.store, self.launcher, self.ctx, self.scheduler.shapes, draining=draining,
                                 max_in_queue=self.settings.max_in_queue, hold=hold)
             else:
-                schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.cache, draining=draining, hold=hold)
+                schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.scheduler, draining=draining, hold=hold)
         finally:  # the next workers start first: closing a dead window costs tmux calls
             self._close_ended()
         self.notifier.poll()
@@ -490,12 +491,12 @@ class Daemon:
             record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
         if verdict is Verdict.FINISHED:
             self._learn_host(attempt, job)
-            complete(self.store, attempt, obs, self.cache, disk_full_now=disk_full, hung=hung)
+            complete(self.store, attempt, obs, self.scheduler.shapes, disk_full_now=disk_full, hung=hung)
             self._ended.append(attempt)
         elif verdict is Verdict.LOST:
             if (why := disagreement(attempt, obs)) is not None:
                 log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
-            complete(self.store, attempt, obs, self.cache, lost=True, disk_full_now=disk_full, hung=hung)
+            complete(self.store, attempt, obs, self.scheduler.shapes, lost=True, disk_full_now=disk_full, hung=hung)
             self._ended.append(attempt)
         else:
             return 1
@@ -567,11 +568,11 @@ class Daemon:
             self._kill(attempt, job, obs)
             return 1
         if verdict is Verdict.FINISHED:
-            complete(self.store, attempt, obs, self.cache)
+            complete(self.store, attempt, obs, self.scheduler.shapes)
             return 0
         if verdict is Verdict.LOST:
             assert isinstance(end, tuple)
-            complete(self.store, attempt, obs, self.cache, lost=True, remote_end=end)
+            complete(self.store, attempt, obs, self.scheduler.shapes, lost=True, remote_end=end)
             self._cancel_sent.discard(attempt.id)
             return 0
         return 1
@@ -625,7 +626,7 @@ class Daemon:
         if not attempt.host_peak_mib:
             return
         try:
-            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.cache),
+            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.scheduler.shapes),
                              attempt.host_peak_mib, attempt.cpu_peak_cores)
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the host memory of attempt %s", attempt.id, exc_info=True)
@@ -643,7 +644,7 @@ class Daemon:
         if previous is None or previous[2] != tenants or previous[:2] == (step, float(read_at)):
             return  # no second reading yet (progress is read again every few seconds)
         try:
-            learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.cache)
+            learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.scheduler.shapes)
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
 

@@ -17,8 +17,8 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from orchestrator.attempts.reconcile import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.store.rows import Attempt
 

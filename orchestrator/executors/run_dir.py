@@ -18,11 +18,10 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import UsageError
-from orchestrator.plans.template import NAMES, parse_template
+from orchestrator.plans.template import NAMES, OUR_WORKERS, parse_template
 from orchestrator.rundir_files import RunDir, write_in_dir
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-OUR_WORKERS = {"lora": "workers.lora", "sim": "workers.sim"}
 PLACEHOLDERS = NAMES
 
 # Injected into every attempt (DESIGN.md, worker protocol). The suite env comes after and wins.

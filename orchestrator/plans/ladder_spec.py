@@ -7,6 +7,7 @@ plans/ladder.yaml.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,3 +143,8 @@ def load_ladder_file(path: Path) -> Ladder:
         return load_ladder(data["ladder"])
     except PlanError as error:
         raise PlanError(f"ladder file {path}: {error}") from error
+
+
+def is_one_token_task(task: str, patterns: Sequence[str]) -> bool:
+    """Whether a suite marks `task` as scored on one token (fnmatch patterns, e.g. "glue*")."""
+    return any(fnmatch.fnmatchcase(task, pattern) for pattern in patterns)

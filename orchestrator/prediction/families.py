@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.store.rows import FamilyTag
+
 # Keys that size a step's activations: a family's members may differ in them (the fit's x).
 BATCH_KEYS: tuple[str, ...] = ("batch_size", "per_device_train_batch_size", "train_batch_size")
 TOKEN_KEYS: tuple[str, ...] = ("max_seq_len", "max_length", "max_seq_length", "seq_len", "block_size")
@@ -31,16 +33,6 @@ BASE_MARGIN = 0.05  # a prediction from one completed point: as a shape's own me
 RUNNING_MARGIN = 0.10  # a point that is a running attempt's peak so far (step K): it may grow a little
 ERROR_FACTOR = 2.0  # the margin covers twice the fit's largest relative residual
 MAX_MARGIN = 0.5
-
-
-@dataclass(frozen=True)
-class FamilyTag:
-    """Where one shape sits in its family."""
-
-    family_key: str
-    batch_size: int
-    tokens: int | None  # the sequence length it is sized at, where known
-    task: str
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.executors.run_dir import OUR_WORKERS
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.ladder_spec import load_ladder
-from orchestrator.plans.template import parse_template
-from orchestrator.prediction.durations import DurationTable
-from orchestrator.prediction.families import FamilyTag, family_of
+from orchestrator.plans.template import OUR_WORKERS, parse_template
+from orchestrator.prediction.families import family_of
 from orchestrator.prediction.ladder import HostSettings, Level, expand_levels, with_host_settings
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.prediction.memory import (
     ModelInfo,
     Prediction,
-    ShapeMemory,
     at_learned_length,
     estimate_peak_mib,
     lookup_model_info,
@@ -35,10 +32,8 @@ from orchestrator.prediction.memory import (
     shape_key,
 )
 from orchestrator.prediction.shapes import memory_config, memory_hash
-from orchestrator.scheduling.queue_index import QueueCache
-from orchestrator.scheduling.queue_kinds import KindIndex
 from orchestrator.store.peak_source import PredictionSource, SourceKind
-from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.rows import Attempt, FamilyTag, Job, ShapeMemory
 
 PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
 
@@ -95,15 +90,8 @@ class JobShapeCache:
     jobs: dict[int, JobFacts] = field(default_factory=dict)
     facts_pool: dict[tuple[Any, ...], JobFacts] = field(default_factory=dict)  # shared by jobs alike
     shapes: dict[tuple[Any, ...], ShapeFacts] = field(default_factory=dict)
-    durations: DurationTable = field(default_factory=DurationTable)
-    durations_seen: dict[int, float] = field(default_factory=dict)  # attempt id -> ended_at
-    durations_after_s: float | None = None  # re-read succeeded attempts ended from here on
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
     attempt_families: dict[tuple[int, int], FamilyTag | None] = field(default_factory=dict)  # and its family
-    queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
-    kinds: KindIndex = field(default_factory=KindIndex)  # queued jobs by kind, in queue order
-    # while nothing can start: what the head's waiting reasons were last worked out from, and when
-    waiting_checked: tuple[Any, tuple[Any, ...], float] | None = None
 
 
 ATTEMPT_KEYS_KEPT = 4096

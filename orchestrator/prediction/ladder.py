@@ -12,13 +12,11 @@ GPU-side changes. The ladder as a suite writes it is parsed in `ladder_spec`.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.attempts.classify import REASON_HUNG
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
 # The ladder as written (its steps and their parsing) lives in ladder_spec; its public names
 # are importable from here too.
@@ -32,6 +30,7 @@ from orchestrator.plans.ladder_spec import (
     WORKERS_KEY,
     Ladder,
     Step,
+    is_one_token_task,
     load_ladder,
     load_ladder_file,
 )
@@ -127,11 +126,6 @@ class RetryDecision:
     why: str
     # The job's host-side settings for the next attempt (those it had, or one step more).
     host: HostSettings = NO_HOST_STEPS
-
-
-def is_one_token_task(task: str, patterns: Sequence[str]) -> bool:
-    """Whether a suite marks `task` as scored on one token (fnmatch patterns, e.g. "glue*")."""
-    return any(fnmatch.fnmatchcase(task, pattern) for pattern in patterns)
 
 
 def _smallest_factor(number: int) -> int:

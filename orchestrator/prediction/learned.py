@@ -15,12 +15,10 @@ from orchestrator.prediction.families import (
     FamilyFit,
     FamilyFloor,
     FamilyPoint,
-    FamilyTag,
     fit_family,
     floors_bound,
     predict_member,
 )
-from orchestrator.prediction.memory import ShapeMemory
 from orchestrator.prediction.shapes import (
     RunningPeak,
     Transfer,
@@ -31,7 +29,7 @@ from orchestrator.prediction.shapes import (
     task_transfer,
 )
 from orchestrator.prediction.throughput import curves_by_gpu
-from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.rows import Attempt, FamilyTag, Job, ShapeMemory
 
 
 def attempt_step(attempt: Attempt) -> int | None:

@@ -40,6 +40,7 @@ from typing import Any
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.prediction.shapes import RunningPeak, Transfer, measured_margin, running_margin
 from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.rows import ShapeMemory
 
 MIB = 1024 * 1024
 ALPHA = 34  # activation bytes per token per layer per hidden unit, without checkpointing
@@ -282,13 +283,6 @@ def shape_key(config_content_hash: str, model: str, task: str) -> str:
     model and task. The ladder level is not part of it: two attempts passing the same settings
     have one shape, whichever level or config name they came from."""
     return f"{config_content_hash}|{model}|{task}"
-
-
-@dataclass(frozen=True)
-class ShapeMemory:
-    peak_mib: int | None  # max measured peak over completed attempts of this shape
-    oom_floor_mib: int | None  # least it is known to need: held at an OOM, or seen before dying
-    samples: int = 0  # completed attempts behind peak_mib
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS, number
+from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
 from orchestrator.attempts.rundir_reads import read_result
 from orchestrator.results.aggregate import ResultRow, setting_digest
 from orchestrator.store.db import Store
 from orchestrator.store.queries import SucceededAttempt, succeeded_attempts
+from orchestrator.wording import number
 
 NO_METRICS = "no test metrics (result.json or printed)"
 MAX_PEFT_BYTES = 1 << 20

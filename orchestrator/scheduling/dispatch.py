@@ -30,17 +30,12 @@ from orchestrator.prediction.learned import Knowledge, held_peaks, running_peaks
 from orchestrator.prediction.throughput import family_curves
 from orchestrator.scheduling.family_inputs import curve_of, family_tags, mark_probes, probe_family
 from orchestrator.scheduling.launching import DispatchContext, claim, launch_all
-from orchestrator.scheduling.packing.pack import (
-    GpuState,
-    PackingDecision,
-    QueuedJob,
-    can_take_any,
-    open_slots,
-    pack,
-)
+from orchestrator.scheduling.packing.pack import PackingDecision, can_take_any, open_slots, pack
+from orchestrator.scheduling.packing.types import GpuState, QueuedJob
 from orchestrator.scheduling.queue_index import QueueRead
 from orchestrator.scheduling.queue_kinds import Kind, handed_to_pack, kind_of
 from orchestrator.scheduling.resources import host_state, predict_host_mib, running_attempts
+from orchestrator.scheduling.state import SchedulerState
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
 from orchestrator.store.attempts import (
     read_all_prompt_lengths,
@@ -66,7 +61,7 @@ log = logging.getLogger(__name__)
 
 def load_durations(store: Store) -> DurationTable:
     """Run times of succeeded attempts: longest expected jobs start first."""
-    return refresh_durations(store, JobShapeCache())
+    return refresh_durations(store, SchedulerState())
 
 
 # Attempts are ended by the daemon, one after another, so a succeeded attempt that ended more
@@ -74,20 +69,20 @@ def load_durations(store: Store) -> DurationTable:
 DURATIONS_OVERLAP_S = 60.0
 
 
-def refresh_durations(store: Store, cache: JobShapeCache) -> DurationTable:
+def refresh_durations(store: Store, state: SchedulerState) -> DurationTable:
     """Add the attempts that succeeded since the last call to the cached run-time table."""
-    since = None if cache.durations_after_s is None else cache.durations_after_s - DURATIONS_OVERLAP_S
+    since = None if state.durations_after_s is None else state.durations_after_s - DURATIONS_OVERLAP_S
     for r in succeeded_runs_since(store, since):
-        if r.attempt_id in cache.durations_seen:
+        if r.attempt_id in state.durations_seen:
             continue
-        cache.durations_seen[r.attempt_id] = r.ended_at
-        cache.durations.add(CompletedRun(r.config_name, r.data, r.level, r.duration_s))
-        if cache.durations_after_s is None or r.ended_at > cache.durations_after_s:
-            cache.durations_after_s = r.ended_at
-    if cache.durations_after_s is not None and len(cache.durations_seen) > 1000:
-        oldest_s = cache.durations_after_s - 2 * DURATIONS_OVERLAP_S
-        cache.durations_seen = {k: v for k, v in cache.durations_seen.items() if v >= oldest_s}
-    return cache.durations
+        state.durations_seen[r.attempt_id] = r.ended_at
+        state.durations.add(CompletedRun(r.config_name, r.data, r.level, r.duration_s))
+        if state.durations_after_s is None or r.ended_at > state.durations_after_s:
+            state.durations_after_s = r.ended_at
+    if state.durations_after_s is not None and len(state.durations_seen) > 1000:
+        oldest_s = state.durations_after_s - 2 * DURATIONS_OVERLAP_S
+        state.durations_seen = {k: v for k, v in state.durations_seen.items() if v >= oldest_s}
+    return state.durations
 
 
 def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuState]:
@@ -105,7 +100,7 @@ def schedule(
     snapshots: tuple[GpuSnapshot, ...],
     launcher: Launcher,
     ctx: DispatchContext,
-    cache: JobShapeCache,
+    state: SchedulerState,
     *,
     draining: bool,
     hold: str | None = None,
@@ -115,9 +110,10 @@ def schedule(
     When no card has a free slot with free memory, only the head of the queue is read (for its
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
     start now (a full disk); every queued job shows it."""
+    cache = state.shapes
     paused = paused_suites(store)
     live, live_jobs = live_attempts_with_jobs(store)
-    durations = refresh_durations(store, cache)
+    durations = refresh_durations(store, state)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
     running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
     plan = get_gpu_plan(store)
@@ -125,10 +121,10 @@ def schedule(
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
     head: list[QueueEntry] | None = None
     if not whole_queue:  # only the head, for its waiting reasons
-        head = cache.queue.head(store, ctx.policy.reasons_for)
+        head = state.queue.head(store, ctx.policy.reasons_for)
         if head is None:
             head = queued_jobs(store, limit=ctx.policy.reasons_for)
-        if _reasons_still_fresh(cache, (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold),
+        if _reasons_still_fresh(state, (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold),
                                 head, store.now_s()):
             return PackingDecision((), {})
     # Jobs of one kind differ only by their place in the queue, and no pass places more jobs
@@ -136,18 +132,18 @@ def schedule(
     # (whose waiting reasons it gives); each kind's prediction is worked out once.
     per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
     if whole_queue:
-        cache.queue.read(store)
-        read = cache.queue.take_changes()
-        _forget_left(cache, read)
-        entries = cache.queue.entries
+        state.queue.read(store)
+        read = state.queue.take_changes()
+        _forget_left(state, read)
+        entries = state.queue.entries
         if read.whole:
-            _learn_new_jobs(store, cache.queue.order, cache)
-            cache.kinds.rebuild(cache.queue.order, cache.jobs)
+            _learn_new_jobs(store, state.queue.order, cache)
+            state.kinds.rebuild(state.queue.order, cache.jobs)
         else:
             _learn_new_jobs(store, [entries[i] for i in read.changed if i in entries], cache)
-            cache.kinds.add(read.changed, entries, cache.jobs)
-        head = cache.queue.first(ctx.policy.reasons_for + per_kind)
-        queued_rows = handed_to_pack(head, cache.kinds.heads(per_kind, entries))
+            state.kinds.add(read.changed, entries, cache.jobs)
+        head = state.queue.first(ctx.policy.reasons_for + per_kind)
+        queued_rows = handed_to_pack(head, state.kinds.heads(per_kind, entries))
     else:
         assert head is not None
         queued_rows = head
@@ -189,7 +185,7 @@ def schedule(
                 curve_of(facts, curves, by_family), probe_family(facts, predicted[1], knowledge))
             if whole_queue:
                 firsts.append((job.id, _teaching_group(facts, predicted[1], prompt_lengths),
-                               len(cache.kinds.lists.get(kind, ())) or 1))
+                               len(state.kinds.lists.get(kind, ())) or 1))
         predictions[job.id] = inputs.prediction
         host_predictions[job.id] = inputs.host_mib
         queue.append(
@@ -231,7 +227,7 @@ def schedule(
     launch_all(store, launcher, ctx, claims)
     if whole_queue:  # those handed to `pack`, and any other whose old reason no longer stands
         handed = {q.job_id for q in queue}
-        explained = queued_rows + [cache.queue.entries[i] for i in cache.queue.with_reason - handed]
+        explained = queued_rows + [state.queue.entries[i] for i in state.queue.with_reason - handed]
     else:
         explained = [r for r in queued_rows if r.id in reasons]
     write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
@@ -250,16 +246,16 @@ def _teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: M
 WAITING_REFRESH_S = 5.0  # while nothing can start, the head's waiting reasons are this old at most
 
 
-def _reasons_still_fresh(cache: JobShapeCache, key: tuple[Any, ...], head: list[QueueEntry], now_s: float) -> bool:
+def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list[QueueEntry], now_s: float) -> bool:
     """While no card can take anything, the head's waiting reasons are worked out again only
     when what they rest on changed (`key`: the running attempts, the plan, pauses, draining, a
     hold; or the head's rows) or WAITING_REFRESH_S has passed: free memory in them may be that
     old. Nothing could start either way, so a pass skipped here places nothing."""
-    last = cache.waiting_checked
+    last = state.waiting_checked
     rows = tuple(head)
     if last is not None and last[0] == key and last[1] == rows and now_s - last[2] < WAITING_REFRESH_S:
         return True
-    cache.waiting_checked = (key, rows, now_s)
+    state.waiting_checked = (key, rows, now_s)
     return False
 
 
@@ -274,10 +270,11 @@ class _KindInputs:
     probe_family: str | None = None
 
 
-def _forget_left(cache: JobShapeCache, read: QueueRead) -> None:
+def _forget_left(state: SchedulerState, read: QueueRead) -> None:
     """Drop the facts of jobs that left the queue, and shapes no queued job has."""
+    cache = state.shapes
     if read.whole:
-        cache.jobs = {k: v for k, v in cache.jobs.items() if k in cache.queue.entries}
+        cache.jobs = {k: v for k, v in cache.jobs.items() if k in state.queue.entries}
     else:
         for job_id in read.left:
             cache.jobs.pop(job_id, None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from orchestrator.prediction.families import FamilyTag
 from orchestrator.prediction.job_facts import (
     JobFacts,
     JobShapeCache,
@@ -15,11 +14,11 @@ from orchestrator.prediction.job_facts import (
     attempt_shape_key,
 )
 from orchestrator.prediction.learned import Knowledge
-from orchestrator.scheduling.packing.pack import RunningAttempt
+from orchestrator.scheduling.packing.types import RunningAttempt
 from orchestrator.store.db import Store
 from orchestrator.store.learning import read_family_members
 from orchestrator.store.peak_source import PredictionSource, SourceKind
-from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.rows import Attempt, FamilyTag, Job
 
 
 def family_tags(store: Store, live: Sequence[Attempt], live_jobs: Mapping[int, Job],

@@ -30,7 +30,7 @@ from orchestrator.plans.resume import (
 from orchestrator.prediction.job_facts import job_keys
 from orchestrator.prediction.ladder import Level
 from orchestrator.rundir_files import TOKEN_VAR, RunDir
-from orchestrator.scheduling.packing.pack import PackingPolicy
+from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.scheduling.resources import free_port
 from orchestrator.store.attempts import (
     AttemptPlan,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from orchestrator.gpu.host import HostSnapshot
 from orchestrator.scheduling.packing.gang import HostState
-from orchestrator.scheduling.packing.pack import RunningAttempt
+from orchestrator.scheduling.packing.types import RunningAttempt
 from orchestrator.store.rows import Attempt
 
 

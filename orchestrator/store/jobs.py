@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.errors import InvalidTransition, JobNotFound
 from orchestrator.lifecycle import JobState, check_transition
 from orchestrator.plans import GpuPlan, JobSpec, Suite
-from orchestrator.prediction.ladder import is_one_token_task
+from orchestrator.plans.ladder_spec import is_one_token_task
 from orchestrator.store.db import Store
 
 ACTIVE_OR_DONE = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value)

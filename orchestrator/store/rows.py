@@ -234,3 +234,20 @@ class Attempt:
     def cards(self) -> tuple[str, ...]:
         """Every card of the attempt, in CUDA_VISIBLE_DEVICES order (one for a one-GPU attempt)."""
         return self.gpu_uuids or (self.gpu_uuid,)
+
+
+@dataclass(frozen=True)
+class ShapeMemory:
+    peak_mib: int | None  # max measured peak over completed attempts of this shape
+    oom_floor_mib: int | None  # least it is known to need: held at an OOM, or seen before dying
+    samples: int = 0  # completed attempts behind peak_mib
+
+
+@dataclass(frozen=True)
+class FamilyTag:
+    """Where one shape sits in its family."""
+
+    family_key: str
+    batch_size: int
+    tokens: int | None  # the sequence length it is sized at, where known
+    task: str

@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.attempts.printed_metrics import number
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.store.db import Store
@@ -24,6 +23,7 @@ from orchestrator.store.status import (
     paused_suites,
     recent_retries,
 )
+from orchestrator.wording import number
 
 OOM_OUTCOMES = (AttemptOutcome.OOM.value, AttemptOutcome.HOST_OOM.value)
 

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from orchestrator.prediction.throughput import marginal_gain
 from orchestrator.scheduling.packing.gang import may_backfill
+from orchestrator.scheduling.packing.types import (
+    GpuState,
+    PackingPolicy,
+    QueuedJob,
+    RunningAttempt,
+)
 from orchestrator.scheduling.waits import Blocker
-
-if TYPE_CHECKING:
-    from orchestrator.scheduling.packing.pack import (
-        GpuState,
-        PackingPolicy,
-        QueuedJob,
-        RunningAttempt,
-    )
 
 
 def outstanding_reservation_mib(attempt: RunningAttempt) -> int:

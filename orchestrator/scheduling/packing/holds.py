@@ -8,14 +8,11 @@ before the kept-for job is expected to fit there (EASY backfilling), or jobs tha
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from orchestrator.scheduling.packing.cards import Card, blocker, headroom_for, need_mib
 from orchestrator.scheduling.packing.gang import HostState, closest_set, ready_at_s
+from orchestrator.scheduling.packing.types import QueuedJob
 from orchestrator.scheduling.waits import Blocker, gang_note
-
-if TYPE_CHECKING:
-    from orchestrator.scheduling.packing.pack import QueuedJob
 
 _NEVER = (Blocker.PLAN, Blocker.NEVER)
 
