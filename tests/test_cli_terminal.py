@@ -111,14 +111,14 @@ def test_gpus_without_nvml_shows_the_daemons_last_reading(
     shows the GPUs from the database, and so does `orch gpus`."""
     import time
 
-    import orchestrator.cli.daemon_cmd as daemon_cmd
+    import orchestrator.cli.daemon_setup as daemon_setup
     from orchestrator.errors import GpuUnavailable
     from orchestrator.store.daemon_row import register_daemon, unregister_daemon, write_heartbeat
 
     def no_nvml(backend: str | None = None, state_dir: Path | None = None) -> Any:
         raise GpuUnavailable("NVML could not initialise: NVML Shared Library Not Found")
 
-    monkeypatch.setattr(daemon_cmd, "make_probe", no_nvml)  # this machine may have NVML: it must not matter
+    monkeypatch.setattr(daemon_setup, "make_probe", no_nvml)  # this machine may have NVML: it must not matter
     card = {"index": 1, "uuid": "GPU-sim-1", "name": "sim 24GiB", "total_mib": 24576, "used_mib": 2048,
             "free_mib": 22528, "utilization_pct": None, "processes": [{"pid": 4242, "used_mib": 2048}]}
     with Store(db_path, create=True) as store:
