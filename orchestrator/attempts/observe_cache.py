@@ -2,7 +2,7 @@
 
 A pass looks at every running attempt, so at 64 running its cost is mostly reading the same
 pid.json and asking /proc about the same processes again. Here:
-- a run dir's files are read again (through `runfiles`, the validating reader) only when the
+- a run dir's files are read again (through `attempts.rundir_reads`, the validating reader) only when the
   lstat signature of pid.json, exit.json or progress.jsonl changed; the signature only says
   *whether* to read, never *what*: every value still comes from the safe read. A worker that
   only appended to progress.jsonl (most passes) is read again once `max_age_s` has passed since

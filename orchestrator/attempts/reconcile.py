@@ -2,7 +2,7 @@
 
 Run at daemon start and every tick. The run dir's files are the source of truth for what
 happened (the wrapper writes pid.json before the worker starts and exit.json after it ends),
-but they are written where user code runs, so they are read only through `runfiles` (no
+but they are written where user code runs, so they are read only through `attempts.rundir_reads` (no
 symlinks, size limits, every field checked) and never decide which process orch signals. The
 launcher's record does: the wrapper pid it returned and the create time orch read at launch
 (attempts.pid, proc_create_time). An attempt is alive when that process runs; pid.json, when

@@ -66,7 +66,7 @@ def _names(v: Any) -> bool:
 
 
 def _leftovers(v: Any) -> bool:
-    """The wrapper's list of processes the worker left running (launch.strays)."""
+    """The wrapper's list of processes the worker left running (executors.wrapper.strays)."""
     return isinstance(v, list) and len(v) <= 64 and all(
         isinstance(p, dict) and _int_in(1, MAX_PID)(p.get("pid")) and _short_text(64)(p.get("name")) for p in v
     )

@@ -3,7 +3,7 @@
 Used for workers that write no progress.jsonl. Each pass reads only what was appended since the
 last one (at most MAX_READ_BYTES: a script printing faster than that is followed at its tail);
 an attempt met for the first time (a restarted daemon) is read from its last TAIL_START_BYTES.
-Reads go through the run-dir module; the parsing is the pure `stdout_parse`.
+Reads go through the run-dir module; the parsing is the pure `attempts.printed_metrics`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class RemoteStatus:
     """What a backend that owns the process (Slurm) says about one attempt this tick."""
 
     state: str  # the backend's own word: PENDING, RUNNING, NODE_FAIL, ...
-    kind: str  # slurm_parse.SlurmState value: queued, running, ended, lost, failed
+    kind: str  # executors.slurm.parse.SlurmState value: queued, running, ended, lost, failed
     reason: str = ""  # pending reason, e.g. Resources, Priority
     job_id: str = ""  # the backend's id of the attempt (found by name when it was never recorded)
     # False while the job left the queue less than the shared filesystem's grace ago: its exit

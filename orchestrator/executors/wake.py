@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 WAKE_FILE = ".wake"
-RUN_DIR_DEPTH = 3  # runs/<suite>/<job>/attempt-N (launch.runtree)
+RUN_DIR_DEPTH = 3  # runs/<suite>/<job>/attempt-N (executors.runs_tree)
 MAX_LINE_BYTES = 4096  # PIPE_BUF: a write up to this size is never interleaved with another
 MAX_READ_BYTES = 1 << 16  # lines read per wake-up; more waits for the next pass
 

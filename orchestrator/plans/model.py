@@ -97,7 +97,7 @@ class Suite:
         return stored
     memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
     min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain
-    slurm: dict[str, Any] = field(default_factory=dict)  # validated `slurm:` settings (executors.slurm_parse)
+    slurm: dict[str, Any] = field(default_factory=dict)  # validated `slurm:` settings (plans.slurm_settings)
     gpus: int = 1  # cards per job (a gang) unless a config says otherwise
     cpus: int | None = None  # cores per job, counted only when set
 

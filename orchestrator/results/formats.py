@@ -1,5 +1,5 @@
 """Results as text people paste: a terminal table's rows, CSV, and JSON records (Markdown and
-LaTeX grids are in results_grid). Pure functions from ResultSummary lists to strings or dicts.
+LaTeX grids are in results.grids). Pure functions from ResultSummary lists to strings or dicts.
 
 Every format names a row's `--set` overrides, and marks what a reader must know about a cell:
 † its runs ran at different ladder levels (same effective batch); ‡ the same with LoRA dropout

@@ -3,7 +3,7 @@
 A row is one effective config (`r8 [learning_rate=0.001]`), a column one (task, metric): configs
 that report different metrics on a task get a column each, and a cell is filled only from the
 summary of its own row, task and metric. The best mean of each column is bold (the lowest for a
-loss or an error). Marks and their legend are those of results_format; a cell with notes is
+loss or an error). Marks and their legend are those of results.formats; a cell with notes is
 marked `*` and its notes are listed under the grid.
 """
 

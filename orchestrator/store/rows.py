@@ -192,7 +192,7 @@ class Attempt:
     cpu_peak_cores: float | None = None
     resumed_from_attempt: int | None = None  # the earlier attempt whose checkpoint it resumed from
     resumed_from_checkpoint: str | None = None
-    hunted: str | None = None  # processes outside its group ended at its end (attempt_tracking)
+    hunted: str | None = None  # processes outside its group ended at its end (attempts.containment)
     token: str | None = None  # this attempt's own, in its exit.json and our workers' result.json
 
     @classmethod

@@ -2,7 +2,7 @@
 in `progress.jsonl` against step, runs overlaid, and the seeds of one effective config as a
 band (mean, min and max at each step).
 
-progress.jsonl is written by user code: read bounded through runfiles' run-dir descent (no
+progress.jsonl is written by user code: read bounded through attempts.rundir_reads' run-dir descent (no
 symlink followed), each line a JSON mapping or skipped, values finite numbers or dropped,
 metric names short text, at most MAX_METRICS of them."""
 

@@ -5,7 +5,7 @@ whenever the peak grows), with the model and size of the card it peaked on (a mi
 cards differ), so memory learning works on every executor, also where the daemon cannot read
 this node's GPUs (Slurm).
 NVML where present, the simulated GPUs where ORCH_GPU_BACKEND=sim; nothing where neither is.
-Read back as untrusted input by `runfiles.read_gpu_peak_mib`.
+Read back as untrusted input by `attempts.rundir_reads.read_gpu_peak_mib`.
 """
 
 from __future__ import annotations
