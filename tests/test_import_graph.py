@@ -145,3 +145,27 @@ def test_the_wrapper_packages_import_nothing() -> None:
     for package in (PACKAGE / "executors", PACKAGE / "executors" / "wrapper"):
         tree = ast.parse((package / "__init__.py").read_text())
         assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], package
+
+
+def test_only_executors_ask_which_executor_they_hold() -> None:
+    """Outside executors/, no isinstance() on an executor or launcher class and no comparison of
+    an executor's name with a backend's: what differs between backends is the executor's own
+    (`remote`, `executors.base.cluster_owned`). A user's `--executor` choice may be compared."""
+    backends = {"slurm", "tmux", "subprocess"}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(PACKAGE / "executors"):
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+                classes = ast.get_source_segment(source, node.args[1]) or ""
+                if "Executor" in classes or "Launcher" in classes:
+                    found.append(f"{path.name}:{node.lineno} isinstance(..., {classes})")
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                named = any(isinstance(s, ast.Constant) and s.value in backends for s in sides)
+                text = ast.get_source_segment(source, node) or ""
+                if named and ("executor" in text or "launcher" in text) and "_kind" not in text:
+                    found.append(f"{path.name}:{node.lineno} {text}")
+    assert not found, found

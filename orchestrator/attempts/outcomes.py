@@ -14,6 +14,7 @@ from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.attempts.printed_metrics import parse_result
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
+from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import remove_checkpoints
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
@@ -81,8 +82,7 @@ def complete(
     `remote_end`: the cluster's own word on how it ended (Slurm's TIMEOUT, PREEMPTED, ...), which
     wins over the exit record the wrapper wrote when the cluster's signal stopped it.
     What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
-    cluster_owned = (attempt.executor or attempt.launcher) == "slurm"
-    if not cluster_owned and not ensure_group_dead(attempt, obs):
+    if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
     run_dir = Path(attempt.run_dir)

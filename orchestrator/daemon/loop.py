@@ -45,10 +45,9 @@ from orchestrator.daemon.state import (
 from orchestrator.daemon.watcher import AttemptWatcher
 from orchestrator.errors import DaemonError
 from orchestrator.executors.base import Executor
-from orchestrator.executors.local import LocalExecutor
+from orchestrator.executors.factory import as_executor
 from orchestrator.executors.process_groups import Launcher
 from orchestrator.executors.runs_tree import check_runs_root
-from orchestrator.executors.slurm.executor import SlurmExecutor
 from orchestrator.executors.wake import WakeChannel
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.attribution import ProcessTrees
@@ -86,8 +85,7 @@ class Daemon(AttemptWatcher):
         self.settings = settings
         self.probe = probe
         self.clock = clock  # where time is policy (hang timeouts, kill grace, holds): tests move it
-        # the executor seam; a bare launcher (tmux, subprocess) is wrapped as a local executor
-        self.launcher: Executor = launcher if isinstance(launcher, (LocalExecutor, SlurmExecutor)) else LocalExecutor(launcher)
+        self.launcher: Executor = as_executor(launcher)  # the executor seam
         self.store = Store(settings.db_path, clock=clock)
         self.scheduler = SchedulerState()  # the scheduler's caches between passes (prediction's in .shapes)
         self.ctx = DispatchContext(

@@ -68,6 +68,21 @@ class Executor(Protocol):
     def attach_command(self, window_id: str) -> list[str]: ...
 
 
+# Executors whose backend owns an attempt's processes (they run on another node): orch can
+# neither see nor signal its process group, only ask the backend.
+CLUSTER_EXECUTORS = frozenset({"slurm"})
+
+
+def is_cluster_executor(name: str | None) -> bool:
+    """Whether the executor of this name hands attempts to a cluster (they run elsewhere)."""
+    return name in CLUSTER_EXECUTORS
+
+
+def cluster_owned(attempt: Attempt) -> bool:
+    """Whether the attempt's processes belong to a cluster's executor, from its row alone."""
+    return is_cluster_executor(attempt.executor or attempt.launcher)
+
+
 def log_path(attempt: Attempt) -> Path:
     """Where every executor's attempt output is: the wrapper writes it into the run dir."""
     return RunDir(attempt.run_dir).log

@@ -49,3 +49,11 @@ def make_executor(kind: str | None, socket_name: str, slurm_options: object | No
     if kind and kind not in EXECUTORS:
         raise UsageError(f"unknown executor {kind!r}: use one of {', '.join(EXECUTORS)}")
     return LocalExecutor(make_launcher(kind, socket_name))
+
+
+def as_executor(backend: Launcher | Executor) -> Executor:
+    """The executor seam for what the daemon was given: an executor as it is, a bare launcher
+    (tmux, subprocess) wrapped as a local executor. Only executors/ asks which class it holds."""
+    from orchestrator.executors.slurm.executor import SlurmExecutor
+
+    return backend if isinstance(backend, (LocalExecutor, SlurmExecutor)) else LocalExecutor(backend)

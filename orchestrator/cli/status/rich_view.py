@@ -15,6 +15,7 @@ from rich.text import Text
 
 from orchestrator.cli.common import fmt_duration, fmt_mib
 from orchestrator.cli.tables import fit_columns
+from orchestrator.executors.base import is_cluster_executor
 from orchestrator.wording import fmt_changes
 
 BAR_WIDTH = 24
@@ -67,8 +68,8 @@ RUNNING_OPTIONAL = ("step", "loss", "elapsed", "lvl", "mem/pred", "data", "att",
 
 def _where(r: dict[str, Any]) -> str:
     """The GPU index; for an attempt in Slurm, its job id and state (with the pending reason)."""
-    if r.get("executor") == "slurm":
-        return f"slurm {r.get('executor_id') or '?'} {r.get('executor_state') or ''}".strip()
+    if is_cluster_executor(r.get("executor")):
+        return f"{r['executor']} {r.get('executor_id') or '?'} {r.get('executor_state') or ''}".strip()
     return str(r["gpu"])
 
 
