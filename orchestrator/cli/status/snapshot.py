@@ -6,13 +6,11 @@ from dataclasses import asdict
 from typing import Any
 
 from orchestrator.daemon.state import daemon_alive
-from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.store.db import Store, now_s
-from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import iter_status_jobs, state_counts
 from orchestrator.store.resources import read_host_reading
-from orchestrator.store.rows import Attempt
 from orchestrator.store.status import (
+    cards_now,
     daemon_reading,
     first_waiting,
     live_attempts,
@@ -26,41 +24,26 @@ FIRST_WAITING = 6
 RECENT_RETRIES = 8
 
 
-def _cards(a: Attempt) -> tuple[str, ...]:
-    """Every card of an attempt (one for a one-GPU attempt)."""
-    return a.gpu_uuids or (a.gpu_uuid,)
-
-
-def _held_on(a: Attempt, uuid: str) -> int:
-    """What the attempt's tree holds on one card: a gang's reading per card, else its own."""
-    held = a.held_by_gpu.get(uuid)
-    return held if isinstance(held, int) else a.held_mib
-
-
 def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
     daemon = daemon_alive(store)
     reading = daemon_reading(store)
-    plan = get_gpu_plan(store)
     live = live_attempts(store)
-    gpus: list[dict[str, Any]] = []
-    for g in reading.gpus if reading else []:
-        on_gpu = [la.attempt for la in live if g["uuid"] in _cards(la.attempt)]  # every rank of a gang counts
-        orch_mib = sum(_held_on(a, g["uuid"]) for a in on_gpu)
-        gpus.append(
-            {
-                "index": g["index"],
-                "uuid": g["uuid"],
-                "name": g["name"],
-                "total_mib": g["total_mib"],
-                "used_mib": g["used_mib"],
-                "orch_mib": orch_mib,
-                "foreign_mib": max(0, g["used_mib"] - orch_mib),
-                "free_mib": g["free_mib"],
-                "utilization_pct": g.get("utilization_pct"),
-                "slots": plan.slots_for(g["index"], DEFAULT_SLOTS),
-                "running": len(on_gpu),
-            }
-        )
+    gpus: list[dict[str, Any]] = [
+        {
+            "index": card.index,
+            "uuid": card.uuid,
+            "name": card.name,
+            "total_mib": card.total_mib,
+            "used_mib": card.used_mib,
+            "orch_mib": card.orch_mib,
+            "foreign_mib": card.foreign_mib,
+            "free_mib": card.free_mib,
+            "utilization_pct": card.utilization_pct,
+            "slots": card.slots,
+            "running": card.running,  # every rank of a gang counts
+        }
+        for card in cards_now(store, reading, live)
+    ]
     running = [
         {
             "id": la.attempt.job_id,
