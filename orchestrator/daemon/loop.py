@@ -236,23 +236,33 @@ class Daemon(AttemptWatcher):
     # -- one tick --------------------------------------------------------------------------
 
     def tick(self, only: Collection[Path] | None = None) -> bool:
-        """One pass. Returns True when the daemon should exit (stop requested, or drained).
-        `only`: run dirs whose wrappers said they ended; just those attempts are reconciled."""
+        """One pass, as named steps: check the database and the stop request, read the disk and
+        the GPUs, reconcile the live attempts, schedule, then record the pass. Returns True
+        when the daemon should exit (stop requested, or drained). `only`: run dirs whose
+        wrappers said they ended; just those attempts are reconciled."""
         if self._database_lost():
             return True
         control = daemon_control(self.store)
-        draining = control.draining
         if control.stop_requested:
             return True
         self._check_disk()
         snapshots = self.probe.snapshot()
         live_before = len(self._exit_files)
         live_count = self.reconcile(snapshots, only)
-        if draining and live_count == 0:
+        if control.draining and live_count == 0:
             self._close_ended()
             return True
         if live_count != live_before:  # read again only when an attempt ended (or began) since
             snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
+        self._schedule(snapshots, control.draining)
+        self._record_pass(snapshots)
+        if only is None or live_count != live_before:
+            self._watch_exit_files()
+        return False
+
+    def _schedule(self, snapshots: tuple[GpuSnapshot, ...], draining: bool) -> None:
+        """Pack the queue and start what fits (a cluster: keep its queue topped up), then close
+        what the executor kept open for the attempts that ended this pass."""
         hold = self._hold_reason()
         try:
             if self.launcher.remote:
@@ -262,6 +272,9 @@ class Daemon(AttemptWatcher):
                 schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.scheduler, draining=draining, hold=hold)
         finally:  # the next workers start first: closing a dead window costs tmux calls
             self._close_ended()
+
+    def _record_pass(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+        """Notifications, the heartbeat (GPUs, host, disk) and the memory history of the pass."""
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -269,11 +282,12 @@ class Daemon(AttemptWatcher):
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
             self.clock.now_s(),
         )
-        if only is None or live_count != live_before:
-            run_dirs = live_run_dirs(self.store)
-            if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
-                self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
-        return False
+
+    def _watch_exit_files(self) -> None:
+        """The exit records that, once written, start the next pass early (no wake FIFO)."""
+        run_dirs = live_run_dirs(self.store)
+        if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
+            self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:
