@@ -1,4 +1,4 @@
-"""Simulated training worker, and the file protocol of simulated GPUs.
+"""Simulated training worker: holds simulated GPU memory as a real run would, then reports.
 
 `python -m workers.sim --config RUN_DIR/config.yaml --run-dir RUN_DIR`
 
@@ -6,9 +6,10 @@ A simulated GPU is a directory `$ORCH_SIM_DIR/gpu<index>/`. Every process holdin
 has a file `<pid>.json` = {pid, used_mib, create_time}; memory held by processes orch did not
 start is in `foreign-<name>.json` files (pid 0). A holder counts while its process is alive with
 the same create_time, so a reused pid cannot keep a dead worker's memory "allocated". Card sizes
-come from `$ORCH_SIM_GPUS` ("7x24GiB" or "24GiB,24GiB,48GiB"). The probe in orchestrator.gpu.sim
-reads the same files through the functions below; of orchestrator this module imports only
-`orchestrator.rundir_files` (standard library alone), so it starts fast.
+come from `$ORCH_SIM_GPUS` ("7x24GiB" or "24GiB,24GiB,48GiB"). That file protocol is
+`orchestrator.gpu.sim_files`, which the probe in orchestrator.gpu.sim reads too; of orchestrator
+this module imports only standard-library modules (that one and `rundir_files`), so it
+starts fast.
 
 Memory model of the worker (all from the config):
     base   = sim_base_gib (default 0.4 x sim_mem_gib): weights, LoRA state, CUDA context
