@@ -28,7 +28,7 @@ from benchmarks.daemon_scale import Bench, orch
 
 def _daemon(bench: Bench, poll_s: float) -> Any:
     os.environ.update(bench.env)
-    from orchestrator.cli.daemon_setup import make_daemon_executor, resolve_backend
+    from orchestrator.cli.daemon.setup import make_daemon_executor, resolve_backend
     from orchestrator.daemon.loop import Daemon, DaemonSettings
 
     probe, worker_env = resolve_backend(bench.db, None)

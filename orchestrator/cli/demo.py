@@ -17,7 +17,7 @@ from rich.live import Live
 
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
-from orchestrator.cli.daemon_cmd import start_daemon
+from orchestrator.cli.daemon.command import start_daemon
 from orchestrator.cli.status.rich_view import render_status
 from orchestrator.cli.status.snapshot import status_snapshot
 from orchestrator.daemon.state import daemon_alive

@@ -74,7 +74,7 @@ def status_cmd(once: bool, interval_s: float, limit: int | None, offset: int, as
 def gpus_cmd(backend: str | None, as_json: bool, db_path: Path) -> None:
     """Read the GPUs now (NVML, or the simulated backend); without either here, the daemon's
     last reading from the database (as `orch status` shows it)."""
-    from orchestrator.cli.daemon_setup import resolve_backend
+    from orchestrator.cli.daemon.setup import resolve_backend
 
     try:
         probe, _ = resolve_backend(db_path, backend)

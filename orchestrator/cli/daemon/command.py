@@ -17,7 +17,7 @@ import psutil
 
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
-from orchestrator.cli.daemon_setup import (
+from orchestrator.cli.daemon.setup import (
     backend_option,
     disk_options,
     executor_args,
