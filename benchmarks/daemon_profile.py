@@ -28,11 +28,11 @@ from benchmarks.daemon_scale import Bench, orch
 
 def _daemon(bench: Bench, poll_s: float) -> Any:
     os.environ.update(bench.env)
-    from orchestrator.cli.daemon_cmd import _make_executor, resolve_backend
-    from orchestrator.daemon import Daemon, DaemonSettings
+    from orchestrator.cli.daemon.setup import make_daemon_executor, resolve_backend
+    from orchestrator.daemon.loop import Daemon, DaemonSettings
 
     probe, worker_env = resolve_backend(bench.db, None)
-    launcher = _make_executor(None, "tmux", bench.db, probe, None, None, None, 16)
+    launcher = make_daemon_executor(None, "tmux", bench.db, probe, None, None, None, 16)
     return Daemon(DaemonSettings(db_path=bench.db, poll_s=poll_s, order="fifo"), probe, launcher, worker_env)
 
 

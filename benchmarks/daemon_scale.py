@@ -39,13 +39,13 @@ from typing import Any
 import psutil
 import yaml
 
-from orchestrator.daemon_state import tmux_socket_name
+from orchestrator.attempts.resource_use import HOST_WARMUP_S
+from orchestrator.daemon.state import tmux_socket_name
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
 from orchestrator.store.daemon_row import read_daemon
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.track_resources import HOST_WARMUP_S
 
 PAIRS_PER_SUBMIT = 2_000  # --pairs is bounded in length
 
@@ -277,7 +277,7 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
 def wrapper_start_cpu(root: Path, runs: int = 7) -> dict[str, float]:
     """CPU seconds (user + system) of one wrapper around `/bin/true`: the interpreter start-up
     and imports every attempt pays before its worker starts; median of `runs`."""
-    from orchestrator.launch.wrapper import wrapper_argv
+    from orchestrator.executors.wrapper.run import wrapper_argv
 
     samples = []
     for i in range(runs):

@@ -9,7 +9,7 @@ succeeded attempts of the GPU sweeps in `benchmarks/gpu/results/jobs_*.json` (pe
 memory of the process tree, context included), estimated at their real prompt length, 34
 tokens (the toy GLUE data's longest prompt, see benchmarks/gpu/README.md). The fit is a
 coordinate search over the constants minimising the largest relative error; the table shows
-the shipped constants (`orchestrator.memory.CALIBRATED`) and the textbook ones side by side.
+the shipped constants (`orchestrator.prediction.memory.CALIBRATED`) and the textbook ones side by side.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.memory import (
+from orchestrator.prediction.memory import (
     CALIBRATED,
     DEFAULT_CONSTANTS,
     GLA_1_3B,

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.attempts.stdout_follow import OutputFollower
 from orchestrator.rundir_files import RunDir
-from orchestrator.stdout_follow import OutputFollower
 
 REDRAW = "\r 45%|####5     | {n}/100000 [00:09<00:11, 4.9it/s, loss=0.41]"
 

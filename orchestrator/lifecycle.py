@@ -64,3 +64,6 @@ def check_transition(from_state: JobState | None, to_state: JobState) -> None:
     if not is_allowed(from_state, to_state):
         shown_from = from_state.value if from_state is not None else "(new)"
         raise InvalidTransition(f"job state change {shown_from} -> {to_state.value} is not allowed")
+
+
+REASON_HUNG = "hung"

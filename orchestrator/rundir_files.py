@@ -1,7 +1,7 @@
 """An attempt's run dir: the name of every file in it, and the one atomic writer.
 
 The daemon, the wrapper, the executors and our workers all read and write these files, so the
-names live here once. The standard library only: `python -m orchestrator.launch.wrapper` and
+names live here once. The standard library only: `python -m orchestrator.executors.wrapper.run` and
 the workers (`workers/`) import this module, and both must start fast and stay free of orch's
 dependencies.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -35,3 +36,19 @@ def fmt_changes(changes: Any, run_alone: bool = False) -> str:
     if run_alone:
         shown.append("run alone")
     return ", ".join(shown)
+
+
+def number(value: Any) -> float | None:
+    """A finite number from a value a script printed (a number or a numeric string)."""
+    if isinstance(value, bool):
+        return None
+    try:  # an int of 400 digits overflows a float: not a number a metric can be
+        if isinstance(value, (int, float)):
+            result = float(value)
+        elif isinstance(value, str) and len(value) <= 64:
+            result = float(value.strip())
+        else:
+            return None
+    except (ValueError, OverflowError):
+        return None
+    return result if math.isfinite(result) else None

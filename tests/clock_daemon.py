@@ -20,9 +20,9 @@ from e2e_helpers import REPO_ROOT, Orch, wait_until
 
 from orchestrator.cli import main
 from orchestrator.clock import FakeClock
-from orchestrator.daemon import Daemon, DaemonSettings
+from orchestrator.daemon.loop import Daemon, DaemonSettings
+from orchestrator.executors.subprocess_launcher import SubprocessLauncher
 from orchestrator.gpu.sim import make_sim_probe
-from orchestrator.launch.subprocess_launcher import SubprocessLauncher
 
 T = TypeVar("T")
 

@@ -20,9 +20,9 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.attempt_tracking import remove_empty_cgroups
-from orchestrator.daemon_state import runs_dir, tmux_socket_name
-from orchestrator.reconcile import process_matches
+from orchestrator.attempts.containment import remove_empty_cgroups
+from orchestrator.attempts.reconcile import process_matches
+from orchestrator.daemon.state import runs_dir, tmux_socket_name
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.classify import (
+from orchestrator.attempts.classify import (
     MEANINGFUL_LINE_CHARS,
-    REASON_HUNG,
     classify_attempt,
     classify_log_tail,
     parse_oom_detail,
 )
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
 CORPUS = Path(__file__).parent / "data" / "failures"
 CORPUS_FILES = sorted(CORPUS.glob("*.txt"))
@@ -195,7 +194,7 @@ def test_mentions_are_not_errors(line: str) -> None:
 
 
 def test_exit_codes_agree_with_the_workers_harness() -> None:
-    from orchestrator import classify
+    from orchestrator.attempts import classify
     from workers import harness
 
     assert (classify.EXIT_OOM, classify.EXIT_CONFIG_ERROR) == (harness.EXIT_OOM, harness.EXIT_CONFIG_ERROR)

@@ -220,7 +220,7 @@ def test_daemon_log_has_no_libtmux_chatter(tmp_path: Path) -> None:
 
 
 def test_ladder_levels_are_described_in_yaml_words() -> None:
-    from orchestrator.ladder import Level
+    from orchestrator.prediction.ladder import Level
 
     level = Level(1, "checkpointing", changes={"gradient_checkpointing": True, "logits_to_keep": None})
     assert level.describe() == "level 1 (checkpointing): gradient_checkpointing=true, logits_to_keep=null"

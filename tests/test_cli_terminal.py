@@ -44,8 +44,8 @@ def on_terminal(monkeypatch: pytest.MonkeyPatch, module: Any, width: int) -> io.
 def test_show_at_80_columns_keeps_dates_whole(
     orch_inproc: OrchRunner, db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.cli.jobs as jobs_module
-    from orchestrator.cli.jobs import _ts
+    import orchestrator.cli.jobs.command as jobs_module
+    from orchestrator.cli.jobs.command import _ts
 
     assert orch_inproc(*SUBMIT).rc == 0
     add_attempt(db_path, reason="CUDA out of memory [bold]x[/]")
@@ -73,7 +73,7 @@ def status_snapshot_with_an_oom() -> dict[str, Any]:
 
 
 def test_piped_status_is_plain_columns() -> None:
-    from orchestrator.cli.status_plain import plain_status
+    from orchestrator.cli.status.plain import plain_status
 
     out = plain_status(status_snapshot_with_an_oom())
     assert not any(ch in out for ch in "│─╭╮╰╯┃━")  # no box drawing
@@ -95,7 +95,7 @@ def test_piped_status_through_the_command(orch_inproc: OrchRunner, db_path: Path
 
 
 def test_a_long_oom_text_takes_one_line_in_the_dashboard() -> None:
-    from orchestrator.cli.render import render_status
+    from orchestrator.cli.status.rich_view import render_status
 
     console = Console(file=io.StringIO(), force_terminal=True, color_system=None, width=100, height=60)
     console.print(render_status(status_snapshot_with_an_oom(), width=100))
@@ -111,14 +111,14 @@ def test_gpus_without_nvml_shows_the_daemons_last_reading(
     shows the GPUs from the database, and so does `orch gpus`."""
     import time
 
-    import orchestrator.cli.daemon_cmd as daemon_cmd
+    import orchestrator.cli.daemon.setup as daemon_setup
     from orchestrator.errors import GpuUnavailable
     from orchestrator.store.daemon_row import register_daemon, unregister_daemon, write_heartbeat
 
     def no_nvml(backend: str | None = None, state_dir: Path | None = None) -> Any:
         raise GpuUnavailable("NVML could not initialise: NVML Shared Library Not Found")
 
-    monkeypatch.setattr(daemon_cmd, "make_probe", no_nvml)  # this machine may have NVML: it must not matter
+    monkeypatch.setattr(daemon_setup, "make_probe", no_nvml)  # this machine may have NVML: it must not matter
     card = {"index": 1, "uuid": "GPU-sim-1", "name": "sim 24GiB", "total_mib": 24576, "used_mib": 2048,
             "free_mib": 22528, "utilization_pct": None, "processes": [{"pid": 4242, "used_mib": 2048}]}
     with Store(db_path, create=True) as store:

@@ -82,7 +82,7 @@ def test_the_demos_closing_hint_names_the_job_that_ran_out_of_memory(orch_inproc
 
 
 def test_the_too_big_for_tmux_hint_names_the_way_out_that_works() -> None:
-    from orchestrator.launch.tmux import MAX_ARG_BYTES, too_big_for_tmux
+    from orchestrator.executors.tmux import MAX_ARG_BYTES, too_big_for_tmux
 
     huge = too_big_for_tmux(7, ["python", "t.py", "--notes", "x" * 900_000], 900_100, 500, "orch-x")
     assert "job 7" in huge and "through {config}" in huge

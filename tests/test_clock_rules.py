@@ -15,9 +15,9 @@ from e2e_helpers import group_alive
 from hostile_helpers import hostile_command
 from rows_helpers import attempt_of, job_of
 
+from orchestrator.attempts.kills import KILL_GRACE_S
 from orchestrator.clock import FakeClock
-from orchestrator.executors import slurm
-from orchestrator.kills import KILL_GRACE_S
+from orchestrator.executors.slurm import executor as slurm
 
 HOLD = {"corrupt": "none", "hold_s": 600}  # a worker that starts, says nothing and stays
 

@@ -17,8 +17,8 @@ from clock_daemon import clock_daemon
 from e2e_helpers import Orch, orch_env, pid_alive, requires_tmux, wait_until
 from hostile_helpers import hostile_command
 
-from orchestrator.attempt_tracking import cgroup_parent
-from orchestrator.daemon_state import tmux_socket_name
+from orchestrator.attempts.containment import cgroup_parent
+from orchestrator.daemon.state import tmux_socket_name
 
 ESCAPING_WORKER = Path(__file__).resolve().parent / "data" / "escaping_worker.py"
 ESCAPING = f"{sys.executable} {ESCAPING_WORKER} {{config}} {{run_dir}}"

@@ -14,8 +14,8 @@ import pytest
 from e2e_helpers import Orch, group_alive, orch_env, pid_alive, requires_tmux, wait_until
 from hostile_helpers import hostile_command
 
+from orchestrator.attempts.kills import KILL_GRACE_S
 from orchestrator.gpu.sim import hold_foreign
-from orchestrator.kills import KILL_GRACE_S
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 

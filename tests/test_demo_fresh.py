@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.daemon_state import tmux_socket_name
+from orchestrator.daemon.state import tmux_socket_name
 from tests.conftest import REPO_ROOT
 from tests.e2e_helpers import orch_env, requires_tmux, wait_until
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from orchestrator.classify import Classification
-from orchestrator.diskspace import DiskState, disk_full_evidence, disk_state, is_disk_full_error
+from orchestrator.attempts.classify import Classification
+from orchestrator.attempts.disk_space import (
+    DiskState,
+    disk_full_evidence,
+    disk_state,
+    is_disk_full_error,
+)
+from orchestrator.attempts.outcomes import _disk_full
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.outcomes import _disk_full
 
 FAILED = Classification(AttemptOutcome.FAILED, "exit code 1")
 

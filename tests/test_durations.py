@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.dispatch import load_durations
-from orchestrator.durations import CompletedRun, DurationTable, expected_duration_s
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.prediction.durations import CompletedRun, DurationTable, expected_duration_s
+from orchestrator.scheduling.dispatch import load_durations
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 

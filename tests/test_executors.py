@@ -14,8 +14,10 @@ import pytest
 from e2e_helpers import orch_env, requires_tmux, wait_until
 from rows_helpers import attempt_of
 
+from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import (
     AWAIT,
     ClusterEnd,
@@ -23,7 +25,7 @@ from orchestrator.executors.remote_verdict import (
     remote_end,
     remote_observation,
 )
-from orchestrator.executors.slurm_parse import (
+from orchestrator.executors.slurm.parse import (
     Request,
     SlurmSettings,
     SlurmState,
@@ -33,7 +35,6 @@ from orchestrator.executors.slurm_parse import (
     parse_node_shards,
     parse_sacct,
     parse_scontrol_jobs,
-    parse_settings,
     parse_squeue,
     sbatch_argv,
     sbatch_script,
@@ -41,13 +42,12 @@ from orchestrator.executors.slurm_parse import (
     shards_for,
     warning_s,
 )
-from orchestrator.launch.wrapper import wrapper_argv
+from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.plans.keymap import KeyMap
 from orchestrator.plans.resume import worker_can_resume
-from orchestrator.reconcile import Observation
+from orchestrator.plans.slurm_settings import parse_settings
 from orchestrator.rundir_files import RunDir
-from orchestrator.runfiles import read_gpu_peak_card, read_gpu_peak_mib
 
 # -- suite `slurm:` settings -----------------------------------------------------------------
 
@@ -374,7 +374,7 @@ def test_attach_is_a_tmux_argv_or_a_clear_not_attachable() -> None:
 
 
 def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
-    from orchestrator.cli.render import _where
+    from orchestrator.cli.status.rich_view import _where
 
     assert _where({"gpu": -1, "executor": "slurm", "executor_id": "42", "executor_state": "PENDING (Resources)"}) == (
         "slurm 42 PENDING (Resources)")
@@ -382,8 +382,8 @@ def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
 
 
 def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(tmp_path: Path) -> None:
-    from orchestrator.executors.slurm import SlurmExecutor, SlurmOptions
-    from orchestrator.launch.base import LaunchSpec
+    from orchestrator.executors.process_groups import LaunchSpec
+    from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 
     executor = SlurmExecutor.__new__(SlurmExecutor)  # no cluster needed for the request itself
     executor.options, executor.shard_mib, executor.shards_per_gpu = SlurmOptions(partition="gpu"), 6144, 4

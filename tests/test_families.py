@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.families import (
+from orchestrator.prediction.families import (
     FamilyFloor,
     FamilyPoint,
     family_of,
     fit_family,
     predict_member,
 )
-from orchestrator.learned import Knowledge
-from orchestrator.memory import ShapeMemory, predict_peak_mib, shape_key
-from orchestrator.prediction_source import SourceKind
-from orchestrator.shapes import RunningPeak
+from orchestrator.prediction.learned import Knowledge
+from orchestrator.prediction.memory import predict_peak_mib, shape_key
+from orchestrator.prediction.shapes import RunningPeak
+from orchestrator.store.peak_source import SourceKind
+from orchestrator.store.rows import ShapeMemory
 
 
 def _true_peak(batch: int) -> int:  # 2 GiB fixed + 28 MiB a sample
@@ -131,8 +132,14 @@ def test_family_predicts_a_member_never_run_and_an_oom_retires_the_declared_figu
 
 
 def test_a_family_shares_its_co_location_curve_and_min_stack_gain_stops_stacking() -> None:
-    from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
-    from orchestrator.throughput import family_curves, relative_curve
+    from orchestrator.prediction.throughput import family_curves, relative_curve
+    from orchestrator.scheduling.packing.pack import pack
+    from orchestrator.scheduling.packing.types import (
+        GpuState,
+        PackingPolicy,
+        QueuedJob,
+        RunningAttempt,
+    )
 
     # b64 measured alone and three to a card (1.16x: compute-bound); b128 only alone
     shape_curves = {"s64": {0: relative_curve({1: 100.0, 2: 55.0, 3: 100.0 * 1.16 / 3})},
@@ -150,7 +157,13 @@ def test_a_family_shares_its_co_location_curve_and_min_stack_gain_stops_stacking
 
 
 def test_a_probing_family_takes_one_job_per_card_until_step_k() -> None:
-    from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+    from orchestrator.scheduling.packing.pack import pack
+    from orchestrator.scheduling.packing.types import (
+        GpuState,
+        PackingPolicy,
+        QueuedJob,
+        RunningAttempt,
+    )
 
     gpus = [GpuState(0, "GPU-0", 80_000, 80_000, 4), GpuState(1, "GPU-1", 80_000, 80_000, 4)]
     queue = [QueuedJob(n, 0, n, 2_048, 0.0, probe_family="fam") for n in range(1, 5)]

@@ -15,7 +15,7 @@ from orchestrator.errors import GpuUnavailable, UsageError
 from orchestrator.gpu import make_probe
 from orchestrator.gpu.attribution import process_tree_pids
 from orchestrator.gpu.sim import hold_foreign, parse_foreign, parse_gpu_sizes
-from workers.sim import FOREIGN_PID, gpu_dir, sim_uuid
+from orchestrator.gpu.sim_files import FOREIGN_PID, gpu_dir, sim_uuid
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import group_alive, wait_until
 
-from orchestrator.clock import FakeClock
-from orchestrator.kills import (
+from orchestrator.attempts.kills import (
     KILL_GRACE_S,
     KILL_RESEND_S,
     STUCK_S,
@@ -25,7 +24,8 @@ from orchestrator.kills import (
     is_stuck,
     next_step,
 )
-from orchestrator.launch.base import ProcessGroups
+from orchestrator.clock import FakeClock
+from orchestrator.executors.process_groups import ProcessGroups
 
 NO_SUCH_PID = 99_999_999  # above any pid_max: its "leader" never exists, so only the fake table speaks
 
@@ -139,7 +139,7 @@ def test_a_group_that_vanished_between_the_read_and_the_signal_is_gone() -> None
 def test_members_that_outlive_sigkill_keep_the_attempt_open_and_are_named_once(caplog: pytest.LogCaptureFixture) -> None:
     clock, alive, sent = FakeClock(), {NO_SUCH_PID}, []
     stopper = _stopper(clock, alive, sent)
-    caplog.set_level(logging.WARNING, logger="orchestrator.kills")
+    caplog.set_level(logging.WARNING, logger="orchestrator.attempts.kills")
     stopper.stop(1, NO_SUCH_PID, None)
     for _ in range(int((KILL_GRACE_S + STUCK_S) / KILL_RESEND_S) + 5):
         clock.advance(KILL_RESEND_S)
@@ -211,8 +211,8 @@ def test_a_real_group_ignoring_sigterm_is_killed_after_the_clock_passes_the_grac
 # -- an ended attempt whose group lingers keeps its memory counted -----------------------------
 
 def test_an_ending_attempt_keeps_its_peak_counted_on_its_cards() -> None:
+    from orchestrator.attempts.kills import ending_peaks_mib, with_memory_held
     from orchestrator.gpu.snapshot import GpuSnapshot
-    from orchestrator.kills import ending_peaks_mib, with_memory_held
 
     assert ending_peaks_mib("GPU-a", 15360, 9000, {}) == {"GPU-a": 15360}
     assert ending_peaks_mib("GPU-a", 0, 9000, {}) == {"GPU-a": 9000}
@@ -227,7 +227,7 @@ def test_an_ending_attempt_keeps_its_peak_counted_on_its_cards() -> None:
 def test_the_process_table_is_read_once_for_every_group_asked_about(monkeypatch: pytest.MonkeyPatch) -> None:
     import psutil
 
-    from orchestrator.launch import base
+    from orchestrator.executors import process_groups as base
 
     reads: list[int] = []
     real = psutil.pids
@@ -241,7 +241,7 @@ def test_the_process_table_is_read_once_for_every_group_asked_about(monkeypatch:
 
 
 def test_strays_get_sigterm_then_sigkill_after_their_shorter_grace() -> None:
-    from orchestrator.attempt_tracking import STRAY_GRACE_S, Hunt, plan_stop
+    from orchestrator.attempts.containment import STRAY_GRACE_S, Hunt, plan_stop
 
     hunt = Hunt()
     assert plan_stop(hunt, True, 100.0) is KillStep.TERM
@@ -252,7 +252,7 @@ def test_strays_get_sigterm_then_sigkill_after_their_shorter_grace() -> None:
 
 
 def test_what_was_hunted_is_said_in_one_line() -> None:
-    from orchestrator.attempt_tracking import describe
+    from orchestrator.attempts.containment import describe
 
     assert describe({12: "python", 13: "sleep"}, "found by its cgroup", "by orch after its process group ended") == (
         "2 processes were left running and ended by orch after its process group ended "

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.classify import REASON_HUNG
 from orchestrator.errors import PlanError
-from orchestrator.ladder import (
+from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
+from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, load_ladder_file
+from orchestrator.prediction.ladder import (
     ACCUM_KEY,
     BATCH_KEY,
     CHECKPOINTING_KEY,
@@ -22,14 +23,10 @@ from orchestrator.ladder import (
     HostSettings,
     Level,
     expand_levels,
-    is_one_token_task,
-    load_ladder,
-    load_ladder_file,
     next_host_step,
     retry_decision,
     with_host_settings,
 )
-from orchestrator.lifecycle import AttemptOutcome
 
 LADDER_YAML = Path(__file__).resolve().parent.parent / "plans" / "ladder.yaml"
 E1_CONFIG: dict[str, Any] = {

@@ -18,14 +18,14 @@ import pytest
 from e2e_helpers import wait_until
 
 from orchestrator.errors import UsageError
-from orchestrator.launch.base import (
+from orchestrator.executors.factory import make_launcher
+from orchestrator.executors.process_groups import (
     Launcher,
     LaunchSpec,
     group_members,
     kill_process_group,
 )
-from orchestrator.launch.factory import make_launcher
-from orchestrator.launch.tmux import TmuxLauncher
+from orchestrator.executors.tmux import TmuxLauncher
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = [
@@ -42,7 +42,7 @@ KINDS = [
 
 @pytest.fixture
 def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Launcher]:
-    monkeypatch.chdir(REPO)  # so `python -m orchestrator.launch.wrapper` is importable anywhere
+    monkeypatch.chdir(REPO)  # so `python -m orchestrator.executors.wrapper.run` is importable anywhere
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     made = make_launcher(request.param, socket_name=f"orch-test-{uuid.uuid4().hex[:10]}")
     yield made

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from e2e_helpers import wait_until
 
-from orchestrator.launch.base import LaunchSpec
-from orchestrator.launch.tmux import SESSION, TmuxLauncher
+from orchestrator.executors.process_groups import LaunchSpec
+from orchestrator.executors.tmux import SESSION, TmuxLauncher
 
 pytestmark = [
     pytest.mark.tmux,

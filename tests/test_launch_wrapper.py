@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.launch.base import kill_process_group
-from orchestrator.launch.wrapper import EXIT_NOT_STARTED, EXIT_REFUSED, wrapper_argv
-from orchestrator.reconcile import mark_lost
+from orchestrator.attempts.reconcile import mark_lost
+from orchestrator.attempts.rundir_reads import read_gpu_peak_mib
+from orchestrator.executors.process_groups import kill_process_group
+from orchestrator.executors.wrapper.run import EXIT_NOT_STARTED, EXIT_REFUSED, wrapper_argv
 from orchestrator.rundir_files import RunDir
-from orchestrator.runfiles import read_gpu_peak_mib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def test_orphan_holding_the_pipe_does_not_delay_the_exit_record(tmp_path: Path) 
 
 def test_usage_error() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.launch.wrapper", "--run-dir"],
+        [sys.executable, "-m", "orchestrator.executors.wrapper.run", "--run-dir"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -188,7 +188,7 @@ def test_the_wrapper_starts_without_site_packages_and_still_samples_the_gpu(tmp_
     # once the worker runs it loads site-packages, so its GPU peak sampler still works.
     sim_dir, run_dir = tmp_path / "sim", tmp_path / "run"
     argv = wrapper_argv(run_dir, [])
-    assert argv[1:3] == ["-S", str(REPO / "orchestrator" / "launch" / "wrapper.py")]
+    assert argv[1:3] == ["-S", str(REPO / "orchestrator" / "executors" / "wrapper" / "run.py")]
     code = (
         "import json, os, time, psutil\n"
         "from pathlib import Path\n"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.row_memo import RowMemo
 from orchestrator.store.rows import Attempt

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.runfiles import read_result
+from orchestrator.attempts.rundir_reads import read_result
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.memory import estimate_peak_mib, model_info_from_hf_config
+from orchestrator.prediction.memory import estimate_peak_mib, model_info_from_hf_config
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
 
 pytest.importorskip("torch")  # the train extra; without it the module is skipped, not an error

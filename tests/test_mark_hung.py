@@ -8,11 +8,11 @@ import pytest
 
 from orchestrator.lifecycle import KillRequest
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction_source import PredictionSource, SourceKind
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.endings import mark_hung
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import Attempt
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"

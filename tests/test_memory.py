@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.memory import (
+from orchestrator.prediction.memory import (
     GLA_1_3B,
-    ShapeMemory,
     at_learned_length,
     estimate_peak_mib,
     lookup_model_info,
@@ -23,7 +22,8 @@ from orchestrator.memory import (
     shape_key,
     update_shape,
 )
-from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.rows import ShapeMemory
 
 PEFT_DIR = Path(__file__).resolve().parent.parent / "plans" / "peft"
 QKVO: dict[str, Any] = {"r": 8, "lora_dropout": 0.05, "target_modules": ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"]}  # fmt: skip
@@ -159,7 +159,7 @@ def test_never_predicts_below_the_oom_floor(
 
 
 def test_repeated_ooms_of_a_shape_raise_the_floor_geometrically() -> None:
-    from orchestrator.memory import OOM_FLOOR_GROWTH
+    from orchestrator.prediction.memory import OOM_FLOOR_GROWTH
 
     first = update_shape(None, 4000, AttemptOutcome.OOM, 5000)
     assert first.oom_floor_mib == 5000
@@ -219,9 +219,9 @@ def test_an_attempts_end_passes_where_it_was_placed_to_the_floor() -> None:
     # the lesson an OOM'd attempt teaches: placed below the floor, the floor stays
     from rows_helpers import job_of
 
-    from orchestrator.ladder import Level
-    from orchestrator.memory import OOM_FLOOR_GROWTH
-    from orchestrator.outcomes import _shape_lesson
+    from orchestrator.attempts.outcomes import _shape_lesson
+    from orchestrator.prediction.ladder import Level
+    from orchestrator.prediction.memory import OOM_FLOOR_GROWTH
 
     known = ShapeMemory(None, 5000, 0)
     job, level = job_of(), Level(0, "base")

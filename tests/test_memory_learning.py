@@ -8,11 +8,14 @@ from pathlib import Path
 import pytest
 from rows_helpers import attempt_of, job_of
 
-from orchestrator.learned import Knowledge, attempt_peak_so_far, held_peaks, running_peaks
-from orchestrator.memory import ShapeMemory, predict_peak_mib, shape_key
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
-from orchestrator.prediction_source import PredictionSource, SourceKind
-from orchestrator.shapes import (
+from orchestrator.prediction.learned import (
+    Knowledge,
+    attempt_peak_so_far,
+    held_peaks,
+    running_peaks,
+)
+from orchestrator.prediction.memory import predict_peak_mib, shape_key
+from orchestrator.prediction.shapes import (
     RunningPeak,
     Transfer,
     fold_running,
@@ -24,8 +27,16 @@ from orchestrator.shapes import (
     running_margin,
     task_transfer,
 )
-from orchestrator.store.rows import Attempt
-from orchestrator.throughput import curves_by_gpu, interval_rate, marginal_gain, relative_curve
+from orchestrator.prediction.throughput import (
+    curves_by_gpu,
+    interval_rate,
+    marginal_gain,
+    relative_curve,
+)
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.rows import Attempt, ShapeMemory
 
 BASE = {"model": "m", "batch_size": 8, "max_seq_len": 256, "prec": "bf16", "learning_rate": 1e-4,
         "num_epochs": 3, "seed": 1, "data": "glue_rte", "eval_every_steps": 50, "sim_seconds": 20}
@@ -369,7 +380,7 @@ def test_packing_benchmark_oracle_and_step_k_learning() -> None:
 
 def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
     from orchestrator.plans import expand_jobs, load_suite, parse_pairs
-    from orchestrator.prediction import JobShapeCache, attempt_shape_key
+    from orchestrator.prediction.job_facts import JobShapeCache, attempt_shape_key
     from orchestrator.store.attempts import AttemptPlan, start_attempt
     from orchestrator.store.db import Store
     from orchestrator.store.jobs import submit_jobs

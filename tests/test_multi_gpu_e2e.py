@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
-from workers.sim import read_holders, sim_uuid
+from orchestrator.gpu.sim_files import read_holders, sim_uuid
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 

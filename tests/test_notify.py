@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.notify import job_failed_line, suite_finished_line
+from orchestrator.daemon.notify import job_failed_line, suite_finished_line
 from orchestrator.store.notify_queries import TerminalEvent
 from tests.conftest import OrchRunner
 from tests.e2e_helpers import orch_env, requires_tmux, wait_until

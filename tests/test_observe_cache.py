@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 from rows_helpers import attempt_of
 
-from orchestrator import runfiles
-from orchestrator.observe_cache import ObserveCache
-from orchestrator.reconcile import PROGRESS_REFRESH_S, observe, process_matches
+from orchestrator.attempts import rundir_reads as runfiles
+from orchestrator.attempts.observe_cache import ObserveCache
+from orchestrator.attempts.reconcile import PROGRESS_REFRESH_S, observe, process_matches
 
 
 def run_dir_in(tmp_path: Path) -> Path:
@@ -121,7 +121,7 @@ def test_new_progress_lines_alone_wait_for_the_refresh(tmp_path: Path) -> None:
 
 
 def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from orchestrator import observe_cache
+    from orchestrator.attempts import observe_cache
 
     run_dir = run_dir_in(tmp_path)
     now = [100.0]

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrator.cli.jobs_render import print_jobs
-from orchestrator.cli.render import render_status
+from orchestrator.cli.jobs.table import print_jobs
+from orchestrator.cli.status.rich_view import render_status
 from orchestrator.cli.tables import plain_columns
 from orchestrator.store.queries import JobListRow
 from tests.conftest import OrchRunner

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.gang import HostState, closest_set, may_backfill, ready_at_s
-from orchestrator.packing import PackingPolicy, RunningAttempt, pack
+from orchestrator.scheduling.packing.gang import HostState, closest_set, may_backfill, ready_at_s
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import PackingPolicy, RunningAttempt
 from tests.test_packing import GIB, NO_HEADROOM, gpu, job
 
 # two boards of two cards: 0-1 and 2-3 close, across boards far

@@ -12,7 +12,7 @@ from benchmarks.packing.__main__ import main
 from benchmarks.packing.policies import OrchPolicy, RoundsPolicy, SlotsPolicy
 from benchmarks.packing.simulator import Simulator, lower_bound_min
 from benchmarks.packing.trace import Trace, TraceGpu, TraceJob, load_trace
-from orchestrator.packing import PackingPolicy
+from orchestrator.scheduling.packing.types import PackingPolicy
 
 GIB = 1024.0
 TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "traces"

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import JobState
-from orchestrator.packing import PackingPolicy
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import JobShapeCache
-from orchestrator.queue_cache import FORGET_AFTER, FULL_READ_CHANGES, QueueCache
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.types import PackingPolicy
+from orchestrator.scheduling.queue_index import FORGET_AFTER, FULL_READ_CHANGES, QueueCache
+from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store import Store
 from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs, transition
 from tests.conftest import REPO_ROOT
@@ -133,8 +133,8 @@ def test_a_pass_hands_pack_as_many_jobs_of_each_kind_as_there_are_free_slots(tmp
     set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=2))
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
-    cache = JobShapeCache()
-    decision = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
+    state = SchedulerState()
+    decision = schedule(store, gpu, _Recorder(), ctx, state, draining=False)
     # fifo: the head of the queue, then the first job of another kind: the head's family has
     # measured nothing, so its next seed waits for the head's step-K reading (it probes)
     assert [p.job_id for p in decision.placements] == [ids[0], ids[100]]
@@ -142,4 +142,4 @@ def test_a_pass_hands_pack_as_many_jobs_of_each_kind_as_there_are_free_slots(tmp
     # waiting reasons `orch status` shows), were handed to pack
     explained = store.query("SELECT id FROM jobs WHERE wait_reason IS NOT NULL ORDER BY id")
     assert [r["id"] for r in explained] == ids[1:51]  # as when the whole queue is handed over
-    assert len(cache.jobs) == 300  # every job's facts are known: later passes place any of them
+    assert len(state.shapes.jobs) == 300  # every job's facts are known: later passes place any of them

@@ -15,19 +15,12 @@ import psutil
 import pytest
 from rows_helpers import attempt_of
 
-from orchestrator.launch.held_dir import HeldRunDir
-from orchestrator.launch.wrapper import claim_run_dir
+from orchestrator.attempts.outcomes import _stopped_from_outside
+from orchestrator.attempts.reconcile import Verdict, disagreement, judge, mark_lost, observe
+from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
+from orchestrator.executors.wrapper.held_dir import HeldRunDir
+from orchestrator.executors.wrapper.run import claim_run_dir
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.outcomes import _stopped_from_outside
-from orchestrator.reconcile import (
-    LAUNCH_GRACE_S,
-    Observation,
-    Verdict,
-    disagreement,
-    judge,
-    mark_lost,
-    observe,
-)
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt
 

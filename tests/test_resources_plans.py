@@ -15,13 +15,13 @@ from orchestrator.gpu.host import SimHost, sim_topology
 from orchestrator.plans.resources import job_resources
 from orchestrator.plans.suite import expand_jobs, load_suite
 from orchestrator.plans.template import parse_template
-from orchestrator.resources import (
+from orchestrator.rundir_files import write_json
+from orchestrator.scheduling.resources import (
     free_port,
     host_state,
     predict_host_mib,
     running_attempts,
 )
-from orchestrator.rundir_files import write_json
 from workers.sim import hold_host
 
 
@@ -114,8 +114,8 @@ def test_sim_topology_pairs_and_free_ports() -> None:
 
 
 def test_status_shows_host_ram_ours_others_free() -> None:
-    from orchestrator.cli.render import host_line
-    from orchestrator.cli.status_query import host_summary
+    from orchestrator.cli.status.rich_view import host_line
+    from orchestrator.cli.status.snapshot import host_summary
 
     summary = host_summary({"total_mib": 65536, "available_mib": 9728, "ours_mib": 40960, "reserve_mib": 2048})
     assert summary == {"total_mib": 65536, "ours_mib": 40960, "others_mib": 14848, "free_mib": 9728, "reserve_mib": 2048}

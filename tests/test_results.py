@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from orchestrator.results import ResultRow, aggregate, primary_metric
-from orchestrator.results_format import render_rows, to_csv
+from orchestrator.results.aggregate import ResultRow, aggregate, primary_metric
+from orchestrator.results.formats import render_rows, to_csv
 
 
 def test_primary_metric_follows_glue_convention() -> None:
@@ -107,7 +107,7 @@ def test_own_task_without_accuracy_shows_its_first_metric() -> None:
 
 
 def test_job_metrics_sources() -> None:
-    from orchestrator.results_source import job_metrics
+    from orchestrator.results.collect import job_metrics
 
     assert job_metrics({"metrics": {"test": {"accuracy": 0.7}}}, None) == {"accuracy": 0.7}
     assert job_metrics({"status": "succeeded", "metrics": {"eval_accuracy": 0.6}}, None) == {
@@ -121,7 +121,7 @@ def test_job_metrics_sources() -> None:
 def test_only_finite_metrics_are_kept() -> None:
     # result.json is written by user code: NaN, infinities and ints beyond a float are dropped
     # (float(10**400) raises; NaN would print as invalid JSON and poison a mean)
-    from orchestrator.results_source import finite_metrics
+    from orchestrator.results.collect import finite_metrics
 
     kept = finite_metrics({"nan": float("nan"), "inf": float("inf"), "huge": 10**400, "flag": True,
                            "text": "0.5", "acc": 0.8, "n": 3})
@@ -129,7 +129,7 @@ def test_only_finite_metrics_are_kept() -> None:
 
 
 def test_settings_that_differ_are_never_pooled() -> None:
-    from orchestrator.results import overrides_label, setting_digest
+    from orchestrator.results.aggregate import overrides_label, setting_digest
 
     base = {"learning_rate": 3e-4, "batch_size": 4}
     lr = {**base, "learning_rate": 1e-3}

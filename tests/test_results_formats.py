@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.results import ResultRow, aggregate
-from orchestrator.results_format import to_csv, to_records
-from orchestrator.results_grid import latex_escape, to_latex, to_markdown
+from orchestrator.results.aggregate import ResultRow, aggregate
+from orchestrator.results.formats import to_csv, to_records
+from orchestrator.results.grids import latex_escape, to_latex, to_markdown
 from orchestrator.store import Store
 from tests.conftest import OrchRunner
 

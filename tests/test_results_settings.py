@@ -105,7 +105,7 @@ def test_a_forced_rerun_of_a_seed_is_counted_and_named(orch_inproc: OrchRunner, 
 
 def test_web_results_and_report_keep_settings_apart(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("starlette", reason="needs the web extra")
-    from orchestrator.results_source import RunReader
+    from orchestrator.results.collect import RunReader
     from orchestrator.web.report import render_report
     from orchestrator.web.results_view import result_table
 

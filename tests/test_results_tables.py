@@ -16,10 +16,10 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from orchestrator.results import ResultRow, aggregate
-from orchestrator.results_format import csv_cell, to_csv
-from orchestrator.results_grid import latex_escape, md_escape, to_latex, to_markdown
-from orchestrator.stdout_parse import parse_result
+from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.results.aggregate import ResultRow, aggregate
+from orchestrator.results.formats import csv_cell, to_csv
+from orchestrator.results.grids import latex_escape, md_escape, to_latex, to_markdown
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
 
 HOSTILE = '=HYPERLINK("http://example.invalid")'
@@ -90,7 +90,7 @@ def test_a_progress_line_is_not_the_result() -> None:
     tail = '{"accuracy": 0.8}\n{"step": 1e30, "loss": 0.25, "epoch": 1}\n'
     assert parse_result(tail) == {"accuracy": 0.8}
     assert parse_result('{"step": 100, "eval_accuracy": 0.7}\n') == {"step": 100, "eval_accuracy": 0.7}
-    from orchestrator.results_source import finite_metrics
+    from orchestrator.results.collect import finite_metrics
 
     assert finite_metrics({"step": 100, "epoch": 2, "eval_accuracy": 0.7}) == {"eval_accuracy": 0.7}
 
@@ -161,6 +161,6 @@ def test_printed_results_reach_every_csv_safely_and_a_progress_step_is_no_metric
      ("exact_answer", False), ("answer", False), ("lossless_rate", False), ("accuracy", False), ("mcc", False)],
 )
 def test_lower_is_better_reads_whole_words_of_a_metric_name(metric: str, lower: bool) -> None:
-    from orchestrator.results_grid import lower_is_better
+    from orchestrator.results.grids import lower_is_better
 
     assert lower_is_better(metric) is lower

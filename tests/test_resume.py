@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import PlanError
-from orchestrator.launch.checkpoints import MAX_DEPTH, find_in_run_dir, latest_checkpoint
+from orchestrator.executors.checkpoints import MAX_DEPTH, find_in_run_dir, latest_checkpoint
 from orchestrator.plans.keymap import NO_KEYS, parse_keys
 from orchestrator.plans.resume import (
     resume_config,
@@ -170,7 +170,7 @@ def test_a_linked_marker_does_not_make_a_save_complete(runs: Path, tmp_path: Pat
 
 
 def test_checkpoints_are_visited_before_other_folders_and_a_cut_search_says_so(runs: Path) -> None:
-    from orchestrator.launch.checkpoints import MAX_ENTRIES, search_checkpoints
+    from orchestrator.executors.checkpoints import MAX_ENTRIES, search_checkpoints
 
     attempt = run_dir(runs, 1)
     clutter = attempt / "aaa-clutter"
@@ -184,7 +184,7 @@ def test_checkpoints_are_visited_before_other_folders_and_a_cut_search_says_so(r
 
 
 def test_a_succeeded_jobs_earlier_checkpoints_are_removed_without_following_links(runs: Path, tmp_path: Path) -> None:
-    from orchestrator.launch.checkpoints import remove_checkpoints
+    from orchestrator.executors.checkpoints import remove_checkpoints
 
     first = run_dir(runs, 1)
     _checkpoint(first / "checkpoint-5")

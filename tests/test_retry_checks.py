@@ -66,9 +66,9 @@ def test_a_resume_stops_at_a_failure_a_command_change_and_a_fresh_start() -> Non
 
 def test_an_attempt_records_its_command_and_a_cut_checkpoint_search_is_said(db_path: Path) -> None:
     from orchestrator.plans import expand_jobs, load_suite, parse_pairs
-    from orchestrator.prediction_source import PredictionSource, SourceKind
     from orchestrator.store.attempts import AttemptPlan, past_attempts, start_attempt
     from orchestrator.store.jobs import submit_jobs
+    from orchestrator.store.peak_source import PredictionSource, SourceKind
 
     plans = Path(__file__).resolve().parents[1] / "plans"
     with Store(db_path) as store:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.errors import UsageError
-from orchestrator.launch.rundir import build_argv, build_worker_env, prepare_run_dir
+from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
 
 
 def test_prepare_run_dir_writes_yaml_and_private_env(tmp_path: Path) -> None:

@@ -79,20 +79,39 @@ def test_the_module_needs_the_standard_library_alone() -> None:
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
 
 
+# What workers/ may import of orchestrator: modules that load the standard library alone
+# (procstat: the sim GPUs' one read of /proc; gpu.sim_files: the simulated-GPU file protocol, whose
+# psutil fallback is imported only where /proc has no answer; plans.lora_keys: the LoRA worker's
+# config keys, plain data).
+WORKER_IMPORTS = {
+    "orchestrator.rundir_files",
+    "orchestrator.procstat",
+    "orchestrator.gpu.sim_files",
+    "orchestrator.plans.lora_keys",
+}
+
+
 def test_workers_import_nothing_else_of_orchestrator() -> None:
     assert _imports(REPO / "orchestrator" / "procstat.py") <= {"__future__", "functools", "os", "typing"}
+    for module in WORKER_IMPORTS:
+        path = REPO.joinpath(*module.split(".")).with_suffix(".py")
+        tree = ast.parse(path.read_text())
+        at_import = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module} | {
+            alias.name for n in tree.body if isinstance(n, ast.Import) for alias in n.names
+        }
+        imported = {name for name in at_import if name.split(".")[0] != "orchestrator"}
+        assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names) | {"__future__"}, (module, imported)
+        assert {name for name in _imports(path) if name.split(".")[0] == "orchestrator"} <= WORKER_IMPORTS, module
     for path in sorted((REPO / "workers").rglob("*.py")):
         ours = {name for name in _imports(path) if name.split(".")[0] == "orchestrator"}
-        # each imports the standard library only (procstat: the sim GPUs' one read of /proc;
-        # lora_keys: the LoRA worker's config keys, which `orch submit` checks too)
-        assert ours <= {"orchestrator.rundir_files", "orchestrator.procstat", "orchestrator.plans.lora_keys"}, (path, ours)
+        assert ours <= WORKER_IMPORTS, (path, ours)
 
 
 def test_the_wrapper_and_workers_load_no_heavy_module() -> None:
-    """What `python -m orchestrator.launch.wrapper` and a worker's harness pull in at start."""
+    """What `python -m orchestrator.executors.wrapper.run` and a worker's harness pull in at start."""
     heavy = ("yaml", "sqlite_utils", "rich", "click", "libtmux", "torch", "orchestrator.store")
     code = (
-        "import sys, orchestrator.launch.wrapper, workers.harness; "
+        "import sys, orchestrator.executors.wrapper.run, workers.harness; "
         f"print([m for m in sys.modules if m.startswith({heavy!r})])"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 from rows_helpers import attempt_of
 
-from orchestrator.launch.rundir import prepare_run_dir
-from orchestrator.launch.runtree import RunTreeError, check_runs_root
-from orchestrator.reconcile import Observation, Verdict, judge, mark_lost, observe
-from orchestrator.runfiles import (
+from orchestrator.attempts.reconcile import Verdict, judge, mark_lost, observe
+from orchestrator.attempts.rundir_reads import (
     loss_curve,
     read_log_tail,
     read_output,
@@ -22,6 +20,9 @@ from orchestrator.runfiles import (
     read_run_files,
     stat_output,
 )
+from orchestrator.executors.observation import Observation
+from orchestrator.executors.run_dir import prepare_run_dir
+from orchestrator.executors.runs_tree import RunTreeError, check_runs_root
 
 
 def _run_dir(tmp_path: Path) -> Path:

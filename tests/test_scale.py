@@ -11,24 +11,18 @@ import pytest
 
 from orchestrator.cli.common import echo_json, echo_json_stream
 from orchestrator.clock import FakeClock
-from orchestrator.dispatch import DispatchContext, schedule
-from orchestrator.durations import CompletedRun, DurationTable
+from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.launch.base import LaunchHandle, LaunchSpec
-from orchestrator.memory import ShapeMemory
-from orchestrator.packing import (
-    GpuState,
-    PackingPolicy,
-    QueuedJob,
-    RunningAttempt,
-    can_take_any,
-    pack,
-)
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import JobShapeCache
+from orchestrator.prediction.durations import CompletedRun, DurationTable
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.pack import can_take_any, pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store import Store
 from orchestrator.store.attempts import read_all_shapes, update_attempt, write_shape
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+from orchestrator.store.rows import ShapeMemory
 from tests.conftest import REPO_ROOT, OrchRunner
 
 # ---------------------------------------------------------------- streamed JSON
@@ -73,7 +67,7 @@ def test_a_long_listing_is_a_plain_table_with_every_row(orch_inproc: OrchRunner)
     pairs = " ".join(f"{i}:glue_rte" for i in range(40))
     assert orch_inproc("submit", "--suite", "demo", "--pairs", pairs).rc == 0
     n_jobs = len(json.loads(orch_inproc("jobs", "--json").stdout))
-    import orchestrator.cli.jobs_render as jobs_module
+    import orchestrator.cli.jobs.table as jobs_module
 
     original = jobs_module.RICH_TABLE_ROWS
     jobs_module.RICH_TABLE_ROWS = 10
@@ -170,7 +164,7 @@ def _store_with_queue(tmp_path: Path, n: int) -> Store:
 def test_a_queued_job_is_predicted_again_when_its_shape_learns_a_peak(tmp_path: Path) -> None:
     store = _store_with_queue(tmp_path, 3)
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
-    cache = JobShapeCache()
+    cache = SchedulerState()
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
     launcher = _Recorder()
     first = schedule(store, gpu, launcher, ctx, cache, draining=False)
@@ -178,7 +172,7 @@ def test_a_queued_job_is_predicted_again_when_its_shape_learns_a_peak(tmp_path: 
     (attempt,) = store.query("SELECT * FROM attempts")
     assert attempt["prediction_source"] != "measured"
     queued = store.query("SELECT id FROM jobs WHERE state = 'queued' ORDER BY id")
-    facts = cache.jobs[queued[0]["id"]]
+    facts = cache.shapes.jobs[queued[0]["id"]]
     write_shape(store, facts.shape.shape_key, ShapeMemory(peak_mib=3_000, oom_floor_mib=None, samples=1))
     assert facts.shape.shape_key in read_all_shapes(store)
     # the running attempt ends: the slot frees, and the next job of that shape starts
@@ -197,11 +191,11 @@ def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path
     store = _store_with_queue(tmp_path, 200)
     set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=0))
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(reasons_for=7), {})
-    cache = JobShapeCache()
+    cache = SchedulerState()
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
     decision = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
     assert decision.placements == ()
-    assert len(cache.jobs) == 7  # the head only: nothing else was read or computed
+    assert len(cache.shapes.jobs) == 7  # the head only: nothing else was read or computed
     reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
     assert len(reasons) == 7 and all("0 slots" in r["wait_reason"] for r in reasons)
 
@@ -209,13 +203,13 @@ def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path
 def test_while_nothing_can_start_the_heads_reasons_are_worked_out_again_only_on_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.dispatch as dispatch
+    import orchestrator.scheduling.dispatch as dispatch
 
     store = _store_with_queue(tmp_path, 20)
     store.clock = clock = FakeClock()
     set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=0))
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(reasons_for=5), {})
-    cache = JobShapeCache()
+    cache = SchedulerState()
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
     packed: list[int] = []
     real_pack = dispatch.pack

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux
 
-from orchestrator.launch.rundir import make_private_dirs, prepare_run_dir
+from orchestrator.executors.run_dir import make_private_dirs, prepare_run_dir
 
 GROUP_OTHER = stat.S_IRWXG | stat.S_IRWXO
 

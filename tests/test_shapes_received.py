@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from orchestrator.prediction import JobShapeCache, job_levels, job_shape_key
+from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
 from tests.rows_helpers import job_of
 
 TRL = "trl sft --per_device_train_batch_size {cfg.per_device_train_batch_size} --gradient_accumulation_steps {cfg.gradient_accumulation_steps} --seed {cfg.seed}"
@@ -29,9 +29,9 @@ def test_batch_256_at_level_1_and_batch_128_at_level_0_share_one_shape() -> None
 
 
 def test_batch_128_level_0_starts_at_the_batch_256_level_1_measurement() -> None:
-    from orchestrator.memory import ShapeMemory
-    from orchestrator.prediction import predict
-    from orchestrator.prediction_source import SourceKind
+    from orchestrator.prediction.job_facts import predict
+    from orchestrator.store.peak_source import SourceKind
+    from orchestrator.store.rows import ShapeMemory
 
     cache = JobShapeCache()
     big, small = _trl_job(1, "b256", 256, 1), _trl_job(2, "b128", 128, 2)

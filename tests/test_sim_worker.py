@@ -16,19 +16,15 @@ import pytest
 import yaml
 from e2e_helpers import wait_until
 
-from orchestrator.classify import classify_attempt
+from orchestrator.attempts.classify import classify_attempt
 from orchestrator.gpu import make_probe
 from orchestrator.gpu.sim import hold_foreign
-from orchestrator.ladder import expand_levels, load_ladder, retry_decision
+from orchestrator.gpu.sim_files import sim_uuid
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.prediction.ladder import expand_levels, retry_decision
 from workers import harness
-from workers.sim import (
-    HOST_BYTES_PER_WORKER,
-    check_sim_fail,
-    host_oom_error,
-    predicted_peak_mib,
-    sim_uuid,
-)
+from workers.sim import HOST_BYTES_PER_WORKER, check_sim_fail, host_oom_error, predicted_peak_mib
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = {"sim_seconds": 1, "sim_ramp_s": 0.3, "batch_size": 8, "seed": 87}

@@ -7,15 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.clock import FakeClock
-from orchestrator.dispatch_remote import schedule_remote
 from orchestrator.errors import ClusterBusy
 from orchestrator.executors.base import RemoteStatus
-from orchestrator.executors.slurm import SlurmExecutor, SlurmOptions
-from orchestrator.executors.slurm_parse import is_transient_refusal
-from orchestrator.launch.base import LaunchHandle, LaunchSpec
-from orchestrator.launching import DispatchContext
-from orchestrator.packing import PackingPolicy
-from orchestrator.prediction import JobShapeCache
+from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
+from orchestrator.executors.slurm.parse import is_transient_refusal
+from orchestrator.prediction.job_facts import JobShapeCache
+from orchestrator.scheduling.cluster_dispatch import schedule_remote
+from orchestrator.scheduling.launching import DispatchContext
+from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.store import Store
 from tests.test_crash_loop import paused, submit, write_suite
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orchestrator.attempts.outcomes import complete
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd, remote_end
-from orchestrator.executors.time_limits import time_limit_of
+from orchestrator.executors.slurm.time_limits import time_limit_of
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.outcomes import complete
-from orchestrator.prediction import JobShapeCache
-from orchestrator.prediction_source import PredictionSource, SourceKind
-from orchestrator.reconcile import Observation
+from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import Attempt, Job
 from tests.test_crash_loop import submit, write_suite
 

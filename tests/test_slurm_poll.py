@@ -12,8 +12,8 @@ import pytest
 from rows_helpers import attempt_of, job_of
 
 from orchestrator.clock import FakeClock
-from orchestrator.executors import slurm
-from orchestrator.executors.slurm import SlurmExecutor, SlurmOptions
+from orchestrator.executors.slurm import executor as slurm
+from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 
 Answer = Callable[[tuple[str, ...]], subprocess.CompletedProcess[str]]
 

@@ -15,10 +15,10 @@ import sqlite_utils
 import orchestrator.store.db as store_db
 import orchestrator.store.jobs as store_jobs
 from orchestrator.errors import InvalidTransition, JobNotFound, StoreError
-from orchestrator.ladder import NO_HOST_STEPS
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import GpuPlan, JobSpec, Suite, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import job_host_settings
+from orchestrator.prediction.job_facts import job_host_settings
+from orchestrator.prediction.ladder import NO_HOST_STEPS
 from orchestrator.store import Store
 from orchestrator.store.jobs import (
     cancel_queued,

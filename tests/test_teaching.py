@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.dispatch import DispatchContext, schedule
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, pack
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-from orchestrator.prediction import JobShapeCache, job_prompt_length_key
-from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.prediction.job_facts import job_prompt_length_key
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob
+from orchestrator.scheduling.state import SchedulerState
+from orchestrator.scheduling.teaching import teaching_jobs, untaught
 from orchestrator.store import Store
 from orchestrator.store.attempts import (
     AttemptPlan,
@@ -18,8 +20,8 @@ from orchestrator.store.attempts import (
     update_attempt,
 )
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_job
-from orchestrator.teaching import teaching_jobs, untaught
 from tests.conftest import REPO_ROOT
 from tests.test_scale import _Recorder
 
@@ -77,7 +79,7 @@ def test_the_daemon_starts_a_short_job_of_an_untaught_model_and_data_before_long
     set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(), {})
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
-    cache = JobShapeCache()
+    cache = SchedulerState()
     first = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
     # longest first would take an hour-long SST-2 job; the first queued RTE job goes instead
     assert [p.job_id for p in first.placements] == [rte[1]]

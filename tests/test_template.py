@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import PlanError, UsageError
-from orchestrator.ladder import expand_levels, load_ladder
-from orchestrator.launch.rundir import build_argv
+from orchestrator.executors.run_dir import build_argv
 from orchestrator.plans.keymap import KeyMap, parse_keys
+from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.plans.template import check_config_keys, parse_template
+from orchestrator.prediction.ladder import expand_levels
 
 TEMPLATE = (
     "python train.py --cfg-free --batch-size {cfg.batch_size} --grad-accum={cfg.gradient_accumulation_steps} "

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux
 
-from workers.sim import sim_uuid
+from orchestrator.gpu.sim_files import sim_uuid
 
 pytestmark = [requires_tmux, pytest.mark.tmux, pytest.mark.slow]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from orchestrator.attempts.resource_use import HOST_SAMPLE_S, HOST_WARMUP_S, ResourceTracker
 from orchestrator.gpu.host import HostSnapshot
-from orchestrator.track_resources import HOST_SAMPLE_S, HOST_WARMUP_S, ResourceTracker
 from tests.rows_helpers import attempt_of
 
 

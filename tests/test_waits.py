@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.waits import Wait, WaitKind, held, held_reason, render
+from orchestrator.scheduling.waits import Wait, WaitKind, held, held_reason, render
 
 
 def test_every_wait_kind_renders_one_nonempty_line() -> None:

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.launch.wrapper import wrapper_argv
-from orchestrator.wake import WakeChannel, poke, wait_gone, wake_path
+from orchestrator.executors.wake import WakeChannel, poke, wait_gone, wake_path
+from orchestrator.executors.wrapper.run import wrapper_argv
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.results import ResultRow, aggregate
+from orchestrator.results.aggregate import ResultRow, aggregate
 from orchestrator.store.gpu_samples import GpuSample
 from orchestrator.store.web_queries import AttemptSpan, OomMark
 from orchestrator.web.charts import LEFT, RIGHT, WIDTH, bar_label, time_ticks, timeline_layout

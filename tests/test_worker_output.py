@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from rows_helpers import attempt_of
 
-from orchestrator import stdout_follow
-from orchestrator.outcomes import crash_loop_of, fail_before_start
-from orchestrator.prediction_source import PredictionSource, SourceKind
-from orchestrator.reconcile import Observation, Verdict, judge, observe
-from orchestrator.stdout_follow import MAX_READ_BYTES, TAIL_START_BYTES, OutputFollower
+from orchestrator.attempts import stdout_follow
+from orchestrator.attempts.outcomes import crash_loop_of, fail_before_start
+from orchestrator.attempts.reconcile import Verdict, judge, observe
+from orchestrator.attempts.stdout_follow import MAX_READ_BYTES, TAIL_START_BYTES, OutputFollower
+from orchestrator.executors.observation import Observation
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from tests.test_crash_loop import paused, submit, write_suite
 
 NOW = 1_000_000.0
@@ -132,7 +133,7 @@ def test_launch_failures_count_for_the_crash_loop_guard(db_path: Path, tmp_path:
 
 def test_our_workers_progress_is_never_read_from_stdout() -> None:
     # lora and sim write progress.jsonl; their stdout has only loading bars before it exists
-    from orchestrator.stdout_follow import follows_stdout
+    from orchestrator.attempts.stdout_follow import follows_stdout
 
     assert not follows_stdout("lora") and not follows_stdout("sim")
     assert follows_stdout("python train.py --cfg {config}")

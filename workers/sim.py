@@ -1,4 +1,4 @@
-"""Simulated training worker, and the file protocol of simulated GPUs.
+"""Simulated training worker: holds simulated GPU memory as a real run would, then reports.
 
 `python -m workers.sim --config RUN_DIR/config.yaml --run-dir RUN_DIR`
 
@@ -6,9 +6,10 @@ A simulated GPU is a directory `$ORCH_SIM_DIR/gpu<index>/`. Every process holdin
 has a file `<pid>.json` = {pid, used_mib, create_time}; memory held by processes orch did not
 start is in `foreign-<name>.json` files (pid 0). A holder counts while its process is alive with
 the same create_time, so a reused pid cannot keep a dead worker's memory "allocated". Card sizes
-come from `$ORCH_SIM_GPUS` ("7x24GiB" or "24GiB,24GiB,48GiB"). The probe in orchestrator.gpu.sim
-reads the same files through the functions below; of orchestrator this module imports only
-`orchestrator.rundir_files` (standard library alone), so it starts fast.
+come from `$ORCH_SIM_GPUS` ("7x24GiB" or "24GiB,24GiB,48GiB"). That file protocol is
+`orchestrator.gpu.sim_files`, which the probe in orchestrator.gpu.sim reads too; of orchestrator
+this module imports only standard-library modules (that one and `rundir_files`), so it
+starts fast.
 
 Memory model of the worker (all from the config):
     base   = sim_base_gib (default 0.4 x sim_mem_gib): weights, LoRA state, CUDA context
@@ -41,29 +42,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import json
 import os
-import re
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import yaml
 
-from orchestrator.procstat import create_time_s, read_stat
+from orchestrator.gpu.sim_files import (
+    HOST_DIR,
+    gpu_dir,
+    gpu_lock,
+    parse_sizes_mib,
+    read_holders,
+    sim_uuid,
+)
 from orchestrator.rundir_files import write_json
 from workers import harness
-
-SIZE_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(GiB|MiB|G|M)\s*$", re.IGNORECASE)
-FOREIGN_PID = 0  # pid shown for memory held by processes orch did not start
-LOCK_FILE = ".lock"
-CREATE_TIME_TOLERANCE_S = 0.05
 
 LOGITS_SHARE = 0.25
 SIM_SEQ_LEN = 128
@@ -77,90 +76,7 @@ HOST_BYTES_PER_WORKER = 2 * 1024**3  # one data worker's prefetched batches, sho
 ENOMEM = 12
 
 
-# --- simulated GPU protocol (shared with orchestrator.gpu.sim) ---------------------------------
-
-
-def parse_sizes_mib(spec: str) -> list[int]:
-    """'7x24GiB' or '24GiB,24GiB,48GiB' (also MiB, and mixed '2x24GiB,48GiB') -> sizes in MiB."""
-    sizes: list[int] = []
-    for item in spec.split(","):
-        match = SIZE_RE.match(item)
-        if not match:
-            raise ValueError(
-                f"invalid ORCH_SIM_GPUS entry {item.strip()!r} in {spec!r}: "
-                "expected e.g. '7x24GiB' or '24GiB,24GiB,48GiB' (units GiB or MiB)"
-            )
-        count = int(match.group(1) or 1)
-        unit_mib = 1024 if match.group(3).lower().startswith("g") else 1
-        size_mib = int(float(match.group(2)) * unit_mib)
-        if count < 1 or size_mib < 1:
-            raise ValueError(f"invalid ORCH_SIM_GPUS entry {item.strip()!r}: sizes must be > 0")
-        sizes.extend([size_mib] * count)
-    return sizes
-
-
-def sim_uuid(index: int) -> str:
-    """Stable uuid of simulated GPU `index`, shaped like NVML's."""
-    return f"GPU-00000000-sim0-0000-0000-{index:012d}"
-
-
-def gpu_dir(state_dir: Path, index: int) -> Path:
-    return Path(state_dir) / f"gpu{index}"
-
-
-@contextlib.contextmanager
-def gpu_lock(directory: Path) -> Iterator[None]:
-    """Exclusive lock on one simulated GPU: allocation checks and stale-file removal take it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / LOCK_FILE, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def holder_alive(pid: int, create_time: float) -> bool:
-    """True when `pid` runs and is the process that wrote the file (not a reuse of its pid)."""
-    stat = read_stat(pid) if pid > 0 else None  # one read: asked for every holder, every second
-    created_s = create_time_s(stat) if stat is not None else None
-    if stat is not None and created_s is not None:
-        return stat.state != "Z" and abs(created_s - create_time) < CREATE_TIME_TOLERANCE_S
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return abs(proc.create_time() - create_time) < CREATE_TIME_TOLERANCE_S
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
-
-
-def read_holders(directory: Path) -> tuple[list[tuple[int, int]], list[Path]]:
-    """Live holdings [(pid, used_mib)] of one GPU dir (foreign ones as pid 0), and stale files."""
-    holders: list[tuple[int, int]] = []
-    stale: list[Path] = []
-    base = os.fspath(directory)
-    try:  # read every second by the daemon and each wrapper's sampler: no Path per file
-        names = sorted(entry.name for entry in os.scandir(base) if entry.name.endswith(".json"))
-    except OSError:
-        return holders, stale  # no such GPU dir (yet)
-    for name in names:
-        try:
-            with open(os.path.join(base, name), encoding="utf-8") as handle:
-                record = json.loads(handle.read())
-            used_mib = int(record["used_mib"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # vanished between listing and read, or unreadable: not a holding
-        if name.startswith("foreign-"):
-            holders.append((FOREIGN_PID, used_mib))
-        elif holder_alive(int(record.get("pid", -1)), float(record.get("create_time", -1))):
-            holders.append((int(record["pid"]), used_mib))
-        else:
-            stale.append(directory / name)
-    return holders, stale
-
-
-# --- the worker --------------------------------------------------------------------------------
+# The simulated-GPU file protocol (card dirs, locks, holder files) is orchestrator.gpu.sim_files.
 
 
 def format_size(mib: float) -> str:
@@ -327,9 +243,6 @@ class GangAllocation(SimAllocation):
     def release(self) -> None:
         for part in self.parts:
             part.release()
-
-
-HOST_DIR = "host"  # $ORCH_SIM_DIR/host: simulated host RAM, same holder files as a GPU
 
 
 def hold_host(config: dict[str, Any]) -> SimAllocation | None:

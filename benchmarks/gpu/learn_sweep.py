@@ -36,7 +36,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.gpu.run_sweep import REPO, dump, finish, orch, pack_out, start_ballast, watch_sweep
-from orchestrator.shapes import PROVISIONAL_STEPS
+from orchestrator.prediction.shapes import PROVISIONAL_STEPS
 
 # declared GiB, {config: batch}; `over` first in queue order. On 38 GiB with 2.4 GiB headroom the
 # first pass places one of each (20 + 8 GiB declared); a second `over` at 20 GiB never fits beside

@@ -269,7 +269,7 @@ def finish(
     db: Path, daemon: subprocess.Popen[bytes] | None, ballast: subprocess.Popen[bytes] | None
 ) -> None:
     """Stop the daemon, its private tmux server (and any window left) and the ballast."""
-    from orchestrator.daemon_state import tmux_socket_name
+    from orchestrator.daemon.state import tmux_socket_name
 
     if daemon is not None:
         orch(["daemon", "stop", "--timeout", "20"], db, check=False)

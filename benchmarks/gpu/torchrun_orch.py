@@ -123,7 +123,7 @@ def main() -> int:
         orch(["daemon", "stop", "--timeout", "20"], env, check=False)
         if daemon.poll() is None:
             os.killpg(daemon.pid, signal.SIGTERM)
-        from orchestrator.daemon_state import tmux_socket_name
+        from orchestrator.daemon.state import tmux_socket_name
 
         subprocess.run(["tmux", "-L", tmux_socket_name(db), "kill-server"], capture_output=True, check=False)
     summary = {"gpus_on_machine": gpus, "ranks_per_job": 2, "one_card_for_both_ranks": gpus < 2,

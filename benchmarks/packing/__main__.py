@@ -10,7 +10,7 @@ from collections.abc import Callable
 from benchmarks.packing.policies import OrchPolicy, RoundsPolicy, SlotsPolicy
 from benchmarks.packing.simulator import Policy, SimResult, Simulator, lower_bound_min
 from benchmarks.packing.trace import Trace, load_trace
-from orchestrator.packing import PackingPolicy
+from orchestrator.scheduling.packing.types import PackingPolicy
 
 POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch")
 

@@ -1,7 +1,7 @@
 """`orch` for a foreign script's sweep: no memory estimate (orch does not know the script), only
 the declared figure, what running attempts show at step K, and the daemon's memory families.
 
-The rules are the daemon's own (`orchestrator.families`, `orchestrator.memory`, `orchestrator.packing`):
+The rules are the daemon's own (`orchestrator.prediction.families`, `orchestrator.prediction.memory`, `orchestrator.scheduling.packing.pack`):
 - a shape is what the script receives: ladder levels that change nothing the script receives
   (level 4, alone, after level 3) share one shape;
 - a family is a config at one setting of checkpointing and data workers: its members differ in
@@ -20,9 +20,15 @@ from dataclasses import dataclass
 from benchmarks.packing.learning import StepKPolicy
 from benchmarks.packing.simulator import Attempt
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, TraceJob
-from orchestrator.families import FamilyFloor, FamilyPoint, fit_family, floors_bound, predict_member
-from orchestrator.memory import Prediction, predict_peak_mib
-from orchestrator.prediction_source import PredictionSource, SourceKind
+from orchestrator.prediction.families import (
+    FamilyFloor,
+    FamilyPoint,
+    fit_family,
+    floors_bound,
+    predict_member,
+)
+from orchestrator.prediction.memory import Prediction, predict_peak_mib
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 
 _GUESSES = (SourceKind.DECLARED, SourceKind.NONE, SourceKind.OOM_FLOOR, SourceKind.RUNNING)
 

@@ -10,7 +10,7 @@ the estimate is modelled (StepKPolicy.estimate). Rows:
   memory ramp, at `early_fraction` of its true peak, with the running margin) and its
   completion replaces it; before that, the model of the LoRA estimate once a job of the same
   model and task has succeeded, else the declared figure; the first queued job of each model
-  and task not yet taught counts as longest (orchestrator.teaching, as in the daemon).
+  and task not yet taught counts as longest (orchestrator.scheduling.teaching, as in the daemon).
 - diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
   hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
   run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
@@ -48,10 +48,11 @@ from benchmarks.packing.simulator import (
     lower_bound_min,
 )
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob, load_trace
-from orchestrator.memory import Prediction, predict_peak_mib
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
-from orchestrator.prediction_source import PredictionSource, SourceKind
-from orchestrator.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
+from orchestrator.prediction.memory import Prediction, predict_peak_mib
+from orchestrator.prediction.shapes import PROVISIONAL_STEPS, RunningPeak, fold_running
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 
 TRACES = ("e5_glue_7x24.yaml", "mixed_5gpu.yaml", "foreign_4x48.yaml", "late_oom_4x48.yaml")
 ESTIMATE_MAX_ERROR = 0.095  # the calibrated estimate's largest error over the measured rows

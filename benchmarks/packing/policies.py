@@ -16,19 +16,15 @@ from benchmarks.packing.simulator import (
     most_placeable,
 )
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob
-from orchestrator.durations import CompletedRun, DurationTable
-from orchestrator.ladder import Level, expand_levels, load_ladder, retry_decision
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.memory import Prediction, ShapeMemory, predict_peak_mib, update_shape
-from orchestrator.packing import (
-    GpuState,
-    PackingPolicy,
-    QueuedJob,
-    RunningAttempt,
-    can_take_any,
-    pack,
-)
-from orchestrator.teaching import teaching_jobs, untaught
+from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.prediction.durations import CompletedRun, DurationTable
+from orchestrator.prediction.ladder import Level, expand_levels, retry_decision
+from orchestrator.prediction.memory import Prediction, predict_peak_mib, update_shape
+from orchestrator.scheduling.packing.pack import can_take_any, pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.scheduling.teaching import teaching_jobs, untaught
+from orchestrator.store.rows import ShapeMemory
 
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
 # The daemon's default ladder expanded for a config of batch 2 with data workers: exactly the
@@ -161,7 +157,7 @@ class OrchPolicy:
     Prediction for a (config, task, level): its measured peak after an attempt of that shape
     succeeded, plus `margin`; else the declared memory, raised to the memory an OOM'd attempt
     of that shape held when it failed (a floor), plus `margin` — the daemon's own rule from
-    `orchestrator.memory`. What follows an OOM is the daemon's `retry_decision` over its default
+    `orchestrator.prediction.memory`. What follows an OOM is the daemon's `retry_decision` over its default
     ladder (TRACE_LEVELS): one level down, level 4 alone, an OOM there (or the attempt limit)
     fails the job.
     """
@@ -208,7 +204,7 @@ class OrchPolicy:
         return None
 
     def predict(self, job_index: int, level: int) -> Prediction:
-        """The daemon's own rule (orchestrator.memory), with no size estimate for trace jobs."""
+        """The daemon's own rule (orchestrator.prediction.memory), with no size estimate for trace jobs."""
         job = self.trace.jobs[job_index]
         shape = self.shapes.get(self.shape_of(job, level))
         return predict_peak_mib(shape, None, int(job.declared_mib), self.margin)
@@ -218,7 +214,7 @@ class OrchPolicy:
 
     def group(self, job_index: int, level: int) -> Hashable | None:
         """The jobs whose prediction one run of this job teaches beyond its own shape
-        (orchestrator.teaching); None without an estimate: a run teaches only its own shape."""
+        (orchestrator.scheduling.teaching); None without an estimate: a run teaches only its own shape."""
         return None
 
     def length_learned(self, job_index: int) -> bool:

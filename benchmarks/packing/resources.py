@@ -7,7 +7,7 @@ plan 1). A job holds its per-rank peak on each of its cards and its host RAM for
 A launcher that starts jobs beyond the host's RAM has the newest one killed by the kernel one
 minute in (a host OOM: its GPU-minutes are lost and it goes back to the queue). Policies:
 
-- `orch`: the real `orchestrator.packing.pack` with gangs, host RAM (`HostState`, the trace's
+- `orch`: the real `orchestrator.scheduling.packing.pack.pack` with gangs, host RAM (`HostState`, the trace's
   reserve) and run times learned from the first finished job of each config;
 - `greedy`: queue order, any job whose GPU count is free starts (backfill), host RAM ignored;
 - `greedy+host`: the same, but a job waits while its host RAM does not fit; no reservation;
@@ -31,8 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.gang import HostState
-from orchestrator.packing import GpuState, PackingPolicy, QueuedJob, RunningAttempt, pack
+from orchestrator.scheduling.packing.gang import HostState
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 
 GIB = 1024
 KILL_AFTER_MIN = 1.0  # a host OOM kills the newest job when its data loader starts

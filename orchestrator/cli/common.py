@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from orchestrator.database_file import daemon_on_lost_file, last_note
+from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
 from orchestrator.errors import PlanError, StoreError, UsageError
 from orchestrator.gpu import machine_gpu_indices
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from orchestrator.actions import Done, cancel_job, resume_suite
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -17,14 +16,15 @@ from orchestrator.cli.common import (
     parse_job_ids,
     plans_option,
 )
-from orchestrator.daemon_state import tmux_socket_name
+from orchestrator.daemon.state import tmux_socket_name
+from orchestrator.daemon.suite_changes import retry_jobs
+from orchestrator.daemon.user_actions import Done, cancel_job, resume_suite
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import NotAttachable, attach_argv
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import default_plans_dir
 from orchestrator.store.db import Store
 from orchestrator.store.queries import get_job, job_ids_in_states, latest_attempt
-from orchestrator.suite_changes import retry_jobs
 
 
 def _select(

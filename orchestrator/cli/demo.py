@@ -15,11 +15,12 @@ import click
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
-from orchestrator.cli.daemon_cmd import start_daemon
-from orchestrator.cli.render import render_status
-from orchestrator.cli.status_query import status_snapshot
-from orchestrator.daemon_state import daemon_alive
+from orchestrator.cli.daemon.command import start_daemon
+from orchestrator.cli.status.rich_view import render_status
+from orchestrator.cli.status.snapshot import status_snapshot
+from orchestrator.daemon.state import daemon_alive
 from orchestrator.gpu.nvml import nvml_available
 from orchestrator.plans import (
     default_plans_dir,
@@ -28,7 +29,6 @@ from orchestrator.plans import (
     parse_gpu_plan,
     parse_pairs,
 )
-from orchestrator.reconcile import process_matches
 from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
 from orchestrator.store.queries import first_oom_job, state_counts

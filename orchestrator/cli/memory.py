@@ -10,9 +10,10 @@ import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
 from orchestrator.errors import UsageError
-from orchestrator.families import FamilyFloor, FamilyPoint, FamilyTag, fit_family
 from orchestrator.plans.inputs import check_text
-from orchestrator.shapes import RunningPeak, measured_margin, running_margin, shape_label
+from orchestrator.prediction.families import FamilyFloor, FamilyPoint, fit_family
+from orchestrator.prediction.shapes import RunningPeak, measured_margin, running_margin, shape_label
+from orchestrator.prediction.throughput import relative_curve
 from orchestrator.store.db import Store
 from orchestrator.store.gpu_samples import gpu_indexes
 from orchestrator.store.learning import (
@@ -24,18 +25,18 @@ from orchestrator.store.learning import (
     shape_known,
     suite_known,
 )
-from orchestrator.throughput import relative_curve
+from orchestrator.store.rows import FamilyTag
 
 
 def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str, str]], dict[str, FamilyTag]]:
     """Shape key -> its running attempts past step K; shape key -> (suite, label) of a live
     attempt of it, for shapes nothing has been learned of yet; shape key -> its family."""
-    from orchestrator.learned import running_peaks
-    from orchestrator.prediction import (  # the ladder: not for every CLI start
+    from orchestrator.prediction.job_facts import (  # the ladder: not for every CLI start
         JobShapeCache,
         attempt_family_tag,
         attempt_shape_key,
     )
+    from orchestrator.prediction.learned import running_peaks
 
     live, jobs = live_attempts_and_jobs(store)
     cache = JobShapeCache()

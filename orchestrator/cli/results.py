@@ -11,8 +11,9 @@ from rich.table import Table
 
 from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
-from orchestrator.results import ResultSummary, aggregate
-from orchestrator.results_format import (
+from orchestrator.results.aggregate import ResultSummary, aggregate
+from orchestrator.results.collect import collect_rows
+from orchestrator.results.formats import (
     FORMATS,
     TABLE_COLUMNS,
     legend_lines,
@@ -20,8 +21,7 @@ from orchestrator.results_format import (
     to_csv,
     to_records,
 )
-from orchestrator.results_grid import to_latex, to_markdown
-from orchestrator.results_source import collect_rows
+from orchestrator.results.grids import to_latex, to_markdown
 from orchestrator.store.queries import suite_names
 
 

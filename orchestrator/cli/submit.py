@@ -16,9 +16,9 @@ from orchestrator.cli.common import (
     open_store,
     plans_option,
 )
+from orchestrator.daemon.notify import check_urls
+from orchestrator.daemon.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.errors import PlanError
-from orchestrator.ladder import expand_levels, is_one_token_task, load_ladder
-from orchestrator.notify import check_urls
 from orchestrator.plans import (
     GpuPlan,
     JobSpec,
@@ -34,8 +34,10 @@ from orchestrator.plans import (
     parse_set_overrides,
 )
 from orchestrator.plans.inputs import shown_value
+from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
+from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.jobs import (
     SubmitOutcome,
     format_plan,
@@ -44,7 +46,6 @@ from orchestrator.store.jobs import (
     submit_jobs,
 )
 from orchestrator.store.notify_queries import set_suite_notify_urls
-from orchestrator.suite_changes import resume_if_changed, worker_changed_since_failure
 
 
 def _round_slots(plan: GpuPlan | None, stored: GpuPlan | None, gpus: list[int] | None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator.errors import UsageError
-from orchestrator.launch.base import LaunchHandle, LaunchSpec
+from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt, Job
 
@@ -28,7 +28,7 @@ class RemoteStatus:
     """What a backend that owns the process (Slurm) says about one attempt this tick."""
 
     state: str  # the backend's own word: PENDING, RUNNING, NODE_FAIL, ...
-    kind: str  # slurm_parse.SlurmState value: queued, running, ended, lost, failed
+    kind: str  # executors.slurm.parse.SlurmState value: queued, running, ended, lost, failed
     reason: str = ""  # pending reason, e.g. Resources, Priority
     job_id: str = ""  # the backend's id of the attempt (found by name when it was never recorded)
     # False while the job left the queue less than the shared filesystem's grace ago: its exit
@@ -66,6 +66,21 @@ class Executor(Protocol):
     def kill_window(self, window_id: str) -> None: ...
 
     def attach_command(self, window_id: str) -> list[str]: ...
+
+
+# Executors whose backend owns an attempt's processes (they run on another node): orch can
+# neither see nor signal its process group, only ask the backend.
+CLUSTER_EXECUTORS = frozenset({"slurm"})
+
+
+def is_cluster_executor(name: str | None) -> bool:
+    """Whether the executor of this name hands attempts to a cluster (they run elsewhere)."""
+    return name in CLUSTER_EXECUTORS
+
+
+def cluster_owned(attempt: Attempt) -> bool:
+    """Whether the attempt's processes belong to a cluster's executor, from its row alone."""
+    return is_cluster_executor(attempt.executor or attempt.launcher)
 
 
 def log_path(attempt: Attempt) -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.executors.base import NotAttachable, RemoteStatus, log_path
-from orchestrator.launch.base import Launcher, LaunchHandle, LaunchSpec
+from orchestrator.executors.process_groups import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.store.rows import Attempt, Job
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
-from orchestrator.reconcile import LAUNCH_GRACE_S, Observation
 from orchestrator.store.rows import Attempt
 
 AWAIT = "await"  # stopped from outside: the backend's final word is needed (poll it soon)

@@ -65,7 +65,7 @@ class SimHost:
         self.total_mib = total_mib
 
     def _holders(self) -> list[tuple[int, int]]:
-        from workers.sim import read_holders
+        from orchestrator.gpu.sim_files import read_holders
 
         holders, _ = read_holders(self.directory)
         return holders
@@ -86,7 +86,7 @@ def make_host_probe(state_dir: Path | None = None) -> HostProbe:
     directory = state_dir or (Path(os.environ["ORCH_SIM_DIR"]) if os.environ.get("ORCH_SIM_DIR") else None)
     if simulated and spec and directory is not None:
         from orchestrator.errors import UsageError
-        from workers.sim import parse_sizes_mib
+        from orchestrator.gpu.sim_files import parse_sizes_mib
 
         try:
             (total_mib,) = parse_sizes_mib(spec)

@@ -16,9 +16,7 @@ import os
 from pathlib import Path
 
 from orchestrator.errors import GpuUnavailable, UsageError
-from orchestrator.gpu.snapshot import GpuSnapshot, ProcessMemory
-from orchestrator.rundir_files import write_json
-from workers.sim import (
+from orchestrator.gpu.sim_files import (
     FOREIGN_PID,
     gpu_dir,
     gpu_lock,
@@ -26,6 +24,8 @@ from workers.sim import (
     read_holders,
     sim_uuid,
 )
+from orchestrator.gpu.snapshot import GpuSnapshot, ProcessMemory
+from orchestrator.rundir_files import write_json
 
 ENV_FOREIGN_NAME = "env"
 

@@ -22,18 +22,20 @@ from orchestrator.plans.inputs import (
     parse_scalar,
     parse_set_overrides,
 )
-from orchestrator.plans.suite import (
+from orchestrator.plans.model import (
     CRASH_LOOP_FAILURES,
-    CRASH_LOOP_OFF,
     CRASH_LOOP_WINDOW_S,
     CRASH_LOOP_WITHIN_S,
     KNOWN_CONFIG_KEYS,
-    MAX_CRASH_LOOP_FAILURES,
-    MAX_CRASH_LOOP_S,
     ConfigSpec,
     CrashLoop,
-    JobSpec,
     Suite,
+)
+from orchestrator.plans.suite import (
+    CRASH_LOOP_OFF,
+    MAX_CRASH_LOOP_FAILURES,
+    MAX_CRASH_LOOP_S,
+    JobSpec,
     canonical_json,
     default_plans_dir,
     expand_jobs,

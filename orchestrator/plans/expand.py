@@ -6,39 +6,13 @@ Pure: takes a `Suite` (plans.suite) and returns `JobSpec`s. Every problem raises
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Pair, Scalar
+from orchestrator.plans.model import ConfigSpec, JobSpec, Suite, canonical_json
 from orchestrator.plans.resources import job_resources
-
-if TYPE_CHECKING:  # plans.suite imports this module; the types are for annotations only
-    from orchestrator.plans.suite import ConfigSpec, Suite
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job to queue: a config of a suite at one seed and task, with overrides."""
-
-    suite: str
-    config_name: str
-    config_path: str
-    config: dict[str, Any]  # suite config with seed, data and --set overrides merged
-    seed: int
-    data: str
-    overrides: dict[str, Scalar]
-    env: dict[str, str]  # suite env + env.* overrides
-    identity: str
-    gpus: int = 1
-    cpus: int | None = None
 
 
 def job_identity(suite: str, config: ConfigSpec, pair: Pair, overrides: dict[str, Scalar]) -> str:

@@ -1,7 +1,7 @@
 """Whether a job's worker can resume from a checkpoint, and how it is told which. Pure.
 
 An attempt after a death gets the latest checkpoint of the job's earlier attempts
-(orchestrator.launch.checkpoints) in two ways, only where the worker can take it:
+(orchestrator.executors.checkpoints) in two ways, only where the worker can take it:
 - `{resume}` in a command template: the checkpoint's path; an argument that uses it is left
   out when there is none, so `--resume_from_checkpoint={resume}` is given only on a resume;
 - the config key `resume_from_checkpoint` (or the name the suite's `keys:` gives it), in the

@@ -182,3 +182,6 @@ def check_config_keys(
                 f"worker command placeholder {{cfg.{key}?...}}: no config of the suite has {key!r}, "
                 "and neither the ladder nor --set sets it"
             )
+
+
+OUR_WORKERS = {"lora": "workers.lora", "sim": "workers.sim"}

@@ -7,15 +7,13 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
+from orchestrator.plans.model import JobSpec, Suite
 from orchestrator.plans.template import check_config_keys, parse_template
-
-if TYPE_CHECKING:  # suite.py imports this module
-    from orchestrator.plans.suite import JobSpec, Suite
 
 HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
 MAX_REGEX_CHARS = 500

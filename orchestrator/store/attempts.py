@@ -9,11 +9,10 @@ from typing import Any
 
 from orchestrator.errors import InvalidTransition
 from orchestrator.lifecycle import JobState
-from orchestrator.memory import ShapeMemory
-from orchestrator.prediction_source import PredictionSource
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event, transition
-from orchestrator.store.rows import Attempt
+from orchestrator.store.peak_source import PredictionSource
+from orchestrator.store.rows import Attempt, ShapeMemory
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import faults
-from orchestrator.families import FamilyTag
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
-from orchestrator.memory import ShapeMemory
 from orchestrator.store.attempts import (
     AttemptEnd,
     finish_attempt,
@@ -24,7 +22,7 @@ from orchestrator.store.attempts import (
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.learning import label_shape
-from orchestrator.store.rows import Attempt
+from orchestrator.store.rows import Attempt, FamilyTag, ShapeMemory
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import InvalidTransition, JobNotFound
-from orchestrator.ladder import is_one_token_task
 from orchestrator.lifecycle import JobState, check_transition
 from orchestrator.plans import GpuPlan, JobSpec, Suite
+from orchestrator.plans.ladder_spec import is_one_token_task
 from orchestrator.store.db import Store
 
 ACTIVE_OR_DONE = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value)

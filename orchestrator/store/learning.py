@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.families import FamilyTag
 from orchestrator.store.db import Store
 from orchestrator.store.queue import live_attempts_with_jobs
-from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.rows import Attempt, FamilyTag, Job
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def forget_queue_changes(store: Store, mark: int) -> None:
         store.execute("DELETE FROM queue_changes WHERE seq <= ?", [mark])
 
 
-# What a queued job's packing facts are made of (orchestrator.dispatch._learn_new_jobs) besides
+# What a queued job's packing facts are made of (orchestrator.scheduling.dispatch._learn_new_jobs) besides
 # its config: jobs equal in these and in their config without `seed` and `data` share them.
 _FACT_COLUMNS = (
     "level, host_steps_json, config_path, data, ladder_json, worker, declared_mib, worker_output_json, "

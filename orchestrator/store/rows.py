@@ -192,7 +192,7 @@ class Attempt:
     cpu_peak_cores: float | None = None
     resumed_from_attempt: int | None = None  # the earlier attempt whose checkpoint it resumed from
     resumed_from_checkpoint: str | None = None
-    hunted: str | None = None  # processes outside its group ended at its end (attempt_tracking)
+    hunted: str | None = None  # processes outside its group ended at its end (attempts.containment)
     token: str | None = None  # this attempt's own, in its exit.json and our workers' result.json
 
     @classmethod
@@ -234,3 +234,20 @@ class Attempt:
     def cards(self) -> tuple[str, ...]:
         """Every card of the attempt, in CUDA_VISIBLE_DEVICES order (one for a one-GPU attempt)."""
         return self.gpu_uuids or (self.gpu_uuid,)
+
+
+@dataclass(frozen=True)
+class ShapeMemory:
+    peak_mib: int | None  # max measured peak over completed attempts of this shape
+    oom_floor_mib: int | None  # least it is known to need: held at an OOM, or seen before dying
+    samples: int = 0  # completed attempts behind peak_mib
+
+
+@dataclass(frozen=True)
+class FamilyTag:
+    """Where one shape sits in its family."""
+
+    family_key: str
+    batch_size: int
+    tokens: int | None  # the sequence length it is sized at, where known
+    task: str

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.lifecycle import JobState
+from orchestrator.plans import DEFAULT_SLOTS
 from orchestrator.store.db import Store
+from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.rows import Attempt
 
 
@@ -61,6 +63,50 @@ def live_attempts(store: Store) -> list[LiveAttempt]:
     )
     return [LiveAttempt(Attempt.from_row(r), r["job_suite"], r["job_config_name"], int(r["job_seed"]), r["job_data"])
             for r in rows]
+
+
+@dataclass(frozen=True)
+class GpuNow:
+    """One card as the views show it (`orch status`, `orch gpus`, the web page): the daemon's
+    last reading, what orch's attempts hold on it and how many run there. A multi-GPU attempt
+    counts on every card it has."""
+
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    used_mib: int
+    orch_mib: int  # held by orch's attempts, at most what the card reads as used
+    free_mib: int
+    running: int  # attempts with a rank on this card
+    slots: int
+    utilization_pct: float | None = None
+
+    @property
+    def foreign_mib(self) -> int:
+        return max(0, self.used_mib - self.orch_mib)
+
+
+def held_on(attempt: Attempt, uuid: str) -> int:
+    """What the attempt's tree holds on one card: a gang's reading per card, else its own."""
+    held = attempt.held_by_gpu.get(uuid)
+    return held if isinstance(held, int) else attempt.held_mib
+
+
+def cards_now(store: Store, reading: DaemonReading | None, live: list[LiveAttempt]) -> list[GpuNow]:
+    """Every card of the daemon's last reading, with orch's attempts on it (every rank)."""
+    plan = get_gpu_plan(store)
+    cards = []
+    for g in reading.gpus if reading else []:
+        on_card = [la.attempt for la in live if g["uuid"] in la.attempt.cards]
+        orch_mib = min(sum(held_on(a, g["uuid"]) for a in on_card), int(g["used_mib"]))
+        utilization = g.get("utilization_pct")
+        cards.append(GpuNow(
+            int(g["index"]), str(g["uuid"]), str(g["name"]), int(g["total_mib"]), int(g["used_mib"]), orch_mib,
+            int(g["free_mib"]), len(on_card), plan.slots_for(int(g["index"]), DEFAULT_SLOTS),
+            utilization if isinstance(utilization, (int, float)) and not isinstance(utilization, bool) else None,
+        ))
+    return cards
 
 
 @dataclass(frozen=True)

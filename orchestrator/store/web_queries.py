@@ -9,40 +9,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState
-from orchestrator.plans import DEFAULT_SLOTS
-from orchestrator.stdout_parse import number
 from orchestrator.store.db import Store
-from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.queries import state_counts
 from orchestrator.store.status import (
     Event,
+    GpuNow,
     PausedSuite,
     WaitingJob,
+    cards_now,
     daemon_reading,
     first_waiting,
     live_attempts,
     paused_suites,
     recent_retries,
 )
+from orchestrator.wording import number
 
 OOM_OUTCOMES = (AttemptOutcome.OOM.value, AttemptOutcome.HOST_OOM.value)
-
-
-@dataclass(frozen=True)
-class GpuNow:
-    index: int
-    uuid: str
-    name: str
-    total_mib: int
-    used_mib: int
-    orch_mib: int
-    free_mib: int
-    running: int
-    slots: int
-
-    @property
-    def foreign_mib(self) -> int:
-        return max(0, self.used_mib - self.orch_mib)
 
 
 @dataclass(frozen=True)
@@ -92,14 +75,7 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
             a.held_mib, a.predicted_peak_mib, None if step is None else int(step),
             None if total is None else int(total), _number(a.progress.get("loss")),
         ))
-    plan = get_gpu_plan(store)
-    gpus = []
-    for g in daemon.gpus if daemon else []:
-        on_gpu = [la.attempt for la in live if la.attempt.gpu_uuid == g["uuid"]]
-        orch_mib = min(sum(a.held_mib for a in on_gpu), int(g["used_mib"]))
-        gpus.append(GpuNow(int(g["index"]), str(g["uuid"]), str(g["name"]), int(g["total_mib"]),
-                           int(g["used_mib"]), orch_mib, int(g["free_mib"]), len(on_gpu),
-                           plan.slots_for(int(g["index"]), DEFAULT_SLOTS)))
+    gpus = cards_now(store, daemon, live)
     counts = state_counts(store)
     return Overview(
         counts=counts,

@@ -29,13 +29,13 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from orchestrator.actions import Done, cancel_job, resume_suite, retry_job
+from orchestrator.daemon.suite_changes import retry_jobs
+from orchestrator.daemon.user_actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
 from orchestrator.lifecycle import JobState
-from orchestrator.results_source import RunReader
+from orchestrator.results.collect import RunReader
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import ChangeMarker, JobsFilter, change_marker
-from orchestrator.suite_changes import retry_jobs
 from orchestrator.web import pages, views
 from orchestrator.web.assets import STATIC_FILES, static_text
 from orchestrator.web.results_view import result_table

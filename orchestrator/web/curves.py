@@ -2,7 +2,7 @@
 in `progress.jsonl` against step, runs overlaid, and the seeds of one effective config as a
 band (mean, min and max at each step).
 
-progress.jsonl is written by user code: read bounded through runfiles' run-dir descent (no
+progress.jsonl is written by user code: read bounded through attempts.rundir_reads' run-dir descent (no
 symlink followed), each line a JSON mapping or skipped, values finite numbers or dropped,
 metric names short text, at most MAX_METRICS of them."""
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launch.runtree import FileProblem, RunTreeError, open_run_dir, read_file
+from orchestrator.attempts.rundir_reads import CURVE_TAIL_BYTES, MAX_CURVE_POINTS
+from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run_dir, read_file
 from orchestrator.rundir_files import RunDir
-from orchestrator.runfiles import CURVE_TAIL_BYTES, MAX_CURVE_POINTS
 
 NOT_METRICS = frozenset({"t", "ts", "time", "step", "total", "epoch"})
 MAX_METRICS = 24

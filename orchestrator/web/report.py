@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from orchestrator.results_source import RunReader
+from orchestrator.results.collect import RunReader
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.web_queries import JobsFilter, attempt_spans, jobs_page, sweep_counts
 from orchestrator.web import pages, views

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.results import ResultSummary, aggregate
-from orchestrator.results_format import cell_marks, legend_lines, to_csv
-from orchestrator.results_source import RunReader, collect_rows
+from orchestrator.results.aggregate import ResultSummary, aggregate
+from orchestrator.results.collect import RunReader, collect_rows
+from orchestrator.results.formats import cell_marks, legend_lines, to_csv
 from orchestrator.store.db import Store
 
 
@@ -37,7 +37,7 @@ class ResultTable:
     csv: str
     missing: int  # succeeded jobs whose result.json had no test metrics
     summaries: list[ResultSummary]
-    legend: tuple[str, ...] = ()  # one line per mark used (results_format.LEGEND)
+    legend: tuple[str, ...] = ()  # one line per mark used (results.formats.LEGEND)
 
 
 def _overrides_text(overrides: Any) -> str:
@@ -114,7 +114,7 @@ def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
 
 
 def result_table(store: Store, cache: RunReader, suite: str | None = None) -> ResultTable:
-    # the same rows as `orch results` (results_source.collect_rows): one per effective config,
+    # the same rows as `orch results` (results.collect.collect_rows): one per effective config,
     # traced to their attempts, so levels, marks, notes and the CSV agree with the CLI
     rows, missing = collect_rows(store, suite, cache)
     summaries = aggregate(rows)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.daemon_state import daemon_alive
+from orchestrator.attempts.rundir_reads import read_log_tail, read_result
+from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.results_source import RunReader, finite_metrics, job_metrics
-from orchestrator.runfiles import read_log_tail, read_result
+from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
 from orchestrator.store.queries import JobHistory, job_history, state_counts

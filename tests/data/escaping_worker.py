@@ -51,7 +51,8 @@ def double_fork_gpu(run_dir: Path, config: dict[str, str]) -> int:
     if os.fork() == 0:
         if os.fork() == 0:
             os.setsid()
-            from workers.sim import SimAllocation, gpu_dir, parse_sizes_mib
+            from orchestrator.gpu.sim_files import gpu_dir, parse_sizes_mib
+            from workers.sim import SimAllocation
 
             sizes = parse_sizes_mib(os.environ["ORCH_SIM_GPUS"])
             index = int(os.environ.get("ORCH_GPU_INDEX", "0"))

@@ -1,0 +1,379 @@
+"""Ending attempts: classify, learn memory, decide retry, guard against crash loops."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from orchestrator.attempts.classify import Classification, classify_attempt
+from orchestrator.attempts.disk_space import disk_full_evidence
+from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
+from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
+from orchestrator.executors.base import cluster_owned
+from orchestrator.executors.checkpoints import remove_checkpoints
+from orchestrator.executors.observation import Observation
+from orchestrator.executors.remote_verdict import ClusterEnd
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
+from orchestrator.plans import CrashLoop
+from orchestrator.plans.template import OUR_WORKERS
+from orchestrator.prediction.job_facts import (
+    JobShapeCache,
+    as_received,
+    attempt_shape_key,
+    job_family_tag,
+    job_host_settings,
+    job_levels,
+    job_prompt_length_key,
+    job_shape_key,
+)
+from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
+from orchestrator.prediction.memory import update_shape
+from orchestrator.prediction.shapes import shape_label
+from orchestrator.prediction.throughput import interval_rate
+from orchestrator.store.attempts import AttemptEnd, past_attempts
+from orchestrator.store.db import Store
+from orchestrator.store.endings import (
+    PromptLesson,
+    ShapeLesson,
+    close_attempt,
+    hung_attempts_before,
+    neighbours,
+    pause_suite,
+    recent_failure_durations,
+)
+from orchestrator.store.learning import record_throughput
+from orchestrator.store.queue import job_by_id
+from orchestrator.store.rows import Attempt, Job
+
+log = logging.getLogger(__name__)
+
+RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
+
+
+def ensure_group_dead(attempt: Attempt, obs: Observation | None) -> bool:
+    """True once nothing of the attempt's process group lives; never waits, never signals (the
+    daemon stops a group across passes, orchestrator.attempts.kills, before it ends the attempt).
+
+    Never requeue before this is True: two live attempts of one job must not exist. Only a
+    group orch can prove it started counts (reconcile.proven_group), never one named by a
+    file in the run dir."""
+    group = proven_group(attempt, obs)
+    return group is None or not group_is_ours(*group)
+
+
+def complete(
+    store: Store,
+    attempt: Attempt,
+    obs: Observation | None,
+    cache: JobShapeCache,
+    *,
+    lost: bool = False,
+    hung: bool = False,
+    disk_full_now: bool = False,
+    remote_end: ClusterEnd | None = None,
+) -> None:
+    """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
+    `disk_full_now`: the runs dir's filesystem is below its free-space minimum right now.
+    `remote_end`: the cluster's own word on how it ended (Slurm's TIMEOUT, PREEMPTED, ...), which
+    wins over the exit record the wrapper wrote when the cluster's signal stopped it.
+    What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
+    if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
+        log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
+        return
+    run_dir = Path(attempt.run_dir)
+    exit_record = obs.exit_record if obs else None
+    problems = list(obs.problems) if obs else []
+    job = job_by_id(store, attempt.job_id)
+    assert job is not None  # attempts reference their job (a foreign key)
+    result = read_result(run_dir, problems)
+    if result is not None and attempt.token and job.worker in OUR_WORKERS and result.get("token") != attempt.token:
+        # our workers sign their result; this one was written by another attempt's worker
+        problems.append("result.json: not written by this attempt's worker (no matching token); ignored")
+        result = None
+    log_tail = read_log_tail(run_dir)
+    kill_reason = attempt.kill_requested
+    verdict = classify_attempt(
+        exit_code=(exit_record or {}).get("exit_code"),
+        signal=(exit_record or {}).get("signal"),
+        result=result,
+        log_tail=log_tail,
+        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
+        exit_record_present=exit_record is not None and not lost,
+        hung=hung or kill_reason is KillRequest.HUNG,
+    )
+    if remote_end is not None:
+        verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
+    elif _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
+        verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
+    disk_full = _disk_full(verdict, kill_reason, disk_full_now, log_tail, result, exit_record)
+    if disk_full is not None:
+        verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
+    reported_peak = result.get("peak_mem_mib") if result else None
+    peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
+                   read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
+    levels = job_levels(job, cache)
+    level = levels[min(attempt.level, len(levels) - 1)]
+    needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
+    held_at_death_mib = max(attempt.held_mib, peak_mib, int(needed_mib or 0))
+    shape_lesson = _shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib)
+    prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
+
+    data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
+    card = read_gpu_peak_card(run_dir)  # on a cluster, the only word on which card it ran
+    if card is not None:
+        data["gpu_model"], data["gpu_total_mib"] = card
+    if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
+        data["neighbours"] = neighbours(store, attempt)
+        if verdict.oom_detail is not None:
+            data["oom_detail"] = {k: v for k, v in vars(verdict.oom_detail).items() if v is not None}
+    fields: dict[str, Any]
+    if disk_full is not None:
+        # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
+        end_state = JobState.QUEUED
+        fields = {"reason": None, "max_attempts": job.max_attempts + 1}
+        why = "requeued unchanged, not counted: waits until the disk has space"
+    elif kill_reason is KillRequest.RETRY:
+        end_state, fields, why = JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued"
+    elif remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
+        # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
+        slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
+        end_state, fields = JobState.QUEUED, {"reason": None, "slurm_json": json.dumps(slurm, sort_keys=True)}
+        why = f"requeued at level {level.index} with --mem={remote_end.next_mem_mib}M"
+    elif remote_end is not None and not remote_end.counted:
+        # preempted, or stopped at a time limit it resumes from: not the job's fault
+        end_state, fields = JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}
+        why = "requeued unchanged, not counted"
+    elif verdict.outcome is AttemptOutcome.CANCELLED:
+        end_state, fields, why = JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled"
+    elif verdict.outcome is AttemptOutcome.SUCCEEDED:
+        end_state, fields, why = JobState.SUCCEEDED, {"reason": None}, "succeeded"
+    else:
+        hung_before = hung_attempts_before(store, attempt)
+        host = job_host_settings(job)
+        decision = retry_decision(
+            verdict.outcome, verdict.reason, job.attempt_count, levels, level.index,
+            job.max_attempts, retryable=verdict.retryable, hung_retries_so_far=hung_before,
+            host=host,
+        )
+        if decision.action == "requeue" and decision.level is not None:
+            end_state, fields = JobState.QUEUED, {"level": decision.level.index, "reason": None}
+            moved, stepped = decision.level.index != level.index, decision.host != host
+            if stepped:  # a host OOM's step: kept by every later attempt, whatever its level
+                fields["host_steps_json"] = json.dumps(decision.host.to_records(), sort_keys=True)
+            if moved or stepped:
+                why = f"requeued at {as_received(job, with_host_settings(decision.level, decision.host)).describe()}"
+                data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
+                if stepped:
+                    data["retry"]["host_step"] = decision.host.steps[-1].to_record()
+            else:
+                why = f"requeued unchanged at level {level.index}"
+        else:
+            # the attempt's reason is said once in the event: "job failed" when the job's is the same
+            why = "job failed" if decision.why == verdict.reason else f"failed: {decision.why}"
+            end_state, fields = JobState.FAILED, {"reason": decision.why}
+    if verdict.outcome is AttemptOutcome.SUCCEEDED:
+        message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
+    else:
+        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {why}"
+    reason = verdict.reason
+    if problems:  # what in the run dir was refused: named, never the cause of a crash
+        unique = list(dict.fromkeys(problems))
+        reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
+        message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
+        data["invalid_files"] = unique[:20]
+    closed = close_attempt(
+        store, attempt,
+        AttemptEnd(
+            outcome=verdict.outcome.value, reason=reason,
+            exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
+            peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
+            output_metrics=_stdout_metrics(job, run_dir) if result is None and verdict.outcome is AttemptOutcome.SUCCEEDED else None,
+        ),
+        shape=shape_lesson, prompt=prompt_lesson,
+    )
+    if closed and end_state is JobState.SUCCEEDED:
+        _remove_earlier_checkpoints(store, attempt)
+    if verdict.outcome is AttemptOutcome.FAILED and not hung:
+        guard_crash_loop(store, job.suite, crash_loop_of(job))
+
+
+def _remove_earlier_checkpoints(store: Store, attempt: Attempt) -> None:
+    """A succeeded job resumes no more: the checkpoints its earlier attempts left are deleted
+    (its own, the worker's to keep or remove)."""
+    earlier = [Path(past.run_dir) for past in past_attempts(store, attempt.job_id) if past.n < attempt.n]
+    removed = remove_checkpoints(earlier)
+    if removed:
+        log.info("job %s succeeded: removed %d checkpoint(s) of its earlier attempts", attempt.job_id, len(removed))
+
+
+def _disk_full(
+    verdict: Classification, kill_reason: KillRequest | None, disk_full_now: bool, log_tail: str,
+    result: dict[str, Any] | None, exit_record: dict[str, Any] | None,
+) -> str | None:
+    """Why an attempt that failed or was lost is put down to a full disk (ENOSPC/EDQUOT named in
+    its log, result or exit record, or the runs filesystem full right now); None otherwise."""
+    if verdict.outcome not in (AttemptOutcome.FAILED, AttemptOutcome.LOST) or kill_reason:
+        return None
+    evidence = disk_full_evidence(
+        (result or {}).get("error"), (exit_record or {}).get("error"), log_tail[-4096:]
+    )
+    if evidence is not None:
+        return evidence
+    return "the runs dir's filesystem is full" if disk_full_now else None
+
+
+# The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
+# someone outside orch sent SIGTERM/SIGHUP: no evidence against the job, so it is lost, not failed.
+HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+HANGUP_SIGNAL_NAMES = frozenset(s.name for s in HANGUP_SIGNALS)
+HANGUP_EXIT_CODES = tuple(128 + s for s in HANGUP_SIGNALS)
+
+
+def _stopped_from_outside(
+    outcome: AttemptOutcome, kill_reason: KillRequest | None, exit_record: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+) -> bool:
+    if outcome is not AttemptOutcome.FAILED or kill_reason or result is not None or exit_record is None:
+        return False
+    received = exit_record.get("received")
+    if isinstance(received, list):  # the wrapper says which signals reached it: no guessing
+        return any(name in HANGUP_SIGNAL_NAMES for name in received)
+    # Records written before the wrapper named its signals: infer from the exit status.
+    return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
+
+
+def _stdout_metrics(job: Job, run_dir: Path) -> dict[str, float] | None:
+    """A script that wrote no result.json: the metrics it printed last (the suite's
+    `result_regex`, else the last JSON object line), from the tail of its stdout.log."""
+    regex = job.worker_output.get("result_regex")
+    try:
+        return parse_result(read_log_tail(run_dir, RESULT_TAIL_BYTES), regex if isinstance(regex, str) else None)
+    except re.error:  # checked at submit; a row edited since must not stop the attempt's end
+        return None
+
+
+def _shape_lesson(
+    job: Job, level: Level, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int, placed_mib: int | None
+) -> ShapeLesson | None:
+    """How the attempt folds into its shape's memory record. For an OOM, what the process held
+    plus what it asked for when it died (torch's message) is a floor on what the shape needs."""
+    if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
+        return None
+    return ShapeLesson(
+        job_shape_key(job, level),
+        lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None, placed_mib or None),
+        job.suite, shape_label(job.config_name, level.index, job.data), job_family_tag(job, level),
+    )
+
+
+def learn_rate(
+    store: Store, attempt: Attempt, job: Job, before: tuple[int, float], after: tuple[int, float],
+    tenants: int, cache: JobShapeCache,
+) -> None:
+    """Record the attempt's samples/s between two progress readings (steps × effective batch
+    over the time between them) at `tenants` attempts on its card."""
+    config = {**job.config, **attempt.overrides}
+    per_step = 1
+    for key in ("batch_size", "gradient_accumulation_steps"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            per_step *= value
+    rate = interval_rate(before[0], before[1], after[0], after[1], per_step)
+    if rate is None:
+        return
+    key = attempt_shape_key(job, attempt, cache)
+    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite)
+
+
+def _prompt_lesson(job: Job, outcome: AttemptOutcome, result: dict[str, Any] | None) -> PromptLesson | None:
+    """A finished LoRA run reports its longest prompt; estimates of the model and data use it."""
+    tokens = (result or {}).get("longest_tokens")
+    if outcome is AttemptOutcome.SUCCEEDED and isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+        return PromptLesson(job_prompt_length_key(job), tokens)
+    return None
+
+
+def crash_loop_of(job: Job) -> CrashLoop:
+    """The suite's crash-loop setting as it was when this job was submitted."""
+    return CrashLoop(
+        failures=job.crash_loop_failures,
+        within_s=job.crash_loop_within_s,
+        window_s=job.crash_loop_window_s,
+    )
+
+
+def _seconds(seconds: float) -> str:
+    """300 -> '5 min', 90 -> '90 s': the guard's settings as a user wrote them, roughly."""
+    if seconds >= 120 and seconds % 60 == 0:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:g} s"
+
+
+def crash_loop_reason(durations_s: list[float], guard: CrashLoop) -> str | None:
+    """Why the suite should pause, given how long each of its recent non-OOM failures ran
+    (those that ended inside the guard's window); None while it should not."""
+    if not guard.enabled:
+        return None
+    fast = [d for d in durations_s if d < guard.within_s]
+    if len(fast) < guard.failures:
+        return None
+    attempts = "attempt" if len(fast) == 1 else "attempts"
+    return f"{len(fast)} {attempts} failed within {_seconds(guard.within_s)} each in the last {_seconds(guard.window_s)}"
+
+
+def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
+    """Pause a suite whose attempts keep failing within seconds for non-OOM reasons. The failing
+    job's setting decides, so a suite resubmitted with a changed `crash_loop` uses the new one."""
+    if not guard.enabled:
+        return
+    reason = crash_loop_reason(recent_failure_durations(store, suite, store.now_s() - guard.window_s), guard)
+    if reason is None:
+        return
+    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch retry --suite {suite}` "
+                f"(and `orch resume {suite}`, unless the fix changed its worker command)")
+
+
+def fail_before_start(
+    store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False, not_counted: bool = False,
+) -> None:
+    """The run dir or launcher failed before the worker existed: the attempt fails with that
+    reason; the job is requeued while attempts remain (the daemon itself keeps running). A full
+    disk is not the job's fault, nor a cluster too busy to take it (`not_counted`): requeued
+    without counting the attempt."""
+    disk_full_or_busy = disk_full or not_counted
+    job = job_by_id(store, attempt.job_id)
+    assert job is not None  # attempts reference their job (a foreign key)
+    requeue = disk_full_or_busy or job.attempt_count < job.max_attempts
+    fields: dict[str, Any] = {"reason": None if requeue else reason[:300]}
+    if disk_full_or_busy:
+        fields["max_attempts"] = job.max_attempts + 1
+    close_attempt(
+        store, attempt,
+        AttemptEnd(
+            outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value, reason=reason[:300],
+            exit_code=None, signal=None, peak_mib=0,
+            job_state=JobState.QUEUED if requeue else JobState.FAILED,
+            job_fields=fields,
+            message=f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else ""),
+            data={"run_dir": attempt.run_dir},
+        ),
+    )
+    # A launch failure (a bad template, a command that cannot start) fails every attempt the same
+    # way within a second: the crash-loop guard counts it like any other fast failure. A full
+    # disk is the machine's, a busy controller the cluster's, not the suite's: they pause nothing.
+    if not (disk_full or not_counted):
+        guard_crash_loop(store, job.suite, crash_loop_of(job))
+
+
+def abandon(store: Store, attempt: Attempt, reason: str, obs: Observation | None = None) -> bool:
+    """Close an attempt orch keeps failing to check, once nothing of its proven group lives: it
+    fails with that reason and its job is requeued while attempts remain. True once closed."""
+    if not ensure_group_dead(attempt, obs):
+        return False
+    fail_before_start(store, attempt, reason)
+    return True

@@ -1,0 +1,258 @@
+"""Progress and results from what a training script already prints. Pure: text in, values out.
+
+Understood on stdout/stderr (the wrapper logs both into stdout.log):
+- Hugging Face Trainer log dicts, `{'loss': 0.41, 'learning_rate': 5e-05, 'epoch': 0.5}`, also
+  with numbers as quoted strings (`{'loss': '6.077'}`, recent transformers) and `eval_*` keys;
+- tqdm bars, `45%|####5     | 45/100 [00:09<00:11, 4.9it/s, loss=0.41]`, which tqdm redraws with
+  carriage returns and no newline for minutes;
+- `step N/M` (or `Step N of M`), with a `loss` on the same line;
+- a suite's `progress_regex` with named groups `step` (and optionally `total`, `loss`).
+Several ranks may print the same bar: a step that goes back a little is a slower rank and is
+ignored; one that drops below half of the last is a new epoch's bar and is taken. When several
+bars run (training and evaluation), the one with the largest total is the progress. A bar whose
+description names a phase other than training (`Loading weights: 219/219`, `Map: 3200/3200`,
+`Downloading`, `Tokenizing`, ...) is not a step count: taken as one, a model load looked like
+hundreds of training steps, and the memory it held then was taken for the shape's peak.
+
+Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
+last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
+progress line (a `step` with only loss, learning rate, epoch and the like).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.wording import number
+
+MAX_LINE_CHARS = 8192  # longer "lines" (a binary dump, a progress bar gone wrong) are cut
+MAX_DICT_CHARS = 4096  # a log dict longer than this is not a Trainer log line
+MAX_METRICS = 64
+MAX_KEY_CHARS = 64
+
+_TQDM = re.compile(r"(?<![\d./])(\d{1,12})/(\d{1,12})\s*\[")
+_STEP = re.compile(r"\bstep\b\s*[:=#]?\s*(\d{1,12})\s*(?:/|of)\s*(\d{1,12})", re.IGNORECASE)
+_LOSS = re.compile(r"\bloss\b\s*[:=]?\s*'?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)", re.IGNORECASE)
+# Keys of a Trainer log dict kept as progress, besides eval_* metrics.
+_PROGRESS_KEYS = ("loss", "learning_rate", "epoch", "grad_norm")
+_RANKED = {"regex": 3, "step": 2, "tqdm": 1}  # an explicit step line beats a bar
+# Descriptions of tqdm bars that count loading and data preparation, not optimizer steps.
+_NOT_TRAINING = re.compile(
+    r"\b(load|map|download|fetch|token|filter|generat|sav|preprocess|convert|shard|extract|resolv|"
+    r"checkpoint|evaluat|predict|valid|test|infer|compil|warm|adding|trunc|pack|dataset|split)", re.IGNORECASE,
+)
+# A bar counting examples, dataset batches or bytes (`examples/s`, `ba/s`, `MB/s`) goes over data,
+# not optimizer steps, whatever its description (TRL's `Adding EOS to train dataset`).
+_DATA_RATE = re.compile(r"(?:examples|ex|ba|[kMG]?B)/s\b")
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def parse_dict(text: str) -> dict[str, float] | None:
+    """The numeric entries of a dict printed as JSON or as a Python literal; None otherwise."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start or end - start >= MAX_DICT_CHARS:
+        return None
+    candidate = text[start : end + 1]
+    parsed: Any = None
+    try:
+        parsed = json.loads(candidate)
+    except ValueError:
+        try:
+            parsed = ast.literal_eval(candidate)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if not isinstance(parsed, dict):
+        return None
+    values = {
+        key: value
+        for key, raw in parsed.items()
+        if isinstance(key, str) and len(key) <= MAX_KEY_CHARS and (value := number(raw)) is not None
+    }
+    return dict(list(values.items())[:MAX_METRICS]) or None
+
+
+def split_segments(text: str) -> list[str]:
+    """Lines as a terminal would show them: newlines and carriage returns both end one."""
+    return [segment[:MAX_LINE_CHARS] for segment in re.split(r"[\r\n]", text)]
+
+
+@dataclass
+class _Bar:
+    step: int
+    total: int | None
+
+
+@dataclass
+class StdoutProgress:
+    """Progress read from a stream of output, fed in chunks as it grows."""
+
+    progress_regex: re.Pattern[str] | None = None
+    bars: dict[tuple[str, int | None], _Bar] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    carry: str = ""  # the unterminated last segment (a tqdm bar being redrawn)
+    totals: dict[str, int] = field(default_factory=dict)  # the last total seen per source
+    mid_line: bool = False  # reading started inside a line: drop text up to the first line end
+
+    @classmethod
+    def with_regex(cls, progress_regex: str | None) -> StdoutProgress:
+        return cls(re.compile(progress_regex) if progress_regex else None)
+
+    def feed(self, text: str) -> None:
+        """Take the next chunk of output. A segment with no line end yet is parsed as it is
+        (a tqdm bar ends with none) and again when its end arrives."""
+        if not text:
+            return
+        segments = split_segments(self.carry + text)
+        self.carry = segments.pop()[:MAX_LINE_CHARS]
+        if self.mid_line:
+            if not segments:
+                self.carry = ""
+                return
+            segments.pop(0)
+            self.mid_line = False
+        for segment in segments:
+            self._line(segment)
+        if self.carry:
+            self._line(self.carry, partial=True)
+
+    def resync(self, mid_line: bool) -> None:
+        """The next chunk does not follow the last one (bytes were skipped): forget the
+        unterminated segment, and when the chunk starts inside a line, skip to its end."""
+        self.carry = ""
+        self.mid_line = mid_line
+
+    def _line(self, line: str, partial: bool = False) -> None:
+        if not line.strip():
+            return
+        if self.progress_regex is not None:
+            match = self.progress_regex.search(line)
+            if match is not None:
+                groups = match.groupdict()
+                step = _int(groups.get("step"))
+                if step is not None:
+                    self._step("regex", step, _int(groups.get("total")))
+                loss = number(groups.get("loss"))
+                if loss is not None:
+                    self.values["loss"] = loss
+                return
+        if partial:
+            # An unterminated segment may be cut mid-number: only a whole tqdm bar counts.
+            tqdm = _TQDM.search(line)
+            if tqdm is not None and line.rstrip().endswith("]"):
+                self._tqdm(line, tqdm)
+            return
+        logged = parse_dict(line) if "{" in line else None
+        if logged is not None:
+            logged_step = logged.get("step")
+            if logged_step is not None and 0 <= logged_step == int(logged_step):  # a JSON log line with a step
+                total = logged.get("total", logged.get("max_steps"))
+                whole_total = int(total) if total is not None and total == int(total) else None
+                self._step("step", int(logged_step), whole_total)
+            for key, value in logged.items():
+                if key in _PROGRESS_KEYS or key.startswith("eval_"):
+                    self.values[key] = value
+            return
+        step_match = _STEP.search(line)
+        if step_match is not None:
+            self._step("step", int(step_match.group(1)), int(step_match.group(2)))
+            self._loss_in(line)
+            return
+        tqdm = _TQDM.search(line)
+        if tqdm is not None:
+            self._tqdm(line, tqdm)
+
+    def _tqdm(self, line: str, match: re.Match[str]) -> None:
+        if _NOT_TRAINING.search(line[: match.start()].rsplit("\r", 1)[-1]):
+            return
+        if _DATA_RATE.search(line[match.end() :].split("]", 1)[0]):
+            return
+        self._step("tqdm", int(match.group(1)), int(match.group(2)))
+        self._loss_in(line[match.end() :])  # tqdm's postfix: `loss=0.41`
+
+    def _loss_in(self, text: str) -> None:
+        found = _LOSS.search(text)
+        loss = number(found.group(1)) if found else None
+        if loss is not None:
+            self.values["loss"] = loss
+
+    def _step(self, source: str, step: int, total: int | None) -> None:
+        if total is None:  # a line without its total belongs to the last bar of its kind that had one
+            total = self.totals.get(source)
+        else:
+            self.totals[source] = total
+        key = (source, total)
+        bar = self.bars.get(key)
+        if bar is None or step >= bar.step or step <= bar.step // 2:
+            self.bars[key] = _Bar(step, total)
+        # else: a rank behind the others printed an older step
+
+    def main_bar(self) -> _Bar | None:
+        if not self.bars:
+            return None
+        best = max(self.bars, key=lambda k: (_RANKED[k[0]], k[1] or 0))
+        return self.bars[best]
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The progress as `progress.jsonl` would say it; None before anything was understood."""
+        bar = self.main_bar()
+        if bar is None and not self.values:
+            return None
+        shown: dict[str, Any] = {"source": "stdout"}
+        if bar is not None:
+            shown["step"] = bar.step
+            if bar.total is not None:
+                shown["total"] = bar.total
+        shown.update(self.values)
+        return shown
+
+
+def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float] | None:
+    """Metrics a script printed at its end: the last `result_regex` match (named groups), else
+    the last JSON object line with numbers. None when there is neither."""
+    lines = split_segments(tail)
+    if result_regex:
+        pattern = re.compile(result_regex)
+        for line in reversed(lines):
+            match = pattern.search(line)
+            if match is None:
+                continue
+            metrics = {k: v for k, raw in match.groupdict().items() if (v := number(raw)) is not None}
+            if metrics:
+                return metrics
+    for line in reversed(lines):
+        stripped = line.strip()
+        if not (stripped.startswith("{") and stripped.endswith("}")) or len(stripped) >= MAX_DICT_CHARS:
+            continue
+        try:
+            parsed = json.loads(stripped)
+        except ValueError:
+            continue  # a Python dict (a Trainer log line) is progress, not a result
+        if isinstance(parsed, dict):
+            printed = parse_dict(stripped)
+            if printed and not is_progress_line(printed):
+                return printed
+    return None
+
+
+# Keys a training loop logs about itself, not about the model's quality: never a result metric.
+BOOKKEEPING_KEYS = frozenset({"step", "global_step", "total", "max_steps", "epoch", "learning_rate", "lr",
+                              "grad_norm", "samples_per_s", "peak_mem_mib"})
+# What a training loop logs about its own progress: a JSON line of only these (with a step) is
+# a heartbeat, not the script's result (its `step` was once read as a metric).
+PROGRESS_LINE_KEYS = BOOKKEEPING_KEYS | {"loss", "t"}
+
+
+def is_progress_line(printed: dict[str, float]) -> bool:
+    return ("step" in printed or "global_step" in printed) and set(printed) <= PROGRESS_LINE_KEYS

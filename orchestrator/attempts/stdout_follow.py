@@ -1,0 +1,78 @@
+"""Following live attempts' stdout.log for progress, a few new bytes per daemon pass.
+
+Used for workers that write no progress.jsonl. Each pass reads only what was appended since the
+last one (at most MAX_READ_BYTES: a script printing faster than that is followed at its tail);
+an attempt met for the first time (a restarted daemon) is read from its last TAIL_START_BYTES.
+Reads go through the run-dir module; the parsing is the pure `attempts.printed_metrics`.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.attempts.printed_metrics import StdoutProgress
+from orchestrator.attempts.rundir_reads import read_output, stat_output
+from orchestrator.plans.template import OUR_WORKERS
+
+TAIL_START_BYTES = 64 * 1024
+MAX_READ_BYTES = 1024 * 1024
+
+
+def follows_stdout(worker: str) -> bool:
+    """Whether a worker's progress is read from its stdout: not for ours, which write
+    progress.jsonl (their stdout holds loading bars, not training steps, before it appears)."""
+    return worker not in OUR_WORKERS
+
+
+def _decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+@dataclass
+class _Followed:
+    offset: int
+    parser: StdoutProgress
+    decoder: codecs.IncrementalDecoder = field(default_factory=_decoder)
+
+
+class OutputFollower:
+    """One per daemon: attempt id -> how far its stdout.log has been read, and what it said."""
+
+    def __init__(self) -> None:
+        self._followed: dict[int, _Followed] = {}
+
+    def progress(self, attempt_id: int, run_dir: Path, progress_regex: str | None) -> dict[str, Any] | None:
+        """The attempt's progress as its output says it so far; None before anything is understood."""
+        found = stat_output(run_dir)
+        followed = self._followed.get(attempt_id)
+        if found is None:
+            return followed.parser.snapshot() if followed is not None else None
+        if followed is None:
+            followed = _Followed(0, StdoutProgress.with_regex(progress_regex))
+            self._followed[attempt_id] = followed
+            self._jump(followed, max(0, found.size_bytes - TAIL_START_BYTES))
+        if found.size_bytes < followed.offset:  # truncated or replaced: start again
+            self._jump(followed, 0)
+        if found.size_bytes - followed.offset > MAX_READ_BYTES:
+            self._jump(followed, found.size_bytes - MAX_READ_BYTES)
+        if found.size_bytes > followed.offset:
+            data = read_output(run_dir, followed.offset, found.size_bytes - followed.offset)
+            followed.offset += len(data)
+            followed.parser.feed(followed.decoder.decode(data))
+        return followed.parser.snapshot()
+
+    @staticmethod
+    def _jump(followed: _Followed, offset: int) -> None:
+        followed.offset = offset
+        followed.decoder = _decoder()
+        followed.parser.resync(mid_line=offset > 0)
+
+    def keep_only(self, attempt_ids: Iterable[int]) -> None:
+        """Forget attempts that are no longer live."""
+        live = set(attempt_ids)
+        for attempt_id in [a for a in self._followed if a not in live]:
+            del self._followed[attempt_id]

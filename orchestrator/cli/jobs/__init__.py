@@ -1,0 +1,1 @@
+"""`orch jobs`, `orch show`, `orch logs`."""

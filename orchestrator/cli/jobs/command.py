@@ -1,0 +1,179 @@
+"""`orch jobs`, `orch show`, `orch logs`: reading what is in state.db and the run dirs."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.common import (
+    db_option,
+    echo_json,
+    echo_json_stream,
+    fmt_duration,
+    fmt_mib,
+    json_option,
+    open_store,
+    parse_job_ids,
+)
+from orchestrator.cli.jobs.table import STATE_STYLES, print_jobs
+from orchestrator.errors import UsageError
+from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_regular_file
+from orchestrator.lifecycle import JobState
+from orchestrator.rundir_files import RunDir
+from orchestrator.store.queries import (
+    get_attempts,
+    get_job,
+    iter_jobs,
+    job_history,
+    job_row_to_public,
+    job_to_public,
+    list_jobs,
+)
+from orchestrator.wording import fmt_changes, fmt_settings
+
+
+def _ts(value: float | None) -> str:
+    return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+@click.command("jobs")
+@click.option("--state", type=click.Choice([s.value for s in JobState]), default=None, help="Only jobs in this state.")
+@click.option("--suite", default=None, help="Only jobs of this suite.")
+@click.option("--wide", is_flag=True, help="Never fold or cut a column, however wide the table gets.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many jobs (by id).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many jobs first.")
+@json_option
+@db_option
+def jobs_cmd(
+    state: str | None, suite: str | None, wide: bool, limit: int | None, offset: int, as_json: bool, db_path: Path
+) -> None:
+    """List jobs (piped output: whole values in plain columns)."""
+    with open_store(db_path) as store:
+        if as_json:  # streamed from the cursor: flat memory at any number of jobs
+            echo_json_stream(job_row_to_public(r) for r in iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset))
+            return
+        rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
+    print_jobs(rows, wide=wide)
+    if not rows:
+        click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))
+
+
+@click.command("show")
+@click.argument("job")
+@json_option
+@db_option
+def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
+    """One job with every attempt and its history."""
+    (job_id,) = parse_job_ids((job,))
+    with open_store(db_path) as store:
+        payload = job_to_public(job_history(store, job_id))
+    if as_json:
+        echo_json(payload)
+        return
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=100_000)  # piped: lines are never cut or wrapped
+    style = STATE_STYLES.get(payload["state"], "")
+    console.print(
+        f"[bold]job {payload['id']}[/]  [{style}]{payload['state']}[/]  "
+        f"{payload['suite']}/{payload['config']}  seed {payload['seed']}  {payload['data']}"
+    )
+    console.print(f"  worker: {payload['worker']}   config: {payload['config_path']}")
+    console.print(
+        f"  level {payload['level']}, attempt {payload['attempt']} of at most {payload['max_attempts']}, "
+        f"priority {payload['priority']}, declared {fmt_mib(payload['declared_mib'])}"
+        + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
+    )
+    if payload["overrides"]:
+        console.print(f"  --set {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
+    if payload["wait_reason"] and payload["state"] == "queued":
+        console.print(f"  waiting: {payload['wait_reason']}", markup=False, highlight=False)
+    if payload["reason"]:
+        console.print(f"  reason: {payload['reason']}", markup=False, highlight=False)
+    if payload["attempts"]:
+        table = Table(title="attempts", box=None, header_style="bold", title_justify="left")
+        # A narrow terminal folds the level's name; numbers and dates are never cut or broken.
+        for column in ("n", "GPU", "level", "predicted", "peak", "outcome", "exit", "started", "took"):
+            table.add_column(column, overflow="fold", no_wrap=column != "level")
+        for a in payload["attempts"]:
+            took = fmt_duration(a["ended_at"] - a["started_at"]) if a["ended_at"] else "-"
+            table.add_row(
+                str(a["n"]), str(a["gpu"]), f"{a['level']} {a['step'] or ''}".strip(),
+                fmt_mib(a["predicted_peak_mib"]), fmt_mib(a["peak_mib"]),
+                a["outcome"] or "running", "-" if a["exit_code"] is None else str(a["exit_code"]),
+                _ts(a["started_at"]), took,
+            )
+        console.print(table)
+        for a in payload["attempts"]:
+            changes = fmt_changes(a["changes"], bool(a["run_alone"]))
+            predicted = f"predicted from {a['prediction_source']}" if a["prediction_source"] else ""
+            resumed = a["resumed_from"]
+            resumed_text = f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}" if resumed else ""
+            notes = [resumed_text, predicted, f"changed {changes}" if changes else "", a["reason"] or "",
+                     a.get("hunted") or ""]
+            shown = "; ".join(n for n in notes if n)
+            if shown:
+                console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)
+        console.print(f"  run dir: {payload['attempts'][-1]['run_dir']}")
+    console.print("[bold]history[/]")
+    for e in payload["events"]:
+        console.print(f"  {_ts(e['ts'])}  {e['message']}", markup=False, highlight=False)
+
+
+@click.command("logs")
+@click.argument("job")
+@click.option("--attempt", "attempt_n", type=int, default=None, help="Attempt number (default: the latest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the attempt ends.")
+@click.option("--tail", "tail_lines", type=int, default=None, help="Only the last N lines.")
+@db_option
+def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | None, db_path: Path) -> None:
+    """Print an attempt's stdout.log."""
+    (job_id,) = parse_job_ids((job,))
+    with open_store(db_path) as store:
+        get_job(store, job_id)
+        attempts = get_attempts(store, job_id)
+    if not attempts:
+        raise UsageError(f"job {job_id} has not started yet (no attempt, so no log)")
+    chosen = attempts[-1] if attempt_n is None else next((a for a in attempts if a.n == attempt_n), None)
+    if chosen is None:
+        raise UsageError(f"job {job_id} has no attempt {attempt_n} (it has {len(attempts)})")
+    files = RunDir(chosen.run_dir)
+    log_path = files.log
+    try:  # user code writes in the run dir: no link followed, no FIFO read
+        fd = open_regular_file(files.path, RunDir.LOG)
+    except FileNotFoundError:
+        raise UsageError(f"no log yet at {log_path}") from None
+    except (FileProblem, RunTreeError) as exc:
+        raise UsageError(f"cannot show {log_path}: {exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read()
+        if tail_lines is not None:
+            data = b"\n".join(data.splitlines()[-tail_lines:]) + b"\n"
+        click.echo(data.decode("utf-8", errors="replace"), nl=False)
+        if not follow:
+            return
+        exit_record = files.exit
+        while True:
+            chunk = handle.read()
+            if chunk:
+                click.echo(chunk.decode("utf-8", errors="replace"), nl=False)
+            elif exit_record.exists():
+                rest = handle.read()
+                if rest:
+                    click.echo(rest.decode("utf-8", errors="replace"), nl=False)
+                return
+            else:
+                time.sleep(0.3)  # following a file: poll its growth
+
+
+def register(group: click.Group) -> None:
+    group.add_command(jobs_cmd)
+    group.add_command(show_cmd)
+    group.add_command(logs_cmd)
+

@@ -1,0 +1,1 @@
+"""`orch status` and `orch gpus`: one snapshot, rendered rich or plain."""

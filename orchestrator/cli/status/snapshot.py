@@ -1,0 +1,106 @@
+"""The data behind `orch status`: one read of state.db into a plain dict (also the --json shape)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from orchestrator.daemon.state import daemon_alive
+from orchestrator.store.db import Store, now_s
+from orchestrator.store.queries import iter_status_jobs, state_counts
+from orchestrator.store.resources import read_host_reading
+from orchestrator.store.status import (
+    cards_now,
+    daemon_reading,
+    first_waiting,
+    live_attempts,
+    paused_suites,
+    recent_events,
+    recent_retries,
+)
+
+RECENT_EVENTS = 12
+FIRST_WAITING = 6
+RECENT_RETRIES = 8
+
+
+def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
+    daemon = daemon_alive(store)
+    reading = daemon_reading(store)
+    live = live_attempts(store)
+    gpus: list[dict[str, Any]] = [
+        {
+            "index": card.index,
+            "uuid": card.uuid,
+            "name": card.name,
+            "total_mib": card.total_mib,
+            "used_mib": card.used_mib,
+            "orch_mib": card.orch_mib,
+            "foreign_mib": card.foreign_mib,
+            "free_mib": card.free_mib,
+            "utilization_pct": card.utilization_pct,
+            "slots": card.slots,
+            "running": card.running,  # every rank of a gang counts
+        }
+        for card in cards_now(store, reading, live)
+    ]
+    running = [
+        {
+            "id": la.attempt.job_id,
+            "suite": la.suite,
+            "config": la.config_name,
+            "seed": la.seed,
+            "data": la.data,
+            "gpu": la.attempt.gpu_index,
+            "attempt": la.attempt.n,
+            "level": la.attempt.level,
+            "elapsed_s": now_s() - la.attempt.started_at,
+            "held_mib": la.attempt.held_mib,
+            "predicted_mib": la.attempt.predicted_peak_mib,
+            "progress": la.attempt.progress or None,
+            "executor": la.attempt.executor or la.attempt.launcher,
+            "executor_id": la.attempt.executor_id,
+            "executor_state": la.attempt.executor_state,  # Slurm: e.g. "PENDING (Resources)"
+        }
+        for la in live
+    ]
+    jobs = list(iter_status_jobs(store)) if all_jobs else []
+    heartbeat_at = reading.heartbeat_at if reading else None
+    return {
+        "db": str(store.path),
+        "daemon": {
+            "alive": daemon is not None,
+            "pid": daemon["pid"] if daemon else None,
+            "draining": bool(daemon["draining"]) if daemon else False,
+            "last_tick_age_s": (now_s() - heartbeat_at) if heartbeat_at else None,
+        },
+        "gpus": gpus,
+        "host": host_summary(read_host_reading(store)),
+        # the runs dir's free space as the daemon last read it: {path, free_mib, min_free_mib,
+        # warn_free_mib, level: ok|low|full}; null before a daemon has run
+        "disk": reading.disk if reading else None,
+        "counts": state_counts(store),
+        "running": running,
+        "waiting": [{"id": w.job_id, "suite": w.suite, "config": w.config, "reason": w.reason}
+                    for w in first_waiting(store, FIRST_WAITING)],
+        "paused_suites": [asdict(p) for p in paused_suites(store)],
+        "retries": [{"ts": e.ts, "job": e.job_id, **e.retry} for e in recent_retries(store, RECENT_RETRIES)],
+        "events": [{"ts": e.ts, "job": e.job_id, "kind": e.kind, "message": e.message}
+                   for e in recent_events(store, RECENT_EVENTS)],
+        "jobs": jobs,
+    }
+
+
+def host_summary(reading: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Host RAM as `orch status` shows it: ours (our attempts' trees), others, free; None
+    before a daemon has read it."""
+    if reading is None:
+        return None
+    try:
+        total, available, ours = int(reading["total_mib"]), int(reading["available_mib"]), int(reading["ours_mib"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {
+        "total_mib": total, "ours_mib": ours, "others_mib": max(0, total - available - ours),
+        "free_mib": available, "reserve_mib": int(reading.get("reserve_mib") or 0),
+    }

@@ -1,0 +1,301 @@
+"""The scheduler daemon: one per state.db; tick = reconcile -> read GPUs -> pack -> launch."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Collection
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+from orchestrator import faults
+from orchestrator.attempts.containment import StrayHunter
+from orchestrator.attempts.disk_space import (
+    DiskState,
+)
+from orchestrator.attempts.kills import GroupStopper, with_memory_held
+from orchestrator.attempts.observe_cache import ObserveCache
+from orchestrator.attempts.reconcile import (
+    process_matches,
+)
+from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.stdout_follow import OutputFollower
+from orchestrator.clock import SYSTEM_CLOCK, Clock
+from orchestrator.daemon.database_file import file_identity, leave_note, what_became_of
+from orchestrator.daemon.notify import Watcher
+from orchestrator.daemon.settings import (  # noqa: F401
+    MAX_ATTEMPT_ERRORS,
+    WAKE_CHECK_S,
+    WRAPPER_EXIT_WAIT_S,
+    DaemonSettings,
+    gpu_topology,
+    run_dir_path,
+)
+from orchestrator.daemon.state import (
+    DaemonLock,
+    runs_dir,
+)
+from orchestrator.daemon.watcher import AttemptWatcher
+from orchestrator.errors import DaemonError
+from orchestrator.executors.base import Executor
+from orchestrator.executors.factory import as_executor
+from orchestrator.executors.process_groups import Launcher
+from orchestrator.executors.runs_tree import check_runs_root
+from orchestrator.executors.wake import WakeChannel
+from orchestrator.gpu import GpuProbe
+from orchestrator.gpu.attribution import ProcessTrees
+from orchestrator.gpu.host import make_host_probe
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.rundir_files import RunDir
+from orchestrator.scheduling.cluster_dispatch import schedule_remote
+from orchestrator.scheduling.dispatch import DispatchContext, schedule
+from orchestrator.scheduling.packing.types import PackingPolicy
+from orchestrator.scheduling.state import SchedulerState
+from orchestrator.store.daemon_row import (
+    any_live_attempt,
+    daemon_control,
+    data_version,
+    live_host_held_mib,
+    live_run_dirs,
+    register_daemon,
+    unregister_daemon,
+    write_heartbeat,
+)
+from orchestrator.store.db import Store
+from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
+from orchestrator.store.jobs import add_event
+from orchestrator.store.resources import write_host_reading
+from orchestrator.store.rows import Attempt
+
+log = logging.getLogger(__name__)
+
+
+class Daemon(AttemptWatcher):
+    started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
+
+    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str],
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.settings = settings
+        self.probe = probe
+        self.clock = clock  # where time is policy (hang timeouts, kill grace, holds): tests move it
+        self.launcher: Executor = as_executor(launcher)  # the executor seam
+        self.store = Store(settings.db_path, clock=clock)
+        self.scheduler = SchedulerState()  # the scheduler's caches between passes (prediction's in .shapes)
+        self.ctx = DispatchContext(
+            runs_dir=runs_dir(settings.db_path),
+            policy=PackingPolicy(
+                headroom_fraction=settings.headroom_fraction, headroom_max_mib=settings.headroom_max_mib,
+                starvation_s=settings.starvation_s, order=settings.order,
+            ),
+            worker_env=worker_env,
+            host=make_host_probe(), host_reserve_mib=settings.host_reserve_mib,
+            topology=gpu_topology(probe),
+        )
+        self.resources = ResourceTracker(self.ctx.host)
+        self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
+        self.notifier = Watcher(self.store, settings.notify_urls)
+        self._stop = threading.Event()
+        self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
+        self._exit_dirs: list[str] = []  # the live run dirs `_exit_files` were made for
+        self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
+        self.observed = ObserveCache(self.clock.monotonic_s)  # run-dir reads and process checks kept between passes
+        self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
+        self._lock = DaemonLock(settings.db_path)
+        self.output = OutputFollower()  # progress of workers that write no progress.jsonl
+        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
+        self.disk: DiskState | None = None
+        self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
+        self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
+        self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
+        self._trees = ProcessTrees()
+        self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
+        self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
+        self.hunter = StrayHunter(clock, self.ctx.runs_dir)  # then their processes outside the group
+        self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
+        self._disk_full_at_s: float | None = None  # when a write last found the disk full (monotonic)
+        self._disk_full_said = False
+        self._db_identity: tuple[int, int] | None = None  # (device, inode) of state.db, read at start
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until asked to stop (SIGTERM/SIGINT or `orch daemon stop`). Workers keep running."""
+        os.umask(0o077)  # before anything is created: run dirs, the tmux server, its panes
+        faults.arm_from_env()  # crash-recovery tests only: exit at a named point
+        self._lock.acquire()
+        self.started_at_s = self.clock.now_s()  # after the lock: no other daemon launches from here on
+        self._db_identity = file_identity(self.settings.db_path)  # the file this daemon runs on
+        try:
+            check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
+            self._register()
+        except BaseException:
+            self._lock.release()
+            raise
+        if not self.wake.open():  # without it, exit records are looked for every WAKE_CHECK_S
+            log.warning("cannot open %s: an ended attempt is seen at the next pass", self.wake.path)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            with self.store.write():
+                add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.launcher.name})")
+            next_full_s = 0.0
+            poked: set[Path] | None = None
+            while not self._stop.is_set():
+                # A poke (an attempt ended) starts a pass over just those attempts at once;
+                # the full pass keeps its period, and is the fallback for a poke never sent.
+                if poked is None or time.monotonic() >= next_full_s:
+                    poked, next_full_s = None, time.monotonic() + self.settings.poll_s
+                try:
+                    if self.tick(only=poked):
+                        break
+                except Exception:  # one bad tick must not end a sweep of days
+                    log.exception("tick failed; continuing")
+                poked = self._idle_until(next_full_s)
+        finally:
+            with contextlib.suppress(Exception):
+                unregister_daemon(self.store, self.clock.now_s(), "daemon stopped; running workers keep running")
+            self._close_idle_launcher()
+            self.wake.close()
+            self.observed.close()
+            with contextlib.suppress(Exception):
+                self.notifier.poll()  # what ended in the last pass
+                self.notifier.close()
+            self.probe.close()
+            self._lock.release()
+
+    def _close_idle_launcher(self) -> None:
+        """Nothing orch started for itself outlives it: with no attempt left running, the
+        launcher's own server (tmux) goes too. Workers still running keep it, to be adopted."""
+        with contextlib.suppress(Exception):
+            if any_live_attempt(self.store):
+                return
+            close = getattr(self.launcher, "kill_server", None)
+            if callable(close):
+                close()
+
+    def _idle_until(self, deadline: float) -> set[Path] | None:
+        """Wait for the next tick, but start it early when another process committed to
+        state.db (a submit, cancel or plan change) or a running attempt ended: a job that
+        became placeable need not wait a whole poll. Returns the run dirs of attempts whose
+        wrappers poked the wake FIFO (a pass over just those), or None (a full pass)."""
+        seen = self._data_version()
+        poll_exit_files = not self.wake.active  # the FIFO says it at once; else look every 0.1 s
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            poked = self.wake.wait(min(WAKE_CHECK_S, remaining))
+            if poked:
+                return poked
+            if self._data_version() != seen or (poll_exit_files and any(path.exists() for path in self._exit_files)):
+                return None
+        return None
+
+    def _data_version(self) -> int:
+        # Changes only when another connection commits; our own heartbeat writes do not count.
+        return data_version(self.store)
+
+    def _database_lost(self) -> bool:
+        """state.db removed or replaced under us (device and inode, read every pass): stop,
+        saying why in the log and the lock file; running workers keep running."""
+        why = what_became_of(self.settings.db_path, self._db_identity) if self._db_identity is not None else None
+        if why is None:
+            return False
+        log.error("%s: stopping; running workers keep running (a daemon on a new database adopts none of them)", why)
+        fd = self._lock.fileno()
+        if fd is not None:
+            leave_note(fd, why)
+        return True
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """End the loop after the current pass (a signal, or a caller running it in a thread)."""
+        self._stop.set()
+
+    def _register(self) -> None:
+        """Record this daemon in state.db, unless another live daemon is recorded there: a second
+        guard beside the lock file, for the same state.db reached through a hard link."""
+        def refuse_live(pid: int | None, proc_create_time: float | None) -> None:
+            if pid and pid != os.getpid() and process_matches(pid, proc_create_time):
+                raise DaemonError(
+                    f"a daemon is already running for this state.db (pid {pid}); "
+                    "`orch daemon status` shows it, `orch daemon stop` stops it"
+                )
+
+        register_daemon(self.store, os.getpid(), psutil.Process().create_time(), self.clock.now_s(), refuse_live)
+
+    # -- one tick --------------------------------------------------------------------------
+
+    def tick(self, only: Collection[Path] | None = None) -> bool:
+        """One pass, as named steps: check the database and the stop request, read the disk and
+        the GPUs, reconcile the live attempts, schedule, then record the pass. Returns True
+        when the daemon should exit (stop requested, or drained). `only`: run dirs whose
+        wrappers said they ended; just those attempts are reconciled."""
+        if self._database_lost():
+            return True
+        control = daemon_control(self.store)
+        if control.stop_requested:
+            return True
+        self._check_disk()
+        snapshots = self.probe.snapshot()
+        live_before = len(self._exit_files)
+        live_count = self.reconcile(snapshots, only)
+        if control.draining and live_count == 0:
+            self._close_ended()
+            return True
+        if live_count != live_before:  # read again only when an attempt ended (or began) since
+            snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
+        self._schedule(snapshots, control.draining)
+        self._record_pass(snapshots)
+        if only is None or live_count != live_before:
+            self._watch_exit_files()
+        return False
+
+    def _schedule(self, snapshots: tuple[GpuSnapshot, ...], draining: bool) -> None:
+        """Pack the queue and start what fits (a cluster: keep its queue topped up), then close
+        what the executor kept open for the attempts that ended this pass."""
+        hold = self._hold_reason()
+        try:
+            if self.launcher.remote:
+                schedule_remote(self.store, self.launcher, self.ctx, self.scheduler.shapes, draining=draining,
+                                max_in_queue=self.settings.max_in_queue, hold=hold)
+            else:
+                schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.scheduler, draining=draining, hold=hold)
+        finally:  # the next workers start first: closing a dead window costs tmux calls
+            self._close_ended()
+
+    def _record_pass(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+        """Notifications, the heartbeat (GPUs, host, disk) and the memory history of the pass."""
+        self.notifier.poll()
+        self._heartbeat(snapshots)
+        record_gpu_samples(  # the memory history the web page and the report draw
+            self.store,
+            [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
+            self.clock.now_s(),
+        )
+
+    def _watch_exit_files(self) -> None:
+        """The exit records that, once written, start the next pass early (no wake FIFO)."""
+        run_dirs = live_run_dirs(self.store)
+        if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
+            self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
+
+    def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+        if self.ctx.host is not None:
+            reading = self.ctx.host.snapshot()
+            ours = live_host_held_mib(self.store)
+            write_host_reading(self.store, {
+                "total_mib": reading.total_mib, "available_mib": reading.available_mib, "ours_mib": ours,
+                "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
+            })
+        write_heartbeat(self.store, self.clock.now_s(), [s.to_json() for s in snapshots],
+                        self.disk.to_json() if self.disk is not None else None)

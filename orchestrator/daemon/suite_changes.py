@@ -1,0 +1,108 @@
+"""A fix to a suite file takes: a retry (`orch retry`, the web page's retry) starts a job with the
+suite's worker command as the file says now, and a suite the crash-loop guard paused for the
+command it ran is resumed once that command has changed (by a retry or a resubmission).
+Anything else is said in one line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.daemon.user_actions import Done, check_retryable, retry_job
+from orchestrator.errors import PlanError, SuiteNotFound
+from orchestrator.lifecycle import JobState
+from orchestrator.plans import Pair, check_worker_template, expand_jobs, load_suite
+from orchestrator.store.control import (
+    JobCommand,
+    job_command,
+    resume_changed_suite,
+    set_job_command,
+    worker_of_last_failure,
+)
+from orchestrator.store.db import Store
+from orchestrator.store.queries import get_job
+from orchestrator.store.queue import paused_suites
+
+
+def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[bool, str | None]:
+    """Before a retry: give job `job_id` its suite's worker command, env, output keys and hang
+    timeout as the suite file has them now, when the job itself (config content, seed, data,
+    overrides) is still the same. Returns (whether its worker command changed, a line for the
+    user when the file could not be taken)."""
+    job = get_job(store, job_id)
+    try:
+        suite = load_suite(job.suite, plans_dir)
+    except SuiteNotFound:
+        return False, None  # submitted from another plans folder: it runs as it was submitted
+    except PlanError as exc:
+        return False, f"job {job_id} runs as submitted: its suite file does not load now ({exc})"
+    overrides = dict(job.overrides)
+    specs = [s for s in expand_jobs(suite, [Pair(job.seed, job.data)], overrides, None, 0)
+             if s.config_name == job.config_name]
+    if not specs or specs[0].identity != job.identity:
+        return False, (f"job {job_id} runs as submitted: config {job.config_name} or its overrides changed since "
+                f"(`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}` queues it as it is now)")
+    spec = specs[0]
+    try:
+        check_worker_template(suite, specs, overrides)
+    except PlanError as exc:
+        return False, f"job {job_id} runs as submitted: the suite's worker command does not fit it now ({exc})"
+    now = JobCommand(suite.worker, json.dumps(spec.env, sort_keys=True),
+                     json.dumps(suite.worker_output, sort_keys=True), suite.hang_timeout_s)
+    before = job_command(store, job_id)
+    if now != before:
+        shown = "worker command" if now.worker != before.worker else "worker settings"
+        set_job_command(store, job_id, now, f"retry takes the suite's {shown} as {suite.path.name} has it now: {now.worker}")
+    return now.worker != before.worker, None
+
+
+def resume_if_changed(store: Store, suite: str, worker_changed: bool) -> str | None:
+    """When `suite` is paused: resume it if its jobs now run another worker command than the
+    failures that paused it (`worker_changed`); else return a line saying the jobs wait, and how
+    to let them run."""
+    reason = paused_suites(store).get(suite)
+    if reason is None:
+        return None
+    if worker_changed:
+        resume_changed_suite(store, suite, "its worker command changed since the failures that paused it")
+        return f"suite {suite} was paused ({reason}); resumed, since its worker command changed"
+    return f"suite {suite} is paused ({reason}): its queued jobs wait until `orch resume {suite}`"
+
+
+def worker_changed_since_failure(store: Store, suite: str, worker: str) -> bool:
+    """Whether `worker` differs from the command the suite's last failure ran."""
+    failed_with = worker_of_last_failure(store, suite)
+    return failed_with is not None and failed_with != worker
+
+
+@dataclass
+class Retried:
+    requeued: list[int] = field(default_factory=list)
+    restarting: list[int] = field(default_factory=list)  # running jobs, stopped to start again
+    notes: list[str] = field(default_factory=list)  # lines for the user (a suite file not taken, a pause)
+
+
+def retry_jobs(store: Store, job_ids: list[int], plans_dir: Path, *, fresh: bool = False) -> Retried:
+    """Retry each job: every one is checked first (UsageError, nothing written, if any cannot be
+    retried); a failed or cancelled one takes its suite file as it is now (take_suite_as_it_is)
+    and is requeued, a running one is restarted; a suite paused for the command that changed is
+    resumed. `fresh`: the next attempts resume from no checkpoint."""
+    for job_id in job_ids:
+        check_retryable(store, job_id)
+    done = Retried()
+    changed_suites: set[str] = set()
+    for job_id in job_ids:
+        job = get_job(store, job_id)
+        if job.state in (JobState.FAILED, JobState.CANCELLED):
+            changed, note = take_suite_as_it_is(store, job_id, plans_dir)
+            done.notes.extend([note] if note else [])
+            changed_suites.update([job.suite] if changed else [])
+        if retry_job(store, job_id, fresh=fresh) is Done.REQUEUED:
+            done.requeued.append(job_id)
+        else:
+            done.restarting.append(job_id)
+    for suite_name in sorted({get_job(store, i).suite for i in done.requeued}):
+        note = resume_if_changed(store, suite_name, suite_name in changed_suites)
+        done.notes.extend([note] if note else [])
+    return done

@@ -1,0 +1,89 @@
+"""Cancel, retry, resume: the changes a user asks for, shared by the CLI and the web page."""
+
+from __future__ import annotations
+
+import shlex
+from enum import Enum
+
+from orchestrator.attempts.reconcile import group_is_ours
+from orchestrator.daemon.state import daemon_alive
+from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState, KillRequest
+from orchestrator.store.control import request_stop, start_fresh, unpause_suite
+from orchestrator.store.db import Store
+from orchestrator.store.jobs import cancel_queued, transition
+from orchestrator.store.queries import get_job
+from orchestrator.store.rows import Job
+from orchestrator.wording import fmt_value
+
+
+class Done(str, Enum):
+    CANCELLED = "cancelled"  # a queued job, now cancelled
+    REQUEUED = "requeued"  # a failed or cancelled job, queued again
+    STOPPING = "stopping"  # a running job: the daemon stops it and records the end
+    SKIPPED = "skipped"  # nothing to do in its state
+
+
+def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
+    """Ask for the live attempt to be stopped; the daemon records the end. Without a daemon,
+    kill the process group here so nothing keeps running unseen."""
+    live = request_stop(store, job_id, why)
+    if live is None:
+        return False
+    # only the process the launcher started, proven by its start time; never a pid from a file
+    if daemon_alive(store) is None and live.pid and live.proc_create_time is not None and group_is_ours(live.pid, live.proc_create_time):
+        from orchestrator.executors.process_groups import kill_process_group
+
+        kill_process_group(int(live.pid))
+    return True
+
+
+def cancel_job(store: Store, job_id: int) -> Done:
+    """Raises JobNotFound for an unknown id."""
+    state = get_job(store, job_id).state
+    if state is JobState.QUEUED:
+        cancel_queued(store, job_id, "cancelled by user")
+        return Done.CANCELLED
+    if state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.CANCEL):
+        return Done.STOPPING
+    return Done.SKIPPED
+
+
+def retry_job(store: Store, job_id: int, *, fresh: bool = False) -> Done:
+    """Requeue a failed or cancelled job (attempt budget renewed); restart a running one. With
+    `fresh`, its next attempt starts without a checkpoint (none of its attempts so far is
+    resumed from). Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
+    job = check_retryable(store, job_id)
+    if fresh:
+        start_fresh(store, job_id)
+    if job.state in (JobState.FAILED, JobState.CANCELLED):
+        transition(
+            store, job_id, JobState.QUEUED, message="requeued by orch retry" + (" --fresh" if fresh else ""),
+            kind="retry", fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
+        )
+        return Done.REQUEUED
+    if _stop_running(store, job_id, KillRequest.RETRY):
+        return Done.STOPPING
+    raise UsageError(f"job {job_id} is running but has no live attempt to restart; try again in a moment")
+
+
+def check_retryable(store: Store, job_id: int) -> Job:
+    """The job, when a retry can take it (failed, cancelled or running); else UsageError, naming
+    what to do instead. Writes nothing."""
+    job = get_job(store, job_id)
+    if job.state in (JobState.FAILED, JobState.CANCELLED, JobState.RUNNING):
+        return job
+    if job.state is JobState.SUCCEEDED:
+        sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
+        raise UsageError(
+            f"job {job_id} succeeded: a retry is for failed, cancelled or running jobs; to run it again, "
+            f"`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}{sets} --force` "
+            "(it queues every config of the suite for that pair)"
+        )
+    raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
+
+
+def resume_suite(store: Store, suite: str) -> None:
+    """Raises UsageError when the suite is not paused."""
+    if not unpause_suite(store, suite):
+        raise UsageError(f"suite {suite!r} is not paused")

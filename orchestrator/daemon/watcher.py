@@ -1,0 +1,377 @@
+"""The attempt watcher: what a pass does for each live attempt."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator import faults
+from orchestrator.attempts.containment import StrayHunter, record_hunted
+from orchestrator.attempts.disk_space import (
+    is_disk_full_error,
+)
+from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib
+from orchestrator.attempts.observe_cache import ObserveCache
+from orchestrator.attempts.outcomes import abandon, complete, learn_rate
+from orchestrator.attempts.reconcile import (
+    Verdict,
+    disagreement,
+    judge,
+    mark_lost,
+    observe,
+    proven_group,
+)
+from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
+from orchestrator.clock import Clock
+from orchestrator.daemon.disk_hold import DiskHold
+from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, WRAPPER_EXIT_WAIT_S, run_dir_path
+from orchestrator.executors.base import Executor, RemoteStatus
+from orchestrator.executors.observation import Observation
+from orchestrator.executors.remote_verdict import AWAIT, refresh_dir, remote_end, remote_observation
+from orchestrator.executors.slurm.time_limits import time_limit_of
+from orchestrator.executors.wake import wait_gone
+from orchestrator.gpu.attribution import ProcessTrees
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.lifecycle import KillRequest
+from orchestrator.prediction.job_facts import attempt_shape_key
+from orchestrator.rundir_files import RunDir
+from orchestrator.scheduling.dispatch import DispatchContext
+from orchestrator.scheduling.state import SchedulerState
+from orchestrator.store.attempts import attempt_closed, update_attempt
+from orchestrator.store.db import Store
+from orchestrator.store.endings import mark_hung
+from orchestrator.store.jobs import add_event
+from orchestrator.store.queue import live_attempts_with_jobs
+from orchestrator.store.resources import learn_host_shape
+from orchestrator.store.rows import Attempt, Job
+
+log = logging.getLogger(__name__)
+
+
+class AttemptWatcher(DiskHold):
+    """Per-attempt work of a pass (mixed into Daemon): observe each live attempt, judge it,
+    track its memory and rate, step its kill, complete it; local attempts by their run dir and
+    process group, remote ones (Slurm) by the cluster's word and the run dir."""
+
+    store: Store
+    clock: Clock
+    ctx: DispatchContext
+    launcher: Executor
+    scheduler: SchedulerState
+    started_at_s: float | None
+    resources: ResourceTracker
+    observed: ObserveCache
+    output: OutputFollower
+    stopper: GroupStopper
+    hunter: StrayHunter
+    _by_uuid: dict[str, GpuSnapshot]
+    _ended: list[Attempt]
+    _rates: dict[int, tuple[int, float, int]]
+    _attempt_errors: dict[int, str]
+    _attempt_error_counts: dict[int, int]
+    _abandoning: set[int]
+    _trees: ProcessTrees
+    _cancel_sent: set[int]
+    _ending_mib: Counter[str]
+
+    def reconcile(self, snapshots: tuple[GpuSnapshot, ...], only: Collection[Path] | None = None) -> int:
+        """Bring every live attempt's record up to date (`only`: those with these run dirs;
+        the others count as live, unread); returns how many are still live. Each attempt is
+        handled apart: an exception is recorded against that attempt and the others (and the
+        loop) go on."""
+        by_uuid = {s.uuid: s for s in snapshots}
+        self._by_uuid = by_uuid
+        self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
+        self.resources.new_pass()
+        self.stopper.new_pass()
+        self.hunter.new_pass()
+        self._ending_mib = Counter()
+        still_live = 0
+        live, jobs = live_attempts_with_jobs(self.store)
+        tenants = Counter(a.gpu_uuid for a in live)
+        self._rates = {a.id: r for a, r in ((a, self._rates.get(a.id)) for a in live) if r is not None}
+        try:  # one batched question to the backend per tick (Slurm: squeue)
+            remote = self.launcher.poll([(a, jobs[a.job_id]) for a in live])
+        except Exception:  # a failed poll never fails a job: nothing is concluded this tick
+            log.warning("executor poll failed", exc_info=True)
+            remote = None
+        wanted = None if only is None else {str(p) for p in only}
+        for attempt in live:
+            if wanted is not None:
+                if attempt.run_dir not in wanted:
+                    still_live += 1
+                    continue
+                if attempt.pid and attempt.proc_create_time is not None and os.path.lexists(RunDir(attempt.run_dir).exit):
+                    wait_gone(attempt.pid, attempt.proc_create_time, WRAPPER_EXIT_WAIT_S)
+            if attempt.id in self._abandoning:
+                still_live += self._finish_abandoning(attempt, jobs.get(attempt.job_id))
+                continue
+            try:
+                job = jobs[attempt.job_id]
+                if self._is_remote(attempt):
+                    still_live += self._reconcile_remote(attempt, job, remote, tenants)
+                else:
+                    still_live += self._reconcile_one(attempt, job, by_uuid.get(attempt.gpu_uuid), tenants[attempt.gpu_uuid])
+                self._attempt_error_counts.pop(attempt.id, None)  # errors count in a row only
+            except Exception as exc:
+                still_live += 1
+                if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
+                    self._note_disk_full(exc)
+                    continue
+                self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
+        self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
+        if wanted is None:
+            self.observed.end_pass(a.run_dir for a in live)
+        self.stopper.keep_only(a.id for a in live)
+        self.hunter.keep_only({a.id for a in live})
+        if wanted is None:
+            self._abandoning &= {a.id for a in live}
+            self.resources.keep_only(a.id for a in live)
+        return still_live
+
+    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
+        """Record the error against the attempt (once per distinct message); after
+        MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
+        message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
+        count = self._attempt_error_counts.get(attempt.id, 0) + 1
+        self._attempt_error_counts[attempt.id] = count
+        if self._attempt_errors.get(attempt.id) != message:
+            self._attempt_errors[attempt.id] = message
+            log.warning("%s", message, exc_info=True)
+            with contextlib.suppress(Exception), self.store.write():
+                add_event(self.store, "error", message, job_id=attempt.job_id, attempt_id=attempt.id)
+        if count >= MAX_ATTEMPT_ERRORS:
+            self._abandoning.add(attempt.id)  # from the next pass: its group stopped, then closed
+            self._finish_abandoning(attempt, job)
+
+    def _finish_abandoning(self, attempt: Attempt, job: Job | None) -> int:
+        """An attempt given up on after errors in a row: its proven group is stopped across
+        passes (SIGTERM, SIGKILL after the grace), then it is closed as failed. Returns 1 while
+        it is still live."""
+        message = self._attempt_errors.get(attempt.id, f"attempt {attempt.n}: errors while checking it")
+        try:
+            obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
+        except Exception:  # what failed the checks may fail this too: the launcher record is enough
+            obs = None
+        try:
+            if job is not None and not self._kill(attempt, job, obs):
+                return 1
+            if abandon(self.store, attempt, message, obs):
+                self._abandoning.discard(attempt.id)
+                return 0
+        except Exception:
+            log.exception("cannot close attempt %s after errors in a row", attempt.id)
+        return 1
+
+    def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
+        run_dir = run_dir_path(attempt.run_dir)  # every live attempt, every pass
+        obs = observe(run_dir, self.clock.now_s(), attempt, self.observed, job.hang_timeout_s)
+        if not obs.pid_file_present and obs.exit_record is None and attempt.window_id and attempt.launcher == self.launcher.name:
+            try:
+                obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt.window_id)))
+            except Exception:  # the launcher could not tell: wait out the grace period
+                log.warning("cannot check window %s of attempt %s", attempt.window_id, attempt.id, exc_info=True)
+        obs = self._with_stdout_progress(attempt, job, obs)
+        verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
+        if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
+            verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
+        if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
+            self._track(attempt, obs, gpu)
+            self._learn_rate(attempt, job, obs, tenants)
+        disk_full = self.disk is not None and self.disk.full
+        if verdict is Verdict.HUNG and self._silenced_by_disk(job.hang_timeout_s):
+            verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
+        if verdict is Verdict.HUNG and attempt.kill_requested is None:
+            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
+            faults.reach("after_mark_hung")
+        if verdict in (Verdict.ALIVE, Verdict.HUNG) and attempt.kill_requested:
+            # signalled now, confirmed on later passes; its end is recorded once a pass finds
+            # the wrapper ended (FINISHED or LOST below), never while the tick waits
+            self._kill(attempt, job, obs)
+            return 1
+        hung = attempt.kill_requested is KillRequest.HUNG
+        if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, job, obs):
+            self._ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
+            return 1  # members of its group live on: stopped across passes before it may end
+        if verdict in (Verdict.FINISHED, Verdict.LOST):  # its processes are all gone: say what that took
+            record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
+        if verdict is Verdict.FINISHED:
+            self._learn_host(attempt, job)
+            complete(self.store, attempt, obs, self.scheduler.shapes, disk_full_now=disk_full, hung=hung)
+            self._ended.append(attempt)
+        elif verdict is Verdict.LOST:
+            if (why := disagreement(attempt, obs)) is not None:
+                log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
+            complete(self.store, attempt, obs, self.scheduler.shapes, lost=True, disk_full_now=disk_full, hung=hung)
+            self._ended.append(attempt)
+        else:
+            return 1
+        self._attempt_errors.pop(attempt.id, None)
+        self._attempt_error_counts.pop(attempt.id, None)
+        return 0
+
+    def _is_remote(self, attempt: Attempt) -> bool:
+        return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))
+
+    def _close_ended(self) -> None:
+        """Once their ends are recorded: close what the executor kept open (tmux windows)."""
+        ended, self._ended = self._ended, []
+        try:
+            closed = [attempt for attempt in ended if attempt_closed(self.store, attempt.id)]
+            if closed:
+                self.launcher.cleanup(closed)
+        except Exception:  # a window left open is only untidy
+            log.warning("cannot close the windows of attempts %s", ", ".join(str(a.id) for a in ended), exc_info=True)
+
+    def _reconcile_remote(
+        self, attempt: Attempt, job: Job, remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
+    ) -> int:
+        """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
+        status = (remote or {}).get(attempt.id) if remote is not None else None
+        ended = status is not None and status.kind not in ("queued", "running")
+        if ended:
+            refresh_dir(attempt.run_dir)  # a shared filesystem shows what the node wrote
+        obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
+        if status is not None:
+            shown = status.state if status.kind != "queued" else f"{status.state} ({status.reason})"
+            fields: dict[str, Any] = {}
+            if shown != attempt.executor_state:
+                fields["executor_state"] = shown
+            if status.job_id and not attempt.executor_id:
+                fields["executor_id"] = status.job_id  # adopted by name after a crash mid-submit
+            if fields:
+                update_attempt(self.store, attempt.id, **fields)
+                attempt = replace(attempt, **fields)
+        obs = remote_observation(obs, status)
+        obs = self._with_stdout_progress(attempt, job, obs)
+        polled = remote is not None and getattr(self.launcher, "answered_now", True)
+        end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
+        if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
+            expedite = getattr(self.launcher, "expedite", None)
+            if callable(expedite):
+                expedite()
+            verdict = Verdict.PENDING
+        elif end is None:
+            verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s) if obs.pid_record else Verdict.PENDING
+            if verdict is Verdict.LOST:
+                verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
+        else:
+            verdict = Verdict.FINISHED if end == "finished" else Verdict.LOST
+        if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
+            # its pid and group live on the node, not here: never recorded as killable locally
+            self._track(attempt, replace(obs, pid_record=None), None)
+            self._learn_rate(attempt, job, obs, tenants[attempt.gpu_uuid])
+        if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
+            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): cancelling it")
+        if verdict in (Verdict.ALIVE, Verdict.PENDING, Verdict.HUNG) and attempt.kill_requested:
+            self._kill(attempt, job, obs)
+            return 1
+        if verdict is Verdict.FINISHED:
+            complete(self.store, attempt, obs, self.scheduler.shapes)
+            return 0
+        if verdict is Verdict.LOST:
+            assert isinstance(end, tuple)
+            complete(self.store, attempt, obs, self.scheduler.shapes, lost=True, remote_end=end)
+            self._cancel_sent.discard(attempt.id)
+            return 0
+        return 1
+
+    def _with_stdout_progress(self, attempt: Attempt, job: Job, obs: Observation) -> Observation:
+        """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
+        if obs.last_progress_at is not None or not obs.pid_file_present or not follows_stdout(job.worker):
+            return obs
+        regex = job.worker_output.get("progress_regex")
+        try:
+            parsed = self.output.progress(attempt.id, Path(attempt.run_dir), regex if isinstance(regex, str) else None)
+        except Exception:  # output we cannot parse must not stop the pass: progress is only shown
+            log.warning("cannot read the output of attempt %s", attempt.id, exc_info=True)
+            return obs
+        return replace(obs, last_progress=parsed) if parsed is not None else obs
+
+    def _track(self, attempt: Attempt, obs: Observation, gpu: GpuSnapshot | None) -> None:
+        fields: dict[str, Any] = {}
+        pid = attempt.pid
+        if attempt.pgid is None:
+            group = proven_group(attempt, obs)
+            if group is not None:  # the wrapper leads its own group: pgid = its pid
+                fields.update(pid=group[0], pgid=group[0], proc_create_time=group[1])
+                pid = group[0]
+        alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
+        if gpu is not None and alive and pid:
+            host_due = self.resources.host_due(attempt)
+            tree = self._trees.pids(int(pid), fresh=host_due)
+            held = gpu.memory_of(tree)
+            if held != attempt.held_mib:
+                fields["held_mib"] = held
+            if held > attempt.peak_mib:
+                fields["peak_mib"] = held
+            fields.update(self.resources.fields(attempt, list(tree), self._by_uuid, host_due))
+            held = int(fields.get("held_mib", held))
+            progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
+            if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):
+                fields["reached_peak"] = 1
+        if obs.last_progress_at and obs.last_progress_at != attempt.last_progress_at:
+            fields["last_progress_at"] = obs.last_progress_at
+            fields["progress_json"] = json.dumps(obs.last_progress) if obs.last_progress else None
+        elif obs.last_progress_at is None and obs.last_progress is not None and obs.last_progress != attempt.progress:
+            fields["progress_json"] = json.dumps(obs.last_progress)  # parsed from stdout
+            fields["last_progress_at"] = obs.last_output_at
+        if fields:
+            update_attempt(self.store, attempt.id, **fields)
+
+    def _learn_host(self, attempt: Attempt, job: Job) -> None:
+        """A finished attempt's host RAM and CPU peaks teach its shape."""
+        self.resources.forget(attempt.id)
+        if not attempt.host_peak_mib:
+            return
+        try:
+            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.scheduler.shapes),
+                             attempt.host_peak_mib, attempt.cpu_peak_cores)
+        except Exception:  # a bad config row must not stop reconciling the others
+            log.warning("cannot record the host memory of attempt %s", attempt.id, exc_info=True)
+
+    def _learn_rate(self, attempt: Attempt, job: Job, obs: Any, tenants: int) -> None:
+        """Samples/s of the attempt between two of its progress readings, recorded with the
+        number of attempts on its card when both readings saw the same number."""
+        step = (obs.last_progress or {}).get("step")
+        # progress parsed from stdout is as old as the log's last write
+        read_at = obs.last_progress_at if obs.last_progress_at is not None else obs.last_output_at
+        if not isinstance(step, int) or isinstance(step, bool) or read_at is None:
+            return
+        previous = self._rates.get(attempt.id)
+        self._rates[attempt.id] = (step, float(read_at), tenants)
+        if previous is None or previous[2] != tenants or previous[:2] == (step, float(read_at)):
+            return  # no second reading yet (progress is read again every few seconds)
+        try:
+            learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.scheduler.shapes)
+        except Exception:  # a bad config row must not stop reconciling the others
+            log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
+
+    def _kill(self, attempt: Attempt, job: Job, obs: Observation | None) -> bool:
+        """Move the stop of the attempt's process group one step on (SIGTERM, SIGKILL after the
+        grace), only when orch can prove it started it; never waits. True once nothing of the
+        group lives (a remote attempt: False, Slurm says when it ended)."""
+        if self._is_remote(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
+            if attempt.id not in self._cancel_sent:
+                try:
+                    self.launcher.cancel(attempt, job)
+                    self._cancel_sent.add(attempt.id)
+                except Exception:  # tried again next pass
+                    log.warning("cannot cancel attempt %s", attempt.id, exc_info=True)
+            return False
+        group = proven_group(attempt, obs)
+        if group is None:
+            if obs is not None and (obs.launcher_alive or obs.process_alive):
+                log.warning("attempt %s: no process orch can prove it started; nothing signalled", attempt.id)
+        elif not self.stopper.stop(attempt.id, *group):
+            return False
+        # the group is gone: what left it (setsid, double fork) is found by cgroup or mark
+        return self.hunter.stop(attempt.id)

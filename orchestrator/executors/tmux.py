@@ -1,0 +1,327 @@
+"""tmux launcher, on libtmux: one private server, session "orch", one window per attempt.
+
+The server listens on its own socket (`tmux -L <socket_name>`), so orch's windows never mix with
+the user's sessions. tmux puts named sockets in `$TMUX_TMPDIR/tmux-<uid>/` (default /tmp), a
+directory tmux creates 0700 and refuses to use when another user owns it or can read it: only
+this user can reach the server. The attempt's command is the window's initial command (a
+shlex-quoted argv run by /bin/sh -c, never keys typed into a shell), and windows keep their pane
+after the command exits (`remain-on-exit`) so the last output stays visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import libtmux
+from libtmux import exc as tmux_exc
+
+from orchestrator.errors import LauncherError
+from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
+from orchestrator.executors.wrapper.run import wrapper_argv
+
+GATE_FILE = ".launch-gate"  # in the runs dir, beside the wake FIFO
+
+SESSION = "orch"
+SESSION_DEADLINE_S = 10.0
+# tmux refuses commands larger than its message size (16 KiB in 3.x); keep well below it.
+MAX_COMMAND_BYTES = 12_000
+MAX_ARG_BYTES = 131_072  # Linux's MAX_ARG_STRLEN: no process may be given one longer argument
+
+
+def too_big_for_tmux(job_id: int, argv: list[str], command_bytes: int, env_bytes: int, socket_name: str) -> str:
+    """Why tmux refuses job `job_id`'s window, with the way out that works for what is big."""
+    said = (f"the command and environment of job {job_id} take {command_bytes + env_bytes} bytes, "
+            f"more than tmux accepts ({MAX_COMMAND_BYTES})")
+    if env_bytes > command_bytes:  # an environment the server does not share (it predates it)
+        return (f"{said}, most of it environment: restart orch's tmux server (`tmux -L {socket_name} "
+                "kill-server`, with no workers running) so it inherits the current environment")
+    longest = max((len(a.encode()) for a in argv), default=0)
+    through_config = "pass large values through {config} (the attempt's config.yaml) instead of {cfg.KEY}"
+    if longest > MAX_ARG_BYTES:
+        return f"{said}; one argument has {longest} bytes, more than any process may be given: {through_config}"
+    return (f"{said}: {through_config}, or run the daemon without tmux "
+            "(`orch daemon stop`, then `orch daemon start --launcher subprocess`)")
+
+
+class TmuxLauncher:
+    name = "tmux"
+
+    def __init__(self, socket_name: str) -> None:
+        if shutil.which("tmux") is None:
+            raise LauncherError(
+                "tmux is not installed: install it, or set ORCH_LAUNCHER=subprocess"
+            )
+        self.socket_name = socket_name
+        self.server = libtmux.Server(socket_name=socket_name)
+        # Learned on the first launch and kept: asking tmux again for every window cost several
+        # subprocesses each; a launch is then one `tmux new-window`.
+        self._ready = False
+        self._server_env: dict[str, str] | None = None
+        self._gate = LaunchGate()
+
+    def _session(self) -> libtmux.Session:
+        """Session "orch", created on demand; another process may be creating it at the same time."""
+        deadline = time.monotonic() + SESSION_DEADLINE_S
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                if self.server.has_session(SESSION):
+                    session = self.server.sessions.get(session_name=SESSION, default=None)
+                    if session is not None:
+                        return session
+                else:
+                    session = self.server.new_session(session_name=SESSION, window_name="orch")
+                    self._configure()
+                    return session
+            except (tmux_exc.TmuxSessionExists, tmux_exc.LibTmuxException) as error:
+                last_error = error  # lost a race with another creator, or the server is starting
+            time.sleep(0.1)
+        raise LauncherError(
+            f"cannot create tmux session {SESSION!r} on socket {self.socket_name!r}: {last_error}; "
+            f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
+        )
+
+    def _configure(self) -> None:
+        # Server-wide on our private server: windows created later inherit these.
+        for args in (
+            ("set-option", "-g", "default-shell", "/bin/sh"),
+            ("set-option", "-g", "-w", "remain-on-exit", "on"),
+            ("set-option", "-g", "history-limit", "20000"),
+        ):
+            proc = self.server.cmd(*args)
+            if proc.stderr:
+                raise LauncherError(f"tmux {' '.join(args)} failed: {' '.join(proc.stderr)}")
+
+    def _env_for_window(self, env: dict[str, str]) -> dict[str, str]:
+        """Our environment where the server's global one differs (it may predate us), plus `env`."""
+        if self._server_env is None:
+            try:
+                self._server_env = {k: str(v) for k, v in self.server.show_environment().items()}
+            except tmux_exc.LibTmuxException:
+                self._server_env = {}
+        server_env = self._server_env
+        inherited = {k: v for k, v in os.environ.items() if server_env.get(k) != v and k != "TMUX"}
+        return {**inherited, **env}
+
+    def _prepare(self) -> None:
+        """Once per launcher: the session exists and the server has our options (a session
+        another orch process created has them too; setting them again is harmless)."""
+        if not self._ready:
+            self._session()
+            self._configure()
+            self._ready = True
+
+    def _new_window_args(self, spec: LaunchSpec, gate: Path | None = None) -> list[str]:
+        """`new-window` for one attempt, printing its window id and pane pid; raises
+        LauncherError when tmux would refuse it or its run dir cannot be made. `gate`: the
+        pane first waits there until the batch's windows are all open (LaunchGate)."""
+        # `exec`: the wrapper replaces /bin/sh, so the pane's pid is the wrapper's pid.
+        command = "exec " + shlex.join(wrapper_argv(spec.run_dir, spec.argv))
+        if gate is not None:  # `;`: a gate that cannot be opened holds nothing back
+            command = f": <{shlex.quote(str(gate))}; {command}"
+        environment = self._env_for_window(spec.env)
+        env_bytes = sum(len(k) + len(v) + 4 for k, v in environment.items())
+        if len(command) + env_bytes > MAX_COMMAND_BYTES:
+            raise LauncherError(too_big_for_tmux(spec.job_id, spec.argv, len(command), env_bytes, self.socket_name))
+        try:
+            spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as error:
+            raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
+        args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
+                "-n", spec.window_name, "-c", str(spec.cwd or Path.cwd())]
+        for key, value in environment.items():
+            args += ["-e", f"{key}={value}"]
+        return [*args, command]
+
+    def _run(self, args: list[str], expected: int) -> list[str]:
+        """Run a tmux command (sequence); the lines it printed, one per window opened."""
+        proc = self.server.cmd(*args)
+        lines = [line for line in proc.stdout if line.strip()]
+        if proc.returncode != 0 and len(lines) < expected:
+            self._ready = False  # the session may have gone: make it again on the next try
+        return lines
+
+    @staticmethod
+    def _handle(line: str) -> LaunchHandle:
+        window_id, _, pane_pid = line.strip().partition(" ")
+        return LaunchHandle(launcher="tmux", pid=int(pane_pid) if pane_pid.isdigit() else None, window_id=window_id)
+
+    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+        self._prepare()
+        args = self._new_window_args(spec)
+        lines = self._run(args, 1)
+        if not lines:
+            self._prepare()
+            lines = self._run(args, 1)
+        if not lines:
+            raise LauncherError(
+                f"tmux could not open a window for job {spec.job_id}; "
+                f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
+            )
+        return self._handle(lines[0])
+
+    def launch_many(self, specs: list[LaunchSpec]) -> list[LaunchHandle | Exception]:
+        """Open many windows in one tmux call: their `new-window` commands written to a private
+        temp file and run by `source-file` (a command line is limited to one client message,
+        16 KiB, about a dozen windows). Each window prints its position, so a window tmux did
+        not open is known, and tried again alone."""
+        self._prepare()
+        results: list[LaunchHandle | Exception | None] = [None] * len(specs)
+        lines: list[str] = []
+        gate = self._gate.shut(specs[0].run_dir) if specs else None
+        try:
+            for i, spec in enumerate(specs):
+                try:
+                    args = self._new_window_args(spec, gate)
+                except LauncherError as error:
+                    results[i] = error
+                    continue
+                if any("\n" in a or "\r" in a for a in args):
+                    continue  # not for a config file's syntax: launched alone below
+                args[args.index("#{window_id} #{pane_pid}")] = f"#{{window_id}} #{{pane_pid}} {i}"
+                lines.append(" ".join(_tmux_quote(a) for a in args))
+            if lines:
+                for line in self._source(lines):
+                    window_id, pane_pid, index = [*line.split(), "", "", ""][:3]
+                    if index.isdigit() and int(index) < len(specs):
+                        results[int(index)] = self._handle(f"{window_id} {pane_pid}")
+        finally:
+            self._gate.release()
+        for i, spec in enumerate(specs):
+            if results[i] is None:
+                try:
+                    results[i] = self.launch(spec)
+                except LauncherError as error:
+                    results[i] = error
+        return [r for r in results if r is not None]
+
+    def _source(self, commands: list[str]) -> list[str]:
+        fd, name = tempfile.mkstemp(prefix="orch-launch-", suffix=".conf")  # 0600: holds job env
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write("\n".join(commands) + "\n")
+            proc = self.server.cmd("source-file", name)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        return [line for line in proc.stdout if line.strip()]
+
+    def _pane_dead(self, window_id: str) -> bool | None:
+        """None when the window does not exist, else whether its command has exited."""
+        proc = self.server.cmd("list-panes", "-t", window_id, "-F", "#{pane_dead}")
+        if proc.returncode != 0 or not proc.stdout:
+            return None
+        return proc.stdout[0].strip() == "1"
+
+    def window_alive(self, handle_window_id: str) -> bool:
+        return self._pane_dead(handle_window_id) is False
+
+    def kill_window(self, window_id: str) -> None:
+        if self._pane_dead(window_id) is None:
+            return  # already gone: killing is idempotent
+        proc = self.server.cmd("kill-window", "-t", window_id)
+        if proc.returncode != 0 and self._pane_dead(window_id) is not None:
+            raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
+
+    def kill_windows(self, window_ids: list[str]) -> None:
+        """Remove many windows in one tmux call (`source-file` goes on past a window already
+        gone): one by one, each cost two tmux subprocesses, and a pass that closed a card's
+        worth of ended attempts held up the next hand-off by seconds on a busy machine."""
+        if len(window_ids) <= 1:
+            for window_id in window_ids:
+                self.kill_window(window_id)
+            return
+        self._source([f"kill-window -t {_tmux_quote(window_id)}" for window_id in window_ids])
+
+    def attach_command(self, window_id: str) -> list[str]:
+        # select the window first, then attach; `tmux -L` keeps us on the private server
+        return [
+            "tmux",
+            "-L",
+            self.socket_name,
+            "select-window",
+            "-t",
+            window_id,
+            ";",
+            "attach-session",
+            "-t",
+            SESSION,
+        ]
+
+    def kill_server(self) -> None:
+        """Stop orch's tmux server (tests, and `orch daemon stop --all`)."""
+        if self.server.is_alive():
+            self.server.kill()
+
+
+class LaunchGate:
+    """Holds the panes of one batch until every window of it is open.
+
+    tmux opens a batch's windows one after another, and each pane starts its interpreter at
+    once: on a busy machine 64 interpreters starting side by side slowed the batch from 0.2
+    to 2 s, and the pass that launched it. So each pane of a batch first opens a FIFO in the
+    runs dir for reading, which blocks while no writer holds it; the daemon holds it (read and
+    write: never blocks) except while it opens a batch. A daemon that dies with the gate shut
+    leaves those panes waiting until the next daemon opens it; their wrappers then find the
+    attempt declared lost, and start nothing. A missing or replaced gate holds nothing back.
+    """
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._fd: int | None = None
+
+    def shut(self, run_dir: Path) -> Path | None:
+        """Stop holding the gate (new readers now wait); its path, None when there is none."""
+        if len(run_dir.parts) <= RUN_DIR_DEPTH:
+            return None
+        runs_dir = run_dir.parents[RUN_DIR_DEPTH - 1]
+        try:  # only in a runs dir a daemon has set up: its wake FIFO is there
+            if not stat.S_ISFIFO(os.lstat(wake_path(runs_dir)).st_mode):
+                return None
+        except OSError:
+            return None
+        path = runs_dir / GATE_FILE
+        try:
+            os.mkfifo(path, 0o600)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISFIFO(os.lstat(path).st_mode):
+                return None
+        except OSError:
+            return None
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        self.path = path
+        return path
+
+    def release(self) -> None:
+        """Hold the gate again: every pane waiting on it goes on."""
+        if self.path is None or self._fd is not None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            self._fd = fd
+        else:
+            os.close(fd)
+
+
+def _tmux_quote(text: str) -> str:
+    """One word of tmux's command syntax that stands for `text` exactly: single quotes keep
+    everything literal ($, ~, #, ;, braces); a quote itself is closed, escaped and reopened."""
+    return "'" + text.replace("'", "'\\''") + "'"

@@ -1,0 +1,128 @@
+"""What a suite is once loaded: its configs, crash-loop guard and settings, and the jobs it
+expands into. Types only (and the defaults they name), so that loading, expanding and checking
+worker output can all import them without importing each other."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.plans.inputs import PAIR_KEYS, Scalar
+from orchestrator.plans.keymap import NO_KEYS, KeyMap
+
+# Config keys shared with the researchers' own training scripts, plus the ones our workers read.
+KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
+    {
+        "model", "peft", "batch_size", "learning_rate", "num_epochs", "prec", "seed",
+        "gradient_accumulation_steps", "gradient_checkpointing", "logits_to_keep",
+        "num_data_workers", "data", "data_dir", "max_steps", "max_seq_len", "no_save",
+        "eval_every_steps", "weight_decay", "warmup_steps",
+        "warmup_ratio", "lr_scheduler", "max_grad_norm", "eval_batch_size",
+        "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
+        "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind",
+        "gpus", "cpus", "host_mem_gib", "sim_host_gib",
+        "checkpoint_every_steps",  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
+    }
+)
+
+# Crash-loop guard defaults (suite key `crash_loop`): this many fast non-OOM failures of one
+# suite inside the window pause it, so a broken config does not burn through the whole queue.
+CRASH_LOOP_FAILURES = 3
+CRASH_LOOP_WITHIN_S = 30.0  # an attempt failing sooner than this after its start counts as fast
+CRASH_LOOP_WINDOW_S = 300.0  # how far back failures are counted
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    name: str
+    path: Path
+    content: dict[str, Any]  # the config file as loaded
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.content).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CrashLoop:
+    """When to pause a suite: `failures` attempts that each failed (not OOM, not hung) within
+    `within_s` of starting, all ended in the last `window_s`. `failures == 0` switches it off."""
+
+    failures: int = CRASH_LOOP_FAILURES
+    within_s: float = CRASH_LOOP_WITHIN_S
+    window_s: float = CRASH_LOOP_WINDOW_S
+
+    @property
+    def enabled(self) -> bool:
+        return self.failures > 0
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    worker: str  # "lora", "sim", or a command template
+    mem_gib: float
+    env: dict[str, str]
+    configs: tuple[ConfigSpec, ...]
+    rounds: dict[str, tuple[str, ...]]  # name -> config names, in file order
+    one_token_tasks: tuple[str, ...]  # fnmatch patterns of tasks scored on one token
+    ladder: list[Any] | None
+    max_attempts: int
+    hang_timeout_s: float
+    description: str = ""
+    crash_loop: CrashLoop = CrashLoop()
+    notify: tuple[str, ...] = ()  # notification URLs (Apprise) for this suite's ends and failures
+    keys: KeyMap = NO_KEYS  # orch's ladder knobs under the script's own key names
+    progress_regex: str | None = None  # progress from stdout beyond the shapes orch knows
+    result_regex: str | None = None  # metrics from stdout when there is no result.json
+
+    @property
+    def worker_output(self) -> dict[str, Any]:
+        """What the daemon needs to drive and read this suite's worker, stored with each job."""
+        stored: dict[str, Any] = {}
+        if self.keys.names:
+            stored["keys"] = self.keys.to_json()
+        if self.progress_regex:
+            stored["progress_regex"] = self.progress_regex
+        if self.result_regex:
+            stored["result_regex"] = self.result_regex
+        return stored
+    memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
+    min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain
+    slurm: dict[str, Any] = field(default_factory=dict)  # validated `slurm:` settings (plans.slurm_settings)
+    gpus: int = 1  # cards per job (a gang) unless a config says otherwise
+    cpus: int | None = None  # cores per job, counted only when set
+
+    def config_names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+    def known_keys(self) -> set[str]:
+        keys = set(KNOWN_CONFIG_KEYS)
+        for config in self.configs:
+            keys.update(config.content)
+        return keys - PAIR_KEYS
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to queue: a config of a suite at one seed and task, with overrides."""
+
+    suite: str
+    config_name: str
+    config_path: str
+    config: dict[str, Any]  # suite config with seed, data and --set overrides merged
+    seed: int
+    data: str
+    overrides: dict[str, Scalar]
+    env: dict[str, str]  # suite env + env.* overrides
+    identity: str
+    gpus: int = 1
+    cpus: int | None = None

@@ -1,0 +1,1 @@
+"""Pure prediction: memory estimates, shape keys, families, learned peaks, the ladder, throughput."""

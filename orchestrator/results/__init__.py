@@ -1,0 +1,1 @@
+"""Results: collect result.json files, aggregate per effective setting x task, text and grids."""

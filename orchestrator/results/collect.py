@@ -1,0 +1,197 @@
+"""Reads the succeeded jobs' result.json files into ResultRows, each traced to its attempt and
+to the effective config of its job (the `--set` overrides and the config's content).
+
+result.json is written by user code: anything but a mapping of numbers under metrics.test is
+counted as missing, never trusted. A progress line's bookkeeping (`step`, `epoch`, ...) is never
+a result metric."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
+from orchestrator.attempts.rundir_reads import read_result
+from orchestrator.results.aggregate import ResultRow, setting_digest
+from orchestrator.store.db import Store
+from orchestrator.store.queries import SucceededAttempt, succeeded_attempts
+from orchestrator.wording import number
+
+NO_METRICS = "no test metrics (result.json or printed)"
+MAX_PEFT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class RunReading:
+    """What one succeeded attempt's run dir says: its finite metrics (None when it has none),
+    whether its "test" split is the validation split, and the LoRA dropout it ran with (None
+    when its result.json does not say)."""
+
+    metrics: dict[str, float] | None
+    test_is_val: bool = False
+    lora_dropout: float | None = None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A job's effective setting: its `--set` overrides, their digest with the config's content,
+    the worker command and the suite's env (results.setting_digest) and the LoRA dropout it asks for (used for runs whose result.json
+    does not say)."""
+
+    overrides: dict[str, Any]
+    digest: str
+    lora_dropout: float
+
+
+class RunReader:
+    """Reads each succeeded attempt's result.json once per process (it does not change after
+    the attempt succeeded); a missing file is read again next time, as it may still appear."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._readings: dict[str, RunReading] = {}
+        self._settings: dict[tuple[str, str, str, str, str], Setting] = {}
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+
+    def reading(self, run_dir: str, printed_json: str | None = None) -> RunReading:
+        with self._lock:
+            if run_dir in self._readings:
+                return self._readings[run_dir]
+        result = read_result(Path(run_dir))
+        test = job_metrics(result, printed_json)
+        reported_dropout = number(result.get("lora_dropout")) if isinstance(result, dict) else None
+        reading = RunReading(None if test is None else finite_metrics(test),
+                             isinstance(result, dict) and result.get("test_is_val") is True, reported_dropout)
+        with self._lock:
+            if len(self._readings) >= self.max_entries:
+                self._readings.clear()
+            if reading.metrics is not None:
+                self._readings[run_dir] = reading
+        return reading
+
+    def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
+        return self.reading(run_dir, printed_json).metrics
+
+    def setting(self, run: SucceededAttempt) -> Setting:
+        """The job's effective config, worked out once per distinct stored text (the jobs of a
+        config × overrides share it whatever their seed and task)."""
+        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker)
+        with self._lock:
+            found = self._settings.get(key)
+        if found is None:
+            config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
+            env = {str(k): str(v) for k, v in _loads_mapping(run.env_json).items()}
+            found = Setting(overrides, setting_digest(config, overrides, run.worker, env),
+                            lora_dropout_of(config, run.config_path))
+            with self._lock:
+                if len(self._settings) >= self.max_entries:
+                    self._settings.clear()
+                self._settings[key] = found
+        return found
+
+
+def collect_rows(store: Store, suite: str | None = None, reader: RunReader | None = None) -> tuple[list[ResultRow], int]:
+    """(rows, how many succeeded jobs had no usable test metrics). Those jobs are rows too, with
+    no metrics and the reason, so their effective config's row says why it is short."""
+    reader = reader or RunReader()
+    rows: list[ResultRow] = []
+    missing = 0
+    for run in succeeded_attempts(store, suite):
+        reading = reader.reading(run.run_dir, run.output_metrics_json)
+        setting = reader.setting(run)
+        if reading.metrics is None:
+            missing += 1
+        rows.append(ResultRow(
+            run.suite, run.config, run.data, run.seed, reading.metrics or {},
+            job=run.job_id, attempt=run.n, level=run.level, step=run.level_step,
+            changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
+            setting=setting.digest, test_is_val=reading.test_is_val,
+            lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
+            no_metrics=NO_METRICS if reading.metrics is None else None,
+        ))  # fmt: skip
+    return rows, missing
+
+
+def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else what
+    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X."""
+    metrics: Any = None
+    if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+        reported = result["metrics"]
+        metrics = reported.get("test") if isinstance(reported.get("test"), dict) else reported
+    if not metrics and isinstance(printed_json, dict):
+        metrics = printed_json  # parsed already (a typed Attempt's output_metrics)
+    elif not metrics and isinstance(printed_json, str) and printed_json:
+        with contextlib.suppress(ValueError):
+            metrics = json.loads(printed_json)
+    if not isinstance(metrics, dict) or not metrics:
+        return None
+    named = dict(metrics)
+    for key, value in metrics.items():
+        for prefix in ("test_", "eval_"):
+            if isinstance(key, str) and key.startswith(prefix):
+                named.setdefault(key[len(prefix):], value)
+    return named
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers among a job's metrics (written by user code: NaN, infinities, ints
+    too large for a float and non-numbers are left out, never shown or averaged), without a
+    training loop's bookkeeping (`step`, `epoch`, `learning_rate`, ...)."""
+    kept: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and str(key) not in BOOKKEEPING_KEYS:
+            finite = number(value)
+            if finite is not None:
+                kept[str(key)] = finite
+    return kept
+
+
+def lora_dropout_of(config: dict[str, Any], config_path: str) -> float:
+    """The LoRA dropout a config asks for, for a run whose result.json does not say: a top-level
+    `lora_dropout`, the `peft` mapping, or the `peft` JSON file next to the config; 0 when none."""
+    raw = config.get("lora_dropout")
+    if raw not in (None, "") and (value := number(raw)) is not None:
+        return value
+    spec = config.get("peft")
+    if isinstance(spec, str) and config_path:
+        spec = _peft_file(Path(config_path).parent, spec)
+    if isinstance(spec, dict):
+        value = number(spec.get("lora_dropout", spec.get("dropout")))
+        return value if value is not None else 0.0
+    return 0.0
+
+
+def _peft_file(config_dir: Path, name: str) -> dict[str, Any] | None:
+    """A plan's LoRA spec file (the user's own plans, read bounded and never through a symlink)."""
+    path = Path(name) if Path(name).is_absolute() else config_dir / name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            raw = handle.read(MAX_PEFT_BYTES + 1)
+        except OSError:
+            return None
+    if len(raw) > MAX_PEFT_BYTES:
+        return None
+    with contextlib.suppress(UnicodeDecodeError, ValueError, RecursionError):
+        return _dict(json.loads(raw.decode("utf-8")))
+    return None
+
+
+def _dict(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _loads_mapping(text: str) -> dict[str, Any]:
+    try:
+        return _dict(json.loads(text)) or {}
+    except (ValueError, RecursionError):
+        return {}

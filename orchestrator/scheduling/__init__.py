@@ -1,0 +1,1 @@
+"""The scheduling pass: read queue, per-kind inputs, pack, claim and launch, wait reasons."""

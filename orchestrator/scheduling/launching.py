@@ -1,0 +1,220 @@
+"""Starting the workers of attempts a scheduling pass placed: claim each in the store, then
+write its run dir and ask the launcher, several at once."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from orchestrator.attempts.containment import tracking_env
+from orchestrator.attempts.disk_space import is_disk_full_error
+from orchestrator.errors import ClusterBusy, InvalidTransition, LauncherError, OrchError
+from orchestrator.executors.checkpoints import CheckpointSearch, search_checkpoints
+from orchestrator.executors.process_groups import Launcher, LaunchHandle, LaunchSpec
+from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
+from orchestrator.gpu.host import HostProbe
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.plans.resume import (
+    resumable_attempts,
+    resume_config,
+    takes_resume_key,
+    worker_can_resume,
+)
+from orchestrator.prediction.job_facts import job_keys
+from orchestrator.prediction.ladder import Level
+from orchestrator.rundir_files import TOKEN_VAR, RunDir
+from orchestrator.scheduling.packing.types import PackingPolicy
+from orchestrator.scheduling.resources import free_port
+from orchestrator.store.attempts import (
+    AttemptPlan,
+    past_attempts,
+    start_attempt,
+    update_attempt,
+)
+from orchestrator.store.db import Store
+from orchestrator.store.peak_source import PredictionSource
+from orchestrator.store.resources import live_ports
+from orchestrator.store.rows import Attempt, Job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DispatchContext:
+    runs_dir: Path
+    policy: PackingPolicy
+    worker_env: dict[str, str]  # injected into every attempt on top of the per-attempt env
+    host: HostProbe | None = None  # host RAM and cores; None: not looked at
+    host_reserve_mib: int = 2048  # kept free of jobs (--host-reserve-gib)
+    topology: Mapping[tuple[int, int], int] | None = None  # card distances, read once at start
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
+    job_dir = f"{job.id:06d}-{_safe_name(job.config_name)}-s{job.seed}-{_safe_name(job.data)}"
+    return ctx.runs_dir / _safe_name(job.suite) / job_dir / f"attempt-{n}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An attempt written as started (the job moved to running), its worker not yet launched."""
+
+    job: Job
+    gpu: GpuSnapshot
+    attempt: Attempt
+    config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
+    cards: tuple[GpuSnapshot, ...] = ()  # a multi-GPU job's cards in order (gpu is the first)
+
+
+LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
+
+
+def launch_all(
+    store: Store, launcher: Launcher, ctx: DispatchContext, claims: list[Claim]
+) -> None:
+    """Start the workers of the attempts claimed this pass: first every run dir (up to
+    LAUNCH_THREADS at once: they wait on fsync, not the CPU), then every worker, in few
+    launcher calls where the launcher can batch (tmux) — before the first worker starts
+    competing for the CPU. Every database write stays on this thread."""
+    if not claims:
+        return
+    local = not getattr(launcher, "remote", False)  # a cluster node has no use for our cgroups
+    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c, local), claims)
+    ready = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec, LaunchSpec)]
+    outcomes: list[LaunchHandle | Exception] = [s if isinstance(s, Exception) else LauncherError("") for s in specs]
+    batch = getattr(launcher, "launch_many", None)
+    if batch is not None and len(ready) > 1:
+        handles = batch([spec for _, spec in ready])
+    else:
+        handles = _in_threads(lambda spec: _launch_one(launcher, spec), [spec for _, spec in ready])
+    for (i, _), handle in zip(ready, handles, strict=True):
+        outcomes[i] = handle
+    # The launcher's pid and the create time read now are what later proves which process
+    # group is this attempt's; nothing the worker writes can change them.
+    started = [
+        (claimed.attempt.id, outcome, _create_time(outcome.pid))
+        for claimed, outcome in zip(claims, outcomes, strict=True) if not isinstance(outcome, Exception)
+    ]
+    with store.write():  # one commit for the batch: 64 of them took seconds while 64 workers started
+        for attempt_id, handle, create_time in started:
+            update_attempt(store, attempt_id, launcher=handle.launcher, window_id=handle.window_id,
+                           pid=handle.pid, proc_create_time=create_time,
+                           executor=handle.launcher, executor_id=handle.executor_id or handle.window_id)
+    for claimed, outcome in zip(claims, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            from orchestrator.attempts.outcomes import fail_before_start
+
+            full = is_disk_full_error(outcome)
+            busy = isinstance(outcome, ClusterBusy)  # submitted again once the cluster answers, not counted
+            fail_before_start(store, claimed.attempt, f"{'disk full: ' if full else ''}could not start: {outcome}",
+                              disk_full=full, not_counted=busy)
+
+
+def _create_time(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _in_threads(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    if len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(LAUNCH_THREADS, len(items))) as pool:
+        return list(pool.map(work, items))
+
+
+def _launch_one(launcher: Launcher, spec: LaunchSpec) -> LaunchHandle | Exception:
+    try:
+        return launcher.launch(spec)
+    except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
+        return exc
+
+
+def claim(
+    store: Store,
+    ctx: DispatchContext,
+    job: Job,
+    level: Level,
+    config: dict[str, Any],
+    gpu: GpuSnapshot,
+    predicted_mib: int,
+    source: PredictionSource,
+    reserved_mib: int,
+    cards: tuple[GpuSnapshot, ...] = (),
+    host_mib: int = 0,
+) -> Claim | None:
+    """Write the attempt as started (the job moves to running); None if the job left the queue.
+    A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
+    uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
+    search = resume_point(store, job)
+    checkpoint = search.checkpoint
+    if checkpoint is not None and takes_resume_key(job.worker, job_keys(job), job.config):
+        config = resume_config(config, job_keys(job), str(checkpoint.path))  # {resume} alone: not in config.yaml
+    plan = AttemptPlan(
+        job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
+        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
+        run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
+        reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
+        resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
+        resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
+        searched_in_part=search.searched_in_part,
+    )
+    try:
+        attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
+    except InvalidTransition:
+        return None  # cancelled between the read and the claim
+    return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
+
+
+def resume_point(store: Store, job: Job) -> CheckpointSearch:
+    """The checkpoint the job's next attempt resumes from: the latest its earlier attempts left
+    in their run dirs (those a resume may cross: plans.resume), where its worker can take one;
+    none otherwise (and for a first attempt)."""
+    if job.attempt_count == 0 or not worker_can_resume(job.worker, job_keys(job), job.config):
+        return CheckpointSearch(None)
+    usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
+    return search_checkpoints((n, Path(run_dir)) for n, run_dir in usable)
+
+
+def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> LaunchSpec | Exception:
+    """Run dir and launch spec of one claimed attempt; no database access (it runs in a pool)."""
+    job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
+    cards = claimed.cards or (gpu,)
+    run_dir = Path(attempt.run_dir)
+    try:
+        env = build_worker_env(
+            gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
+            suite_env=dict(job.env),
+            extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
+                   "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
+                   **({TOKEN_VAR: attempt.token} if attempt.token else {})},
+        )
+        moved_to = prepare_run_dir(run_dir, claimed.config, env)
+        if moved_to is not None:
+            log.warning("%s already held files of an earlier database's job; moved them to %s", run_dir, moved_to)
+        argv = build_argv(
+            job.worker, config_path=RunDir(run_dir).config, run_dir=run_dir,
+            values={"seed": str(job.seed), "data": job.data, "job": str(job.id),
+                    "nproc": str(len(cards)), "port": str(attempt.port),
+                    "resume": attempt.resumed_from_checkpoint or ""}, config=claimed.config,
+        )
+    except (OSError, ValueError, OrchError, LauncherError) as exc:
+        return exc
+    return LaunchSpec(job_id=job.id, attempt_id=attempt.id, window_name=f"job{job.id}-{_safe_name(job.config_name)[:30]}",
+                      argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
+                      meta={"suite": job.suite, "n": attempt.n, "predicted_peak_mib": attempt.predicted_peak_mib,
+                            "run_alone": attempt.run_alone, "slurm": dict(job.slurm), "gpus": job.gpus,
+                            "can_resume": worker_can_resume(job.worker, job_keys(job), claimed.config)})

@@ -1,0 +1,1 @@
+"""Memory-aware packing (pure): its types, each card's view, holds and gangs."""

@@ -1,0 +1,290 @@
+"""Memory-aware packing: a pure function of (queue, GPU states, running attempts, policy).
+
+The daemon and the virtual-time simulator in benchmarks/ both call `pack`, which holds the whole
+placement policy: paused suites, draining, the ceiling cap, order, fit, backfill and the holds
+against starvation. Card state and blockers are in orchestrator.scheduling.packing.cards, the holds in
+orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Container, Mapping
+from dataclasses import dataclass, field, replace
+
+from orchestrator.scheduling.packing.cards import (
+    Card,
+    blocker,
+    cards_of,
+    choose,
+    gain,
+    headroom_for,
+    headroom_mib,
+    is_open,
+    outstanding_reservation_mib,
+    place_on,
+)
+from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
+from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
+from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.scheduling.waits import Blocker, Wait, WaitKind, held, render
+
+__all__ = [
+    "GpuState", "PackingDecision", "PackingPolicy", "Placement", "QueuedJob", "RunningAttempt",
+    "can_take_any", "ceiling_mib", "headroom_mib", "outstanding_reservation_mib", "pack", "slot_share_mib",
+]
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: int
+    gpu_index: int
+    reserved_mib: int  # predicted peak (per rank), recorded with the move to running
+    gpu_indices: tuple[int, ...] = ()  # a gang's cards in CUDA_VISIBLE_DEVICES order; () = (gpu_index,)
+    capped: bool = False  # its prediction was above every usable card: `reserved_mib` is the cap
+
+    @property
+    def all_gpus(self) -> tuple[int, ...]:
+        return self.gpu_indices or (self.gpu_index,)
+
+
+@dataclass(frozen=True)
+class PackingDecision:
+    placements: tuple[Placement, ...] = ()
+    waits: dict[int, Wait] = field(default_factory=dict)  # job_id -> why it waits
+
+    @property
+    def wait_reasons(self) -> dict[int, str]:
+        """job_id -> the reason's text, as the dashboard shows it."""
+        return {job_id: render(w) for job_id, w in self.waits.items()}
+
+
+PLACEMENT_RULES = ("spread", "best_fit")
+ORDER_RULES = ("longest_first", "longest_run_first", "fifo")
+
+
+def can_take_any(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> bool:
+    """False when no card has a free slot with free memory: `pack` would place nothing, so a
+    caller may skip building the queue."""
+    return any(is_open(card) for card in cards_of(gpus, running, policy).values())
+
+
+def open_slots(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> int:
+    """Free slots over the cards that could take a job now: no pass places more jobs than this,
+    so a caller may hand `pack` only that many of each kind of job (jobs alike but for their
+    place in the queue; `pack` takes them in queue order)."""
+    return sum(card.gpu.slots - card.used_slots for card in cards_of(gpus, running, policy).values() if is_open(card))
+
+
+def ceiling_mib(gpus: list[GpuState], policy: PackingPolicy) -> int | None:
+    """The most a prediction may say: the largest usable card less its headroom. A prediction
+    above every usable card (an inflated estimate or OOM floor) would keep a job queued forever;
+    capped, it runs on an empty card and the ladder takes over if it OOMs."""
+    return max((g.total_mib - headroom_mib(g, policy) for g in gpus if g.slots > 0), default=None)
+
+
+def slot_share_mib(gpus: list[GpuState]) -> float:
+    """The most memory one plan slot gets on any card (its size over its plan cap); inf when no
+    card is in the plan (then no job is weighed)."""
+    return max((g.total_mib / g.slots for g in gpus if g.slots > 0), default=math.inf)
+
+
+def _order_key(job: QueuedJob, rule: str, slot_mib: float = math.inf) -> tuple[int, float, int]:
+    """Priority first, always; then, among equals, the largest expected share of the machine.
+
+    A long job started last sets the makespan alone at the end of a sweep, so it goes first and
+    short jobs fill in around it. A job predicted to take more memory than one plan slot's share
+    of a card (`slot_mib`) keeps that many slots' worth of the card for its run, so its run time
+    counts that many times: otherwise short jobs too large to share a card are left for the end,
+    where they run one or two to a card while the rest of the machine drains. A job with no
+    estimate counts as longest: it may well be, and running it early teaches the estimate for
+    its kind; so does a job marked `teaches` (its memory prediction is untaught).
+    """
+    if rule == "fifo":
+        return (-job.priority, 0.0, job.queued_seq)
+    expected = math.inf if job.expected_duration_s is None or job.teaches else job.expected_duration_s
+    slots_taken = 1.0
+    if rule == "longest_first" and 0 < slot_mib < math.inf:
+        slots_taken = max(1.0, job.predicted_peak_mib / slot_mib)
+    return (-job.priority, -expected * slots_taken, job.queued_seq)
+
+
+def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None], now_s: float,
+          waits: dict[int, float]) -> Wait:
+    """Why a one-GPU job waits: the limiting GPU and the numbers."""
+    if not cards:
+        # The job's --gpus names only GPUs the readings lack (submitted where they were unknown).
+        return Wait(WaitKind.NO_GPU, gpus=tuple(sorted(job.allowed_gpu_indices or ())))
+    usable = [c for c in cards if blockers[c.gpu.index] is not Blocker.PLAN]
+    if not usable:
+        return Wait(WaitKind.NO_SLOTS)
+    if all(blockers[c.gpu.index] is Blocker.NEVER for c in usable):
+        largest = max(c.gpu.total_mib for c in usable)
+        return Wait(WaitKind.NEVER_FITS, need_mib=job.predicted_peak_mib, largest_mib=largest)
+    kept = [c for c in usable if blockers[c.gpu.index] is Blocker.HELD]
+    if kept:
+        c = kept[0]
+        assert c.held_for is not None
+        kind = WaitKind.HELD_FOR_GANG if c.held_gang else WaitKind.HELD_FOR_STARVING
+        return Wait(kind, gpu=c.gpu.index, for_job=c.held_for, ready_in_s=c.held_until_s - now_s,
+                    runs_s=job.expected_duration_s, waited_s=now_s - waits.get(c.held_for, now_s))
+    short = [c for c in usable if blockers[c.gpu.index] is Blocker.MEMORY]
+    if short:
+        c = max(short, key=lambda c: c.available_mib - headroom_for(job, c))
+        return Wait(WaitKind.MEMORY, gpu=c.gpu.index, free_mib=c.available_mib, reserved_mib=c.reserved_mib,
+                    need_mib=job.predicted_peak_mib, headroom_mib=headroom_for(job, c))
+    probing = [c for c in usable if blockers[c.gpu.index] is Blocker.PROBE]
+    if probing:
+        return Wait(WaitKind.PROBE, gpu=probing[0].gpu.index)
+    stacked = [c for c in usable if blockers[c.gpu.index] is Blocker.GAIN]
+    if stacked:
+        c = stacked[0]
+        return Wait(WaitKind.GAIN, gpu=c.gpu.index, gain=gain(job, c) or 0.0, min_gain=job.min_stack_gain or 0.0)
+    if job.run_alone:
+        return Wait(WaitKind.RUN_ALONE)
+    if any(blockers[c.gpu.index] is Blocker.ALONE for c in usable):
+        return Wait(WaitKind.CAP_OR_ALONE)
+    return Wait(WaitKind.CAP)
+
+
+def _gang_wait(job: QueuedJob, allowed: list[Card], fits: list[Card], blockers: dict[int, Blocker | None],
+               notes: dict[int, str]) -> Wait:
+    usable = [c for c in allowed if blockers[c.gpu.index] not in (Blocker.PLAN, Blocker.NEVER)]
+    return Wait(WaitKind.GANG, gpus=tuple(c.gpu.index for c in fits), need_mib=job.predicted_peak_mib,
+                n_gpus=job.gpus, usable=len(usable), note=notes.get(job.job_id, ""))
+
+
+def pack(
+    queue: list[QueuedJob],
+    gpus: list[GpuState],
+    running: list[RunningAttempt],
+    policy: PackingPolicy,
+    now_s: float,
+    *,
+    host: HostState | None = None,
+    topology: Mapping[tuple[int, int], int] | None = None,
+    paused: Container[str] = frozenset(),
+    draining: bool = False,
+    hold: str | None = None,
+) -> PackingDecision:
+    """Place queued jobs on GPUs; the first `policy.reasons_for` waiting jobs (in packing order
+    and in queue order) get a reason.
+
+    Jobs of a `paused` suite wait, and so does every job while `draining` or a `hold` (why
+    nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
+    capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
+    priority (high first), then longest expected run first (weighted by the plan slots its memory
+    takes; policy.order), then queue order. A
+    job that does not fit is skipped and later jobs may start around it (backfill), except that
+    the first such job, once it has waited `starvation_s` and no single running attempt's end
+    would make room for it, keeps its best card (orchestrator.scheduling.packing.holds), and the first
+    multi-GPU job keeps the cards it will run on as they free up. `host` (when given) is spent
+    by every placement: a job whose predicted host RAM or cores do not fit waits. `topology`
+    ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card has a free slot
+    with free memory the rest of the queue is not examined.
+    """
+    if policy.placement not in PLACEMENT_RULES:
+        raise ValueError(f"unknown placement rule {policy.placement!r}")
+    if policy.order not in ORDER_RULES:
+        raise ValueError(f"unknown order rule {policy.order!r}")
+    reasons: dict[int, Wait] = {}
+    movable: list[QueuedJob] = []
+    for job in queue:
+        held_back = held(job.suite, paused, draining, hold)
+        if held_back is None:
+            movable.append(job)
+        else:
+            reasons[job.job_id] = held_back
+    if not movable:
+        return PackingDecision((), reasons)
+    ceiling = ceiling_mib(gpus, policy)
+    capped: set[int] = set()
+    if ceiling is not None:
+        capped = {j.job_id for j in movable if j.predicted_peak_mib > ceiling}
+        movable = [replace(j, predicted_peak_mib=ceiling) if j.job_id in capped else j for j in movable]
+    return _pack(movable, gpus, running, policy, now_s, host, topology, reasons, capped)
+
+
+def _pack(
+    queue: list[QueuedJob], gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy,
+    now_s: float, host: HostState | None, topology: Mapping[tuple[int, int], int] | None,
+    reasons: dict[int, Wait], capped: set[int],
+) -> PackingDecision:
+    cards = cards_of(gpus, running, policy)
+    ordered_cards = [c for _, c in sorted(cards.items())]
+    waits = {job.job_id: job.waiting_since_s for job in queue}
+    placements: list[Placement] = []
+    slot_mib = slot_share_mib(gpus)
+    ordered = sorted(queue, key=lambda j: _order_key(j, policy.order, slot_mib))
+    notes = reserve_for_gang(ordered, cards, now_s, topology, host)
+    head_seen = False
+    # Reasons for the first few in queue order too: the dashboard lists those.
+    listed = {
+        j.job_id for j in heapq.nsmallest(policy.reasons_for, queue, key=lambda j: (-j.priority, j.queued_seq))
+    } if policy.reasons_for > 0 else set()
+    any_open = any(is_open(c) for c in ordered_cards)
+    explained = 0
+    # Jobs alike in what placement reads (peak, GPUs, alone) fail alike until a placement
+    # changes a card: a queue of many seeds of few shapes is then one check per shape.
+    failed: set[tuple[object, ...]] = set()
+    for job in ordered:
+        wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
+        alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
+                 job.cpus, job.expected_duration_s, job.min_stack_gain,
+                 id(job.throughput_by_gpu), job.probe_family)  # one curve object per shape and pass
+        if (not any_open or alike in failed) and not wanted:
+            continue  # cannot start, and no reason asked for: no work
+        allowed = [
+            c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices
+        ]
+        blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
+        fits = [c for c in allowed if blockers[c.gpu.index] is None]
+        host_reason = host_blocker(job.host_mib, job.cpus, host)
+        if len(fits) >= job.gpus and host_reason is None:
+            if job.gpus == 1:
+                chosen = [choose(job, fits, policy.placement)]
+            else:
+                rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
+                chosen = closest_set(fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
+            for card in chosen:
+                place_on(card, job)
+            for card in cards.values():  # holds it did not need: free for the rest of this call
+                card.release(job.job_id)
+            spend(host, job.host_mib, job.cpus)
+            indices = tuple(c.gpu.index for c in chosen)
+            placements.append(Placement(job.job_id, indices[0], job.predicted_peak_mib,
+                                        indices if job.gpus > 1 else (), job.job_id in capped))
+            any_open = any(is_open(c) for c in ordered_cards)
+            failed.clear()
+            continue
+        failed.add(alike)
+        if len(fits) >= job.gpus:
+            assert host_reason is not None
+            if wanted:
+                reasons[job.job_id] = host_reason
+                explained += 1
+            continue
+        if job.gpus > 1:
+            reasons[job.job_id] = _gang_wait(job, allowed, fits, blockers, notes)
+            explained += 1
+            continue
+        if wanted:
+            reasons[job.job_id] = _wait(job, allowed, blockers, now_s, waits)
+            explained += 1
+        if not head_seen:
+            head_seen = True
+            if now_s - job.waiting_since_s > policy.starvation_s:
+                kept = hold_for_starving(job, allowed, now_s)
+                if kept is not None:
+                    if job.job_id in reasons:
+                        reasons[job.job_id] = replace(reasons[job.job_id], kept_gpu=kept.gpu.index)
+                    failed.clear()  # a card now held: blockers of later jobs change
+    return PackingDecision(tuple(placements), reasons)
+
+
+def _spread_key(job: QueuedJob, policy: PackingPolicy) -> Callable[[Card], tuple[object, ...]]:
+    """The single-job preference, used to break ties between equally close sets of cards."""
+    if policy.placement == "best_fit":
+        return lambda c: (c.available_mib - job.predicted_peak_mib, c.gpu.index)
+    return lambda c: (c.used_slots, -c.available_mib, c.gpu.index)

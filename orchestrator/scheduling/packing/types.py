@@ -1,0 +1,81 @@
+"""The packing types: a queued job, a running attempt, one card's state and the policy knobs.
+Plain values, so the packer, the card view and the holds import them without importing each other."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    job_id: int
+    priority: int  # higher runs first
+    queued_seq: int  # FIFO order among equal priorities (smaller = earlier)
+    predicted_peak_mib: int
+    waiting_since_s: float  # when the job (re)entered the queue, same clock as `now_s`
+    allowed_gpu_indices: frozenset[int] | None = None  # None: any GPU in the plan
+    run_alone: bool = False  # ladder's last level: the GPU must hold no other job
+    # learned from completed attempts of the same config/task; None: nothing comparable ran yet
+    expected_duration_s: float | None = None
+    # GPU index -> {jobs on the card: aggregate throughput in solo-job units}, measured for this
+    # job's shape (orchestrator.prediction.throughput); None or missing GPUs: nothing measured yet
+    throughput_by_gpu: Mapping[int, Mapping[int, float]] | None = None
+    # the suite's `min_stack_gain`: no stacking where the measured marginal gain is below it
+    min_stack_gain: float | None = None
+    gpus: int = 1  # a gang: this many cards, each fitting `predicted_peak_mib` (per rank), at once
+    host_mib: int = 0  # predicted host RAM of the whole process tree (0: nothing known)
+    cpus: int | None = None  # cores the suite asks for; None: not counted
+    suite: str = ""  # a paused suite's jobs wait
+    # the first queued job of a group whose memory nothing has taught yet (orchestrator.scheduling.teaching):
+    # ordered as a job with no run-time estimate, so that it runs early and teaches the rest
+    teaches: bool = False
+    # its memory family (orchestrator.prediction.families) while the family has measured nothing: one such
+    # job per family per card until a running one reaches step K (probe before stacking)
+    probe_family: str | None = None
+
+
+@dataclass(frozen=True)
+class RunningAttempt:
+    job_id: int
+    gpu_index: int
+    predicted_peak_mib: int
+    held_mib: int  # what the attempt's process tree holds on its GPU now
+    reached_peak: bool  # once True the attempt reserves nothing beyond what it holds
+    run_alone: bool = False
+    # when the attempt is expected to end (its start + the learned duration); None: unknown.
+    # A gang's attempt is one RunningAttempt per card it runs on.
+    expected_end_s: float | None = None
+    # its memory family while that family has measured nothing (its probe, before step K)
+    probe_family: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    uuid: str
+    total_mib: int
+    free_mib: int  # live free memory: foreign and our own processes already subtracted
+    slots: int  # plan cap; 0 keeps the GPU visible but unused
+
+
+@dataclass(frozen=True)
+class PackingPolicy:
+    headroom_fraction: float = 0.10  # of each card's total, kept free beside every job
+    starvation_s: float = (
+        600.0  # a head job waiting longer than this blocks backfill on its best GPU
+    )
+    # which fitting GPU a job gets: "spread" (fewest jobs, then most free memory) or "best_fit"
+    # (least memory left over); the packing benchmark decides the default
+    placement: str = "spread"
+    # order among jobs of equal priority: "longest_first" (expected run time, times the plan
+    # slots its predicted memory takes beyond one slot's share of a card; jobs with no
+    # estimate first, ties in queue order), "longest_run_first" (run time only: classic
+    # longest-processing-time order) or "fifo" (queue order only)
+    order: str = "longest_first"
+    # headroom is never more than this: 10% of a 141 GiB card (14 GiB) would waste half of a
+    # 24 GiB share of it; None = no cap
+    headroom_max_mib: int | None = 4096
+    # a waiting job's reason costs a pass over the cards: only the first this many jobs in packing
+    # order, and the first this many in queue order (the dashboard's list), get one per call
+    reasons_for: int = 50
