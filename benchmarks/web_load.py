@@ -146,11 +146,12 @@ def main() -> None:
         with Store(db_path) as store:
             n_attempts = store.query("SELECT count(*) AS n FROM attempts")[0]["n"]
         print(f"built {args.jobs} jobs, {n_attempts} attempts, {GPUS} GPUs in {time.perf_counter() - t0:.1f} s")
-        from orchestrator.web.results_view import MetricsCache, result_table
+        from orchestrator.results.collect import RunReader
+        from orchestrator.web.results_view import result_table
 
         started = time.perf_counter()
         with Store(db_path) as store:
-            result_table(store, MetricsCache())
+            result_table(store, RunReader())
         print(f"reading every result.json once (what the server does at start): {time.perf_counter() - started:.3f} s")
         port = _free_port()
         app = create_app(db_path, "benchmark")
