@@ -132,15 +132,9 @@ def _wait_gone(pgid: int, deadline: float) -> bool:
 
 def kill_process_group(pgid: int, grace_s: float = 5.0) -> bool:
     """SIGTERM the group, wait up to `grace_s`, then SIGKILL; True once no member is left."""
-    if pgid <= 1 or pgid == os.getpgid(0):
-        raise LauncherError(f"refusing to kill process group {pgid}: it is not an attempt's group")
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
+        if not signal_group(pgid, sig):  # refuses orch's own group before anything is sent
             return True
-        except PermissionError as exc:
-            raise LauncherError(f"cannot signal process group {pgid}: {exc}") from None
         if _wait_gone(pgid, time.monotonic() + wait_s):
             return True
     return False
