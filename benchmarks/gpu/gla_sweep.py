@@ -29,7 +29,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu.run_sweep import Sampler, dump, finish, orch, pack_out, watch_sweep  # noqa: E402
+from benchmarks.gpu.run_sweep import (  # noqa: E402
+    Sampler,
+    dump,
+    finish,
+    orch,
+    pack_out,
+    start_daemon,
+    watch_sweep,
+)
 
 # GLA-1.3B (fla-hub/gla-1.3B-100B): hidden 2048, 24 layers, 4 heads, vocab 32000
 GLA_1_3B: dict[str, Any] = dict(hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)  # fmt: skip
@@ -114,12 +122,7 @@ def sweep(args: argparse.Namespace) -> int:
             orch(["submit", "--suite", "glasweep", "--pairs", f"{seed}:glue-tvt_rte",
                   "--gpu-plan", args.gpu_plan, "--json"], db, plans)  # fmt: skip
         meta["submitted_at"] = time.time()
-        log = open(str(db) + ".daemon.log", "ab")  # noqa: SIM115  (the daemon writes it until it exits)
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db),
-             "--backend", backend, "--poll", str(args.poll_s)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
-        )  # fmt: skip
+        daemon = start_daemon(db, ["--backend", backend, "--poll", str(args.poll_s)])
         watch_sweep(db, daemon, frames, meta, args.budget_s, args.frame_s)
     finally:
         sampler.stop.set()

@@ -35,7 +35,16 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu.run_sweep import REPO, dump, finish, orch, pack_out, start_ballast, watch_sweep
+from benchmarks.gpu.run_sweep import (
+    REPO,
+    dump,
+    finish,
+    orch,
+    pack_out,
+    start_ballast,
+    start_daemon,
+    watch_sweep,
+)
 from orchestrator.prediction.shapes import PROVISIONAL_STEPS
 
 # declared GiB, {config: batch}; `over` first in queue order. On 38 GiB with 2.4 GiB headroom the
@@ -219,12 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             for suite in SUITES:
                 orch(["submit", "--suite", suite, "--pairs", f"{seed}:glue-tvt_rte", "--gpu-plan", args.gpu_plan],
                      db, plans)  # fmt: skip
-        log = open(str(db) + ".daemon.log", "ab")  # noqa: SIM115  (the daemon writes it until it exits)
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db), "--backend", backend,
-             "--poll", "0.5", "--headroom", str(args.headroom), "--headroom-max-gib", str(args.headroom_max_gib)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
-        )  # fmt: skip
+        daemon = start_daemon(db, ["--backend", backend, "--poll", "0.5", "--headroom", str(args.headroom),
+                                   "--headroom-max-gib", str(args.headroom_max_gib)])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
     finally:
         if (daemon is not None and "finished_at" not in meta) or meta.get("incomplete"):

@@ -222,12 +222,7 @@ def sweep(args: argparse.Namespace) -> int:
             orch(["submit", "--suite", "gpusweep", "--pairs", f"{seed}:glue-tvt_rte", "--gpu-plan", args.gpu_plan,
                   "--json"], db, plans)  # fmt: skip
         meta["submitted_at"] = time.time()
-        log = open(str(db) + ".daemon.log", "ab")  # noqa: SIM115  (the daemon writes it until it exits)
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db), "--backend", backend,
-             "--poll", str(args.poll_s), "--headroom", str(args.headroom)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
-        )  # fmt: skip
+        daemon = start_daemon(db, ["--backend", backend, "--poll", str(args.poll_s), "--headroom", str(args.headroom)])
         watch_sweep(db, daemon, frames, meta, args.budget_s, args.frame_s)
     finally:
         sampler.stop.set()
@@ -239,6 +234,15 @@ def sweep(args: argparse.Namespace) -> int:
         finish(db, daemon, ballast)
         pack_out(tag_dir, out, args.tag)
     return 0
+
+
+def start_daemon(db: Path, options: list[str]) -> subprocess.Popen[bytes]:
+    """`orch daemon run` on `db` in a session of its own, writing into the database's daemon log."""
+    log = open(str(db) + ".daemon.log", "ab")  # noqa: SIM115  (the daemon writes it until it exits)
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db), *options],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+    )  # fmt: skip
 
 
 def watch_sweep(

@@ -42,7 +42,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.gpu.run_sweep import REPO, dump, finish, orch, start_ballast, watch_sweep
+from benchmarks.gpu.run_sweep import (
+    REPO,
+    dump,
+    finish,
+    orch,
+    start_ballast,
+    start_daemon,
+    watch_sweep,
+)
 
 BATCHES = {"b64": (64, 4), "b128": (128, 2), "b256": (256, 1)}  # config -> (batch, accumulation)
 LLAMA_210M = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
@@ -148,13 +156,8 @@ def run(args: argparse.Namespace) -> int:
             ballast, meta["ballast"] = start_ballast(work, args.leave_gib)
         pairs = ",".join(f"{seed}:sft" for seed in range(1, args.seeds + 1))
         orch(["submit", "--suite", "trl", "--pairs", pairs, "--gpu-plan", args.gpu_plan], db, plans)
-        log = open(str(db) + ".daemon.log", "ab")  # noqa: SIM115  (the daemon writes it until it exits)
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db),
-             "--backend", "sim" if args.dry else "nvml", "--poll", "0.5", "--headroom", "0.1",
-             "--headroom-max-gib", "2.4"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
-        )  # fmt: skip
+        daemon = start_daemon(db, ["--backend", "sim" if args.dry else "nvml", "--poll", "0.5", "--headroom", "0.1",
+                                   "--headroom-max-gib", "2.4"])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
     finally:
         if (daemon is not None and "finished_at" not in meta) or meta.get("incomplete"):
