@@ -21,7 +21,7 @@ from e2e_helpers import REPO_ROOT, Orch, wait_until
 from orchestrator.cli import main
 from orchestrator.clock import FakeClock
 from orchestrator.daemon.loop import Daemon, DaemonSettings
-from orchestrator.executors.subprocess_launcher import SubprocessLauncher
+from orchestrator.executors.subprocesses import SubprocessExecutor
 from orchestrator.gpu.sim import make_sim_probe
 
 T = TypeVar("T")
@@ -82,7 +82,7 @@ def clock_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: str = "2
     clock = FakeClock()
     worker_env = {k: orch.env[k] for k in ("ORCH_GPU_BACKEND", "ORCH_SIM_DIR", "ORCH_SIM_GPUS")}
     daemon = Daemon(DaemonSettings(db_path=orch.db, poll_s=0.05, starvation_s=starvation_s),
-                    make_sim_probe(sim_dir), SubprocessLauncher(), worker_env, clock=clock)
+                    make_sim_probe(sim_dir), SubprocessExecutor(), worker_env, clock=clock)
     daemon.started_at_s = clock.now_s()
     daemon._register()  # `orch cancel` sees a live daemon and leaves the stopping to it
     try:

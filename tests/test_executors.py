@@ -164,7 +164,7 @@ def test_pending_reasons_that_never_clear_are_told_from_those_that_do() -> None:
 
 # -- a cluster-owned attempt's end -----------------------------------------------------------
 
-ATTEMPT = attempt_of(id=1, executor_id="42", launcher="slurm", started_at=100.0, kill_requested=None)
+ATTEMPT = attempt_of(id=1, executor_id="42", executor="slurm", started_at=100.0, kill_requested=None)
 
 
 def _obs(exit_record: dict | None = None, pid_record: dict | None = None) -> Observation:
@@ -255,7 +255,7 @@ def test_waiting_running_or_unanswered_concludes_nothing() -> None:
     assert remote_end(ATTEMPT, _obs(), _status("PENDING", "Priority"), True, 50.0) is None
     assert remote_end(ATTEMPT, _obs(pid_record={"pid": 5}), _status("RUNNING"), True, 50.0) is None
     assert remote_end(ATTEMPT, _obs(), None, False, 500.0) is None  # the poll failed
-    claimed = replace(ATTEMPT, executor_id=None, launcher=None)
+    claimed = replace(ATTEMPT, executor_id=None, executor=None)
     assert remote_end(claimed, _obs(), None, False, 500.0) is None
     assert remote_end(claimed, _obs(), None, True, 500.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
     assert remote_end(claimed, _obs(), None, True, 50.0) is None  # claimed by this daemon: sbatch may still return
@@ -364,13 +364,12 @@ def test_finished_tmux_windows_are_closed_once_recorded(tmp_path: Path) -> None:
 def test_attach_is_a_tmux_argv_or_a_clear_not_attachable() -> None:
     from orchestrator.executors.base import NotAttachable, attach_argv
 
-    assert attach_argv(attempt_of(job_id=3, launcher="tmux", executor="tmux", executor_id="@7"), "sock") == [
+    assert attach_argv(attempt_of(job_id=3, executor="tmux", executor_id="@7"), "sock") == [
         "tmux", "-L", "sock", "attach-session", "-t", "@7"]
-    assert attach_argv(attempt_of(job_id=3, launcher="tmux", window_id="@8"), "sock")[-1] == "@8"  # rows from before executors
     with pytest.raises(NotAttachable, match="Slurm job 42: not attachable here"):
-        attach_argv(attempt_of(job_id=3, launcher="slurm", executor="slurm", executor_id="42"), "sock")
+        attach_argv(attempt_of(job_id=3, executor="slurm", executor_id="42"), "sock")
     with pytest.raises(NotAttachable, match="no tmux window"):
-        attach_argv(attempt_of(job_id=3, launcher="subprocess", executor="subprocess"), "sock")
+        attach_argv(attempt_of(job_id=3, executor="subprocess"), "sock")
 
 
 def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
@@ -382,7 +381,7 @@ def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
 
 
 def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(tmp_path: Path) -> None:
-    from orchestrator.executors.process_groups import LaunchSpec
+    from orchestrator.executors.base import LaunchSpec
     from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 
     executor = SlurmExecutor.__new__(SlurmExecutor)  # no cluster needed for the request itself
@@ -404,7 +403,7 @@ def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(
 
 
 def test_an_sbatch_that_never_answered_is_lost_once_its_name_stays_absent() -> None:
-    timed_out = replace(ATTEMPT, executor_id=None, launcher="slurm", started_at=180.0)
+    timed_out = replace(ATTEMPT, executor_id=None, executor="slurm", started_at=180.0)
     assert remote_end(timed_out, _obs(), None, True, 50.0) is None  # within the launch grace (now 200)
     late = Observation(pid_record=None, exit_record=None, process_alive=False, last_progress=None,
                        last_progress_at=None, now_s=1000.0)

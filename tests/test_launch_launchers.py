@@ -18,14 +18,9 @@ import pytest
 from e2e_helpers import wait_until
 
 from orchestrator.errors import UsageError
-from orchestrator.executors.factory import make_launcher
-from orchestrator.executors.process_groups import (
-    Launcher,
-    LaunchSpec,
-    group_members,
-    kill_process_group,
-)
-from orchestrator.executors.tmux import TmuxLauncher
+from orchestrator.executors.base import Executor, LaunchSpec
+from orchestrator.executors.factory import make_local_executor
+from orchestrator.executors.process_groups import group_members, kill_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = [
@@ -41,13 +36,12 @@ KINDS = [
 
 
 @pytest.fixture
-def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Launcher]:
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Executor]:
     monkeypatch.chdir(REPO)  # so `python -m orchestrator.executors.wrapper.run` is importable anywhere
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    made = make_launcher(request.param, socket_name=f"orch-test-{uuid.uuid4().hex[:10]}")
+    made = make_local_executor(request.param, socket_name=f"orch-test-{uuid.uuid4().hex[:10]}")
     yield made
-    if isinstance(made, TmuxLauncher):
-        made.kill_server()
+    made.close()
 
 
 def spec(tmp_path: Path, argv: list[str], env: dict[str, str] | None = None) -> LaunchSpec:
@@ -67,7 +61,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("launcher", KINDS, indirect=True)
 def test_launch_records_pid_exit_log_env_and_verbatim_argv(
-    launcher: Launcher, tmp_path: Path
+    launcher: Executor, tmp_path: Path
 ) -> None:
     tricky = ["a b", "it's", '"quoted"', "$(touch pwned)", "x; touch pwned2", "`id`", "$HOME", "*"]
     code = (
@@ -76,8 +70,8 @@ def test_launch_records_pid_exit_log_env_and_verbatim_argv(
         "print('to stderr', file=sys.stderr); sys.exit(5)"
     )
     s = spec(tmp_path, [sys.executable, "-c", code, *tricky], {"ORCH_TEST_MARKER": "m-42 $x"})
-    handle = launcher.launch(s)
-    assert handle.launcher == launcher.name
+    handle = launcher.submit(s)
+    assert handle.executor == launcher.name
 
     wait_until(lambda: (s.run_dir / "exit.json").exists())
     exit_info = read_json(s.run_dir / "exit.json")
@@ -96,7 +90,7 @@ def test_launch_records_pid_exit_log_env_and_verbatim_argv(
 
 
 @pytest.mark.parametrize("launcher", KINDS, indirect=True)
-def test_kill_process_group_escalates_to_sigkill(launcher: Launcher, tmp_path: Path) -> None:
+def test_kill_process_group_escalates_to_sigkill(launcher: Executor, tmp_path: Path) -> None:
     # A worker that ignores SIGTERM and has a grandchild that ignores it too.
     code = (
         "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -105,7 +99,7 @@ def test_kill_process_group_escalates_to_sigkill(launcher: Launcher, tmp_path: P
         "print('ready', flush=True); time.sleep(60)"
     )
     s = spec(tmp_path, [sys.executable, "-c", code])
-    launcher.launch(s)
+    launcher.submit(s)
     wait_until(
         lambda: (
             "ready" in (s.run_dir / "stdout.log").read_text()
@@ -124,10 +118,10 @@ def test_kill_process_group_escalates_to_sigkill(launcher: Launcher, tmp_path: P
 
 
 @pytest.mark.parametrize("launcher", KINDS, indirect=True)
-def test_sigterm_is_forwarded_and_recorded(launcher: Launcher, tmp_path: Path) -> None:
+def test_sigterm_is_forwarded_and_recorded(launcher: Executor, tmp_path: Path) -> None:
     code = "import time; print('ready', flush=True); time.sleep(60)"
     s = spec(tmp_path, [sys.executable, "-c", code])
-    launcher.launch(s)
+    launcher.submit(s)
     log = s.run_dir / "stdout.log"
     wait_until(lambda: log.exists() and "ready" in log.read_text())
     pid_info = read_json(s.run_dir / "pid.json")
@@ -138,14 +132,14 @@ def test_sigterm_is_forwarded_and_recorded(launcher: Launcher, tmp_path: Path) -
     assert not psutil.pid_exists(int(pid_info["child_pid"]))
 
 
-def test_make_launcher_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_make_local_executor_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCH_LAUNCHER", "subprocess")
-    assert make_launcher(None, "s").name == "subprocess"
+    assert make_local_executor(None, "s").name == "subprocess"
     with pytest.raises(UsageError, match="'screen'"):
-        make_launcher("screen", "s")
+        make_local_executor("screen", "s")
     monkeypatch.delenv("ORCH_LAUNCHER")
     monkeypatch.setenv("PATH", "")  # no tmux on PATH -> subprocess, with a warning
-    assert make_launcher(None, "s").name == "subprocess"
+    assert make_local_executor(None, "s").name == "subprocess"
 
 
 def test_refuses_to_kill_own_group() -> None:

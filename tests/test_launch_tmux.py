@@ -13,9 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 from e2e_helpers import wait_until
+from rows_helpers import attempt_of
 
-from orchestrator.executors.process_groups import LaunchSpec
-from orchestrator.executors.tmux import SESSION, TmuxLauncher
+from orchestrator.executors.base import LaunchSpec
+from orchestrator.executors.tmux import SESSION, TmuxExecutor
 
 pytestmark = [
     pytest.mark.tmux,
@@ -25,10 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxLauncher]:
+def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxExecutor]:
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    launcher = TmuxLauncher(f"orch-test-{uuid.uuid4().hex[:10]}")
+    launcher = TmuxExecutor(f"orch-test-{uuid.uuid4().hex[:10]}")
     yield launcher
     launcher.kill_server()
 
@@ -44,26 +45,26 @@ def spec(tmp_path: Path, name: str, code: str, env: dict[str, str] | None = None
     )
 
 
-def pane_text(tmux: TmuxLauncher, window_id: str) -> str:
+def pane_text(tmux: TmuxExecutor, window_id: str) -> str:
     """The pane's screen and scrollback (tmux may scroll a dead pane's text off the screen)."""
     return "\n".join(tmux.server.cmd("capture-pane", "-p", "-S", "-", "-t", window_id).stdout)
 
 
-def _listed(tmux: TmuxLauncher, window_id: str) -> bool:
+def _listed(tmux: TmuxExecutor, window_id: str) -> bool:
     """The window is on the server (a dead pane kept by remain-on-exit counts)."""
     return any(window.window_id == window_id for window in tmux.server.windows)
 
 
-def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: Path) -> None:
+def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxExecutor, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     code = (
         "import os, time; print('hello pane', flush=True)\n"
         f"while not os.path.exists({str(gate)!r}): time.sleep(0.02)"
     )
     s = spec(tmp_path, "job1-E1-87-qnli", code)
-    handle = tmux.launch(s)
-    window_id = handle.window_id
-    assert handle.launcher == "tmux" and window_id is not None and window_id.startswith("@")
+    handle = tmux.submit(s)
+    window_id = handle.executor_id
+    assert handle.executor == "tmux" and window_id is not None and window_id.startswith("@")
     wait_until(lambda: (s.run_dir / "pid.json").exists())
     assert tmux.window_alive(window_id)
     window = tmux.server.windows.get(window_id=window_id)
@@ -83,27 +84,27 @@ def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxLauncher, tmp_path: 
 
 
 def test_env_set_after_the_server_started_still_reaches_the_worker(
-    tmux: TmuxLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmux: TmuxExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = spec(tmp_path, "first", "pass")
-    tmux.launch(first)  # starts the server with the environment of that moment
+    tmux.submit(first)  # starts the server with the environment of that moment
     wait_until(lambda: (first.run_dir / "exit.json").exists())
 
     monkeypatch.setenv("ORCH_TEST_LATE", "late value")
     code = "import os; print('late=' + os.environ.get('ORCH_TEST_LATE', 'missing'))"
     second = spec(tmp_path, "second", code)
-    tmux.launch(second)
+    tmux.submit(second)
     wait_until(lambda: (second.run_dir / "exit.json").exists())
     assert "late=late value" in (second.run_dir / "stdout.log").read_text()
 
 
-def test_concurrent_launchers_share_one_session(tmux: TmuxLauncher, tmp_path: Path) -> None:
-    others = [TmuxLauncher(tmux.socket_name) for _ in range(4)]
+def test_concurrent_launchers_share_one_session(tmux: TmuxExecutor, tmp_path: Path) -> None:
+    others = [TmuxExecutor(tmux.socket_name) for _ in range(4)]
     errors: list[BaseException] = []
 
-    def go(launcher: TmuxLauncher, index: int) -> None:
+    def go(launcher: TmuxExecutor, index: int) -> None:
         try:
-            launcher.launch(spec(tmp_path, f"race{index}", "pass"))
+            launcher.submit(spec(tmp_path, f"race{index}", "pass"))
         except BaseException as exc:
             errors.append(exc)
 
@@ -118,23 +119,23 @@ def test_concurrent_launchers_share_one_session(tmux: TmuxLauncher, tmp_path: Pa
     wait_until(lambda: all(path.exists() for path in exits))
 
 
-def test_attach_command_targets_the_private_socket(tmux: TmuxLauncher) -> None:
-    argv = tmux.attach_command("@3")
+def test_attach_command_targets_the_private_socket(tmux: TmuxExecutor) -> None:
+    argv = tmux.attach(attempt_of(executor="tmux", executor_id="@3"))
     assert argv[:3] == ["tmux", "-L", tmux.socket_name]
     assert "@3" in argv and "attach-session" in argv
 
 
 def test_killing_a_running_window_stops_the_worker_and_records_it(
-    tmux: TmuxLauncher, tmp_path: Path
+    tmux: TmuxExecutor, tmp_path: Path
 ) -> None:
     s = spec(tmp_path, "doomed", "import time; print('ready', flush=True); time.sleep(60)")
-    handle = tmux.launch(s)
-    assert handle.window_id is not None
+    handle = tmux.submit(s)
+    assert handle.executor_id is not None
     log = s.run_dir / "stdout.log"
     wait_until(lambda: log.exists() and "ready" in log.read_text())
     child_pid = json.loads((s.run_dir / "pid.json").read_text())["child_pid"]
 
-    tmux.kill_window(handle.window_id)
+    tmux.kill_window(handle.executor_id)
     wait_until(lambda: (s.run_dir / "exit.json").exists())
     assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
     wait_until(
@@ -143,7 +144,7 @@ def test_killing_a_running_window_stops_the_worker_and_records_it(
 
 
 def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
-    tmux: TmuxLauncher, tmp_path: Path
+    tmux: TmuxExecutor, tmp_path: Path
 ) -> None:
     # Values tmux's command syntax would otherwise read: quotes, $VAR, ;, #, braces, ~, %if.
     tricky = "a'b\"c $HOME; d #e {f} ~g \\h %if"
@@ -154,10 +155,10 @@ def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
     ]
     # a newline cannot go through a command file: that window is opened on its own
     specs.append(spec(tmp_path, "job12-many", code, {"TRICKY": "two\nlines", "ORCH_RUN_DIR": str(tmp_path / "job12-many")}))
-    handles = tmux.launch_many(specs)
+    handles = tmux.submit_many(specs)
     assert len(handles) == len(specs)
     assert all(not isinstance(h, Exception) for h in handles)
-    assert len({h.window_id for h in handles if not isinstance(h, Exception)}) == len(specs)
+    assert len({h.executor_id for h in handles if not isinstance(h, Exception)}) == len(specs)
     for i, s in enumerate(specs):
         seen = s.run_dir / "seen"
         # written by a plain write_text: created empty first, so wait for its content too
@@ -169,18 +170,18 @@ def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
     assert json.loads((specs[3].run_dir / "pid.json").read_text())["pid"] == handle.pid
 
 
-def test_launch_many_reports_a_window_tmux_refuses_and_opens_the_rest(tmux: TmuxLauncher, tmp_path: Path) -> None:
+def test_launch_many_reports_a_window_tmux_refuses_and_opens_the_rest(tmux: TmuxExecutor, tmp_path: Path) -> None:
     code = "print('ok')"
     too_big = spec(tmp_path, "job2-big", code, {"BIG": "x" * 20_000})
-    handles = tmux.launch_many([spec(tmp_path, "job1-ok", code), too_big, spec(tmp_path, "job3-ok", code)])
+    handles = tmux.submit_many([spec(tmp_path, "job1-ok", code), too_big, spec(tmp_path, "job3-ok", code)])
     assert isinstance(handles[1], Exception) and "more than tmux" in str(handles[1])
     assert not isinstance(handles[0], Exception) and not isinstance(handles[2], Exception)
-    assert handles[0].window_id != handles[2].window_id
+    assert handles[0].executor_id != handles[2].executor_id
 
 
-def test_many_windows_close_in_one_call_past_one_already_gone(tmux: TmuxLauncher, tmp_path: Path) -> None:
-    handles = [tmux.launch(spec(tmp_path, f"w{i}", "pass")) for i in range(3)]
-    ids = [h.window_id for h in handles]
+def test_many_windows_close_in_one_call_past_one_already_gone(tmux: TmuxExecutor, tmp_path: Path) -> None:
+    handles = [tmux.submit(spec(tmp_path, f"w{i}", "pass")) for i in range(3)]
+    ids = [h.executor_id for h in handles]
     assert all(ids) and all(_listed(tmux, w) for w in ids)
     tmux.kill_window(ids[1])  # closed by someone else first
     calls: list[tuple[str, ...]] = []

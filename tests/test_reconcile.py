@@ -29,7 +29,7 @@ HANG_S = 600.0
 
 
 def attempt_row(**fields: Any) -> Attempt:
-    row: dict[str, Any] = {"id": 1, "started_at": NOW - 5, "launcher": "tmux", "window_id": "@3",
+    row: dict[str, Any] = {"id": 1, "started_at": NOW - 5, "executor": "tmux", "executor_id": "@3",
                            "pid": None, "pgid": None, "proc_create_time": None}
     return attempt_of(**{**row, **fields})
 
@@ -106,30 +106,30 @@ DAEMON_START = NOW - 2  # this daemon started 2 s ago
 
 
 def test_claimed_by_a_dead_daemon_and_never_launched_is_lost_at_once() -> None:
-    row = attempt_row(launcher=None, window_id=None, started_at=DAEMON_START - 1)
+    row = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START - 1)
     assert judge(row, observation(), HANG_S, DAEMON_START) is Verdict.LOST
     # without the daemon's start time, or claimed by this daemon: the grace period
     assert judge(row, observation(), HANG_S) is Verdict.PENDING
-    ours = attempt_row(launcher=None, window_id=None, started_at=DAEMON_START + 1)
+    ours = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START + 1)
     assert judge(ours, observation(), HANG_S, DAEMON_START) is Verdict.PENDING
     late = observation(now_s=DAEMON_START + 1 + LAUNCH_GRACE_S + 1)
     assert judge(ours, late, HANG_S, DAEMON_START) is Verdict.LOST
 
 
 def test_window_open_but_no_pid_json_yet_waits_within_the_grace() -> None:
-    row = attempt_row(started_at=DAEMON_START - 1)  # launched by the dead daemon: launcher recorded
-    assert judge(row, observation(window_alive=True), HANG_S, DAEMON_START) is Verdict.PENDING
-    assert judge(row, observation(window_alive=None), HANG_S, DAEMON_START) is Verdict.PENDING
-    assert judge(row, observation(window_alive=False), HANG_S, DAEMON_START) is Verdict.LOST
-    late = observation(window_alive=True, now_s=row.started_at + LAUNCH_GRACE_S + 1)
+    row = attempt_row(started_at=DAEMON_START - 1)  # launched by the dead daemon: its executor recorded
+    assert judge(row, observation(started_alive=True), HANG_S, DAEMON_START) is Verdict.PENDING
+    assert judge(row, observation(started_alive=None), HANG_S, DAEMON_START) is Verdict.PENDING
+    assert judge(row, observation(started_alive=False), HANG_S, DAEMON_START) is Verdict.LOST
+    late = observation(started_alive=True, now_s=row.started_at + LAUNCH_GRACE_S + 1)
     assert judge(row, late, HANG_S, DAEMON_START) is Verdict.LOST
 
 
 def test_an_exit_or_pid_record_overrides_the_launch_checks() -> None:
-    row = attempt_row(launcher=None, window_id=None, started_at=DAEMON_START - 1)
+    row = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START - 1)
     assert judge(row, observation(exit_record={"exit_code": 0}), HANG_S, DAEMON_START) is Verdict.FINISHED
     record = {"pid": 4242, "pgid": 4242, "create_time": 500.0}
-    assert judge(row, observation(record, alive=True, window_alive=False), HANG_S, DAEMON_START) is Verdict.ALIVE
+    assert judge(row, observation(record, alive=True, started_alive=False), HANG_S, DAEMON_START) is Verdict.ALIVE
 
 
 def test_mark_lost_creates_the_marker_unless_a_wrapper_recorded_itself(tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ def test_invalid_pid_json_is_judged_on_the_launchers_process(tmp_path: Path) -> 
     alive while the wrapper the launcher started runs, and lost once that is gone."""
     run_dir = _run_dir(tmp_path)
     (run_dir / "pid.json").write_text("{not json")
-    me = attempt_of(id=1, started_at=time.time(), launcher="tmux", window_id="@1",
+    me = attempt_of(id=1, started_at=time.time(), executor="tmux", executor_id="@1",
                     pid=os.getpid(), pgid=None, proc_create_time=__import__("psutil").Process().create_time(),
                     run_dir=str(run_dir))
     obs = observe(run_dir, time.time(), me)

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli.common import echo_json, echo_json_stream
 from orchestrator.clock import FakeClock
-from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.durations import CompletedRun, DurationTable
@@ -132,24 +132,15 @@ def test_a_run_time_table_filled_run_by_run_answers_as_one_built_at_once() -> No
 # ---------------------------------------------------------------- the scheduling pass
 
 
-class _Recorder:
+class _Recorder(Executor):
     name = "fake"
 
     def __init__(self) -> None:
         self.specs: list[LaunchSpec] = []
 
-    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+    def submit(self, spec: LaunchSpec) -> LaunchHandle:
         self.specs.append(spec)
-        return LaunchHandle(launcher="fake", pid=None, window_id=f"@{len(self.specs)}")
-
-    def window_alive(self, handle_window_id: str) -> bool:
-        return False
-
-    def kill_window(self, window_id: str) -> None:
-        return None
-
-    def attach_command(self, window_id: str) -> list[str]:
-        return []
+        return LaunchHandle(executor="fake", pid=None, executor_id=f"@{len(self.specs)}")
 
 
 def _store_with_queue(tmp_path: Path, n: int) -> Store:

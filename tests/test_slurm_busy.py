@@ -8,8 +8,7 @@ from pathlib import Path
 
 from orchestrator.clock import FakeClock
 from orchestrator.errors import ClusterBusy
-from orchestrator.executors.base import RemoteStatus
-from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 from orchestrator.executors.slurm.parse import is_transient_refusal
 from orchestrator.prediction.job_facts import JobShapeCache
@@ -20,7 +19,7 @@ from orchestrator.store import Store
 from tests.test_crash_loop import paused, submit, write_suite
 
 
-class RefusingSlurm:
+class RefusingSlurm(Executor):
     """sbatch's answer while slurmctld is overloaded, every time."""
 
     name = "slurm"
@@ -29,12 +28,9 @@ class RefusingSlurm:
     def __init__(self) -> None:
         self.asked = 0
 
-    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+    def submit(self, spec: LaunchSpec) -> LaunchHandle:
         self.asked += 1
         raise ClusterBusy("Slurm is busy, sbatch refused job for now: Socket timed out on send/recv operation")
-
-    def poll(self, attempts: object) -> dict[int, RemoteStatus] | None:
-        return {}
 
 
 def test_busy_refusals_are_known() -> None:

@@ -40,7 +40,7 @@ def _done(stdout: str = "", rc: int = 0, stderr: str = "") -> subprocess.Complet
     return subprocess.CompletedProcess([], rc, stdout, stderr)
 
 
-ATTEMPT = attempt_of(id=1, job_id=3, n=1, executor="slurm", launcher="slurm", executor_id="42")
+ATTEMPT = attempt_of(id=1, job_id=3, n=1, executor="slurm", executor_id="42")
 JOB = job_of(id=3, suite="s")
 
 
@@ -53,14 +53,14 @@ def test_slurm_is_asked_on_its_own_period_and_sooner_after_a_submission(monkeypa
 
     for second in range(121):  # a daemon pass every second for two minutes
         clock.advance(1.0 if second else 0.0)
-        statuses = executor.poll([(ATTEMPT, JOB)])
+        statuses = executor.observe([(ATTEMPT, JOB)])
         assert statuses is not None and statuses[1].state == "RUNNING"
     assert len(squeues()) == 5  # at 0, 30, 60, 90, 120 s: every pass in between got the last answer
     assert all("--jobs=42" in a for a in squeues())  # our job only, never the whole queue
     executor._after_submit()
     for _ in range(20):
         clock.advance(1.0)
-        executor.poll([(ATTEMPT, JOB)])
+        executor.observe([(ATTEMPT, JOB)])
     assert len(squeues()) == 5 + 3  # 2, 6 and 14 s after the submission
 
 
@@ -76,11 +76,11 @@ def test_an_unanswered_lookup_of_an_ended_job_concludes_nothing(monkeypatch: pyt
         return _done("JobId=42 JobName=orch-s-3-a1 JobState=COMPLETED Reason=None MinMemoryNode=1G\n")
 
     executor, _asked = _executor(monkeypatch, answer, clock, poll_s=30.0, exit_grace_s=60.0)
-    assert executor.poll([(ATTEMPT, JOB)]) == {}  # no word on it: neither UNKNOWN nor lost
+    assert executor.observe([(ATTEMPT, JOB)]) == {}  # no word on it: neither UNKNOWN nor lost
     slurm_up["scontrol"] = True
     clock.advance(30.0)
-    (status,) = executor.poll([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
+    (status,) = executor.observe([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
     assert (status.state, status.kind, status.settled) == ("COMPLETED", "ended", False)  # its exit.json may be on its way
     clock.advance(60.0)
-    (status,) = executor.poll([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
+    (status,) = executor.observe([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
     assert status.settled and status.mem_mib == 1024  # the grace is over: now its absence means something

@@ -27,7 +27,7 @@ from orchestrator.store.jobs import (
     submit_jobs,
     transition,
 )
-from orchestrator.store.rows import Job
+from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.schema import MIGRATIONS
 from tests.store_helpers import old_database_with_one_job
 
@@ -86,6 +86,27 @@ def test_jobs_queued_before_host_steps_have_none(db_path: Path) -> None:
         job = store.query("SELECT * FROM jobs")[0]
     assert job["host_steps_json"] == "[]"
     assert job_host_settings(Job.from_row(job)) == NO_HOST_STEPS
+
+
+def test_attempts_from_before_executors_keep_their_window_as_executor_id(db_path: Path) -> None:
+    # A tmux attempt recorded by `launcher`/`window_id` only (before m011), and one after m011
+    # with both pairs: each ends up with one executor record, and the old pair is gone.
+    old_database_with_one_job(db_path, stop_before="m021_one_executor_record")
+    conn = sqlite3.connect(str(db_path))
+    for attempt_id, executor, executor_id in ((1, None, None), (2, "tmux", "@9")):
+        conn.execute(
+            "INSERT INTO attempts (id, job_id, n, gpu_index, gpu_uuid, level, run_dir, predicted_peak_mib, "
+            "prediction_source, reserved_mib, started_at, launcher, window_id, executor, executor_id) "
+            "VALUES (?, 1, ?, 0, 'GPU-0', 0, 'r', 1024, 'declared', 1024, 0, 'tmux', ?, ?, ?)",
+            (attempt_id, attempt_id, f"@{attempt_id}", executor, executor_id),
+        )
+    conn.commit()
+    conn.close()
+    with Store(db_path) as store:
+        attempts = [Attempt.from_row(row) for row in store.query("SELECT * FROM attempts ORDER BY id")]
+        columns = set(store.query("SELECT * FROM attempts")[0])
+    assert [(a.executor, a.executor_id) for a in attempts] == [("tmux", "@1"), ("tmux", "@9")]
+    assert not {"launcher", "window_id"} & columns
 
 
 def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:

@@ -10,7 +10,7 @@ valid, must agree with it (else the attempt is lost, logged with the reason); a 
 is invalid is named in the attempt's reason and otherwise ignored.
 
 Claimed but never launched. `start_attempt` commits the attempt (job -> running) before the
-launcher is called, and the daemon records `launcher`/`window_id`/`pid` right after the call
+executor is called, and the daemon records `executor`/`executor_id`/`pid` right after the call
 returns. An attempt without pid.json is judged so:
 - no launcher recorded and claimed before this daemon started (`daemon_started_at_s`): the
   daemon that claimed it is dead, so no launch call of it can still return: lost at once;
@@ -185,9 +185,9 @@ def judge(
         if obs.pid_file_present:
             return _judge_alive(attempt, obs, hang_timeout_s) if obs.launcher_alive else Verdict.LOST
         started_at_s = attempt.started_at
-        if attempt.launcher is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
+        if attempt.executor is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
-        if obs.window_alive is False:
+        if obs.started_alive is False:
             return Verdict.LOST  # the window is gone, or its command ended, without pid.json
         if obs.now_s - started_at_s < LAUNCH_GRACE_S:
             return Verdict.PENDING

@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 from types import FrameType
@@ -16,19 +15,14 @@ from types import FrameType
 import psutil
 
 from orchestrator import faults
-from orchestrator.attempts.containment import StrayHunter
-from orchestrator.attempts.disk_space import (
-    DiskState,
-)
-from orchestrator.attempts.kills import GroupStopper, with_memory_held
-from orchestrator.attempts.observe_cache import ObserveCache
+from orchestrator.attempts.kills import with_memory_held
 from orchestrator.attempts.reconcile import (
     process_matches,
 )
 from orchestrator.attempts.resource_use import ResourceTracker
-from orchestrator.attempts.stdout_follow import OutputFollower
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon.database_file import file_identity, leave_note, what_became_of
+from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.notify import Watcher
 from orchestrator.daemon.settings import (  # noqa: F401
     MAX_ATTEMPT_ERRORS,
@@ -45,12 +39,9 @@ from orchestrator.daemon.state import (
 from orchestrator.daemon.watcher import AttemptWatcher
 from orchestrator.errors import DaemonError
 from orchestrator.executors.base import Executor
-from orchestrator.executors.factory import as_executor
-from orchestrator.executors.process_groups import Launcher
 from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.executors.wake import WakeChannel
 from orchestrator.gpu import GpuProbe
-from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.host import make_host_probe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.rundir_files import RunDir
@@ -72,20 +63,20 @@ from orchestrator.store.db import Store
 from orchestrator.store.gpu_samples import GpuReading, record_gpu_samples
 from orchestrator.store.jobs import add_event
 from orchestrator.store.resources import write_host_reading
-from orchestrator.store.rows import Attempt
 
 log = logging.getLogger(__name__)
 
 
-class Daemon(AttemptWatcher):
-    started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
+class Daemon:
+    """The loop: the lock, the wake channel, and a tick of named steps. What is done for each
+    live attempt is the watcher's; what starts next is the scheduler's."""
 
-    def __init__(self, settings: DaemonSettings, probe: GpuProbe, launcher: Launcher | Executor, worker_env: dict[str, str],
+    def __init__(self, settings: DaemonSettings, probe: GpuProbe, executor: Executor, worker_env: dict[str, str],
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.probe = probe
         self.clock = clock  # where time is policy (hang timeouts, kill grace, holds): tests move it
-        self.launcher: Executor = as_executor(launcher)  # the executor seam
+        self.executor = executor  # tmux, subprocess or Slurm: the daemon never asks which
         self.store = Store(settings.db_path, clock=clock)
         self.scheduler = SchedulerState()  # the scheduler's caches between passes (prediction's in .shapes)
         self.ctx = DispatchContext(
@@ -98,30 +89,25 @@ class Daemon(AttemptWatcher):
             host=make_host_probe(), host_reserve_mib=settings.host_reserve_mib,
             topology=gpu_topology(probe),
         )
-        self.resources = ResourceTracker(self.ctx.host)
-        self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
+        self.disk = DiskHold(self.store, clock, self.ctx.runs_dir, settings)
+        self.watcher = AttemptWatcher(self.store, clock, executor, self.scheduler, self.ctx.runs_dir,
+                                      ResourceTracker(self.ctx.host), self.disk)
         self.notifier = Watcher(self.store, settings.notify_urls)
         self._stop = threading.Event()
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._exit_dirs: list[str] = []  # the live run dirs `_exit_files` were made for
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
-        self.observed = ObserveCache(self.clock.monotonic_s)  # run-dir reads and process checks kept between passes
-        self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
         self._lock = DaemonLock(settings.db_path)
-        self.output = OutputFollower()  # progress of workers that write no progress.jsonl
-        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
-        self.disk: DiskState | None = None
-        self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
-        self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
-        self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
-        self._trees = ProcessTrees()
-        self._cancel_sent: set[int] = set()  # remote attempts whose cancel reached the backend
-        self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
-        self.hunter = StrayHunter(clock, self.ctx.runs_dir)  # then their processes outside the group
-        self._ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
-        self._disk_full_at_s: float | None = None  # when a write last found the disk full (monotonic)
-        self._disk_full_said = False
         self._db_identity: tuple[int, int] | None = None  # (device, inode) of state.db, read at start
+
+    @property
+    def started_at_s(self) -> float | None:
+        """When this daemon took the lock: attempts claimed before were claimed by a dead one."""
+        return self.watcher.started_at_s
+
+    @started_at_s.setter
+    def started_at_s(self, value: float | None) -> None:
+        self.watcher.started_at_s = value
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -144,7 +130,7 @@ class Daemon(AttemptWatcher):
             signal.signal(sig, self._on_signal)
         try:
             with self.store.write():
-                add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.launcher.name})")
+                add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.executor.name})")
             next_full_s = 0.0
             poked: set[Path] | None = None
             while not self._stop.is_set():
@@ -161,24 +147,22 @@ class Daemon(AttemptWatcher):
         finally:
             with contextlib.suppress(Exception):
                 unregister_daemon(self.store, self.clock.now_s(), "daemon stopped; running workers keep running")
-            self._close_idle_launcher()
+            self._close_idle_executor()
             self.wake.close()
-            self.observed.close()
+            self.watcher.observed.close()
             with contextlib.suppress(Exception):
                 self.notifier.poll()  # what ended in the last pass
                 self.notifier.close()
             self.probe.close()
             self._lock.release()
 
-    def _close_idle_launcher(self) -> None:
+    def _close_idle_executor(self) -> None:
         """Nothing orch started for itself outlives it: with no attempt left running, the
-        launcher's own server (tmux) goes too. Workers still running keep it, to be adopted."""
+        executor's own server (tmux) goes too. Workers still running keep it, to be adopted."""
         with contextlib.suppress(Exception):
             if any_live_attempt(self.store):
                 return
-            close = getattr(self.launcher, "kill_server", None)
-            if callable(close):
-                close()
+            self.executor.close()
 
     def _idle_until(self, deadline: float) -> set[Path] | None:
         """Wait for the next tick, but start it early when another process committed to
@@ -245,12 +229,12 @@ class Daemon(AttemptWatcher):
         control = daemon_control(self.store)
         if control.stop_requested:
             return True
-        self._check_disk()
+        self.disk.check()
         snapshots = self.probe.snapshot()
         live_before = len(self._exit_files)
-        live_count = self.reconcile(snapshots, only)
+        live_count = self.watcher.reconcile(snapshots, only)
         if control.draining and live_count == 0:
-            self._close_ended()
+            self.watcher.close_ended()
             return True
         if live_count != live_before:  # read again only when an attempt ended (or began) since
             snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
@@ -263,15 +247,15 @@ class Daemon(AttemptWatcher):
     def _schedule(self, snapshots: tuple[GpuSnapshot, ...], draining: bool) -> None:
         """Pack the queue and start what fits (a cluster: keep its queue topped up), then close
         what the executor kept open for the attempts that ended this pass."""
-        hold = self._hold_reason()
+        hold = self.disk.hold_reason()
         try:
-            if self.launcher.remote:
-                schedule_remote(self.store, self.launcher, self.ctx, self.scheduler.shapes, draining=draining,
+            if self.executor.remote:
+                schedule_remote(self.store, self.executor, self.ctx, self.scheduler.shapes, draining=draining,
                                 max_in_queue=self.settings.max_in_queue, hold=hold)
             else:
-                schedule(self.store, with_memory_held(snapshots, self._ending_mib), self.launcher, self.ctx, self.scheduler, draining=draining, hold=hold)
+                schedule(self.store, with_memory_held(snapshots, self.watcher.ending_mib), self.executor, self.ctx, self.scheduler, draining=draining, hold=hold)
         finally:  # the next workers start first: closing a dead window costs tmux calls
-            self._close_ended()
+            self.watcher.close_ended()
 
     def _record_pass(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         """Notifications, the heartbeat (GPUs, host, disk) and the memory history of the pass."""
@@ -298,4 +282,4 @@ class Daemon(AttemptWatcher):
                 "reserve_mib": self.ctx.host_reserve_mib, "cpus": reading.cpus,
             })
         write_heartbeat(self.store, self.clock.now_s(), [s.to_json() for s in snapshots],
-                        self.disk.to_json() if self.disk is not None else None)
+                        self.disk.state.to_json() if self.disk.state is not None else None)

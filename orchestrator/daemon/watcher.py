@@ -1,4 +1,10 @@
-"""The attempt watcher: what a pass does for each live attempt."""
+"""The attempt watcher: what a pass does for each live attempt, wherever it runs.
+
+One path for every attempt: look (its run dir, and the backend's word where the backend owns
+the process), judge, track its memory and rate, step its stop, complete it. Where an attempt
+runs decides only how it is looked at and how it is stopped: on this host by its run dir and
+its proven process group; on a cluster (Slurm) by the cluster's word, scancel and the run dir.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,13 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator import faults
 from orchestrator.attempts.containment import StrayHunter, record_hunted
-from orchestrator.attempts.disk_space import (
-    is_disk_full_error,
-)
+from orchestrator.attempts.disk_space import is_disk_full_error
 from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib
 from orchestrator.attempts.observe_cache import ObserveCache
 from orchestrator.attempts.outcomes import abandon, complete, learn_rate
@@ -35,7 +39,13 @@ from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, WRAPPER_EXIT_WAIT_S, run_dir_path
 from orchestrator.executors.base import Executor, RemoteStatus
 from orchestrator.executors.observation import Observation
-from orchestrator.executors.remote_verdict import AWAIT, refresh_dir, remote_end, remote_observation
+from orchestrator.executors.remote_verdict import (
+    AWAIT,
+    ClusterEnd,
+    refresh_dir,
+    remote_end,
+    remote_observation,
+)
 from orchestrator.executors.slurm.time_limits import time_limit_of
 from orchestrator.executors.wake import wait_gone
 from orchestrator.gpu.attribution import ProcessTrees
@@ -43,7 +53,6 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import KillRequest
 from orchestrator.prediction.job_facts import attempt_shape_key
 from orchestrator.rundir_files import RunDir
-from orchestrator.scheduling.dispatch import DispatchContext
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store.attempts import attempt_closed, update_attempt
 from orchestrator.store.db import Store
@@ -55,54 +64,68 @@ from orchestrator.store.rows import Attempt, Job
 
 log = logging.getLogger(__name__)
 
+LIVE = (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING)
+ENDED = (Verdict.FINISHED, Verdict.LOST)
 
-class AttemptWatcher(DiskHold):
-    """Per-attempt work of a pass (mixed into Daemon): observe each live attempt, judge it,
-    track its memory and rate, step its kill, complete it; local attempts by their run dir and
-    process group, remote ones (Slurm) by the cluster's word and the run dir."""
 
-    store: Store
-    clock: Clock
-    ctx: DispatchContext
-    launcher: Executor
-    scheduler: SchedulerState
-    started_at_s: float | None
-    resources: ResourceTracker
-    observed: ObserveCache
-    output: OutputFollower
-    stopper: GroupStopper
-    hunter: StrayHunter
-    _by_uuid: dict[str, GpuSnapshot]
-    _ended: list[Attempt]
-    _rates: dict[int, tuple[int, float, int]]
-    _attempt_errors: dict[int, str]
-    _attempt_error_counts: dict[int, int]
-    _abandoning: set[int]
-    _trees: ProcessTrees
-    _cancel_sent: set[int]
-    _ending_mib: Counter[str]
+@dataclass(frozen=True)
+class Look:
+    """One look at a live attempt: what was seen, the verdict, and how it may be stopped."""
+
+    attempt: Attempt  # with what the backend said this pass recorded on it
+    obs: Observation
+    verdict: Verdict
+    elsewhere: bool  # its processes run on a cluster's node: never tracked or signalled here
+    stoppable: tuple[Verdict, ...]  # verdicts under which a requested stop is carried out now
+    end: ClusterEnd | None = None  # how the cluster says it ended, where it decided
+
+
+class AttemptWatcher:
+    """Per-attempt work of a pass; the daemon owns one and calls `reconcile` every pass."""
+
+    def __init__(self, store: Store, clock: Clock, executor: Executor, scheduler: SchedulerState,
+                 runs_dir: Path, resources: ResourceTracker, disk: DiskHold) -> None:
+        self.store = store
+        self.clock = clock
+        self.executor = executor
+        self.scheduler = scheduler
+        self.resources = resources
+        self.disk = disk
+        self.started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
+        self.observed = ObserveCache(clock.monotonic_s)  # run-dir reads and process checks kept between passes
+        self.output = OutputFollower()  # progress of workers that write no progress.jsonl
+        self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
+        self.hunter = StrayHunter(clock, runs_dir)  # then their processes outside the group
+        self.ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
+        self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
+        self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
+        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
+        self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
+        self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
+        self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
+        self._trees = ProcessTrees()
+        self._cancel_sent: set[int] = set()  # cluster attempts whose cancel reached the backend
 
     def reconcile(self, snapshots: tuple[GpuSnapshot, ...], only: Collection[Path] | None = None) -> int:
         """Bring every live attempt's record up to date (`only`: those with these run dirs;
         the others count as live, unread); returns how many are still live. Each attempt is
         handled apart: an exception is recorded against that attempt and the others (and the
         loop) go on."""
-        by_uuid = {s.uuid: s for s in snapshots}
-        self._by_uuid = by_uuid
+        self._by_uuid = {s.uuid: s for s in snapshots}
         self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
         self.resources.new_pass()
         self.stopper.new_pass()
         self.hunter.new_pass()
-        self._ending_mib = Counter()
+        self.ending_mib = Counter()
         still_live = 0
         live, jobs = live_attempts_with_jobs(self.store)
         tenants = Counter(a.gpu_uuid for a in live)
         self._rates = {a.id: r for a, r in ((a, self._rates.get(a.id)) for a in live) if r is not None}
         try:  # one batched question to the backend per tick (Slurm: squeue)
-            remote = self.launcher.poll([(a, jobs[a.job_id]) for a in live])
+            statuses = self.executor.observe([(a, jobs[a.job_id]) for a in live])
         except Exception:  # a failed poll never fails a job: nothing is concluded this tick
             log.warning("executor poll failed", exc_info=True)
-            remote = None
+            statuses = None
         wanted = None if only is None else {str(p) for p in only}
         for attempt in live:
             if wanted is not None:
@@ -115,16 +138,12 @@ class AttemptWatcher(DiskHold):
                 still_live += self._finish_abandoning(attempt, jobs.get(attempt.job_id))
                 continue
             try:
-                job = jobs[attempt.job_id]
-                if self._is_remote(attempt):
-                    still_live += self._reconcile_remote(attempt, job, remote, tenants)
-                else:
-                    still_live += self._reconcile_one(attempt, job, by_uuid.get(attempt.gpu_uuid), tenants[attempt.gpu_uuid])
+                still_live += self._reconcile_one(attempt, jobs[attempt.job_id], statuses, tenants[attempt.gpu_uuid])
                 self._attempt_error_counts.pop(attempt.id, None)  # errors count in a row only
             except Exception as exc:
                 still_live += 1
                 if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
-                    self._note_disk_full(exc)
+                    self.disk.note_full(exc)
                     continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
@@ -162,7 +181,7 @@ class AttemptWatcher(DiskHold):
         except Exception:  # what failed the checks may fail this too: the launcher record is enough
             obs = None
         try:
-            if job is not None and not self._kill(attempt, job, obs):
+            if job is not None and not self._stop(attempt, job, obs):
                 return 1
             if abandon(self.store, attempt, message, obs):
                 self._abandoning.discard(attempt.id)
@@ -171,71 +190,67 @@ class AttemptWatcher(DiskHold):
             log.exception("cannot close attempt %s after errors in a row", attempt.id)
         return 1
 
-    def _reconcile_one(self, attempt: Attempt, job: Job, gpu: GpuSnapshot | None, tenants: int) -> int:
-        run_dir = run_dir_path(attempt.run_dir)  # every live attempt, every pass
-        obs = observe(run_dir, self.clock.now_s(), attempt, self.observed, job.hang_timeout_s)
-        if not obs.pid_file_present and obs.exit_record is None and attempt.window_id and attempt.launcher == self.launcher.name:
-            try:
-                obs = replace(obs, window_alive=bool(self.launcher.window_alive(attempt.window_id)))
-            except Exception:  # the launcher could not tell: wait out the grace period
-                log.warning("cannot check window %s of attempt %s", attempt.window_id, attempt.id, exc_info=True)
-        obs = self._with_stdout_progress(attempt, job, obs)
-        verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
-        if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
-            verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
-        if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
-            self._track(attempt, obs, gpu)
+    def _reconcile_one(self, attempt: Attempt, job: Job, statuses: dict[int, RemoteStatus] | None, tenants: int) -> int:
+        """Look, track, stop what was asked to stop, complete what ended; 1 while it is live."""
+        look = self._look_elsewhere(attempt, job, statuses) if self._runs_elsewhere(attempt) else self._look_here(attempt, job)
+        attempt, obs, verdict = look.attempt, look.obs, look.verdict
+        if verdict in LIVE:
+            # a process on a cluster's node: its pid and group are never recorded as killable here
+            self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
+                        None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
             self._learn_rate(attempt, job, obs, tenants)
-        disk_full = self.disk is not None and self.disk.full
-        if verdict is Verdict.HUNG and self._silenced_by_disk(job.hang_timeout_s):
+        if verdict is Verdict.HUNG and self.disk.silenced(job.hang_timeout_s):
             verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
-        if verdict is Verdict.HUNG and attempt.kill_requested is None:
-            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): killing it")
+        if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
+            how = "cancelling" if look.elsewhere else "killing"
+            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): {how} it")
             faults.reach("after_mark_hung")
-        if verdict in (Verdict.ALIVE, Verdict.HUNG) and attempt.kill_requested:
+        if verdict in look.stoppable and attempt.kill_requested:
             # signalled now, confirmed on later passes; its end is recorded once a pass finds
-            # the wrapper ended (FINISHED or LOST below), never while the tick waits
-            self._kill(attempt, job, obs)
+            # it ended (FINISHED or LOST below), never while the tick waits
+            self._stop(attempt, job, obs)
             return 1
-        hung = attempt.kill_requested is KillRequest.HUNG
-        if verdict in (Verdict.FINISHED, Verdict.LOST) and not self._kill(attempt, job, obs):
-            self._ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
-            return 1  # members of its group live on: stopped across passes before it may end
-        if verdict in (Verdict.FINISHED, Verdict.LOST):  # its processes are all gone: say what that took
+        if verdict not in ENDED:
+            return 1
+        if not look.elsewhere:  # its processes must all be gone before it may end: say what that took
+            if not self._stop(attempt, job, obs):
+                self.ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
+                return 1
             record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
-        if verdict is Verdict.FINISHED:
-            self._learn_host(attempt, job)
-            complete(self.store, attempt, obs, self.scheduler.shapes, disk_full_now=disk_full, hung=hung)
-            self._ended.append(attempt)
-        elif verdict is Verdict.LOST:
-            if (why := disagreement(attempt, obs)) is not None:
-                log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
-            complete(self.store, attempt, obs, self.scheduler.shapes, lost=True, disk_full_now=disk_full, hung=hung)
-            self._ended.append(attempt)
-        else:
-            return 1
+        if verdict is Verdict.LOST and look.end is None and (why := disagreement(attempt, obs)) is not None:
+            log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
+        self._learn_host(attempt, job)
+        complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
+                 disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
+        self._ended.append(attempt)
+        self._cancel_sent.discard(attempt.id)
         self._attempt_errors.pop(attempt.id, None)
         self._attempt_error_counts.pop(attempt.id, None)
         return 0
 
-    def _is_remote(self, attempt: Attempt) -> bool:
-        return bool(self.launcher.remote and (attempt.executor or attempt.launcher) in (None, self.launcher.name))
+    def _runs_elsewhere(self, attempt: Attempt) -> bool:
+        """Whether the attempt's processes belong to the executor's cluster, not this host."""
+        return bool(self.executor.remote and attempt.executor in (None, self.executor.name))
 
-    def _close_ended(self) -> None:
-        """Once their ends are recorded: close what the executor kept open (tmux windows)."""
-        ended, self._ended = self._ended, []
-        try:
-            closed = [attempt for attempt in ended if attempt_closed(self.store, attempt.id)]
-            if closed:
-                self.launcher.cleanup(closed)
-        except Exception:  # a window left open is only untidy
-            log.warning("cannot close the windows of attempts %s", ", ".join(str(a.id) for a in ended), exc_info=True)
+    def _look_here(self, attempt: Attempt, job: Job) -> Look:
+        """An attempt on this host: its run dir, the wrapper orch started, its window."""
+        run_dir = run_dir_path(attempt.run_dir)  # every live attempt, every pass
+        obs = observe(run_dir, self.clock.now_s(), attempt, self.observed, job.hang_timeout_s)
+        if not obs.pid_file_present and obs.exit_record is None:
+            try:
+                obs = replace(obs, started_alive=self.executor.started_alive(attempt))
+            except Exception:  # the executor could not tell: wait out the grace period
+                log.warning("cannot check the window of attempt %s", attempt.id, exc_info=True)
+        obs = self._with_stdout_progress(attempt, job, obs)
+        verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
+        if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
+            verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
+        # stopped only once pid.json names a group orch can prove it started
+        return Look(attempt, obs, verdict, elsewhere=False, stoppable=(Verdict.ALIVE, Verdict.HUNG))
 
-    def _reconcile_remote(
-        self, attempt: Attempt, job: Job, remote: dict[int, RemoteStatus] | None, tenants: Counter[str],
-    ) -> int:
-        """One attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
-        status = (remote or {}).get(attempt.id) if remote is not None else None
+    def _look_elsewhere(self, attempt: Attempt, job: Job, statuses: dict[int, RemoteStatus] | None) -> Look:
+        """An attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
+        status = statuses.get(attempt.id) if statuses is not None else None
         ended = status is not None and status.kind not in ("queued", "running")
         if ended:
             refresh_dir(attempt.run_dir)  # a shared filesystem shows what the node wrote
@@ -252,37 +267,31 @@ class AttemptWatcher(DiskHold):
                 attempt = replace(attempt, **fields)
         obs = remote_observation(obs, status)
         obs = self._with_stdout_progress(attempt, job, obs)
-        polled = remote is not None and getattr(self.launcher, "answered_now", True)
+        polled = statuses is not None and self.executor.answered_now
         end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
+        cluster_end: ClusterEnd | None = None
         if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
-            expedite = getattr(self.launcher, "expedite", None)
-            if callable(expedite):
-                expedite()
+            self.executor.expedite()
             verdict = Verdict.PENDING
         elif end is None:
             verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s) if obs.pid_record else Verdict.PENDING
             if verdict is Verdict.LOST:
                 verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
+        elif isinstance(end, ClusterEnd):
+            verdict, cluster_end = Verdict.LOST, end
         else:
-            verdict = Verdict.FINISHED if end == "finished" else Verdict.LOST
-        if verdict in (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING):
-            # its pid and group live on the node, not here: never recorded as killable locally
-            self._track(attempt, replace(obs, pid_record=None), None)
-            self._learn_rate(attempt, job, obs, tenants[attempt.gpu_uuid])
-        if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
-            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): cancelling it")
-        if verdict in (Verdict.ALIVE, Verdict.PENDING, Verdict.HUNG) and attempt.kill_requested:
-            self._kill(attempt, job, obs)
-            return 1
-        if verdict is Verdict.FINISHED:
-            complete(self.store, attempt, obs, self.scheduler.shapes)
-            return 0
-        if verdict is Verdict.LOST:
-            assert isinstance(end, tuple)
-            complete(self.store, attempt, obs, self.scheduler.shapes, lost=True, remote_end=end)
-            self._cancel_sent.discard(attempt.id)
-            return 0
-        return 1
+            verdict = Verdict.FINISHED
+        return Look(attempt, obs, verdict, elsewhere=True, stoppable=LIVE, end=cluster_end)
+
+    def close_ended(self) -> None:
+        """Once their ends are recorded: close what the executor kept open (tmux windows)."""
+        ended, self._ended = self._ended, []
+        try:
+            closed = [attempt for attempt in ended if attempt_closed(self.store, attempt.id)]
+            if closed:
+                self.executor.cleanup(closed)
+        except Exception:  # a window left open is only untidy
+            log.warning("cannot close the windows of attempts %s", ", ".join(str(a.id) for a in ended), exc_info=True)
 
     def _with_stdout_progress(self, attempt: Attempt, job: Job, obs: Observation) -> Observation:
         """A worker without progress.jsonl: its progress as parsed from the new part of stdout.log."""
@@ -355,14 +364,14 @@ class AttemptWatcher(DiskHold):
         except Exception:  # a bad config row must not stop reconciling the others
             log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
 
-    def _kill(self, attempt: Attempt, job: Job, obs: Observation | None) -> bool:
+    def _stop(self, attempt: Attempt, job: Job, obs: Observation | None) -> bool:
         """Move the stop of the attempt's process group one step on (SIGTERM, SIGKILL after the
         grace), only when orch can prove it started it; never waits. True once nothing of the
         group lives (a remote attempt: False, Slurm says when it ended)."""
-        if self._is_remote(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
+        if self._runs_elsewhere(attempt):  # the cluster owns the process: scancel, then Slurm says when it ended
             if attempt.id not in self._cancel_sent:
                 try:
-                    self.launcher.cancel(attempt, job)
+                    self.executor.stop(attempt, job)
                     self._cancel_sent.add(attempt.id)
                 except Exception:  # tried again next pass
                     log.warning("cannot cancel attempt %s", attempt.id, exc_info=True)

@@ -16,7 +16,7 @@ class Observation:
     last_progress: dict[str, Any] | None
     last_progress_at: float | None
     now_s: float
-    window_alive: bool | None = None  # the launcher's word while pid.json is missing; None: unknown
+    started_alive: bool | None = None  # the executor's word while pid.json is missing (a tmux pane); None: unknown
     last_output_at: float | None = None  # stdout.log's mtime: any output is a sign of life
     # The wrapper the launcher started (attempts.pid + proc_create_time, which orch itself
     # recorded) is still running; None when the row has no such record (an adopted attempt).

@@ -1,8 +1,7 @@
-"""What every launcher offers, and process-group killing shared by all of them.
+"""Process groups on this host: which are alive, and stopping one (SIGTERM, then SIGKILL).
 
-A launcher starts `wrapper_argv(spec.run_dir, spec.argv)`: `spec.argv` is the worker's own
-command line (see rundir.build_argv); the wrapper in front of it records pid.json and exit.json
-in the run dir, which is how the daemon learns the pgid to kill and the exit status.
+Every local attempt's wrapper leads its own group (pid.json names it), so stopping an attempt
+is stopping its group; orch refuses to signal its own.
 """
 
 from __future__ import annotations
@@ -11,9 +10,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
 
 import psutil
 
@@ -21,52 +17,7 @@ from orchestrator.errors import LauncherError
 
 log = logging.getLogger(__name__)
 
-LAUNCHERS = ("tmux", "subprocess")
 POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """One attempt to start. `env` is added on top of the launcher's inherited environment;
-    the worker runs in `cwd` (default: the launcher's own working directory, so a template such
-    as "python train.py" finds the user's script), and the launcher creates `run_dir` if needed."""
-
-    job_id: int
-    attempt_id: int
-    window_name: str
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    run_dir: Path = Path(".")
-    cwd: Path | None = None
-    meta: dict[str, Any] = field(default_factory=dict)  # what a remote executor sizes its request by
-
-
-@dataclass(frozen=True)
-class LaunchHandle:
-    """How to find a started attempt again. `pid` is the wrapper's pid when known."""
-
-    launcher: str  # "tmux" | "subprocess"
-    pid: int | None
-    window_id: str | None
-    executor_id: str | None = None  # the backend's own id (a Slurm job id); window_id for tmux
-
-
-class Launcher(Protocol):
-    name: str
-
-    def launch(self, spec: LaunchSpec) -> LaunchHandle: ...
-
-    def window_alive(self, handle_window_id: str) -> bool:
-        """True while the attempt's command still runs in that window."""
-        ...
-
-    def kill_window(self, window_id: str) -> None:
-        """Remove the window (after the process group was stopped with kill_process_group)."""
-        ...
-
-    def attach_command(self, window_id: str) -> list[str]:
-        """argv a user runs to watch the attempt; empty when the launcher has nothing to show."""
-        ...
 
 
 def group_members(pgid: int) -> list[psutil.Process]:

@@ -94,12 +94,12 @@ def remote_end(
         return _cluster_end(job, status, time_limit)
     if status is None:
         never_submitted = (
-            polled and not attempt.executor_id and attempt.launcher is None
+            polled and not attempt.executor_id and attempt.executor is None
             and daemon_started_at_s is not None and attempt.started_at < daemon_started_at_s
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
             return ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it")
-        unanswered = polled and attempt.launcher and not attempt.executor_id and obs.now_s - attempt.started_at > LAUNCH_GRACE_S
+        unanswered = polled and attempt.executor and not attempt.executor_id and obs.now_s - attempt.started_at > LAUNCH_GRACE_S
         if unanswered:  # sbatch timed out and no job of its name was ever seen in the queue
             return ClusterEnd(AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue")
         return None

@@ -1,4 +1,4 @@
-"""tmux launcher, on libtmux: one private server, session "orch", one window per attempt.
+"""The tmux executor, on libtmux: one private server, session "orch", one window per attempt.
 
 The server listens on its own socket (`tmux -L <socket_name>`), so orch's windows never mix with
 the user's sessions. tmux puts named sockets in `$TMUX_TMPDIR/tmux-<uid>/` (default /tmp), a
@@ -17,15 +17,17 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import libtmux
 from libtmux import exc as tmux_exc
 
 from orchestrator.errors import LauncherError
-from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
 from orchestrator.executors.wrapper.run import wrapper_argv
+from orchestrator.store.rows import Attempt
 
 GATE_FILE = ".launch-gate"  # in the runs dir, beside the wake FIFO
 
@@ -51,7 +53,7 @@ def too_big_for_tmux(job_id: int, argv: list[str], command_bytes: int, env_bytes
             "(`orch daemon stop`, then `orch daemon start --launcher subprocess`)")
 
 
-class TmuxLauncher:
+class TmuxExecutor(Executor):
     name = "tmux"
 
     def __init__(self, socket_name: str) -> None:
@@ -152,9 +154,9 @@ class TmuxLauncher:
     @staticmethod
     def _handle(line: str) -> LaunchHandle:
         window_id, _, pane_pid = line.strip().partition(" ")
-        return LaunchHandle(launcher="tmux", pid=int(pane_pid) if pane_pid.isdigit() else None, window_id=window_id)
+        return LaunchHandle(executor="tmux", pid=int(pane_pid) if pane_pid.isdigit() else None, executor_id=window_id)
 
-    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+    def submit(self, spec: LaunchSpec) -> LaunchHandle:
         self._prepare()
         args = self._new_window_args(spec)
         lines = self._run(args, 1)
@@ -168,11 +170,13 @@ class TmuxLauncher:
             )
         return self._handle(lines[0])
 
-    def launch_many(self, specs: list[LaunchSpec]) -> list[LaunchHandle | Exception]:
+    def submit_many(self, specs: Sequence[LaunchSpec]) -> list[LaunchHandle | Exception]:
         """Open many windows in one tmux call: their `new-window` commands written to a private
         temp file and run by `source-file` (a command line is limited to one client message,
         16 KiB, about a dozen windows). Each window prints its position, so a window tmux did
         not open is known, and tried again alone."""
+        if len(specs) <= 1:
+            return super().submit_many(specs)
         self._prepare()
         results: list[LaunchHandle | Exception | None] = [None] * len(specs)
         lines: list[str] = []
@@ -197,10 +201,7 @@ class TmuxLauncher:
             self._gate.release()
         for i, spec in enumerate(specs):
             if results[i] is None:
-                try:
-                    results[i] = self.launch(spec)
-                except LauncherError as error:
-                    results[i] = error
+                results[i] = self._submit_or_error(spec)
         return [r for r in results if r is not None]
 
     def _source(self, commands: list[str]) -> list[str]:
@@ -221,8 +222,19 @@ class TmuxLauncher:
             return None
         return proc.stdout[0].strip() == "1"
 
-    def window_alive(self, handle_window_id: str) -> bool:
-        return self._pane_dead(handle_window_id) is False
+    def window_alive(self, window_id: str) -> bool:
+        return self._pane_dead(window_id) is False
+
+    def started_alive(self, attempt: Attempt) -> bool | None:
+        """Whether the attempt's pane still runs its command (before its wrapper wrote pid.json)."""
+        if attempt.executor != self.name or not attempt.executor_id:
+            return None
+        return self.window_alive(attempt.executor_id)
+
+    def cleanup(self, attempts: Sequence[Attempt]) -> None:
+        """Close the windows of attempts whose ends are recorded (their output is in stdout.log),
+        so windows of finished attempts do not pile up."""
+        self.kill_windows([a.executor_id for a in attempts if a.executor == self.name and a.executor_id])
 
     def kill_window(self, window_id: str) -> None:
         if self._pane_dead(window_id) is None:
@@ -241,20 +253,15 @@ class TmuxLauncher:
             return
         self._source([f"kill-window -t {_tmux_quote(window_id)}" for window_id in window_ids])
 
-    def attach_command(self, window_id: str) -> list[str]:
+    def attach(self, attempt: Attempt) -> list[str]:
+        if attempt.executor != self.name or not attempt.executor_id:
+            return super().attach(attempt)
         # select the window first, then attach; `tmux -L` keeps us on the private server
-        return [
-            "tmux",
-            "-L",
-            self.socket_name,
-            "select-window",
-            "-t",
-            window_id,
-            ";",
-            "attach-session",
-            "-t",
-            SESSION,
-        ]
+        return ["tmux", "-L", self.socket_name, "select-window", "-t", attempt.executor_id, ";", "attach-session", "-t", SESSION]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill_server()
 
     def kill_server(self) -> None:
         """Stop orch's tmux server (tests, and `orch daemon stop --all`)."""

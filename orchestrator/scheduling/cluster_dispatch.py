@@ -45,8 +45,7 @@ def schedule_remote(
 ) -> int:
     """Submit what the queue limit allows; returns how many were submitted. `hold`: why nothing
     may start now (a full disk, an unsafe runs dir), shown on every queued job."""
-    submit_hold = getattr(executor, "submit_hold", None)
-    hold = hold or (submit_hold() if callable(submit_hold) else None)  # sbatch waits out Slurm's backoff too
+    hold = hold or executor.submit_hold()  # sbatch waits out Slurm's backoff too
     paused = set(paused_suites(store))
     queued = queued_whole_jobs(store)
     in_queue = live_attempt_count(store) - stuck_attempt_count(store, STUCK_WORDS)  # those never start: no slot

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.errors import InvalidTransition, OrchError
-from orchestrator.executors.process_groups import Launcher
+from orchestrator.executors.base import Executor
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
@@ -98,7 +98,7 @@ def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuSta
 def schedule(
     store: Store,
     snapshots: tuple[GpuSnapshot, ...],
-    launcher: Launcher,
+    launcher: Executor,
     ctx: DispatchContext,
     state: SchedulerState,
     *,

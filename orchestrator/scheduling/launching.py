@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ import psutil
 from orchestrator.attempts.containment import tracking_env
 from orchestrator.attempts.disk_space import is_disk_full_error
 from orchestrator.errors import ClusterBusy, InvalidTransition, LauncherError, OrchError
+from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, in_threads
 from orchestrator.executors.checkpoints import CheckpointSearch, search_checkpoints
-from orchestrator.executors.process_groups import Launcher, LaunchHandle, LaunchSpec
 from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -80,7 +79,7 @@ LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync,
 
 
 def launch_all(
-    store: Store, launcher: Launcher, ctx: DispatchContext, claims: list[Claim]
+    store: Store, executor: Executor, ctx: DispatchContext, claims: list[Claim]
 ) -> None:
     """Start the workers of the attempts claimed this pass: first every run dir (up to
     LAUNCH_THREADS at once: they wait on fsync, not the CPU), then every worker, in few
@@ -88,15 +87,11 @@ def launch_all(
     competing for the CPU. Every database write stays on this thread."""
     if not claims:
         return
-    local = not getattr(launcher, "remote", False)  # a cluster node has no use for our cgroups
-    specs: list[LaunchSpec | Exception] = _in_threads(lambda c: _prepare(ctx, c, local), claims)
+    local = not executor.remote  # a cluster node has no use for our cgroups
+    specs: list[LaunchSpec | Exception] = in_threads(lambda c: _prepare(ctx, c, local), claims, LAUNCH_THREADS)
     ready = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec, LaunchSpec)]
     outcomes: list[LaunchHandle | Exception] = [s if isinstance(s, Exception) else LauncherError("") for s in specs]
-    batch = getattr(launcher, "launch_many", None)
-    if batch is not None and len(ready) > 1:
-        handles = batch([spec for _, spec in ready])
-    else:
-        handles = _in_threads(lambda spec: _launch_one(launcher, spec), [spec for _, spec in ready])
+    handles = executor.submit_many([spec for _, spec in ready])
     for (i, _), handle in zip(ready, handles, strict=True):
         outcomes[i] = handle
     # The launcher's pid and the create time read now are what later proves which process
@@ -107,9 +102,8 @@ def launch_all(
     ]
     with store.write():  # one commit for the batch: 64 of them took seconds while 64 workers started
         for attempt_id, handle, create_time in started:
-            update_attempt(store, attempt_id, launcher=handle.launcher, window_id=handle.window_id,
-                           pid=handle.pid, proc_create_time=create_time,
-                           executor=handle.launcher, executor_id=handle.executor_id or handle.window_id)
+            update_attempt(store, attempt_id, executor=handle.executor, executor_id=handle.executor_id,
+                           pid=handle.pid, proc_create_time=create_time)
     for claimed, outcome in zip(claims, outcomes, strict=True):
         if isinstance(outcome, Exception):
             from orchestrator.attempts.outcomes import fail_before_start
@@ -127,20 +121,6 @@ def _create_time(pid: int | None) -> float | None:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
-
-
-def _in_threads(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-    if len(items) <= 1:
-        return [work(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(LAUNCH_THREADS, len(items))) as pool:
-        return list(pool.map(work, items))
-
-
-def _launch_one(launcher: Launcher, spec: LaunchSpec) -> LaunchHandle | Exception:
-    try:
-        return launcher.launch(spec)
-    except (OSError, ValueError, OrchError, LauncherError) as exc:  # ValueError: a NUL in an argument
-        return exc
 
 
 def claim(

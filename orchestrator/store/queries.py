@@ -215,7 +215,7 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         "overrides": a.overrides,
         "changes": a.changes,
         "run_alone": a.run_alone,
-        "executor": a.executor or a.launcher,
+        "executor": a.executor,
         "executor_id": a.executor_id,  # a Slurm job id, a tmux window id
         "resumed_from": None if a.resumed_from_checkpoint is None else {
             "attempt": a.resumed_from_attempt, "checkpoint": a.resumed_from_checkpoint,

@@ -167,8 +167,6 @@ class Attempt:
     level_step: str | None = None
     changes: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
-    launcher: str | None = None
-    window_id: str | None = None
     pid: int | None = None
     pgid: int | None = None
     proc_create_time: float | None = None
@@ -206,8 +204,7 @@ class Attempt:
             run_alone=bool(row["run_alone"]), predicted_host_mib=int(row["predicted_host_mib"]),
             host_held_mib=int(row["host_held_mib"]), host_peak_mib=int(row["host_peak_mib"]),
             level_step=row.get("level_step"), changes=_json(row.get("changes_json"), {}),
-            overrides=_json(row.get("overrides_json"), {}), launcher=row.get("launcher"),
-            window_id=row.get("window_id"), pid=_opt_int(row.get("pid")), pgid=_opt_int(row.get("pgid")),
+            overrides=_json(row.get("overrides_json"), {}), pid=_opt_int(row.get("pid")), pgid=_opt_int(row.get("pgid")),
             proc_create_time=_opt_float(row.get("proc_create_time")),
             last_progress_at=_opt_float(row.get("last_progress_at")),
             progress=_json(row.get("progress_json"), {}), ended_at=_opt_float(row.get("ended_at")),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
@@ -288,3 +290,17 @@ def m020_attempt_containment(db: sqlite_utils.Database) -> None:
     # exit.json (and, from our workers, a result.json) without it is not this attempt's.
     db.execute("ALTER TABLE attempts ADD COLUMN hunted TEXT")
     db.execute("ALTER TABLE attempts ADD COLUMN token TEXT")
+
+
+@MIGRATIONS()
+def m021_one_executor_record(db: sqlite_utils.Database) -> None:
+    # An attempt's executor and its id there are kept once: `executor`/`executor_id` take over
+    # what `launcher`/`window_id` held for rows written before m011 (a tmux window id is the
+    # tmux executor's id), and the old pair goes.
+    db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
+    db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+    if sqlite3.sqlite_version_info >= (3, 35, 0):
+        db.execute("ALTER TABLE attempts DROP COLUMN launcher")
+        db.execute("ALTER TABLE attempts DROP COLUMN window_id")
+    else:  # an SQLite without DROP COLUMN: the table is copied without them
+        db["attempts"].transform(drop={"launcher", "window_id"})  # type: ignore[union-attr]

@@ -58,7 +58,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "held_mib": la.attempt.held_mib,
             "predicted_mib": la.attempt.predicted_peak_mib,
             "progress": la.attempt.progress or None,
-            "executor": la.attempt.executor or la.attempt.launcher,
+            "executor": la.attempt.executor,
             "executor_id": la.attempt.executor_id,
             "executor_state": la.attempt.executor_state,  # Slurm: e.g. "PENDING (Resources)"
         }

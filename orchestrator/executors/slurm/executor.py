@@ -20,8 +20,13 @@ from pathlib import Path
 
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.errors import ClusterBusy, LauncherError, UsageError
-from orchestrator.executors.base import RemoteStatus, attach_argv, log_path
-from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.base import (
+    Executor,
+    LaunchHandle,
+    LaunchSpec,
+    RemoteStatus,
+    attach_argv,
+)
 from orchestrator.executors.slurm.parse import (
     JOB_NAME_PREFIX,
     STUCK_WORDS,
@@ -70,7 +75,7 @@ def _run(*argv: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.Complet
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     name = "slurm"
     remote = True
 
@@ -138,7 +143,7 @@ class SlurmExecutor:
             signal_s=warning_s(settings.time) if meta.get("can_resume") else None,
         )
 
-    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+    def submit(self, spec: LaunchSpec) -> LaunchHandle:
         request = self.request_for(spec)
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -157,7 +162,7 @@ class SlurmExecutor:
                         spec.job_id, COMMAND_TIMEOUT_S, request.name)
             self._backoff("sbatch did not answer")
             self._after_submit()
-            return LaunchHandle(launcher=self.name, pid=None, window_id=None, executor_id=None)
+            return LaunchHandle(executor=self.name, pid=None, executor_id=None)
         job_id = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
             message = (done.stderr or done.stdout).strip()[:300]
@@ -166,7 +171,7 @@ class SlurmExecutor:
                 raise ClusterBusy(f"Slurm is busy, sbatch refused job {spec.job_id} for now: {message}")
             raise LauncherError(f"sbatch refused job {spec.job_id}: {message}")
         self._after_submit()
-        return LaunchHandle(launcher=self.name, pid=None, window_id=None, executor_id=job_id)
+        return LaunchHandle(executor=self.name, pid=None, executor_id=job_id)
 
     def _after_submit(self) -> None:
         now = self.clock.monotonic_s()
@@ -230,8 +235,8 @@ class SlurmExecutor:
             return SlurmJob(job_id, "", "UNKNOWN", "") if "Invalid job id" in done.stderr else None
         return parse_scontrol_jobs(done.stdout).get(job_id) or SlurmJob(job_id, "", "UNKNOWN", "")
 
-    def poll(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
-        ours = [(a, j) for a, j in attempts if a.executor == self.name or a.launcher == self.name]
+    def observe(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
+        ours = [(a, j) for a, j in attempts if a.executor == self.name]
         self.answered_now = False
         if not ours:
             return {}
@@ -300,7 +305,7 @@ class SlurmExecutor:
                 self._soon.add(gone_at + self.options.exit_grace_s)
             statuses[attempt.id] = RemoteStatus(
                 ended.state, classify_state(ended.state).value, ended.reason, job_id, settled=settled,
-                mem_mib=ended.mem_mib or getattr(self._statuses.get(attempt.id), "mem_mib", None),
+                mem_mib=ended.mem_mib or (last.mem_mib if (last := self._statuses.get(attempt.id)) else None),
             )
         live = {a.id for a, _ in ours}
         self._gone_at = {k: v for k, v in self._gone_at.items() if k in live}
@@ -310,7 +315,7 @@ class SlurmExecutor:
 
     # -- stop, attach, cleanup -------------------------------------------------------------
 
-    def cancel(self, attempt: Attempt, job: Job) -> None:
+    def stop(self, attempt: Attempt, job: Job) -> None:
         job_id = attempt.executor_id or ""
         if job_id:
             argv = ["scancel", job_id]
@@ -323,20 +328,5 @@ class SlurmExecutor:
         if done.returncode != 0:
             raise LauncherError(f"scancel {job_id} failed: {done.stderr.strip()[:200]}")
 
-    def cleanup(self, attempts: Sequence[Attempt]) -> None:
-        """Nothing stays open on a login node: Slurm's own output file is in the run dir."""
-
-    def logs(self, attempt: Attempt) -> Path:
-        return log_path(attempt)  # the wrapper writes it on the shared filesystem
-
     def attach(self, attempt: Attempt) -> list[str]:
         return attach_argv(attempt, "")  # raises NotAttachable, naming the Slurm job
-
-    def window_alive(self, handle_window_id: str) -> bool:
-        return False
-
-    def kill_window(self, window_id: str) -> None:
-        return None
-
-    def attach_command(self, window_id: str) -> list[str]:
-        return []

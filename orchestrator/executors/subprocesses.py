@@ -1,20 +1,22 @@
-"""Subprocess launcher: the wrapper as a detached child, for machines without tmux.
+"""The subprocess executor: the wrapper as a detached child, for machines without tmux.
 
 The wrapper gets a session of its own (so the daemon's Ctrl-C never reaches it) and writes the
-log itself; there is no window, so `window_id` is None and there is nothing to attach to.
+log itself; there is no window, so there is no executor id and nothing to attach to.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 
 from orchestrator.errors import LauncherError
-from orchestrator.executors.process_groups import LaunchHandle, LaunchSpec
+from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.wrapper.run import wrapper_argv
+from orchestrator.store.rows import Attempt
 
 
-class SubprocessLauncher:
+class SubprocessExecutor(Executor):
     name = "subprocess"
 
     def __init__(self) -> None:
@@ -26,7 +28,7 @@ class SubprocessLauncher:
             if child.poll() is not None:
                 self._children.pop(pid, None)  # launches may run in several threads
 
-    def launch(self, spec: LaunchSpec) -> LaunchHandle:
+    def submit(self, spec: LaunchSpec) -> LaunchHandle:
         self._reap()
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -43,13 +45,7 @@ class SubprocessLauncher:
         except OSError as exc:
             raise LauncherError(f"cannot start job {spec.job_id}: {exc}") from None
         self._children[child.pid] = child
-        return LaunchHandle(launcher=self.name, pid=child.pid, window_id=None)
+        return LaunchHandle(executor=self.name, pid=child.pid)
 
-    def window_alive(self, handle_window_id: str) -> bool:
-        return False  # no windows: liveness comes from pid.json
-
-    def kill_window(self, window_id: str) -> None:
+    def cleanup(self, attempts: Sequence[Attempt]) -> None:
         self._reap()
-
-    def attach_command(self, window_id: str) -> list[str]:
-        return []
