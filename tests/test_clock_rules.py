@@ -133,13 +133,13 @@ def test_slurm_polls_back_off_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> N
     live = [(attempt_of(id=1, job_id=1, n=1, executor="slurm", executor_id="42"), job_of(id=1, suite="s"))]
     squeues = lambda: sum(1 for c in calls if c[0] == "squeue")  # noqa: E731
     for failures, delay_s in ((1, 2.0), (2, 4.0), (3, 8.0)):
-        assert executor.poll(live) is None and squeues() == failures
-        assert executor.poll(live) is None and squeues() == failures  # backing off: not asked
+        assert executor.observe(live) is None and squeues() == failures
+        assert executor.observe(live) is None and squeues() == failures  # backing off: not asked
         clock.advance(delay_s - 0.5)
-        assert executor.poll(live) is None and squeues() == failures
+        assert executor.observe(live) is None and squeues() == failures
         clock.advance(0.5)
     answers["squeue"] = 0
-    assert executor.poll(live) is not None and squeues() == 4  # answered
-    assert executor.poll(live) is not None and squeues() == 4  # the last answer stands until the period is over
+    assert executor.observe(live) is not None and squeues() == 4  # answered
+    assert executor.observe(live) is not None and squeues() == 4  # the last answer stands until the period is over
     clock.advance(slurm.POLL_S)
-    assert executor.poll(live) is not None and squeues() == 5
+    assert executor.observe(live) is not None and squeues() == 5

@@ -14,6 +14,7 @@ import click
 from orchestrator.attempts.disk_space import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
 from orchestrator.daemon.state import sim_dir, tmux_socket_name
 from orchestrator.errors import UsageError
+from orchestrator.executors.base import Executor
 from orchestrator.gpu import GpuProbe, make_probe
 
 
@@ -132,7 +133,7 @@ def executor_args(executor_kind: str | None, partition: str | None, account: str
 
 def make_daemon_executor(executor_kind: str | None, launcher_kind: str | None, db_path: Path, probe: Any,
                    partition: str | None, account: str | None, shard_mib: int | None, max_in_queue: int,
-                   slurm_poll_s: float | None = None, exit_grace_s: float | None = None) -> Any:
+                   slurm_poll_s: float | None = None, exit_grace_s: float | None = None) -> Executor:
     from orchestrator.executors.factory import make_executor
     from orchestrator.executors.slurm.executor import SlurmOptions
 
