@@ -30,6 +30,7 @@ from orchestrator.store.jobs import (
 from orchestrator.store.rows import Job
 from orchestrator.store.schema import MIGRATIONS
 from tests.store_helpers import old_database_with_one_job
+from tests.store_reads import job_count, state_of
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -54,7 +55,7 @@ def submit(store: Store, suite: Suite, specs: list[JobSpec], *, force: bool = Fa
 
 
 def job_state(store: Store, job_id: int) -> str:
-    return str(store.query("SELECT state FROM jobs WHERE id = ?", [job_id])[0]["state"])
+    return state_of(store, job_id)
 
 
 def event_count(store: Store) -> int:
@@ -142,7 +143,7 @@ def test_locked_db_is_a_store_error(db_path: Path, monkeypatch: pytest.MonkeyPat
         holder.execute("ROLLBACK")
         holder.close()
     with Store(db_path) as store:
-        assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+        assert job_count(store) == 0
 
 
 def test_unwritable_directory_is_a_store_error(tmp_path: Path) -> None:
@@ -265,7 +266,7 @@ def test_submit_is_idempotent(store: Store, demo: Suite) -> None:
     assert [o.created for o in again] == [False] * 6
     assert [o.job_id for o in again] == [o.job_id for o in first]
     assert {o.existing_state for o in again} == {"queued"}
-    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 6
+    assert job_count(store) == 6
 
 
 def test_force_duplicates(store: Store, demo: Suite) -> None:
@@ -273,14 +274,14 @@ def test_force_duplicates(store: Store, demo: Suite) -> None:
     submit(store, demo, specs)
     forced = submit(store, demo, specs, force=True)
     assert all(o.created for o in forced)
-    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 2 * len(specs)
+    assert job_count(store) == 2 * len(specs)
 
 
 def test_dry_run_writes_nothing(store: Store, demo: Suite) -> None:
     before = event_count(store)
     outcomes = submit(store, demo, specs_of(demo), dry_run=True)
     assert all(o.created and o.job_id is None for o in outcomes)
-    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+    assert job_count(store) == 0
     assert event_count(store) == before
 
 
