@@ -27,6 +27,7 @@ from orchestrator.store.jobs import (
     submit_jobs,
     transition,
 )
+from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Job
 from orchestrator.store.schema import MIGRATIONS
 from tests.store_helpers import old_database_with_one_job
@@ -189,11 +190,11 @@ def test_forbidden_transition_writes_nothing(store: Store, demo: Suite) -> None:
     job_id = submit(store, demo, specs_of(demo))[0].job_id
     assert job_id is not None
     before_events = event_count(store)
-    before_row = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
+    before = get_job(store, job_id)
     with pytest.raises(InvalidTransition, match="queued -> succeeded is not allowed"):
         transition(store, job_id, JobState.SUCCEEDED, message="x", fields={"reason": "should not stick"})
     assert event_count(store) == before_events
-    assert store.query("SELECT * FROM jobs WHERE id = ?", [job_id]) == before_row
+    assert get_job(store, job_id) == before
 
 
 def test_expect_from_mismatch_writes_nothing(store: Store, demo: Suite) -> None:
@@ -235,8 +236,8 @@ def test_cancel_queued_only_cancels_queued(store: Store, demo: Suite) -> None:
     first, second = (o.job_id for o in submit(store, demo, specs_of(demo))[:2])
     assert first is not None and second is not None
     cancel_queued(store, first, "by hand")
-    row = store.query("SELECT state, reason FROM jobs WHERE id = ?", [first])[0]
-    assert row == {"state": "cancelled", "reason": "by hand"}
+    cancelled = get_job(store, first)
+    assert (cancelled.state, cancelled.reason) == (JobState.CANCELLED, "by hand")
     transition(store, second, JobState.RUNNING, message="started")
     with pytest.raises(InvalidTransition):
         cancel_queued(store, second, "too late")
@@ -247,12 +248,12 @@ def test_requeue_resets_queued_at_and_wait_reason(store: Store, demo: Suite) -> 
     job_id = submit(store, demo, specs_of(demo))[0].job_id
     assert job_id is not None
     transition(store, job_id, JobState.RUNNING, message="s", fields={"wait_reason": None})
-    store_before = store.query("SELECT queued_at FROM jobs WHERE id = ?", [job_id])[0]["queued_at"]
+    store_before = get_job(store, job_id).queued_at
     with store.write():
         store.execute("UPDATE jobs SET wait_reason = 'stale' WHERE id = ?", [job_id])
     transition(store, job_id, JobState.QUEUED, message="oom, requeued")
-    row = store.query("SELECT queued_at, wait_reason FROM jobs WHERE id = ?", [job_id])[0]
-    assert row["wait_reason"] is None and row["queued_at"] >= store_before
+    requeued = get_job(store, job_id)
+    assert requeued.wait_reason is None and requeued.queued_at >= store_before
 
 
 # ---------------------------------------------------------------- submit

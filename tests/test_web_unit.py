@@ -13,6 +13,7 @@ import pytest
 from orchestrator.lifecycle import JobState
 from orchestrator.store import Store
 from orchestrator.store.gpu_samples import GpuReading, gpu_sample_series, record_gpu_samples
+from orchestrator.store.queries import get_attempts
 from orchestrator.store.sweep_attempts import attempt_counts
 from orchestrator.store.web_queries import AttemptSpan, attempt_spans, overview, sweep_counts
 from orchestrator.web.charts import pack_lanes
@@ -271,7 +272,7 @@ def test_pages_escape_what_users_and_workers_wrote(client, db_path: Path) -> Non
     with Store(db_path) as store, store.write():
         store.execute("UPDATE jobs SET config_name = '<script>alert(1)</script>', "
                       "overrides_json = '{\"x\": \"<img src=x onerror=alert(1)>\"}' WHERE id = 3")
-        run_dir = store.query("SELECT run_dir FROM attempts WHERE job_id = 3")[0]["run_dir"]
+        run_dir = get_attempts(store, 3)[0].run_dir
     (Path(run_dir) / "progress.jsonl").write_text('{"step": 1, "</script><script>alert(1)</script>": 1.0}\n')
     for page in ("/jobs", "/job/3", "/timeline", "/results", "/curves?job=3"):
         text = client.get(page).text
