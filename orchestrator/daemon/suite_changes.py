@@ -61,7 +61,7 @@ def resume_if_changed(store: Store, suite: str, worker_changed: bool) -> str | N
     """When `suite` is paused: resume it if its jobs now run another worker command than the
     failures that paused it (`worker_changed`); else return a line saying the jobs wait, and how
     to let them run."""
-    reason = next((p.reason for p in paused_suites(store) if p.suite == suite), None)
+    reason = next((p.reason for p in paused_suites(store, count_queued=False) if p.suite == suite), None)
     if reason is None:
         return None
     if worker_changed:

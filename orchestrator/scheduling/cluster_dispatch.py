@@ -48,7 +48,7 @@ def schedule_remote(
     may start now (a full disk, an unsafe runs dir), shown on every queued job."""
     submit_hold = getattr(executor, "submit_hold", None)
     hold = hold or (submit_hold() if callable(submit_hold) else None)  # sbatch waits out Slurm's backoff too
-    paused = {p.suite for p in paused_suites(store)}
+    paused = {p.suite for p in paused_suites(store, count_queued=False)}
     queued = queued_whole_jobs(store)
     in_queue = live_attempt_count(store) - stuck_attempt_count(store, STUCK_WORDS)  # those never start: no slot
     shapes = read_all_shapes(store)

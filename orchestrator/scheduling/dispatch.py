@@ -111,7 +111,7 @@ def schedule(
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
     start now (a full disk); every queued job shows it."""
     cache = state.shapes
-    paused = {p.suite: p.reason for p in paused_suites(store)}
+    paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
     live, live_jobs = live_attempts_with_jobs(store)
     durations = refresh_durations(store, state)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end

@@ -169,12 +169,16 @@ class PausedSuite:
     suite: str
     reason: str
     paused_at: float
-    queued: int  # its queued jobs, which wait for it
+    queued: int | None  # its queued jobs, which wait for it (None: not counted)
 
 
-def paused_suites(store: Store) -> list[PausedSuite]:
+def paused_suites(store: Store, *, count_queued: bool = True) -> list[PausedSuite]:
     """Every paused suite, by name: the one reader of the table, for the views and the daemon.
-    Its queued count costs nothing while no suite is paused, the usual case."""
+    The daemon's pass asks without `count_queued`: counting a paused suite of 50,000 queued jobs
+    takes about 10 ms, and the pass needs only the names and reasons."""
+    if not count_queued:
+        rows = store.query("SELECT suite, reason, paused_at FROM paused_suites ORDER BY suite")
+        return [PausedSuite(r["suite"], r["reason"], r["paused_at"], None) for r in rows]
     rows = store.query(
         "SELECT p.suite, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
         "AND j.state = ?) AS queued FROM paused_suites p ORDER BY p.suite", [JobState.QUEUED.value],
