@@ -28,10 +28,13 @@ import psutil
 import yaml
 
 from benchmarks import daemon_scale
+from orchestrator.lifecycle import JobState
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.queries import get_attempts, get_job, job_ids_in_states, state_counts
+from orchestrator.store.sweep_attempts import all_attempts
 
 
 def _orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,16 +76,16 @@ def dispatch_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
         with Store(db) as store:
             for i in range(n_jobs):
                 _orch(env, "submit", "--suite", "bench", "--pairs", f"{i}:glue_rte")
-                job = store.query("SELECT id, queued_at FROM jobs ORDER BY id DESC LIMIT 1")[0]
-                _wait(lambda job=job: bool(store.query("SELECT 1 FROM attempts WHERE job_id = ?", [job["id"]])), 30, "start")
-                run_dir = Path(store.query("SELECT run_dir FROM attempts WHERE job_id = ?", [job["id"]])[0]["run_dir"])
+                job = get_job(store, job_ids_in_states(store, tuple(JobState))[-1])  # the one just submitted
+                _wait(lambda job=job: bool(get_attempts(store, job.id)), 30, "start")
+                run_dir = Path(get_attempts(store, job.id)[0].run_dir)
                 _wait(lambda run_dir=run_dir: RunDir(run_dir).pid.exists(), 30, RunDir.PID)
                 pid_record = json.loads(RunDir(run_dir).pid.read_text())
                 started = pid_record.get("started_at")
                 started_s = started if isinstance(started, (int, float)) else _iso_to_s(str(started))
-                latencies.append(started_s - job["queued_at"])
+                latencies.append(started_s - job.queued_at)
             # stopped with nothing running, the daemon takes its tmux server along
-            _wait(lambda: not store.query("SELECT 1 FROM jobs WHERE state IN ('queued', 'running')"), 60, "sweep end")
+            _wait(lambda: not job_ids_in_states(store, (JobState.QUEUED, JobState.RUNNING)), 60, "sweep end")
     finally:
         _orch(env, "daemon", "stop")
     return {
@@ -105,9 +108,8 @@ def slot_free_latency(root: Path, n_jobs: int, poll_s: float) -> dict[str, Any]:
     _orch(env, "daemon", "start", "--poll", str(poll_s), "--order", "fifo")
     try:
         with Store(db) as store:
-            _wait(lambda: store.query("SELECT count(*) AS n FROM jobs WHERE state = 'succeeded'")[0]["n"] == n_jobs,
-                  60 + 5 * n_jobs, "sweep")
-            run_dirs = [Path(r["run_dir"]) for r in store.query("SELECT run_dir FROM attempts ORDER BY started_at")]
+            _wait(lambda: state_counts(store)[JobState.SUCCEEDED.value] == n_jobs, 60 + 5 * n_jobs, "sweep")
+            run_dirs = [Path(a.run_dir) for a in sorted(all_attempts(store), key=lambda a: a.started_at)]
     finally:
         _orch(env, "daemon", "stop")
     latencies = []

@@ -3,8 +3,9 @@
     python -m benchmarks.daemon_profile --queued 10000 [--scenario busy|handoff] [--window-s 20]
         [--out FILE.prof] [--top 30]
 
-`fill`: 8 cards x 8 slots, from the daemon's first pass until 64 windows are open. `busy`: the same, workers that run for an hour; the profile covers the passes and the
-waits between them once all 64 wrappers run, while nothing can start. `handoff`:
+`fill`: 8 cards x 8 slots, from the daemon's first pass until 64 windows are open. `busy`: the
+same, workers that run for an hour; the profile covers the passes and the waits between them
+from the first pass once all 64 wrappers run, while nothing can start. `handoff`:
 8 cards x 5 slots, workers of 3-7 s, so slots free all the time; the profile covers the same loop while
 the queue drains into them. Prints the top functions by cumulative and by own time, the
 process CPU seconds of the window, and the number of passes.
@@ -20,20 +21,36 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from benchmarks.daemon_scale import Bench, orch
 
 
-def _daemon(bench: Bench, poll_s: float) -> Any:
+def _daemon(bench: Bench, poll_s: float, on_pass: Callable[[], None], figures: dict[str, Any],
+            counting: Callable[[], bool]) -> Any:
+    """A daemon of the bench's state.db, in this process, that calls `on_pass` before each pass
+    and, while `counting()`, records each pass's CPU in `figures`."""
     os.environ.update(bench.env)
     from orchestrator.cli.daemon.setup import make_daemon_executor, resolve_backend
     from orchestrator.daemon.loop import Daemon, DaemonSettings
 
+    class ProfiledDaemon(Daemon):
+        def tick(self, only: Collection[Path] | None = None) -> bool:
+            on_pass()
+            started = time.thread_time()
+            try:
+                return super().tick(only=only)
+            finally:
+                if counting():
+                    figures["ticks"] += 1
+                    figures["quick"] += only is not None
+                    figures["quick_cpu_s" if only is not None else "full_cpu_s"].append(time.thread_time() - started)
+
     probe, worker_env = resolve_backend(bench.db, None)
-    launcher = make_daemon_executor(None, "tmux", bench.db, probe, None, None, None, 16)
-    return Daemon(DaemonSettings(db_path=bench.db, poll_s=poll_s, order="fifo"), probe, launcher, worker_env)
+    executor = make_daemon_executor(None, "tmux", bench.db, probe, None, None, None, 16)
+    return ProfiledDaemon(DaemonSettings(db_path=bench.db, poll_s=poll_s, order="fifo"), probe, executor, worker_env)
 
 
 def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: float) -> tuple[cProfile.Profile, dict[str, Any]]:
@@ -42,16 +59,24 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
     bench.queue(queued)
     orch(bench.env, "plan", "set", "8" if busy else "5")
     slots = 64 if busy else 40
-    daemon = _daemon(bench, poll_s)
     profiler = cProfile.Profile(time.thread_time)  # CPU time of the loop: the machine is shared
     armed = threading.Event()
     figures: dict[str, Any] = {"ticks": 0, "quick": 0, "quick_cpu_s": [], "full_cpu_s": []}
+    state = {"on": False, "cpu0": 0.0, "wall0": 0.0}
+
+    def start_when_armed() -> None:
+        # on the daemon's own thread: a cProfile profiler sees only the thread that enabled it
+        if armed.is_set() and not state["on"]:
+            state.update(on=True, cpu0=time.process_time(), wall0=time.monotonic())
+            profiler.enable()
+
+    daemon = _daemon(bench, poll_s, start_when_armed, figures, lambda: bool(state["on"]))
 
     def watch() -> None:
         deadline = time.monotonic() + 300
         if scenario == "fill":  # from the first pass until every slot's window is open
             armed.set()
-            while bench.count("SELECT count(*) AS n FROM attempts WHERE window_id IS NOT NULL") < slots:
+            while bench.attempts().launched < slots:
                 time.sleep(0.02)
             daemon.request_stop()
             return
@@ -62,30 +87,6 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
         time.sleep(window_s)
         daemon.request_stop()
 
-    tick, idle = daemon.tick, daemon._idle_until
-    state = {"on": False, "cpu0": 0.0, "wall0": 0.0}
-
-    def maybe_start() -> None:
-        if armed.is_set() and not state["on"]:
-            state.update(on=True, cpu0=time.process_time(), wall0=time.monotonic())
-            profiler.enable()
-
-    def profiled_tick(only: Any = None) -> bool:
-        maybe_start()
-        started = time.thread_time()
-        try:
-            return bool(tick(only=only))
-        finally:
-            if state["on"]:
-                figures["ticks"] += 1
-                figures["quick"] += only is not None
-                figures["quick_cpu_s" if only is not None else "full_cpu_s"].append(time.thread_time() - started)
-
-    def profiled_idle(deadline: float) -> Any:
-        maybe_start()
-        return idle(deadline)
-
-    daemon.tick, daemon._idle_until = profiled_tick, profiled_idle
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
@@ -95,7 +96,7 @@ def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: flo
         figures["cpu_s"] = time.process_time() - state["cpu0"]  # the tee'd process: watcher included
         figures["wall_s"] = time.monotonic() - state["wall0"]
         bench.stop()
-    figures["attempts"] = bench.count("SELECT count(*) AS n FROM attempts")
+    figures["attempts"] = bench.attempts().claimed
     return profiler, figures
 
 

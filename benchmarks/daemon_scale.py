@@ -2,8 +2,8 @@
 
 Each figure is measured on a fresh state.db holding `queued` jobs of one small sim config:
 - fill: daemon started on 8 cards x 8 slots with the whole queue waiting; from the daemon's
-  "daemon started" event, time until 64 attempts are launched (window opened, recorded in
-  state.db; polled every 20 ms), and until 64 wrappers have written pid.json (each wrapper and
+  start as it recorded it in state.db, time until 64 attempts are launched (window opened,
+  recorded in state.db; polled every 20 ms), and until 64 wrappers have written pid.json (each wrapper and
   worker is a Python process starting on the same 2 cores, so this one measures the machine);
 - waiting: then, with every slot busy (the workers run for an hour), once every attempt is
   past its first HOST_WARMUP_S (host RAM and CPU read at every pass), the daemon's CPU over a
@@ -46,6 +46,7 @@ from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
 from orchestrator.store.daemon_row import read_daemon
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.sweep_attempts import AttemptCounts, all_attempts, attempt_counts
 
 PAIRS_PER_SUBMIT = 2_000  # --pairs is bounded in length
 
@@ -130,9 +131,9 @@ class Bench:
                 jobs = [jobs[c * len(pairs) + p] for p in range(len(pairs)) for c in range(self.n_configs)]
                 submit_jobs(store, suite, jobs, allowed_gpus=None, priority=0, force=False, dry_run=False)
 
-    def count(self, sql: str) -> int:
+    def attempts(self) -> AttemptCounts:
         with Store(self.db) as store:
-            return int(store.query(sql)[0]["n"])
+            return attempt_counts(store)
 
     def pid_files(self) -> list[Path]:
         return list((self.root / "runs").glob("*/*/attempt-*/pid.json"))
@@ -163,15 +164,17 @@ def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float, cli: bo
         # one connection for the polls: opening a Store for each took longer than a launch on
         # 2 cores while 64 interpreters started, and measured the poll instead of the daemon
         with Store(bench.db) as poll:
-            wait_for(lambda: poll.query("SELECT count(*) AS n FROM attempts WHERE window_id IS NOT NULL")[0]["n"] >= 64,
-                     120, "64 launches", poll_s=0.02)
+            wait_for(lambda: attempt_counts(poll).launched >= 64, 120, "64 launches", poll_s=0.02)
         launched_at = time.time()
         cpu_launched = proc.cpu_times()
         launch_cpu_s = cpu_launched.user + cpu_launched.system  # from its start: imports included
         wait_for(lambda: len(bench.pid_files()) >= 64, 120, "64 workers")
         starts = sorted(iso_s(json.loads(p.read_text())["started_at"]) for p in bench.pid_files())
         with Store(bench.db) as store:
-            started = store.query("SELECT min(ts) AS ts FROM events WHERE message LIKE 'daemon started%'")[0]["ts"]
+            daemon = read_daemon(store)
+        if daemon is None or daemon.started_at is None:
+            raise RuntimeError("the daemon did not record its start")
+        started = daemon.started_at
         fill_s = starts[63] - started
         launch_s = launched_at - started
         # past every attempt's first HOST_WARMUP_S, while the daemon reads host RAM and CPU at
@@ -183,7 +186,7 @@ def fill_and_wait(root: Path, queued: int, idle_s: float, poll_s: float, cli: bo
         rss_mib = proc.memory_info().rss / 2**20
         window_s = wall_after - wall_before
         cpu_s = (after.user - before.user) + (after.system - before.system)
-        running = bench.count("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")
+        running = bench.attempts().live
     finally:
         bench.stop()
     figures = cli_figures(bench) if cli else {}
@@ -228,28 +231,28 @@ def handoff(root: Path, queued: int, window_s: float, job_s: float, poll_s: floa
     try:
         proc = bench.start_daemon(poll_s)
         wait_for(lambda: len(bench.pid_files()) >= 40, 120, "40 workers")
-        attempts_before, cpu_before = bench.count("SELECT count(*) AS n FROM attempts"), proc.cpu_times()
+        attempts_before, cpu_before = bench.attempts().claimed, proc.cpu_times()
         time.sleep(window_s)
         cpu_after = proc.cpu_times()
-        started_in_window = bench.count("SELECT count(*) AS n FROM attempts") - attempts_before
+        started_in_window = bench.attempts().claimed - attempts_before
     finally:
         bench.stop()
     daemon_cpu_s = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
     ends: dict[int, list[float]] = defaultdict(list)
     starts: dict[int, list[float]] = defaultdict(list)
     with Store(bench.db) as store:
-        rows = store.query("SELECT gpu_index, run_dir, started_at FROM attempts")
+        attempts = all_attempts(store)
     claims: dict[int, list[float]] = defaultdict(list)
-    for row in rows:
-        run_dir = Path(row["run_dir"])
+    for attempt in attempts:
+        run_dir = Path(attempt.run_dir)
         try:
             pid_record = json.loads(RunDir(run_dir).pid.read_text())
         except (OSError, ValueError):
             continue
-        starts[row["gpu_index"]].append(iso_s(pid_record["started_at"]))
-        claims[row["gpu_index"]].append(row["started_at"])
+        starts[attempt.gpu_index].append(iso_s(pid_record["started_at"]))
+        claims[attempt.gpu_index].append(attempt.started_at)
         with contextlib.suppress(OSError, ValueError, KeyError):
-            ends[row["gpu_index"]].append(iso_s(json.loads(RunDir(run_dir).exit.read_text())["ended_at"]))
+            ends[attempt.gpu_index].append(iso_s(json.loads(RunDir(run_dir).exit.read_text())["ended_at"]))
     latencies: list[float] = []
     daemon_part: list[float] = []
     for gpu, gpu_starts in starts.items():

@@ -21,10 +21,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.bulk_history import PastAttempt, PastEvent, PastJob, write_history
 from orchestrator.store.db import Store
-from orchestrator.store.gpu_samples import MAX_ROWS_PER_GPU
+from orchestrator.store.gpu_samples import MAX_ROWS_PER_GPU, GpuSample
+from orchestrator.store.web_queries import sweep_counts
 
 GPUS = 7
 CARD_MIB = 24 * 1024
@@ -38,22 +42,26 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
     rng = random.Random(seed)
     runs = db_path.parent / "runs"
     t_start = time.time() - 3600 * 24
-    jobs, attempts, events = [], [], []
+    jobs: list[PastJob] = []
+    attempts: list[PastAttempt] = []
+    events: list[PastEvent] = []
     gpu_clock = [t_start] * GPUS
     attempt_id = 0
     for job_id in range(1, n_jobs + 1):
         config, task, jseed = f"c{job_id % 44:02d}", TASKS[job_id % len(TASKS)], job_id // 176
-        state = "succeeded"
+        state = JobState.SUCCEEDED
         if job_id > n_jobs - queued:
-            state = "queued"
+            state = JobState.QUEUED
         elif job_id > n_jobs - queued - running:
-            state = "running"
+            state = JobState.RUNNING
         ts = t_start
-        jobs.append((job_id, f"id{job_id}", "E1", config, f"configs/E1/{config}.yaml", "{}", jseed, task, "{}", "{}",
-                     "sim", 8192, None, 0, state, 0, 0, 8, 0, None, 3600.0, None,
-                     "GPU 0: 2.0 GiB free, needs 9.1 GiB" if state == "queued" else None, ts, ts, ts))
-        events.append((ts, job_id, None, "submitted", None, "queued", f"queued E1/{config} seed {jseed} on {task}", None))
-        if state == "queued":
+        jobs.append(PastJob(
+            job_id, f"id{job_id}", "E1", config, f"configs/E1/{config}.yaml", jseed, task, "sim", 8192, state, ts,
+            max_attempts=8, hang_timeout_s=3600.0,
+            wait_reason="GPU 0: 2.0 GiB free, needs 9.1 GiB" if state is JobState.QUEUED else None,
+        ))  # fmt: skip
+        events.append(PastEvent(ts, job_id, None, "submitted", None, "queued", f"queued E1/{config} seed {jseed} on {task}"))
+        if state is JobState.QUEUED:
             continue
         n_attempts = 2 if job_id % 10 == 0 else 1
         for n in range(1, n_attempts + 1):
@@ -61,59 +69,42 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
             gpu = rng.randrange(GPUS)
             started = gpu_clock[gpu] + rng.uniform(0, 5)
             duration = rng.uniform(60, 240) if n == n_attempts else rng.uniform(10, 30)
-            live = state == "running" and n == n_attempts
-            ended = None if live else started + duration
+            live = state is JobState.RUNNING and n == n_attempts
             gpu_clock[gpu] = started + duration / 2  # about two attempts share a card at a time
-            outcome = None if live else ("oom" if n < n_attempts else "succeeded")
+            outcome = None if live else (AttemptOutcome.OOM if n < n_attempts else AttemptOutcome.SUCCEEDED)
             run_dir = runs / "E1" / f"{job_id:06d}" / f"attempt-{n}"  # the real layout
             run_dir.mkdir(parents=True)
-            if outcome == "succeeded":
+            if outcome is AttemptOutcome.SUCCEEDED:
                 RunDir(run_dir).result.write_text(json.dumps(
                     {"status": "succeeded", "metrics": {"test": {"accuracy": 0.8 + rng.gauss(0, 0.02), "f1": 0.7}}}))
             RunDir(run_dir).progress.write_text("".join(
                 json.dumps({"step": s, "total": 50, "loss": 2 / (1 + 0.1 * s)}) + "\n" for s in range(1, 51)))
             RunDir(run_dir).log.write_text("step 50/50 loss 0.33\n" * 200)
-            attempts.append((attempt_id, job_id, n, gpu, f"GPU-{gpu:04d}", n - 1, "as_configured", "{}", "{}", 0,
-                             str(run_dir), 9000, "measured", 0, 8000 if live else 0, 9500, 1, started,
-                             ended, outcome, None if live else 0, None if live else "done",
-                             json.dumps({"step": 20, "total": 50, "loss": 0.7}) if live else None,
-                             started if live else None))
-            events.append((started, job_id, attempt_id, "start", "queued", "running", f"attempt {n} started on GPU {gpu}", None))
-            if not live:
-                to = "queued" if outcome == "oom" else "succeeded"
-                data = json.dumps({"retry": {"from_level": 0, "to_level": 1, "why": "oom"}}) if outcome == "oom" else None
-                events.append((ended, job_id, attempt_id, f"end:{outcome}", "running", to, f"attempt {n} {outcome}", data))
-    now = time.time()
-    gpus_json = json.dumps([
+            attempts.append(PastAttempt(
+                attempt_id, job_id, n, gpu, f"GPU-{gpu:04d}", n - 1, str(run_dir), predicted_peak_mib=9000,
+                held_mib=8000 if live else 0, peak_mib=9500, started_at=started,
+                ended_at=None if live else started + duration, outcome=outcome, reason=None if live else "done",
+                progress={"step": 20, "total": 50, "loss": 0.7} if live else None,
+            ))  # fmt: skip
+            events.append(PastEvent(started, job_id, attempt_id, "start", "queued", "running", f"attempt {n} started on GPU {gpu}"))
+            if outcome is not None:
+                to = "queued" if outcome is AttemptOutcome.OOM else "succeeded"
+                data = {"retry": {"from_level": 0, "to_level": 1, "why": "oom"}} if outcome is AttemptOutcome.OOM else None
+                events.append(PastEvent(started + duration, job_id, attempt_id, f"end:{outcome.value}", "running", to,
+                                        f"attempt {n} {outcome.value}", data))
+    gpus: list[dict[str, Any]] = [
         {"index": g, "uuid": f"GPU-{g:04d}", "name": "Simulated 24GiB", "total_mib": CARD_MIB, "used_mib": 18000,
          "free_mib": CARD_MIB - 18000, "utilization_pct": None, "processes": []} for g in range(GPUS)
-    ])
+    ]
     # ours split between two jobs per sample, a new pair every 20 samples: a card's chart has ~100 jobs
     samples = [
-        (t_start + i * 43.0, g, f"GPU-{g:04d}", CARD_MIB, 15000 + (i * 37 % 8000), 12000 + (i * 29 % 3000),
-         CARD_MIB - 15000 - (i * 37 % 8000),
-         json.dumps({str(1 + (g * 997 + i // 20) % n_jobs): 6000, str(1 + (g * 991 + i // 20 + 7) % n_jobs): 6000 + (i * 29 % 3000)}))
+        GpuSample(t_start + i * 43.0, g, f"GPU-{g:04d}", CARD_MIB, 15000 + (i * 37 % 8000), 12000 + (i * 29 % 3000),
+                  CARD_MIB - 15000 - (i * 37 % 8000),
+                  {1 + (g * 997 + i // 20) % n_jobs: 6000, 1 + (g * 991 + i // 20 + 7) % n_jobs: 6000 + (i * 29 % 3000)})
         for g in range(GPUS) for i in range(MAX_ROWS_PER_GPU)
     ]
-    with Store(db_path) as store, store.write():
-        store.executemany(
-            "INSERT INTO jobs (id, identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
-            "env_json, worker, declared_mib, allowed_gpus_json, priority, state, level, attempt_count, max_attempts, "
-            "one_token, ladder_json, hang_timeout_s, reason, wait_reason, queued_at, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", jobs)
-        store.executemany(
-            "INSERT INTO attempts (id, job_id, n, gpu_index, gpu_uuid, level, level_step, changes_json, overrides_json, "
-            "run_alone, run_dir, predicted_peak_mib, prediction_source, reserved_mib, held_mib, peak_mib, reached_peak, "
-            "started_at, ended_at, outcome, exit_code, reason, progress_json, last_progress_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", attempts)
-        store.execute("UPDATE jobs SET attempt_count = (SELECT count(*) FROM attempts a WHERE a.job_id = jobs.id)")
-        store.executemany(
-            "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [(*e, int(e[-1] is not None and '"retry"' in e[-1])) for e in events])
-        store.executemany(
-            "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, holds_json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", samples)
-        store.execute("INSERT INTO daemon (id, pid, heartbeat_at, gpus_json) VALUES (1, NULL, ?, ?)", [now, gpus_json])
+    with Store(db_path) as store:
+        write_history(store, jobs, attempts, events, samples, gpus=gpus, heartbeat_at=time.time())
 
 
 def _free_port() -> int:
@@ -144,7 +135,7 @@ def main() -> None:
         t0 = time.perf_counter()
         build_sweep(db_path, args.jobs)
         with Store(db_path) as store:
-            n_attempts = store.query("SELECT count(*) AS n FROM attempts")[0]["n"]
+            n_attempts = sweep_counts(store).attempts
         print(f"built {args.jobs} jobs, {n_attempts} attempts, {GPUS} GPUs in {time.perf_counter() - t0:.1f} s")
         from orchestrator.results.collect import RunReader
         from orchestrator.web.results_view import result_table

@@ -23,6 +23,7 @@ import yaml
 from orchestrator.attempts.containment import remove_empty_cgroups
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.daemon.state import runs_dir, tmux_socket_name
+from orchestrator.store import Store
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +134,11 @@ class Orch:
             return [dict(r) for r in conn.execute(sql, params).fetchall()]
         finally:
             conn.close()
+
+    def read(self, reader: Callable[[Store], T]) -> T:
+        """`reader` over the state.db through the store's own functions (the db must exist)."""
+        with Store(self.db, create=False) as store:
+            return reader(store)
 
     def job_states(self) -> dict[int, str]:
         return {r["id"]: r["state"] for r in self.query("SELECT id, state FROM jobs")}

@@ -14,6 +14,7 @@ from orchestrator.store.daemon_row import register_daemon, write_heartbeat
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.web_queries import overview
+from tests.store_reads import job_ids
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
@@ -28,7 +29,7 @@ def test_a_gang_counts_on_every_card_in_orch_status_and_on_the_web_page(db_path:
     with Store(db_path) as store:
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
                     allowed_gpus=None, priority=0, force=False, dry_run=False)
-        job_id = store.query("SELECT id FROM jobs ORDER BY id")[0]["id"]
+        job_id = job_ids(store)[0]
         plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 4096,
                            PredictionSource(SourceKind.DECLARED), 4096, gpu_uuids=("GPU-0", "GPU-1"))
         attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")

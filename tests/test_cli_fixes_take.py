@@ -10,6 +10,8 @@ import yaml
 
 from orchestrator.store import Store
 from orchestrator.store.endings import pause_suite
+from orchestrator.store.queries import get_job
+from orchestrator.store.status import paused_suites
 from tests.conftest import OrchRunner
 from tests.e2e_helpers import orch_env, requires_tmux, wait_until
 from tests.test_cli_expectations import one_error_line
@@ -40,12 +42,12 @@ def fail_and_pause(db_path: Path, job_id: int) -> None:
 
 def worker_of(db_path: Path, job_id: int) -> str:
     with Store(db_path) as store:
-        return str(store.query("SELECT worker FROM jobs WHERE id = ?", [job_id])[0]["worker"])
+        return get_job(store, job_id).worker
 
 
 def paused(db_path: Path) -> list[str]:
     with Store(db_path) as store:
-        return [r["suite"] for r in store.query("SELECT suite FROM paused_suites")]
+        return [p.suite for p in paused_suites(store)]
 
 
 @pytest.fixture
@@ -112,7 +114,7 @@ def test_a_script_not_found_is_said_and_fixing_the_suite_then_retrying_runs_it(t
         write_suite(orch.plans, "python trian.py --seed {seed}")
         orch.submit("mine", "1:glue_rte 2:glue_rte 3:glue_rte")
         orch.start_daemon()
-        wait_until(lambda: orch.query("SELECT suite FROM paused_suites"), 60, "the crash-loop guard to pause the suite")
+        wait_until(lambda: orch.read(paused_suites), 60, "the crash-loop guard to pause the suite")
         wait_until(lambda: set(orch.job_states().values()) == {"failed"}, 60, "every job to fail")
         reason = orch.json("show", "1")["attempts"][0]["reason"]
         assert reason.startswith("exit code 2: ") and "can't open file" in reason and "trian.py" in reason

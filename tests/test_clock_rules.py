@@ -18,6 +18,8 @@ from rows_helpers import attempt_of, job_of
 from orchestrator.attempts.kills import KILL_GRACE_S
 from orchestrator.clock import FakeClock
 from orchestrator.executors.slurm import executor as slurm
+from orchestrator.store.queries import get_job
+from orchestrator.store.status import paused_suites
 
 HOLD = {"corrupt": "none", "hold_s": 600}  # a worker that starts, says nothing and stays
 
@@ -90,7 +92,7 @@ def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
         states = d.orch.job_states()
         assert states == {1: "running", 2: "queued", 3: "running", 4: "queued"}
         assert len(d.orch.attempts()) == 2
-        reason = d.orch.query("SELECT wait_reason FROM jobs WHERE id = 4")[0]["wait_reason"]
+        reason = d.orch.read(lambda store: get_job(store, 4).wait_reason)
         assert "kept free for job 2" in reason, reason
 
 
@@ -101,7 +103,7 @@ def test_fast_failures_pause_the_suite_only_inside_the_crash_loop_window(
         failing = {"corrupt": "none", "hold_s": 0, "exit_code": 1}
         d.orch.write_suite("crashy", {"crashy": failing}, worker=hostile_command(), mem_gib=0.25, max_attempts=1,
                            crash_loop={"failures": 2, "within_s": 30, "window_s": 120})
-        paused = lambda: d.orch.query("SELECT reason FROM paused_suites WHERE suite = 'crashy'")  # noqa: E731
+        paused = lambda: [p for p in d.orch.read(paused_suites) if p.suite == "crashy"]  # noqa: E731
 
         def fail(seed: str, job_id: int) -> None:
             d.submit("crashy", f"1:{seed}")
@@ -113,7 +115,7 @@ def test_fast_failures_pause_the_suite_only_inside_the_crash_loop_window(
         assert not paused()
         d.clock.advance(60)  # both inside the window now
         fail("c", 3)
-        assert paused() and "2 attempts failed within 30 s each in the last 2 min" in paused()[0]["reason"]
+        assert paused() and "2 attempts failed within 30 s each in the last 2 min" in paused()[0].reason
 
 
 def test_slurm_polls_back_off_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from hostile_helpers import hostile_command
 
 from orchestrator.attempts.containment import cgroup_parent
 from orchestrator.daemon.state import tmux_socket_name
+from orchestrator.store.sweep_attempts import attempt_counts
 
 ESCAPING_WORKER = Path(__file__).resolve().parent / "data" / "escaping_worker.py"
 ESCAPING = f"{sys.executable} {ESCAPING_WORKER} {{config}} {{run_dir}}"
@@ -147,7 +148,7 @@ def test_state_db_removed_under_a_running_daemon_stops_it_and_the_cli_says_so(or
     orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 30}}, mem_gib=1, max_attempts=1)
     orch.submit("s", "1:a")
     pid = orch.start_daemon(poll_s=0.2)
-    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the job running")
+    wait_until(lambda: orch.read(attempt_counts).launched, 30, "the job running")
     orch.db.unlink()
     # the daemon notices at its next pass and stops; until then, or after, one line each
     status = orch.run("daemon", "status", check=False)  # still running on it, or stopped already
@@ -168,7 +169,7 @@ def test_daemon_stop_stops_a_daemon_still_running_on_a_removed_state_db(orch: Or
     orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 30}}, mem_gib=1, max_attempts=1)
     orch.submit("s", "1:a")
     pid = orch.start_daemon(poll_s=30)  # a long pass: it is still running on the removed file
-    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the job running")
+    wait_until(lambda: orch.read(attempt_counts).launched, 30, "the job running")
     orch.db.unlink()
     submitted = orch.run("submit", "--suite", "s", "--pairs", "2:a", check=False)
     assert submitted.returncode == 1 and "Traceback" not in submitted.stderr
@@ -201,7 +202,7 @@ def test_records_another_attempts_worker_forges_fail_no_one(orch: Orch) -> None:
                      worker=hostile_command(), mem_gib=0.25, max_attempts=1)
     orch.submit("victim", "1:a")
     orch.start_daemon(poll_s=0.1)
-    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE pid IS NOT NULL"), 30, "the victim running")
+    wait_until(lambda: orch.read(attempt_counts).launched, 30, "the victim running")
     orch.submit("forger", "1:a")
     assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}
     victim = orch.attempts(1)

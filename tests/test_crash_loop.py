@@ -14,8 +14,11 @@ from orchestrator.plans import CRASH_LOOP_OFF, CrashLoop, expand_jobs, load_suit
 from orchestrator.store import Store
 from orchestrator.store.db import now_s
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Job
+from orchestrator.store.status import paused_suites
 from tests.store_helpers import old_database_with_one_job
+from tests.store_reads import job_ids
 
 
 def write_suite(plans: Path, name: str, **settings: Any) -> Path:
@@ -32,7 +35,7 @@ def submit(store: Store, plans: Path, name: str, n_jobs: int) -> list[Job]:
     pairs = parse_pairs(" ".join(f"{seed}:task" for seed in range(1, n_jobs + 1)))
     submit_jobs(store, suite, expand_jobs(suite, pairs, {}, None, 0), allowed_gpus=None, priority=0,
                 force=False, dry_run=False)
-    return [Job.from_row(r) for r in store.query("SELECT * FROM jobs WHERE suite = ? ORDER BY id", [name])]
+    return [get_job(store, job_id) for job_id in job_ids(store, suite=name)]
 
 
 def add_failed_attempt(store: Store, job: Job, ran_s: float, ended_ago_s: float = 1.0,
@@ -50,7 +53,7 @@ def add_failed_attempt(store: Store, job: Job, ran_s: float, ended_ago_s: float 
 
 
 def paused(store: Store) -> dict[str, str]:
-    return {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
+    return {p.suite: p.reason for p in paused_suites(store)}
 
 
 # ---------------------------------------------------------------- the decision
@@ -116,7 +119,7 @@ def test_jobs_queued_before_the_setting_keep_the_old_guard(db_path: Path) -> Non
     # A state.db migrated up to just before the crash-loop columns, with a job in it.
     old_database_with_one_job(db_path, stop_before="m002_crash_loop")
     with Store(db_path) as store:
-        assert crash_loop_of(Job.from_row(store.query("SELECT * FROM jobs")[0])) == CrashLoop(3, 30.0, 300.0)
+        assert crash_loop_of(get_job(store, job_ids(store)[0])) == CrashLoop(3, 30.0, 300.0)
 
 
 @pytest.mark.parametrize("failures", [1, 4])

@@ -14,6 +14,7 @@ from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.row_memo import RowMemo
 from orchestrator.store.rows import Attempt
 from tests.rows_helpers import ATTEMPT_DEFAULTS
+from tests.store_reads import job_ids
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
@@ -23,9 +24,9 @@ def _started(store: Store, db_path: Path, seeds: str) -> list[Attempt]:
     submit = expand_jobs(suite, parse_pairs(seeds), {}, None, 0)
     submit_jobs(store, suite, submit, allowed_gpus=None, priority=0, force=False, dry_run=False)
     started = []
-    for row in store.query("SELECT id FROM jobs ORDER BY id"):
-        plan = AttemptPlan(row["id"], 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
-        started.append(start_attempt(store, plan, lambda n, j=row["id"]: db_path.parent / f"run-{j}-{n}"))
+    for job_id in job_ids(store):
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        started.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}"))
     return started
 
 

@@ -14,6 +14,7 @@ from orchestrator.store.endings import mark_hung
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import Attempt
+from tests.store_reads import job_ids
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
@@ -23,7 +24,7 @@ def _started_attempt(store: Store, db_path: Path) -> Attempt:
     suite = load_suite("demo", PLANS)
     submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
                 allowed_gpus=None, priority=0, force=False, dry_run=False)
-    job_id = store.query("SELECT id FROM jobs ORDER BY id")[0]["id"]
+    job_id = job_ids(store)[0]
     plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
     return start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
 

@@ -37,6 +37,7 @@ from orchestrator.scheduling.packing.pack import pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import Attempt, ShapeMemory
+from tests.store_reads import job_ids
 
 BASE = {"model": "m", "batch_size": 8, "max_seq_len": 256, "prec": "bf16", "learning_rate": 1e-4,
         "num_epochs": 3, "seed": 1, "data": "glue_rte", "eval_every_steps": 50, "sim_seconds": 20}
@@ -392,7 +393,7 @@ def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # t
         suite = load_suite("demo", plans)
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0), allowed_gpus=None,
                     priority=0, force=False, dry_run=False)  # fmt: skip
-        job_id = store.query("SELECT id FROM jobs ORDER BY id LIMIT 1")[0]["id"]
+        job_id = job_ids(store)[0]
         plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
         start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         live, jobs = live_attempts_with_jobs(store)

@@ -14,6 +14,9 @@ import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
 from orchestrator.gpu.sim_files import read_holders, sim_uuid
+from orchestrator.lifecycle import JobState
+from orchestrator.store.queries import get_attempts
+from tests.store_reads import job_ids
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -114,9 +117,9 @@ def test_a_four_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs(orch: Orch) -
     orch.write_suite("big", {"wide": {"sim_mem_gib": 9, "sim_seconds": 1, "gpus": 4}}, mem_gib=10)
     orch.submit("stream", " ".join(f"{s}:glue_rte" for s in range(1, 5)), "--gpu-plan", "1")
     orch.start_daemon(poll_s=0.1)
-    wait_until(lambda: len(orch.query("SELECT id FROM jobs WHERE state = 'running'")) == 4, 30, "four one-GPU jobs running")
+    wait_until(lambda: len(orch.read(lambda store: job_ids(store, JobState.RUNNING))) == 4, 30, "four one-GPU jobs running")
     orch.submit("big", "1:glue_rte")
-    (gang_id,) = [r["id"] for r in orch.query("SELECT id FROM jobs WHERE suite = 'big'")]
+    (gang_id,) = orch.read(lambda store: job_ids(store, suite="big"))
     seed = 100
     reasons: set[str] = set()
 
@@ -127,7 +130,7 @@ def test_a_four_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs(orch: Orch) -
         orch.submit("stream", f"{seed}:glue_rte", "--priority", "5")
         for row in orch.query("SELECT wait_reason FROM jobs WHERE state = 'queued' AND wait_reason IS NOT NULL"):
             reasons.add(row["wait_reason"])
-        return bool(orch.query("SELECT id FROM attempts WHERE job_id = ?", (gang_id,)))
+        return bool(orch.read(lambda store: get_attempts(store, gang_id)))
 
     wait_until(gang_started, 60, "the four-GPU job to start", poll_s=0.5)
     assert any("reserved for it" in r for r in reasons), reasons

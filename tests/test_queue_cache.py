@@ -18,6 +18,7 @@ from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store import Store
 from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs, transition
 from tests.conftest import REPO_ROOT
+from tests.store_reads import job_ids
 from tests.test_scale import _Recorder
 
 
@@ -25,7 +26,7 @@ def _submit(store: Store, seeds: range, priority: int = 0) -> list[int]:
     suite = load_suite("demo", REPO_ROOT / "plans")
     specs = expand_jobs(suite, parse_pairs(" ".join(f"{i}:glue_rte" for i in seeds)), {}, None, 0)
     submit_jobs(store, suite, specs, allowed_gpus=None, priority=priority, force=False, dry_run=False)
-    return [int(r["id"]) for r in store.query("SELECT id FROM jobs ORDER BY id")]
+    return job_ids(store)
 
 
 def _whole(store: Store) -> list[tuple[int, int, int, str | None]]:
@@ -100,8 +101,8 @@ def test_random_changes_keep_the_kept_queue_equal_to_a_whole_read(tmp_path: Path
     cache.read(store)
     next_seed = 20
     for _ in range(60):
-        queued = [int(r["id"]) for r in store.query("SELECT id FROM jobs WHERE state = 'queued'")]
-        running = [int(r["id"]) for r in store.query("SELECT id FROM jobs WHERE state = 'running'")]
+        queued = job_ids(store, JobState.QUEUED)
+        running = job_ids(store, JobState.RUNNING)
         move = rng.choice(["start", "cancel", "requeue", "submit", "reason", "priority"])
         if move == "start" and queued:
             transition(store, rng.choice(queued), JobState.RUNNING, message="started")

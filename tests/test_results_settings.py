@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.lifecycle import JobState
 from orchestrator.store import Store
+from orchestrator.store.queries import list_jobs
 from tests.conftest import OrchRunner
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
 
@@ -68,11 +70,11 @@ def _succeeded(store: Store, job_id: int, run_dir: Path, result: dict) -> None:
         store.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", [job_id])
 
 
-def _finish_all(db_path: Path, tmp_path: Path, value_of=lambda job: 0.5 + job["id"] / 100) -> None:  # type: ignore[no-untyped-def]
+def _finish_all(db_path: Path, tmp_path: Path) -> None:
     with Store(db_path) as store:
-        for job in store.query("SELECT id, seed FROM jobs WHERE state = 'queued' ORDER BY id"):
-            _succeeded(store, job["id"], tmp_path / "runs" / str(job["id"]),
-                       {"status": "ok", "metrics": {"test": {"accuracy": value_of(job)}}})
+        for job in list_jobs(store, state=JobState.QUEUED.value):
+            _succeeded(store, job.id, tmp_path / "runs" / str(job.id),
+                       {"status": "ok", "metrics": {"test": {"accuracy": 0.5 + job.id / 100}}})
 
 
 def test_a_forced_rerun_of_a_seed_is_counted_and_named(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> None:
@@ -140,7 +142,7 @@ def test_validation_as_test_and_dropout_under_mixed_levels_are_marked(
     monkeypatch.setenv("ORCH_PLANS", str(_own_plans(tmp_path, peft)))
     assert orch_inproc("submit", "--suite", "lo", "--pairs", "1:glue_rte 2:glue_rte 1:glue_cola").rc == 0
     with Store(db_path) as store:
-        jobs = {(j["seed"], j["data"]): j["id"] for j in store.query("SELECT id, seed, data FROM jobs")}
+        jobs = {(j.seed, j.data): j.id for j in list_jobs(store)}
         for (seed, data), job_id in jobs.items():
             run_dir = tmp_path / "runs" / str(job_id)
             metrics = {"accuracy": 0.7 + seed / 10} if data == "glue_rte" else {"mcc": 0.3}
@@ -180,8 +182,8 @@ def test_the_dropout_a_run_reports_wins_over_its_config(
     monkeypatch.setenv("ORCH_PLANS", str(_own_plans(tmp_path, {"r": 8, "lora_dropout": 0.05})))
     assert orch_inproc("submit", "--suite", "lo", "--pairs", "1:glue_rte 2:glue_rte").rc == 0
     with Store(db_path) as store:
-        for job in store.query("SELECT id, seed FROM jobs"):
-            _succeeded(store, job["id"], tmp_path / "runs" / str(job["id"]),
+        for job in list_jobs(store):
+            _succeeded(store, job.id, tmp_path / "runs" / str(job.id),
                        {"status": "ok", "metrics": {"test": {"accuracy": 0.7}}, "lora_dropout": 0.0})
         with store.write():  # seed 2 ran at the halved batch: mixed levels, but the runs drew no dropout
             store.execute("UPDATE attempts SET level = 2 WHERE job_id = 2")
@@ -195,7 +197,7 @@ def test_runs_of_another_worker_command_or_env_are_not_pooled(
     demo = ("--suite", "demo", "--round", "all")
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte").rc == 0
     with Store(db_path) as store, store.write():  # as `orch retry` leaves jobs after the suite file was edited
-        first = store.query("SELECT MIN(id) AS id FROM jobs WHERE config_name = 'demo_small'")[0]["id"]
+        first = min(j.id for j in list_jobs(store) if j.config_name == "demo_small")
         store.execute("UPDATE jobs SET worker = worker || ' --fixed' WHERE id = ?", [first + 1])
         store.execute("UPDATE jobs SET env_json = '{\"TOKENIZERS_PARALLELISM\": \"false\"}' WHERE id = ?", [first + 2])
         store.execute("UPDATE jobs SET env_json = '{\"ORCH_SOMETHING\": \"1\"}' WHERE id = ?", [first + 3])

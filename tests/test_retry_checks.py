@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.lifecycle import JobState
 from orchestrator.plans.resume import resumable_attempts
 from orchestrator.store import Store
 from orchestrator.store.attempts import PastAttempt
+from orchestrator.store.queries import get_job
 from tests.conftest import OrchRunner
+from tests.store_reads import job_ids
 from tests.test_cli_fixes_take import FIXED, TYPO, fail_and_pause, worker_of, write_suite
 
 
@@ -21,8 +24,8 @@ def plans(tmp_path: Path) -> Path:
 
 def _states(db_path: Path) -> list[tuple[int, str, int]]:
     with Store(db_path) as store:
-        rows = store.query("SELECT id, state, max_attempts FROM jobs ORDER BY id")
-    return [(r["id"], r["state"], r["max_attempts"]) for r in rows]
+        jobs = [get_job(store, job_id) for job_id in job_ids(store)]
+    return [(j.id, j.state.value, j.max_attempts) for j in jobs]
 
 
 def test_a_retry_with_one_job_it_cannot_take_writes_nothing(orch_inproc: OrchRunner, db_path: Path, plans: Path) -> None:
@@ -45,8 +48,8 @@ def test_retry_fresh_resumes_from_none_of_the_attempts_so_far(orch_inproc: OrchR
     fail_and_pause(db_path, 1)
     assert orch_inproc("retry", "1", "--fresh").rc == 0
     with Store(db_path) as store:
-        row = store.query("SELECT state, attempt_count, fresh_after_attempt FROM jobs WHERE id = 1")[0]
-    assert (row["state"], row["fresh_after_attempt"]) == ("queued", row["attempt_count"])
+        job = get_job(store, 1)
+    assert (job.state, job.fresh_after_attempt) == (JobState.QUEUED, job.attempt_count)
 
 
 def _past(n: int, outcome: str, reason: str = "", worker: str | None = "w") -> PastAttempt:
@@ -75,12 +78,12 @@ def test_an_attempt_records_its_command_and_a_cut_checkpoint_search_is_said(db_p
         suite = load_suite("demo", plans)
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
                     allowed_gpus=None, priority=0, force=False, dry_run=False)
-        job_id = store.query("SELECT id FROM jobs ORDER BY id")[0]["id"]
+        job_id = job_ids(store)[0]
         plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED),
                            1024, searched_in_part=(2, 1))
         attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         (past,) = past_attempts(store, job_id)
-        worker = store.query("SELECT worker FROM jobs WHERE id = ?", [job_id])[0]["worker"]
+        worker = get_job(store, job_id).worker
         start = store.query("SELECT message FROM events WHERE kind = 'start' AND attempt_id = ?", [attempt.id])
     assert past.worker == worker
     assert "read the run dir of attempt(s) 2, 1 only in part" in start[0]["message"]

@@ -27,9 +27,11 @@ from orchestrator.store.jobs import (
     submit_jobs,
     transition,
 )
+from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.schema import MIGRATIONS
 from tests.store_helpers import old_database_with_one_job
+from tests.store_reads import job_count, state_of
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -54,7 +56,7 @@ def submit(store: Store, suite: Suite, specs: list[JobSpec], *, force: bool = Fa
 
 
 def job_state(store: Store, job_id: int) -> str:
-    return str(store.query("SELECT state FROM jobs WHERE id = ?", [job_id])[0]["state"])
+    return state_of(store, job_id)
 
 
 def event_count(store: Store) -> int:
@@ -163,7 +165,7 @@ def test_locked_db_is_a_store_error(db_path: Path, monkeypatch: pytest.MonkeyPat
         holder.execute("ROLLBACK")
         holder.close()
     with Store(db_path) as store:
-        assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+        assert job_count(store) == 0
 
 
 def test_unwritable_directory_is_a_store_error(tmp_path: Path) -> None:
@@ -209,11 +211,11 @@ def test_forbidden_transition_writes_nothing(store: Store, demo: Suite) -> None:
     job_id = submit(store, demo, specs_of(demo))[0].job_id
     assert job_id is not None
     before_events = event_count(store)
-    before_row = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
+    before = get_job(store, job_id)
     with pytest.raises(InvalidTransition, match="queued -> succeeded is not allowed"):
         transition(store, job_id, JobState.SUCCEEDED, message="x", fields={"reason": "should not stick"})
     assert event_count(store) == before_events
-    assert store.query("SELECT * FROM jobs WHERE id = ?", [job_id]) == before_row
+    assert get_job(store, job_id) == before
 
 
 def test_expect_from_mismatch_writes_nothing(store: Store, demo: Suite) -> None:
@@ -255,8 +257,8 @@ def test_cancel_queued_only_cancels_queued(store: Store, demo: Suite) -> None:
     first, second = (o.job_id for o in submit(store, demo, specs_of(demo))[:2])
     assert first is not None and second is not None
     cancel_queued(store, first, "by hand")
-    row = store.query("SELECT state, reason FROM jobs WHERE id = ?", [first])[0]
-    assert row == {"state": "cancelled", "reason": "by hand"}
+    cancelled = get_job(store, first)
+    assert (cancelled.state, cancelled.reason) == (JobState.CANCELLED, "by hand")
     transition(store, second, JobState.RUNNING, message="started")
     with pytest.raises(InvalidTransition):
         cancel_queued(store, second, "too late")
@@ -267,12 +269,12 @@ def test_requeue_resets_queued_at_and_wait_reason(store: Store, demo: Suite) -> 
     job_id = submit(store, demo, specs_of(demo))[0].job_id
     assert job_id is not None
     transition(store, job_id, JobState.RUNNING, message="s", fields={"wait_reason": None})
-    store_before = store.query("SELECT queued_at FROM jobs WHERE id = ?", [job_id])[0]["queued_at"]
+    store_before = get_job(store, job_id).queued_at
     with store.write():
         store.execute("UPDATE jobs SET wait_reason = 'stale' WHERE id = ?", [job_id])
     transition(store, job_id, JobState.QUEUED, message="oom, requeued")
-    row = store.query("SELECT queued_at, wait_reason FROM jobs WHERE id = ?", [job_id])[0]
-    assert row["wait_reason"] is None and row["queued_at"] >= store_before
+    requeued = get_job(store, job_id)
+    assert requeued.wait_reason is None and requeued.queued_at >= store_before
 
 
 # ---------------------------------------------------------------- submit
@@ -286,7 +288,7 @@ def test_submit_is_idempotent(store: Store, demo: Suite) -> None:
     assert [o.created for o in again] == [False] * 6
     assert [o.job_id for o in again] == [o.job_id for o in first]
     assert {o.existing_state for o in again} == {"queued"}
-    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 6
+    assert job_count(store) == 6
 
 
 def test_force_duplicates(store: Store, demo: Suite) -> None:
@@ -294,14 +296,14 @@ def test_force_duplicates(store: Store, demo: Suite) -> None:
     submit(store, demo, specs)
     forced = submit(store, demo, specs, force=True)
     assert all(o.created for o in forced)
-    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 2 * len(specs)
+    assert job_count(store) == 2 * len(specs)
 
 
 def test_dry_run_writes_nothing(store: Store, demo: Suite) -> None:
     before = event_count(store)
     outcomes = submit(store, demo, specs_of(demo), dry_run=True)
     assert all(o.created and o.job_id is None for o in outcomes)
-    assert store.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+    assert job_count(store) == 0
     assert event_count(store) == before
 
 

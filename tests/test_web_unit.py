@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.lifecycle import JobState
 from orchestrator.store import Store
 from orchestrator.store.gpu_samples import GpuReading, gpu_sample_series, record_gpu_samples
+from orchestrator.store.queries import get_attempts
+from orchestrator.store.sweep_attempts import attempt_counts
 from orchestrator.store.web_queries import AttemptSpan, attempt_spans, overview, sweep_counts
 from orchestrator.web.charts import pack_lanes
 from orchestrator.web.summary import occupancy
+from tests.store_reads import job_ids, state_of
 
 starlette = pytest.importorskip("starlette", reason="needs the web extra")
 
@@ -52,7 +56,7 @@ def test_ours_is_what_live_attempts_hold(db_path: Path) -> None:
         latest = {s.gpu_uuid: s for s in gpu_sample_series(store, since_s=1e10)}
         view = overview(store)
         counts = sweep_counts(store)
-        running_ids = {r["id"] for r in store.query("SELECT id FROM jobs WHERE state = 'running'")}
+        running_ids = set(job_ids(store, JobState.RUNNING))
     assert held and all(latest[uuid].orch_mib == min(mib, 20000) for uuid, mib in held.items())
     assert {r.job_id for r in view.running} == running_ids and len(running_ids) == 3
     assert all(r.step == 20 and r.loss == 0.7 for r in view.running)
@@ -67,7 +71,7 @@ def test_spans_filter_by_time_and_limit(db_path: Path) -> None:
     build_sweep(db_path, 120, running=2, queued=10)
     with Store(db_path) as store:
         every, total = attempt_spans(store)
-        assert total == len(every) == store.query("SELECT count(*) AS n FROM attempts")[0]["n"]
+        assert total == len(every) == attempt_counts(store).claimed
         latest, total_again = attempt_spans(store, limit=7)
         assert total_again == total and [s.attempt_id for s in latest] == [s.attempt_id for s in every[-7:]]
         middle = every[len(every) // 2]
@@ -115,7 +119,7 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
         response = client.get(page)
         assert response.status_code == 200, page
     with Store(db_path) as store:
-        n_attempts = store.query("SELECT count(*) AS n FROM attempts")[0]["n"]
+        n_attempts = attempt_counts(store).claimed
     assert client.get("/timeline").text.count('class="attempt"') == n_attempts
     csv = client.get("/results.csv")
     assert csv.headers["content-type"].startswith("text/csv")
@@ -138,7 +142,7 @@ def test_a_time_range_no_clock_can_show_is_a_400(client, query: str) -> None:  #
 def test_actions_need_the_token_and_a_post(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
     def state(job_id: int) -> str:
         with Store(db_path) as store:
-            return str(store.query("SELECT state FROM jobs WHERE id = ?", [job_id])[0]["state"])
+            return state_of(store, job_id)
 
     queued = 30  # the last jobs of the synthetic sweep are queued
     assert client.post(f"/api/jobs/{queued}/cancel").status_code == 403
@@ -268,7 +272,7 @@ def test_pages_escape_what_users_and_workers_wrote(client, db_path: Path) -> Non
     with Store(db_path) as store, store.write():
         store.execute("UPDATE jobs SET config_name = '<script>alert(1)</script>', "
                       "overrides_json = '{\"x\": \"<img src=x onerror=alert(1)>\"}' WHERE id = 3")
-        run_dir = store.query("SELECT run_dir FROM attempts WHERE job_id = 3")[0]["run_dir"]
+        run_dir = get_attempts(store, 3)[0].run_dir
     (Path(run_dir) / "progress.jsonl").write_text('{"step": 1, "</script><script>alert(1)</script>": 1.0}\n')
     for page in ("/jobs", "/job/3", "/timeline", "/results", "/curves?job=3"):
         text = client.get(page).text

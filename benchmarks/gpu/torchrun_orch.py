@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -61,23 +60,25 @@ def write_plans(plans: Path, gpus: int, hidden: int, steps: int) -> None:
 
 
 def summarize(db: Path) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    rows = [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
-    conn.close()
+    from orchestrator.rundir_files import RunDir
+    from orchestrator.store import Store
+    from orchestrator.store.sweep_attempts import all_attempts
+
+    with Store(db, create=False) as store:
+        attempts = all_attempts(store)
     out = []
-    for a in rows:
+    for a in attempts:
         reported: Any = None
-        log = Path(a["run_dir"]) / "stdout.log"
+        log = RunDir(a.run_dir).log
         if log.exists():
             lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
             reported = json.loads(lines[-1]).get("ranks") if lines else None
         out.append({
-            "job": a["job_id"], "outcome": a["outcome"], "gpus": json.loads(a["gpu_uuids_json"] or "null") or [a["gpu_uuid"]],
-            "port": a["port"], "per_rank_peak_mib": json.loads(a["peak_by_rank_json"] or "{}"),
-            "per_card_peak_mib": json.loads(a["peak_by_gpu_json"] or "{}"), "peak_mib": a["peak_mib"],
-            "ranks_report_alloc_mib": reported, "host_peak_mib": a["host_peak_mib"], "cpu_peak_cores": a["cpu_peak_cores"],
-            "seconds": None if a["ended_at"] is None else round(a["ended_at"] - a["started_at"], 1),
+            "job": a.job_id, "outcome": None if a.outcome is None else a.outcome.value, "gpus": list(a.cards),
+            "port": a.port, "per_rank_peak_mib": a.peak_by_rank, "per_card_peak_mib": a.peak_by_gpu,
+            "peak_mib": a.peak_mib, "ranks_report_alloc_mib": reported, "host_peak_mib": a.host_peak_mib,
+            "cpu_peak_cores": a.cpu_peak_cores,
+            "seconds": None if a.ended_at is None else round(a.ended_at - a.started_at, 1),
         })  # fmt: skip
     return out
 
@@ -126,11 +127,12 @@ def main() -> int:
         from orchestrator.daemon.state import tmux_socket_name
 
         subprocess.run(["tmux", "-L", tmux_socket_name(db), "kill-server"], capture_output=True, check=False)
+    attempts = summarize(db)
     summary = {"gpus_on_machine": gpus, "ranks_per_job": 2, "one_card_for_both_ranks": gpus < 2,
-               "wall_s": round(time.monotonic() - started, 1), "attempts": summarize(db)}  # fmt: skip
+               "wall_s": round(time.monotonic() - started, 1), "attempts": attempts}  # fmt: skip
     (args.out / "torchrun-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2), flush=True)
-    return 0 if all(a["outcome"] == "succeeded" for a in summary["attempts"]) and summary["attempts"] else 1
+    return 0 if attempts and all(a["outcome"] == "succeeded" for a in attempts) else 1
 
 
 if __name__ == "__main__":

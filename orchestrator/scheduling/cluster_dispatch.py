@@ -27,7 +27,8 @@ from orchestrator.scheduling.waits import held_reason
 from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
 from orchestrator.store.cluster_ends import stuck_attempt_count
 from orchestrator.store.db import Store
-from orchestrator.store.queue import live_attempt_count, paused_suites, queued_whole_jobs
+from orchestrator.store.queue import live_attempt_count, queued_whole_jobs
+from orchestrator.store.status import paused_suites
 
 # The attempt row's GPU while the cluster, not orch, picks the card.
 CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0, used_mib=0, free_mib=0)
@@ -46,7 +47,7 @@ def schedule_remote(
     """Submit what the queue limit allows; returns how many were submitted. `hold`: why nothing
     may start now (a full disk, an unsafe runs dir), shown on every queued job."""
     hold = hold or executor.submit_hold()  # sbatch waits out Slurm's backoff too
-    paused = set(paused_suites(store))
+    paused = {p.suite for p in paused_suites(store, count_queued=False)}
     queued = queued_whole_jobs(store)
     in_queue = live_attempt_count(store) - stuck_attempt_count(store, STUCK_WORDS)  # those never start: no slot
     shapes = read_all_shapes(store)

@@ -48,7 +48,6 @@ from orchestrator.store.peak_source import PredictionSource
 from orchestrator.store.queue import (
     jobs_by_id,
     live_attempts_with_jobs,
-    paused_suites,
     queued_jobs,
     queued_jobs_alike,
     succeeded_runs_since,
@@ -56,6 +55,7 @@ from orchestrator.store.queue import (
 from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
+from orchestrator.store.status import paused_suites
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def schedule(
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
     start now (a full disk); every queued job shows it."""
     cache = state.shapes
-    paused = paused_suites(store)
+    paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
     live, live_jobs = live_attempts_with_jobs(store)
     durations = refresh_durations(store, state)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end

@@ -16,6 +16,7 @@ from orchestrator.store.jobs import add_event
 class DaemonRow:
     pid: int | None
     proc_create_time: float | None
+    started_at: float | None = None  # when it registered, after taking the lock
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,10 @@ class DaemonControl:
 
 def read_daemon(store: Store) -> DaemonRow | None:
     """The recorded daemon's process, or None when no daemon ever registered."""
-    rows = store.query("SELECT pid, proc_create_time FROM daemon WHERE id = 1")
+    rows = store.query("SELECT pid, proc_create_time, started_at FROM daemon WHERE id = 1")
     if not rows:
         return None
-    return DaemonRow(rows[0]["pid"], rows[0]["proc_create_time"])
+    return DaemonRow(rows[0]["pid"], rows[0]["proc_create_time"], rows[0]["started_at"])
 
 
 def register_daemon(

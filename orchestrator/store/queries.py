@@ -11,6 +11,7 @@ from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
+from orchestrator.store.json_columns import json_column
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.status import Event, job_events, recent_events
@@ -299,6 +300,8 @@ class SucceededAttempt:
 
 
 def succeeded_attempts(store: Store, suite: str | None = None) -> list[SucceededAttempt]:
+    """Each succeeded job with its succeeding attempt, by job id: the one reader of results
+    (`orch results`, the web page's results, `orch report`)."""
     sql = (
         "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
         "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
@@ -313,13 +316,9 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
         params.append(suite)
     out: list[SucceededAttempt] = []
     for r in store.query(sql + " ORDER BY j.id", params):
-        try:
-            overrides = json.loads(r["overrides_json"] or "{}")
-        except ValueError:
-            overrides = {}
         out.append(SucceededAttempt(
             r["job_id"], r["suite"], r["config_name"], r["data"], r["seed"], r["n"], r["level"], r["level_step"],
-            overrides if isinstance(overrides, dict) else {}, bool(r["run_alone"]), r["run_dir"],
+            json_column(r["overrides_json"], {}), bool(r["run_alone"]), r["run_dir"],
             r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
             r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "",
         ))  # fmt: skip

@@ -162,10 +162,6 @@ def live_attempt_count(store: Store) -> int:
     return int(store.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"])
 
 
-def paused_suites(store: Store) -> dict[str, str]:
-    return {r["suite"]: r["reason"] for r in store.query("SELECT suite, reason FROM paused_suites")}
-
-
 def write_wait_reasons(store: Store, changed: Sequence[tuple[str | None, int]]) -> None:
     """(reason, job id) pairs: each still queued job's waiting reason, in one transaction."""
     if not changed:
@@ -177,18 +173,3 @@ def write_wait_reasons(store: Store, changed: Sequence[tuple[str | None, int]]) 
 def job_by_id(store: Store, job_id: int) -> Job | None:
     rows = store.query("SELECT * FROM jobs WHERE id = ?", [job_id])
     return Job.from_row(rows[0]) if rows else None
-
-
-def succeeded_jobs_with_attempts(store: Store, suite: str | None = None) -> list[tuple[Job, Attempt]]:
-    """Each succeeded job with its succeeding attempt (where its result is and how it ran), by job id."""
-    sql = (
-        "SELECT a.* FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        "WHERE a.outcome = 'succeeded' AND j.state = 'succeeded'"
-    )
-    params: list[str] = []
-    if suite is not None:
-        sql += " AND j.suite = ?"
-        params.append(suite)
-    attempts = [Attempt.from_row(r) for r in store.query(sql + " ORDER BY j.id", params)]
-    jobs = jobs_by_id(store, sorted({a.job_id for a in attempts}))
-    return [(jobs[a.job_id], a) for a in attempts]

@@ -4,28 +4,13 @@ as enums. Rows are snapshots: writes go through the store's functions, which ret
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
-
-_EMPTY_JSON: dict[Any, type] = {"{}": dict, "[]": list}  # most JSON columns of most rows
-
-
-def _json(text: Any, default: Any) -> Any:
-    """A JSON column's value, or `default` when it is empty, not JSON, or not of its type."""
-    if not text:
-        return default
-    if isinstance(text, str) and (empty := _EMPTY_JSON.get(text)) is not None:
-        return empty() if isinstance(default, empty) else default
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
-        return default
-    return value if isinstance(value, type(default)) else default
+from orchestrator.store.json_columns import json_column as _json
 
 
 def _opt_int(value: Any) -> int | None:

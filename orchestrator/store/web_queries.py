@@ -3,13 +3,13 @@ writes. Every list a page shows is bounded, so a database of 10,000 jobs answers
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.store.db import Store
+from orchestrator.store.json_columns import json_column
 from orchestrator.store.queries import state_counts
 from orchestrator.store.status import (
     Event,
@@ -286,13 +286,9 @@ def jobs_page(store: Store, f: JobsFilter, *, limit: int = 500, offset: int = 0,
     )
     out = []
     for r in rows:
-        try:
-            overrides = json.loads(r["overrides_json"] or "{}")
-        except ValueError:
-            overrides = {}
         out.append(JobsPageRow(
             r["id"], r["state"], r["suite"], r["config_name"], r["seed"], r["data"], r["level"], r["attempt_count"],
-            r["gpu"], overrides if isinstance(overrides, dict) else {}, r["reason"], r["updated_at"],
+            r["gpu"], json_column(r["overrides_json"], {}), r["reason"], r["updated_at"],
         ))  # fmt: skip
     return JobsPage(out, total, _distinct(store, "suite", facets_limit), _distinct(store, "config_name", facets_limit),
                     _distinct(store, "data", facets_limit))
