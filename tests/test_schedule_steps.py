@@ -23,6 +23,7 @@ from orchestrator.scheduling.pack_inputs import (
 )
 from orchestrator.scheduling.packing.pack import PackingDecision, Placement
 from orchestrator.scheduling.packing.types import QueuedJob
+from orchestrator.scheduling.state import QueuedJobFacts
 from orchestrator.scheduling.waits import changed_wait_reasons, rows_to_explain
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import Attempt, Job, QueueEntry, ShapeMemory
@@ -164,3 +165,21 @@ def test_an_untaught_lora_kind_names_its_group_until_its_prompt_lengths_are_lear
     assert untaught.firsts == [(1, facts.shape.length_key, 1)]
     taught = pack_inputs([entry(job)], {1: facts}, readings(prompt_lengths={facts.shape.length_key: 300}), cache, {})
     assert taught.firsts == [(1, None, 1)]
+
+
+def test_queued_job_facts_share_one_object_per_kind_and_forget_jobs_that_left() -> None:
+    cache = JobShapeCache()
+    known = QueuedJobFacts()
+    first = known.share(facts_for(a_job(1), cache))
+    again = known.share(facts_for(a_job(2), cache))  # seeds alike: their facts are equal
+    assert again is first and len(known.pool) == 1
+    other = known.share(facts_for(a_job(3, gpus=2), cache))
+    known.by_job = {1: first, 2: first, 3: other}
+    known.forget([2])
+    known.keep_only({1, 3, 4})
+    assert set(known.by_job) == {1, 3}
+    known.forget([3])
+    known.trim_pool()
+    assert list(known.pool.values()) == [first]
+    cache.keep_shapes(f.shape for f in known.pool.values())
+    assert list(cache.shapes.values()) == [first.shape]

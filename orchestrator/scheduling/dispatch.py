@@ -16,7 +16,6 @@ from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.job_facts import (
     JobFacts,
-    JobShapeCache,
     as_received,
     attempt_config,
     attempt_shape_key,
@@ -135,7 +134,8 @@ def schedule(
         return PackingDecision((), {})
     readings = _read_learned(store, state, live, live_jobs, snapshots, durations)
     running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
-    inputs = pack_inputs(rows, cache.jobs, readings, cache, state.kinds.lists if whole_queue else None)
+    facts_of = state.job_facts.by_job
+    inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None)
     queue = with_teaching(inputs.queue, _teaching(inputs.firsts, live_jobs))
     host = None
     if ctx.host is not None:
@@ -144,7 +144,7 @@ def schedule(
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
                     paused=paused, draining=draining, hold=hold)
-    _claim_and_launch(store, launcher, ctx, claim_plans(decision, inputs, cache.jobs, snapshots))
+    _claim_and_launch(store, launcher, ctx, claim_plans(decision, inputs, facts_of, snapshots))
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
     return decision
 
@@ -156,25 +156,24 @@ def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole
     kind's first `per_kind` (jobs of one kind differ only by their place in the queue, and no
     pass places more jobs than there are free slots). Otherwise the head alone, or None while
     its waiting reasons still stand."""
-    cache = state.shapes
     if not whole_queue:
         head = state.queue.head(store, ctx.policy.reasons_for)
         if head is None:
             head = queued_jobs(store, limit=ctx.policy.reasons_for)
         if _reasons_still_fresh(state, fresh_key, head, store.now_s()):
             return None
-        _learn_new_jobs(store, head, cache)
+        _learn_new_jobs(store, head, state)
         return head
     state.queue.read(store)
     read = state.queue.take_changes()
     _forget_left(state, read)
     entries = state.queue.entries
     if read.whole:
-        _learn_new_jobs(store, state.queue.order, cache)
-        state.kinds.rebuild(state.queue.order, cache.jobs)
+        _learn_new_jobs(store, state.queue.order, state)
+        state.kinds.rebuild(state.queue.order, state.job_facts.by_job)
     else:
-        _learn_new_jobs(store, [entries[i] for i in read.changed if i in entries], cache)
-        state.kinds.add(read.changed, entries, cache.jobs)
+        _learn_new_jobs(store, [entries[i] for i in read.changed if i in entries], state)
+        state.kinds.add(read.changed, entries, state.job_facts.by_job)
     return handed_to_pack(state.queue.first(ctx.policy.reasons_for + per_kind), state.kinds.heads(per_kind, entries))
 
 
@@ -245,17 +244,14 @@ def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list
 
 def _forget_left(state: SchedulerState, read: QueueRead) -> None:
     """Drop the facts of jobs that left the queue, and shapes no queued job has."""
-    cache = state.shapes
+    facts = state.job_facts
     if read.whole:
-        cache.jobs = {k: v for k, v in cache.jobs.items() if k in state.queue.entries}
+        facts.keep_only(state.queue.entries)
     else:
-        for job_id in read.left:
-            cache.jobs.pop(job_id, None)
-    if len(cache.shapes) + len(cache.facts_pool) > 2 * len(cache.jobs) + 100:
-        kept = {id(f) for f in cache.jobs.values()}
-        cache.facts_pool = {k: f for k, f in cache.facts_pool.items() if id(f) in kept}
-        kept_shapes = {id(f.shape) for f in cache.facts_pool.values()}
-        cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept_shapes}
+        facts.forget(read.left)
+    if len(state.shapes.shapes) + len(facts.pool) > 2 * len(facts.by_job) + 100:
+        facts.trim_pool()
+        state.shapes.keep_shapes(f.shape for f in facts.pool.values())
 
 
 def _expected_end(
@@ -277,10 +273,11 @@ def _declared_host_mib(job: Job) -> int | None:
     return round(value * 1024)
 
 
-def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) -> None:
+def _learn_new_jobs(store: Store, rows: list[QueueEntry], state: SchedulerState) -> None:
     """Level and shape facts for jobs not seen before, or whose level or host steps changed;
     a job whose ladder cannot be expanded fails here."""
-    stale = [r.id for r in rows if (f := cache.jobs.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
+    cache, known = state.shapes, state.job_facts
+    stale = [r.id for r in rows if (f := known.by_job.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
     if not stale:
         return
     # Seeds of a sweep share their facts: one job of each group is read whole and learned, the
@@ -292,8 +289,7 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) 
         try:
             level = level_of(job, cache)
         except OrchError as exc:
-            for job_id in alike:
-                cache.jobs.pop(job_id, None)
+            known.forget(alike)
             for failed in jobs_by_id(store, alike).values():
                 fail_queued(store, failed, f"invalid ladder: {exc}")
             continue
@@ -302,9 +298,9 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) 
             allowed=job.allowed_gpus, gpus=job.gpus, cpus=job.cpus, declared_host_mib=_declared_host_mib(job),
             min_stack_gain=job.min_stack_gain,
         )
-        facts = cache.facts_pool.setdefault(facts.pool_key, facts)
+        facts = known.share(facts)
         for job_id in alike:
-            cache.jobs[job_id] = facts
+            known.by_job[job_id] = facts
 
 
 def fail_queued(store: Store, job: Job, reason: str) -> None:
