@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.next_step import EndEvidence, classify_end, decide_next
+from orchestrator.attempts.classify import Classification
+from orchestrator.attempts.next_step import EndEvidence, NextStep, classify_end, decide_next
 from orchestrator.attempts.printed_metrics import parse_result
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
@@ -80,9 +82,37 @@ def complete(
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
-    # gather: the run dir's files, the job and its ladder, the earlier hangs
+    found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
+                    remote_end=remote_end)
+    ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
+    step = decide_next(found.job, found.levels, found.level, ended, kill_reason=attempt.kill_requested,
+                       remote_end=remote_end, hung_retries_so_far=found.hung_retries_so_far)
+    closed = _write_end(store, attempt, found, ended.classification, step)
+    if closed and step.job_state is JobState.SUCCEEDED:
+        _remove_earlier_checkpoints(store, attempt)
+    if ended.classification.outcome is AttemptOutcome.FAILED and not hung:
+        guard_crash_loop(store, found.job.suite, crash_loop_of(found.job))
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    """What `complete` reads before it decides: the run dir's files, the job and its ladder."""
+
+    job: Job
+    levels: list[Level]
+    level: Level  # the attempt's
+    evidence: EndEvidence
+    problems: list[str]  # run-dir files refused as invalid
+    peak_mib: int  # the most it held: orch's readings, its result's and the wrapper's own
+    card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
+    hung_retries_so_far: int  # earlier attempts of the job killed as hung
+
+
+def _gather(
+    store: Store, attempt: Attempt, obs: Observation | None, cache: JobShapeCache, *, lost: bool, hung: bool,
+    disk_full_now: bool, remote_end: ClusterEnd | None,
+) -> _Gathered:
     run_dir = Path(attempt.run_dir)
-    exit_record = obs.exit_record if obs else None
     problems = list(obs.problems) if obs else []
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
@@ -91,60 +121,55 @@ def complete(
         # our workers sign their result; this one was written by another attempt's worker
         problems.append("result.json: not written by this attempt's worker (no matching token); ignored")
         result = None
-    log_tail = read_log_tail(run_dir)
-    kill_reason = attempt.kill_requested
     levels = job_levels(job, cache)
-    level = levels[min(attempt.level, len(levels) - 1)]
-    # classify, then decide: pure (orchestrator.attempts.next_step)
-    ended = classify_end(EndEvidence(exit_record, result, log_tail, kill_reason, lost=lost, hung=hung,
-                                     disk_full_now=disk_full_now, remote_end=remote_end))
-    verdict = ended.classification
-    step = decide_next(job, levels, level, ended, kill_reason=kill_reason, remote_end=remote_end,
-                       hung_retries_so_far=hung_attempts_before(store, attempt))
-    # write: the attempt's end, what it teaches and the job's next state, in one transaction
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
+    evidence = EndEvidence(obs.exit_record if obs else None, result, read_log_tail(run_dir), attempt.kill_requested,
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end)
+    return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
+                     read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
+                     hung_attempts_before(store, attempt))
+
+
+def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
+    """The attempt's end, what it teaches (memory, prompt length) and its job's next state, in
+    one transaction. True if this call closed it."""
+    job, level, peak_mib = found.job, found.level, found.peak_mib
+    result, exit_record = found.evidence.result, found.evidence.exit_record
     needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
     held_at_death_mib = max(attempt.held_mib, peak_mib, int(needed_mib or 0))
-    shape_lesson = _shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib)
-    prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
-
     data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
-    card = read_gpu_peak_card(run_dir)  # on a cluster, the only word on which card it ran
-    if card is not None:
-        data["gpu_model"], data["gpu_total_mib"] = card
+    if found.card is not None:
+        data["gpu_model"], data["gpu_total_mib"] = found.card
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
         data["neighbours"] = neighbours(store, attempt)
         if verdict.oom_detail is not None:
             data["oom_detail"] = {k: v for k, v in vars(verdict.oom_detail).items() if v is not None}
     if step.retry is not None:
         data["retry"] = step.retry
-    end_state, fields, why = step.job_state, step.job_fields, step.why
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
-        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {why}"
+        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {step.why}"
     reason = verdict.reason
-    if problems:  # what in the run dir was refused: named, never the cause of a crash
-        unique = list(dict.fromkeys(problems))
+    if found.problems:  # what in the run dir was refused: named, never the cause of a crash
+        unique = list(dict.fromkeys(found.problems))
         reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         data["invalid_files"] = unique[:20]
-    closed = close_attempt(
+    succeeded_silently = result is None and verdict.outcome is AttemptOutcome.SUCCEEDED
+    return close_attempt(
         store, attempt,
         AttemptEnd(
             outcome=verdict.outcome.value, reason=reason,
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
-            peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
-            output_metrics=_stdout_metrics(job, run_dir) if result is None and verdict.outcome is AttemptOutcome.SUCCEEDED else None,
+            peak_mib=peak_mib, job_state=step.job_state, job_fields=step.job_fields, message=message, data=data,
+            output_metrics=_stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None,
         ),
-        shape=shape_lesson, prompt=prompt_lesson,
+        shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
+        prompt=_prompt_lesson(job, verdict.outcome, result),
     )
-    if closed and end_state is JobState.SUCCEEDED:
-        _remove_earlier_checkpoints(store, attempt)
-    if verdict.outcome is AttemptOutcome.FAILED and not hung:
-        guard_crash_loop(store, job.suite, crash_loop_of(job))
 
 
 def _remove_earlier_checkpoints(store: Store, attempt: Attempt) -> None:
