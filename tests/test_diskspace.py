@@ -12,7 +12,7 @@ from orchestrator.attempts.disk_space import (
     disk_state,
     is_disk_full_error,
 )
-from orchestrator.attempts.outcomes import _disk_full
+from orchestrator.attempts.next_step import disk_full_cause
 from orchestrator.lifecycle import AttemptOutcome
 
 FAILED = Classification(AttemptOutcome.FAILED, "exit code 1")
@@ -30,11 +30,11 @@ def test_evidence_in_a_log_tail_or_a_result_error() -> None:
 
 def test_only_failed_or_lost_attempts_orch_did_not_stop_are_put_down_to_the_disk() -> None:
     log = "OSError: [Errno 28] No space left on device"
-    assert _disk_full(FAILED, None, False, log, None, None)
-    assert _disk_full(Classification(AttemptOutcome.LOST, "no exit record"), None, True, "", None, None)
-    assert _disk_full(FAILED, None, False, "ValueError: bad", None, None) is None
-    assert _disk_full(FAILED, "hung", True, log, None, None) is None  # orch killed it: not the disk
-    assert _disk_full(Classification(AttemptOutcome.OOM, "CUDA out of memory"), None, True, log, None, None) is None
+    assert disk_full_cause(FAILED, None, False, log, None, None)
+    assert disk_full_cause(Classification(AttemptOutcome.LOST, "no exit record"), None, True, "", None, None)
+    assert disk_full_cause(FAILED, None, False, "ValueError: bad", None, None) is None
+    assert disk_full_cause(FAILED, "hung", True, log, None, None) is None  # orch killed it: not the disk
+    assert disk_full_cause(Classification(AttemptOutcome.OOM, "CUDA out of memory"), None, True, log, None, None) is None
 
 
 def test_disk_state_levels(tmp_path: Path) -> None:

@@ -143,4 +143,4 @@ def test_a_pass_hands_pack_as_many_jobs_of_each_kind_as_there_are_free_slots(tmp
     # waiting reasons `orch status` shows), were handed to pack
     explained = store.query("SELECT id FROM jobs WHERE wait_reason IS NOT NULL ORDER BY id")
     assert [r["id"] for r in explained] == ids[1:51]  # as when the whole queue is handed over
-    assert len(state.shapes.jobs) == 300  # every job's facts are known: later passes place any of them
+    assert len(state.job_facts.by_job) == 300  # every job's facts are known: later passes place any of them

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from rows_helpers import attempt_of
 
-from orchestrator.attempts.outcomes import _stopped_from_outside
+from orchestrator.attempts.next_step import stopped_from_outside
 from orchestrator.attempts.reconcile import Verdict, disagreement, judge, mark_lost, observe
 from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.wrapper.held_dir import HeldRunDir
@@ -89,15 +89,15 @@ def test_adoption_of_a_real_process(tmp_path: Path) -> None:
     ],
 )
 def test_stopped_from_outside(exit_record: dict[str, Any], outside: bool) -> None:
-    assert _stopped_from_outside(AttemptOutcome.FAILED, None, exit_record, None) is outside
+    assert stopped_from_outside(AttemptOutcome.FAILED, None, exit_record, None) is outside
 
 
 def test_stopped_from_outside_never_overrides_orch_kills_results_or_other_outcomes() -> None:
     hup = {"exit_code": 129, "signal": 1, "received": ["SIGHUP"]}
-    assert not _stopped_from_outside(AttemptOutcome.FAILED, "cancel", hup, None)
-    assert not _stopped_from_outside(AttemptOutcome.FAILED, None, hup, {"status": "error"})
-    assert not _stopped_from_outside(AttemptOutcome.OOM, None, hup, None)
-    assert not _stopped_from_outside(AttemptOutcome.FAILED, None, None, None)
+    assert not stopped_from_outside(AttemptOutcome.FAILED, "cancel", hup, None)
+    assert not stopped_from_outside(AttemptOutcome.FAILED, None, hup, {"status": "error"})
+    assert not stopped_from_outside(AttemptOutcome.OOM, None, hup, None)
+    assert not stopped_from_outside(AttemptOutcome.FAILED, None, None, None)
 
 
 # -- claimed but never launched ---------------------------------------------------------------

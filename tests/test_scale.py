@@ -163,7 +163,7 @@ def test_a_queued_job_is_predicted_again_when_its_shape_learns_a_peak(tmp_path: 
     (attempt,) = store.query("SELECT * FROM attempts")
     assert attempt["prediction_source"] != "measured"
     queued = store.query("SELECT id FROM jobs WHERE state = 'queued' ORDER BY id")
-    facts = cache.shapes.jobs[queued[0]["id"]]
+    facts = cache.job_facts.by_job[queued[0]["id"]]
     write_shape(store, facts.shape.shape_key, ShapeMemory(peak_mib=3_000, oom_floor_mib=None, samples=1))
     assert facts.shape.shape_key in read_all_shapes(store)
     # the running attempt ends: the slot frees, and the next job of that shape starts
@@ -186,7 +186,7 @@ def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
     decision = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
     assert decision.placements == ()
-    assert len(cache.shapes.jobs) == 7  # the head only: nothing else was read or computed
+    assert len(cache.job_facts.by_job) == 7  # the head only: nothing else was read or computed
     reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
     assert len(reasons) == 7 and all("0 slots" in r["wait_reason"] for r in reasons)
 

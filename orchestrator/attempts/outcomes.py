@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.classify import Classification, classify_attempt
-from orchestrator.attempts.disk_space import disk_full_evidence
+from orchestrator.attempts.classify import Classification
+from orchestrator.attempts.next_step import EndEvidence, NextStep, classify_end, decide_next
 from orchestrator.attempts.printed_metrics import parse_result
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
@@ -18,20 +17,18 @@ from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import remove_checkpoints
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
-from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
+from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import CrashLoop
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.prediction.job_facts import (
     JobShapeCache,
-    as_received,
     attempt_shape_key,
     job_family_tag,
-    job_host_settings,
     job_levels,
     job_prompt_length_key,
     job_shape_key,
 )
-from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
+from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.memory import update_shape
 from orchestrator.prediction.shapes import shape_label
 from orchestrator.prediction.throughput import interval_rate
@@ -85,8 +82,37 @@ def complete(
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
+    found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
+                    remote_end=remote_end)
+    ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
+    step = decide_next(found.job, found.levels, found.level, ended, kill_reason=attempt.kill_requested,
+                       remote_end=remote_end, hung_retries_so_far=found.hung_retries_so_far)
+    closed = _write_end(store, attempt, found, ended.classification, step)
+    if closed and step.job_state is JobState.SUCCEEDED:
+        _remove_earlier_checkpoints(store, attempt)
+    if ended.classification.outcome is AttemptOutcome.FAILED and not hung:
+        guard_crash_loop(store, found.job.suite, crash_loop_of(found.job))
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    """What `complete` reads before it decides: the run dir's files, the job and its ladder."""
+
+    job: Job
+    levels: list[Level]
+    level: Level  # the attempt's
+    evidence: EndEvidence
+    problems: list[str]  # run-dir files refused as invalid
+    peak_mib: int  # the most it held: orch's readings, its result's and the wrapper's own
+    card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
+    hung_retries_so_far: int  # earlier attempts of the job killed as hung
+
+
+def _gather(
+    store: Store, attempt: Attempt, obs: Observation | None, cache: JobShapeCache, *, lost: bool, hung: bool,
+    disk_full_now: bool, remote_end: ClusterEnd | None,
+) -> _Gathered:
     run_dir = Path(attempt.run_dir)
-    exit_record = obs.exit_record if obs else None
     problems = list(obs.problems) if obs else []
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
@@ -95,111 +121,55 @@ def complete(
         # our workers sign their result; this one was written by another attempt's worker
         problems.append("result.json: not written by this attempt's worker (no matching token); ignored")
         result = None
-    log_tail = read_log_tail(run_dir)
-    kill_reason = attempt.kill_requested
-    verdict = classify_attempt(
-        exit_code=(exit_record or {}).get("exit_code"),
-        signal=(exit_record or {}).get("signal"),
-        result=result,
-        log_tail=log_tail,
-        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
-        exit_record_present=exit_record is not None and not lost,
-        hung=hung or kill_reason is KillRequest.HUNG,
-    )
-    if remote_end is not None:
-        verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
-    elif _stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
-        verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
-    disk_full = _disk_full(verdict, kill_reason, disk_full_now, log_tail, result, exit_record)
-    if disk_full is not None:
-        verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
+    levels = job_levels(job, cache)
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
-    levels = job_levels(job, cache)
-    level = levels[min(attempt.level, len(levels) - 1)]
+    evidence = EndEvidence(obs.exit_record if obs else None, result, read_log_tail(run_dir), attempt.kill_requested,
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end)
+    return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
+                     read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
+                     hung_attempts_before(store, attempt))
+
+
+def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
+    """The attempt's end, what it teaches (memory, prompt length) and its job's next state, in
+    one transaction. True if this call closed it."""
+    job, level, peak_mib = found.job, found.level, found.peak_mib
+    result, exit_record = found.evidence.result, found.evidence.exit_record
     needed_mib = verdict.oom_detail.needed_mib() if verdict.oom_detail is not None else None
     held_at_death_mib = max(attempt.held_mib, peak_mib, int(needed_mib or 0))
-    shape_lesson = _shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib)
-    prompt_lesson = _prompt_lesson(job, verdict.outcome, result)
-
     data: dict[str, Any] = {"gpu": attempt.gpu_index, "peak_mib": peak_mib, "held_mib": attempt.held_mib}
-    card = read_gpu_peak_card(run_dir)  # on a cluster, the only word on which card it ran
-    if card is not None:
-        data["gpu_model"], data["gpu_total_mib"] = card
+    if found.card is not None:
+        data["gpu_model"], data["gpu_total_mib"] = found.card
     if verdict.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
         data["neighbours"] = neighbours(store, attempt)
         if verdict.oom_detail is not None:
             data["oom_detail"] = {k: v for k, v in vars(verdict.oom_detail).items() if v is not None}
-    fields: dict[str, Any]
-    if disk_full is not None:
-        # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
-        end_state = JobState.QUEUED
-        fields = {"reason": None, "max_attempts": job.max_attempts + 1}
-        why = "requeued unchanged, not counted: waits until the disk has space"
-    elif kill_reason is KillRequest.RETRY:
-        end_state, fields, why = JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued"
-    elif remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
-        # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
-        slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
-        end_state, fields = JobState.QUEUED, {"reason": None, "slurm_json": json.dumps(slurm, sort_keys=True)}
-        why = f"requeued at level {level.index} with --mem={remote_end.next_mem_mib}M"
-    elif remote_end is not None and not remote_end.counted:
-        # preempted, or stopped at a time limit it resumes from: not the job's fault
-        end_state, fields = JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}
-        why = "requeued unchanged, not counted"
-    elif verdict.outcome is AttemptOutcome.CANCELLED:
-        end_state, fields, why = JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled"
-    elif verdict.outcome is AttemptOutcome.SUCCEEDED:
-        end_state, fields, why = JobState.SUCCEEDED, {"reason": None}, "succeeded"
-    else:
-        hung_before = hung_attempts_before(store, attempt)
-        host = job_host_settings(job)
-        decision = retry_decision(
-            verdict.outcome, verdict.reason, job.attempt_count, levels, level.index,
-            job.max_attempts, retryable=verdict.retryable, hung_retries_so_far=hung_before,
-            host=host,
-        )
-        if decision.action == "requeue" and decision.level is not None:
-            end_state, fields = JobState.QUEUED, {"level": decision.level.index, "reason": None}
-            moved, stepped = decision.level.index != level.index, decision.host != host
-            if stepped:  # a host OOM's step: kept by every later attempt, whatever its level
-                fields["host_steps_json"] = json.dumps(decision.host.to_records(), sort_keys=True)
-            if moved or stepped:
-                why = f"requeued at {as_received(job, with_host_settings(decision.level, decision.host)).describe()}"
-                data["retry"] = {"from_level": level.index, "to_level": decision.level.index, "why": verdict.reason}
-                if stepped:
-                    data["retry"]["host_step"] = decision.host.steps[-1].to_record()
-            else:
-                why = f"requeued unchanged at level {level.index}"
-        else:
-            # the attempt's reason is said once in the event: "job failed" when the job's is the same
-            why = "job failed" if decision.why == verdict.reason else f"failed: {decision.why}"
-            end_state, fields = JobState.FAILED, {"reason": decision.why}
+    if step.retry is not None:
+        data["retry"] = step.retry
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
-        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {why}"
+        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {step.why}"
     reason = verdict.reason
-    if problems:  # what in the run dir was refused: named, never the cause of a crash
-        unique = list(dict.fromkeys(problems))
+    if found.problems:  # what in the run dir was refused: named, never the cause of a crash
+        unique = list(dict.fromkeys(found.problems))
         reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         data["invalid_files"] = unique[:20]
-    closed = close_attempt(
+    succeeded_silently = result is None and verdict.outcome is AttemptOutcome.SUCCEEDED
+    return close_attempt(
         store, attempt,
         AttemptEnd(
             outcome=verdict.outcome.value, reason=reason,
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
-            peak_mib=peak_mib, job_state=end_state, job_fields=fields, message=message, data=data,
-            output_metrics=_stdout_metrics(job, run_dir) if result is None and verdict.outcome is AttemptOutcome.SUCCEEDED else None,
+            peak_mib=peak_mib, job_state=step.job_state, job_fields=step.job_fields, message=message, data=data,
+            output_metrics=_stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None,
         ),
-        shape=shape_lesson, prompt=prompt_lesson,
+        shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
+        prompt=_prompt_lesson(job, verdict.outcome, result),
     )
-    if closed and end_state is JobState.SUCCEEDED:
-        _remove_earlier_checkpoints(store, attempt)
-    if verdict.outcome is AttemptOutcome.FAILED and not hung:
-        guard_crash_loop(store, job.suite, crash_loop_of(job))
 
 
 def _remove_earlier_checkpoints(store: Store, attempt: Attempt) -> None:
@@ -209,42 +179,6 @@ def _remove_earlier_checkpoints(store: Store, attempt: Attempt) -> None:
     removed = remove_checkpoints(earlier)
     if removed:
         log.info("job %s succeeded: removed %d checkpoint(s) of its earlier attempts", attempt.job_id, len(removed))
-
-
-def _disk_full(
-    verdict: Classification, kill_reason: KillRequest | None, disk_full_now: bool, log_tail: str,
-    result: dict[str, Any] | None, exit_record: dict[str, Any] | None,
-) -> str | None:
-    """Why an attempt that failed or was lost is put down to a full disk (ENOSPC/EDQUOT named in
-    its log, result or exit record, or the runs filesystem full right now); None otherwise."""
-    if verdict.outcome not in (AttemptOutcome.FAILED, AttemptOutcome.LOST) or kill_reason:
-        return None
-    evidence = disk_full_evidence(
-        (result or {}).get("error"), (exit_record or {}).get("error"), log_tail[-4096:]
-    )
-    if evidence is not None:
-        return evidence
-    return "the runs dir's filesystem is full" if disk_full_now else None
-
-
-# The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
-# someone outside orch sent SIGTERM/SIGHUP: no evidence against the job, so it is lost, not failed.
-HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
-HANGUP_SIGNAL_NAMES = frozenset(s.name for s in HANGUP_SIGNALS)
-HANGUP_EXIT_CODES = tuple(128 + s for s in HANGUP_SIGNALS)
-
-
-def _stopped_from_outside(
-    outcome: AttemptOutcome, kill_reason: KillRequest | None, exit_record: dict[str, Any] | None,
-    result: dict[str, Any] | None,
-) -> bool:
-    if outcome is not AttemptOutcome.FAILED or kill_reason or result is not None or exit_record is None:
-        return False
-    received = exit_record.get("received")
-    if isinstance(received, list):  # the wrapper says which signals reached it: no guessing
-        return any(name in HANGUP_SIGNAL_NAMES for name in received)
-    # Records written before the wrapper named its signals: infer from the exit status.
-    return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
 
 
 def _stdout_metrics(job: Job, run_dir: Path) -> dict[str, float] | None:

@@ -8,7 +8,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ class JobFacts:
 
     @property
     def pool_key(self) -> tuple[Any, ...]:
-        """Equal for facts that are interchangeable (kept once in JobShapeCache.facts_pool)."""
+        """Equal for facts that are interchangeable: the scheduler keeps one of each, shared by jobs alike."""
         return (self.key, id(self.shape), id(self.level), self.allowed, self.gpus, self.cpus,
                 self.declared_host_mib, self.min_stack_gain)
 
@@ -87,11 +87,14 @@ class JobShapeCache:
     levels: dict[tuple[Any, ...], list[Level]] = field(default_factory=dict)  # by content
     model_info: dict[str, ModelInfo | None] = field(default_factory=dict)
     peft_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    jobs: dict[int, JobFacts] = field(default_factory=dict)
-    facts_pool: dict[tuple[Any, ...], JobFacts] = field(default_factory=dict)  # shared by jobs alike
     shapes: dict[tuple[Any, ...], ShapeFacts] = field(default_factory=dict)
     attempt_keys: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, level) -> shape key
     attempt_families: dict[tuple[int, int], FamilyTag | None] = field(default_factory=dict)  # and its family
+
+    def keep_shapes(self, kept: Iterable[ShapeFacts]) -> None:
+        """Drop the shape facts no queued job has (kept: those it has)."""
+        ids = {id(facts) for facts in kept}
+        self.shapes = {k: v for k, v in self.shapes.items() if id(v) in ids}
 
 
 ATTEMPT_KEYS_KEPT = 4096

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.errors import InvalidTransition, OrchError
@@ -17,26 +16,33 @@ from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.job_facts import (
     JobFacts,
-    JobShapeCache,
     as_received,
     attempt_config,
     attempt_shape_key,
     job_prompt_length_key,
     level_of,
-    predict_for,
     shape_facts,
 )
 from orchestrator.prediction.learned import Knowledge, held_peaks, running_peaks, throughput_curves
 from orchestrator.prediction.throughput import family_curves
-from orchestrator.scheduling.family_inputs import curve_of, family_tags, mark_probes, probe_family
+from orchestrator.scheduling.family_inputs import family_tags, mark_probes
 from orchestrator.scheduling.launching import DispatchContext, claim, launch_all
+from orchestrator.scheduling.pack_inputs import (
+    ClaimPlan,
+    PassReadings,
+    claim_plans,
+    host_running_peaks,
+    pack_inputs,
+    with_teaching,
+)
 from orchestrator.scheduling.packing.pack import PackingDecision, can_take_any, open_slots, pack
-from orchestrator.scheduling.packing.types import GpuState, QueuedJob
+from orchestrator.scheduling.packing.types import GpuState
 from orchestrator.scheduling.queue_index import QueueRead
-from orchestrator.scheduling.queue_kinds import Kind, handed_to_pack, kind_of
-from orchestrator.scheduling.resources import host_state, predict_host_mib, running_attempts
+from orchestrator.scheduling.queue_kinds import handed_to_pack
+from orchestrator.scheduling.resources import host_state, running_attempts
 from orchestrator.scheduling.state import SchedulerState
-from orchestrator.scheduling.teaching import teaching_jobs, untaught
+from orchestrator.scheduling.teaching import teaching_jobs
+from orchestrator.scheduling.waits import changed_wait_reasons, rows_to_explain
 from orchestrator.store.attempts import (
     read_all_prompt_lengths,
     read_all_shapes,
@@ -44,7 +50,6 @@ from orchestrator.store.attempts import (
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan, transition
 from orchestrator.store.learning import read_throughput
-from orchestrator.store.peak_source import PredictionSource
 from orchestrator.store.queue import (
     jobs_by_id,
     live_attempts_with_jobs,
@@ -107,6 +112,9 @@ def schedule(
 ) -> PackingDecision:
     """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests).
 
+    Named steps: read the queue -> per-kind inputs -> pack -> claim and launch -> wait reasons.
+    The deciding ones take values (orchestrator.scheduling.pack_inputs, `pack`,
+    orchestrator.scheduling.waits); the rest read and write.
     When no card has a free slot with free memory, only the head of the queue is read (for its
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
     start now (a full disk); every queued job shows it."""
@@ -119,89 +127,16 @@ def schedule(
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
-    head: list[QueueEntry] | None = None
-    if not whole_queue:  # only the head, for its waiting reasons
-        head = state.queue.head(store, ctx.policy.reasons_for)
-        if head is None:
-            head = queued_jobs(store, limit=ctx.policy.reasons_for)
-        if _reasons_still_fresh(state, (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold),
-                                head, store.now_s()):
-            return PackingDecision((), {})
-    # Jobs of one kind differ only by their place in the queue, and no pass places more jobs
-    # than there are free slots: `pack` gets that many of each kind, and the head of the queue
-    # (whose waiting reasons it gives); each kind's prediction is worked out once.
+    fresh_key = (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold)
     per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
-    if whole_queue:
-        state.queue.read(store)
-        read = state.queue.take_changes()
-        _forget_left(state, read)
-        entries = state.queue.entries
-        if read.whole:
-            _learn_new_jobs(store, state.queue.order, cache)
-            state.kinds.rebuild(state.queue.order, cache.jobs)
-        else:
-            _learn_new_jobs(store, [entries[i] for i in read.changed if i in entries], cache)
-            state.kinds.add(read.changed, entries, cache.jobs)
-        head = state.queue.first(ctx.policy.reasons_for + per_kind)
-        queued_rows = handed_to_pack(head, state.kinds.heads(per_kind, entries))
-    else:
-        assert head is not None
-        queued_rows = head
-        _learn_new_jobs(store, queued_rows, cache)
-    reasons: dict[int, str] = {}
-    queue: list[QueuedJob] = []
-    shapes = read_all_shapes(store)
-    prompt_lengths = read_all_prompt_lengths(store)
-    def key_of(job: Job, attempt: Attempt) -> str:
-        return attempt_shape_key(job, attempt, cache)
-
-    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of),
-                          family_tags(store, live, live_jobs, cache))
-    running = mark_probes(running, live, live_jobs, knowledge, cache)
-    curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
-    by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
-    host_shapes = read_host_shapes(store)
-    host_running: dict[str, int] = {}
-    for a in live:
-        if a.job_id in live_jobs:
-            key = attempt_shape_key(live_jobs[a.job_id], a, cache)
-            host_running[key] = max(host_running.get(key, 0), a.host_peak_mib)
-    predictions: dict[int, tuple[int, PredictionSource]] = {}
-    host_predictions: dict[int, int] = {}
-    kinds: dict[Kind, _KindInputs] = {}
-    firsts: list[tuple[int, str | None, int]] = []  # per kind, in queue order (orchestrator.scheduling.teaching)
-    for job in queued_rows:
-        facts = cache.jobs.get(job.id)
-        if facts is None:  # an invalid ladder: failed by `_learn_new_jobs`
-            continue
-        kind = kind_of(facts, job)
-        inputs = kinds.get(kind)
-        if inputs is None:
-            predicted = predict_for(facts.shape, facts.shape.job, facts.level, shapes, prompt_lengths, cache, knowledge)
-            host_mib, _ = predict_host_mib(
-                host_shapes.get(facts.shape.shape_key), host_running.get(facts.shape.shape_key), facts.declared_host_mib)
-            inputs = kinds[kind] = _KindInputs(
-                predicted, host_mib, durations.expected_s(job.config_name, job.data, facts.level.index),
-                curve_of(facts, curves, by_family), probe_family(facts, predicted[1], knowledge))
-            if whole_queue:
-                firsts.append((job.id, _teaching_group(facts, predicted[1], prompt_lengths),
-                               len(state.kinds.lists.get(kind, ())) or 1))
-        predictions[job.id] = inputs.prediction
-        host_predictions[job.id] = inputs.host_mib
-        queue.append(
-            QueuedJob(
-                job_id=job.id, priority=job.priority, queued_seq=job.id,
-                predicted_peak_mib=inputs.prediction[0], waiting_since_s=job.queued_at,
-                allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
-                expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
-                min_stack_gain=facts.min_stack_gain,
-                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
-                probe_family=inputs.probe_family,
-            )
-        )
-    teaching = teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"}) \
-        if any(group is not None for _, group, _ in firsts) else set()
-    queue = [replace(q, teaches=True) if q.job_id in teaching else q for q in queue]
+    rows = _read_queue(store, state, ctx, whole_queue, per_kind, fresh_key)
+    if rows is None:  # nothing can start and the head's reasons still stand
+        return PackingDecision((), {})
+    readings = _read_learned(store, state, live, live_jobs, snapshots, durations)
+    running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
+    facts_of = state.job_facts.by_job
+    inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None)
+    queue = with_teaching(inputs.queue, _teaching(inputs.firsts, live_jobs))
     host = None
     if ctx.host is not None:
         cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
@@ -209,38 +144,86 @@ def schedule(
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
                     paused=paused, draining=draining, hold=hold)
-    reasons.update(decision.wait_reasons)
-    placed = jobs_by_id(store, [p.job_id for p in decision.placements])
-    by_index = {s.index: s for s in snapshots}
-    claims = []
-    for placement in decision.placements:
-        predicted_mib, source = predictions[placement.job_id]
-        if placement.capped:
-            predicted_mib, source = placement.reserved_mib, source.with_cap()
-        whole, level = placed[placement.job_id], cache.jobs[placement.job_id].level
-        # the attempt records its changes as the script receives them (the suite's `keys:`)
-        claimed = claim(store, ctx, whole, as_received(whole, level), attempt_config(whole, level),
-                        by_index[placement.gpu_index], predicted_mib, source, placement.reserved_mib,
-                        tuple(by_index[i] for i in placement.all_gpus), host_predictions[placement.job_id])
-        if claimed is not None:
-            claims.append(claimed)
-    launch_all(store, launcher, ctx, claims)
-    if whole_queue:  # those handed to `pack`, and any other whose old reason no longer stands
-        handed = {q.job_id for q in queue}
-        explained = queued_rows + [state.queue.entries[i] for i in state.queue.with_reason - handed]
-    else:
-        explained = [r for r in queued_rows if r.id in reasons]
-    write_wait_reasons(store, explained, reasons, {p.job_id for p in decision.placements})
+    _claim_and_launch(store, launcher, ctx, claim_plans(decision, inputs, facts_of, snapshots))
+    _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
     return decision
 
 
-def _teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:
-    """A LoRA job's model and data while its prediction is untaught: one finished run of them
-    reports the prompt lengths that size every config of that model and data."""
-    shape = facts.shape
-    if shape.job.worker != "lora" or not untaught(source, shape.length_key in prompt_lengths):
-        return None
-    return shape.length_key
+def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole_queue: bool, per_kind: int,
+                fresh_key: tuple[Any, ...]) -> list[QueueEntry] | None:
+    """The queued jobs handed to `pack`, their facts learned (a job whose ladder is invalid
+    fails here). Over the whole queue: the head (whose waiting reasons `pack` gives) and each
+    kind's first `per_kind` (jobs of one kind differ only by their place in the queue, and no
+    pass places more jobs than there are free slots). Otherwise the head alone, or None while
+    its waiting reasons still stand."""
+    if not whole_queue:
+        head = state.queue.head(store, ctx.policy.reasons_for)
+        if head is None:
+            head = queued_jobs(store, limit=ctx.policy.reasons_for)
+        if _reasons_still_fresh(state, fresh_key, head, store.now_s()):
+            return None
+        _learn_new_jobs(store, head, state)
+        return head
+    state.queue.read(store)
+    read = state.queue.take_changes()
+    _forget_left(state, read)
+    entries = state.queue.entries
+    if read.whole:
+        _learn_new_jobs(store, state.queue.order, state)
+        state.kinds.rebuild(state.queue.order, state.job_facts.by_job)
+    else:
+        _learn_new_jobs(store, [entries[i] for i in read.changed if i in entries], state)
+        state.kinds.add(read.changed, entries, state.job_facts.by_job)
+    return handed_to_pack(state.queue.first(ctx.policy.reasons_for + per_kind), state.kinds.heads(per_kind, entries))
+
+
+def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live_jobs: Mapping[int, Job],
+                  snapshots: tuple[GpuSnapshot, ...], durations: DurationTable) -> PassReadings:
+    """What orch has learned that the queued jobs' inputs rest on: measured shapes and prompt
+    lengths, live attempts' peaks, memory families, co-location curves, host memory."""
+    cache = state.shapes
+
+    def key_of(job: Job, attempt: Attempt) -> str:
+        return attempt_shape_key(job, attempt, cache)
+
+    shapes = read_all_shapes(store)
+    knowledge = Knowledge(shapes, running_peaks(live, live_jobs, key_of), held_peaks(live, live_jobs, key_of),
+                          family_tags(store, live, live_jobs, cache))
+    curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
+    by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
+    return PassReadings(shapes, read_all_prompt_lengths(store), knowledge, durations, curves, by_family,
+                        read_host_shapes(store), host_running_peaks(live, live_jobs, key_of))
+
+
+def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int, Job]) -> set[int]:
+    """The jobs that start early to teach a prediction (orchestrator.scheduling.teaching)."""
+    if not any(group is not None for _, group, _ in firsts):
+        return set()
+    return teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"})
+
+
+def _claim_and_launch(store: Store, launcher: Launcher, ctx: DispatchContext, plans: list[ClaimPlan]) -> None:
+    """Write each placed attempt as started, then start their workers."""
+    placed = jobs_by_id(store, [p.job_id for p in plans])
+    claims = []
+    for p in plans:
+        whole = placed[p.job_id]
+        # the attempt records its changes as the script receives them (the suite's `keys:`)
+        claimed = claim(store, ctx, whole, as_received(whole, p.level), attempt_config(whole, p.level), p.gpu,
+                        p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib)
+        if claimed is not None:
+            claims.append(claimed)
+    launch_all(store, launcher, ctx, claims)
+
+
+def _explain_waits(store: Store, state: SchedulerState, rows: list[QueueEntry], handed: set[int],
+                   decision: PackingDecision, whole_queue: bool) -> None:
+    """Write the waiting reasons that changed: of the jobs handed to `pack` and, after a pass
+    over the whole queue, of any other whose old reason no longer stands."""
+    reasons = decision.wait_reasons
+    reason_left = [state.queue.entries[i] for i in state.queue.with_reason - handed] if whole_queue else []
+    write_wait_reasons(store, rows_to_explain(rows, reasons, whole_queue=whole_queue, reason_left=reason_left),
+                       reasons, {p.job_id for p in decision.placements})
 
 
 WAITING_REFRESH_S = 5.0  # while nothing can start, the head's waiting reasons are this old at most
@@ -259,30 +242,16 @@ def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list
     return False
 
 
-@dataclass(frozen=True)
-class _KindInputs:
-    """What one pass works out once per kind of queued job."""
-
-    prediction: tuple[int, PredictionSource]
-    host_mib: int
-    expected_s: float | None
-    curve: Mapping[int, Mapping[int, float]] | None
-    probe_family: str | None = None
-
-
 def _forget_left(state: SchedulerState, read: QueueRead) -> None:
     """Drop the facts of jobs that left the queue, and shapes no queued job has."""
-    cache = state.shapes
+    facts = state.job_facts
     if read.whole:
-        cache.jobs = {k: v for k, v in cache.jobs.items() if k in state.queue.entries}
+        facts.keep_only(state.queue.entries)
     else:
-        for job_id in read.left:
-            cache.jobs.pop(job_id, None)
-    if len(cache.shapes) + len(cache.facts_pool) > 2 * len(cache.jobs) + 100:
-        kept = {id(f) for f in cache.jobs.values()}
-        cache.facts_pool = {k: f for k, f in cache.facts_pool.items() if id(f) in kept}
-        kept_shapes = {id(f.shape) for f in cache.facts_pool.values()}
-        cache.shapes = {k: v for k, v in cache.shapes.items() if id(v) in kept_shapes}
+        facts.forget(read.left)
+    if len(state.shapes.shapes) + len(facts.pool) > 2 * len(facts.by_job) + 100:
+        facts.trim_pool()
+        state.shapes.keep_shapes(f.shape for f in facts.pool.values())
 
 
 def _expected_end(
@@ -304,10 +273,11 @@ def _declared_host_mib(job: Job) -> int | None:
     return round(value * 1024)
 
 
-def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) -> None:
+def _learn_new_jobs(store: Store, rows: list[QueueEntry], state: SchedulerState) -> None:
     """Level and shape facts for jobs not seen before, or whose level or host steps changed;
     a job whose ladder cannot be expanded fails here."""
-    stale = [r.id for r in rows if (f := cache.jobs.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
+    cache, known = state.shapes, state.job_facts
+    stale = [r.id for r in rows if (f := known.by_job.get(r.id)) is None or f.key != (r.level, r.host_steps_json)]
     if not stale:
         return
     # Seeds of a sweep share their facts: one job of each group is read whole and learned, the
@@ -319,8 +289,7 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) 
         try:
             level = level_of(job, cache)
         except OrchError as exc:
-            for job_id in alike:
-                cache.jobs.pop(job_id, None)
+            known.forget(alike)
             for failed in jobs_by_id(store, alike).values():
                 fail_queued(store, failed, f"invalid ladder: {exc}")
             continue
@@ -329,9 +298,9 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], cache: JobShapeCache) 
             allowed=job.allowed_gpus, gpus=job.gpus, cpus=job.cpus, declared_host_mib=_declared_host_mib(job),
             min_stack_gain=job.min_stack_gain,
         )
-        facts = cache.facts_pool.setdefault(facts.pool_key, facts)
+        facts = known.share(facts)
         for job_id in alike:
-            cache.jobs[job_id] = facts
+            known.by_job[job_id] = facts
 
 
 def fail_queued(store: Store, job: Job, reason: str) -> None:
@@ -341,8 +310,4 @@ def fail_queued(store: Store, job: Job, reason: str) -> None:
 
 
 def write_wait_reasons(store: Store, rows: Sequence[Job | QueueEntry], reasons: dict[int, str], placed: set[int]) -> None:
-    changed = [
-        (reasons.get(r.id), r.id) for r in rows
-        if r.id not in placed and reasons.get(r.id) != r.wait_reason
-    ]
-    store_wait_reasons(store, changed)
+    store_wait_reasons(store, changed_wait_reasons(rows, reasons, placed))

@@ -4,9 +4,10 @@ rendered here and nowhere else. Pure."""
 from __future__ import annotations
 
 import math
-from collections.abc import Container
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol, TypeVar
 
 
 class Blocker(str, Enum):
@@ -164,3 +165,29 @@ def held_reason(suite: str, paused: Container[str], draining: bool, hold: str | 
     """The same as text, for a scheduling pass that does not pack (a cluster's queue)."""
     wait = held(suite, paused, draining, hold)
     return None if wait is None else render(wait)
+
+
+class _Explained(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def wait_reason(self) -> str | None: ...
+
+
+Row = TypeVar("Row", bound=_Explained)
+
+
+def rows_to_explain(handed: Sequence[Row], reasons: Container[int], *, whole_queue: bool,
+                    reason_left: Iterable[Row] = ()) -> list[Row]:
+    """The queued jobs whose waiting reason a pass writes: after a pass over the whole queue,
+    those handed to `pack` and `reason_left` (others whose old reason no longer stands); after a
+    pass over the head only, those `pack` gave a reason (the rest keep theirs)."""
+    if whole_queue:
+        return [*handed, *reason_left]
+    return [r for r in handed if r.id in reasons]
+
+
+def changed_wait_reasons(rows: Iterable[_Explained], reasons: Mapping[int, str],
+                         placed: Container[int]) -> list[tuple[str | None, int]]:
+    """(new reason or None, job id) for each row not placed whose shown reason changes."""
+    return [(reasons.get(r.id), r.id) for r in rows if r.id not in placed and reasons.get(r.id) != r.wait_reason]

@@ -1,0 +1,177 @@
+"""What an ended attempt means and what its job does next, from values alone: `classify_end`
+turns the evidence (exit record, result, log tail, orch's own kill request, the cluster's word)
+into one verdict, and `decide_next` turns the verdict, the job and its ladder into the job's next
+state. No store, run dir or clock: `orchestrator.attempts.outcomes` gathers and writes."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.attempts.classify import Classification, classify_attempt
+from orchestrator.attempts.disk_space import disk_full_evidence
+from orchestrator.executors.remote_verdict import ClusterEnd
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
+from orchestrator.prediction.job_facts import as_received, job_host_settings
+from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
+from orchestrator.store.rows import Job
+
+
+@dataclass(frozen=True)
+class EndEvidence:
+    """What is known of how an attempt ended, read from its run dir, its row and the cluster."""
+
+    exit_record: dict[str, Any] | None  # the wrapper's exit.json
+    result: dict[str, Any] | None  # the worker's result.json, when this attempt's own
+    log_tail: str
+    kill_reason: KillRequest | None  # why orch asked it to stop, if it did
+    lost: bool = False  # its process vanished without an exit record orch can trust
+    hung: bool = False  # killed by the daemon as silent past its hang timeout
+    disk_full_now: bool = False  # the runs dir's filesystem is below its free-space minimum
+    remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the attempt ended; `disk_full`: why a full disk is blamed (None: it is not)."""
+
+    classification: Classification
+    disk_full: str | None = None
+
+
+def classify_end(evidence: EndEvidence) -> Verdict:
+    """The attempt's outcome: the classifier's reading of its files, overruled by the cluster's
+    word, by a hang-up signal orch did not send (lost, not failed), or by a full disk."""
+    exit_record, result = evidence.exit_record, evidence.result
+    kill_reason = evidence.kill_reason
+    verdict = classify_attempt(
+        exit_code=(exit_record or {}).get("exit_code"),
+        signal=(exit_record or {}).get("signal"),
+        result=result,
+        log_tail=evidence.log_tail,
+        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
+        exit_record_present=exit_record is not None and not evidence.lost,
+        hung=evidence.hung or kill_reason is KillRequest.HUNG,
+    )
+    remote_end = evidence.remote_end
+    if remote_end is not None:
+        verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
+    elif stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
+        verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
+    disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
+    if disk_full is not None:
+        verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
+    return Verdict(verdict, disk_full)
+
+
+def disk_full_cause(
+    verdict: Classification, kill_reason: KillRequest | None, disk_full_now: bool, log_tail: str,
+    result: dict[str, Any] | None, exit_record: dict[str, Any] | None,
+) -> str | None:
+    """Why an attempt that failed or was lost is put down to a full disk (ENOSPC/EDQUOT named in
+    its log, result or exit record, or the runs filesystem full right now); None otherwise."""
+    if verdict.outcome not in (AttemptOutcome.FAILED, AttemptOutcome.LOST) or kill_reason:
+        return None
+    evidence = disk_full_evidence(
+        (result or {}).get("error"), (exit_record or {}).get("error"), log_tail[-4096:]
+    )
+    if evidence is not None:
+        return evidence
+    return "the runs dir's filesystem is full" if disk_full_now else None
+
+
+# The terminal went away (tmux server killed: SIGHUP, forwarded by the wrapper as SIGTERM) or
+# someone outside orch sent SIGTERM/SIGHUP: no evidence against the job, so it is lost, not failed.
+HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+HANGUP_SIGNAL_NAMES = frozenset(s.name for s in HANGUP_SIGNALS)
+HANGUP_EXIT_CODES = tuple(128 + s for s in HANGUP_SIGNALS)
+
+
+def stopped_from_outside(
+    outcome: AttemptOutcome, kill_reason: KillRequest | None, exit_record: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+) -> bool:
+    if outcome is not AttemptOutcome.FAILED or kill_reason or result is not None or exit_record is None:
+        return False
+    received = exit_record.get("received")
+    if isinstance(received, list):  # the wrapper says which signals reached it: no guessing
+        return any(name in HANGUP_SIGNAL_NAMES for name in received)
+    # Records written before the wrapper named its signals: infer from the exit status.
+    return exit_record.get("signal") in HANGUP_SIGNALS or exit_record.get("exit_code") in HANGUP_EXIT_CODES
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """What the job does after the attempt: its next state and the job columns written with
+    the attempt's end, the words of its event, and (for a move down the ladder or a host-side
+    step) the retry's record."""
+
+    job_state: JobState
+    job_fields: dict[str, Any]
+    why: str
+    retry: dict[str, Any] | None = None
+
+    @property
+    def counted(self) -> bool:
+        """False: requeued without using up one of the job's max_attempts."""
+        return "max_attempts" not in self.job_fields
+
+    @property
+    def next_level(self) -> int | None:
+        """The ladder level a requeued job moves to; None where it stays."""
+        level = self.job_fields.get("level")
+        return level if isinstance(level, int) else None
+
+
+def _uncounted(job: Job, why: str) -> NextStep:
+    return NextStep(JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}, why)
+
+
+def decide_next(
+    job: Job, levels: Sequence[Level], level: Level, verdict: Verdict, *,
+    kill_reason: KillRequest | None = None, remote_end: ClusterEnd | None = None, hung_retries_so_far: int = 0,
+) -> NextStep:
+    """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
+    `verdict`. `job.attempt_count` counts the attempt that ended; `hung_retries_so_far`: its
+    job's earlier attempts killed as hung."""
+    outcome = verdict.classification
+    if verdict.disk_full is not None:
+        # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
+        return _uncounted(job, "requeued unchanged, not counted: waits until the disk has space")
+    if kill_reason is KillRequest.RETRY:
+        return NextStep(JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued")
+    if remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
+        # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
+        slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
+        return NextStep(JobState.QUEUED, {"reason": None, "slurm_json": json.dumps(slurm, sort_keys=True)},
+                        f"requeued at level {level.index} with --mem={remote_end.next_mem_mib}M")
+    if remote_end is not None and not remote_end.counted:
+        # preempted, or stopped at a time limit it resumes from: not the job's fault
+        return _uncounted(job, "requeued unchanged, not counted")
+    if outcome.outcome is AttemptOutcome.CANCELLED:
+        return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
+    if outcome.outcome is AttemptOutcome.SUCCEEDED:
+        return NextStep(JobState.SUCCEEDED, {"reason": None}, "succeeded")
+    host = job_host_settings(job)
+    decision = retry_decision(
+        outcome.outcome, outcome.reason, job.attempt_count, levels, level.index, job.max_attempts,
+        retryable=outcome.retryable, hung_retries_so_far=hung_retries_so_far, host=host,
+    )
+    if decision.action != "requeue" or decision.level is None:
+        # the attempt's reason is said once in the event: "job failed" when the job's is the same
+        why = "job failed" if decision.why == outcome.reason else f"failed: {decision.why}"
+        return NextStep(JobState.FAILED, {"reason": decision.why}, why)
+    fields: dict[str, Any] = {"level": decision.level.index, "reason": None}
+    moved, stepped = decision.level.index != level.index, decision.host != host
+    if not (moved or stepped):
+        return NextStep(JobState.QUEUED, fields, f"requeued unchanged at level {level.index}")
+    retry: dict[str, Any] = {"from_level": level.index, "to_level": decision.level.index, "why": outcome.reason}
+    if stepped:  # a host OOM's step: kept by every later attempt, whatever its level
+        fields["host_steps_json"] = json.dumps(decision.host.to_records(), sort_keys=True)
+        retry["host_step"] = decision.host.steps[-1].to_record()
+    why = f"requeued at {as_received(job, with_host_settings(decision.level, decision.host)).describe()}"
+    return NextStep(JobState.QUEUED, fields, why, retry)
+

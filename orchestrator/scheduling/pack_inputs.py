@@ -1,0 +1,168 @@
+"""The deciding steps of a scheduling pass around `pack`, from values the pass read: each kind of
+queued job's inputs (its prediction, host memory, run time, co-location curve, probing), the
+jobs that start early to teach a prediction, and what each placement claims. No store, tmux or
+clock: `orchestrator.scheduling.dispatch` reads, calls these, then writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from dataclasses import dataclass, replace
+
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.prediction.durations import DurationTable
+from orchestrator.prediction.job_facts import JobFacts, JobShapeCache, predict_for
+from orchestrator.prediction.ladder import Level
+from orchestrator.prediction.learned import Knowledge
+from orchestrator.scheduling.family_inputs import curve_of, probe_family
+from orchestrator.scheduling.packing.pack import PackingDecision
+from orchestrator.scheduling.packing.types import QueuedJob
+from orchestrator.scheduling.queue_kinds import Kind, kind_of
+from orchestrator.scheduling.resources import predict_host_mib
+from orchestrator.scheduling.teaching import untaught
+from orchestrator.store.peak_source import PredictionSource
+from orchestrator.store.rows import Attempt, Job, QueueEntry, ShapeMemory
+
+Curve = Mapping[int, Mapping[int, float]]  # GPU index -> tenants -> relative throughput
+
+
+@dataclass(frozen=True)
+class PassReadings:
+    """What the pass read of what orch has learned, for the queued jobs' inputs."""
+
+    shapes: Mapping[str, ShapeMemory]  # shape key -> its measured memory
+    prompt_lengths: Mapping[str, int]  # model and data -> the longest prompt a run reported
+    knowledge: Knowledge
+    durations: DurationTable
+    curves: Mapping[str, Curve]  # shape key -> its co-location curve
+    by_family: Mapping[str, Curve]  # memory family -> its curve
+    host_shapes: Mapping[str, int]  # shape key -> the most host RAM (MiB) a finished attempt took
+    host_running: Mapping[str, int]  # shape key -> the most host RAM (MiB) a live attempt holds
+
+
+@dataclass(frozen=True)
+class KindInputs:
+    """What one pass works out once per kind of queued job."""
+
+    prediction: tuple[int, PredictionSource]
+    host_mib: int
+    expected_s: float | None
+    curve: Curve | None
+    probe_family: str | None = None
+
+
+@dataclass(frozen=True)
+class PackInputs:
+    """The queue as `pack` takes it, with what each job's claim records."""
+
+    queue: list[QueuedJob]
+    predictions: dict[int, tuple[int, PredictionSource]]  # job id -> predicted peak (MiB) and its source
+    host_predictions: dict[int, int]  # job id -> host RAM (MiB) expected
+    # per kind, in queue order: its first job, its untaught group (teaching), how many are queued
+    firsts: list[tuple[int, str | None, int]]
+
+
+def pack_inputs(
+    rows: Sequence[QueueEntry], facts_of: Mapping[int, JobFacts], readings: PassReadings, cache: JobShapeCache,
+    queued_of_kind: Mapping[Kind, Sized] | None,
+) -> PackInputs:
+    """Each queued job as `pack` takes it; its kind's inputs are worked out once. A job without
+    facts (its ladder was invalid) is left out. `queued_of_kind`: each kind's queued jobs, when
+    the whole queue was read (teaching counts them); None when only the head was."""
+    queue: list[QueuedJob] = []
+    predictions: dict[int, tuple[int, PredictionSource]] = {}
+    host_predictions: dict[int, int] = {}
+    kinds: dict[Kind, KindInputs] = {}
+    firsts: list[tuple[int, str | None, int]] = []
+    for job in rows:
+        facts = facts_of.get(job.id)
+        if facts is None:
+            continue
+        kind = kind_of(facts, job)
+        inputs = kinds.get(kind)
+        if inputs is None:
+            inputs = kinds[kind] = kind_inputs(facts, job, readings, cache)
+            if queued_of_kind is not None:
+                firsts.append((job.id, teaching_group(facts, inputs.prediction[1], readings.prompt_lengths),
+                               len(queued_of_kind.get(kind, ())) or 1))
+        predictions[job.id] = inputs.prediction
+        host_predictions[job.id] = inputs.host_mib
+        queue.append(
+            QueuedJob(
+                job_id=job.id, priority=job.priority, queued_seq=job.id,
+                predicted_peak_mib=inputs.prediction[0], waiting_since_s=job.queued_at,
+                allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
+                expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
+                min_stack_gain=facts.min_stack_gain,
+                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
+                probe_family=inputs.probe_family,
+            )
+        )
+    return PackInputs(queue, predictions, host_predictions, firsts)
+
+
+def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache: JobShapeCache) -> KindInputs:
+    """One kind's prediction, host memory, expected run time, curve and probing family."""
+    shape_key = facts.shape.shape_key
+    predicted = predict_for(facts.shape, facts.shape.job, facts.level, readings.shapes, readings.prompt_lengths,
+                            cache, readings.knowledge)
+    host_mib, _ = predict_host_mib(readings.host_shapes.get(shape_key), readings.host_running.get(shape_key),
+                                   facts.declared_host_mib)
+    return KindInputs(
+        predicted, host_mib, readings.durations.expected_s(job.config_name, job.data, facts.level.index),
+        curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge))
+
+
+def teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:
+    """A LoRA job's model and data while its prediction is untaught: one finished run of them
+    reports the prompt lengths that size every config of that model and data."""
+    shape = facts.shape
+    if shape.job.worker != "lora" or not untaught(source, shape.length_key in prompt_lengths):
+        return None
+    return shape.length_key
+
+
+def with_teaching(queue: list[QueuedJob], teaching: set[int]) -> list[QueuedJob]:
+    """The queue with the jobs that start early to teach a prediction marked."""
+    return [replace(q, teaches=True) if q.job_id in teaching else q for q in queue]
+
+
+def host_running_peaks(live: Iterable[Attempt], live_jobs: Mapping[int, Job],
+                       key_of: Callable[[Job, Attempt], str]) -> dict[str, int]:
+    """Shape key -> the most host RAM (MiB) a live attempt of it holds."""
+    peaks: dict[str, int] = {}
+    for a in live:
+        if a.job_id in live_jobs:
+            key = key_of(live_jobs[a.job_id], a)
+            peaks[key] = max(peaks.get(key, 0), a.host_peak_mib)
+    return peaks
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What one placement's attempt records when it is claimed."""
+
+    job_id: int
+    level: Level
+    gpu: GpuSnapshot  # its first card
+    cards: tuple[GpuSnapshot, ...]  # all its cards, in CUDA_VISIBLE_DEVICES order
+    predicted_mib: int
+    source: PredictionSource
+    reserved_mib: int
+    host_mib: int
+
+
+def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping[int, JobFacts],
+                snapshots: Iterable[GpuSnapshot]) -> list[ClaimPlan]:
+    """Each placement's claim, in the decision's order. A capped placement (its prediction was
+    above every usable card) records the cap it was placed at, and says so in its source."""
+    by_index = {s.index: s for s in snapshots}
+    plans = []
+    for placement in decision.placements:
+        predicted_mib, source = inputs.predictions[placement.job_id]
+        if placement.capped:
+            predicted_mib, source = placement.reserved_mib, source.with_cap()
+        plans.append(ClaimPlan(
+            placement.job_id, facts_of[placement.job_id].level, by_index[placement.gpu_index],
+            tuple(by_index[i] for i in placement.all_gpus), predicted_mib, source, placement.reserved_mib,
+            inputs.host_predictions[placement.job_id]))
+    return plans
