@@ -103,7 +103,7 @@ def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuSta
 def schedule(
     store: Store,
     snapshots: tuple[GpuSnapshot, ...],
-    launcher: Executor,
+    executor: Executor,
     ctx: DispatchContext,
     state: SchedulerState,
     *,
@@ -144,7 +144,7 @@ def schedule(
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
                     paused=paused, draining=draining, hold=hold)
-    _claim_and_launch(store, launcher, ctx, claim_plans(decision, inputs, facts_of, snapshots))
+    _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots))
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
     return decision
 
@@ -202,7 +202,7 @@ def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int,
     return teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"})
 
 
-def _claim_and_launch(store: Store, launcher: Launcher, ctx: DispatchContext, plans: list[ClaimPlan]) -> None:
+def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, plans: list[ClaimPlan]) -> None:
     """Write each placed attempt as started, then start their workers."""
     placed = jobs_by_id(store, [p.job_id for p in plans])
     claims = []
@@ -213,7 +213,7 @@ def _claim_and_launch(store: Store, launcher: Launcher, ctx: DispatchContext, pl
                         p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib)
         if claimed is not None:
             claims.append(claimed)
-    launch_all(store, launcher, ctx, claims)
+    launch_all(store, executor, ctx, claims)
 
 
 def _explain_waits(store: Store, state: SchedulerState, rows: list[QueueEntry], handed: set[int],

@@ -1,5 +1,5 @@
 """Starting the workers of attempts a scheduling pass placed: claim each in the store, then
-write its run dir and ask the launcher, several at once."""
+write its run dir and ask the executor, several at once."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def launch_all(
 ) -> None:
     """Start the workers of the attempts claimed this pass: first every run dir (up to
     LAUNCH_THREADS at once: they wait on fsync, not the CPU), then every worker, in few
-    launcher calls where the launcher can batch (tmux) — before the first worker starts
+    executor calls where the executor can batch (tmux) — before the first worker starts
     competing for the CPU. Every database write stays on this thread."""
     if not claims:
         return
@@ -94,7 +94,7 @@ def launch_all(
     handles = executor.submit_many([spec for _, spec in ready])
     for (i, _), handle in zip(ready, handles, strict=True):
         outcomes[i] = handle
-    # The launcher's pid and the create time read now are what later proves which process
+    # The executor's pid and the create time read now are what later proves which process
     # group is this attempt's; nothing the worker writes can change them.
     started = [
         (claimed.attempt.id, outcome, _create_time(outcome.pid))
@@ -194,7 +194,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     except (OSError, ValueError, OrchError, LauncherError) as exc:
         return exc
     return LaunchSpec(job_id=job.id, attempt_id=attempt.id, window_name=f"job{job.id}-{_safe_name(job.config_name)[:30]}",
-                      argv=argv, env=env, run_dir=run_dir,  # the launcher puts the wrapper in front
+                      argv=argv, env=env, run_dir=run_dir,  # the executor puts the wrapper in front
                       meta={"suite": job.suite, "n": attempt.n, "predicted_peak_mib": attempt.predicted_peak_mib,
                             "run_alone": attempt.run_alone, "slurm": dict(job.slurm), "gpus": job.gpus,
                             "can_resume": worker_can_resume(job.worker, job_keys(job), claimed.config)})
