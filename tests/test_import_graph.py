@@ -150,7 +150,8 @@ def test_the_wrapper_packages_import_nothing() -> None:
 def test_only_executors_ask_which_executor_they_hold() -> None:
     """Outside executors/, no isinstance() on an executor or launcher class and no comparison of
     an executor's name with a backend's: what differs between backends is the executor's own
-    (`remote`, `executors.base.cluster_owned`). A user's `--executor` choice may be compared."""
+    (`remote`, `executors.base.cluster_owned`), and no method of it is looked up by getattr: the
+    interface has each one. A user's `--executor` choice may be compared."""
     backends = {"slurm", "tmux", "subprocess"}
     found = []
     for path in PACKAGE.rglob("*.py"):
@@ -168,4 +169,8 @@ def test_only_executors_ask_which_executor_they_hold() -> None:
                 text = ast.get_source_segment(source, node) or ""
                 if named and ("executor" in text or "launcher" in text) and "_kind" not in text:
                     found.append(f"{path.name}:{node.lineno} {text}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr") and node.args:
+                held = ast.get_source_segment(source, node.args[0]) or ""
+                if "executor" in held or "launcher" in held:  # every method is the interface's own
+                    found.append(f"{path.name}:{node.lineno} {ast.get_source_segment(source, node)}")
     assert not found, found
