@@ -135,7 +135,7 @@ class AttemptWatcher:
                 if attempt.pid and attempt.proc_create_time is not None and os.path.lexists(RunDir(attempt.run_dir).exit):
                     wait_gone(attempt.pid, attempt.proc_create_time, WRAPPER_EXIT_WAIT_S)
             if attempt.id in self._abandoning:
-                still_live += self._finish_abandoning(attempt, jobs.get(attempt.job_id))
+                still_live += self._finish_abandoning(attempt, jobs.get(attempt.job_id), statuses)
                 continue
             try:
                 still_live += self._reconcile_one(attempt, jobs[attempt.job_id], statuses, tenants[attempt.gpu_uuid])
@@ -145,7 +145,7 @@ class AttemptWatcher:
                 if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
                     self.disk.note_full(exc)
                     continue
-                self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc)
+                self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
@@ -156,7 +156,8 @@ class AttemptWatcher:
             self.resources.keep_only(a.id for a in live)
         return still_live
 
-    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception) -> None:
+    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception,
+                              statuses: dict[int, RemoteStatus] | None) -> None:
         """Record the error against the attempt (once per distinct message); after
         MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
         message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
@@ -169,19 +170,19 @@ class AttemptWatcher:
                 add_event(self.store, "error", message, job_id=attempt.job_id, attempt_id=attempt.id)
         if count >= MAX_ATTEMPT_ERRORS:
             self._abandoning.add(attempt.id)  # from the next pass: its group stopped, then closed
-            self._finish_abandoning(attempt, job)
+            self._finish_abandoning(attempt, job, statuses)
 
-    def _finish_abandoning(self, attempt: Attempt, job: Job | None) -> int:
+    def _finish_abandoning(self, attempt: Attempt, job: Job | None, statuses: dict[int, RemoteStatus] | None) -> int:
         """An attempt given up on after errors in a row: its proven group is stopped across
-        passes (SIGTERM, SIGKILL after the grace), then it is closed as failed. Returns 1 while
-        it is still live."""
+        passes (SIGTERM, SIGKILL after the grace), or cancelled on its cluster until the cluster
+        says it ended; then it is closed as failed. Returns 1 while it is still live."""
         message = self._attempt_errors.get(attempt.id, f"attempt {attempt.n}: errors while checking it")
         try:
             obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)
         except Exception:  # what failed the checks may fail this too: the launcher record is enough
             obs = None
         try:
-            if job is not None and not self._stop(attempt, job, obs):
+            if job is not None and not self._stop(attempt, job, obs) and not self._cluster_ended(attempt, statuses):
                 return 1
             if abandon(self.store, attempt, message, obs):
                 self._abandoning.discard(attempt.id)
@@ -219,7 +220,8 @@ class AttemptWatcher:
             record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
         if verdict is Verdict.LOST and look.end is None and (why := disagreement(attempt, obs)) is not None:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
-        self._learn_host(attempt, job)
+        if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
+            self._learn_host(attempt, job)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
                  disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
         self._ended.append(attempt)
@@ -227,6 +229,11 @@ class AttemptWatcher:
         self._attempt_errors.pop(attempt.id, None)
         self._attempt_error_counts.pop(attempt.id, None)
         return 0
+
+    def _cluster_ended(self, attempt: Attempt, statuses: dict[int, RemoteStatus] | None) -> bool:
+        """The cluster says the attempt's job has left its queue (a cancel took effect)."""
+        status = statuses.get(attempt.id) if statuses is not None else None
+        return self._runs_elsewhere(attempt) and status is not None and status.kind not in ("queued", "running")
 
     def _runs_elsewhere(self, attempt: Attempt) -> bool:
         """Whether the attempt's processes belong to the executor's cluster, not this host."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
@@ -296,11 +294,8 @@ def m020_attempt_containment(db: sqlite_utils.Database) -> None:
 def m021_one_executor_record(db: sqlite_utils.Database) -> None:
     # An attempt's executor and its id there are kept once: `executor`/`executor_id` take over
     # what `launcher`/`window_id` held for rows written before m011 (a tmux window id is the
-    # tmux executor's id), and the old pair goes.
+    # tmux executor's id). Nothing reads or writes the old pair from here on. They stay in the
+    # table: a daemon of an earlier orch, still running while a newer `orch` migrates its
+    # state.db, writes them at every launch, and would lose its workers' records without them.
     db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
     db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
-    if sqlite3.sqlite_version_info >= (3, 35, 0):
-        db.execute("ALTER TABLE attempts DROP COLUMN launcher")
-        db.execute("ALTER TABLE attempts DROP COLUMN window_id")
-    else:  # an SQLite without DROP COLUMN: the table is copied without them
-        db["attempts"].transform(drop={"launcher", "window_id"})  # type: ignore[union-attr]
