@@ -8,7 +8,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from types import FrameType
 
@@ -50,6 +52,7 @@ from orchestrator.scheduling.dispatch import DispatchContext, schedule
 from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store.daemon_row import (
+    DaemonControl,
     any_live_attempt,
     daemon_control,
     data_version,
@@ -65,6 +68,27 @@ from orchestrator.store.jobs import add_event
 from orchestrator.store.resources import write_host_reading
 
 log = logging.getLogger(__name__)
+
+
+class Step(Enum):
+    GO_ON = "go on"
+    EXIT = "exit"  # the daemon stops after this pass
+
+
+@dataclass
+class Pass:
+    """What one pass's steps hand each other."""
+
+    only: Collection[Path] | None  # run dirs whose wrappers said they ended; None: every attempt
+    live_before: int  # live attempts the last pass left
+    control: DaemonControl = field(default_factory=DaemonControl)
+    snapshots: tuple[GpuSnapshot, ...] = ()
+    live_count: int = 0
+
+    @property
+    def attempts_changed(self) -> bool:
+        """An attempt ended (or began) since the last pass."""
+        return self.live_count != self.live_before
 
 
 class Daemon:
@@ -220,29 +244,51 @@ class Daemon:
     # -- one tick --------------------------------------------------------------------------
 
     def tick(self, only: Collection[Path] | None = None) -> bool:
-        """One pass, as named steps: check the database and the stop request, read the disk and
-        the GPUs, reconcile the live attempts, schedule, then record the pass. Returns True
-        when the daemon should exit (stop requested, or drained). `only`: run dirs whose
+        """One pass: each of `steps` in turn, until one ends it. Returns True when the daemon
+        should exit (the database lost, a stop requested, or drained). `only`: run dirs whose
         wrappers said they ended; just those attempts are reconciled."""
-        if self._database_lost():
-            return True
-        control = daemon_control(self.store)
-        if control.stop_requested:
-            return True
+        this_pass = Pass(only=only, live_before=len(self._exit_files))
+        return any(step(this_pass) is Step.EXIT for step in self.steps)  # stops at the first EXIT
+
+    @property
+    def steps(self) -> tuple[Callable[[Pass], Step], ...]:
+        return (self._check_database, self._read_control, self._check_disk, self._read_gpus, self._reconcile,
+                self._end_when_drained, self._read_gpus_again, self._schedule_pass, self._record_pass,
+                self._watch_exit_files)
+
+    def _check_database(self, this_pass: Pass) -> Step:
+        return Step.EXIT if self._database_lost() else Step.GO_ON
+
+    def _read_control(self, this_pass: Pass) -> Step:
+        this_pass.control = daemon_control(self.store)
+        return Step.EXIT if this_pass.control.stop_requested else Step.GO_ON
+
+    def _check_disk(self, this_pass: Pass) -> Step:
         self.disk.check()
-        snapshots = self.probe.snapshot()
-        live_before = len(self._exit_files)
-        live_count = self.watcher.reconcile(snapshots, only)
-        if control.draining and live_count == 0:
+        return Step.GO_ON
+
+    def _read_gpus(self, this_pass: Pass) -> Step:
+        this_pass.snapshots = self.probe.snapshot()
+        return Step.GO_ON
+
+    def _reconcile(self, this_pass: Pass) -> Step:
+        this_pass.live_count = self.watcher.reconcile(this_pass.snapshots, this_pass.only)
+        return Step.GO_ON
+
+    def _end_when_drained(self, this_pass: Pass) -> Step:
+        if this_pass.control.draining and this_pass.live_count == 0:
             self.watcher.close_ended()
-            return True
-        if live_count != live_before:  # read again only when an attempt ended (or began) since
-            snapshots = self.probe.snapshot()  # after reconcile: memory of attempts that just ended is free
-        self._schedule(snapshots, control.draining)
-        self._record_pass(snapshots)
-        if only is None or live_count != live_before:
-            self._watch_exit_files()
-        return False
+            return Step.EXIT
+        return Step.GO_ON
+
+    def _read_gpus_again(self, this_pass: Pass) -> Step:
+        if this_pass.attempts_changed:  # after reconcile: memory of attempts that just ended is free
+            this_pass.snapshots = self.probe.snapshot()
+        return Step.GO_ON
+
+    def _schedule_pass(self, this_pass: Pass) -> Step:
+        self._schedule(this_pass.snapshots, this_pass.control.draining)
+        return Step.GO_ON
 
     def _schedule(self, snapshots: tuple[GpuSnapshot, ...], draining: bool) -> None:
         """Pack the queue and start what fits (a cluster: keep its queue topped up), then close
@@ -257,8 +303,9 @@ class Daemon:
         finally:  # the next workers start first: closing a dead window costs tmux calls
             self.watcher.close_ended()
 
-    def _record_pass(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
+    def _record_pass(self, this_pass: Pass) -> Step:
         """Notifications, the heartbeat (GPUs, host, disk) and the memory history of the pass."""
+        snapshots = this_pass.snapshots
         self.notifier.poll()
         self._heartbeat(snapshots)
         record_gpu_samples(  # the memory history the web page and the report draw
@@ -266,12 +313,16 @@ class Daemon:
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
             self.clock.now_s(),
         )
+        return Step.GO_ON
 
-    def _watch_exit_files(self) -> None:
+    def _watch_exit_files(self, this_pass: Pass) -> Step:
         """The exit records that, once written, start the next pass early (no wake FIFO)."""
+        if this_pass.only is not None and not this_pass.attempts_changed:
+            return Step.GO_ON
         run_dirs = live_run_dirs(self.store)
         if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
             self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
+        return Step.GO_ON
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:
