@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator.attempts.classify import Classification
-from orchestrator.attempts.next_step import EndEvidence, Verdict, classify_end, decide_next
+from orchestrator.attempts.next_step import EndEvidence, EndVerdict, classify_end, decide_next
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome, JobState, KillRequest
 from orchestrator.prediction.ladder import Level, expand_levels, load_ladder
@@ -29,8 +29,9 @@ def a_job(**changes: Any) -> Job:
     return replace(job, **changes)
 
 
-def ended(outcome: AttemptOutcome, reason: str = "r", *, retryable: bool = True, disk_full: str | None = None) -> Verdict:
-    return Verdict(Classification(outcome, reason, retryable=retryable), disk_full)
+def ended(outcome: AttemptOutcome, reason: str = "r", *, retryable: bool = True, disk_full: str | None = None,
+          kill_reason: KillRequest | None = None, remote_end: ClusterEnd | None = None) -> EndVerdict:
+    return EndVerdict(Classification(outcome, reason, retryable=retryable), disk_full, kill_reason, remote_end)
 
 
 def test_the_default_ladder_has_levels_to_step_down() -> None:
@@ -107,33 +108,33 @@ def test_a_full_disk_holds_the_job_without_counting_the_attempt() -> None:
 
 
 def test_orch_retry_requeues_as_it_is() -> None:
-    step = decide_next(a_job(), LEVELS, LEVELS[2], ended(AttemptOutcome.CANCELLED), kill_reason=KillRequest.RETRY)
+    step = decide_next(a_job(), LEVELS, LEVELS[2], ended(AttemptOutcome.CANCELLED, kill_reason=KillRequest.RETRY))
     assert (step.job_state, step.job_fields) == (JobState.QUEUED, {"reason": None})
 
 
 def test_a_preempted_or_resumable_timeout_requeues_uncounted() -> None:
     preempted = ClusterEnd(AttemptOutcome.LOST, "preempted", counted=False)
-    step = decide_next(a_job(attempt_count=8, max_attempts=8), LEVELS, LEVELS[0], ended(AttemptOutcome.LOST, "preempted"),
-                       remote_end=preempted)
+    step = decide_next(a_job(attempt_count=8, max_attempts=8), LEVELS, LEVELS[0], ended(AttemptOutcome.LOST, "preempted",
+                                                                                           remote_end=preempted))
     assert step.job_state is JobState.QUEUED and step.job_fields["max_attempts"] == 9 and not step.counted
 
 
 def test_a_counted_slurm_timeout_fails_as_the_ladder_says() -> None:
     timeout = ClusterEnd(AttemptOutcome.FAILED, "reached its time limit (1:00:00)", retryable=False)
-    step = decide_next(a_job(), LEVELS, LEVELS[0], ended(AttemptOutcome.FAILED, timeout.reason, retryable=False),
-                       remote_end=timeout)
+    step = decide_next(a_job(), LEVELS, LEVELS[0], ended(AttemptOutcome.FAILED, timeout.reason, retryable=False,
+                                                             remote_end=timeout))
     assert step.job_state is JobState.FAILED and "time limit" in step.job_fields["reason"]
 
 
 def test_a_slurm_out_of_memory_asks_for_more_host_memory_at_the_same_level() -> None:
     oom = ClusterEnd(AttemptOutcome.HOST_OOM, "Slurm OUT_OF_MEMORY", next_mem_mib=8192)
-    verdict = ended(AttemptOutcome.HOST_OOM, oom.reason)
-    step = decide_next(a_job(slurm={"mem_mib": 4096}), LEVELS, LEVELS[1], verdict, remote_end=oom)
+    verdict = ended(AttemptOutcome.HOST_OOM, oom.reason, remote_end=oom)
+    step = decide_next(a_job(slurm={"mem_mib": 4096}), LEVELS, LEVELS[1], verdict)
     assert step.job_state is JobState.QUEUED and step.next_level is None and step.counted
     assert json.loads(step.job_fields["slurm_json"]) == {"mem_mib": 8192, "mem_per_gpu_mib": None}
     assert step.why == "requeued at level 1 with --mem=8192M"
     # with no attempts left, the ladder decides (a host OOM's step)
-    last = decide_next(a_job(attempt_count=8), LEVELS, LEVELS[1], verdict, remote_end=oom)
+    last = decide_next(a_job(attempt_count=8), LEVELS, LEVELS[1], verdict)
     assert last.job_state is JobState.FAILED
 
 

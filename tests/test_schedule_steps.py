@@ -23,6 +23,7 @@ from orchestrator.scheduling.pack_inputs import (
 )
 from orchestrator.scheduling.packing.pack import PackingDecision, Placement
 from orchestrator.scheduling.packing.types import QueuedJob
+from orchestrator.scheduling.queue_kinds import kind_of
 from orchestrator.scheduling.state import QueuedJobFacts
 from orchestrator.scheduling.waits import changed_wait_reasons, rows_to_explain
 from orchestrator.store.peak_source import PredictionSource, SourceKind
@@ -96,8 +97,9 @@ def test_kinds_split_by_priority_and_each_kind_counts_its_queued_jobs() -> None:
     cache = JobShapeCache()
     low, high = a_job(1), a_job(2, priority=5)
     facts = facts_for(low, cache)
-    inputs = pack_inputs([entry(low), entry(high)], {1: facts, 2: facts}, readings(), cache, {})
-    assert [(job_id, count) for job_id, _, count in inputs.firsts] == [(1, 1), (2, 1)]
+    queued = {kind_of(facts, entry(low)): [low, a_job(3), a_job(4)]}  # three of the low kind; high: none read
+    inputs = pack_inputs([entry(low), entry(high)], {1: facts, 2: facts}, readings(), cache, queued)
+    assert [(job_id, count) for job_id, _, count in inputs.firsts] == [(1, 3), (2, 1)]
     assert [group for _, group, _ in inputs.firsts] == [None, None]  # not LoRA: nothing to teach
 
 

@@ -35,14 +35,17 @@ class EndEvidence:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """How the attempt ended; `disk_full`: why a full disk is blamed (None: it is not)."""
+class EndVerdict:
+    """How the attempt ended; `disk_full`: why a full disk is blamed (None: it is not); and what
+    of the evidence the decision needs beside it: orch's own stop request, the cluster's word."""
 
     classification: Classification
     disk_full: str | None = None
+    kill_reason: KillRequest | None = None
+    remote_end: ClusterEnd | None = None
 
 
-def classify_end(evidence: EndEvidence) -> Verdict:
+def classify_end(evidence: EndEvidence) -> EndVerdict:
     """The attempt's outcome: the classifier's reading of its files, overruled by the cluster's
     word, by a hang-up signal orch did not send (lost, not failed), or by a full disk."""
     exit_record, result = evidence.exit_record, evidence.result
@@ -64,7 +67,7 @@ def classify_end(evidence: EndEvidence) -> Verdict:
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
         verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
-    return Verdict(verdict, disk_full)
+    return EndVerdict(verdict, disk_full, kill_reason, remote_end)
 
 
 def disk_full_cause(
@@ -131,13 +134,12 @@ def _uncounted(job: Job, why: str) -> NextStep:
 
 
 def decide_next(
-    job: Job, levels: Sequence[Level], level: Level, verdict: Verdict, *,
-    kill_reason: KillRequest | None = None, remote_end: ClusterEnd | None = None, hung_retries_so_far: int = 0,
+    job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended; `hung_retries_so_far`: its
     job's earlier attempts killed as hung."""
-    outcome = verdict.classification
+    outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
         return _uncounted(job, "requeued unchanged, not counted: waits until the disk has space")

@@ -85,8 +85,7 @@ def complete(
     found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
                     remote_end=remote_end)
     ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
-    step = decide_next(found.job, found.levels, found.level, ended, kill_reason=attempt.kill_requested,
-                       remote_end=remote_end, hung_retries_so_far=found.hung_retries_so_far)
+    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far)
     closed = _write_end(store, attempt, found, ended.classification, step)
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)

@@ -1,7 +1,9 @@
 """The deciding steps of a scheduling pass around `pack`, from values the pass read: each kind of
 queued job's inputs (its prediction, host memory, run time, co-location curve, probing), the
 jobs that start early to teach a prediction, and what each placement claims. No store, tmux or
-clock: `orchestrator.scheduling.dispatch` reads, calls these, then writes."""
+clock: `orchestrator.scheduling.dispatch` reads, calls these, then writes. Prediction fills the
+caches it is given as it goes (and reads a local model's config.json once, the first time it
+meets that model); nothing else is read or written here."""
 
 from __future__ import annotations
 
