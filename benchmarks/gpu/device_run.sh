@@ -33,7 +33,7 @@ kill_ballast() {
   tmux -V
   case "$MODE" in
     packed)
-      timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+      timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu.py  # one process: no pytest-xdist there
       timeout 300 python3 benchmarks/gpu/run_sweep.py --work $WORK --out "$OUT" --tag packed --gpu-plan 6 --budget-s 240
       kill_ballast $WORK
       nvidia-smi --query-gpu=memory.used --format=csv
