@@ -33,15 +33,15 @@ def test_a_hung_worker_ignoring_sigterm_is_killed_after_the_grace_retried_once_t
                            mem_gib=0.25, hang_timeout_s=600, max_attempts=4)
         d.submit("h", "1:a")
         for n in (1, 2):
-            attempt = d.tick_until(lambda n=n: (a := d.running(1)) and a["n"] == n and a, what=f"attempt {n} running")
-            log = Path(str(attempt["run_dir"])) / "stdout.log"
+            attempt = d.tick_until(lambda n=n: (a := d.running(1)) and a.n == n and a, what=f"attempt {n} running")
+            log = Path(attempt.run_dir) / "stdout.log"
             d.tick_until(lambda log=log: "hostile worker: did" in log.read_text(), what="the worker to ignore SIGTERM")
             d.clock.advance(590)
             d.ticks(2)
             assert d.attempt(1)["kill_requested"] is None  # type: ignore[index]  # silent 590 s of 600: alive
             d.clock.advance(60)
             d.tick_until(lambda: d.attempt(1)["kill_requested"] == "hung", what="the hang to be seen")  # type: ignore[index]
-            pgid = int(str(attempt["pgid"]))
+            pgid = int(str(attempt.pgid))
             # SIGTERM is ignored, and no SIGKILL comes before the grace is over on the clock
             d.tick_while(lambda pgid=pgid: group_alive(pgid) and d.attempt(1)["outcome"] is None, real_s=1.0)  # type: ignore[index]
             d.clock.advance(KILL_GRACE_S)
@@ -56,7 +56,7 @@ def test_a_worker_making_output_is_never_hung(tmp_path: Path, monkeypatch: pytes
         d.orch.write_suite("h", {"h": HOLD}, worker=hostile_command(), mem_gib=0.25, hang_timeout_s=60)
         d.submit("h", "1:a")
         attempt = d.tick_until(lambda: d.running(1), what="the attempt running")
-        log = Path(str(attempt["run_dir"])) / "stdout.log"
+        log = Path(attempt.run_dir) / "stdout.log"
         for _ in range(5):  # 50 s a step, output at each: never 60 s silent
             d.clock.advance(50)
             with log.open("a") as out:
