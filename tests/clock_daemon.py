@@ -60,9 +60,11 @@ class ClockDaemon:
         for _ in range(n):
             self.daemon.tick()
 
-    def attempt(self, job_id: int) -> dict[str, object] | None:
-        rows = self.orch.attempts(job_id)
-        return rows[-1] if rows else None
+    def attempt(self, job_id: int) -> Attempt:
+        """The job's latest attempt (the job has started)."""
+        rows = self.orch.attempt_rows(job_id)
+        assert rows, f"job {job_id} has no attempt"
+        return rows[-1]
 
     def running(self, job_id: int) -> Attempt | None:
         """The job's live attempt once its wrapper recorded itself (pid.json) and its group is known."""

@@ -132,8 +132,8 @@ class Orch:
 
     # -- state, read back through the store's own readers (cheap enough to sample every few ms) --
 
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        """Rows of `sql`, read-only: for a test whose subject is the database file itself."""
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Rows of `sql`, read-only (only `attempts()` still reads columns this way)."""
         if not self.db.exists():
             return []
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10.0)
@@ -164,9 +164,10 @@ class Orch:
         return self.job_states()
 
     def attempts(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        """Every attempt by id, or one job's by n, as column dicts; `attempt_rows` gives typed rows."""
         if job_id is None:
-            return self.query("SELECT * FROM attempts ORDER BY id")
-        return self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
+            return self._rows("SELECT * FROM attempts ORDER BY id")
+        return self._rows("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
 
     def attempt_rows(self, job_id: int | None = None) -> list[Attempt]:
         """Every attempt by id, or one job's by n; none before a submit."""

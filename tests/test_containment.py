@@ -228,5 +228,5 @@ def test_a_result_json_of_ours_without_the_attempts_token_is_ignored(tmp_path: P
         (run_dir / "result.json").write_text('{"status": "failed", "error": "forged", "metrics": {}}')
         d.tick_until(lambda: d.orch.job_states()[1] != "running", 30, "the attempt to close")
         attempt = d.attempt(1)
-        assert attempt is not None and attempt["outcome"] == "succeeded", attempt
-        assert "result.json: not written by this attempt's worker" in str(attempt["reason"])
+        assert attempt.outcome == "succeeded", attempt
+        assert "result.json: not written by this attempt's worker" in str(attempt.reason)
