@@ -23,6 +23,7 @@ from orchestrator.clock import FakeClock
 from orchestrator.daemon.loop import Daemon, DaemonSettings
 from orchestrator.executors.subprocesses import SubprocessExecutor
 from orchestrator.gpu.sim import make_sim_probe
+from orchestrator.store.rows import Attempt
 
 T = TypeVar("T")
 
@@ -59,14 +60,16 @@ class ClockDaemon:
         for _ in range(n):
             self.daemon.tick()
 
-    def attempt(self, job_id: int) -> dict[str, object] | None:
-        rows = self.orch.attempts(job_id)
-        return rows[-1] if rows else None
+    def attempt(self, job_id: int) -> Attempt:
+        """The job's latest attempt (the job has started)."""
+        rows = self.orch.attempt_rows(job_id)
+        assert rows, f"job {job_id} has no attempt"
+        return rows[-1]
 
-    def running(self, job_id: int) -> dict[str, object] | None:
+    def running(self, job_id: int) -> Attempt | None:
         """The job's live attempt once its wrapper recorded itself (pid.json) and its group is known."""
-        rows = self.orch.query("SELECT * FROM attempts WHERE job_id = ? AND outcome IS NULL AND pgid IS NOT NULL", (job_id,))
-        return rows[0] if rows and (Path(str(rows[0]["run_dir"])) / "pid.json").exists() else None
+        rows = [a for a in self.orch.attempt_rows(job_id) if a.outcome is None and a.pgid is not None]
+        return rows[0] if rows and (Path(rows[0].run_dir) / "pid.json").exists() else None
 
 
 @contextlib.contextmanager

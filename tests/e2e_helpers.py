@@ -23,7 +23,14 @@ import yaml
 from orchestrator.attempts.containment import remove_empty_cgroups
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.daemon.state import runs_dir, tmux_socket_name
+from orchestrator.lifecycle import JobState
 from orchestrator.store import Store
+from orchestrator.store.daemon_row import read_daemon
+from orchestrator.store.queries import get_attempts
+from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.status import Event
+from orchestrator.store.sweep_attempts import all_attempts
+from tests.store_reads import events, live_attempts, read_jobs
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -123,9 +130,10 @@ class Orch:
         if self.daemon_pid() is not None:
             self.run("daemon", "stop", "--timeout", "30")
 
-    # -- state, read straight from SQLite (cheap enough to sample every few ms) ----------------
+    # -- state, read back through the store's own readers (cheap enough to sample every few ms) --
 
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Rows of `sql`, read-only (only `attempts()` still reads columns this way)."""
         if not self.db.exists():
             return []
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10.0)
@@ -140,8 +148,12 @@ class Orch:
         with Store(self.db, create=False) as store:
             return reader(store)
 
+    def jobs(self, *states: JobState, suite: str | None = None) -> list[Job]:
+        """The jobs in one of `states` (every job when none is given), by id; none before a submit."""
+        return self.read(lambda store: read_jobs(store, *states, suite=suite)) if self.db.exists() else []
+
     def job_states(self) -> dict[int, str]:
-        return {r["id"]: r["state"] for r in self.query("SELECT id, state FROM jobs")}
+        return {job.id: job.state.value for job in self.jobs()}
 
     def all_done(self) -> bool:
         states = self.job_states()
@@ -152,14 +164,29 @@ class Orch:
         return self.job_states()
 
     def attempts(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        """Every attempt by id, or one job's by n, as column dicts; `attempt_rows` gives typed rows."""
         if job_id is None:
-            return self.query("SELECT * FROM attempts ORDER BY id")
-        return self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
+            return self._rows("SELECT * FROM attempts ORDER BY id")
+        return self._rows("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
+
+    def attempt_rows(self, job_id: int | None = None) -> list[Attempt]:
+        """Every attempt by id, or one job's by n; none before a submit."""
+        if not self.db.exists():
+            return []
+        return self.read(all_attempts if job_id is None else lambda store: get_attempts(store, job_id))
+
+    def live_attempts(self) -> list[Attempt]:
+        """The attempts without an outcome yet, by id."""
+        return self.read(live_attempts) if self.db.exists() else []
+
+    def events(self, kind: str | None = None) -> list[Event]:
+        """Every event (of one kind), oldest first."""
+        return self.read(lambda store: events(store, kind)) if self.db.exists() else []
 
     # -- teardown -----------------------------------------------------------------------------
 
     def attempt_pgids(self) -> set[int]:
-        pgids = {int(r["pgid"]) for r in self.query("SELECT pgid FROM attempts WHERE pgid IS NOT NULL")}
+        pgids = {a.pgid for a in self.attempt_rows() if a.pgid is not None}
         for pid_file in (self.root / "runs").rglob("pid.json") if (self.root / "runs").exists() else []:
             if pid_file.is_symlink() or not pid_file.is_file():
                 continue  # a hostile worker's FIFO or link: reading it could block or leave the tree
@@ -171,9 +198,9 @@ class Orch:
         """Daemons this test started, and the one state.db names while it is that very process."""
         live = {pid for pid in self.daemon_pids if pid > 0 and pid_alive(pid)}
         with contextlib.suppress(Exception):
-            for row in self.query("SELECT pid, proc_create_time FROM daemon WHERE pid IS NOT NULL"):
-                if process_matches(row["pid"], row["proc_create_time"]):
-                    live.add(int(row["pid"]))
+            row = self.read(read_daemon)
+            if row is not None and row.pid is not None and process_matches(row.pid, row.proc_create_time):
+                live.add(row.pid)
         return live
 
     def cleanup(self) -> None:

@@ -56,8 +56,7 @@ class LiveSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            rows = self.orch.query("SELECT job_id FROM attempts WHERE outcome IS NULL")
-            per_job = Counter(r["job_id"] for r in rows)
+            per_job = Counter(a.job_id for a in self.orch.live_attempts())
             self.max_rows_per_job = max(self.max_rows_per_job, *per_job.values(), 0)
             self.max_workers_per_job = max(self.max_workers_per_job, *self._workers_per_job().values(), 0)
             self.samples += 1
@@ -94,8 +93,8 @@ def _kill_daemon(orch: Orch) -> None:
 
 def _progress(orch: Orch) -> int:
     """Attempt starts plus ends so far: moves whenever the daemon does something."""
-    row = orch.query("SELECT count(*) AS started, count(ended_at) AS ended FROM attempts")[0]
-    return int(row["started"]) + int(row["ended"])
+    attempts = orch.attempt_rows()
+    return len(attempts) + sum(a.ended_at is not None for a in attempts)
 
 
 @pytest.mark.slow
@@ -147,7 +146,7 @@ def test_tmux_server_killed_mid_sweep(orch: Orch) -> None:
     orch.write_suite("chaos", {"chaos": {"sim_mem_gib": 3, "sim_seconds": 3}}, mem_gib=4, max_attempts=8)
     orch.submit("chaos", " ".join(f"{seed}:glue_rte" for seed in range(jobs)), "--gpu-plan", "2,2")
     orch.start_daemon()
-    wait_until(lambda: len(orch.query("SELECT 1 FROM attempts WHERE outcome IS NULL AND held_mib > 0")) >= 2,
+    wait_until(lambda: len([a for a in orch.live_attempts() if a.held_mib > 0]) >= 2,
                30, "workers holding memory")
     subprocess.run(["tmux", "-L", orch.socket, "kill-server"], check=True, capture_output=True)
     orch.wait_all_done(120)
@@ -182,7 +181,7 @@ def test_concurrent_submits_make_exactly_the_jobs(orch: Orch) -> None:
     errors = [proc.stderr.read() for proc in procs if proc.returncode != 0 and proc.stderr]
     assert codes == [0] * 8, errors
     assert len(orch.job_states()) == 400
-    assert len({(r["seed"], r["data"]) for r in orch.query("SELECT seed, data FROM jobs")}) == 400
+    assert len({(job.seed, job.data) for job in orch.jobs()}) == 400
     orch.run("cancel", "--all")
 
 
@@ -210,13 +209,13 @@ def test_drain_starts_nothing_new_and_exits_when_idle(orch: Orch) -> None:
     orch.write_suite("drain", {"drain": {"sim_mem_gib": 2, "sim_seconds": 8}}, mem_gib=3)
     orch.submit("drain", "1:a 2:a 3:a 4:a 5:a", "--gpu-plan", "1,1")
     daemon = orch.start_daemon()
-    wait_until(lambda: len(orch.query("SELECT 1 FROM attempts WHERE outcome IS NULL")) == 2, 30, "two running")
-    started_before = {r["job_id"] for r in orch.query("SELECT job_id FROM attempts")}
+    wait_until(lambda: len(orch.live_attempts()) == 2, 30, "two running")
+    started_before = {a.job_id for a in orch.attempt_rows()}
     stopper = orch.popen("daemon", "stop", "--drain")
     wait_until(lambda: orch.json("daemon", "status")["draining"] or not pid_alive(daemon), 10, "draining")
     assert stopper.wait(timeout=60) == 0
     assert not pid_alive(daemon)
-    assert {r["job_id"] for r in orch.query("SELECT job_id FROM attempts")} == started_before
+    assert {a.job_id for a in orch.attempt_rows()} == started_before
     states = orch.job_states()
     assert sorted(states[j] for j in started_before) == ["succeeded", "succeeded"]
     assert Counter(states.values()) == {"succeeded": 2, "queued": 3}

@@ -33,22 +33,22 @@ def test_a_hung_worker_ignoring_sigterm_is_killed_after_the_grace_retried_once_t
                            mem_gib=0.25, hang_timeout_s=600, max_attempts=4)
         d.submit("h", "1:a")
         for n in (1, 2):
-            attempt = d.tick_until(lambda n=n: (a := d.running(1)) and a["n"] == n and a, what=f"attempt {n} running")
-            log = Path(str(attempt["run_dir"])) / "stdout.log"
+            attempt = d.tick_until(lambda n=n: (a := d.running(1)) and a.n == n and a, what=f"attempt {n} running")
+            log = Path(attempt.run_dir) / "stdout.log"
             d.tick_until(lambda log=log: "hostile worker: did" in log.read_text(), what="the worker to ignore SIGTERM")
             d.clock.advance(590)
             d.ticks(2)
-            assert d.attempt(1)["kill_requested"] is None  # type: ignore[index]  # silent 590 s of 600: alive
+            assert d.attempt(1).kill_requested is None  # silent 590 s of 600: alive
             d.clock.advance(60)
-            d.tick_until(lambda: d.attempt(1)["kill_requested"] == "hung", what="the hang to be seen")  # type: ignore[index]
-            pgid = int(str(attempt["pgid"]))
+            d.tick_until(lambda: d.attempt(1).kill_requested == "hung", what="the hang to be seen")
+            pgid = int(str(attempt.pgid))
             # SIGTERM is ignored, and no SIGKILL comes before the grace is over on the clock
-            d.tick_while(lambda pgid=pgid: group_alive(pgid) and d.attempt(1)["outcome"] is None, real_s=1.0)  # type: ignore[index]
+            d.tick_while(lambda pgid=pgid: group_alive(pgid) and d.attempt(1).outcome is None, real_s=1.0)
             d.clock.advance(KILL_GRACE_S)
-            d.tick_until(lambda n=n: d.orch.attempts(1)[n - 1]["outcome"] is not None, what=f"attempt {n} to end")
+            d.tick_until(lambda n=n: d.orch.attempt_rows(1)[n - 1].outcome is not None, what=f"attempt {n} to end")
             assert not group_alive(pgid)
         assert d.orch.job_states() == {1: "failed"}
-        assert [(a["outcome"], a["reason"]) for a in d.orch.attempts(1)] == [("failed", "hung"), ("failed", "hung")]
+        assert [(a.outcome, a.reason) for a in d.orch.attempt_rows(1)] == [("failed", "hung"), ("failed", "hung")]
 
 
 def test_a_worker_making_output_is_never_hung(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,7 +56,7 @@ def test_a_worker_making_output_is_never_hung(tmp_path: Path, monkeypatch: pytes
         d.orch.write_suite("h", {"h": HOLD}, worker=hostile_command(), mem_gib=0.25, hang_timeout_s=60)
         d.submit("h", "1:a")
         attempt = d.tick_until(lambda: d.running(1), what="the attempt running")
-        log = Path(str(attempt["run_dir"])) / "stdout.log"
+        log = Path(attempt.run_dir) / "stdout.log"
         for _ in range(5):  # 50 s a step, output at each: never 60 s silent
             d.clock.advance(50)
             with log.open("a") as out:
@@ -64,9 +64,9 @@ def test_a_worker_making_output_is_never_hung(tmp_path: Path, monkeypatch: pytes
             stamp = d.clock.now_s()
             os.utime(log, (stamp, stamp))  # output written now, on the test's clock
             d.ticks(1)
-        assert d.attempt(1)["kill_requested"] is None  # type: ignore[index]
+        assert d.attempt(1).kill_requested is None
         d.clock.advance(61)
-        d.tick_until(lambda: d.attempt(1)["kill_requested"] == "hung", what="the hang to be seen")  # type: ignore[index]
+        d.tick_until(lambda: d.attempt(1).kill_requested == "hung", what="the hang to be seen")
 
 
 def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
@@ -91,7 +91,7 @@ def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
         d.ticks(3)
         states = d.orch.job_states()
         assert states == {1: "running", 2: "queued", 3: "running", 4: "queued"}
-        assert len(d.orch.attempts()) == 2
+        assert len(d.orch.attempt_rows()) == 2
         reason = d.orch.read(lambda store: get_job(store, 4).wait_reason)
         assert "kept free for job 2" in reason, reason
 

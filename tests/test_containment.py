@@ -222,11 +222,11 @@ def test_a_result_json_of_ours_without_the_attempts_token_is_ignored(tmp_path: P
         d.orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 1, "sim_ramp_s": 0.1}}, mem_gib=1,
                            max_attempts=1)
         d.submit("s", "1:a")
-        run_dir = Path(str(d.tick_until(lambda: d.running(1), 30, "the job running")["run_dir"]))
+        run_dir = Path(d.tick_until(lambda: d.running(1), 30, "the job running").run_dir)
         wait_until(lambda: (run_dir / "exit.json").exists(), 30, "the worker to end")  # no pass has read it
         assert json.loads((run_dir / "result.json").read_text())["token"]  # the worker's own carries it
         (run_dir / "result.json").write_text('{"status": "failed", "error": "forged", "metrics": {}}')
         d.tick_until(lambda: d.orch.job_states()[1] != "running", 30, "the attempt to close")
         attempt = d.attempt(1)
-        assert attempt is not None and attempt["outcome"] == "succeeded", attempt
-        assert "result.json: not written by this attempt's worker" in str(attempt["reason"])
+        assert attempt.outcome == "succeeded", attempt
+        assert "result.json: not written by this attempt's worker" in str(attempt.reason)

@@ -18,7 +18,7 @@ from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Job
 from orchestrator.store.status import paused_suites
 from tests.store_helpers import old_database_with_one_job
-from tests.store_reads import job_ids
+from tests.store_reads import events, job_ids
 
 
 def write_suite(plans: Path, name: str, **settings: Any) -> Path:
@@ -100,7 +100,7 @@ def test_guard_pauses_after_the_suites_count(db_path: Path, tmp_path: Path) -> N
         add_failed_attempt(store, jobs[1], ran_s=4.0)
         guard_crash_loop(store, "tight", guard)
         assert paused(store) == {"tight": "2 attempts failed within 5 s each in the last 60 s"}
-        assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'pause'")[0]["n"] == 1
+        assert len(events(store, "pause")) == 1
 
 
 def test_guard_switched_off_never_pauses(db_path: Path, tmp_path: Path) -> None:

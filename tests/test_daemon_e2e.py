@@ -16,6 +16,8 @@ from hostile_helpers import hostile_command
 
 from orchestrator.attempts.kills import KILL_GRACE_S
 from orchestrator.gpu.sim import hold_foreign
+from orchestrator.store.queries import get_job
+from orchestrator.store.rows import Attempt
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -42,15 +44,13 @@ class Sampler(threading.Thread):
     def __init__(self, orch: Orch) -> None:
         super().__init__(daemon=True)
         self.orch = orch
-        self.samples: list[list[dict[str, Any]]] = []
+        self.samples: list[list[tuple[int, str]]] = []  # (card, suite) of each live attempt
         self.stop = threading.Event()
 
     def run(self) -> None:
+        suite_of = {job.id: job.suite for job in self.orch.jobs()}  # every job is submitted before it starts
         while not self.stop.is_set():
-            self.samples.append(self.orch.query(
-                "SELECT a.job_id, a.gpu_index, j.suite FROM attempts a JOIN jobs j ON j.id = a.job_id "
-                "WHERE a.outcome IS NULL"
-            ))
+            self.samples.append([(a.gpu_index, suite_of[a.job_id]) for a in self.orch.live_attempts()])
             self.stop.wait(0.05)
 
 
@@ -79,7 +79,7 @@ def test_sweep_packs_within_caps_and_memory(orch: Orch) -> None:
 
     status = wait_until(full_with_reasons, 30, "full cards with waiting reasons")
     assert status["daemon"]["alive"] is True
-    live = {a["job_id"]: a["gpu_index"] for a in orch.query("SELECT job_id, gpu_index FROM attempts WHERE outcome IS NULL")}
+    live = {a.job_id: a.gpu_index for a in orch.live_attempts()}
     shown = {r["id"]: r["gpu"] for r in status["running"]}
     assert set(shown) <= set(live) | set(orch.job_states())  # a job may end between the two reads
     assert all(live.get(job_id, gpu) == gpu for job_id, gpu in shown.items())
@@ -95,10 +95,10 @@ def test_sweep_packs_within_caps_and_memory(orch: Orch) -> None:
     caps = {0: 2, 1: 1}
     assert len(sampler.samples) > 20
     for sample in sampler.samples:
-        per_gpu = Counter(a["gpu_index"] for a in sample)
+        per_gpu = Counter(card for card, _ in sample)
         assert all(count <= caps[gpu] for gpu, count in per_gpu.items()), sample
         for gpu in per_gpu:
-            peaks_gib = sum(SIM_PEAK_GIB[a["suite"]] for a in sample if a["gpu_index"] == gpu)
+            peaks_gib = sum(SIM_PEAK_GIB[suite] for card, suite in sample if card == gpu)
             assert peaks_gib * 1024 <= CARD_MIB, sample
     assert any(len(s) == 3 for s in sampler.samples)  # the caps were reached, not just respected
     outcomes = Counter(a["outcome"] for a in orch.attempts())
@@ -130,8 +130,8 @@ def test_cancel_kills_the_whole_process_group(orch: Orch) -> None:
     orch.start_daemon()
 
     def pid_record() -> dict[str, Any] | None:
-        rows = orch.query("SELECT run_dir FROM attempts WHERE job_id = 1")
-        path = Path(rows[0]["run_dir"]) / "pid.json" if rows else None
+        rows = orch.attempt_rows(1)
+        path = Path(rows[0].run_dir) / "pid.json" if rows else None
         if path is None or not path.exists():
             return None
         record = json.loads(path.read_text())
@@ -139,7 +139,7 @@ def test_cancel_kills_the_whole_process_group(orch: Orch) -> None:
 
     record = wait_until(pid_record, 30, "the worker's pid.json")
     worker_pid, pgid = int(record["child_pid"]), int(record["pgid"])
-    wait_until(lambda: orch.query("SELECT 1 FROM attempts WHERE job_id = 1 AND held_mib > 0"), 30, "the worker to hold memory")
+    wait_until(lambda: any(a.held_mib > 0 for a in orch.attempt_rows(1)), 30, "the worker to hold memory")
     assert pid_alive(worker_pid)
 
     orch.run("cancel", "1")
@@ -163,29 +163,29 @@ def test_a_cancel_of_a_worker_ignoring_sigterm_never_stalls_scheduling(orch: Orc
     orch.submit("stubborn", "1:a")
     orch.submit("quick", "1:a")
     orch.start_daemon()
-    first = wait_until(lambda: (rows := orch.query("SELECT * FROM attempts WHERE job_id = 1 AND pgid IS NOT NULL"))
+    first = wait_until(lambda: (rows := [a for a in orch.attempt_rows(1) if a.pgid is not None])
                        and "hostile worker: did" in _log(rows[0]) and rows[0], 30, "job 1 running, ignoring SIGTERM")
-    pgid = int(first["pgid"])
-    wait_until(lambda: orch.query("SELECT wait_reason FROM jobs WHERE id = 2 AND wait_reason LIKE '%free%'"), 30,
+    pgid = int(str(first.pgid))
+    wait_until(lambda: "free" in (orch.read(lambda store: get_job(store, 2).wait_reason) or "").lower(), 30,
                "job 2 to wait for memory")
     orch.run("cancel", "1")
     cancelled_at = time.monotonic()
     for path in foreign:
         path.unlink()
-    second = wait_until(lambda: orch.query("SELECT started_at FROM attempts WHERE job_id = 2"), 30, "job 2 to start")
+    second = wait_until(lambda: orch.attempt_rows(2), 30, "job 2 to start")
     # the first kill is still pending: its group ignores SIGTERM, and SIGKILL comes after the grace
-    still_pending = group_alive(pgid) and orch.query("SELECT 1 FROM attempts WHERE job_id = 1 AND outcome IS NULL")
+    still_pending = group_alive(pgid) and any(a.outcome is None for a in orch.attempt_rows(1))
     assert still_pending, "job 2 started only once job 1's kill was over"
     wait_until(lambda: orch.job_states()[1] == "cancelled", 30, "job 1 to be cancelled")
     assert time.monotonic() - cancelled_at >= KILL_GRACE_S - 1  # it waited out the grace, then SIGKILL
     assert not group_alive(pgid)
     (attempt,) = orch.attempts(1)
-    assert attempt["outcome"] == "cancelled" and attempt["ended_at"] > second[0]["started_at"]
+    assert attempt["outcome"] == "cancelled" and attempt["ended_at"] > second[0].started_at
     assert orch.wait_all_done(30) == {1: "cancelled", 2: "succeeded"}
 
 
-def _log(attempt: dict[str, Any]) -> str:
-    path = Path(attempt["run_dir"]) / "stdout.log"
+def _log(attempt: Attempt) -> str:
+    path = Path(attempt.run_dir) / "stdout.log"
     return path.read_text() if path.exists() else ""
 
 

@@ -13,6 +13,7 @@ from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
+from tests.store_reads import read_jobs
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -59,10 +60,10 @@ def test_the_daemon_reads_succeeded_attempts_from_its_store(db_path: Path) -> No
         suite = load_suite("demo", PLANS)
         specs = expand_jobs(suite, parse_pairs("87:glue_rte"), {}, None, 0)
         submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
-        jobs = store.query("SELECT id, config_name, data FROM jobs ORDER BY id")
+        jobs = read_jobs(store)
         ran = {  # job id -> (outcome, wall seconds)
-            jobs[0]["id"]: ("succeeded", 120.0),
-            jobs[1]["id"]: ("oom", 5.0),  # an OOM says nothing about how long the job takes
+            jobs[0].id: ("succeeded", 120.0),
+            jobs[1].id: ("oom", 5.0),  # an OOM says nothing about how long the job takes
         }
         for job_id, (outcome, wall_s) in ran.items():
             plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
@@ -72,8 +73,8 @@ def test_the_daemon_reads_succeeded_attempts_from_its_store(db_path: Path) -> No
             )
         table = load_durations(store)
     first, second = jobs[0], jobs[1]
-    assert table.expected_s(first["config_name"], first["data"], 0) == pytest.approx(120.0)
+    assert table.expected_s(first.config_name, first.data, 0) == pytest.approx(120.0)
     # the OOM'd job's config has no success: it gets its task's mean, scaled by nothing
-    assert second["data"] == first["data"]
-    assert table.expected_s(second["config_name"], "glue_rte", 0) == pytest.approx(120.0)
-    assert table.expected_s(first["config_name"], "glue_mrpc", 0) is None
+    assert second.data == first.data
+    assert table.expected_s(second.config_name, "glue_rte", 0) == pytest.approx(120.0)
+    assert table.expected_s(first.config_name, "glue_mrpc", 0) is None

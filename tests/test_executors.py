@@ -327,10 +327,10 @@ def test_submit_refuses_bad_slurm_settings_and_writes_nothing(tmp_path: Path) ->
         done = orch.run("submit", "--suite", "bad", "--pairs", "1:a", check=False)
         assert done.returncode == 2 and "slurm time 'tomorrow'" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
-        assert not orch.query("SELECT 1 FROM sqlite_master WHERE name = 'jobs'") or not orch.query("SELECT * FROM jobs")
+        assert orch.jobs() == []
         orch.write_suite("good", {"c": {"sim_mem_gib": 1}}, slurm={"time": "5", "mem": "1G", "extra": ["--qos=short"]})
         orch.submit("good", "1:a")
-        stored = json.loads(orch.query("SELECT slurm_json FROM jobs")[0]["slurm_json"])
+        stored = orch.jobs()[0].slurm
         assert stored == {"cpus": 1, "extra": ["--qos=short"], "mem_mib": 1024, "time": "5"}
 
 

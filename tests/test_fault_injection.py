@@ -54,7 +54,7 @@ def test_hostile_workers_beside_normal_jobs(orch: Orch) -> None:
         orch.submit("normal", " ".join(f"{seed}:b" for seed in range(1, 9)))
         orch.start_daemon(poll_s=0.2)
         states = orch.wait_all_done(240)
-        normal = {r["id"]: r["state"] for r in orch.query("SELECT id, state FROM jobs WHERE suite = 'normal'")}
+        normal = {job.id: job.state.value for job in orch.jobs(suite="normal")}
         assert len(normal) == 8 and set(normal.values()) == {"succeeded"}, normal
         assert len(states) == len(MODES) + 8
 

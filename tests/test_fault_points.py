@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Orch, group_alive, orch_env, requires_tmux, wait_until
 
+from orchestrator.store.attempts import read_all_shapes
+
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 # Held 6 GiB and asked for 2 more: the shape needs at least 8 GiB (8192 MiB). A second
@@ -45,17 +47,17 @@ def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp
         _daemon_dies_at(orch, "after_learn")
         # nothing of the end was committed: the attempt is open and no memory was learned
         assert [a["outcome"] for a in orch.attempts()] == [None]
-        assert orch.query("SELECT * FROM memory_shapes") == []
+        assert orch.read(read_all_shapes) == {}
 
         del orch.env["ORCH_FAULT_POINT"]
         orch.start_daemon()
         assert orch.wait_all_done(60) == {1: "failed"}
         attempts = orch.attempts()
         assert [(a["outcome"], a["peak_mib"]) for a in attempts] == [("oom", 0)]
-        shapes = orch.query("SELECT oom_floor_mib, samples FROM memory_shapes")
-        assert shapes == [{"oom_floor_mib": FLOOR_MIB, "samples": 0}], shapes
-        ends = orch.query("SELECT kind FROM events WHERE kind LIKE 'end:%'")
-        assert ends == [{"kind": "end:oom"}]
+        shapes = [(shape.oom_floor_mib, shape.samples) for shape in orch.read(read_all_shapes).values()]
+        assert shapes == [(FLOOR_MIB, 0)], shapes
+        ends = [event.kind for event in orch.events() if event.kind.startswith("end:")]
+        assert ends == ["end:oom"]
 
 
 def test_a_daemon_killed_after_marking_an_attempt_hung_kills_and_counts_it_once(tmp_path: Path) -> None:
@@ -73,6 +75,6 @@ def test_a_daemon_killed_after_marking_an_attempt_hung_kills_and_counts_it_once(
         assert orch.wait_all_done(60) == {1: "failed"}
         attempts = orch.attempts(1)  # killed by the restarted daemon, retried once, hung again
         assert [(a["outcome"], a["reason"], a["kill_requested"]) for a in attempts] == [("failed", "hung", "hung")] * 2
-        assert len(orch.query("SELECT 1 FROM events WHERE kind = 'hung'")) == 2
+        assert len(orch.events("hung")) == 2
         for row in attempts:
             assert row["pgid"] and not group_alive(int(row["pgid"]))

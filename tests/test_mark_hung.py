@@ -14,7 +14,7 @@ from orchestrator.store.endings import mark_hung
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import Attempt
-from tests.store_reads import job_ids
+from tests.store_reads import events, job_ids
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
@@ -30,7 +30,7 @@ def _started_attempt(store: Store, db_path: Path) -> Attempt:
 
 
 def _hung_events(store: Store, attempt_id: int) -> int:
-    return len(store.query("SELECT 1 FROM events WHERE kind = 'hung' AND attempt_id = ?", [attempt_id]))
+    return len([e for e in events(store, "hung") if e.attempt_id == attempt_id])
 
 
 @pytest.mark.parametrize("asked", [KillRequest.CANCEL, KillRequest.RETRY])

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
+from orchestrator.store.queries import get_job
+
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 
@@ -64,7 +66,7 @@ def test_an_under_declared_shape_waits_for_its_probe_and_never_starts_at_the_dec
     wait_until(lambda: (orch.attempts(1) or [{}])[0].get("peak_mib", 0) >= 4096, 30,
                "the first attempt to hold twice its declared memory")
     orch.submit("tight", "2:glue_rte")
-    reason = wait_until(lambda: orch.query("SELECT wait_reason FROM jobs WHERE id = 2")[0]["wait_reason"], 30,
+    reason = wait_until(lambda: orch.read(lambda store: get_job(store, 2).wait_reason), 30,
                         "the second job's waiting reason")
     assert "same memory family is measuring its peak" in reason, reason
     second = wait_until(lambda: orch.attempts(2), 60, "the second job to start")[0]

@@ -15,7 +15,9 @@ from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
 from orchestrator.gpu.sim_files import read_holders, sim_uuid
 from orchestrator.lifecycle import JobState
+from orchestrator.store.attempts import read_all_shapes
 from orchestrator.store.queries import get_attempts
+from orchestrator.store.resources import read_host_shapes
 from tests.store_reads import job_ids
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
@@ -73,22 +75,22 @@ def test_a_mixed_sweep_of_one_two_and_four_gpu_jobs_never_places_a_partial_gang(
     with Sampler(orch) as sampler:
         states = orch.wait_all_done(150)
     assert set(states.values()) == {"succeeded"}, states
-    jobs = {r["id"]: r for r in orch.query("SELECT id, config_name, gpus FROM jobs")}
-    assert sorted(j["gpus"] for j in jobs.values()) == [1, 1, 2, 2, 4, 4]
+    jobs = {job.id: job for job in orch.jobs()}
+    assert sorted(j.gpus for j in jobs.values()) == [1, 1, 2, 2, 4, 4]
     pids_of_gangs: dict[int, int] = {}
     for attempt in orch.attempts():
         job = jobs[attempt["job_id"]]
         uuids = _gpus_of(attempt)
-        assert len(uuids) == len(set(uuids)) == job["gpus"], (job, uuids)
+        assert len(uuids) == len(set(uuids)) == job.gpus, (job, uuids)
         env = json.loads((Path(attempt["run_dir"]) / "env.json").read_text())
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
         assert attempt["outcome"] == "succeeded" and attempt["peak_mib"] >= 8 * 1024  # per rank
-        if job["gpus"] > 1:
+        if job.gpus > 1:
             held = json.loads(attempt["peak_by_gpu_json"])  # per-rank peaks, one per card
             assert sorted(held) == sorted(uuids) and all(v > 0 for v in held.values()), held
             log = (Path(attempt["run_dir"]) / "stdout.log").read_text()
             worker_pid = int(re.search(r"sim worker: pid (\d+)", log).group(1))  # type: ignore[union-attr]
-            pids_of_gangs[worker_pid] = job["gpus"]
+            pids_of_gangs[worker_pid] = job.gpus
     # Seen from the cards: a gang's process holds memory on all of its cards, or on none yet
     # (it allocates on each card in turn within one step), never on a card outside its set.
     assert sampler.cards_by_pid, "the sampler read nothing"
@@ -107,8 +109,7 @@ def test_a_mixed_sweep_of_one_two_and_four_gpu_jobs_never_places_a_partial_gang(
                 per_card[card] = per_card.get(card, 0) + 1
         assert max(per_card.values(), default=0) <= 2, reading
     # learned per shape, with N in the shape
-    learned = orch.query("SELECT shape_key, peak_mib FROM memory_shapes")
-    assert len({r["shape_key"] for r in learned}) >= 3
+    assert len(orch.read(read_all_shapes)) >= 3
 
 
 @pytest.mark.slow
@@ -128,8 +129,7 @@ def test_a_four_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs(orch: Orch) -
         # a higher-priority one-GPU job keeps arriving, ahead of the gang in queue order
         seed += 1
         orch.submit("stream", f"{seed}:glue_rte", "--priority", "5")
-        for row in orch.query("SELECT wait_reason FROM jobs WHERE state = 'queued' AND wait_reason IS NOT NULL"):
-            reasons.add(row["wait_reason"])
+        reasons.update(job.wait_reason for job in orch.jobs(JobState.QUEUED) if job.wait_reason is not None)
         return bool(orch.read(lambda store: get_attempts(store, gang_id)))
 
     wait_until(gang_started, 60, "the four-GPU job to start", poll_s=0.5)
@@ -154,7 +154,7 @@ def test_host_memory_limited_jobs_are_held_back_instead_of_killed(orch: Orch) ->
         nonlocal most
         holders, _ = read_holders(orch.root / "sim" / "host")  # what the simulated host hands out
         most = max(most, len([mib for _, mib in holders if mib > 0]))
-        reasons.update(r["wait_reason"] for r in orch.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL"))
+        reasons.update(job.wait_reason for job in orch.jobs() if job.wait_reason is not None)
         return orch.all_done()
 
     wait_until(done, 120, "every job to end")
@@ -163,7 +163,7 @@ def test_host_memory_limited_jobs_are_held_back_instead_of_killed(orch: Orch) ->
     assert most == 2  # two at a time on the host, though the GPUs had room for eight
     assert any(r.startswith("host RAM: ") and r.endswith("needs 9.0 GiB") for r in reasons), reasons
     assert max(a["host_peak_mib"] for a in orch.attempts()) == 9 * 1024
-    (learned,) = orch.query("SELECT host_peak_mib FROM host_shapes")
-    assert learned["host_peak_mib"] == 9 * 1024
+    (learned_mib,) = orch.read(read_host_shapes).values()
+    assert learned_mib == 9 * 1024
     status = orch.json("status", "--once")
     assert status["host"]["total_mib"] == 24 * 1024

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -41,8 +40,7 @@ def _config_yaml(attempt: dict[str, Any]) -> dict[str, Any]:
 
 
 def _events(orch: Orch, kind: str) -> list[dict[str, Any]]:
-    rows = orch.query("SELECT job_id, data_json FROM events WHERE kind = ? ORDER BY id", (kind,))
-    return [{"job": r["job_id"], "data": json.loads(r["data_json"]) if r["data_json"] else {}} for r in rows]
+    return [{"job": event.job_id, "data": event.data or {}} for event in orch.events(kind)]
 
 
 @pytest.mark.slow
@@ -86,7 +84,7 @@ def test_underdeclared_jobs_oom_then_succeed_degraded(orch: Orch) -> None:
 
     # Once a shape has succeeded, later attempts of that shape are placed on its measured peak.
     rows = orch.attempts()
-    config_of = {r["id"]: r["config_name"] for r in orch.query("SELECT id, config_name FROM jobs")}
+    config_of = {job.id: job.config_name for job in orch.jobs()}
     checked = 0
     for row in rows:
         earlier_success = [
@@ -172,4 +170,5 @@ def test_suite_crash_loop_setting_is_honoured(orch: Orch) -> None:
     assert [(p["suite"], p["reason"]) for p in status["paused_suites"]] == [
         ("touchy", "1 attempt failed within 20 s each in the last 5 min")
     ]
-    assert len(orch.query("SELECT * FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE j.suite = 'unguarded'")) == 3
+    unguarded = {job.id for job in orch.jobs(suite="unguarded")}
+    assert len([a for a in orch.attempt_rows() if a.job_id in unguarded]) == 3

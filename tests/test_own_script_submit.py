@@ -3,16 +3,17 @@ checked before anything is written (exit 2, one line, no state.db or an unchange
 
 from __future__ import annotations
 
-import json
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from orchestrator.store import Store
+from orchestrator.store.rows import Job
 from tests.conftest import OrchRunner
+from tests.store_reads import read_jobs
 
 CONFIG = {"batch_size": 32, "gradient_accumulation_steps": 1, "learning_rate": 0.001}
 FLAGS = "python train.py --batch-size {cfg.batch_size} --grad-accum {cfg.gradient_accumulation_steps}"
@@ -32,6 +33,11 @@ def write_plans(root: Path, suite: dict[str, Any], configs: dict[str, dict[str, 
 
 def submit(orch: OrchRunner, plans: Path, *extra: str) -> Any:
     return orch("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(plans), *extra)
+
+
+def _jobs(db_path: Path) -> list[Job]:
+    with Store(db_path, create=False) as store:
+        return read_jobs(store)
 
 
 @pytest.mark.parametrize(
@@ -80,10 +86,9 @@ def test_flag_key_the_ladder_sets_is_accepted_and_settings_are_stored(orch: Orch
     })
     result = submit(orch, plans)
     assert result.rc == 0, result.stderr
-    conn = sqlite3.connect(db_path)
-    hang, stored = conn.execute("SELECT hang_timeout_s, worker_output_json FROM jobs").fetchone()
-    assert hang == 0  # off
-    assert json.loads(stored) == {"progress_regex": r"it (?P<step>\d+)", "result_regex": r"acc (?P<accuracy>[0-9.]+)"}
+    (job,) = _jobs(db_path)
+    assert job.hang_timeout_s == 0  # off
+    assert job.worker_output == {"progress_regex": r"it (?P<step>\d+)", "result_regex": r"acc (?P<accuracy>[0-9.]+)"}
 
 
 def test_keys_mapping_is_stored(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
@@ -91,8 +96,8 @@ def test_keys_mapping_is_stored(orch: OrchRunner, tmp_path: Path, db_path: Path)
     plans = write_plans(tmp_path, {"worker": "python train.py {config}",
                                    "keys": {"batch_size": "per_device_train_batch_size"}}, configs)
     assert submit(orch, plans).rc == 0
-    stored = sqlite3.connect(db_path).execute("SELECT worker_output_json FROM jobs").fetchone()[0]
-    assert json.loads(stored) == {"keys": {"batch_size": "per_device_train_batch_size"}}
+    (job,) = _jobs(db_path)
+    assert job.worker_output == {"keys": {"batch_size": "per_device_train_batch_size"}}
 
 
 def test_submit_names_the_changes_the_command_cannot_receive(orch: OrchRunner, tmp_path: Path) -> None:

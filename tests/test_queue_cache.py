@@ -18,7 +18,7 @@ from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store import Store
 from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs, transition
 from tests.conftest import REPO_ROOT
-from tests.store_reads import job_ids
+from tests.store_reads import job_ids, read_jobs
 from tests.test_scale import _Recorder
 
 
@@ -141,6 +141,6 @@ def test_a_pass_hands_pack_as_many_jobs_of_each_kind_as_there_are_free_slots(tmp
     assert [p.job_id for p in decision.placements] == [ids[0], ids[100]]
     # two free slots: two jobs of each of the three kinds, and the head of the queue (whose
     # waiting reasons `orch status` shows), were handed to pack
-    explained = store.query("SELECT id FROM jobs WHERE wait_reason IS NOT NULL ORDER BY id")
-    assert [r["id"] for r in explained] == ids[1:51]  # as when the whole queue is handed over
+    explained = [job.id for job in read_jobs(store) if job.wait_reason is not None]
+    assert explained == ids[1:51]  # as when the whole queue is handed over
     assert len(state.job_facts.by_job) == 300  # every job's facts are known: later passes place any of them

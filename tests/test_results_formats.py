@@ -16,6 +16,7 @@ from orchestrator.results.formats import to_csv, to_records
 from orchestrator.results.grids import latex_escape, to_latex, to_markdown
 from orchestrator.store import Store
 from tests.conftest import OrchRunner
+from tests.store_reads import read_jobs
 
 HALVED = {"gradient_checkpointing": True, "batch_size": 2, "gradient_accumulation_steps": 2}
 
@@ -94,11 +95,11 @@ def _succeeded(store: Store, job_id: int, run_dir: Path, level: int, overrides: 
 def finished_db(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> Path:
     assert orch_inproc("submit", "--suite", "demo", "--pairs", "87:glue_rte 127:glue_rte").rc == 0
     with Store(db_path) as store:
-        jobs = store.query("SELECT id, config_name, seed FROM jobs ORDER BY id")
+        jobs = read_jobs(store)
         for job in jobs:
-            mixed = job["config_name"] == jobs[0]["config_name"] and job["seed"] == 127
-            _succeeded(store, job["id"], tmp_path / "runs" / str(job["id"]), 2 if mixed else 0,
-                       HALVED if mixed else {}, 0.8 + job["id"] / 100)
+            mixed = job.config_name == jobs[0].config_name and job.seed == 127
+            _succeeded(store, job.id, tmp_path / "runs" / str(job.id), 2 if mixed else 0,
+                       HALVED if mixed else {}, 0.8 + job.id / 100)
     return db_path
 
 

@@ -13,7 +13,7 @@ from orchestrator.store import Store
 from orchestrator.store.attempts import PastAttempt
 from orchestrator.store.queries import get_job
 from tests.conftest import OrchRunner
-from tests.store_reads import job_ids
+from tests.store_reads import events, job_ids
 from tests.test_cli_fixes_take import FIXED, TYPO, fail_and_pause, worker_of, write_suite
 
 
@@ -84,6 +84,6 @@ def test_an_attempt_records_its_command_and_a_cut_checkpoint_search_is_said(db_p
         attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         (past,) = past_attempts(store, job_id)
         worker = get_job(store, job_id).worker
-        start = store.query("SELECT message FROM events WHERE kind = 'start' AND attempt_id = ?", [attempt.id])
+        start = [e for e in events(store, "start") if e.attempt_id == attempt.id]
     assert past.worker == worker
-    assert "read the run dir of attempt(s) 2, 1 only in part" in start[0]["message"]
+    assert "read the run dir of attempt(s) 2, 1 only in part" in start[0].message

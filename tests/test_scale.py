@@ -13,6 +13,7 @@ from orchestrator.cli.common import echo_json, echo_json_stream
 from orchestrator.clock import FakeClock
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.lifecycle import JobState
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.scheduling.dispatch import DispatchContext, schedule
@@ -21,9 +22,12 @@ from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, Queue
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store import Store
 from orchestrator.store.attempts import read_all_shapes, update_attempt, write_shape
-from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs
+from orchestrator.store.queries import get_attempts
 from orchestrator.store.rows import ShapeMemory
+from orchestrator.store.sweep_attempts import all_attempts
 from tests.conftest import REPO_ROOT, OrchRunner
+from tests.store_reads import job_ids, read_jobs
 
 # ---------------------------------------------------------------- streamed JSON
 
@@ -160,21 +164,21 @@ def test_a_queued_job_is_predicted_again_when_its_shape_learns_a_peak(tmp_path: 
     launcher = _Recorder()
     first = schedule(store, gpu, launcher, ctx, cache, draining=False)
     assert len(first.placements) == 1
-    (attempt,) = store.query("SELECT * FROM attempts")
-    assert attempt["prediction_source"] != "measured"
-    queued = store.query("SELECT id FROM jobs WHERE state = 'queued' ORDER BY id")
-    facts = cache.job_facts.by_job[queued[0]["id"]]
+    (attempt,) = all_attempts(store)
+    assert attempt.prediction_source != "measured"
+    queued = job_ids(store, JobState.QUEUED)
+    facts = cache.job_facts.by_job[queued[0]]
     write_shape(store, facts.shape.shape_key, ShapeMemory(peak_mib=3_000, oom_floor_mib=None, samples=1))
     assert facts.shape.shape_key in read_all_shapes(store)
     # the running attempt ends: the slot frees, and the next job of that shape starts
-    update_attempt(store, attempt["id"], outcome="succeeded", ended_at=attempt["started_at"] + 5)
+    update_attempt(store, attempt.id, outcome="succeeded", ended_at=attempt.started_at + 5)
     with store.write():
-        store.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", [attempt["job_id"]])
+        store.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", [attempt.job_id])
     second = schedule(store, gpu, launcher, ctx, cache, draining=False)
-    placed = [p for p in second.placements if p.job_id == queued[0]["id"]]
+    placed = [p for p in second.placements if p.job_id == queued[0]]
     assert placed and placed[0].reserved_mib == 3_150  # measured x 1.05
-    started = store.query("SELECT prediction_source FROM attempts WHERE job_id = ?", [queued[0]["id"]])
-    assert started[0]["prediction_source"] == "measured"
+    started = get_attempts(store, queued[0])
+    assert started[0].prediction_source == "measured"
     assert len(launcher.specs) == 2
 
 
@@ -187,8 +191,8 @@ def test_while_no_slot_is_free_only_the_head_of_the_queue_is_read(tmp_path: Path
     decision = schedule(store, gpu, _Recorder(), ctx, cache, draining=False)
     assert decision.placements == ()
     assert len(cache.job_facts.by_job) == 7  # the head only: nothing else was read or computed
-    reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
-    assert len(reasons) == 7 and all("0 slots" in r["wait_reason"] for r in reasons)
+    reasons = [job.wait_reason for job in read_jobs(store) if job.wait_reason is not None]
+    assert len(reasons) == 7 and all("0 slots" in reason for reason in reasons)
 
 
 def test_while_nothing_can_start_the_heads_reasons_are_worked_out_again_only_on_change(
@@ -214,12 +218,11 @@ def test_while_nothing_can_start_the_heads_reasons_are_worked_out_again_only_on_
     assert passes() == 1 and passes() == 1  # the second sees the reasons the first wrote
     assert passes() == 0  # nothing changed: the reasons stand
     assert passes(hold="disk full") == 1  # a hold: at once
-    reasons = store.query("SELECT wait_reason FROM jobs WHERE wait_reason IS NOT NULL")
-    assert len(reasons) == 5 and all("disk full" in r["wait_reason"] for r in reasons)
+    reasons = [job.wait_reason for job in read_jobs(store) if job.wait_reason is not None]
+    assert len(reasons) == 5 and all("disk full" in reason for reason in reasons)
     assert passes(hold="disk full") == 1 and passes(hold="disk full") == 0
     assert passes() == 1  # the hold lifted
     clock.advance(dispatch.WAITING_REFRESH_S + 0.1)
     assert passes() == 1  # too old: the free memory in them may have changed
-    with store.write():  # the head leaves the queue
-        store.execute("UPDATE jobs SET state = 'cancelled' WHERE id = (SELECT min(id) FROM jobs WHERE state = 'queued')")
+    cancel_queued(store, job_ids(store, JobState.QUEUED)[0], "cancelled")  # the head leaves the queue
     assert passes() == 1

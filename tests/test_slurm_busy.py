@@ -11,11 +11,13 @@ from orchestrator.errors import ClusterBusy
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 from orchestrator.executors.slurm.parse import is_transient_refusal
+from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.scheduling.cluster_dispatch import schedule_remote
 from orchestrator.scheduling.launching import DispatchContext
 from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.store import Store
+from orchestrator.store.queries import get_attempts, get_job
 from tests.test_crash_loop import paused, submit, write_suite
 
 
@@ -47,10 +49,10 @@ def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path
         (job,) = submit(store, plans, "busy", 1)
         for _ in range(4):  # more refusals than the crash-loop guard's 3 and than max_attempts 1
             schedule_remote(store, executor, ctx, JobShapeCache(), draining=False, max_in_queue=4)  # type: ignore[arg-type]
-        rows = store.query("SELECT state, max_attempts, attempt_count FROM jobs WHERE id = ?", [job.id])
-        outcomes = [r["outcome"] for r in store.query("SELECT outcome FROM attempts WHERE job_id = ?", [job.id])]
-        assert executor.asked == 4 and outcomes == ["lost"] * 4
-        assert rows[0]["state"] == "queued" and rows[0]["max_attempts"] == 5  # none of the 4 counted
+        after = get_job(store, job.id)
+        outcomes = [a.outcome for a in get_attempts(store, job.id)]
+        assert executor.asked == 4 and outcomes == [AttemptOutcome.LOST] * 4
+        assert after.state == JobState.QUEUED and after.max_attempts == 5  # none of the 4 counted
         assert paused(store) == {}
 
 
@@ -66,7 +68,7 @@ def test_nothing_is_submitted_while_slurm_backs_off(db_path: Path, tmp_path: Pat
     with Store(db_path) as store:
         (job,) = submit(store, plans, "held", 1)
         assert schedule_remote(store, executor, ctx, JobShapeCache(), draining=False, max_in_queue=4) == 0
-        (row,) = store.query("SELECT state, wait_reason FROM jobs WHERE id = ?", [job.id])
-        assert row["state"] == "queued" and "Slurm did not answer lately" in row["wait_reason"]
+        after = get_job(store, job.id)
+        assert after.state == JobState.QUEUED and "Slurm did not answer lately" in (after.wait_reason or "")
     executor.clock.advance(5)
     assert executor.submit_hold() is None

@@ -21,6 +21,9 @@ import pytest
 from e2e_helpers import Orch, orch_env, wait_until
 from slurm_cluster import SlurmCluster, missing_binaries
 
+from orchestrator.store.queries import get_job
+from orchestrator.store.rows import Attempt
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte"
@@ -103,9 +106,9 @@ def test_demo_sweep_through_slurm(orch: Orch, cluster: SlurmCluster) -> None:
         nonlocal peak_shards
         while not stop.is_set():
             peak_shards = max(peak_shards, cluster.shards_in_use())
-            for row in orch.query("SELECT executor_state FROM attempts WHERE outcome IS NULL"):
-                if (row["executor_state"] or "").startswith("PENDING ("):
-                    pending_reasons.add(row["executor_state"])
+            for attempt in orch.live_attempts():
+                if (attempt.executor_state or "").startswith("PENDING ("):
+                    pending_reasons.add(attempt.executor_state)
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -126,9 +129,9 @@ def test_demo_sweep_through_slurm(orch: Orch, cluster: SlurmCluster) -> None:
     known = slurm_jobs(cluster)
     ours = {k: v for k, v in known.items() if k not in before}
     assert sorted(ours) == sorted(ids), "every sbatch job is one attempt, and nothing else was submitted"
+    suite_of = {job.id: job.suite for job in orch.jobs()}
     for attempt in attempts:
-        job = orch.query("SELECT suite FROM jobs WHERE id = ?", (attempt["job_id"],))[0]
-        assert ours[attempt["executor_id"]][0] == f"orch-{job['suite']}-{attempt['job_id']}-a{attempt['n']}"
+        assert ours[attempt["executor_id"]][0] == f"orch-{suite_of[attempt['job_id']]}-{attempt['job_id']}-a{attempt['n']}"
         script = (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
         assert "#SBATCH --gres=shard:" in script and "#SBATCH --cpus-per-task=" in script
         assert "#SBATCH --mem=" not in script  # the demo suite sets no mem: the cluster's default holds
@@ -150,9 +153,9 @@ def _slow_suite(orch: Orch, seconds: int = 60) -> None:
                      slurm={"time": "10:00", "cpus": 1, "mem": "512M"})
 
 
-def _running_in_slurm(orch: Orch, count: int) -> list[dict]:
-    rows = orch.query("SELECT * FROM attempts WHERE outcome IS NULL AND executor_state = 'RUNNING'")
-    ready = [r for r in rows if (Path(r["run_dir"]) / "pid.json").exists()]
+def _running_in_slurm(orch: Orch, count: int) -> list[Attempt]:
+    rows = [a for a in orch.live_attempts() if a.executor_state == "RUNNING"]
+    ready = [a for a in rows if (Path(a.run_dir) / "pid.json").exists()]
     return ready if len(ready) >= count else []
 
 
@@ -162,15 +165,15 @@ def test_cancel_scancels(orch: Orch, cluster: SlurmCluster) -> None:
     start_slurm_daemon(orch)
     (attempt,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
     status = orch.json("status")
-    assert any(r["executor_id"] == attempt["executor_id"] for r in status["running"])
-    orch.run("cancel", str(attempt["job_id"]))
-    wait_until(lambda: orch.job_states()[attempt["job_id"]] == "cancelled", 60, "the job cancelled")
+    assert any(r["executor_id"] == attempt.executor_id for r in status["running"])
+    orch.run("cancel", str(attempt.job_id))
+    wait_until(lambda: orch.job_states()[attempt.job_id] == "cancelled", 60, "the job cancelled")
     # Slurm shows COMPLETING while the job's processes are reaped, then CANCELLED
     def slurm_state() -> str | None:
-        _name, state = slurm_jobs(cluster)[attempt["executor_id"]]
+        _name, state = slurm_jobs(cluster)[str(attempt.executor_id)]
         return None if state == "COMPLETING" else state
     assert wait_until(slurm_state, 60, "Slurm to finish cancelling the job") == "CANCELLED"
-    assert orch.attempts(attempt["job_id"])[0]["outcome"] == "cancelled"
+    assert orch.attempts(attempt.job_id)[0]["outcome"] == "cancelled"
 
 
 def test_daemon_killed_and_restarted_resubmits_nothing(orch: Orch, cluster: SlurmCluster) -> None:
@@ -180,7 +183,7 @@ def test_daemon_killed_and_restarted_resubmits_nothing(orch: Orch, cluster: Slur
     pid = start_slurm_daemon(orch, "--max-in-queue", "4")
     wait_until(lambda: _running_in_slurm(orch, 2), 60, "attempts running in Slurm")
     os.kill(pid, signal.SIGKILL)
-    live = {r["id"]: r["executor_id"] for r in orch.query("SELECT * FROM attempts WHERE outcome IS NULL")}
+    live = {a.id: a.executor_id for a in orch.live_attempts()}
     assert live and all(live.values())
     start_slurm_daemon(orch, "--max-in-queue", "4")
     states = orch.wait_all_done(240)
@@ -201,21 +204,21 @@ def test_slurmd_killed_mid_job_ends_attempts_lost_and_requeued(orch: Orch, clust
     running = wait_until(lambda: _running_in_slurm(orch, 2), 60, "both attempts running in Slurm")
     cluster.kill("slurmd")
     try:
-        def lost() -> list[dict]:
-            rows = [orch.attempts(r["job_id"])[0] for r in running]
-            return rows if all(r["outcome"] == "lost" for r in rows) else []
+        def lost() -> list[Attempt]:
+            rows = [orch.attempt_rows(r.job_id)[0] for r in running]
+            return rows if all(r.outcome == "lost" for r in rows) else []
         rows = wait_until(lost, 120, "the attempts to end lost")
-        assert all("NODE_FAIL" in (r["reason"] or "") for r in rows), [r["reason"] for r in rows]
-        assert all(orch.job_states()[r["job_id"]] in ("queued", "running") for r in rows)
+        assert all("NODE_FAIL" in (r.reason or "") for r in rows), [r.reason for r in rows]
+        assert all(orch.job_states()[r.job_id] in ("queued", "running") for r in rows)
     finally:
         # leftover batch steps of the dead node: end them as a rebooted node would
         for r in running:
             with contextlib.suppress(OSError, ValueError, KeyError):
-                os.killpg(int(json.loads((Path(r["run_dir"]) / "pid.json").read_text())["pgid"]), signal.SIGKILL)
+                os.killpg(int(json.loads((Path(r.run_dir) / "pid.json").read_text())["pgid"]), signal.SIGKILL)
         cluster.start_slurmd()
         cluster.wait_idle(60)
-    wait_until(lambda: all(orch.attempts(r["job_id"])[-1]["n"] == 2 for r in running), 60, "the jobs resubmitted")
-    assert all(orch.attempts(r["job_id"])[-1]["executor_id"] != r["executor_id"] for r in running)
+    wait_until(lambda: all(orch.attempt_rows(r.job_id)[-1].n == 2 for r in running), 60, "the jobs resubmitted")
+    assert all(orch.attempt_rows(r.job_id)[-1].executor_id != r.executor_id for r in running)
 
 
 def test_slurm_unreachable_for_a_while_fails_no_job(orch: Orch, cluster: SlurmCluster) -> None:
@@ -228,7 +231,7 @@ def test_slurm_unreachable_for_a_while_fails_no_job(orch: Orch, cluster: SlurmCl
     try:
         wait_until(lambda: log.exists() and "Slurm poll failed" in log.read_text(errors="replace"), 60,
                    "the daemon to see a failed poll")
-        assert orch.query("SELECT count(*) AS n FROM attempts WHERE outcome IS NULL")[0]["n"] == 2
+        assert len(orch.live_attempts()) == 2
     finally:
         cluster.start_slurmctld()
     states = orch.wait_all_done(180)
@@ -257,8 +260,8 @@ def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch:
     wait_until(lambda: orch.job_states()[limited] == "failed", 240, "the time-limited job to fail")
     (only,) = orch.attempts(limited)
     assert only["executor_state"] == "TIMEOUT" and only["outcome"] == "failed", only
-    job = orch.query("SELECT * FROM jobs WHERE id = ?", (limited,))[0]
-    assert "reached its time limit (--time=1)" in job["reason"], job["reason"]
+    reason = orch.read(lambda store: get_job(store, limited).reason)
+    assert "reached its time limit (--time=1)" in str(reason), reason
     # the resumable worker: warned first (USR2 forwarded by the wrapper), then resumed at attempt 2,
     # its time limit not counted against max_attempts 1
     first = wait_until(lambda: [a for a in orch.attempts(resumable) if a["outcome"]], 120, "its first attempt to end")[0]
@@ -268,7 +271,7 @@ def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch:
     assert exit_record["received"][:1] == ["SIGUSR2"], exit_record
     assert "#SBATCH --signal=B:USR2@30" in (Path(first["run_dir"]) / "sbatch.sh").read_text()
     wait_until(lambda: len(orch.attempts(resumable)) == 2, 60, "the resumed attempt to be submitted")
-    assert orch.query("SELECT max_attempts FROM jobs WHERE id = ?", (resumable,))[0]["max_attempts"] == 2  # not counted
+    assert orch.read(lambda store: get_job(store, resumable).max_attempts) == 2  # not counted
     # Its cap (max_timeouts 1: the second time limit fails it) is decided by the same code on
     # Slurm's word (test_slurm_outcomes.py); waiting out a second real limit here would add
     # 60-90 s. The running second attempt is cancelled so that no job of it outlives the test.
@@ -287,10 +290,11 @@ def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: S
     assert done.returncode == 0, done.stderr
     states = orch.wait_all_done(180)
     assert list(states.values()) == ["succeeded"], states
-    first, second = orch.attempts(running["job_id"])
+    first, second = orch.attempts(running.job_id)
     assert first["executor_state"] == "PREEMPTED" and first["outcome"] == "lost", first
     assert "preempted" in first["reason"] and second["outcome"] == "succeeded"
-    assert orch.query("SELECT max_attempts FROM jobs")[0]["max_attempts"] == 2  # the preemption was not counted
+    (job,) = orch.jobs()
+    assert job.max_attempts == 2  # the preemption was not counted
 
 
 def test_gpus_2_gets_two_gpus_of_one_node_and_nproc_2(orch: Orch, cluster: SlurmCluster) -> None:
@@ -300,7 +304,7 @@ def test_gpus_2_gets_two_gpus_of_one_node_and_nproc_2(orch: Orch, cluster: Slurm
     start_slurm_daemon(orch)
     (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
     shown = orch.run("status").stdout  # a two-GPU attempt the cluster placed is shown by its Slurm job
-    assert f"slurm {running['executor_id']} RUNNING" in shown, shown
+    assert f"slurm {running.executor_id} RUNNING" in shown, shown
     assert list(orch.wait_all_done(120).values()) == ["succeeded"]
     (attempt,) = orch.attempts()
     assert "#SBATCH --gres=gpu:2\n" in (Path(attempt["run_dir"]) / "sbatch.sh").read_text()

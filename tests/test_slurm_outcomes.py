@@ -3,7 +3,6 @@ counted; Slurm's OUT_OF_MEMORY reruns the same level with twice the host memory 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from orchestrator.attempts.outcomes import complete
@@ -14,8 +13,9 @@ from orchestrator.executors.slurm.time_limits import time_limit_of
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import AttemptPlan, read_attempt, start_attempt, update_attempt
 from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Attempt, Job
 from tests.test_crash_loop import submit, write_suite
 
@@ -29,11 +29,11 @@ def _start(store: Store, job: Job, tmp_path: Path) -> Attempt:
     return attempt
 
 
-def _end(store: Store, attempt: Attempt, end: ClusterEnd) -> dict:
+def _end(store: Store, attempt: Attempt, end: ClusterEnd) -> Job:
     obs = Observation(pid_record=None, exit_record={"exit_code": 143, "received": ["SIGTERM"]}, process_alive=False,
                       last_progress=None, last_progress_at=None, now_s=store.now_s())
     complete(store, attempt, obs, JobShapeCache(), lost=True, remote_end=end)
-    return store.query("SELECT * FROM jobs WHERE id = ?", [attempt.job_id])[0]
+    return get_job(store, attempt.job_id)
 
 
 def test_preemptions_never_use_up_max_attempts(db_path: Path, tmp_path: Path) -> None:
@@ -43,11 +43,11 @@ def test_preemptions_never_use_up_max_attempts(db_path: Path, tmp_path: Path) ->
         for _ in range(3):
             attempt = _start(store, job, tmp_path)
             row = _end(store, attempt, ClusterEnd(AttemptOutcome.LOST, "Slurm job 7 was preempted (PREEMPTED)", counted=False))
-            assert row["state"] == "queued", row
-        assert row["max_attempts"] == 4  # three preemptions, none counted: one real attempt left
+            assert row.state == "queued", row
+        assert row.max_attempts == 4  # three preemptions, none counted: one real attempt left
         attempt = _start(store, job, tmp_path)
         row = _end(store, attempt, ClusterEnd(AttemptOutcome.LOST, "Slurm job 8 ended NODE_FAIL"))
-        assert row["state"] == "failed" and "gave up after 4 attempts" in row["reason"]
+        assert row.state == "failed" and "gave up after 4 attempts" in row.reason
 
 
 def test_slurms_out_of_memory_reruns_with_twice_the_host_memory(db_path: Path, tmp_path: Path) -> None:
@@ -57,13 +57,13 @@ def test_slurms_out_of_memory_reruns_with_twice_the_host_memory(db_path: Path, t
         attempt = _start(store, job, tmp_path)
         end = ClusterEnd(AttemptOutcome.HOST_OOM, "Slurm job 9 ended OUT_OF_MEMORY", next_mem_mib=512)
         row = _end(store, attempt, end)
-        assert row["state"] == "queued" and row["level"] == 0
-        assert json.loads(row["slurm_json"])["mem_mib"] == 512 and json.loads(row["slurm_json"])["time"] == "5"
-        (closed,) = store.query("SELECT outcome FROM attempts WHERE id = ?", [attempt.id])
-        assert closed["outcome"] == "host_oom"
+        assert row.state == "queued" and row.level == 0
+        assert row.slurm["mem_mib"] == 512 and row.slurm["time"] == "5"
+        closed = read_attempt(store, attempt.id)
+        assert closed is not None and closed.outcome == AttemptOutcome.HOST_OOM
         attempt = _start(store, job, tmp_path)
         row = _end(store, attempt, end)
-        assert row["state"] == "failed"  # counted: max_attempts 2 used up
+        assert row.state == "failed"  # counted: max_attempts 2 used up
 
 
 def test_every_time_limit_counts_toward_the_cap_even_one_slurm_called_failed(db_path: Path, tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_every_time_limit_counts_toward_the_cap_even_one_slurm_called_failed(db_
         policy = time_limit_of(store, first, job)
         assert policy.can_resume and policy.timeouts_before == 0 and policy.max_timeouts == 1 and policy.limit == "1"
         row = _end(store, first, remote_end(first, _obs_warned(store), _failed(), True, None, policy))  # type: ignore[arg-type]
-        assert row["state"] == "queued" and row["max_attempts"] == 2  # resumed, not counted
+        assert row.state == "queued" and row.max_attempts == 2  # resumed, not counted
         second = _start(store, job, tmp_path)
         assert time_limit_of(store, second, job).timeouts_before == 1
         end = remote_end(second, _obs_warned(store), _failed(), True, None, time_limit_of(store, second, job))

@@ -28,10 +28,11 @@ from orchestrator.store.jobs import (
     transition,
 )
 from orchestrator.store.queries import get_job
-from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.rows import Job
 from orchestrator.store.schema import MIGRATIONS
+from orchestrator.store.sweep_attempts import all_attempts
 from tests.store_helpers import old_database_with_one_job
-from tests.store_reads import job_count, state_of
+from tests.store_reads import events, job_count, state_of
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 
@@ -60,7 +61,7 @@ def job_state(store: Store, job_id: int) -> str:
 
 
 def event_count(store: Store) -> int:
-    return int(store.query("SELECT count(*) AS n FROM events")[0]["n"])
+    return len(events(store))
 
 
 # ---------------------------------------------------------------- migrations and file
@@ -105,7 +106,7 @@ def test_attempts_from_before_executors_keep_their_window_as_executor_id(db_path
     conn.commit()
     conn.close()
     with Store(db_path) as store:
-        attempts = [Attempt.from_row(row) for row in store.query("SELECT * FROM attempts ORDER BY id")]
+        attempts = all_attempts(store)
     assert [(a.executor, a.executor_id) for a in attempts] == [("tmux", "@1"), ("tmux", "@9")]
 
 
@@ -198,11 +199,8 @@ def test_transition_writes_state_and_event_together(store: Store, demo: Suite) -
     left = transition(store, job_id, JobState.RUNNING, message="started", kind="start")
     assert left is JobState.QUEUED
     assert job_state(store, job_id) == "running"
-    events = store.query("SELECT kind, from_state, to_state, message FROM events WHERE job_id = ? ORDER BY id", [job_id])
-    assert events == [
-        {"kind": "submitted", "from_state": None, "to_state": "queued", "message": events[0]["message"]},
-        {"kind": "start", "from_state": "queued", "to_state": "running", "message": "started"},
-    ]
+    logged = [(e.kind, e.from_state, e.to_state, e.message) for e in events(store, job_id=job_id)]
+    assert logged == [("submitted", None, "queued", logged[0][3]), ("start", "queued", "running", "started")]
 
 
 def test_forbidden_transition_writes_nothing(store: Store, demo: Suite) -> None:
@@ -337,12 +335,12 @@ def test_only_queued_running_or_succeeded_block_a_resubmit(
 
 def test_submit_records_suite_fields(store: Store, demo: Suite) -> None:
     outcome = submit_jobs(store, demo, specs_of(demo)[:1], allowed_gpus=[2, 0], priority=5, force=False, dry_run=False)[0]
-    row = store.query("SELECT * FROM jobs WHERE id = ?", [outcome.job_id])[0]
-    assert row["declared_mib"] == round(demo.mem_gib * 1024)
-    assert row["allowed_gpus_json"] == "[2, 0]"
-    assert row["priority"] == 5 and row["max_attempts"] == demo.max_attempts
-    assert row["one_token"] == 1  # glue_rte matches the demo suite's glue* pattern
-    assert row["identity"] == outcome.spec.identity
+    job = get_job(store, outcome.job_id)
+    assert job.declared_mib == round(demo.mem_gib * 1024)
+    assert job.allowed_gpus == frozenset({2, 0})
+    assert job.priority == 5 and job.max_attempts == demo.max_attempts
+    assert job.one_token is True  # glue_rte matches the demo suite's glue* pattern
+    assert job.identity == outcome.spec.identity
 
 
 # ---------------------------------------------------------------- GPU plan
@@ -355,7 +353,7 @@ def test_gpu_plan_round_trip(store: Store) -> None:
     assert get_gpu_plan(store) == GpuPlan(slots_by_gpu={1: 3})
     set_gpu_plan(store, GpuPlan(default_slots=4))  # a broadcast replaces every cap
     assert get_gpu_plan(store) == GpuPlan(default_slots=4)
-    assert store.query("SELECT count(*) AS n FROM events WHERE kind = 'plan'")[0]["n"] == 3
+    assert len(events(store, "plan")) == 3
 
 
 def test_prompt_lengths_keep_the_longest_report(store: Store) -> None:

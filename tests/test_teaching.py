@@ -23,6 +23,7 @@ from orchestrator.store.jobs import set_gpu_plan, submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_job
 from tests.conftest import REPO_ROOT
+from tests.store_reads import read_jobs
 from tests.test_scale import _Recorder
 
 
@@ -64,9 +65,9 @@ def test_the_daemon_starts_a_short_job_of_an_untaught_model_and_data_before_long
     # config-major: every config's glue_sst2 seeds, then its glue_rte seeds
     specs = expand_jobs(suite, parse_pairs("1:glue_sst2 2:glue_sst2 1:glue_rte 2:glue_rte"), {}, None, 0)
     submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
-    rows = store.query("SELECT id, data FROM jobs ORDER BY id")
-    sst2 = [r["id"] for r in rows if r["data"] == "glue_sst2"]
-    rte = [r["id"] for r in rows if r["data"] == "glue_rte"]
+    rows = read_jobs(store)
+    sst2 = [job.id for job in rows if job.data == "glue_sst2"]
+    rte = [job.id for job in rows if job.data == "glue_rte"]
     # one run of each task finished: SST-2 took an hour and reported its prompt lengths; RTE
     # took a minute and reported none (its model and data stay untaught)
     for job_id, wall_s in ((sst2[0], 3_600.0), (rte[0], 60.0)):

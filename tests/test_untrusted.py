@@ -18,6 +18,9 @@ import pytest
 from e2e_helpers import Orch, group_alive, orch_env, requires_tmux, wait_until
 from hostile_helpers import as_user, hostile_command, second_user, start_victim, stop_victim
 
+from orchestrator.lifecycle import JobState
+from orchestrator.store.rows import Attempt
+
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 
@@ -42,10 +45,10 @@ def _removed(path: Path) -> Iterator[None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _running_attempt(orch: Orch, job_id: int) -> dict[str, object]:
-    def ready() -> dict[str, object] | None:
-        rows = orch.query("SELECT * FROM attempts WHERE job_id = ? AND outcome IS NULL AND pgid IS NOT NULL", (job_id,))
-        return rows[0] if rows and (Path(str(rows[0]["run_dir"])) / "pid.json").exists() else None
+def _running_attempt(orch: Orch, job_id: int) -> Attempt:
+    def ready() -> Attempt | None:
+        rows = [a for a in orch.attempt_rows(job_id) if a.outcome is None and a.pgid is not None]
+        return rows[0] if rows and (Path(rows[0].run_dir) / "pid.json").exists() else None
     return wait_until(ready, 30, f"job {job_id} running")
 
 
@@ -62,7 +65,7 @@ def test_runs_dir_made_by_another_user_in_a_shared_dir_is_refused() -> None:
         proc = orch.run("daemon", "start", check=False)
         assert proc.returncode != 0
         assert f"belongs to uid {other.pw_uid}" in proc.stderr and "Traceback" not in proc.stderr
-        assert orch.query("SELECT count(*) AS n FROM attempts")[0]["n"] == 0
+        assert orch.attempt_rows() == []
 
 
 def test_world_writable_runs_dir_is_refused(orch: Orch) -> None:
@@ -179,7 +182,7 @@ def test_one_malformed_run_dir_never_stops_the_others(orch: Orch) -> None:
     orch.submit("good", "1:a 2:a 3:a")
     orch.start_daemon()
     states = orch.wait_all_done(90)
-    bad = {int(r["id"]): str(r["config_name"]) for r in orch.query("SELECT id, config_name FROM jobs WHERE suite = 'bad'")}
+    bad = {job.id: job.config_name for job in orch.jobs(suite="bad")}
     assert sorted(bad.values()) == sorted(MALFORMED)
     assert [s for j, s in states.items() if j not in bad] == ["succeeded"] * 3
     for job_id, mode in bad.items():
@@ -207,7 +210,7 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
         orch.submit("s", "1:a 2:a 3:a 4:a")
         orch.run("daemon", "start", "--poll", "0.2", "--min-free-mib", "2", "--warn-free-mib", "8")
         orch.daemon_pids.add(int(orch.daemon_pid() or 0))
-        wait_until(lambda: len(orch.query("SELECT * FROM attempts WHERE outcome IS NULL")) >= 2, 30, "jobs running")
+        wait_until(lambda: len(orch.live_attempts()) >= 2, 30, "jobs running")
         filler = runs / "filler"
         with open(filler, "wb") as handle:  # fill the filesystem for real
             try:
@@ -222,8 +225,7 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
 
         status = wait_until(disk_full_status, 30, "status to say the disk is full")
         assert "disk full" in orch.run("status", "--once").stdout
-        wait_until(lambda: any((j["wait_reason"] or "").startswith("disk full")
-                               for j in orch.query("SELECT wait_reason FROM jobs WHERE state = 'queued'")),
+        wait_until(lambda: any((j.wait_reason or "").startswith("disk full") for j in orch.jobs(JobState.QUEUED)),
                    60, "a job waiting for the disk")
         assert status["counts"]["failed"] == 0
         filler.unlink()
@@ -249,7 +251,7 @@ def test_yaml_alias_bomb_in_a_config_is_refused_at_once(orch: Orch) -> None:
     proc = orch.run("submit", "--suite", "s", "--pairs", "1:a", check=False, timeout_s=30)
     assert time.monotonic() - started < 20
     assert proc.returncode == 2 and "aliases" in proc.stderr and "Traceback" not in proc.stderr
-    assert not orch.db.exists() or orch.query("SELECT count(*) AS n FROM jobs")[0]["n"] == 0
+    assert orch.jobs() == []  # none when there is no database either
 
 
 # -- 6. a hung worker that ignores SIGTERM: tests/test_clock_rules.py (the clock passes the hang timeout and the kill grace)
@@ -289,11 +291,11 @@ def test_cancel_with_an_invalid_pid_json_stops_the_job(orch: Orch) -> None:
     orch.submit("c", "1:a")
     orch.start_daemon()
     attempt = _running_attempt(orch, 1)
-    run_dir = Path(str(attempt["run_dir"]))
+    run_dir = Path(attempt.run_dir)
     wait_until(lambda: (run_dir / "pid.json").read_bytes().startswith(b"{not"), 30, "pid.json corrupted")
     orch.run("cancel", "1")
     assert orch.wait_all_done(30) == {1: "cancelled"}
-    assert not group_alive(int(str(attempt["pid"])))
+    assert not group_alive(int(str(attempt.pid)))
     assert json.loads(json.dumps(orch.json("show", "1")["attempts"][0]["outcome"])) == "cancelled"
 
 

@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
+from orchestrator.lifecycle import JobState
+from orchestrator.store.queries import state_counts
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -46,10 +49,14 @@ class WebSweep:
         self.orch, self.url, self.token = orch, url, token
 
     def counts(self) -> dict[str, int]:
-        return {r["state"]: r["n"] for r in self.orch.query("SELECT state, count(*) AS n FROM jobs GROUP BY state")}
+        return {state: n for state, n in self.orch.read(state_counts).items() if n}
+
+    def ids(self, *states: JobState, config: str | None = None) -> set[int]:
+        """The jobs in one of `states` (any state when none is given), of one config when given."""
+        return {job.id for job in self.orch.jobs(*states) if config is None or job.config_name == config}
 
     def running_ids(self) -> set[int]:
-        return {r["id"] for r in self.orch.query("SELECT id FROM jobs WHERE state = 'running'")}
+        return self.ids(JobState.RUNNING)
 
 
 def _free_port() -> int:
@@ -131,7 +138,7 @@ def test_overview_lists_running_jobs_and_updates_without_reload(sweep: WebSweep,
     wait_until(lambda: sweep.counts().get("succeeded", 0) >= 1, 60, "a short job to succeed")
     wait_until(lambda: _shown_count(page, "succeeded") == sweep.counts().get("succeeded", 0) >= 1, 30,
                "the succeeded count on the page to follow")
-    finished = {r["id"] for r in sweep.orch.query("SELECT id FROM jobs WHERE state = 'succeeded'")}
+    finished = sweep.ids(JobState.SUCCEEDED)
     wait_until(lambda: not (_shown_running(page) & finished), 30, "finished jobs to leave the running table")
     assert first_running & finished  # one of the jobs first shown running is the one that ended
     assert page.evaluate("window.__loaded_once") == 42
@@ -139,9 +146,7 @@ def test_overview_lists_running_jobs_and_updates_without_reload(sweep: WebSweep,
 
 
 def test_cancel_is_refused_without_the_token_and_works_with_it(sweep: WebSweep, page: Any) -> None:
-    long_job = wait_until(lambda: next(iter(
-        r["id"] for r in sweep.orch.query("SELECT id FROM jobs WHERE state = 'running' AND config_name = 'long'")), None),
-        60, "a long job running")
+    long_job = wait_until(lambda: min(sweep.ids(JobState.RUNNING, config="long"), default=None), 60, "a long job running")
     action = f"{sweep.url}/api/jobs/{long_job}/cancel"
     assert page.request.post(action).status == 403
     assert page.request.post(action, headers={"X-Orch-Token": "guess"}).status == 403
@@ -152,7 +157,7 @@ def test_cancel_is_refused_without_the_token_and_works_with_it(sweep: WebSweep, 
         page.click("form.action button:has-text('cancel')")
     assert page.get_attribute(".action-answer", "data-status") == "403"
     assert "refused" in (page.text_content(".action-message") or "") and "{" not in (page.text_content("main") or "")
-    assert sweep.orch.query("SELECT state FROM jobs WHERE id = ?", (long_job,))[0]["state"] == "running"
+    assert sweep.orch.job_states()[long_job] == "running"
     # opened with the token it printed, the same button cancels; the answer is a page, not JSON
     page.goto(f"{sweep.url}/job/{long_job}?token={sweep.token}")
     assert "token" not in page.url  # kept for the tab, gone from the address bar and history
@@ -161,7 +166,7 @@ def test_cancel_is_refused_without_the_token_and_works_with_it(sweep: WebSweep, 
         page.click("form.action button:has-text('cancel')")
     assert page.get_attribute(".action-answer", "data-status") == "200"
     assert f"job {long_job} is stopping" in (page.text_content(".action-message") or "")  # a running job stops first
-    wait_until(lambda: sweep.orch.query("SELECT state FROM jobs WHERE id = ?", (long_job,))[0]["state"] == "cancelled",
+    wait_until(lambda: sweep.orch.job_states()[long_job] == "cancelled",
                60, "the job to be cancelled")
     page.click(f"a:has-text('back to job {long_job}')")
     wait_until(lambda: page.get_attribute("[data-state]", "data-state") == "cancelled", 30, "the job page to show it")
@@ -241,7 +246,7 @@ def test_jobs_page_filters_and_is_one_click_from_the_counts(sweep: WebSweep, pag
             f'tr.job-row[data-state="{state}"]', "rows => rows.map(r => r.dataset.job)")}
 
     listed = {int(x) for x in page.eval_on_selector_all("tr.job-row", "rows => rows.map(r => r.dataset.job)")}
-    in_db = {r["id"] for r in sweep.orch.query("SELECT id FROM jobs WHERE state = 'succeeded'")}
+    in_db = sweep.ids(JobState.SUCCEEDED)
     assert listed == shown("succeeded") and listed <= in_db  # only succeeded jobs (more may finish meanwhile)
     # filter by config through the form: every job of that config, in any state
     page.goto(sweep.url + "/jobs")
@@ -249,15 +254,14 @@ def test_jobs_page_filters_and_is_one_click_from_the_counts(sweep: WebSweep, pag
     with page.expect_navigation():
         page.click("form.filters button")
     assert "config=long" in page.url
-    longs = {r["id"] for r in sweep.orch.query("SELECT id FROM jobs WHERE config_name = 'long'")}
+    longs = sweep.ids(config="long")
     assert {int(x) for x in page.eval_on_selector_all("tr.job-row", "rows => rows.map(r => r.dataset.job)")} == longs
     assert page.get_attribute("[data-jobs-total]", "data-jobs-total") == str(len(longs))
     page.screenshot(path=str(ARTIFACTS / "jobs.png"), full_page=True)
 
 
 def test_curves_overlay_picked_runs_with_log_scale_and_a_seed_band(sweep: WebSweep, page: Any) -> None:
-    shorts = wait_until(lambda: [r["id"] for r in sweep.orch.query(
-        "SELECT id FROM jobs WHERE config_name = 'short' AND state = 'succeeded'")] if sweep.counts().get("succeeded", 0) >= 2
+    shorts = wait_until(lambda: sorted(sweep.ids(JobState.SUCCEEDED, config="short")) if sweep.counts().get("succeeded", 0) >= 2
         else None, 90, "both short jobs to succeed")
     page.goto(sweep.url + "/jobs?config=short")
     for job_id in shorts:
@@ -298,7 +302,7 @@ def test_every_page_fits_800_px(sweep: WebSweep, browser: Any) -> None:
     context = browser.new_context(viewport={"width": 800, "height": 900})
     try:
         page = context.new_page()
-        job = sweep.orch.query("SELECT min(id) AS id FROM jobs")[0]["id"]
+        job = min(sweep.ids())
         for path in ("/", "/jobs", "/timeline", "/memory", "/curves?config=short", "/results", f"/job/{job}"):
             page.goto(sweep.url + path)
             page.wait_for_load_state("load")
@@ -322,7 +326,7 @@ def test_report_opens_offline_and_shows_the_same_counts(sweep: WebSweep, browser
     try:
         page = context.new_page()
         page.goto(out.as_uri())
-        jobs = sweep.orch.query("SELECT count(*) AS n FROM jobs")[0]["n"]
+        jobs = len(sweep.ids())
         attempts = len(sweep.orch.attempts())
         assert page.text_content('[data-summary="jobs"]') == str(jobs)
         assert page.text_content('[data-summary="attempts"]') == str(attempts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ from orchestrator.lifecycle import JobState
 from orchestrator.store import Store
 from orchestrator.store.gpu_samples import GpuReading, gpu_sample_series, record_gpu_samples
 from orchestrator.store.queries import get_attempts
+from orchestrator.store.rows import Job
 from orchestrator.store.sweep_attempts import attempt_counts
 from orchestrator.store.web_queries import AttemptSpan, attempt_spans, overview, sweep_counts
 from orchestrator.web.charts import pack_lanes
 from orchestrator.web.summary import occupancy
-from tests.store_reads import job_ids, state_of
+from tests.store_reads import job_ids, live_attempts, read_jobs, state_of
 
 starlette = pytest.importorskip("starlette", reason="needs the web extra")
 
@@ -50,8 +52,9 @@ def test_ours_is_what_live_attempts_hold(db_path: Path) -> None:
 
     build_sweep(db_path, 40, running=3, queued=5)
     with Store(db_path) as store:
-        held = {r["gpu_uuid"]: r["h"] for r in store.query(
-            "SELECT gpu_uuid, sum(held_mib) AS h FROM attempts WHERE outcome IS NULL GROUP BY gpu_uuid")}
+        held: dict[str, int] = {}
+        for attempt in live_attempts(store):
+            held[attempt.gpu_uuid] = held.get(attempt.gpu_uuid, 0) + attempt.held_mib
         record_gpu_samples(store, [GpuReading(g, f"GPU-{g:04d}", 24576, 20000, 4576) for g in range(7)], 1e10)
         latest = {s.gpu_uuid: s for s in gpu_sample_series(store, since_s=1e10)}
         view = overview(store)
@@ -243,14 +246,17 @@ def test_jobs_page_filters_by_state_suite_config_and_data(client, db_path: Path)
         return {int(j) for j in re.findall(r'<tr class="job-row" data-job="(\d+)"', response.text)}
 
     with Store(db_path) as store:
-        def ids(where: str, *params: object) -> set[int]:
-            return {r["id"] for r in store.query(f"SELECT id FROM jobs WHERE {where}", list(params))}
+        every = read_jobs(store)
 
-        assert listed("") == ids("1")
-        assert listed("state=queued") == ids("state = 'queued'") and len(listed("state=queued")) == 4
-        assert listed("config=c03") == ids("config_name = 'c03'")
-        assert listed("data=glue-tvt_rte&state=succeeded") == ids("data = 'glue-tvt_rte' AND state = 'succeeded'")
-        assert listed("suite=E1") == ids("1") and listed("suite=nope") == set()
+        def ids(matches: Callable[[Job], bool] = lambda job: True) -> set[int]:
+            return {job.id for job in every if matches(job)}
+
+        assert listed("") == ids()
+        assert listed("state=queued") == ids(lambda j: j.state == JobState.QUEUED) and len(listed("state=queued")) == 4
+        assert listed("config=c03") == ids(lambda j: j.config_name == "c03")
+        assert listed("data=glue-tvt_rte&state=succeeded") == ids(
+            lambda j: j.data == "glue-tvt_rte" and j.state == JobState.SUCCEEDED)
+        assert listed("suite=E1") == ids() and listed("suite=nope") == set()
     page = client.get("/jobs?state=failed")
     assert page.status_code == 200 and "no job matches" in page.text
     assert 'data-fragment="/fragment/jobs?state=failed"' in page.text
@@ -359,11 +365,11 @@ def test_memory_samples_record_each_jobs_share(db_path: Path) -> None:
     build_sweep(db_path, 10, running=3, queued=0)
     with Store(db_path) as store:
         record_gpu_samples(store, [GpuReading(g, f"GPU-{g:04d}", 24576, 20000, 4576) for g in range(7)], 1e10)
-        held = store.query("SELECT job_id, gpu_index, held_mib FROM attempts WHERE outcome IS NULL")
+        held = live_attempts(store)
         latest = {s.gpu_index: s for s in gpu_sample_series(store, since_s=1e10)}
     assert held
-    for row in held:
-        assert latest[row["gpu_index"]].held_by_job[row["job_id"]] == row["held_mib"]
+    for attempt in held:
+        assert latest[attempt.gpu_index].held_by_job[attempt.job_id] == attempt.held_mib
     assert all(sum(s.held_by_job.values()) == s.orch_mib for s in latest.values())
 
 
