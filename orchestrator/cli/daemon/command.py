@@ -18,16 +18,9 @@ import psutil
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.cli.daemon.setup import (
-    backend_option,
-    disk_options,
+    daemon_settings_options,
     executor_args,
-    executor_options,
-    headroom_options,
-    host_reserve_option,
     make_daemon_executor,
-    notify_option,
-    order_option,
-    poll_option,
     resolve_backend,
 )
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
@@ -51,17 +44,7 @@ def daemon_group() -> None:
 
 
 @daemon_group.command("run")
-@executor_options
-@backend_option
-@poll_option
-@headroom_options
-@click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
-              help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
-@order_option
-@notify_option
-@host_reserve_option
-@disk_options
-@db_option
+@daemon_settings_options
 def daemon_run(
     executor_kind: str | None,
     partition: str | None,
@@ -108,17 +91,7 @@ def daemon_run(
 
 
 @daemon_group.command("start")
-@executor_options
-@backend_option
-@poll_option
-@click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
-              help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")
-@order_option
-@headroom_options
-@notify_option
-@host_reserve_option
-@disk_options
-@db_option
+@daemon_settings_options
 def daemon_start(
     executor_kind: str | None,
     partition: str | None,

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from orchestrator.attempts.disk_space import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
+from orchestrator.cli.common import db_option
 from orchestrator.daemon.state import sim_dir, tmux_socket_name
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import Executor
@@ -105,6 +106,19 @@ def executor_options(func: Any) -> Any:
                      help="Seconds a Slurm job out of the queue waits for its exit.json to show on the "
                           "shared filesystem before it is lost (default 60)."),
     )):
+        func = option(func)
+    return func
+
+
+def launcher_option(func: Any) -> Any:
+    return click.option("--launcher", "launcher_kind", type=click.Choice(["tmux", "subprocess"]), default=None,
+                        help="How workers run (env ORCH_LAUNCHER; default tmux when installed).")(func)
+
+
+def daemon_settings_options(func: Any) -> Any:
+    """What `orch daemon run` takes and `orch daemon start` passes on to it, in one list."""
+    for option in reversed((executor_options, backend_option, poll_option, headroom_options, launcher_option,
+                            order_option, notify_option, host_reserve_option, disk_options, db_option)):
         func = option(func)
     return func
 
