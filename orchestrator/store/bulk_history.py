@@ -12,7 +12,8 @@ from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.store.db import Store
-from orchestrator.store.gpu_samples import GpuSample
+from orchestrator.store.gpu_samples import INSERT_SAMPLE, GpuSample, sample_row
+from orchestrator.store.jobs import INSERT_EVENT, event_row
 
 
 @dataclass(frozen=True)
@@ -102,19 +103,13 @@ def write_history(
               None if a.progress is None else json.dumps(a.progress),
               a.started_at if a.progress is not None else None) for a in attempts],
         )  # fmt: skip
-        store.executemany(
-            "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(e.ts, e.job_id, e.attempt_id, e.kind, e.from_state, e.to_state, e.message,
-              json.dumps(e.data) if e.data else None, int(e.data is not None and isinstance(e.data.get("retry"), dict)))
-             for e in events],
-        )  # fmt: skip
-        store.executemany(
-            "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, holds_json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(s.ts, s.gpu_index, s.gpu_uuid, s.total_mib, s.used_mib, s.orch_mib, s.free_mib,
-              json.dumps({str(k): v for k, v in s.held_by_job.items()}, sort_keys=True)) for s in samples],
-        )  # fmt: skip
+        store.executemany(INSERT_EVENT, [
+            event_row(e.ts, e.kind, e.message, e.job_id, e.attempt_id, e.from_state, e.to_state, e.data) for e in events
+        ])
+        store.executemany(INSERT_SAMPLE, [
+            sample_row(s.ts, s.gpu_index, s.gpu_uuid, s.total_mib, s.used_mib, s.orch_mib, s.free_mib, s.held_by_job)
+            for s in samples
+        ])
         store.execute(
             "INSERT INTO daemon (id, pid, heartbeat_at, gpus_json) VALUES (1, NULL, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, gpus_json = excluded.gpus_json",

@@ -8,8 +8,9 @@ the whole sweep stays visible at a coarser one, in at most `max_rows_per_gpu` ro
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.store.db import Store
 
@@ -54,6 +55,18 @@ def _holds(text: str | None) -> dict[int, int]:
     return {int(k): int(v) for k, v in raw.items() if str(k).isdigit() and isinstance(v, int)}
 
 
+INSERT_SAMPLE = (
+    "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, holds_json) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def sample_row(ts: float, gpu_index: int, gpu_uuid: str, total_mib: int, used_mib: int, orch_mib: int,
+               free_mib: int, held_by_job: Mapping[int, int]) -> tuple[Any, ...]:
+    """A gpu_samples row as INSERT_SAMPLE takes it; what each job held, by job id."""
+    return (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, json.dumps(dict(held_by_job), sort_keys=True))
+
+
 def record_gpu_samples(
     store: Store,
     readings: Iterable[GpuReading],
@@ -81,15 +94,11 @@ def record_gpu_samples(
             held[uuid] = held.get(uuid, 0) + int(mib or 0)
             if mib:
                 by_job.setdefault(uuid, {})[int(job_id)] = int(mib)
-        store._db.conn.executemany(
-            "INSERT INTO gpu_samples (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, holds_json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (ts, r.index, r.uuid, r.total_mib, r.used_mib, min(held.get(r.uuid, 0), r.used_mib), r.free_mib,
-                 json.dumps(by_job.get(r.uuid, {}), sort_keys=True))
-                for r in readings
-            ],
-        )
+        store._db.conn.executemany(INSERT_SAMPLE, [
+            sample_row(ts, r.index, r.uuid, r.total_mib, r.used_mib, min(held.get(r.uuid, 0), r.used_mib), r.free_mib,
+                       by_job.get(r.uuid, {}))
+            for r in readings
+        ])
         for r in readings:
             _thin(store, r.uuid, max_rows_per_gpu)
     return True

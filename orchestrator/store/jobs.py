@@ -28,14 +28,24 @@ def add_event(
     to_state: str | None = None,
     data: dict[str, Any] | None = None,
 ) -> None:
+    store._db.execute(INSERT_EVENT, event_row(store.now_s(), kind, message, job_id, attempt_id, from_state, to_state, data))
+
+
+INSERT_EVENT = (
+    "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def event_row(
+    ts: float, kind: str, message: str, job_id: int | None, attempt_id: int | None,
+    from_state: str | None, to_state: str | None, data: dict[str, Any] | None,
+) -> tuple[Any, ...]:
+    """An events row as INSERT_EVENT takes it."""
     # A move down the ladder (data["retry"]) is marked as one, for the reads that list them.
     retry = int(data is not None and isinstance(data.get("retry"), dict))
-    store._db.execute(
-        "INSERT INTO events (ts, job_id, attempt_id, kind, from_state, to_state, message, data_json, retry) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [store.now_s(), job_id, attempt_id, kind, from_state, to_state, message,
-         json.dumps(data, default=str) if data else None, retry],
-    )
+    return (ts, job_id, attempt_id, kind, from_state, to_state, message,
+            json.dumps(data, default=str) if data else None, retry)
 
 
 def transition(
