@@ -233,7 +233,7 @@ class AttemptWatcher:
     def _cluster_ended(self, attempt: Attempt, statuses: dict[int, RemoteStatus] | None) -> bool:
         """The cluster says the attempt's job has left its queue (a cancel took effect)."""
         status = statuses.get(attempt.id) if statuses is not None else None
-        return self._runs_elsewhere(attempt) and status is not None and status.kind not in ("queued", "running")
+        return self._runs_elsewhere(attempt) and status is not None and status.ended
 
     def _runs_elsewhere(self, attempt: Attempt) -> bool:
         """Whether the attempt's processes belong to the executor's cluster, not this host."""
@@ -258,7 +258,7 @@ class AttemptWatcher:
     def _look_elsewhere(self, attempt: Attempt, job: Job, statuses: dict[int, RemoteStatus] | None) -> Look:
         """An attempt the cluster owns: Slurm's state for liveness, the run dir for the end."""
         status = statuses.get(attempt.id) if statuses is not None else None
-        ended = status is not None and status.kind not in ("queued", "running")
+        ended = status is not None and status.ended
         if ended:
             refresh_dir(attempt.run_dir)  # a shared filesystem shows what the node wrote
         obs = observe(Path(attempt.run_dir), self.clock.now_s(), attempt)

@@ -67,6 +67,11 @@ class RemoteStatus:
     settled: bool = True
     mem_mib: int | None = None  # host memory the backend gave the job (Slurm's --mem), where known
 
+    @property
+    def ended(self) -> bool:
+        """The job has left the backend's queue (finished, failed, cancelled, lost...)."""
+        return self.kind not in ("queued", "running")
+
 
 T = TypeVar("T")
 R = TypeVar("R")

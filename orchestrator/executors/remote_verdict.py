@@ -85,7 +85,7 @@ def remote_end(
         received = received_signals(obs.exit_record)
         if stopped_by_orch or not (received & OUTSIDE_SIGNALS or _killed(obs.exit_record)):
             return FINISHED
-        if status is None or status.kind in ("queued", "running"):
+        if status is None or not status.ended:
             return AWAIT
         if status.kind == "ended":  # the batch step ended by itself: only the warning tells more
             if WARNING_SIGNAL not in received or obs.exit_record.get("exit_code") == 0:
@@ -103,7 +103,7 @@ def remote_end(
         if unanswered:  # sbatch timed out and no job of its name was ever seen in the queue
             return ClusterEnd(AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue")
         return None
-    if status.kind in ("queued", "running"):
+    if not status.ended:
         return None
     if stopped_by_orch and attempt.kill_requested in (KillRequest.CANCEL, KillRequest.RETRY):
         return ClusterEnd(AttemptOutcome.CANCELLED, f"{job} cancelled (scancel)")
