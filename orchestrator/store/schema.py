@@ -299,3 +299,10 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
     # state.db, writes them at every launch, and would lose its workers' records without them.
     db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
     db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+
+
+@MIGRATIONS()
+def m022_disproved_figures(db: sqlite_utils.Database) -> None:
+    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
+    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
+    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
