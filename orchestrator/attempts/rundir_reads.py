@@ -99,6 +99,7 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "longest_tokens": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "samples_per_s": (lambda v: v is None or _number_in(0, 1e12)(v), "a finite number or null"),
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
+    "best_step": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
     # true: the test metrics were scored on the split that also chose the best epoch
