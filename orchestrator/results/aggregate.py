@@ -318,7 +318,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
         if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):
             where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")
             verb = "failed" if state.status is SeedStatus.FAILED else "was cancelled"
-            notes.append(f"{where} {verb}" + (f": {state.why}" if state.why else "") + ": not counted")
+            notes.append(f"{where} {verb}, not counted" + (f": {state.why}" if state.why else ""))
     return ResultSummary(
         suite=first.suite, config=first.config, task=first.task, metric=metric, mean=mean, std=std,
         n=len(counted), seeds=tuple(r.seed for r in counted), runs=tuple(counted),
