@@ -125,10 +125,7 @@ def predicted_peak_mib(config: dict[str, Any]) -> int:
 def failing_seed(config: dict[str, Any]) -> bool:
     """Whether `sim_fail` applies to this attempt's seed (every seed without `sim_fail_seeds`)."""
     seeds = config.get("sim_fail_seeds")
-    if seeds is None:
-        return True
-    seed = int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0)
-    return seed in seeds
+    return seeds is None or int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0) in seeds
 
 
 def check_sim_fail(config: dict[str, Any]) -> None:
@@ -355,7 +352,6 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
     harness.write_result(
         run_dir,
         harness.STATUS_SUCCEEDED,
-        # val is scored on its own split: a setting is chosen on it, and its test score reported
         metrics={"test": {"accuracy": pseudo_accuracy(seed, config)},
                  "val": {"accuracy": pseudo_accuracy(seed, config, split="val")}},
         best_step=total_steps,
