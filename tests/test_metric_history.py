@@ -143,3 +143,9 @@ def test_curves_as_tidy_csv_and_json(tmp_path: Path) -> None:
         assert rows == [{"job": 1, "attempt": 1, "step": 1, "key": "loss", "value": 2.0},
                         {"job": 1, "attempt": 1, "step": 2, "key": "loss", "value": 1.5},
                         {"job": 1, "attempt": 2, "step": 2, "key": "loss", "value": 1.4}]
+
+
+def test_a_dict_printed_after_a_bar_without_a_line_end_takes_that_bars_step() -> None:
+    parser = StdoutProgress()
+    parser.feed(" 10%|#   | 4/40 [00:01<00:09]\r 12%|#   | 5/40 [00:01<00:09]{'loss': 2.5, 'epoch': 0.1}\n")
+    assert parser.take_points() == [Point(5.0, "loss", 2.5)]

@@ -178,6 +178,9 @@ class StdoutProgress:
             return
         logged = parse_dict(line) if "{" in line else None
         if logged is not None:
+            before = line[: line.find("{")]  # a bar drawn without a line end, then the dict printed
+            if (bar := _TQDM.search(before)) is not None:
+                self._tqdm(before, bar)
             logged_step = logged.get("step", logged.get("global_step"))
             point_step: int | None = None
             if logged_step is not None and 0 <= logged_step == int(logged_step) <= 10**12:  # a JSON log line with a step
