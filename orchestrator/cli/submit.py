@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -19,7 +20,7 @@ from orchestrator.cli.common import (
 from orchestrator.store.jobs import format_plan
 
 
-def _shown(overrides: dict[str, object], grid: dict[str, list[object]]) -> str:
+def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
     return "  ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in overrides.items() if k in grid)
 
 

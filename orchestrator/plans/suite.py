@@ -226,12 +226,12 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     cpus = parse_count(data["cpus"], "cpus", f"suite {path}", MAX_CPUS) if data.get("cpus") is not None else None
     for spec in configs:
         job_resources(spec.content, gpus, cpus, f"config {spec.path}")
-    known = set(KNOWN_CONFIG_KEYS).union(*(c.content for c in configs)) - PAIR_KEYS
+    grid_keys: set[str] = set(KNOWN_CONFIG_KEYS).union(*(c.content for c in configs)) - PAIR_KEYS
     not_science = _typed(path, data, "not_science", (list,), [])
     if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in not_science) or len(not_science) > 100:
         raise PlanError(f"suite {path}: `not_science` must be a list of config key names")
     return Suite(
-        grid=suite_grid(f"suite {path}", data.get("grid"), known, configs),
+        grid=suite_grid(f"suite {path}", data.get("grid"), grid_keys, configs),
         pairs=tuple(suite_pairs(f"suite {path}", data.get("seeds"), data.get("tasks")) or ()),
         not_science=tuple(not_science),
         gpus=gpus,

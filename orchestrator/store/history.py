@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.store.db import Store
 from orchestrator.store.history_bounds import (
@@ -74,7 +75,8 @@ def iter_history(store: Store, *, jobs: Sequence[int] | None = None, suite: str 
                  keys: Sequence[str] | None = None) -> Iterator[HistoryPoint]:
     """Tidy points of the chosen jobs (all when neither `jobs` nor `suite` is given), ordered by
     job, attempt, key and step; rows stream from a cursor, so memory stays flat."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if jobs is not None:
         where.append(f"a.job_id IN ({','.join('?' * len(jobs))})")
         params += list(jobs)
