@@ -4,6 +4,7 @@ and typed the same way whichever asked. Everything is validated before the datab
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from orchestrator.plans import (
 )
 from orchestrator.plans.grid import combinations, merge_grids, parse_grid, parse_sets
 from orchestrator.plans.inputs import Scalar, shown_value
-from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder
+from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
 from orchestrator.prediction.ladder import expand_levels
@@ -53,6 +54,7 @@ class SubmitRequest:
     priority: int = 0
     dry_run: bool = False
     force: bool = False
+    strict_ladder: bool = False  # exact rungs only (plans.ladder_spec.strict_spec)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     gpus = parse_gpus(request.gpus) if request.gpus is not None else None
     plan = parse_gpu_plan(request.gpu_plan, gpus) if request.gpu_plan is not None else None
     suite = load_suite(request.suite, plans_dir or default_plans_dir())
+    if request.strict_ladder:
+        suite = dataclasses.replace(suite, ladder=strict_spec(suite.ladder))
     if request.pairs is not None:
         pairs = parse_pairs(request.pairs)
     elif suite.pairs:

@@ -38,6 +38,8 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
 @click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True, help="Higher runs first.")
 @click.option("--dry-run", is_flag=True, help="Show what would be queued; write nothing.")
 @click.option("--force", is_flag=True, help="Queue even jobs that are already queued, running or succeeded.")
+@click.option("--strict-ladder", is_flag=True,
+              help="Exact ladder rungs only: no retry changes the numbers (no half batch); a job no exact rung fits fails.")
 @json_option
 @plans_option
 @db_option
@@ -52,13 +54,14 @@ def submit_cmd(
     priority: int,
     dry_run: bool,
     force: bool,
+    strict_ladder: bool,
     as_json: bool,
     plans_dir: Path | None,
     db_path: Path,
 ) -> None:
     """Queue SUITE × GRID × PAIRS as jobs (idempotent unless --force)."""
     request = SubmitRequest(suite_name, pairs_text, set_items, grid_items, round_text, gpus_text, plan_text,
-                            priority, dry_run, force)
+                            priority, dry_run, force, strict_ladder)
     report = submit_sweep(request, db_path, plans_dir, open_store)
     for note in report.notes:
         click.echo(note, err=True)
