@@ -7,16 +7,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shlex
+import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
 
 pytestmark = requires_tmux
 
@@ -99,3 +103,73 @@ def test_a_trainer_like_scripts_history_is_exported_whole_and_a_resumed_job_stit
     stitched = json.loads(orch.run("curves", "--job", "2", "--stitch", "--format", "json").stdout)
     assert [(r["attempt"], r["step"]) for r in stitched if r["key"] == "loss"] == [
         (1, 5), (1, 10), *[(2, s) for s in range(15, 41, 5)]]
+    _web_draws_them(orch)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO_ROOT / "test-artifacts" / "web"
+
+
+def _web_draws_them(orch: Orch) -> None:
+    """The job page draws the script's loss and eval points; /curves draws the resumed job whole,
+    its resume marked, with a legend table whose toggles hide and show a run."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip("chromium is not installed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    web = orch.popen("web", "--port", str(port))
+    try:
+        assert web.stdout is not None
+        lines = [web.stdout.readline() for _ in range(3)]
+        assert re.search(r"token (\S+)", lines[2]), lines
+        url = f"http://127.0.0.1:{port}"
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+                _check_pages(page, url)
+            finally:
+                browser.close()
+    finally:
+        web.terminate()
+        try:
+            web.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            web.kill()
+            web.wait(timeout=30)
+
+
+def _drawn(page: Any) -> Any:
+    chart = page.locator('[data-chart="curves"]')
+    wait_until(lambda: chart.get_attribute("data-drawn") == "yes", 30, "the curves chart")
+    return chart
+
+
+def _check_pages(page: Any, url: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.goto(url + "/job/1")
+    chart = _drawn(page)
+    assert chart.get_attribute("data-metric") == "loss" and chart.get_attribute("data-series") == "1"
+    data = json.loads(chart.locator('script[type="application/json"]').text_content())
+    assert data["runs"][0]["curves"]["loss"][0] == [5 * k for k in range(1, 9)]  # the 8 logged losses
+    assert {"eval_accuracy", "eval_loss", "learning_rate"} <= set(data["metrics"])
+    chart.locator("select.metric").select_option("eval_accuracy")
+    wait_until(lambda: chart.get_attribute("data-metric") == "eval_accuracy", 10, "the eval curve")
+    page.screenshot(path=str(ARTIFACTS / "job-curves.png"), full_page=True)
+
+    page.goto(url + "/curves?job=1&job=2")
+    chart = _drawn(page)
+    assert chart.get_attribute("data-series") == "2" and chart.get_attribute("data-marks") == "1"  # job 2 resumed
+    data = json.loads(chart.locator('script[type="application/json"]').text_content())
+    resumed = next(r for r in data["runs"] if r["key"] == "job-2")
+    assert resumed["curves"]["loss"][0] == [5 * k for k in range(1, 9)] and resumed["marks"] == [15]  # its first point after the resume
+    rows = chart.locator("table.curve-legend tbody tr")
+    assert rows.count() == 2 and "dies" in rows.nth(1).inner_text()
+    rows.nth(0).locator("input.toggle").uncheck()
+    wait_until(lambda: chart.get_attribute("data-series") == "1", 10, "the unticked run hidden")
+    rows = chart.locator("table.curve-legend tbody tr")
+    rows.nth(0).locator("input.toggle").check()
+    wait_until(lambda: chart.get_attribute("data-series") == "2", 10, "the run shown again")
+    page.screenshot(path=str(ARTIFACTS / "curves-stitched.png"), full_page=True)

@@ -114,8 +114,9 @@ def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int]) -> st
 
 
 def curves_fragment(runs: list[dict[str, Any]], spec: dict[str, Any], configs: list[str], config: str | None,
-                    picked: list[int], missing: int) -> str:
-    return render("curves.html", runs=runs, spec=spec, configs=configs, config=config, picked=picked, missing=missing)
+                    picked: list[int], missing: int, keys: Sequence[str] = (), by: str | None = None) -> str:
+    return render("curves.html", runs=runs, spec=spec, configs=configs, config=config, picked=picked, missing=missing,
+                  keys=keys, by=by)
 
 
 def action_page(heading: str, message: str, status: int, job_id: int | None) -> str:
