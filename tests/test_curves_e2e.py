@@ -103,6 +103,11 @@ def test_a_trainer_like_scripts_history_is_exported_whole_and_a_resumed_job_stit
     stitched = json.loads(orch.run("curves", "--job", "2", "--stitch", "--format", "json").stdout)
     assert [(r["attempt"], r["step"]) for r in stitched if r["key"] == "loss"] == [
         (1, 5), (1, 10), *[(2, s) for s in range(15, 41, 5)]]
+    listed = orch.json("jobs")
+    assert [j["metric"] for j in listed] == [{"key": "eval_accuracy", "value": 0.9}] * 2
+    assert all(j["run_s"] > 0 for j in listed)
+    plain = orch.run("jobs").stdout.splitlines()
+    assert plain[0].split()[9:11] == ["metric", "time"] and plain[1].split()[9] == "eval_accuracy=0.9"
     _web_draws_them(orch)
 
 
@@ -155,9 +160,15 @@ def _check_pages(page: Any, url: str) -> None:
     data = json.loads(chart.locator('script[type="application/json"]').text_content())
     assert data["runs"][0]["curves"]["loss"][0] == [5 * k for k in range(1, 9)]  # the 8 logged losses
     assert {"eval_accuracy", "eval_loss", "learning_rate"} <= set(data["metrics"])
+    merged = page.locator(".merged-config").inner_text()
+    assert "die_at: 0" in merged and "batch_size: 16" in merged and "seed: 0" in merged  # the merged config
     chart.locator("select.metric").select_option("eval_accuracy")
     wait_until(lambda: chart.get_attribute("data-metric") == "eval_accuracy", 10, "the eval curve")
     page.screenshot(path=str(ARTIFACTS / "job-curves.png"), full_page=True)
+
+    page.goto(url + "/jobs")
+    assert page.locator('tr[data-job="1"] td.metric').inner_text().split() == ["eval_accuracy", "0.9"]
+    assert page.locator('tr[data-job="1"] td.run-time').inner_text().endswith("s")
 
     page.goto(url + "/curves?job=1&job=2")
     chart = _drawn(page)

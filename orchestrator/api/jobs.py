@@ -28,6 +28,6 @@ def _rank(key: str) -> int:
 
 
 def shown_metric(values: Mapping[str, float]) -> str:
-    """`eval_accuracy 0.8125` (4 significant digits), or `-`."""
+    """`eval_accuracy=0.8125` (4 significant digits; one word, for piped columns), or `-`."""
     headline = headline_metric(values)
-    return "-" if headline is None else f"{headline[0]} {headline[1]:.4g}"
+    return "-" if headline is None else f"{headline[0]}={headline[1]:.4g}"

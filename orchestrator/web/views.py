@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.api.curves import curve_points, stitch
+from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import JobNotFound
@@ -14,6 +15,7 @@ from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
 from orchestrator.store.history import HistoryPoint
+from orchestrator.store.job_facts import job_facts
 from orchestrator.store.queries import JobHistory, job_history, state_counts
 from orchestrator.store.web_queries import (
     JobsFilter,
@@ -99,7 +101,10 @@ def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
 
 
 def jobs_view(store: Store, f: JobsFilter) -> str:
-    return pages.jobs_fragment(jobs_page(store, f), f, state_counts(store))
+    page = jobs_page(store, f)
+    facts = job_facts(store, [r.id for r in page.rows], now_s())
+    shown = {job: (headline_metric(fact.last_values), fact.run_s) for job, fact in facts.items()}
+    return pages.jobs_fragment(page, f, state_counts(store), shown)
 
 
 MAX_CURVE_RUNS = 40
