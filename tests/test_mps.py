@@ -19,6 +19,7 @@ from orchestrator.gpu.mps import (
     MpsDirs,
     MpsState,
     client_env,
+    failed_cards,
     fence_mib,
     is_mps_failure,
     may_share,
@@ -85,6 +86,17 @@ def test_an_oom_under_the_fence_stays_an_oom() -> None:
     assert not is_mps_failure("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
 
 
+def test_a_fault_that_took_its_neighbours_down_turns_mps_off_for_that_card() -> None:
+    illegal = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    cublas = "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`"
+    assert failed_cards([("GPU-0", 100.0, illegal), ("GPU-0", 100.4, cublas), ("GPU-1", 100.2, illegal)]) == {
+        "GPU-0": "a device fault ended 2 workers sharing its MPS server"}
+    # one job's own fault, or two far apart, or a plain error: MPS stays on
+    assert failed_cards([("GPU-0", 100.0, illegal), ("GPU-0", 500.0, illegal)]) == {}
+    assert failed_cards([("GPU-0", 100.0, "ValueError: bad"), ("GPU-0", 100.1, "KeyError: x")]) == {}
+    assert failed_cards([("GPU-2", 1.0, REASON_MPS)]) == {"GPU-2": "the MPS server failed a worker"}
+
+
 def _attempt_failed_by_mps(store: Store, db_path: Path, uuid: str) -> None:
     suite = load_suite("demo", PLANS)
     submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
@@ -105,9 +117,9 @@ def test_a_card_whose_server_failed_a_worker_leaves_mps(db_path: Path) -> None:
             watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})
             assert state.cards == {"GPU-0"}
             said = [e.message for e in events(store, "daemon")]
-            assert any("failed a worker on GPU 1: MPS off for that card" in m for m in said), said
+            assert any("the MPS server failed a worker on GPU 1 (jobs 1): MPS off for that card" in m for m in said), said
             watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})  # read once: no second event
-            assert len([m for m in (e.message for e in events(store, "daemon")) if "GPU 1: MPS off" in m]) == 1
+            assert len([m for m in (e.message for e in events(store, "daemon")) if "on GPU 1 (jobs 1): MPS off" in m]) == 1
         finally:
             own.kill()
             own.wait(10)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import MpsError
-from orchestrator.gpu.mps import REASON_MPS, MpsState, describe, start_mps
+from orchestrator.gpu.mps import SPREAD_WINDOW_S, MpsState, describe, failed_cards, start_mps
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.store.card_failures import cards_failed_for
+from orchestrator.store.card_failures import failures_since
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 
@@ -51,13 +51,16 @@ class MpsWatch:
                 add_event(self.store, "daemon", f"MPS control daemon is gone: MPS off for GPU "
                                                 f"{', '.join(map(str, off))}; new workers run without it")
             return
-        failed = cards_failed_for(self.store, REASON_MPS, self.since_s)
+        # failures this close to the last read are read again: a spread fault's second worker
+        # may end a pass after its first
+        failures = [f for f in failures_since(self.store, self.since_s - SPREAD_WINDOW_S) if f.gpu_uuid in state.cards]
         self.since_s = now_s
-        for uuid in sorted(failed):
+        for uuid, why in sorted(failed_cards((f.gpu_uuid, f.ended_at, f.reason) for f in failures).items()):
             if state.turn_off(uuid):
+                jobs = ", ".join(str(f.job_id) for f in failures if f.gpu_uuid == uuid)
                 with self.store.write():
-                    add_event(self.store, "daemon", f"the MPS server failed a worker on GPU {index_of.get(uuid, '?')}: "
-                                                    "MPS off for that card; new workers there run without it")
+                    add_event(self.store, "daemon", f"{why} on GPU {index_of.get(uuid, '?')} (jobs {jobs}): MPS off "
+                                                    "for that card; new workers there run without it")
 
     def stop(self) -> None:
         if self.state is None:

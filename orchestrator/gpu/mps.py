@@ -19,6 +19,7 @@ values and return values; `MpsControl` is the thin shell around the binary.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -108,9 +109,38 @@ def may_share(gpus: int, run_alone: bool) -> bool:
     return gpus == 1 and not run_alone
 
 
+# A device fault (illegal address, a failed launch) in one MPS client ends every client of that
+# card's server: measured on an H200, two neighbours of a client that wrote through a bad pointer
+# died with `an illegal memory access` and `CUBLAS_STATUS_EXECUTION_FAILED`. Without MPS they
+# finished. Two such failures on one card this close together are the server's, not two jobs'.
+DEVICE_FAULT = re.compile(
+    r"(?i:illegal memory access|illegal address|CUBLAS_STATUS_EXECUTION_FAILED|unspecified launch failure|"
+    r"cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED|misaligned address)"
+)
+SPREAD_WINDOW_S = 10.0
+
+
 def is_mps_failure(text: str) -> bool:
     """Whether a worker's error text says the MPS server failed it (not its own code or memory)."""
     return bool(MPS_FAILURES.search(text))
+
+
+def failed_cards(failures: Iterable[tuple[str, float, str]], window_s: float = SPREAD_WINDOW_S) -> dict[str, str]:
+    """GPU UUID -> why MPS should go off there, from (card, ended at, reason) of failed attempts:
+    a worker failed by the server itself, or device faults in two workers of one card within
+    `window_s` of each other (one client's fault took its neighbours down)."""
+    off: dict[str, str] = {}
+    faults: dict[str, list[float]] = {}
+    for uuid, ended_at, reason in failures:
+        if reason == REASON_MPS or is_mps_failure(reason):
+            off.setdefault(uuid, "the MPS server failed a worker")
+        elif DEVICE_FAULT.search(reason):
+            faults.setdefault(uuid, []).append(ended_at)
+    for uuid, times in faults.items():
+        times.sort()
+        if any(b - a <= window_s for a, b in itertools.pairwise(times)):
+            off.setdefault(uuid, f"a device fault ended {len(times)} workers sharing its MPS server")
+    return off
 
 
 @dataclass(frozen=True)
