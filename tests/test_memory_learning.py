@@ -361,7 +361,7 @@ def test_a_floor_equal_to_the_measured_peak_does_not_outbid_it() -> None:
 def test_packing_benchmark_oracle_and_step_k_learning() -> None:
     from pathlib import Path
 
-    from benchmarks.packing.learning import EstimatePolicy, OraclePolicy, StepKPolicy
+    from benchmarks.packing.daemon_policy import EstimatePolicy, OraclePolicy, StepKPolicy
     from benchmarks.packing.simulator import Simulator, lower_bound_min
     from benchmarks.packing.trace import load_trace
 
