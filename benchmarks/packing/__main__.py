@@ -11,15 +11,25 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from benchmarks.packing.daemon_policy import OraclePolicy, daemon
 from benchmarks.packing.family_policy import FamilyPolicy
 from benchmarks.packing.policies import RoundsPolicy, SlotsPolicy
-from benchmarks.packing.simulator import Policy, SimResult, Simulator, lower_bound_min
+from benchmarks.packing.simulator import (
+    SHARING_THROUGHPUT,
+    Policy,
+    SimResult,
+    Simulator,
+    lower_bound_min,
+    with_mps,
+)
 from benchmarks.packing.trace import Trace, load_trace
 from orchestrator.scheduling.packing.types import PackingPolicy
 
-POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch", "family", "oracle")
+POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch", "family", "oracle", "orch overlap",
+                "family overlap", "oracle overlap", "orch mps", "oracle mps")
+MPS_ROWS = ("orch mps", "oracle mps")  # raced with T(k) times the measured MPS gain
 
 
 def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
@@ -31,6 +41,11 @@ def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
         "orch": lambda: daemon(trace, packing),
         "family": lambda: FamilyPolicy(trace, packing=packing, name="family"),
         "oracle": lambda: OraclePolicy(trace),
+        "orch overlap": lambda: daemon(trace, replace(packing, overlap=True), name="orch overlap"),
+        "family overlap": lambda: FamilyPolicy(trace, packing=replace(packing, overlap=True), name="family overlap"),
+        "oracle overlap": lambda: OraclePolicy(trace, name="oracle overlap", overlap=True),
+        "orch mps": lambda: daemon(trace, packing, name="orch mps"),
+        "oracle mps": lambda: OraclePolicy(trace, name="oracle mps"),
     }
     return makers[name]()
 
@@ -38,7 +53,9 @@ def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
 def run_all(
     trace: Trace, packing: PackingPolicy, names: tuple[str, ...] = POLICY_NAMES
 ) -> dict[str, SimResult]:
-    return {name: Simulator(trace).run(make_policy(name, trace, packing)) for name in names}
+    plain = trace.sharing or SHARING_THROUGHPUT
+    return {name: Simulator(trace, with_mps(plain) if name in MPS_ROWS else plain).run(make_policy(name, trace, packing))
+            for name in names}
 
 
 def report(trace: Trace, results: dict[str, SimResult]) -> dict[str, object]:

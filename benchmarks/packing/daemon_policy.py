@@ -112,14 +112,15 @@ class OraclePolicy:
     name: str = "oracle"
     queue: dict[int, int] = field(default_factory=dict)  # job -> level
     headroom: bool = False  # keep orch's headroom (10 %, at most 4 GiB): its share of the gap
+    overlap: bool = False  # start a job its true start-up ahead of the true end that makes room
 
     def __post_init__(self) -> None:
         self.queue = {j: best_level(job, self.trace) for j, job in enumerate(self.trace.jobs)}
         if self.headroom:
-            self.packing = PackingPolicy(starvation_s=1e12, order="longest_run_first")
+            self.packing = PackingPolicy(starvation_s=1e12, order="longest_run_first", overlap=self.overlap)
         else:
             self.packing = PackingPolicy(headroom_fraction=0.0001, headroom_max_mib=None, starvation_s=1e12,
-                                         order="longest_run_first")
+                                         order="longest_run_first", overlap=self.overlap)
 
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
@@ -130,13 +131,15 @@ class OraclePolicy:
         ]
         running = [
             RunningAttempt(a.start.job_index, a.start.gpu_index, int(a.peak_mib) + 1, int(a.held_mib(now_s)),
-                           reached_peak=not a.ramping(now_s), run_alone=a.start.run_alone)
+                           reached_peak=not (a.ramping(now_s) or a.starting(now_s)), run_alone=a.start.run_alone,
+                           expected_end_s=self._end_s(sim, a, now_s) if self.overlap else None)
             for a in sim.running
         ]
         queue = [
-            QueuedJob(j, 0, j, int(self.trace.jobs[j].peak_mib[lv]) + 1, 0.0,
-                      run_alone=lv == RUN_ALONE_LEVEL, expected_duration_s=self.trace.jobs[j].minutes[lv] * 60)
-            for j, lv in self.queue.items()
+            QueuedJob(j, 0, j, int(job.peak_mib[lv]) + 1, 0.0, run_alone=lv == RUN_ALONE_LEVEL,
+                      expected_duration_s=job.minutes[lv] * 60 + job.startup_s,
+                      startup_s=job.startup_s if self.overlap else None, startup_mib=int(job.startup_mib) + 1)
+            for j, lv in self.queue.items() for job in [self.trace.jobs[j]]
         ]
         starts = []
         for p in pack(queue, gpus, running, self.packing, now_s).placements:
@@ -144,12 +147,24 @@ class OraclePolicy:
             starts.append(Start(p.job_id, p.gpu_index, level, p.reserved_mib, level == RUN_ALONE_LEVEL))
         return starts
 
+    @staticmethod
+    def _end_s(sim: Simulator, attempt: Attempt, now_s: float) -> float:
+        """When it ends if the card's sharing stays as it is now (what an oracle may know)."""
+        k = max(1, sum(1 for a in sim.on_gpu(attempt.start.gpu_index) if not a.starting(now_s)))
+        rate = sim.sharing[min(k, len(sim.sharing) - 1)] / k
+        return max(now_s, attempt.startup_end_s) + attempt.remaining_min * 60.0 / rate
+
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         if outcome == "oom":  # cannot happen with true peaks; retried alone if it ever does
             self.queue[attempt.start.job_index] = RUN_ALONE_LEVEL
 
     def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
-        return None
+        if not self.overlap or not self.queue:
+            return None
+        leads = {self.trace.jobs[j].startup_s for j in self.queue}
+        ahead = [end - lead for a in sim.running for end in [self._end_s(sim, a, now_s)] for lead in leads
+                 if end - lead > now_s + 1e-6]
+        return min(ahead, default=None)
 
     def finished(self) -> bool:
         return not self.queue
