@@ -299,3 +299,16 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
     # state.db, writes them at every launch, and would lose its workers' records without them.
     db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
     db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+
+
+@MIGRATIONS()
+def m027_throughput_steps(db: sqlite_utils.Database) -> None:
+    # A throughput reading counts the optimizer steps it rests on (a curve point needs enough of
+    # them) and the lowest and highest rate folded into it (`orch memory` shows the spread).
+    # Rows written before have 0 steps: they no longer shape a curve until measured again.
+    for statement in (
+        "ALTER TABLE throughput ADD COLUMN steps INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE throughput ADD COLUMN rate_min REAL",
+        "ALTER TABLE throughput ADD COLUMN rate_max REAL",
+    ):
+        db.execute(statement)
