@@ -331,3 +331,10 @@ def m027_throughput_steps(db: sqlite_utils.Database) -> None:
         "ALTER TABLE throughput ADD COLUMN rate_max REAL",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m022_disproved_figures(db: sqlite_utils.Database) -> None:
+    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
+    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
+    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
