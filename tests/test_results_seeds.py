@@ -86,3 +86,14 @@ def test_selection_on_val_never_falls_back_to_test_when_asked_for_val() -> None:
 def test_names_sort_with_their_numbers_as_numbers_and_losses_are_lowest_best() -> None:
     assert sorted(["r64", "r8", "r16"], key=natural_key) == ["r8", "r16", "r64"]
     assert lower_is_better("perplexity") and lower_is_better("val_loss") and not lower_is_better("accuracy")
+
+
+def test_a_seed_that_failed_then_succeeded_counts_without_the_lost_mark() -> None:
+    rows = [ResultRow("E", "a", "glue_rte", 1, {"accuracy": 0.5}, job=1),
+            ResultRow("E", "a", "glue_rte", 2, {}, job=2, state=F, reason="CUDA error: launch failure"),
+            ResultRow("E", "a", "glue_rte", 2, {"accuracy": 0.7}, job=3)]  # seed 2 run again, and it worked
+    (summary,) = aggregate(rows)
+    assert (summary.n, summary.n_text, summary.failed_runs) == (2, "2", False)
+    assert summary.notes == ("seed 2: an earlier run, job 2, failed (CUDA error: launch failure); job 3 counted",)
+    after = aggregate([*rows, ResultRow("E", "a", "glue_rte", 1, {}, job=4, state=C)])[0]
+    assert after.failed_runs is True and after.n_text == "2"  # a rerun after the counted one was cancelled
