@@ -299,3 +299,14 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
     # state.db, writes them at every launch, and would lose its workers' records without them.
     db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
     db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+
+
+@MIGRATIONS()
+def m029_paused_configs(db: sqlite_utils.Database) -> None:
+    # The crash-loop guard pauses the config whose attempts keep failing, not its whole suite:
+    # the suite's healthy configs run on. The suite itself is paused (paused_suites) only once
+    # every config with queued or running jobs is.
+    db.execute(
+        "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
+        "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
+    )

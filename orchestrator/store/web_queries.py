@@ -14,12 +14,14 @@ from orchestrator.store.queries import state_counts
 from orchestrator.store.status import (
     Event,
     GpuNow,
+    PausedConfig,
     PausedSuite,
     WaitingJob,
     cards_now,
     daemon_reading,
     first_waiting,
     live_attempts,
+    paused_configs,
     paused_suites,
     recent_retries,
 )
@@ -56,6 +58,7 @@ class Overview:
     waiting_total: int
     retries: list[Event]
     paused: list[PausedSuite]
+    paused_configs: list[PausedConfig]  # by the crash-loop guard, in suites that still run
 
 
 def _number(value: Any) -> float | None:
@@ -85,7 +88,8 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
         waiting=first_waiting(store, waiting_limit),
         waiting_total=counts.get(JobState.QUEUED.value, 0),
         retries=recent_retries(store, retries_limit),
-        paused=paused_suites(store),
+        paused=(suites := paused_suites(store)),
+        paused_configs=[p for p in paused_configs(store) if p.suite not in {s.suite for s in suites}],
     )
 
 
