@@ -49,6 +49,7 @@ from orchestrator.store.learning import record_throughput
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.status import paused_configs
+from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
-        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {step.why}"
+        message = ended_on_gpu(attempt.n, verdict.outcome.value, attempt.gpu_index, verdict.reason, step.why)
     reason = verdict.reason
     if found.problems:  # what in the run dir was refused: named, never the cause of a crash
         unique = list(dict.fromkeys(found.problems))

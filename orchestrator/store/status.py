@@ -150,6 +150,13 @@ def recent_events(store: Store, limit: int) -> list[Event]:
     return [Event.from_row(r) for r in reversed(rows)]
 
 
+def events_after(store: Store, event_id: int, limit: int = 500) -> list[Event]:
+    """The events written after `event_id`, oldest first (at most `limit`): a log that follows
+    the sweep line by line."""
+    return [Event.from_row(r) for r in store.query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?",
+                                                   [event_id, limit])]
+
+
 def job_events(store: Store, job_id: int, limit: int = 200) -> list[Event]:
     """A job's first `limit` events, oldest first."""
     return [Event.from_row(r) for r in store.query("SELECT * FROM events WHERE job_id = ? ORDER BY id LIMIT ?",

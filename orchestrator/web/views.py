@@ -63,7 +63,8 @@ def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
     done = [a for a in history.attempts if a.outcome is AttemptOutcome.SUCCEEDED]
     if not done:
         return None, "none yet: only a succeeded attempt has final metrics"
-    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None)
+    # as the script reported them, each once (`eval_loss`, not also its alias `loss`)
+    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None, aliases=False)
     numbers = finite_metrics(test) if test is not None else {}
     return (numbers, "") if numbers else (None, "the succeeded attempt reported no metrics (result.json or a printed JSON line)")
 
