@@ -220,15 +220,16 @@ def oom_marks(store: Store, since_s: float | None = None, limit: int = 2000) -> 
     return [OomMark(**r) for r in reversed(rows)]
 
 
-def job_labels(store: Store, job_ids: Iterable[int]) -> dict[int, str]:
-    """Job id -> "job 12 · config" for the ids asked (in chunks: SQLite bounds parameters)."""
+def job_configs(store: Store, job_ids: Iterable[int]) -> dict[int, str]:
+    """Job id -> its config's name, for the ids asked (in chunks: SQLite bounds parameters)."""
     ids = sorted(set(job_ids))
-    labels: dict[int, str] = {}
+    configs: dict[int, str] = {}
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         for r in store.query(f"SELECT id, config_name FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk):
-            labels[int(r["id"])] = f"job {r['id']} · {r['config_name']}"
-    return labels
+            configs[int(r["id"])] = str(r["config_name"])
+    return configs
+
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,9 @@ def jobs_page(store: Store, f: JobsFilter, *, limit: int = 500, offset: int = 0,
     rows = store.query(
         "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.level, j.attempt_count, j.overrides_json, "
         "coalesce(j.reason, j.wait_reason) AS reason, j.updated_at, "
-        "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND a.outcome IS NULL) AS gpu "
+        # the card of its live attempt, or of the last attempt of a job that has ended (as `orch jobs`)
+        "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND (a.outcome IS NULL OR (j.state IN "
+        "('succeeded', 'failed', 'cancelled') AND a.n = j.attempt_count))) AS gpu "
         "FROM jobs j" + clause + " ORDER BY j.id DESC LIMIT ? OFFSET ?", [*params, limit, offset],
     )
     out = []
