@@ -182,3 +182,22 @@ def test_a_job_takes_its_configs_hue_and_a_shade_for_its_seed() -> None:
     (chart,) = memory_charts([sample(0, 0, {1: 100, 4: 200})], [], {}, configs={1: "a", 4: "b"})
     two = job_colours({1: "a", 4: "b"})
     assert [b.colour for b in chart.bands[:2]] == [two[1], two[4]]
+
+
+def test_a_log_shows_each_redrawn_line_at_its_last_state() -> None:
+    from orchestrator.web.log_text import collapse_redraws, collapsed_chunks, log_tail
+
+    bar = "".join(f"\r{i}%|{'#' * (i // 10)}" for i in range(101))
+    text = f"start\nepoch 1{bar}\ncrlf line\r\nTraceback (most recent call last):\nValueError: x\n"
+    assert collapse_redraws(text).split("\n") == ["start", "100%|##########", "crlf line",
+                                                  "Traceback (most recent call last):", "ValueError: x", ""]
+    assert log_tail(text, 2, cut_at_start=False) == "ValueError: x\n"
+    assert log_tail("half a line\nwhole\n", 10, cut_at_start=True) == "whole\n"
+    data = text.encode()
+    for size in (1, 3, 7, 64, len(data)):  # any chunking gives the same lines
+        chunks = [data[i:i + size] for i in range(0, len(data), size)]
+        assert b"".join(collapsed_chunks(chunks)).decode() == collapse_redraws(text)
+    # a line redrawn a million times holds two states, not a million
+    endless = (b"\r" + b"x" * 50) * 1_000_000
+    out = list(collapsed_chunks(endless[i:i + 65536] for i in range(0, len(endless), 65536)))
+    assert out == [b"x" * 50]
