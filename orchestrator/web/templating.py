@@ -26,6 +26,18 @@ def mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB"
 
 
+def duration(seconds: float | None) -> str:
+    """`42s`, `3m07s`, `2h05m`; `-` for none."""
+    if seconds is None or seconds < 0:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
+
+
 def json_script(value: Any) -> Markup:
     """JSON for a <script type="application/json"> block: `<`, `>` and `&` escaped as \\u003c
     and the like, so text from a run dir can never close the element."""
@@ -43,7 +55,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, yaml=fmt_value)
+    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=duration, yaml=fmt_value)
     return env
 
 
