@@ -67,12 +67,12 @@ def test_memory_is_one_line_per_shape_and_keys_only_when_asked(orch_inproc: Orch
     with Store(db_path) as store:
         write_shape(store, key, ShapeMemory(10_240, None, 2))
         label_shape(store, key, "E1", "c L0 glue_rte")
-        record_throughput(store, "GPU-1", key, 1, 100.0, "E1")
-        record_throughput(store, "GPU-1", key, 2, 80.0, "E1")  # per job: 2 jobs give 1.6x
+        record_throughput(store, "GPU-1", key, 1, 100.0, "E1", steps=30)
+        record_throughput(store, "GPU-1", key, 2, 80.0, "E1", steps=30)  # per job: 2 jobs give 1.6x
     plain = orch_inproc("memory").stdout.splitlines()
     assert plain[0].split()[:3] == ["shape", "peak", "OOM"]
     (row,) = [line for line in plain if "E1/c L0 glue_rte" in line]
-    assert "10.0 GiB" in row and "measured (2 attempts)" in row and "1:1.0x, 2:1.6x" in row
+    assert "10.0 GiB" in row and "measured (2 attempts)" in row and "GPU-1 1:1.0x (±0%), 2:1.6x (±0%)" in row
     assert key not in "\n".join(plain) and not any(line.strip().startswith("key") for line in plain)
     keyed = orch_inproc("memory", "--keys").stdout.splitlines()
     assert keyed[0].split()[-1] == "key"
