@@ -346,3 +346,14 @@ def m022_start_level_notes(db: sqlite_utils.Database) -> None:
     # at is known not to fit any card it may use ("started at level 2: level 0 needs ≥ 24.6
     # GiB, the cards hold 24 GiB"). NULL: it runs where the ladder put it.
     db.execute("ALTER TABLE jobs ADD COLUMN level_note TEXT")
+
+
+@MIGRATIONS()
+def m029_paused_configs(db: sqlite_utils.Database) -> None:
+    # The crash-loop guard pauses the config whose attempts keep failing, not its whole suite:
+    # the suite's healthy configs run on. The suite itself is paused (paused_suites) only once
+    # every config with queued or running jobs is.
+    db.execute(
+        "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
+        "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
+    )
