@@ -91,6 +91,7 @@ EXIT_FIELDS: dict[str, tuple[Check, str]] = {
     "leftovers": (_leftovers, "a short list of {pid, name}"),
     "token": (_short_text(64), "a short text"),
     "tracking": (_names, "a short list of names"),
+    "oom_kills": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a count or null"),  # its cgroup's, by the kernel
 }
 RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "status": (_short_text(64), "a short text"),
@@ -106,10 +107,6 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
     # statistically equal to one at the configured batch, not bit-equal
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
-    # how the attempt computed: precision, micro-batch and accumulation (a ladder rung's doing)
-    "prec": (_short_text(16), "a short text"),
-    "batch_size": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
-    "gradient_accumulation_steps": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "token": (_short_text(64), "a short text"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
