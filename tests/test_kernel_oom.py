@@ -21,7 +21,11 @@ import yaml
 from orchestrator.attempts.classify import REASON_SIGKILL
 from orchestrator.attempts.kernel_log import parse_oom_kills
 from orchestrator.attempts.next_step import CheckpointLeft, EndEvidence, classify_end, decide_next
-from orchestrator.executors.wrapper.oom_events import oom_kill_count, oom_kills_since, read_oom_kill_count
+from orchestrator.executors.wrapper.oom_events import (
+    oom_kill_count,
+    oom_kills_since,
+    read_oom_kill_count,
+)
 from orchestrator.executors.wrapper.strays import CGROUP_VAR
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.rundir_files import TOKEN_VAR
