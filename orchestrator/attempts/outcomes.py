@@ -94,7 +94,8 @@ def complete(
     found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
                     remote_end=remote_end)
     ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
-    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far)
+    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far,
+                       ran_alone=found.ran_alone)
     closed = _write_end(store, attempt, found, ended.classification, step)
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)
@@ -114,6 +115,7 @@ class _Gathered:
     peak_mib: int  # the most it held: orch's readings, its result's and the wrapper's own
     card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
     hung_retries_so_far: int  # earlier attempts of the job killed as hung
+    ran_alone: bool  # no other attempt on its card at its end (live or just ended)
 
 
 def _gather(
@@ -141,7 +143,8 @@ def _gather(
                            checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None)
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
-                     hung_attempts_before(store, attempt))
+                     hung_attempts_before(store, attempt),
+                     job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt))
 
 
 def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
@@ -253,7 +256,7 @@ def learn_rate(
     if rate is None:
         return
     key = attempt_shape_key(job, attempt, cache)
-    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite)
+    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite, steps=after[0] - before[0])
 
 
 def _prompt_lesson(job: Job, outcome: AttemptOutcome, result: dict[str, Any] | None) -> PromptLesson | None:
