@@ -334,15 +334,15 @@ def m027_throughput_steps(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m022_disproved_figures(db: sqlite_utils.Database) -> None:
+    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
+    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
+    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
+
+
+@MIGRATIONS()
 def m023_attempt_inexact_rungs(db: sqlite_utils.Database) -> None:
     # The rungs that change numerics an attempt went through (a JSON list of names, in ladder
     # order), decided when it starts; results mark every cell with such a run. NULL: recorded
     # before this column (results fall back to the level's recorded changes).
     db.execute("ALTER TABLE attempts ADD COLUMN inexact_rungs_json TEXT")
-
-
-@MIGRATIONS()
-def m022_disproved_figures(db: sqlite_utils.Database) -> None:
-    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
-    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
-    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
