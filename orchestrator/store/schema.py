@@ -341,6 +341,17 @@ def m022_disproved_figures(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m029_paused_configs(db: sqlite_utils.Database) -> None:
+    # The crash-loop guard pauses the config whose attempts keep failing, not its whole suite:
+    # the suite's healthy configs run on. The suite itself is paused (paused_suites) only once
+    # every config with queued or running jobs is.
+    db.execute(
+        "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
+        "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
+    )
+
+
+@MIGRATIONS()
 def m023_attempt_inexact_rungs(db: sqlite_utils.Database) -> None:
     # The rungs that change numerics an attempt went through (a JSON list of names, in ladder
     # order), decided when it starts; results mark every cell with such a run. NULL: recorded
