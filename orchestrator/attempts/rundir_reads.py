@@ -1,10 +1,8 @@
-"""The one boundary where files from a run dir enter orch: read without following links, size
-limited, parsed, and every field checked for type and range.
-
-Everything in a run dir can be written by user code (a buggy training script, a hostile one),
-so what comes out of here is either a value of the documented type and range or absent, and
-each thing refused is named in `problems` ("pid.json: pid must be an integer from 1 to
-4194304, not 'abc'"), for the attempt's reason. Nothing here raises for bad content.
+"""The one boundary where run-dir files enter orch: read without following links, size limited, parsed, and
+every field checked for type and range. Everything in a run dir can be written by user code (a buggy training
+script, a hostile one), so what comes out of here is either a value of the documented type and range or absent,
+and each thing refused is named in `problems` ("pid.json: pid must be an integer from 1 to 4194304, not 'abc'"),
+for the attempt's reason. Nothing here raises for bad content.
 """
 
 from __future__ import annotations
@@ -91,6 +89,7 @@ EXIT_FIELDS: dict[str, tuple[Check, str]] = {
     "leftovers": (_leftovers, "a short list of {pid, name}"),
     "token": (_short_text(64), "a short text"),
     "tracking": (_names, "a short list of names"),
+    "oom_kills": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a count or null"),  # its cgroup's, by the kernel
 }
 RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "status": (_short_text(64), "a short text"),
@@ -104,13 +103,8 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
     # true: the test metrics were scored on the split that also chose the best epoch
     "test_is_val": (lambda v: isinstance(v, bool), "true or false"),
-    # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
-    # statistically equal to one at the configured batch, not bit-equal
+    # > 0: a halved micro-batch draws other LoRA dropout masks (an equivalent draw, not bit-equal)
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
-    # how the attempt computed: precision, micro-batch and accumulation (a ladder rung's doing)
-    "prec": (_short_text(16), "a short text"),
-    "batch_size": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
-    "gradient_accumulation_steps": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "token": (_short_text(64), "a short text"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {

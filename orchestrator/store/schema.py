@@ -357,3 +357,11 @@ def m029_paused_configs(db: sqlite_utils.Database) -> None:
         "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
         "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
     )
+
+
+@MIGRATIONS()
+def m023_attempt_inexact_rungs(db: sqlite_utils.Database) -> None:
+    # The rungs that change numerics an attempt went through (a JSON list of names, in ladder
+    # order), decided when it starts; results mark every cell with such a run. NULL: recorded
+    # before this column (results fall back to the level's recorded changes).
+    db.execute("ALTER TABLE attempts ADD COLUMN inexact_rungs_json TEXT")
