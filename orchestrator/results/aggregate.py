@@ -41,6 +41,7 @@ from orchestrator.results.seeds import (
     denominator,
     full_denominator,
     later_run_notes,
+    lost_runs,
     seed_states,
     short_denominator,
 )
@@ -327,8 +328,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
         lora_dropout=max(r.lora_dropout for r in rows), seed_states=tuple(states),
         denominator=denominator(states, len(rows)), pooled=pooled,
         unfinished=any(r.state in PENDING for r in rows),
-        failed_runs=any(s.status in (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.NO_METRIC) for s in states)
-        or any(r.state in (JobState.FAILED, JobState.CANCELLED) for r in rows),
+        failed_runs=lost_runs(list(inputs.values()), states),
         val_mean=val_mean, val_std=val_std, val_n=len(vals),
     )  # fmt: skip
 

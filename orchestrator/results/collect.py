@@ -61,6 +61,7 @@ class RunReader:
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
         self._settings: dict[tuple[str, str, str, str, str], Setting] = {}
+        self._errors: dict[str, str] = {}  # an ended attempt's error, by run dir: it never changes
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
@@ -81,6 +82,20 @@ class RunReader:
             if reading.metrics is not None:
                 self._readings[run_dir] = reading
         return reading
+
+    def error(self, run_dir: str) -> str | None:
+        """A failed attempt's `error` from its result.json (first line), read once; None without one."""
+        with self._lock:
+            if run_dir in self._errors:
+                return self._errors[run_dir] or None
+        result = read_result(Path(run_dir))
+        error = result.get("error") if isinstance(result, dict) else None
+        found = _first_line(error) if isinstance(error, str) else ""
+        with self._lock:
+            if len(self._errors) >= self.max_entries:
+                self._errors.clear()
+            self._errors[run_dir] = found
+        return found or None
 
     def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
         return self.reading(run_dir, printed_json).metrics
@@ -118,7 +133,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             rows.append(ResultRow(
                 run.suite, run.config, run.data, run.seed, {}, job=run.job_id, attempt=run.n, level=run.level,
                 step=run.level_step, overrides=setting.overrides, setting=setting.digest,
-                lora_dropout=setting.lora_dropout, state=state, reason=_error_of(run), params=setting.params,
+                lora_dropout=setting.lora_dropout, state=state, reason=_error_of(run, reader), params=setting.params,
             ))  # fmt: skip
             continue
         reading = reader.reading(run.run_dir, run.output_metrics_json)
@@ -136,16 +151,13 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     return rows, missing
 
 
-def _error_of(run: ResultJob) -> str:
+def _error_of(run: ResultJob, reader: RunReader) -> str:
     """A failed or cancelled job's error: its latest attempt's result.json `error` (the
     worker's own words, first line), else the job's reason; "" for a job still going."""
     if run.state in (JobState.QUEUED, JobState.RUNNING):
         return ""
-    if run.state is JobState.FAILED and run.run_dir:
-        result = read_result(Path(run.run_dir))
-        error = result.get("error") if isinstance(result, dict) else None
-        if isinstance(error, str) and error.strip():
-            return _first_line(error)
+    if run.state is JobState.FAILED and run.run_dir and (error := reader.error(run.run_dir)):
+        return error
     return _first_line(run.reason or "")
 
 
