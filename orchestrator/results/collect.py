@@ -181,9 +181,11 @@ def val_metrics(result: dict[str, Any] | None) -> dict[str, float]:
     return finite_metrics(flat)
 
 
-def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
+def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None, *,
+                aliases: bool = True) -> dict[str, Any] | None:
     """A job's metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else what
-    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X."""
+    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X
+    (unless `aliases` is off: the metrics as reported, each once)."""
     metrics: Any = None
     if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
         reported = result["metrics"]
@@ -196,7 +198,7 @@ def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any
     if not isinstance(metrics, dict) or not metrics:
         return None
     named = dict(metrics)
-    for key, value in metrics.items():
+    for key, value in metrics.items() if aliases else ():
         for prefix in ("test_", "eval_"):
             if isinstance(key, str) and key.startswith(prefix):
                 named.setdefault(key[len(prefix):], value)

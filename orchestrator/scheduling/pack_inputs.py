@@ -96,7 +96,7 @@ def pack_inputs(
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
                 expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,
-                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
+                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite, config=job.config_name,
                 probe_family=inputs.probe_family,
             )
         )

@@ -338,3 +338,14 @@ def m022_disproved_figures(db: sqlite_utils.Database) -> None:
     # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
     # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
     db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
+
+
+@MIGRATIONS()
+def m029_paused_configs(db: sqlite_utils.Database) -> None:
+    # The crash-loop guard pauses the config whose attempts keep failing, not its whole suite:
+    # the suite's healthy configs run on. The suite itself is paused (paused_suites) only once
+    # every config with queued or running jobs is.
+    db.execute(
+        "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
+        "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
+    )
