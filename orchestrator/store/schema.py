@@ -302,7 +302,7 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
-def m027_throughput_steps(db: sqlite_utils.Database) -> None:
+def m027a_throughput_steps(db: sqlite_utils.Database) -> None:
     # A throughput reading counts the optimizer steps it rests on (a curve point needs enough of
     # them) and the lowest and highest rate folded into it (`orch memory` shows the spread).
     # Rows written before have 0 steps: they no longer shape a curve until measured again.
@@ -312,3 +312,13 @@ def m027_throughput_steps(db: sqlite_utils.Database) -> None:
         "ALTER TABLE throughput ADD COLUMN rate_max REAL",
     ):
         db.execute(statement)
+
+
+@MIGRATIONS()
+def m027b_startup_times(db: sqlite_utils.Database) -> None:
+    # Launch to the first training step and the GPU memory held before it, per suite and config
+    # (`suite/config`): what start-up overlap needs to start a job ahead of the one it replaces.
+    db.execute(
+        "CREATE TABLE startups (key TEXT PRIMARY KEY, seconds REAL NOT NULL, held_mib INTEGER NOT NULL, "
+        "samples INTEGER NOT NULL, updated_at REAL NOT NULL)"
+    )
