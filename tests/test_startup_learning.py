@@ -68,11 +68,16 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         (attempt,) = get_attempts(store, job_id)
         learn_startup(store, attempt, job, _obs(5, attempt.started_at + 50.0), attempt.started_at + 50)
         assert read_startups(store)[key].samples == 1  # the first step is learned once
+        from orchestrator.store.startups import record_startup
+
+        record_startup(store, key, 45.0, 12_000)  # a slower start that caught its first step's memory
+        record_startup(store, key, 30.0, 1_500)
+        assert read_startups(store)[key] == Startup(30.0, 900, 3)  # the shortest, the least held
 
         # the scheduler's expected end: by progress once start-ups are read, else the learned run time
         durations = DurationTable([CompletedRun(job.config_name, job.data, 0, 500.0)])
         live = {job.id: job}
-        now = attempt.started_at + 98.0  # 60 s of training for 30 steps
+        now = attempt.started_at + 90.0  # 60 s of training (after the 30 s start-up) for 30 steps
         update_attempt(store, attempt.id, progress_json='{"step": 30, "total": 100}')
         (attempt,) = get_attempts(store, job_id)
         by_progress = _expected_end(live, durations, read_startups(store), now)(attempt)

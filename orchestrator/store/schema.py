@@ -316,8 +316,9 @@ def m027a_throughput_steps(db: sqlite_utils.Database) -> None:
 
 @MIGRATIONS()
 def m027b_startup_times(db: sqlite_utils.Database) -> None:
-    # Launch to the first training step and the GPU memory held before it, per suite and config
-    # (`suite/config`): what start-up overlap needs to start a job ahead of the one it replaces.
+    # Launch to the first training step (the shortest seen) and the GPU memory held before it
+    # (the least seen), per suite and config (`suite/config`): what start-up overlap needs to
+    # start a job ahead of the one it replaces.
     db.execute(
         "CREATE TABLE startups (key TEXT PRIMARY KEY, seconds REAL NOT NULL, held_mib INTEGER NOT NULL, "
         "samples INTEGER NOT NULL, updated_at REAL NOT NULL)"
