@@ -62,7 +62,7 @@ from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
 from orchestrator.store.startups import read_startups
-from orchestrator.store.status import paused_suites
+from orchestrator.store.status import paused_configs, paused_suites
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ def schedule(
     start now (a full disk); every queued job shows it."""
     cache = state.shapes
     paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
+    paused_cfgs = frozenset((p.suite, p.config) for p in paused_configs(store, count_queued=False))
     live, live_jobs = live_attempts_with_jobs(store)
     durations = refresh_durations(store, state)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
@@ -131,7 +132,7 @@ def schedule(
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
-    fresh_key = (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold)
+    fresh_key = (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), tuple(sorted(paused_cfgs)), draining, hold)
     per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
     rows = _read_queue(store, state, ctx, whole_queue, per_kind, fresh_key)
     if rows is None:  # nothing can start and the head's reasons still stand
@@ -147,7 +148,7 @@ def schedule(
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
-                    paused=paused, draining=draining, hold=hold)
+                    paused=paused, paused_configs=paused_cfgs, draining=draining, hold=hold)
     _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots))
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
     return decision

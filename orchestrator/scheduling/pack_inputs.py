@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.durations import DurationTable
-from orchestrator.prediction.job_facts import JobFacts, JobShapeCache, predict_for
+from orchestrator.prediction.job_facts import JobFacts, JobShapeCache
+from orchestrator.prediction.job_prediction import predict_for
 from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.prediction.startup import Startup, startup_key
@@ -98,7 +99,7 @@ def pack_inputs(
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
                 expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,
-                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
+                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite, config=job.config_name,
                 probe_family=inputs.probe_family,
                 startup_s=inputs.startup.seconds if inputs.startup else None,
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
