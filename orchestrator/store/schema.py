@@ -357,3 +357,22 @@ def m029_paused_configs(db: sqlite_utils.Database) -> None:
         "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
         "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
     )
+
+
+@MIGRATIONS()
+def m023_attempt_inexact_rungs(db: sqlite_utils.Database) -> None:
+    # The rungs that change numerics an attempt went through (a JSON list of names, in ladder
+    # order), decided when it starts; results mark every cell with such a run. NULL: recorded
+    # before this column (results fall back to the level's recorded changes).
+    db.execute("ALTER TABLE attempts ADD COLUMN inexact_rungs_json TEXT")
+
+
+@MIGRATIONS()
+def m027b_startup_times(db: sqlite_utils.Database) -> None:
+    # Launch to the first training step (the shortest seen) and the GPU memory held before it
+    # (the least seen), per suite and config (`suite/config`): what start-up overlap needs to
+    # start a job ahead of the one it replaces.
+    db.execute(
+        "CREATE TABLE startups (key TEXT PRIMARY KEY, seconds REAL NOT NULL, held_mib INTEGER NOT NULL, "
+        "samples INTEGER NOT NULL, updated_at REAL NOT NULL)"
+    )
