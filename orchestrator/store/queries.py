@@ -297,6 +297,7 @@ class SucceededAttempt:
     config_path: str = ""
     env_json: str = "{}"  # suite env + env.* overrides
     worker: str = ""  # the command the succeeding attempt ran (the job's, for attempts that did not record it)
+    not_science_json: str = "[]"  # config keys that never split results rows (the suite's `not_science:`)
 
 
 def succeeded_attempts(store: Store, suite: str | None = None) -> list[SucceededAttempt]:
@@ -305,7 +306,7 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
     sql = (
         "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
         "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
-        "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, CASE WHEN json_valid(j.config_json) "
+        "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, j.not_science_json, CASE WHEN json_valid(j.config_json) "
         "THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END AS setting_json "
         "FROM jobs j JOIN attempts a "
         "ON a.job_id = j.id AND a.outcome = ? WHERE j.state = ?"
@@ -320,6 +321,6 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
             r["job_id"], r["suite"], r["config_name"], r["data"], r["seed"], r["n"], r["level"], r["level_step"],
             json_column(r["overrides_json"], {}), bool(r["run_alone"]), r["run_dir"],
             r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
-            r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "",
+            r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "", r["not_science_json"] or "[]",
         ))  # fmt: skip
     return out
