@@ -99,6 +99,7 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "longest_tokens": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "samples_per_s": (lambda v: v is None or _number_in(0, 1e12)(v), "a finite number or null"),
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
+    "best_step": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
     # true: the test metrics were scored on the split that also chose the best epoch
@@ -106,6 +107,10 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
     # statistically equal to one at the configured batch, not bit-equal
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
+    # how the attempt computed: precision, micro-batch and accumulation (a ladder rung's doing)
+    "prec": (_short_text(16), "a short text"),
+    "batch_size": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
+    "gradient_accumulation_steps": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "token": (_short_text(64), "a short text"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {

@@ -321,3 +321,23 @@ def m026_metric_history(db: sqlite_utils.Database) -> None:
         ) WITHOUT ROWID
         """
     )
+
+
+@MIGRATIONS()
+def m027_throughput_steps(db: sqlite_utils.Database) -> None:
+    # A throughput reading counts the optimizer steps it rests on (a curve point needs enough of
+    # them) and the lowest and highest rate folded into it (`orch memory` shows the spread).
+    # Rows written before have 0 steps: they no longer shape a curve until measured again.
+    for statement in (
+        "ALTER TABLE throughput ADD COLUMN steps INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE throughput ADD COLUMN rate_min REAL",
+        "ALTER TABLE throughput ADD COLUMN rate_max REAL",
+    ):
+        db.execute(statement)
+
+
+@MIGRATIONS()
+def m022_disproved_figures(db: sqlite_utils.Database) -> None:
+    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
+    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
+    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")

@@ -102,7 +102,7 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
 
     def dot(line: ResultLine) -> Any:
-        return dot_plot(line.values, line.mean, line.std, lo, hi)
+        return dot_plot(line.values, line.mean, line.std or 0.0, lo, hi)
 
     return render("results.html", table=table, csv_href=csv_href, pivot=pivot(table.summaries), lo=lo, hi=hi, dot=dot)
 
