@@ -303,9 +303,6 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
 
 @MIGRATIONS()
 def m026_metric_history(db: sqlite_utils.Database) -> None:
-    # A suite's `not_science:` keys as of the job's submit (a JSON list): config keys such as
-    # output_dir or sim_seconds whose values never split results rows. '[]' for jobs before it.
-    db.execute("ALTER TABLE jobs ADD COLUMN not_science_json TEXT NOT NULL DEFAULT '[]'")
     # Every metric an attempt reported, at its step (progress.jsonl, parsed stdout, the final
     # metrics), for curves and their export. One value per (attempt, key, step), the last read
     # winning, so reading a file again after a daemon restart changes nothing; a key's history
@@ -341,3 +338,10 @@ def m022_disproved_figures(db: sqlite_utils.Database) -> None:
     # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
     # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
     db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
+
+
+@MIGRATIONS()
+def m026_not_science(db: sqlite_utils.Database) -> None:
+    # A suite's `not_science:` keys as of the job's submit (a JSON list): config keys such as
+    # output_dir or sim_seconds whose values never split results rows. '[]' for jobs before it.
+    db.execute("ALTER TABLE jobs ADD COLUMN not_science_json TEXT NOT NULL DEFAULT '[]'")
