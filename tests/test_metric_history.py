@@ -18,6 +18,7 @@ from orchestrator.store.bulk_history import PastAttempt, PastJob, write_history
 from orchestrator.store.db import Store
 from orchestrator.store.history import HistoryPoint, iter_history, record_history
 from orchestrator.store.history_bounds import MAX_KEYS, Point, downsample
+from tests.conftest import OrchRunner
 
 
 def _store(tmp_path: Path, attempts: int = 1) -> Store:
@@ -163,3 +164,14 @@ def test_a_dict_printed_after_a_bar_without_a_line_end_takes_that_bars_step() ->
     parser = StdoutProgress()
     parser.feed(" 10%|#   | 4/40 [00:01<00:09]\r 12%|#   | 5/40 [00:01<00:09]{'loss': 2.5, 'epoch': 0.1}\n")
     assert parser.take_points() == [Point(5.0, "loss", 2.5)]
+
+
+def test_orch_curves_refuses_an_unknown_job_or_suite_in_one_line(orch_inproc: OrchRunner, db_path: Path) -> None:
+    _store(db_path.parent).close()
+    done = orch_inproc("curves", "--job", "1", "--job", "7")
+    assert done.rc == 2 and done.stderr.strip() == "orch: error: no job 7 (see `orch jobs`)"
+    done = orch_inproc("curves", "--suite", "../x")
+    assert done.rc == 2 and "--suite '../x' is not a suite name" in done.stderr and "Traceback" not in done.stderr
+    done = orch_inproc("curves", "--format", "xml")
+    assert done.rc == 2 and "xml" in done.stderr
+    assert orch_inproc("curves", "--job", "1").stdout == "job,attempt,step,key,value\n"  # no point yet
