@@ -102,9 +102,9 @@ class Sweep:
         reader = RunReader()
         rows: list[dict[str, Any]] = []
         with self._store() as store:
-            runs = [r for r in result_jobs(store, suite) if r.succeeded and r.run_dir is not None]
+            runs = [run for run in result_jobs(store, suite) if run.succeeded and run.run_dir]
         for run in runs:
-            assert run.run_dir is not None
+            assert run.run_dir is not None  # kept above: succeeded runs with a run dir
             base = {"suite": run.suite, "config": run.config, "setting": setting_text(reader.setting(run).overrides),
                     "task": run.data, "seed": run.seed, "job": run.job_id, "attempt": run.n, "level": run.level}
             reading = reader.reading(run.run_dir, run.output_metrics_json)
