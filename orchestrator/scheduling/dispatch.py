@@ -41,6 +41,7 @@ from orchestrator.scheduling.packing.types import GpuState
 from orchestrator.scheduling.queue_index import QueueRead
 from orchestrator.scheduling.queue_kinds import handed_to_pack
 from orchestrator.scheduling.resources import host_state, running_attempts
+from orchestrator.scheduling.start_levels import LevelMove, start_moves
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.scheduling.teaching import teaching_jobs
 from orchestrator.scheduling.waits import changed_wait_reasons, rows_to_explain
@@ -49,7 +50,7 @@ from orchestrator.store.attempts import (
     read_all_shapes,
 )
 from orchestrator.store.db import Store
-from orchestrator.store.jobs import get_gpu_plan, transition
+from orchestrator.store.jobs import get_gpu_plan, move_queued_to_level, transition
 from orchestrator.store.learning import read_throughput
 from orchestrator.store.queue import (
     jobs_by_id,
@@ -140,6 +141,10 @@ def schedule(
     readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups)
     running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
     facts_of = state.job_facts.by_job
+    moves = start_moves(rows, facts_of, readings, cache, gpus, ctx.policy)
+    if moves:  # they are read again, at their new level, in the next pass
+        moved = _apply_moves(store, moves)
+        rows = [row for row in rows if row.id not in moved]
     inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None)
     queue = with_teaching(inputs.queue, _teaching(inputs.firsts, live_jobs))
     host = None
@@ -200,6 +205,19 @@ def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live
     return PassReadings(shapes, read_all_prompt_lengths(store), knowledge, durations, curves, by_family,
                         read_host_shapes(store), host_running_peaks(live, live_jobs, key_of),
                         startups)
+
+
+def _apply_moves(store: Store, moves: list[LevelMove]) -> set[int]:
+    """Write the start-where-it-fits moves: jobs to their level, or failed with the reason."""
+    moved: set[int] = set()
+    for move in moves:
+        if move.level is not None:
+            moved.update(move_queued_to_level(store, move.job_ids, move.level, move.note))
+            continue
+        for job in jobs_by_id(store, move.job_ids).values():
+            fail_queued(store, job, move.note)
+            moved.add(job.id)
+    return moved
 
 
 def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int, Job]) -> set[int]:
