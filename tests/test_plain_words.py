@@ -116,3 +116,14 @@ def test_the_job_page_writes_values_as_yaml_and_metrics_once(client, db_path: Pa
     assert "gradient_checkpointing=true" in page and "True" not in page and "None" not in page
     metrics = re.search(r'class="final-metrics">(.*?)</td>', page, re.S)
     assert metrics is not None and re.findall(r"<b>(\w+)</b>", metrics.group(1)) == ["accuracy", "eval_loss"]
+
+
+def test_the_overview_says_which_config_is_paused_and_why(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.store.endings import pause_config
+
+    with Store(db_path) as store:
+        suite, config = store.query("SELECT suite, config_name FROM jobs WHERE id = 1")[0].values()
+        assert pause_config(store, suite, config, "3 attempts failed within 30 s each in the last 5 min", "paused")
+    page = client.get("/").text
+    assert f"config {config} of suite {suite}: 3 attempts failed within 30 s each in the last 5 min" in page
+    assert f'action="/api/suites/{suite}/resume"' in page

@@ -175,7 +175,10 @@ def _error_of(run: ResultJob, reader: RunReader) -> str:
 
 
 def _first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """The first non-blank line of an error written by user code, without control characters
+    (an ANSI escape would reach the terminal) and cut at `limit`."""
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 

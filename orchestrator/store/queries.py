@@ -240,6 +240,7 @@ def job_to_public(history: JobHistory) -> dict[str, Any]:
         "worker": job.worker,
         "priority": job.priority,
         "level": job.level,
+        "level_note": job.level_note,
         "attempt": job.attempt_count,
         "max_attempts": job.max_attempts,
         "gpu": live.gpu_index if live else None,

@@ -93,8 +93,8 @@ def _ids(first: int, last: int, n: int) -> str:
 
 def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
     """One line per waiting reason, the largest group first: `7 waiting: all allowed GPUs at
-    their plan cap (jobs 6–12)`. From `waiting_groups` (every queued job outside paused suites
-    and configs), else from the head of the queue that `waiting` lists."""
+    their plan cap (jobs 6–12)`. From `waiting_groups` (the head of the queue outside paused
+    suites and configs), else from the few first jobs that `waiting` lists."""
     groups = snapshot.get("waiting_groups")
     if groups is None:
         waiting, _ = waiting_entries(snapshot)
@@ -108,7 +108,7 @@ def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
              for g in groups]
     rest = snapshot["counts"]["queued"] - _paused_queued(snapshot) - sum(g["jobs"] for g in groups)
     if lines and rest > 0:
-        lines.append(f"{rest} more queued, for other reasons (orch jobs --state queued)")
+        lines.append(f"... and {rest} more queued (orch jobs --state queued)")
     return lines
 
 

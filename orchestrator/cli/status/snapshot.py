@@ -86,7 +86,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         "running": running,
         "waiting": [{"id": w.job_id, "suite": w.suite, "config": w.config, "reason": w.reason}
                     for w in first_waiting(store, FIRST_WAITING)],
-        # every queued job outside paused suites and configs, by its waiting reason, largest first
+        # the head of the queue outside paused suites and configs, by its waiting reason, largest first
         "waiting_groups": [asdict(g) for g in waiting_groups(store, WAITING_GROUPS)],
         "paused_suites": [asdict(p) for p in paused_suites(store)],
         "paused_configs": [asdict(p) for p in paused_configs(store)],
