@@ -68,3 +68,19 @@ def test_jobs_start_at_the_first_level_that_fits(tmp_path: Path) -> None:
             assert [a["outcome"] for a in job["attempts"]] == ["succeeded"]
         shown = orch.run("show", str(started_higher[0]["id"])).stdout
         assert started_higher[0]["level_note"] in shown
+
+
+def test_a_strict_ladder_fails_saying_no_exact_rung_fits(tmp_path: Path) -> None:
+    # 40 GiB at level 0, about 29 GiB with checkpointing: no exact rung fits a 24 GiB card, and a
+    # strict ladder never halves the batch. Fewer data workers and running alone pass the same
+    # settings as checkpointing: its OOM floor proves them too large, so no third attempt is made.
+    with orch_env(tmp_path, gpus="1x24GiB") as orch:
+        orch.write_suite("huge", {"huge": {"sim_mem_gib": 40, "sim_seconds": 1}}, mem_gib=8, ladder="strict")
+        orch.submit("huge", "1:toy")
+        orch.start_daemon()
+        assert orch.wait_all_done(120) == {1: "failed"}
+        shown = orch.json("show", "1")
+        assert [(a["level"], a["outcome"]) for a in shown["attempts"]] == [(0, "oom"), (1, "oom")]
+        assert shown["reason"].startswith("no level of its ladder fits: level 2 needs ≥ ")
+        assert shown["reason"].endswith("after headroom (a strict ladder: exact rungs only)")
+        assert all("batch_size" not in (a["changes"] or {}) for a in shown["attempts"])
