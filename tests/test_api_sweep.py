@@ -47,8 +47,10 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
     results = sweep.results()
     assert list(results.columns) == ["suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split",
                                      "metric", "value"]
-    assert len(results) == 4 and set(results["metric"]) == {"accuracy"} and set(results["split"]) == {"test"}
-    assert results.groupby("setting")["value"].count().to_dict() == {"learning_rate=0.0001": 2, "learning_rate=0.0003": 2}
+    # the sim worker reports val beside test: a row per run, split and metric
+    assert len(results) == 8 and set(results["metric"]) == {"accuracy"} and set(results["split"]) == {"test", "val"}
+    test = results[results["split"] == "test"]
+    assert test.groupby("setting")["value"].count().to_dict() == {"learning_rate=0.0001": 2, "learning_rate=0.0003": 2}
 
     curves = sweep.curves(keys=["loss"])
     assert list(curves.columns) == ["job", "attempt", "step", "key", "value"]

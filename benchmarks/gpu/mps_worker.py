@@ -91,6 +91,7 @@ def main() -> int:
     parser.add_argument("--phases", default=None)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--alloc-mib", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (0: the first step is printed)")
     parser.add_argument("--fault-after-s", type=float, default=None)
     parser.add_argument("--run-s", type=float, default=None, help="train this long instead of --steps")
     args = parser.parse_args()
@@ -106,7 +107,7 @@ def main() -> int:
             print(f"alloc oom {args.alloc_mib} MiB: {str(exc).splitlines()[0]}", flush=True)
             return 3
     model, optimizer, tokens = build(args.batch, args.seq)
-    for _ in range(3):
+    for _ in range(args.warmup):
         step(model, optimizer, tokens)
     if args.phases:
         phases(args, model, optimizer, tokens)

@@ -31,7 +31,7 @@ from orchestrator.lifecycle import JobState
 from orchestrator.results.collect import RunReader, finite_metrics
 from orchestrator.store.db import Store
 from orchestrator.store.job_facts import job_facts, job_states
-from orchestrator.store.queries import list_jobs, succeeded_attempts
+from orchestrator.store.queries import list_jobs, result_jobs
 
 JOB_COLUMNS = ("id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
                "metric", "value", "reason")
@@ -103,8 +103,9 @@ class Sweep:
         reader = RunReader()
         rows: list[dict[str, Any]] = []
         with self._store() as store:
-            runs = succeeded_attempts(store, suite)
+            runs = [run for run in result_jobs(store, suite) if run.succeeded and run.run_dir]
         for run in runs:
+            assert run.run_dir is not None  # kept above: succeeded runs with a run dir
             base = {"suite": run.suite, "config": run.config, "setting": setting_text(reader.setting(run).overrides),
                     "task": run.data, "seed": run.seed, "job": run.job_id, "attempt": run.n, "level": run.level}
             test = reader.test_metrics(run.run_dir, run.output_metrics_json) or {}

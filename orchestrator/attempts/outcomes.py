@@ -8,22 +8,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.classify import Classification
-from orchestrator.attempts.next_step import EndEvidence, NextStep, classify_end, decide_next
+from orchestrator.attempts.classify import SIGKILL, Classification
+from orchestrator.attempts.kernel_log import kernel_oom_killed
+from orchestrator.attempts.next_step import (
+    CheckpointLeft,
+    EndEvidence,
+    NextStep,
+    classify_end,
+    decide_next,
+)
 from orchestrator.attempts.printed_metrics import parse_result
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
-from orchestrator.executors.checkpoints import remove_checkpoints
+from orchestrator.executors.checkpoints import remove_checkpoints, search_checkpoints
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import CrashLoop
+from orchestrator.plans.resume import resumable_attempts, worker_can_resume
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.prediction.job_facts import (
     JobShapeCache,
     attempt_shape_key,
     job_family_tag,
+    job_keys,
     job_levels,
     job_prompt_length_key,
     job_shape_key,
@@ -130,12 +139,36 @@ def _gather(
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
-    evidence = EndEvidence(obs.exit_record if obs else None, result, read_log_tail(run_dir), attempt.kill_requested,
-                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end)
+    exit_record = obs.exit_record if obs else None
+    sigkilled = result is None and (exit_record or {}).get("signal") == SIGKILL
+    evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end,
+                           kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),
+                           checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None)
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt),
                      job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt))
+
+
+def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
+    """Whether the kernel log (where readable) names the attempt's wrapper or worker as
+    OOM-killed since it started."""
+    record = (obs.pid_record if obs else None) or {}
+    pids = [p for p in (record.get("pid"), record.get("child_pid")) if isinstance(p, int)]
+    return kernel_oom_killed(pids, attempt.started_at)
+
+
+def _checkpoint_left(store: Store, attempt: Attempt, job: Job) -> CheckpointLeft | None:
+    """The checkpoint the job's next attempt would resume from, this attempt's run dir included
+    (plans.resume: only attempts a resume may cross); None where its worker cannot resume."""
+    if not worker_can_resume(job.worker, job_keys(job), job.config):
+        return None
+    usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
+    found = search_checkpoints((n, Path(run_dir)) for n, run_dir in usable).checkpoint
+    if found is None:
+        return None
+    return CheckpointLeft(found.attempt_n, str(found.path), own=found.attempt_n == attempt.n)
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:

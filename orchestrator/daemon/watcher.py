@@ -34,6 +34,7 @@ from orchestrator.attempts.reconcile import (
     proven_group,
 )
 from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.startup_lesson import learn_startup
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.clock import Clock
 from orchestrator.daemon.disk_hold import DiskHold
@@ -199,6 +200,7 @@ class AttemptWatcher:
         look = self._look_elsewhere(attempt, job, statuses) if self._runs_elsewhere(attempt) else self._look_here(attempt, job)
         attempt, obs, verdict = look.attempt, look.obs, look.verdict
         if verdict in LIVE:
+            learn_startup(self.store, attempt, job, obs, self.clock.now_s())  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
             self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
                         None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))

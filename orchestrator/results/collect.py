@@ -25,6 +25,8 @@ from orchestrator.store.queries import ResultJob, result_jobs
 from orchestrator.wording import number
 
 NO_METRICS = "no test metrics (result.json or printed)"
+# What the exact rungs change (results.aggregate's mark trusts the rest to change numerics)
+EXACT_KEYS = frozenset({"gradient_checkpointing", "logits_to_keep", "num_data_workers"})
 MAX_PEFT_BYTES = 1 << 20
 MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
 
@@ -145,10 +147,21 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
             setting=setting.digest, test_is_val=reading.test_is_val,
             lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
-            no_metrics=NO_METRICS if reading.metrics is None else None,
+            no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
         ))  # fmt: skip
     return rows, missing
+
+
+def inexact_of(run: ResultJob) -> tuple[str, ...]:
+    """The rungs changing numerics the run went through, as its attempt recorded them; for an
+    attempt recorded before they were (None), its level's rung where the level changed anything
+    but what exact rungs change: a mark too many, never one too few."""
+    if run.inexact_rungs is not None:
+        return run.inexact_rungs
+    if any(key not in EXACT_KEYS for key in run.overrides):
+        return (run.level_step or f"level {run.level}",)
+    return ()
 
 
 def _error_of(run: ResultJob, reader: RunReader) -> str:
@@ -162,7 +175,10 @@ def _error_of(run: ResultJob, reader: RunReader) -> str:
 
 
 def _first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """The first non-blank line of an error written by user code, without control characters
+    (an ANSI escape would reach the terminal) and cut at `limit`."""
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
