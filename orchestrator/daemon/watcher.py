@@ -228,7 +228,7 @@ class AttemptWatcher:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
             self._learn_host(attempt, job)
-        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=True)
+        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id, True), ended=True)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
                  disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
         self._ended.append(attempt)
