@@ -1,0 +1,77 @@
+"""The divergence rule: a last epoch above the first steps, above k × the minimum, or not finite."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.attempts.divergence import (
+    LossSummary,
+    LossTrack,
+    summarise_losses,
+    summary_from_record,
+    verdict,
+)
+
+
+def test_a_learning_run_is_not_diverged() -> None:
+    losses = [2.0 - 0.01 * i for i in range(100)]
+    summary = summarise_losses(losses, final_steps=20)
+    assert summary.initial == pytest.approx(sum(losses[:10]) / 10)
+    assert summary.final == pytest.approx(sum(losses[-20:]) / 20)
+    assert verdict(summary) is None
+
+
+def test_a_last_epoch_above_the_first_steps_diverged() -> None:
+    losses = [0.7] * 30 + [2.3e8, 9.2e8] * 5  # the lr 200 runs' end
+    reason = verdict(summarise_losses(losses, final_steps=10))
+    assert reason is not None and "above the first steps'" in reason
+
+
+def test_k_times_the_minimum_is_configurable() -> None:
+    # down from 5 to 0.1 and back up to 0.5: below the start, 5 × the minimum
+    losses = [5.0] * 10 + [0.1] * 40 + [0.5] * 50
+    summary = summarise_losses(losses, final_steps=50)
+    assert summary.minimum == pytest.approx(0.1)
+    assert verdict(summary, 3.0) is not None and "3 × its minimum" in str(verdict(summary, 3.0))
+    assert verdict(summary, 6.0) is None
+    assert verdict(summary, None) is None  # the minimum rule off: only the first steps count
+
+
+def test_one_lucky_batch_is_not_the_minimum() -> None:
+    losses = [1.0] * 100
+    losses[50] = 0.01  # a single near-zero batch: the window's mean stays near 0.9
+    summary = summarise_losses(losses, final_steps=10)
+    assert summary.minimum is not None and summary.minimum > 0.8
+    assert verdict(summary) is None
+
+
+def test_a_non_finite_end_diverged_and_nothing_known_is_no_verdict() -> None:
+    summary = summarise_losses([1.0, 0.5, math.nan, math.inf], final_steps=2)
+    assert summary.nonfinite and summary.final is None
+    assert verdict(summary) == "loss not finite at the end of training"
+    assert verdict(summarise_losses([])) is None
+
+
+def test_a_stream_of_printed_losses_gives_the_same_verdicts() -> None:
+    track = LossTrack()
+    for i in range(200):
+        track.add(2.0 - 0.005 * i)
+    assert verdict(track.summary()) is None
+    assert track.summary().steps == 200 and track.summary().final_steps == 10
+    for _ in range(10):
+        track.add(50.0)
+    assert verdict(track.summary()) is not None
+    few = LossTrack()
+    few.add(1.0)
+    few.add(math.nan)
+    assert verdict(few.summary()) == "loss not finite at the end of training"
+
+
+def test_a_record_from_result_json_is_validated() -> None:
+    good = LossSummary(1.0, 0.5, 0.6, 10, 5).to_record()
+    assert summary_from_record(good) == LossSummary(1.0, 0.5, 0.6, 10, 5)
+    for bad in (None, [], {**good, "final": "0.6"}, {**good, "steps": True}, {**good, "steps": -1},
+                {**good, "final_steps": 11}, {**good, "nonfinite": "no"}, {**good, "initial": math.inf}):
+        assert summary_from_record(bad) is None, bad
