@@ -72,6 +72,7 @@ def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
         "seed": 127, "value": 0.8, "job": 2, "attempt": 3, "level": 2, "step": "halve_batch",
         "changes": HALVED, "run_alone": False,
         "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2", "test_is_val": False,
+        "diverged": None, "code": None, "libraries": None,
     }
     assert rte["runs"][0]["changed"] == "nothing"
     (same,) = [r for r in to_records(aggregate(rows())) if r["config"] == "r16" and r["task"] == "glue_rte"]

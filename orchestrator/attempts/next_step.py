@@ -32,6 +32,8 @@ class EndEvidence:
     hung: bool = False  # killed by the daemon as silent past its hang timeout
     disk_full_now: bool = False  # the runs dir's filesystem is below its free-space minimum
     remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
+    diverged: str | None = None  # why the divergence rule flagged its loss
+    fail_on_divergence: bool = False  # the suite's: a flagged run fails (never retried: it would again)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
         verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
+    if verdict.outcome is AttemptOutcome.SUCCEEDED and evidence.diverged and evidence.fail_on_divergence:
+        verdict = Classification(AttemptOutcome.FAILED, f"diverged: {evidence.diverged} (fail_on_divergence)",
+                                 retryable=False)
     return EndVerdict(verdict, disk_full, kill_reason, remote_end)
 
 

@@ -12,6 +12,7 @@ from orchestrator.attempts.classify import Classification
 from orchestrator.attempts.next_step import EndEvidence, NextStep, classify_end, decide_next
 from orchestrator.attempts.printed_metrics import parse_result
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
+from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import remove_checkpoints
@@ -105,6 +106,7 @@ class _Gathered:
     peak_mib: int  # the most it held: orch's readings, its result's and the wrapper's own
     card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
     hung_retries_so_far: int  # earlier attempts of the job killed as hung
+    loss: LossVerdict | None = None  # a run that ended well: its loss summary and the divergence rule's word
 
 
 def _gather(
@@ -124,11 +126,15 @@ def _gather(
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
-    evidence = EndEvidence(obs.exit_record if obs else None, result, read_log_tail(run_dir), attempt.kill_requested,
-                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end)
+    exit_record = obs.exit_record if obs else None
+    ended_well = not (lost or hung) and (exit_record or {}).get("exit_code") == 0
+    loss = loss_verdict(job, run_dir, result) if ended_well else None
+    evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end,
+                           diverged=loss.diverged if loss else None, fail_on_divergence=bool(loss and loss.fail))
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
-                     hung_attempts_before(store, attempt))
+                     hung_attempts_before(store, attempt), loss)
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
@@ -149,6 +155,8 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
         data["retry"] = step.retry
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
+        if found.loss is not None and found.loss.diverged:
+            message += f"; loss diverged: {found.loss.diverged} (marked in results)"
     else:
         message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {step.why}"
     reason = verdict.reason
@@ -165,6 +173,8 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
             peak_mib=peak_mib, job_state=step.job_state, job_fields=step.job_fields, message=message, data=data,
             output_metrics=_stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None,
+            loss=found.loss.summary.to_record() if found.loss and found.loss.summary else None,
+            diverged=found.loss.diverged if found.loss else None,
         ),
         shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
         prompt=_prompt_lesson(job, verdict.outcome, result),

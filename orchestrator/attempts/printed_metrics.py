@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.attempts.divergence import LossTrack
 from orchestrator.wording import number
 
 MAX_LINE_CHARS = 8192  # longer "lines" (a binary dump, a progress bar gone wrong) are cut
@@ -38,6 +40,7 @@ _TQDM = re.compile(r"(?<![\d./])(\d{1,12})/(\d{1,12})\s*\[")
 _STEP = re.compile(r"\bstep\b\s*[:=#]?\s*(\d{1,12})\s*(?:/|of)\s*(\d{1,12})", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss\b\s*[:=]?\s*'?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)", re.IGNORECASE)
 # Keys of a Trainer log dict kept as progress, besides eval_* metrics.
+_NONFINITE_LOSS = re.compile(r"""['"]loss['"]\s*:\s*['"]?(?:nan|-?inf(?:inity)?)\b""", re.IGNORECASE)
 _PROGRESS_KEYS = ("loss", "learning_rate", "epoch", "grad_norm")
 _RANKED = {"regex": 3, "step": 2, "tqdm": 1}  # an explicit step line beats a bar
 # Descriptions of tqdm bars that count loading and data preparation, not optimizer steps.
@@ -104,6 +107,7 @@ class StdoutProgress:
     carry: str = ""  # the unterminated last segment (a tqdm bar being redrawn)
     totals: dict[str, int] = field(default_factory=dict)  # the last total seen per source
     mid_line: bool = False  # reading started inside a line: drop text up to the first line end
+    losses: LossTrack = field(default_factory=LossTrack)  # each training loss of a whole line, for the divergence rule
 
     @classmethod
     def with_regex(cls, progress_regex: str | None) -> StdoutProgress:
@@ -145,13 +149,13 @@ class StdoutProgress:
                     self._step("regex", step, _int(groups.get("total")))
                 loss = number(groups.get("loss"))
                 if loss is not None:
-                    self.values["loss"] = loss
+                    self._loss(loss, partial)
                 return
         if partial:
             # An unterminated segment may be cut mid-number: only a whole tqdm bar counts.
             tqdm = _TQDM.search(line)
             if tqdm is not None and line.rstrip().endswith("]"):
-                self._tqdm(line, tqdm)
+                self._tqdm(line, tqdm, partial=True)
             return
         logged = parse_dict(line) if "{" in line else None
         if logged is not None:
@@ -163,6 +167,13 @@ class StdoutProgress:
             for key, value in logged.items():
                 if key in _PROGRESS_KEYS or key.startswith("eval_"):
                     self.values[key] = value
+            if "loss" in logged:
+                self.losses.add(logged["loss"])
+            elif _NONFINITE_LOSS.search(line):  # `{"loss": NaN, ...}`: no number, but it counts for divergence
+                self.losses.add(math.nan)
+            return
+        if "{" in line and _NONFINITE_LOSS.search(line):  # `{'loss': nan, ...}` is no Python literal
+            self.losses.add(math.nan)
             return
         step_match = _STEP.search(line)
         if step_match is not None:
@@ -173,19 +184,28 @@ class StdoutProgress:
         if tqdm is not None:
             self._tqdm(line, tqdm)
 
-    def _tqdm(self, line: str, match: re.Match[str]) -> None:
+    def _loss(self, loss: float, partial: bool) -> None:
+        self.values["loss"] = loss
+        if not partial:  # a bar being redrawn is seen again once its line ends
+            self.losses.add(loss)
+
+    def _tqdm(self, line: str, match: re.Match[str], partial: bool = False) -> None:
         if _NOT_TRAINING.search(line[: match.start()].rsplit("\r", 1)[-1]):
             return
         if _DATA_RATE.search(line[match.end() :].split("]", 1)[0]):
             return
         self._step("tqdm", int(match.group(1)), int(match.group(2)))
-        self._loss_in(line[match.end() :])  # tqdm's postfix: `loss=0.41`
+        self._loss_in(line[match.end() :], partial)  # tqdm's postfix: `loss=0.41`
 
-    def _loss_in(self, text: str) -> None:
+    def _loss_in(self, text: str, partial: bool = False) -> None:
         found = _LOSS.search(text)
-        loss = number(found.group(1)) if found else None
+        if found is None:
+            return
+        loss = number(found.group(1))
         if loss is not None:
-            self.values["loss"] = loss
+            self._loss(loss, partial)
+        elif not partial:  # `loss=nan`: not a progress value, but it counts for divergence
+            self.losses.add(math.nan)
 
     def _step(self, source: str, step: int, total: int | None) -> None:
         if total is None:  # a line without its total belongs to the last bar of its kind that had one

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.attempts.divergence import LossSummary
 from orchestrator.attempts.printed_metrics import StdoutProgress
 from orchestrator.attempts.rundir_reads import read_output, stat_output
 from orchestrator.plans.template import OUR_WORKERS
 
 TAIL_START_BYTES = 64 * 1024
 MAX_READ_BYTES = 1024 * 1024
+LOSS_HEAD_BYTES = 1024 * 1024  # an ended attempt's losses: its first steps from here ...
+LOSS_TAIL_BYTES = 4 * 1024 * 1024  # ... its last ones (and minimum) from here
 
 
 def follows_stdout(worker: str) -> bool:
@@ -76,3 +79,22 @@ class OutputFollower:
         live = set(attempt_ids)
         for attempt_id in [a for a in self._followed if a not in live]:
             del self._followed[attempt_id]
+
+
+def printed_loss_summary(run_dir: Path, progress_regex: str | None) -> LossSummary | None:
+    """The training losses an ended attempt printed, as the divergence rule reads them: parsed as
+    progress is (`StdoutProgress`) from the head of stdout.log (its first steps) and its tail (its
+    last steps), never more than LOSS_HEAD_BYTES + LOSS_TAIL_BYTES of it. None: no loss printed."""
+    found = stat_output(run_dir)
+    if found is None:
+        return None
+    parser = StdoutProgress.with_regex(progress_regex)
+    head = min(found.size_bytes, LOSS_HEAD_BYTES)
+    parser.feed(_decoder().decode(read_output(run_dir, 0, head), final=True))
+    tail_start = max(head, found.size_bytes - LOSS_TAIL_BYTES)
+    if tail_start < found.size_bytes:
+        parser.resync(mid_line=tail_start > head)
+        parser.feed(_decoder().decode(read_output(run_dir, tail_start, found.size_bytes - tail_start), final=True))
+    parser.feed("\n")  # the last line, unterminated, is whole now
+    summary = parser.losses.summary()
+    return summary if summary.steps else None

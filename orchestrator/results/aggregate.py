@@ -53,6 +53,9 @@ class ResultRow:
     test_is_val: bool = False  # result.json said its test split is the validation split
     lora_dropout: float = 0.0  # the config's LoRA dropout (draws depend on the micro-batch)
     no_metrics: str | None = None  # why this succeeded run has no metric at all
+    diverged: str | None = None  # why the divergence rule flagged its loss
+    code: str | None = None  # provenance: the worker's commit (`+dirty`), "not a git repository"; None: unknown
+    libraries: str | None = None  # provenance: its library versions, in one line; None: unknown
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class SeedRun:
     changes: Mapping[str, Any]
     run_alone: bool
     test_is_val: bool = False
+    diverged: str | None = None
+    code: str | None = None
+    libraries: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,17 @@ class ResultSummary:
     def test_is_val(self) -> bool:
         """Some counted run scored its "test" metrics on the validation split."""
         return any(r.test_is_val for r in self.runs)
+
+    @property
+    def diverged(self) -> tuple[SeedRun, ...]:
+        """Counted runs whose loss the divergence rule flagged."""
+        return tuple(r for r in self.runs if r.diverged)
+
+    @property
+    def mixed_provenance(self) -> bool:
+        """The counted runs ran different code (commits, dirty trees) or library versions."""
+        return any(len({v for r in self.runs if (v := getattr(r, name)) is not None}) > 1
+                   for name in ("code", "libraries"))
 
     @property
     def repeated_seeds(self) -> dict[int, int]:
@@ -206,7 +223,8 @@ def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
 
 def _run(row: ResultRow, value: float | None) -> SeedRun:
     return SeedRun(seed=row.seed, value=value, job=row.job, attempt=row.attempt, level=row.level, step=row.step,
-                   changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val)
+                   changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val,
+                   diverged=row.diverged, code=row.code, libraries=row.libraries)
 
 
 def _summarise(rows: list[ResultRow], label: str, variant: str) -> ResultSummary:
@@ -237,6 +255,14 @@ def _summarise(rows: list[ResultRow], label: str, variant: str) -> ResultSummary
         if len(jobs) > 1:
             named = ", ".join(filter(None, jobs))
             notes.append(f"seed {seed} ran {_times(len(jobs))}{f' (jobs {named})' if named else ''}: every run counted")
+    for run in summary.diverged:
+        notes.append(f"seed {run.seed}" + (f" (job {run.job})" if run.job is not None else "")
+                     + f": loss diverged, {run.diverged}: counted, marked")
+    if summary.mixed_provenance:
+        notes.append("runs differ in " + " and ".join(
+            name for name, attr in (("code", "code"), ("library versions", "libraries"))
+            if len({getattr(r, attr) for r in summary.runs if getattr(r, attr) is not None}) > 1)
+            + " (`orch results --json` lists each run's)")
     for row, _ in uncounted:
         where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
         why = row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}")

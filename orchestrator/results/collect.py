@@ -112,9 +112,17 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
             setting=setting.digest, test_is_val=reading.test_is_val,
             lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
-            no_metrics=NO_METRICS if reading.metrics is None else None,
+            no_metrics=NO_METRICS if reading.metrics is None else None, diverged=run.diverged,
+            **provenance_keys(run.provenance_json),
         ))  # fmt: skip
     return rows, missing
+
+
+def provenance_keys(stored: str | None) -> dict[str, str | None]:
+    """What results compare of a run's provenance (stored validated at its end): its code and
+    its library versions, each one line; None where unknown."""
+    digest = _loads_mapping(stored) if stored else {}
+    return {name: value if isinstance(value := digest.get(name), str) else None for name in ("code", "libraries")}
 
 
 def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ LaTeX grids are in results.grids). Pure functions from ResultSummary lists to st
 Every format names a row's `--set` overrides, and marks what a reader must know about a cell:
 † its runs ran at different ladder levels (same effective batch); ‡ the same with LoRA dropout
 on, whose draws differ at other micro-batch sizes; § its "test" metric was scored on the
-validation set; * see its notes (metric fallback, a seed that ran twice, runs not counted).
+validation set; ¶ a run's loss diverged; ‖ its runs ran different code or library versions; * see
+its notes (metric fallback, a seed that ran twice, runs not counted, which run diverged).
 
 Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
 a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.
@@ -19,17 +20,20 @@ from orchestrator.results.aggregate import ResultSummary
 from orchestrator.wording import fmt_changes
 
 CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
-               "overrides", "test_is_val", "dropout_differs", "notes")
+               "overrides", "test_is_val", "dropout_differs", "notes", "diverged", "mixed_provenance")
 TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "n", "seeds", "levels", "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
 MIXED, MIXED_DROPOUT, TEST_IS_VAL, SEE_NOTES = "†", "‡", "§", "*"
+DIVERGED, MIXED_PROVENANCE = "¶", "‖"
 LEGEND = {
     MIXED: "† runs ran at different ladder levels, all with the same effective batch "
            "(`orch results --json` lists each run's level and changes)",
     MIXED_DROPOUT: "‡ as †, with lora_dropout > 0: dropout draws differ at other micro-batch sizes "
                    "(statistically equal, not bit-equal)",
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
+    DIVERGED: "¶ a run's loss diverged: its last epoch ended above its first steps or k × its minimum (counted)",
+    MIXED_PROVENANCE: "‖ runs ran different code (commit, uncommitted changes) or library versions",
     SEE_NOTES: "* see the notes below",
 }
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
@@ -53,6 +57,10 @@ def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
         marks.append(MIXED_DROPOUT if summary.dropout_differs else MIXED)
     if summary.test_is_val:
         marks.append(TEST_IS_VAL)
+    if summary.diverged:
+        marks.append(DIVERGED)
+    if summary.mixed_provenance:
+        marks.append(MIXED_PROVENANCE)
     if with_notes and summary.notes:
         marks.append(SEE_NOTES)
     return marks
@@ -76,7 +84,7 @@ def render_rows(summaries: Iterable[ResultSummary], digits: int = 4) -> list[lis
     """Plain string rows (no header, TABLE_COLUMNS) for a terminal table."""
     rows = []
     for s in summaries:
-        shown = score(s, digits) + (f" {TEST_IS_VAL}" if s.test_is_val else "")
+        shown = " ".join([score(s, digits), *(m for m in cell_marks(s, with_notes=False) if m not in (MIXED, MIXED_DROPOUT))])
         levels = ",".join(map(str, s.levels))
         if s.mixed_levels:
             levels += f" {MIXED_DROPOUT if s.dropout_differs else MIXED}"
@@ -112,7 +120,8 @@ def to_csv(summaries: Iterable[ResultSummary]) -> str:
             s.suite, s.config, s.task, s.metric, "" if s.mean is None else _exact(s.mean), _exact(s.std), s.n,
             " ".join(map(str, s.seeds)), " ".join(map(str, s.levels)), _flag(s.mixed_levels),
             s.overrides_label if not s.variant else ", ".join(filter(None, (s.overrides_label, s.variant))),
-            _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes),
+            _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes), len(s.diverged),
+            _flag(s.mixed_provenance),
         ])  # fmt: skip
     return csv_lines(CSV_COLUMNS, rows)
 
@@ -125,7 +134,7 @@ def _run_record(r: Any) -> dict[str, Any]:
     return {"seed": r.seed, "value": None if r.value is None else _exact(r.value), "job": r.job,
             "attempt": r.attempt, "level": r.level, "step": r.step, "changes": dict(r.changes),
             "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing",
-            "test_is_val": r.test_is_val}
+            "test_is_val": r.test_is_val, "diverged": r.diverged, "code": r.code, "libraries": r.libraries}
 
 
 def to_records(summaries: Iterable[ResultSummary]) -> list[dict[str, Any]]:
@@ -142,7 +151,8 @@ def to_records(summaries: Iterable[ResultSummary]) -> list[dict[str, Any]]:
             "repeated_seeds": {str(k): v for k, v in s.repeated_seeds.items()},
             "levels": list(s.levels), "mixed_levels": s.mixed_levels,
             "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
-            "marks": cell_marks(s), "notes": list(s.notes),
+            "marks": cell_marks(s), "notes": list(s.notes), "diverged": len(s.diverged),
+            "mixed_provenance": s.mixed_provenance,
             "runs": [_run_record(r) for r in s.runs], "uncounted": [_run_record(r) for r in s.uncounted],
         })  # fmt: skip
     return records

@@ -108,8 +108,9 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                   "\n": " ", "\r": " ", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
                   "`": "'"}
-_LATEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "*": "*"}  # in a $^{...}$ superscript
-_LATEX_TEXT = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "*": r"$^*$", "×": r"$\times$",
+_LATEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "¶": r"\P", "‖": r"\|", "*": "*"}  # in $^{...}$
+_LATEX_TEXT = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "¶": r"$^\P$", "‖": r"$^\|$", "*": r"$^*$",
+               "×": r"$\times$",
                "±": r"$\pm$", "·": r"\textperiodcentered{}"}
 
 

@@ -297,6 +297,8 @@ class SucceededAttempt:
     config_path: str = ""
     env_json: str = "{}"  # suite env + env.* overrides
     worker: str = ""  # the command the succeeding attempt ran (the job's, for attempts that did not record it)
+    diverged: str | None = None  # why the divergence rule flagged the run
+    provenance_json: str | None = None  # the validated digest of its provenance.json
 
 
 def succeeded_attempts(store: Store, suite: str | None = None) -> list[SucceededAttempt]:
@@ -305,6 +307,7 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
     sql = (
         "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, a.n, a.level, a.level_step, "
         "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
+        "a.diverged, a.provenance_json, "
         "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, CASE WHEN json_valid(j.config_json) "
         "THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END AS setting_json "
         "FROM jobs j JOIN attempts a "
@@ -320,6 +323,6 @@ def succeeded_attempts(store: Store, suite: str | None = None) -> list[Succeeded
             r["job_id"], r["suite"], r["config_name"], r["data"], r["seed"], r["n"], r["level"], r["level_step"],
             json_column(r["overrides_json"], {}), bool(r["run_alone"]), r["run_dir"],
             r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
-            r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "",
+            r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "", r["diverged"], r["provenance_json"],
         ))  # fmt: skip
     return out

@@ -299,3 +299,17 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
     # state.db, writes them at every launch, and would lose its workers' records without them.
     db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
     db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+
+
+@MIGRATIONS()
+def m025_run_evidence(db: sqlite_utils.Database) -> None:
+    # What results must say about a run beside its scores: `loss_json`, the loss summary its end
+    # was judged on (first steps, minimum, last epoch); `diverged`, why the divergence rule flagged
+    # it (NULL: not flagged or nothing known); `provenance_json`, the validated digest of its
+    # provenance.json (code commit and dirty flag, library versions, GPU, host, data and model).
+    for statement in (
+        "ALTER TABLE attempts ADD COLUMN loss_json TEXT",
+        "ALTER TABLE attempts ADD COLUMN diverged TEXT",
+        "ALTER TABLE attempts ADD COLUMN provenance_json TEXT",
+    ):
+        db.execute(statement)
