@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from orchestrator.attempts.divergence import (
     summary_from_record,
     verdict,
 )
+from orchestrator.attempts.stdout_follow import printed_loss_summary
 
 
 def test_a_learning_run_is_not_diverged() -> None:
@@ -75,3 +77,32 @@ def test_a_record_from_result_json_is_validated() -> None:
     for bad in (None, [], {**good, "final": "0.6"}, {**good, "steps": True}, {**good, "steps": -1},
                 {**good, "final_steps": 11}, {**good, "nonfinite": "no"}, {**good, "initial": math.inf}):
         assert summary_from_record(bad) is None, bad
+
+
+def test_the_losses_a_script_printed_are_read_from_both_ends_of_its_log(tmp_path: Path) -> None:
+    lines = [str({"loss": 2.0 - 0.001 * i, "epoch": i / 1000}) for i in range(1000)]
+    (tmp_path / "stdout.log").write_text("\n".join(lines))  # the last line unterminated
+    summary = printed_loss_summary(tmp_path, None)
+    assert summary is not None and summary.steps == 1000
+    assert summary.initial == pytest.approx(2.0 - 0.001 * 4.5) and summary.final == pytest.approx(2.0 - 0.001 * 994.5)
+    assert verdict(summary) is None
+    (tmp_path / "stdout.log").write_text("\n".join(lines[:20] + ["{'loss': nan, 'epoch': 0.02}"] * 3) + "\n")
+    assert verdict(printed_loss_summary(tmp_path, None)) == "loss not finite at the end of training"  # type: ignore[arg-type]
+    (tmp_path / "stdout.log").write_text("loading\ndone, accuracy 0.8\n")
+    assert printed_loss_summary(tmp_path, None) is None
+    (tmp_path / "stdout.log").unlink()
+    (tmp_path / "stdout.log").symlink_to(tmp_path / "elsewhere.log")
+    (tmp_path / "elsewhere.log").write_text("\n".join(lines))
+    assert printed_loss_summary(tmp_path, None) is None  # never read through a link
+
+
+def test_a_huge_log_is_read_at_its_ends_only(tmp_path: Path) -> None:
+    """16 MiB of output: the first steps come from its head, the end from its tail; the middle
+    (which would say nothing more about the rule's three numbers here) is never read."""
+    head = "".join(f"step {i}/100000 loss={5.0:.3f}\n" for i in range(1, 11))
+    filler = ("x" * 1000 + "\n") * (16 * 1024)
+    tail = "".join(f"step {i}/100000 loss={9.0:.3f}\n" for i in range(99990, 100001))
+    (tmp_path / "stdout.log").write_text(head + filler + tail)
+    summary = printed_loss_summary(tmp_path, None)
+    assert summary is not None and summary.initial == 5.0 and summary.final == 9.0
+    assert verdict(summary) is not None

@@ -262,7 +262,7 @@ def _parse_divergence_factor(path: Path, raw: Any) -> float | None:
     if raw is False:
         return 0.0
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not (math.isfinite(raw) and 1 <= raw <= 1e6):
-        raise PlanError(f"suite {path}: `divergence_factor` must be a number >= 1 or off, not {shown_value(raw)}")
+        raise PlanError(f"suite {path}: `divergence_factor` must be a number >= 1 or off, not {shown_value(str(raw))}")
     return float(raw)
 
 
