@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.divergence import DEFAULT_FACTOR, LossSummary, summary_from_record, verdict
+from orchestrator.attempts.divergence import (
+    DEFAULT_FACTOR,
+    LossSummary,
+    summary_from_record,
+    verdict,
+)
 from orchestrator.attempts.stdout_follow import printed_loss_summary
 from orchestrator.store.rows import Job
 

@@ -221,6 +221,9 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         "resumed_from": None if a.resumed_from_checkpoint is None else {
             "attempt": a.resumed_from_attempt, "checkpoint": a.resumed_from_checkpoint,
         },
+        "loss": a.loss or None,  # {initial, minimum, final, steps, final_steps, nonfinite} at its end
+        "diverged": a.diverged,  # why the divergence rule flagged it; null: not flagged
+        "provenance": a.provenance or None,  # its provenance.json, validated (code, libraries, GPU, host, data)
     }
 
 

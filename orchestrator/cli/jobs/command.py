@@ -116,7 +116,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
             resumed = a["resumed_from"]
             resumed_text = f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}" if resumed else ""
             notes = [resumed_text, predicted, f"changed {changes}" if changes else "", a["reason"] or "",
-                     a.get("hunted") or ""]
+                     a.get("hunted") or "", f"loss diverged: {a['diverged']}" if a.get("diverged") else ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
                 console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)
