@@ -197,7 +197,8 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
     """The LoRA worker runs with the training stack only: of orchestrator it may use the
     dependency-free run-dir names and writer and the config key table, nothing else (and the
     table pulls in nothing of orch's own dependencies)."""
-    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys", "orchestrator.attempts.divergence"}
+    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys", "orchestrator.attempts.divergence",
+               "orchestrator.executors.provenance"}
     for path in (WORKER_DIR / "lora").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -206,7 +207,7 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
                 names = [node.module or ""]
             assert all(n.split(".")[0] != "orchestrator" or n in allowed for n in names), path
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, orchestrator.plans.lora_keys, orchestrator.attempts.divergence; print(' '.join(sys.modules))"],
+        [sys.executable, "-c", "import sys, orchestrator.plans.lora_keys, orchestrator.attempts.divergence, orchestrator.executors.provenance; print(' '.join(sys.modules))"],
         capture_output=True, text=True, check=True,
     ).stdout.split()
     assert not {"sqlite_utils", "psutil", "libtmux", "pynvml", "click", "torch"} & {m.split(".")[0] for m in loaded}

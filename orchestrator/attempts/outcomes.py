@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.attempts.classify import Classification
 from orchestrator.attempts.next_step import EndEvidence, NextStep, classify_end, decide_next
 from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
@@ -107,6 +108,7 @@ class _Gathered:
     card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
     hung_retries_so_far: int  # earlier attempts of the job killed as hung
     loss: LossVerdict | None = None  # a run that ended well: its loss summary and the divergence rule's word
+    provenance: dict[str, str] | None = None  # the digest of its provenance records
 
 
 def _gather(
@@ -134,7 +136,7 @@ def _gather(
                            diverged=loss.diverged if loss else None, fail_on_divergence=bool(loss and loss.fail))
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
-                     hung_attempts_before(store, attempt), loss)
+                     hung_attempts_before(store, attempt), loss, read_provenance(run_dir, result))
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
@@ -174,7 +176,7 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             peak_mib=peak_mib, job_state=step.job_state, job_fields=step.job_fields, message=message, data=data,
             output_metrics=_stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None,
             loss=found.loss.summary.to_record() if found.loss and found.loss.summary else None,
-            diverged=found.loss.diverged if found.loss else None,
+            diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
         shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
         prompt=_prompt_lesson(job, verdict.outcome, result),
