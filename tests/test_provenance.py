@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.attempts.provenance_reads import provenance_digest, provenance_line, read_provenance
+from orchestrator.attempts.provenance_reads import (
+    provenance_digest,
+    provenance_line,
+    read_provenance,
+)
 from orchestrator.executors.provenance import (
     NOT_A_REPOSITORY,
     git_state,
