@@ -5,6 +5,7 @@ and the loss summary the divergence rule reads."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from orchestrator.attempts.divergence import summary_from_record  # noqa: E402
+from orchestrator.executors.provenance import hash_files  # noqa: E402
 from workers.harness import EXIT_OK  # noqa: E402
 from workers.lora.__main__ import main  # noqa: E402
 from workers.lora.batching import encode_counted, field_caps  # noqa: E402
@@ -71,6 +73,15 @@ def test_truncation_is_counted_per_split_and_warned(
     roomy = run_worker(tmp_path / "roomy", data_dir, max_seq_len=256)
     assert roomy["truncated"] == {"train": 0, "val": 0, "test": 0}
     assert "lost text" not in capsys.readouterr().err
+    # its own provenance: versions, the model, and a hash of the data's content wherever it lies
+    provenance = roomy["provenance"]
+    assert provenance["recorded_by"] == "workers.lora" and provenance["model"] == {"builtin": "tiny-llama"}
+    assert provenance["libraries"]["torch"] == str(torch.__version__)
+    assert "cuda_runtime" in provenance
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir / "RTE", copy)
+    assert provenance["data"]["sha256"] == hash_files(list(copy.iterdir()), copy)["sha256"]
+    assert set(provenance["data"]["files"]) == {"train.tsv", "dev.tsv"}
 
 
 def test_mnli_scores_matched_and_mismatched_and_mrpc_accuracy_and_f1(tmp_path: Path, data_dir: Path) -> None:
