@@ -27,6 +27,7 @@ from orchestrator.executors.provenance import (
     interpreter_versions,
     worker_interpreter,
 )
+from orchestrator.web.views import job_view
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
 
 requires_git = pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
@@ -155,3 +156,12 @@ def test_runs_of_different_code_are_marked_and_each_attempt_names_its_own(orch: 
     assert [run["code"] for run in row["runs"]] == [head, head + "+dirty"]
     assert "runs differ in code" in " ".join(row["notes"])
     assert "‖ runs ran different code" in orch.run("results", "--format", "markdown").stdout
+
+    # the web job page lists each attempt's, the report what the succeeded runs ran with
+    page = orch.read(lambda store: job_view(store, 2))
+    assert f'<td data-field="code">{head}+dirty</td>' in page and '<td data-field="gpu">simulated</td>' in page
+    report = orch.root / "report.html"
+    orch.run("report", "--out", str(report))
+    html = report.read_text()
+    assert f"{head} <span class=\"muted\">(1)</span>" in html and f"{head}+dirty <span class=\"muted\">(1)</span>" in html
+    assert "‖" in html  # the results table's mark, with its legend

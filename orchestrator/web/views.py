@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import JobNotFound
@@ -77,8 +78,11 @@ def job_view(store: Store, job_id: int) -> str:
     spec = chart_spec(runs, key=f"job-{job_id}", with_bands=False, empty="no curve reported in progress.jsonl yet")
     last = history.attempts[-1] if history.attempts else None
     metrics, note = final_metrics(history)
+    # stored at each attempt's end; a running attempt's read as it is now
+    provenance = {a.n: a.provenance or (read_provenance(Path(a.run_dir), None) or {} if a.outcome is None else {})
+                  for a in history.attempts}
     return pages.job_fragment(history, spec, read_log_tail(last.run_dir, WEB_LOG_TAIL_BYTES) if last else "",
-                              last.n if last else None, metrics, note)
+                              last.n if last else None, metrics, note, {n: p for n, p in provenance.items() if p})
 
 
 def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
