@@ -153,4 +153,5 @@ def test_a_diverged_run_and_mixed_code_are_marked_in_every_format() -> None:
     assert (parsed["calm"]["diverged"], parsed["calm"]["mixed_provenance"]) == ("0", "false")
     record = {r["config"]: r for r in to_records(summaries)}["wild"]
     assert record["diverged"] == 1 and record["marks"] == ["¶", "‖", "*"]
+    assert record["provenance"] == {"code": ["1a2b3c4d5e6f", "1a2b3c4d5e6f+dirty"], "libraries": ["torch 2.5"]}
     assert record["runs"][0]["diverged"] == why and record["runs"][1]["code"] == "1a2b3c4d5e6f+dirty"

@@ -153,6 +153,8 @@ def to_records(summaries: Iterable[ResultSummary]) -> list[dict[str, Any]]:
             "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
             "marks": cell_marks(s), "notes": list(s.notes), "diverged": len(s.diverged),
             "mixed_provenance": s.mixed_provenance,
+            "provenance": {name: sorted({v for r in s.runs if (v := getattr(r, name)) is not None})
+                           for name in ("code", "libraries")},
             "runs": [_run_record(r) for r in s.runs], "uncounted": [_run_record(r) for r in s.uncounted],
         })  # fmt: skip
     return records
