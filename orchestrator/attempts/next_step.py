@@ -15,7 +15,7 @@ from orchestrator.attempts.classify import Classification, classify_attempt
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
-from orchestrator.prediction.job_facts import as_received, job_host_settings
+from orchestrator.prediction.job_facts import as_received, job_host_settings, job_ladder
 from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
 from orchestrator.store.rows import Job
 
@@ -140,10 +140,11 @@ def _uncounted(job: Job, why: str) -> NextStep:
 
 def decide_next(
     job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
+    ran_alone: bool = False,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended; `hung_retries_so_far`: its
-    job's earlier attempts killed as hung."""
+    job's earlier attempts killed as hung; `ran_alone`: no other attempt was on its card."""
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
@@ -166,6 +167,7 @@ def decide_next(
     decision = retry_decision(
         outcome.outcome, outcome.reason, job.attempt_count, levels, level.index, job.max_attempts,
         retryable=outcome.retryable, hung_retries_so_far=hung_retries_so_far, host=host,
+        strict=job_ladder(job).strict, ran_alone=ran_alone,
     )
     if decision.action != "requeue" or decision.level is None:
         # the attempt's reason is said once in the event: "job failed" when the job's is the same

@@ -87,7 +87,8 @@ def complete(
     found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
                     remote_end=remote_end)
     ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
-    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far)
+    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far,
+                       ran_alone=found.ran_alone)
     closed = _write_end(store, attempt, found, ended.classification, step)
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)
@@ -107,6 +108,7 @@ class _Gathered:
     peak_mib: int  # the most it held: orch's readings, its result's and the wrapper's own
     card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
     hung_retries_so_far: int  # earlier attempts of the job killed as hung
+    ran_alone: bool  # no other attempt on its card at its end (live or just ended)
     loss: LossVerdict | None = None  # a run that ended well: its loss summary and the divergence rule's word
     provenance: dict[str, str] | None = None  # the digest of its provenance records
 
@@ -136,7 +138,9 @@ def _gather(
                            diverged=loss.diverged if loss else None, fail_on_divergence=bool(loss and loss.fail))
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
-                     hung_attempts_before(store, attempt), loss, read_provenance(run_dir, result))
+                     hung_attempts_before(store, attempt),
+                     job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt),
+                     loss, read_provenance(run_dir, result))
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:

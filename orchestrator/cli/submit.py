@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -34,7 +35,7 @@ from orchestrator.plans import (
     parse_set_overrides,
 )
 from orchestrator.plans.inputs import shown_value
-from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder
+from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
 from orchestrator.prediction.ladder import expand_levels
@@ -115,6 +116,8 @@ def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
 @click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True, help="Higher runs first.")
 @click.option("--dry-run", is_flag=True, help="Show what would be queued; write nothing.")
 @click.option("--force", is_flag=True, help="Queue even jobs that are already queued, running or succeeded.")
+@click.option("--strict-ladder", is_flag=True,
+              help="Exact ladder rungs only: no retry changes the numbers (no half batch); a job no exact rung fits fails.")
 @json_option
 @plans_option
 @db_option
@@ -128,6 +131,7 @@ def submit_cmd(
     priority: int,
     dry_run: bool,
     force: bool,
+    strict_ladder: bool,
     as_json: bool,
     plans_dir: Path | None,
     db_path: Path,
@@ -139,6 +143,8 @@ def submit_cmd(
     gpus = parse_gpus(gpus_text) if gpus_text is not None else None
     plan = parse_gpu_plan(plan_text, gpus) if plan_text is not None else None
     suite = load_suite(suite_name, plans_dir or default_plans_dir())
+    if strict_ladder:
+        suite = dataclasses.replace(suite, ladder=strict_spec(suite.ladder))
     overrides = parse_set_overrides(set_items, suite.known_keys())
 
     # Validate the round before anything is created: a bad round must leave no state.db behind.

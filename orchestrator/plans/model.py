@@ -74,7 +74,7 @@ class Suite:
     configs: tuple[ConfigSpec, ...]
     rounds: dict[str, tuple[str, ...]]  # name -> config names, in file order
     one_token_tasks: tuple[str, ...]  # fnmatch patterns of tasks scored on one token
-    ladder: list[Any] | None
+    ladder: Any  # the suite's `ladder:` as written: a list of rungs, "strict", {strict, steps}, or None
     max_attempts: int
     hang_timeout_s: float
     description: str = ""

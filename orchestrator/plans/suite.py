@@ -194,7 +194,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     one_token = _typed(path, data, "one_token_tasks", (list,), [])
     if not all(isinstance(p, str) for p in one_token):
         raise PlanError(f"suite {path}: `one_token_tasks` must be a list of task patterns")
-    ladder = _typed(path, data, "ladder", (list,), None)
+    ladder = _typed(path, data, "ladder", (list, str, dict), None)
     if ladder is not None:
         # A bad rung must be refused at submit, not found at the first OOM.
         from orchestrator.plans.ladder_spec import load_ladder

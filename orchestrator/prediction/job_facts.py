@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plans.keymap import KeyMap
-from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.plans.ladder_spec import Ladder, load_ladder
 from orchestrator.plans.template import OUR_WORKERS, parse_template
 from orchestrator.prediction.families import family_of
-from orchestrator.prediction.ladder import HostSettings, Level, expand_levels, with_host_settings
+from orchestrator.prediction.ladder import (
+    HostSettings,
+    Level,
+    expand_levels,
+    inexact_rungs,
+    with_host_settings,
+)
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.prediction.memory import (
     ModelInfo,
@@ -162,13 +168,24 @@ def worker_reaches(job: Job, keys: KeyMap) -> Callable[[str], bool] | None:
     return lambda key: template.reaches(keys.script_key(key))
 
 
+def job_ladder(job: Job) -> Ladder:
+    """The job's ladder as submitted (the suite's, made strict by `--strict-ladder`)."""
+    return load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
+
+
+def job_inexact_rungs(job: Job, level: int) -> tuple[str, ...]:
+    """The rungs that change numerics an attempt of `job` at `level` has gone through
+    (`orchestrator.prediction.ladder.inexact_rungs` over the job's own levels)."""
+    return inexact_rungs(job_levels(job, JobShapeCache()), level)
+
+
 def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
     content, not job id: a sweep's seeds share one ladder (and one entry)."""
     key = (job.ladder_json or "", _without_seed(job), int(job.one_token), job.worker, job.worker_output_json)
     levels = cache.levels.get(key)
     if levels is None:
-        ladder = load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
+        ladder = job_ladder(job)
         keys = job_keys(job)
         levels = cache.levels[key] = expand_levels(
             ladder, keys.to_orch(dict(job.config)), job.one_token, worker_reaches(job, keys)
@@ -197,7 +214,8 @@ def as_received(job: Job, level: Level) -> Level:
     keys = job_keys(job)
     if not keys.names:
         return level
-    return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone)
+    return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone,
+                 level.exact)
 
 
 def attempt_config(job: Job, level: Level) -> dict[str, Any]:
