@@ -211,3 +211,13 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
         capture_output=True, text=True, check=True,
     ).stdout.split()
     assert not {"sqlite_utils", "psutil", "libtmux", "pynvml", "click", "torch"} & {m.split(".")[0] for m in loaded}
+
+
+def test_mnli_mismatched_is_read_where_the_data_has_it(tmp_path: Path, toy_data: Path) -> None:
+    sample_main(["--out", str(tmp_path), "--tasks", "mnli", "--n-train", "30", "--n-dev", "12", "--format", "jsonl"])
+    from_jsonl, from_tsv = load_splits("glue-tvt_mnli", tmp_path), load_splits("glue-tvt_mnli", toy_data)
+    assert len(from_jsonl["test_mismatched"]) == 12 and len(from_tsv["test_mismatched"]) == 20
+    assert from_jsonl["test_mismatched"] != from_jsonl["test"]  # the other set, not matched again
+    (tmp_path / "mnli" / "validation_mismatched.jsonl").unlink()  # a copy with the matched set only
+    assert "test_mismatched" not in load_splits("glue_mnli", tmp_path)
+    assert "test_mismatched" not in load_splits("glue-tvt_rte", toy_data)
