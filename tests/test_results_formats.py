@@ -36,23 +36,27 @@ def rows() -> list[ResultRow]:
 def test_markdown_is_configs_by_tasks_with_best_in_bold_and_mixed_levels_marked() -> None:
     text = to_markdown(aggregate(rows()))
     lines = text.splitlines()
-    assert lines[0] == "| config | glue\\_cola (mcc) | glue\\_rte (accuracy) |"
-    assert lines[1] == "|---|---:|---:|"
-    by_config = {line.split("|")[1].strip(): line for line in lines[2:4]}
+    # suite order (the order of submission), each task column followed by its n
+    assert lines[0] == "| config | glue\\_rte (accuracy) | n | glue\\_cola (mcc) | n |"
+    assert lines[1] == "|---|---:|---:|---:|---:|"
+    by_config = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:4]}
     # r8 on rte: mean 0.8144, seeds at levels 0 and 2 -> best (0.8144 > 0.8) and marked
-    assert "**0.8144 ± 0.0204** †" in by_config["r8"]
-    assert "0.8000 ± 0.1414" in by_config["r16"] and "**0.8000" not in by_config["r16"]
-    assert "**0.5000 ± 0.0000**" in by_config["r16"] and "**0.4000" not in by_config["r8"]
-    assert "different ladder levels" in text
+    assert by_config["r8"][:2] == ["**0.8144 ± 0.0204** †", "2"]
+    assert by_config["r16"][:2] == ["0.8000 ± 0.1414", "2"]
+    # one seed each on cola: no std (never ± 0.0000) and no bold, whatever the mean
+    assert by_config["r16"][2:] == ["0.5000 ± —", "1"] and by_config["r8"][2:] == ["0.4000 ± —", "1"]
+    assert "different ladder levels" in text and "± 0.0000" not in text
+    assert "bold: per column, the best test mean among rows with n ≥ 2 (no val reported: chosen on test)" in text
 
 
 def test_latex_escapes_names_bolds_the_best_and_marks_mixed_levels() -> None:
     text = to_latex(aggregate(rows()))
-    assert text.startswith("\\begin{tabular}{lrr}\n\\hline\n")
-    assert "config & glue\\_cola (mcc) & glue\\_rte (accuracy) \\\\" in text
-    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^{\\dagger}$ \\\\" in text
-    assert "r16 & \\textbf{0.5000 $\\pm$ 0.0000} & 0.8000 $\\pm$ 0.1414 \\\\" in text
+    assert text.startswith("\\begin{tabular}{lrrrr}\n\\hline\n")
+    assert "config & glue\\_rte (accuracy) & $n$ & glue\\_cola (mcc) & $n$ \\\\" in text
+    assert "r8 & \\textbf{0.8144 $\\pm$ 0.0204}$^{\\dagger}$ & 2 & 0.4000 $\\pm$ -- & 1 \\\\" in text
+    assert "r16 & 0.8000 $\\pm$ 0.1414 & 2 & 0.5000 $\\pm$ -- & 1 \\\\" in text
     assert "\\end{tabular}" in text and "different ladder levels, all with the same effective batch" in text
+    assert "orch" not in text and "--json" not in text  # a legend for a paper: no command-line text
     assert latex_escape("a_b&c%d$e#f{g}") == "a\\_b\\&c\\%d\\$e\\#f\\{g\\}"
 
 
@@ -72,7 +76,7 @@ def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
         "seed": 127, "value": 0.8, "job": 2, "attempt": 3, "level": 2, "step": "halve_batch",
         "changes": HALVED, "run_alone": False,
         "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2", "test_is_val": False,
-        "diverged": None, "code": None, "libraries": None,
+        "val": None, "best_step": None, "diverged": None, "code": None, "libraries": None,
     }
     assert rte["runs"][0]["changed"] == "nothing"
     (same,) = [r for r in to_records(aggregate(rows())) if r["config"] == "r16" and r["task"] == "glue_rte"]
@@ -137,21 +141,21 @@ def test_a_diverged_run_and_mixed_code_are_marked_in_every_format() -> None:
         ResultRow("E1", "calm", "glue_rte", 1, {"accuracy": 0.7}, job=3, code="1a2b3c4d5e6f", libraries="torch 2.5"),
         ResultRow("E1", "calm", "glue_rte", 2, {"accuracy": 0.8}, job=4, code="1a2b3c4d5e6f"),  # libraries unknown
     ])
-    calm, wild = summaries
+    calm, wild = sorted(summaries, key=lambda s: s.config)
     assert (calm.diverged, calm.mixed_provenance) == ((), False)
     assert [r.seed for r in wild.diverged] == [1] and wild.mixed_provenance
     assert f"seed 1 (job 1): loss diverged, {why}: counted, marked" in wild.notes
     assert "runs differ in code (`orch results --json` lists each run's)" in wild.notes
     markdown = to_markdown(summaries)
-    assert "0.5500 ± 0.0707 ¶ ‖ \\*" in markdown and "¶ a run's loss diverged" in markdown
+    assert "0.5500 ± 0.0707 ♯ ‖ \\*" in markdown and "♯ a run's loss diverged" in markdown
     assert "‖ runs ran different code" in markdown
-    assert "| calm | **0.7500 ± 0.0707** |" in markdown  # the calm row carries no mark
+    assert "0.7500 ± 0.0707** |" in markdown  # the calm row carries no mark
     latex = to_latex(summaries)
-    assert r"$^{\P \| *}$" in latex and r"$^\P$ a run's loss diverged" in latex
+    assert r"$^{\sharp \| *}$" in latex and r"$^\sharp$ a run's loss diverged" in latex
     parsed = {row["config"]: row for row in csv.DictReader(io.StringIO(to_csv(summaries)))}
     assert (parsed["wild"]["diverged"], parsed["wild"]["mixed_provenance"]) == ("1", "true")
     assert (parsed["calm"]["diverged"], parsed["calm"]["mixed_provenance"]) == ("0", "false")
     record = {r["config"]: r for r in to_records(summaries)}["wild"]
-    assert record["diverged"] == 1 and record["marks"] == ["¶", "‖", "*"]
-    assert record["provenance"] == {"code": ["1a2b3c4d5e6f", "1a2b3c4d5e6f+dirty"], "libraries": ["torch 2.5"]}
+    assert record["diverged"] == 1 and record["marks"] == ["♯", "‖", "*"]
     assert record["runs"][0]["diverged"] == why and record["runs"][1]["code"] == "1a2b3c4d5e6f+dirty"
+    assert record["provenance"] == {"code": ["1a2b3c4d5e6f", "1a2b3c4d5e6f+dirty"], "libraries": ["torch 2.5"]}

@@ -272,9 +272,10 @@ def test_curves_overlay_picked_runs_with_log_scale_and_a_seed_band(sweep: WebSwe
     wait_until(lambda: chart.get_attribute("data-drawn") == "yes", 15, "the curves chart")
     assert chart.get_attribute("data-series") == str(len(shorts)) == "2"  # one line per picked run
     assert chart.get_attribute("data-metric") == "loss"
-    legend = chart.locator(".u-legend").inner_text()
-    assert all(f"job {j}" in legend for j in shorts)
-    assert "samples_per_s" in chart.locator("select.metric").inner_text()  # any metric the worker reports
+    rows = chart.locator("table.curve-legend tbody tr")  # a compact table, a row per run with a toggle
+    assert sorted(int(r.split("-")[1]) for r in rows.evaluate_all("rs => rs.map(r => r.dataset.run)")) == shorts
+    assert rows.first.locator("input.toggle").is_checked() and "short" in rows.first.inner_text()
+    assert "test_accuracy" in chart.locator("select.metric").inner_text()  # any metric the worker reports
     chart.locator("input.log").check()
     wait_until(lambda: chart.get_attribute("data-log") == "yes", 10, "a log scale")
     chart.locator("input.band").check()  # seeds of one config: a band (max, min) and its mean

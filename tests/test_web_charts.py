@@ -108,7 +108,7 @@ def test_a_row_is_labelled_with_its_config_and_overrides() -> None:
     assert effective_config_label(SummaryWithOverrides("base", {"x": 1}, "lr=1e-3")) == "base [lr=1e-3]"
 
 
-def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task() -> None:
+def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task_with_two_seeds() -> None:
     rows = [ResultRow("E1", c, t, s, {"accuracy": v, "f1": v - 0.1})
             for c, t, s, v in [("a", "glue_rte", 1, 0.6), ("a", "glue_rte", 2, 0.8), ("b", "glue_rte", 1, 0.9),
                                ("a", "glue_mrpc", 1, 0.5)]]
@@ -116,9 +116,13 @@ def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task() -> None:
     assert p.columns == [("glue_mrpc", "f1"), ("glue_rte", "accuracy")]
     assert [r.label for r in p.rows] == ["a", "b"]
     a, b = p.rows
-    assert a.cells[0] is not None and a.cells[0].n == 1 and a.cells[0].best
-    assert a.cells[1] is not None and a.cells[1].mean == pytest.approx(0.7) and a.cells[1].n == 2 and not a.cells[1].best
-    assert b.cells[0] is None and b.cells[1] is not None and b.cells[1].best
+    assert a.cells[0] is not None and a.cells[0].n == 1 and not a.cells[0].best  # one seed: never bold
+    assert a.cells[0].std is None  # shown `—`, never ± 0
+    assert a.cells[1] is not None and a.cells[1].mean == pytest.approx(0.7) and a.cells[1].n == 2 and a.cells[1].best
+    assert b.cells[0] is None and b.cells[1] is not None and not b.cells[1].best  # 0.9 from a single seed
+    losses = pivot(aggregate([ResultRow("E1", c, "toy", s, {"loss": v}) for c, s, v in
+                              [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.2), ("b", 2, 0.4)]]))
+    assert [r.cells[0].best for r in losses.rows if r.cells[0] is not None] == [False, True]  # the lowest loss
     several = pivot(aggregate([*rows, ResultRow("E2", "a", "glue_rte", 1, {"accuracy": 0.1})]))
     assert [r.label for r in several.rows] == ["E1/a", "E1/b", "E2/a"]  # suites apart when there are several
     mixed = pivot(aggregate([ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.5}, level=0),

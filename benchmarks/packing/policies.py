@@ -172,6 +172,8 @@ class OrchPolicy:
     completed: list[CompletedRun] = field(default_factory=list)  # what the daemon's table holds
     durations: DurationTable = field(default_factory=lambda: DurationTable(()))
     attempts: dict[int, int] = field(default_factory=dict)  # job -> attempts ended so far
+    # config -> (launch to first step, memory held until then), seen on an attempt past its start-up
+    startups: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.queue = {}
@@ -235,9 +237,16 @@ class OrchPolicy:
         learning = {self.group(a.start.job_index, a.start.level) for a in sim.running}
         return teaching_jobs(queue, learning)
 
+    def _learn_startups(self, sim: Simulator, now_s: float) -> None:
+        for a in sim.running:
+            if a.job.startup_s > 0 and not a.starting(now_s):
+                self.startups[a.job.config] = (a.job.startup_s, int(a.startup_mib))
+
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
             return []
+        if self.packing.overlap:
+            self._learn_startups(sim, now_s)
         gpus = [
             GpuState(
                 g.index, f"sim-{g.index}", int(g.total_mib), int(sim.free_mib(g.index, now_s)), n
@@ -250,7 +259,7 @@ class OrchPolicy:
                 a.start.gpu_index,
                 int(a.start.predicted_mib),
                 int(a.held_mib(now_s)),
-                reached_peak=not a.ramping(now_s),
+                reached_peak=not (a.ramping(now_s) or a.starting(now_s)),
                 run_alone=a.start.run_alone,
                 expected_end_s=self._expected_end_s(a),
                 probe_family=self.running_probe_of(a),
@@ -276,6 +285,9 @@ class OrchPolicy:
             alone = TRACE_LEVELS[level].run_alone
             probe = self.probe_of(first, level, prediction)
             k = most_placeable(predicted_mib, alone, cards)
+            startup = self.startups.get(self.trace.jobs[first].config) if self.packing.overlap else None
+            if startup is not None and not alone:
+                k = max(k, 1)  # it may start ahead of an attempt whose end makes room
             placeable = placeable or k > 0
             for j in self.by_shape.first(shape, k + 1):
                 queue.append(
@@ -288,6 +300,8 @@ class OrchPolicy:
                         run_alone=alone,
                         expected_duration_s=expected_s,
                         probe_family=probe,
+                        startup_s=startup[0] if startup else None,
+                        startup_mib=startup[1] if startup else 0,
                     )
                 )
         if not placeable:
@@ -340,7 +354,14 @@ class OrchPolicy:
             or self.queue[self._wakes[0][1]].since_s + self.packing.starvation_s != self._wakes[0][0]
         ):
             heapq.heappop(self._wakes)
-        return self._wakes[0][0] if self._wakes else None
+        wake = self._wakes[0][0] if self._wakes else None
+        if self.packing.overlap and self.startups and self.queue:
+            # a queued job may start ahead once a running attempt's end is within its start-up
+            leads = {s for s, _ in self.startups.values()}
+            ahead = [end - lead for a in sim.running if (end := self._expected_end_s(a)) is not None
+                     for lead in leads if end - lead > now_s + 1e-6]
+            wake = min([w for w in (wake, *ahead) if w is not None], default=None)
+        return wake
 
     def finished(self) -> bool:
         return not self.queue

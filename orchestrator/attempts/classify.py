@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.gpu.mps import MPS_FAILURES, REASON_MPS
 from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
 # The exit codes of our workers' protocol, as workers.harness defines them (a test checks they
@@ -58,6 +59,9 @@ _SIGNATURES: tuple[_Signature, ...] = (
         "Triton OutOfResources (shared memory): the kernel config is too big for this GPU model",
         r"(?i:OutOfResources\b|out of resource: shared memory)",
     ),
+    # a broken MPS server fails its clients whatever they run: said as such (the daemon turns MPS
+    # off for that card), never read as an OOM of the job's own
+    _Signature(_FAILED, REASON_MPS, MPS_FAILURES),
     _sig(_FAILED, "NCCL watchdog timeout", r"(?i:Watchdog caught collective operation timeout)"),
     _sig(
         _OOM,

@@ -236,7 +236,7 @@ def learn_rate(
     if rate is None:
         return
     key = attempt_shape_key(job, attempt, cache)
-    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite)
+    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite, steps=after[0] - before[0])
 
 
 def _prompt_lesson(job: Job, outcome: AttemptOutcome, result: dict[str, Any] | None) -> PromptLesson | None:

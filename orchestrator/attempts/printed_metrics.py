@@ -14,6 +14,10 @@ description names a phase other than training (`Loading weights: 219/219`, `Map:
 `Downloading`, `Tokenizing`, ...) is not a step count: taken as one, a model load looked like
 hundreds of training steps, and the memory it held then was taken for the shape's peak.
 
+Every metric line understood (a log dict, a `step N/M` line with a loss, a tqdm postfix, a
+`progress_regex` match) is also a history point at its step (attempts.history_points): a log dict
+without a `step` of its own is placed at the main bar's step, else at its ordinal among such lines.
+
 Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
 last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
 progress line (a `step` with only loss, learning rate, epoch and the like).
@@ -23,12 +27,12 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.attempts.divergence import LossTrack
+from orchestrator.attempts.history_points import NOT_HISTORY
+from orchestrator.store.history_bounds import Point
 from orchestrator.wording import number
 
 MAX_LINE_CHARS = 8192  # longer "lines" (a binary dump, a progress bar gone wrong) are cut
@@ -40,7 +44,6 @@ _TQDM = re.compile(r"(?<![\d./])(\d{1,12})/(\d{1,12})\s*\[")
 _STEP = re.compile(r"\bstep\b\s*[:=#]?\s*(\d{1,12})\s*(?:/|of)\s*(\d{1,12})", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss\b\s*[:=]?\s*'?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)", re.IGNORECASE)
 # Keys of a Trainer log dict kept as progress, besides eval_* metrics.
-_NONFINITE_LOSS = re.compile(r"""['"]loss['"]\s*:\s*['"]?(?:nan|-?inf(?:inity)?)\b""", re.IGNORECASE)
 _PROGRESS_KEYS = ("loss", "learning_rate", "epoch", "grad_norm")
 _RANKED = {"regex": 3, "step": 2, "tqdm": 1}  # an explicit step line beats a bar
 # Descriptions of tqdm bars that count loading and data preparation, not optimizer steps.
@@ -107,7 +110,21 @@ class StdoutProgress:
     carry: str = ""  # the unterminated last segment (a tqdm bar being redrawn)
     totals: dict[str, int] = field(default_factory=dict)  # the last total seen per source
     mid_line: bool = False  # reading started inside a line: drop text up to the first line end
-    losses: LossTrack = field(default_factory=LossTrack)  # each training loss of a whole line, for the divergence rule
+    points: list[Point] = field(default_factory=list)  # history points not yet taken (`take_points`)
+    logged_lines: int = 0  # log dicts seen with no step known: their ordinal is their step
+
+    def take_points(self) -> list[Point]:
+        """The history points understood since the last call, one per (step, key), the last winning."""
+        taken = {(p.step, p.key): p for p in self.points}
+        self.points = []
+        return list(taken.values())
+
+    def _point(self, step: int | None, key: str, value: float) -> None:
+        if step is None:
+            bar = self.main_bar()
+            step = bar.step if bar is not None else None
+        if step is not None and key not in NOT_HISTORY and len(self.points) < 100_000:
+            self.points.append(Point(float(step), key, value))
 
     @classmethod
     def with_regex(cls, progress_regex: str | None) -> StdoutProgress:
@@ -149,63 +166,60 @@ class StdoutProgress:
                     self._step("regex", step, _int(groups.get("total")))
                 loss = number(groups.get("loss"))
                 if loss is not None:
-                    self._loss(loss, partial)
+                    self.values["loss"] = loss
+                    if not partial:
+                        self._point(step, "loss", loss)
                 return
         if partial:
             # An unterminated segment may be cut mid-number: only a whole tqdm bar counts.
             tqdm = _TQDM.search(line)
             if tqdm is not None and line.rstrip().endswith("]"):
-                self._tqdm(line, tqdm, partial=True)
+                self._tqdm(line, tqdm)
             return
         logged = parse_dict(line) if "{" in line else None
         if logged is not None:
-            logged_step = logged.get("step")
-            if logged_step is not None and 0 <= logged_step == int(logged_step):  # a JSON log line with a step
+            before = line[: line.find("{")]  # a bar drawn without a line end, then the dict printed
+            if (bar := _TQDM.search(before)) is not None:
+                self._tqdm(before, bar)
+            logged_step = logged.get("step", logged.get("global_step"))
+            point_step: int | None = None
+            if logged_step is not None and 0 <= logged_step == int(logged_step) <= 10**12:  # a JSON log line with a step
                 total = logged.get("total", logged.get("max_steps"))
                 whole_total = int(total) if total is not None and total == int(total) else None
                 self._step("step", int(logged_step), whole_total)
+                point_step = int(logged_step)
+            elif self.main_bar() is None:
+                self.logged_lines += 1
+                point_step = self.logged_lines
             for key, value in logged.items():
                 if key in _PROGRESS_KEYS or key.startswith("eval_"):
                     self.values[key] = value
-            if "loss" in logged:
-                self.losses.add(logged["loss"])
-            elif _NONFINITE_LOSS.search(line):  # `{"loss": NaN, ...}`: no number, but it counts for divergence
-                self.losses.add(math.nan)
-            return
-        if "{" in line and _NONFINITE_LOSS.search(line):  # `{'loss': nan, ...}` is no Python literal
-            self.losses.add(math.nan)
+                self._point(point_step, key, value)
             return
         step_match = _STEP.search(line)
         if step_match is not None:
             self._step("step", int(step_match.group(1)), int(step_match.group(2)))
-            self._loss_in(line)
+            self._loss_in(line, int(step_match.group(1)))
             return
         tqdm = _TQDM.search(line)
         if tqdm is not None:
-            self._tqdm(line, tqdm)
+            self._tqdm(line, tqdm, point=True)
 
-    def _loss(self, loss: float, partial: bool) -> None:
-        self.values["loss"] = loss
-        if not partial:  # a bar being redrawn is seen again once its line ends
-            self.losses.add(loss)
-
-    def _tqdm(self, line: str, match: re.Match[str], partial: bool = False) -> None:
+    def _tqdm(self, line: str, match: re.Match[str], point: bool = False) -> None:
         if _NOT_TRAINING.search(line[: match.start()].rsplit("\r", 1)[-1]):
             return
         if _DATA_RATE.search(line[match.end() :].split("]", 1)[0]):
             return
         self._step("tqdm", int(match.group(1)), int(match.group(2)))
-        self._loss_in(line[match.end() :], partial)  # tqdm's postfix: `loss=0.41`
+        self._loss_in(line[match.end() :], int(match.group(1)) if point else None, point)  # tqdm's postfix: `loss=0.41`
 
-    def _loss_in(self, text: str, partial: bool = False) -> None:
+    def _loss_in(self, text: str, step: int | None, point: bool = True) -> None:
         found = _LOSS.search(text)
-        if found is None:
-            return
-        loss = number(found.group(1))
+        loss = number(found.group(1)) if found else None
         if loss is not None:
-            self._loss(loss, partial)
-        elif not partial:  # `loss=nan`: not a progress value, but it counts for divergence
-            self.losses.add(math.nan)
+            self.values["loss"] = loss
+            if point and step is not None:
+                self._point(step, "loss", loss)
 
     def _step(self, source: str, step: int, total: int | None) -> None:
         if total is None:  # a line without its total belongs to the last bar of its kind that had one
@@ -276,3 +290,30 @@ PROGRESS_LINE_KEYS = BOOKKEEPING_KEYS | {"loss", "t"}
 
 def is_progress_line(printed: dict[str, float]) -> bool:
     return ("step" in printed or "global_step" in printed) and set(printed) <= PROGRESS_LINE_KEYS
+
+
+# `'loss': 0.41` or `"loss": NaN` in a log dict (not `eval_loss`, not `train_loss`)
+_DICT_LOSS = re.compile(r"""['"]loss['"]\s*:\s*['"]?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|-?inf(?:inity)?)""",
+                        re.IGNORECASE)
+
+
+def printed_losses(text: str, progress_regex: re.Pattern[str] | None = None) -> list[float]:
+    """The training losses in a stretch of output, in order, NaN and infinities included (they
+    decide divergence): a `progress_regex` match's `loss` group, a log dict's `loss`, a tqdm
+    postfix `loss=0.41` or a `step N/M loss 0.41` line; one per line (a redrawn bar is one per
+    redraw). A regex scan, not the progress parser: it runs over megabytes when an attempt ends."""
+    losses: list[float] = []
+    for line in split_segments(text):
+        if "loss" not in line and "LOSS" not in line.upper():
+            continue
+        raw: str | None = None
+        if progress_regex is not None and (match := progress_regex.search(line)) is not None:
+            raw = match.groupdict().get("loss")
+        if raw is None and (found := _DICT_LOSS.search(line) or _LOSS.search(line)) is not None:
+            raw = found.group(1)
+        if raw is not None:
+            try:
+                losses.append(float(raw))
+            except ValueError:
+                continue
+    return losses

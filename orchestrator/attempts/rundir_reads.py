@@ -99,6 +99,7 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "longest_tokens": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "samples_per_s": (lambda v: v is None or _number_in(0, 1e12)(v), "a finite number or null"),
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
+    "best_step": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
     # true: the test metrics were scored on the split that also chose the best epoch
@@ -106,6 +107,10 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
     # statistically equal to one at the configured batch, not bit-equal
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
+    # how the attempt computed: precision, micro-batch and accumulation (a ladder rung's doing)
+    "prec": (_short_text(16), "a short text"),
+    "batch_size": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
+    "gradient_accumulation_steps": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "token": (_short_text(64), "a short text"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
@@ -335,11 +340,12 @@ class OutputStat:
     mtime_s: float
 
 
-def stat_output(run_dir: Path) -> OutputStat | None:
-    """Size and modification time of the attempt's stdout.log; None when there is none (or it is
-    not a regular file). Its growth is the worker's sign of life."""
+def stat_output(run_dir: Path, name: str = RunDir.LOG) -> OutputStat | None:
+    """Size and modification time of the attempt's stdout.log (or another file it appends to,
+    progress.jsonl); None when there is none (or it is not a regular file). Its growth is the
+    worker's sign of life."""
     try:
-        info = os.lstat(os.path.join(run_dir, RunDir.LOG))  # no Path objects: read per attempt per pass
+        info = os.lstat(os.path.join(run_dir, name))  # no Path objects: read per attempt per pass
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode):
@@ -347,11 +353,11 @@ def stat_output(run_dir: Path) -> OutputStat | None:
     return OutputStat(info.st_size, info.st_mtime)
 
 
-def read_output(run_dir: Path, start: int, max_bytes: int) -> bytes:
-    """At most `max_bytes` of stdout.log from byte `start`: never the whole of a log that may
-    be gigabytes."""
+def read_output(run_dir: Path, start: int, max_bytes: int, name: str = RunDir.LOG) -> bytes:
+    """At most `max_bytes` of stdout.log (or `name`) from byte `start`: never the whole of a log
+    that may be gigabytes."""
     try:
-        fd = os.open(RunDir(run_dir).log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.join(run_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return b""
     try:

@@ -13,7 +13,7 @@ from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
 from orchestrator.prediction.families import FamilyFloor, FamilyPoint, fit_family
 from orchestrator.prediction.shapes import RunningPeak, measured_margin, running_margin, shape_label
-from orchestrator.prediction.throughput import relative_curve
+from orchestrator.prediction.throughput import MIN_CURVE_STEPS, relative_curve, spread
 from orchestrator.store.db import Store
 from orchestrator.store.gpu_samples import gpu_indexes
 from orchestrator.store.learning import (
@@ -119,8 +119,17 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
     rows = {r.shape_key: r for r in list_shapes(store)}
     running, names, tags = _running(store)
     rates: dict[str, dict[str, dict[int, float]]] = {}
+    counted: dict[str, dict[str, dict[int, float]]] = {}  # on enough steps: what the scheduler uses
+    spreads: dict[str, dict[str, dict[int, float]]] = {}
+    steps: dict[str, dict[str, dict[int, int]]] = {}
     for t in read_throughput(store):
         rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
+        steps.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.steps
+        if t.steps < MIN_CURVE_STEPS:
+            continue
+        counted.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
+        if (gap := spread(t.rate_min, t.rate_max, t.samples_per_s)) is not None:
+            spreads.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = gap
     out: list[dict[str, Any]] = []
     named: dict[str, tuple[str | None, str | None]] = {
         key: (row.suite, row.label) if row is not None and row.label else names.get(key, (None, None))
@@ -148,7 +157,10 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
             "source": source, "margin": round(margin, 3),
             "throughput": {
                 gpu: {"samples_per_s": {str(k): round(v, 2) for k, v in sorted(by_k.items())},
-                      "relative": {str(k): round(v, 2) for k, v in relative_curve(by_k).items()}}
+                      "steps": {str(k): n for k, n in sorted(steps[key][gpu].items())},
+                      "relative": {str(k): round(v, 2) for k, v in
+                                   relative_curve(counted.get(key, {}).get(gpu, {})).items()},
+                      "spread": {str(k): round(v, 2) for k, v in sorted(spreads.get(key, {}).get(gpu, {}).items())}}
                 for gpu, by_k in sorted(rates.get(key, {}).items())
             },
         })  # fmt: skip
@@ -172,8 +184,9 @@ def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = Non
             f"{e['margin']:>6.0%}  {e['source']}"
         )
         for gpu, curve in e["throughput"].items():
-            relative = curve["relative"] or {}
-            shown = ", ".join(f"{k}:{v}x" for k, v in relative.items()) or "no solo reading yet"
+            relative, gaps = curve["relative"] or {}, curve.get("spread") or {}
+            shown = ", ".join(f"{k}:{v}x" + (f" (±{gaps[k] / 2:.0%})" if k in gaps else "")
+                              for k, v in relative.items()) or "no solo reading yet"
             card = f"GPU {gpu_index[gpu]}" if gpu_index and gpu in gpu_index else gpu[-12:]
             lines.append(f"{'':<40}   {card}: jobs per card -> throughput {shown}")
         lines.append(f"{'':<40}   key {e['shape']}")

@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator import faults
 from orchestrator.attempts.containment import StrayHunter, record_hunted
 from orchestrator.attempts.disk_space import is_disk_full_error
+from orchestrator.attempts.history_follow import HistoryFollower
 from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib
 from orchestrator.attempts.observe_cache import ObserveCache
 from orchestrator.attempts.outcomes import abandon, complete, learn_rate
@@ -94,6 +95,7 @@ class AttemptWatcher:
         self.started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
         self.observed = ObserveCache(clock.monotonic_s)  # run-dir reads and process checks kept between passes
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
+        self.history = HistoryFollower(store)  # every metric reported, kept per attempt in the database
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
         self.hunter = StrayHunter(clock, runs_dir)  # then their processes outside the group
         self.ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
@@ -147,6 +149,7 @@ class AttemptWatcher:
                     continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
+        self.history.keep_only(a.id for a in live)
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
         self.stopper.keep_only(a.id for a in live)
@@ -200,6 +203,7 @@ class AttemptWatcher:
             self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
                         None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
             self._learn_rate(attempt, job, obs, tenants)
+            self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=False)
         if verdict is Verdict.HUNG and self.disk.silenced(job.hang_timeout_s):
             verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
         if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
@@ -222,6 +226,7 @@ class AttemptWatcher:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
             self._learn_host(attempt, job)
+        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=True)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
                  disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
         self._ended.append(attempt)

@@ -1,11 +1,14 @@
 """Results as text people paste: a terminal table's rows, CSV, and JSON records (Markdown and
 LaTeX grids are in results.grids). Pure functions from ResultSummary lists to strings or dicts.
 
-Every format names a row's `--set` overrides, and marks what a reader must know about a cell:
-† its runs ran at different ladder levels (same effective batch); ‡ the same with LoRA dropout
-on, whose draws differ at other micro-batch sizes; § its "test" metric was scored on the
-validation set; ¶ a run's loss diverged; ‖ its runs ran different code or library versions; * see
-its notes (metric fallback, a seed that ran twice, runs not counted, which run diverged).
+Every format names a row's `--set` overrides and its denominator (n of the seeds submitted, and
+what became of the others), and marks what a reader must know about a cell: † its runs ran at
+different ladder levels (same effective batch); ‡ the same with LoRA dropout on, whose draws
+differ at other micro-batch sizes; § its "test" metric was scored on the validation set; ¶ some
+of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
+◇ some of its runs are still queued or running; ♯ a counted run's loss diverged; ‖ its runs ran
+different code or library versions; * see its notes. A std of fewer than two values is `—`,
+never `± 0`.
 
 Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
 a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.
@@ -13,29 +16,37 @@ a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.results.aggregate import ResultSummary
 from orchestrator.wording import fmt_changes
 
 CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
-               "overrides", "test_is_val", "dropout_differs", "notes", "diverged", "mixed_provenance")
-TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "n", "seeds", "levels", "notes")
+               "overrides", "test_is_val", "dropout_differs", "notes", "val_mean", "val_std", "val_n", "best_steps",
+               "submitted", "failed", "cancelled", "running", "queued", "no_metric", "accounted", "pooled", "chosen_by",
+               "diverged", "mixed_provenance")
+TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "val", "n", "seeds", "levels",
+                 "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
-MIXED, MIXED_DROPOUT, TEST_IS_VAL, SEE_NOTES = "†", "‡", "§", "*"
-DIVERGED, MIXED_PROVENANCE = "¶", "‖"
+MIXED, MIXED_DROPOUT, TEST_IS_VAL, FAILED_RUNS, UNFINISHED, SEE_NOTES = "†", "‡", "§", "¶", "◇", "*"
+DIVERGED, MIXED_PROVENANCE = "♯", "‖"
+# One legend for every mark of every format, in the order cells carry them (for papers: no CLI text).
 LEGEND = {
-    MIXED: "† runs ran at different ladder levels, all with the same effective batch "
-           "(`orch results --json` lists each run's level and changes)",
+    MIXED: "† runs ran at different ladder levels, all with the same effective batch",
     MIXED_DROPOUT: "‡ as †, with lora_dropout > 0: dropout draws differ at other micro-batch sizes "
                    "(statistically equal, not bit-equal)",
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
-    DIVERGED: "¶ a run's loss diverged: its last epoch ended above its first steps or k × its minimum (counted)",
+    FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
+                 "that succeeded (n of the seeds submitted), which may be biased",
+    UNFINISHED: "◇ some runs are still queued or running: the row may change",
+    DIVERGED: "♯ a run's loss diverged: its last epoch ended above its first steps or k × its minimum (counted)",
     MIXED_PROVENANCE: "‖ runs ran different code (commit, uncommitted changes) or library versions",
     SEE_NOTES: "* see the notes below",
 }
+HINTS = {MIXED: "`orch results --json` lists each run's level and changes"}  # the terminal's legend only
+POOLED_LINE = "pooled: every succeeded run counted (a rerun of a seed counts again), n = runs, not seeds"
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -44,10 +55,19 @@ def _exact(value: float) -> float:
     return round(value, 10)
 
 
+def mean_pm_std(mean: float | None, std: float | None, digits: int, pm: str = "±", none: str = "—") -> str:
+    """`0.6200 ± 0.0500`; `0.6200 ± —` for a single value; `—` for none."""
+    if mean is None:
+        return none
+    return f"{mean:.{digits}f} {pm} " + (none if std is None else f"{std:.{digits}f}")
+
+
 def score(summary: ResultSummary, digits: int) -> str:
-    if summary.mean is None:
-        return "—"
-    return f"{summary.mean:.{digits}f} ± {summary.std:.{digits}f}"
+    return mean_pm_std(summary.mean, summary.std, digits)
+
+
+def val_score(summary: ResultSummary, digits: int) -> str:
+    return mean_pm_std(summary.val_mean, summary.val_std, digits) if summary.val_n else ""
 
 
 def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
@@ -57,23 +77,42 @@ def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
         marks.append(MIXED_DROPOUT if summary.dropout_differs else MIXED)
     if summary.test_is_val:
         marks.append(TEST_IS_VAL)
-    if summary.diverged:
-        marks.append(DIVERGED)
-    if summary.mixed_provenance:
-        marks.append(MIXED_PROVENANCE)
+    marks += accounting_marks(summary)
+    marks += evidence_marks(summary)
     if with_notes and summary.notes:
         marks.append(SEE_NOTES)
     return marks
 
 
-def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True) -> list[str]:
-    """One line per mark used, in legend order."""
+def accounting_marks(summary: ResultSummary) -> list[str]:
+    """¶ when seeds are missing for good, ◇ while runs are still going."""
+    return [mark for mark, on in ((FAILED_RUNS, summary.failed_runs), (UNFINISHED, summary.unfinished)) if on]
+
+
+def evidence_marks(summary: ResultSummary) -> list[str]:
+    """♯ when a counted run diverged, ‖ when the runs ran different code or libraries."""
+    return [mark for mark, on in ((DIVERGED, bool(summary.diverged)), (MIXED_PROVENANCE, summary.mixed_provenance)) if on]
+
+
+def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hints: bool = False) -> list[str]:
+    """One line per mark used, in legend order; `hints` adds where to look (the terminal only)."""
     used = {mark for s in summaries for mark in cell_marks(s, with_notes)}
-    return [text for mark, text in LEGEND.items() if mark in used]
+    return [text + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
+            for mark, text in LEGEND.items() if mark in used]
+
+
+def table_lines(summaries: Sequence[ResultSummary]) -> list[str]:
+    """Lines about the whole table: pooled runs, runs still going."""
+    lines = [POOLED_LINE] if any(s.pooled for s in summaries) else []
+    going = sum(s.denominator.running + s.denominator.queued for s in summaries)
+    if any(s.unfinished for s in summaries):
+        lines.append(f"partial: {going} seed(s) not finished yet (◇ rows may change)" if going
+                     else "partial: reruns still queued or running (◇ rows may change)")
+    return lines
 
 
 def seeds_text(summary: ResultSummary) -> str:
-    """`1 2 3`; a seed that ran twice reads `1×2`."""
+    """`1 2 3`; a seed counted twice (pooled) reads `1×2`."""
     counts: dict[int, int] = {}
     for seed in summary.seeds:
         counts[seed] = counts.get(seed, 0) + 1
@@ -84,12 +123,13 @@ def render_rows(summaries: Iterable[ResultSummary], digits: int = 4) -> list[lis
     """Plain string rows (no header, TABLE_COLUMNS) for a terminal table."""
     rows = []
     for s in summaries:
-        shown = " ".join([score(s, digits), *(m for m in cell_marks(s, with_notes=False) if m not in (MIXED, MIXED_DROPOUT))])
+        shown = score(s, digits) + (f" {TEST_IS_VAL}" if s.test_is_val else "")
+        shown += "".join(f" {mark}" for mark in accounting_marks(s) + evidence_marks(s))
         levels = ",".join(map(str, s.levels))
         if s.mixed_levels:
             levels += f" {MIXED_DROPOUT if s.dropout_differs else MIXED}"
-        rows.append([s.suite, s.config, s.overrides_label or s.variant or "-", s.task, s.metric, shown, str(s.n),
-                     seeds_text(s), levels, "; ".join(s.notes)])
+        rows.append([s.suite, s.config, s.overrides_label or s.variant or "-", s.task, s.metric, shown,
+                     val_score(s, digits), s.n_text, seeds_text(s), levels, "; ".join(s.notes)])
     return rows
 
 
@@ -111,19 +151,32 @@ def csv_lines(header: Sequence[str], rows: Iterable[Sequence[str | int | float]]
     return "\n".join(lines) + "\n"
 
 
-def to_csv(summaries: Iterable[ResultSummary]) -> str:
+def to_csv(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None = None) -> str:
     """CSV with a header row (CSV_COLUMNS): one line per effective config × task; seeds (one per
-    run counted) and levels space-separated; empty mean when missing; notes joined by `; `."""
+    value counted), levels and best steps space-separated; empty mean and std when missing (a
+    std needs two values); notes joined by `; `; `chosen_by` says `val` or `test` on the rows a
+    table bolds (`chosen`: id of a summary -> basis)."""
     rows: list[list[str | int | float]] = []
     for s in summaries:
+        d = s.denominator
         rows.append([
-            s.suite, s.config, s.task, s.metric, "" if s.mean is None else _exact(s.mean), _exact(s.std), s.n,
+            s.suite, s.config, s.task, s.metric, _opt(s.mean), _opt(s.std), s.n,
             " ".join(map(str, s.seeds)), " ".join(map(str, s.levels)), _flag(s.mixed_levels),
             s.overrides_label if not s.variant else ", ".join(filter(None, (s.overrides_label, s.variant))),
-            _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes), len(s.diverged),
-            _flag(s.mixed_provenance),
+            _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes),
+            _opt(s.val_mean), _opt(s.val_std), s.val_n, " ".join(str(r.best_step) for r in s.runs if r.best_step is not None),
+            d.submitted, d.failed, d.cancelled, d.running, d.queued, d.no_metric, s.accounted, _flag(s.pooled),
+            (chosen or {}).get(id(s), ""), len(s.diverged), _flag(s.mixed_provenance),
         ])  # fmt: skip
     return csv_lines(CSV_COLUMNS, rows)
+
+
+def _opt(value: float | None) -> str | float:
+    return "" if value is None else _exact(value)
+
+
+def _opt_json(value: float | None) -> float | None:
+    return None if value is None else _exact(value)
 
 
 def _flag(value: bool) -> str:
@@ -134,25 +187,33 @@ def _run_record(r: Any) -> dict[str, Any]:
     return {"seed": r.seed, "value": None if r.value is None else _exact(r.value), "job": r.job,
             "attempt": r.attempt, "level": r.level, "step": r.step, "changes": dict(r.changes),
             "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing",
-            "test_is_val": r.test_is_val, "diverged": r.diverged, "code": r.code, "libraries": r.libraries}
+            "test_is_val": r.test_is_val, "val": _opt_json(r.val), "best_step": r.best_step,
+            "diverged": r.diverged, "code": r.code, "libraries": r.libraries}
 
 
-def to_records(summaries: Iterable[ResultSummary]) -> list[dict[str, Any]]:
+def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
     """The `--json` shape: one record per effective config × task, with every run counted traced
-    to its job, attempt, ladder level and what that level changed (and the runs not counted)."""
+    to its job, attempt, ladder level and what that level changed (and the runs not counted),
+    every submitted seed's status, the val mean beside the test mean, and `chosen_by` (`val`,
+    `test` or null: what made this row its column's choice)."""
     records = []
     for s in summaries:
         records.append({
             "suite": s.suite, "config": s.config, "overrides": dict(s.overrides),
             "overrides_label": s.overrides_label, "variant": s.variant, "task": s.task,
             "metric": s.metric, "primary_metric": s.primary,
-            "mean": None if s.mean is None else _exact(s.mean), "std": _exact(s.std),
-            "n": s.n, "n_seeds": s.n, "seeds": list(s.seeds),
+            "mean": _opt_json(s.mean), "std": _opt_json(s.std),
+            "val_mean": _opt_json(s.val_mean), "val_std": _opt_json(s.val_std), "val_n": s.val_n,
+            "n": s.n, "n_seeds": s.n, "seeds": list(s.seeds), "pooled": s.pooled,
+            "denominator": s.denominator.as_dict(), "accounted": s.accounted, "n_text": s.n_text,
+            "seed_states": [{"seed": st.seed, "status": st.status.value, "job": st.job, "why": st.why}
+                            for st in s.seed_states],
+            "unfinished": s.unfinished, "failed_runs": s.failed_runs,
             "repeated_seeds": {str(k): v for k, v in s.repeated_seeds.items()},
             "levels": list(s.levels), "mixed_levels": s.mixed_levels,
             "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
-            "marks": cell_marks(s), "notes": list(s.notes), "diverged": len(s.diverged),
-            "mixed_provenance": s.mixed_provenance,
+            "marks": cell_marks(s), "notes": list(s.notes), "chosen_by": (chosen or {}).get(id(s)),
+            "diverged": len(s.diverged), "mixed_provenance": s.mixed_provenance,
             "provenance": {name: sorted({v for r in s.runs if (v := getattr(r, name)) is not None})
                            for name in ("code", "libraries")},
             "runs": [_run_record(r) for r in s.runs], "uncounted": [_run_record(r) for r in s.uncounted],

@@ -18,8 +18,8 @@ from orchestrator.prediction.job_facts import (
     as_received,
     attempt_config,
     level_of,
-    predict,
 )
+from orchestrator.prediction.job_prediction import predict
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.scheduling.dispatch import fail_queued, write_wait_reasons
 from orchestrator.scheduling.launching import Claim, DispatchContext, claim, launch_all

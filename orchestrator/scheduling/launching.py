@@ -20,6 +20,7 @@ from orchestrator.executors.checkpoints import CheckpointSearch, search_checkpoi
 from orchestrator.executors.provenance import WORKER_PROVENANCE_VAR
 from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.gpu.host import HostProbe
+from orchestrator.gpu.mps import MpsState
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans.resume import (
     resumable_attempts,
@@ -54,6 +55,7 @@ class DispatchContext:
     host: HostProbe | None = None  # host RAM and cores; None: not looked at
     host_reserve_mib: int = 2048  # kept free of jobs (--host-reserve-gib)
     topology: Mapping[tuple[int, int], int] | None = None  # card distances, read once at start
+    mps: MpsState | None = None  # orch's MPS control daemon and the cards under it; None: no MPS
 
 
 def _safe_name(text: str) -> str:
@@ -175,13 +177,14 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
+    mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
-                   **({TOKEN_VAR: attempt.token} if attempt.token else {}),
+                   **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
                    **({WORKER_PROVENANCE_VAR: "1"} if job.worker == "lora" else {})},  # it records its own versions
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.durations import DurationTable
-from orchestrator.prediction.job_facts import JobFacts, JobShapeCache, predict_for
+from orchestrator.prediction.job_facts import JobFacts, JobShapeCache
+from orchestrator.prediction.job_prediction import predict_for
 from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.scheduling.family_inputs import curve_of, probe_family

@@ -186,7 +186,8 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
 
 
 def _shape(row: dict[str, Any]) -> ShapeMemory:
-    return ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"])
+    return ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"],
+                       disproved_mib=row.get("disproved_mib"))
 
 
 def read_shape(store: Store, shape_key: str) -> ShapeMemory | None:
@@ -202,10 +203,11 @@ def read_all_shapes(store: Store) -> dict[str, ShapeMemory]:
 def write_shape(store: Store, shape_key: str, shape: ShapeMemory) -> None:
     with store.write():
         store._db.execute(
-            "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, updated_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
-            "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
-            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, store.now_s()],
+            "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, disproved_mib, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
+            "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, "
+            "disproved_mib = excluded.disproved_mib, updated_at = excluded.updated_at",
+            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, shape.disproved_mib, store.now_s()],
         )
 
 

@@ -227,6 +227,7 @@ class ShapeMemory:
     peak_mib: int | None  # max measured peak over completed attempts of this shape
     oom_floor_mib: int | None  # least it is known to need: held at an OOM, or seen before dying
     samples: int = 0  # completed attempts behind peak_mib
+    disproved_mib: int | None = None  # the most an OOM'd attempt of it was placed at
 
 
 @dataclass(frozen=True)

@@ -302,6 +302,45 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
 
 
 @MIGRATIONS()
+def m026_metric_history(db: sqlite_utils.Database) -> None:
+    # Every metric an attempt reported, at its step (progress.jsonl, parsed stdout, the final
+    # metrics), for curves and their export. One value per (attempt, key, step), the last read
+    # winning, so reading a file again after a daemon restart changes nothing; a key's history
+    # beyond its cap is downsampled (store.history), keeping minima and maxima.
+    db.execute(  # one statement, not executescript: that would commit the migration's transaction
+        """
+        CREATE TABLE metric_history (
+            attempt_id INTEGER NOT NULL REFERENCES attempts(id) ON DELETE CASCADE,
+            key TEXT NOT NULL,
+            step REAL NOT NULL,
+            value REAL NOT NULL,
+            PRIMARY KEY (attempt_id, key, step)
+        ) WITHOUT ROWID
+        """
+    )
+
+
+@MIGRATIONS()
+def m027_throughput_steps(db: sqlite_utils.Database) -> None:
+    # A throughput reading counts the optimizer steps it rests on (a curve point needs enough of
+    # them) and the lowest and highest rate folded into it (`orch memory` shows the spread).
+    # Rows written before have 0 steps: they no longer shape a curve until measured again.
+    for statement in (
+        "ALTER TABLE throughput ADD COLUMN steps INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE throughput ADD COLUMN rate_min REAL",
+        "ALTER TABLE throughput ADD COLUMN rate_max REAL",
+    ):
+        db.execute(statement)
+
+
+@MIGRATIONS()
+def m022_disproved_figures(db: sqlite_utils.Database) -> None:
+    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
+    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
+    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
+
+
+@MIGRATIONS()
 def m025_run_evidence(db: sqlite_utils.Database) -> None:
     # What results must say about a run beside its scores: `loss_json`, the loss summary its end
     # was judged on (first steps, minimum, last epoch); `diverged`, why the divergence rule flagged

@@ -162,8 +162,9 @@ def create_app(
 
     def curves_page(request: Request) -> Response:
         ids, config, smooth, log, band = _curve_params(request)
+        by = _text_param(request, "by")
         with store() as s:
-            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band)
+            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band, by=by)
         return HTMLResponse(pages.layout("Curves", "curves", body))
 
     def static(request: Request) -> Response:

@@ -24,6 +24,18 @@ def mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB"
 
 
+def duration(seconds: float | None) -> str:
+    """`42s`, `3m07s`, `2h05m`; `-` for none."""
+    if seconds is None or seconds < 0:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
+
+
 def json_script(value: Any) -> Markup:
     """JSON for a <script type="application/json"> block: `<`, `>` and `&` escaped as \\u003c
     and the like, so text from a run dir can never close the element."""
@@ -40,7 +52,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script)
+    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=duration)
     return env
 
 

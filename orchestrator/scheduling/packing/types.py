@@ -33,6 +33,10 @@ class QueuedJob:
     # its memory family (orchestrator.prediction.families) while the family has measured nothing: one such
     # job per family per card until a running one reaches step K (probe before stacking)
     probe_family: str | None = None
+    # learned for its family: launch to the first training step, and what it holds until then
+    # (orchestrator.scheduling.packing.overlap); None: not known, never started ahead
+    startup_s: float | None = None
+    startup_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,3 +83,6 @@ class PackingPolicy:
     # a waiting job's reason costs a pass over the cards: only the first this many jobs in packing
     # order, and the first this many in queue order (the dashboard's list), get one per call
     reasons_for: int = 50
+    # start a job `startup_s` ahead of the running attempts whose end makes room for it
+    # (orchestrator.scheduling.packing.overlap)
+    overlap: bool = False

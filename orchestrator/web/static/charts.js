@@ -118,6 +118,19 @@
     });
     return out;
   }
+  // where a later attempt took over a stitched curve (a resume): a dashed tick in the run's colour
+  function resumeMarks(u, marks){
+    var ctx = u.ctx; ctx.save();
+    marks.forEach(function(m){
+      var x = u.valToPos(m.step, 'x', true);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+      ctx.strokeStyle = m.colour; ctx.lineWidth = 1 * devicePixelRatio; ctx.setLineDash([3 * devicePixelRatio, 3 * devicePixelRatio]);
+      ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+      ctx.setLineDash([]); ctx.fillStyle = m.colour; ctx.font = (10 * devicePixelRatio) + 'px sans-serif';
+      ctx.fillText('resumed', x + 3 * devicePixelRatio, u.bbox.top + 10 * devicePixelRatio);
+    });
+    ctx.restore();
+  }
   function curves(box, spec){
     var key = spec.key || 'curves', st = kept[key] = kept[key] || {};
     var metrics = spec.metrics || [];
@@ -140,9 +153,41 @@
     var bd = null;
     if (spec.bands) { bd = el('input', {type: 'checkbox', 'class': 'band'}); bd.checked = st.band; controls.appendChild(lbl('seeds of a config as a band', bd)); }
     var u = null;
+    st.hidden = st.hidden || {};
+    // the legend: a compact table, a row per run with a toggle, its colour and its columns
+    function legend(){
+      var box2 = box.querySelector('.legend'); if (!box2) return;
+      box2.textContent = '';
+      var cols = spec.columns || [];
+      var t = el('table', {'class': 'curve-legend'}), head = el('tr');
+      var all = el('input', {type: 'checkbox', 'class': 'toggle-all', 'aria-label': 'all runs'});
+      all.checked = spec.runs.every(function(r){ return !st.hidden[r.key]; });
+      var th0 = el('th'); th0.appendChild(all); head.appendChild(th0); head.appendChild(el('th', {}, ''));
+      (cols.length ? cols : ['run']).forEach(function(c){ head.appendChild(el('th', {}, c)); });
+      var thead = el('thead'); thead.appendChild(head); t.appendChild(thead);
+      var body = el('tbody');
+      spec.runs.forEach(function(r){
+        var tr = el('tr', {'data-run': r.key, 'class': st.hidden[r.key] ? 'off' : ''});
+        var cb = el('input', {type: 'checkbox', 'class': 'toggle', 'aria-label': r.label}); cb.checked = !st.hidden[r.key];
+        cb.addEventListener('change', function(){ if (cb.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true; legend(); draw(); });
+        var td0 = el('td'); td0.appendChild(cb); tr.appendChild(td0);
+        var sw = el('td'), i = el('i', {'class': 'swatch', style: 'background:' + r.colour}); sw.appendChild(i); tr.appendChild(sw);
+        (cols.length ? r.cells : [r.label]).forEach(function(v, k){
+          var td = el('td');
+          if (k === 0 && r.href) { var a = el('a', {href: r.href}, v); td.appendChild(a); } else td.textContent = v;
+          tr.appendChild(td);
+        });
+        body.appendChild(tr);
+      });
+      all.addEventListener('change', function(){
+        spec.runs.forEach(function(r){ if (all.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true; });
+        legend(); draw();
+      });
+      t.appendChild(body); box2.appendChild(t);
+    }
     function draw(){
       if (u) { u.destroy(); u = null; }
-      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null;
+      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null, marks = [];
       if (st.band && spec.bands) {
         (spec.bands[st.metric] || []).forEach(function(b){
           var lo = smooth(b.lo, st.smooth), hi = smooth(b.hi, st.smooth), mean = smooth(b.mean, st.smooth);
@@ -156,9 +201,11 @@
       } else {
         without = [];
         spec.runs.forEach(function(r){
+          if (st.hidden[r.key]) return;
           var c = r.curves[st.metric]; if (!c) { without.push(r.label); return; }
           lines.push({steps: c[0], values: smooth(c[1], st.smooth)});
           series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined, points: {show: false}, spanGaps: true});
+          (r.marks || []).forEach(function(m){ marks.push({step: m, colour: r.colour}); });
         });
       }
       var data = align(lines);
@@ -171,17 +218,19 @@
         width: width(box), height: 260, cursor: {drag: {x: true, y: false}},
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
         axes: [{label: 'step', labelSize: 18}, {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
-        series: series, bands: bandsOpt, hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box)]})
+        legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
+        hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box), function(u){ resumeMarks(u, marks); }]})
       };
       u = box._plot = new uPlot(opts, data, plot);
       restoreZoom(u, key, box);
-      box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1);
+      box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1); box.dataset.marks = String(marks.length);
       box.dataset.metric = st.metric; box.dataset.log = st.log && !bad ? 'yes' : 'no';
     }
     pick.addEventListener('change', function(){ st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); });
     sm.addEventListener('input', function(){ st.smooth = +sm.value; smv.textContent = sm.value; draw(); });
     lg.addEventListener('change', function(){ st.log = lg.checked; draw(); });
     if (bd) bd.addEventListener('change', function(){ st.band = bd.checked; draw(); });
+    legend();
     draw();
     fit(u, box);
   }
