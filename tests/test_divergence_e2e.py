@@ -67,10 +67,10 @@ def test_a_diverging_script_is_marked_or_failed(orch: Orch) -> None:
 
     rows = {(r["suite"], r["config"]): r for r in orch.json("results")}
     wild, calm = rows[("marked", "wild")], rows[("marked", "calm")]
-    assert wild["diverged"] == 2 and "¶" in wild["marks"] and calm["diverged"] == 0 and "¶" not in calm["marks"]
+    assert wild["diverged"] == 2 and "♯" in wild["marks"] and calm["diverged"] == 0 and "♯" not in calm["marks"]
     assert all(run["diverged"].startswith("final loss") for run in wild["runs"])
     table = orch.run("results", "--suite", "marked", "--format", "markdown").stdout
-    assert "¶ a run's loss diverged" in table
+    assert "♯ a run's loss diverged" in table
     shown = orch.json("show", str(jobs[("marked", "wild", 1)]["id"]))
     assert shown["attempts"][0]["diverged"].startswith("final loss")
     assert shown["attempts"][0]["loss"]["steps"] == 40
