@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from orchestrator.attempts.divergence import (
     summary_from_record,
     verdict,
 )
+from orchestrator.attempts.printed_metrics import printed_losses
 from orchestrator.attempts.stdout_follow import printed_loss_summary
 
 
@@ -106,3 +108,19 @@ def test_a_huge_log_is_read_at_its_ends_only(tmp_path: Path) -> None:
     summary = printed_loss_summary(tmp_path, None)
     assert summary is not None and summary.initial == 5.0 and summary.final == 9.0
     assert verdict(summary) is not None
+
+
+def test_the_scan_takes_training_losses_only() -> None:
+    text = "\n".join([
+        "{'loss': 2.5, 'grad_norm': 1.1, 'learning_rate': 5e-05, 'epoch': 0.1}",
+        "{'eval_loss': 9.9, 'eval_accuracy': 0.5, 'epoch': 0.1}",  # not a training loss
+        " 45%|####5     | 45/100 [00:09<00:11, 4.9it/s, loss=0.41]\r 46%|####6     | 46/100 [00:09<00:11, loss=0.40]",
+        "step 7/100 loss 0.39",
+        '{"step": 8, "loss": NaN}',
+        "{'train_runtime': 12.0, 'train_loss': 0.8, 'epoch': 1.0}",  # the run's average, not a step
+        "it 9 of 100: L=0.35",
+    ])
+    losses = printed_losses(text)
+    assert losses[:5] == [2.5, 0.41, 0.40, 0.39, pytest.approx(math.nan, nan_ok=True)]
+    assert len(losses) == 5
+    assert printed_losses(text, re.compile(r"it (?P<step>\d+) of \d+: L=(?P<loss>[0-9.]+)"))[-1] == 0.35

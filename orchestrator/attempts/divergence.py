@@ -76,7 +76,7 @@ def summarise_losses(losses: Sequence[float], final_steps: int | None = None) ->
 
 class LossTrack:
     """Losses read one at a time from a script's output, kept in bounded memory: the first
-    window, the running minimum of window means and the last window."""
+    window, the running minimum of window means and the last window (O(1) per loss)."""
 
     def __init__(self, window: int = MAX_WINDOW) -> None:
         self.window = window
@@ -84,14 +84,29 @@ class LossTrack:
         self.last: deque[float] = deque(maxlen=window)
         self.minimum: float | None = None
         self.steps = 0
+        self._sum = 0.0  # of the finite losses in `last`
+        self._nonfinite = 0  # how many in `last` are not
 
     def add(self, loss: float) -> None:
         self.steps += 1
-        if len(self.first) < self.window and _finite(loss):
+        finite = _finite(loss)
+        if len(self.first) < self.window and finite:
             self.first.append(loss)
+        if len(self.last) == self.window:  # the oldest leaves the window
+            old = self.last[0]
+            if _finite(old):
+                self._sum -= old
+            else:
+                self._nonfinite -= 1
         self.last.append(loss)
-        if len(self.last) == self.window and all(_finite(v) for v in self.last):
-            mean = sum(self.last) / self.window
+        if finite:
+            self._sum += loss
+        else:
+            self._nonfinite += 1
+        if self.steps % 1000 == 0:  # a running sum drifts: add the window up again now and then
+            self._sum = sum(v for v in self.last if _finite(v))
+        if len(self.last) == self.window and not self._nonfinite:
+            mean = self._sum / self.window
             self.minimum = mean if self.minimum is None else min(self.minimum, mean)
 
     def summary(self) -> LossSummary:

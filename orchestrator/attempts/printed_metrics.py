@@ -304,12 +304,10 @@ def printed_losses(text: str, progress_regex: re.Pattern[str] | None = None) -> 
     redraw). A regex scan, not the progress parser: it runs over megabytes when an attempt ends."""
     losses: list[float] = []
     for line in split_segments(text):
-        if "loss" not in line and "LOSS" not in line.upper():
-            continue
         raw: str | None = None
         if progress_regex is not None and (match := progress_regex.search(line)) is not None:
             raw = match.groupdict().get("loss")
-        if raw is None and (found := _DICT_LOSS.search(line) or _LOSS.search(line)) is not None:
+        if raw is None and "loss" in line.lower() and (found := _DICT_LOSS.search(line) or _LOSS.search(line)):
             raw = found.group(1)
         if raw is not None:
             try:
