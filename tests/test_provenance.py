@@ -23,9 +23,12 @@ from orchestrator.attempts.provenance_reads import (
 )
 from orchestrator.executors.provenance import (
     NOT_A_REPOSITORY,
+    WORKER_PROVENANCE_NOTES,
+    WORKER_PROVENANCE_VAR,
     git_state,
     interpreter_versions,
     worker_interpreter,
+    wrapper_record,
 )
 from orchestrator.web.views import job_view
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
@@ -165,3 +168,15 @@ def test_runs_of_different_code_are_marked_and_each_attempt_names_its_own(orch: 
     html = report.read_text()
     assert f"{head} <span class=\"muted\">(1)</span>" in html and f"{head}+dirty <span class=\"muted\">(1)</span>" in html
     assert "‖" in html  # the results table's mark, with its legend
+
+
+def test_our_workers_versions_are_not_read_by_the_wrapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_GPU_BACKEND", "sim")
+    monkeypatch.setenv(WORKER_PROVENANCE_VAR, WORKER_PROVENANCE_NOTES["lora"])
+    record = wrapper_record([sys.executable, "-m", "workers.lora"], tmp_path, None, None)
+    assert record["python"] == {"note": "recorded by the worker (result.json)"}
+    assert record["gpu"] == {"kind": "simulated"} and record["cwd"] == str(tmp_path)
+    monkeypatch.delenv(WORKER_PROVENANCE_VAR)
+    shell = tmp_path / "train.sh"
+    shell.write_text("#!/bin/sh\nexit 0\n")
+    assert wrapper_record([str(shell)], tmp_path, None, None)["python"] == {"note": "train.sh is not a Python program"}

@@ -27,8 +27,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-# Set in the environment of a worker that records its own versions: the wrapper leaves them out.
+# Set in the environment of our workers, whose versions the wrapper does not read: the value says
+# where they are instead (the LoRA worker's result.json) or why there are none (the simulated one).
 WORKER_PROVENANCE_VAR = "ORCH_WORKER_PROVENANCE"
+WORKER_PROVENANCE_NOTES = {"lora": "recorded by the worker (result.json)",
+                           "sim": "none: the simulated worker trains nothing"}
 # The libraries a training run's numbers depend on, where installed (distribution names).
 LIBRARIES = ("torch", "transformers", "peft", "accelerate", "datasets", "tokenizers", "safetensors", "numpy",
              "trl", "deepspeed", "flash-attn", "bitsandbytes", "flash-linear-attention", "triton")
@@ -190,8 +193,8 @@ def wrapper_record(argv: list[str], cwd: Path, probe_gpus: Callable[[], list[tup
     record: dict[str, Any] = {"recorded_by": "wrapper", "cwd": str(cwd), "code": git_state(cwd),
                               "host": host_state(),
                               "gpu": gpu_state(os.environ.get("CUDA_VISIBLE_DEVICES", ""), probe_gpus, driver)}
-    if os.environ.get(WORKER_PROVENANCE_VAR):
-        record["python"] = {"note": "recorded by the worker (result.json)"}
+    if os.environ.get(WORKER_PROVENANCE_VAR):  # the value says where they are, or why there are none
+        record["python"] = {"note": os.environ[WORKER_PROVENANCE_VAR][:200]}
     else:
         interpreter = worker_interpreter(argv)
         record["python"] = interpreter_versions(interpreter) if interpreter else {
