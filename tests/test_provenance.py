@@ -180,3 +180,12 @@ def test_our_workers_versions_are_not_read_by_the_wrapper(tmp_path: Path, monkey
     shell = tmp_path / "train.sh"
     shell.write_text("#!/bin/sh\nexit 0\n")
     assert wrapper_record([str(shell)], tmp_path, None, None)["python"] == {"note": "train.sh is not a Python program"}
+
+
+@pytest.mark.parametrize("junk", [None, True, 3, "text", [1, 2], {"a": {"b": [None]}}, 1e308, "\x00" * 300])
+def test_any_shape_of_junk_gives_a_digest_or_none_never_an_error(junk: object) -> None:
+    for key in ("code", "cwd", "host", "gpu", "python", "recorded_by"):
+        digest = provenance_digest({key: junk, "gpu": {"models": junk, "driver": junk}, "code": {"commit": junk,
+                                    "note": junk}}, {"python": junk, "libraries": junk, "data": {"sha256": junk,
+                                    "files": junk}, "model": {"revision": junk, "builtin": junk}})
+        assert digest is None or all(isinstance(v, str) and len(v) <= 800 and "\x00" not in v for v in digest.values())

@@ -84,7 +84,8 @@ def _clean(name: str) -> str:
 def gpu_text(gpu: Mapping[str, Any], worker: Mapping[str, Any]) -> str | None:
     if gpu.get("kind") == "simulated":
         return "simulated"
-    models = [m for m in (text(x) for x in gpu.get("models", [])[:16] if isinstance(gpu.get("models"), list)) if m]
+    listed = gpu.get("models")
+    models = [m for m in (text(x) for x in (listed[:16] if isinstance(listed, list) else [])) if m]
     device = text(worker.get("device"))
     if models:
         return ", ".join(f"{m} ×{models.count(m)}" if models.count(m) > 1 else m for m in dict.fromkeys(models))
