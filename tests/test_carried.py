@@ -81,7 +81,7 @@ def test_start_at_the_first_level_predicted_to_fit_preferring_exact() -> None:
     needs = _needs((0, 24.6, True, True), (1, 26, False, True), (2, 20, False, False), (3, 18, False, True))
     choice = start_level(needs, 0, 24 * GIB)
     assert choice is not None and choice.level == 3  # exact, fits; level 2 fits too but changes numbers
-    assert choice.note == "started at level 3: level 0 needs ≥ 24.6 GiB, the cards hold 24 GiB"
+    assert choice.note == "started at level 3: level 0 needs ≥ 24.6 GiB, the cards hold 24 GiB after headroom"
     inexact_only = _needs((0, 26, True, True), (1, 26, False, True), (2, 20, False, False))
     assert start_level(inexact_only, 0, 24 * GIB) == start_level(inexact_only, 0, 24 * GIB, verb="started")
     assert start_level(inexact_only, 0, 24 * GIB).level == 2  # type: ignore[union-attr]
@@ -100,6 +100,6 @@ def test_nothing_predicted_to_fit_tries_the_next_level_not_proven_too_large() ->
 
 def test_no_level_fits_says_so() -> None:
     proven = _needs((2, 30, True, True), (3, 25, True, True))
-    assert no_level_fits(proven, 24 * GIB) == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB"
+    assert no_level_fits(proven, 24 * GIB) == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB after headroom"
     assert no_level_fits(_needs((2, 30, True, True), (3, 25, False, True)), 24 * GIB) is None
     assert gib(24.6 * GIB) == "24.6 GiB" and gib(24 * GIB) == "24 GiB"

@@ -95,9 +95,6 @@ def test_effective_lora_settings_and_optimizer_are_recorded(
     assert (result["prec"], result["batch_size"], result["gradient_accumulation_steps"]) == ("fp32", 8, 1)
     assert (result["effective_batch_size"], result["gradient_checkpointing"], result["logits_to_keep"],
             result["num_data_workers"]) == (8, False, 0, 0)  # fmt: skip
-    kept = read_result(run_dir)
-    assert kept is not None and (kept["prec"], kept["batch_size"], kept["gradient_accumulation_steps"]) == (
-        "fp32", 8, 1)  # fmt: skip
     # q_proj and v_proj (32 -> 32) in 2 layers at r=4: 4 x (4x32 + 32x4) parameters
     assert result["trainable_params"] == 4 * (4 * 32 + 32 * 4)
     assert result["total_params"] > 10 * result["trainable_params"]

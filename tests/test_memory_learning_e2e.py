@@ -54,7 +54,7 @@ def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) 
     assert set(curve["relative"]) == (counted if "1" in counted else set()), curve
     if "1" in counted:
         assert curve["relative"]["1"] == 1.0
-        assert "GPU 0: jobs per card -> throughput 1:1.0x" in orch.run("memory").stdout
+        assert "GPU 0 1:1.0x" in orch.run("memory").stdout
     orch.run("memory", "forget", "--suite", "wide")
     assert orch.json("memory", "--json")["shapes"] == []
 

@@ -58,7 +58,7 @@ def sweep(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path, monkeypatch: p
             key, run_dir = (job.config_name, job.data, job.seed), tmp_path / "runs" / str(job.id)
             if job.id > 12:  # the forced reruns of seed 1: r8's fails after its first run succeeded
                 _end(store, job.id, run_dir, "failed" if job.config_name == "r8" else "cancelled",
-                     {"status": "failed", "error": "ValueError: loss is nan\nTraceback ..."})
+                     {"status": "failed", "error": "ValueError: loss \x1b[31mis nan\nTraceback ..."})
             elif key in VALUES:
                 test, val = VALUES[key]
                 _end(store, job.id, run_dir, "succeeded", {"status": "ok", "best_step": 40 + job.seed, "metrics": {
@@ -88,7 +88,8 @@ def test_every_seed_is_accounted_for_in_suite_order(sweep: OrchRunner) -> None:
     assert any("a later run" in note and "was cancelled" in note for note in r64["notes"])
     r8 = rows[("r8", "glue_rte")]
     assert (r8["n"], r8["n_text"], r8["failed_runs"]) == (3, "3", True)  # seed 1 counts its succeeded run
-    assert any(note.endswith("failed (ValueError: loss is nan); job 1 counted") for note in r8["notes"])
+    # the worker's own error, its first line, without the terminal escape it carried
+    assert any(note.endswith("failed (ValueError: loss  [31mis nan); job 1 counted") for note in r8["notes"])
     failed = rows[("r16", "glue_mrpc")]
     assert failed["accounted"] == "0 of 1; seed 1 (job 8) failed: exit 1: CUDA error: an illegal memory access"
     assert rows[("r64", "glue_mrpc")]["seed_states"] == [{"seed": 1, "status": "queued", "job": 12, "why": ""}]

@@ -292,6 +292,9 @@ def test_results_pivot_has_a_row_per_config_and_a_column_per_task(sweep: WebSwee
     short = page.locator('table.pivot tr.pivot-row[data-config="short"] td')
     assert short.count() == 1 and short.first.get_attribute("data-n") == "2"  # both seeds in the cell
     assert re.search(r"\d\.\d{4} ± \d\.\d{4}", short.first.inner_text())
+    assert short.first.inner_text().endswith("· n 2")  # the cell's denominator: both seeds submitted counted
+    val = page.locator("table.results tr.result:has(td:text-is('short')) td.val").first.inner_text()
+    assert re.fullmatch(r"\d\.\d{4} ± \d\.\d{4}", val.strip())  # the val mean beside the test mean
     assert page.locator("svg.dots circle.seed").count() >= 2  # the two seeds as points
     csv = page.request.get(sweep.url + "/results.csv").text()
     assert csv.startswith("suite,config,task,metric,mean,std,n_seeds,seeds") and "short" in csv

@@ -3,6 +3,7 @@ results pivot and its label for an effective config, the timeline's labels and t
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,7 +138,7 @@ def span(attempt_id: int, start: float, end: float, config: str = "cfg") -> Atte
 def test_bars_name_job_and_config_where_they_fit() -> None:
     s = span(1, 0, 1, config="large-config")
     assert bar_label(s, 500) == "L2 · job 41 · large-config"
-    assert bar_label(s, 130) == "job 41 · large-config"
+    assert bar_label(s, 160) == "job 41 · large-config"
     assert bar_label(s, 50) == "job 41"
     assert bar_label(s, 20) == "L2"
     assert bar_label(s, 5) == ""
@@ -168,3 +169,39 @@ def test_curves_are_read_from_the_run_dir_itself_never_through_a_symlink(tmp_pat
     (run_dir / "progress.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
     assert read_curves(run_dir) == {}
     assert read_curves(tmp_path / "missing") == {}
+
+
+def test_a_job_takes_its_configs_hue_and_a_shade_for_its_seed() -> None:
+    from orchestrator.web.colours import config_hue, job_colours
+
+    colours = job_colours({1: "a", 2: "a", 3: "a", 4: "b", 5: "c"})
+    assert len(set(colours.values())) == 5
+    hue = {job: int(colour.split("(")[1].split(",")[0]) for job, colour in colours.items()}
+    assert hue[1] == hue[2] == hue[3] != hue[4] != hue[5] != hue[1]
+    lightness = [int(colours[j].rsplit(" ", 1)[1].rstrip("%)")) for j in (1, 2, 3)]
+    assert lightness == sorted(lightness) and lightness[0] < lightness[-1]  # seeds dark to light
+    hues = sorted(config_hue(i) for i in range(6))
+    assert all(60 <= h <= 330 for h in hues)  # no reds or oranges: those are OOMs and foreign memory
+    assert min(b - a for a, b in itertools.pairwise(hues)) >= 20  # six configs, apart
+    (chart,) = memory_charts([sample(0, 0, {1: 100, 4: 200})], [], {}, configs={1: "a", 4: "b"})
+    two = job_colours({1: "a", 4: "b"})
+    assert [b.colour for b in chart.bands[:2]] == [two[1], two[4]]
+
+
+def test_a_log_shows_each_redrawn_line_at_its_last_state() -> None:
+    from orchestrator.web.log_text import collapse_redraws, collapsed_chunks, log_tail
+
+    bar = "".join(f"\r{i}%|{'#' * (i // 10)}" for i in range(101))
+    text = f"start\nepoch 1{bar}\ncrlf line\r\nTraceback (most recent call last):\nValueError: x\n"
+    assert collapse_redraws(text).split("\n") == ["start", "100%|##########", "crlf line",
+                                                  "Traceback (most recent call last):", "ValueError: x", ""]
+    assert log_tail(text, 2, cut_at_start=False) == "ValueError: x\n"
+    assert log_tail("half a line\nwhole\n", 10, cut_at_start=True) == "whole\n"
+    data = text.encode()
+    for size in (1, 3, 7, 64, len(data)):  # any chunking gives the same lines
+        chunks = [data[i:i + size] for i in range(0, len(data), size)]
+        assert b"".join(collapsed_chunks(chunks)).decode() == collapse_redraws(text)
+    # a line redrawn a million times holds two states, not a million
+    endless = (b"\r" + b"x" * 50) * 1_000_000
+    out = list(collapsed_chunks(endless[i:i + 65536] for i in range(0, len(endless), 65536)))
+    assert out == [b"x" * 50]

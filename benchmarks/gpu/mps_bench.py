@@ -4,6 +4,7 @@ memory fence, and a sweep through `orch daemon run --mps` against the same sweep
     python benchmarks/gpu/mps_bench.py factors --out OUT     # 1..4 warm processes, MPS off then on
     python benchmarks/gpu/mps_bench.py contain --out OUT     # one client's illegal memory access; the fence
     python benchmarks/gpu/mps_bench.py orch --out OUT --work /tmp/mps-orch   # 4 jobs, plan 4, --mps and not
+    python benchmarks/gpu/mps_bench.py overlap --out OUT --steps 130          # scarce: --overlap and not
 
 Every process is benchmarks/gpu/mps_worker.py (a 210M Llama, LoRA r=16, bf16, batch 32 of 256
 random tokens). `factors` starts 4 processes, warms them up, then lets 1, 2, 3 and 4 of them
@@ -14,7 +15,10 @@ orchestrator.gpu.mps starts. It writes OUT/mps-factors.json. `contain` writes OU
 three clients training, one of which runs a kernel that writes through a bad pointer after 5 s;
 what became of the two others, with MPS and without; and a client fenced at 2 GiB that asks for
 3 GiB beside a neighbour. `orch` writes OUT/mps-orch.json: per attempt its training seconds (the
-worker's own figure), its MPS variables, and the daemon's MPS events.
+worker's own figure), its MPS variables, and the daemon's MPS events. `overlap` writes
+OUT/mps-overlap.json: with a ballast leaving `--leave-gib`, `--jobs` jobs of `--batch` that cannot
+share the card, through `orch daemon run` without and with `--overlap` (start-up overlap), each
+attempt's start and end, and the start-up orch learned.
 """
 
 from __future__ import annotations
@@ -139,29 +143,32 @@ def contain(args: argparse.Namespace) -> dict[str, Any]:
             "fence": fence(work / "fence")}  # fmt: skip
 
 
-def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float) -> dict[str, Any]:
+def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float, *, batch: int = 32, jobs: int = 4,
+              mem_gib: float = 16, overlap: bool = False, warmup: int = 3) -> dict[str, Any]:
     from benchmarks.gpu.run_sweep import finish, orch, start_daemon
 
     root = work / tag
     shutil.rmtree(root, ignore_errors=True)
     (root / "plans" / "suites").mkdir(parents=True)
     (root / "plans" / "configs" / "mps").mkdir(parents=True)
-    (root / "plans" / "configs" / "mps" / "b32.yaml").write_text("batch: 32\n")
-    worker = f"{sys.executable} {WORKER} --steps {steps} --batch {{cfg.batch}}"
-    body = {"worker": worker, "mem_gib": 16, "max_attempts": 2, "configs": ["b32"],
+    (root / "plans" / "configs" / "mps" / f"b{batch}.yaml").write_text(f"batch: {batch}\n")
+    worker = f"{sys.executable} {WORKER} --steps {steps} --batch {{cfg.batch}} --warmup {warmup}"
+    body = {"worker": worker, "mem_gib": mem_gib, "max_attempts": 3, "configs": [f"b{batch}"],
             "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}}  # fmt: skip
     import yaml
 
     (root / "plans" / "suites" / "mps.yaml").write_text(yaml.safe_dump(body))
     db = root / "state.db"
-    orch(["submit", "--suite", "mps", "--pairs", "1:x,2:x,3:x,4:x", "--gpu-plan", "4"], db, root / "plans")
+    pairs = ",".join(f"{n}:x" for n in range(1, jobs + 1))
+    orch(["submit", "--suite", "mps", "--pairs", pairs, "--gpu-plan", "4"], db, root / "plans")
     started = time.monotonic()
-    daemon = start_daemon(db, ["--backend", "nvml", "--poll", "0.5", *(["--mps"] if mps else [])])
+    daemon = start_daemon(db, ["--backend", "nvml", "--poll", "0.5", *(["--mps"] if mps else []),
+                               *(["--overlap"] if overlap else [])])
     try:
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline and daemon.poll() is None:
-            jobs = json.loads(orch(["jobs", "--json"], db) or "[]")
-            if jobs and all(j["state"] in ("succeeded", "failed", "cancelled") for j in jobs):
+            listed = json.loads(orch(["jobs", "--json"], db) or "[]")
+            if listed and all(j["state"] in ("succeeded", "failed", "cancelled") for j in listed):
                 break
             time.sleep(1.0)  # polling the sweep's progress
         wall_s = time.monotonic() - started
@@ -174,10 +181,45 @@ def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float) -> d
     finally:
         finish(db, daemon, None)
     daemon_log = Path(str(db) + ".daemon.log").read_text(errors="replace").splitlines()
-    return {"tag": tag, "mps": mps, "wall_s": round(wall_s, 1), "attempts": runs,
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        spans = [dict(zip(("job", "n", "started_at", "ended_at", "outcome", "peak_mib", "predicted_peak_mib"), row,
+                          strict=True))
+                 for row in con.execute("SELECT job_id, n, started_at, ended_at, outcome, peak_mib, predicted_peak_mib "
+                                        "FROM attempts ORDER BY started_at")]  # fmt: skip
+        startups = [dict(zip(("key", "seconds", "held_mib", "samples"), row, strict=True))
+                    for row in con.execute("SELECT key, seconds, held_mib, samples FROM startups")]
+    first = min((a["started_at"] for a in spans), default=0.0)
+    makespan = max((a["ended_at"] or 0.0 for a in spans), default=0.0) - first
+    return {"tag": tag, "mps": mps, "overlap": overlap, "wall_s": round(wall_s, 1), "makespan_s": round(makespan, 1),
+            "spans": [{**a, "started_at": round(a["started_at"] - first, 1),
+                       "ended_at": round((a["ended_at"] or first) - first, 1)} for a in spans],
+            "startups": startups, "attempts": runs,
             "mps_log_lines": [line for line in daemon_log if "MPS" in line][-10:],
             "status": json.loads(status) if status.strip().startswith("{") else None,
             "jobs": json.loads(orch(["jobs", "--json"], db, check=False) or "[]")}  # fmt: skip
+
+
+def overlap(args: argparse.Namespace) -> dict[str, Any]:
+    """Memory scarce (a ballast leaves --leave-gib): jobs that cannot share the card, through orch
+    without and with --overlap."""
+    from benchmarks.gpu.run_sweep import start_ballast
+
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    ballast, info = start_ballast(work, args.leave_gib)
+    try:
+        plain, ahead = (orch_once(work, tag, False, args.steps, args.budget_s, batch=args.batch, jobs=args.jobs,
+                                  mem_gib=args.mem_gib, warmup=0, overlap=on)
+                        for tag, on in (("no-overlap", False), ("overlap", True)))
+    finally:
+        os.killpg(ballast.pid, 9)
+        ballast.wait(30)
+    for run in (plain, ahead):
+        run.pop("status", None)
+    return {"ballast": info, "leave_gib": args.leave_gib, "plain": plain, "overlap": ahead,
+            "speedup": round(plain["makespan_s"] / ahead["makespan_s"], 3) if ahead["makespan_s"] else None}
 
 
 def orch_runs(args: argparse.Namespace) -> dict[str, Any]:
@@ -188,13 +230,17 @@ def orch_runs(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("factors", "contain", "orch"))
+    parser.add_argument("what", choices=("factors", "contain", "orch", "overlap"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/mps-orch"))
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--budget-s", type=float, default=180.0)
+    parser.add_argument("--batch", type=int, default=64, help="overlap: per-job batch")
+    parser.add_argument("--jobs", type=int, default=6, help="overlap: jobs per run")
+    parser.add_argument("--mem-gib", type=float, default=14.0, help="overlap: declared per job")
+    parser.add_argument("--leave-gib", type=float, default=20.0, help="overlap: memory the ballast leaves")
     args = parser.parse_args(argv)
-    run = {"factors": factors, "contain": contain, "orch": orch_runs}[args.what]
+    run = {"factors": factors, "contain": contain, "orch": orch_runs, "overlap": overlap}[args.what]
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2, default=str)

@@ -31,7 +31,8 @@ def build(batch: int, seq: int) -> tuple[Any, Any, Any]:
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
                          num_key_value_heads=16, vocab_size=8000, max_position_embeddings=seq)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).cuda()
+    model: Any = LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16).cuda()
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     tokens = torch.randint(0, 8000, (batch, seq), device="cuda")
@@ -91,6 +92,7 @@ def main() -> int:
     parser.add_argument("--phases", default=None)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--alloc-mib", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (0: the first step is printed)")
     parser.add_argument("--fault-after-s", type=float, default=None)
     parser.add_argument("--run-s", type=float, default=None, help="train this long instead of --steps")
     args = parser.parse_args()
@@ -106,7 +108,7 @@ def main() -> int:
             print(f"alloc oom {args.alloc_mib} MiB: {str(exc).splitlines()[0]}", flush=True)
             return 3
     model, optimizer, tokens = build(args.batch, args.seq)
-    for _ in range(3):
+    for _ in range(args.warmup):
         step(model, optimizer, tokens)
     if args.phases:
         phases(args, model, optimizer, tokens)

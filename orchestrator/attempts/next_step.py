@@ -11,13 +11,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.attempts.classify import Classification, classify_attempt
+from orchestrator.attempts.classify import REASON_SIGKILL, Classification, classify_attempt
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.prediction.job_facts import as_received, job_host_settings, job_ladder
 from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
 from orchestrator.store.rows import Job
+
+
+@dataclass(frozen=True)
+class CheckpointLeft:
+    """The checkpoint the job's next attempt would resume from."""
+
+    attempt_n: int  # the attempt whose run dir holds it
+    path: str
+    own: bool  # left by the attempt that ended: it got further than the one before it
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,8 @@ class EndEvidence:
     hung: bool = False  # killed by the daemon as silent past its hang timeout
     disk_full_now: bool = False  # the runs dir's filesystem is below its free-space minimum
     remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
+    kernel_oom_kill: bool = False  # the kernel log names a process of the attempt as OOM-killed
+    checkpoint: CheckpointLeft | None = None  # what the job's next attempt would resume from
     diverged: str | None = None  # why the divergence rule flagged its loss
     fail_on_divergence: bool = False  # the suite's: a flagged run fails (never retried: it would again)
 
@@ -45,6 +56,7 @@ class EndVerdict:
     disk_full: str | None = None
     kill_reason: KillRequest | None = None
     remote_end: ClusterEnd | None = None
+    resumes_from: CheckpointLeft | None = None  # a death the next attempt resumes from
 
 
 def classify_end(evidence: EndEvidence) -> EndVerdict:
@@ -60,19 +72,32 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
         exit_record_present=exit_record is not None and not evidence.lost,
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
+        kernel_oom_kill=evidence.kernel_oom_kill or bool((exit_record or {}).get("oom_kills")),
     )
-    remote_end = evidence.remote_end
+    remote_end, resumes_from = evidence.remote_end, None
     if remote_end is not None:
         verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
     elif stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
+    elif sigkilled_with_checkpoint(verdict, kill_reason, evidence.checkpoint):
+        resumes_from = evidence.checkpoint
+        verdict = Classification(AttemptOutcome.LOST, f"{REASON_SIGKILL}; a checkpoint is left to resume from")
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
-        verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
+        verdict, resumes_from = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})"), None
     if verdict.outcome is AttemptOutcome.SUCCEEDED and evidence.diverged and evidence.fail_on_divergence:
         verdict = Classification(AttemptOutcome.FAILED, f"diverged: {evidence.diverged} (fail_on_divergence)",
                                  retryable=False)
-    return EndVerdict(verdict, disk_full, kill_reason, remote_end)
+    return EndVerdict(verdict, disk_full, kill_reason, remote_end, resumes_from)
+
+
+def sigkilled_with_checkpoint(
+    verdict: Classification, kill_reason: KillRequest | None, checkpoint: CheckpointLeft | None
+) -> bool:
+    """A SIGKILL orch did not send, with no OOM evidence, where a checkpoint is left: a death
+    (the work done so far is kept), not the run failing on its own."""
+    return (checkpoint is not None and kill_reason is None and verdict.outcome is AttemptOutcome.FAILED
+            and verdict.reason == REASON_SIGKILL)  # fmt: skip
 
 
 def disk_full_cause(
@@ -151,6 +176,12 @@ def decide_next(
         return _uncounted(job, "requeued unchanged, not counted: waits until the disk has space")
     if kill_reason is KillRequest.RETRY:
         return NextStep(JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued")
+    resumes_from = verdict.resumes_from
+    if resumes_from is not None and resumes_from.own:
+        # it got further (its own checkpoint): a death, not counted; each such retry needs
+        # progress, so a job killed over and over before its next save uses up its attempts
+        return _uncounted(job, f"killed by SIGKILL with a checkpoint left: resumes from {resumes_from.path}, "
+                               "not counted")
     if remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
         # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
         slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
+from orchestrator.cli.tables import plain_columns
 from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
 from orchestrator.prediction.families import FamilyFloor, FamilyPoint, fit_family
@@ -94,7 +95,7 @@ def family_snapshot(store: Store, running: dict[str, RunningPeak], names: dict[s
 
 
 def render_families(families: list[dict[str, Any]]) -> str:
-    lines = ["families: peak ≈ fixed + per sample × batch (× tokens where known)"]
+    lines = ["", "memory families: peak ≈ fixed + per sample × batch (× tokens where known)"]
     for f in families:
         if f["fixed_mib"] is None:
             fit = "no member measured yet"
@@ -102,7 +103,7 @@ def render_families(families: list[dict[str, Any]]) -> str:
             unit = "sample-token" if f["per_token"] else "sample"
             fit = (f"fit {_gib(f['fixed_mib'])} + {f['per_sample_mib']:.1f} MiB per {unit}, "
                    f"error {f['error']:.0%}, margin {f['margin']:.0%}")
-        lines.append(f"  {f['name']} ({f['model']}): {fit}")
+        lines.append(f"  {f['name']}" + (f" ({f['model']})" if f["model"] else "") + f": {fit}")
         points = sorted(f["points"], key=lambda p: (p["task"], p["batch_size"]))
         for p in points:
             how = "running" if p["running"] else "measured"
@@ -171,33 +172,40 @@ def _gib(mib: int | None) -> str:
     return "-" if not mib else f"{mib / 1024:.1f} GiB"
 
 
-def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = None) -> str:
+def _throughput(e: dict[str, Any], gpu_index: dict[str, int] | None) -> str:
+    """`GPU 0 1:1.0x, 2:1.8x; GPU 1 1:1.0x`: per card, jobs on it -> throughput in units of one job alone."""
+    cards = []
+    for gpu, curve in e["throughput"].items():
+        relative, gaps = curve["relative"] or {}, curve.get("spread") or {}
+        shown = ", ".join(f"{k}:{v}x" + (f" (±{gaps[k] / 2:.0%})" if k in gaps else "")
+                          for k, v in relative.items()) or "no solo reading yet"
+        cards.append(f"{f'GPU {gpu_index[gpu]}' if gpu_index and gpu in gpu_index else gpu[-12:]} {shown}")
+    return "; ".join(cards) or "-"
+
+
+def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = None, *, keys: bool = False) -> str:
+    """One line per shape in aligned columns; its key (what `orch memory forget` takes) only
+    with `keys`."""
     if not entries:
-        return "nothing learned yet"
-    lines = [f"{'shape':<40} {'peak':>9} {'floor':>9} {'n':>3} {'margin':>6}  source / throughput"]
+        return "nothing learned yet\n"
+    headers = ["shape", "peak", "OOM floor", "runs", "margin", "learned from",
+               "throughput (jobs on a card: × one job alone)", *(["key"] if keys else [])]
+    rows = []
     for e in entries:
         # configs of the same name in two suites are two shapes: the suite tells them apart
         name = (f"{e['suite']}/{e['label']}" if e["suite"] else e["label"]) or e["shape"][:40]
         peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
-        lines.append(
-            f"{name[:40]:<40} {_gib(peak):>9} {_gib(e['oom_floor_mib']):>9} {e['samples']:>3} "
-            f"{e['margin']:>6.0%}  {e['source']}"
-        )
-        for gpu, curve in e["throughput"].items():
-            relative, gaps = curve["relative"] or {}, curve.get("spread") or {}
-            shown = ", ".join(f"{k}:{v}x" + (f" (±{gaps[k] / 2:.0%})" if k in gaps else "")
-                              for k, v in relative.items()) or "no solo reading yet"
-            card = f"GPU {gpu_index[gpu]}" if gpu_index and gpu in gpu_index else gpu[-12:]
-            lines.append(f"{'':<40}   {card}: jobs per card -> throughput {shown}")
-        lines.append(f"{'':<40}   key {e['shape']}")
-    return "\n".join(lines)
+        rows.append([name, _gib(peak), _gib(e["oom_floor_mib"]), str(e["samples"]), f"{e['margin']:.0%}", e["source"],
+                     _throughput(e, gpu_index), *([e["shape"]] if keys else [])])
+    return plain_columns(headers, rows)
 
 
 @click.group("memory", invoke_without_command=True)
+@click.option("--keys", is_flag=True, help="Add each shape's key (what `orch memory forget` takes).")
 @json_option
 @db_option
 @click.pass_context
-def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
+def memory_group(ctx: click.Context, keys: bool, as_json: bool, db_path: Path) -> None:
     """What orch has learned per job shape: peak, OOM floor, samples, throughput per card."""
     if ctx.invoked_subcommand is not None:
         return
@@ -207,7 +215,7 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
     if as_json:
         echo_json({"shapes": entries, "families": families})
     else:
-        click.echo(render(entries, cards))
+        click.echo(render(entries, cards, keys=keys), nl=False)
         if families:
             click.echo(render_families(families))
 
@@ -218,7 +226,7 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
 @json_option
 @db_option
 def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
-    """Forget one shape (its key, from `orch memory`) or every shape a suite taught."""
+    """Forget one shape (its key, from `orch memory --keys`) or every shape a suite taught."""
     if (shape is None) == (suite is None):
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
@@ -229,7 +237,7 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
             if shape in running:
                 raise UsageError(f"shape {shape!r} has learned nothing yet: only its running attempts, "
                                  "whose peak counts until they end")  # fmt: skip
-            raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
+            raise UsageError(f"no learned shape {shape!r} (see `orch memory --keys`)")
         if suite is not None and not suite_known(store, suite):
             raise UsageError(f"no suite {suite!r} in this database (see `orch status`)")
         forgotten = forget_shapes(store, shape_key=shape, suite=suite)

@@ -108,7 +108,7 @@ class Daemon:
             runs_dir=runs_dir(settings.db_path),
             policy=PackingPolicy(
                 headroom_fraction=settings.headroom_fraction, headroom_max_mib=settings.headroom_max_mib,
-                starvation_s=settings.starvation_s, order=settings.order,
+                starvation_s=settings.starvation_s, order=settings.order, overlap=settings.overlap,
             ),
             worker_env=worker_env,
             host=make_host_probe(), host_reserve_mib=settings.host_reserve_mib,

@@ -36,6 +36,7 @@ class DaemonSettings:
     warn_free_mib: int = DEFAULT_WARN_FREE_MIB  # below this, the daemon warns
     host_reserve_mib: int = 2048  # host RAM no job may take (--host-reserve-gib)
     mps: bool = False  # run a CUDA MPS control daemon for our cards (--mps, env ORCH_MPS)
+    overlap: bool = False  # start jobs a learned start-up ahead (--overlap, env ORCH_OVERLAP)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,6 +34,7 @@ from orchestrator.attempts.reconcile import (
     proven_group,
 )
 from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.startup_lesson import learn_startup
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.clock import Clock
 from orchestrator.daemon.disk_hold import DiskHold
@@ -199,6 +200,7 @@ class AttemptWatcher:
         look = self._look_elsewhere(attempt, job, statuses) if self._runs_elsewhere(attempt) else self._look_here(attempt, job)
         attempt, obs, verdict = look.attempt, look.obs, look.verdict
         if verdict in LIVE:
+            learn_startup(self.store, attempt, job, obs, self.clock.now_s())  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
             self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
                         None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
@@ -226,7 +228,7 @@ class AttemptWatcher:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
             self._learn_host(attempt, job)
-        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=True)
+        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id, True), ended=True)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
                  disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
         self._ended.append(attempt)

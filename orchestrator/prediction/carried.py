@@ -99,14 +99,14 @@ def gib(mib: float) -> str:
 
 
 def start_level(
-    needs: Sequence[LevelNeed], current: int, ceiling_mib: int, strict: bool = False, verb: str = "started",
+    needs: Sequence[LevelNeed], current: int, ceiling_mib: int, verb: str = "started",
 ) -> StartChoice | None:
     """Where a job now at `current` should start when the level it is at cannot fit any card it
     may use (`ceiling_mib`: the largest such card less its headroom): the first later level
     predicted to fit, the first exact one if any exact one fits. When none is predicted to fit,
     the first later level not proven too large (its saving may be more than anything has shown
-    yet). None: `current` may fit, or nothing later is left (the job runs as it is, or, on a
-    strict ladder, fails saying so: `no_level_fits`). `needs`: one per level from `current` on."""
+    yet). None: `current` may fit, or nothing later is left (the job runs as it is, or fails
+    saying so: `no_level_fits`). `needs`: one per level from `current` on."""
     by_level = {need.level: need for need in needs}
     here = by_level.get(current)
     if here is None or here.mib <= ceiling_mib:
@@ -122,7 +122,7 @@ def start_level(
     chosen = choices[0]
     worded = "needs" if here.proven else "is predicted to need"
     note = (f"{verb} at level {chosen.level}: level {current} {worded} ≥ {gib(here.mib)}, "
-            f"the cards hold {gib(ceiling_mib)}")
+            f"the cards hold {gib(ceiling_mib)} after headroom")
     if chosen.mib > ceiling_mib:
         note += f" (level {chosen.level} is tried: no rung has shown how much it saves yet)"
     return StartChoice(chosen.level, note)
@@ -135,7 +135,7 @@ def no_level_fits(needs: Sequence[LevelNeed], ceiling_mib: int) -> str | None:
         return None
     least = min(needs, key=lambda need: need.mib)
     return (f"no level of its ladder fits: level {least.level} needs ≥ {gib(least.mib)}, "
-            f"the cards hold {gib(ceiling_mib)}")
+            f"the cards hold {gib(ceiling_mib)} after headroom")
 
 
 # Predictions measured at the level itself: a floor carried from below with an assumed saving

@@ -3,7 +3,8 @@
 A summary (one row of every results format) is one effective config: the suite, the config, the
 `--set` overrides of its jobs and the config's content as submitted. Runs whose settings differ
 are never pooled. Ladder levels keep the science (the effective batch), so the runs of one
-setting at different levels are pooled, and the summary says which levels they ran at. Every
+setting at different levels are pooled; the summary says which levels they ran at and which
+rungs that change numerics (half batch: an equivalent draw, not bit-equal) they went through. Every
 submitted job of a setting is in its row: one value per seed (the latest succeeded run of the
 seed, results.seeds), and every seed that failed, was cancelled or has not finished is named in
 the row's denominator; a setting none of whose runs succeeded still has its row. `pooled`
@@ -41,6 +42,7 @@ from orchestrator.results.seeds import (
     denominator,
     full_denominator,
     later_run_notes,
+    lost_runs,
     seed_states,
     short_denominator,
 )
@@ -79,6 +81,7 @@ class ResultRow:
     val_metrics: Mapping[str, float] = field(default_factory=dict)  # the "val" metrics of result.json
     best_step: int | None = None  # the step whose val score chose the weights tested
     params: Mapping[str, Any] = field(default_factory=dict)  # the effective config (for --where)
+    inexact: tuple[str, ...] = ()  # ladder rungs that change numerics the run went through
     diverged: str | None = None  # why the divergence rule flagged its loss
     code: str | None = None  # provenance: the worker's commit (`+dirty`), "not a git repository"; None: unknown
     libraries: str | None = None  # provenance: its library versions, in one line; None: unknown
@@ -99,6 +102,7 @@ class SeedRun:
     test_is_val: bool = False
     val: float | None = None  # the same metric on the validation split, when reported
     best_step: int | None = None
+    inexact: tuple[str, ...] = ()  # ladder rungs that change numerics it went through
     diverged: str | None = None
     code: str | None = None
     libraries: str | None = None
@@ -167,10 +171,20 @@ class ResultSummary:
         shapes = {(r.level, tuple(sorted((k, repr(v)) for k, v in r.changes.items())), r.run_alone) for r in self.runs}
         return len(shapes) > 1
 
+    @cached_property
+    def inexact_rungs(self) -> tuple[str, ...]:
+        """The rungs that change numerics some counted run went through, in the order met: not
+        empty, the row's value is an equivalent draw, not what level 0 gives (a mark says so)."""
+        names: dict[str, None] = {}
+        for run in self.runs:
+            names.update(dict.fromkeys(run.inexact))
+        return tuple(names)
+
     @property
     def dropout_differs(self) -> bool:
-        """Mixed levels with LoRA dropout on: the dropout draws differ at other micro-batch sizes."""
-        return self.mixed_levels and self.lora_dropout > 0
+        """Some run went through a rung that changes numerics with LoRA dropout on: its dropout
+        masks were drawn for other micro-batches too."""
+        return bool(self.inexact_rungs) and self.lora_dropout > 0
 
     @property
     def test_is_val(self) -> bool:
@@ -291,8 +305,8 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 def _run(row: ResultRow, value: float | None, metric: str) -> SeedRun:
     return SeedRun(seed=row.seed, value=value, job=row.job, attempt=row.attempt, level=row.level, step=row.step,
                    changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val,
-                   val=row.val_metrics.get(metric), best_step=row.best_step, diverged=row.diverged, code=row.code,
-                   libraries=row.libraries)
+                   val=row.val_metrics.get(metric), best_step=row.best_step, inexact=row.inexact,
+                   diverged=row.diverged, code=row.code, libraries=row.libraries)
 
 
 def _provenance_differs(runs: tuple[SeedRun, ...] | list[SeedRun]) -> list[str]:
@@ -361,8 +375,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
         lora_dropout=max(r.lora_dropout for r in rows), seed_states=tuple(states),
         denominator=denominator(states, len(rows)), pooled=pooled,
         unfinished=any(r.state in PENDING for r in rows),
-        failed_runs=any(s.status in (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.NO_METRIC) for s in states)
-        or any(r.state in (JobState.FAILED, JobState.CANCELLED) for r in rows),
+        failed_runs=lost_runs(list(inputs.values()), states),
         val_mean=val_mean, val_std=val_std, val_n=len(vals),
     )  # fmt: skip
 

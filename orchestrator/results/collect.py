@@ -25,6 +25,8 @@ from orchestrator.store.queries import ResultJob, result_jobs
 from orchestrator.wording import number
 
 NO_METRICS = "no test metrics (result.json or printed)"
+# What the exact rungs change (results.aggregate's mark trusts the rest to change numerics)
+EXACT_KEYS = frozenset({"gradient_checkpointing", "logits_to_keep", "num_data_workers"})
 MAX_PEFT_BYTES = 1 << 20
 MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
 
@@ -60,7 +62,8 @@ class RunReader:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
-        self._settings: dict[tuple[str, str, str, str, str], Setting] = {}
+        self._settings: dict[tuple[str, str, str, str, str, str], Setting] = {}
+        self._errors: dict[str, str] = {}  # an ended attempt's error, by run dir: it never changes
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
@@ -82,17 +85,35 @@ class RunReader:
                 self._readings[run_dir] = reading
         return reading
 
+    def error(self, run_dir: str) -> str | None:
+        """A failed attempt's `error` from its result.json (first line), read once; None without one."""
+        with self._lock:
+            if run_dir in self._errors:
+                return self._errors[run_dir] or None
+        result = read_result(Path(run_dir))
+        error = result.get("error") if isinstance(result, dict) else None
+        found = _first_line(error) if isinstance(error, str) else ""
+        with self._lock:
+            if len(self._errors) >= self.max_entries:
+                self._errors.clear()
+            self._errors[run_dir] = found
+        return found or None
+
     def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
         return self.reading(run_dir, printed_json).metrics
 
     def setting(self, run: ResultJob) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task)."""
-        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker)
+        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker, run.not_science_json)
         with self._lock:
             found = self._settings.get(key)
         if found is None:
             config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
+            # keys the suite calls not science (paths, simulated time) never split a row
+            aside = _not_science(run.not_science_json)
+            config = {k: v for k, v in config.items() if k not in aside}
+            overrides = {k: v for k, v in overrides.items() if k not in aside}
             env = {str(k): str(v) for k, v in _loads_mapping(run.env_json).items()}
             found = Setting(overrides, setting_digest(config, overrides, run.worker, env),
                             lora_dropout_of(config, run.config_path), {**config, **overrides})
@@ -118,7 +139,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             rows.append(ResultRow(
                 run.suite, run.config, run.data, run.seed, {}, job=run.job_id, attempt=run.n, level=run.level,
                 step=run.level_step, overrides=setting.overrides, setting=setting.digest,
-                lora_dropout=setting.lora_dropout, state=state, reason=_error_of(run), params=setting.params,
+                lora_dropout=setting.lora_dropout, state=state, reason=_error_of(run, reader), params=setting.params,
             ))  # fmt: skip
             continue
         reading = reader.reading(run.run_dir, run.output_metrics_json)
@@ -131,7 +152,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
             setting=setting.digest, test_is_val=reading.test_is_val,
             lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
-            no_metrics=NO_METRICS if reading.metrics is None else None,
+            no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
         ))  # fmt: skip
@@ -145,21 +166,32 @@ def provenance_keys(stored: str | None) -> dict[str, str | None]:
     return {name: value if isinstance(value := digest.get(name), str) else None for name in ("code", "libraries")}
 
 
-def _error_of(run: ResultJob) -> str:
+def inexact_of(run: ResultJob) -> tuple[str, ...]:
+    """The rungs changing numerics the run went through, as its attempt recorded them; for an
+    attempt recorded before they were (None), its level's rung where the level changed anything
+    but what exact rungs change: a mark too many, never one too few."""
+    if run.inexact_rungs is not None:
+        return run.inexact_rungs
+    if any(key not in EXACT_KEYS for key in run.overrides):
+        return (run.level_step or f"level {run.level}",)
+    return ()
+
+
+def _error_of(run: ResultJob, reader: RunReader) -> str:
     """A failed or cancelled job's error: its latest attempt's result.json `error` (the
     worker's own words, first line), else the job's reason; "" for a job still going."""
     if run.state in (JobState.QUEUED, JobState.RUNNING):
         return ""
-    if run.state is JobState.FAILED and run.run_dir:
-        result = read_result(Path(run.run_dir))
-        error = result.get("error") if isinstance(result, dict) else None
-        if isinstance(error, str) and error.strip():
-            return _first_line(error)
+    if run.state is JobState.FAILED and run.run_dir and (error := reader.error(run.run_dir)):
+        return error
     return _first_line(run.reason or "")
 
 
 def _first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """The first non-blank line of an error written by user code, without control characters
+    (an ANSI escape would reach the terminal) and cut at `limit`."""
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -175,9 +207,11 @@ def val_metrics(result: dict[str, Any] | None) -> dict[str, float]:
     return finite_metrics(flat)
 
 
-def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
+def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None, *,
+                aliases: bool = True) -> dict[str, Any] | None:
     """A job's metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else what
-    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X."""
+    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X
+    (unless `aliases` is off: the metrics as reported, each once)."""
     metrics: Any = None
     if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
         reported = result["metrics"]
@@ -190,7 +224,7 @@ def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any
     if not isinstance(metrics, dict) or not metrics:
         return None
     named = dict(metrics)
-    for key, value in metrics.items():
+    for key, value in metrics.items() if aliases else ():
         for prefix in ("test_", "eval_"):
             if isinstance(key, str) and key.startswith(prefix):
                 named.setdefault(key[len(prefix):], value)
@@ -242,6 +276,14 @@ def _peft_file(config_dir: Path, name: str) -> dict[str, Any] | None:
     with contextlib.suppress(UnicodeDecodeError, ValueError, RecursionError):
         return _dict(json.loads(raw.decode("utf-8")))
     return None
+
+
+def _not_science(text: str) -> frozenset[str]:
+    try:
+        keys = json.loads(text)
+    except (ValueError, RecursionError):
+        return frozenset()
+    return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else frozenset()
 
 
 def _dict(value: Any) -> dict[str, Any] | None:

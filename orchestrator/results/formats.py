@@ -2,9 +2,11 @@
 LaTeX grids are in results.grids). Pure functions from ResultSummary lists to strings or dicts.
 
 Every format names a row's `--set` overrides and its denominator (n of the seeds submitted, and
-what became of the others), and marks what a reader must know about a cell: † its runs ran at
-different ladder levels (same effective batch); ‡ the same with LoRA dropout on, whose draws
-differ at other micro-batch sizes; § its "test" metric was scored on the validation set; ¶ some
+what became of the others), and marks what a reader must know about a cell: † some run of it went
+through a ladder rung that changes numerics (half batch × double accumulation, a suite rung not
+declared exact), whatever its precision and dropout: the legend names the rungs, and its value is
+an equivalent draw, not the number level 0 gives (exact rungs, which give bit-equal numbers, are
+not marked); § its "test" metric was scored on the validation set; ¶ some
 of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
 ◇ some of its runs are still queued or running; ♯ a counted run's loss diverged; ‖ its runs ran
 different code or library versions; * see its notes. A std of fewer than two values is `—`,
@@ -16,7 +18,7 @@ a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.results.aggregate import ResultSummary
@@ -25,18 +27,17 @@ from orchestrator.wording import fmt_changes
 CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
                "overrides", "test_is_val", "dropout_differs", "notes", "val_mean", "val_std", "val_n", "best_steps",
                "submitted", "failed", "cancelled", "running", "queued", "no_metric", "accounted", "pooled", "chosen_by",
-               "diverged", "mixed_provenance")
+               "inexact_rungs", "run_levels", "run_inexact_rungs", "diverged", "mixed_provenance")
 TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "val", "n", "seeds", "levels",
                  "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
-MIXED, MIXED_DROPOUT, TEST_IS_VAL, FAILED_RUNS, UNFINISHED, SEE_NOTES = "†", "‡", "§", "¶", "◇", "*"
+INEXACT, TEST_IS_VAL, FAILED_RUNS, UNFINISHED, SEE_NOTES = "†", "§", "¶", "◇", "*"
 DIVERGED, MIXED_PROVENANCE = "♯", "‖"
 # One legend for every mark of every format, in the order cells carry them (for papers: no CLI text).
 LEGEND = {
-    MIXED: "† runs ran at different ladder levels, all with the same effective batch",
-    MIXED_DROPOUT: "‡ as †, with lora_dropout > 0: dropout draws differ at other micro-batch sizes "
-                   "(statistically equal, not bit-equal)",
+    INEXACT: "† some runs went through a ladder rung that changes numerics ({rungs}): their values are "
+             "equivalent draws, not the numbers level 0 gives (exact rungs are bit-equal and not marked)",
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
     FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
                  "that succeeded (n of the seeds submitted), which may be biased",
@@ -45,7 +46,7 @@ LEGEND = {
     MIXED_PROVENANCE: "‖ runs ran different code (commit, uncommitted changes) or library versions",
     SEE_NOTES: "* see the notes below",
 }
-HINTS = {MIXED: "`orch results --json` lists each run's level and changes"}  # the terminal's legend only
+HINTS = {INEXACT: "`orch results --json` lists each run's level and rungs"}  # the terminal's legend only
 POOLED_LINE = "pooled: every succeeded run counted (a rerun of a seed counts again), n = runs, not seeds"
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
 
@@ -73,8 +74,8 @@ def val_score(summary: ResultSummary, digits: int) -> str:
 def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
     """The marks a cell carries, in legend order."""
     marks = []
-    if summary.mixed_levels:
-        marks.append(MIXED_DROPOUT if summary.dropout_differs else MIXED)
+    if summary.inexact_rungs:
+        marks.append(INEXACT)
     if summary.test_is_val:
         marks.append(TEST_IS_VAL)
     marks += accounting_marks(summary)
@@ -94,10 +95,14 @@ def evidence_marks(summary: ResultSummary) -> list[str]:
     return [mark for mark, on in ((DIVERGED, bool(summary.diverged)), (MIXED_PROVENANCE, summary.mixed_provenance)) if on]
 
 
-def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hints: bool = False) -> list[str]:
-    """One line per mark used, in legend order; `hints` adds where to look (the terminal only)."""
+def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hints: bool = False,
+                 escape: Callable[[str], str] = str) -> list[str]:  # fmt: skip
+    """One line per mark used, in legend order, † naming the rungs (suite text: `escape`d for the
+    format); `hints` adds where to look (the terminal only)."""
+    summaries = list(summaries)
     used = {mark for s in summaries for mark in cell_marks(s, with_notes)}
-    return [text + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
+    rungs = ", ".join(escape(rung) for rung in dict.fromkeys(r for s in summaries for r in s.inexact_rungs))
+    return [text.format(rungs=rungs) + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
             for mark, text in LEGEND.items() if mark in used]
 
 
@@ -123,11 +128,10 @@ def render_rows(summaries: Iterable[ResultSummary], digits: int = 4) -> list[lis
     """Plain string rows (no header, TABLE_COLUMNS) for a terminal table."""
     rows = []
     for s in summaries:
-        shown = score(s, digits) + (f" {TEST_IS_VAL}" if s.test_is_val else "")
-        shown += "".join(f" {mark}" for mark in accounting_marks(s) + evidence_marks(s))
+        shown = score(s, digits) + "".join(f" {mark}" for mark in cell_marks(s, with_notes=False))
         levels = ",".join(map(str, s.levels))
-        if s.mixed_levels:
-            levels += f" {MIXED_DROPOUT if s.dropout_differs else MIXED}"
+        if s.inexact_rungs:
+            levels += f" {INEXACT}"
         rows.append([s.suite, s.config, s.overrides_label or s.variant or "-", s.task, s.metric, shown,
                      val_score(s, digits), s.n_text, seeds_text(s), levels, "; ".join(s.notes)])
     return rows
@@ -166,9 +170,15 @@ def to_csv(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None 
             _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes),
             _opt(s.val_mean), _opt(s.val_std), s.val_n, " ".join(str(r.best_step) for r in s.runs if r.best_step is not None),
             d.submitted, d.failed, d.cancelled, d.running, d.queued, d.no_metric, s.accounted, _flag(s.pooled),
-            (chosen or {}).get(id(s), ""), len(s.diverged), _flag(s.mixed_provenance),
+            (chosen or {}).get(id(s), ""), "; ".join(s.inexact_rungs), " ".join(_level(r) for r in s.runs),
+            "; ".join(f"{r.seed}:{'+'.join(r.inexact) or '-'}" for r in s.runs), len(s.diverged),
+            _flag(s.mixed_provenance),
         ])  # fmt: skip
     return csv_lines(CSV_COLUMNS, rows)
+
+
+def _level(run: Any) -> str:
+    return "?" if run.level is None else str(run.level)
 
 
 def _opt(value: float | None) -> str | float:
@@ -188,7 +198,8 @@ def _run_record(r: Any) -> dict[str, Any]:
             "attempt": r.attempt, "level": r.level, "step": r.step, "changes": dict(r.changes),
             "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing",
             "test_is_val": r.test_is_val, "val": _opt_json(r.val), "best_step": r.best_step,
-            "diverged": r.diverged, "code": r.code, "libraries": r.libraries}
+            "inexact_rungs": list(r.inexact), "diverged": r.diverged, "code": r.code,
+            "libraries": r.libraries}
 
 
 def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
@@ -212,6 +223,7 @@ def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | N
             "repeated_seeds": {str(k): v for k, v in s.repeated_seeds.items()},
             "levels": list(s.levels), "mixed_levels": s.mixed_levels,
             "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
+            "inexact_rungs": list(s.inexact_rungs),
             "marks": cell_marks(s), "notes": list(s.notes), "chosen_by": (chosen or {}).get(id(s)),
             "diverged": len(s.diverged), "mixed_provenance": s.mixed_provenance,
             "provenance": {name: sorted({v for r in s.runs if (v := getattr(r, name)) is not None})

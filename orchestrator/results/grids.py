@@ -63,9 +63,11 @@ def _row_cells(
     return out
 
 
-def _footer(summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice]) -> list[str]:
+def _footer(
+    summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str
+) -> list[str]:
     bold = bold_legend(choices, {s.metric for s in summaries})
-    return ([bold] if bold else []) + legend_lines(summaries)
+    return ([bold] if bold else []) + legend_lines(summaries, escape=escape)
 
 
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
@@ -103,7 +105,7 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Bas
         lines.append(f"| {md_escape(label)} | "
                      + " | ".join(_row_cells(label, columns, cells, choices, render, md_escape)) + " |")
     # Our own sentences, outside the table: only a leading `*` would start a list
-    legend = [("\\" + line) if line.startswith("*") else line for line in _footer(summaries, choices)]
+    legend = [("\\" + line) if line.startswith("*") else line for line in _footer(summaries, choices, md_escape)]
     notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
     if legend:
         lines += [""] + [line + "  " for line in legend[:-1]] + legend[-1:]

@@ -149,8 +149,9 @@ def full_denominator(n: int, states: Sequence[SeedState], metric: str) -> str:
 
 def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], pooled: bool,
                     job_text: Callable[[list[int | None]], str]) -> list[str]:
-    """Sentences for seeds that ran more than once: which run counts, and runs after it that
-    failed, were cancelled or have not finished (the value may still change)."""
+    """Sentences for seeds that ran more than once: which run counts, and the seed's other runs
+    that failed, were cancelled or have not finished (after the counted one: the value may still
+    change)."""
     notes = []
     counted_job = {s.seed: s.job for s in states if s.status is SeedStatus.COUNTED}
     by_seed: dict[int, list[SeedRunInput]] = {}
@@ -170,11 +171,22 @@ def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], p
             continue
         last = counted_job[seed]
         for run in jobs:
-            if run.state in (JobState.FAILED, JobState.CANCELLED, *PENDING) and _job_key(run.job) > _job_key(last):
+            if run.state in (JobState.FAILED, JobState.CANCELLED, *PENDING):
+                when = "a later" if _job_key(run.job) > _job_key(last) else "an earlier"
                 verb = {JobState.FAILED: "failed", JobState.CANCELLED: "was cancelled"}.get(run.state, "has not finished")
                 why = f" ({run.why})" if run.why and run.state is JobState.FAILED else ""
-                notes.append(f"seed {seed}: a later run, job {run.job}, {verb}{why}; job {last} counted")
+                notes.append(f"seed {seed}: {when} run, job {run.job}, {verb}{why}; job {last} counted")
     return notes
+
+
+def lost_runs(runs: Sequence[SeedRunInput], states: Sequence[SeedState]) -> bool:
+    """Whether a seed is missing for good (failed, cancelled, no metric), or a run after a
+    seed's counted one failed or was cancelled: the ¶ mark."""
+    if any(s.status in (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.NO_METRIC) for s in states):
+        return True
+    counted_job = {s.seed: _job_key(s.job) for s in states if s.status is SeedStatus.COUNTED}
+    return any(r.state in (JobState.FAILED, JobState.CANCELLED) and _job_key(r.job) > counted_job.get(r.seed, 1 << 62)
+               for r in runs)
 
 
 def _seeds_named(seeds: list[int]) -> str:

@@ -28,7 +28,7 @@ from orchestrator.plans.resume import (
     takes_resume_key,
     worker_can_resume,
 )
-from orchestrator.prediction.job_facts import job_keys
+from orchestrator.prediction.job_facts import job_inexact_rungs, job_keys
 from orchestrator.prediction.ladder import Level
 from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.scheduling.packing.types import PackingPolicy
@@ -153,7 +153,7 @@ def claim(
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
         resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
-        searched_in_part=search.searched_in_part,
+        searched_in_part=search.searched_in_part, inexact_rungs=job_inexact_rungs(job, level.index),
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))

@@ -36,6 +36,7 @@ class AttemptPlan:
     resumed_from_attempt: int | None = None  # the earlier attempt (n) whose checkpoint it resumes from
     resumed_from_checkpoint: str | None = None  # that checkpoint's folder
     searched_in_part: tuple[int, ...] = ()  # earlier attempts whose run dir the checkpoint search read in part
+    inexact_rungs: tuple[str, ...] = ()  # the rungs changing numerics its level went through
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -61,9 +62,11 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         attempt_id = int(cursor.lastrowid or 0)
         store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
-            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ? WHERE id = ?",
+            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ?, "
+            "inexact_rungs_json = ? WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
-             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16), attempt_id],
+             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16),
+             json.dumps(list(plan.inexact_rungs)), attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""

@@ -154,6 +154,9 @@ def submit_jobs(
             if getattr(suite, "slurm", None):
                 store._db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
             store._db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
+            if suite.not_science:
+                store._db.execute("UPDATE jobs SET not_science_json = ? WHERE id = ?",
+                                  [json.dumps(sorted(suite.not_science)), job_id])
             add_event(
                 store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed} on {spec.data}",
                 job_id=job_id, to_state=JobState.QUEUED.value,
@@ -202,3 +205,19 @@ def cancel_queued(store: Store, job_id: int, reason: str) -> JobState:
         store, job_id, JobState.CANCELLED, message=f"cancelled: {reason}", kind="cancel",
         expect_from=[JobState.QUEUED], fields={"reason": reason, "wait_reason": None},
     )
+
+
+def move_queued_to_level(store: Store, job_ids: Sequence[int], level: int, note: str) -> list[int]:
+    """Move queued jobs to ladder `level` (the level they were at is known not to fit any card they
+    may use), with the note `orch show` gives and an event each. Returns the ids moved: a job
+    that left the queue or is there already is left alone."""
+    moved: list[int] = []
+    with store.write():
+        for job_id in job_ids:
+            cursor = store._db.execute(
+                "UPDATE jobs SET level = ?, level_note = ?, updated_at = ? WHERE id = ? AND state = 'queued' "
+                "AND level < ?", [level, note, store.now_s(), job_id, level])
+            if cursor.rowcount:
+                add_event(store, "level", note, job_id=job_id, data={"to_level": level})
+                moved.append(job_id)
+    return moved

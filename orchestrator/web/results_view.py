@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.results.aggregate import ResultSummary, aggregate
 from orchestrator.results.collect import RunReader, collect_rows
-from orchestrator.results.formats import cell_marks, legend_lines, table_lines, to_csv
+from orchestrator.results.formats import INEXACT, cell_marks, legend_lines, table_lines, to_csv
 from orchestrator.results.selection import bold_legend, choose, chosen_by, is_chosen
 from orchestrator.store.db import Store
 
@@ -27,10 +27,10 @@ class ResultLine:
     std: float | None  # None for fewer than two values (shown `—`)
     n_seeds: int  # values counted: one per seed (every run when pooled)
     values: tuple[tuple[int, float], ...]  # (seed, value) per run counted, by seed
-    levels: str = ""  # the ladder levels its seeds ran at, "0,1 †" when they differ
+    levels: str = ""  # the ladder levels its seeds ran at, "0,2 †" when a run went through a rung changing numerics
     overrides: dict[str, Any] = field(default_factory=dict)  # the row's `--set` overrides
     notes: tuple[str, ...] = ()
-    marks: str = ""  # the same marks as the CLI's markdown (†, ‡, §, ¶, ◇, *)
+    marks: str = ""  # the same marks as the CLI's markdown (†, §, ¶, ◇, *)
     n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
     val_mean: float | None = None
     val_std: float | None = None
@@ -73,7 +73,7 @@ class PivotCell:
     n: int
     mixed: bool
     best: bool
-    marks: str = ""  # the CLI's marks (†, ‡, §, ¶, ◇, *): see the legend under the table
+    marks: str = ""  # the CLI's marks (†, §, ¶, ◇, *): see the legend under the table
     n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
 
 
@@ -130,7 +130,7 @@ def result_table(store: Store, cache: RunReader, suite: str | None = None, digit
     lines = [
         ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
                    tuple((run.seed, run.value) for run in s.runs if run.value is not None),
-                   ",".join(map(str, s.levels)) + (" †" if s.mixed_levels else ""),
+                   ",".join(map(str, s.levels)) + (f" {INEXACT}" if s.inexact_rungs else ""),
                    dict(s.overrides), s.notes, "".join(cell_marks(s)), s.n_text, s.val_mean, s.val_std,
                    " ".join(str(run.best_step) for run in s.runs if run.best_step is not None),
                    is_chosen(s, choices))

@@ -11,6 +11,8 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from orchestrator.wording import fmt_value
+
 
 def clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
@@ -52,7 +54,8 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=duration)
+    # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
+    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=duration, yaml=fmt_value)
     return env
 
 

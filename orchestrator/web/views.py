@@ -10,18 +10,19 @@ from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.daemon.state import daemon_alive
-from orchestrator.errors import JobNotFound
+from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
 from orchestrator.store.history import HistoryPoint
 from orchestrator.store.job_facts import job_facts
-from orchestrator.store.queries import JobHistory, job_history, state_counts
+from orchestrator.store.queries import JobHistory, get_attempts, job_history, state_counts
+from orchestrator.store.queue import job_by_id
 from orchestrator.store.web_queries import (
     JobsFilter,
     attempt_spans,
-    job_labels,
+    job_configs,
     jobs_page,
     oom_marks,
     overview,
@@ -29,10 +30,13 @@ from orchestrator.store.web_queries import (
 )
 from orchestrator.web import pages
 from orchestrator.web.curves import PALETTE, Run, chart_spec, curves_of, read_curves
+from orchestrator.web.log_text import log_tail
 from orchestrator.web.memory_chart import memory_charts
 from orchestrator.web.results_view import result_table
 
-WEB_LOG_TAIL_BYTES = 32 * 1024
+# the job page reads this much of the log's end (redraws are many bytes), and shows its last lines
+WEB_LOG_TAIL_BYTES = 256 * 1024
+WEB_LOG_TAIL_LINES = 200
 
 TIMELINE_LIMIT = 5000
 
@@ -59,8 +63,9 @@ def memory_view(store: Store) -> str:
     samples = gpu_sample_series(store)
     since = min((s.ts for s in samples), default=None)
     ooms = oom_marks(store, since)
-    labels = job_labels(store, {j for s in samples for j in s.held_by_job})
-    return pages.memory_fragment(memory_charts(samples, ooms, labels))
+    configs = job_configs(store, {j for s in samples for j in s.held_by_job})
+    labels = {job_id: f"job {job_id} · {config}" for job_id, config in configs.items()}
+    return pages.memory_fragment(memory_charts(samples, ooms, labels, configs=configs))
 
 
 def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
@@ -68,7 +73,8 @@ def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
     done = [a for a in history.attempts if a.outcome is AttemptOutcome.SUCCEEDED]
     if not done:
         return None, "none yet: only a succeeded attempt has final metrics"
-    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None)
+    # as the script reported them, each once (`eval_loss`, not also its alias `loss`)
+    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None, aliases=False)
     numbers = finite_metrics(test) if test is not None else {}
     return (numbers, "") if numbers else (None, "the succeeded attempt reported no metrics (result.json or a printed JSON line)")
 
@@ -96,8 +102,27 @@ def job_view(store: Store, job_id: int) -> str:
     # stored at each attempt's end; a running attempt's read as it is now
     provenance = {a.n: a.provenance or (read_provenance(Path(a.run_dir), None) or {} if a.outcome is None else {})
                   for a in history.attempts}
-    return pages.job_fragment(history, spec, read_log_tail(last.run_dir, WEB_LOG_TAIL_BYTES) if last else "",
-                              last.n if last else None, metrics, note, {n: p for n, p in provenance.items() if p})
+    return pages.job_fragment(history, spec, job_log_tail(last.run_dir) if last else "", last.n if last else None,
+                              metrics, note, {n: p for n, p in provenance.items() if p})
+
+
+def job_log_tail(run_dir: str) -> str:
+    """The end of the attempt's log with its `\r` redraws collapsed (a tqdm bar is one line at
+    its last state), so that the result or the traceback shows."""
+    raw = read_log_tail(run_dir, WEB_LOG_TAIL_BYTES)
+    return log_tail(raw, WEB_LOG_TAIL_LINES, cut_at_start=len(raw.encode()) >= WEB_LOG_TAIL_BYTES)
+
+
+def attempt_run_dir(store: Store, job_id: int, n: int | None) -> str:
+    """The run dir of the job's attempt `n` (its last when None). Raises JobNotFound for an
+    unknown job, UsageError for an attempt it has not had."""
+    if job_by_id(store, job_id) is None:
+        raise JobNotFound(f"no job {job_id}")
+    attempts = get_attempts(store, job_id)
+    chosen = attempts[-1:] if n is None else [a for a in attempts if a.n == n]
+    if not chosen:
+        raise UsageError(f"job {job_id} has no attempt {n}" if n is not None else f"job {job_id} has not started yet")
+    return chosen[0].run_dir
 
 
 def results_view(store: Store, cache: RunReader, csv_href: str) -> str:

@@ -65,6 +65,7 @@ def daemon_run(
     min_free_mib: int,
     warn_free_mib: int,
     mps: bool,
+    overlap: bool,
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
@@ -87,7 +88,7 @@ def daemon_run(
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
             max_in_queue=max_in_queue,
             host_reserve_mib=round(host_reserve_gib * 1024),
-            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib, mps=mps,
+            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib, mps=mps, overlap=overlap,
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
@@ -114,6 +115,7 @@ def daemon_start(
     min_free_mib: int,
     warn_free_mib: int,
     mps: bool,
+    overlap: bool,
     db_path: Path,
 ) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
@@ -124,7 +126,7 @@ def daemon_start(
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
                     "--host-reserve-gib", str(host_reserve_gib),
                     "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
-                    *(["--mps"] if mps else []),
+                    *(["--mps"] if mps else []), *(["--overlap"] if overlap else []),
                     *executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)],
         notify_urls=notify_urls,
     )

@@ -90,6 +90,14 @@ def mps_option(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def overlap_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--overlap/--no-overlap", "overlap", default=False, envvar="ORCH_OVERLAP", show_default=True,
+        help="Start a job its learned start-up ahead of the running attempt whose end makes room for it "
+             "(env ORCH_OVERLAP).",
+    )(func)
+
+
 def check_mps(mps: bool, backend: str | None) -> None:
     """In the user's terminal: --mps needs NVIDIA's control binary and real GPUs."""
     if not mps:
@@ -137,7 +145,8 @@ def launcher_option(func: Any) -> Any:
 def daemon_settings_options(func: Any) -> Any:
     """What `orch daemon run` takes and `orch daemon start` passes on to it, in one list."""
     for option in reversed((executor_options, backend_option, poll_option, headroom_options, launcher_option,
-                            order_option, notify_option, host_reserve_option, disk_options, mps_option, db_option)):
+                            order_option, notify_option, host_reserve_option, disk_options, mps_option, overlap_option,
+                            db_option)):
         func = option(func)
     return func
 

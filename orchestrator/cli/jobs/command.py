@@ -117,6 +117,8 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         f"priority {payload['priority']}, declared {fmt_mib(payload['declared_mib'])}"
         + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
     )
+    if payload["level_note"]:
+        console.print(f"  {payload['level_note']}", markup=False, highlight=False)
     if payload["overrides"]:
         console.print(f"  --set {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
     if payload["wait_reason"] and payload["state"] == "queued":

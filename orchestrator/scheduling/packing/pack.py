@@ -165,13 +165,14 @@ def pack(
     host: HostState | None = None,
     topology: Mapping[tuple[int, int], int] | None = None,
     paused: Container[str] = frozenset(),
+    paused_configs: Container[tuple[str, str]] = frozenset(),
     draining: bool = False,
     hold: str | None = None,
 ) -> PackingDecision:
     """Place queued jobs on GPUs; the first `policy.reasons_for` waiting jobs (in packing order
     and in queue order) get a reason.
 
-    Jobs of a `paused` suite wait, and so does every job while `draining` or a `hold` (why
+    Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does every job while `draining` or a `hold` (why
     nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
     capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
     priority (high first), then longest expected run first (weighted by the plan slots its memory
@@ -191,7 +192,7 @@ def pack(
     reasons: dict[int, Wait] = {}
     movable: list[QueuedJob] = []
     for job in queue:
-        held_back = held(job.suite, paused, draining, hold)
+        held_back = held(job.suite, paused, draining, hold, config=job.config, paused_configs=paused_configs)
         if held_back is None:
             movable.append(job)
         else:

@@ -27,6 +27,7 @@ class QueuedJob:
     host_mib: int = 0  # predicted host RAM of the whole process tree (0: nothing known)
     cpus: int | None = None  # cores the suite asks for; None: not counted
     suite: str = ""  # a paused suite's jobs wait
+    config: str = ""  # and so do a paused config's
     # the first queued job of a group whose memory nothing has taught yet (orchestrator.scheduling.teaching):
     # ordered as a job with no run-time estimate, so that it runs early and teaches the rest
     teaches: bool = False

@@ -25,9 +25,22 @@
       }]
     };
   }
-  // what uPlot drew on each axis (it draws on a canvas), for readers of the page's DOM and its tests
+  // The axes' font, set on them and used to measure their labels.
+  var AXIS_FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+  var measurer = null;
+  function textPx(text){
+    measurer = measurer || document.createElement('canvas').getContext('2d');
+    measurer.font = AXIS_FONT;
+    return measurer.measureText(text).width;
+  }
+  // what uPlot drew on each axis (it draws on a canvas): its labels, where they sit (CSS px from
+  // the plot's left or top) and the widest label's width, for readers of the page's DOM and its tests
   function noteAxes(box){
-    return function(u){ box.dataset.axes = JSON.stringify(u.axes.map(function(a){ return {label: a.label, ticks: a._values || []}; })); };
+    return function(u){ box.dataset.axes = JSON.stringify(u.axes.map(function(a){
+      var ticks = a._values || [];
+      return {label: a.label, ticks: ticks, label_px: Math.ceil(Math.max.apply(null, [0].concat(ticks.map(textPx)))),
+              pos: (a._splits || []).map(function(v){ return Math.round(u.valToPos(v, a.scale)); })};
+    })); };
   }
   function restoreZoom(u, key, box){
     var st = kept[key], zoomed = !!(st && st.xmin !== undefined);
@@ -42,10 +55,16 @@
     box._observer.observe(box);
   }
   // 24-hour UTC times on the time axis; the date too when the chart spans more than a day
+  function timeFormat(span){ return span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}'; }
   function timeLabels(u, splits){
-    var span = u.scales.x.max - u.scales.x.min;
-    var fmt = uPlot.fmtDate(span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}');
+    var fmt = uPlot.fmtDate(timeFormat(u.scales.x.max - u.scales.x.min));
     return splits.map(function(v){ return fmt(utc(v)); });
+  }
+  // Ticks no closer than the widest label this span's format draws, plus a gap: whatever the
+  // chart's width in pixels, the labels never run together ("10:17:4510:18:00").
+  function timeSpace(u, axisIdx, min, max){
+    var widest = uPlot.fmtDate(timeFormat(max - min))(utc(Date.UTC(2000, 11, 28, 20, 58, 58) / 1e3));
+    return Math.ceil(textPx(widest)) + 24;
   }
   function gib(v){ return v == null ? '-' : (v / MiB_PER_GiB).toFixed(1) + ' GiB'; }
 
@@ -69,8 +88,8 @@
     var opts = {
       width: width(box), height: 200, tzDate: utc, cursor: {drag: {x: true, y: false}},
       scales: {x: {time: true}, y: {range: [0, Math.max(spec.total_mib / MiB_PER_GiB, 0.001)]}},
-      axes: [{label: 'time (UTC)', labelSize: 18, values: timeLabels},
-             {label: 'GPU memory (GiB)', labelSize: 18, size: 56, values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
+      axes: [{label: 'time (UTC)', labelSize: 18, font: AXIS_FONT, values: timeLabels, space: timeSpace},
+             {label: 'GPU memory (GiB)', labelSize: 18, size: 56, font: AXIS_FONT, values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
       series: series,
       hooks: Object.assign(keepZoom(key), {
         draw: [noteAxes(box), function(u){
