@@ -151,7 +151,7 @@ def test_the_dashboard_at_80x24_and_100x35_shows_all_five_running_jobs_with_thei
         assert waiting == ["7 waiting: all allowed GPUs at their plan cap (jobs 20–26)",
                            f"1 waiting: {LONG_REASON} (job 30)"]
         order = [next(i for i, line in enumerate(lines) if title in line)
-                 for title in ("running (5)", "─ waiting", "─ retries")]
+                 for title in ("running (5)", "─ waiting (8)", "─ retries")]
         assert order == sorted(order)
         if height == 35:
             assert any("event number 11" in line for line in lines)
@@ -191,3 +191,20 @@ def test_a_paused_suite_is_said_once_not_on_every_waiting_job() -> None:
         assert out.count(reason) == 1 and out.count("paused") == 2  # the panel's title and its one line
         assert "4 queued job(s) wait for it" in out and "orch resume E1" in out
         assert f"1 waiting: {LONG_REASON} (job 9)" in out and "job 0" not in out
+
+
+def test_rows_cut_too_eagerly_are_given_back_to_the_running_jobs() -> None:
+    # seven cards, 14 running, a long queue, retries and events: at 80x24 the running jobs take
+    # every row the frame has left, not the one row a coarse cut leaves them
+    snap = snapshot(n_waiting=0, n_running=14, n_events=12)
+    snap["gpus"] = [{**snap["gpus"][0], "index": i, "uuid": f"GPU-{i}"} for i in range(7)]
+    snap["counts"]["queued"] = 50_000
+    snap["waiting_groups"] = [{"reason": LONG_REASON, "jobs": 200, "first_id": 1001, "last_id": 1200}]
+    snap["retries"] = [{"ts": time.time(), "job": i, "from_level": 0, "to_level": 1, "why": "oom"} for i in range(8)]
+    console, buffer = terminal(80, 24)
+    console.print(render_status(snap, width=80, height=24))
+    lines = buffer.getvalue().splitlines()
+    assert 22 <= len(lines) <= 24
+    shown = sum(1 for line in lines if "E1_QKVO" in line and "3/10" in line)
+    assert shown >= 4 and any(f"+{14 - shown} more running" in line for line in lines)
+    assert any("waiting (50000)" in line for line in lines) and any("200 waiting:" in line for line in lines)

@@ -71,6 +71,10 @@ def cgroup_parent() -> Path | None:
         except OSError:
             continue
         if (parent / "cgroup.procs").is_file():
+            # memory.events in each attempt's folder (the kernel's OOM kills, read by the
+            # wrapper) needs the memory controller there; where it cannot be had, it is absent
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text("+memory")
             return parent
     return None
 

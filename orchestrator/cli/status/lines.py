@@ -72,7 +72,7 @@ def _is_paused(w: dict[str, Any], snapshot: dict[str, Any]) -> bool:
             or (w.get("suite"), w.get("config")) in {(p["suite"], p["config"]) for p in snapshot.get("paused_configs", [])})
 
 
-def _paused_queued(snapshot: dict[str, Any]) -> int:
+def paused_queued(snapshot: dict[str, Any]) -> int:
     suites = {p["suite"] for p in snapshot["paused_suites"]}
     return (sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
             + sum(p.get("queued") or 0 for p in snapshot.get("paused_configs", []) if p["suite"] not in suites))
@@ -82,7 +82,7 @@ def waiting_entries(snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], int
     """The waiting jobs to list, and how many more are queued. A paused suite's or config's
     jobs are counted on its line, not repeated one by one."""
     waiting = [w for w in snapshot["waiting"] if not _is_paused(w, snapshot)]
-    return waiting, snapshot["counts"]["queued"] - len(waiting) - _paused_queued(snapshot)
+    return waiting, snapshot["counts"]["queued"] - len(waiting) - paused_queued(snapshot)
 
 
 def _ids(first: int, last: int, n: int) -> str:
@@ -106,7 +106,7 @@ def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
         groups.sort(key=lambda g: (-g["jobs"], g["first_id"]))
     lines = [one_line(f"{g['jobs']} waiting: {g['reason'] or NOT_CONSIDERED} ({_ids(g['first_id'], g['last_id'], g['jobs'])})")
              for g in groups]
-    rest = snapshot["counts"]["queued"] - _paused_queued(snapshot) - sum(g["jobs"] for g in groups)
+    rest = snapshot["counts"]["queued"] - paused_queued(snapshot) - sum(g["jobs"] for g in groups)
     if lines and rest > 0:
         lines.append(f"... and {rest} more queued (orch jobs --state queued)")
     return lines

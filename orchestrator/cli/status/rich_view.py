@@ -18,6 +18,7 @@ from orchestrator.cli.status.lines import (
     clock,
     one_line,
     paused_lines,
+    paused_queued,
     retry_move,
     running_cells,
     waiting_group_lines,
@@ -97,7 +98,9 @@ def _entries(lines: list[str], limit: int) -> list[str]:
     """At most `limit` lines, the last saying how many more there are."""
     if len(lines) <= limit:
         return lines
-    kept = max(0, limit - 1)
+    if limit <= 1:  # room for one line: the first entry says more than a count
+        return lines[:limit]
+    kept = limit - 1
     return [*lines[:kept], f"... and {len(lines) - kept} more"]
 
 
@@ -113,6 +116,15 @@ def next_limits(limits: dict[str, int]) -> dict[str, int] | None:
     for name in SHRINK_ORDER:
         if limits[name] > SHRINK_FLOORS[name]:
             return {**limits, name: limits[name] - 1}
+    return None
+
+
+def grown_limits(limits: dict[str, int], full: dict[str, int]) -> dict[str, int] | None:
+    """One entry more in the first list, in the order rows are claimed (running, waiting,
+    retries, events), that was cut; None when none was."""
+    for name in reversed(SHRINK_ORDER):
+        if limits[name] < full[name]:
+            return {**limits, name: limits[name] + 1}
     return None
 
 
@@ -178,6 +190,13 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
             break
         frame = build(limits)
         excess = _height(frame, width) - (height - 1)
+    # Cutting by lines over can cut more than needed (a panel that goes takes its borders with
+    # it): give entries back, in the order rows are claimed, while the frame still fits.
+    while limits is not None and excess <= 0 and (more := grown_limits(limits, full)) is not None:
+        bigger = build(more)
+        if _height(bigger, width) > height - 1:
+            break
+        limits, frame = more, bigger
     return frame
 
 
@@ -215,7 +234,9 @@ def _frame(
     if lines.paused:
         parts.append(Panel(text("\n".join(lines.paused), style="red"), title="paused", title_align="left"))
     if lines.waiting and limits["waiting"]:
-        parts.append(Panel(text("\n".join(_entries(lines.waiting, limits["waiting"]))), title="waiting", title_align="left"))
+        waiting = snapshot["counts"]["queued"] - paused_queued(snapshot)
+        parts.append(Panel(text("\n".join(_entries(lines.waiting, limits["waiting"]))), title=f"waiting ({waiting})",
+                           title_align="left"))
     if lines.retries and limits["retries"]:
         # the newest retries first, so a cut list keeps them
         parts.append(Panel(Text("\n".join(_entries(lines.retries, limits["retries"])), overflow="ellipsis", no_wrap=True),
