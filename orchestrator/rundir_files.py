@@ -33,7 +33,8 @@ class RunDir:
     Names (the worker protocol, docs/worker-protocol.md):
     - written by orch before launch: CONFIG (the merged YAML), ENV;
     - written by the wrapper: PID (before the worker starts, exclusively), EXIT (after it ends),
-      LOG (the worker's stdout+stderr), GPU_PEAK (its process tree's GPU memory);
+      LOG (the worker's stdout+stderr), GPU_PEAK (its process tree's GPU memory), PROVENANCE
+      (code, host, GPU and interpreter it ran with);
     - written by the worker: PROGRESS (heartbeats, one JSON line each), RESULT (once, at the end);
     - written by the daemon: LOST_MARKER (before it declares an attempt without PID lost),
       SBATCH_SCRIPT (the Slurm executor's batch script), and Slurm writes SLURM_OUTPUT.
@@ -46,6 +47,7 @@ class RunDir:
     EXIT = "exit.json"
     LOG = "stdout.log"
     GPU_PEAK = "gpu_peak.json"
+    PROVENANCE = "provenance.json"
     PROGRESS = "progress.jsonl"
     RESULT = "result.json"
     LOST_MARKER = "lost"

@@ -108,7 +108,7 @@ def test_everything_written_under_the_wrapper_is_owner_only(tmp_path: Path) -> N
     )
     assert done.returncode == 0
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run_dir.iterdir()}
-    assert set(modes) == {"pid.json", "exit.json", "stdout.log", "worker-file"}
+    assert set(modes) == {"pid.json", "exit.json", "stdout.log", "provenance.json", "worker-file"}
     assert set(modes.values()) == {0o600}, modes
 
 

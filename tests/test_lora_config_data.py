@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from workers.lora.config import ConfigError, load_config, parse_config
-from workers.lora.data import find_source, load_splits, parse_data_name, split_train_val
+from workers.lora.data import (
+    example_id,
+    find_source,
+    load_splits,
+    parse_data_name,
+    read_split,
+    split_train_val,
+)
 from workers.lora.peft_spec import lora_kwargs, translate_targets
 from workers.lora.sample_data import main as sample_main
 
@@ -117,10 +125,26 @@ def test_tvt_split_is_deterministic_disjoint_and_seed_free(toy_data: Path) -> No
     assert (len(first["train"]), len(first["val"]), len(first["test"])) == (40, 10, 20)
     official = load_splits("glue_rte", toy_data)
     assert first["test"] == official["val"]
-    indexed = list(enumerate(official["train"]))
-    train, val = split_train_val(indexed)
-    assert not {i for i, _ in train} & {i for i, _ in val}
-    assert len(train) + len(val) == len(indexed)
+    train, val = split_train_val(official["train"])
+    assert not set(train) & set(val)
+    assert sorted(train + val, key=repr) == sorted(official["train"], key=repr)
+
+
+def test_splits_follow_content_not_row_order(tmp_path: Path, toy_data: Path) -> None:
+    """A JSON Lines copy of the data with its rows shuffled gives the same splits, in the same
+    order (the epoch permutations index the same examples), for every kind of data name."""
+    sample_main(["--out", str(tmp_path), "--tasks", "rte", "--n-train", "50", "--n-dev", "20", "--format", "jsonl"])
+    path = tmp_path / "rte" / "train.jsonl"
+    lines = path.read_text().splitlines()
+    random.Random(7).shuffle(lines)
+    path.write_text("\n".join(lines) + "\n")
+    for name in ("glue-tvt_rte", "glue_rte", "glue-tvt_rte_7"):
+        shuffled, original = load_splits(name, tmp_path), load_splits(name, toy_data)
+        assert shuffled["train"] == original["train"] and shuffled["val"] == original["val"], name
+    # the TSV's rows in file order: train is sorted by example id, not the file's first rows
+    rows = read_split("tsv", toy_data / "RTE", "rte", "train")
+    train = load_splits("glue-tvt_rte", toy_data)["train"]
+    assert train == sorted(train, key=example_id) and train != rows[: len(train)]
 
 
 def test_subset_takes_n_training_examples(toy_data: Path) -> None:
@@ -173,7 +197,8 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
     """The LoRA worker runs with the training stack only: of orchestrator it may use the
     dependency-free run-dir names and writer and the config key table, nothing else (and the
     table pulls in nothing of orch's own dependencies)."""
-    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys"}
+    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys", "orchestrator.attempts.divergence",
+               "orchestrator.executors.provenance"}
     for path in (WORKER_DIR / "lora").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -182,7 +207,17 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
                 names = [node.module or ""]
             assert all(n.split(".")[0] != "orchestrator" or n in allowed for n in names), path
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, orchestrator.plans.lora_keys; print(' '.join(sys.modules))"],
+        [sys.executable, "-c", "import sys, orchestrator.plans.lora_keys, orchestrator.attempts.divergence, orchestrator.executors.provenance; print(' '.join(sys.modules))"],
         capture_output=True, text=True, check=True,
     ).stdout.split()
     assert not {"sqlite_utils", "psutil", "libtmux", "pynvml", "click", "torch"} & {m.split(".")[0] for m in loaded}
+
+
+def test_mnli_mismatched_is_read_where_the_data_has_it(tmp_path: Path, toy_data: Path) -> None:
+    sample_main(["--out", str(tmp_path), "--tasks", "mnli", "--n-train", "30", "--n-dev", "12", "--format", "jsonl"])
+    from_jsonl, from_tsv = load_splits("glue-tvt_mnli", tmp_path), load_splits("glue-tvt_mnli", toy_data)
+    assert len(from_jsonl["test_mismatched"]) == 12 and len(from_tsv["test_mismatched"]) == 20
+    assert from_jsonl["test_mismatched"] != from_jsonl["test"]  # the other set, not matched again
+    (tmp_path / "mnli" / "validation_mismatched.jsonl").unlink()  # a copy with the matched set only
+    assert "test_mismatched" not in load_splits("glue_mnli", tmp_path)
+    assert "test_mismatched" not in load_splits("glue-tvt_rte", toy_data)

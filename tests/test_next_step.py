@@ -161,3 +161,17 @@ def test_classify_end_a_hangup_orch_did_not_send_is_lost() -> None:
     assert verdict.classification.outcome is AttemptOutcome.LOST
     killed = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.HUNG))
     assert killed.classification.outcome is AttemptOutcome.FAILED and killed.classification.reason == REASON_HUNG
+
+
+def test_a_diverged_run_fails_only_where_the_suite_says_so() -> None:
+    ok = {"exit_record": {"exit_code": 0}, "result": {"status": "succeeded", "metrics": {}}}
+    why = "final loss 9.2e+08 above the first steps' 0.7"
+    marked = classify_end(evidence(**ok, diverged=why))
+    assert marked.classification.outcome is AttemptOutcome.SUCCEEDED  # succeeded, marked in results
+    failed = classify_end(evidence(**ok, diverged=why, fail_on_divergence=True))
+    assert failed.classification.outcome is AttemptOutcome.FAILED and not failed.classification.retryable
+    assert failed.classification.reason == f"diverged: {why} (fail_on_divergence)"
+    step = decide_next(a_job(), LEVELS, LEVELS[0], failed)
+    assert step.job_state is JobState.FAILED and "diverged" in step.job_fields["reason"]
+    calm = classify_end(evidence(**ok, diverged=None, fail_on_divergence=True))
+    assert calm.classification.outcome is AttemptOutcome.SUCCEEDED

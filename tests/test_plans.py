@@ -581,3 +581,21 @@ def test_a_missing_suite_is_its_own_error(tmp_path: Path) -> None:
     (tmp_path / "suites").mkdir()
     with pytest.raises(SuiteNotFound, match="unknown suite 'nope'"):
         load_suite("nope", tmp_path)
+
+
+def test_divergence_settings_are_checked_and_stored_with_the_job(tmp_path: Path) -> None:
+    base = {"worker": "lora", "mem_gib": 1, "configs": ["a"]}
+    write_suite(tmp_path, "D", {**base, "fail_on_divergence": True, "divergence_factor": 5}, {"a": {"lr": 1}})
+    suite = load_suite("D", tmp_path)
+    assert suite.worker_output == {"fail_on_divergence": True, "divergence_factor": 5.0}
+    write_suite(tmp_path, "D", {**base, "divergence_factor": "off"}, {"a": {"lr": 1}})
+    with pytest.raises(PlanError, match="`divergence_factor` must be a number >= 1 or off"):
+        load_suite("D", tmp_path)
+    write_suite(tmp_path, "D", {**base, "divergence_factor": False}, {"a": {"lr": 1}})  # YAML's off
+    assert load_suite("D", tmp_path).worker_output == {"divergence_factor": 0.0}
+    for bad in ({"divergence_factor": 0.5}, {"fail_on_divergence": "yes"}):
+        write_suite(tmp_path, "D", {**base, **bad}, {"a": {"lr": 1}})
+        with pytest.raises(PlanError, match="divergence"):
+            load_suite("D", tmp_path)
+    write_suite(tmp_path, "D", base, {"a": {"lr": 1}})
+    assert load_suite("D", tmp_path).worker_output == {}  # nothing stored: the defaults

@@ -79,6 +79,7 @@ def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
         "changes": HALVED, "run_alone": False,
         "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2", "test_is_val": False,
         "val": None, "best_step": None, "inexact_rungs": ["halve_batch"],
+        "diverged": None, "code": None, "libraries": None,
     }
     assert rte["inexact_rungs"] == ["halve_batch"] and rte["marks"] == ["†"]
     assert rte["runs"][0]["changed"] == "nothing"
@@ -134,3 +135,31 @@ def test_orch_results_json_and_table(orch_inproc: OrchRunner, finished_db: Path)
     assert "0,2 †" in table.stdout and "changes numerics (step)" in table.stdout  # recorded before rungs were
     both = orch_inproc("results", "--json", "--format", "csv")
     assert both.rc == 2
+
+
+def test_a_diverged_run_and_mixed_code_are_marked_in_every_format() -> None:
+    why = "final loss 9.2e+08 above the first steps' 0.7"
+    summaries = aggregate([
+        ResultRow("E1", "wild", "glue_rte", 1, {"accuracy": 0.5}, job=1, diverged=why, code="1a2b3c4d5e6f", libraries="torch 2.5"),
+        ResultRow("E1", "wild", "glue_rte", 2, {"accuracy": 0.6}, job=2, code="1a2b3c4d5e6f+dirty", libraries="torch 2.5"),
+        ResultRow("E1", "calm", "glue_rte", 1, {"accuracy": 0.7}, job=3, code="1a2b3c4d5e6f", libraries="torch 2.5"),
+        ResultRow("E1", "calm", "glue_rte", 2, {"accuracy": 0.8}, job=4, code="1a2b3c4d5e6f"),  # libraries unknown
+    ])
+    calm, wild = sorted(summaries, key=lambda s: s.config)
+    assert (calm.diverged, calm.mixed_provenance) == ((), False)
+    assert [r.seed for r in wild.diverged] == [1] and wild.mixed_provenance
+    assert f"seed 1 (job 1): loss diverged, {why}: counted, marked" in wild.notes
+    assert "runs differ in code (`orch results --json` lists each run's)" in wild.notes
+    markdown = to_markdown(summaries)
+    assert "0.5500 ± 0.0707 ♯ ‖ \\*" in markdown and "♯ a run's loss diverged" in markdown
+    assert "‖ runs ran different code" in markdown
+    assert "0.7500 ± 0.0707** |" in markdown  # the calm row carries no mark
+    latex = to_latex(summaries)
+    assert r"$^{\sharp \| *}$" in latex and r"$^\sharp$ a run's loss diverged" in latex
+    parsed = {row["config"]: row for row in csv.DictReader(io.StringIO(to_csv(summaries)))}
+    assert (parsed["wild"]["diverged"], parsed["wild"]["mixed_provenance"]) == ("1", "true")
+    assert (parsed["calm"]["diverged"], parsed["calm"]["mixed_provenance"]) == ("0", "false")
+    record = {r["config"]: r for r in to_records(summaries)}["wild"]
+    assert record["diverged"] == 1 and record["marks"] == ["♯", "‖", "*"]
+    assert record["runs"][0]["diverged"] == why and record["runs"][1]["code"] == "1a2b3c4d5e6f+dirty"
+    assert record["provenance"] == {"code": ["1a2b3c4d5e6f", "1a2b3c4d5e6f+dirty"], "libraries": ["torch 2.5"]}

@@ -43,6 +43,8 @@ class EndEvidence:
     remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
     kernel_oom_kill: bool = False  # the kernel log names a process of the attempt as OOM-killed
     checkpoint: CheckpointLeft | None = None  # what the job's next attempt would resume from
+    diverged: str | None = None  # why the divergence rule flagged its loss
+    fail_on_divergence: bool = False  # the suite's: a flagged run fails (never retried: it would again)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
         verdict, resumes_from = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})"), None
+    if verdict.outcome is AttemptOutcome.SUCCEEDED and evidence.diverged and evidence.fail_on_divergence:
+        verdict = Classification(AttemptOutcome.FAILED, f"diverged: {evidence.diverged} (fail_on_divergence)",
+                                 retryable=False)
     return EndVerdict(verdict, disk_full, kill_reason, remote_end, resumes_from)
 
 

@@ -18,7 +18,9 @@ from orchestrator.attempts.next_step import (
     decide_next,
 )
 from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
+from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import remove_checkpoints, search_checkpoints
@@ -120,6 +122,8 @@ class _Gathered:
     card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
     hung_retries_so_far: int  # earlier attempts of the job killed as hung
     ran_alone: bool  # no other attempt on its card at its end (live or just ended)
+    loss: LossVerdict | None = None  # a run that ended well: its loss summary and the divergence rule's word
+    provenance: dict[str, str] | None = None  # the digest of its provenance records
 
 
 def _gather(
@@ -141,14 +145,18 @@ def _gather(
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
     exit_record = obs.exit_record if obs else None
     sigkilled = result is None and (exit_record or {}).get("signal") == SIGKILL
+    ended_well = not (lost or hung) and (exit_record or {}).get("exit_code") == 0
+    loss = loss_verdict(job, run_dir, result) if ended_well else None
     evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
                            lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end,
                            kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),
-                           checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None)
+                           checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None,
+                           diverged=loss.diverged if loss else None, fail_on_divergence=bool(loss and loss.fail))
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt),
-                     job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt))
+                     job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt),
+                     loss, read_provenance(run_dir, result))
 
 
 def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
@@ -189,6 +197,8 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
         data["retry"] = step.retry
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
+        if found.loss is not None and found.loss.diverged:
+            message += f"; loss diverged: {found.loss.diverged} (marked in results)"
     else:
         message = ended_on_gpu(attempt.n, verdict.outcome.value, attempt.gpu_index, verdict.reason, step.why)
     reason = verdict.reason
@@ -205,6 +215,8 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
             peak_mib=peak_mib, job_state=step.job_state, job_fields=step.job_fields, message=message, data=data,
             output_metrics=_stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None,
+            loss=found.loss.summary.to_record() if found.loss and found.loss.summary else None,
+            diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
         shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
         prompt=_prompt_lesson(job, verdict.outcome, result),

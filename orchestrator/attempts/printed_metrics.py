@@ -330,3 +330,28 @@ PROGRESS_LINE_KEYS = BOOKKEEPING_KEYS | {"loss", "t"}
 
 def is_progress_line(printed: dict[str, float]) -> bool:
     return ("step" in printed or "global_step" in printed) and set(printed) <= PROGRESS_LINE_KEYS
+
+
+# `'loss': 0.41` or `"loss": NaN` in a log dict (not `eval_loss`, not `train_loss`)
+_DICT_LOSS = re.compile(r"""['"]loss['"]\s*:\s*['"]?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|-?inf(?:inity)?)""",
+                        re.IGNORECASE)
+
+
+def printed_losses(text: str, progress_regex: re.Pattern[str] | None = None) -> list[float]:
+    """The training losses in a stretch of output, in order, NaN and infinities included (they
+    decide divergence): a `progress_regex` match's `loss` group, a log dict's `loss`, a tqdm
+    postfix `loss=0.41` or a `step N/M loss 0.41` line; one per line (a redrawn bar is one per
+    redraw). A regex scan, not the progress parser: it runs over megabytes when an attempt ends."""
+    losses: list[float] = []
+    for line in split_segments(text):
+        raw: str | None = None
+        if progress_regex is not None and (match := progress_regex.search(line)) is not None:
+            raw = match.groupdict().get("loss")
+        if raw is None and "loss" in line.lower() and (found := _DICT_LOSS.search(line) or _LOSS.search(line)):
+            raw = found.group(1)
+        if raw is not None:
+            try:
+                losses.append(float(raw))
+            except ValueError:
+                continue
+    return losses

@@ -9,18 +9,22 @@ Reads go through the run-dir module; the parsing is the pure `attempts.printed_m
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.printed_metrics import StdoutProgress
+from orchestrator.attempts.divergence import LossSummary, LossTrack
+from orchestrator.attempts.printed_metrics import StdoutProgress, printed_losses
 from orchestrator.attempts.rundir_reads import read_output, stat_output
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.store.history_bounds import Point
 
 TAIL_START_BYTES = 64 * 1024
 MAX_READ_BYTES = 1024 * 1024
+LOSS_HEAD_BYTES = 256 * 1024  # an ended attempt's losses: its first steps from here ...
+LOSS_TAIL_BYTES = 1024 * 1024  # ... its last ones (and minimum) from here
 
 
 def follows_stdout(worker: str) -> bool:
@@ -83,3 +87,29 @@ class OutputFollower:
         live = set(attempt_ids)
         for attempt_id in [a for a in self._followed if a not in live]:
             del self._followed[attempt_id]
+
+
+def printed_loss_summary(run_dir: Path, progress_regex: str | None) -> LossSummary | None:
+    """The training losses an ended attempt printed, as the divergence rule reads them: scanned
+    (`printed_losses`) from the head of stdout.log (its first steps) and its tail (its last steps
+    and, with the head, its minimum), never more than LOSS_HEAD_BYTES + LOSS_TAIL_BYTES of it.
+    None: no loss printed. (The follower reads live attempts only: a short script may end before
+    a pass has read any of its output.)"""
+    found = stat_output(run_dir)
+    if found is None:
+        return None
+    pattern = re.compile(progress_regex) if progress_regex else None
+    head = min(found.size_bytes, LOSS_HEAD_BYTES)
+    head_text = _decoder().decode(read_output(run_dir, 0, head), final=True)
+    tail_start = max(head, found.size_bytes - LOSS_TAIL_BYTES)
+    tail_text = _decoder().decode(read_output(run_dir, tail_start, found.size_bytes - tail_start), final=True)
+    if tail_start == head:  # the whole log: one text
+        texts = [head_text + tail_text]
+    else:  # two stretches, each cut mid-line at the gap: those part lines are left out
+        texts = [head_text.rsplit("\n", 1)[0], tail_text.partition("\n")[2]]
+    track = LossTrack()
+    for text in texts:
+        for loss in printed_losses(text, pattern):
+            track.add(loss)
+    summary = track.summary()
+    return summary if summary.steps else None

@@ -148,3 +148,23 @@ def nvml_available() -> bool:
         return False
     finally:
         probe.close()
+
+
+def driver_versions() -> dict[str, str]:
+    """The NVIDIA driver's version and the CUDA version it supports (`12.4`); {} without NVML."""
+    try:
+        nvml = _import_pynvml()
+        nvml.nvmlInit()
+    except Exception:  # no library, no driver: nothing to say
+        return {}
+    found: dict[str, str] = {}
+    try:
+        with contextlib.suppress(Exception):
+            found["driver"] = _text(nvml.nvmlSystemGetDriverVersion())
+        with contextlib.suppress(Exception):
+            version = int(nvml.nvmlSystemGetCudaDriverVersion())
+            found["cuda"] = f"{version // 1000}.{version % 1000 // 10}"
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return found

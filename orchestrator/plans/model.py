@@ -83,11 +83,17 @@ class Suite:
     keys: KeyMap = NO_KEYS  # orch's ladder knobs under the script's own key names
     progress_regex: str | None = None  # progress from stdout beyond the shapes orch knows
     result_regex: str | None = None  # metrics from stdout when there is no result.json
+    fail_on_divergence: bool = False  # a run whose loss diverged fails instead of succeeding (marked)
+    divergence_factor: float | None = None  # k of "last epoch above k × its minimum"; None: the default, 0: off
 
     @property
     def worker_output(self) -> dict[str, Any]:
         """What the daemon needs to drive and read this suite's worker, stored with each job."""
         stored: dict[str, Any] = {}
+        if self.fail_on_divergence:
+            stored["fail_on_divergence"] = True
+        if self.divergence_factor is not None:
+            stored["divergence_factor"] = self.divergence_factor
         if self.keys.names:
             stored["keys"] = self.keys.to_json()
         if self.progress_regex:

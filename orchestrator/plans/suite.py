@@ -136,7 +136,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
-        "keys", "progress_regex", "result_regex",
+        "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
         "gpus", "cpus", "grid", "seeds", "tasks", "not_science",
     }
@@ -222,6 +222,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     min_stack_gain = _typed(path, data, "min_stack_gain", (int, float), None)
     if min_stack_gain is not None and not (math.isfinite(min_stack_gain) and 0 <= min_stack_gain <= 1):
         raise PlanError(f"suite {path}: `min_stack_gain` must be a fraction between 0 and 1 (e.g. 0.10)")
+    fail_on_divergence = _typed(path, data, "fail_on_divergence", (bool,), False)
+    divergence_factor = _parse_divergence_factor(path, data.get("divergence_factor"))
     gpus = parse_count(data["gpus"], "gpus", f"suite {path}", MAX_GPUS) if data.get("gpus") is not None else 1
     cpus = parse_count(data["cpus"], "cpus", f"suite {path}", MAX_CPUS) if data.get("cpus") is not None else None
     for spec in configs:
@@ -256,7 +258,21 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         memory_keys=tuple(memory_keys),
         min_stack_gain=None if min_stack_gain is None else float(min_stack_gain),
         slurm=_parse_slurm(path, data.get("slurm")),
+        fail_on_divergence=fail_on_divergence,
+        divergence_factor=divergence_factor,
     )
+
+
+def _parse_divergence_factor(path: Path, raw: Any) -> float | None:
+    """`divergence_factor: K` (a last epoch above K × the run's minimum loss diverged; K >= 1),
+    `off` (YAML reads it as false: only the first-steps rule), or absent (the default)."""
+    if raw is None:
+        return None
+    if raw is False:
+        return 0.0
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not (math.isfinite(raw) and 1 <= raw <= 1e6):
+        raise PlanError(f"suite {path}: `divergence_factor` must be a number >= 1 or off, not {shown_value(str(raw))}")
+    return float(raw)
 
 
 def _parse_slurm(path: Path, raw: Any) -> dict[str, Any]:

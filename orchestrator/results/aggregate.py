@@ -82,6 +82,9 @@ class ResultRow:
     best_step: int | None = None  # the step whose val score chose the weights tested
     params: Mapping[str, Any] = field(default_factory=dict)  # the effective config (for --where)
     inexact: tuple[str, ...] = ()  # ladder rungs that change numerics the run went through
+    diverged: str | None = None  # why the divergence rule flagged its loss
+    code: str | None = None  # provenance: the worker's commit (`+dirty`), "not a git repository"; None: unknown
+    libraries: str | None = None  # provenance: its library versions, in one line; None: unknown
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class SeedRun:
     val: float | None = None  # the same metric on the validation split, when reported
     best_step: int | None = None
     inexact: tuple[str, ...] = ()  # ladder rungs that change numerics it went through
+    diverged: str | None = None
+    code: str | None = None
+    libraries: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,16 @@ class ResultSummary:
     def test_is_val(self) -> bool:
         """Some counted run scored its "test" metrics on the validation split."""
         return any(r.test_is_val for r in self.runs)
+
+    @property
+    def diverged(self) -> tuple[SeedRun, ...]:
+        """Counted runs whose loss the divergence rule flagged."""
+        return tuple(r for r in self.runs if r.diverged)
+
+    @property
+    def mixed_provenance(self) -> bool:
+        """The counted runs ran different code (commits, dirty trees) or library versions."""
+        return bool(_provenance_differs(self.runs))
 
     @property
     def repeated_seeds(self) -> dict[int, int]:
@@ -289,7 +305,24 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 def _run(row: ResultRow, value: float | None, metric: str) -> SeedRun:
     return SeedRun(seed=row.seed, value=value, job=row.job, attempt=row.attempt, level=row.level, step=row.step,
                    changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val,
-                   val=row.val_metrics.get(metric), best_step=row.best_step, inexact=row.inexact)
+                   val=row.val_metrics.get(metric), best_step=row.best_step, inexact=row.inexact,
+                   diverged=row.diverged, code=row.code, libraries=row.libraries)
+
+
+def _provenance_differs(runs: tuple[SeedRun, ...] | list[SeedRun]) -> list[str]:
+    """What the runs' provenance differs in: "code", "library versions" (unknown values aside)."""
+    return [name for name, attr in (("code", "code"), ("library versions", "libraries"))
+            if len({v for r in runs if (v := getattr(r, attr)) is not None}) > 1]
+
+
+def _evidence_notes(counted: list[SeedRun]) -> list[str]:
+    """The notes of a row's diverged runs and of runs of different code or libraries."""
+    notes = [f"seed {r.seed}" + (f" (job {r.job})" if r.job is not None else "") + f": loss diverged, {r.diverged}: "
+             "counted, marked" for r in counted if r.diverged]
+    differs = _provenance_differs(counted)
+    if differs:
+        notes.append(f"runs differ in {' and '.join(differs)} (`orch results --json` lists each run's)")
+    return notes
 
 
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -325,6 +358,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     states = seed_states(inputs.values())
     notes: list[str] = [fallback_note] if fallback_note else []
     notes += later_run_notes(list(inputs.values()), states, pooled, _jobs_text)
+    notes += _evidence_notes(counted)
     for row, _ in uncounted:
         where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
         notes.append(f"{where} reported {inputs[id(row)].why}: not counted")

@@ -145,6 +145,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
         reading = reader.reading(run.run_dir, run.output_metrics_json)
         if reading.metrics is None:
             missing += 1
+        provenance = provenance_keys(run.provenance_json)
         rows.append(ResultRow(
             run.suite, run.config, run.data, run.seed, reading.metrics or {},
             job=run.job_id, attempt=run.n, level=run.level, step=run.level_step,
@@ -153,8 +154,16 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
             no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
+            diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
         ))  # fmt: skip
     return rows, missing
+
+
+def provenance_keys(stored: str | None) -> dict[str, str | None]:
+    """What results compare of a run's provenance (stored validated at its end): its code and
+    its library versions, each one line; None where unknown."""
+    digest = _loads_mapping(stored) if stored else {}
+    return {name: value if isinstance(value := digest.get(name), str) else None for name in ("code", "libraries")}
 
 
 def inexact_of(run: ResultJob) -> tuple[str, ...]:

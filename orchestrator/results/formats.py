@@ -8,8 +8,9 @@ declared exact), whatever its precision and dropout: the legend names the rungs,
 an equivalent draw, not the number level 0 gives (exact rungs, which give bit-equal numbers, are
 not marked); § its "test" metric was scored on the validation set; ¶ some
 of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
-◇ some of its runs are still queued or running; * see its notes. A std of fewer than two values
-is `—`, never `± 0`.
+◇ some of its runs are still queued or running; ♯ a counted run's loss diverged; ‖ its runs ran
+different code or library versions; * see its notes. A std of fewer than two values is `—`,
+never `± 0`.
 
 Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
 a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.
@@ -26,12 +27,13 @@ from orchestrator.wording import fmt_changes
 CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
                "overrides", "test_is_val", "dropout_differs", "notes", "val_mean", "val_std", "val_n", "best_steps",
                "submitted", "failed", "cancelled", "running", "queued", "no_metric", "accounted", "pooled", "chosen_by",
-               "inexact_rungs", "run_levels", "run_inexact_rungs")
+               "inexact_rungs", "run_levels", "run_inexact_rungs", "diverged", "mixed_provenance")
 TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "val", "n", "seeds", "levels",
                  "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
 INEXACT, TEST_IS_VAL, FAILED_RUNS, UNFINISHED, SEE_NOTES = "†", "§", "¶", "◇", "*"
+DIVERGED, MIXED_PROVENANCE = "♯", "‖"
 # One legend for every mark of every format, in the order cells carry them (for papers: no CLI text).
 LEGEND = {
     INEXACT: "† some runs went through a ladder rung that changes numerics ({rungs}): their values are "
@@ -40,6 +42,8 @@ LEGEND = {
     FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
                  "that succeeded (n of the seeds submitted), which may be biased",
     UNFINISHED: "◇ some runs are still queued or running: the row may change",
+    DIVERGED: "♯ a run's loss diverged: its last epoch ended above its first steps or k × its minimum (counted)",
+    MIXED_PROVENANCE: "‖ runs ran different code (commit, uncommitted changes) or library versions",
     SEE_NOTES: "* see the notes below",
 }
 HINTS = {INEXACT: "`orch results --json` lists each run's level and rungs"}  # the terminal's legend only
@@ -75,6 +79,7 @@ def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
     if summary.test_is_val:
         marks.append(TEST_IS_VAL)
     marks += accounting_marks(summary)
+    marks += evidence_marks(summary)
     if with_notes and summary.notes:
         marks.append(SEE_NOTES)
     return marks
@@ -83,6 +88,11 @@ def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
 def accounting_marks(summary: ResultSummary) -> list[str]:
     """¶ when seeds are missing for good, ◇ while runs are still going."""
     return [mark for mark, on in ((FAILED_RUNS, summary.failed_runs), (UNFINISHED, summary.unfinished)) if on]
+
+
+def evidence_marks(summary: ResultSummary) -> list[str]:
+    """♯ when a counted run diverged, ‖ when the runs ran different code or libraries."""
+    return [mark for mark, on in ((DIVERGED, bool(summary.diverged)), (MIXED_PROVENANCE, summary.mixed_provenance)) if on]
 
 
 def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hints: bool = False,
@@ -161,7 +171,8 @@ def to_csv(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None 
             _opt(s.val_mean), _opt(s.val_std), s.val_n, " ".join(str(r.best_step) for r in s.runs if r.best_step is not None),
             d.submitted, d.failed, d.cancelled, d.running, d.queued, d.no_metric, s.accounted, _flag(s.pooled),
             (chosen or {}).get(id(s), ""), "; ".join(s.inexact_rungs), " ".join(_level(r) for r in s.runs),
-            "; ".join(f"{r.seed}:{'+'.join(r.inexact) or '-'}" for r in s.runs),
+            "; ".join(f"{r.seed}:{'+'.join(r.inexact) or '-'}" for r in s.runs), len(s.diverged),
+            _flag(s.mixed_provenance),
         ])  # fmt: skip
     return csv_lines(CSV_COLUMNS, rows)
 
@@ -187,7 +198,8 @@ def _run_record(r: Any) -> dict[str, Any]:
             "attempt": r.attempt, "level": r.level, "step": r.step, "changes": dict(r.changes),
             "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing",
             "test_is_val": r.test_is_val, "val": _opt_json(r.val), "best_step": r.best_step,
-            "inexact_rungs": list(r.inexact)}
+            "inexact_rungs": list(r.inexact), "diverged": r.diverged, "code": r.code,
+            "libraries": r.libraries}
 
 
 def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
@@ -213,6 +225,9 @@ def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | N
             "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
             "inexact_rungs": list(s.inexact_rungs),
             "marks": cell_marks(s), "notes": list(s.notes), "chosen_by": (chosen or {}).get(id(s)),
+            "diverged": len(s.diverged), "mixed_provenance": s.mixed_provenance,
+            "provenance": {name: sorted({v for r in s.runs if (v := getattr(r, name)) is not None})
+                           for name in ("code", "libraries")},
             "runs": [_run_record(r) for r in s.runs], "uncounted": [_run_record(r) for r in s.uncounted],
         })  # fmt: skip
     return records

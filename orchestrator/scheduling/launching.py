@@ -17,6 +17,7 @@ from orchestrator.attempts.disk_space import is_disk_full_error
 from orchestrator.errors import ClusterBusy, InvalidTransition, LauncherError, OrchError
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, in_threads
 from orchestrator.executors.checkpoints import CheckpointSearch, search_checkpoints
+from orchestrator.executors.provenance import WORKER_PROVENANCE_NOTES, WORKER_PROVENANCE_VAR
 from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.mps import MpsState
@@ -183,7 +184,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
-                   **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env},
+                   **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
+                   **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
         if moved_to is not None:

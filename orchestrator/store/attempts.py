@@ -147,6 +147,9 @@ class AttemptEnd:
     message: str
     data: dict[str, Any] | None = None
     output_metrics: dict[str, float] | None = None  # parsed from stdout when there is no result.json
+    loss: dict[str, Any] | None = None  # the loss summary the divergence rule judged
+    diverged: str | None = None  # why the rule flagged the run; None: not flagged
+    provenance: dict[str, Any] | None = None  # the validated digest of provenance.json
 
 
 def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
@@ -165,6 +168,12 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
             store._db.execute(
                 "UPDATE attempts SET output_metrics_json = ? WHERE id = ?",
                 [json.dumps(end.output_metrics), attempt.id],  # printed order: the first is the headline
+            )
+        if end.loss is not None or end.diverged is not None or end.provenance is not None:
+            store._db.execute(
+                "UPDATE attempts SET loss_json = ?, diverged = ?, provenance_json = ? WHERE id = ?",
+                [None if end.loss is None else json.dumps(end.loss), end.diverged,
+                 None if end.provenance is None else json.dumps(end.provenance, sort_keys=True), attempt.id],
             )
         job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt.job_id])[0]
         if job["state"] == JobState.RUNNING.value:

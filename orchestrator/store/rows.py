@@ -179,6 +179,9 @@ class Attempt:
     resumed_from_checkpoint: str | None = None
     hunted: str | None = None  # processes outside its group ended at its end (attempts.containment)
     token: str | None = None  # this attempt's own, in its exit.json and our workers' result.json
+    loss: dict[str, Any] = field(default_factory=dict)  # the loss summary its end was judged on
+    diverged: str | None = None  # why the divergence rule flagged it
+    provenance: dict[str, Any] = field(default_factory=dict)  # the validated digest of provenance.json
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -207,7 +210,8 @@ class Attempt:
             cpu_peak_cores=_opt_float(row.get("cpu_peak_cores")),
             resumed_from_attempt=_opt_int(row.get("resumed_from_attempt")),
             resumed_from_checkpoint=row.get("resumed_from_checkpoint"),
-            hunted=row.get("hunted"), token=row.get("token"),
+            hunted=row.get("hunted"), token=row.get("token"), loss=_json(row.get("loss_json"), {}),
+            diverged=row.get("diverged"), provenance=_json(row.get("provenance_json"), {}),
         )
 
     @property

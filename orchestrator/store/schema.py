@@ -383,3 +383,17 @@ def m026_not_science(db: sqlite_utils.Database) -> None:
     # A suite's `not_science:` keys as of the job's submit (a JSON list): config keys such as
     # output_dir or sim_seconds whose values never split results rows. '[]' for jobs before it.
     db.execute("ALTER TABLE jobs ADD COLUMN not_science_json TEXT NOT NULL DEFAULT '[]'")
+
+
+@MIGRATIONS()
+def m025_run_evidence(db: sqlite_utils.Database) -> None:
+    # What results must say about a run beside its scores: `loss_json`, the loss summary its end
+    # was judged on (first steps, minimum, last epoch); `diverged`, why the divergence rule flagged
+    # it (NULL: not flagged or nothing known); `provenance_json`, the validated digest of its
+    # provenance.json (code commit and dirty flag, library versions, GPU, host, data and model).
+    for statement in (
+        "ALTER TABLE attempts ADD COLUMN loss_json TEXT",
+        "ALTER TABLE attempts ADD COLUMN diverged TEXT",
+        "ALTER TABLE attempts ADD COLUMN provenance_json TEXT",
+    ):
+        db.execute(statement)

@@ -8,6 +8,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from orchestrator.attempts.provenance_reads import FIELDS as PROVENANCE_FIELDS
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import JobHistory
 from orchestrator.store.web_queries import AttemptSpan, JobsFilter, JobsPage, Overview
@@ -91,10 +92,11 @@ def memory_fragment(charts: Sequence[GpuMemoryChart]) -> str:
 
 def job_fragment(
     history: JobHistory, curves: dict[str, Any], log: str, log_attempt: int | None, metrics: dict[str, float] | None,
-    metrics_note: str,
+    metrics_note: str, provenance: dict[int, dict[str, str]] | None = None,
 ) -> str:
     return render("job.html", history=history, curves=curves, log=log, log_attempt=log_attempt,
-                  actions=ACTIONS_BY_STATE.get(history.job.state, ()), metrics=metrics or {}, metrics_note=metrics_note)
+                  actions=ACTIONS_BY_STATE.get(history.job.state, ()), metrics=metrics or {}, metrics_note=metrics_note,
+                  provenance=provenance or {}, provenance_fields=PROVENANCE_FIELDS)
 
 
 def results_fragment(table: ResultTable, csv_href: str) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orchestrator.api.curves import curve_points, stitch
 from orchestrator.api.jobs import headline_metric
+from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import JobNotFound, UsageError
@@ -98,8 +99,11 @@ def job_view(store: Store, job_id: int) -> str:
                       "printed Trainer logs, tqdm or JSON lines)", columns=("attempt", "level", "outcome", "resumed"))
     last = history.attempts[-1] if history.attempts else None
     metrics, note = final_metrics(history)
+    # stored at each attempt's end; a running attempt's read as it is now
+    provenance = {a.n: a.provenance or (read_provenance(Path(a.run_dir), None) or {} if a.outcome is None else {})
+                  for a in history.attempts}
     return pages.job_fragment(history, spec, job_log_tail(last.run_dir) if last else "", last.n if last else None,
-                              metrics, note)
+                              metrics, note, {n: p for n, p in provenance.items() if p})
 
 
 def job_log_tail(run_dir: str) -> str:

@@ -27,6 +27,7 @@ from workers.harness import (
 )
 from workers.lora.config import ConfigError, RunConfig, load_config
 from workers.lora.data import find_source, parse_data_name, test_is_validation
+from workers.lora.provenance import torch_record, worker_record
 
 # Messages of device out-of-memory errors (torch, CUDA runtime, cuBLAS, Triton, NCCL).
 OOM_SIGNATURES = (
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     started_s = time.monotonic()
     memory: dict[str, Any] = {}
+    provenance: dict[str, Any] = {}
     try:
         config = load_config(args.config or RunDir(run_dir).config)
         for warning in config.warnings:
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if test_is_validation(config.data):
             log(f"warning: {config.data} scores test on the validation split that also picks the "
                 "best epoch; result.json says test_is_val (use glue-tvt_ for a held-out test)")  # fmt: skip
+        provenance = worker_record(config)
         from workers.lora import train  # torch is imported only once the config is known good
 
         outcome = train.run(config, run_dir, Heartbeat(run_dir), log)
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         write_result(
             run_dir, STATUS_OOM if oom else STATUS_FAILED, error=error,
             seconds=time.monotonic() - started_s, **memory,
+            provenance=(provenance | torch_record()) or None,
         )  # fmt: skip
         return EXIT_OOM if oom else EXIT_FAILED
     write_result(
@@ -107,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         best_step=outcome.best_step,
         final_loss=outcome.losses[-1] if outcome.losses else None,
         longest_tokens=outcome.longest_tokens,
+        examples=outcome.examples,
+        truncated=outcome.truncated,
+        loss_summary=outcome.loss_summary,
+        provenance=provenance | torch_record(),
         test_is_val=test_is_validation(config.data),
         **outcome.settings,
         **outcome.memory,

@@ -1,4 +1,4 @@
-"""Tokenising prompts and left-padded batches (the answer is always the last position)."""
+"""Tokenising prompts (truncated field by field) and left-padded batches (the answer is always the last position)."""
 
 from __future__ import annotations
 
@@ -39,19 +39,64 @@ def _single_token(tokenizer: Any, context: str, word: str) -> int | None:
     return None if token == tokenizer.unk_token_id else token
 
 
-def encode(
+def field_caps(lengths: Sequence[int], budget: int) -> list[int]:
+    """Token counts to keep per text field so that they sum to at most `budget` where that can
+    be: the longest field is shortened first (down to the next longest, then both, evenly), and
+    no field drops below one token (a pair task keeps its hypothesis). Pure."""
+    if sum(lengths) <= budget:
+        return list(lengths)
+    level = max(1, max((cap for cap in range(1, max(lengths) + 1) if sum(min(n, cap) for n in lengths) <= budget),
+                       default=1))
+    caps = [min(n, level) for n in lengths]
+    spare = budget - sum(caps)
+    for i, n in enumerate(lengths):  # what is left of the budget goes to the first long fields
+        if spare <= 0:
+            break
+        if n > level:
+            caps[i] += 1
+            spare -= 1
+    return caps
+
+
+def encode(tokenizer: Any, task: str, examples: Sequence[Example], max_seq_len: int) -> list[Encoded]:
+    """Token ids of each prompt, truncated as `encode_counted` does."""
+    return encode_counted(tokenizer, task, examples, max_seq_len)[0]
+
+
+def encode_counted(
     tokenizer: Any, task: str, examples: Sequence[Example], max_seq_len: int
-) -> list[Encoded]:
-    """Token ids of each prompt; over-long prompts lose text from the middle, never the question."""
+) -> tuple[list[Encoded], int]:
+    """Token ids of each prompt and how many prompts had to be truncated. An over-long prompt
+    loses the end of its longest text field first, never a whole field nor the question line;
+    only a prompt whose fixed parts alone are too long loses text from the middle."""
     tail_len = len(tokenizer(TASKS[task].tail, add_special_tokens=False)["input_ids"])
-    keep_head = max(1, max_seq_len - tail_len)
-    encoded = []
+    encoded, truncated = [], 0
     for example in examples:
         ids = list(tokenizer(prompt_text(task, example.texts))["input_ids"])
         if len(ids) > max_seq_len:
-            ids = ids[:keep_head] + ids[-tail_len:]
-        encoded.append(Encoded(ids[-max_seq_len:], example.label))
-    return encoded
+            truncated += 1
+            ids = _shortened(tokenizer, task, example.texts, ids, max_seq_len, tail_len)
+        encoded.append(Encoded(ids, example.label))
+    return encoded, truncated
+
+
+def _shortened(
+    tokenizer: Any, task: str, texts: Sequence[str], ids: list[int], max_seq_len: int, tail_len: int
+) -> list[int]:
+    fields = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    excess = len(ids) - max_seq_len
+    for _ in range(4):  # re-tokenising the cut text may merge differently: a few more tokens off
+        caps = field_caps([len(f) for f in fields], sum(len(f) for f in fields) - excess)
+        cut = tuple(tokenizer.decode(f[:cap], skip_special_tokens=True) for f, cap in zip(fields, caps, strict=True))
+        shortened = list(tokenizer(prompt_text(task, cut))["input_ids"])
+        if len(shortened) <= max_seq_len:
+            return shortened
+        if caps == [min(1, len(f)) for f in fields]:
+            break
+        excess += len(shortened) - max_seq_len
+    # The template and question alone do not fit: keep the head and the question line.
+    keep_head = max(1, max_seq_len - tail_len)
+    return (ids[:keep_head] + ids[-tail_len:])[-max_seq_len:]
 
 
 class LeftPadCollator:

@@ -9,12 +9,12 @@ HF field names, a `datasets.save_to_disk` folder. No torch at import time.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
-import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from workers.lora.config import ConfigError
 
@@ -22,6 +22,9 @@ from workers.lora.config import ConfigError
 SPLIT_SEED = 1234
 TRAIN_FRACTION = 0.8
 DIGIT_WORDS = (" 0", " 1", " 2")
+# MNLI's second test set (genres unseen in training): scored as its own split, `test_mismatched`.
+MISMATCHED_TASKS = ("mnli",)
+MISMATCHED_SPLIT = "test_mismatched"
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,6 @@ TASKS: dict[str, TaskSpec] = {
     )
 }  # fmt: skip
 REGRESSION_TASKS = ("stsb",)
-T = TypeVar("T")
 _NAME = re.compile(r"^(glue|glue-tvt)_([a-z0-9]+?)(?:_(\d+))?$")
 
 
@@ -131,44 +133,73 @@ def load_splits(name: str, data_dir: Path) -> dict[str, list[Example]]:
     if parsed.kind == "glue-tvt":
         train, val = split_train_val(train)
         splits = {"train": train, "val": val, "test": official_val}
-    else:
-        splits = {"train": train, "val": official_val, "test": official_val}
+    else:  # in content order: the epoch permutations index the same examples whatever the file order
+        splits = {"train": sorted(train, key=example_id), "val": official_val, "test": official_val}
     if parsed.subset is not None:
         splits["train"] = subset(splits["train"], parsed.subset)
+    if parsed.task in MISMATCHED_TASKS and has_mismatched(fmt, folder):
+        # scored beside test, with the same (best-on-val) weights
+        splits[MISMATCHED_SPLIT] = read_split(fmt, folder, parsed.task, MISMATCHED_SPLIT)
     for split, examples in splits.items():
         if not examples:
             raise ConfigError(f"{name}: the {split} split is empty")
     return splits
 
 
-def split_train_val(examples: list[T]) -> tuple[list[T], list[T]]:
-    """Deterministic, disjoint 80/20 split (seed fixed, not the run seed)."""
-    order = list(range(len(examples)))
-    random.Random(SPLIT_SEED).shuffle(order)
-    cut = round(len(order) * TRAIN_FRACTION)
-    return [examples[i] for i in sorted(order[:cut])], [examples[i] for i in sorted(order[cut:])]
+def example_id(example: Example, salt: str = "") -> str:
+    """A stable id of an example: a hash of its texts and label, not of where it sits in a file,
+    so a TSV and a JSON Lines copy of one dataset (or a shuffled one) split the same."""
+    text = json.dumps([salt, list(example.texts), example.label], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def by_content(examples: list[Example], salt: str) -> list[Example]:
+    """The examples in the order of their salted ids: a fixed shuffle that depends on content only."""
+    return sorted(examples, key=lambda e: example_id(e, salt))
+
+
+def split_train_val(examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    """Deterministic, disjoint 80/20 split by content (fixed salt, not the run seed); both parts
+    in content order, so the epoch permutations index the same examples whatever the file order."""
+    ordered = by_content(examples, f"split:{SPLIT_SEED}")
+    cut = round(len(ordered) * TRAIN_FRACTION)
+    return sorted(ordered[:cut], key=example_id), sorted(ordered[cut:], key=example_id)
 
 
 def subset(examples: list[Example], size: int) -> list[Example]:
-    """The first `size` examples after a fixed-seed shuffle."""
-    order = list(range(len(examples)))
-    random.Random(SPLIT_SEED + 1).shuffle(order)
-    return [examples[i] for i in order[:size]]
+    """The first `size` examples in a fixed order by content (in content order)."""
+    return sorted(by_content(examples, f"subset:{SPLIT_SEED}")[:size], key=example_id)
+
+
+def has_mismatched(fmt: str, folder: Path) -> bool:
+    """Whether MNLI's mismatched validation set is there (a copy may hold the matched one only)."""
+    if fmt == "tsv":
+        return (folder / "dev_mismatched.tsv").is_file()
+    if fmt == "jsonl":
+        return (folder / "validation_mismatched.jsonl").is_file()
+    try:
+        return "validation_mismatched" in json.loads((folder / "dataset_dict.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def read_split(fmt: str, folder: Path, task: str, split: str) -> list[Example]:
+    """`split`: train, validation (MNLI: its matched half) or test_mismatched (MNLI only)."""
     spec = TASKS[task]
+    mismatched = split == MISMATCHED_SPLIT
     if fmt == "tsv":
-        file_name = "train.tsv" if split == "train" else (
+        file_name = "train.tsv" if split == "train" else "dev_mismatched.tsv" if mismatched else (
             "dev_matched.tsv" if task == "mnli" else "dev.tsv")  # fmt: skip
         return _read_tsv(folder / file_name, spec)
     if fmt == "jsonl":
-        names = [f"{split}.jsonl"] + (["validation_matched.jsonl"] if task == "mnli" else [])
+        names = ["validation_mismatched.jsonl"] if mismatched else (
+            [f"{split}.jsonl"] + (["validation_matched.jsonl"] if task == "mnli" else []))  # fmt: skip
         path = next(
             (folder / n for n in reversed(names) if (folder / n).is_file()), folder / names[0]
         )
         return _rows_to_examples(_read_jsonl(path), spec, str(path))
-    return _rows_to_examples(_read_saved_dataset(folder, task, split), spec, str(folder))
+    saved = "validation_mismatched" if mismatched else split
+    return _rows_to_examples(_read_saved_dataset(folder, task, saved), spec, str(folder))
 
 
 def prompt_text(task: str, texts: tuple[str, ...]) -> str:
@@ -216,7 +247,7 @@ def _read_saved_dataset(folder: Path, task: str, split: str) -> list[dict[str, A
             f"{folder} is a save_to_disk folder but `datasets` is not installed"
         ) from None
     dataset_dict = datasets.load_from_disk(str(folder))
-    names = [split] + (["validation_matched"] if task == "mnli" else [])
+    names = [split] + (["validation_matched"] if task == "mnli" and split == "validation" else [])
     for candidate in reversed(names):
         if candidate in dataset_dict:
             return [dict(row) for row in dataset_dict[candidate]]

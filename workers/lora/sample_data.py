@@ -80,11 +80,13 @@ def write_task(out: Path, task: str, fmt: str, n_train: int, n_dev: int, seed: i
     spec = TASKS[task]
     rng = random.Random(f"{seed}:{task}")
     splits = {"train": make_examples(task, n_train, rng), "dev": make_examples(task, n_dev, rng)}
+    if task == "mnli":  # MNLI's second validation set (other genres in GLUE)
+        splits["dev_mismatched"] = make_examples(task, n_dev, rng)
     if fmt == "jsonl":
         folder = out / task
         folder.mkdir(parents=True, exist_ok=True)
         for split, examples in splits.items():
-            name = "train.jsonl" if split == "train" else "validation.jsonl"
+            name = {"train": "train.jsonl", "dev": "validation.jsonl"}.get(split, "validation_mismatched.jsonl")
             with open(folder / name, "w", encoding="utf-8") as handle:
                 for idx, (texts, label) in enumerate(examples):
                     row = dict(zip(spec.fields, texts, strict=True)) | {"label": label, "idx": idx}
@@ -93,7 +95,7 @@ def write_task(out: Path, task: str, fmt: str, n_train: int, n_dev: int, seed: i
     folder = out / spec.glue_dir
     folder.mkdir(parents=True, exist_ok=True)
     for split, examples in splits.items():
-        name = "dev_matched.tsv" if split == "dev" and task == "mnli" else f"{split}.tsv"
+        name = "dev_matched.tsv" if split == "dev" and task == "mnli" else f"{split}.tsv"  # dev_mismatched.tsv
         (folder / name).write_text(_tsv(task, examples), encoding="utf-8")
     return folder
 

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from orchestrator.attempts.divergence import summarise_losses
 from workers.harness import Heartbeat
-from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode
+from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode_counted
 from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoints, save_checkpoint
 from workers.lora.config import RunConfig
-from workers.lora.data import load_splits, parse_data_name
+from workers.lora.data import MISMATCHED_SPLIT, load_splits, parse_data_name
 from workers.lora.dropout import KEYED_DROPOUT, install_keyed_dropout
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
 from workers.lora.model import apply_lora, enable_checkpointing, load_model, lora_settings
@@ -29,6 +30,7 @@ from workers.lora.optimizer import apply_update, build_optimizer, describe_optim
 from workers.lora.order import EpochOrder
 
 MIB = 1024 * 1024
+TRUNCATION_WARN_SHARE = 0.01  # more truncated examples than this share of a split: a warning
 Log = Callable[[str], None]
 
 
@@ -49,6 +51,10 @@ class TrainOutcome:
     longest_tokens: int = 0
     # what ran, for result.json: the applied LoRA settings, parameter counts, the optimizer
     settings: dict[str, Any] = field(default_factory=dict)
+    # per split: examples, and how many of them lost text to max_seq_len
+    examples: dict[str, int] = field(default_factory=dict)
+    truncated: dict[str, int] = field(default_factory=dict)
+    loss_summary: dict[str, Any] = field(default_factory=dict)  # divergence.LossSummary.to_record()
 
 
 def select_device() -> torch.device:
@@ -167,10 +173,14 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     model.train()
     answer_ids = answer_token_ids(tokenizer, task)
     collator = LeftPadCollator(tokenizer.pad_token_id, answer_ids)
-    encoded = {
-        name: encode(tokenizer, task, examples, config.max_seq_len)
-        for name, examples in splits.items()
-    }
+    counted = {name: encode_counted(tokenizer, task, examples, config.max_seq_len)
+               for name, examples in splits.items()}  # fmt: skip
+    encoded = {name: pair[0] for name, pair in counted.items()}
+    truncated = {name: pair[1] for name, pair in counted.items()}
+    for name, count in truncated.items():
+        if count > TRUNCATION_WARN_SHARE * len(encoded[name]):
+            log(f"warning: {count} of {len(encoded[name])} {name} examples ({100 * count / len(encoded[name]):.1f} %) "
+                f"are longer than max_seq_len {config.max_seq_len} and lost text from their longest field")  # fmt: skip
     order = EpochOrder(len(encoded["train"]), config.seed)
     train_loader = build_loader(
         encoded["train"], config.batch_size, collator, config.num_data_workers, order, config.seed
@@ -181,7 +191,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     eval_loaders = {
         name: build_loader(sorted(encoded[name], key=lambda e: -len(e.input_ids)),
                            config.eval_batch_size or 2 * config.batch_size, collator, 0, None, 0)
-        for name in ("val", "test")
+        for name in ("val", "test", MISMATCHED_SPLIT) if name in encoded
     }  # fmt: skip
 
     def autocast() -> Any:
@@ -253,7 +263,9 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             f"epoch {epoch + 1} with {consumed} of its {n_train} examples done")  # fmt: skip
 
     start_step = step
+    epoch_start_step = step
     while step < total_steps:
+        epoch_start_step = step - math.ceil(consumed / config.effective_batch_size)
         order.set_epoch(epoch, skip=consumed)  # a resumed epoch goes on where its checkpoint was
         for group in _groups(iter(train_loader), accum):
             started_s = time.perf_counter()
@@ -309,6 +321,10 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             named[name].copy_(value)
     test_scores = evaluate(model, eval_loaders["test"], answer_ids, task, kind, device, autocast,
                            eval_beat("test"))  # fmt: skip
+    if MISMATCHED_SPLIT in eval_loaders:  # MNLI: matched is `test`, mismatched beside it
+        mismatched = evaluate(model, eval_loaders[MISMATCHED_SPLIT], answer_ids, task, kind, device, autocast,
+                              eval_beat(MISMATCHED_SPLIT))  # fmt: skip
+        test_scores |= {f"{name}_mismatched": value for name, value in mismatched.items()}
     if not config.no_save:
         model.save_pretrained(run_dir / "adapter")
     remove_checkpoints(run_dir)  # finished: nothing left to resume
@@ -323,6 +339,9 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         memory=peak_memory(device),
         longest_tokens=max((len(e.input_ids) for split in encoded.values() for e in split), default=0),
         settings=settings,
+        examples={name: len(items) for name, items in encoded.items()},
+        truncated=truncated,
+        loss_summary=summarise_losses(losses, step - epoch_start_step).to_record(),
     )
 
 

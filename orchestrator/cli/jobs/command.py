@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.api.jobs import headline_metric
+from orchestrator.attempts.provenance_reads import provenance_line, read_provenance
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -96,6 +97,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     (job_id,) = parse_job_ids((job,))
     with open_store(db_path) as store:
         payload = job_to_public(job_history(store, job_id))
+    for a in payload["attempts"]:  # a running attempt's is stored at its end: read it as it is now
+        if a["provenance"] is None and a["outcome"] is None:
+            a["provenance"] = read_provenance(Path(a["run_dir"]), None)
     if as_json:
         echo_json(payload)
         return
@@ -141,10 +145,13 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
             resumed = a["resumed_from"]
             resumed_text = f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}" if resumed else ""
             notes = [resumed_text, predicted, f"changed {changes}" if changes else "", a["reason"] or "",
-                     a.get("hunted") or ""]
+                     a.get("hunted") or "", f"loss diverged: {a['diverged']}" if a.get("diverged") else ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
                 console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)
+            if a["provenance"]:
+                console.print(f"  attempt {a['n']} ran with: {provenance_line(a['provenance'])}",
+                              markup=False, highlight=False)
         console.print(f"  run dir: {payload['attempts'][-1]['run_dir']}")
     console.print("[bold]history[/]")
     for e in payload["events"]:

@@ -50,6 +50,7 @@ EXIT_REFUSED = 75  # EX_TEMPFAIL: the attempt was declared lost (or has a wrappe
 DISK_RETRY_S = 1.0  # how often a record refused for a full disk is written again
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DRAIN_S = 2.0  # how long to wait for output of orphaned grandchildren after the worker exits
+PROVENANCE_WAIT_S = 20.0  # at most this long for provenance.json after a worker that ended at once
 # SIGUSR2: Slurm's warning before a time limit (--signal=B:USR2@N), for a worker that checkpoints
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
@@ -82,13 +83,45 @@ def _own_create_time() -> float:
     return float(psutil.Process().create_time())
 
 
-def _load_site() -> None:
-    """site-packages for what runs after the worker started (NVML for the GPU peak sampler)."""
-    if sys.flags.no_site:
-        import site
+_SITE_LOCK = threading.Lock()
+_site_loaded = False
 
-        with contextlib.suppress(Exception):
-            site.main()
+
+def _load_site() -> None:
+    """site-packages for what runs after the worker started (NVML for the GPU peak sampler and
+    the provenance record), once, whichever thread asks first."""
+    global _site_loaded
+    with _SITE_LOCK:
+        if sys.flags.no_site and not _site_loaded:
+            import site
+
+            with contextlib.suppress(Exception):
+                site.main()
+        _site_loaded = True
+
+
+def _record_provenance(held: HeldRunDir, argv: list[str]) -> None:
+    """provenance.json (orchestrator.executors.provenance), from a thread once the worker runs:
+    its imports and subprocesses are not paid before the worker starts."""
+    _load_site()
+    from orchestrator.executors.provenance import wrapper_record
+
+    def cards() -> list[tuple[str, str, int]]:
+        from orchestrator.gpu import make_probe
+
+        probe = make_probe(None)
+        try:
+            return [(card.uuid, card.name, card.index) for card in probe.snapshot()]
+        finally:
+            probe.close()
+
+    def driver() -> dict[str, str]:
+        from orchestrator.gpu.nvml import driver_versions
+
+        return driver_versions()
+
+    with contextlib.suppress(Exception):  # a record we cannot make must not touch the attempt
+        write_quietly(held, RunDir.PROVENANCE, wrapper_record(argv, Path.cwd(), cards, driver))
 
 
 def _now() -> str:
@@ -231,6 +264,8 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
         assert child.stdout is not None
         tee = _Tee(child.stdout, log)
         tee.thread.start()
+        provenance = threading.Thread(target=_record_provenance, args=(held, argv), name="provenance", daemon=True)
+        provenance.start()
         # our own tree's GPU memory, on this node; site-packages (NVML) loaded in its thread
         sampler = GpuPeakSampler(
             lambda peak: write_quietly(held, RunDir.GPU_PEAK, peak), my_pid, prepare=_load_site
@@ -240,6 +275,9 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
         if reaper is not None:
             reaper.start()
         returncode = child.wait()
+        # before leftovers are looked for (its git and interpreter runs are ours, not the worker's)
+        # and before exit.json (the daemon reads provenance.json at the attempt's end)
+        provenance.join(PROVENANCE_WAIT_S)
         if reaper is not None:
             reaper.stop()
         left = descendants(my_pid)
