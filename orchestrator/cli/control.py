@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from orchestrator.actions.suite_changes import retry_jobs
+from orchestrator.actions.user_actions import Done, cancel_job, resume_suite
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -17,8 +19,6 @@ from orchestrator.cli.common import (
     plans_option,
 )
 from orchestrator.daemon.state import tmux_socket_name
-from orchestrator.daemon.suite_changes import retry_jobs
-from orchestrator.daemon.user_actions import Done, cancel_job, resume_suite
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import NotAttachable, attach_argv
 from orchestrator.lifecycle import JobState

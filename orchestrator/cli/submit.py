@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator.actions.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.cli.common import (
     check_gpus_exist,
     db_option,
@@ -17,7 +18,6 @@ from orchestrator.cli.common import (
     plans_option,
 )
 from orchestrator.daemon.notify import check_urls
-from orchestrator.daemon.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.errors import PlanError
 from orchestrator.plans import (
     GpuPlan,

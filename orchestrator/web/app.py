@@ -29,8 +29,8 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from orchestrator.daemon.suite_changes import retry_jobs
-from orchestrator.daemon.user_actions import Done, cancel_job, resume_suite, retry_job
+from orchestrator.actions.suite_changes import retry_jobs
+from orchestrator.actions.user_actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.results.collect import RunReader

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
-from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.results.collect import RunReader, finite_metrics, job_metrics

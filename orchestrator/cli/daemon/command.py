@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import psutil
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.cli.daemon.setup import (
@@ -25,7 +26,7 @@ from orchestrator.cli.daemon.setup import (
 )
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
 from orchestrator.daemon.notify import check_urls
-from orchestrator.daemon.state import DaemonLock, daemon_alive, runs_dir
+from orchestrator.daemon.state import DaemonLock, runs_dir
 from orchestrator.errors import DaemonError, MissingDatabase, StoreError
 from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.store.control import request_daemon_stop

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from enum import Enum
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import group_is_ours
-from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.store.control import request_stop, start_fresh, unpause_suite
