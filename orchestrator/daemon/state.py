@@ -1,5 +1,5 @@
 """What the CLI needs to know about a daemon without loading the scheduler: where its lock,
-run dirs, simulated GPUs and tmux socket are, and whether it is alive."""
+run dirs, simulated GPUs and tmux socket are (whether it is alive: orchestrator.actions.presence)."""
 
 from __future__ import annotations
 
