@@ -161,3 +161,18 @@ def test_classify_end_a_hangup_orch_did_not_send_is_lost() -> None:
     assert verdict.classification.outcome is AttemptOutcome.LOST
     killed = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.HUNG))
     assert killed.classification.outcome is AttemptOutcome.FAILED and killed.classification.reason == REASON_HUNG
+
+
+def test_a_stop_request_after_the_worker_ended_keeps_its_own_end() -> None:
+    """A cancel or retry read after the worker exited by itself (no signal reached its wrapper)
+    does not make its end a cancellation: a success stays a success, a failure a failure."""
+    on_its_own = {"exit_code": 0, "signal": None, "received": []}
+    for request in (KillRequest.CANCEL, KillRequest.RETRY):
+        kept = classify_end(evidence(exit_record=on_its_own, result={"status": "succeeded", "metrics": {}}, kill_reason=request))
+        assert kept.classification.outcome is AttemptOutcome.SUCCEEDED
+        assert decide_next(a_job(), LEVELS, LEVELS[0], kept).job_state is JobState.SUCCEEDED
+    failed = classify_end(evidence(exit_record={**on_its_own, "exit_code": 1}, kill_reason=KillRequest.CANCEL))
+    assert failed.classification.outcome is AttemptOutcome.FAILED
+    assert decide_next(a_job(), LEVELS, LEVELS[0], failed).job_state is JobState.CANCELLED
+    stopped = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.CANCEL))
+    assert stopped.classification.outcome is AttemptOutcome.CANCELLED

@@ -45,6 +45,13 @@ class EndVerdict:
     remote_end: ClusterEnd | None = None
 
 
+def ended_by_itself(exit_record: dict[str, object] | None) -> bool:
+    """The wrapper recorded the worker's end and no signal reached it: the worker ended on its
+    own, so no stop request (cancel, retry) can have ended it. Records from wrappers that did
+    not name the signals they received prove nothing either way (False)."""
+    return exit_record is not None and exit_record.get("received") == []
+
+
 def classify_end(evidence: EndEvidence) -> EndVerdict:
     """The attempt's outcome: the classifier's reading of its files, overruled by the cluster's
     word, by a hang-up signal orch did not send (lost, not failed), or by a full disk."""
@@ -55,7 +62,8 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         signal=(exit_record or {}).get("signal"),
         result=result,
         log_tail=evidence.log_tail,
-        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
+        # a stop request ends an attempt only if it came before the worker's own end
+        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY) and not ended_by_itself(exit_record),
         exit_record_present=exit_record is not None and not evidence.lost,
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
     )
@@ -143,8 +151,13 @@ def decide_next(
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
         return _uncounted(job, "requeued unchanged, not counted: waits until the disk has space")
+    if outcome.outcome is AttemptOutcome.SUCCEEDED:
+        # its worker finished before a cancel or retry could stop it: the result is kept
+        return NextStep(JobState.SUCCEEDED, {"reason": None}, "succeeded")
     if kill_reason is KillRequest.RETRY:
         return NextStep(JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued")
+    if kill_reason is KillRequest.CANCEL:  # whatever ended it, the user wants it to run no more
+        return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
     if remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
         # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
         slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
@@ -155,8 +168,6 @@ def decide_next(
         return _uncounted(job, "requeued unchanged, not counted")
     if outcome.outcome is AttemptOutcome.CANCELLED:
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
-    if outcome.outcome is AttemptOutcome.SUCCEEDED:
-        return NextStep(JobState.SUCCEEDED, {"reason": None}, "succeeded")
     host = job_host_settings(job)
     decision = retry_decision(
         outcome.outcome, outcome.reason, job.attempt_count, levels, level.index, job.max_attempts,
