@@ -189,7 +189,7 @@ def judge(
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
         if obs.started_alive is False:
             return Verdict.LOST  # the window is gone, or its command ended, without pid.json
-        if obs.now_s - started_at_s < LAUNCH_GRACE_S:
+        if obs.silent_s is None or obs.silent_s < LAUNCH_GRACE_S:
             return Verdict.PENDING
         return Verdict.LOST
     alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
@@ -201,9 +201,9 @@ def judge(
 
 
 def _judge_alive(attempt: Attempt, obs: Observation, hang_timeout_s: float) -> Verdict:
-    # Alive while it makes output: progress.jsonl lines or stdout.log growing. 0 means `off`.
-    last_sign_of_life = max(attempt.started_at, obs.last_progress_at or 0.0, obs.last_output_at or 0.0)
-    if hang_timeout_s > 0 and obs.now_s - last_sign_of_life > hang_timeout_s:
+    # Alive while it makes output (progress.jsonl lines, stdout.log growing), as long as the
+    # daemon measured it on its own monotonic clock. 0 means `off`.
+    if hang_timeout_s > 0 and obs.silent_s is not None and obs.silent_s > hang_timeout_s:
         return Verdict.HUNG
     return Verdict.ALIVE
 

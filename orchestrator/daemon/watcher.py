@@ -33,6 +33,7 @@ from orchestrator.attempts.reconcile import (
     proven_group,
 )
 from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.silence import Silences
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.clock import Clock
 from orchestrator.daemon.disk_hold import DiskHold
@@ -93,6 +94,7 @@ class AttemptWatcher:
         self.disk = disk
         self.started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
         self.observed = ObserveCache(clock.monotonic_s)  # run-dir reads and process checks kept between passes
+        self.silences = Silences(clock.monotonic_s)  # hang and launch grace: the daemon's own measure
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
         self.hunter = StrayHunter(clock, runs_dir)  # then their processes outside the group
@@ -147,6 +149,7 @@ class AttemptWatcher:
                     continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
+        self.silences.keep_only(a.id for a in live)
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
         self.stopper.keep_only(a.id for a in live)
@@ -249,6 +252,7 @@ class AttemptWatcher:
             except Exception:  # the executor could not tell: wait out the grace period
                 log.warning("cannot check the window of attempt %s", attempt.id, exc_info=True)
         obs = self._with_stdout_progress(attempt, job, obs)
+        obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
         verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
         if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
             verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
@@ -274,6 +278,7 @@ class AttemptWatcher:
                 attempt = replace(attempt, **fields)
         obs = remote_observation(obs, status)
         obs = self._with_stdout_progress(attempt, job, obs)
+        obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
         polled = statuses is not None and self.executor.answered_now
         end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
         cluster_end: ClusterEnd | None = None
