@@ -1,5 +1,5 @@
 """What a hostile worker of the same Unix user cannot do to orch or to other attempts, on the
-real daemon, tmux, SQLite and simulated GPUs (the README's reliability section names each)."""
+real daemon, tmux, SQLite and simulated GPUs (docs/reliability.md names each)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Untrusted files, other users and full disks, on the real daemon, tmux and SQLite: one test
-per guarantee of the README's reliability table (cross-user cases create a second Unix user
+per guarantee of the reliability table in docs/reliability.md (cross-user cases create a second Unix user
 when run as root and are skipped otherwise)."""
 
 from __future__ import annotations

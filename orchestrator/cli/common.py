@@ -33,7 +33,7 @@ def db_option(func: F) -> F:
 
 
 def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON (documented in the README).")(func)
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (shapes in docs/results.md).")(func)
 
 
 def plans_option(func: F) -> F:
