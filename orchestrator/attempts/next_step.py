@@ -32,6 +32,7 @@ class EndEvidence:
     hung: bool = False  # killed by the daemon as silent past its hang timeout
     disk_full_now: bool = False  # the runs dir's filesystem is below its free-space minimum
     remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
+    not_started: str | None = None  # why its worker never started through no fault of its own
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class EndVerdict:
     disk_full: str | None = None
     kill_reason: KillRequest | None = None
     remote_end: ClusterEnd | None = None
+    # why the end is not the job's doing (a hang-up from outside, a launch that never
+    # happened): requeued unchanged without using up one of its attempts
+    not_the_jobs: str | None = None
 
 
 def ended_by_itself(exit_record: dict[str, object] | None) -> bool:
@@ -68,14 +72,19 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
     )
     remote_end = evidence.remote_end
+    not_the_jobs = evidence.not_started
     if remote_end is not None:
         verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
     elif stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
+        not_the_jobs = "stopped from outside (a tmux server killed, a stray signal)"
+    elif not_the_jobs is not None and result is None:
+        verdict = Classification(AttemptOutcome.LOST, not_the_jobs)
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
         verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
-    return EndVerdict(verdict, disk_full, kill_reason, remote_end)
+    return EndVerdict(verdict, disk_full, kill_reason, remote_end,
+                      not_the_jobs if verdict.outcome is AttemptOutcome.LOST else None)
 
 
 def disk_full_cause(
@@ -151,6 +160,8 @@ def decide_next(
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
         return _uncounted(job, "requeued unchanged, not counted: waits until the disk has space")
+    if verdict.not_the_jobs is not None and kill_reason is None:
+        return _uncounted(job, f"requeued unchanged, not counted: {verdict.not_the_jobs}")
     if outcome.outcome is AttemptOutcome.SUCCEEDED:
         # its worker finished before a cancel or retry could stop it: the result is kept
         return NextStep(JobState.SUCCEEDED, {"reason": None}, "succeeded")

@@ -73,17 +73,19 @@ def complete(
     hung: bool = False,
     disk_full_now: bool = False,
     remote_end: ClusterEnd | None = None,
+    not_started: str | None = None,
 ) -> None:
     """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
     `disk_full_now`: the runs dir's filesystem is below its free-space minimum right now.
     `remote_end`: the cluster's own word on how it ended (Slurm's TIMEOUT, PREEMPTED, ...), which
     wins over the exit record the wrapper wrote when the cluster's signal stopped it.
+    `not_started`: why its worker never started through no fault of its own (requeued uncounted).
     What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
     found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
-                    remote_end=remote_end)
+                    remote_end=remote_end, not_started=not_started)
     ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
     step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far)
     closed = _write_end(store, attempt, found, ended.classification, step)
@@ -109,7 +111,7 @@ class _Gathered:
 
 def _gather(
     store: Store, attempt: Attempt, obs: Observation | None, cache: JobShapeCache, *, lost: bool, hung: bool,
-    disk_full_now: bool, remote_end: ClusterEnd | None,
+    disk_full_now: bool, remote_end: ClusterEnd | None, not_started: str | None = None,
 ) -> _Gathered:
     run_dir = Path(attempt.run_dir)
     problems = list(obs.problems) if obs else []
@@ -125,7 +127,8 @@ def _gather(
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
     evidence = EndEvidence(obs.exit_record if obs else None, result, read_log_tail(run_dir), attempt.kill_requested,
-                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end)
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end,
+                           not_started=not_started)
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt))

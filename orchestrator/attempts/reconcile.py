@@ -187,8 +187,10 @@ def judge(
         started_at_s = attempt.started_at
         if attempt.executor is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
-        if obs.started_alive is False:
-            return Verdict.LOST  # the window is gone, or its command ended, without pid.json
+        if obs.started_alive is False and not obs.launcher_alive:
+            # the window is gone, or its command ended, without pid.json (a wrapper the
+            # launcher started that still runs, its window killed with its server, is awaited)
+            return Verdict.LOST
         if obs.silent_s is None or obs.silent_s < LAUNCH_GRACE_S:
             return Verdict.PENDING
         return Verdict.LOST

@@ -225,8 +225,10 @@ class AttemptWatcher:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
             self._learn_host(attempt, job)
+        never_launched = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
-                 disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
+                 disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end,
+                 not_started="its launch never happened (the daemon that began it died first)" if never_launched else None)
         self._ended.append(attempt)
         self._cancel_sent.discard(attempt.id)
         self._attempt_errors.pop(attempt.id, None)

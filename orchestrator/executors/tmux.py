@@ -11,6 +11,7 @@ after the command exits (`remain-on-exit`) so the last output stays visible.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import shutil
@@ -27,7 +28,10 @@ from orchestrator.errors import LauncherError
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
 from orchestrator.executors.wrapper.run import wrapper_argv
+from orchestrator.rundir_files import TOKEN_VAR
 from orchestrator.store.rows import Attempt
+
+log = logging.getLogger(__name__)
 
 GATE_FILE = ".launch-gate"  # in the runs dir, beside the wake FIFO
 
@@ -53,6 +57,18 @@ def too_big_for_tmux(job_id: int, argv: list[str], command_bytes: int, env_bytes
             "(`orch daemon stop`, then `orch daemon start --launcher subprocess`)")
 
 
+def window_identity(attempt_id: int, token: str | None) -> str:
+    """The end of an attempt's window name, which no other attempt's window has. tmux numbers
+    windows (@1, @2...) per server: a restarted server, or the server of the same database
+    reached by another path, gives an id again to another attempt's window, so a window is
+    closed or believed only when its name ends with this."""
+    return f".a{attempt_id}" + (f".{token[:12]}" if token else "")
+
+
+def _attempt_identity(attempt: Attempt) -> str:
+    return window_identity(attempt.id, attempt.token)
+
+
 class TmuxExecutor(Executor):
     name = "tmux"
 
@@ -67,6 +83,7 @@ class TmuxExecutor(Executor):
         # subprocesses each; a launch is then one `tmux new-window`.
         self._ready = False
         self._server_env: dict[str, str] | None = None
+        self._server_pid: str | None = None  # the tmux server's pid as last seen: a change is a restart
         self._gate = LaunchGate()
 
     def _session(self) -> libtmux.Session:
@@ -129,6 +146,9 @@ class TmuxExecutor(Executor):
         command = "exec " + shlex.join(wrapper_argv(spec.run_dir, spec.argv))
         if gate is not None:  # `;`: a gate that cannot be opened holds nothing back
             command = f": <{shlex.quote(str(gate))}; {command}"
+        # A hang-up (the server killed) before the wrapper takes its signals is ignored, not
+        # fatal: the wrapper starts, and forwards the ones that reach it from then on.
+        command = f"trap '' HUP; {command}"
         environment = self._env_for_window(spec.env)
         env_bytes = sum(len(k) + len(v) + 4 for k, v in environment.items())
         if len(command) + env_bytes > MAX_COMMAND_BYTES:
@@ -137,8 +157,9 @@ class TmuxExecutor(Executor):
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
             raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
+        name = spec.window_name + window_identity(spec.attempt_id, spec.env.get(TOKEN_VAR))
         args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
-                "-n", spec.window_name, "-c", str(spec.cwd or Path.cwd())]
+                "-n", name, "-c", str(spec.cwd or Path.cwd())]
         for key, value in environment.items():
             args += ["-e", f"{key}={value}"]
         return [*args, command]
@@ -215,26 +236,62 @@ class TmuxExecutor(Executor):
                 os.unlink(name)
         return [line for line in proc.stdout if line.strip()]
 
-    def _pane_dead(self, window_id: str) -> bool | None:
-        """None when the window does not exist, else whether its command has exited."""
-        proc = self.server.cmd("list-panes", "-t", window_id, "-F", "#{pane_dead}")
+    def _seen_server(self, pid: str) -> None:
+        """Note the server's pid; a different one means orch's tmux server was restarted (the
+        user's `tmux kill-server`): every window id of the old one is void, and the new server
+        needs the session, options and environment set up again."""
+        if self._server_pid is not None and pid != self._server_pid:
+            log.warning("orch's tmux server was restarted (pid %s, now %s): windows of the old server are gone; "
+                        "their attempts are judged by their run dirs", self._server_pid, pid)
+            self._ready = False
+            self._server_env = None
+        self._server_pid = pid
+
+    def _window(self, window_id: str) -> tuple[bool, str] | None:
+        """(whether its command has exited, its name) of a window; None when there is none."""
+        proc = self.server.cmd("list-panes", "-t", window_id, "-F", "#{pid} #{pane_dead} #{window_name}")
         if proc.returncode != 0 or not proc.stdout:
             return None
-        return proc.stdout[0].strip() == "1"
+        pid, dead, name = [*proc.stdout[0].split(" ", 2), "", ""][:3]
+        self._seen_server(pid)
+        return dead == "1", name
+
+    def _pane_dead(self, window_id: str, identity: str | None = None) -> bool | None:
+        """None when the window does not exist (or, given `identity`, is another attempt's),
+        else whether its command has exited."""
+        window = self._window(window_id)
+        if window is None or (identity is not None and not window[1].endswith(identity)):
+            return None
+        return window[0]
 
     def window_alive(self, window_id: str) -> bool:
         return self._pane_dead(window_id) is False
 
     def started_alive(self, attempt: Attempt) -> bool | None:
-        """Whether the attempt's pane still runs its command (before its wrapper wrote pid.json)."""
+        """Whether the attempt's pane still runs its command (before its wrapper wrote pid.json);
+        a window of that id that is another attempt's (a restarted server) is not its pane."""
         if attempt.executor != self.name or not attempt.executor_id:
             return None
-        return self.window_alive(attempt.executor_id)
+        return self._pane_dead(attempt.executor_id, _attempt_identity(attempt)) is False
 
     def cleanup(self, attempts: Sequence[Attempt]) -> None:
         """Close the windows of attempts whose ends are recorded (their output is in stdout.log),
-        so windows of finished attempts do not pile up."""
-        self.kill_windows([a.executor_id for a in attempts if a.executor == self.name and a.executor_id])
+        so windows of finished attempts do not pile up. Only a window whose name is the
+        attempt's is closed: after a server restart its id may be a new attempt's window."""
+        wanted = {a.executor_id: _attempt_identity(a) for a in attempts if a.executor == self.name and a.executor_id}
+        if not wanted:
+            return
+        proc = self.server.cmd("list-windows", "-a", "-F", "#{pid} #{window_id} #{window_name}")
+        if proc.returncode != 0:
+            return  # no server: no window left to close
+        ours: list[str] = []
+        for line in proc.stdout:
+            pid, window_id, name = [*line.split(" ", 2), "", ""][:3]
+            self._seen_server(pid)
+            identity = wanted.get(window_id)
+            if identity is not None and name.endswith(identity):
+                ours.append(window_id)
+        self.kill_windows(ours)
 
     def kill_window(self, window_id: str) -> None:
         if self._pane_dead(window_id) is None:

@@ -1,0 +1,79 @@
+"""`tmux kill-server` while attempts run: a new server numbers its windows from the start again,
+so a window id alone may name another attempt's window. A window is closed or believed only when
+its name carries the attempt's identity; the workers the hang-up stopped are requeued unchanged
+and not counted. Real tmux on a private socket; the end-to-end case runs the real daemon."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Orch, orch_env, wait_until
+from rows_helpers import attempt_of
+
+from orchestrator.executors.base import LaunchSpec
+from orchestrator.executors.tmux import TmuxExecutor
+from orchestrator.rundir_files import TOKEN_VAR
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs the tmux binary"),
+]
+REPO = Path(__file__).resolve().parents[1]
+WAIT_FOREVER = "import time\nwhile True: time.sleep(1)"
+
+
+@pytest.fixture
+def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxExecutor]:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    launcher = TmuxExecutor(f"orch-test-{uuid.uuid4().hex[:10]}")
+    yield launcher
+    launcher.kill_server()
+
+
+def _spec(tmp_path: Path, attempt_id: int, token: str) -> LaunchSpec:
+    return LaunchSpec(job_id=attempt_id, attempt_id=attempt_id, window_name=f"job{attempt_id}", env={TOKEN_VAR: token},
+                      argv=[sys.executable, "-c", WAIT_FOREVER], run_dir=tmp_path / f"a{attempt_id}")
+
+
+def test_a_window_id_reused_by_a_new_server_is_neither_closed_nor_believed(tmux: TmuxExecutor, tmp_path: Path) -> None:
+    old = tmux.submit(_spec(tmp_path, 1, "aaaa1111"))
+    old_attempt = attempt_of(id=1, job_id=1, executor="tmux", executor_id=old.executor_id, token="aaaa1111")
+    wait_until(lambda: (tmp_path / "a1" / "pid.json").exists(), 30, "the first wrapper")
+    subprocess.run(["tmux", "-L", tmux.socket_name, "kill-server"], check=True, capture_output=True)
+    new = tmux.submit(_spec(tmp_path, 2, "bbbb2222"))  # the new server: the executor notices it
+    assert new.executor_id == old.executor_id  # tmux gives the id again: identity must come from elsewhere
+    wait_until(lambda: (tmp_path / "a2" / "pid.json").exists(), 30, "the second wrapper")
+    assert tmux.started_alive(old_attempt) is False  # that pane is not the old attempt's
+    tmux.cleanup([old_attempt])  # the old attempt ended: its window must be closed, not the new one
+    assert tmux.window_alive(str(new.executor_id))
+    new_attempt = attempt_of(id=2, job_id=2, executor="tmux", executor_id=new.executor_id, token="bbbb2222")
+    assert tmux.started_alive(new_attempt) is True
+    tmux.cleanup([new_attempt])
+    assert not tmux.window_alive(str(new.executor_id))
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def test_tmux_kill_server_loses_nothing_and_counts_nothing(orch: Orch) -> None:
+    jobs = 4
+    orch.write_suite("k", {"k": {"sim_mem_gib": 2, "sim_seconds": 6}}, mem_gib=3, max_attempts=1)
+    orch.submit("k", " ".join(f"{seed}:glue_rte" for seed in range(jobs)), "--gpu-plan", "2,2")
+    orch.start_daemon()
+    wait_until(lambda: len([a for a in orch.live_attempts() if a.pgid]) == jobs, 60, "every job running")
+    subprocess.run(["tmux", "-L", orch.socket, "kill-server"], check=True, capture_output=True)
+    done = orch.wait_all_done(120)
+    assert done == {job: "succeeded" for job in range(1, jobs + 1)}
+    for job in range(1, jobs + 1):  # one attempt stopped by the hang-up, one that ran to its end
+        assert [a["outcome"] for a in orch.json("show", str(job))["attempts"]] == ["lost", "succeeded"], job
+    assert orch.daemon_pid() is not None
