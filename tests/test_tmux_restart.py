@@ -77,3 +77,20 @@ def test_tmux_kill_server_loses_nothing_and_counts_nothing(orch: Orch) -> None:
     for job in range(1, jobs + 1):  # one attempt stopped by the hang-up, one that ran to its end
         assert [a["outcome"] for a in orch.json("show", str(job))["attempts"]] == ["lost", "succeeded"], job
     assert orch.daemon_pid() is not None
+
+
+def test_a_launch_batch_cut_short_by_a_daemon_death_is_requeued_uncounted(orch: Orch) -> None:
+    """The daemon dies (as a SIGKILL would) once tmux opened a batch's windows and before it
+    recorded them: those attempts never started a worker, so they are lost without counting."""
+    jobs = 4
+    orch.write_suite("b", {"b": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=2, max_attempts=1)
+    orch.submit("b", " ".join(f"{seed}:glue_rte" for seed in range(jobs)), "--gpu-plan", "2,2")
+    orch.env["ORCH_FAULT_POINT"] = "mid_launch_batch"
+    orch.start_daemon()
+    wait_until(lambda: orch.daemon_pid() is None, 60, "the daemon to die in its launch batch")
+    assert len(orch.attempts()) >= 2  # claimed, in one batch
+    del orch.env["ORCH_FAULT_POINT"]
+    orch.start_daemon()
+    assert orch.wait_all_done(120) == {job: "succeeded" for job in range(1, jobs + 1)}
+    lost = [a for a in orch.attempts() if a["outcome"] == "lost"]
+    assert len(lost) >= 2 and all("never happened" in a["reason"] for a in lost)

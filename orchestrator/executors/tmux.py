@@ -24,6 +24,7 @@ from pathlib import Path
 import libtmux
 from libtmux import exc as tmux_exc
 
+from orchestrator import faults
 from orchestrator.errors import LauncherError
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
@@ -214,7 +215,9 @@ class TmuxExecutor(Executor):
                 args[args.index("#{window_id} #{pane_pid}")] = f"#{{window_id}} #{{pane_pid}} {i}"
                 lines.append(" ".join(_tmux_quote(a) for a in args))
             if lines:
-                for line in self._source(lines):
+                sourced = self._source(lines)
+                faults.reach("mid_launch_batch")  # windows open, their attempts not yet recorded
+                for line in sourced:
                     window_id, pane_pid, index = [*line.split(), "", "", ""][:3]
                     if index.isdigit() and int(index) < len(specs):
                         results[int(index)] = self._handle(f"{window_id} {pane_pid}")
