@@ -160,7 +160,7 @@ class TmuxExecutor(Executor):
             raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
         name = spec.window_name + window_identity(spec.attempt_id, spec.env.get(TOKEN_VAR))
         args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
-                "-n", name, "-c", str(spec.cwd or Path.cwd())]
+                "-n", name, "-c", _format_literal(str(spec.cwd or Path.cwd()))]
         for key, value in environment.items():
             args += ["-e", f"{key}={value}"]
         return [*args, command]
@@ -386,6 +386,12 @@ class LaunchGate:
             self._fd = fd
         else:
             os.close(fd)
+
+
+def _format_literal(text: str) -> str:
+    """`text` where tmux expands formats (`-c`: a folder named `exp #(id > f)` would run that
+    command): every `#` doubled, which tmux reads as one literal `#`."""
+    return text.replace("#", "##")
 
 
 def _tmux_quote(text: str) -> str:
