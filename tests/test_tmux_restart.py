@@ -75,8 +75,11 @@ def test_tmux_kill_server_loses_nothing_and_counts_nothing(orch: Orch) -> None:
     subprocess.run(["tmux", "-L", orch.socket, "kill-server"], check=True, capture_output=True)
     done = orch.wait_all_done(120)
     assert done == {job: "succeeded" for job in range(1, jobs + 1)}
-    for job in range(1, jobs + 1):  # one attempt stopped by the hang-up, one that ran to its end
-        assert [a["outcome"] for a in orch.json("show", str(job))["attempts"]] == ["lost", "succeeded"], job
+    for job in range(1, jobs + 1):  # stopped by the hang-up, then one that ran to its end (a worker
+        # still starting up when the server went ignores the hang-up and runs on)
+        attempts = orch.json("show", str(job))["attempts"]
+        assert [a["outcome"] for a in attempts] in (["lost", "succeeded"], ["succeeded"]), (job, attempts)
+        assert all("signal orch did not send" in a["reason"] for a in attempts[:-1])
     assert orch.daemon_pid() is not None
 
 
@@ -94,7 +97,7 @@ def test_a_launch_batch_cut_short_by_a_daemon_death_is_requeued_uncounted(orch: 
     orch.start_daemon()
     assert orch.wait_all_done(120) == {job: "succeeded" for job in range(1, jobs + 1)}
     lost = [a for a in orch.attempts() if a["outcome"] == "lost"]
-    assert len(lost) >= 2 and all("never happened" in a["reason"] for a in lost)
+    assert len(lost) >= 2 and all("launch never completed" in a["reason"] for a in lost)
 
 
 def test_a_folder_named_with_a_tmux_format_is_only_a_name(tmux: TmuxExecutor, tmp_path: Path) -> None:

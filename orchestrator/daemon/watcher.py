@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator import faults
 from orchestrator.attempts.containment import StrayHunter, record_hunted
-from orchestrator.attempts.disk_space import is_disk_full_error
+from orchestrator.attempts.disk_space import is_disk_full_error, orchs_own_error
 from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib
 from orchestrator.attempts.observe_cache import ObserveCache
 from orchestrator.attempts.outcomes import abandon, complete, learn_rate
@@ -66,6 +66,7 @@ from orchestrator.store.rows import Attempt, Job
 log = logging.getLogger(__name__)
 
 LIVE = (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING)
+NEVER_LAUNCHED = "its launch never completed (no window or process was recorded for it)"
 ENDED = (Verdict.FINISHED, Verdict.LOST)
 
 
@@ -146,6 +147,7 @@ class AttemptWatcher:
                 still_live += 1
                 if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
                     self.disk.note_full(exc)
+                if orchs_own_error(exc):  # never the attempt's doing
                     continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
@@ -159,8 +161,7 @@ class AttemptWatcher:
             self.resources.keep_only(a.id for a in live)
         return still_live
 
-    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception,
-                              statuses: dict[int, RemoteStatus] | None) -> None:
+    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception, statuses: dict[int, RemoteStatus] | None) -> None:
         """Record the error against the attempt (once per distinct message); after
         MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
         message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
@@ -225,10 +226,9 @@ class AttemptWatcher:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
             self._learn_host(attempt, job)
-        never_launched = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
-        complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
-                 disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end,
-                 not_started="its launch never happened (the daemon that began it died first)" if never_launched else None)
+        never = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
+        complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST, disk_full_now=self.disk.full,
+                 hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end, not_started=NEVER_LAUNCHED if never else None)
         self._ended.append(attempt)
         self._cancel_sent.discard(attempt.id)
         self._attempt_errors.pop(attempt.id, None)

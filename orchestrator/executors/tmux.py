@@ -15,7 +15,6 @@ import logging
 import os
 import shlex
 import shutil
-import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,18 +22,17 @@ from pathlib import Path
 
 import libtmux
 from libtmux import exc as tmux_exc
+from libtmux.common import tmux_cmd
 
 from orchestrator import faults
-from orchestrator.errors import LauncherError
+from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
-from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
+from orchestrator.executors.launch_gate import LaunchGate
 from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.rundir_files import TOKEN_VAR
 from orchestrator.store.rows import Attempt
 
 log = logging.getLogger(__name__)
-
-GATE_FILE = ".launch-gate"  # in the runs dir, beside the wake FIFO
 
 SESSION = "orch"
 SESSION_DEADLINE_S = 10.0
@@ -103,11 +101,20 @@ class TmuxExecutor(Executor):
                     return session
             except (tmux_exc.TmuxSessionExists, tmux_exc.LibTmuxException) as error:
                 last_error = error  # lost a race with another creator, or the server is starting
+            except OSError as error:  # tmux could not even be run (descriptors, processes)
+                raise OrchShortOf(f"cannot run tmux: {error}") from None
             time.sleep(0.1)
-        raise LauncherError(
+        raise OrchShortOf(
             f"cannot create tmux session {SESSION!r} on socket {self.socket_name!r}: {last_error}; "
             f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
         )
+
+    def _cmd(self, *args: str) -> tmux_cmd:
+        """One tmux command on our server; OrchShortOf when tmux cannot even be started."""
+        try:
+            return self.server.cmd(*args)
+        except OSError as error:
+            raise OrchShortOf(f"cannot run tmux: {error}") from None
 
     def _configure(self) -> None:
         # Server-wide on our private server: windows created later inherit these.
@@ -116,9 +123,9 @@ class TmuxExecutor(Executor):
             ("set-option", "-g", "-w", "remain-on-exit", "on"),
             ("set-option", "-g", "history-limit", "20000"),
         ):
-            proc = self.server.cmd(*args)
+            proc = self._cmd(*args)
             if proc.stderr:
-                raise LauncherError(f"tmux {' '.join(args)} failed: {' '.join(proc.stderr)}")
+                raise OrchShortOf(f"tmux {' '.join(args)} failed: {' '.join(proc.stderr)}")
 
     def _env_for_window(self, env: dict[str, str]) -> dict[str, str]:
         """Our environment where the server's global one differs (it may predate us), plus `env`."""
@@ -157,7 +164,8 @@ class TmuxExecutor(Executor):
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
-            raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
+            kind = OrchShortOf if is_orch_shortage(error) else LauncherError
+            raise kind(f"cannot create run dir {spec.run_dir}: {error}") from None
         name = spec.window_name + window_identity(spec.attempt_id, spec.env.get(TOKEN_VAR))
         args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
                 "-n", name, "-c", _format_literal(str(spec.cwd or Path.cwd()))]
@@ -167,7 +175,7 @@ class TmuxExecutor(Executor):
 
     def _run(self, args: list[str], expected: int) -> list[str]:
         """Run a tmux command (sequence); the lines it printed, one per window opened."""
-        proc = self.server.cmd(*args)
+        proc = self._cmd(*args)
         lines = [line for line in proc.stdout if line.strip()]
         if proc.returncode != 0 and len(lines) < expected:
             self._ready = False  # the session may have gone: make it again on the next try
@@ -186,7 +194,7 @@ class TmuxExecutor(Executor):
             self._prepare()
             lines = self._run(args, 1)
         if not lines:
-            raise LauncherError(
+            raise OrchShortOf(
                 f"tmux could not open a window for job {spec.job_id}; "
                 f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
             )
@@ -199,7 +207,10 @@ class TmuxExecutor(Executor):
         not open is known, and tried again alone."""
         if len(specs) <= 1:
             return super().submit_many(specs)
-        self._prepare()
+        try:
+            self._prepare()
+        except OrchShortOf as error:  # nothing opened: each attempt is told why
+            return [error for _ in specs]
         results: list[LaunchHandle | Exception | None] = [None] * len(specs)
         lines: list[str] = []
         gate = self._gate.shut(specs[0].run_dir) if specs else None
@@ -233,7 +244,7 @@ class TmuxExecutor(Executor):
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write("\n".join(commands) + "\n")
-            proc = self.server.cmd("source-file", name)
+            proc = self._cmd("source-file", name)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(name)
@@ -252,7 +263,7 @@ class TmuxExecutor(Executor):
 
     def _window(self, window_id: str) -> tuple[bool, str] | None:
         """(whether its command has exited, its name) of a window; None when there is none."""
-        proc = self.server.cmd("list-panes", "-t", window_id, "-F", "#{pid} #{pane_dead} #{window_name}")
+        proc = self._cmd("list-panes", "-t", window_id, "-F", "#{pid} #{pane_dead} #{window_name}")
         if proc.returncode != 0 or not proc.stdout:
             return None
         pid, dead, name = [*proc.stdout[0].split(" ", 2), "", ""][:3]
@@ -284,7 +295,7 @@ class TmuxExecutor(Executor):
         wanted = {a.executor_id: _attempt_identity(a) for a in attempts if a.executor == self.name and a.executor_id}
         if not wanted:
             return
-        proc = self.server.cmd("list-windows", "-a", "-F", "#{pid} #{window_id} #{window_name}")
+        proc = self._cmd("list-windows", "-a", "-F", "#{pid} #{window_id} #{window_name}")
         if proc.returncode != 0:
             return  # no server: no window left to close
         ours: list[str] = []
@@ -299,7 +310,7 @@ class TmuxExecutor(Executor):
     def kill_window(self, window_id: str) -> None:
         if self._pane_dead(window_id) is None:
             return  # already gone: killing is idempotent
-        proc = self.server.cmd("kill-window", "-t", window_id)
+        proc = self._cmd("kill-window", "-t", window_id)
         if proc.returncode != 0 and self._pane_dead(window_id) is not None:
             raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
 
@@ -327,65 +338,6 @@ class TmuxExecutor(Executor):
         """Stop orch's tmux server (tests, and `orch daemon stop --all`)."""
         if self.server.is_alive():
             self.server.kill()
-
-
-class LaunchGate:
-    """Holds the panes of one batch until every window of it is open.
-
-    tmux opens a batch's windows one after another, and each pane starts its interpreter at
-    once: on a busy machine 64 interpreters starting side by side slowed the batch from 0.2
-    to 2 s, and the pass that launched it. So each pane of a batch first opens a FIFO in the
-    runs dir for reading, which blocks while no writer holds it; the daemon holds it (read and
-    write: never blocks) except while it opens a batch. A daemon that dies with the gate shut
-    leaves those panes waiting until the next daemon opens it; their wrappers then find the
-    attempt declared lost, and start nothing. A missing or replaced gate holds nothing back.
-    """
-
-    def __init__(self) -> None:
-        self.path: Path | None = None
-        self._fd: int | None = None
-
-    def shut(self, run_dir: Path) -> Path | None:
-        """Stop holding the gate (new readers now wait); its path, None when there is none."""
-        if len(run_dir.parts) <= RUN_DIR_DEPTH:
-            return None
-        runs_dir = run_dir.parents[RUN_DIR_DEPTH - 1]
-        try:  # only in a runs dir a daemon has set up: its wake FIFO is there
-            if not stat.S_ISFIFO(os.lstat(wake_path(runs_dir)).st_mode):
-                return None
-        except OSError:
-            return None
-        path = runs_dir / GATE_FILE
-        try:
-            os.mkfifo(path, 0o600)
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
-        try:
-            if not stat.S_ISFIFO(os.lstat(path).st_mode):
-                return None
-        except OSError:
-            return None
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-        self.path = path
-        return path
-
-    def release(self) -> None:
-        """Hold the gate again: every pane waiting on it goes on."""
-        if self.path is None or self._fd is not None:
-            return
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            self._fd = fd
-        else:
-            os.close(fd)
 
 
 def _format_literal(text: str) -> str:
