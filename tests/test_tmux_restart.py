@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -127,3 +128,14 @@ def test_a_newline_in_the_state_folder_or_working_directory_is_refused_at_start(
         assert proc.returncode == 2 and "line break" in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
         assert not (db_dir / "state.db").exists()  # nothing written
+
+
+def test_sighup_is_logged_and_survived(orch: Orch) -> None:
+    orch.write_suite("h", {"h": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=2)
+    pid = orch.start_daemon()
+    os.kill(pid, signal.SIGHUP)
+    log = Path(str(orch.db) + ".daemon.log")
+    wait_until(lambda: "SIGHUP received" in log.read_text(), 30, "the hang-up in the daemon's log")
+    orch.submit("h", "1:a")
+    assert orch.wait_all_done(60) == {1: "succeeded"}
+    assert orch.daemon_pid() == pid
