@@ -77,3 +77,7 @@ class ClusterBusy(LauncherError):
 
 class DaemonError(OrchError):
     """The daemon is already running, not running, or could not be started/stopped."""
+
+
+class MpsError(OrchError):
+    """The CUDA MPS control daemon could not be started, asked or stopped."""

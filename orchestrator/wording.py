@@ -52,3 +52,11 @@ def number(value: Any) -> float | None:
     except (ValueError, OverflowError):
         return None
     return result if math.isfinite(result) else None
+
+
+def ended_on_gpu(n: int, outcome: str, gpu: int | None, *details: str) -> str:
+    """`attempt 2 oom on GPU 0: CUDA out of memory ...; retry at level 1`: each detail once, and
+    none that only repeats the outcome (a cancel reads `attempt 1 cancelled on GPU 0`)."""
+    said = [d for d in dict.fromkeys(d.strip() for d in details) if d and d != outcome]
+    where = "" if gpu is None else f" on GPU {gpu}"
+    return f"attempt {n} {outcome}{where}" + (f": {'; '.join(said)}" if said else "")

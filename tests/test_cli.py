@@ -320,7 +320,9 @@ def test_console_submit(orch: OrchRunner, db_path: Path) -> None:
 
 def test_other_commands_in_process(orch_inproc: OrchRunner) -> None:
     submit_demo(orch_inproc)
-    assert orch_inproc("results", "--json").stdout.strip() == "[]"
+    queued = json.loads(orch_inproc("results", "--json").stdout)  # every submitted seed has its row
+    assert queued and all(r["n"] == 0 and r["unfinished"] and r["mean"] is None for r in queued)
+    assert {st["status"] for r in queued for st in r["seed_states"]} == {"queued"}
     for args, needle in ((("resume", "demo"), "is not paused"), (("attach", "1"), "has no tmux window")):
         result = orch_inproc(*args)
         assert result.rc == 2 and needle in one_error_line(result.stderr), args

@@ -32,10 +32,15 @@ def orch_processes_for(db: Path) -> list[psutil.Process]:
     return found
 
 
-def run_demo(tmp_path: Path) -> tuple[str, Path]:
+def demo_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     env.update({"ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "2x24GiB", "TMPDIR": str(tmp_path),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    return env
+
+
+def run_demo(tmp_path: Path) -> tuple[str, Path]:
+    env = demo_env(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte", "--timeout", "240"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
@@ -54,6 +59,10 @@ def test_each_demo_starts_fresh_and_leaves_nothing_running(tmp_path: Path) -> No
         assert db.exists() and db.parent.parent == tmp_path  # a new folder in the temp dir
         assert f"queued 3 demo job(s) in {db}" in out
         assert "demo done: 3 succeeded" in out
+        # piped: a line per event, no dashboard frames
+        assert re.search(r"^\d\d:\d\d:\d\d job 1: attempt 1 started on GPU \d", out, flags=re.M), out[:2000]
+        assert len(re.findall(r"^\d\d:\d\d:\d\d job \d: attempt 1 succeeded", out, flags=re.M)) == 3
+        assert "╭" not in out and "running (" not in out
         assert not tmux_server_running(db)
         assert orch_processes_for(db) == []
     assert not (tmp_path / "state.db").exists()  # nothing written where the demo was run
@@ -74,3 +83,26 @@ def test_a_stopped_daemon_takes_its_tmux_server_along_unless_workers_run(tmp_pat
         orch.stop_daemon()
         assert not tmux_server_running(orch.db)
 
+
+
+def test_a_piped_demo_prints_each_event_as_it_happens(tmp_path: Path) -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte", "--timeout", "240"],
+        cwd=tmp_path, env=demo_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:  # blocks until a line comes: the test's own timeout bounds it
+            seen.append(line)
+            if re.search(r"job \d: attempt 1 started on GPU", line):
+                break
+        # the first start arrives while the sweep still runs (its jobs take seconds), not with
+        # the closing line
+        assert demo.poll() is None and not any("demo done" in s for s in seen), seen
+        rest = demo.communicate(timeout=240)[0]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0 and "demo done: 3 succeeded" in rest

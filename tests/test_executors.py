@@ -373,7 +373,7 @@ def test_attach_is_a_tmux_argv_or_a_clear_not_attachable() -> None:
 
 
 def test_status_shows_the_slurm_job_and_its_pending_reason() -> None:
-    from orchestrator.cli.status.rich_view import _where
+    from orchestrator.cli.status.lines import _where
 
     assert _where({"gpu": -1, "executor": "slurm", "executor_id": "42", "executor_state": "PENDING (Resources)"}) == (
         "slurm 42 PENDING (Resources)")

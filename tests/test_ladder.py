@@ -52,20 +52,22 @@ def test_yaml_file_is_the_built_in_default() -> None:
 
 def test_default_ladder_on_the_e1_config() -> None:
     levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
+    # every exact rung before any that changes numerics
     assert [level.step for level in levels] == [
-        "as_configured", "checkpointing", "halve_batch", "halve_batch", "data_workers", "run_alone",
+        "as_configured", "checkpointing", "data_workers", "run_alone", "halve_batch", "halve_batch",
     ]  # fmt: skip
+    assert [level.exact for level in levels] == [True, True, True, True, False, False]
     assert [level.index for level in levels] == list(range(len(levels)))
     assert levels[0].overrides == {} and not levels[0].run_alone
     assert levels[1].changes == {CHECKPOINTING_KEY: True, LOGITS_KEY: 1}
-    assert levels[2].changes == {BATCH_KEY: 2, ACCUM_KEY: 2}
-    assert levels[3].changes == {BATCH_KEY: 1, ACCUM_KEY: 4}
-    assert levels[4].changes == {WORKERS_KEY: 0}
-    assert levels[5].changes == {} and levels[5].run_alone
+    assert levels[2].changes == {WORKERS_KEY: 0}
+    assert levels[3].changes == {} and levels[3].run_alone
+    assert levels[4].changes == {BATCH_KEY: 2, ACCUM_KEY: 2}
+    assert levels[5].changes == {BATCH_KEY: 1, ACCUM_KEY: 4}
     assert levels[5].overrides == {
         CHECKPOINTING_KEY: True, LOGITS_KEY: 1, BATCH_KEY: 1, ACCUM_KEY: 4, WORKERS_KEY: 0,
     }  # fmt: skip
-    assert not any(level.run_alone for level in levels[:5])
+    assert not any(level.run_alone for level in levels[:3]) and all(level.run_alone for level in levels[3:])
 
 
 def test_logits_to_keep_only_for_one_token_tasks() -> None:
@@ -210,14 +212,14 @@ def test_the_attempt_after_an_oom_and_a_host_oom() -> None:
     # A host OOM stays at its level and adds only the host-side part of the next host rung.
     host = _next_attempt(levels, 0, HOST_OOM)
     assert host == Level(0, "data_workers", {WORKERS_KEY: 0}, {WORKERS_KEY: 0}, run_alone=False)
-    at_two = _next_attempt(levels, 2, HOST_OOM)
-    assert at_two is not None and at_two.index == 2
-    assert at_two.overrides == {**levels[2].overrides, WORKERS_KEY: 0}
-    assert at_two.changes == {WORKERS_KEY: 0}
+    at_one = _next_attempt(levels, 1, HOST_OOM)
+    assert at_one is not None and at_one.index == 1
+    assert at_one.overrides == {**levels[1].overrides, WORKERS_KEY: 0}
+    assert at_one.changes == {WORKERS_KEY: 0}
     # Where the level already runs without workers, the next host step is running alone.
-    alone = _next_attempt(levels, 4, HOST_OOM)
+    alone = _next_attempt(levels, 2, HOST_OOM)
     assert alone is not None and alone.run_alone and alone.step == "run_alone"
-    assert alone.overrides == levels[4].overrides and alone.changes == {}
+    assert alone.overrides == levels[2].overrides and alone.changes == {}
     assert _next_attempt(levels, 5, HOST_OOM) is None
 
 
@@ -301,9 +303,9 @@ def test_a_level_that_lowers_workers_further_wins_over_the_host_step() -> None:
 
 def test_host_settings_round_trip_through_records() -> None:
     levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
-    first = next_host_step(levels, 2)
+    first = next_host_step(levels, 1)
     assert first is not None
-    both = next_host_step(levels, 3, first)
+    both = next_host_step(levels, 1, first)
     assert both is not None
     assert HostSettings.from_records(both.to_records()) == both
     assert HostSettings.from_records([]) == NO_HOST_STEPS
@@ -368,11 +370,11 @@ def test_host_oom_with_nothing_host_side_left_fails() -> None:
     levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
     host = NO_HOST_STEPS
     for attempts in (1, 2):
-        decision = retry_decision(HOST_OOM, "Killed", attempts, levels, 2, host=host)
-        assert decision.action == "requeue" and decision.level == levels[2]
+        decision = retry_decision(HOST_OOM, "Killed", attempts, levels, 1, host=host)
+        assert decision.action == "requeue" and decision.level == levels[1]
         host = decision.host
     assert host.run_alone and host.overrides == {WORKERS_KEY: 0}
-    last = retry_decision(HOST_OOM, "Killed", 3, levels, 2, host=host)
+    last = retry_decision(HOST_OOM, "Killed", 3, levels, 1, host=host)
     assert last.action == "fail" and last.level is None
     assert "no host-side step left" in last.why and "Killed" in last.why
     out = retry_decision(HOST_OOM, "Killed", 8, levels, 0, max_attempts=8)

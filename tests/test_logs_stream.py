@@ -100,7 +100,7 @@ def test_logs_of_a_hostile_and_large_log(orch: Orch) -> None:
         for _ in range(256):
             out.write(chunk)
         out.write(b"the end\n")
-    code = f"""
+    code = """
 import resource, subprocess, sys
 proc = subprocess.run([sys.executable, "-m", "orchestrator", *sys.argv[1:]], stdout=subprocess.DEVNULL)
 print(proc.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)

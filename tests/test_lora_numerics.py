@@ -152,10 +152,11 @@ def test_json_the_worker_writes_is_valid(tmp_path: Path) -> None:
 
 
 def test_the_ladder_with_lora_dropout_on(tmp_path: Path, data_dir: Path) -> None:
-    """What each rung keeps when LoRA dropout is on. Dropout masks come from the global RNG in
-    the shape of the activations they drop, so a rung that changes that shape draws other masks:
-    the run is then statistically equal to the original, not bit-equal. Checkpointing recomputes
-    under the saved RNG state and keeps every draw."""
+    """What each rung keeps when LoRA dropout is on. Each mask is keyed by (seed, step,
+    micro-batch, module) and drawn in the micro-batch's full sequence shape, so checkpointing's
+    recomputation and logits_to_keep's one-position lm_head input read the same masks; a halved
+    micro-batch is other data in each forward, so it draws other masks: the run is then
+    statistically equal to the original, not bit-equal."""
     peft = {"r": 8, "alpha": 16, "dropout": 0.2, "targets": ["q_proj", "v_proj", "lm_head"]}
 
     def losses(**overrides: Any) -> list[float]:
@@ -170,14 +171,14 @@ def test_the_ladder_with_lora_dropout_on(tmp_path: Path, data_dir: Path) -> None
     as_configured = losses()
     assert len(as_configured) == 4
     assert losses() == as_configured  # a retry at the same level: the same draws, bit for bit
-    assert losses(gradient_checkpointing=True) == pytest.approx(as_configured, abs=1e-5)
-    for rung in ({"logits_to_keep": 1}, {"batch_size": 4, "gradient_accumulation_steps": 2}):
-        redrawn = losses(**rung)
-        # the first update is the same (LoRA's B starts at zero: no dropout draw can act yet);
-        # then the masks differ: lm_head's input is [batch, 1, hidden] with logits_to_keep 1,
-        # and a halved micro-batch is padded to its own longest prompt
-        assert redrawn[0] == pytest.approx(as_configured[0], abs=1e-5)
-        assert max(abs(a - b) for a, b in zip(redrawn, as_configured, strict=True)) > 1e-2, rung
-        # statistically equal: the run's mean loss moves by 0.02 % (halved batch) and 0.25 %
-        # (logits_to_keep) here, well within the 2.3 % it spans over seeds 1-4 without dropout
-        assert mean(redrawn) == pytest.approx(mean(as_configured), rel=0.02), rung
+    assert losses(gradient_checkpointing=True) == as_configured
+    # fp32 here: lm_head's matmul over one position rounds apart from the one over all positions
+    # (bf16 is bit-equal: tests/test_lora_equivalence.py); a redrawn mask would move it by > 1e-2
+    assert losses(logits_to_keep=1) == pytest.approx(as_configured, rel=1e-5)
+    redrawn = losses(batch_size=4, gradient_accumulation_steps=2)
+    # the first update is the same (LoRA's B starts at zero: no dropout draw can act yet);
+    # then the masks differ: a halved micro-batch draws its own
+    assert redrawn[0] == pytest.approx(as_configured[0], abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(redrawn, as_configured, strict=True)) > 1e-2
+    # statistically equal: the run's mean loss moves by far less than it spans over seeds
+    assert mean(redrawn) == pytest.approx(mean(as_configured), rel=0.02)

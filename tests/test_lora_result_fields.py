@@ -82,7 +82,8 @@ def test_effective_lora_settings_and_optimizer_are_recorded(
     monkeypatch.setenv("ORCH_LORA_R", "2")  # once overrode the spec silently; now only warned of
     monkeypatch.setenv("ORCH_LORA_DROPOUT", "0.5")
     peft = {"r": 4, "alpha": 8, "dropout": 0.1, "targets": ["layers.1.attn.q_proj", "attn.v_proj"]}
-    result = run_worker(tmp_path, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
+    run_dir = attempt_dir(tmp_path)
+    result = run_worker(run_dir, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
                         warmup_ratio=0.5)  # fmt: skip
     assert result["lora"] == {
         "r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"],
@@ -90,6 +91,10 @@ def test_effective_lora_settings_and_optimizer_are_recorded(
         "modules_to_save": None, "exclude_modules": None,
     }  # fmt: skip
     assert result["lora_dropout"] == 0.1
+    assert result["dropout_masks"].startswith("keyed by (seed, optimizer step, micro-batch, module)")
+    assert (result["prec"], result["batch_size"], result["gradient_accumulation_steps"]) == ("fp32", 8, 1)
+    assert (result["effective_batch_size"], result["gradient_checkpointing"], result["logits_to_keep"],
+            result["num_data_workers"]) == (8, False, 0, 0)  # fmt: skip
     # q_proj and v_proj (32 -> 32) in 2 layers at r=4: 4 x (4x32 + 32x4) parameters
     assert result["trainable_params"] == 4 * (4 * 32 + 32 * 4)
     assert result["total_params"] > 10 * result["trainable_params"]

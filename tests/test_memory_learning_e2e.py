@@ -49,8 +49,12 @@ def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) 
     (curve,) = learned[0]["throughput"].values()
     assert {"1", "2"} <= set(curve["samples_per_s"]), curve
     assert all(8 <= rate <= 24 for rate in curve["samples_per_s"].values()), curve
-    assert curve["relative"]["1"] == 1.0
-    assert "GPU 0: jobs per card -> throughput 1:1.0x" in orch.run("memory").stdout
+    # a count enters the curve once its readings cover 20 optimizer steps (a noisy start is no curve)
+    counted = {k for k, n in curve["steps"].items() if n >= 20}
+    assert set(curve["relative"]) == (counted if "1" in counted else set()), curve
+    if "1" in counted:
+        assert curve["relative"]["1"] == 1.0
+        assert "GPU 0 1:1.0x" in orch.run("memory").stdout
     orch.run("memory", "forget", "--suite", "wide")
     assert orch.json("memory", "--json")["shapes"] == []
 

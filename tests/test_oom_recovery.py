@@ -172,3 +172,25 @@ def test_suite_crash_loop_setting_is_honoured(orch: Orch) -> None:
     ]
     unguarded = {job.id for job in orch.jobs(suite="unguarded")}
     assert len([a for a in orch.attempt_rows() if a.job_id in unguarded]) == 3
+
+
+def test_fast_errors_pause_only_their_config_and_the_healthy_one_runs_on(orch: Orch) -> None:
+    # One config of the suite fails at once, the other is healthy: the guard pauses the failing
+    # config alone, the healthy one runs to the end, and `orch status` says what is paused.
+    orch.write_suite("mixed", {"broken": {"sim_mem_gib": 1, "sim_seconds": 1, "sim_fail": "error"},
+                               "healthy": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=1, max_attempts=1)
+    orch.submit("mixed", "1:a 2:a 3:a 4:a", "--gpu-plan", "2,1")
+    orch.start_daemon()
+    status = wait_until(lambda: (s := orch.json("status"))["paused_configs"] and s, 60, "the broken config paused")
+    assert [(p["suite"], p["config"]) for p in status["paused_configs"]] == [("mixed", "broken")]
+    healthy = {job.id for job in orch.jobs(suite="mixed") if job.config_name == "healthy"}
+    wait_until(lambda: all(orch.job_states()[i] == "succeeded" for i in healthy), 60, "the healthy config to finish")
+    assert orch.json("status")["paused_suites"] == []
+    orch.submit("mixed", "5:a")  # a new job of each config: the broken one waits, the healthy one runs
+    states = wait_until(lambda: (s := orch.job_states()) and s.get(10) == "succeeded" and s, 60, "the new healthy job")
+    new_broken = next(j for j in orch.jobs(suite="mixed") if j.config_name == "broken" and j.seed == 5)
+    assert states[new_broken.id] == "queued" and not orch.attempts(new_broken.id)
+    reason = wait_until(lambda: next(j for j in orch.json("jobs") if j["id"] == new_broken.id)["wait_reason"], 10,
+                        "the waiting reason of the broken config's new job")
+    assert reason == "config broken of suite mixed is paused"
+    assert "config broken of suite mixed paused: 3 attempts failed" in orch.run("status", "--once").stdout

@@ -53,7 +53,8 @@ def test_piped_jobs_keep_every_value_whole(orch_inproc: OrchRunner) -> None:
     assert len(configs) == 44 and all(len(c) > 10 for c in configs)
     assert any("alpha16" in line for line in out.splitlines())
     assert max(len(line) for line in out.splitlines()) > 80  # wider than a terminal, as it must be
-    assert out.splitlines()[0].split() == ["id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "note"]
+    assert out.splitlines()[0].split() == ["id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "metric",
+                                        "time", "note"]
 
 
 def test_plain_columns_are_aligned_and_whole() -> None:
@@ -103,19 +104,70 @@ def snapshot(n_waiting: int, n_running: int, n_events: int) -> dict[str, Any]:
     }
 
 
-def test_dashboard_fits_the_terminal_and_keeps_the_events() -> None:
+def test_dashboard_fits_the_terminal_and_running_jobs_claim_the_rows() -> None:
     for width, height in ((60, 24), (80, 30), (120, 40)):
         console, buffer = terminal(width, height)
         console.print(render_status(snapshot(n_waiting=6, n_running=12, n_events=12), width=width, height=height))
         lines = buffer.getvalue().splitlines()
         assert len(lines) <= height, (width, height, len(lines))
-        assert any("recent events" in line for line in lines)
-        assert any("event number 11" in line for line in lines), "the newest event must be on screen"
-        shown_running = sum(1 for line in lines if "E1_QKVO_r16_alpha16" in line and "/10" in line)
-        assert shown_running == 12 or any("more running" in line for line in lines)
-        if height < 40:
-            assert shown_running < 12
+        assert max(len(line) for line in lines) <= width
+        shown_running = sum(1 for line in lines if "E1_QKVO_r16" in line and "3/10" in line)
+        if shown_running < 12:  # the rest said on one line, and nothing below the running jobs
+            assert sum("+" in line and "more running" in line for line in lines) == 1
+            assert not any("recent events" in line for line in lines)
+        elif any("recent events" in line for line in lines):  # the events come last, the newest kept
+            assert any("event number 11" in line for line in lines)
+        assert (shown_running < 12) == (height == 24)
+        assert (height == 40) <= any("recent events" in line for line in lines)
         assert any(LONG_CONFIG[:16] in line for line in lines)  # running configs readable, not `E1_…`
+
+
+def five_running_seven_waiting() -> dict[str, Any]:
+    snap = snapshot(n_waiting=0, n_running=5, n_events=12)
+    for running, seed in zip(snap["running"], (87, 127, 1337, 2024, 7), strict=True):
+        running["seed"] = seed
+    snap["counts"]["queued"] = 8
+    snap["waiting_groups"] = [
+        {"reason": "all allowed GPUs at their plan cap", "jobs": 7, "first_id": 20, "last_id": 26},
+        {"reason": LONG_REASON, "jobs": 1, "first_id": 30, "last_id": 30},
+    ]
+    snap["retries"] = [{"ts": time.time(), "job": 3, "from_level": 0, "to_level": 1, "why": "CUDA out of memory"}]
+    return snap
+
+
+def test_the_dashboard_at_80x24_and_100x35_shows_all_five_running_jobs_with_their_seeds() -> None:
+    for width, height in ((80, 24), (100, 35)):
+        console, buffer = terminal(width, height)
+        console.print(render_status(five_running_seven_waiting(), width=width, height=height))
+        lines = buffer.getvalue().splitlines()
+        assert len(lines) <= height and max(len(line) for line in lines) <= width, (width, height)
+        header = next(line for line in lines if " job " in line and " config " in line)
+        assert "seed" in header.split() and "step" in header.split() and "loss" in header.split()
+        for job_id, seed in zip(range(100, 105), (87, 127, 1337, 2024, 7), strict=True):
+            (row,) = [line for line in lines if f" {job_id} " in line]
+            assert f" {seed} " in row and "3/10" in row and "0.500" in row, row
+        assert not any("more running" in line for line in lines)
+        waiting = [line.strip("│ ") for line in lines if "waiting:" in line]
+        assert waiting == ["7 waiting: all allowed GPUs at their plan cap (jobs 20–26)",
+                           f"1 waiting: {LONG_REASON} (job 30)"]
+        order = [next(i for i, line in enumerate(lines) if title in line)
+                 for title in ("running (5)", "─ waiting", "─ retries")]
+        assert order == sorted(order)
+        if height == 35:
+            assert any("event number 11" in line for line in lines)
+
+
+def test_rows_go_to_running_then_waiting_then_retries_then_events() -> None:
+    from orchestrator.cli.status.rich_view import next_limits
+
+    limits: dict[str, int] | None = {"running": 5, "waiting": 3, "retries": 2, "events": 4}
+    gave = []
+    while limits is not None:
+        before = limits
+        limits = next_limits(limits)
+        if limits is not None:
+            gave.append(next(name for name in limits if limits[name] != before[name]))
+    assert gave == ["events"] * 4 + ["retries"] * 2 + ["waiting"] * 2 + ["running"] * 4
 
 
 def test_piped_status_is_whole(orch_inproc: OrchRunner, db_path: Path) -> None:
@@ -138,4 +190,4 @@ def test_a_paused_suite_is_said_once_not_on_every_waiting_job() -> None:
         out = buffer.getvalue()
         assert out.count(reason) == 1 and out.count("paused") == 2  # the panel's title and its one line
         assert "4 queued job(s) wait for it" in out and "orch resume E1" in out
-        assert "job 9 other" in out and "job 0 c0" not in out
+        assert f"1 waiting: {LONG_REASON} (job 9)" in out and "job 0" not in out

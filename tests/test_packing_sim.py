@@ -202,3 +202,32 @@ def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) ->
 def test_cli_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--trace", str(TRACES / "e5_glue_7x24.yaml"), "--policies", "magic"]) == 2
     assert "magic" in capsys.readouterr().err
+
+
+def test_the_headline_orch_row_is_the_learning_benchmarks_orch_row() -> None:
+    """`python -m benchmarks.packing` races the daemon's own policy: its `orch` makespan is the
+    `orch` row of `python -m benchmarks.packing.learning`, on any trace."""
+    from benchmarks.packing.__main__ import run_all
+    from benchmarks.packing.daemon_policy import EARLY_FRACTION, KNOWN_AFTER_S
+    from benchmarks.packing.learning import compare
+
+    trace = one_gpu(tj("A", 6, 10, declared_gib=2), tj("B", 3, 20, declared_gib=2), tj("C", 3, 5),
+                    tj("D", 4, 7, declared_gib=8), total_gib=12.0, slots=3)  # fmt: skip
+    headline = run_all(trace, PackingPolicy(), ("orch", "oracle"))
+    rows = {r["policy"]: r for r in compare(trace, KNOWN_AFTER_S, EARLY_FRACTION)}
+    assert rows["orch"]["makespan_min"] == round(headline["orch"].makespan_min, 1)
+    assert rows["oracle"]["makespan_min"] == round(headline["oracle"].makespan_min, 1)
+
+
+def test_the_packing_modules_do_not_import_each_other() -> None:
+    import ast
+
+    folder = Path(__file__).resolve().parent.parent / "benchmarks" / "packing"
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        return {n.module.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                and n.module.startswith("benchmarks.packing")}  # fmt: skip
+
+    assert "learning" not in imports("family_policy")
+    assert not {"learning", "family_policy"} & imports("daemon_policy")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.cli.status.rich_view import retry_move
+from orchestrator.cli.status.lines import retry_move
 
 
 def test_a_ladder_move_shows_both_levels() -> None:

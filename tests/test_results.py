@@ -32,10 +32,10 @@ def test_mean_and_sample_std_over_seeds() -> None:
     assert rte.std == pytest.approx(0.10)  # sqrt((0.01 + 0 + 0.01) / 2)
     assert (rte.n_seeds, rte.seeds) == (3, (3, 87, 127))
     mrpc = by_task["glue_mrpc"]
-    assert (mrpc.metric, mrpc.mean, mrpc.std, mrpc.n_seeds) == ("f1", 0.5, 0.0, 1)
+    assert (mrpc.metric, mrpc.mean, mrpc.std, mrpc.n_seeds) == ("f1", 0.5, None, 1)  # no std of one value
 
 
-def test_groups_are_separate_and_sorted_and_a_repeated_seed_counts_every_run() -> None:
+def test_groups_are_separate_and_sorted_and_a_seed_counts_once_unless_pooled() -> None:
     rows = [
         ResultRow("E2", "a", "glue_rte", 1, {"accuracy": 0.5}),
         ResultRow("E1", "b", "glue_rte", 1, {"accuracy": 0.2}),
@@ -44,11 +44,15 @@ def test_groups_are_separate_and_sorted_and_a_repeated_seed_counts_every_run() -
     ]
     summaries = aggregate(rows)
     assert [(s.suite, s.config) for s in summaries] == [("E1", "a"), ("E1", "b"), ("E2", "a")]
-    assert summaries[0].mean == pytest.approx(0.2)  # both runs, nothing dropped
-    assert (summaries[0].n, summaries[0].seeds) == (2, (1, 1))
-    assert [r.job for r in summaries[0].runs] == [1, 4]
-    assert summaries[0].notes == ("seed 1 ran twice (jobs 1, 4): every run counted",)
-    assert render_rows(summaries[:1])[0][7] == "1×2"
+    # one value per seed: the latest succeeded run (a rerun is no second replicate)
+    assert (summaries[0].mean, summaries[0].n, summaries[0].seeds) == (pytest.approx(0.3), 1, (1,))
+    assert [r.job for r in summaries[0].runs] == [4]
+    assert summaries[0].notes == ("seed 1 ran twice (jobs 1, 4): the latest, job 4, counted",)
+    assert summaries[0].pooled is False and summaries[0].n_text == "1"
+    pooled = aggregate(rows, pooled=True)
+    assert (pooled[0].mean, pooled[0].n, pooled[0].seeds) == (pytest.approx(0.2), 2, (1, 1))
+    assert pooled[0].notes == ("seed 1 ran twice (jobs 1, 4): every run counted (pooled)",)
+    assert render_rows(pooled[:1])[0][8] == "1×2"
 
 
 def test_a_row_without_its_task_metric_falls_back_and_says_which() -> None:
@@ -60,7 +64,7 @@ def test_a_row_without_its_task_metric_falls_back_and_says_which() -> None:
     assert (cola.metric, cola.primary, cola.mean, cola.n) == ("accuracy", "mcc", pytest.approx(0.8), 2)
     assert cola.notes == ("no run reported mcc: accuracy shown",)
     assert (mrpc.metric, mrpc.n, mrpc.notes) == ("accuracy", 1, ("no run reported f1: accuracy shown",))
-    assert "no run reported f1: accuracy shown" in render_rows([mrpc])[0][9]
+    assert "no run reported f1: accuracy shown" in render_rows([mrpc])[0][10]
 
 
 def test_runs_that_lack_the_shown_metric_are_named_not_dropped_silently() -> None:
@@ -78,7 +82,7 @@ def test_an_empty_row_says_why() -> None:
     (summary,) = aggregate([ResultRow("E1", "a", "glue_cola", 1, {}, job=7)])  # only NaN metrics
     assert (summary.metric, summary.mean, summary.n) == ("mcc", None, 0)
     assert summary.notes == ("seed 1 (job 7) reported no finite metric: not counted",)
-    assert render_rows([summary])[0][5] == "—"
+    assert render_rows([summary])[0][5] == "— ¶"  # a seed that reported nothing: mean over none
 
 
 def test_csv_and_rendered_rows() -> None:
@@ -95,7 +99,7 @@ def test_csv_and_rendered_rows() -> None:
     assert float(parsed[0]["std"]) == pytest.approx(math.sqrt(0.125))
     assert parsed[0]["seeds"] == "1 2"
     assert render_rows(summaries, digits=2) == [
-        ["E1", "r8", "-", "glue_rte", "accuracy", "0.75 ± 0.35", "2", "1 2", "", ""]
+        ["E1", "r8", "-", "glue_rte", "accuracy", "0.75 ± 0.35", "", "2", "1 2", "", ""]
     ]
 
 

@@ -1,6 +1,6 @@
 """`orch results` as text people paste (CSV, Markdown, LaTeX) and as traceable JSON: every cell
-names each seed's job, attempt and ladder level, and a cell whose seeds ran at different levels
-is marked."""
+names each seed's job, attempt and ladder level, and a cell with a run that went through a rung
+changing numerics is marked."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def rows() -> list[ResultRow]:
     return [
         ResultRow("E1", "r8", "glue_rte", 87, {"accuracy": 0.8288}, job=1, attempt=1, level=0, step="as configured"),
         ResultRow("E1", "r8", "glue_rte", 127, {"accuracy": 0.8}, job=2, attempt=3, level=2, step="halve_batch",
-                  changes=HALVED),
+                  changes=HALVED, inexact=("halve_batch",)),
         ResultRow("E1", "r16", "glue_rte", 87, {"accuracy": 0.9}, job=3, attempt=1, level=0),
         ResultRow("E1", "r16", "glue_rte", 127, {"accuracy": 0.7}, job=4, attempt=1, level=0),
         ResultRow("E1", "r8", "glue_cola", 87, {"mcc": 0.4}, job=5, attempt=1, level=0),
@@ -36,23 +36,27 @@ def rows() -> list[ResultRow]:
 def test_markdown_is_configs_by_tasks_with_best_in_bold_and_mixed_levels_marked() -> None:
     text = to_markdown(aggregate(rows()))
     lines = text.splitlines()
-    assert lines[0] == "| config | glue\\_cola (mcc) | glue\\_rte (accuracy) |"
-    assert lines[1] == "|---|---:|---:|"
-    by_config = {line.split("|")[1].strip(): line for line in lines[2:4]}
+    # suite order (the order of submission), each task column followed by its n
+    assert lines[0] == "| config | glue\\_rte (accuracy) | n | glue\\_cola (mcc) | n |"
+    assert lines[1] == "|---|---:|---:|---:|---:|"
+    by_config = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:4]}
     # r8 on rte: mean 0.8144, seeds at levels 0 and 2 -> best (0.8144 > 0.8) and marked
-    assert "**0.8144 ± 0.0204** †" in by_config["r8"]
-    assert "0.8000 ± 0.1414" in by_config["r16"] and "**0.8000" not in by_config["r16"]
-    assert "**0.5000 ± 0.0000**" in by_config["r16"] and "**0.4000" not in by_config["r8"]
-    assert "different ladder levels" in text
+    assert by_config["r8"][:2] == ["**0.8144 ± 0.0204** †", "2"]
+    assert by_config["r16"][:2] == ["0.8000 ± 0.1414", "2"]
+    # one seed each on cola: no std (never ± 0.0000) and no bold, whatever the mean
+    assert by_config["r16"][2:] == ["0.5000 ± —", "1"] and by_config["r8"][2:] == ["0.4000 ± —", "1"]
+    assert "changes numerics (halve\\_batch)" in text and "± 0.0000" not in text
+    assert "bold: per column, the best test mean among rows with n ≥ 2 (no val reported: chosen on test)" in text
 
 
 def test_latex_escapes_names_bolds_the_best_and_marks_mixed_levels() -> None:
     text = to_latex(aggregate(rows()))
-    assert text.startswith("\\begin{tabular}{lrr}\n\\hline\n")
-    assert "config & glue\\_cola (mcc) & glue\\_rte (accuracy) \\\\" in text
-    assert "r8 & 0.4000 $\\pm$ 0.0000 & \\textbf{0.8144 $\\pm$ 0.0204}$^{\\dagger}$ \\\\" in text
-    assert "r16 & \\textbf{0.5000 $\\pm$ 0.0000} & 0.8000 $\\pm$ 0.1414 \\\\" in text
-    assert "\\end{tabular}" in text and "different ladder levels, all with the same effective batch" in text
+    assert text.startswith("\\begin{tabular}{lrrrr}\n\\hline\n")
+    assert "config & glue\\_rte (accuracy) & $n$ & glue\\_cola (mcc) & $n$ \\\\" in text
+    assert "r8 & \\textbf{0.8144 $\\pm$ 0.0204}$^{\\dagger}$ & 2 & 0.4000 $\\pm$ -- & 1 \\\\" in text
+    assert "r16 & 0.8000 $\\pm$ 0.1414 & 2 & 0.5000 $\\pm$ -- & 1 \\\\" in text
+    assert "\\end{tabular}" in text and "changes numerics (halve\\_batch): their values are equivalent" in text
+    assert "orch" not in text and "--json" not in text  # a legend for a paper: no command-line text
     assert latex_escape("a_b&c%d$e#f{g}") == "a\\_b\\&c\\%d\\$e\\#f\\{g\\}"
 
 
@@ -63,6 +67,8 @@ def test_csv_has_no_float_noise_and_says_which_levels() -> None:
     ])))))
     assert parsed[0]["mean"] == "0.8288" and parsed[0]["std"] == "0.0"
     assert parsed[0]["levels"] == "0 1" and parsed[0]["mixed_levels"] == "true"
+    # checkpointing is exact: mixed levels, bit-equal numbers, no mark
+    assert (parsed[0]["inexact_rungs"], parsed[0]["run_levels"], parsed[0]["run_inexact_rungs"]) == ("", "0 1", "1:-; 2:-")
 
 
 def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
@@ -72,7 +78,9 @@ def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
         "seed": 127, "value": 0.8, "job": 2, "attempt": 3, "level": 2, "step": "halve_batch",
         "changes": HALVED, "run_alone": False,
         "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2", "test_is_val": False,
+        "val": None, "best_step": None, "inexact_rungs": ["halve_batch"],
     }
+    assert rte["inexact_rungs"] == ["halve_batch"] and rte["marks"] == ["†"]
     assert rte["runs"][0]["changed"] == "nothing"
     (same,) = [r for r in to_records(aggregate(rows())) if r["config"] == "r16" and r["task"] == "glue_rte"]
     assert same["mixed_levels"] is False
@@ -117,12 +125,12 @@ def test_orch_results_formats(orch_inproc: OrchRunner, finished_db: Path, fmt: s
 
 def test_orch_results_json_and_table(orch_inproc: OrchRunner, finished_db: Path) -> None:
     payload = json.loads(orch_inproc("results", "--json").stdout)
-    marked = [cell for cell in payload if cell["mixed_levels"]]
+    marked = [cell for cell in payload if cell["marks"] == ["†"]]
     assert len(marked) == 1
     levels = {run["seed"]: run["level"] for run in marked[0]["runs"]}
     assert levels == {87: 0, 127: 2}
     assert all(run["job"] and run["attempt"] for cell in payload for run in cell["runs"])
     table = orch_inproc("results")
-    assert "0,2 †" in table.stdout and "different ladder levels" in table.stdout
+    assert "0,2 †" in table.stdout and "changes numerics (step)" in table.stdout  # recorded before rungs were
     both = orch_inproc("results", "--json", "--format", "csv")
     assert both.rc == 2

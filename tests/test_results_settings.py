@@ -17,6 +17,7 @@ from orchestrator.store import Store
 from orchestrator.store.queries import list_jobs
 from tests.conftest import OrchRunner
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from tests.store_reads import read_jobs
 
 
 def _rows_by_overrides(payload: list[dict]) -> dict[str, dict]:
@@ -77,7 +78,9 @@ def _finish_all(db_path: Path, tmp_path: Path) -> None:
                        {"status": "ok", "metrics": {"test": {"accuracy": 0.5 + job.id / 100}}})
 
 
-def test_a_forced_rerun_of_a_seed_is_counted_and_named(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> None:
+def test_a_forced_rerun_of_a_seed_replaces_its_value_unless_pooled(
+    orch_inproc: OrchRunner, db_path: Path, tmp_path: Path
+) -> None:
     demo = ("--suite", "demo", "--round", "all")
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte 2:glue_rte").rc == 0
     assert orch_inproc("submit", *demo, "--pairs", "1:glue_rte", "--force").rc == 0  # seed 1 again
@@ -88,21 +91,34 @@ def test_a_forced_rerun_of_a_seed_is_counted_and_named(orch_inproc: OrchRunner, 
     by_label = _rows_by_overrides(small)
     assert set(by_label) == {"", "env.EXTRA=1"}
     plain = by_label[""]
-    assert (plain["n"], plain["seeds"], plain["repeated_seeds"]) == (3, [1, 1, 2], {"1": 2})
-    jobs = [run["job"] for run in plain["runs"] if run["seed"] == 1]
-    assert len(jobs) == 2 and plain["notes"] == [f"seed 1 ran twice (jobs {jobs[0]}, {jobs[1]}): every run counted"]
+    # n counts distinct seeds: the rerun replaces seed 1's value, it is no second replicate
+    assert (plain["n"], plain["seeds"], plain["repeated_seeds"], plain["pooled"]) == (2, [1, 2], {}, False)
+    assert plain["denominator"] == {"submitted": 2, "succeeded": 2, "no_metric": 0, "failed": 0, "cancelled": 0,
+                                    "running": 0, "queued": 0, "runs": 3}
+    with Store(db_path) as store:
+        seed_one = sorted(j.id for j in read_jobs(store) if j.config_name == "demo_small" and j.seed == 1
+                          and not j.overrides)
+    assert [run["job"] for run in plain["runs"] if run["seed"] == 1] == [seed_one[-1]]  # the latest run
+    assert plain["notes"] == [f"seed 1 ran twice (jobs {seed_one[0]}, {seed_one[1]}): the latest, job {seed_one[1]}, counted"]
     values = [run["value"] for run in plain["runs"]]
-    assert plain["mean"] == pytest.approx(sum(values) / 3)  # computed from exactly the runs it names
+    assert plain["mean"] == pytest.approx(sum(values) / 2)  # computed from exactly the runs it names
     assert "*" in plain["marks"]
     table = orch_inproc("results").stdout
-    assert "1×2 2" in table and "seed 1 ran twice" in table and "env.EXTRA=1" in table
-    markdown = orch_inproc("results", "--format", "markdown").stdout
-    assert "Notes:" in markdown and "seed 1 ran twice" in markdown
+    assert "seed 1 ran twice" in table and "env.EXTRA=1" in table and "pooled" not in table
+
+    pooled = _rows_by_overrides([r for r in json.loads(orch_inproc("results", "--json", "--pooled").stdout)
+                                 if r["config"] == "demo_small"])[""]
+    assert (pooled["n"], pooled["seeds"], pooled["repeated_seeds"], pooled["pooled"]) == (3, [1, 1, 2], {"1": 2}, True)
+    assert pooled["notes"] == [f"seed 1 ran twice (jobs {seed_one[0]}, {seed_one[1]}): every run counted (pooled)"]
+    table = orch_inproc("results", "--pooled").stdout
+    assert "1×2 2" in table and "pooled: every succeeded run counted" in table
+    markdown = orch_inproc("results", "--format", "markdown", "--pooled").stdout
+    assert markdown.startswith("pooled: every succeeded run counted") and "seed 1 ran twice" in markdown
     latex = orch_inproc("results", "--format", "latex").stdout
-    assert "seed 1 ran twice" in latex and "env.EXTRA=1" in latex
-    csv_rows = list(csv.DictReader(io.StringIO(orch_inproc("results", "--csv").stdout)))
+    assert "seed 1 ran twice" in latex and "env.EXTRA=1" in latex and "pooled" not in latex
+    csv_rows = list(csv.DictReader(io.StringIO(orch_inproc("results", "--csv", "--pooled").stdout)))
     small_csv = {r["overrides"]: r for r in csv_rows if r["config"] == "demo_small"}
-    assert small_csv[""]["seeds"] == "1 1 2" and "seed 1 ran twice" in small_csv[""]["notes"]
+    assert small_csv[""]["seeds"] == "1 1 2" and small_csv[""]["pooled"] == "true"
 
 
 def test_web_results_and_report_keep_settings_apart(orch_inproc: OrchRunner, db_path: Path, tmp_path: Path) -> None:
@@ -154,18 +170,18 @@ def test_validation_as_test_and_dropout_under_mixed_levels_are_marked(
                           [json.dumps({"batch_size": 2, "gradient_accumulation_steps": 2}), jobs[(2, "glue_rte")]])
     payload = {row["task"]: row for row in json.loads(orch_inproc("results", "--json").stdout)}
     rte, cola = payload["glue_rte"], payload["glue_cola"]
-    assert (rte["mixed_levels"], rte["lora_dropout"], rte["dropout_differs"], rte["marks"]) == (True, 0.05, True, ["‡"])
+    assert (rte["mixed_levels"], rte["lora_dropout"], rte["dropout_differs"], rte["marks"]) == (True, 0.05, True, ["†"])
     assert (cola["test_is_val"], cola["marks"]) == (True, ["§"]) and cola["runs"][0]["test_is_val"] is True
     assert rte["test_is_val"] is False
-    dropout = "dropout draws differ at other micro-batch sizes (statistically equal, not bit-equal)"
+    dropout = "went through a ladder rung that changes numerics"
     table = orch_inproc("results").stdout
-    assert "0,2 ‡" in table and "0.3000 ± 0.0000 §" in table
+    assert "0,2 †" in table and "0.3000 ± — §" in table  # one seed: no std
     assert dropout in table and "§ test = validation set" in table
     markdown = orch_inproc("results", "--format", "markdown").stdout
-    assert "0.3000 ± 0.0000** §" in markdown and " ‡" in markdown
+    assert "| 0.3000 ± — § |" in markdown and " †" in markdown  # one seed: no std and no bold
     assert dropout in markdown and "§ test = validation set" in markdown
     latex = orch_inproc("results", "--format", "latex").stdout
-    assert "$^{\\ddagger}$" in latex and "$^{\\S}$" in latex and "$^\\S$ test = validation set" in latex
+    assert "$^{\\dagger}$" in latex and "$^{\\S}$" in latex and "$^\\S$ test = validation set" in latex
     parsed = {r["task"]: r for r in csv.DictReader(io.StringIO(orch_inproc("results", "--csv").stdout))}
     assert (parsed["glue_cola"]["test_is_val"], parsed["glue_rte"]["dropout_differs"]) == ("true", "true")
     from orchestrator.web.report import render_report
@@ -186,7 +202,7 @@ def test_the_dropout_a_run_reports_wins_over_its_config(
             _succeeded(store, job.id, tmp_path / "runs" / str(job.id),
                        {"status": "ok", "metrics": {"test": {"accuracy": 0.7}}, "lora_dropout": 0.0})
         with store.write():  # seed 2 ran at the halved batch: mixed levels, but the runs drew no dropout
-            store.execute("UPDATE attempts SET level = 2 WHERE job_id = 2")
+            store.execute("UPDATE attempts SET level = 2, inexact_rungs_json = '[\"halve_batch\"]' WHERE job_id = 2")
     (row,) = json.loads(orch_inproc("results", "--json").stdout)
     assert (row["mixed_levels"], row["lora_dropout"], row["dropout_differs"], row["marks"]) == (True, 0.0, False, ["†"])
 

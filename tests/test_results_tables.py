@@ -41,30 +41,34 @@ def _cells(line: str) -> list[str]:
 def different_metrics() -> list[ResultRow]:
     # Config "a" reports accuracy on the task, config "b" only a loss (a script's own task).
     return [ResultRow("E", "a", "toy", 1, {"accuracy": 0.9}), ResultRow("E", "a", "toy", 2, {"accuracy": 0.7}),
-            ResultRow("E", "b", "toy", 1, {"loss": 0.4}), ResultRow("E", "c", "toy", 1, {"loss": 0.2})]
+            ResultRow("E", "b", "toy", 1, {"loss": 0.4}), ResultRow("E", "b", "toy", 2, {"loss": 0.5}),
+            ResultRow("E", "c", "toy", 1, {"loss": 0.2}), ResultRow("E", "c", "toy", 2, {"loss": 0.3}),
+            ResultRow("E", "d", "toy", 1, {"loss": 0.1})]  # one seed: lowest, but no evidence
 
 
 def test_markdown_cells_hold_their_own_metric_and_the_best_is_bold() -> None:
     lines = to_markdown(aggregate(different_metrics())).splitlines()
-    assert lines[0] == "| config | toy (accuracy) | toy (loss) |"
-    rows = {_cells(line)[0].strip(): [c.strip() for c in _cells(line)[1:]] for line in lines[2:5]}
-    assert rows["a"] == ["**0.8000 ± 0.1414**", ""]  # never copied into the loss column
-    assert rows["b"] == ["", "0.4000 ± 0.0000"]
-    assert rows["c"] == ["", "**0.2000 ± 0.0000**"]  # the lowest loss is the best
+    assert lines[0] == "| config | toy (accuracy) | n | toy (loss) | n |"
+    rows = {_cells(line)[0].strip(): [c.strip() for c in _cells(line)[1:]] for line in lines[2:6]}
+    assert rows["a"] == ["**0.8000 ± 0.1414**", "2", "", ""]  # never copied into the loss column
+    assert rows["b"] == ["", "", "0.4500 ± 0.0707", "2"]
+    assert rows["c"] == ["", "", "**0.2500 ± 0.0707**", "2"]  # the lowest loss is the best
+    assert rows["d"] == ["", "", "0.1000 ± —", "1"]  # n = 1: no std, never bold
 
 
 def test_latex_cells_hold_their_own_metric_and_the_best_is_bold() -> None:
     text = to_latex(aggregate(different_metrics()))
-    assert "a & \\textbf{0.8000 $\\pm$ 0.1414} &  \\\\" in text
-    assert "b &  & 0.4000 $\\pm$ 0.0000 \\\\" in text
-    assert "c &  & \\textbf{0.2000 $\\pm$ 0.0000} \\\\" in text
+    assert "a & \\textbf{0.8000 $\\pm$ 0.1414} & 2 &  &  \\\\" in text
+    assert "b &  &  & 0.4500 $\\pm$ 0.0707 & 2 \\\\" in text
+    assert "c &  &  & \\textbf{0.2500 $\\pm$ 0.0707} & 2 \\\\" in text
+    assert "d &  &  & 0.1000 $\\pm$ -- & 1 \\\\" in text
 
 
 def test_markdown_escapes_pipes_backslashes_and_underscores_in_names() -> None:
     rows = [ResultRow("E", "x", "t_1", 1, {"f1|macro_avg\\": 0.5}), ResultRow("E", "y", "t_1", 1, {"f1|macro_avg\\": 0.6})]
     lines = to_markdown(aggregate(rows)).splitlines()
-    assert len(_cells(lines[0])) == 2 and len(_cells(lines[2])) == 2  # the `|` in the name split nothing
-    assert lines[0] == "| config | t\\_1 (f1\\|macro\\_avg\\\\) |"
+    assert len(_cells(lines[0])) == 3 and len(_cells(lines[2])) == 3  # the `|` in the name split nothing
+    assert lines[0] == "| config | t\\_1 (f1\\|macro\\_avg\\\\) | n |"
     assert md_escape("a|b\\c_d*e\nf") == "a\\|b\\\\c\\_d\\*e f"
 
 
@@ -73,7 +77,7 @@ def test_latex_escapes_every_special_character() -> None:
                                            "\\textbackslash{}")
     assert latex_escape("a--b<c>|") == "a-{}-b\\textless{}c\\textgreater{}\\textbar{}"  # no en dash, no ¡
     text = to_latex(aggregate([ResultRow("E", "x", "t", 1, {"a_b&c%d": 0.5})]))
-    assert "config & t (a\\_b\\&c\\%d) \\\\" in text
+    assert "config & t (a\\_b\\&c\\%d) & $n$ \\\\" in text
 
 
 @pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])

@@ -224,3 +224,49 @@ def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(or
     assert received["per_device_train_batch_size"] == 4 and received["gradient_accumulation_steps"] == 2
     log = Path(second["log"]).read_text()
     assert "train begins at global step 2" in log and '{"global_step": 6}' in log
+
+
+def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orch: Orch, tmp_path: Path) -> None:
+    """The worker alone is SIGKILLed (an admin, or the kernel's OOM killer where its word cannot
+    be read): its wrapper records the signal and no OOM evidence. With a checkpoint left, that is
+    a death: the job resumes from it on its own, and the retry does not use up max_attempts (1)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    data_dir = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data_dir), "--tasks", "rte",
+                    "--n-train", "40", "--n-dev", "16"], check=True, cwd=REPO_ROOT, capture_output=True)  # fmt: skip
+    config = {"model": "tiny-llama", "data_dir": str(data_dir), "max_steps": 150, "batch_size": 4,
+              "checkpoint_every_steps": 3, "num_data_workers": 0, "prec": "fp32", "max_seq_len": 64,
+              "no_save": True}  # fmt: skip
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    orch.write_suite("lora", {"tiny": config}, worker="lora", mem_gib=2, max_attempts=1,
+                     env={"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path})  # fmt: skip
+    orch.submit("lora", "1:glue-tvt_rte")
+    orch.start_daemon()
+
+    def worker_with_a_checkpoint() -> tuple[Path, int] | None:
+        rows = orch.attempts(1)
+        if not rows:
+            return None
+        run_dir = Path(rows[0]["run_dir"])
+        try:
+            child = json.loads((run_dir / "pid.json").read_text()).get("child_pid")
+        except (OSError, ValueError):
+            return None
+        return (run_dir, int(child)) if child and any(run_dir.glob("checkpoint-*")) else None
+
+    first_dir, worker_pid = wait_until(worker_with_a_checkpoint, 90, "attempt 1's worker and first checkpoint")
+    os.kill(worker_pid, signal.SIGKILL)  # the worker only: its wrapper lives on and records the signal
+    assert orch.wait_all_done(120) == {1: "succeeded"}
+
+    shown = orch.json("show", "1")
+    first, second = shown["attempts"]
+    assert first["outcome"] == "lost" and first["reason"].startswith("killed by SIGKILL without OOM evidence")
+    assert json.loads((first_dir / "exit.json").read_text())["signal"] == signal.SIGKILL
+    assert second["resumed_from"] is not None and second["resumed_from"]["attempt"] == 1
+    checkpoint = Path(second["resumed_from"]["checkpoint"])
+    assert checkpoint.parent == first_dir and second["level"] == first["level"] == 0
+    step = int(checkpoint.name.removeprefix("checkpoint-"))
+    assert f"resumed from {checkpoint}: step {step} of 150" in Path(second["log"]).read_text()
+    assert json.loads((Path(second["run_dir"]) / "result.json").read_text())["steps"] == 150

@@ -29,7 +29,7 @@ def test_batch_256_at_level_1_and_batch_128_at_level_0_share_one_shape() -> None
 
 
 def test_batch_128_level_0_starts_at_the_batch_256_level_1_measurement() -> None:
-    from orchestrator.prediction.job_facts import predict
+    from orchestrator.prediction.job_prediction import predict
     from orchestrator.store.peak_source import SourceKind
     from orchestrator.store.rows import ShapeMemory
 

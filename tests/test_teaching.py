@@ -91,7 +91,7 @@ def test_the_daemon_starts_a_short_job_of_an_untaught_model_and_data_before_long
 
 
 def test_the_benchmarks_orch_uses_the_rule_and_meets_the_goal_on_the_foreign_memory_trace() -> None:
-    from benchmarks.packing.learning import EstimatePolicy, OraclePolicy
+    from benchmarks.packing.daemon_policy import EstimatePolicy, OraclePolicy
     from benchmarks.packing.simulator import Simulator
     from benchmarks.packing.trace import load_trace
 

@@ -272,9 +272,10 @@ def test_curves_overlay_picked_runs_with_log_scale_and_a_seed_band(sweep: WebSwe
     wait_until(lambda: chart.get_attribute("data-drawn") == "yes", 15, "the curves chart")
     assert chart.get_attribute("data-series") == str(len(shorts)) == "2"  # one line per picked run
     assert chart.get_attribute("data-metric") == "loss"
-    legend = chart.locator(".u-legend").inner_text()
-    assert all(f"job {j}" in legend for j in shorts)
-    assert "samples_per_s" in chart.locator("select.metric").inner_text()  # any metric the worker reports
+    rows = chart.locator("table.curve-legend tbody tr")  # a compact table, a row per run with a toggle
+    assert sorted(int(r.split("-")[1]) for r in rows.evaluate_all("rs => rs.map(r => r.dataset.run)")) == shorts
+    assert rows.first.locator("input.toggle").is_checked() and "short" in rows.first.inner_text()
+    assert "test_accuracy" in chart.locator("select.metric").inner_text()  # any metric the worker reports
     chart.locator("input.log").check()
     wait_until(lambda: chart.get_attribute("data-log") == "yes", 10, "a log scale")
     chart.locator("input.band").check()  # seeds of one config: a band (max, min) and its mean
@@ -291,6 +292,9 @@ def test_results_pivot_has_a_row_per_config_and_a_column_per_task(sweep: WebSwee
     short = page.locator('table.pivot tr.pivot-row[data-config="short"] td')
     assert short.count() == 1 and short.first.get_attribute("data-n") == "2"  # both seeds in the cell
     assert re.search(r"\d\.\d{4} ± \d\.\d{4}", short.first.inner_text())
+    assert short.first.inner_text().endswith("· n 2")  # the cell's denominator: both seeds submitted counted
+    val = page.locator("table.results tr.result:has(td:text-is('short')) td.val").first.inner_text()
+    assert re.fullmatch(r"\d\.\d{4} ± \d\.\d{4}", val.strip())  # the val mean beside the test mean
     assert page.locator("svg.dots circle.seed").count() >= 2  # the two seeds as points
     csv = page.request.get(sweep.url + "/results.csv").text()
     assert csv.startswith("suite,config,task,metric,mean,std,n_seeds,seeds") and "short" in csv

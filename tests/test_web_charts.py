@@ -3,6 +3,7 @@ results pivot and its label for an effective config, the timeline's labels and t
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +109,7 @@ def test_a_row_is_labelled_with_its_config_and_overrides() -> None:
     assert effective_config_label(SummaryWithOverrides("base", {"x": 1}, "lr=1e-3")) == "base [lr=1e-3]"
 
 
-def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task() -> None:
+def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task_with_two_seeds() -> None:
     rows = [ResultRow("E1", c, t, s, {"accuracy": v, "f1": v - 0.1})
             for c, t, s, v in [("a", "glue_rte", 1, 0.6), ("a", "glue_rte", 2, 0.8), ("b", "glue_rte", 1, 0.9),
                                ("a", "glue_mrpc", 1, 0.5)]]
@@ -116,9 +117,13 @@ def test_pivot_is_configs_by_tasks_with_the_best_mean_of_each_task() -> None:
     assert p.columns == [("glue_mrpc", "f1"), ("glue_rte", "accuracy")]
     assert [r.label for r in p.rows] == ["a", "b"]
     a, b = p.rows
-    assert a.cells[0] is not None and a.cells[0].n == 1 and a.cells[0].best
-    assert a.cells[1] is not None and a.cells[1].mean == pytest.approx(0.7) and a.cells[1].n == 2 and not a.cells[1].best
-    assert b.cells[0] is None and b.cells[1] is not None and b.cells[1].best
+    assert a.cells[0] is not None and a.cells[0].n == 1 and not a.cells[0].best  # one seed: never bold
+    assert a.cells[0].std is None  # shown `—`, never ± 0
+    assert a.cells[1] is not None and a.cells[1].mean == pytest.approx(0.7) and a.cells[1].n == 2 and a.cells[1].best
+    assert b.cells[0] is None and b.cells[1] is not None and not b.cells[1].best  # 0.9 from a single seed
+    losses = pivot(aggregate([ResultRow("E1", c, "toy", s, {"loss": v}) for c, s, v in
+                              [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.2), ("b", 2, 0.4)]]))
+    assert [r.cells[0].best for r in losses.rows if r.cells[0] is not None] == [False, True]  # the lowest loss
     several = pivot(aggregate([*rows, ResultRow("E2", "a", "glue_rte", 1, {"accuracy": 0.1})]))
     assert [r.label for r in several.rows] == ["E1/a", "E1/b", "E2/a"]  # suites apart when there are several
     mixed = pivot(aggregate([ResultRow("E1", "a", "glue_rte", 1, {"accuracy": 0.5}, level=0),
@@ -133,7 +138,7 @@ def span(attempt_id: int, start: float, end: float, config: str = "cfg") -> Atte
 def test_bars_name_job_and_config_where_they_fit() -> None:
     s = span(1, 0, 1, config="large-config")
     assert bar_label(s, 500) == "L2 · job 41 · large-config"
-    assert bar_label(s, 130) == "job 41 · large-config"
+    assert bar_label(s, 160) == "job 41 · large-config"
     assert bar_label(s, 50) == "job 41"
     assert bar_label(s, 20) == "L2"
     assert bar_label(s, 5) == ""
@@ -164,3 +169,39 @@ def test_curves_are_read_from_the_run_dir_itself_never_through_a_symlink(tmp_pat
     (run_dir / "progress.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
     assert read_curves(run_dir) == {}
     assert read_curves(tmp_path / "missing") == {}
+
+
+def test_a_job_takes_its_configs_hue_and_a_shade_for_its_seed() -> None:
+    from orchestrator.web.colours import config_hue, job_colours
+
+    colours = job_colours({1: "a", 2: "a", 3: "a", 4: "b", 5: "c"})
+    assert len(set(colours.values())) == 5
+    hue = {job: int(colour.split("(")[1].split(",")[0]) for job, colour in colours.items()}
+    assert hue[1] == hue[2] == hue[3] != hue[4] != hue[5] != hue[1]
+    lightness = [int(colours[j].rsplit(" ", 1)[1].rstrip("%)")) for j in (1, 2, 3)]
+    assert lightness == sorted(lightness) and lightness[0] < lightness[-1]  # seeds dark to light
+    hues = sorted(config_hue(i) for i in range(6))
+    assert all(60 <= h <= 330 for h in hues)  # no reds or oranges: those are OOMs and foreign memory
+    assert min(b - a for a, b in itertools.pairwise(hues)) >= 20  # six configs, apart
+    (chart,) = memory_charts([sample(0, 0, {1: 100, 4: 200})], [], {}, configs={1: "a", 4: "b"})
+    two = job_colours({1: "a", 4: "b"})
+    assert [b.colour for b in chart.bands[:2]] == [two[1], two[4]]
+
+
+def test_a_log_shows_each_redrawn_line_at_its_last_state() -> None:
+    from orchestrator.web.log_text import collapse_redraws, collapsed_chunks, log_tail
+
+    bar = "".join(f"\r{i}%|{'#' * (i // 10)}" for i in range(101))
+    text = f"start\nepoch 1{bar}\ncrlf line\r\nTraceback (most recent call last):\nValueError: x\n"
+    assert collapse_redraws(text).split("\n") == ["start", "100%|##########", "crlf line",
+                                                  "Traceback (most recent call last):", "ValueError: x", ""]
+    assert log_tail(text, 2, cut_at_start=False) == "ValueError: x\n"
+    assert log_tail("half a line\nwhole\n", 10, cut_at_start=True) == "whole\n"
+    data = text.encode()
+    for size in (1, 3, 7, 64, len(data)):  # any chunking gives the same lines
+        chunks = [data[i:i + size] for i in range(0, len(data), size)]
+        assert b"".join(collapsed_chunks(chunks)).decode() == collapse_redraws(text)
+    # a line redrawn a million times holds two states, not a million
+    endless = (b"\r" + b"x" * 50) * 1_000_000
+    out = list(collapsed_chunks(endless[i:i + 65536] for i in range(0, len(endless), 65536)))
+    assert out == [b"x" * 50]

@@ -34,6 +34,8 @@ out-of-memory message, result.json status "oom" and exit code 3.
               wording: `allocator` (default), DefaultCPUAllocator's "can't allocate memory";
               `dataloader`, "DataLoader worker (pid(s) N) exited unexpectedly" raised from "...
               is killed by signal: Killed." (the kernel OOM-killed a loader process).
+`sim_fail_seeds: [4, 7]` limits `sim_fail: error` to those seeds (the others succeed), as a
+sweep where some seeds diverge or crash.
 error and host_oom are Python exceptions, reported as a real worker does: the traceback on
 stderr, result.json status "failed" with the exception's last line, exit code 1.
 """
@@ -120,8 +122,17 @@ def predicted_peak_mib(config: dict[str, Any]) -> int:
     return round((base_gib + rest_gib + logits_gib) * 1024)
 
 
+def failing_seed(config: dict[str, Any]) -> bool:
+    """Whether `sim_fail` applies to this attempt's seed (every seed without `sim_fail_seeds`)."""
+    seeds = config.get("sim_fail_seeds")
+    return seeds is None or int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0) in seeds
+
+
 def check_sim_fail(config: dict[str, Any]) -> None:
     """Refuse sim_fail settings that would otherwise be ignored silently (ValueError)."""
+    seeds = config.get("sim_fail_seeds")
+    if seeds is not None and not (isinstance(seeds, list) and all(type(s) is int for s in seeds)):
+        raise ValueError(f"sim_fail_seeds must be a list of seeds (integers), got {seeds!r}")
     if config.get("sim_fail") != "host_oom":
         return
     kind = config.get("sim_host_oom_kind", "allocator")
@@ -211,9 +222,9 @@ class SimAllocation:
         self.used_mib = 0
 
 
-def pseudo_accuracy(seed: int, config: dict[str, Any]) -> float:
-    """Deterministic per (seed, data): the same job gives the same result on every attempt."""
-    key = f"{seed}:{config.get('data', '')}:{config.get('sim_mem_gib')}"
+def pseudo_accuracy(seed: int, config: dict[str, Any], split: str = "test") -> float:
+    """Deterministic per (seed, data, split): the same job gives the same result on every attempt."""
+    key = f"{seed}:{config.get('data', '')}:{config.get('sim_mem_gib')}" + ("" if split == "test" else f":{split}")
     digest = sum((i + 1) * ord(c) for i, c in enumerate(key)) % 1000
     return round(0.7 + 0.2 * digest / 1000, 4)
 
@@ -326,7 +337,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
         if fail == "hang" and step > total_steps // 2:
             while True:  # stops heartbeating, like a deadlocked data loader
                 time.sleep(3600)
-        if fail == "error" and step > total_steps // 2:
+        if fail == "error" and step > total_steps // 2 and failing_seed(config):
             raise RuntimeError("simulated failure in the training loop (sim_fail: error)")
         time.sleep(HEARTBEAT_S)
         elapsed_s = time.monotonic() - train_started
@@ -341,7 +352,9 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
     harness.write_result(
         run_dir,
         harness.STATUS_SUCCEEDED,
-        metrics={"test": {"accuracy": pseudo_accuracy(seed, config)}},
+        metrics={"test": {"accuracy": pseudo_accuracy(seed, config)},
+                 "val": {"accuracy": pseudo_accuracy(seed, config, split="val")}},
+        best_step=total_steps,
         peak_mem_mib=alloc.peak_mib,
         steps=total_steps,
         seconds=time.monotonic() - started,

@@ -208,7 +208,7 @@ def oracle_makespan_s(orch_run: dict[str, Any], serial_run: dict[str, Any], leav
     """The packing simulator's offline oracle over one card: true peaks by batch (the largest a
     succeeded attempt reached, either run), solo run times by config (the serial run), sharing by
     the co-location curve orch measured."""
-    from benchmarks.packing.learning import OraclePolicy
+    from benchmarks.packing.daemon_policy import OraclePolicy
     from benchmarks.packing.simulator import Simulator
     from benchmarks.packing.trace import LEVELS, Trace, TraceGpu, TraceJob
 

@@ -1,4 +1,9 @@
-"""`python -m benchmarks.packing --trace FILE [--json]`: race the launchers over one trace."""
+"""`python -m benchmarks.packing --trace FILE [--json]`: race the launchers over one trace.
+
+`orch` is the daemon's own policy (benchmarks.packing.daemon_policy.daemon: the real `pack`,
+peaks learned at step K and at the end, the LoRA estimate's model), the same number as the `orch`
+row of `python -m benchmarks.packing.learning`; `family` is the daemon on a foreign script's
+sweep (declared figures, memory families); `oracle` knows every true peak and duration."""
 
 from __future__ import annotations
 
@@ -6,13 +11,25 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
-from benchmarks.packing.policies import OrchPolicy, RoundsPolicy, SlotsPolicy
-from benchmarks.packing.simulator import Policy, SimResult, Simulator, lower_bound_min
+from benchmarks.packing.daemon_policy import OraclePolicy, daemon
+from benchmarks.packing.family_policy import FamilyPolicy
+from benchmarks.packing.policies import RoundsPolicy, SlotsPolicy
+from benchmarks.packing.simulator import (
+    SHARING_THROUGHPUT,
+    Policy,
+    SimResult,
+    Simulator,
+    lower_bound_min,
+    with_mps,
+)
 from benchmarks.packing.trace import Trace, load_trace
 from orchestrator.scheduling.packing.types import PackingPolicy
 
-POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch")
+POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch", "family", "oracle", "orch overlap",
+                "family overlap", "oracle overlap", "orch mps", "oracle mps")
+MPS_ROWS = ("orch mps", "oracle mps")  # raced with T(k) times the measured MPS gain
 
 
 def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
@@ -21,7 +38,14 @@ def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
         "rounds+rerun": lambda: RoundsPolicy(trace, rerun=True),
         "slots": lambda: SlotsPolicy(trace),
         "threshold": lambda: SlotsPolicy(trace, threshold=True),
-        "orch": lambda: OrchPolicy(trace, packing),
+        "orch": lambda: daemon(trace, packing),
+        "family": lambda: FamilyPolicy(trace, packing=packing, name="family"),
+        "oracle": lambda: OraclePolicy(trace),
+        "orch overlap": lambda: daemon(trace, replace(packing, overlap=True), name="orch overlap"),
+        "family overlap": lambda: FamilyPolicy(trace, packing=replace(packing, overlap=True), name="family overlap"),
+        "oracle overlap": lambda: OraclePolicy(trace, name="oracle overlap", overlap=True),
+        "orch mps": lambda: daemon(trace, packing, name="orch mps"),
+        "oracle mps": lambda: OraclePolicy(trace, name="oracle mps"),
     }
     return makers[name]()
 
@@ -29,11 +53,14 @@ def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
 def run_all(
     trace: Trace, packing: PackingPolicy, names: tuple[str, ...] = POLICY_NAMES
 ) -> dict[str, SimResult]:
-    return {name: Simulator(trace).run(make_policy(name, trace, packing)) for name in names}
+    plain = trace.sharing or SHARING_THROUGHPUT
+    return {name: Simulator(trace, with_mps(plain) if name in MPS_ROWS else plain).run(make_policy(name, trace, packing))
+            for name in names}
 
 
 def report(trace: Trace, results: dict[str, SimResult]) -> dict[str, object]:
     bound = lower_bound_min(trace)
+    oracle = results.get("oracle")
     return {
         "lower_bound_min": round(bound, 1),
         "total_work_min": round(sum(j.minutes[0] for j in trace.jobs), 1),
@@ -41,6 +68,7 @@ def report(trace: Trace, results: dict[str, SimResult]) -> dict[str, object]:
             name: {
                 "makespan_min": round(r.makespan_min, 1),
                 "ratio": round(r.makespan_min / bound, 3),
+                "vs_oracle": round(r.makespan_min / oracle.makespan_min, 3) if oracle else None,
                 "oom_events": r.oom_events,
                 "oom_lost_gpu_min": round(r.oom_lost_gpu_min, 1),
                 "failed_jobs": r.failed_jobs,
@@ -56,11 +84,13 @@ def render(data: dict[str, object]) -> str:
     assert isinstance(policies, dict)
     lines = [
         f"lower bound {data['lower_bound_min']} min",
-        f"{'policy':<14}{'makespan':>10}{'ratio':>7}{'OOMs':>6}{'lost GPU-min':>14}{'failed':>8}{'mean wait':>11}",
+        f"{'policy':<14}{'makespan':>10}{'ratio':>7}{'/oracle':>8}{'OOMs':>6}{'lost GPU-min':>14}{'failed':>8}"
+        f"{'mean wait':>11}",
     ]
     for name, p in policies.items():
+        vs_oracle = f"{p['vs_oracle']:>8.3f}" if p["vs_oracle"] is not None else f"{'-':>8}"
         lines.append(
-            f"{name:<14}{p['makespan_min']:>10.1f}{p['ratio']:>7.2f}{p['oom_events']:>6}"
+            f"{name:<14}{p['makespan_min']:>10.1f}{p['ratio']:>7.3f}{vs_oracle}{p['oom_events']:>6}"
             f"{p['oom_lost_gpu_min']:>14.1f}{p['failed_jobs']:>8}{p['mean_wait_min']:>11.1f}"
         )
     return "\n".join(lines)

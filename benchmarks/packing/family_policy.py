@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.packing.learning import StepKPolicy
+from benchmarks.packing.daemon_policy import StepKPolicy
 from benchmarks.packing.simulator import Attempt
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, TraceJob
 from orchestrator.prediction.families import (

@@ -18,19 +18,28 @@ from benchmarks.packing.simulator import (
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.prediction.carried import LevelEvidence, LevelNeed, start_level, with_evidence
 from orchestrator.prediction.durations import CompletedRun, DurationTable
-from orchestrator.prediction.ladder import Level, expand_levels, retry_decision
+from orchestrator.prediction.ladder import Level, expand_levels, inexact_rungs, retry_decision
 from orchestrator.prediction.memory import Prediction, predict_peak_mib, update_shape
+from orchestrator.scheduling.packing.cards import headroom_mib
 from orchestrator.scheduling.packing.pack import can_take_any, pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
+from orchestrator.store.peak_source import SourceKind
 from orchestrator.store.rows import ShapeMemory
 
+_EVIDENCE = (SourceKind.OOM_FLOOR, SourceKind.MEASURED, SourceKind.RUNNING, SourceKind.FAMILY)
+
 MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
-# The daemon's default ladder expanded for a config of batch 2 with data workers: exactly the
-# trace's five levels (as configured, checkpointing, half batch, no data workers, alone).
+# The traces record true peaks and run times for five configurations in this order: as configured,
+# checkpointing, half batch, no data workers, alone (the daemon's default ladder before it put every
+# exact rung first). Expanded for a config of batch 2 with data workers, this ladder gives exactly
+# them, so the benchmark replays the traces over it.
+TRACE_LADDER_SPEC = [{"name": "checkpointing", "checkpointing": True, "logits_to_keep": 1}, "halve_batch",
+                     {"data_workers": 0}, "run_alone"]
 TRACE_LEVELS: tuple[Level, ...] = tuple(expand_levels(
-    load_ladder(None),
+    load_ladder(TRACE_LADDER_SPEC),
     {"batch_size": 2, "gradient_accumulation_steps": 1, "num_data_workers": 2, "gradient_checkpointing": False},
     one_token_task=True,
 ))
@@ -172,6 +181,11 @@ class OrchPolicy:
     completed: list[CompletedRun] = field(default_factory=list)  # what the daemon's table holds
     durations: DurationTable = field(default_factory=lambda: DurationTable(()))
     attempts: dict[int, int] = field(default_factory=dict)  # job -> attempts ended so far
+    # OOM evidence carried across rungs and start where it fits (orchestrator.prediction.carried),
+    # as the daemon does; False: the daemon before them
+    carry: bool = True
+    # config -> (launch to first step, memory held until then), seen on an attempt past its start-up
+    startups: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.queue = {}
@@ -235,9 +249,16 @@ class OrchPolicy:
         learning = {self.group(a.start.job_index, a.start.level) for a in sim.running}
         return teaching_jobs(queue, learning)
 
+    def _learn_startups(self, sim: Simulator, now_s: float) -> None:
+        for a in sim.running:
+            if a.job.startup_s > 0 and not a.starting(now_s):
+                self.startups[a.job.config] = (a.job.startup_s, int(a.startup_mib))
+
     def decide(self, sim: Simulator, now_s: float) -> list[Start]:
         if not self.queue:
             return []
+        if self.packing.overlap:
+            self._learn_startups(sim, now_s)
         gpus = [
             GpuState(
                 g.index, f"sim-{g.index}", int(g.total_mib), int(sim.free_mib(g.index, now_s)), n
@@ -250,7 +271,7 @@ class OrchPolicy:
                 a.start.gpu_index,
                 int(a.start.predicted_mib),
                 int(a.held_mib(now_s)),
-                reached_peak=not a.ramping(now_s),
+                reached_peak=not (a.ramping(now_s) or a.starting(now_s)),
                 run_alone=a.start.run_alone,
                 expected_end_s=self._expected_end_s(a),
                 probe_family=self.running_probe_of(a),
@@ -266,9 +287,11 @@ class OrchPolicy:
         queue = []
         placeable = False
         firsts = []
+        if self.carry:
+            self._start_where_it_fits(gpus)
         for shape, first in list(self.by_shape.shapes()):
             level = self.queue[first].level
-            prediction = self.predict(first, level)
+            prediction = self.carried(first, level)
             # how many are queued matters only up to two: whether a group has a job to teach
             firsts.append((first, level, prediction, len(self.by_shape.first(shape, 2))))
             predicted_mib = int(prediction.mib)
@@ -276,6 +299,9 @@ class OrchPolicy:
             alone = TRACE_LEVELS[level].run_alone
             probe = self.probe_of(first, level, prediction)
             k = most_placeable(predicted_mib, alone, cards)
+            startup = self.startups.get(self.trace.jobs[first].config) if self.packing.overlap else None
+            if startup is not None and not alone:
+                k = max(k, 1)  # it may start ahead of an attempt whose end makes room
             placeable = placeable or k > 0
             for j in self.by_shape.first(shape, k + 1):
                 queue.append(
@@ -288,6 +314,8 @@ class OrchPolicy:
                         run_alone=alone,
                         expected_duration_s=expected_s,
                         probe_family=probe,
+                        startup_s=startup[0] if startup else None,
+                        startup_mib=startup[1] if startup else 0,
                     )
                 )
         if not placeable:
@@ -304,6 +332,51 @@ class OrchPolicy:
                 Start(p.job_id, p.gpu_index, level, p.reserved_mib, TRACE_LEVELS[level].run_alone)
             )
         return starts
+
+    def _evidence(self, job_index: int, level: int) -> list[LevelEvidence]:
+        job = self.trace.jobs[job_index]
+        found = []
+        for below in range(level + 1):
+            memory = self.shapes.get(self.shape_of(job, below))
+            if memory is not None and (memory.oom_floor_mib or memory.disproved_mib):
+                found.append(LevelEvidence(below, memory.oom_floor_mib, memory.disproved_mib))
+        return found
+
+    def carried(self, job_index: int, level: int) -> Prediction:
+        """`predict`, raised to the OOM evidence at or below `level` (trace jobs have no estimate:
+        a rung's saving is unknown, so the floor itself carries)."""
+        prediction = self.predict(job_index, level)
+        if not self.carry:
+            return prediction
+        return with_evidence(prediction, self._evidence(job_index, level), level, lambda rung: None)
+
+    def _start_where_it_fits(self, gpus: list[GpuState]) -> None:
+        """Move each shape's queued jobs off a level shown not to fit any card (the daemon's
+        orchestrator.scheduling.start_levels, over the trace's ladder)."""
+        ceiling = max(g.total_mib - headroom_mib(g, self.packing) for g in gpus if g.slots > 0)
+        for shape, first in list(self.by_shape.shapes()):
+            level = self.queue[first].level
+            here = self.carried(first, level)
+            if here.mib <= ceiling or here.source.kind not in _EVIDENCE:
+                continue
+            job = self.trace.jobs[first]
+            needs = []
+            for later in range(level, len(TRACE_LEVELS)):
+                memory = self.shapes.get(self.shape_of(job, later))
+                floor = memory.oom_floor_mib if memory is not None else None
+                proven = floor is not None and floor > ceiling
+                mib = floor if proven and floor is not None else self.carried(first, later).mib
+                needs.append(LevelNeed(later, mib, proven, not inexact_rungs(TRACE_LEVELS, later)))
+            choice = start_level(needs, level, ceiling)
+            if choice is None:
+                continue
+            alike = [j for j, q in self.queue.items()
+                     if q.level == level and self.shape_of(self.trace.jobs[j], level) == shape]
+            for j in alike:
+                since = self.queue[j].since_s
+                self.by_shape.remove(j)
+                self.queue[j] = _Queued(choice.level, since)
+                self.by_shape.add(j, self.shape_of(self.trace.jobs[j], choice.level), j)
 
     def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
         s = attempt.start
@@ -340,7 +413,14 @@ class OrchPolicy:
             or self.queue[self._wakes[0][1]].since_s + self.packing.starvation_s != self._wakes[0][0]
         ):
             heapq.heappop(self._wakes)
-        return self._wakes[0][0] if self._wakes else None
+        wake = self._wakes[0][0] if self._wakes else None
+        if self.packing.overlap and self.startups and self.queue:
+            # a queued job may start ahead once a running attempt's end is within its start-up
+            leads = {s for s, _ in self.startups.values()}
+            ahead = [end - lead for a in sim.running if (end := self._expected_end_s(a)) is not None
+                     for lead in leads if end - lead > now_s + 1e-6]
+            wake = min([w for w in (wake, *ahead) if w is not None], default=None)
+        return wake
 
     def finished(self) -> bool:
         return not self.queue

@@ -1,6 +1,8 @@
 """Discrete-event simulation of one sweep at virtual time.
 
-Memory of an attempt rises linearly from 0 to its true peak over `ramp_s`. When a card's
+An attempt first spends the job's `startup_s` (launch to the first training step) holding
+`startup_mib`, doing no work and taking no share of the card's compute; then its memory rises
+linearly to its true peak over `ramp_s`. When a card's
 memory (foreign + ours) reaches its size, the attempt that is allocating — the most recently
 started one still ramping — fails with an OOM and its time so far is lost. With k attempts on
 a card each runs at T(k)/k of its solo speed. A job may also die of a late OOM at a fixed
@@ -20,9 +22,18 @@ from benchmarks.packing.trace import Trace, TraceJob
 
 # T(k): total throughput of a card shared by k jobs, in solo-job units (the last entry repeats)
 SHARING_THROUGHPUT: tuple[float, ...] = (0.0, 1.0, 1.45, 1.8, 2.0)
+# CUDA MPS over plain time-slicing, T_mps(k) / T(k), measured for k jobs of a 210M Llama LoRA
+# (bf16, batch 32) on one H200: benchmarks/gpu/results/mps_factors_h200.json
+# (`python benchmarks/gpu/mps_bench.py factors`); the last entry repeats
+MPS_GAIN: tuple[float, ...] = (0.0, 1.0, 1.101, 1.180, 1.179)
 _EPS = 1e-6
 
 Outcome = Literal["succeeded", "oom"]
+
+
+def with_mps(table: Sequence[float], gain: Sequence[float] = MPS_GAIN) -> tuple[float, ...]:
+    """T(k) under MPS: the plain table times the measured gain at each count."""
+    return tuple(t * gain[min(k, len(gain) - 1)] for k, t in enumerate(table))
 
 
 def throughput(k: int, table: Sequence[float] = SHARING_THROUGHPUT) -> float:
@@ -58,16 +69,35 @@ class Attempt:
         return self.job.peak_mib[self.start.level]
 
     @property
+    def startup_end_s(self) -> float:
+        return self.start_s + self.job.startup_s
+
+    @property
     def ramp_end_s(self) -> float:
-        return self.start_s + self.job.ramp_s
+        return self.startup_end_s + self.job.ramp_s
+
+    @property
+    def startup_mib(self) -> float:
+        return min(self.job.startup_mib, self.peak_mib)
 
     def held_mib(self, now_s: float) -> float:
         if now_s >= self.ramp_end_s:
             return self.peak_mib
-        return self.peak_mib * (now_s - self.start_s) / self.job.ramp_s
+        if now_s < self.startup_end_s:
+            return self.startup_mib
+        rising = self.peak_mib - self.startup_mib
+        return self.startup_mib + rising * (now_s - self.startup_end_s) / self.job.ramp_s
+
+    def starting(self, now_s: float) -> bool:
+        """Still before its first training step."""
+        return now_s < self.startup_end_s - _EPS
 
     def ramping(self, now_s: float) -> bool:
-        return now_s < self.ramp_end_s - _EPS
+        """Allocating: past its start-up, not yet at its peak."""
+        return not self.starting(now_s) and now_s < self.ramp_end_s - _EPS
+
+    def rising_mib_per_s(self) -> float:
+        return (self.peak_mib - self.startup_mib) / self.job.ramp_s
 
 
 @dataclass(frozen=True)
@@ -168,13 +198,13 @@ class Policy(Protocol):
 
 
 class Simulator:
-    def __init__(self, trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT, *, resume: bool = False,
+    def __init__(self, trace: Trace, sharing: Sequence[float] | None = None, *, resume: bool = False,
                  checkpoint_every: float = 0.1) -> None:
         self.trace = trace
         self.resume = resume
         self.checkpoint_every = checkpoint_every
         self._kept = [0.0] * len(trace.jobs)  # per job: fraction of its work a checkpoint holds
-        self.sharing = tuple(sharing)
+        self.sharing = tuple(sharing if sharing is not None else trace.sharing or SHARING_THROUGHPUT)
         self.gpus = {g.index: g for g in trace.gpus}
         self.running: list[Attempt] = []
         self._by_gpu: dict[int, list[Attempt]] = {i: [] for i in self.gpus}  # running, per card
@@ -200,8 +230,10 @@ class Simulator:
         return self.gpus[gpu_index].total_mib - self.used_mib(gpu_index, now_s)
 
     # --- the event loop ---------------------------------------------------------------------
-    def _rate(self, attempt: Attempt) -> float:
-        k = len(self._by_gpu[attempt.start.gpu_index])
+    def _rate(self, attempt: Attempt, now_s: float) -> float:
+        if attempt.starting(now_s):
+            return 0.0
+        k = sum(1 for a in self._by_gpu[attempt.start.gpu_index] if not a.starting(now_s))
         return throughput(k, self.sharing) / k
 
     def _start(self, start: Start, now_s: float) -> None:
@@ -246,21 +278,26 @@ class Simulator:
     def _next_event_s(self, now_s: float) -> float | None:
         times: list[float] = []
         for a in self.running:
-            times.append(now_s + a.remaining_min / self._rate(a) * 60.0)
+            if a.starting(now_s):
+                times.append(a.startup_end_s)
+                continue
+            rate = self._rate(a, now_s)
+            times.append(now_s + a.remaining_min / rate * 60.0)
             if a.late_oom_remaining_min is not None:
-                times.append(now_s + max(0.0, a.remaining_min - a.late_oom_remaining_min) / self._rate(a) * 60.0)
+                times.append(now_s + max(0.0, a.remaining_min - a.late_oom_remaining_min) / rate * 60.0)
             if a.ramping(now_s):
                 times.append(a.ramp_end_s)
         for g, gpu in self.gpus.items():
-            slope = sum(a.peak_mib / a.job.ramp_s for a in self.on_gpu(g) if a.ramping(now_s))
+            slope = sum(a.rising_mib_per_s() for a in self.on_gpu(g) if a.ramping(now_s))
             if slope > 0:
                 room = gpu.total_mib - self.used_mib(g, now_s)
                 times.append(now_s + max(0.0, room) / slope)
         return min(times) if times else None
 
     def _advance(self, now_s: float, to_s: float) -> None:
-        for a in self.running:
-            a.remaining_min -= self._rate(a) * (to_s - now_s) / 60.0
+        rates = [self._rate(a, now_s) for a in self.running]  # constant between events
+        for a, rate in zip(self.running, rates, strict=True):
+            a.remaining_min -= rate * (to_s - now_s) / 60.0
 
     def _handle_events(self, policy: Policy, now_s: float) -> None:
         for a in [a for a in self.running if a.remaining_min <= _EPS]:
@@ -321,14 +358,16 @@ def best_level(job: TraceJob, trace: Trace) -> int:
     return min(fitting, key=lambda lv: job.minutes[lv])
 
 
-def lower_bound_min(trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT) -> float:
+def lower_bound_min(trace: Trace, sharing: Sequence[float] | None = None) -> float:
     """max(longest job at its best level, total solo work / Σ_g T(cap_g)).
 
     cap_g = min(plan_g, how many of the smallest best-level peaks fit in card g's memory).
     """
+    sharing = sharing if sharing is not None else trace.sharing or SHARING_THROUGHPUT
     best = [
         (job.minutes[lv], job.peak_mib[lv]) for job in trace.jobs for lv in [best_level(job, trace)]
     ]
+    longest = max(job.minutes[best_level(job, trace)] + job.startup_s / 60.0 for job in trace.jobs)
     peaks = sorted(p for _, p in best)
     capacity = 0.0
     for gpu, slots in zip(trace.gpus, trace.plan, strict=True):
@@ -339,4 +378,4 @@ def lower_bound_min(trace: Trace, sharing: Sequence[float] = SHARING_THROUGHPUT)
             fit, used = fit + 1, used + p
         capacity += throughput(fit, sharing)
     work = sum(m for m, _ in best)
-    return max(max(m for m, _ in best), work / capacity)
+    return max(longest, work / capacity)

@@ -37,6 +37,10 @@ class TraceJob:
     # this fraction of its work, whatever its neighbours; 0: none
     late_oom_at: float = 0.0
     late_oom_levels: int = 1
+    # launch to the first training step (imports, model load, tokenising): no work done, little
+    # memory held (`startup_mib`), no share of the card's compute taken; the ramp follows it
+    startup_s: float = 0.0
+    startup_mib: float = 0.0
 
     def shape(self, level: int) -> tuple[str, str, int]:
         return (self.config, self.task, level)
@@ -47,6 +51,9 @@ class Trace:
     gpus: tuple[TraceGpu, ...]
     plan: tuple[int, ...]  # slots per GPU, in the order of `gpus`
     jobs: tuple[TraceJob, ...]
+    # T(k), the card's total throughput with k jobs in solo-job units, measured for these jobs;
+    # None: the simulator's default table
+    sharing: tuple[float, ...] | None = None
 
     def slots(self, gpu_index: int) -> int:
         position = [g.index for g in self.gpus].index(gpu_index)
@@ -85,10 +92,13 @@ def load_trace(path: Path | str) -> Trace:
             ramp_s=float(j["ramp_s"]),
             late_oom_at=float(j.get("late_oom_at", 0.0)),
             late_oom_levels=int(j.get("late_oom_levels", 1)),
+            startup_s=float(j.get("startup_s", 0.0)),
+            startup_mib=float(j.get("startup_gib", 0.0)) * MIB_PER_GIB,
         )
         for j in raw["jobs"]
     )
     for job in jobs:
         if len(job.peak_mib) != LEVELS or len(job.minutes) != LEVELS:
             raise ValueError(f"job {job.id}: expected {LEVELS} levels")
-    return Trace(gpus, parse_plan(raw["plan"], len(gpus)), jobs)
+    sharing = tuple(float(x) for x in raw["sharing"]) if raw.get("sharing") else None
+    return Trace(gpus, parse_plan(raw["plan"], len(gpus)), jobs, sharing)

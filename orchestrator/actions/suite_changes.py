@@ -22,7 +22,7 @@ from orchestrator.store.control import (
 )
 from orchestrator.store.db import Store
 from orchestrator.store.queries import get_job
-from orchestrator.store.status import paused_suites
+from orchestrator.store.status import paused_configs, paused_suites
 
 
 def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[bool, str | None]:
@@ -62,6 +62,8 @@ def resume_if_changed(store: Store, suite: str, worker_changed: bool) -> str | N
     failures that paused it (`worker_changed`); else return a line saying the jobs wait, and how
     to let them run."""
     reason = next((p.reason for p in paused_suites(store, count_queued=False) if p.suite == suite), None)
+    reason = reason or next((f"config {p.config}: {p.reason}" for p in paused_configs(store, count_queued=False)
+                             if p.suite == suite), None)
     if reason is None:
         return None
     if worker_changed:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.gpu.mps import MPS_FAILURES, REASON_MPS
 from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
 # The exit codes of our workers' protocol, as workers.harness defines them (a test checks they
@@ -21,6 +22,9 @@ from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 EXIT_OOM = 3  # workers.harness.EXIT_OOM
 EXIT_CONFIG_ERROR = 4  # workers.harness.EXIT_CONFIG_ERROR
 SIGKILL = 9
+# A SIGKILL nothing explains (an admin, a watchdog; the kernel's OOM killer where its word could
+# not be read): a death, resumed from a checkpoint where one is left (attempts.next_step).
+REASON_SIGKILL = "killed by SIGKILL without OOM evidence"
 
 # At the start of a line, or right after an error label. The label is case-sensitive on purpose:
 # Python exception names are CamelCase, so `on_error: CUDA out of memory` in a config is no label.
@@ -58,6 +62,9 @@ _SIGNATURES: tuple[_Signature, ...] = (
         "Triton OutOfResources (shared memory): the kernel config is too big for this GPU model",
         r"(?i:OutOfResources\b|out of resource: shared memory)",
     ),
+    # a broken MPS server fails its clients whatever they run: said as such (the daemon turns MPS
+    # off for that card), never read as an OOM of the job's own
+    _Signature(_FAILED, REASON_MPS, MPS_FAILURES),
     _sig(_FAILED, "NCCL watchdog timeout", r"(?i:Watchdog caught collective operation timeout)"),
     _sig(
         _OOM,
@@ -321,7 +328,7 @@ def classify_attempt(
     if from_log is not None:
         return from_log
     if sigkilled:
-        return Classification(AttemptOutcome.FAILED, "killed by SIGKILL without OOM evidence")
+        return Classification(AttemptOutcome.FAILED, REASON_SIGKILL)
     if signal is not None:
         return Classification(AttemptOutcome.FAILED, f"killed by signal {signal}")
     if exit_code is None:

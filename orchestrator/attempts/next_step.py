@@ -11,13 +11,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.attempts.classify import Classification, classify_attempt
+from orchestrator.attempts.classify import REASON_SIGKILL, Classification, classify_attempt
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
-from orchestrator.prediction.job_facts import as_received, job_host_settings
+from orchestrator.prediction.job_facts import as_received, job_host_settings, job_ladder
 from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
 from orchestrator.store.rows import Job
+
+
+@dataclass(frozen=True)
+class CheckpointLeft:
+    """The checkpoint the job's next attempt would resume from."""
+
+    attempt_n: int  # the attempt whose run dir holds it
+    path: str
+    own: bool  # left by the attempt that ended: it got further than the one before it
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,8 @@ class EndEvidence:
     disk_full_now: bool = False  # the runs dir's filesystem is below its free-space minimum
     remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
     not_started: str | None = None  # why its worker never started through no fault of its own
+    kernel_oom_kill: bool = False  # the kernel log names a process of the attempt as OOM-killed
+    checkpoint: CheckpointLeft | None = None  # what the job's next attempt would resume from
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class EndVerdict:
     disk_full: str | None = None
     kill_reason: KillRequest | None = None
     remote_end: ClusterEnd | None = None
+    resumes_from: CheckpointLeft | None = None  # a death the next attempt resumes from
     # why the end is not the job's doing (a hang-up from outside, a launch that never
     # happened): requeued unchanged without using up one of its attempts
     not_the_jobs: str | None = None
@@ -70,21 +82,34 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY) and not ended_by_itself(exit_record),
         exit_record_present=exit_record is not None and not evidence.lost,
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
+        kernel_oom_kill=evidence.kernel_oom_kill or bool((exit_record or {}).get("oom_kills")),
     )
-    remote_end = evidence.remote_end
+    remote_end, resumes_from = evidence.remote_end, None
     not_the_jobs = evidence.not_started
     if remote_end is not None:
         verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
     elif stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
         not_the_jobs = "stopped from outside (a tmux server killed, a stray signal)"
+    elif sigkilled_with_checkpoint(verdict, kill_reason, evidence.checkpoint):
+        resumes_from = evidence.checkpoint
+        verdict = Classification(AttemptOutcome.LOST, f"{REASON_SIGKILL}; a checkpoint is left to resume from")
     elif not_the_jobs is not None and result is None:
         verdict = Classification(AttemptOutcome.LOST, not_the_jobs)
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
-        verdict = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})")
-    return EndVerdict(verdict, disk_full, kill_reason, remote_end,
+        verdict, resumes_from = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})"), None
+    return EndVerdict(verdict, disk_full, kill_reason, remote_end, resumes_from,
                       not_the_jobs if verdict.outcome is AttemptOutcome.LOST else None)
+
+
+def sigkilled_with_checkpoint(
+    verdict: Classification, kill_reason: KillRequest | None, checkpoint: CheckpointLeft | None
+) -> bool:
+    """A SIGKILL orch did not send, with no OOM evidence, where a checkpoint is left: a death
+    (the work done so far is kept), not the run failing on its own."""
+    return (checkpoint is not None and kill_reason is None and verdict.outcome is AttemptOutcome.FAILED
+            and verdict.reason == REASON_SIGKILL)  # fmt: skip
 
 
 def disk_full_cause(
@@ -152,10 +177,11 @@ def _uncounted(job: Job, why: str) -> NextStep:
 
 def decide_next(
     job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
+    ran_alone: bool = False,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended; `hung_retries_so_far`: its
-    job's earlier attempts killed as hung."""
+    job's earlier attempts killed as hung; `ran_alone`: no other attempt was on its card."""
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
@@ -169,6 +195,12 @@ def decide_next(
         return NextStep(JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued")
     if kill_reason is KillRequest.CANCEL:  # whatever ended it, the user wants it to run no more
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
+    resumes_from = verdict.resumes_from
+    if resumes_from is not None and resumes_from.own:
+        # it got further (its own checkpoint): a death, not counted; each such retry needs
+        # progress, so a job killed over and over before its next save uses up its attempts
+        return _uncounted(job, f"killed by SIGKILL with a checkpoint left: resumes from {resumes_from.path}, "
+                               "not counted")
     if remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
         # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
         slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
@@ -183,6 +215,7 @@ def decide_next(
     decision = retry_decision(
         outcome.outcome, outcome.reason, job.attempt_count, levels, level.index, job.max_attempts,
         retryable=outcome.retryable, hung_retries_so_far=hung_retries_so_far, host=host,
+        strict=job_ladder(job).strict, ran_alone=ran_alone,
     )
     if decision.action != "requeue" or decision.level is None:
         # the attempt's reason is said once in the event: "job failed" when the job's is the same

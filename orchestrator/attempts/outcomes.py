@@ -8,22 +8,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.classify import Classification
-from orchestrator.attempts.next_step import EndEvidence, NextStep, classify_end, decide_next
+from orchestrator.attempts.classify import SIGKILL, Classification
+from orchestrator.attempts.kernel_log import kernel_oom_killed
+from orchestrator.attempts.next_step import (
+    CheckpointLeft,
+    EndEvidence,
+    NextStep,
+    classify_end,
+    decide_next,
+)
 from orchestrator.attempts.printed_metrics import parse_result
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
-from orchestrator.executors.checkpoints import remove_checkpoints
+from orchestrator.executors.checkpoints import remove_checkpoints, search_checkpoints
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import CrashLoop
+from orchestrator.plans.resume import resumable_attempts, worker_can_resume
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.prediction.job_facts import (
     JobShapeCache,
     attempt_shape_key,
     job_family_tag,
+    job_keys,
     job_levels,
     job_prompt_length_key,
     job_shape_key,
@@ -40,12 +49,16 @@ from orchestrator.store.endings import (
     close_attempt,
     hung_attempts_before,
     neighbours,
+    pause_config,
     pause_suite,
     recent_failure_durations,
+    unpaused_configs,
 )
 from orchestrator.store.learning import record_throughput
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.status import paused_configs
+from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +100,13 @@ def complete(
     found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
                     remote_end=remote_end, not_started=not_started)
     ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
-    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far)
+    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far,
+                       ran_alone=found.ran_alone)
     closed = _write_end(store, attempt, found, ended.classification, step)
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)
     if ended.classification.outcome is AttemptOutcome.FAILED and not hung:
-        guard_crash_loop(store, found.job.suite, crash_loop_of(found.job))
+        guard_crash_loop(store, found.job.suite, found.job.config_name, crash_loop_of(found.job))
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,7 @@ class _Gathered:
     peak_mib: int  # the most it held: orch's readings, its result's and the wrapper's own
     card: tuple[str, int] | None  # the card the wrapper saw it on (model, total MiB)
     hung_retries_so_far: int  # earlier attempts of the job killed as hung
+    ran_alone: bool  # no other attempt on its card at its end (live or just ended)
 
 
 def _gather(
@@ -126,12 +141,36 @@ def _gather(
     reported_peak = result.get("peak_mem_mib") if result else None
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
-    evidence = EndEvidence(obs.exit_record if obs else None, result, read_log_tail(run_dir), attempt.kill_requested,
-                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end,
-                           not_started=not_started)
+    exit_record = obs.exit_record if obs else None
+    sigkilled = result is None and (exit_record or {}).get("signal") == SIGKILL
+    evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started,
+                           kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),
+                           checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None)
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
-                     hung_attempts_before(store, attempt))
+                     hung_attempts_before(store, attempt),
+                     job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt))
+
+
+def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
+    """Whether the kernel log (where readable) names the attempt's wrapper or worker as
+    OOM-killed since it started."""
+    record = (obs.pid_record if obs else None) or {}
+    pids = [p for p in (record.get("pid"), record.get("child_pid")) if isinstance(p, int)]
+    return kernel_oom_killed(pids, attempt.started_at)
+
+
+def _checkpoint_left(store: Store, attempt: Attempt, job: Job) -> CheckpointLeft | None:
+    """The checkpoint the job's next attempt would resume from, this attempt's run dir included
+    (plans.resume: only attempts a resume may cross); None where its worker cannot resume."""
+    if not worker_can_resume(job.worker, job_keys(job), job.config):
+        return None
+    usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
+    found = search_checkpoints((n, Path(run_dir)) for n, run_dir in usable).checkpoint
+    if found is None:
+        return None
+    return CheckpointLeft(found.attempt_n, str(found.path), own=found.attempt_n == attempt.n)
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
@@ -153,7 +192,7 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
     if verdict.outcome is AttemptOutcome.SUCCEEDED:
         message = f"attempt {attempt.n} succeeded, peak {peak_mib / 1024:.1f} GiB"
     else:
-        message = f"attempt {attempt.n} {verdict.outcome.value} on GPU {attempt.gpu_index}: {verdict.reason}; {step.why}"
+        message = ended_on_gpu(attempt.n, verdict.outcome.value, attempt.gpu_index, verdict.reason, step.why)
     reason = verdict.reason
     if found.problems:  # what in the run dir was refused: named, never the cause of a crash
         unique = list(dict.fromkeys(found.problems))
@@ -223,7 +262,7 @@ def learn_rate(
     if rate is None:
         return
     key = attempt_shape_key(job, attempt, cache)
-    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite)
+    record_throughput(store, attempt.gpu_uuid, key, tenants, rate, job.suite, steps=after[0] - before[0])
 
 
 def _prompt_lesson(job: Job, outcome: AttemptOutcome, result: dict[str, Any] | None) -> PromptLesson | None:
@@ -262,16 +301,29 @@ def crash_loop_reason(durations_s: list[float], guard: CrashLoop) -> str | None:
     return f"{len(fast)} {attempts} failed within {_seconds(guard.within_s)} each in the last {_seconds(guard.window_s)}"
 
 
-def guard_crash_loop(store: Store, suite: str, guard: CrashLoop) -> None:
-    """Pause a suite whose attempts keep failing within seconds for non-OOM reasons. The failing
-    job's setting decides, so a suite resubmitted with a changed `crash_loop` uses the new one."""
+def guard_crash_loop(store: Store, suite: str, config: str, guard: CrashLoop) -> None:
+    """Pause a config whose attempts keep failing within seconds for non-OOM reasons; the
+    suite's other configs run on, and the suite itself pauses once every config of it is
+    paused. The failing job's setting decides, so a suite resubmitted with a changed
+    `crash_loop` uses the new one."""
     if not guard.enabled:
         return
-    reason = crash_loop_reason(recent_failure_durations(store, suite, store.now_s() - guard.window_s), guard)
+    durations = recent_failure_durations(store, suite, config, store.now_s() - guard.window_s)
+    reason = crash_loop_reason(durations, guard)
     if reason is None:
         return
-    pause_suite(store, suite, reason, f"suite {suite} paused: {reason}; fix it, then `orch retry --suite {suite}` "
-                f"(and `orch resume {suite}`, unless the fix changed its worker command)")
+    fix = (f"fix it, then `orch retry --suite {suite}` (and `orch resume {suite}`, unless the fix changed its worker "
+           "command)")
+    still_running = unpaused_configs(store, suite)
+    others = [name for name in still_running if name != config]
+    if others:
+        pause_config(store, suite, config, reason,
+                     f"config {config} of suite {suite} paused: {reason}; its other configs run on; {fix}")
+        return
+    # the last config of the suite still running: the suite pauses (one pause, one event)
+    configs = len({config, *(p.config for p in paused_configs(store, count_queued=False) if p.suite == suite)})
+    suite_reason = reason if configs == 1 else f"all {configs} configs paused by the crash-loop guard, the last for {reason}"
+    pause_suite(store, suite, suite_reason, f"suite {suite} paused: {suite_reason}; {fix}")
 
 
 def fail_before_start(
@@ -303,7 +355,7 @@ def fail_before_start(
     # way within a second: the crash-loop guard counts it like any other fast failure. A full
     # disk is the machine's, a busy controller the cluster's, not the suite's: they pause nothing.
     if not (disk_full or not_counted):
-        guard_crash_loop(store, job.suite, crash_loop_of(job))
+        guard_crash_loop(store, job.suite, job.config_name, crash_loop_of(job))
 
 
 def abandon(store: Store, attempt: Attempt, reason: str, obs: Observation | None = None) -> bool:

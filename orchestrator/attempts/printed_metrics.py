@@ -14,6 +14,10 @@ description names a phase other than training (`Loading weights: 219/219`, `Map:
 `Downloading`, `Tokenizing`, ...) is not a step count: taken as one, a model load looked like
 hundreds of training steps, and the memory it held then was taken for the shape's peak.
 
+Every metric line understood (a log dict, a `step N/M` line with a loss, a tqdm postfix, a
+`progress_regex` match) is also a history point at its step (attempts.history_points): a log dict
+without a `step` of its own is placed at the main bar's step, else at its ordinal among such lines.
+
 Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
 last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
 progress line (a `step` with only loss, learning rate, epoch and the like).
@@ -27,6 +31,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.attempts.history_points import NOT_HISTORY
+from orchestrator.store.history_bounds import Point
 from orchestrator.wording import number
 
 MAX_LINE_CHARS = 8192  # longer "lines" (a binary dump, a progress bar gone wrong) are cut
@@ -104,6 +110,21 @@ class StdoutProgress:
     carry: str = ""  # the unterminated last segment (a tqdm bar being redrawn)
     totals: dict[str, int] = field(default_factory=dict)  # the last total seen per source
     mid_line: bool = False  # reading started inside a line: drop text up to the first line end
+    points: list[Point] = field(default_factory=list)  # history points not yet taken (`take_points`)
+    logged_lines: int = 0  # log dicts seen with no step known: their ordinal is their step
+
+    def take_points(self) -> list[Point]:
+        """The history points understood since the last call, one per (step, key), the last winning."""
+        taken = {(p.step, p.key): p for p in self.points}
+        self.points = []
+        return list(taken.values())
+
+    def _point(self, step: int | None, key: str, value: float) -> None:
+        if step is None:
+            bar = self.main_bar()
+            step = bar.step if bar is not None else None
+        if step is not None and key not in NOT_HISTORY and len(self.points) < 100_000:
+            self.points.append(Point(float(step), key, value))
 
     @classmethod
     def with_regex(cls, progress_regex: str | None) -> StdoutProgress:
@@ -146,6 +167,8 @@ class StdoutProgress:
                 loss = number(groups.get("loss"))
                 if loss is not None:
                     self.values["loss"] = loss
+                    if not partial:
+                        self._point(step, "loss", loss)
                 return
         if partial:
             # An unterminated segment may be cut mid-number: only a whole tqdm bar counts.
@@ -155,37 +178,48 @@ class StdoutProgress:
             return
         logged = parse_dict(line) if "{" in line else None
         if logged is not None:
-            logged_step = logged.get("step")
-            if logged_step is not None and 0 <= logged_step == int(logged_step):  # a JSON log line with a step
+            before = line[: line.find("{")]  # a bar drawn without a line end, then the dict printed
+            if (bar := _TQDM.search(before)) is not None:
+                self._tqdm(before, bar)
+            logged_step = logged.get("step", logged.get("global_step"))
+            point_step: int | None = None
+            if logged_step is not None and 0 <= logged_step == int(logged_step) <= 10**12:  # a JSON log line with a step
                 total = logged.get("total", logged.get("max_steps"))
                 whole_total = int(total) if total is not None and total == int(total) else None
                 self._step("step", int(logged_step), whole_total)
+                point_step = int(logged_step)
+            elif self.main_bar() is None:
+                self.logged_lines += 1
+                point_step = self.logged_lines
             for key, value in logged.items():
                 if key in _PROGRESS_KEYS or key.startswith("eval_"):
                     self.values[key] = value
+                self._point(point_step, key, value)
             return
         step_match = _STEP.search(line)
         if step_match is not None:
             self._step("step", int(step_match.group(1)), int(step_match.group(2)))
-            self._loss_in(line)
+            self._loss_in(line, int(step_match.group(1)))
             return
         tqdm = _TQDM.search(line)
         if tqdm is not None:
-            self._tqdm(line, tqdm)
+            self._tqdm(line, tqdm, point=True)
 
-    def _tqdm(self, line: str, match: re.Match[str]) -> None:
+    def _tqdm(self, line: str, match: re.Match[str], point: bool = False) -> None:
         if _NOT_TRAINING.search(line[: match.start()].rsplit("\r", 1)[-1]):
             return
         if _DATA_RATE.search(line[match.end() :].split("]", 1)[0]):
             return
         self._step("tqdm", int(match.group(1)), int(match.group(2)))
-        self._loss_in(line[match.end() :])  # tqdm's postfix: `loss=0.41`
+        self._loss_in(line[match.end() :], int(match.group(1)) if point else None, point)  # tqdm's postfix: `loss=0.41`
 
-    def _loss_in(self, text: str) -> None:
+    def _loss_in(self, text: str, step: int | None, point: bool = True) -> None:
         found = _LOSS.search(text)
         loss = number(found.group(1)) if found else None
         if loss is not None:
             self.values["loss"] = loss
+            if point and step is not None:
+                self._point(step, "loss", loss)
 
     def _step(self, source: str, step: int, total: int | None) -> None:
         if total is None:  # a line without its total belongs to the last bar of its kind that had one

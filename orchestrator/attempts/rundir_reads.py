@@ -1,10 +1,8 @@
-"""The one boundary where files from a run dir enter orch: read without following links, size
-limited, parsed, and every field checked for type and range.
-
-Everything in a run dir can be written by user code (a buggy training script, a hostile one),
-so what comes out of here is either a value of the documented type and range or absent, and
-each thing refused is named in `problems` ("pid.json: pid must be an integer from 1 to
-4194304, not 'abc'"), for the attempt's reason. Nothing here raises for bad content.
+"""The one boundary where run-dir files enter orch: read without following links, size limited, parsed, and
+every field checked for type and range. Everything in a run dir can be written by user code (a buggy training
+script, a hostile one), so what comes out of here is either a value of the documented type and range or absent,
+and each thing refused is named in `problems` ("pid.json: pid must be an integer from 1 to 4194304, not 'abc'"),
+for the attempt's reason. Nothing here raises for bad content.
 """
 
 from __future__ import annotations
@@ -13,11 +11,17 @@ import json
 import math
 import os
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.attempts.field_checks import MAX_PID, Check
+from orchestrator.attempts.field_checks import int_in as _int_in
+from orchestrator.attempts.field_checks import is_number as _is_number
+from orchestrator.attempts.field_checks import leftovers as _leftovers
+from orchestrator.attempts.field_checks import names_list as _names
+from orchestrator.attempts.field_checks import number_in as _number_in
+from orchestrator.attempts.field_checks import short_text as _short_text
 from orchestrator.executors.runs_tree import (
     FileProblem,
     RunTreeError,
@@ -34,43 +38,11 @@ CURVE_TAIL_BYTES = 1024 * 1024  # progress.jsonl read for a loss curve
 MAX_CURVE_POINTS = 400
 LOG_TAIL_BYTES = 16384
 MAX_TEXT_CHARS = 4000  # an error message kept from result.json
-MAX_PID = 4_194_304  # the kernel's pid_max ceiling
 MAX_MIB = 1 << 30  # 1 PiB: far above any GPU, far below SQLite's integer range
 MAX_COUNT = 10**12  # steps, totals, tokens
 MAX_METRIC_DEPTH = 4
 MAX_GPU_PEAK_BYTES = 4096  # gpu_peak.json
 MAX_PEAK_MIB = 16 * 1024 * 1024  # 16 TiB: anything larger is not a reading
-
-Check = Callable[[Any], bool]
-
-
-def _int_in(low: int, high: int) -> Check:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-
-
-def _is_number(v: Any) -> bool:
-    # no math.isfinite on an int: a 4000-digit integer overflows the float conversion
-    return isinstance(v, int | float) and not isinstance(v, bool) and not (isinstance(v, float) and not math.isfinite(v))
-
-
-def _number_in(low: float, high: float) -> Check:
-    return lambda v: _is_number(v) and low <= v <= high
-
-
-def _short_text(limit: int) -> Check:
-    return lambda v: isinstance(v, str) and len(v) <= limit
-
-
-def _names(v: Any) -> bool:
-    return isinstance(v, list) and len(v) <= 16 and all(isinstance(s, str) and len(s) <= 32 for s in v)
-
-
-def _leftovers(v: Any) -> bool:
-    """The wrapper's list of processes the worker left running (executors.wrapper.strays)."""
-    return isinstance(v, list) and len(v) <= 64 and all(
-        isinstance(p, dict) and _int_in(1, MAX_PID)(p.get("pid")) and _short_text(64)(p.get("name")) for p in v
-    )
-
 
 # field -> (check, what it must be); a field failing its check is dropped and named.
 PID_FIELDS: dict[str, tuple[Check, str]] = {
@@ -91,6 +63,7 @@ EXIT_FIELDS: dict[str, tuple[Check, str]] = {
     "leftovers": (_leftovers, "a short list of {pid, name}"),
     "token": (_short_text(64), "a short text"),
     "tracking": (_names, "a short list of names"),
+    "oom_kills": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a count or null"),  # its cgroup's, by the kernel
 }
 RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "status": (_short_text(64), "a short text"),
@@ -99,12 +72,12 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     "longest_tokens": (lambda v: v is None or _int_in(1, MAX_COUNT)(v), "a positive integer or null"),
     "samples_per_s": (lambda v: v is None or _number_in(0, 1e12)(v), "a finite number or null"),
     "steps": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
+    "best_step": (lambda v: v is None or _int_in(0, MAX_COUNT)(v), "a non-negative integer or null"),
     "seconds": (lambda v: v is None or _number_in(0, 1e10)(v), "a finite number or null"),
     "metrics": (lambda v: isinstance(v, dict), "a mapping"),
     # true: the test metrics were scored on the split that also chose the best epoch
     "test_is_val": (lambda v: isinstance(v, bool), "true or false"),
-    # > 0: LoRA dropout masks depend on the micro-batch, so a run at a halved batch is
-    # statistically equal to one at the configured batch, not bit-equal
+    # > 0: a halved micro-batch draws other LoRA dropout masks (an equivalent draw, not bit-equal)
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
     "token": (_short_text(64), "a short text"),
 }
@@ -335,11 +308,12 @@ class OutputStat:
     mtime_s: float
 
 
-def stat_output(run_dir: Path) -> OutputStat | None:
-    """Size and modification time of the attempt's stdout.log; None when there is none (or it is
-    not a regular file). Its growth is the worker's sign of life."""
+def stat_output(run_dir: Path, name: str = RunDir.LOG) -> OutputStat | None:
+    """Size and modification time of the attempt's stdout.log (or another file it appends to,
+    progress.jsonl); None when there is none (or it is not a regular file). Its growth is the
+    worker's sign of life."""
     try:
-        info = os.lstat(os.path.join(run_dir, RunDir.LOG))  # no Path objects: read per attempt per pass
+        info = os.lstat(os.path.join(run_dir, name))  # no Path objects: read per attempt per pass
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode):
@@ -347,11 +321,11 @@ def stat_output(run_dir: Path) -> OutputStat | None:
     return OutputStat(info.st_size, info.st_mtime)
 
 
-def read_output(run_dir: Path, start: int, max_bytes: int) -> bytes:
-    """At most `max_bytes` of stdout.log from byte `start`: never the whole of a log that may
-    be gigabytes."""
+def read_output(run_dir: Path, start: int, max_bytes: int, name: str = RunDir.LOG) -> bytes:
+    """At most `max_bytes` of stdout.log (or `name`) from byte `start`: never the whole of a log
+    that may be gigabytes."""
     try:
-        fd = os.open(RunDir(run_dir).log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.join(run_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return b""
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.attempts.printed_metrics import StdoutProgress
 from orchestrator.attempts.rundir_reads import read_output, stat_output
 from orchestrator.plans.template import OUR_WORKERS
+from orchestrator.store.history_bounds import Point
 
 TAIL_START_BYTES = 64 * 1024
 MAX_READ_BYTES = 1024 * 1024
@@ -70,6 +71,11 @@ class OutputFollower:
         followed.offset = offset
         followed.decoder = _decoder()
         followed.parser.resync(mid_line=offset > 0)
+
+    def take_points(self, attempt_id: int) -> list[Point]:
+        """History points its output gave since the last call (attempts.history_follow stores them)."""
+        followed = self._followed.get(attempt_id)
+        return followed.parser.take_points() if followed is not None else []
 
     def keep_only(self, attempt_ids: Iterable[int]) -> None:
         """Forget attempts that are no longer live."""

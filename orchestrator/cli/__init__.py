@@ -18,12 +18,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from orchestrator.cli import control, demo, plan, results, submit
+    from orchestrator.cli import control, curves, demo, plan, results, submit
     from orchestrator.cli.daemon import command as daemon
     from orchestrator.cli.jobs import command as jobs
     from orchestrator.cli.status import command as status
 
-    for module in (submit, jobs, plan, control, daemon, status, results, demo):
+    for module in (submit, jobs, plan, control, daemon, status, results, curves, demo):
         module.register(cli)
     from orchestrator.cli import web_cmd
 

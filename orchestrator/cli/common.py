@@ -10,12 +10,11 @@ from typing import Any, TypeVar
 
 import click
 
+from orchestrator.api import submit as submit_api
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
-from orchestrator.errors import PlanError, StoreError, UsageError
-from orchestrator.gpu import machine_gpu_indices
+from orchestrator.errors import StoreError, UsageError
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.store import Store
-from orchestrator.store.queries import last_seen_gpu_indices
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,26 +117,6 @@ def describe_plan(plan: GpuPlan) -> str:
     return f"{named} job(s) at a time; any other GPU: {others}"
 
 
-def known_gpu_indices(db_path: Path) -> list[int] | None:
-    """This machine's GPU indices: the daemon's last reading, else the simulated GPUs or NVML
-    here; None when they cannot be known."""
-    known = None
-    if db_path.exists():
-        with open_store(db_path) as reader:
-            known = last_seen_gpu_indices(reader)
-    return known if known is not None else machine_gpu_indices()
-
-
 def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
-    """Refuse `what` (--gpus, or a plan's entries) naming a GPU this machine lacks, when its GPUs
-    are known: from the daemon's last reading, else the simulated GPUs or NVML here. Unknown:
-    the daemon's wait reason says it."""
-    known = known_gpu_indices(db_path)
-    if known is None:
-        return
-    missing = [g for g in gpus if g not in known]
-    if missing:
-        names = ", ".join(map(str, missing))
-        raise PlanError(
-            f"{what} names GPU {names}, which this machine does not have (its GPUs: {' '.join(map(str, known))})"
-        )
+    """Refuse `what` naming a GPU this machine lacks (api.submit.check_gpus_exist)."""
+    submit_api.check_gpus_exist(gpus, db_path, what, open_store)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
 from orchestrator.cli.daemon.command import start_daemon
+from orchestrator.cli.status.lines import clock, one_line
 from orchestrator.cli.status.rich_view import render_status
 from orchestrator.cli.status.snapshot import status_snapshot
 from orchestrator.gpu.nvml import nvml_available
@@ -30,8 +32,10 @@ from orchestrator.plans import (
     parse_pairs,
 )
 from orchestrator.store.control import request_daemon_stop
+from orchestrator.store.db import Store
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
 from orchestrator.store.queries import first_oom_job, state_counts
+from orchestrator.store.status import events_after
 
 DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
 
@@ -69,17 +73,10 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
             start_daemon(db_path, poll_s=0.5)
             started_here = True
         deadline = time.monotonic() + timeout_s
-        def frame() -> RenderableType:
-            return render_status(status_snapshot(store, all_jobs=False), width=console.width, height=console.height)
-
-        with Live(frame(), console=console, refresh_per_second=4) as live:
-            while time.monotonic() < deadline:
-                counts = state_counts(store)
-                live.update(frame())
-                if counts["queued"] == 0 and counts["running"] == 0:
-                    break
-                time.sleep(0.5)  # the dashboard's refresh interval
-        console.print()
+        if console.is_terminal:
+            _watch_live(store, console, deadline)
+        else:  # piped or redirected: a line per event as it happens, no frames
+            _follow_events(store, deadline)
         counts = state_counts(store)
         oom_job = first_oom_job(store)
         if started_here:
@@ -94,6 +91,42 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
     click.echo(closing_hint(counts, oom_job, db_path))
     if counts["queued"] or counts["running"]:
         raise click.ClickException(f"demo did not finish within {timeout_s:.0f} s (orch status shows why)")
+
+
+def _done(store: Store) -> bool:
+    counts = state_counts(store)
+    return counts["queued"] == 0 and counts["running"] == 0
+
+
+def _watch_live(store: Store, console: Console, deadline: float) -> None:
+    """The live dashboard, sized to the terminal, until the sweep is done or the deadline."""
+    def frame() -> RenderableType:
+        return render_status(status_snapshot(store, all_jobs=False), width=console.width, height=console.height)
+
+    with Live(frame(), console=console, refresh_per_second=4) as live:
+        while time.monotonic() < deadline:
+            live.update(frame())
+            if _done(store):
+                break
+            time.sleep(0.5)  # the dashboard's refresh interval
+    console.print()
+
+
+def _follow_events(store: Store, deadline: float) -> None:
+    """Each event as one plain line the moment it is read (`12:01:07 job 3: attempt 1 oom on
+    GPU 0: ...`), flushed, until the sweep is done or the deadline: a file or a pipe gets the
+    sweep as it happens instead of one frame at the end."""
+    last_id = 0
+    while True:
+        done = _done(store)  # read before the events, so that the last ones are printed too
+        for event in events_after(store, last_id):
+            last_id = event.id
+            job = f"job {event.job_id}: " if event.job_id is not None else ""
+            click.echo(one_line(f"{clock(event.ts)} {job}{event.message}"))
+        sys.stdout.flush()
+        if done or time.monotonic() >= deadline:
+            return
+        time.sleep(0.5)  # the same refresh interval as the dashboard
 
 
 def closing_hint(counts: dict[str, int], oom_job: int | None, db_path: Path) -> str:

@@ -9,11 +9,12 @@ from typing import Any
 import click
 
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
+from orchestrator.cli.tables import plain_columns
 from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
 from orchestrator.prediction.families import FamilyFloor, FamilyPoint, fit_family
 from orchestrator.prediction.shapes import RunningPeak, measured_margin, running_margin, shape_label
-from orchestrator.prediction.throughput import relative_curve
+from orchestrator.prediction.throughput import MIN_CURVE_STEPS, relative_curve, spread
 from orchestrator.store.db import Store
 from orchestrator.store.gpu_samples import gpu_indexes
 from orchestrator.store.learning import (
@@ -94,7 +95,7 @@ def family_snapshot(store: Store, running: dict[str, RunningPeak], names: dict[s
 
 
 def render_families(families: list[dict[str, Any]]) -> str:
-    lines = ["families: peak ≈ fixed + per sample × batch (× tokens where known)"]
+    lines = ["", "memory families: peak ≈ fixed + per sample × batch (× tokens where known)"]
     for f in families:
         if f["fixed_mib"] is None:
             fit = "no member measured yet"
@@ -102,7 +103,7 @@ def render_families(families: list[dict[str, Any]]) -> str:
             unit = "sample-token" if f["per_token"] else "sample"
             fit = (f"fit {_gib(f['fixed_mib'])} + {f['per_sample_mib']:.1f} MiB per {unit}, "
                    f"error {f['error']:.0%}, margin {f['margin']:.0%}")
-        lines.append(f"  {f['name']} ({f['model']}): {fit}")
+        lines.append(f"  {f['name']}" + (f" ({f['model']})" if f["model"] else "") + f": {fit}")
         points = sorted(f["points"], key=lambda p: (p["task"], p["batch_size"]))
         for p in points:
             how = "running" if p["running"] else "measured"
@@ -119,8 +120,17 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
     rows = {r.shape_key: r for r in list_shapes(store)}
     running, names, tags = _running(store)
     rates: dict[str, dict[str, dict[int, float]]] = {}
+    counted: dict[str, dict[str, dict[int, float]]] = {}  # on enough steps: what the scheduler uses
+    spreads: dict[str, dict[str, dict[int, float]]] = {}
+    steps: dict[str, dict[str, dict[int, int]]] = {}
     for t in read_throughput(store):
         rates.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
+        steps.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.steps
+        if t.steps < MIN_CURVE_STEPS:
+            continue
+        counted.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = t.samples_per_s
+        if (gap := spread(t.rate_min, t.rate_max, t.samples_per_s)) is not None:
+            spreads.setdefault(t.shape_key, {}).setdefault(t.gpu_uuid, {})[t.tenants] = gap
     out: list[dict[str, Any]] = []
     named: dict[str, tuple[str | None, str | None]] = {
         key: (row.suite, row.label) if row is not None and row.label else names.get(key, (None, None))
@@ -148,7 +158,10 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
             "source": source, "margin": round(margin, 3),
             "throughput": {
                 gpu: {"samples_per_s": {str(k): round(v, 2) for k, v in sorted(by_k.items())},
-                      "relative": {str(k): round(v, 2) for k, v in relative_curve(by_k).items()}}
+                      "steps": {str(k): n for k, n in sorted(steps[key][gpu].items())},
+                      "relative": {str(k): round(v, 2) for k, v in
+                                   relative_curve(counted.get(key, {}).get(gpu, {})).items()},
+                      "spread": {str(k): round(v, 2) for k, v in sorted(spreads.get(key, {}).get(gpu, {}).items())}}
                 for gpu, by_k in sorted(rates.get(key, {}).items())
             },
         })  # fmt: skip
@@ -159,32 +172,40 @@ def _gib(mib: int | None) -> str:
     return "-" if not mib else f"{mib / 1024:.1f} GiB"
 
 
-def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = None) -> str:
+def _throughput(e: dict[str, Any], gpu_index: dict[str, int] | None) -> str:
+    """`GPU 0 1:1.0x, 2:1.8x; GPU 1 1:1.0x`: per card, jobs on it -> throughput in units of one job alone."""
+    cards = []
+    for gpu, curve in e["throughput"].items():
+        relative, gaps = curve["relative"] or {}, curve.get("spread") or {}
+        shown = ", ".join(f"{k}:{v}x" + (f" (±{gaps[k] / 2:.0%})" if k in gaps else "")
+                          for k, v in relative.items()) or "no solo reading yet"
+        cards.append(f"{f'GPU {gpu_index[gpu]}' if gpu_index and gpu in gpu_index else gpu[-12:]} {shown}")
+    return "; ".join(cards) or "-"
+
+
+def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = None, *, keys: bool = False) -> str:
+    """One line per shape in aligned columns; its key (what `orch memory forget` takes) only
+    with `keys`."""
     if not entries:
-        return "nothing learned yet"
-    lines = [f"{'shape':<40} {'peak':>9} {'floor':>9} {'n':>3} {'margin':>6}  source / throughput"]
+        return "nothing learned yet\n"
+    headers = ["shape", "peak", "OOM floor", "runs", "margin", "learned from",
+               "throughput (jobs on a card: × one job alone)", *(["key"] if keys else [])]
+    rows = []
     for e in entries:
         # configs of the same name in two suites are two shapes: the suite tells them apart
         name = (f"{e['suite']}/{e['label']}" if e["suite"] else e["label"]) or e["shape"][:40]
         peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
-        lines.append(
-            f"{name[:40]:<40} {_gib(peak):>9} {_gib(e['oom_floor_mib']):>9} {e['samples']:>3} "
-            f"{e['margin']:>6.0%}  {e['source']}"
-        )
-        for gpu, curve in e["throughput"].items():
-            relative = curve["relative"] or {}
-            shown = ", ".join(f"{k}:{v}x" for k, v in relative.items()) or "no solo reading yet"
-            card = f"GPU {gpu_index[gpu]}" if gpu_index and gpu in gpu_index else gpu[-12:]
-            lines.append(f"{'':<40}   {card}: jobs per card -> throughput {shown}")
-        lines.append(f"{'':<40}   key {e['shape']}")
-    return "\n".join(lines)
+        rows.append([name, _gib(peak), _gib(e["oom_floor_mib"]), str(e["samples"]), f"{e['margin']:.0%}", e["source"],
+                     _throughput(e, gpu_index), *([e["shape"]] if keys else [])])
+    return plain_columns(headers, rows)
 
 
 @click.group("memory", invoke_without_command=True)
+@click.option("--keys", is_flag=True, help="Add each shape's key (what `orch memory forget` takes).")
 @json_option
 @db_option
 @click.pass_context
-def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
+def memory_group(ctx: click.Context, keys: bool, as_json: bool, db_path: Path) -> None:
     """What orch has learned per job shape: peak, OOM floor, samples, throughput per card."""
     if ctx.invoked_subcommand is not None:
         return
@@ -194,7 +215,7 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
     if as_json:
         echo_json({"shapes": entries, "families": families})
     else:
-        click.echo(render(entries, cards))
+        click.echo(render(entries, cards, keys=keys), nl=False)
         if families:
             click.echo(render_families(families))
 
@@ -205,7 +226,7 @@ def memory_group(ctx: click.Context, as_json: bool, db_path: Path) -> None:
 @json_option
 @db_option
 def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: Path) -> None:
-    """Forget one shape (its key, from `orch memory`) or every shape a suite taught."""
+    """Forget one shape (its key, from `orch memory --keys`) or every shape a suite taught."""
     if (shape is None) == (suite is None):
         raise UsageError("give a SHAPE key or --suite NAME (one of them)")
     check_text("SHAPE" if shape is not None else "--suite", shape if shape is not None else str(suite))
@@ -216,7 +237,7 @@ def memory_forget(shape: str | None, suite: str | None, as_json: bool, db_path: 
             if shape in running:
                 raise UsageError(f"shape {shape!r} has learned nothing yet: only its running attempts, "
                                  "whose peak counts until they end")  # fmt: skip
-            raise UsageError(f"no learned shape {shape!r} (see `orch memory`)")
+            raise UsageError(f"no learned shape {shape!r} (see `orch memory --keys`)")
         if suite is not None and not suite_known(store, suite):
             raise UsageError(f"no suite {suite!r} in this database (see `orch status`)")
         forgotten = forget_shapes(store, shape_key=shape, suite=suite)

@@ -1,5 +1,5 @@
 """`orch results`: test metrics per effective config (config + `--set` overrides) × task, mean ±
-std over seeds, from succeeded jobs."""
+std over seeds, every submitted seed accounted for."""
 
 from __future__ import annotations
 
@@ -13,34 +13,64 @@ from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
 from orchestrator.results.aggregate import ResultSummary, aggregate
 from orchestrator.results.collect import collect_rows
+from orchestrator.results.filters import apply_where, parse_where
 from orchestrator.results.formats import (
     FORMATS,
     TABLE_COLUMNS,
     legend_lines,
     render_rows,
+    table_lines,
     to_csv,
     to_records,
 )
 from orchestrator.results.grids import to_latex, to_markdown
+from orchestrator.results.selection import (
+    Basis,
+    Column,
+    ColumnChoice,
+    bold_legend,
+    choose,
+    chosen_by,
+    is_chosen,
+    unchosen_columns,
+)
 from orchestrator.store.queries import suite_names
 
 
 @click.command("results")
 @click.option("--suite", default=None, help="Only this suite.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="table (default), csv, markdown or latex (configs × tasks, best in bold), json.")
+              help="table (default), csv, markdown or latex (configs × tasks with n, chosen row in bold), json.")
 @click.option("--digits", type=click.IntRange(0, 10), default=4, show_default=True,
               help="Decimals shown in table, markdown and latex output.")
+@click.option("--metric", default=None, metavar="NAME",
+              help="Show this metric in every row instead of each task's own (accuracy, F1 for MRPC/QQP, ...).")
+@click.option("--where", "where_items", multiple=True, metavar="KEY=VALUE",
+              help="Only settings with this value: suite, config, task or a config key (repeatable).")
+@click.option("--select", type=click.Choice([Basis.VAL.value]), default=None,
+              help="val: per task, only the setting with the best mean on the validation split (n ≥ 2), "
+                   "with its test mean; bold follows it.")
+@click.option("--pooled", is_flag=True,
+              help="Count every succeeded run, a rerun of a seed again (n = runs); the output says so. "
+                   "Default: the latest succeeded run of each seed (n = seeds).")
+@click.option("--partial", is_flag=True,
+              help="Print markdown or latex although runs are still queued or running; the table says it is partial.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: every row with its overrides and each run's job, attempt and ladder level.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (same as --format csv).")
 @db_option
-def results_cmd(suite: str | None, fmt: str | None, digits: int, as_json: bool, as_csv: bool, db_path: Path) -> None:
-    """Aggregate the succeeded jobs' test metrics over seeds: one row per effective config
-    (config and its --set overrides) × task, every succeeded run counted."""
+def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | None, where_items: tuple[str, ...],
+                select: str | None, pooled: bool, partial: bool, as_json: bool, as_csv: bool, db_path: Path) -> None:
+    """Aggregate test metrics over seeds: one row per effective config (config and its --set
+    overrides) × task, one value per seed (its latest succeeded run), every submitted seed
+    accounted for (n of submitted; failed, cancelled and unfinished seeds named)."""
     chosen = {f for f, flag in (("json", as_json), ("csv", as_csv)) if flag} | ({fmt} if fmt else set())
     if len(chosen) > 1:
         raise click.UsageError("give one output format (--format, --json or --csv)")
     fmt = chosen.pop() if chosen else "table"
+    if metric is not None and not metric.strip():
+        raise UsageError("--metric '': give a metric name, e.g. --metric accuracy")
+    filters = parse_where(where_items)
+    basis = Basis(select) if select else None
     with open_store(db_path) as store:
         if suite is not None:
             known = suite_names(store)
@@ -49,29 +79,46 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, as_json: bool, 
                     f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
                 )
         rows, missing = collect_rows(store, suite)
-    summaries = aggregate(rows)
+    summaries = aggregate(apply_where(rows, filters), metric=metric, pooled=pooled)
+    if fmt in ("markdown", "latex") and not partial:
+        _refuse_unfinished(summaries)
+    choices = choose(summaries, digits, basis)
+    if basis is not None and fmt not in ("markdown", "latex"):
+        for task, column_metric in unchosen_columns(choices):
+            click.echo(f"{task} ({column_metric}): no setting with n ≥ 2 reported val {column_metric}: none selected",
+                       err=True)
+        summaries = [s for s in summaries if is_chosen(s, choices)]
     if fmt == "json":
-        echo_json(to_records(summaries))
+        echo_json(to_records(summaries, chosen_by(choices)))
     elif fmt == "csv":
-        click.echo(to_csv(summaries), nl=False)
+        click.echo(to_csv(summaries, chosen_by(choices)), nl=False)
     elif fmt == "markdown":
-        click.echo(to_markdown(summaries, digits), nl=False)
+        click.echo(to_markdown(summaries, digits, basis), nl=False)
     elif fmt == "latex":
-        click.echo(to_latex(summaries, digits), nl=False)
+        click.echo(to_latex(summaries, digits, basis), nl=False)
     else:
-        _print_table(summaries, digits)
+        _print_table(summaries, digits, choices)
     if missing and fmt != "json":
         click.echo(f"{missing} succeeded job(s) had no test metrics (result.json or printed)", err=True)
 
 
-def _print_table(summaries: list[ResultSummary], digits: int) -> None:
+def _refuse_unfinished(summaries: list[ResultSummary]) -> None:
+    """A table for a paper is printed only when every run has ended, or when asked for as partial."""
+    going = [s for s in summaries if s.unfinished]
+    if going:
+        first = going[0]
+        raise UsageError(f"{len(going)} row(s) have runs still queued or running (first: {first.label} · "
+                         f"{first.task}: {first.accounted}); wait for them, or pass --partial for a table marked partial")
+
+
+def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Column, ColumnChoice]) -> None:
     if not summaries:
-        click.echo("no results yet (only succeeded jobs with test metrics count)")
+        click.echo("no results yet (no job submitted, or none kept by --where/--select)")
         return
     rendered = render_rows(summaries, digits)
-    # Columns that say nothing in this table (no overrides, no levels known, no notes) are left out.
-    shown = [i for i, name in enumerate(TABLE_COLUMNS)
-             if name not in ("overrides", "levels", "notes") or any(row[i] not in ("", "-") for row in rendered)]
+    # Columns that say nothing in this table (no overrides, no val, no levels known, no notes) are left out.
+    shown = [i for i, name in enumerate(TABLE_COLUMNS) if name not in ("overrides", "val", "levels", "notes")
+             or any(row[i] not in ("", "-") for row in rendered)]
     table = Table(box=None, header_style="bold")
     for i in shown:
         table.add_column(TABLE_COLUMNS[i], overflow="fold")
@@ -81,8 +128,14 @@ def _print_table(summaries: list[ResultSummary], digits: int) -> None:
     if not console.is_terminal:
         console = Console(width=10_000)  # piped: never cut a value
     console.print(table)
-    for line in legend_lines(summaries, with_notes=False):
+    for line in table_lines(summaries):
         click.echo(line)
+    bold = bold_legend(choices, {s.metric for s in summaries}).replace("bold:", "chosen:", 1)
+    for line in legend_lines(summaries, with_notes=False, hints=True):
+        click.echo(line)
+    picked = [s for s in summaries if is_chosen(s, choices)]
+    if bold and picked:
+        click.echo(bold + ": " + "; ".join(f"{s.task} ({s.metric}) {s.label}" for s in picked))
 
 
 def register(group: click.Group) -> None:

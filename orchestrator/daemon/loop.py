@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from types import FrameType
@@ -25,6 +25,7 @@ from orchestrator.attempts.resource_use import ResourceTracker
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon.database_file import file_identity, leave_note, what_became_of
 from orchestrator.daemon.disk_hold import DiskHold
+from orchestrator.daemon.mps_watch import MpsWatch
 from orchestrator.daemon.notify import Watcher
 from orchestrator.daemon.settings import (  # noqa: F401
     MAX_ATTEMPT_ERRORS,
@@ -107,7 +108,7 @@ class Daemon:
             runs_dir=runs_dir(settings.db_path),
             policy=PackingPolicy(
                 headroom_fraction=settings.headroom_fraction, headroom_max_mib=settings.headroom_max_mib,
-                starvation_s=settings.starvation_s, order=settings.order,
+                starvation_s=settings.starvation_s, order=settings.order, overlap=settings.overlap,
             ),
             worker_env=worker_env,
             host=make_host_probe(), host_reserve_mib=settings.host_reserve_mib,
@@ -117,6 +118,7 @@ class Daemon:
         self.watcher = AttemptWatcher(self.store, clock, executor, self.scheduler, self.ctx.runs_dir,
                                       ResourceTracker(self.ctx.host), self.disk)
         self.notifier = Watcher(self.store, settings.notify_urls)
+        self.mps = MpsWatch(self.store)
         self._stop = threading.Event()
         self._hangups = 0  # SIGHUPs received since the last pass said so
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
@@ -149,6 +151,15 @@ class Daemon:
         except BaseException:
             self._lock.release()
             raise
+        if self.settings.mps:  # before any worker starts: each is pointed at it from the first
+            try:
+                self.ctx = replace(self.ctx, mps=self.mps.start(self.settings.db_path, self.probe.snapshot(),
+                                                                  self.clock.now_s()))
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    unregister_daemon(self.store, self.clock.now_s(), "daemon did not start: MPS did not")
+                self._lock.release()
+                raise
         if not self.wake.open():  # without it, exit records are looked for every WAKE_CHECK_S
             log.warning("cannot open %s: an ended attempt is seen at the next pass", self.wake.path)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -178,6 +189,7 @@ class Daemon:
             with contextlib.suppress(Exception):
                 unregister_daemon(self.store, self.clock.now_s(), "daemon stopped; running workers keep running")
             self._close_idle_executor()
+            self.mps.stop()
             self.wake.close()
             self.watcher.observed.close()
             with contextlib.suppress(Exception):
@@ -262,7 +274,7 @@ class Daemon:
     @property
     def steps(self) -> tuple[Callable[[Pass], Step], ...]:
         return (self._check_database, self._read_control, self._check_disk, self._read_gpus, self._reconcile,
-                self._end_when_drained, self._read_gpus_again, self._schedule_pass, self._record_pass,
+                self._check_mps, self._end_when_drained, self._read_gpus_again, self._schedule_pass, self._record_pass,
                 self._watch_exit_files)
 
     def _check_database(self, this_pass: Pass) -> Step:
@@ -282,6 +294,10 @@ class Daemon:
 
     def _reconcile(self, this_pass: Pass) -> Step:
         this_pass.live_count = self.watcher.reconcile(this_pass.snapshots, this_pass.only)
+        return Step.GO_ON
+
+    def _check_mps(self, this_pass: Pass) -> Step:
+        self.mps.check(self.clock.now_s(), {s.uuid: s.index for s in this_pass.snapshots})
         return Step.GO_ON
 
     def _end_when_drained(self, this_pass: Pass) -> Step:

@@ -35,6 +35,8 @@ class DaemonSettings:
     min_free_mib: int = DEFAULT_MIN_FREE_MIB  # below this on the runs dir's filesystem, jobs wait
     warn_free_mib: int = DEFAULT_WARN_FREE_MIB  # below this, the daemon warns
     host_reserve_mib: int = 2048  # host RAM no job may take (--host-reserve-gib)
+    mps: bool = False  # run a CUDA MPS control daemon for our cards (--mps, env ORCH_MPS)
+    overlap: bool = False  # start jobs a learned start-up ahead (--overlap, env ORCH_OVERLAP)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -21,9 +21,10 @@ from typing import Any
 from orchestrator import faults
 from orchestrator.attempts.containment import StrayHunter, record_hunted
 from orchestrator.attempts.disk_space import is_disk_full_error, orchs_own_error
+from orchestrator.attempts.history_follow import HistoryFollower
 from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib
 from orchestrator.attempts.observe_cache import ObserveCache
-from orchestrator.attempts.outcomes import abandon, complete, learn_rate
+from orchestrator.attempts.outcomes import abandon, complete
 from orchestrator.attempts.reconcile import (
     Verdict,
     disagreement,
@@ -34,8 +35,10 @@ from orchestrator.attempts.reconcile import (
 )
 from orchestrator.attempts.resource_use import ResourceTracker
 from orchestrator.attempts.silence import Silences
+from orchestrator.attempts.startup_lesson import learn_startup
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.clock import Clock
+from orchestrator.daemon.attempt_lessons import AttemptLessons
 from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, WRAPPER_EXIT_WAIT_S, run_dir_path
 from orchestrator.executors.base import Executor, RemoteStatus
@@ -52,7 +55,6 @@ from orchestrator.executors.wake import wait_gone
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import KillRequest
-from orchestrator.prediction.job_facts import attempt_shape_key
 from orchestrator.rundir_files import RunDir
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store.attempts import attempt_closed, update_attempt
@@ -60,7 +62,6 @@ from orchestrator.store.db import Store
 from orchestrator.store.endings import mark_hung
 from orchestrator.store.jobs import add_event
 from orchestrator.store.queue import live_attempts_with_jobs
-from orchestrator.store.resources import learn_host_shape
 from orchestrator.store.rows import Attempt, Job
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,13 @@ class AttemptWatcher:
         self.observed = ObserveCache(clock.monotonic_s)  # run-dir reads and process checks kept between passes
         self.silences = Silences(clock.monotonic_s)  # hang and launch grace: the daemon's own measure
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
+        self.history = HistoryFollower(store)  # every metric reported, kept per attempt in the database
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
         self.hunter = StrayHunter(clock, runs_dir)  # then their processes outside the group
         self.ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
         self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
         self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
-        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
+        self.lessons = AttemptLessons(store, scheduler, resources)  # host peaks and rates they teach
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
         self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
@@ -123,7 +125,7 @@ class AttemptWatcher:
         still_live = 0
         live, jobs = live_attempts_with_jobs(self.store)
         tenants = Counter(a.gpu_uuid for a in live)
-        self._rates = {a.id: r for a, r in ((a, self._rates.get(a.id)) for a in live) if r is not None}
+        self.lessons.keep_only(a.id for a in live)
         try:  # one batched question to the backend per tick (Slurm: squeue)
             statuses = self.executor.observe([(a, jobs[a.job_id]) for a in live])
         except Exception:  # a failed poll never fails a job: nothing is concluded this tick
@@ -152,6 +154,7 @@ class AttemptWatcher:
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         self.silences.keep_only(a.id for a in live)
+        self.history.keep_only(a.id for a in live)
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
         self.stopper.keep_only(a.id for a in live)
@@ -200,10 +203,12 @@ class AttemptWatcher:
         look = self._look_elsewhere(attempt, job, statuses) if self._runs_elsewhere(attempt) else self._look_here(attempt, job)
         attempt, obs, verdict = look.attempt, look.obs, look.verdict
         if verdict in LIVE:
+            learn_startup(self.store, attempt, job, obs, self.clock.now_s())  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
             self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
                         None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
-            self._learn_rate(attempt, job, obs, tenants)
+            self.lessons.rate(attempt, job, obs, tenants)
+            self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=False)
         if verdict is Verdict.HUNG and self.disk.silenced(job.hang_timeout_s):
             verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
         if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
@@ -225,7 +230,8 @@ class AttemptWatcher:
         if verdict is Verdict.LOST and look.end is None and (why := disagreement(attempt, obs)) is not None:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
-            self._learn_host(attempt, job)
+            self.lessons.host(attempt, job)
+        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=True)
         never = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST, disk_full_now=self.disk.full,
                  hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end, not_started=NEVER_LAUNCHED if never else None)
@@ -349,34 +355,6 @@ class AttemptWatcher:
             fields["last_progress_at"] = obs.last_output_at
         if fields:
             update_attempt(self.store, attempt.id, **fields)
-
-    def _learn_host(self, attempt: Attempt, job: Job) -> None:
-        """A finished attempt's host RAM and CPU peaks teach its shape."""
-        self.resources.forget(attempt.id)
-        if not attempt.host_peak_mib:
-            return
-        try:
-            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.scheduler.shapes),
-                             attempt.host_peak_mib, attempt.cpu_peak_cores)
-        except Exception:  # a bad config row must not stop reconciling the others
-            log.warning("cannot record the host memory of attempt %s", attempt.id, exc_info=True)
-
-    def _learn_rate(self, attempt: Attempt, job: Job, obs: Any, tenants: int) -> None:
-        """Samples/s of the attempt between two of its progress readings, recorded with the
-        number of attempts on its card when both readings saw the same number."""
-        step = (obs.last_progress or {}).get("step")
-        # progress parsed from stdout is as old as the log's last write
-        read_at = obs.last_progress_at if obs.last_progress_at is not None else obs.last_output_at
-        if not isinstance(step, int) or isinstance(step, bool) or read_at is None:
-            return
-        previous = self._rates.get(attempt.id)
-        self._rates[attempt.id] = (step, float(read_at), tenants)
-        if previous is None or previous[2] != tenants or previous[:2] == (step, float(read_at)):
-            return  # no second reading yet (progress is read again every few seconds)
-        try:
-            learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.scheduler.shapes)
-        except Exception:  # a bad config row must not stop reconciling the others
-            log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
 
     def _stop(self, attempt: Attempt, job: Job, obs: Observation | None) -> bool:
         """Move the stop of the attempt's process group one step on (SIGTERM, SIGKILL after the

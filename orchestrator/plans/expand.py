@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 from orchestrator.errors import PlanError
+from orchestrator.plans.grid import MAX_GRID_JOBS
 from orchestrator.plans.inputs import Pair, Scalar
 from orchestrator.plans.model import ConfigSpec, JobSpec, Suite, canonical_json
 from orchestrator.plans.resources import job_resources
@@ -36,8 +37,14 @@ def expand_jobs(
     overrides: dict[str, Scalar],
     round_selector: int | str | None,
     total_slots: int,
+    grid: Sequence[dict[str, Scalar]] = ({},),
 ) -> list[JobSpec]:
-    """Suite configs × pairs (config-major, as the bash launchers ordered them), then the round."""
+    """Suite configs × grid assignments × pairs (config-major, as the bash launchers ordered
+    them), then the round. Each assignment of the grid (plans.grid.combinations) joins the
+    overrides of its jobs, so they are jobs of their own (their identity names it)."""
+    if len(suite.configs) * len(grid) * len(pairs) > MAX_GRID_JOBS:
+        raise PlanError(f"suite {suite.name}: {len(suite.configs)} configs × {len(grid)} grid values × "
+                        f"{len(pairs)} pairs is more than {MAX_GRID_JOBS} jobs")
     config_overrides = {k: v for k, v in overrides.items() if not k.startswith("env.")}
     env = dict(suite.env)
     env.update({k[len("env."):]: "" if v is None else str(v) for k, v in overrides.items() if k.startswith("env.")})
@@ -57,28 +64,18 @@ def expand_jobs(
         wanted = set(suite.rounds[names[round_selector - 1]])
         configs = [c for c in suite.configs if c.name in wanted]
     jobs: list[JobSpec] = []
-    for config in configs:
-        for pair in pairs:
-            merged = dict(config.content)
-            merged.update(config_overrides)
-            merged["seed"] = pair.seed
-            merged["data"] = pair.data
-            gpus, cpus = job_resources(merged, suite.gpus, suite.cpus, f"config {config.name}")
-            jobs.append(
-                JobSpec(
-                    suite=suite.name,
-                    config_name=config.name,
-                    config_path=str(config.path),
-                    config=merged,
-                    seed=pair.seed,
-                    data=pair.data,
-                    overrides=dict(overrides),
-                    env=env,
-                    identity=job_identity(suite.name, config, pair, overrides),
-                    gpus=gpus,
-                    cpus=cpus,
-                )
-            )
+    for config, assignment, pair in ((c, a, p) for c in configs for a in grid for p in pairs):
+        job_overrides = {**overrides, **assignment}
+        merged = {**config.content, **config_overrides}
+        merged.update({k: v for k, v in assignment.items() if not k.startswith("env.")})
+        merged["seed"] = pair.seed
+        merged["data"] = pair.data
+        job_env = {**env, **{k[len("env."):]: "" if v is None else str(v) for k, v in assignment.items()
+                             if k.startswith("env.")}}
+        gpus, cpus = job_resources(merged, suite.gpus, suite.cpus, f"config {config.name}")
+        jobs.append(JobSpec(suite=suite.name, config_name=config.name, config_path=str(config.path), config=merged,
+                            seed=pair.seed, data=pair.data, overrides=job_overrides, env=job_env,
+                            identity=job_identity(suite.name, config, pair, job_overrides), gpus=gpus, cpus=cpus))
     if isinstance(round_selector, int) and not suite.rounds:
         # No named rounds: the Nth slice of size Σ plan, as the bash launchers sliced the suite.
         if total_slots < 1:

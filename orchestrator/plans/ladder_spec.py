@@ -3,6 +3,13 @@
 The ladder's rungs (`Step`s) say what to change; `orchestrator.prediction.ladder` expands them into the
 levels one job runs through and decides retries. The schema is documented at the top of
 plans/ladder.yaml.
+
+Each rung is exact (an attempt through it gives bit-equal numbers: checkpointing, whose recompute
+restores the RNG state; `logits_to_keep` in the built-in worker, whose dropout masks do not depend
+on it; fewer data workers, the data order being a (seed, epoch) permutation; running alone) or it
+changes numerics (half batch × double accumulation: the same effective batch, but another
+rounding and dropout draw; a `set:` rung unless it says `exact: true`). The default ladder tries
+every exact rung before any inexact one; a strict ladder has exact rungs only.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ EVAL_BATCH_KEY = "eval_batch_size"  # scaled with the batch where a config sets 
 # installed orch without the plans/ directory still has it.
 DEFAULT_LADDER_SPEC: list[Any] = [
     {"name": "checkpointing", "checkpointing": True, "logits_to_keep": 1},
-    "halve_batch",
     {"data_workers": 0},
     "run_alone",
+    "halve_batch",
 ]
+STRICT = "strict"  # `ladder: strict`: the default ladder's exact rungs only
 
 _ACTIONS = ("checkpointing", "logits_to_keep", "halve_batch", "data_workers", "run_alone", "set")
+_INEXACT_ACTIONS = ("halve_batch", "set")  # change numerics unless a `set:` rung says `exact: true`
 _FLAG_ACTIONS = ("checkpointing", "halve_batch", "run_alone")  # take `true` only
 _BARE_ACTIONS = (*_FLAG_ACTIONS, "logits_to_keep")  # may be written as a bare name
 _GUARDED_KEYS = (BATCH_KEY, ACCUM_KEY)  # only halve_batch may change them, keeping the product
@@ -49,11 +58,13 @@ class Step:
     data_workers: int | None = None
     run_alone: bool = False
     set_values: tuple[tuple[str, Any], ...] = ()
+    exact: bool = True  # an attempt through this rung gives bit-equal numbers
 
 
 @dataclass(frozen=True)
 class Ladder:
     steps: tuple[Step, ...]
+    strict: bool = False  # exact rungs only: `expand_levels` leaves the others out
 
 
 def _step_error(position: int, message: str) -> PlanError:
@@ -71,14 +82,15 @@ def _parse_step(item: Any, position: int) -> Step:
         item = {item: True}
     if not isinstance(item, Mapping) or not item:
         raise _step_error(position, f"expected an action name or a mapping, got {item!r}")
-    unknown = [str(key) for key in item if key not in (*_ACTIONS, "name")]
+    unknown = [str(key) for key in item if key not in (*_ACTIONS, "name", "exact")]
     if unknown:
         raise _step_error(
-            position, f"unknown action {unknown[0]!r} (known: name, {', '.join(_ACTIONS)})"
+            position, f"unknown action {unknown[0]!r} (known: name, exact, {', '.join(_ACTIONS)})"
         )
-    actions = [key for key in item if key != "name"]
+    actions = [key for key in item if key not in ("name", "exact")]
     if not actions:
-        raise _step_error(position, "a step needs at least one action besides `name`")
+        raise _step_error(position, "a step needs at least one action besides `name` and `exact`")
+    exact = _step_exact(item, position)
     for flag in _FLAG_ACTIONS:
         if flag in item and item[flag] is not True:
             raise _step_error(position, f"`{flag}` takes only `true`, got {item[flag]!r}")
@@ -122,16 +134,58 @@ def _parse_step(item: Any, position: int) -> Step:
         data_workers=workers,
         run_alone=bool(item.get("run_alone", False)),
         set_values=tuple(set_values.items()),
+        exact=exact,
     )
 
 
-def load_ladder(spec: Sequence[Any] | None) -> Ladder:
-    """A ladder from a suite's `ladder:` list; None gives the default. Raises PlanError."""
+def _step_exact(item: Mapping[str, Any], position: int) -> bool:
+    """Whether a rung keeps numbers bit-equal: its own `exact:` where it says, else whether
+    every action it takes does. Half batch is never exact (another rounding, another draw)."""
+    declared = item.get("exact")
+    if declared is not None and not isinstance(declared, bool):
+        raise _step_error(position, f"`exact` takes true or false, got {declared!r}")
+    if declared is True and "halve_batch" in item:
+        raise _step_error(position, "`halve_batch` changes numerics (another rounding and dropout draw): "
+                                    "it cannot be declared `exact: true`")
+    if declared is not None:
+        return declared
+    return not any(action in item for action in _INEXACT_ACTIONS)
+
+
+def load_ladder(spec: Any) -> Ladder:
+    """A ladder from a suite's `ladder:` value: a list of steps, `strict` (the default's exact
+    rungs only), or a mapping `{strict: true, steps: [...]}` (what `orch submit --strict-ladder`
+    stores); None gives the default. Raises PlanError."""
+    strict = False
+    if spec == STRICT:
+        spec, strict = None, True
+    elif isinstance(spec, Mapping):
+        unknown = [str(key) for key in spec if key not in ("strict", "steps")]
+        if unknown or not isinstance(spec.get("strict", False), bool):
+            raise PlanError(f"ladder mapping takes `strict: true|false` and `steps: [...]`, got {dict(spec)!r}")
+        spec, strict = spec.get("steps"), bool(spec.get("strict", False))
     if spec is None:
         spec = DEFAULT_LADDER_SPEC
     if isinstance(spec, str | bytes) or not isinstance(spec, Sequence):
-        raise PlanError(f"ladder must be a list of steps, got {type(spec).__name__}")
-    return Ladder(tuple(_parse_step(item, position) for position, item in enumerate(spec, 1)))
+        shown = repr(spec) if isinstance(spec, str) else type(spec).__name__
+        raise PlanError(f"ladder must be a list of steps or {STRICT!r}, got {shown}")
+    return Ladder(tuple(_parse_step(item, position) for position, item in enumerate(spec, 1)), strict)
+
+
+def strict_spec(spec: Any) -> dict[str, Any]:
+    """A suite's ladder value made strict (exact rungs only), as stored with each job."""
+    if spec == STRICT:
+        spec = None
+    elif isinstance(spec, Mapping):
+        spec = spec.get("steps")
+    return {"strict": True, "steps": spec}
+
+
+def spec_steps(spec: Any) -> list[Any]:
+    """The rungs a suite's ladder value writes (none for the default or `strict`)."""
+    if isinstance(spec, Mapping):
+        spec = spec.get("steps")
+    return list(spec) if isinstance(spec, list) else []
 
 
 def load_ladder_file(path: Path) -> Ladder:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.plans.inputs import PAIR_KEYS, Scalar
+from orchestrator.plans.inputs import PAIR_KEYS, Pair, Scalar
 from orchestrator.plans.keymap import NO_KEYS, KeyMap
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
@@ -74,7 +74,7 @@ class Suite:
     configs: tuple[ConfigSpec, ...]
     rounds: dict[str, tuple[str, ...]]  # name -> config names, in file order
     one_token_tasks: tuple[str, ...]  # fnmatch patterns of tasks scored on one token
-    ladder: list[Any] | None
+    ladder: Any  # the suite's `ladder:` as written: a list of rungs, "strict", {strict, steps}, or None
     max_attempts: int
     hang_timeout_s: float
     description: str = ""
@@ -100,6 +100,9 @@ class Suite:
     slurm: dict[str, Any] = field(default_factory=dict)  # validated `slurm:` settings (plans.slurm_settings)
     gpus: int = 1  # cards per job (a gang) unless a config says otherwise
     cpus: int | None = None  # cores per job, counted only when set
+    grid: dict[str, list[Scalar]] = field(default_factory=dict)  # `grid:` values per key (plans.grid)
+    pairs: tuple[Pair, ...] = ()  # `seeds:` × `tasks:`, used when no --pairs is given
+    not_science: tuple[str, ...] = ()  # config keys that never split results rows (paths, sim time)
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]

@@ -17,8 +17,10 @@ from orchestrator.errors import PlanError, SuiteNotFound, UsageError
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import expand_jobs, job_identity  # noqa: F401
+from orchestrator.plans.grid import suite_grid, suite_pairs
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
+    PAIR_KEYS,
     SUITE_NAME_RE,
     check_text,
     shown_value,
@@ -136,7 +138,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex",
         "memory_keys", "min_stack_gain", "slurm",
-        "gpus", "cpus",
+        "gpus", "cpus", "grid", "seeds", "tasks", "not_science",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -194,7 +196,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     one_token = _typed(path, data, "one_token_tasks", (list,), [])
     if not all(isinstance(p, str) for p in one_token):
         raise PlanError(f"suite {path}: `one_token_tasks` must be a list of task patterns")
-    ladder = _typed(path, data, "ladder", (list,), None)
+    ladder = _typed(path, data, "ladder", (list, str, dict), None)
     if ladder is not None:
         # A bad rung must be refused at submit, not found at the first OOM.
         from orchestrator.plans.ladder_spec import load_ladder
@@ -224,7 +226,14 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     cpus = parse_count(data["cpus"], "cpus", f"suite {path}", MAX_CPUS) if data.get("cpus") is not None else None
     for spec in configs:
         job_resources(spec.content, gpus, cpus, f"config {spec.path}")
+    grid_keys: set[str] = set(KNOWN_CONFIG_KEYS).union(*(c.content for c in configs)) - PAIR_KEYS
+    not_science = _typed(path, data, "not_science", (list,), [])
+    if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in not_science) or len(not_science) > 100:
+        raise PlanError(f"suite {path}: `not_science` must be a list of config key names")
     return Suite(
+        grid=suite_grid(f"suite {path}", data.get("grid"), grid_keys, configs),
+        pairs=tuple(suite_pairs(f"suite {path}", data.get("seeds"), data.get("tasks")) or ()),
+        not_science=tuple(not_science),
         gpus=gpus,
         cpus=cpus,
         name=name,

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
+from orchestrator.plans.ladder_spec import spec_steps
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
 from orchestrator.plans.model import JobSpec, Suite
 from orchestrator.plans.template import check_config_keys, parse_template
@@ -53,7 +54,7 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
     cannot fill, or a ladder `set:` of a renamed batch key (only halve_batch may change it, to
     keep batch x accumulation). Our own workers read config.yaml and have no template."""
     ladder_sets: set[str] = set()
-    for step in suite.ladder or []:
+    for step in spec_steps(suite.ladder):
         if isinstance(step, dict) and isinstance(step.get("set"), dict):
             ladder_sets.update(str(k) for k in step["set"])
     for knob in ("batch_size", "gradient_accumulation_steps"):

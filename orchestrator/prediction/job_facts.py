@@ -8,32 +8,32 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.plans.keymap import KeyMap
-from orchestrator.plans.ladder_spec import load_ladder
+from orchestrator.plans.ladder_spec import Ladder, load_ladder
 from orchestrator.plans.template import OUR_WORKERS, parse_template
 from orchestrator.prediction.families import family_of
-from orchestrator.prediction.ladder import HostSettings, Level, expand_levels, with_host_settings
-from orchestrator.prediction.learned import Knowledge
+from orchestrator.prediction.ladder import (
+    HostSettings,
+    Level,
+    expand_levels,
+    inexact_rungs,
+    with_host_settings,
+)
 from orchestrator.prediction.memory import (
     ModelInfo,
-    Prediction,
-    at_learned_length,
-    estimate_peak_mib,
     lookup_model_info,
-    max_seq_len_of,
     model_info_from_hf_config,
-    predict_peak_mib,
     prompt_length_key,
     shape_key,
 )
 from orchestrator.prediction.shapes import memory_config, memory_hash
 from orchestrator.store.peak_source import PredictionSource, SourceKind
-from orchestrator.store.rows import Attempt, FamilyTag, Job, ShapeMemory
+from orchestrator.store.rows import Attempt, FamilyTag, Job
 
 PATH_KEYS = ("peft", "model", "data_dir")  # relative paths in a config are relative to its file
 
@@ -50,6 +50,7 @@ class ShapeFacts:
     prediction: tuple[int, PredictionSource] = (0, PredictionSource(SourceKind.NONE))
     computed_for: Any = None  # the pass's Knowledge, for a prediction borrowed from a neighbour
     family: FamilyTag | None = None  # where the shape sits in its memory family
+    level_keys: tuple[str, ...] = ()  # the job's shape key at each level up to this one
 
 
 @dataclass
@@ -114,7 +115,7 @@ def resolve_paths(config: dict[str, Any], config_path: str) -> dict[str, Any]:
     return resolved
 
 
-def _model_info(config: dict[str, Any], cache: JobShapeCache) -> ModelInfo | None:
+def model_info_of(config: dict[str, Any], cache: JobShapeCache) -> ModelInfo | None:
     model = config.get("model")
     if not isinstance(model, str):
         return None
@@ -130,7 +131,7 @@ def _model_info(config: dict[str, Any], cache: JobShapeCache) -> ModelInfo | Non
     return cache.model_info[model]
 
 
-def _peft_spec(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] | None:
+def peft_spec_of(config: dict[str, Any], cache: JobShapeCache) -> dict[str, Any] | None:
     peft = config.get("peft")
     if isinstance(peft, dict):
         return peft
@@ -162,13 +163,24 @@ def worker_reaches(job: Job, keys: KeyMap) -> Callable[[str], bool] | None:
     return lambda key: template.reaches(keys.script_key(key))
 
 
+def job_ladder(job: Job) -> Ladder:
+    """The job's ladder as submitted (the suite's, made strict by `--strict-ladder`)."""
+    return load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
+
+
+def job_inexact_rungs(job: Job, level: int) -> tuple[str, ...]:
+    """The rungs that change numerics an attempt of `job` at `level` has gone through
+    (`orchestrator.prediction.ladder.inexact_rungs` over the job's own levels)."""
+    return inexact_rungs(job_levels(job, JobShapeCache()), level)
+
+
 def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
     """The job's ladder levels, in orch's key names (`attempt_config` renames them). Keyed by
     content, not job id: a sweep's seeds share one ladder (and one entry)."""
     key = (job.ladder_json or "", _without_seed(job), int(job.one_token), job.worker, job.worker_output_json)
     levels = cache.levels.get(key)
     if levels is None:
-        ladder = load_ladder(json.loads(job.ladder_json) if job.ladder_json else None)
+        ladder = job_ladder(job)
         keys = job_keys(job)
         levels = cache.levels[key] = expand_levels(
             ladder, keys.to_orch(dict(job.config)), job.one_token, worker_reaches(job, keys)
@@ -197,7 +209,8 @@ def as_received(job: Job, level: Level) -> Level:
     keys = job_keys(job)
     if not keys.names:
         return level
-    return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone)
+    return Level(level.index, level.step, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone,
+                 level.exact)
 
 
 def attempt_config(job: Job, level: Level) -> dict[str, Any]:
@@ -291,14 +304,6 @@ def job_prompt_length_key(job: Job) -> str:
     return prompt_length_key(resolve_paths(job.config, job.config_path), job.data)
 
 
-def predict(
-    shapes: dict[str, ShapeMemory], job: Job, level: Level, cache: JobShapeCache,
-    prompt_lengths: Mapping[str, int] | None = None,
-    knowledge: Knowledge | None = None,
-) -> tuple[int, PredictionSource]:
-    return predict_for(shape_facts(job, level, cache), job, level, shapes, prompt_lengths or {}, cache, knowledge)
-
-
 def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     key = (
         hashlib.sha256(_without_seed(job).encode()).hexdigest()[:16], job.config_path, job.data,
@@ -309,83 +314,10 @@ def shape_facts(job: Job, level: Level, cache: JobShapeCache) -> ShapeFacts:
     facts = cache.shapes.get(key)
     if facts is None:
         resolved = attempt_config(job, level)
+        own_key = job_shape_key(job, level)
+        lower = job_levels(job, cache)[: level.index]
         facts = cache.shapes[key] = ShapeFacts(
-            resolved, job_shape_key(job, level), prompt_length_key(resolved, job.data), job=job,
-            family=job_family_tag(job, level),
+            resolved, own_key, prompt_length_key(resolved, job.data), job=job,
+            family=job_family_tag(job, level), level_keys=(*(job_shape_key(job, below) for below in lower), own_key),
         )
     return facts
-
-
-def predict_for(
-    facts: ShapeFacts, job: Job, level: Level, shapes: Mapping[str, ShapeMemory],
-    prompt_lengths: Mapping[str, int], cache: JobShapeCache, knowledge: Knowledge | None,
-) -> tuple[int, PredictionSource]:
-    """The job's prediction, recomputed only when its shape's measured memory, running peak or
-    learned prompt length changed since the last time; a shape with none of its own (which
-    borrows a neighbour's peak) once per pass."""
-    key = facts.shape_key
-    measured = shapes.get(key)
-    learned = prompt_lengths.get(facts.length_key) if job.worker == "lora" else None
-    running = knowledge.running.get(key) if knowledge is not None else None
-    held = knowledge.held.get(key) if knowledge is not None else None
-    borrows = knowledge is not None and (measured is None or measured.peak_mib is None) and running is None
-    depends = (measured, learned, running, held)
-    if facts.depends == depends and (not borrows or facts.computed_for is knowledge):
-        return facts.prediction
-    config = facts.config
-    estimated: int | None = None
-    sized: Mapping[str, Any] = config
-    if job.worker == "lora":
-        sized = at_learned_length(config, learned)  # `config` itself when nothing applies
-        estimated = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
-    transfer = None
-    if borrows and knowledge is not None:
-        transfer = knowledge.transfer(
-            key, _level_ratios(facts.job, level, cache, estimated, prompt_lengths),
-            lambda task: prompt_lengths.get(prompt_length_key(config, task)),
-            {lower.index: job_shape_key(facts.job, lower) for lower in job_levels(facts.job, cache)[: level.index]},
-        )
-    family, disproven = (None, None)
-    if borrows and knowledge is not None:
-        family, disproven = _family_inputs(facts, knowledge, (
-            lambda task: prompt_lengths.get(prompt_length_key(config, task))) if job.worker == "lora" else None)
-    prediction = predict_peak_mib(measured, estimated, job.declared_mib, running=running, transfer=transfer, held=held,
-                                  family=family, disproven_mib=disproven)
-    result = (prediction.mib, prediction.source)
-    if prediction.source.kind is SourceKind.ESTIMATE and sized is not config:
-        result = (prediction.mib, replace(prediction.source, tokens=max_seq_len_of(sized)))
-    facts.depends, facts.prediction, facts.computed_for = depends, result, knowledge
-    return result
-
-
-def _family_inputs(facts: ShapeFacts, knowledge: Knowledge, prompt_tokens: Callable[[str], int | None] | None,
-                   ) -> tuple[Prediction | None, int | None]:
-    """The family fit's prediction for a shape with no peak of its own, and (while the family
-    has measured nothing) the bound an OOM in it set. `prompt_tokens`: learned prompt lengths
-    by task (LoRA jobs), which scale other tasks' points."""
-    tag = facts.family
-    if tag is None:
-        return None, None
-    found = knowledge.family_prediction(tag, prompt_tokens)
-    if found is None:
-        return None, knowledge.disproven_bound(tag)
-    mib, fit = found
-    return Prediction(mib, PredictionSource(SourceKind.FAMILY, points=len(fit.points), error=fit.error_fraction)), None
-
-
-def _level_ratios(
-    job: Job, level: Level, cache: JobShapeCache, estimated: int | None,
-    prompt_lengths: Mapping[str, int] | None,
-) -> dict[int, float] | None:
-    """Estimate at `level` / estimate at each lower level (LoRA jobs): how much the rungs between
-    save, applied to a peak measured at the lower level."""
-    if estimated is None or level.index == 0:
-        return None
-    ratios: dict[int, float] = {}
-    for lower in job_levels(job, cache)[: level.index]:
-        config = resolve_paths({**job.config, **lower.overrides}, job.config_path)
-        sized = at_learned_length(config, (prompt_lengths or {}).get(prompt_length_key(config, job.data)))
-        at_lower = estimate_peak_mib(sized, _model_info(config, cache), _peft_spec(config, cache))
-        if at_lower:
-            ratios[lower.index] = estimated / at_lower
-    return ratios

@@ -39,7 +39,7 @@ from orchestrator.wording import fmt_value
 __all__ = [
     "ACCUM_KEY", "BATCH_KEY", "CHECKPOINTING_KEY", "DEFAULT_LADDER_SPEC", "DEFAULT_MAX_ATTEMPTS",
     "HUNG_RETRIES", "LOGITS_KEY", "NO_HOST_STEPS", "WORKERS_KEY", "HostSettings", "HostStep",
-    "Ladder", "Level", "RetryDecision", "Step", "expand_levels", "is_one_token_task",
+    "Ladder", "Level", "RetryDecision", "Step", "expand_levels", "first_inexact_level", "inexact_rungs", "is_one_token_task",
     "load_ladder", "load_ladder_file", "next_host_step", "retry_decision", "with_host_settings",
 ]
 
@@ -56,6 +56,7 @@ class Level:
     overrides: dict[str, Any] = field(default_factory=dict)
     changes: dict[str, Any] = field(default_factory=dict)  # vs. the previous level
     run_alone: bool = False
+    exact: bool = True  # its rung keeps numbers bit-equal (`Step.exact`); level 0 is as configured
 
     def describe(self) -> str:
         shown = [f"{key}={fmt_value(value)}" for key, value in self.changes.items()]
@@ -188,7 +189,8 @@ def expand_levels(
 
     `reaches(key)` says whether a change of config `key` reaches the worker (None: all do). A
     change that cannot reach it is left out, and a rung left with nothing to change is skipped,
-    so no level claims a change the worker never received."""
+    so no level claims a change the worker never received. A strict ladder leaves out every rung
+    that changes numerics."""
     current = dict(base_config)
     overrides: dict[str, Any] = {}
     levels = [Level(index=0, step="as_configured")]
@@ -199,9 +201,11 @@ def expand_levels(
         current.update(changes)
         overrides.update(changes)
         run_alone = run_alone or step.run_alone
-        levels.append(Level(len(levels), step.name, dict(overrides), changes, run_alone))
+        levels.append(Level(len(levels), step.name, dict(overrides), changes, run_alone, step.exact))
 
     for step in ladder.steps:
+        if ladder.strict and not step.exact:
+            continue
         if step.halve_batch:
             if reaches is None or (reaches(BATCH_KEY) and reaches(ACCUM_KEY)):
                 for changes in _halvings(current, reaches is None or reaches(EVAL_BATCH_KEY)):
@@ -213,6 +217,23 @@ def expand_levels(
         if changes or (step.run_alone and not run_alone):
             add(step, changes)
     return levels
+
+
+def inexact_rungs(levels: Sequence[Level], level: int) -> tuple[str, ...]:
+    """The names of the rungs that change numerics which an attempt at `level` (an index into
+    the job's expanded `levels`) has gone through, in ladder order, each once: empty when its
+    numbers are those level 0 gives. Levels are cumulative, so every lower level counts.
+    Host-side steps (fewer data workers, running alone) are exact and never named."""
+    names: dict[str, None] = {}
+    for reached in levels[1 : level + 1]:
+        if not reached.exact:
+            names.setdefault(reached.step)
+    return tuple(names)
+
+
+def first_inexact_level(levels: Sequence[Level]) -> int | None:
+    """The index of the first level whose rung changes numerics; None when every one is exact."""
+    return next((level.index for level in levels[1:] if not level.exact), None)
 
 
 def with_host_settings(level: Level, host: HostSettings) -> Level:
@@ -230,7 +251,7 @@ def with_host_settings(level: Level, host: HostSettings) -> Level:
     step, changes = level.step, dict(level.changes)
     if latest.level == level.index:
         step, changes = latest.step, dict(latest.changes)
-    return Level(level.index, step, overrides, changes, level.run_alone or host.run_alone)
+    return Level(level.index, step, overrides, changes, level.run_alone or host.run_alone, level.exact)
 
 
 def _lowers_host_memory(level: Level, previous: Level) -> bool:
@@ -260,15 +281,24 @@ def next_host_step(
     return None
 
 
+def _repeats(level: Level, current: Level, ran_alone: bool) -> bool:
+    """Whether an attempt at `level` would repeat the one that just OOM'd at `current`: the same
+    settings, and running alone adds nothing to an attempt that had its card to itself."""
+    return ran_alone and level.overrides == current.overrides
+
+
 def _after_oom(
-    levels: Sequence[Level], current_index: int, outcome: AttemptOutcome, host: HostSettings
+    levels: Sequence[Level], current_index: int, outcome: AttemptOutcome, host: HostSettings,
+    ran_alone: bool = False,
 ) -> tuple[Level, HostSettings] | None:
     """(ladder level, host settings) of the attempt after an OOM; None when nothing is left.
-    A CUDA OOM moves one ladder level down and keeps the host settings; a host OOM stays at
-    this level and adds the next host-side step (fewer data workers, then running alone),
-    changing nothing GPU-side."""
+    A CUDA OOM moves down to the next ladder level that changes something for this attempt
+    (`ran_alone`: it had no other job on its card, so a rung that only runs it alone is passed
+    over) and keeps the host settings; a host OOM stays at this level and adds the next
+    host-side step (fewer data workers, then running alone), changing nothing GPU-side."""
     if outcome is AttemptOutcome.OOM:
-        later = levels[current_index + 1 :]
+        current = levels[current_index]
+        later = [level for level in levels[current_index + 1 :] if not _repeats(level, current, ran_alone)]
         return (later[0], host) if later else None
     if outcome is AttemptOutcome.HOST_OOM:
         stepped = next_host_step(levels, current_index, host)
@@ -287,12 +317,16 @@ def retry_decision(
     retryable: bool = True,
     hung_retries_so_far: int = 0,
     host: HostSettings = NO_HOST_STEPS,
+    strict: bool = False,
+    ran_alone: bool = False,
 ) -> RetryDecision:
     """What to do after an attempt ends: the single entry point the daemon calls.
 
     `attempts_so_far` counts the attempt that just ended; `hung_retries_so_far` counts earlier
     attempts of this job that were requeued because they hung; `host` is the job's host-side
-    settings, kept by every requeue and one step longer after a host OOM.
+    settings, kept by every requeue and one step longer after a host OOM; `strict`: the
+    job's ladder has exact rungs only (said when it runs out); `ran_alone`: the attempt had no
+    other attempt on its card when it ended (a rung that only runs it alone would repeat it).
     """
     current = levels[current_index]
     if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.CANCELLED):
@@ -314,14 +348,21 @@ def retry_decision(
         )
     if outcome is AttemptOutcome.LOST:
         return RetryDecision("requeue", current, f"lost ({reason}): requeued unchanged", host)
-    after = _after_oom(levels, current_index, outcome, host)
+    after = _after_oom(levels, current_index, outcome, host, ran_alone)
     if after is None:
         ran = with_host_settings(current, host).describe()
         if outcome is AttemptOutcome.HOST_OOM:
             why = f"host OOM with no host-side step left after {ran}: {reason}"
+        elif strict:
+            why = (f"OOM at every exact rung of the strict ladder (last {ran}; rungs that change "
+                   f"numerics are not tried): {reason}")
         else:
             why = f"OOM at every level of the degradation ladder (last {ran}): {reason}"
         return RetryDecision("fail", None, why, host)
     following, host = after
     shown = with_host_settings(following, host).describe()
+    passed = [level.index for level in levels[current_index + 1 : following.index]]
+    if passed and outcome is AttemptOutcome.OOM:
+        numbers = ", ".join(str(index) for index in passed)
+        shown += f" (level {numbers} passed over: it only runs alone, and this attempt had its card to itself)"
     return RetryDecision("requeue", following, f"{outcome.value}: {reason}; next {shown}", host)

@@ -28,7 +28,7 @@ from orchestrator.prediction.shapes import (
     provisional_step_reached,
     task_transfer,
 )
-from orchestrator.prediction.throughput import curves_by_gpu
+from orchestrator.prediction.throughput import MIN_CURVE_STEPS, curves_by_gpu
 from orchestrator.store.rows import Attempt, FamilyTag, Job, ShapeMemory
 
 
@@ -177,8 +177,10 @@ def throughput_curves(
     rows: Iterable[Any], index_of_uuid: Mapping[str, int]
 ) -> dict[str, dict[int, dict[int, float]]]:
     """Throughput rows -> shape key -> GPU index -> relative curve (GPUs without their own solo
-    reading use the shape's curve pooled over every GPU)."""
-    curves = curves_by_gpu((r.shape_key, r.gpu_uuid, r.tenants, r.samples_per_s) for r in rows)
+    reading use the shape's curve pooled over every GPU). A reading on fewer than
+    MIN_CURVE_STEPS optimizer steps is left out."""
+    curves = curves_by_gpu((r.shape_key, r.gpu_uuid, r.tenants, r.samples_per_s) for r in rows
+                           if r.steps >= MIN_CURVE_STEPS)
     out: dict[str, dict[int, dict[int, float]]] = {}
     for shape, per_gpu in curves.items():
         pooled = per_gpu.get("*", {})

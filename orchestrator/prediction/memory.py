@@ -318,7 +318,7 @@ def update_shape(
         # geometrically on repeated OOMs); the measurement supersedes it. An OOM after it
         # raises the floor above the measurement again.
         floor = None if old.oom_floor_mib is None else min(old.oom_floor_mib, peak_mib)
-        return ShapeMemory(peak_mib, floor, old.samples + 1)
+        return ShapeMemory(peak_mib, floor, old.samples + 1, old.disproved_mib)
     held = held_at_oom_mib if outcome is AttemptOutcome.OOM else None
     floor = _max(old.oom_floor_mib, observed_peak_mib, held)
     if (
@@ -329,7 +329,10 @@ def update_shape(
         # it got on a full card, not what it needs, so raise the floor geometrically. One
         # placed below it (started beside the first OOM, before the floor existed) says nothing new.
         floor = max(floor, math.ceil(old.oom_floor_mib * OOM_FLOOR_GROWTH))
-    return ShapeMemory(old.peak_mib, floor, old.samples)
+    disproved = old.disproved_mib
+    if outcome is AttemptOutcome.OOM and placed_mib:
+        disproved = max(disproved or 0, placed_mib)  # that figure was not enough: never again
+    return ShapeMemory(old.peak_mib, floor, old.samples, disproved)
 
 
 def predict_peak_mib(

@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+# A reading for k jobs on a card counts once it rests on this many optimizer steps: a few
+# intervals of a noisy start (warm-up, the first evaluation) made 3 jobs read 3.16x.
+MIN_CURVE_STEPS = 20
+
 
 @dataclass(frozen=True)
 class RateReading:
@@ -24,19 +28,30 @@ class RateReading:
 def interval_rate(
     prev_step: int, prev_t: float, step: int, t: float, samples_per_step: int
 ) -> float | None:
-    """Samples/s between two progress readings; None when nothing can be said."""
-    if t <= prev_t or step <= prev_step or samples_per_step <= 0:
+    """Samples/s between two progress readings; None when nothing can be said. An interval from
+    a reading before the first step (step 0: imports, model load, tokenising) says nothing of
+    training speed: start-up is left out."""
+    if t <= prev_t or step <= prev_step or samples_per_step <= 0 or prev_step < 1:
         return None
     return (step - prev_step) * samples_per_step / (t - prev_t)
 
 
 def relative_curve(rates: Mapping[int, float]) -> dict[int, float]:
     """{tenants: mean rate of one attempt} -> {tenants: aggregate rate in solo-job units}.
-    Empty without a solo reading: nothing to compare against."""
+    Empty without a solo reading: nothing to compare against. k jobs never do more than k
+    jobs' work: a reading above k x (noise, a solo reading taken while slowed) is capped there."""
     solo = rates.get(1)
     if not solo or solo <= 0:
         return {}
-    return {k: k * rate / solo for k, rate in sorted(rates.items()) if k >= 1 and rate > 0}
+    return {k: min(float(k), k * rate / solo) for k, rate in sorted(rates.items()) if k >= 1 and rate > 0}
+
+
+def spread(rate_min: float | None, rate_max: float | None, mean: float) -> float | None:
+    """How far one attempt's readings at one count strayed, as a fraction of their mean
+    ((max - min) / mean); None where not recorded."""
+    if rate_min is None or rate_max is None or mean <= 0:
+        return None
+    return (rate_max - rate_min) / mean
 
 
 def marginal_gain(curve: Mapping[int, float], tenants_now: int) -> float | None:

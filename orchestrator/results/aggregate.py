@@ -3,9 +3,16 @@
 A summary (one row of every results format) is one effective config: the suite, the config, the
 `--set` overrides of its jobs and the config's content as submitted. Runs whose settings differ
 are never pooled. Ladder levels keep the science (the effective batch), so the runs of one
-setting at different levels are pooled, and the summary says which levels they ran at. Every
-succeeded run of a setting is counted: a seed that ran twice (a forced resubmission) counts
-twice, and the summary says so.
+setting at different levels are pooled; the summary says which levels they ran at and which
+rungs that change numerics (half batch: an equivalent draw, not bit-equal) they went through. Every
+submitted job of a setting is in its row: one value per seed (the latest succeeded run of the
+seed, results.seeds), and every seed that failed, was cancelled or has not finished is named in
+the row's denominator; a setting none of whose runs succeeded still has its row. `pooled`
+counts every succeeded run instead (n = runs), and the row says so.
+
+Rows come in the order their jobs were submitted: a suite's configs in the suite's order (r8,
+r16, r64), tasks in the order of the pairs; names compare with their numbers as numbers when
+no job id says.
 
 The metric follows the GLUE convention for the task: Matthews correlation for CoLA, F1 for MRPC
 and QQP, accuracy for the rest. When none of a row's runs reported that metric, the row shows
@@ -24,6 +31,21 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from orchestrator.lifecycle import JobState
+from orchestrator.results.seeds import (
+    PENDING,
+    Denominator,
+    SeedRunInput,
+    SeedState,
+    SeedStatus,
+    counted_runs,
+    denominator,
+    full_denominator,
+    later_run_notes,
+    lost_runs,
+    seed_states,
+    short_denominator,
+)
 from orchestrator.wording import fmt_value
 
 PRIMARY_METRICS = {"cola": "mcc", "mrpc": "f1", "qqp": "f1"}
@@ -34,7 +56,8 @@ PAIR_KEYS = ("seed", "data")  # what differs between the jobs of one setting
 
 @dataclass(frozen=True)
 class ResultRow:
-    """One succeeded run: the metrics of its result.json (or what it printed), and where it came from."""
+    """One submitted run: for a succeeded one the metrics of its result.json (or what it
+    printed), and where it came from; for any other its state and why."""
 
     suite: str
     config: str
@@ -53,6 +76,12 @@ class ResultRow:
     test_is_val: bool = False  # result.json said its test split is the validation split
     lora_dropout: float = 0.0  # the config's LoRA dropout (draws depend on the micro-batch)
     no_metrics: str | None = None  # why this succeeded run has no metric at all
+    state: JobState = JobState.SUCCEEDED  # the job's state: only succeeded runs have metrics
+    reason: str = ""  # why a failed or cancelled job ended so (its error)
+    val_metrics: Mapping[str, float] = field(default_factory=dict)  # the "val" metrics of result.json
+    best_step: int | None = None  # the step whose val score chose the weights tested
+    params: Mapping[str, Any] = field(default_factory=dict)  # the effective config (for --where)
+    inexact: tuple[str, ...] = ()  # ladder rungs that change numerics the run went through
 
 
 @dataclass(frozen=True)
@@ -68,6 +97,9 @@ class SeedRun:
     changes: Mapping[str, Any]
     run_alone: bool
     test_is_val: bool = False
+    val: float | None = None  # the same metric on the validation split, when reported
+    best_step: int | None = None
+    inexact: tuple[str, ...] = ()  # ladder rungs that change numerics it went through
 
 
 @dataclass(frozen=True)
@@ -79,9 +111,9 @@ class ResultSummary:
     task: str
     metric: str  # the metric shown: the task's `primary`, or the fallback the notes name
     mean: float | None  # None when no run reported the metric
-    std: float  # sample standard deviation; 0.0 for fewer than two runs
-    n: int  # runs counted: exactly `runs`
-    seeds: tuple[int, ...]  # one per run counted, sorted (a seed that ran twice appears twice)
+    std: float | None  # sample standard deviation; None for fewer than two runs
+    n: int  # values counted: exactly `runs` (distinct seeds unless pooled)
+    seeds: tuple[int, ...]  # one per run counted, sorted (pooled: a seed that ran twice appears twice)
     runs: tuple[SeedRun, ...] = ()  # every run counted, by seed then job
     overrides: Mapping[str, Any] = field(default_factory=dict)  # `--set` overrides of every job in the row
     overrides_label: str = ""  # `learning_rate=0.001, env.X=1`; "" without overrides
@@ -90,11 +122,31 @@ class ResultSummary:
     uncounted: tuple[SeedRun, ...] = ()  # succeeded runs that did not report `metric`
     primary: str = DEFAULT_METRIC  # the task's conventional metric
     lora_dropout: float = 0.0
+    seed_states: tuple[SeedState, ...] = ()  # every submitted seed, by seed
+    denominator: Denominator = field(default_factory=lambda: Denominator(0))
+    pooled: bool = False  # every succeeded run counted, not one per seed
+    unfinished: bool = False  # some job of the row is queued or running
+    failed_runs: bool = False  # some seed failed, was cancelled or reported no metric, or a later run did
+    val_mean: float | None = None  # mean of the metric on the validation split, over the runs that report it
+    val_std: float | None = None
+    val_n: int = 0
+    order: tuple[Any, ...] = ()  # where the row goes: its jobs' submission order (suite order)
+    task_order: tuple[Any, ...] = ()  # where its task's column goes
 
     @property
     def n_seeds(self) -> int:
-        """Runs counted (the name the `--json` and CSV outputs have always used)."""
+        """Values counted (the name the `--json` and CSV outputs have always used)."""
         return self.n
+
+    @property
+    def n_text(self) -> str:
+        """What an n column shows: `3`, or `3 of 4 (seed 4 failed)`."""
+        return short_denominator(self.n, self.seed_states, self.metric)
+
+    @property
+    def accounted(self) -> str:
+        """Every submitted seed accounted for: `3 of 4; seed 4 (job 9) failed: RuntimeError: …`."""
+        return full_denominator(self.n, self.seed_states, self.metric)
 
     @property
     def label(self) -> str:
@@ -113,10 +165,20 @@ class ResultSummary:
         shapes = {(r.level, tuple(sorted((k, repr(v)) for k, v in r.changes.items())), r.run_alone) for r in self.runs}
         return len(shapes) > 1
 
+    @cached_property
+    def inexact_rungs(self) -> tuple[str, ...]:
+        """The rungs that change numerics some counted run went through, in the order met: not
+        empty, the row's value is an equivalent draw, not what level 0 gives (a mark says so)."""
+        names: dict[str, None] = {}
+        for run in self.runs:
+            names.update(dict.fromkeys(run.inexact))
+        return tuple(names)
+
     @property
     def dropout_differs(self) -> bool:
-        """Mixed levels with LoRA dropout on: the dropout draws differ at other micro-batch sizes."""
-        return self.mixed_levels and self.lora_dropout > 0
+        """Some run went through a rung that changes numerics with LoRA dropout on: its dropout
+        masks were drawn for other micro-batches too."""
+        return bool(self.inexact_rungs) and self.lora_dropout > 0
 
     @property
     def test_is_val(self) -> bool:
@@ -125,7 +187,7 @@ class ResultSummary:
 
     @property
     def repeated_seeds(self) -> dict[int, int]:
-        """Seeds counted more than once, with how many runs each."""
+        """Seeds counted more than once (pooled only), with how many runs each."""
         counts: dict[int, int] = {}
         for seed in self.seeds:
             counts[seed] = counts.get(seed, 0) + 1
@@ -166,8 +228,11 @@ def overrides_label(overrides: Mapping[str, Any]) -> str:
     return ", ".join(f"{key}={_label_value(overrides[key])}" for key in sorted(overrides))
 
 
-def choose_metric(task: str, rows: list[ResultRow]) -> tuple[str, str | None]:
-    """The metric a row shows and, when it is not the task's own, the note that says so."""
+def choose_metric(task: str, rows: list[ResultRow], wanted: str | None = None) -> tuple[str, str | None]:
+    """The metric a row shows and, when it is not the task's own, the note that says so. A
+    `wanted` metric (`orch results --metric`) is shown whatever the runs reported."""
+    if wanted is not None:
+        return wanted, None
     primary = primary_metric(task)
     if any(primary in row.metrics for row in rows):
         return primary, None
@@ -183,66 +248,104 @@ def choose_metric(task: str, rows: list[ResultRow]) -> tuple[str, str | None]:
     return primary, None
 
 
-def aggregate(rows: Iterable[ResultRow]) -> list[ResultSummary]:
-    """One summary per (suite, config, overrides, config content, task), sorted that way."""
+def aggregate(rows: Iterable[ResultRow], metric: str | None = None, pooled: bool = False) -> list[ResultSummary]:
+    """One summary per (suite, config, overrides, config content, task), in submission order.
+    `metric` shows that metric in every row instead of the task's own; `pooled` counts every
+    succeeded run instead of one per seed."""
     groups: dict[tuple[str, str, str, str, str], list[ResultRow]] = {}
     labels: dict[int, str] = {}  # rows of one job's setting share one overrides mapping
+    firsts: dict[tuple[Any, ...], float] = {}  # the first job id of a suite, config, setting, task
     for row in rows:
         label = labels.get(id(row.overrides))
         if label is None:
             label = labels[id(row.overrides)] = overrides_label(row.overrides)
         groups.setdefault((row.suite, row.config, label, row.task, row.setting), []).append(row)
+        job = float("inf") if row.job is None else row.job
+        for key in (("suite", row.suite), ("config", row.suite, row.config),
+                    ("setting", row.suite, row.config, label, row.setting), ("task", row.suite, row.task)):
+            firsts[key] = min(firsts.get(key, job), job)
     # The same config and overrides run with different content, worker command or env: name the setting.
     contents: dict[tuple[str, str, str], set[str]] = {}
     for suite, config, label, _, setting in groups:
         contents.setdefault((suite, config, label), set()).add(setting)
     summaries = []
-    for key in sorted(groups):
-        suite, config, label, _, setting = key
+    for key, group in groups.items():
+        suite, config, label, task, setting = key
         variant = f"setting {setting}" if len(contents[(suite, config, label)]) > 1 and setting else ""
-        summaries.append(_summarise(groups[key], label, variant))
+        summary = _summarise(group, label, variant, metric, pooled)
+        order = (firsts[("suite", suite)], natural_key(suite), firsts[("config", suite, config)], natural_key(config),
+                 firsts[("setting", suite, config, label, setting)], natural_key(label), setting)
+        task_order = (firsts[("task", suite, task)], natural_key(task))
+        summaries.append(replace(summary, order=order, task_order=task_order))
+    summaries.sort(key=lambda s: (s.order, s.task_order))
     return summaries
 
 
-def _run(row: ResultRow, value: float | None) -> SeedRun:
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """`r8` < `r16` < `r64`: the numbers in a name compare as numbers."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def _run(row: ResultRow, value: float | None, metric: str) -> SeedRun:
     return SeedRun(seed=row.seed, value=value, job=row.job, attempt=row.attempt, level=row.level, step=row.step,
-                   changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val)
+                   changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val,
+                   val=row.val_metrics.get(metric), best_step=row.best_step, inexact=row.inexact)
 
 
-def _summarise(rows: list[ResultRow], label: str, variant: str) -> ResultSummary:
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation; no std for fewer than two values (never `± 0`)."""
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
+    why = row.reason
+    if row.state is JobState.SUCCEEDED and metric not in row.metrics:
+        why = row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}")
+    return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why)
+
+
+def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | None, pooled: bool) -> ResultSummary:
     first = rows[0]
-    metric, fallback_note = choose_metric(first.task, rows)
-    ordered = sorted(rows, key=lambda r: (r.seed, r.job if r.job is not None else -1))
-    counted = [_run(r, float(r.metrics[metric])) for r in ordered if metric in r.metrics]
-    uncounted = [(r, _run(r, None)) for r in ordered if metric not in r.metrics]
-    values = [r.value for r in counted if r.value is not None]
-    mean = sum(values) / len(values) if values else None
-    std = 0.0
-    if mean is not None and len(values) > 1:
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    notes: list[str] = []
-    if fallback_note:
-        notes.append(fallback_note)
-    summary = ResultSummary(
-        suite=first.suite, config=first.config, task=first.task, metric=metric, mean=mean, std=std,
-        n=len(counted), seeds=tuple(r.seed for r in counted), runs=tuple(counted),
-        overrides=dict(first.overrides), overrides_label=label, variant=variant,
-        uncounted=tuple(run for _, run in uncounted), primary=primary_metric(first.task),
-        lora_dropout=max(r.lora_dropout for r in rows),
-    )
-    jobs_by_seed: dict[int, list[str]] = {}
-    for run in counted:
-        jobs_by_seed.setdefault(run.seed, []).append(str(run.job) if run.job is not None else "")
-    for seed, jobs in jobs_by_seed.items():  # in seed order
-        if len(jobs) > 1:
-            named = ", ".join(filter(None, jobs))
-            notes.append(f"seed {seed} ran {_times(len(jobs))}{f' (jobs {named})' if named else ''}: every run counted")
+    succeeded = [r for r in rows if r.state is JobState.SUCCEEDED]
+    metric, fallback_note = choose_metric(first.task, succeeded, wanted)
+    inputs = {id(r): _seed_input(r, metric) for r in rows}
+    by_input = {id(inputs[id(r)]): r for r in rows}
+    counted_rows = [by_input[id(i)] for i in counted_runs(list(inputs.values()), pooled)]
+    counted = [_run(r, float(r.metrics[metric]), metric) for r in counted_rows]
+    ordered = sorted(succeeded, key=lambda r: (r.seed, r.job if r.job is not None else -1))
+    uncounted = [(r, _run(r, None, metric)) for r in ordered if metric not in r.metrics]
+    mean, std = mean_std([r.value for r in counted if r.value is not None])
+    vals = [r.val for r in counted if r.val is not None]
+    val_mean, val_std = mean_std(vals)
+    states = seed_states(inputs.values())
+    notes: list[str] = [fallback_note] if fallback_note else []
+    notes += later_run_notes(list(inputs.values()), states, pooled, _jobs_text)
     for row, _ in uncounted:
         where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
-        why = row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}")
-        notes.append(f"{where} reported {why}: not counted")
-    return replace(summary, notes=tuple(notes))
+        notes.append(f"{where} reported {inputs[id(row)].why}: not counted")
+    for state in states:
+        if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):
+            where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")
+            verb = "failed" if state.status is SeedStatus.FAILED else "was cancelled"
+            notes.append(f"{where} {verb}, not counted" + (f": {state.why}" if state.why else ""))
+    return ResultSummary(
+        suite=first.suite, config=first.config, task=first.task, metric=metric, mean=mean, std=std,
+        n=len(counted), seeds=tuple(r.seed for r in counted), runs=tuple(counted),
+        overrides=dict(first.overrides), overrides_label=label, variant=variant, notes=tuple(notes),
+        uncounted=tuple(run for _, run in uncounted), primary=primary_metric(first.task),
+        lora_dropout=max(r.lora_dropout for r in rows), seed_states=tuple(states),
+        denominator=denominator(states, len(rows)), pooled=pooled,
+        unfinished=any(r.state in PENDING for r in rows),
+        failed_runs=lost_runs(list(inputs.values()), states),
+        val_mean=val_mean, val_std=val_std, val_n=len(vals),
+    )  # fmt: skip
 
 
-def _times(count: int) -> str:
-    return "twice" if count == 2 else f"{count} times"
+def _jobs_text(jobs: list[int | None]) -> str:
+    named = ", ".join(str(job) for job in jobs if job is not None)
+    return f" (jobs {named})" if named else ""

@@ -1,29 +1,33 @@
 """Results as configs × tasks grids to paste into a paper: GitHub Markdown and LaTeX. Pure.
 
-A row is one effective config (`r8 [learning_rate=0.001]`), a column one (task, metric): configs
-that report different metrics on a task get a column each, and a cell is filled only from the
-summary of its own row, task and metric. The best mean of each column is bold (the lowest for a
-loss or an error). Marks and their legend are those of results.formats; a cell with notes is
-marked `*` and its notes are listed under the grid.
+A row is one effective config (`r8 [learning_rate=0.001]`), a column one (task, metric) followed
+by its `n` column (`3`, or `3 of 4 (seed 4 failed)`): configs that report different metrics on a
+task get a column each, and a cell is filled only from the summary of its own row, task and
+metric. Rows and columns come in suite order. Bold is the choice of results.selection (on the
+validation split where reported; never a row with n < 2; the lowest for a loss or an error).
+Marks and their legend are those of results.formats; a cell with notes is marked `*` and its
+notes are listed under the grid. A table with runs still queued or running is printed only when
+asked for as partial, and then says so on its first line.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 from orchestrator.results.aggregate import ResultSummary
-from orchestrator.results.formats import cell_marks, legend_lines, score
+from orchestrator.results.formats import cell_marks, legend_lines, score, table_lines
+from orchestrator.results.selection import (
+    Basis,
+    ColumnChoice,
+    bold_legend,
+    choose,
+    is_chosen,
+    lower_is_better,
+)
 
-# whole words of a metric's name only (`eval_loss`, `wer`, not `exact_answer` or `lossless`)
-_LOWER_IS_BETTER = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|mse|mae|rmse|wer|cer)($|_)", re.IGNORECASE)
 Column = tuple[str, str]  # (task, metric)
 Cell = tuple[str, str, str]  # (row label, task, metric)
-
-
-def lower_is_better(metric: str) -> bool:
-    """A loss, an error rate or a perplexity: the best is the lowest."""
-    return bool(_LOWER_IS_BETTER.search(metric))
+__all__ = ["lower_is_better", "to_latex", "to_markdown"]
 
 
 def grid(summaries: Sequence[ResultSummary]) -> tuple[list[str], list[Column], dict[Cell, ResultSummary]]:
@@ -39,29 +43,31 @@ def grid(summaries: Sequence[ResultSummary]) -> tuple[list[str], list[Column], d
         if (s.task, s.metric) not in columns:
             columns.append((s.task, s.metric))
         cells[(label, s.task, s.metric)] = s
-    columns.sort()
+    order: dict[Column, tuple[object, ...]] = {}
+    for s in summaries:
+        order.setdefault((s.task, s.metric), (s.task_order, s.task, s.metric))
+    columns.sort(key=lambda column: order[column])
     return rows, columns, cells
 
 
-def best_rows(cells: dict[Cell, ResultSummary], rows: list[str], column: Column, digits: int) -> set[str]:
-    """Row labels holding the best mean of a column (ties at the shown precision all count)."""
-    task, metric = column
-    shown = {r: round(s.mean, digits) for r in rows
-             if (s := cells.get((r, task, metric))) is not None and s.mean is not None}
-    if not shown:
-        return set()
-    top = min(shown.values()) if lower_is_better(metric) else max(shown.values())
-    return {r for r, v in shown.items() if v == top}
-
-
 def _row_cells(
-    label: str, columns: list[Column], cells: dict[Cell, ResultSummary], best: dict[Column, set[str]],
-    render: Callable[[ResultSummary, bool], str],
+    label: str, columns: list[Column], cells: dict[Cell, ResultSummary], choices: dict[Column, ColumnChoice],
+    render: Callable[[ResultSummary, bool], str], escape: Callable[[str], str],
 ) -> list[str]:
-    """A row's cells in column order: "" where the row has no summary, else `render(summary,
-    holds the column's best mean)`."""
-    return ["" if (s := cells.get((label, task, metric))) is None else render(s, label in best[(task, metric)])
-            for task, metric in columns]
+    """A row's cells in column order, each followed by its n cell: "" where the row has no
+    summary, else `render(summary, chosen in its column)`."""
+    out = []
+    for task, metric in columns:
+        s = cells.get((label, task, metric))
+        out += ["", ""] if s is None else [render(s, is_chosen(s, choices)), escape(s.n_text)]
+    return out
+
+
+def _footer(
+    summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str
+) -> list[str]:
+    bold = bold_legend(choices, {s.metric for s in summaries})
+    return ([bold] if bold else []) + legend_lines(summaries, escape=escape)
 
 
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
@@ -78,14 +84,17 @@ def md_escape(text: str) -> str:
     return out.replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
 
 
-def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
-    """A GitHub Markdown table, effective configs × (task, metric), best per column in bold."""
+def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis | None = None) -> str:
+    """A GitHub Markdown table, effective configs × (task, metric) with an n column each, the
+    chosen row of each column in bold."""
     rows, columns, cells = grid(summaries)
     if not rows:
         return ""
-    lines = ["| config | " + " | ".join(f"{md_escape(t)} ({md_escape(m)})" for t, m in columns) + " |",
-             "|---|" + "---:|" * len(columns)]
-    best = {column: best_rows(cells, rows, column, digits) for column in columns}
+    lines = [md_escape(line) for line in table_lines(summaries)]
+    lines += [""] if lines else []
+    lines += ["| config | " + " | ".join(f"{md_escape(t)} ({md_escape(m)}) | n" for t, m in columns) + " |",
+              "|---|" + "---:|---:|" * len(columns)]
+    choices = choose(summaries, digits, select)
 
     def render(s: ResultSummary, is_best: bool) -> str:
         text = f"**{score(s, digits)}**" if is_best else score(s, digits)
@@ -93,9 +102,10 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
         return text + (" " + " ".join(md_escape(m) for m in marks) if marks else "")
 
     for label in rows:
-        lines.append(f"| {md_escape(label)} | " + " | ".join(_row_cells(label, columns, cells, best, render)) + " |")
+        lines.append(f"| {md_escape(label)} | "
+                     + " | ".join(_row_cells(label, columns, cells, choices, render, md_escape)) + " |")
     # Our own sentences, outside the table: only a leading `*` would start a list
-    legend = [("\\" + line) if line.startswith("*") else line for line in legend_lines(summaries)]
+    legend = [("\\" + line) if line.startswith("*") else line for line in _footer(summaries, choices, md_escape)]
     notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
     if legend:
         lines += [""] + [line + "  " for line in legend[:-1]] + legend[-1:]
@@ -108,9 +118,11 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                   "\n": " ", "\r": " ", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
                   "`": "'"}
-_LATEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "*": "*"}  # in a $^{...}$ superscript
-_LATEX_TEXT = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "*": r"$^*$", "×": r"$\times$",
-               "±": r"$\pm$", "·": r"\textperiodcentered{}"}
+# in a $^{...}$ superscript
+_LATEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "¶": r"\P", "◇": r"\diamond", "*": "*"}
+_LATEX_TEXT = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "¶": r"$^\P$", "◇": r"$^\diamond$",
+               "*": r"$^*$", "×": r"$\times$", "±": r"$\pm$", "·": r"\textperiodcentered{}", "—": "---",
+               "≥": r"$\geq$"}
 
 
 def latex_escape(text: str) -> str:
@@ -129,27 +141,30 @@ def _latex_marks(marks: list[str]) -> str:
     return "$^{" + "".join(_LATEX_MARKS[m] + " " for m in marks).rstrip() + "}$" if marks else ""
 
 
-def to_latex(summaries: Sequence[ResultSummary], digits: int = 4) -> str:
-    """A LaTeX tabular (no packages needed), effective configs × (task, metric), best per column
-    in \\textbf, marks as superscripts with their legend and the notes below."""
+def to_latex(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis | None = None) -> str:
+    """A LaTeX tabular (no packages needed), effective configs × (task, metric) with an n column
+    each, the chosen row of each column in \\textbf, marks as superscripts with their legend and
+    the notes below."""
     rows, columns, cells = grid(summaries)
     if not rows:
         return ""
-    lines = [r"\begin{tabular}{l" + "r" * len(columns) + "}", r"\hline",
-             "config & " + " & ".join(f"{latex_escape(t)} ({latex_escape(m)})" for t, m in columns) + r" \\",
-             r"\hline"]
-    best = {column: best_rows(cells, rows, column, digits) for column in columns}
+    lines = [latex_escape(line) + r"\par" for line in table_lines(summaries)]
+    lines += [r"\begin{tabular}{l" + "rr" * len(columns) + "}", r"\hline",
+              "config & " + " & ".join(f"{latex_escape(t)} ({latex_escape(m)}) & $n$" for t, m in columns) + r" \\",
+              r"\hline"]
+    choices = choose(summaries, digits, select)
 
     def render(s: ResultSummary, is_best: bool) -> str:
-        text = "--" if s.mean is None else f"{s.mean:.{digits}f} $\\pm$ {s.std:.{digits}f}"
+        text = score(s, digits).replace("±", "$\\pm$").replace("—", "--")
         if s.mean is not None and is_best:
             text = f"\\textbf{{{text}}}"
         return text + _latex_marks(cell_marks(s))
 
     for label in rows:
-        lines.append(latex_escape(label) + " & " + " & ".join(_row_cells(label, columns, cells, best, render)) + r" \\")
+        lines.append(latex_escape(label) + " & "
+                     + " & ".join(_row_cells(label, columns, cells, choices, render, latex_escape)) + r" \\")
     lines += [r"\hline", r"\end{tabular}"]
-    lines += [latex_escape(line) + r"\par" for line in legend_lines(summaries)]
+    lines += [latex_escape(line) + r"\par" for line in _footer(summaries, choices)]
     notes = _notes(rows, columns, cells)
     if notes:
         lines += [r"Notes:\par"] + [latex_escape(note) + r"\par" for note in notes]

@@ -18,8 +18,8 @@ from orchestrator.prediction.job_facts import (
     as_received,
     attempt_config,
     level_of,
-    predict,
 )
+from orchestrator.prediction.job_prediction import predict
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.scheduling.dispatch import fail_queued, write_wait_reasons
 from orchestrator.scheduling.launching import Claim, DispatchContext, claim, launch_all
@@ -28,7 +28,7 @@ from orchestrator.store.attempts import read_all_prompt_lengths, read_all_shapes
 from orchestrator.store.cluster_ends import stuck_attempt_count
 from orchestrator.store.db import Store
 from orchestrator.store.queue import live_attempt_count, queued_whole_jobs
-from orchestrator.store.status import paused_suites
+from orchestrator.store.status import paused_configs, paused_suites
 
 # The attempt row's GPU while the cluster, not orch, picks the card.
 CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0, used_mib=0, free_mib=0)
@@ -48,6 +48,7 @@ def schedule_remote(
     may start now (a full disk, an unsafe runs dir), shown on every queued job."""
     hold = hold or executor.submit_hold()  # sbatch waits out Slurm's backoff too
     paused = {p.suite for p in paused_suites(store, count_queued=False)}
+    paused_cfgs = {(p.suite, p.config) for p in paused_configs(store, count_queued=False)}
     queued = queued_whole_jobs(store)
     in_queue = live_attempt_count(store) - stuck_attempt_count(store, STUCK_WORDS)  # those never start: no slot
     shapes = read_all_shapes(store)
@@ -57,7 +58,7 @@ def schedule_remote(
     placed: set[int] = set()
     claims: list[Claim] = []
     for job in queued:
-        held_back = held_reason(job.suite, paused, draining, hold)
+        held_back = held_reason(job.suite, paused, draining, hold, config=job.config_name, paused_configs=paused_cfgs)
         if held_back is not None:
             reasons[job.id] = held_back
             continue

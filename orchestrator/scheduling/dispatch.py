@@ -24,6 +24,7 @@ from orchestrator.prediction.job_facts import (
     shape_facts,
 )
 from orchestrator.prediction.learned import Knowledge, held_peaks, running_peaks, throughput_curves
+from orchestrator.prediction.startup import Startup, remaining_s, startup_key
 from orchestrator.prediction.throughput import family_curves
 from orchestrator.scheduling.family_inputs import family_tags, mark_probes
 from orchestrator.scheduling.launching import DispatchContext, claim, launch_all
@@ -40,6 +41,7 @@ from orchestrator.scheduling.packing.types import GpuState
 from orchestrator.scheduling.queue_index import QueueRead
 from orchestrator.scheduling.queue_kinds import handed_to_pack
 from orchestrator.scheduling.resources import host_state, running_attempts
+from orchestrator.scheduling.start_levels import LevelMove, start_moves
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.scheduling.teaching import teaching_jobs
 from orchestrator.scheduling.waits import changed_wait_reasons, rows_to_explain
@@ -48,7 +50,7 @@ from orchestrator.store.attempts import (
     read_all_shapes,
 )
 from orchestrator.store.db import Store
-from orchestrator.store.jobs import get_gpu_plan, transition
+from orchestrator.store.jobs import get_gpu_plan, move_queued_to_level, transition
 from orchestrator.store.learning import read_throughput
 from orchestrator.store.queue import (
     jobs_by_id,
@@ -60,7 +62,8 @@ from orchestrator.store.queue import (
 from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
-from orchestrator.store.status import paused_suites
+from orchestrator.store.startups import read_startups
+from orchestrator.store.status import paused_configs, paused_suites
 
 log = logging.getLogger(__name__)
 
@@ -120,21 +123,28 @@ def schedule(
     start now (a full disk); every queued job shows it."""
     cache = state.shapes
     paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
+    paused_cfgs = frozenset((p.suite, p.config) for p in paused_configs(store, count_queued=False))
     live, live_jobs = live_attempts_with_jobs(store)
     durations = refresh_durations(store, state)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
-    running = running_attempts(live, {s.uuid: s.index for s in snapshots}, _expected_end(live_jobs, durations))
+    startups = read_startups(store) if ctx.policy.overlap else {}
+    running = running_attempts(live, {s.uuid: s.index for s in snapshots},
+                               _expected_end(live_jobs, durations, startups, store.now_s()))
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
-    fresh_key = (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), draining, hold)
+    fresh_key = (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), tuple(sorted(paused_cfgs)), draining, hold)
     per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
     rows = _read_queue(store, state, ctx, whole_queue, per_kind, fresh_key)
     if rows is None:  # nothing can start and the head's reasons still stand
         return PackingDecision((), {})
-    readings = _read_learned(store, state, live, live_jobs, snapshots, durations)
+    readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups)
     running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
     facts_of = state.job_facts.by_job
+    moves = start_moves(rows, facts_of, readings, cache, gpus, ctx.policy)
+    if moves:  # they are read again, at their new level, in the next pass
+        moved = _apply_moves(store, moves)
+        rows = [row for row in rows if row.id not in moved]
     inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None)
     queue = with_teaching(inputs.queue, _teaching(inputs.firsts, live_jobs))
     host = None
@@ -143,7 +153,7 @@ def schedule(
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
-                    paused=paused, draining=draining, hold=hold)
+                    paused=paused, paused_configs=paused_cfgs, draining=draining, hold=hold)
     _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots))
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
     return decision
@@ -178,7 +188,8 @@ def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole
 
 
 def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live_jobs: Mapping[int, Job],
-                  snapshots: tuple[GpuSnapshot, ...], durations: DurationTable) -> PassReadings:
+                  snapshots: tuple[GpuSnapshot, ...], durations: DurationTable,
+                  startups: Mapping[str, Startup]) -> PassReadings:
     """What orch has learned that the queued jobs' inputs rest on: measured shapes and prompt
     lengths, live attempts' peaks, memory families, co-location curves, host memory."""
     cache = state.shapes
@@ -192,7 +203,21 @@ def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live
     curves = throughput_curves(read_throughput(store), {s.uuid: s.index for s in snapshots})
     by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
     return PassReadings(shapes, read_all_prompt_lengths(store), knowledge, durations, curves, by_family,
-                        read_host_shapes(store), host_running_peaks(live, live_jobs, key_of))
+                        read_host_shapes(store), host_running_peaks(live, live_jobs, key_of),
+                        startups)
+
+
+def _apply_moves(store: Store, moves: list[LevelMove]) -> set[int]:
+    """Write the start-where-it-fits moves: jobs to their level, or failed with the reason."""
+    moved: set[int] = set()
+    for move in moves:
+        if move.level is not None:
+            moved.update(move_queued_to_level(store, move.job_ids, move.level, move.note))
+            continue
+        for job in jobs_by_id(store, move.job_ids).values():
+            fail_queued(store, job, move.note)
+            moved.add(job.id)
+    return moved
 
 
 def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int, Job]) -> set[int]:
@@ -255,12 +280,22 @@ def _forget_left(state: SchedulerState, read: QueueRead) -> None:
 
 
 def _expected_end(
-    live_jobs: Mapping[int, Job], durations: DurationTable
+    live_jobs: Mapping[int, Job], durations: DurationTable, startups: Mapping[str, Startup], now_s: float,
 ) -> Callable[[Attempt], float | None]:
-    """When a live attempt is expected to end: its start plus the learned run time of its kind."""
+    """When a live attempt is expected to end: by its progress (steps to go at its pace since its
+    learned start-up) where it reports a step and a total and start-ups are read (overlap on);
+    else its start plus the learned run time of its kind."""
     def end(a: Attempt) -> float | None:
         job = live_jobs.get(a.job_id)
-        expected = durations.expected_s(job.config_name, job.data, a.level) if job else None
+        if job is None:
+            return None
+        if startups:
+            startup = startups.get(startup_key(job.suite, job.config_name))
+            left = remaining_s(now_s, a.started_at, startup.seconds if startup else None,
+                               (a.progress or {}).get("step"), (a.progress or {}).get("total"))
+            if left is not None:
+                return now_s + left
+        expected = durations.expected_s(job.config_name, job.data, a.level)
         return None if expected is None else a.started_at + expected
     return end
 

@@ -25,6 +25,7 @@ from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, in_t
 from orchestrator.executors.checkpoints import CheckpointSearch, search_checkpoints
 from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.gpu.host import HostProbe
+from orchestrator.gpu.mps import MpsState
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans.resume import (
     resumable_attempts,
@@ -32,7 +33,7 @@ from orchestrator.plans.resume import (
     takes_resume_key,
     worker_can_resume,
 )
-from orchestrator.prediction.job_facts import job_keys
+from orchestrator.prediction.job_facts import job_inexact_rungs, job_keys
 from orchestrator.prediction.ladder import Level
 from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.scheduling.packing.types import PackingPolicy
@@ -59,6 +60,7 @@ class DispatchContext:
     host: HostProbe | None = None  # host RAM and cores; None: not looked at
     host_reserve_mib: int = 2048  # kept free of jobs (--host-reserve-gib)
     topology: Mapping[tuple[int, int], int] | None = None  # card distances, read once at start
+    mps: MpsState | None = None  # orch's MPS control daemon and the cards under it; None: no MPS
 
 
 def _safe_name(text: str) -> str:
@@ -158,7 +160,7 @@ def claim(
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
         resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
-        searched_in_part=search.searched_in_part,
+        searched_in_part=search.searched_in_part, inexact_rungs=job_inexact_rungs(job, level.index),
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
@@ -182,13 +184,14 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
+    mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
             suite_env=dict(job.env),
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
-                   **({TOKEN_VAR: attempt.token} if attempt.token else {})},
+                   **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
         if moved_to is not None:

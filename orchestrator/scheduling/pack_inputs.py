@@ -8,13 +8,15 @@ meets that model); nothing else is read or written here."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.durations import DurationTable
-from orchestrator.prediction.job_facts import JobFacts, JobShapeCache, predict_for
+from orchestrator.prediction.job_facts import JobFacts, JobShapeCache
+from orchestrator.prediction.job_prediction import predict_for
 from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.learned import Knowledge
+from orchestrator.prediction.startup import Startup, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
 from orchestrator.scheduling.packing.pack import PackingDecision
 from orchestrator.scheduling.packing.types import QueuedJob
@@ -39,6 +41,7 @@ class PassReadings:
     by_family: Mapping[str, Curve]  # memory family -> its curve
     host_shapes: Mapping[str, int]  # shape key -> the most host RAM (MiB) a finished attempt took
     host_running: Mapping[str, int]  # shape key -> the most host RAM (MiB) a live attempt holds
+    startups: Mapping[str, Startup] = field(default_factory=dict)  # suite/config -> its learned start-up
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class KindInputs:
     expected_s: float | None
     curve: Curve | None
     probe_family: str | None = None
+    startup: Startup | None = None
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,10 @@ def pack_inputs(
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
                 expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,
-                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite,
+                gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite, config=job.config_name,
                 probe_family=inputs.probe_family,
+                startup_s=inputs.startup.seconds if inputs.startup else None,
+                startup_mib=inputs.startup.held_mib if inputs.startup else 0,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts)
@@ -111,7 +117,8 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
                                    facts.declared_host_mib)
     return KindInputs(
         predicted, host_mib, readings.durations.expected_s(job.config_name, job.data, facts.level.index),
-        curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge))
+        curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
+        readings.startups.get(startup_key(job.suite, job.config_name)))
 
 
 def teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:

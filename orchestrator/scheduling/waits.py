@@ -28,6 +28,7 @@ class WaitKind(str, Enum):
     """Why a queued job waits (the one reason shown for it)."""
 
     PAUSED = "paused"  # its suite is paused
+    CONFIG_PAUSED = "config_paused"  # its config is paused (the crash-loop guard); `text`: "CONFIG of suite SUITE"
     DRAINING = "draining"  # the daemon is draining
     HOLD = "hold"  # the daemon holds every start (a full disk, ...): `text` says why
     NO_GPU = "no_gpu"  # its --gpus names no GPU of this machine
@@ -96,6 +97,8 @@ def _render(w: Wait) -> str:
     if k is WaitKind.PAUSED:
         # The pause's cause is said once, on the suite (orch status); each job only points to it.
         return f"suite {w.text} is paused"
+    if k is WaitKind.CONFIG_PAUSED:
+        return f"config {w.text} is paused"
     if k is WaitKind.DRAINING:
         return "daemon is draining: nothing new starts"
     if k is WaitKind.HOLD:
@@ -150,10 +153,13 @@ def gang_note(cards: list[int], waiting: list[int], ready_in_s: float) -> str:
     return note
 
 
-def held(suite: str, paused: Container[str], draining: bool, hold: str | None) -> Wait | None:
-    """Why no job of this suite may start on any executor now, or None."""
+def held(suite: str, paused: Container[str], draining: bool, hold: str | None, *, config: str = "",
+         paused_configs: Container[tuple[str, str]] = frozenset()) -> Wait | None:
+    """Why no job of this suite (and config) may start on any executor now, or None."""
     if suite in paused:
         return Wait(WaitKind.PAUSED, text=suite)
+    if (suite, config) in paused_configs:
+        return Wait(WaitKind.CONFIG_PAUSED, text=f"{config} of suite {suite}")
     if hold:
         return Wait(WaitKind.HOLD, text=hold)
     if draining:
@@ -161,9 +167,10 @@ def held(suite: str, paused: Container[str], draining: bool, hold: str | None) -
     return None
 
 
-def held_reason(suite: str, paused: Container[str], draining: bool, hold: str | None) -> str | None:
+def held_reason(suite: str, paused: Container[str], draining: bool, hold: str | None, *, config: str = "",
+                paused_configs: Container[tuple[str, str]] = frozenset()) -> str | None:
     """The same as text, for a scheduling pass that does not pack (a cluster's queue)."""
-    wait = held(suite, paused, draining, hold)
+    wait = held(suite, paused, draining, hold, config=config, paused_configs=paused_configs)
     return None if wait is None else render(wait)
 
 

@@ -36,6 +36,7 @@ class AttemptPlan:
     resumed_from_attempt: int | None = None  # the earlier attempt (n) whose checkpoint it resumes from
     resumed_from_checkpoint: str | None = None  # that checkpoint's folder
     searched_in_part: tuple[int, ...] = ()  # earlier attempts whose run dir the checkpoint search read in part
+    inexact_rungs: tuple[str, ...] = ()  # the rungs changing numerics its level went through
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -61,9 +62,11 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         attempt_id = int(cursor.lastrowid or 0)
         store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
-            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ? WHERE id = ?",
+            "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ?, "
+            "inexact_rungs_json = ? WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
-             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16), attempt_id],
+             plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16),
+             json.dumps(list(plan.inexact_rungs)), attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""
@@ -177,7 +180,8 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
 
 
 def _shape(row: dict[str, Any]) -> ShapeMemory:
-    return ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"])
+    return ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"],
+                       disproved_mib=row.get("disproved_mib"))
 
 
 def read_shape(store: Store, shape_key: str) -> ShapeMemory | None:
@@ -193,10 +197,11 @@ def read_all_shapes(store: Store) -> dict[str, ShapeMemory]:
 def write_shape(store: Store, shape_key: str, shape: ShapeMemory) -> None:
     with store.write():
         store._db.execute(
-            "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, updated_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
-            "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, updated_at = excluded.updated_at",
-            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, store.now_s()],
+            "INSERT INTO memory_shapes (shape_key, peak_mib, oom_floor_mib, samples, disproved_mib, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(shape_key) DO UPDATE SET peak_mib = excluded.peak_mib, "
+            "oom_floor_mib = excluded.oom_floor_mib, samples = excluded.samples, "
+            "disproved_mib = excluded.disproved_mib, updated_at = excluded.updated_at",
+            [shape_key, shape.peak_mib, shape.oom_floor_mib, shape.samples, shape.disproved_mib, store.now_s()],
         )
 
 

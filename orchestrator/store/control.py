@@ -35,13 +35,26 @@ def start_fresh(store: Store, job_id: int) -> None:
         add_event(store, "retry", "its next attempt starts fresh: no earlier checkpoint is resumed from", job_id=job_id)
 
 
+def _lift_pauses(store: Store, suite: str) -> str | None:
+    """Delete the suite's pause and its configs' (inside a write): what was lifted, in words
+    (None: nothing was paused)."""
+    configs = [r["config_name"] for r in store.query(
+        "SELECT config_name FROM paused_configs WHERE suite = ? ORDER BY config_name", [suite])]
+    store._db.execute("DELETE FROM paused_configs WHERE suite = ?", [suite])
+    suite_paused = bool(store._db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite]).rowcount)
+    if not configs:
+        return f"suite {suite}" if suite_paused else None
+    return f"suite {suite} (paused config{'s' if len(configs) > 1 else ''}: {', '.join(configs)})"
+
+
 def unpause_suite(store: Store, suite: str) -> bool:
-    """Lift the crash-loop pause of `suite`; False when it was not paused."""
+    """Lift the crash-loop pause of `suite` and of every config of it; False when nothing of it
+    was paused."""
     with store.write():
-        cursor = store._db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
-        if not cursor.rowcount:
+        lifted = _lift_pauses(store, suite)
+        if lifted is None:
             return False
-        add_event(store, "resume", f"suite {suite} resumed by user")
+        add_event(store, "resume", f"{lifted} resumed by user")
     return True
 
 
@@ -87,8 +100,8 @@ def worker_of_last_failure(store: Store, suite: str) -> str | None:
 
 
 def resume_changed_suite(store: Store, suite: str, why: str) -> None:
-    """Lift a crash-loop pause because what failed was changed (`why`)."""
+    """Lift the crash-loop pauses of the suite and its configs because what failed was changed (`why`)."""
     with store.write():
-        cursor = store._db.execute("DELETE FROM paused_suites WHERE suite = ?", [suite])
-        if cursor.rowcount:
-            add_event(store, "resume", f"suite {suite} resumed: {why}")
+        lifted = _lift_pauses(store, suite)
+        if lifted is not None:
+            add_event(store, "resume", f"{lifted} resumed: {why}")

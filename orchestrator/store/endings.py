@@ -1,7 +1,7 @@
 """An attempt's end as one transaction: what its shape learned (memory, prompt length) and the
 attempt closed with its job's next state, so a daemon killed halfway applies neither or both
 (an OOM floor grows by x1.25 per OOM: applied twice, it would overshoot). Also the reads the
-end is decided from, and the suite pause it may lead to."""
+end is decided from, and the config or suite pause it may lead to."""
 
 from __future__ import annotations
 
@@ -78,15 +78,39 @@ def hung_attempts_before(store: Store, attempt: Attempt) -> int:
     )[0]["n"])
 
 
-def recent_failure_durations(store: Store, suite: str, since_s: float) -> list[float]:
-    """How long each of the suite's failed attempts that ended since `since_s` ran (hung ones,
-    killed by orch, left out)."""
+def recent_failure_durations(store: Store, suite: str, config: str, since_s: float) -> list[float]:
+    """How long each failed attempt of the suite's config that ended since `since_s` ran (hung
+    ones, killed by orch, left out)."""
     rows = store.query(
         "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        "WHERE j.suite = ? AND a.outcome = ? AND a.ended_at >= ? AND a.kill_requested IS NOT ?",
-        [suite, AttemptOutcome.FAILED.value, since_s, KillRequest.HUNG.value],
+        "WHERE j.suite = ? AND j.config_name = ? AND a.outcome = ? AND a.ended_at >= ? AND a.kill_requested IS NOT ?",
+        [suite, config, AttemptOutcome.FAILED.value, since_s, KillRequest.HUNG.value],
     )
     return [(r["ended_at"] or 0) - r["started_at"] for r in rows]
+
+
+def pause_config(store: Store, suite: str, config: str, reason: str, message: str) -> bool:
+    """Pause one config of the suite (none of its jobs starts until resumed), with its event;
+    False when it was paused already."""
+    with store.write():
+        cursor = store.execute(
+            "INSERT OR IGNORE INTO paused_configs (suite, config_name, reason, paused_at) VALUES (?, ?, ?, ?)",
+            [suite, config, reason, store.now_s()],
+        )
+        if not cursor.rowcount:
+            return False
+        add_event(store, "pause", message)
+    return True
+
+
+def unpaused_configs(store: Store, suite: str) -> list[str]:
+    """The suite's configs (those it has jobs of) that are not paused: while there is one, the
+    suite itself is not paused."""
+    rows = store.query(
+        "SELECT DISTINCT config_name FROM jobs WHERE suite = ? AND config_name NOT IN "
+        "(SELECT config_name FROM paused_configs WHERE suite = ?) ORDER BY config_name", [suite, suite],
+    )
+    return [r["config_name"] for r in rows]
 
 
 def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:

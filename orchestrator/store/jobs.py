@@ -202,3 +202,19 @@ def cancel_queued(store: Store, job_id: int, reason: str) -> JobState:
         store, job_id, JobState.CANCELLED, message=f"cancelled: {reason}", kind="cancel",
         expect_from=[JobState.QUEUED], fields={"reason": reason, "wait_reason": None},
     )
+
+
+def move_queued_to_level(store: Store, job_ids: Sequence[int], level: int, note: str) -> list[int]:
+    """Move queued jobs to ladder `level` (the level they were at is known not to fit any card they
+    may use), with the note `orch show` gives and an event each. Returns the ids moved: a job
+    that left the queue or is there already is left alone."""
+    moved: list[int] = []
+    with store.write():
+        for job_id in job_ids:
+            cursor = store._db.execute(
+                "UPDATE jobs SET level = ?, level_note = ?, updated_at = ? WHERE id = ? AND state = 'queued' "
+                "AND level < ?", [level, note, store.now_s(), job_id, level])
+            if cursor.rowcount:
+                add_event(store, "level", note, job_id=job_id, data={"to_level": level})
+                moved.append(job_id)
+    return moved

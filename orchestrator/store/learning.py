@@ -17,6 +17,9 @@ class ThroughputRow:
     tenants: int  # attempts on the card, this one included
     samples_per_s: float
     samples: int
+    steps: int = 0  # optimizer steps the readings cover
+    rate_min: float | None = None
+    rate_max: float | None = None
 
 
 # a shape row's suites_json lists every suite that taught it (label_shape; m015 seeded it from `suite`)
@@ -122,25 +125,30 @@ def suite_known(store: Store, suite: str) -> bool:
 
 
 def record_throughput(
-    store: Store, gpu_uuid: str, shape_key: str, tenants: int, samples_per_s: float, suite: str
+    store: Store, gpu_uuid: str, shape_key: str, tenants: int, samples_per_s: float, suite: str, steps: int = 1
 ) -> None:
-    """Fold one reading into the running mean for (GPU, shape, tenants)."""
+    """Fold one reading (over `steps` optimizer steps) into the running mean for (GPU, shape, tenants)."""
     with store.write():
         store._db.execute(
-            "INSERT INTO throughput (gpu_uuid, shape_key, tenants, samples_per_s, samples, suite, updated_at) "
-            "VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT(gpu_uuid, shape_key, tenants) DO UPDATE SET "
+            "INSERT INTO throughput (gpu_uuid, shape_key, tenants, samples_per_s, samples, suite, updated_at, "
+            "steps, rate_min, rate_max) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(gpu_uuid, shape_key, tenants) DO UPDATE SET "
             "samples_per_s = (samples_per_s * samples + excluded.samples_per_s) / (samples + 1), "
-            "samples = samples + 1, suite = excluded.suite, updated_at = excluded.updated_at",
-            [gpu_uuid, shape_key, tenants, samples_per_s, suite, store.now_s()],
+            "samples = samples + 1, suite = excluded.suite, updated_at = excluded.updated_at, "
+            "steps = steps + excluded.steps, rate_min = min(coalesce(rate_min, excluded.rate_min), excluded.rate_min), "
+            "rate_max = max(coalesce(rate_max, excluded.rate_max), excluded.rate_max)",
+            [gpu_uuid, shape_key, tenants, samples_per_s, suite, store.now_s(), steps, samples_per_s, samples_per_s],
         )
 
 
 def read_throughput(store: Store) -> list[ThroughputRow]:
     rows = store.query(
-        "SELECT gpu_uuid, shape_key, tenants, samples_per_s, samples FROM throughput ORDER BY shape_key, gpu_uuid, tenants"
+        "SELECT gpu_uuid, shape_key, tenants, samples_per_s, samples, steps, rate_min, rate_max FROM throughput "
+        "ORDER BY shape_key, gpu_uuid, tenants"
     )
     return [
-        ThroughputRow(r["gpu_uuid"], r["shape_key"], int(r["tenants"]), float(r["samples_per_s"]), int(r["samples"]))
+        ThroughputRow(r["gpu_uuid"], r["shape_key"], int(r["tenants"]), float(r["samples_per_s"]), int(r["samples"]),
+                      int(r["steps"]), r["rate_min"], r["rate_max"])
         for r in rows
     ]
 

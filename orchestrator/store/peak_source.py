@@ -24,7 +24,7 @@ class SourceKind(str, Enum):
 class PredictionSource:
     kind: SourceKind
     step: int | None = None  # RUNNING: the furthest step of the running attempts
-    level: int | None = None  # LEVEL: the lower level whose peak is borrowed
+    level: int | None = None  # LEVEL: the lower level whose peak is borrowed; OOM_FLOOR: whose floor
     task: str | None = None  # TASK: the task whose peak is borrowed
     task_tokens: int | None = None  # TASK: that task's longest prompt
     tokens: int | None = None  # TASK: this task's longest prompt; ESTIMATE: the learned length used
@@ -42,6 +42,8 @@ class PredictionSource:
         elif kind is SourceKind.FAMILY:
             members = "member" if self.points == 1 else "members"
             text = f"family fit ({self.points} {members}, error {100 * (self.error or 0.0):.0f} %)"
+        elif kind is SourceKind.OOM_FLOOR and self.level is not None:
+            text = f"OOM floor of level {self.level}"
         elif kind is SourceKind.ESTIMATE and self.tokens is not None:
             text = f"estimate at {self.tokens} tokens"
         else:

@@ -54,6 +54,7 @@ class Job:
     ladder_json: str | None = None
     reason: str | None = None
     wait_reason: str | None = None
+    level_note: str | None = None  # why it starts above the level its ladder gave it
     host_steps_json: str = "[]"
     worker_output: dict[str, Any] = field(default_factory=dict)
     worker_output_json: str = "{}"
@@ -82,6 +83,7 @@ class Job:
             env={str(k): str(v) for k, v in _json(row.get("env_json"), {}).items()},
             allowed_gpus=None if allowed is None else frozenset(int(i) for i in allowed),
             ladder_json=row.get("ladder_json"), reason=row.get("reason"), wait_reason=row.get("wait_reason"),
+            level_note=row.get("level_note"),
             host_steps_json=row.get("host_steps_json") or "[]",
             worker_output=_json(row.get("worker_output_json"), {}),
             worker_output_json=row.get("worker_output_json") or "{}",
@@ -223,6 +225,7 @@ class ShapeMemory:
     peak_mib: int | None  # max measured peak over completed attempts of this shape
     oom_floor_mib: int | None  # least it is known to need: held at an OOM, or seen before dying
     samples: int = 0  # completed attempts behind peak_mib
+    disproved_mib: int | None = None  # the most an OOM'd attempt of it was placed at
 
 
 @dataclass(frozen=True)

@@ -299,3 +299,80 @@ def m021_one_executor_record(db: sqlite_utils.Database) -> None:
     # state.db, writes them at every launch, and would lose its workers' records without them.
     db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
     db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+
+
+@MIGRATIONS()
+def m022_disproved_figures(db: sqlite_utils.Database) -> None:
+    # The most an OOM'd attempt of a shape was placed at: that figure is disproved, and no later
+    # attempt of its jobs, at any ladder level, is predicted at or below it. NULL: no OOM placed.
+    db.execute("ALTER TABLE memory_shapes ADD COLUMN disproved_mib INTEGER")
+
+
+@MIGRATIONS()
+def m022_start_level_notes(db: sqlite_utils.Database) -> None:
+    # Why a job starts (or goes on) above the level its ladder would give it: the level it was
+    # at is known not to fit any card it may use ("started at level 2: level 0 needs ≥ 24.6
+    # GiB, the cards hold 24 GiB"). NULL: it runs where the ladder put it.
+    db.execute("ALTER TABLE jobs ADD COLUMN level_note TEXT")
+
+
+@MIGRATIONS()
+def m026_metric_history(db: sqlite_utils.Database) -> None:
+    # Every metric an attempt reported, at its step (progress.jsonl, parsed stdout, the final
+    # metrics), for curves and their export. One value per (attempt, key, step), the last read
+    # winning, so reading a file again after a daemon restart changes nothing; a key's history
+    # beyond its cap is downsampled (store.history), keeping minima and maxima.
+    db.execute(  # one statement, not executescript: that would commit the migration's transaction
+        """
+        CREATE TABLE metric_history (
+            attempt_id INTEGER NOT NULL REFERENCES attempts(id) ON DELETE CASCADE,
+            key TEXT NOT NULL,
+            step REAL NOT NULL,
+            value REAL NOT NULL,
+            PRIMARY KEY (attempt_id, key, step)
+        ) WITHOUT ROWID
+        """
+    )
+
+
+@MIGRATIONS()
+def m027_throughput_steps(db: sqlite_utils.Database) -> None:
+    # A throughput reading counts the optimizer steps it rests on (a curve point needs enough of
+    # them) and the lowest and highest rate folded into it (`orch memory` shows the spread).
+    # Rows written before have 0 steps: they no longer shape a curve until measured again.
+    for statement in (
+        "ALTER TABLE throughput ADD COLUMN steps INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE throughput ADD COLUMN rate_min REAL",
+        "ALTER TABLE throughput ADD COLUMN rate_max REAL",
+    ):
+        db.execute(statement)
+
+
+@MIGRATIONS()
+def m029_paused_configs(db: sqlite_utils.Database) -> None:
+    # The crash-loop guard pauses the config whose attempts keep failing, not its whole suite:
+    # the suite's healthy configs run on. The suite itself is paused (paused_suites) only once
+    # every config with queued or running jobs is.
+    db.execute(
+        "CREATE TABLE paused_configs (suite TEXT NOT NULL, config_name TEXT NOT NULL, reason TEXT NOT NULL, "
+        "paused_at REAL NOT NULL, PRIMARY KEY (suite, config_name))"
+    )
+
+
+@MIGRATIONS()
+def m023_attempt_inexact_rungs(db: sqlite_utils.Database) -> None:
+    # The rungs that change numerics an attempt went through (a JSON list of names, in ladder
+    # order), decided when it starts; results mark every cell with such a run. NULL: recorded
+    # before this column (results fall back to the level's recorded changes).
+    db.execute("ALTER TABLE attempts ADD COLUMN inexact_rungs_json TEXT")
+
+
+@MIGRATIONS()
+def m027b_startup_times(db: sqlite_utils.Database) -> None:
+    # Launch to the first training step (the shortest seen) and the GPU memory held before it
+    # (the least seen), per suite and config (`suite/config`): what start-up overlap needs to
+    # start a job ahead of the one it replaces.
+    db.execute(
+        "CREATE TABLE startups (key TEXT PRIMARY KEY, seconds REAL NOT NULL, held_mib INTEGER NOT NULL, "
+        "samples INTEGER NOT NULL, updated_at REAL NOT NULL)"
+    )

@@ -1,6 +1,6 @@
 """Read-only queries behind the live views (`orch status`, the web page's overview): the
 daemon's last reading, the live attempts, the head of the queue, the latest events and ladder
-retries, the paused suites. Each returns typed rows; each is bounded or indexed, so a queue
+retries, the paused suites and configs, the waiting jobs grouped by reason. Each returns typed rows; each is bounded or indexed, so a queue
 of 100,000 jobs answers quickly."""
 
 from __future__ import annotations
@@ -150,6 +150,13 @@ def recent_events(store: Store, limit: int) -> list[Event]:
     return [Event.from_row(r) for r in reversed(rows)]
 
 
+def events_after(store: Store, event_id: int, limit: int = 500) -> list[Event]:
+    """The events written after `event_id`, oldest first (at most `limit`): a log that follows
+    the sweep line by line."""
+    return [Event.from_row(r) for r in store.query("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?",
+                                                   [event_id, limit])]
+
+
 def job_events(store: Store, job_id: int, limit: int = 200) -> list[Event]:
     """A job's first `limit` events, oldest first."""
     return [Event.from_row(r) for r in store.query("SELECT * FROM events WHERE job_id = ? ORDER BY id LIMIT ?",
@@ -170,6 +177,60 @@ class PausedSuite:
     reason: str
     paused_at: float
     queued: int | None  # its queued jobs, which wait for it (None: not counted)
+
+
+@dataclass(frozen=True)
+class PausedConfig:
+    """One config of a suite held back by the crash-loop guard: its queued jobs wait for it, the
+    suite's other configs run on."""
+
+    suite: str
+    config: str
+    reason: str
+    paused_at: float
+    queued: int | None  # its queued jobs (None: not counted)
+
+
+def paused_configs(store: Store, *, count_queued: bool = True) -> list[PausedConfig]:
+    """Every paused config, by suite and name (the daemon's pass asks without `count_queued`)."""
+    if not count_queued:
+        rows = store.query("SELECT suite, config_name, reason, paused_at FROM paused_configs ORDER BY suite, config_name")
+        return [PausedConfig(r["suite"], r["config_name"], r["reason"], r["paused_at"], None) for r in rows]
+    rows = store.query(
+        "SELECT p.suite, p.config_name, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
+        "AND j.config_name = p.config_name AND j.state = ?) AS queued FROM paused_configs p ORDER BY p.suite, p.config_name",
+        [JobState.QUEUED.value],
+    )
+    return [PausedConfig(r["suite"], r["config_name"], r["reason"], r["paused_at"], int(r["queued"])) for r in rows]
+
+
+@dataclass(frozen=True)
+class WaitingGroup:
+    """Queued jobs that wait for one reason (as the daemon last wrote it; None: not yet
+    considered), outside paused suites and configs."""
+
+    reason: str | None
+    jobs: int
+    first_id: int
+    last_id: int
+
+
+WAITING_HEAD = 200  # the head of the queue the views group: the daemon explains only its first jobs
+
+
+def waiting_groups(store: Store, limit: int, head: int = WAITING_HEAD) -> list[WaitingGroup]:
+    """The first `head` queued jobs (in the daemon's order, outside paused suites and configs)
+    grouped by their waiting reason, the largest groups first. Bounded by `head`, not by the
+    queue: 50,000 queued jobs cost what 200 do."""
+    rows = store.query(
+        "SELECT wait_reason, COUNT(*) AS n, MIN(id) AS first_id, MAX(id) AS last_id FROM ("
+        "SELECT id, wait_reason FROM jobs j WHERE state = ? "
+        "AND NOT EXISTS (SELECT 1 FROM paused_suites p WHERE p.suite = j.suite) "
+        "AND NOT EXISTS (SELECT 1 FROM paused_configs c WHERE c.suite = j.suite AND c.config_name = j.config_name) "
+        "ORDER BY priority DESC, id LIMIT ?) GROUP BY wait_reason ORDER BY n DESC, first_id LIMIT ?",
+        [JobState.QUEUED.value, head, limit],
+    )
+    return [WaitingGroup(r["wait_reason"], int(r["n"]), int(r["first_id"]), int(r["last_id"])) for r in rows]
 
 
 def paused_suites(store: Store, *, count_queued: bool = True) -> list[PausedSuite]:

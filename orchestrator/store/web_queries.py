@@ -14,12 +14,14 @@ from orchestrator.store.queries import state_counts
 from orchestrator.store.status import (
     Event,
     GpuNow,
+    PausedConfig,
     PausedSuite,
     WaitingJob,
     cards_now,
     daemon_reading,
     first_waiting,
     live_attempts,
+    paused_configs,
     paused_suites,
     recent_retries,
 )
@@ -56,6 +58,7 @@ class Overview:
     waiting_total: int
     retries: list[Event]
     paused: list[PausedSuite]
+    paused_configs: list[PausedConfig]  # by the crash-loop guard, in suites that still run
 
 
 def _number(value: Any) -> float | None:
@@ -85,7 +88,8 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
         waiting=first_waiting(store, waiting_limit),
         waiting_total=counts.get(JobState.QUEUED.value, 0),
         retries=recent_retries(store, retries_limit),
-        paused=paused_suites(store),
+        paused=(suites := paused_suites(store)),
+        paused_configs=[p for p in paused_configs(store) if p.suite not in {s.suite for s in suites}],
     )
 
 
@@ -216,15 +220,16 @@ def oom_marks(store: Store, since_s: float | None = None, limit: int = 2000) -> 
     return [OomMark(**r) for r in reversed(rows)]
 
 
-def job_labels(store: Store, job_ids: Iterable[int]) -> dict[int, str]:
-    """Job id -> "job 12 · config" for the ids asked (in chunks: SQLite bounds parameters)."""
+def job_configs(store: Store, job_ids: Iterable[int]) -> dict[int, str]:
+    """Job id -> its config's name, for the ids asked (in chunks: SQLite bounds parameters)."""
     ids = sorted(set(job_ids))
-    labels: dict[int, str] = {}
+    configs: dict[int, str] = {}
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         for r in store.query(f"SELECT id, config_name FROM jobs WHERE id IN ({','.join('?' * len(chunk))})", chunk):
-            labels[int(r["id"])] = f"job {r['id']} · {r['config_name']}"
-    return labels
+            configs[int(r["id"])] = str(r["config_name"])
+    return configs
+
 
 
 @dataclass(frozen=True)
@@ -281,7 +286,9 @@ def jobs_page(store: Store, f: JobsFilter, *, limit: int = 500, offset: int = 0,
     rows = store.query(
         "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.level, j.attempt_count, j.overrides_json, "
         "coalesce(j.reason, j.wait_reason) AS reason, j.updated_at, "
-        "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND a.outcome IS NULL) AS gpu "
+        # the card of its live attempt, or of the last attempt of a job that has ended (as `orch jobs`)
+        "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND (a.outcome IS NULL OR (j.state IN "
+        "('succeeded', 'failed', 'cancelled') AND a.n = j.attempt_count))) AS gpu "
         "FROM jobs j" + clause + " ORDER BY j.id DESC LIMIT ? OFFSET ?", [*params, limit, offset],
     )
     out = []

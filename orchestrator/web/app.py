@@ -9,8 +9,9 @@ import contextlib
 import hmac
 import json
 import math
+import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -32,12 +33,15 @@ from starlette.routing import Route
 from orchestrator.actions.suite_changes import retry_jobs
 from orchestrator.actions.user_actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
+from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_regular_file
 from orchestrator.lifecycle import JobState
 from orchestrator.results.collect import RunReader
+from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
 from orchestrator.store.web_queries import ChangeMarker, JobsFilter, change_marker
 from orchestrator.web import pages, views
 from orchestrator.web.assets import STATIC_FILES, static_text
+from orchestrator.web.log_text import collapsed_chunks
 from orchestrator.web.results_view import result_table
 
 TOKEN_HEADER = "X-Orch-Token"
@@ -74,6 +78,16 @@ def _time_range(request: Request) -> tuple[float | None, float | None]:
 
 
 MAX_FORM_BYTES = 4096  # an action form holds the token and nothing else
+LOG_CHUNK_BYTES = 1 << 16  # the whole log is streamed in pieces this large
+
+
+def _int_param(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 9:
+        raise UsageError(f"{name} must be a whole number, not {raw[:40]!r}")
+    return int(raw)
 MAX_PICKED_JOBS = 200
 
 
@@ -162,8 +176,9 @@ def create_app(
 
     def curves_page(request: Request) -> Response:
         ids, config, smooth, log, band = _curve_params(request)
+        by = _text_param(request, "by")
         with store() as s:
-            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band)
+            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band, by=by)
         return HTMLResponse(pages.layout("Curves", "curves", body))
 
     def static(request: Request) -> Response:
@@ -179,6 +194,29 @@ def create_app(
     def job_fragment(request: Request) -> Response:
         job_id = _job_id(request)
         return fragment(lambda s: views.job_view(s, job_id))
+
+    def job_log(request: Request) -> Response:
+        """The attempt's whole stdout.log, streamed: each line at its last redraw, or with
+        `raw=1` the bytes as the worker wrote them."""
+        job_id = _job_id(request)
+        n = _int_param(request, "attempt")
+        with store() as s:
+            run_dir = views.attempt_run_dir(s, job_id, n)
+        try:  # user code writes in the run dir: no link followed, no FIFO read
+            handle = os.fdopen(open_regular_file(Path(run_dir), RunDir.LOG), "rb")
+        except FileNotFoundError:
+            return PlainTextResponse(f"job {job_id}: no log yet", status_code=404)
+        except (FileProblem, RunTreeError, OSError) as exc:
+            return PlainTextResponse(f"job {job_id}: cannot show its log: {exc}", status_code=404)
+
+        def chunks() -> Iterator[bytes]:
+            with handle:
+                while chunk := handle.read(LOG_CHUNK_BYTES):
+                    yield chunk
+
+        raw = request.query_params.get("raw", "") in {"1", "yes", "on", "true"}
+        return StreamingResponse(chunks() if raw else collapsed_chunks(chunks()), media_type="text/plain; charset=utf-8",
+                                 headers={"Cache-Control": "no-store"})
 
     def results_page(request: Request) -> Response:
         return page("Results", "results", "/fragment/results", lambda s: views.results_view(s, cache, "/results.csv"))
@@ -299,6 +337,7 @@ def create_app(
         Route("/timeline", timeline_page), Route("/fragment/timeline", timeline_fragment),
         Route("/memory", memory_page), Route("/fragment/memory", memory_fragment),
         Route("/job/{job_id:int}", job_page), Route("/fragment/job/{job_id:int}", job_fragment),
+        Route("/job/{job_id:int}/log", job_log),
         Route("/results", results_page), Route("/fragment/results", results_fragment),
         Route("/results.csv", results_csv),
         Route("/api/stream", stream),

@@ -23,15 +23,17 @@ OUTCOME_COLOURS = {
 OOM = ("oom", "host_oom")
 MEMORY_COLOURS = {"ours": "#3b7dd8", "foreign": "#e0a030", "free": "#e6e6e6"}
 
-WIDTH = 1000
+# The drawing's own units: the page scales it to its width (at most 1,100 px, orch.css), so at
+# 800 px its 12-unit labels read at about 10 px, and at 1,280 px at about 15.
+WIDTH = 900
 LEFT = 64
 RIGHT = 12
-BAR_H = 14
+BAR_H = 16
 BAR_GAP = 3
 LANE_GAP = 10
-AXIS_H = 22
-LABEL_CHAR_PX = 5.6  # width of one character of a bar label (10 px system font), to decide what fits
-TICK_LABEL_HALF_PX = 24  # half the width of an HH:MM:SS tick label
+AXIS_H = 24
+LABEL_CHAR_PX = 6.8  # width of one character of a bar label (12-unit system font), to decide what fits
+TICK_LABEL_HALF_PX = 28  # half the width of an HH:MM:SS tick label
 
 
 @dataclass(frozen=True)

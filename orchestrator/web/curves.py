@@ -1,6 +1,8 @@
-"""Curves from the workers' heartbeats (pure where it can be): every metric a worker reports
-in `progress.jsonl` against step, runs overlaid, and the seeds of one effective config as a
-band (mean, min and max at each step).
+"""Curves (pure where it can be): every metric an attempt reported against step, from its
+history in the database (store.history; progress.jsonl for attempts from before it was kept),
+runs overlaid, and the seeds of one effective config as a band (mean, min and max at each step).
+Each run carries its resume points (where a later attempt took over) and a row of the legend
+table the page draws, with a toggle per run.
 
 progress.jsonl is written by user code: read bounded through attempts.rundir_reads' run-dir descent (no
 symlink followed), each line a JSON mapping or skipped, values finite numbers or dropped,
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from typing import Any
 from orchestrator.attempts.rundir_reads import CURVE_TAIL_BYTES, MAX_CURVE_POINTS
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run_dir, read_file
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.history import HistoryPoint
+from orchestrator.store.history_bounds import downsample
 
 NOT_METRICS = frozenset({"t", "ts", "time", "step", "total", "epoch"})
 MAX_METRICS = 24
@@ -74,6 +78,19 @@ def parse_curves(text: str, max_points: int = MAX_CURVE_POINTS) -> dict[str, Cur
     return curves
 
 
+def curves_of(points: Iterable[HistoryPoint], max_points: int = MAX_CURVE_POINTS) -> dict[str, Curve]:
+    """Metric name -> its curve, from history points (of one run, sorted by step), thinned with
+    their minima and maxima kept; loss first, then by name (pure)."""
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for point in points:
+        by_key.setdefault(point.key, []).append((point.step, point.value))
+    curves = {}
+    for name in sorted(by_key, key=lambda n: (n != "loss", n))[:MAX_METRICS]:
+        kept = downsample(sorted(by_key[name]), max_points)
+        curves[name] = Curve([s for s, _ in kept], [v for _, v in kept])
+    return curves
+
+
 def read_curves(run_dir: str | Path, max_points: int = MAX_CURVE_POINTS) -> dict[str, Curve]:
     try:
         with open_run_dir(Path(run_dir)) as dir_fd:
@@ -93,6 +110,9 @@ class Run:
     curves: dict[str, Curve]
     colour: str = PALETTE[0]
     dash: list[int] = field(default_factory=list)
+    marks: list[float] = field(default_factory=list)  # steps where a later attempt took over (resumed)
+    cells: dict[str, str] = field(default_factory=dict)  # its row of the legend table, by column
+    href: str | None = None  # its job page
 
 
 @dataclass(frozen=True)
@@ -150,15 +170,19 @@ def seed_bands(runs: Sequence[Run], metric: str) -> list[SeedBand]:
 
 
 def chart_spec(runs: Sequence[Run], *, key: str, metric: str = "loss", smooth: float = 0.0, log: bool = False,
-               band: bool = False, with_bands: bool = True, empty: str = "no curve reported yet") -> dict[str, Any]:
-    """The JSON the page's curves chart draws (static/charts.js)."""
+               band: bool = False, with_bands: bool = True, empty: str = "no curve reported yet",
+               columns: Sequence[str] = ()) -> dict[str, Any]:
+    """The JSON the page's curves chart draws (static/charts.js); `columns` name the legend
+    table's columns (each run's `cells`), after its toggle and colour."""
     metrics: list[str] = []
     for run in runs:
         metrics += [m for m in run.curves if m not in metrics]
     metrics.sort(key=lambda m: (m != "loss", m))
     spec: dict[str, Any] = {
         "key": key, "metric": metric, "metrics": metrics, "smooth": smooth, "log": log, "band": band, "empty": empty,
+        "columns": list(columns),
         "runs": [{"key": r.key, "label": r.label, "group": r.group, "colour": r.colour, "dash": r.dash or None,
+                  "marks": r.marks, "cells": [r.cells.get(c, "") for c in columns], "href": r.href,
                   "curves": {m: [c.steps, c.values] for m, c in r.curves.items()}} for r in runs],
     }
     if with_bands:

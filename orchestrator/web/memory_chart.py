@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.store.gpu_samples import GpuSample
 from orchestrator.store.web_queries import OomMark
+from orchestrator.web.colours import job_colours
 
 JOB_PALETTE = ("#3b7dd8", "#2e9d5b", "#8e6bd8", "#1fa2a8", "#5c7cfa", "#4f9d2e", "#b05fc4", "#2b8cbe",
                "#6aa84f", "#7d8fd8", "#38a3a5", "#9b59b6")
@@ -57,8 +58,11 @@ def thin(samples: Sequence[GpuSample], limit: int) -> list[GpuSample]:
 
 def memory_charts(
     samples: Sequence[GpuSample], ooms: Sequence[OomMark], labels: Mapping[int, str], *,
-    max_jobs: int = 12, max_points: int = MAX_POINTS,
+    max_jobs: int = 12, max_points: int = MAX_POINTS, configs: Mapping[int, str] | None = None,
 ) -> list[GpuMemoryChart]:
+    """`configs` (job id -> config): each job's band takes its config's hue and a shade for its
+    seed, the same on every card (orchestrator.web.colours); without, a palette by position."""
+    colour_of = job_colours(configs) if configs else {}
     by_gpu: dict[int, list[GpuSample]] = {}
     for s in samples:
         by_gpu.setdefault(s.gpu_index, []).append(s)
@@ -71,7 +75,8 @@ def memory_charts(
                 peak[job_id] = max(peak.get(job_id, 0), held)
         own = sorted(peak, key=lambda j: (-peak[j], j))[:max_jobs]
         rest = sorted(set(peak) - set(own))
-        bands = [Band(labels.get(j, f"job {j}"), JOB_PALETTE[i % len(JOB_PALETTE)], [s.held_by_job.get(j, 0) for s in series], j)
+        bands = [Band(labels.get(j, f"job {j}"), colour_of.get(j, JOB_PALETTE[i % len(JOB_PALETTE)]),
+                      [s.held_by_job.get(j, 0) for s in series], j)
                  for i, j in enumerate(sorted(own))]
         if rest:
             bands.append(Band(f"{len(rest)} other jobs", "#9fb3d1", [

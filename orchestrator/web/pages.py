@@ -3,7 +3,7 @@ from the Jinja2 templates in templates/ (autoescaped). Pure: typed rows in, HTML
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from markupsafe import Markup
@@ -102,20 +102,23 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
 
     def dot(line: ResultLine) -> Any:
-        return dot_plot(line.values, line.mean, line.std, lo, hi)
+        return dot_plot(line.values, line.mean, line.std or 0.0, lo, hi)
 
     return render("results.html", table=table, csv_href=csv_href, pivot=pivot(table.summaries), lo=lo, hi=hi, dot=dot)
 
 
-def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int]) -> str:
+def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int],
+                  facts: Mapping[int, tuple[tuple[str, float] | None, float | None]] | None = None) -> str:
+    """`facts`: per job, its headline metric (key, value) and run time (api.jobs, store.job_facts)."""
     filters = [("state", "state", [s.value for s in JobState], f.state), ("suite", "suite", page.suites, f.suite),
                ("config", "config", page.configs, f.config), ("data", "data", page.datas, f.data)]
-    return render("jobs.html", page=page, filters=filters, by_state=by_state, count_order=COUNT_ORDER)
+    return render("jobs.html", page=page, filters=filters, by_state=by_state, count_order=COUNT_ORDER, facts=facts or {})
 
 
 def curves_fragment(runs: list[dict[str, Any]], spec: dict[str, Any], configs: list[str], config: str | None,
-                    picked: list[int], missing: int) -> str:
-    return render("curves.html", runs=runs, spec=spec, configs=configs, config=config, picked=picked, missing=missing)
+                    picked: list[int], missing: int, keys: Sequence[str] = (), by: str | None = None) -> str:
+    return render("curves.html", runs=runs, spec=spec, configs=configs, config=config, picked=picked, missing=missing,
+                  keys=keys, by=by)
 
 
 def action_page(heading: str, message: str, status: int, job_id: int | None) -> str:

@@ -1,6 +1,7 @@
 """Results per effective config × task for the page and the report: mean ± std over seeds
-(through orchestrator.results.aggregate), each seed's value, and the configs × tasks pivot,
-from the succeeded attempts' result.json."""
+(through orchestrator.results.aggregate), each seed's value, the val mean and best steps beside
+the test mean, every submitted seed accounted for, and the configs × tasks pivot whose bold is
+results.selection's choice (on val where reported, never n < 2, lowest for a loss)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 from orchestrator.results.aggregate import ResultSummary, aggregate
 from orchestrator.results.collect import RunReader, collect_rows
-from orchestrator.results.formats import cell_marks, legend_lines, to_csv
+from orchestrator.results.formats import INEXACT, cell_marks, legend_lines, table_lines, to_csv
+from orchestrator.results.selection import bold_legend, choose, chosen_by, is_chosen
 from orchestrator.store.db import Store
 
 
@@ -22,13 +24,18 @@ class ResultLine:
     task: str
     metric: str
     mean: float | None
-    std: float
-    n_seeds: int  # runs counted (a seed that ran twice counts twice)
+    std: float | None  # None for fewer than two values (shown `—`)
+    n_seeds: int  # values counted: one per seed (every run when pooled)
     values: tuple[tuple[int, float], ...]  # (seed, value) per run counted, by seed
-    levels: str = ""  # the ladder levels its seeds ran at, "0,1 †" when they differ
+    levels: str = ""  # the ladder levels its seeds ran at, "0,2 †" when a run went through a rung changing numerics
     overrides: dict[str, Any] = field(default_factory=dict)  # the row's `--set` overrides
     notes: tuple[str, ...] = ()
-    marks: str = ""  # the same marks as the CLI's markdown (†, ‡, §, *)
+    marks: str = ""  # the same marks as the CLI's markdown (†, §, ¶, ◇, *)
+    n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
+    val_mean: float | None = None
+    val_std: float | None = None
+    best_steps: str = ""  # each counted run's best_step, by seed
+    chosen: bool = False  # its column's choice (bold in the pivot)
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,8 @@ class ResultTable:
     csv: str
     missing: int  # succeeded jobs whose result.json had no test metrics
     summaries: list[ResultSummary]
-    legend: tuple[str, ...] = ()  # one line per mark used (results.formats.LEGEND)
+    legend: tuple[str, ...] = ()  # what bold means, then one line per mark used (results.formats.LEGEND)
+    headline: tuple[str, ...] = ()  # lines about the whole table: pooled, partial
 
 
 def _overrides_text(overrides: Any) -> str:
@@ -61,11 +69,12 @@ def effective_config_label(summary: Any) -> str:
 @dataclass(frozen=True)
 class PivotCell:
     mean: float | None
-    std: float
+    std: float | None
     n: int
     mixed: bool
     best: bool
-    marks: str = ""  # the CLI's marks (†, ‡, §, *): see the legend under the table
+    marks: str = ""  # the CLI's marks (†, §, ¶, ◇, *): see the legend under the table
+    n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,7 @@ class Pivot:
 
 
 def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
-    """Effective configs × tasks (as `orch results --format markdown`), best mean per task marked."""
+    """Effective configs × tasks (as `orch results --format markdown`), each column's choice marked."""
     several_suites = len({s.suite for s in summaries}) > 1
     labels: list[str] = []
     columns: list[tuple[str, str]] = []
@@ -95,34 +104,38 @@ def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
         if (s.task, s.metric) not in columns:
             columns.append((s.task, s.metric))
         cells[(label, (s.task, s.metric))] = s
-    columns.sort()
-    best: dict[tuple[str, str], float] = {}
-    for (_, column), s in cells.items():
-        if s.mean is not None:
-            best[column] = max(best.get(column, -float("inf")), round(s.mean, digits))
+    order: dict[tuple[str, str], tuple[Any, ...]] = {}
+    for s in summaries:
+        order.setdefault((s.task, s.metric), (s.task_order, s.task, s.metric))
+    columns.sort(key=lambda column: order[column])
+    choices = choose(summaries, digits)
     rows = []
     for label in labels:
         row: list[PivotCell | None] = []
         for column in columns:
             cell = cells.get((label, column))
             row.append(None if cell is None else PivotCell(
-                cell.mean, cell.std, cell.n_seeds, cell.mixed_levels,
-                cell.mean is not None and round(cell.mean, digits) == best.get(column),
-                "".join(cell_marks(cell))))
+                cell.mean, cell.std, cell.n_seeds, cell.mixed_levels, is_chosen(cell, choices),
+                "".join(cell_marks(cell)), cell.n_text))
         rows.append(PivotRow(label, row))
     return Pivot(columns, rows, any(s.mixed_levels for s in summaries))
 
 
-def result_table(store: Store, cache: RunReader, suite: str | None = None) -> ResultTable:
+def result_table(store: Store, cache: RunReader, suite: str | None = None, digits: int = 4) -> ResultTable:
     # the same rows as `orch results` (results.collect.collect_rows): one per effective config,
-    # traced to their attempts, so levels, marks, notes and the CSV agree with the CLI
+    # traced to their attempts, so levels, marks, notes, choices and the CSV agree with the CLI
     rows, missing = collect_rows(store, suite, cache)
     summaries = aggregate(rows)
+    choices = choose(summaries, digits)
     lines = [
         ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
                    tuple((run.seed, run.value) for run in s.runs if run.value is not None),
-                   ",".join(map(str, s.levels)) + (" †" if s.mixed_levels else ""),
-                   dict(s.overrides), s.notes, "".join(cell_marks(s)))
+                   ",".join(map(str, s.levels)) + (f" {INEXACT}" if s.inexact_rungs else ""),
+                   dict(s.overrides), s.notes, "".join(cell_marks(s)), s.n_text, s.val_mean, s.val_std,
+                   " ".join(str(run.best_step) for run in s.runs if run.best_step is not None),
+                   is_chosen(s, choices))
         for s in summaries
     ]
-    return ResultTable(lines, to_csv(summaries), missing, summaries, tuple(legend_lines(summaries)))
+    bold = bold_legend(choices, {s.metric for s in summaries})
+    return ResultTable(lines, to_csv(summaries, chosen_by(choices)), missing, summaries,
+                       (*([bold] if bold else []), *legend_lines(summaries)), tuple(table_lines(summaries)))

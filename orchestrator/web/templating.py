@@ -11,6 +11,8 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from orchestrator.wording import fmt_value
+
 
 def clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
@@ -22,6 +24,18 @@ def stamp(ts: float | None) -> str:
 
 def mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB"
+
+
+def duration(seconds: float | None) -> str:
+    """`42s`, `3m07s`, `2h05m`; `-` for none."""
+    if seconds is None or seconds < 0:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
 
 
 def json_script(value: Any) -> Markup:
@@ -40,7 +54,8 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script)
+    # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
+    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=duration, yaml=fmt_value)
     return env
 
 

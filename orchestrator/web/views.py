@@ -6,28 +6,36 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.actions.presence import daemon_alive
+from orchestrator.api.curves import curve_points, stitch
+from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
-from orchestrator.errors import JobNotFound
+from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
-from orchestrator.store.queries import JobHistory, job_history, state_counts
+from orchestrator.store.history import HistoryPoint
+from orchestrator.store.job_facts import job_facts
+from orchestrator.store.queries import JobHistory, get_attempts, job_history, state_counts
+from orchestrator.store.queue import job_by_id
 from orchestrator.store.web_queries import (
     JobsFilter,
     attempt_spans,
-    job_labels,
+    job_configs,
     jobs_page,
     oom_marks,
     overview,
     sweep_time_range,
 )
 from orchestrator.web import pages
-from orchestrator.web.curves import PALETTE, Run, chart_spec, read_curves
+from orchestrator.web.curves import PALETTE, Run, chart_spec, curves_of, read_curves
+from orchestrator.web.log_text import log_tail
 from orchestrator.web.memory_chart import memory_charts
 from orchestrator.web.results_view import result_table
 
-WEB_LOG_TAIL_BYTES = 32 * 1024
+# the job page reads this much of the log's end (redraws are many bytes), and shows its last lines
+WEB_LOG_TAIL_BYTES = 256 * 1024
+WEB_LOG_TAIL_LINES = 200
 
 TIMELINE_LIMIT = 5000
 
@@ -54,8 +62,9 @@ def memory_view(store: Store) -> str:
     samples = gpu_sample_series(store)
     since = min((s.ts for s in samples), default=None)
     ooms = oom_marks(store, since)
-    labels = job_labels(store, {j for s in samples for j in s.held_by_job})
-    return pages.memory_fragment(memory_charts(samples, ooms, labels))
+    configs = job_configs(store, {j for s in samples for j in s.held_by_job})
+    labels = {job_id: f"job {job_id} · {config}" for job_id, config in configs.items()}
+    return pages.memory_fragment(memory_charts(samples, ooms, labels, configs=configs))
 
 
 def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
@@ -63,7 +72,8 @@ def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
     done = [a for a in history.attempts if a.outcome is AttemptOutcome.SUCCEEDED]
     if not done:
         return None, "none yet: only a succeeded attempt has final metrics"
-    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None)
+    # as the script reported them, each once (`eval_loss`, not also its alias `loss`)
+    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None, aliases=False)
     numbers = finite_metrics(test) if test is not None else {}
     return (numbers, "") if numbers else (None, "the succeeded attempt reported no metrics (result.json or a printed JSON line)")
 
@@ -71,14 +81,44 @@ def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
 def job_view(store: Store, job_id: int) -> str:
     """Raises JobNotFound for an unknown id."""
     history = job_history(store, job_id)
-    runs = [Run(f"attempt-{a.n}", f"attempt {a.n} · level {a.level} · {a.outcome.value if a.outcome else 'running'}",
-                f"attempt {a.n}", read_curves(a.run_dir), PALETTE[i % len(PALETTE)], [6, 3] if i % 2 else [])
-            for i, a in enumerate(history.attempts)]
-    spec = chart_spec(runs, key=f"job-{job_id}", with_bands=False, empty="no curve reported in progress.jsonl yet")
+    by_attempt: dict[int, list[HistoryPoint]] = {}
+    for point in curve_points(store, jobs=[job_id]):
+        by_attempt.setdefault(point.attempt, []).append(point)
+    runs = []
+    for i, a in enumerate(history.attempts):
+        outcome = a.outcome.value if a.outcome else "running"
+        points = by_attempt.get(a.n)
+        curves = curves_of(points) if points else read_curves(a.run_dir)  # kept before histories were
+        marks = [min(p.step for p in points)] if points and a.resumed_from_attempt is not None else []
+        runs.append(Run(f"attempt-{a.n}", f"attempt {a.n} · level {a.level} · {outcome}", f"attempt {a.n}", curves,
+                        PALETTE[i % len(PALETTE)], [6, 3] if i % 2 else [], marks,
+                        {"attempt": str(a.n), "level": str(a.level), "outcome": outcome,
+                         "resumed": f"from attempt {a.resumed_from_attempt}" if a.resumed_from_attempt else ""}))
+    spec = chart_spec(runs, key=f"job-{job_id}", with_bands=False, empty="no metric reported yet (progress.jsonl, "
+                      "printed Trainer logs, tqdm or JSON lines)", columns=("attempt", "level", "outcome", "resumed"))
     last = history.attempts[-1] if history.attempts else None
     metrics, note = final_metrics(history)
-    return pages.job_fragment(history, spec, read_log_tail(last.run_dir, WEB_LOG_TAIL_BYTES) if last else "",
-                              last.n if last else None, metrics, note)
+    return pages.job_fragment(history, spec, job_log_tail(last.run_dir) if last else "", last.n if last else None,
+                              metrics, note)
+
+
+def job_log_tail(run_dir: str) -> str:
+    """The end of the attempt's log with its `\r` redraws collapsed (a tqdm bar is one line at
+    its last state), so that the result or the traceback shows."""
+    raw = read_log_tail(run_dir, WEB_LOG_TAIL_BYTES)
+    return log_tail(raw, WEB_LOG_TAIL_LINES, cut_at_start=len(raw.encode()) >= WEB_LOG_TAIL_BYTES)
+
+
+def attempt_run_dir(store: Store, job_id: int, n: int | None) -> str:
+    """The run dir of the job's attempt `n` (its last when None). Raises JobNotFound for an
+    unknown job, UsageError for an attempt it has not had."""
+    if job_by_id(store, job_id) is None:
+        raise JobNotFound(f"no job {job_id}")
+    attempts = get_attempts(store, job_id)
+    chosen = attempts[-1:] if n is None else [a for a in attempts if a.n == n]
+    if not chosen:
+        raise UsageError(f"job {job_id} has no attempt {n}" if n is not None else f"job {job_id} has not started yet")
+    return chosen[0].run_dir
 
 
 def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
@@ -86,18 +126,35 @@ def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
 
 
 def jobs_view(store: Store, f: JobsFilter) -> str:
-    return pages.jobs_fragment(jobs_page(store, f), f, state_counts(store))
+    page = jobs_page(store, f)
+    facts = job_facts(store, [r.id for r in page.rows], now_s())
+    shown = {job: (headline_metric(fact.last_values), fact.run_s) for job, fact in facts.items()}
+    return pages.jobs_fragment(page, f, state_counts(store), shown)
 
 
 MAX_CURVE_RUNS = 40
 
 
-def curve_runs(store: Store, job_ids: list[int]) -> tuple[list[Run], list[dict[str, object]], int]:
-    """Each picked job's latest attempt as a run; seeds of one effective config share a group."""
+CURVE_COLUMNS = ("job", "config", "setting", "seed", "task")
+
+
+def curve_runs(store: Store, job_ids: list[int], by: str | None = None) -> tuple[list[Run], list[dict[str, object]], int]:
+    """Each picked job's curve, its attempts stitched by step (a resumed job reads whole; where
+    a later attempt took over is marked). Seeds of one effective config share a group, or with
+    `by`, jobs with one value of that config key do (and share a colour)."""
     runs: list[Run] = []
     shown: list[dict[str, object]] = []
     missing = 0
-    for job_id in job_ids[:MAX_CURVE_RUNS]:
+    picked = job_ids[:MAX_CURVE_RUNS]
+    stitched, takeovers = stitch(curve_points(store, jobs=picked)) if picked else ([], [])
+    points: dict[int, list[HistoryPoint]] = {}
+    for point in stitched:
+        points.setdefault(point.job, []).append(point)
+    marks: dict[int, list[float]] = {}
+    for takeover in takeovers:
+        marks.setdefault(takeover.job, []).append(takeover.step)
+    colours: dict[str, str] = {}
+    for job_id in picked:
         try:
             history = job_history(store, job_id, events_limit=0)
         except JobNotFound:
@@ -108,16 +165,39 @@ def curve_runs(store: Store, job_ids: list[int]) -> tuple[list[Run], list[dict[s
         job, last = history.job, history.attempts[-1]
         overrides = " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items()))
         group = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") + f" · {job.data}"
-        colour = PALETTE[len(runs) % len(PALETTE)]
+        if by is not None:
+            group = f"{by}={job.config.get(by, '-')}"
+        colour = colours.setdefault(group, PALETTE[len(colours) % len(PALETTE)]) if by is not None \
+            else PALETTE[len(runs) % len(PALETTE)]
         label = f"job {job.id} · {group} · seed {job.seed}"
-        runs.append(Run(f"job-{job.id}", label, group, read_curves(last.run_dir), colour))
+        own = points.get(job.id)
+        cells = {"job": str(job.id), "config": job.config_name, "setting": overrides, "seed": str(job.seed),
+                 "task": job.data}
+        if by is not None:
+            cells[by] = str(job.config.get(by, "-"))
+        runs.append(Run(f"job-{job.id}", label, group, curves_of(own) if own else read_curves(last.run_dir), colour,
+                        marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}"))
         shown.append({"job_id": job.id, "label": label, "colour": colour})
     return runs, shown, missing
 
 
-def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth: float, log: bool, band: bool) -> str:
+def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth: float, log: bool, band: bool,
+                by: str | None = None) -> str:
     page = jobs_page(store, JobsFilter(config=config) if config else JobsFilter(), limit=MAX_CURVE_RUNS if config else 0)
     picked = list(dict.fromkeys(job_ids + ([r.id for r in reversed(page.rows)] if config else [])))
-    runs, shown, missing = curve_runs(store, picked)
-    spec = chart_spec(runs, key="curves", smooth=smooth, log=log, band=band)
-    return pages.curves_fragment(shown, spec, page.configs, config, picked, missing)
+    runs, shown, missing = curve_runs(store, picked, by)
+    columns = CURVE_COLUMNS + ((by,) if by is not None and by not in CURVE_COLUMNS else ())
+    spec = chart_spec(runs, key="curves", smooth=smooth, log=log, band=band, columns=columns)
+    keys = sorted({k for run in picked_configs(store, picked) for k in run})
+    return pages.curves_fragment(shown, spec, page.configs, config, picked, missing, keys, by)
+
+
+def picked_configs(store: Store, job_ids: list[int]) -> list[dict[str, object]]:
+    """The merged configs of the picked jobs (their keys are what /curves may group by)."""
+    configs = []
+    for job_id in job_ids[:MAX_CURVE_RUNS]:
+        try:
+            configs.append(job_history(store, job_id, events_limit=0).job.config)
+        except JobNotFound:
+            continue
+    return configs

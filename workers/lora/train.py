@@ -22,6 +22,7 @@ from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, en
 from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoints, save_checkpoint
 from workers.lora.config import RunConfig
 from workers.lora.data import load_splits, parse_data_name
+from workers.lora.dropout import KEYED_DROPOUT, install_keyed_dropout
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
 from workers.lora.model import apply_lora, enable_checkpointing, load_model, lora_settings
 from workers.lora.optimizer import apply_update, build_optimizer, describe_optimizer
@@ -156,6 +157,7 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     model, warnings = apply_lora(model, config.peft, kind)
     for warning in warnings:
         log(f"warning: {warning}")
+    draw_key = install_keyed_dropout(model, config.seed)
     if config.gradient_checkpointing:
         enable_checkpointing(model)
     if config.logits_to_keep > 0 and logits_to_keep_argument(model) is None:
@@ -193,7 +195,19 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
     updates_per_epoch = math.ceil(n_train / config.effective_batch_size)
     total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
     optimizer, scheduler = build_optimizer(params, config, total_steps)
-    settings = lora_settings(model) | {"optimizer": describe_optimizer(config, total_steps)}
+    settings = lora_settings(model) | {
+        "optimizer": describe_optimizer(config, total_steps),
+        # what a ladder rung may change, as this attempt ran it
+        "prec": config.prec,
+        "batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "effective_batch_size": config.effective_batch_size,
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "logits_to_keep": config.logits_to_keep,
+        "num_data_workers": config.num_data_workers,
+    }
+    if draw_key is not None:
+        settings["dropout_masks"] = KEYED_DROPOUT
     primary = PRIMARY_METRIC[task]
     log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
         f"{total_steps} optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
@@ -245,8 +259,10 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             started_s = time.perf_counter()
             group_samples = sum(len(b["labels"]) for b in group)
             loss_total = 0.0
-            for batch in group:
+            for micro_batch, batch in enumerate(group):
                 batch = {k: v.to(device) for k, v in batch.items()}
+                if draw_key is not None:
+                    draw_key.at(step, micro_batch, batch["input_ids"].shape[1])
                 with autocast():
                     loss_total += train_step(model, batch, config, kind, 1.0 / group_samples) * len(
                         batch["labels"]
@@ -260,12 +276,12 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             train_seconds += time.perf_counter() - started_s
-            now_s = time.monotonic()
-            if step == 1 or step == total_steps or now_s - last_beat_s >= beat_interval_s:
-                last_beat_s = now_s
-                heartbeat.beat(step, total_steps, losses[-1], samples_seen / train_seconds,
-                               peak_memory(device)["peak_mem_mib"], grad_norm=update.grad_norm,
-                               lr=update.learning_rate)  # fmt: skip
+            # every optimizer step is a line (orch keeps each in the attempt's history); the
+            # timer only paces the liveness lines of a long evaluation
+            last_beat_s = time.monotonic()
+            heartbeat.beat(step, total_steps, losses[-1], samples_seen / train_seconds,
+                           peak_memory(device)["peak_mem_mib"], grad_norm=update.grad_norm,
+                           lr=update.learning_rate)  # fmt: skip
             if config.eval_every_steps and step % config.eval_every_steps == 0:
                 evaluate_val()
             every = config.checkpoint_every_steps

@@ -19,6 +19,7 @@ from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.cli.daemon.setup import (
+    check_mps,
     daemon_settings_options,
     executor_args,
     make_daemon_executor,
@@ -64,11 +65,14 @@ def daemon_run(
     host_reserve_gib: float,
     min_free_mib: int,
     warn_free_mib: int,
+    mps: bool,
+    overlap: bool,
     db_path: Path,
 ) -> None:
     """Run the daemon in the foreground."""
     from orchestrator.daemon.loop import Daemon, DaemonSettings
     check_urls(notify_urls)
+    check_mps(mps, backend)
     # The URLs carry tokens: read once, then gone from the environment before the launcher and
     # its tmux server exist, so no worker inherits them.
     os.environ.pop("ORCH_NOTIFY", None)
@@ -86,7 +90,7 @@ def daemon_run(
             headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
             max_in_queue=max_in_queue,
             host_reserve_mib=round(host_reserve_gib * 1024),
-            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib,
+            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib, mps=mps, overlap=overlap,
         ), probe, launcher, worker_env)
     click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
     daemon.run()
@@ -112,15 +116,19 @@ def daemon_start(
     host_reserve_gib: float,
     min_free_mib: int,
     warn_free_mib: int,
+    mps: bool,
+    overlap: bool,
     db_path: Path,
 ) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
     check_urls(notify_urls)
+    check_mps(mps, backend)
     start_daemon(
         db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
         extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
                     "--host-reserve-gib", str(host_reserve_gib),
                     "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
+                    *(["--mps"] if mps else []), *(["--overlap"] if overlap else []),
                     *executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)],
         notify_urls=notify_urls,
     )

@@ -82,6 +82,33 @@ def disk_options(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def mps_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--mps/--no-mps", "mps", default=False, envvar="ORCH_MPS", show_default=True,
+        help="Run a CUDA MPS control daemon for orch's GPUs (its own, next to the state database) and point "
+             "every worker that shares a card at it, each fenced at its prediction plus a margin (env ORCH_MPS).",
+    )(func)
+
+
+def overlap_option(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--overlap/--no-overlap", "overlap", default=False, envvar="ORCH_OVERLAP", show_default=True,
+        help="Start a job its learned start-up ahead of the running attempt whose end makes room for it "
+             "(env ORCH_OVERLAP).",
+    )(func)
+
+
+def check_mps(mps: bool, backend: str | None) -> None:
+    """In the user's terminal: --mps needs NVIDIA's control binary and real GPUs."""
+    if not mps:
+        return
+    if (backend or os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() == "sim":
+        raise UsageError("--mps needs real GPUs (NVML): simulated GPUs have no MPS")
+    from orchestrator.gpu.mps import require_binary
+
+    require_binary()
+
+
 def poll_option(func):  # type: ignore[no-untyped-def]
     return click.option("--poll", "poll_s", type=click.FloatRange(0.05, 60.0), default=1.0, show_default=True,
                         help="Seconds between scheduling passes.")(func)
@@ -118,7 +145,8 @@ def launcher_option(func: Any) -> Any:
 def daemon_settings_options(func: Any) -> Any:
     """What `orch daemon run` takes and `orch daemon start` passes on to it, in one list."""
     for option in reversed((executor_options, backend_option, poll_option, headroom_options, launcher_option,
-                            order_option, notify_option, host_reserve_option, disk_options, db_option)):
+                            order_option, notify_option, host_reserve_option, disk_options, mps_option, overlap_option,
+                            db_option)):
         func = option(func)
     return func
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.api.jobs import headline_metric
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -22,12 +26,15 @@ from orchestrator.cli.common import (
     parse_job_ids,
 )
 from orchestrator.cli.jobs.log_stream import TerminalText, copy_from, tail_offset
-from orchestrator.cli.jobs.table import STATE_STYLES, print_jobs
+from orchestrator.cli.jobs.table import STATE_STYLES, jobs_extras, print_jobs
 from orchestrator.errors import UsageError
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_regular_file
 from orchestrator.lifecycle import JobState
 from orchestrator.rundir_files import RunDir
+from orchestrator.store.db import Store
+from orchestrator.store.job_facts import job_facts
 from orchestrator.store.queries import (
+    JobListRow,
     get_attempts,
     get_job,
     iter_jobs,
@@ -41,6 +48,21 @@ from orchestrator.wording import fmt_changes, fmt_settings
 
 def _ts(value: float | None) -> str:
     return datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _with_facts(store: Store, rows: Iterable[JobListRow], chunk: int = 500) -> Iterator[dict[str, Any]]:
+    """Each job's public shape with its headline `metric` ({key, value} or null) and `run_s`."""
+    batch: list[JobListRow] = []
+    for row in itertools.chain(rows, [None]):
+        if row is not None:
+            batch.append(row)
+        if batch and (row is None or len(batch) >= chunk):
+            facts = job_facts(store, [r.id for r in batch], store.now_s())
+            for r in batch:
+                headline = headline_metric(facts[r.id].last_values)
+                yield {**job_row_to_public(r), "metric": {"key": headline[0], "value": headline[1]} if headline else None,
+                       "run_s": facts[r.id].run_s}
+            batch = []
 
 
 @click.command("jobs")
@@ -57,10 +79,11 @@ def jobs_cmd(
     """List jobs (piped output: whole values in plain columns)."""
     with open_store(db_path) as store:
         if as_json:  # streamed from the cursor: flat memory at any number of jobs
-            echo_json_stream(job_row_to_public(r) for r in iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset))
+            echo_json_stream(_with_facts(store, iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset)))
             return
         rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
-    print_jobs(rows, wide=wide)
+        extras = jobs_extras(job_facts(store, [r.id for r in rows], store.now_s()))
+    print_jobs(rows, wide=wide, extras=extras)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))
 
@@ -91,6 +114,8 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         f"priority {payload['priority']}, declared {fmt_mib(payload['declared_mib'])}"
         + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
     )
+    if payload["level_note"]:
+        console.print(f"  {payload['level_note']}", markup=False, highlight=False)
     if payload["overrides"]:
         console.print(f"  --set {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
     if payload["wait_reason"] and payload["state"] == "queued":

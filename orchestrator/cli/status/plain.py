@@ -8,10 +8,11 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.cli.common import fmt_mib
-from orchestrator.cli.status.rich_view import (
+from orchestrator.cli.status.lines import (
+    NOT_CONSIDERED,
     RUNNING_COLUMNS,
     one_line,
-    paused_line,
+    paused_lines,
     retry_move,
     running_cells,
     waiting_entries,
@@ -56,11 +57,12 @@ def plain_status(snapshot: dict[str, Any]) -> str:
                    f"free {fmt_mib(host['free_mib'])} ({fmt_mib(host['reserve_mib'])} reserved)\n")
     if snapshot["running"]:
         out.append(_section("running", RUNNING_COLUMNS, [running_cells(r) for r in snapshot["running"]]))
-    if snapshot["paused_suites"]:
-        out.append("\npaused\n" + "".join(one_line(paused_line(p)) + "\n" for p in snapshot["paused_suites"]))
+    paused = paused_lines(snapshot)
+    if paused:
+        out.append("\npaused\n" + "".join(one_line(line) + "\n" for line in paused))
     waiting, more = waiting_entries(snapshot)
     if waiting:
-        rows = [[str(w["id"]), w["config"], w["reason"] or "not yet considered"] for w in waiting]
+        rows = [[str(w["id"]), w["config"], w["reason"] or NOT_CONSIDERED] for w in waiting]
         out.append(_section("waiting", ("job", "config", "reason"), rows))
         if more > 0:
             out.append(f"... and {more} more queued\n")

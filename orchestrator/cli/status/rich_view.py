@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -13,10 +12,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.common import fmt_duration, fmt_mib
+from orchestrator.cli.common import fmt_mib
+from orchestrator.cli.status.lines import (
+    RUNNING_COLUMNS,
+    clock,
+    one_line,
+    paused_lines,
+    retry_move,
+    running_cells,
+    waiting_group_lines,
+)
 from orchestrator.cli.tables import fit_columns
-from orchestrator.executors.base import is_cluster_executor
-from orchestrator.wording import fmt_changes
 
 BAR_WIDTH = 24
 
@@ -61,43 +67,30 @@ def host_line(host: dict[str, Any]) -> Text:
     return line
 
 
-RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
-# Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay.
-RUNNING_OPTIONAL = ("step", "loss", "elapsed", "lvl", "mem/pred", "data", "att", "seed")
+# Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay, and
+# the seed is the first kept (at 80 columns the seeds of one config must be told apart).
+RUNNING_OPTIONAL = ("seed", "step", "loss", "data", "elapsed", "mem/pred", "lvl", "att")
 
 
-def _where(r: dict[str, Any]) -> str:
-    """The GPU index; for an attempt in Slurm, its job id and state (with the pending reason)."""
-    if is_cluster_executor(r.get("executor")):
-        return f"{r['executor']} {r.get('executor_id') or '?'} {r.get('executor_state') or ''}".strip()
-    return str(r["gpu"])
-
-
-def running_cells(r: dict[str, Any]) -> list[str]:
-    progress = r["progress"] or {}
-    step = f"{progress.get('step')}/{progress.get('total')}" if progress.get("total") else "-"
-    loss = progress.get("loss")
-    return [
-        str(r["id"]), r["config"], str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
-        fmt_duration(r["elapsed_s"]), step, "-" if loss is None else f"{loss:.3f}",
-        f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
-    ]
-
-
-def _running_table(running: list[dict[str, Any]], width: int | None) -> Table:
+def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bool = False) -> Table:
+    """The running jobs; on a live frame one line each (a long config is cut with an ellipsis,
+    `orch jobs` has it whole) and every other column whole, so that each job gets its row."""
     cells = [running_cells(r) for r in running]
     columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
-        RUNNING_COLUMNS, cells, width - 4, {"config": 32}, RUNNING_OPTIONAL)  # 4: the panel's border
+        RUNNING_COLUMNS, cells, width - 4, {"config": 16 if clipped else 32}, RUNNING_OPTIONAL)  # 4: the panel's border
+    natural = {c: max([len(c), *(len(row[RUNNING_COLUMNS.index(c)]) for row in cells)]) for c in columns}
+    config_width = None
+    if clipped and width is not None:
+        config_width = max(8, width - 4 - sum(natural[c] + 2 for c in columns if c != "config") - 2)
     table = Table(box=None, header_style="bold")
     for column in columns:
-        table.add_column(column, no_wrap=column != "config", overflow="fold")
+        if column == "config":
+            table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold", max_width=config_width)
+        else:
+            table.add_column(column, no_wrap=True, min_width=natural[column])
     for row in cells:
         table.add_row(*(row[RUNNING_COLUMNS.index(c)] for c in columns))
     return table
-
-
-def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
 def _entries(lines: list[str], limit: int) -> list[str]:
@@ -108,37 +101,19 @@ def _entries(lines: list[str], limit: int) -> list[str]:
     return [*lines[:kept], f"... and {len(lines) - kept} more"]
 
 
-SHRINK_ORDER = ("waiting", "retries", "running", "events")  # the events panel gives way last
-SHRINK_FLOORS = {"waiting": 2, "retries": 2, "running": 3, "events": 4}
+# Who gives up rows first when the frame is too tall: the events, then the retries, then the
+# waiting reasons; the running jobs claim the rows first and give way last (to one row).
+SHRINK_ORDER = ("events", "retries", "waiting", "running")
+SHRINK_FLOORS = {"events": 0, "retries": 0, "waiting": 1, "running": 1}
 
 
 def next_limits(limits: dict[str, int]) -> dict[str, int] | None:
-    """One entry less in the first list that may still give some (to its floor first, then to
-    one entry); None when nothing can give. Pure: the dashboard calls it until the frame fits."""
-    for floor_of in (lambda name: SHRINK_FLOORS[name], lambda name: 1):
-        for name in SHRINK_ORDER:
-            if limits[name] > floor_of(name):
-                return {**limits, name: limits[name] - 1}
+    """One entry less in the first list of SHRINK_ORDER still above its floor; None when nothing
+    can give. Pure: the dashboard calls it until the frame fits."""
+    for name in SHRINK_ORDER:
+        if limits[name] > SHRINK_FLOORS[name]:
+            return {**limits, name: limits[name] - 1}
     return None
-
-
-def one_line(text: str) -> str:
-    """Every run of whitespace (the newlines of a long OOM text included) as one space."""
-    return " ".join(str(text).split())
-
-
-def paused_line(p: dict[str, Any]) -> str:
-    return (f"suite {p['suite']} paused: {p['reason']} (orch resume {p['suite']})"
-            + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else ""))
-
-
-def waiting_entries(snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    """The waiting jobs to list, and how many more are queued. A paused suite's jobs are counted
-    on its line, not repeated one by one."""
-    paused_names = {p["suite"] for p in snapshot["paused_suites"]}
-    waiting = [w for w in snapshot["waiting"] if w.get("suite") not in paused_names]
-    more = snapshot["counts"]["queued"] - len(waiting) - sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
-    return waiting, more
 
 
 def _height(renderable: RenderableType, width: int) -> int:
@@ -146,9 +121,20 @@ def _height(renderable: RenderableType, width: int) -> int:
     return len(console.render_lines(renderable, console.options, pad=False))
 
 
+@dataclass(frozen=True)
+class Lines:
+    """The dashboard's list sections, one line per entry."""
+
+    paused: list[str]
+    waiting: list[str]
+    retries: list[str]
+    events: list[str]
+
+
 def render_status(snapshot: dict[str, Any], *, width: int | None = None, height: int | None = None) -> RenderableType:
     """The dashboard. With `width`/`height` (a terminal's), columns and list panels are cut to
-    fit so nothing runs off the screen (the events panel included); without, everything whole."""
+    fit so nothing runs off the screen: the running jobs claim the rows first, then the waiting
+    jobs (one line per reason), the retries and the events; without, everything whole."""
     counts = snapshot["counts"]
     daemon = snapshot["daemon"]
     if daemon["alive"]:
@@ -162,27 +148,21 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
         f"succeeded [green]{counts['succeeded']}[/]  failed [red]{counts['failed']}[/]  "
         f"cancelled [magenta]{counts['cancelled']}[/]"
     )
+    lines = Lines(
+        paused=paused_lines(snapshot),
+        waiting=waiting_group_lines(snapshot),
+        # one line per entry: a long OOM text's own newlines are spaces here
+        retries=[one_line(f"{clock(r['ts'])} job {r['job']}: {retry_move(r)} ({r['why']})") for r in snapshot["retries"]],
+        events=[one_line(f"{clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"])
+                for e in snapshot["events"]],
+    )
+    running = snapshot["running"]
+    full = {"running": len(running), "waiting": len(lines.waiting), "retries": len(lines.retries),
+            "events": len(lines.events)}
     clipped = height is not None  # a live frame: one line per entry, cut at the edge
 
-    def text(body: str, style: str = "") -> Text:
-        return Text(body, style=style, overflow="ellipsis" if clipped else None, no_wrap=clipped or None)
-
-    paused_lines = [paused_line(p) for p in snapshot["paused_suites"]]
-    waiting, more = waiting_entries(snapshot)
-    waiting_lines = [f"job {w['id']} {w['config']}: {w['reason'] or 'not yet considered'}" for w in waiting]
-    if waiting_lines and more > 0:
-        waiting_lines.append(f"... and {more} more queued")
-    # one line per entry: a long OOM text's own newlines are spaces here
-    retry_lines = [one_line(f"{_clock(r['ts'])} job {r['job']}: {retry_move(r)} ({r['why']})") for r in snapshot["retries"]]
-    event_lines = [one_line(f"{_clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"])
-                   for e in snapshot["events"]]
-    running = snapshot["running"]
-    full = {"running": len(running), "waiting": len(waiting_lines), "retries": len(retry_lines),
-            "events": len(event_lines)}
-
     def build(limits: dict[str, int]) -> RenderableType:
-        return _frame(snapshot, summary, running, paused_lines, waiting_lines, retry_lines, event_lines,
-                      limits, width, text)
+        return _frame(snapshot, summary, running, lines, limits, width, clipped)
 
     frame = build(full)
     if height is None or width is None:
@@ -205,14 +185,14 @@ def _frame(
     snapshot: dict[str, Any],
     summary: str,
     running: list[dict[str, Any]],
-    paused_lines: list[str],
-    waiting_lines: list[str],
-    retry_lines: list[str],
-    event_lines: list[str],
+    lines: Lines,
     limits: dict[str, int],
     width: int | None,
-    text: Callable[..., Text],
+    clipped: bool,
 ) -> RenderableType:
+    def text(body: str, style: str = "") -> Text:
+        return Text(body, style=style, overflow="ellipsis" if clipped else None, no_wrap=clipped or None)
+
     parts: list[RenderableType] = [Text.from_markup(summary)]
     disk = snapshot.get("disk")
     if disk and disk.get("level") in ("full", "low"):
@@ -228,30 +208,20 @@ def _frame(
         parts.append(host_line(snapshot["host"]))
     if running:
         shown = running if len(running) <= limits["running"] else running[: max(1, limits["running"] - 1)]
-        table = _running_table(shown, width)
+        table: RenderableType = _running_table(shown, width, clipped)
         if len(shown) < len(running):
-            table.add_row(f"+{len(running) - len(shown)}", "more running")
-        parts.append(Panel(table, title="running", title_align="left"))
-    if paused_lines:
-        parts.append(Panel(text("\n".join(paused_lines), style="red"), title="paused", title_align="left"))
-    if waiting_lines:
-        parts.append(Panel(text("\n".join(_entries(waiting_lines, limits["waiting"]))), title="waiting", title_align="left"))
-    if retry_lines:
+            table = Group(table, text(f"+{len(running) - len(shown)} more running (orch jobs --state running)"))
+        parts.append(Panel(table, title=f"running ({len(running)})", title_align="left"))
+    if lines.paused:
+        parts.append(Panel(text("\n".join(lines.paused), style="red"), title="paused", title_align="left"))
+    if lines.waiting and limits["waiting"]:
+        parts.append(Panel(text("\n".join(_entries(lines.waiting, limits["waiting"]))), title="waiting", title_align="left"))
+    if lines.retries and limits["retries"]:
         # the newest retries first, so a cut list keeps them
-        parts.append(Panel(Text("\n".join(_entries(retry_lines, limits["retries"])), overflow="ellipsis", no_wrap=True),
+        parts.append(Panel(Text("\n".join(_entries(lines.retries, limits["retries"])), overflow="ellipsis", no_wrap=True),
                            title="retries", title_align="left"))
-    if event_lines:
+    if lines.events and limits["events"]:
         # the newest events are last: a cut list keeps the end
-        kept = event_lines[-limits["events"]:] if limits["events"] else []
+        kept = lines.events[-limits["events"]:]
         parts.append(Panel(Text("\n".join(kept), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
     return Group(*parts)
-
-
-def retry_move(retry: dict[str, Any]) -> str:
-    """`level 0 -> 1`, or the host step a host-RAM OOM took while the level stayed."""
-    step = retry.get("host_step")
-    if isinstance(step, dict) and retry.get("from_level") == retry.get("to_level"):
-        changes = fmt_changes(step.get("changes"))
-        alone = "run alone" if step.get("run_alone") else ""
-        return f"level {retry['to_level']} + host step {step.get('step')}" + (f": {changes or alone}" if changes or alone else "")
-    return f"level {retry['from_level']} -> {retry['to_level']}"

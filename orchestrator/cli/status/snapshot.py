@@ -14,14 +14,17 @@ from orchestrator.store.status import (
     daemon_reading,
     first_waiting,
     live_attempts,
+    paused_configs,
     paused_suites,
     recent_events,
     recent_retries,
+    waiting_groups,
 )
 
 RECENT_EVENTS = 12
 FIRST_WAITING = 6
 RECENT_RETRIES = 8
+WAITING_GROUPS = 8
 
 
 def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
@@ -83,7 +86,10 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         "running": running,
         "waiting": [{"id": w.job_id, "suite": w.suite, "config": w.config, "reason": w.reason}
                     for w in first_waiting(store, FIRST_WAITING)],
+        # the head of the queue outside paused suites and configs, by its waiting reason, largest first
+        "waiting_groups": [asdict(g) for g in waiting_groups(store, WAITING_GROUPS)],
         "paused_suites": [asdict(p) for p in paused_suites(store)],
+        "paused_configs": [asdict(p) for p in paused_configs(store)],
         "retries": [{"ts": e.ts, "job": e.job_id, **e.retry} for e in recent_retries(store, RECENT_RETRIES)],
         "events": [{"ts": e.ts, "job": e.job_id, "kind": e.kind, "message": e.message}
                    for e in recent_events(store, RECENT_EVENTS)],

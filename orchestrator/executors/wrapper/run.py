@@ -33,6 +33,7 @@ if __name__ == "__main__" and not __package__:
 from orchestrator.executors.wake import poke
 from orchestrator.executors.wrapper.gpu_peak import GpuPeakSampler
 from orchestrator.executors.wrapper.held_dir import HeldRunDir, RunDirMoved, write_quietly
+from orchestrator.executors.wrapper.oom_events import oom_kills_since, read_oom_kill_count
 from orchestrator.executors.wrapper.strays import (
     CGROUP_VAR,
     OrphanReaper,
@@ -169,7 +170,9 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
     pgid = become_group_leader()
     # Before the worker starts: whatever it starts stays in the cgroup and, orphaned, in our
     # tree (strays), so none of it outlives the attempt or hides its GPU memory.
-    in_cgroup = join_cgroup(os.environ.get(CGROUP_VAR, ""))
+    cgroup = os.environ.get(CGROUP_VAR, "")
+    in_cgroup = join_cgroup(cgroup)
+    oom_kills_before = read_oom_kill_count(cgroup) if in_cgroup else None
     subreaper = become_subreaper()
     my_pid = os.getpid()
     info: dict[str, Any] = {
@@ -256,6 +259,7 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
 
         killed_by = -returncode if returncode < 0 else None
         exit_code = 128 + killed_by if killed_by is not None else returncode
+        oom_kills = oom_kills_since(oom_kills_before, read_oom_kill_count(cgroup) if in_cgroup else None)
         try:
             write_until_room(
                 held,
@@ -271,6 +275,8 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
                     # processes the worker left running, ended here before this record
                     "leftovers": leftovers,
                     "tracking": [name for name, on in (("cgroup", in_cgroup), ("subreaper", subreaper)) if on],
+                    # the kernel's OOM kills in the attempt's cgroup while it ran (null: unreadable)
+                    "oom_kills": oom_kills,
                 },
             )
         except RunDirMoved as exc:

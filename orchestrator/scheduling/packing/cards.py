@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.prediction.throughput import marginal_gain
 from orchestrator.scheduling.packing.gang import may_backfill
+from orchestrator.scheduling.packing.overlap import fits_ahead
 from orchestrator.scheduling.packing.types import (
     GpuState,
     PackingPolicy,
@@ -55,6 +56,7 @@ class Card:
     # (expected end, memory it frees then: what it holds plus what it still reserves), per attempt
     frees: list[tuple[float, int]] = field(default_factory=list)
     probing: set[str] = field(default_factory=set)  # families measuring their memory here (probes)
+    overlap: bool = False  # a job may start ahead of the attempts whose end makes room for it
 
     @property
     def available_mib(self) -> int:
@@ -67,7 +69,8 @@ class Card:
 
 
 def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> dict[int, Card]:
-    cards = {g.index: Card(g, headroom_mib(g, policy), 0, 0, 0, g.free_mib, False, False) for g in gpus}
+    cards = {g.index: Card(g, headroom_mib(g, policy), 0, 0, 0, g.free_mib, False, False, overlap=policy.overlap)
+             for g in gpus}
     for attempt in running:
         card = cards.get(attempt.gpu_index)
         if card is None:  # a GPU outside the plan: nothing to pack there
@@ -88,8 +91,13 @@ def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: Packin
 
 
 def is_open(card: Card) -> bool:
-    """Whether any job at all could start on this card now (a free slot and some memory)."""
-    return card.gpu.slots > 0 and not card.alone and card.used_slots < card.gpu.slots and card.available_mib > 0
+    """Whether any job at all could start on this card now (a free slot and some memory, or, with
+    overlap, a running attempt with an expected end)."""
+    if card.gpu.slots <= 0 or card.alone:
+        return False
+    if card.used_slots < card.gpu.slots and card.available_mib > 0:
+        return True
+    return card.overlap and any(end_s < math.inf for end_s, _ in card.frees)
 
 
 def headroom_for(job: QueuedJob, card: Card) -> int:
@@ -118,7 +126,7 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         return Blocker.HELD  # said first: the card stays the kept-for job's even after its jobs end
     if card.alone:
         return Blocker.ALONE
-    if card.used_slots >= card.gpu.slots:
+    if card.used_slots >= card.gpu.slots and not starts_ahead(job, card, now_s):
         return Blocker.CAP
     if job.run_alone and card.occupied:
         return Blocker.OCCUPIED
@@ -128,11 +136,21 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         measured = gain(job, card)
         if measured is not None and measured < job.min_stack_gain:
             return Blocker.GAIN
-    if need_mib(job, card) > card.available_mib:
+    if need_mib(job, card) > card.available_mib and not starts_ahead(job, card, now_s):
         return Blocker.MEMORY
     if card.held_for is not None and card.held_for != job.job_id and not beside_hold(job, card, now_s):
         return Blocker.HELD
     return None
+
+
+def starts_ahead(job: QueuedJob, card: Card, now_s: float) -> bool:
+    """With overlap on: the job may start now, its start-up overlapping the end of attempts
+    that make room for it (orchestrator.scheduling.packing.overlap)."""
+    if not card.overlap or job.run_alone or job.gpus > 1:
+        return False
+    return fits_ahead(need_mib=need_mib(job, card), startup_mib=job.startup_mib + headroom_for(job, card),
+                      startup_s=job.startup_s, available_mib=card.available_mib, used_slots=card.used_slots,
+                      slots=card.gpu.slots, frees=card.frees, now_s=now_s)
 
 
 def beside_hold(job: QueuedJob, card: Card, now_s: float) -> bool:

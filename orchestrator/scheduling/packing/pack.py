@@ -165,13 +165,14 @@ def pack(
     host: HostState | None = None,
     topology: Mapping[tuple[int, int], int] | None = None,
     paused: Container[str] = frozenset(),
+    paused_configs: Container[tuple[str, str]] = frozenset(),
     draining: bool = False,
     hold: str | None = None,
 ) -> PackingDecision:
     """Place queued jobs on GPUs; the first `policy.reasons_for` waiting jobs (in packing order
     and in queue order) get a reason.
 
-    Jobs of a `paused` suite wait, and so does every job while `draining` or a `hold` (why
+    Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does every job while `draining` or a `hold` (why
     nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
     capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
     priority (high first), then longest expected run first (weighted by the plan slots its memory
@@ -191,7 +192,7 @@ def pack(
     reasons: dict[int, Wait] = {}
     movable: list[QueuedJob] = []
     for job in queue:
-        held_back = held(job.suite, paused, draining, hold)
+        held_back = held(job.suite, paused, draining, hold, config=job.config, paused_configs=paused_configs)
         if held_back is None:
             movable.append(job)
         else:
@@ -232,7 +233,7 @@ def _pack(
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
-                 id(job.throughput_by_gpu), job.probe_family)  # one curve object per shape and pass
+                 id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [

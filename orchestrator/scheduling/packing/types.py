@@ -27,12 +27,17 @@ class QueuedJob:
     host_mib: int = 0  # predicted host RAM of the whole process tree (0: nothing known)
     cpus: int | None = None  # cores the suite asks for; None: not counted
     suite: str = ""  # a paused suite's jobs wait
+    config: str = ""  # and so do a paused config's
     # the first queued job of a group whose memory nothing has taught yet (orchestrator.scheduling.teaching):
     # ordered as a job with no run-time estimate, so that it runs early and teaches the rest
     teaches: bool = False
     # its memory family (orchestrator.prediction.families) while the family has measured nothing: one such
     # job per family per card until a running one reaches step K (probe before stacking)
     probe_family: str | None = None
+    # learned for its family: launch to the first training step, and what it holds until then
+    # (orchestrator.scheduling.packing.overlap); None: not known, never started ahead
+    startup_s: float | None = None
+    startup_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,3 +84,6 @@ class PackingPolicy:
     # a waiting job's reason costs a pass over the cards: only the first this many jobs in packing
     # order, and the first this many in queue order (the dashboard's list), get one per call
     reasons_for: int = 50
+    # start a job `startup_s` ahead of the running attempts whose end makes room for it
+    # (orchestrator.scheduling.packing.overlap)
+    overlap: bool = False

@@ -25,9 +25,22 @@
       }]
     };
   }
-  // what uPlot drew on each axis (it draws on a canvas), for readers of the page's DOM and its tests
+  // The axes' font, set on them and used to measure their labels.
+  var AXIS_FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+  var measurer = null;
+  function textPx(text){
+    measurer = measurer || document.createElement('canvas').getContext('2d');
+    measurer.font = AXIS_FONT;
+    return measurer.measureText(text).width;
+  }
+  // what uPlot drew on each axis (it draws on a canvas): its labels, where they sit (CSS px from
+  // the plot's left or top) and the widest label's width, for readers of the page's DOM and its tests
   function noteAxes(box){
-    return function(u){ box.dataset.axes = JSON.stringify(u.axes.map(function(a){ return {label: a.label, ticks: a._values || []}; })); };
+    return function(u){ box.dataset.axes = JSON.stringify(u.axes.map(function(a){
+      var ticks = a._values || [];
+      return {label: a.label, ticks: ticks, label_px: Math.ceil(Math.max.apply(null, [0].concat(ticks.map(textPx)))),
+              pos: (a._splits || []).map(function(v){ return Math.round(u.valToPos(v, a.scale)); })};
+    })); };
   }
   function restoreZoom(u, key, box){
     var st = kept[key], zoomed = !!(st && st.xmin !== undefined);
@@ -42,10 +55,16 @@
     box._observer.observe(box);
   }
   // 24-hour UTC times on the time axis; the date too when the chart spans more than a day
+  function timeFormat(span){ return span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}'; }
   function timeLabels(u, splits){
-    var span = u.scales.x.max - u.scales.x.min;
-    var fmt = uPlot.fmtDate(span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}');
+    var fmt = uPlot.fmtDate(timeFormat(u.scales.x.max - u.scales.x.min));
     return splits.map(function(v){ return fmt(utc(v)); });
+  }
+  // Ticks no closer than the widest label this span's format draws, plus a gap: whatever the
+  // chart's width in pixels, the labels never run together ("10:17:4510:18:00").
+  function timeSpace(u, axisIdx, min, max){
+    var widest = uPlot.fmtDate(timeFormat(max - min))(utc(Date.UTC(2000, 11, 28, 20, 58, 58) / 1e3));
+    return Math.ceil(textPx(widest)) + 24;
   }
   function gib(v){ return v == null ? '-' : (v / MiB_PER_GiB).toFixed(1) + ' GiB'; }
 
@@ -69,8 +88,8 @@
     var opts = {
       width: width(box), height: 200, tzDate: utc, cursor: {drag: {x: true, y: false}},
       scales: {x: {time: true}, y: {range: [0, Math.max(spec.total_mib / MiB_PER_GiB, 0.001)]}},
-      axes: [{label: 'time (UTC)', labelSize: 18, values: timeLabels},
-             {label: 'GPU memory (GiB)', labelSize: 18, size: 56, values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
+      axes: [{label: 'time (UTC)', labelSize: 18, font: AXIS_FONT, values: timeLabels, space: timeSpace},
+             {label: 'GPU memory (GiB)', labelSize: 18, size: 56, font: AXIS_FONT, values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
       series: series,
       hooks: Object.assign(keepZoom(key), {
         draw: [noteAxes(box), function(u){
@@ -118,6 +137,19 @@
     });
     return out;
   }
+  // where a later attempt took over a stitched curve (a resume): a dashed tick in the run's colour
+  function resumeMarks(u, marks){
+    var ctx = u.ctx; ctx.save();
+    marks.forEach(function(m){
+      var x = u.valToPos(m.step, 'x', true);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+      ctx.strokeStyle = m.colour; ctx.lineWidth = 1 * devicePixelRatio; ctx.setLineDash([3 * devicePixelRatio, 3 * devicePixelRatio]);
+      ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+      ctx.setLineDash([]); ctx.fillStyle = m.colour; ctx.font = (10 * devicePixelRatio) + 'px sans-serif';
+      ctx.fillText('resumed', x + 3 * devicePixelRatio, u.bbox.top + 10 * devicePixelRatio);
+    });
+    ctx.restore();
+  }
   function curves(box, spec){
     var key = spec.key || 'curves', st = kept[key] = kept[key] || {};
     var metrics = spec.metrics || [];
@@ -140,9 +172,41 @@
     var bd = null;
     if (spec.bands) { bd = el('input', {type: 'checkbox', 'class': 'band'}); bd.checked = st.band; controls.appendChild(lbl('seeds of a config as a band', bd)); }
     var u = null;
+    st.hidden = st.hidden || {};
+    // the legend: a compact table, a row per run with a toggle, its colour and its columns
+    function legend(){
+      var box2 = box.querySelector('.legend'); if (!box2) return;
+      box2.textContent = '';
+      var cols = spec.columns || [];
+      var t = el('table', {'class': 'curve-legend'}), head = el('tr');
+      var all = el('input', {type: 'checkbox', 'class': 'toggle-all', 'aria-label': 'all runs'});
+      all.checked = spec.runs.every(function(r){ return !st.hidden[r.key]; });
+      var th0 = el('th'); th0.appendChild(all); head.appendChild(th0); head.appendChild(el('th', {}, ''));
+      (cols.length ? cols : ['run']).forEach(function(c){ head.appendChild(el('th', {}, c)); });
+      var thead = el('thead'); thead.appendChild(head); t.appendChild(thead);
+      var body = el('tbody');
+      spec.runs.forEach(function(r){
+        var tr = el('tr', {'data-run': r.key, 'class': st.hidden[r.key] ? 'off' : ''});
+        var cb = el('input', {type: 'checkbox', 'class': 'toggle', 'aria-label': r.label}); cb.checked = !st.hidden[r.key];
+        cb.addEventListener('change', function(){ if (cb.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true; legend(); draw(); });
+        var td0 = el('td'); td0.appendChild(cb); tr.appendChild(td0);
+        var sw = el('td'), i = el('i', {'class': 'swatch', style: 'background:' + r.colour}); sw.appendChild(i); tr.appendChild(sw);
+        (cols.length ? r.cells : [r.label]).forEach(function(v, k){
+          var td = el('td');
+          if (k === 0 && r.href) { var a = el('a', {href: r.href}, v); td.appendChild(a); } else td.textContent = v;
+          tr.appendChild(td);
+        });
+        body.appendChild(tr);
+      });
+      all.addEventListener('change', function(){
+        spec.runs.forEach(function(r){ if (all.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true; });
+        legend(); draw();
+      });
+      t.appendChild(body); box2.appendChild(t);
+    }
     function draw(){
       if (u) { u.destroy(); u = null; }
-      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null;
+      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null, marks = [];
       if (st.band && spec.bands) {
         (spec.bands[st.metric] || []).forEach(function(b){
           var lo = smooth(b.lo, st.smooth), hi = smooth(b.hi, st.smooth), mean = smooth(b.mean, st.smooth);
@@ -156,9 +220,11 @@
       } else {
         without = [];
         spec.runs.forEach(function(r){
+          if (st.hidden[r.key]) return;
           var c = r.curves[st.metric]; if (!c) { without.push(r.label); return; }
           lines.push({steps: c[0], values: smooth(c[1], st.smooth)});
           series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined, points: {show: false}, spanGaps: true});
+          (r.marks || []).forEach(function(m){ marks.push({step: m, colour: r.colour}); });
         });
       }
       var data = align(lines);
@@ -171,17 +237,19 @@
         width: width(box), height: 260, cursor: {drag: {x: true, y: false}},
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
         axes: [{label: 'step', labelSize: 18}, {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
-        series: series, bands: bandsOpt, hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box)]})
+        legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
+        hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box), function(u){ resumeMarks(u, marks); }]})
       };
       u = box._plot = new uPlot(opts, data, plot);
       restoreZoom(u, key, box);
-      box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1);
+      box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1); box.dataset.marks = String(marks.length);
       box.dataset.metric = st.metric; box.dataset.log = st.log && !bad ? 'yes' : 'no';
     }
     pick.addEventListener('change', function(){ st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); });
     sm.addEventListener('input', function(){ st.smooth = +sm.value; smv.textContent = sm.value; draw(); });
     lg.addEventListener('change', function(){ st.log = lg.checked; draw(); });
     if (bd) bd.addEventListener('change', function(){ st.band = bd.checked; draw(); });
+    legend();
     draw();
     fit(u, box);
   }

@@ -23,6 +23,19 @@
     });
     rows.forEach(function(r){ body.appendChild(r); });
   }
+  // A log opens at its end (where the result or the traceback is); a reader who scrolled up
+  // keeps the place across redraws.
+  function logPlaces(root){
+    return Array.prototype.map.call(root.querySelectorAll('pre.log'), function(el){
+      return {top: el.scrollTop, atEnd: el.scrollTop + el.clientHeight >= el.scrollHeight - 4};
+    });
+  }
+  function logsAtEnd(root, kept){
+    Array.prototype.forEach.call(root.querySelectorAll('pre.log'), function(el, i){
+      var k = kept && kept[i];
+      el.scrollTop = (k && !k.atEnd) ? k.top : el.scrollHeight;
+    });
+  }
   function refresh(){
     if (!live || !live.dataset.fragment) return;
     if (busy || drag) { again = true; return; }  // a swap mid-drag would lose the selection
@@ -30,7 +43,7 @@
     busy = true;
     fetch(live.dataset.fragment, {cache: 'no-store'}).then(function(r){ return r.ok ? r.text() : null; })
       .then(function(html){
-        if (html !== null && !picking) { if (window.orchChartsDestroy) window.orchChartsDestroy(live); live.innerHTML = html; applySort(); if (window.orchCharts) window.orchCharts(live);
+        if (html !== null && !picking) { var kept = logPlaces(live); if (window.orchChartsDestroy) window.orchChartsDestroy(live); live.innerHTML = html; logsAtEnd(live, kept); applySort(); if (window.orchCharts) window.orchCharts(live);
           document.body.dataset.refreshes = String(1 + +(document.body.dataset.refreshes || 0)); }
       }).catch(function(){}).then(function(){ busy = false; if (again) { again = false; refresh(); } });
   }
@@ -85,5 +98,6 @@
     history.replaceState(null, '', location.pathname + query);
     live.dataset.fragment = '/fragment/timeline' + query; refresh();
   });
+  logsAtEnd(document, null);
   if (window.orchCharts) window.orchCharts(document);
 })();

@@ -1,0 +1,111 @@
+"""Keeping each live attempt's metric history in the database, a few new bytes per pass.
+
+progress.jsonl is read from where the last pass stopped (at most MAX_READ_BYTES a pass: a
+worker writing faster is followed at its tail); an attempt met for the first time (a restarted
+daemon) is read from its last START_BYTES, and what was stored before stays (writes are
+idempotent). Points parsed from stdout (attempts.stdout_follow) are handed in by the caller.
+When the attempt ends its final metrics (result.json) join the history at its last step.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.attempts.disk_space import is_disk_full_error
+from orchestrator.attempts.history_points import JsonLines, final_points
+from orchestrator.attempts.rundir_reads import read_output, read_result, stat_output
+from orchestrator.rundir_files import RunDir
+from orchestrator.store.db import Store
+from orchestrator.store.history import history_keys, last_history_step, record_history
+from orchestrator.store.history_bounds import Point
+
+log = logging.getLogger(__name__)
+
+START_BYTES = 4 * 1024 * 1024
+MAX_READ_BYTES = 4 * 1024 * 1024
+
+
+def _decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+@dataclass
+class _Followed:
+    offset: int
+    keys: set[str]
+    lines: JsonLines = field(default_factory=JsonLines)
+    decoder: codecs.IncrementalDecoder = field(default_factory=_decoder)
+
+
+class HistoryFollower:
+    """One per daemon: attempt id -> how far its progress.jsonl was read, and its history's keys."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._followed: dict[int, _Followed] = {}
+
+    def keep(self, attempt_id: int, run_dir: Path, printed: Sequence[Point], *, ended: bool) -> None:
+        """`collect` (or `finish` once the attempt ended); a history that cannot be kept never
+        holds up the daemon's pass, but a full disk is raised, to be held like any other write."""
+        try:
+            if ended:
+                self.finish(attempt_id, run_dir, printed)
+            else:
+                self.collect(attempt_id, run_dir, printed)
+        except Exception as exc:
+            if is_disk_full_error(exc):
+                raise
+            log.warning("cannot keep the metric history of attempt %s", attempt_id, exc_info=True)
+
+    def collect(self, attempt_id: int, run_dir: Path, printed: Sequence[Point] = ()) -> int:
+        """Store what the attempt reported since the last call; returns how many points."""
+        followed = self._followed.get(attempt_id)
+        if followed is None:
+            followed = _Followed(0, history_keys(self.store, attempt_id))
+            self._followed[attempt_id] = followed
+        points = list(printed) + self._new_lines(followed, run_dir)
+        return record_history(self.store, attempt_id, points, followed.keys) if points else 0
+
+    def _new_lines(self, followed: _Followed, run_dir: Path) -> list[Point]:
+        found = stat_output(run_dir, RunDir.PROGRESS)
+        if found is None:
+            return []
+        if found.size_bytes < followed.offset:  # truncated or replaced: read it again
+            self._jump(followed, 0)
+        start_at = max(0, found.size_bytes - (START_BYTES if followed.offset == 0 else MAX_READ_BYTES))
+        if start_at > followed.offset:
+            self._jump(followed, start_at)
+        if found.size_bytes <= followed.offset:
+            return []
+        data = read_output(run_dir, followed.offset, found.size_bytes - followed.offset, RunDir.PROGRESS)
+        followed.offset += len(data)
+        return followed.lines.feed(followed.decoder.decode(data))
+
+    @staticmethod
+    def _jump(followed: _Followed, offset: int) -> None:
+        followed.offset = offset
+        followed.decoder = _decoder()
+        followed.lines = JsonLines(skip_first=offset > 0)
+
+    def finish(self, attempt_id: int, run_dir: Path, printed: Sequence[Point] = ()) -> None:
+        """The attempt ended: the rest of its progress, then result.json's metrics at its last step."""
+        self.collect(attempt_id, run_dir, printed)
+        followed = self._followed.pop(attempt_id, None)
+        result = read_result(run_dir)
+        metrics = result.get("metrics") if isinstance(result, dict) else None
+        if isinstance(metrics, dict) and metrics:
+            step = last_history_step(self.store, attempt_id)
+            if step is None and isinstance(result, dict) and isinstance(result.get("steps"), int):
+                step = float(result["steps"])
+            known = followed.keys if followed is not None else None
+            record_history(self.store, attempt_id, final_points(metrics, step or 0.0), known)
+
+    def keep_only(self, attempt_ids: Iterable[int]) -> None:
+        """Forget attempts that are no longer live."""
+        live = set(attempt_ids)
+        for attempt_id in [a for a in self._followed if a not in live]:
+            del self._followed[attempt_id]

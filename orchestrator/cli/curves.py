@@ -1,0 +1,34 @@
+"""`orch curves`: every metric the chosen jobs reported, as tidy rows (job, attempt, step, key,
+value) in CSV or JSON (orchestrator.api.curves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.api.curves import as_csv, as_json, curve_points
+from orchestrator.cli.common import db_option, open_store
+from orchestrator.errors import UsageError
+from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
+
+
+@click.command("curves")
+@click.option("--job", "job_ids", type=click.IntRange(1), multiple=True, metavar="N", help="A job (repeatable); default every job.")
+@click.option("--suite", "suite", default=None, help="Only jobs of this suite.")
+@click.option("--key", "keys", multiple=True, metavar="KEY", help="Only this metric (repeatable), e.g. loss.")
+@click.option("--stitch", is_flag=True, help="One curve per job: a later attempt wins from its first step (a resumed job reads whole).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True, help="csv: a header and a row per point; json: a list of row objects.")
+@db_option
+def curves_cmd(job_ids: tuple[int, ...], suite: str | None, keys: tuple[str, ...], stitch: bool, fmt: str,
+               db_path: Path) -> None:
+    """Print the metric history of jobs: job, attempt, step, key, value."""
+    if suite is not None and not SUITE_NAME_RE.fullmatch(suite):
+        raise UsageError(f"--suite {shown_value(suite)} is not a suite name")
+    with open_store(db_path) as store:
+        points = curve_points(store, jobs=list(job_ids) or None, suite=suite, keys=list(keys) or None, stitched=stitch)
+    click.echo(as_csv(points) if fmt == "csv" else as_json(points), nl=fmt == "json")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(curves_cmd)

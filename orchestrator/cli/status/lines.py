@@ -1,0 +1,122 @@
+"""The dashboard's entries as text, one line each: running jobs' cells, paused suites and
+configs, waiting jobs grouped by reason, ladder retries. Pure; shared by the live frame and the
+piped text."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from orchestrator.cli.common import fmt_duration
+from orchestrator.executors.base import is_cluster_executor
+from orchestrator.wording import fmt_changes
+
+RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
+NOT_CONSIDERED = "not yet considered"
+
+
+def clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def one_line(text: str) -> str:
+    """Every run of whitespace (the newlines of a long OOM text included) as one space."""
+    return " ".join(str(text).split())
+
+
+def _where(r: dict[str, Any]) -> str:
+    """The GPU index; for an attempt in Slurm, its job id and state (with the pending reason)."""
+    if is_cluster_executor(r.get("executor")):
+        return f"{r['executor']} {r.get('executor_id') or '?'} {r.get('executor_state') or ''}".strip()
+    return str(r["gpu"])
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def step_cell(progress: dict[str, Any]) -> str:
+    """`12/40`, or `12` when the script does not say how many steps there are; `-` before any."""
+    step, total = _number(progress.get("step")), _number(progress.get("total"))
+    if step is None:
+        return "-"
+    return f"{step:.0f}/{total:.0f}" if total else f"{step:.0f}"
+
+
+def running_cells(r: dict[str, Any]) -> list[str]:
+    progress = r["progress"] or {}
+    loss = _number(progress.get("loss"))
+    return [
+        str(r["id"]), r["config"], str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
+        fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
+        f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
+    ]
+
+
+def paused_line(p: dict[str, Any]) -> str:
+    """A paused suite, or one paused config of it (`config` set)."""
+    what = f"config {p['config']} of suite {p['suite']}" if p.get("config") else f"suite {p['suite']}"
+    return (f"{what} paused: {p['reason']} (orch resume {p['suite']})"
+            + (f"; {p['queued']} queued job(s) wait for it" if p.get("queued") else ""))
+
+
+def paused_lines(snapshot: dict[str, Any]) -> list[str]:
+    """Paused suites first, then the configs paused in suites that still run."""
+    suites = {p["suite"] for p in snapshot["paused_suites"]}
+    configs = [p for p in snapshot.get("paused_configs", []) if p["suite"] not in suites]
+    return [paused_line(p) for p in [*snapshot["paused_suites"], *configs]]
+
+
+def _is_paused(w: dict[str, Any], snapshot: dict[str, Any]) -> bool:
+    return (w.get("suite") in {p["suite"] for p in snapshot["paused_suites"]}
+            or (w.get("suite"), w.get("config")) in {(p["suite"], p["config"]) for p in snapshot.get("paused_configs", [])})
+
+
+def _paused_queued(snapshot: dict[str, Any]) -> int:
+    suites = {p["suite"] for p in snapshot["paused_suites"]}
+    return (sum(p.get("queued") or 0 for p in snapshot["paused_suites"])
+            + sum(p.get("queued") or 0 for p in snapshot.get("paused_configs", []) if p["suite"] not in suites))
+
+
+def waiting_entries(snapshot: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """The waiting jobs to list, and how many more are queued. A paused suite's or config's
+    jobs are counted on its line, not repeated one by one."""
+    waiting = [w for w in snapshot["waiting"] if not _is_paused(w, snapshot)]
+    return waiting, snapshot["counts"]["queued"] - len(waiting) - _paused_queued(snapshot)
+
+
+def _ids(first: int, last: int, n: int) -> str:
+    if n == 1:
+        return f"job {first}"
+    return f"jobs {first}–{last}" if last - first + 1 == n else f"jobs {first} … {last}"
+
+
+def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
+    """One line per waiting reason, the largest group first: `7 waiting: all allowed GPUs at
+    their plan cap (jobs 6–12)`. From `waiting_groups` (the head of the queue outside paused
+    suites and configs), else from the few first jobs that `waiting` lists."""
+    groups = snapshot.get("waiting_groups")
+    if groups is None:
+        waiting, _ = waiting_entries(snapshot)
+        by_reason: dict[str | None, list[int]] = {}
+        for w in waiting:
+            by_reason.setdefault(w["reason"], []).append(int(w["id"]))
+        groups = [{"reason": reason, "jobs": len(ids), "first_id": min(ids), "last_id": max(ids)}
+                  for reason, ids in by_reason.items()]
+        groups.sort(key=lambda g: (-g["jobs"], g["first_id"]))
+    lines = [one_line(f"{g['jobs']} waiting: {g['reason'] or NOT_CONSIDERED} ({_ids(g['first_id'], g['last_id'], g['jobs'])})")
+             for g in groups]
+    rest = snapshot["counts"]["queued"] - _paused_queued(snapshot) - sum(g["jobs"] for g in groups)
+    if lines and rest > 0:
+        lines.append(f"... and {rest} more queued (orch jobs --state queued)")
+    return lines
+
+
+def retry_move(retry: dict[str, Any]) -> str:
+    """`level 0 -> 1`, or the host step a host-RAM OOM took while the level stayed."""
+    step = retry.get("host_step")
+    if isinstance(step, dict) and retry.get("from_level") == retry.get("to_level"):
+        changes = fmt_changes(step.get("changes"))
+        alone = "run alone" if step.get("run_alone") else ""
+        return f"level {retry['to_level']} + host step {step.get('step')}" + (f": {changes or alone}" if changes or alone else "")
+    return f"level {retry['from_level']} -> {retry['to_level']}"

@@ -1,0 +1,194 @@
+"""Sweeps as grids, and values typed by the configs' own types. Pure: text in, values out.
+
+`--set KEY=VALUE` gives one value; `--grid KEY=V1,V2` (repeatable) several, whose Cartesian
+product multiplies the suite's configs × pairs. A value is typed as the configs hold the key:
+`learning_rate: 0.0001` makes `1e-4` and `3` floats, `batch_size: 8` makes `16` an int (and
+`2.5` an error), a text key keeps the text as given; a key no config holds is read as a YAML
+scalar. A suite file may carry the same as `grid: {KEY: [V1, V2]}`, and `seeds:` with `tasks:`
+in place of `--pairs`. Every problem is a PlanError naming the bad value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from orchestrator.errors import PlanError
+from orchestrator.plans.inputs import (
+    ENV_NAME_RE,
+    MAX_SEED,
+    PAIR_KEYS,
+    Pair,
+    Scalar,
+    check_text,
+    parse_pairs,
+    parse_scalar,
+    shown_value,
+)
+from orchestrator.plans.model import ConfigSpec
+
+MAX_GRID_JOBS = 100_000  # configs × grid × pairs beyond this is a typo, not a sweep
+MAX_GRID_VALUES = 1000
+
+
+def config_type(key: str, configs: Iterable[ConfigSpec]) -> type | None:
+    """The type the configs give `key` (int and float together: float); None when no config
+    holds a scalar there or they disagree."""
+    kinds = {type(c.content[key]) for c in configs if c.content.get(key) is not None}
+    if kinds and kinds <= {int, float}:
+        return float if float in kinds else int
+    if len(kinds) == 1 and (kind := next(iter(kinds))) in (str, bool):
+        return kind
+    return None
+
+
+def typed_value(flag: str, key: str, raw: str, kind: type | None) -> Scalar:
+    """`raw` as the configs' type of `key` (`kind`), else as a YAML scalar."""
+    check_text(f"{flag} {key}", raw)
+    text = raw.strip()
+    if kind is str:
+        return raw
+    if kind is None:
+        return parse_scalar(key, raw)
+    if kind is bool:
+        value = parse_scalar(key, raw)
+        if not isinstance(value, bool):
+            raise PlanError(f"{flag} {key}={shown_value(raw)}: {key} is true or false in the config")
+        return value
+    try:
+        number = float(text)
+    except ValueError:
+        raise PlanError(f"{flag} {key}={shown_value(raw)}: {key} is a number in the config") from None
+    if not math.isfinite(number):
+        raise PlanError(f"{flag} {key}={shown_value(raw)}: value must be a finite number")
+    if kind is int:
+        if not number.is_integer() or abs(number) > 2**53:
+            raise PlanError(f"{flag} {key}={shown_value(raw)}: {key} is a whole number in the config")
+        return int(number)
+    return number
+
+
+def _split_item(flag: str, item: str, known: set[str]) -> tuple[str, str]:
+    check_text(flag, item)
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise PlanError(f"{flag} {shown_value(item)} is not KEY=VALUE")
+    if key.startswith("env."):
+        if not ENV_NAME_RE.fullmatch(key[len("env."):]):
+            raise PlanError(f"{flag} {shown_value(key)}: {shown_value(key[4:])} is not a valid environment variable name")
+    elif key in PAIR_KEYS:
+        raise PlanError(f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)")
+    elif key not in known:
+        raise PlanError(f"{flag} {shown_value(key)}: unknown config key (known: {', '.join(sorted(known))})")
+    return key, raw
+
+
+def _looks_like_a_list(raw: str, kind: type | None) -> bool:
+    """A comma list meant as several values: any comma in a number or switch, or pieces that
+    are each a number or a switch (a text key may hold commas: `target_modules=q_proj,v_proj`)."""
+    if "," not in raw:
+        return False
+    if kind in (int, float, bool):
+        return True
+    if kind is str:
+        return False
+    try:
+        return all(isinstance(parse_scalar("", piece), (int, float, bool)) for piece in raw.split(","))
+    except PlanError:
+        return False
+
+
+def parse_sets(items: Sequence[str], known: set[str], configs: Sequence[ConfigSpec]) -> dict[str, Scalar]:
+    """`--set KEY=VALUE`…: one value per key, typed by the configs; a key given twice, or a
+    comma list (several values: that is `--grid`), is refused."""
+    overrides: dict[str, Scalar] = {}
+    for item in items:
+        key, raw = _split_item("--set", item, known)
+        if key in overrides:
+            raise PlanError(f"--set {key} is given twice ({shown_value(item)}): give each key once")
+        kind = str if key.startswith("env.") else config_type(key, configs)
+        if _looks_like_a_list(raw, kind):
+            raise PlanError(f"--set {key}={shown_value(raw)} holds several values: "
+                            f"use --grid {key}={raw.strip()} to queue one job per value")
+        value = typed_value("--set", key, raw, kind)
+        overrides[key] = None if key.startswith("env.") and raw.strip() == "null" else value
+    return overrides
+
+
+def parse_grid(items: Sequence[str], known: set[str], configs: Sequence[ConfigSpec],
+               sets: Mapping[str, Scalar] = {}) -> dict[str, list[Scalar]]:
+    """`--grid KEY=V1,V2`…: the values of each key, typed by the configs, in the order given."""
+    grid: dict[str, list[Scalar]] = {}
+    for item in items:
+        key, raw = _split_item("--grid", item, known)
+        if key in grid:
+            raise PlanError(f"--grid {key} is given twice: list every value once, e.g. --grid {key}=V1,V2")
+        if key in sets:
+            raise PlanError(f"--grid {key} and --set {key} both set {key}: keep one")
+        kind = str if key.startswith("env.") else config_type(key, configs)
+        pieces = [p for p in raw.split(",")]
+        if any(not p.strip() for p in pieces):
+            raise PlanError(f"--grid {key}={shown_value(raw)} has an empty value")
+        values = [typed_value("--grid", key, p.strip(), kind) for p in pieces]
+        grid[key] = _distinct("--grid", key, values)
+    return grid
+
+
+def _distinct(what: str, key: str, values: list[Scalar]) -> list[Scalar]:
+    if len(values) > MAX_GRID_VALUES:
+        raise PlanError(f"{what} {key}: {len(values)} values, at most {MAX_GRID_VALUES}")
+    seen: list[Scalar] = []
+    for value in values:
+        if any(type(value) is type(s) and value == s for s in seen):
+            raise PlanError(f"{what} {key}: value {value!r} is given twice")
+        seen.append(value)
+    return seen
+
+
+def suite_grid(where: str, raw: Any, known: set[str], configs: Sequence[ConfigSpec]) -> dict[str, list[Scalar]]:
+    """A suite's `grid: {KEY: [V1, V2]}`: values as YAML wrote them, numbers made the configs' type."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        raise PlanError(f"{where}: `grid` must map config keys to lists of values")
+    grid: dict[str, list[Scalar]] = {}
+    for key, values in raw.items():
+        if not isinstance(key, str) or key in PAIR_KEYS or key not in known:
+            raise PlanError(f"{where}: grid key {key!r} is not a config key (seeds and tasks have their own keys)")
+        if not isinstance(values, list) or not values:
+            raise PlanError(f"{where}: grid {key} must be a non-empty list of values")
+        kind = config_type(key, configs)
+        typed: list[Scalar] = []
+        for value in values:
+            if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
+                raise PlanError(f"{where}: grid {key}: {value!r} is not a scalar value")
+            typed.append(typed_value(f"{where}: grid", key, str(value), kind) if kind in (int, float) else value)
+        grid[key] = _distinct(f"{where}: grid", key, typed)
+    return grid
+
+
+def suite_pairs(where: str, seeds: Any, tasks: Any) -> list[Pair] | None:
+    """`seeds:` × `tasks:` of a suite, in file order (seed-major); None when it has neither."""
+    if seeds is None and tasks is None:
+        return None
+    if not isinstance(seeds, list) or not seeds or not isinstance(tasks, list) or not tasks:
+        raise PlanError(f"{where}: `seeds` and `tasks` go together, each a non-empty list")
+    if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
+        raise PlanError(f"{where}: `seeds` must be non-negative integers")
+    if not all(isinstance(t, str) for t in tasks):
+        raise PlanError(f"{where}: `tasks` must be task names")
+    return parse_pairs(" ".join(f"{s}:{t}" for s in seeds for t in tasks))
+
+
+def combinations(grid: Mapping[str, Sequence[Scalar]]) -> list[dict[str, Scalar]]:
+    """Every assignment of the grid's values, the first key varying slowest; [{}] for no grid."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def merge_grids(suite: Mapping[str, list[Scalar]], given: Mapping[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+    """The suite's grid with `--grid` replacing the keys it names."""
+    return {**suite, **given}

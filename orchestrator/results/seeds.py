@@ -1,0 +1,203 @@
+"""What became of each seed of a results row, and the row's denominator. Pure: no I/O.
+
+A row counts one value per seed: the latest succeeded run of the seed that reported the metric
+(a `--force` rerun replaces, never adds to, its seed's value). Every other submitted run is
+accounted for: a seed with no such run is failed, cancelled, still queued or running, or
+succeeded without the metric, and says so; a seed whose later run failed, was cancelled or has
+not finished keeps its counted value and says that too. With `pooled`, every succeeded run that
+reported the metric counts, and n counts runs, not seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
+
+from orchestrator.lifecycle import JobState
+
+MAX_SEEDS_NAMED = 6  # seeds named in a short denominator before "+N more"
+
+
+class SeedStatus(str, Enum):
+    """What a seed contributes to its row, in the order a denominator names them."""
+
+    COUNTED = "counted"  # a succeeded run reported the metric: its value counts
+    NO_METRIC = "no_metric"  # succeeded, but no run of the seed reported the metric
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RUNNING = "running"
+    QUEUED = "queued"
+
+
+_BY_STATE = {JobState.FAILED: SeedStatus.FAILED, JobState.CANCELLED: SeedStatus.CANCELLED,
+             JobState.RUNNING: SeedStatus.RUNNING, JobState.QUEUED: SeedStatus.QUEUED}
+PENDING = (JobState.QUEUED, JobState.RUNNING)
+_WORDS = {SeedStatus.NO_METRIC: "reported no {metric}", SeedStatus.FAILED: "failed",
+          SeedStatus.CANCELLED: "cancelled", SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
+
+
+@dataclass(frozen=True)
+class SeedRunInput:
+    """One job of a seed, as the seed rules need it."""
+
+    seed: int
+    job: int | None
+    state: JobState
+    has_value: bool  # succeeded and reported the row's metric
+    why: str = ""  # a failed or cancelled job's error; a succeeded job's missing-metric reason
+
+
+@dataclass(frozen=True)
+class SeedState:
+    """A seed's status in its row, the job that decided it, and why (its error)."""
+
+    seed: int
+    status: SeedStatus
+    job: int | None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Denominator:
+    """How many seeds of a row were submitted and what became of them (n = `counted`)."""
+
+    submitted: int
+    counted: int = 0
+    no_metric: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    running: int = 0
+    queued: int = 0
+    runs: int = 0  # jobs submitted (a rerun of a seed is a second job)
+
+    @property
+    def complete(self) -> bool:
+        return self.counted == self.submitted
+
+    def as_dict(self) -> dict[str, int]:
+        return {"submitted": self.submitted, "succeeded": self.counted, "no_metric": self.no_metric,
+                "failed": self.failed, "cancelled": self.cancelled, "running": self.running,
+                "queued": self.queued, "runs": self.runs}
+
+
+T = TypeVar("T", bound=SeedRunInput)
+
+
+def counted_runs(runs: Sequence[T], pooled: bool) -> list[T]:
+    """The runs whose values count: the latest per seed with a value, or every one when pooled.
+    In seed order, then job order."""
+    ordered = sorted(runs, key=lambda r: (r.seed, _job_key(r.job)))
+    with_value = [r for r in ordered if r.has_value]
+    if pooled:
+        return with_value
+    latest: dict[int, T] = {}
+    for run in with_value:
+        latest[run.seed] = run  # job order: the last one wins
+    return [latest[seed] for seed in sorted(latest)]
+
+
+def seed_states(runs: Iterable[SeedRunInput]) -> list[SeedState]:
+    """One state per distinct seed, by seed."""
+    by_seed: dict[int, list[SeedRunInput]] = {}
+    for run in sorted(runs, key=lambda r: (r.seed, _job_key(r.job))):
+        by_seed.setdefault(run.seed, []).append(run)
+    states = []
+    for seed, jobs in by_seed.items():
+        valued = [r for r in jobs if r.has_value]
+        if valued:
+            states.append(SeedState(seed, SeedStatus.COUNTED, valued[-1].job))
+            continue
+        no_metric = [r for r in jobs if r.state is JobState.SUCCEEDED]
+        pending = [r for r in jobs if r.state in PENDING]
+        # a run still going decides before an earlier failure; a succeeded run before both
+        decider = no_metric[-1] if no_metric else pending[-1] if pending else jobs[-1]
+        status = SeedStatus.NO_METRIC if no_metric else _BY_STATE.get(decider.state, SeedStatus.FAILED)
+        states.append(SeedState(seed, status, decider.job, decider.why))
+    return states
+
+
+def denominator(states: Sequence[SeedState], runs: int) -> Denominator:
+    count = {status: sum(1 for s in states if s.status is status) for status in SeedStatus}
+    return Denominator(len(states), count[SeedStatus.COUNTED], count[SeedStatus.NO_METRIC], count[SeedStatus.FAILED],
+                       count[SeedStatus.CANCELLED], count[SeedStatus.RUNNING], count[SeedStatus.QUEUED], runs)
+
+
+def short_denominator(n: int, states: Sequence[SeedState], metric: str) -> str:
+    """`3` when every submitted seed counts, else `3 of 4 (seed 4 failed)`: what an n column shows."""
+    missing = [s for s in states if s.status is not SeedStatus.COUNTED]
+    if not missing:
+        return str(n)
+    parts = []
+    for status in SeedStatus:
+        seeds = [s.seed for s in missing if s.status is status]
+        if seeds:
+            parts.append(f"{_seeds_named(seeds)} {_WORDS[status].format(metric=metric)}")
+    return f"{n} of {len(states)} ({'; '.join(parts)})"
+
+
+def full_denominator(n: int, states: Sequence[SeedState], metric: str) -> str:
+    """`3 of 4; seed 4 failed: RuntimeError: …`: every seed not counted, with its error."""
+    text = f"{n} of {len(states)}"
+    for s in states:
+        if s.status is not SeedStatus.COUNTED:
+            where = f"seed {s.seed}" + (f" (job {s.job})" if s.job is not None else "")
+            text += f"; {where} {_WORDS[s.status].format(metric=metric)}" + (f": {s.why}" if s.why else "")
+    return text
+
+
+def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], pooled: bool,
+                    job_text: Callable[[list[int | None]], str]) -> list[str]:
+    """Sentences for seeds that ran more than once: which run counts, and the seed's other runs
+    that failed, were cancelled or have not finished (after the counted one: the value may still
+    change)."""
+    notes = []
+    counted_job = {s.seed: s.job for s in states if s.status is SeedStatus.COUNTED}
+    by_seed: dict[int, list[SeedRunInput]] = {}
+    for run in sorted(runs, key=lambda r: (r.seed, _job_key(r.job))):
+        by_seed.setdefault(run.seed, []).append(run)
+    for seed, jobs in by_seed.items():
+        valued = [r for r in jobs if r.has_value]
+        if len(valued) > 1:
+            named = job_text([r.job for r in valued])
+            if pooled:
+                notes.append(f"seed {seed} ran {_times(len(valued))}{named}: every run counted (pooled)")
+            else:
+                notes.append(f"seed {seed} ran {_times(len(valued))}{named}: the latest"
+                             + (f", job {counted_job[seed]}," if counted_job.get(seed) is not None else "")
+                             + " counted")
+        if seed not in counted_job:
+            continue
+        last = counted_job[seed]
+        for run in jobs:
+            if run.state in (JobState.FAILED, JobState.CANCELLED, *PENDING):
+                when = "a later" if _job_key(run.job) > _job_key(last) else "an earlier"
+                verb = {JobState.FAILED: "failed", JobState.CANCELLED: "was cancelled"}.get(run.state, "has not finished")
+                why = f" ({run.why})" if run.why and run.state is JobState.FAILED else ""
+                notes.append(f"seed {seed}: {when} run, job {run.job}, {verb}{why}; job {last} counted")
+    return notes
+
+
+def lost_runs(runs: Sequence[SeedRunInput], states: Sequence[SeedState]) -> bool:
+    """Whether a seed is missing for good (failed, cancelled, no metric), or a run after a
+    seed's counted one failed or was cancelled: the ¶ mark."""
+    if any(s.status in (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.NO_METRIC) for s in states):
+        return True
+    counted_job = {s.seed: _job_key(s.job) for s in states if s.status is SeedStatus.COUNTED}
+    return any(r.state in (JobState.FAILED, JobState.CANCELLED) and _job_key(r.job) > counted_job.get(r.seed, 1 << 62)
+               for r in runs)
+
+
+def _seeds_named(seeds: list[int]) -> str:
+    shown = ", ".join(map(str, seeds[:MAX_SEEDS_NAMED]))
+    more = f", +{len(seeds) - MAX_SEEDS_NAMED} more" if len(seeds) > MAX_SEEDS_NAMED else ""
+    return f"seed{'s' if len(seeds) > 1 else ''} {shown}{more}"
+
+
+def _times(count: int) -> str:
+    return "twice" if count == 2 else f"{count} times"
+
+
+def _job_key(job: int | None) -> int:
+    return -1 if job is None else job

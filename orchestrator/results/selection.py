@@ -1,0 +1,104 @@
+"""Which row of each (task, metric) column a table singles out (bold), and on what basis. Pure.
+
+Choosing the best setting by its test mean is model selection on test, so the choice is made on
+the validation split whenever the column's rows report it, and the test mean of the chosen row is
+what a reader sees. A row with fewer than two counted seeds has no std and is never chosen. For a
+loss, an error or a perplexity the best is the lowest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from orchestrator.results.aggregate import ResultSummary
+
+MIN_N_CHOSEN = 2  # a single seed is no evidence that a setting is better
+Column = tuple[str, str]  # (task, metric)
+
+# whole words of a metric's name only (`eval_loss`, `wer`, not `exact_answer` or `lossless`)
+_LOWER_IS_BETTER = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|mse|mae|rmse|wer|cer)($|_)", re.IGNORECASE)
+
+
+def lower_is_better(metric: str) -> bool:
+    """A loss, an error rate or a perplexity: the best is the lowest."""
+    return bool(_LOWER_IS_BETTER.search(metric))
+
+
+class Basis(str, Enum):
+    VAL = "val"  # chosen by the mean on the validation split
+    TEST = "test"  # chosen by the test mean: no row of the column reported val
+
+
+@dataclass(frozen=True)
+class ColumnChoice:
+    """The rows a column singles out (by id of their summary) and what chose them (None: nothing
+    could be chosen, e.g. no row with two seeds)."""
+
+    basis: Basis | None
+    chosen: frozenset[int]
+
+
+def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None = None) -> dict[Column, ColumnChoice]:
+    """Per column: the rows with the best mean val (ties at the shown precision all count),
+    or, when no eligible row of the column reports val and `select` does not ask for val, the
+    best test mean."""
+    columns: dict[Column, list[ResultSummary]] = {}
+    for s in summaries:
+        columns.setdefault((s.task, s.metric), []).append(s)
+    choices = {}
+    for column, rows in columns.items():
+        eligible = [s for s in rows if s.mean is not None and s.n >= MIN_N_CHOSEN]
+        with_val = [s for s in eligible if s.val_mean is not None]
+        basis = Basis.VAL if with_val or select is Basis.VAL else Basis.TEST
+        pool = with_val if basis is Basis.VAL else eligible
+        scores = {id(s): round(_score(s, basis), digits) for s in pool}
+        if not scores:
+            choices[column] = ColumnChoice(None, frozenset())
+            continue
+        top = min(scores.values()) if lower_is_better(column[1]) else max(scores.values())
+        choices[column] = ColumnChoice(basis, frozenset(k for k, v in scores.items() if v == top))
+    return choices
+
+
+def _score(s: ResultSummary, basis: Basis) -> float:
+    value = s.val_mean if basis is Basis.VAL else s.mean
+    assert value is not None  # pooled from rows that have it
+    return value
+
+
+def is_chosen(summary: ResultSummary, choices: dict[Column, ColumnChoice]) -> bool:
+    choice = choices.get((summary.task, summary.metric))
+    return choice is not None and id(summary) in choice.chosen
+
+
+def chosen_rows(summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice]) -> list[ResultSummary]:
+    return [s for s in summaries if is_chosen(s, choices)]
+
+
+def unchosen_columns(choices: dict[Column, ColumnChoice]) -> list[Column]:
+    return [column for column, choice in choices.items() if not choice.chosen]
+
+
+def bold_legend(choices: dict[Column, ColumnChoice], metrics: Iterable[str]) -> str:
+    """The sentence under a table that says what bold means in it ("" when nothing is bold)."""
+    bases = {c.basis for c in choices.values() if c.chosen}
+    if not bases:
+        return ""
+    lowest = sorted({m for m in metrics if lower_is_better(m)})
+    direction = f"; lowest is best for {', '.join(lowest)}" if lowest else ""
+    if bases == {Basis.VAL}:
+        text = "bold: per column, the best mean on the validation split among rows with n ≥ 2 (its test mean shown)"
+    elif bases == {Basis.TEST}:
+        text = "bold: per column, the best test mean among rows with n ≥ 2 (no val reported: chosen on test)"
+    else:
+        text = ("bold: per column, the best mean on the validation split among rows with n ≥ 2, or the best "
+                "test mean where no row reported val (chosen on test)")
+    return text + direction
+
+
+def chosen_by(choices: dict[Column, ColumnChoice]) -> dict[int, str]:
+    """id of each chosen summary -> what chose it (`val` or `test`), for the JSON and CSV."""
+    return {key: choice.basis.value for choice in choices.values() if choice.basis for key in choice.chosen}

@@ -1,0 +1,68 @@
+"""`orchestrator.api.Sweep` through the real daemon, tmux, SQLite and sim GPUs: submit a grid,
+wait, and read jobs, results and curves as DataFrames and as plain rows; the notebook example
+runs as a script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.api import Sweep
+from orchestrator.errors import OrchError, PlanError
+from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux
+
+pytestmark = requires_tmux
+pd = pytest.importorskip("pandas")
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        env.write_suite("nb", {"small": {"learning_rate": 0.0001, "sim_seconds": 1.5, "sim_mem_gib": 1}}, mem_gib=1)
+        yield env
+
+
+def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -> None:
+    sweep = Sweep(orch.db, plans=orch.plans)
+    with pytest.raises(PlanError, match="--grid learning_rate"):
+        sweep.submit("nb", pairs=["1:glue_rte"], sets={"learning_rate": "1e-4,3e-4"})
+    queued = sweep.submit("nb", pairs=["1:glue_rte", "2:glue_rte"], grid={"learning_rate": [1e-4, 3e-4]})
+    assert list(queued["setting"]) == ["learning_rate=0.0001"] * 2 + ["learning_rate=0.0003"] * 2
+    with pytest.raises(OrchError, match="no daemon runs"):
+        sweep.wait()
+    orch.start_daemon()
+    seen: list[dict[int, str]] = []
+    states = sweep.wait(timeout_s=120, poll_s=0.2, on_poll=seen.append)
+    assert states == {1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "succeeded"}, [j["reason"] for j in sweep.jobs(as_frame=False)]
+    assert seen[-1] == states and seen[0] != states  # polled while they ran, until they ended
+
+    jobs = sweep.jobs()
+    assert {"id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu"} <= set(jobs.columns)
+    assert list(jobs["metric"]) == ["test_accuracy"] * 4 and jobs["run_s"].gt(0).all()
+
+    results = sweep.results()
+    assert list(results.columns) == ["suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split",
+                                     "metric", "value"]
+    # the sim worker reports val beside test: a row per run, split and metric
+    assert len(results) == 8 and set(results["metric"]) == {"accuracy"} and set(results["split"]) == {"test", "val"}
+    test = results[results["split"] == "test"]
+    assert test.groupby("setting")["value"].count().to_dict() == {"learning_rate=0.0001": 2, "learning_rate=0.0003": 2}
+
+    curves = sweep.curves(keys=["loss"])
+    assert list(curves.columns) == ["job", "attempt", "step", "key", "value"]
+    per_job = curves.groupby("job")["step"].count()
+    assert (per_job >= 5).all() and curves["value"].between(0, 2).all()
+    rows = sweep.curves(jobs=[1], as_frame=False)
+    assert isinstance(rows, list) and rows[0].keys() == {"job", "attempt", "step", "key", "value"}
+    assert {r["key"] for r in rows} >= {"loss", "test_accuracy"}
+    assert sweep.jobs(as_frame=False)[0]["setting"] == "learning_rate=0.0001"
+
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "notebook_sweep.py"), "--db", str(orch.db),
+                           "--plans", str(orch.plans), "--suite", "nb", "--pairs", "1:glue_rte 2:glue_rte"],
+                          env=orch.env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "accuracy" in done.stdout and "learning_rate=0.0003" in done.stdout  # nothing new queued, all read back

@@ -1,0 +1,105 @@
+"""OOM evidence carried across ladder rungs and the level a job starts at (pure core)."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.prediction.carried import (
+    LevelEvidence,
+    LevelNeed,
+    above_disproved,
+    carried_floor,
+    gib,
+    no_level_fits,
+    rung_savings,
+    start_level,
+    with_evidence,
+)
+from orchestrator.prediction.memory import Prediction, update_shape
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+
+GIB = 1024
+
+
+def _declared(mib: int) -> Prediction:
+    return Prediction(mib, PredictionSource(SourceKind.DECLARED))
+
+
+def test_the_floor_itself_where_no_saving_is_known() -> None:
+    evidence = [LevelEvidence(0, floor_mib=17 * GIB, disproved_mib=6 * GIB)]
+    carried = carried_floor(evidence, 1, lambda rung: None)
+    assert carried is not None and (carried.mib, carried.level, carried.saving) == (17 * GIB, 0, 1.0)
+    raised = with_evidence(_declared(6 * GIB), evidence, 1, lambda rung: None)
+    assert raised.mib == 17 * GIB and raised.source == PredictionSource(SourceKind.OOM_FLOOR, level=0)
+    assert "OOM floor of level 0" in raised.source.render()
+
+
+def test_savings_scale_the_floor_rung_by_rung() -> None:
+    savings = {1: 0.5, 2: None, 3: 0.8}
+    assert rung_savings(savings.get, 0, 3) == 0.4
+    evidence = [LevelEvidence(0, floor_mib=20 * GIB), LevelEvidence(2, floor_mib=11 * GIB)]
+    # level 0's floor at level 3: 20 × 0.5 × 1 × 0.8 = 8; level 2's: 11 × 0.8 = 8.8 wins
+    carried = carried_floor(evidence, 3, savings.get)
+    assert carried is not None and carried.level == 2 and carried.mib == math.ceil(11 * GIB * 0.8)
+    # a "saving" above 1 or not a number is never an increase
+    assert rung_savings({1: 1.7, 2: float("nan"), 3: -1.0}.get, 0, 3) == 1.0
+
+
+def test_the_disproved_figure_is_never_used_again_at_any_rung() -> None:
+    evidence = [LevelEvidence(0, floor_mib=8 * GIB, disproved_mib=6 * GIB)]
+    # checkpointing measured at level 2 says 4 GiB: the disproved 6 GiB still bounds it
+    measured = Prediction(4 * GIB, PredictionSource(SourceKind.MEASURED))
+    for target in (0, 1, 2, 5):
+        raised = with_evidence(measured, evidence, target, {1: 0.3, 2: 0.3}.get)
+        assert raised.mib > 6 * GIB
+    assert above_disproved(evidence, 3) == 6 * GIB + 1
+    assert above_disproved([LevelEvidence(2, disproved_mib=9 * GIB)], 1) is None  # above the target: no word
+
+
+def test_a_measurement_at_the_level_outranks_a_carried_floor() -> None:
+    evidence = [LevelEvidence(0, floor_mib=17 * GIB)]
+    family = Prediction(12 * GIB, PredictionSource(SourceKind.FAMILY, points=2, error=0.01))
+    assert with_evidence(family, evidence, 1, lambda rung: None) == family
+    assert with_evidence(family, [], 1, lambda rung: None) is family
+
+
+def test_an_oom_records_the_figure_it_disproved() -> None:
+    first = update_shape(None, 8 * GIB, AttemptOutcome.OOM, 12 * GIB, placed_mib=6 * GIB)
+    assert first.disproved_mib == 6 * GIB and first.oom_floor_mib == 12 * GIB
+    again = update_shape(first, None, AttemptOutcome.OOM, 13 * GIB, placed_mib=9 * GIB)
+    assert again.disproved_mib == 9 * GIB
+    done = update_shape(again, 5 * GIB, AttemptOutcome.SUCCEEDED, None)
+    assert done.disproved_mib == 9 * GIB  # a success does not give the disproved figure back
+
+
+def _needs(*rows: tuple[int, float, bool, bool]) -> list[LevelNeed]:
+    return [LevelNeed(level, round(gib_ * GIB), proven, exact) for level, gib_, proven, exact in rows]
+
+
+def test_start_at_the_first_level_predicted_to_fit_preferring_exact() -> None:
+    needs = _needs((0, 24.6, True, True), (1, 26, False, True), (2, 20, False, False), (3, 18, False, True))
+    choice = start_level(needs, 0, 24 * GIB)
+    assert choice is not None and choice.level == 3  # exact, fits; level 2 fits too but changes numbers
+    assert choice.note == "started at level 3: level 0 needs ≥ 24.6 GiB, the cards hold 24 GiB after headroom"
+    inexact_only = _needs((0, 26, True, True), (1, 26, False, True), (2, 20, False, False))
+    assert start_level(inexact_only, 0, 24 * GIB) == start_level(inexact_only, 0, 24 * GIB, verb="started")
+    assert start_level(inexact_only, 0, 24 * GIB).level == 2  # type: ignore[union-attr]
+
+
+def test_nothing_predicted_to_fit_tries_the_next_level_not_proven_too_large() -> None:
+    needs = _needs((0, 26, True, True), (1, 26, True, True), (2, 26, False, True), (3, 26, False, False))
+    choice = start_level(needs, 0, 24 * GIB)
+    assert choice is not None and choice.level == 2
+    assert "no rung has shown how much it saves yet" in choice.note
+    # a level only predicted too large is kept until a later one is predicted to fit
+    assert start_level(_needs((0, 26, False, True), (1, 26, False, True)), 0, 24 * GIB) is None
+    # a level that may fit stays
+    assert start_level(_needs((0, 20, True, True), (1, 10, False, True)), 0, 24 * GIB) is None
+
+
+def test_no_level_fits_says_so() -> None:
+    proven = _needs((2, 30, True, True), (3, 25, True, True))
+    assert no_level_fits(proven, 24 * GIB) == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB after headroom"
+    assert no_level_fits(_needs((2, 30, True, True), (3, 25, False, True)), 24 * GIB) is None
+    assert gib(24.6 * GIB) == "24.6 GiB" and gib(24 * GIB) == "24 GiB"

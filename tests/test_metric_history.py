@@ -1,0 +1,151 @@
+"""An attempt's metric history: points from progress.jsonl lines and printed output, kept in the
+database one value per (attempt, key, step), bounded by min/max downsampling, and stitched
+across attempts by step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.api.curves import as_csv, as_json, curve_points, stitch
+from orchestrator.attempts.history_follow import HistoryFollower
+from orchestrator.attempts.history_points import JsonLines, final_points, record_points
+from orchestrator.attempts.printed_metrics import StdoutProgress
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.store.bulk_history import PastAttempt, PastJob, write_history
+from orchestrator.store.db import Store
+from orchestrator.store.history import HistoryPoint, iter_history, record_history
+from orchestrator.store.history_bounds import MAX_KEYS, Point, downsample
+
+
+def _store(tmp_path: Path, attempts: int = 1) -> Store:
+    store = Store(tmp_path / "state.db")
+    jobs = [PastJob(1, "id1", "E1", "c1", "c1.yaml", 1, "rte", "sim", 1024, JobState.SUCCEEDED, 10.0,
+                    max_attempts=3, hang_timeout_s=60.0)]  # fmt: skip
+    rows = [PastAttempt(n, 1, n, 0, "GPU-0", 0, str(tmp_path / f"a{n}"), 900, 0, 800, 20.0 + n, 30.0 + n,
+                        AttemptOutcome.SUCCEEDED) for n in range(1, attempts + 1)]  # fmt: skip
+    write_history(store, jobs, rows, [], [], gpus=[], heartbeat_at=40.0)
+    return store
+
+
+def test_a_progress_line_gives_every_metric_at_its_step_and_nested_ones_flattened() -> None:
+    points = record_points({"t": 1.0, "step": 7, "total": 40, "loss": 0.5, "lr": 1e-4, "grad_norm": 2.0,
+                            "samples_per_s": 9.0, "val": {"accuracy": 0.8, "f1": float("nan")}, "bad": True})
+    assert {(p.step, p.key, p.value) for p in points} == {
+        (7.0, "loss", 0.5), (7.0, "lr", 1e-4), (7.0, "grad_norm", 2.0), (7.0, "val_accuracy", 0.8)}
+    assert record_points({"loss": 0.5}) == []  # no step: not a point
+    assert final_points({"val": {"accuracy": 0.7}, "test": {"accuracy": 0.6}}, 40.0) == [
+        Point(40.0, "val_accuracy", 0.7), Point(40.0, "test_accuracy", 0.6)]
+
+
+def test_json_lines_fed_in_chunks_keep_a_partial_line_for_later() -> None:
+    lines = JsonLines()
+    assert [p.step for p in lines.feed('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')] == [1.0]
+    assert [p.step for p in lines.feed('ss": 1.5}\nnot json\n')] == [2.0]
+    mid = JsonLines(skip_first=True)
+    assert [p.step for p in mid.feed('p": 9, "loss": 1}\n{"step": 10, "loss": 1}\n')] == [10.0]
+
+
+# What a Hugging Face Trainer prints to a file: a tqdm bar redrawn with carriage returns, log
+# dicts every 5 steps at the bar's step, an evaluation bar and eval dicts every 20, a summary.
+def hf_trainer_output(steps: int = 40, log_every: int = 5, eval_every: int = 20) -> str:
+    out = []
+    for step in range(1, steps + 1):
+        out.append(f"\r {100 * step // steps}%|###  | {step}/{steps} [00:0{step % 10}<00:10,  4.00it/s]")
+        if step % log_every == 0:
+            out.append(f"\n{{'loss': {2.0 - step / 40:.4f}, 'grad_norm': 1.5, 'learning_rate': {5e-5 * (1 - step / steps)}, "
+                       f"'epoch': {step / steps:.2f}}}\n")
+        if step % eval_every == 0:
+            out += [f"\r{k}/4 [00:00<00:00, 9.0it/s]" for k in range(1, 5)]
+            out.append(f"\n{{'eval_loss': {1.9 - step / 100}, 'eval_accuracy': {0.5 + step / 100}, 'eval_runtime': 0.5, "
+                       f"'eval_samples_per_second': 64.0, 'epoch': {step / steps:.2f}}}\n")
+    out.append("\n{'train_runtime': 10.0, 'train_samples_per_second': 32.0, 'train_loss': 1.5, 'epoch': 1.0}\n")
+    return "".join(out)
+
+
+def test_printed_trainer_dicts_become_points_at_the_bars_step() -> None:
+    parser = StdoutProgress()
+    text = hf_trainer_output()
+    for start in range(0, len(text), 333):  # chunks cut anywhere, as a pass reads them
+        parser.feed(text[start:start + 333])
+    points = parser.take_points()
+    losses = sorted((p.step, p.value) for p in points if p.key == "loss")
+    assert [s for s, _ in losses] == [5.0 * k for k in range(1, 9)]
+    assert losses[0][1] == 2.0 - 5 / 40
+    assert sorted(p.step for p in points if p.key == "eval_accuracy") == [20.0, 40.0]
+    assert {p.key for p in points} == {"loss", "grad_norm", "learning_rate", "eval_loss", "eval_accuracy", "train_loss"}
+    assert parser.take_points() == []  # taken once
+
+
+def test_downsampling_keeps_the_ends_and_every_buckets_extremes() -> None:
+    points = [(float(i), 1.0) for i in range(1000)]
+    points[333] = (333.0, 50.0)  # a spike
+    points[777] = (777.0, -50.0)  # a dip
+    kept = downsample(points, 100)
+    assert len(kept) <= 100
+    assert kept[0] == (0.0, 1.0) and kept[-1] == (999.0, 1.0)
+    assert (333.0, 50.0) in kept and (777.0, -50.0) in kept
+    assert [s for s, _ in kept] == sorted(s for s, _ in kept)
+    assert downsample(points[:50], 100) == points[:50]
+
+
+def test_the_store_keeps_one_value_per_step_a_bounded_history_and_few_keys(tmp_path: Path) -> None:
+    with _store(tmp_path) as store:
+        record_history(store, 1, [Point(float(s), "loss", float(s % 7)) for s in range(1, 301)], cap=100)
+        record_history(store, 1, [Point(5.0, "loss", 99.0)])  # read again: the last value wins, no duplicate
+        loss = [p for p in iter_history(store) if p.key == "loss"]
+        assert len(loss) <= 100
+        assert loss[0].step == 1.0 and loss[-1].step == 300.0
+        assert {p.value for p in loss} >= {0.0, 6.0}  # the extremes survive the thinning
+        many = [Point(1.0, f"k{i}", 1.0) for i in range(MAX_KEYS + 10)]
+        record_history(store, 1, many)
+        assert len({p.key for p in iter_history(store)}) == MAX_KEYS
+
+
+def test_the_follower_reads_progress_as_it_grows_and_a_new_one_adds_nothing_twice(tmp_path: Path) -> None:
+    with _store(tmp_path) as store:
+        run_dir = tmp_path / "a1"
+        run_dir.mkdir()
+        progress = run_dir / "progress.jsonl"
+        progress.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 11)) + '{"step": 11')
+        follower = HistoryFollower(store)
+        assert follower.collect(1, run_dir) == 10
+        with progress.open("a") as handle:
+            handle.write(', "loss": 0.05}\n')
+        assert follower.collect(1, run_dir) == 1
+        (run_dir / "result.json").write_text(json.dumps({"status": "succeeded", "metrics": {"test": {"accuracy": 0.9}}}))
+        HistoryFollower(store).finish(1, run_dir)  # a restarted daemon reads the file again
+        rows = list(iter_history(store))
+        assert len([p for p in rows if p.key == "loss"]) == 11
+        assert HistoryPoint(1, 1, 11.0, "test_accuracy", 0.9) in rows
+
+
+def test_stitching_lets_a_later_attempt_win_from_its_first_step() -> None:
+    first = [HistoryPoint(1, 1, float(s), "loss", 1.0) for s in range(1, 13)]  # died at 12, checkpoint at 10
+    second = [HistoryPoint(1, 2, float(s), "loss", 2.0) for s in range(11, 21)]
+    restarted = [HistoryPoint(2, 1, float(s), "loss", 1.0) for s in range(1, 6)] + [
+        HistoryPoint(2, 2, float(s), "loss", 2.0) for s in range(1, 4)]
+    points, takeovers = stitch(first + second + restarted)
+    job1 = [(p.attempt, p.step) for p in points if p.job == 1]
+    assert job1 == [(1, float(s)) for s in range(1, 11)] + [(2, float(s)) for s in range(11, 21)]
+    assert [(p.attempt, p.step) for p in points if p.job == 2] == [(2, 1.0), (2, 2.0), (2, 3.0)]
+    assert [(t.job, t.attempt, t.step) for t in takeovers] == [(1, 2, 11.0), (2, 2, 1.0)]
+
+
+def test_curves_as_tidy_csv_and_json(tmp_path: Path) -> None:
+    with _store(tmp_path, attempts=2) as store:
+        record_history(store, 1, [Point(1.0, "loss", 2.0), Point(2.0, "loss", 1.5)])
+        record_history(store, 2, [Point(2.0, "loss", 1.4), Point(3.0, "=cmd", 1.0)])
+        points = curve_points(store, jobs=[1], stitched=True)
+        assert as_csv(points).splitlines() == ["job,attempt,step,key,value", "1,1,1,loss,2.0", "1,2,3,\"'=cmd\",1.0",
+                                               "1,2,2,loss,1.4"]  # fmt: skip
+        rows = json.loads(as_json(curve_points(store, keys=["loss"])))
+        assert rows == [{"job": 1, "attempt": 1, "step": 1, "key": "loss", "value": 2.0},
+                        {"job": 1, "attempt": 1, "step": 2, "key": "loss", "value": 1.5},
+                        {"job": 1, "attempt": 2, "step": 2, "key": "loss", "value": 1.4}]
+
+
+def test_a_dict_printed_after_a_bar_without_a_line_end_takes_that_bars_step() -> None:
+    parser = StdoutProgress()
+    parser.feed(" 10%|#   | 4/40 [00:01<00:09]\r 12%|#   | 5/40 [00:01<00:09]{'loss': 2.5, 'epoch': 0.1}\n")
+    assert parser.take_points() == [Point(5.0, "loss", 2.5)]

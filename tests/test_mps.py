@@ -1,0 +1,140 @@
+"""CUDA MPS without a GPU: the fence, a client's variables, who may share, reading a broken
+server in a worker's log, the daemon's events when a server fails, and `--mps` where the
+binary is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.attempts.classify import classify_log_tail
+from orchestrator.daemon.mps_watch import MpsWatch
+from orchestrator.gpu.mps import (
+    REASON_MPS,
+    MpsControl,
+    MpsDirs,
+    MpsState,
+    client_env,
+    failed_cards,
+    fence_mib,
+    is_mps_failure,
+    may_share,
+    mps_dirs,
+)
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.attempts import AttemptEnd, AttemptPlan, finish_attempt, start_attempt
+from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+from tests.store_reads import events, job_ids
+
+PLANS = Path(__file__).resolve().parents[1] / "plans"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DIRS = MpsDirs(Path("/state.db.mps/pipe"), Path("/state.db.mps/log"))
+
+
+def test_fence_is_the_prediction_plus_a_margin() -> None:
+    assert fence_mib(0) is None  # nothing predicted: no fence
+    assert fence_mib(1024) == 1024 + 512  # at least 512 MiB over
+    assert fence_mib(20_000) == 22_000  # else 10 %
+
+
+def test_a_client_gets_the_pipe_the_log_and_its_fence() -> None:
+    env = client_env(DIRS, 4000)
+    assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/state.db.mps/pipe", "CUDA_MPS_LOG_DIRECTORY": "/state.db.mps/log",
+                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4512M"}  # fmt: skip
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in client_env(DIRS, 0)
+
+
+def test_gangs_and_run_alone_attempts_do_not_share() -> None:
+    state = MpsState(MpsControl(DIRS, ("GPU-a",), binary="unused"), {"GPU-a", "GPU-b"})
+    assert may_share(1, False) and not may_share(2, False) and not may_share(1, True)
+    assert state.env_for("GPU-a", 1, False, 1000)["CUDA_MPS_PIPE_DIRECTORY"] == "/state.db.mps/pipe"
+    assert state.env_for("GPU-a", 2, False, 1000) == {}  # a gang
+    assert state.env_for("GPU-a", 1, True, 1000) == {}  # run_alone
+    assert state.turn_off("GPU-b") and not state.turn_off("GPU-b")
+    assert state.env_for("GPU-b", 1, False, 1000) == {}  # MPS turned off for that card
+
+
+def test_pipe_folder_falls_back_where_the_state_path_is_too_long(tmp_path: Path) -> None:
+    short = mps_dirs(Path("/srv/state.db"))
+    assert short.pipe == Path("/srv/state.db.mps/pipe")
+    deep = mps_dirs(tmp_path / ("x" * 120) / "state.db")
+    assert len(str(deep.pipe)) < 90 and f"orch-mps-{os.getuid()}-" in str(deep.pipe)
+    assert deep == mps_dirs(tmp_path / ("x" * 120) / "state.db")  # the same database, the same folder
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: CUDA error: cudaErrorMpsServerNotReady",
+    "torch.AcceleratorError: CUDA error: MPS client failed to connect to the MPS control daemon or the MPS server",
+    "RuntimeError: CUDA driver error: CUDA_ERROR_MPS_SERVER_NOT_READY",
+])  # fmt: skip
+def test_a_broken_server_in_the_log_is_said_as_such(line: str) -> None:
+    assert is_mps_failure(line)
+    found = classify_log_tail(f"Traceback (most recent call last):\n  File 'x.py'\n{line}\n")
+    assert found is not None and found.outcome is AttemptOutcome.FAILED and found.reason == REASON_MPS
+
+
+def test_an_oom_under_the_fence_stays_an_oom() -> None:
+    found = classify_log_tail("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    assert found is not None and found.outcome is AttemptOutcome.OOM
+    assert not is_mps_failure("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+
+def test_a_fault_that_took_its_neighbours_down_turns_mps_off_for_that_card() -> None:
+    illegal = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    cublas = "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`"
+    assert failed_cards([("GPU-0", 100.0, illegal), ("GPU-0", 100.4, cublas), ("GPU-1", 100.2, illegal)]) == {
+        "GPU-0": "a device fault ended 2 workers sharing its MPS server"}
+    # one job's own fault, or two far apart, or a plain error: MPS stays on
+    assert failed_cards([("GPU-0", 100.0, illegal), ("GPU-0", 500.0, illegal)]) == {}
+    assert failed_cards([("GPU-0", 100.0, "ValueError: bad"), ("GPU-0", 100.1, "KeyError: x")]) == {}
+    assert failed_cards([("GPU-2", 1.0, REASON_MPS)]) == {"GPU-2": "the MPS server failed a worker"}
+
+
+def _attempt_failed_by_mps(store: Store, db_path: Path, uuid: str) -> None:
+    suite = load_suite("demo", PLANS)
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+    plan = AttemptPlan(job_ids(store)[0], 0, uuid, 0, "base", {}, {}, False, 1024,
+                       PredictionSource(SourceKind.DECLARED), 1024)  # fmt: skip
+    attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
+    finish_attempt(store, attempt, AttemptEnd("failed", REASON_MPS, 1, None, 0, JobState.QUEUED, {}, "failed"))
+
+
+def test_a_card_whose_server_failed_a_worker_leaves_mps(db_path: Path) -> None:
+    with Store(db_path) as store:
+        own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            state = MpsState(MpsControl(DIRS, (), binary="unused", pid=own.pid), {"GPU-0", "GPU-1"})
+            watch = MpsWatch(store, state, since_s=0.0)
+            _attempt_failed_by_mps(store, db_path, "GPU-1")
+            watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})
+            assert state.cards == {"GPU-0"}
+            said = [e.message for e in events(store, "daemon")]
+            assert any("the MPS server failed a worker on GPU 1 (jobs 1): MPS off for that card" in m for m in said), said
+            watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})  # read once: no second event
+            assert len([m for m in (e.message for e in events(store, "daemon")) if "on GPU 1 (jobs 1): MPS off" in m]) == 1
+        finally:
+            own.kill()
+            own.wait(10)
+        watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})  # the control daemon is gone: off everywhere
+        assert state.cards == set()
+        assert any("MPS control daemon is gone: MPS off for GPU 0" in e.message for e in events(store, "daemon"))
+
+
+def test_mps_without_the_binary_is_one_clear_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update(PATH=str(tmp_path), PYTHONPATH=str(REPO_ROOT), ORCH_DB=str(tmp_path / "state.db"))
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "daemon", "start", "--mps"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "orch: error: --mps: nvidia-cuda-mps-control is not on PATH (it comes with NVIDIA's driver); run without --mps"
+    ]
+    assert not (tmp_path / "state.db").exists()  # nothing written

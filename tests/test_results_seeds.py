@@ -1,0 +1,99 @@
+"""The pure seed rules of a results row: one value per seed (the latest succeeded run), what each
+seed not counted became, the denominator's words, and no std or bold for a single seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.lifecycle import JobState
+from orchestrator.results.aggregate import ResultRow, aggregate, mean_std, natural_key
+from orchestrator.results.formats import render_rows, score
+from orchestrator.results.seeds import (
+    SeedRunInput,
+    SeedStatus,
+    counted_runs,
+    full_denominator,
+    seed_states,
+    short_denominator,
+)
+from orchestrator.results.selection import Basis, choose, lower_is_better
+
+S, F, C, R, Q = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RUNNING, JobState.QUEUED
+
+
+def test_the_latest_succeeded_run_of_a_seed_counts_unless_pooled() -> None:
+    runs = [SeedRunInput(1, 1, S, True), SeedRunInput(1, 7, S, True), SeedRunInput(1, 9, F, False, "boom"),
+            SeedRunInput(2, 2, S, True)]
+    assert [r.job for r in counted_runs(runs, pooled=False)] == [7, 2]
+    assert [r.job for r in counted_runs(runs, pooled=True)] == [1, 7, 2]
+
+
+def test_each_seed_not_counted_says_what_it_became() -> None:
+    runs = [SeedRunInput(1, 1, S, True), SeedRunInput(2, 2, F, False, "RuntimeError: x"),
+            SeedRunInput(3, 3, F, False, "old"), SeedRunInput(3, 8, R, False),  # a retry still going decides
+            SeedRunInput(4, 4, C, False), SeedRunInput(5, 5, Q, False),
+            SeedRunInput(6, 6, S, False, "no f1"), SeedRunInput(6, 9, F, False, "later")]
+    states = seed_states(runs)
+    assert [(s.seed, s.status, s.job) for s in states] == [
+        (1, SeedStatus.COUNTED, 1), (2, SeedStatus.FAILED, 2), (3, SeedStatus.RUNNING, 8),
+        (4, SeedStatus.CANCELLED, 4), (5, SeedStatus.QUEUED, 5), (6, SeedStatus.NO_METRIC, 6)]
+    assert short_denominator(1, states, "f1") == (
+        "1 of 6 (seed 6 reported no f1; seed 2 failed; seed 4 cancelled; seed 3 running; seed 5 queued)")
+    assert full_denominator(1, states, "f1").startswith("1 of 6; seed 2 (job 2) failed: RuntimeError: x; ")
+
+
+def test_a_long_list_of_seeds_is_cut() -> None:
+    states = seed_states([SeedRunInput(seed, seed, F, False) for seed in range(10)])
+    assert short_denominator(0, states, "accuracy") == "0 of 10 (seeds 0, 1, 2, 3, 4, 5, +4 more failed)"
+
+
+def test_rows_of_settings_that_never_succeeded_and_runs_still_going() -> None:
+    rows = [ResultRow("E", "bad", "glue_rte", seed, {}, job=seed, state=F, reason="ValueError: nan") for seed in (1, 2)]
+    rows += [ResultRow("E", "going", "glue_rte", 1, {"accuracy": 0.5}, job=3),
+             ResultRow("E", "going", "glue_rte", 2, {}, job=4, state=R),
+             ResultRow("E", "going", "glue_rte", 1, {}, job=5, state=Q)]  # a rerun of seed 1, queued
+    bad, going = aggregate(rows)
+    assert (bad.mean, bad.std, bad.n, bad.failed_runs, bad.unfinished) == (None, None, 0, True, False)
+    assert bad.notes == ("seed 1 (job 1) failed, not counted: ValueError: nan",
+                         "seed 2 (job 2) failed, not counted: ValueError: nan")
+    assert (going.n, going.n_text, going.unfinished, going.failed_runs) == (1, "1 of 2 (seed 2 running)", True, False)
+    assert going.notes == ("seed 1: a later run, job 5, has not finished; job 3 counted",)
+    assert render_rows([going])[0][5] == "0.5000 ± — ◇"  # one value: no std, and the row may change
+
+
+def test_no_std_and_no_choice_for_a_single_seed() -> None:
+    assert mean_std([0.5]) == (0.5, None) and mean_std([]) == (None, None)
+    assert mean_std([0.4, 0.6])[1] == pytest.approx(0.1414, abs=1e-4)
+    rows = [ResultRow("E", "one", "toy", 1, {"accuracy": 0.99}, val_metrics={"accuracy": 0.99}),
+            ResultRow("E", "two", "toy", 1, {"accuracy": 0.6}, val_metrics={"accuracy": 0.7}),
+            ResultRow("E", "two", "toy", 2, {"accuracy": 0.8}, val_metrics={"accuracy": 0.9})]
+    one, two = aggregate(rows)
+    assert score(one, 4) == "0.9900 ± —"
+    (choice,) = choose([one, two], 4).values()
+    assert choice.basis is Basis.VAL and choice.chosen == {id(two)}
+    assert (two.val_mean, two.val_n) == (pytest.approx(0.8), 2)
+
+
+def test_selection_on_val_never_falls_back_to_test_when_asked_for_val() -> None:
+    rows = [ResultRow("E", c, "toy", s, {"accuracy": v}) for c, s, v in [("a", 1, 0.5), ("a", 2, 0.6)]]
+    (summary,) = aggregate(rows)
+    (by_default,) = choose([summary], 4).values()
+    (by_val,) = choose([summary], 4, Basis.VAL).values()
+    assert by_default.basis is Basis.TEST  # no val reported: chosen on test, and the legend says so
+    assert by_val.chosen == frozenset()
+
+
+def test_names_sort_with_their_numbers_as_numbers_and_losses_are_lowest_best() -> None:
+    assert sorted(["r64", "r8", "r16"], key=natural_key) == ["r8", "r16", "r64"]
+    assert lower_is_better("perplexity") and lower_is_better("val_loss") and not lower_is_better("accuracy")
+
+
+def test_a_seed_that_failed_then_succeeded_counts_without_the_lost_mark() -> None:
+    rows = [ResultRow("E", "a", "glue_rte", 1, {"accuracy": 0.5}, job=1),
+            ResultRow("E", "a", "glue_rte", 2, {}, job=2, state=F, reason="CUDA error: launch failure"),
+            ResultRow("E", "a", "glue_rte", 2, {"accuracy": 0.7}, job=3)]  # seed 2 run again, and it worked
+    (summary,) = aggregate(rows)
+    assert (summary.n, summary.n_text, summary.failed_runs) == (2, "2", False)
+    assert summary.notes == ("seed 2: an earlier run, job 2, failed (CUDA error: launch failure); job 3 counted",)
+    after = aggregate([*rows, ResultRow("E", "a", "glue_rte", 1, {}, job=4, state=C)])[0]
+    assert after.failed_runs is True and after.n_text == "2"  # a rerun after the counted one was cancelled

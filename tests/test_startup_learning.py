@@ -1,0 +1,85 @@
+"""Start-up learning for overlap: the first step's time and what was held before it, per suite
+and config; a running attempt's remaining time from its progress; the expected end the
+scheduler hands `pack`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.attempts.startup_lesson import learn_startup
+from orchestrator.executors.observation import Observation
+from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction.durations import CompletedRun, DurationTable
+from orchestrator.prediction.startup import Startup, first_step_seen, remaining_s, startup_key
+from orchestrator.scheduling.dispatch import _expected_end
+from orchestrator.store import Store
+from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.queries import get_attempts
+from orchestrator.store.startups import read_startups
+from tests.store_reads import job_ids
+
+PLANS = Path(__file__).resolve().parents[1] / "plans"
+
+
+def test_the_first_step_is_seen_once() -> None:
+    assert first_step_seen(None, 1) and first_step_seen(0, 3)
+    assert not first_step_seen(1, 2)  # seen before
+    assert not first_step_seen(None, 0) and not first_step_seen(None, None) and not first_step_seen(None, True)
+
+
+def test_remaining_time_is_the_steps_to_go_at_the_pace_since_start_up() -> None:
+    # started at 0, 40 s of start-up, 30 steps in the next 60 s: 2 s a step, 70 steps to go
+    assert remaining_s(100.0, 0.0, 40.0, 30, 100) == pytest.approx(140.0)
+    assert remaining_s(100.0, 0.0, None, 50, 100) == pytest.approx(100.0)  # start-up unknown: from launch
+    assert remaining_s(30.0, 0.0, 40.0, 1, 100) is None  # still inside the learned start-up
+    assert remaining_s(100.0, 0.0, 40.0, 0, 100) is None and remaining_s(100.0, 0.0, 40.0, 5, None) is None
+    assert remaining_s(100.0, 0.0, 40.0, 100, 100) == 0.0
+
+
+def _obs(step: int | None, at: float | None) -> Observation:
+    progress = None if step is None else {"step": step, "total": 100}
+    return Observation(None, None, True, progress, at, at or 0.0)
+
+
+def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> None:
+    with Store(db_path) as store:
+        suite = load_suite("demo", PLANS)
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                    allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+        job_id = job_ids(store)[0]
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
+        update_attempt(store, attempt.id, held_mib=900)
+        (attempt,) = get_attempts(store, job_id)
+        from orchestrator.store.queries import get_job
+
+        job = get_job(store, job_id)
+        assert job is not None
+        learn_startup(store, attempt, job, _obs(0, attempt.started_at + 10), attempt.started_at + 10)
+        assert read_startups(store) == {}  # step 0: still starting
+        learn_startup(store, attempt, job, _obs(2, attempt.started_at + 38.0), attempt.started_at + 39)
+        key = startup_key(job.suite, job.config_name)
+        assert read_startups(store) == {key: Startup(pytest.approx(38.0), 900, 1)}  # type: ignore[arg-type]
+        update_attempt(store, attempt.id, progress_json='{"step": 2, "total": 100}')
+        (attempt,) = get_attempts(store, job_id)
+        learn_startup(store, attempt, job, _obs(5, attempt.started_at + 50.0), attempt.started_at + 50)
+        assert read_startups(store)[key].samples == 1  # the first step is learned once
+        from orchestrator.store.startups import record_startup
+
+        record_startup(store, key, 45.0, 12_000)  # a slower start that caught its first step's memory
+        record_startup(store, key, 30.0, 1_500)
+        assert read_startups(store)[key] == Startup(30.0, 900, 3)  # the shortest, the least held
+
+        # the scheduler's expected end: by progress once start-ups are read, else the learned run time
+        durations = DurationTable([CompletedRun(job.config_name, job.data, 0, 500.0)])
+        live = {job.id: job}
+        now = attempt.started_at + 90.0  # 60 s of training (after the 30 s start-up) for 30 steps
+        update_attempt(store, attempt.id, progress_json='{"step": 30, "total": 100}')
+        (attempt,) = get_attempts(store, job_id)
+        by_progress = _expected_end(live, durations, read_startups(store), now)(attempt)
+        assert by_progress == pytest.approx(now + 70 * 2.0)
+        assert _expected_end(live, durations, {}, now)(attempt) == pytest.approx(attempt.started_at + 500.0)

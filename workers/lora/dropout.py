@@ -1,0 +1,89 @@
+"""LoRA dropout whose masks depend on what a step trains on, not on how the rung computes it.
+
+peft's LoRA dropout is `nn.Dropout`: each call draws from torch's global RNG in the shape of its
+input. With `logits_to_keep: 1`, lm_head's input is the last position only ([batch, 1, hidden]
+instead of [batch, seq, hidden]), so it draws another mask there, and every later draw of the run
+shifts along the global stream: the rung that only saves logits memory changed the numbers.
+
+Here each dropout call draws from its own generator, seeded by (run seed, optimizer step,
+micro-batch, module name), and always in the full shape of the micro-batch's sequence; a sliced
+input takes the mask's last positions. The mask is therefore the same with or without
+`logits_to_keep`, with or without checkpointing (the recomputation reads the same key), whatever
+else consumed the global RNG, and after a resume. Halving the micro-batch still changes the
+masks: the micro-batches themselves differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+KEYED_DROPOUT = "keyed by (seed, optimizer step, micro-batch, module), full sequence shape"
+
+
+@dataclass
+class DrawKey:
+    """Where the training loop is; read by every KeyedDropout of one model."""
+
+    seed: int
+    step: int = 0  # optimizer steps done before the one being computed
+    micro_batch: int = 0  # index of the micro-batch within its optimizer step
+    sequence_length: int = 0  # positions of the micro-batch's (padded) prompts
+
+    def at(self, step: int, micro_batch: int, sequence_length: int) -> None:
+        self.step, self.micro_batch, self.sequence_length = step, micro_batch, sequence_length
+
+
+def draw_seed(seed: int, step: int, micro_batch: int, module: str) -> int:
+    """A 63-bit generator seed for one module's mask in one micro-batch."""
+    digest = hashlib.blake2b(f"{seed}:{step}:{micro_batch}:{module}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") >> 1
+
+
+class KeyedDropout(torch.nn.Module):
+    """Inverted dropout (as nn.Dropout: keep with 1 - p, scale by 1 / (1 - p)) with keyed masks."""
+
+    def __init__(self, p: float, module: str, key: DrawKey) -> None:
+        super().__init__()
+        self.p, self.module, self.key = p, module, key
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, keyed"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        shape = list(x.shape)
+        positions = shape[-2] if x.dim() >= 3 else 0
+        sliced = 0 < positions < self.key.sequence_length
+        if sliced:
+            shape[-2] = self.key.sequence_length  # sliced by logits_to_keep: draw the whole mask
+        generator = torch.Generator(device=x.device)
+        generator.manual_seed(
+            draw_seed(self.key.seed, self.key.step, self.key.micro_batch, self.module)
+        )
+        mask = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(
+            1 - self.p, generator=generator
+        )
+        if sliced:
+            mask = mask[..., -positions:, :]
+        return x * mask.div_(1 - self.p)
+
+
+def install_keyed_dropout(model: Any, seed: int) -> DrawKey | None:
+    """Replace every LoRA dropout with p > 0 by a KeyedDropout sharing one DrawKey, which the
+    training loop moves before each micro-batch. None when the model has no LoRA dropout."""
+    key = DrawKey(seed)
+    replaced = 0
+    for name, module in model.named_modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if not isinstance(dropouts, torch.nn.ModuleDict):
+            continue
+        for adapter, dropout in list(dropouts.items()):
+            if isinstance(dropout, torch.nn.Dropout) and dropout.p > 0:
+                dropouts[adapter] = KeyedDropout(dropout.p, f"{name}.{adapter}", key)
+                replaced += 1
+    return key if replaced else None
