@@ -139,3 +139,25 @@ def test_sighup_is_logged_and_survived(orch: Orch) -> None:
     orch.submit("h", "1:a")
     assert orch.wait_all_done(60) == {1: "succeeded"}
     assert orch.daemon_pid() == pid
+
+
+def test_a_launch_file_left_by_a_killed_daemon_is_private_and_swept(orch: Orch, tmp_path: Path) -> None:
+    """The file of a batch's tmux commands holds the jobs' environment (suite secrets, attempt
+    tokens): it is written 0600 in the runs dir, never in the shared temp folder, and the next
+    daemon removes one a killed daemon left."""
+    orch.write_suite("s", {"s": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=2, env={"API_TOKEN": "secret-value"})
+    orch.submit("s", "1:a 2:a", "--gpu-plan", "2,2")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    orch.env["TMPDIR"] = str(temp)
+    orch.env["ORCH_FAULT_POINT"] = "launch_file_written"
+    orch.start_daemon()
+    wait_until(lambda: orch.daemon_pid() is None, 60, "the daemon to die with its launch file written")
+    runs = orch.db.parent / "runs"
+    left = list(runs.glob(".launch-*.conf"))
+    assert len(left) == 1 and left[0].stat().st_mode & 0o777 == 0o600 and b"secret-value" in left[0].read_bytes()
+    assert not list(temp.glob("*launch*"))
+    del orch.env["ORCH_FAULT_POINT"]
+    orch.start_daemon()
+    wait_until(lambda: not list(runs.glob(".launch-*.conf")), 30, "the left launch file to be swept")
+    assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}

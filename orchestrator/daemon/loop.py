@@ -42,6 +42,7 @@ from orchestrator.daemon.state import (
 from orchestrator.daemon.watcher import AttemptWatcher
 from orchestrator.errors import DaemonError
 from orchestrator.executors.base import Executor
+from orchestrator.executors.launch_gate import sweep_launch_files
 from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.executors.wake import WakeChannel
 from orchestrator.gpu import GpuProbe
@@ -147,6 +148,8 @@ class Daemon:
         self._db_identity = file_identity(self.settings.db_path)  # the file this daemon runs on
         try:
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
+            if swept := sweep_launch_files(self.ctx.runs_dir):
+                log.info("removed %d launch file(s) a stopped daemon left in %s", swept, self.ctx.runs_dir)
             self._register()
         except BaseException:
             self._lock.release()

@@ -6,11 +6,37 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
 
 GATE_FILE = ".launch-gate"  # in the runs dir, beside the wake FIFO
+LAUNCH_FILE_PREFIX, LAUNCH_FILE_SUFFIX = ".launch-", ".conf"  # a batch's tmux commands, there too
+
+
+def launch_file(runs_dir: Path | None) -> tuple[int, str]:
+    """A new private (0600, O_EXCL) file for a batch's tmux commands: in the runs dir when
+    there is one, else in the temp folder."""
+    if runs_dir is not None:
+        try:
+            return tempfile.mkstemp(prefix=LAUNCH_FILE_PREFIX, suffix=LAUNCH_FILE_SUFFIX, dir=runs_dir)
+        except OSError:
+            pass  # not writable now: the temp folder, as before
+    return tempfile.mkstemp(prefix="orch-launch-", suffix=LAUNCH_FILE_SUFFIX)
+
+
+def sweep_launch_files(runs_dir: Path) -> int:
+    """Remove the launch files a killed daemon left in the runs dir (one daemon per database,
+    so none is in use when the next one starts); how many."""
+    removed = 0
+    with contextlib.suppress(OSError):
+        for path in runs_dir.glob(LAUNCH_FILE_PREFIX + "*" + LAUNCH_FILE_SUFFIX):
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    path.unlink()
+                    removed += 1
+    return removed
 
 
 class LaunchGate:
@@ -28,6 +54,17 @@ class LaunchGate:
     def __init__(self) -> None:
         self.path: Path | None = None
         self._fd: int | None = None
+
+    @staticmethod
+    def runs_dir(run_dir: Path) -> Path | None:
+        """The runs dir above an attempt's run dir, when a daemon set it up (its wake FIFO is there)."""
+        if len(run_dir.parts) <= RUN_DIR_DEPTH:
+            return None
+        runs_dir = run_dir.parents[RUN_DIR_DEPTH - 1]
+        try:
+            return runs_dir if stat.S_ISFIFO(os.lstat(wake_path(runs_dir)).st_mode) else None
+        except OSError:
+            return None
 
     def shut(self, run_dir: Path) -> Path | None:
         """Stop holding the gate (new readers now wait); its path, None when there is none."""

@@ -15,7 +15,6 @@ import logging
 import os
 import shlex
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from libtmux.common import tmux_cmd
 from orchestrator import faults
 from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
-from orchestrator.executors.launch_gate import LaunchGate
+from orchestrator.executors.launch_gate import LaunchGate, launch_file
 from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.rundir_files import TOKEN_VAR
 from orchestrator.store.rows import Attempt
@@ -226,7 +225,7 @@ class TmuxExecutor(Executor):
                 args[args.index("#{window_id} #{pane_pid}")] = f"#{{window_id}} #{{pane_pid}} {i}"
                 lines.append(" ".join(_tmux_quote(a) for a in args))
             if lines:
-                sourced = self._source(lines)
+                sourced = self._source(lines, self._gate.runs_dir(specs[0].run_dir))
                 faults.reach("mid_launch_batch")  # windows open, their attempts not yet recorded
                 for line in sourced:
                     window_id, pane_pid, index = [*line.split(), "", "", ""][:3]
@@ -239,11 +238,15 @@ class TmuxExecutor(Executor):
                 results[i] = self._submit_or_error(spec)
         return [r for r in results if r is not None]
 
-    def _source(self, commands: list[str]) -> list[str]:
-        fd, name = tempfile.mkstemp(prefix="orch-launch-", suffix=".conf")  # 0600: holds job env
+    def _source(self, commands: list[str], runs_dir: Path | None = None) -> list[str]:
+        """Run tmux commands from a file: in the runs dir where there is one (0700, ours; a file
+        a killed daemon left there is swept when the next one starts), 0600: it holds the jobs'
+        environment (suite secrets, attempt tokens)."""
+        fd, name = launch_file(runs_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write("\n".join(commands) + "\n")
+            faults.reach("launch_file_written")
             proc = self._cmd("source-file", name)
         finally:
             with contextlib.suppress(OSError):
