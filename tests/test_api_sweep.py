@@ -4,6 +4,7 @@ runs as a script."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ pd = pytest.importorskip("pandas")
 def orch(tmp_path: Path) -> Iterator[Orch]:
     with orch_env(tmp_path) as env:
         env.write_suite("nb", {"small": {"learning_rate": 0.0001, "sim_seconds": 1.5, "sim_mem_gib": 1}}, mem_gib=1)
+        env.write_suite("ns", {"tiny": {"sim_seconds": 1, "sim_mem_gib": 1}}, mem_gib=1, not_science=["sim_seconds"])
         yield env
 
 
@@ -60,6 +62,14 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
     assert isinstance(rows, list) and rows[0].keys() == {"job", "attempt", "step", "key", "value"}
     assert {r["key"] for r in rows} >= {"loss", "test_accuracy"}
     assert sweep.jobs(as_frame=False)[0]["setting"] == "learning_rate=0.0001"
+
+    # keys a suite calls not science never split a results row
+    sweep.submit("ns", pairs="1:glue_rte", sets={"sim_seconds": 1.0})
+    sweep.submit("ns", pairs="2:glue_rte", sets={"sim_seconds": 1.5})
+    assert set(sweep.wait(timeout_s=120, poll_s=0.2, progress=False).values()) == {"succeeded"}
+    assert set(sweep.results("ns")["setting"]) == {""}  # sim_seconds dropped from the setting
+    rows = json.loads(orch.run("results", "--suite", "ns", "--json").stdout)
+    assert len(rows) == 1 and rows[0]["seeds"] == [1, 2]
 
     done = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "notebook_sweep.py"), "--db", str(orch.db),
                            "--plans", str(orch.plans), "--suite", "nb", "--pairs", "1:glue_rte 2:glue_rte"],

@@ -184,3 +184,58 @@ def _check_pages(page: Any, url: str) -> None:
     rows.nth(0).locator("input.toggle").check()
     wait_until(lambda: chart.get_attribute("data-series") == "2", 10, "the run shown again")
     page.screenshot(path=str(ARTIFACTS / "curves-stitched.png"), full_page=True)
+
+
+# A real Hugging Face Trainer on a tiny Llama on CPU: 40 steps, a log every 5, an evaluation
+# every 20 over more batches (48) than training has steps.
+REAL_TRAINER = textwrap.dedent(
+    """\
+    import sys
+
+    import torch
+    import yaml
+    from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    settings = yaml.safe_load(open(sys.argv[1])) | {"output_dir": sys.argv[2]}
+    (args,) = HfArgumentParser(TrainingArguments).parse_dict(settings, allow_extra_keys=True)
+
+
+    class Toy(torch.utils.data.Dataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            ids = torch.tensor([(i + k) % 60 + 2 for k in range(8)])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    Trainer(model=model, args=args, train_dataset=Toy(160), eval_dataset=Toy(48)).train()
+    """
+)
+
+
+def test_a_real_trainers_printed_logs_become_its_curves(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    with orch_env(tmp_path) as orch:
+        (orch.root / "hf_train.py").write_text(REAL_TRAINER)
+        (orch.plans / "configs" / "real").mkdir(parents=True)
+        config = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 1, "gradient_accumulation_steps": 1,
+                  "max_steps": 40, "logging_steps": 5, "eval_strategy": "steps", "eval_steps": 20, "save_strategy": "no",
+                  "report_to": "none", "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}
+        (orch.plans / "configs" / "real" / "real.yaml").write_text(yaml.safe_dump(config))
+        suite = {"worker": f"{PY} hf_train.py {{config}} {{run_dir}}/out", "mem_gib": 1, "configs": ["real"],
+                 "hang_timeout_s": "off", "keys": {"batch_size": "per_device_train_batch_size"}}
+        (orch.plans / "suites" / "real.yaml").write_text(yaml.safe_dump(suite))
+        orch.submit("real", "0:toy")
+        orch.start_daemon()
+        assert orch.wait_all_done(240) == {1: "succeeded"}, orch.run("show", "1").stdout
+        rows = json.loads(orch.run("curves", "--job", "1", "--format", "json").stdout)
+        assert [r["step"] for r in rows if r["key"] == "loss"] == [5 * k for k in range(1, 9)]
+        assert [r["step"] for r in rows if r["key"] == "eval_loss"] == [20, 40]  # at the training step, not batch 48
+        assert {"learning_rate", "grad_norm", "train_loss"} <= {r["key"] for r in rows}

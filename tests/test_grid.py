@@ -39,6 +39,7 @@ def test_values_are_typed_as_the_configs_hold_them(plans: Path) -> None:
     assert sets == {"learning_rate": 3.0, "batch_size": 10, "prec": "1", "target_modules": "q_proj,k_proj",
                     "gradient_checkpointing": True, "env.WANDB_MODE": "1e-4"}
     assert type(sets["learning_rate"]) is float and type(sets["batch_size"]) is int
+    assert parse_sets(["lora_r=0.5"], known, suite.configs) == {"lora_r": 0.5}  # a fraction widens, never truncated
     grid = parse_grid(["learning_rate=1e-4,3e-4", "lora_r=4,8"], known, suite.configs)
     assert grid == {"learning_rate": [1e-4, 3e-4], "lora_r": [4, 8]}
     assert all(type(v) is float for v in grid["learning_rate"])
@@ -48,7 +49,6 @@ def test_values_are_typed_as_the_configs_hold_them(plans: Path) -> None:
 @pytest.mark.parametrize(("sets", "grid", "message"), [
     (["batch_size=4", "batch_size=8"], [], "--set batch_size is given twice"),
     (["learning_rate=1e-4,3e-4"], [], "use --grid learning_rate=1e-4,3e-4"),
-    (["batch_size=2.5"], [], "batch_size is a whole number in the config"),
     (["learning_rate=fast"], [], "learning_rate is a number in the config"),
     (["gradient_checkpointing=2"], [], "true or false"),
     ([], ["seed=1,2"], "seed and data come from --pairs"),

@@ -69,6 +69,7 @@ def test_worker_killed_by_a_signal_is_recorded(tmp_path: Path) -> None:
         "leftovers": [],
         "tracking": ["subreaper"],  # no cgroup was given (ORCH_CGROUP)
         "token": "",  # none was given (ORCH_ATTEMPT_TOKEN)
+        "oom_kills": None,  # no cgroup to read memory.events from
     }
 
 

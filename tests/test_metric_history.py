@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from orchestrator.api.curves import as_csv, as_json, curve_points, stitch
 from orchestrator.attempts.history_follow import HistoryFollower
 from orchestrator.attempts.history_points import JsonLines, final_points, record_points
@@ -16,6 +18,7 @@ from orchestrator.store.bulk_history import PastAttempt, PastJob, write_history
 from orchestrator.store.db import Store
 from orchestrator.store.history import HistoryPoint, iter_history, record_history
 from orchestrator.store.history_bounds import MAX_KEYS, Point, downsample
+from tests.conftest import OrchRunner
 
 
 def _store(tmp_path: Path, attempts: int = 1) -> Store:
@@ -46,29 +49,41 @@ def test_json_lines_fed_in_chunks_keep_a_partial_line_for_later() -> None:
     assert [p.step for p in mid.feed('p": 9, "loss": 1}\n{"step": 10, "loss": 1}\n')] == [10.0]
 
 
-# What a Hugging Face Trainer prints to a file: a tqdm bar redrawn with carriage returns, log
-# dicts every 5 steps at the bar's step, an evaluation bar and eval dicts every 20, a summary.
-def hf_trainer_output(steps: int = 40, log_every: int = 5, eval_every: int = 20) -> str:
+# What a Hugging Face Trainer prints under a terminal (tmux): tqdm's bar redrawn with carriage
+# returns at most every few steps (so it lags), and every log dict through tqdm.write: the bar
+# cleared, the dict on a line of its own, the bar drawn again at the current step. Log dicts every
+# 5 steps, an evaluation bar and eval dict every 20, the summary at the end.
+def hf_trainer_output(steps: int = 40, log_every: int = 5, eval_every: int = 20, eval_batches: int = 4) -> str:
+    def bar(step: int, total: int = steps) -> str:
+        return f"\r {100 * step // total}%|###  | {step}/{total} [00:0{step % 10}<00:10,  4.00it/s]"
+
+    def write(line: str, step: int) -> str:
+        return "\r" + " " * 40 + "\r" + line + "\n" + bar(step)
+
     out = []
     for step in range(1, steps + 1):
-        out.append(f"\r {100 * step // steps}%|###  | {step}/{steps} [00:0{step % 10}<00:10,  4.00it/s]")
+        if step % 3 == 0:
+            out.append(bar(step))  # redrawn now and then: the bar before a dict may be behind
         if step % log_every == 0:
-            out.append(f"\n{{'loss': {2.0 - step / 40:.4f}, 'grad_norm': 1.5, 'learning_rate': {5e-5 * (1 - step / steps)}, "
-                       f"'epoch': {step / steps:.2f}}}\n")
+            out.append(write(f"{{'loss': {2.0 - step / 40:.4f}, 'grad_norm': 1.5, "
+                             f"'learning_rate': {5e-5 * (1 - step / steps)}, 'epoch': {step / steps:.2f}}}", step))
         if step % eval_every == 0:
-            out += [f"\r{k}/4 [00:00<00:00, 9.0it/s]" for k in range(1, 5)]
-            out.append(f"\n{{'eval_loss': {1.9 - step / 100}, 'eval_accuracy': {0.5 + step / 100}, 'eval_runtime': 0.5, "
-                       f"'eval_samples_per_second': 64.0, 'epoch': {step / steps:.2f}}}\n")
-    out.append("\n{'train_runtime': 10.0, 'train_samples_per_second': 32.0, 'train_loss': 1.5, 'epoch': 1.0}\n")
+            out += ["\n" + bar(k, eval_batches) for k in range(1, eval_batches + 1)]
+            out.append("\r" + " " * 40 + "\r\x1b[A")  # the evaluation bar cleared
+            out.append(write(f"{{'eval_loss': {1.9 - step / 100}, 'eval_accuracy': {0.5 + step / 100}, "
+                             f"'eval_runtime': 0.5, 'eval_samples_per_second': 64.0, 'epoch': {step / steps:.2f}}}", step))
+    out.append("\n" + write("{'train_runtime': 10.0, 'train_samples_per_second': 32.0, 'train_loss': 1.5, 'epoch': 1.0}",
+                             steps))
     return "".join(out)
 
 
-def test_printed_trainer_dicts_become_points_at_the_bars_step() -> None:
+@pytest.mark.parametrize("eval_batches", [4, 63])  # an evaluation bar longer than training too
+def test_printed_trainer_dicts_become_points_at_the_training_bars_step(eval_batches: int) -> None:
     parser = StdoutProgress()
-    text = hf_trainer_output()
+    text = hf_trainer_output(eval_batches=eval_batches)
     for start in range(0, len(text), 333):  # chunks cut anywhere, as a pass reads them
         parser.feed(text[start:start + 333])
-    points = parser.take_points()
+    points = parser.take_points(flush=True)
     losses = sorted((p.step, p.value) for p in points if p.key == "loss")
     assert [s for s, _ in losses] == [5.0 * k for k in range(1, 9)]
     assert losses[0][1] == 2.0 - 5 / 40
@@ -149,3 +164,14 @@ def test_a_dict_printed_after_a_bar_without_a_line_end_takes_that_bars_step() ->
     parser = StdoutProgress()
     parser.feed(" 10%|#   | 4/40 [00:01<00:09]\r 12%|#   | 5/40 [00:01<00:09]{'loss': 2.5, 'epoch': 0.1}\n")
     assert parser.take_points() == [Point(5.0, "loss", 2.5)]
+
+
+def test_orch_curves_refuses_an_unknown_job_or_suite_in_one_line(orch_inproc: OrchRunner, db_path: Path) -> None:
+    _store(db_path.parent).close()
+    done = orch_inproc("curves", "--job", "1", "--job", "7")
+    assert done.rc == 2 and done.stderr.strip() == "orch: error: no job 7 (see `orch jobs`)"
+    done = orch_inproc("curves", "--suite", "../x")
+    assert done.rc == 2 and "--suite '../x' is not a suite name" in done.stderr and "Traceback" not in done.stderr
+    done = orch_inproc("curves", "--format", "xml")
+    assert done.rc == 2 and "xml" in done.stderr
+    assert orch_inproc("curves", "--job", "1").stdout == "job,attempt,step,key,value\n"  # no point yet

@@ -84,3 +84,17 @@ def test_overlap_shortens_the_scarce_trl_trace_and_counts_its_ooms() -> None:
     assert results["oracle overlap"].makespan_min < 0.85 * results["oracle"].makespan_min
     assert results["orch overlap"].makespan_min < results["orch"].makespan_min
     assert results["orch overlap"].failed_jobs == 0
+
+
+def test_the_trl_benchmark_reports_each_jobs_slowdown_when_stacked() -> None:
+    from benchmarks.gpu.trl_sweep import slowdowns
+
+    def attempt(job: int, config: str, start: float, end: float, outcome: str = "succeeded") -> dict[str, object]:
+        return {"job": job, "config": config, "outcome": outcome, "started_at": start, "ended_at": end}
+
+    serial = {"attempts": [attempt(1, "b256", 0, 80), attempt(2, "b256", 80, 160), attempt(3, "b128", 160, 220)]}
+    stacked = {"attempts": [attempt(1, "b256", 0, 20, "oom"), attempt(1, "b256", 20, 120), attempt(2, "b256", 0, 80),
+                            attempt(3, "b128", 10, 100)]}  # fmt: skip
+    found = slowdowns(stacked, serial)
+    assert found["per_job"] == {"1": 1.25, "2": 1.0, "3": 1.5}  # an OOM'd attempt is not a run time
+    assert found["median"] == 1.25 and found["worst"] == 1.5

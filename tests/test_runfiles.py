@@ -13,7 +13,6 @@ from rows_helpers import attempt_of
 
 from orchestrator.attempts.reconcile import Verdict, judge, mark_lost, observe
 from orchestrator.attempts.rundir_reads import (
-    loss_curve,
     read_log_tail,
     read_output,
     read_result,
@@ -182,23 +181,6 @@ def test_log_reads_are_bounded_and_refuse_links_and_fifos(tmp_path: Path) -> Non
     assert read_output(run_dir, 99_998, 3) == b"xxE"
     found = stat_output(run_dir)
     assert found is not None and found.size_bytes == 100_003
-
-
-def test_loss_curve_keeps_finite_points_and_thins_them(tmp_path: Path) -> None:
-    run_dir = _run_dir(tmp_path)
-    lines = ["not json", json.dumps({"step": 1, "loss": 2.0}), json.dumps({"step": 2, "loss": float("nan")}),
-             '{"step": 4, "loss": Infinity}', json.dumps({"step": True, "loss": 1.0}), json.dumps([1, 2]),
-             json.dumps({"step": 3, "loss": 1.5})]
-    (run_dir / "progress.jsonl").write_text("\n".join(lines) + "\n")
-    assert [(p.step, p.loss) for p in loss_curve(str(run_dir))] == [(1.0, 2.0), (3.0, 1.5)]
-    (run_dir / "progress.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(5000)))
-    curve = loss_curve(run_dir, max_points=100)
-    assert len(curve) <= 101 and curve[-1].step == 4999
-    (run_dir / "progress.jsonl").unlink()
-    target = tmp_path / "elsewhere.jsonl"
-    target.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
-    (run_dir / "progress.jsonl").symlink_to(target)
-    assert loss_curve(run_dir) == []
 
 
 def test_result_json_through_a_symlink_is_not_read(tmp_path: Path) -> None:

@@ -167,8 +167,8 @@ def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float, *, b
     try:
         deadline = time.monotonic() + budget_s
         while time.monotonic() < deadline and daemon.poll() is None:
-            jobs = json.loads(orch(["jobs", "--json"], db) or "[]")
-            if jobs and all(j["state"] in ("succeeded", "failed", "cancelled") for j in jobs):
+            listed = json.loads(orch(["jobs", "--json"], db) or "[]")
+            if listed and all(j["state"] in ("succeeded", "failed", "cancelled") for j in listed):
                 break
             time.sleep(1.0)  # polling the sweep's progress
         wall_s = time.monotonic() - started
@@ -210,9 +210,9 @@ def overlap(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     ballast, info = start_ballast(work, args.leave_gib)
     try:
-        kw = {"batch": args.batch, "jobs": args.jobs, "mem_gib": args.mem_gib, "warmup": 0}
-        plain = orch_once(work, "no-overlap", False, args.steps, args.budget_s, **kw)  # type: ignore[arg-type]
-        ahead = orch_once(work, "overlap", False, args.steps, args.budget_s, overlap=True, **kw)  # type: ignore[arg-type]
+        plain, ahead = (orch_once(work, tag, False, args.steps, args.budget_s, batch=args.batch, jobs=args.jobs,
+                                  mem_gib=args.mem_gib, warmup=0, overlap=on)
+                        for tag, on in (("no-overlap", False), ("overlap", True)))
     finally:
         os.killpg(ballast.pid, 9)
         ballast.wait(30)

@@ -7,6 +7,8 @@ co-location curve.
     python benchmarks/gpu/trl_sweep.py run --work /tmp/trl --out OUT --tag serial --gpu-plan 1   # GPU
     python benchmarks/gpu/trl_sweep.py analyze --orch OUT/trl-orch.json --serial OUT/trl-serial.json
     python benchmarks/gpu/trl_sweep.py run --dry --work /tmp/trl-dry --out /tmp/trl-out --max-steps 2  # CPU
+    python benchmarks/gpu/trl_sweep.py run --case scarce --seeds 3 --max-steps 40 --mem-gib 3 --tag orch [--mps] [--overlap]
+    python benchmarks/gpu/trl_sweep.py run --case plentiful --seeds 4 --max-steps 100 --mem-gib 3 --tag orch [--mps]
 
 The sweep: a Llama of about 210M parameters (hidden 1024, 12 layers, random weights, bf16) and a
 word-level tokenizer saved once; 6,000 rows of 400 random words (`train.jsonl`); a suite `trl` whose
@@ -22,6 +24,10 @@ schedule (goal >= 0.9x): the packing simulator's oracle (benchmarks/packing) ove
 `--leave-gib`, each job at its true peak (the largest a succeeded attempt of its batch reached)
 and its solo run time (the serial run's), jobs on the card sharing by the co-location curve that
 orch measured (`orch memory`, samples/s by jobs on the card, averaged over the family's shapes).
+`analyze` also reports each job's slowdown when stacked: its run time through orch over its
+config's run time alone (serial run), median and worst. `--case scarce` (b256/b128, peaks that do
+not fit together) and `--case plentiful` (b64/b32) are the two cases of the MPS and start-up
+overlap goals; `--mps` and `--overlap` start the daemon with them.
 """
 
 from __future__ import annotations
@@ -52,7 +58,13 @@ from benchmarks.gpu.run_sweep import (
     watch_sweep,
 )
 
-BATCHES = {"b64": (64, 4), "b128": (128, 2), "b256": (256, 1)}  # config -> (batch, accumulation)
+# config -> (per-device batch, accumulation): one effective batch of 256 in every case
+CASES: dict[str, dict[str, tuple[int, int]]] = {
+    "family": {"b64": (64, 4), "b128": (128, 2), "b256": (256, 1)},  # one memory family, 3 sizes
+    "scarce": {"b256": (256, 1), "b128": (128, 2)},  # peaks that do not fit together in 24 GiB
+    "plentiful": {"b64": (64, 4), "b32": (32, 8)},  # several fit at once
+}
+BATCHES = {name: spec for case in CASES.values() for name, spec in case.items()}
 LLAMA_210M = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
               "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 1024}  # fmt: skip
 WORDS_PER_ROW = 400
@@ -100,10 +112,11 @@ def trl_command() -> str:
     return found
 
 
-def write_plans(plans: Path, model_dir: Path, data_dir: Path, max_steps: int, mem_gib: float, dry: bool) -> None:
+def write_plans(plans: Path, model_dir: Path, data_dir: Path, max_steps: int, mem_gib: float, dry: bool,
+                case: str = "family") -> None:
     (plans / "suites").mkdir(parents=True, exist_ok=True)
     (plans / "configs" / "trl").mkdir(parents=True, exist_ok=True)
-    for name, (batch, accumulation) in BATCHES.items():
+    for name, (batch, accumulation) in CASES[case].items():
         config = {"model": str(model_dir), "per_device_train_batch_size": batch,
                   "gradient_accumulation_steps": accumulation, "max_steps": max_steps, "lora_r": 16}  # fmt: skip
         (plans / "configs" / "trl" / f"{name}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -120,7 +133,7 @@ def write_plans(plans: Path, model_dir: Path, data_dir: Path, max_steps: int, me
             "keys": {"batch_size": "per_device_train_batch_size"}, "ladder": [{"halve_batch": True}],
             "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "HF_HUB_OFFLINE": "1",
                     "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-            "configs": list(BATCHES)}  # fmt: skip
+            "configs": list(CASES[case])}  # fmt: skip
     (plans / "suites" / "trl.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
 
 
@@ -147,9 +160,10 @@ def run(args: argparse.Namespace) -> int:
                           ORCH_SIM_DIR=str(tag_dir / "sim"))  # fmt: skip
     model_dir, data_dir = prepare(work, args.dry)
     db, plans = tag_dir / "state.db", tag_dir / "plans"
-    write_plans(plans, model_dir, data_dir, args.max_steps, args.mem_gib, args.dry)
+    write_plans(plans, model_dir, data_dir, args.max_steps, args.mem_gib, args.dry, args.case)
     meta: dict[str, Any] = {"tag": args.tag, "gpu_plan": args.gpu_plan, "seeds": args.seeds, "dry": args.dry,
-                            "max_steps": args.max_steps, "leave_gib": args.leave_gib, "mem_gib": args.mem_gib}  # fmt: skip
+                            "max_steps": args.max_steps, "leave_gib": args.leave_gib, "mem_gib": args.mem_gib,
+                            "case": args.case, "mps": args.mps, "overlap": args.overlap}  # fmt: skip
     ballast = daemon = None
     try:
         if not args.dry:
@@ -157,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         pairs = ",".join(f"{seed}:sft" for seed in range(1, args.seeds + 1))
         orch(["submit", "--suite", "trl", "--pairs", pairs, "--gpu-plan", args.gpu_plan], db, plans)
         daemon = start_daemon(db, ["--backend", "sim" if args.dry else "nvml", "--poll", "0.5", "--headroom", "0.1",
-                                   "--headroom-max-gib", "2.4"])  # fmt: skip
+                                   "--headroom-max-gib", "2.4", *(["--mps"] if args.mps else []),
+                                   *(["--overlap"] if args.overlap else [])])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
     finally:
         if (daemon is not None and "finished_at" not in meta) or meta.get("incomplete"):
@@ -184,7 +199,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         return {"error": "no attempts"}
     ends = [a["ended_at"] or a["started_at"] for a in attempts]
     per_config: dict[str, Any] = {}
-    for name in BATCHES:
+    for name in CASES[result["meta"].get("case", "family")]:
         mine = [a for a in attempts if a["config"] == name]
         per_config[name] = {"attempts": len(mine), "ooms": sum(a["outcome"] == "oom" for a in mine),
                             "succeeded": sum(a["outcome"] == "succeeded" for a in mine),
@@ -243,6 +258,26 @@ def oracle_makespan_s(orch_run: dict[str, Any], serial_run: dict[str, Any], leav
             "solo_s": {k: round(sum(v) / len(v), 1) for k, v in solo.items()}}  # fmt: skip
 
 
+def slowdowns(orch_run: dict[str, Any], serial_run: dict[str, Any]) -> dict[str, Any]:
+    """Each job's run time through orch (its succeeded attempt, start to end) over the mean run
+    time of its config alone (the serial run): median and worst, and every job's."""
+    solo: dict[str, list[float]] = {}
+    for a in serial_run["attempts"]:
+        if a["outcome"] == "succeeded" and a["ended_at"]:
+            solo.setdefault(a["config"], []).append(a["ended_at"] - a["started_at"])
+    per_job = {}
+    for a in orch_run["attempts"]:
+        if a["outcome"] == "succeeded" and a["ended_at"] and solo.get(a["config"]):
+            alone = sum(solo[a["config"]]) / len(solo[a["config"]])
+            per_job[str(a["job"])] = round((a["ended_at"] - a["started_at"]) / alone, 3)
+    if not per_job:
+        return {"error": "no job succeeded in both runs"}
+    ordered = sorted(per_job.values())
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"median": round(median, 3), "worst": ordered[-1], "per_job": per_job}
+
+
 def analyze(args: argparse.Namespace) -> int:
     orch_run, serial_run = json.loads(args.orch.read_text()), json.loads(args.serial.read_text())
     ours, serial = summary(orch_run), summary(serial_run)
@@ -250,11 +285,11 @@ def analyze(args: argparse.Namespace) -> int:
     oracle = oracle_makespan_s(orch_run, serial_run, float(orch_run["meta"]["leave_gib"]), slots)
     # one job at a time: its makespan is the sum of the jobs' run times; where the serial run hit
     # its budget before the last job ended, that sum (mean solo time of each job's config) stands in
-    expected_jobs = len(BATCHES) * int(serial_run["meta"]["seeds"])
+    expected_jobs = len(CASES[serial_run["meta"].get("case", "family")]) * int(serial_run["meta"]["seeds"])
     if serial.get("succeeded_jobs", 0) < expected_jobs and "solo_s" in oracle:
         serial["makespan_s"] = round(int(serial_run["meta"]["seeds"]) * sum(oracle["solo_s"].values()), 1)
         serial["makespan_from"] = "sum of solo run times (the serial run did not finish every job)"
-    report = {"orch": ours, "serial": serial, "oracle": oracle,
+    report = {"orch": ours, "serial": serial, "oracle": oracle, "slowdown": slowdowns(orch_run, serial_run),
               "speedup_vs_serial": round(serial["makespan_s"] / ours["makespan_s"], 3),
               "vs_oracle": round(oracle["makespan_s"] / ours["makespan_s"], 3) if "makespan_s" in oracle else None}  # fmt: skip
     text = json.dumps(report, indent=2)
@@ -278,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--leave-gib", type=float, default=24.0, help="memory the ballast leaves on the card")
     go.add_argument("--budget-s", type=float, default=480.0, help="then what still runs is cancelled")
     go.add_argument("--dry", action="store_true", help="CPU: sim GPUs, a tiny Llama, trl on the CPU")
+    go.add_argument("--case", choices=sorted(CASES), default="family",
+                    help="family: b64/b128/b256; scarce: b256/b128 (do not fit together); plentiful: b64/b32")
+    go.add_argument("--mps", action="store_true", help="orch daemon run --mps")
+    go.add_argument("--overlap", action="store_true", help="orch daemon run --overlap")
     look = sub.add_parser("analyze")
     look.add_argument("--orch", type=Path, required=True)
     look.add_argument("--serial", type=Path, required=True)

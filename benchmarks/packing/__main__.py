@@ -27,8 +27,8 @@ from benchmarks.packing.simulator import (
 from benchmarks.packing.trace import Trace, load_trace
 from orchestrator.scheduling.packing.types import PackingPolicy
 
-POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch", "family", "oracle", "orch overlap",
-                "family overlap", "oracle overlap", "orch mps", "oracle mps")
+POLICY_NAMES = ("rounds", "rounds+rerun", "slots", "threshold", "orch", "orch no-carry", "family", "oracle",
+                "orch overlap", "family overlap", "oracle overlap", "orch mps", "oracle mps")
 MPS_ROWS = ("orch mps", "oracle mps")  # raced with T(k) times the measured MPS gain
 
 
@@ -39,6 +39,7 @@ def make_policy(name: str, trace: Trace, packing: PackingPolicy) -> Policy:
         "slots": lambda: SlotsPolicy(trace),
         "threshold": lambda: SlotsPolicy(trace, threshold=True),
         "orch": lambda: daemon(trace, packing),
+        "orch no-carry": lambda: daemon(trace, packing, name="orch no-carry", carry=False),
         "family": lambda: FamilyPolicy(trace, packing=packing, name="family"),
         "oracle": lambda: OraclePolicy(trace),
         "orch overlap": lambda: daemon(trace, replace(packing, overlap=True), name="orch overlap"),

@@ -205,7 +205,9 @@ EARLY_FRACTION = 0.97  # share of the true peak an attempt has reached by step K
 
 
 def daemon(trace: Trace, packing: PackingPolicy | None = None, name: str = "orch",
-           known_after_s: float = KNOWN_AFTER_S, early_fraction: float = EARLY_FRACTION) -> StepKPolicy:
-    """The daemon's policy as every packing benchmark races it (its `orch` row)."""
+           known_after_s: float = KNOWN_AFTER_S, early_fraction: float = EARLY_FRACTION,
+           carry: bool = True) -> StepKPolicy:
+    """The daemon's policy as every packing benchmark races it (its `orch` row); `carry=False`:
+    without OOM evidence carried across rungs nor start where it fits (`orch no-carry`)."""
     return StepKPolicy(trace, packing=packing or PackingPolicy(), name=name, known_after_s=known_after_s,
-                       early_fraction=early_fraction, estimate=True)
+                       early_fraction=early_fraction, estimate=True, carry=carry)

@@ -11,6 +11,8 @@ the estimate is modelled (StepKPolicy.estimate). Rows:
   completion replaces it; before that, the model of the LoRA estimate once a job of the same
   model and task has succeeded, else the declared figure; the first queued job of each model
   and task not yet taught counts as longest (orchestrator.scheduling.teaching, as in the daemon).
+- `orch no-carry`, `declared no-carry`: those rows without OOM evidence carried across ladder rungs
+  and without start where it fits (orchestrator.prediction.carried): the daemon before them;
 - diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
   hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
   run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
@@ -86,7 +88,11 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         step_k(StepKPolicy, "orch best_fit", PackingPolicy(placement="best_fit")),
         step_k(KnownDurationsPolicy, "orch durations"),
         step_k(KnownPeaksPolicy, "orch peaks"),
+        daemon(trace, name="orch no-carry", known_after_s=known_after_s, early_fraction=early_fraction,
+               carry=False),
         step_k(StepKPolicy, "declared step-k", estimate=False),
+        StepKPolicy(trace, packing=PackingPolicy(), name="declared no-carry", known_after_s=known_after_s,
+                    early_fraction=early_fraction, estimate=False, carry=False),
         OrchPolicy(trace, name="declared end"),
         step_k(StepKPolicy, "declared nohold", PackingPolicy(starvation_s=1e12), estimate=False),
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from orchestrator.results.formats import csv_lines
 from orchestrator.store.db import Store
@@ -63,7 +63,7 @@ def step_value(step: float) -> int | float:
 
 
 def point_row(point: HistoryPoint) -> dict[str, int | float | str]:
-    row = asdict(point)
+    row: dict[str, int | float | str] = point._asdict()
     row["step"] = step_value(point.step)
     return row
 

@@ -25,10 +25,9 @@ from orchestrator.api.curves import COLUMNS as CURVE_COLUMNS
 from orchestrator.api.curves import curve_points, point_row
 from orchestrator.api.jobs import headline_metric
 from orchestrator.api.submit import SubmitRequest, submit_sweep
-from orchestrator.attempts.rundir_reads import read_result
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.lifecycle import JobState
-from orchestrator.results.collect import RunReader, finite_metrics
+from orchestrator.results.collect import RunReader
 from orchestrator.store.db import Store
 from orchestrator.store.job_facts import job_facts, job_states
 from orchestrator.store.queries import list_jobs, result_jobs
@@ -108,11 +107,8 @@ class Sweep:
             assert run.run_dir is not None  # kept above: succeeded runs with a run dir
             base = {"suite": run.suite, "config": run.config, "setting": setting_text(reader.setting(run).overrides),
                     "task": run.data, "seed": run.seed, "job": run.job_id, "attempt": run.n, "level": run.level}
-            test = reader.test_metrics(run.run_dir, run.output_metrics_json) or {}
-            result = read_result(Path(run.run_dir))
-            reported = result.get("metrics") if isinstance(result, dict) else None
-            val = reported.get("val") if isinstance(reported, dict) else None
-            for split, metrics in (("test", test), ("val", finite_metrics(val) if isinstance(val, dict) else {})):
+            reading = reader.reading(run.run_dir, run.output_metrics_json)
+            for split, metrics in (("test", reading.metrics or {}), ("val", reading.val_metrics)):
                 rows += [{**base, "split": split, "metric": name, "value": value} for name, value in metrics.items()]
         return _frame(rows, RESULT_COLUMNS, as_frame)
 

@@ -16,7 +16,8 @@ hundreds of training steps, and the memory it held then was taken for the shape'
 
 Every metric line understood (a log dict, a `step N/M` line with a loss, a tqdm postfix, a
 `progress_regex` match) is also a history point at its step (attempts.history_points): a log dict
-without a `step` of its own is placed at the main bar's step, else at its ordinal among such lines.
+without a `step` of its own is placed at the step of the first bar drawn (a Trainer's training
+bar, not an evaluation bar that may count more batches), else at its ordinal among such lines.
 
 Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
 last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
@@ -112,16 +113,35 @@ class StdoutProgress:
     mid_line: bool = False  # reading started inside a line: drop text up to the first line end
     points: list[Point] = field(default_factory=list)  # history points not yet taken (`take_points`)
     logged_lines: int = 0  # log dicts seen with no step known: their ordinal is their step
+    # A log dict on a line of its own (tqdm.write clears the bar, prints, redraws it) waits for the
+    # bar drawn next: tqdm redraws at most every 0.1 s, so the bar before it may lag steps behind.
+    pending: list[tuple[str, float, int]] = field(default_factory=list)  # (key, value, bar's step then)
 
-    def take_points(self) -> list[Point]:
-        """The history points understood since the last call, one per (step, key), the last winning."""
+    def take_points(self, flush: bool = False) -> list[Point]:
+        """The history points understood since the last call, one per (step, key), the last
+        winning; `flush` (the output has ended) places the dicts still waiting for a bar."""
+        if flush:
+            self._settle()
         taken = {(p.step, p.key): p for p in self.points}
         self.points = []
         return list(taken.values())
 
+    def _settle(self, step: int | None = None) -> None:
+        """Place the waiting dicts: at `step` (the training bar drawn right after them), else at
+        the step the bar showed when they were printed."""
+        for key, value, then in self.pending:
+            self._point(then if step is None else step, key, value)
+        self.pending = []
+
+    def _first_bar_key(self) -> tuple[str, int | None] | None:
+        if not self.bars:
+            return None
+        best = max(_RANKED[k[0]] for k in self.bars)
+        return next(key for key in self.bars if _RANKED[key[0]] == best)
+
     def _point(self, step: int | None, key: str, value: float) -> None:
         if step is None:
-            bar = self.main_bar()
+            bar = self._first_bar()
             step = bar.step if bar is not None else None
         if step is not None and key not in NOT_HISTORY and len(self.points) < 100_000:
             self.points.append(Point(float(step), key, value))
@@ -157,6 +177,8 @@ class StdoutProgress:
     def _line(self, line: str, partial: bool = False) -> None:
         if not line.strip():
             return
+        if self.pending and not partial and not self._draws_first_bar(line):
+            self._settle()  # what came next was not the bar: the dicts keep the step they were printed at
         if self.progress_regex is not None:
             match = self.progress_regex.search(line)
             if match is not None:
@@ -191,10 +213,15 @@ class StdoutProgress:
             elif self.main_bar() is None:
                 self.logged_lines += 1
                 point_step = self.logged_lines
+            first = self._first_bar()
+            waits = point_step is None and bar is None and first is not None  # a dict on a line of its own
             for key, value in logged.items():
                 if key in _PROGRESS_KEYS or key.startswith("eval_"):
                     self.values[key] = value
-                self._point(point_step, key, value)
+                if waits and first is not None and key not in NOT_HISTORY and len(self.pending) < 10_000:
+                    self.pending.append((key, value, first.step))
+                elif not waits:
+                    self._point(point_step, key, value)
             return
         step_match = _STEP.search(line)
         if step_match is not None:
@@ -221,6 +248,11 @@ class StdoutProgress:
             if point and step is not None:
                 self._point(step, "loss", loss)
 
+    def _draws_first_bar(self, line: str) -> bool:
+        """Whether the line draws the first bar (before any dict on it)."""
+        match = _TQDM.search(line.split("{", 1)[0])
+        return match is not None and ("tqdm", int(match.group(2))) == self._first_bar_key()
+
     def _step(self, source: str, step: int, total: int | None) -> None:
         if total is None:  # a line without its total belongs to the last bar of its kind that had one
             total = self.totals.get(source)
@@ -230,7 +262,15 @@ class StdoutProgress:
         bar = self.bars.get(key)
         if bar is None or step >= bar.step or step <= bar.step // 2:
             self.bars[key] = _Bar(step, total)
+        if self.pending and key == self._first_bar_key():
+            self._settle(self.bars[key].step)
         # else: a rank behind the others printed an older step
+
+    def _first_bar(self) -> _Bar | None:
+        """The first bar drawn of the best-ranked kind: a Trainer's training bar, drawn before
+        any evaluation bar (which may count more batches than training has steps)."""
+        key = self._first_bar_key()
+        return None if key is None else self.bars[key]
 
     def main_bar(self) -> _Bar | None:
         if not self.bars:

@@ -8,7 +8,6 @@ for the attempt's reason. Nothing here raises for bad content.
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from dataclasses import dataclass, field, replace
@@ -336,38 +335,3 @@ def read_output(run_dir: Path, start: int, max_bytes: int, name: str = RunDir.LO
         return b""
     finally:
         os.close(fd)
-
-
-# ---------------------------------------------------------------- the loss curve (web page)
-
-
-@dataclass(frozen=True)
-class LossPoint:
-    step: float
-    loss: float
-
-
-def loss_curve(run_dir: Path | str, max_points: int = MAX_CURVE_POINTS) -> list[LossPoint]:
-    """(step, loss) from the tail of progress.jsonl, thinned to at most `max_points` (and the
-    last); lines that are not a mapping of finite numbers are skipped."""
-    try:
-        with open_run_dir(Path(run_dir)) as dir_fd:
-            raw = read_file(dir_fd, RunDir.PROGRESS, CURVE_TAIL_BYTES, tail=True)
-    except (FileNotFoundError, FileProblem, RunTreeError, OSError):
-        return []
-    points: list[LossPoint] = []
-    for line in (raw or b"").decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line, parse_constant=_no_constant)
-        except (ValueError, RecursionError):
-            continue  # a partial first line, or a line being written
-        if not isinstance(record, dict):
-            continue
-        step: Any = record.get("step")
-        loss: Any = record.get("loss")
-        if _is_number(step) and _is_number(loss) and abs(step) <= 1e300 and abs(loss) <= 1e300:
-            points.append(LossPoint(float(step), float(loss)))
-    if len(points) > max_points:
-        stride = math.ceil(len(points) / max_points)
-        points = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
-    return points

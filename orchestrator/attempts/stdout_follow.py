@@ -72,10 +72,11 @@ class OutputFollower:
         followed.decoder = _decoder()
         followed.parser.resync(mid_line=offset > 0)
 
-    def take_points(self, attempt_id: int) -> list[Point]:
-        """History points its output gave since the last call (attempts.history_follow stores them)."""
+    def take_points(self, attempt_id: int, ended: bool = False) -> list[Point]:
+        """History points its output gave since the last call (attempts.history_follow stores
+        them); `ended`: its output is complete, nothing waits for a later line."""
         followed = self._followed.get(attempt_id)
-        return followed.parser.take_points() if followed is not None else []
+        return followed.parser.take_points(flush=ended) if followed is not None else []
 
     def keep_only(self, attempt_ids: Iterable[int]) -> None:
         """Forget attempts that are no longer live."""

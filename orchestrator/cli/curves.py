@@ -9,8 +9,9 @@ import click
 
 from orchestrator.api.curves import as_csv, as_json, curve_points
 from orchestrator.cli.common import db_option, open_store
-from orchestrator.errors import UsageError
+from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
+from orchestrator.store.job_facts import job_states
 
 
 @click.command("curves")
@@ -26,6 +27,9 @@ def curves_cmd(job_ids: tuple[int, ...], suite: str | None, keys: tuple[str, ...
     if suite is not None and not SUITE_NAME_RE.fullmatch(suite):
         raise UsageError(f"--suite {shown_value(suite)} is not a suite name")
     with open_store(db_path) as store:
+        missing = sorted(set(job_ids) - set(job_states(store, list(job_ids))))
+        if missing:
+            raise JobNotFound(f"no job {missing[0]} (see `orch jobs`)")
         points = curve_points(store, jobs=list(job_ids) or None, suite=suite, keys=list(keys) or None, stitched=stitch)
     click.echo(as_csv(points) if fmt == "csv" else as_json(points), nl=fmt == "json")
 

@@ -231,7 +231,7 @@ class AttemptWatcher:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
             self.lessons.host(attempt, job)
-        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=True)
+        self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id, True), ended=True)
         never = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
         complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST, disk_full_now=self.disk.full,
                  hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end, not_started=NEVER_LAUNCHED if never else None)

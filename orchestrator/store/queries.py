@@ -311,6 +311,7 @@ class ResultJob:
     state: JobState = JobState.SUCCEEDED
     reason: str | None = None  # the job's reason: why it failed or was cancelled
     inexact_rungs: tuple[str, ...] | None = None  # rungs changing numerics the attempt went through; None: not recorded
+    not_science_json: str = "[]"  # config keys that never split results rows (the suite's `not_science:`)
 
     @property
     def succeeded(self) -> bool:
@@ -322,9 +323,9 @@ _RESULT_JOBS_SQL = (
     "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, j.state, j.reason, a.n, a.level, a.level_step, "
     "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
     "a.inexact_rungs_json, "
-    "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, CASE WHEN json_valid(j.config_json) "
-    "THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END AS setting_json "
-    "FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = CASE WHEN j.state = ? "
+    "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, j.not_science_json, "
+    "CASE WHEN json_valid(j.config_json) THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END "
+    "AS setting_json FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = CASE WHEN j.state = ? "
     "THEN (SELECT MAX(s.n) FROM attempts s WHERE s.job_id = j.id AND s.outcome = ?) "
     "ELSE (SELECT MAX(l.n) FROM attempts l WHERE l.job_id = j.id) END"
 )
@@ -352,6 +353,6 @@ def result_jobs(store: Store, suite: str | None = None) -> list[ResultJob]:
             json_column(r["overrides_json"], {}), bool(r["run_alone"]), r["run_dir"],
             r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
             r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "", _STATES[r["state"]], r["reason"],
-            _names(r["inexact_rungs_json"]),
+            _names(r["inexact_rungs_json"]), r["not_science_json"] or "[]",
         ))  # fmt: skip
     return out

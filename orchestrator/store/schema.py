@@ -376,3 +376,10 @@ def m027b_startup_times(db: sqlite_utils.Database) -> None:
         "CREATE TABLE startups (key TEXT PRIMARY KEY, seconds REAL NOT NULL, held_mib INTEGER NOT NULL, "
         "samples INTEGER NOT NULL, updated_at REAL NOT NULL)"
     )
+
+
+@MIGRATIONS()
+def m026_not_science(db: sqlite_utils.Database) -> None:
+    # A suite's `not_science:` keys as of the job's submit (a JSON list): config keys such as
+    # output_dir or sim_seconds whose values never split results rows. '[]' for jobs before it.
+    db.execute("ALTER TABLE jobs ADD COLUMN not_science_json TEXT NOT NULL DEFAULT '[]'")
