@@ -49,6 +49,11 @@ class FakeClock:
     def monotonic_s(self) -> float:
         return self._mono_s
 
+    def step_wall(self, seconds: float) -> None:
+        """Move wall time alone, either way, as NTP, `date -s` or a VM resume does; the
+        monotonic reading stays where it is."""
+        self._wall_s += seconds
+
     def advance(self, seconds: float) -> None:
         if seconds < 0:
             raise ValueError(f"a clock never goes back ({seconds} s)")

@@ -55,6 +55,21 @@ class LauncherError(OrchError):
     """tmux or the subprocess launcher could not start, find or stop a worker."""
 
 
+class OrchShortOf(LauncherError):
+    """orch itself could not start a worker: out of file descriptors, processes or memory, or
+    its tmux server failed. Nothing about the job follows: it is requeued without counting and
+    without tripping the crash-loop guard."""
+
+
+# errno values that say this process (or the machine) ran short, not that a job is wrong
+RESOURCE_ERRNOS = frozenset({24, 23, 12, 11})  # EMFILE, ENFILE, ENOMEM, EAGAIN (fork: too many processes)
+
+
+def is_orch_shortage(exc: BaseException) -> bool:
+    """The error is orch's own shortage (OrchShortOf, or an OSError of RESOURCE_ERRNOS)."""
+    return isinstance(exc, OrchShortOf) or (isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS)
+
+
 class ClusterBusy(LauncherError):
     """The cluster refused a submission for now (a busy controller): submit it again later,
     without counting it against the job."""

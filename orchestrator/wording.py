@@ -60,3 +60,13 @@ def ended_on_gpu(n: int, outcome: str, gpu: int | None, *details: str) -> str:
     said = [d for d in dict.fromkeys(d.strip() for d in details) if d and d != outcome]
     where = "" if gpu is None else f" on GPU {gpu}"
     return f"attempt {n} {outcome}{where}" + (f": {'; '.join(said)}" if said else "")
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of a plain table: a line break or other control character in a name
+    (written by user code) is shown escaped (`\\n`), never splitting the row or reaching the
+    terminal as a control sequence."""
+    return text.translate(_CONTROL)

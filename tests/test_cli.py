@@ -184,7 +184,7 @@ def test_plan_set_and_show(orch_inproc: OrchRunner, db_path: Path, monkeypatch: 
 
 def test_cancel_and_retry(orch_inproc: OrchRunner) -> None:
     submit_demo(orch_inproc)
-    assert json.loads(orch_inproc("cancel", "1", "--json").stdout) == {"cancelled": [1], "stopping": [], "skipped": []}
+    assert json.loads(orch_inproc("cancel", "1", "--json").stdout) == {"cancelled": [1], "stopping": [], "finished": [], "skipped": []}
     again = json.loads(orch_inproc("cancel", "1", "--json").stdout)
     assert again["cancelled"] == [] and again["skipped"] == [{"id": 1, "state": "cancelled"}]
     assert json.loads(orch_inproc("retry", "1", "--json").stdout) == {"requeued": [1], "restarting": []}

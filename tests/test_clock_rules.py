@@ -16,6 +16,7 @@ from hostile_helpers import hostile_command
 from rows_helpers import attempt_of, job_of
 
 from orchestrator.attempts.kills import KILL_GRACE_S
+from orchestrator.attempts.reconcile import PROGRESS_REFRESH_S
 from orchestrator.clock import FakeClock
 from orchestrator.executors.slurm import executor as slurm
 from orchestrator.store.queries import get_job
@@ -36,6 +37,8 @@ def test_a_hung_worker_ignoring_sigterm_is_killed_after_the_grace_retried_once_t
             attempt = d.tick_until(lambda n=n: (a := d.running(1)) and a.n == n and a, what=f"attempt {n} running")
             log = Path(attempt.run_dir) / "stdout.log"
             d.tick_until(lambda log=log: "hostile worker: did" in log.read_text(), what="the worker to ignore SIGTERM")
+            d.clock.advance(PROGRESS_REFRESH_S)  # the daemon reads the run dir again: silence is counted from here
+            d.ticks(2)
             d.clock.advance(590)
             d.ticks(2)
             assert d.attempt(1).kill_requested is None  # silent 590 s of 600: alive

@@ -82,7 +82,7 @@ def test_orchestrator_has_no_import_cycle() -> None:
 # A job's life, bottom to top: a package imports only from its own stage and those left of it.
 # "leaf": the top-level modules of orchestrator/ (errors, clock, run-dir names, /proc, wording).
 LAYERS = ["leaf", "plans", "store", "gpu", "prediction", "executors", "attempts", "scheduling",
-          "daemon", "results", "api", "web", "cli"]  # fmt: skip
+          "actions", "daemon", "results", "api", "web", "cli"]  # fmt: skip
 
 
 def stage_of(module: str) -> str:
@@ -174,3 +174,15 @@ def test_only_executors_ask_which_executor_they_hold() -> None:
                 if "executor" in held or "launcher" in held:  # every method is the interface's own
                     found.append(f"{path.name}:{node.lineno} {ast.get_source_segment(source, node)}")
     assert not found, found
+
+
+def test_user_actions_sit_below_cli_and_web() -> None:
+    """Cancel, retry and resume are one module that the CLI and the web page both call; the web
+    page, a client of the store like the daemon, imports nothing of the daemon."""
+    graph = import_graph()
+    actions = "orchestrator.actions.user_actions"
+    assert actions in graph["orchestrator.web.app"] and actions in graph["orchestrator.cli.control"]
+    from_web = sorted(f"{m} -> {t}" for m, ts in graph.items() if stage_of(m) == "web"
+                      for t in ts if stage_of(t) == "daemon")
+    assert not from_web, from_web
+    assert not [t for t in graph[actions] if stage_of(t) in ("daemon", "web", "cli")]

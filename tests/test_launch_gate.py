@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from orchestrator.executors.tmux import GATE_FILE, LaunchGate
+from orchestrator.executors.launch_gate import GATE_FILE, LaunchGate
 
 
 def _pane_like(gate: Path, marker: Path) -> subprocess.Popen[bytes]:

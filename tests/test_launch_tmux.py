@@ -68,7 +68,7 @@ def test_window_lifecycle_remain_on_exit_and_kill(tmux: TmuxExecutor, tmp_path: 
     wait_until(lambda: (s.run_dir / "pid.json").exists())
     assert tmux.window_alive(window_id)
     window = tmux.server.windows.get(window_id=window_id)
-    assert window is not None and window.window_name == "job1-E1-87-qnli"
+    assert window is not None and window.window_name == "job1-E1-87-qnli.a1"  # the attempt id: who it is
     assert window.session.session_name == SESSION
 
     gate.touch()  # lets the worker exit on its own

@@ -175,3 +175,18 @@ def test_a_diverged_run_fails_only_where_the_suite_says_so() -> None:
     assert step.job_state is JobState.FAILED and "diverged" in step.job_fields["reason"]
     calm = classify_end(evidence(**ok, diverged=None, fail_on_divergence=True))
     assert calm.classification.outcome is AttemptOutcome.SUCCEEDED
+
+
+def test_a_stop_request_after_the_worker_ended_keeps_its_own_end() -> None:
+    """A cancel or retry read after the worker exited by itself (no signal reached its wrapper)
+    does not make its end a cancellation: a success stays a success, a failure a failure."""
+    on_its_own = {"exit_code": 0, "signal": None, "received": []}
+    for request in (KillRequest.CANCEL, KillRequest.RETRY):
+        kept = classify_end(evidence(exit_record=on_its_own, result={"status": "succeeded", "metrics": {}}, kill_reason=request))
+        assert kept.classification.outcome is AttemptOutcome.SUCCEEDED
+        assert decide_next(a_job(), LEVELS, LEVELS[0], kept).job_state is JobState.SUCCEEDED
+    failed = classify_end(evidence(exit_record={**on_its_own, "exit_code": 1}, kill_reason=KillRequest.CANCEL))
+    assert failed.classification.outcome is AttemptOutcome.FAILED
+    assert decide_next(a_job(), LEVELS, LEVELS[0], failed).job_state is JobState.CANCELLED
+    stopped = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.CANCEL))
+    assert stopped.classification.outcome is AttemptOutcome.CANCELLED

@@ -112,7 +112,7 @@ def test_claimed_by_a_dead_daemon_and_never_launched_is_lost_at_once() -> None:
     assert judge(row, observation(), HANG_S) is Verdict.PENDING
     ours = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START + 1)
     assert judge(ours, observation(), HANG_S, DAEMON_START) is Verdict.PENDING
-    late = observation(now_s=DAEMON_START + 1 + LAUNCH_GRACE_S + 1)
+    late = observation(silent_s=LAUNCH_GRACE_S + 1)  # watched that long by this daemon without pid.json
     assert judge(ours, late, HANG_S, DAEMON_START) is Verdict.LOST
 
 
@@ -121,8 +121,10 @@ def test_window_open_but_no_pid_json_yet_waits_within_the_grace() -> None:
     assert judge(row, observation(started_alive=True), HANG_S, DAEMON_START) is Verdict.PENDING
     assert judge(row, observation(started_alive=None), HANG_S, DAEMON_START) is Verdict.PENDING
     assert judge(row, observation(started_alive=False), HANG_S, DAEMON_START) is Verdict.LOST
-    late = observation(started_alive=True, now_s=row.started_at + LAUNCH_GRACE_S + 1)
+    late = observation(started_alive=True, silent_s=LAUNCH_GRACE_S + 1)
     assert judge(row, late, HANG_S, DAEMON_START) is Verdict.LOST
+    stepped = observation(started_alive=True, now_s=row.started_at + 3600, silent_s=1.0)  # a wall-clock step
+    assert judge(row, stepped, HANG_S, DAEMON_START) is Verdict.PENDING
 
 
 def test_an_exit_or_pid_record_overrides_the_launch_checks() -> None:

@@ -39,3 +39,19 @@ def test_batch_128_level_0_starts_at_the_batch_256_level_1_measurement() -> None
     shapes = {measured_at: ShapeMemory(9_318, None, 1)}
     mib, source = predict(shapes, small, job_levels(small, cache)[0], cache)
     assert source.kind is SourceKind.MEASURED and mib == round(9_318 * 1.05)
+
+
+def test_two_commands_given_identical_configs_are_two_shapes() -> None:
+    """`python small.py {config}` and `python big.py {config}` with one config file: their
+    memory is not one figure (the command's digest is part of the shape and of the family)."""
+    from orchestrator.prediction.job_facts import job_family_tag
+
+    cache = JobShapeCache()
+    config = {"model": "m", "batch_size": 8}
+    small = job_of(id=1, config_json=config, worker="python small.py {config}")
+    big = job_of(id=2, config_json=config, worker="python big.py {config}")
+    again = job_of(id=3, config_json=config, worker="python small.py {config}", seed=9)
+    level = job_levels(small, cache)[0]
+    assert job_shape_key(small, level) != job_shape_key(big, level)
+    assert job_shape_key(small, level) == job_shape_key(again, level)  # the same command, another seed
+    assert job_family_tag(small, level) != job_family_tag(big, level)

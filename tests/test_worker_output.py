@@ -35,11 +35,11 @@ ATTEMPT = attempt_of(started_at=NOW - 100.0, pid=None, proc_create_time=None)
 @pytest.mark.parametrize(
     ("obs", "timeout_s", "verdict"),
     [
-        (observation(), 10.0, Verdict.HUNG),  # nothing at all for 100 s
-        (observation(last_output_at=NOW - 1.0), 10.0, Verdict.ALIVE),  # stdout.log grew a second ago
-        (observation(last_output_at=NOW - 20.0), 10.0, Verdict.HUNG),
-        (observation(last_progress_at=NOW - 1.0, last_output_at=NOW - 50.0), 10.0, Verdict.ALIVE),
-        (observation(), 0.0, Verdict.ALIVE),  # hang_timeout_s: off
+        (observation(silent_s=100.0), 10.0, Verdict.HUNG),  # the daemon saw nothing change for 100 s
+        (observation(silent_s=1.0), 10.0, Verdict.ALIVE),  # stdout.log grew a second ago
+        (observation(silent_s=20.0), 10.0, Verdict.HUNG),
+        (observation(silent_s=None, last_output_at=NOW - 500.0), 10.0, Verdict.ALIVE),  # not watched yet: no verdict from file times
+        (observation(silent_s=100.0), 0.0, Verdict.ALIVE),  # hang_timeout_s: off
     ],
 )
 def test_any_output_is_a_sign_of_life(obs: Observation, timeout_s: float, verdict: Verdict) -> None:

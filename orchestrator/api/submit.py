@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.actions.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.daemon.notify import check_urls
-from orchestrator.daemon.suite_changes import resume_if_changed, worker_changed_since_failure
 from orchestrator.errors import PlanError, UsageError
 from orchestrator.gpu import machine_gpu_indices
 from orchestrator.plans import (

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import COLUMNS as CURVE_COLUMNS
 from orchestrator.api.curves import curve_points, point_row
 from orchestrator.api.jobs import headline_metric
 from orchestrator.api.submit import SubmitRequest, submit_sweep
-from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.results.collect import RunReader

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import is_orch_shortage
+
 DEFAULT_MIN_FREE_MIB = 256
 DEFAULT_WARN_FREE_MIB = 5 * 1024
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -88,3 +90,8 @@ def disk_full_evidence(*texts: str | None) -> str | None:
             if _EVIDENCE.search(line):
                 return line.strip()[:200]
     return None
+
+
+def orchs_own_error(exc: BaseException) -> bool:
+    """A full disk or orch's own shortage (descriptors, processes, memory): never an attempt's."""
+    return is_disk_full_error(exc) or is_orch_shortage(exc)

@@ -41,6 +41,7 @@ class EndEvidence:
     hung: bool = False  # killed by the daemon as silent past its hang timeout
     disk_full_now: bool = False  # the runs dir's filesystem is below its free-space minimum
     remote_end: ClusterEnd | None = None  # the cluster's own word (Slurm's TIMEOUT, PREEMPTED, ...)
+    not_started: str | None = None  # why its worker never started through no fault of its own
     kernel_oom_kill: bool = False  # the kernel log names a process of the attempt as OOM-killed
     checkpoint: CheckpointLeft | None = None  # what the job's next attempt would resume from
     diverged: str | None = None  # why the divergence rule flagged its loss
@@ -57,6 +58,16 @@ class EndVerdict:
     kill_reason: KillRequest | None = None
     remote_end: ClusterEnd | None = None
     resumes_from: CheckpointLeft | None = None  # a death the next attempt resumes from
+    # why the end is not the job's doing (a hang-up from outside, a launch that never
+    # happened): requeued unchanged without using up one of its attempts
+    not_the_jobs: str | None = None
+
+
+def ended_by_itself(exit_record: dict[str, object] | None) -> bool:
+    """The wrapper recorded the worker's end and no signal reached it: the worker ended on its
+    own, so no stop request (cancel, retry) can have ended it. Records from wrappers that did
+    not name the signals they received prove nothing either way (False)."""
+    return exit_record is not None and exit_record.get("received") == []
 
 
 def classify_end(evidence: EndEvidence) -> EndVerdict:
@@ -69,26 +80,32 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         signal=(exit_record or {}).get("signal"),
         result=result,
         log_tail=evidence.log_tail,
-        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY),
+        # a stop request ends an attempt only if it came before the worker's own end
+        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY) and not ended_by_itself(exit_record),
         exit_record_present=exit_record is not None and not evidence.lost,
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
         kernel_oom_kill=evidence.kernel_oom_kill or bool((exit_record or {}).get("oom_kills")),
     )
     remote_end, resumes_from = evidence.remote_end, None
+    not_the_jobs = evidence.not_started
     if remote_end is not None:
         verdict = Classification(remote_end.outcome, remote_end.reason, retryable=remote_end.retryable)
     elif stopped_from_outside(verdict.outcome, kill_reason, exit_record, result):
         verdict = Classification(AttemptOutcome.LOST, f"stopped by a signal orch did not send ({verdict.reason})")
+        not_the_jobs = "stopped from outside (a tmux server killed, a stray signal)"
     elif sigkilled_with_checkpoint(verdict, kill_reason, evidence.checkpoint):
         resumes_from = evidence.checkpoint
         verdict = Classification(AttemptOutcome.LOST, f"{REASON_SIGKILL}; a checkpoint is left to resume from")
+    elif not_the_jobs is not None and result is None:
+        verdict = Classification(AttemptOutcome.LOST, not_the_jobs)
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
         verdict, resumes_from = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})"), None
     if verdict.outcome is AttemptOutcome.SUCCEEDED and evidence.diverged and evidence.fail_on_divergence:
         verdict = Classification(AttemptOutcome.FAILED, f"diverged: {evidence.diverged} (fail_on_divergence)",
                                  retryable=False)
-    return EndVerdict(verdict, disk_full, kill_reason, remote_end, resumes_from)
+    return EndVerdict(verdict, disk_full, kill_reason, remote_end, resumes_from,
+                      not_the_jobs if verdict.outcome is AttemptOutcome.LOST else None)
 
 
 def sigkilled_with_checkpoint(
@@ -174,8 +191,15 @@ def decide_next(
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
         return _uncounted(job, "requeued unchanged, not counted: waits until the disk has space")
+    if verdict.not_the_jobs is not None and kill_reason is None:
+        return _uncounted(job, f"requeued unchanged, not counted: {verdict.not_the_jobs}")
+    if outcome.outcome is AttemptOutcome.SUCCEEDED:
+        # its worker finished before a cancel or retry could stop it: the result is kept
+        return NextStep(JobState.SUCCEEDED, {"reason": None}, "succeeded")
     if kill_reason is KillRequest.RETRY:
         return NextStep(JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued")
+    if kill_reason is KillRequest.CANCEL:  # whatever ended it, the user wants it to run no more
+        return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.own:
         # it got further (its own checkpoint): a death, not counted; each such retry needs
@@ -192,8 +216,6 @@ def decide_next(
         return _uncounted(job, "requeued unchanged, not counted")
     if outcome.outcome is AttemptOutcome.CANCELLED:
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
-    if outcome.outcome is AttemptOutcome.SUCCEEDED:
-        return NextStep(JobState.SUCCEEDED, {"reason": None}, "succeeded")
     host = job_host_settings(job)
     decision = retry_decision(
         outcome.outcome, outcome.reason, job.attempt_count, levels, level.index, job.max_attempts,

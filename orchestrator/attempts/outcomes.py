@@ -88,17 +88,19 @@ def complete(
     hung: bool = False,
     disk_full_now: bool = False,
     remote_end: ClusterEnd | None = None,
+    not_started: str | None = None,
 ) -> None:
     """Close a finished (or lost, or hung-and-killed) attempt and decide what its job does next.
     `disk_full_now`: the runs dir's filesystem is below its free-space minimum right now.
     `remote_end`: the cluster's own word on how it ended (Slurm's TIMEOUT, PREEMPTED, ...), which
     wins over the exit record the wrapper wrote when the cluster's signal stopped it.
+    `not_started`: why its worker never started through no fault of its own (requeued uncounted).
     What the attempt teaches (memory, prompt length) is written with its end, in one transaction."""
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
     found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
-                    remote_end=remote_end)
+                    remote_end=remote_end, not_started=not_started)
     ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
     step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far,
                        ran_alone=found.ran_alone)
@@ -128,7 +130,7 @@ class _Gathered:
 
 def _gather(
     store: Store, attempt: Attempt, obs: Observation | None, cache: JobShapeCache, *, lost: bool, hung: bool,
-    disk_full_now: bool, remote_end: ClusterEnd | None,
+    disk_full_now: bool, remote_end: ClusterEnd | None, not_started: str | None = None,
 ) -> _Gathered:
     run_dir = Path(attempt.run_dir)
     problems = list(obs.problems) if obs else []
@@ -148,7 +150,7 @@ def _gather(
     ended_well = not (lost or hung) and (exit_record or {}).get("exit_code") == 0
     loss = loss_verdict(job, run_dir, result) if ended_well else None
     evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
-                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end,
+                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started,
                            kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),
                            checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None,
                            diverged=loss.diverged if loss else None, fail_on_divergence=bool(loss and loss.fail))

@@ -187,9 +187,11 @@ def judge(
         started_at_s = attempt.started_at
         if attempt.executor is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
-        if obs.started_alive is False:
-            return Verdict.LOST  # the window is gone, or its command ended, without pid.json
-        if obs.now_s - started_at_s < LAUNCH_GRACE_S:
+        if obs.started_alive is False and not obs.launcher_alive:
+            # the window is gone, or its command ended, without pid.json (a wrapper the
+            # launcher started that still runs, its window killed with its server, is awaited)
+            return Verdict.LOST
+        if obs.silent_s is None or obs.silent_s < LAUNCH_GRACE_S:
             return Verdict.PENDING
         return Verdict.LOST
     alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
@@ -201,9 +203,9 @@ def judge(
 
 
 def _judge_alive(attempt: Attempt, obs: Observation, hang_timeout_s: float) -> Verdict:
-    # Alive while it makes output: progress.jsonl lines or stdout.log growing. 0 means `off`.
-    last_sign_of_life = max(attempt.started_at, obs.last_progress_at or 0.0, obs.last_output_at or 0.0)
-    if hang_timeout_s > 0 and obs.now_s - last_sign_of_life > hang_timeout_s:
+    # Alive while it makes output (progress.jsonl lines, stdout.log growing), as long as the
+    # daemon measured it on its own monotonic clock. 0 means `off`.
+    if hang_timeout_s > 0 and obs.silent_s is not None and obs.silent_s > hang_timeout_s:
         return Verdict.HUNG
     return Verdict.ALIVE
 

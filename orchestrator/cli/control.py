@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from orchestrator.actions.suite_changes import retry_jobs
+from orchestrator.actions.user_actions import Done, cancel_job, resume_suite
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -17,8 +19,6 @@ from orchestrator.cli.common import (
     plans_option,
 )
 from orchestrator.daemon.state import tmux_socket_name
-from orchestrator.daemon.suite_changes import retry_jobs
-from orchestrator.daemon.user_actions import Done, cancel_job, resume_suite
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import NotAttachable, attach_argv
 from orchestrator.lifecycle import JobState
@@ -50,6 +50,7 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
     """Cancel queued jobs; stop running ones (their whole process group)."""
     cancelled: list[int] = []
     stopping: list[int] = []
+    finished: list[int] = []  # recorded as running, but the worker already succeeded: kept
     skipped: list[dict[str, object]] = []
     with open_store(db_path) as store:
         for job_id in _select(store, jobs, suite, all_jobs, (JobState.QUEUED, JobState.RUNNING)):
@@ -58,12 +59,16 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
                 cancelled.append(job_id)
             elif done is Done.STOPPING:
                 stopping.append(job_id)
+            elif done is Done.FINISHED:
+                finished.append(job_id)
             else:
                 skipped.append({"id": job_id, "state": get_job(store, job_id).state.value})
     if as_json:
-        echo_json({"cancelled": cancelled, "stopping": stopping, "skipped": skipped})
+        echo_json({"cancelled": cancelled, "stopping": stopping, "finished": finished, "skipped": skipped})
         return
     click.echo(f"cancelled {len(cancelled)} queued job(s); stopping {len(stopping)} running job(s)")
+    for job_id in finished:
+        click.echo(f"  job {job_id} had already finished: its worker succeeded, and its result is kept")
     for item in skipped:
         click.echo(f"  job {item['id']} is {item['state']}: nothing to cancel")
 

@@ -16,13 +16,13 @@ import click
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
 from orchestrator.cli.daemon.command import start_daemon
 from orchestrator.cli.status.lines import clock, one_line
 from orchestrator.cli.status.rich_view import render_status
 from orchestrator.cli.status.snapshot import status_snapshot
-from orchestrator.daemon.state import daemon_alive
 from orchestrator.gpu.nvml import nvml_available
 from orchestrator.plans import (
     default_plans_dir,

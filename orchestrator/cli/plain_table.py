@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import click
 
+from orchestrator.wording import one_line
+
 
 def render_plain(
     columns: Sequence[str], rows: Sequence[Sequence[str]], colours: Sequence[str | None] | None = None,
@@ -15,6 +17,7 @@ def render_plain(
 ) -> str:
     """Lines of a table; cell `coloured_column` of row i gets colour `colours[i]` (click's
     names; ANSI codes that click strips when the output is not a terminal)."""
+    rows = [[one_line(cell) for cell in row] for row in rows]  # names are written by user code
     widths = [len(c) for c in columns]
     for row in rows:
         for i, cell in enumerate(row):

@@ -35,6 +35,7 @@ from orchestrator.results.selection import (
     unchosen_columns,
 )
 from orchestrator.store.queries import suite_names
+from orchestrator.wording import one_line
 
 
 @click.command("results")
@@ -115,7 +116,7 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
     if not summaries:
         click.echo("no results yet (no job submitted, or none kept by --where/--select)")
         return
-    rendered = render_rows(summaries, digits)
+    rendered = [[one_line(cell) for cell in row] for row in render_rows(summaries, digits)]
     # Columns that say nothing in this table (no overrides, no val, no levels known, no notes) are left out.
     shown = [i for i, name in enumerate(TABLE_COLUMNS) if name not in ("overrides", "val", "levels", "notes")
              or any(row[i] not in ("", "-") for row in rendered)]

@@ -42,6 +42,7 @@ from orchestrator.daemon.state import (
 from orchestrator.daemon.watcher import AttemptWatcher
 from orchestrator.errors import DaemonError
 from orchestrator.executors.base import Executor
+from orchestrator.executors.launch_gate import sweep_launch_files
 from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.executors.wake import WakeChannel
 from orchestrator.gpu import GpuProbe
@@ -120,6 +121,7 @@ class Daemon:
         self.notifier = Watcher(self.store, settings.notify_urls)
         self.mps = MpsWatch(self.store)
         self._stop = threading.Event()
+        self._hangups = 0  # SIGHUPs received since the last pass said so
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
         self._exit_dirs: list[str] = []  # the live run dirs `_exit_files` were made for
         self.wake = WakeChannel(self.ctx.runs_dir)  # wrappers poke it when their attempt ends
@@ -146,6 +148,8 @@ class Daemon:
         self._db_identity = file_identity(self.settings.db_path)  # the file this daemon runs on
         try:
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
+            if swept := sweep_launch_files(self.ctx.runs_dir):
+                log.info("removed %d launch file(s) a stopped daemon left in %s", swept, self.ctx.runs_dir)
             self._register()
         except BaseException:
             self._lock.release()
@@ -163,6 +167,7 @@ class Daemon:
             log.warning("cannot open %s: an ended attempt is seen at the next pass", self.wake.path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hangup)
         try:
             with self.store.write():
                 add_event(self.store, "daemon", f"daemon started (pid {os.getpid()}, launcher {self.executor.name})")
@@ -178,6 +183,10 @@ class Daemon:
                         break
                 except Exception:  # one bad tick must not end a sweep of days
                     log.exception("tick failed; continuing")
+                if self._hangups:  # said here, not in the handler: it may interrupt a log write
+                    log.warning("SIGHUP received (the terminal that started the daemon closed?): still running; "
+                                "`orch daemon stop` stops it")
+                    self._hangups = 0
                 poked = self._idle_until(next_full_s)
         finally:
             with contextlib.suppress(Exception):
@@ -236,6 +245,9 @@ class Daemon:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request_stop()
+
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        self._hangups += 1
 
     def request_stop(self) -> None:
         """End the loop after the current pass (a signal, or a caller running it in a thread)."""

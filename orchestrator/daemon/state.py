@@ -1,5 +1,5 @@
 """What the CLI needs to know about a daemon without loading the scheduler: where its lock,
-run dirs, simulated GPUs and tmux socket are, and whether it is alive."""
+run dirs, simulated GPUs and tmux socket are (whether it is alive: orchestrator.actions.presence)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ import fcntl
 import hashlib
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from orchestrator.attempts.reconcile import process_matches
 from orchestrator.errors import DaemonError
-from orchestrator.store.daemon_row import daemon_row_fields
-from orchestrator.store.db import Store
 
 
 def lock_path(db_path: Path) -> Path:
@@ -110,11 +107,3 @@ def _lock_database_file(db_path: Path) -> int:
             f"a daemon is already running for {db_path}; `orch daemon status` shows it, `orch daemon stop` stops it"
         ) from None
     return fd
-
-
-def daemon_alive(store: Store) -> dict[str, Any] | None:
-    """The running daemon's row, or None (the pid must be alive and be the recorded process)."""
-    row = daemon_row_fields(store)
-    if row is None or not row["pid"]:
-        return None
-    return row if process_matches(row["pid"], row["proc_create_time"]) else None

@@ -20,11 +20,11 @@ from typing import Any
 
 from orchestrator import faults
 from orchestrator.attempts.containment import StrayHunter, record_hunted
-from orchestrator.attempts.disk_space import is_disk_full_error
+from orchestrator.attempts.disk_space import is_disk_full_error, orchs_own_error
 from orchestrator.attempts.history_follow import HistoryFollower
 from orchestrator.attempts.kills import GroupStopper, ending_peaks_mib
 from orchestrator.attempts.observe_cache import ObserveCache
-from orchestrator.attempts.outcomes import abandon, complete, learn_rate
+from orchestrator.attempts.outcomes import abandon, complete
 from orchestrator.attempts.reconcile import (
     Verdict,
     disagreement,
@@ -34,9 +34,11 @@ from orchestrator.attempts.reconcile import (
     proven_group,
 )
 from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.silence import Silences
 from orchestrator.attempts.startup_lesson import learn_startup
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.clock import Clock
+from orchestrator.daemon.attempt_lessons import AttemptLessons
 from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, WRAPPER_EXIT_WAIT_S, run_dir_path
 from orchestrator.executors.base import Executor, RemoteStatus
@@ -53,7 +55,6 @@ from orchestrator.executors.wake import wait_gone
 from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import KillRequest
-from orchestrator.prediction.job_facts import attempt_shape_key
 from orchestrator.rundir_files import RunDir
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store.attempts import attempt_closed, update_attempt
@@ -61,12 +62,12 @@ from orchestrator.store.db import Store
 from orchestrator.store.endings import mark_hung
 from orchestrator.store.jobs import add_event
 from orchestrator.store.queue import live_attempts_with_jobs
-from orchestrator.store.resources import learn_host_shape
 from orchestrator.store.rows import Attempt, Job
 
 log = logging.getLogger(__name__)
 
 LIVE = (Verdict.ALIVE, Verdict.HUNG, Verdict.PENDING)
+NEVER_LAUNCHED = "its launch never completed (no window or process was recorded for it)"
 ENDED = (Verdict.FINISHED, Verdict.LOST)
 
 
@@ -95,6 +96,7 @@ class AttemptWatcher:
         self.disk = disk
         self.started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
         self.observed = ObserveCache(clock.monotonic_s)  # run-dir reads and process checks kept between passes
+        self.silences = Silences(clock.monotonic_s)  # hang and launch grace: the daemon's own measure
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
         self.history = HistoryFollower(store)  # every metric reported, kept per attempt in the database
         self.stopper = GroupStopper(clock)  # local groups being stopped, across passes
@@ -102,7 +104,7 @@ class AttemptWatcher:
         self.ending_mib: Counter[str] = Counter()  # per card: ended attempts whose group is not gone yet
         self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
         self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
-        self._rates: dict[int, tuple[int, float, int]] = {}  # attempt -> last (step, time, tenants)
+        self.lessons = AttemptLessons(store, scheduler, resources)  # host peaks and rates they teach
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
         self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
@@ -123,7 +125,7 @@ class AttemptWatcher:
         still_live = 0
         live, jobs = live_attempts_with_jobs(self.store)
         tenants = Counter(a.gpu_uuid for a in live)
-        self._rates = {a.id: r for a, r in ((a, self._rates.get(a.id)) for a in live) if r is not None}
+        self.lessons.keep_only(a.id for a in live)
         try:  # one batched question to the backend per tick (Slurm: squeue)
             statuses = self.executor.observe([(a, jobs[a.job_id]) for a in live])
         except Exception:  # a failed poll never fails a job: nothing is concluded this tick
@@ -147,9 +149,11 @@ class AttemptWatcher:
                 still_live += 1
                 if is_disk_full_error(exc):  # holds the decision, never makes one: tried again next pass
                     self.disk.note_full(exc)
+                if orchs_own_error(exc):  # never the attempt's doing
                     continue
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
+        self.silences.keep_only(a.id for a in live)
         self.history.keep_only(a.id for a in live)
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
@@ -160,8 +164,7 @@ class AttemptWatcher:
             self.resources.keep_only(a.id for a in live)
         return still_live
 
-    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception,
-                              statuses: dict[int, RemoteStatus] | None) -> None:
+    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception, statuses: dict[int, RemoteStatus] | None) -> None:
         """Record the error against the attempt (once per distinct message); after
         MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
         message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
@@ -204,7 +207,7 @@ class AttemptWatcher:
             # a process on a cluster's node: its pid and group are never recorded as killable here
             self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
                         None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
-            self._learn_rate(attempt, job, obs, tenants)
+            self.lessons.rate(attempt, job, obs, tenants)
             self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=False)
         if verdict is Verdict.HUNG and self.disk.silenced(job.hang_timeout_s):
             verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
@@ -227,10 +230,11 @@ class AttemptWatcher:
         if verdict is Verdict.LOST and look.end is None and (why := disagreement(attempt, obs)) is not None:
             log.warning("attempt %s is not ours: %s; treating it as lost", attempt.id, why)
         if verdict is Verdict.FINISHED:  # a lost attempt's peak is partial: it must not teach
-            self._learn_host(attempt, job)
+            self.lessons.host(attempt, job)
         self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id, True), ended=True)
-        complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST,
-                 disk_full_now=self.disk.full, hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end)
+        never = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
+        complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST, disk_full_now=self.disk.full,
+                 hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end, not_started=NEVER_LAUNCHED if never else None)
         self._ended.append(attempt)
         self._cancel_sent.discard(attempt.id)
         self._attempt_errors.pop(attempt.id, None)
@@ -256,6 +260,7 @@ class AttemptWatcher:
             except Exception:  # the executor could not tell: wait out the grace period
                 log.warning("cannot check the window of attempt %s", attempt.id, exc_info=True)
         obs = self._with_stdout_progress(attempt, job, obs)
+        obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
         verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
         if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
             verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
@@ -281,6 +286,7 @@ class AttemptWatcher:
                 attempt = replace(attempt, **fields)
         obs = remote_observation(obs, status)
         obs = self._with_stdout_progress(attempt, job, obs)
+        obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
         polled = statuses is not None and self.executor.answered_now
         end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
         cluster_end: ClusterEnd | None = None
@@ -349,34 +355,6 @@ class AttemptWatcher:
             fields["last_progress_at"] = obs.last_output_at
         if fields:
             update_attempt(self.store, attempt.id, **fields)
-
-    def _learn_host(self, attempt: Attempt, job: Job) -> None:
-        """A finished attempt's host RAM and CPU peaks teach its shape."""
-        self.resources.forget(attempt.id)
-        if not attempt.host_peak_mib:
-            return
-        try:
-            learn_host_shape(self.store, attempt_shape_key(job, attempt, self.scheduler.shapes),
-                             attempt.host_peak_mib, attempt.cpu_peak_cores)
-        except Exception:  # a bad config row must not stop reconciling the others
-            log.warning("cannot record the host memory of attempt %s", attempt.id, exc_info=True)
-
-    def _learn_rate(self, attempt: Attempt, job: Job, obs: Any, tenants: int) -> None:
-        """Samples/s of the attempt between two of its progress readings, recorded with the
-        number of attempts on its card when both readings saw the same number."""
-        step = (obs.last_progress or {}).get("step")
-        # progress parsed from stdout is as old as the log's last write
-        read_at = obs.last_progress_at if obs.last_progress_at is not None else obs.last_output_at
-        if not isinstance(step, int) or isinstance(step, bool) or read_at is None:
-            return
-        previous = self._rates.get(attempt.id)
-        self._rates[attempt.id] = (step, float(read_at), tenants)
-        if previous is None or previous[2] != tenants or previous[:2] == (step, float(read_at)):
-            return  # no second reading yet (progress is read again every few seconds)
-        try:
-            learn_rate(self.store, attempt, job, previous[:2], (step, float(read_at)), tenants, self.scheduler.shapes)
-        except Exception:  # a bad config row must not stop reconciling the others
-            log.warning("cannot record the rate of attempt %s", attempt.id, exc_info=True)
 
     def _stop(self, attempt: Attempt, job: Job, obs: Observation | None) -> bool:
         """Move the stop of the attempt's process group one step on (SIGTERM, SIGKILL after the

@@ -23,3 +23,8 @@ class Observation:
     launcher_alive: bool | None = None
     pid_file_present: bool = False  # something named pid.json exists, valid or not
     problems: tuple[str, ...] = ()  # what in the run dir was refused, for the attempt's reason
+    # How long the daemon has watched the attempt without a sign of life (a new progress line,
+    # stdout.log growing, pid.json appearing), on its monotonic clock: never wall time against
+    # file times, which a clock step (NTP, `date -s`, a VM resume) moves by hours. None: not
+    # watched across passes yet, so no silence is known.
+    silent_s: float | None = None

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchestrator.errors import LauncherError
+from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
 
 RUN_DIR_DEPTH = 3  # <suite>/<job>/attempt-N below the runs dir
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -26,6 +26,10 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONB
 
 class RunTreeError(LauncherError):
     """The runs tree is not safe to use: a symlink, a foreign owner, a world-writable dir."""
+
+
+class RunTreeShortOf(RunTreeError, OrchShortOf):
+    """The runs tree could not be opened for want of descriptors or memory: orch's shortage."""
 
 
 class FileProblem(Exception):
@@ -52,7 +56,7 @@ def open_runs_root(runs_dir: Path, *, create: bool) -> int | None:
             os.mkdir(runs_dir, 0o700)
         fd = _open_dir(runs_dir)
     except OSError as exc:
-        raise RunTreeError(_why_not_dir(runs_dir, exc)) from None
+        raise _refusal(runs_dir, exc) from None
     try:
         _check_dir(fd, runs_dir, root=True)
     except BaseException:
@@ -65,7 +69,12 @@ def _open_dir(path: Path) -> int:
     try:
         return os.open(path, _DIR_FLAGS)
     except OSError as exc:
-        raise RunTreeError(_why_not_dir(path, exc)) from None
+        raise _refusal(path, exc) from None
+
+
+def _refusal(path: Path, exc: OSError) -> RunTreeError:
+    """What a directory of the runs tree that could not be opened is refused with."""
+    return (RunTreeShortOf if is_orch_shortage(exc) else RunTreeError)(_why_not_dir(path, exc))
 
 
 def _why_not_dir(path: Path, exc: OSError) -> str:
@@ -131,7 +140,7 @@ def _descend(fd: int, path: Path, names: tuple[str, ...], *, create: bool) -> tu
             except FileNotFoundError:
                 raise
             except OSError as exc:
-                raise RunTreeError(_why_not_dir(path, exc)) from None
+                raise _refusal(path, exc) from None
             os.close(fd)
             fd = child
             _check_dir(fd, path)

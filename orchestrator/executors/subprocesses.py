@@ -10,7 +10,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from orchestrator.errors import LauncherError
+from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
 from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.store.rows import Attempt
@@ -43,7 +43,8 @@ class SubprocessExecutor(Executor):
                 close_fds=True,
             )
         except OSError as exc:
-            raise LauncherError(f"cannot start job {spec.job_id}: {exc}") from None
+            kind = OrchShortOf if is_orch_shortage(exc) else LauncherError
+            raise kind(f"cannot start job {spec.job_id}: {exc}") from None
         self._children[child.pid] = child
         return LaunchHandle(executor=self.name, pid=child.pid)
 

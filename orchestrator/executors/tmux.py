@@ -11,25 +11,27 @@ after the command exits (`remain-on-exit`) so the last output stays visible.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import shutil
-import stat
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import libtmux
 from libtmux import exc as tmux_exc
+from libtmux.common import tmux_cmd
 
-from orchestrator.errors import LauncherError
+from orchestrator import faults
+from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
-from orchestrator.executors.wake import RUN_DIR_DEPTH, wake_path
+from orchestrator.executors.launch_gate import LaunchGate, launch_file
 from orchestrator.executors.wrapper.run import wrapper_argv
+from orchestrator.rundir_files import TOKEN_VAR
 from orchestrator.store.rows import Attempt
 
-GATE_FILE = ".launch-gate"  # in the runs dir, beside the wake FIFO
+log = logging.getLogger(__name__)
 
 SESSION = "orch"
 SESSION_DEADLINE_S = 10.0
@@ -53,6 +55,18 @@ def too_big_for_tmux(job_id: int, argv: list[str], command_bytes: int, env_bytes
             "(`orch daemon stop`, then `orch daemon start --launcher subprocess`)")
 
 
+def window_identity(attempt_id: int, token: str | None) -> str:
+    """The end of an attempt's window name, which no other attempt's window has. tmux numbers
+    windows (@1, @2...) per server: a restarted server, or the server of the same database
+    reached by another path, gives an id again to another attempt's window, so a window is
+    closed or believed only when its name ends with this."""
+    return f".a{attempt_id}" + (f".{token[:12]}" if token else "")
+
+
+def _attempt_identity(attempt: Attempt) -> str:
+    return window_identity(attempt.id, attempt.token)
+
+
 class TmuxExecutor(Executor):
     name = "tmux"
 
@@ -67,6 +81,7 @@ class TmuxExecutor(Executor):
         # subprocesses each; a launch is then one `tmux new-window`.
         self._ready = False
         self._server_env: dict[str, str] | None = None
+        self._server_pid: str | None = None  # the tmux server's pid as last seen: a change is a restart
         self._gate = LaunchGate()
 
     def _session(self) -> libtmux.Session:
@@ -85,11 +100,20 @@ class TmuxExecutor(Executor):
                     return session
             except (tmux_exc.TmuxSessionExists, tmux_exc.LibTmuxException) as error:
                 last_error = error  # lost a race with another creator, or the server is starting
+            except OSError as error:  # tmux could not even be run (descriptors, processes)
+                raise OrchShortOf(f"cannot run tmux: {error}") from None
             time.sleep(0.1)
-        raise LauncherError(
+        raise OrchShortOf(
             f"cannot create tmux session {SESSION!r} on socket {self.socket_name!r}: {last_error}; "
             f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
         )
+
+    def _cmd(self, *args: str) -> tmux_cmd:
+        """One tmux command on our server; OrchShortOf when tmux cannot even be started."""
+        try:
+            return self.server.cmd(*args)
+        except OSError as error:
+            raise OrchShortOf(f"cannot run tmux: {error}") from None
 
     def _configure(self) -> None:
         # Server-wide on our private server: windows created later inherit these.
@@ -98,9 +122,9 @@ class TmuxExecutor(Executor):
             ("set-option", "-g", "-w", "remain-on-exit", "on"),
             ("set-option", "-g", "history-limit", "20000"),
         ):
-            proc = self.server.cmd(*args)
+            proc = self._cmd(*args)
             if proc.stderr:
-                raise LauncherError(f"tmux {' '.join(args)} failed: {' '.join(proc.stderr)}")
+                raise OrchShortOf(f"tmux {' '.join(args)} failed: {' '.join(proc.stderr)}")
 
     def _env_for_window(self, env: dict[str, str]) -> dict[str, str]:
         """Our environment where the server's global one differs (it may predate us), plus `env`."""
@@ -129,6 +153,9 @@ class TmuxExecutor(Executor):
         command = "exec " + shlex.join(wrapper_argv(spec.run_dir, spec.argv))
         if gate is not None:  # `;`: a gate that cannot be opened holds nothing back
             command = f": <{shlex.quote(str(gate))}; {command}"
+        # A hang-up (the server killed) before the wrapper takes its signals is ignored, not
+        # fatal: the wrapper starts, and forwards the ones that reach it from then on.
+        command = f"trap '' HUP; {command}"
         environment = self._env_for_window(spec.env)
         env_bytes = sum(len(k) + len(v) + 4 for k, v in environment.items())
         if len(command) + env_bytes > MAX_COMMAND_BYTES:
@@ -136,16 +163,18 @@ class TmuxExecutor(Executor):
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
-            raise LauncherError(f"cannot create run dir {spec.run_dir}: {error}") from None
+            kind = OrchShortOf if is_orch_shortage(error) else LauncherError
+            raise kind(f"cannot create run dir {spec.run_dir}: {error}") from None
+        name = spec.window_name + window_identity(spec.attempt_id, spec.env.get(TOKEN_VAR))
         args = ["new-window", "-d", "-P", "-F", "#{window_id} #{pane_pid}", "-t", f"={SESSION}:",
-                "-n", spec.window_name, "-c", str(spec.cwd or Path.cwd())]
+                "-n", name, "-c", _format_literal(str(spec.cwd or Path.cwd()))]
         for key, value in environment.items():
             args += ["-e", f"{key}={value}"]
         return [*args, command]
 
     def _run(self, args: list[str], expected: int) -> list[str]:
         """Run a tmux command (sequence); the lines it printed, one per window opened."""
-        proc = self.server.cmd(*args)
+        proc = self._cmd(*args)
         lines = [line for line in proc.stdout if line.strip()]
         if proc.returncode != 0 and len(lines) < expected:
             self._ready = False  # the session may have gone: make it again on the next try
@@ -164,7 +193,7 @@ class TmuxExecutor(Executor):
             self._prepare()
             lines = self._run(args, 1)
         if not lines:
-            raise LauncherError(
+            raise OrchShortOf(
                 f"tmux could not open a window for job {spec.job_id}; "
                 f"check `tmux -L {self.socket_name} ls`, or set ORCH_LAUNCHER=subprocess"
             )
@@ -177,7 +206,10 @@ class TmuxExecutor(Executor):
         not open is known, and tried again alone."""
         if len(specs) <= 1:
             return super().submit_many(specs)
-        self._prepare()
+        try:
+            self._prepare()
+        except OrchShortOf as error:  # nothing opened: each attempt is told why
+            return [error for _ in specs]
         results: list[LaunchHandle | Exception | None] = [None] * len(specs)
         lines: list[str] = []
         gate = self._gate.shut(specs[0].run_dir) if specs else None
@@ -193,7 +225,9 @@ class TmuxExecutor(Executor):
                 args[args.index("#{window_id} #{pane_pid}")] = f"#{{window_id}} #{{pane_pid}} {i}"
                 lines.append(" ".join(_tmux_quote(a) for a in args))
             if lines:
-                for line in self._source(lines):
+                sourced = self._source(lines, self._gate.runs_dir(specs[0].run_dir))
+                faults.reach("mid_launch_batch")  # windows open, their attempts not yet recorded
+                for line in sourced:
                     window_id, pane_pid, index = [*line.split(), "", "", ""][:3]
                     if index.isdigit() and int(index) < len(specs):
                         results[int(index)] = self._handle(f"{window_id} {pane_pid}")
@@ -204,42 +238,82 @@ class TmuxExecutor(Executor):
                 results[i] = self._submit_or_error(spec)
         return [r for r in results if r is not None]
 
-    def _source(self, commands: list[str]) -> list[str]:
-        fd, name = tempfile.mkstemp(prefix="orch-launch-", suffix=".conf")  # 0600: holds job env
+    def _source(self, commands: list[str], runs_dir: Path | None = None) -> list[str]:
+        """Run tmux commands from a file: in the runs dir where there is one (0700, ours; a file
+        a killed daemon left there is swept when the next one starts), 0600: it holds the jobs'
+        environment (suite secrets, attempt tokens)."""
+        fd, name = launch_file(runs_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write("\n".join(commands) + "\n")
-            proc = self.server.cmd("source-file", name)
+            faults.reach("launch_file_written")
+            proc = self._cmd("source-file", name)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(name)
         return [line for line in proc.stdout if line.strip()]
 
-    def _pane_dead(self, window_id: str) -> bool | None:
-        """None when the window does not exist, else whether its command has exited."""
-        proc = self.server.cmd("list-panes", "-t", window_id, "-F", "#{pane_dead}")
+    def _seen_server(self, pid: str) -> None:
+        """Note the server's pid; a different one means orch's tmux server was restarted (the
+        user's `tmux kill-server`): every window id of the old one is void, and the new server
+        needs the session, options and environment set up again."""
+        if self._server_pid is not None and pid != self._server_pid:
+            log.warning("orch's tmux server was restarted (pid %s, now %s): windows of the old server are gone; "
+                        "their attempts are judged by their run dirs", self._server_pid, pid)
+            self._ready = False
+            self._server_env = None
+        self._server_pid = pid
+
+    def _window(self, window_id: str) -> tuple[bool, str] | None:
+        """(whether its command has exited, its name) of a window; None when there is none."""
+        proc = self._cmd("list-panes", "-t", window_id, "-F", "#{pid} #{pane_dead} #{window_name}")
         if proc.returncode != 0 or not proc.stdout:
             return None
-        return proc.stdout[0].strip() == "1"
+        pid, dead, name = [*proc.stdout[0].split(" ", 2), "", ""][:3]
+        self._seen_server(pid)
+        return dead == "1", name
+
+    def _pane_dead(self, window_id: str, identity: str | None = None) -> bool | None:
+        """None when the window does not exist (or, given `identity`, is another attempt's),
+        else whether its command has exited."""
+        window = self._window(window_id)
+        if window is None or (identity is not None and not window[1].endswith(identity)):
+            return None
+        return window[0]
 
     def window_alive(self, window_id: str) -> bool:
         return self._pane_dead(window_id) is False
 
     def started_alive(self, attempt: Attempt) -> bool | None:
-        """Whether the attempt's pane still runs its command (before its wrapper wrote pid.json)."""
+        """Whether the attempt's pane still runs its command (before its wrapper wrote pid.json);
+        a window of that id that is another attempt's (a restarted server) is not its pane."""
         if attempt.executor != self.name or not attempt.executor_id:
             return None
-        return self.window_alive(attempt.executor_id)
+        return self._pane_dead(attempt.executor_id, _attempt_identity(attempt)) is False
 
     def cleanup(self, attempts: Sequence[Attempt]) -> None:
         """Close the windows of attempts whose ends are recorded (their output is in stdout.log),
-        so windows of finished attempts do not pile up."""
-        self.kill_windows([a.executor_id for a in attempts if a.executor == self.name and a.executor_id])
+        so windows of finished attempts do not pile up. Only a window whose name is the
+        attempt's is closed: after a server restart its id may be a new attempt's window."""
+        wanted = {a.executor_id: _attempt_identity(a) for a in attempts if a.executor == self.name and a.executor_id}
+        if not wanted:
+            return
+        proc = self._cmd("list-windows", "-a", "-F", "#{pid} #{window_id} #{window_name}")
+        if proc.returncode != 0:
+            return  # no server: no window left to close
+        ours: list[str] = []
+        for line in proc.stdout:
+            pid, window_id, name = [*line.split(" ", 2), "", ""][:3]
+            self._seen_server(pid)
+            identity = wanted.get(window_id)
+            if identity is not None and name.endswith(identity):
+                ours.append(window_id)
+        self.kill_windows(ours)
 
     def kill_window(self, window_id: str) -> None:
         if self._pane_dead(window_id) is None:
             return  # already gone: killing is idempotent
-        proc = self.server.cmd("kill-window", "-t", window_id)
+        proc = self._cmd("kill-window", "-t", window_id)
         if proc.returncode != 0 and self._pane_dead(window_id) is not None:
             raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
 
@@ -269,63 +343,10 @@ class TmuxExecutor(Executor):
             self.server.kill()
 
 
-class LaunchGate:
-    """Holds the panes of one batch until every window of it is open.
-
-    tmux opens a batch's windows one after another, and each pane starts its interpreter at
-    once: on a busy machine 64 interpreters starting side by side slowed the batch from 0.2
-    to 2 s, and the pass that launched it. So each pane of a batch first opens a FIFO in the
-    runs dir for reading, which blocks while no writer holds it; the daemon holds it (read and
-    write: never blocks) except while it opens a batch. A daemon that dies with the gate shut
-    leaves those panes waiting until the next daemon opens it; their wrappers then find the
-    attempt declared lost, and start nothing. A missing or replaced gate holds nothing back.
-    """
-
-    def __init__(self) -> None:
-        self.path: Path | None = None
-        self._fd: int | None = None
-
-    def shut(self, run_dir: Path) -> Path | None:
-        """Stop holding the gate (new readers now wait); its path, None when there is none."""
-        if len(run_dir.parts) <= RUN_DIR_DEPTH:
-            return None
-        runs_dir = run_dir.parents[RUN_DIR_DEPTH - 1]
-        try:  # only in a runs dir a daemon has set up: its wake FIFO is there
-            if not stat.S_ISFIFO(os.lstat(wake_path(runs_dir)).st_mode):
-                return None
-        except OSError:
-            return None
-        path = runs_dir / GATE_FILE
-        try:
-            os.mkfifo(path, 0o600)
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
-        try:
-            if not stat.S_ISFIFO(os.lstat(path).st_mode):
-                return None
-        except OSError:
-            return None
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-        self.path = path
-        return path
-
-    def release(self) -> None:
-        """Hold the gate again: every pane waiting on it goes on."""
-        if self.path is None or self._fd is not None:
-            return
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            self._fd = fd
-        else:
-            os.close(fd)
+def _format_literal(text: str) -> str:
+    """`text` where tmux expands formats (`-c`: a folder named `exp #(id > f)` would run that
+    command): every `#` doubled, which tmux reads as one literal `#`."""
+    return text.replace("#", "##")
 
 
 def _tmux_quote(text: str) -> str:

@@ -241,7 +241,20 @@ def received_memory_config(job: Job, level: Level) -> tuple[dict[str, Any], list
     extra = list(job.memory_keys)
     if job.gpus > 1:
         config, extra = {**config, "gpus": job.gpus}, [*extra, "gpus"]
+    if job.worker not in OUR_WORKERS:
+        # Two commands given identical config files are two programs (`python small.py {config}`,
+        # `python big.py {config}`): the command's digest keeps their memory apart.
+        config, extra = {**config, WORKER_DIGEST_KEY: worker_digest(job.worker)}, [*extra, WORKER_DIGEST_KEY]
     return config, extra
+
+
+WORKER_DIGEST_KEY = "orch.worker_sha256"  # a name no config key has (orch's keys have no dots)
+
+
+def worker_digest(worker: str) -> str:
+    """The digest of a job's worker command template (its placeholders unfilled, so the same
+    for every seed and task)."""
+    return hashlib.sha256(worker.encode()).hexdigest()[:16]
 
 
 def job_shape_key(job: Job, level: Level) -> str:

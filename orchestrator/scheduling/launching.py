@@ -14,7 +14,13 @@ import psutil
 
 from orchestrator.attempts.containment import tracking_env
 from orchestrator.attempts.disk_space import is_disk_full_error
-from orchestrator.errors import ClusterBusy, InvalidTransition, LauncherError, OrchError
+from orchestrator.errors import (
+    ClusterBusy,
+    InvalidTransition,
+    LauncherError,
+    OrchError,
+    is_orch_shortage,
+)
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, in_threads
 from orchestrator.executors.checkpoints import CheckpointSearch, search_checkpoints
 from orchestrator.executors.provenance import WORKER_PROVENANCE_NOTES, WORKER_PROVENANCE_VAR
@@ -112,7 +118,9 @@ def launch_all(
             from orchestrator.attempts.outcomes import fail_before_start
 
             full = is_disk_full_error(outcome)
-            busy = isinstance(outcome, ClusterBusy)  # submitted again once the cluster answers, not counted
+            # submitted again once the cluster answers, or once orch has descriptors, processes,
+            # memory or a working tmux again: not the job's doing, not counted
+            busy = isinstance(outcome, ClusterBusy) or is_orch_shortage(outcome)
             fail_before_start(store, claimed.attempt, f"{'disk full: ' if full else ''}could not start: {outcome}",
                               disk_full=full, not_counted=busy)
 

@@ -152,6 +152,12 @@ def latest_attempt(store: Store, job_id: int) -> Attempt | None:
     return Attempt.from_row(rows[0]) if rows else None
 
 
+def live_attempt(store: Store, job_id: int) -> Attempt | None:
+    """The job's attempt whose end is not recorded yet, if it has one."""
+    rows = store.query("SELECT * FROM attempts WHERE job_id = ? AND outcome IS NULL ORDER BY n DESC LIMIT 1", [job_id])
+    return Attempt.from_row(rows[0]) if rows else None
+
+
 def get_events(store: Store, job_id: int | None = None, limit: int = 200) -> list[Event]:
     """A job's first `limit` events, or (no job) the latest `limit` of all; oldest first."""
     return recent_events(store, limit) if job_id is None else job_events(store, job_id, limit)

@@ -30,8 +30,8 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from orchestrator.daemon.suite_changes import retry_jobs
-from orchestrator.daemon.user_actions import Done, cancel_job, resume_suite, retry_job
+from orchestrator.actions.suite_changes import retry_jobs
+from orchestrator.actions.user_actions import Done, cancel_job, resume_suite, retry_job
 from orchestrator.errors import JobNotFound, OrchError, UsageError
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_regular_file
 from orchestrator.lifecycle import JobState

@@ -22,7 +22,7 @@ PAGES = (("overview", "/", "Overview"), ("jobs", "/jobs", "Jobs"), ("timeline", 
          ("memory", "/memory", "Memory"), ("curves", "/curves", "Curves"), ("results", "/results", "Results"))
 COUNT_ORDER = ("queued", "running", "succeeded", "failed", "cancelled")
 
-# Which actions a job's state allows (as orchestrator.daemon.user_actions decides; test_web_unit checks both agree).
+# Which actions a job's state allows (as orchestrator.actions.user_actions decides; test_web_unit checks both agree).
 ACTIONS_BY_STATE: dict[JobState, tuple[str, ...]] = {
     JobState.QUEUED: ("cancel",),
     JobState.RUNNING: ("cancel", "retry"),

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import curve_points, stitch
 from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
-from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.results.collect import RunReader, finite_metrics, job_metrics

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import psutil
 
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
 from orchestrator.cli.daemon.setup import (
@@ -26,8 +27,8 @@ from orchestrator.cli.daemon.setup import (
 )
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
 from orchestrator.daemon.notify import check_urls
-from orchestrator.daemon.state import DaemonLock, daemon_alive, runs_dir
-from orchestrator.errors import DaemonError, MissingDatabase, StoreError
+from orchestrator.daemon.state import DaemonLock, runs_dir
+from orchestrator.errors import DaemonError, MissingDatabase, StoreError, UsageError
 from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.db import Store, now_s
@@ -78,6 +79,7 @@ def daemon_run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)
+    check_no_newline(db_path)
     Store(db_path).close()  # create and migrate before taking the lock
     probe, worker_env = resolve_backend(db_path, backend)
     executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)
@@ -132,6 +134,16 @@ def daemon_start(
     )
 
 
+def check_no_newline(db_path: Path) -> None:
+    """Refuse, before anything is written, a state.db folder or working directory whose path has
+    a line break: tmux and its window commands take paths one per line, so every launch from it
+    would fail and count against its job."""
+    for what, path in (("the state.db folder", Path(db_path).resolve().parent), ("the working directory", Path.cwd())):
+        if "\n" in str(path) or "\r" in str(path):
+            raise UsageError(f"{what} {str(path)!r} has a line break in its path, which tmux cannot take: "
+                             "use a folder without one")
+
+
 def start_daemon(
     db_path: Path,
     *,
@@ -145,6 +157,7 @@ def start_daemon(
 ) -> int:
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
+    check_no_newline(db_path)
     check_runs_root(runs_dir(db_path), create=False)  # a planted or foreign runs dir: say so here
     # Fail here, in the user's terminal, when the GPUs cannot be read.
     probe, _ = resolve_backend(db_path, backend)

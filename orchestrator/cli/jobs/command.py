@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
     open_store,
     parse_job_ids,
 )
+from orchestrator.cli.jobs.log_stream import TerminalText, copy_from, tail_offset
 from orchestrator.cli.jobs.table import STATE_STYLES, jobs_extras, print_jobs
 from orchestrator.errors import UsageError
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_regular_file
@@ -162,10 +163,12 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
 @click.argument("job")
 @click.option("--attempt", "attempt_n", type=int, default=None, help="Attempt number (default: the latest).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the attempt ends.")
-@click.option("--tail", "tail_lines", type=int, default=None, help="Only the last N lines.")
+@click.option("--tail", "tail_lines", type=click.IntRange(min=1), default=None, help="Only the last N lines (N >= 1).")
+@click.option("--raw", is_flag=True, help="The bytes as the worker wrote them, terminal control sequences included.")
 @db_option
-def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | None, db_path: Path) -> None:
-    """Print an attempt's stdout.log."""
+def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | None, raw: bool, db_path: Path) -> None:
+    """Print an attempt's stdout.log (in blocks: any size, little memory). Control sequences
+    the worker printed (titles, clipboard writes, cursor moves) are left out, colours kept."""
     (job_id,) = parse_job_ids((job,))
     with open_store(db_path) as store:
         get_job(store, job_id)
@@ -183,25 +186,28 @@ def logs_cmd(job: str, attempt_n: int | None, follow: bool, tail_lines: int | No
         raise UsageError(f"no log yet at {log_path}") from None
     except (FileProblem, RunTreeError) as exc:
         raise UsageError(f"cannot show {log_path}: {exc}") from None
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read()
-        if tail_lines is not None:
-            data = b"\n".join(data.splitlines()[-tail_lines:]) + b"\n"
-        click.echo(data.decode("utf-8", errors="replace"), nl=False)
-        if not follow:
-            return
+    out = click.get_binary_stream("stdout")  # type: ignore[operator]  # (click types the lookup loosely)
+    cleaner = None if raw else TerminalText()
+
+    def write(block: bytes) -> None:
+        out.write(block if cleaner is None else cleaner.feed(block).encode("utf-8", errors="replace"))
+        out.flush()
+
+    try:
+        offset = copy_from(fd, tail_offset(fd, tail_lines) if tail_lines is not None else 0, write)
         exit_record = files.exit
-        while True:
-            chunk = handle.read()
-            if chunk:
-                click.echo(chunk.decode("utf-8", errors="replace"), nl=False)
-            elif exit_record.exists():
-                rest = handle.read()
-                if rest:
-                    click.echo(rest.decode("utf-8", errors="replace"), nl=False)
-                return
-            else:
+        while follow:
+            grown = copy_from(fd, offset, write)
+            if grown == offset and exit_record.exists():
+                offset = copy_from(fd, offset, write)  # what came with the end
+                break
+            if grown == offset:
                 time.sleep(0.3)  # following a file: poll its growth
+            offset = grown
+        if cleaner is not None:
+            out.write(cleaner.feed(b"", final=True).encode("utf-8", errors="replace"))
+    finally:
+        os.close(fd)
 
 
 def register(group: click.Group) -> None:

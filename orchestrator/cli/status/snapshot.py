@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from orchestrator.daemon.state import daemon_alive
+from orchestrator.actions.presence import daemon_alive
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.queries import iter_status_jobs, state_counts
 from orchestrator.store.resources import read_host_reading

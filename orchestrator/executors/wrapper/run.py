@@ -195,6 +195,11 @@ def run(run_dir: Path, argv: list[str]) -> int:
 def _run_held(held: HeldRunDir, argv: list[str]) -> int:
     """The attempt, with every record written through `held` (see held_dir)."""
     run_dir = held.path
+    # A signal before the worker starts (the tmux server killed while this wrapper starts up:
+    # SIGHUP) is kept and forwarded once the worker runs, so it is named in exit.json like any.
+    early: list[int] = []
+    for signum in FORWARDED:
+        signal.signal(signum, lambda received_signum, _frame: early.append(received_signum))
     pgid = become_group_leader()
     # Before the worker starts: whatever it starts stays in the cgroup and, orphaned, in our
     # tree (strays), so none of it outlives the attempt or hides its GPU memory.
@@ -259,6 +264,8 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
+        for early_signum in early:
+            forward(early_signum, None)
         write_quietly(held, RunDir.PID, {**info, "child_pid": child.pid})
 
         assert child.stdout is not None

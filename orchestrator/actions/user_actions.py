@@ -5,14 +5,16 @@ from __future__ import annotations
 import shlex
 from enum import Enum
 
+from orchestrator.actions.presence import daemon_alive
+from orchestrator.attempts.classify import Classification
+from orchestrator.attempts.ended import end_of_exited
 from orchestrator.attempts.reconcile import group_is_ours
-from orchestrator.daemon.state import daemon_alive
 from orchestrator.errors import UsageError
-from orchestrator.lifecycle import JobState, KillRequest
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.store.control import request_stop, start_fresh, unpause_suite
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import cancel_queued, transition
-from orchestrator.store.queries import get_job
+from orchestrator.store.queries import get_job, live_attempt
 from orchestrator.store.rows import Job
 from orchestrator.wording import fmt_value
 
@@ -21,6 +23,7 @@ class Done(str, Enum):
     CANCELLED = "cancelled"  # a queued job, now cancelled
     REQUEUED = "requeued"  # a failed or cancelled job, queued again
     STOPPING = "stopping"  # a running job: the daemon stops it and records the end
+    FINISHED = "finished"  # a running job whose worker already succeeded: its result is kept
     SKIPPED = "skipped"  # nothing to do in its state
 
 
@@ -38,13 +41,27 @@ def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
     return True
 
 
+def _exited_end(store: Store, job: Job) -> Classification | None:
+    """How the job's live attempt ended, when its worker already exited on its own (the daemon
+    was stopped or paused and has not recorded it yet); None while it runs."""
+    attempt = live_attempt(store, job.id)
+    return end_of_exited(attempt, job) if attempt is not None else None
+
+
 def cancel_job(store: Store, job_id: int) -> Done:
-    """Raises JobNotFound for an unknown id."""
-    state = get_job(store, job_id).state
-    if state is JobState.QUEUED:
+    """Raises JobNotFound for an unknown id. A running job whose worker already succeeded is
+    left to finish as it did (the daemon records its success); one whose worker ended otherwise
+    is cancelled, its attempt keeping the outcome it had."""
+    job = get_job(store, job_id)
+    if job.state is JobState.QUEUED:
         cancel_queued(store, job_id, "cancelled by user")
         return Done.CANCELLED
-    if state is JobState.RUNNING and _stop_running(store, job_id, KillRequest.CANCEL):
+    if job.state is not JobState.RUNNING:
+        return Done.SKIPPED
+    ended = _exited_end(store, job)
+    if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:
+        return Done.FINISHED
+    if _stop_running(store, job_id, KillRequest.CANCEL):
         return Done.STOPPING
     return Done.SKIPPED
 
@@ -71,16 +88,23 @@ def check_retryable(store: Store, job_id: int) -> Job:
     """The job, when a retry can take it (failed, cancelled or running); else UsageError, naming
     what to do instead. Writes nothing."""
     job = get_job(store, job_id)
+    if job.state is JobState.RUNNING:
+        ended = _exited_end(store, job)
+        if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:
+            raise UsageError(_succeeded_already(job, f"job {job_id} is recorded as running, but its worker already succeeded"))
     if job.state in (JobState.FAILED, JobState.CANCELLED, JobState.RUNNING):
         return job
     if job.state is JobState.SUCCEEDED:
-        sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
-        raise UsageError(
-            f"job {job_id} succeeded: a retry is for failed, cancelled or running jobs; to run it again, "
-            f"`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}{sets} --force` "
-            "(it queues every config of the suite for that pair)"
-        )
+        raise UsageError(_succeeded_already(job, f"job {job_id} succeeded"))
     raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
+
+
+def _succeeded_already(job: Job, said: str) -> str:
+    """Why a succeeded job is not retried, and the command that runs it again."""
+    sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
+    return (f"{said}: a retry is for failed, cancelled or running jobs; to run it again, "
+            f"`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}{sets} --force` "
+            "(it queues every config of the suite for that pair)")
 
 
 def resume_suite(store: Store, suite: str) -> None:

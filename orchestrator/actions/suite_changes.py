@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.daemon.user_actions import Done, check_retryable, retry_job
+from orchestrator.actions.user_actions import Done, check_retryable, retry_job
 from orchestrator.errors import PlanError, SuiteNotFound
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import Pair, check_worker_template, expand_jobs, load_suite
