@@ -143,6 +143,9 @@ def test_the_dashboard_at_80x24_and_100x35_shows_all_five_running_jobs_with_thei
         assert len(lines) <= height and max(len(line) for line in lines) <= width, (width, height)
         header = next(line for line in lines if " job " in line and " config " in line)
         assert "seed" in header.split() and "step" in header.split() and "loss" in header.split()
+        assert "lvl" in header.split()  # the ladder level outlives elapsed and att on a narrow frame
+        if width == 80:
+            assert "att" not in header.split()
         for job_id, seed in zip(range(100, 105), (87, 127, 1337, 2024, 7), strict=True):
             (row,) = [line for line in lines if f" {job_id} " in line]
             assert f" {seed} " in row and "3/10" in row and "0.500" in row, row
