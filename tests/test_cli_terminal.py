@@ -24,7 +24,7 @@ def add_attempt(db_path: Path, *, reason: str, outcome: str = "oom", exit_code: 
             "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
             "outcome, exit_code, reason, changes_json, predicted_peak_mib, prediction_source, reserved_mib) "
             "VALUES (1, 1, 1, 'checkpointing', 0, 'GPU-0', '/nonexistent', ?, ?, ?, ?, ?, ?, 10000, "
-            "'measured (running, step 10)', 0)",
+            "'measured: running, step 10', 0)",
             [STARTED_S, STARTED_S + 100, outcome, exit_code, reason,
              json.dumps({"gradient_checkpointing": True})],
         )
@@ -56,7 +56,7 @@ def test_show_at_80_columns_keeps_dates_whole(
     assert _ts(STARTED_S) in out  # the start date and time on one line, whole
     assert "…" not in out
     assert "[bold]x[/]" in out  # a reason is text, never markup
-    assert "measured (running, step 10)" in out
+    assert "measured: running, step 10" in out
 
 
 OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has a total capacity of 23.65 GiB of which "

@@ -107,7 +107,7 @@ def test_running_peak_is_used_until_completion_replaces_it() -> None:
     running = RunningPeak(peak_mib=10_000, step=10)
     p = predict_peak_mib(None, 30_000, 20_000, running=running)
     assert (p.mib, p.source) == (11_500, PredictionSource(SourceKind.RUNNING, step=10))
-    assert p.source.render() == "measured (running, step 10)"
+    assert p.source.render() == "measured: running, step 10"
     done = predict_peak_mib(ShapeMemory(10_400, None, 1), 30_000, 20_000, running=running)
     assert (done.mib, done.source.kind) == (10_920, SourceKind.MEASURED)
     # a running attempt that has already gone above the completed peak raises it
@@ -120,7 +120,7 @@ def test_running_peak_is_used_until_completion_replaces_it() -> None:
 
 def test_transfer_comes_before_estimate_and_declared() -> None:
     p = predict_peak_mib(None, 30_000, 20_000, transfer=Transfer(8_000, PredictionSource(SourceKind.LEVEL, level=0)))
-    assert (p.mib, p.source.render()) == (8_400, "measured (level 0 peak)")
+    assert (p.mib, p.source.render()) == (8_400, "measured: level 0 peak")
 
 
 def test_fold_running_keeps_the_largest_peak_and_furthest_step() -> None:
@@ -147,7 +147,7 @@ def test_task_transfer_scales_by_prompt_length_and_keeps_the_tightest_bound() ->
     assert shorter is not None and shorter.mib == 8_000
     both = task_transfer(150, {"qnli": (9_000, 300), "rte": (4_000, 100)})
     assert both is not None and both.mib == 6_000 and both.source.task == "rte"
-    assert both.source.render() == "measured (rte peak at 100 tokens, scaled to 150)"
+    assert both.source.render() == "measured: rte peak at 100 tokens, scaled to 150"
 
 
 def _attempt(job_id: int, level: int, step: int | None, peak: int, reported: int | None = None) -> Attempt:
@@ -170,7 +170,7 @@ def test_memory_held_before_step_k_is_a_floor_not_a_measurement() -> None:
     assert held == {"k": RunningPeak(10_000, 3, 2)}  # job 3 passed step K: it is `running`, not held
     # an under-declared shape: 8 GiB declared, its first attempt already holds 10,000 MiB at step 3
     p = predict_peak_mib(None, None, 8_192, held=held["k"])
-    assert (p.mib, p.source.render()) == (11_500, "measured (running, step 3)")
+    assert (p.mib, p.source.render()) == (11_500, "measured: running, step 3")
     # it only ever raises a prediction: a loading attempt's 800 MiB leaves the declared figure
     low = predict_peak_mib(None, None, 8_192, held=RunningPeak(800, 0, 1))
     assert (low.mib, low.source.kind) == (8_192, SourceKind.DECLARED)
@@ -415,3 +415,16 @@ def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # t
         record_throughput(store, "GPU-0", key, 1, 10.0, "demo")
     assert orch_inproc("memory", "forget", "--suite", "demo").stdout.strip() == (
         "forgot 1 shape(s); 1 of them still has running attempts, whose peak counts until they end")
+
+
+def test_a_prediction_source_has_no_parentheses_of_its_own() -> None:
+    # the start event puts it in parentheses: `predicted 17.9 GiB (measured: level 0 peak)`
+    from orchestrator.store.peak_source import PredictionSource, SourceKind
+
+    sources = [PredictionSource(SourceKind.RUNNING, step=3), PredictionSource(SourceKind.LEVEL, level=0),
+               PredictionSource(SourceKind.TASK, task="rte", task_tokens=100, tokens=150),
+               PredictionSource(SourceKind.FAMILY, points=3, error=0.05).with_cap(),
+               PredictionSource(SourceKind.OOM_FLOOR, level=1), PredictionSource(SourceKind.ESTIMATE, tokens=512)]
+    texts = [s.render() for s in sources]
+    assert not any("(" in t or ")" in t for t in texts), texts
+    assert texts[1] == "measured: level 0 peak" and texts[3] == "family fit: 3 members, error 5 %, capped at the largest card"

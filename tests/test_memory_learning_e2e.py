@@ -33,7 +33,7 @@ def test_second_job_starts_at_the_running_peak_while_the_first_runs(orch: Orch) 
     second = wait_until(lambda: orch.attempts(2), 30, "the second job to start")[0]
     first = orch.attempts(1)[0]
     assert first["prediction_source"] == "declared"
-    assert second["prediction_source"].startswith("measured (running, step "), second["prediction_source"]
+    assert second["prediction_source"].startswith("measured: running, step "), second["prediction_source"]
     assert first["outcome"] is None, "the second job started only after the first ended"
     # 5 GiB held, +15 % margin at step K: far below the declared 20 GiB
     assert 5 * 1024 <= second["predicted_peak_mib"] <= int(5 * 1024 * 1.16)

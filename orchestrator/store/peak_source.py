@@ -1,6 +1,7 @@
 """Where a predicted peak came from, as a value: a kind plus its details (the step of a running
 peak, the level or task a peak was borrowed from, a cap). Rendered to text in one place, for
-the attempt's stored `prediction_source` and for messages."""
+the attempt's stored `prediction_source` and for messages, without parentheses of its own (a
+message puts it in parentheses: `predicted 17.9 GiB (measured: level 0 peak)`)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ class PredictionSource:
         """The text shown and stored (attempts.prediction_source)."""
         kind = self.kind
         if kind is SourceKind.RUNNING:
-            text = f"measured (running, step {self.step})"
+            text = f"measured: running, step {self.step}"
         elif kind is SourceKind.LEVEL or kind is SourceKind.TASK:
-            text = f"measured ({self.borrowed()})"
+            text = f"measured: {self.borrowed()}"
         elif kind is SourceKind.FAMILY:
             members = "member" if self.points == 1 else "members"
-            text = f"family fit ({self.points} {members}, error {100 * (self.error or 0.0):.0f} %)"
+            text = f"family fit: {self.points} {members}, error {100 * (self.error or 0.0):.0f} %"
         elif kind is SourceKind.OOM_FLOOR and self.level is not None:
             text = f"OOM floor of level {self.level}"
         elif kind is SourceKind.ESTIMATE and self.tokens is not None:
