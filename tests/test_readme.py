@@ -127,5 +127,15 @@ def test_the_cheap_readme_commands_run_as_written(
         ran.append(argv)
         if result.rc != 0:
             failures.append(f"orch {shlex.join(argv)} -> {result.rc}: {result.stderr.strip()}")
+        if "cannot receive" in result.stdout + result.stderr:  # the tutorial wires every ladder change
+            failures.append(f"orch {shlex.join(argv)}: {result.stdout + result.stderr}")
     assert failures == []
     assert len(ran) >= 10
+
+
+def test_the_readme_shows_the_tutorial_suite_as_its_file_holds_it() -> None:
+    suite = (REPO_ROOT / "examples" / "tutorial" / "plans" / "suites" / "tutorial.yaml").read_text(encoding="utf-8")
+    (shown,) = [body for body in re.findall(r"```yaml\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+                if body.startswith("worker:")]
+    worker = re.search(r"^worker: >-\n((?:  .*\n)+)", suite, flags=re.M)
+    assert worker is not None and shown.startswith(f"worker: >-\n{worker.group(1)}")

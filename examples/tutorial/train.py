@@ -17,6 +17,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    # no data loader here; taken so that orch's ladder can lower it like a real script's
+    parser.add_argument("--num-data-workers", type=int, default=0)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
