@@ -69,8 +69,9 @@ def host_line(host: dict[str, Any]) -> Text:
 
 
 # Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay, and
-# the seed is the first kept (at 80 columns the seeds of one config must be told apart).
-RUNNING_OPTIONAL = ("seed", "step", "loss", "data", "elapsed", "mem/pred", "lvl", "att")
+# the seed is the first kept (at 80 columns the seeds of one config must be told apart), and the
+# ladder level goes before the elapsed time and attempt number (a rung changes what is measured).
+RUNNING_OPTIONAL = ("seed", "step", "loss", "data", "lvl", "mem/pred", "elapsed", "att")
 
 
 def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bool = False) -> Table:
