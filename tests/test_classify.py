@@ -10,6 +10,7 @@ import pytest
 from orchestrator.attempts.classify import (
     MEANINGFUL_LINE_CHARS,
     classify_attempt,
+    clip_reason,
     classify_log_tail,
     parse_oom_detail,
 )
@@ -217,3 +218,17 @@ def test_the_line_a_plain_exit_carries_is_printable_and_bounded() -> None:
     assert len(reason) <= len("exit code 1: ") + MEANINGFUL_LINE_CHARS
     assert not any(ord(ch) < 32 or ch == "\u202e" for ch in reason)
     assert classify_attempt(exit_code=1, signal=None, result=None, log_tail="\n \n").reason == "exit code 1"
+
+
+def test_a_long_oom_reason_is_cut_at_a_clause_and_says_so() -> None:
+    from orchestrator.attempts.classify import REASON_CHARS
+    from workers.sim import oom_message
+
+    error = oom_message(request_mib=2048, total_mib=24576, free_mib=100, own_mib=17408)
+    assert len(error) > REASON_CHARS
+    reason = classify_attempt(exit_code=3, signal=None, result={"status": "oom", "error": error},
+                              log_tail="").reason
+    assert len(reason) <= REASON_CHARS and reason.endswith("…"), reason
+    kept = reason.removeprefix("result.json: oom: ").removesuffix("…")
+    assert error.startswith(kept) and error[len(kept)] in ".,;:", reason  # cut where a clause ends
+    assert clip_reason("short, whole.") == "short, whole."

@@ -242,7 +242,7 @@ def classify_log_tail(log_tail: str, *, sigkilled: bool = False) -> Classificati
         return None
     index, signature, line = found
     if signature is None:
-        return Classification(AttemptOutcome.FAILED, printable_line(line)[:300])
+        return Classification(AttemptOutcome.FAILED, clip_reason(printable_line(line)))
     detail = None
     if signature.outcome is AttemptOutcome.OOM:
         detail = parse_oom_detail("\n".join(lines[index : index + 12]))
@@ -261,7 +261,7 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
     if status == "oom":
         detail = parse_oom_detail(error) or parse_oom_detail(log_tail)
         return Classification(
-            AttemptOutcome.OOM, f"result.json: oom: {error}"[:300], oom_detail=detail
+            AttemptOutcome.OOM, clip_reason(f"result.json: oom: {error}"), oom_detail=detail
         )
     # "failed", or a status we do not know: an OOM in its error text still counts as one.
     from_error = classify_log_tail(error)
@@ -276,7 +276,7 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
     if from_log is not None and from_log.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
         return from_log
     shown = error.strip().splitlines()[-1] if error.strip() else f"status {status!r}"
-    return Classification(AttemptOutcome.FAILED, f"result.json: {shown}"[:300])
+    return Classification(AttemptOutcome.FAILED, clip_reason(f"result.json: {shown}"))
 
 
 def classify_attempt(
@@ -307,7 +307,7 @@ def classify_attempt(
     if exit_code == EXIT_CONFIG_ERROR:
         last_line = log_tail.strip().splitlines()[-1] if log_tail.strip() else "exit code 4"
         return Classification(
-            AttemptOutcome.FAILED, f"config error: {last_line}"[:300], retryable=False
+            AttemptOutcome.FAILED, clip_reason(f"config error: {last_line}"), retryable=False
         )
     sigkilled = signal == SIGKILL or exit_code in (137, -SIGKILL)
     from_log = classify_log_tail(log_tail, sigkilled=sigkilled)
@@ -343,6 +343,22 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u
 # Lines that say nothing on their own: tqdm bars redrawn with \r, separators, a bare prompt.
 _NO_WORDS = re.compile(r"^[\W_]*$")
 MEANINGFUL_LINE_CHARS = 200
+
+
+REASON_CHARS = 300
+
+
+def clip_reason(text: str, max_chars: int = REASON_CHARS) -> str:
+    """`text` whole when it fits, else cut at its last sentence or clause boundary in the first
+    `max_chars` (at a word when there is none past the middle) and ended with "…", so a reason
+    never reads as if it ended mid-sentence."""
+    if len(text) <= max_chars:
+        return text
+    head = text[: max_chars - 1]
+    cut = max(head.rfind(sep) for sep in (". ", "; ", ", ", ": "))
+    if cut < max_chars // 2:
+        cut = head.rfind(" ")
+    return (head[:cut] if cut > 0 else head).rstrip(" .,;:") + "…"
 
 
 def printable_line(text: str) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.classify import SIGKILL, Classification
+from orchestrator.attempts.classify import SIGKILL, Classification, clip_reason
 from orchestrator.attempts.kernel_log import kernel_oom_killed
 from orchestrator.attempts.next_step import (
     CheckpointLeft,
@@ -349,13 +349,13 @@ def fail_before_start(
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
     requeue = disk_full_or_busy or job.attempt_count < job.max_attempts
-    fields: dict[str, Any] = {"reason": None if requeue else reason[:300]}
+    fields: dict[str, Any] = {"reason": None if requeue else clip_reason(reason)}
     if disk_full_or_busy:
         fields["max_attempts"] = job.max_attempts + 1
     close_attempt(
         store, attempt,
         AttemptEnd(
-            outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value, reason=reason[:300],
+            outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value, reason=clip_reason(reason),
             exit_code=None, signal=None, peak_mib=0,
             job_state=JobState.QUEUED if requeue else JobState.FAILED,
             job_fields=fields,
