@@ -10,8 +10,8 @@ import pytest
 from orchestrator.attempts.classify import (
     MEANINGFUL_LINE_CHARS,
     classify_attempt,
-    clip_reason,
     classify_log_tail,
+    clip_reason,
     parse_oom_detail,
 )
 from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
