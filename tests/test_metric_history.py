@@ -175,3 +175,13 @@ def test_orch_curves_refuses_an_unknown_job_or_suite_in_one_line(orch_inproc: Or
     done = orch_inproc("curves", "--format", "xml")
     assert done.rc == 2 and "xml" in done.stderr
     assert orch_inproc("curves", "--job", "1").stdout == "job,attempt,step,key,value\n"  # no point yet
+
+
+def test_orch_curves_refuses_a_key_the_chosen_jobs_never_reported(orch_inproc: OrchRunner, db_path: Path) -> None:
+    with _store(db_path.parent) as store:
+        assert orch_inproc("curves", "--key", "nope").rc == 0  # no history at all: nothing to name
+        record_history(store, 1, [Point(1.0, "loss", 2.0), Point(1.0, "lr", 1e-4)])
+    done = orch_inproc("curves", "--key", "loss", "--key", "nope")
+    assert done.rc == 2 and done.stdout == ""
+    assert done.stderr.strip() == "orch: error: --key 'nope': no such metric in the chosen jobs' history (known: loss, lr)"
+    assert orch_inproc("curves", "--key", "loss").stdout.count("\n") == 2  # the header and the one point

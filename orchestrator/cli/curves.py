@@ -11,6 +11,7 @@ from orchestrator.api.curves import as_csv, as_json, curve_points
 from orchestrator.cli.common import db_option, open_store
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
+from orchestrator.store.history import selection_keys
 from orchestrator.store.job_facts import job_states
 
 
@@ -30,6 +31,12 @@ def curves_cmd(job_ids: tuple[int, ...], suite: str | None, keys: tuple[str, ...
         missing = sorted(set(job_ids) - set(job_states(store, list(job_ids))))
         if missing:
             raise JobNotFound(f"no job {missing[0]} (see `orch jobs`)")
+        if keys:
+            known = selection_keys(store, jobs=list(job_ids) or None, suite=suite)
+            unknown = [key for key in keys if key not in known]
+            if known and unknown:
+                raise UsageError(f"--key {shown_value(unknown[0])}: no such metric in the chosen jobs' history "
+                                 f"(known: {', '.join(known)})")
         points = curve_points(store, jobs=list(job_ids) or None, suite=suite, keys=list(keys) or None, stitched=stitch)
     click.echo(as_csv(points) if fmt == "csv" else as_json(points), nl=fmt == "json")
 

@@ -70,10 +70,7 @@ def last_history_step(store: Store, attempt_id: int) -> float | None:
     return None if step is None else float(step)
 
 
-def iter_history(store: Store, *, jobs: Sequence[int] | None = None, suite: str | None = None,
-                 keys: Sequence[str] | None = None) -> Iterator[HistoryPoint]:
-    """Tidy points of the chosen jobs (all when neither `jobs` nor `suite` is given), ordered by
-    job, attempt, key and step; rows stream from a cursor, so memory stays flat."""
+def _selection(jobs: Sequence[int] | None, suite: str | None) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     params: list[Any] = []
     if jobs is not None:
@@ -82,6 +79,23 @@ def iter_history(store: Store, *, jobs: Sequence[int] | None = None, suite: str 
     if suite is not None:
         where.append("j.suite = ?")
         params.append(suite)
+    return where, params
+
+
+def selection_keys(store: Store, *, jobs: Sequence[int] | None = None, suite: str | None = None) -> list[str]:
+    """The metric keys the chosen jobs' history holds, sorted."""
+    where, params = _selection(jobs, suite)
+    rows = store.query("SELECT DISTINCT h.key FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
+                       "JOIN jobs j ON j.id = a.job_id" + (" WHERE " + " AND ".join(where) if where else "")
+                       + " ORDER BY h.key", params)
+    return [str(row["key"]) for row in rows]
+
+
+def iter_history(store: Store, *, jobs: Sequence[int] | None = None, suite: str | None = None,
+                 keys: Sequence[str] | None = None) -> Iterator[HistoryPoint]:
+    """Tidy points of the chosen jobs (all when neither `jobs` nor `suite` is given), ordered by
+    job, attempt, key and step; rows stream from a cursor, so memory stays flat."""
+    where, params = _selection(jobs, suite)
     if keys is not None:
         where.append(f"h.key IN ({','.join('?' * len(keys))})")
         params += list(keys)
