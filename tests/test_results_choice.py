@@ -151,3 +151,11 @@ def test_web_page_and_report_show_denominators_val_and_the_val_choice(sweep: Orc
         assert "41 42 43" in html  # best steps
         assert "partial: " in html and "◇ some runs are still queued or running" in html
         assert "± 0.0000" not in html
+
+
+def test_select_val_with_nothing_to_choose_on_says_so_not_no_results(sweep: OrchRunner) -> None:
+    # glue_mrpc: single seeds only, so no setting has a validation mean to choose on
+    said = sweep("results", "--where", "task=glue_mrpc", "--select", "val")
+    assert said.rc == 0 and "no results yet" not in said.stdout
+    assert said.stdout.startswith("no setting reports a validation metric (on n ≥ 2 seeds) to choose on"), said.stdout
+    assert "no results yet" in sweep("results", "--where", "task=nope").stdout

@@ -25,6 +25,7 @@ from orchestrator.results.formats import (
 )
 from orchestrator.results.grids import to_latex, to_markdown
 from orchestrator.results.selection import (
+    MIN_N_CHOSEN,
     Basis,
     Column,
     ColumnChoice,
@@ -72,6 +73,7 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
         raise UsageError("--metric '': give a metric name, e.g. --metric accuracy")
     filters = parse_where(where_items)
     basis = Basis(select) if select else None
+    empty = "no results yet (no job submitted, or none kept by --where)"
     with open_store(db_path) as store:
         if suite is not None:
             known = suite_names(store)
@@ -88,6 +90,10 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
         for task, column_metric in unchosen_columns(choices):
             click.echo(f"{task} ({column_metric}): no setting with n ≥ 2 reported val {column_metric}: none selected",
                        err=True)
+        if summaries and not any(is_chosen(s, choices) for s in summaries):
+            # there are results, but none to choose by: say so, not "no results yet"
+            empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds) to choose on: "
+                     f"`--select {select}` keeps none; without it every setting is shown")
         summaries = [s for s in summaries if is_chosen(s, choices)]
     if fmt == "json":
         echo_json(to_records(summaries, chosen_by(choices)))
@@ -98,7 +104,7 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
     elif fmt == "latex":
         click.echo(to_latex(summaries, digits, basis), nl=False)
     else:
-        _print_table(summaries, digits, choices)
+        _print_table(summaries, digits, choices, empty)
     if missing and fmt != "json":
         click.echo(f"{missing} succeeded job(s) had no test metrics (result.json or printed)", err=True)
 
@@ -112,9 +118,9 @@ def _refuse_unfinished(summaries: list[ResultSummary]) -> None:
                          f"{first.task}: {first.accounted}); wait for them, or pass --partial for a table marked partial")
 
 
-def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Column, ColumnChoice]) -> None:
+def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Column, ColumnChoice], empty: str) -> None:
     if not summaries:
-        click.echo("no results yet (no job submitted, or none kept by --where/--select)")
+        click.echo(empty)
         return
     rendered = [[one_line(cell) for cell in row] for row in render_rows(summaries, digits)]
     # Columns that say nothing in this table (no overrides, no val, no levels known, no notes) are left out.
