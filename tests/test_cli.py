@@ -326,3 +326,15 @@ def test_other_commands_in_process(orch_inproc: OrchRunner) -> None:
     for args, needle in ((("resume", "demo"), "is not paused"), (("attach", "1"), "has no tmux window")):
         result = orch_inproc(*args)
         assert result.rc == 2 and needle in one_error_line(result.stderr), args
+
+
+def test_attach_to_a_job_whose_attempt_ended_points_to_its_logs(orch_inproc: OrchRunner, db_path: Path) -> None:
+    submit_demo(orch_inproc)
+    with Store(db_path) as store, store.write():
+        store.execute(
+            "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
+            "outcome, executor, executor_id, predicted_peak_mib, prediction_source, reserved_mib) "
+            "VALUES (1, 1, 0, 'as configured', 0, 'GPU-0', '/nonexistent', 1.0, 2.0, 'oom', 'tmux', '@3', 100, 'declared', 0)")
+    result = orch_inproc("attach", "1")
+    assert result.rc == 2 and result.stdout == ""
+    assert one_error_line(result.stderr) == "orch: error: job 1's attempt 1 has ended (oom): its output is in `orch logs 1`"

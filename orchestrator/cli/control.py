@@ -121,6 +121,9 @@ def attach_cmd(job: str, db_path: Path) -> None:
         attempt = latest_attempt(store, job_id)
     if attempt is None:
         raise NotAttachable(f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`")
+    if not attempt.live:  # its window closed with it: tmux would only say `can't find window`
+        outcome = f" ({attempt.outcome.value})" if attempt.outcome else ""
+        raise NotAttachable(f"job {job_id}'s attempt {attempt.n} has ended{outcome}: its output is in `orch logs {job_id}`")
     argv = attach_argv(attempt, tmux_socket_name(db_path))
     tmux = shutil.which(argv[0])
     if tmux is None:
