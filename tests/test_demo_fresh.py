@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,30 @@ def test_a_piped_demo_prints_each_event_as_it_happens(tmp_path: Path) -> None:
             demo.kill()
             demo.wait()
     assert demo.returncode == 0 and "demo done: 3 succeeded" in rest
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum: int) -> None:
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte 2:glue_rte", "--timeout", "240"],
+            cwd=tmp_path, env=demo_env(tmp_path), stdout=out, stderr=err, text=True)
+    try:
+        started = wait_until(lambda: re.search(r"^\d\d:\d\d:\d\d job \d: attempt 1 started", out_path.read_text(), re.M),
+                             120, "a demo job to start")
+        assert started
+        match = re.search(r"demo database: (\S+)", out_path.read_text())
+        assert match
+        db = Path(match.group(1))
+        assert orch_processes_for(db) and tmux_server_running(db)  # its daemon and workers run
+        demo.send_signal(signum)
+        assert demo.wait(timeout=120) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    said = err_path.read_text()
+    assert "demo stopped: nothing of it is left running" in said and "orch: aborted" in said, said
+    assert "demo done" not in out_path.read_text()
+    assert orch_processes_for(db) == []
+    assert not tmux_server_running(db)

@@ -5,25 +5,31 @@ worker processes; only the GPU memory is simulated)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 
 import click
 from rich.console import Console, RenderableType
 from rich.live import Live
 
 from orchestrator.actions.presence import daemon_alive
+from orchestrator.actions.user_actions import cancel_job
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
 from orchestrator.cli.daemon.command import start_daemon
 from orchestrator.cli.status.lines import clock, one_line
 from orchestrator.cli.status.rich_view import render_status
 from orchestrator.cli.status.snapshot import status_snapshot
+from orchestrator.errors import OrchError
 from orchestrator.gpu.nvml import nvml_available
+from orchestrator.lifecycle import JobState
 from orchestrator.plans import (
     default_plans_dir,
     expand_jobs,
@@ -34,7 +40,7 @@ from orchestrator.plans import (
 from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import set_gpu_plan, submit_jobs
-from orchestrator.store.queries import first_oom_job, state_counts
+from orchestrator.store.queries import first_oom_job, job_ids_in_states, state_counts
 from orchestrator.store.status import events_after
 
 DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
@@ -73,24 +79,62 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
             start_daemon(db_path, poll_s=0.5)
             started_here = True
         deadline = time.monotonic() + timeout_s
-        if console.is_terminal:
-            _watch_live(store, console, deadline)
-        else:  # piped or redirected: a line per event as it happens, no frames
-            _follow_events(store, deadline)
+        # SIGTERM ends the demo as Ctrl-C does: its daemon and workers are stopped on the way out
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            if console.is_terminal:
+                _watch_live(store, console, deadline)
+            else:  # piped or redirected: a line per event as it happens, no frames
+                _follow_events(store, deadline)
+        except KeyboardInterrupt:
+            if started_here:
+                _stop_interrupted(store, db_path)
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         counts = state_counts(store)
         oom_job = first_oom_job(store)
         if started_here:
-            daemon = daemon_alive(store)
-            request_daemon_stop(store)
-            # Wait for it to go (it takes its tmux server along): the demo leaves nothing running.
-            stop_deadline = time.monotonic() + 30.0
-            while daemon is not None and process_matches(daemon["pid"], daemon["proc_create_time"]):
-                if time.monotonic() > stop_deadline:
-                    break
-                time.sleep(0.1)  # waiting on another process to exit
+            _stop_daemon(store, drain=False)
     click.echo(closing_hint(counts, oom_job, db_path))
     if counts["queued"] or counts["running"]:
         raise click.ClickException(f"demo did not finish within {timeout_s:.0f} s (orch status shows why)")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_daemon(store: Store, *, drain: bool, wait_s: float = 30.0) -> bool:
+    """Ask the daemon to stop and wait for its process to go (it takes its tmux server along
+    once no attempt is left running): the demo leaves nothing running. True when it went."""
+    daemon = daemon_alive(store)
+    if daemon is None:
+        return True
+    request_daemon_stop(store, drain=drain)
+    stop_deadline = time.monotonic() + wait_s
+    while process_matches(daemon["pid"], daemon["proc_create_time"]):
+        if time.monotonic() > stop_deadline:
+            return False
+        time.sleep(0.1)  # waiting on another process to exit
+    return True
+
+
+def _stop_interrupted(store: Store, db_path: Path) -> None:
+    """Ctrl-C or SIGTERM: cancel the demo's jobs (the daemon stops their workers) and let the
+    daemon exit once they have ended; when that fails, say how to stop what is left."""
+    db_arg = shlex.quote(str(db_path))
+    stopped = False
+    with contextlib.suppress(KeyboardInterrupt, OrchError):  # a second Ctrl-C: the hint below
+        click.echo("demo interrupted: stopping its jobs and its daemon...", err=True)
+        for job_id in job_ids_in_states(store, (JobState.QUEUED, JobState.RUNNING), "demo"):
+            cancel_job(store, job_id)
+        stopped = _stop_daemon(store, drain=True)
+    if stopped:
+        click.echo("demo stopped: nothing of it is left running", err=True)
+    else:
+        click.echo(f"the demo's daemon is still running; stop it with: orch daemon stop --db {db_arg} "
+                   f"(and its workers with: orch cancel --all --db {db_arg})", err=True)
 
 
 def _done(store: Store) -> bool:
