@@ -145,14 +145,19 @@ class ResultSummary:
         return self.n
 
     @property
+    def distinct_seeds(self) -> int:
+        """Distinct seeds counted (fewer than `n` where pooled runs repeat a seed)."""
+        return len(set(self.seeds))
+
+    @property
     def n_text(self) -> str:
         """What an n column shows: `3`, or `3 of 4 (seed 4 failed)`."""
-        return short_denominator(self.n, self.seed_states, self.metric)
+        return short_denominator(self.n, self.seed_states, self.metric, self.pooled)
 
     @property
     def accounted(self) -> str:
         """Every submitted seed accounted for: `3 of 4; seed 4 (job 9) failed: RuntimeError: …`."""
-        return full_denominator(self.n, self.seed_states, self.metric)
+        return full_denominator(self.n, self.seed_states, self.metric, self.pooled)
 
     @property
     def label(self) -> str:
