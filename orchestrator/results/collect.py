@@ -157,6 +157,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
+            level_note=run.level_note,
         ))  # fmt: skip
     return rows, missing
 
