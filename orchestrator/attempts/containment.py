@@ -48,8 +48,24 @@ class Tracking(str, Enum):
 
 
 def runs_key(runs_dir: Path) -> str:
-    """Short, stable, unique per runs dir (hence per database)."""
+    """Short, stable, unique per runs dir (hence per database), from the folder's identity
+    (device, inode): one folder reached by two paths (a bind mount) has one key, so a daemon
+    started through either finds the other's strays."""
+    try:
+        info = os.stat(runs_dir)
+    except OSError:
+        return legacy_runs_key(runs_dir)  # not made yet: nothing can carry its key
+    return hashlib.sha256(f"{info.st_dev}:{info.st_ino}".encode()).hexdigest()[:12]
+
+
+def legacy_runs_key(runs_dir: Path) -> str:
+    """The key from the folder's resolved path, which orch's marks carried before `runs_key`:
+    still searched, so attempts started by an earlier orch are found after an upgrade."""
     return hashlib.sha256(str(Path(runs_dir).resolve()).encode()).hexdigest()[:12]
+
+
+def runs_keys(runs_dir: Path) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((runs_key(runs_dir), legacy_runs_key(runs_dir))))
 
 
 def attempt_mark(runs_dir: Path, attempt_id: int) -> str:
@@ -105,11 +121,12 @@ def remove_empty_cgroups(runs_dir: Path) -> int:
         return 0
     staying = 0
     with contextlib.suppress(OSError):
-        for folder in parent.glob(f"a-{runs_key(runs_dir)}-*"):
-            try:
-                folder.rmdir()
-            except OSError:
-                staying += 1
+        for key in runs_keys(runs_dir):
+            for folder in parent.glob(f"a-{key}-*"):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    staying += 1
     return staying
 
 
@@ -119,11 +136,11 @@ def cgroup_pids(folder: Path) -> list[int]:
     return []
 
 
-def marked_pids(key: str) -> dict[str, list[int]]:
-    """mark -> live pids whose environment carries an attempt mark of the runs dir `key`, from
-    one read of /proc (this user's processes; every process as root)."""
+def marked_pids(keys: tuple[str, ...]) -> dict[str, list[int]]:
+    """mark -> live pids whose environment carries an attempt mark of a runs dir key in `keys`,
+    from one read of /proc (this user's processes; every process as root)."""
     found: dict[str, list[int]] = {}
-    prefix = f"{MARK_VAR}={key}-".encode()
+    prefixes = [f"{MARK_VAR}={key}-".encode() for key in keys]
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -133,8 +150,8 @@ def marked_pids(key: str) -> dict[str, list[int]]:
                 environ = handle.read(1 << 20)
         except OSError:
             continue
-        start = environ.find(prefix)
-        if start < 0 or (start > 0 and environ[start - 1] != 0):
+        start = next((at for at in map(environ.find, prefixes) if at == 0 or (at > 0 and environ[at - 1] == 0)), -1)
+        if start < 0:
             continue
         end = environ.find(b"\0", start)
         mark = environ[start + len(MARK_VAR) + 1 : end if end >= 0 else None].decode("ascii", "replace")
@@ -186,8 +203,9 @@ class StrayHunter:
         in_cgroup = folder is not None and folder.is_dir()
         pids = set(cgroup_pids(folder)) if folder is not None and in_cgroup else set()
         if self._marked is None:
-            self._marked = marked_pids(runs_key(self.runs_dir))
-        pids.update(self._marked.get(attempt_mark(self.runs_dir, attempt_id), ()))
+            self._marked = marked_pids(runs_keys(self.runs_dir))
+        for key in runs_keys(self.runs_dir):
+            pids.update(self._marked.get(f"{key}-{attempt_id}", ()))
         pids.discard(os.getpid())
         return sorted(pids), Tracking.CGROUP if in_cgroup else Tracking.ENVIRONMENT
 

@@ -50,6 +50,7 @@ def web_cmd(host: str, port: int, plans_dir: Path | None, db_path: Path) -> None
         import uvicorn
 
         from orchestrator.web.app import create_app
+        from orchestrator.web.bounded_http import BoundedH11Protocol, raise_open_file_limit
     except ImportError:
         raise UsageError('orch web needs the web extra: pip install "orch[web]" (starlette, uvicorn)') from None
     open_store(db_path).close()  # fail now, clearly, on a missing or unreadable database
@@ -67,7 +68,10 @@ def web_cmd(host: str, port: int, plans_dir: Path | None, db_path: Path) -> None
     # a retry takes the suite file as it is now, from the same plans folder `orch retry` reads
     app = create_app(Path(db_path), token, loopback_only=loopback, bound_host=host,
                      plans_dir=plans_dir or default_plans_dir())
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False)
+    raise_open_file_limit()
+    # bounded connections: half-sent requests can neither pile up nor hold the page hostage
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, access_log=False,
+                            http=BoundedH11Protocol)
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
