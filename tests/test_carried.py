@@ -57,11 +57,24 @@ def test_the_disproved_figure_is_never_used_again_at_any_rung() -> None:
     assert above_disproved([LevelEvidence(2, disproved_mib=9 * GIB)], 1) is None  # above the target: no word
 
 
-def test_a_measurement_at_the_level_outranks_a_carried_floor() -> None:
+def test_a_measurement_of_the_shape_at_the_level_outranks_a_carried_floor() -> None:
     evidence = [LevelEvidence(0, floor_mib=17 * GIB)]
+    for kind in (SourceKind.MEASURED, SourceKind.RUNNING):
+        measured = Prediction(12 * GIB, PredictionSource(kind))
+        assert with_evidence(measured, evidence, 1, lambda rung: None) == measured
     family = Prediction(12 * GIB, PredictionSource(SourceKind.FAMILY, points=2, error=0.01))
-    assert with_evidence(family, evidence, 1, lambda rung: None) == family
     assert with_evidence(family, [], 1, lambda rung: None) is family
+
+
+def test_a_family_fit_from_other_shapes_never_lowers_the_carried_floor() -> None:
+    # OOM floor 18 GiB at level 0, rung saving 0.85: 15.3 GiB carried to level 1, where a fit over
+    # other batch sizes says 7 GiB; packed at 7 GiB beside a 9 GiB job it would OOM again
+    evidence = [LevelEvidence(0, floor_mib=18 * GIB)]
+    family = Prediction(7 * GIB, PredictionSource(SourceKind.FAMILY, points=3, error=0.02))
+    raised = with_evidence(family, evidence, 1, {1: 0.85}.get)
+    assert raised.mib == math.ceil(18 * GIB * 0.85) and raised.source == PredictionSource(SourceKind.OOM_FLOOR, level=0)
+    larger = Prediction(16 * GIB, PredictionSource(SourceKind.FAMILY, points=3, error=0.02))
+    assert with_evidence(larger, evidence, 1, {1: 0.85}.get) == larger  # max(carried, fit)
 
 
 def test_an_oom_records_the_figure_it_disproved() -> None:

@@ -171,3 +171,44 @@ def test_the_watcher_reads_the_kernels_oom_kill_from_the_attempts_cgroup(
     else:  # the sim worker keeps no checkpoint: nothing to resume, and nothing says OOM
         assert ended.outcome is AttemptOutcome.FAILED and ended.reason == REASON_SIGKILL
         assert requeued.state is JobState.FAILED
+
+
+def test_a_worker_started_through_a_shell_is_read_as_sigkilled(
+    db_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell between wrapper and worker reports the worker's SIGKILL as exit code 137 with no
+    signal: the kernel log is still consulted, so the kernel's OOM kill is a host OOM."""
+    import orchestrator.attempts.outcomes as outcomes
+
+    asked: list[list[int]] = []
+
+    def kernel_log_names(pids: list[int], since: object) -> bool:  # this host's kernel log is not readable
+        asked.append(pids)
+        return True
+
+    monkeypatch.setattr(outcomes, "kernel_oom_killed", kernel_log_names)
+    plans = tmp_path / "plans"
+    (plans / "suites").mkdir(parents=True)
+    (plans / "configs" / "s").mkdir(parents=True)
+    (plans / "configs" / "s" / "a.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1, "num_data_workers": 2}))
+    suite = {"worker": "sim", "mem_gib": 1, "configs": ["a"], "max_attempts": 3}
+    (plans / "suites" / "s.yaml").write_text(yaml.safe_dump(suite))
+    with Store(db_path) as store:
+        (job,) = submit(store, plans, "s", 1)
+        attempt = _start(store, job, tmp_path)
+        worker = tmp_path / "worker.py"
+        worker.write_text(OOM_KILLED_WORKER)
+        env = {**os.environ, TOKEN_VAR: attempt.token or "",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        env.pop(CGROUP_VAR, None)
+        # "; exit $?" keeps the shell from exec-ing the worker: it stays between, as a launch script does
+        argv = [sys.executable, "-m", "orchestrator.executors.wrapper.run", "--run-dir", attempt.run_dir, "--",
+                "sh", "-c", f'"{sys.executable}" "{worker}" bare; exit $?']  # fmt: skip
+        done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 137, done.stderr
+        exit_record = json.loads((Path(attempt.run_dir) / "exit.json").read_text())
+        assert exit_record["exit_code"] == 137 and exit_record["signal"] is None
+        assert _watcher(store, HereOnly(), tmp_path).reconcile(()) == 0
+        (ended,) = get_attempts(store, job.id)
+    assert asked, "the kernel log was never consulted"
+    assert ended.outcome is AttemptOutcome.HOST_OOM, ended.reason

@@ -68,6 +68,12 @@ def test_jobs_start_at_the_first_level_that_fits(tmp_path: Path) -> None:
             assert [a["outcome"] for a in job["attempts"]] == ["succeeded"]
         shown = orch.run("show", str(started_higher[0]["id"])).stdout
         assert started_higher[0]["level_note"] in shown
+        # results say so too, in the row's notes of every format
+        notes = [note for row in orch.json("results") for note in row["notes"]]
+        for job in started_higher:
+            assert f"seed {job['seed']} (job {job['id']}): {job['level_note']}" in notes
+        text = orch.run("results").stdout + orch.run("results", "--format", "markdown").stdout
+        assert text.count(f"(job {started_higher[0]['id']}): starts at level") == 2
 
 
 def test_a_strict_ladder_fails_saying_no_exact_rung_fits(tmp_path: Path) -> None:

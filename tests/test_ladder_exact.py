@@ -13,7 +13,7 @@ import yaml
 
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import AttemptOutcome
-from orchestrator.plans.ladder_spec import load_ladder, spec_steps, strict_spec
+from orchestrator.plans.ladder_spec import load_ladder, logits_exact, spec_steps, strict_spec
 from orchestrator.prediction.ladder import (
     BATCH_KEY,
     expand_levels,
@@ -85,6 +85,24 @@ def test_inexact_rungs_names_what_changed_an_attempts_numbers() -> None:
     default = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
     assert [inexact_rungs(default, i) for i in range(4)] == [(), (), (), ()]
     assert inexact_rungs(default, 4) == inexact_rungs(default, 5) == ("halve_batch",)
+
+
+def test_logits_to_keep_is_exact_only_for_the_built_in_workers() -> None:
+    ladder = load_ladder(None)
+    built_in = expand_levels(ladder, E1_CONFIG, one_token_task=True, logits_exact=logits_exact("lora"))
+    assert built_in[1].changes == {"gradient_checkpointing": True, "logits_to_keep": 1} and built_in[1].exact
+    # a researcher's own script with dropout may draw other masks: the same rung changes numerics
+    own = expand_levels(ladder, E1_CONFIG, one_token_task=True, logits_exact=logits_exact("python train.py"))
+    assert own[1].changes == built_in[1].changes and not own[1].exact
+    assert first_inexact_level(own) == 1 and inexact_rungs(own, 2) == ("checkpointing",)
+    # no logits_to_keep change (a task scored on every token): the rung stays exact
+    assert expand_levels(ladder, E1_CONFIG, one_token_task=False, logits_exact=False)[1].exact
+    # the suite's own word overrules
+    declared = load_ladder([{"checkpointing": True, "logits_to_keep": 1, "exact": True}])
+    assert expand_levels(declared, E1_CONFIG, one_token_task=True, logits_exact=False)[1].exact
+    # a strict ladder keeps checkpointing but leaves the logits_to_keep change out
+    strict = expand_levels(load_ladder("strict"), E1_CONFIG, one_token_task=True, logits_exact=False)
+    assert strict[1].changes == {"gradient_checkpointing": True} and all(level.exact for level in strict)
 
 
 def test_strict_ladder_keeps_exact_rungs_only() -> None:

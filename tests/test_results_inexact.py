@@ -86,12 +86,17 @@ def test_the_legend_names_every_rung_once_and_a_suites_rung_name_cannot_break_th
 
 
 def test_an_attempt_recorded_before_its_rungs_were_is_marked_by_what_its_level_changed() -> None:
-    def run(level: int, step: str, overrides: dict[str, Any], recorded: tuple[str, ...] | None) -> ResultJob:
+    def run(level: int, step: str, overrides: dict[str, Any], recorded: tuple[str, ...] | None,
+            worker: str = "lora") -> ResultJob:  # fmt: skip
         return ResultJob(1, "E1", "c", "glue_rte", 1, 1, level, step, overrides, False, "/r", None,
-                         inexact_rungs=recorded)  # fmt: skip
+                         worker=worker, inexact_rungs=recorded)  # fmt: skip
 
     assert inexact_of(run(2, "halve_batch", HALVED, None)) == ("halve_batch",)
     assert inexact_of(run(1, "checkpointing", CKPT, None)) == ()
+    # a researcher's own script may draw other dropout masks once logits_to_keep changes
+    own = "python train.py --lr {learning_rate}"
+    assert inexact_of(run(1, "checkpointing", CKPT, None, own)) == ("checkpointing",)
+    assert inexact_of(run(1, "checkpointing", {"gradient_checkpointing": True}, None, own)) == ()
     assert inexact_of(run(1, "", {"learning_rate": 1e-4}, None)) == ("level 1",)
     # recorded: the ladder's word, a suite rung declared `exact: true` included
     assert inexact_of(run(1, "lower_lr", {"learning_rate": 1e-4}, ())) == ()

@@ -97,3 +97,20 @@ def test_a_seed_that_failed_then_succeeded_counts_without_the_lost_mark() -> Non
     assert summary.notes == ("seed 2: an earlier run, job 2, failed (CUDA error: launch failure); job 3 counted",)
     after = aggregate([*rows, ResultRow("E", "a", "glue_rte", 1, {}, job=4, state=C)])[0]
     assert after.failed_runs is True and after.n_text == "2"  # a rerun after the counted one was cancelled
+
+
+def test_pooled_denominators_count_distinct_seeds_and_one_seed_is_never_chosen() -> None:
+    # seed 1 ran three times, seed 2 failed: one seed of two counts, whatever the runs
+    rows = [ResultRow("E", "rerun", "glue_rte", 1, {"accuracy": value}, job=job)
+            for job, value in ((1, 0.9), (2, 0.91), (3, 0.92))]
+    rows.append(ResultRow("E", "rerun", "glue_rte", 2, {}, job=4, state=F, reason="boom"))
+    rows += [ResultRow("E", "two", "glue_rte", seed, {"accuracy": 0.5}, job=4 + seed) for seed in (1, 2)]
+    rerun, two = aggregate(rows, pooled=True)
+    assert (rerun.n, rerun.distinct_seeds) == (3, 1)
+    assert rerun.n_text == "1 of 2 (seed 2 failed) (3 runs)"
+    assert rerun.accounted.startswith("1 of 2 (3 runs); seed 2 (job 4) failed: boom")
+    assert two.n_text == "2"
+    chosen = choose([rerun, two], digits=3)[("glue_rte", rerun.metric)].chosen
+    assert chosen == frozenset({id(two)})  # the higher mean of one seed is no evidence
+    (alone,) = aggregate(rows[:3], pooled=True)
+    assert alone.n_text == "1 (3 runs)" and choose([alone], digits=3)[("glue_rte", alone.metric)].basis is None

@@ -279,6 +279,12 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
     return Classification(AttemptOutcome.FAILED, clip_reason(f"result.json: {shown}"))
 
 
+def died_of_sigkill(exit_code: int | None, signal: int | None) -> bool:
+    """The process died of SIGKILL: the wrapper saw the signal, or a shell between them reported
+    it as exit code 137 (128 + 9), or Python's subprocess as -9."""
+    return signal == SIGKILL or exit_code in (128 + SIGKILL, -SIGKILL)
+
+
 def classify_attempt(
     *,
     exit_code: int | None,
@@ -309,7 +315,7 @@ def classify_attempt(
         return Classification(
             AttemptOutcome.FAILED, clip_reason(f"config error: {last_line}"), retryable=False
         )
-    sigkilled = signal == SIGKILL or exit_code in (137, -SIGKILL)
+    sigkilled = died_of_sigkill(exit_code, signal)
     from_log = classify_log_tail(log_tail, sigkilled=sigkilled)
     if exit_code == EXIT_OOM:
         detail = from_log.oom_detail if from_log is not None else parse_oom_detail(log_tail)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.classify import SIGKILL, Classification, clip_reason
+from orchestrator.attempts.classify import Classification, clip_reason, died_of_sigkill
 from orchestrator.attempts.kernel_log import kernel_oom_killed
 from orchestrator.attempts.next_step import (
     CheckpointLeft,
@@ -146,7 +146,7 @@ def _gather(
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
     exit_record = obs.exit_record if obs else None
-    sigkilled = result is None and (exit_record or {}).get("signal") == SIGKILL
+    sigkilled = result is None and died_of_sigkill((exit_record or {}).get("exit_code"), (exit_record or {}).get("signal"))
     ended_well = not (lost or hung) and (exit_record or {}).get("exit_code") == 0
     loss = loss_verdict(job, run_dir, result) if ended_well else None
     evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,

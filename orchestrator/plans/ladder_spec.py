@@ -5,8 +5,9 @@ levels one job runs through and decides retries. The schema is documented at the
 plans/ladder.yaml.
 
 Each rung is exact (an attempt through it gives bit-equal numbers: checkpointing, whose recompute
-restores the RNG state; `logits_to_keep` in the built-in worker, whose dropout masks do not depend
-on it; fewer data workers, the data order being a (seed, epoch) permutation; running alone) or it
+restores the RNG state; `logits_to_keep` in the built-in LoRA worker (and the simulator), whose
+dropout masks do not depend on it, but not in a researcher's own script, whose dropout may draw
+other masks (a rung that changes it is inexact there unless it says `exact: true`); fewer data workers, the data order being a (seed, epoch) permutation; running alone) or it
 changes numerics (half batch × double accumulation: the same effective batch, but another
 rounding and dropout draw; a `set:` rung unless it says `exact: true`). The default ladder tries
 every exact rung before any inexact one; a strict ladder has exact rungs only.
@@ -59,6 +60,7 @@ class Step:
     run_alone: bool = False
     set_values: tuple[tuple[str, Any], ...] = ()
     exact: bool = True  # an attempt through this rung gives bit-equal numbers
+    exact_declared: bool = False  # the rung says `exact:` itself (overrules `logits_exact`)
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,19 @@ def _parse_step(item: Any, position: int) -> Step:
         run_alone=bool(item.get("run_alone", False)),
         set_values=tuple(set_values.items()),
         exact=exact,
+        exact_declared=item.get("exact") is not None,
     )
+
+
+# Workers whose numbers do not depend on `logits_to_keep`: the built-in LoRA worker draws its
+# dropout masks independently of it; the simulator has no dropout.
+LOGITS_EXACT_WORKERS = frozenset({"lora", "sim"})
+
+
+def logits_exact(worker: str) -> bool:
+    """Whether changing `logits_to_keep` keeps a worker's numbers bit-equal: only for the built-in
+    workers; a researcher's own script with dropout may draw other masks."""
+    return worker in LOGITS_EXACT_WORKERS
 
 
 def _step_exact(item: Mapping[str, Any], position: int) -> bool:

@@ -138,9 +138,10 @@ def no_level_fits(needs: Sequence[LevelNeed], ceiling_mib: int) -> str | None:
             f"the cards hold {gib(ceiling_mib)} after headroom")
 
 
-# Predictions measured at the level itself: a floor carried from below with an assumed saving
-# does not overrule them (the figure an OOM disproved still does).
-_MEASURED_HERE = (SourceKind.MEASURED, SourceKind.RUNNING, SourceKind.FAMILY)
+# Predictions of the shape itself measured at the level: a floor carried from below with an
+# assumed saving does not overrule them (the figure an OOM disproved still does). A family fit is
+# borrowed from other shapes, so the carried floor still raises it.
+_MEASURED_HERE = (SourceKind.MEASURED, SourceKind.RUNNING)
 
 
 def with_evidence(
@@ -148,7 +149,7 @@ def with_evidence(
     saving_of: Callable[[int], float | None],
 ) -> Prediction:
     """`prediction` for level `target`, raised to what OOMs at or below it support: the carried
-    floor (unless the level has measurements of its own), and one MiB above every figure an OOM
+    floor (unless the shape has measurements of its own at the level), and one MiB above every figure an OOM
     disproved."""
     if not evidence:
         return prediction

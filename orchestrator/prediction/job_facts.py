@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plans.keymap import KeyMap
-from orchestrator.plans.ladder_spec import Ladder, load_ladder
+from orchestrator.plans.ladder_spec import Ladder, load_ladder, logits_exact
 from orchestrator.plans.template import OUR_WORKERS, parse_template
 from orchestrator.prediction.families import family_of
 from orchestrator.prediction.ladder import (
@@ -183,7 +183,7 @@ def job_levels(job: Job, cache: JobShapeCache) -> list[Level]:
         ladder = job_ladder(job)
         keys = job_keys(job)
         levels = cache.levels[key] = expand_levels(
-            ladder, keys.to_orch(dict(job.config)), job.one_token, worker_reaches(job, keys)
+            ladder, keys.to_orch(dict(job.config)), job.one_token, worker_reaches(job, keys), logits_exact(job.worker)
         )
     return levels
 

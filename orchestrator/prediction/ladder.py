@@ -13,7 +13,7 @@ GPU-side changes. The ladder as a suite writes it is parsed in `ladder_spec`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
@@ -184,13 +184,16 @@ def expand_levels(
     base_config: Mapping[str, Any],
     one_token_task: bool,
     reaches: Callable[[str], bool] | None = None,
+    logits_exact: bool = True,
 ) -> list[Level]:
     """Level 0 (as configured) and every rung that really changes this config, in order.
 
     `reaches(key)` says whether a change of config `key` reaches the worker (None: all do). A
     change that cannot reach it is left out, and a rung left with nothing to change is skipped,
-    so no level claims a change the worker never received. A strict ladder leaves out every rung
-    that changes numerics."""
+    so no level claims a change the worker never received. `logits_exact`: whether a change of
+    `logits_to_keep` keeps the worker's numbers bit-equal (`plans.ladder_spec.logits_exact`); where
+    not, a rung changing it is inexact unless it says `exact:` itself. A strict ladder leaves out
+    every rung that changes numerics (of a rung inexact only by `logits_to_keep`, that change)."""
     current = dict(base_config)
     overrides: dict[str, Any] = {}
     levels = [Level(index=0, step="as_configured")]
@@ -214,6 +217,11 @@ def expand_levels(
         changes = _step_changes(step, current, one_token_task)
         if reaches is not None:
             changes = {key: value for key, value in changes.items() if reaches(key)}
+        if LOGITS_KEY in changes and not logits_exact and not step.exact_declared:
+            if ladder.strict:
+                changes.pop(LOGITS_KEY)
+            else:
+                step = replace(step, exact=False)
         if changes or (step.run_alone and not run_alone):
             add(step, changes)
     return levels

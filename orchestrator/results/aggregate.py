@@ -85,6 +85,7 @@ class ResultRow:
     diverged: str | None = None  # why the divergence rule flagged its loss
     code: str | None = None  # provenance: the worker's commit (`+dirty`), "not a git repository"; None: unknown
     libraries: str | None = None  # provenance: its library versions, in one line; None: unknown
+    level_note: str | None = None  # why its job started above level 0 ("started at level 2: …")
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class SeedRun:
     diverged: str | None = None
     code: str | None = None
     libraries: str | None = None
+    level_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,14 +147,19 @@ class ResultSummary:
         return self.n
 
     @property
+    def distinct_seeds(self) -> int:
+        """Distinct seeds counted (fewer than `n` where pooled runs repeat a seed)."""
+        return len(set(self.seeds))
+
+    @property
     def n_text(self) -> str:
         """What an n column shows: `3`, or `3 of 4 (seed 4 failed)`."""
-        return short_denominator(self.n, self.seed_states, self.metric)
+        return short_denominator(self.n, self.seed_states, self.metric, self.pooled)
 
     @property
     def accounted(self) -> str:
         """Every submitted seed accounted for: `3 of 4; seed 4 (job 9) failed: RuntimeError: …`."""
-        return full_denominator(self.n, self.seed_states, self.metric)
+        return full_denominator(self.n, self.seed_states, self.metric, self.pooled)
 
     @property
     def label(self) -> str:
@@ -306,7 +313,7 @@ def _run(row: ResultRow, value: float | None, metric: str) -> SeedRun:
     return SeedRun(seed=row.seed, value=value, job=row.job, attempt=row.attempt, level=row.level, step=row.step,
                    changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val,
                    val=row.val_metrics.get(metric), best_step=row.best_step, inexact=row.inexact,
-                   diverged=row.diverged, code=row.code, libraries=row.libraries)
+                   diverged=row.diverged, code=row.code, libraries=row.libraries, level_note=row.level_note)
 
 
 def _provenance_differs(runs: tuple[SeedRun, ...] | list[SeedRun]) -> list[str]:
@@ -316,9 +323,12 @@ def _provenance_differs(runs: tuple[SeedRun, ...] | list[SeedRun]) -> list[str]:
 
 
 def _evidence_notes(counted: list[SeedRun]) -> list[str]:
-    """The notes of a row's diverged runs and of runs of different code or libraries."""
+    """The notes of a row's diverged runs, of runs whose job started above level 0, and of runs of
+    different code or libraries."""
     notes = [f"seed {r.seed}" + (f" (job {r.job})" if r.job is not None else "") + f": loss diverged, {r.diverged}: "
              "counted, marked" for r in counted if r.diverged]
+    notes += [f"seed {r.seed}" + (f" (job {r.job})" if r.job is not None else "") + f": {r.level_note}"
+              for r in counted if r.level_note]
     differs = _provenance_differs(counted)
     if differs:
         notes.append(f"runs differ in {' and '.join(differs)} (`orch results --json` lists each run's)")

@@ -19,13 +19,15 @@ from typing import Any
 from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
 from orchestrator.attempts.rundir_reads import read_result
 from orchestrator.lifecycle import JobState
+from orchestrator.plans.ladder_spec import LOGITS_KEY, logits_exact
 from orchestrator.results.aggregate import ResultRow, setting_digest
 from orchestrator.store.db import Store
 from orchestrator.store.queries import ResultJob, result_jobs
 from orchestrator.wording import number
 
 NO_METRICS = "no test metrics (result.json or printed)"
-# What the exact rungs change (results.aggregate's mark trusts the rest to change numerics)
+# What the exact rungs change (results.aggregate's mark trusts the rest to change numerics);
+# `logits_to_keep` only for the built-in workers (`plans.ladder_spec.logits_exact`)
 EXACT_KEYS = frozenset({"gradient_checkpointing", "logits_to_keep", "num_data_workers"})
 MAX_PEFT_BYTES = 1 << 20
 MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
@@ -155,6 +157,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
+            level_note=run.level_note,
         ))  # fmt: skip
     return rows, missing
 
@@ -172,7 +175,8 @@ def inexact_of(run: ResultJob) -> tuple[str, ...]:
     but what exact rungs change: a mark too many, never one too few."""
     if run.inexact_rungs is not None:
         return run.inexact_rungs
-    if any(key not in EXACT_KEYS for key in run.overrides):
+    exact_keys = EXACT_KEYS if logits_exact(run.worker) else EXACT_KEYS - {LOGITS_KEY}
+    if any(key not in exact_keys for key in run.overrides):
         return (run.level_step or f"level {run.level}",)
     return ()
 

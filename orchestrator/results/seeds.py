@@ -5,7 +5,7 @@ A row counts one value per seed: the latest succeeded run of the seed that repor
 accounted for: a seed with no such run is failed, cancelled, still queued or running, or
 succeeded without the metric, and says so; a seed whose later run failed, was cancelled or has
 not finished keeps its counted value and says that too. With `pooled`, every succeeded run that
-reported the metric counts, and n counts runs, not seeds.
+reported the metric counts, and n counts runs; the denominator still counts distinct seeds.
 """
 
 from __future__ import annotations
@@ -72,10 +72,6 @@ class Denominator:
     queued: int = 0
     runs: int = 0  # jobs submitted (a rerun of a seed is a second job)
 
-    @property
-    def complete(self) -> bool:
-        return self.counted == self.submitted
-
     def as_dict(self) -> dict[str, int]:
         return {"submitted": self.submitted, "succeeded": self.counted, "no_metric": self.no_metric,
                 "failed": self.failed, "cancelled": self.cancelled, "running": self.running,
@@ -124,22 +120,31 @@ def denominator(states: Sequence[SeedState], runs: int) -> Denominator:
                        count[SeedStatus.CANCELLED], count[SeedStatus.RUNNING], count[SeedStatus.QUEUED], runs)
 
 
-def short_denominator(n: int, states: Sequence[SeedState], metric: str) -> str:
-    """`3` when every submitted seed counts, else `3 of 4 (seed 4 failed)`: what an n column shows."""
+def _runs_text(n: int, states: Sequence[SeedState], pooled: bool) -> str:
+    """` (5 runs)` where pooled values outnumber the distinct seeds counted; "" otherwise."""
+    counted = sum(1 for s in states if s.status is SeedStatus.COUNTED)
+    return f" ({n} runs)" if pooled and n != counted else ""
+
+
+def short_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: bool = False) -> str:
+    """`3` when every submitted seed counts, else `3 of 4 (seed 4 failed)`: what an n column shows.
+    Seeds are counted once however many of their runs count (`n`, said as `(5 runs)` when pooled)."""
     missing = [s for s in states if s.status is not SeedStatus.COUNTED]
+    seeds_counted = len(states) - len(missing)
     if not missing:
-        return str(n)
+        return f"{seeds_counted}{_runs_text(n, states, pooled)}"
     parts = []
     for status in SeedStatus:
         seeds = [s.seed for s in missing if s.status is status]
         if seeds:
             parts.append(f"{_seeds_named(seeds)} {_WORDS[status].format(metric=metric)}")
-    return f"{n} of {len(states)} ({'; '.join(parts)})"
+    return f"{seeds_counted} of {len(states)} ({'; '.join(parts)}){_runs_text(n, states, pooled)}"
 
 
-def full_denominator(n: int, states: Sequence[SeedState], metric: str) -> str:
+def full_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: bool = False) -> str:
     """`3 of 4; seed 4 failed: RuntimeError: …`: every seed not counted, with its error."""
-    text = f"{n} of {len(states)}"
+    seeds_counted = sum(1 for s in states if s.status is SeedStatus.COUNTED)
+    text = f"{seeds_counted} of {len(states)}{_runs_text(n, states, pooled)}"
     for s in states:
         if s.status is not SeedStatus.COUNTED:
             where = f"seed {s.seed}" + (f" (job {s.job})" if s.job is not None else "")

@@ -50,7 +50,7 @@ def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None
         columns.setdefault((s.task, s.metric), []).append(s)
     choices = {}
     for column, rows in columns.items():
-        eligible = [s for s in rows if s.mean is not None and s.n >= MIN_N_CHOSEN]
+        eligible = [s for s in rows if s.mean is not None and s.distinct_seeds >= MIN_N_CHOSEN]
         with_val = [s for s in eligible if s.val_mean is not None]
         basis = Basis.VAL if with_val or select is Basis.VAL else Basis.TEST
         pool = with_val if basis is Basis.VAL else eligible
@@ -73,9 +73,6 @@ def is_chosen(summary: ResultSummary, choices: dict[Column, ColumnChoice]) -> bo
     choice = choices.get((summary.task, summary.metric))
     return choice is not None and id(summary) in choice.chosen
 
-
-def chosen_rows(summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice]) -> list[ResultSummary]:
-    return [s for s in summaries if is_chosen(s, choices)]
 
 
 def unchosen_columns(choices: dict[Column, ColumnChoice]) -> list[Column]:
