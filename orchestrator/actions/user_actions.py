@@ -9,7 +9,7 @@ from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.classify import Classification
 from orchestrator.attempts.ended import end_of_exited
 from orchestrator.attempts.reconcile import group_is_ours
-from orchestrator.errors import UsageError
+from orchestrator.errors import InvalidTransition, UsageError
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.store.control import request_stop, start_fresh, unpause_suite
 from orchestrator.store.db import Store
@@ -25,6 +25,10 @@ class Done(str, Enum):
     STOPPING = "stopping"  # a running job: the daemon stops it and records the end
     FINISHED = "finished"  # a running job whose worker already succeeded: its result is kept
     SKIPPED = "skipped"  # nothing to do in its state
+
+
+# each try sees the job in a newer state; a job changes state a handful of times in its life
+_CANCEL_TRIES = 8
 
 
 def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
@@ -51,18 +55,25 @@ def _exited_end(store: Store, job: Job) -> Classification | None:
 def cancel_job(store: Store, job_id: int) -> Done:
     """Raises JobNotFound for an unknown id. A running job whose worker already succeeded is
     left to finish as it did (the daemon records its success); one whose worker ended otherwise
-    is cancelled, its attempt keeping the outcome it had."""
-    job = get_job(store, job_id)
-    if job.state is JobState.QUEUED:
-        cancel_queued(store, job_id, "cancelled by user")
-        return Done.CANCELLED
-    if job.state is not JobState.RUNNING:
-        return Done.SKIPPED
-    ended = _exited_end(store, job)
-    if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:
-        return Done.FINISHED
-    if _stop_running(store, job_id, KillRequest.CANCEL):
-        return Done.STOPPING
+    is cancelled, its attempt keeping the outcome it had. The daemon moves jobs meanwhile (a
+    queued job starts, a running one ends): the job is read again and cancelled in the state
+    it is in now."""
+    for _ in range(_CANCEL_TRIES):
+        job = get_job(store, job_id)
+        if job.state is JobState.QUEUED:
+            try:
+                cancel_queued(store, job_id, "cancelled by user")
+            except InvalidTransition:
+                continue  # it left the queue between the read and the write
+            return Done.CANCELLED
+        if job.state is not JobState.RUNNING:
+            return Done.SKIPPED
+        ended = _exited_end(store, job)
+        if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:
+            return Done.FINISHED
+        if _stop_running(store, job_id, KillRequest.CANCEL):
+            return Done.STOPPING
+        # running without a live attempt: it is ending (or being requeued) now; read it again
     return Done.SKIPPED
 
 
