@@ -52,6 +52,17 @@ def test_judge_alive_only_when_the_row_and_pid_json_agree() -> None:
     assert judge(attempt_row(pid=4242), observation(record, alive=False), HANG_S) is Verdict.LOST
 
 
+def test_a_pid_json_naming_another_process_stays_lost_once_its_end_is_recorded() -> None:
+    # the daemon SIGTERMs the real group of a lost attempt; the wrapper then records that end:
+    # still lost (never read as a signal from outside, which would requeue it uncounted forever)
+    forged = {"pid": 4242, "pgid": 4242, "create_time": 500.0}
+    ended = {"exit_code": None, "signal": 15, "received": ["SIGTERM"]}
+    obs = observation(forged, alive=False, launcher_alive=False, exit_record=ended)
+    assert judge(attempt_row(pid=999, proc_create_time=900.0), obs, HANG_S) is Verdict.LOST
+    assert judge(attempt_row(pid=4242, proc_create_time=400.0), obs, HANG_S) is Verdict.LOST
+    assert judge(attempt_row(pid=4242, proc_create_time=500.0), obs, HANG_S) is Verdict.FINISHED
+
+
 def _write_pid_json(run_dir: Path, pid: int, create_time: float) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "pid.json").write_text(json.dumps({"pid": pid, "pgid": pid, "create_time": create_time}))

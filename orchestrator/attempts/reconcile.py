@@ -179,6 +179,10 @@ def judge(
     """Pure: the verdict on one live attempt from what was observed. A LOST verdict without
     pid.json must be confirmed by `mark_lost` before the attempt is closed. A pid.json that
     exists but is invalid is ignored: the attempt is judged on the wrapper orch launched."""
+    if disagreement(attempt, obs) is not None:
+        # pid.json names another process than the one launched: lost, whatever end is recorded
+        # later (the daemon's own SIGTERM to the real group must not read as a stranger's)
+        return Verdict.LOST
     if obs.exit_record is not None:
         return Verdict.FINISHED
     if obs.pid_record is None:
@@ -197,8 +201,6 @@ def judge(
     alive = obs.launcher_alive if obs.launcher_alive is not None else obs.process_alive
     if not alive:
         return Verdict.LOST
-    if disagreement(attempt, obs) is not None:
-        return Verdict.LOST  # alive only when pid, create time, pid.json and the row all agree
     return _judge_alive(attempt, obs, hang_timeout_s)
 
 
