@@ -17,6 +17,7 @@ import math
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from orchestrator.api.curves import curve_points
@@ -63,9 +64,8 @@ def main() -> None:
                     began = time.perf_counter()
                     follower.collect(1, run_dir)
                     passes_ms.append((time.perf_counter() - began) * 1000)
-            counts = {r["key"]: r["n"] for r in store.query(
-                "SELECT key, count(*) AS n FROM metric_history WHERE attempt_id = 1 GROUP BY key")}
             one = [Point(p.step, p.key, p.value) for p in curve_points(store, jobs=[1])]
+            counts = dict(Counter(p.key for p in one))
             for attempt in range(2, args.jobs + 1):  # the other jobs: a copy of the first one's history
                 record_history(store, attempt, one)
         size_mib = db.stat().st_size / 2**20 + (Path(f"{db}-wal").stat().st_size / 2**20 if Path(f"{db}-wal").exists() else 0)

@@ -88,6 +88,8 @@ WORKER_IMPORTS = {
     "orchestrator.procstat",
     "orchestrator.gpu.sim_files",
     "orchestrator.plans.lora_keys",
+    "orchestrator.executors.provenance",  # the standard library only: the wrapper runs it under `python -S`
+    "orchestrator.attempts.divergence",  # the divergence rule, one for our worker and for orch
 }
 
 

@@ -297,13 +297,18 @@ def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: S
     assert job.max_attempts == 2  # the preemption was not counted
 
 
-def test_gpus_2_gets_two_gpus_of_one_node_and_nproc_2(orch: Orch, cluster: SlurmCluster) -> None:
-    worker = """sh -c 'echo "cvd=$CUDA_VISIBLE_DEVICES nproc={nproc}"; sleep 4'"""
+def test_gpus_2_gets_two_gpus_of_one_node_and_nproc_2(orch: Orch, cluster: SlurmCluster, tmp_path: Path) -> None:
+    # The worker runs until the test has looked at `orch status` (or 120 s, then fails): a fixed
+    # run time could end before a loaded machine gets to look.
+    release = tmp_path / "release"
+    worker = (f"""sh -c 'echo "cvd=$CUDA_VISIBLE_DEVICES nproc={{nproc}}"; i=0; """
+              f"""while [ ! -e {release} ]; do i=$((i+1)); [ $i -gt 1200 ] && exit 3; sleep 0.1; done'""")
     orch.write_suite("pair", {"c": {}}, worker=worker, mem_gib=1, gpus=2, slurm={"mem": "256M"})
     orch.submit("pair", "1:a")
     start_slurm_daemon(orch)
     (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
     shown = orch.run("status").stdout  # a two-GPU attempt the cluster placed is shown by its Slurm job
+    release.touch()
     assert f"slurm {running.executor_id} RUNNING" in shown, shown
     assert list(orch.wait_all_done(120).values()) == ["succeeded"]
     (attempt,) = orch.attempts()

@@ -37,6 +37,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.gpu.mps import MpsControl, MpsDirs, client_env
+from orchestrator.store.db import Store
+from orchestrator.store.startups import read_startups
+from orchestrator.store.sweep_attempts import all_attempts
 
 WORKER = Path(__file__).resolve().parent / "mps_worker.py"
 
@@ -181,20 +184,17 @@ def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float, *, b
     finally:
         finish(db, daemon, None)
     daemon_log = Path(str(db) + ".daemon.log").read_text(errors="replace").splitlines()
-    import sqlite3
-
-    with sqlite3.connect(db) as con:
-        spans = [dict(zip(("job", "n", "started_at", "ended_at", "outcome", "peak_mib", "predicted_peak_mib"), row,
-                          strict=True))
-                 for row in con.execute("SELECT job_id, n, started_at, ended_at, outcome, peak_mib, predicted_peak_mib "
-                                        "FROM attempts ORDER BY started_at")]  # fmt: skip
-        startups = [dict(zip(("key", "seconds", "held_mib", "samples"), row, strict=True))
-                    for row in con.execute("SELECT key, seconds, held_mib, samples FROM startups")]
-    first = min((a["started_at"] for a in spans), default=0.0)
-    makespan = max((a["ended_at"] or 0.0 for a in spans), default=0.0) - first
+    with Store(db) as store:
+        attempts = sorted(all_attempts(store), key=lambda a: a.started_at)
+        startups = [{"key": key, "seconds": s.seconds, "held_mib": s.held_mib, "samples": s.samples}
+                    for key, s in read_startups(store).items()]
+    first = min((a.started_at for a in attempts), default=0.0)
+    makespan = max((a.ended_at or 0.0 for a in attempts), default=0.0) - first
+    spans = [{"job": a.job_id, "n": a.n, "started_at": round(a.started_at - first, 1),
+              "ended_at": round((a.ended_at or first) - first, 1), "outcome": a.outcome.value if a.outcome else None,
+              "peak_mib": a.peak_mib, "predicted_peak_mib": a.predicted_peak_mib} for a in attempts]
     return {"tag": tag, "mps": mps, "overlap": overlap, "wall_s": round(wall_s, 1), "makespan_s": round(makespan, 1),
-            "spans": [{**a, "started_at": round(a["started_at"] - first, 1),
-                       "ended_at": round((a["ended_at"] or first) - first, 1)} for a in spans],
+            "spans": spans,
             "startups": startups, "attempts": runs,
             "mps_log_lines": [line for line in daemon_log if "MPS" in line][-10:],
             "status": json.loads(status) if status.strip().startswith("{") else None,
