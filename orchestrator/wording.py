@@ -70,3 +70,15 @@ def one_line(text: str) -> str:
     (written by user code) is shown escaped (`\\n`), never splitting the row or reaching the
     terminal as a control sequence."""
     return text.translate(_CONTROL)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """`42s`, `3m07s`, `2h05m`; `-` for none (the CLI's tables and the web page alike)."""
+    if seconds is None or seconds < 0:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"

@@ -97,17 +97,6 @@ def fmt_mib(mib: int | float | None) -> str:
     return f"{mib / 1024:.1f} GiB"
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-
-
 def describe_plan(plan: GpuPlan) -> str:
     """The plan in words: `GPU 0: 2, GPU 1: 1 jobs at a time; any other GPU: 1`."""
     named = ", ".join(f"GPU {g}: {s}" for g, s in sorted(plan.slots_by_gpu.items()))

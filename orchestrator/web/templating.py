@@ -11,7 +11,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from orchestrator.wording import fmt_value
+from orchestrator.wording import fmt_duration, fmt_value
 
 
 def clock(ts: float) -> str:
@@ -24,18 +24,6 @@ def stamp(ts: float | None) -> str:
 
 def mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB"
-
-
-def duration(seconds: float | None) -> str:
-    """`42s`, `3m07s`, `2h05m`; `-` for none."""
-    if seconds is None or seconds < 0:
-        return "-"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
 
 
 def json_script(value: Any) -> Markup:
@@ -55,7 +43,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=duration, yaml=fmt_value)
+    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=fmt_duration, yaml=fmt_value)
     return env
 
 

@@ -17,7 +17,7 @@ import psutil
 
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
-from orchestrator.cli.common import db_option, echo_json, fmt_duration, json_option, open_store
+from orchestrator.cli.common import db_option, echo_json, json_option, open_store
 from orchestrator.cli.daemon.setup import (
     check_mps,
     daemon_settings_options,
@@ -32,6 +32,7 @@ from orchestrator.errors import DaemonError, MissingDatabase, StoreError, UsageE
 from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.store.control import request_daemon_stop
 from orchestrator.store.db import Store, now_s
+from orchestrator.wording import fmt_duration
 
 START_TIMEOUT_S = 30.0
 

@@ -20,7 +20,6 @@ from orchestrator.cli.common import (
     db_option,
     echo_json,
     echo_json_stream,
-    fmt_duration,
     fmt_mib,
     json_option,
     open_store,
@@ -44,7 +43,7 @@ from orchestrator.store.queries import (
     job_to_public,
     list_jobs,
 )
-from orchestrator.wording import fmt_changes, fmt_settings
+from orchestrator.wording import fmt_changes, fmt_duration, fmt_settings
 
 
 def _ts(value: float | None) -> str:

@@ -11,12 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.api.jobs import shown_metric
-from orchestrator.cli.common import fmt_duration
 from orchestrator.cli.plain_table import render_plain
 from orchestrator.cli.tables import fit_columns, plain_columns, print_whole
 from orchestrator.lifecycle import JobState
 from orchestrator.store.job_facts import JobFacts
 from orchestrator.store.queries import JobListRow
+from orchestrator.wording import fmt_duration
 
 COLUMNS = ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "metric", "time", "note")
 STATE_STYLES = {

@@ -15,7 +15,6 @@ from orchestrator.cli.common import (
     db_option,
     echo_json,
     echo_json_stream,
-    fmt_duration,
     fmt_mib,
     json_option,
     open_store,
@@ -27,6 +26,7 @@ from orchestrator.errors import GpuUnavailable
 from orchestrator.store.db import now_s
 from orchestrator.store.queries import iter_status_jobs
 from orchestrator.store.status import daemon_reading
+from orchestrator.wording import fmt_duration
 
 
 @click.command("status")

@@ -7,9 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orchestrator.cli.common import fmt_duration
 from orchestrator.executors.base import is_cluster_executor
-from orchestrator.wording import fmt_changes
+from orchestrator.wording import fmt_changes, fmt_duration
 
 RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
 NOT_CONSIDERED = "not yet considered"
