@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,11 +90,7 @@ def clock_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: str = "2
     try:
         yield ClockDaemon(orch, daemon, clock)
     finally:
-        own_group = os.getpgid(0)
-        for pgid in orch.attempt_pgids():  # what the test left running
-            if pgid > 1 and pgid != own_group:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
+        orch.kill_leftover_groups()  # what the test left running
         with contextlib.suppress(Exception):
             daemon.probe.close()
             daemon.store.close()

@@ -75,7 +75,7 @@ class Orch:
         self.env.pop("ORCH_SIM_FOREIGN", None)
         if foreign:
             self.env["ORCH_SIM_FOREIGN"] = foreign
-        self.daemon_pids: set[int] = set()
+        self.daemon_started: dict[int, float] = {}  # pid -> its start time: pids get reused
 
     # -- plans --------------------------------------------------------------------------------
 
@@ -119,8 +119,15 @@ class Orch:
         started = self.run("daemon", "start", "--poll", str(poll_s)).stdout
         said = re.search(r"daemon started \(pid (\d+)\)", started)  # saves a `daemon status` call
         pid = int(said.group(1)) if said else int(self.json("daemon", "status")["pid"])
-        self.daemon_pids.add(pid)
+        self.remember_daemon(pid)
         return pid
+
+    def remember_daemon(self, pid: int) -> None:
+        """A daemon this test started, stopped at teardown while it is still that process."""
+        if pid <= 0:
+            return
+        with contextlib.suppress(psutil.Error, ValueError):
+            self.daemon_started.setdefault(pid, psutil.Process(pid).create_time())
 
     def daemon_pid(self) -> int | None:
         pid = self.json("daemon", "status")["pid"]
@@ -185,6 +192,16 @@ class Orch:
 
     # -- teardown -----------------------------------------------------------------------------
 
+    def kill_leftover_groups(self) -> None:
+        """SIGKILL what this test's attempts left running. Only a group one of whose members still
+        names this test's folder is killed: a pgid recorded minutes ago may by now be another
+        test's process (pids wrap at 32768 over a full run), its tmux server for one."""
+        own_group = os.getpgid(0)
+        for pgid in self.attempt_pgids():
+            if pgid > 1 and pgid != own_group and group_is_under(pgid, self.root):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+
     def attempt_pgids(self) -> set[int]:
         pgids = {a.pgid for a in self.attempt_rows() if a.pgid is not None}
         for pid_file in (self.root / "runs").rglob("pid.json") if (self.root / "runs").exists() else []:
@@ -196,7 +213,7 @@ class Orch:
 
     def _live_daemons(self) -> set[int]:
         """Daemons this test started, and the one state.db names while it is that very process."""
-        live = {pid for pid in self.daemon_pids if pid > 0 and pid_alive(pid)}
+        live = {pid for pid, created in self.daemon_started.items() if process_matches(pid, created)}
         with contextlib.suppress(Exception):
             row = self.read(read_daemon)
             if row is not None and row.pid is not None and process_matches(row.pid, row.proc_create_time):
@@ -215,11 +232,7 @@ class Orch:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, check=False)
-        own_group = os.getpgid(0)
-        for pgid in self.attempt_pgids():
-            if pgid > 1 and pgid != own_group:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
+        self.kill_leftover_groups()
         runs = self.root / "runs"
         # the attempts' cgroup folders, where any were made, once the processes killed above are gone
         with contextlib.suppress(AssertionError):
@@ -232,6 +245,23 @@ def group_alive(pgid: int) -> bool:
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
             if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def group_is_under(pgid: int, root: Path) -> bool:
+    """Whether a live member of group `pgid` names `root` in its command line, working folder
+    or environment (workers and wrappers get their run dir in all three)."""
+    folder = str(Path(root).resolve())
+    inside = folder + os.sep
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) != pgid or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cwd = proc.cwd()
+            if cwd == folder or cwd.startswith(inside) or any(inside in arg for arg in proc.cmdline()):
+                return True
+            if any(value == folder or inside in value for value in proc.environ().values()):
                 return True
     return False
 

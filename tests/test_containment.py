@@ -120,7 +120,7 @@ def test_a_full_disk_under_the_database_holds_decisions_it_does_not_make_them(tm
             orch.run("plan", "set", "2,2")
             orch.submit("s", "1:a 2:a 3:a 4:a")
             orch.run("daemon", "start", "--poll", "0.2", "--min-free-mib", "1", "--warn-free-mib", "2")
-            orch.daemon_pids.add(int(orch.daemon_pid() or 0))
+            orch.remember_daemon(int(orch.daemon_pid() or 0))
             def workers() -> list[int] | None:
                 records = [json.loads(p.read_text()) for p in small.glob("runs/*/*/attempt-1/pid.json")]
                 pids = [r["child_pid"] for r in records if "child_pid" in r]

@@ -31,7 +31,7 @@ def _start_with_few_descriptors(orch: Orch) -> None:
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "daemon", "start", "--poll", "0.2"], env=orch.env,
                           cwd=orch.root, capture_output=True, text=True, timeout=60, preexec_fn=limit)
     assert proc.returncode == 0, proc.stderr
-    orch.daemon_pids.add(int(orch.json("daemon", "status")["pid"]))
+    orch.remember_daemon(int(orch.json("daemon", "status")["pid"]))
 
 
 def test_too_many_open_files_fails_no_job_and_pauses_no_suite(orch: Orch) -> None:

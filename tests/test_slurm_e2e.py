@@ -80,7 +80,7 @@ def start_slurm_daemon(orch: Orch, *extra: str) -> int:
     timing += [] if "--exit-grace" in extra else ["--exit-grace", "3"]
     orch.run("daemon", "start", "--executor", "slurm", "--poll", "0.5", *timing, *extra)
     pid = int(orch.json("daemon", "status")["pid"])
-    orch.daemon_pids.add(pid)
+    orch.remember_daemon(pid)
     return pid
 
 

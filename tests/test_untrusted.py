@@ -160,7 +160,7 @@ def test_the_loser_of_a_daemon_start_race_says_so(orch: Orch) -> None:
     codes = [p.returncode for p in procs]
     assert sorted(codes) == [0, 1, 1], outs
     pid = orch.daemon_pid()
-    orch.daemon_pids.add(int(pid or 0))
+    orch.remember_daemon(int(pid or 0))
     for (_, err), code in zip(outs, codes, strict=True):
         if code:
             assert "already running" in err or "at the same time" in err, err
@@ -209,7 +209,7 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
         orch.run("plan", "set", "1,1")
         orch.submit("s", "1:a 2:a 3:a 4:a")
         orch.run("daemon", "start", "--poll", "0.2", "--min-free-mib", "2", "--warn-free-mib", "8")
-        orch.daemon_pids.add(int(orch.daemon_pid() or 0))
+        orch.remember_daemon(int(orch.daemon_pid() or 0))
         wait_until(lambda: len(orch.live_attempts()) >= 2, 30, "jobs running")
         filler = runs / "filler"
         with open(filler, "wb") as handle:  # fill the filesystem for real
