@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from orchestrator.cli.jobs.table import print_jobs
@@ -211,3 +212,21 @@ def test_rows_cut_too_eagerly_are_given_back_to_the_running_jobs() -> None:
     shown = sum(1 for line in lines if "E1_QKVO" in line and "3/10" in line)
     assert shown >= 4 and any(f"+{14 - shown} more running" in line for line in lines)
     assert any("waiting (50000)" in line for line in lines) and any("200 waiting:" in line for line in lines)
+
+
+MARKUP_NAME = "lr[red]1e-4[/red] [bold]"
+
+
+def test_a_name_that_looks_like_markup_is_printed_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """rich reads `[…]` as markup in a plain string: a config named so lost its brackets."""
+    console, buffer = terminal(200)
+    print_jobs([job_row(7, MARKUP_NAME)], wide=True, console=console)
+    assert MARKUP_NAME in buffer.getvalue()
+
+    from orchestrator.cli.results import _print_table
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.selection import choose
+
+    summaries = aggregate([ResultRow("E", MARKUP_NAME, "glue_rte", seed, {"accuracy": 0.5}, job=seed) for seed in (1, 2)])
+    _print_table(summaries, 3, choose(summaries, 3), "(none)")
+    assert MARKUP_NAME in capsys.readouterr().out

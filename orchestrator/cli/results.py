@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
@@ -130,7 +131,7 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
     for i in shown:
         table.add_column(TABLE_COLUMNS[i], overflow="fold")
     for row in rendered:
-        table.add_row(*(row[i] for i in shown))
+        table.add_row(*(Text(row[i]) for i in shown))  # Text: a `[…]` in a config name is not markup
     console = Console()
     if not console.is_terminal:
         console = Console(width=10_000)  # piped: never cut a value

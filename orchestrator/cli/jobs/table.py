@@ -66,7 +66,7 @@ def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS, ext
             table.add_column(column, no_wrap=True)
     for r in rows:
         cells = dict(zip(COLUMNS, job_cells(r, (extras or {}).get(r.id, ("-", "-"))), strict=True))
-        shown: list[str | Text] = [cells[c] for c in columns]
+        shown = [Text(cells[c]) for c in columns]  # Text: a `[…]` in a user's name is not markup
         if "state" in columns:
             shown[list(columns).index("state")] = Text(r.state.value, style=STATE_STYLES.get(r.state.value, ""))
         table.add_row(*shown)
