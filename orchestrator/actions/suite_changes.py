@@ -11,7 +11,6 @@ from pathlib import Path
 
 from orchestrator.actions.user_actions import Done, check_retryable, retry_job
 from orchestrator.errors import PlanError, SuiteNotFound
-from orchestrator.lifecycle import JobState
 from orchestrator.plans import Pair, check_worker_template, expand_jobs, load_suite
 from orchestrator.store.control import (
     JobCommand,
@@ -22,6 +21,7 @@ from orchestrator.store.control import (
 )
 from orchestrator.store.db import Store
 from orchestrator.store.queries import get_job
+from orchestrator.store.rows import Job
 from orchestrator.store.status import paused_configs, paused_suites
 
 
@@ -94,16 +94,18 @@ def retry_jobs(store: Store, job_ids: list[int], plans_dir: Path, *, fresh: bool
         check_retryable(store, job_id)
     done = Retried()
     changed_suites: set[str] = set()
+    taken: dict[int, str | None] = {}  # job id -> its note, once its suite file was taken
+
+    def take_suite(job: Job) -> None:
+        changed, taken[job.id] = take_suite_as_it_is(store, job.id, plans_dir)
+        changed_suites.update([job.suite] if changed else [])
+
     for job_id in job_ids:
-        job = get_job(store, job_id)
-        if job.state in (JobState.FAILED, JobState.CANCELLED):
-            changed, note = take_suite_as_it_is(store, job_id, plans_dir)
-            done.notes.extend([note] if note else [])
-            changed_suites.update([job.suite] if changed else [])
-        if retry_job(store, job_id, fresh=fresh) is Done.REQUEUED:
+        if retry_job(store, job_id, fresh=fresh, before_requeue=take_suite) is Done.REQUEUED:
             done.requeued.append(job_id)
         else:
             done.restarting.append(job_id)
+    done.notes.extend(note for note in taken.values() if note)
     for suite_name in sorted({get_job(store, i).suite for i in done.requeued}):
         note = resume_if_changed(store, suite_name, suite_name in changed_suites)
         done.notes.extend([note] if note else [])

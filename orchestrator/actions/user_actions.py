@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from enum import Enum
 
 from orchestrator.actions.presence import daemon_alive
@@ -28,7 +29,7 @@ class Done(str, Enum):
 
 
 # each try sees the job in a newer state; a job changes state a handful of times in its life
-_CANCEL_TRIES = 8
+_CHANGE_TRIES = 8
 
 
 def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
@@ -58,7 +59,7 @@ def cancel_job(store: Store, job_id: int) -> Done:
     is cancelled, its attempt keeping the outcome it had. The daemon moves jobs meanwhile (a
     queued job starts, a running one ends): the job is read again and cancelled in the state
     it is in now."""
-    for _ in range(_CANCEL_TRIES):
+    for _ in range(_CHANGE_TRIES):
         job = get_job(store, job_id)
         if job.state is JobState.QUEUED:
             try:
@@ -77,28 +78,49 @@ def cancel_job(store: Store, job_id: int) -> Done:
     return Done.SKIPPED
 
 
-def retry_job(store: Store, job_id: int, *, fresh: bool = False) -> Done:
+def retry_job(
+    store: Store, job_id: int, *, fresh: bool = False, before_requeue: Callable[[Job], None] | None = None,
+) -> Done:
     """Requeue a failed or cancelled job (attempt budget renewed); restart a running one. With
     `fresh`, its next attempt starts without a checkpoint (none of its attempts so far is
-    resumed from). Raises UsageError for a job in any other state, JobNotFound for an unknown id."""
-    job = check_retryable(store, job_id)
-    if fresh:
-        start_fresh(store, job_id)
-    if job.state in (JobState.FAILED, JobState.CANCELLED):
-        transition(
-            store, job_id, JobState.QUEUED, message="requeued by orch retry" + (" --fresh" if fresh else ""),
-            kind="retry", fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
-        )
-        return Done.REQUEUED
-    if _stop_running(store, job_id, KillRequest.RETRY):
-        return Done.STOPPING
-    raise UsageError(f"job {job_id} is running but has no live attempt to restart; try again in a moment")
+    resumed from). `before_requeue` runs just before a failed or cancelled job is requeued.
+    Raises UsageError for a job in any other state, JobNotFound for an unknown id.
+
+    The daemon moves jobs meanwhile (a running one ends: failed, requeued, succeeded): each
+    write holds only while the job is still in the state just read, and the job is otherwise
+    read again and retried in the state it is in now."""
+    for tries in range(_CHANGE_TRIES):
+        job = get_job(store, job_id)
+        if tries and job.state is JobState.QUEUED:
+            # it ended while the retry was asked and the daemon queued it again by itself
+            if not fresh or start_fresh(store, job_id, JobState.QUEUED):
+                return Done.REQUEUED
+            continue  # it started meanwhile: stop that attempt instead
+        job = check_retryable(store, job_id, job)
+        if fresh and not start_fresh(store, job_id, job.state):
+            continue
+        if job.state in (JobState.FAILED, JobState.CANCELLED):
+            if before_requeue is not None:
+                before_requeue(job)
+            try:
+                transition(
+                    store, job_id, JobState.QUEUED, message="requeued by orch retry" + (" --fresh" if fresh else ""),
+                    kind="retry", expect_from=[job.state],
+                    fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
+                )
+            except InvalidTransition:
+                continue  # requeued by another retry, or resubmitted, between the read and the write
+            return Done.REQUEUED
+        if _stop_running(store, job_id, KillRequest.RETRY):
+            return Done.STOPPING
+        # running without a live attempt: its end is being recorded now; read it again
+    raise UsageError(f"job {job_id} changed state {_CHANGE_TRIES} times while being retried; try again")
 
 
-def check_retryable(store: Store, job_id: int) -> Job:
-    """The job, when a retry can take it (failed, cancelled or running); else UsageError, naming
-    what to do instead. Writes nothing."""
-    job = get_job(store, job_id)
+def check_retryable(store: Store, job_id: int, job: Job | None = None) -> Job:
+    """The job (`job`, when just read), when a retry can take it (failed, cancelled or running);
+    else UsageError, naming what to do instead. Writes nothing."""
+    job = get_job(store, job_id) if job is None else job
     if job.state is JobState.RUNNING:
         ended = _exited_end(store, job)
         if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:

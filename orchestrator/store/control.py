@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.lifecycle import KillRequest
+from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 
@@ -28,11 +28,17 @@ def request_stop(store: Store, job_id: int, why: KillRequest) -> LiveProcess | N
     return LiveProcess(rows[0]["id"], rows[0]["pid"], rows[0]["proc_create_time"])
 
 
-def start_fresh(store: Store, job_id: int) -> None:
-    """The job's next attempt resumes from none of the attempts it has had so far."""
+def start_fresh(store: Store, job_id: int, while_in: JobState) -> bool:
+    """The job's next attempt resumes from none of the attempts it has had so far. Written only
+    while the job is still `while_in` (the state its caller read): False, with nothing written,
+    when it moved since."""
     with store.write():
-        store._db.execute("UPDATE jobs SET fresh_after_attempt = attempt_count WHERE id = ?", [job_id])
+        cursor = store._db.execute("UPDATE jobs SET fresh_after_attempt = attempt_count WHERE id = ? AND state = ?",
+                                   [job_id, while_in.value])
+        if cursor.rowcount != 1:
+            return False
         add_event(store, "retry", "its next attempt starts fresh: no earlier checkpoint is resumed from", job_id=job_id)
+    return True
 
 
 def _lift_pauses(store: Store, suite: str) -> str | None:
