@@ -17,6 +17,7 @@ from rows_helpers import attempt_of
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.launch_age import LaunchAge
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import (
     AWAIT,
@@ -177,22 +178,22 @@ def _status(state: str, reason: str = "") -> RemoteStatus:
 
 
 def test_the_run_dir_wins_over_slurm() -> None:
-    assert remote_end(ATTEMPT, _obs(exit_record={"exit_code": 0}), _status("NODE_FAIL"), True, 50.0) == "finished"
+    assert remote_end(ATTEMPT, _obs(exit_record={"exit_code": 0}), _status("NODE_FAIL"), True, None) == "finished"
 
 
 def test_slurm_ends_without_an_exit_record_carry_the_state_in_the_reason() -> None:
-    assert remote_end(ATTEMPT, _obs(), _status("NODE_FAIL"), True, 50.0) == ClusterEnd(AttemptOutcome.LOST, "Slurm job 42 ended NODE_FAIL")
-    preempted = remote_end(ATTEMPT, _obs(), _status("PREEMPTED"), True, 50.0)
+    assert remote_end(ATTEMPT, _obs(), _status("NODE_FAIL"), True, None) == ClusterEnd(AttemptOutcome.LOST, "Slurm job 42 ended NODE_FAIL")
+    preempted = remote_end(ATTEMPT, _obs(), _status("PREEMPTED"), True, None)
     assert isinstance(preempted, ClusterEnd) and preempted.outcome is AttemptOutcome.LOST and not preempted.counted
-    timeout = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, 50.0, TimeLimit(limit="1"))
+    timeout = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, None, TimeLimit(limit="1"))
     assert isinstance(timeout, ClusterEnd) and timeout.outcome is AttemptOutcome.FAILED and not timeout.retryable
     assert "reached its time limit (--time=1)" in timeout.reason
-    oom = remote_end(ATTEMPT, _obs(), _status("OUT_OF_MEMORY"), True, 50.0)
+    oom = remote_end(ATTEMPT, _obs(), _status("OUT_OF_MEMORY"), True, None)
     assert isinstance(oom, ClusterEnd) and oom.outcome is AttemptOutcome.HOST_OOM and oom.next_mem_mib is None
-    granted = remote_end(ATTEMPT, _obs(), replace(_status("OUT_OF_MEMORY"), mem_mib=256), True, 50.0)
+    granted = remote_end(ATTEMPT, _obs(), replace(_status("OUT_OF_MEMORY"), mem_mib=256), True, None)
     assert isinstance(granted, ClusterEnd) and granted.next_mem_mib == 512 and "--mem=512M" in granted.reason
     cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
-    assert remote_end(cancelled, _obs(), _status("CANCELLED"), True, 50.0)[0] is AttemptOutcome.CANCELLED  # type: ignore[index]
+    assert remote_end(cancelled, _obs(), _status("CANCELLED"), True, None)[0] is AttemptOutcome.CANCELLED  # type: ignore[index]
 
 
 STOPPED = {"exit_code": 143, "signal": None, "received": ["SIGTERM"], "forwarded": ["SIGTERM"]}
@@ -200,44 +201,44 @@ STOPPED = {"exit_code": 143, "signal": None, "received": ["SIGTERM"], "forwarded
 
 def test_slurms_final_word_wins_over_an_exit_record_written_under_its_signal() -> None:
     # the wrapper wrote exit.json on Slurm's SIGTERM: Slurm's final state decides, once known
-    assert remote_end(ATTEMPT, _obs(STOPPED), _status("RUNNING"), True, 50.0) == AWAIT
+    assert remote_end(ATTEMPT, _obs(STOPPED), _status("RUNNING"), True, None) == AWAIT
     assert remote_end(ATTEMPT, _obs(STOPPED), None, False, 50.0) == AWAIT
-    failed = remote_end(ATTEMPT, _obs(STOPPED), _status("TIMEOUT"), True, 50.0, TimeLimit(limit="10:00"))
+    failed = remote_end(ATTEMPT, _obs(STOPPED), _status("TIMEOUT"), True, None, TimeLimit(limit="10:00"))
     assert isinstance(failed, ClusterEnd) and failed.outcome is AttemptOutcome.FAILED and "--time=10:00" in failed.reason
-    preempted = remote_end(ATTEMPT, _obs(STOPPED), _status("PREEMPTED"), True, 50.0)
+    preempted = remote_end(ATTEMPT, _obs(STOPPED), _status("PREEMPTED"), True, None)
     assert isinstance(preempted, ClusterEnd) and not preempted.counted
     # a stray SIGTERM that Slurm did not send: the run dir decides (stopped from outside: lost)
-    assert remote_end(ATTEMPT, _obs(STOPPED), _status("CANCELLED"), True, 50.0) == "finished"
+    assert remote_end(ATTEMPT, _obs(STOPPED), _status("CANCELLED"), True, None) == "finished"
     # a worker SIGKILLed (a cgroup's OOM kill): Slurm's OUT_OF_MEMORY decides, else the run dir
     killed = {"exit_code": 137, "signal": 9, "received": []}
-    assert remote_end(ATTEMPT, _obs(killed), _status("RUNNING"), True, 50.0) == AWAIT
-    oom = remote_end(ATTEMPT, _obs(killed), replace(_status("OUT_OF_MEMORY"), mem_mib=1024), True, 50.0)
+    assert remote_end(ATTEMPT, _obs(killed), _status("RUNNING"), True, None) == AWAIT
+    oom = remote_end(ATTEMPT, _obs(killed), replace(_status("OUT_OF_MEMORY"), mem_mib=1024), True, None)
     assert isinstance(oom, ClusterEnd) and oom.outcome is AttemptOutcome.HOST_OOM and oom.next_mem_mib == 2048
-    assert remote_end(ATTEMPT, _obs(killed), _status("FAILED"), True, 50.0) == "finished"
+    assert remote_end(ATTEMPT, _obs(killed), _status("FAILED"), True, None) == "finished"
     # orch's own cancel: the run dir decides at once
     cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
-    assert remote_end(cancelled, _obs(STOPPED), _status("RUNNING"), True, 50.0) == "finished"
+    assert remote_end(cancelled, _obs(STOPPED), _status("RUNNING"), True, None) == "finished"
 
 
 def test_a_time_limit_resumes_a_resumable_worker_up_to_its_cap() -> None:
     resumable = TimeLimit(can_resume=True, timeouts_before=0, max_timeouts=2, limit="1")
-    first = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, 50.0, resumable)
+    first = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, None, resumable)
     assert isinstance(first, ClusterEnd) and first.outcome is AttemptOutcome.LOST and not first.counted
     assert "resumes from its checkpoint" in first.reason
-    capped = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, 50.0, replace(resumable, timeouts_before=2))
+    capped = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, None, replace(resumable, timeouts_before=2))
     assert isinstance(capped, ClusterEnd) and capped.outcome is AttemptOutcome.FAILED and "3 times" in capped.reason
     # the worker died of the warning (SIGUSR2) before the limit: the same time limit
     warned = {"exit_code": 140, "signal": 12, "received": ["SIGUSR2"]}
-    assert remote_end(ATTEMPT, _obs(warned), _status("FAILED"), True, 50.0, resumable) == first
+    assert remote_end(ATTEMPT, _obs(warned), _status("FAILED"), True, None, resumable) == first
     # it checkpointed on the warning and finished: the run dir decides
-    assert remote_end(ATTEMPT, _obs({**warned, "exit_code": 0}), _status("COMPLETED"), True, 50.0, resumable) == "finished"
+    assert remote_end(ATTEMPT, _obs({**warned, "exit_code": 0}), _status("COMPLETED"), True, None, resumable) == "finished"
 
 
 def test_a_job_out_of_the_queue_waits_out_the_grace_for_its_exit_record() -> None:
     unsettled = RemoteStatus("COMPLETED", "ended", "", "42", settled=False)
-    assert remote_end(ATTEMPT, _obs(), unsettled, True, 50.0) is None
-    assert remote_end(ATTEMPT, _obs({"exit_code": 0}), unsettled, True, 50.0) == "finished"
-    lost = remote_end(ATTEMPT, _obs(), replace(unsettled, settled=True), True, 50.0)
+    assert remote_end(ATTEMPT, _obs(), unsettled, True, None) is None
+    assert remote_end(ATTEMPT, _obs({"exit_code": 0}), unsettled, True, None) == "finished"
+    lost = remote_end(ATTEMPT, _obs(), replace(unsettled, settled=True), True, None)
     assert isinstance(lost, ClusterEnd) and lost.outcome is AttemptOutcome.LOST and "no exit record appeared" in lost.reason
 
 
@@ -252,13 +253,15 @@ def test_worker_can_resume_from_its_template_or_its_config() -> None:
 
 
 def test_waiting_running_or_unanswered_concludes_nothing() -> None:
-    assert remote_end(ATTEMPT, _obs(), _status("PENDING", "Priority"), True, 50.0) is None
-    assert remote_end(ATTEMPT, _obs(pid_record={"pid": 5}), _status("RUNNING"), True, 50.0) is None
-    assert remote_end(ATTEMPT, _obs(), None, False, 500.0) is None  # the poll failed
+    assert remote_end(ATTEMPT, _obs(), _status("PENDING", "Priority"), True, None) is None
+    assert remote_end(ATTEMPT, _obs(pid_record={"pid": 5}), _status("RUNNING"), True, None) is None
+    adopted = LaunchAge(0.0, adopted=True)  # claimed before this daemon started
+    assert remote_end(ATTEMPT, _obs(), None, False, adopted) is None  # the poll failed
     claimed = replace(ATTEMPT, executor_id=None, executor=None)
-    assert remote_end(claimed, _obs(), None, False, 500.0) is None
-    assert remote_end(claimed, _obs(), None, True, 500.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
-    assert remote_end(claimed, _obs(), None, True, 50.0) is None  # claimed by this daemon: sbatch may still return
+    assert remote_end(claimed, _obs(), None, False, adopted) is None
+    assert remote_end(claimed, _obs(), None, True, adopted)[0] is AttemptOutcome.LOST  # type: ignore[index]
+    # claimed by this daemon: sbatch may still return
+    assert remote_end(claimed, _obs(), None, True, LaunchAge(0.0, adopted=False)) is None
 
 
 def test_a_remote_process_is_alive_while_slurm_runs_it() -> None:
@@ -404,8 +407,7 @@ def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(
 
 def test_an_sbatch_that_never_answered_is_lost_once_its_name_stays_absent() -> None:
     timed_out = replace(ATTEMPT, executor_id=None, executor="slurm", started_at=180.0)
-    assert remote_end(timed_out, _obs(), None, True, 50.0) is None  # within the launch grace (now 200)
-    late = Observation(pid_record=None, exit_record=None, process_alive=False, last_progress=None,
-                       last_progress_at=None, now_s=1000.0)
-    assert remote_end(timed_out, late, None, True, 50.0)[0] is AttemptOutcome.LOST  # type: ignore[index]
-    assert remote_end(timed_out, late, None, False, 50.0) is None  # the poll failed: nothing concluded
+    assert remote_end(timed_out, _obs(), None, True, LaunchAge(20.0, adopted=False)) is None  # within the launch grace
+    late = LaunchAge(800.0, adopted=False)
+    assert remote_end(timed_out, _obs(), None, True, late)[0] is AttemptOutcome.LOST  # type: ignore[index]
+    assert remote_end(timed_out, _obs(), None, False, late) is None  # the poll failed: nothing concluded

@@ -23,10 +23,12 @@ class Silences:
     def __init__(self, monotonic_s: Callable[[], float]) -> None:
         self._monotonic_s = monotonic_s
         self._seen: dict[int, tuple[Sign, float]] = {}  # attempt id -> (last sign, when it changed)
+        self._first_seen: dict[int, float] = {}  # attempt id -> when this daemon first looked at it
 
     def silent_s(self, attempt_id: int, obs: Observation) -> float:
         """Seconds since this attempt's sign of life last changed (0 when it just did)."""
         now_s = self._monotonic_s()
+        self._first_seen.setdefault(attempt_id, now_s)
         sign = sign_of_life(obs)
         seen = self._seen.get(attempt_id)
         if seen is None or seen[0] != sign:
@@ -34,6 +36,13 @@ class Silences:
             return 0.0
         return max(0.0, now_s - seen[1])
 
+    def watched_s(self, attempt_id: int) -> float:
+        """Seconds since this daemon first looked at the attempt (0 before it did): for one it
+        claimed itself, the pass after the claim; never more than the attempt's real age."""
+        first_s = self._first_seen.get(attempt_id)
+        return 0.0 if first_s is None else max(0.0, self._monotonic_s() - first_s)
+
     def keep_only(self, attempt_ids: Iterable[int]) -> None:
         keep = set(attempt_ids)
         self._seen = {k: v for k, v in self._seen.items() if k in keep}
+        self._first_seen = {k: v for k, v in self._first_seen.items() if k in keep}

@@ -53,6 +53,7 @@ from orchestrator.scheduling.cluster_dispatch import schedule_remote
 from orchestrator.scheduling.dispatch import DispatchContext, schedule
 from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.scheduling.state import SchedulerState
+from orchestrator.store.attempts import last_attempt_id
 from orchestrator.store.daemon_row import (
     DaemonControl,
     any_live_attempt,
@@ -147,6 +148,7 @@ class Daemon:
         self.started_at_s = self.clock.now_s()  # after the lock: no other daemon launches from here on
         self._db_identity = file_identity(self.settings.db_path)  # the file this daemon runs on
         try:
+            self.watcher.adopted_up_to_id = last_attempt_id(self.store)  # those were claimed by an earlier daemon
             check_runs_root(self.ctx.runs_dir, create=True)  # a planted or foreign runs dir: refuse to start
             if swept := sweep_launch_files(self.ctx.runs_dir):
                 log.info("removed %d launch file(s) a stopped daemon left in %s", swept, self.ctx.runs_dir)

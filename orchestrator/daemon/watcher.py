@@ -42,6 +42,7 @@ from orchestrator.daemon.attempt_lessons import AttemptLessons
 from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, WRAPPER_EXIT_WAIT_S, run_dir_path
 from orchestrator.executors.base import Executor, RemoteStatus
+from orchestrator.executors.launch_age import launch_age
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import (
     AWAIT,
@@ -95,6 +96,9 @@ class AttemptWatcher:
         self.resources = resources
         self.disk = disk
         self.started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
+        # attempts with an id up to this one were claimed before this daemon started (ids only
+        # grow: no clock can make an attempt this daemon claimed look adopted); None: not known
+        self.adopted_up_to_id: int | None = None
         self.observed = ObserveCache(clock.monotonic_s)  # run-dir reads and process checks kept between passes
         self.silences = Silences(clock.monotonic_s)  # hang and launch grace: the daemon's own measure
         self.output = OutputFollower()  # progress of workers that write no progress.jsonl
@@ -288,7 +292,9 @@ class AttemptWatcher:
         obs = self._with_stdout_progress(attempt, job, obs)
         obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
         polled = statuses is not None and self.executor.answered_now
-        end = remote_end(attempt, obs, status, polled, self.started_at_s, time_limit_of(self.store, attempt, job) if ended else None)
+        adopted = self.adopted_up_to_id is not None and attempt.id <= self.adopted_up_to_id
+        launch = launch_age(self.silences.watched_s(attempt.id), adopted, attempt.started_at, self.started_at_s)
+        end = remote_end(attempt, obs, status, polled, launch, time_limit_of(self.store, attempt, job) if ended else None)
         cluster_end: ClusterEnd | None = None
         if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
             self.executor.expedite()

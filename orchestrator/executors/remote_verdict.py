@@ -6,7 +6,9 @@ limit's warning SIGUSR2, or the worker died of SIGKILL) waits for the backend's 
 the job with the limit named, or resumes it where the worker can; PREEMPTED requeues it without
 counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host OOM. A job that left the
 queue without an exit record is given a grace period for the record to appear on a shared
-filesystem before it is lost. An unanswered poll concludes nothing.
+filesystem before it is lost. An unanswered poll concludes nothing. A submission that went
+unanswered is lost once no job of its name is in the queue past the launch grace, measured as
+`launch_age` says (never wall time: a clock step moves that by hours).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from orchestrator.executors.base import RemoteStatus
+from orchestrator.executors.launch_age import LaunchAge
 from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
 from orchestrator.store.rows import Attempt
@@ -75,10 +78,11 @@ def _killed(exit_record: dict[str, Any]) -> bool:
 
 def remote_end(
     attempt: Attempt, obs: Observation, status: RemoteStatus | None, polled: bool,
-    daemon_started_at_s: float | None, time_limit: TimeLimit | None = None,
+    launch: LaunchAge | None, time_limit: TimeLimit | None = None,
 ) -> str | ClusterEnd | None:
     """FINISHED (the exit record decides), AWAIT, an end decided by the backend, or None
-    (still live / unknown)."""
+    (still live / unknown). `launch`: how long ago its launch was asked (None: not known, so
+    no launch is given up on)."""
     job = f"Slurm job {(status.job_id if status else '') or attempt.executor_id}"
     stopped_by_orch = attempt.kill_requested is not None
     if obs.exit_record is not None:
@@ -94,14 +98,15 @@ def remote_end(
         return _cluster_end(job, status, time_limit)
     if status is None:
         never_submitted = (
-            polled and not attempt.executor_id and attempt.executor is None
-            and daemon_started_at_s is not None and attempt.started_at < daemon_started_at_s
+            polled and not attempt.executor_id and attempt.executor is None and launch is not None and launch.adopted
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
             return ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it")
-        unanswered = polled and attempt.executor and not attempt.executor_id and obs.now_s - attempt.started_at > LAUNCH_GRACE_S
-        if unanswered:  # sbatch timed out and no job of its name was ever seen in the queue
-            return ClusterEnd(AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue")
+        unanswered = (polled and attempt.executor and not attempt.executor_id and launch is not None
+                      and launch.age_s > LAUNCH_GRACE_S)
+        if unanswered and launch is not None:  # sbatch timed out and no job of its name was ever seen in the queue
+            return ClusterEnd(AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue "
+                                                   f"({launch.said()})")
         return None
     if not status.ended:
         return None

@@ -130,6 +130,12 @@ def read_attempt(store: Store, attempt_id: int) -> Attempt | None:
     return Attempt.from_row(rows[0]) if rows else None
 
 
+def last_attempt_id(store: Store) -> int:
+    """The highest attempt id so far (0: none). Attempts are never deleted, so ids only grow."""
+    rows = store.query("SELECT COALESCE(MAX(id), 0) AS id FROM attempts")
+    return int(rows[0]["id"])
+
+
 def attempt_closed(store: Store, attempt_id: int) -> bool:
     """The attempt's end is recorded."""
     return bool(store.query("SELECT 1 FROM attempts WHERE id = ? AND outcome IS NOT NULL", [attempt_id]))
