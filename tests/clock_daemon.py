@@ -22,6 +22,7 @@ from orchestrator.clock import FakeClock
 from orchestrator.daemon.loop import Daemon, DaemonSettings
 from orchestrator.executors.subprocesses import SubprocessExecutor
 from orchestrator.gpu.sim import make_sim_probe
+from orchestrator.store.attempts import last_attempt_id
 from orchestrator.store.rows import Attempt
 
 T = TypeVar("T")
@@ -86,6 +87,7 @@ def clock_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: str = "2
     daemon = Daemon(DaemonSettings(db_path=orch.db, poll_s=0.05, starvation_s=starvation_s),
                     make_sim_probe(sim_dir), SubprocessExecutor(), worker_env, clock=clock)
     daemon.started_at_s = clock.now_s()
+    daemon.watcher.adopted_up_to_id = last_attempt_id(daemon.store)  # as Daemon.run() does
     daemon._register()  # `orch cancel` sees a live daemon and leaves the stopping to it
     try:
         yield ClockDaemon(orch, daemon, clock)

@@ -114,35 +114,36 @@ def test_stopped_from_outside_never_overrides_orch_kills_results_or_other_outcom
 # -- claimed but never launched ---------------------------------------------------------------
 
 DAEMON_START = NOW - 2  # this daemon started 2 s ago
+ADOPTED = True  # claimed before this daemon started (its attempt id says so)
 
 
 def test_claimed_by_a_dead_daemon_and_never_launched_is_lost_at_once() -> None:
     row = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START - 1)
-    assert judge(row, observation(), HANG_S, DAEMON_START) is Verdict.LOST
-    # without the daemon's start time, or claimed by this daemon: the grace period
+    assert judge(row, observation(), HANG_S, ADOPTED) is Verdict.LOST
+    # claimed by this daemon: the grace period, whatever the wall clock says of its claim
     assert judge(row, observation(), HANG_S) is Verdict.PENDING
     ours = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START + 1)
-    assert judge(ours, observation(), HANG_S, DAEMON_START) is Verdict.PENDING
+    assert judge(ours, observation(), HANG_S, not ADOPTED) is Verdict.PENDING
     late = observation(silent_s=LAUNCH_GRACE_S + 1)  # watched that long by this daemon without pid.json
-    assert judge(ours, late, HANG_S, DAEMON_START) is Verdict.LOST
+    assert judge(ours, late, HANG_S, not ADOPTED) is Verdict.LOST
 
 
 def test_window_open_but_no_pid_json_yet_waits_within_the_grace() -> None:
     row = attempt_row(started_at=DAEMON_START - 1)  # launched by the dead daemon: its executor recorded
-    assert judge(row, observation(started_alive=True), HANG_S, DAEMON_START) is Verdict.PENDING
-    assert judge(row, observation(started_alive=None), HANG_S, DAEMON_START) is Verdict.PENDING
-    assert judge(row, observation(started_alive=False), HANG_S, DAEMON_START) is Verdict.LOST
+    assert judge(row, observation(started_alive=True), HANG_S, ADOPTED) is Verdict.PENDING
+    assert judge(row, observation(started_alive=None), HANG_S, ADOPTED) is Verdict.PENDING
+    assert judge(row, observation(started_alive=False), HANG_S, ADOPTED) is Verdict.LOST
     late = observation(started_alive=True, silent_s=LAUNCH_GRACE_S + 1)
-    assert judge(row, late, HANG_S, DAEMON_START) is Verdict.LOST
+    assert judge(row, late, HANG_S, ADOPTED) is Verdict.LOST
     stepped = observation(started_alive=True, now_s=row.started_at + 3600, silent_s=1.0)  # a wall-clock step
-    assert judge(row, stepped, HANG_S, DAEMON_START) is Verdict.PENDING
+    assert judge(row, stepped, HANG_S, ADOPTED) is Verdict.PENDING
 
 
 def test_an_exit_or_pid_record_overrides_the_launch_checks() -> None:
     row = attempt_row(executor=None, executor_id=None, started_at=DAEMON_START - 1)
-    assert judge(row, observation(exit_record={"exit_code": 0}), HANG_S, DAEMON_START) is Verdict.FINISHED
+    assert judge(row, observation(exit_record={"exit_code": 0}), HANG_S, ADOPTED) is Verdict.FINISHED
     record = {"pid": 4242, "pgid": 4242, "create_time": 500.0}
-    assert judge(row, observation(record, alive=True, started_alive=False), HANG_S, DAEMON_START) is Verdict.ALIVE
+    assert judge(row, observation(record, alive=True, started_alive=False), HANG_S, ADOPTED) is Verdict.ALIVE
 
 
 def test_mark_lost_creates_the_marker_unless_a_wrapper_recorded_itself(tmp_path: Path) -> None:

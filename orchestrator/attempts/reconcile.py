@@ -12,8 +12,9 @@ is invalid is named in the attempt's reason and otherwise ignored.
 Claimed but never launched. `start_attempt` commits the attempt (job -> running) before the
 executor is called, and the daemon records `executor`/`executor_id`/`pid` right after the call
 returns. An attempt without pid.json is judged so:
-- no launcher recorded and claimed before this daemon started (`daemon_started_at_s`): the
-  daemon that claimed it is dead, so no launch call of it can still return: lost at once;
+- no launcher recorded and claimed before this daemon started (`adopted`, told by its attempt
+  id, never by comparing wall times a clock step moves): the daemon that claimed it is dead, so
+  no launch call of it can still return: lost at once;
 - its window is gone, or its command ended, without writing pid.json: lost at once;
 - otherwise (window alive, or nothing to look at) pending for up to LAUNCH_GRACE_S.
 The old daemon may have died right after tmux opened the window, with the wrapper still
@@ -173,9 +174,7 @@ def disagreement(attempt: Attempt, obs: Observation) -> str | None:
     return None
 
 
-def judge(
-    attempt: Attempt, obs: Observation, hang_timeout_s: float, daemon_started_at_s: float | None = None
-) -> Verdict:
+def judge(attempt: Attempt, obs: Observation, hang_timeout_s: float, adopted: bool = False) -> Verdict:
     """Pure: the verdict on one live attempt from what was observed. A LOST verdict without
     pid.json must be confirmed by `mark_lost` before the attempt is closed. A pid.json that
     exists but is invalid is ignored: the attempt is judged on the wrapper orch launched."""
@@ -188,8 +187,7 @@ def judge(
     if obs.pid_record is None:
         if obs.pid_file_present:
             return _judge_alive(attempt, obs, hang_timeout_s) if obs.launcher_alive else Verdict.LOST
-        started_at_s = attempt.started_at
-        if attempt.executor is None and daemon_started_at_s is not None and started_at_s < daemon_started_at_s:
+        if attempt.executor is None and adopted:
             return Verdict.LOST  # claimed by a dead daemon whose launch call never returned
         if obs.started_alive is False and not obs.launcher_alive:
             # the window is gone, or its command ended, without pid.json (a wrapper the

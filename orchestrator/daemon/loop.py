@@ -131,7 +131,7 @@ class Daemon:
 
     @property
     def started_at_s(self) -> float | None:
-        """When this daemon took the lock: attempts claimed before were claimed by a dead one."""
+        """When this daemon took the lock (wall time): an adopted attempt's age before it."""
         return self.watcher.started_at_s
 
     @started_at_s.setter

@@ -95,7 +95,7 @@ class AttemptWatcher:
         self.scheduler = scheduler
         self.resources = resources
         self.disk = disk
-        self.started_at_s: float | None = None  # attempts claimed before this were claimed by a dead daemon
+        self.started_at_s: float | None = None  # wall time at this daemon's start (as recorded, not compared live)
         # attempts with an id up to this one were claimed before this daemon started (ids only
         # grow: no clock can make an attempt this daemon claimed look adopted); None: not known
         self.adopted_up_to_id: int | None = None
@@ -245,6 +245,10 @@ class AttemptWatcher:
         self._attempt_error_counts.pop(attempt.id, None)
         return 0
 
+    def adopted(self, attempt: Attempt) -> bool:
+        """Claimed before this daemon started (by a daemon since stopped or dead)."""
+        return self.adopted_up_to_id is not None and attempt.id <= self.adopted_up_to_id
+
     def _cluster_ended(self, attempt: Attempt, statuses: dict[int, RemoteStatus] | None) -> bool:
         """The cluster says the attempt's job has left its queue (a cancel took effect)."""
         status = statuses.get(attempt.id) if statuses is not None else None
@@ -265,7 +269,7 @@ class AttemptWatcher:
                 log.warning("cannot check the window of attempt %s", attempt.id, exc_info=True)
         obs = self._with_stdout_progress(attempt, job, obs)
         obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
-        verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s)
+        verdict = judge(attempt, obs, job.hang_timeout_s, self.adopted(attempt))
         if verdict is Verdict.LOST and not obs.pid_file_present and not mark_lost(run_dir):
             verdict = Verdict.PENDING  # its wrapper recorded itself just now: judge it next pass
         # stopped only once pid.json names a group orch can prove it started
@@ -292,15 +296,15 @@ class AttemptWatcher:
         obs = self._with_stdout_progress(attempt, job, obs)
         obs = replace(obs, silent_s=self.silences.silent_s(attempt.id, obs))
         polled = statuses is not None and self.executor.answered_now
-        adopted = self.adopted_up_to_id is not None and attempt.id <= self.adopted_up_to_id
-        launch = launch_age(self.silences.watched_s(attempt.id), adopted, attempt.started_at, self.started_at_s)
+        launch = launch_age(self.silences.watched_s(attempt.id), self.adopted(attempt), attempt.started_at,
+                            self.started_at_s)
         end = remote_end(attempt, obs, status, polled, launch, time_limit_of(self.store, attempt, job) if ended else None)
         cluster_end: ClusterEnd | None = None
         if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
             self.executor.expedite()
             verdict = Verdict.PENDING
         elif end is None:
-            verdict = judge(attempt, obs, job.hang_timeout_s, self.started_at_s) if obs.pid_record else Verdict.PENDING
+            verdict = judge(attempt, obs, job.hang_timeout_s, self.adopted(attempt)) if obs.pid_record else Verdict.PENDING
             if verdict is Verdict.LOST:
                 verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
         elif isinstance(end, ClusterEnd):
