@@ -5,22 +5,29 @@ from the stored wall times only where that gap is sane."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rows_helpers import attempt_of
 
 from orchestrator.attempts.silence import Silences
 from orchestrator.clock import FakeClock
+from orchestrator.executors.base import RemoteStatus
 from orchestrator.executors.launch_age import MAX_TRUSTED_GAP_S, LaunchAge, launch_age
 from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.remote_verdict import ClusterEnd, remote_end
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, last_attempt_id, start_attempt
+from orchestrator.store.attempts import AttemptPlan, last_attempt_id, start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
-from orchestrator.store.rows import Attempt
+from orchestrator.store.queries import get_attempts, get_job
+from orchestrator.store.rows import Attempt, Job
+from tests.test_crash_loop import submit, write_suite
+from tests.test_slurm_outcomes import _start
+from tests.test_watcher import AnsweredCluster, _watcher
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 HOUR_S = 3600.0
@@ -75,7 +82,7 @@ def test_a_wall_clock_step_neither_ends_a_launch_early_nor_keeps_a_lost_one_wait
     clock.step_wall(-2 * HOUR_S)  # and back, past the claim: wall time says the launch is in the future
     clock.advance(LAUNCH_GRACE_S - 10 + 1)
     lost = end()
-    assert isinstance(lost, ClusterEnd) and lost.outcome is AttemptOutcome.LOST
+    assert isinstance(lost, ClusterEnd) and lost.outcome is AttemptOutcome.LOST and not lost.counted
     assert lost.reason == ("sbatch did not answer and no job of its name is in Slurm's queue "
                            "(1m01s watched by this daemon)")
 
@@ -96,7 +103,7 @@ def test_a_claim_is_taken_for_a_dead_daemons_by_its_id_not_its_time() -> None:
     # an hour "before" this daemon started by the wall clock, but claimed by it: left to its launch
     assert remote_end(never_submitted, looked(CLAIMED_AT_S - HOUR_S), None, True, own) is None
     end = remote_end(never_submitted, looked(CLAIMED_AT_S), None, True, adopted)
-    assert end == ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it")
+    assert end == ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", counted=False)
 
 
 def test_the_watch_runs_on_the_monotonic_clock_and_ends_with_the_attempt() -> None:
@@ -123,3 +130,37 @@ def test_attempt_ids_only_grow_so_the_last_one_at_start_marks_the_adopted(db_pat
             plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
             ids.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}").id)
         assert last_attempt_id(store) == max(ids) and ids == sorted(ids)
+
+
+class EmptyQueue(AnsweredCluster):
+    """Slurm answers, and no job of the attempt's name is in its queue."""
+
+    def observe(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus]:
+        return {}
+
+
+def test_the_daemon_gives_up_an_unanswered_submission_by_its_own_clock_and_bars_a_late_start(
+    db_path: Path, tmp_path: Path,
+) -> None:
+    plans = write_suite(tmp_path / "plans", "s", max_attempts=1)
+    with Store(db_path) as store:
+        (job,) = submit(store, plans, "s", 1)
+        attempt = _start(store, job, tmp_path)
+        update_attempt(store, attempt.id, executor="slurm")  # sbatch timed out: no Slurm job id
+        watcher = _watcher(store, EmptyQueue(), tmp_path)
+        clock = watcher.clock
+        assert isinstance(clock, FakeClock)
+        watcher.started_at_s, watcher.adopted_up_to_id = clock.now_s(), attempt.id - 1  # claimed by this daemon
+        assert watcher.reconcile(()) == 1
+        clock.step_wall(+HOUR_S)
+        clock.advance(LAUNCH_GRACE_S - 1)
+        assert watcher.reconcile(()) == 1  # an hour by the wall clock, within the grace by the daemon's
+        clock.step_wall(-2 * HOUR_S)
+        clock.advance(2)
+        assert watcher.reconcile(()) == 0
+        (closed,) = get_attempts(store, job.id)
+        assert closed.outcome is AttemptOutcome.LOST and "sbatch did not answer" in (closed.reason or "")
+        assert "watched by this daemon" in (closed.reason or "")
+        assert get_job(store, job.id).state.value == "queued"  # a launch that never happened is not counted
+        # a batch job that reaches a node after all finds the run dir barred: its worker never starts
+        assert (Path(closed.run_dir) / RunDir.LOST_MARKER).exists()

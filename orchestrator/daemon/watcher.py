@@ -309,6 +309,9 @@ class AttemptWatcher:
                 verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
         elif isinstance(end, ClusterEnd):
             verdict, cluster_end = Verdict.LOST, end
+            if obs.exit_record is None and not obs.pid_file_present and not mark_lost(Path(attempt.run_dir)):
+                # its wrapper recorded itself just now (a submission that arrived late): judge it next pass
+                verdict, cluster_end = Verdict.PENDING, None
         else:
             verdict = Verdict.FINISHED
         return Look(attempt, obs, verdict, elsewhere=True, stoppable=LIVE, end=cluster_end)

@@ -8,7 +8,8 @@ counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host OOM. A job th
 queue without an exit record is given a grace period for the record to appear on a shared
 filesystem before it is lost. An unanswered poll concludes nothing. A submission that went
 unanswered is lost once no job of its name is in the queue past the launch grace, measured as
-`launch_age` says (never wall time: a clock step moves that by hours).
+`launch_age` says (never wall time: a clock step moves that by hours); like a claim whose daemon
+died before submitting it, it is a launch that never happened, requeued without counting.
 """
 
 from __future__ import annotations
@@ -101,12 +102,12 @@ def remote_end(
             polled and not attempt.executor_id and attempt.executor is None and launch is not None and launch.adopted
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
-            return ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it")
+            return ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", counted=False)
         unanswered = (polled and attempt.executor and not attempt.executor_id and launch is not None
                       and launch.age_s > LAUNCH_GRACE_S)
         if unanswered and launch is not None:  # sbatch timed out and no job of its name was ever seen in the queue
             return ClusterEnd(AttemptOutcome.LOST, "sbatch did not answer and no job of its name is in Slurm's queue "
-                                                   f"({launch.said()})")
+                                                   f"({launch.said()})", counted=False)
         return None
     if not status.ended:
         return None
