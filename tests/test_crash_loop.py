@@ -69,6 +69,22 @@ def test_default_guard_pauses_at_three_fast_failures() -> None:
     assert crash_loop_reason([1.0, 2.0, 29.9], CrashLoop()) == "3 attempts failed within 30 s each in the last 5 min"
 
 
+def test_a_wall_clock_step_back_makes_no_crash_loop(db_path: Path, tmp_path: Path) -> None:
+    # attempts that ran across a step back read as having run a negative time: not fast crashes
+    assert crash_loop_reason([-3590.0, -1800.0, -0.5], CrashLoop()) is None
+    plans = write_suite(tmp_path / "plans", "stepped")
+    with Store(db_path) as store:
+        jobs = submit(store, plans, "stepped", 3)
+        for job in jobs:  # fast failures stamped an hour ahead: they ended before the clock went back
+            add_failed_attempt(store, job, ran_s=1.0, ended_ago_s=-3600.0)
+        guard_crash_loop(store, "stepped", "a", crash_loop_of(jobs[0]))
+        assert paused(store) == {}
+        for job in jobs:
+            add_failed_attempt(store, job, ran_s=1.0)
+        guard_crash_loop(store, "stepped", "a", crash_loop_of(jobs[0]))
+        assert "3 attempts failed within 30 s" in paused(store)["stepped"]
+
+
 def test_guard_follows_its_setting() -> None:
     assert crash_loop_reason([50.0], CrashLoop(failures=1, within_s=60, window_s=90)) == (
         "1 attempt failed within 60 s each in the last 90 s"

@@ -306,7 +306,8 @@ def crash_loop_reason(durations_s: list[float], guard: CrashLoop) -> str | None:
     (those that ended inside the guard's window); None while it should not."""
     if not guard.enabled:
         return None
-    fast = [d for d in durations_s if d < guard.within_s]
+    # a negative length is a wall-clock step back while it ran (its length is unknown), not a crash
+    fast = [d for d in durations_s if 0 <= d < guard.within_s]
     if len(fast) < guard.failures:
         return None
     attempts = "attempt" if len(fast) == 1 else "attempts"
@@ -320,7 +321,8 @@ def guard_crash_loop(store: Store, suite: str, config: str, guard: CrashLoop) ->
     `crash_loop` uses the new one."""
     if not guard.enabled:
         return
-    durations = recent_failure_durations(store, suite, config, store.now_s() - guard.window_s)
+    now_s = store.now_s()
+    durations = recent_failure_durations(store, suite, config, now_s - guard.window_s, now_s)
     reason = crash_loop_reason(durations, guard)
     if reason is None:
         return

@@ -78,13 +78,15 @@ def hung_attempts_before(store: Store, attempt: Attempt) -> int:
     )[0]["n"])
 
 
-def recent_failure_durations(store: Store, suite: str, config: str, since_s: float) -> list[float]:
-    """How long each failed attempt of the suite's config that ended since `since_s` ran (hung
-    ones, killed by orch, left out)."""
+def recent_failure_durations(store: Store, suite: str, config: str, since_s: float, until_s: float) -> list[float]:
+    """How long each failed attempt of the suite's config that ended between `since_s` and
+    `until_s` ran (hung ones, killed by orch, left out). One stamped after `until_s` (now) ended
+    before a wall-clock step back, at a time that cannot be told: left out."""
     rows = store.query(
         "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
-        "WHERE j.suite = ? AND j.config_name = ? AND a.outcome = ? AND a.ended_at >= ? AND a.kill_requested IS NOT ?",
-        [suite, config, AttemptOutcome.FAILED.value, since_s, KillRequest.HUNG.value],
+        "WHERE j.suite = ? AND j.config_name = ? AND a.outcome = ? AND a.ended_at >= ? AND a.ended_at <= ? "
+        "AND a.kill_requested IS NOT ?",
+        [suite, config, AttemptOutcome.FAILED.value, since_s, until_s, KillRequest.HUNG.value],
     )
     return [(r["ended_at"] or 0) - r["started_at"] for r in rows]
 
