@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.attempts.startup_lesson import learn_startup
+from orchestrator.attempts.startup_lesson import STEP_TOLERANCE_S, learn_startup, startup_from
 from orchestrator.executors.observation import Observation
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.durations import CompletedRun, DurationTable
@@ -40,6 +40,17 @@ def test_remaining_time_is_the_steps_to_go_at_the_pace_since_start_up() -> None:
     assert remaining_s(100.0, 0.0, 40.0, 100, 100) == 0.0
 
 
+def test_a_start_up_a_wall_clock_step_moved_is_not_learned() -> None:
+    assert startup_from(38.0, 36.0, adopted=False) == 38.0  # the daemon's passes come a little late
+    assert startup_from(38.0, None, adopted=False) == 38.0  # nothing to check against
+    assert startup_from(3600.0 + 38.0, 36.0, adopted=False) is None  # +1 h while it started: an hour-long start-up
+    assert startup_from(-3600.0 + 38.0, 36.0, adopted=False) is None  # -1 h: negative
+    assert startup_from(10.0, 36.0 + 3600.0, adopted=True) is None  # shorter than this daemon watched it
+    # adopted after a restart: this daemon watched only the end of its start-up
+    assert startup_from(120.0, 5.0, adopted=True) == 120.0
+    assert startup_from(36.0 + STEP_TOLERANCE_S + 1, 36.0, adopted=False) is None
+
+
 def _obs(step: int | None, at: float | None) -> Observation:
     progress = None if step is None else {"step": step, "total": 100}
     return Observation(None, None, True, progress, at, at or 0.0)
@@ -61,7 +72,10 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         assert job is not None
         learn_startup(store, attempt, job, _obs(0, attempt.started_at + 10), attempt.started_at + 10)
         assert read_startups(store) == {}  # step 0: still starting
-        learn_startup(store, attempt, job, _obs(2, attempt.started_at + 38.0), attempt.started_at + 39)
+        stepped = _obs(2, attempt.started_at + 3600 + 38.0)  # the wall clock went an hour ahead while it started
+        learn_startup(store, attempt, job, stepped, attempt.started_at + 3600 + 39, watched_s=39.0)
+        assert read_startups(store) == {}  # not learned as an hour-long start-up
+        learn_startup(store, attempt, job, _obs(2, attempt.started_at + 38.0), attempt.started_at + 39, watched_s=39.0)
         key = startup_key(job.suite, job.config_name)
         assert read_startups(store) == {key: Startup(pytest.approx(38.0), 900, 1)}  # type: ignore[arg-type]
         update_attempt(store, attempt.id, progress_json='{"step": 2, "total": 100}')

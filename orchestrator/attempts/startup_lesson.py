@@ -13,15 +13,48 @@ from orchestrator.store.startups import record_startup
 
 log = logging.getLogger(__name__)
 
+# How far the start-up read from wall times (the claim, the progress file's time) may differ from
+# the daemon's own monotonic measure of the attempt before a clock step is concluded: the pass
+# that first looks at an attempt, and the one that reads its first step, each come a few
+# seconds late.
+STEP_TOLERANCE_S = 30.0
 
-def learn_startup(store: Store, attempt: Attempt, job: Job, obs: Observation, now_s: float) -> None:
+
+def startup_from(wall_s: float, watched_s: float | None, adopted: bool) -> float | None:
+    """Pure: the start-up to learn from `wall_s` (first step's file time minus the claim time),
+    or None when a wall-clock step moved it. `watched_s`: how long this daemon has watched the
+    attempt on its monotonic clock (None: not known, nothing to check against); `adopted`:
+    claimed before this daemon started, so its wall start-up may be longer than the watch. A
+    start-up taken too long would start the next job's training while the old one still runs;
+    one skipped is only learned from the next attempt."""
+    if wall_s < 0:
+        return None  # the clock went back while it started
+    if watched_s is None:
+        return wall_s
+    if wall_s + STEP_TOLERANCE_S < watched_s:
+        return None  # shorter than this daemon has watched it: the clock went back
+    if not adopted and wall_s > watched_s + STEP_TOLERANCE_S:
+        return None  # longer than since this daemon claimed it: the clock went forward (or the daemon stalled)
+    return wall_s
+
+
+def learn_startup(
+    store: Store, attempt: Attempt, job: Job, obs: Observation, now_s: float, *,
+    watched_s: float | None = None, adopted: bool = False,
+) -> None:
     """Record the start-up of an attempt whose first step this pass saw (its progress before the
-    pass had no step). What it held is the last reading before that step."""
+    pass had no step). What it held is the last reading before that step. `watched_s` and
+    `adopted`: as `startup_from` takes them."""
     step_now = (obs.last_progress or {}).get("step")
     if not first_step_seen((attempt.progress or {}).get("step"), step_now):
         return
     seen_at = obs.last_progress_at if obs.last_progress_at is not None else now_s
-    seconds = max(0.0, float(seen_at) - attempt.started_at)
+    wall_s = float(seen_at) - attempt.started_at
+    seconds = startup_from(wall_s, watched_s, adopted)
+    if seconds is None:
+        log.warning("start-up of attempt %s not learned: its files say %.0f s, this daemon watched it %.0f s "
+                    "(the wall clock stepped)", attempt.id, wall_s, watched_s or 0.0)
+        return
     try:
         record_startup(store, startup_key(job.suite, job.config_name), seconds, attempt.held_mib)
     except Exception:  # learning must not stop reconciling the others

@@ -207,7 +207,8 @@ class AttemptWatcher:
         look = self._look_elsewhere(attempt, job, statuses) if self._runs_elsewhere(attempt) else self._look_here(attempt, job)
         attempt, obs, verdict = look.attempt, look.obs, look.verdict
         if verdict in LIVE:
-            learn_startup(self.store, attempt, job, obs, self.clock.now_s())  # before _track stores the progress
+            learn_startup(self.store, attempt, job, obs, self.clock.now_s(), watched_s=self.silences.watched_s(attempt.id),
+                          adopted=self.adopted(attempt))  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
             self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
                         None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
