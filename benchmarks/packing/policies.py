@@ -21,9 +21,10 @@ from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.prediction.durations import CompletedRun, DurationTable
-from orchestrator.prediction.ladder import Level, expand_levels, retry_decision
+from orchestrator.prediction.ladder import Level, exact_levels_after, expand_levels, retry_decision
 from orchestrator.prediction.memory import Prediction, predict_peak_mib, update_shape
 from orchestrator.scheduling.packing.cards import headroom_mib
+from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import can_take_any, pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
@@ -184,6 +185,9 @@ class OrchPolicy:
     carry: bool = True
     # config -> (launch to first step, memory held until then), seen on an attempt past its start-up
     startups: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # the level that ends soonest where a later exact rung fits now (QueuedJob.alternatives), as
+    # the daemon does; False: the daemon before it
+    sooner_levels: bool = True
 
     def __post_init__(self) -> None:
         self.queue = {}
@@ -300,6 +304,9 @@ class OrchPolicy:
             startup = self.startups.get(self.trace.jobs[first].config) if self.packing.overlap else None
             if startup is not None and not alone:
                 k = max(k, 1)  # it may start ahead of an attempt whose end makes room
+            alternatives = self.alternatives(first, level) if self.sooner_levels else ()
+            for option in alternatives:
+                k = max(k, most_placeable(option.predicted_peak_mib, option.run_alone, cards))
             placeable = placeable or k > 0
             for j in self.by_shape.first(shape, k + 1):
                 queue.append(
@@ -314,6 +321,8 @@ class OrchPolicy:
                         probe_family=probe,
                         startup_s=startup[0] if startup else None,
                         startup_mib=startup[1] if startup else 0,
+                        alternatives=alternatives,
+                        level=level,
                     )
                 )
         if not placeable:
@@ -324,12 +333,27 @@ class OrchPolicy:
         self.wait_reasons = decision.wait_reasons
         starts = []
         for p in decision.placements:
-            level = self.queue.pop(p.job_id).level
+            queued = self.queue.pop(p.job_id)
+            level = queued.level if p.level is None else p.level  # a later exact level that ends sooner
             self.by_shape.remove(p.job_id)
             starts.append(
                 Start(p.job_id, p.gpu_index, level, p.reserved_mib, TRACE_LEVELS[level].run_alone)
             )
         return starts
+
+    def alternatives(self, job_index: int, level: int) -> tuple[LevelOption, ...]:
+        """The later levels reached through exact rungs whose run time is known (learned, or the
+        job's own estimate times the rungs' learned slowdown), as the daemon offers them to `pack`."""
+        job = self.trace.jobs[job_index]
+        if self.expected_s(job_index, level) is None:
+            return ()
+        options = []
+        for later in exact_levels_after(TRACE_LEVELS, level):
+            expected_s = self.durations.expected_at_level_s(job.config, job.task, later.index, level)
+            if expected_s is not None:
+                options.append(LevelOption(later.index, int(self.carried(job_index, later.index).mib), expected_s,
+                                           exact=True, run_alone=later.run_alone))
+        return tuple(options)
 
     def carried(self, job_index: int, level: int) -> Prediction:
         """`predict`, raised to the OOM evidence at or below `level` (benchmarks.packing.carry)."""

@@ -22,11 +22,18 @@ from orchestrator.scheduling.packing.cards import (
     headroom_for,
     headroom_mib,
     is_open,
+    need_mib,
     outstanding_reservation_mib,
     place_on,
 )
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
+from orchestrator.scheduling.packing.level_choice import (
+    fits_at_s,
+    move_note,
+    own_fit_s,
+    sooner_level,
+)
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.waits import Blocker, Wait, WaitKind, held, render
 
@@ -43,6 +50,9 @@ class Placement:
     reserved_mib: int  # predicted peak (per rank), recorded with the move to running
     gpu_indices: tuple[int, ...] = ()  # a gang's cards in CUDA_VISIBLE_DEVICES order; () = (gpu_index,)
     capped: bool = False  # its prediction was above every usable card: `reserved_mib` is the cap
+    # a later ladder level it starts at because it ends sooner there (QueuedJob.alternatives), and why
+    level: int | None = None
+    level_note: str = ""
 
     @property
     def all_gpus(self) -> tuple[int, ...]:
@@ -233,7 +243,8 @@ def _pack(
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
-                 id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib)  # one curve object per shape and pass
+                 id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib,
+                 job.alternatives)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [
@@ -242,20 +253,26 @@ def _pack(
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         fits = [c for c in allowed if blockers[c.gpu.index] is None]
         host_reason = host_blocker(job.host_mib, job.cpus, host)
+        placing, level, level_note = job, None, ""
+        if not fits and job.alternatives and job.gpus == 1 and host_reason is None:
+            sooner = _at_sooner_level(job, allowed, blockers, now_s)
+            if sooner is not None:
+                placing, fits, level, level_note = sooner
         if len(fits) >= job.gpus and host_reason is None:
             if job.gpus == 1:
-                chosen = [choose(job, fits, policy.placement)]
+                chosen = [choose(placing, fits, policy.placement)]
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
                 chosen = closest_set(fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
             for card in chosen:
-                place_on(card, job)
+                place_on(card, placing)
             for card in cards.values():  # holds it did not need: free for the rest of this call
                 card.release(job.job_id)
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
-            placements.append(Placement(job.job_id, indices[0], job.predicted_peak_mib,
-                                        indices if job.gpus > 1 else (), job.job_id in capped))
+            placements.append(Placement(job.job_id, indices[0], placing.predicted_peak_mib,
+                                        indices if job.gpus > 1 else (), job.job_id in capped and level is None,
+                                        level, level_note))
             any_open = any(is_open(c) for c in ordered_cards)
             failed.clear()
             continue
@@ -282,6 +299,44 @@ def _pack(
                         reasons[job.job_id] = replace(reasons[job.job_id], kept_gpu=kept.gpu.index)
                     failed.clear()  # a card now held: blockers of later jobs change
     return PackingDecision(tuple(placements), reasons)
+
+
+# blockers a running attempt's end lifts: the job's own level waits for those ends
+_WAITS_FOR_ENDS = (Blocker.MEMORY, Blocker.CAP, Blocker.OCCUPIED, Blocker.ALONE)
+
+
+def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Blocker | None],
+                     now_s: float) -> tuple[QueuedJob, list[Card], int, str] | None:
+    """A one-GPU job that fits no card now at its level, at a later exact level that fits now and
+    is expected to end sooner (orchestrator.scheduling.packing.level_choice): the job as placed
+    there, the cards it fits, the level and why; None: it waits at its level."""
+    per_card: list[float | None] = []
+    for c in allowed:
+        why = blockers[c.gpu.index]
+        if why is Blocker.NEVER:
+            per_card.append(math.inf)
+        elif why in _WAITS_FOR_ENDS:
+            per_card.append(fits_at_s(need_mib(job, c), c.available_mib, c.used_slots, c.gpu.slots, c.frees, now_s,
+                                      alone=job.run_alone))
+        elif why is not Blocker.PLAN:
+            per_card.append(None)  # held, probing, too little gain: not a matter of ends
+    own_at_s = own_fit_s(per_card)
+    if own_at_s is None or job.expected_duration_s is None:
+        return None
+    fitting = {}
+    for option in job.alternatives:
+        if not option.exact:
+            continue
+        at = replace(job, predicted_peak_mib=option.predicted_peak_mib, run_alone=option.run_alone,
+                     expected_duration_s=option.expected_duration_s, alternatives=())
+        cards_now = [c for c in allowed if blocker(at, c, now_s) is None]
+        if cards_now:
+            fitting[option.level] = (option, at, cards_now)
+    chosen = sooner_level(job.expected_duration_s, own_at_s, (o for o, _, _ in fitting.values()), now_s)
+    if chosen is None:
+        return None
+    _, at, cards_now = fitting[chosen.level]
+    return at, cards_now, chosen.level, move_note(job.level, chosen, job.expected_duration_s, own_at_s, now_s)
 
 
 def _spread_key(job: QueuedJob, policy: PackingPolicy) -> Callable[[Card], tuple[object, ...]]:
