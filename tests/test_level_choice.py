@@ -129,6 +129,17 @@ def test_a_job_that_fits_at_its_level_stays_there() -> None:
     assert p.level is None and p.reserved_mib == 14 * GIB
 
 
+def test_capacity_a_job_can_use_at_its_own_level_is_never_spent_on_a_slower_one() -> None:
+    # job 1 comes first (longest) and would end sooner at level 1, but job 2 fits the same
+    # 9 GiB at its own level: job 2 starts, job 1 waits at its level
+    other = QueuedJob(2, 0, 2, 8 * GIB, 0.0, expected_duration_s=300.0)
+    d = pack([queued((option(1, 8, 13),)), other], [card(9, slots=2)], [tenant(3600.0)], NO_HEADROOM, 0.0)
+    assert [(p.job_id, p.level) for p in d.placements] == [(2, None)] and 1 in d.waits
+    # with room for both (level 1 takes 5 GiB), job 1 takes what is left at level 1
+    d = pack([queued((option(1, 5, 13),)), other], [card(13.5)], [tenant(3600.0)], NO_HEADROOM, 0.0)
+    assert sorted((p.job_id, p.level) for p in d.placements) == [(1, 1), (2, None)] and 1 not in d.waits
+
+
 def test_a_later_level_respects_a_card_kept_for_a_starving_job() -> None:
     # job 5 (first in order) has waited past the starvation limit; no single end makes room for
     # it, so the card is kept for it from when it is expected to fit (the tenant's end, 60 min).

@@ -203,6 +203,12 @@ class OrchPolicy:
         job = self.trace.jobs[job_index]
         return self.durations.expected_s(job.config, job.task, level)
 
+    def expected_at_level_s(self, job_index: int, level: int, from_level: int) -> float | None:
+        """Its run time at a later `level`: learned there, else at `from_level` times the rungs'
+        learned slowdown (the daemon's DurationTable.expected_at_level_s)."""
+        job = self.trace.jobs[job_index]
+        return self.durations.expected_at_level_s(job.config, job.task, level, from_level)
+
     def _expected_end_s(self, attempt: Attempt) -> float | None:
         """Its start plus the learned run time of its kind, as the daemon reckons it."""
         expected = self.expected_s(attempt.start.job_index, attempt.start.level)
@@ -349,7 +355,7 @@ class OrchPolicy:
             return ()
         options = []
         for later in exact_levels_after(TRACE_LEVELS, level):
-            expected_s = self.durations.expected_at_level_s(job.config, job.task, later.index, level)
+            expected_s = self.expected_at_level_s(job_index, later.index, level)
             if expected_s is not None:
                 options.append(LevelOption(later.index, int(self.carried(job_index, later.index).mib), expected_s,
                                            exact=True, run_alone=later.run_alone))

@@ -239,6 +239,7 @@ def _pack(
     # Jobs alike in what placement reads (peak, GPUs, alone) fail alike until a placement
     # changes a card: a queue of many seeds of few shapes is then one check per shape.
     failed: set[tuple[object, ...]] = set()
+    deferred: list[QueuedJob] = []  # jobs that wait at their level but may start at a later one
     for job in ordered:
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
@@ -253,26 +254,22 @@ def _pack(
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         fits = [c for c in allowed if blockers[c.gpu.index] is None]
         host_reason = host_blocker(job.host_mib, job.cpus, host)
-        placing, level, level_note = job, None, ""
         if not fits and job.alternatives and job.gpus == 1 and host_reason is None:
-            sooner = _at_sooner_level(job, allowed, blockers, now_s)
-            if sooner is not None:
-                placing, fits, level, level_note = sooner
+            deferred.append(job)  # after every job at its own level: what is left may suit a later one
         if len(fits) >= job.gpus and host_reason is None:
             if job.gpus == 1:
-                chosen = [choose(placing, fits, policy.placement)]
+                chosen = [choose(job, fits, policy.placement)]
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
                 chosen = closest_set(fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
             for card in chosen:
-                place_on(card, placing)
+                place_on(card, job)
             for card in cards.values():  # holds it did not need: free for the rest of this call
                 card.release(job.job_id)
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
-            placements.append(Placement(job.job_id, indices[0], placing.predicted_peak_mib,
-                                        indices if job.gpus > 1 else (), job.job_id in capped and level is None,
-                                        level, level_note))
+            placements.append(Placement(job.job_id, indices[0], job.predicted_peak_mib,
+                                        indices if job.gpus > 1 else (), job.job_id in capped))
             any_open = any(is_open(c) for c in ordered_cards)
             failed.clear()
             continue
@@ -298,7 +295,34 @@ def _pack(
                     if job.job_id in reasons:
                         reasons[job.job_id] = replace(reasons[job.job_id], kept_gpu=kept.gpu.index)
                     failed.clear()  # a card now held: blockers of later jobs change
+    placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons)
     return PackingDecision(tuple(placements), reasons)
+
+
+def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], cards: dict[int, Card], now_s: float,
+                     host: HostState | None, policy: PackingPolicy, reasons: dict[int, Wait]) -> list[Placement]:
+    """Once every job has been tried at its own level: the waiting jobs, in packing order, that
+    start at a later exact level where it fits now and ends sooner. Capacity that a job could use
+    at its own (faster) level is never spent on a slower one."""
+    placements = []
+    for job in deferred:
+        allowed = [c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices]
+        blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
+        if not any(is_open(c) for c in allowed) or host_blocker(job.host_mib, job.cpus, host) is not None:
+            continue
+        sooner = _at_sooner_level(job, allowed, blockers, now_s)
+        if sooner is None:
+            continue
+        placing, fits, level, note = sooner
+        card = choose(placing, fits, policy.placement)
+        place_on(card, placing)
+        for each in cards.values():  # a hold it had: free for the rest of this call
+            each.release(job.job_id)
+        spend(host, job.host_mib, job.cpus)
+        reasons.pop(job.job_id, None)
+        placements.append(Placement(job.job_id, card.gpu.index, placing.predicted_peak_mib, level=level,
+                                    level_note=note))
+    return placements
 
 
 # blockers a running attempt's end lifts: the job's own level waits for those ends
