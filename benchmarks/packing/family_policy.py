@@ -52,6 +52,9 @@ class FamilyPolicy(StepKPolicy):
     name: str = "orch family"
     probing: bool = True
     families: bool = True
+    # a member on a task its family has not run, from how the tasks compare in other families of
+    # the model (orchestrator.prediction.families.across_families); False: the family's largest peak
+    across: bool = True
 
     def shape_of(self, job: TraceJob, level: int) -> tuple[str, str, int]:
         return job.shape(received_level(level))
@@ -85,7 +88,7 @@ class FamilyPolicy(StepKPolicy):
         disproven = None
         if fit is not None:
             found = predict_member(fit, batch_of(level), None, job.task, floors, None,
-                                   self._same_model(family_of(job, level)))
+                                   self._same_model(family_of(job, level)) if self.across else ())
             if found is not None:
                 family = Prediction(found[0], PredictionSource(SourceKind.FAMILY, points=len(points),
                                                                error=fit.error_fraction))
