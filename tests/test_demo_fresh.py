@@ -123,7 +123,8 @@ def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum
         match = re.search(r"demo database: (\S+)", out_path.read_text())
         assert match
         db = Path(match.group(1))
-        assert orch_processes_for(db) and tmux_server_running(db)  # its daemon and workers run
+        # the start is recorded before the daemon opens the attempt's tmux window: wait for it
+        wait_until(lambda: orch_processes_for(db) and tmux_server_running(db), 60, "its daemon and workers to run")
         demo.send_signal(signum)
         assert demo.wait(timeout=120) == 130
     finally:
