@@ -240,3 +240,52 @@ def test_a_job_placed_at_a_later_level_moves_there_with_its_note_before_its_atte
     assert jobs[gone].state is JobState.CANCELLED and jobs[gone].level == 0
     [attempt] = all_attempts(store)
     assert (attempt.job_id, attempt.level) == (first, 1)
+
+
+def test_the_daemons_pass_starts_a_waiting_job_at_the_exact_level_that_ends_sooner(tmp_path: Path) -> None:
+    from orchestrator.gpu.snapshot import GpuSnapshot
+    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.dispatch import DispatchContext, schedule
+    from orchestrator.scheduling.state import SchedulerState
+    from orchestrator.store import Store
+    from orchestrator.store.attempts import write_shape
+    from orchestrator.store.jobs import cancel_queued, set_gpu_plan, submit_jobs
+    from orchestrator.store.rows import ShapeMemory
+    from orchestrator.store.sweep_attempts import all_attempts
+    from tests.conftest import REPO_ROOT
+    from tests.store_reads import read_jobs
+    from tests.test_scale import _Recorder
+
+    store = Store(tmp_path / "state.db")
+    suite = load_suite("demo", REPO_ROOT / "plans")
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0), allowed_gpus=None,
+                priority=0, force=False, dry_run=False)
+    running, waiting, third = read_jobs(store)
+    cancel_queued(store, third.id, "not in this test")
+    cache = JobShapeCache()
+    levels = job_levels(waiting, cache)
+    # what this machine learned: the running job's peak and run time; the waiting job's at levels
+    # 0 and 1 (checkpointing: 6 GiB instead of 14, 13 min instead of 10)
+    write_shape(store, job_shape_key(running, job_levels(running, cache)[0]), ShapeMemory(10 * GIB, None, 1))
+    write_shape(store, job_shape_key(waiting, levels[0]), ShapeMemory(14 * GIB, None, 1))
+    write_shape(store, job_shape_key(waiting, levels[1]), ShapeMemory(6 * GIB, None, 1))
+    state = SchedulerState()
+    for config, level, seconds in ((running.config_name, 0, 3600.0), (waiting.config_name, 0, 600.0),
+                                   (waiting.config_name, 1, 780.0)):
+        state.durations.add(CompletedRun(config, running.data, level, seconds))
+    ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
+    gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=24 * GIB, used_mib=0, free_mib=24 * GIB,
+                       processes=()),)
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
+    first = schedule(store, gpu, _Recorder(), ctx, state, draining=False)
+    assert [p.job_id for p in first.placements] == [running.id]
+    # a second slot: 10 GiB is reserved for the running job, so level 0 (14 GiB + headroom) waits
+    # for its end in an hour; level 1 fits now and ends in 13 minutes
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=2))
+    second = schedule(store, gpu, _Recorder(), ctx, state, draining=False)
+    assert [(p.job_id, p.level) for p in second.placements] == [(waiting.id, 1)]
+    moved = {j.id: j for j in read_jobs(store)}[waiting.id]
+    assert moved.level == 1 and moved.level_note is not None and "ends sooner" in moved.level_note
+    [attempt] = [a for a in all_attempts(store) if a.job_id == waiting.id]
+    assert attempt.level == 1 and attempt.predicted_peak_mib >= 6 * GIB
