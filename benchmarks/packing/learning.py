@@ -16,9 +16,9 @@ the estimate is modelled (StepKPolicy.estimate). Rows:
 - diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
   hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
   run time known up front, at every ladder level: what learning run times costs), `orch dur
-  nosooner` (`orch durations` without a later exact level where it ends sooner: what that rule
-  does where every level's run time is known; on the shipped traces `orch` rarely learns a rung's
-  slowdown, and the rule needs it), `orch peaks` (every true peak + 5 % known up front: what
+  nosooner` and `orch nosooner` (`orch durations` and `orch` without a later exact level where it
+  ends sooner: what that rule does; it needs a rung's slowdown, which `orch` learns only where a
+  config and task finished at two levels), `orch peaks` (every true peak + 5 % known up front: what
   predicting costs);
 - `declared step-k`: `orch` without the estimate (declared figures, learning at step K): the
   daemon for jobs it cannot estimate (not LoRA, or an unknown model); `declared end` learns a
@@ -101,6 +101,7 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         step_k(StepKPolicy, "orch best_fit", PackingPolicy(placement="best_fit")),
         step_k(KnownDurationsPolicy, "orch durations"),
         no_sooner(step_k(KnownDurationsPolicy, "orch dur nosooner")),
+        no_sooner(daemon(trace, name="orch nosooner", known_after_s=known_after_s, early_fraction=early_fraction)),
         step_k(KnownPeaksPolicy, "orch peaks"),
         daemon(trace, name="orch no-carry", known_after_s=known_after_s, early_fraction=early_fraction,
                carry=False),
