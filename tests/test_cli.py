@@ -338,3 +338,20 @@ def test_attach_to_a_job_whose_attempt_ended_points_to_its_logs(orch_inproc: Orc
     result = orch_inproc("attach", "1")
     assert result.rc == 2 and result.stdout == ""
     assert one_error_line(result.stderr) == "orch: error: job 1's attempt 1 has ended (oom): its output is in `orch logs 1`"
+
+
+def test_a_read_command_imports_only_what_it_runs(tmp_path: Path) -> None:
+    """Each command's module is imported when it runs: `orch jobs` loads neither the other
+    commands nor the submit path and user actions (their imports cost every call ~0.3 s)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from orchestrator.cli import main; main(['jobs', '--db', sys.argv[1]]); "
+             "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.cli.', 'orchestrator.actions', "
+             "'orchestrator.api.submit', 'orchestrator.api.sweep'))))")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "none.db")], capture_output=True, text=True,
+                         check=False).stdout
+    loaded = json.loads(out.strip().splitlines()[-1].replace("'", '"'))
+    assert "orchestrator.cli.jobs.command" in loaded
+    assert not [m for m in loaded if m.startswith(("orchestrator.actions", "orchestrator.api.s", "orchestrator.cli.demo",
+                                                   "orchestrator.cli.web_cmd", "orchestrator.cli.results"))], loaded

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 
 import click
 
-from orchestrator.api import submit as submit_api
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
 from orchestrator.errors import StoreError, UsageError
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
@@ -108,4 +107,6 @@ def describe_plan(plan: GpuPlan) -> str:
 
 def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
     """Refuse `what` naming a GPU this machine lacks (api.submit.check_gpus_exist)."""
+    from orchestrator.api import submit as submit_api  # the submit path's imports: only where used
+
     submit_api.check_gpus_exist(gpus, db_path, what, open_store)
