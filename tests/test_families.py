@@ -8,6 +8,7 @@ import math
 from orchestrator.prediction.families import (
     FamilyFloor,
     FamilyPoint,
+    across_families,
     family_of,
     fit_family,
     predict_member,
@@ -87,6 +88,42 @@ def test_another_task_without_lengths_takes_the_family_largest_peak() -> None:
     fit = fit_family([FamilyPoint(b, None, "rte", _true_peak(b)) for b in (32, 128)])
     predicted = predict_member(fit, 32, None, "qnli")
     assert predicted is not None and predicted[0] >= _true_peak(128)
+
+
+def test_another_task_compares_as_it_does_in_other_families_of_the_model() -> None:
+    # rte's prompts take 1.5x the memory of qnli's in two other configs of the model: the
+    # family's qnli point predicts its rte member by that ratio, not by its largest peak
+    own = [FamilyPoint(8, None, "qnli", 8000), FamilyPoint(8, None, "cola", 5000)]
+    others = [[FamilyPoint(8, None, "qnli", 10_000), FamilyPoint(8, None, "rte", 15_000)],
+              [FamilyPoint(8, None, "qnli", 6_000), FamilyPoint(8, None, "rte", 9_000),
+               FamilyPoint(8, None, "cola", 3_750)]]
+    # qnli 8000 × 1.5 (twice), cola 5000 × 2.4 (once): every pair says 12,000
+    assert math.isclose(across_families(own, "rte", 8, others) or 0, 12_000)
+    fit = fit_family(own)
+    predicted = predict_member(fit, 8, None, "rte", others=others)
+    assert predicted is not None and 12_000 < predicted[0] <= 12_000 * 1.05
+    smaller = predict_member(fit, 8, None, "cola", others=others)  # its own task: its own point
+    assert smaller is not None and smaller[0] <= 5000 * 1.05
+    # no other family ran the task beside one of these, or only at another batch: the largest peak
+    assert across_families(own, "mnli", 8, others) is None
+    assert across_families(own, "rte", 8, [[FamilyPoint(16, None, "qnli", 1), FamilyPoint(16, None, "rte", 9)]]) is None
+    # a member at a larger batch is scaled up as one measured batch is
+    assert math.isclose(across_families(own[:1], "rte", 16, others[:1]) or 0, 24_000)
+
+
+def test_knowledge_compares_tasks_only_within_the_model() -> None:
+    tags, shapes = {}, {}
+    for model, config, task, peak in (("m", "a", "qnli", 8000), ("m", "b", "qnli", 10_000), ("m", "b", "rte", 15_000),
+                                      ("x", "c", "qnli", 1000), ("x", "c", "rte", 9000)):
+        tag = family_of({"model": model, "cfg": config, "batch_size": 8}, model, task)
+        assert tag is not None
+        key = shape_key(f"{config}{task}", model, task)
+        tags[key], shapes[key] = tag, ShapeMemory(peak, None, 1)
+    knowledge = Knowledge(shapes, {}, tags=tags)
+    member = family_of({"model": "m", "cfg": "a", "batch_size": 8}, "m", "rte")
+    assert member is not None
+    found = knowledge.family_prediction(member)
+    assert found is not None and 12_000 < found[0] <= 12_600  # 8000 × 1.5 (model m), never × 9 (model x)
 
 
 def test_an_oom_floor_raises_its_batch_and_larger_ones_never_smaller() -> None:

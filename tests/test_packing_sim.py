@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.packing.__main__ import main
-from benchmarks.packing.policies import OrchPolicy, RoundsPolicy, SlotsPolicy
+from benchmarks.packing.launchers import RoundsPolicy, SlotsPolicy
+from benchmarks.packing.policies import OrchPolicy
 from benchmarks.packing.simulator import Simulator, lower_bound_min
 from benchmarks.packing.trace import Trace, TraceGpu, TraceJob, load_trace
 from orchestrator.scheduling.packing.types import PackingPolicy

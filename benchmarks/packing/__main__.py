@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from benchmarks.packing.daemon_policy import OraclePolicy, daemon
 from benchmarks.packing.family_policy import FamilyPolicy
-from benchmarks.packing.policies import RoundsPolicy, SlotsPolicy
+from benchmarks.packing.launchers import RoundsPolicy, SlotsPolicy
 from benchmarks.packing.simulator import (
     SHARING_THROUGHPUT,
     Policy,

@@ -179,6 +179,9 @@ class KnownDurationsPolicy(StepKPolicy):
     def expected_s(self, job_index: int, level: int) -> float | None:
         return self.trace.jobs[job_index].minutes[level] * 60.0
 
+    def expected_at_level_s(self, job_index: int, level: int, from_level: int) -> float | None:
+        return self.expected_s(job_index, level)
+
 
 @dataclass
 class KnownPeaksPolicy(StepKPolicy):

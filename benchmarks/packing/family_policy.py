@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.packing.daemon_policy import StepKPolicy
-from benchmarks.packing.simulator import Attempt
+from benchmarks.packing.daemon_policy import StepKPolicy, model_of
+from benchmarks.packing.simulator import Attempt, Outcome, Simulator, Start
 from benchmarks.packing.trace import RUN_ALONE_LEVEL, TraceJob
 from orchestrator.prediction.families import (
     FamilyFloor,
@@ -52,6 +52,9 @@ class FamilyPolicy(StepKPolicy):
     name: str = "orch family"
     probing: bool = True
     families: bool = True
+    # a member on a task its family has not run, from how the tasks compare in other families of
+    # the model (orchestrator.prediction.families.across_families); False: the family's largest peak
+    across: bool = True
 
     def shape_of(self, job: TraceJob, level: int) -> tuple[str, str, int]:
         return job.shape(received_level(level))
@@ -84,7 +87,8 @@ class FamilyPolicy(StepKPolicy):
         family = None
         disproven = None
         if fit is not None:
-            found = predict_member(fit, batch_of(level), None, job.task, floors)
+            found = predict_member(fit, batch_of(level), None, job.task, floors, None,
+                                   self._same_model(family_of(job, level)) if self.across else ())
             if found is not None:
                 family = Prediction(found[0], PredictionSource(SourceKind.FAMILY, points=len(points),
                                                                error=fit.error_fraction))
@@ -92,6 +96,27 @@ class FamilyPolicy(StepKPolicy):
             disproven = floors_bound(floors, batch_of(level)) or 0
         return predict_peak_mib(own, None, int(job.declared_mib), self.margin, held=self.held.get(key),
                                 family=family, disproven_mib=disproven)
+
+    def _same_model(self, family: tuple[str, bool, bool]) -> list[list[FamilyPoint]]:
+        """The points of the other families of the job's model (the daemon's `Knowledge.same_model`):
+        every other config's, at each setting of checkpointing and data workers."""
+        model = model_of(family[0])
+        if model not in self._by_model:  # what shapes and running peaks say now: cleared as they change
+            found: dict[tuple[str, bool, bool], list[FamilyPoint]] = {}
+            for config in self._configs:
+                for setting in ((False, True), (True, True), (True, False)):
+                    if model_of(config) == model and (points := self._members((config, *setting))[0]):
+                        found[(config, *setting)] = points
+            self._by_model[model] = found
+        return [points for key, points in self._by_model[model].items() if key != family]
+
+    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
+        self._by_model.clear()  # running peaks are read again
+        return super().decide(sim, now_s)
+
+    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
+        self._by_model.clear()  # a peak or an OOM floor is learned
+        super().on_end(sim, attempt, outcome, now_s)
 
     def _measured(self, family: tuple[str, bool, bool]) -> bool:
         return bool(self._members(family)[0])
@@ -110,4 +135,6 @@ class FamilyPolicy(StepKPolicy):
 
     def __post_init__(self) -> None:
         self._tasks = sorted({j.task for j in self.trace.jobs})
+        self._configs = sorted({j.config for j in self.trace.jobs})
+        self._by_model: dict[str, dict[tuple[str, bool, bool], list[FamilyPoint]]] = {}
         super().__post_init__()

@@ -15,12 +15,19 @@ the estimate is modelled (StepKPolicy.estimate). Rows:
   and without start where it fits (orchestrator.prediction.carried): the daemon before them;
 - diagnostics, each `orch` with one thing changed: `orch nohold` (no starvation hold: what the
   hold costs), `orch best_fit` (best-fit placement instead of spread), `orch durations` (every
-  run time known up front: what learning run times costs), `orch peaks` (every true peak + 5 %
-  known up front: what predicting costs);
+  run time known up front, at every ladder level: what learning run times costs), `orch dur
+  nosooner` and `orch nosooner` (`orch durations` and `orch` without a later exact level where it
+  ends sooner: what that rule does; it needs a rung's slowdown, which `orch` learns only where a
+  config and task finished at two levels), `orch peaks` (every true peak + 5 % known up front: what
+  predicting costs);
 - `declared step-k`: `orch` without the estimate (declared figures, learning at step K): the
   daemon for jobs it cannot estimate (not LoRA, or an unknown model); `declared end` learns a
   peak only when an attempt completes (the daemon before provisional peaks); `declared nohold`
   is `declared step-k` without the starvation hold;
+- `family`: the daemon on a foreign script's sweep (declared figures, memory families, probing;
+  benchmarks.packing.family_policy); `family no-across` predicts a member on a task its family has
+  not run by the family's largest peak, not by how the tasks compare in other families of the
+  model (the daemon before that rule); `family noprobe` does not probe;
 - `oracle`: offline, knows every job's true peak and solo duration, picks the fastest level
   that fits a card and list-schedules longest run first through the same `pack` (no headroom,
   no learning); `oracle+hdrm` the same with orch's headroom (what the headroom alone costs).
@@ -73,6 +80,12 @@ def row(name: str, r: SimResult, bound: float, oracle_min: float, work_min: floa
     }
 
 
+def no_sooner(policy: StepKPolicy) -> StepKPolicy:
+    """The policy without a later exact level where it ends sooner (QueuedJob.alternatives)."""
+    policy.sooner_levels = False
+    return policy
+
+
 def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[dict[str, object]]:
     bound = lower_bound_min(trace)
     work = sum(j.minutes[0] for j in trace.jobs)
@@ -87,6 +100,8 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
         step_k(StepKPolicy, "orch nohold", PackingPolicy(starvation_s=1e12)),
         step_k(StepKPolicy, "orch best_fit", PackingPolicy(placement="best_fit")),
         step_k(KnownDurationsPolicy, "orch durations"),
+        no_sooner(step_k(KnownDurationsPolicy, "orch dur nosooner")),
+        no_sooner(daemon(trace, name="orch nosooner", known_after_s=known_after_s, early_fraction=early_fraction)),
         step_k(KnownPeaksPolicy, "orch peaks"),
         daemon(trace, name="orch no-carry", known_after_s=known_after_s, early_fraction=early_fraction,
                carry=False),
@@ -98,6 +113,8 @@ def compare(trace: Trace, known_after_s: float, early_fraction: float) -> list[d
     ]
     runs += [
         step_k(FamilyPolicy, "family", estimate=False),
+        FamilyPolicy(trace, name="family no-across", known_after_s=known_after_s, early_fraction=early_fraction,
+                     across=False),
         FamilyPolicy(trace, name="family noprobe", known_after_s=known_after_s, early_fraction=early_fraction,
                      probing=False),
     ]

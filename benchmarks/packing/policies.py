@@ -1,9 +1,9 @@
-"""The launchers raced in the benchmark; each knows only what a real one would know."""
+"""orch in the packing simulator: the real `pack` with per-shape learning and the degradation ladder
+(the launchers it replaces are in benchmarks.packing.launchers)."""
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -21,15 +21,15 @@ from benchmarks.packing.trace import RUN_ALONE_LEVEL, Trace, TraceJob
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.prediction.durations import CompletedRun, DurationTable
-from orchestrator.prediction.ladder import Level, expand_levels, retry_decision
+from orchestrator.prediction.ladder import Level, exact_levels_after, expand_levels, retry_decision
 from orchestrator.prediction.memory import Prediction, predict_peak_mib, update_shape
 from orchestrator.scheduling.packing.cards import headroom_mib
+from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import can_take_any, pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
 from orchestrator.store.rows import ShapeMemory
 
-MAX_RETRIES = 3  # simple queues retry an OOM'd job unchanged this many times
 # The traces record true peaks and run times for five configurations in this order: as configured,
 # checkpointing, half batch, no data workers, alone (the daemon's default ladder before it put every
 # exact rung first). Expanded for a config of batch 2 with data workers, this ladder gives exactly
@@ -42,113 +42,6 @@ TRACE_LEVELS: tuple[Level, ...] = tuple(expand_levels(
     one_token_task=True,
 ))
 assert len(TRACE_LEVELS) == RUN_ALONE_LEVEL + 1 and TRACE_LEVELS[RUN_ALONE_LEVEL].run_alone
-
-
-def _slot_gpus(trace: Trace) -> list[int]:
-    """Bash launchers' slot list: GPU g repeated plan_g times."""
-    return [g.index for g, n in zip(trace.gpus, trace.plan, strict=True) for _ in range(n)]
-
-
-class RoundsPolicy:
-    """Suite sliced into rounds of Σ slots in trace order; each round waits for its slowest job.
-
-    Without `rerun` an OOM fails the job for good. With it, jobs that failed are re-run by hand
-    at level+1 in further rounds after the suite ends; level 4 gets a card to itself.
-    """
-
-    def __init__(self, trace: Trace, rerun: bool = False) -> None:
-        self.name = "rounds+rerun" if rerun else "rounds"
-        self.rerun = rerun
-        self.trace = trace
-        self.slots = _slot_gpus(trace)
-        self.alone_slots = [g.index for g, n in zip(trace.gpus, trace.plan, strict=True) if n > 0]
-        self.rounds: deque[list[tuple[int, int]]] = deque()
-        self._slice([(j, 0) for j in range(len(trace.jobs))], self.slots)
-        self.failed: list[tuple[int, int]] = []
-        self.round_no = 0
-
-    def _slice(self, jobs: list[tuple[int, int]], slots: list[int]) -> None:
-        for i in range(0, len(jobs), len(slots)):
-            self.rounds.append(jobs[i : i + len(slots)])
-
-    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
-        if sim.running:
-            return []
-        if not self.rounds and self.failed:
-            again = [(j, lv + 1) for j, lv in self.failed if lv < RUN_ALONE_LEVEL]
-            self.failed = []
-            self._slice([x for x in again if x[1] < RUN_ALONE_LEVEL], self.slots)
-            self._slice([x for x in again if x[1] == RUN_ALONE_LEVEL], self.alone_slots)
-        if not self.rounds:
-            return []
-        self.round_no += 1
-        batch = self.rounds.popleft()
-        slots = self.alone_slots if batch[0][1] == RUN_ALONE_LEVEL else self.slots
-        return [
-            Start(j, gpu, lv, run_alone=lv == RUN_ALONE_LEVEL, tag=self.round_no)
-            for (j, lv), gpu in zip(batch, slots, strict=False)
-        ]
-
-    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
-        if outcome == "oom" and self.rerun:
-            self.failed.append((attempt.start.job_index, attempt.start.level))
-
-    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
-        return now_s if not sim.running and self.rounds else None
-
-    def finished(self) -> bool:
-        return not self.rounds and not self.failed
-
-
-class SlotsPolicy:
-    """Start the next job whenever a plan slot frees, without looking at memory.
-
-    `threshold` also waits until the card's live free memory exceeds the job's declared need,
-    with no reservation for jobs still ramping up. Both keep strict FIFO order, put an OOM'd
-    job back at the end of the queue unchanged, and give up after `MAX_RETRIES` retries.
-    """
-
-    def __init__(self, trace: Trace, threshold: bool = False) -> None:
-        self.name = "threshold" if threshold else "slots"
-        self.threshold = threshold
-        self.trace = trace
-        self.queue: deque[int] = deque(range(len(trace.jobs)))
-        self.ooms = [0] * len(trace.jobs)
-
-    def _fits(self, sim: Simulator, gpu_index: int, job_index: int, now_s: float) -> bool:
-        if not self.threshold:
-            return True
-        return sim.free_mib(gpu_index, now_s) > self.trace.jobs[job_index].declared_mib
-
-    def decide(self, sim: Simulator, now_s: float) -> list[Start]:
-        starts: list[Start] = []
-        used = {g.index: len(sim.on_gpu(g.index)) for g in self.trace.gpus}
-        while self.queue:
-            head = self.queue[0]
-            free_slots = [
-                g.index
-                for g, n in zip(self.trace.gpus, self.trace.plan, strict=True)
-                if used[g.index] < n and self._fits(sim, g.index, head, now_s)
-            ]
-            if not free_slots:
-                break
-            self.queue.popleft()
-            used[free_slots[0]] += 1
-            starts.append(Start(head, free_slots[0], 0))
-        return starts
-
-    def on_end(self, sim: Simulator, attempt: Attempt, outcome: Outcome, now_s: float) -> None:
-        j = attempt.start.job_index
-        if outcome == "oom":
-            self.ooms[j] += 1
-            if self.ooms[j] <= MAX_RETRIES:
-                self.queue.append(j)
-
-    def next_wake_s(self, sim: Simulator, now_s: float) -> float | None:
-        return None  # only the end of an attempt frees a slot or memory
-
-    def finished(self) -> bool:
-        return not self.queue
 
 
 @dataclass
@@ -184,6 +77,9 @@ class OrchPolicy:
     carry: bool = True
     # config -> (launch to first step, memory held until then), seen on an attempt past its start-up
     startups: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # the level that ends soonest where a later exact rung fits now (QueuedJob.alternatives), as
+    # the daemon does; False: the daemon before it
+    sooner_levels: bool = True
 
     def __post_init__(self) -> None:
         self.queue = {}
@@ -198,6 +94,12 @@ class OrchPolicy:
         """Learned from succeeded attempts only, as the daemon learns it (never trace minutes)."""
         job = self.trace.jobs[job_index]
         return self.durations.expected_s(job.config, job.task, level)
+
+    def expected_at_level_s(self, job_index: int, level: int, from_level: int) -> float | None:
+        """Its run time at a later `level`: learned there, else at `from_level` times the rungs'
+        learned slowdown (the daemon's DurationTable.expected_at_level_s)."""
+        job = self.trace.jobs[job_index]
+        return self.durations.expected_at_level_s(job.config, job.task, level, from_level)
 
     def _expected_end_s(self, attempt: Attempt) -> float | None:
         """Its start plus the learned run time of its kind, as the daemon reckons it."""
@@ -300,6 +202,9 @@ class OrchPolicy:
             startup = self.startups.get(self.trace.jobs[first].config) if self.packing.overlap else None
             if startup is not None and not alone:
                 k = max(k, 1)  # it may start ahead of an attempt whose end makes room
+            alternatives = self.alternatives(first, level) if self.sooner_levels else ()
+            for option in alternatives:
+                k = max(k, most_placeable(option.predicted_peak_mib, option.run_alone, cards))
             placeable = placeable or k > 0
             for j in self.by_shape.first(shape, k + 1):
                 queue.append(
@@ -314,6 +219,8 @@ class OrchPolicy:
                         probe_family=probe,
                         startup_s=startup[0] if startup else None,
                         startup_mib=startup[1] if startup else 0,
+                        alternatives=alternatives,
+                        level=level,
                     )
                 )
         if not placeable:
@@ -324,12 +231,26 @@ class OrchPolicy:
         self.wait_reasons = decision.wait_reasons
         starts = []
         for p in decision.placements:
-            level = self.queue.pop(p.job_id).level
+            queued = self.queue.pop(p.job_id)
+            level = queued.level if p.level is None else p.level  # a later exact level that ends sooner
             self.by_shape.remove(p.job_id)
             starts.append(
                 Start(p.job_id, p.gpu_index, level, p.reserved_mib, TRACE_LEVELS[level].run_alone)
             )
         return starts
+
+    def alternatives(self, job_index: int, level: int) -> tuple[LevelOption, ...]:
+        """The later levels reached through exact rungs whose run time is known (learned, or the
+        job's own estimate times the rungs' learned slowdown), as the daemon offers them to `pack`."""
+        if self.expected_s(job_index, level) is None:
+            return ()
+        options = []
+        for later in exact_levels_after(TRACE_LEVELS, level):
+            expected_s = self.expected_at_level_s(job_index, later.index, level)
+            if expected_s is not None:
+                options.append(LevelOption(later.index, int(self.carried(job_index, later.index).mib), expected_s,
+                                           exact=True, run_alone=later.run_alone))
+        return tuple(options)
 
     def carried(self, job_index: int, level: int) -> Prediction:
         """`predict`, raised to the OOM evidence at or below `level` (benchmarks.packing.carry)."""

@@ -48,6 +48,8 @@ class DurationTable:
         # against the task means of the moment, as if every run were read again
         self._logs: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._factors: dict[str, float] = {}  # memo, cleared by `add`
+        self._levels: dict[tuple[str, str], set[int]] = defaultdict(set)  # (config, task) -> levels run
+        self._slowdowns: dict[tuple[int, int], float | None] = {}  # memo, cleared by `add`
         for run in runs:
             self.add(run)
 
@@ -66,6 +68,8 @@ class DurationTable:
         logs[0] += 1
         logs[1] += math.log(run.duration_s)
         self._factors.clear()
+        self._levels[(run.config, run.task)].add(run.level)
+        self._slowdowns.clear()
 
     def _config_factor(self, config: str) -> float:
         factor = self._factors.get(config)
@@ -89,6 +93,31 @@ class DurationTable:
         if task_entry is None:
             return None
         return _mean(task_entry) * self._config_factor(config)
+
+    def slowdown(self, from_level: int, to_level: int) -> float | None:
+        """How much longer a run at `to_level` takes than one at `from_level`: the geometric mean,
+        over the (config, task) pairs that succeeded at both, of their mean run times' ratio
+        (a rung's cost: checkpointing recomputes, fewer data workers wait on data); None while no
+        pair ran at both."""
+        key = (from_level, to_level)
+        if key not in self._slowdowns:
+            logs = [
+                math.log(_mean(self._shape[(config, task, to_level)]) / _mean(self._shape[(config, task, from_level)]))
+                for (config, task), levels in self._levels.items() if from_level in levels and to_level in levels
+            ]
+            self._slowdowns[key] = math.exp(sum(logs) / len(logs)) if logs else None
+        return self._slowdowns[key]
+
+    def expected_at_level_s(self, config: str, task: str, level: int, from_level: int) -> float | None:
+        """The run time of a job now at `from_level` if it ran at `level` instead: the mean of that
+        exact shape, else its estimate at `from_level` times the rungs' learned slowdown; None
+        when either is unknown (a level's cost is never assumed)."""
+        exact = self._shape.get((config, task, level))
+        if exact is not None:
+            return _mean(exact)
+        base = self.expected_s(config, task, from_level)
+        factor = self.slowdown(from_level, level)
+        return None if base is None or factor is None else base * factor
 
 
 def expected_duration_s(

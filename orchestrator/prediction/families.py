@@ -127,15 +127,41 @@ def fit_family(points: Sequence[FamilyPoint], floors: Sequence[FamilyFloor] = ()
     return FamilyFit(fixed, per_unit, per_token, error, margin, tuple(points), tuple(floors), min(xs), max(xs))
 
 
+def across_families(points: Sequence[FamilyPoint], task: str, batch_size: int,
+                    others: Iterable[Sequence[FamilyPoint]]) -> float | None:
+    """A member on a task its family has not run, from the family's points on other tasks scaled
+    by how the member's task compares with theirs in other families (of the same model) that ran
+    both at one batch size: a task's prompts size the activations alike in every family. The
+    geometric mean over every such (point, family) pair, each point scaled up to a larger batch
+    as one measured batch is. None: no other family ran the member's task beside one of these."""
+    peaks_of = []
+    for other in others:
+        peaks: dict[tuple[str, int], int] = {}
+        for q in other:
+            peaks[(q.task, q.batch_size)] = max(peaks.get((q.task, q.batch_size), 0), q.peak_mib)
+        if any(key[0] == task for key in peaks):
+            peaks_of.append(peaks)
+    logs = [
+        math.log(p.peak_mib * peaks[(task, p.batch_size)] / peaks[(p.task, p.batch_size)]
+                 * max(1.0, batch_size / p.batch_size))
+        for p in points for peaks in peaks_of
+        if peaks.get((task, p.batch_size)) and peaks.get((p.task, p.batch_size)) and p.peak_mib > 0
+    ]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
 def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, task: str,
                    floors: Iterable[FamilyFloor] = (),
-                   prompt_tokens: Callable[[str], int | None] | None = None) -> tuple[int, float] | None:
+                   prompt_tokens: Callable[[str], int | None] | None = None,
+                   others: Iterable[Sequence[FamilyPoint]] = ()) -> tuple[int, float] | None:
     """(predicted peak, margin used) for a member at `batch_size` (sized at `tokens`, where its
     config says) on `task`, or None when the family has measured nothing. The points of the
     member's own task are fitted where there are any. Other tasks see other prompts, which a
     configured length only bounds: their points count scaled by the learned prompt lengths
-    (`prompt_tokens(task)`, where the worker reports them, for this task and theirs); else the
-    family's largest peak (scaled up to a larger batch) bounds the member."""
+    (`prompt_tokens(task)`, where the worker reports them, for this task and theirs); else by how
+    the tasks compare in `others`, the points of other families of the same model
+    (`across_families`); else the family's largest peak (scaled up to a larger batch) bounds the
+    member."""
     if fit is None:
         return None
     own = [p for p in fit.points if p.task == task]
@@ -160,9 +186,14 @@ def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, t
     if x > fit.x_max and fit.per_unit_mib > 0:  # extrapolating: the slope's error grows with the distance
         margin = min(MAX_MARGIN, margin + fit.error_fraction * (x / fit.x_max - 1.0))
     if not own and not scaled:
-        # another task, its prompt lengths unknown: the family's largest peak bounds the member
-        largest = max(fit.points, key=lambda p: p.peak_mib)
-        raw = max(raw, largest.peak_mib * max(1.0, batch_size / largest.batch_size))
+        # another task, its prompt lengths unknown: as the tasks compare in other families, else
+        # the family's largest peak bounds the member
+        across = across_families(fit.points, task, batch_size, others)
+        if across is not None:
+            raw = across
+        else:
+            largest = max(fit.points, key=lambda p: p.peak_mib)
+            raw = max(raw, largest.peak_mib * max(1.0, batch_size / largest.batch_size))
     for floor in floors:
         if floor.batch_size <= batch_size and (floor.task == task or not own):
             growth = 1.0

@@ -239,6 +239,17 @@ def inexact_rungs(levels: Sequence[Level], level: int) -> tuple[str, ...]:
     return tuple(names)
 
 
+def exact_levels_after(levels: Sequence[Level], level: int) -> list[Level]:
+    """The levels after `level` reached through exact rungs only (each keeps numbers bit-equal):
+    up to, not including, the next rung that changes numerics."""
+    found = []
+    for later in levels[level + 1 :]:
+        if not later.exact:
+            break
+        found.append(later)
+    return found
+
+
 def first_inexact_level(levels: Sequence[Level]) -> int | None:
     """The index of the first level whose rung changes numerics; None when every one is exact."""
     return next((level.index for level in levels[1:] if not level.exact), None)

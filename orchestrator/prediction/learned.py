@@ -125,6 +125,12 @@ class Knowledge:
             self._fits[family_key] = fit_family(self._points.get(family_key, ()), self._floors.get(family_key, ()))
         return self._fits[family_key]
 
+    def same_model(self, family_key: str) -> list[list[FamilyPoint]]:
+        """The points of every other family of the same model (a family key ends in `|model`):
+        how tasks compare there sizes a member on a task its own family has not run."""
+        model = family_key.rsplit("|", 1)[-1]
+        return [points for key, points in self._points.items() if key != family_key and key.rsplit("|", 1)[-1] == model]
+
     def family_measured(self, family_key: str) -> bool:
         """Whether any member of the family has a completed peak or a running one past step K."""
         return bool(self._points.get(family_key))
@@ -141,7 +147,7 @@ class Knowledge:
         if fit is None:
             return None
         predicted = predict_member(fit, tag.batch_size, tag.tokens, tag.task, self.family_floors(tag.family_key),
-                                   prompt_tokens)
+                                   prompt_tokens, self.same_model(tag.family_key))
         return None if predicted is None else (predicted[0], fit)
 
     def disproven_bound(self, tag: FamilyTag) -> int | None:

@@ -228,7 +228,10 @@ def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int,
 
 
 def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, plans: list[ClaimPlan]) -> None:
-    """Write each placed attempt as started, then start their workers."""
+    """Write each placed attempt as started, then start their workers. A job placed at a later
+    level than its own (it ends sooner there) moves to it first, with the note saying why."""
+    moved = {p.job_id for p in plans if p.level_note and move_queued_to_level(store, [p.job_id], p.level.index, p.level_note)}
+    plans = [p for p in plans if not p.level_note or p.job_id in moved]  # a job that left the queue stays out
     placed = jobs_by_id(store, [p.job_id for p in plans])
     claims = []
     for p in plans:

@@ -12,12 +12,19 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.durations import DurationTable
-from orchestrator.prediction.job_facts import JobFacts, JobShapeCache
+from orchestrator.prediction.job_facts import (
+    JobFacts,
+    JobShapeCache,
+    job_host_settings,
+    job_levels,
+    shape_facts,
+)
 from orchestrator.prediction.job_prediction import predict_for
-from orchestrator.prediction.ladder import Level
+from orchestrator.prediction.ladder import Level, exact_levels_after, with_host_settings
 from orchestrator.prediction.learned import Knowledge
 from orchestrator.prediction.startup import Startup, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
+from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import PackingDecision
 from orchestrator.scheduling.packing.types import QueuedJob
 from orchestrator.scheduling.queue_kinds import Kind, kind_of
@@ -45,6 +52,16 @@ class PassReadings:
 
 
 @dataclass(frozen=True)
+class LaterLevel:
+    """A later level reached through exact rungs that a kind's jobs may start at where it ends
+    sooner: as `pack` weighs it, and what a claim there records."""
+
+    option: LevelOption
+    level: Level
+    prediction: tuple[int, PredictionSource]
+
+
+@dataclass(frozen=True)
 class KindInputs:
     """What one pass works out once per kind of queued job."""
 
@@ -54,6 +71,7 @@ class KindInputs:
     curve: Curve | None
     probe_family: str | None = None
     startup: Startup | None = None
+    later: tuple[LaterLevel, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,7 @@ class PackInputs:
     host_predictions: dict[int, int]  # job id -> host RAM (MiB) expected
     # per kind, in queue order: its first job, its untaught group (teaching), how many are queued
     firsts: list[tuple[int, str | None, int]]
+    later: dict[int, tuple[LaterLevel, ...]] = field(default_factory=dict)  # job id -> its later exact levels
 
 
 def pack_inputs(
@@ -79,6 +98,7 @@ def pack_inputs(
     host_predictions: dict[int, int] = {}
     kinds: dict[Kind, KindInputs] = {}
     firsts: list[tuple[int, str | None, int]] = []
+    later: dict[int, tuple[LaterLevel, ...]] = {}
     for job in rows:
         facts = facts_of.get(job.id)
         if facts is None:
@@ -92,6 +112,8 @@ def pack_inputs(
                                len(queued_of_kind.get(kind, ())) or 1))
         predictions[job.id] = inputs.prediction
         host_predictions[job.id] = inputs.host_mib
+        if inputs.later:
+            later[job.id] = inputs.later
         queue.append(
             QueuedJob(
                 job_id=job.id, priority=job.priority, queued_seq=job.id,
@@ -103,9 +125,10 @@ def pack_inputs(
                 probe_family=inputs.probe_family,
                 startup_s=inputs.startup.seconds if inputs.startup else None,
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
+                alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
             )
         )
-    return PackInputs(queue, predictions, host_predictions, firsts)
+    return PackInputs(queue, predictions, host_predictions, firsts, later)
 
 
 def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache: JobShapeCache) -> KindInputs:
@@ -115,10 +138,31 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
                             cache, readings.knowledge)
     host_mib, _ = predict_host_mib(readings.host_shapes.get(shape_key), readings.host_running.get(shape_key),
                                    facts.declared_host_mib)
+    expected_s = readings.durations.expected_s(job.config_name, job.data, facts.level.index)
     return KindInputs(
-        predicted, host_mib, readings.durations.expected_s(job.config_name, job.data, facts.level.index),
+        predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
-        readings.startups.get(startup_key(job.suite, job.config_name)))
+        readings.startups.get(startup_key(job.suite, job.config_name)),
+        later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else ())
+
+
+def later_levels(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache: JobShapeCache) -> tuple[LaterLevel, ...]:
+    """The later levels a kind's jobs reach through exact rungs only, each with its prediction and
+    its run time where that is known (learned there, or learned at the job's level times the
+    rungs' learned slowdown); a level whose run time is unknown is not offered."""
+    whole = facts.shape.job  # a job of the kind: its config and ladder
+    host = job_host_settings(whole)
+    found = []
+    for later in exact_levels_after(job_levels(whole, cache), facts.level.index):
+        expected_s = readings.durations.expected_at_level_s(job.config_name, job.data, later.index, facts.level.index)
+        if expected_s is None:
+            continue
+        at = with_host_settings(later, host)
+        predicted = predict_for(shape_facts(whole, at, cache), whole, at, readings.shapes, readings.prompt_lengths,
+                                cache, readings.knowledge)
+        option = LevelOption(later.index, predicted[0], expected_s, exact=True, run_alone=at.run_alone)
+        found.append(LaterLevel(option, at, predicted))
+    return tuple(found)
 
 
 def teaching_group(facts: JobFacts, source: PredictionSource, prompt_lengths: Mapping[str, int]) -> str | None:
@@ -158,6 +202,7 @@ class ClaimPlan:
     source: PredictionSource
     reserved_mib: int
     host_mib: int
+    level_note: str = ""  # set where it starts at a later level than its own (written before the claim)
 
 
 def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping[int, JobFacts],
@@ -168,10 +213,14 @@ def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping
     plans = []
     for placement in decision.placements:
         predicted_mib, source = inputs.predictions[placement.job_id]
-        if placement.capped:
+        level = facts_of[placement.job_id].level
+        if placement.level is not None:  # a later exact level that ends sooner
+            chosen = next(x for x in inputs.later[placement.job_id] if x.option.level == placement.level)
+            level, (predicted_mib, source) = chosen.level, chosen.prediction
+        elif placement.capped:
             predicted_mib, source = placement.reserved_mib, source.with_cap()
         plans.append(ClaimPlan(
-            placement.job_id, facts_of[placement.job_id].level, by_index[placement.gpu_index],
+            placement.job_id, level, by_index[placement.gpu_index],
             tuple(by_index[i] for i in placement.all_gpus), predicted_mib, source, placement.reserved_mib,
-            inputs.host_predictions[placement.job_id]))
+            inputs.host_predictions[placement.job_id], placement.level_note))
     return plans

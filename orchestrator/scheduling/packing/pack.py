@@ -1,8 +1,8 @@
 """Memory-aware packing: a pure function of (queue, GPU states, running attempts, policy).
 
 The daemon and the virtual-time simulator in benchmarks/ both call `pack`, which holds the whole
-placement policy: paused suites, draining, the ceiling cap, order, fit, backfill and the holds
-against starvation. Card state and blockers are in orchestrator.scheduling.packing.cards, the holds in
+placement policy: paused suites, draining, the ceiling cap, order, fit, backfill, the holds
+against starvation and the later exact level where a waiting job ends sooner. Card state and blockers are in orchestrator.scheduling.packing.cards, the holds in
 orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits; nothing here does I/O.
 """
 
@@ -22,11 +22,18 @@ from orchestrator.scheduling.packing.cards import (
     headroom_for,
     headroom_mib,
     is_open,
+    need_mib,
     outstanding_reservation_mib,
     place_on,
 )
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
+from orchestrator.scheduling.packing.level_choice import (
+    fits_at_s,
+    move_note,
+    own_fit_s,
+    sooner_level,
+)
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.waits import Blocker, Wait, WaitKind, held, render
 
@@ -43,6 +50,9 @@ class Placement:
     reserved_mib: int  # predicted peak (per rank), recorded with the move to running
     gpu_indices: tuple[int, ...] = ()  # a gang's cards in CUDA_VISIBLE_DEVICES order; () = (gpu_index,)
     capped: bool = False  # its prediction was above every usable card: `reserved_mib` is the cap
+    # a later ladder level it starts at because it ends sooner there (QueuedJob.alternatives), and why
+    level: int | None = None
+    level_note: str = ""
 
     @property
     def all_gpus(self) -> tuple[int, ...]:
@@ -180,7 +190,10 @@ def pack(
     job that does not fit is skipped and later jobs may start around it (backfill), except that
     the first such job, once it has waited `starvation_s` and no single running attempt's end
     would make room for it, keeps its best card (orchestrator.scheduling.packing.holds), and the first
-    multi-GPU job keeps the cards it will run on as they free up. `host` (when given) is spent
+    multi-GPU job keeps the cards it will run on as they free up. Once every job was tried at its
+    own level, a waiting one-GPU job may start at a later exact level (`QueuedJob.alternatives`)
+    that fits now and is expected to end sooner (orchestrator.scheduling.packing.level_choice; the
+    placement names the level). `host` (when given) is spent
     by every placement: a job whose predicted host RAM or cores do not fit waits. `topology`
     ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card has a free slot
     with free memory the rest of the queue is not examined.
@@ -229,11 +242,13 @@ def _pack(
     # Jobs alike in what placement reads (peak, GPUs, alone) fail alike until a placement
     # changes a card: a queue of many seeds of few shapes is then one check per shape.
     failed: set[tuple[object, ...]] = set()
+    deferred: list[QueuedJob] = []  # jobs that wait at their level but may start at a later one
     for job in ordered:
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
-                 id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib)  # one curve object per shape and pass
+                 id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib,
+                 job.alternatives)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [
@@ -242,6 +257,8 @@ def _pack(
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         fits = [c for c in allowed if blockers[c.gpu.index] is None]
         host_reason = host_blocker(job.host_mib, job.cpus, host)
+        if not fits and job.alternatives and job.gpus == 1 and host_reason is None:
+            deferred.append(job)  # after every job at its own level: what is left may suit a later one
         if len(fits) >= job.gpus and host_reason is None:
             if job.gpus == 1:
                 chosen = [choose(job, fits, policy.placement)]
@@ -281,7 +298,72 @@ def _pack(
                     if job.job_id in reasons:
                         reasons[job.job_id] = replace(reasons[job.job_id], kept_gpu=kept.gpu.index)
                     failed.clear()  # a card now held: blockers of later jobs change
+    placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons)
     return PackingDecision(tuple(placements), reasons)
+
+
+def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], cards: dict[int, Card], now_s: float,
+                     host: HostState | None, policy: PackingPolicy, reasons: dict[int, Wait]) -> list[Placement]:
+    """Once every job has been tried at its own level: the waiting jobs, in packing order, that
+    start at a later exact level where it fits now and ends sooner. Capacity that a job could use
+    at its own (faster) level is never spent on a slower one."""
+    placements = []
+    for job in deferred:
+        allowed = [c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices]
+        blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
+        if not any(is_open(c) for c in allowed) or host_blocker(job.host_mib, job.cpus, host) is not None:
+            continue
+        sooner = _at_sooner_level(job, allowed, blockers, now_s)
+        if sooner is None:
+            continue
+        placing, fits, level, note = sooner
+        card = choose(placing, fits, policy.placement)
+        place_on(card, placing)
+        for each in cards.values():  # a hold it had: free for the rest of this call
+            each.release(job.job_id)
+        spend(host, job.host_mib, job.cpus)
+        reasons.pop(job.job_id, None)
+        placements.append(Placement(job.job_id, card.gpu.index, placing.predicted_peak_mib, level=level,
+                                    level_note=note))
+    return placements
+
+
+# blockers a running attempt's end lifts: the job's own level waits for those ends
+_WAITS_FOR_ENDS = (Blocker.MEMORY, Blocker.CAP, Blocker.OCCUPIED, Blocker.ALONE)
+
+
+def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Blocker | None],
+                     now_s: float) -> tuple[QueuedJob, list[Card], int, str] | None:
+    """A one-GPU job that fits no card now at its level, at a later exact level that fits now and
+    is expected to end sooner (orchestrator.scheduling.packing.level_choice): the job as placed
+    there, the cards it fits, the level and why; None: it waits at its level."""
+    per_card: list[float | None] = []
+    for c in allowed:
+        why = blockers[c.gpu.index]
+        if why is Blocker.NEVER:
+            per_card.append(math.inf)
+        elif why in _WAITS_FOR_ENDS:
+            per_card.append(fits_at_s(need_mib(job, c), c.available_mib, c.used_slots, c.gpu.slots, c.frees, now_s,
+                                      alone=job.run_alone))
+        elif why is not Blocker.PLAN:
+            per_card.append(None)  # held, probing, too little gain: not a matter of ends
+    own_at_s = own_fit_s(per_card)
+    if own_at_s is None or job.expected_duration_s is None:
+        return None
+    fitting = {}
+    for option in job.alternatives:
+        if not option.exact:
+            continue
+        at = replace(job, predicted_peak_mib=option.predicted_peak_mib, run_alone=option.run_alone,
+                     expected_duration_s=option.expected_duration_s, alternatives=())
+        cards_now = [c for c in allowed if blocker(at, c, now_s) is None]
+        if cards_now:
+            fitting[option.level] = (option, at, cards_now)
+    chosen = sooner_level(job.expected_duration_s, own_at_s, (o for o, _, _ in fitting.values()), now_s)
+    if chosen is None:
+        return None
+    _, at, cards_now = fitting[chosen.level]
+    return at, cards_now, chosen.level, move_note(job.level, chosen, job.expected_duration_s, own_at_s, now_s)
 
 
 def _spread_key(job: QueuedJob, policy: PackingPolicy) -> Callable[[Card], tuple[object, ...]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestrator.scheduling.packing.level_choice import LevelOption
+
 
 @dataclass(frozen=True)
 class QueuedJob:
@@ -38,6 +40,10 @@ class QueuedJob:
     # (orchestrator.scheduling.packing.overlap); None: not known, never started ahead
     startup_s: float | None = None
     startup_mib: int = 0
+    # later ladder levels it could start at instead, where one ends sooner (exact rungs only:
+    # orchestrator.scheduling.packing.level_choice); () keeps it at its level
+    alternatives: tuple[LevelOption, ...] = ()
+    level: int = 0  # its ladder level (what a note on a move names)
 
 
 @dataclass(frozen=True)
