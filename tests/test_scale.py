@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -209,7 +210,12 @@ def test_while_nothing_can_start_the_heads_reasons_are_worked_out_again_only_on_
     gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
     packed: list[int] = []
     real_pack = dispatch.pack
-    monkeypatch.setattr(dispatch, "pack", lambda queue, *a, **k: packed.append(len(queue)) or real_pack(queue, *a, **k))
+
+    def counted_pack(queue: Any, *args: Any, **kwargs: Any) -> Any:
+        packed.append(len(queue))
+        return real_pack(queue, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "pack", counted_pack)
 
     def passes(**kwargs: object) -> int:
         before = len(packed)
