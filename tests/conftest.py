@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,12 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     out = tmp_path_factory.mktemp("glue")
     sample_main(["--out", str(out), "--tasks", tasks, "--n-train", str(n_train), "--n-dev", str(n_dev)])
     return out
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for a test module's pages (tests/browser_pages.py)."""
+    from browser_pages import chromium
+
+    with chromium() as launched:
+        yield launched

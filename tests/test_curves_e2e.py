@@ -7,10 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import shlex
-import socket
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -20,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
+from tests.browser_pages import ARTIFACTS, browser_missing, chromium, web_server
+from tests.e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
 pytestmark = requires_tmux
 
@@ -111,39 +109,15 @@ def test_a_trainer_like_scripts_history_is_exported_whole_and_a_resumed_job_stit
     _web_draws_them(orch)
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = REPO_ROOT / "test-artifacts" / "web"
-
-
 def _web_draws_them(orch: Orch) -> None:
     """The job page draws the script's loss and eval points; /curves draws the resumed job whole,
     its resume marked, with a legend table whose toggles hide and show a run."""
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not CHROMIUM.exists():
-        pytest.skip("chromium is not installed")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    web = orch.popen("web", "--port", str(port))
-    try:
-        assert web.stdout is not None
-        lines = [web.stdout.readline() for _ in range(3)]
-        assert re.search(r"token (\S+)", lines[2]), lines
-        url = f"http://127.0.0.1:{port}"
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
-            try:
-                page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-                _check_pages(page, url)
-            finally:
-                browser.close()
-    finally:
-        web.terminate()
-        try:
-            web.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            web.kill()
-            web.wait(timeout=30)
+    if missing := browser_missing():
+        pytest.skip(missing)
+    with web_server(orch) as web:
+        assert web.token(), web.printed
+        with chromium() as browser:
+            _check_pages(browser.new_context(viewport={"width": 1280, "height": 900}).new_page(), web.url)
 
 
 def _drawn(page: Any) -> Any:
@@ -153,7 +127,6 @@ def _drawn(page: Any) -> Any:
 
 
 def _check_pages(page: Any, url: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.goto(url + "/job/1")
     chart = _drawn(page)
     assert chart.get_attribute("data-metric") == "loss" and chart.get_attribute("data-series") == "1"

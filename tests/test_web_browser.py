@@ -6,42 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import socket
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from browser_pages import ARTIFACTS, BROWSER_MARKS, web_server
+from e2e_helpers import Orch, orch_env, wait_until
 
 from orchestrator.lifecycle import JobState
 from orchestrator.store.queries import state_counts
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = REPO_ROOT / "test-artifacts" / "web"
-
-
-def _missing() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed"
-    if not CHROMIUM.exists():
-        return "chromium is not installed (apt-get install chromium chromium-driver)"
-    return None
-
-
-# Skipped where the browser is absent on a developer's machine; in CI (env CI set) it runs and fails.
-pytestmark = [
-    requires_tmux, pytest.mark.tmux, pytest.mark.browser, pytest.mark.slow,
-    pytest.mark.skipif(_missing() is not None and not os.environ.get("CI"), reason=str(_missing())),
-]
+pytestmark = BROWSER_MARKS
 
 
 class WebSweep:
@@ -59,53 +35,20 @@ class WebSweep:
         return self.ids(JobState.RUNNING)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[WebSweep]:
     # the browser starts first (slow on a loaded machine), so the short jobs are still running
     # when the first page opens
     with orch_env(tmp_path_factory.mktemp("web")) as orch:
-        # this checkout's orch, whatever an editable install elsewhere points at
-        orch.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         # short jobs end while the page is open; long ones stay running for the cancel test
         orch.write_suite("w", {"short": {"sim_mem_gib": 5, "sim_seconds": 10},
                                "long": {"sim_mem_gib": 5, "sim_seconds": 90}}, mem_gib=6, hang_timeout_s=120)
         orch.submit("w", "1:glue_rte 2:glue_rte", "--gpu-plan", "2,1")
-        port = _free_port()
-        web = orch.popen("web", "--port", str(port))
-        try:
-            assert web.stdout is not None
-            lines = [web.stdout.readline() for _ in range(3)]
-            token = re.search(r"token (\S+)", lines[2])
-            assert token, lines
-            url = f"http://127.0.0.1:{port}"
+        with web_server(orch) as web:
+            token = web.token()
+            assert token, web.printed
             orch.start_daemon()
-            yield WebSweep(orch, url, token.group(1))
-        finally:
-            web.terminate()
-            try:
-                web.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                web.kill()
-                web.wait(timeout=30)
+            yield WebSweep(orch, web.url, token)
 
 
 @pytest.fixture

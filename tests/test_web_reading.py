@@ -10,20 +10,19 @@ from __future__ import annotations
 import colorsys
 import itertools
 import json
-import os
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_pages import ARTIFACTS, BROWSER_MARKS, web_server
 from e2e_helpers import Orch, orch_env, wait_until
-from test_web_browser import ARTIFACTS, REPO_ROOT, _free_port, browser, pytestmark  # noqa: F401
 
 from orchestrator.lifecycle import JobState
 from orchestrator.rundir_files import RunDir
 
+pytestmark = BROWSER_MARKS
 CONFIGS = ("alpha", "beta", "gamma")
 SEEDS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
 
@@ -34,9 +33,8 @@ class Reading:
 
 
 @pytest.fixture(scope="module")
-def done_sweep(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[Reading]:  # noqa: F811
+def done_sweep(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[Reading]:
     with orch_env(tmp_path_factory.mktemp("reading")) as orch:
-        orch.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         jobs: dict[str, dict[str, Any]] = {name: {"sim_mem_gib": 2 + i, "sim_seconds": 4 + 2 * i}
                                            for i, name in enumerate(CONFIGS)}
         jobs["broken"] = {"sim_mem_gib": 1, "sim_seconds": 2, "sim_fail": "error"}
@@ -44,22 +42,11 @@ def done_sweep(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterat
         orch.submit("r", SEEDS, "--gpu-plan", "3,3")
         orch.start_daemon()
         orch.wait_all_done(240)
-        port = _free_port()
-        web = orch.popen("web", "--port", str(port))
-        try:
-            assert web.stdout is not None
-            [web.stdout.readline() for _ in range(3)]
-            yield Reading(orch, f"http://127.0.0.1:{port}")
-        finally:
-            web.terminate()
-            try:
-                web.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                web.kill()
-                web.wait(timeout=30)
+        with web_server(orch) as web:
+            yield Reading(orch, web.url)
 
 
-def _page(browser: Any, width: int) -> Any:  # noqa: F811
+def _page(browser: Any, width: int) -> Any:
     return browser.new_context(viewport={"width": width, "height": 900})
 
 
@@ -78,7 +65,7 @@ def _apart(axis: dict[str, Any]) -> None:
     assert min(gaps) >= axis["label_px"] + 8, axis
 
 
-def test_memory_time_labels_never_run_together_at_1280_px(done_sweep: Reading, browser: Any) -> None:  # noqa: F811
+def test_memory_time_labels_never_run_together_at_1280_px(done_sweep: Reading, browser: Any) -> None:
     context = _page(browser, 1280)
     try:
         page = context.new_page()
@@ -105,7 +92,7 @@ def _hsl(colour: str) -> tuple[float, float]:
     return round(h * 360), round(lightness * 100)
 
 
-def test_every_job_has_its_own_colour_and_a_config_its_hue(done_sweep: Reading, browser: Any) -> None:  # noqa: F811
+def test_every_job_has_its_own_colour_and_a_config_its_hue(done_sweep: Reading, browser: Any) -> None:
     context = _page(browser, 1280)
     try:
         page = context.new_page()
@@ -133,7 +120,7 @@ def test_every_job_has_its_own_colour_and_a_config_its_hue(done_sweep: Reading, 
         context.close()
 
 
-def test_timeline_labels_are_readable_at_800_px(done_sweep: Reading, browser: Any) -> None:  # noqa: F811
+def test_timeline_labels_are_readable_at_800_px(done_sweep: Reading, browser: Any) -> None:
     context = _page(browser, 800)
     try:
         page = context.new_page()
@@ -155,7 +142,7 @@ def test_timeline_labels_are_readable_at_800_px(done_sweep: Reading, browser: An
         context.close()
 
 
-def test_the_reason_column_keeps_words_together_at_800_px(done_sweep: Reading, browser: Any) -> None:  # noqa: F811
+def test_the_reason_column_keeps_words_together_at_800_px(done_sweep: Reading, browser: Any) -> None:
     context = _page(browser, 800)
     try:
         page = context.new_page()
@@ -180,7 +167,7 @@ def _bar(i: int) -> str:
     return f"\r{i:3d}%|{'#' * (i // 5):<20}| {i}/100 [00:0{i // 20}<00:05, 19.8it/s]"
 
 
-def test_the_job_log_opens_at_its_end_with_redraws_collapsed(done_sweep: Reading, browser: Any) -> None:  # noqa: F811
+def test_the_job_log_opens_at_its_end_with_redraws_collapsed(done_sweep: Reading, browser: Any) -> None:
     job = min(j.id for j in done_sweep.orch.jobs(JobState.SUCCEEDED))
     run_dir = Path(done_sweep.orch.attempts(job)[-1]["run_dir"])
     # what a tqdm script leaves: a bar redrawn a hundred times per epoch, then the result
