@@ -7,22 +7,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shlex
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.browser_pages import ARTIFACTS, browser_missing, chromium, web_server
 from tests.e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from tests.script_suites import PY, write_script_suite
 
 pytestmark = requires_tmux
-
-PY = shlex.quote(sys.executable)
 
 # A Trainer's output: tqdm's bar on stderr (redrawn with \r), log dicts every 5 steps and eval
 # dicts every 20 on stdout, the summary dict; 40 steps. `--resume DIR` continues from DIR's step;
@@ -69,13 +65,10 @@ TRAINER_LIKE = textwrap.dedent(
 def orch(tmp_path: Path) -> Iterator[Orch]:
     with orch_env(tmp_path) as env:
         (env.root / "trainer_like.py").write_text(TRAINER_LIKE)
-        config_dir = env.plans / "configs" / "hf"
-        config_dir.mkdir(parents=True)
-        for name, die_at in (("whole", 0), ("dies", 13)):
-            (config_dir / f"{name}.yaml").write_text(yaml.safe_dump({"batch_size": 16, "gradient_accumulation_steps": 1, "die_at": die_at}))
+        configs = {name: {"batch_size": 16, "gradient_accumulation_steps": 1, "die_at": die_at}
+                   for name, die_at in (("whole", 0), ("dies", 13))}  # fmt: skip
         worker = f"{PY} trainer_like.py --out {{run_dir}}/out --die-at {{cfg.die_at}} --resume={{resume}} --batch-size {{cfg.batch_size}} --accum {{cfg.gradient_accumulation_steps}}"
-        suite = {"worker": worker, "mem_gib": 1, "max_attempts": 3, "ladder": ["halve_batch"], "configs": ["whole", "dies"]}
-        (env.plans / "suites" / "hf.yaml").write_text(yaml.safe_dump(suite))
+        write_script_suite(env, "hf", worker, configs, max_attempts=3, ladder=["halve_batch"])
         yield env
 
 
@@ -197,14 +190,11 @@ def test_a_real_trainers_printed_logs_become_its_curves(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     with orch_env(tmp_path) as orch:
         (orch.root / "hf_train.py").write_text(REAL_TRAINER)
-        (orch.plans / "configs" / "real").mkdir(parents=True)
         config = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 1, "gradient_accumulation_steps": 1,
                   "max_steps": 40, "logging_steps": 5, "eval_strategy": "steps", "eval_steps": 20, "save_strategy": "no",
                   "report_to": "none", "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}
-        (orch.plans / "configs" / "real" / "real.yaml").write_text(yaml.safe_dump(config))
-        suite = {"worker": f"{PY} hf_train.py {{config}} {{run_dir}}/out", "mem_gib": 1, "configs": ["real"],
-                 "hang_timeout_s": "off", "keys": {"batch_size": "per_device_train_batch_size"}}
-        (orch.plans / "suites" / "real.yaml").write_text(yaml.safe_dump(suite))
+        write_script_suite(orch, "real", f"{PY} hf_train.py {{config}} {{run_dir}}/out", {"real": config},
+                           hang_timeout_s="off", keys={"batch_size": "per_device_train_batch_size"})  # fmt: skip
         orch.submit("real", "0:toy")
         orch.start_daemon()
         assert orch.wait_all_done(240) == {1: "succeeded"}, orch.run("show", "1").stdout

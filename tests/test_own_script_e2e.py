@@ -3,8 +3,6 @@ from the ladder, progress from stdout, alive while printing, metrics from what t
 
 from __future__ import annotations
 
-import shlex
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +12,9 @@ import pytest
 import yaml
 
 from tests.e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from tests.script_suites import PY, write_script_suite
 
 pytestmark = requires_tmux
-
-PY = shlex.quote(sys.executable)
 
 # A researcher's argparse script: tqdm bar on stderr, Trainer-style log dicts, a JSON line at the
 # end; out of memory above micro-batch 16, with torch's own exception.
@@ -104,11 +101,7 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
 
 
 def write_own_suite(orch: Orch, worker: str, config: dict[str, Any], **suite: Any) -> None:
-    config_dir = orch.plans / "configs" / "own"
-    config_dir.mkdir(parents=True, exist_ok=True)
-    (config_dir / "own.yaml").write_text(yaml.safe_dump(config))
-    body = {"worker": worker, "mem_gib": 1, "max_attempts": 4, **suite, "configs": ["own"]}
-    (orch.plans / "suites" / "own.yaml").write_text(yaml.safe_dump(body))
+    write_script_suite(orch, "own", worker, {"own": config}, max_attempts=4, **suite)
 
 
 def running_progress(orch: Orch) -> dict[str, Any] | None:

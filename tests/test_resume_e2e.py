@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -17,10 +16,9 @@ import pytest
 import yaml
 
 from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
+from tests.script_suites import PY, write_script_suite
 
 pytestmark = requires_tmux
-
-PY = shlex.quote(sys.executable)
 
 # A script with Hugging Face's checkpoint layout (OUT/checkpoint-N): the first run saves step 3,
 # plants a symlinked "checkpoint-99" pointing out of its run dir, and dies of a CUDA OOM; a
@@ -83,13 +81,10 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
 
 def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) -> None:
     (orch.root / "resumable.py").write_text(RESUMABLE_SCRIPT)
-    config_dir = orch.plans / "configs" / "own"
-    config_dir.mkdir(parents=True)
-    (config_dir / "own.yaml").write_text(yaml.safe_dump({"batch_size": 16, "gradient_accumulation_steps": 1}))
     worker = (f"{PY} resumable.py --out {{run_dir}}/out --batch-size {{cfg.batch_size}} "
               "--accum {cfg.gradient_accumulation_steps} --resume={resume}")
-    suite = {"worker": worker, "mem_gib": 1, "max_attempts": 3, "ladder": ["halve_batch"], "configs": ["own"]}
-    (orch.plans / "suites" / "own.yaml").write_text(yaml.safe_dump(suite))
+    write_script_suite(orch, "own", worker, {"own": {"batch_size": 16, "gradient_accumulation_steps": 1}},
+                       max_attempts=3, ladder=["halve_batch"])  # fmt: skip
     orch.submit("own", "3:toy")
     orch.start_daemon()
     assert orch.wait_all_done(90) == {1: "succeeded"}
@@ -200,16 +195,12 @@ TRAINER_SCRIPT = textwrap.dedent(
 def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(orch: Orch) -> None:
     pytest.importorskip("transformers")
     (orch.root / "hf_resume.py").write_text(TRAINER_SCRIPT)
-    config_dir = orch.plans / "configs" / "hf"
-    config_dir.mkdir(parents=True)
     config = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 6,
               "save_strategy": "steps", "save_steps": 2, "logging_steps": 1, "report_to": "none",
               "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}  # fmt: skip
-    (config_dir / "hf.yaml").write_text(yaml.safe_dump(config))
-    suite = {"worker": f"{PY} hf_resume.py {{config}} {{run_dir}}/out", "mem_gib": 1, "max_attempts": 3,
-             "hang_timeout_s": "off", "ladder": ["halve_batch"], "configs": ["hf"],
-             "keys": {"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}}
-    (orch.plans / "suites" / "hf.yaml").write_text(yaml.safe_dump(suite))
+    write_script_suite(orch, "hf", f"{PY} hf_resume.py {{config}} {{run_dir}}/out", {"hf": config}, max_attempts=3,
+                       hang_timeout_s="off", ladder=["halve_batch"],
+                       keys={"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"})  # fmt: skip
     orch.submit("hf", "0:toy")
     orch.start_daemon()
     assert orch.wait_all_done(240) == {1: "succeeded"}
