@@ -17,6 +17,7 @@ import pytest
 from tests.browser_pages import ARTIFACTS, browser_missing, chromium, web_server
 from tests.e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 from tests.script_suites import PY, write_script_suite
+from tests.tiny_models import TOY_DATA_AND_TINY_LLAMA
 
 pytestmark = requires_tmux
 
@@ -165,22 +166,9 @@ REAL_TRAINER = textwrap.dedent(
     settings = yaml.safe_load(open(sys.argv[1])) | {"output_dir": sys.argv[2]}
     (args,) = HfArgumentParser(TrainingArguments).parse_dict(settings, allow_extra_keys=True)
 
-
-    class Toy(torch.utils.data.Dataset):
-        def __init__(self, n):
-            self.n = n
-
-        def __len__(self):
-            return self.n
-
-        def __getitem__(self, i):
-            ids = torch.tensor([(i + k) % 60 + 2 for k in range(8)])
-            return {"input_ids": ids, "labels": ids.clone()}
-
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    """
+) + TOY_DATA_AND_TINY_LLAMA + textwrap.dedent(
+    """\
     Trainer(model=model, args=args, train_dataset=Toy(160), eval_dataset=Toy(48)).train()
     """
 )

@@ -17,6 +17,7 @@ import yaml
 
 from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
 from tests.script_suites import PY, write_script_suite
+from tests.tiny_models import TOY_DATA_AND_TINY_LLAMA
 
 pytestmark = requires_tmux
 
@@ -172,20 +173,10 @@ TRAINER_SCRIPT = textwrap.dedent(
             if state.global_step == 3 and args.per_device_train_batch_size > 4:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
 
-
-    class Toy(torch.utils.data.Dataset):
-        def __len__(self):
-            return 64
-
-        def __getitem__(self, i):
-            ids = torch.tensor([(i + k) % 60 + 2 for k in range(8)])
-            return {"input_ids": ids, "labels": ids.clone()}
-
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
-    trainer = Trainer(model=model, args=args, train_dataset=Toy(), callbacks=[Report()])
+    """
+) + TOY_DATA_AND_TINY_LLAMA + textwrap.dedent(
+    """\
+    trainer = Trainer(model=model, args=args, train_dataset=Toy(64), callbacks=[Report()])
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     print(json.dumps({"global_step": trainer.state.global_step}))
     """
