@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
+from benchmarks.noisy_rte import flip_every_fourth_label, numerics_config
 from workers.harness import Heartbeat
 from workers.lora import train
 from workers.lora.config import parse_config
 from workers.lora.sample_data import main as write_sample_data
 
-FLIPPED = {"entailment": "not_entailment", "not_entailment": "entailment"}
 EXACT: dict[str, dict[str, Any]] = {"checkpointing": {"gradient_checkpointing": True}, "logits_to_keep": {"logits_to_keep": 1},
          "data_workers 2 vs 0": {"num_data_workers": 2}}  # fmt: skip
 CUMULATIVE: dict[str, Any] = {"gradient_checkpointing": True, "logits_to_keep": 1}
@@ -34,25 +34,11 @@ INEXACT: dict[str, dict[str, Any]] = {"half batch 4 x 2": {"batch_size": 4, "gra
 
 def noisy_rte(root: Path) -> Path:
     write_sample_data(["--out", str(root), "--tasks", "rte", "--n-train", "60", "--n-dev", "40"])
-    path = root / "RTE" / "train.tsv"
-    header, *rows = path.read_text(encoding="utf-8").splitlines()
-    kept = [header]
-    for index, row in enumerate(rows):
-        cells = row.split("\t")
-        if index % 4 == 0:
-            cells[-1] = FLIPPED[cells[-1]]
-        kept.append("\t".join(cells))
-    path.write_text("\n".join(kept) + "\n", encoding="utf-8")
-    return root
+    return flip_every_fourth_label(root)
 
 
 def run(data: Path, work: Path, steps: int, seed: int, prec: str, dropout: float, **rung: Any) -> train.TrainOutcome:
-    raw = {
-        "model": "tiny-llama", "data": "glue-tvt_rte", "data_dir": str(data),
-        "peft": {"r": 8, "alpha": 16, "dropout": dropout, "targets": ["q_proj", "v_proj", "lm_head"]},
-        "batch_size": 8, "learning_rate": 2e-3, "max_steps": steps, "eval_every_steps": 5, "prec": prec,
-        "seed": seed, "no_save": True, "checkpoint_every_steps": 0,
-    } | rung  # fmt: skip
+    raw = numerics_config(data, steps=steps, eval_every_steps=5, prec=prec, seed=seed, dropout=dropout) | rung
     run_dir = Path(tempfile.mkdtemp(dir=work))
     return train.run(parse_config(raw, run_dir, {}), run_dir, Heartbeat(run_dir), lambda _: None)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.noisy_rte import flip_every_fourth_label, numerics_config
 from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.prediction.ladder import expand_levels
 
@@ -32,7 +33,6 @@ pytestmark = pytest.mark.train
 SAMPLE_GLUE = ("rte", 60, 40)
 STEPS = 100
 EVAL_EVERY = 5
-FLIPPED = {"entailment": "not_entailment", "not_entailment": "entailment"}
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,7 @@ class Numbers:
 @pytest.fixture(scope="module")
 def noisy_data(data_dir: Path) -> Path:
     """Flip every fourth training label: the task stays learnable but not perfectly."""
-    path = data_dir / "RTE" / "train.tsv"
-    header, *rows = path.read_text(encoding="utf-8").splitlines()
-    flipped = [header]
-    for index, row in enumerate(rows):
-        cells = row.split("\t")
-        if index % 4 == 0:
-            cells[-1] = FLIPPED[cells[-1]]
-        flipped.append("\t".join(cells))
-    path.write_text("\n".join(flipped) + "\n", encoding="utf-8")
-    return data_dir
+    return flip_every_fourth_label(data_dir)
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +65,8 @@ def train_numbers(
     cache: dict[str, Numbers] = {}
 
     def run(dropout: float = 0.05, **rung: Any) -> Numbers:
-        raw = {
-            "model": "tiny-llama", "data": "glue-tvt_rte", "data_dir": str(noisy_data),
-            "peft": {"r": 8, "alpha": 16, "dropout": dropout, "targets": ["q_proj", "v_proj", "lm_head"]},
-            "batch_size": 8, "learning_rate": 2e-3, "max_steps": STEPS, "eval_every_steps": EVAL_EVERY,
-            "prec": "bf16", "seed": 1, "no_save": True, "checkpoint_every_steps": 0,
-        } | rung  # fmt: skip
+        raw = numerics_config(noisy_data, steps=STEPS, eval_every_steps=EVAL_EVERY, prec="bf16", seed=1,
+                              dropout=dropout) | rung  # fmt: skip
         name = json.dumps(raw, sort_keys=True)
         if name not in cache:
             run_dir = tmp_path_factory.mktemp("run")
