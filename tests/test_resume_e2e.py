@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -106,7 +107,9 @@ def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) ->
     assert "resume_from_checkpoint" not in received  # it opted in through {resume} alone
 
 
-def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_path: Path) -> None:
+def start_a_150_step_lora_job(orch: Orch, tmp_path: Path, **suite: Any) -> None:
+    """The LoRA worker's tiny Llama on CPU, 150 steps with a checkpoint every 3, one job; the
+    daemon started."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
@@ -118,9 +121,13 @@ def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_p
               "no_save": True}  # fmt: skip
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     orch.write_suite("lora", {"tiny": config}, worker="lora", mem_gib=2,
-                     env={"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path})  # fmt: skip
+                     env={"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path}, **suite)  # fmt: skip
     orch.submit("lora", "1:glue-tvt_rte")
     orch.start_daemon()
+
+
+def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_path: Path) -> None:
+    start_a_150_step_lora_job(orch, tmp_path)
 
     def first_checkpoint() -> tuple[Path, int] | None:
         rows = orch.attempts(1)
@@ -212,20 +219,7 @@ def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orc
     """The worker alone is SIGKILLed (an admin, or the kernel's OOM killer where its word cannot
     be read): its wrapper records the signal and no OOM evidence. With a checkpoint left, that is
     a death: the job resumes from it on its own, and the retry does not use up max_attempts (1)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    data_dir = tmp_path / "data"
-    subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data_dir), "--tasks", "rte",
-                    "--n-train", "40", "--n-dev", "16"], check=True, cwd=REPO_ROOT, capture_output=True)  # fmt: skip
-    config = {"model": "tiny-llama", "data_dir": str(data_dir), "max_steps": 150, "batch_size": 4,
-              "checkpoint_every_steps": 3, "num_data_workers": 0, "prec": "fp32", "max_seq_len": 64,
-              "no_save": True}  # fmt: skip
-    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    orch.write_suite("lora", {"tiny": config}, worker="lora", mem_gib=2, max_attempts=1,
-                     env={"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path})  # fmt: skip
-    orch.submit("lora", "1:glue-tvt_rte")
-    orch.start_daemon()
+    start_a_150_step_lora_job(orch, tmp_path, max_attempts=1)
 
     def worker_with_a_checkpoint() -> tuple[Path, int] | None:
         rows = orch.attempts(1)
