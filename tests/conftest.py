@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +109,16 @@ def browser() -> Iterator[Any]:
 
     with chromium() as launched:
         yield launched
+
+
+@pytest.fixture
+def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A tmux launcher on a private server of its own, killed after the test; the test runs in
+    this checkout, which its workers import."""
+    from orchestrator.executors.tmux import TmuxExecutor
+
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    launcher = TmuxExecutor(f"orch-test-{uuid.uuid4().hex[:10]}")
+    yield launcher
+    launcher.kill_server()

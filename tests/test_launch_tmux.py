@@ -6,8 +6,6 @@ import json
 import shutil
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -22,16 +20,6 @@ pytestmark = [
     pytest.mark.tmux,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs the tmux binary"),
 ]
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxExecutor]:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    launcher = TmuxExecutor(f"orch-test-{uuid.uuid4().hex[:10]}")
-    yield launcher
-    launcher.kill_server()
 
 
 def spec(tmp_path: Path, name: str, code: str, env: dict[str, str] | None = None) -> LaunchSpec:

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,15 +27,6 @@ pytestmark = [
 ]
 REPO = Path(__file__).resolve().parents[1]
 WAIT_FOREVER = "import time\nwhile True: time.sleep(1)"
-
-
-@pytest.fixture
-def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxExecutor]:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    launcher = TmuxExecutor(f"orch-test-{uuid.uuid4().hex[:10]}")
-    yield launcher
-    launcher.kill_server()
 
 
 def _spec(tmp_path: Path, attempt_id: int, token: str) -> LaunchSpec:
