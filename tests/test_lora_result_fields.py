@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
+from lora_runs import run_lora_worker
 
 from orchestrator.attempts.rundir_reads import read_result
 
@@ -16,8 +15,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from workers.harness import EXIT_OK  # noqa: E402
-from workers.lora.__main__ import main  # noqa: E402
 
 pytestmark = pytest.mark.train
 
@@ -35,24 +32,12 @@ def attempt_dir(tmp_path: Path) -> Path:
     return run_dir
 
 
-def run_worker(run_dir: Path, data_root: Path, **overrides: Any) -> dict[str, Any]:
-    config = {
-        "model": "tiny-llama", "peft": {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
-        "data": "glue-tvt_rte", "data_dir": str(data_root), "batch_size": 8, "max_steps": 2,
-        "learning_rate": 0.01, "prec": "fp32", "seed": 1, "no_save": True,
-    } | overrides  # fmt: skip
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    assert main(["--run-dir", str(run_dir)]) == EXIT_OK
-    return dict(json.loads((run_dir / "result.json").read_text()))
-
-
 @pytest.mark.parametrize(("data", "flag"), [("glue_rte", True), ("glue-tvt_rte", False)])
 def test_test_is_val_is_written_and_read_back(
     tmp_path: Path, data_dir: Path, data: str, flag: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = attempt_dir(tmp_path)
-    written = run_worker(run_dir, data_dir, data=data)
+    written = run_lora_worker(run_dir, data_dir, data=data)
     assert written["test_is_val"] is flag
     assert read_result(run_dir)["test_is_val"] is flag  # type: ignore[index]
     assert ("result.json says test_is_val" in capsys.readouterr().err) is flag
@@ -83,8 +68,8 @@ def test_effective_lora_settings_and_optimizer_are_recorded(
     monkeypatch.setenv("ORCH_LORA_DROPOUT", "0.5")
     peft = {"r": 4, "alpha": 8, "dropout": 0.1, "targets": ["layers.1.attn.q_proj", "attn.v_proj"]}
     run_dir = attempt_dir(tmp_path)
-    result = run_worker(run_dir, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
-                        warmup_ratio=0.5)  # fmt: skip
+    result = run_lora_worker(run_dir, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
+                             warmup_ratio=0.5)  # fmt: skip
     assert result["lora"] == {
         "r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"],
         "layers_to_transform": None, "use_dora": False, "use_rslora": False, "bias": "none",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from lora_runs import run_lora_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -18,8 +18,6 @@ pytest.importorskip("peft")
 
 from orchestrator.attempts.divergence import summary_from_record  # noqa: E402
 from orchestrator.executors.provenance import hash_files  # noqa: E402
-from workers.harness import EXIT_OK  # noqa: E402
-from workers.lora.__main__ import main  # noqa: E402
 from workers.lora.batching import encode_counted, field_caps  # noqa: E402
 from workers.lora.data import Example, prompt_text  # noqa: E402
 from workers.lora.model import build_tiny_tokenizer  # noqa: E402
@@ -52,15 +50,7 @@ def test_a_long_premise_keeps_the_hypothesis_and_the_question() -> None:
 
 
 def run_worker(run_dir: Path, data_root: Path, **overrides: Any) -> dict[str, Any]:
-    config = {
-        "model": "tiny-llama", "peft": {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
-        "data": "glue-tvt_rte", "data_dir": str(data_root), "batch_size": 8, "max_steps": 3,
-        "learning_rate": 0.01, "prec": "fp32", "seed": 1, "no_save": True,
-    } | overrides  # fmt: skip
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    assert main(["--run-dir", str(run_dir)]) == EXIT_OK
-    return dict(json.loads((run_dir / "result.json").read_text()))
+    return run_lora_worker(run_dir, data_root, **{"max_steps": 3} | overrides)
 
 
 def test_truncation_is_counted_per_split_and_warned(
