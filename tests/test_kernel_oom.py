@@ -140,16 +140,22 @@ def _run_wrapped(run_dir: Path, cgroup: Path, token: str, how: str) -> None:
     assert done.returncode == 137, done.stderr
 
 
-@pytest.mark.parametrize("how", ["oom", "bare"])
-def test_the_watcher_reads_the_kernels_oom_kill_from_the_attempts_cgroup(
-    db_path: Path, tmp_path: Path, how: str
-) -> None:
+def _sim_suite_s(tmp_path: Path) -> Path:
+    """A plans folder with suite `s`: config `a` on the sim worker, 2 data workers, 3 attempts."""
     plans = tmp_path / "plans"
     (plans / "suites").mkdir(parents=True)
     (plans / "configs" / "s").mkdir(parents=True)
     (plans / "configs" / "s" / "a.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1, "num_data_workers": 2}))
     suite = {"worker": "sim", "mem_gib": 1, "configs": ["a"], "max_attempts": 3}
     (plans / "suites" / "s.yaml").write_text(yaml.safe_dump(suite))
+    return plans
+
+
+@pytest.mark.parametrize("how", ["oom", "bare"])
+def test_the_watcher_reads_the_kernels_oom_kill_from_the_attempts_cgroup(
+    db_path: Path, tmp_path: Path, how: str
+) -> None:
+    plans = _sim_suite_s(tmp_path)
     cgroup = tmp_path / "cgroup"  # what the wrapper joins and reads; the test plays the kernel
     cgroup.mkdir()
     (cgroup / "cgroup.procs").write_text("")
@@ -187,12 +193,7 @@ def test_a_worker_started_through_a_shell_is_read_as_sigkilled(
         return True
 
     monkeypatch.setattr(outcomes, "kernel_oom_killed", kernel_log_names)
-    plans = tmp_path / "plans"
-    (plans / "suites").mkdir(parents=True)
-    (plans / "configs" / "s").mkdir(parents=True)
-    (plans / "configs" / "s" / "a.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1, "num_data_workers": 2}))
-    suite = {"worker": "sim", "mem_gib": 1, "configs": ["a"], "max_attempts": 3}
-    (plans / "suites" / "s.yaml").write_text(yaml.safe_dump(suite))
+    plans = _sim_suite_s(tmp_path)
     with Store(db_path) as store:
         (job,) = submit(store, plans, "s", 1)
         attempt = _start(store, job, tmp_path)
