@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from lora_runs import run_lora_worker
+from run_dirs import private_attempt_dir
 
 from orchestrator.attempts.rundir_reads import read_result
 
@@ -23,20 +24,11 @@ pytestmark = pytest.mark.train
 SAMPLE_GLUE = ("rte", 24, 8)
 
 
-def attempt_dir(tmp_path: Path) -> Path:
-    """A run dir where orch's reader looks: runs/SUITE/JOB/ATTEMPT, each level ours (0700)."""
-    run_dir = tmp_path / "runs" / "suite" / "job" / "attempt-1"
-    run_dir.mkdir(parents=True)
-    for level in (tmp_path / "runs", run_dir.parent.parent, run_dir.parent, run_dir):
-        level.chmod(0o700)
-    return run_dir
-
-
 @pytest.mark.parametrize(("data", "flag"), [("glue_rte", True), ("glue-tvt_rte", False)])
 def test_test_is_val_is_written_and_read_back(
     tmp_path: Path, data_dir: Path, data: str, flag: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir = attempt_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     written = run_lora_worker(run_dir, data_dir, data=data)
     assert written["test_is_val"] is flag
     assert read_result(run_dir)["test_is_val"] is flag  # type: ignore[index]
@@ -44,7 +36,7 @@ def test_test_is_val_is_written_and_read_back(
 
 
 def test_reader_keeps_only_a_boolean_test_is_val_and_a_dropout_probability(tmp_path: Path) -> None:
-    run_dir = attempt_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     written = {"status": "succeeded", "test_is_val": "yes", "lora_dropout": 2}
     (run_dir / "result.json").write_text(json.dumps(written))
     problems: list[str] = []
@@ -67,7 +59,7 @@ def test_effective_lora_settings_and_optimizer_are_recorded(
     monkeypatch.setenv("ORCH_LORA_R", "2")  # once overrode the spec silently; now only warned of
     monkeypatch.setenv("ORCH_LORA_DROPOUT", "0.5")
     peft = {"r": 4, "alpha": 8, "dropout": 0.1, "targets": ["layers.1.attn.q_proj", "attn.v_proj"]}
-    run_dir = attempt_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     result = run_lora_worker(run_dir, data_dir, peft=peft, weight_decay=0, lr_scheduler="cosine",
                              warmup_ratio=0.5)  # fmt: skip
     assert result["lora"] == {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from rows_helpers import attempt_of
+from run_dirs import private_attempt_dir
 
 from orchestrator.attempts.reconcile import Verdict, judge, mark_lost, observe
 from orchestrator.attempts.rundir_reads import (
@@ -22,15 +23,6 @@ from orchestrator.attempts.rundir_reads import (
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.run_dir import prepare_run_dir
 from orchestrator.executors.runs_tree import RunTreeError, check_runs_root
-
-
-def _run_dir(tmp_path: Path) -> Path:
-    run_dir = tmp_path / "runs" / "suite" / "job" / "attempt-1"
-    run_dir.mkdir(parents=True)
-    for level in (tmp_path / "runs", run_dir.parent.parent, run_dir.parent, run_dir):
-        level.chmod(0o700)
-    return run_dir
-
 
 GOOD_PID = {"pid": 4242, "pgid": 4242, "create_time": 500.0}
 
@@ -48,7 +40,7 @@ GOOD_PID = {"pid": 4242, "pgid": 4242, "create_time": 500.0}
     ],
 )
 def test_invalid_pid_json_is_refused_and_named(tmp_path: Path, record: object, named: str) -> None:
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     (run_dir / "pid.json").write_text(json.dumps(record))
     files = read_run_files(run_dir)
     assert files.pid_record is None and files.pid_file_present
@@ -67,7 +59,7 @@ def test_invalid_pid_json_is_refused_and_named(tmp_path: Path, record: object, n
     ],
 )
 def test_invalid_result_fields_are_dropped_and_named(tmp_path: Path, text: str, named: str) -> None:
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     (run_dir / "result.json").write_text(text)
     problems: list[str] = []
     result = read_result(run_dir, problems)
@@ -77,7 +69,7 @@ def test_invalid_result_fields_are_dropped_and_named(tmp_path: Path, text: str, 
 
 
 def test_progress_with_a_step_like_10_of_100_is_dropped(tmp_path: Path) -> None:
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     (run_dir / "progress.jsonl").write_text('{"step": 3, "total": 100}\n{"step": "10/100", "total": 100, "loss": 1.5}\n')
     files = read_run_files(run_dir)
     assert files.last_progress == {"total": 100, "loss": 1.5}
@@ -86,7 +78,7 @@ def test_progress_with_a_step_like_10_of_100_is_dropped(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["dir", "fifo", "symlink", "huge"])
 def test_wrong_kinds_of_file_are_refused(tmp_path: Path, kind: str) -> None:
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     target = tmp_path / "elsewhere.json"
     target.write_text(json.dumps({**GOOD_PID}))
     path = run_dir / "pid.json"
@@ -126,7 +118,7 @@ def test_a_symlinked_level_of_the_runs_tree_is_never_followed(tmp_path: Path) ->
 def test_prepare_never_writes_through_a_planted_config_symlink(tmp_path: Path) -> None:
     # a dir holding anything is not the new attempt's: it goes aside with the link in it, untouched
     # (write_in_dir's replacing of a planted link is tested in test_rundir_files)
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     target = tmp_path / "precious.txt"
     target.write_text("keep me")
     target.chmod(0o644)
@@ -152,7 +144,7 @@ def test_a_world_writable_runs_dir_is_refused(tmp_path: Path) -> None:
 def test_invalid_pid_json_is_judged_on_the_launchers_process(tmp_path: Path) -> None:
     """A pid.json that is not valid JSON no longer leaves the attempt pending for ever: it is
     alive while the wrapper the launcher started runs, and lost once that is gone."""
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     (run_dir / "pid.json").write_text("{not json")
     me = attempt_of(id=1, started_at=time.time(), executor="tmux", executor_id="@1",
                     pid=os.getpid(), pgid=None, proc_create_time=__import__("psutil").Process().create_time(),
@@ -165,7 +157,7 @@ def test_invalid_pid_json_is_judged_on_the_launchers_process(tmp_path: Path) -> 
 
 
 def test_log_reads_are_bounded_and_refuse_links_and_fifos(tmp_path: Path) -> None:
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     secret = tmp_path / "secret.txt"
     secret.write_text("do not show")
     (run_dir / "stdout.log").symlink_to(secret)
@@ -184,7 +176,7 @@ def test_log_reads_are_bounded_and_refuse_links_and_fifos(tmp_path: Path) -> Non
 
 
 def test_result_json_through_a_symlink_is_not_read(tmp_path: Path) -> None:
-    run_dir = _run_dir(tmp_path)
+    run_dir = private_attempt_dir(tmp_path)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"status": "succeeded", "metrics": {"test": {"accuracy": 1.0}}}))
     (run_dir / "result.json").symlink_to(other)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from run_dirs import private_attempt_dir
 
 from orchestrator.results.aggregate import ResultRow, aggregate
 from orchestrator.store.gpu_samples import GpuSample
@@ -157,10 +158,7 @@ def test_the_last_tick_label_stays_inside_the_chart() -> None:
 def test_curves_are_read_from_the_run_dir_itself_never_through_a_symlink(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from orchestrator.web.curves import read_curves
 
-    run_dir = tmp_path / "runs" / "suite" / "job" / "attempt-1"
-    run_dir.mkdir(parents=True)
-    for level in (tmp_path / "runs", run_dir.parent.parent, run_dir.parent, run_dir):
-        level.chmod(0o700)
+    run_dir = private_attempt_dir(tmp_path)
     line = json.dumps({"step": 1, "loss": 1.0, "eval_f1": 0.5}) + "\n"
     (run_dir / "progress.jsonl").write_text(line)
     assert set(read_curves(run_dir)) == {"loss", "eval_f1"}
