@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -61,3 +61,30 @@ def stop_victim(victim: psutil.Process) -> None:
     with contextlib.suppress(psutil.Error):
         victim.kill()
         victim.wait(5)
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size_mib: int, before_unmount: Callable[[], object] = lambda: None) -> Iterator[Path]:
+    """`folder` made (0700) and a real tmpfs of `size_mib` mounted on it; on leaving,
+    `before_unmount` (what still writes there stopped), then unmounted. The test is skipped where
+    mounting is not allowed (CI runs as root)."""
+    folder.mkdir(mode=0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0700", "tmpfs", str(folder)],
+                             capture_output=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        try:
+            before_unmount()
+        finally:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True, check=False)
+
+
+def fill_filesystem(filler: Path) -> None:
+    """Write `filler` until its filesystem is full, for real (no injected fault)."""
+    with open(filler, "wb") as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * (1 << 20))
+            handle.flush()

@@ -3,7 +3,6 @@ real daemon, tmux, SQLite and simulated GPUs (docs/reliability.md names each).""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import psutil
 import pytest
 from clock_daemon import clock_daemon
 from e2e_helpers import Orch, orch_env, pid_alive, requires_tmux, wait_until
-from hostile_helpers import hostile_command
+from hostile_helpers import fill_filesystem, hostile_command, small_tmpfs
 
 from orchestrator.attempts.containment import cgroup_parent
 from orchestrator.daemon.state import tmux_socket_name
@@ -104,44 +103,32 @@ def test_a_double_forked_child_holding_gpu_memory_is_the_attempts_and_is_ended(o
 def test_a_full_disk_under_the_database_holds_decisions_it_does_not_make_them(tmp_path: Path) -> None:
     """state.db and the runs dir on a real 24 MiB tmpfs mounted for the test, filled while four
     attempts run and freed again; skipped where mounting is not allowed (CI runs as root)."""
-    small = tmp_path / "small"
-    small.mkdir(mode=0o700)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(small)],
-                             capture_output=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        with orch_env(tmp_path / "home") as orch:
-            orch.db = small / "state.db"
-            orch.env["ORCH_DB"] = str(orch.db)
-            orch.socket = tmux_socket_name(orch.db)
-            orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 7, "sim_ramp_s": 0.2}}, mem_gib=1,
-                             max_attempts=1)
-            orch.run("plan", "set", "2,2")
-            orch.submit("s", "1:a 2:a 3:a 4:a")
-            orch.run("daemon", "start", "--poll", "0.2", "--min-free-mib", "1", "--warn-free-mib", "2")
-            orch.remember_daemon(int(orch.daemon_pid() or 0))
-            def workers() -> list[int] | None:
-                records = [json.loads(p.read_text()) for p in small.glob("runs/*/*/attempt-1/pid.json")]
-                pids = [r["child_pid"] for r in records if "child_pid" in r]
-                return pids if len(pids) == 4 else None
-            worker_pids = wait_until(workers, 30, "four workers running")
-            filler = small / "filler"
-            with open(filler, "wb") as handle, contextlib.suppress(OSError):  # fill the filesystem for real
-                while True:
-                    handle.write(b"\0" * (1 << 20))
-                    handle.flush()
-            # full until every worker has reached its end (7 s of steps), then freed
-            wait_until(lambda: all(time.time() - psutil.Process(pid).create_time() > 8.5 for pid in worker_pids
-                                   if pid_alive(pid)), 60, "the workers to reach their end")
-            assert not orch.all_done()
-            filler.unlink()
-            assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "succeeded"}, [(a["outcome"], a["reason"]) for a in orch.attempts()]
-            attempts = orch.attempts()
-            assert [(a["job_id"], a["n"], a["outcome"]) for a in attempts] == [(j, 1, "succeeded") for j in (1, 2, 3, 4)], [a["reason"] for a in attempts]
-            assert all(a["peak_mib"] > 0 for a in attempts)
-    finally:
-        subprocess.run(["umount", "-l", str(small)], capture_output=True, check=False)
+    with small_tmpfs(tmp_path / "small", 24) as small, orch_env(tmp_path / "home") as orch:
+        orch.db = small / "state.db"
+        orch.env["ORCH_DB"] = str(orch.db)
+        orch.socket = tmux_socket_name(orch.db)
+        orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 7, "sim_ramp_s": 0.2}}, mem_gib=1,
+                         max_attempts=1)
+        orch.run("plan", "set", "2,2")
+        orch.submit("s", "1:a 2:a 3:a 4:a")
+        orch.run("daemon", "start", "--poll", "0.2", "--min-free-mib", "1", "--warn-free-mib", "2")
+        orch.remember_daemon(int(orch.daemon_pid() or 0))
+        def workers() -> list[int] | None:
+            records = [json.loads(p.read_text()) for p in small.glob("runs/*/*/attempt-1/pid.json")]
+            pids = [r["child_pid"] for r in records if "child_pid" in r]
+            return pids if len(pids) == 4 else None
+        worker_pids = wait_until(workers, 30, "four workers running")
+        filler = small / "filler"
+        fill_filesystem(filler)
+        # full until every worker has reached its end (7 s of steps), then freed
+        wait_until(lambda: all(time.time() - psutil.Process(pid).create_time() > 8.5 for pid in worker_pids
+                               if pid_alive(pid)), 60, "the workers to reach their end")
+        assert not orch.all_done()
+        filler.unlink()
+        assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "succeeded"}, [(a["outcome"], a["reason"]) for a in orch.attempts()]
+        attempts = orch.attempts()
+        assert [(a["job_id"], a["n"], a["outcome"]) for a in attempts] == [(j, 1, "succeeded") for j in (1, 2, 3, 4)], [a["reason"] for a in attempts]
+        assert all(a["peak_mib"] > 0 for a in attempts)
 
 
 def test_state_db_removed_under_a_running_daemon_stops_it_and_the_cli_says_so(orch: Orch) -> None:

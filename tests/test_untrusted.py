@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import Orch, group_alive, orch_env, requires_tmux, wait_until
-from hostile_helpers import as_user, hostile_command, second_user, start_victim, stop_victim
+from hostile_helpers import (
+    as_user,
+    fill_filesystem,
+    hostile_command,
+    second_user,
+    small_tmpfs,
+    start_victim,
+    stop_victim,
+)
 
 from orchestrator.lifecycle import JobState
 from orchestrator.store.rows import Attempt
@@ -198,13 +206,7 @@ def test_one_malformed_run_dir_never_stops_the_others(orch: Orch) -> None:
 def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
     """The runs dir is a real 16 MiB tmpfs mounted for the test (no injected fault); skipped
     where mounting is not allowed."""
-    runs = orch.root / "runs"
-    runs.mkdir(mode=0o700)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(runs)],
-                             capture_output=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(orch.root / "runs", 16, before_unmount=orch.cleanup) as runs:
         orch.write_suite("s", {"c": {"sim_mem_gib": 1, "sim_seconds": 4, "sim_ramp_s": 0.2}}, mem_gib=1, max_attempts=1)
         orch.run("plan", "set", "1,1")
         orch.submit("s", "1:a 2:a 3:a 4:a")
@@ -212,13 +214,7 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
         orch.remember_daemon(int(orch.daemon_pid() or 0))
         wait_until(lambda: len(orch.live_attempts()) >= 2, 30, "jobs running")
         filler = runs / "filler"
-        with open(filler, "wb") as handle:  # fill the filesystem for real
-            try:
-                while True:
-                    handle.write(b"\0" * (1 << 20))
-                    handle.flush()
-            except OSError:
-                pass
+        fill_filesystem(filler)
         def disk_full_status() -> dict[str, object] | None:
             snapshot = orch.json("status")
             return snapshot if (snapshot.get("disk") or {}).get("level") == "full" else None
@@ -234,9 +230,6 @@ def test_disk_full_jobs_wait_and_resume(orch: Orch) -> None:
         # the running ones rode it out (their workers wait for room to write their result)
         assert [a["outcome"] for a in orch.attempts()] == ["succeeded"] * 4
         assert orch.json("status")["disk"]["level"] == "ok"
-    finally:
-        orch.cleanup()
-        subprocess.run(["umount", "-l", str(runs)], capture_output=True, check=False)
 
 
 # -- 5. YAML limits ----------------------------------------------------------------------------
