@@ -145,14 +145,17 @@ def schedule(
     if moves:  # they are read again, at their new level, in the next pass
         moved = _apply_moves(store, moves)
         rows = [row for row in rows if row.id not in moved]
-    inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None)
+    now_s = store.now_s()
+    waiting_since_s = state.queue.waits.waiting_since_s(rows, now_s, store.clock.monotonic_s())
+    inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None,
+                         waiting_since_s)
     queue = with_teaching(inputs.queue, _teaching(inputs.firsts, live_jobs))
     host = None
     if ctx.host is not None:
         cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
-    decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
+    decision = pack(queue, gpus, running, ctx.policy, now_s, host=host, topology=ctx.topology,
                     paused=paused, paused_configs=paused_cfgs, draining=draining, hold=hold)
     _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots))
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
@@ -170,7 +173,7 @@ def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole
         head = state.queue.head(store, ctx.policy.reasons_for)
         if head is None:
             head = queued_jobs(store, limit=ctx.policy.reasons_for)
-        if _reasons_still_fresh(state, fresh_key, head, store.now_s()):
+        if _reasons_still_fresh(state, fresh_key, head, store.clock.monotonic_s()):
             return None
         _learn_new_jobs(store, head, state)
         return head
@@ -257,16 +260,18 @@ def _explain_waits(store: Store, state: SchedulerState, rows: list[QueueEntry], 
 WAITING_REFRESH_S = 5.0  # while nothing can start, the head's waiting reasons are this old at most
 
 
-def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list[QueueEntry], now_s: float) -> bool:
+def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list[QueueEntry],
+                         monotonic_s: float) -> bool:
     """While no card can take anything, the head's waiting reasons are worked out again only
     when what they rest on changed (`key`: the running attempts, the plan, pauses, draining, a
     hold; or the head's rows) or WAITING_REFRESH_S has passed: free memory in them may be that
-    old. Nothing could start either way, so a pass skipped here places nothing."""
+    old. Nothing could start either way, so a pass skipped here places nothing. Timed on the
+    monotonic clock: a wall step back would keep stale reasons for as long as the step."""
     last = state.waiting_checked
     rows = tuple(head)
-    if last is not None and last[0] == key and last[1] == rows and now_s - last[2] < WAITING_REFRESH_S:
+    if last is not None and last[0] == key and last[1] == rows and monotonic_s - last[2] < WAITING_REFRESH_S:
         return True
-    state.waiting_checked = (key, rows, now_s)
+    state.waiting_checked = (key, rows, monotonic_s)
     return False
 
 
