@@ -14,7 +14,9 @@ from clock_daemon import ClockDaemon, clock_daemon
 from hostile_helpers import hostile_command
 
 from orchestrator.clock import FakeClock
+from orchestrator.prediction.durations import CompletedRun
 from orchestrator.scheduling import dispatch
+from orchestrator.scheduling.packing.types import RunningAttempt
 from orchestrator.scheduling.queue_waits import (
     MAX_TRUSTED_WAIT_BEFORE_S,
     QueueWaits,
@@ -109,14 +111,14 @@ def test_a_wall_clock_step_back_does_not_stop_a_job_starving(tmp_path: Path, mon
 
 
 @pytest.fixture
-def packs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """Each call of `pack` by a scheduling pass (its `now_s`): one per time the waiting reasons
-    are worked out. The real `pack` runs."""
-    calls: list[float] = []
+def packs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[float, list[RunningAttempt]]]]:
+    """Each call of `pack` by a scheduling pass (its `now_s` and running attempts): one per time
+    the waiting reasons are worked out. The real `pack` runs."""
+    calls: list[tuple[float, list[RunningAttempt]]] = []
     real = dispatch.pack
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[4])
+        calls.append((args[4], args[2]))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "pack", counted)
@@ -124,7 +126,7 @@ def packs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
 
 
 def test_waiting_reasons_are_refreshed_on_the_monotonic_clock_across_wall_steps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packs: list[float],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packs: list[tuple[float, list[RunningAttempt]]],
 ) -> None:
     with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB") as d:
         d.orch.write_suite("s", {"s": HOLD}, worker=hostile_command(), mem_gib=8, hang_timeout_s="off")
@@ -143,3 +145,35 @@ def test_waiting_reasons_are_refreshed_on_the_monotonic_clock_across_wall_steps(
         d.clock.step_wall(7200)  # wall time alone: the reasons are no older
         d.ticks(3)
         assert len(packs) == settled + 1
+
+
+def test_a_running_attempts_expected_end_moves_with_a_wall_clock_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packs: list[tuple[float, list[RunningAttempt]]],
+) -> None:
+    # how soon a running attempt ends decides gang reservations, backfill beside them and the
+    # start-ahead: its run so far is the daemon's own measure, not the wall clock's
+    with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB") as d:
+        for name, mem_gib in (("s", 8), ("big", 28)):
+            d.orch.write_suite(name, {name: {**HOLD, "model": f"{name}-model"}}, worker=hostile_command(),
+                               mem_gib=mem_gib, hang_timeout_s="off")
+        d.submit("s", "1:a")
+        d.tick_until(lambda: d.running(1), what="job 1 running")
+        d.submit("big", "1:a")  # waits beside it: every pass packs
+        d.daemon.scheduler.durations.add(CompletedRun("s", "a", 0, 3600.0))  # as if a run of it had taken an hour
+
+        def left_s() -> float:
+            packs.clear()
+            d.ticks(1)
+            now_s, running = packs[-1]
+            (attempt,) = running
+            assert attempt.expected_end_s is not None
+            return attempt.expected_end_s - now_s
+
+        before = left_s()
+        assert 3500 < before <= 3600
+        d.clock.advance(100)
+        d.clock.step_wall(3600)
+        assert left_s() == pytest.approx(before - 100)
+        d.clock.advance(50)
+        d.clock.step_wall(-7200)
+        assert left_s() == pytest.approx(before - 150)

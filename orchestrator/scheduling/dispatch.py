@@ -112,6 +112,7 @@ def schedule(
     *,
     draining: bool,
     hold: str | None = None,
+    run_age_s: Callable[[Attempt], float] | None = None,
 ) -> PackingDecision:
     """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests).
 
@@ -120,7 +121,8 @@ def schedule(
     orchestrator.scheduling.waits); the rest read and write.
     When no card has a free slot with free memory, only the head of the queue is read (for its
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
-    start now (a full disk); every queued job shows it."""
+    start now (a full disk); every queued job shows it. `run_age_s`: how long a live attempt has
+    run, as the daemon measured it on its monotonic clock; without it, from its wall-clock start."""
     cache = state.shapes
     paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
     paused_cfgs = frozenset((p.suite, p.config) for p in paused_configs(store, count_queued=False))
@@ -129,7 +131,7 @@ def schedule(
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
     startups = read_startups(store) if ctx.policy.overlap else {}
     running = running_attempts(live, {s.uuid: s.index for s in snapshots},
-                               _expected_end(live_jobs, durations, startups, store.now_s()))
+                               _expected_end(live_jobs, durations, startups, store.now_s(), run_age_s))
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
@@ -289,22 +291,26 @@ def _forget_left(state: SchedulerState, read: QueueRead) -> None:
 
 def _expected_end(
     live_jobs: Mapping[int, Job], durations: DurationTable, startups: Mapping[str, Startup], now_s: float,
+    run_age_s: Callable[[Attempt], float] | None = None,
 ) -> Callable[[Attempt], float | None]:
-    """When a live attempt is expected to end: by its progress (steps to go at its pace since its
-    learned start-up) where it reports a step and a total and start-ups are read (overlap on);
-    else its start plus the learned run time of its kind."""
+    """When a live attempt is expected to end, on the scale of `now_s`: by its progress (steps to
+    go at its pace since its learned start-up) where it reports a step and a total and start-ups
+    are read (overlap on); else its start plus the learned run time of its kind. Its start is
+    `now_s` less how long it has run (`run_age_s`, monotonic), so that a wall-clock step moves
+    its end with `now_s`; the recorded wall-clock start only where no such measure is given."""
     def end(a: Attempt) -> float | None:
         job = live_jobs.get(a.job_id)
         if job is None:
             return None
+        started_s = a.started_at if run_age_s is None else now_s - run_age_s(a)
         if startups:
             startup = startups.get(startup_key(job.suite, job.config_name))
-            left = remaining_s(now_s, a.started_at, startup.seconds if startup else None,
+            left = remaining_s(now_s, started_s, startup.seconds if startup else None,
                                (a.progress or {}).get("step"), (a.progress or {}).get("total"))
             if left is not None:
                 return now_s + left
         expected = durations.expected_s(job.config_name, job.data, a.level)
-        return None if expected is None else a.started_at + expected
+        return None if expected is None else started_s + expected
     return end
 
 
