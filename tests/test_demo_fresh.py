@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,10 +112,16 @@ def test_a_piped_demo_prints_each_event_as_it_happens(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum: int) -> None:
+    # the demo's own plans with jobs of 10 minutes: the sweep cannot end before the signal does
+    plans = tmp_path / "plans"
+    shutil.copytree(REPO_ROOT / "plans", plans)
+    for config in (plans / "configs" / "demo").glob("*.yaml"):
+        config.write_text(re.sub(r"(?m)^sim_seconds: .*$", "sim_seconds: 600", config.read_text()))
     out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         demo = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte 2:glue_rte", "--timeout", "240"],
+            [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte", "--timeout", "240",
+             "--plans", str(plans)],
             cwd=tmp_path, env=demo_env(tmp_path), stdout=out, stderr=err, text=True)
     try:
         started = wait_until(lambda: re.search(r"^\d\d:\d\d:\d\d job \d: attempt 1 started", out_path.read_text(), re.M),

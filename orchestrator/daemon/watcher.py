@@ -250,6 +250,12 @@ class AttemptWatcher:
         """Claimed before this daemon started (by a daemon since stopped or dead)."""
         return self.adopted_up_to_id is not None and attempt.id <= self.adopted_up_to_id
 
+    def run_age_s(self, attempt: Attempt) -> float:
+        """How long the live attempt has run, as far as this daemon can vouch for it: measured on
+        the monotonic clock, so a wall-clock step moves none of the expected ends built on it."""
+        return launch_age(self.silences.watched_s(attempt.id), self.adopted(attempt), attempt.started_at,
+                          self.started_at_s).age_s
+
     def _cluster_ended(self, attempt: Attempt, statuses: dict[int, RemoteStatus] | None) -> bool:
         """The cluster says the attempt's job has left its queue (a cancel took effect)."""
         status = statuses.get(attempt.id) if statuses is not None else None

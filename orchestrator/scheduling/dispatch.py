@@ -112,6 +112,7 @@ def schedule(
     *,
     draining: bool,
     hold: str | None = None,
+    run_age_s: Callable[[Attempt], float] | None = None,
 ) -> PackingDecision:
     """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests).
 
@@ -120,7 +121,8 @@ def schedule(
     orchestrator.scheduling.waits); the rest read and write.
     When no card has a free slot with free memory, only the head of the queue is read (for its
     waiting reasons): a long queue then costs nothing while it waits. `hold`: why nothing may
-    start now (a full disk); every queued job shows it."""
+    start now (a full disk); every queued job shows it. `run_age_s`: how long a live attempt has
+    run, as the daemon measured it on its monotonic clock; without it, from its wall-clock start."""
     cache = state.shapes
     paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
     paused_cfgs = frozenset((p.suite, p.config) for p in paused_configs(store, count_queued=False))
@@ -129,7 +131,7 @@ def schedule(
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
     startups = read_startups(store) if ctx.policy.overlap else {}
     running = running_attempts(live, {s.uuid: s.index for s in snapshots},
-                               _expected_end(live_jobs, durations, startups, store.now_s()))
+                               _expected_end(live_jobs, durations, startups, store.now_s(), run_age_s))
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
@@ -145,14 +147,17 @@ def schedule(
     if moves:  # they are read again, at their new level, in the next pass
         moved = _apply_moves(store, moves)
         rows = [row for row in rows if row.id not in moved]
-    inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None)
+    now_s = store.now_s()
+    waiting_since_s = state.queue.waits.waiting_since_s(rows, now_s, store.clock.monotonic_s())
+    inputs = pack_inputs(rows, facts_of, readings, cache, state.kinds.lists if whole_queue else None,
+                         waiting_since_s)
     queue = with_teaching(inputs.queue, _teaching(inputs.firsts, live_jobs))
     host = None
     if ctx.host is not None:
         cpus_of_job = {j.id: j.cpus for j in live_jobs.values()}
         host = host_state(ctx.host.snapshot(), ctx.host_reserve_mib, live, cpus_of_job,
                           any(q.cpus is not None for q in queue))
-    decision = pack(queue, gpus, running, ctx.policy, store.now_s(), host=host, topology=ctx.topology,
+    decision = pack(queue, gpus, running, ctx.policy, now_s, host=host, topology=ctx.topology,
                     paused=paused, paused_configs=paused_cfgs, draining=draining, hold=hold)
     _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots))
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
@@ -170,7 +175,7 @@ def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole
         head = state.queue.head(store, ctx.policy.reasons_for)
         if head is None:
             head = queued_jobs(store, limit=ctx.policy.reasons_for)
-        if _reasons_still_fresh(state, fresh_key, head, store.now_s()):
+        if _reasons_still_fresh(state, fresh_key, head, store.clock.monotonic_s()):
             return None
         _learn_new_jobs(store, head, state)
         return head
@@ -257,16 +262,18 @@ def _explain_waits(store: Store, state: SchedulerState, rows: list[QueueEntry], 
 WAITING_REFRESH_S = 5.0  # while nothing can start, the head's waiting reasons are this old at most
 
 
-def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list[QueueEntry], now_s: float) -> bool:
+def _reasons_still_fresh(state: SchedulerState, key: tuple[Any, ...], head: list[QueueEntry],
+                         monotonic_s: float) -> bool:
     """While no card can take anything, the head's waiting reasons are worked out again only
     when what they rest on changed (`key`: the running attempts, the plan, pauses, draining, a
     hold; or the head's rows) or WAITING_REFRESH_S has passed: free memory in them may be that
-    old. Nothing could start either way, so a pass skipped here places nothing."""
+    old. Nothing could start either way, so a pass skipped here places nothing. Timed on the
+    monotonic clock: a wall step back would keep stale reasons for as long as the step."""
     last = state.waiting_checked
     rows = tuple(head)
-    if last is not None and last[0] == key and last[1] == rows and now_s - last[2] < WAITING_REFRESH_S:
+    if last is not None and last[0] == key and last[1] == rows and monotonic_s - last[2] < WAITING_REFRESH_S:
         return True
-    state.waiting_checked = (key, rows, now_s)
+    state.waiting_checked = (key, rows, monotonic_s)
     return False
 
 
@@ -284,22 +291,26 @@ def _forget_left(state: SchedulerState, read: QueueRead) -> None:
 
 def _expected_end(
     live_jobs: Mapping[int, Job], durations: DurationTable, startups: Mapping[str, Startup], now_s: float,
+    run_age_s: Callable[[Attempt], float] | None = None,
 ) -> Callable[[Attempt], float | None]:
-    """When a live attempt is expected to end: by its progress (steps to go at its pace since its
-    learned start-up) where it reports a step and a total and start-ups are read (overlap on);
-    else its start plus the learned run time of its kind."""
+    """When a live attempt is expected to end, on the scale of `now_s`: by its progress (steps to
+    go at its pace since its learned start-up) where it reports a step and a total and start-ups
+    are read (overlap on); else its start plus the learned run time of its kind. Its start is
+    `now_s` less how long it has run (`run_age_s`, monotonic), so that a wall-clock step moves
+    its end with `now_s`; the recorded wall-clock start only where no such measure is given."""
     def end(a: Attempt) -> float | None:
         job = live_jobs.get(a.job_id)
         if job is None:
             return None
+        started_s = a.started_at if run_age_s is None else now_s - run_age_s(a)
         if startups:
             startup = startups.get(startup_key(job.suite, job.config_name))
-            left = remaining_s(now_s, a.started_at, startup.seconds if startup else None,
+            left = remaining_s(now_s, started_s, startup.seconds if startup else None,
                                (a.progress or {}).get("step"), (a.progress or {}).get("total"))
             if left is not None:
                 return now_s + left
         expected = durations.expected_s(job.config_name, job.data, a.level)
-        return None if expected is None else a.started_at + expected
+        return None if expected is None else started_s + expected
     return end
 
 

@@ -88,11 +88,15 @@ class PackInputs:
 
 def pack_inputs(
     rows: Sequence[QueueEntry], facts_of: Mapping[int, JobFacts], readings: PassReadings, cache: JobShapeCache,
-    queued_of_kind: Mapping[Kind, Sized] | None,
+    queued_of_kind: Mapping[Kind, Sized] | None, waiting_since_s: Mapping[int, float] | None = None,
 ) -> PackInputs:
     """Each queued job as `pack` takes it; its kind's inputs are worked out once. A job without
     facts (its ladder was invalid) is left out. `queued_of_kind`: each kind's queued jobs, when
-    the whole queue was read (teaching counts them); None when only the head was."""
+    the whole queue was read (teaching counts them); None when only the head was.
+    `waiting_since_s`: job id -> when its wait began on the scale of the `now_s` given to `pack`,
+    as the daemon measured it (orchestrator.scheduling.queue_waits); a job missing there counts
+    from its stored `queued_at`."""
+    since = waiting_since_s or {}
     queue: list[QueuedJob] = []
     predictions: dict[int, tuple[int, PredictionSource]] = {}
     host_predictions: dict[int, int] = {}
@@ -117,7 +121,7 @@ def pack_inputs(
         queue.append(
             QueuedJob(
                 job_id=job.id, priority=job.priority, queued_seq=job.id,
-                predicted_peak_mib=inputs.prediction[0], waiting_since_s=job.queued_at,
+                predicted_peak_mib=inputs.prediction[0], waiting_since_s=since.get(job.id, job.queued_at),
                 allowed_gpu_indices=facts.allowed, run_alone=facts.level.run_alone,
                 expected_duration_s=inputs.expected_s, throughput_by_gpu=inputs.curve,
                 min_stack_gain=facts.min_stack_gain,

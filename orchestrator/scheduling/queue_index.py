@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from orchestrator.scheduling.queue_waits import QueueWaits
 from orchestrator.store.db import Store
 from orchestrator.store.queue import (
     forget_queue_changes,
@@ -46,6 +47,8 @@ class QueueCache:
     forgotten: int = 0  # log rows up to here are deleted
     with_reason: set[int] = field(default_factory=set)  # queued jobs that show a waiting reason
     pending: QueueRead = field(default_factory=lambda: QueueRead(set(), False))  # since `take_changes`
+    # how long each queued job has waited, on the daemon's monotonic clock from the read that first saw it
+    waits: QueueWaits = field(default_factory=QueueWaits)
 
     def read(self, store: Store) -> QueueRead:
         """Bring the kept queue up to date, reading only what changed."""
@@ -57,6 +60,7 @@ class QueueCache:
         if len(changed) > max(FULL_READ_CHANGES, len(self.entries) // 4):
             return self._read_whole(store)
         fresh = queued_entries_by_id(store, changed)
+        now_s, monotonic_s = store.now_s(), store.clock.monotonic_s()
         left: set[int] = set()
         reorder = False
         for job_id in changed:
@@ -66,11 +70,13 @@ class QueueCache:
             else:
                 self.with_reason.add(job_id)
             if new is None:
+                self.waits.forget([job_id])
                 if old is not None:
                     del self.entries[job_id]
                     left.add(job_id)
                 continue
             self.entries[job_id] = new
+            self.waits.saw(new, now_s, monotonic_s)
             if old is None:
                 bisect.insort(self.order, new, key=queue_order)
             elif old.priority != new.priority:
@@ -133,6 +139,10 @@ class QueueCache:
         self.mark, self.order = queued_entries(store)
         self.entries = {e.id: e for e in self.order}
         self.with_reason = {e.id for e in self.order if e.wait_reason is not None}
+        self.waits.keep_only(self.entries)
+        now_s, monotonic_s = store.now_s(), store.clock.monotonic_s()
+        for entry in self.order:
+            self.waits.saw(entry, now_s, monotonic_s)
         self._forget(store)
         return self._note(QueueRead(before - set(self.entries), True))
 

@@ -48,4 +48,5 @@ class SchedulerState:
     queue: QueueCache = field(default_factory=QueueCache)  # the queued jobs, kept up to date from the change log
     kinds: KindIndex = field(default_factory=KindIndex)  # queued jobs by kind, in queue order
     # while nothing can start: what the head's waiting reasons were last worked out from, and when
+    # (the monotonic clock's reading)
     waiting_checked: tuple[Any, tuple[Any, ...], float] | None = None

@@ -15,7 +15,9 @@ class QueuedJob:
     priority: int  # higher runs first
     queued_seq: int  # FIFO order among equal priorities (smaller = earlier)
     predicted_peak_mib: int
-    waiting_since_s: float  # when the job (re)entered the queue, same clock as `now_s`
+    # when its wait began, on the scale of `now_s`: the daemon measures the wait on its monotonic
+    # clock (orchestrator.scheduling.queue_waits), so a wall-clock step moves both alike
+    waiting_since_s: float
     allowed_gpu_indices: frozenset[int] | None = None  # None: any GPU in the plan
     run_alone: bool = False  # ladder's last level: the GPU must hold no other job
     # learned from completed attempts of the same config/task; None: nothing comparable ran yet
