@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -110,6 +111,30 @@ def test_a_piped_demo_prints_each_event_as_it_happens(tmp_path: Path) -> None:
     assert demo.returncode == 0 and "demo done: 3 succeeded" in rest
 
 
+def _as_from_a_terminal() -> None:
+    """The demo starts as from a shell in a terminal: SIGINT and SIGTERM at their defaults and
+    unblocked, whatever this test process inherited (Python turns SIGINT into KeyboardInterrupt
+    only where its parent left SIGINT at the default)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _signal_masks(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(line.strip() for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    return "(gone)"
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` and neither ignores nor blocks it."""
+    masks = dict(part.split(":") for part in _signal_masks(pid).split(" ") if ":" in part)
+    bit = 1 << (signum - 1)
+    return bool(int(masks.get("SigCgt", "0"), 16) & bit) and not (int(masks.get("SigIgn", "0"), 16) & bit) \
+        and not (int(masks.get("SigBlk", "0"), 16) & bit)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum: int) -> None:
     # the demo's own plans with jobs of 10 minutes: the sweep cannot end before the signal does
@@ -122,7 +147,8 @@ def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum
         demo = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "demo", "--pairs", "1:glue_rte", "--timeout", "240",
              "--plans", str(plans)],
-            cwd=tmp_path, env=demo_env(tmp_path), stdout=out, stderr=err, text=True)
+            cwd=tmp_path, env=demo_env(tmp_path), stdout=out, stderr=err, text=True,
+            preexec_fn=_as_from_a_terminal)
     try:
         started = wait_until(lambda: re.search(r"^\d\d:\d\d:\d\d job \d: attempt 1 started", out_path.read_text(), re.M),
                              120, "a demo job to start")
@@ -132,8 +158,13 @@ def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum
         db = Path(match.group(1))
         # the start is recorded before the daemon opens the attempt's tmux window: wait for it
         wait_until(lambda: orch_processes_for(db) and tmux_server_running(db), 60, "its daemon and workers to run")
+        assert _catches(demo.pid, signum), _signal_masks(demo.pid)  # Python's handler, not ignored or blocked
         demo.send_signal(signum)
-        assert demo.wait(timeout=120) == 130
+        try:
+            assert demo.wait(timeout=120) == 130
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the demo ran on after {signum!r}: {_signal_masks(demo.pid)}\n"
+                                 f"{err_path.read_text()}\n{out_path.read_text()[-2000:]}") from None
     finally:
         if demo.poll() is None:
             demo.kill()
