@@ -122,3 +122,26 @@ def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     launcher = TmuxExecutor(f"orch-test-{uuid.uuid4().hex[:10]}")
     yield launcher
     launcher.kill_server()
+
+
+# The files that take longest, longest first (seconds summed over their tests, from a full run
+# with `--durations=0`): pytest-xdist hands out whole files (`--dist loadfile`) in collection
+# order (`--no-loadscope-reorder`), so the long ones start first and the many short files fill
+# in around them, instead of one long file starting last and running on alone.
+LONGEST_FIRST = (
+    "test_slurm_e2e.py", "test_resume_e2e.py", "test_untrusted.py", "test_orch_shortages.py",
+    "test_torchrun_e2e.py", "test_ladder_evidence_e2e.py", "test_containment.py", "test_logs_stream.py",
+    "test_demo_fresh.py", "test_chaos.py", "test_own_script_e2e.py", "test_memory_learning_e2e.py",
+    "test_late_requests.py", "test_lora_through_orch.py", "test_demo_oom.py", "test_oom_recovery.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two test processes per core (at most 8). Most end-to-end tests wait on workers,
+    daemons and Slurm more than they compute, so two per core keep the cores busy."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
