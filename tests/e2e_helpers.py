@@ -122,6 +122,25 @@ class Orch:
         self.remember_daemon(pid)
         return pid
 
+    def start_daemon_dying_at(self, point: str) -> None:
+        """Start a daemon that exits at fault point `point`; return once it has and is gone.
+        `daemon start` may see it registered, or (on a busy machine, its look coming after the
+        fault) see it exit at start naming the fault point: both are this test's daemon."""
+        self.env["ORCH_FAULT_POINT"] = point
+        try:
+            started = self.run("daemon", "start", "--poll", "0.2", check=False)
+        finally:
+            del self.env["ORCH_FAULT_POINT"]
+        said = re.search(r"daemon started \(pid (\d+)\)", started.stdout)
+        if said:
+            self.remember_daemon(int(said.group(1)))
+        else:
+            assert f"fault point {point} reached" in started.stderr, started.stdout + started.stderr
+        log = Path(str(self.db) + ".daemon.log")
+        wait_until(lambda: f"fault point {point} reached" in log.read_text(errors="replace") or None, 60,
+                   f"the daemon to stop at fault point {point}")
+        wait_until(lambda: self.daemon_pid() is None or None, 30, "the daemon to be gone")
+
     def remember_daemon(self, pid: int) -> None:
         """A daemon this test started, stopped at teardown while it is still that process."""
         if pid <= 0:

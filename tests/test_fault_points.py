@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, group_alive, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, group_alive, orch_env, requires_tmux
 
 from orchestrator.store.attempts import read_all_shapes
 
@@ -28,12 +28,7 @@ FLOOR_MIB = 8192
 
 def _daemon_dies_at(orch: Orch, point: str) -> None:
     """Start the daemon with the fault point set; return once it has stopped there and is gone."""
-    orch.env["ORCH_FAULT_POINT"] = point
-    orch.run("daemon", "start", "--poll", "0.2")
-    log = Path(str(orch.db) + ".daemon.log")
-    wait_until(lambda: f"fault point {point} reached" in log.read_text(errors="replace") or None, 60,
-               "the daemon to stop at the fault point")
-    wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+    orch.start_daemon_dying_at(point)
 
 
 def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp_path: Path) -> None:
@@ -49,7 +44,6 @@ def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp
         assert [a["outcome"] for a in orch.attempts()] == [None]
         assert orch.read(read_all_shapes) == {}
 
-        del orch.env["ORCH_FAULT_POINT"]
         orch.start_daemon()
         assert orch.wait_all_done(60) == {1: "failed"}
         attempts = orch.attempts()
@@ -70,7 +64,6 @@ def test_a_daemon_killed_after_marking_an_attempt_hung_kills_and_counts_it_once(
         assert marked["kill_requested"] == "hung" and marked["outcome"] is None
         assert group_alive(int(marked["pgid"]))  # the daemon died before it killed the worker
 
-        del orch.env["ORCH_FAULT_POINT"]
         orch.start_daemon()
         assert orch.wait_all_done(60) == {1: "failed"}
         attempts = orch.attempts(1)  # killed by the restarted daemon, retried once, hung again

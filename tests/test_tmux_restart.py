@@ -80,11 +80,8 @@ def test_a_launch_batch_cut_short_by_a_daemon_death_is_requeued_uncounted(orch: 
     jobs = 4
     orch.write_suite("b", {"b": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=2, max_attempts=1)
     orch.submit("b", " ".join(f"{seed}:glue_rte" for seed in range(jobs)), "--gpu-plan", "2,2")
-    orch.env["ORCH_FAULT_POINT"] = "mid_launch_batch"
-    orch.start_daemon()
-    wait_until(lambda: orch.daemon_pid() is None, 60, "the daemon to die in its launch batch")
+    orch.start_daemon_dying_at("mid_launch_batch")
     assert len(orch.attempts()) >= 2  # claimed, in one batch
-    del orch.env["ORCH_FAULT_POINT"]
     orch.start_daemon()
     assert orch.wait_all_done(120) == {job: "succeeded" for job in range(1, jobs + 1)}
     lost = [a for a in orch.attempts() if a["outcome"] == "lost"]
@@ -140,14 +137,11 @@ def test_a_launch_file_left_by_a_killed_daemon_is_private_and_swept(orch: Orch, 
     temp = tmp_path / "tmp"
     temp.mkdir()
     orch.env["TMPDIR"] = str(temp)
-    orch.env["ORCH_FAULT_POINT"] = "launch_file_written"
-    orch.start_daemon()
-    wait_until(lambda: orch.daemon_pid() is None, 60, "the daemon to die with its launch file written")
+    orch.start_daemon_dying_at("launch_file_written")
     runs = orch.db.parent / "runs"
     left = list(runs.glob(".launch-*.conf"))
     assert len(left) == 1 and left[0].stat().st_mode & 0o777 == 0o600 and b"secret-value" in left[0].read_bytes()
     assert not list(temp.glob("*launch*"))
-    del orch.env["ORCH_FAULT_POINT"]
     orch.start_daemon()
     wait_until(lambda: not list(runs.glob(".launch-*.conf")), 30, "the left launch file to be swept")
     assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}
