@@ -19,6 +19,7 @@ from orchestrator.errors import (
     InvalidTransition,
     LauncherError,
     OrchError,
+    OrchShortOf,
     is_orch_shortage,
 )
 from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, in_threads
@@ -100,7 +101,13 @@ def launch_all(
     specs: list[LaunchSpec | Exception] = in_threads(lambda c: _prepare(ctx, c, local), claims, LAUNCH_THREADS)
     ready = [(i, spec) for i, spec in enumerate(specs) if isinstance(spec, LaunchSpec)]
     outcomes: list[LaunchHandle | Exception] = [s if isinstance(s, Exception) else LauncherError("") for s in specs]
-    handles = executor.submit_many([spec for _, spec in ready])
+    try:
+        handles: list[LaunchHandle | Exception] = executor.submit_many([spec for _, spec in ready])
+    except OrchShortOf as short:
+        # orch could not even run its launcher (out of descriptors, say): no worker of the batch
+        # started. Each attempt ends now, uncounted, and is requeued; raised on, they waited out
+        # the launch grace (a minute) as launches that never completed.
+        handles = [short] * len(ready)
     for (i, _), handle in zip(ready, handles, strict=True):
         outcomes[i] = handle
     # The executor's pid and the create time read now are what later proves which process
