@@ -211,3 +211,15 @@ def test_a_probing_family_takes_one_job_per_card_until_step_k() -> None:
     assert not decision.placements and "measuring its peak" in decision.wait_reasons[2]
     other = QueuedJob(9, 0, 9, 2_048, 0.0, probe_family="other")
     assert pack([other], gpus[:1], running, PackingPolicy(), 0.0).placements  # another family may share
+
+
+def test_a_member_with_longer_sequences_is_never_predicted_below_its_familys_fit() -> None:
+    # the comparison across families is by task and batch only: a member at 2048 tokens, where
+    # the family's own points (128-512 tokens) grow with length, keeps the family's fit there
+    own = [FamilyPoint(8, 128, "sst2", 4_000), FamilyPoint(8, 256, "sst2", 8_000), FamilyPoint(8, 512, "sst2", 16_000)]
+    others = [[FamilyPoint(8, None, "sst2", 10_000), FamilyPoint(8, None, "rte", 11_000)]]
+    fit = fit_family(own)
+    assert fit is not None
+    at_length = fit.at(8 * 2048)
+    predicted = predict_member(fit, 8, 2048, "rte", others=others)
+    assert predicted is not None and predicted[0] >= at_length, (predicted, at_length)

@@ -289,3 +289,23 @@ def test_the_daemons_pass_starts_a_waiting_job_at_the_exact_level_that_ends_soon
     assert moved.level == 1 and moved.level_note is not None and "ends sooner" in moved.level_note
     [attempt] = [a for a in all_attempts(store) if a.job_id == waiting.id]
     assert attempt.level == 1 and attempt.predicted_peak_mib >= 6 * GIB
+
+
+H_S = 3600.0
+SLOWER = (LevelOption(1, 20_000, 3 * H_S, exact=True),)  # fits beside anything, three times slower
+
+
+def test_a_job_waits_for_one_placed_in_the_same_pass_rather_than_run_three_times_slower() -> None:
+    # an idle card: job 1 takes it at level 0; job 2 waits an hour for it and runs an hour,
+    # which beats three hours at level 1 now (the card's new job ends too, not only running ones)
+    queue = [QueuedJob(i, 0, i, 50_000, 0.0, expected_duration_s=H_S, alternatives=SLOWER) for i in (1, 2)]
+    decision = pack(queue, [GpuState(0, "u0", 81_920, 81_920, 2)], [], PackingPolicy(), 1000.0)
+    assert [(p.job_id, p.level) for p in decision.placements] == [(1, None)]
+
+
+def test_an_attempt_in_the_way_with_no_expected_end_moves_no_job() -> None:
+    # card 0: an attempt with no expected end; card 1: a foreign process that never leaves
+    queue = [QueuedJob(2, 0, 2, 50_000, 0.0, expected_duration_s=H_S, alternatives=SLOWER)]
+    running = [RunningAttempt(1, 0, 60_000, 60_000, True, expected_end_s=None)]
+    gpus = [GpuState(0, "u0", 81_920, 81_920 - 60_000, 2), GpuState(1, "u1", 81_920, 81_920 - 50_000, 2)]
+    assert pack(queue, gpus, running, PackingPolicy(), 1000.0).placements == ()

@@ -190,7 +190,9 @@ def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, t
         # the family's largest peak bounds the member
         across = across_families(fit.points, task, batch_size, others)
         if across is not None:
-            raw = across
+            # never below the family's own fit at the member's size: the comparison is by task
+            # and batch only, and a member with longer sequences holds more
+            raw = max(raw, across)
         else:
             largest = max(fit.points, key=lambda p: p.peak_mib)
             raw = max(raw, largest.peak_mib * max(1.0, batch_size / largest.batch_size))

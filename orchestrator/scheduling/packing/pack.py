@@ -298,12 +298,21 @@ def _pack(
                     if job.job_id in reasons:
                         reasons[job.job_id] = replace(reasons[job.job_id], kept_gpu=kept.gpu.index)
                     failed.clear()  # a card now held: blockers of later jobs change
-    placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons)
+    # what this call placed frees its card when it is expected to end (unknown: never known)
+    placed_frees: dict[int, list[tuple[float, int]]] = {}
+    by_id = {job.job_id: job for job in queue}
+    for placed in placements:
+        duration_s = by_id[placed.job_id].expected_duration_s if placed.job_id in by_id else None
+        for index in placed.all_gpus:
+            placed_frees.setdefault(index, []).append(
+                (now_s + duration_s if duration_s is not None else math.inf, placed.reserved_mib))
+    placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons, placed_frees)
     return PackingDecision(tuple(placements), reasons)
 
 
 def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], cards: dict[int, Card], now_s: float,
-                     host: HostState | None, policy: PackingPolicy, reasons: dict[int, Wait]) -> list[Placement]:
+                     host: HostState | None, policy: PackingPolicy, reasons: dict[int, Wait],
+                     placed_frees: dict[int, list[tuple[float, int]]]) -> list[Placement]:
     """Once every job has been tried at its own level: the waiting jobs, in packing order, that
     start at a later exact level where it fits now and ends sooner. Capacity that a job could use
     at its own (faster) level is never spent on a slower one."""
@@ -313,12 +322,15 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         if not any(is_open(c) for c in allowed) or host_blocker(job.host_mib, job.cpus, host) is not None:
             continue
-        sooner = _at_sooner_level(job, allowed, blockers, now_s)
+        sooner = _at_sooner_level(job, allowed, blockers, now_s, placed_frees)
         if sooner is None:
             continue
         placing, fits, level, note = sooner
         card = choose(placing, fits, policy.placement)
         place_on(card, placing)
+        duration_s = placing.expected_duration_s
+        placed_frees.setdefault(card.gpu.index, []).append(
+            (now_s + duration_s if duration_s is not None else math.inf, placing.predicted_peak_mib))
         for each in cards.values():  # a hold it had: free for the rest of this call
             each.release(job.job_id)
         spend(host, job.host_mib, job.cpus)
@@ -332,8 +344,8 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
 _WAITS_FOR_ENDS = (Blocker.MEMORY, Blocker.CAP, Blocker.OCCUPIED, Blocker.ALONE)
 
 
-def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Blocker | None],
-                     now_s: float) -> tuple[QueuedJob, list[Card], int, str] | None:
+def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Blocker | None], now_s: float,
+                     placed_frees: dict[int, list[tuple[float, int]]]) -> tuple[QueuedJob, list[Card], int, str] | None:
     """A one-GPU job that fits no card now at its level, at a later exact level that fits now and
     is expected to end sooner (orchestrator.scheduling.packing.level_choice): the job as placed
     there, the cards it fits, the level and why; None: it waits at its level."""
@@ -343,8 +355,12 @@ def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Bl
         if why is Blocker.NEVER:
             per_card.append(math.inf)
         elif why in _WAITS_FOR_ENDS:
-            per_card.append(fits_at_s(need_mib(job, c), c.available_mib, c.used_slots, c.gpu.slots, c.frees, now_s,
-                                      alone=job.run_alone))
+            # the running attempts' ends, and those of the jobs this call placed on the card
+            at_s = fits_at_s(need_mib(job, c), c.available_mib, c.used_slots, c.gpu.slots,
+                             [*c.frees, *placed_frees.get(c.gpu.index, ())], now_s, alone=job.run_alone)
+            if at_s is None:
+                return None  # an attempt in the way has no expected end: nothing moves on it
+            per_card.append(at_s)
         elif why is not Blocker.PLAN:
             per_card.append(None)  # held, probing, too little gain: not a matter of ends
     own_at_s = own_fit_s(per_card)
