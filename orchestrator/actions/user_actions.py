@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable
 from enum import Enum
 
@@ -30,6 +31,7 @@ class Done(str, Enum):
 
 # each try sees the job in a newer state; a job changes state a handful of times in its life
 _CHANGE_TRIES = 8
+_ENDING_WAIT_S = 0.1  # between reads of a job whose end the daemon is recording
 
 
 def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
@@ -113,8 +115,10 @@ def retry_job(
             return Done.REQUEUED
         if _stop_running(store, job_id, KillRequest.RETRY):
             return Done.STOPPING
-        # running without a live attempt: its end is being recorded now; read it again
-    raise UsageError(f"job {job_id} changed state {_CHANGE_TRIES} times while being retried; try again")
+        # running without a live attempt: the daemon is recording its end; read it again shortly
+        time.sleep(_ENDING_WAIT_S)
+    raise UsageError(f"job {job_id} is changing state (its end is being recorded) while being retried; "
+                     "try again in a moment")
 
 
 def check_retryable(store: Store, job_id: int, job: Job | None = None) -> Job:

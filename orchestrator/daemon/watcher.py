@@ -250,11 +250,13 @@ class AttemptWatcher:
         """Claimed before this daemon started (by a daemon since stopped or dead)."""
         return self.adopted_up_to_id is not None and attempt.id <= self.adopted_up_to_id
 
-    def run_age_s(self, attempt: Attempt) -> float:
-        """How long the live attempt has run, as far as this daemon can vouch for it: measured on
-        the monotonic clock, so a wall-clock step moves none of the expected ends built on it."""
-        return launch_age(self.silences.watched_s(attempt.id), self.adopted(attempt), attempt.started_at,
-                          self.started_at_s).age_s
+    def run_age_s(self, attempt: Attempt) -> float | None:
+        """How long the live attempt has run, on the monotonic clock (a wall-clock step moves no
+        expected end built on it); None where the recorded times were not trusted: the age is
+        then a lower bound only, and a pace worked out from it would end the attempt too early."""
+        age = launch_age(self.silences.watched_s(attempt.id), self.adopted(attempt), attempt.started_at,
+                         self.started_at_s)
+        return None if age.distrusted else age.age_s
 
     def _cluster_ended(self, attempt: Attempt, statuses: dict[int, RemoteStatus] | None) -> bool:
         """The cluster says the attempt's job has left its queue (a cancel took effect)."""

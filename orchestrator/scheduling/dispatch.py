@@ -112,7 +112,7 @@ def schedule(
     *,
     draining: bool,
     hold: str | None = None,
-    run_age_s: Callable[[Attempt], float] | None = None,
+    run_age_s: Callable[[Attempt], float | None] | None = None,
 ) -> PackingDecision:
     """Pack the queue onto the GPUs and start what fits. Returns the decision (for tests).
 
@@ -291,7 +291,7 @@ def _forget_left(state: SchedulerState, read: QueueRead) -> None:
 
 def _expected_end(
     live_jobs: Mapping[int, Job], durations: DurationTable, startups: Mapping[str, Startup], now_s: float,
-    run_age_s: Callable[[Attempt], float] | None = None,
+    run_age_s: Callable[[Attempt], float | None] | None = None,
 ) -> Callable[[Attempt], float | None]:
     """When a live attempt is expected to end, on the scale of `now_s`: by its progress (steps to
     go at its pace since its learned start-up) where it reports a step and a total and start-ups
@@ -302,7 +302,10 @@ def _expected_end(
         job = live_jobs.get(a.job_id)
         if job is None:
             return None
-        started_s = a.started_at if run_age_s is None else now_s - run_age_s(a)
+        age_s = None if run_age_s is None else run_age_s(a)
+        if run_age_s is not None and age_s is None:
+            return None  # how long it has run is not known: neither is its end
+        started_s = a.started_at if age_s is None else now_s - age_s
         if startups:
             startup = startups.get(startup_key(job.suite, job.config_name))
             left = remaining_s(now_s, started_s, startup.seconds if startup else None,

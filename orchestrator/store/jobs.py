@@ -208,9 +208,9 @@ def cancel_queued(store: Store, job_id: int, reason: str) -> JobState:
 
 
 def move_queued_to_level(store: Store, job_ids: Sequence[int], level: int, note: str) -> list[int]:
-    """Move queued jobs to ladder `level` (the level they were at is known not to fit any card they
-    may use), with the note `orch show` gives and an event each. Returns the ids moved: a job
-    that left the queue or is there already is left alone."""
+    """Move queued jobs to ladder `level` (the level they were at fits no card they may use, or
+    a later exact level ends sooner), with the note `orch show` gives and an event each. Returns
+    the ids moved: a job that left the queue or is there already is left alone."""
     moved: list[int] = []
     with store.write():
         for job_id in job_ids:
