@@ -157,11 +157,13 @@ def test_a_later_level_respects_a_card_kept_for_a_starving_job() -> None:
 
 def test_a_rungs_slowdown_is_learned_from_runs_at_both_levels() -> None:
     table = DurationTable([CompletedRun("a", "rte", 0, 600), CompletedRun("a", "rte", 1, 780),
-                           CompletedRun("b", "qnli", 0, 3000)])
-    assert math.isclose(table.slowdown(0, 1) or 0, 1.3)
-    assert math.isclose(table.expected_at_level_s("b", "qnli", 1, 0) or 0, 3900.0)  # its own level's × the slowdown
+                           CompletedRun("a", "qnli", 0, 3000), CompletedRun("b", "qnli", 0, 3000)])
+    assert math.isclose(table.slowdown("a", 0, 1) or 0, 1.3)
+    assert math.isclose(table.expected_at_level_s("a", "qnli", 1, 0) or 0, 3900.0)  # its own level's × the slowdown
     assert table.expected_at_level_s("a", "rte", 1, 0) == 780.0  # measured there
-    assert table.expected_at_level_s("b", "qnli", 3, 0) is None  # no rung cost assumed
+    assert table.expected_at_level_s("a", "qnli", 3, 0) is None  # no rung cost assumed
+    # another config's level 1 may be another rung: its slowdown is not borrowed
+    assert table.slowdown("b", 0, 1) is None and table.expected_at_level_s("b", "qnli", 1, 0) is None
 
 
 def test_exact_levels_stop_at_the_first_rung_that_changes_numerics() -> None:

@@ -49,7 +49,7 @@ class DurationTable:
         self._logs: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._factors: dict[str, float] = {}  # memo, cleared by `add`
         self._levels: dict[tuple[str, str], set[int]] = defaultdict(set)  # (config, task) -> levels run
-        self._slowdowns: dict[tuple[int, int], float | None] = {}  # memo, cleared by `add`
+        self._slowdowns: dict[tuple[str, int, int], float | None] = {}  # memo, cleared by `add`
         for run in runs:
             self.add(run)
 
@@ -94,16 +94,18 @@ class DurationTable:
             return None
         return _mean(task_entry) * self._config_factor(config)
 
-    def slowdown(self, from_level: int, to_level: int) -> float | None:
-        """How much longer a run at `to_level` takes than one at `from_level`: the geometric mean,
-        over the (config, task) pairs that succeeded at both, of their mean run times' ratio
-        (a rung's cost: checkpointing recomputes, fewer data workers wait on data); None while no
-        pair ran at both."""
-        key = (from_level, to_level)
+    def slowdown(self, config: str, from_level: int, to_level: int) -> float | None:
+        """How much longer a run of `config` at `to_level` takes than one at `from_level`: the
+        geometric mean, over its tasks that succeeded at both, of their mean run times' ratio (a
+        rung's cost: checkpointing recomputes, fewer data workers wait on data); None while none
+        ran at both. Per config: a level's index names another rung in another config's ladder
+        (rungs that change nothing are skipped, and halving expands by the batch)."""
+        key = (config, from_level, to_level)
         if key not in self._slowdowns:
             logs = [
                 math.log(_mean(self._shape[(config, task, to_level)]) / _mean(self._shape[(config, task, from_level)]))
-                for (config, task), levels in self._levels.items() if from_level in levels and to_level in levels
+                for (of_config, task), levels in self._levels.items()
+                if of_config == config and from_level in levels and to_level in levels
             ]
             self._slowdowns[key] = math.exp(sum(logs) / len(logs)) if logs else None
         return self._slowdowns[key]
@@ -116,7 +118,7 @@ class DurationTable:
         if exact is not None:
             return _mean(exact)
         base = self.expected_s(config, task, from_level)
-        factor = self.slowdown(from_level, level)
+        factor = self.slowdown(config, from_level, level)
         return None if base is None or factor is None else base * factor
 
 
