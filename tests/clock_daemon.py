@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import pytest
 from e2e_helpers import REPO_ROOT, Orch, wait_until
+from hostile_helpers import hostile_command
 
 from orchestrator.cli import main
 from orchestrator.clock import FakeClock
@@ -97,3 +98,24 @@ def clock_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: str = "2
             daemon.probe.close()
             daemon.store.close()
         os.chdir(REPO_ROOT)
+
+
+HOLD = {"corrupt": "none", "hold_s": 600}  # a worker that starts, says nothing and stays
+
+
+def big_job_waiting(d: ClockDaemon) -> None:
+    """One 32 GiB card: job 1 (8 GiB) runs, job 2 (28 GiB) cannot fit beside it and waits, job 3
+    (8 GiB) backfills beside job 1 while job 2 has not waited long."""
+    # silent workers, with no hang timeout: moving the clock must not end them as hung; each job
+    # its own model, so its own memory family (a silent job of an unmeasured family keeps the rest
+    # of its family back until it ends: probing, which is not what is tested)
+    for name, mem_gib in (("small", 8), ("big", 28), ("other", 8), ("third", 8)):
+        d.orch.write_suite(name, {name: {**HOLD, "model": f"{name}-model"}}, worker=hostile_command(),
+                           mem_gib=mem_gib, hang_timeout_s="off")
+    d.cli("plan", "set", "4")
+    d.submit("small", "1:a")
+    d.tick_until(lambda: d.running(1), what="job 1 running")
+    d.submit("big", "1:a")
+    d.submit("other", "1:b")
+    d.tick_until(lambda: d.running(3), what="job 3 to backfill")
+    assert d.orch.job_states()[2] == "queued"

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clock_daemon import clock_daemon
+from clock_daemon import HOLD, big_job_waiting, clock_daemon
 from e2e_helpers import group_alive
 from hostile_helpers import hostile_command
 from rows_helpers import attempt_of, job_of
@@ -21,8 +21,6 @@ from orchestrator.clock import FakeClock
 from orchestrator.executors.slurm import executor as slurm
 from orchestrator.store.queries import get_job
 from orchestrator.store.status import paused_suites
-
-HOLD = {"corrupt": "none", "hold_s": 600}  # a worker that starts, says nothing and stays
 
 
 def test_a_hung_worker_ignoring_sigterm_is_killed_after_the_grace_retried_once_then_failed(
@@ -76,19 +74,7 @@ def test_the_head_job_gets_its_card_held_once_it_waited_the_starvation_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB", starvation_s=600) as d:
-        # silent workers, with no hang timeout: moving the clock must not end them as hung
-        # each job its own model, so its own memory family: a silent job of an unmeasured family
-        # keeps the rest of its family back until it ends (probing), which is not what is tested
-        for name, mem_gib in (("small", 8), ("big", 28), ("other", 8), ("third", 8)):
-            d.orch.write_suite(name, {name: {**HOLD, "model": f"{name}-model"}}, worker=hostile_command(),
-                               mem_gib=mem_gib, hang_timeout_s="off")
-        d.cli("plan", "set", "4")
-        d.submit("small", "1:a")
-        d.tick_until(lambda: d.running(1), what="job 1 running")
-        d.submit("big", "1:a")  # job 2: cannot fit beside job 1
-        d.submit("other", "1:b")  # job 3: fits beside job 1, and the big one has not waited long
-        d.tick_until(lambda: d.running(3), what="job 3 to backfill")
-        assert d.orch.job_states()[2] == "queued"
+        big_job_waiting(d)
         d.clock.advance(601)
         d.submit("third", "1:c")  # job 4 fits too, but the card is now kept for job 2
         d.ticks(3)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clock_daemon import ClockDaemon, clock_daemon
+from clock_daemon import HOLD, big_job_waiting, clock_daemon
 from hostile_helpers import hostile_command
 
 from orchestrator.clock import FakeClock
@@ -25,7 +25,6 @@ from orchestrator.scheduling.queue_waits import (
 from orchestrator.store.queries import get_job
 from orchestrator.store.rows import QueueEntry
 
-HOLD = {"corrupt": "none", "hold_s": 600}  # a worker that starts, says nothing and stays
 STARVATION_S = 600
 
 
@@ -70,25 +69,9 @@ def test_a_job_that_re_entered_the_queue_waits_from_then() -> None:
 
 # ---- a real daemon ------------------------------------------------------------------------------
 
-def _big_job_waiting(d: ClockDaemon) -> None:
-    """One 32 GiB card: job 1 (8 GiB) runs, job 2 (28 GiB) cannot fit beside it and waits, job 3
-    (8 GiB) backfills beside job 1 while job 2 has not waited long."""
-    # each job its own model, so its own memory family (no probing holds); silent workers, no hang timeout
-    for name, mem_gib in (("small", 8), ("big", 28), ("other", 8), ("third", 8)):
-        d.orch.write_suite(name, {name: {**HOLD, "model": f"{name}-model"}}, worker=hostile_command(),
-                           mem_gib=mem_gib, hang_timeout_s="off")
-    d.cli("plan", "set", "4")
-    d.submit("small", "1:a")
-    d.tick_until(lambda: d.running(1), what="job 1 running")
-    d.submit("big", "1:a")
-    d.submit("other", "1:b")
-    d.tick_until(lambda: d.running(3), what="job 3 to backfill")
-    assert d.orch.job_states()[2] == "queued"
-
-
 def test_a_wall_clock_step_forward_makes_no_job_starve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB", starvation_s=STARVATION_S) as d:
-        _big_job_waiting(d)
+        big_job_waiting(d)
         d.clock.step_wall(3600)  # job 2's queued_at now reads an hour old
         d.clock.advance(60)  # it has waited about a minute
         d.submit("third", "1:c")  # job 4 fits beside jobs 1 and 3: no card is kept for job 2 yet
@@ -99,7 +82,7 @@ def test_a_wall_clock_step_forward_makes_no_job_starve(tmp_path: Path, monkeypat
 
 def test_a_wall_clock_step_back_does_not_stop_a_job_starving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with clock_daemon(tmp_path, monkeypatch, gpus="1x32GiB", starvation_s=STARVATION_S) as d:
-        _big_job_waiting(d)
+        big_job_waiting(d)
         d.clock.step_wall(-7200)  # job 2's queued_at now reads two hours ahead
         d.clock.advance(STARVATION_S + 1)  # yet it has waited past the starvation time
         d.submit("third", "1:c")  # job 4 would fit, but the card is kept for job 2
