@@ -16,11 +16,13 @@ import math
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
+from orchestrator.executors.launch_age import MAX_TRUSTED_GAP_S
 from orchestrator.store.rows import QueueEntry
 
-# The longest wait before the daemon's first sight taken from wall times. Longer reads as a clock
-# step forward as much as a long stop; either way the job waits a little longer, never less.
-MAX_TRUSTED_WAIT_BEFORE_S = 24 * 3600.0
+# The longest wait before the daemon's first sight taken from wall times: the gap the launch
+# grace trusts. Longer reads as a clock step forward as much as a long stop; either way the job
+# waits a little longer, never less.
+MAX_TRUSTED_WAIT_BEFORE_S = MAX_TRUSTED_GAP_S
 
 
 def waited_before_s(now_s: float, queued_at_s: float) -> float:
