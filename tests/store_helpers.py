@@ -7,7 +7,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from orchestrator.store.schema import MIGRATIONS
+from orchestrator.store.migrations import MIGRATIONS
 
 
 def old_database_with_one_job(db_path: Path, stop_before: str) -> None:

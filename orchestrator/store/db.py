@@ -17,7 +17,7 @@ import sqlite_utils
 
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.errors import DatabaseDiskFull, MissingDatabase, StoreError
-from orchestrator.store.schema import MIGRATIONS
+from orchestrator.store.migrations import MIGRATIONS
 
 BUSY_TIMEOUT_S = 30.0
 

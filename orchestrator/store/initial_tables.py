@@ -1,4 +1,4 @@
-"""The tables of state.db as its first migration (m001_initial in store.schema) created them.
+"""The tables of state.db as its first migration (m001_initial in store.migrations) created them.
 Later migrations change them; this text never changes (an applied migration is never edited)."""
 
 INITIAL_TABLES_SQL = """
