@@ -13,5 +13,9 @@ def migrate(db: sqlite_utils.Database) -> None:
     # tmux executor's id). Nothing reads or writes the old pair from here on. They stay in the
     # table: a daemon of an earlier orch, still running while a newer `orch` migrates its
     # state.db, writes them at every launch, and would lose its workers' records without them.
-    db.execute("UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL")
-    db.execute("UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL")
+    db.execute(
+        "UPDATE attempts SET executor = launcher WHERE executor IS NULL AND launcher IS NOT NULL"
+    )
+    db.execute(
+        "UPDATE attempts SET executor_id = window_id WHERE executor_id IS NULL AND window_id IS NOT NULL"
+    )
