@@ -1,4 +1,5 @@
-"""Every YAML file orch reads goes through `load_yaml`: bounded in size, aliases and depth.
+"""Every YAML file orch reads goes through `load_yaml`: bounded in size, aliases and depth, and
+a key written twice in one mapping is refused (PyYAML keeps the last one silently).
 
 PyYAML's safe loader builds an alias as a shared reference, so a "billion laughs" document of
 a few hundred bytes loads quickly and then explodes in anything that walks it (JSON dumps,
@@ -40,6 +41,22 @@ class _LimitedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` then a key of its own overrides the base, as YAML means
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:
+                continue  # an unhashable key: the safe constructor refuses it itself
+            if repeated:
+                line = key_node.start_mark.line + 1
+                raise PlanError(f"key {key!r} is given twice in one mapping (line {line}): keep one")
+        return super().construct_mapping(node, deep=deep)
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:

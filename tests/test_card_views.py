@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.cli.status.snapshot import status_snapshot
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt

@@ -348,10 +348,10 @@ def test_a_read_command_imports_only_what_it_runs(tmp_path: Path) -> None:
 
     probe = ("import sys; from orchestrator.cli import main; main(['jobs', '--db', sys.argv[1]]); "
              "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.cli.', 'orchestrator.actions', "
-             "'orchestrator.api.submit', 'orchestrator.api.sweep'))))")
+             "'orchestrator.submit', 'orchestrator.api.sweep'))))")
     out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "none.db")], capture_output=True, text=True,
                          check=False).stdout
     loaded = json.loads(out.strip().splitlines()[-1].replace("'", '"'))
     assert "orchestrator.cli.jobs.command" in loaded
-    assert not [m for m in loaded if m.startswith(("orchestrator.actions", "orchestrator.api.s", "orchestrator.cli.demo",
+    assert not [m for m in loaded if m.startswith(("orchestrator.actions", "orchestrator.submit", "orchestrator.api.s", "orchestrator.cli.demo",
                                                    "orchestrator.cli.web_cmd", "orchestrator.cli.results"))], loaded

@@ -111,7 +111,7 @@ def test_gpus_without_nvml_shows_the_daemons_last_reading(
     shows the GPUs from the database, and so does `orch gpus`."""
     import time
 
-    import orchestrator.cli.daemon.setup as daemon_setup
+    import orchestrator.api.daemon_process as daemon_setup
     from orchestrator.errors import GpuUnavailable
     from orchestrator.store.daemon_row import register_daemon, unregister_daemon, write_heartbeat
 

@@ -81,8 +81,8 @@ def test_a_suite_file_carries_its_grid_seeds_tasks_and_keys_that_are_not_science
     assert [str(p) for p in suite.pairs] == ["1:glue_rte", "1:glue_sst2", "2:glue_rte", "2:glue_sst2"]
     assert suite.not_science == ("sim_seconds",)
     (plans / "suites" / "bad.yaml").write_text(yaml.safe_dump({"worker": "sim", "mem_gib": 1, "configs": ["r8"],
-                                                               "config_dir": "../configs/g", "seeds": [1]}))
-    with pytest.raises(PlanError, match="`seeds` and `tasks` go together"):
+                                                               "config_dir": "../configs/g", "tasks": ["glue_rte"]}))
+    with pytest.raises(PlanError, match="`seeds` must be a non-empty list"):
         load_suite("bad", plans)
 
 

@@ -393,7 +393,7 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         ({**GOOD, "mem_gib": True}, {"a": {}}, "not bool"),
         ({**GOOD, "mem_gib": 0}, {"a": {}}, "between 0 and 4096"),
         ({**GOOD, "mem_gib": 1e9}, {"a": {}}, "between 0 and 4096"),
-        ({**GOOD, "configs": "E1"}, {"a": {}}, "`configs` must be list, not str"),
+        ({**GOOD, "configs": "E1"}, {"a": {}}, "`configs` must be list/dict, not str"),
         ({**GOOD, "configs": []}, {}, "non-empty list"),
         ({**GOOD, "configs": [1]}, {}, "config name 1 is not valid"),
         ({**GOOD, "configs": ["../x"]}, {}, "is not valid"),

@@ -114,8 +114,8 @@ def test_sim_topology_pairs_and_free_ports() -> None:
 
 
 def test_status_shows_host_ram_ours_others_free() -> None:
+    from orchestrator.api.status_snapshot import host_summary
     from orchestrator.cli.status.rich_view import host_line
-    from orchestrator.cli.status.snapshot import host_summary
 
     summary = host_summary({"total_mib": 65536, "available_mib": 9728, "ours_mib": 40960, "reserve_mib": 2048})
     assert summary == {"total_mib": 65536, "ours_mib": 40960, "others_mib": 14848, "free_mib": 9728, "reserve_mib": 2048}

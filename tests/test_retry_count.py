@@ -8,7 +8,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from orchestrator.cli.status.snapshot import status_snapshot
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store

@@ -12,17 +12,11 @@ from pathlib import Path
 from orchestrator.actions.user_actions import Done, check_retryable, retry_job
 from orchestrator.errors import PlanError, SuiteNotFound
 from orchestrator.plans import Pair, check_worker_template, expand_jobs, load_suite
-from orchestrator.store.control import (
-    JobCommand,
-    job_command,
-    resume_changed_suite,
-    set_job_command,
-    worker_of_last_failure,
-)
+from orchestrator.store.control import JobCommand, job_command, set_job_command
 from orchestrator.store.db import Store
 from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Job
-from orchestrator.store.status import paused_configs, paused_suites
+from orchestrator.submit.suite_pause import resume_if_changed
 
 
 def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[bool, str | None]:
@@ -55,27 +49,6 @@ def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[boo
         shown = "worker command" if now.worker != before.worker else "worker settings"
         set_job_command(store, job_id, now, f"retry takes the suite's {shown} as {suite.path.name} has it now: {now.worker}")
     return now.worker != before.worker, None
-
-
-def resume_if_changed(store: Store, suite: str, worker_changed: bool) -> str | None:
-    """When `suite` is paused: resume it if its jobs now run another worker command than the
-    failures that paused it (`worker_changed`); else return a line saying the jobs wait, and how
-    to let them run."""
-    reason = next((p.reason for p in paused_suites(store, count_queued=False) if p.suite == suite), None)
-    reason = reason or next((f"config {p.config}: {p.reason}" for p in paused_configs(store, count_queued=False)
-                             if p.suite == suite), None)
-    if reason is None:
-        return None
-    if worker_changed:
-        resume_changed_suite(store, suite, "its worker command changed since the failures that paused it")
-        return f"suite {suite} was paused ({reason}); resumed, since its worker command changed"
-    return f"suite {suite} is paused ({reason}): its queued jobs wait until `orch resume {suite}`"
-
-
-def worker_changed_since_failure(store: Store, suite: str, worker: str) -> bool:
-    """Whether `worker` differs from the command the suite's last failure ran."""
-    failed_with = worker_of_last_failure(store, suite)
-    return failed_with is not None and failed_with != worker
 
 
 @dataclass

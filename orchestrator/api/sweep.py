@@ -6,36 +6,44 @@
     s.wait()            # until the submitted jobs end, with a progress bar
     s.results()         # a row per run and metric
     s.curves()          # a row per reported point: job, attempt, step, key, value
+    s.cancel([3]); s.retry([3]); s.status(); s.start_daemon(); s.stop_daemon()
 
-Every reader returns a pandas DataFrame (the `notebook` extra), or with `as_frame=False` plain
+Steering goes through the same actions as `orch cancel`, `orch retry` and the web page, and
+every argument is checked as the CLI checks its options (orchestrator.api.arguments). Every reader returns a pandas DataFrame (the `notebook` extra), or with `as_frame=False` plain
 rows (a list of dicts, in the same columns), so nothing here needs pandas.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator.actions.presence import daemon_alive
+from orchestrator.actions.suite_changes import retry_jobs
+from orchestrator.actions.user_actions import Done, cancel_job
+from orchestrator.api import arguments
 from orchestrator.api.curves import COLUMNS as CURVE_COLUMNS
 from orchestrator.api.curves import curve_points, point_row
+from orchestrator.api.daemon_process import start_daemon, stop_daemon
 from orchestrator.api.jobs import headline_metric
-from orchestrator.api.submit import SubmitRequest, submit_sweep
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.lifecycle import JobState
+from orchestrator.plans import default_plans_dir
 from orchestrator.results.collect import RunReader
 from orchestrator.store.db import Store
 from orchestrator.store.job_facts import job_facts, job_states
-from orchestrator.store.queries import list_jobs, result_jobs
+from orchestrator.store.queries import get_job, list_jobs, result_jobs
+from orchestrator.submit.core import SubmitRequest, submit_sweep
 
 JOB_COLUMNS = ("id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
                "metric", "value", "reason")
 RESULT_COLUMNS = ("suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split", "metric", "value")
 ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_CANCEL_WORDS = {Done.CANCELLED: "cancelled", Done.STOPPING: "stopping", Done.FINISHED: "finished"}
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str], as_frame: bool) -> Any:
@@ -54,17 +62,6 @@ def setting_text(overrides: Mapping[str, Any]) -> str:
                     else f"{key}={value!r}" for key, value in sorted(overrides.items()))
 
 
-def _text(value: Any) -> str:
-    """A Python value as `--set`/`--grid` text, which the configs' types then type."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"value {value!r} is not a finite number")
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 class Sweep:
     """One state database (and optionally a plans folder) seen from Python."""
 
@@ -81,6 +78,7 @@ class Sweep:
     def jobs(self, suite: str | None = None, *, as_frame: bool = True) -> Any:
         """A row per job: id, suite, config, setting (its overrides), seed, task, state, attempt,
         level, gpu (while it runs), run_s, the headline metric and its value, reason."""
+        suite = arguments.text("suite", suite, optional=True)
         with self._store() as store:
             listed = list_jobs(store, suite=suite)
             facts = job_facts(store, [j.id for j in listed], store.now_s())
@@ -99,6 +97,7 @@ class Sweep:
         """A row per succeeded run and metric: its test metrics (split "test") and, where its
         result.json has them, its validation metrics (split "val"). Per run: no run is pooled,
         dropped or averaged here."""
+        suite = arguments.text("suite", suite, optional=True)
         reader = RunReader()
         rows: list[dict[str, Any]] = []
         with self._store() as store:
@@ -116,23 +115,28 @@ class Sweep:
                *, stitched: bool = False, as_frame: bool = True) -> Any:
         """A row per reported point: job, attempt, step, key, value (`stitched`: one curve per
         job, a later attempt winning from its first step)."""
+        wanted = arguments.job_ids("jobs", jobs)
+        suite = arguments.text("suite", suite, optional=True)
+        wanted_keys = arguments.names("keys", keys)
         with self._store() as store:
-            points = curve_points(store, jobs=list(jobs) if jobs is not None else None, suite=suite,
-                                  keys=list(keys) if keys is not None else None, stitched=stitched)
+            points = curve_points(store, jobs=wanted, suite=suite, keys=wanted_keys,
+                                  stitched=arguments.flag("stitched", stitched))
         return _frame([point_row(p) for p in points], CURVE_COLUMNS, as_frame)
 
     # -------------------------------------------------------------------------------- acting
 
     def submit(self, suite: str, pairs: Sequence[str] | str | None = None, sets: Mapping[str, Any] | None = None,
-               grid: Mapping[str, Sequence[Any]] | None = None, *, force: bool = False, dry_run: bool = False,
-               priority: int = 0, as_frame: bool = True) -> Any:
+               grid: Mapping[str, Sequence[Any]] | None = None, *, seeds: Sequence[int] | str | None = None,
+               force: bool = False, dry_run: bool = False, priority: int = 0, as_frame: bool = True) -> Any:
         """Queue suite × grid × pairs as `orch submit` does (idempotent unless `force`); a row
-        per job: id, config, seed, task, setting, created, state. wait() waits for these."""
+        per job: id, config, seed, task, setting, created, state. wait() waits for these.
+        `sets` and `grid` are values, typed by the configs as `--set`/`--grid` are; a grid
+        value is one value whatever it holds. `seeds` (e.g. [1, 2, 3]) in place of `pairs`:
+        those seeds × the suite's tasks, or alone for a script without tasks."""
         request = SubmitRequest(
-            suite, pairs if isinstance(pairs, str) or pairs is None else " ".join(pairs),
-            tuple(f"{key}={_text(value)}" for key, value in (sets or {}).items()),
-            tuple(f"{key}={','.join(_text(v) for v in values)}" for key, values in (grid or {}).items()),
-            priority=priority, dry_run=dry_run, force=force)
+            arguments.text("suite", suite) or "", arguments.pairs_text(pairs), priority=priority,
+            dry_run=arguments.flag("dry_run", dry_run), force=arguments.flag("force", force),
+            seeds=arguments.seeds_text(seeds), set_values=sets, grid_values=grid)
         report = submit_sweep(request, self.db_path, self.plans_dir)
         rows = [{"id": o.job_id, "config": o.spec.config_name, "seed": o.spec.seed, "task": o.spec.data,
                  "setting": setting_text(o.spec.overrides), "created": o.created,
@@ -141,11 +145,54 @@ class Sweep:
             self.submitted += [o.job_id for o in report.outcomes if o.job_id is not None and o.job_id not in self.submitted]
         return _frame(rows, ("id", "config", "seed", "task", "setting", "created", "state"), as_frame)
 
+    def cancel(self, jobs: Iterable[int]) -> dict[str, list[int]]:
+        """Cancel queued jobs and stop running ones, as `orch cancel` does: which were cancelled,
+        which are stopping, which had already finished, which were ended before (skipped)."""
+        wanted = arguments.job_ids("jobs", jobs, optional=False) or []
+        done: dict[str, list[int]] = {"cancelled": [], "stopping": [], "finished": [], "skipped": []}
+        with self._store() as store:
+            for job_id in wanted:
+                get_job(store, job_id)  # every id is checked before any is cancelled
+            for job_id in wanted:
+                done[_CANCEL_WORDS.get(cancel_job(store, job_id), "skipped")].append(job_id)
+        return done
+
+    def retry(self, jobs: Iterable[int], *, fresh: bool = False) -> dict[str, list[Any]]:
+        """Requeue failed or cancelled jobs (restart running ones), as `orch retry` does: each
+        takes its suite file as it is now. `fresh`: resume from none of their checkpoints."""
+        wanted = arguments.job_ids("jobs", jobs, optional=False) or []
+        with self._store() as store:
+            done = retry_jobs(store, wanted, self.plans_dir or default_plans_dir(),
+                              fresh=arguments.flag("fresh", fresh))
+        self.submitted += [j for j in done.requeued if j not in self.submitted]
+        return {"requeued": done.requeued, "restarting": done.restarting, "notes": done.notes}
+
+    def status(self) -> dict[str, Any]:
+        """What `orch status --json` says, without its job list: the daemon, GPUs, counts by
+        state, running and waiting jobs, paused suites, recent retries and events."""
+        with self._store() as store:
+            return status_snapshot(store, all_jobs=False)
+
+    def start_daemon(self, *, backend: str | None = None, poll_s: float = 1.0) -> int:
+        """Start a daemon on this database in the background, as `orch daemon start` does (its
+        log beside the database); its pid. Refused when one runs already."""
+        backend = arguments.text("backend", backend, optional=True)
+        return start_daemon(self.db_path, backend=backend, poll_s=arguments.number("poll_s", poll_s, positive=True))
+
+    def stop_daemon(self, *, drain: bool = False, timeout_s: float = 30.0) -> str:
+        """Stop this database's daemon, as `orch daemon stop` does (`drain`: once its running
+        jobs end); running workers keep running. What happened, in words."""
+        return stop_daemon(self.db_path, drain=arguments.flag("drain", drain),
+                           timeout_s=arguments.number("timeout_s", timeout_s, positive=True) or 30.0)
+
     def wait(self, jobs: Iterable[int] | None = None, *, timeout_s: float | None = None, poll_s: float = 1.0,
              progress: bool = True, on_poll: Callable[[dict[int, str]], None] | None = None) -> dict[int, str]:
         """Until the jobs (default: those this object submitted) have ended; returns their states.
         A bar shows how many ended; refused at once when no daemon runs on the database."""
-        wanted = list(jobs) if jobs is not None else list(self.submitted)
+        wanted = arguments.job_ids("jobs", jobs)
+        wanted = list(self.submitted) if wanted is None else wanted
+        timeout_s = arguments.number("timeout_s", timeout_s, optional=True, positive=True)
+        poll_s = arguments.number("poll_s", poll_s, positive=True) or 1.0
         if not wanted:
             return {}
         with self._store() as store:

@@ -106,7 +106,8 @@ def describe_plan(plan: GpuPlan) -> str:
 
 
 def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
-    """Refuse `what` naming a GPU this machine lacks (api.submit.check_gpus_exist)."""
-    from orchestrator.api import submit as submit_api  # the submit path's imports: only where used
+    """Refuse `what` naming a GPU this machine lacks (submit.core.check_gpus_exist)."""
+    # the submit path's imports: only where used
+    from orchestrator.submit import core as submit_core
 
-    submit_api.check_gpus_exist(gpus, db_path, what, open_store)
+    submit_core.check_gpus_exist(gpus, db_path, what, open_store)

@@ -21,12 +21,12 @@ from rich.live import Live
 
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.actions.user_actions import cancel_job
+from orchestrator.api.daemon_process import daemon_log_path, start_daemon
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
-from orchestrator.cli.daemon.command import start_daemon
 from orchestrator.cli.status.lines import clock, one_line
 from orchestrator.cli.status.rich_view import render_status
-from orchestrator.cli.status.snapshot import status_snapshot
 from orchestrator.errors import OrchError
 from orchestrator.gpu.nvml import nvml_available
 from orchestrator.lifecycle import JobState
@@ -76,7 +76,8 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
         click.echo(f"queued {sum(o.created for o in outcomes)} demo job(s) in {db_path}; GPU plan {plan_text}")
         started_here = False
         if daemon_alive(store) is None:
-            start_daemon(db_path, poll_s=0.5)
+            pid = start_daemon(db_path, poll_s=0.5)
+            click.echo(f"daemon started (pid {pid}); log: {daemon_log_path(db_path)}")
             started_here = True
         deadline = time.monotonic() + timeout_s
         # SIGTERM ends the demo as Ctrl-C does: its daemon and workers are stopped on the way out

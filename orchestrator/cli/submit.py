@@ -1,5 +1,5 @@
 """`orch submit`: expand a suite × grid × pairs into jobs and queue them, idempotently
-(orchestrator.api.submit does the work; this prints it)."""
+(orchestrator.submit.core does the work; this prints it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from orchestrator.api.submit import SubmitRequest, submit_sweep
 from orchestrator.cli.common import (
     db_option,
     describe_plan,
@@ -18,6 +17,7 @@ from orchestrator.cli.common import (
     plans_option,
 )
 from orchestrator.store.jobs import format_plan
+from orchestrator.submit.core import SubmitRequest, submit_sweep
 
 
 def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:

@@ -11,7 +11,6 @@ import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.store.db import Store
 from orchestrator.store.notify_queries import (
@@ -23,24 +22,6 @@ from orchestrator.store.notify_queries import (
 )
 
 log = logging.getLogger(__name__)
-INSTALL_HINT = "notifications need the notify extra: pip install 'orch[notify]' (Apprise)"
-
-
-def check_urls(urls: Sequence[str], what: str = "--notify") -> None:
-    """Refuse (UsageError, exit 2) a URL Apprise does not understand, or Apprise missing."""
-    if not urls:
-        return
-    try:
-        import apprise
-    except ImportError:
-        raise UsageError(f"{what}: {INSTALL_HINT}") from None
-    for url in urls:
-        if not apprise.Apprise().add(url):
-            shown = url.split("://", 1)[0] + "://…" if "://" in url else repr(url[:40])
-            raise UsageError(f"{what}: {shown} is not a notification URL Apprise understands "
-                             "(e.g. ntfy://TOPIC, slack://…, json://HOST:PORT/PATH)")
-
-
 def job_failed_line(event: TerminalEvent) -> str:
     reason = (event.reason or "no reason recorded").splitlines()[0][:300]
     return (f"orch: job {event.job_id} failed ({event.suite}/{event.config_name} seed {event.seed} "

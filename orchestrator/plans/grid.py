@@ -22,9 +22,10 @@ from orchestrator.plans.inputs import (
     PAIR_KEYS,
     Pair,
     Scalar,
+    check_task_name,
     check_text,
-    parse_pairs,
     parse_scalar,
+    parse_seeds,
     shown_value,
 )
 from orchestrator.plans.model import ConfigSpec
@@ -76,14 +77,21 @@ def _split_item(flag: str, item: str, known: set[str]) -> tuple[str, str]:
     key = key.strip()
     if not sep or not key:
         raise PlanError(f"{flag} {shown_value(item)} is not KEY=VALUE")
+    check_key(flag, key, known)
+    return key, raw
+
+
+def check_key(flag: str, key: str, known: set[str]) -> None:
+    """A key `flag` may set: a config key the suite knows, or env.NAME; never seed or data."""
+    check_text(f"{flag} key", key, 128)
     if key.startswith("env."):
         if not ENV_NAME_RE.fullmatch(key[len("env."):]):
             raise PlanError(f"{flag} {shown_value(key)}: {shown_value(key[4:])} is not a valid environment variable name")
     elif key in PAIR_KEYS:
         raise PlanError(f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)")
     elif key not in known:
-        raise PlanError(f"{flag} {shown_value(key)}: unknown config key (known: {', '.join(sorted(known))})")
-    return key, raw
+        raise PlanError(f"{flag} {shown_value(key)}: unknown config key (the configs' keys: {', '.join(sorted(known))}); "
+                        f"add `{key}:` to your config file to set it")
 
 
 def _looks_like_a_list(raw: str, kind: type | None) -> bool:
@@ -148,39 +156,122 @@ def _distinct(what: str, key: str, values: list[Scalar]) -> list[Scalar]:
     return seen
 
 
+def given_value(what: str, key: str, value: Any, kind: type | None) -> Scalar:
+    """A value given as a YAML or Python scalar (a suite file's `grid:`, `Sweep.submit`): text
+    checked as `--set` text is, numbers made the configs' type."""
+    if isinstance(value, str):
+        check_text(f"{what} {key}", value)
+        return typed_value(what, key, value, kind) if kind in (int, float) else value
+    if not isinstance(value, (int, float, bool)):
+        raise PlanError(f"{what} {key}: {shown_value(repr(value))} is not one scalar value "
+                        "(a number, text, true or false)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"{what} {key}: {value!r} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        raise PlanError(f"{what} {key}: {value} is too large")
+    if kind in (int, float):
+        return typed_value(what, key, str(value), kind)
+    return value
+
+
+def given_grid(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpec],
+               sets: Mapping[str, Scalar] = {}) -> dict[str, list[Scalar]]:
+    """A grid given as values, not text: `{KEY: [V1, V2]}` of a suite file or of `Sweep.submit`.
+    A value is one value, whatever it holds (a comma, a space)."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise PlanError(f"{what} must map config keys to lists of values, e.g. {{learning_rate: [0.0001, 0.0003]}}")
+    grid: dict[str, list[Scalar]] = {}
+    for key, values in raw.items():
+        if not isinstance(key, str):
+            raise PlanError(f"{what} key {key!r} is not a config key name")
+        check_key(what, key, known)
+        if key in sets:
+            raise PlanError(f"{what} {key} and a set {key} both set {key}: keep one")
+        if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (list, tuple)) or not values:
+            raise PlanError(f"{what} {key} must be a non-empty list of values, not {shown_value(repr(values))}")
+        kind = str if key.startswith("env.") else config_type(key, configs)
+        typed = [given_value(what, key, _env_text(v) if kind is str and key.startswith("env.") else v, kind)
+                 for v in values]
+        grid[key] = _distinct(what, key, typed)
+    return grid
+
+
+def given_sets(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpec]) -> dict[str, Scalar]:
+    """One value per key, given as values (`Sweep.submit(sets=...)`); None is YAML's null."""
+    if not isinstance(raw, Mapping):
+        raise PlanError(f"{what} must map config keys to one value each, e.g. {{learning_rate: 0.0003}}")
+    overrides: dict[str, Scalar] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or "=" in key:
+            raise PlanError(f"{what} key {shown_value(str(key))} is not a config key name")
+        check_key(what, key, known)
+        if isinstance(value, (list, tuple)):
+            raise PlanError(f"{what} {key} holds several values: use grid={{{key!r}: [...]}} "
+                            "to queue one job per value")
+        if key.startswith("env."):
+            overrides[key] = None if value is None else given_value(what, key, _env_text(value), str)
+        else:
+            kind = config_type(key, configs)
+            overrides[key] = None if value is None else given_value(what, key, value, kind)
+    return overrides
+
+
+def _env_text(value: Any) -> Any:
+    """An environment variable's value as `--set env.NAME=...` would give it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return repr(value) if isinstance(value, float) else str(value)
+    return value
+
+
 def suite_grid(where: str, raw: Any, known: set[str], configs: Sequence[ConfigSpec]) -> dict[str, list[Scalar]]:
     """A suite's `grid: {KEY: [V1, V2]}`: values as YAML wrote them, numbers made the configs' type."""
     if raw is None:
         return {}
-    if not isinstance(raw, dict) or not raw:
-        raise PlanError(f"{where}: `grid` must map config keys to lists of values")
-    grid: dict[str, list[Scalar]] = {}
-    for key, values in raw.items():
-        if not isinstance(key, str) or key in PAIR_KEYS or key not in known:
-            raise PlanError(f"{where}: grid key {key!r} is not a config key (seeds and tasks have their own keys)")
-        if not isinstance(values, list) or not values:
-            raise PlanError(f"{where}: grid {key} must be a non-empty list of values")
-        kind = config_type(key, configs)
-        typed: list[Scalar] = []
-        for value in values:
-            if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
-                raise PlanError(f"{where}: grid {key}: {value!r} is not a scalar value")
-            typed.append(typed_value(f"{where}: grid", key, str(value), kind) if kind in (int, float) else value)
-        grid[key] = _distinct(f"{where}: grid", key, typed)
-    return grid
+    return given_grid(f"{where}: grid", raw, known, configs)
 
 
 def suite_pairs(where: str, seeds: Any, tasks: Any) -> list[Pair] | None:
-    """`seeds:` × `tasks:` of a suite, in file order (seed-major); None when it has neither."""
+    """`seeds:` × `tasks:` of a suite, in file order (seed-major); `seeds:` alone for a script
+    that takes no task (its jobs' task is empty); None when it has neither."""
     if seeds is None and tasks is None:
         return None
-    if not isinstance(seeds, list) or not seeds or not isinstance(tasks, list) or not tasks:
-        raise PlanError(f"{where}: `seeds` and `tasks` go together, each a non-empty list")
+    if not isinstance(seeds, list) or not seeds:
+        raise PlanError(f"{where}: `seeds` must be a non-empty list (with `tasks:`, or alone for a script without tasks)")
+    if tasks is not None and (not isinstance(tasks, list) or not tasks):
+        raise PlanError(f"{where}: `tasks` must be a non-empty list of task names")
     if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
         raise PlanError(f"{where}: `seeds` must be non-negative integers")
-    if not all(isinstance(t, str) for t in tasks):
-        raise PlanError(f"{where}: `tasks` must be task names")
-    return parse_pairs(" ".join(f"{s}:{t}" for s in seeds for t in tasks))
+    for task in tasks or []:
+        if not isinstance(task, str):
+            raise PlanError(f"{where}: task {task!r} is not a task name")
+        check_task_name(f"{where}: task", task)
+    for what, items in (("seed", seeds), ("task", tasks or [])):
+        repeated = [item for i, item in enumerate(items) if item in items[:i]]
+        if repeated:
+            raise PlanError(f"{where}: {what} {repeated[0]!r} is listed twice")
+    return [Pair(seed, task) for seed in seeds for task in (tasks or [""])]
+
+
+def seed_pairs(text: str, tasks: Sequence[str]) -> list[Pair]:
+    """`--seeds 1-3` (or "1 2 3", "1,2,3"): each seed × the suite's tasks, or alone (no task)."""
+    seeds = parse_seeds(text)
+    return [Pair(seed, task) for seed in seeds for task in (tasks or [""])]
+
+
+def grid_jobs(grid: Mapping[str, Sequence[Scalar]], configs: int, pairs: int) -> int:
+    """How many jobs configs × grid × pairs makes, from the value counts alone (nothing built)."""
+    return configs * math.prod(len(values) for values in grid.values()) * pairs
+
+
+def check_grid_size(what: str, grid: Mapping[str, Sequence[Scalar]], configs: int, pairs: int) -> None:
+    """Refuse a sweep over MAX_GRID_JOBS before a combination of it is built."""
+    jobs = grid_jobs(grid, configs, pairs)
+    if jobs > MAX_GRID_JOBS:
+        combos = math.prod(len(values) for values in grid.values())
+        raise PlanError(f"{what}: {configs} config(s) × {combos} grid combination(s) × {pairs} pair(s) = {jobs} jobs, "
+                        f"more than {MAX_GRID_JOBS}: give fewer values")
 
 
 def combinations(grid: Mapping[str, Sequence[Scalar]]) -> list[dict[str, Scalar]]:

@@ -137,6 +137,12 @@ class Pair:
         return f"{self.seed}:{self.data}"
 
 
+def check_task_name(what: str, data: str) -> None:
+    if not _DATA_NAME.fullmatch(data):
+        raise PlanError(f"{what} {shown_value(data)} is not a task name "
+                        "(letters, digits, '_', '-', '.'; e.g. glue-tvt_qnli)")
+
+
 def parse_pairs(text: str) -> list[Pair]:
     """`--pairs "87:glue-tvt_qnli 127:glue-tvt_rte"` (comma- or space-separated SEED:DATA)."""
     check_text("--pairs", text, MAX_PAIRS_CHARS)
@@ -150,17 +156,40 @@ def parse_pairs(text: str) -> list[Pair]:
         if not sep:
             raise PlanError(f"pair {shown_value(token)} is not SEED:DATA (e.g. 87:glue-tvt_qnli)")
         seed = _parse_nonneg_int(f"seed in pair {shown_value(token)}:", seed_text, MAX_SEED)
-        if not _DATA_NAME.fullmatch(data):
-            raise PlanError(
-                f"data name {shown_value(data)} in pair {shown_value(token)} is not a task name "
-                "(letters, digits, '_', '-', '.'; e.g. glue-tvt_qnli)"
-            )
+        check_task_name(f"pair {shown_value(token)}: data name", data)
         pair = Pair(seed, data)
         if pair in seen:
             raise PlanError(f"pair {pair} is given twice")
         seen.add(pair)
         pairs.append(pair)
     return pairs
+
+
+MAX_SEEDS = 10_000
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds 1-3` (or "1 2 3", "1,2,3", "1-3 7"): seeds in the order given, each once."""
+    check_text("--seeds", text, MAX_PAIRS_CHARS)
+    tokens = _tokens(text)
+    if not tokens:
+        raise PlanError('--seeds is empty: give seeds such as "1-3" or "1 2 3"')
+    seeds: list[int] = []
+    seen: set[int] = set()
+    for token in tokens:
+        first, dash, last = token.partition("-")
+        low = _parse_nonneg_int("--seeds: seed", first, MAX_SEED)
+        high = _parse_nonneg_int("--seeds: seed", last, MAX_SEED) if dash else low
+        if high < low:
+            raise PlanError(f"--seeds {shown_value(token)}: a range runs from low to high (e.g. 1-3)")
+        if len(seeds) + high - low + 1 > MAX_SEEDS:
+            raise PlanError(f"--seeds {shown_value(text)} names more than {MAX_SEEDS} seeds")
+        for seed in range(low, high + 1):
+            if seed in seen:
+                raise PlanError(f"--seeds names seed {seed} twice")
+            seen.add(seed)
+            seeds.append(seed)
+    return seeds
 
 
 def parse_round(text: str) -> int | str | None:

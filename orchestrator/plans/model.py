@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.plans.inputs import PAIR_KEYS, Pair, Scalar
 from orchestrator.plans.keymap import NO_KEYS, KeyMap
+from orchestrator.plans.template import parse_template
 
 # Config keys shared with the researchers' own training scripts, plus the ones our workers read.
 KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
@@ -114,10 +116,21 @@ class Suite:
         return [c.name for c in self.configs]
 
     def known_keys(self) -> set[str]:
+        return known_keys(self.worker, self.configs)
+
+
+def known_keys(worker: str, configs: Iterable[ConfigSpec]) -> set[str]:
+    """The keys `--set`, `--grid` and `grid:` may name: the configs' own, those the worker command
+    names (`{cfg.KEY}`), and for orch's own workers (lora, sim) every key those read; never seed
+    or data."""
+    if worker in ("lora", "sim"):
         keys = set(KNOWN_CONFIG_KEYS)
-        for config in self.configs:
-            keys.update(config.content)
-        return keys - PAIR_KEYS
+    else:
+        template = parse_template(worker)
+        keys = set(template.value_keys | template.flag_keys)
+    for config in configs:
+        keys.update(config.content)
+    return keys - PAIR_KEYS
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,9 @@ from orchestrator.errors import PlanError, SuiteNotFound, UsageError
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import expand_jobs, job_identity  # noqa: F401
-from orchestrator.plans.grid import suite_grid, suite_pairs
+from orchestrator.plans.grid import check_grid_size, suite_grid, suite_pairs
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
-    PAIR_KEYS,
     SUITE_NAME_RE,
     check_text,
     shown_value,
@@ -36,6 +35,7 @@ from orchestrator.plans.model import (  # noqa: F401
     JobSpec,
     Suite,
     canonical_json,
+    known_keys,
 )
 from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
 from orchestrator.plans.template import parse_template
@@ -164,24 +164,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
             raise PlanError(f"suite {path}: env {env_name} must be a scalar")
         check_text(f"suite {path} env {env_name}", str(env_value))
         env[env_name] = str(env_value)
-    config_names = _typed(path, data, "configs", (list,), None)
-    if not config_names:
-        raise PlanError(f"suite {path}: `configs` must be a non-empty list of config names")
-    config_dir = path.parent / str(_typed(path, data, "config_dir", (str,), f"../configs/{name}"))
-    configs: list[ConfigSpec] = []
-    seen: set[str] = set()
-    for config_name in config_names:
-        if not isinstance(config_name, str) or not _CONFIG_NAME.fullmatch(config_name):
-            raise PlanError(f"suite {path}: config name {config_name!r} is not valid")
-        if config_name in seen:
-            raise PlanError(f"suite {path}: config {config_name} is listed twice")
-        seen.add(config_name)
-        config_path = config_dir / f"{config_name}.yaml"
-        content = _read_yaml_mapping(config_path, "config file")
-        for key in content:
-            if not isinstance(key, str):
-                raise PlanError(f"config {config_path}: key {key!r} is not a string")
-        configs.append(ConfigSpec(config_name, config_path.resolve(), content))
+    configs = _load_configs(path, data, name)
+    seen = {c.name for c in configs}
     rounds_raw = _typed(path, data, "rounds", (dict,), {})
     rounds: dict[str, tuple[str, ...]] = {}
     for round_name, members in rounds_raw.items():
@@ -228,13 +212,16 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     cpus = parse_count(data["cpus"], "cpus", f"suite {path}", MAX_CPUS) if data.get("cpus") is not None else None
     for spec in configs:
         job_resources(spec.content, gpus, cpus, f"config {spec.path}")
-    grid_keys: set[str] = set(KNOWN_CONFIG_KEYS).union(*(c.content for c in configs)) - PAIR_KEYS
+    grid_keys = known_keys(worker.strip(), configs)
+    grid = suite_grid(f"suite {path}", data.get("grid"), grid_keys, configs)
+    pairs = suite_pairs(f"suite {path}", data.get("seeds"), data.get("tasks")) or []
+    check_grid_size(f"suite {path}", grid, len(configs), max(1, len(pairs)))
     not_science = _typed(path, data, "not_science", (list,), [])
     if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in not_science) or len(not_science) > 100:
         raise PlanError(f"suite {path}: `not_science` must be a list of config key names")
     return Suite(
-        grid=suite_grid(f"suite {path}", data.get("grid"), grid_keys, configs),
-        pairs=tuple(suite_pairs(f"suite {path}", data.get("seeds"), data.get("tasks")) or ()),
+        grid=grid,
+        pairs=tuple(pairs),
         not_science=tuple(not_science),
         gpus=gpus,
         cpus=cpus,
@@ -261,6 +248,42 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         fail_on_divergence=fail_on_divergence,
         divergence_factor=divergence_factor,
     )
+
+
+def _load_configs(path: Path, data: dict[str, Any], name: str) -> list[ConfigSpec]:
+    """`configs: [names]`, each read from `config_dir` (default configs/<suite>/NAME.yaml), or
+    `configs: {name: {key: value}}` held inline in the suite file (relative paths in them are
+    read from the suite file's folder)."""
+    raw = _typed(path, data, "configs", (list, dict), None)
+    if not raw:
+        raise PlanError(f"suite {path}: `configs` must be a non-empty list of config names, "
+                        "or a mapping of config name to its settings")
+    if isinstance(raw, dict) and "config_dir" in data:
+        raise PlanError(f"suite {path}: `config_dir` is for configs read from files; these configs are inline")
+    config_dir = path.parent / str(_typed(path, data, "config_dir", (str,), f"../configs/{name}"))
+    configs: list[ConfigSpec] = []
+    seen: set[str] = set()
+    for config_name in raw:
+        if not isinstance(config_name, str) or not _CONFIG_NAME.fullmatch(config_name):
+            raise PlanError(f"suite {path}: config name {config_name!r} is not valid")
+        if config_name in seen:
+            raise PlanError(f"suite {path}: config {config_name} is listed twice")
+        seen.add(config_name)
+        if isinstance(raw, dict):
+            config_path, content = path, raw[config_name]
+            if not isinstance(content, dict):
+                raise PlanError(f"suite {path}: config {config_name} must be a mapping of settings, "
+                                f"e.g. {{learning_rate: 0.0005}}")
+            where = f"suite {path}: config {config_name}"
+        else:
+            config_path = config_dir / f"{config_name}.yaml"
+            content = _read_yaml_mapping(config_path, "config file")
+            where = f"config {config_path}"
+        for key in content:
+            if not isinstance(key, str):
+                raise PlanError(f"{where}: key {key!r} is not a string")
+        configs.append(ConfigSpec(config_name, config_path.resolve(), content))
+    return configs
 
 
 def _parse_divergence_factor(path: Path, raw: Any) -> float | None:

@@ -85,3 +85,21 @@ def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: s
     unknown = unknown_keys(dict.fromkeys(ladder_sets))
     if unknown:
         raise PlanError(f"suite {suite.name}, ladder set: {unknown_keys_message(unknown)}")
+
+
+ORCH_READ_KEYS = frozenset({"gpus", "cpus", "host_mem_gib"})  # orch itself sizes a job by these
+
+
+def check_keys_reach(suite: Suite, sources: dict[str, str]) -> None:
+    """Refuse a `--set`/`--grid`/`grid:` key (key -> where it was given) that the worker command
+    never receives: its jobs would be identical runs told apart only by a label. env.NAME
+    reaches the environment, and orch itself reads the resource keys."""
+    if suite.worker in ("lora", "sim"):
+        return
+    template = parse_template(suite.worker)
+    for key, given in sources.items():
+        if key.startswith("env.") or key in ORCH_READ_KEYS or template.reaches(key):
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        raise PlanError(f"{given} {key}: the worker command never receives {key} (it has no {{config}} and no "
+                        f"{{cfg.{key}}}): add e.g. `{flag} {{cfg.{key}}}` or `--config {{config}}` to the suite's worker")

@@ -11,24 +11,12 @@ from typing import Any
 
 import click
 
+from orchestrator.api.daemon_process import resolve_backend  # noqa: F401 (the CLI's name for it)
 from orchestrator.attempts.disk_space import DEFAULT_MIN_FREE_MIB, DEFAULT_WARN_FREE_MIB
 from orchestrator.cli.common import db_option
-from orchestrator.daemon.state import sim_dir, tmux_socket_name
+from orchestrator.daemon.state import tmux_socket_name
 from orchestrator.errors import UsageError
 from orchestrator.executors.base import Executor
-from orchestrator.gpu import GpuProbe, make_probe
-
-
-def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[str, str]]:
-    """The GPU probe and the env the workers need to see the same GPUs."""
-    chosen = (backend or os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() or None
-    if chosen == "sim":
-        os.environ.setdefault("ORCH_SIM_DIR", str(sim_dir(db_path)))
-        Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
-        probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
-        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS", "ORCH_SIM_HOST") if os.environ.get(k)}
-        return probe, {"ORCH_GPU_BACKEND": "sim", **env}
-    return make_probe(chosen), {}
 
 
 def backend_option(func):  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ import click
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.cli.common import (
     db_option,
     echo_json,
@@ -21,7 +22,6 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.status.plain import plain_status
 from orchestrator.cli.status.rich_view import render_status
-from orchestrator.cli.status.snapshot import status_snapshot
 from orchestrator.errors import GpuUnavailable
 from orchestrator.store.db import now_s
 from orchestrator.store.queries import iter_status_jobs

@@ -1,16 +1,16 @@
 """Queueing a sweep: suite × grid × pairs into jobs, idempotently. The one implementation of
-`orch submit` and `Sweep.submit()`; both hand it text as a user types it, so a value is parsed
-and typed the same way whichever asked. Everything is validated before the database is touched."""
+`orch submit` and `Sweep.submit()`: the CLI hands it text as a user types it, Python its values
+(never turned into `--grid` text and back), both typed by the configs the same way. Everything
+is validated before the database is touched, and a grid's size before a job of it is built."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from orchestrator.actions.suite_changes import resume_if_changed, worker_changed_since_failure
-from orchestrator.daemon.notify import check_urls
 from orchestrator.errors import PlanError, UsageError
 from orchestrator.gpu import machine_gpu_indices
 from orchestrator.plans import (
@@ -26,16 +26,28 @@ from orchestrator.plans import (
     parse_pairs,
     parse_round,
 )
-from orchestrator.plans.grid import combinations, merge_grids, parse_grid, parse_sets
-from orchestrator.plans.inputs import Scalar, shown_value
+from orchestrator.plans.grid import (
+    check_grid_size,
+    combinations,
+    given_grid,
+    given_sets,
+    merge_grids,
+    parse_grid,
+    parse_sets,
+    seed_pairs,
+)
+from orchestrator.plans.inputs import Pair, Scalar, shown_value
 from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
+from orchestrator.plans.notify_urls import check_urls
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
+from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
+from orchestrator.submit.suite_pause import resume_if_changed, worker_changed_since_failure
 
 Opener = Callable[..., Store]  # (db_path, create=...) -> Store: the CLI's checks the lost-file daemon
 
@@ -55,6 +67,20 @@ class SubmitRequest:
     dry_run: bool = False
     force: bool = False
     strict_ladder: bool = False  # exact rungs only (plans.ladder_spec.strict_spec)
+    seeds: str | None = None  # `--seeds 1-3`: these seeds × the suite's tasks (or alone: no task)
+    set_values: Mapping[str, Any] | None = None  # {KEY: value} from Python
+    grid_values: Mapping[str, Any] | None = None  # {KEY: [values]} from Python
+
+
+MAX_PRIORITY = 1000
+
+
+def check_priority(priority: Any) -> int:
+    """A priority is a whole number in -1000..1000, as `--priority` takes it."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise UsageError(f"priority {shown_value(repr(priority))} is not a whole number "
+                         f"between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+    return priority
 
 
 @dataclass(frozen=True)
@@ -156,26 +182,52 @@ def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
             f"or add e.g. {wire} to the command to wire them")
 
 
+def _pairs(request: SubmitRequest, suite: Suite) -> list[Pair]:
+    """--pairs, else --seeds × the suite's tasks, else the suite's own seeds (× tasks)."""
+    if request.pairs is not None and request.seeds is not None:
+        raise UsageError("--pairs and --seeds both give seeds: give one")
+    if request.pairs is not None:
+        return parse_pairs(request.pairs)
+    if request.seeds is not None:
+        return seed_pairs(request.seeds, list(dict.fromkeys(p.data for p in suite.pairs if p.data)))
+    if suite.pairs:
+        return list(suite.pairs)
+    raise UsageError(f"suite {suite.name} has no seeds:, so --seeds or --pairs is needed "
+                     '(e.g. --seeds 1-3, or SEED:DATA pairs: --pairs "87:glue-tvt_qnli")')
+
+
+def _refuse_both(what: str, text: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+    both = sorted(set(text) & set(values))
+    if both:
+        raise UsageError(f"{what} {both[0]} is given both as text and as a value: give it once")
+
+
 def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None = None,
                  opener: Opener = Store) -> SubmitReport:
     """Parse and check everything, then queue (or, with dry_run, only say) the jobs."""
+    check_priority(request.priority)
     round_selector = parse_round(request.round)
     gpus = parse_gpus(request.gpus) if request.gpus is not None else None
     plan = parse_gpu_plan(request.gpu_plan, gpus) if request.gpu_plan is not None else None
     suite = load_suite(request.suite, plans_dir or default_plans_dir())
     if request.strict_ladder:
         suite = dataclasses.replace(suite, ladder=strict_spec(suite.ladder))
-    if request.pairs is not None:
-        pairs = parse_pairs(request.pairs)
-    elif suite.pairs:
-        pairs = list(suite.pairs)
-    else:
-        raise UsageError(f"suite {suite.name} has no seeds: and tasks:, so --pairs is needed "
-                         '(SEED:DATA pairs, e.g. --pairs "87:glue-tvt_qnli")')
+    pairs = _pairs(request, suite)
     known = suite.known_keys()
     overrides = parse_sets(request.sets, known, suite.configs)
-    grid = merge_grids({k: v for k, v in suite.grid.items() if k not in overrides},
-                       parse_grid(request.grid, known, suite.configs, overrides))
+    if request.set_values is not None:
+        given = given_sets("sets", request.set_values, known, suite.configs)
+        _refuse_both("sets", overrides, given)
+        overrides.update(given)
+    asked = parse_grid(request.grid, known, suite.configs, overrides)
+    if request.grid_values is not None:
+        given_values = given_grid("grid", request.grid_values, known, suite.configs, overrides)
+        _refuse_both("grid", asked, given_values)
+        asked.update(given_values)
+    grid = merge_grids({k: v for k, v in suite.grid.items() if k not in overrides}, asked)
+    sources = {**{k: "grid:" for k in suite.grid}, **{k: "--set" for k in overrides}, **{k: "--grid" for k in asked}}
+    check_keys_reach(suite, {k: v for k, v in sources.items() if k in overrides or k in grid})
+    check_grid_size(f"suite {suite.name}", grid, len(suite.configs), len(pairs))
 
     # Validate the round before anything is created: a bad round must leave no state.db behind.
     stored_plan = None
