@@ -8,13 +8,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.plans.inputs import MAX_SEED, shown_value
+from orchestrator.plans.inputs import MAX_SEED, shown_repr
 
 MAX_JOB_ID = 2**63 - 1
 
 
 def _shown(value: Any) -> str:
-    return shown_value(repr(value))
+    return shown_repr(value)
 
 
 def flag(name: str, value: Any) -> bool:

@@ -28,6 +28,8 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
 @click.option("--suite", "suite_name", required=True, help="Suite name (plans/suites/NAME.yaml).")
 @click.option("--pairs", "pairs_text", default=None,
               help='SEED:DATA pairs, e.g. "87:glue-tvt_qnli 127:glue-tvt_rte" (default: the suite\'s seeds × tasks).')
+@click.option("--seeds", "seeds_text", default=None,
+              help='Seeds, e.g. "1-3" or "1 2 3": each × the suite\'s tasks, or alone for a script without tasks.')
 @click.option("--round", "round_text", default="all", show_default=True, help="all, a round number (1-based) or a named round.")
 @click.option("--gpus", "gpus_text", default=None, help='Restrict these jobs to GPUs, e.g. "0 1 2 3".')
 @click.option("--gpu-plan", "plan_text", default=None, help='Per-GPU concurrency caps, e.g. "2,2,1" (stored for the daemon).')
@@ -46,6 +48,7 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
 def submit_cmd(
     suite_name: str,
     pairs_text: str | None,
+    seeds_text: str | None,
     round_text: str,
     gpus_text: str | None,
     plan_text: str | None,
@@ -61,7 +64,7 @@ def submit_cmd(
 ) -> None:
     """Queue SUITE × GRID × PAIRS as jobs (idempotent unless --force)."""
     request = SubmitRequest(suite_name, pairs_text, set_items, grid_items, round_text, gpus_text, plan_text,
-                            priority, dry_run, force, strict_ladder)
+                            priority, dry_run, force, strict_ladder, seeds=seeds_text)
     report = submit_sweep(request, db_path, plans_dir, open_store)
     for note in report.notes:
         click.echo(note, err=True)
@@ -94,7 +97,8 @@ def submit_cmd(
     verb = "would queue" if dry_run else "queued"
     if dry_run:
         for o in created:
-            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}  {o.spec.data}  {_shown(o.spec.overrides, report.grid)}".rstrip())
+            task = f"  {o.spec.data}" if o.spec.data else ""
+            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}  {_shown(o.spec.overrides, report.grid)}".rstrip())
     click.echo(f"{verb} {len(created)} job(s) of suite {report.suite.name}", nl=False)
     if existing:
         states = sorted({o.existing_state or "?" for o in existing})

@@ -26,6 +26,7 @@ from orchestrator.plans.inputs import (
     check_text,
     parse_scalar,
     parse_seeds,
+    shown_repr,
     shown_value,
 )
 from orchestrator.plans.model import ConfigSpec
@@ -163,7 +164,7 @@ def given_value(what: str, key: str, value: Any, kind: type | None) -> Scalar:
         check_text(f"{what} {key}", value)
         return typed_value(what, key, value, kind) if kind in (int, float) else value
     if not isinstance(value, (int, float, bool)):
-        raise PlanError(f"{what} {key}: {shown_value(repr(value))} is not one scalar value "
+        raise PlanError(f"{what} {key}: {shown_repr(value)} is not one scalar value "
                         "(a number, text, true or false)")
     if isinstance(value, float) and not math.isfinite(value):
         raise PlanError(f"{what} {key}: {value!r} is not a finite number")
@@ -188,7 +189,7 @@ def given_grid(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpe
         if key in sets:
             raise PlanError(f"{what} {key} and a set {key} both set {key}: keep one")
         if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (list, tuple)) or not values:
-            raise PlanError(f"{what} {key} must be a non-empty list of values, not {shown_value(repr(values))}")
+            raise PlanError(f"{what} {key} must be a non-empty list of values, not {shown_repr(values)}")
         kind = str if key.startswith("env.") else config_type(key, configs)
         typed = [given_value(what, key, _env_text(v) if kind is str and key.startswith("env.") else v, kind)
                  for v in values]

@@ -39,6 +39,12 @@ def shown_value(text: str, limit: int = 60) -> str:
     return ascii(shown) if _CONTROL_CHARS.search(shown) else repr(shown)
 
 
+def shown_repr(value: object, limit: int = 60) -> str:
+    """A bad Python value (not text a user typed) for an error line: its repr, short."""
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[:limit] + "…"
+
+
 def check_text(what: str, text: str, max_chars: int = MAX_VALUE_CHARS) -> None:
     if _CONTROL_CHARS.search(text) or "\n" in text:
         raise PlanError(f"{what} contains control characters: {shown_value(text)}")

@@ -57,6 +57,7 @@ from orchestrator.store.queue import (
     live_attempts_with_jobs,
     queued_jobs,
     queued_jobs_alike,
+    queued_with_bad_priority,
     succeeded_runs_since,
 )
 from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
@@ -124,6 +125,7 @@ def schedule(
     start now (a full disk); every queued job shows it. `run_age_s`: how long a live attempt has
     run, as the daemon measured it on its monotonic clock; without it, from its wall-clock start."""
     cache = state.shapes
+    _fail_bad_priorities(store)
     paused = {p.suite: p.reason for p in paused_suites(store, count_queued=False)}
     paused_cfgs = frozenset((p.suite, p.config) for p in paused_configs(store, count_queued=False))
     live, live_jobs = live_attempts_with_jobs(store)
@@ -353,6 +355,16 @@ def _learn_new_jobs(store: Store, rows: list[QueueEntry], state: SchedulerState)
         facts = known.share(facts)
         for job_id in alike:
             known.by_job[job_id] = facts
+
+
+def _fail_bad_priorities(store: Store) -> None:
+    """A queued job whose stored priority is not a whole number fails, alone: the queue's order
+    cannot place it, and every other job must still start."""
+    for job_id, priority in queued_with_bad_priority(store):
+        reason = f"its priority {str(priority)[:40]!r} is not a whole number: submit it again with one"
+        with contextlib.suppress(InvalidTransition):
+            transition(store, job_id, JobState.FAILED, message=f"failed: {reason}", kind="fail",
+                       expect_from=[JobState.QUEUED], fields={"reason": reason, "priority": 0})
 
 
 def fail_queued(store: Store, job: Job, reason: str) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import InvalidTransition, JobNotFound
+from orchestrator.errors import InvalidTransition, JobNotFound, UsageError
 from orchestrator.lifecycle import JobState, check_transition
 from orchestrator.plans import GpuPlan, JobSpec, Suite
 from orchestrator.plans.ladder_spec import is_one_token_task
@@ -113,6 +113,9 @@ def submit_jobs(
     dry_run: bool,
 ) -> list[SubmitOutcome]:
     """Queue the specs; a job already queued, running or succeeded is reported, not duplicated."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**63) <= priority < 2**63:
+        # the last line of defence: a priority that is not a whole number stalls every pass
+        raise UsageError(f"priority {str(priority)[:40]!r} is not a whole number")
     outcomes: list[SubmitOutcome] = []
     declared_mib = round(suite.mem_gib * 1024)
     with store.write():

@@ -33,6 +33,14 @@ def queued_entries(store: Store) -> tuple[int, list[QueueEntry]]:
     return mark, [QueueEntry.from_values(values) for values in store.iter_rows(sql)]
 
 
+def queued_with_bad_priority(store: Store) -> list[tuple[int, Any]]:
+    """(id, stored priority) of queued jobs whose priority is text or bytes, not a number: written
+    before submit checked it, or by hand. A pass fails each. SQLite orders text and blobs after
+    every number, so the queue's own index (state, priority) answers this with one seek."""
+    sql = "SELECT id, priority FROM jobs WHERE state = 'queued' AND priority >= ''"
+    return [(int(job_id), priority) for job_id, priority in store.iter_rows(sql)]
+
+
 def queue_change_mark(store: Store) -> int:
     """The number of the last queue change logged (m014's trigger), 0 before any."""
     rows = store.query("SELECT seq FROM sqlite_sequence WHERE name = 'queue_changes'")

@@ -4,6 +4,7 @@ as enums. Rows are snapshots: writes go through the store's functions, which ret
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,14 @@ from orchestrator.store.json_columns import json_column as _json
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _priority(value: Any) -> int:
+    """A stored priority; one that is not a number (written by hand, or before submit checked
+    it) reads as 0, so a reader never fails on it: the next pass fails its job."""
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return value if isinstance(value, int) else 0
 
 
 def _opt_float(value: Any) -> float | None:
@@ -72,7 +81,7 @@ class Job:
             id=int(row["id"]), identity=row["identity"], suite=row["suite"], config_name=row["config_name"],
             config_path=row["config_path"], config_json=row["config_json"], seed=int(row["seed"]),
             data=row["data"], worker=row["worker"], declared_mib=int(row["declared_mib"]),
-            priority=int(row["priority"]), state=JobState(row["state"]), level=int(row["level"]),
+            priority=_priority(row["priority"]), state=JobState(row["state"]), level=int(row["level"]),
             attempt_count=int(row["attempt_count"]), max_attempts=int(row["max_attempts"]),
             one_token=bool(row["one_token"]), hang_timeout_s=float(row["hang_timeout_s"]),
             queued_at=float(row["queued_at"]), created_at=float(row["created_at"]),
@@ -114,7 +123,7 @@ class QueueEntry:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> QueueEntry:
         return cls(
-            id=int(row["id"]), suite=row["suite"], priority=int(row["priority"]), level=int(row["level"]),
+            id=int(row["id"]), suite=row["suite"], priority=_priority(row["priority"]), level=int(row["level"]),
             host_steps_json=row.get("host_steps_json") or "[]", queued_at=float(row["queued_at"]),
             config_name=row["config_name"], data=row["data"], wait_reason=row.get("wait_reason"),
         )
@@ -125,7 +134,7 @@ class QueueEntry:
         a daemon keeps tens of thousands of these between passes."""
         job_id, suite, priority, level, host_steps, queued_at, config_name, data, wait_reason = values
         return cls(
-            id=int(job_id), suite=sys.intern(suite), priority=int(priority), level=int(level),
+            id=int(job_id), suite=sys.intern(suite), priority=_priority(priority), level=int(level),
             host_steps_json=sys.intern(host_steps or "[]"), queued_at=float(queued_at),
             config_name=sys.intern(config_name), data=sys.intern(data), wait_reason=wait_reason,
         )

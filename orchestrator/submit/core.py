@@ -36,7 +36,7 @@ from orchestrator.plans.grid import (
     parse_sets,
     seed_pairs,
 )
-from orchestrator.plans.inputs import Pair, Scalar, shown_value
+from orchestrator.plans.inputs import Pair, Scalar, shown_repr, shown_value
 from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
 from orchestrator.plans.notify_urls import check_urls
 from orchestrator.plans.resources import check_gangs_fit
@@ -78,7 +78,7 @@ MAX_PRIORITY = 1000
 def check_priority(priority: Any) -> int:
     """A priority is a whole number in -1000..1000, as `--priority` takes it."""
     if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise UsageError(f"priority {shown_value(repr(priority))} is not a whole number "
+        raise UsageError(f"priority {shown_repr(priority)} is not a whole number "
                          f"between -{MAX_PRIORITY} and {MAX_PRIORITY}")
     return priority
 
