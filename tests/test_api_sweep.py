@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.api import Sweep
 from orchestrator.errors import OrchError, PlanError
-from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux
+from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
 
 pytestmark = requires_tmux
 pd = pytest.importorskip("pandas")
@@ -30,7 +30,7 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
 
 def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -> None:
     sweep = Sweep(orch.db, plans=orch.plans)
-    with pytest.raises(PlanError, match="--grid learning_rate"):
+    with pytest.raises(PlanError, match="holds several values: use grid="):
         sweep.submit("nb", pairs=["1:glue_rte"], sets={"learning_rate": "1e-4,3e-4"})
     queued = sweep.submit("nb", pairs=["1:glue_rte", "2:glue_rte"], grid={"learning_rate": [1e-4, 3e-4]})
     assert list(queued["setting"]) == ["learning_rate=0.0001"] * 2 + ["learning_rate=0.0003"] * 2
@@ -76,3 +76,29 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
                           env=orch.env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "accuracy" in done.stdout and "learning_rate=0.0003" in done.stdout  # nothing new queued, all read back
+
+
+def test_the_notebook_steers_a_sweep(orch: Orch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """start_daemon, cancel, retry, status and stop_daemon from Python, on the CLI's actions."""
+    for name, value in orch.env.items():  # the daemon Sweep starts inherits this process's environment
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(orch.root)
+    orch.write_suite("slow", {"long": {"sim_seconds": 60, "sim_mem_gib": 1}}, mem_gib=1)
+    sweep = Sweep(orch.db, plans=orch.plans)
+    sweep.submit("slow", pairs=["1:glue_rte", "2:glue_rte", "3:glue_rte"])
+    orch.remember_daemon(sweep.start_daemon(poll_s=0.2))
+    with pytest.raises(OrchError, match="already running"):
+        sweep.start_daemon()
+    wait_until(lambda: sweep.status()["running"] or None, 60, "a job to start")
+    status = sweep.status()
+    assert status["daemon"]["alive"] and status["counts"].get("running", 0) >= 1
+    running = [r["id"] for r in status["running"]]
+    queued = [j for j in (1, 2, 3) if j not in running]
+    done = sweep.cancel([1, 2, 3])
+    assert sorted(done["stopping"]) == sorted(running) and sorted(done["cancelled"]) == sorted(queued)
+    wait_until(lambda: set(sweep._states([1, 2, 3]).values()) == {"cancelled"} or None, 60, "the cancels to land")
+    again = sweep.retry([3])
+    assert again["requeued"] == [3] and sweep._states([3]) == {3: "queued"}
+    said = sweep.stop_daemon()
+    assert "daemon stopped" in said and not sweep.status()["daemon"]["alive"]
+    assert "nothing to stop" in sweep.stop_daemon()

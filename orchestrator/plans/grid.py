@@ -206,13 +206,13 @@ def given_sets(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpe
         if not isinstance(key, str) or "=" in key:
             raise PlanError(f"{what} key {shown_value(str(key))} is not a config key name")
         check_key(what, key, known)
-        if isinstance(value, (list, tuple)):
+        kind = str if key.startswith("env.") else config_type(key, configs)
+        if isinstance(value, (list, tuple)) or (isinstance(value, str) and _looks_like_a_list(value, kind)):
             raise PlanError(f"{what} {key} holds several values: use grid={{{key!r}: [...]}} "
                             "to queue one job per value")
         if key.startswith("env."):
             overrides[key] = None if value is None else given_value(what, key, _env_text(value), str)
         else:
-            kind = config_type(key, configs)
             overrides[key] = None if value is None else given_value(what, key, value, kind)
     return overrides
 
