@@ -1,5 +1,6 @@
-"""orch from Python: `Sweep` (a notebook's view of a state database) and the implementations the
-CLI shares with it (submit, curves, the job lists' headline metric)."""
+"""orch from Python: `Sweep` (a notebook's view and control of a state database) and the
+implementations the CLI shares with it (curves, the job lists' headline metric, the status
+snapshot, the daemon's start and stop); submitting is `orchestrator.submit`, a stage below."""
 
 from __future__ import annotations
 

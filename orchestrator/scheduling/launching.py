@@ -70,7 +70,8 @@ def _safe_name(text: str) -> str:
 
 
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
-    job_dir = f"{job.id:06d}-{_safe_name(job.config_name)}-s{job.seed}-{_safe_name(job.data)}"
+    task = f"-{_safe_name(job.data)}" if job.data else ""  # a script without tasks has none
+    job_dir = f"{job.id:06d}-{_safe_name(job.config_name)}-s{job.seed}{task}"
     return ctx.runs_dir / _safe_name(job.suite) / job_dir / f"attempt-{n}"
 
 

@@ -161,7 +161,7 @@ def submit_jobs(
                 store._db.execute("UPDATE jobs SET not_science_json = ? WHERE id = ?",
                                   [json.dumps(sorted(suite.not_science)), job_id])
             add_event(
-                store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed} on {spec.data}",
+                store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed}" + (f" on {spec.data}" if spec.data else ""),
                 job_id=job_id, to_state=JobState.QUEUED.value,
             )
             outcomes.append(SubmitOutcome(spec, job_id, True, None))
