@@ -69,6 +69,9 @@ def sweep(tmp_path: Path) -> Sweep:
     (lambda s: s.curves(keys="loss"), "keys must be a list of names"),
     (lambda s: s.cancel("12"), "jobs must be a list of job ids"),
     (lambda s: s.retry([0]), "0 is not a job id"),
+    (lambda s: s.jobs(as_frame="no"), "as_frame must be True or False"),
+    (lambda s: s.wait([1], poll_s=0), "poll_s must be above 0"),
+    (lambda s: Sweep(3), "db must be a path"),
 ])
 def test_sweep_refuses_a_wrong_argument_in_one_line_and_writes_nothing(sweep: Sweep, call: Any, message: str) -> None:
     with pytest.raises(UsageError) as refused:

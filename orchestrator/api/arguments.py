@@ -4,7 +4,9 @@ turned into its Python repr). Pure."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
@@ -20,6 +22,18 @@ def _shown(value: Any) -> str:
 def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise UsageError(f"{name} must be True or False, not {_shown(value)}")
+    return value
+
+
+def path(name: str, value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise UsageError(f"{name} must be a path (a string or pathlib.Path), not {_shown(value)}")
+    return Path(value)
+
+
+def callback(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise UsageError(f"{name} must be a function or None, not {_shown(value)}")
     return value
 
 

@@ -47,7 +47,7 @@ _CANCEL_WORDS = {Done.CANCELLED: "cancelled", Done.STOPPING: "stopping", Done.FI
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str], as_frame: bool) -> Any:
-    if not as_frame:
+    if not arguments.flag("as_frame", as_frame):
         return rows
     try:
         import pandas as pd
@@ -66,8 +66,8 @@ class Sweep:
     """One state database (and optionally a plans folder) seen from Python."""
 
     def __init__(self, db: str | Path = "state.db", plans: str | Path | None = None) -> None:
-        self.db_path = Path(db)
-        self.plans_dir = Path(plans) if plans is not None else None
+        self.db_path = arguments.path("db", db)
+        self.plans_dir = None if plans is None else arguments.path("plans", plans)
         self.submitted: list[int] = []  # job ids of this object's submits, for wait()
 
     def _store(self) -> Store:
@@ -79,6 +79,7 @@ class Sweep:
         """A row per job: id, suite, config, setting (its overrides), seed, task, state, attempt,
         level, gpu (while it runs), run_s, the headline metric and its value, reason."""
         suite = arguments.text("suite", suite, optional=True)
+        arguments.flag("as_frame", as_frame)
         with self._store() as store:
             listed = list_jobs(store, suite=suite)
             facts = job_facts(store, [j.id for j in listed], store.now_s())
@@ -98,6 +99,7 @@ class Sweep:
         result.json has them, its validation metrics (split "val"). Per run: no run is pooled,
         dropped or averaged here."""
         suite = arguments.text("suite", suite, optional=True)
+        arguments.flag("as_frame", as_frame)
         reader = RunReader()
         rows: list[dict[str, Any]] = []
         with self._store() as store:
@@ -118,6 +120,7 @@ class Sweep:
         wanted = arguments.job_ids("jobs", jobs)
         suite = arguments.text("suite", suite, optional=True)
         wanted_keys = arguments.names("keys", keys)
+        arguments.flag("as_frame", as_frame)
         with self._store() as store:
             points = curve_points(store, jobs=wanted, suite=suite, keys=wanted_keys,
                                   stitched=arguments.flag("stitched", stitched))
@@ -137,6 +140,7 @@ class Sweep:
             arguments.text("suite", suite) or "", arguments.pairs_text(pairs), priority=priority,
             dry_run=arguments.flag("dry_run", dry_run), force=arguments.flag("force", force),
             seeds=arguments.seeds_text(seeds), set_values=sets, grid_values=grid)
+        arguments.flag("as_frame", as_frame)
         report = submit_sweep(request, self.db_path, self.plans_dir)
         rows = [{"id": o.job_id, "config": o.spec.config_name, "seed": o.spec.seed, "task": o.spec.data,
                  "setting": setting_text(o.spec.overrides), "created": o.created,
@@ -193,6 +197,8 @@ class Sweep:
         wanted = list(self.submitted) if wanted is None else wanted
         timeout_s = arguments.number("timeout_s", timeout_s, optional=True, positive=True)
         poll_s = arguments.number("poll_s", poll_s, positive=True) or 1.0
+        progress = bool(arguments.flag("progress", progress))
+        on_poll = arguments.callback("on_poll", on_poll)
         if not wanted:
             return {}
         with self._store() as store:
