@@ -215,17 +215,20 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     pairs = _pairs(request, suite)
     known = suite.known_keys()
     overrides = parse_sets(request.sets, known, suite.configs)
+    sources = {**{k: "grid:" for k in suite.grid}, **dict.fromkeys(overrides, "--set")}
     if request.set_values is not None:
         given = given_sets("sets", request.set_values, known, suite.configs)
         _refuse_both("sets", overrides, given)
         overrides.update(given)
+        sources.update(dict.fromkeys(given, "sets"))
     asked = parse_grid(request.grid, known, suite.configs, overrides)
+    sources.update(dict.fromkeys(asked, "--grid"))
     if request.grid_values is not None:
         given_values = given_grid("grid", request.grid_values, known, suite.configs, overrides)
         _refuse_both("grid", asked, given_values)
         asked.update(given_values)
+        sources.update(dict.fromkeys(given_values, "grid"))
     grid = merge_grids({k: v for k, v in suite.grid.items() if k not in overrides}, asked)
-    sources = {**{k: "grid:" for k in suite.grid}, **{k: "--set" for k in overrides}, **{k: "--grid" for k in asked}}
     check_keys_reach(suite, {k: v for k, v in sources.items() if k in overrides or k in grid})
     check_grid_size(f"suite {suite.name}", grid, len(suite.configs), len(pairs))
 
