@@ -186,3 +186,22 @@ def test_user_actions_sit_below_cli_and_web() -> None:
                       for t in ts if stage_of(t) == "daemon")
     assert not from_web, from_web
     assert not [t for t in graph[actions] if stage_of(t) in ("daemon", "web", "cli")]
+
+
+def test_the_architecture_page_lists_the_stages_in_order() -> None:
+    """docs/architecture.md's layout names every stage package, in the order LAYERS has them."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    layout = page.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    named = [line.split("`")[1].rstrip("/") for line in layout.splitlines() if line.startswith("- `")]
+    stages = list(dict.fromkeys(s for s in named if s in LAYERS))  # plans/ is also the repo folder
+    assert stages == LAYERS[1:], stages
+
+
+def test_the_submit_stage_sits_below_what_runs_jobs() -> None:
+    """Queueing a job is its life's first stage: the submit core imports no executor, daemon,
+    user action or API module (LAYERS enforces it; this says which module it is)."""
+    graph = import_graph()
+    assert "orchestrator.submit.core" in graph["orchestrator.cli.submit"]
+    assert "orchestrator.submit.core" in graph["orchestrator.api.sweep"]
+    assert not [t for t in graph["orchestrator.submit.core"]
+                if stage_of(t) in ("executors", "attempts", "scheduling", "actions", "daemon", "api")]

@@ -159,10 +159,11 @@ def _distinct(what: str, key: str, values: list[Scalar]) -> list[Scalar]:
 
 def given_value(what: str, key: str, value: Any, kind: type | None) -> Scalar:
     """A value given as a YAML or Python scalar (a suite file's `grid:`, `Sweep.submit`): text
-    checked as `--set` text is, numbers made the configs' type."""
+    checked as `--set` text is and, for a number or switch key, read as `--set` reads it;
+    numbers made the configs' type."""
     if isinstance(value, str):
         check_text(f"{what} {key}", value)
-        return typed_value(what, key, value, kind) if kind in (int, float) else value
+        return typed_value(what, key, value, kind) if kind in (int, float, bool) else value
     if not isinstance(value, (int, float, bool)):
         raise PlanError(f"{what} {key}: {shown_repr(value)} is not one scalar value "
                         "(a number, text, true or false)")
