@@ -3,9 +3,12 @@
 `--set KEY=VALUE` gives one value; `--grid KEY=V1,V2` (repeatable) several, whose Cartesian
 product multiplies the suite's configs × pairs. A value is typed as the configs hold the key:
 `learning_rate: 0.0001` makes `1e-4` and `3` floats, `batch_size: 8` makes `16` and `1e1` ints
-(a fraction stays a float: `warmup_ratio: 0` takes 0.1), a text key keeps the text as given; a key no config holds is read as a YAML
-scalar. A suite file may carry the same as `grid: {KEY: [V1, V2]}`, and `seeds:` with `tasks:`
-in place of `--pairs`. Every problem is a PlanError naming the bad value.
+(a fraction stays a float: `warmup_ratio: 0` takes 0.1), a text key keeps the text as given;
+a key only the worker command names (`{cfg.KEY}`) is read as a YAML scalar. A suite file may carry the same as `grid: {KEY: [V1,
+V2]}`, and `Sweep.submit` as Python values (`given_grid`, `given_sets`: a value is one value,
+never split on commas); `seeds:` (with `tasks:`, or alone for a script without tasks) stands in
+for `--pairs`. A grid's size is checked from its value counts before a combination is built.
+Every problem is a PlanError naming the bad value.
 """
 
 from __future__ import annotations
@@ -250,9 +253,11 @@ def suite_pairs(where: str, seeds: Any, tasks: Any) -> list[Pair] | None:
             raise PlanError(f"{where}: task {task!r} is not a task name")
         check_task_name(f"{where}: task", task)
     for what, items in (("seed", seeds), ("task", tasks or [])):
-        repeated = [item for i, item in enumerate(items) if item in items[:i]]
-        if repeated:
-            raise PlanError(f"{where}: {what} {repeated[0]!r} is listed twice")
+        seen: set[Any] = set()
+        for item in items:
+            if item in seen:
+                raise PlanError(f"{where}: {what} {item!r} is listed twice")
+            seen.add(item)
     return [Pair(seed, task) for seed in seeds for task in (tasks or [""])]
 
 
