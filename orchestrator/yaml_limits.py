@@ -55,7 +55,8 @@ class _LimitedLoader(yaml.SafeLoader):
                 continue  # an unhashable key: the safe constructor refuses it itself
             if repeated:
                 line = key_node.start_mark.line + 1
-                raise PlanError(f"key {key!r} is given twice in one mapping (line {line}): keep one")
+                raise PlanError(f"key {key!r} is given twice in one mapping (line {line}): "
+                                "keep one")
         return super().construct_mapping(node, deep=deep)
 
 

@@ -30,7 +30,9 @@ from tests.test_scale import _Recorder
 SIM = {"learning_rate": 0.0001, "batch_size": 8, "name": "base", "sim_seconds": 1}
 
 
-def write_plans(root: Path, suites: dict[str, Any], configs: dict[str, dict[str, Any]] | None = None) -> Path:
+def write_plans(
+    root: Path, suites: dict[str, Any], configs: dict[str, dict[str, Any]] | None = None
+) -> Path:
     (root / "suites").mkdir(parents=True, exist_ok=True)
     for suite, body in suites.items():
         text = body if isinstance(body, str) else yaml.safe_dump(body)
@@ -43,37 +45,74 @@ def write_plans(root: Path, suites: dict[str, Any], configs: dict[str, dict[str,
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> Sweep:
-    plans = write_plans(tmp_path / "plans", {"s": {"worker": "sim", "mem_gib": 1, "configs": ["base"]}})
+    plans = write_plans(
+        tmp_path / "plans", {"s": {"worker": "sim", "mem_gib": 1, "configs": ["base"]}}
+    )
     return Sweep(tmp_path / "state.db", plans=plans)
 
 
 # ------------------------------------------------------------------ Sweep's arguments
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], priority="high"), "priority 'high' is not a whole number"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], priority=2.5), "priority 2.5 is not a whole number"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], priority=10**30), "is not a whole number between -1000 and 1000"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], priority=None), "priority None is not a whole number"),
-    (lambda s: s.submit("s", pairs=[1]), "pairs: 1 is not one SEED:DATA pair"),
-    (lambda s: s.submit(5, pairs=["1:glue_rte"]), "suite must be a string, not 5"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], grid={"learning_rate": 0.1}), "must be a non-empty list of values"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], grid={"learning_rate": "0.1"}), "must be a non-empty list"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], sets={"name": {"a": 1}}), "is not one scalar value"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], sets={"name": [1, 2]}), "holds several values: use grid="),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], sets={"name=x": 1}), "'name=x' is not a config key name"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte 2:glue_rte"]), "is not one SEED:DATA pair"),
-    (lambda s: s.submit("s", pairs=["1:glue_rte"], dry_run="yes"), "dry_run must be True or False"),
-    (lambda s: s.curves(jobs="12"), "jobs must be a list of job ids"),
-    (lambda s: s.curves(jobs=[True]), "True is not a job id"),
-    (lambda s: s.curves(keys="loss"), "keys must be a list of names"),
-    (lambda s: s.cancel("12"), "jobs must be a list of job ids"),
-    (lambda s: s.retry([0]), "0 is not a job id"),
-    (lambda s: s.jobs(as_frame="no"), "as_frame must be True or False"),
-    (lambda s: s.wait([1], poll_s=0), "poll_s must be above 0"),
-    (lambda s: Sweep(3), "db must be a path"),
-])
-def test_sweep_refuses_a_wrong_argument_in_one_line_and_writes_nothing(sweep: Sweep, call: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], priority="high"),
+            "priority 'high' is not a whole number",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], priority=2.5),
+            "priority 2.5 is not a whole number",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], priority=10**30),
+            "is not a whole number between -1000 and 1000",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], priority=None),
+            "priority None is not a whole number",
+        ),
+        (lambda s: s.submit("s", pairs=[1]), "pairs: 1 is not one SEED:DATA pair"),
+        (lambda s: s.submit(5, pairs=["1:glue_rte"]), "suite must be a string, not 5"),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], grid={"learning_rate": 0.1}),
+            "must be a non-empty list of values",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], grid={"learning_rate": "0.1"}),
+            "must be a non-empty list",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], sets={"name": {"a": 1}}),
+            "is not one scalar value",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], sets={"name": [1, 2]}),
+            "holds several values: use grid=",
+        ),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], sets={"name=x": 1}),
+            "'name=x' is not a config key name",
+        ),
+        (lambda s: s.submit("s", pairs=["1:glue_rte 2:glue_rte"]), "is not one SEED:DATA pair"),
+        (
+            lambda s: s.submit("s", pairs=["1:glue_rte"], dry_run="yes"),
+            "dry_run must be True or False",
+        ),
+        (lambda s: s.curves(jobs="12"), "jobs must be a list of job ids"),
+        (lambda s: s.curves(jobs=[True]), "True is not a job id"),
+        (lambda s: s.curves(keys="loss"), "keys must be a list of names"),
+        (lambda s: s.cancel("12"), "jobs must be a list of job ids"),
+        (lambda s: s.retry([0]), "0 is not a job id"),
+        (lambda s: s.jobs(as_frame="no"), "as_frame must be True or False"),
+        (lambda s: s.wait([1], poll_s=0), "poll_s must be above 0"),
+        (lambda s: Sweep(3), "db must be a path"),
+    ],
+)
+def test_sweep_refuses_a_wrong_argument_in_one_line_and_writes_nothing(
+    sweep: Sweep, call: Any, message: str
+) -> None:
     with pytest.raises(UsageError) as refused:
         call(sweep)
     assert message in str(refused.value) and len(str(refused.value).splitlines()) == 1
@@ -83,9 +122,17 @@ def test_sweep_refuses_a_wrong_argument_in_one_line_and_writes_nothing(sweep: Sw
 def test_a_grid_value_is_one_value_whatever_it_holds(sweep: Sweep) -> None:
     rows = sweep.submit("s", pairs=["1:glue_rte"], grid={"name": ["a,b", "c"]}, as_frame=False)
     assert [json.loads(r["setting"].split("=", 1)[1]) for r in rows] == ["a,b", "c"]
-    rows = sweep.submit("s", pairs=["1:glue_rte"], sets={"name": "x,y z"}, grid={"learning_rate": [1, 3e-4]},
-                        as_frame=False)
-    assert [r["setting"] for r in rows] == ['learning_rate=1.0 name="x,y z"', 'learning_rate=0.0003 name="x,y z"']
+    rows = sweep.submit(
+        "s",
+        pairs=["1:glue_rte"],
+        sets={"name": "x,y z"},
+        grid={"learning_rate": [1, 3e-4]},
+        as_frame=False,
+    )
+    assert [r["setting"] for r in rows] == [
+        'learning_rate=1.0 name="x,y z"',
+        'learning_rate=0.0003 name="x,y z"',
+    ]
     with Store(sweep.db_path) as store:
         assert [get_job(store, r["id"]).priority for r in rows] == [0, 0]
 
@@ -96,25 +143,48 @@ def test_the_store_refuses_a_priority_that_is_not_a_whole_number(tmp_path: Path)
     with Store(tmp_path / "state.db") as store:
         for bad in ("high", 2.5, None, True):
             with pytest.raises(OrchError, match="is not a whole number"):
-                submit_jobs(store, suite, specs, allowed_gpus=None, priority=bad, force=False,  # type: ignore[arg-type]
-                            dry_run=False)
+                submit_jobs(
+                    store,
+                    suite,
+                    specs,
+                    allowed_gpus=None,
+                    priority=bad,
+                    force=False,  # type: ignore[arg-type]
+                    dry_run=False,
+                )
         assert store.query("SELECT COUNT(*) AS n FROM jobs")[0]["n"] == 0
 
 
-def test_a_pass_fails_a_job_whose_stored_priority_is_text_and_starts_the_others(tmp_path: Path) -> None:
+def test_a_pass_fails_a_job_whose_stored_priority_is_text_and_starts_the_others(
+    tmp_path: Path,
+) -> None:
     store = Store(tmp_path / "state.db")
     suite = load_suite("demo", REPO_ROOT / "plans")
     specs = expand_jobs(suite, parse_pairs("1:glue_rte 2:glue_rte"), {}, None, 0)
-    outcomes = submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False)
+    outcomes = submit_jobs(
+        store, suite, specs, allowed_gpus=None, priority=0, force=False, dry_run=False
+    )
     bad = outcomes[0].job_id
     with store.write():  # as an older orch wrote it, or a hand edit
         store.execute("UPDATE jobs SET priority = 'high' WHERE id = ?", [bad])
     assert get_job(store, bad).priority == 0  # readers (orch cancel, the web page) never fail on it
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
-    gpu = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80_000, used_mib=0, free_mib=80_000, processes=()),)
+    gpu = (
+        GpuSnapshot(
+            index=0,
+            uuid="GPU-0",
+            name="sim",
+            total_mib=80_000,
+            used_mib=0,
+            free_mib=80_000,
+            processes=(),
+        ),
+    )
     decision = schedule(store, gpu, _Recorder(), ctx, SchedulerState(), draining=False)
     failed = get_job(store, bad)
-    assert failed.state is JobState.FAILED and "priority 'high' is not a whole number" in (failed.reason or "")
+    assert failed.state is JobState.FAILED and "priority 'high' is not a whole number" in (
+        failed.reason or ""
+    )
     assert decision.placements and bad not in [p.job_id for p in decision.placements]
     store.close()
 
@@ -123,38 +193,63 @@ def test_a_pass_fails_a_job_whose_stored_priority_is_text_and_starts_the_others(
 
 
 def test_a_huge_grid_is_refused_with_its_count_before_a_combination_is_built(
-        sweep: Sweep, monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep: Sweep, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def built(*_: Any) -> Any:
         raise AssertionError("a combination list was built")
 
     monkeypatch.setattr(submit_core, "combinations", built)
     grid = {f"k{i}": list(range(10)) for i in range(8)}  # 10^8 combinations
-    write_plans(sweep.plans_dir, {"big": {"worker": "sim", "mem_gib": 1, "configs": ["base"]}},  # type: ignore[arg-type]
-                {"base": {**SIM, **dict.fromkeys(grid, 0)}})
+    write_plans(
+        sweep.plans_dir,
+        {"big": {"worker": "sim", "mem_gib": 1, "configs": ["base"]}},  # type: ignore[arg-type]
+        {"base": {**SIM, **dict.fromkeys(grid, 0)}},
+    )
     with pytest.raises(PlanError, match="= 100000000 jobs, more than 100000"):
         sweep.submit("big", pairs=["1:glue_rte"], grid=grid)
 
 
 def test_a_suite_files_huge_grid_is_refused_at_load(tmp_path: Path) -> None:
     grid = {f"k{i}": list(range(10)) for i in range(8)}
-    plans = write_plans(tmp_path, {"big": {"worker": "sim", "mem_gib": 1, "configs": ["base"], "grid": grid}},
-                        {"base": {**SIM, **dict.fromkeys(grid, 0)}})
-    with pytest.raises(PlanError, match="1 config\\(s\\) × 100000000 grid combination\\(s\\) × 1 pair\\(s\\)"):
+    plans = write_plans(
+        tmp_path,
+        {"big": {"worker": "sim", "mem_gib": 1, "configs": ["base"], "grid": grid}},
+        {"base": {**SIM, **dict.fromkeys(grid, 0)}},
+    )
+    with pytest.raises(
+        PlanError, match="1 config\\(s\\) × 100000000 grid combination\\(s\\) × 1 pair\\(s\\)"
+    ):
         load_suite("big", plans)
 
 
 # ------------------------------------------------------------------ suite files
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("worker: sim\nmem_gib: 1\nconfigs: [base]\ngrid: {learning_rate: [0.1], learning_rate: [0.2]}\n",
-     "key 'learning_rate' is given twice in one mapping (line 4)"),
-    ("worker: sim\nmem_gib: 1\nconfigs: [base]\nseeds: [1]\nseeds: [2]\ntasks: [glue_rte]\n",
-     "key 'seeds' is given twice"),
-    ('worker: sim\nmem_gib: 1\nconfigs: [base]\ngrid: {name: ["a\\nb"]}\n', "contains control characters"),
-    ('worker: sim\nmem_gib: 1\nconfigs: [base]\ngrid: {name: ["a\\u0007"]}\n', "contains control characters"),
-    ("worker: sim\nmem_gib: 1\nconfigs: [base]\nseeds: [1]\ntasks: ['a b']\n", "task 'a b' is not a task name"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "worker: sim\nmem_gib: 1\nconfigs: [base]\ngrid: {learning_rate: [0.1], learning_rate: [0.2]}\n",
+            "key 'learning_rate' is given twice in one mapping (line 4)",
+        ),
+        (
+            "worker: sim\nmem_gib: 1\nconfigs: [base]\nseeds: [1]\nseeds: [2]\ntasks: [glue_rte]\n",
+            "key 'seeds' is given twice",
+        ),
+        (
+            'worker: sim\nmem_gib: 1\nconfigs: [base]\ngrid: {name: ["a\\nb"]}\n',
+            "contains control characters",
+        ),
+        (
+            'worker: sim\nmem_gib: 1\nconfigs: [base]\ngrid: {name: ["a\\u0007"]}\n',
+            "contains control characters",
+        ),
+        (
+            "worker: sim\nmem_gib: 1\nconfigs: [base]\nseeds: [1]\ntasks: ['a b']\n",
+            "task 'a b' is not a task name",
+        ),
+    ],
+)
 def test_a_suite_file_is_refused_in_one_line(tmp_path: Path, text: str, message: str) -> None:
     plans = write_plans(tmp_path, {"bad": text})
     with pytest.raises(PlanError) as refused:
@@ -163,11 +258,15 @@ def test_a_suite_file_is_refused_in_one_line(tmp_path: Path, text: str, message:
 
 
 def test_yaml_merge_keys_still_override(tmp_path: Path) -> None:
-    text = ("worker: sim\nmem_gib: 1\nconfigs: {a: &a {learning_rate: 0.1, batch_size: 8}, "
-            "b: {<<: *a, learning_rate: 0.2}}\n")
+    text = (
+        "worker: sim\nmem_gib: 1\nconfigs: {a: &a {learning_rate: 0.1, batch_size: 8}, "
+        "b: {<<: *a, learning_rate: 0.2}}\n"
+    )
     suite = load_suite("m", write_plans(tmp_path, {"m": text}))
-    assert [c.content for c in suite.configs] == [{"learning_rate": 0.1, "batch_size": 8},
-                                                   {"learning_rate": 0.2, "batch_size": 8}]
+    assert [c.content for c in suite.configs] == [
+        {"learning_rate": 0.1, "batch_size": 8},
+        {"learning_rate": 0.2, "batch_size": 8},
+    ]
 
 
 # ------------------------------------------------------------------ keys the command never receives
@@ -176,59 +275,139 @@ def test_yaml_merge_keys_still_override(tmp_path: Path) -> None:
 SCRIPT_CONFIG = {"learning_rate": 0.001, "weight_decay": 0.0}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--grid", "weight_decay=0,0.1"],
-     "--grid weight_decay: the worker command never receives weight_decay (it has no {config} and no "
-     "{cfg.weight_decay}): add e.g. `--weight-decay {cfg.weight_decay}` or `--config {config}`"),
-    (["--set", "weight_decay=0.1"], "--set weight_decay: the worker command never receives weight_decay"),
-    (["--set", "dropout=0.1"], "--set 'dropout': unknown config key (the configs' keys: learning_rate, weight_decay); "
-                               "add `dropout:` to your config file"),
-])
-def test_a_key_the_command_never_receives_is_refused(orch_inproc: OrchRunner, tmp_path: Path, db_path: Path,
-                                                     args: list[str], message: str) -> None:
-    plans = write_plans(tmp_path, {"own": {"worker": "python train.py --lr {cfg.learning_rate}", "mem_gib": 1,
-                                           "configs": ["base"]}}, {"base": SCRIPT_CONFIG})
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--grid", "weight_decay=0,0.1"],
+            "--grid weight_decay: the worker command never receives weight_decay (it has no {config} and no "
+            "{cfg.weight_decay}): add e.g. `--weight-decay {cfg.weight_decay}` or `--config {config}`",
+        ),
+        (
+            ["--set", "weight_decay=0.1"],
+            "--set weight_decay: the worker command never receives weight_decay",
+        ),
+        (
+            ["--set", "dropout=0.1"],
+            "--set 'dropout': unknown config key (the configs' keys: learning_rate, weight_decay); "
+            "add `dropout:` to your config file",
+        ),
+    ],
+)
+def test_a_key_the_command_never_receives_is_refused(
+    orch_inproc: OrchRunner, tmp_path: Path, db_path: Path, args: list[str], message: str
+) -> None:
+    plans = write_plans(
+        tmp_path,
+        {
+            "own": {
+                "worker": "python train.py --lr {cfg.learning_rate}",
+                "mem_gib": 1,
+                "configs": ["base"],
+            }
+        },
+        {"base": SCRIPT_CONFIG},
+    )
     done = orch_inproc("submit", "--plans", str(plans), "--suite", "own", "--seeds", "1", *args)
-    assert done.rc == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.rc == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (
+        done.stderr
+    )
     assert not db_path.exists()
-    reached = orch_inproc("submit", "--plans", str(plans), "--suite", "own", "--seeds", "1", "--grid", "learning_rate=1e-3,3e-3")
+    reached = orch_inproc(
+        "submit",
+        "--plans",
+        str(plans),
+        "--suite",
+        "own",
+        "--seeds",
+        "1",
+        "--grid",
+        "learning_rate=1e-3,3e-3",
+    )
     assert reached.rc == 0, reached.stderr
 
 
-def test_a_suite_grid_over_a_key_the_command_never_receives_is_refused(orch_inproc: OrchRunner, tmp_path: Path) -> None:
-    plans = write_plans(tmp_path, {"own": {"worker": "python train.py --lr {cfg.learning_rate}", "mem_gib": 1,
-                                           "configs": ["base"], "seeds": [1], "grid": {"weight_decay": [0, 0.1]}}},
-                        {"base": SCRIPT_CONFIG})
+def test_a_suite_grid_over_a_key_the_command_never_receives_is_refused(
+    orch_inproc: OrchRunner, tmp_path: Path
+) -> None:
+    plans = write_plans(
+        tmp_path,
+        {
+            "own": {
+                "worker": "python train.py --lr {cfg.learning_rate}",
+                "mem_gib": 1,
+                "configs": ["base"],
+                "seeds": [1],
+                "grid": {"weight_decay": [0, 0.1]},
+            }
+        },
+        {"base": SCRIPT_CONFIG},
+    )
     done = orch_inproc("submit", "--plans", str(plans), "--suite", "own")
-    assert done.rc == 2 and "grid: weight_decay: the worker command never receives weight_decay" in done.stderr
+    assert (
+        done.rc == 2
+        and "grid: weight_decay: the worker command never receives weight_decay" in done.stderr
+    )
 
 
 # ------------------------------------------------------------------ one file, no task
 
 
 def test_inline_configs_and_seeds_without_tasks(orch_inproc: OrchRunner, tmp_path: Path) -> None:
-    plans = write_plans(tmp_path, {"one": (
-        "worker: python train.py --config {config}\nmem_gib: 1\nseeds: [1, 2]\n"
-        "configs:\n  lr_low: {learning_rate: 0.0005}\n  lr_high: {learning_rate: 0.005}\n")})
+    plans = write_plans(
+        tmp_path,
+        {
+            "one": (
+                "worker: python train.py --config {config}\nmem_gib: 1\nseeds: [1, 2]\n"
+                "configs:\n  lr_low: {learning_rate: 0.0005}\n  lr_high: {learning_rate: 0.005}\n"
+            )
+        },
+    )
     suite = load_suite("one", plans)
-    assert [(c.name, c.content) for c in suite.configs] == [("lr_low", {"learning_rate": 0.0005}),
-                                                            ("lr_high", {"learning_rate": 0.005})]
+    assert [(c.name, c.content) for c in suite.configs] == [
+        ("lr_low", {"learning_rate": 0.0005}),
+        ("lr_high", {"learning_rate": 0.005}),
+    ]
     assert [(p.seed, p.data) for p in suite.pairs] == [(1, ""), (2, "")]
     done = orch_inproc("submit", "--plans", str(plans), "--suite", "one", "--json")
     assert done.rc == 0, done.stderr
     jobs = json.loads(done.stdout)["jobs"]
     assert [(j["config"], j["seed"], j["data"]) for j in jobs] == [
-        ("lr_low", 1, ""), ("lr_low", 2, ""), ("lr_high", 1, ""), ("lr_high", 2, "")]
-    seeds = orch_inproc("submit", "--plans", str(plans), "--suite", "one", "--seeds", "3-5", "--dry-run", "--json")
+        ("lr_low", 1, ""),
+        ("lr_low", 2, ""),
+        ("lr_high", 1, ""),
+        ("lr_high", 2, ""),
+    ]
+    seeds = orch_inproc(
+        "submit", "--plans", str(plans), "--suite", "one", "--seeds", "3-5", "--dry-run", "--json"
+    )
     assert seeds.rc == 0, seeds.stderr
     assert [j["seed"] for j in json.loads(seeds.stdout)["jobs"]] == [3, 4, 5, 3, 4, 5]
-    both = orch_inproc("submit", "--plans", str(plans), "--suite", "one", "--seeds", "1", "--pairs", "1:x")
+    both = orch_inproc(
+        "submit", "--plans", str(plans), "--suite", "one", "--seeds", "1", "--pairs", "1:x"
+    )
     assert both.rc == 2 and "give one" in both.stderr
 
 
 def test_seeds_go_with_the_suites_tasks(tmp_path: Path) -> None:
-    plans = write_plans(tmp_path, {"t": {"worker": "sim", "mem_gib": 1, "configs": ["base"], "seeds": [1],
-                                         "tasks": ["glue_rte", "glue_sst2"]}})
-    rows = Sweep(tmp_path / "state.db", plans=plans).submit("t", seeds=[7, 8], dry_run=True, as_frame=False)
-    assert [(r["seed"], r["task"]) for r in rows] == [(7, "glue_rte"), (7, "glue_sst2"), (8, "glue_rte"),
-                                                      (8, "glue_sst2")]
+    plans = write_plans(
+        tmp_path,
+        {
+            "t": {
+                "worker": "sim",
+                "mem_gib": 1,
+                "configs": ["base"],
+                "seeds": [1],
+                "tasks": ["glue_rte", "glue_sst2"],
+            }
+        },
+    )
+    rows = Sweep(tmp_path / "state.db", plans=plans).submit(
+        "t", seeds=[7, 8], dry_run=True, as_frame=False
+    )
+    assert [(r["seed"], r["task"]) for r in rows] == [
+        (7, "glue_rte"),
+        (7, "glue_sst2"),
+        (8, "glue_rte"),
+        (8, "glue_sst2"),
+    ]

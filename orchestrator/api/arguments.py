@@ -79,7 +79,9 @@ def pairs_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
-        raise UsageError(f"pairs must be SEED:DATA strings (e.g. ['1:glue_rte']), not {_shown(value)}")
+        raise UsageError(
+            f"pairs must be SEED:DATA strings (e.g. ['1:glue_rte']), not {_shown(value)}"
+        )
     listed = list(value)
     for pair in listed:
         if not isinstance(pair, str) or not pair.strip() or any(c in pair for c in ", \t"):
@@ -94,7 +96,9 @@ def seeds_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
-        raise UsageError(f"seeds must be a list of seeds (e.g. [1, 2, 3]) or '1-3', not {_shown(value)}")
+        raise UsageError(
+            f"seeds must be a list of seeds (e.g. [1, 2, 3]) or '1-3', not {_shown(value)}"
+        )
     listed = list(value)
     for seed in listed:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
@@ -104,7 +108,9 @@ def seeds_text(value: Any) -> str | None:
     return " ".join(map(str, listed))
 
 
-def number(name: str, value: Any, *, optional: bool = False, positive: bool = False) -> float | None:
+def number(
+    name: str, value: Any, *, optional: bool = False, positive: bool = False
+) -> float | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:

@@ -43,7 +43,11 @@ def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[
         os.environ.setdefault("ORCH_SIM_DIR", str(sim_dir(db_path)))
         Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
         probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
-        env = {k: os.environ[k] for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS", "ORCH_SIM_HOST") if os.environ.get(k)}
+        env = {
+            k: os.environ[k]
+            for k in ("ORCH_SIM_DIR", "ORCH_SIM_GPUS", "ORCH_SIM_HOST")
+            if os.environ.get(k)
+        }
         return probe, {"ORCH_GPU_BACKEND": "sim", **env}
     return make_probe(chosen), {}
 
@@ -56,10 +60,15 @@ def check_no_newline(db_path: Path) -> None:
     """Refuse, before anything is written, a state.db folder or working directory whose path has
     a line break: tmux and its window commands take paths one per line, so every launch from it
     would fail and count against its job."""
-    for what, path in (("the state.db folder", Path(db_path).resolve().parent), ("the working directory", Path.cwd())):
+    for what, path in (
+        ("the state.db folder", Path(db_path).resolve().parent),
+        ("the working directory", Path.cwd()),
+    ):
         if "\n" in str(path) or "\r" in str(path):
-            raise UsageError(f"{what} {str(path)!r} has a line break in its path, which tmux cannot take: "
-                             "use a folder without one")
+            raise UsageError(
+                f"{what} {str(path)!r} has a line break in its path, which tmux cannot take: "
+                "use a folder without one"
+            )
 
 
 def start_daemon(
@@ -82,8 +91,20 @@ def start_daemon(
     probe, _ = resolve_backend(db_path, backend)
     probe.close()
     Store(db_path).close()
-    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db_path), "--poll", str(poll_s),
-            "--order", order, *(extra_args or [])]
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "daemon",
+        "run",
+        "--db",
+        str(db_path),
+        "--poll",
+        str(poll_s),
+        "--order",
+        order,
+        *(extra_args or []),
+    ]
     if backend:
         argv += ["--backend", backend]
     if launcher_kind:
@@ -94,8 +115,15 @@ def start_daemon(
         # URLs carry tokens: passed in the environment (owner-only), not on the visible command line.
         env = {**os.environ, "ORCH_NOTIFY": " ".join(notify_urls)} if notify_urls else None
         log_offset = os.fstat(fd).st_size  # what this daemon writes starts here
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                                start_new_session=True, close_fds=True, env=env)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
     deadline = time.monotonic() + START_TIMEOUT_S
     with _open(db_path) as store:
         while time.monotonic() < deadline:
@@ -107,9 +135,13 @@ def start_daemon(
                 if winner is not None or DaemonLock.is_held(db_path):
                     # Lost a race with another `daemon start`: the log's last line is the winner's.
                     shown = f" (pid {winner['pid']})" if winner is not None else ""
-                    raise DaemonError(f"another daemon started for {db_path} at the same time and is running{shown}; "
-                                      "this one did not start (`orch daemon status`)")
-                raise DaemonError(f"daemon exited at start (code {proc.returncode}): {_own_error(log_path, log_offset, proc.pid)}")
+                    raise DaemonError(
+                        f"another daemon started for {db_path} at the same time and is running{shown}; "
+                        "this one did not start (`orch daemon status`)"
+                    )
+                raise DaemonError(
+                    f"daemon exited at start (code {proc.returncode}): {_own_error(log_path, log_offset, proc.pid)}"
+                )
             time.sleep(0.1)  # waiting on another process to register
     raise DaemonError(f"daemon did not register within {START_TIMEOUT_S:.0f} s; see {log_path}")
 
@@ -131,16 +163,22 @@ def _own_error(log_path: Path, offset: int, pid: int) -> str:
     return "no output"
 
 
-def stop_daemon(db_path: Path, *, drain: bool = False, wait: bool = True, timeout_s: float = 30.0) -> str:
+def stop_daemon(
+    db_path: Path, *, drain: bool = False, wait: bool = True, timeout_s: float = 30.0
+) -> str:
     """Stop the daemon (`drain`: once its running jobs end); running workers keep running and
     are adopted at the next start. Returns what happened, in words; stopping what is not
     running succeeds, so scripts can always call it."""
     lost = daemon_on_lost_file(db_path)
     if lost is not None:  # its database is gone: nothing to write the request into
-        return _stop_by_signal(lost[0], timeout_s, f"daemon (pid {lost[0]}) stopped; {lost[1].split(';')[0]}")
+        return _stop_by_signal(
+            lost[0], timeout_s, f"daemon (pid {lost[0]}) stopped; {lost[1].split(';')[0]}"
+        )
     note = last_note(db_path) if not Path(db_path).exists() else None
     if note is not None:  # no database since its daemon stopped for that (a live one: above)
-        return f"no daemon is running for {db_path}: nothing to stop (the last one stopped at {note})"
+        return (
+            f"no daemon is running for {db_path}: nothing to stop (the last one stopped at {note})"
+        )
     said: list[str] = []
     with _open(db_path) as store:
         row = daemon_alive(store)
@@ -152,9 +190,13 @@ def stop_daemon(db_path: Path, *, drain: bool = False, wait: bool = True, timeou
             if drain:
                 raise
             # state.db cannot be written (read-only, immutable, disk full): SIGTERM does the same
-            return _stop_by_signal(int(row["pid"]), timeout_s, f"daemon stopped (by SIGTERM: {exc})")
+            return _stop_by_signal(
+                int(row["pid"]), timeout_s, f"daemon stopped (by SIGTERM: {exc})"
+            )
         if drain:
-            said.append(f"daemon (pid {row['pid']}) draining: nothing new starts; it exits when running jobs end")
+            said.append(
+                f"daemon (pid {row['pid']}) draining: nothing new starts; it exits when running jobs end"
+            )
             if not wait:
                 return said[0]
             timeout_s = max(timeout_s, 10 * 24 * 3600.0)
@@ -164,7 +206,9 @@ def stop_daemon(db_path: Path, *, drain: bool = False, wait: bool = True, timeou
             if not process_matches(row["pid"], row["proc_create_time"]):
                 return "\n".join([*said, "daemon stopped"])
             time.sleep(0.1)  # waiting on another process to exit
-        raise DaemonError(f"daemon (pid {row['pid']}) did not stop within {timeout_s:.0f} s; `kill {row['pid']}` stops it")
+        raise DaemonError(
+            f"daemon (pid {row['pid']}) did not stop within {timeout_s:.0f} s; `kill {row['pid']}` stops it"
+        )
 
 
 def _stop_by_signal(pid: int, timeout_s: float, said: str) -> str:
@@ -176,4 +220,6 @@ def _stop_by_signal(pid: int, timeout_s: float, said: str) -> str:
         if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
             return said
         time.sleep(0.1)  # waiting on another process to exit
-    raise DaemonError(f"daemon (pid {pid}) did not stop within {timeout_s:.0f} s; `kill {pid}` stops it")
+    raise DaemonError(
+        f"daemon (pid {pid}) did not stop within {timeout_s:.0f} s; `kill {pid}` stops it"
+    )

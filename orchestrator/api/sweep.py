@@ -9,8 +9,9 @@
     s.cancel([3]); s.retry([3]); s.status(); s.start_daemon(); s.stop_daemon()
 
 Steering goes through the same actions as `orch cancel`, `orch retry` and the web page, and
-every argument is checked as the CLI checks its options (orchestrator.api.arguments). Every reader returns a pandas DataFrame (the `notebook` extra), or with `as_frame=False` plain
-rows (a list of dicts, in the same columns), so nothing here needs pandas.
+every argument is checked as the CLI checks its options (orchestrator.api.arguments). Every
+reader returns a pandas DataFrame (the `notebook` extra), or with `as_frame=False` plain rows
+(a list of dicts, in the same columns), so nothing here needs pandas.
 """
 
 from __future__ import annotations
@@ -128,9 +129,10 @@ class Sweep:
 
     # -------------------------------------------------------------------------------- acting
 
-    def submit(self, suite: str, pairs: Sequence[str] | str | None = None, sets: Mapping[str, Any] | None = None,
-               grid: Mapping[str, Sequence[Any]] | None = None, *, seeds: Sequence[int] | str | None = None,
-               force: bool = False, dry_run: bool = False, priority: int = 0, as_frame: bool = True) -> Any:
+    def submit(self, suite: str, pairs: Sequence[str] | str | None = None,
+               sets: Mapping[str, Any] | None = None, grid: Mapping[str, Sequence[Any]] | None = None,
+               *, seeds: Sequence[int] | str | None = None, force: bool = False,
+               dry_run: bool = False, priority: int = 0, as_frame: bool = True) -> Any:
         """Queue suite × grid × pairs as `orch submit` does (idempotent unless `force`); a row
         per job: id, config, seed, task, setting, created, state. wait() waits for these.
         `sets` and `grid` are values, typed by the configs as `--set`/`--grid` are; a grid
@@ -153,7 +155,7 @@ class Sweep:
         """Cancel queued jobs and stop running ones, as `orch cancel` does: which were cancelled,
         which are stopping, which had already finished, which were ended before (skipped)."""
         wanted = arguments.job_ids("jobs", jobs, optional=False) or []
-        done: dict[str, list[int]] = {"cancelled": [], "stopping": [], "finished": [], "skipped": []}
+        done: dict[str, list[int]] = {word: [] for word in (*_CANCEL_WORDS.values(), "skipped")}
         with self._store() as store:
             for job_id in wanted:
                 get_job(store, job_id)  # every id is checked before any is cancelled
@@ -181,13 +183,14 @@ class Sweep:
         """Start a daemon on this database in the background, as `orch daemon start` does (its
         log beside the database); its pid. Refused when one runs already."""
         backend = arguments.text("backend", backend, optional=True)
-        return start_daemon(self.db_path, backend=backend, poll_s=arguments.number("poll_s", poll_s, positive=True))
+        poll_s = arguments.number("poll_s", poll_s, positive=True) or 1.0
+        return start_daemon(self.db_path, backend=backend, poll_s=poll_s)
 
     def stop_daemon(self, *, drain: bool = False, timeout_s: float = 30.0) -> str:
         """Stop this database's daemon, as `orch daemon stop` does (`drain`: once its running
         jobs end); running workers keep running. What happened, in words."""
-        return stop_daemon(self.db_path, drain=arguments.flag("drain", drain),
-                           timeout_s=arguments.number("timeout_s", timeout_s, positive=True) or 30.0)
+        timeout_s = arguments.number("timeout_s", timeout_s, positive=True) or 30.0
+        return stop_daemon(self.db_path, drain=arguments.flag("drain", drain), timeout_s=timeout_s)
 
     def wait(self, jobs: Iterable[int] | None = None, *, timeout_s: float | None = None, poll_s: float = 1.0,
              progress: bool = True, on_poll: Callable[[dict[int, str]], None] | None = None) -> dict[int, str]:

@@ -29,7 +29,8 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
 @click.option("--pairs", "pairs_text", default=None,
               help='SEED:DATA pairs, e.g. "87:glue-tvt_qnli 127:glue-tvt_rte" (default: the suite\'s seeds × tasks).')
 @click.option("--seeds", "seeds_text", default=None,
-              help='Seeds, e.g. "1-3" or "1 2 3": each × the suite\'s tasks, or alone for a script without tasks.')
+              help='Seeds, e.g. "1-3" or "1 2 3": each × the suite\'s tasks, '
+                   "or alone for a script without tasks.")
 @click.option("--round", "round_text", default="all", show_default=True, help="all, a round number (1-based) or a named round.")
 @click.option("--gpus", "gpus_text", default=None, help='Restrict these jobs to GPUs, e.g. "0 1 2 3".')
 @click.option("--gpu-plan", "plan_text", default=None, help='Per-GPU concurrency caps, e.g. "2,2,1" (stored for the daemon).')
@@ -98,7 +99,8 @@ def submit_cmd(
     if dry_run:
         for o in created:
             task = f"  {o.spec.data}" if o.spec.data else ""
-            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}  {_shown(o.spec.overrides, report.grid)}".rstrip())
+            shown = _shown(o.spec.overrides, report.grid)
+            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}  {shown}".rstrip())
     click.echo(f"{verb} {len(created)} job(s) of suite {report.suite.name}", nl=False)
     if existing:
         states = sorted({o.existing_state or "?" for o in existing})

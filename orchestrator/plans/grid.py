@@ -4,10 +4,11 @@
 product multiplies the suite's configs × pairs. A value is typed as the configs hold the key:
 `learning_rate: 0.0001` makes `1e-4` and `3` floats, `batch_size: 8` makes `16` and `1e1` ints
 (a fraction stays a float: `warmup_ratio: 0` takes 0.1), a text key keeps the text as given;
-a key only the worker command names (`{cfg.KEY}`) is read as a YAML scalar. A suite file may carry the same as `grid: {KEY: [V1,
-V2]}`, and `Sweep.submit` as Python values (`given_grid`, `given_sets`: a value is one value,
-never split on commas); `seeds:` (with `tasks:`, or alone for a script without tasks) stands in
-for `--pairs`. A grid's size is checked from its value counts before a combination is built.
+a key only the worker command names (`{cfg.KEY}`) is read as a YAML scalar. A suite file may
+carry the same as `grid: {KEY: [V1, V2]}`, and `Sweep.submit` as Python values (`given_grid`,
+`given_sets`: a value is one value, never split on commas); `seeds:` (with `tasks:`, or alone
+for a script without tasks) stands in for `--pairs`. A grid's size is checked from its value
+counts before a combination is built.
 Every problem is a PlanError naming the bad value.
 """
 
@@ -94,7 +95,8 @@ def check_key(flag: str, key: str, known: set[str]) -> None:
     elif key in PAIR_KEYS:
         raise PlanError(f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)")
     elif key not in known:
-        raise PlanError(f"{flag} {shown_value(key)}: unknown config key (the configs' keys: {', '.join(sorted(known))}); "
+        keys = ", ".join(sorted(known))
+        raise PlanError(f"{flag} {shown_value(key)}: unknown config key (the configs' keys: {keys}); "
                         f"add `{key}:` to your config file to set it")
 
 
@@ -184,7 +186,8 @@ def given_grid(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpe
     """A grid given as values, not text: `{KEY: [V1, V2]}` of a suite file or of `Sweep.submit`.
     A value is one value, whatever it holds (a comma, a space)."""
     if not isinstance(raw, Mapping) or not raw:
-        raise PlanError(f"{what} must map config keys to lists of values, e.g. {{learning_rate: [0.0001, 0.0003]}}")
+        raise PlanError(f"{what} must map config keys to lists of values, "
+                        "e.g. {learning_rate: [0.0001, 0.0003]}")
     grid: dict[str, list[Scalar]] = {}
     for key, values in raw.items():
         if not isinstance(key, str):
@@ -192,32 +195,38 @@ def given_grid(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpe
         check_key(what, key, known)
         if key in sets:
             raise PlanError(f"{what} {key} and a set {key} both set {key}: keep one")
-        if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (list, tuple)) or not values:
-            raise PlanError(f"{what} {key} must be a non-empty list of values, not {shown_repr(values)}")
-        kind = str if key.startswith("env.") else config_type(key, configs)
-        typed = [given_value(what, key, _env_text(v) if kind is str and key.startswith("env.") else v, kind)
-                 for v in values]
+        if not isinstance(values, (list, tuple)) or not values:
+            raise PlanError(f"{what} {key} must be a non-empty list of values, "
+                            f"not {shown_repr(values)}")
+        env = key.startswith("env.")
+        kind = str if env else config_type(key, configs)
+        typed = [given_value(what, key, _env_text(v) if env else v, kind) for v in values]
         grid[key] = _distinct(what, key, typed)
     return grid
 
 
-def given_sets(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpec]) -> dict[str, Scalar]:
+def given_sets(what: str, raw: Any, known: set[str],
+               configs: Sequence[ConfigSpec]) -> dict[str, Scalar]:
     """One value per key, given as values (`Sweep.submit(sets=...)`); None is YAML's null."""
     if not isinstance(raw, Mapping):
-        raise PlanError(f"{what} must map config keys to one value each, e.g. {{learning_rate: 0.0003}}")
+        raise PlanError(f"{what} must map config keys to one value each, "
+                        "e.g. {learning_rate: 0.0003}")
     overrides: dict[str, Scalar] = {}
     for key, value in raw.items():
         if not isinstance(key, str) or "=" in key:
             raise PlanError(f"{what} key {shown_value(str(key))} is not a config key name")
         check_key(what, key, known)
         kind = str if key.startswith("env.") else config_type(key, configs)
-        if isinstance(value, (list, tuple)) or (isinstance(value, str) and _looks_like_a_list(value, kind)):
+        several = isinstance(value, str) and _looks_like_a_list(value, kind)
+        if isinstance(value, (list, tuple)) or several:
             raise PlanError(f"{what} {key} holds several values: use grid={{{key!r}: [...]}} "
                             "to queue one job per value")
-        if key.startswith("env."):
-            overrides[key] = None if value is None else given_value(what, key, _env_text(value), str)
+        if value is None:
+            overrides[key] = None
+        elif key.startswith("env."):
+            overrides[key] = given_value(what, key, _env_text(value), str)
         else:
-            overrides[key] = None if value is None else given_value(what, key, value, kind)
+            overrides[key] = given_value(what, key, value, kind)
     return overrides
 
 
@@ -243,7 +252,8 @@ def suite_pairs(where: str, seeds: Any, tasks: Any) -> list[Pair] | None:
     if seeds is None and tasks is None:
         return None
     if not isinstance(seeds, list) or not seeds:
-        raise PlanError(f"{where}: `seeds` must be a non-empty list (with `tasks:`, or alone for a script without tasks)")
+        raise PlanError(f"{where}: `seeds` must be a non-empty list "
+                        "(with `tasks:`, or alone for a script without tasks)")
     if tasks is not None and (not isinstance(tasks, list) or not tasks):
         raise PlanError(f"{where}: `tasks` must be a non-empty list of task names")
     if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
@@ -272,13 +282,14 @@ def grid_jobs(grid: Mapping[str, Sequence[Scalar]], configs: int, pairs: int) ->
     return configs * math.prod(len(values) for values in grid.values()) * pairs
 
 
-def check_grid_size(what: str, grid: Mapping[str, Sequence[Scalar]], configs: int, pairs: int) -> None:
+def check_grid_size(what: str, grid: Mapping[str, Sequence[Scalar]], configs: int,
+                    pairs: int) -> None:
     """Refuse a sweep over MAX_GRID_JOBS before a combination of it is built."""
     jobs = grid_jobs(grid, configs, pairs)
     if jobs > MAX_GRID_JOBS:
         combos = math.prod(len(values) for values in grid.values())
-        raise PlanError(f"{what}: {configs} config(s) × {combos} grid combination(s) × {pairs} pair(s) = {jobs} jobs, "
-                        f"more than {MAX_GRID_JOBS}: give fewer values")
+        raise PlanError(f"{what}: {configs} config(s) × {combos} grid combination(s) × "
+                        f"{pairs} pair(s) = {jobs} jobs, more than {MAX_GRID_JOBS}: give fewer values")
 
 
 def combinations(grid: Mapping[str, Sequence[Scalar]]) -> list[dict[str, Scalar]]:

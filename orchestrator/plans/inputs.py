@@ -187,7 +187,8 @@ def parse_seeds(text: str) -> list[int]:
         low = _parse_nonneg_int("--seeds: seed", first, MAX_SEED)
         high = _parse_nonneg_int("--seeds: seed", last, MAX_SEED) if dash else low
         if high < low:
-            raise PlanError(f"--seeds {shown_value(token)}: a range runs from low to high (e.g. 1-3)")
+            raise PlanError(f"--seeds {shown_value(token)}: a range runs from low to high "
+                            "(e.g. 1-3)")
         if len(seeds) + high - low + 1 > MAX_SEEDS:
             raise PlanError(f"--seeds {shown_value(text)} names more than {MAX_SEEDS} seeds")
         for seed in range(low, high + 1):

@@ -23,5 +23,7 @@ def check_urls(urls: Sequence[str], what: str = "--notify") -> None:
     for url in urls:
         if not apprise.Apprise().add(url):
             shown = url.split("://", 1)[0] + "://…" if "://" in url else repr(url[:40])
-            raise UsageError(f"{what}: {shown} is not a notification URL Apprise understands "
-                             "(e.g. ntfy://TOPIC, slack://…, json://HOST:PORT/PATH)")
+            raise UsageError(
+                f"{what}: {shown} is not a notification URL Apprise understands "
+                "(e.g. ntfy://TOPIC, slack://…, json://HOST:PORT/PATH)"
+            )

@@ -259,7 +259,8 @@ def _load_configs(path: Path, data: dict[str, Any], name: str) -> list[ConfigSpe
         raise PlanError(f"suite {path}: `configs` must be a non-empty list of config names, "
                         "or a mapping of config name to its settings")
     if isinstance(raw, dict) and "config_dir" in data:
-        raise PlanError(f"suite {path}: `config_dir` is for configs read from files; these configs are inline")
+        raise PlanError(f"suite {path}: `config_dir` is for configs read from files; "
+                        "these configs are inline")
     config_dir = path.parent / str(_typed(path, data, "config_dir", (str,), f"../configs/{name}"))
     configs: list[ConfigSpec] = []
     seen: set[str] = set()
@@ -272,8 +273,8 @@ def _load_configs(path: Path, data: dict[str, Any], name: str) -> list[ConfigSpe
         if isinstance(raw, dict):
             config_path, content = path, raw[config_name]
             if not isinstance(content, dict):
-                raise PlanError(f"suite {path}: config {config_name} must be a mapping of settings, "
-                                f"e.g. {{learning_rate: 0.0005}}")
+                raise PlanError(f"suite {path}: config {config_name} must be a mapping of "
+                                "settings, e.g. {learning_rate: 0.0005}")
             where = f"suite {path}: config {config_name}"
         else:
             config_path = config_dir / f"{config_name}.yaml"

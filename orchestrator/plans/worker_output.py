@@ -101,5 +101,6 @@ def check_keys_reach(suite: Suite, sources: dict[str, str]) -> None:
         if key.startswith("env.") or key in ORCH_READ_KEYS or template.reaches(key):
             continue
         flag = f"--{key.replace('_', '-')}"
-        raise PlanError(f"{given} {key}: the worker command never receives {key} (it has no {{config}} and no "
-                        f"{{cfg.{key}}}): add e.g. `{flag} {{cfg.{key}}}` or `--config {{config}}` to the suite's worker")
+        raise PlanError(f"{given} {key}: the worker command never receives {key} "
+                        f"(it has no {{config}} and no {{cfg.{key}}}): add e.g. "
+                        f"`{flag} {{cfg.{key}}}` or `--config {{config}}` to the suite's worker")

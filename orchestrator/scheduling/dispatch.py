@@ -361,7 +361,8 @@ def _fail_bad_priorities(store: Store) -> None:
     """A queued job whose stored priority is not a whole number fails, alone: the queue's order
     cannot place it, and every other job must still start."""
     for job_id, priority in queued_with_bad_priority(store):
-        reason = f"its priority {str(priority)[:40]!r} is not a whole number: submit it again with one"
+        reason = (f"its priority {str(priority)[:40]!r} is not a whole number: "
+                  "submit it again with one")
         with contextlib.suppress(InvalidTransition):
             transition(store, job_id, JobState.FAILED, message=f"failed: {reason}", kind="fail",
                        expect_from=[JobState.QUEUED], fields={"reason": reason, "priority": 0})

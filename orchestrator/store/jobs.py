@@ -113,7 +113,8 @@ def submit_jobs(
     dry_run: bool,
 ) -> list[SubmitOutcome]:
     """Queue the specs; a job already queued, running or succeeded is reported, not duplicated."""
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**63) <= priority < 2**63:
+    whole = isinstance(priority, int) and not isinstance(priority, bool)
+    if not whole or not -(2**63) <= priority < 2**63:
         # the last line of defence: a priority that is not a whole number stalls every pass
         raise UsageError(f"priority {str(priority)[:40]!r} is not a whole number")
     outcomes: list[SubmitOutcome] = []
@@ -161,7 +162,9 @@ def submit_jobs(
                 store._db.execute("UPDATE jobs SET not_science_json = ? WHERE id = ?",
                                   [json.dumps(sorted(suite.not_science)), job_id])
             add_event(
-                store, "submitted", f"queued {spec.suite}/{spec.config_name} seed {spec.seed}" + (f" on {spec.data}" if spec.data else ""),
+                store, "submitted",
+                f"queued {spec.suite}/{spec.config_name} seed {spec.seed}"
+                + (f" on {spec.data}" if spec.data else ""),
                 job_id=job_id, to_state=JobState.QUEUED.value,
             )
             outcomes.append(SubmitOutcome(spec, job_id, True, None))

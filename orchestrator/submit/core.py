@@ -77,7 +77,8 @@ MAX_PRIORITY = 1000
 
 def check_priority(priority: Any) -> int:
     """A priority is a whole number in -1000..1000, as `--priority` takes it."""
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+    whole = isinstance(priority, int) and not isinstance(priority, bool)
+    if not whole or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
         raise UsageError(f"priority {shown_repr(priority)} is not a whole number "
                          f"between -{MAX_PRIORITY} and {MAX_PRIORITY}")
     return priority

@@ -12,13 +12,23 @@ def resume_if_changed(store: Store, suite: str, worker_changed: bool) -> str | N
     """When `suite` is paused: resume it if its jobs now run another worker command than the
     failures that paused it (`worker_changed`); else return a line saying the jobs wait, and how
     to let them run."""
-    reason = next((p.reason for p in paused_suites(store, count_queued=False) if p.suite == suite), None)
-    reason = reason or next((f"config {p.config}: {p.reason}" for p in paused_configs(store, count_queued=False)
-                             if p.suite == suite), None)
+    reason = next(
+        (p.reason for p in paused_suites(store, count_queued=False) if p.suite == suite), None
+    )
+    reason = reason or next(
+        (
+            f"config {p.config}: {p.reason}"
+            for p in paused_configs(store, count_queued=False)
+            if p.suite == suite
+        ),
+        None,
+    )
     if reason is None:
         return None
     if worker_changed:
-        resume_changed_suite(store, suite, "its worker command changed since the failures that paused it")
+        resume_changed_suite(
+            store, suite, "its worker command changed since the failures that paused it"
+        )
         return f"suite {suite} was paused ({reason}); resumed, since its worker command changed"
     return f"suite {suite} is paused ({reason}): its queued jobs wait until `orch resume {suite}`"
 
