@@ -224,7 +224,8 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
         sources.update(dict.fromkeys(given, "sets"))
     asked = parse_grid(request.grid, known, suite.configs, overrides)
     sources.update(dict.fromkeys(asked, "--grid"))
-    if request.grid_values is not None:
+    if request.grid_values is not None and not (isinstance(request.grid_values, Mapping)
+                                                and not request.grid_values):  # {}: no grid
         given_values = given_grid("grid", request.grid_values, known, suite.configs, overrides)
         _refuse_both("grid", asked, given_values)
         asked.update(given_values)
