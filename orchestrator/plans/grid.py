@@ -190,8 +190,8 @@ def given_grid(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpe
                         "e.g. {learning_rate: [0.0001, 0.0003]}")
     grid: dict[str, list[Scalar]] = {}
     for key, values in raw.items():
-        if not isinstance(key, str):
-            raise PlanError(f"{what} key {key!r} is not a config key name")
+        if not isinstance(key, str) or "=" in key or not key.strip():
+            raise PlanError(f"{what} key {shown_repr(key)} is not a config key name")
         check_key(what, key, known)
         if key in sets:
             raise PlanError(f"{what} {key} and a set {key} both set {key}: keep one")
@@ -213,7 +213,7 @@ def given_sets(what: str, raw: Any, known: set[str],
                         "e.g. {learning_rate: 0.0003}")
     overrides: dict[str, Scalar] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or "=" in key:
+        if not isinstance(key, str) or "=" in key or not key.strip():
             raise PlanError(f"{what} key {shown_value(str(key))} is not a config key name")
         check_key(what, key, known)
         kind = str if key.startswith("env.") else config_type(key, configs)
