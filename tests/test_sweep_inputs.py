@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import orchestrator.submit.core as submit_core
+from orchestrator.actions.user_actions import Done, cancel_job
 from orchestrator.api import Sweep
 from orchestrator.errors import OrchError, PlanError, UsageError
 from orchestrator.gpu.snapshot import GpuSnapshot
@@ -168,6 +169,9 @@ def test_a_pass_fails_a_job_whose_stored_priority_is_text_and_starts_the_others(
     with store.write():  # as an older orch wrote it, or a hand edit
         store.execute("UPDATE jobs SET priority = 'high' WHERE id = ?", [bad])
     assert get_job(store, bad).priority == 0  # readers (orch cancel, the web page) never fail on it
+    with store.write():
+        store.execute("UPDATE jobs SET priority = 'low' WHERE id = ?", [outcomes[-1].job_id])
+    assert cancel_job(store, outcomes[-1].job_id) is Done.CANCELLED
     ctx = DispatchContext(tmp_path / "runs", PackingPolicy(order="fifo"), {})
     gpu = (
         GpuSnapshot(
