@@ -53,16 +53,41 @@ _VERSIONS_SNIPPET = (
 )
 
 
+# git reads the repository's own config, which may name commands (an fsmonitor hook, filter
+# drivers, hooks): none of them may run when orch looks at a worker's code. System and global
+# config are not read, hooks and fsmonitor are off, the index is never written (no lock, no
+# post-index-change hook), submodules are not entered and each filter driver is emptied.
+_GIT_SAFE_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1",
+                 "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_COUNT": "0"}
+_GIT_SAFE_FLAGS = ("-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}",
+                   "-c", "core.untrackedCache=false", "-c", "core.attributesFile=" + os.devnull,
+                   "--no-optional-locks")
+_FILTER_KEY = re.compile(r"^filter\.(.+)\.[a-z]+$")
+
+
+def _filter_overrides(config_names: str) -> list[str]:
+    """`-c` options emptying every filter driver the repository's config names (`git config
+    --name-only` output): git then reads files as they are, running no clean or process command."""
+    drivers = {m.group(1) for line in config_names.splitlines() if (m := _FILTER_KEY.match(line.strip()))}
+    flags: list[str] = []
+    for driver in sorted(drivers):
+        for key, value in (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")):
+            flags += ["-c", f"filter.{driver}.{key}={value}"]
+    return flags
+
+
 def git_state(directory: Path) -> dict[str, Any]:
     """{"commit": sha, "dirty": bool} of the repository holding `directory`, else {"commit": None,
-    "note": "not a git repository"} (or why git could not say)."""
+    "note": "not a git repository"} (or why git could not say). Runs nothing the repository's
+    config names (_GIT_SAFE_ENV, _GIT_SAFE_FLAGS, _filter_overrides)."""
     git = shutil.which("git")
     if git is None:
         return {"commit": None, "note": "git not found"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_CONFIG_")} | _GIT_SAFE_ENV
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([git, "-C", str(directory), *args], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        return subprocess.run([git, "-C", str(directory), *_GIT_SAFE_FLAGS, *args], capture_output=True,
+                              text=True, timeout=GIT_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL, env=env)
 
     try:
         head = run("rev-parse", "--verify", "HEAD")
@@ -70,7 +95,9 @@ def git_state(directory: Path) -> dict[str, Any]:
             inside = run("rev-parse", "--is-inside-work-tree")
             note = "no commit yet" if inside.returncode == 0 else NOT_A_REPOSITORY
             return {"commit": None, "note": note}
-        status = run("status", "--porcelain", "--untracked-files=no")
+        filters = run("config", "--name-only", "--get-regexp", r"^filter\.")
+        status = run(*_filter_overrides(filters.stdout), "status", "--porcelain", "--untracked-files=no",
+                     "--ignore-submodules=all", "--no-renames")
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "note": f"git failed: {type(exc).__name__}"}
     commit = head.stdout.strip()
