@@ -17,12 +17,16 @@ from tests.test_metric_history import _store
 
 
 def _read_only(folder: Path) -> None:
-    remounted = subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True, check=False)
+    remounted = subprocess.run(
+        ["mount", "-o", "remount,ro", str(folder)], capture_output=True, check=False
+    )
     if remounted.returncode != 0:
         pytest.skip(f"cannot remount read-only here: {remounted.stderr.decode().strip()}")
 
 
-def test_readers_work_on_a_database_on_a_read_only_filesystem(tmp_path: Path, orch_inproc: OrchRunner) -> None:
+def test_readers_work_on_a_database_on_a_read_only_filesystem(
+    tmp_path: Path, orch_inproc: OrchRunner
+) -> None:
     with small_tmpfs(tmp_path / "archive", 16) as archive:
         _store(archive).close()  # one succeeded job, as an archived sweep holds it
         db = archive / "state.db"
@@ -36,9 +40,11 @@ def test_readers_work_on_a_database_on_a_read_only_filesystem(tmp_path: Path, or
         assert [row["state"] for row in frame] == ["succeeded"]
         with Store(db, create=False) as store, pytest.raises(StoreError) as refused, store.write():
             pass
-        assert str(refused.value) == (f"cannot write state database {db}: opened read-only, its filesystem "
-                                      "is read-only")
+        assert str(refused.value) == (
+            f"cannot write state database {db}: opened read-only, its filesystem is read-only"
+        )
         resumed = orch_inproc("resume", "E1", "--db", str(db))  # a write: refused, in its words
         assert resumed.rc != 0 and resumed.stderr.strip() == (
-            f"orch: error: cannot write state database {db}: opened read-only, its filesystem is read-only")
+            f"orch: error: cannot write state database {db}: opened read-only, its filesystem is read-only"
+        )
         assert not any(p.name.endswith(("-wal", "-shm")) for p in archive.iterdir())

@@ -4,7 +4,8 @@ orchestrator.gpu, by the wrapper only, once site-packages are loaded.
 
 The wrapper writes `provenance.json` into the run dir after the worker has started, from a
 thread, so the worker's start waits for none of it: the git commit and dirty flag of the
-worker's working directory, the host, the GPU it was given (model, driver, CUDA; "simulated" on
+worker's working directory, orch's own version (and commit and dirty flag where it runs from a
+git checkout), for our built-in workers a sha256 of the `workers` package they run, the host, the GPU it was given (model, driver, CUDA; "simulated" on
 sim GPUs) and, unless the worker reports its own (ORCH_WORKER_PROVENANCE, set for our LoRA
 worker), the Python and library versions of the worker's interpreter, read by running it once
 with `importlib.metadata` (nothing is imported). Our LoRA worker puts its own record (versions,
@@ -35,6 +36,10 @@ WORKER_PROVENANCE_NOTES = {"lora": "recorded by the worker (result.json)",
 # The libraries a training run's numbers depend on, where installed (distribution names).
 LIBRARIES = ("torch", "transformers", "peft", "accelerate", "datasets", "tokenizers", "safetensors", "numpy",
              "trl", "deepspeed", "flash-attn", "bitsandbytes", "flash-linear-attention", "triton")
+# orch's own code: the folder holding the `orchestrator` package (a checkout's root, or
+# site-packages), and the `workers` package beside it (our built-in workers).
+ORCH_ROOT = Path(__file__).resolve().parents[2]
+WORKERS_DIR = ORCH_ROOT / "workers"
 GIT_TIMEOUT_S = 10.0
 INTERPRETER_TIMEOUT_S = 30.0
 NOT_A_REPOSITORY = "not a git repository"
@@ -214,14 +219,51 @@ def weights_digest(paths: Iterable[Path], edge_bytes: int = 1 << 20) -> str:
     return overall.hexdigest()
 
 
+def orch_record(root: Path = ORCH_ROOT) -> dict[str, Any]:
+    """orch's own version and, where it runs from a git checkout, that checkout's commit and
+    dirty flag (read as `git_state` reads a worker's: nothing the repository configures runs)."""
+    version = _orch_version()
+    if not (root / ".git").exists():
+        return {"version": version, "note": "not a git checkout"}
+    return {"version": version, **git_state(root)}
+
+
+def _orch_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("orch")
+    except metadata.PackageNotFoundError:
+        from orchestrator import __version__
+
+        return __version__
+
+
+def builtin_worker_code(name: str, package_dir: Path = WORKERS_DIR) -> dict[str, Any]:
+    """The code of one of orch's own workers: a sha256 over the Python files of the `workers`
+    package it runs from (its modules and the harness they share), so a worker changed
+    mid-sweep (an edit, another checkout, another install) reads as other code."""
+    files = [p for p in package_dir.rglob("*.py") if p.is_file() and not p.is_symlink()]
+    digest = hash_files(files, package_dir)
+    return {"worker": name, "package_dir": str(package_dir), "sha256": digest["sha256"], "files": len(files)}
+
+
+def builtin_worker(note: str) -> str | None:
+    """Which of our workers an attempt runs, from the note the daemon set for it."""
+    return next((name for name, text in WORKER_PROVENANCE_NOTES.items() if text == note), None)
+
+
 def wrapper_record(argv: list[str], cwd: Path, probe_gpus: Callable[[], list[tuple[str, str, int]]] | None,
                    driver: Callable[[], dict[str, str]] | None) -> dict[str, Any]:
     """What the wrapper knows of the attempt it runs."""
     record: dict[str, Any] = {"recorded_by": "wrapper", "cwd": str(cwd), "code": git_state(cwd),
-                              "host": host_state(),
+                              "host": host_state(), "orch": orch_record(),
                               "gpu": gpu_state(os.environ.get("CUDA_VISIBLE_DEVICES", ""), probe_gpus, driver)}
     if os.environ.get(WORKER_PROVENANCE_VAR):  # the value says where they are, or why there are none
         record["python"] = {"note": os.environ[WORKER_PROVENANCE_VAR][:200]}
+        name = builtin_worker(os.environ[WORKER_PROVENANCE_VAR])
+        if name is not None:
+            record["worker_code"] = builtin_worker_code(name)
     else:
         interpreter = worker_interpreter(argv)
         record["python"] = interpreter_versions(interpreter) if interpreter else {
