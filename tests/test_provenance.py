@@ -117,7 +117,7 @@ def test_provenance_json_is_read_bounded_and_never_through_a_link(tmp_path: Path
 
 
 # A script in a git repository: run once from a clean tree, once with an uncommitted change.
-SCRIPT = "import json\nfor i in range(5):\n    print({'loss': 1.0 / (i + 1)})\nprint(json.dumps({'eval_accuracy': 0.7}))\n"
+SCRIPT = "import json\nfor i in range(5):\n    print({'loss': 1.0 / (i + 1)})\nprint(json.dumps({'accuracy': 0.7}))\n"
 
 
 @pytest.fixture

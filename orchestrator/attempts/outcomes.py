@@ -17,7 +17,7 @@ from orchestrator.attempts.next_step import (
     classify_end,
     decide_next,
 )
-from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.attempts.printed_results import parse_result
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict

@@ -21,9 +21,7 @@ the first bar drawn (a Trainer's training bar, not an evaluation bar that may co
 batches), else at its `epoch`, else at its ordinal among such lines. A line whose step is not a
 whole number (text, 2.5, -1) gives no point: its values are at no known step, never moved to one.
 
-Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
-last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
-progress line (a `step` with only loss, learning rate, epoch and the like).
+Results (what a script printed at its end) are read by attempts.printed_results.
 """
 
 from __future__ import annotations
@@ -320,34 +318,6 @@ class StdoutProgress:
                 shown["total"] = bar.total
         shown.update(self.values)
         return shown
-
-
-def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float] | None:
-    """Metrics a script printed at its end: the last `result_regex` match (named groups), else
-    the last JSON object line with numbers. None when there is neither."""
-    lines = split_segments(tail)
-    if result_regex:
-        pattern = re.compile(result_regex)
-        for line in reversed(lines):
-            match = pattern.search(line)
-            if match is None:
-                continue
-            metrics = {k: v for k, raw in match.groupdict().items() if (v := number(raw)) is not None}
-            if metrics:
-                return metrics
-    for line in reversed(lines):
-        stripped = line.strip()
-        if not (stripped.startswith("{") and stripped.endswith("}")) or len(stripped) >= MAX_DICT_CHARS:
-            continue
-        try:
-            parsed = json.loads(stripped)
-        except ValueError:
-            continue  # a Python dict (a Trainer log line) is progress, not a result
-        if isinstance(parsed, dict):
-            printed = parse_dict(stripped)
-            if printed and not is_progress_line(printed):
-                return printed
-    return None
 
 
 # Keys a training loop logs about itself, not about the model's quality: never a result metric.
