@@ -229,14 +229,13 @@ def orch_record(root: Path = ORCH_ROOT) -> dict[str, Any]:
 
 
 def _orch_version() -> str:
+    """The installed distribution's version ("unknown" where orch runs without being installed)."""
     from importlib import metadata
 
     try:
         return metadata.version("orch")
     except metadata.PackageNotFoundError:
-        from orchestrator import __version__
-
-        return __version__
+        return "unknown"
 
 
 def builtin_worker_code(name: str, package_dir: Path = WORKERS_DIR) -> dict[str, Any]:
