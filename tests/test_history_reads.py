@@ -37,6 +37,19 @@ def test_a_line_over_the_first_reads_size_loses_no_earlier_point(tmp_path: Path)
         }  # only the oversized line skipped
 
 
+def test_an_ended_attempt_never_read_before_keeps_its_first_and_last_points(tmp_path: Path) -> None:
+    with _store(tmp_path) as store:
+        run_dir = tmp_path / "a1"
+        run_dir.mkdir()
+        lines = [
+            _line({"step": s, "loss": 1.0, "pad": "x" * 200}) for s in range(1, 40_001)
+        ]  # ~9 MiB
+        (run_dir / "progress.jsonl").write_text("".join(lines))
+        HistoryFollower(store).finish(1, run_dir)  # a short attempt: ended before any pass read it
+        steps = {p.step for p in iter_history(store) if p.key == "loss"}
+        assert min(steps) == 1.0 and max(steps) == 40_000.0
+
+
 def test_json_lines_skip_a_line_too_long_whole_even_across_chunks() -> None:
     lines = JsonLines()
     assert lines.feed(_line({"step": 1, "loss": 1.0}) + '{"step": 2, "loss": 5, "pad": "') == [

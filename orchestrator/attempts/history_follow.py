@@ -101,8 +101,10 @@ class HistoryFollower:
         followed.lines = JsonLines(skip_first=offset > 0)
 
     def finish(self, attempt_id: int, run_dir: Path, printed: Sequence[Point] = ()) -> None:
-        """The attempt ended: the rest of its progress, then result.json's metrics at its last step."""
+        """The attempt ended: the rest of its progress, then result.json's metrics at its last step.
+        A file never read before and longer than one read gives its start and its end."""
         self.collect(attempt_id, run_dir, printed)
+        self.collect(attempt_id, run_dir)  # a file still longer than one read: its last part too
         followed = self._followed.pop(attempt_id, None)
         result = read_result(run_dir)
         metrics = result.get("metrics") if isinstance(result, dict) else None
