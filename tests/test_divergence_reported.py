@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.attempts.divergence import LossTrack, summarise_losses, verdict
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
-
-pytestmark = requires_tmux
 
 PY = shlex.quote(sys.executable)
 SCRIPT = textwrap.dedent(
@@ -45,12 +44,26 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def test_a_short_run_is_judged_on_every_reading_as_the_lora_worker_judges_it() -> None:
+    rising = [10.0 ** (4 + step) for step in range(5)]
+    track = LossTrack()
+    for loss in rising:
+        track.add(loss)
+    assert track.summary() == summarise_losses(rising)
+    assert verdict(track.summary()) == "final loss 1e+08 above the first steps' 1e+04"
+    falling = LossTrack()
+    for loss in (2.0, 1.5, 1.2, 1.0, 0.9):
+        falling.add(loss)
+    assert verdict(falling.summary()) is None
+
+
 @pytest.fixture
 def orch(tmp_path: Path) -> Iterator[Orch]:
     with orch_env(tmp_path) as env:
         yield env
 
 
+@requires_tmux
 def test_every_record_of_a_finitely_rising_loss_flags_the_run(orch: Orch) -> None:
     (orch.root / "train.py").write_text(SCRIPT)
     config_dir = orch.plans / "configs" / "loss"

@@ -36,6 +36,9 @@ def test_readers_work_on_a_database_on_a_read_only_filesystem(
         assert '"state": "succeeded"' in listed.stdout
         results = orch_inproc("results", "--db", str(db))
         assert results.rc == 0 and "cannot" not in results.stderr, results.stderr
+        for reader in (("status",), ("show", "1"), ("curves", "--job", "1"), ("memory",)):
+            read = orch_inproc(*reader, "--db", str(db))
+            assert read.rc == 0 and "cannot" not in read.stderr, (reader, read.stderr)
         frame = Sweep(db).jobs(as_frame=False)
         assert [row["state"] for row in frame] == ["succeeded"]
         with Store(db, create=False) as store, pytest.raises(StoreError) as refused, store.write():
