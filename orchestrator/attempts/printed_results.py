@@ -38,13 +38,18 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
             match = pattern.search(line)
             if match is None:
                 continue
-            metrics = {k: v for k, raw in match.groupdict().items() if (v := number(raw)) is not None}
+            metrics = {
+                k: v for k, raw in match.groupdict().items() if (v := number(raw)) is not None
+            }
             if metrics:
                 return metrics
     split: dict[str, dict[str, float]] = {}  # prefix -> the last dict's metrics under it
     for line in reversed(lines):
         stripped = line.strip()
-        if not (stripped.startswith("{") and stripped.endswith("}")) or len(stripped) >= MAX_DICT_CHARS:
+        if (
+            not (stripped.startswith("{") and stripped.endswith("}"))
+            or len(stripped) >= MAX_DICT_CHARS
+        ):
             continue
         raw = parse_dict_literal(stripped)  # ast.literal_eval of a bounded line, never eval
         printed = numeric_entries(raw) if raw is not None else None
@@ -68,12 +73,19 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
 # What a Trainer prints its evaluations under: `eval_*` (the validation split) and `test_*`.
 SPLIT_PREFIXES = ("eval_", "test_")
 # A Trainer's timings beside its metrics (`eval_runtime`, ...): never a result metric.
-_RUN_STATS = frozenset({"runtime", "samples_per_second", "steps_per_second", "model_preparation_time"})
+_RUN_STATS = frozenset(
+    {"runtime", "samples_per_second", "steps_per_second", "model_preparation_time"}
+)
 
 
 def _split_metrics(printed: dict[str, float], prefix: str) -> dict[str, float]:
-    return {key: value for key, value in printed.items()
-            if key.startswith(prefix) and len(key) > len(prefix) and key[len(prefix):] not in _RUN_STATS}
+    return {
+        key: value
+        for key, value in printed.items()
+        if key.startswith(prefix)
+        and len(key) > len(prefix)
+        and key[len(prefix) :] not in _RUN_STATS
+    }
 
 
 def _is_json(text: str) -> bool:
