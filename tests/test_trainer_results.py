@@ -40,6 +40,8 @@ def test_printed_trainer_dicts_are_val_and_test_metrics() -> None:
     assert only_eval == {"eval_loss": 0.41, "eval_accuracy": 0.91}
     assert job_metrics(None, only_eval) is None  # no test split printed: no test metrics, val kept
     assert parse_result("{'loss': 0.69, 'epoch': 1.0}\n{'train_loss': 0.6, 'epoch': 3.0}\n") is None
+    mixed = parse_result('{"eval_loss": 0.3}\n{"accuracy": 0.8, "eval_accuracy": 0.7, "epoch": 2}\n')
+    assert mixed == {"accuracy": 0.8, "eval_accuracy": 0.7}  # the last line's own keys are kept
     # bounded and never evaluated: a call or a name is not a literal
     assert parse_result("{'eval_accuracy': __import__('os').getpid()}\n") is None
     assert parse_result("{'eval_accuracy': 0.5, 'x': '" + "y" * 5000 + "'}\n") is None

@@ -16,6 +16,7 @@ import json
 import re
 
 from orchestrator.attempts.printed_metrics import (
+    BOOKKEEPING_KEYS,
     MAX_DICT_CHARS,
     is_progress_line,
     numeric_entries,
@@ -62,9 +63,14 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
             if not split and _is_json(stripped) and not is_progress_line(printed):
                 return printed
             continue
+        if not split:  # the last result line printed: its unprefixed metrics are the test split's
+            plain = {key: value for key, value in printed.items()
+                     if not key.startswith(SPLIT_PREFIXES) and key not in BOOKKEEPING_KEYS}
+            if plain:
+                split[""] = plain
         for prefix, metrics in prefixed.items():
             split.setdefault(prefix, metrics)
-        if len(split) == len(SPLIT_PREFIXES):
+        if all(prefix in split for prefix in SPLIT_PREFIXES):
             break
     merged = {key: value for metrics in split.values() for key, value in metrics.items()}
     return merged or None
