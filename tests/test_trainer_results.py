@@ -33,14 +33,21 @@ TRAINER_OUTPUT = textwrap.dedent(
 
 def test_printed_trainer_dicts_are_val_and_test_metrics() -> None:
     printed = parse_result(TRAINER_OUTPUT)
-    assert printed == {"eval_loss": 0.41, "eval_accuracy": 0.91, "test_loss": 0.45, "test_accuracy": 0.88}
+    assert printed == {
+        "eval_loss": 0.41,
+        "eval_accuracy": 0.91,
+        "test_loss": 0.45,
+        "test_accuracy": 0.88,
+    }
     assert job_metrics(None, printed) == {"loss": 0.45, "accuracy": 0.88}  # each once, on its split
     assert val_metrics(None, printed) == {"loss": 0.41, "accuracy": 0.91}
     only_eval = parse_result(TRAINER_OUTPUT.rsplit("{'test_loss'", 1)[0])
     assert only_eval == {"eval_loss": 0.41, "eval_accuracy": 0.91}
     assert job_metrics(None, only_eval) is None  # no test split printed: no test metrics, val kept
     assert parse_result("{'loss': 0.69, 'epoch': 1.0}\n{'train_loss': 0.6, 'epoch': 3.0}\n") is None
-    mixed = parse_result('{"eval_loss": 0.3}\n{"accuracy": 0.8, "eval_accuracy": 0.7, "epoch": 2}\n')
+    mixed = parse_result(
+        '{"eval_loss": 0.3}\n{"accuracy": 0.8, "eval_accuracy": 0.7, "epoch": 2}\n'
+    )
     assert mixed == {"accuracy": 0.8, "eval_accuracy": 0.7}  # the last line's own keys are kept
     # bounded and never evaluated: a call or a name is not a literal
     assert parse_result("{'eval_accuracy': __import__('os').getpid()}\n") is None

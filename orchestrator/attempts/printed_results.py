@@ -64,8 +64,11 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
                 return printed
             continue
         if not split:  # the last result line printed: its unprefixed metrics are the test split's
-            plain = {key: value for key, value in printed.items()
-                     if not key.startswith(SPLIT_PREFIXES) and key not in BOOKKEEPING_KEYS}
+            plain = {
+                key: value
+                for key, value in printed.items()
+                if not key.startswith(SPLIT_PREFIXES) and key not in BOOKKEEPING_KEYS
+            }
             if plain:
                 split[""] = plain
         for prefix, metrics in prefixed.items():
