@@ -88,7 +88,7 @@ def git_state(directory: Path) -> dict[str, Any]:
     git = shutil.which("git")
     if git is None:
         return {"commit": None, "note": "git not found"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_CONFIG_")} | _GIT_SAFE_ENV
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_CONFIG")} | _GIT_SAFE_ENV
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([git, "-C", str(directory), *_GIT_SAFE_FLAGS, *args], capture_output=True,
