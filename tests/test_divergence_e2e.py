@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     for step in range(1, 41):
         loss *= rate
         print(str({"loss": round(loss, 6), "learning_rate": 0.001, "epoch": step / 40}), flush=True)
-    print(json.dumps({"eval_accuracy": 0.5 if rate > 1 else 0.7}))
+    print(json.dumps({"test_accuracy": 0.5 if rate > 1 else 0.7}))
     """
 )
 

@@ -57,7 +57,8 @@ ARGPARSE_SCRIPT = textwrap.dedent(
         if step % 5 == 0:
             tqdm.write(str({"loss": f"{loss:.4f}", "learning_rate": f"{args.lr:.2e}", "epoch": f"{step / args.steps:.2f}"}))
     bar.close()
-    print(json.dumps({"eval_accuracy": 0.81, "eval_loss": round(loss, 4)}))
+    print(json.dumps({"eval_accuracy": 0.81, "eval_loss": round(loss, 4)}))  # the validation split
+    print(json.dumps({"test_accuracy": 0.79}))
     """
 )
 
@@ -81,7 +82,8 @@ TRAINER_SCRIPT = textwrap.dedent(
     """\
     trainer = Trainer(model=model, args=args, train_dataset=Toy(32), eval_dataset=Toy(32))
     trainer.train()
-    print(json.dumps(trainer.evaluate()))
+    print(trainer.evaluate())  # a Python dict: the validation split's eval_*
+    print(trainer.predict(Toy(32)).metrics)  # the test split's test_*
     """
 )
 
@@ -134,7 +136,7 @@ def test_argparse_script_flags_progress_liveness_results(orch: Orch) -> None:
     assert "gradient_checkpointing" not in orch.run("show", "1").stdout
 
     results = orch.json("results")
-    assert [(r["metric"], r["mean"], r["n_seeds"]) for r in results] == [("accuracy", 0.81, 1)]
+    assert [(r["metric"], r["mean"], r["n_seeds"], r["val_mean"]) for r in results] == [("accuracy", 0.79, 1, 0.81)]
     # its samples/s, from the steps it printed, is learned like an orch worker's (alone on the card)
     rates = [entry["throughput"] for entry in orch.json("memory")["shapes"] if entry["throughput"]]
     assert rates and all("1" in curve["samples_per_s"] for t in rates for curve in t.values())
@@ -164,7 +166,7 @@ def test_trainer_script_reads_training_arguments_from_config_yaml(orch: Orch) ->
     assert "batch_size" not in received  # orch's own name never leaks into the script's config
     assert "per_device_train_batch_size=4 gradient_accumulation_steps=2" in Path(second["log"]).read_text()
     results = orch.json("results")
-    assert [r["metric"] for r in results] == ["eval_loss"] and results[0]["mean"] > 0
+    assert [r["metric"] for r in results] == ["loss"] and results[0]["mean"] > 0 and results[0]["val_mean"] > 0
 
 
 CUSTOM_SCRIPT = textwrap.dedent(

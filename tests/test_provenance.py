@@ -117,7 +117,7 @@ def test_provenance_json_is_read_bounded_and_never_through_a_link(tmp_path: Path
 
 
 # A script in a git repository: run once from a clean tree, once with an uncommitted change.
-SCRIPT = "import json\nfor i in range(5):\n    print({'loss': 1.0 / (i + 1)})\nprint(json.dumps({'eval_accuracy': 0.7}))\n"
+SCRIPT = "import json\nfor i in range(5):\n    print({'loss': 1.0 / (i + 1)})\nprint(json.dumps({'accuracy': 0.7}))\n"
 
 
 @pytest.fixture
@@ -189,3 +189,35 @@ def test_any_shape_of_junk_gives_a_digest_or_none_never_an_error(junk: object) -
                                     "note": junk}}, {"python": junk, "libraries": junk, "data": {"sha256": junk,
                                     "files": junk}, "model": {"revision": junk, "builtin": junk}})
         assert digest is None or all(isinstance(v, str) and len(v) <= 800 and "\x00" not in v for v in digest.values())
+
+
+@requires_git
+def test_recording_the_code_runs_nothing_the_repository_configures(tmp_path: Path) -> None:
+    """An fsmonitor hook, a clean filter and a post-index-change hook of the worker's repository
+    would each touch a file if git ran them: recording the commit and dirty flag runs none."""
+    repo, ran = tmp_path / "repo", tmp_path / "ran"
+    repo.mkdir()
+    ran.mkdir()
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("print(1)\n")
+    git(repo, "add", "train.py")
+    git(repo, "commit", "-qm", "one")
+    head = git(repo, "rev-parse", "HEAD")
+    for name in ("fsmonitor", "filter", "hook"):
+        script = tmp_path / f"{name}.sh"
+        script.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(ran / name))}\ncat\n")
+        script.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(tmp_path / "fsmonitor.sh"))
+    git(repo, "config", "filter.evil.clean", str(tmp_path / "filter.sh"))
+    git(repo, "config", "filter.evil.required", "true")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "attributes").write_text("* filter=evil\n")
+    hook = repo / ".git" / "hooks" / "post-index-change"
+    hook.parent.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "hook.sh", hook)
+    (repo / "train.py").write_text("print(1)\n")  # same content, fresh stat: git would look inside
+    os.utime(repo / "train.py", (1, 1))
+    assert git_state(repo) == {"commit": head, "dirty": False}  # read without the filter: the same
+    (repo / "train.py").write_text("print(2)\n")
+    assert git_state(repo) == {"commit": head, "dirty": True}
+    assert sorted(p.name for p in ran.iterdir()) == []  # today: fsmonitor, filter and hook

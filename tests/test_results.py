@@ -114,11 +114,15 @@ def test_job_metrics_sources() -> None:
     from orchestrator.results.collect import job_metrics
 
     assert job_metrics({"metrics": {"test": {"accuracy": 0.7}}}, None) == {"accuracy": 0.7}
-    assert job_metrics({"status": "succeeded", "metrics": {"eval_accuracy": 0.6}}, None) == {
-        "eval_accuracy": 0.6, "accuracy": 0.6}
-    assert job_metrics(None, '{"eval_accuracy": 0.81, "eval_loss": 0.4}') == {
-        "eval_accuracy": 0.81, "eval_loss": 0.4, "accuracy": 0.81, "loss": 0.4}
-    assert job_metrics({"metrics": {}}, '{"test_f1": 0.5}') == {"test_f1": 0.5, "f1": 0.5}
+    from orchestrator.results.collect import val_metrics
+
+    # eval_* is the validation split, test_* the test split: each metric once, on its split
+    assert job_metrics({"status": "succeeded", "metrics": {"eval_accuracy": 0.6}}, None) is None
+    assert val_metrics({"status": "succeeded", "metrics": {"eval_accuracy": 0.6}}) == {"accuracy": 0.6}
+    printed = '{"eval_accuracy": 0.81, "eval_loss": 0.4, "test_accuracy": 0.79}'
+    assert job_metrics(None, printed) == {"accuracy": 0.79}
+    assert val_metrics(None, printed) == {"accuracy": 0.81, "loss": 0.4}
+    assert job_metrics({"metrics": {}}, '{"test_f1": 0.5}') == {"f1": 0.5}
     assert job_metrics(None, None) is None and job_metrics(None, "not json") is None
 
 

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.attempts.printed_results import parse_result
 from orchestrator.results.aggregate import ResultRow, aggregate
 from orchestrator.results.formats import csv_cell, to_csv
 from orchestrator.results.grids import latex_escape, md_escape, to_latex, to_markdown
@@ -93,7 +93,7 @@ def test_csv_cells_a_spreadsheet_would_run_are_neutralised(start: str) -> None:
 def test_a_progress_line_is_not_the_result() -> None:
     tail = '{"accuracy": 0.8}\n{"step": 1e30, "loss": 0.25, "epoch": 1}\n'
     assert parse_result(tail) == {"accuracy": 0.8}
-    assert parse_result('{"step": 100, "eval_accuracy": 0.7}\n') == {"step": 100, "eval_accuracy": 0.7}
+    assert parse_result('{"step": 100, "eval_accuracy": 0.7}\n') == {"eval_accuracy": 0.7}
     from orchestrator.results.collect import finite_metrics
 
     assert finite_metrics({"step": 100, "epoch": 2, "eval_accuracy": 0.7}) == {"eval_accuracy": 0.7}

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict, parse_result
+from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict
+from orchestrator.attempts.printed_results import parse_result
 
 
 def feed_all(text: str, chunk: int = 7, regex: str | None = None) -> StdoutProgress:

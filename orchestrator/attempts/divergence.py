@@ -4,7 +4,9 @@ A run diverged when the mean loss of its last epoch (a script's own output: its 
 is not finite, exceeds the mean of its first steps, or exceeds `factor` × its minimum (the lowest
 mean over a window of consecutive steps, so one lucky batch is not the minimum). Our LoRA worker
 summarises its per-step losses with `summarise_losses`; for any other script orch feeds the
-losses it parsed from the output to a `LossTrack`. Both give a `LossSummary`, judged by `verdict`.
+losses it parsed from the output to a `LossTrack`, and every worker's reported history of `loss`
+(progress.jsonl, printed log dicts) is summarised too. Each gives a `LossSummary`, judged by
+`verdict`; a run is flagged when any of them says it diverged.
 
 The standard library only: the LoRA worker imports this module.
 """
@@ -74,12 +76,20 @@ def summarise_losses(losses: Sequence[float], final_steps: int | None = None) ->
                        len(losses), last, nonfinite)
 
 
+# Up to this many losses a track keeps them all and summarises them as `summarise_losses` does
+# (a window of a tenth of the run): a short run's first and last readings are not one window.
+# From here on a window is MAX_WINDOW either way.
+EXACT_UP_TO = 10 * MAX_WINDOW
+
+
 class LossTrack:
     """Losses read one at a time from a script's output, kept in bounded memory: the first
-    window, the running minimum of window means and the last window (O(1) per loss)."""
+    window, the running minimum of window means and the last window (O(1) per loss); the first
+    EXACT_UP_TO losses whole, so a short run is judged as `summarise_losses` judges it."""
 
     def __init__(self, window: int = MAX_WINDOW) -> None:
         self.window = window
+        self.early: list[float] = []  # the first EXACT_UP_TO losses
         self.first: list[float] = []
         self.last: deque[float] = deque(maxlen=window)
         self.minimum: float | None = None
@@ -89,6 +99,8 @@ class LossTrack:
 
     def add(self, loss: float) -> None:
         self.steps += 1
+        if len(self.early) < EXACT_UP_TO:
+            self.early.append(loss)
         finite = _finite(loss)
         if len(self.first) < self.window and finite:
             self.first.append(loss)
@@ -110,6 +122,8 @@ class LossTrack:
             self.minimum = mean if self.minimum is None else min(self.minimum, mean)
 
     def summary(self) -> LossSummary:
+        if self.steps <= len(self.early):  # a short run: every loss is at hand
+            return summarise_losses(self.early)
         tail = list(self.last)
         nonfinite = not all(_finite(v) for v in tail)
         minimum = self.minimum

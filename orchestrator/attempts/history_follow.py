@@ -1,10 +1,13 @@
 """Keeping each live attempt's metric history in the database, a few new bytes per pass.
 
 progress.jsonl is read from where the last pass stopped (at most MAX_READ_BYTES a pass: a
-worker writing faster is followed at its tail); an attempt met for the first time (a restarted
-daemon) is read from its last START_BYTES, and what was stored before stays (writes are
-idempotent). Points parsed from stdout (attempts.stdout_follow) are handed in by the caller.
-When the attempt ends its final metrics (result.json) join the history at its last step.
+worker writing faster is followed at its tail). A new attempt's file (nothing stored for it yet)
+is read from its beginning, whatever its size: a line too long to be a record is skipped, never
+a reason to start reading later. An attempt met for the first time with a history already
+stored (a restarted daemon) is read from its last START_BYTES, and what was stored before stays
+(writes are idempotent). Points parsed from stdout (attempts.stdout_follow) are handed in by the caller.
+When the attempt ends its final metrics (result.json) join the history at its last step, under
+names of their own where the run logged the same key (attempts.history_points.final_points).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def _decoder() -> codecs.IncrementalDecoder:
 class _Followed:
     offset: int
     keys: set[str]
+    looked: bool = False  # the file was looked at once: a later pass may follow a fast writer's tail
     lines: JsonLines = field(default_factory=JsonLines)
     decoder: codecs.IncrementalDecoder = field(default_factory=_decoder)
 
@@ -76,12 +80,17 @@ class HistoryFollower:
             return []
         if found.size_bytes < followed.offset:  # truncated or replaced: read it again
             self._jump(followed, 0)
-        start_at = max(0, found.size_bytes - (START_BYTES if followed.offset == 0 else MAX_READ_BYTES))
+        if followed.looked:
+            start_at = max(0, found.size_bytes - MAX_READ_BYTES)
+        else:  # a new attempt's file from its start; a restarted daemon's from near its end
+            followed.looked = True
+            start_at = max(0, found.size_bytes - START_BYTES) if followed.keys else 0
         if start_at > followed.offset:
             self._jump(followed, start_at)
         if found.size_bytes <= followed.offset:
             return []
-        data = read_output(run_dir, followed.offset, found.size_bytes - followed.offset, RunDir.PROGRESS)
+        data = read_output(run_dir, followed.offset, min(found.size_bytes - followed.offset, MAX_READ_BYTES),
+                           RunDir.PROGRESS)
         followed.offset += len(data)
         return followed.lines.feed(followed.decoder.decode(data))
 
@@ -92,8 +101,10 @@ class HistoryFollower:
         followed.lines = JsonLines(skip_first=offset > 0)
 
     def finish(self, attempt_id: int, run_dir: Path, printed: Sequence[Point] = ()) -> None:
-        """The attempt ended: the rest of its progress, then result.json's metrics at its last step."""
+        """The attempt ended: the rest of its progress, then result.json's metrics at its last step.
+        A file never read before and longer than one read gives its start and its end."""
         self.collect(attempt_id, run_dir, printed)
+        self.collect(attempt_id, run_dir)  # a file still longer than one read: its last part too
         followed = self._followed.pop(attempt_id, None)
         result = read_result(run_dir)
         metrics = result.get("metrics") if isinstance(result, dict) else None
@@ -101,8 +112,10 @@ class HistoryFollower:
             step = last_history_step(self.store, attempt_id)
             if step is None and isinstance(result, dict) and isinstance(result.get("steps"), int):
                 step = float(result["steps"])
-            known = followed.keys if followed is not None else None
-            record_history(self.store, attempt_id, final_points(metrics, step or 0.0), known)
+            known = followed.keys if followed is not None else history_keys(self.store, attempt_id)
+            best = result.get("best_step") if isinstance(result, dict) else None
+            points = final_points(metrics, step or 0.0, set(known), float(best) if isinstance(best, int) else None)
+            record_history(self.store, attempt_id, points, known)
 
     def keep_only(self, attempt_ids: Iterable[int]) -> None:
         """Forget attempts that are no longer live."""

@@ -4,7 +4,9 @@ it bounded. Pure: records and text in, points out.
 Points come from what a worker reported: each `progress.jsonl` line (a mapping with a `step`;
 a nested mapping one level down, `{"val": {"accuracy": 0.8}}`, becomes `val_accuracy`), the
 lines of stdout the printed-metrics parser understands (attempts.printed_metrics), and the
-final metrics of result.json or the last printed JSON line, placed at the last step reported.
+final metrics of result.json, placed at the last step reported under their own names where the
+run logged the same key (`best_val_accuracy` at the result's `best_step`, never over a logged
+point: a curve ends at its last logged value).
 Everything is written by user code: keys are short text, values finite numbers, at most
 store.history_bounds.MAX_KEYS keys per attempt; the rest is dropped.
 """
@@ -20,10 +22,12 @@ from typing import Any
 from orchestrator.store.history_bounds import Point
 
 MAX_KEY_CHARS = 64
+MAX_LINE_CHARS = 65536  # a progress.jsonl line longer than this is not a record: skipped whole
 MAX_STEP = 1e15
 # What a heartbeat says about the loop itself, not about the model: never a history key.
 NOT_HISTORY = frozenset({
-    "t", "ts", "time", "step", "global_step", "total", "max_steps", "epoch", "samples_per_s", "peak_mem_mib",
+    "t", "ts", "time", "step", "global_step", "train_step", "optimizer_step", "iteration", "iter", "total",
+    "max_steps", "epoch", "samples_per_s", "peak_mem_mib",
     "eval_batches_done", "eval_batches", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second",
     "train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos",
 })
@@ -59,19 +63,37 @@ def flat_metrics(values: Mapping[str, Any], prefix: str = "") -> dict[str, float
     return flat
 
 
+# What names a record's position when it has no `step`, in order (a step-like key, then epoch).
+STEP_FALLBACKS = ("global_step", "train_step", "optimizer_step", "iteration", "iter", "epoch")
+
+
 def record_points(record: Any) -> list[Point]:
-    """The points of one progress.jsonl record: every metric at its `step`; none without one."""
+    """The points of one progress.jsonl record: every metric at its `step` (without one, at a
+    step-like key's or its `epoch`); none when there is none, or it is not a number."""
     if not isinstance(record, dict):
         return []
-    step = finite(record.get("step"))
+    at = "step" if "step" in record else next((k for k in STEP_FALLBACKS if k in record), None)
+    step = finite(record.get(at)) if at is not None else None
     if step is None or not 0 <= step <= MAX_STEP:
         return []
     return [Point(step, key, value) for key, value in flat_metrics(record).items()]
 
 
-def final_points(metrics: Mapping[str, Any], step: float) -> list[Point]:
-    """An attempt's final metrics (result.json's, flattened: `test_accuracy`) at its last step."""
-    return [Point(step, key, value) for key, value in flat_metrics(metrics).items()]
+def final_points(metrics: Mapping[str, Any], step: float, logged: frozenset[str] | set[str] = frozenset(),
+                 best_step: float | None = None) -> list[Point]:
+    """An attempt's final metrics (result.json's, flattened: `test_accuracy`) at its last step,
+    each under a name of its own where the run logged that key as it went (`logged`): a final
+    value is never a point of a logged curve. A logged val metric is the best evaluation's
+    (`best_val_accuracy` at `best_step`, where the result names it), any other `final_<key>`."""
+    points = []
+    for key, value in flat_metrics(metrics).items():
+        name, at = key, step
+        if key in logged:
+            best = best_step is not None and key.startswith("val")
+            name, at = (f"best_{key}", best_step) if best else (f"final_{key}", step)
+        if len(name) <= MAX_KEY_CHARS and at is not None:
+            points.append(Point(at, name, value))
+    return points
 
 
 @dataclass
@@ -79,17 +101,19 @@ class JsonLines:
     """progress.jsonl fed in chunks as it grows: points of each complete line."""
 
     carry: str = ""
-    skip_first: bool = False  # reading started inside the file: its first line is partial
+    skip_first: bool = False  # reading started inside the file (or a line too long): skip to its end
 
     def feed(self, text: str) -> list[Point]:
         lines = (self.carry + text).split("\n")
-        self.carry = lines.pop()[-65536:]  # a line being written (bounded: a line with no end is not JSON)
+        self.carry = lines.pop()  # a line being written
         if self.skip_first and lines:
             lines.pop(0)
             self.skip_first = False
+        if len(self.carry) > MAX_LINE_CHARS:  # bounded: that line is skipped up to its end, only it
+            self.carry, self.skip_first = "", True
         points: list[Point] = []
         for line in lines:
-            if not line.strip():
+            if not line.strip() or len(line) > MAX_LINE_CHARS:
                 continue
             try:
                 record = json.loads(line, parse_constant=lambda token: None)

@@ -17,7 +17,7 @@ from orchestrator.attempts.next_step import (
     classify_end,
     decide_next,
 )
-from orchestrator.attempts.printed_metrics import parse_result
+from orchestrator.attempts.printed_results import parse_result
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
@@ -56,6 +56,7 @@ from orchestrator.store.endings import (
     recent_failure_durations,
     unpaused_configs,
 )
+from orchestrator.store.history import history_values
 from orchestrator.store.learning import record_throughput
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
@@ -148,7 +149,8 @@ def _gather(
     exit_record = obs.exit_record if obs else None
     sigkilled = result is None and died_of_sigkill((exit_record or {}).get("exit_code"), (exit_record or {}).get("signal"))
     ended_well = not (lost or hung) and (exit_record or {}).get("exit_code") == 0
-    loss = loss_verdict(job, run_dir, result) if ended_well else None
+    # the history was kept up to the attempt's end before it is completed (daemon.watcher)
+    loss = loss_verdict(job, run_dir, result, history_values(store, attempt.id, "loss")) if ended_well else None
     evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
                            lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started,
                            kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),

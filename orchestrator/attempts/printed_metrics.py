@@ -16,12 +16,12 @@ hundreds of training steps, and the memory it held then was taken for the shape'
 
 Every metric line understood (a log dict, a `step N/M` line with a loss, a tqdm postfix, a
 `progress_regex` match) is also a history point at its step (attempts.history_points): a log dict
-without a `step` of its own is placed at the step of the first bar drawn (a Trainer's training
-bar, not an evaluation bar that may count more batches), else at its ordinal among such lines.
+without a step of its own (`step`, `global_step` or the like, STEP_KEYS) is placed at the step of
+the first bar drawn (a Trainer's training bar, not an evaluation bar that may count more
+batches), else at its `epoch`, else at its ordinal among such lines. A line whose step is not a
+whole number (text, 2.5, -1) gives no point: its values are at no known step, never moved to one.
 
-Results: a suite's `result_regex` (named groups, one per metric; the last match wins), else the
-last line of the log that is a JSON object with numbers (`{"eval_accuracy": 0.81}`) and not a
-progress line (a `step` with only loss, learning rate, epoch and the like).
+Results (what a script printed at its end) are read by attempts.printed_results.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ _STEP = re.compile(r"\bstep\b\s*[:=#]?\s*(\d{1,12})\s*(?:/|of)\s*(\d{1,12})", re
 _LOSS = re.compile(r"\bloss\b\s*[:=]?\s*'?(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)", re.IGNORECASE)
 # Keys of a Trainer log dict kept as progress, besides eval_* metrics.
 _PROGRESS_KEYS = ("loss", "learning_rate", "epoch", "grad_norm")
+# Keys a printed dict names its optimizer step by (the first found wins).
+STEP_KEYS = ("step", "global_step", "train_step", "optimizer_step", "iteration", "iter")
 _RANKED = {"regex": 3, "step": 2, "tqdm": 1}  # an explicit step line beats a bar
 # Descriptions of tqdm bars that count loading and data preparation, not optimizer steps.
 _NOT_TRAINING = re.compile(
@@ -66,8 +68,9 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def parse_dict(text: str) -> dict[str, float] | None:
-    """The numeric entries of a dict printed as JSON or as a Python literal; None otherwise."""
+def parse_dict_literal(text: str) -> dict[Any, Any] | None:
+    """The dict a line prints, as JSON or as a Python literal (ast.literal_eval of a bounded
+    text: never eval), values as they were; None otherwise."""
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end <= start or end - start >= MAX_DICT_CHARS:
         return None
@@ -80,14 +83,29 @@ def parse_dict(text: str) -> dict[str, float] | None:
             parsed = ast.literal_eval(candidate)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return None
-    if not isinstance(parsed, dict):
-        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def numeric_entries(parsed: dict[Any, Any]) -> dict[str, float] | None:
+    """The numeric entries of a printed dict (numbers or numeric strings); None when none."""
     values = {
         key: value
         for key, raw in parsed.items()
         if isinstance(key, str) and len(key) <= MAX_KEY_CHARS and (value := number(raw)) is not None
     }
     return dict(list(values.items())[:MAX_METRICS]) or None
+
+
+def parse_dict(text: str) -> dict[str, float] | None:
+    """The numeric entries of a dict printed as JSON or as a Python literal; None otherwise."""
+    parsed = parse_dict_literal(text)
+    return numeric_entries(parsed) if parsed is not None else None
+
+
+def whole_step(value: Any) -> int | None:
+    """A step as a whole number from 0 to 10**12; None for anything else (text, 2.5, -1)."""
+    step = number(value)
+    return int(step) if step is not None and 0 <= step == int(step) <= 10**12 else None
 
 
 def split_segments(text: str) -> list[str]:
@@ -139,7 +157,7 @@ class StdoutProgress:
         best = max(_RANKED[k[0]] for k in self.bars)
         return next(key for key in self.bars if _RANKED[key[0]] == best)
 
-    def _point(self, step: int | None, key: str, value: float) -> None:
+    def _point(self, step: float | None, key: str, value: float) -> None:
         if step is None:
             bar = self._first_bar()
             step = bar.step if bar is not None else None
@@ -189,7 +207,7 @@ class StdoutProgress:
                 loss = number(groups.get("loss"))
                 if loss is not None:
                     self.values["loss"] = loss
-                    if not partial:
+                    if not partial and step is not None:  # no step read: no point (never moved)
                         self._point(step, "loss", loss)
                 return
         if partial:
@@ -198,21 +216,31 @@ class StdoutProgress:
             if tqdm is not None and line.rstrip().endswith("]"):
                 self._tqdm(line, tqdm)
             return
-        logged = parse_dict(line) if "{" in line else None
-        if logged is not None:
+        raw = parse_dict_literal(line) if "{" in line else None
+        logged = numeric_entries(raw) if raw is not None else None
+        if raw is not None and logged is not None:
             before = line[: line.find("{")]  # a bar drawn without a line end, then the dict printed
             if (bar := _TQDM.search(before)) is not None:
                 self._tqdm(before, bar)
-            logged_step = logged.get("step", logged.get("global_step"))
-            point_step: int | None = None
-            if logged_step is not None and 0 <= logged_step == int(logged_step) <= 10**12:  # a JSON log line with a step
+            step_key = next((k for k in STEP_KEYS if k in raw), None)
+            logged_step = whole_step(raw[step_key]) if step_key is not None else None
+            point_step: float | None = None
+            if step_key is not None and logged_step is None:
+                # a step that is not a whole number: its values are at no known step, so they
+                # are no points at all (placed at the last step, they moved)
+                for key, value in logged.items():
+                    if key in _PROGRESS_KEYS or key.startswith("eval_"):
+                        self.values[key] = value
+                return
+            if logged_step is not None:  # a JSON log line with a step
                 total = logged.get("total", logged.get("max_steps"))
                 whole_total = int(total) if total is not None and total == int(total) else None
-                self._step("step", int(logged_step), whole_total)
-                point_step = int(logged_step)
-            elif self.main_bar() is None:
+                self._step("step", logged_step, whole_total)
+                point_step = logged_step
+            elif self.main_bar() is None:  # no step, no bar: at its epoch, else its ordinal
                 self.logged_lines += 1
-                point_step = self.logged_lines
+                epoch = logged.get("epoch")
+                point_step = epoch if epoch is not None and 0 <= epoch <= 10**12 else self.logged_lines
             first = self._first_bar()
             waits = point_step is None and bar is None and first is not None  # a dict on a line of its own
             for key, value in logged.items():
@@ -290,34 +318,6 @@ class StdoutProgress:
                 shown["total"] = bar.total
         shown.update(self.values)
         return shown
-
-
-def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float] | None:
-    """Metrics a script printed at its end: the last `result_regex` match (named groups), else
-    the last JSON object line with numbers. None when there is neither."""
-    lines = split_segments(tail)
-    if result_regex:
-        pattern = re.compile(result_regex)
-        for line in reversed(lines):
-            match = pattern.search(line)
-            if match is None:
-                continue
-            metrics = {k: v for k, raw in match.groupdict().items() if (v := number(raw)) is not None}
-            if metrics:
-                return metrics
-    for line in reversed(lines):
-        stripped = line.strip()
-        if not (stripped.startswith("{") and stripped.endswith("}")) or len(stripped) >= MAX_DICT_CHARS:
-            continue
-        try:
-            parsed = json.loads(stripped)
-        except ValueError:
-            continue  # a Python dict (a Trainer log line) is progress, not a result
-        if isinstance(parsed, dict):
-            printed = parse_dict(stripped)
-            if printed and not is_progress_line(printed):
-                return printed
-    return None
 
 
 # Keys a training loop logs about itself, not about the model's quality: never a result metric.

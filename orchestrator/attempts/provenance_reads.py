@@ -3,7 +3,9 @@
 following links, and boiled down to a digest of short, printable texts (`provenance_digest`,
 pure). The digest is stored with the attempt at its end; `orch show`, the web job page, the
 report and results read it there. Two runs ran the same code when their `code` is equal, and the
-same libraries when their `libraries` are.
+same libraries when their `libraries` are. For orch's built-in workers `code` is the sha256 of the
+`workers` package they ran (`workers.lora sha256:<hex>`, its folder as `code_dir`), not the git
+state of the folder they ran in; `orch` is the version (and commit) of orch itself.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\
 _COMMIT = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # The digest's keys, in the order `orch show` and the web page list them.
-FIELDS = ("code", "code_dir", "python", "libraries", "gpu", "driver", "cuda", "cuda_runtime", "host", "data",
+FIELDS = ("code", "code_dir", "orch", "python", "libraries", "gpu", "driver", "cuda", "cuda_runtime", "host", "data",
           "model", "recorded_by")
 
 
@@ -62,6 +64,28 @@ def code_text(code: Mapping[str, Any]) -> str | None:
     if isinstance(commit, str) and _COMMIT.match(commit):
         return commit + ("+dirty" if code.get("dirty") is True else "")
     return text(code.get("note"))
+
+
+def worker_code_text(code: Mapping[str, Any]) -> str | None:
+    """`workers.lora sha256:<hex>`: the code of one of orch's built-in workers; None unless the
+    record has that shape."""
+    worker, digest = text(code.get("worker")), code.get("sha256")
+    if worker is None or not isinstance(digest, str) or not _SHA256.match(digest):
+        return None
+    return f"workers.{_clean(worker)[:32]} sha256:{digest}"
+
+
+def orch_text(orch: Mapping[str, Any]) -> str | None:
+    """`0.1.0 (commit <sha>+dirty)`, `0.1.0 (not a git checkout)`: the orch that ran the attempt."""
+    version = text(orch.get("version"))
+    if version is None:
+        return None
+    version = version[:40]
+    commit = orch.get("commit")
+    if isinstance(commit, str) and _COMMIT.match(commit):
+        return f"{version} (commit {code_text(orch)})"
+    note = text(orch.get("note"))
+    return f"{version} ({note})" if note else version
 
 
 def libraries_text(python: Mapping[str, Any]) -> str | None:
@@ -121,9 +145,11 @@ def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, An
         return None
     gpu = _mapping(wrapper.get("gpu"))
     python = worker if text(worker.get("python")) else _mapping(wrapper.get("python"))
+    builtin = worker_code_text(_mapping(wrapper.get("worker_code")))  # our worker's code, not its cwd's
     digest: dict[str, str | None] = {
-        "code": code_text(_mapping(wrapper.get("code"))),
-        "code_dir": text(wrapper.get("cwd")),
+        "code": builtin or code_text(_mapping(wrapper.get("code"))),
+        "code_dir": text(_mapping(wrapper.get("worker_code")).get("package_dir")) if builtin else text(wrapper.get("cwd")),
+        "orch": orch_text(_mapping(wrapper.get("orch"))),
         "python": text(python.get("python")),
         "libraries": libraries_text(python) or text(python.get("note")),
         "gpu": gpu_text(gpu, worker),
@@ -139,9 +165,12 @@ def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, An
 
 
 def short_code(code: str) -> str:
-    """A commit shortened to 12 characters (`+dirty` kept); a note as it is."""
+    """A commit shortened to 12 characters (`+dirty` kept), a worker's sha256 to 16; a note as it is."""
     commit, plus, rest = code.partition("+")
-    return commit[:12] + plus + rest if _COMMIT.match(commit) else code
+    if _COMMIT.match(commit):
+        return commit[:12] + plus + rest
+    name, colon, digest = code.partition(" sha256:")
+    return f"{name}{colon}{digest[:16]}" if colon and _SHA256.match(digest) else code
 
 
 def provenance_line(digest: Mapping[str, str]) -> str:
@@ -149,6 +178,8 @@ def provenance_line(digest: Mapping[str, str]) -> str:
     parts = []
     if "code" in digest:
         parts.append(f"code {short_code(digest['code'])}" + (f" in {digest['code_dir']}" if "code_dir" in digest else ""))
+    if "orch" in digest:
+        parts.append(f"orch {digest['orch']}")
     if "libraries" in digest:
         parts.append(digest["libraries"])
     if "gpu" in digest:

@@ -79,6 +79,10 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # > 0: a halved micro-batch draws other LoRA dropout masks (an equivalent draw, not bit-equal)
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
     "token": (_short_text(64), "a short text"),
+    # our workers' own records, each checked where it is used (attempts.divergence,
+    # attempts.provenance_reads): dropped here, they were never judged or shown
+    "loss_summary": (lambda v: v is None or isinstance(v, dict), "a mapping or null"),
+    "provenance": (lambda v: v is None or isinstance(v, dict), "a mapping or null"),
 }
 PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "t": (_number_in(0, 1e11), "a time in seconds"),

@@ -13,7 +13,7 @@ from rich.text import Text
 from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
 from orchestrator.results.aggregate import ResultSummary, aggregate
-from orchestrator.results.collect import collect_rows
+from orchestrator.results.collect import PRINTED_SPLITS_NOTE, RunReader, collect_rows
 from orchestrator.results.filters import apply_where, parse_where
 from orchestrator.results.formats import (
     FORMATS,
@@ -82,7 +82,8 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
                 raise UsageError(
                     f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
                 )
-        rows, missing = collect_rows(store, suite)
+        reader = RunReader()
+        rows, missing = collect_rows(store, suite, reader)
     summaries = aggregate(apply_where(rows, filters), metric=metric, pooled=pooled)
     if fmt in ("markdown", "latex") and not partial:
         _refuse_unfinished(summaries)
@@ -96,6 +97,8 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
             empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds) to choose on: "
                      f"`--select {select}` keeps none; without it every setting is shown")
         summaries = [s for s in summaries if is_chosen(s, choices)]
+    if reader.printed_splits and fmt == "table" and summaries:
+        click.echo(PRINTED_SPLITS_NOTE)
     if fmt == "json":
         echo_json(to_records(summaries, chosen_by(choices)))
     elif fmt == "csv":

@@ -4,7 +4,8 @@ orchestrator.gpu, by the wrapper only, once site-packages are loaded.
 
 The wrapper writes `provenance.json` into the run dir after the worker has started, from a
 thread, so the worker's start waits for none of it: the git commit and dirty flag of the
-worker's working directory, the host, the GPU it was given (model, driver, CUDA; "simulated" on
+worker's working directory, orch's own version (and commit and dirty flag where it runs from a
+git checkout), for our built-in workers a sha256 of the `workers` package they run, the host, the GPU it was given (model, driver, CUDA; "simulated" on
 sim GPUs) and, unless the worker reports its own (ORCH_WORKER_PROVENANCE, set for our LoRA
 worker), the Python and library versions of the worker's interpreter, read by running it once
 with `importlib.metadata` (nothing is imported). Our LoRA worker puts its own record (versions,
@@ -35,6 +36,10 @@ WORKER_PROVENANCE_NOTES = {"lora": "recorded by the worker (result.json)",
 # The libraries a training run's numbers depend on, where installed (distribution names).
 LIBRARIES = ("torch", "transformers", "peft", "accelerate", "datasets", "tokenizers", "safetensors", "numpy",
              "trl", "deepspeed", "flash-attn", "bitsandbytes", "flash-linear-attention", "triton")
+# orch's own code: the folder holding the `orchestrator` package (a checkout's root, or
+# site-packages), and the `workers` package beside it (our built-in workers).
+ORCH_ROOT = Path(__file__).resolve().parents[2]
+WORKERS_DIR = ORCH_ROOT / "workers"
 GIT_TIMEOUT_S = 10.0
 INTERPRETER_TIMEOUT_S = 30.0
 NOT_A_REPOSITORY = "not a git repository"
@@ -53,16 +58,41 @@ _VERSIONS_SNIPPET = (
 )
 
 
+# git reads the repository's own config, which may name commands (an fsmonitor hook, filter
+# drivers, hooks): none of them may run when orch looks at a worker's code. System and global
+# config are not read, hooks and fsmonitor are off, the index is never written (no lock, no
+# post-index-change hook), submodules are not entered and each filter driver is emptied.
+_GIT_SAFE_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1",
+                 "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_COUNT": "0"}
+_GIT_SAFE_FLAGS = ("-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}",
+                   "-c", "core.untrackedCache=false", "-c", "core.attributesFile=" + os.devnull,
+                   "--no-optional-locks")
+_FILTER_KEY = re.compile(r"^filter\.(.+)\.[a-z]+$")
+
+
+def _filter_overrides(config_names: str) -> list[str]:
+    """`-c` options emptying every filter driver the repository's config names (`git config
+    --name-only` output): git then reads files as they are, running no clean or process command."""
+    drivers = {m.group(1) for line in config_names.splitlines() if (m := _FILTER_KEY.match(line.strip()))}
+    flags: list[str] = []
+    for driver in sorted(drivers):
+        for key, value in (("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")):
+            flags += ["-c", f"filter.{driver}.{key}={value}"]
+    return flags
+
+
 def git_state(directory: Path) -> dict[str, Any]:
     """{"commit": sha, "dirty": bool} of the repository holding `directory`, else {"commit": None,
-    "note": "not a git repository"} (or why git could not say)."""
+    "note": "not a git repository"} (or why git could not say). Runs nothing the repository's
+    config names (_GIT_SAFE_ENV, _GIT_SAFE_FLAGS, _filter_overrides)."""
     git = shutil.which("git")
     if git is None:
         return {"commit": None, "note": "git not found"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_CONFIG")} | _GIT_SAFE_ENV
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([git, "-C", str(directory), *args], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        return subprocess.run([git, "-C", str(directory), *_GIT_SAFE_FLAGS, *args], capture_output=True,
+                              text=True, timeout=GIT_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL, env=env)
 
     try:
         head = run("rev-parse", "--verify", "HEAD")
@@ -70,7 +100,9 @@ def git_state(directory: Path) -> dict[str, Any]:
             inside = run("rev-parse", "--is-inside-work-tree")
             note = "no commit yet" if inside.returncode == 0 else NOT_A_REPOSITORY
             return {"commit": None, "note": note}
-        status = run("status", "--porcelain", "--untracked-files=no")
+        filters = run("config", "--name-only", "--get-regexp", r"^filter\.")
+        status = run(*_filter_overrides(filters.stdout), "status", "--porcelain", "--untracked-files=no",
+                     "--ignore-submodules=all", "--no-renames")
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "note": f"git failed: {type(exc).__name__}"}
     commit = head.stdout.strip()
@@ -187,14 +219,50 @@ def weights_digest(paths: Iterable[Path], edge_bytes: int = 1 << 20) -> str:
     return overall.hexdigest()
 
 
+def orch_record(root: Path = ORCH_ROOT) -> dict[str, Any]:
+    """orch's own version and, where it runs from a git checkout, that checkout's commit and
+    dirty flag (read as `git_state` reads a worker's: nothing the repository configures runs)."""
+    version = _orch_version()
+    if not (root / ".git").exists():
+        return {"version": version, "note": "not a git checkout"}
+    return {"version": version, **git_state(root)}
+
+
+def _orch_version() -> str:
+    """The installed distribution's version ("unknown" where orch runs without being installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("orch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def builtin_worker_code(name: str, package_dir: Path = WORKERS_DIR) -> dict[str, Any]:
+    """The code of one of orch's own workers: a sha256 over the Python files of the `workers`
+    package it runs from (its modules and the harness they share), so a worker changed
+    mid-sweep (an edit, another checkout, another install) reads as other code."""
+    files = [p for p in package_dir.rglob("*.py") if p.is_file() and not p.is_symlink()]
+    digest = hash_files(files, package_dir)
+    return {"worker": name, "package_dir": str(package_dir), "sha256": digest["sha256"], "files": len(files)}
+
+
+def builtin_worker(note: str) -> str | None:
+    """Which of our workers an attempt runs, from the note the daemon set for it."""
+    return next((name for name, text in WORKER_PROVENANCE_NOTES.items() if text == note), None)
+
+
 def wrapper_record(argv: list[str], cwd: Path, probe_gpus: Callable[[], list[tuple[str, str, int]]] | None,
                    driver: Callable[[], dict[str, str]] | None) -> dict[str, Any]:
     """What the wrapper knows of the attempt it runs."""
     record: dict[str, Any] = {"recorded_by": "wrapper", "cwd": str(cwd), "code": git_state(cwd),
-                              "host": host_state(),
+                              "host": host_state(), "orch": orch_record(),
                               "gpu": gpu_state(os.environ.get("CUDA_VISIBLE_DEVICES", ""), probe_gpus, driver)}
     if os.environ.get(WORKER_PROVENANCE_VAR):  # the value says where they are, or why there are none
         record["python"] = {"note": os.environ[WORKER_PROVENANCE_VAR][:200]}
+        name = builtin_worker(os.environ[WORKER_PROVENANCE_VAR])
+        if name is not None:
+            record["worker_code"] = builtin_worker_code(name)
     else:
         interpreter = worker_interpreter(argv)
         record["python"] = interpreter_versions(interpreter) if interpreter else {

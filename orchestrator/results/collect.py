@@ -68,6 +68,7 @@ class RunReader:
         self._errors: dict[str, str] = {}  # an ended attempt's error, by run dir: it never changes
         self._lock = threading.Lock()
         self.max_entries = max_entries
+        self.printed_splits = False  # a run's printed eval_*/test_* keys were read as val and test
 
     def reading(self, run_dir: str, printed_json: str | None = None) -> RunReading:
         with self._lock:
@@ -75,11 +76,14 @@ class RunReader:
                 return self._readings[run_dir]
         result = read_result(Path(run_dir))
         test = job_metrics(result, printed_json)
+        if job_metrics(result, None) is None and _split_named(_printed(printed_json)):
+            self.printed_splits = True  # the results header says how eval_* and test_* were read
         reported_dropout = number(result.get("lora_dropout")) if isinstance(result, dict) else None
         best_step = result.get("best_step") if isinstance(result, dict) else None
         reading = RunReading(None if test is None else finite_metrics(test),
                              isinstance(result, dict) and result.get("test_is_val") is True, reported_dropout,
-                             val_metrics(result), best_step if isinstance(best_step, int) else None)
+                             val_metrics(result, printed_json),
+                             best_step if isinstance(best_step, int) else None)
         with self._lock:
             if len(self._readings) >= self.max_entries:
                 self._readings.clear()
@@ -199,40 +203,86 @@ def _first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def val_metrics(result: dict[str, Any] | None) -> dict[str, float]:
-    """The finite metrics a result.json reports on the validation split: `metrics.val`, or the
-    `val_X` keys of a flat `metrics` mapping."""
-    if not isinstance(result, dict) or not isinstance(result.get("metrics"), dict):
-        return {}
-    reported = result["metrics"]
-    if isinstance(reported.get("val"), dict):
-        return finite_metrics(reported["val"])
-    flat = {key[len("val_"):]: value for key, value in reported.items() if isinstance(key, str) and key.startswith("val_")}
-    return finite_metrics(flat)
+def val_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None = None) -> dict[str, float]:
+    """The finite metrics a run reports on the validation split: result.json's `metrics.val`,
+    or the `val_X` and `eval_X` keys of a flat `metrics` mapping, else the `eval_X` keys its
+    script printed (a Trainer's `evaluate()`)."""
+    if isinstance(result, dict) and isinstance(result.get("metrics"), dict) and result["metrics"]:
+        reported = result["metrics"]
+        if isinstance(reported.get("val"), dict):
+            return finite_metrics(reported["val"])
+        if isinstance(reported.get("test"), dict):
+            return {}
+        return finite_metrics(_split_flat(reported)[1])
+    printed = _printed(printed_json)
+    return finite_metrics(_split_flat(printed)[1]) if printed else {}
 
 
 def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None, *,
                 aliases: bool = True) -> dict[str, Any] | None:
-    """A job's metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else what
-    its script printed (parsed when the attempt ended); `eval_X` and `test_X` also count as X
-    (unless `aliases` is off: the metrics as reported, each once)."""
+    """A job's test metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else
+    what its script printed (parsed when the attempt ended). In a flat mapping `test_X` is the
+    test split's X and `eval_X` the validation split's (val_metrics), each counted once (unless
+    `aliases` is off: the metrics as reported, each once)."""
     metrics: Any = None
+    nested = False
     if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
         reported = result["metrics"]
-        metrics = reported.get("test") if isinstance(reported.get("test"), dict) else reported
-    if not metrics and isinstance(printed_json, dict):
-        metrics = printed_json  # parsed already (a typed Attempt's output_metrics)
-    elif not metrics and isinstance(printed_json, str) and printed_json:
-        with contextlib.suppress(ValueError):
-            metrics = json.loads(printed_json)
+        nested = isinstance(reported.get("test"), dict)
+        metrics = reported["test"] if nested else reported
+    if not metrics:
+        nested = False
+        metrics = _printed(printed_json)
     if not isinstance(metrics, dict) or not metrics:
         return None
-    named = dict(metrics)
-    for key, value in metrics.items() if aliases else ():
-        for prefix in ("test_", "eval_"):
-            if isinstance(key, str) and key.startswith(prefix):
-                named.setdefault(key[len(prefix):], value)
-    return named
+    if not aliases:
+        return dict(metrics)
+    if nested:  # the test split by name: a prefix only repeats it
+        return {_unprefixed(key, metrics): value for key, value in metrics.items()}
+    return _split_flat(metrics)[0] or None
+
+
+def _printed(printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    if isinstance(printed_json, dict):
+        return printed_json  # parsed already (a typed Attempt's output_metrics)
+    if isinstance(printed_json, str) and printed_json:
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed = json.loads(printed_json)
+            return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def _unprefixed(key: Any, metrics: dict[str, Any]) -> Any:
+    """`test_X` or `eval_X` as X where X is not reported itself."""
+    for prefix in ("test_", "eval_"):
+        if isinstance(key, str) and key.startswith(prefix) and key[len(prefix):] and key[len(prefix):] not in metrics:
+            return key[len(prefix):]
+    return key
+
+
+def _split_named(metrics: dict[str, Any] | None) -> bool:
+    """Whether printed metrics name their split (`eval_*`, `test_*`)."""
+    return any(str(key).startswith(("eval_", "test_")) for key in metrics or {})
+
+
+PRINTED_SPLITS_NOTE = ("printed metrics: eval_* are read as the validation split (val), test_* as the test "
+                       "split (Hugging Face Trainer's evaluate() and predict())")
+
+
+def _split_flat(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(test, val) of a flat mapping: `eval_X` and `val_X` are the validation split's X, `test_X`
+    the test split's, any other key the test split's as it is."""
+    test: dict[str, Any] = {}
+    val: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = str(key)
+        if name.startswith(("eval_", "val_")) and not name.endswith("_"):
+            val.setdefault(name.split("_", 1)[1], value)
+        elif name.startswith("test_") and len(name) > len("test_"):
+            test[name[len("test_"):]] = value
+        else:
+            test.setdefault(name, value)
+    return test, val
 
 
 def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:

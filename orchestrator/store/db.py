@@ -1,5 +1,10 @@
 """The one owner of SQLite: opening state.db, migrations, and short write transactions.
 
+A command that only reads (create=False) on a state.db it cannot write (an archived sweep on a
+read-only filesystem, a read-only or immutable file) opens it read-only: `mode=ro`, or
+`immutable=1` where SQLite cannot make the WAL's shared-memory file beside it. Reads then work;
+a write is refused in one line that says it is a write.
+
 Every failure of sqlite3 is turned into StoreError with a message a user can act on.
 """
 
@@ -9,6 +14,7 @@ import contextlib
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,16 @@ class Store:
         self.clock = clock  # stamps rows (queued_at, started_at, ended_at) on the clock that judges them
         if not create and not self.path.exists():
             raise MissingDatabase(f"no state database at {self.path} (submit a sweep first, or pass --db)")
+        # why this store is read-only (a reader's, on a database it cannot write); None: writable
+        self.read_only: str | None = None if create else _not_writable(self.path)
+        if self.read_only is not None:
+            self._db = sqlite_utils.Database(_open_read_only(self.path))
+            if MIGRATIONS.pending(self._db):
+                self.close()
+                raise StoreError(f"cannot read state database {self.path}: it is from an older orch and needs "
+                                 f"migrating, which needs writing ({self.read_only}); open it once where it "
+                                 "is writable, or copy it")
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             existed = self.path.exists()
@@ -72,6 +88,8 @@ class Store:
     def write(self) -> Iterator[None]:
         """One short write transaction, taking the write lock up front (BEGIN IMMEDIATE) so a
         read-then-write never fails halfway on a lock upgrade; nested calls are savepoints."""
+        if self.read_only is not None:
+            raise StoreError(f"cannot write state database {self.path}: opened read-only, {self.read_only}")
         conn = self._db.conn
         if conn.in_transaction:
             with self._db.atomic():
@@ -153,6 +171,44 @@ class Store:
         self.close()
 
 
+def _not_writable(path: Path) -> str | None:
+    """Why an existing state.db cannot be written here (its filesystem is read-only, the file is
+    read-only or immutable); None when it can."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "its filesystem is read-only"
+    except OSError:
+        return None  # not ours to judge: the normal open says what is wrong
+    if not os.access(path, os.W_OK):
+        return f"the file is read-only or immutable (`lsattr {path}`)"
+    return None
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection: `mode=ro` where SQLite can share the WAL's index, else
+    `immutable=1` (a WAL left with writes in it is then refused: they would be unseen)."""
+    uri = "file:" + urllib.parse.quote(str(path.absolute()))
+    conn: sqlite3.Connection | None = None
+    try:
+        conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.DatabaseError:
+        if conn is not None:
+            conn.close()
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreError(f"cannot read state database {path}: it is read-only here and {wal.name} holds writes "
+                         "not yet merged into it; copy the folder somewhere writable and read the copy")
+    try:
+        conn = sqlite3.connect(uri + "?immutable=1", uri=True, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(describe_sqlite_error(path, exc, reading=True)) from None
+    return conn
+
+
 NEW_FILE_S = 60.0  # a 0-byte state.db younger than this is one being created right now
 
 
@@ -193,7 +249,8 @@ def store_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
     return StoreError(describe_sqlite_error(path, exc))
 
 
-def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
+def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError, *, reading: bool = False) -> str:
+    """One line for sqlite's error; `reading`: it came from a read-only open (no write was asked)."""
     text = str(exc)
     if "locked" in text or "busy" in text:
         return (
@@ -207,8 +264,10 @@ def describe_sqlite_error(path: Path, exc: sqlite3.DatabaseError) -> str:
             f"cannot write state database {path}: the file is read-only or immutable (`lsattr {path}`); "
             f"make it writable (`chmod u+w`, `chattr -i`) or pass another --db"
         )
-    if "readonly" in text or "unable to open" in text:
+    if "readonly" in text and not reading:
         return f"cannot write state database {path} ({text}); check the directory's permissions"
+    if "readonly" in text or "unable to open" in text:
+        return f"cannot open state database {path} ({text}); check its and its directory's permissions"
     return f"state database {path}: {text}"
 
 

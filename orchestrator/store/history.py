@@ -65,6 +65,13 @@ def _bound(store: Store, attempt_id: int, key: str, cap: int) -> None:
     store.executemany(_UPSERT, [(attempt_id, key, s, v) for s, v in kept])
 
 
+def history_values(store: Store, attempt_id: int, key: str) -> list[float]:
+    """One key's values in an attempt's history, in step order (as kept: bounded)."""
+    rows = store.execute("SELECT value FROM metric_history WHERE attempt_id = ? AND key = ? ORDER BY step",
+                         [attempt_id, key]).fetchall()
+    return [float(value) for (value,) in rows]
+
+
 def last_history_step(store: Store, attempt_id: int) -> float | None:
     (step,) = store.execute("SELECT max(step) FROM metric_history WHERE attempt_id = ?", [attempt_id]).fetchone()
     return None if step is None else float(step)
