@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.executors.base import is_cluster_executor
-from orchestrator.wording import fmt_changes, fmt_duration
+from orchestrator.wording import fmt_changes, fmt_duration, fmt_setting, setting_pairs, short_keys
 
-RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
+RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
 NOT_CONSIDERED = "not yet considered"
 
 
@@ -42,11 +42,22 @@ def step_cell(progress: dict[str, Any]) -> str:
     return f"{step:.0f}/{total:.0f}" if total else f"{step:.0f}"
 
 
-def running_cells(r: dict[str, Any]) -> list[str]:
+def setting_names(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """The short names of the setting keys of the jobs listed (`lr` for `learning_rate`)."""
+    return short_keys(k for e in entries for k, _ in setting_pairs(e.get("overrides")))
+
+
+def setting_cell(entry: dict[str, Any], names: dict[str, str] | None = None) -> str:
+    """A listed job's setting: `lr=0.001 bs=8` with `names`, else whole and one word
+    (`learning_rate=0.001,batch_size=8`, for a pipe); `-` for none."""
+    return fmt_setting(entry.get("overrides"), names, " " if names is not None else ",")
+
+
+def running_cells(r: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     progress = r["progress"] or {}
     loss = _number(progress.get("loss"))
     return [
-        str(r["id"]), r["config"], str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
+        str(r["id"]), r["config"], setting_cell(r, names), str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
         f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
     ]

@@ -21,6 +21,7 @@ from orchestrator.cli.status.lines import (
     paused_queued,
     retry_move,
     running_cells,
+    setting_names,
     waiting_group_lines,
 )
 from orchestrator.cli.tables import fit_columns
@@ -77,16 +78,23 @@ RUNNING_OPTIONAL = ("seed", "step", "loss", "data", "lvl", "mem/pred", "elapsed"
 def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bool = False) -> Table:
     """The running jobs; on a live frame one line each (a long config is cut with an ellipsis,
     `orch jobs` has it whole) and every other column whole, so that each job gets its row."""
-    cells = [running_cells(r) for r in running]
+    names = setting_names(running)
+    cells = [running_cells(r, names) for r in running]
+    folded = {"config": 16 if clipped else 32, "setting": 12}
     columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
-        RUNNING_COLUMNS, cells, width - 4, {"config": 16 if clipped else 32}, RUNNING_OPTIONAL)  # 4: the panel's border
+        RUNNING_COLUMNS, cells, width - 4, folded, RUNNING_OPTIONAL)  # 4: the panel's border
+    if all(row[RUNNING_COLUMNS.index("setting")] == "-" for row in cells):
+        columns = [c for c in columns if c != "setting"]  # no job here has one
     natural = {c: max([len(c), *(len(row[RUNNING_COLUMNS.index(c)]) for row in cells)]) for c in columns}
     config_width = None
     if clipped and width is not None:
         config_width = max(8, width - 4 - sum(natural[c] + 2 for c in columns if c != "config") - 2)
     table = Table(box=None, header_style="bold")
     for column in columns:
-        if column == "config":
+        if column == "setting":  # abbreviated already; a long one folds (cut, with `…`, on a live frame)
+            table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold",
+                             min_width=min(natural[column], 12))
+        elif column == "config":
             table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold", max_width=config_width)
         else:
             table.add_column(column, no_wrap=True, min_width=natural[column])
