@@ -132,7 +132,8 @@ def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
 def jobs_view(store: Store, f: JobsFilter) -> str:
     page = jobs_page(store, f)
     facts = job_facts(store, [r.id for r in page.rows], now_s())
-    shown = {job: (headline_metric(fact.last_values), fact.run_s) for job, fact in facts.items()}
+    tasks = {r.id: r.data for r in page.rows}
+    shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s) for job, fact in facts.items()}
     return pages.jobs_fragment(page, f, state_counts(store), shown)
 
 

@@ -47,8 +47,10 @@ def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-"), names: dict[st
 Extras = dict[int, tuple[str, str]]  # job id -> (headline metric, run time)
 
 
-def jobs_extras(facts: dict[int, JobFacts]) -> Extras:
-    return {job: (shown_metric(f.last_values), fmt_duration(f.run_s)) for job, f in facts.items()}
+def jobs_extras(facts: dict[int, JobFacts], tasks: dict[int, str] | None = None) -> Extras:
+    """`tasks`: each job's task, whose primary metric is its headline (as in `orch results`)."""
+    return {job: (shown_metric(f.last_values, (tasks or {}).get(job, "")), fmt_duration(f.run_s))
+            for job, f in facts.items()}
 
 
 # Columns a narrow terminal drops first (last in this list first); id, state, config, the
