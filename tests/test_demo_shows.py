@@ -4,6 +4,7 @@ depends on the config and the seed), and its live dashboard's last frame is the 
 from __future__ import annotations
 
 import io
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,15 @@ def test_the_demos_twelve_jobs_draw_twelve_lines() -> None:
             curves.add(tuple(sim_loss(step, config, seed) for step in range(1, 41)))
     assert len(DEMO_CONFIGS) == 3 and len(curves) == 12
     for curve in curves:  # a loss that falls, from about 2
-        assert 1.0 < curve[0] <= 2.0 and all(a > b for a, b in zip(curve, curve[1:], strict=False))
+        assert 1.0 < curve[0] <= 2.0 and all(a > b for a, b in itertools.pairwise(curve))
 
 
 def test_an_exact_retry_reports_the_same_curve() -> None:
     config = {**yaml.safe_load(DEMO_CONFIGS[0].read_text()), "data": "glue_rte"}
     retried = {**config, "gradient_checkpointing": True, "batch_size": 2}
-    assert [sim_loss(s, config, 1) for s in range(20)] == [sim_loss(s, retried, 1) for s in range(20)]
+    assert [sim_loss(s, config, 1) for s in range(20)] == [
+        sim_loss(s, retried, 1) for s in range(20)
+    ]
 
 
 def test_the_last_frame_is_the_sweeps_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
