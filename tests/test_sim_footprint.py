@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from orchestrator.gpu.sim import SimProbe
 from orchestrator.gpu.sim_files import sim_uuid
@@ -69,13 +70,13 @@ def test_the_readme_tutorial_stacks_two_jobs_on_a_simulated_card(tmp_path: Path)
         orch.submit("tutorial", "1:toy 2:toy 3:toy", "--gpu-plan", "2,2")
         orch.start_daemon()
 
-        def stacked(o: Orch = orch) -> list[dict[str, object]] | None:
+        def stacked(o: Orch = orch) -> dict[str, Any] | None:
+            # two jobs on one card, each holding its declared 2 GiB (as the daemon last read it)
             gpus = o.json("status")["gpus"]
-            return gpus if any(g["running"] == 2 for g in gpus) else None
+            return next((g for g in gpus if g["running"] == 2 and g["orch_mib"] >= 2 * 2048), None)
 
-        gpus = wait_until(stacked, 120, "two tutorial jobs on one simulated card")
-        card = next(g for g in gpus if g["running"] == 2)
-        assert card["orch_mib"] >= 2 * 2048 - 64, card  # each holds its declared 2 GiB
+        card = wait_until(stacked, 120, "two tutorial jobs on one simulated card, 2 GiB each")
+        assert card["used_mib"] == card["orch_mib"] == 2 * 2048, card
         peaks = wait_until(
             lambda: [a.peak_mib for a in orch.attempt_rows() if a.outcome] or None,
             120,

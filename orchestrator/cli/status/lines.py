@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator.executors.base import is_cluster_executor
 from orchestrator.wording import fmt_changes, fmt_duration, fmt_setting, setting_pairs, short_keys
 
-RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
+RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
 NOT_CONSIDERED = "not yet considered"
 
 
@@ -53,11 +53,18 @@ def setting_cell(entry: dict[str, Any], names: dict[str, str] | None = None) -> 
     return fmt_setting(entry.get("overrides"), names, " " if names is not None else ",")
 
 
+def sm_cell(r: dict[str, Any]) -> str:
+    """The job's share of its card's SMs (`37%`), `-` where NVML gives none (simulated GPUs)."""
+    sm = _number(r.get("sm_pct"))
+    return "-" if sm is None else f"{sm:.0f}%"
+
+
 def running_cells(r: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     progress = r["progress"] or {}
     loss = _number(progress.get("loss"))
     return [
-        str(r["id"]), r["config"], setting_cell(r, names), str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
+        str(r["id"]), r["config"], setting_cell(r, names), str(r["seed"]), r["data"], _where(r), sm_cell(r),
+        str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
         f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
     ]

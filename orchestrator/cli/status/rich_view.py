@@ -72,20 +72,22 @@ def host_line(host: dict[str, Any]) -> Text:
 # Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay, and
 # the seed is the first kept (at 80 columns the seeds of one config must be told apart), and the
 # ladder level goes before the elapsed time and attempt number (a rung changes what is measured).
-RUNNING_OPTIONAL = ("seed", "step", "loss", "data", "lvl", "mem/pred", "elapsed", "att")
+RUNNING_OPTIONAL = ("seed", "SM", "step", "loss", "data", "lvl", "mem/pred", "elapsed", "att")
 
 
 def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bool = False) -> Table:
     """The running jobs; on a live frame one line each (a long config is cut with an ellipsis,
     `orch jobs` has it whole) and every other column whole, so that each job gets its row."""
     names = setting_names(running)
-    cells = [running_cells(r, names) for r in running]
+    every = [running_cells(r, names) for r in running]
+    # the setting and SM columns only where a job has one (SM: NVML's per-process figures)
+    headers = [c for c in RUNNING_COLUMNS
+               if c not in ("setting", "SM") or any(row[RUNNING_COLUMNS.index(c)] != "-" for row in every)]
+    cells = [[row[RUNNING_COLUMNS.index(c)] for c in headers] for row in every]
     folded = {"config": 16 if clipped else 32, "setting": 12}
-    columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
-        RUNNING_COLUMNS, cells, width - 4, folded, RUNNING_OPTIONAL)  # 4: the panel's border
-    if all(row[RUNNING_COLUMNS.index("setting")] == "-" for row in cells):
-        columns = [c for c in columns if c != "setting"]  # no job here has one
-    natural = {c: max([len(c), *(len(row[RUNNING_COLUMNS.index(c)]) for row in cells)]) for c in columns}
+    columns = headers if width is None else fit_columns(
+        headers, cells, width - 4, folded, [c for c in RUNNING_OPTIONAL if c in headers])  # 4: the panel's border
+    natural = {c: max([len(c), *(len(row[headers.index(c)]) for row in cells)]) for c in columns}
     config_width = None
     if clipped and width is not None:
         config_width = max(8, width - 4 - sum(natural[c] + 2 for c in columns if c != "config") - 2)
@@ -99,7 +101,7 @@ def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bo
         else:
             table.add_column(column, no_wrap=True, min_width=natural[column])
     for row in cells:
-        table.add_row(*(row[RUNNING_COLUMNS.index(c)] for c in columns))
+        table.add_row(*(row[headers.index(c)] for c in columns))
     return table
 
 
