@@ -77,10 +77,13 @@ def test_the_readme_tutorial_stacks_two_jobs_on_a_simulated_card(tmp_path: Path)
 
         card = wait_until(stacked, 120, "two tutorial jobs on one simulated card, 2 GiB each")
         assert card["used_mib"] == card["orch_mib"] == 2 * 2048, card
-        peaks = wait_until(
-            lambda: [a.peak_mib for a in orch.attempt_rows() if a.outcome] or None,
+        ended = wait_until(
+            lambda: [a for a in orch.attempt_rows() if a.outcome] or None,
             120,
             "a finished tutorial attempt",
         )
+        peaks = [a.peak_mib for a in ended]
         assert all(2000 <= p <= 2100 for p in peaks), peaks  # measured, not 0.0 GiB
+        # long enough for the README's step 4 (Watch) to show it running
+        assert all((a.ended_at or 0) - a.started_at >= 10 for a in ended), ended
         orch.run("cancel", "--all")
