@@ -81,7 +81,8 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
         deadline = time.monotonic() + timeout_s
         # SIGTERM and SIGHUP (the terminal closed) end the demo as Ctrl-C does: its daemon and
         # workers are stopped on the way out
-        previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+        previous = {signum: signal.signal(signum, _interrupt)
+                    for signum in (signal.SIGTERM, signal.SIGHUP)}
         try:
             if console.is_terminal:
                 _watch_live(store, console, deadline)

@@ -100,7 +100,8 @@ class NvmlProbe:
             samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
         except nvml.NVMLError as exc:
             not_found = getattr(nvml, "NVML_ERROR_NOT_FOUND", None)
-            return {} if not_found is not None and getattr(exc, "value", None) == not_found else None
+            no_samples = not_found is not None and getattr(exc, "value", None) == not_found
+            return {} if no_samples else None
         except Exception:  # bindings without the call, or a driver that answers oddly: no figures
             return None
         latest: dict[int, tuple[int, int]] = {}
@@ -113,7 +114,8 @@ class NvmlProbe:
         return {pid: sm for pid, (_, sm) in latest.items()}
 
     @staticmethod
-    def _processes(nvml: ModuleType, handle: Any, sm_by_pid: dict[int, int] | None = None) -> tuple[ProcessMemory, ...]:
+    def _processes(nvml: ModuleType, handle: Any,
+                   sm_by_pid: dict[int, int] | None = None) -> tuple[ProcessMemory, ...]:
         per_pid: dict[int, int] = {}
         for query in (
             nvml.nvmlDeviceGetComputeRunningProcesses,

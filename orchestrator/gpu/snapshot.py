@@ -33,7 +33,8 @@ class GpuSnapshot:
         return {
             "index": self.index, "uuid": self.uuid, "name": self.name, "total_mib": self.total_mib,
             "used_mib": self.used_mib, "free_mib": self.free_mib, "utilization_pct": self.utilization_pct,
-            "processes": [{"pid": p.pid, "used_mib": p.used_mib, "sm_pct": p.sm_pct} for p in self.processes],
+            "processes": [{"pid": p.pid, "used_mib": p.used_mib, "sm_pct": p.sm_pct}
+                          for p in self.processes],
         }
 
     def memory_of(self, pids: frozenset[int] | set[int]) -> int:

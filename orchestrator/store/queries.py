@@ -63,9 +63,9 @@ class JobListRow(NamedTuple):
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobListRow:
-        return cls(row["id"], _STATES[row["state"]], row["suite"], row["config_name"], row["seed"], row["data"],
-                   row["priority"], row["level"], row["attempt_count"], row["wait_reason"], row["reason"], row["gpu"],
-                   row.get("overrides_json") or "{}")
+        return cls(row["id"], _STATES[row["state"]], row["suite"], row["config_name"], row["seed"],
+                   row["data"], row["priority"], row["level"], row["attempt_count"], row["wait_reason"],
+                   row["reason"], row["gpu"], row.get("overrides_json") or "{}")
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -133,9 +133,8 @@ def iter_jobs(
 def iter_status_jobs(store: Store, *, limit: int | None = None, offset: int = 0) -> Iterator[dict[str, Any]]:
     """Every job in the `orch status --json` shape, by id, streamed."""
     # the listing's own rows, unpacked straight into the JSON shape (no row object per job)
-    for job_id, state, suite, config, seed, data, _, level, attempt, _, _, gpu, overrides in store.iter_rows(
-        *_job_list_sql(None, None, limit, offset)
-    ):
+    rows = store.iter_rows(*_job_list_sql(None, None, limit, offset))
+    for job_id, state, suite, config, seed, data, _, level, attempt, _, _, gpu, overrides in rows:
         yield {"id": job_id, "state": state, "suite": suite, "config": config, "seed": seed, "data": data,
                "overrides": job_overrides(overrides), "gpu": gpu, "attempt": attempt, "level": level}
 

@@ -51,11 +51,12 @@ def live_attempts(store: Store) -> list[LiveAttempt]:
     """Every attempt still running, by GPU then start."""
     rows = store.query(
         "SELECT a.*, j.suite AS job_suite, j.config_name AS job_config_name, j.seed AS job_seed, "
-        "j.data AS job_data, j.overrides_json AS job_overrides_json FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "j.data AS job_data, j.overrides_json AS job_overrides_json "
+        "FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE a.outcome IS NULL ORDER BY a.gpu_index, a.id"
     )
-    return [LiveAttempt(Attempt.from_row(r), r["job_suite"], r["job_config_name"], int(r["job_seed"]), r["job_data"],
-                        json_column(r["job_overrides_json"], {}, dict))
+    return [LiveAttempt(Attempt.from_row(r), r["job_suite"], r["job_config_name"], int(r["job_seed"]),
+                        r["job_data"], json_column(r["job_overrides_json"], {}, dict))
             for r in rows]
 
 
@@ -117,11 +118,12 @@ class WaitingJob:
 def first_waiting(store: Store, limit: int) -> list[WaitingJob]:
     """The head of the queue, in the order the daemon considers it."""
     rows = store.query(
-        "SELECT id, suite, config_name, seed, data, wait_reason, overrides_json FROM jobs WHERE state = ? "
+        "SELECT id, suite, config_name, seed, data, wait_reason, overrides_json FROM jobs "
+        "WHERE state = ? "
         "ORDER BY priority DESC, id LIMIT ?", [JobState.QUEUED.value, limit],
     )
-    return [WaitingJob(r["id"], r["suite"], r["config_name"], r["seed"], r["data"], r["wait_reason"],
-                       json_column(r["overrides_json"], {}, dict)) for r in rows]
+    return [WaitingJob(r["id"], r["suite"], r["config_name"], r["seed"], r["data"],
+                       r["wait_reason"], json_column(r["overrides_json"], {}, dict)) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,8 @@ def jobs_view(store: Store, f: JobsFilter) -> str:
     page = jobs_page(store, f)
     facts = job_facts(store, [r.id for r in page.rows], now_s())
     tasks = {r.id: r.data for r in page.rows}
-    shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s) for job, fact in facts.items()}
+    shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s)
+             for job, fact in facts.items()}
     return pages.jobs_fragment(page, f, state_counts(store), shown)
 
 
@@ -144,8 +145,12 @@ MAX_CURVE_RUNS = 40
 
 CURVE_COLUMNS = ("job", "config", "setting", "seed", "task")
 # What `/curves?by=` may name besides a config key: the job's own fields.
-BY_JOB_FIELD: dict[str, Callable[[Job], object]] = {"config": lambda job: job.config_name, "task": lambda job: job.data, "seed": lambda job: job.seed,
-                "setting": lambda job: " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items())) or "-"}
+BY_JOB_FIELD: dict[str, Callable[[Job], object]] = {
+    "config": lambda job: job.config_name,
+    "task": lambda job: job.data,
+    "seed": lambda job: job.seed,
+    "setting": lambda job: " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items())) or "-",
+}
 
 
 def colour_key(job: Job, by: str) -> str:
@@ -207,16 +212,19 @@ def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth:
     keys = sorted({k for run in picked_configs(store, picked) for k in run})
     notes = []
     if by is not None and by not in BY_JOB_FIELD and by not in keys:
-        notes.append(f"colour by {by!r} names nothing: neither config, task, seed, setting nor a config key "
-                     "of the picked runs; coloured by config and task")
+        notes.append(f"colour by {by!r} names nothing: neither config, task, seed, setting nor a "
+                     "config key of the picked runs; coloured by config and task")
         by = None
     runs, shown, missing = curve_runs(store, picked, by)
     columns = CURVE_COLUMNS + ((by,) if by is not None and by not in CURVE_COLUMNS else ())
-    spec = chart_spec(runs, key="curves", metric=metric or "loss", smooth=smooth, log=log, band=band, columns=columns)
+    spec = chart_spec(runs, key="curves", metric=metric or "loss", smooth=smooth, log=log, band=band,
+                      columns=columns)
     if metric is not None and runs and metric not in spec["metrics"]:
-        notes.append(f"no picked run reported {metric!r}: showing {(spec['metrics'] or ['loss'])[0]}")
+        shown_first = (spec["metrics"] or ["loss"])[0]
+        notes.append(f"no picked run reported {metric!r}: showing {shown_first}")
     by_options = [f for f in BY_JOB_FIELD if f not in keys] + keys
-    return pages.curves_fragment(shown, spec, page.configs, config, picked, missing, by_options, by, notes)
+    return pages.curves_fragment(shown, spec, page.configs, config, picked, missing, by_options, by,
+                                 notes)
 
 
 def picked_configs(store: Store, job_ids: list[int]) -> list[dict[str, object]]:

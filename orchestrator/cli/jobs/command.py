@@ -82,7 +82,8 @@ def jobs_cmd(
             echo_json_stream(_with_facts(store, iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset)))
             return
         rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
-        extras = jobs_extras(job_facts(store, [r.id for r in rows], store.now_s()), {r.id: r.data for r in rows})
+        facts = job_facts(store, [r.id for r in rows], store.now_s())
+        extras = jobs_extras(facts, {r.id: r.data for r in rows})
     print_jobs(rows, wide=wide, extras=extras)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))

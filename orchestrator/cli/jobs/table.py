@@ -19,7 +19,8 @@ from orchestrator.store.job_facts import JobFacts
 from orchestrator.store.queries import JobListRow
 from orchestrator.wording import fmt_duration, fmt_setting, setting_pairs, short_keys
 
-COLUMNS = ("id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl", "metric", "time", "note")
+COLUMNS = ("id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl", "metric",
+           "time", "note")
 STATE_STYLES = {
     "queued": "yellow",
     "running": "cyan",
@@ -32,12 +33,13 @@ STATE_STYLES = {
 STATE_TEXT = {s: s.value for s in JobState}  # a look-up: `.value` costs more, 100,000 rows at a time
 
 
-def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-"), names: dict[str, str] | None = None) -> list[str]:
+def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-"),
+              names: dict[str, str] | None = None) -> list[str]:
     """`extra`: its headline metric and run time, as `jobs_extras` words them; `names`: the
     short keys of the setting on a terminal (none when piped: `learning_rate=0.001,batch_size=8`,
     one word, so a pipe can split the line on spaces)."""
     note = r.wait_reason if r.state is JobState.QUEUED else (r.reason or "")
-    setting = fmt_setting(r.overrides, names, " ") if names is not None else fmt_setting(r.overrides, sep=",")
+    setting = fmt_setting(r.overrides, names, " " if names is not None else ",")
     return [
         str(r.id), STATE_TEXT[r.state], r.suite, r.config_name, setting, str(r.seed), r.data,
         "-" if r.gpu is None else str(r.gpu), str(r.attempt_count), str(r.level), *extra, note or "",
@@ -56,7 +58,8 @@ def jobs_extras(facts: dict[int, JobFacts], tasks: dict[int, str] | None = None)
 # Columns a narrow terminal drops first (last in this list first); id, state, config, the
 # setting, the seed and the note stay: the jobs of one config differ by seed and setting only.
 OPTIONAL = ("data", "lvl", "att", "gpu", "suite", "time", "metric")
-FOLDED_MIN = {"config": 16, "setting": 12, "note": 20}  # below these a long value is hard to read even folded
+# below these a long value is hard to read even folded
+FOLDED_MIN = {"config": 16, "setting": 12, "note": 20}
 
 
 def visible_columns(cells: Sequence[Sequence[str]], width: int) -> list[str]:
@@ -74,12 +77,15 @@ def setting_names(rows: Sequence[JobListRow]) -> dict[str, str]:
 def legend(names: dict[str, str]) -> str:
     """`setting: lr = learning_rate, bs = batch_size`; empty when no key was shortened."""
     shortened = sorted((short, key) for key, short in names.items() if short != key)
-    return "setting: " + ", ".join(f"{short} = {key}" for short, key in shortened) if shortened else ""
+    if not shortened:
+        return ""
+    return "setting: " + ", ".join(f"{short} = {key}" for short, key in shortened)
 
 
-def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS, extras: Extras | None = None,
-               names: dict[str, str] | None = None) -> Table:
-    """A rich table for a terminal: long configs, settings and notes fold onto more lines, never `…`."""
+def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS,
+               extras: Extras | None = None, names: dict[str, str] | None = None) -> Table:
+    """A rich table for a terminal: long configs, settings and notes fold onto more lines,
+    never `…`."""
     table = Table(box=None, header_style="bold")
     for column in columns:
         if column in FOLDED_MIN:
@@ -88,7 +94,8 @@ def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS, ext
             table.add_column(column, no_wrap=True)
     names = setting_names(rows) if names is None else names
     for r in rows:
-        cells = dict(zip(COLUMNS, job_cells(r, (extras or {}).get(r.id, ("-", "-")), names), strict=True))
+        extra = (extras or {}).get(r.id, ("-", "-"))
+        cells = dict(zip(COLUMNS, job_cells(r, extra, names), strict=True))
         shown = [Text(cells[c]) for c in columns]  # Text: a `[…]` in a user's name is not markup
         if "state" in columns:
             shown[list(columns).index("state")] = Text(r.state.value, style=STATE_STYLES.get(r.state.value, ""))
@@ -104,7 +111,8 @@ def print_jobs(rows: Sequence[JobListRow], *, wide: bool = False, console: Conso
     console = console or Console()
     extras = extras or {}
     if not console.is_terminal:
-        click.echo(plain_columns(COLUMNS, [job_cells(r, extras.get(r.id, ("-", "-"))) for r in rows]), nl=False)
+        piped = [job_cells(r, extras.get(r.id, ("-", "-"))) for r in rows]
+        click.echo(plain_columns(COLUMNS, piped), nl=False)
         return
     names = setting_names(rows)
     cells = [job_cells(r, extras.get(r.id, ("-", "-")), names) for r in rows]

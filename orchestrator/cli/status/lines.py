@@ -10,7 +10,8 @@ from typing import Any
 from orchestrator.executors.base import is_cluster_executor
 from orchestrator.wording import fmt_changes, fmt_duration, fmt_setting, setting_pairs, short_keys
 
-RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
+RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step",
+                   "loss", "mem/pred")
 NOT_CONSIDERED = "not yet considered"
 
 
@@ -63,7 +64,8 @@ def running_cells(r: dict[str, Any], names: dict[str, str] | None = None) -> lis
     progress = r["progress"] or {}
     loss = _number(progress.get("loss"))
     return [
-        str(r["id"]), r["config"], setting_cell(r, names), str(r["seed"]), r["data"], _where(r), sm_cell(r),
+        str(r["id"]), r["config"], setting_cell(r, names), str(r["seed"]), r["data"], _where(r),
+        sm_cell(r),
         str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
         f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",

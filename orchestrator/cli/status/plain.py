@@ -63,8 +63,8 @@ def plain_status(snapshot: dict[str, Any]) -> str:
         out.append("\npaused\n" + "".join(one_line(line) + "\n" for line in paused))
     waiting, more = waiting_entries(snapshot)
     if waiting:
-        rows = [[str(w["id"]), w["config"], setting_cell(w), str(w.get("seed", "-")), w["reason"] or NOT_CONSIDERED]
-                for w in waiting]
+        rows = [[str(w["id"]), w["config"], setting_cell(w), str(w.get("seed", "-")),
+                 w["reason"] or NOT_CONSIDERED] for w in waiting]
         out.append(_section("waiting", ("job", "config", "setting", "seed", "reason"), rows))
         if more > 0:
             out.append(f"... and {more} more queued\n")

@@ -82,18 +82,20 @@ def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bo
     every = [running_cells(r, names) for r in running]
     # the setting and SM columns only where a job has one (SM: NVML's per-process figures)
     headers = [c for c in RUNNING_COLUMNS
-               if c not in ("setting", "SM") or any(row[RUNNING_COLUMNS.index(c)] != "-" for row in every)]
+               if c not in ("setting", "SM")
+               or any(row[RUNNING_COLUMNS.index(c)] != "-" for row in every)]
     cells = [[row[RUNNING_COLUMNS.index(c)] for c in headers] for row in every]
     folded = {"config": 16 if clipped else 32, "setting": 12}
+    optional = [c for c in RUNNING_OPTIONAL if c in headers]
     columns = headers if width is None else fit_columns(
-        headers, cells, width - 4, folded, [c for c in RUNNING_OPTIONAL if c in headers])  # 4: the panel's border
+        headers, cells, width - 4, folded, optional)  # 4: the panel's border
     natural = {c: max([len(c), *(len(row[headers.index(c)]) for row in cells)]) for c in columns}
     config_width = None
     if clipped and width is not None:
         config_width = max(8, width - 4 - sum(natural[c] + 2 for c in columns if c != "config") - 2)
     table = Table(box=None, header_style="bold")
     for column in columns:
-        if column == "setting":  # abbreviated already; a long one folds (cut, with `…`, on a live frame)
+        if column == "setting":  # abbreviated; a long one folds (cut with `…` on a live frame)
             table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold",
                              min_width=min(natural[column], 12))
         elif column == "config":

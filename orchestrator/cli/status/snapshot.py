@@ -60,7 +60,8 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "level": la.attempt.level,
             "elapsed_s": now_s() - la.attempt.started_at,
             "held_mib": la.attempt.held_mib,
-            "sm_pct": la.attempt.sm_pct,  # its share of its card's SMs (NVML per process); null: not known
+            # its share of its card's SMs (NVML per process); null: not known
+            "sm_pct": la.attempt.sm_pct,
             "predicted_mib": la.attempt.predicted_peak_mib,
             "progress": la.attempt.progress or None,
             "executor": la.attempt.executor,
