@@ -138,3 +138,37 @@ def test_the_web_overview_shows_the_setting_of_running_and_waiting_jobs(db_path:
     for job_id in [*running, *queued]:
         row = page.split(f'data-job="{job_id}"')[1].split("</tr>")[0]
         assert f"<code>learning_rate={rates[job_id]}</code>" in row, row
+
+
+def test_the_live_frame_names_the_setting_of_each_job_of_a_small_waiting_group() -> None:
+    from orchestrator.cli.status.lines import waiting_group_lines
+
+    waiting = [
+        {
+            "id": 9,
+            "reason": "all allowed GPUs at their plan cap",
+            "overrides": {"learning_rate": 0.001},
+        },
+        {
+            "id": 10,
+            "reason": "all allowed GPUs at their plan cap",
+            "overrides": {"learning_rate": 0.003},
+        },
+    ]
+    snapshot = {
+        "waiting": waiting,
+        "counts": {"queued": 2},
+        "paused_suites": [],
+        "paused_configs": [],
+        "waiting_groups": [
+            {"reason": waiting[0]["reason"], "jobs": 2, "first_id": 9, "last_id": 10}
+        ],
+    }
+    assert waiting_group_lines(snapshot) == [
+        "2 waiting: all allowed GPUs at their plan cap (jobs 9–10: 9 lr=0.001, 10 lr=0.003)"
+    ]
+    for entry in waiting:
+        entry["overrides"] = {}
+    assert waiting_group_lines(snapshot) == [
+        "2 waiting: all allowed GPUs at their plan cap (jobs 9–10)"
+    ]

@@ -110,6 +110,17 @@ def _ids(first: int, last: int, n: int) -> str:
     return f"jobs {first}–{last}" if last - first + 1 == n else f"jobs {first} … {last}"
 
 
+def _group_settings(group: dict[str, Any], snapshot: dict[str, Any]) -> str:
+    """`: 9 lr=0.001, 10 lr=0.003`: each job's setting, when the group's jobs are all among the
+    first waiting ones the snapshot lists and one of them has a setting; else nothing."""
+    listed = [w for w in snapshot.get("waiting", [])
+              if group["first_id"] <= int(w["id"]) <= group["last_id"] and w.get("reason") == group["reason"]]
+    if len(listed) != group["jobs"] or not any(w.get("overrides") for w in listed):
+        return ""
+    names = setting_names(listed)
+    return ": " + ", ".join(f"{w['id']} {setting_cell(w, names)}" for w in listed)
+
+
 def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
     """One line per waiting reason, the largest group first: `7 waiting: all allowed GPUs at
     their plan cap (jobs 6–12)`. From `waiting_groups` (the head of the queue outside paused
@@ -123,7 +134,8 @@ def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
         groups = [{"reason": reason, "jobs": len(ids), "first_id": min(ids), "last_id": max(ids)}
                   for reason, ids in by_reason.items()]
         groups.sort(key=lambda g: (-g["jobs"], g["first_id"]))
-    lines = [one_line(f"{g['jobs']} waiting: {g['reason'] or NOT_CONSIDERED} ({_ids(g['first_id'], g['last_id'], g['jobs'])})")
+    lines = [one_line(f"{g['jobs']} waiting: {g['reason'] or NOT_CONSIDERED} "
+                      f"({_ids(g['first_id'], g['last_id'], g['jobs'])}{_group_settings(g, snapshot)})")
              for g in groups]
     rest = snapshot["counts"]["queued"] - paused_queued(snapshot) - sum(g["jobs"] for g in groups)
     if lines and rest > 0:
