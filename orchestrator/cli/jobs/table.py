@@ -64,9 +64,11 @@ FOLDED_MIN = {"config": 16, "setting": 12, "note": 20}
 
 def visible_columns(cells: Sequence[Sequence[str]], width: int) -> list[str]:
     """The columns that fit `width`; the setting only when a job listed has one."""
-    shown = fit_columns(COLUMNS, cells, width, FOLDED_MIN, OPTIONAL)
     at = COLUMNS.index("setting")
-    return shown if any(row[at] != "-" for row in cells) else [c for c in shown if c != "setting"]
+    if any(row[at] != "-" for row in cells):
+        return fit_columns(COLUMNS, cells, width, FOLDED_MIN, OPTIONAL)
+    without = [[value for i, value in enumerate(row) if i != at] for row in cells]
+    return fit_columns([c for c in COLUMNS if c != "setting"], without, width, FOLDED_MIN, OPTIONAL)
 
 
 def setting_names(rows: Sequence[JobListRow]) -> dict[str, str]:
