@@ -155,3 +155,26 @@ def test_status_shows_each_jobs_sm_beside_the_cards_use() -> None:
         line for line in buffer.getvalue().splitlines() if " job " in line and "config" in line
     )
     assert "SM" not in header.split()  # simulated GPUs: no per-job figure, no empty column
+
+
+def test_the_web_overview_shows_each_running_jobs_sm_and_the_cards_use(tmp_path: Any) -> None:
+    pytest.importorskip("starlette", reason="needs the web extra")
+    from starlette.testclient import TestClient
+
+    from benchmarks.web_load import build_sweep
+    from orchestrator.store import Store
+    from orchestrator.web.app import create_app
+
+    db_path = tmp_path / "state.db"
+    build_sweep(db_path, 10, running=2, queued=0)
+    with Store(db_path) as store, store.write():
+        running = [
+            r["id"]
+            for r in store.query("SELECT id FROM attempts WHERE outcome IS NULL ORDER BY id")
+        ]
+        store.execute("UPDATE attempts SET sm_pct = 42 WHERE id = ?", [running[0]])
+    with TestClient(create_app(db_path, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        page = client.get("/").text
+    cells = [c.split("</td>")[0] for c in page.split('<td class="num sm">')[1:]]
+    assert sorted(cells) == ["-", "42%"]  # a job without NVML's figure reads `-`, never 0
+    assert '<td class="num util">' in page

@@ -47,6 +47,7 @@ class RunningJob:
     total: int | None
     loss: float | None
     overrides: dict[str, Any] = field(default_factory=dict)  # the job's `--set` and `--grid` values
+    sm_pct: int | None = None  # its share of its card's SMs (NVML per process); None: not known
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
         running.append(RunningJob(
             a.job_id, la.suite, la.config_name, la.seed, la.data, a.gpu_index, a.n, a.level, a.started_at,
             a.held_mib, a.predicted_peak_mib, None if step is None else int(step),
-            None if total is None else int(total), _number(a.progress.get("loss")), la.overrides,
+            None if total is None else int(total), _number(a.progress.get("loss")), la.overrides, a.sm_pct,
         ))
     gpus = cards_now(store, daemon, live)
     counts = state_counts(store)
