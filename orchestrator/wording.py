@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -82,3 +83,44 @@ def fmt_duration(seconds: float | None) -> str:
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
     return f"{whole // 3600}h{(whole % 3600) // 60:02d}m"
+
+
+def setting_pairs(overrides: Any) -> list[tuple[str, str]]:
+    """A job's overrides (`--set`, `--grid`) as (key, value) words, nested keys dotted
+    (`env.A`), in the order they were given."""
+    if not isinstance(overrides, dict):
+        return []
+    pairs: list[tuple[str, str]] = []
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            pairs.extend((f"{key}.{inner}", fmt_value(v)) for inner, v in value.items())
+        else:
+            pairs.append((str(key), fmt_value(value)))
+    return pairs
+
+
+def short_key(key: str) -> str:
+    """`learning_rate` -> `lr`, `gradient_accumulation_steps` -> `gas`: the initials of a key of
+    two or more words; a one-word key (`dropout`) and a dotted one (`env.A`) as they are."""
+    words = [w for w in key.replace("-", "_").split("_") if w]
+    return "".join(w[0] for w in words) if len(words) > 1 and "." not in key else key
+
+
+def short_keys(keys: Iterable[str]) -> dict[str, str]:
+    """The short name of each key of one listing: initials where no two keys (and no key's
+    own name) share them, else the whole key, so `lr` never means two things in one table."""
+    keys = set(keys)
+    by_short: dict[str, set[str]] = {}
+    for key in keys:
+        by_short.setdefault(short_key(key), set()).add(key)
+    return {key: short if len(by_short[short]) == 1 and (short == key or short not in keys) else key
+            for short, named in by_short.items() for key in named}
+
+
+def fmt_setting(overrides: Any, names: dict[str, str] | None = None, sep: str = " ") -> str:
+    """A job's overrides in one cell: `learning_rate=0.001`, or with `names` (short_keys)
+    `lr=0.001`; `-` when it has none."""
+    pairs = setting_pairs(overrides)
+    if not pairs:
+        return "-"
+    return sep.join(f"{(names or {}).get(k, k)}={v}" for k, v in pairs)

@@ -81,7 +81,8 @@ def test_piped_status_is_plain_columns() -> None:
     lines = out.splitlines()
     assert lines[0].startswith("daemon pid 1") and "queued 2" in lines[0]
     header = next(line for line in lines if line.startswith("job ") and "config" in line and "GPU" in line)
-    assert header.split() == ["job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred"]
+    assert header.split() == ["job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step",
+                              "loss", "mem/pred"]
     assert sum(1 for line in lines if "Tried to allocate" in line) == 2  # the retry and its event, one line each
     assert any(line.startswith("GPU") and "foreign" in line for line in lines)
 

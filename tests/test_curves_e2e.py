@@ -99,7 +99,7 @@ def test_a_trainer_like_scripts_history_is_exported_whole_and_a_resumed_job_stit
     assert [j["metric"] for j in listed] == [{"key": "eval_accuracy", "value": 0.9}] * 2
     assert all(j["run_s"] > 0 for j in listed)
     plain = orch.run("jobs").stdout.splitlines()
-    assert plain[0].split()[9:11] == ["metric", "time"] and plain[1].split()[9] == "eval_accuracy=0.9"
+    assert plain[0].split()[10:12] == ["metric", "time"] and plain[1].split()[10] == "eval_accuracy=0.9"
     _web_draws_them(orch)
 
 

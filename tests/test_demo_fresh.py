@@ -112,12 +112,12 @@ def test_a_piped_demo_prints_each_event_as_it_happens(tmp_path: Path) -> None:
 
 
 def _as_from_a_terminal() -> None:
-    """The demo starts as from a shell in a terminal: SIGINT and SIGTERM at their defaults and
+    """The demo starts as from a shell in a terminal: SIGINT, SIGTERM and SIGHUP at their defaults and
     unblocked, whatever this test process inherited (Python turns SIGINT into KeyboardInterrupt
     only where its parent left SIGINT at the default)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 def _signal_masks(pid: int) -> str:
@@ -135,7 +135,8 @@ def _catches(pid: int, signum: int) -> bool:
         and not (int(masks.get("SigBlk", "0"), 16) & bit)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+# SIGHUP: the terminal the demo runs in was closed
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum: int) -> None:
     # the demo's own plans with jobs of 10 minutes: the sweep cannot end before the signal does
     plans = tmp_path / "plans"

@@ -54,7 +54,7 @@ def test_piped_jobs_keep_every_value_whole(orch_inproc: OrchRunner) -> None:
     assert len(configs) == 44 and all(len(c) > 10 for c in configs)
     assert any("alpha16" in line for line in out.splitlines())
     assert max(len(line) for line in out.splitlines()) > 80  # wider than a terminal, as it must be
-    assert out.splitlines()[0].split() == ["id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "metric",
+    assert out.splitlines()[0].split() == ["id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl", "metric",
                                         "time", "note"]
 
 

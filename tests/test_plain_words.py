@@ -35,7 +35,7 @@ def test_a_step_without_a_total_is_shown() -> None:
     running = {"id": 1, "config": "c", "seed": 1, "data": "d", "gpu": 0, "attempt": 1, "level": 0, "elapsed_s": 3.0,
                "held_mib": 1024, "predicted_mib": 2048, "progress": {"step": 5, "loss": 0.25}}
     cells = running_cells(running)
-    assert cells[8:10] == ["5", "0.250"]
+    assert cells[10:12] == ["5", "0.250"]
 
 
 def _finish(db_path: Path, job_id: int, gpu: int, *, state: str) -> None:

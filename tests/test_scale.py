@@ -81,8 +81,8 @@ def test_a_long_listing_is_a_plain_table_with_every_row(orch_inproc: OrchRunner)
     finally:
         jobs_module.RICH_TABLE_ROWS = original
     lines = out.splitlines()
-    assert lines[0].split() == ["id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "metric", "time",
-                                "note"]
+    assert lines[0].split() == ["id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl",
+                                "metric", "time", "note"]
     assert len(lines) == n_jobs + 1
     assert all(line.split()[1] == "queued" for line in lines[1:])
     assert click.unstyle(out) == out  # not a terminal: no colour codes

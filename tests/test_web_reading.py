@@ -163,6 +163,26 @@ def test_the_reason_column_keeps_words_together_at_800_px(done_sweep: Reading, b
         context.close()
 
 
+def test_the_attempts_reason_keeps_words_together_at_800_px(done_sweep: Reading, browser: Any) -> None:
+    failed = [job.id for job in done_sweep.orch.jobs(JobState.FAILED)]
+    assert failed
+    context = _page(browser, 800)
+    try:
+        page = context.new_page()
+        page.goto(f"{done_sweep.url}/job/{failed[0]}")
+        cells = page.eval_on_selector_all("table.attempts tr.attempt-row td:last-child", """cells => cells.map(c => ({
+            words: c.textContent.trim().split(/\\s+/).length,
+            lines: Math.round(c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight || 20)),
+            width: c.getBoundingClientRect().width}))""")
+        long = [c for c in cells if c["words"] >= 6]
+        assert long, cells  # the failed attempt's reason
+        for cell in long:  # several words to a line, not one
+            assert cell["width"] >= 200 and cell["lines"] <= cell["words"] / 3, cell
+        page.screenshot(path=str(ARTIFACTS / "reading-job-800.png"), full_page=True)
+    finally:
+        context.close()
+
+
 def _bar(i: int) -> str:
     return f"\r{i:3d}%|{'#' * (i // 5):<20}| {i}/100 [00:0{i // 20}<00:05, 19.8it/s]"
 

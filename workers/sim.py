@@ -65,6 +65,7 @@ from orchestrator.gpu.sim_files import (
 )
 from orchestrator.rundir_files import write_json
 from workers import harness
+from workers.sim_curves import sim_loss
 
 LOGITS_SHARE = 0.25
 SIM_SEQ_LEN = 128
@@ -332,6 +333,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
     host_error = host_oom_error(config, loader_pid=os.getpid() + 1)
     if host_error is not None:
         raise host_error
+    seed = int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0)
     train_started = time.monotonic()
     for step in range(1, total_steps + 1):
         if fail == "hang" and step > total_steps // 2:
@@ -344,11 +346,10 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
         heartbeat.beat(
             step,
             total_steps,
-            loss=round(2.0 / (1 + 0.1 * step), 4),
+            loss=sim_loss(step, config, seed),
             samples_per_s=round(step * batch / elapsed_s, 2),
             peak_mem_mib=alloc.peak_mib,
         )
-    seed = int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0)
     harness.write_result(
         run_dir,
         harness.STATUS_SUCCEEDED,

@@ -52,6 +52,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "id": la.attempt.job_id,
             "suite": la.suite,
             "config": la.config_name,
+            "overrides": la.overrides,  # the job's setting (`--set`, `--grid`)
             "seed": la.seed,
             "data": la.data,
             "gpu": la.attempt.gpu_index,
@@ -59,6 +60,8 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "level": la.attempt.level,
             "elapsed_s": now_s() - la.attempt.started_at,
             "held_mib": la.attempt.held_mib,
+            # its share of its card's SMs (NVML per process); null: not known
+            "sm_pct": la.attempt.sm_pct,
             "predicted_mib": la.attempt.predicted_peak_mib,
             "progress": la.attempt.progress or None,
             "executor": la.attempt.executor,
@@ -84,7 +87,8 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         "disk": reading.disk if reading else None,
         "counts": state_counts(store),
         "running": running,
-        "waiting": [{"id": w.job_id, "suite": w.suite, "config": w.config, "reason": w.reason}
+        "waiting": [{"id": w.job_id, "suite": w.suite, "config": w.config, "overrides": w.overrides,
+                     "seed": w.seed, "data": w.data, "reason": w.reason}
                     for w in first_waiting(store, FIRST_WAITING)],
         # the head of the queue outside paused suites and configs, by its waiting reason, largest first
         "waiting_groups": [asdict(g) for g in waiting_groups(store, WAITING_GROUPS)],

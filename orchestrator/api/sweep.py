@@ -87,7 +87,7 @@ class Sweep:
         rows = []
         for job in listed:
             fact = facts[job.id]
-            headline = headline_metric(fact.last_values)
+            headline = headline_metric(fact.last_values, job.data)
             rows.append({"id": job.id, "suite": job.suite, "config": job.config_name,
                          "setting": setting_text(fact.overrides), "seed": job.seed, "task": job.data,
                          "state": job.state.value, "attempt": job.attempt_count, "level": job.level, "gpu": job.gpu,

@@ -93,6 +93,10 @@ class ResourceTracker:
             fields["held_mib"] = rank_mib
             if rank_mib > attempt.peak_mib:
                 fields["peak_mib"] = rank_mib
+        shares = [by_uuid[u].sm_of(set(pids)) for u in uuids if u in by_uuid]
+        busiest = max((sm for sm in shares if sm is not None), default=None)
+        if busiest != attempt.sm_pct:
+            fields["sm_pct"] = busiest
         ranks = _ranks(attempt)
         for uuid in uuids:
             card = by_uuid.get(uuid)

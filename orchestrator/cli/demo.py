@@ -80,8 +80,10 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
             click.echo(f"daemon started (pid {pid}); log: {daemon_log_path(db_path)}")
             started_here = True
         deadline = time.monotonic() + timeout_s
-        # SIGTERM ends the demo as Ctrl-C does: its daemon and workers are stopped on the way out
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        # SIGTERM and SIGHUP (the terminal closed) end the demo as Ctrl-C does: its daemon and
+        # workers are stopped on the way out
+        previous = {signum: signal.signal(signum, _interrupt)
+                    for signum in (signal.SIGTERM, signal.SIGHUP)}
         try:
             if console.is_terminal:
                 _watch_live(store, console, deadline)
@@ -92,7 +94,8 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
                 _stop_interrupted(store, db_path)
             raise
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         counts = state_counts(store)
         oom_job = first_oom_job(store)
         if started_here:
@@ -103,7 +106,20 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGHUP:
+        _leave_closed_terminal()
     raise KeyboardInterrupt
+
+
+def _leave_closed_terminal() -> None:
+    """The terminal is gone: what the demo prints on its way out goes nowhere, instead of an
+    error on the first write that would stop it before its daemon is."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 def _stop_daemon(store: Store, *, drain: bool, wait_s: float = 30.0) -> bool:
@@ -150,8 +166,10 @@ def _watch_live(store: Store, console: Console, deadline: float) -> None:
 
     with Live(frame(), console=console, refresh_per_second=4) as live:
         while time.monotonic() < deadline:
-            live.update(frame())
-            if _done(store):
+            # done is read before the frame: the last frame shown is never older than the end
+            done = _done(store)
+            live.update(frame(), refresh=done)
+            if done:
                 break
             time.sleep(0.5)  # the dashboard's refresh interval
     console.print()

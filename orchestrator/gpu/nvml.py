@@ -44,6 +44,7 @@ class NvmlProbe:
     def __init__(self) -> None:
         self._nvml: ModuleType | None = None
         self._lock = threading.Lock()
+        self._sm_seen_us: dict[int, int] = {}  # card index -> the newest utilisation sample read
 
     def _init(self) -> ModuleType:
         with self._lock:
@@ -87,11 +88,34 @@ class NvmlProbe:
             used_mib=total_mib - free_mib,
             free_mib=free_mib,
             utilization_pct=utilization_pct,
-            processes=self._processes(nvml, handle),
+            processes=self._processes(nvml, handle, self._process_sm(nvml, handle, index)),
         )
 
+    def _process_sm(self, nvml: ModuleType, handle: Any, index: int) -> dict[int, int] | None:
+        """Each process's share of the card's SMs since the last reading (its latest sample;
+        0 for a process with none: it ran no kernel since), or None where NVML has no
+        per-process figures (older cards, MIG, vGPU)."""
+        since_us = self._sm_seen_us.get(index, 0)
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except nvml.NVMLError as exc:
+            not_found = getattr(nvml, "NVML_ERROR_NOT_FOUND", None)
+            no_samples = not_found is not None and getattr(exc, "value", None) == not_found
+            return {} if no_samples else None
+        except Exception:  # bindings without the call, or a driver that answers oddly: no figures
+            return None
+        latest: dict[int, tuple[int, int]] = {}
+        for sample in samples or ():
+            stamp, pid, sm = int(sample.timeStamp), int(sample.pid), int(sample.smUtil)
+            if stamp >= latest.get(pid, (-1, 0))[0] and 0 <= sm <= 100:
+                latest[pid] = (stamp, sm)
+        if latest:
+            self._sm_seen_us[index] = max(stamp for stamp, _ in latest.values())
+        return {pid: sm for pid, (_, sm) in latest.items()}
+
     @staticmethod
-    def _processes(nvml: ModuleType, handle: Any) -> tuple[ProcessMemory, ...]:
+    def _processes(nvml: ModuleType, handle: Any,
+                   sm_by_pid: dict[int, int] | None = None) -> tuple[ProcessMemory, ...]:
         per_pid: dict[int, int] = {}
         for query in (
             nvml.nvmlDeviceGetComputeRunningProcesses,
@@ -105,7 +129,8 @@ class NvmlProbe:
                 mib = _process_mib(getattr(info, "usedGpuMemory", None))
                 # A process may be both compute and graphics: keep the larger reading, not the sum.
                 per_pid[int(info.pid)] = max(per_pid.get(int(info.pid), 0), mib or 0)
-        return tuple(ProcessMemory(pid, mib) for pid, mib in sorted(per_pid.items()))
+        return tuple(ProcessMemory(pid, mib, None if sm_by_pid is None else sm_by_pid.get(pid, 0))
+                     for pid, mib in sorted(per_pid.items()))
 
     def topology(self) -> dict[tuple[int, int], int]:
         """Pairwise distance of the cards by NVML's common ancestor (10: same board or switch,

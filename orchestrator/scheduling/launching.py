@@ -28,6 +28,7 @@ from orchestrator.executors.provenance import WORKER_PROVENANCE_NOTES, WORKER_PR
 from orchestrator.executors.run_dir import build_argv, build_worker_env, prepare_run_dir
 from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.mps import MpsState
+from orchestrator.gpu.sim_footprint import footprint_env
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans.resume import (
     resumable_attempts,
@@ -201,6 +202,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
+                   **footprint_env(ctx.worker_env, job.worker, job.declared_mib),
                    **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)

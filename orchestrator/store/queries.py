@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from orchestrator.store.status import Event, job_events, recent_events
 # The columns are JobListRow's fields, in their order (rows are built by position).
 _JOB_LIST_SQL = """
 SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.priority, j.level,
-       j.attempt_count, j.wait_reason, j.reason, a.gpu_index AS gpu
+       j.attempt_count, j.wait_reason, j.reason, a.gpu_index AS gpu, j.overrides_json
 FROM jobs j
 LEFT JOIN attempts a ON a.job_id = j.id AND (a.outcome IS NULL
     OR (j.state IN ('succeeded', 'failed', 'cancelled') AND a.n = j.attempt_count))
@@ -27,6 +28,17 @@ LEFT JOIN attempts a ON a.job_id = j.id AND (a.outcome IS NULL
 
 
 _STATES = {s.value: s for s in JobState}
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_overrides(text: str) -> tuple[tuple[str, Any], ...]:
+    return tuple(json_column(text, {}, dict).items())
+
+
+def job_overrides(text: str | None) -> dict[str, Any]:
+    """A job's stored overrides as a fresh dict; the jobs of a grid share a few texts, each
+    parsed once however many jobs are listed."""
+    return dict(_parsed_overrides(text or "{}"))
 
 
 class JobListRow(NamedTuple):
@@ -47,11 +59,18 @@ class JobListRow(NamedTuple):
     wait_reason: str | None
     reason: str | None
     gpu: int | None
+    overrides_json: str = "{}"  # its `--set` and `--grid` values, as stored (parsed by `overrides`)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobListRow:
-        return cls(row["id"], _STATES[row["state"]], row["suite"], row["config_name"], row["seed"], row["data"],
-                   row["priority"], row["level"], row["attempt_count"], row["wait_reason"], row["reason"], row["gpu"])
+        return cls(row["id"], _STATES[row["state"]], row["suite"], row["config_name"], row["seed"],
+                   row["data"], row["priority"], row["level"], row["attempt_count"], row["wait_reason"],
+                   row["reason"], row["gpu"], row.get("overrides_json") or "{}")
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """Its setting: the `--set` and `--grid` values it runs with ({} for none)."""
+        return job_overrides(self.overrides_json)
 
     @classmethod
     def from_tuple(cls, row: tuple[Any, ...]) -> JobListRow:
@@ -69,6 +88,7 @@ def job_row_to_public(row: JobListRow) -> dict[str, Any]:
         "seed": row.seed,
         "data": row.data,
         "gpu": row.gpu,
+        "overrides": row.overrides,
         "attempt": row.attempt_count,
         "level": row.level,
         "priority": row.priority,
@@ -113,11 +133,10 @@ def iter_jobs(
 def iter_status_jobs(store: Store, *, limit: int | None = None, offset: int = 0) -> Iterator[dict[str, Any]]:
     """Every job in the `orch status --json` shape, by id, streamed."""
     # the listing's own rows, unpacked straight into the JSON shape (no row object per job)
-    for job_id, state, suite, config, seed, data, _, level, attempt, _, _, gpu in store.iter_rows(
-        *_job_list_sql(None, None, limit, offset)
-    ):
+    rows = store.iter_rows(*_job_list_sql(None, None, limit, offset))
+    for job_id, state, suite, config, seed, data, _, level, attempt, _, _, gpu, overrides in rows:
         yield {"id": job_id, "state": state, "suite": suite, "config": config, "seed": seed, "data": data,
-               "gpu": gpu, "attempt": attempt, "level": level}
+               "overrides": job_overrides(overrides), "gpu": gpu, "attempt": attempt, "level": level}
 
 
 def state_counts(store: Store) -> dict[str, int]:

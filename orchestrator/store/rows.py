@@ -191,6 +191,7 @@ class Attempt:
     loss: dict[str, Any] = field(default_factory=dict)  # the loss summary its end was judged on
     diverged: str | None = None  # why the divergence rule flagged it
     provenance: dict[str, Any] = field(default_factory=dict)  # the validated digest of provenance.json
+    sm_pct: int | None = None  # its share of its card's SMs now (NVML per process); None: not known
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -221,6 +222,7 @@ class Attempt:
             resumed_from_checkpoint=row.get("resumed_from_checkpoint"),
             hunted=row.get("hunted"), token=row.get("token"), loss=_json(row.get("loss_json"), {}),
             diverged=row.get("diverged"), provenance=_json(row.get("provenance_json"), {}),
+            sm_pct=_opt_int(row.get("sm_pct")),
         )
 
     @property

@@ -5,7 +5,7 @@ of 100,000 jobs answers quickly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.lifecycle import JobState
@@ -44,16 +44,19 @@ class LiveAttempt:
     config_name: str
     seed: int
     data: str
+    overrides: dict[str, Any] = field(default_factory=dict)  # the job's `--set` and `--grid` values
 
 
 def live_attempts(store: Store) -> list[LiveAttempt]:
     """Every attempt still running, by GPU then start."""
     rows = store.query(
         "SELECT a.*, j.suite AS job_suite, j.config_name AS job_config_name, j.seed AS job_seed, "
-        "j.data AS job_data FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "j.data AS job_data, j.overrides_json AS job_overrides_json "
+        "FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE a.outcome IS NULL ORDER BY a.gpu_index, a.id"
     )
-    return [LiveAttempt(Attempt.from_row(r), r["job_suite"], r["job_config_name"], int(r["job_seed"]), r["job_data"])
+    return [LiveAttempt(Attempt.from_row(r), r["job_suite"], r["job_config_name"], int(r["job_seed"]),
+                        r["job_data"], json_column(r["job_overrides_json"], {}, dict))
             for r in rows]
 
 
@@ -109,15 +112,18 @@ class WaitingJob:
     seed: int
     data: str
     reason: str | None  # why it waits, as the daemon last wrote it
+    overrides: dict[str, Any] = field(default_factory=dict)  # its `--set` and `--grid` values
 
 
 def first_waiting(store: Store, limit: int) -> list[WaitingJob]:
     """The head of the queue, in the order the daemon considers it."""
     rows = store.query(
-        "SELECT id, suite, config_name, seed, data, wait_reason FROM jobs WHERE state = ? "
+        "SELECT id, suite, config_name, seed, data, wait_reason, overrides_json FROM jobs "
+        "WHERE state = ? "
         "ORDER BY priority DESC, id LIMIT ?", [JobState.QUEUED.value, limit],
     )
-    return [WaitingJob(r["id"], r["suite"], r["config_name"], r["seed"], r["data"], r["wait_reason"]) for r in rows]
+    return [WaitingJob(r["id"], r["suite"], r["config_name"], r["seed"], r["data"],
+                       r["wait_reason"], json_column(r["overrides_json"], {}, dict)) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ writes. Every list a page shows is bounded, so a database of 10,000 jobs answers
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome, JobState
@@ -46,6 +46,8 @@ class RunningJob:
     step: int | None
     total: int | None
     loss: float | None
+    overrides: dict[str, Any] = field(default_factory=dict)  # the job's `--set` and `--grid` values
+    sm_pct: int | None = None  # its share of its card's SMs (NVML per process); None: not known
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
         running.append(RunningJob(
             a.job_id, la.suite, la.config_name, la.seed, la.data, a.gpu_index, a.n, a.level, a.started_at,
             a.held_mib, a.predicted_peak_mib, None if step is None else int(step),
-            None if total is None else int(total), _number(a.progress.get("loss")),
+            None if total is None else int(total), _number(a.progress.get("loss")), la.overrides, a.sm_pct,
         ))
     gpus = cards_now(store, daemon, live)
     counts = state_counts(store)

@@ -176,9 +176,10 @@ def create_app(
 
     def curves_page(request: Request) -> Response:
         ids, config, smooth, log, band = _curve_params(request)
-        by = _text_param(request, "by")
+        by, metric = _text_param(request, "by"), _text_param(request, "metric")
         with store() as s:
-            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band, by=by)
+            body = views.curves_view(s, ids, config, smooth=smooth, log=log, band=band, by=by,
+                                     metric=metric)
         return HTMLResponse(pages.layout("Curves", "curves", body))
 
     def static(request: Request) -> Response:

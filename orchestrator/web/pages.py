@@ -118,9 +118,10 @@ def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int],
 
 
 def curves_fragment(runs: list[dict[str, Any]], spec: dict[str, Any], configs: list[str], config: str | None,
-                    picked: list[int], missing: int, keys: Sequence[str] = (), by: str | None = None) -> str:
+                    picked: list[int], missing: int, keys: Sequence[str] = (), by: str | None = None,
+                    notes: Sequence[str] = ()) -> str:
     return render("curves.html", runs=runs, spec=spec, configs=configs, config=config, picked=picked, missing=missing,
-                  keys=keys, by=by)
+                  keys=keys, by=by, notes=notes)
 
 
 def action_page(heading: str, message: str, status: int, job_id: int | None) -> str:

@@ -3,6 +3,7 @@ rendering (pages), shared by the live app and the report."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.actions.presence import daemon_alive
@@ -19,6 +20,7 @@ from orchestrator.store.history import HistoryPoint
 from orchestrator.store.job_facts import job_facts
 from orchestrator.store.queries import JobHistory, get_attempts, job_history, state_counts
 from orchestrator.store.queue import job_by_id
+from orchestrator.store.rows import Job
 from orchestrator.store.web_queries import (
     JobsFilter,
     attempt_spans,
@@ -132,7 +134,9 @@ def results_view(store: Store, cache: RunReader, csv_href: str) -> str:
 def jobs_view(store: Store, f: JobsFilter) -> str:
     page = jobs_page(store, f)
     facts = job_facts(store, [r.id for r in page.rows], now_s())
-    shown = {job: (headline_metric(fact.last_values), fact.run_s) for job, fact in facts.items()}
+    tasks = {r.id: r.data for r in page.rows}
+    shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s)
+             for job, fact in facts.items()}
     return pages.jobs_fragment(page, f, state_counts(store), shown)
 
 
@@ -140,6 +144,19 @@ MAX_CURVE_RUNS = 40
 
 
 CURVE_COLUMNS = ("job", "config", "setting", "seed", "task")
+# What `/curves?by=` may name besides a config key: the job's own fields.
+BY_JOB_FIELD: dict[str, Callable[[Job], object]] = {
+    "config": lambda job: job.config_name,
+    "task": lambda job: job.data,
+    "seed": lambda job: job.seed,
+    "setting": lambda job: " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items())) or "-",
+}
+
+
+def colour_key(job: Job, by: str) -> str:
+    """The value a job is coloured by: a job field (config, task, seed, setting) or a config key."""
+    field = BY_JOB_FIELD.get(by)
+    return str(field(job)) if field is not None else str(job.config.get(by, "-"))
 
 
 def curve_runs(store: Store, job_ids: list[int], by: str | None = None) -> tuple[list[Run], list[dict[str, object]], int]:
@@ -170,15 +187,15 @@ def curve_runs(store: Store, job_ids: list[int], by: str | None = None) -> tuple
         overrides = " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items()))
         group = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") + f" · {job.data}"
         if by is not None:
-            group = f"{by}={job.config.get(by, '-')}"
+            group = f"{by}={colour_key(job, by)}"
         colour = colours.setdefault(group, PALETTE[len(colours) % len(PALETTE)]) if by is not None \
             else PALETTE[len(runs) % len(PALETTE)]
         label = f"job {job.id} · {group} · seed {job.seed}"
         own = points.get(job.id)
         cells = {"job": str(job.id), "config": job.config_name, "setting": overrides, "seed": str(job.seed),
                  "task": job.data}
-        if by is not None:
-            cells[by] = str(job.config.get(by, "-"))
+        if by is not None and by not in cells:
+            cells[by] = colour_key(job, by)
         runs.append(Run(f"job-{job.id}", label, group, curves_of(own) if own else read_curves(last.run_dir), colour,
                         marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}"))
         shown.append({"job_id": job.id, "label": label, "colour": colour})
@@ -186,14 +203,28 @@ def curve_runs(store: Store, job_ids: list[int], by: str | None = None) -> tuple
 
 
 def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth: float, log: bool, band: bool,
-                by: str | None = None) -> str:
+                by: str | None = None, metric: str | None = None) -> str:
+    """`by`: what colours the runs (a job field or a config key; one that names neither is
+    said on the page, and the runs coloured by config and task); `metric`: the one drawn
+    first (`&metric=eval_accuracy`), else the loss."""
     page = jobs_page(store, JobsFilter(config=config) if config else JobsFilter(), limit=MAX_CURVE_RUNS if config else 0)
     picked = list(dict.fromkeys(job_ids + ([r.id for r in reversed(page.rows)] if config else [])))
+    keys = sorted({k for run in picked_configs(store, picked) for k in run})
+    notes = []
+    if by is not None and by not in BY_JOB_FIELD and by not in keys:
+        notes.append(f"colour by {by!r} names nothing: neither config, task, seed, setting nor a "
+                     "config key of the picked runs; coloured by config and task")
+        by = None
     runs, shown, missing = curve_runs(store, picked, by)
     columns = CURVE_COLUMNS + ((by,) if by is not None and by not in CURVE_COLUMNS else ())
-    spec = chart_spec(runs, key="curves", smooth=smooth, log=log, band=band, columns=columns)
-    keys = sorted({k for run in picked_configs(store, picked) for k in run})
-    return pages.curves_fragment(shown, spec, page.configs, config, picked, missing, keys, by)
+    spec = chart_spec(runs, key="curves", metric=metric or "loss", smooth=smooth, log=log, band=band,
+                      columns=columns)
+    if metric is not None and runs and metric not in spec["metrics"]:
+        shown_first = (spec["metrics"] or ["loss"])[0]
+        notes.append(f"no picked run reported {metric!r}: showing {shown_first}")
+    by_options = [f for f in BY_JOB_FIELD if f not in keys] + keys
+    return pages.curves_fragment(shown, spec, page.configs, config, picked, missing, by_options, by,
+                                 notes)
 
 
 def picked_configs(store: Store, job_ids: list[int]) -> list[dict[str, object]]:

@@ -59,7 +59,7 @@ def _with_facts(store: Store, rows: Iterable[JobListRow], chunk: int = 500) -> I
         if batch and (row is None or len(batch) >= chunk):
             facts = job_facts(store, [r.id for r in batch], store.now_s())
             for r in batch:
-                headline = headline_metric(facts[r.id].last_values)
+                headline = headline_metric(facts[r.id].last_values, r.data)
                 yield {**job_row_to_public(r), "metric": {"key": headline[0], "value": headline[1]} if headline else None,
                        "run_s": facts[r.id].run_s}
             batch = []
@@ -82,7 +82,8 @@ def jobs_cmd(
             echo_json_stream(_with_facts(store, iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset)))
             return
         rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
-        extras = jobs_extras(job_facts(store, [r.id for r in rows], store.now_s()))
+        facts = job_facts(store, [r.id for r in rows], store.now_s())
+        extras = jobs_extras(facts, {r.id: r.data for r in rows})
     print_jobs(rows, wide=wide, extras=extras)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))

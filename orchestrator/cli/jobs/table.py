@@ -1,5 +1,6 @@
-"""The `orch jobs` table: whole values when piped; on a terminal id, state, config and the
-note (wait reason or failure reason) stay readable and the other columns give way."""
+"""The `orch jobs` table: whole values when piped; on a terminal id, state, config, setting,
+seed and the note (wait reason or failure reason) stay readable and the other columns give way.
+The setting is each job's overrides (`--set`, `--grid`): the jobs of a grid differ only there."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from orchestrator.cli.tables import fit_columns, plain_columns, print_whole
 from orchestrator.lifecycle import JobState
 from orchestrator.store.job_facts import JobFacts
 from orchestrator.store.queries import JobListRow
-from orchestrator.wording import fmt_duration
+from orchestrator.wording import fmt_duration, fmt_setting, setting_pairs, short_keys
 
-COLUMNS = ("id", "state", "suite", "config", "seed", "data", "gpu", "att", "lvl", "metric", "time", "note")
+COLUMNS = ("id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl", "metric",
+           "time", "note")
 STATE_STYLES = {
     "queued": "yellow",
     "running": "cyan",
@@ -31,11 +33,15 @@ STATE_STYLES = {
 STATE_TEXT = {s: s.value for s in JobState}  # a look-up: `.value` costs more, 100,000 rows at a time
 
 
-def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-")) -> list[str]:
-    """`extra`: its headline metric and run time, as `jobs_extras` words them."""
+def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-"),
+              names: dict[str, str] | None = None) -> list[str]:
+    """`extra`: its headline metric and run time, as `jobs_extras` words them; `names`: the
+    short keys of the setting on a terminal (none when piped: `learning_rate=0.001,batch_size=8`,
+    one word, so a pipe can split the line on spaces)."""
     note = r.wait_reason if r.state is JobState.QUEUED else (r.reason or "")
+    setting = fmt_setting(r.overrides, names, " " if names is not None else ",")
     return [
-        str(r.id), STATE_TEXT[r.state], r.suite, r.config_name, str(r.seed), r.data,
+        str(r.id), STATE_TEXT[r.state], r.suite, r.config_name, setting, str(r.seed), r.data,
         "-" if r.gpu is None else str(r.gpu), str(r.attempt_count), str(r.level), *extra, note or "",
     ]
 
@@ -43,29 +49,55 @@ def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-")) -> list[str]:
 Extras = dict[int, tuple[str, str]]  # job id -> (headline metric, run time)
 
 
-def jobs_extras(facts: dict[int, JobFacts]) -> Extras:
-    return {job: (shown_metric(f.last_values), fmt_duration(f.run_s)) for job, f in facts.items()}
+def jobs_extras(facts: dict[int, JobFacts], tasks: dict[int, str] | None = None) -> Extras:
+    """`tasks`: each job's task, whose primary metric is its headline (as in `orch results`)."""
+    return {job: (shown_metric(f.last_values, (tasks or {}).get(job, "")), fmt_duration(f.run_s))
+            for job, f in facts.items()}
 
 
-# Columns a narrow terminal drops first (last in this list first); id, state, config and note stay.
-OPTIONAL = ("data", "seed", "lvl", "att", "gpu", "suite", "time", "metric")
-FOLDED_MIN = {"config": 16, "note": 20}  # below these a long value is hard to read even folded
+# Columns a narrow terminal drops first (last in this list first); id, state, config, the
+# setting, the seed and the note stay: the jobs of one config differ by seed and setting only.
+OPTIONAL = ("data", "lvl", "att", "gpu", "suite", "time", "metric")
+# below these a long value is hard to read even folded
+FOLDED_MIN = {"config": 16, "setting": 12, "note": 20}
 
 
 def visible_columns(cells: Sequence[Sequence[str]], width: int) -> list[str]:
-    return fit_columns(COLUMNS, cells, width, FOLDED_MIN, OPTIONAL)
+    """The columns that fit `width`; the setting only when a job listed has one."""
+    at = COLUMNS.index("setting")
+    if any(row[at] != "-" for row in cells):
+        return fit_columns(COLUMNS, cells, width, FOLDED_MIN, OPTIONAL)
+    without = [[value for i, value in enumerate(row) if i != at] for row in cells]
+    return fit_columns([c for c in COLUMNS if c != "setting"], without, width, FOLDED_MIN, OPTIONAL)
 
 
-def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS, extras: Extras | None = None) -> Table:
-    """A rich table for a terminal: long configs and notes fold onto more lines, never `…`."""
+def setting_names(rows: Sequence[JobListRow]) -> dict[str, str]:
+    """The short name of every setting key of these rows (`lr` for `learning_rate`)."""
+    return short_keys(k for r in rows for k, _ in setting_pairs(r.overrides))
+
+
+def legend(names: dict[str, str]) -> str:
+    """`setting: lr = learning_rate, bs = batch_size`; empty when no key was shortened."""
+    shortened = sorted((short, key) for key, short in names.items() if short != key)
+    if not shortened:
+        return ""
+    return "setting: " + ", ".join(f"{short} = {key}" for short, key in shortened)
+
+
+def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS,
+               extras: Extras | None = None, names: dict[str, str] | None = None) -> Table:
+    """A rich table for a terminal: long configs, settings and notes fold onto more lines,
+    never `…`."""
     table = Table(box=None, header_style="bold")
     for column in columns:
-        if column in ("config", "note"):
-            table.add_column(column, overflow="fold", ratio=2 if column == "config" else 3)
+        if column in FOLDED_MIN:
+            table.add_column(column, overflow="fold", ratio=3 if column == "note" else 2)
         else:
             table.add_column(column, no_wrap=True)
+    names = setting_names(rows) if names is None else names
     for r in rows:
-        cells = dict(zip(COLUMNS, job_cells(r, (extras or {}).get(r.id, ("-", "-"))), strict=True))
+        extra = (extras or {}).get(r.id, ("-", "-"))
+        cells = dict(zip(COLUMNS, job_cells(r, extra, names), strict=True))
         shown = [Text(cells[c]) for c in columns]  # Text: a `[…]` in a user's name is not markup
         if "state" in columns:
             shown[list(columns).index("state")] = Text(r.state.value, style=STATE_STYLES.get(r.state.value, ""))
@@ -80,17 +112,22 @@ def print_jobs(rows: Sequence[JobListRow], *, wide: bool = False, console: Conso
                extras: Extras | None = None) -> None:
     console = console or Console()
     extras = extras or {}
-    cells = [job_cells(r, extras.get(r.id, ("-", "-"))) for r in rows]
     if not console.is_terminal:
-        click.echo(plain_columns(COLUMNS, cells), nl=False)
-    elif len(rows) > RICH_TABLE_ROWS:  # whole values, states coloured, in a fraction of the time
+        piped = [job_cells(r, extras.get(r.id, ("-", "-"))) for r in rows]
+        click.echo(plain_columns(COLUMNS, piped), nl=False)
+        return
+    names = setting_names(rows)
+    cells = [job_cells(r, extras.get(r.id, ("-", "-")), names) for r in rows]
+    if len(rows) > RICH_TABLE_ROWS:  # whole values, states coloured, in a fraction of the time
         click.echo(render_plain(COLUMNS, cells, [STATE_STYLES.get(STATE_TEXT[r.state]) for r in rows], coloured_column=1))
     elif wide:
-        print_whole(jobs_table(rows, extras=extras), console)
+        print_whole(jobs_table(rows, extras=extras, names=names), console)
     else:
         columns = visible_columns(cells, console.width)
-        console.print(jobs_table(rows, columns, extras))
-        hidden = [c for c in COLUMNS if c not in columns]
+        console.print(jobs_table(rows, columns, extras, names))
+        hidden = [c for c in COLUMNS if c not in columns and c != "setting"]
         if hidden:
             console.print(f"({', '.join(hidden)} hidden on this narrow terminal: --wide shows every column)",
                           style="dim", markup=False, highlight=False)
+    if legend(names):
+        console.print(legend(names), style="dim", markup=False, highlight=False)

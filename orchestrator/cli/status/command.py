@@ -102,7 +102,8 @@ def gpus_cmd(backend: str | None, as_json: bool, db_path: Path) -> None:
         click.echo(f"GPU {s['index']}  {s['name']}  {fmt_mib(s['used_mib'])} used / {fmt_mib(s['total_mib'])}, "
                    f"{fmt_mib(s['free_mib'])} free{util}  {s['uuid']}")
         for p in s.get("processes") or []:
-            click.echo(f"    pid {p['pid']}: {fmt_mib(p['used_mib'])}")
+            sm = "" if p.get("sm_pct") is None else f", {p['sm_pct']}% of the SMs"
+            click.echo(f"    pid {p['pid']}: {fmt_mib(p['used_mib'])}{sm}")
 
 
 def register(group: click.Group) -> None:

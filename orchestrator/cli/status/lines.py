@@ -8,9 +8,10 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.executors.base import is_cluster_executor
-from orchestrator.wording import fmt_changes, fmt_duration
+from orchestrator.wording import fmt_changes, fmt_duration, fmt_setting, setting_pairs, short_keys
 
-RUNNING_COLUMNS = ("job", "config", "seed", "data", "GPU", "att", "lvl", "elapsed", "step", "loss", "mem/pred")
+RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step",
+                   "loss", "mem/pred")
 NOT_CONSIDERED = "not yet considered"
 
 
@@ -42,11 +43,30 @@ def step_cell(progress: dict[str, Any]) -> str:
     return f"{step:.0f}/{total:.0f}" if total else f"{step:.0f}"
 
 
-def running_cells(r: dict[str, Any]) -> list[str]:
+def setting_names(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """The short names of the setting keys of the jobs listed (`lr` for `learning_rate`)."""
+    return short_keys(k for e in entries for k, _ in setting_pairs(e.get("overrides")))
+
+
+def setting_cell(entry: dict[str, Any], names: dict[str, str] | None = None) -> str:
+    """A listed job's setting: `lr=0.001 bs=8` with `names`, else whole and one word
+    (`learning_rate=0.001,batch_size=8`, for a pipe); `-` for none."""
+    return fmt_setting(entry.get("overrides"), names, " " if names is not None else ",")
+
+
+def sm_cell(r: dict[str, Any]) -> str:
+    """The job's share of its card's SMs (`37%`), `-` where NVML gives none (simulated GPUs)."""
+    sm = _number(r.get("sm_pct"))
+    return "-" if sm is None else f"{sm:.0f}%"
+
+
+def running_cells(r: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     progress = r["progress"] or {}
     loss = _number(progress.get("loss"))
     return [
-        str(r["id"]), r["config"], str(r["seed"]), r["data"], _where(r), str(r["attempt"]), str(r["level"]),
+        str(r["id"]), r["config"], setting_cell(r, names), str(r["seed"]), r["data"], _where(r),
+        sm_cell(r),
+        str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
         f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
     ]
@@ -90,6 +110,17 @@ def _ids(first: int, last: int, n: int) -> str:
     return f"jobs {first}–{last}" if last - first + 1 == n else f"jobs {first} … {last}"
 
 
+def _group_settings(group: dict[str, Any], snapshot: dict[str, Any]) -> str:
+    """`: 9 lr=0.001, 10 lr=0.003`: each job's setting, when the group's jobs are all among the
+    first waiting ones the snapshot lists and one of them has a setting; else nothing."""
+    listed = [w for w in snapshot.get("waiting", [])
+              if group["first_id"] <= int(w["id"]) <= group["last_id"] and w.get("reason") == group["reason"]]
+    if len(listed) != group["jobs"] or not any(w.get("overrides") for w in listed):
+        return ""
+    names = setting_names(listed)
+    return ": " + ", ".join(f"{w['id']} {setting_cell(w, names)}" for w in listed)
+
+
 def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
     """One line per waiting reason, the largest group first: `7 waiting: all allowed GPUs at
     their plan cap (jobs 6–12)`. From `waiting_groups` (the head of the queue outside paused
@@ -103,7 +134,8 @@ def waiting_group_lines(snapshot: dict[str, Any]) -> list[str]:
         groups = [{"reason": reason, "jobs": len(ids), "first_id": min(ids), "last_id": max(ids)}
                   for reason, ids in by_reason.items()]
         groups.sort(key=lambda g: (-g["jobs"], g["first_id"]))
-    lines = [one_line(f"{g['jobs']} waiting: {g['reason'] or NOT_CONSIDERED} ({_ids(g['first_id'], g['last_id'], g['jobs'])})")
+    lines = [one_line(f"{g['jobs']} waiting: {g['reason'] or NOT_CONSIDERED} "
+                      f"({_ids(g['first_id'], g['last_id'], g['jobs'])}{_group_settings(g, snapshot)})")
              for g in groups]
     rest = snapshot["counts"]["queued"] - paused_queued(snapshot) - sum(g["jobs"] for g in groups)
     if lines and rest > 0:

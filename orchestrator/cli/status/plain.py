@@ -15,6 +15,7 @@ from orchestrator.cli.status.lines import (
     paused_lines,
     retry_move,
     running_cells,
+    setting_cell,
     waiting_entries,
 )
 from orchestrator.cli.tables import plain_columns
@@ -62,8 +63,9 @@ def plain_status(snapshot: dict[str, Any]) -> str:
         out.append("\npaused\n" + "".join(one_line(line) + "\n" for line in paused))
     waiting, more = waiting_entries(snapshot)
     if waiting:
-        rows = [[str(w["id"]), w["config"], w["reason"] or NOT_CONSIDERED] for w in waiting]
-        out.append(_section("waiting", ("job", "config", "reason"), rows))
+        rows = [[str(w["id"]), w["config"], setting_cell(w), str(w.get("seed", "-")),
+                 w["reason"] or NOT_CONSIDERED] for w in waiting]
+        out.append(_section("waiting", ("job", "config", "setting", "seed", "reason"), rows))
         if more > 0:
             out.append(f"... and {more} more queued\n")
     if snapshot["retries"]:

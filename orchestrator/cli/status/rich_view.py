@@ -21,6 +21,7 @@ from orchestrator.cli.status.lines import (
     paused_queued,
     retry_move,
     running_cells,
+    setting_names,
     waiting_group_lines,
 )
 from orchestrator.cli.tables import fit_columns
@@ -71,27 +72,38 @@ def host_line(host: dict[str, Any]) -> Text:
 # Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay, and
 # the seed is the first kept (at 80 columns the seeds of one config must be told apart), and the
 # ladder level goes before the elapsed time and attempt number (a rung changes what is measured).
-RUNNING_OPTIONAL = ("seed", "step", "loss", "data", "lvl", "mem/pred", "elapsed", "att")
+RUNNING_OPTIONAL = ("seed", "SM", "step", "loss", "data", "lvl", "mem/pred", "elapsed", "att")
 
 
 def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bool = False) -> Table:
     """The running jobs; on a live frame one line each (a long config is cut with an ellipsis,
     `orch jobs` has it whole) and every other column whole, so that each job gets its row."""
-    cells = [running_cells(r) for r in running]
-    columns = list(RUNNING_COLUMNS) if width is None else fit_columns(
-        RUNNING_COLUMNS, cells, width - 4, {"config": 16 if clipped else 32}, RUNNING_OPTIONAL)  # 4: the panel's border
-    natural = {c: max([len(c), *(len(row[RUNNING_COLUMNS.index(c)]) for row in cells)]) for c in columns}
+    names = setting_names(running)
+    every = [running_cells(r, names) for r in running]
+    # the setting and SM columns only where a job has one (SM: NVML's per-process figures)
+    headers = [c for c in RUNNING_COLUMNS
+               if c not in ("setting", "SM")
+               or any(row[RUNNING_COLUMNS.index(c)] != "-" for row in every)]
+    cells = [[row[RUNNING_COLUMNS.index(c)] for c in headers] for row in every]
+    folded = {"config": 16 if clipped else 32, "setting": 12}
+    optional = [c for c in RUNNING_OPTIONAL if c in headers]
+    columns = headers if width is None else fit_columns(
+        headers, cells, width - 4, folded, optional)  # 4: the panel's border
+    natural = {c: max([len(c), *(len(row[headers.index(c)]) for row in cells)]) for c in columns}
     config_width = None
     if clipped and width is not None:
         config_width = max(8, width - 4 - sum(natural[c] + 2 for c in columns if c != "config") - 2)
     table = Table(box=None, header_style="bold")
     for column in columns:
-        if column == "config":
+        if column == "setting":  # abbreviated; a long one folds (cut with `…` on a live frame)
+            table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold",
+                             min_width=min(natural[column], 12))
+        elif column == "config":
             table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold", max_width=config_width)
         else:
             table.add_column(column, no_wrap=True, min_width=natural[column])
     for row in cells:
-        table.add_row(*(row[RUNNING_COLUMNS.index(c)] for c in columns))
+        table.add_row(*(row[headers.index(c)] for c in columns))
     return table
 
 

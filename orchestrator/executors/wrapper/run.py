@@ -42,6 +42,7 @@ from orchestrator.executors.wrapper.strays import (
     end_leftovers,
     join_cgroup,
 )
+from orchestrator.gpu.sim_footprint import SimFootprint
 from orchestrator.procstat import create_time_s, read_stat
 from orchestrator.rundir_files import TOKEN_VAR, RunDir
 
@@ -126,6 +127,17 @@ def _record_provenance(held: HeldRunDir, argv: list[str]) -> None:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _hold_footprint(worker_pid: int) -> SimFootprint:
+    """On simulated GPUs, the memory a worker that allocates none there is expected to hold
+    (orchestrator.gpu.sim_footprint); nothing elsewhere."""
+    footprint = SimFootprint(os.environ)
+    stat = read_stat(worker_pid) if footprint.cards else None
+    created_s = create_time_s(stat) if stat is not None else None
+    if created_s is not None:
+        footprint.hold(worker_pid, created_s)
+    return footprint
 
 
 def claim_run_dir(held: HeldRunDir, info: dict[str, Any]) -> bool:
@@ -264,6 +276,7 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
 
         for signum in FORWARDED:
             signal.signal(signum, forward)
+        footprint = _hold_footprint(child.pid)
         for early_signum in early:
             forward(early_signum, None)
         write_quietly(held, RunDir.PID, {**info, "child_pid": child.pid})
@@ -289,6 +302,7 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
             reaper.stop()
         left = descendants(my_pid)
         sampler.stop(final=bool(left))  # what the leftovers hold is the attempt's peak too
+        footprint.release()
         leftovers = end_leftovers(my_pid) if left else []
         tee.thread.join(DRAIN_S)
         if tee.dropped_bytes:

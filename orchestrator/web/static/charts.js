@@ -150,6 +150,15 @@
     });
     ctx.restore();
   }
+  // The curves page's address names the metric drawn (`&metric=eval_accuracy`): a copied link shows it.
+  function linkMetric(key, metric){
+    if (key !== 'curves' || !window.history || !history.replaceState) return;
+    var url = new URL(window.location.href);
+    url.searchParams.set('metric', metric);
+    history.replaceState(history.state, '', url.toString());
+    var hidden = document.querySelector('form.filters input[name="metric"]');
+    if (hidden) hidden.value = metric;
+  }
   function curves(box, spec){
     var key = spec.key || 'curves', st = kept[key] = kept[key] || {};
     var metrics = spec.metrics || [];
@@ -245,7 +254,7 @@
       box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1); box.dataset.marks = String(marks.length);
       box.dataset.metric = st.metric; box.dataset.log = st.log && !bad ? 'yes' : 'no';
     }
-    pick.addEventListener('change', function(){ st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); });
+    pick.addEventListener('change', function(){ st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); linkMetric(key, st.metric); });
     sm.addEventListener('input', function(){ st.smooth = +sm.value; smv.textContent = sm.value; draw(); });
     lg.addEventListener('change', function(){ st.log = lg.checked; draw(); });
     if (bd) bd.addEventListener('change', function(){ st.band = bd.checked; draw(); });

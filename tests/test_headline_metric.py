@@ -1,0 +1,46 @@
+"""The job lists (`orch jobs`, the web page's jobs, `Sweep.jobs()`) show the metric `orch results`
+shows for the job's task: the tutorial's script prints accuracy and eval_loss, and both say
+accuracy."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.api.jobs import shown_metric
+from orchestrator.results.aggregate import choose_metric
+from orchestrator.results.collect import job_metrics
+from orchestrator.results.headline import headline_metric
+
+CASES = [
+    ("toy", {"accuracy": 0.93, "eval_loss": 0.4, "loss": 0.4}, "accuracy"),  # the tutorial's script
+    ("glue-tvt_mrpc", {"eval_accuracy": 0.8, "eval_f1": 0.85, "loss": 0.3}, "eval_f1"),
+    ("glue-tvt_rte", {"test_accuracy": 0.7, "val_accuracy": 0.72, "loss": 0.3}, "test_accuracy"),
+    (
+        "glue-tvt_cola",
+        {"eval_accuracy": 0.8, "loss": 0.3},
+        "eval_accuracy",
+    ),  # no mcc: accuracy, as results
+]
+
+
+@pytest.mark.parametrize(("task", "values", "expected"), CASES)
+def test_the_headline_is_the_metric_results_show(
+    task: str, values: dict[str, float], expected: str
+) -> None:
+    key, value = headline_metric(values, task) or ("", 0.0)
+    assert key == expected and value == values[expected]
+    row = SimpleNamespace(metrics=job_metrics(None, dict(values)))
+    shown_by_results, _ = choose_metric(task, [row])  # type: ignore[list-item]
+    assert key.removeprefix("test_").removeprefix("eval_") == shown_by_results
+
+
+def test_a_script_without_accuracy_keeps_the_eval_metric_then_the_loss() -> None:
+    assert headline_metric({"eval_bleu": 30.0, "eval_loss": 1.0, "loss": 1.2}, "toy") == (
+        "eval_bleu",
+        30.0,
+    )
+    assert headline_metric({"loss": 1.2, "learning_rate": 1e-4}, "toy") == ("loss", 1.2)
+    assert headline_metric({"learning_rate": 1e-4}, "toy") is None
+    assert shown_metric({"accuracy": 0.93125, "eval_loss": 0.4}, "toy") == "accuracy=0.9313"
