@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.plans.early_stop import EarlyStop
 from orchestrator.plans.inputs import PAIR_KEYS, Pair, Scalar
 from orchestrator.plans.keymap import NO_KEYS, KeyMap
 
@@ -109,6 +110,7 @@ class Suite:
     grid: dict[str, list[Scalar]] = field(default_factory=dict)  # `grid:` values per key (plans.grid)
     pairs: tuple[Pair, ...] = ()  # `seeds:` × `tasks:`, used when no --pairs is given
     not_science: tuple[str, ...] = ()  # config keys that never split results rows (paths, sim time)
+    early_stop: EarlyStop | None = None  # `early_stop:`: stop hopeless settings (plans.early_stop)
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]

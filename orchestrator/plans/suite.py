@@ -17,6 +17,7 @@ from orchestrator.errors import PlanError, SuiteNotFound, UsageError
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import expand_jobs, job_identity  # noqa: F401
+from orchestrator.plans.early_stop import parse_early_stop
 from orchestrator.plans.grid import suite_grid, suite_pairs
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
@@ -138,7 +139,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
-        "gpus", "cpus", "grid", "seeds", "tasks", "not_science",
+        "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -232,7 +233,9 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     not_science = _typed(path, data, "not_science", (list,), [])
     if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in not_science) or len(not_science) > 100:
         raise PlanError(f"suite {path}: `not_science` must be a list of config key names")
+    early_stop = parse_early_stop(f"suite {path}", data["early_stop"]) if data.get("early_stop") is not None else None
     return Suite(
+        early_stop=early_stop,
         grid=suite_grid(f"suite {path}", data.get("grid"), grid_keys, configs),
         pairs=tuple(suite_pairs(f"suite {path}", data.get("seeds"), data.get("tasks")) or ()),
         not_science=tuple(not_science),

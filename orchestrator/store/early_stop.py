@@ -1,0 +1,137 @@
+"""What early stopping reads and writes: the jobs of suites with an `early_stop:` rule, their
+metric at each step, the pruner's record of each setting's value at each rung (read back after a
+restart), and the stop of a pruned setting (its running jobs asked to stop, its queued ones
+pruned at once), each in one transaction."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.lifecycle import JobState, KillRequest
+from orchestrator.store.db import Store
+from orchestrator.store.history import iter_history
+from orchestrator.store.jobs import add_event, transition
+from orchestrator.store.rows import Job
+
+_GROUPS_RUNNING = (
+    "SELECT * FROM jobs WHERE early_stop_json != '{}' AND (suite, data) IN "
+    "(SELECT suite, data FROM jobs WHERE state = 'running' AND early_stop_json != '{}') ORDER BY id"
+)
+
+
+@dataclass(frozen=True)
+class RungValue:
+    """A setting's value at one rung, as the pruner was told it."""
+
+    setting: str
+    rung: int
+    step: float
+    value: float
+
+
+def early_stop_jobs(store: Store) -> list[Job]:
+    """Every job of each (suite, task) with an early_stop rule and a job running now."""
+    return [Job.from_row(row) for row in store.query(_GROUPS_RUNNING)]
+
+
+def metric_points(store: Store, job_ids: Sequence[int], key: str) -> dict[int, dict[float, float]]:
+    """job id -> {step: value} of `key` over the job's attempts (a later attempt's value wins at
+    a step both reported: it resumed from a checkpoint before it)."""
+    points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
+    if job_ids:
+        for point in iter_history(store, jobs=job_ids, keys=[key]):
+            points[point.job][point.step] = point.value
+    return points
+
+
+def reached_steps(store: Store, job_ids: Sequence[int]) -> dict[int, float]:
+    """job id -> the furthest step any of its metrics was reported at."""
+    if not job_ids:
+        return {}
+    rows = store.query(
+        "SELECT a.job_id AS job_id, max(h.step) AS step FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
+        f"WHERE a.job_id IN ({','.join('?' * len(job_ids))}) GROUP BY a.job_id",
+        list(job_ids),
+    )
+    return {int(row["job_id"]): float(row["step"]) for row in rows}
+
+
+def read_rungs(store: Store, suite: str, data: str) -> list[RungValue]:
+    rows = store.query(
+        "SELECT setting, rung, step, value FROM early_stop_rungs WHERE suite = ? AND data = ? "
+        "ORDER BY rung, setting",
+        [suite, data],
+    )
+    return [
+        RungValue(str(r["setting"]), int(r["rung"]), float(r["step"]), float(r["value"]))
+        for r in rows
+    ]
+
+
+def record_rungs(store: Store, suite: str, data: str, rungs: Iterable[RungValue]) -> None:
+    """Keep what the pruner was told; a rung already recorded keeps its first value."""
+    rows = [(suite, data, r.setting, r.rung, r.step, r.value) for r in rungs]
+    if rows:
+        with store.write():
+            store.executemany(
+                "INSERT OR IGNORE INTO early_stop_rungs (suite, data, setting, rung, step, value) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+
+def prune_jobs(
+    store: Store, job_ids: Sequence[int], record: dict[str, Any], why: str
+) -> tuple[list[int], list[int]]:
+    """Stop a pruned setting's jobs: each running one's live attempt is asked to stop (the
+    daemon stops it as a cancel, SIGTERM then SIGKILL, and its job ends pruned), each queued one
+    ends pruned now; `record` (step, metric, value, rank) is kept on each. Returns (stopping,
+    pruned now); jobs in any other state are left as they are."""
+    stopping: list[int] = []
+    pruned: list[int] = []
+    stored = json.dumps(record, sort_keys=True)
+    with store.write():
+        for job_id in job_ids:
+            row = store._db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
+            state = JobState(row[0]) if row is not None else None
+            if state is JobState.QUEUED:
+                transition(
+                    store,
+                    job_id,
+                    JobState.PRUNED,
+                    message=why,
+                    kind="prune",
+                    expect_from=[JobState.QUEUED],
+                    fields={"reason": why, "wait_reason": None, "pruned_json": stored},
+                    data=record,
+                )
+                pruned.append(job_id)
+            elif state is JobState.RUNNING:
+                live = store._db.execute(
+                    "SELECT id FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id]
+                ).fetchone()
+                if live is None:
+                    continue  # ending now: its next state is decided without the prune
+                store._db.execute("UPDATE jobs SET pruned_json = ? WHERE id = ?", [stored, job_id])
+                store._db.execute(
+                    "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NULL",
+                    [KillRequest.PRUNE.value, live[0]],
+                )
+                add_event(
+                    store,
+                    "prune",
+                    f"{why}: stopping it",
+                    job_id=job_id,
+                    attempt_id=live[0],
+                    data=record,
+                )
+                stopping.append(job_id)
+    return stopping, pruned
+
+
+def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
+    with store.write():
+        add_event(store, "early_stop", f"{suite} on {data}: {message}")
