@@ -144,3 +144,12 @@ def test_rung_steps_and_round_trip() -> None:
     )
     assert spec.rung_steps(2000) == [200, 600, 1800]
     assert EarlyStop.from_json(spec.to_json()) == spec
+
+
+def test_settings_reaching_a_rung_together_are_compared_with_one_another() -> None:
+    # told in submit order, worst first: none is kept for merely being told before the others
+    finals = [0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9]
+    judged = judge(ASHA, _grid(finals, 10), [])
+    kept = {f"lr{i}" for i in range(9)} - {p.setting for p in judged.prunes}
+    assert kept == {"lr6", "lr7", "lr8"}  # the top third, as successive halving keeps
+    assert [p.rank for p in judged.prunes if p.setting == "lr0"] == [9]

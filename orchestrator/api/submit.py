@@ -29,7 +29,7 @@ from orchestrator.plans import (
 from orchestrator.plans.grid import combinations, merge_grids, parse_grid, parse_sets
 from orchestrator.plans.inputs import Scalar, shown_value
 from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
-from orchestrator.plans.optuna_lib import load_optuna
+from orchestrator.plans.optuna_lib import require_optuna
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.template import parse_template
 from orchestrator.prediction.ladder import expand_levels
@@ -195,7 +195,7 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, {**overrides, **dict.fromkeys(grid)})  # the grid's keys are set too
     if suite.early_stop is not None:
-        load_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
+        require_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
     notes = [n for n in (unreached_rungs_note(suite, specs),) if n]
 
     if request.dry_run and not db_path.exists():

@@ -35,7 +35,7 @@ from orchestrator.store.queries import list_jobs, result_jobs
 JOB_COLUMNS = ("id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
                "metric", "value", "reason")
 RESULT_COLUMNS = ("suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split", "metric", "value")
-ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED})
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str], as_frame: bool) -> Any:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import PlanError, SuiteNotFound, UsageError
+from orchestrator.plans.early_stop import parse_early_stop
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import expand_jobs, job_identity  # noqa: F401
-from orchestrator.plans.early_stop import parse_early_stop
 from orchestrator.plans.grid import suite_grid, suite_pairs
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,

@@ -182,18 +182,46 @@ def judge(
         final = final_value(setting) if setting.finished() and not setting.decided else None
         if final is not None:
             study.tell(trials[setting.key], final)
+    live = [item for item in new if not item[2].finished()]
     stopped: set[str] = set()
-    for rung, step, setting, value in [item for item in new if not item[2].finished()]:
-        if setting.key in stopped:
-            continue
+    for rung in sorted({item[0] for item in live}):
+        batch = [item for item in live if item[0] == rung and item[2].key not in stopped]
+        for prune in _judge_rung(study, trials, spec, batch, at_rung, judgement):
+            stopped.add(prune.setting)
+            judgement.prunes.append(prune)
+    return judgement
+
+
+def _judge_rung(
+    study: Any,
+    trials: Mapping[str, Any],
+    spec: EarlyStop,
+    batch: Sequence[tuple[int, int, SettingRuns, float]],
+    at_rung: dict[int, dict[str, float]],
+    judgement: Judgement,
+) -> list[Prune]:
+    """The settings of `batch` (all reaching one rung in this check) told, then judged by the
+    pruner against every setting at that rung, the whole batch included: settings that arrive
+    together are compared with one another, none promoted for merely being told first."""
+    before: dict[str, set[str]] = {}
+    for rung, step, setting, value in batch:
         trial = trials[setting.key]
+        before[setting.key] = set(study.get_trials(deepcopy=False)[trial.number].system_attrs)
         trial.report(value, step)
+        trial.should_prune()  # records the setting's value at the rung (the pruner's own record)
         judgement.told.append(RungValue(setting.key, rung, float(step), value))
         at_rung.setdefault(rung, {})[setting.key] = value
-        if trial.should_prune():
+    prunes: list[Prune] = []
+    everyone = study.get_trials(deepcopy=True)
+    for rung, step, setting, value in batch:
+        frozen = everyone[trials[setting.key].number]
+        # as it was before this batch: the pruner records its rung again and compares it with all
+        frozen.system_attrs = {
+            k: v for k, v in frozen.system_attrs.items() if k in before[setting.key]
+        }
+        if study.pruner.prune(study, frozen):
             others = [v for key, v in at_rung[rung].items() if key != setting.key]
-            stopped.add(setting.key)
-            judgement.prunes.append(
+            prunes.append(
                 Prune(
                     setting.key,
                     tuple(setting.live_job_ids()),
@@ -204,7 +232,7 @@ def judge(
                     len(others) + 1,
                 )
             )
-    return judgement
+    return prunes
 
 
 def final_value(setting: SettingRuns) -> float | None:

@@ -25,6 +25,7 @@ STATE_STYLES = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
+    "pruned": "blue",
 }
 
 
