@@ -34,9 +34,6 @@ out-of-memory message, result.json status "oom" and exit code 3.
               wording: `allocator` (default), DefaultCPUAllocator's "can't allocate memory";
               `dataloader`, "DataLoader worker (pid(s) N) exited unexpectedly" raised from "...
               is killed by signal: Killed." (the kernel OOM-killed a loader process).
-`sim_best_lr: 1e-4` adds a validation curve to each progress line, for early stopping and
-search: `val_accuracy` climbs towards 0.9 - 0.15 × |log10(learning_rate / sim_best_lr)| (a
-learning rate off by 10x ends 0.15 lower), the same on every attempt of a job.
 `sim_fail_seeds: [4, 7]` limits `sim_fail: error` to those seeds (the others succeed), as a
 sweep where some seeds diverge or crash.
 error and host_oom are Python exceptions, reported as a real worker does: the traceback on
@@ -47,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -68,7 +64,7 @@ from orchestrator.gpu.sim_files import (
     sim_uuid,
 )
 from orchestrator.rundir_files import write_json
-from workers import harness
+from workers import harness, sim_curves
 
 LOGITS_SHARE = 0.25
 SIM_SEQ_LEN = 128
@@ -233,17 +229,6 @@ def pseudo_accuracy(seed: int, config: dict[str, Any], split: str = "test") -> f
     return round(0.7 + 0.2 * digest / 1000, 4)
 
 
-def val_curve(config: dict[str, Any], step: int) -> dict[str, float]:
-    """`val_accuracy` at `step` when the config has `sim_best_lr` (else nothing)."""
-    best_lr = config.get("sim_best_lr")
-    lr = config.get("learning_rate")
-    if not isinstance(best_lr, (int, float)) or not isinstance(lr, (int, float)) or best_lr <= 0 or lr <= 0:
-        return {}
-    final = 0.9 - 0.15 * abs(math.log10(lr / best_lr))
-    seed = int(config.get("seed", 0) or 0)
-    return {"val_accuracy": round(final * step / (step + 5) + 0.002 * (seed % 3), 4)}
-
-
 def resolve_gpus(visible: str, sizes_mib: list[int]) -> list[int]:
     """Indices of every simulated GPU CUDA_VISIBLE_DEVICES names, in its order."""
     return [resolve_gpu(item, sizes_mib) for item in visible.split(",") if item.strip()] or [resolve_gpu("0", sizes_mib)]
@@ -362,7 +347,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
             loss=round(2.0 / (1 + 0.1 * step), 4),
             samples_per_s=round(step * batch / elapsed_s, 2),
             peak_mem_mib=alloc.peak_mib,
-            **val_curve(config, step),
+            **sim_curves.val_curve(config, step),  # with `sim_best_lr`: val_accuracy
         )
     seed = int(config.get("seed", os.environ.get("ORCH_SEED", 0)) or 0)
     harness.write_result(
