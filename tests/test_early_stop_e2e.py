@@ -83,7 +83,8 @@ def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> N
     shown = orch.run("show", str(pruned[0].id)).stdout
     assert "pruned at step" in shown
     assert set(states.values()) <= {"succeeded", "pruned"}
-    assert not orch.events("crash_loop") and not orch.run("daemon", "status").stdout.count("paused")
+    # six pruned attempts of one config, each within 30 s of its start: failures would have paused it
+    assert not orch.events("pause")
 
     # `orch retry` resumes a pruned job; its setting is judged no more
     retried = pruned[0]
