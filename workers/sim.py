@@ -354,7 +354,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
         run_dir,
         harness.STATUS_SUCCEEDED,
         metrics={"test": {"accuracy": pseudo_accuracy(seed, config)},
-                 "val": {"accuracy": pseudo_accuracy(seed, config, split="val")}},
+                 "val": sim_curves.final_val(config, total_steps, pseudo_accuracy(seed, config, "val"))},
         best_step=total_steps,
         peak_mem_mib=alloc.peak_mib,
         steps=total_steps,

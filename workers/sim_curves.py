@@ -16,3 +16,8 @@ def val_curve(config: dict[str, Any], step: int) -> dict[str, float]:
     final = 0.9 - 0.15 * abs(math.log10(lr / best_lr))
     seed = int(config.get("seed", 0) or 0)
     return {"val_accuracy": round(final * step / (step + 5) + 0.002 * (seed % 3), 4)}
+
+
+def final_val(config: dict[str, Any], steps: int, otherwise: float) -> dict[str, float]:
+    """result.json's val metrics: the curve's last value when there is one (else `otherwise`)."""
+    return {"accuracy": val_curve(config, steps).get("val_accuracy", otherwise)}

@@ -111,6 +111,7 @@ class Suite:
     pairs: tuple[Pair, ...] = ()  # `seeds:` × `tasks:`, used when no --pairs is given
     not_science: tuple[str, ...] = ()  # config keys that never split results rows (paths, sim time)
     early_stop: EarlyStop | None = None  # `early_stop:`: stop hopeless settings (plans.early_stop)
+    search: Any = None  # `search:` (plans.search.Search): random or TPE trials over config keys
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -137,3 +138,4 @@ class JobSpec:
     identity: str
     gpus: int = 1
     cpus: int | None = None
+    trial: int | None = None  # its trial's number in the suite's `search:`

@@ -39,6 +39,7 @@ from orchestrator.plans.model import (  # noqa: F401
     canonical_json,
 )
 from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
+from orchestrator.plans.search import parse_search
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex
 from orchestrator.yaml_limits import read_yaml_file
@@ -139,7 +140,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
-        "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop",
+        "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop", "search",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -234,8 +235,12 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in not_science) or len(not_science) > 100:
         raise PlanError(f"suite {path}: `not_science` must be a list of config key names")
     early_stop = parse_early_stop(f"suite {path}", data["early_stop"]) if data.get("early_stop") is not None else None
+    search = parse_search(f"suite {path}", data["search"], grid_keys, tuple(configs)) if data.get("search") else None
+    if search is not None and data.get("grid"):
+        raise PlanError(f"suite {path}: `search` and `grid` both choose values: keep one")
     return Suite(
         early_stop=early_stop,
+        search=search,
         grid=suite_grid(f"suite {path}", data.get("grid"), grid_keys, configs),
         pairs=tuple(suite_pairs(f"suite {path}", data.get("seeds"), data.get("tasks")) or ()),
         not_science=tuple(not_science),

@@ -1,0 +1,182 @@
+"""`search:` in a suite: the spec's checks, random trials the same every time (a dry run shows
+them), and a TPE search that ends with exactly `trials` trials across a daemon killed twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+
+from orchestrator.errors import PlanError
+from orchestrator.lifecycle import JobState
+from orchestrator.plans.search import Distribution, SearchMethod, parse_search
+from orchestrator.scheduling.search import FinishedTrial, TrialEnd, next_trial, random_trials
+
+KNOWN = {"learning_rate", "lora_r", "warmup_ratio", "batch_size"}
+SPACE = {
+    "learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]},
+    "lora_r": [4, 8, 16],
+    "warmup_ratio": {"uniform": [0.0, 0.1]},
+}
+
+
+def _search(**changes: Any) -> dict[str, Any]:
+    return {
+        "method": "tpe",
+        "trials": 8,
+        "seed": 0,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "space": SPACE,
+        **changes,
+    }
+
+
+def test_a_search_is_parsed_with_its_space() -> None:
+    search = parse_search("s", _search(), KNOWN, ())
+    assert search.method is SearchMethod.TPE and search.trials == 8
+    assert [d.distribution for d in search.space] == [
+        Distribution.LOG_UNIFORM,
+        Distribution.CHOICE,
+        Distribution.UNIFORM,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"method": "bayes"}, "unknown `search.method` 'bayes'"),
+        ({"space": {"learning_rate": {"normal": [0, 1]}}}, "unknown distribution 'normal'"),
+        ({"space": {"learning_rate": {"log_uniform": [0, 1]}}}, "log_uniform needs bounds above 0"),
+        ({"space": {"learning_rate": {"uniform": [0.1, 0.1]}}}, "low 0.1 must be below high 0.1"),
+        ({"trials": 100_001}, "between 1 and 100000 (the submit cap)"),
+        ({"space": {"nope": [1, 2]}}, "unknown config key 'nope'"),
+        ({"space": {"seed": [1, 2]}}, "seed and data come from the pairs"),
+        ({"metric": None}, "`search.metric` is required for tpe"),
+        ({"space": {}}, "`search.space` must map"),
+    ],
+)
+def test_bad_searches_are_refused_in_one_line(changes: dict[str, Any], said: str) -> None:
+    with pytest.raises(PlanError) as info:
+        parse_search("suite s.yaml", _search(**changes), KNOWN, ())
+    assert said in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_seeded_random_search_draws_the_same_trials_every_time() -> None:
+    search = parse_search("s", _search(method="random"), KNOWN, ())
+    first = random_trials(search)
+    assert first == random_trials(search) and len(first) == 8
+    assert all(1e-5 <= t["learning_rate"] <= 1e-2 and t["lora_r"] in (4, 8, 16) for t in first)
+    assert random_trials(parse_search("s", _search(method="random", seed=1), KNOWN, ())) != first
+
+
+def test_tpe_asks_from_the_finished_trials() -> None:
+    search = parse_search("s", _search(trials=30), KNOWN, ())
+    told = [
+        FinishedTrial(i, p, TrialEnd.COMPLETE, -abs(p["learning_rate"] - 1e-3))
+        for i, p in enumerate(
+            random_trials(parse_search("s", _search(method="random", trials=20), KNOWN, ()))
+        )
+    ]
+    told.append(FinishedTrial(20, told[0].params, TrialEnd.PRUNED))
+    asked = next_trial(search, told, 21)
+    assert asked == next_trial(search, told, 21)  # the same finished trials ask the same trial
+    assert set(asked) == {"learning_rate", "lora_r", "warmup_ratio"}
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def _suite(orch: Orch, method: str, trials: int) -> None:
+    search = {
+        "method": method,
+        "trials": trials,
+        "seed": 3,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "space": {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]}},
+    }
+    orch.write_suite(
+        "hp",
+        {
+            "base": {
+                "sim_mem_gib": 1,
+                "sim_seconds": 1.5,
+                "sim_ramp_s": 0.1,
+                "learning_rate": 1e-4,
+                "sim_best_lr": 1e-4,
+            }
+        },
+        mem_gib=1,
+        search=search,
+    )
+
+
+@requires_tmux
+def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> None:
+    _suite(orch, "random", 5)
+    shown = orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy", "--dry-run").stdout
+    assert (
+        shown == orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy", "--dry-run").stdout
+    )
+    assert shown.count("learning_rate=") == 10 and "would queue 10 job(s)" in shown
+    orch.submit("hp", "1:toy 2:toy")
+    jobs = orch.jobs()
+    assert sorted(j.search["trial"] for j in jobs) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert {f"learning_rate={j.overrides['learning_rate']}" for j in jobs} <= set(shown.split())
+    bad = orch.run(
+        "submit",
+        "--suite",
+        "hp",
+        "--pairs",
+        "1:toy",
+        "--grid",
+        "learning_rate=0.1,0.2",
+        check=False,
+    )
+    assert (
+        bad.returncode == 2
+        and "keep one" in bad.stderr
+        and len(bad.stderr.strip().splitlines()) == 1
+    )
+
+
+@requires_tmux
+@pytest.mark.tmux
+@pytest.mark.slow
+def test_a_tpe_search_killed_midway_ends_with_exactly_its_trials(orch: Orch) -> None:
+    trials = 7
+    _suite(orch, "tpe", trials)
+    orch.submit("hp", "1:toy 2:toy", "--gpu-plan", "2,2")
+    assert len(orch.jobs()) == 2  # trial 0 only: the daemon asks for the rest
+
+    def numbers() -> set[int]:
+        return {int(j.search["trial"]) for j in orch.jobs()}
+
+    pid = orch.start_daemon()
+    wait_until(lambda: len(numbers()) >= 3, 90, "three trials")
+    os.kill(pid, signal.SIGKILL)  # in the middle of the search
+    wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+    orch.start_daemon_dying_at("after_trial_queued")  # dies again right after queueing one
+    orch.start_daemon()
+    wait_until(lambda: len(numbers()) == trials and orch.all_done(), 180, "every trial to end")
+    jobs = orch.jobs()
+    assert numbers() == set(range(trials))
+    per_trial = Counter(int(j.search["trial"]) for j in jobs)
+    assert set(per_trial.values()) == {2}  # every seed of every trial, once
+    assert len({j.identity for j in jobs}) == len(jobs) == 2 * trials
+    assert {j.state for j in jobs} == {JobState.SUCCEEDED}
+    lrs = {j.overrides["learning_rate"] for j in jobs}
+    assert len(lrs) == trials and all(1e-5 <= lr <= 1e-2 for lr in lrs)
