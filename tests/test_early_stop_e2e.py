@@ -15,7 +15,7 @@ from orchestrator.store.early_stop import reached_steps
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 BEST_LR = 1e-4
-GRID = "learning_rate=0.01,0.003,0.0001,0.001,0.03,0.1"  # the best is neither first nor last
+GRID = "learning_rate=0.01,0.003,0.0001,0.001,0.03,0.1"
 STEPS = 80  # sim_seconds 20 / 0.25 s a step
 
 

@@ -5,6 +5,7 @@ and typed the same way whichever asked. Everything is validated before the datab
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,19 @@ def search_trials(suite: Suite, overrides: dict[str, Scalar], grid: dict[str, li
     return [next_trial(search, [], 0)]
 
 
+def settings_shuffled(specs: list[JobSpec], seed_text: str) -> list[JobSpec]:
+    """The jobs with their settings (config and overrides) in a seeded shuffled order, each
+    setting's seeds together: successive halving compares each setting with those that reached
+    a rung before it, and a grid queued in order of its values (each better than the last) would
+    keep nearly all of them. The same suite gives the same order every time."""
+    by_setting: dict[str, list[JobSpec]] = {}
+    for spec in specs:
+        by_setting.setdefault(f"{spec.config_name} {sorted(spec.overrides.items())}", []).append(spec)
+    keys = list(by_setting)
+    random.Random(seed_text).shuffle(keys)
+    return [spec for key in keys for spec in by_setting[key]]
+
+
 def tpe_note(suite: Suite) -> str | None:
     if suite.search is None or suite.search.method is not SearchMethod.TPE or suite.search.trials < 2:
         return None
@@ -220,6 +234,8 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
         grid = {dim.key: [t[dim.key] for t in trials] for dim in suite.search.space}  # what a dry run shows
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots,
                         trials if trials is not None else combinations(grid), trials=trials is not None)
+    if suite.early_stop is not None:
+        specs = settings_shuffled(specs, suite.name)
     if gpus is not None:
         check_gpus_exist(gpus, db_path, "--gpus", opener)
     if plan is not None and gpus is None:
