@@ -155,11 +155,16 @@ def search_best(method: str, trials: int, seed: int) -> float:
     asked = random_trials(search) if method == "random" else []
     for number in range(trials):
         params = asked[number] if asked else next_trial(search, finished, number)
-        value = final_of(float(params["learning_rate"]), int(params["lora_r"]), float(params["warmup_ratio"]))
+        value = final_of(_number(params["learning_rate"]), int(_number(params["lora_r"])), _number(params["warmup_ratio"]))
         finished.append(FinishedTrial(number, params, TrialEnd.COMPLETE, value + rng.gauss(0, 0.004)))
     chosen = max(finished, key=lambda t: t.value if t.value is not None else -math.inf)
-    return final_of(float(chosen.params["learning_rate"]), int(chosen.params["lora_r"]),
-                    float(chosen.params["warmup_ratio"]))
+    return final_of(_number(chosen.params["learning_rate"]), int(_number(chosen.params["lora_r"])),
+                    _number(chosen.params["warmup_ratio"]))
+
+
+def _number(value: object) -> float:
+    assert isinstance(value, (int, float)), value  # the space holds numbers only
+    return float(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,12 +145,12 @@ def judge(
     trials = {setting.key: study.ask() for setting in settings}
     at_rung: dict[int, dict[str, float]] = {}
     told_rungs: dict[str, set[int]] = {}
-    for rung in sorted(told_before, key=lambda r: (r.rung, r.setting)):
-        trial = trials.get(rung.setting)
-        at_rung.setdefault(rung.rung, {})[rung.setting] = rung.value
-        told_rungs.setdefault(rung.setting, set()).add(rung.rung)
+    for earlier in sorted(told_before, key=lambda r: (r.rung, r.setting)):
+        trial = trials.get(earlier.setting)
+        at_rung.setdefault(earlier.rung, {})[earlier.setting] = earlier.value
+        told_rungs.setdefault(earlier.setting, set()).add(earlier.rung)
         if trial is not None:  # told again as before; what it says now was decided then
-            trial.report(rung.value, int(rung.step))
+            trial.report(earlier.value, int(earlier.step))
             trial.should_prune()
     judgement = Judgement()
     reached = max((seed.reached_step for s in settings for seed in s.seeds), default=0.0)

@@ -58,7 +58,7 @@ def _kept(value: Any, dim: Dimension) -> Scalar:
         return min(max(rounded, dim.low), dim.high)
     if dim.distribution is Distribution.INT_UNIFORM:
         return int(value)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _params(trial: Any, search: Search, found: dict[str, Any]) -> dict[str, Scalar]:
