@@ -180,3 +180,34 @@ def test_a_tpe_search_killed_midway_ends_with_exactly_its_trials(orch: Orch) -> 
     assert {j.state for j in jobs} == {JobState.SUCCEEDED}
     lrs = {j.overrides["learning_rate"] for j in jobs}
     assert len(lrs) == trials and all(1e-5 <= lr <= 1e-2 for lr in lrs)
+    # the search's table: every trial, best first by its metric, the best named
+    listed = orch.json("trials", "--suite", "hp")["trials"]
+    assert [t["trial"] for t in listed] != [] and len(listed) == trials
+    values = [t["value"] for t in listed]
+    assert values == sorted(values, reverse=True) and all(t["counted"] == 2 for t in listed)
+    shown = orch.run("trials", "--suite", "hp").stdout
+    assert f"best: trial {listed[0]['trial']} (learning_rate=" in shown
+
+
+def test_trials_are_listed_best_first_with_what_became_of_each_seed() -> None:
+    from orchestrator.results.trials import trial_rows
+    from orchestrator.store.rows import Job
+
+    spec = {"method": "random", "metric": "val_accuracy", "space": [{"key": "learning_rate", "log_uniform": [1, 2]}]}
+
+    def job(job_id: int, trial: int, state: JobState) -> Job:
+        base: dict[str, Any] = dict(
+            id=job_id, identity=str(job_id), suite="s", config_name="c", config_path="p", config_json="{}", seed=job_id,
+            data="t", worker="w", declared_mib=1, priority=0, state=state, level=0, attempt_count=1, max_attempts=3,
+            one_token=False, hang_timeout_s=60.0, queued_at=0.0, created_at=0.0, updated_at=0.0,
+            crash_loop_failures=3, crash_loop_within_s=30.0, crash_loop_window_s=300.0, gpus=1)
+        return Job(**base, overrides={"learning_rate": 1.0 + trial / 10}, search={"spec": spec, "trial": trial})
+
+    S, P, F = JobState.SUCCEEDED, JobState.PRUNED, JobState.FAILED
+    jobs = [job(1, 0, S), job(2, 0, S), job(3, 1, S), job(4, 1, F), job(5, 2, P), job(6, 2, P), job(7, 3, S), job(8, 3, S)]
+    values = {1: 0.7, 2: 0.8, 3: 0.9, 7: 0.6, 8: 0.6, 5: 0.2}
+    rows = trial_rows(jobs, values, "max")
+    assert [r.trial for r in rows] == [1, 0, 3, 2]
+    assert rows[0].n_text() == "1 of 2 (1 failed)" and rows[1].value == pytest.approx(0.75)
+    assert rows[-1].value is None and rows[-1].n_text() == "0 of 2 (2 pruned)"
+    assert [r.trial for r in trial_rows(jobs, values, "min")][:3] == [3, 0, 1]

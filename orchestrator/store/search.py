@@ -140,3 +140,9 @@ def queue_trial(
             )
             queued.append(job_id)
     return queued
+
+
+def suite_search_jobs(store: Store, suite: str) -> list[Job]:
+    """The jobs of the suite's search trials (of any method), by id."""
+    rows = store.query("SELECT * FROM jobs WHERE suite = ? AND search_json != '{}' ORDER BY id", [suite])
+    return [Job.from_row(row) for row in rows]
