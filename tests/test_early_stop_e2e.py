@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 
+from orchestrator.api import Sweep
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.store.early_stop import reached_steps
 
@@ -85,6 +86,13 @@ def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> N
     assert set(states.values()) <= {"succeeded", "pruned"}
     # six pruned attempts of one config, each within 30 s of its start: failures would have paused it
     assert not orch.events("pause")
+
+    # results: pruned runs out of every mean, counted, marked; the API carries them
+    table = orch.run("results", "--suite", "es").stdout
+    assert "0 of 2 (2 pruned)" in table and "‡" in table and "pruned at step" in table
+    rows = Sweep(orch.db).results(as_frame=False)
+    assert {r["job"] for r in rows if r["state"] == "pruned"} == {j.id for j in pruned}
+    assert all(r["split"] == "pruned" and r["step"] >= 4 for r in rows if r["state"] == "pruned")
 
     # `orch retry` resumes a pruned job; its setting is judged no more
     retried = pruned[0]
