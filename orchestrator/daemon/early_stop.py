@@ -18,7 +18,8 @@ from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, 
 from orchestrator.store.db import Store
 from orchestrator.store.early_stop import (
     early_stop_jobs,
-    metric_points,
+    metric_last_steps,
+    metric_points_at,
     prune_jobs,
     reached_steps,
     read_rungs,
@@ -62,6 +63,9 @@ class EarlyStopper:
         self.store = store
         self._next_check_s = 0.0
         self._warned: set[tuple[str, str, str]] = set()  # (suite, task, what): said once per daemon
+        self._judged: dict[
+            tuple[str, str], tuple[tuple[int, str, int, bool], ...]
+        ] = {}  # each group's last look
 
     def check(self) -> None:
         if time.monotonic() < self._next_check_s:
@@ -83,10 +87,22 @@ class EarlyStopper:
         if spec is None:
             return
         ids = [job.id for job in jobs]
+        last = metric_last_steps(self.store, ids, spec.metric)
+        silent = [job_id for job_id in ids if job_id not in last]  # how far they got, by any metric
+        reached = {**reached_steps(self.store, silent), **last}
+        # nothing new to judge until a job passes a rung or changes state: the histories stay unread
+        signature = tuple(
+            (j.id, j.state.value, len(spec.rung_steps(reached.get(j.id, 0.0))), j.id in last)
+            for j in jobs
+        )
+        if self._judged.get((suite, data)) == signature:
+            return
+        steps = spec.rung_steps(max(last.values(), default=0.0))
         settings = group_settings(
-            jobs, metric_points(self.store, ids, spec.metric), reached_steps(self.store, ids)
+            jobs, metric_points_at(self.store, ids, spec.metric, steps), reached
         )
         judged = judge(spec, settings, read_rungs(self.store, suite, data))
+        self._judged[(suite, data)] = signature
         self._write(suite, data, spec, judged)
 
     def _write(self, suite: str, data: str, spec: EarlyStop, judged: Judgement) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.store.db import Store
-from orchestrator.store.history import iter_history
 from orchestrator.store.jobs import add_event, transition
 from orchestrator.store.rows import Job
 
@@ -37,13 +36,38 @@ def early_stop_jobs(store: Store) -> list[Job]:
     return [Job.from_row(row) for row in store.query(_GROUPS_RUNNING)]
 
 
-def metric_points(store: Store, job_ids: Sequence[int], key: str) -> dict[int, dict[float, float]]:
-    """job id -> {step: value} of `key` over the job's attempts (a later attempt's value wins at
-    a step both reported: it resumed from a checkpoint before it)."""
+_ATTEMPTS_OF = "SELECT id FROM attempts WHERE job_id = ?"
+
+
+def metric_last_steps(store: Store, job_ids: Sequence[int], key: str) -> dict[int, float]:
+    """job id -> the furthest step `key` was reported at (an index seek per attempt)."""
+    found: dict[int, float] = {}
+    for job_id in job_ids:
+        (step,) = store.execute(
+            f"SELECT max(step) FROM metric_history WHERE key = ? AND attempt_id IN ({_ATTEMPTS_OF})",
+            [key, job_id],
+        ).fetchone()
+        if step is not None:
+            found[job_id] = float(step)
+    return found
+
+
+def metric_points_at(
+    store: Store, job_ids: Sequence[int], key: str, steps: Sequence[float]
+) -> dict[int, dict[float, float]]:
+    """job id -> {step: value} holding, for each of `steps`, the job's last value of `key` at or
+    before it, and its value at the furthest step reported: what early stopping needs of a
+    history, read by index seeks (a later attempt's value wins at a step both reported)."""
     points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
-    if job_ids:
-        for point in iter_history(store, jobs=job_ids, keys=[key]):
-            points[point.job][point.step] = point.value
+    sql = (
+        "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
+        "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? ORDER BY h.step DESC, a.n DESC LIMIT 1"
+    )
+    for job_id in job_ids:
+        for step in [*steps, float("inf")]:
+            row = store.execute(sql, [job_id, key, step]).fetchone()
+            if row is not None:
+                points[job_id][float(row[0])] = float(row[1])
     return points
 
 
@@ -139,5 +163,9 @@ def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
 
 def pruned_jobs(store: Store, suite: str | None = None) -> list[Job]:
     """The jobs that ended pruned (of one suite), by id."""
-    sql = "SELECT * FROM jobs WHERE state = 'pruned'" + (" AND suite = ?" if suite is not None else "") + " ORDER BY id"
+    sql = (
+        "SELECT * FROM jobs WHERE state = 'pruned'"
+        + (" AND suite = ?" if suite is not None else "")
+        + " ORDER BY id"
+    )
     return [Job.from_row(row) for row in store.query(sql, [suite] if suite is not None else [])]
