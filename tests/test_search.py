@@ -187,6 +187,16 @@ def test_a_tpe_search_killed_midway_ends_with_exactly_its_trials(orch: Orch) -> 
     assert values == sorted(values, reverse=True) and all(t["counted"] == 2 for t in listed)
     shown = orch.run("trials", "--suite", "hp").stdout
     assert f"best: trial {listed[0]['trial']} (learning_rate=" in shown
+    # the web page: the same table, and the final metric against the searched key
+    from starlette.testclient import TestClient
+
+    from orchestrator.web.app import create_app
+
+    with TestClient(create_app(orch.db, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        page = client.get("/trials")
+    assert page.status_code == 200 and 'class="trials-plot"' in page.text
+    assert page.text.count("<circle") == trials and page.text.count('class="trial"') == trials
+    assert f"best: trial {listed[0]['trial']} (learning_rate=" in page.text and "learning_rate (log)" in page.text
 
 
 def test_trials_are_listed_best_first_with_what_became_of_each_seed() -> None:
@@ -211,3 +221,17 @@ def test_trials_are_listed_best_first_with_what_became_of_each_seed() -> None:
     assert rows[0].n_text() == "1 of 2 (1 failed)" and rows[1].value == pytest.approx(0.75)
     assert rows[-1].value is None and rows[-1].n_text() == "0 of 2 (2 pruned)"
     assert [r.trial for r in trial_rows(jobs, values, "min")][:3] == [3, 0, 1]
+
+
+def test_the_trials_plot_escapes_what_user_code_named() -> None:
+    from orchestrator.results.trials import TrialRow
+    from orchestrator.web.trials_plot import key_plots
+
+    rows = [TrialRow(0, {"<k>": "<script>", "lr": 0.01}, 0.9, 1, 1, {"succeeded": 1}),
+            TrialRow(1, {"<k>": "b", "lr": 0.001}, 0.5, 1, 1, {"succeeded": 1}),
+            TrialRow(2, {"<k>": "c", "lr": 0.1}, None, 0, 1, {"pruned": 1})]
+    plots = key_plots(rows, ["<k>", "lr"], {"lr"}, "val<acc>")
+    assert [p.key for p in plots] == ["<k>", "lr"]
+    text = "".join(str(p.svg) for p in plots)
+    assert "<script>" not in text and "&lt;script&gt;" in text and text.count("<circle") == 4
+    assert 'fill="#3b7dd8"' in str(plots[1].svg)  # the best trial filled

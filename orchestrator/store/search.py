@@ -14,8 +14,9 @@ from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.rows import Job
 
-_TPE_JOBS = (
-    "SELECT * FROM jobs WHERE json_extract(search_json, '$.spec.method') = 'tpe' ORDER BY id"
+_TPE_JOBS = (  # the cheap test first: most jobs are in no search
+    "SELECT * FROM jobs WHERE search_json != '{}' AND json_extract(search_json, '$.spec.method') = 'tpe' "
+    "ORDER BY id"
 )
 # copied from a template job as they are; the rest of a new job is written below
 _COPIED = (
@@ -146,3 +147,8 @@ def suite_search_jobs(store: Store, suite: str) -> list[Job]:
     """The jobs of the suite's search trials (of any method), by id."""
     rows = store.query("SELECT * FROM jobs WHERE suite = ? AND search_json != '{}' ORDER BY id", [suite])
     return [Job.from_row(row) for row in rows]
+
+
+def searched_suites(store: Store) -> list[str]:
+    """The suites with search trials, by name."""
+    return [str(r["suite"]) for r in store.query("SELECT DISTINCT suite FROM jobs WHERE search_json != '{}' ORDER BY suite")]

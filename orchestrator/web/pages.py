@@ -19,7 +19,8 @@ from orchestrator.web.results_view import ResultLine, ResultTable, pivot
 from orchestrator.web.templating import render
 
 PAGES = (("overview", "/", "Overview"), ("jobs", "/jobs", "Jobs"), ("timeline", "/timeline", "Timeline"),
-         ("memory", "/memory", "Memory"), ("curves", "/curves", "Curves"), ("results", "/results", "Results"))
+         ("memory", "/memory", "Memory"), ("curves", "/curves", "Curves"), ("results", "/results", "Results"),
+         ("trials", "/trials", "Trials"))
 COUNT_ORDER = ("queued", "running", "succeeded", "failed", "cancelled", "pruned")
 
 # Which actions a job's state allows (as orchestrator.actions.user_actions decides; test_web_unit checks both agree).
@@ -47,6 +48,7 @@ WATCH = {
     "memory": ("samples",),
     "job": ("events", "progress"),
     "results": ("events",),
+    "trials": ("events",),
     "curves": (),
     "action": (),
 }
