@@ -139,11 +139,13 @@ def prune_jobs(
                 ).fetchone()
                 if live is None:
                     continue  # ending now: its next state is decided without the prune
-                store._db.execute("UPDATE jobs SET pruned_json = ? WHERE id = ?", [stored, job_id])
-                store._db.execute(
+                asked = store._db.execute(
                     "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NULL",
                     [KillRequest.PRUNE.value, live[0]],
                 )
+                if asked.rowcount != 1:
+                    continue  # a cancel, retry or hang kill was asked first: it ends as that asked
+                store._db.execute("UPDATE jobs SET pruned_json = ? WHERE id = ?", [stored, job_id])
                 add_event(
                     store,
                     "prune",
