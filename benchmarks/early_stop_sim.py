@@ -49,10 +49,18 @@ BEST_LR = 2e-4
 
 def final_of(lr: float, rank: int, warmup: float = 0.05) -> float:
     r = math.log2(rank / 4)
-    return 0.88 - 0.05 * math.log10(lr / BEST_LR) ** 2 + 0.004 * r - 0.001 * r * r - 0.2 * (warmup - 0.05) ** 2
+    return (
+        0.88
+        - 0.05 * math.log10(lr / BEST_LR) ** 2
+        + 0.004 * r
+        - 0.001 * r * r
+        - 0.2 * (warmup - 0.05) ** 2
+    )
 
 
-CROSSING = [0.3]  # tau's exponent: 0, curves never cross; larger, a large rate leads longer (--crossing)
+CROSSING = [
+    0.3
+]  # tau's exponent: 0, curves never cross; larger, a large rate leads longer (--crossing)
 
 
 def value_at(final: float, lr: float, step: int) -> float:
@@ -73,7 +81,9 @@ class Run:
 
     def advance(self) -> None:
         self.step += EVAL_EVERY
-        self.values[float(self.step)] = value_at(self.final, self.lr, self.step) + self.noise[self.step // EVAL_EVERY - 1]
+        self.values[float(self.step)] = (
+            value_at(self.final, self.lr, self.step) + self.noise[self.step // EVAL_EVERY - 1]
+        )
         if self.step >= STEPS:
             self.state = JobState.SUCCEEDED
 
@@ -125,9 +135,21 @@ def sweep_with_early_stop(runs: list[Run], spec: EarlyStop) -> tuple[float, str]
             settings: dict[str, list[Run]] = {}
             for run in runs:
                 settings.setdefault(run.setting, []).append(run)
-            judged = judge(spec, [SettingRuns(key, tuple(SeedRun(r.job_id, r.state, dict(r.values), float(r.step))
-                                                         for r in members), decided=key in decided)
-                                  for key, members in settings.items()], told)
+            judged = judge(
+                spec,
+                [
+                    SettingRuns(
+                        key,
+                        tuple(
+                            SeedRun(r.job_id, r.state, dict(r.values), float(r.step))
+                            for r in members
+                        ),
+                        decided=key in decided,
+                    )
+                    for key, members in settings.items()
+                ],
+                told,
+            )
             told += judged.told
             for prune in judged.prunes:
                 decided.add(prune.setting)
@@ -142,24 +164,48 @@ def sweep_with_early_stop(runs: list[Run], spec: EarlyStop) -> tuple[float, str]
     return gpu_hours, max(finished, key=lambda s: mean(finished[s]))
 
 
-SPACE = {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-3]}, "lora_r": RANKS, "warmup_ratio": {"uniform": [0.0, 0.1]}}
+SPACE = {
+    "learning_rate": {"log_uniform": [1.0e-5, 1.0e-3]},
+    "lora_r": RANKS,
+    "warmup_ratio": {"uniform": [0.0, 0.1]},
+}
 
 
 def search_best(method: str, trials: int, seed: int) -> float:
     """The true final metric (without noise) of the trial a search of `trials` picks: the one
     whose measured value (one seed, its noise included) was best."""
-    search = parse_search("benchmark", {"method": method, "trials": trials, "seed": seed, "metric": "val_accuracy",
-                                        "mode": "max", "space": SPACE}, set(SPACE), ())
+    search = parse_search(
+        "benchmark",
+        {
+            "method": method,
+            "trials": trials,
+            "seed": seed,
+            "metric": "val_accuracy",
+            "mode": "max",
+            "space": SPACE,
+        },
+        set(SPACE),
+        (),
+    )
     rng = random.Random(seed * 7919 + 1)
     finished: list[FinishedTrial] = []
     asked = random_trials(search) if method == "random" else []
     for number in range(trials):
         params = asked[number] if asked else next_trial(search, finished, number)
-        value = final_of(_number(params["learning_rate"]), int(_number(params["lora_r"])), _number(params["warmup_ratio"]))
-        finished.append(FinishedTrial(number, params, TrialEnd.COMPLETE, value + rng.gauss(0, 0.004)))
+        value = final_of(
+            _number(params["learning_rate"]),
+            int(_number(params["lora_r"])),
+            _number(params["warmup_ratio"]),
+        )
+        finished.append(
+            FinishedTrial(number, params, TrialEnd.COMPLETE, value + rng.gauss(0, 0.004))
+        )
     chosen = max(finished, key=lambda t: t.value if t.value is not None else -math.inf)
-    return final_of(_number(chosen.params["learning_rate"]), int(_number(chosen.params["lora_r"])),
-                    _number(chosen.params["warmup_ratio"]))
+    return final_of(
+        _number(chosen.params["learning_rate"]),
+        int(_number(chosen.params["lora_r"])),
+        _number(chosen.params["warmup_ratio"]),
+    )
 
 
 def _number(value: object) -> float:
@@ -168,54 +214,94 @@ def _number(value: object) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks.early_stop_sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="benchmarks.early_stop_sim", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seeds", type=int, default=10, help="benchmark seeds (default 10)")
     parser.add_argument("--rule", default="asha", choices=[r.value for r in PruneRule])
     parser.add_argument("--min-steps", type=int, default=200)
     parser.add_argument("--reduction-factor", type=int, default=3)
     parser.add_argument("--trials", type=int, default=32, help="trials of each search (default 32)")
-    parser.add_argument("--order", default="shuffled", choices=["grid", "shuffled"],
-                        help="the queue: its settings shuffled, as orch queues an early_stop suite (default), "
-                             "or the grid's order (learning rate ascending)")
-    parser.add_argument("--crossing", type=float, default=0.3,
-                        help="tau = 300 steps x (2e-4 / lr)^CROSSING (default 0.3; 0: curves never cross)")
+    parser.add_argument(
+        "--order",
+        default="shuffled",
+        choices=["grid", "shuffled"],
+        help="the queue: its settings shuffled, as orch queues an early_stop suite (default), "
+        "or the grid's order (learning rate ascending)",
+    )
+    parser.add_argument(
+        "--crossing",
+        type=float,
+        default=0.3,
+        help="tau = 300 steps x (2e-4 / lr)^CROSSING (default 0.3; 0: curves never cross)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     CROSSING[0] = args.crossing
-    spec = EarlyStop("val_accuracy", Mode.MAX, PruneRule(args.rule), args.min_steps, args.reduction_factor,
-                     STEPS if args.rule == "hyperband" else None)
+    spec = EarlyStop(
+        "val_accuracy",
+        Mode.MAX,
+        PruneRule(args.rule),
+        args.min_steps,
+        args.reduction_factor,
+        STEPS if args.rule == "hyperband" else None,
+    )
     full_hours = len(LEARNING_RATES) * len(RANKS) * SEEDS_PER_SETTING * 1.0
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         runs = make_runs(random.Random(seed), shuffled=args.order == "shuffled")
         best = grid_best(runs)
         hours, kept = sweep_with_early_stop(runs, spec)
-        rows.append({"seed": seed, "gpu_hours": hours, "kept": kept, "grid_best": best, "same": kept == best,
-                     "regret": true_final(best) - true_final(kept)})
+        rows.append(
+            {
+                "seed": seed,
+                "gpu_hours": hours,
+                "kept": kept,
+                "grid_best": best,
+                "same": kept == best,
+                "regret": true_final(best) - true_final(kept),
+            }
+        )
     random_best = [search_best("random", args.trials, seed) for seed in range(args.seeds)]
     tpe_best = [search_best("tpe", args.trials, seed) for seed in range(args.seeds)]
     summary = {
-        "rule": args.rule, "order": args.order, "crossing": args.crossing, "min_steps": args.min_steps, "reduction_factor": args.reduction_factor,
-        "full_grid_gpu_hours": full_hours, "early_stop_gpu_hours_mean": mean(r["gpu_hours"] for r in rows),
+        "rule": args.rule,
+        "order": args.order,
+        "crossing": args.crossing,
+        "min_steps": args.min_steps,
+        "reduction_factor": args.reduction_factor,
+        "full_grid_gpu_hours": full_hours,
+        "early_stop_gpu_hours_mean": mean(r["gpu_hours"] for r in rows),
         "early_stop_gpu_hours_max": max(r["gpu_hours"] for r in rows),
-        "grid_best_kept": sum(r["same"] for r in rows), "benchmark_seeds": args.seeds,
-        "regret_mean": mean(r["regret"] for r in rows), "regret_max": max(r["regret"] for r in rows),
-        "trials": args.trials, "random_best_mean": mean(random_best), "tpe_best_mean": mean(tpe_best),
-        "optimum": final_of(BEST_LR, 16, 0.05), "runs": rows,
+        "grid_best_kept": sum(r["same"] for r in rows),
+        "benchmark_seeds": args.seeds,
+        "regret_mean": mean(r["regret"] for r in rows),
+        "regret_max": max(r["regret"] for r in rows),
+        "trials": args.trials,
+        "random_best_mean": mean(random_best),
+        "tpe_best_mean": mean(tpe_best),
+        "optimum": final_of(BEST_LR, 16, 0.05),
+        "runs": rows,
     }
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
     for row in rows:
-        print(f"seed {row['seed']}: {row['gpu_hours']:.1f} GPU-h, kept {row['kept']}"
-              + ("" if row["same"] else f" (grid best {row['grid_best']})"))
-    print(f"early stopping ({args.rule}, min_steps {args.min_steps}, factor {args.reduction_factor}): "
-          f"{summary['early_stop_gpu_hours_mean']:.1f} GPU-h mean (max {summary['early_stop_gpu_hours_max']:.1f}) "
-          f"vs {full_hours:.0f} for the full grid ({summary['early_stop_gpu_hours_mean'] / full_hours:.2f}); "
-          f"grid best kept in {summary['grid_best_kept']} of {args.seeds}; the kept setting's true final below "
-          f"the grid best's by {summary['regret_mean']:.4f} on average (at most {summary['regret_max']:.4f})")
-    print(f"search, {args.trials} trials: best final metric, mean over {args.seeds} seeds: random "
-          f"{summary['random_best_mean']:.4f}, tpe {summary['tpe_best_mean']:.4f} (optimum {summary['optimum']:.4f})")
+        print(
+            f"seed {row['seed']}: {row['gpu_hours']:.1f} GPU-h, kept {row['kept']}"
+            + ("" if row["same"] else f" (grid best {row['grid_best']})")
+        )
+    print(
+        f"early stopping ({args.rule}, min_steps {args.min_steps}, factor {args.reduction_factor}): "
+        f"{summary['early_stop_gpu_hours_mean']:.1f} GPU-h mean (max {summary['early_stop_gpu_hours_max']:.1f}) "
+        f"vs {full_hours:.0f} for the full grid ({summary['early_stop_gpu_hours_mean'] / full_hours:.2f}); "
+        f"grid best kept in {summary['grid_best_kept']} of {args.seeds}; the kept setting's true final below "
+        f"the grid best's by {summary['regret_mean']:.4f} on average (at most {summary['regret_max']:.4f})"
+    )
+    print(
+        f"search, {args.trials} trials: best final metric, mean over {args.seeds} seeds: random "
+        f"{summary['random_best_mean']:.4f}, tpe {summary['tpe_best_mean']:.4f} (optimum {summary['optimum']:.4f})"
+    )
     return 0
 
 

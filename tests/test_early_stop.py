@@ -159,19 +159,26 @@ def test_a_setting_kept_for_arriving_first_is_stopped_once_better_ones_arrive() 
     finals = [0.5, 0.7, 0.72, 0.74, 0.76, 0.78]
     alone = _grid(finals[:1], 10)
     first = judge(ASHA, alone, [])
-    assert first.prunes == [] and [r.setting for r in first.told] == ["lr0"]  # alone at the rung: goes on
+    assert first.prunes == [] and [r.setting for r in first.told] == [
+        "lr0"
+    ]  # alone at the rung: goes on
     everyone = [SettingRuns("lr0", (SeedRun(1, R, _curve(0.5, 20), 20.0),)), *_grid(finals, 10)[1:]]
     later = judge(ASHA, everyone, first.told)
     assert "lr0" in {p.setting for p in later.prunes}  # judged again at the rung it passed
-    assert {r.setting for r in later.told} == {f"lr{i}" for i in range(1, 6)}  # lr0 told once, before
+    assert {r.setting for r in later.told} == {
+        f"lr{i}" for i in range(1, 6)
+    }  # lr0 told once, before
 
 
 def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> None:
     from orchestrator.api.submit import settings_shuffled
     from orchestrator.plans.model import JobSpec
 
-    specs = [JobSpec("s", "base", "p", {}, seed, "t", {"learning_rate": lr}, {}, f"{lr}-{seed}")
-             for lr in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6) for seed in (1, 2, 3)]
+    specs = [
+        JobSpec("s", "base", "p", {}, seed, "t", {"learning_rate": lr}, {}, f"{lr}-{seed}")
+        for lr in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+        for seed in (1, 2, 3)
+    ]
     shuffled = settings_shuffled(specs, "s")
     assert shuffled == settings_shuffled(specs, "s") and sorted(shuffled, key=specs.index) == specs
     order = [s.overrides["learning_rate"] for s in shuffled]

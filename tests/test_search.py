@@ -196,25 +196,66 @@ def test_a_tpe_search_killed_midway_ends_with_exactly_its_trials(orch: Orch) -> 
         page = client.get("/trials")
     assert page.status_code == 200 and 'class="trials-plot"' in page.text
     assert page.text.count("<circle") == trials and page.text.count('class="trial"') == trials
-    assert f"best: trial {listed[0]['trial']} (learning_rate=" in page.text and "learning_rate (log)" in page.text
+    assert (
+        f"best: trial {listed[0]['trial']} (learning_rate=" in page.text
+        and "learning_rate (log)" in page.text
+    )
 
 
 def test_trials_are_listed_best_first_with_what_became_of_each_seed() -> None:
     from orchestrator.results.trials import trial_rows
     from orchestrator.store.rows import Job
 
-    spec = {"method": "random", "metric": "val_accuracy", "space": [{"key": "learning_rate", "log_uniform": [1, 2]}]}
+    spec = {
+        "method": "random",
+        "metric": "val_accuracy",
+        "space": [{"key": "learning_rate", "log_uniform": [1, 2]}],
+    }
 
     def job(job_id: int, trial: int, state: JobState) -> Job:
         base: dict[str, Any] = dict(
-            id=job_id, identity=str(job_id), suite="s", config_name="c", config_path="p", config_json="{}", seed=job_id,
-            data="t", worker="w", declared_mib=1, priority=0, state=state, level=0, attempt_count=1, max_attempts=3,
-            one_token=False, hang_timeout_s=60.0, queued_at=0.0, created_at=0.0, updated_at=0.0,
-            crash_loop_failures=3, crash_loop_within_s=30.0, crash_loop_window_s=300.0, gpus=1)
-        return Job(**base, overrides={"learning_rate": 1.0 + trial / 10}, search={"spec": spec, "trial": trial})
+            id=job_id,
+            identity=str(job_id),
+            suite="s",
+            config_name="c",
+            config_path="p",
+            config_json="{}",
+            seed=job_id,
+            data="t",
+            worker="w",
+            declared_mib=1,
+            priority=0,
+            state=state,
+            level=0,
+            attempt_count=1,
+            max_attempts=3,
+            one_token=False,
+            hang_timeout_s=60.0,
+            queued_at=0.0,
+            created_at=0.0,
+            updated_at=0.0,
+            crash_loop_failures=3,
+            crash_loop_within_s=30.0,
+            crash_loop_window_s=300.0,
+            gpus=1,
+        )
+        return Job(
+            **base,
+            overrides={"learning_rate": 1.0 + trial / 10},
+            search={"spec": spec, "trial": trial},
+        )
 
     S, P, F = JobState.SUCCEEDED, JobState.PRUNED, JobState.FAILED
-    jobs = [job(1, 0, S), job(2, 0, S), job(3, 1, S), job(4, 1, F), job(5, 2, P), job(6, 2, P), job(7, 3, S), job(8, 3, S)]
+    jobs = [
+        job(1, 0, S),
+        job(2, 0, S),
+        job(3, 1, S),
+        job(4, 1, F),
+        job(5, 2, P),
+        job(6, 2, P),
+        job(7, 3, S),
+        job(8, 3, S),
+    ]
     values = {1: 0.7, 2: 0.8, 3: 0.9, 7: 0.6, 8: 0.6, 5: 0.2}
     rows = trial_rows(jobs, values, "max")
     assert [r.trial for r in rows] == [1, 0, 3, 2]
@@ -227,9 +268,11 @@ def test_the_trials_plot_escapes_what_user_code_named() -> None:
     from orchestrator.results.trials import TrialRow
     from orchestrator.web.trials_plot import key_plots
 
-    rows = [TrialRow(0, {"<k>": "<script>", "lr": 0.01}, 0.9, 1, 1, {"succeeded": 1}),
-            TrialRow(1, {"<k>": "b", "lr": 0.001}, 0.5, 1, 1, {"succeeded": 1}),
-            TrialRow(2, {"<k>": "c", "lr": 0.1}, None, 0, 1, {"pruned": 1})]
+    rows = [
+        TrialRow(0, {"<k>": "<script>", "lr": 0.01}, 0.9, 1, 1, {"succeeded": 1}),
+        TrialRow(1, {"<k>": "b", "lr": 0.001}, 0.5, 1, 1, {"succeeded": 1}),
+        TrialRow(2, {"<k>": "c", "lr": 0.1}, None, 0, 1, {"pruned": 1}),
+    ]
     plots = key_plots(rows, ["<k>", "lr"], {"lr"}, "val<acc>")
     assert [p.key for p in plots] == ["<k>", "lr"]
     text = "".join(str(p.svg) for p in plots)

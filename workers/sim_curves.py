@@ -11,7 +11,12 @@ def val_curve(config: dict[str, Any], step: int) -> dict[str, float]:
     towards 0.9 - 0.15 x |log10(learning_rate / sim_best_lr)|, a little apart per seed."""
     best_lr = config.get("sim_best_lr")
     lr = config.get("learning_rate")
-    if not isinstance(best_lr, (int, float)) or not isinstance(lr, (int, float)) or best_lr <= 0 or lr <= 0:
+    if (
+        not isinstance(best_lr, (int, float))
+        or not isinstance(lr, (int, float))
+        or best_lr <= 0
+        or lr <= 0
+    ):
         return {}
     final = 0.9 - 0.15 * abs(math.log10(lr / best_lr))
     seed = int(config.get("seed", 0) or 0)

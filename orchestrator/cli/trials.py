@@ -16,7 +16,12 @@ from orchestrator.wording import fmt_value
 
 @click.command("trials")
 @click.option("--suite", required=True, help="The suite whose search: to list.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON: every trial with its values, mean and seeds.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: every trial with its values, mean and seeds.",
+)
 @db_option
 def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
     """List a search's trials best first by the search metric (the mean over each trial's seeds
@@ -26,18 +31,40 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
     with open_store(db_path) as store:
         jobs = suite_search_jobs(store, suite)
         if not jobs:
-            raise UsageError(f"suite {suite} has no search trials (its suite file has no search:, or nothing was submitted)")
+            raise UsageError(
+                f"suite {suite} has no search trials (its suite file has no search:, or nothing was submitted)"
+            )
         spec = jobs[-1].search.get("spec", {})
         metric, mode = str(spec.get("metric") or ""), str(spec.get("mode") or "max")
         if not metric:
-            raise UsageError(f"the search of suite {suite} names no metric: its trials have no order")
+            raise UsageError(
+                f"the search of suite {suite} names no metric: its trials have no order"
+            )
         rows = trial_rows(jobs, final_values(store, [j.id for j in jobs], metric), mode)
     if as_json:
-        echo_json({"suite": suite, "metric": metric, "mode": mode, "method": spec.get("method"),
-                   "trials": [{"trial": r.trial, "params": r.params, "value": r.value, "counted": r.counted,
-                               "submitted": r.submitted, "states": r.states} for r in rows]})
+        echo_json(
+            {
+                "suite": suite,
+                "metric": metric,
+                "mode": mode,
+                "method": spec.get("method"),
+                "trials": [
+                    {
+                        "trial": r.trial,
+                        "params": r.params,
+                        "value": r.value,
+                        "counted": r.counted,
+                        "submitted": r.submitted,
+                        "states": r.states,
+                    }
+                    for r in rows
+                ],
+            }
+        )
         return
-    click.echo(f"{suite}: {len(rows)} trial(s) of a {spec.get('method')} search, best first by {metric} ({mode})")
+    click.echo(
+        f"{suite}: {len(rows)} trial(s) of a {spec.get('method')} search, best first by {metric} ({mode})"
+    )
     for row in rows:
         params = ", ".join(f"{k}={fmt_value(v)}" for k, v in row.params.items())
         value = f"{row.value:.4f}" if row.value is not None else "—"
@@ -45,7 +72,9 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
     best = rows[0]
     if best.value is not None:
         params = ", ".join(f"{k}={fmt_value(v)}" for k, v in best.params.items())
-        click.echo(f"best: trial {best.trial} ({params}): {metric} {best.value:.4f}, mean of {best.counted} seed(s)")
+        click.echo(
+            f"best: trial {best.trial} ({params}): {metric} {best.value:.4f}, mean of {best.counted} seed(s)"
+        )
 
 
 def register(group: click.Group) -> None:

@@ -22,7 +22,9 @@ class TrialRow:
     states: dict[str, int]  # what became of its jobs, by state
 
     def n_text(self) -> str:
-        others = ", ".join(f"{n} {state}" for state, n in sorted(self.states.items()) if state != "succeeded")
+        others = ", ".join(
+            f"{n} {state}" for state, n in sorted(self.states.items()) if state != "succeeded"
+        )
         return f"{self.counted} of {self.submitted}" + (f" ({others})" if others else "")
 
 
@@ -34,12 +36,29 @@ def trial_rows(jobs: Sequence[Job], values: Mapping[int, float], mode: str) -> l
     keys = [d.get("key") for d in jobs[0].search.get("spec", {}).get("space", [])] if jobs else []
     rows = []
     for number, members in by_trial.items():
-        counted = [values[j.id] for j in members if j.state is JobState.SUCCEEDED and j.id in values]
+        counted = [
+            values[j.id] for j in members if j.state is JobState.SUCCEEDED and j.id in values
+        ]
         states: dict[str, int] = {}
         for job in members:
-            state = job.state.value if job.state is not JobState.SUCCEEDED or job.id in values else "no metric"
+            state = (
+                job.state.value
+                if job.state is not JobState.SUCCEEDED or job.id in values
+                else "no metric"
+            )
             states[state] = states.get(state, 0) + 1
-        rows.append(TrialRow(number, {k: members[0].overrides.get(k) for k in keys},
-                             sum(counted) / len(counted) if counted else None, len(counted), len(members), states))
+        rows.append(
+            TrialRow(
+                number,
+                {k: members[0].overrides.get(k) for k in keys},
+                sum(counted) / len(counted) if counted else None,
+                len(counted),
+                len(members),
+                states,
+            )
+        )
     sign = -1.0 if mode == "max" else 1.0
-    return sorted(rows, key=lambda r: (r.value is None, sign * r.value if r.value is not None else 0.0, r.trial))
+    return sorted(
+        rows,
+        key=lambda r: (r.value is None, sign * r.value if r.value is not None else 0.0, r.trial),
+    )

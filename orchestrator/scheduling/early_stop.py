@@ -189,7 +189,9 @@ def judge(
         for prune in _judge_rung(study, trials, spec, batch, at_rung, judgement):
             stopped.add(prune.setting)
             judgement.prunes.append(prune)
-    if spec.rule is not PruneRule.HYPERBAND:  # a bracket's rungs are its own: judged as they come only
+    if (
+        spec.rule is not PruneRule.HYPERBAND
+    ):  # a bracket's rungs are its own: judged as they come only
         for prune in _judge_again(study, trials, spec, settings, at_rung):
             if prune.setting not in stopped:
                 stopped.add(prune.setting)
@@ -197,16 +199,22 @@ def judge(
     return judgement
 
 
-def _judge_again(study: Any, trials: Mapping[str, Any], spec: EarlyStop, settings: Sequence[SettingRuns],
-                 at_rung: Mapping[int, Mapping[str, float]]) -> list[Prune]:
+def _judge_again(
+    study: Any,
+    trials: Mapping[str, Any],
+    spec: EarlyStop,
+    settings: Sequence[SettingRuns],
+    at_rung: Mapping[int, Mapping[str, float]],
+) -> list[Prune]:
     """Each running setting judged by the pruner again at every rung it has passed, against
     every setting that has reached that rung by now: one that went on for being among the first
     there is stopped once better ones arrive (a grid queued in order of its values would
     otherwise keep every setting better than those before it)."""
     prunes: list[Prune] = []
     everyone = study.get_trials(deepcopy=True)
-    steps = spec.rung_steps(max((max(v) for v in (s.values for st in settings for s in st.seeds) if v),
-                                default=0.0))
+    steps = spec.rung_steps(
+        max((max(v) for v in (s.values for st in settings for s in st.seeds) if v), default=0.0)
+    )
     for setting in settings:
         if setting.decided or setting.finished() or not setting.live_job_ids():
             continue
@@ -221,8 +229,17 @@ def _judge_again(study: Any, trials: Mapping[str, Any], spec: EarlyStop, setting
             if study.pruner.prune(study, trial):
                 value = at_rung[rung][setting.key]
                 others = [v for key, v in at_rung[rung].items() if key != setting.key]
-                prunes.append(Prune(setting.key, tuple(setting.live_job_ids()), rung, step, value,
-                                    _rank(value, others, spec.mode), len(others) + 1))
+                prunes.append(
+                    Prune(
+                        setting.key,
+                        tuple(setting.live_job_ids()),
+                        rung,
+                        step,
+                        value,
+                        _rank(value, others, spec.mode),
+                        len(others) + 1,
+                    )
+                )
                 break
     return prunes
 
@@ -230,7 +247,11 @@ def _judge_again(study: Any, trials: Mapping[str, Any], spec: EarlyStop, setting
 def _rung_of(attr: str) -> int:
     """The rung of a successive-halving record (`completed_rung_2` -> 2); -1 for anything else."""
     prefix = "completed_rung_"
-    return int(attr[len(prefix):]) if attr.startswith(prefix) and attr[len(prefix):].isdigit() else -1
+    return (
+        int(attr[len(prefix) :])
+        if attr.startswith(prefix) and attr[len(prefix) :].isdigit()
+        else -1
+    )
 
 
 def _judge_rung(

@@ -145,10 +145,17 @@ def queue_trial(
 
 def suite_search_jobs(store: Store, suite: str) -> list[Job]:
     """The jobs of the suite's search trials (of any method), by id."""
-    rows = store.query("SELECT * FROM jobs WHERE suite = ? AND search_json != '{}' ORDER BY id", [suite])
+    rows = store.query(
+        "SELECT * FROM jobs WHERE suite = ? AND search_json != '{}' ORDER BY id", [suite]
+    )
     return [Job.from_row(row) for row in rows]
 
 
 def searched_suites(store: Store) -> list[str]:
     """The suites with search trials, by name."""
-    return [str(r["suite"]) for r in store.query("SELECT DISTINCT suite FROM jobs WHERE search_json != '{}' ORDER BY suite")]
+    return [
+        str(r["suite"])
+        for r in store.query(
+            "SELECT DISTINCT suite FROM jobs WHERE search_json != '{}' ORDER BY suite"
+        )
+    ]
