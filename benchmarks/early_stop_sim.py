@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         f"the grid best's by {summary['regret_mean']:.4f} on average (at most {summary['regret_max']:.4f})"
     )
     print(
-        f"search, {args.trials} trials: best final metric, mean over {args.seeds} seeds: random "
+        f"search, {args.trials} trials: true final of the trial picked, mean over {args.seeds} seeds: random "
         f"{summary['random_best_mean']:.4f}, tpe {summary['tpe_best_mean']:.4f} (optimum {summary['optimum']:.4f})"
     )
     return 0
