@@ -3,6 +3,8 @@ validation curve depends on its learning rate (`sim_best_lr`)."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +116,32 @@ def test_a_metric_never_reported_stops_nothing_and_warns(orch: Orch) -> None:
     assert {j.state for j in orch.jobs()} == {JobState.SUCCEEDED}
     warnings = [e for e in orch.events("early_stop") if "val_f1" in e.message]
     assert len(warnings) == 1 and "nothing is stopped" in warnings[0].message
+
+
+@pytest.mark.slow
+def test_a_random_search_with_early_stopping_prunes_trials_and_lists_them(orch: Orch) -> None:
+    search = {
+        "method": "random",
+        "trials": 6,
+        "seed": 5,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "space": {"learning_rate": {"log_uniform": [1.0e-6, 1.0e-1]}},
+    }
+    _suite(orch)
+    suite_file = orch.plans / "suites" / "es.yaml"
+    suite_file.write_text(suite_file.read_text() + "search: " + json.dumps(search) + "\n")
+    orch.submit("es", "1:toy", "--gpu-plan", "6,6")
+    orch.start_daemon()
+    wait_until(lambda: orch.all_done(), 150, "every trial to end")
+    jobs = orch.jobs()
+    assert len(jobs) == 6 and {j.state for j in jobs} <= {JobState.SUCCEEDED, JobState.PRUNED}
+    assert any(j.state is JobState.PRUNED for j in jobs)
+    listed = orch.json("trials", "--suite", "es")["trials"]
+    assert len(listed) == 6
+    pruned = [t for t in listed if t["states"].get("pruned")]
+    assert (
+        pruned and all(t["value"] is None for t in pruned) and listed[-1] in pruned
+    )  # no value: listed last
+    best = max(jobs, key=lambda j: -abs(math.log10(j.overrides["learning_rate"] / BEST_LR)))
+    assert best.state is JobState.SUCCEEDED  # the trial nearest the best rate runs to its end

@@ -278,3 +278,17 @@ def test_the_trials_plot_escapes_what_user_code_named() -> None:
     text = "".join(str(p.svg) for p in plots)
     assert "<script>" not in text and "&lt;script&gt;" in text and text.count("<circle") == 4
     assert 'fill="#3b7dd8"' in str(plots[1].svg)  # the best trial filled
+
+
+def test_a_bound_yaml_reads_as_text_is_taken_as_the_number_it_is() -> None:
+    import yaml
+
+    raw = yaml.safe_load("space: {learning_rate: {log_uniform: [1e-5, 1e-2]}}")
+    assert raw["space"]["learning_rate"]["log_uniform"] == [
+        "1e-5",
+        "1e-2",
+    ]  # YAML 1.1: no dot, no float
+    search = parse_search("s", _search(space=raw["space"]), KNOWN, ())
+    assert (search.space[0].low, search.space[0].high) == (1e-5, 1e-2)
+    with pytest.raises(PlanError, match="two finite numbers"):
+        parse_search("s", _search(space={"learning_rate": {"uniform": ["low", 1]}}), KNOWN, ())

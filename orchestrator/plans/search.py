@@ -166,6 +166,8 @@ def _dimension(
             f"{flag} must be a list of values or one of uniform, log_uniform, int_uniform: [low, high]"
         )
     ((name, bounds),) = raw.items()
+    if isinstance(bounds, list):  # YAML reads `1e-5` (no dot) as text: a number written so is one
+        bounds = [_yaml_number(b) for b in bounds]
     try:
         distribution = Distribution(str(name))
     except ValueError:
@@ -197,6 +199,15 @@ def _dimension(
             f"{distribution.value} draws {'integers' if distribution is Distribution.INT_UNIFORM else 'floats'}"
         )
     return Dimension(key, distribution, low, high)
+
+
+def _yaml_number(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _check_kind(flag: str, value: Scalar, kind: type | None) -> None:
