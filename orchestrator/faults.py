@@ -2,7 +2,8 @@
 when it starts, makes the process exit at once (no clean-up, no commit, as a kill would) the
 first time it reaches the point named NAME. Points: `after_learn` (an attempt's end: memory
 learned, the attempt not yet closed), `after_mark_hung` (a silent attempt marked hung, not yet
-killed), `mid_launch_batch` (a batch's tmux windows opened, their attempts not yet recorded)."""
+killed), `mid_launch_batch` (a batch's tmux windows opened, their attempts not yet recorded),
+`after_trial_queued` (a TPE search's new trial queued, nothing else done)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ class JobState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # stopped by the suite's early_stop rule: not failed, never retried by itself
 
 
 class AttemptOutcome(str, Enum):
@@ -22,6 +23,7 @@ class AttemptOutcome(str, Enum):
     FAILED = "failed"
     LOST = "lost"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # stopped by early stopping: no evidence against the job
 
 
 class KillRequest(str, Enum):
@@ -30,15 +32,17 @@ class KillRequest(str, Enum):
     CANCEL = "cancel"  # orch cancel: the job ends cancelled
     RETRY = "retry"  # orch retry: the job is requeued
     HUNG = "hung"  # silent past its hang timeout: killed by the daemon
+    PRUNE = "prune"  # the suite's early_stop rule judged its setting hopeless: the job ends pruned
 
 
 TERMINAL_STATES: frozenset[JobState] = frozenset(
-    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED}
 )
 
 # (from, to) pairs that are allowed. None as `from` is the creation of a job.
 # running -> queued is a requeue after an OOM'd, lost or retried-once attempt;
-# failed/cancelled -> queued is `orch retry`.
+# failed/cancelled/pruned -> queued is `orch retry`; queued -> pruned: a seed of a pruned setting
+# that had not started.
 ALLOWED_TRANSITIONS: frozenset[tuple[JobState | None, JobState]] = frozenset(
     {
         (None, JobState.QUEUED),
@@ -51,6 +55,9 @@ ALLOWED_TRANSITIONS: frozenset[tuple[JobState | None, JobState]] = frozenset(
         (JobState.RUNNING, JobState.QUEUED),
         (JobState.FAILED, JobState.QUEUED),
         (JobState.CANCELLED, JobState.QUEUED),
+        (JobState.QUEUED, JobState.PRUNED),
+        (JobState.RUNNING, JobState.PRUNED),
+        (JobState.PRUNED, JobState.QUEUED),
     }
 )
 

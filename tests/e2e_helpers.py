@@ -183,7 +183,7 @@ class Orch:
 
     def all_done(self) -> bool:
         states = self.job_states()
-        return bool(states) and all(s in ("succeeded", "failed", "cancelled") for s in states.values())
+        return bool(states) and all(s in ("succeeded", "failed", "cancelled", "pruned") for s in states.values())
 
     def wait_all_done(self, deadline_s: float) -> dict[int, str]:
         wait_until(self.all_done, deadline_s, "every job to end")

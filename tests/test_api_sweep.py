@@ -48,7 +48,7 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
 
     results = sweep.results()
     assert list(results.columns) == ["suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split",
-                                     "metric", "value"]
+                                     "metric", "value", "state", "step"]
     # the sim worker reports val beside test: a row per run, split and metric
     assert len(results) == 8 and set(results["metric"]) == {"accuracy"} and set(results["split"]) == {"test", "val"}
     test = results[results["split"] == "test"]

@@ -141,7 +141,8 @@ def test_status_json_on_empty_db(orch_inproc: OrchRunner, db_path: Path) -> None
     payload = json.loads(result.stdout)
     assert {"daemon", "gpus", "counts", "jobs"} <= set(payload)
     assert payload["daemon"]["alive"] is False
-    assert payload["counts"] == {"queued": 0, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
+    assert payload["counts"] == {"queued": 0, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+                                 "pruned": 0}
     assert payload["jobs"] == [] and payload["gpus"] == []
 
 
@@ -192,7 +193,7 @@ def test_cancel_and_retry(orch_inproc: OrchRunner) -> None:
     assert payload["state"] == "queued"
     assert [e["kind"] for e in payload["events"]] == ["submitted", "cancel", "retry"]
     not_retriable = orch_inproc("retry", "1")
-    assert not_retriable.rc == 2 and "only failed, cancelled or running" in one_error_line(not_retriable.stderr)
+    assert not_retriable.rc == 2 and "only failed, cancelled, pruned or running" in one_error_line(not_retriable.stderr)
 
 
 def test_cancel_suite_and_all(orch_inproc: OrchRunner) -> None:

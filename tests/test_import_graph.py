@@ -1,7 +1,7 @@
 """The package's import graph has no cycles, so any module can be read, tested and changed from
 its imports down. Every import counts: one under `if TYPE_CHECKING:` is a coupling too, and a late
 import inside a function that hides a cycle is still a cycle. The stage packages import downwards
-only (LAYERS), and the tree keeps its shape (few top-level modules, no file over 400 lines)."""
+only (LAYERS), and the tree keeps its shape (few top-level modules, no file over 500 lines)."""
 
 from __future__ import annotations
 
@@ -131,12 +131,14 @@ def test_layout() -> None:
     assert not (PACKAGE / "launch").exists()
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert set(LAYERS) - {"leaf"} <= packages, set(LAYERS) - packages
+    # ~400 lines is a prompt to look at a file, not a reason to split one concept across two;
+    # past 500 a file has become more than one thing.
     long = []
     for folder in (PACKAGE, PACKAGE.parent / "workers"):
         for path in folder.rglob("*.py"):
-            if (lines := len(path.read_text().splitlines())) > 400:
+            if (lines := len(path.read_text().splitlines())) > 500:
                 long.append(f"{path.relative_to(PACKAGE.parent)} ({lines})")
-    assert not long, "over 400 lines: " + ", ".join(sorted(long))
+    assert not long, "over 500 lines: " + ", ".join(sorted(long))
 
 
 def test_the_wrapper_packages_import_nothing() -> None:

@@ -15,13 +15,15 @@ from orchestrator.lifecycle import (
     is_allowed,
 )
 
-Q, R, S, F, C = (JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+Q, R, S, F, C, P = (JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
+                    JobState.PRUNED)
 
 # Written out independently of the code: the lifecycle of DESIGN.md plus `orch retry`
 # (failed/cancelled -> queued), requeue after an OOM'd or lost attempt (running -> queued) and a
-# queued job failed because no ladder level fits any GPU (queued -> failed).
+# queued job failed because no ladder level fits any GPU (queued -> failed); early stopping
+# (running or queued -> pruned) and `orch retry` of a pruned job (pruned -> queued).
 EXPECTED: frozenset[tuple[JobState | None, JobState]] = frozenset(
-    {(None, Q), (Q, R), (Q, C), (Q, F), (R, S), (R, F), (R, C), (R, Q), (F, Q), (C, Q)}
+    {(None, Q), (Q, R), (Q, C), (Q, F), (R, S), (R, F), (R, C), (R, Q), (F, Q), (C, Q), (Q, P), (R, P), (P, Q)}
 )
 
 FROM_STATES: list[JobState | None] = [None, *JobState]
@@ -51,10 +53,10 @@ def test_every_move(move: tuple[JobState | None, JobState]) -> None:
         assert f"{shown_from} -> {to_state.value}" in str(info.value)
 
 
-def test_product_covers_thirty_moves() -> None:
-    # 6 "from" values (None + 5 states) × 5 targets; guards the parametrization above.
-    assert len(ALL_MOVES) == 30
-    assert len(set(ALL_MOVES)) == 30
+def test_product_covers_forty_two_moves() -> None:
+    # 7 "from" values (None + 6 states) × 6 targets; guards the parametrization above.
+    assert len(ALL_MOVES) == 42
+    assert len(set(ALL_MOVES)) == 42
 
 
 def test_succeeded_is_final_and_creation_only_queues() -> None:
@@ -64,7 +66,7 @@ def test_succeeded_is_final_and_creation_only_queues() -> None:
 
 
 def test_terminal_states() -> None:
-    assert frozenset({S, F, C}) == TERMINAL_STATES
+    assert frozenset({S, F, C, P}) == TERMINAL_STATES
     # Only `orch retry` leaves a terminal state, and only back to queued.
     for state in TERMINAL_STATES:
         assert {to for to in JobState if is_allowed(state, to)} <= {Q}

@@ -185,3 +185,37 @@ def test_orch_curves_refuses_a_key_the_chosen_jobs_never_reported(orch_inproc: O
     assert done.rc == 2 and done.stdout == ""
     assert done.stderr.strip() == "orch: error: --key 'nope': no such metric in the chosen jobs' history (known: loss, lr)"
     assert orch_inproc("curves", "--key", "loss").stdout.count("\n") == 2  # the header and the one point
+
+
+def test_early_stopping_reads_what_it_needs_of_a_history_by_seeks(tmp_path: Path) -> None:
+    from orchestrator.scheduling.early_stop import value_at
+    from orchestrator.store.early_stop import metric_last_steps, metric_points_at, reached_steps
+
+    with _store(tmp_path, attempts=2) as store:
+        record_history(store, 1, [Point(float(s), "val_accuracy", s / 100) for s in range(5, 101, 5)])
+        record_history(store, 2, [Point(90.0, "val_accuracy", 0.5), Point(110.0, "val_accuracy", 0.6),
+                                  Point(130.0, "loss", 1.0)])  # resumed: its value wins at step 90
+        assert metric_last_steps(store, [1], "val_accuracy") == {1: 110.0}
+        assert metric_last_steps(store, [1], "f1") == {}
+        assert reached_steps(store, [1]) == {1: 130.0}
+        sparse = metric_points_at(store, [1], "val_accuracy", [12.0, 36.0, 92.0])[1]
+        assert sparse == {10.0: 0.1, 35.0: 0.35, 90.0: 0.5, 110.0: 0.6}
+        assert [value_at(sparse, s) for s in (12.0, 36.0, 92.0, 111.0)] == [0.1, 0.35, 0.5, None]
+
+
+def test_a_prune_never_overrides_a_stop_already_asked(tmp_path: Path) -> None:
+    from orchestrator.lifecycle import KillRequest
+    from orchestrator.store.control import request_stop
+    from orchestrator.store.early_stop import prune_jobs
+    from orchestrator.store.queries import get_job, live_attempt
+
+    with _store(tmp_path) as store:
+        with store.write():  # the job back to running, its attempt live (a test's shortcut)
+            store._db.execute("UPDATE jobs SET state = 'running' WHERE id = 1")
+            store._db.execute("UPDATE attempts SET outcome = NULL, ended_at = NULL WHERE job_id = 1")
+        request_stop(store, 1, KillRequest.CANCEL)
+        record = {"step": 4, "metric": "val_accuracy", "value": 0.5, "rank": 2, "of": 2, "rule": "asha"}
+        assert prune_jobs(store, [1], record, "pruned at step 4") == ([], [])
+        assert get_job(store, 1).pruned == {}
+        attempt = live_attempt(store, 1)
+        assert attempt is not None and attempt.kill_requested is KillRequest.CANCEL

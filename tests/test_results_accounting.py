@@ -54,7 +54,7 @@ def test_seeds_that_fail_configs_that_always_fail_a_rerun_and_a_single_seed(live
     # n counts distinct seeds: the forced rerun replaced seed 1's value, it did not add one
     assert (good["n"], good["seeds"], good["pooled"]) == (3, [1, 2, 3], False)
     assert good["denominator"] == {"submitted": 4, "succeeded": 3, "no_metric": 0, "failed": 1, "cancelled": 0,
-                                   "running": 0, "queued": 0, "runs": 5}
+                                   "running": 0, "queued": 0, "runs": 5, "pruned": 0}
     assert good["n_text"] == "3 of 4 (seed 4 failed)"
     assert good["accounted"].startswith("3 of 4; seed 4 (job ")
     assert "failed: RuntimeError: simulated failure in the training loop" in good["accounted"]

@@ -94,7 +94,7 @@ def test_a_forced_rerun_of_a_seed_replaces_its_value_unless_pooled(
     # n counts distinct seeds: the rerun replaces seed 1's value, it is no second replicate
     assert (plain["n"], plain["seeds"], plain["repeated_seeds"], plain["pooled"]) == (2, [1, 2], {}, False)
     assert plain["denominator"] == {"submitted": 2, "succeeded": 2, "no_metric": 0, "failed": 0, "cancelled": 0,
-                                    "running": 0, "queued": 0, "runs": 3}
+                                    "running": 0, "queued": 0, "runs": 3, "pruned": 0}
     with Store(db_path) as store:
         seed_one = sorted(j.id for j in read_jobs(store) if j.config_name == "demo_small" and j.seed == 1
                           and not j.overrides)

@@ -64,8 +64,7 @@ from orchestrator.gpu.sim_files import (
     sim_uuid,
 )
 from orchestrator.rundir_files import write_json
-from workers import harness
-from workers.sim_curves import sim_loss
+from workers import harness, sim_curves
 
 LOGITS_SHARE = 0.25
 SIM_SEQ_LEN = 128
@@ -346,15 +345,18 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
         heartbeat.beat(
             step,
             total_steps,
-            loss=sim_loss(step, config, seed),
+            loss=sim_curves.sim_loss(step, config, seed),
             samples_per_s=round(step * batch / elapsed_s, 2),
             peak_mem_mib=alloc.peak_mib,
+            **sim_curves.val_curve(config, step),  # with `sim_best_lr`: val_accuracy
         )
     harness.write_result(
         run_dir,
         harness.STATUS_SUCCEEDED,
-        metrics={"test": {"accuracy": pseudo_accuracy(seed, config)},
-                 "val": {"accuracy": pseudo_accuracy(seed, config, split="val")}},
+        metrics={
+            "test": {"accuracy": pseudo_accuracy(seed, config)},
+            "val": sim_curves.final_val(config, total_steps, pseudo_accuracy(seed, config, "val")),
+        },
         best_step=total_steps,
         peak_mem_mib=alloc.peak_mib,
         steps=total_steps,

@@ -23,12 +23,14 @@ from orchestrator.wording import fmt_value
 
 class Done(str, Enum):
     CANCELLED = "cancelled"  # a queued job, now cancelled
-    REQUEUED = "requeued"  # a failed or cancelled job, queued again
+    REQUEUED = "requeued"  # a failed, cancelled or pruned job, queued again
     STOPPING = "stopping"  # a running job: the daemon stops it and records the end
     FINISHED = "finished"  # a running job whose worker already succeeded: its result is kept
     SKIPPED = "skipped"  # nothing to do in its state
 
 
+# a pruned job resumes from its checkpoint; its setting is no longer judged by early stopping
+_REQUEUED_BY_RETRY = (JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)
 # each try sees the job in a newer state; a job changes state a handful of times in its life
 _CHANGE_TRIES = 8
 _ENDING_WAIT_S = 0.1  # between reads of a job whose end the daemon is recording
@@ -83,7 +85,7 @@ def cancel_job(store: Store, job_id: int) -> Done:
 def retry_job(
     store: Store, job_id: int, *, fresh: bool = False, before_requeue: Callable[[Job], None] | None = None,
 ) -> Done:
-    """Requeue a failed or cancelled job (attempt budget renewed); restart a running one. With
+    """Requeue a failed, cancelled or pruned job (attempt budget renewed); restart a running one. With
     `fresh`, its next attempt starts without a checkpoint (none of its attempts so far is
     resumed from). `before_requeue` runs just before a failed or cancelled job is requeued.
     Raises UsageError for a job in any other state, JobNotFound for an unknown id.
@@ -101,7 +103,7 @@ def retry_job(
         job = check_retryable(store, job_id, job)
         if fresh and not start_fresh(store, job_id, job.state):
             continue
-        if job.state in (JobState.FAILED, JobState.CANCELLED):
+        if job.state in _REQUEUED_BY_RETRY:
             if before_requeue is not None:
                 before_requeue(job)
             try:
@@ -122,18 +124,18 @@ def retry_job(
 
 
 def check_retryable(store: Store, job_id: int, job: Job | None = None) -> Job:
-    """The job (`job`, when just read), when a retry can take it (failed, cancelled or running);
+    """The job (`job`, when just read), when a retry can take it (failed, cancelled, pruned or running);
     else UsageError, naming what to do instead. Writes nothing."""
     job = get_job(store, job_id) if job is None else job
     if job.state is JobState.RUNNING:
         ended = _exited_end(store, job)
         if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:
             raise UsageError(_succeeded_already(job, f"job {job_id} is recorded as running, but its worker already succeeded"))
-    if job.state in (JobState.FAILED, JobState.CANCELLED, JobState.RUNNING):
+    if job.state in (*_REQUEUED_BY_RETRY, JobState.RUNNING):
         return job
     if job.state is JobState.SUCCEEDED:
         raise UsageError(_succeeded_already(job, f"job {job_id} succeeded"))
-    raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled or running jobs can be retried")
+    raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled, pruned or running jobs can be retried")
 
 
 def _succeeded_already(job: Job, said: str) -> str:

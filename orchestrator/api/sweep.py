@@ -36,14 +36,16 @@ from orchestrator.lifecycle import JobState
 from orchestrator.plans import default_plans_dir
 from orchestrator.results.collect import RunReader
 from orchestrator.store.db import Store
+from orchestrator.store.early_stop import pruned_jobs
 from orchestrator.store.job_facts import job_facts, job_states
 from orchestrator.store.queries import get_job, list_jobs, result_jobs
 from orchestrator.submit.core import SubmitRequest, submit_sweep
 
 JOB_COLUMNS = ("id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
                "metric", "value", "reason")
-RESULT_COLUMNS = ("suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split", "metric", "value")
-ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+RESULT_COLUMNS = ("suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split", "metric", "value",
+                  "state", "step")
+ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED})
 _CANCEL_WORDS = {Done.CANCELLED: "cancelled", Done.STOPPING: "stopping", Done.FINISHED: "finished"}
 
 
@@ -97,21 +99,30 @@ class Sweep:
 
     def results(self, suite: str | None = None, *, as_frame: bool = True) -> Any:
         """A row per succeeded run and metric: its test metrics (split "test") and, where its
-        result.json has them, its validation metrics (split "val"). Per run: no run is pooled,
-        dropped or averaged here."""
+        result.json has them, its validation metrics (split "val"), state "succeeded"; and a row
+        per run early stopping pruned: split "pruned", the metric it was judged on, its value and
+        `step` where it was stopped, state "pruned". Per run: no run is pooled, dropped or
+        averaged here."""
         suite = arguments.text("suite", suite, optional=True)
         arguments.flag("as_frame", as_frame)
         reader = RunReader()
         rows: list[dict[str, Any]] = []
         with self._store() as store:
             runs = [run for run in result_jobs(store, suite) if run.succeeded and run.run_dir]
+            pruned = pruned_jobs(store, suite)
+        for job in pruned:
+            rows.append({"suite": job.suite, "config": job.config_name, "setting": setting_text(job.overrides),
+                         "task": job.data, "seed": job.seed, "job": job.id, "attempt": job.attempt_count,
+                         "level": job.level, "split": "pruned", "metric": job.pruned.get("metric"),
+                         "value": job.pruned.get("value"), "state": "pruned", "step": job.pruned.get("step")})
         for run in runs:
             assert run.run_dir is not None  # kept above: succeeded runs with a run dir
             base = {"suite": run.suite, "config": run.config, "setting": setting_text(reader.setting(run).overrides),
                     "task": run.data, "seed": run.seed, "job": run.job_id, "attempt": run.n, "level": run.level}
             reading = reader.reading(run.run_dir, run.output_metrics_json)
             for split, metrics in (("test", reading.metrics or {}), ("val", reading.val_metrics)):
-                rows += [{**base, "split": split, "metric": name, "value": value} for name, value in metrics.items()]
+                rows += [{**base, "split": split, "metric": name, "value": value, "state": "succeeded", "step": None}
+                         for name, value in metrics.items()]
         return _frame(rows, RESULT_COLUMNS, as_frame)
 
     def curves(self, jobs: Iterable[int] | None = None, suite: str | None = None, keys: Iterable[str] | None = None,

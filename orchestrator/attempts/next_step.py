@@ -63,6 +63,10 @@ class EndVerdict:
     not_the_jobs: str | None = None
 
 
+# stop requests that end the attempt as the user (or early stopping) asked, not as a failure
+STOPS_ASKED = (KillRequest.CANCEL, KillRequest.RETRY, KillRequest.PRUNE)
+
+
 def ended_by_itself(exit_record: dict[str, object] | None) -> bool:
     """The wrapper recorded the worker's end and no signal reached it: the worker ended on its
     own, so no stop request (cancel, retry) can have ended it. Records from wrappers that did
@@ -81,7 +85,7 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         result=result,
         log_tail=evidence.log_tail,
         # a stop request ends an attempt only if it came before the worker's own end
-        cancelled=kill_reason in (KillRequest.CANCEL, KillRequest.RETRY) and not ended_by_itself(exit_record),
+        cancelled=kill_reason in STOPS_ASKED and not ended_by_itself(exit_record),
         exit_record_present=exit_record is not None and not evidence.lost,
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
         kernel_oom_kill=evidence.kernel_oom_kill or bool((exit_record or {}).get("oom_kills")),
@@ -101,6 +105,8 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
     disk_full = disk_full_cause(verdict, kill_reason, evidence.disk_full_now, evidence.log_tail, result, exit_record)
     if disk_full is not None:
         verdict, resumes_from = Classification(AttemptOutcome.LOST, f"disk full ({disk_full})"), None
+    if verdict.outcome is AttemptOutcome.CANCELLED and kill_reason is KillRequest.PRUNE:
+        verdict = Classification(AttemptOutcome.PRUNED, "pruned by early stopping", retryable=False)
     if verdict.outcome is AttemptOutcome.SUCCEEDED and evidence.diverged and evidence.fail_on_divergence:
         verdict = Classification(AttemptOutcome.FAILED, f"diverged: {evidence.diverged} (fail_on_divergence)",
                                  retryable=False)
@@ -176,6 +182,25 @@ class NextStep:
         return level if isinstance(level, int) else None
 
 
+def pruned_reason(job: Job) -> str:
+    """The words of a pruned job's end: at which step and why (its `pruned` record)."""
+    record = job.pruned
+    if not record:
+        return "pruned by early stopping"
+    return describe_pruned(record)
+
+
+def describe_pruned(record: dict[str, Any]) -> str:
+    """"pruned at step 400 (val_accuracy 0.52, ranked 7 of 9 at that step; asha)"."""
+    step, value = record.get("step"), record.get("value")
+    shown_step = f"{float(step):g}" if isinstance(step, (int, float)) else "?"
+    shown_value = f"{float(value):.4g}" if isinstance(value, (int, float)) else "?"
+    rank = (f", ranked {record['rank']} of {record['of']} at that step"
+            if isinstance(record.get("rank"), int) and isinstance(record.get("of"), int) else "")
+    rule = f"; {record['rule']}" if isinstance(record.get("rule"), str) else ""
+    return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{rank}{rule})"
+
+
 def _uncounted(job: Job, why: str) -> NextStep:
     return NextStep(JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}, why)
 
@@ -200,6 +225,9 @@ def decide_next(
         return NextStep(JobState.QUEUED, {"reason": None}, "stopped by orch retry; requeued")
     if kill_reason is KillRequest.CANCEL:  # whatever ended it, the user wants it to run no more
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
+    if kill_reason is KillRequest.PRUNE:  # whatever ended it, its setting is stopped: never retried
+        why = pruned_reason(job)
+        return NextStep(JobState.PRUNED, {"reason": why}, why)
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.own:
         # it got further (its own checkpoint): a death, not counted; each such retry needs

@@ -25,6 +25,7 @@ COMMAND_MODULES: dict[str, str] = {
     "status": "orchestrator.cli.status.command", "gpus": "orchestrator.cli.status.command",
     "results": "orchestrator.cli.results",
     "curves": "orchestrator.cli.curves",
+    "trials": "orchestrator.cli.trials",
     "demo": "orchestrator.cli.demo",
     "web": "orchestrator.cli.web_cmd", "report": "orchestrator.cli.web_cmd",
     "memory": "orchestrator.cli.memory",

@@ -85,7 +85,8 @@ def retry_cmd(
     jobs: tuple[str, ...], suite: str | None, all_jobs: bool, fresh: bool, as_json: bool, plans_dir: Path | None,
     db_path: Path,
 ) -> None:
-    """Requeue failed or cancelled jobs (attempt budget renewed); restart running ones.
+    """Requeue failed or cancelled jobs (attempt budget renewed); restart running ones. A job
+    early stopping pruned is requeued only when named by its id, and resumes from its checkpoint.
     A requeued job takes its suite's worker command as the suite file has it now, and resumes
     from its latest checkpoint where its worker can (--fresh: from none)."""
     with open_store(db_path) as store:

@@ -25,8 +25,10 @@ from orchestrator.attempts.resource_use import ResourceTracker
 from orchestrator.clock import SYSTEM_CLOCK, Clock
 from orchestrator.daemon.database_file import file_identity, leave_note, what_became_of
 from orchestrator.daemon.disk_hold import DiskHold
+from orchestrator.daemon.early_stop import EarlyStopper
 from orchestrator.daemon.mps_watch import MpsWatch
 from orchestrator.daemon.notify import Watcher
+from orchestrator.daemon.search import SearchRunner
 from orchestrator.daemon.settings import (  # noqa: F401
     MAX_ATTEMPT_ERRORS,
     WAKE_CHECK_S,
@@ -121,6 +123,8 @@ class Daemon:
                                       ResourceTracker(self.ctx.host), self.disk)
         self.notifier = Watcher(self.store, settings.notify_urls)
         self.mps = MpsWatch(self.store)
+        self.early_stop = EarlyStopper(self.store)  # suites with `early_stop:`: stops hopeless settings
+        self.search = SearchRunner(self.store)  # TPE searches: asks for the next trial as slots free
         self._stop = threading.Event()
         self._hangups = 0  # SIGHUPs received since the last pass said so
         self._exit_files: list[Path] = []  # exit records that, once written, start a tick early
@@ -279,7 +283,7 @@ class Daemon:
     @property
     def steps(self) -> tuple[Callable[[Pass], Step], ...]:
         return (self._check_database, self._read_control, self._check_disk, self._read_gpus, self._reconcile,
-                self._check_mps, self._end_when_drained, self._read_gpus_again, self._schedule_pass, self._record_pass,
+                self._stop_early, self._ask_trials, self._check_mps, self._end_when_drained, self._read_gpus_again, self._schedule_pass, self._record_pass,
                 self._watch_exit_files)
 
     def _check_database(self, this_pass: Pass) -> Step:
@@ -299,6 +303,14 @@ class Daemon:
 
     def _reconcile(self, this_pass: Pass) -> Step:
         this_pass.live_count = self.watcher.reconcile(this_pass.snapshots, this_pass.only)
+        return Step.GO_ON
+
+    def _stop_early(self, this_pass: Pass) -> Step:
+        self.early_stop.check()  # after reconcile: the histories it read are in the store
+        return Step.GO_ON
+
+    def _ask_trials(self, this_pass: Pass) -> Step:
+        self.search.check()  # before scheduling: a trial asked now can start in this pass
         return Step.GO_ON
 
     def _check_mps(self, this_pass: Pass) -> Step:

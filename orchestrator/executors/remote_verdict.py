@@ -111,7 +111,7 @@ def remote_end(
         return None
     if not status.ended:
         return None
-    if stopped_by_orch and attempt.kill_requested in (KillRequest.CANCEL, KillRequest.RETRY):
+    if stopped_by_orch and attempt.kill_requested in (KillRequest.CANCEL, KillRequest.RETRY, KillRequest.PRUNE):
         return ClusterEnd(AttemptOutcome.CANCELLED, f"{job} cancelled (scancel)")
     if not status.settled:  # its exit record may not be visible here yet (a shared filesystem's delay)
         return None

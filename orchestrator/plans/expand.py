@@ -38,10 +38,12 @@ def expand_jobs(
     round_selector: int | str | None,
     total_slots: int,
     grid: Sequence[dict[str, Scalar]] = ({},),
+    trials: bool = False,
 ) -> list[JobSpec]:
     """Suite configs × grid assignments × pairs (config-major, as the bash launchers ordered
     them), then the round. Each assignment of the grid (plans.grid.combinations) joins the
-    overrides of its jobs, so they are jobs of their own (their identity names it)."""
+    overrides of its jobs, so they are jobs of their own (their identity names it). `trials`: the
+    assignments are a search's trials, numbered in their order."""
     if len(suite.configs) * len(grid) * len(pairs) > MAX_GRID_JOBS:
         raise PlanError(f"suite {suite.name}: {len(suite.configs)} configs × {len(grid)} grid values × "
                         f"{len(pairs)} pairs is more than {MAX_GRID_JOBS} jobs")
@@ -64,7 +66,7 @@ def expand_jobs(
         wanted = set(suite.rounds[names[round_selector - 1]])
         configs = [c for c in suite.configs if c.name in wanted]
     jobs: list[JobSpec] = []
-    for config, assignment, pair in ((c, a, p) for c in configs for a in grid for p in pairs):
+    for config, (number, assignment), pair in ((c, a, p) for c in configs for a in enumerate(grid) for p in pairs):
         job_overrides = {**overrides, **assignment}
         merged = {**config.content, **config_overrides}
         merged.update({k: v for k, v in assignment.items() if not k.startswith("env.")})
@@ -75,7 +77,8 @@ def expand_jobs(
         gpus, cpus = job_resources(merged, suite.gpus, suite.cpus, f"config {config.name}")
         jobs.append(JobSpec(suite=suite.name, config_name=config.name, config_path=str(config.path), config=merged,
                             seed=pair.seed, data=pair.data, overrides=job_overrides, env=job_env,
-                            identity=job_identity(suite.name, config, pair, job_overrides), gpus=gpus, cpus=cpus))
+                            identity=job_identity(suite.name, config, pair, job_overrides), gpus=gpus, cpus=cpus,
+                            trial=number if trials else None))
     if isinstance(round_selector, int) and not suite.rounds:
         # No named rounds: the Nth slice of size Σ plan, as the bash launchers sliced the suite.
         if total_slots < 1:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.plans.early_stop import EarlyStop
 from orchestrator.plans.inputs import PAIR_KEYS, Pair, Scalar
 from orchestrator.plans.keymap import NO_KEYS, KeyMap
 from orchestrator.plans.template import parse_template
@@ -24,7 +25,7 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "eval_every_steps", "weight_decay", "warmup_steps",
         "warmup_ratio", "lr_scheduler", "max_grad_norm", "eval_batch_size",
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
-        "sim_base_gib", "sim_host_max_workers", "sim_host_oom_kind", "sim_fail_seeds",
+        "sim_base_gib", "sim_host_max_workers", "sim_best_lr", "sim_host_oom_kind", "sim_fail_seeds",
         "gpus", "cpus", "host_mem_gib", "sim_host_gib",
         "checkpoint_every_steps",  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
     }
@@ -111,6 +112,8 @@ class Suite:
     grid: dict[str, list[Scalar]] = field(default_factory=dict)  # `grid:` values per key (plans.grid)
     pairs: tuple[Pair, ...] = ()  # `seeds:` × `tasks:`, used when no --pairs is given
     not_science: tuple[str, ...] = ()  # config keys that never split results rows (paths, sim time)
+    early_stop: EarlyStop | None = None  # `early_stop:`: stop hopeless settings (plans.early_stop)
+    search: Any = None  # `search:` (plans.search.Search): random or TPE trials over config keys
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]
@@ -148,3 +151,4 @@ class JobSpec:
     identity: str
     gpus: int = 1
     cpus: int | None = None
+    trial: int | None = None  # its trial's number in the suite's `search:`

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import PlanError, SuiteNotFound, UsageError
+from orchestrator.plans.early_stop import parse_early_stop
 
 # JobSpec, expand_jobs and job_identity are re-exported: callers have always found them here.
 from orchestrator.plans.expand import expand_jobs, job_identity  # noqa: F401
@@ -38,6 +39,7 @@ from orchestrator.plans.model import (  # noqa: F401
     known_keys,
 )
 from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
+from orchestrator.plans.search import parse_search
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex
 from orchestrator.yaml_limits import read_yaml_file
@@ -138,7 +140,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
         "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
-        "gpus", "cpus", "grid", "seeds", "tasks", "not_science",
+        "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop", "search",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -219,7 +221,13 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     not_science = _typed(path, data, "not_science", (list,), [])
     if not all(isinstance(k, str) and _CONFIG_KEY.fullmatch(k) for k in not_science) or len(not_science) > 100:
         raise PlanError(f"suite {path}: `not_science` must be a list of config key names")
+    early_stop = parse_early_stop(f"suite {path}", data["early_stop"]) if data.get("early_stop") is not None else None
+    search = parse_search(f"suite {path}", data["search"], grid_keys, tuple(configs)) if data.get("search") else None
+    if search is not None and data.get("grid"):
+        raise PlanError(f"suite {path}: `search` and `grid` both choose values: keep one")
     return Suite(
+        early_stop=early_stop,
+        search=search,
         grid=grid,
         pairs=tuple(pairs),
         not_science=tuple(not_science),

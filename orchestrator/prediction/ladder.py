@@ -348,7 +348,7 @@ def retry_decision(
     other attempt on its card when it ended (a rung that only runs it alone would repeat it).
     """
     current = levels[current_index]
-    if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.CANCELLED):
+    if outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.CANCELLED, AttemptOutcome.PRUNED):
         return RetryDecision("done", None, outcome.value, host)
     out_of_attempts = attempts_so_far >= max_attempts
     if outcome is AttemptOutcome.FAILED:

@@ -43,6 +43,7 @@ from orchestrator.results.seeds import (
     full_denominator,
     later_run_notes,
     lost_runs,
+    pruned_notes,
     seed_states,
     short_denominator,
 )
@@ -372,6 +373,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     for row, _ in uncounted:
         where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
         notes.append(f"{where} reported {inputs[id(row)].why}: not counted")
+    notes += pruned_notes(states)
     for state in states:
         if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):
             where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")

@@ -8,7 +8,7 @@ declared exact), whatever its precision and dropout: the legend names the rungs,
 an equivalent draw, not the number level 0 gives (exact rungs, which give bit-equal numbers, are
 not marked); § its "test" metric was scored on the validation set; ¶ some
 of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
-◇ some of its runs are still queued or running; ♯ a counted run's loss diverged; ‖ its runs ran
+◇ some of its runs are still queued or running; ‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran
 different code or library versions; * see its notes. A std of fewer than two values is `—`,
 never `± 0`.
 
@@ -27,13 +27,13 @@ from orchestrator.wording import fmt_changes
 CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
                "overrides", "test_is_val", "dropout_differs", "notes", "val_mean", "val_std", "val_n", "best_steps",
                "submitted", "failed", "cancelled", "running", "queued", "no_metric", "accounted", "pooled", "chosen_by",
-               "inexact_rungs", "run_levels", "run_inexact_rungs", "diverged", "mixed_provenance")
+               "inexact_rungs", "run_levels", "run_inexact_rungs", "diverged", "mixed_provenance", "pruned")
 TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "val", "n", "seeds", "levels",
                  "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
 INEXACT, TEST_IS_VAL, FAILED_RUNS, UNFINISHED, SEE_NOTES = "†", "§", "¶", "◇", "*"
-DIVERGED, MIXED_PROVENANCE = "♯", "‖"
+DIVERGED, MIXED_PROVENANCE, PRUNED = "♯", "‖", "‡"
 # One legend for every mark of every format, in the order cells carry them (for papers: no CLI text).
 LEGEND = {
     INEXACT: "† some runs went through a ladder rung that changes numerics ({rungs}): their values are "
@@ -42,6 +42,8 @@ LEGEND = {
     FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
                  "that succeeded (n of the seeds submitted), which may be biased",
     UNFINISHED: "◇ some runs are still queued or running: the row may change",
+    PRUNED: "‡ early stopping stopped the setting: its seeds are kept out of the mean (the notes say at which "
+            "step, its value and rank there)",
     DIVERGED: "♯ a run's loss diverged: its last epoch ended above its first steps or k × its minimum (counted)",
     MIXED_PROVENANCE: "‖ runs ran different code (commit, uncommitted changes) or library versions",
     SEE_NOTES: "* see the notes below",
@@ -86,8 +88,9 @@ def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
 
 
 def accounting_marks(summary: ResultSummary) -> list[str]:
-    """¶ when seeds are missing for good, ◇ while runs are still going."""
-    return [mark for mark, on in ((FAILED_RUNS, summary.failed_runs), (UNFINISHED, summary.unfinished)) if on]
+    """¶ when seeds are missing for good, ◇ while runs are still going, ‡ when seeds were pruned."""
+    return [mark for mark, on in ((FAILED_RUNS, summary.failed_runs), (UNFINISHED, summary.unfinished),
+                                  (PRUNED, summary.denominator.pruned > 0)) if on]
 
 
 def evidence_marks(summary: ResultSummary) -> list[str]:
@@ -172,7 +175,7 @@ def to_csv(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None 
             d.submitted, d.failed, d.cancelled, d.running, d.queued, d.no_metric, s.accounted, _flag(s.pooled),
             (chosen or {}).get(id(s), ""), "; ".join(s.inexact_rungs), " ".join(_level(r) for r in s.runs),
             "; ".join(f"{r.seed}:{'+'.join(r.inexact) or '-'}" for r in s.runs), len(s.diverged),
-            _flag(s.mixed_provenance),
+            _flag(s.mixed_provenance), d.pruned,
         ])  # fmt: skip
     return csv_lines(CSV_COLUMNS, rows)
 

@@ -27,15 +27,17 @@ class SeedStatus(str, Enum):
     NO_METRIC = "no_metric"  # succeeded, but no run of the seed reported the metric
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # early stopping stopped its setting: kept out of the mean, marked
     RUNNING = "running"
     QUEUED = "queued"
 
 
 _BY_STATE = {JobState.FAILED: SeedStatus.FAILED, JobState.CANCELLED: SeedStatus.CANCELLED,
+             JobState.PRUNED: SeedStatus.PRUNED,
              JobState.RUNNING: SeedStatus.RUNNING, JobState.QUEUED: SeedStatus.QUEUED}
 PENDING = (JobState.QUEUED, JobState.RUNNING)
 _WORDS = {SeedStatus.NO_METRIC: "reported no {metric}", SeedStatus.FAILED: "failed",
-          SeedStatus.CANCELLED: "cancelled", SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
+          SeedStatus.CANCELLED: "cancelled", SeedStatus.PRUNED: "pruned", SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,12 @@ class Denominator:
     running: int = 0
     queued: int = 0
     runs: int = 0  # jobs submitted (a rerun of a seed is a second job)
+    pruned: int = 0  # seeds early stopping stopped
 
     def as_dict(self) -> dict[str, int]:
         return {"submitted": self.submitted, "succeeded": self.counted, "no_metric": self.no_metric,
                 "failed": self.failed, "cancelled": self.cancelled, "running": self.running,
-                "queued": self.queued, "runs": self.runs}
+                "queued": self.queued, "runs": self.runs, "pruned": self.pruned}
 
 
 T = TypeVar("T", bound=SeedRunInput)
@@ -117,7 +120,8 @@ def seed_states(runs: Iterable[SeedRunInput]) -> list[SeedState]:
 def denominator(states: Sequence[SeedState], runs: int) -> Denominator:
     count = {status: sum(1 for s in states if s.status is status) for status in SeedStatus}
     return Denominator(len(states), count[SeedStatus.COUNTED], count[SeedStatus.NO_METRIC], count[SeedStatus.FAILED],
-                       count[SeedStatus.CANCELLED], count[SeedStatus.RUNNING], count[SeedStatus.QUEUED], runs)
+                       count[SeedStatus.CANCELLED], count[SeedStatus.RUNNING], count[SeedStatus.QUEUED], runs,
+                       count[SeedStatus.PRUNED])
 
 
 def _runs_text(n: int, states: Sequence[SeedState], pooled: bool) -> str:
@@ -127,7 +131,8 @@ def _runs_text(n: int, states: Sequence[SeedState], pooled: bool) -> str:
 
 
 def short_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: bool = False) -> str:
-    """`3` when every submitted seed counts, else `3 of 4 (seed 4 failed)`: what an n column shows.
+    """`3` when every submitted seed counts, else `3 of 4 (seed 4 failed)` or `2 of 4 (2 pruned)`:
+    what an n column shows.
     Seeds are counted once however many of their runs count (`n`, said as `(5 runs)` when pooled)."""
     missing = [s for s in states if s.status is not SeedStatus.COUNTED]
     seeds_counted = len(states) - len(missing)
@@ -136,7 +141,9 @@ def short_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: 
     parts = []
     for status in SeedStatus:
         seeds = [s.seed for s in missing if s.status is status]
-        if seeds:
+        if seeds and status is SeedStatus.PRUNED:  # a setting's seeds are pruned together: counted
+            parts.append(f"{len(seeds)} pruned")
+        elif seeds:
             parts.append(f"{_seeds_named(seeds)} {_WORDS[status].format(metric=metric)}")
     return f"{seeds_counted} of {len(states)} ({'; '.join(parts)}){_runs_text(n, states, pooled)}"
 
@@ -192,6 +199,21 @@ def lost_runs(runs: Sequence[SeedRunInput], states: Sequence[SeedState]) -> bool
     counted_job = {s.seed: _job_key(s.job) for s in states if s.status is SeedStatus.COUNTED}
     return any(r.state in (JobState.FAILED, JobState.CANCELLED) and _job_key(r.job) > counted_job.get(r.seed, 1 << 62)
                for r in runs)
+
+
+def pruned_notes(states: Sequence[SeedState]) -> list[str]:
+    """`seeds 1, 2 (jobs 7, 8) pruned at step 12 (val_accuracy 0.52, ranked 7 of 9 at that step;
+    asha): not counted`, one per distinct reason (a setting's seeds share theirs)."""
+    by_why: dict[str, list[SeedState]] = {}
+    for state in states:
+        if state.status is SeedStatus.PRUNED:
+            by_why.setdefault(state.why or "pruned by early stopping", []).append(state)
+    notes = []
+    for why, pruned in by_why.items():
+        jobs = [s.job for s in pruned if s.job is not None]
+        named = f" (job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))})" if jobs else ""
+        notes.append(f"{_seeds_named([s.seed for s in pruned])}{named} {why}: not counted")
+    return notes
 
 
 def _seeds_named(seeds: list[int]) -> str:

@@ -158,6 +158,13 @@ def submit_jobs(
             if getattr(suite, "slurm", None):
                 store._db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
             store._db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
+            if suite.search is not None and spec.trial is not None:
+                store._db.execute("UPDATE jobs SET search_json = ? WHERE id = ?", [json.dumps(
+                    {"spec": suite.search.to_json(), "trial": spec.trial, "max_attempts": suite.max_attempts},
+                    sort_keys=True), job_id])
+            if suite.early_stop is not None:
+                store._db.execute("UPDATE jobs SET early_stop_json = ? WHERE id = ?",
+                                  [json.dumps(suite.early_stop.to_json(), sort_keys=True), job_id])
             if suite.not_science:
                 store._db.execute("UPDATE jobs SET not_science_json = ? WHERE id = ?",
                                   [json.dumps(sorted(suite.not_science)), job_id])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from orchestrator.store.db import Store
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled", "pruned")
 
 
 def last_event_id(store: Store) -> int:

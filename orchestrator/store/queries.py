@@ -23,7 +23,7 @@ SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.priority, j.leve
        j.attempt_count, j.wait_reason, j.reason, a.gpu_index AS gpu, j.overrides_json
 FROM jobs j
 LEFT JOIN attempts a ON a.job_id = j.id AND (a.outcome IS NULL
-    OR (j.state IN ('succeeded', 'failed', 'cancelled') AND a.n = j.attempt_count))
+    OR (j.state IN ('succeeded', 'failed', 'cancelled', 'pruned') AND a.n = j.attempt_count))
 """
 
 

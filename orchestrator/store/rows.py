@@ -73,6 +73,9 @@ class Job:
     slurm: dict[str, Any] = field(default_factory=dict)
     cpus: int | None = None
     fresh_after_attempt: int = 0  # attempts up to this n are never resumed from (orch retry --fresh)
+    early_stop: dict[str, Any] = field(default_factory=dict)  # the suite's early_stop rule ({}: none)
+    pruned: dict[str, Any] = field(default_factory=dict)  # why early stopping stopped it ({}: it did not)
+    search: dict[str, Any] = field(default_factory=dict)  # its search trial: {spec, trial, max_attempts}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -100,6 +103,8 @@ class Job:
             memory_keys_json=row.get("memory_keys_json") or "[]",
             min_stack_gain=_opt_float(row.get("min_stack_gain")), slurm=_json(row.get("slurm_json"), {}),
             cpus=_opt_int(row.get("cpus")), fresh_after_attempt=int(row.get("fresh_after_attempt") or 0),
+            early_stop=_json(row.get("early_stop_json"), {}), pruned=_json(row.get("pruned_json"), {}),
+            search=_json(row.get("search_json"), {}),
         )
 
 

@@ -290,7 +290,7 @@ def jobs_page(store: Store, f: JobsFilter, *, limit: int = 500, offset: int = 0,
         "coalesce(j.reason, j.wait_reason) AS reason, j.updated_at, "
         # the card of its live attempt, or of the last attempt of a job that has ended (as `orch jobs`)
         "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND (a.outcome IS NULL OR (j.state IN "
-        "('succeeded', 'failed', 'cancelled') AND a.n = j.attempt_count))) AS gpu "
+        "('succeeded', 'failed', 'cancelled', 'pruned') AND a.n = j.attempt_count))) AS gpu "
         "FROM jobs j" + clause + " ORDER BY j.id DESC LIMIT ? OFFSET ?", [*params, limit, offset],
     )
     out = []

@@ -6,6 +6,7 @@ is validated before the database is touched, and a grid's size before a job of i
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from orchestrator.plans import (
     parse_round,
 )
 from orchestrator.plans.grid import (
+    MAX_GRID_JOBS,
     check_grid_size,
     combinations,
     given_grid,
@@ -39,10 +41,13 @@ from orchestrator.plans.grid import (
 from orchestrator.plans.inputs import Pair, Scalar, shown_repr, shown_value
 from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
 from orchestrator.plans.notify_urls import check_urls
+from orchestrator.plans.optuna_lib import require_optuna
 from orchestrator.plans.resources import check_gangs_fit
+from orchestrator.plans.search import SearchMethod
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
+from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
@@ -203,6 +208,46 @@ def _refuse_both(what: str, text: Mapping[str, Any], values: Mapping[str, Any]) 
         raise UsageError(f"{what} {both[0]} is given both as text and as a value: give it once")
 
 
+def search_trials(suite: Suite, overrides: dict[str, Scalar], grid: dict[str, list[Scalar]]) -> list[dict[str, Scalar]] | None:
+    """The trials a suite's `search:` queues at submit: every one of a random search (the same
+    ones for the same seed), the first of a TPE search (the daemon asks for the rest); None
+    without a search."""
+    search = suite.search
+    if search is None:
+        return None
+    if grid:
+        raise PlanError(f"suite {suite.name}: its search: and --grid both choose values: keep one")
+    clash = sorted(dim.key for dim in search.space if dim.key in overrides)
+    if clash:
+        raise PlanError(f"--set {clash[0]} and the suite's search both set {clash[0]}: keep one")
+    if search.trials * len(suite.configs) > MAX_GRID_JOBS:
+        raise PlanError(f"suite {suite.name}: {search.trials} trials × {len(suite.configs)} configs is more than "
+                        f"{MAX_GRID_JOBS} jobs")
+    if search.method is SearchMethod.RANDOM:
+        return random_trials(search)
+    return [next_trial(search, [], 0)]
+
+
+def settings_shuffled(specs: list[JobSpec], seed_text: str) -> list[JobSpec]:
+    """The jobs with their settings (config and overrides) in a seeded shuffled order, each
+    setting's seeds together: successive halving compares each setting with those that reached
+    a rung before it, and a grid queued in order of its values (each better than the last) would
+    keep nearly all of them. The same suite gives the same order every time."""
+    by_setting: dict[str, list[JobSpec]] = {}
+    for spec in specs:
+        by_setting.setdefault(f"{spec.config_name} {sorted(spec.overrides.items())}", []).append(spec)
+    keys = list(by_setting)
+    random.Random(seed_text).shuffle(keys)
+    return [spec for key in keys for spec in by_setting[key]]
+
+
+def tpe_note(suite: Suite) -> str | None:
+    if suite.search is None or suite.search.method is not SearchMethod.TPE or suite.search.trials < 2:
+        return None
+    return (f"note: tpe search: trial 0 is queued now; the daemon asks for trials 1 to {suite.search.trials - 1} "
+            "one at a time, when the search has no job left in the queue")
+
+
 def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None = None,
                  opener: Opener = Store) -> SubmitReport:
     """Parse and check everything, then queue (or, with dry_run, only say) the jobs."""
@@ -242,7 +287,13 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     total_slots = 0
     if isinstance(round_selector, int) and not suite.rounds:
         total_slots = _round_slots(plan, stored_plan, gpus)
-    specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots, combinations(grid))
+    trials = search_trials(suite, overrides, grid)
+    if trials is not None:
+        grid = {dim.key: [t[dim.key] for t in trials] for dim in suite.search.space}  # what a dry run shows
+    specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots,
+                        trials if trials is not None else combinations(grid), trials=trials is not None)
+    if suite.early_stop is not None:
+        specs = settings_shuffled(specs, suite.name)
     if gpus is not None:
         check_gpus_exist(gpus, db_path, "--gpus", opener)
     if plan is not None and gpus is None:
@@ -250,7 +301,9 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     _check_gangs_fit(specs, gpus, db_path, opener)
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, {**overrides, **dict.fromkeys(grid)})  # the grid's keys are set too
-    notes = [n for n in (unreached_rungs_note(suite, specs),) if n]
+    if suite.early_stop is not None or suite.search is not None:
+        require_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
+    notes = [n for n in (unreached_rungs_note(suite, specs), tpe_note(suite)) if n]
 
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)

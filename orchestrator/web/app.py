@@ -225,6 +225,12 @@ def create_app(
     def results_fragment(request: Request) -> Response:
         return fragment(lambda s: views.results_view(s, cache, "/results.csv"))
 
+    def trials_page(request: Request) -> Response:
+        return page("Trials", "trials", "/fragment/trials", views.trials_view)
+
+    def trials_fragment(request: Request) -> Response:
+        return fragment(views.trials_view)
+
     def results_csv(request: Request) -> Response:
         with store() as s:
             csv = result_table(s, cache).csv
@@ -340,7 +346,7 @@ def create_app(
         Route("/job/{job_id:int}", job_page), Route("/fragment/job/{job_id:int}", job_fragment),
         Route("/job/{job_id:int}/log", job_log),
         Route("/results", results_page), Route("/fragment/results", results_fragment),
-        Route("/results.csv", results_csv),
+        Route("/results.csv", results_csv), Route("/trials", trials_page), Route("/fragment/trials", trials_fragment),
         Route("/api/stream", stream),
         Route("/api/jobs/{job_id:int}/cancel", cancel, methods=["POST"]),
         Route("/api/jobs/{job_id:int}/retry", retry, methods=["POST"]),

@@ -19,6 +19,7 @@ OUTCOME_COLOURS = {
     "failed": "#7b2a8c",
     "lost": "#777777",
     "cancelled": "#b9b9b9",
+    "pruned": "#8fb3d9",
 }
 OOM = ("oom", "host_oom")
 MEMORY_COLOURS = {"ours": "#3b7dd8", "foreign": "#e0a030", "free": "#e6e6e6"}

@@ -19,8 +19,9 @@ from orchestrator.web.results_view import ResultLine, ResultTable, pivot
 from orchestrator.web.templating import render
 
 PAGES = (("overview", "/", "Overview"), ("jobs", "/jobs", "Jobs"), ("timeline", "/timeline", "Timeline"),
-         ("memory", "/memory", "Memory"), ("curves", "/curves", "Curves"), ("results", "/results", "Results"))
-COUNT_ORDER = ("queued", "running", "succeeded", "failed", "cancelled")
+         ("memory", "/memory", "Memory"), ("curves", "/curves", "Curves"), ("results", "/results", "Results"),
+         ("trials", "/trials", "Trials"))
+COUNT_ORDER = ("queued", "running", "succeeded", "failed", "cancelled", "pruned")
 
 # Which actions a job's state allows (as orchestrator.actions.user_actions decides; test_web_unit checks both agree).
 ACTIONS_BY_STATE: dict[JobState, tuple[str, ...]] = {
@@ -28,6 +29,7 @@ ACTIONS_BY_STATE: dict[JobState, tuple[str, ...]] = {
     JobState.RUNNING: ("cancel", "retry"),
     JobState.FAILED: ("retry",),
     JobState.CANCELLED: ("retry",),
+    JobState.PRUNED: ("retry",),
     JobState.SUCCEEDED: (),
 }
 
@@ -46,6 +48,7 @@ WATCH = {
     "memory": ("samples",),
     "job": ("events", "progress"),
     "results": ("events",),
+    "trials": ("events",),
     "curves": (),
     "action": (),
 }

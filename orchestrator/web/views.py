@@ -14,6 +14,7 @@ from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
+from orchestrator.results.trials import trial_rows
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
 from orchestrator.store.history import HistoryPoint
@@ -21,6 +22,7 @@ from orchestrator.store.job_facts import job_facts
 from orchestrator.store.queries import JobHistory, get_attempts, job_history, state_counts
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Job
+from orchestrator.store.search import final_values, searched_suites, suite_search_jobs
 from orchestrator.store.web_queries import (
     JobsFilter,
     attempt_spans,
@@ -35,6 +37,8 @@ from orchestrator.web.curves import PALETTE, Run, chart_spec, curves_of, read_cu
 from orchestrator.web.log_text import log_tail
 from orchestrator.web.memory_chart import memory_charts
 from orchestrator.web.results_view import result_table
+from orchestrator.web.templating import render
+from orchestrator.web.trials_plot import key_plots
 
 # the job page reads this much of the log's end (redraws are many bytes), and shows its last lines
 WEB_LOG_TAIL_BYTES = 256 * 1024
@@ -236,3 +240,22 @@ def picked_configs(store: Store, job_ids: list[int]) -> list[dict[str, object]]:
         except JobNotFound:
             continue
     return configs
+
+
+def trials_view(store: Store) -> str:
+    """Each search's trials best first by its metric, and the metric against each searched key."""
+    searches = []
+    for suite in searched_suites(store):
+        jobs = suite_search_jobs(store, suite)
+        spec = jobs[-1].search.get("spec", {})
+        metric, mode = str(spec.get("metric") or ""), str(spec.get("mode") or "max")
+        if not metric:
+            continue
+        rows = trial_rows(jobs, final_values(store, [j.id for j in jobs], metric), mode)
+        space = spec.get("space", [])
+        keys = [str(d.get("key")) for d in space]
+        log_keys = {str(d.get("key")) for d in space if "log_uniform" in d}
+        best = rows[0] if rows and rows[0].value is not None else None
+        searches.append({"suite": suite, "method": spec.get("method"), "metric": metric, "mode": mode, "rows": rows,
+                         "searched": keys, "best": best, "plots": key_plots(rows, keys, log_keys, metric)})
+    return render("trials.html", searches=searches)

@@ -27,6 +27,7 @@ STATE_STYLES = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "magenta",
+    "pruned": "blue",
 }
 
 

@@ -36,7 +36,8 @@ def _summary(snapshot: dict[str, Any]) -> str:
     else:
         head = "daemon not running" + (f" for {snapshot['db']}" if snapshot.get("db") else "") + " (orch daemon start)"
     return (f"{head}   queued {counts['queued']}  running {counts['running']}  succeeded {counts['succeeded']}  "
-            f"failed {counts['failed']}  cancelled {counts['cancelled']}\n")
+            f"failed {counts['failed']}  cancelled {counts['cancelled']}"
+            + (f"  pruned {counts['pruned']}" if counts.get("pruned") else "") + "\n")
 
 
 def plain_status(snapshot: dict[str, Any]) -> str:

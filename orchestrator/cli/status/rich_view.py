@@ -172,6 +172,7 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
         f"{head}   queued [yellow]{counts['queued']}[/]  running [cyan]{counts['running']}[/]  "
         f"succeeded [green]{counts['succeeded']}[/]  failed [red]{counts['failed']}[/]  "
         f"cancelled [magenta]{counts['cancelled']}[/]"
+        + (f"  pruned [blue]{counts['pruned']}[/]" if counts.get("pruned") else "")
     )
     lines = Lines(
         paused=paused_lines(snapshot),

@@ -1,0 +1,81 @@
+"""`orch trials --suite S`: a search's trials, best first by its metric, the best one named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.common import db_option, echo_json, open_store
+from orchestrator.errors import UsageError
+from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
+from orchestrator.results.trials import trial_rows
+from orchestrator.store.search import final_values, suite_search_jobs
+from orchestrator.wording import fmt_value
+
+
+@click.command("trials")
+@click.option("--suite", required=True, help="The suite whose search: to list.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: every trial with its values, mean and seeds.",
+)
+@db_option
+def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
+    """List a search's trials best first by the search metric (the mean over each trial's seeds
+    of the metric's last reported value; seeds that did not succeed are named, never counted)."""
+    if not SUITE_NAME_RE.fullmatch(suite):
+        raise UsageError(f"--suite {shown_value(suite)} is not a suite name")
+    with open_store(db_path) as store:
+        jobs = suite_search_jobs(store, suite)
+        if not jobs:
+            raise UsageError(
+                f"suite {suite} has no search trials (its suite file has no search:, or nothing was submitted)"
+            )
+        spec = jobs[-1].search.get("spec", {})
+        metric, mode = str(spec.get("metric") or ""), str(spec.get("mode") or "max")
+        if not metric:
+            raise UsageError(
+                f"the search of suite {suite} names no metric: its trials have no order"
+            )
+        rows = trial_rows(jobs, final_values(store, [j.id for j in jobs], metric), mode)
+    if as_json:
+        echo_json(
+            {
+                "suite": suite,
+                "metric": metric,
+                "mode": mode,
+                "method": spec.get("method"),
+                "trials": [
+                    {
+                        "trial": r.trial,
+                        "params": r.params,
+                        "value": r.value,
+                        "counted": r.counted,
+                        "submitted": r.submitted,
+                        "states": r.states,
+                    }
+                    for r in rows
+                ],
+            }
+        )
+        return
+    click.echo(
+        f"{suite}: {len(rows)} trial(s) of a {spec.get('method')} search, best first by {metric} ({mode})"
+    )
+    for row in rows:
+        params = ", ".join(f"{k}={fmt_value(v)}" for k, v in row.params.items())
+        value = f"{row.value:.4f}" if row.value is not None else "—"
+        click.echo(f"  trial {row.trial:>3}  {value:>8}  n {row.n_text():<24} {params}")
+    best = rows[0]
+    if best.value is not None:
+        params = ", ".join(f"{k}={fmt_value(v)}" for k, v in best.params.items())
+        click.echo(
+            f"best: trial {best.trial} ({params}): {metric} {best.value:.4f}, mean of {best.counted} seed(s)"
+        )
+
+
+def register(group: click.Group) -> None:
+    group.add_command(trials_cmd)

@@ -1,0 +1,132 @@
+"""The daemon's early-stopping step: for each suite and task with an `early_stop:` rule and a
+job running, read its settings' metric histories and what the pruner was told before, ask the
+pure core (`orchestrator.scheduling.early_stop`) which settings to stop, and write that: the
+rung values told, each pruned setting's jobs stopped (as a cancel stops them, ending `pruned`),
+and a warning event when the metric is missing. A failure here never holds up the pass."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+
+from orchestrator.attempts.next_step import describe_pruned
+from orchestrator.errors import UsageError
+from orchestrator.plans.early_stop import EarlyStop
+from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, judge
+from orchestrator.store.db import Store
+from orchestrator.store.early_stop import (
+    early_stop_jobs,
+    metric_last_steps,
+    metric_points_at,
+    prune_jobs,
+    reached_steps,
+    read_rungs,
+    record_rungs,
+    warn_early_stop,
+)
+from orchestrator.store.rows import Job
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 2.0  # histories are read every few seconds at most (attempts.observe_cache)
+
+
+def setting_key(job: Job) -> str:
+    """A setting: the config and its overrides (the seed and task apart)."""
+    return f"{job.config_name} {json.dumps(job.overrides, sort_keys=True)}"
+
+
+def group_settings(
+    jobs: Sequence[Job], values: dict[int, dict[float, float]], reached: dict[int, float]
+) -> list[SettingRuns]:
+    """The settings of one suite and task, in the order of their first job."""
+    by_key: dict[str, list[Job]] = {}
+    for job in sorted(jobs, key=lambda j: j.id):
+        by_key.setdefault(setting_key(job), []).append(job)
+    return [
+        SettingRuns(
+            key,
+            tuple(
+                SeedRun(j.id, j.state, values.get(j.id, {}), reached.get(j.id, 0.0))
+                for j in members
+            ),
+            decided=any(j.pruned for j in members),
+        )
+        for key, members in by_key.items()
+    ]
+
+
+class EarlyStopper:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._next_check_s = 0.0
+        self._warned: set[tuple[str, str, str]] = set()  # (suite, task, what): said once per daemon
+        self._judged: dict[
+            tuple[str, str], tuple[tuple[int, str, int, bool], ...]
+        ] = {}  # each group's last look
+
+    def check(self) -> None:
+        if time.monotonic() < self._next_check_s:
+            return
+        self._next_check_s = time.monotonic() + CHECK_EVERY_S
+        groups: dict[tuple[str, str], list[Job]] = {}
+        for job in early_stop_jobs(self.store):
+            groups.setdefault((job.suite, job.data), []).append(job)
+        for (suite, data), jobs in groups.items():
+            try:
+                self._check_group(suite, data, jobs)
+            except UsageError as exc:  # Optuna missing: said once, nothing stopped
+                self._warn_once(suite, data, "optuna", f"early stopping is off: {exc}")
+            except Exception:
+                log.exception("early stopping of %s on %s failed; nothing stopped", suite, data)
+
+    def _check_group(self, suite: str, data: str, jobs: list[Job]) -> None:
+        spec = EarlyStop.from_json(jobs[-1].early_stop)
+        if spec is None:
+            return
+        ids = [job.id for job in jobs]
+        last = metric_last_steps(self.store, ids, spec.metric)
+        silent = [job_id for job_id in ids if job_id not in last]  # how far they got, by any metric
+        reached = {**reached_steps(self.store, silent), **last}
+        # nothing new to judge until a job passes a rung or changes state: the histories stay unread
+        signature = tuple(
+            (j.id, j.state.value, len(spec.rung_steps(reached.get(j.id, 0.0))), j.id in last)
+            for j in jobs
+        )
+        if self._judged.get((suite, data)) == signature:
+            return
+        steps = spec.rung_steps(max(last.values(), default=0.0))
+        settings = group_settings(
+            jobs, metric_points_at(self.store, ids, spec.metric, steps), reached
+        )
+        judged = judge(spec, settings, read_rungs(self.store, suite, data))
+        self._judged[(suite, data)] = signature
+        self._write(suite, data, spec, judged)
+
+    def _write(self, suite: str, data: str, spec: EarlyStop, judged: Judgement) -> None:
+        record_rungs(
+            self.store, suite, data, judged.told
+        )  # before the stops: a restart tells none twice
+        for prune in judged.prunes:
+            record = prune.record(spec)
+            why = f"{describe_pruned(record)}: setting {prune.setting} of {suite} on {data}"
+            stopping, pruned = prune_jobs(
+                self.store, prune.job_ids, record, describe_pruned(record)
+            )
+            log.info("%s; stopping jobs %s, pruned queued jobs %s", why, stopping, pruned)
+        if judged.metric_missing_at is not None:
+            self._warn_once(
+                suite,
+                data,
+                "metric",
+                f"early_stop metric {spec.metric!r} not reported by step "
+                f"{judged.metric_missing_at} (the first rung): nothing is stopped on missing data",
+            )
+
+    def _warn_once(self, suite: str, data: str, what: str, message: str) -> None:
+        if (suite, data, what) in self._warned:
+            return
+        self._warned.add((suite, data, what))
+        warn_early_stop(self.store, suite, data, message)

@@ -1,0 +1,129 @@
+"""A suite's `early_stop:` rule as written, checked: which metric, which way is better, which
+Optuna pruner (asha, hyperband, median), the first step anything may be stopped at and the
+reduction factor. Every problem is a PlanError naming it in one line, at submit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from orchestrator.errors import PlanError
+from orchestrator.plans.inputs import shown_value
+
+MAX_REDUCTION_FACTOR = 100
+MAX_RUNGS = 64  # steps min_steps × factor^k past any worker's length are never reached
+
+
+class PruneRule(str, Enum):
+    ASHA = "asha"  # Optuna's SuccessiveHalvingPruner: keep the top 1/factor at each rung
+    HYPERBAND = "hyperband"  # Optuna's HyperbandPruner: successive halving over several brackets
+    MEDIAN = "median"  # Optuna's MedianPruner: stop below the median of finished settings
+
+
+class Mode(str, Enum):
+    MAX = "max"
+    MIN = "min"
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    metric: str
+    mode: Mode
+    rule: PruneRule
+    min_steps: int
+    reduction_factor: int = 3
+    max_steps: int | None = None  # hyperband's largest budget; None: Optuna's "auto"
+
+    def rung_steps(self, up_to_step: float) -> list[int]:
+        """The steps settings are compared at (min_steps × factor^k), up to `up_to_step`."""
+        steps: list[int] = []
+        step = self.min_steps
+        while step <= up_to_step and len(steps) < MAX_RUNGS:
+            steps.append(step)
+            step *= self.reduction_factor
+        return steps
+
+    def to_json(self) -> dict[str, Any]:
+        stored: dict[str, Any] = {
+            "metric": self.metric,
+            "mode": self.mode.value,
+            "rule": self.rule.value,
+            "min_steps": self.min_steps,
+            "reduction_factor": self.reduction_factor,
+        }
+        if self.max_steps is not None:
+            stored["max_steps"] = self.max_steps
+        return stored
+
+    @classmethod
+    def from_json(cls, stored: dict[str, Any]) -> EarlyStop | None:
+        """As stored with a job; None for '{}' (no rule) or a record this orch cannot read."""
+        if not stored:
+            return None
+        try:
+            return parse_early_stop("stored early_stop", stored)
+        except PlanError:
+            return None
+
+
+_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps")
+_SHAPE = (
+    "`early_stop` must be a mapping of metric, mode (max|min), rule (asha|hyperband|median), min_steps, "
+    "reduction_factor"
+)
+
+
+def _positive_int(where: str, key: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 10**9:
+        raise PlanError(
+            f"{where}: `early_stop.{key}` must be an integer >= {least}, not {shown_value(str(value))}"
+        )
+    return value
+
+
+def parse_early_stop(where: str, raw: Any) -> EarlyStop:
+    """The checked rule; `where` starts each message (the suite file)."""
+    if not isinstance(raw, dict):
+        raise PlanError(f"{where}: {_SHAPE}, not {shown_value(str(raw))}")
+    unknown = sorted(str(key) for key in raw if key not in _KEYS)
+    if unknown:
+        raise PlanError(f"{where}: `early_stop` has unknown key(s) {', '.join(unknown)} ({_SHAPE})")
+    metric = raw.get("metric")
+    if not isinstance(metric, str) or not metric.strip() or len(metric) > 200:
+        raise PlanError(
+            f"{where}: `early_stop.metric` must name a metric the worker reports over steps "
+            "(e.g. val_accuracy)"
+        )
+    rules = "|".join(r.value for r in PruneRule)
+    try:
+        rule = PruneRule(str(raw.get("rule", "asha")))
+    except ValueError:
+        raise PlanError(
+            f"{where}: unknown `early_stop.rule` {shown_value(str(raw.get('rule')))} ({rules})"
+        ) from None
+    try:
+        mode = Mode(str(raw.get("mode", "max")))
+    except ValueError:
+        raise PlanError(
+            f"{where}: `early_stop.mode` must be max or min, not {shown_value(str(raw.get('mode')))}"
+        ) from None
+    if "min_steps" not in raw:
+        raise PlanError(
+            f"{where}: `early_stop.min_steps` is required: nothing is stopped before this step"
+        )
+    min_steps = _positive_int(where, "min_steps", raw["min_steps"], 1)
+    factor = _positive_int(where, "reduction_factor", raw.get("reduction_factor", 3), 2)
+    if factor > MAX_REDUCTION_FACTOR:
+        raise PlanError(
+            f"{where}: `early_stop.reduction_factor` must be between 2 and {MAX_REDUCTION_FACTOR}"
+        )
+    max_steps = raw.get("max_steps")
+    if max_steps is not None:
+        if rule is not PruneRule.HYPERBAND:
+            raise PlanError(
+                f"{where}: `early_stop.max_steps` is hyperband's largest budget; rule {rule.value} "
+                "takes none"
+            )
+        max_steps = _positive_int(where, "max_steps", max_steps, min_steps + 1)
+    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps)

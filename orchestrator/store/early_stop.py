@@ -1,0 +1,173 @@
+"""What early stopping reads and writes: the jobs of suites with an `early_stop:` rule, their
+metric at each step, the pruner's record of each setting's value at each rung (read back after a
+restart), and the stop of a pruned setting (its running jobs asked to stop, its queued ones
+pruned at once), each in one transaction."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.lifecycle import JobState, KillRequest
+from orchestrator.store.db import Store
+from orchestrator.store.jobs import add_event, transition
+from orchestrator.store.rows import Job
+
+_GROUPS_RUNNING = (
+    "SELECT * FROM jobs WHERE early_stop_json != '{}' AND (suite, data) IN "
+    "(SELECT suite, data FROM jobs WHERE state = 'running' AND early_stop_json != '{}') ORDER BY id"
+)
+
+
+@dataclass(frozen=True)
+class RungValue:
+    """A setting's value at one rung, as the pruner was told it."""
+
+    setting: str
+    rung: int
+    step: float
+    value: float
+
+
+def early_stop_jobs(store: Store) -> list[Job]:
+    """Every job of each (suite, task) with an early_stop rule and a job running now."""
+    return [Job.from_row(row) for row in store.query(_GROUPS_RUNNING)]
+
+
+_ATTEMPTS_OF = "SELECT id FROM attempts WHERE job_id = ?"
+
+
+def metric_last_steps(store: Store, job_ids: Sequence[int], key: str) -> dict[int, float]:
+    """job id -> the furthest step `key` was reported at (an index seek per attempt)."""
+    found: dict[int, float] = {}
+    for job_id in job_ids:
+        (step,) = store.execute(
+            f"SELECT max(step) FROM metric_history WHERE key = ? AND attempt_id IN ({_ATTEMPTS_OF})",
+            [key, job_id],
+        ).fetchone()
+        if step is not None:
+            found[job_id] = float(step)
+    return found
+
+
+def metric_points_at(
+    store: Store, job_ids: Sequence[int], key: str, steps: Sequence[float]
+) -> dict[int, dict[float, float]]:
+    """job id -> {step: value} holding, for each of `steps`, the job's last value of `key` at or
+    before it, and its value at the furthest step reported: what early stopping needs of a
+    history, read by index seeks (a later attempt's value wins at a step both reported)."""
+    points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
+    sql = (
+        "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
+        "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? ORDER BY h.step DESC, a.n DESC LIMIT 1"
+    )
+    for job_id in job_ids:
+        for step in [*steps, float("inf")]:
+            row = store.execute(sql, [job_id, key, step]).fetchone()
+            if row is not None:
+                points[job_id][float(row[0])] = float(row[1])
+    return points
+
+
+def reached_steps(store: Store, job_ids: Sequence[int]) -> dict[int, float]:
+    """job id -> the furthest step any of its metrics was reported at."""
+    if not job_ids:
+        return {}
+    rows = store.query(
+        "SELECT a.job_id AS job_id, max(h.step) AS step FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
+        f"WHERE a.job_id IN ({','.join('?' * len(job_ids))}) GROUP BY a.job_id",
+        list(job_ids),
+    )
+    return {int(row["job_id"]): float(row["step"]) for row in rows}
+
+
+def read_rungs(store: Store, suite: str, data: str) -> list[RungValue]:
+    rows = store.query(
+        "SELECT setting, rung, step, value FROM early_stop_rungs WHERE suite = ? AND data = ? "
+        "ORDER BY rung, setting",
+        [suite, data],
+    )
+    return [
+        RungValue(str(r["setting"]), int(r["rung"]), float(r["step"]), float(r["value"]))
+        for r in rows
+    ]
+
+
+def record_rungs(store: Store, suite: str, data: str, rungs: Iterable[RungValue]) -> None:
+    """Keep what the pruner was told; a rung already recorded keeps its first value."""
+    rows = [(suite, data, r.setting, r.rung, r.step, r.value) for r in rungs]
+    if rows:
+        with store.write():
+            store.executemany(
+                "INSERT OR IGNORE INTO early_stop_rungs (suite, data, setting, rung, step, value) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+
+def prune_jobs(
+    store: Store, job_ids: Sequence[int], record: dict[str, Any], why: str
+) -> tuple[list[int], list[int]]:
+    """Stop a pruned setting's jobs: each running one's live attempt is asked to stop (the
+    daemon stops it as a cancel, SIGTERM then SIGKILL, and its job ends pruned), each queued one
+    ends pruned now; `record` (step, metric, value, rank) is kept on each. Returns (stopping,
+    pruned now); jobs in any other state are left as they are."""
+    stopping: list[int] = []
+    pruned: list[int] = []
+    stored = json.dumps(record, sort_keys=True)
+    with store.write():
+        for job_id in job_ids:
+            row = store._db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
+            state = JobState(row[0]) if row is not None else None
+            if state is JobState.QUEUED:
+                transition(
+                    store,
+                    job_id,
+                    JobState.PRUNED,
+                    message=why,
+                    kind="prune",
+                    expect_from=[JobState.QUEUED],
+                    fields={"reason": why, "wait_reason": None, "pruned_json": stored},
+                    data=record,
+                )
+                pruned.append(job_id)
+            elif state is JobState.RUNNING:
+                live = store._db.execute(
+                    "SELECT id FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id]
+                ).fetchone()
+                if live is None:
+                    continue  # ending now: its next state is decided without the prune
+                asked = store._db.execute(
+                    "UPDATE attempts SET kill_requested = ? WHERE id = ? AND kill_requested IS NULL",
+                    [KillRequest.PRUNE.value, live[0]],
+                )
+                if asked.rowcount != 1:
+                    continue  # a cancel, retry or hang kill was asked first: it ends as that asked
+                store._db.execute("UPDATE jobs SET pruned_json = ? WHERE id = ?", [stored, job_id])
+                add_event(
+                    store,
+                    "prune",
+                    f"{why}: stopping it",
+                    job_id=job_id,
+                    attempt_id=live[0],
+                    data=record,
+                )
+                stopping.append(job_id)
+    return stopping, pruned
+
+
+def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
+    with store.write():
+        add_event(store, "early_stop", f"{suite} on {data}: {message}")
+
+
+def pruned_jobs(store: Store, suite: str | None = None) -> list[Job]:
+    """The jobs that ended pruned (of one suite), by id."""
+    sql = (
+        "SELECT * FROM jobs WHERE state = 'pruned'"
+        + (" AND suite = ?" if suite is not None else "")
+        + " ORDER BY id"
+    )
+    return [Job.from_row(row) for row in store.query(sql, [suite] if suite is not None else [])]

@@ -1,0 +1,186 @@
+"""Early stopping's pure core (orchestrator.scheduling.early_stop) and its spec (plans.early_stop):
+which settings Optuna's pruners stop, from histories given as values."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import PlanError
+from orchestrator.lifecycle import JobState
+from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, parse_early_stop
+from orchestrator.scheduling.early_stop import SeedRun, SettingRuns, judge, setting_value, value_at
+
+R, S, Q, F = JobState.RUNNING, JobState.SUCCEEDED, JobState.QUEUED, JobState.FAILED
+
+
+def _curve(final: float, up_to: int) -> dict[float, float]:
+    return {float(step): final * step / (step + 20) for step in range(10, up_to + 1, 10)}
+
+
+def _grid(finals: list[float], up_to: int, seeds: int = 1) -> list[SettingRuns]:
+    job_id = 0
+    settings = []
+    for index, final in enumerate(finals):
+        runs = []
+        for _ in range(seeds):
+            job_id += 1
+            runs.append(SeedRun(job_id, R, _curve(final, up_to), float(up_to)))
+        settings.append(SettingRuns(f"lr{index}", tuple(runs)))
+    return settings
+
+
+ASHA = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, reduction_factor=3)
+
+
+def test_asha_stops_the_worst_and_never_the_best() -> None:
+    finals = [0.5, 0.6, 0.9, 0.55, 0.65, 0.52, 0.58, 0.62, 0.51]
+    judged = judge(ASHA, _grid(finals, 30), [])
+    stopped = {p.setting for p in judged.prunes}
+    assert "lr2" not in stopped  # the best
+    assert len(stopped) >= 4
+    first = judged.prunes[0]
+    assert first.step == 10 and 1 <= first.rank <= first.of <= 9
+    assert {(r.setting, r.rung) for r in judged.told} >= {(f"lr{i}", 0) for i in range(9)}
+
+
+def test_told_again_after_a_restart_changes_nothing() -> None:
+    settings = _grid([0.5, 0.6, 0.9, 0.55, 0.65, 0.52, 0.58, 0.62, 0.51], 30)
+    first = judge(ASHA, settings, [])
+    pruned = {p.setting for p in first.prunes}
+    after = [SettingRuns(s.key, s.seeds, decided=s.key in pruned) for s in settings]
+    again = judge(ASHA, after, first.told)
+    assert again.prunes == [] and again.told == []  # no rung told twice, nothing judged twice
+
+
+def test_a_setting_waits_for_every_seed_and_is_judged_on_their_mean() -> None:
+    behind = SettingRuns("x", (SeedRun(1, R, {10.0: 0.5, 20.0: 0.6}, 20.0), SeedRun(2, Q, {}, 0.0)))
+    assert setting_value(behind, 10) is None
+    both = SettingRuns(
+        "x",
+        (
+            SeedRun(1, R, {10.0: 0.5, 20.0: 0.6}, 20.0),
+            SeedRun(2, R, {12.0: 0.7}, 12.0),
+            SeedRun(3, F, {}, 0.0),
+        ),
+    )
+    assert setting_value(both, 10) is None  # seed 2 reported nothing at or before step 10
+    assert value_at({5.0: 0.2, 12.0: 0.7}, 10) == 0.2
+    assert setting_value(
+        SettingRuns("x", (SeedRun(1, R, {10.0: 0.5}, 10.0), SeedRun(2, R, {10.0: 0.7}, 10.0))), 10
+    ) == pytest.approx(0.6)
+
+
+def test_a_metric_never_reported_stops_nothing_and_is_said() -> None:
+    settings = [SettingRuns(f"s{i}", (SeedRun(i, R, {}, 50.0),)) for i in range(6)]
+    judged = judge(ASHA, settings, [])
+    assert judged.prunes == [] and judged.told == []
+    assert judged.metric_missing_at == 10
+
+
+def test_mode_min_keeps_the_lowest_loss() -> None:
+    spec = EarlyStop("val_loss", Mode.MIN, PruneRule.ASHA, min_steps=10, reduction_factor=2)
+    finals = [3.0, 1.0, 2.0, 2.5]
+    judged = judge(spec, _grid(finals, 20), [])
+    assert "lr1" not in {p.setting for p in judged.prunes}
+    assert judged.prunes
+
+
+def test_median_compares_with_finished_settings() -> None:
+    spec = EarlyStop("val_accuracy", Mode.MAX, PruneRule.MEDIAN, min_steps=10, reduction_factor=2)
+    done = [
+        SettingRuns(f"done{i}", (SeedRun(i, S, _curve(f, 40), 40.0),))
+        for i, f in enumerate([0.8, 0.9, 0.85])
+    ]
+    weak = SettingRuns("weak", (SeedRun(9, R, _curve(0.3, 20), 20.0),))
+    strong = SettingRuns("strong", (SeedRun(10, R, _curve(0.95, 20), 20.0),))
+    judged = judge(spec, [*done, weak, strong], [])
+    assert [p.setting for p in judged.prunes] == ["weak"]
+    assert judged.prunes[0].job_ids == (9,)
+
+
+def test_hyperband_runs_on_optuna() -> None:
+    spec = EarlyStop(
+        "val_accuracy",
+        Mode.MAX,
+        PruneRule.HYPERBAND,
+        min_steps=10,
+        reduction_factor=3,
+        max_steps=90,
+    )
+    finals = [
+        0.7 - 0.01 * i for i in range(20)
+    ]  # the first is the best: the later ones are judged against it
+    judged = judge(spec, _grid(finals, 90), [])
+    assert "lr0" not in {p.setting for p in judged.prunes}
+    assert judged.prunes
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ({"metric": "m", "rule": "bohb", "min_steps": 5}, "unknown `early_stop.rule`"),
+        (
+            {"metric": "m", "min_steps": 5, "reduction_factor": 1},
+            "reduction_factor` must be an integer >= 2",
+        ),
+        ({"metric": "m", "min_steps": 0}, "min_steps` must be an integer >= 1"),
+        ({"metric": "m"}, "min_steps` is required"),
+        ({"min_steps": 3}, "early_stop.metric` must name"),
+        ({"metric": "m", "min_steps": 3, "mode": "up"}, "mode` must be max or min"),
+        ({"metric": "m", "min_steps": 3, "patience": 2}, "unknown key(s) patience"),
+        ({"metric": "m", "min_steps": 3, "max_steps": 9}, "takes none"),
+        ("asha", "must be a mapping"),
+    ],
+)
+def test_bad_rules_are_refused_in_one_line(raw: object, said: str) -> None:
+    with pytest.raises(PlanError) as info:
+        parse_early_stop("suite s.yaml", raw)
+    assert said in str(info.value) and "\n" not in str(info.value)
+
+
+def test_rung_steps_and_round_trip() -> None:
+    spec = parse_early_stop(
+        "s", {"metric": "val_accuracy", "rule": "asha", "min_steps": 200, "reduction_factor": 3}
+    )
+    assert spec.rung_steps(2000) == [200, 600, 1800]
+    assert EarlyStop.from_json(spec.to_json()) == spec
+
+
+def test_settings_reaching_a_rung_together_are_compared_with_one_another() -> None:
+    # told in submit order, worst first: none is kept for merely being told before the others
+    finals = [0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9]
+    judged = judge(ASHA, _grid(finals, 10), [])
+    kept = {f"lr{i}" for i in range(9)} - {p.setting for p in judged.prunes}
+    assert kept == {"lr6", "lr7", "lr8"}  # the top third, as successive halving keeps
+    assert [p.rank for p in judged.prunes if p.setting == "lr0"] == [9]
+
+
+def test_a_setting_kept_for_arriving_first_is_stopped_once_better_ones_arrive() -> None:
+    finals = [0.5, 0.7, 0.72, 0.74, 0.76, 0.78]
+    alone = _grid(finals[:1], 10)
+    first = judge(ASHA, alone, [])
+    assert first.prunes == [] and [r.setting for r in first.told] == [
+        "lr0"
+    ]  # alone at the rung: goes on
+    everyone = [SettingRuns("lr0", (SeedRun(1, R, _curve(0.5, 20), 20.0),)), *_grid(finals, 10)[1:]]
+    later = judge(ASHA, everyone, first.told)
+    assert "lr0" in {p.setting for p in later.prunes}  # judged again at the rung it passed
+    assert {r.setting for r in later.told} == {
+        f"lr{i}" for i in range(1, 6)
+    }  # lr0 told once, before
+
+
+def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> None:
+    from orchestrator.submit.core import settings_shuffled
+    from orchestrator.plans.model import JobSpec
+
+    specs = [
+        JobSpec("s", "base", "p", {}, seed, "t", {"learning_rate": lr}, {}, f"{lr}-{seed}")
+        for lr in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+        for seed in (1, 2, 3)
+    ]
+    shuffled = settings_shuffled(specs, "s")
+    assert shuffled == settings_shuffled(specs, "s") and sorted(shuffled, key=specs.index) == specs
+    order = [s.overrides["learning_rate"] for s in shuffled]
+    assert order != sorted(order)
+    assert all(order[i] == order[i + 1] == order[i + 2] for i in range(0, 18, 3))  # seeds together

@@ -1,0 +1,147 @@
+"""Early stopping end to end: a real daemon, tmux and simulated GPUs; the sim worker's
+validation curve depends on its learning rate (`sim_best_lr`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+
+from orchestrator.api import Sweep
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.store.early_stop import reached_steps
+
+pytestmark = [requires_tmux, pytest.mark.tmux]
+
+BEST_LR = 1e-4
+GRID = "learning_rate=0.01,0.003,0.0001,0.001,0.03,0.1"
+STEPS = 80  # sim_seconds 20 / 0.25 s a step
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path, gpus="2x24GiB") as env:
+        yield env
+
+
+def _suite(orch: Orch, **early_stop: object) -> None:
+    rule = {
+        "metric": "val_accuracy",
+        "mode": "max",
+        "rule": "asha",
+        "min_steps": 4,
+        "reduction_factor": 3,
+        **early_stop,
+    }
+    orch.write_suite(
+        "es",
+        {
+            "base": {
+                "sim_mem_gib": 1,
+                "sim_seconds": STEPS / 4,
+                "sim_ramp_s": 0.2,
+                "learning_rate": BEST_LR,
+                "sim_best_lr": BEST_LR,
+            }
+        },
+        mem_gib=1,
+        hang_timeout_s=8,
+        early_stop=rule,
+    )
+
+
+@pytest.mark.slow
+def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> None:
+    _suite(orch)
+    orch.submit("es", "1:toy 2:toy", "--grid", GRID, "--gpu-plan", "6,6")
+    orch.start_daemon()
+    states = wait_until(lambda: orch.all_done() and orch.job_states(), 150, "every job to end")
+    jobs = orch.jobs()
+    assert len(jobs) == 12
+    best = [j for j in jobs if j.config["learning_rate"] == BEST_LR]
+    assert [j.state for j in best] == [
+        JobState.SUCCEEDED,
+        JobState.SUCCEEDED,
+    ]  # runs to its end on every seed
+    pruned = [j for j in jobs if j.state is JobState.PRUNED]
+    assert len(pruned) >= 4
+    # stopping a setting stops all of its seeds
+    assert {j.config["learning_rate"] for j in pruned}.isdisjoint(
+        {j.config["learning_rate"] for j in jobs if j.state is JobState.SUCCEEDED}
+    )
+    steps = orch.read(lambda store: reached_steps(store, [j.id for j in jobs]))
+    assert steps[best[0].id] == STEPS
+    assert sum(steps.values()) <= len(jobs) * STEPS / 2, steps
+    # never retried: one attempt each, ended pruned, the reason said with the step
+    for job in pruned:
+        (attempt,) = orch.attempt_rows(job.id)
+        assert attempt.outcome is AttemptOutcome.PRUNED
+        assert job.reason is not None and job.reason.startswith("pruned at step ")
+        assert job.pruned["metric"] == "val_accuracy" and job.pruned["of"] >= job.pruned["rank"] > 1
+    assert orch.events("prune")
+    shown = orch.run("show", str(pruned[0].id)).stdout
+    assert "pruned at step" in shown
+    assert set(states.values()) <= {"succeeded", "pruned"}
+    # six pruned attempts of one config, each within 30 s of its start: failures would have paused it
+    assert not orch.events("pause")
+
+    # results: pruned runs out of every mean, counted, marked; the API carries them
+    table = orch.run("results", "--suite", "es").stdout
+    assert "0 of 2 (2 pruned)" in table and "‡" in table and "pruned at step" in table
+    rows = Sweep(orch.db).results(as_frame=False)
+    assert {r["job"] for r in rows if r["state"] == "pruned"} == {j.id for j in pruned}
+    assert all(r["split"] == "pruned" and r["step"] >= 4 for r in rows if r["state"] == "pruned")
+
+    # `orch retry` resumes a pruned job; its setting is judged no more
+    retried = pruned[0]
+    orch.run("retry", str(retried.id))
+    wait_until(
+        lambda: orch.jobs()[retried.id - 1].state is JobState.SUCCEEDED,
+        60,
+        "the retried job to succeed",
+    )
+    assert len(orch.attempt_rows(retried.id)) == 2
+
+
+@pytest.mark.slow
+def test_a_metric_never_reported_stops_nothing_and_warns(orch: Orch) -> None:
+    _suite(orch, metric="val_f1")
+    orch.submit("es", "1:toy", "--grid", "learning_rate=0.01,0.0001,0.1", "--gpu-plan", "6,6")
+    orch.start_daemon()
+    wait_until(lambda: orch.all_done(), 90, "every job to end")
+    assert {j.state for j in orch.jobs()} == {JobState.SUCCEEDED}
+    warnings = [e for e in orch.events("early_stop") if "val_f1" in e.message]
+    assert len(warnings) == 1 and "nothing is stopped" in warnings[0].message
+
+
+@pytest.mark.slow
+def test_a_random_search_with_early_stopping_prunes_trials_and_lists_them(orch: Orch) -> None:
+    search = {
+        "method": "random",
+        "trials": 6,
+        "seed": 5,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "space": {"learning_rate": {"log_uniform": [1.0e-6, 1.0e-1]}},
+    }
+    _suite(orch)
+    suite_file = orch.plans / "suites" / "es.yaml"
+    suite_file.write_text(suite_file.read_text() + "search: " + json.dumps(search) + "\n")
+    orch.submit("es", "1:toy", "--gpu-plan", "6,6")
+    orch.start_daemon()
+    wait_until(lambda: orch.all_done(), 150, "every trial to end")
+    jobs = orch.jobs()
+    assert len(jobs) == 6 and {j.state for j in jobs} <= {JobState.SUCCEEDED, JobState.PRUNED}
+    assert any(j.state is JobState.PRUNED for j in jobs)
+    listed = orch.json("trials", "--suite", "es")["trials"]
+    assert len(listed) == 6
+    pruned = [t for t in listed if t["states"].get("pruned")]
+    assert (
+        pruned and all(t["value"] is None for t in pruned) and listed[-1] in pruned
+    )  # no value: listed last
+    best = max(jobs, key=lambda j: -abs(math.log10(j.overrides["learning_rate"] / BEST_LR)))
+    assert best.state is JobState.SUCCEEDED  # the trial nearest the best rate runs to its end

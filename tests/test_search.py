@@ -1,0 +1,294 @@
+"""`search:` in a suite: the spec's checks, random trials the same every time (a dry run shows
+them), and a TPE search that ends with exactly `trials` trials across a daemon killed twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+
+from orchestrator.errors import PlanError
+from orchestrator.lifecycle import JobState
+from orchestrator.plans.search import Distribution, SearchMethod, parse_search
+from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial, random_trials
+
+KNOWN = {"learning_rate", "lora_r", "warmup_ratio", "batch_size"}
+SPACE = {
+    "learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]},
+    "lora_r": [4, 8, 16],
+    "warmup_ratio": {"uniform": [0.0, 0.1]},
+}
+
+
+def _search(**changes: Any) -> dict[str, Any]:
+    return {
+        "method": "tpe",
+        "trials": 8,
+        "seed": 0,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "space": SPACE,
+        **changes,
+    }
+
+
+def test_a_search_is_parsed_with_its_space() -> None:
+    search = parse_search("s", _search(), KNOWN, ())
+    assert search.method is SearchMethod.TPE and search.trials == 8
+    assert [d.distribution for d in search.space] == [
+        Distribution.LOG_UNIFORM,
+        Distribution.CHOICE,
+        Distribution.UNIFORM,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"method": "bayes"}, "unknown `search.method` 'bayes'"),
+        ({"space": {"learning_rate": {"normal": [0, 1]}}}, "unknown distribution 'normal'"),
+        ({"space": {"learning_rate": {"log_uniform": [0, 1]}}}, "log_uniform needs bounds above 0"),
+        ({"space": {"learning_rate": {"uniform": [0.1, 0.1]}}}, "low 0.1 must be below high 0.1"),
+        ({"trials": 100_001}, "between 1 and 100000 (the submit cap)"),
+        ({"space": {"nope": [1, 2]}}, "unknown config key 'nope'"),
+        ({"space": {"seed": [1, 2]}}, "seed and data come from the pairs"),
+        ({"metric": None}, "`search.metric` is required for tpe"),
+        ({"space": {}}, "`search.space` must map"),
+    ],
+)
+def test_bad_searches_are_refused_in_one_line(changes: dict[str, Any], said: str) -> None:
+    with pytest.raises(PlanError) as info:
+        parse_search("suite s.yaml", _search(**changes), KNOWN, ())
+    assert said in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_seeded_random_search_draws_the_same_trials_every_time() -> None:
+    search = parse_search("s", _search(method="random"), KNOWN, ())
+    first = random_trials(search)
+    assert first == random_trials(search) and len(first) == 8
+    assert all(1e-5 <= t["learning_rate"] <= 1e-2 and t["lora_r"] in (4, 8, 16) for t in first)
+    assert random_trials(parse_search("s", _search(method="random", seed=1), KNOWN, ())) != first
+
+
+def test_tpe_asks_from_the_finished_trials() -> None:
+    search = parse_search("s", _search(trials=30), KNOWN, ())
+    told = [
+        FinishedTrial(i, p, TrialEnd.COMPLETE, -abs(p["learning_rate"] - 1e-3))
+        for i, p in enumerate(
+            random_trials(parse_search("s", _search(method="random", trials=20), KNOWN, ()))
+        )
+    ]
+    told.append(FinishedTrial(20, told[0].params, TrialEnd.PRUNED))
+    asked = next_trial(search, told, 21)
+    assert asked == next_trial(search, told, 21)  # the same finished trials ask the same trial
+    assert set(asked) == {"learning_rate", "lora_r", "warmup_ratio"}
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path) as env:
+        yield env
+
+
+def _suite(orch: Orch, method: str, trials: int) -> None:
+    search = {
+        "method": method,
+        "trials": trials,
+        "seed": 3,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "space": {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]}},
+    }
+    orch.write_suite(
+        "hp",
+        {
+            "base": {
+                "sim_mem_gib": 1,
+                "sim_seconds": 1.5,
+                "sim_ramp_s": 0.1,
+                "learning_rate": 1e-4,
+                "sim_best_lr": 1e-4,
+            }
+        },
+        mem_gib=1,
+        search=search,
+    )
+
+
+@requires_tmux
+def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> None:
+    _suite(orch, "random", 5)
+    shown = orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy", "--dry-run").stdout
+    assert (
+        shown == orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy", "--dry-run").stdout
+    )
+    assert shown.count("learning_rate=") == 10 and "would queue 10 job(s)" in shown
+    orch.submit("hp", "1:toy 2:toy")
+    jobs = orch.jobs()
+    assert sorted(j.search["trial"] for j in jobs) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert {f"learning_rate={j.overrides['learning_rate']}" for j in jobs} <= set(shown.split())
+    bad = orch.run(
+        "submit",
+        "--suite",
+        "hp",
+        "--pairs",
+        "1:toy",
+        "--grid",
+        "learning_rate=0.1,0.2",
+        check=False,
+    )
+    assert (
+        bad.returncode == 2
+        and "keep one" in bad.stderr
+        and len(bad.stderr.strip().splitlines()) == 1
+    )
+
+
+@requires_tmux
+@pytest.mark.tmux
+@pytest.mark.slow
+def test_a_tpe_search_killed_midway_ends_with_exactly_its_trials(orch: Orch) -> None:
+    trials = 7
+    _suite(orch, "tpe", trials)
+    orch.submit("hp", "1:toy 2:toy", "--gpu-plan", "2,2")
+    assert len(orch.jobs()) == 2  # trial 0 only: the daemon asks for the rest
+
+    def numbers() -> set[int]:
+        return {int(j.search["trial"]) for j in orch.jobs()}
+
+    pid = orch.start_daemon()
+    wait_until(lambda: len(numbers()) >= 3, 90, "three trials")
+    os.kill(pid, signal.SIGKILL)  # in the middle of the search
+    wait_until(lambda: orch.daemon_pid() is None or None, 30, "the daemon to be gone")
+    orch.start_daemon_dying_at("after_trial_queued")  # dies again right after queueing one
+    orch.start_daemon()
+    wait_until(lambda: len(numbers()) == trials and orch.all_done(), 180, "every trial to end")
+    jobs = orch.jobs()
+    assert numbers() == set(range(trials))
+    per_trial = Counter(int(j.search["trial"]) for j in jobs)
+    assert set(per_trial.values()) == {2}  # every seed of every trial, once
+    assert len({j.identity for j in jobs}) == len(jobs) == 2 * trials
+    assert {j.state for j in jobs} == {JobState.SUCCEEDED}
+    lrs = {j.overrides["learning_rate"] for j in jobs}
+    assert len(lrs) == trials and all(1e-5 <= lr <= 1e-2 for lr in lrs)
+    # the search's table: every trial, best first by its metric, the best named
+    listed = orch.json("trials", "--suite", "hp")["trials"]
+    assert [t["trial"] for t in listed] != [] and len(listed) == trials
+    values = [t["value"] for t in listed]
+    assert values == sorted(values, reverse=True) and all(t["counted"] == 2 for t in listed)
+    shown = orch.run("trials", "--suite", "hp").stdout
+    assert f"best: trial {listed[0]['trial']} (learning_rate=" in shown
+    # the web page: the same table, and the final metric against the searched key
+    from starlette.testclient import TestClient
+
+    from orchestrator.web.app import create_app
+
+    with TestClient(create_app(orch.db, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        page = client.get("/trials")
+    assert page.status_code == 200 and 'class="trials-plot"' in page.text
+    assert page.text.count("<circle") == trials and page.text.count('class="trial"') == trials
+    assert (
+        f"best: trial {listed[0]['trial']} (learning_rate=" in page.text
+        and "learning_rate (log)" in page.text
+    )
+
+
+def test_trials_are_listed_best_first_with_what_became_of_each_seed() -> None:
+    from orchestrator.results.trials import trial_rows
+    from orchestrator.store.rows import Job
+
+    spec = {
+        "method": "random",
+        "metric": "val_accuracy",
+        "space": [{"key": "learning_rate", "log_uniform": [1, 2]}],
+    }
+
+    def job(job_id: int, trial: int, state: JobState) -> Job:
+        base: dict[str, Any] = dict(
+            id=job_id,
+            identity=str(job_id),
+            suite="s",
+            config_name="c",
+            config_path="p",
+            config_json="{}",
+            seed=job_id,
+            data="t",
+            worker="w",
+            declared_mib=1,
+            priority=0,
+            state=state,
+            level=0,
+            attempt_count=1,
+            max_attempts=3,
+            one_token=False,
+            hang_timeout_s=60.0,
+            queued_at=0.0,
+            created_at=0.0,
+            updated_at=0.0,
+            crash_loop_failures=3,
+            crash_loop_within_s=30.0,
+            crash_loop_window_s=300.0,
+            gpus=1,
+        )
+        return Job(
+            **base,
+            overrides={"learning_rate": 1.0 + trial / 10},
+            search={"spec": spec, "trial": trial},
+        )
+
+    S, P, F = JobState.SUCCEEDED, JobState.PRUNED, JobState.FAILED
+    jobs = [
+        job(1, 0, S),
+        job(2, 0, S),
+        job(3, 1, S),
+        job(4, 1, F),
+        job(5, 2, P),
+        job(6, 2, P),
+        job(7, 3, S),
+        job(8, 3, S),
+    ]
+    values = {1: 0.7, 2: 0.8, 3: 0.9, 7: 0.6, 8: 0.6, 5: 0.2}
+    rows = trial_rows(jobs, values, "max")
+    assert [r.trial for r in rows] == [1, 0, 3, 2]
+    assert rows[0].n_text() == "1 of 2 (1 failed)" and rows[1].value == pytest.approx(0.75)
+    assert rows[-1].value is None and rows[-1].n_text() == "0 of 2 (2 pruned)"
+    assert [r.trial for r in trial_rows(jobs, values, "min")][:3] == [3, 0, 1]
+
+
+def test_the_trials_plot_escapes_what_user_code_named() -> None:
+    from orchestrator.results.trials import TrialRow
+    from orchestrator.web.trials_plot import key_plots
+
+    rows = [
+        TrialRow(0, {"<k>": "<script>", "lr": 0.01}, 0.9, 1, 1, {"succeeded": 1}),
+        TrialRow(1, {"<k>": "b", "lr": 0.001}, 0.5, 1, 1, {"succeeded": 1}),
+        TrialRow(2, {"<k>": "c", "lr": 0.1}, None, 0, 1, {"pruned": 1}),
+    ]
+    plots = key_plots(rows, ["<k>", "lr"], {"lr"}, "val<acc>")
+    assert [p.key for p in plots] == ["<k>", "lr"]
+    text = "".join(str(p.svg) for p in plots)
+    assert "<script>" not in text and "&lt;script&gt;" in text and text.count("<circle") == 4
+    assert 'fill="#3b7dd8"' in str(plots[1].svg)  # the best trial filled
+
+
+def test_a_bound_yaml_reads_as_text_is_taken_as_the_number_it_is() -> None:
+    import yaml
+
+    raw = yaml.safe_load("space: {learning_rate: {log_uniform: [1e-5, 1e-2]}}")
+    assert raw["space"]["learning_rate"]["log_uniform"] == [
+        "1e-5",
+        "1e-2",
+    ]  # YAML 1.1: no dot, no float
+    search = parse_search("s", _search(space=raw["space"]), KNOWN, ())
+    assert (search.space[0].low, search.space[0].high) == (1e-5, 1e-2)
+    with pytest.raises(PlanError, match="two finite numbers"):
+        parse_search("s", _search(space={"learning_rate": {"uniform": ["low", 1]}}), KNOWN, ())
