@@ -43,11 +43,12 @@ from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.memory import update_shape
 from orchestrator.prediction.shapes import shape_label
 from orchestrator.prediction.throughput import interval_rate
-from orchestrator.store.attempts import AttemptEnd, past_attempts
+from orchestrator.store.attempts import AttemptEnd, past_attempts, read_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.endings import (
     PromptLesson,
     ShapeLesson,
+    StopAskedMeanwhile,
     close_attempt,
     hung_attempts_before,
     neighbours,
@@ -64,7 +65,8 @@ from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
 
-RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
+RESULT_TAIL_BYTES = 64 * 1024
+_STOP_REREADS = 4  # stop requests are a user's: a handful at most lands while one end is decided  # how much of the end of stdout.log is searched for printed metrics
 
 
 def ensure_group_dead(attempt: Attempt, obs: Observation | None) -> bool:
@@ -99,12 +101,25 @@ def complete(
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
-    found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
-                    remote_end=remote_end, not_started=not_started)
-    ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
-    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far,
-                       ran_alone=found.ran_alone)
-    closed = _write_end(store, attempt, found, ended.classification, step)
+    for _ in range(_STOP_REREADS):
+        found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
+                        remote_end=remote_end, not_started=not_started)
+        ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
+        step = decide_next(found.job, found.levels, found.level, ended,
+                           hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone)
+        try:
+            closed = _write_end(store, attempt, found, ended.classification, step)
+            break
+        except StopAskedMeanwhile:
+            # a cancel (or retry) stored after `attempt` was read wins over any requeue rule:
+            # decide again with it
+            fresh = read_attempt(store, attempt.id)
+            if fresh is None:
+                return
+            attempt = fresh
+    else:
+        log.warning("attempt %s: stop requests keep arriving; its end is recorded next pass", attempt.id)
+        return
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)
     if ended.classification.outcome is AttemptOutcome.FAILED and not hung:
@@ -221,7 +236,7 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
         shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
-        prompt=_prompt_lesson(job, verdict.outcome, result),
+        prompt=_prompt_lesson(job, verdict.outcome, result), kill_seen=True,
     )
 
 

@@ -1,0 +1,87 @@
+"""A death that leaves a checkpoint is requeued without counting only while it is progress and
+within the job's resume cap; a cancel stored while the end is decided wins over every requeue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.actions import user_actions
+from orchestrator.actions.user_actions import Done, cancel_job
+from orchestrator.attempts import outcomes
+from orchestrator.attempts.outcomes import complete
+from orchestrator.executors.observation import Observation
+from orchestrator.lifecycle import JobState, KillRequest
+from orchestrator.prediction.job_facts import JobShapeCache
+from orchestrator.store import Store
+from orchestrator.store.attempts import AttemptPlan, start_attempt
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.queries import get_attempts, get_job
+from orchestrator.store.rows import Attempt, Job
+from tests.test_crash_loop import submit, write_suite
+
+RESUMING = "python train.py --out {run_dir} {resume}"  # a script that takes a checkpoint
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    return root
+
+
+def resumable_job(store: Store, tmp_path: Path, **settings: object) -> Job:
+    write_suite(tmp_path / "plans", "mine", worker=RESUMING, **settings)
+    return submit(store, tmp_path / "plans", "mine", 1)[0]
+
+
+def start(store: Store, job: Job, runs: Path) -> Attempt:
+    plan = AttemptPlan(job.id, 0, "GPU-0", 0, "base", {}, {}, False, 1024,
+                       PredictionSource(SourceKind.DECLARED), 1024)
+    attempt = start_attempt(store, plan, lambda n: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{n}")
+    Path(attempt.run_dir).mkdir(parents=True, exist_ok=True)
+    return attempt
+
+
+def save(attempt: Attempt, step: int) -> None:
+    """The attempt's worker saves checkpoint-`step` in its run dir."""
+    folder = Path(attempt.run_dir) / "out" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.bin").write_text("weights")
+
+
+def killed_by_itself(store: Store, attempt: Attempt) -> None:
+    """The worker SIGKILLs itself (no signal reached the wrapper); the daemon records the end."""
+    record = {"exit_code": -9, "signal": 9, "received": []}
+    obs = Observation(pid_record=None, exit_record=record, process_alive=False, last_progress=None,
+                      last_progress_at=None, now_s=store.now_s())
+    complete(store, attempt, obs, JobShapeCache())
+
+
+def test_a_cancel_stored_while_the_end_is_decided_wins_over_a_resume(
+    db_path: Path, tmp_path: Path, runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path)
+        attempt = start(store, job, runs)  # read by the daemon's pass: no stop asked yet
+        save(attempt, 10)
+        real_gather = outcomes._gather
+        cancels: list[Done] = []
+
+        def the_cancel_lands_first(store_: Store, attempt_: Attempt, *args: object, **kwargs: object) -> object:
+            if not cancels:  # `orch cancel` writes its request after the daemon read the attempt
+                monkeypatch.setattr(user_actions, "daemon_alive", lambda _store: 1)
+                cancels.append(cancel_job(store_, attempt_.job_id))
+            return real_gather(store_, attempt_, *args, **kwargs)
+
+        monkeypatch.setattr(outcomes, "_gather", the_cancel_lands_first)
+        assert attempt.kill_requested is None
+        killed_by_itself(store, attempt)
+        assert cancels == [Done.STOPPING]
+        job = get_job(store, job.id)
+        assert (job.state, job.reason) == (JobState.CANCELLED, "cancelled by user")
+        (ended,) = get_attempts(store, job.id)
+        assert ended.kill_requested is KillRequest.CANCEL and ended.outcome is not None
+        assert "checkpoint is left to resume from" not in (ended.reason or "")
+        assert job.max_attempts == 8  # nothing was requeued uncounted
