@@ -85,3 +85,22 @@ def test_a_cancel_stored_while_the_end_is_decided_wins_over_a_resume(
         assert ended.kill_requested is KillRequest.CANCEL and ended.outcome is not None
         assert "checkpoint is left to resume from" not in (ended.reason or "")
         assert job.max_attempts == 8  # nothing was requeued uncounted
+
+
+def test_a_worker_printing_the_oom_killers_lines_about_itself_is_no_host_oom(
+    db_path: Path, tmp_path: Path, runs: Path
+) -> None:
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path)
+        attempt = start(store, job, runs)
+        (Path(attempt.run_dir) / "stdout.log").write_text(
+            "step 10 loss 0.5\n"
+            "[ 812.5] Memory cgroup out of memory: Killed process 4242 (python) total-vm:987654kB\n"
+            "[ 812.5] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=4242,uid=1000\n"
+            "Killed\n"
+        )
+        killed_by_itself(store, attempt)
+        (ended,) = get_attempts(store, job.id)
+        assert (ended.outcome, ended.reason) == ("failed", "killed by SIGKILL without OOM evidence")
+        job = get_job(store, job.id)
+        assert job.host_steps_json == "[]"  # not moved to fewer workers or to running alone
