@@ -104,3 +104,62 @@ def test_a_worker_printing_the_oom_killers_lines_about_itself_is_no_host_oom(
         assert (ended.outcome, ended.reason) == ("failed", "killed by SIGKILL without OOM evidence")
         job = get_job(store, job.id)
         assert job.host_steps_json == "[]"  # not moved to fewer workers or to running alone
+
+
+def resume_from(store: Store, job: Job, runs: Path, checkpoint: Path) -> Attempt:
+    """The job's next attempt, resuming from `checkpoint` (attempt n's)."""
+    n = int(checkpoint.parents[1].name.removeprefix("attempt-"))
+    plan = AttemptPlan(job.id, 0, "GPU-0", 0, "base", {}, {}, False, 1024,
+                       PredictionSource(SourceKind.DECLARED), 1024, resumed_from_attempt=n,
+                       resumed_from_checkpoint=str(checkpoint))
+    attempt = start_attempt(store, plan, lambda k: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{k}")
+    Path(attempt.run_dir).mkdir(parents=True, exist_ok=True)
+    return attempt
+
+
+def test_a_checkpoint_at_the_step_resumed_from_is_no_progress(db_path: Path, tmp_path: Path, runs: Path) -> None:
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path, max_attempts=2)
+        first = start(store, job, runs)
+        save(first, 10)
+        killed_by_itself(store, first)
+        job = get_job(store, job.id)  # it got somewhere: resumed, not counted
+        assert (job.state, job.resumes, job.counted_attempts, job.max_attempts) == (JobState.QUEUED, 1, 0, 2)
+        checkpoint = Path(first.run_dir) / "out" / "checkpoint-10"
+        for n in (2, 3):  # each saves checkpoint-10 again and dies: counted
+            attempt = resume_from(store, job, runs, checkpoint)
+            save(attempt, 10)
+            killed_by_itself(store, attempt)
+            job = get_job(store, job.id)
+            assert (job.resumes, job.counted_attempts, job.max_attempts) == (1, n - 1, 2)
+            checkpoint = Path(attempt.run_dir) / "out" / "checkpoint-10"
+        assert job.state is JobState.FAILED and "checkpoint is left to resume from" in (job.reason or "")
+
+
+def test_a_higher_step_each_time_is_resumed_up_to_max_resumes(db_path: Path, tmp_path: Path, runs: Path) -> None:
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path, max_attempts=1, max_resumes=3)
+        assert job.max_resumes == 3
+        attempt = start(store, job, runs)
+        for step in range(10, 100, 10):
+            save(attempt, step)
+            killed_by_itself(store, attempt)
+            job = get_job(store, job.id)
+            if job.state is not JobState.QUEUED:
+                break
+            attempt = resume_from(store, job, runs, Path(attempt.run_dir) / "out" / f"checkpoint-{step}")
+        assert (job.state, job.attempt_count, job.resumes, job.max_attempts) == (JobState.FAILED, 4, 3, 1)
+        assert job.reason == ("killed by SIGKILL again after 3 resumes from a checkpoint, the most its suite "
+                              "allows (max_resumes: 3)")
+
+
+def test_max_resumes_is_a_small_whole_number(tmp_path: Path) -> None:
+    from orchestrator.errors import PlanError
+    from orchestrator.plans import load_suite
+
+    write_suite(tmp_path / "plans", "mine", worker=RESUMING)
+    assert load_suite("mine", tmp_path / "plans").max_resumes == 8  # the default, under ten
+    for bad in (-1, 101, "3", True):
+        write_suite(tmp_path / "plans", "mine", worker=RESUMING, max_resumes=bad)
+        with pytest.raises(PlanError, match="max_resumes"):
+            load_suite("mine", tmp_path / "plans")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from dataclasses import dataclass
@@ -23,7 +24,11 @@ from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_lo
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
-from orchestrator.executors.checkpoints import remove_checkpoints, search_checkpoints
+from orchestrator.executors.checkpoints import (
+    checkpoint_step,
+    remove_checkpoints,
+    search_checkpoints,
+)
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState
@@ -101,22 +106,16 @@ def complete(
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
-    for _ in range(_STOP_REREADS):
+    for _ in range(_STOP_REREADS):  # a cancel or retry stored since the read wins: decide again
         found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
                         remote_end=remote_end, not_started=not_started)
         ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
         step = decide_next(found.job, found.levels, found.level, ended,
                            hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone)
-        try:
+        with contextlib.suppress(StopAskedMeanwhile):
             closed = _write_end(store, attempt, found, ended.classification, step)
             break
-        except StopAskedMeanwhile:
-            # a cancel (or retry) stored after `attempt` was read wins over any requeue rule:
-            # decide again with it
-            fresh = read_attempt(store, attempt.id)
-            if fresh is None:
-                return
-            attempt = fresh
+        attempt = read_attempt(store, attempt.id) or attempt
     else:
         log.warning("attempt %s: stop requests keep arriving; its end is recorded next pass", attempt.id)
         return
@@ -186,14 +185,18 @@ def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
 
 def _checkpoint_left(store: Store, attempt: Attempt, job: Job) -> CheckpointLeft | None:
     """The checkpoint the job's next attempt would resume from, this attempt's run dir included
-    (plans.resume: only attempts a resume may cross); None where its worker cannot resume."""
+    (plans.resume: only attempts a resume may cross); None where its worker cannot resume. It is
+    progress when this attempt left it at a later step than the checkpoint it resumed from."""
     if not worker_can_resume(job.worker, job_keys(job), job.config):
         return None
     usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
     found = search_checkpoints((n, Path(run_dir)) for n, run_dir in usable).checkpoint
     if found is None:
         return None
-    return CheckpointLeft(found.attempt_n, str(found.path), own=found.attempt_n == attempt.n)
+    resumed_step = checkpoint_step(attempt.resumed_from_checkpoint)
+    further = resumed_step is None or found.step > resumed_step
+    progress = found.attempt_n == attempt.n and further
+    return CheckpointLeft(found.attempt_n, str(found.path), progress=progress)
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
@@ -365,7 +368,7 @@ def fail_before_start(
     disk_full_or_busy = disk_full or not_counted
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
-    requeue = disk_full_or_busy or job.attempt_count < job.max_attempts
+    requeue = disk_full_or_busy or job.counted_attempts < job.max_attempts
     fields: dict[str, Any] = {"reason": None if requeue else clip_reason(reason)}
     if disk_full_or_busy:
         fields["max_attempts"] = job.max_attempts + 1

@@ -92,6 +92,14 @@ def search_checkpoints(previous: Iterable[tuple[int, Path]]) -> CheckpointSearch
     return CheckpointSearch(Checkpoint(best.attempt_n, best.step, Path(run_dirs[best.attempt_n]).joinpath(*best.names)), tuple(in_part))
 
 
+def checkpoint_step(path: str | None) -> int | None:
+    """N of a checkpoint-N folder's path; None for no path or another name."""
+    if path is None:
+        return None
+    match = CHECKPOINT_NAME.match(path.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
 def find_in_run_dir(attempt_n: int, run_dir: Path) -> Checkpoint | None:
     """The complete checkpoint-N with the highest N in `run_dir` (up to MAX_DEPTH below it);
     None when there is none, or the run dir is missing or not safe to read."""

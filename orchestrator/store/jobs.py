@@ -153,7 +153,8 @@ def submit_jobs(
             job_id = int(cursor.lastrowid or 0)
             if getattr(suite, "slurm", None):
                 store._db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
-            store._db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
+            store._db.execute("UPDATE jobs SET gpus = ?, cpus = ?, max_resumes = ? WHERE id = ?",
+                              [spec.gpus, spec.cpus, suite.max_resumes, job_id])
             if suite.not_science:
                 store._db.execute("UPDATE jobs SET not_science_json = ? WHERE id = ?",
                                   [json.dumps(sorted(suite.not_science)), job_id])

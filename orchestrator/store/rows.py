@@ -64,6 +64,13 @@ class Job:
     slurm: dict[str, Any] = field(default_factory=dict)
     cpus: int | None = None
     fresh_after_attempt: int = 0  # attempts up to this n are never resumed from (orch retry --fresh)
+    max_resumes: int = 8  # deaths with a checkpoint left it may resume from without counting
+    resumes: int = 0  # such resumes so far (since submit or the user's last retry)
+
+    @property
+    def counted_attempts(self) -> int:
+        """Its attempts that use up one of `max_attempts` (its resumes do not)."""
+        return self.attempt_count - self.resumes
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -91,6 +98,7 @@ class Job:
             memory_keys_json=row.get("memory_keys_json") or "[]",
             min_stack_gain=_opt_float(row.get("min_stack_gain")), slurm=_json(row.get("slurm_json"), {}),
             cpus=_opt_int(row.get("cpus")), fresh_after_attempt=int(row.get("fresh_after_attempt") or 0),
+            max_resumes=int(row.get("max_resumes", 8)), resumes=int(row.get("resumes") or 0),
         )
 
 
