@@ -197,3 +197,22 @@ def test_a_succeeded_jobs_earlier_checkpoints_are_removed_without_following_link
     assert sorted(removed) == sorted([first / "checkpoint-5", first / "out" / "checkpoint-10"])
     assert not (first / "checkpoint-5").exists() and not (first / "out" / "checkpoint-10").exists()
     assert (first / "out" / "eval.json").exists() and (outside / "adapter.bin").exists()
+
+
+def test_a_lora_checkpoint_counts_only_with_its_state_json(runs: Path) -> None:
+    from orchestrator.executors.checkpoints import search_checkpoints
+    from orchestrator.plans.resume import checkpoint_marker
+
+    marker = checkpoint_marker("lora")
+    assert marker == "state.json" and checkpoint_marker("python train.py {resume}") is None
+    first = run_dir(runs, 1)
+    _checkpoint(first / "checkpoint-20", "lora.pt", "optimizer.pt", "state.json")
+    second = run_dir(runs, 2)
+    cut_short = _checkpoint(second / "checkpoint-30", "lora.pt", "optimizer.pt")  # removal killed half-way
+    found = search_checkpoints([(1, first), (2, second)], marker).checkpoint
+    assert found is not None and (found.attempt_n, found.step) == (1, 20)
+    assert search_checkpoints([(2, second)], marker).checkpoint is None
+    (cut_short / "state.json").symlink_to(first / "checkpoint-20" / "state.json")  # a link is no marker
+    assert search_checkpoints([(2, second)], marker).checkpoint is None
+    # a script of the user's own: no marker orch knows, so the folder is taken as it is
+    assert search_checkpoints([(2, second)]).checkpoint is not None

@@ -163,3 +163,30 @@ def test_max_resumes_is_a_small_whole_number(tmp_path: Path) -> None:
         write_suite(tmp_path / "plans", "mine", worker=RESUMING, max_resumes=bad)
         with pytest.raises(PlanError, match="max_resumes"):
             load_suite("mine", tmp_path / "plans")
+
+
+def test_a_refused_resume_is_retried_fresh_not_failed(db_path: Path, tmp_path: Path, runs: Path) -> None:
+    from orchestrator.scheduling.launching import resume_point
+
+    def refused(attempt: Attempt, said: str) -> None:
+        (Path(attempt.run_dir) / "stdout.log").write_text(f"ConfigError: {said}\n")
+        obs = Observation(pid_record=None, exit_record={"exit_code": 4, "signal": None, "received": []},
+                          process_alive=False, last_progress=None, last_progress_at=None, now_s=store.now_s())
+        complete(store, attempt, obs, JobShapeCache())
+
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path)
+        first = start(store, job, runs)
+        save(first, 30)
+        killed_by_itself(store, first)
+        checkpoint = resume_point(store, get_job(store, job.id)).checkpoint
+        assert checkpoint is not None and checkpoint.step == 30
+        resumed = resume_from(store, get_job(store, job.id), runs, checkpoint.path)
+        refused(resumed, f"resume_from_checkpoint {checkpoint.path}: not a checkpoint folder (no state.json)")
+        job = get_job(store, job.id)
+        assert (job.state, job.fresh_after_attempt, job.reason) == (JobState.QUEUED, 2, None)
+        assert resume_point(store, job).checkpoint is None  # the next attempt starts fresh
+        fresh = start(store, job, runs)
+        refused(fresh, "unknown key 'lr'")  # a config error of a fresh start is the job's own
+        job = get_job(store, job.id)
+        assert job.state is JobState.FAILED and job.reason == "config error: ConfigError: unknown key 'lr' (not retryable)"

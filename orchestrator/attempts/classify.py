@@ -25,6 +25,7 @@ SIGKILL = 9
 # A SIGKILL nothing explains (an admin, a watchdog; the kernel's OOM killer where its word could
 # not be read): a death, resumed from a checkpoint where one is left (attempts.next_step).
 REASON_SIGKILL = "killed by SIGKILL without OOM evidence"
+REASON_CONFIG_ERROR = "config error"  # how the reason of a worker's refusal of its settings starts
 
 # At the start of a line, or right after an error label. The label is case-sensitive on purpose:
 # Python exception names are CamelCase, so `on_error: CUDA out of memory` in a config is no label.
@@ -243,7 +244,7 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
         return Classification(AttemptOutcome.SUCCEEDED, "result.json: succeeded")
     if status == "config_error":
         return Classification(
-            AttemptOutcome.FAILED, f"config error: {error}".rstrip(": "), retryable=False
+            AttemptOutcome.FAILED, f"{REASON_CONFIG_ERROR}: {error}".rstrip(": "), retryable=False
         )
     if status == "oom":
         detail = parse_oom_detail(error) or parse_oom_detail(log_tail)
@@ -300,7 +301,7 @@ def classify_attempt(
     if exit_code == EXIT_CONFIG_ERROR:
         last_line = log_tail.strip().splitlines()[-1] if log_tail.strip() else "exit code 4"
         return Classification(
-            AttemptOutcome.FAILED, clip_reason(f"config error: {last_line}"), retryable=False
+            AttemptOutcome.FAILED, clip_reason(f"{REASON_CONFIG_ERROR}: {last_line}"), retryable=False
         )
     sigkilled = died_of_sigkill(exit_code, signal)
     from_log = classify_log_tail(log_tail)

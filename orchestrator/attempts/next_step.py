@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.attempts.classify import REASON_SIGKILL, Classification, classify_attempt
+from orchestrator.attempts.classify import (
+    REASON_CONFIG_ERROR,
+    REASON_SIGKILL,
+    Classification,
+    classify_attempt,
+)
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
@@ -197,12 +202,13 @@ def _resume(job: Job, checkpoint: CheckpointLeft) -> NextStep:
 
 def decide_next(
     job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
-    ran_alone: bool = False,
+    ran_alone: bool = False, resumed_from: str | None = None,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended (`job.counted_attempts`: those
     that use up its max_attempts); `hung_retries_so_far`: its
-    job's earlier attempts killed as hung; `ran_alone`: no other attempt was on its card."""
+    job's earlier attempts killed as hung; `ran_alone`: no other attempt was on its card;
+    `resumed_from`: the checkpoint the attempt was given, if any."""
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
@@ -229,6 +235,13 @@ def decide_next(
         return _uncounted(job, "requeued unchanged, not counted")
     if outcome.outcome is AttemptOutcome.CANCELLED:
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
+    if (outcome.outcome is AttemptOutcome.FAILED and resumed_from is not None
+            and outcome.reason.startswith(REASON_CONFIG_ERROR) and job.counted_attempts < job.max_attempts):
+        # its worker refused the checkpoint (cut short, another run's): the next attempt starts
+        # fresh, from none of the checkpoints so far; a config error then fails it for good
+        return NextStep(JobState.QUEUED, {"reason": None, "fresh_after_attempt": job.attempt_count},
+                        f"requeued to start fresh: its worker refused the checkpoint it resumed from "
+                        f"({outcome.reason})")
     host = job_host_settings(job)
     decision = retry_decision(
         outcome.outcome, outcome.reason, job.counted_attempts, levels, level.index, job.max_attempts,

@@ -106,7 +106,8 @@ def complete(
                         remote_end=remote_end, not_started=not_started)
         ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
         step = decide_next(found.job, found.levels, found.level, ended,
-                           hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone)
+                           hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone,
+                           resumed_from=attempt.resumed_from_checkpoint)
         with contextlib.suppress(StopAskedMeanwhile):
             closed = _write_end(store, attempt, found, ended.classification, step)
             break
