@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.prediction.carried import (
@@ -96,8 +97,26 @@ def test_start_at_the_first_level_predicted_to_fit_preferring_exact() -> None:
     assert choice is not None and choice.level == 3  # exact, fits; level 2 fits too but changes numbers
     assert choice.note == "started at level 3: level 0 needs ≥ 24.6 GiB, the cards hold 24 GiB after headroom"
     inexact_only = _needs((0, 26, True, True), (1, 26, False, True), (2, 20, False, False))
+    inexact_only[1] = replace(inexact_only[1], measured=True)  # level 1's saving was measured: too little
     assert start_level(inexact_only, 0, 24 * GIB) == start_level(inexact_only, 0, 24 * GIB, verb="started")
     assert start_level(inexact_only, 0, 24 * GIB).level == 2  # type: ignore[union-attr]
+
+
+def test_an_exact_level_nothing_measured_is_tried_before_an_inexact_one() -> None:
+    # one OOM at level 0; checkpointing (exact) carries the floor with no saving shown, half
+    # batch (inexact) is estimated to fit: the exact rung is tried, not skipped on a guess
+    needs = _needs((0, 26, True, True), (1, 26, False, True), (2, 26, False, True), (3, 20, False, False))
+    choice = start_level(needs, 0, 24 * GIB)
+    assert choice is not None and choice.level == 1
+    assert choice.note == ("started at level 1: level 0 needs ≥ 26 GiB, the cards hold 24 GiB after headroom "
+                           "(level 1 keeps numbers bit-equal and is tried before level 3, which changes them: "
+                           "nothing has measured what it saves yet)")
+    # once there, it stays to be tried: a guess does not move it on to half batch
+    assert start_level(needs[1:], 1, 24 * GIB, verb="goes on") is None
+    # once its own OOM proves it too large (or a measurement shows it saves too little), it moves on
+    proven = [needs[0], replace(needs[1], proven=True), replace(needs[2], measured=True), needs[3]]
+    choice = start_level(proven[1:], 1, 24 * GIB, verb="goes on")
+    assert choice is not None and choice.level == 3
 
 
 def test_nothing_predicted_to_fit_tries_the_next_level_not_proven_too_large() -> None:
