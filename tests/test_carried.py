@@ -135,3 +135,34 @@ def test_no_level_fits_says_so() -> None:
     assert no_level_fits(proven, 24 * GIB) == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB after headroom"
     assert no_level_fits(_needs((2, 30, True, True), (3, 25, False, True)), 24 * GIB) is None
     assert gib(24.6 * GIB) == "24.6 GiB" and gib(24 * GIB) == "24 GiB"
+
+
+def test_other_seeds_after_an_oom_try_checkpointing_before_half_batch() -> None:
+    """A LoRA config OOMs at level 0 (a 40 GiB floor); the worker's estimate carries that floor to
+    checkpointing at ~7.9 GiB and to half batch at ~6.1 GiB, on a 7 GiB card. Checkpointing's
+    saving is only estimated: it is tried, not skipped for half batch."""
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.packing.types import GpuState, PackingPolicy
+    from orchestrator.scheduling.start_levels import start_moves
+    from orchestrator.store.rows import ShapeMemory
+    from tests.test_schedule_steps import a_job, entry, facts_for, readings
+
+    config = {"model": "/data/gla-1.3B", "batch_size": 16, "gradient_accumulation_steps": 1,
+              "max_seq_len": 1024, "peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}}
+    cache = JobShapeCache()
+    seeds = [a_job(n, worker="lora", config=config) for n in (1, 2, 3)]
+    levels = job_levels(seeds[0], cache)
+    assert [levels[1].step, levels[4].step] == ["checkpointing", "halve_batch"]
+    shared = facts_for(seeds[0], cache, levels[0])  # seeds of one config share their facts
+    card = [GpuState(0, "GPU-0", 7 * GIB, 7 * GIB, 1)]
+    oom = {job_shape_key(seeds[0], levels[0]): ShapeMemory(None, 40 * GIB, 0)}
+    [move] = start_moves([entry(job) for job in seeds], {job.id: shared for job in seeds}, readings(shapes=oom),
+                         cache, card, PackingPolicy(headroom_fraction=0.0))
+    assert (move.job_ids, move.level) == ((1, 2, 3), 1)
+    assert "level 1 keeps numbers bit-equal and is tried before level 4" in move.note
+    # once checkpointing has OOM'd too (its own floor), they go on past the exact rungs it proves
+    at_1 = facts_for(seeds[0], cache, levels[1])
+    both = {**oom, job_shape_key(seeds[0], levels[1]): ShapeMemory(None, 9 * GIB, 0)}
+    [move] = start_moves([entry(job, level=1) for job in seeds], {job.id: at_1 for job in seeds},
+                         readings(shapes=both), cache, card, PackingPolicy(headroom_fraction=0.0))
+    assert move.level == 4
