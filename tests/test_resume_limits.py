@@ -190,3 +190,27 @@ def test_a_refused_resume_is_retried_fresh_not_failed(db_path: Path, tmp_path: P
         refused(fresh, "unknown key 'lr'")  # a config error of a fresh start is the job's own
         job = get_job(store, job.id)
         assert job.state is JobState.FAILED and job.reason == "config error: ConfigError: unknown key 'lr' (not retryable)"
+
+
+def test_a_cancel_stored_while_a_failed_launch_is_recorded_wins_over_its_requeue(
+    db_path: Path, tmp_path: Path, runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.attempts.outcomes import fail_before_start
+
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path)
+        attempt = start(store, job, runs)
+        real_close = outcomes.close_attempt
+        cancels: list[Done] = []
+
+        def the_cancel_lands_first(*args: object, **kwargs: object) -> bool:
+            if not cancels:  # `orch cancel` writes its request after the attempt was read
+                monkeypatch.setattr(user_actions, "daemon_alive", lambda _store: 1)
+                cancels.append(cancel_job(store, job.id))
+            return real_close(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(outcomes, "close_attempt", the_cancel_lands_first)
+        fail_before_start(store, attempt, "tmux: cannot open a window")
+        assert cancels == [Done.STOPPING]
+        job = get_job(store, job.id)
+        assert (job.state, job.reason) == (JobState.CANCELLED, "cancelled by user")

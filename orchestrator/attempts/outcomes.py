@@ -32,7 +32,7 @@ from orchestrator.executors.checkpoints import (
 )
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
-from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.plans.resume import checkpoint_marker, resumable_attempts, worker_can_resume
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.prediction.job_facts import (
@@ -306,25 +306,28 @@ def fail_before_start(
     """The run dir or launcher failed before the worker existed: the attempt fails with that
     reason; the job is requeued while attempts remain (the daemon itself keeps running). A full
     disk is not the job's fault, nor a cluster too busy to take it (`not_counted`): requeued
-    without counting the attempt."""
+    without counting the attempt. A cancel asked meanwhile wins: the job is cancelled."""
     disk_full_or_busy = disk_full or not_counted
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
-    requeue = disk_full_or_busy or job.counted_attempts < job.max_attempts
-    fields: dict[str, Any] = {"reason": None if requeue else clip_reason(reason)}
-    if disk_full_or_busy:
-        fields["max_attempts"] = job.max_attempts + 1
-    close_attempt(
-        store, attempt,
-        AttemptEnd(
-            outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value, reason=clip_reason(reason),
-            exit_code=None, signal=None, peak_mib=0,
-            job_state=JobState.QUEUED if requeue else JobState.FAILED,
-            job_fields=fields,
-            message=f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else ""),
-            data={"run_dir": attempt.run_dir},
-        ),
-    )
+    for _ in range(_STOP_REREADS):
+        attempt = read_attempt(store, attempt.id) or attempt
+        cancelled = attempt.kill_requested is KillRequest.CANCEL
+        requeue = not cancelled and (disk_full_or_busy or job.counted_attempts < job.max_attempts)
+        fields: dict[str, Any] = {"reason": None if requeue else clip_reason(reason)}
+        if cancelled:
+            fields["reason"] = "cancelled by user"
+        elif disk_full_or_busy:
+            fields["max_attempts"] = job.max_attempts + 1
+        next_state = JobState.CANCELLED if cancelled else JobState.QUEUED if requeue else JobState.FAILED
+        with contextlib.suppress(StopAskedMeanwhile):
+            close_attempt(store, attempt, AttemptEnd(
+                outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value,
+                reason=clip_reason(reason), exit_code=None, signal=None, peak_mib=0, job_state=next_state,
+                job_fields=fields, data={"run_dir": attempt.run_dir},
+                message=f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else ""),
+            ), kill_seen=True)
+            break
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same
     # way within a second: the crash-loop guard counts it like any other fast failure. A full
     # disk is the machine's, a busy controller the cluster's, not the suite's: they pause nothing.
