@@ -31,7 +31,7 @@ from orchestrator.store.rows import Job, QueueEntry
 # Predictions that rest on what this machine saw of the shape: enough to move a job off its level.
 _EVIDENCE = (SourceKind.OOM_FLOOR, SourceKind.MEASURED, SourceKind.RUNNING, SourceKind.FAMILY)
 # Predictions from memory measured at the level (beside its shape's own peak or OOM): what its
-# rungs save is known, not assumed (a floor carried from below rests on an assumed saving).
+# rungs save is known (a floor carried from below rests on a saving assumed or estimated).
 _MEASURED = (SourceKind.MEASURED, SourceKind.RUNNING, SourceKind.FAMILY)
 
 
