@@ -206,9 +206,9 @@ def decide_next(
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended (`job.counted_attempts`: those
-    that use up its max_attempts); `hung_retries_so_far`: its
-    job's earlier attempts killed as hung; `ran_alone`: no other attempt was on its card;
-    `resumed_from`: the checkpoint the attempt was given, if any."""
+    that use up its max_attempts); `hung_retries_so_far`: its job's earlier attempts killed as
+    hung; `ran_alone`: no other attempt was on its card; `resumed_from`: the checkpoint the
+    attempt was given, if any."""
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.

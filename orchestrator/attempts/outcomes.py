@@ -65,8 +65,8 @@ from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
 
-RESULT_TAIL_BYTES = 64 * 1024
-_STOP_REREADS = 4  # stop requests are a user's: a handful at most lands while one end is decided  # how much of the end of stdout.log is searched for printed metrics
+RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
+_STOP_REREADS = 4  # stop requests are a user's: a handful at most lands while one end is decided
 
 
 def ensure_group_dead(attempt: Attempt, obs: Observation | None) -> bool:
