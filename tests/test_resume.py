@@ -216,3 +216,19 @@ def test_a_lora_checkpoint_counts_only_with_its_state_json(runs: Path) -> None:
     assert search_checkpoints([(2, second)], marker).checkpoint is None
     # a script of the user's own: no marker orch knows, so the folder is taken as it is
     assert search_checkpoints([(2, second)]).checkpoint is not None
+
+
+def test_a_trainer_save_cut_short_is_skipped_even_where_no_other_is_whole(runs: Path) -> None:
+    from orchestrator.executors.checkpoints import search_checkpoints
+
+    first = run_dir(runs, 1)
+    _checkpoint(first / "out" / "checkpoint-4", "model.safetensors", "training_args.bin")  # killed mid-save
+    assert search_checkpoints([(1, first)]).checkpoint is None
+    _checkpoint(first / "out" / "checkpoint-2", "model.safetensors", "training_args.bin", "trainer_state.json")
+    found = search_checkpoints([(1, first)]).checkpoint
+    assert found is not None and found.step == 2
+    # a script's own checkpoint (no Trainer files) is taken as it is
+    own = run_dir(runs, 2)
+    _checkpoint(own / "checkpoint-6", "weights.pt")
+    found = search_checkpoints([(2, own)]).checkpoint
+    assert found is not None and found.path == own / "checkpoint-6"

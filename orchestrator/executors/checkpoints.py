@@ -12,8 +12,9 @@ dir; the search is bounded in depth and in directory entries read (checkpoint-N 
 likely output dirs are visited first; a search that ran out says so in the attempt's start
 event). A folder is a checkpoint only when it is whole: for a worker whose marker file is known
 (the LoRA worker's `state.json`, plans.resume.checkpoint_marker) only a folder that holds it;
-for any other script, where some checkpoint of any earlier attempt holds the Trainer's
-`trainer_state.json` (which it writes last), every one without it is taken as incomplete.
+for any other script, a Trainer save (it holds `training_args.bin`) only with the
+`trainer_state.json` the Trainer writes last, and where some checkpoint of any earlier attempt
+holds `trainer_state.json`, every one without it is taken as incomplete.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from orchestrator.errors import LauncherError
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-([0-9]{1,12})$")
 HF_COMPLETE_MARKER = "trainer_state.json"
+# The Trainer saves the model and its training_args.bin first and trainer_state.json last: a
+# folder with the first and not the last is a Trainer save cut short, whatever other folders hold.
+HF_ARGS_FILE = "training_args.bin"
 MAX_DEPTH = 3  # checkpoint-N at most this many levels below the run dir (run_dir/out/sub/checkpoint-N)
 MAX_ENTRIES = 4096  # directory entries read per run dir, in all: a huge tree is searched in part
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -172,7 +176,10 @@ def _search(
                     shutil.rmtree(name, dir_fd=dir_fd)
                     found.append((int(match.group(1)), (*names, name), False))
             elif _entries(child, budget, limit=1):
-                found.append((int(match.group(1)), (*names, name), _has_marker(child, marker)))
+                marked = _has_marker(child, marker)
+                trainer_save = marker == HF_COMPLETE_MARKER and _has_marker(child, HF_ARGS_FILE)
+                if marked or not trainer_save:  # a Trainer save without its last file is cut short
+                    found.append((int(match.group(1)), (*names, name), marked))
         finally:
             os.close(child)
 
