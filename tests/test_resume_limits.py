@@ -214,3 +214,11 @@ def test_a_cancel_stored_while_a_failed_launch_is_recorded_wins_over_its_requeue
         assert cancels == [Done.STOPPING]
         job = get_job(store, job.id)
         assert (job.state, job.reason) == (JobState.CANCELLED, "cancelled by user")
+
+
+def test_the_job_page_says_attempts_and_resumes_against_their_limits(db_path: Path, tmp_path: Path) -> None:
+    from orchestrator.web.views import job_view
+
+    with Store(db_path) as store:
+        job = resumable_job(store, tmp_path, max_attempts=4, max_resumes=3)
+        assert "attempt 0 of at most 4, resume 0 of at most 3" in job_view(store, job.id)
