@@ -37,9 +37,22 @@ def resumable_job(store: Store, tmp_path: Path, **settings: object) -> Job:
 
 
 def start(store: Store, job: Job, runs: Path) -> Attempt:
-    plan = AttemptPlan(job.id, 0, "GPU-0", 0, "base", {}, {}, False, 1024,
-                       PredictionSource(SourceKind.DECLARED), 1024)
-    attempt = start_attempt(store, plan, lambda n: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{n}")
+    plan = AttemptPlan(
+        job.id,
+        0,
+        "GPU-0",
+        0,
+        "base",
+        {},
+        {},
+        False,
+        1024,
+        PredictionSource(SourceKind.DECLARED),
+        1024,
+    )
+    attempt = start_attempt(
+        store, plan, lambda n: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{n}"
+    )
     Path(attempt.run_dir).mkdir(parents=True, exist_ok=True)
     return attempt
 
@@ -54,8 +67,14 @@ def save(attempt: Attempt, step: int) -> None:
 def killed_by_itself(store: Store, attempt: Attempt) -> None:
     """The worker SIGKILLs itself (no signal reached the wrapper); the daemon records the end."""
     record = {"exit_code": -9, "signal": 9, "received": []}
-    obs = Observation(pid_record=None, exit_record=record, process_alive=False, last_progress=None,
-                      last_progress_at=None, now_s=store.now_s())
+    obs = Observation(
+        pid_record=None,
+        exit_record=record,
+        process_alive=False,
+        last_progress=None,
+        last_progress_at=None,
+        now_s=store.now_s(),
+    )
     complete(store, attempt, obs, JobShapeCache())
 
 
@@ -69,7 +88,9 @@ def test_a_cancel_stored_while_the_end_is_decided_wins_over_a_resume(
         real_gather = outcomes._gather
         cancels: list[Done] = []
 
-        def the_cancel_lands_first(store_: Store, attempt_: Attempt, *args: object, **kwargs: object) -> object:
+        def the_cancel_lands_first(
+            store_: Store, attempt_: Attempt, *args: object, **kwargs: object
+        ) -> object:
             if not cancels:  # `orch cancel` writes its request after the daemon read the attempt
                 monkeypatch.setattr(user_actions, "daemon_alive", lambda _store: 1)
                 cancels.append(cancel_job(store_, attempt_.job_id))
@@ -109,22 +130,43 @@ def test_a_worker_printing_the_oom_killers_lines_about_itself_is_no_host_oom(
 def resume_from(store: Store, job: Job, runs: Path, checkpoint: Path) -> Attempt:
     """The job's next attempt, resuming from `checkpoint` (attempt n's)."""
     n = int(checkpoint.parents[1].name.removeprefix("attempt-"))
-    plan = AttemptPlan(job.id, 0, "GPU-0", 0, "base", {}, {}, False, 1024,
-                       PredictionSource(SourceKind.DECLARED), 1024, resumed_from_attempt=n,
-                       resumed_from_checkpoint=str(checkpoint))
-    attempt = start_attempt(store, plan, lambda k: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{k}")
+    plan = AttemptPlan(
+        job.id,
+        0,
+        "GPU-0",
+        0,
+        "base",
+        {},
+        {},
+        False,
+        1024,
+        PredictionSource(SourceKind.DECLARED),
+        1024,
+        resumed_from_attempt=n,
+        resumed_from_checkpoint=str(checkpoint),
+    )
+    attempt = start_attempt(
+        store, plan, lambda k: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{k}"
+    )
     Path(attempt.run_dir).mkdir(parents=True, exist_ok=True)
     return attempt
 
 
-def test_a_checkpoint_at_the_step_resumed_from_is_no_progress(db_path: Path, tmp_path: Path, runs: Path) -> None:
+def test_a_checkpoint_at_the_step_resumed_from_is_no_progress(
+    db_path: Path, tmp_path: Path, runs: Path
+) -> None:
     with Store(db_path) as store:
         job = resumable_job(store, tmp_path, max_attempts=2)
         first = start(store, job, runs)
         save(first, 10)
         killed_by_itself(store, first)
         job = get_job(store, job.id)  # it got somewhere: resumed, not counted
-        assert (job.state, job.resumes, job.counted_attempts, job.max_attempts) == (JobState.QUEUED, 1, 0, 2)
+        assert (job.state, job.resumes, job.counted_attempts, job.max_attempts) == (
+            JobState.QUEUED,
+            1,
+            0,
+            2,
+        )
         checkpoint = Path(first.run_dir) / "out" / "checkpoint-10"
         for n in (2, 3):  # each saves checkpoint-10 again and dies: counted
             attempt = resume_from(store, job, runs, checkpoint)
@@ -133,10 +175,14 @@ def test_a_checkpoint_at_the_step_resumed_from_is_no_progress(db_path: Path, tmp
             job = get_job(store, job.id)
             assert (job.resumes, job.counted_attempts, job.max_attempts) == (1, n - 1, 2)
             checkpoint = Path(attempt.run_dir) / "out" / "checkpoint-10"
-        assert job.state is JobState.FAILED and "checkpoint is left to resume from" in (job.reason or "")
+        assert job.state is JobState.FAILED and "checkpoint is left to resume from" in (
+            job.reason or ""
+        )
 
 
-def test_a_higher_step_each_time_is_resumed_up_to_max_resumes(db_path: Path, tmp_path: Path, runs: Path) -> None:
+def test_a_higher_step_each_time_is_resumed_up_to_max_resumes(
+    db_path: Path, tmp_path: Path, runs: Path
+) -> None:
     with Store(db_path) as store:
         job = resumable_job(store, tmp_path, max_attempts=1, max_resumes=3)
         assert job.max_resumes == 3
@@ -147,10 +193,19 @@ def test_a_higher_step_each_time_is_resumed_up_to_max_resumes(db_path: Path, tmp
             job = get_job(store, job.id)
             if job.state is not JobState.QUEUED:
                 break
-            attempt = resume_from(store, job, runs, Path(attempt.run_dir) / "out" / f"checkpoint-{step}")
-        assert (job.state, job.attempt_count, job.resumes, job.max_attempts) == (JobState.FAILED, 4, 3, 1)
-        assert job.reason == ("killed by SIGKILL again after 3 resumes from a checkpoint, the most its suite "
-                              "allows (max_resumes: 3)")
+            attempt = resume_from(
+                store, job, runs, Path(attempt.run_dir) / "out" / f"checkpoint-{step}"
+            )
+        assert (job.state, job.attempt_count, job.resumes, job.max_attempts) == (
+            JobState.FAILED,
+            4,
+            3,
+            1,
+        )
+        assert job.reason == (
+            "killed by SIGKILL again after 3 resumes from a checkpoint, the most its suite "
+            "allows (max_resumes: 3)"
+        )
 
 
 def test_max_resumes_is_a_small_whole_number(tmp_path: Path) -> None:
@@ -165,13 +220,21 @@ def test_max_resumes_is_a_small_whole_number(tmp_path: Path) -> None:
             load_suite("mine", tmp_path / "plans")
 
 
-def test_a_refused_resume_is_retried_fresh_not_failed(db_path: Path, tmp_path: Path, runs: Path) -> None:
+def test_a_refused_resume_is_retried_fresh_not_failed(
+    db_path: Path, tmp_path: Path, runs: Path
+) -> None:
     from orchestrator.scheduling.launching import resume_point
 
     def refused(attempt: Attempt, said: str) -> None:
         (Path(attempt.run_dir) / "stdout.log").write_text(f"ConfigError: {said}\n")
-        obs = Observation(pid_record=None, exit_record={"exit_code": 4, "signal": None, "received": []},
-                          process_alive=False, last_progress=None, last_progress_at=None, now_s=store.now_s())
+        obs = Observation(
+            pid_record=None,
+            exit_record={"exit_code": 4, "signal": None, "received": []},
+            process_alive=False,
+            last_progress=None,
+            last_progress_at=None,
+            now_s=store.now_s(),
+        )
         complete(store, attempt, obs, JobShapeCache())
 
     with Store(db_path) as store:
@@ -182,14 +245,20 @@ def test_a_refused_resume_is_retried_fresh_not_failed(db_path: Path, tmp_path: P
         checkpoint = resume_point(store, get_job(store, job.id)).checkpoint
         assert checkpoint is not None and checkpoint.step == 30
         resumed = resume_from(store, get_job(store, job.id), runs, checkpoint.path)
-        refused(resumed, f"resume_from_checkpoint {checkpoint.path}: not a checkpoint folder (no state.json)")
+        refused(
+            resumed,
+            f"resume_from_checkpoint {checkpoint.path}: not a checkpoint folder (no state.json)",
+        )
         job = get_job(store, job.id)
         assert (job.state, job.fresh_after_attempt, job.reason) == (JobState.QUEUED, 2, None)
         assert resume_point(store, job).checkpoint is None  # the next attempt starts fresh
         fresh = start(store, job, runs)
         refused(fresh, "unknown key 'lr'")  # a config error of a fresh start is the job's own
         job = get_job(store, job.id)
-        assert job.state is JobState.FAILED and job.reason == "config error: ConfigError: unknown key 'lr' (not retryable)"
+        assert (
+            job.state is JobState.FAILED
+            and job.reason == "config error: ConfigError: unknown key 'lr' (not retryable)"
+        )
 
 
 def test_a_cancel_stored_while_a_failed_launch_is_recorded_wins_over_its_requeue(
@@ -216,7 +285,9 @@ def test_a_cancel_stored_while_a_failed_launch_is_recorded_wins_over_its_requeue
         assert (job.state, job.reason) == (JobState.CANCELLED, "cancelled by user")
 
 
-def test_the_job_page_says_attempts_and_resumes_against_their_limits(db_path: Path, tmp_path: Path) -> None:
+def test_the_job_page_says_attempts_and_resumes_against_their_limits(
+    db_path: Path, tmp_path: Path
+) -> None:
     from orchestrator.web.views import job_view
 
     with Store(db_path) as store:

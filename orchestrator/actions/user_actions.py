@@ -110,8 +110,8 @@ def retry_job(
                     kind="retry", expect_from=[job.state],
                     # its attempts renewed; every attempt so far counts against the new limit, and
                     # its resumes start again from none
-                    fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1),
-                            "resumes": 0},
+                    fields={"reason": None, "resumes": 0,
+                            "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
                 )
             except InvalidTransition:
                 continue  # requeued by another retry, or resubmitted, between the read and the write

@@ -301,7 +301,9 @@ def classify_attempt(
     if exit_code == EXIT_CONFIG_ERROR:
         last_line = log_tail.strip().splitlines()[-1] if log_tail.strip() else "exit code 4"
         return Classification(
-            AttemptOutcome.FAILED, clip_reason(f"{REASON_CONFIG_ERROR}: {last_line}"), retryable=False
+            AttemptOutcome.FAILED,
+            clip_reason(f"{REASON_CONFIG_ERROR}: {last_line}"),
+            retryable=False,
         )
     sigkilled = died_of_sigkill(exit_code, signal)
     from_log = classify_log_tail(log_tail)

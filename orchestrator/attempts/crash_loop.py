@@ -42,7 +42,8 @@ def crash_loop_reason(durations_s: list[float], guard: CrashLoop) -> str | None:
     if len(fast) < guard.failures:
         return None
     attempts = "attempt" if len(fast) == 1 else "attempts"
-    return f"{len(fast)} {attempts} failed within {_seconds(guard.within_s)} each in the last {_seconds(guard.window_s)}"
+    within, window = _seconds(guard.within_s), _seconds(guard.window_s)
+    return f"{len(fast)} {attempts} failed within {within} each in the last {window}"
 
 
 def guard_crash_loop(store: Store, suite: str, config: str, guard: CrashLoop) -> None:
@@ -57,15 +58,28 @@ def guard_crash_loop(store: Store, suite: str, config: str, guard: CrashLoop) ->
     reason = crash_loop_reason(durations, guard)
     if reason is None:
         return
-    fix = (f"fix it, then `orch retry --suite {suite}` (and `orch resume {suite}`, unless the fix changed its worker "
-           "command)")
+    fix = (
+        f"fix it, then `orch retry --suite {suite}` (and `orch resume {suite}`, "
+        "unless the fix changed its worker command)"
+    )
     still_running = unpaused_configs(store, suite)
     others = [name for name in still_running if name != config]
     if others:
-        pause_config(store, suite, config, reason,
-                     f"config {config} of suite {suite} paused: {reason}; its other configs run on; {fix}")
+        pause_config(
+            store,
+            suite,
+            config,
+            reason,
+            f"config {config} of suite {suite} paused: {reason}; its other configs run on; {fix}",
+        )
         return
     # the last config of the suite still running: the suite pauses (one pause, one event)
-    configs = len({config, *(p.config for p in paused_configs(store, count_queued=False) if p.suite == suite)})
-    suite_reason = reason if configs == 1 else f"all {configs} configs paused by the crash-loop guard, the last for {reason}"
+    configs = len(
+        {config, *(p.config for p in paused_configs(store, count_queued=False) if p.suite == suite)}
+    )
+    suite_reason = (
+        reason
+        if configs == 1
+        else f"all {configs} configs paused by the crash-loop guard, the last for {reason}"
+    )
     pause_suite(store, suite, suite_reason, f"suite {suite} paused: {suite_reason}; {fix}")

@@ -225,7 +225,8 @@ def decide_next(
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.progress:
         return _resume(job, resumes_from)
-    if remote_end is not None and remote_end.next_mem_mib and job.counted_attempts < job.max_attempts:
+    attempts_left = job.counted_attempts < job.max_attempts
+    if remote_end is not None and remote_end.next_mem_mib and attempts_left:
         # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
         slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
         return NextStep(JobState.QUEUED, {"reason": None, "slurm_json": json.dumps(slurm, sort_keys=True)},
@@ -235,16 +236,18 @@ def decide_next(
         return _uncounted(job, "requeued unchanged, not counted")
     if outcome.outcome is AttemptOutcome.CANCELLED:
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
-    if (outcome.outcome is AttemptOutcome.FAILED and resumed_from is not None
-            and outcome.reason.startswith(REASON_CONFIG_ERROR) and job.counted_attempts < job.max_attempts):
+    refused = (outcome.outcome is AttemptOutcome.FAILED
+               and outcome.reason.startswith(REASON_CONFIG_ERROR))
+    if refused and resumed_from is not None and attempts_left:
         # its worker refused the checkpoint (cut short, another run's): the next attempt starts
         # fresh, from none of the checkpoints so far; a config error then fails it for good
         return NextStep(JobState.QUEUED, {"reason": None, "fresh_after_attempt": job.attempt_count},
-                        f"requeued to start fresh: its worker refused the checkpoint it resumed from "
-                        f"({outcome.reason})")
+                        "requeued to start fresh: its worker refused the checkpoint it resumed "
+                        f"from ({outcome.reason})")
     host = job_host_settings(job)
     decision = retry_decision(
-        outcome.outcome, outcome.reason, job.counted_attempts, levels, level.index, job.max_attempts,
+        outcome.outcome, outcome.reason, job.counted_attempts, levels, level.index,
+        job.max_attempts,
         retryable=outcome.retryable, hung_retries_so_far=hung_retries_so_far, host=host,
         strict=job_ladder(job).strict, ran_alone=ran_alone,
     )

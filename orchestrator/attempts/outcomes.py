@@ -102,9 +102,9 @@ def complete(
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
     for _ in range(_STOP_REREADS):  # a cancel or retry stored since the read wins: decide again
-        found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
-                        remote_end=remote_end, not_started=not_started)
-        ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
+        found = _gather(store, attempt, obs, cache, lost=lost, hung=hung,
+                        disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started)
+        ended = classify_end(found.evidence)  # pure, as is the decision (attempts.next_step)
         step = decide_next(found.job, found.levels, found.level, ended,
                            hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone,
                            resumed_from=attempt.resumed_from_checkpoint)
@@ -113,7 +113,8 @@ def complete(
             break
         attempt = read_attempt(store, attempt.id) or attempt
     else:
-        log.warning("attempt %s: stop requests keep arriving; its end is recorded next pass", attempt.id)
+        log.warning("attempt %s: stop requests keep arriving; its end is recorded next pass",
+                    attempt.id)
         return
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)
@@ -319,13 +320,14 @@ def fail_before_start(
             fields["reason"] = "cancelled by user"
         elif disk_full_or_busy:
             fields["max_attempts"] = job.max_attempts + 1
-        next_state = JobState.CANCELLED if cancelled else JobState.QUEUED if requeue else JobState.FAILED
+        next_state = JobState.QUEUED if requeue else JobState.FAILED
+        outcome = AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED
+        said = f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else "")
         with contextlib.suppress(StopAskedMeanwhile):
             close_attempt(store, attempt, AttemptEnd(
-                outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value,
-                reason=clip_reason(reason), exit_code=None, signal=None, peak_mib=0, job_state=next_state,
-                job_fields=fields, data={"run_dir": attempt.run_dir},
-                message=f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else ""),
+                outcome=outcome.value, reason=clip_reason(reason), exit_code=None, signal=None,
+                peak_mib=0, job_state=JobState.CANCELLED if cancelled else next_state,
+                job_fields=fields, message=said, data={"run_dir": attempt.run_dir},
             ), kill_seen=True)
             break
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same

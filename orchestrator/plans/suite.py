@@ -136,7 +136,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
-        "one_token_tasks", "ladder", "max_attempts", "max_resumes", "hang_timeout_s", "crash_loop", "notify",
+        "one_token_tasks", "ladder", "max_attempts", "max_resumes", "hang_timeout_s", "crash_loop",
+        "notify",
         "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
         "gpus", "cpus", "grid", "seeds", "tasks", "not_science",

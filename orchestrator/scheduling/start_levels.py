@@ -68,10 +68,12 @@ def level_needs(job: Job, facts: JobFacts, readings: PassReadings, cache: JobSha
         memory = readings.shapes.get(shape.shape_key)
         floor = memory.oom_floor_mib if memory is not None else None
         proven = floor is not None and floor > ceiling_mib
-        seen = memory is not None and bool(memory.peak_mib or memory.oom_floor_mib or memory.disproved_mib)
+        seen = memory is not None and bool(
+            memory.peak_mib or memory.oom_floor_mib or memory.disproved_mib)
         # a proven level is shown at its floor: what it needs at least, not a figure with margins
         needs.append(LevelNeed(level.index, floor if proven and floor is not None else mib, proven,
-                               not inexact_rungs(levels, level.index), seen or source.kind in _MEASURED))
+                               not inexact_rungs(levels, level.index),
+                               seen or source.kind in _MEASURED))
     return needs
 
 

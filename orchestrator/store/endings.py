@@ -55,13 +55,15 @@ def close_attempt(
     writer closed it first. False then. With `kill_seen`, the end was decided from
     `attempt.kill_requested`: a different request stored since raises StopAskedMeanwhile."""
     with store.write():
-        rows = store.query("SELECT kill_requested FROM attempts WHERE id = ? AND outcome IS NULL", [attempt.id])
+        rows = store.query(
+            "SELECT kill_requested FROM attempts WHERE id = ? AND outcome IS NULL", [attempt.id]
+        )
         if not rows:
             return False
         stored = rows[0]["kill_requested"]
         seen = attempt.kill_requested.value if attempt.kill_requested is not None else None
         if kill_seen and stored != seen:
-            raise StopAskedMeanwhile(f"attempt {attempt.id}: {stored} requested while its end was decided")
+            raise StopAskedMeanwhile(f"attempt {attempt.id}: {stored} asked while its end was read")
         if shape is not None:
             write_shape(store, shape.shape_key, shape.fold(read_shape(store, shape.shape_key)))
             label_shape(store, shape.shape_key, shape.suite, shape.label, shape.family)

@@ -49,8 +49,10 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=fmt_duration, yaml=fmt_value,
-                       attempts=attempts)
+    env.filters.update(
+        clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=fmt_duration,
+        yaml=fmt_value, attempts=attempts,
+    )
     return env
 
 

@@ -10,9 +10,10 @@ orch looks for) in the run dir, holding what the loop needs to go on as if never
 
 Written to a temp folder and renamed, and removed by renaming it aside first, so a
 `checkpoint-N` folder is always whole (orch resumes only from one that holds `state.json`,
-written last); only the newest is kept, and none once the run has finished. A resumed run skips the consumed examples of the permutation, so it continues
-with the same optimizer steps whatever its micro-batch: the ladder halves the batch and doubles
-the accumulation, and a checkpoint is taken at a step's end, a multiple of the effective batch.
+written last); only the newest is kept, and none once the run has finished. A resumed run
+skips the consumed examples of the permutation, so it continues with the same optimizer steps
+whatever its micro-batch: the ladder halves the batch and doubles the accumulation, and a
+checkpoint is taken at a step's end, a multiple of the effective batch.
 """
 
 from __future__ import annotations
