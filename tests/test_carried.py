@@ -97,7 +97,8 @@ def test_start_at_the_first_level_predicted_to_fit_preferring_exact() -> None:
     assert choice is not None and choice.level == 3  # exact, fits; level 2 fits too but changes numbers
     assert choice.note == "started at level 3: level 0 needs ≥ 24.6 GiB, the cards hold 24 GiB after headroom"
     inexact_only = _needs((0, 26, True, True), (1, 26, False, True), (2, 20, False, False))
-    inexact_only[1] = replace(inexact_only[1], measured=True)  # level 1's saving was measured: too little
+    # level 1's saving was measured: too little
+    inexact_only[1] = replace(inexact_only[1], measured=True)
     assert start_level(inexact_only, 0, 24 * GIB) == start_level(inexact_only, 0, 24 * GIB, verb="started")
     assert start_level(inexact_only, 0, 24 * GIB).level == 2  # type: ignore[union-attr]
 
@@ -105,12 +106,16 @@ def test_start_at_the_first_level_predicted_to_fit_preferring_exact() -> None:
 def test_an_exact_level_nothing_measured_is_tried_before_an_inexact_one() -> None:
     # one OOM at level 0; checkpointing (exact) carries the floor with no saving shown, half
     # batch (inexact) is estimated to fit: the exact rung is tried, not skipped on a guess
-    needs = _needs((0, 26, True, True), (1, 26, False, True), (2, 26, False, True), (3, 20, False, False))
+    needs = _needs(
+        (0, 26, True, True), (1, 26, False, True), (2, 26, False, True), (3, 20, False, False)
+    )
     choice = start_level(needs, 0, 24 * GIB)
     assert choice is not None and choice.level == 1
-    assert choice.note == ("started at level 1: level 0 needs ≥ 26 GiB, the cards hold 24 GiB after headroom "
-                           "(level 1 keeps numbers bit-equal and is tried before level 3, which changes them: "
-                           "nothing has measured what it saves yet)")
+    assert choice.note == (
+        "started at level 1: level 0 needs ≥ 26 GiB, the cards hold 24 GiB after headroom "
+        "(level 1 keeps numbers bit-equal and is tried before level 3, which changes them: "
+        "nothing has measured what it saves yet)"
+    )
     # once there, it stays to be tried: a guess does not move it on to half batch
     assert start_level(needs[1:], 1, 24 * GIB, verb="goes on") is None
     # once its own OOM proves it too large (or a measurement shows it saves too little), it moves on
@@ -156,8 +161,8 @@ def test_other_seeds_after_an_oom_try_checkpointing_before_half_batch() -> None:
     shared = facts_for(seeds[0], cache, levels[0])  # seeds of one config share their facts
     card = [GpuState(0, "GPU-0", 7 * GIB, 7 * GIB, 1)]
     oom = {job_shape_key(seeds[0], levels[0]): ShapeMemory(None, 40 * GIB, 0)}
-    [move] = start_moves([entry(job) for job in seeds], {job.id: shared for job in seeds}, readings(shapes=oom),
-                         cache, card, PackingPolicy(headroom_fraction=0.0))
+    [move] = start_moves([entry(job) for job in seeds], {job.id: shared for job in seeds},
+                         readings(shapes=oom), cache, card, PackingPolicy(headroom_fraction=0.0))
     assert (move.job_ids, move.level) == ((1, 2, 3), 1)
     assert "level 1 keeps numbers bit-equal and is tried before level 4" in move.note
     # once checkpointing has OOM'd too (its own floor), they go on past the exact rungs it proves

@@ -166,7 +166,7 @@ def test_sigkill_needs_evidence_to_be_host_oom() -> None:
     "run.sh: line 14: 40213 Killed   python train.py\n",
     "[ 812.5] Memory cgroup out of memory: Killed process 40213 (python) total-vm:98765432kB\n",
     "[ 812.5] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=40213,uid=1000\n",
-    "python invoked oom-killer: gfp_mask=0xcc0, order=0, oom_score_adj=0\nOut of memory: Killed process 40213\n",
+    "python invoked oom-killer: gfp_mask=0xcc0, order=0\nOut of memory: Killed process 40213\n",
 ])
 def test_printed_oom_killer_words_are_no_evidence(printed: str) -> None:
     """Only the kernel's own record (the cgroup's memory.events, the kernel log) makes a

@@ -208,11 +208,13 @@ def test_a_lora_checkpoint_counts_only_with_its_state_json(runs: Path) -> None:
     first = run_dir(runs, 1)
     _checkpoint(first / "checkpoint-20", "lora.pt", "optimizer.pt", "state.json")
     second = run_dir(runs, 2)
-    cut_short = _checkpoint(second / "checkpoint-30", "lora.pt", "optimizer.pt")  # removal killed half-way
+    # a removal killed half-way
+    cut_short = _checkpoint(second / "checkpoint-30", "lora.pt", "optimizer.pt")
     found = search_checkpoints([(1, first), (2, second)], marker).checkpoint
     assert found is not None and (found.attempt_n, found.step) == (1, 20)
     assert search_checkpoints([(2, second)], marker).checkpoint is None
-    (cut_short / "state.json").symlink_to(first / "checkpoint-20" / "state.json")  # a link is no marker
+    # a link is no marker
+    (cut_short / "state.json").symlink_to(first / "checkpoint-20" / "state.json")
     assert search_checkpoints([(2, second)], marker).checkpoint is None
     # a script of the user's own: no marker orch knows, so the folder is taken as it is
     assert search_checkpoints([(2, second)]).checkpoint is not None
@@ -222,9 +224,10 @@ def test_a_trainer_save_cut_short_is_skipped_even_where_no_other_is_whole(runs: 
     from orchestrator.executors.checkpoints import search_checkpoints
 
     first = run_dir(runs, 1)
-    _checkpoint(first / "out" / "checkpoint-4", "model.safetensors", "training_args.bin")  # killed mid-save
+    saved = ("model.safetensors", "training_args.bin")
+    _checkpoint(first / "out" / "checkpoint-4", *saved)  # killed before trainer_state.json
     assert search_checkpoints([(1, first)]).checkpoint is None
-    _checkpoint(first / "out" / "checkpoint-2", "model.safetensors", "training_args.bin", "trainer_state.json")
+    _checkpoint(first / "out" / "checkpoint-2", *saved, "trainer_state.json")
     found = search_checkpoints([(1, first)]).checkpoint
     assert found is not None and found.step == 2
     # a script's own checkpoint (no Trainer files) is taken as it is

@@ -277,7 +277,9 @@ DYING_SCRIPT = textwrap.dedent(
 )
 
 
-def test_deaths_with_checkpoints_end_within_the_resume_cap_and_the_queue_moves_on(orch: Orch) -> None:
+def test_deaths_with_checkpoints_end_within_the_resume_cap_and_the_queue_moves_on(
+    orch: Orch,
+) -> None:
     (orch.root / "dying.py").write_text(DYING_SCRIPT)
     worker = f"{PY} dying.py --out {{run_dir}}/out --mode {{cfg.mode}} --resume={{resume}}"
     configs = {"same": {"mode": "same"}, "higher": {"mode": "higher"}}
@@ -298,7 +300,8 @@ def test_deaths_with_checkpoints_end_within_the_resume_cap_and_the_queue_moves_o
     assert "checkpoint is left to resume from" in same["reason"]
     # a higher step each time: resumed at most twice, then failed saying why
     assert (higher["resumes"], higher["attempt"]) == (2, 3)
-    assert "after 2 resumes from a checkpoint" in higher["reason"] and "max_resumes: 2" in higher["reason"]
+    assert "after 2 resumes from a checkpoint" in higher["reason"]
+    assert "max_resumes: 2" in higher["reason"]
     assert higher["max_attempts"] == 3 and same["max_attempts"] == 3  # the limit never grew
     steps = [a["resumed_from"]["checkpoint"].rsplit("-", 1)[1] for a in higher["attempts"][1:]]
     assert steps == ["10", "20"]
