@@ -142,3 +142,28 @@ def test_a_kill_during_the_removal_of_a_checkpoint_leaves_no_partial_checkpoint(
     monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
     checkpoint.remove_checkpoints(tmp_path)  # the next clean-up takes what the killed one left
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_kill_during_the_final_clean_up_leaves_a_succeeded_run(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from tests.lora_runs import run_lora_worker
+    from workers.lora import checkpoint
+
+    real_remove = checkpoint.remove_checkpoints
+
+    def killed(run_dir: Path, below_step: int | None = None) -> None:
+        if below_step is None:  # the clean-up once the run is over; a save's own removal goes on
+            raise Interrupted("SIGKILL during the final clean-up")
+        real_remove(run_dir, below_step)
+
+    monkeypatch.setattr(checkpoint, "remove_checkpoints", killed)
+    with pytest.raises(Interrupted):
+        run_lora_worker(tmp_path / "killed", data_dir, checkpoint_every_steps=1)
+    result = json.loads((tmp_path / "killed" / "result.json").read_text())
+    assert result["status"] == "succeeded"  # written before the clean-up: the run is not redone
+    monkeypatch.undo()
+    run_lora_worker(tmp_path / "clean", data_dir, checkpoint_every_steps=1)
+    assert not list((tmp_path / "clean").glob("checkpoint-*"))  # finished: removed
