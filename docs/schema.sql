@@ -128,7 +128,7 @@ CREATE TABLE jobs (
             queued_at REAL NOT NULL,
             created_at REAL NOT NULL,
             updated_at REAL NOT NULL
-        , crash_loop_failures INTEGER NOT NULL DEFAULT 3, crash_loop_within_s REAL NOT NULL DEFAULT 30, crash_loop_window_s REAL NOT NULL DEFAULT 300, host_steps_json TEXT NOT NULL DEFAULT '[]', worker_output_json TEXT NOT NULL DEFAULT '{}', memory_keys_json TEXT NOT NULL DEFAULT '[]', min_stack_gain REAL, slurm_json TEXT NOT NULL DEFAULT '{}', gpus INTEGER NOT NULL DEFAULT 1, cpus INTEGER, fresh_after_attempt INTEGER NOT NULL DEFAULT 0, level_note TEXT, not_science_json TEXT NOT NULL DEFAULT '[]', early_stop_json TEXT NOT NULL DEFAULT '{}', pruned_json TEXT, search_json TEXT NOT NULL DEFAULT '{}');
+        , crash_loop_failures INTEGER NOT NULL DEFAULT 3, crash_loop_within_s REAL NOT NULL DEFAULT 30, crash_loop_window_s REAL NOT NULL DEFAULT 300, host_steps_json TEXT NOT NULL DEFAULT '[]', worker_output_json TEXT NOT NULL DEFAULT '{}', memory_keys_json TEXT NOT NULL DEFAULT '[]', min_stack_gain REAL, slurm_json TEXT NOT NULL DEFAULT '{}', gpus INTEGER NOT NULL DEFAULT 1, cpus INTEGER, fresh_after_attempt INTEGER NOT NULL DEFAULT 0, level_note TEXT, not_science_json TEXT NOT NULL DEFAULT '[]', max_resumes INTEGER NOT NULL DEFAULT 8, resumes INTEGER NOT NULL DEFAULT 0, early_stop_json TEXT NOT NULL DEFAULT '{}', pruned_json TEXT, search_json TEXT NOT NULL DEFAULT '{}');
 
 CREATE TABLE memory_shapes (
             shape_key TEXT PRIMARY KEY,

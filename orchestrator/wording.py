@@ -66,6 +66,16 @@ def ended_on_gpu(n: int, outcome: str, gpu: int | None, *details: str) -> str:
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
 
 
+def attempts_said(
+    attempts: int, counted: int, max_attempts: int, resumes: int, max_resumes: int
+) -> str:
+    """`attempt 3 of at most 4 (5 in all), resume 2 of at most 8`: the attempts that use up
+    max_attempts, and the deaths resumed from a checkpoint without using one up."""
+    in_all = f" ({attempts} in all)" if attempts != counted else ""
+    return (f"attempt {counted} of at most {max_attempts}{in_all}, "
+            f"resume {resumes} of at most {max_resumes}")
+
+
 def one_line(text: str) -> str:
     """`text` as one line of a plain table: a line break or other control character in a name
     (written by user code) is shown escaped (`\\n`), never splitting the row or reaching the

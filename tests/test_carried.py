@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.prediction.carried import (
@@ -96,8 +97,31 @@ def test_start_at_the_first_level_predicted_to_fit_preferring_exact() -> None:
     assert choice is not None and choice.level == 3  # exact, fits; level 2 fits too but changes numbers
     assert choice.note == "started at level 3: level 0 needs ≥ 24.6 GiB, the cards hold 24 GiB after headroom"
     inexact_only = _needs((0, 26, True, True), (1, 26, False, True), (2, 20, False, False))
+    # level 1's saving was measured: too little
+    inexact_only[1] = replace(inexact_only[1], measured=True)
     assert start_level(inexact_only, 0, 24 * GIB) == start_level(inexact_only, 0, 24 * GIB, verb="started")
     assert start_level(inexact_only, 0, 24 * GIB).level == 2  # type: ignore[union-attr]
+
+
+def test_an_exact_level_nothing_measured_is_tried_before_an_inexact_one() -> None:
+    # one OOM at level 0; checkpointing (exact) carries the floor with no saving shown, half
+    # batch (inexact) is estimated to fit: the exact rung is tried, not skipped on a guess
+    needs = _needs(
+        (0, 26, True, True), (1, 26, False, True), (2, 26, False, True), (3, 20, False, False)
+    )
+    choice = start_level(needs, 0, 24 * GIB)
+    assert choice is not None and choice.level == 1
+    assert choice.note == (
+        "started at level 1: level 0 needs ≥ 26 GiB, the cards hold 24 GiB after headroom "
+        "(level 1 keeps numbers bit-equal and is tried before level 3, which changes them: "
+        "nothing has measured what it saves yet)"
+    )
+    # once there, it stays to be tried: a guess does not move it on to half batch
+    assert start_level(needs[1:], 1, 24 * GIB, verb="goes on") is None
+    # once its own OOM proves it too large (or a measurement shows it saves too little), it moves on
+    proven = [needs[0], replace(needs[1], proven=True), replace(needs[2], measured=True), needs[3]]
+    choice = start_level(proven[1:], 1, 24 * GIB, verb="goes on")
+    assert choice is not None and choice.level == 3
 
 
 def test_nothing_predicted_to_fit_tries_the_next_level_not_proven_too_large() -> None:
@@ -116,3 +140,34 @@ def test_no_level_fits_says_so() -> None:
     assert no_level_fits(proven, 24 * GIB) == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB after headroom"
     assert no_level_fits(_needs((2, 30, True, True), (3, 25, False, True)), 24 * GIB) is None
     assert gib(24.6 * GIB) == "24.6 GiB" and gib(24 * GIB) == "24 GiB"
+
+
+def test_other_seeds_after_an_oom_try_checkpointing_before_half_batch() -> None:
+    """A LoRA config OOMs at level 0 (a 40 GiB floor); the worker's estimate carries that floor to
+    checkpointing at ~7.9 GiB and to half batch at ~6.1 GiB, on a 7 GiB card. Checkpointing's
+    saving is only estimated: it is tried, not skipped for half batch."""
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.packing.types import GpuState, PackingPolicy
+    from orchestrator.scheduling.start_levels import start_moves
+    from orchestrator.store.rows import ShapeMemory
+    from tests.test_schedule_steps import a_job, entry, facts_for, readings
+
+    config = {"model": "/data/gla-1.3B", "batch_size": 16, "gradient_accumulation_steps": 1,
+              "max_seq_len": 1024, "peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}}
+    cache = JobShapeCache()
+    seeds = [a_job(n, worker="lora", config=config) for n in (1, 2, 3)]
+    levels = job_levels(seeds[0], cache)
+    assert [levels[1].step, levels[4].step] == ["checkpointing", "halve_batch"]
+    shared = facts_for(seeds[0], cache, levels[0])  # seeds of one config share their facts
+    card = [GpuState(0, "GPU-0", 7 * GIB, 7 * GIB, 1)]
+    oom = {job_shape_key(seeds[0], levels[0]): ShapeMemory(None, 40 * GIB, 0)}
+    [move] = start_moves([entry(job) for job in seeds], {job.id: shared for job in seeds},
+                         readings(shapes=oom), cache, card, PackingPolicy(headroom_fraction=0.0))
+    assert (move.job_ids, move.level) == ((1, 2, 3), 1)
+    assert "level 1 keeps numbers bit-equal and is tried before level 4" in move.note
+    # once checkpointing has OOM'd too (its own floor), they go on past the exact rungs it proves
+    at_1 = facts_for(seeds[0], cache, levels[1])
+    both = {**oom, job_shape_key(seeds[0], levels[1]): ShapeMemory(None, 9 * GIB, 0)}
+    [move] = start_moves([entry(job, level=1) for job in seeds], {job.id: at_1 for job in seeds},
+                         readings(shapes=both), cache, card, PackingPolicy(headroom_fraction=0.0))
+    assert move.level == 4

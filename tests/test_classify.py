@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.attempts.classify import (
     MEANINGFUL_LINE_CHARS,
+    REASON_SIGKILL,
     classify_attempt,
     classify_log_tail,
     clip_reason,
@@ -157,8 +158,23 @@ def test_sigkill_needs_evidence_to_be_host_oom() -> None:
     assert _classify(exit_code=None, signal=9).outcome is AttemptOutcome.FAILED
     got = _classify(exit_code=None, signal=9, kernel_oom_kill=True)
     assert got.outcome is AttemptOutcome.HOST_OOM
-    assert _classify(exit_code=137, log_tail="Killed\n").outcome is AttemptOutcome.HOST_OOM
     assert _classify(exit_code=1, log_tail="Killed\n").outcome is AttemptOutcome.FAILED
+
+
+@pytest.mark.parametrize("printed", [
+    "Killed\n",
+    "run.sh: line 14: 40213 Killed   python train.py\n",
+    "[ 812.5] Memory cgroup out of memory: Killed process 40213 (python) total-vm:98765432kB\n",
+    "[ 812.5] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=40213,uid=1000\n",
+    "python invoked oom-killer: gfp_mask=0xcc0, order=0\nOut of memory: Killed process 40213\n",
+])
+def test_printed_oom_killer_words_are_no_evidence(printed: str) -> None:
+    """Only the kernel's own record (the cgroup's memory.events, the kernel log) makes a
+    SIGKILL a host OOM; a worker can print the OOM killer's lines about itself."""
+    got = _classify(exit_code=137, log_tail=printed)
+    assert (got.outcome, got.reason) == (AttemptOutcome.FAILED, REASON_SIGKILL)
+    got = _classify(exit_code=None, signal=9, log_tail=printed, kernel_oom_kill=True)
+    assert got.outcome is AttemptOutcome.HOST_OOM  # the kernel's word still counts
 
 
 def test_a_specific_gpu_oom_beats_the_kernel_flag() -> None:

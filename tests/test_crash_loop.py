@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.attempts.outcomes import crash_loop_of, crash_loop_reason, guard_crash_loop
+from orchestrator.attempts.crash_loop import crash_loop_of, crash_loop_reason, guard_crash_loop
 from orchestrator.plans import CRASH_LOOP_OFF, CrashLoop, expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
 from orchestrator.store.db import now_s

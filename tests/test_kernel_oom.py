@@ -94,16 +94,17 @@ def test_a_host_oom_from_the_kernel_goes_down_the_host_memory_rungs() -> None:
 
 
 def test_a_bare_sigkill_with_a_checkpoint_is_a_death_resumed_without_counting() -> None:
-    own = CheckpointLeft(attempt_n=1, path="/runs/1/checkpoint-30", own=True)
+    own = CheckpointLeft(attempt_n=1, path="/runs/1/checkpoint-30", progress=True)
     verdict = classify_end(EndEvidence(SIGKILLED, None, "", None, checkpoint=own))
     assert verdict.classification.outcome is AttemptOutcome.LOST and verdict.resumes_from == own
     assert verdict.classification.reason.startswith(REASON_SIGKILL)
     step = decide_next(a_job(max_attempts=1), LEVELS, LEVELS[0], verdict)
-    assert step.job_state is JobState.QUEUED and not step.counted and step.job_fields["max_attempts"] == 2
+    assert step.job_state is JobState.QUEUED and not step.counted
+    assert step.job_fields == {"reason": None, "resumes": 1}  # max_attempts does not grow
     assert "resumes from /runs/1/checkpoint-30" in step.why and step.next_level is None
 
     # the checkpoint is an earlier attempt's: this one got nowhere, so the retry is counted
-    earlier = replace(own, attempt_n=1, own=False)
+    earlier = replace(own, attempt_n=1, progress=False)
     verdict = classify_end(EndEvidence(SIGKILLED, None, "", None, checkpoint=earlier))
     assert verdict.classification.outcome is AttemptOutcome.LOST
     assert decide_next(a_job(attempt_count=2), LEVELS, LEVELS[0], verdict).counted

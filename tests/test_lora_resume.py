@@ -114,3 +114,56 @@ def test_a_checkpoint_of_other_settings_is_refused(tmp_path: Path, data_dir: Pat
         run(tmp_path / "other", data_dir, batch_size=4, resume_from_checkpoint=str(first / "checkpoint-4"))
     with pytest.raises(ConfigError, match="not a checkpoint"):
         run(tmp_path / "none", data_dir, resume_from_checkpoint=str(tmp_path))
+
+
+def test_a_kill_during_the_removal_of_a_checkpoint_leaves_no_partial_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.lora import checkpoint
+
+    for step in (20, 30):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        for name in ("lora.pt", "optimizer.pt", STATE_FILE):
+            (folder / name).write_text("x")
+    real_rmtree = checkpoint.shutil.rmtree
+
+    def killed_half_way(path: Path, *args: Any, **kwargs: Any) -> None:
+        if Path(path).exists():
+            (Path(path) / STATE_FILE).unlink()  # the deletion got this far, then SIGKILL
+            raise Interrupted("killed during the final clean-up")
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_half_way)
+    with pytest.raises(Interrupted):
+        checkpoint.remove_checkpoints(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not [name for name in left if checkpoint.CHECKPOINT_NAME.match(name)
+                and not (tmp_path / name / STATE_FILE).exists()], left  # every checkpoint-N whole
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    checkpoint.remove_checkpoints(tmp_path)  # the next clean-up takes what the killed one left
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_kill_during_the_final_clean_up_leaves_a_succeeded_run(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from tests.lora_runs import run_lora_worker
+    from workers.lora import checkpoint
+
+    real_remove = checkpoint.remove_checkpoints
+
+    def killed(run_dir: Path, below_step: int | None = None) -> None:
+        if below_step is None:  # the clean-up once the run is over; a save's own removal goes on
+            raise Interrupted("SIGKILL during the final clean-up")
+        real_remove(run_dir, below_step)
+
+    monkeypatch.setattr(checkpoint, "remove_checkpoints", killed)
+    with pytest.raises(Interrupted):
+        run_lora_worker(tmp_path / "killed", data_dir, checkpoint_every_steps=1)
+    result = json.loads((tmp_path / "killed" / "result.json").read_text())
+    assert result["status"] == "succeeded"  # written before the clean-up: the run is not redone
+    monkeypatch.undo()
+    run_lora_worker(tmp_path / "clean", data_dir, checkpoint_every_steps=1)
+    assert not list((tmp_path / "clean").glob("checkpoint-*"))  # finished: removed

@@ -197,3 +197,41 @@ def test_a_succeeded_jobs_earlier_checkpoints_are_removed_without_following_link
     assert sorted(removed) == sorted([first / "checkpoint-5", first / "out" / "checkpoint-10"])
     assert not (first / "checkpoint-5").exists() and not (first / "out" / "checkpoint-10").exists()
     assert (first / "out" / "eval.json").exists() and (outside / "adapter.bin").exists()
+
+
+def test_a_lora_checkpoint_counts_only_with_its_state_json(runs: Path) -> None:
+    from orchestrator.executors.checkpoints import search_checkpoints
+    from orchestrator.plans.resume import checkpoint_marker
+
+    marker = checkpoint_marker("lora")
+    assert marker == "state.json" and checkpoint_marker("python train.py {resume}") is None
+    first = run_dir(runs, 1)
+    _checkpoint(first / "checkpoint-20", "lora.pt", "optimizer.pt", "state.json")
+    second = run_dir(runs, 2)
+    # a removal killed half-way
+    cut_short = _checkpoint(second / "checkpoint-30", "lora.pt", "optimizer.pt")
+    found = search_checkpoints([(1, first), (2, second)], marker).checkpoint
+    assert found is not None and (found.attempt_n, found.step) == (1, 20)
+    assert search_checkpoints([(2, second)], marker).checkpoint is None
+    # a link is no marker
+    (cut_short / "state.json").symlink_to(first / "checkpoint-20" / "state.json")
+    assert search_checkpoints([(2, second)], marker).checkpoint is None
+    # a script of the user's own: no marker orch knows, so the folder is taken as it is
+    assert search_checkpoints([(2, second)]).checkpoint is not None
+
+
+def test_a_trainer_save_cut_short_is_skipped_even_where_no_other_is_whole(runs: Path) -> None:
+    from orchestrator.executors.checkpoints import search_checkpoints
+
+    first = run_dir(runs, 1)
+    saved = ("model.safetensors", "training_args.bin")
+    _checkpoint(first / "out" / "checkpoint-4", *saved)  # killed before trainer_state.json
+    assert search_checkpoints([(1, first)]).checkpoint is None
+    _checkpoint(first / "out" / "checkpoint-2", *saved, "trainer_state.json")
+    found = search_checkpoints([(1, first)]).checkpoint
+    assert found is not None and found.step == 2
+    # a script's own checkpoint (no Trainer files) is taken as it is
+    own = run_dir(runs, 2)
+    _checkpoint(own / "checkpoint-6", "weights.pt")
+    found = search_checkpoints([(2, own)]).checkpoint
+    assert found is not None and found.path == own / "checkpoint-6"

@@ -246,3 +246,64 @@ def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orc
     step = int(checkpoint.name.removeprefix("checkpoint-"))
     assert f"resumed from {checkpoint}: step {step} of 150" in Path(second["log"]).read_text()
     assert json.loads((Path(second["run_dir"]) / "result.json").read_text())["steps"] == 150
+
+
+# Saves a checkpoint and then SIGKILLs itself (no OOM evidence): `same` saves checkpoint-10
+# every time, `higher` ten steps past the one it resumed from; `ok` succeeds at once.
+DYING_SCRIPT = textwrap.dedent(
+    """\
+    import argparse
+    import json
+    import os
+    import signal
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--mode", required=True)
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args()
+    if args.mode == "ok":
+        print(json.dumps({"eval_accuracy": 0.5}))
+        raise SystemExit(0)
+    step = int(Path(args.resume).name.removeprefix("checkpoint-")) if args.resume else 0
+    save = 10 if args.mode == "same" else step + 10
+    folder = args.out / f"checkpoint-{save}"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"step": save}))
+    print(f"saved step {save}; resumed from {args.resume}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_deaths_with_checkpoints_end_within_the_resume_cap_and_the_queue_moves_on(
+    orch: Orch,
+) -> None:
+    (orch.root / "dying.py").write_text(DYING_SCRIPT)
+    worker = f"{PY} dying.py --out {{run_dir}}/out --mode {{cfg.mode}} --resume={{resume}}"
+    configs = {"same": {"mode": "same"}, "higher": {"mode": "higher"}}
+    # 20 GiB a job on two 24 GiB cards: the two dying jobs hold both cards while they run
+    write_script_suite(orch, "dying", worker, configs, mem_gib=20, max_attempts=3, max_resumes=2)
+    write_script_suite(orch, "after", worker, {"ok": {"mode": "ok"}}, mem_gib=20)
+    orch.submit("dying", "1:toy")
+    orch.submit("after", "1:toy 2:toy 3:toy")
+    orch.start_daemon()
+    states = orch.wait_all_done(240)
+    same, higher = (orch.json("show", str(job_id)) for job_id in (1, 2))
+    assert (same["config"], higher["config"]) == ("same", "higher")
+    assert states == {1: "failed", 2: "failed", 3: "succeeded", 4: "succeeded", 5: "succeeded"}
+
+    # checkpoint-10 again and again: one resume (attempt 1 got somewhere), then no progress:
+    # each death counts, 3 of them at most
+    assert (same["resumes"], same["counted_attempts"], same["attempt"]) == (1, 3, 4)
+    assert "checkpoint is left to resume from" in same["reason"]
+    # a higher step each time: resumed at most twice, then failed saying why
+    assert (higher["resumes"], higher["attempt"]) == (2, 3)
+    assert "after 2 resumes from a checkpoint" in higher["reason"]
+    assert "max_resumes: 2" in higher["reason"]
+    assert higher["max_attempts"] == 3 and same["max_attempts"] == 3  # the limit never grew
+    steps = [a["resumed_from"]["checkpoint"].rsplit("-", 1)[1] for a in higher["attempts"][1:]]
+    assert steps == ["10", "20"]
+    shown = orch.run("show", "2").stdout
+    assert "attempt 1 of at most 3 (3 in all), resume 2 of at most 2" in shown

@@ -11,7 +11,8 @@ import pytest
 from rows_helpers import attempt_of
 
 from orchestrator.attempts import stdout_follow
-from orchestrator.attempts.outcomes import crash_loop_of, fail_before_start
+from orchestrator.attempts.crash_loop import crash_loop_of
+from orchestrator.attempts.outcomes import fail_before_start
 from orchestrator.attempts.reconcile import Verdict, judge, observe
 from orchestrator.attempts.stdout_follow import MAX_READ_BYTES, TAIL_START_BYTES, OutputFollower
 from orchestrator.executors.observation import Observation

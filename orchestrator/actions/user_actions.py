@@ -110,7 +110,10 @@ def retry_job(
                 transition(
                     store, job_id, JobState.QUEUED, message="requeued by orch retry" + (" --fresh" if fresh else ""),
                     kind="retry", expect_from=[job.state],
-                    fields={"reason": None, "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
+                    # its attempts renewed; every attempt so far counts against the new limit, and
+                    # its resumes start again from none
+                    fields={"reason": None, "resumes": 0,
+                            "max_attempts": job.attempt_count + max(job.max_attempts, 1)},
                 )
             except InvalidTransition:
                 continue  # requeued by another retry, or resubmitted, between the read and the write

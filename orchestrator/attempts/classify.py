@@ -25,6 +25,7 @@ SIGKILL = 9
 # A SIGKILL nothing explains (an admin, a watchdog; the kernel's OOM killer where its word could
 # not be read): a death, resumed from a checkpoint where one is left (attempts.next_step).
 REASON_SIGKILL = "killed by SIGKILL without OOM evidence"
+REASON_CONFIG_ERROR = "config error"  # how the reason of a worker's refusal of its settings starts
 
 # At the start of a line, or right after an error label. The label is case-sensitive on purpose:
 # Python exception names are CamelCase, so `on_error: CUDA out of memory` in a config is no label.
@@ -36,13 +37,10 @@ class _Signature:
     outcome: AttemptOutcome
     reason: str
     pattern: re.Pattern[str]
-    needs_sigkill: bool = False  # only evidence when the process really died of SIGKILL
 
 
-def _sig(
-    outcome: AttemptOutcome, reason: str, regex: str, needs_sigkill: bool = False
-) -> _Signature:
-    return _Signature(outcome, reason, re.compile(regex), needs_sigkill)
+def _sig(outcome: AttemptOutcome, reason: str, regex: str) -> _Signature:
+    return _Signature(outcome, reason, re.compile(regex))
 
 
 _OOM = AttemptOutcome.OOM
@@ -113,18 +111,10 @@ _SIGNATURES: tuple[_Signature, ...] = (
         r"(?i:Unexpected bus error encountered in worker|is killed by signal: Bus error)",
     ),
     _sig(_HOST, "host RAM exhausted (MemoryError)", r"^\s*MemoryError\b"),
-    _sig(
-        _HOST,
-        "killed by the kernel OOM killer",
-        r"(?i:out of memory: killed process|\boom-kill\b|oom_kill|memory cgroup out of memory)",
-        needs_sigkill=True,
-    ),
-    _sig(
-        _HOST,
-        "SIGKILL ('Killed'), likely the kernel OOM killer",
-        r"^\s*Killed\s*$|\b\d+\s+Killed\b",
-        needs_sigkill=True,
-    ),
+    # No signature for a SIGKILL: the kernel's OOM-killer lines or a shell's `Killed` in the log
+    # are words anyone can print. Only the kernel's own record (the attempt's cgroup
+    # memory.events, the kernel log) makes a SIGKILL a host OOM (classify_attempt's
+    # `kernel_oom_kill`).
 )
 
 # A Python exception's last traceback line, e.g. `KeyError: 'label'`: a relevant error line
@@ -205,13 +195,11 @@ def parse_oom_detail(text: str) -> OomDetail | None:
 _Hit = tuple[int, "_Signature | None", str]
 
 
-def _scan_back(lines: list[str], end: int, sigkilled: bool) -> _Hit | None:
+def _scan_back(lines: list[str], end: int) -> _Hit | None:
     """(index, signature or None for a generic error, line) of the last error line before `end`."""
     for index in range(end - 1, -1, -1):
         line = lines[index]
         for signature in _SIGNATURES:
-            if signature.needs_sigkill and not sigkilled:
-                continue
             if signature.pattern.search(line):
                 return index, signature, line
         if _GENERIC_ERROR.match(line) and not _WRAPPER_ERRORS.search(line):
@@ -219,13 +207,13 @@ def _scan_back(lines: list[str], end: int, sigkilled: bool) -> _Hit | None:
     return None
 
 
-def _last_relevant_error(lines: list[str], sigkilled: bool) -> _Hit | None:
+def _last_relevant_error(lines: list[str]) -> _Hit | None:
     """The last error line; a generic error raised while handling a named one yields to it
     (`DataLoader worker exited unexpectedly` chained from `... is killed by signal: Killed`)."""
-    last = _scan_back(lines, len(lines), sigkilled)
+    last = _scan_back(lines, len(lines))
     hit = last
     while hit is not None and hit[1] is None:
-        cause = _scan_back(lines, hit[0], sigkilled)
+        cause = _scan_back(lines, hit[0])
         if cause is None or not any(_CHAIN_MARKER.match(line) for line in lines[cause[0] : hit[0]]):
             break
         if cause[1] is not None:
@@ -234,10 +222,10 @@ def _last_relevant_error(lines: list[str], sigkilled: bool) -> _Hit | None:
     return last
 
 
-def classify_log_tail(log_tail: str, *, sigkilled: bool = False) -> Classification | None:
+def classify_log_tail(log_tail: str) -> Classification | None:
     """The classification the log tail alone supports, or None when it shows no error line."""
     lines = log_tail.splitlines()
-    found = _last_relevant_error(lines, sigkilled)
+    found = _last_relevant_error(lines)
     if found is None:
         return None
     index, signature, line = found
@@ -256,7 +244,7 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
         return Classification(AttemptOutcome.SUCCEEDED, "result.json: succeeded")
     if status == "config_error":
         return Classification(
-            AttemptOutcome.FAILED, f"config error: {error}".rstrip(": "), retryable=False
+            AttemptOutcome.FAILED, f"{REASON_CONFIG_ERROR}: {error}".rstrip(": "), retryable=False
         )
     if status == "oom":
         detail = parse_oom_detail(error) or parse_oom_detail(log_tail)
@@ -313,10 +301,12 @@ def classify_attempt(
     if exit_code == EXIT_CONFIG_ERROR:
         last_line = log_tail.strip().splitlines()[-1] if log_tail.strip() else "exit code 4"
         return Classification(
-            AttemptOutcome.FAILED, clip_reason(f"config error: {last_line}"), retryable=False
+            AttemptOutcome.FAILED,
+            clip_reason(f"{REASON_CONFIG_ERROR}: {last_line}"),
+            retryable=False,
         )
     sigkilled = died_of_sigkill(exit_code, signal)
-    from_log = classify_log_tail(log_tail, sigkilled=sigkilled)
+    from_log = classify_log_tail(log_tail)
     if exit_code == EXIT_OOM:
         detail = from_log.oom_detail if from_log is not None else parse_oom_detail(log_tail)
         reason = (

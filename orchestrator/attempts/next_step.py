@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.attempts.classify import REASON_SIGKILL, Classification, classify_attempt
+from orchestrator.attempts.classify import (
+    REASON_CONFIG_ERROR,
+    REASON_SIGKILL,
+    Classification,
+    classify_attempt,
+)
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
@@ -26,7 +31,9 @@ class CheckpointLeft:
 
     attempt_n: int  # the attempt whose run dir holds it
     path: str
-    own: bool  # left by the attempt that ended: it got further than the one before it
+    # left by the attempt that ended, at a later step than the checkpoint it resumed from: it got
+    # further (a checkpoint rewritten at the same step is no progress)
+    progress: bool
 
 
 @dataclass(frozen=True)
@@ -172,8 +179,8 @@ class NextStep:
 
     @property
     def counted(self) -> bool:
-        """False: requeued without using up one of the job's max_attempts."""
-        return "max_attempts" not in self.job_fields
+        """False: requeued without using up one of the job's max_attempts (a resume included)."""
+        return "max_attempts" not in self.job_fields and "resumes" not in self.job_fields
 
     @property
     def next_level(self) -> int | None:
@@ -205,13 +212,28 @@ def _uncounted(job: Job, why: str) -> NextStep:
     return NextStep(JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}, why)
 
 
+def _resume(job: Job, checkpoint: CheckpointLeft) -> NextStep:
+    """A death after progress (a checkpoint at a later step): resumed without using up one of
+    its max_attempts, at most `max_resumes` times; a job killed over and over before its next
+    save uses up its attempts instead (the counted rules)."""
+    if job.resumes >= job.max_resumes:
+        reason = (f"killed by SIGKILL again after {job.resumes} resumes from a checkpoint, "
+                  f"the most its suite allows (max_resumes: {job.max_resumes})")
+        return NextStep(JobState.FAILED, {"reason": reason}, f"failed: {reason}")
+    return NextStep(JobState.QUEUED, {"reason": None, "resumes": job.resumes + 1},
+                    f"killed by SIGKILL with a checkpoint left: resumes from {checkpoint.path} "
+                    f"(resume {job.resumes + 1} of at most {job.max_resumes}), not counted")
+
+
 def decide_next(
     job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
-    ran_alone: bool = False,
+    ran_alone: bool = False, resumed_from: str | None = None,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
-    `verdict`. `job.attempt_count` counts the attempt that ended; `hung_retries_so_far`: its
-    job's earlier attempts killed as hung; `ran_alone`: no other attempt was on its card."""
+    `verdict`. `job.attempt_count` counts the attempt that ended (`job.counted_attempts`: those
+    that use up its max_attempts); `hung_retries_so_far`: its job's earlier attempts killed as
+    hung; `ran_alone`: no other attempt was on its card; `resumed_from`: the checkpoint the
+    attempt was given, if any."""
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
@@ -229,12 +251,10 @@ def decide_next(
         why = pruned_reason(job)
         return NextStep(JobState.PRUNED, {"reason": why}, why)
     resumes_from = verdict.resumes_from
-    if resumes_from is not None and resumes_from.own:
-        # it got further (its own checkpoint): a death, not counted; each such retry needs
-        # progress, so a job killed over and over before its next save uses up its attempts
-        return _uncounted(job, f"killed by SIGKILL with a checkpoint left: resumes from {resumes_from.path}, "
-                               "not counted")
-    if remote_end is not None and remote_end.next_mem_mib and job.attempt_count < job.max_attempts:
+    if resumes_from is not None and resumes_from.progress:
+        return _resume(job, resumes_from)
+    attempts_left = job.counted_attempts < job.max_attempts
+    if remote_end is not None and remote_end.next_mem_mib and attempts_left:
         # Slurm's OUT_OF_MEMORY: the same level again with twice the host memory it was given
         slurm = {**job.slurm, "mem_mib": remote_end.next_mem_mib, "mem_per_gpu_mib": None}
         return NextStep(JobState.QUEUED, {"reason": None, "slurm_json": json.dumps(slurm, sort_keys=True)},
@@ -244,9 +264,18 @@ def decide_next(
         return _uncounted(job, "requeued unchanged, not counted")
     if outcome.outcome is AttemptOutcome.CANCELLED:
         return NextStep(JobState.CANCELLED, {"reason": "cancelled by user"}, "cancelled")
+    refused = (outcome.outcome is AttemptOutcome.FAILED
+               and outcome.reason.startswith(REASON_CONFIG_ERROR))
+    if refused and resumed_from is not None and attempts_left:
+        # its worker refused the checkpoint (cut short, another run's): the next attempt starts
+        # fresh, from none of the checkpoints so far; a config error then fails it for good
+        return NextStep(JobState.QUEUED, {"reason": None, "fresh_after_attempt": job.attempt_count},
+                        "requeued to start fresh: its worker refused the checkpoint it resumed "
+                        f"from ({outcome.reason})")
     host = job_host_settings(job)
     decision = retry_decision(
-        outcome.outcome, outcome.reason, job.attempt_count, levels, level.index, job.max_attempts,
+        outcome.outcome, outcome.reason, job.counted_attempts, levels, level.index,
+        job.max_attempts,
         retryable=outcome.retryable, hung_retries_so_far=hung_retries_so_far, host=host,
         strict=job_ladder(job).strict, ran_alone=ran_alone,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.attempts.classify import Classification, clip_reason, died_of_sigkill
+from orchestrator.attempts.crash_loop import crash_loop_of, guard_crash_loop
 from orchestrator.attempts.kernel_log import kernel_oom_killed
 from orchestrator.attempts.next_step import (
     CheckpointLeft,
@@ -23,12 +25,15 @@ from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_lo
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
-from orchestrator.executors.checkpoints import remove_checkpoints, search_checkpoints
+from orchestrator.executors.checkpoints import (
+    checkpoint_step,
+    remove_checkpoints,
+    search_checkpoints,
+)
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import ClusterEnd
-from orchestrator.lifecycle import AttemptOutcome, JobState
-from orchestrator.plans import CrashLoop
-from orchestrator.plans.resume import resumable_attempts, worker_can_resume
+from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
+from orchestrator.plans.resume import checkpoint_marker, resumable_attempts, worker_can_resume
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.prediction.job_facts import (
     JobShapeCache,
@@ -43,29 +48,26 @@ from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.memory import update_shape
 from orchestrator.prediction.shapes import shape_label
 from orchestrator.prediction.throughput import interval_rate
-from orchestrator.store.attempts import AttemptEnd, past_attempts
+from orchestrator.store.attempts import AttemptEnd, past_attempts, read_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.endings import (
     PromptLesson,
     ShapeLesson,
+    StopAskedMeanwhile,
     close_attempt,
     hung_attempts_before,
     neighbours,
-    pause_config,
-    pause_suite,
-    recent_failure_durations,
-    unpaused_configs,
 )
 from orchestrator.store.history import history_values
 from orchestrator.store.learning import record_throughput
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
-from orchestrator.store.status import paused_configs
 from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
 
 RESULT_TAIL_BYTES = 64 * 1024  # how much of the end of stdout.log is searched for printed metrics
+_STOP_REREADS = 4  # stop requests are a user's: a handful at most lands while one end is decided
 
 
 def ensure_group_dead(attempt: Attempt, obs: Observation | None) -> bool:
@@ -100,12 +102,21 @@ def complete(
     if not cluster_owned(attempt) and not ensure_group_dead(attempt, obs):
         log.warning("attempt %s: process group still alive; its end is recorded once it is gone", attempt.id)
         return
-    found = _gather(store, attempt, obs, cache, lost=lost, hung=hung, disk_full_now=disk_full_now,
-                    remote_end=remote_end, not_started=not_started)
-    ended = classify_end(found.evidence)  # pure, as is the decision (orchestrator.attempts.next_step)
-    step = decide_next(found.job, found.levels, found.level, ended, hung_retries_so_far=found.hung_retries_so_far,
-                       ran_alone=found.ran_alone)
-    closed = _write_end(store, attempt, found, ended.classification, step)
+    for _ in range(_STOP_REREADS):  # a cancel or retry stored since the read wins: decide again
+        found = _gather(store, attempt, obs, cache, lost=lost, hung=hung,
+                        disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started)
+        ended = classify_end(found.evidence)  # pure, as is the decision (attempts.next_step)
+        step = decide_next(found.job, found.levels, found.level, ended,
+                           hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone,
+                           resumed_from=attempt.resumed_from_checkpoint)
+        with contextlib.suppress(StopAskedMeanwhile):
+            closed = _write_end(store, attempt, found, ended.classification, step)
+            break
+        attempt = read_attempt(store, attempt.id) or attempt
+    else:
+        log.warning("attempt %s: stop requests keep arriving; its end is recorded next pass",
+                    attempt.id)
+        return
     if closed and step.job_state is JobState.SUCCEEDED:
         _remove_earlier_checkpoints(store, attempt)
     if ended.classification.outcome is AttemptOutcome.FAILED and not hung:
@@ -173,14 +184,19 @@ def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
 
 def _checkpoint_left(store: Store, attempt: Attempt, job: Job) -> CheckpointLeft | None:
     """The checkpoint the job's next attempt would resume from, this attempt's run dir included
-    (plans.resume: only attempts a resume may cross); None where its worker cannot resume."""
+    (plans.resume: only attempts a resume may cross); None where its worker cannot resume. It is
+    progress when this attempt left it at a later step than the checkpoint it resumed from."""
     if not worker_can_resume(job.worker, job_keys(job), job.config):
         return None
     usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
-    found = search_checkpoints((n, Path(run_dir)) for n, run_dir in usable).checkpoint
+    runs = ((n, Path(run_dir)) for n, run_dir in usable)
+    found = search_checkpoints(runs, checkpoint_marker(job.worker)).checkpoint
     if found is None:
         return None
-    return CheckpointLeft(found.attempt_n, str(found.path), own=found.attempt_n == attempt.n)
+    resumed_step = checkpoint_step(attempt.resumed_from_checkpoint)
+    further = resumed_step is None or found.step > resumed_step
+    progress = found.attempt_n == attempt.n and further
+    return CheckpointLeft(found.attempt_n, str(found.path), progress=progress)
 
 
 def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classification, step: NextStep) -> bool:
@@ -223,7 +239,7 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
         shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
-        prompt=_prompt_lesson(job, verdict.outcome, result),
+        prompt=_prompt_lesson(job, verdict.outcome, result), kill_seen=True,
     )
 
 
@@ -287,86 +303,35 @@ def _prompt_lesson(job: Job, outcome: AttemptOutcome, result: dict[str, Any] | N
     return None
 
 
-def crash_loop_of(job: Job) -> CrashLoop:
-    """The suite's crash-loop setting as it was when this job was submitted."""
-    return CrashLoop(
-        failures=job.crash_loop_failures,
-        within_s=job.crash_loop_within_s,
-        window_s=job.crash_loop_window_s,
-    )
-
-
-def _seconds(seconds: float) -> str:
-    """300 -> '5 min', 90 -> '90 s': the guard's settings as a user wrote them, roughly."""
-    if seconds >= 120 and seconds % 60 == 0:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:g} s"
-
-
-def crash_loop_reason(durations_s: list[float], guard: CrashLoop) -> str | None:
-    """Why the suite should pause, given how long each of its recent non-OOM failures ran
-    (those that ended inside the guard's window); None while it should not."""
-    if not guard.enabled:
-        return None
-    # a negative length is a wall-clock step back while it ran (its length is unknown), not a crash
-    fast = [d for d in durations_s if 0 <= d < guard.within_s]
-    if len(fast) < guard.failures:
-        return None
-    attempts = "attempt" if len(fast) == 1 else "attempts"
-    return f"{len(fast)} {attempts} failed within {_seconds(guard.within_s)} each in the last {_seconds(guard.window_s)}"
-
-
-def guard_crash_loop(store: Store, suite: str, config: str, guard: CrashLoop) -> None:
-    """Pause a config whose attempts keep failing within seconds for non-OOM reasons; the
-    suite's other configs run on, and the suite itself pauses once every config of it is
-    paused. The failing job's setting decides, so a suite resubmitted with a changed
-    `crash_loop` uses the new one."""
-    if not guard.enabled:
-        return
-    now_s = store.now_s()
-    durations = recent_failure_durations(store, suite, config, now_s - guard.window_s, now_s)
-    reason = crash_loop_reason(durations, guard)
-    if reason is None:
-        return
-    fix = (f"fix it, then `orch retry --suite {suite}` (and `orch resume {suite}`, unless the fix changed its worker "
-           "command)")
-    still_running = unpaused_configs(store, suite)
-    others = [name for name in still_running if name != config]
-    if others:
-        pause_config(store, suite, config, reason,
-                     f"config {config} of suite {suite} paused: {reason}; its other configs run on; {fix}")
-        return
-    # the last config of the suite still running: the suite pauses (one pause, one event)
-    configs = len({config, *(p.config for p in paused_configs(store, count_queued=False) if p.suite == suite)})
-    suite_reason = reason if configs == 1 else f"all {configs} configs paused by the crash-loop guard, the last for {reason}"
-    pause_suite(store, suite, suite_reason, f"suite {suite} paused: {suite_reason}; {fix}")
-
-
 def fail_before_start(
     store: Store, attempt: Attempt, reason: str, *, disk_full: bool = False, not_counted: bool = False,
 ) -> None:
     """The run dir or launcher failed before the worker existed: the attempt fails with that
     reason; the job is requeued while attempts remain (the daemon itself keeps running). A full
     disk is not the job's fault, nor a cluster too busy to take it (`not_counted`): requeued
-    without counting the attempt."""
+    without counting the attempt. A cancel asked meanwhile wins: the job is cancelled."""
     disk_full_or_busy = disk_full or not_counted
     job = job_by_id(store, attempt.job_id)
     assert job is not None  # attempts reference their job (a foreign key)
-    requeue = disk_full_or_busy or job.attempt_count < job.max_attempts
-    fields: dict[str, Any] = {"reason": None if requeue else clip_reason(reason)}
-    if disk_full_or_busy:
-        fields["max_attempts"] = job.max_attempts + 1
-    close_attempt(
-        store, attempt,
-        AttemptEnd(
-            outcome=(AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED).value, reason=clip_reason(reason),
-            exit_code=None, signal=None, peak_mib=0,
-            job_state=JobState.QUEUED if requeue else JobState.FAILED,
-            job_fields=fields,
-            message=f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else ""),
-            data={"run_dir": attempt.run_dir},
-        ),
-    )
+    for _ in range(_STOP_REREADS):
+        attempt = read_attempt(store, attempt.id) or attempt
+        cancelled = attempt.kill_requested is KillRequest.CANCEL
+        requeue = not cancelled and (disk_full_or_busy or job.counted_attempts < job.max_attempts)
+        fields: dict[str, Any] = {"reason": None if requeue else clip_reason(reason)}
+        if cancelled:
+            fields["reason"] = "cancelled by user"
+        elif disk_full_or_busy:
+            fields["max_attempts"] = job.max_attempts + 1
+        next_state = JobState.QUEUED if requeue else JobState.FAILED
+        outcome = AttemptOutcome.LOST if disk_full_or_busy else AttemptOutcome.FAILED
+        said = f"attempt {attempt.n} failed to start: {reason}" + ("; requeued" if requeue else "")
+        with contextlib.suppress(StopAskedMeanwhile):
+            close_attempt(store, attempt, AttemptEnd(
+                outcome=outcome.value, reason=clip_reason(reason), exit_code=None, signal=None,
+                peak_mib=0, job_state=JobState.CANCELLED if cancelled else next_state,
+                job_fields=fields, message=said, data={"run_dir": attempt.run_dir},
+            ), kill_seen=True)
+            break
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same
     # way within a second: the crash-loop guard counts it like any other fast failure. A full
     # disk is the machine's, a busy controller the cluster's, not the suite's: they pause nothing.

@@ -10,9 +10,11 @@ with O_NOFOLLOW relative to its parent's descriptor, starting from the runs tree
 dir (runtree), so a symlink is never followed and a folder found is provably inside that run
 dir; the search is bounded in depth and in directory entries read (checkpoint-N folders and
 likely output dirs are visited first; a search that ran out says so in the attempt's start
-event). Trainer saves that died half-way are skipped: where some checkpoint of any earlier
-attempt holds `trainer_state.json` (which the Trainer writes last), every one without it is
-taken as incomplete.
+event). A folder is a checkpoint only when it is whole: for a worker whose marker file is known
+(the LoRA worker's `state.json`, plans.resume.checkpoint_marker) only a folder that holds it;
+for any other script, a Trainer save (it holds `training_args.bin`) only with the
+`trainer_state.json` the Trainer writes last, and where some checkpoint of any earlier attempt
+holds `trainer_state.json`, every one without it is taken as incomplete.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from orchestrator.errors import LauncherError
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-([0-9]{1,12})$")
 HF_COMPLETE_MARKER = "trainer_state.json"
+# The Trainer saves the model and its training_args.bin first and trainer_state.json last: a
+# folder with the first and not the last is a Trainer save cut short, whatever other folders hold.
+HF_ARGS_FILE = "training_args.bin"
 MAX_DEPTH = 3  # checkpoint-N at most this many levels below the run dir (run_dir/out/sub/checkpoint-N)
 MAX_ENTRIES = 4096  # directory entries read per run dir, in all: a huge tree is searched in part
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -53,7 +58,7 @@ class _Candidate:
     attempt_n: int
     step: int
     names: tuple[str, ...]  # the folders from the run dir down to checkpoint-N
-    marked: bool  # holds the Trainer's trainer_state.json (a real file)
+    marked: bool  # holds the marker file (a real file): the worker's own, else the Trainer's
 
 
 @dataclass(frozen=True)
@@ -66,25 +71,31 @@ class CheckpointSearch:
 LIKELY_OUTPUT_DIRS = ("out", "output", "outputs", "output_dir", "checkpoints", "ckpt", "results", "model")
 
 
-def latest_checkpoint(previous: Iterable[tuple[int, Path]]) -> Checkpoint | None:
+def latest_checkpoint(
+    previous: Iterable[tuple[int, Path]], marker: str | None = None
+) -> Checkpoint | None:
     """The checkpoint to resume from among `previous` ((attempt n, run dir) of the job's earlier
     attempts, any order); see search_checkpoints."""
-    return search_checkpoints(previous).checkpoint
+    return search_checkpoints(previous, marker).checkpoint
 
 
-def search_checkpoints(previous: Iterable[tuple[int, Path]]) -> CheckpointSearch:
-    """Candidates are gathered from every attempt first: where any holds the Trainer's marker,
-    every unmarked one is dropped (a save that died half-way, in whichever attempt); then the
-    most recent attempt's highest step wins."""
+def search_checkpoints(
+    previous: Iterable[tuple[int, Path]], marker: str | None = None
+) -> CheckpointSearch:
+    """Candidates are gathered from every attempt first. With the worker's own `marker` file
+    name, a folder without it is never one; without, where any holds the Trainer's marker, every
+    unmarked one is dropped (a save that died half-way, in whichever attempt). Then the most
+    recent attempt's highest step wins."""
     candidates: list[_Candidate] = []
     in_part: list[int] = []
     run_dirs = dict(previous)
     for attempt_n in sorted(run_dirs, reverse=True):
-        found, ran_out = _candidates_in(attempt_n, Path(run_dirs[attempt_n]))
+        run_dir = Path(run_dirs[attempt_n])
+        found, ran_out = _candidates_in(attempt_n, run_dir, marker or HF_COMPLETE_MARKER)
         candidates.extend(found)
         if ran_out:
             in_part.append(attempt_n)
-    if any(c.marked for c in candidates):
+    if marker is not None or any(c.marked for c in candidates):
         candidates = [c for c in candidates if c.marked]
     if not candidates:
         return CheckpointSearch(None, tuple(in_part))
@@ -92,13 +103,21 @@ def search_checkpoints(previous: Iterable[tuple[int, Path]]) -> CheckpointSearch
     return CheckpointSearch(Checkpoint(best.attempt_n, best.step, Path(run_dirs[best.attempt_n]).joinpath(*best.names)), tuple(in_part))
 
 
-def find_in_run_dir(attempt_n: int, run_dir: Path) -> Checkpoint | None:
+def checkpoint_step(path: str | None) -> int | None:
+    """N of a checkpoint-N folder's path; None for no path or another name."""
+    if path is None:
+        return None
+    match = CHECKPOINT_NAME.match(path.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
+def find_in_run_dir(attempt_n: int, run_dir: Path, marker: str | None = None) -> Checkpoint | None:
     """The complete checkpoint-N with the highest N in `run_dir` (up to MAX_DEPTH below it);
     None when there is none, or the run dir is missing or not safe to read."""
-    return search_checkpoints([(attempt_n, run_dir)]).checkpoint
+    return search_checkpoints([(attempt_n, run_dir)], marker).checkpoint
 
 
-def _candidates_in(attempt_n: int, run_dir: Path) -> tuple[list[_Candidate], bool]:
+def _candidates_in(attempt_n: int, run_dir: Path, marker: str) -> tuple[list[_Candidate], bool]:
     """The non-empty checkpoint-N folders of one run dir, and whether the budget ran out."""
     from orchestrator.executors.runs_tree import open_run_dir
 
@@ -106,7 +125,7 @@ def _candidates_in(attempt_n: int, run_dir: Path) -> tuple[list[_Candidate], boo
     budget = _Budget(MAX_ENTRIES)
     try:
         with open_run_dir(run_dir) as dir_fd:
-            _search(dir_fd, (), 1, budget, found)
+            _search(dir_fd, (), 1, budget, found, marker=marker)
     except (OSError, LauncherError):
         return [], False
     return [_Candidate(attempt_n, step, names, marked) for step, names, marked in found], budget.ran_out
@@ -137,8 +156,9 @@ def _visit_order(name: str) -> tuple[int, str]:
 def _search(
     dir_fd: int, names: tuple[str, ...], depth: int, budget: _Budget,
     found: list[tuple[int, tuple[str, ...], bool]], remove: bool = False,
+    marker: str = HF_COMPLETE_MARKER,
 ) -> None:  # fmt: skip
-    """Collect (N, path names, has the Trainer's marker) of the non-empty checkpoint-N folders
+    """Collect (N, path names, holds `marker`) of the non-empty checkpoint-N folders
     below `dir_fd` (with `remove`: every checkpoint-N folder, deleted); descends into other
     folders up to MAX_DEPTH."""
     for name, is_dir in sorted(_entries(dir_fd, budget), key=lambda entry: _visit_order(entry[0])):
@@ -150,21 +170,24 @@ def _search(
             continue
         try:
             if match is None:
-                _search(child, (*names, name), depth + 1, budget, found, remove)
+                _search(child, (*names, name), depth + 1, budget, found, remove, marker)
             elif remove:
                 with contextlib.suppress(OSError):  # shutil.rmtree(dir_fd=) never follows a link
                     shutil.rmtree(name, dir_fd=dir_fd)
                     found.append((int(match.group(1)), (*names, name), False))
             elif _entries(child, budget, limit=1):
-                found.append((int(match.group(1)), (*names, name), _has_marker(child)))
+                marked = _has_marker(child, marker)
+                trainer_save = marker == HF_COMPLETE_MARKER and _has_marker(child, HF_ARGS_FILE)
+                if marked or not trainer_save:  # a Trainer save without its last file is cut short
+                    found.append((int(match.group(1)), (*names, name), marked))
         finally:
             os.close(child)
 
 
-def _has_marker(dir_fd: int) -> bool:
-    """The folder holds trainer_state.json as a regular file (a link to one does not count)."""
+def _has_marker(dir_fd: int, marker: str) -> bool:
+    """The folder holds `marker` as a regular file (a link to one does not count)."""
     try:
-        info = os.stat(HF_COMPLETE_MARKER, dir_fd=dir_fd, follow_symlinks=False)
+        info = os.stat(marker, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return False
     return stat.S_ISREG(info.st_mode)

@@ -36,6 +36,9 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
 CRASH_LOOP_FAILURES = 3
 CRASH_LOOP_WITHIN_S = 30.0  # an attempt failing sooner than this after its start counts as fast
 CRASH_LOOP_WINDOW_S = 300.0  # how far back failures are counted
+# Deaths with a checkpoint left (SIGKILL without OOM evidence, each one further than the last)
+# resumed without using up max_attempts: a few, never without end.
+DEFAULT_MAX_RESUMES = 8
 
 
 def canonical_json(value: Any) -> str:
@@ -114,6 +117,7 @@ class Suite:
     not_science: tuple[str, ...] = ()  # config keys that never split results rows (paths, sim time)
     early_stop: EarlyStop | None = None  # `early_stop:`: stop hopeless settings (plans.early_stop)
     search: Any = None  # `search:` (plans.search.Search): random or TPE trials over config keys
+    max_resumes: int = DEFAULT_MAX_RESUMES  # deaths resumed from a checkpoint without counting
 
     def config_names(self) -> list[str]:
         return [c.name for c in self.configs]

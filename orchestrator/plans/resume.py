@@ -24,6 +24,9 @@ from orchestrator.plans.template import parse_template
 
 RESUME_PLACEHOLDER = "resume"
 RESUMING_WORKERS = frozenset({"lora"})  # ours that read the key (the sim worker keeps no state)
+# The file a worker of ours writes last into a checkpoint folder (workers/lora/checkpoint.py's
+# STATE_FILE): a folder without it is no checkpoint (a save or a removal cut short).
+_MARKERS = {"lora": "state.json"}
 NOT_RESUMING_WORKERS = frozenset({"sim"})
 
 
@@ -31,6 +34,12 @@ def worker_can_resume(worker: str, keys: KeyMap, config: Mapping[str, Any] | Non
     """Whether the worker (`lora`, `sim` or a command template) takes a checkpoint to resume
     from in either way: as the `{resume}` argument or as the resume key."""
     return takes_resume_argument(worker) or takes_resume_key(worker, keys, config)
+
+
+def checkpoint_marker(worker: str) -> str | None:
+    """The file that makes a folder a whole checkpoint of `worker`; None where orch does not
+    know it (a script's own: the Trainer's trainer_state.json rule, executors.checkpoints)."""
+    return _MARKERS.get(worker)
 
 
 def takes_resume_argument(worker: str) -> bool:

@@ -30,6 +30,7 @@ from orchestrator.plans.model import (  # noqa: F401
     CRASH_LOOP_FAILURES,
     CRASH_LOOP_WINDOW_S,
     CRASH_LOOP_WITHIN_S,
+    DEFAULT_MAX_RESUMES,
     KNOWN_CONFIG_KEYS,
     ConfigSpec,
     CrashLoop,
@@ -137,7 +138,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
-        "one_token_tasks", "ladder", "max_attempts", "hang_timeout_s", "crash_loop", "notify",
+        "one_token_tasks", "ladder", "max_attempts", "max_resumes", "hang_timeout_s", "crash_loop",
+        "notify",
         "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
         "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop", "search",
@@ -194,6 +196,9 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     max_attempts = _typed(path, data, "max_attempts", (int,), 8)
     if not 1 <= max_attempts <= 100:
         raise PlanError(f"suite {path}: `max_attempts` must be between 1 and 100")
+    max_resumes = _typed(path, data, "max_resumes", (int,), DEFAULT_MAX_RESUMES)
+    if not 0 <= max_resumes <= 100:
+        raise PlanError(f"suite {path}: `max_resumes` must be between 0 and 100")
     hang_timeout_s = parse_hang_timeout(path, data.get("hang_timeout_s", 1800.0))
     crash_loop = _parse_crash_loop(path, data.get("crash_loop", {}))
     notify_raw = _typed(path, data, "notify", (str, list), [])
@@ -243,6 +248,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         one_token_tasks=tuple(one_token),
         ladder=ladder,
         max_attempts=max_attempts,
+        max_resumes=max_resumes,
         hang_timeout_s=hang_timeout_s,
         description=str(data.get("description", "")),
         crash_loop=crash_loop,

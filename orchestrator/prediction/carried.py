@@ -9,7 +9,9 @@ rung is assumed to save what nothing has shown it saves). The figure an OOM'd at
 at is disproved for the job: no later attempt, at any level, is predicted at or below it.
 
 A job whose level is known not to fit any card it may use starts at the first level predicted to
-fit, preferring a rung that keeps numbers bit-equal.
+fit, preferring a rung that keeps numbers bit-equal; an exact level whose need nothing measured
+(its saving assumed or estimated) is tried before an inexact one predicted to fit: the ladder does
+not skip an exact rung on a guess.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class LevelNeed:
     mib: int  # the prediction (for a proven level: its own OOM floor)
     proven: bool  # its own shape's OOM floor is above the cards: it cannot fit
     exact: bool  # its rung and every one before it keep numbers bit-equal
+    # memory was measured at this level (its shape's peak or OOM, a running attempt, its family);
+    # False: its figure rests on a saving assumed or estimated from the levels below
+    measured: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,12 @@ def start_level(
 ) -> StartChoice | None:
     """Where a job now at `current` should start when the level it is at cannot fit any card it
     may use (`ceiling_mib`: the largest such card less its headroom): the first later level
-    predicted to fit, the first exact one if any exact one fits. When none is predicted to fit,
-    the first later level not proven too large (its saving may be more than anything has shown
-    yet). None: `current` may fit, or nothing later is left (the job runs as it is, or fails
-    saying so: `no_level_fits`). `needs`: one per level from `current` on."""
+    predicted to fit, the first exact one if any exact one fits; while only inexact ones are
+    predicted to fit, the first exact one whose need nothing measured (not skipped on a guess).
+    When none is predicted to fit, the first later level not proven too large (its saving may be
+    more than anything has shown yet). None: `current` may fit, is an exact level nothing
+    measured (it is tried), or nothing later is left (the job runs as it is, or fails saying so:
+    `no_level_fits`). `needs`: one per level from `current` on."""
     by_level = {need.level: need for need in needs}
     here = by_level.get(current)
     if here is None or here.mib <= ceiling_mib:
@@ -114,16 +121,22 @@ def start_level(
     later = [need for need in needs if need.level > current]
     fitting = [need for need in later if need.mib <= ceiling_mib]
     exact_fitting = [need for need in fitting if need.exact]
+    if here.exact and not (here.proven or here.measured or exact_fitting):
+        return None  # an exact level nothing measured is tried, not left on a guess
+    exact_unmeasured = [need for need in later if need.exact and not (need.proven or need.measured)]
     # a level only predicted too large is left only for one predicted to fit
     untried = [need for need in later if not need.proven] if here.proven else []
-    choices = exact_fitting or fitting or untried
+    choices = exact_fitting or (exact_unmeasured if fitting else []) or fitting or untried
     if not choices:
         return None
     chosen = choices[0]
     worded = "needs" if here.proven else "is predicted to need"
     note = (f"{verb} at level {chosen.level}: level {current} {worded} ≥ {gib(here.mib)}, "
             f"the cards hold {gib(ceiling_mib)} after headroom")
-    if chosen.mib > ceiling_mib:
+    if chosen.mib > ceiling_mib and fitting:
+        note += (f" (level {chosen.level} keeps numbers bit-equal and is tried before level "
+                 f"{fitting[0].level}, which changes them: nothing has measured what it saves yet)")
+    elif chosen.mib > ceiling_mib:
         note += f" (level {chosen.level} is tried: no rung has shown how much it saves yet)"
     return StartChoice(chosen.level, note)
 

@@ -31,6 +31,7 @@ from orchestrator.gpu.mps import MpsState
 from orchestrator.gpu.sim_footprint import footprint_env
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans.resume import (
+    checkpoint_marker,
     resumable_attempts,
     resume_config,
     takes_resume_key,
@@ -186,7 +187,8 @@ def resume_point(store: Store, job: Job) -> CheckpointSearch:
     if job.attempt_count == 0 or not worker_can_resume(job.worker, job_keys(job), job.config):
         return CheckpointSearch(None)
     usable = resumable_attempts(past_attempts(store, job.id), job.worker, job.fresh_after_attempt)
-    return search_checkpoints((n, Path(run_dir)) for n, run_dir in usable)
+    runs = ((n, Path(run_dir)) for n, run_dir in usable)
+    return search_checkpoints(runs, checkpoint_marker(job.worker))
 
 
 def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> LaunchSpec | Exception:

@@ -30,6 +30,9 @@ from orchestrator.store.rows import Job, QueueEntry
 
 # Predictions that rest on what this machine saw of the shape: enough to move a job off its level.
 _EVIDENCE = (SourceKind.OOM_FLOOR, SourceKind.MEASURED, SourceKind.RUNNING, SourceKind.FAMILY)
+# Predictions from memory measured at the level (beside its shape's own peak or OOM): what its
+# rungs save is known (a floor carried from below rests on a saving assumed or estimated).
+_MEASURED = (SourceKind.MEASURED, SourceKind.RUNNING, SourceKind.FAMILY)
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,17 @@ def level_needs(job: Job, facts: JobFacts, readings: PassReadings, cache: JobSha
     for level in levels[facts.level.index:]:
         at = with_host_settings(level, host)
         shape = facts.shape if level.index == facts.level.index else shape_facts(job, at, cache)
-        mib, _ = predict_for(shape, job, at, readings.shapes, readings.prompt_lengths, cache, readings.knowledge)
-        measured = readings.shapes.get(shape.shape_key)
-        floor = measured.oom_floor_mib if measured is not None else None
+        mib, source = predict_for(shape, job, at, readings.shapes, readings.prompt_lengths, cache,
+                                  readings.knowledge)
+        memory = readings.shapes.get(shape.shape_key)
+        floor = memory.oom_floor_mib if memory is not None else None
         proven = floor is not None and floor > ceiling_mib
+        seen = memory is not None and bool(
+            memory.peak_mib or memory.oom_floor_mib or memory.disproved_mib)
         # a proven level is shown at its floor: what it needs at least, not a figure with margins
         needs.append(LevelNeed(level.index, floor if proven and floor is not None else mib, proven,
-                               not inexact_rungs(levels, level.index)))
+                               not inexact_rungs(levels, level.index),
+                               seen or source.kind in _MEASURED))
     return needs
 
 

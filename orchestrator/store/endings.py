@@ -42,15 +42,28 @@ class PromptLesson:
     longest_tokens: int
 
 
+class StopAskedMeanwhile(Exception):
+    """A user's stop request (cancel, retry) reached the attempt after its end was decided from
+    a read without it: nothing was written; decide again from the attempt as it is now."""
+
+
 def close_attempt(
     store: Store, attempt: Attempt, end: AttemptEnd, *, shape: ShapeLesson | None = None,
-    prompt: PromptLesson | None = None,
+    prompt: PromptLesson | None = None, kill_seen: bool = False,
 ) -> bool:
     """Learn from the attempt and close it, in one transaction; nothing is learned when another
-    writer closed it first. False then."""
+    writer closed it first. False then. With `kill_seen`, the end was decided from
+    `attempt.kill_requested`: a different request stored since raises StopAskedMeanwhile."""
     with store.write():
-        if not store.query("SELECT 1 FROM attempts WHERE id = ? AND outcome IS NULL", [attempt.id]):
+        rows = store.query(
+            "SELECT kill_requested FROM attempts WHERE id = ? AND outcome IS NULL", [attempt.id]
+        )
+        if not rows:
             return False
+        stored = rows[0]["kill_requested"]
+        seen = attempt.kill_requested.value if attempt.kill_requested is not None else None
+        if kill_seen and stored != seen:
+            raise StopAskedMeanwhile(f"attempt {attempt.id}: {stored} asked while its end was read")
         if shape is not None:
             write_shape(store, shape.shape_key, shape.fold(read_shape(store, shape.shape_key)))
             label_shape(store, shape.shape_key, shape.suite, shape.label, shape.family)

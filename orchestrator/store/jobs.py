@@ -157,7 +157,8 @@ def submit_jobs(
             job_id = int(cursor.lastrowid or 0)
             if getattr(suite, "slurm", None):
                 store._db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
-            store._db.execute("UPDATE jobs SET gpus = ?, cpus = ? WHERE id = ?", [spec.gpus, spec.cpus, job_id])
+            store._db.execute("UPDATE jobs SET gpus = ?, cpus = ?, max_resumes = ? WHERE id = ?",
+                              [spec.gpus, spec.cpus, suite.max_resumes, job_id])
             if suite.search is not None and spec.trial is not None:
                 store._db.execute("UPDATE jobs SET search_json = ? WHERE id = ?", [json.dumps(
                     {"spec": suite.search.to_json(), "trial": spec.trial, "max_attempts": suite.max_attempts},

@@ -271,6 +271,9 @@ def job_to_public(history: JobHistory) -> dict[str, Any]:
         "level_note": job.level_note,
         "attempt": job.attempt_count,
         "max_attempts": job.max_attempts,
+        "counted_attempts": job.counted_attempts,  # those that use up max_attempts (resumes do not)
+        "resumes": job.resumes,
+        "max_resumes": job.max_resumes,
         "gpu": live.gpu_index if live else None,
         "declared_mib": job.declared_mib,
         "allowed_gpus": None if job.allowed_gpus is None else sorted(job.allowed_gpus),

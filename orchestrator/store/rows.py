@@ -76,6 +76,13 @@ class Job:
     early_stop: dict[str, Any] = field(default_factory=dict)  # the suite's early_stop rule ({}: none)
     pruned: dict[str, Any] = field(default_factory=dict)  # why early stopping stopped it ({}: it did not)
     search: dict[str, Any] = field(default_factory=dict)  # its search trial: {spec, trial, max_attempts}
+    max_resumes: int = 8  # deaths with a checkpoint left it may resume from without counting
+    resumes: int = 0  # such resumes so far (since submit or the user's last retry)
+
+    @property
+    def counted_attempts(self) -> int:
+        """Its attempts that use up one of `max_attempts` (its resumes do not)."""
+        return self.attempt_count - self.resumes
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -105,6 +112,7 @@ class Job:
             cpus=_opt_int(row.get("cpus")), fresh_after_attempt=int(row.get("fresh_after_attempt") or 0),
             early_stop=_json(row.get("early_stop_json"), {}), pruned=_json(row.get("pruned_json"), {}),
             search=_json(row.get("search_json"), {}),
+            max_resumes=int(row.get("max_resumes", 8)), resumes=int(row.get("resumes") or 0),
         )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from orchestrator.wording import fmt_duration, fmt_value
+from orchestrator.wording import attempts_said, fmt_duration, fmt_value
 
 
 def clock(ts: float) -> str:
@@ -33,6 +33,12 @@ def json_script(value: Any) -> Markup:
     return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
+def attempts(job: Any) -> str:
+    """A job's attempts and resumes against their limits, as `orch show` says them."""
+    return attempts_said(job.attempt_count, job.counted_attempts, job.max_attempts, job.resumes,
+                         job.max_resumes)
+
+
 @cache
 def environment() -> Environment:
     env = Environment(
@@ -43,7 +49,10 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
-    env.filters.update(clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=fmt_duration, yaml=fmt_value)
+    env.filters.update(
+        clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=fmt_duration,
+        yaml=fmt_value, attempts=attempts,
+    )
     return env
 
 

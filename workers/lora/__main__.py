@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         provenance = worker_record(config)
         from workers.lora import train  # torch is imported only once the config is known good
 
-        outcome = train.run(config, run_dir, Heartbeat(run_dir), log)
+        outcome = train.run(config, run_dir, Heartbeat(run_dir), log, keep_checkpoints=True)
     except ConfigError as exc:
         log(f"config error: {exc}")
         write_result(
@@ -119,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         **outcome.settings,
         **outcome.memory,
     )
+    # finished and recorded: nothing left to resume. Removed only now, so a kill during the
+    # clean-up leaves a succeeded run, never one that must resume from a checkpoint
+    from workers.lora.checkpoint import remove_checkpoints
+
+    remove_checkpoints(run_dir)
     log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")
     return EXIT_OK
 

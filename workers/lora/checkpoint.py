@@ -8,10 +8,12 @@ orch looks for) in the run dir, holding what the loop needs to go on as if never
   consumed so far, the losses, the best validation scores, and the settings that must match
   for a resume to be the same run (seed, data, effective batch, ...).
 
-Written to a temp folder and renamed, so a `checkpoint-N` folder is always whole; only the
-newest is kept, and none once the run has finished. A resumed run skips the consumed examples of the permutation, so it continues
-with the same optimizer steps whatever its micro-batch: the ladder halves the batch and doubles
-the accumulation, and a checkpoint is taken at a step's end, a multiple of the effective batch.
+Written to a temp folder and renamed, and removed by renaming it aside first, so a
+`checkpoint-N` folder is always whole (orch resumes only from one that holds `state.json`,
+written last); only the newest is kept, and none once the run has finished. A resumed run
+skips the consumed examples of the permutation, so it continues with the same optimizer steps
+whatever its micro-batch: the ladder halves the batch and doubles the accumulation, and a
+checkpoint is taken at a step's end, a multiple of the effective batch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import torch
 from workers.lora.config import ConfigError, RunConfig
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-([0-9]+)$")
-STATE_FILE = "state.json"
+STATE_FILE = "state.json"  # written last: orch takes a folder for a checkpoint only with it
+_REMOVING = ".removing"  # suffix of a checkpoint folder renamed aside to be deleted
 MAX_STATE_BYTES = 64 * 1024 * 1024  # losses of a very long run, and nothing more
 
 
@@ -92,7 +95,7 @@ def save_checkpoint(
     _write_synced(partial / STATE_FILE, json.dumps(state, sort_keys=True).encode())
     _fsync_dir(partial)
     if final.exists():
-        shutil.rmtree(final)
+        _remove_aside(final)
     os.rename(partial, final)
     _fsync_dir(run_dir)
     remove_checkpoints(run_dir, below_step=loop.step)
@@ -101,13 +104,29 @@ def save_checkpoint(
 
 def remove_checkpoints(run_dir: Path, below_step: int | None = None) -> None:
     """Delete this run's checkpoints (those before `below_step`; all when None): a finished run
-    needs none, and a sweep of hundreds of runs would keep tens of GB of them."""
+    needs none, and a sweep of hundreds of runs would keep tens of GB of them. Removals an
+    earlier run of this dir left half-done go too."""
     for folder in run_dir.iterdir():
+        if folder.name.startswith(".checkpoint-") and folder.name.endswith(_REMOVING):
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         match = CHECKPOINT_NAME.match(folder.name)
         if match is None or folder.is_symlink() or not folder.is_dir():
             continue
         if below_step is None or int(match.group(1)) < below_step:
-            shutil.rmtree(folder, ignore_errors=True)
+            _remove_aside(folder)
+
+
+def _remove_aside(folder: Path) -> None:
+    """Rename `folder` out of the checkpoint-N names, then delete it: a kill during the deletion
+    leaves a hidden folder, never a checkpoint-N that lacks some of its files."""
+    aside = folder.with_name(f".{folder.name}{_REMOVING}")
+    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        return  # gone already, or not ours to move: left as it is
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def load_checkpoint(

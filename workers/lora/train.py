@@ -147,8 +147,13 @@ def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], tas
     return task_metrics(task, predictions, labels)
 
 
-def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> TrainOutcome:
-    """Train, evaluate on val, keep the best LoRA weights, score test; save the adapter."""
+def run(
+    config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log, *,
+    keep_checkpoints: bool = False,
+) -> TrainOutcome:
+    """Train, evaluate on val, keep the best LoRA weights, score test; save the adapter. Its
+    checkpoints are removed at the end unless `keep_checkpoints` (the caller removes them once
+    the result is written: a kill during the clean-up then loses nothing)."""
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     device = select_device()
@@ -327,7 +332,8 @@ def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log) -> Tra
         test_scores |= {f"{name}_mismatched": value for name, value in mismatched.items()}
     if not config.no_save:
         model.save_pretrained(run_dir / "adapter")
-    remove_checkpoints(run_dir)  # finished: nothing left to resume
+    if not keep_checkpoints:
+        remove_checkpoints(run_dir)  # finished: nothing left to resume
     return TrainOutcome(
         metrics={"val": best_val, "test": test_scores},
         steps=step,

@@ -43,7 +43,7 @@ from orchestrator.store.queries import (
     job_to_public,
     list_jobs,
 )
-from orchestrator.wording import fmt_changes, fmt_duration, fmt_settings
+from orchestrator.wording import attempts_said, fmt_changes, fmt_duration, fmt_settings
 
 
 def _ts(value: float | None) -> str:
@@ -114,8 +114,10 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     )
     console.print(f"  worker: {payload['worker']}   config: {payload['config_path']}")
     console.print(
-        f"  level {payload['level']}, attempt {payload['attempt']} of at most {payload['max_attempts']}, "
-        f"priority {payload['priority']}, declared {fmt_mib(payload['declared_mib'])}"
+        f"  level {payload['level']}, "
+        + attempts_said(payload["attempt"], payload["counted_attempts"], payload["max_attempts"],
+                        payload["resumes"], payload["max_resumes"])
+        + f", priority {payload['priority']}, declared {fmt_mib(payload['declared_mib'])}"
         + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
     )
     if payload["level_note"]:
