@@ -42,7 +42,7 @@ def test_control_daemon_fences_a_client_and_stops(tmp_path: Path) -> None:
     control.start()
     try:
         assert control.alive() and control.answers()
-        env = {**os.environ, **client_env(control.dirs, 1024)}
+        env = {**os.environ, **client_env(control.dirs, 1024, measured=True, placed_into_mib=0)}
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1536M"
         done = subprocess.run([sys.executable, "-c", ALLOC], env=env, capture_output=True, text=True, timeout=120,
                               check=False)  # fmt: skip

@@ -47,7 +47,7 @@ from orchestrator.store.attempts import (
     update_attempt,
 )
 from orchestrator.store.db import Store
-from orchestrator.store.peak_source import PredictionSource
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job
 
@@ -83,8 +83,11 @@ class Claim:
     attempt: Attempt
     config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
     cards: tuple[GpuSnapshot, ...] = ()  # a multi-GPU job's cards in order (gpu is the first)
+    measured_shape: bool = False  # the prediction is a peak measured on this shape (MPS fence)
 
 
+# Predictions that are peaks of the shape itself: only these tighten an MPS fence.
+MEASURED_SHAPE = frozenset({SourceKind.MEASURED, SourceKind.RUNNING})
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
 
 
@@ -174,7 +177,8 @@ def claim(
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
     except InvalidTransition:
         return None  # cancelled between the read and the claim
-    return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
+    return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,),
+                 measured_shape=source.kind in MEASURED_SHAPE)
 
 
 def resume_point(store: Store, job: Job) -> CheckpointSearch:
@@ -192,7 +196,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
-    mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib) if ctx.mps else {}
+    mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib,
+                              measured=claimed.measured_shape, placed_into_mib=gpu.free_mib) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
