@@ -2,8 +2,9 @@
 
 Real daemon, tmux, SQLite and `workers.lora` training tiny-llama on CPU; only the GPUs are
 simulated. Two seeds of one config and one seed of another: all succeed, each result.json has
-test metrics, `orch results` aggregates over the seeds, and the longest prompt the first run
-reported lowers the memory estimate of the other config.
+test metrics, `orch results` aggregates over the seeds, the longest prompt the first run
+reported lowers the memory estimate of the other config, and (`share_base: sequential`, the
+default) one warm process trained all three.
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ def test_lora_suite_runs_through_the_daemon(orch: Orch, tmp_path: Path) -> None:
     info = model_info_from_hf_config(json.loads((model_dir / "config.json").read_text()))
     wider_at_longest = {**wider, "batch_size": 4, "max_seq_len": longest}  # the suite's batch
     assert other["predicted_peak_mib"] == estimate_peak_mib(wider_at_longest, info)
+
+    # share_base: sequential, the default of `worker: lora`: the first job started a warm
+    # process in a tmux window of its own, and the other two were trained in it
+    ordered = sorted((a for runs in by_config.values() for a in runs), key=lambda a: a["started_at"])
+    logs = [(Path(a["run_dir"]) / "stdout.log").read_text() for a in ordered]
+    assert all("training in warm LoRA worker process" in log for log in logs), logs[0][-2000:]
+    assert "(started for this job)" in logs[0]
+    assert not any("(started for this job)" in log for log in logs[1:])
+    assert all(a["result"]["share_base"] == "sequential" for a in ordered)
 
     (row,) = [r for r in orch.json("results") if r["metric"] == "accuracy" and r["config"] == "qv_r4"]
     assert (row["suite"], row["config"], row["task"]) == ("loratiny", "qv_r4", "glue-tvt_rte")

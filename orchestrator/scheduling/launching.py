@@ -69,6 +69,15 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
+def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path) -> dict[str, str]:
+    """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
+    `share_base: sequential`, on this host, unless the ladder runs it alone on its card."""
+    mode = job.worker_output.get("share_base", "off")
+    if job.worker != "lora" or mode == "off" or gpus != 1 or run_alone or not local:
+        return {}
+    return {SHARE_BASE_VAR: str(mode), SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+
+
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
     job_dir = f"{job.id:06d}-{_safe_name(job.config_name)}-s{job.seed}-{_safe_name(job.data)}"
     return ctx.runs_dir / _safe_name(job.suite) / job_dir / f"attempt-{n}"
@@ -88,6 +97,9 @@ class Claim:
 
 # Predictions that are peaks of the shape itself: only these tighten an MPS fence.
 MEASURED_SHAPE = frozenset({SourceKind.MEASURED, SourceKind.RUNNING})
+# `share_base: sequential` (workers/lora/share.py reads these): the attempt's worker hands its
+# job to a warm LoRA worker process, whose sockets and locks are in the runs dir's WARM_DIR.
+SHARE_BASE_VAR, SHARE_DIR_VAR, WARM_DIR = "ORCH_SHARE_BASE", "ORCH_SHARE_DIR", ".warm"
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
 
 
@@ -205,6 +217,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
             extra={**ctx.worker_env, "ORCH_JOB_ID": str(job.id), "ORCH_ATTEMPT": str(attempt.n),
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
+                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir),
                    **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
