@@ -183,3 +183,72 @@ def test_the_base_key_follows_model_dtype_and_process_environment() -> None:
     assert key != base_key("/m", "other weights", "bf16", env)
     assert key != base_key("/m", "d", "bf16", env | {"CUDA_VISIBLE_DEVICES": "GPU-b"})
     assert key != base_key("/m", "d", "bf16", env | {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4000M"})
+
+
+def serve_in_thread(folder: Path, idle_s: float) -> tuple[Any, list[int]]:
+    import threading
+
+    from workers.lora import server
+
+    ended: list[int] = []
+    thread = threading.Thread(target=lambda: ended.append(server.serve(folder, "k", 0, idle_s)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not slot_paths(folder, "k", 0)[0].exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return thread, ended
+
+
+def hand_over(folder: Path) -> list[dict[str, Any]]:
+    """What a client hears back for one job."""
+    import socket
+
+    from workers.lora.share import messages, send
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(slot_paths(folder, "k", 0)[0]))
+    send(conn, {"job": {"run_dir": str(folder / "run"), "config": str(folder / "c.yaml"), "env": {}}})
+    heard = []
+    for message in messages(conn):
+        heard.append(message)
+        if "exit" in message:
+            break
+    conn.close()
+    return heard
+
+
+@pytest.mark.parametrize(("usable", "serves_on"), [(True, True), (False, False)])
+def test_a_job_that_leaves_the_process_unusable_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, usable: bool, serves_on: bool
+) -> None:
+    """An error not the job's own (a CUDA error, say) may have broken the process: it answers
+    the job's exit code, removes its socket and exits, so the next client starts a new one."""
+    import workers.lora.__main__ as worker
+
+    def job(run_dir: Path, config: Path, cache: Any, heartbeat: Any) -> Any:
+        print("training")
+        return worker.AttemptEnd(worker.EXIT_FAILED, usable)
+
+    monkeypatch.setattr(worker, "run_attempt", job)
+    thread, ended = serve_in_thread(tmp_path, idle_s=30)
+    assert hand_over(tmp_path) == [{"out": "training"}, {"out": "\n"}, {"exit": worker.EXIT_FAILED}]
+    thread.join(2)
+    assert thread.is_alive() is serves_on
+    assert slot_paths(tmp_path, "k", 0)[0].exists() is serves_on
+    if not serves_on:
+        assert ended == [1]
+
+
+def test_an_idle_warm_process_exits_unless_a_client_holds_its_slot(tmp_path: Path) -> None:
+    from workers.lora.share import try_lock
+
+    held = try_lock(slot_paths(tmp_path, "k", 0)[1])  # a client on its way to this slot
+    assert held is not None
+    thread, ended = serve_in_thread(tmp_path, idle_s=0.2)
+    thread.join(1.0)
+    assert thread.is_alive()  # idle, but a client holds the slot: it stays
+    os.close(held)
+    thread.join(10)
+    assert not thread.is_alive() and ended == [0]
+    assert not slot_paths(tmp_path, "k", 0)[0].exists()

@@ -161,6 +161,7 @@ def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool
         done.set()
     with contextlib.suppress(OSError):
         send(conn, {"exit": exit_code})
+        conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher's read; close alone would not
     conn.close()
     return usable
 
