@@ -74,3 +74,17 @@ def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_p
 
 def _job(worker: str, worker_output: dict[str, Any]) -> Any:
     return SimpleNamespace(worker=worker, worker_output=worker_output)  # what share_env reads
+
+
+def test_a_warm_process_job_counts_the_peak_its_worker_reports() -> None:
+    """The attempt's own processes (the client) hold no GPU memory: the running peak of a shape
+    trained in a warm process comes from its progress lines, never from text or junk there."""
+    from orchestrator.attempts.warm_peak import shared_base_peak_mib
+
+    sharing = _job("lora", {"share_base": "sequential"})
+    assert shared_base_peak_mib(sharing, {"step": 3, "peak_mem_mib": 15_700}) == 15_700
+    assert shared_base_peak_mib(_job("lora", {}), {"peak_mem_mib": 15_700}) == 0  # its own process
+    assert shared_base_peak_mib(_job("sim", {}), {"peak_mem_mib": 15_700}) == 0
+    for junk in ("15700", True, -1, 1e30, None, float("nan")):
+        assert shared_base_peak_mib(sharing, {"peak_mem_mib": junk}) == 0
+    assert shared_base_peak_mib(sharing, None) == 0
