@@ -191,7 +191,9 @@ def serve_in_thread(folder: Path, idle_s: float) -> tuple[Any, list[int]]:
     from workers.lora import server
 
     ended: list[int] = []
-    thread = threading.Thread(target=lambda: ended.append(server.serve(folder, "k", 0, idle_s)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: ended.append(server.serve(folder, "k", 0, idle_s)), daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + 30
     while not slot_paths(folder, "k", 0)[0].exists():
@@ -208,7 +210,9 @@ def hand_over(folder: Path) -> list[dict[str, Any]]:
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(slot_paths(folder, "k", 0)[0]))
-    send(conn, {"job": {"run_dir": str(folder / "run"), "config": str(folder / "c.yaml"), "env": {}}})
+    send(
+        conn, {"job": {"run_dir": str(folder / "run"), "config": str(folder / "c.yaml"), "env": {}}}
+    )
     heard = []
     for message in messages(conn):
         heard.append(message)
@@ -252,3 +256,21 @@ def test_an_idle_warm_process_exits_unless_a_client_holds_its_slot(tmp_path: Pat
     thread.join(10)
     assert not thread.is_alive() and ended == [0]
     assert not slot_paths(tmp_path, "k", 0)[0].exists()
+
+
+def test_a_warm_process_that_dies_mid_job_fails_that_attempt_with_a_line_saying_so(
+    tmp_path: Path, data_dir: Path, warm_server: tuple[subprocess.Popen[bytes], dict[str, str]]
+) -> None:
+    server, env = warm_server
+    long_job = job_config(data_dir, 1, False) | {"max_steps": 100000}
+    del long_job["eval_every_steps"]
+    client = run_job(tmp_path / "orphaned", long_job, {**env, "ORCH_SHARE_BASE": "sequential"})
+    progress = tmp_path / "orphaned" / "progress.jsonl"
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and progress.read_text().count("\n") >= 2):
+        assert client.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    server.send_signal(signal.SIGKILL)  # the host's OOM killer, say
+    assert client.wait(60) == 1
+    log = (tmp_path / "orphaned" / "stdout.log").read_text()
+    assert "the warm LoRA worker process ended while it trained this job" in log

@@ -59,7 +59,8 @@ def make_model(directory: Path) -> None:
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id)  # fmt: skip
     torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    model: Any = LlamaForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 

@@ -142,6 +142,7 @@ def run_attempt(
         )  # fmt: skip
         own = oom or isinstance(exc, OWN_ERRORS) or type(exc).__name__ in OWN_ERROR_NAMES
         return AttemptEnd(EXIT_OOM if oom else EXIT_FAILED, own)
+    shared: dict[str, Any] = {"share_base": "sequential"} if cache is not None else {}
     write_result(
         run_dir,
         STATUS_SUCCEEDED,
@@ -159,7 +160,7 @@ def run_attempt(
         test_is_val=test_is_validation(config.data),
         **outcome.settings,
         **outcome.memory,
-        **({"share_base": "sequential"} if cache is not None else {}),
+        **shared,
     )
     log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")
     return AttemptEnd(EXIT_OK, True)
