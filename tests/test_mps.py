@@ -35,31 +35,30 @@ from tests.store_reads import events, job_ids
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MEASURED = {"measured": True, "placed_into_mib": 0}
+MEASURED = {"measured": True}
 DIRS = MpsDirs(Path("/state.db.mps/pipe"), Path("/state.db.mps/log"))
 
 
 def test_a_measured_shape_is_fenced_at_its_peak_plus_a_margin() -> None:
-    assert fence_mib(0, measured=True, placed_into_mib=24_000) is None  # nothing predicted: no fence
-    assert fence_mib(1024, measured=True, placed_into_mib=24_000) == 1024 + 512  # at least 512 MiB over
-    assert fence_mib(20_000, measured=True, placed_into_mib=24_000) == 22_000  # else 10 %
+    assert fence_mib(0, measured=True) is None  # nothing predicted: no fence
+    assert fence_mib(1024, measured=True) == 1024 + 512  # at least 512 MiB over
+    assert fence_mib(20_000, measured=True) == 22_000  # else 10 %
 
 
-def test_an_unmeasured_shape_is_never_fenced_below_the_memory_it_was_placed_into() -> None:
-    # The scarce TRL sweep: declared 3 GiB, true 15.7 GiB, placed on a card with 24 GiB free.
-    # Fenced at 3.9 GiB it went two ladder levels down; now it may use what it was placed into.
-    assert fence_mib(3072, measured=False, placed_into_mib=24_576) == 24_576
-    assert fence_mib(20_000, measured=False, placed_into_mib=8_000) == 22_000  # never below the tight fence
-    assert fence_mib(0, measured=False, placed_into_mib=24_576) is None
+def test_an_unmeasured_shape_is_not_fenced() -> None:
+    # The scarce TRL sweep: declared 3 GiB, true 15.7 GiB. Fenced at 3.9 GiB it went two ladder
+    # levels down on a card with room; a figure nothing has measured never fences a job.
+    assert fence_mib(3072, measured=False) is None
+    assert fence_mib(20_000, measured=False) is None
 
 
 def test_a_client_gets_the_pipe_the_log_and_its_fence() -> None:
-    env = client_env(DIRS, 4000, measured=True, placed_into_mib=20_000)
+    env = client_env(DIRS, 4000, measured=True)
     assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/state.db.mps/pipe", "CUDA_MPS_LOG_DIRECTORY": "/state.db.mps/log",
                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4512M"}  # fmt: skip
-    declared = client_env(DIRS, 4000, measured=False, placed_into_mib=20_000)
-    assert declared["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20000M"
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in client_env(DIRS, 0, measured=False, placed_into_mib=1)
+    declared = client_env(DIRS, 4000, measured=False)
+    assert declared == {"CUDA_MPS_PIPE_DIRECTORY": "/state.db.mps/pipe", "CUDA_MPS_LOG_DIRECTORY": "/state.db.mps/log"}
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in client_env(DIRS, 0, measured=True)
 
 
 def test_gangs_and_run_alone_attempts_do_not_share() -> None:

@@ -209,7 +209,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
     mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib,
-                              measured=claimed.measured_shape, placed_into_mib=gpu.free_mib) if ctx.mps else {}
+                              measured=claimed.measured_shape) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
