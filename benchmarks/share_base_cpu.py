@@ -37,8 +37,11 @@ def configs(data: Path, steps: int) -> dict[str, dict[str, Any]]:
         data, steps=steps, eval_every_steps=5, prec="bf16", seed=0, dropout=0.1
     )
     del narrow["seed"]  # each job's seed comes from its pair
-    wide = {**narrow, "learning_rate": 5e-3,
-            "peft": {"r": 4, "alpha": 4, "dropout": 0.1, "targets": ["q_proj", "k_proj", "o_proj"]}}  # fmt: skip
+    wide = {
+        **narrow,
+        "learning_rate": 5e-3,
+        "peft": {"r": 4, "alpha": 4, "dropout": 0.1, "targets": ["q_proj", "k_proj", "o_proj"]},
+    }
     return {"narrow": narrow, "wide": wide}
 
 
@@ -51,18 +54,38 @@ def run_mode(
     for name, content in configs(data, steps).items():
         (plans / "configs" / "tiny").mkdir(parents=True, exist_ok=True)
         (plans / "configs" / "tiny" / f"{name}.yaml").write_text(yaml.safe_dump(content))
-    suite = {"worker": "lora", "mem_gib": 2, "configs": ["narrow", "wide"], "share_base": mode,
-             "hang_timeout_s": 600, "env": {"ORCH_WORKER_DEVICE": "cpu"}}  # fmt: skip
+    suite = {
+        "worker": "lora",
+        "mem_gib": 2,
+        "configs": ["narrow", "wide"],
+        "share_base": mode,
+        "hang_timeout_s": 600,
+        "env": {"ORCH_WORKER_DEVICE": "cpu"},
+    }
     (plans / "suites").mkdir(parents=True)
     (plans / "suites" / "tiny.yaml").write_text(yaml.safe_dump(suite))
     db = root / "state.db"
-    env = {**os.environ, "ORCH_DB": str(db), "ORCH_PLANS": str(plans), "ORCH_GPU_BACKEND": "sim",
-           "ORCH_SIM_GPUS": "1x24GiB", "ORCH_SIM_DIR": str(root / "sim"), "ORCH_LAUNCHER": "tmux",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    env = {
+        **os.environ,
+        "ORCH_DB": str(db),
+        "ORCH_PLANS": str(plans),
+        "ORCH_GPU_BACKEND": "sim",
+        "ORCH_SIM_GPUS": "1x24GiB",
+        "ORCH_SIM_DIR": str(root / "sim"),
+        "ORCH_LAUNCHER": "tmux",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
 
     def orch(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "orchestrator", *args], env=env, cwd=root,
-                              capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
         return done.stdout
 
     pairs = " ".join(f"{seed}:glue-tvt_rte" for seed in SEEDS)
@@ -95,11 +118,15 @@ def figures(suite_runs: Path) -> dict[tuple[str, int], Any]:
             for line in (result_path.parent / "progress.jsonl").read_text().splitlines()
         ]
         found[(config, int(seed[1:]))] = {
-            "metrics": result["metrics"], "best_step": result["best_step"], "final_loss": result["final_loss"],
+            "metrics": result["metrics"],
+            "best_step": result["best_step"],
+            "final_loss": result["final_loss"],
             "loss_summary": result["loss_summary"],
-            "steps": [(p["step"], p.get("loss"), p.get("grad_norm"), p.get("val")) for p in progress],
+            "steps": [
+                (p["step"], p.get("loss"), p.get("grad_norm"), p.get("val")) for p in progress
+            ],
             "share_base": result.get("share_base", "off"),
-        }  # fmt: skip
+        }
     return found
 
 
@@ -116,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         flip_every_fourth_label(data)
         off_s, off = run_mode(root / "off", "off", data, args.steps)
         sequential_s, sequential = run_mode(root / "sequential", "sequential", data, args.steps)
-    print(f"2 configs x {len(SEEDS)} seeds, tiny Llama bf16, dropout 0.1, {args.steps} steps, plan 2, "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"2 configs x {len(SEEDS)} seeds, tiny Llama bf16, dropout 0.1, {args.steps} steps, "
+        "plan 2, "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"share_base off:        {off_s:6.1f} s")
     print(f"share_base sequential: {sequential_s:6.1f} s  ({sequential_s / off_s:.2f} x off)")
     assert set(off) == set(sequential) and len(off) == 2 * len(SEEDS)
@@ -128,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     warm = sum(figures["share_base"] == "sequential" for figures in sequential.values())
     print(f"jobs trained in a warm process: {warm} of {len(sequential)}")
-    print(f"per-seed figures bit-identical: {len(off) - len(differing)} of {len(off)}"
-          + (f" (differ: {differing})" if differing else ""))  # fmt: skip
+    print(
+        f"per-seed figures bit-identical: {len(off) - len(differing)} of {len(off)}"
+        + (f" (differ: {differing})" if differing else "")
+    )
     return 0 if not differing else 1
 
 

@@ -39,8 +39,9 @@ STEPS = 12
 def job_config(
     data_dir: Path, seed: int, wide: bool, checkpointing: bool = False
 ) -> dict[str, Any]:
-    config = numerics_config(data_dir, steps=STEPS, eval_every_steps=4, prec="bf16", seed=seed,
-                             dropout=0.1)  # fmt: skip
+    config = numerics_config(
+        data_dir, steps=STEPS, eval_every_steps=4, prec="bf16", seed=seed, dropout=0.1
+    )
     if wide:  # another rank, other targets, another rate: an adapter left behind would show
         config["peft"] = {
             "r": 4,
@@ -55,8 +56,14 @@ def job_config(
 
 def base_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "TMUX"))}
-    env |= {"PYTHONPATH": str(REPO), "ORCH_WORKER_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1", "ORCH_SHARE_DIR": str(tmp_path / "warm"), "ORCH_SHARE_IDLE_S": "60"}  # fmt: skip
+    env |= {
+        "PYTHONPATH": str(REPO),
+        "ORCH_WORKER_DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "ORCH_SHARE_DIR": str(tmp_path / "warm"),
+        "ORCH_SHARE_IDLE_S": "60",
+    }
     return env
 
 
@@ -64,9 +71,13 @@ def run_job(run_dir: Path, config: dict[str, Any], env: dict[str, str]) -> subpr
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     log = (run_dir / "stdout.log").open("wb")
-    return subprocess.Popen([sys.executable, "-m", "workers.lora", "--run-dir", str(run_dir)],
-                            env={**env, "PYTHONHASHSEED": str(config["seed"])}, cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.lora", "--run-dir", str(run_dir)],
+        env={**env, "PYTHONHASHSEED": str(config["seed"])},
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def numbers(run_dir: Path) -> dict[str, Any]:
@@ -78,8 +89,13 @@ def numbers(run_dir: Path) -> dict[str, Any]:
     steps = [
         (p["step"], p.get("loss"), p.get("grad_norm"), p.get("lr"), p.get("val")) for p in lines
     ]
-    return {"steps": steps, "metrics": result["metrics"], "best_step": result["best_step"],
-            "final_loss": result["final_loss"], "loss_summary": result["loss_summary"]}  # fmt: skip
+    return {
+        "steps": steps,
+        "metrics": result["metrics"],
+        "best_step": result["best_step"],
+        "final_loss": result["final_loss"],
+        "loss_summary": result["loss_summary"],
+    }
 
 
 @pytest.fixture
@@ -90,10 +106,22 @@ def warm_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[
     key = base_key("tiny-llama", json.dumps({"builtin": "tiny-llama"}, sort_keys=True), "bf16", env)
     folder = share_dir(env)
     server = subprocess.Popen(
-        [sys.executable, "-m", "workers.lora.server", "--dir", str(folder), "--key", key, "--slot", "0"],
-        env={**env, "PYTHONHASHSEED": "12345"}, cwd=REPO,
-        stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "workers.lora.server",
+            "--dir",
+            str(folder),
+            "--key",
+            key,
+            "--slot",
+            "0",
+        ],
+        env={**env, "PYTHONHASHSEED": "12345"},
+        cwd=REPO,
+        stdout=(tmp_path / "server.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 60
     while not slot_paths(folder, key, 0)[0].exists():
         assert server.poll() is None and time.monotonic() < deadline, (

@@ -94,7 +94,8 @@ def test_lora_suite_runs_through_the_daemon(orch: Orch, tmp_path: Path) -> None:
 
     # share_base: sequential, the default of `worker: lora`: the first job started a warm
     # process in a tmux window of its own, and the other two were trained in it
-    ordered = sorted((a for runs in by_config.values() for a in runs), key=lambda a: a["started_at"])
+    ordered = sorted((a for runs in by_config.values() for a in runs),
+                     key=lambda a: a["started_at"])  # fmt: skip
     logs = [(Path(a["run_dir"]) / "stdout.log").read_text() for a in ordered]
     assert all("training in warm LoRA worker process" in log for log in logs), logs[0][-2000:]
     assert "(started for this job)" in logs[0]
@@ -107,7 +108,9 @@ def test_lora_suite_runs_through_the_daemon(orch: Orch, tmp_path: Path) -> None:
     assert 0.0 <= row["mean"] <= 1.0 and row["std"] >= 0.0
 
 
-def test_a_cancel_stops_only_its_job_and_the_warm_process_trains_the_next(orch: Orch, tmp_path: Path) -> None:
+def test_a_cancel_stops_only_its_job_and_the_warm_process_trains_the_next(
+    orch: Orch, tmp_path: Path
+) -> None:
     """`orch cancel` reaches the client's window (the wrapper forwards SIGTERM), the warm process
     stops that job, and the next job of the base is trained in the same process."""
     data_dir = tmp_path / "data"
@@ -115,7 +118,8 @@ def test_a_cancel_stops_only_its_job_and_the_warm_process_trains_the_next(orch: 
                     "--tasks", "rte", "--n-train", "40", "--n-dev", "16"],
                    check=True, cwd=REPO, capture_output=True)  # fmt: skip
     config = {"model": "tiny-llama", "peft": {"r": 4, "lora_alpha": 8}, "data_dir": str(data_dir),
-              "max_steps": 100000, "prec": "fp32", "max_seq_len": 64, "checkpoint_every_steps": 0}  # fmt: skip
+              "max_steps": 100000, "prec": "fp32", "max_seq_len": 64,
+              "checkpoint_every_steps": 0}  # fmt: skip
     python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {"ORCH_WORKER_DEVICE": "cpu", "PYTHONPATH": python_path}
     orch.write_suite("warm", {"long": config, "short": {**config, "max_steps": 3}}, worker="lora",

@@ -33,8 +33,10 @@ def test_sequential_is_the_default_of_the_lora_worker_and_off_of_any_other(tmp_p
     assert command.share_base == "off" and "share_base" not in command.worker_output
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("off", "off"), (False, "off"), ("sequential", "sequential"),
-                                               ("Sequential", "sequential")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("off", "off"), (False, "off"), ("sequential", "sequential"), ("Sequential", "sequential")],
+)
 def test_share_base_values(tmp_path: Path, raw: Any, expected: str) -> None:
     assert suite_with(tmp_path, "lora", raw).share_base == expected
 
@@ -64,7 +66,9 @@ def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_p
     sharing = {"share_base": "sequential"}
     runs = tmp_path / "runs"
     assert share_env(_job("lora", sharing), 1, False, True, runs) == {
-        "ORCH_SHARE_BASE": "sequential", "ORCH_SHARE_DIR": str(runs / ".warm")}  # fmt: skip
+        "ORCH_SHARE_BASE": "sequential",
+        "ORCH_SHARE_DIR": str(runs / ".warm"),
+    }
     assert share_env(_job("lora", {}), 1, False, True, runs) == {}  # share_base: off
     assert share_env(_job("sim", sharing), 1, False, True, runs) == {}
     assert share_env(_job("lora", sharing), 2, False, True, runs) == {}  # a gang

@@ -2,7 +2,7 @@
 orch (`share_base: off`), and with `share_base: sequential`, on the same warm machine.
 
     python benchmarks/gpu/share_base_sweep.py --work /tmp/share --out OUT            # GPU
-    python benchmarks/gpu/share_base_sweep.py --dry --work /tmp/share-dry --out /tmp/share-out  # CPU
+    python benchmarks/gpu/share_base_sweep.py --dry --work /tmp/share-dry --out /tmp/out  # CPU
 
 The sweep: a random Llama of about 210M parameters (hidden 1024, 12 layers, bf16, as in
 trl_sweep.py) with the toy word-level tokenizer; RTE-sized sample data (2,490 train, 277
@@ -35,16 +35,43 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.run_sweep import finish, orch, start_daemon  # noqa: E402
 
-LLAMA_210M: dict[str, Any] = dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=2816,
-                  num_attention_heads=16, num_key_value_heads=16)  # fmt: skip
+LLAMA_210M: dict[str, Any] = dict(
+    hidden_size=1024,
+    num_hidden_layers=12,
+    intermediate_size=2816,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+)
 CONFIGS: dict[str, dict[str, Any]] = {
-    "qv_r8": {"peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}, "learning_rate": 3e-4},
-    "qkvo_r16": {"peft": {"r": 16, "alpha": 32, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-                 "learning_rate": 3e-4},
-    "qv_r8_lr1e3": {"peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}, "learning_rate": 1e-3},
-    "all_r4": {"peft": {"r": 4, "alpha": 8, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                      "up_proj", "down_proj"]}, "learning_rate": 5e-4},
-}  # fmt: skip
+    "qv_r8": {
+        "peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]},
+        "learning_rate": 3e-4,
+    },
+    "qkvo_r16": {
+        "peft": {"r": 16, "alpha": 32, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        "learning_rate": 3e-4,
+    },
+    "qv_r8_lr1e3": {
+        "peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]},
+        "learning_rate": 1e-3,
+    },
+    "all_r4": {
+        "peft": {
+            "r": 4,
+            "alpha": 8,
+            "targets": [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        },
+        "learning_rate": 5e-4,
+    },
+}
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -55,9 +82,14 @@ def make_model(directory: Path) -> None:
     from workers.lora.model import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(**LLAMA_210M, vocab_size=len(tokenizer), tie_word_embeddings=False,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        **LLAMA_210M,
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     model: Any = LlamaForCausalLM(config)
     model.to(torch.bfloat16).save_pretrained(directory)
@@ -70,14 +102,29 @@ def write_plans(plans: Path, mode: str, model: str, data: Path, dry: bool) -> No
     names = list(CONFIGS)[:2] if dry else list(CONFIGS)
     for name in names:
         peft = {**CONFIGS[name]["peft"], "dropout": 0.05}
-        config = {"model": model, "data_dir": str(data), "batch_size": 16, "prec": "bf16",
-                  "max_seq_len": 256, "no_save": True, "checkpoint_every_steps": 0,
-                  **CONFIGS[name], "peft": peft,
-                  **({"max_steps": 20} if dry else {"num_epochs": 1})}  # fmt: skip
+        config = {
+            "model": model,
+            "data_dir": str(data),
+            "batch_size": 16,
+            "prec": "bf16",
+            "max_seq_len": 256,
+            "no_save": True,
+            "checkpoint_every_steps": 0,
+            **CONFIGS[name],
+            "peft": peft,
+            **({"max_steps": 20} if dry else {"num_epochs": 1}),
+        }
         (plans / "configs" / "share" / f"{name}.yaml").write_text(yaml.safe_dump(config))
     env = {"PYTHONPATH": str(REPO), **({"ORCH_WORKER_DEVICE": "cpu"} if dry else {})}
-    suite = {"worker": "lora", "mem_gib": 4, "configs": names, "one_token_tasks": ["glue*"],
-             "hang_timeout_s": 900, "share_base": "off" if mode == "serial" else mode, "env": env}  # fmt: skip
+    suite = {
+        "worker": "lora",
+        "mem_gib": 4,
+        "configs": names,
+        "one_token_tasks": ["glue*"],
+        "hang_timeout_s": 900,
+        "share_base": "off" if mode == "serial" else mode,
+        "env": env,
+    }
     (plans / "suites" / "share.yaml").write_text(yaml.safe_dump(suite))
 
 
@@ -89,8 +136,19 @@ def run_mode(
     write_plans(root / "plans", mode, model, data, dry)
     db = root / "state.db"
     pairs = " ".join(f"{seed}:glue-tvt_rte" for seed in range(1, seeds + 1))
-    orch(["submit", "--suite", "share", "--pairs", pairs, "--gpu-plan", "1" if mode == "serial" else plan],
-         db, root / "plans")  # fmt: skip
+    orch(
+        [
+            "submit",
+            "--suite",
+            "share",
+            "--pairs",
+            pairs,
+            "--gpu-plan",
+            "1" if mode == "serial" else plan,
+        ],
+        db,
+        root / "plans",
+    )
     started = time.monotonic()
     daemon = start_daemon(db, ["--poll", "0.5"])
     try:
@@ -110,11 +168,15 @@ def run_mode(
         result = json.loads(result_path.read_text())
         progress = (result_path.parent / "progress.jsonl").read_text().splitlines()
         figures[f"{config} {seed}"] = {
-            "status": result["status"], "metrics": result.get("metrics"), "best_step": result.get("best_step"),
-            "final_loss": result.get("final_loss"), "peak_mem_mib": result.get("peak_mem_mib"),
-            "share_base": result.get("share_base", "off"), "attempt": result_path.parent.name,
+            "status": result["status"],
+            "metrics": result.get("metrics"),
+            "best_step": result.get("best_step"),
+            "final_loss": result.get("final_loss"),
+            "peak_mem_mib": result.get("peak_mem_mib"),
+            "share_base": result.get("share_base", "off"),
+            "attempt": result_path.parent.name,
             "losses": [json.loads(line).get("loss") for line in progress if '"loss"' in line],
-        }  # fmt: skip
+        }
     return {
         "makespan_s": round(makespan_s, 1),
         "jobs": {j["id"]: j["state"] for j in jobs},
@@ -150,11 +212,28 @@ def main(argv: list[str] | None = None) -> int:
         model = str(args.work / "llama-210m")
         make_model(Path(model))
     data = args.work / "data"
-    subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data), "--tasks", "rte",
-                    "--n-train", "40" if args.dry else "2490", "--n-dev", "16" if args.dry else "277"],
-                   check=True, cwd=REPO, capture_output=True)  # fmt: skip
-    runs = {mode: run_mode(args.work, mode, args.plan, model, data, args.seeds, args.dry)
-            for mode in ("serial", "off", "sequential")}  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.lora.sample_data",
+            "--out",
+            str(data),
+            "--tasks",
+            "rte",
+            "--n-train",
+            "40" if args.dry else "2490",
+            "--n-dev",
+            "16" if args.dry else "277",
+        ],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+    )
+    runs = {
+        mode: run_mode(args.work, mode, args.plan, model, data, args.seeds, args.dry)
+        for mode in ("serial", "off", "sequential")
+    }
     off, sequential, serial = (runs[m]["figures"] for m in ("off", "sequential", "serial"))
     differing = sorted(
         k for k in off if k not in sequential or not same_numbers(off[k], sequential[k])
@@ -162,19 +241,27 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "makespan_s": {mode: run["makespan_s"] for mode, run in runs.items()},
         "sequential_vs_off": round(runs["off"]["makespan_s"] / runs["sequential"]["makespan_s"], 3),
-        "sequential_vs_serial": round(runs["serial"]["makespan_s"] / runs["sequential"]["makespan_s"], 3),
+        "sequential_vs_serial": round(
+            runs["serial"]["makespan_s"] / runs["sequential"]["makespan_s"], 3
+        ),
         "off_vs_serial": round(runs["serial"]["makespan_s"] / runs["off"]["makespan_s"], 3),
         "warm_jobs": sum(f["share_base"] == "sequential" for f in sequential.values()),
-        "jobs": len(sequential), "differing_from_off": differing,
+        "jobs": len(sequential),
+        "differing_from_off": differing,
         "serial_equals_off": all(same_numbers(serial[k], off[k]) for k in off if k in serial),
-        "oom_attempts": {m: sum(f["status"] == "oom" for f in r["figures"].values()) for m, r in runs.items()},
-    }  # fmt: skip
+        "oom_attempts": {
+            m: sum(f["status"] == "oom" for f in r["figures"].values()) for m, r in runs.items()
+        },
+    }
     (args.out / "share-base.json").write_text(
         json.dumps({"summary": summary, "runs": runs}, indent=1)
     )
     print(json.dumps(summary, indent=1))
-    print(f"goal: sequential >= 1.5x off: {summary['sequential_vs_off']:.2f}x; identical to solo runs: "
-          f"{'yes' if not differing else 'no'}")  # fmt: skip
+    print(
+        f"goal: sequential >= 1.5x off: {summary['sequential_vs_off']:.2f}x; "
+        "identical to solo runs: "
+        f"{'yes' if not differing else 'no'}"
+    )
     return 0 if not differing else 1
 
 

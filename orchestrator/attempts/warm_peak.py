@@ -21,6 +21,10 @@ def shared_base_peak_mib(job: Job, progress: dict[str, Any] | None) -> int:
     if job.worker != "lora" or job.worker_output.get("share_base", "off") == "off" or not progress:
         return 0
     value = progress.get("peak_mem_mib")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_REPORTED_MIB:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_REPORTED_MIB
+    ):
         return 0
     return int(value)

@@ -85,7 +85,8 @@ class Suite:
     result_regex: str | None = None  # metrics from stdout when there is no result.json
     fail_on_divergence: bool = False  # a run whose loss diverged fails instead of succeeding (marked)
     divergence_factor: float | None = None  # k of "last epoch above k × its minimum"; None: the default, 0: off
-    share_base: str = "off"  # off | sequential: one warm LoRA worker process trains jobs of one base in turn
+    # off | sequential: one warm LoRA worker process per card slot trains jobs of one base in turn
+    share_base: str = "off"
 
     @property
     def worker_output(self) -> dict[str, Any]:

@@ -45,8 +45,9 @@ def parse_share_base(path: Path, raw: Any, worker: str) -> str:
         shown = repr(raw) if not isinstance(raw, str) else repr(raw[:40])
         raise PlanError(f"suite {path}: `share_base` must be off, sequential or fused, not {shown}")
     if value != "off" and worker not in SHARING_WORKERS:
-        raise PlanError(f"suite {path}: `share_base: {value}` needs the built-in LoRA worker (`worker: lora`); "
-                        "other workers cannot share a loaded base: use share_base: off")  # fmt: skip
+        raise PlanError(f"suite {path}: `share_base: {value}` needs the built-in LoRA worker "
+                        "(`worker: lora`); other workers cannot share a loaded base: "
+                        "use share_base: off")
     if value == "fused":
         raise PlanError(f"suite {path}: `share_base: fused` is not available yet: use sequential "
                         "(the default for worker: lora) or off")  # fmt: skip

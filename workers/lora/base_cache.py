@@ -35,9 +35,13 @@ class BaseCache:
         self._adapted: Any = None  # the PEFT model of the job running now
 
     def base(
-        self, config: RunConfig, dtype: torch.dtype, device: torch.device, log: Log,
+        self,
+        config: RunConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        log: Log,
         model_digest: str = "",
-    ) -> tuple[Any, Any, str]:  # fmt: skip
+    ) -> tuple[Any, Any, str]:
         """(base model on `device`, tokenizer, kind); loaded once per model, dtype and device."""
         key = (config.model, f"{dtype}:{device}", model_digest)
         if self._base is None or self._model_key != key:

@@ -121,16 +121,41 @@ def _start_server(folder: Path, key: str, slot: int) -> str | None:
     fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(process_env(os.environ), handle)
-    command = shlex.join([sys.executable, "-m", "workers.lora.server", "--dir", str(folder),
-                          "--key", key, "--slot", str(slot), "--env-file", str(env_file)])  # fmt: skip
+    command = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "workers.lora.server",
+            "--dir",
+            str(folder),
+            "--key",
+            key,
+            "--slot",
+            str(slot),
+            "--env-file",
+            str(env_file),
+        ]
+    )
     path_env = (
         ["-e", f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
     )
     done = subprocess.run(
-        ["tmux", "new-window", "-d", "-n", f"warm-{key[:8]}-{slot}", "-c", os.getcwd(), *path_env,
-         f"exec {command}"],
-        check=False, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [
+            "tmux",
+            "new-window",
+            "-d",
+            "-n",
+            f"warm-{key[:8]}-{slot}",
+            "-c",
+            os.getcwd(),
+            *path_env,
+            f"exec {command}",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         return f"tmux could not open a window for a warm process: {done.stderr.strip()[:200]}"
     return None
@@ -167,7 +192,9 @@ def _relay(conn: socket.socket, run_dir: Path, config_path: Path, where: str) ->
         signal.signal(received[0], signal.SIG_DFL)
         os.kill(os.getpid(), received[0])
     if exit_code is None:
-        log("the warm LoRA worker process ended while it trained this job (see its window); "
-            "the next attempt starts a new one")  # fmt: skip
+        log(
+            "the warm LoRA worker process ended while it trained this job (see its window); "
+            "the next attempt starts a new one"
+        )
         return EXIT_FAILED
     return exit_code

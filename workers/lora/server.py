@@ -107,7 +107,8 @@ def serve(folder: Path, key: str, slot: int, idle_s: float) -> int:
             conn.settimeout(None)
             if not serve_one(conn, cache, base_env):
                 log(
-                    "the last job left this process unusable: exiting (the next job starts a new one)"
+                    "the last job left this process unusable: exiting (the next job starts a new "
+                    "one)"
                 )
                 return 1
     finally:
@@ -170,8 +171,12 @@ def _close_window_on_exit() -> None:
     """orch's tmux keeps a window whose command ended (remain-on-exit); this one is closed."""
     pane = os.environ.get("TMUX_PANE")
     if pane and os.environ.get("TMUX") and shutil.which("tmux"):
-        subprocess.run(["tmux", "set-option", "-w", "-t", pane, "remain-on-exit", "off"],
-                       check=False, capture_output=True, timeout=10)  # fmt: skip
+        subprocess.run(
+            ["tmux", "set-option", "-w", "-t", pane, "remain-on-exit", "off"],
+            check=False,
+            capture_output=True,
+            timeout=10,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,8 +190,17 @@ def main(argv: list[str] | None = None) -> int:
         env = json.loads(args.env_file.read_text(encoding="utf-8"))
         args.env_file.unlink()
         env |= {name: os.environ[name] for name in ("TMUX", "TMUX_PANE") if name in os.environ}
-        command = [sys.executable, "-m", "workers.lora.server", "--dir", str(args.dir),
-                   "--key", args.key, "--slot", str(args.slot)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "workers.lora.server",
+            "--dir",
+            str(args.dir),
+            "--key",
+            args.key,
+            "--slot",
+            str(args.slot),
+        ]
         os.execve(sys.executable, command, env)
     idle_s = float(os.environ.get(IDLE_VAR) or DEFAULT_IDLE_S)
     return serve(args.dir, args.key, args.slot, idle_s)

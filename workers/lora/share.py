@@ -40,13 +40,36 @@ MAX_LINE_BYTES = 4 * 1024 * 1024
 
 # Read by a process once, at start (CUDA, PyTorch, BLAS threads, libraries' caches): a warm
 # process serves only jobs whose values of these are its own.
-KEY_ENV_PREFIXES = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "OPENBLAS_", "NVIDIA_", "NCCL_",
-                    "TRITON_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "LD_")  # fmt: skip
+KEY_ENV_PREFIXES = (
+    "CUDA_",
+    "PYTORCH_",
+    "TORCH",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "NVIDIA_",
+    "NCCL_",
+    "TRITON_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "LD_",
+)
 KEY_ENV_NAMES = ("PYTHONPATH", "VIRTUAL_ENV", "ORCH_WORKER_DEVICE")
 # The attempt's own: never given to a warm process at start (it outlives the attempt, and orch
 # finds an attempt's processes by ORCH_ATTEMPT_MARK), set for each job while it runs instead.
-ATTEMPT_ENV = ("ORCH_ATTEMPT_MARK", "ORCH_ATTEMPT_TOKEN", "ORCH_CGROUP", "ORCH_JOB_ID",
-               "ORCH_ATTEMPT", "ORCH_RUN_DIR", "ORCH_SEED", "PYTHONHASHSEED", "TMUX", "TMUX_PANE")  # fmt: skip
+ATTEMPT_ENV = (
+    "ORCH_ATTEMPT_MARK",
+    "ORCH_ATTEMPT_TOKEN",
+    "ORCH_CGROUP",
+    "ORCH_JOB_ID",
+    "ORCH_ATTEMPT",
+    "ORCH_RUN_DIR",
+    "ORCH_SEED",
+    "PYTHONHASHSEED",
+    "TMUX",
+    "TMUX_PANE",
+)
 
 
 def process_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -56,8 +79,11 @@ def process_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def base_key(model: str, model_digest: str, prec: str, env: Mapping[str, str]) -> str:
     """A short name for (model, its content, dtype, interpreter, process environment)."""
-    process = sorted((name, value) for name, value in env.items()
-                     if name.startswith(KEY_ENV_PREFIXES) or name in KEY_ENV_NAMES)  # fmt: skip
+    process = sorted(
+        (name, value)
+        for name, value in env.items()
+        if name.startswith(KEY_ENV_PREFIXES) or name in KEY_ENV_NAMES
+    )
     text = json.dumps([model, model_digest, prec, sys.executable, process])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -148,8 +148,10 @@ def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], tas
     return task_metrics(task, predictions, labels)
 
 
-def run(config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log,
-        cache: BaseCache | None = None, digests: tuple[str, str] = ("", "")) -> TrainOutcome:  # fmt: skip
+def run(
+    config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log,
+    cache: BaseCache | None = None, digests: tuple[str, str] = ("", ""),
+) -> TrainOutcome:  # fmt: skip
     """Train, evaluate on val, keep the best LoRA weights, score test; save the adapter.
     `cache`: the base and tokenised data a warm process kept (None: a fresh one); `digests`:
     the model's and the data's content, which key what it keeps."""
