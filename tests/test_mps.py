@@ -35,30 +35,42 @@ from tests.store_reads import events, job_ids
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+MEASURED = {"measured": True}
 DIRS = MpsDirs(Path("/state.db.mps/pipe"), Path("/state.db.mps/log"))
 
 
-def test_fence_is_the_prediction_plus_a_margin() -> None:
-    assert fence_mib(0) is None  # nothing predicted: no fence
-    assert fence_mib(1024) == 1024 + 512  # at least 512 MiB over
-    assert fence_mib(20_000) == 22_000  # else 10 %
+def test_a_measured_shape_is_fenced_at_its_peak_plus_a_margin() -> None:
+    assert fence_mib(0, measured=True) is None  # nothing predicted: no fence
+    assert fence_mib(1024, measured=True) == 1024 + 512  # at least 512 MiB over
+    assert fence_mib(20_000, measured=True) == 22_000  # else 10 %
+
+
+def test_an_unmeasured_shape_is_not_fenced() -> None:
+    # The scarce TRL sweep: declared 3 GiB, true 15.7 GiB. Fenced at 3.9 GiB it went two ladder
+    # levels down on a card with room; a figure nothing has measured never fences a job.
+    assert fence_mib(3072, measured=False) is None
+    assert fence_mib(20_000, measured=False) is None
 
 
 def test_a_client_gets_the_pipe_the_log_and_its_fence() -> None:
-    env = client_env(DIRS, 4000)
+    env = client_env(DIRS, 4000, measured=True)
     assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/state.db.mps/pipe", "CUDA_MPS_LOG_DIRECTORY": "/state.db.mps/log",
                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4512M"}  # fmt: skip
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in client_env(DIRS, 0)
+    declared = client_env(DIRS, 4000, measured=False)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in declared
+    assert declared["CUDA_MPS_PIPE_DIRECTORY"] == "/state.db.mps/pipe"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in client_env(DIRS, 0, measured=True)
 
 
 def test_gangs_and_run_alone_attempts_do_not_share() -> None:
     state = MpsState(MpsControl(DIRS, ("GPU-a",), binary="unused"), {"GPU-a", "GPU-b"})
     assert may_share(1, False) and not may_share(2, False) and not may_share(1, True)
-    assert state.env_for("GPU-a", 1, False, 1000)["CUDA_MPS_PIPE_DIRECTORY"] == "/state.db.mps/pipe"
-    assert state.env_for("GPU-a", 2, False, 1000) == {}  # a gang
-    assert state.env_for("GPU-a", 1, True, 1000) == {}  # run_alone
+    shared = state.env_for("GPU-a", 1, False, 1000, **MEASURED)
+    assert shared["CUDA_MPS_PIPE_DIRECTORY"] == "/state.db.mps/pipe"
+    assert state.env_for("GPU-a", 2, False, 1000, **MEASURED) == {}  # a gang
+    assert state.env_for("GPU-a", 1, True, 1000, **MEASURED) == {}  # run_alone
     assert state.turn_off("GPU-b") and not state.turn_off("GPU-b")
-    assert state.env_for("GPU-b", 1, False, 1000) == {}  # MPS turned off for that card
+    assert state.env_for("GPU-b", 1, False, 1000, **MEASURED) == {}  # MPS turned off for that card
 
 
 def test_pipe_folder_falls_back_where_the_state_path_is_too_long(tmp_path: Path) -> None:
@@ -138,3 +150,12 @@ def test_mps_without_the_binary_is_one_clear_line(tmp_path: Path) -> None:
         "orch: error: --mps: nvidia-cuda-mps-control is not on PATH (it comes with NVIDIA's driver); run without --mps"
     ]
     assert not (tmp_path / "state.db").exists()  # nothing written
+
+
+def test_only_a_peak_of_the_shape_itself_tightens_the_fence() -> None:
+    from orchestrator.scheduling.launching import MEASURED_SHAPE
+
+    assert {SourceKind.MEASURED, SourceKind.RUNNING} == MEASURED_SHAPE
+    for borrowed in (SourceKind.LEVEL, SourceKind.TASK, SourceKind.FAMILY, SourceKind.ESTIMATE,
+                     SourceKind.DECLARED, SourceKind.OOM_FLOOR):  # fmt: skip
+        assert borrowed not in MEASURED_SHAPE

@@ -587,15 +587,16 @@ def test_divergence_settings_are_checked_and_stored_with_the_job(tmp_path: Path)
     base = {"worker": "lora", "mem_gib": 1, "configs": ["a"]}
     write_suite(tmp_path, "D", {**base, "fail_on_divergence": True, "divergence_factor": 5}, {"a": {"lr": 1}})
     suite = load_suite("D", tmp_path)
-    assert suite.worker_output == {"fail_on_divergence": True, "divergence_factor": 5.0}
+    sharing = {"share_base": "sequential"}  # the LoRA worker's default
+    assert suite.worker_output == {"fail_on_divergence": True, "divergence_factor": 5.0, **sharing}
     write_suite(tmp_path, "D", {**base, "divergence_factor": "off"}, {"a": {"lr": 1}})
     with pytest.raises(PlanError, match="`divergence_factor` must be a number >= 1 or off"):
         load_suite("D", tmp_path)
     write_suite(tmp_path, "D", {**base, "divergence_factor": False}, {"a": {"lr": 1}})  # YAML's off
-    assert load_suite("D", tmp_path).worker_output == {"divergence_factor": 0.0}
+    assert load_suite("D", tmp_path).worker_output == {"divergence_factor": 0.0, **sharing}
     for bad in ({"divergence_factor": 0.5}, {"fail_on_divergence": "yes"}):
         write_suite(tmp_path, "D", {**base, **bad}, {"a": {"lr": 1}})
         with pytest.raises(PlanError, match="divergence"):
             load_suite("D", tmp_path)
     write_suite(tmp_path, "D", base, {"a": {"lr": 1}})
-    assert load_suite("D", tmp_path).worker_output == {}  # nothing stored: the defaults
+    assert load_suite("D", tmp_path).worker_output == sharing  # no divergence setting: the defaults

@@ -67,7 +67,7 @@ def _wait_files(paths: list[Path], timeout_s: float) -> None:
 def factors_once(root: Path, steps: int, mps: bool) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     control = _mps(root / "mps") if mps else None
-    env = client_env(control.dirs, 0) if control else {}
+    env = client_env(control.dirs, 0, measured=False) if control else {}
     procs = [_spawn(["--phases", str(root), "--rank", str(r), "--steps", str(steps)], env, root / f"log-{r}.txt")
              for r in range(4)]  # fmt: skip
     try:
@@ -108,7 +108,7 @@ def _tail(path: Path, n: int = 6) -> list[str]:
 def contain_once(root: Path, mps: bool) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     control = _mps(root / "mps") if mps else None
-    env = client_env(control.dirs, 0) if control else {}
+    env = client_env(control.dirs, 0, measured=False) if control else {}
     try:
         neighbours = [_spawn(["--run-s", "25"], env, root / f"neighbour-{r}.txt") for r in range(2)]
         faulty = _spawn(["--fault-after-s", "5"], env, root / "faulty.txt")
@@ -130,8 +130,8 @@ def fence(root: Path) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     control = _mps(root / "mps")
     try:
-        neighbour = _spawn(["--run-s", "20"], client_env(control.dirs, 0), root / "neighbour.txt")
-        limited = {**client_env(control.dirs, 0), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G"}
+        neighbour = _spawn(["--run-s", "20"], client_env(control.dirs, 0, measured=False), root / "neighbour.txt")
+        limited = {**client_env(control.dirs, 0, measured=False), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G"}
         over = _spawn(["--alloc-mib", "3072", "--steps", "5"], limited, root / "over.txt")
         under = _spawn(["--alloc-mib", "1024", "--steps", "5"], limited, root / "under.txt")
         codes = {"over": over.wait(180), "under": under.wait(180), "neighbour": neighbour.wait(180)}

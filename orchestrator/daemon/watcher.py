@@ -37,6 +37,7 @@ from orchestrator.attempts.resource_use import ResourceTracker
 from orchestrator.attempts.silence import Silences
 from orchestrator.attempts.startup_lesson import learn_startup
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
+from orchestrator.attempts.warm_peak import shared_base_peak_mib
 from orchestrator.clock import Clock
 from orchestrator.daemon.attempt_lessons import AttemptLessons
 from orchestrator.daemon.disk_hold import DiskHold
@@ -210,8 +211,7 @@ class AttemptWatcher:
             learn_startup(self.store, attempt, job, obs, self.clock.now_s(), watched_s=self.silences.watched_s(attempt.id),
                           adopted=self.adopted(attempt))  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
-            self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs,
-                        None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid))
+            self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs, None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid), job)
             self.lessons.rate(attempt, job, obs, tenants)
             self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=False)
         if verdict is Verdict.HUNG and self.disk.silenced(job.hang_timeout_s):
@@ -347,7 +347,7 @@ class AttemptWatcher:
             return obs
         return replace(obs, last_progress=parsed) if parsed is not None else obs
 
-    def _track(self, attempt: Attempt, obs: Observation, gpu: GpuSnapshot | None) -> None:
+    def _track(self, attempt: Attempt, obs: Observation, gpu: GpuSnapshot | None, job: Job) -> None:
         fields: dict[str, Any] = {}
         pid = attempt.pid
         if attempt.pgid is None:
@@ -362,8 +362,8 @@ class AttemptWatcher:
             held = gpu.memory_of(tree)
             if held != attempt.held_mib:
                 fields["held_mib"] = held
-            if held > attempt.peak_mib:
-                fields["peak_mib"] = held
+            if (peak := max(held, shared_base_peak_mib(job, obs.last_progress))) > attempt.peak_mib:
+                fields["peak_mib"] = peak  # a warm process's job: the peak its worker reports
             fields.update(self.resources.fields(attempt, list(tree), self._by_uuid, host_due))
             held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)

@@ -8,9 +8,11 @@ worker that may share a card at it through `CUDA_MPS_PIPE_DIRECTORY`. A client w
 daemon reachable there runs without MPS, so a worker left out (a gang, a `run_alone` attempt,
 a card where MPS was turned off) simply gets no such variables.
 
-Each client also gets `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (its prediction plus a margin): a job
-over its budget gets an out-of-memory error of its own, which the ladder reads as any OOM,
-instead of taking the memory its neighbours were promised.
+Each client also gets `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: a job over its budget gets an
+out-of-memory error of its own, which the ladder reads as any OOM, instead of taking the memory
+its neighbours were promised. Only a measured peak of the job's own shape sets a fence (that peak
+plus a margin); a shape never run is not fenced, so a declared or estimated figure that is too
+low never forces a ladder step of orch's own.
 
 Pure parts (the fence, a client's environment, reading a worker's error as an MPS failure) take
 values and return values; `MpsControl` is the thin shell around the binary.
@@ -85,19 +87,26 @@ def mps_dirs(db_path: Path) -> MpsDirs:
     return MpsDirs(base / "pipe", base / "log")
 
 
-def fence_mib(predicted_peak_mib: int) -> int | None:
-    """The device memory a client may pin: its prediction plus the margin; None (no fence)
-    where nothing is predicted."""
-    if predicted_peak_mib <= 0:
+def fence_mib(predicted_peak_mib: int, *, measured: bool) -> int | None:
+    """The device memory a client may pin; None (no fence) where nothing is predicted.
+
+    `measured`: the prediction is a peak measured on this very shape (a finished or running
+    attempt of it); the fence is then that peak plus the margin. Any other prediction (declared,
+    estimated, borrowed from another level, task or batch size) may be far below the truth: a
+    declared 3 GiB for a true 15.7 GiB, fenced at 3.9 GiB, forced two halvings on a card with
+    room to spare. Such a client is not fenced: it may use what it was placed into, including
+    memory that a running attempt frees while it starts (`--overlap`), which a figure taken at
+    its launch would not hold; a physical OOM is the ladder's, as without MPS."""
+    if predicted_peak_mib <= 0 or not measured:
         return None
     return predicted_peak_mib + max(FENCE_MIN_MARGIN_MIB, int(predicted_peak_mib * FENCE_MARGIN_FRACTION))
 
 
-def client_env(dirs: MpsDirs, predicted_peak_mib: int) -> dict[str, str]:
+def client_env(dirs: MpsDirs, predicted_peak_mib: int, *, measured: bool) -> dict[str, str]:
     """What a worker needs to run as a client of orch's control daemon. The fence names device 0:
     the worker sees only its card (CUDA_VISIBLE_DEVICES)."""
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe), "CUDA_MPS_LOG_DIRECTORY": str(dirs.log)}
-    limit = fence_mib(predicted_peak_mib)
+    limit = fence_mib(predicted_peak_mib, measured=measured)
     if limit is not None:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
     return env
@@ -268,10 +277,11 @@ class MpsState:
     control: MpsControl
     cards: set[str]  # GPU UUIDs whose workers are pointed at the control daemon
 
-    def env_for(self, gpu_uuid: str, gpus: int, run_alone: bool, predicted_peak_mib: int) -> dict[str, str]:
+    def env_for(self, gpu_uuid: str, gpus: int, run_alone: bool, predicted_peak_mib: int, *,
+                measured: bool) -> dict[str, str]:  # fmt: skip
         if gpu_uuid not in self.cards or not may_share(gpus, run_alone):
             return {}
-        return client_env(self.control.dirs, predicted_peak_mib)
+        return client_env(self.control.dirs, predicted_peak_mib, measured=measured)
 
     def turn_off(self, gpu_uuid: str) -> bool:
         """MPS off for one card; True when it was on."""

@@ -91,6 +91,8 @@ class Suite:
     result_regex: str | None = None  # metrics from stdout when there is no result.json
     fail_on_divergence: bool = False  # a run whose loss diverged fails instead of succeeding (marked)
     divergence_factor: float | None = None  # k of "last epoch above k × its minimum"; None: the default, 0: off
+    # off | sequential: one warm LoRA worker process per card slot trains jobs of one base in turn
+    share_base: str = "off"
 
     @property
     def worker_output(self) -> dict[str, Any]:
@@ -106,6 +108,8 @@ class Suite:
             stored["progress_regex"] = self.progress_regex
         if self.result_regex:
             stored["result_regex"] = self.result_regex
+        if self.share_base != "off":
+            stored["share_base"] = self.share_base
         return stored
     memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
     min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain

@@ -17,6 +17,8 @@ from orchestrator.plans.model import JobSpec, Suite
 from orchestrator.plans.template import check_config_keys, parse_template
 
 HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
+SHARE_BASE_VALUES = ("off", "sequential", "fused")
+SHARING_WORKERS = frozenset({"lora"})  # workers that can train several jobs over one loaded base
 MAX_REGEX_CHARS = 500
 
 
@@ -30,6 +32,26 @@ def parse_hang_timeout(path: Path, raw: Any) -> float:
     if not (math.isfinite(raw) and raw > 0):
         raise PlanError(f"suite {path}: `hang_timeout_s` must be positive (or off)")
     return float(raw)
+
+
+def parse_share_base(path: Path, raw: Any, worker: str) -> str:
+    """`share_base`: off, sequential (one warm process per card slot and base trains jobs one
+    after another; the default for `worker: lora`) or fused (several jobs at once: not yet
+    available). A value other than off on a worker that cannot share is refused."""
+    if raw is None:
+        return "sequential" if worker in SHARING_WORKERS else "off"
+    value = "off" if raw is False else raw.strip().lower() if isinstance(raw, str) else None
+    if value not in SHARE_BASE_VALUES:
+        shown = repr(raw) if not isinstance(raw, str) else repr(raw[:40])
+        raise PlanError(f"suite {path}: `share_base` must be off, sequential or fused, not {shown}")
+    if value != "off" and worker not in SHARING_WORKERS:
+        raise PlanError(f"suite {path}: `share_base: {value}` needs the built-in LoRA worker "
+                        "(`worker: lora`); other workers cannot share a loaded base: "
+                        "use share_base: off")
+    if value == "fused":
+        raise PlanError(f"suite {path}: `share_base: fused` is not available yet: use sequential "
+                        "(the default for worker: lora) or off")  # fmt: skip
+    return value
 
 
 def parse_regex(path: Path, data: dict[str, Any], key: str, required_group: str | None) -> str | None:

@@ -49,7 +49,7 @@ from orchestrator.store.attempts import (
     update_attempt,
 )
 from orchestrator.store.db import Store
-from orchestrator.store.peak_source import PredictionSource
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.resources import live_ports
 from orchestrator.store.rows import Attempt, Job
 
@@ -71,6 +71,15 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
+def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path) -> dict[str, str]:
+    """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
+    `share_base: sequential`, on this host, unless the ladder runs it alone on its card."""
+    mode = job.worker_output.get("share_base", "off")
+    if job.worker != "lora" or mode == "off" or gpus != 1 or run_alone or not local:
+        return {}
+    return {SHARE_BASE_VAR: str(mode), SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+
+
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
     task = f"-{_safe_name(job.data)}" if job.data else ""  # a script without tasks has none
     job_dir = f"{job.id:06d}-{_safe_name(job.config_name)}-s{job.seed}{task}"
@@ -86,8 +95,14 @@ class Claim:
     attempt: Attempt
     config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
     cards: tuple[GpuSnapshot, ...] = ()  # a multi-GPU job's cards in order (gpu is the first)
+    measured_shape: bool = False  # the prediction is a peak measured on this shape (MPS fence)
 
 
+# Predictions that are peaks of the shape itself: only these tighten an MPS fence.
+MEASURED_SHAPE = frozenset({SourceKind.MEASURED, SourceKind.RUNNING})
+# `share_base: sequential` (workers/lora/share.py reads these): the attempt's worker hands its
+# job to a warm LoRA worker process, whose sockets and locks are in the runs dir's WARM_DIR.
+SHARE_BASE_VAR, SHARE_DIR_VAR, WARM_DIR = "ORCH_SHARE_BASE", "ORCH_SHARE_DIR", ".warm"
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
 
 
@@ -177,7 +192,8 @@ def claim(
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
     except InvalidTransition:
         return None  # cancelled between the read and the claim
-    return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,))
+    return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,),
+                 measured_shape=source.kind in MEASURED_SHAPE)
 
 
 def resume_point(store: Store, job: Job) -> CheckpointSearch:
@@ -196,7 +212,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
-    mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib) if ctx.mps else {}
+    mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib,
+                              measured=claimed.measured_shape) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
@@ -205,6 +222,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
                    **footprint_env(ctx.worker_env, job.worker, job.declared_mib),
+                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir),
                    **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)

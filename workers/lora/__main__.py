@@ -6,9 +6,11 @@ Exit codes: 0 succeeded, 1 failed, 3 CUDA out of memory, 4 invalid configuration
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,9 @@ from workers.harness import (
 from workers.lora.config import ConfigError, RunConfig, load_config
 from workers.lora.data import find_source, parse_data_name, test_is_validation
 from workers.lora.provenance import torch_record, worker_record
+from workers.lora.share import digest_of
+
+SHARE_BASE_VAR = "ORCH_SHARE_BASE"  # set by orch for a suite's `share_base` other than off
 
 # Messages of device out-of-memory errors (torch, CUDA runtime, cuBLAS, Triton, NCCL).
 OOM_SIGNATURES = (
@@ -59,6 +64,24 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+EXIT_STOPPED = 143  # as a process ended by SIGTERM
+
+
+class JobStopped(Exception):
+    """A warm process was told to stop the job it runs (a cancel, or its client gone)."""
+
+
+# Exceptions a job brings on itself: the warm process that ran it is still usable afterwards.
+# Anything else (a CUDA error, a bug) may have left it broken: it exits and is replaced.
+OWN_ERRORS: tuple[type[BaseException], ...] = (ConfigError, OSError, JobStopped)
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    exit_code: int
+    process_usable: bool  # False: an error not the job's own, the process may be broken
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.lora", description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)
@@ -66,11 +89,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    config_path: Path = args.config or RunDir(run_dir).config
+    if os.environ.get(SHARE_BASE_VAR, "off") != "off":
+        from workers.lora.client import run_shared
+
+        return run_shared(run_dir, config_path)
+    return run_attempt(run_dir, config_path).exit_code
+
+
+def run_attempt(
+    run_dir: Path, config_path: Path, cache: Any = None, heartbeat: Heartbeat | None = None
+) -> AttemptEnd:
+    """One attempt in this process: train and write result.json. `cache`: a warm process's
+    workers.lora.base_cache.BaseCache; `heartbeat`: its stoppable one."""
     started_s = time.monotonic()
     memory: dict[str, Any] = {}
     provenance: dict[str, Any] = {}
     try:
-        config = load_config(args.config or RunDir(run_dir).config)
+        config = load_config(config_path)
         for warning in config.warnings:
             log(f"warning: {warning}")
         check_inputs(config)
@@ -80,13 +116,18 @@ def main(argv: list[str] | None = None) -> int:
         provenance = worker_record(config)
         from workers.lora import train  # torch is imported only once the config is known good
 
-        outcome = train.run(config, run_dir, Heartbeat(run_dir), log, keep_checkpoints=True)
+        digests = (digest_of(provenance.get("model")), digest_of(provenance.get("data")))
+        outcome = train.run(config, run_dir, heartbeat or Heartbeat(run_dir), log, cache, digests,
+                            keep_checkpoints=True)
+    except JobStopped as exc:
+        log(f"stopped: {exc}")  # orch ends the attempt; no result.json of a job cut short
+        return AttemptEnd(EXIT_STOPPED, True)
     except ConfigError as exc:
         log(f"config error: {exc}")
         write_result(
             run_dir, STATUS_CONFIG_ERROR, error=str(exc), seconds=time.monotonic() - started_s
         )
-        return EXIT_CONFIG_ERROR
+        return AttemptEnd(EXIT_CONFIG_ERROR, True)
     except Exception as exc:
         traceback.print_exc()  # the log is the researcher's: keep the whole story there
         if "workers.lora.train" in sys.modules:
@@ -100,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             seconds=time.monotonic() - started_s, **memory,
             provenance=(provenance | torch_record()) or None,
         )  # fmt: skip
-        return EXIT_OOM if oom else EXIT_FAILED
+        own = oom or isinstance(exc, OWN_ERRORS) or type(exc).__name__ in OWN_ERROR_NAMES
+        return AttemptEnd(EXIT_OOM if oom else EXIT_FAILED, own)
+    shared: dict[str, Any] = {"share_base": "sequential"} if cache is not None else {}
     write_result(
         run_dir,
         STATUS_SUCCEEDED,
@@ -118,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         test_is_val=test_is_validation(config.data),
         **outcome.settings,
         **outcome.memory,
+        **shared,
     )
     # finished and recorded: nothing left to resume. Removed only now, so a kill during the
     # clean-up leaves a succeeded run, never one that must resume from a checkpoint
@@ -125,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
 
     remove_checkpoints(run_dir)
     log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")
-    return EXIT_OK
+    return AttemptEnd(EXIT_OK, True)
+
+
+# By name, so that this module need not import torch: a diverged loss, a model folder that could
+# not be read are the job's own.
+OWN_ERROR_NAMES = frozenset({"NonFiniteLoss", "ModelLoadError"})
 
 
 if __name__ == "__main__":

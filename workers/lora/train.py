@@ -19,13 +19,14 @@ from torch.utils.data import DataLoader
 
 from orchestrator.attempts.divergence import summarise_losses
 from workers.harness import Heartbeat
-from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids, encode_counted
+from workers.lora.base_cache import BaseCache
+from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids
 from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoints, save_checkpoint
 from workers.lora.config import RunConfig
-from workers.lora.data import MISMATCHED_SPLIT, load_splits, parse_data_name
+from workers.lora.data import MISMATCHED_SPLIT, parse_data_name
 from workers.lora.dropout import KEYED_DROPOUT, install_keyed_dropout
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
-from workers.lora.model import apply_lora, enable_checkpointing, load_model, lora_settings
+from workers.lora.model import apply_lora, enable_checkpointing, lora_settings
 from workers.lora.optimizer import apply_update, build_optimizer, describe_optimizer
 from workers.lora.order import EpochOrder
 
@@ -148,24 +149,28 @@ def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], tas
 
 
 def run(
-    config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log, *,
+    config: RunConfig, run_dir: Path, heartbeat: Heartbeat, log: Log,
+    cache: BaseCache | None = None, digests: tuple[str, str] = ("", ""), *,
     keep_checkpoints: bool = False,
-) -> TrainOutcome:
-    """Train, evaluate on val, keep the best LoRA weights, score test; save the adapter. Its
-    checkpoints are removed at the end unless `keep_checkpoints` (the caller removes them once
-    the result is written: a kill during the clean-up then loses nothing)."""
+) -> TrainOutcome:  # fmt: skip
+    """Train, evaluate on val, keep the best LoRA weights, score test; save the adapter.
+    `cache`: the base and tokenised data a warm process kept (None: a fresh one); `digests`:
+    the model's and the data's content, which key what it keeps. Its checkpoints are removed at
+    the end unless `keep_checkpoints` (the caller removes them once the result is written: a kill
+    during the clean-up then loses nothing)."""
+    cache = cache or BaseCache()
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     device = select_device()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     task = parse_data_name(config.data).task
-    assert config.data_dir is not None  # checked before training starts
-    splits = load_splits(config.data, config.data_dir)
     dtype = torch.bfloat16 if config.prec == "bf16" else torch.float32
-    model, tokenizer, kind = load_model(config, dtype, log)
+    model, tokenizer, kind = cache.base(config, dtype, device, log, digests[0])
+    encoded, truncated = cache.splits(config, tokenizer, digests[1])
     torch.manual_seed(config.seed)  # LoRA init depends on the seed, not on how the base was built
     model, warnings = apply_lora(model, config.peft, kind)
+    cache.adapted(model)
     for warning in warnings:
         log(f"warning: {warning}")
     draw_key = install_keyed_dropout(model, config.seed)
@@ -178,10 +183,6 @@ def run(
     model.train()
     answer_ids = answer_token_ids(tokenizer, task)
     collator = LeftPadCollator(tokenizer.pad_token_id, answer_ids)
-    counted = {name: encode_counted(tokenizer, task, examples, config.max_seq_len)
-               for name, examples in splits.items()}  # fmt: skip
-    encoded = {name: pair[0] for name, pair in counted.items()}
-    truncated = {name: pair[1] for name, pair in counted.items()}
     for name, count in truncated.items():
         if count > TRUNCATION_WARN_SHARE * len(encoded[name]):
             log(f"warning: {count} of {len(encoded[name])} {name} examples ({100 * count / len(encoded[name]):.1f} %) "

@@ -1,0 +1,94 @@
+"""The suite key `share_base` (off | sequential | fused): read at submit, refused in one line
+where it cannot apply, and turned into the attempt's environment for the built-in LoRA worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import PlanError
+from orchestrator.plans import load_suite
+from orchestrator.scheduling.launching import share_env
+from tests.test_plans import write_suite
+
+CONFIG = {"c1": {"model": "tiny-llama", "peft": {"r": 4}, "data": "glue-tvt_rte"}}
+
+
+def suite_with(tmp_path: Path, worker: str, share_base: Any = None, unset: bool = False) -> Any:
+    body: dict[str, Any] = {"worker": worker, "mem_gib": 2, "configs": ["c1"]}
+    if not unset:
+        body["share_base"] = share_base
+    write_suite(tmp_path, "s", body, CONFIG)
+    return load_suite("s", tmp_path)
+
+
+def test_sequential_is_the_default_of_the_lora_worker_and_off_of_any_other(tmp_path: Path) -> None:
+    lora = suite_with(tmp_path, "lora", unset=True)
+    assert lora.share_base == "sequential" and lora.worker_output["share_base"] == "sequential"
+    assert suite_with(tmp_path, "sim", unset=True).share_base == "off"
+    command = suite_with(tmp_path, "python train.py {config}", unset=True)
+    assert command.share_base == "off" and "share_base" not in command.worker_output
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("off", "off"), (False, "off"), ("sequential", "sequential"), ("Sequential", "sequential")],
+)
+def test_share_base_values(tmp_path: Path, raw: Any, expected: str) -> None:
+    assert suite_with(tmp_path, "lora", raw).share_base == expected
+
+
+@pytest.mark.parametrize("raw", ["yes", "parallel", 2, ["sequential"], True])
+def test_another_value_is_refused_in_one_line(tmp_path: Path, raw: Any) -> None:
+    with pytest.raises(
+        PlanError, match=r"`share_base` must be off, sequential or fused, not"
+    ) as caught:
+        suite_with(tmp_path, "lora", raw)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("worker", ["sim", "python train.py {config}"])
+def test_sharing_on_a_worker_that_cannot_share_is_refused(tmp_path: Path, worker: str) -> None:
+    with pytest.raises(PlanError, match=r"`share_base: sequential` needs the built-in LoRA worker"):
+        suite_with(tmp_path, worker, "sequential")
+    assert suite_with(tmp_path, worker, "off").share_base == "off"
+
+
+def test_fused_is_refused_until_it_exists(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match=r"`share_base: fused` is not available yet"):
+        suite_with(tmp_path, "lora", "fused")
+
+
+def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_path: Path) -> None:
+    sharing = {"share_base": "sequential"}
+    runs = tmp_path / "runs"
+    assert share_env(_job("lora", sharing), 1, False, True, runs) == {
+        "ORCH_SHARE_BASE": "sequential",
+        "ORCH_SHARE_DIR": str(runs / ".warm"),
+    }
+    assert share_env(_job("lora", {}), 1, False, True, runs) == {}  # share_base: off
+    assert share_env(_job("sim", sharing), 1, False, True, runs) == {}
+    assert share_env(_job("lora", sharing), 2, False, True, runs) == {}  # a gang
+    assert share_env(_job("lora", sharing), 1, True, True, runs) == {}  # the ladder runs it alone
+    assert share_env(_job("lora", sharing), 1, False, False, runs) == {}  # a cluster node
+
+
+def _job(worker: str, worker_output: dict[str, Any]) -> Any:
+    return SimpleNamespace(worker=worker, worker_output=worker_output)  # what share_env reads
+
+
+def test_a_warm_process_job_counts_the_peak_its_worker_reports() -> None:
+    """The attempt's own processes (the client) hold no GPU memory: the running peak of a shape
+    trained in a warm process comes from its progress lines, never from text or junk there."""
+    from orchestrator.attempts.warm_peak import shared_base_peak_mib
+
+    sharing = _job("lora", {"share_base": "sequential"})
+    assert shared_base_peak_mib(sharing, {"step": 3, "peak_mem_mib": 15_700}) == 15_700
+    assert shared_base_peak_mib(_job("lora", {}), {"peak_mem_mib": 15_700}) == 0  # its own process
+    assert shared_base_peak_mib(_job("sim", {}), {"peak_mem_mib": 15_700}) == 0
+    for junk in ("15700", True, -1, 1e30, None, float("nan")):
+        assert shared_base_peak_mib(sharing, {"peak_mem_mib": junk}) == 0
+    assert shared_base_peak_mib(sharing, None) == 0

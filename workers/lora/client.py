@@ -1,0 +1,200 @@
+"""The thin client an attempt of `share_base: sequential` runs in its own tmux window: it hands
+its run dir to the warm LoRA worker process of its base key and card slot (starting one when
+none runs), prints the job's output as it comes, relays orch's signals (a cancel or a hang kill
+stops that job only) and exits with the job's exit code. Everything orch does per attempt (run
+dir, the wrapper's exit.json, the wake FIFO, observation, stop) is unchanged: to orch this
+client is the worker.
+
+A job that cannot share (its LoRA spec trains base parameters), a config that cannot be read, or
+a warm process that cannot be started (no tmux to start it in) trains in this process instead,
+as with `share_base: off`, and the log says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from workers.lora.config import ConfigError, load_config
+from workers.lora.share import (
+    MAX_SLOTS,
+    base_key,
+    digest_of,
+    messages,
+    process_env,
+    send,
+    share_dir,
+    slot_paths,
+    try_lock,
+    unshareable,
+)
+
+START_DEADLINE_S = 60.0  # a warm process started for us listens within this
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_shared(run_dir: Path, config_path: Path) -> int:
+    """Train the attempt's job in a warm process; the exit code to exit with."""
+    from workers.lora.__main__ import run_attempt
+
+    try:
+        config = load_config(config_path)
+    except ConfigError:
+        return run_attempt(run_dir, config_path).exit_code  # reports the config error
+    reason = unshareable(config.peft)
+    if reason is not None:
+        log(f"share_base: sequential: training in this process: {reason}")
+        return run_attempt(run_dir, config_path).exit_code
+    from workers.lora.provenance import model_record
+
+    try:
+        model_digest = digest_of(model_record(config.model))
+    except OSError:
+        model_digest = ""
+    key = base_key(config.model, model_digest, config.prec, os.environ)
+    folder = share_dir(os.environ)
+    conn, why = _warm_connection(folder, key)
+    if conn is None:
+        log(f"share_base: sequential: training in this process: {why}")
+        return run_attempt(run_dir, config_path).exit_code
+    return _relay(conn, run_dir.resolve(), config_path.resolve(), why)
+
+
+def _warm_connection(folder: Path, key: str) -> tuple[socket.socket | None, str]:
+    """A connection to the warm process of our slot (the first slot of `key` no other attempt
+    holds; the lock is kept until this process exits), starting one if none listens there;
+    (None, why) when none can be had."""
+    for slot in range(MAX_SLOTS):
+        if try_lock(slot_paths(folder, key, slot)[1]) is not None:
+            break
+    else:
+        return None, f"all {MAX_SLOTS} warm processes of this base are busy"
+    sock_path = slot_paths(folder, key, slot)[0]
+    conn = _connect(sock_path)
+    if conn is not None:
+        return conn, f"{key}-{slot}"
+    started = _start_server(folder, key, slot)
+    if started is not None:
+        return None, started
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        conn = _connect(sock_path)
+        if conn is not None:
+            return conn, f"{key}-{slot} (started for this job)"
+        time.sleep(0.1)
+    return (
+        None,
+        f"the warm process started for {key}-{slot} did not listen within {START_DEADLINE_S:g} s",
+    )
+
+
+def _connect(path: Path) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def _start_server(folder: Path, key: str, slot: int) -> str | None:
+    """Open a tmux window running the warm process of this slot (outside this attempt: it
+    outlives it); None when started, else why not."""
+    if not os.environ.get("TMUX") or shutil.which("tmux") is None:
+        return "no warm process runs for this base and card, and none can be started outside tmux"
+    env_file = folder / f"{key}-{slot}.env.json"
+    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(process_env(os.environ), handle)
+    command = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "workers.lora.server",
+            "--dir",
+            str(folder),
+            "--key",
+            key,
+            "--slot",
+            str(slot),
+            "--env-file",
+            str(env_file),
+        ]
+    )
+    path_env = (
+        ["-e", f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
+    )
+    done = subprocess.run(
+        [
+            "tmux",
+            "new-window",
+            "-d",
+            "-n",
+            f"warm-{key[:8]}-{slot}",
+            "-c",
+            os.getcwd(),
+            *path_env,
+            f"exec {command}",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        return f"tmux could not open a window for a warm process: {done.stderr.strip()[:200]}"
+    return None
+
+
+def _relay(conn: socket.socket, run_dir: Path, config_path: Path, where: str) -> int:
+    """Hand the job over, print what it prints, relay signals; the job's exit code."""
+    from workers.lora.__main__ import EXIT_FAILED
+
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        with contextlib.suppress(OSError):
+            send(conn, {"stop": signal.Signals(signum).name})
+
+    for signum in RELAYED:
+        signal.signal(signum, on_signal)
+    log(f"share_base: sequential: training in warm LoRA worker process {where}")
+    send(
+        conn,
+        {"job": {"run_dir": str(run_dir), "config": str(config_path), "env": dict(os.environ)}},
+    )
+    exit_code: int | None = None
+    for message in messages(conn):
+        if isinstance(message.get("out"), str):
+            sys.stdout.write(message["out"])
+            sys.stdout.flush()
+        elif isinstance(message.get("exit"), int):
+            exit_code = message["exit"]
+            break
+    conn.close()
+    if received:  # end as a worker ended by that signal would
+        signal.signal(received[0], signal.SIG_DFL)
+        os.kill(os.getpid(), received[0])
+    if exit_code is None:
+        log(
+            "the warm LoRA worker process ended while it trained this job (see its window); "
+            "the next attempt starts a new one"
+        )
+        return EXIT_FAILED
+    return exit_code

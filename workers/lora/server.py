@@ -1,0 +1,210 @@
+"""The warm LoRA worker process of `share_base: sequential`: it loads the base once and trains
+the jobs its slot's clients hand it, one after another (the protocol: workers.lora.share).
+
+Each job runs exactly as `python -m workers.lora` would run it (workers.lora.__main__.run_attempt,
+writing progress.jsonl and result.json in the attempt's run dir, under the attempt's environment),
+and afterwards the adapter is taken out of the base again (BaseCache.release). The process exits
+when idle for ORCH_SHARE_IDLE_S seconds, after an error that is not the job's own (it may be
+broken: the next client starts a fresh one), and when a stopped job does not stop within
+STOP_GRACE_S (a hang).
+
+    python -m workers.lora.server --dir DIR --key KEY --slot N [--env-file FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from workers.harness import Heartbeat
+from workers.lora.share import (
+    DEFAULT_IDLE_S,
+    IDLE_VAR,
+    messages,
+    send,
+    slot_paths,
+    try_lock,
+)
+
+STOP_GRACE_S = 30.0  # a stopped job still running after this long: the process is replaced
+EXIT_HUNG = 70
+
+
+class StoppableHeartbeat(Heartbeat):
+    """The job's progress lines; a beat after orch stopped the job ends it there."""
+
+    def __init__(self, run_dir: Path, stop: threading.Event) -> None:
+        super().__init__(run_dir)
+        self.stop = stop
+
+    def beat(self, *args: Any, **kwargs: Any) -> None:
+        if self.stop.is_set():
+            from workers.lora.__main__ import JobStopped
+
+            raise JobStopped("orch stopped the attempt (cancelled, hung or its client gone)")
+        super().beat(*args, **kwargs)
+
+
+class Relay(io.TextIOBase):
+    """The job's output: to the client (its stdout.log and tmux window) and to this process's
+    own window. A client gone loses the rest, not the job."""
+
+    def __init__(self, conn: socket.socket, own: Any) -> None:
+        self.conn, self.own, self.lock = conn, own, threading.Lock()
+
+    def write(self, text: str) -> int:
+        self.own.write(text)
+        with self.lock, contextlib.suppress(OSError):
+            send(self.conn, {"out": text})
+        return len(text)
+
+    def flush(self) -> None:
+        self.own.flush()
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def serve(folder: Path, key: str, slot: int, idle_s: float) -> int:
+    """Listen on the slot's socket and train its jobs until idle; the exit code."""
+    sock_path, client_lock, server_lock = slot_paths(folder, key, slot)
+    if try_lock(server_lock) is None:
+        log(f"another warm LoRA worker serves {key}-{slot}")
+        return 0
+    with contextlib.suppress(FileNotFoundError):
+        sock_path.unlink()  # left by a process of this slot that died: we hold the slot now
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    os.chmod(sock_path, 0o600)
+    listener.listen(4)
+    _close_window_on_exit()
+    from workers.lora.base_cache import BaseCache  # torch: after the socket, clients wait on it
+
+    cache = BaseCache()
+    base_env = dict(os.environ)
+    log(f"warm LoRA worker {key}-{slot} (pid {os.getpid()}): ready, exits after {idle_s:g} s idle")
+    try:
+        while True:
+            listener.settimeout(idle_s)
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                if try_lock(client_lock) is not None:  # no client is on its way: leave
+                    log(f"idle for {idle_s:g} s: exiting")
+                    return 0
+                continue
+            conn.settimeout(None)
+            if not serve_one(conn, cache, base_env):
+                log(
+                    "the last job left this process unusable: exiting (the next job starts a new "
+                    "one)"
+                )
+                return 1
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+        listener.close()
+
+
+def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool:
+    """Train the job a client sends; whether this process is still usable afterwards."""
+    from workers.lora.__main__ import EXIT_FAILED, run_attempt
+
+    reader = messages(conn)
+    first = next(reader, None)
+    job = first.get("job") if first else None
+    if not isinstance(job, dict):
+        conn.close()
+        return True
+    stop, done = threading.Event(), threading.Event()
+
+    def watch() -> None:  # a stop message, or the client gone, stops the job
+        for message in reader:
+            if "stop" in message:
+                break
+        if done.is_set():
+            return
+        stop.set()
+        if not done.wait(STOP_GRACE_S):
+            log(f"the stopped job did not stop within {STOP_GRACE_S:g} s: exiting")
+            os._exit(EXIT_HUNG)
+
+    threading.Thread(target=watch, daemon=True).start()
+    run_dir, config = Path(str(job.get("run_dir"))), Path(str(job.get("config")))
+    env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
+    log(f"job {env.get('ORCH_JOB_ID', '?')} attempt {env.get('ORCH_ATTEMPT', '?')}: {run_dir}")
+    exit_code, usable = EXIT_FAILED, False
+    relay = Relay(conn, sys.__stdout__)
+    try:
+        os.environ.clear()
+        os.environ.update(base_env | env)
+        with contextlib.redirect_stdout(relay), contextlib.redirect_stderr(relay):
+            end = run_attempt(run_dir, config, cache, StoppableHeartbeat(run_dir, stop))
+        exit_code, usable = end.exit_code, end.process_usable
+        cache.release()
+    except Exception as exc:  # the process itself failed (not the job): say so, then leave
+        log(f"warm LoRA worker failed: {type(exc).__name__}: {exc}")
+        usable = False
+    finally:
+        os.environ.clear()
+        os.environ.update(base_env)
+        done.set()
+    with contextlib.suppress(OSError):
+        send(conn, {"exit": exit_code})
+        conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher's read; close alone would not
+    conn.close()
+    return usable
+
+
+def _close_window_on_exit() -> None:
+    """orch's tmux keeps a window whose command ended (remain-on-exit); this one is closed."""
+    pane = os.environ.get("TMUX_PANE")
+    if pane and os.environ.get("TMUX") and shutil.which("tmux"):
+        subprocess.run(
+            ["tmux", "set-option", "-w", "-t", pane, "remain-on-exit", "off"],
+            check=False,
+            capture_output=True,
+            timeout=10,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.lora.server", description=__doc__)
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--slot", type=int, required=True)
+    parser.add_argument("--env-file", type=Path, help="start again with this environment")
+    args = parser.parse_args(argv)
+    if args.env_file is not None:  # started by a client through tmux: take the attempt's env
+        env = json.loads(args.env_file.read_text(encoding="utf-8"))
+        args.env_file.unlink()
+        env |= {name: os.environ[name] for name in ("TMUX", "TMUX_PANE") if name in os.environ}
+        command = [
+            sys.executable,
+            "-m",
+            "workers.lora.server",
+            "--dir",
+            str(args.dir),
+            "--key",
+            args.key,
+            "--slot",
+            str(args.slot),
+        ]
+        os.execve(sys.executable, command, env)
+    idle_s = float(os.environ.get(IDLE_VAR) or DEFAULT_IDLE_S)
+    return serve(args.dir, args.key, args.slot, idle_s)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
