@@ -140,6 +140,7 @@ class ResultSummary:
     val_n: int = 0
     order: tuple[Any, ...] = ()  # where the row goes: its jobs' submission order (suite order)
     task_order: tuple[Any, ...] = ()  # where its task's column goes
+    setting: str = ""  # the digest of its effective setting (ResultRow.setting)
 
     @property
     def n_seeds(self) -> int:
@@ -386,7 +387,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
         denominator=denominator(states, len(rows)), pooled=pooled,
         unfinished=any(r.state in PENDING for r in rows),
         failed_runs=lost_runs(list(inputs.values()), states),
-        val_mean=val_mean, val_std=val_std, val_n=len(vals),
+        val_mean=val_mean, val_std=val_std, val_n=len(vals), setting=first.setting,
     )  # fmt: skip
 
 

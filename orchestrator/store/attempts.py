@@ -156,6 +156,7 @@ class AttemptEnd:
     loss: dict[str, Any] | None = None  # the loss summary the divergence rule judged
     diverged: str | None = None  # why the rule flagged the run; None: not flagged
     provenance: dict[str, Any] | None = None  # the validated digest of provenance.json
+    reported: dict[str, Any] | None = None  # what it reported for results (attempts.reported)
 
 
 def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
@@ -181,6 +182,9 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
                 [None if end.loss is None else json.dumps(end.loss), end.diverged,
                  None if end.provenance is None else json.dumps(end.provenance, sort_keys=True), attempt.id],
             )
+        if end.reported is not None:  # read once, here: the results tables never reopen its run dir
+            store._db.execute("UPDATE attempts SET reported_json = ? WHERE id = ?",
+                              [json.dumps(end.reported, sort_keys=True), attempt.id])
         job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt.job_id])[0]
         if job["state"] == JobState.RUNNING.value:
             transition(
