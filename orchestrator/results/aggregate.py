@@ -45,6 +45,7 @@ from orchestrator.results.seeds import (
     lost_runs,
     seed_states,
     short_denominator,
+    uncounted_notes,
 )
 from orchestrator.wording import fmt_value
 
@@ -370,9 +371,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     notes: list[str] = [fallback_note] if fallback_note else []
     notes += later_run_notes(list(inputs.values()), states, pooled, _jobs_text)
     notes += _evidence_notes(counted)
-    for row, _ in uncounted:
-        where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
-        notes.append(f"{where} reported {inputs[id(row)].why}: not counted")
+    notes += uncounted_notes([inputs[id(row)] for row, _ in uncounted], {r.seed: r.job for r in counted}, pooled)
     for state in states:
         if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):
             where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")

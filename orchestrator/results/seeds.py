@@ -184,6 +184,21 @@ def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], p
     return notes
 
 
+def uncounted_notes(runs: Sequence[SeedRunInput], counted_job: dict[int, int | None], pooled: bool) -> list[str]:
+    """Sentences for succeeded runs that reported no value of the row's metric; where another run
+    of the seed counts (a `--force` rerun), the sentence names it, so the seed never reads as lost."""
+    notes = []
+    for run in runs:
+        if run.seed in counted_job and not pooled:
+            when = "a later" if _job_key(run.job) > _job_key(counted_job[run.seed]) else "an earlier"
+            notes.append(f"seed {run.seed}: {when} run, job {run.job}, reported {run.why}; "
+                         f"job {counted_job[run.seed]} counted")
+        else:
+            where = f"seed {run.seed}" + (f" (job {run.job})" if run.job is not None else "")
+            notes.append(f"{where} reported {run.why}: not counted")
+    return notes
+
+
 def lost_runs(runs: Sequence[SeedRunInput], states: Sequence[SeedState]) -> bool:
     """Whether a seed is missing for good (failed, cancelled, no metric), or a run after a
     seed's counted one failed or was cancelled: the ¶ mark."""
