@@ -9,21 +9,61 @@ from typing import Any
 
 from orchestrator.results.run_lines import RunLine
 
-RESULT_COLUMNS = ("job", "suite", "config", "setting", "task", "seed", "attempt", "state", "counted", "split",
-                  "metric", "value", "level", "inexact_rungs", "marks", "why", "row_marks", "best_step")
-SUMMARY_COLUMNS = ("suite", "config", "setting", "task", "metric", "mean", "std", "val_mean", "val_std", "n",
-                   "n_text", "accounted", "marks", "notes", "chosen_by", "seeds", "inexact_rungs", "pooled")
+RESULT_COLUMNS = (
+    "job",
+    "suite",
+    "config",
+    "setting",
+    "task",
+    "seed",
+    "attempt",
+    "state",
+    "counted",
+    "split",
+    "metric",
+    "value",
+    "level",
+    "inexact_rungs",
+    "marks",
+    "why",
+    "row_marks",
+    "best_step",
+)
+SUMMARY_COLUMNS = (
+    "suite",
+    "config",
+    "setting",
+    "task",
+    "metric",
+    "mean",
+    "std",
+    "val_mean",
+    "val_std",
+    "n",
+    "n_text",
+    "accounted",
+    "marks",
+    "notes",
+    "chosen_by",
+    "seeds",
+    "inexact_rungs",
+    "pooled",
+)
 INT_COLUMNS = ("gpu", "level", "attempt", "best_step", "job")  # nullable integers (pandas `Int64`)
 
 
-def override_columns(overrides: Iterable[Mapping[str, Any]], taken: Sequence[str]) -> dict[str, str]:
+def override_columns(
+    overrides: Iterable[Mapping[str, Any]], taken: Sequence[str]
+) -> dict[str, str]:
     """Override key -> its column name, keys sorted: the key itself, or `set.KEY` where the
     key is already a column of the frame (a suite may call a config key `task`)."""
     keys = sorted({key for mapping in overrides for key in mapping})
     return {key: f"set.{key}" if key in taken else key for key in keys}
 
 
-def with_overrides(row: dict[str, Any], overrides: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
+def with_overrides(
+    row: dict[str, Any], overrides: Mapping[str, Any], columns: Mapping[str, str]
+) -> dict[str, Any]:
     """The row with one column per override key: its value as the job ran with it, None where
     its job had no such override."""
     return {**row, **{name: overrides.get(key) for key, name in columns.items()}}
@@ -41,12 +81,26 @@ def result_rows(lines: Sequence[RunLine]) -> tuple[list[dict[str, Any]], list[st
     columns = override_columns((line.overrides for line in lines), RESULT_COLUMNS)
     rows = []
     for line in lines:
-        row = {"job": line.job, "suite": line.suite, "config": line.config, "setting": line.setting,
-               "task": line.task, "seed": line.seed, "attempt": line.attempt, "state": line.state,
-               "counted": line.counted, "split": line.split, "metric": line.metric, "value": line.value,
-               "level": line.level, "inexact_rungs": "; ".join(line.inexact_rungs),
-               "marks": " ".join(line.marks), "why": line.why, "row_marks": " ".join(line.row_marks),
-               "best_step": line.best_step}
+        row = {
+            "job": line.job,
+            "suite": line.suite,
+            "config": line.config,
+            "setting": line.setting,
+            "task": line.task,
+            "seed": line.seed,
+            "attempt": line.attempt,
+            "state": line.state,
+            "counted": line.counted,
+            "split": line.split,
+            "metric": line.metric,
+            "value": line.value,
+            "level": line.level,
+            "inexact_rungs": "; ".join(line.inexact_rungs),
+            "marks": " ".join(line.marks),
+            "why": line.why,
+            "row_marks": " ".join(line.row_marks),
+            "best_step": line.best_step,
+        }
         rows.append(with_overrides(row, line.overrides, columns))
     return rows, column_order(RESULT_COLUMNS, columns)
 

@@ -84,7 +84,9 @@ def run_lines(rows: Sequence[ResultRow], summaries: Sequence[ResultSummary]) -> 
     lines: list[RunLine] = []
     for s in summaries:
         group = groups.get(_key(s.suite, s.config, s.overrides_label, s.task, s.setting), [])
-        lines += _group_lines(s, sorted(group, key=lambda r: (r.seed, -1 if r.job is None else r.job)))
+        lines += _group_lines(
+            s, sorted(group, key=lambda r: (r.seed, -1 if r.job is None else r.job))
+        )
     return lines
 
 
@@ -111,25 +113,63 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
         if r.state is not JobState.SUCCEEDED:
             mark = STATE_MARKS.get(r.state.value)
             why = f"{base['state']}" + (f": {r.reason}" if r.reason else "") + ", not counted"
-            lines.append(RunLine(**base, counted=False, split="test", metric=s.metric, value=None,
-                                 marks=(mark,) if mark else (), why=why, row_marks=row_marks, row_metric=True))
+            lines.append(
+                RunLine(
+                    **base,
+                    counted=False,
+                    split="test",
+                    metric=s.metric,
+                    value=None,
+                    marks=(mark,) if mark else (),
+                    why=why,
+                    row_marks=row_marks,
+                    row_metric=True,
+                )
+            )
             continue
         own, reasons = _run_marks(r)
         for metric in (m for m in metrics if m in r.metrics or m == s.metric):
             is_counted = r.job in counted[metric]
             why = list(reasons)
             if metric not in r.metrics:
-                why.append(f"reported no {metric}" + (f" ({r.no_metrics})" if r.no_metrics else "")
-                           + ", not counted")
+                why.append(
+                    f"reported no {metric}"
+                    + (f" ({r.no_metrics})" if r.no_metrics else "")
+                    + ", not counted"
+                )
             elif not is_counted:
                 later = [o.job for o in group if o.seed == r.seed and o.job in counted[metric]]
-                why.append(f"seed {r.seed} ran again: job {later[-1]} counted" if later else "not counted")
-            extra = dict(row_marks=row_marks if metric == s.metric else (), row_metric=metric == s.metric)
-            lines.append(RunLine(**base, counted=is_counted, split="test", metric=metric,
-                                 value=r.metrics.get(metric), marks=own, why="; ".join(why), **extra))
+                why.append(
+                    f"seed {r.seed} ran again: job {later[-1]} counted" if later else "not counted"
+                )
+            extra = dict(
+                row_marks=row_marks if metric == s.metric else (), row_metric=metric == s.metric
+            )
+            lines.append(
+                RunLine(
+                    **base,
+                    counted=is_counted,
+                    split="test",
+                    metric=metric,
+                    value=r.metrics.get(metric),
+                    marks=own,
+                    why="; ".join(why),
+                    **extra,
+                )
+            )
             if metric in r.val_metrics:
-                lines.append(RunLine(**base, counted=is_counted, split="val", metric=metric,
-                                     value=r.val_metrics[metric], marks=own, why="; ".join(why), **extra))
+                lines.append(
+                    RunLine(
+                        **base,
+                        counted=is_counted,
+                        split="val",
+                        metric=metric,
+                        value=r.val_metrics[metric],
+                        marks=own,
+                        why="; ".join(why),
+                        **extra,
+                    )
+                )
     return lines
 
 

@@ -13,6 +13,7 @@ from orchestrator.errors import UsageError
 from orchestrator.results.aggregate import ResultSummary
 
 CONFIDENCE = 0.95
+SAME_DIFFERENCE = 1e-9  # differences closer than this (relative) are one difference: no t test
 
 
 def _scipy_stats() -> Any:
@@ -23,7 +24,9 @@ def _scipy_stats() -> Any:
     return stats
 
 
-def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+def t_interval(
+    values: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
     """The t-based interval of the mean of `values` (sample std, n − 1 degrees of freedom);
     None for fewer than two values."""
     if len(values) < 2:
@@ -68,9 +71,13 @@ def paired_test(a: ResultSummary, b: ResultSummary) -> PairedTest:
     diffs = [va[s] - vb[s] for s in common]
     mean_diff = sum(diffs) / len(diffs) if diffs else None
     t_stat = p_value = None
-    if len(common) >= 2:
+    if len(common) >= 2 and max(diffs) - min(diffs) > SAME_DIFFERENCE * max(
+        1.0, abs(mean_diff or 0.0)
+    ):
         result = _scipy_stats().ttest_rel([va[s] for s in common], [vb[s] for s in common])
         t_stat, p_value = float(result.statistic), float(result.pvalue)
+    elif len(common) >= 2:
+        t_stat = p_value = math.nan  # no spread in the differences: a t statistic would be noise
     return PairedTest(a.task, a.metric, common, mean_diff, t_stat, p_value, only_a, only_b)
 
 
@@ -80,14 +87,21 @@ def paired_text(test: PairedTest, digits: int = 4) -> str:
     head = f"{test.task} ({test.metric}): "
     if test.mean_difference is None:
         return head + "no seed counted in both: nothing to pair"
-    text = head + f"A − B = {test.mean_difference:+.{digits}f} over {len(test.seeds)} paired seed(s) (" \
-        + " ".join(map(str, test.seeds)) + ")"
+    text = (
+        head
+        + f"A − B = {test.mean_difference:+.{digits}f} over {len(test.seeds)} paired seed(s) ("
+        + " ".join(map(str, test.seeds))
+        + ")"
+    )
     if test.t is None or test.p is None:
         text += "; a test needs two pairs"
     elif math.isnan(test.t):
         text += "; every pair differs by the same amount: no t test"
     else:
         text += f"; t = {test.t:.3f}, p = {test.p:.3g} (paired t test, two-sided)"
-    left = [f"seeds only in {name}: {' '.join(map(str, seeds))}" for name, seeds in
-            (("A", test.only_a), ("B", test.only_b)) if seeds]
+    left = [
+        f"seeds only in {name}: {' '.join(map(str, seeds))}"
+        for name, seeds in (("A", test.only_a), ("B", test.only_b))
+        if seeds
+    ]
     return text + ("; " + "; ".join(left) + " (left out)" if left else "")
