@@ -402,3 +402,52 @@ def test_ci_and_a_paired_comparison_through_scipy(
         and "--ci and --compare need scipy: pip install 'orch[stats]'" in missing.stderr
     )
     assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+
+
+def test_a_tie_at_the_shown_precision_bolds_one_row_and_a_choice_on_fewer_seeds_is_noted() -> None:
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.grids import to_markdown
+    from orchestrator.results.selection import choice_notes, choose, is_chosen
+
+    def rows(config: str, vals: list[float], test: float) -> list[ResultRow]:
+        return [
+            ResultRow(
+                "E",
+                config,
+                "toy",
+                seed,
+                {"accuracy": test + seed / 1000},
+                job=seed,
+                val_metrics={"accuracy": val},
+            )
+            for seed, val in enumerate(vals, 1)
+        ]
+
+    # a and b tie at 0.5000 on val; b is better unrounded; c has four seeds, a and b two
+    summaries = aggregate(
+        rows("a", [0.50001, 0.50001], 0.9)
+        + rows("b", [0.50002, 0.50002], 0.1)
+        + rows("c", [0.4, 0.4, 0.4, 0.4], 0.5)
+    )
+    choices = choose(summaries, 4)
+    assert [s.config for s in summaries if is_chosen(s, choices)] == ["b"]
+    assert choice_notes(choices) == [
+        "toy (accuracy): the choice, b, has 2 seeds; its rivals up to 4"
+    ]
+    markdown = to_markdown(summaries)
+    assert sum("**" in line for line in markdown.splitlines() if line.startswith("| ")) == 1
+    assert "the choice, b, has 2 seeds" in markdown
+    # an exact tie goes to more seeds, then to the first row
+    tied = aggregate(rows("a", [0.5, 0.5], 0.9) + rows("b", [0.5, 0.5, 0.5], 0.1))
+    assert [s.config for s in tied if is_chosen(s, choose(tied, 4))] == ["b"]
+
+
+def test_the_web_footer_says_what_the_cli_says_of_runs_without_metrics() -> None:
+    pytest.importorskip("starlette", reason="needs the web extra")
+    from orchestrator.web.pages import results_fragment
+    from orchestrator.web.results_view import ResultTable
+
+    page = results_fragment(ResultTable([], "", 2, []), "/results.csv")
+    assert (
+        "2 succeeded job(s) had no test metrics (result.json or printed)" in page
+    )  # the CLI's stderr line
