@@ -4,8 +4,9 @@ test and val metrics and best_step, any other job's state and error.
 
 What an attempt reported is read from its run dir once, when its end is recorded
 (attempts.reported, stored in attempts.reported_json): a table never reopens a run dir. An
-attempt that ended before readings were stored is read from its run dir (RunReader, once per
-process), and the table counts how many were (`Collected.from_run_dirs`)."""
+attempt that ended before readings were stored is read from its run dir once (RunReader) and
+its reading stored then (backfilled, where the database is writable and the run dir had one);
+the table counts how many were read so (`Collected.from_run_dirs`)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ from orchestrator.attempts.reported import (
     val_metrics,
 )
 from orchestrator.attempts.rundir_reads import read_result
+from orchestrator.errors import StoreError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.ladder_spec import LOGITS_KEY, logits_exact
 from orchestrator.results.aggregate import ResultRow, setting_digest
+from orchestrator.store.attempts import backfill_reported
 from orchestrator.store.db import Store
 from orchestrator.store.queries import ResultJob, result_jobs
 from orchestrator.wording import number
@@ -124,12 +127,15 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     reader = reader or RunReader()
     rows: list[ResultRow] = []
     missing = from_run_dirs = 0
+    backfill: list[tuple[int, int, dict[str, Any]]] = []
     for run in result_jobs(store, suite):
         setting = reader.setting(run)
         reading = reading_from_record(run.reported_json)
-        if reading is None and run.run_dir is not None and run.state in ENDED:
+        if reading is None and run.run_dir is not None and run.n is not None and run.state in ENDED:
             from_run_dirs += 1
             reading = reader.reading(run.run_dir, run.output_metrics_json)
+            if reading.metrics is not None or reading.error:  # found: kept, never read again
+                backfill.append((run.job_id, run.n, reading.to_record()))
         if run.state is not JobState.SUCCEEDED or run.run_dir is None:
             state = run.state if run.state is not JobState.SUCCEEDED else JobState.FAILED
             rows.append(ResultRow(
@@ -154,6 +160,9 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
             level_note=run.level_note,
         ))  # fmt: skip
+    if backfill:
+        with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time
+            backfill_reported(store, backfill)
     return Collected(rows, missing, from_run_dirs)
 
 

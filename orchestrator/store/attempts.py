@@ -198,6 +198,16 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
     return True
 
 
+def backfill_reported(store: Store, readings: list[tuple[int, int, dict[str, Any]]]) -> None:
+    """Store what attempts that ended before readings were stored at their end reported (job id,
+    attempt n, the reading), read from their run dirs once; an attempt that has one keeps it."""
+    with store.write():
+        for job_id, n, record in readings:
+            store._db.execute(
+                "UPDATE attempts SET reported_json = ? WHERE job_id = ? AND n = ? AND reported_json IS NULL "
+                "AND outcome IS NOT NULL", [json.dumps(record, sort_keys=True), job_id, n])
+
+
 def _shape(row: dict[str, Any]) -> ShapeMemory:
     return ShapeMemory(peak_mib=row["peak_mib"], oom_floor_mib=row["oom_floor_mib"], samples=row["samples"],
                        disproved_mib=row.get("disproved_mib"))
