@@ -66,6 +66,7 @@ class RunReader:
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
+        self._stored: dict[str, RunReading] = {}  # by the stored text: it never changes
         self._settings: dict[tuple[str, str, str, str, str, str], Setting] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
@@ -83,6 +84,22 @@ class RunReader:
             if reading.metrics is not None or reading.error:
                 self._readings[run_dir] = reading
         return reading
+
+    def stored(self, text: str | None) -> RunReading | None:
+        """A reading stored at an attempt's end, parsed once per process per distinct text."""
+        if not text:
+            return None
+        with self._lock:
+            found = self._stored.get(text)
+        if found is None:
+            found = reading_from_record(text)
+            if found is None:
+                return None
+            with self._lock:
+                if len(self._stored) >= self.max_entries:
+                    self._stored.clear()
+                self._stored[text] = found
+        return found
 
     def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
         return self.reading(run_dir, printed_json).metrics
@@ -130,7 +147,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     backfill: list[tuple[int, int, dict[str, Any]]] = []
     for run in result_jobs(store, suite):
         setting = reader.setting(run)
-        reading = reading_from_record(run.reported_json)
+        reading = reader.stored(run.reported_json)
         if reading is None and run.run_dir is not None and run.n is not None and run.state in ENDED:
             from_run_dirs += 1
             reading = reader.reading(run.run_dir, run.output_metrics_json)
