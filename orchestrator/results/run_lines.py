@@ -112,7 +112,7 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
         )  # fmt: skip
         if r.state is not JobState.SUCCEEDED:
             mark = STATE_MARKS.get(r.state.value)
-            why = f"{base['state']}" + (f": {r.reason}" if r.reason else "") + ", not counted"
+            lost = f"{base['state']}" + (f": {r.reason}" if r.reason else "") + ", not counted"
             lines.append(
                 RunLine(
                     **base,
@@ -121,7 +121,7 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
                     metric=s.metric,
                     value=None,
                     marks=(mark,) if mark else (),
-                    why=why,
+                    why=lost,
                     row_marks=row_marks,
                     row_metric=True,
                 )
@@ -130,7 +130,7 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
         own, reasons = _run_marks(r)
         for metric in (m for m in metrics if m in r.metrics or m == s.metric):
             is_counted = r.job in counted[metric]
-            why = list(reasons)
+            why: list[str] = list(reasons)
             if metric not in r.metrics:
                 why.append(
                     f"reported no {metric}"
@@ -142,7 +142,7 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
                 why.append(
                     f"seed {r.seed} ran again: job {later[-1]} counted" if later else "not counted"
                 )
-            extra = dict(
+            extra: dict[str, Any] = dict(
                 row_marks=row_marks if metric == s.metric else (), row_metric=metric == s.metric
             )
             lines.append(
