@@ -452,3 +452,23 @@ def test_the_web_footer_says_what_the_cli_says_of_runs_without_metrics() -> None
     assert (
         "2 succeeded job(s) had no test metrics (result.json or printed)" in page
     )  # the CLI's stderr line
+
+
+def test_after_a_forced_rerun_the_notes_name_the_run_that_counts_and_the_per_run_table_agrees() -> None:
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.run_lines import run_lines
+
+    # seed 2's first run reported no accuracy; `--force` reran seeds 1 and 2
+    rows = [ResultRow("E", "c", "toy", 1, {"accuracy": 0.5}, job=1),
+            ResultRow("E", "c", "toy", 2, {"loss": 0.3}, job=2, no_metrics=None),
+            ResultRow("E", "c", "toy", 1, {"accuracy": 0.7}, job=3),
+            ResultRow("E", "c", "toy", 2, {"accuracy": 0.6}, job=4)]  # fmt: skip
+    (summary,) = aggregate(rows)
+    assert (summary.n_text, summary.failed_runs) == ("2", False)
+    assert "seed 2: an earlier run, job 2, reported no accuracy; job 4 counted" in summary.notes
+    assert not any(note.endswith("not counted") for note in summary.notes)  # no seed reads as lost
+    lines = [line for line in run_lines(rows, [summary]) if line.metric == "accuracy"]
+    assert [(line.job, line.counted) for line in lines] == [(1, False), (3, True), (2, False), (4, True)]
+    assert lines[0].why == "seed 1 ran again: job 3 counted"
+    assert lines[2].why.startswith("reported no accuracy")
+    assert sum(line.value for line in lines if line.counted) / 2 == summary.mean
