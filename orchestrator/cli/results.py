@@ -63,7 +63,8 @@ from orchestrator.wording import one_line
               help="Print markdown or latex although runs are still queued or running; the table says it is partial.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: every row with its overrides and each run's job, attempt and ladder level.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (same as --format csv).")
-@click.option("--ci", is_flag=True, help="Add each row's t-based 95 % interval of the mean (needs scipy).")
+@click.option("--ci", is_flag=True,
+              help="Add each row's t-based 95 % interval of the mean to the table or --json (needs scipy).")
 @click.option("--compare", nargs=2, default=None, metavar="A B",
               help="Paired-by-seed t test of setting A against B per task (labels as the table shows them; "
                    "needs scipy).")
@@ -80,6 +81,8 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
     fmt = chosen.pop() if chosen else "table"
     if metric is not None and not metric.strip():
         raise UsageError("--metric '': give a metric name, e.g. --metric accuracy")
+    if ci and fmt not in ("table", "json"):
+        raise UsageError(f"--ci adds a column to the table or --json, not to {fmt}")
     filters = parse_where(where_items)
     basis = Basis(select) if select else None
     empty = "no results yet (no job submitted, or none kept by --where)"
