@@ -472,3 +472,19 @@ def test_after_a_forced_rerun_the_notes_name_the_run_that_counts_and_the_per_run
     assert lines[0].why == "seed 1 ran again: job 3 counted"
     assert lines[2].why.startswith("reported no accuracy")
     assert sum(line.value for line in lines if line.counted) / 2 == summary.mean
+
+
+def test_a_reading_stored_at_an_attempts_end_reads_back_as_read() -> None:
+    from orchestrator.attempts.reported import reading_from_record
+
+    result = {"status": "ok", "best_step": 40, "test_is_val": True, "lora_dropout": 0.05, "error": "x\ny",
+              "metrics": {"test": {"eval_accuracy": 0.8, "step": 3, "nan": float("nan")}, "val": {"accuracy": 0.9}}}
+    reading = reading_of(result, None)
+    assert reading.metrics == {"eval_accuracy": 0.8, "accuracy": 0.8}  # aliases, no bookkeeping, no NaN
+    assert (reading.val_metrics, reading.best_step, reading.test_is_val, reading.error) == (
+        {"accuracy": 0.9}, 40, True, "x")
+    assert reading_from_record(json.dumps(reading.to_record())) == reading
+    printed = reading_of(None, '{"test_f1": 0.7}')  # a script that only printed its metrics
+    assert printed.metrics == {"test_f1": 0.7, "f1": 0.7}
+    for bad in (None, "", "[]", "{", json.dumps({"version": 99, "test": {"a": 1}})):
+        assert reading_from_record(bad) is None  # read from the run dir instead
