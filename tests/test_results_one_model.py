@@ -341,11 +341,15 @@ def test_the_study_reads_the_same_in_the_cli_the_notebook_the_web_and_the_report
             assert expected in cells[record["config"]], (expected, cells)
 
 
-def test_a_table_needs_no_run_dir_once_readings_are_stored(study: OrchRunner, db_path: Path, tmp_path: Path) -> None:
+def test_a_table_needs_no_run_dir_once_readings_are_stored(
+    study: OrchRunner, db_path: Path, tmp_path: Path
+) -> None:
     from orchestrator.results.collect import collect_rows
 
     with Store(db_path) as store:
-        assert collect_rows(store).from_run_dirs == 4  # c1 on glue_mrpc ended before readings were stored
+        assert (
+            collect_rows(store).from_run_dirs == 4
+        )  # c1 on glue_mrpc ended before readings were stored
     before = _cli(study)
     with Store(db_path) as store:
         assert collect_rows(store).from_run_dirs == 0  # read once, then stored with their attempts
@@ -454,7 +458,9 @@ def test_the_web_footer_says_what_the_cli_says_of_runs_without_metrics() -> None
     )  # the CLI's stderr line
 
 
-def test_after_a_forced_rerun_the_notes_name_the_run_that_counts_and_the_per_run_table_agrees() -> None:
+def test_after_a_forced_rerun_the_notes_name_the_run_that_counts_and_the_per_run_table_agrees() -> (
+    None
+):
     from orchestrator.results.aggregate import ResultRow, aggregate
     from orchestrator.results.run_lines import run_lines
 
@@ -468,7 +474,12 @@ def test_after_a_forced_rerun_the_notes_name_the_run_that_counts_and_the_per_run
     assert "seed 2: an earlier run, job 2, reported no accuracy; job 4 counted" in summary.notes
     assert not any(note.endswith("not counted") for note in summary.notes)  # no seed reads as lost
     lines = [line for line in run_lines(rows, [summary]) if line.metric == "accuracy"]
-    assert [(line.job, line.counted) for line in lines] == [(1, False), (3, True), (2, False), (4, True)]
+    assert [(line.job, line.counted) for line in lines] == [
+        (1, False),
+        (3, True),
+        (2, False),
+        (4, True),
+    ]
     assert lines[0].why == "seed 1 ran again: job 3 counted"
     assert lines[2].why.startswith("reported no accuracy")
     assert sum(line.value for line in lines if line.counted) / 2 == summary.mean
@@ -477,14 +488,45 @@ def test_after_a_forced_rerun_the_notes_name_the_run_that_counts_and_the_per_run
 def test_a_reading_stored_at_an_attempts_end_reads_back_as_read() -> None:
     from orchestrator.attempts.reported import reading_from_record
 
-    result = {"status": "ok", "best_step": 40, "test_is_val": True, "lora_dropout": 0.05, "error": "x\ny",
-              "metrics": {"test": {"eval_accuracy": 0.8, "step": 3, "nan": float("nan")}, "val": {"accuracy": 0.9}}}
+    result = {
+        "status": "ok",
+        "best_step": 40,
+        "test_is_val": True,
+        "lora_dropout": 0.05,
+        "error": "x\ny",
+        "metrics": {
+            "test": {"eval_accuracy": 0.8, "step": 3, "nan": float("nan")},
+            "val": {"accuracy": 0.9},
+        },
+    }
     reading = reading_of(result, None)
-    assert reading.metrics == {"eval_accuracy": 0.8, "accuracy": 0.8}  # aliases, no bookkeeping, no NaN
+    assert reading.metrics == {
+        "eval_accuracy": 0.8,
+        "accuracy": 0.8,
+    }  # aliases, no bookkeeping, no NaN
     assert (reading.val_metrics, reading.best_step, reading.test_is_val, reading.error) == (
-        {"accuracy": 0.9}, 40, True, "x")
+        {"accuracy": 0.9},
+        40,
+        True,
+        "x",
+    )
     assert reading_from_record(json.dumps(reading.to_record())) == reading
     printed = reading_of(None, '{"test_f1": 0.7}')  # a script that only printed its metrics
     assert printed.metrics == {"test_f1": 0.7, "f1": 0.7}
     for bad in (None, "", "[]", "{", json.dumps({"version": 99, "test": {"a": 1}})):
         assert reading_from_record(bad) is None  # read from the run dir instead
+
+
+def test_a_pruned_seed_is_accounted_for_as_a_terminal_state_once_the_lifecycle_has_it() -> None:
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.run_lines import run_lines
+
+    # the lifecycle's early stopping adds the state; a job row carries it by its value
+    pruned: Any = "pruned"
+    rows = [ResultRow("E", "c", "toy", 1, {"accuracy": 0.5}, job=1), ResultRow("E", "c", "toy", 2, {"accuracy": 0.7}, job=2),
+            ResultRow("E", "c", "toy", 3, {}, job=3, state=pruned)]  # fmt: skip
+    (summary,) = aggregate(rows)
+    assert summary.n_text == "2 of 3 (seed 3 pruned (stopped early))" and summary.failed_runs
+    assert "seed 3 (job 3) was pruned, not counted" in summary.notes
+    line = run_lines(rows, [summary])[-1]
+    assert (line.state, line.counted, line.value, line.marks) == ("pruned", False, None, ("¶",))

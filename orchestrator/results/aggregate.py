@@ -33,6 +33,7 @@ from typing import Any
 
 from orchestrator.lifecycle import JobState
 from orchestrator.results.seeds import (
+    LOST,
     PENDING,
     Denominator,
     SeedRunInput,
@@ -373,9 +374,9 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     notes += _evidence_notes(counted)
     notes += uncounted_notes([inputs[id(row)] for row, _ in uncounted], {r.seed: r.job for r in counted}, pooled)
     for state in states:
-        if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):
+        if state.status in LOST:
             where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")
-            verb = "failed" if state.status is SeedStatus.FAILED else "was cancelled"
+            verb = {SeedStatus.FAILED: "failed", SeedStatus.CANCELLED: "was cancelled"}.get(state.status, "was pruned")
             notes.append(f"{where} {verb}, not counted" + (f": {state.why}" if state.why else ""))
     return ResultSummary(
         suite=first.suite, config=first.config, task=first.task, metric=metric, mean=mean, std=std,

@@ -26,7 +26,8 @@ from orchestrator.results.formats import (
 from orchestrator.results.seeds import SeedRunInput, counted_runs
 
 # What a job's state reads as in a line. A new terminal state is one entry here (and a mark in
-# STATE_MARKS if the table must flag it); a state missing here reads as its own value.
+# STATE_MARKS if the table must flag it; its seeds' status is results.seeds._BY_STATE); a state
+# missing here reads as its own value.
 STATE_WORDS: dict[str, str] = {
     JobState.SUCCEEDED.value: "succeeded",
     JobState.FAILED.value: "failed",
@@ -38,6 +39,7 @@ STATE_WORDS: dict[str, str] = {
 STATE_MARKS: dict[str, str] = {
     JobState.FAILED.value: FAILED_RUNS,
     JobState.CANCELLED.value: FAILED_RUNS,
+    "pruned": FAILED_RUNS,
     JobState.RUNNING.value: UNFINISHED,
     JobState.QUEUED.value: UNFINISHED,
 }
@@ -107,11 +109,11 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
     for r in group:
         base: dict[str, Any] = dict(
             job=r.job, suite=r.suite, config=r.config, overrides=r.overrides, setting=label,
-            task=r.task, seed=r.seed, attempt=r.attempt, state=STATE_WORDS.get(r.state.value, r.state.value),
+            task=r.task, seed=r.seed, attempt=r.attempt, state=STATE_WORDS.get(_value(r.state), _value(r.state)),
             level=r.level, inexact_rungs=r.inexact, best_step=r.best_step,
         )  # fmt: skip
         if r.state is not JobState.SUCCEEDED:
-            mark = STATE_MARKS.get(r.state.value)
+            mark = STATE_MARKS.get(_value(r.state))
             lost = f"{base['state']}" + (f": {r.reason}" if r.reason else "") + ", not counted"
             lines.append(
                 RunLine(
@@ -171,6 +173,11 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
                     )
                 )
     return lines
+
+
+def _value(state: JobState | str) -> str:
+    """A state's value (a state the lifecycle added later may reach here as its text)."""
+    return state.value if isinstance(state, JobState) else str(state)
 
 
 def _run_marks(r: ResultRow) -> tuple[tuple[str, ...], list[str]]:

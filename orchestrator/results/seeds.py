@@ -27,15 +27,21 @@ class SeedStatus(str, Enum):
     NO_METRIC = "no_metric"  # succeeded, but no run of the seed reported the metric
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # stopped early by design (early stopping), where the lifecycle has the state
     RUNNING = "running"
     QUEUED = "queued"
 
 
-_BY_STATE = {JobState.FAILED: SeedStatus.FAILED, JobState.CANCELLED: SeedStatus.CANCELLED,
-             JobState.RUNNING: SeedStatus.RUNNING, JobState.QUEUED: SeedStatus.QUEUED}
+# By the state's value (a str Enum's member looks up as its value): a terminal state the lifecycle
+# gains later is one entry here, and one in results.run_lines.STATE_WORDS.
+_BY_STATE: dict[str, SeedStatus] = {
+    JobState.FAILED: SeedStatus.FAILED, JobState.CANCELLED: SeedStatus.CANCELLED, "pruned": SeedStatus.PRUNED,
+    JobState.RUNNING: SeedStatus.RUNNING, JobState.QUEUED: SeedStatus.QUEUED}
 PENDING = (JobState.QUEUED, JobState.RUNNING)
 _WORDS = {SeedStatus.NO_METRIC: "reported no {metric}", SeedStatus.FAILED: "failed",
-          SeedStatus.CANCELLED: "cancelled", SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
+          SeedStatus.CANCELLED: "cancelled", SeedStatus.PRUNED: "pruned (stopped early)",
+          SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
+LOST = (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.PRUNED)  # missing for good, with a reason
 
 
 @dataclass(frozen=True)
@@ -202,7 +208,7 @@ def uncounted_notes(runs: Sequence[SeedRunInput], counted_job: dict[int, int | N
 def lost_runs(runs: Sequence[SeedRunInput], states: Sequence[SeedState]) -> bool:
     """Whether a seed is missing for good (failed, cancelled, no metric), or a run after a
     seed's counted one failed or was cancelled: the ¶ mark."""
-    if any(s.status in (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.NO_METRIC) for s in states):
+    if any(s.status in (*LOST, SeedStatus.NO_METRIC) for s in states):
         return True
     counted_job = {s.seed: _job_key(s.job) for s in states if s.status is SeedStatus.COUNTED}
     return any(r.state in (JobState.FAILED, JobState.CANCELLED) and _job_key(r.job) > counted_job.get(r.seed, 1 << 62)
