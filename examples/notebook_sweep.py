@@ -35,13 +35,18 @@ print(s.wait())
 
 # %% The jobs, with their headline metric and run time.
 jobs = s.jobs(args.suite)
-print(jobs[["id", "config", "setting", "seed", "task", "state", "metric", "value", "run_s"]])
+print(jobs[["job", "config", key, "seed", "task", "state", "metric", "value", "run_s", "ended_at"]])
 
-# %% A row per run and metric: mean and spread per setting, from exactly the runs listed.
+# %% The table `orch results --json` prints: a row per setting × task, every seed accounted for.
+summary = s.summary(args.suite)
+print(summary[["config", key, "task", "metric", "mean", "std", "val_mean", "n_text", "marks", "notes"]])
+
+# %% The same table per run: the counted rows (one per seed) give exactly the summary's means.
 results = s.results(args.suite)
-test = results[results["split"] == "test"]
-print(test.groupby(["config", "setting", "task", "metric"])["value"].agg(["mean", "std", "count"]))
+counted = results[results["counted"] & (results["split"] == "test")]
+print(counted.groupby(["config", key, "task", "metric"])["value"].agg(["mean", "std", "count"]))
+print(results[~results["counted"]][["job", "seed", "state", "why"]])  # what the table left out, and why
 
-# %% Every loss point of every run, one curve per job (a resumed job reads whole).
+# %% Every loss point of every run, one curve per job (a resumed job reads whole), with its setting.
 curves = s.curves(suite=args.suite, keys=["loss"], stitched=True)
-print(curves.pivot_table(index="step", columns="job", values="value").tail())
+print(curves.pivot_table(index="step", columns=[key, "seed"], values="value").tail())

@@ -43,23 +43,42 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
     assert seen[-1] == states and seen[0] != states  # polled while they ran, until they ended
 
     jobs = sweep.jobs()
-    assert {"id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu"} <= set(jobs.columns)
+    assert {"job", "suite", "config", "learning_rate", "setting", "seed", "task", "state", "attempt", "level",
+            "gpu", "submitted_at", "started_at", "ended_at"} <= set(jobs.columns)
     assert list(jobs["metric"]) == ["test_accuracy"] * 4 and jobs["run_s"].gt(0).all()
+    assert str(jobs["gpu"].dtype) == "Int64" and jobs["learning_rate"].tolist() == [1e-4, 1e-4, 3e-4, 3e-4]
+    assert (jobs["submitted_at"] <= jobs["started_at"]).all() and (jobs["started_at"] < jobs["ended_at"]).all()
 
     results = sweep.results()
-    assert list(results.columns) == ["suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split",
-                                     "metric", "value", "state", "step"]
+    assert {"job", "config", "learning_rate", "task", "seed", "state", "counted", "split", "metric", "value",
+            "level", "inexact_rungs", "marks", "why"} <= set(results.columns)
     # the sim worker reports val beside test: a row per run, split and metric
     assert len(results) == 8 and set(results["metric"]) == {"accuracy"} and set(results["split"]) == {"test", "val"}
+    assert results["learning_rate"].dtype == float and results["counted"].all()
+    assert set(results["state"]) == {"succeeded"}
     test = results[results["split"] == "test"]
-    assert test.groupby("setting")["value"].count().to_dict() == {"learning_rate=0.0001": 2, "learning_rate=0.0003": 2}
+    assert test.groupby("learning_rate")["value"].count().to_dict() == {1e-4: 2, 3e-4: 2}
+    # the notebook's table is the CLI's: its counted rows average to the CLI's mean
+    cli = json.loads(orch.run("results", "--suite", "nb", "--json").stdout)
+    assert sweep.summary("nb", as_frame=False) == [{**r, "setting": r["overrides_label"], "learning_rate":
+                                                    r["overrides"]["learning_rate"]} for r in cli]
+    means = test[test["counted"]].groupby("learning_rate")["value"].mean()
+    assert [round(means[r["overrides"]["learning_rate"]], 10) for r in cli] == [r["mean"] for r in cli]
+    # read once at each attempt's end: the tables no longer need the run dirs
+    for result_json in (orch.root / "runs").rglob("result.json"):
+        result_json.unlink()
+    assert json.loads(orch.run("results", "--suite", "nb", "--json").stdout) == cli
+    assert sweep.results("nb").equals(results)
 
     curves = sweep.curves(keys=["loss"])
-    assert list(curves.columns) == ["job", "attempt", "step", "key", "value"]
+    assert list(curves.columns) == ["job", "attempt", "step", "key", "value", "suite", "config", "learning_rate",
+                                    "seed", "task"]
     per_job = curves.groupby("job")["step"].count()
     assert (per_job >= 5).all() and curves["value"].between(0, 2).all()
+    assert set(curves["learning_rate"]) == {1e-4, 3e-4} and set(curves["seed"]) == {1, 2}
     rows = sweep.curves(jobs=[1], as_frame=False)
-    assert isinstance(rows, list) and rows[0].keys() == {"job", "attempt", "step", "key", "value"}
+    assert isinstance(rows, list) and rows[0].keys() == {"job", "attempt", "step", "key", "value", "suite", "config",
+                                                         "learning_rate", "seed", "task"}
     assert {r["key"] for r in rows} >= {"loss", "test_accuracy"}
     assert sweep.jobs(as_frame=False)[0]["setting"] == "learning_rate=0.0001"
 

@@ -72,13 +72,15 @@ def test_seeds_that_fail_configs_that_always_fail_a_rerun_and_a_single_seed(live
 
     markdown = live.run("results", "--format", "markdown").stdout
     good_row = _md_row(markdown, "good/good")
-    assert good_row[1] == "3 of 4 (seed 4 failed)"  # the row shows n and the failed seed
+    assert good_row[1] == f"{good['val_mean']:.4f} ± {good['val_std']:.4f}"  # the val column the docs promise
+    assert good_row[2] == "3 of 4 (seed 4 failed)"  # the row shows n and the failed seed
     assert "¶" in good_row[0]
-    assert _md_row(markdown, "bad/bad")[:2] == ["— ¶ \\*", "0 of 2 (seeds 1, 2 failed)"]
+    assert _md_row(markdown, "bad/bad")[:3] == ["— ¶ \\*", "—", "0 of 2 (seeds 1, 2 failed)"]
     assert _md_row(markdown, "one/one")[0].startswith(f"{one['mean']:.4f} ± —")
     assert "** " not in _md_row(markdown, "one/one")[0]  # a single seed is never bold
     assert "RuntimeError: simulated failure" in markdown  # the error, in the notes
     assert "¶ some seeds failed" in markdown
+    assert "sample standard deviation (n − 1)" in markdown and "best evaluation on the validation split" in markdown
     for text in (markdown, live.run("results").stdout, live.run("results", "--format", "latex").stdout):
         assert "± 0.0000" not in text and "$\\pm$ 0.0000" not in text
 

@@ -223,7 +223,7 @@ def test_curves_overlay_picked_runs_with_log_scale_and_a_seed_band(sweep: WebSwe
     wait_until(lambda: chart.get_attribute("data-log") == "yes", 10, "a log scale")
     chart.locator("input.band").check()  # seeds of one config: a band (max, min) and its mean
     wait_until(lambda: chart.get_attribute("data-series") == "3", 10, "one band")
-    assert "mean (n=2)" in chart.locator(".u-legend").inner_text()
+    assert "mean (n=2 seeds)" in chart.locator(".u-legend").inner_text()
     page.screenshot(path=str(ARTIFACTS / "curves.png"), full_page=True)
 
 

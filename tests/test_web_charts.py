@@ -87,6 +87,18 @@ def test_seeds_of_one_config_make_a_band_of_mean_min_and_max() -> None:
     assert spec["metrics"] == ["loss", "acc"] and len(spec["bands"]["loss"]) == 2
 
 
+def test_a_seeds_rerun_replaces_its_earlier_run_in_the_band_never_adds_a_seed() -> None:
+    def run(job: int, seed: int, loss: float, succeeded: bool = True) -> Run:
+        return Run(f"job-{job}", f"job {job}", "c", {"loss": Curve([0, 10], [loss, loss])}, seed=seed, job=job,
+                   succeeded=succeeded)
+
+    # 3 seeds, seed 1 forced twice (jobs 4 and 5) and seed 2's rerun failed (job 6)
+    runs = [run(1, 1, 1.0), run(2, 2, 2.0), run(3, 3, 3.0), run(4, 1, 5.0), run(5, 1, 7.0), run(6, 2, 9.0, False)]
+    (band,) = seed_bands(runs, "loss")
+    assert band.n == 3  # seeds, not runs (it read 6 before)
+    assert band.mean == [(7.0 + 2.0 + 3.0) / 3] * 2  # seed 1's latest job, seed 2's succeeded one
+
+
 def test_curve_colours_never_use_the_oom_red() -> None:
     from orchestrator.web.charts import OUTCOME_COLOURS
     from orchestrator.web.curves import PALETTE

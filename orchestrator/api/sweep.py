@@ -4,8 +4,9 @@
     s = Sweep("state.db")
     s.submit("E1", pairs=["87:glue-tvt_qnli"], grid={"learning_rate": [1e-4, 3e-4]})
     s.wait()            # until the submitted jobs end, with a progress bar
-    s.results()         # a row per run and metric
-    s.curves()          # a row per reported point: job, attempt, step, key, value
+    s.summary()         # `orch results --json`: a row per setting × task, accounted
+    s.results()         # the same table per run: state, counted, marks, typed override columns
+    s.curves()          # a row per reported point: job, attempt, step, key, value, the job's names
     s.cancel([3]); s.retry([3]); s.status(); s.start_daemon(); s.stop_daemon()
 
 Steering goes through the same actions as `orch cancel`, `orch retry` and the web page, and
@@ -29,34 +30,52 @@ from orchestrator.api import arguments
 from orchestrator.api.curves import COLUMNS as CURVE_COLUMNS
 from orchestrator.api.curves import curve_points, point_row
 from orchestrator.api.daemon_process import start_daemon, stop_daemon
+from orchestrator.api.frames import (
+    column_order,
+    override_columns,
+    result_rows,
+    summary_rows,
+    typed_frame,
+    with_overrides,
+)
 from orchestrator.api.jobs import headline_metric
 from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import default_plans_dir
-from orchestrator.results.collect import RunReader
+from orchestrator.results.filters import parse_where
+from orchestrator.results.formats import to_records
+from orchestrator.results.selection import Basis, chosen_by, is_chosen
+from orchestrator.results.table import ResultsTable, build_table
 from orchestrator.store.db import Store
 from orchestrator.store.early_stop import pruned_jobs
 from orchestrator.store.job_facts import job_facts, job_states
-from orchestrator.store.queries import get_job, list_jobs, result_jobs
+from orchestrator.store.queries import get_job, list_jobs, suite_names
 from orchestrator.submit.core import SubmitRequest, submit_sweep
 
-JOB_COLUMNS = ("id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
-               "metric", "value", "reason")
-RESULT_COLUMNS = ("suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split", "metric", "value",
-                  "state", "step")
+JOB_COLUMNS = ("job", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
+               "metric", "value", "reason", "submitted_at", "started_at", "ended_at")
+TIME_COLUMNS = ("submitted_at", "started_at", "ended_at")
+# a curve's point, then its job's names (the override columns go after `config`)
+CURVE_FRAME_COLUMNS = (*CURVE_COLUMNS, "suite", "config", "seed", "task")
 ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED})
 _CANCEL_WORDS = {Done.CANCELLED: "cancelled", Done.STOPPING: "stopping", Done.FINISHED: "finished"}
+
+
+def _pandas() -> bool:
+    """True when pandas imports; OrchError (one line) when it does not."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        raise OrchError("DataFrames need pandas: pip install 'orch[notebook]' (or pass as_frame=False for rows)") from None
+    return True
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str], as_frame: bool) -> Any:
     if not arguments.flag("as_frame", as_frame):
         return rows
-    try:
-        import pandas as pd
-    except ImportError:
-        raise OrchError("DataFrames need pandas: pip install 'orch[notebook]' (or pass as_frame=False for rows)") from None
-    return pd.DataFrame(rows, columns=list(columns))
+    _pandas()
+    return typed_frame(rows, columns)
 
 
 def setting_text(overrides: Mapping[str, Any]) -> str:
@@ -79,64 +98,108 @@ class Sweep:
     # -------------------------------------------------------------------------------- reading
 
     def jobs(self, suite: str | None = None, *, as_frame: bool = True) -> Any:
-        """A row per job: id, suite, config, setting (its overrides), seed, task, state, attempt,
-        level, gpu (while it runs), run_s, the headline metric and its value, reason."""
+        """A row per job: job (its id), suite, config, one column per override key (typed),
+        setting (the overrides as text), seed, task, state, attempt, level, gpu (an integer:
+        its live attempt's, or its last one's), run_s, the headline metric and its value,
+        reason, and submitted_at, started_at, ended_at (epoch seconds; UTC datetimes in a
+        DataFrame)."""
         suite = arguments.text("suite", suite, optional=True)
         arguments.flag("as_frame", as_frame)
         with self._store() as store:
             listed = list_jobs(store, suite=suite)
             facts = job_facts(store, [j.id for j in listed], store.now_s())
+        columns = override_columns((facts[j.id].overrides for j in listed), JOB_COLUMNS)
         rows = []
         for job in listed:
             fact = facts[job.id]
             headline = headline_metric(fact.last_values, job.data)
-            rows.append({"id": job.id, "suite": job.suite, "config": job.config_name,
-                         "setting": setting_text(fact.overrides), "seed": job.seed, "task": job.data,
-                         "state": job.state.value, "attempt": job.attempt_count, "level": job.level, "gpu": job.gpu,
-                         "run_s": fact.run_s, "metric": headline[0] if headline else None,
-                         "value": headline[1] if headline else None, "reason": job.reason})
-        return _frame(rows, JOB_COLUMNS, as_frame)
+            row = {"job": job.id, "suite": job.suite, "config": job.config_name,
+                   "setting": setting_text(fact.overrides), "seed": job.seed, "task": job.data,
+                   "state": job.state.value, "attempt": job.attempt_count, "level": job.level, "gpu": job.gpu,
+                   "run_s": fact.run_s, "metric": headline[0] if headline else None,
+                   "value": headline[1] if headline else None, "reason": job.reason,
+                   "submitted_at": fact.submitted_at, "started_at": fact.started_at, "ended_at": fact.ended_at}
+            rows.append(with_overrides(row, fact.overrides, columns))
+        frame = _frame(rows, column_order(JOB_COLUMNS, columns), as_frame)
+        if as_frame:
+            import pandas as pd
 
-    def results(self, suite: str | None = None, *, as_frame: bool = True) -> Any:
-        """A row per succeeded run and metric: its test metrics (split "test") and, where its
-        result.json has them, its validation metrics (split "val"), state "succeeded"; and a row
-        per run early stopping pruned: split "pruned", the metric it was judged on, its value and
-        `step` where it was stopped, state "pruned". Per run: no run is pooled, dropped or
-        averaged here."""
-        suite = arguments.text("suite", suite, optional=True)
-        arguments.flag("as_frame", as_frame)
-        reader = RunReader()
-        rows: list[dict[str, Any]] = []
+            for name in TIME_COLUMNS:
+                frame[name] = pd.to_datetime(frame[name], unit="s", utc=True)
+        return frame
+
+    def _table(self, suite: str | None, metric: str | None, pooled: bool, where: Sequence[str],
+               digits: int = 4, select: str | None = None) -> ResultsTable:
+        if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 10:
+            raise UsageError(f"digits must be a whole number from 0 to 10, not {digits!r}")
+        if select is not None and select != Basis.VAL.value:
+            raise UsageError(f"select must be 'val' (as --select val) or None, not {select!r}")
         with self._store() as store:
-            runs = [run for run in result_jobs(store, suite) if run.succeeded and run.run_dir]
-            pruned = pruned_jobs(store, suite)
-        for job in pruned:
-            rows.append({"suite": job.suite, "config": job.config_name, "setting": setting_text(job.overrides),
-                         "task": job.data, "seed": job.seed, "job": job.id, "attempt": job.attempt_count,
-                         "level": job.level, "split": "pruned", "metric": job.pruned.get("metric"),
-                         "value": job.pruned.get("value"), "state": "pruned", "step": job.pruned.get("step")})
-        for run in runs:
-            assert run.run_dir is not None  # kept above: succeeded runs with a run dir
-            base = {"suite": run.suite, "config": run.config, "setting": setting_text(reader.setting(run).overrides),
-                    "task": run.data, "seed": run.seed, "job": run.job_id, "attempt": run.n, "level": run.level}
-            reading = reader.reading(run.run_dir, run.output_metrics_json)
-            for split, metrics in (("test", reading.metrics or {}), ("val", reading.val_metrics)):
-                rows += [{**base, "split": split, "metric": name, "value": value, "state": "succeeded", "step": None}
-                         for name, value in metrics.items()]
-        return _frame(rows, RESULT_COLUMNS, as_frame)
+            if suite is not None and suite not in suite_names(store):
+                raise UsageError(f"unknown suite {suite!r} in {self.db_path}")
+            return build_table(store, suite, metric=metric, pooled=pooled, where=parse_where(where),
+                               digits=digits, select=Basis(select) if select else None)
+
+    def results(self, suite: str | None = None, *, metric: str | None = None, pooled: bool = False,
+                where: Sequence[str] = (), as_frame: bool = True) -> Any:
+        """The accounted table per run, as `orch results` counts it: a row per setting × task ×
+        seed run × split × metric, with the run's `state` (succeeded, failed, cancelled, running,
+        queued, pruned), `counted` (the one run per seed its row uses: the mean of a row's
+        counted test values is `orch results`' mean), its `marks` and `why`, `level`,
+        `inexact_rungs`, and one typed column per override key. A failed, cancelled or
+        unfinished seed is a row without a value. `metric`, `pooled` and `where` as the CLI's
+        `--metric`, `--pooled`, `--where`."""
+        suite = arguments.text("suite", suite, optional=True)
+        metric = arguments.text("metric", metric, optional=True)
+        pooled = arguments.flag("pooled", pooled)
+        where = arguments.names("where", where) or []
+        arguments.flag("as_frame", as_frame)
+        rows, columns = result_rows(self._table(suite, metric, pooled, where).lines())
+        return typed_frame(rows, columns) if as_frame and _pandas() else rows
+
+    def summary(self, suite: str | None = None, *, metric: str | None = None, pooled: bool = False,
+                where: Sequence[str] = (), select: str | None = None, digits: int = 4,
+                as_frame: bool = True) -> Any:
+        """`orch results --json`: a row per setting × task × metric with n, the accounted text,
+        the test and val mean ± std, marks and notes (every key of the CLI's records), plus
+        `setting` and a typed column per override key."""
+        suite = arguments.text("suite", suite, optional=True)
+        metric = arguments.text("metric", metric, optional=True)
+        pooled = arguments.flag("pooled", pooled)
+        where = arguments.names("where", where) or []
+        select = arguments.text("select", select, optional=True)
+        arguments.flag("as_frame", as_frame)
+        table = self._table(suite, metric, pooled, where, digits, select)
+        summaries = table.summaries
+        if select is not None:
+            summaries = [s for s in summaries if is_chosen(s, table.choices)]
+        rows, columns = summary_rows(to_records(summaries, chosen_by(table.choices)))
+        return typed_frame(rows, columns) if as_frame and _pandas() else rows
 
     def curves(self, jobs: Iterable[int] | None = None, suite: str | None = None, keys: Iterable[str] | None = None,
                *, stitched: bool = False, as_frame: bool = True) -> Any:
-        """A row per reported point: job, attempt, step, key, value (`stitched`: one curve per
-        job, a later attempt winning from its first step)."""
-        wanted = arguments.job_ids("jobs", jobs)
+        """A row per reported point: job, attempt, step, key, value, and the job's suite, config,
+        seed, task and one typed column per override key, so a plot needs no merge (`stitched`:
+        one curve per job, a later attempt winning from its first step)."""
+        wanted_jobs = arguments.job_ids("jobs", jobs)
         suite = arguments.text("suite", suite, optional=True)
         wanted_keys = arguments.names("keys", keys)
         arguments.flag("as_frame", as_frame)
         with self._store() as store:
-            points = curve_points(store, jobs=wanted, suite=suite, keys=wanted_keys,
+            points = curve_points(store, jobs=wanted_jobs, suite=suite, keys=wanted_keys,
                                   stitched=arguments.flag("stitched", stitched))
-        return _frame([point_row(p) for p in points], CURVE_COLUMNS, as_frame)
+            ids = sorted({p.job for p in points})
+            wanted = set(ids)
+            listed = {j.id: j for j in list_jobs(store, suite=suite) if j.id in wanted}
+            facts = job_facts(store, ids, store.now_s())
+        columns = override_columns((f.overrides for f in facts.values()), CURVE_FRAME_COLUMNS)
+        described = {}
+        for job_id in ids:
+            job = listed.get(job_id)
+            about = {"suite": job.suite, "config": job.config_name, "seed": job.seed, "task": job.data} if job else {}
+            described[job_id] = with_overrides(about, facts[job_id].overrides, columns)
+        rows = [{**point_row(p), **described[p.job]} for p in points]
+        return _frame(rows, column_order(CURVE_FRAME_COLUMNS, columns), as_frame)
 
     # -------------------------------------------------------------------------------- acting
 

@@ -22,6 +22,7 @@ from orchestrator.attempts.next_step import (
 from orchestrator.attempts.printed_results import parse_result
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
+from orchestrator.attempts.reported import RunReading, reading_of
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.executors.base import cluster_owned
@@ -228,13 +229,14 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
         message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
         data["invalid_files"] = unique[:20]
     succeeded_silently = result is None and verdict.outcome is AttemptOutcome.SUCCEEDED
+    printed = _stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None
     return close_attempt(
         store, attempt,
         AttemptEnd(
             outcome=verdict.outcome.value, reason=reason,
             exit_code=(exit_record or {}).get("exit_code"), signal=(exit_record or {}).get("signal"),
             peak_mib=peak_mib, job_state=step.job_state, job_fields=step.job_fields, message=message, data=data,
-            output_metrics=_stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None,
+            output_metrics=printed, reported=reading_of(result, printed).to_record(),
             loss=found.loss.summary.to_record() if found.loss and found.loss.summary else None,
             diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
@@ -330,6 +332,7 @@ def fail_before_start(
                 outcome=outcome.value, reason=clip_reason(reason), exit_code=None, signal=None,
                 peak_mib=0, job_state=JobState.CANCELLED if cancelled else next_state,
                 job_fields=fields, message=said, data={"run_dir": attempt.run_dir},
+                reported=RunReading(None).to_record(),  # it reported nothing
             ), kill_seen=True)
             break
     # A launch failure (a bad template, a command that cannot start) fails every attempt the same

@@ -12,11 +12,12 @@ from rich.text import Text
 
 from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
-from orchestrator.results.aggregate import ResultSummary, aggregate
-from orchestrator.results.collect import PRINTED_SPLITS_NOTE, RunReader, collect_rows
-from orchestrator.results.filters import apply_where, parse_where
+from orchestrator.results.aggregate import ResultSummary
+from orchestrator.results.collect import NO_METRICS, PRINTED_SPLITS_NOTE
+from orchestrator.results.filters import parse_where
 from orchestrator.results.formats import (
     FORMATS,
+    SCORE_LINE,
     TABLE_COLUMNS,
     legend_lines,
     render_rows,
@@ -31,11 +32,13 @@ from orchestrator.results.selection import (
     Column,
     ColumnChoice,
     bold_legend,
-    choose,
+    choice_notes,
     chosen_by,
     is_chosen,
     unchosen_columns,
 )
+from orchestrator.results.stats import paired_test, paired_text, row_interval
+from orchestrator.results.table import build_table
 from orchestrator.store.queries import suite_names
 from orchestrator.wording import one_line
 
@@ -60,9 +63,15 @@ from orchestrator.wording import one_line
               help="Print markdown or latex although runs are still queued or running; the table says it is partial.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: every row with its overrides and each run's job, attempt and ladder level.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (same as --format csv).")
+@click.option("--ci", is_flag=True,
+              help="Add each row's t-based 95 % interval of the mean to the table or --json (needs scipy).")
+@click.option("--compare", nargs=2, default=None, metavar="A B",
+              help="Paired-by-seed t test of setting A against B per task (labels as the table shows them; "
+                   "needs scipy).")
 @db_option
 def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | None, where_items: tuple[str, ...],
-                select: str | None, pooled: bool, partial: bool, as_json: bool, as_csv: bool, db_path: Path) -> None:
+                select: str | None, pooled: bool, partial: bool, as_json: bool, as_csv: bool,
+                ci: bool, compare: tuple[str, str] | None, db_path: Path) -> None:
     """Aggregate test metrics over seeds: one row per effective config (config and its --set
     overrides) × task, one value per seed (its latest succeeded run), every submitted seed
     accounted for (n of submitted; failed, cancelled and unfinished seeds named)."""
@@ -72,6 +81,8 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
     fmt = chosen.pop() if chosen else "table"
     if metric is not None and not metric.strip():
         raise UsageError("--metric '': give a metric name, e.g. --metric accuracy")
+    if ci and fmt not in ("table", "json"):
+        raise UsageError(f"--ci adds a column to the table or --json, not to {fmt}")
     filters = parse_where(where_items)
     basis = Basis(select) if select else None
     empty = "no results yet (no job submitted, or none kept by --where)"
@@ -82,12 +93,13 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
                 raise UsageError(
                     f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
                 )
-        reader = RunReader()
-        rows, missing = collect_rows(store, suite, reader)
-    summaries = aggregate(apply_where(rows, filters), metric=metric, pooled=pooled)
+        table = build_table(store, suite, metric=metric, pooled=pooled, where=filters, digits=digits, select=basis)
+    summaries, choices, missing = table.summaries, table.choices, table.missing
+    if compare is not None:
+        _print_comparison(summaries, compare, pooled, digits)
+        return
     if fmt in ("markdown", "latex") and not partial:
         _refuse_unfinished(summaries)
-    choices = choose(summaries, digits, basis)
     if basis is not None and fmt not in ("markdown", "latex"):
         for task, column_metric in unchosen_columns(choices):
             click.echo(f"{task} ({column_metric}): no setting with n ≥ 2 reported val {column_metric}: none selected",
@@ -97,10 +109,14 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
             empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds) to choose on: "
                      f"`--select {select}` keeps none; without it every setting is shown")
         summaries = [s for s in summaries if is_chosen(s, choices)]
-    if reader.printed_splits and fmt == "table" and summaries:
+    if table.printed_splits and fmt == "table" and summaries:
         click.echo(PRINTED_SPLITS_NOTE)
     if fmt == "json":
-        echo_json(to_records(summaries, chosen_by(choices)))
+        records = to_records(summaries, chosen_by(choices))
+        if ci:
+            for record, s in zip(records, summaries, strict=True):
+                record["ci95"] = list(found) if (found := row_interval(s)) is not None else None
+        echo_json(records)
     elif fmt == "csv":
         click.echo(to_csv(summaries, chosen_by(choices)), nl=False)
     elif fmt == "markdown":
@@ -108,9 +124,9 @@ def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | N
     elif fmt == "latex":
         click.echo(to_latex(summaries, digits, basis), nl=False)
     else:
-        _print_table(summaries, digits, choices, empty)
+        _print_table(summaries, digits, choices, empty, ci)
     if missing and fmt != "json":
-        click.echo(f"{missing} succeeded job(s) had no test metrics (result.json or printed)", err=True)
+        click.echo(f"{missing} succeeded job(s) had {NO_METRICS}", err=True)
 
 
 def _refuse_unfinished(summaries: list[ResultSummary]) -> None:
@@ -122,17 +138,46 @@ def _refuse_unfinished(summaries: list[ResultSummary]) -> None:
                          f"{first.task}: {first.accounted}); wait for them, or pass --partial for a table marked partial")
 
 
-def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Column, ColumnChoice], empty: str) -> None:
+def _print_comparison(summaries: list[ResultSummary], compare: tuple[str, str], pooled: bool, digits: int) -> None:
+    """`--compare A B`: per task both settings have, the paired-by-seed test of A against B."""
+    if pooled:
+        raise UsageError("--compare pairs one value per seed: leave out --pooled")
+    several_suites = len({s.suite for s in summaries}) > 1
+    by_label: dict[str, list[ResultSummary]] = {}
+    for s in summaries:
+        by_label.setdefault(f"{s.suite}/{s.label}" if several_suites else s.label, []).append(s)
+    for name in compare:
+        if name not in by_label:
+            known = ", ".join(list(by_label)[:8]) + (", ..." if len(by_label) > 8 else "")
+            raise UsageError(f"--compare: no setting {name!r} (settings: {known or 'none yet'})")
+    rows_b = {(s.task, s.metric): s for s in by_label[compare[1]]}
+    pairs = [(a, rows_b[(a.task, a.metric)]) for a in by_label[compare[0]] if (a.task, a.metric) in rows_b]
+    if not pairs:
+        raise UsageError(f"--compare: {compare[0]!r} and {compare[1]!r} share no task and metric")
+    click.echo(f"A = {compare[0]}; B = {compare[1]}")
+    for a, b in pairs:
+        click.echo(paired_text(paired_test(a, b), digits))
+
+
+def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Column, ColumnChoice], empty: str,
+                 ci: bool = False) -> None:
     if not summaries:
         click.echo(empty)
         return
     rendered = [[one_line(cell) for cell in row] for row in render_rows(summaries, digits)]
+    names = list(TABLE_COLUMNS)
+    if ci:  # the interval after the mean
+        at = names.index("mean ± std") + 1
+        names.insert(at, "95% CI")
+        for row, s in zip(rendered, summaries, strict=True):
+            found = row_interval(s)
+            row.insert(at, "—" if found is None else f"[{found[0]:.{digits}f}, {found[1]:.{digits}f}]")
     # Columns that say nothing in this table (no overrides, no val, no levels known, no notes) are left out.
-    shown = [i for i, name in enumerate(TABLE_COLUMNS) if name not in ("overrides", "val", "levels", "notes")
+    shown = [i for i, name in enumerate(names) if name not in ("overrides", "val", "levels", "notes")
              or any(row[i] not in ("", "-") for row in rendered)]
     table = Table(box=None, header_style="bold")
     for i in shown:
-        table.add_column(TABLE_COLUMNS[i], overflow="fold")
+        table.add_column(names[i], overflow="fold")
     for row in rendered:
         table.add_row(*(Text(row[i]) for i in shown))  # Text: a `[…]` in a config name is not markup
     console = Console()
@@ -141,12 +186,15 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
     console.print(table)
     for line in table_lines(summaries):
         click.echo(line)
+    click.echo(SCORE_LINE + ("; 95% CI: t-based interval of the mean (n − 1 degrees of freedom)" if ci else ""))
     bold = bold_legend(choices, {s.metric for s in summaries}).replace("bold:", "chosen:", 1)
     for line in legend_lines(summaries, with_notes=False, hints=True):
         click.echo(line)
     picked = [s for s in summaries if is_chosen(s, choices)]
     if bold and picked:
         click.echo(bold + ": " + "; ".join(f"{s.task} ({s.metric}) {s.label}" for s in picked))
+    for note in choice_notes(choices):
+        click.echo(note)
 
 
 def register(group: click.Group) -> None:

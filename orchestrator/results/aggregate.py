@@ -33,6 +33,7 @@ from typing import Any
 
 from orchestrator.lifecycle import JobState
 from orchestrator.results.seeds import (
+    LOST,
     PENDING,
     Denominator,
     SeedRunInput,
@@ -46,6 +47,7 @@ from orchestrator.results.seeds import (
     pruned_notes,
     seed_states,
     short_denominator,
+    uncounted_notes,
 )
 from orchestrator.wording import fmt_value
 
@@ -141,6 +143,7 @@ class ResultSummary:
     val_n: int = 0
     order: tuple[Any, ...] = ()  # where the row goes: its jobs' submission order (suite order)
     task_order: tuple[Any, ...] = ()  # where its task's column goes
+    setting: str = ""  # the digest of its effective setting (ResultRow.setting)
 
     @property
     def n_seeds(self) -> int:
@@ -370,12 +373,10 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     notes: list[str] = [fallback_note] if fallback_note else []
     notes += later_run_notes(list(inputs.values()), states, pooled, _jobs_text)
     notes += _evidence_notes(counted)
-    for row, _ in uncounted:
-        where = f"seed {row.seed}" + (f" (job {row.job})" if row.job is not None else "")
-        notes.append(f"{where} reported {inputs[id(row)].why}: not counted")
-    notes += pruned_notes(states)
+    notes += uncounted_notes([inputs[id(row)] for row, _ in uncounted], {r.seed: r.job for r in counted}, pooled)
+    notes += pruned_notes(states)  # with the step, value and rank early stopping judged
     for state in states:
-        if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):
+        if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):  # pruned: pruned_notes
             where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")
             verb = "failed" if state.status is SeedStatus.FAILED else "was cancelled"
             notes.append(f"{where} {verb}, not counted" + (f": {state.why}" if state.why else ""))
@@ -388,7 +389,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
         denominator=denominator(states, len(rows)), pooled=pooled,
         unfinished=any(r.state in PENDING for r in rows),
         failed_runs=lost_runs(list(inputs.values()), states),
-        val_mean=val_mean, val_std=val_std, val_n=len(vals),
+        val_mean=val_mean, val_std=val_std, val_n=len(vals), setting=first.setting,
     )  # fmt: skip
 
 

@@ -1,10 +1,12 @@
 """Reads every job of a results table into ResultRows, each traced to its attempt and to the
 effective config of its job (the `--set` overrides and the config's content): a succeeded job's
-result.json (test and val metrics, best_step), any other job's state and error.
+test and val metrics and best_step, any other job's state and error.
 
-result.json is written by user code: anything but a mapping of numbers under metrics.test is
-counted as missing, never trusted. A progress line's bookkeeping (`step`, `epoch`, ...) is never
-a result metric."""
+What an attempt reported is read from its run dir once, when its end is recorded
+(attempts.reported, stored in attempts.reported_json): a table never reopens a run dir. An
+attempt that ended before readings were stored is read from its run dir once (RunReader) and
+its reading stored then (backfilled, where the database is writable and the run dir had one);
+the table counts how many were read so (`Collected.from_run_dirs`)."""
 
 from __future__ import annotations
 
@@ -16,41 +18,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
+from orchestrator.attempts.reported import (
+    RunReading,
+    PRINTED_SPLITS_NOTE,
+    finite_metrics,
+    first_line,
+    job_metrics,
+    reading_from_record,
+    reading_of,
+    val_metrics,
+)
 from orchestrator.attempts.rundir_reads import read_result
+from orchestrator.errors import StoreError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.ladder_spec import LOGITS_KEY, logits_exact
 from orchestrator.results.aggregate import ResultRow, setting_digest
+from orchestrator.store.attempts import backfill_reported
 from orchestrator.store.db import Store
 from orchestrator.store.queries import ResultJob, result_jobs
 from orchestrator.wording import number
+
+__all__ = ["PRINTED_SPLITS_NOTE", "RunReader", "RunReading", "collect_rows", "finite_metrics", "job_metrics", "val_metrics"]
 
 NO_METRICS = "no test metrics (result.json or printed)"
 # What the exact rungs change (results.aggregate's mark trusts the rest to change numerics);
 # `logits_to_keep` only for the built-in workers (`plans.ladder_spec.logits_exact`)
 EXACT_KEYS = frozenset({"gradient_checkpointing", "logits_to_keep", "num_data_workers"})
 MAX_PEFT_BYTES = 1 << 20
-MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
-
-
-@dataclass(frozen=True)
-class RunReading:
-    """What one succeeded attempt's run dir says: its finite metrics (None when it has none),
-    whether its "test" split is the validation split, and the LoRA dropout it ran with (None
-    when its result.json does not say), its val metrics and the step that chose its weights."""
-
-    metrics: dict[str, float] | None
-    test_is_val: bool = False
-    lora_dropout: float | None = None
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    best_step: int | None = None
+ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)  # an attempt of these has a reading
 
 
 @dataclass(frozen=True)
 class Setting:
     """A job's effective setting: its `--set` overrides, their digest with the config's content,
-    the worker command and the suite's env (results.setting_digest) and the LoRA dropout it asks for (used for runs whose result.json
-    does not say)."""
+    the worker command and the suite's env (results.setting_digest) and the LoRA dropout it asks
+    for (used for runs whose result.json does not say)."""
 
     overrides: dict[str, Any]
     digest: str
@@ -59,51 +61,46 @@ class Setting:
 
 
 class RunReader:
-    """Reads each succeeded attempt's result.json once per process (it does not change after
-    the attempt succeeded); a missing file is read again next time, as it may still appear."""
+    """Works out each job's effective setting once per distinct stored text, and reads the
+    result.json of an attempt that ended before readings were stored once per process (it does
+    not change after the attempt ended); a missing file is read again next time."""
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
+        self._stored: dict[str, RunReading] = {}  # by the stored text: it never changes
         self._settings: dict[tuple[str, str, str, str, str, str], Setting] = {}
-        self._errors: dict[str, str] = {}  # an ended attempt's error, by run dir: it never changes
         self._lock = threading.Lock()
         self.max_entries = max_entries
-        self.printed_splits = False  # a run's printed eval_*/test_* keys were read as val and test
 
     def reading(self, run_dir: str, printed_json: str | None = None) -> RunReading:
+        """An attempt's reading from its run dir (for attempts that ended before readings were
+        stored at their end)."""
         with self._lock:
             if run_dir in self._readings:
                 return self._readings[run_dir]
-        result = read_result(Path(run_dir))
-        test = job_metrics(result, printed_json)
-        if job_metrics(result, None) is None and _split_named(_printed(printed_json)):
-            self.printed_splits = True  # the results header says how eval_* and test_* were read
-        reported_dropout = number(result.get("lora_dropout")) if isinstance(result, dict) else None
-        best_step = result.get("best_step") if isinstance(result, dict) else None
-        reading = RunReading(None if test is None else finite_metrics(test),
-                             isinstance(result, dict) and result.get("test_is_val") is True, reported_dropout,
-                             val_metrics(result, printed_json),
-                             best_step if isinstance(best_step, int) else None)
+        reading = reading_of(read_result(Path(run_dir)), printed_json)
         with self._lock:
             if len(self._readings) >= self.max_entries:
                 self._readings.clear()
-            if reading.metrics is not None:
+            if reading.metrics is not None or reading.error:
                 self._readings[run_dir] = reading
         return reading
 
-    def error(self, run_dir: str) -> str | None:
-        """A failed attempt's `error` from its result.json (first line), read once; None without one."""
+    def stored(self, text: str | None) -> RunReading | None:
+        """A reading stored at an attempt's end, parsed once per process per distinct text."""
+        if not text:
+            return None
         with self._lock:
-            if run_dir in self._errors:
-                return self._errors[run_dir] or None
-        result = read_result(Path(run_dir))
-        error = result.get("error") if isinstance(result, dict) else None
-        found = _first_line(error) if isinstance(error, str) else ""
-        with self._lock:
-            if len(self._errors) >= self.max_entries:
-                self._errors.clear()
-            self._errors[run_dir] = found
-        return found or None
+            found = self._stored.get(text)
+        if found is None:
+            found = reading_from_record(text)
+            if found is None:
+                return None
+            with self._lock:
+                if len(self._stored) >= self.max_entries:
+                    self._stored.clear()
+                self._stored[text] = found
+        return found
 
     def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
         return self.reading(run_dir, printed_json).metrics
@@ -130,25 +127,46 @@ class RunReader:
         return found
 
 
-def collect_rows(store: Store, suite: str | None = None, reader: RunReader | None = None) -> tuple[list[ResultRow], int]:
-    """(rows, how many succeeded jobs had no usable test metrics): one row per submitted job.
-    A succeeded job without metrics is a row too, with the reason, so its effective config's row
-    says why it is short; a failed or cancelled job carries its error, a queued or running one
-    its state."""
+@dataclass(frozen=True)
+class Collected:
+    """Every submitted job as a ResultRow, how many succeeded jobs had no usable test metrics,
+    and how many attempts had to be read from their run dirs (ended before readings were
+    stored at their end)."""
+
+    rows: list[ResultRow]
+    missing: int
+    from_run_dirs: int = 0
+    printed_splits: bool = False  # some run's printed eval_*/test_* were read as val and test
+
+
+def collect_rows(store: Store, suite: str | None = None, reader: RunReader | None = None) -> Collected:
+    """One row per submitted job. A succeeded job without metrics is a row too, with the reason,
+    so its effective config's row says why it is short; a failed or cancelled job carries its
+    error, a queued or running one its state."""
     reader = reader or RunReader()
     rows: list[ResultRow] = []
-    missing = 0
+    missing = from_run_dirs = 0
+    splits_read = False
+    backfill: list[tuple[int, int, dict[str, Any]]] = []
     for run in result_jobs(store, suite):
         setting = reader.setting(run)
+        reading = reader.stored(run.reported_json)
+        if reading is None and run.run_dir is not None and run.n is not None and run.state in ENDED:
+            from_run_dirs += 1
+            reading = reader.reading(run.run_dir, run.output_metrics_json)
+            if reading.metrics is not None or reading.error:  # found: kept, never read again
+                backfill.append((run.job_id, run.n, reading.to_record()))
         if run.state is not JobState.SUCCEEDED or run.run_dir is None:
             state = run.state if run.state is not JobState.SUCCEEDED else JobState.FAILED
             rows.append(ResultRow(
                 run.suite, run.config, run.data, run.seed, {}, job=run.job_id, attempt=run.n, level=run.level,
                 step=run.level_step, overrides=setting.overrides, setting=setting.digest,
-                lora_dropout=setting.lora_dropout, state=state, reason=_error_of(run, reader), params=setting.params,
+                lora_dropout=setting.lora_dropout, state=state, reason=_error_of(run, reading),
+                params=setting.params,
             ))  # fmt: skip
             continue
-        reading = reader.reading(run.run_dir, run.output_metrics_json)
+        assert reading is not None  # a succeeded job's attempt has ended
+        splits_read = splits_read or reading.printed_splits
         if reading.metrics is None:
             missing += 1
         provenance = provenance_keys(run.provenance_json)
@@ -163,7 +181,10 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
             level_note=run.level_note,
         ))  # fmt: skip
-    return rows, missing
+    if backfill:
+        with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time
+            backfill_reported(store, backfill)
+    return Collected(rows, missing, from_run_dirs, splits_read)
 
 
 def provenance_keys(stored: str | None) -> dict[str, str | None]:
@@ -185,117 +206,14 @@ def inexact_of(run: ResultJob) -> tuple[str, ...]:
     return ()
 
 
-def _error_of(run: ResultJob, reader: RunReader) -> str:
+def _error_of(run: ResultJob, reading: RunReading | None) -> str:
     """A failed or cancelled job's error: its latest attempt's result.json `error` (the
     worker's own words, first line), else the job's reason; "" for a job still going."""
     if run.state in (JobState.QUEUED, JobState.RUNNING):
         return ""
-    if run.state is JobState.FAILED and run.run_dir and (error := reader.error(run.run_dir)):
-        return error
-    return _first_line(run.reason or "")
-
-
-def _first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """The first non-blank line of an error written by user code, without control characters
-    (an ANSI escape would reach the terminal) and cut at `limit`."""
-    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    line = "".join(ch if ch.isprintable() else " " for ch in line)
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def val_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None = None) -> dict[str, float]:
-    """The finite metrics a run reports on the validation split: result.json's `metrics.val`,
-    or the `val_X` and `eval_X` keys of a flat `metrics` mapping, else the `eval_X` keys its
-    script printed (a Trainer's `evaluate()`)."""
-    if isinstance(result, dict) and isinstance(result.get("metrics"), dict) and result["metrics"]:
-        reported = result["metrics"]
-        if isinstance(reported.get("val"), dict):
-            return finite_metrics(reported["val"])
-        if isinstance(reported.get("test"), dict):
-            return {}
-        return finite_metrics(_split_flat(reported)[1])
-    printed = _printed(printed_json)
-    return finite_metrics(_split_flat(printed)[1]) if printed else {}
-
-
-def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None, *,
-                aliases: bool = True) -> dict[str, Any] | None:
-    """A job's test metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else
-    what its script printed (parsed when the attempt ended). In a flat mapping `test_X` is the
-    test split's X and `eval_X` the validation split's (val_metrics), each counted once (unless
-    `aliases` is off: the metrics as reported, each once)."""
-    metrics: Any = None
-    nested = False
-    if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
-        reported = result["metrics"]
-        nested = isinstance(reported.get("test"), dict)
-        metrics = reported["test"] if nested else reported
-    if not metrics:
-        nested = False
-        metrics = _printed(printed_json)
-    if not isinstance(metrics, dict) or not metrics:
-        return None
-    if not aliases:
-        return dict(metrics)
-    if nested:  # the test split by name: a prefix only repeats it
-        return {_unprefixed(key, metrics): value for key, value in metrics.items()}
-    return _split_flat(metrics)[0] or None
-
-
-def _printed(printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
-    if isinstance(printed_json, dict):
-        return printed_json  # parsed already (a typed Attempt's output_metrics)
-    if isinstance(printed_json, str) and printed_json:
-        with contextlib.suppress(ValueError, RecursionError):
-            parsed = json.loads(printed_json)
-            return parsed if isinstance(parsed, dict) else None
-    return None
-
-
-def _unprefixed(key: Any, metrics: dict[str, Any]) -> Any:
-    """`test_X` or `eval_X` as X where X is not reported itself."""
-    for prefix in ("test_", "eval_"):
-        if isinstance(key, str) and key.startswith(prefix) and key[len(prefix):] and key[len(prefix):] not in metrics:
-            return key[len(prefix):]
-    return key
-
-
-def _split_named(metrics: dict[str, Any] | None) -> bool:
-    """Whether printed metrics name their split (`eval_*`, `test_*`)."""
-    return any(str(key).startswith(("eval_", "test_")) for key in metrics or {})
-
-
-PRINTED_SPLITS_NOTE = ("printed metrics: eval_* are read as the validation split (val), test_* as the test "
-                       "split (Hugging Face Trainer's evaluate() and predict())")
-
-
-def _split_flat(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(test, val) of a flat mapping: `eval_X` and `val_X` are the validation split's X, `test_X`
-    the test split's, any other key the test split's as it is."""
-    test: dict[str, Any] = {}
-    val: dict[str, Any] = {}
-    for key, value in metrics.items():
-        name = str(key)
-        if name.startswith(("eval_", "val_")) and not name.endswith("_"):
-            val.setdefault(name.split("_", 1)[1], value)
-        elif name.startswith("test_") and len(name) > len("test_"):
-            test[name[len("test_"):]] = value
-        else:
-            test.setdefault(name, value)
-    return test, val
-
-
-def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers among a job's metrics (written by user code: NaN, infinities, ints
-    too large for a float and non-numbers are left out, never shown or averaged), without a
-    training loop's bookkeeping (`step`, `epoch`, `learning_rate`, ...)."""
-    kept: dict[str, float] = {}
-    for key, value in metrics.items():
-        if isinstance(value, (int, float)) and str(key) not in BOOKKEEPING_KEYS:
-            finite = number(value)
-            if finite is not None:
-                kept[str(key)] = finite
-    return kept
+    if run.state is JobState.FAILED and reading is not None and reading.error:
+        return reading.error
+    return first_line(run.reason or "")
 
 
 def lora_dropout_of(config: dict[str, Any], config_path: str) -> float:

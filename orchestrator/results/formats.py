@@ -5,8 +5,8 @@ Every format names a row's `--set` overrides and its denominator (n of the seeds
 what became of the others), and marks what a reader must know about a cell: † some run of it went
 through a ladder rung that changes numerics (half batch × double accumulation, a suite rung not
 declared exact), whatever its precision and dropout: the legend names the rungs, and its value is
-an equivalent draw, not the number level 0 gives (exact rungs, which give bit-equal numbers, are
-not marked); § its "test" metric was scored on the validation set; ¶ some
+an equivalent draw, not the number level 0 gives (exact rungs are not marked: they give bit-equal
+numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/ladder.md); § its "test" metric was scored on the validation set; ¶ some
 of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
 ◇ some of its runs are still queued or running; ‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran
 different code or library versions; * see its notes. A std of fewer than two values is `—`,
@@ -37,7 +37,8 @@ DIVERGED, MIXED_PROVENANCE, PRUNED = "♯", "‖", "‡"
 # One legend for every mark of every format, in the order cells carry them (for papers: no CLI text).
 LEGEND = {
     INEXACT: "† some runs went through a ladder rung that changes numerics ({rungs}): their values are "
-             "equivalent draws, not the numbers level 0 gives (exact rungs are bit-equal and not marked)",
+             "equivalent draws, not the numbers level 0 gives (exact rungs are not marked: bit-equal in "
+             "bf16; in fp32 `logits_to_keep` moves values by ≤ 4.3e-7 relative, same scores)",
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
     FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
                  "that succeeded (n of the seeds submitted), which may be biased",
@@ -48,6 +49,9 @@ LEGEND = {
     MIXED_PROVENANCE: "‖ runs ran different code (commit, uncommitted changes) or library versions",
     SEE_NOTES: "* see the notes below",
 }
+# What every table's numbers are, said under each (the std's divisor, what val is).
+SCORE_LINE = ("mean ± std over seeds: std is the sample standard deviation (n − 1), — for one seed; val: "
+              "the mean over the same runs of each run's best evaluation on the validation split")
 HINTS = {INEXACT: "`orch results --json` lists each run's level and rungs"}  # the terminal's legend only
 POOLED_LINE = "pooled: every succeeded run counted (a rerun of a seed counts again), n = runs, not seeds"
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")

@@ -1,10 +1,12 @@
 """Results as configs × tasks grids to paste into a paper: GitHub Markdown and LaTeX. Pure.
 
 A row is one effective config (`r8 [learning_rate=0.001]`), a column one (task, metric) followed
-by its `n` column (`3`, or `3 of 4 (seed 4 failed)`): configs that report different metrics on a
+by its val column (where some row reports val) and its `n` column (`3`, or `3 of 4 (seed 4
+failed)`): configs that report different metrics on a
 task get a column each, and a cell is filled only from the summary of its own row, task and
 metric. Rows and columns come in suite order. Bold is the choice of results.selection (on the
-validation split where reported; never a row with n < 2; the lowest for a loss or an error).
+validation split where reported; never a row with n < 2; the lowest for a loss or an error; one
+row per column). Under the grid: what the std and val are, what bold means and how ties break.
 Marks and their legend are those of results.formats; a cell with notes is marked `*` and its
 notes are listed under the grid. A table with runs still queued or running is printed only when
 asked for as partial, and then says so on its first line.
@@ -15,11 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from orchestrator.results.aggregate import ResultSummary
-from orchestrator.results.formats import cell_marks, legend_lines, score, table_lines
+from orchestrator.results.formats import (
+    SCORE_LINE,
+    cell_marks,
+    legend_lines,
+    score,
+    table_lines,
+    val_score,
+)
 from orchestrator.results.selection import (
     Basis,
     ColumnChoice,
     bold_legend,
+    choice_notes,
     choose,
     is_chosen,
     lower_is_better,
@@ -52,22 +62,36 @@ def grid(summaries: Sequence[ResultSummary]) -> tuple[list[str], list[Column], d
 
 def _row_cells(
     label: str, columns: list[Column], cells: dict[Cell, ResultSummary], choices: dict[Column, ColumnChoice],
-    render: Callable[[ResultSummary, bool], str], escape: Callable[[str], str],
+    render: Callable[[ResultSummary, bool], str], escape: Callable[[str], str], with_val: set[Column],
+    digits: int,
 ) -> list[str]:
-    """A row's cells in column order, each followed by its n cell: "" where the row has no
-    summary, else `render(summary, chosen in its column)`."""
+    """A row's cells in column order, each followed by its val cell (where the column has val)
+    and its n cell: "" where the row has no summary, else `render(summary, chosen)`."""
     out = []
     for task, metric in columns:
         s = cells.get((label, task, metric))
-        out += ["", ""] if s is None else [render(s, is_chosen(s, choices)), escape(s.n_text)]
+        val = (task, metric) in with_val
+        if s is None:
+            out += ["", ""] + ([""] if val else [])
+            continue
+        out.append(render(s, is_chosen(s, choices)))
+        if val:
+            out.append(escape(val_score(s, digits) or "—"))
+        out.append(escape(s.n_text))
     return out
+
+
+def val_columns(summaries: Sequence[ResultSummary]) -> set[Column]:
+    """The columns some row of which reports val: they get a val column beside the test one."""
+    return {(s.task, s.metric) for s in summaries if s.val_n}
 
 
 def _footer(
     summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str
 ) -> list[str]:
     bold = bold_legend(choices, {s.metric for s in summaries})
-    return ([bold] if bold else []) + legend_lines(summaries, escape=escape)
+    return ([SCORE_LINE] + ([bold] if bold else []) + choice_notes(choices)
+            + legend_lines(summaries, escape=escape))
 
 
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
@@ -92,8 +116,11 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Bas
         return ""
     lines = [md_escape(line) for line in table_lines(summaries)]
     lines += [""] if lines else []
-    lines += ["| config | " + " | ".join(f"{md_escape(t)} ({md_escape(m)}) | n" for t, m in columns) + " |",
-              "|---|" + "---:|---:|" * len(columns)]
+    with_val = val_columns(summaries)
+    heads = [f"{md_escape(t)} ({md_escape(m)})" + (" | val" if (t, m) in with_val else "") + " | n"
+             for t, m in columns]
+    lines += ["| config | " + " | ".join(heads) + " |",
+              "|---|" + "".join("---:|---:|---:|" if c in with_val else "---:|---:|" for c in columns)]
     choices = choose(summaries, digits, select)
 
     def render(s: ResultSummary, is_best: bool) -> str:
@@ -103,7 +130,7 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Bas
 
     for label in rows:
         lines.append(f"| {md_escape(label)} | "
-                     + " | ".join(_row_cells(label, columns, cells, choices, render, md_escape)) + " |")
+                     + " | ".join(_row_cells(label, columns, cells, choices, render, md_escape, with_val, digits)) + " |")
     # Our own sentences, outside the table: only a leading `*` would start a list
     legend = [("\\" + line) if line.startswith("*") else line for line in _footer(summaries, choices, md_escape)]
     notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
@@ -151,8 +178,11 @@ def to_latex(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis 
     if not rows:
         return ""
     lines = [latex_escape(line) + r"\par" for line in table_lines(summaries)]
-    lines += [r"\begin{tabular}{l" + "rr" * len(columns) + "}", r"\hline",
-              "config & " + " & ".join(f"{latex_escape(t)} ({latex_escape(m)}) & $n$" for t, m in columns) + r" \\",
+    with_val = val_columns(summaries)
+    heads = [f"{latex_escape(t)} ({latex_escape(m)})" + (" & val" if (t, m) in with_val else "") + " & $n$"
+             for t, m in columns]
+    lines += [r"\begin{tabular}{l" + "".join("rrr" if c in with_val else "rr" for c in columns) + "}", r"\hline",
+              "config & " + " & ".join(heads) + r" \\",
               r"\hline"]
     choices = choose(summaries, digits, select)
 
@@ -164,7 +194,7 @@ def to_latex(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis 
 
     for label in rows:
         lines.append(latex_escape(label) + " & "
-                     + " & ".join(_row_cells(label, columns, cells, choices, render, latex_escape)) + r" \\")
+                     + " & ".join(_row_cells(label, columns, cells, choices, render, latex_escape, with_val, digits)) + r" \\")
     lines += [r"\hline", r"\end{tabular}"]
     lines += [latex_escape(line) + r"\par" for line in _footer(summaries, choices)]
     notes = _notes(rows, columns, cells)

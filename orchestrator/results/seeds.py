@@ -32,12 +32,14 @@ class SeedStatus(str, Enum):
     QUEUED = "queued"
 
 
-_BY_STATE = {JobState.FAILED: SeedStatus.FAILED, JobState.CANCELLED: SeedStatus.CANCELLED,
-             JobState.PRUNED: SeedStatus.PRUNED,
-             JobState.RUNNING: SeedStatus.RUNNING, JobState.QUEUED: SeedStatus.QUEUED}
+_BY_STATE: dict[str, SeedStatus] = {
+    JobState.FAILED: SeedStatus.FAILED, JobState.CANCELLED: SeedStatus.CANCELLED, JobState.PRUNED: SeedStatus.PRUNED,
+    JobState.RUNNING: SeedStatus.RUNNING, JobState.QUEUED: SeedStatus.QUEUED}
 PENDING = (JobState.QUEUED, JobState.RUNNING)
 _WORDS = {SeedStatus.NO_METRIC: "reported no {metric}", SeedStatus.FAILED: "failed",
-          SeedStatus.CANCELLED: "cancelled", SeedStatus.PRUNED: "pruned", SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
+          SeedStatus.CANCELLED: "cancelled", SeedStatus.PRUNED: "pruned",
+          SeedStatus.RUNNING: "running", SeedStatus.QUEUED: "queued"}
+LOST = (SeedStatus.FAILED, SeedStatus.CANCELLED)  # missing for good by mishap (¶); pruned has ‡
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,25 @@ def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], p
     return notes
 
 
+def uncounted_notes(runs: Sequence[SeedRunInput], counted_job: dict[int, int | None], pooled: bool) -> list[str]:
+    """Sentences for succeeded runs that reported no value of the row's metric; where another run
+    of the seed counts (a `--force` rerun), the sentence names it, so the seed never reads as lost."""
+    notes = []
+    for run in runs:
+        if run.seed in counted_job and not pooled:
+            when = "a later" if _job_key(run.job) > _job_key(counted_job[run.seed]) else "an earlier"
+            notes.append(f"seed {run.seed}: {when} run, job {run.job}, reported {run.why}; "
+                         f"job {counted_job[run.seed]} counted")
+        else:
+            where = f"seed {run.seed}" + (f" (job {run.job})" if run.job is not None else "")
+            notes.append(f"{where} reported {run.why}: not counted")
+    return notes
+
+
 def lost_runs(runs: Sequence[SeedRunInput], states: Sequence[SeedState]) -> bool:
     """Whether a seed is missing for good (failed, cancelled, no metric), or a run after a
     seed's counted one failed or was cancelled: the ¶ mark."""
-    if any(s.status in (SeedStatus.FAILED, SeedStatus.CANCELLED, SeedStatus.NO_METRIC) for s in states):
+    if any(s.status in (*LOST, SeedStatus.NO_METRIC) for s in states):
         return True
     counted_job = {s.seed: _job_key(s.job) for s in states if s.status is SeedStatus.COUNTED}
     return any(r.state in (JobState.FAILED, JobState.CANCELLED) and _job_key(r.job) > counted_job.get(r.seed, 1 << 62)

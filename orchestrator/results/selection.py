@@ -3,7 +3,8 @@
 Choosing the best setting by its test mean is model selection on test, so the choice is made on
 the validation split whenever the column's rows report it, and the test mean of the chosen row is
 what a reader sees. A row with fewer than two counted seeds has no std and is never chosen. For a
-loss, an error or a perplexity the best is the lowest.
+loss, an error or a perplexity the best is the lowest. One row per column is chosen: ties are
+broken as TIE_RULE says, and a choice resting on fewer seeds than a rival's is noted.
 """
 
 from __future__ import annotations
@@ -34,17 +35,19 @@ class Basis(str, Enum):
 
 @dataclass(frozen=True)
 class ColumnChoice:
-    """The rows a column singles out (by id of their summary) and what chose them (None: nothing
-    could be chosen, e.g. no row with two seeds)."""
+    """The row a column singles out (by id of its summary; empty: nothing could be chosen, e.g.
+    no row with two seeds), what chose it, and a note when it rests on fewer seeds than a rival."""
 
     basis: Basis | None
     chosen: frozenset[int]
+    note: str = ""  # `the choice, r8, has 2 seeds; its rivals up to 4`
 
 
 def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None = None) -> dict[Column, ColumnChoice]:
-    """Per column: the rows with the best mean val (ties at the shown precision all count),
-    or, when no eligible row of the column reports val and `select` does not ask for val, the
-    best test mean."""
+    """Per column, one row: the best mean val at the shown precision, or, when no eligible row
+    of the column reports val and `select` does not ask for val, the best test mean. A tie at
+    the shown precision goes to the better unrounded mean, then to more seeds, then to the
+    smaller std, then to the first row in table order (TIE_RULE)."""
     columns: dict[Column, list[ResultSummary]] = {}
     for s in summaries:
         columns.setdefault((s.task, s.metric), []).append(s)
@@ -54,19 +57,38 @@ def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None
         with_val = [s for s in eligible if s.val_mean is not None]
         basis = Basis.VAL if with_val or select is Basis.VAL else Basis.TEST
         pool = with_val if basis is Basis.VAL else eligible
-        scores = {id(s): round(_score(s, basis), digits) for s in pool}
-        if not scores:
+        if not pool:
             choices[column] = ColumnChoice(None, frozenset())
             continue
-        top = min(scores.values()) if lower_is_better(column[1]) else max(scores.values())
-        choices[column] = ColumnChoice(basis, frozenset(k for k, v in scores.items() if v == top))
+        sign = 1.0 if lower_is_better(column[1]) else -1.0  # the best sorts first
+        _, best = min(enumerate(pool), key=lambda p: (sign * round(_score(p[1], basis), digits),
+                                                      sign * _score(p[1], basis), -p[1].distinct_seeds,
+                                                      _spread(p[1], basis), p[0]))
+        rivals = max(s.distinct_seeds for s in pool)
+        note = (f"the choice, {best.label}, has {best.distinct_seeds} seeds; its rivals up to {rivals}"
+                if best.distinct_seeds < rivals else "")
+        choices[column] = ColumnChoice(basis, frozenset({id(best)}), note)
     return choices
+
+
+TIE_RULE = ("a tie at the shown precision goes to the better unrounded mean, then more seeds, then the "
+            "smaller std, then the first row")
+
+
+def _spread(s: ResultSummary, basis: Basis) -> float:
+    std = s.val_std if basis is Basis.VAL else s.std
+    return float("inf") if std is None else std
 
 
 def _score(s: ResultSummary, basis: Basis) -> float:
     value = s.val_mean if basis is Basis.VAL else s.mean
     assert value is not None  # pooled from rows that have it
     return value
+
+
+def choice_notes(choices: dict[Column, ColumnChoice]) -> list[str]:
+    """`glue_rte (accuracy): the choice, r8, has 2 seeds; its rivals up to 4`, per column."""
+    return [f"{task} ({metric}): {c.note}" for (task, metric), c in choices.items() if c.note]
 
 
 def is_chosen(summary: ResultSummary, choices: dict[Column, ColumnChoice]) -> bool:
@@ -87,13 +109,14 @@ def bold_legend(choices: dict[Column, ColumnChoice], metrics: Iterable[str]) -> 
     lowest = sorted({m for m in metrics if lower_is_better(m)})
     direction = f"; lowest is best for {', '.join(lowest)}" if lowest else ""
     if bases == {Basis.VAL}:
-        text = "bold: per column, the best mean on the validation split among rows with n ≥ 2 (its test mean shown)"
+        text = ("bold: per column, the best mean on the validation split among rows with n ≥ 2 (its test mean "
+                "shown, which may be lower than another row's)")
     elif bases == {Basis.TEST}:
         text = "bold: per column, the best test mean among rows with n ≥ 2 (no val reported: chosen on test)"
     else:
         text = ("bold: per column, the best mean on the validation split among rows with n ≥ 2, or the best "
                 "test mean where no row reported val (chosen on test)")
-    return text + direction
+    return text + direction + "; " + TIE_RULE
 
 
 def chosen_by(choices: dict[Column, ColumnChoice]) -> dict[int, str]:

@@ -156,6 +156,7 @@ class AttemptEnd:
     loss: dict[str, Any] | None = None  # the loss summary the divergence rule judged
     diverged: str | None = None  # why the rule flagged the run; None: not flagged
     provenance: dict[str, Any] | None = None  # the validated digest of provenance.json
+    reported: dict[str, Any] | None = None  # what it reported for results (attempts.reported)
 
 
 def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
@@ -181,6 +182,9 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
                 [None if end.loss is None else json.dumps(end.loss), end.diverged,
                  None if end.provenance is None else json.dumps(end.provenance, sort_keys=True), attempt.id],
             )
+        if end.reported is not None:  # read once, here: the results tables never reopen its run dir
+            store._db.execute("UPDATE attempts SET reported_json = ? WHERE id = ?",
+                              [json.dumps(end.reported, sort_keys=True), attempt.id])
         job = store.query("SELECT state FROM jobs WHERE id = ?", [attempt.job_id])[0]
         if job["state"] == JobState.RUNNING.value:
             transition(
@@ -192,6 +196,16 @@ def finish_attempt(store: Store, attempt: Attempt, end: AttemptEnd) -> bool:
             add_event(store, f"end:{end.outcome}", end.message, job_id=attempt.job_id,
                       attempt_id=attempt.id, data=end.data)
     return True
+
+
+def backfill_reported(store: Store, readings: list[tuple[int, int, dict[str, Any]]]) -> None:
+    """Store what attempts that ended before readings were stored at their end reported (job id,
+    attempt n, the reading), read from their run dirs once; an attempt that has one keeps it."""
+    with store.write():
+        for job_id, n, record in readings:
+            store._db.execute(
+                "UPDATE attempts SET reported_json = ? WHERE job_id = ? AND n = ? AND reported_json IS NULL "
+                "AND outcome IS NOT NULL", [json.dumps(record, sort_keys=True), job_id, n])
 
 
 def _shape(row: dict[str, Any]) -> ShapeMemory:

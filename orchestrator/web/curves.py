@@ -113,6 +113,9 @@ class Run:
     marks: list[float] = field(default_factory=list)  # steps where a later attempt took over (resumed)
     cells: dict[str, str] = field(default_factory=dict)  # its row of the legend table, by column
     href: str | None = None  # its job page
+    seed: int | None = None  # a job's seed: a band counts each seed once
+    job: int | None = None
+    succeeded: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,10 +150,12 @@ def _at(curve: Curve, step: float) -> float | None:
 
 
 def seed_bands(runs: Sequence[Run], metric: str) -> list[SeedBand]:
-    """Per group with the metric: mean, min and max over its runs at every step any of them
-    logged, counting at each step only the runs whose range covers it (no extrapolation)."""
+    """Per group with the metric: mean, min and max over its seeds at every step any of them
+    logged, counting at each step only the runs whose range covers it (no extrapolation). A seed
+    counts once, as in the results table: its latest succeeded job, else its latest job (a
+    `--force` rerun replaces the earlier run, never adds a seed); n is the seeds counted."""
     groups: dict[str, list[Run]] = {}
-    for run in runs:
+    for run in per_seed(runs):
         if metric in run.curves and run.curves[metric].steps:
             groups.setdefault(run.group, []).append(run)
     bands = []
@@ -167,6 +172,22 @@ def seed_bands(runs: Sequence[Run], metric: str) -> list[SeedBand]:
             hi.append(max(values))
         bands.append(SeedBand(group, PALETTE[i % len(PALETTE)], len(members), kept_steps, mean, lo, hi))
     return bands
+
+
+def per_seed(runs: Sequence[Run]) -> list[Run]:
+    """One run per (group, seed): the latest succeeded job of the seed, else its latest job;
+    runs without a seed are each kept. In the order given."""
+    chosen: dict[tuple[str, int], Run] = {}
+    for run in runs:
+        if run.seed is None:
+            continue
+        key = (run.group, run.seed)
+        held = chosen.get(key)
+        rank = (run.succeeded, -1 if run.job is None else run.job)
+        if held is None or rank > (held.succeeded, -1 if held.job is None else held.job):
+            chosen[key] = run
+    kept = {id(run) for run in chosen.values()}
+    return [run for run in runs if run.seed is None or id(run) in kept]
 
 
 def chart_spec(runs: Sequence[Run], *, key: str, metric: str = "loss", smooth: float = 0.0, log: bool = False,

@@ -109,7 +109,7 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
     def dot(line: ResultLine) -> Any:
         return dot_plot(line.values, line.mean, line.std or 0.0, lo, hi)
 
-    return render("results.html", table=table, csv_href=csv_href, pivot=pivot(table.summaries), lo=lo, hi=hi, dot=dot)
+    return render("results.html", table=table, csv_href=csv_href, pivot=pivot(table.summaries, choices=table.choices or None), lo=lo, hi=hi, dot=dot)
 
 
 def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int],

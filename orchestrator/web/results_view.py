@@ -9,10 +9,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.results.aggregate import ResultSummary, aggregate
-from orchestrator.results.collect import RunReader, collect_rows
-from orchestrator.results.formats import INEXACT, cell_marks, legend_lines, table_lines, to_csv
-from orchestrator.results.selection import bold_legend, choose, chosen_by, is_chosen
+from orchestrator.results.aggregate import ResultSummary
+from orchestrator.results.collect import NO_METRICS, RunReader
+from orchestrator.results.formats import (
+    INEXACT,
+    SCORE_LINE,
+    cell_marks,
+    legend_lines,
+    table_lines,
+    to_csv,
+)
+from orchestrator.results.selection import (
+    Column,
+    ColumnChoice,
+    bold_legend,
+    choice_notes,
+    choose,
+    chosen_by,
+    is_chosen,
+)
+from orchestrator.results.table import build_table
 from orchestrator.store.db import Store
 
 
@@ -46,6 +62,8 @@ class ResultTable:
     summaries: list[ResultSummary]
     legend: tuple[str, ...] = ()  # what bold means, then one line per mark used (results.formats.LEGEND)
     headline: tuple[str, ...] = ()  # lines about the whole table: pooled, partial
+    choices: dict[Column, ColumnChoice] = field(default_factory=dict)  # the CLI's choice per column
+    missing_text: str = NO_METRICS  # what `missing` jobs lack, in the CLI's words
 
 
 def _overrides_text(overrides: Any) -> str:
@@ -90,7 +108,8 @@ class Pivot:
     mixed: bool  # some cell's seeds ran at different ladder levels
 
 
-def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
+def pivot(summaries: Sequence[ResultSummary], digits: int = 4,
+          choices: dict[Column, ColumnChoice] | None = None) -> Pivot:
     """Effective configs × tasks (as `orch results --format markdown`), each column's choice marked."""
     several_suites = len({s.suite for s in summaries}) > 1
     labels: list[str] = []
@@ -108,7 +127,7 @@ def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
     for s in summaries:
         order.setdefault((s.task, s.metric), (s.task_order, s.task, s.metric))
     columns.sort(key=lambda column: order[column])
-    choices = choose(summaries, digits)
+    choices = choose(summaries, digits) if choices is None else choices
     rows = []
     for label in labels:
         row: list[PivotCell | None] = []
@@ -122,11 +141,10 @@ def pivot(summaries: Sequence[ResultSummary], digits: int = 4) -> Pivot:
 
 
 def result_table(store: Store, cache: RunReader, suite: str | None = None, digits: int = 4) -> ResultTable:
-    # the same rows as `orch results` (results.collect.collect_rows): one per effective config,
-    # traced to their attempts, so levels, marks, notes, choices and the CSV agree with the CLI
-    rows, missing = collect_rows(store, suite, cache)
-    summaries = aggregate(rows)
-    choices = choose(summaries, digits)
+    # the table `orch results` formats (results.table.build_table): one row per effective
+    # config, traced to its attempts, so numbers, levels, marks, notes and choices agree with the CLI
+    built = build_table(store, suite, digits=digits, reader=cache)
+    summaries, choices = built.summaries, built.choices
     lines = [
         ResultLine(s.suite, s.config, effective_config_label(s), s.task, s.metric, s.mean, s.std, s.n_seeds,
                    tuple((run.seed, run.value) for run in s.runs if run.value is not None),
@@ -137,5 +155,6 @@ def result_table(store: Store, cache: RunReader, suite: str | None = None, digit
         for s in summaries
     ]
     bold = bold_legend(choices, {s.metric for s in summaries})
-    return ResultTable(lines, to_csv(summaries, chosen_by(choices)), missing, summaries,
-                       (*([bold] if bold else []), *legend_lines(summaries)), tuple(table_lines(summaries)))
+    legend = (SCORE_LINE, *([bold] if bold else []), *choice_notes(choices), *legend_lines(summaries))
+    return ResultTable(lines, to_csv(summaries, chosen_by(choices)), built.missing, summaries, legend,
+                       tuple(table_lines(summaries)), choices)

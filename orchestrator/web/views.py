@@ -12,7 +12,7 @@ from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.errors import JobNotFound, UsageError
-from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
 from orchestrator.results.trials import trial_rows
 from orchestrator.store.db import Store, now_s
@@ -201,7 +201,8 @@ def curve_runs(store: Store, job_ids: list[int], by: str | None = None) -> tuple
         if by is not None and by not in cells:
             cells[by] = colour_key(job, by)
         runs.append(Run(f"job-{job.id}", label, group, curves_of(own) if own else read_curves(last.run_dir), colour,
-                        marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}"))
+                        marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}", seed=job.seed, job=job.id,
+                        succeeded=job.state is JobState.SUCCEEDED))
         shown.append({"job_id": job.id, "label": label, "colour": colour})
     return runs, shown, missing
 

@@ -223,7 +223,7 @@
           lines.push({steps: b.steps, values: hi}, {steps: b.steps, values: lo}, {steps: b.steps, values: mean});
           series.push({label: b.label + ' max', stroke: b.colour, width: 0.5, alpha: 0.6, points: {show: false}, spanGaps: true},
                       {label: b.label + ' min', stroke: b.colour, width: 0.5, alpha: 0.6, points: {show: false}, spanGaps: true},
-                      {label: b.label + ' mean (n=' + b.n + ')', stroke: b.colour, width: 2, points: {show: false}, spanGaps: true});
+                      {label: b.label + ' mean (n=' + b.n + ' seeds)', stroke: b.colour, width: 2, points: {show: false}, spanGaps: true});
           bandsOpt.push({series: [base, base + 1], fill: b.colour + '33'});
         });
       } else {

@@ -1,0 +1,205 @@
+"""What an ended attempt reported for the results tables, read once at its end and stored with it
+(attempts.reported_json): its test and val metrics, whether its "test" split is the validation
+split, the LoRA dropout and the step that chose its weights, and a failed run's error. Pure.
+
+The tables then never reopen run dirs (which may sit on a slow shared filesystem, or be gone).
+result.json is written by user code: anything but a mapping of numbers under metrics.test is
+counted as missing, never trusted. A progress line's bookkeeping (`step`, `epoch`, ...) is never
+a result metric."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
+from orchestrator.wording import number
+
+MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
+READING_VERSION = 1  # the stored shape; a later one may add keys, never change these
+
+
+@dataclass(frozen=True)
+class RunReading:
+    """What one attempt reported: its finite test metrics (None when it has none), whether its
+    "test" split is the validation split, the LoRA dropout it ran with (None when its
+    result.json does not say), its val metrics, the step that chose its weights, and the first
+    line of the error its result.json gives ("" without one)."""
+
+    metrics: dict[str, float] | None
+    test_is_val: bool = False
+    lora_dropout: float | None = None
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    best_step: int | None = None
+    error: str = ""
+    printed_splits: bool = False  # printed eval_*/test_* names were read as val and test
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "version": READING_VERSION,
+            "test": self.metrics,
+            "val": self.val_metrics,
+            "test_is_val": self.test_is_val,
+            "lora_dropout": self.lora_dropout,
+            "best_step": self.best_step,
+            "error": self.error,
+            "printed_splits": self.printed_splits,
+        }
+
+
+def reading_of(result: dict[str, Any] | None, printed: str | dict[str, Any] | None) -> RunReading:
+    """The reading of a result.json (validated by attempts.rundir_reads) and the metrics the
+    script printed (what a run without result.json reports)."""
+    test = job_metrics(result, printed)
+    found = result if isinstance(result, dict) else {}
+    best_step = found.get("best_step")
+    error = found.get("error")
+    return RunReading(
+        None if test is None else finite_metrics(test),
+        found.get("test_is_val") is True,
+        number(found.get("lora_dropout")),
+        val_metrics(result, printed),
+        best_step if isinstance(best_step, int) and not isinstance(best_step, bool) else None,
+        first_line(error) if isinstance(error, str) else "",
+        printed_splits(result, printed),
+    )
+
+
+def reading_from_record(text: str | None) -> RunReading | None:
+    """A stored reading (attempts.reported_json); None when none was stored (an attempt that
+    ended before readings were) or the text is not one."""
+    if not text:
+        return None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or record.get("version") != READING_VERSION:
+        return None
+    test, val = record.get("test"), record.get("val")
+    dropout, best_step, error = (
+        record.get("lora_dropout"),
+        record.get("best_step"),
+        record.get("error"),
+    )
+    return RunReading(
+        finite_metrics(test) if isinstance(test, dict) else None,
+        record.get("test_is_val") is True,
+        number(dropout) if dropout is not None else None,
+        finite_metrics(val) if isinstance(val, dict) else {},
+        best_step if isinstance(best_step, int) and not isinstance(best_step, bool) else None,
+        error if isinstance(error, str) else "",
+        record.get("printed_splits") is True,
+    )
+
+
+def first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """The first non-blank line of an error written by user code, without control characters
+    (an ANSI escape would reach the terminal) and cut at `limit`."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def val_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None = None) -> dict[str, float]:
+    """The finite metrics a run reports on the validation split: result.json's `metrics.val`,
+    or the `val_X` and `eval_X` keys of a flat `metrics` mapping, else the `eval_X` keys its
+    script printed (a Trainer's `evaluate()`)."""
+    if isinstance(result, dict) and isinstance(result.get("metrics"), dict) and result["metrics"]:
+        reported = result["metrics"]
+        if isinstance(reported.get("val"), dict):
+            return finite_metrics(reported["val"])
+        if isinstance(reported.get("test"), dict):
+            return {}
+        return finite_metrics(_split_flat(reported)[1])
+    printed = _printed(printed_json)
+    return finite_metrics(_split_flat(printed)[1]) if printed else {}
+
+
+def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None, *,
+                aliases: bool = True) -> dict[str, Any] | None:
+    """A job's test metrics: result.json's `metrics.test` (or a flat `metrics` of numbers), else
+    what its script printed (parsed when the attempt ended). In a flat mapping `test_X` is the
+    test split's X and `eval_X` the validation split's (val_metrics), each counted once (unless
+    `aliases` is off: the metrics as reported, each once)."""
+    metrics: Any = None
+    nested = False
+    if isinstance(result, dict) and isinstance(result.get("metrics"), dict):
+        reported = result["metrics"]
+        nested = isinstance(reported.get("test"), dict)
+        metrics = reported["test"] if nested else reported
+    if not metrics:
+        nested = False
+        metrics = _printed(printed_json)
+    if not isinstance(metrics, dict) or not metrics:
+        return None
+    if not aliases:
+        return dict(metrics)
+    if nested:  # the test split by name: a prefix only repeats it
+        return {_unprefixed(key, metrics): value for key, value in metrics.items()}
+    return _split_flat(metrics)[0] or None
+
+
+def printed_splits(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> bool:
+    """Whether the run's numbers are printed metrics whose `eval_*`/`test_*` names were read as
+    the val and test splits (the results header then says so)."""
+    return job_metrics(result, None) is None and any(
+        str(key).startswith(("eval_", "test_")) for key in _printed(printed_json) or {}
+    )
+
+
+def _printed(printed_json: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    if isinstance(printed_json, dict):
+        return printed_json  # parsed already (a typed Attempt's output_metrics)
+    if isinstance(printed_json, str) and printed_json:
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed = json.loads(printed_json)
+            return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def _unprefixed(key: Any, metrics: dict[str, Any]) -> Any:
+    """`test_X` or `eval_X` as X where X is not reported itself."""
+    for prefix in ("test_", "eval_"):
+        if isinstance(key, str) and key.startswith(prefix) and key[len(prefix):] and key[len(prefix):] not in metrics:
+            return key[len(prefix):]
+    return key
+
+
+PRINTED_SPLITS_NOTE = ("printed metrics: eval_* are read as the validation split (val), test_* as the test "
+                       "split (Hugging Face Trainer's evaluate() and predict())")
+
+
+def _split_flat(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(test, val) of a flat mapping: `eval_X` and `val_X` are the validation split's X, `test_X`
+    the test split's, any other key the test split's as it is."""
+    test: dict[str, Any] = {}
+    val: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = str(key)
+        if name.startswith(("eval_", "val_")) and not name.endswith("_"):
+            val.setdefault(name.split("_", 1)[1], value)
+        elif name.startswith("test_") and len(name) > len("test_"):
+            test[name[len("test_"):]] = value
+        else:
+            test.setdefault(name, value)
+    return test, val
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers among a job's metrics (written by user code: NaN, infinities, ints
+    too large for a float and non-numbers are left out, never shown or averaged), without a
+    training loop's bookkeeping (`step`, `epoch`, `learning_rate`, ...)."""
+    kept: dict[str, float] = {}
+    for key, value in metrics.items():
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and str(key) not in BOOKKEEPING_KEYS
+        ):
+            finite = number(value)
+            if finite is not None:
+                kept[str(key)] = finite
+    return kept

@@ -1,0 +1,58 @@
+"""The accounted results table, built once for every view: `orch results` (every format), the
+web's results page, `orch report`, `Sweep.summary()` and `Sweep.results()` all format this.
+
+It holds every submitted job as a ResultRow (results.collect: numbers stored at each attempt's
+end, never a run dir reopened), the rows (results.aggregate: one per effective setting × task,
+one value per seed, every seed accounted for) and each column's choice (results.selection)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.results.aggregate import ResultRow, ResultSummary, aggregate
+from orchestrator.results.collect import RunReader, collect_rows
+from orchestrator.results.filters import Where, apply_where
+from orchestrator.results.run_lines import RunLine, run_lines
+from orchestrator.results.selection import Basis, Column, ColumnChoice, choose
+from orchestrator.store.db import Store
+
+
+@dataclass(frozen=True)
+class ResultsTable:
+    """Every view's one source: the jobs (`rows`), the summaries and the choices made on them."""
+
+    rows: list[ResultRow]  # every submitted job the filters keep
+    summaries: list[ResultSummary]  # one per effective setting × task, in suite order
+    choices: dict[Column, ColumnChoice]
+    missing: int  # succeeded jobs with no usable test metrics
+    from_run_dirs: int = 0  # attempts read from their run dirs (ended before readings were stored)
+    printed_splits: bool = False  # some run's printed eval_*/test_* were read as val and test
+
+    def lines(self) -> list[RunLine]:
+        """One line per setting × task × seed run × split × metric (results.run_lines)."""
+        return run_lines(self.rows, self.summaries)
+
+
+def build_table(
+    store: Store,
+    suite: str | None = None,
+    *,
+    metric: str | None = None,
+    pooled: bool = False,
+    where: Sequence[Where] = (),
+    digits: int = 4,
+    select: Basis | None = None,
+    reader: RunReader | None = None,
+) -> ResultsTable:
+    collected = collect_rows(store, suite, reader)
+    rows = apply_where(collected.rows, where)
+    summaries = aggregate(rows, metric=metric, pooled=pooled)
+    return ResultsTable(
+        rows,
+        summaries,
+        choose(summaries, digits, select),
+        collected.missing,
+        collected.from_run_dirs,
+        collected.printed_splits,
+    )
