@@ -24,6 +24,7 @@ from orchestrator.actions.user_actions import cancel_job
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
 from orchestrator.cli.daemon.command import start_daemon
+from orchestrator.cli.daemon.options import DaemonOptions
 from orchestrator.cli.status.lines import clock, one_line
 from orchestrator.cli.status.rich_view import render_status
 from orchestrator.cli.status.snapshot import status_snapshot
@@ -76,7 +77,7 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
         click.echo(f"queued {sum(o.created for o in outcomes)} demo job(s) in {db_path}; GPU plan {plan_text}")
         started_here = False
         if daemon_alive(store) is None:
-            start_daemon(db_path, poll_s=0.5)
+            start_daemon(DaemonOptions(poll_s=0.5, db_path=db_path))
             started_here = True
         deadline = time.monotonic() + timeout_s
         # SIGTERM ends the demo as Ctrl-C does: its daemon and workers are stopped on the way out

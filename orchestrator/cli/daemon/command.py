@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import psutil
@@ -18,13 +19,8 @@ import psutil
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
-from orchestrator.cli.daemon.setup import (
-    check_mps,
-    daemon_settings_options,
-    executor_args,
-    make_daemon_executor,
-    resolve_backend,
-)
+from orchestrator.cli.daemon.options import NOTIFY_VAR, DaemonOptions
+from orchestrator.cli.daemon.setup import check_mps, make_daemon_executor, resolve_backend
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
 from orchestrator.daemon.notify import check_urls
 from orchestrator.daemon.state import DaemonLock, runs_dir
@@ -47,92 +43,41 @@ def daemon_group() -> None:
 
 
 @daemon_group.command("run")
-@daemon_settings_options
-def daemon_run(
-    executor_kind: str | None,
-    partition: str | None,
-    account: str | None,
-    shard_mib: int | None,
-    max_in_queue: int,
-    slurm_poll_s: float | None,
-    exit_grace_s: float | None,
-    backend: str | None,
-    poll_s: float,
-    headroom_fraction: float,
-    headroom_max_gib: float,
-    launcher_kind: str | None,
-    order: str,
-    notify_urls: tuple[str, ...],
-    host_reserve_gib: float,
-    min_free_mib: int,
-    warn_free_mib: int,
-    mps: bool,
-    overlap: bool,
-    db_path: Path,
-) -> None:
+@DaemonOptions.click_options
+def daemon_run(**given: Any) -> None:
     """Run the daemon in the foreground."""
-    from orchestrator.daemon.loop import Daemon, DaemonSettings
-    check_urls(notify_urls)
-    check_mps(mps, backend)
+    from orchestrator.daemon.loop import Daemon
+
+    options = DaemonOptions(**given)
+    check_urls(options.notify_urls)
+    check_mps(options.mps, options.backend)
     # The URLs carry tokens: read once, then gone from the environment before the launcher and
     # its tmux server exist, so no worker inherits them.
-    os.environ.pop("ORCH_NOTIFY", None)
+    os.environ.pop(NOTIFY_VAR, None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)
+    db_path = options.db_path
     check_no_newline(db_path)
+    options.check_executor()
     Store(db_path).close()  # create and migrate before taking the lock
-    probe, worker_env = resolve_backend(db_path, backend)
-    executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)
-    launcher = make_daemon_executor(executor_kind, launcher_kind, db_path, probe, partition, account, shard_mib, max_in_queue,
-                              slurm_poll_s, exit_grace_s)
-    daemon = Daemon(DaemonSettings(
-            db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
-            headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
-            max_in_queue=max_in_queue,
-            host_reserve_mib=round(host_reserve_gib * 1024),
-            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib, mps=mps, overlap=overlap,
-        ), probe, launcher, worker_env)
-    click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
+    probe, worker_env = resolve_backend(db_path, options.backend)
+    launcher = make_daemon_executor(options, probe)
+    daemon = Daemon(options.settings(), probe, launcher, worker_env)
+    click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, "
+               f"state {db_path}", err=True)
     daemon.run()
 
 
 @daemon_group.command("start")
-@daemon_settings_options
-def daemon_start(
-    executor_kind: str | None,
-    partition: str | None,
-    account: str | None,
-    shard_mib: int | None,
-    max_in_queue: int,
-    slurm_poll_s: float | None,
-    exit_grace_s: float | None,
-    backend: str | None,
-    poll_s: float,
-    launcher_kind: str | None,
-    order: str,
-    headroom_fraction: float,
-    headroom_max_gib: float,
-    notify_urls: tuple[str, ...],
-    host_reserve_gib: float,
-    min_free_mib: int,
-    warn_free_mib: int,
-    mps: bool,
-    overlap: bool,
-    db_path: Path,
-) -> None:
+@DaemonOptions.click_options
+def daemon_start(**given: Any) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
-    check_urls(notify_urls)
-    check_mps(mps, backend)
-    start_daemon(
-        db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
-        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
-                    "--host-reserve-gib", str(host_reserve_gib),
-                    "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
-                    *(["--mps"] if mps else []), *(["--overlap"] if overlap else []),
-                    *executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)],
-        notify_urls=notify_urls,
-    )
+    options = DaemonOptions(**given)
+    check_urls(options.notify_urls)
+    check_mps(options.mps, options.backend)
+    options.check_executor()
+    start_daemon(options)
 
 
 def check_no_newline(db_path: Path) -> None:
@@ -145,36 +90,23 @@ def check_no_newline(db_path: Path) -> None:
                              "use a folder without one")
 
 
-def start_daemon(
-    db_path: Path,
-    *,
-    backend: str | None = None,
-    poll_s: float = 1.0,
-    launcher_kind: str | None = None,
-    order: str = "longest_first",
-    extra_args: list[str] | None = None,
-    quiet: bool = False,
-    notify_urls: tuple[str, ...] = (),
-) -> int:
+def start_daemon(options: DaemonOptions, quiet: bool = False) -> int:
+    """Spawn `orch daemon run` with these options in its own session; its pid once registered."""
+    db_path = options.db_path
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
     check_no_newline(db_path)
     check_runs_root(runs_dir(db_path), create=False)  # a planted or foreign runs dir: say so here
     # Fail here, in the user's terminal, when the GPUs cannot be read.
-    probe, _ = resolve_backend(db_path, backend)
+    probe, _ = resolve_backend(db_path, options.backend)
     probe.close()
     Store(db_path).close()
-    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", "--db", str(db_path), "--poll", str(poll_s),
-            "--order", order, *(extra_args or [])]
-    if backend:
-        argv += ["--backend", backend]
-    if launcher_kind:
-        argv += ["--launcher", launcher_kind]
+    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", *options.argv()]
     log_path = daemon_log_path(db_path)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log_file:
         # URLs carry tokens: passed in the environment (owner-only), not on the visible command line.
-        env = {**os.environ, "ORCH_NOTIFY": " ".join(notify_urls)} if notify_urls else None
+        env = {**os.environ, **options.env()} if options.env() else None
         log_offset = os.fstat(fd).st_size  # what this daemon writes starts here
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                 start_new_session=True, close_fds=True, env=env)
