@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from orchestrator.attempts.containment import tracking_env
 from orchestrator.attempts.disk_space import is_disk_full_error
 from orchestrator.errors import (
@@ -37,6 +35,7 @@ from orchestrator.plans.resume import (
 )
 from orchestrator.prediction.job_facts import job_inexact_rungs, job_keys
 from orchestrator.prediction.ladder import Level
+from orchestrator.procstat import process_start
 from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.scheduling.resources import free_port
@@ -135,10 +134,8 @@ def launch_all(
 def _create_time(pid: int | None) -> float | None:
     if pid is None:
         return None
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
+    start = process_start(pid)
+    return start[0] if start is not None else None
 
 
 def claim(
