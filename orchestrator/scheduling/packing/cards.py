@@ -55,6 +55,8 @@ class Card:
     ends_s: list[float | None] = field(default_factory=list)  # running attempts' expected ends
     # (expected end, memory it frees then: what it holds plus what it still reserves), per attempt
     frees: list[tuple[float, int]] = field(default_factory=list)
+    # the same for the jobs this pack call placed here (their expected end: now + their run time)
+    placed_frees: list[tuple[float, int]] = field(default_factory=list)
     probing: set[str] = field(default_factory=set)  # families measuring their memory here (probes)
     overlap: bool = False  # a job may start ahead of the attempts whose end makes room for it
 
@@ -177,8 +179,11 @@ def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
     return min(fits, key=key)
 
 
-def place_on(card: Card, job: QueuedJob) -> None:
+def place_on(card: Card, job: QueuedJob, now_s: float) -> None:
     card.used_slots += 1
+    duration_s = job.expected_duration_s  # unknown: it gives its memory back at no known time
+    card.placed_frees.append((now_s + duration_s if duration_s is not None else math.inf,
+                              job.predicted_peak_mib))
     card.reserved_mib += job.predicted_peak_mib
     card.occupied = True
     card.alone = card.alone or job.run_alone
