@@ -26,7 +26,7 @@ from orchestrator.api.curves import curve_points, point_row
 from orchestrator.api.jobs import headline_metric
 from orchestrator.api.submit import SubmitRequest, submit_sweep
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.lifecycle import JobState
+from orchestrator.lifecycle import TERMINAL_STATES, JobState
 from orchestrator.results.collect import RunReader
 from orchestrator.store.db import Store
 from orchestrator.store.job_facts import job_facts, job_states
@@ -35,7 +35,6 @@ from orchestrator.store.queries import list_jobs, result_jobs
 JOB_COLUMNS = ("id", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
                "metric", "value", "reason")
 RESULT_COLUMNS = ("suite", "config", "setting", "task", "seed", "job", "attempt", "level", "split", "metric", "value")
-ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str], as_frame: bool) -> Any:
@@ -156,7 +155,7 @@ class Sweep:
         try:
             while True:
                 states = self._states(wanted)
-                ended = sum(JobState(s) in ENDED for s in states.values())
+                ended = sum(JobState(s) in TERMINAL_STATES for s in states.values())
                 if bar is not None:
                     bar.show(ended, states)
                 if on_poll is not None:
