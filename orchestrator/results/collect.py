@@ -101,9 +101,6 @@ class RunReader:
             self._errors[run_dir] = found
         return found or None
 
-    def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
-        return self.reading(run_dir, printed_json).metrics
-
     def setting(self, run: ResultJob) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task)."""

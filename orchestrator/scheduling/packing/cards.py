@@ -44,8 +44,6 @@ class Card:
     headroom_mib: int
     used_slots: int
     reserved_mib: int  # outstanding reservations of ramping attempts + placements of this call
-    ramping_mib: int  # the part of `reserved_mib` owed to running attempts still ramping
-    capacity_mib: int  # free memory once our own attempts end: free_mib + what they hold
     occupied: bool  # any running attempt or placement
     alone: bool  # a run_alone attempt or placement holds the card
     held_for: int | None = None  # job id of a starving job or waiting gang this card is kept for
@@ -71,7 +69,7 @@ class Card:
 
 
 def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> dict[int, Card]:
-    cards = {g.index: Card(g, headroom_mib(g, policy), 0, 0, 0, g.free_mib, False, False, overlap=policy.overlap)
+    cards = {g.index: Card(g, headroom_mib(g, policy), 0, 0, False, False, overlap=policy.overlap)
              for g in gpus}
     for attempt in running:
         card = cards.get(attempt.gpu_index)
@@ -80,8 +78,6 @@ def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: Packin
         owed = outstanding_reservation_mib(attempt)
         card.used_slots += 1
         card.reserved_mib += owed
-        card.ramping_mib += owed
-        card.capacity_mib += attempt.held_mib
         card.occupied = True
         card.alone = card.alone or attempt.run_alone
         card.ends_s.append(attempt.expected_end_s)
