@@ -1,4 +1,5 @@
-"""Shared fixtures: a temp state database and two ways of running `orch` against it."""
+"""Shared fixtures: a temp state database, two ways of running the `orch` CLI against it
+(`orch_cli`, `orch_inproc`), the end-to-end harness (`orch`), and the `e2e` marking."""
 
 from __future__ import annotations
 
@@ -42,8 +43,21 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def orch(db_path: Path, tmp_path: Path) -> OrchRunner:
-    """Run the real entry point in a subprocess: `orch(*args, cwd=None, env=None)`."""
+def orch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The end-to-end harness (tests/e2e_helpers.Orch): its own state.db, plans, runs and
+    simulated GPUs under `tmp_path` (the module's `SIM_GPUS`, e.g. "4x24GiB", else the harness's
+    default), and every daemon, worker and tmux server it started gone afterwards. A test that
+    uses it is marked `e2e`."""
+    from tests.e2e_helpers import orch_env
+
+    gpus = getattr(request.module, "SIM_GPUS", None)
+    with orch_env(tmp_path, **({"gpus": gpus} if gpus else {})) as env:
+        yield env
+
+
+@pytest.fixture
+def orch_cli(db_path: Path, tmp_path: Path) -> OrchRunner:
+    """Run the real entry point in a subprocess, no daemon: `orch_cli(*args, cwd=None, env=None)`."""
 
     def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> OrchResult:
         full_env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV}

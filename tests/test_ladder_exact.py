@@ -144,23 +144,23 @@ def _stored_ladders(db_path: Path) -> list[Any]:
         return [json.loads(job.ladder_json) if job.ladder_json else None for job in read_jobs(store)]
 
 
-def test_submit_strict_ladder_stores_a_strict_ladder(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_submit_strict_ladder_stores_a_strict_ladder(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = _plans(tmp_path)
-    result = orch("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans), "--strict-ladder")
+    result = orch_cli("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans), "--strict-ladder")
     assert result.rc == 0, result.stderr
     assert _stored_ladders(db_path) == [{"strict": True, "steps": None}]
 
 
-def test_suite_ladder_strict_is_stored_as_written(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_suite_ladder_strict_is_stored_as_written(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = _plans(tmp_path, ladder="strict")
-    assert orch("submit", "--suite", "s", "--pairs", "2:toy", "--plans", str(plans)).rc == 0
+    assert orch_cli("submit", "--suite", "s", "--pairs", "2:toy", "--plans", str(plans)).rc == 0
     (stored,) = _stored_ladders(db_path)
     assert stored == "strict" and load_ladder(stored).strict
 
 
-def test_a_suite_ladder_of_another_word_is_refused(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_a_suite_ladder_of_another_word_is_refused(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = _plans(tmp_path, ladder="lenient")
-    result = orch("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans))
+    result = orch_cli("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans))
     assert result.rc == 2 and "'lenient'" in result.stderr and not db_path.exists()
     assert len(result.stderr.strip().splitlines()) == 1
 
