@@ -4,7 +4,8 @@ psutil reads the same file (often several times, and /proc/stat for the boot tim
 create_time) behind its Process object; the paths that ask every second for many processes
 (the simulated GPUs' holders, a wrapper's GPU peak sampler) read it here once per question.
 No psutil import: the wrapper uses this before its worker starts. Linux only; callers fall
-back to psutil where None comes back.
+back to psutil where None comes back. It also holds the one answer to "is this pid still the
+process we recorded" (process_matches).
 """
 
 from __future__ import annotations
@@ -77,18 +78,10 @@ def same_start(created_s: float, recorded_s: float) -> bool:
 
 def process_start(pid: int) -> tuple[float, bool] | None:
     """(`pid`'s start as psutil's create_time gives it, whether it is a zombie); None when there
-    is no such process or it cannot be read."""
-    stat = read_stat(pid) if pid > 0 else None  # one read where /proc answers
+    is no such process or /proc cannot say (orch runs on Linux)."""
+    stat = read_stat(pid) if pid > 0 else None
     created_s = create_time_s(stat) if stat is not None else None
-    if stat is not None and created_s is not None:
-        return created_s, stat.state == "Z"
-    import psutil  # only where /proc has no answer: the wrapper and sim worker stay stdlib
-
-    try:
-        proc = psutil.Process(pid)
-        return float(proc.create_time()), proc.status() == psutil.STATUS_ZOMBIE
-    except (psutil.Error, OSError, ValueError, OverflowError):
-        return None
+    return None if stat is None or created_s is None else (created_s, stat.state == "Z")
 
 
 def process_matches(pid: object, recorded_s: object) -> bool:
