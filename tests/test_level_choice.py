@@ -184,7 +184,7 @@ def test_the_pass_offers_later_exact_levels_with_known_run_times_and_claims_the_
     cache = JobShapeCache()
     job = a_job(1, worker="sim")  # declared 4 GiB; level 1 checkpoints and was measured at 2000 MiB
     level_1 = job_levels(job, cache)[1]
-    assert level_1.step == "checkpointing"
+    assert level_1.rung == "checkpointing"
     durations = DurationTable([CompletedRun("c", "d", 0, 600.0), CompletedRun("c", "d", 1, 780.0)])
     shapes = {job_shape_key(job, level_1): ShapeMemory(2000, None, 1)}
     inputs = pack_inputs([entry(job)], {1: facts_for(job, cache)}, readings(shapes=shapes, durations=durations),

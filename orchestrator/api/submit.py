@@ -143,7 +143,7 @@ def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
             for key, value in level.changes.items():
                 script_key = suite.keys.script_key(key)
                 if not template.reaches(script_key):
-                    unreached.setdefault(script_key, (level.step, value))
+                    unreached.setdefault(script_key, (level.rung, value))
     if not unreached:
         return None
     shown = ", ".join(f"{key} (rung {rung})" for key, (rung, _) in unreached.items())

@@ -160,7 +160,7 @@ def claim(
         config = resume_config(config, job_keys(job), str(checkpoint.path))  # {resume} alone: not in config.yaml
     plan = AttemptPlan(
         job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
-        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
+        level_step=level.rung, changes=dict(level.changes), overrides=dict(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
