@@ -35,6 +35,7 @@ def _daemon(bench: Bench, poll_s: float, on_pass: Callable[[], None], figures: d
     os.environ.update(bench.env)
     from orchestrator.cli.daemon.setup import make_daemon_executor, resolve_backend
     from orchestrator.daemon.loop import Daemon, DaemonSettings
+    from orchestrator.daemon.options import DaemonOptions
 
     class ProfiledDaemon(Daemon):
         def tick(self, only: Collection[Path] | None = None) -> bool:
@@ -49,7 +50,7 @@ def _daemon(bench: Bench, poll_s: float, on_pass: Callable[[], None], figures: d
                     figures["quick_cpu_s" if only is not None else "full_cpu_s"].append(time.thread_time() - started)
 
     probe, worker_env = resolve_backend(bench.db, None)
-    executor = make_daemon_executor(None, "tmux", bench.db, probe, None, None, None, 16)
+    executor = make_daemon_executor(DaemonOptions(executor_kind="tmux", db_path=bench.db), probe)
     return ProfiledDaemon(DaemonSettings(db_path=bench.db, poll_s=poll_s, order="fifo"), probe, executor, worker_env)
 
 

@@ -34,8 +34,8 @@ from typing import Any
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule
 from orchestrator.plans.search import parse_search
-from orchestrator.scheduling.early_stop import SeedRun, SettingRuns, judge
 from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial, random_trials
+from orchestrator.scheduling.early_stop import SeedRun, SettingRuns, judge
 from orchestrator.store.early_stop import RungValue
 
 STEPS = 2000

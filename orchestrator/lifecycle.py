@@ -38,6 +38,9 @@ class KillRequest(str, Enum):
 TERMINAL_STATES: frozenset[JobState] = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED}
 )
+# The same, as the values stored, in the enum's order (how counts and notifications list them);
+# every other spelling of "a job that has ended" is derived from these two.
+TERMINAL_VALUES: tuple[str, ...] = tuple(s.value for s in JobState if s in TERMINAL_STATES)
 
 # (from, to) pairs that are allowed. None as `from` is the creation of a job.
 # running -> queued is a requeue after an OOM'd, lost or retried-once attempt;

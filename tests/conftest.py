@@ -1,4 +1,5 @@
-"""Shared fixtures: a temp state database and two ways of running `orch` against it."""
+"""Shared fixtures: a temp state database, two ways of running the `orch` CLI against it
+(`orch_cli`, `orch_inproc`), the end-to-end harness (`orch`), and the `e2e` marking."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import pytest
@@ -41,8 +43,21 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def orch(db_path: Path, tmp_path: Path) -> OrchRunner:
-    """Run the real entry point in a subprocess: `orch(*args, cwd=None, env=None)`."""
+def orch(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The end-to-end harness (tests/e2e_helpers.Orch): its own state.db, plans, runs and
+    simulated GPUs under `tmp_path` (the module's `SIM_GPUS`, e.g. "4x24GiB", else the harness's
+    default), and every daemon, worker and tmux server it started gone afterwards. A test that
+    uses it is marked `e2e`."""
+    from tests.e2e_helpers import orch_env
+
+    gpus = getattr(request.module, "SIM_GPUS", None)
+    with orch_env(tmp_path, **({"gpus": gpus} if gpus else {})) as env:
+        yield env
+
+
+@pytest.fixture
+def orch_cli(db_path: Path, tmp_path: Path) -> OrchRunner:
+    """Run the real entry point in a subprocess, no daemon: `orch_cli(*args, cwd=None, env=None)`."""
 
     def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> OrchResult:
         full_env = {k: v for k, v in os.environ.items() if k not in _HOST_ENV}
@@ -136,7 +151,42 @@ LONGEST_FIRST = (
 )
 
 
+# End-to-end tests (marked `e2e` here, so that `pytest -m "not e2e"` is the fast inner loop): a
+# test that runs the end-to-end harness of tests/e2e_helpers.py (a real daemon, its workers and
+# the CLI in subprocesses, on simulated GPUs), drives Chromium, needs Slurm, or is marked `slow`
+# (a whole sweep, `orch demo`). Found from what the test and its fixtures use and its markers, so
+# no test file has to say it.
+E2E_HARNESS = frozenset({"orch_env", "Orch"})  # names a test or fixture calls to get the harness
+E2E_FIXTURES = frozenset({"browser", "cluster"})  # Chromium; a Slurm cluster (tests/slurm_cluster.py)
+E2E_MARKERS = ("browser", "slurm", "slow")
+
+
+def _names_used(code: CodeType) -> set[str]:
+    """The global and attribute names a function's code (nested functions included) refers to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def is_e2e(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(name) for name in E2E_MARKERS):
+        return True
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & E2E_FIXTURES:
+        return True
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in fixtures:
+        functions += [definition.func for definition in (info.name2fixturedefs.get(name, ()) if info else ())]
+    return any(E2E_HARNESS & _names_used(f.__code__) for f in functions if hasattr(f, "__code__"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_e2e(item):
+            item.add_marker(pytest.mark.e2e)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 

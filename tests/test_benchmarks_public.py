@@ -10,7 +10,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SQL = re.compile(r"^\s*(SELECT\b.*\bFROM\b|INSERT\s+INTO\b|UPDATE\s+\w+\s+SET\b|DELETE\s+FROM\b|"
                  r"(CREATE|DROP|ALTER)\s+(TABLE|INDEX)\b|PRAGMA\s+\w+)", re.IGNORECASE | re.DOTALL)
-DATABASE_CALLS = {"execute", "executemany", "executescript", "query", "iter_query", "iter_rows"}
+DATABASE_CALLS = {"execute", "executemany", "executescript", "query", "iter_rows"}
 
 
 def _private(name: str) -> bool:

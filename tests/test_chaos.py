@@ -12,23 +12,18 @@ import signal
 import subprocess
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from e2e_helpers import Orch, group_alive, orch_env, pid_alive, requires_tmux, wait_until
+from e2e_helpers import Orch, group_alive, pid_alive, requires_tmux, wait_until
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 RESULTS_FILE = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "chaos.json"
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 class LiveSampler(threading.Thread):

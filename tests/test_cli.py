@@ -302,9 +302,9 @@ def test_every_command_has_help(orch_inproc: OrchRunner) -> None:
     ],
     ids=lambda value: " ".join(value) if isinstance(value, tuple) else None,
 )
-def test_console_entry_point(orch: OrchRunner, orch_inproc: OrchRunner, args: tuple[str, ...], rc: int, needle: str) -> None:
+def test_console_entry_point(orch_cli: OrchRunner, orch_inproc: OrchRunner, args: tuple[str, ...], rc: int, needle: str) -> None:
     submit_demo(orch_inproc)
-    result = orch(*args)
+    result = orch_cli(*args)
     assert result.rc == rc, result.stderr
     if rc == 0:
         assert needle in result.stdout
@@ -312,8 +312,8 @@ def test_console_entry_point(orch: OrchRunner, orch_inproc: OrchRunner, args: tu
         assert needle in one_error_line(result.stderr)
 
 
-def test_console_submit(orch: OrchRunner, db_path: Path) -> None:
-    result = orch("submit", "--suite", "demo", "--pairs", PAIRS, "--json")
+def test_console_submit(orch_cli: OrchRunner, db_path: Path) -> None:
+    result = orch_cli("submit", "--suite", "demo", "--pairs", PAIRS, "--json")
     assert result.rc == 0, result.stderr
     assert json.loads(result.stdout)["created"] == 6
     assert db_path.exists()

@@ -183,15 +183,29 @@ def test_an_immutable_state_db_is_one_line_on_submit(orch: Orch) -> None:
         subprocess.run(["chattr", "-i", str(orch.db)], capture_output=True, check=False)
 
 
+def read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_records_another_attempts_worker_forges_fail_no_one(orch: Orch) -> None:
-    orch.write_suite("victim", {"v": {"sim_mem_gib": 1, "sim_seconds": 6, "sim_ramp_s": 0.2}}, mem_gib=1, max_attempts=1)
+    # The victim runs long enough for the forger to start and forge while it still runs, however
+    # slow the machine (under load, starting the forger took longer than a 6 s victim's whole run,
+    # and the forgery then landed on an attempt already closed)
+    orch.write_suite("victim", {"v": {"sim_mem_gib": 1, "sim_seconds": 20, "sim_ramp_s": 0.2}}, mem_gib=1,
+                     max_attempts=1)
     orch.write_suite("forger", {"f": {"corrupt": "forge_neighbours", "forge_s": 2.5, "hold_s": 0}},
                      worker=hostile_command(), mem_gib=0.25, max_attempts=1)
     orch.submit("victim", "1:a")
     orch.start_daemon(poll_s=0.1)
     wait_until(lambda: orch.read(attempt_counts).launched, 30, "the victim running")
+    victim_dir = Path(str(orch.attempts(1)[0]["run_dir"]))
     orch.submit("forger", "1:a")
-    assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded"}
+    wait_until(lambda: "forged" in read_or_empty(victim_dir / "exit.json"), 60, "the victim's records forged")
+    assert orch.job_states()[1] == "running"  # forged while it ran: the case under test
+    assert orch.wait_all_done(90) == {1: "succeeded", 2: "succeeded"}
     victim = orch.attempts(1)
     assert [a["outcome"] for a in victim] == ["succeeded"]  # once: its forged end was not taken for its own
     run_dir = Path(str(victim[0]["run_dir"]))

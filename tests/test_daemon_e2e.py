@@ -6,7 +6,6 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,6 @@ CARD_MIB = 24 * 1024
 SIM_PEAK_GIB = {"big": 15, "small": 5}  # the true simulated peaks of the suites below
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def _sweep_suites(orch: Orch) -> None:

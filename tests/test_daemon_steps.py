@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.daemon.loop import Pass, Step
+from orchestrator.daemon.loop import AfterStep, Pass
 from orchestrator.store.control import request_daemon_stop
 from tests.clock_daemon import clock_daemon
 
@@ -16,7 +16,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, daemon: object, names: list[str], ran:
     for name in names:
         step = getattr(daemon, name)
 
-        def recorded(this_pass: Pass, step=step, name=name) -> Step:  # type: ignore[no-untyped-def]
+        def recorded(this_pass: Pass, step=step, name=name) -> AfterStep:  # type: ignore[no-untyped-def]
             ran.append(name)
             return step(this_pass)
 

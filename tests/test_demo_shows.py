@@ -13,8 +13,8 @@ import yaml
 from rich.console import Console
 
 from benchmarks.web_load import build_sweep
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.cli import demo
-from orchestrator.cli.status.snapshot import status_snapshot
 from orchestrator.store import Store
 from tests.conftest import REPO_ROOT
 from workers.sim_curves import sim_loss

@@ -6,13 +6,10 @@ from __future__ import annotations
 import shlex
 import sys
 import textwrap
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from tests.e2e_helpers import Orch, requires_tmux
 
 pytestmark = requires_tmux
 
@@ -32,10 +29,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def write_suite(orch: Orch, name: str, **suite: object) -> None:

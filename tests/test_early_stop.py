@@ -171,8 +171,8 @@ def test_a_setting_kept_for_arriving_first_is_stopped_once_better_ones_arrive() 
 
 
 def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> None:
-    from orchestrator.submit.core import settings_shuffled
     from orchestrator.plans.model import JobSpec
+    from orchestrator.submit.core import settings_shuffled
 
     specs = [
         JobSpec("s", "base", "p", {}, seed, "t", {"learning_rate": lr}, {}, f"{lr}-{seed}")

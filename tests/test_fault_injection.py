@@ -7,11 +7,10 @@ the daemon keeps ticking."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, group_alive, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, group_alive, requires_tmux, wait_until
 from hostile_helpers import hostile_command, start_victim, stop_victim
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
@@ -29,10 +28,7 @@ MODES = (
 )
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="2x24GiB") as env:
-        yield env
+SIM_GPUS = "2x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 def test_hostile_workers_beside_normal_jobs(orch: Orch) -> None:

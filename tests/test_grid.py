@@ -86,20 +86,20 @@ def test_a_suite_file_carries_its_grid_seeds_tasks_and_keys_that_are_not_science
         load_suite("bad", plans)
 
 
-def test_submit_grid_queues_floats_and_dry_run_lists_them(orch: OrchRunner, plans: Path, db_path: Path) -> None:
-    shown = orch("submit", "--plans", str(plans), "--suite", "g", "--pairs", "1:glue_rte",
+def test_submit_grid_queues_floats_and_dry_run_lists_them(orch_cli: OrchRunner, plans: Path, db_path: Path) -> None:
+    shown = orch_cli("submit", "--plans", str(plans), "--suite", "g", "--pairs", "1:glue_rte",
                  "--grid", "learning_rate=1e-4,3e-4", "--dry-run")
     assert shown.rc == 0, shown.stderr
     assert "would queue 4 job(s)" in shown.stdout and "r16  seed 1  glue_rte  learning_rate=0.0003" in shown.stdout
     assert not db_path.exists()
-    done = orch("submit", "--plans", str(plans), "--suite", "g", "--pairs", "1:glue_rte",
+    done = orch_cli("submit", "--plans", str(plans), "--suite", "g", "--pairs", "1:glue_rte",
                 "--grid", "learning_rate=1e-4,3e-4", "--grid", "lora_r=4,8", "--json")
     assert done.rc == 0, done.stderr
     queued = json.loads(done.stdout)
     assert queued["created"] == 8 and queued["grid"] == {"learning_rate": [1e-4, 3e-4], "lora_r": [4, 8]}
     values = [job["overrides"]["learning_rate"] for job in queued["jobs"]]
     assert values == [1e-4, 1e-4, 3e-4, 3e-4] * 2 and all(isinstance(v, float) for v in values)
-    suite_file = orch("submit", "--plans", str(plans), "--suite", "gs", "--json")
+    suite_file = orch_cli("submit", "--plans", str(plans), "--suite", "gs", "--json")
     assert suite_file.rc == 0, suite_file.stderr
     assert json.loads(suite_file.stdout)["created"] == 8  # 2 seeds × 2 tasks × batch 4, 8
 
@@ -109,8 +109,8 @@ def test_submit_grid_queues_floats_and_dry_run_lists_them(orch: OrchRunner, plan
     (["--set", "learning_rate=1e-4,3e-4"], "use --grid learning_rate=1e-4,3e-4"),
     (["--grid", "nope=1,2"], "unknown config key"),
 ])
-def test_submit_refuses_in_one_line_and_writes_nothing(orch: OrchRunner, plans: Path, db_path: Path,
+def test_submit_refuses_in_one_line_and_writes_nothing(orch_cli: OrchRunner, plans: Path, db_path: Path,
                                                        args: list[str], message: str) -> None:
-    done = orch("submit", "--plans", str(plans), "--suite", "g", "--pairs", "1:glue_rte", *args)
+    done = orch_cli("submit", "--plans", str(plans), "--suite", "g", "--pairs", "1:glue_rte", *args)
     assert done.rc == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr and not db_path.exists()

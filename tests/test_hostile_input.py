@@ -262,13 +262,13 @@ SUBPROCESS_CASES = [
 
 
 def test_refused_through_the_console_entry_point(
-    orch: OrchRunner, cwd: Path, existing_db: Path, bad_plans_dir: Path
+    orch_cli: OrchRunner, cwd: Path, existing_db: Path, bad_plans_dir: Path
 ) -> None:
     chosen = [resolved(argv, bad_plans_dir) for case_id, argv in CASES if case_id in SUBPROCESS_CASES]
     assert len(chosen) == len(SUBPROCESS_CASES)
     before = tree(cwd)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda argv: orch(*argv, cwd=cwd), chosen))
+        results = list(pool.map(lambda argv: orch_cli(*argv, cwd=cwd), chosen))
     for argv, result in zip(chosen, results, strict=True):
         try:
             assert_refused(result, before, cwd)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from orchestrator.executors.backends import EXECUTOR_NAMES
+
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 
 
@@ -154,7 +156,7 @@ def test_only_executors_ask_which_executor_they_hold() -> None:
     an executor's name with a backend's: what differs between backends is the executor's own
     (`remote`, `executors.base.cluster_owned`), and no method of it is looked up by getattr: the
     interface has each one. A user's `--executor` choice may be compared."""
-    backends = {"slurm", "tmux", "subprocess"}
+    backends = set(EXECUTOR_NAMES)
     found = []
     for path in PACKAGE.rglob("*.py"):
         if path.is_relative_to(PACKAGE / "executors"):

@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 from benchmarks.web_load import build_sweep
+from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.cli.jobs.table import print_jobs
 from orchestrator.cli.status.rich_view import render_status
-from orchestrator.cli.status.snapshot import status_snapshot
 from orchestrator.lifecycle import JobState
 from orchestrator.store import Store
 from orchestrator.store.queries import list_jobs

@@ -53,7 +53,7 @@ def test_yaml_file_is_the_built_in_default() -> None:
 def test_default_ladder_on_the_e1_config() -> None:
     levels = expand_levels(load_ladder(None), E1_CONFIG, one_token_task=True)
     # every exact rung before any that changes numerics
-    assert [level.step for level in levels] == [
+    assert [level.rung for level in levels] == [
         "as_configured", "checkpointing", "data_workers", "run_alone", "halve_batch", "halve_batch",
     ]  # fmt: skip
     assert [level.exact for level in levels] == [True, True, True, True, False, False]
@@ -84,9 +84,9 @@ def test_levels_that_change_nothing_are_skipped() -> None:
         "num_data_workers": 0,
     }
     levels = expand_levels(load_ladder(None), already_lean, one_token_task=False)
-    assert [level.step for level in levels] == ["as_configured", "run_alone"]
+    assert [level.rung for level in levels] == ["as_configured", "run_alone"]
     with_logits = expand_levels(load_ladder(None), already_lean, one_token_task=True)
-    assert [level.step for level in with_logits] == ["as_configured", "checkpointing", "run_alone"]
+    assert [level.rung for level in with_logits] == ["as_configured", "checkpointing", "run_alone"]
     assert with_logits[1].changes == {LOGITS_KEY: 1}
 
 
@@ -137,7 +137,7 @@ def test_custom_ladder_with_set_and_names() -> None:
         {"name": "lean", "checkpointing": True, "run_alone": True},
     ]
     levels = expand_levels(load_ladder(spec), E1_CONFIG, one_token_task=True)
-    assert [level.step for level in levels] == [
+    assert [level.rung for level in levels] == [
         "as_configured",
         "no-dropout",
         "data_workers",
@@ -218,7 +218,7 @@ def test_the_attempt_after_an_oom_and_a_host_oom() -> None:
     assert at_one.changes == {WORKERS_KEY: 0}
     # Where the level already runs without workers, the next host step is running alone.
     alone = _next_attempt(levels, 2, HOST_OOM)
-    assert alone is not None and alone.run_alone and alone.step == "run_alone"
+    assert alone is not None and alone.run_alone and alone.rung == "run_alone"
     assert alone.overrides == levels[2].overrides and alone.changes == {}
     assert _next_attempt(levels, 5, HOST_OOM) is None
 
@@ -228,11 +228,11 @@ def test_host_step_takes_fewer_workers_then_run_alone_then_nothing() -> None:
     first = next_host_step(levels, 1, NO_HOST_STEPS)
     assert first is not None
     assert first.overrides == {WORKERS_KEY: 0} and not first.run_alone
-    assert [(s.level, s.step) for s in first.steps] == [(1, "data_workers")]
+    assert [(s.level, s.rung) for s in first.steps] == [(1, "data_workers")]
     second = next_host_step(levels, 1, first)
     assert second is not None and second.run_alone
     assert second.overrides == {WORKERS_KEY: 0}
-    assert [(s.level, s.step, s.changes) for s in second.steps] == [
+    assert [(s.level, s.rung, s.changes) for s in second.steps] == [
         (1, "data_workers", {WORKERS_KEY: 0}), (1, "run_alone", {}),
     ]  # fmt: skip
     assert next_host_step(levels, 1, second) is None
@@ -286,7 +286,7 @@ def test_a_cuda_oom_after_a_host_step_keeps_it() -> None:
     assert cuda.host == host.host  # kept, not taken again
     attempt = with_host_settings(levels[1], cuda.host)
     assert attempt.overrides == {**levels[1].overrides, WORKERS_KEY: 0}
-    assert attempt.changes == levels[1].changes and attempt.step == "checkpointing"
+    assert attempt.changes == levels[1].changes and attempt.rung == "checkpointing"
     assert "num_data_workers" not in cuda.why.split("next")[1]
     # A lost attempt is requeued with the same settings; a success keeps them too.
     lost = retry_decision(AttemptOutcome.LOST, "no exit record", 3, levels, 1, host=cuda.host)

@@ -5,7 +5,6 @@ predicted from the OOM's floor, not from the declared figure the OOM disproved."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,7 @@ from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="1x20GiB") as env:
-        yield env
+SIM_GPUS = "1x20GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 def test_the_rung_after_an_oom_is_predicted_from_its_floor(orch: Orch) -> None:

@@ -31,7 +31,7 @@ E1_CONFIG: dict[str, Any] = {
 
 
 def test_built_in_rungs_declare_what_they_keep() -> None:
-    steps = load_ladder(["checkpointing", "logits_to_keep", {"data_workers": 0}, "run_alone", "halve_batch"]).steps
+    steps = load_ladder(["checkpointing", "logits_to_keep", {"data_workers": 0}, "run_alone", "halve_batch"]).rungs
     assert [(s.name, s.exact) for s in steps] == [
         ("checkpointing", True), ("logits_to_keep", True), ("data_workers", True), ("run_alone", True),
         ("halve_batch", False),
@@ -43,7 +43,7 @@ def test_a_set_rung_changes_numerics_unless_it_says_exact() -> None:
         {"name": "fp32 optimizer", "set": {"optim": "adamw_torch"}},
         {"name": "compile off", "set": {"compile": False}, "exact": True},
         {"name": "my checkpointing", "checkpointing": True, "exact": False},
-    ]).steps
+    ]).rungs
     assert [s.exact for s in steps] == [False, True, False]
 
 
@@ -76,7 +76,7 @@ def test_default_ladder_tries_every_exact_rung_first() -> None:
 def test_inexact_rungs_names_what_changed_an_attempts_numbers() -> None:
     spec = ["checkpointing", "halve_batch", {"name": "fp32", "set": {"prec": "fp32"}}, "run_alone"]
     levels = expand_levels(load_ladder(spec), {"batch_size": 4}, one_token_task=False)
-    assert [level.step for level in levels] == [
+    assert [level.rung for level in levels] == [
         "as_configured", "checkpointing", "halve_batch", "halve_batch", "fp32", "run_alone",
     ]  # fmt: skip
     assert [inexact_rungs(levels, i) for i in range(len(levels))] == [
@@ -107,13 +107,13 @@ def test_logits_to_keep_is_exact_only_for_the_built_in_workers() -> None:
 
 def test_strict_ladder_keeps_exact_rungs_only() -> None:
     strict = expand_levels(load_ladder("strict"), E1_CONFIG, one_token_task=True)
-    assert [level.step for level in strict] == ["as_configured", "checkpointing", "data_workers", "run_alone"]
+    assert [level.rung for level in strict] == ["as_configured", "checkpointing", "data_workers", "run_alone"]
     assert all(level.exact for level in strict) and first_inexact_level(strict) is None
     custom = [{"name": "fp32", "set": {"prec": "fp32"}}, "checkpointing", "halve_batch"]
     stored = strict_spec(custom)
     assert stored == {"strict": True, "steps": custom} and spec_steps(stored) == custom
     levels = expand_levels(load_ladder(json.loads(json.dumps(stored))), E1_CONFIG, one_token_task=False)
-    assert [level.step for level in levels] == ["as_configured", "checkpointing"]
+    assert [level.rung for level in levels] == ["as_configured", "checkpointing"]
     assert strict_spec("strict") == strict_spec(None) == {"strict": True, "steps": None}
     assert load_ladder(strict_spec(None)) == load_ladder("strict")
 
@@ -144,30 +144,30 @@ def _stored_ladders(db_path: Path) -> list[Any]:
         return [json.loads(job.ladder_json) if job.ladder_json else None for job in read_jobs(store)]
 
 
-def test_submit_strict_ladder_stores_a_strict_ladder(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_submit_strict_ladder_stores_a_strict_ladder(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = _plans(tmp_path)
-    result = orch("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans), "--strict-ladder")
+    result = orch_cli("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans), "--strict-ladder")
     assert result.rc == 0, result.stderr
     assert _stored_ladders(db_path) == [{"strict": True, "steps": None}]
 
 
-def test_suite_ladder_strict_is_stored_as_written(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_suite_ladder_strict_is_stored_as_written(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = _plans(tmp_path, ladder="strict")
-    assert orch("submit", "--suite", "s", "--pairs", "2:toy", "--plans", str(plans)).rc == 0
+    assert orch_cli("submit", "--suite", "s", "--pairs", "2:toy", "--plans", str(plans)).rc == 0
     (stored,) = _stored_ladders(db_path)
     assert stored == "strict" and load_ladder(stored).strict
 
 
-def test_a_suite_ladder_of_another_word_is_refused(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_a_suite_ladder_of_another_word_is_refused(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = _plans(tmp_path, ladder="lenient")
-    result = orch("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans))
+    result = orch_cli("submit", "--suite", "s", "--pairs", "1:toy", "--plans", str(plans))
     assert result.rc == 2 and "'lenient'" in result.stderr and not db_path.exists()
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_a_rung_that_only_runs_alone_is_passed_over_after_an_oom_alone() -> None:
     levels = expand_levels(load_ladder(None), {"batch_size": 4, "num_data_workers": 0}, one_token_task=False)
-    assert [level.step for level in levels] == ["as_configured", "checkpointing", "run_alone", "halve_batch",
+    assert [level.rung for level in levels] == ["as_configured", "checkpointing", "run_alone", "halve_batch",
                                                 "halve_batch"]
     shared = retry_decision(AttemptOutcome.OOM, "CUDA out of memory", 2, levels, 1)
     assert shared.level == levels[2]  # beside another job: running alone may be what it needs

@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, requires_tmux, wait_until
 
 from orchestrator.rundir_files import RunDir
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 WORKER = """

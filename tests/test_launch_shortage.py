@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.errors import OrchShortOf
-from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
+from orchestrator.executors.base import LaunchHandle, LaunchSpec, LocalExecutor
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
@@ -22,7 +22,7 @@ from tests.conftest import REPO_ROOT
 from tests.store_reads import read_jobs
 
 
-class _OutOfDescriptors(Executor):
+class _OutOfDescriptors(LocalExecutor):
     name = "fake"
 
     def submit(self, spec: LaunchSpec) -> LaunchHandle:

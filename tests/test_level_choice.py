@@ -9,12 +9,8 @@ from pathlib import Path
 from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.ladder import exact_levels_after, expand_levels
-from orchestrator.scheduling.packing.level_choice import (
-    LevelOption,
-    fits_at_s,
-    own_fit_s,
-    sooner_level,
-)
+from orchestrator.scheduling.packing.fit_time import fits_at_s
+from orchestrator.scheduling.packing.level_choice import LevelOption, own_fit_s, sooner_level
 from orchestrator.scheduling.packing.pack import pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 
@@ -144,7 +140,7 @@ def test_a_later_level_respects_a_card_kept_for_a_starving_job() -> None:
     # job 5 (first in order) has waited past the starvation limit; no single end makes room for
     # it, so the card is kept for it from when it is expected to fit (the tenant's end, 60 min).
     # Job 1 at level 1 backfills the kept card only if it ends before then.
-    starving = QueuedJob(5, 0, 0, 20 * GIB, -10_000.0, expected_duration_s=10_000.0)
+    starving = QueuedJob(5, 0, 0, 18 * GIB, -10_000.0, expected_duration_s=10_000.0)
     policy = PackingPolicy(headroom_fraction=0.0, starvation_s=600.0)
     short = pack([starving, queued((option(1, 8, 13),))], [card(9)], [tenant(3600.0)], policy, 0.0)
     assert [(p.job_id, p.level) for p in short.placements] == [(1, 1)]
@@ -188,7 +184,7 @@ def test_the_pass_offers_later_exact_levels_with_known_run_times_and_claims_the_
     cache = JobShapeCache()
     job = a_job(1, worker="sim")  # declared 4 GiB; level 1 checkpoints and was measured at 2000 MiB
     level_1 = job_levels(job, cache)[1]
-    assert level_1.step == "checkpointing"
+    assert level_1.rung == "checkpointing"
     durations = DurationTable([CompletedRun("c", "d", 0, 600.0), CompletedRun("c", "d", 1, 780.0)])
     shapes = {job_shape_key(job, level_1): ShapeMemory(2000, None, 1)}
     inputs = pack_inputs([entry(job)], {1: facts_for(job, cache)}, readings(shapes=shapes, durations=durations),

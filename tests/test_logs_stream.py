@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux
+from e2e_helpers import Orch, requires_tmux
 
 from orchestrator.cli.jobs.log_stream import BLOCK_BYTES, TerminalText, tail_offset
 
@@ -63,10 +62,6 @@ def test_tail_offset_reads_back_across_blocks(tmp_path: Path) -> None:
         os.close(fd)
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def _max_rss_kib(orch: Orch, *args: str) -> tuple[int, bytes, bytes]:

@@ -73,9 +73,13 @@ def test_peft_path_resolution(tmp_path: Path) -> None:
     (plans / "lora.json").write_text(json.dumps({"r": 4, "targets": ["q_proj"]}))
     config_dir = tmp_path / "run"
     config_dir.mkdir()
-    config = parse_config(base(peft="lora.json"), config_dir, {"ORCH_PLANS_DIR": str(plans)})
+    config = parse_config(base(peft="../plans/lora.json"), config_dir, {})  # relative to the config
     assert config.peft == {"r": 4, "targets": ["q_proj"]}
-    (config_dir / "lora.json").write_text(json.dumps({"r": 2}))  # next to the config wins
+    config = parse_config(base(peft=str(plans / "lora.json")), config_dir, {})
+    assert config.peft == {"r": 4, "targets": ["q_proj"]}
+    with pytest.raises(ConfigError, match="not found"):  # no variable names another folder
+        parse_config(base(peft="lora.json"), config_dir, {"ORCH_PLANS_DIR": str(plans)})
+    (config_dir / "lora.json").write_text(json.dumps({"r": 2}))
     assert parse_config(base(peft="lora.json"), config_dir, {}).peft == {"r": 2}
     with pytest.raises(ConfigError, match="not found"):
         parse_config(base(peft="missing.json"), config_dir, {})

@@ -43,22 +43,22 @@ def write_plans(root: Path, config: dict[str, Any], **suite: Any) -> Path:
     ],
 )
 def test_unknown_lora_keys_are_refused_at_submit(
-    orch: OrchRunner, tmp_path: Path, db_path: Path, config: dict[str, Any], suite: dict[str, Any],
+    orch_cli: OrchRunner, tmp_path: Path, db_path: Path, config: dict[str, Any], suite: dict[str, Any],
     extra: tuple[str, ...], needle: str,
 ) -> None:  # fmt: skip
     plans = write_plans(tmp_path, config, **suite)
-    result = orch("submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), *extra)
+    result = orch_cli("submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), *extra)
     assert result.rc == 2, result
     assert needle in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not db_path.exists()
 
 
-def test_known_and_orch_keys_are_accepted(orch: OrchRunner, tmp_path: Path) -> None:
+def test_known_and_orch_keys_are_accepted(orch_cli: OrchRunner, tmp_path: Path) -> None:
     config = {**CONFIG, "lr_scheduler": "linear", "warmup_ratio": 0.1, "max_grad_norm": 1.0,
               "sim_mem_gib": 3, "orch_note": "x", "host_mem_gib": 8, "cpus": 2}  # fmt: skip
     plans = write_plans(tmp_path, config)
-    result = orch(
+    result = orch_cli(
         "submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), "--dry-run",
         "--set", "weight_decay=0", "--set", "eval_batch_size=32",
     )  # fmt: skip

@@ -13,14 +13,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.prediction.memory import estimate_peak_mib, model_info_from_hf_config
-from tests.e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from tests.e2e_helpers import Orch, requires_tmux, wait_until
 
 pytest.importorskip("torch")  # the train extra; without it the module is skipped, not an error
 pytest.importorskip("transformers")
@@ -31,10 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = requires_tmux
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="1x24GiB") as o:
-        yield o
+SIM_GPUS = "1x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 def test_lora_suite_runs_through_the_daemon(orch: Orch, tmp_path: Path) -> None:

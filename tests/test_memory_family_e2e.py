@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux
+from e2e_helpers import Orch, requires_tmux
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -18,10 +16,7 @@ PY = shlex.quote(sys.executable)
 FOREIGN = f"{PY} -m workers.sim --config {{config}} --run-dir {{run_dir}}"
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="1x24GiB") as env:
-        yield env
+SIM_GPUS = "1x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 def _overlap(attempts: list[dict]) -> int:  # type: ignore[type-arg]

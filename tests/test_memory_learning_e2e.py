@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, requires_tmux, wait_until
 
 from orchestrator.store.queries import get_job
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="1x24GiB") as env:
-        yield env
+SIM_GPUS = "1x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 @pytest.mark.slow

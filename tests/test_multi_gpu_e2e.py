@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, requires_tmux, wait_until
 
 from orchestrator.gpu.sim_files import read_holders, sim_uuid
 from orchestrator.lifecycle import JobState
@@ -23,10 +22,7 @@ from tests.store_reads import job_ids
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="4x24GiB") as env:
-        yield env
+SIM_GPUS = "4x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 def _gpus_of(attempt: dict[str, Any]) -> list[str]:
@@ -114,9 +110,13 @@ def test_a_mixed_sweep_of_one_two_and_four_gpu_jobs_never_places_a_partial_gang(
 
 @pytest.mark.slow
 def test_a_four_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs(orch: Orch) -> None:
+    # The four cards are first taken by jobs that run long enough for the gang's and the stream's
+    # waiting reasons to be read while they run: with 3 s ones, a loaded machine spent their
+    # whole run on the `orch submit` calls below, and the gang started before a reason was read.
+    orch.write_suite("first", {"long": {"sim_mem_gib": 9, "sim_seconds": 12}}, mem_gib=10)
     orch.write_suite("stream", {"small": {"sim_mem_gib": 9, "sim_seconds": 3}}, mem_gib=10)
     orch.write_suite("big", {"wide": {"sim_mem_gib": 9, "sim_seconds": 1, "gpus": 4}}, mem_gib=10)
-    orch.submit("stream", " ".join(f"{s}:glue_rte" for s in range(1, 5)), "--gpu-plan", "1")
+    orch.submit("first", " ".join(f"{s}:glue_rte" for s in range(1, 5)), "--gpu-plan", "1")
     orch.start_daemon(poll_s=0.1)
     wait_until(lambda: len(orch.read(lambda store: job_ids(store, JobState.RUNNING))) == 4, 30, "four one-GPU jobs running")
     orch.submit("big", "1:glue_rte")
@@ -126,11 +126,14 @@ def test_a_four_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs(orch: Orch) -
 
     def gang_started() -> bool:
         nonlocal seed
+        # the reasons first: the `orch submit` below is the slow part of a round
+        reasons.update(job.wait_reason for job in orch.jobs(JobState.QUEUED) if job.wait_reason is not None)
+        if orch.read(lambda store: get_attempts(store, gang_id)):
+            return True
         # a higher-priority one-GPU job keeps arriving, ahead of the gang in queue order
         seed += 1
         orch.submit("stream", f"{seed}:glue_rte", "--priority", "5")
-        reasons.update(job.wait_reason for job in orch.jobs(JobState.QUEUED) if job.wait_reason is not None)
-        return bool(orch.read(lambda store: get_attempts(store, gang_id)))
+        return False
 
     wait_until(gang_started, 60, "the four-GPU job to start", poll_s=0.5)
     assert any("reserved for it" in r for r in reasons), reasons

@@ -5,13 +5,12 @@ from __future__ import annotations
 import itertools
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, requires_tmux, wait_until
 
 pytestmark = [requires_tmux, pytest.mark.tmux]
 
@@ -27,10 +26,6 @@ print("trained with checkpointing")
 '''
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def _config_yaml(attempt: dict[str, Any]) -> dict[str, Any]:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from e2e_helpers import Orch, requires_tmux, wait_until
 
 from orchestrator.store.status import paused_suites
 
@@ -19,10 +17,6 @@ pytestmark = [requires_tmux, pytest.mark.tmux]
 NOFILE = 20  # enough for the daemon at rest, too few for every launch of a full pass
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def _start_with_few_descriptors(orch: Orch) -> None:

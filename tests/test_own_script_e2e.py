@@ -4,14 +4,13 @@ from the ladder, progress from stdout, alive while printing, metrics from what t
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+from tests.e2e_helpers import Orch, requires_tmux, wait_until
 from tests.script_suites import PY, write_script_suite
 from tests.tiny_models import TOY_DATA_AND_TINY_LLAMA
 
@@ -88,10 +87,6 @@ TRAINER_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def write_own_suite(orch: Orch, worker: str, config: dict[str, Any], **suite: Any) -> None:

@@ -31,8 +31,8 @@ def write_plans(root: Path, suite: dict[str, Any], configs: dict[str, dict[str, 
     return plans
 
 
-def submit(orch: OrchRunner, plans: Path, *extra: str) -> Any:
-    return orch("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(plans), *extra)
+def submit(orch_cli: OrchRunner, plans: Path, *extra: str) -> Any:
+    return orch_cli("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(plans), *extra)
 
 
 def _jobs(db_path: Path) -> list[Job]:
@@ -54,29 +54,29 @@ def _jobs(db_path: Path) -> list[Job]:
         ({"hang_timeout_s": -1}, "hang_timeout_s"),
     ],
 )
-def test_refused_before_anything_is_written(orch: OrchRunner, tmp_path: Path, db_path: Path,
+def test_refused_before_anything_is_written(orch_cli: OrchRunner, tmp_path: Path, db_path: Path,
                                             suite: dict[str, Any], needle: str) -> None:
     plans = write_plans(tmp_path, suite)
-    result = submit(orch, plans)
+    result = submit(orch_cli, plans)
     assert result.rc == 2, result
     assert needle in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not db_path.exists()
 
 
-def test_refused_with_an_existing_database_leaves_it_unchanged(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_refused_with_an_existing_database_leaves_it_unchanged(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = write_plans(tmp_path, {})
-    assert submit(orch, plans).rc == 0
+    assert submit(orch_cli, plans).rc == 0
     before = db_path.read_bytes()
     plans = write_plans(tmp_path, {"worker": FLAGS + " --warmup {cfg.warmup_steps}"})
-    result = submit(orch, plans, "--force")
+    result = submit(orch_cli, plans, "--force")
     assert result.rc == 2 and "warmup_steps" in result.stderr
     assert db_path.read_bytes() == before
     # --set gives the key a value: accepted
-    assert submit(orch, plans, "--force", "--set", "warmup_steps=10").rc == 0
+    assert submit(orch_cli, plans, "--force", "--set", "warmup_steps=10").rc == 0
 
 
-def test_flag_key_the_ladder_sets_is_accepted_and_settings_are_stored(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_flag_key_the_ladder_sets_is_accepted_and_settings_are_stored(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     plans = write_plans(tmp_path, {
         "worker": FLAGS + " {cfg.gradient_checkpointing?--gradient-checkpointing}",
         "hang_timeout_s": "off",
@@ -84,25 +84,25 @@ def test_flag_key_the_ladder_sets_is_accepted_and_settings_are_stored(orch: Orch
         "result_regex": r"acc (?P<accuracy>[0-9.]+)",
         "keys": {"checkpointing": "gradient_checkpointing"},
     })
-    result = submit(orch, plans)
+    result = submit(orch_cli, plans)
     assert result.rc == 0, result.stderr
     (job,) = _jobs(db_path)
     assert job.hang_timeout_s == 0  # off
     assert job.worker_output == {"progress_regex": r"it (?P<step>\d+)", "result_regex": r"acc (?P<accuracy>[0-9.]+)"}
 
 
-def test_keys_mapping_is_stored(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_keys_mapping_is_stored(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     configs = {"hf": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}}
     plans = write_plans(tmp_path, {"worker": "python train.py {config}",
                                    "keys": {"batch_size": "per_device_train_batch_size"}}, configs)
-    assert submit(orch, plans).rc == 0
+    assert submit(orch_cli, plans).rc == 0
     (job,) = _jobs(db_path)
     assert job.worker_output == {"keys": {"batch_size": "per_device_train_batch_size"}}
 
 
-def test_submit_names_the_changes_the_command_cannot_receive(orch: OrchRunner, tmp_path: Path) -> None:
+def test_submit_names_the_changes_the_command_cannot_receive(orch_cli: OrchRunner, tmp_path: Path) -> None:
     plans = write_plans(tmp_path, {"one_token_tasks": ["glue*"]})
-    result = orch("submit", "--suite", "own", "--pairs", "1:glue_rte", "--plans", str(plans))
+    result = orch_cli("submit", "--suite", "own", "--pairs", "1:glue_rte", "--plans", str(plans))
     assert result.rc == 0
     note = result.stderr.strip()
     assert note.startswith("note: the worker command cannot receive gradient_checkpointing (rung checkpointing)")
@@ -112,15 +112,15 @@ def test_submit_names_the_changes_the_command_cannot_receive(orch: OrchRunner, t
     advice = re.search(r"add e\.g\. (\S+) to the command", note)
     assert advice is not None and advice.group(1) == "{cfg.gradient_checkpointing?--gradient-checkpointing}"
     followed = write_plans(tmp_path, {"one_token_tasks": ["glue*"], "worker": f"{FLAGS} {advice.group(1)}"})
-    result = orch("submit", "--suite", "own", "--pairs", "2:glue_rte", "--plans", str(followed))
+    result = orch_cli("submit", "--suite", "own", "--pairs", "2:glue_rte", "--plans", str(followed))
     assert result.rc == 0 and "gradient_checkpointing" not in result.stderr
     wired = write_plans(tmp_path, {"worker": "python train.py --cfg {config}"})
-    assert orch("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(wired)).stderr == ""
+    assert orch_cli("submit", "--suite", "own", "--pairs", "1:toy", "--plans", str(wired)).stderr == ""
 
 
-def test_ladder_set_of_a_renamed_batch_key_is_refused(orch: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_ladder_set_of_a_renamed_batch_key_is_refused(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     configs = {"hf": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}}
     plans = write_plans(tmp_path, {"worker": "python train.py {config}", "keys": {"batch_size": "per_device_train_batch_size"},
                                    "ladder": [{"set": {"per_device_train_batch_size": 2}}]}, configs)
-    result = submit(orch, plans)
+    result = submit(orch_cli, plans)
     assert result.rc == 2 and "use halve_batch" in result.stderr and not db_path.exists()

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux
+from e2e_helpers import Orch, requires_tmux
 
 from orchestrator.cli.plain_table import render_plain
 from orchestrator.wording import one_line
@@ -23,10 +21,6 @@ def test_one_line_escapes_line_breaks_and_control_characters() -> None:
     assert len(lines) == 3 and "a\\nb" in lines[1]
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 @requires_tmux

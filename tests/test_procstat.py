@@ -48,3 +48,32 @@ def test_cpu_and_rss_match_psutils() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_one_rule_says_whether_a_pid_is_the_recorded_process() -> None:
+    """procstat.process_matches is the only "is this still our process" check: the daemon's
+    (attempts/reconcile.py), the wake poke's wait (executors/wake.py) and the simulated GPUs'
+    holders (gpu/sim_files.py) all give the same answer, within one tolerance."""
+    from orchestrator.attempts.reconcile import process_matches as reconcile_matches
+    from orchestrator.gpu.sim_files import holder_alive
+    from orchestrator.procstat import SAME_PROCESS_TOLERANCE_S, process_matches, process_start
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        start = process_start(child.pid)
+        assert start is not None and start[1] is False
+        created_s = start[0]
+        half = SAME_PROCESS_TOLERANCE_S / 2
+        for recorded_s, same in ((created_s, True), (created_s + half, True), (created_s - half, True),
+                                 (created_s + 2 * SAME_PROCESS_TOLERANCE_S, False)):
+            # the simulated GPUs' holders were judged with 0.05 s before: a holder read half a
+            # second off (a boot time read a second apart) was dropped as dead
+            assert process_matches(child.pid, recorded_s) is same
+            assert reconcile_matches(child.pid, recorded_s) is same
+            assert holder_alive(child.pid, recorded_s) is same
+        for pid, recorded in ((True, created_s), (0, created_s), (child.pid, None), (child.pid, "x")):
+            assert process_matches(pid, recorded) is False  # values from files are checked
+    finally:
+        child.kill()
+        child.wait()
+    assert process_matches(child.pid, created_s) is False

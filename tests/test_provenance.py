@@ -10,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from orchestrator.executors.provenance import (
     wrapper_record,
 )
 from orchestrator.web.views import job_view
-from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from tests.e2e_helpers import Orch, requires_tmux
 
 requires_git = pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 PY = shlex.quote(sys.executable)
@@ -120,10 +119,6 @@ def test_provenance_json_is_read_bounded_and_never_through_a_link(tmp_path: Path
 SCRIPT = "import json\nfor i in range(5):\n    print({'loss': 1.0 / (i + 1)})\nprint(json.dumps({'accuracy': 0.7}))\n"
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 @requires_git

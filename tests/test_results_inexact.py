@@ -10,8 +10,6 @@ import csv
 import io
 import json
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ from orchestrator.results.collect import inexact_of
 from orchestrator.results.formats import render_rows, to_csv, to_records
 from orchestrator.results.grids import to_latex, to_markdown
 from orchestrator.store.queries import ResultJob
-from tests.e2e_helpers import Orch, orch_env, requires_tmux
+from tests.e2e_helpers import Orch, requires_tmux
 
 HALVED = {"gradient_checkpointing": True, "logits_to_keep": 1, "batch_size": 2, "gradient_accumulation_steps": 4}
 CKPT = {"gradient_checkpointing": True, "logits_to_keep": 1}
@@ -116,10 +114,7 @@ print(json.dumps({"accuracy": config["score"] + config["seed"] / 100}))
 """
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="1x24GiB") as env:
-        yield env
+SIM_GPUS = "1x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 @requires_tmux

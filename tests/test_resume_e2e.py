@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
+from tests.e2e_helpers import REPO_ROOT, Orch, requires_tmux, wait_until
 from tests.script_suites import PY, write_script_suite
 from tests.tiny_models import TOY_DATA_AND_TINY_LLAMA
 
@@ -75,10 +74,6 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def test_retry_after_oom_resumes_from_the_checkpoint_of_attempt_1(orch: Orch) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli.common import echo_json, echo_json_stream
 from orchestrator.clock import FakeClock
-from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
+from orchestrator.executors.base import LaunchHandle, LaunchSpec, LocalExecutor
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
@@ -138,7 +138,7 @@ def test_a_run_time_table_filled_run_by_run_answers_as_one_built_at_once() -> No
 # ---------------------------------------------------------------- the scheduling pass
 
 
-class _Recorder(Executor):
+class _Recorder(LocalExecutor):
     name = "fake"
 
     def __init__(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ LEGACY_NAMES = 30
 
 def test_migration_numbers_strictly_increase():
     numbers = [number for number, _ in migration_modules()]
-    assert numbers[0] == 1 and all(a < b for a, b in zip(numbers, numbers[1:]))
+    assert numbers[0] == 1 and all(a < b for a, b in itertools.pairwise(numbers))
 
 
 def test_migrations_apply_in_module_order_under_unique_names():

@@ -5,21 +5,16 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, requires_tmux
+from e2e_helpers import Orch, requires_tmux
 
 from orchestrator.executors.run_dir import make_private_dirs, prepare_run_dir
 
 GROUP_OTHER = stat.S_IRWXG | stat.S_IRWXO
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def _too_open(root: Path) -> list[str]:

@@ -4,11 +4,12 @@ only the refusal is the executor's word."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.clock import FakeClock
 from orchestrator.errors import ClusterBusy
-from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
+from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, RemoteStatus
 from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 from orchestrator.executors.slurm.parse import is_transient_refusal
 from orchestrator.lifecycle import AttemptOutcome, JobState
@@ -18,6 +19,7 @@ from orchestrator.scheduling.launching import DispatchContext
 from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.store import Store
 from orchestrator.store.queries import get_attempts, get_job
+from orchestrator.store.rows import Attempt, Job
 from tests.test_crash_loop import paused, submit, write_suite
 
 
@@ -33,6 +35,12 @@ class RefusingSlurm(Executor):
     def submit(self, spec: LaunchSpec) -> LaunchHandle:
         self.asked += 1
         raise ClusterBusy("Slurm is busy, sbatch refused job for now: Socket timed out on send/recv operation")
+
+    def observe(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
+        return {}  # nothing was ever submitted
+
+    def stop(self, attempt: Attempt, job: Job) -> None:
+        raise AssertionError("nothing was submitted to stop")
 
 
 def test_busy_refusals_are_known() -> None:

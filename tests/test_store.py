@@ -27,9 +27,9 @@ from orchestrator.store.jobs import (
     submit_jobs,
     transition,
 )
+from orchestrator.store.migrations import MIGRATIONS
 from orchestrator.store.queries import get_job
 from orchestrator.store.rows import Job
-from orchestrator.store.migrations import MIGRATIONS
 from orchestrator.store.sweep_attempts import all_attempts
 from tests.store_helpers import old_database_with_one_job
 from tests.store_reads import events, job_count, state_of

@@ -139,13 +139,13 @@ def test_rungs_the_worker_cannot_receive_are_skipped() -> None:
     config = {"batch_size": 32, "gradient_accumulation_steps": 1, "num_data_workers": 2}
     template = parse_template("python t.py --batch-size {cfg.batch_size} --grad-accum {cfg.gradient_accumulation_steps}")
     levels = expand_levels(load_ladder(None), config, one_token_task=True, reaches=template.reaches)
-    steps = [level.step for level in levels]
+    steps = [level.rung for level in levels]
     # checkpointing/logits_to_keep and data workers never reach the script; running alone always can
     assert steps == ["as_configured", "run_alone"] + ["halve_batch"] * 5
     assert levels[2].changes == {"batch_size": 16, "gradient_accumulation_steps": 2}
     nothing = parse_template("python t.py --out {run_dir}")
     levels = expand_levels(load_ladder(None), config, one_token_task=True, reaches=nothing.reaches)
-    assert [level.step for level in levels] == ["as_configured", "run_alone"]
+    assert [level.rung for level in levels] == ["as_configured", "run_alone"]
 
 
 def test_half_wired_batch_is_not_halved() -> None:

@@ -10,11 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Orch, orch_env, wait_until
+from e2e_helpers import Orch, wait_until
 from rows_helpers import attempt_of
 
 from orchestrator.executors.base import LaunchSpec
@@ -51,10 +50,6 @@ def test_a_window_id_reused_by_a_new_server_is_neither_closed_nor_believed(tmux:
     assert not tmux.window_alive(str(new.executor_id))
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path) as env:
-        yield env
 
 
 def test_tmux_kill_server_loses_nothing_and_counts_nothing(orch: Orch) -> None:

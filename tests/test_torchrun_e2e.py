@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux
+from e2e_helpers import REPO_ROOT, Orch, requires_tmux
 
 from orchestrator.gpu.sim_files import sim_uuid
 
@@ -33,10 +32,7 @@ SHARDED_LADDER = [
 ]
 
 
-@pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    with orch_env(tmp_path, gpus="4x24GiB") as env:
-        yield env
+SIM_GPUS = "4x24GiB"  # the simulated cards of the `orch` fixture (tests/conftest.py)
 
 
 def _write(orch: Orch, name: str, budget_mib: float) -> None:

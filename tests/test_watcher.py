@@ -15,7 +15,13 @@ from orchestrator.clock import FakeClock
 from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, DaemonSettings
 from orchestrator.daemon.watcher import AttemptWatcher, Look
-from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec, RemoteStatus
+from orchestrator.executors.base import (
+    Executor,
+    LaunchHandle,
+    LaunchSpec,
+    LocalExecutor,
+    RemoteStatus,
+)
 from orchestrator.executors.observation import Observation
 from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.scheduling.state import SchedulerState
@@ -49,7 +55,7 @@ class AnsweredCluster(Executor):
         self.stopped.append(attempt.id)
 
 
-class HereOnly(Executor):
+class HereOnly(LocalExecutor):
     name = "subprocess"
 
     def submit(self, spec: LaunchSpec) -> LaunchHandle:

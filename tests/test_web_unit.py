@@ -198,7 +198,7 @@ def test_report_cli_writes_one_file(orch_inproc, db_path: Path, tmp_path: Path) 
     assert not (tmp_path / "missing").exists()
 
 
-def test_web_refuses_a_busy_port_in_one_line(orch, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_web_refuses_a_busy_port_in_one_line(orch_cli, db_path: Path) -> None:  # type: ignore[no-untyped-def]
     import socket
 
     with Store(db_path):
@@ -206,7 +206,7 @@ def test_web_refuses_a_busy_port_in_one_line(orch, db_path: Path) -> None:  # ty
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
-        result = orch("web", "--port", str(busy.getsockname()[1]))
+        result = orch_cli("web", "--port", str(busy.getsockname()[1]))
     assert result.rc == 2 and result.stderr.startswith("orch: error: cannot listen on") and result.stderr.count("\n") == 1
     assert os.path.exists(db_path)
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,16 +24,19 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, on a GPU machine
 
-from benchmarks.gpu.run_sweep import (  # noqa: E402
+from benchmarks.gpu.sweep_common import (
+    REPO,
     Sampler,
-    dump,
-    finish,
+    end_sweep,
+    exit_through_finally_on_sigterm,
+    fresh_tag_dir,
     orch,
     pack_out,
+    sample_rte,
     start_daemon,
+    use_sim_gpus,
     watch_sweep,
 )
 
@@ -93,21 +94,11 @@ def write_plans(plans: Path, model: str, data_dir: Path, args: argparse.Namespac
 
 def sweep(args: argparse.Namespace) -> int:
     work, out = args.work.resolve(), args.out.resolve()
-    tag_dir = work / args.tag
-    if tag_dir.exists():
-        subprocess.run(["rm", "-rf", str(tag_dir)], check=True)
-    frames = tag_dir / "frames"
-    frames.mkdir(parents=True)
-    out.mkdir(parents=True, exist_ok=True)
-    db = tag_dir / "state.db"
+    tag_dir, db = fresh_tag_dir(work, out, args.tag)
     backend = "sim" if args.dry else "nvml"
     if args.dry:
-        os.environ.update(ORCH_GPU_BACKEND="sim", ORCH_SIM_GPUS="1x24GiB",
-                          ORCH_SIM_DIR=str(tag_dir / "sim"), ORCH_WORKER_DEVICE="cpu")  # fmt: skip
-    data_dir = work / "data"
-    if not (data_dir / "RTE" / "train.tsv").exists():
-        subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data_dir),
-                        "--tasks", "rte", "--n-train", "1000"], check=True, cwd=REPO)  # fmt: skip
+        use_sim_gpus(tag_dir, "1x24GiB")
+    data_dir = sample_rte(work, 1000)
     model = "tiny-llama" if args.dry else str(args.model.resolve())
     plans = tag_dir / "plans"
     write_plans(plans, model, data_dir, args)
@@ -123,20 +114,15 @@ def sweep(args: argparse.Namespace) -> int:
                   "--gpu-plan", args.gpu_plan, "--json"], db, plans)  # fmt: skip
         meta["submitted_at"] = time.time()
         daemon = start_daemon(db, ["--backend", backend, "--poll", str(args.poll_s)])
-        watch_sweep(db, daemon, frames, meta, args.budget_s, args.frame_s)
+        watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, args.frame_s)
     finally:
         sampler.stop.set()
         sampler.join(10)
-        if daemon is not None and ("finished_at" not in meta or meta.get("incomplete")):
-            orch(["cancel", "--all"], db, check=False)  # what still runs must not outlive the sweep
-            time.sleep(5)
+        end_sweep(db, tag_dir, meta, daemon, None)
         results = orch(["results", "--json"], db, check=False)
-        (tag_dir / "dumps").mkdir(exist_ok=True)
         (tag_dir / "dumps" / "results.json").write_text(results)
         (out / f"results-{args.tag}.json").write_text(results)
         print(results, flush=True)
-        dump(db, tag_dir, meta)
-        finish(db, daemon, None)
         pack_out(tag_dir, out, args.tag)
     return 0
 
@@ -162,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--dry", action="store_true", help="CPU: sim GPUs, tiny-llama")
     args = parser.parse_args(argv)
-    # an outer `timeout` sends SIGTERM: leave through `finally` (dumps, daemon)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    exit_through_finally_on_sigterm()
     if args.command == "make-gla":
         make_gla(args.dir)
         return 0

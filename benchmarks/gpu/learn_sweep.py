@@ -24,25 +24,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, on a GPU machine
 
-from benchmarks.gpu.run_sweep import (
+from benchmarks.gpu.sweep_common import (
     REPO,
-    dump,
-    finish,
+    end_sweep,
+    exit_through_finally_on_sigterm,
+    fresh_tag_dir,
+    llama_1_3b,
     orch,
     pack_out,
+    sample_rte,
     start_ballast,
     start_daemon,
+    use_sim_gpus,
     watch_sweep,
 )
 from orchestrator.prediction.shapes import PROVISIONAL_STEPS
@@ -193,28 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="then what still runs is cancelled")
     parser.add_argument("--dry", action="store_true", help="CPU: the sim worker on one simulated card of --leave-gib")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    exit_through_finally_on_sigterm()
     work, out = args.work.resolve(), args.out.resolve()
-    tag_dir = work / "learn"
-    subprocess.run(["rm", "-rf", str(tag_dir)], check=True)
-    (tag_dir / "frames").mkdir(parents=True)
-    out.mkdir(parents=True, exist_ok=True)
-    db = tag_dir / "state.db"
+    tag_dir, db = fresh_tag_dir(work, out, "learn")
     backend = "sim" if args.dry else "nvml"
     if args.dry:
-        os.environ.update(ORCH_GPU_BACKEND="sim", ORCH_SIM_GPUS=f"1x{int(args.leave_gib)}GiB", ORCH_SIM_DIR=str(tag_dir / "sim"),
-                          ORCH_WORKER_DEVICE="cpu")  # fmt: skip
-    data_dir = work / "data"
-    if not (data_dir / "RTE" / "train.tsv").exists():
-        subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data_dir), "--tasks", "rte",
-                        "--n-train", "4000"], check=True, cwd=REPO)  # fmt: skip
-    model = "tiny-llama"
-    if not args.dry:
-        model_dir = work / "llama-1.3b"
-        if not (model_dir / "config.json").exists():
-            subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/run_sweep.py"), "make-model", "--dir",
-                            str(model_dir)], check=True, cwd=REPO)  # fmt: skip
-        model = str(model_dir)
+        use_sim_gpus(tag_dir, f"1x{int(args.leave_gib)}GiB")
+    data_dir = sample_rte(work, 4000)
+    model = "tiny-llama" if args.dry else llama_1_3b(work)
     plans = tag_dir / "plans"
     write_plans(plans, model, data_dir, args.max_steps, sim=args.dry)
     meta: dict[str, Any] = {"tag": "learn", "gpu_plan": args.gpu_plan, "seeds": args.seeds,
@@ -232,12 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "--headroom-max-gib", str(args.headroom_max_gib)])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
     finally:
-        if (daemon is not None and "finished_at" not in meta) or meta.get("incomplete"):
-            orch(["cancel", "--all"], db, check=False)
-            time.sleep(5)
-        dump(db, tag_dir, meta)
+        end_sweep(db, tag_dir, meta, daemon, ballast)
         (tag_dir / "dumps" / "memory.json").write_text(orch(["memory", "--json"], db, check=False))
-        finish(db, daemon, ballast)
         free_mib = int(args.leave_gib * 1024)
         # the daemon's headroom is a fraction of the card's total, capped; the cap binds here
         # (a card's total is at least the memory left to the sweep)

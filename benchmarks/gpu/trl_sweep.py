@@ -37,24 +37,24 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script, on a GPU machine
 
-from benchmarks.gpu.run_sweep import (
+from benchmarks.gpu.sweep_common import (
     REPO,
-    dump,
-    finish,
+    end_sweep,
+    exit_through_finally_on_sigterm,
+    fresh_tag_dir,
     orch,
     start_ballast,
     start_daemon,
+    use_sim_gpus,
     watch_sweep,
 )
 
@@ -151,15 +151,11 @@ def attempts_of(tag_dir: Path) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     work, out = args.work.resolve(), args.out.resolve()
-    tag_dir = work / args.tag
-    subprocess.run(["rm", "-rf", str(tag_dir)], check=True)
-    (tag_dir / "frames").mkdir(parents=True)
-    out.mkdir(parents=True, exist_ok=True)
+    tag_dir, db = fresh_tag_dir(work, out, args.tag)
     if args.dry:
-        os.environ.update(ORCH_GPU_BACKEND="sim", ORCH_SIM_GPUS=f"1x{int(args.leave_gib)}GiB",
-                          ORCH_SIM_DIR=str(tag_dir / "sim"))  # fmt: skip
+        use_sim_gpus(tag_dir, f"1x{int(args.leave_gib)}GiB", cpu_worker=False)
     model_dir, data_dir = prepare(work, args.dry)
-    db, plans = tag_dir / "state.db", tag_dir / "plans"
+    plans = tag_dir / "plans"
     write_plans(plans, model_dir, data_dir, args.max_steps, args.mem_gib, args.dry, args.case)
     meta: dict[str, Any] = {"tag": args.tag, "gpu_plan": args.gpu_plan, "seeds": args.seeds, "dry": args.dry,
                             "max_steps": args.max_steps, "leave_gib": args.leave_gib, "mem_gib": args.mem_gib,
@@ -175,14 +171,10 @@ def run(args: argparse.Namespace) -> int:
                                    *(["--overlap"] if args.overlap else [])])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
     finally:
-        if (daemon is not None and "finished_at" not in meta) or meta.get("incomplete"):
-            orch(["cancel", "--all"], db, check=False)
-            time.sleep(5)
-        dump(db, tag_dir, meta)
+        end_sweep(db, tag_dir, meta, daemon, ballast)
         memory = orch(["memory", "--json"], db, check=False)
         (tag_dir / "dumps" / "memory.json").write_text(memory)
         (tag_dir / "dumps" / "memory.txt").write_text(orch(["memory"], db, check=False))
-        finish(db, daemon, ballast)
         result = {"meta": meta, "attempts": attempts_of(tag_dir),
                   "memory": json.loads(memory) if memory.strip() else None}  # fmt: skip
         (out / f"trl-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -322,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     look.add_argument("--serial", type=Path, required=True)
     look.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    exit_through_finally_on_sigterm()
     return run(args) if args.command == "run" else analyze(args)
 
 

@@ -18,6 +18,7 @@ import psutil
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.attempts.reconcile import process_matches
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
+from orchestrator.daemon.options import DaemonOptions
 from orchestrator.daemon.state import DaemonLock, runs_dir, sim_dir
 from orchestrator.errors import DaemonError, StoreError, UsageError
 from orchestrator.executors.runs_tree import check_runs_root
@@ -71,49 +72,25 @@ def check_no_newline(db_path: Path) -> None:
             )
 
 
-def start_daemon(
-    db_path: Path,
-    *,
-    backend: str | None = None,
-    poll_s: float = 1.0,
-    launcher_kind: str | None = None,
-    order: str = "longest_first",
-    extra_args: list[str] | None = None,
-    notify_urls: tuple[str, ...] = (),
-) -> int:
-    """Start `orch daemon run` in the background on `db_path` (log beside it); its pid, once it
-    has registered. DaemonError when one runs already or it exits at start (its last line)."""
+def start_daemon(options: DaemonOptions) -> int:
+    """Start `orch daemon run` in the background with these options (log beside the database); its
+    pid, once it has registered. DaemonError when one runs already or it exits at start (its
+    last line)."""
+    db_path = options.db_path
     if DaemonLock.is_held(db_path):
         raise DaemonError(f"a daemon is already running for {db_path} (`orch daemon status`)")
     check_no_newline(db_path)
     check_runs_root(runs_dir(db_path), create=False)  # a planted or foreign runs dir: say so here
     # Fail here, in the user's terminal, when the GPUs cannot be read.
-    probe, _ = resolve_backend(db_path, backend)
+    probe, _ = resolve_backend(db_path, options.backend)
     probe.close()
     Store(db_path).close()
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "daemon",
-        "run",
-        "--db",
-        str(db_path),
-        "--poll",
-        str(poll_s),
-        "--order",
-        order,
-        *(extra_args or []),
-    ]
-    if backend:
-        argv += ["--backend", backend]
-    if launcher_kind:
-        argv += ["--launcher", launcher_kind]
+    argv = [sys.executable, "-m", "orchestrator", "daemon", "run", *options.argv()]
     log_path = daemon_log_path(db_path)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log_file:
         # URLs carry tokens: passed in the environment (owner-only), not on the visible command line.
-        env = {**os.environ, "ORCH_NOTIFY": " ".join(notify_urls)} if notify_urls else None
+        env = {**os.environ, **options.env()} if options.env() else None
         log_offset = os.fstat(fd).st_size  # what this daemon writes starts here
         proc = subprocess.Popen(
             argv,

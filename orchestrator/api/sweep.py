@@ -40,15 +40,15 @@ from orchestrator.api.frames import (
 )
 from orchestrator.api.jobs import headline_metric
 from orchestrator.api.status_snapshot import status_snapshot
+from orchestrator.daemon.options import DaemonOptions
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.lifecycle import JobState
+from orchestrator.lifecycle import TERMINAL_STATES, JobState
 from orchestrator.plans import default_plans_dir
 from orchestrator.results.filters import parse_where
 from orchestrator.results.formats import to_records
 from orchestrator.results.selection import Basis, chosen_by, is_chosen
 from orchestrator.results.table import ResultsTable, build_table
 from orchestrator.store.db import Store
-from orchestrator.store.early_stop import pruned_jobs
 from orchestrator.store.job_facts import job_facts, job_states
 from orchestrator.store.queries import get_job, list_jobs, suite_names
 from orchestrator.submit.core import SubmitRequest, submit_sweep
@@ -58,7 +58,6 @@ JOB_COLUMNS = ("job", "suite", "config", "setting", "seed", "task", "state", "at
 TIME_COLUMNS = ("submitted_at", "started_at", "ended_at")
 # a curve's point, then its job's names (the override columns go after `config`)
 CURVE_FRAME_COLUMNS = (*CURVE_COLUMNS, "suite", "config", "seed", "task")
-ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED})
 _CANCEL_WORDS = {Done.CANCELLED: "cancelled", Done.STOPPING: "stopping", Done.FINISHED: "finished"}
 
 
@@ -258,7 +257,7 @@ class Sweep:
         log beside the database); its pid. Refused when one runs already."""
         backend = arguments.text("backend", backend, optional=True)
         poll_s = arguments.number("poll_s", poll_s, positive=True) or 1.0
-        return start_daemon(self.db_path, backend=backend, poll_s=poll_s)
+        return start_daemon(DaemonOptions(db_path=self.db_path, backend=backend, poll_s=poll_s))
 
     def stop_daemon(self, *, drain: bool = False, timeout_s: float = 30.0) -> str:
         """Stop this database's daemon, as `orch daemon stop` does (`drain`: once its running
@@ -286,7 +285,7 @@ class Sweep:
         try:
             while True:
                 states = self._states(wanted)
-                ended = sum(JobState(s) in ENDED for s in states.values())
+                ended = sum(JobState(s) in TERMINAL_STATES for s in states.values())
                 if bar is not None:
                     bar.show(ended, states)
                 if on_poll is not None:

@@ -39,6 +39,7 @@ from orchestrator.attempts import rundir_reads as runfiles
 from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.runs_tree import RunTreeError, create_exclusive, exists, open_run_dir
 from orchestrator.executors.wrapper.run import LOCAL_PREFIX, PORTABLE_PREFIX
+from orchestrator.procstat import process_matches, same_start
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt
 
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_REFRESH_S = 5.0  # the daemon reads a running worker's new progress lines this often
-CREATE_TIME_TOLERANCE_S = 1.0
 
 
 class Verdict(str, Enum):
@@ -68,21 +68,6 @@ def read_result(run_dir: Path, problems: list[str] | None = None) -> dict[str, A
 
 def read_log_tail(run_dir: Path, max_bytes: int = runfiles.LOG_TAIL_BYTES) -> str:
     return runfiles.read_log_tail(run_dir, max_bytes)
-
-
-def process_matches(pid: int | None, create_time: float | None) -> bool:
-    """True when `pid` runs and is the very process recorded (not a reused pid)."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        if create_time is None:
-            return False
-        return abs(proc.create_time() - float(create_time)) <= CREATE_TIME_TOLERANCE_S
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError, OverflowError):
-        return False
 
 
 def launcher_record(attempt: Attempt) -> tuple[int, float] | None:
@@ -169,7 +154,7 @@ def disagreement(attempt: Attempt, obs: Observation) -> str | None:
     if row_pid and file_pid and int(row_pid) != int(file_pid):
         return f"the launcher started wrapper pid {row_pid} but pid.json names pid {file_pid}"
     row_time, file_time = attempt.proc_create_time, record.get("create_time")
-    if row_time is not None and file_time is not None and abs(float(row_time) - float(file_time)) > CREATE_TIME_TOLERANCE_S:
+    if row_time is not None and file_time is not None and not same_start(float(row_time), float(file_time)):
         return f"pid.json now names a process created at {file_time}, not the recorded {row_time}"
     return None
 
@@ -238,7 +223,7 @@ def proven_group(attempt: Attempt, obs: Observation | None) -> tuple[int, float]
         return None
     pid = int(pid_record["pid"])
     create_time = wrapper_create_time(pid, Path(attempt.run_dir))
-    if create_time is None or abs(create_time - float(pid_record["create_time"])) > CREATE_TIME_TOLERANCE_S:
+    if create_time is None or not same_start(create_time, float(pid_record["create_time"])):
         return None
     return pid, create_time
 
@@ -251,7 +236,7 @@ def group_is_ours(pgid: int | None, leader_create_time: float | None, groups: Pr
         return False
     try:
         leader = psutil.Process(pgid)
-        if leader_create_time is not None and abs(leader.create_time() - leader_create_time) > CREATE_TIME_TOLERANCE_S:
+        if leader_create_time is not None and not same_start(leader.create_time(), leader_create_time):
             return False  # the pgid now belongs to an unrelated process
     except psutil.NoSuchProcess:
         pass

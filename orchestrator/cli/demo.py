@@ -27,6 +27,7 @@ from orchestrator.attempts.reconcile import process_matches
 from orchestrator.cli.common import open_store, plans_option
 from orchestrator.cli.status.lines import clock, one_line
 from orchestrator.cli.status.rich_view import render_status
+from orchestrator.daemon.options import DaemonOptions
 from orchestrator.errors import OrchError
 from orchestrator.gpu.nvml import nvml_available
 from orchestrator.lifecycle import JobState
@@ -76,7 +77,7 @@ def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, p
         click.echo(f"queued {sum(o.created for o in outcomes)} demo job(s) in {db_path}; GPU plan {plan_text}")
         started_here = False
         if daemon_alive(store) is None:
-            pid = start_daemon(db_path, poll_s=0.5)
+            pid = start_daemon(DaemonOptions(poll_s=0.5, db_path=db_path))
             click.echo(f"daemon started (pid {pid}); log: {daemon_log_path(db_path)}")
             started_here = True
         deadline = time.monotonic() + timeout_s

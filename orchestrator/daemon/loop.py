@@ -75,7 +75,9 @@ from orchestrator.store.resources import write_host_reading
 log = logging.getLogger(__name__)
 
 
-class Step(Enum):
+class AfterStep(Enum):
+    """What a step of the pass says: go on to the next step, or end the pass here (the daemon stops)."""
+
     GO_ON = "go on"
     EXIT = "exit"  # the daemon stops after this pass
 
@@ -278,59 +280,59 @@ class Daemon:
         should exit (the database lost, a stop requested, or drained). `only`: run dirs whose
         wrappers said they ended; just those attempts are reconciled."""
         this_pass = Pass(only=only, live_before=len(self._exit_files))
-        return any(step(this_pass) is Step.EXIT for step in self.steps)  # stops at the first EXIT
+        return any(step(this_pass) is AfterStep.EXIT for step in self.steps)  # stops at the first EXIT
 
     @property
-    def steps(self) -> tuple[Callable[[Pass], Step], ...]:
+    def steps(self) -> tuple[Callable[[Pass], AfterStep], ...]:
         return (self._check_database, self._read_control, self._check_disk, self._read_gpus, self._reconcile,
-                self._stop_early, self._ask_trials, self._check_mps, self._end_when_drained, self._read_gpus_again, self._schedule_pass, self._record_pass,
-                self._watch_exit_files)
+                self._stop_early, self._ask_trials, self._check_mps, self._end_when_drained, self._read_gpus_again,
+                self._schedule_pass, self._record_pass, self._watch_exit_files)
 
-    def _check_database(self, this_pass: Pass) -> Step:
-        return Step.EXIT if self._database_lost() else Step.GO_ON
+    def _check_database(self, this_pass: Pass) -> AfterStep:
+        return AfterStep.EXIT if self._database_lost() else AfterStep.GO_ON
 
-    def _read_control(self, this_pass: Pass) -> Step:
+    def _read_control(self, this_pass: Pass) -> AfterStep:
         this_pass.control = daemon_control(self.store)
-        return Step.EXIT if this_pass.control.stop_requested else Step.GO_ON
+        return AfterStep.EXIT if this_pass.control.stop_requested else AfterStep.GO_ON
 
-    def _check_disk(self, this_pass: Pass) -> Step:
+    def _check_disk(self, this_pass: Pass) -> AfterStep:
         self.disk.check()
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _read_gpus(self, this_pass: Pass) -> Step:
+    def _read_gpus(self, this_pass: Pass) -> AfterStep:
         this_pass.snapshots = self.probe.snapshot()
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _reconcile(self, this_pass: Pass) -> Step:
+    def _reconcile(self, this_pass: Pass) -> AfterStep:
         this_pass.live_count = self.watcher.reconcile(this_pass.snapshots, this_pass.only)
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _stop_early(self, this_pass: Pass) -> Step:
+    def _stop_early(self, this_pass: Pass) -> AfterStep:
         self.early_stop.check()  # after reconcile: the histories it read are in the store
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _ask_trials(self, this_pass: Pass) -> Step:
+    def _ask_trials(self, this_pass: Pass) -> AfterStep:
         self.search.check()  # before scheduling: a trial asked now can start in this pass
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _check_mps(self, this_pass: Pass) -> Step:
+    def _check_mps(self, this_pass: Pass) -> AfterStep:
         self.mps.check(self.clock.now_s(), {s.uuid: s.index for s in this_pass.snapshots})
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _end_when_drained(self, this_pass: Pass) -> Step:
+    def _end_when_drained(self, this_pass: Pass) -> AfterStep:
         if this_pass.control.draining and this_pass.live_count == 0:
             self.watcher.close_ended()
-            return Step.EXIT
-        return Step.GO_ON
+            return AfterStep.EXIT
+        return AfterStep.GO_ON
 
-    def _read_gpus_again(self, this_pass: Pass) -> Step:
+    def _read_gpus_again(self, this_pass: Pass) -> AfterStep:
         if this_pass.attempts_changed:  # after reconcile: memory of attempts that just ended is free
             this_pass.snapshots = self.probe.snapshot()
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _schedule_pass(self, this_pass: Pass) -> Step:
+    def _schedule_pass(self, this_pass: Pass) -> AfterStep:
         self._schedule(this_pass.snapshots, this_pass.control.draining)
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
     def _schedule(self, snapshots: tuple[GpuSnapshot, ...], draining: bool) -> None:
         """Pack the queue and start what fits (a cluster: keep its queue topped up), then close
@@ -346,7 +348,7 @@ class Daemon:
         finally:  # the next workers start first: closing a dead window costs tmux calls
             self.watcher.close_ended()
 
-    def _record_pass(self, this_pass: Pass) -> Step:
+    def _record_pass(self, this_pass: Pass) -> AfterStep:
         """Notifications, the heartbeat (GPUs, host, disk) and the memory history of the pass."""
         snapshots = this_pass.snapshots
         self.notifier.poll()
@@ -356,16 +358,16 @@ class Daemon:
             [GpuReading(s.index, s.uuid, s.total_mib, s.used_mib, s.free_mib) for s in snapshots],
             self.clock.now_s(),
         )
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
-    def _watch_exit_files(self, this_pass: Pass) -> Step:
+    def _watch_exit_files(self, this_pass: Pass) -> AfterStep:
         """The exit records that, once written, start the next pass early (no wake FIFO)."""
         if this_pass.only is not None and not this_pass.attempts_changed:
-            return Step.GO_ON
+            return AfterStep.GO_ON
         run_dirs = live_run_dirs(self.store)
         if run_dirs != self._exit_dirs:  # the same attempts: the same paths, not made again
             self._exit_dirs, self._exit_files = run_dirs, [RunDir(run_dir).exit for run_dir in run_dirs]
-        return Step.GO_ON
+        return AfterStep.GO_ON
 
     def _heartbeat(self, snapshots: tuple[GpuSnapshot, ...]) -> None:
         if self.ctx.host is not None:

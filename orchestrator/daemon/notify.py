@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestrator.lifecycle import JobState
+from orchestrator.lifecycle import TERMINAL_VALUES, JobState
 from orchestrator.store.db import Store
 from orchestrator.store.notify_queries import (
     TerminalEvent,
@@ -29,7 +29,7 @@ def job_failed_line(event: TerminalEvent) -> str:
 
 
 def suite_finished_line(suite: str, counts: dict[str, int], db: str) -> str:
-    parts = [f"{counts.get(s, 0)} {s}" for s in ("succeeded", "failed", "cancelled", "pruned") if counts.get(s)]
+    parts = [f"{counts.get(s, 0)} {s}" for s in TERMINAL_VALUES if counts.get(s)]
     return f"orch: suite {suite} finished: {', '.join(parts) or 'no jobs'} ({db})"
 
 

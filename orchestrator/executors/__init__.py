@@ -1,1 +1,1 @@
-"""Where attempts run: `tmux` (default), `subprocess`, `slurm`. See executors.base for the seam."""
+"""Where attempts run: the backends named in executors.backends. See executors.base for the seam."""

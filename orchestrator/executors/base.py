@@ -10,6 +10,7 @@ Every method has a meaning for every backend, so the daemon never asks which one
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from orchestrator.errors import LauncherError, OrchError, UsageError
+from orchestrator.executors.backends import CLUSTER_EXECUTOR_NAMES
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt, Job
 
@@ -49,7 +51,7 @@ class LaunchSpec:
 class LaunchHandle:
     """How to find a started attempt again: recorded on its row as executor and executor_id."""
 
-    executor: str  # "tmux" | "subprocess" | "slurm"
+    executor: str  # a backend's name (executors.backends)
     pid: int | None  # the wrapper's pid where it runs on this host
     executor_id: str | None = None  # the backend's own id: a tmux window id, a Slurm job id
 
@@ -85,8 +87,10 @@ def in_threads(work: Callable[[T], R], items: Sequence[T], threads: int = SUBMIT
         return list(pool.map(work, items))
 
 
-class Executor:
-    """What every backend offers. The defaults are what a backend with nothing to add does."""
+class Executor(ABC):
+    """What every backend offers. `submit`, `observe` and `stop` are abstract: a backend says
+    what each means for it (a local one: LocalExecutor), so none silently does nothing. The other
+    defaults are what a backend with nothing to add does."""
 
     name: ClassVar[str]
     # The backend owns the process (it runs on another node): liveness and stopping go through
@@ -96,8 +100,9 @@ class Executor:
 
     # -- submit --------------------------------------------------------------------------------
 
+    @abstractmethod
     def submit(self, spec: LaunchSpec) -> LaunchHandle:
-        raise NotImplementedError
+        """Start one attempt; LauncherError (or OrchShortOf) when it cannot be started."""
 
     def submit_many(self, specs: Sequence[LaunchSpec]) -> list[LaunchHandle | Exception]:
         """A pass's attempts, each started or the error that kept it from starting, in order."""
@@ -115,11 +120,10 @@ class Executor:
 
     # -- observe -------------------------------------------------------------------------------
 
+    @abstractmethod
     def observe(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
         """Status by attempt id for the live attempts (each with its job) this executor owns;
-        None when the backend could not be asked this tick (nothing may be concluded from that).
-        A backend with nothing to add to the run dir and the process table says nothing."""
-        return {}
+        None when the backend could not be asked this tick (nothing may be concluded from that)."""
 
     def started_alive(self, attempt: Attempt) -> bool | None:
         """Whether what the executor started for the attempt still runs, where it can tell
@@ -128,19 +132,22 @@ class Executor:
 
     def expedite(self) -> None:
         """An attempt waits for the backend's final word: ask it again soon."""
+        return None  # a hook: a backend that answers at once has nothing to hurry
 
     # -- stop ----------------------------------------------------------------------------------
 
+    @abstractmethod
     def stop(self, attempt: Attempt, job: Job) -> None:
-        """Ask the backend to stop an attempt it owns (Slurm: scancel). An attempt on this host
-        is stopped by its proven process group instead, which the backend adds nothing to."""
+        """Ask the backend to stop an attempt it owns (Slurm: scancel)."""
 
     def cleanup(self, attempts: Sequence[Attempt]) -> None:
         """Called once these attempts' ends are recorded: close what the backend kept open for
         them (in as few calls as it can)."""
+        return None  # a hook: a backend that kept nothing open has nothing to close
 
     def close(self) -> None:
         """The daemon stops with no attempt running: nothing orch started for itself stays."""
+        return None  # a hook: a backend that started nothing for itself has nothing to end
 
     # -- attach --------------------------------------------------------------------------------
 
@@ -153,14 +160,20 @@ class Executor:
         return log_path(attempt)
 
 
-# Executors whose backend owns an attempt's processes (they run on another node): orch can
-# neither see nor signal its process group, only ask the backend.
-CLUSTER_EXECUTORS = frozenset({"slurm"})
+class LocalExecutor(Executor):
+    """A backend that runs attempts on this host (tmux, subprocess): the run dir and the process
+    table say all there is, and an attempt is stopped by its proven process group."""
+
+    def observe(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, RemoteStatus] | None:
+        return {}  # nothing to add to the run dir and the process table
+
+    def stop(self, attempt: Attempt, job: Job) -> None:
+        """Nothing here: the daemon stops the attempt by its proven process group."""
 
 
 def is_cluster_executor(name: str | None) -> bool:
     """Whether the executor of this name hands attempts to a cluster (they run elsewhere)."""
-    return name in CLUSTER_EXECUTORS
+    return name in CLUSTER_EXECUTOR_NAMES
 
 
 def cluster_owned(attempt: Attempt) -> bool:

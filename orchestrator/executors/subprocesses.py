@@ -11,12 +11,12 @@ import subprocess
 from collections.abc import Sequence
 
 from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
-from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
+from orchestrator.executors.base import LaunchHandle, LaunchSpec, LocalExecutor
 from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.store.rows import Attempt
 
 
-class SubprocessExecutor(Executor):
+class SubprocessExecutor(LocalExecutor):
     name = "subprocess"
 
     def __init__(self) -> None:

@@ -25,7 +25,7 @@ from libtmux.common import tmux_cmd
 
 from orchestrator import faults
 from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
-from orchestrator.executors.base import Executor, LaunchHandle, LaunchSpec
+from orchestrator.executors.base import LaunchHandle, LaunchSpec, LocalExecutor
 from orchestrator.executors.launch_gate import LaunchGate, launch_file
 from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.rundir_files import TOKEN_VAR
@@ -67,7 +67,7 @@ def _attempt_identity(attempt: Attempt) -> str:
     return window_identity(attempt.id, attempt.token)
 
 
-class TmuxExecutor(Executor):
+class TmuxExecutor(LocalExecutor):
     name = "tmux"
 
     def __init__(self, socket_name: str) -> None:

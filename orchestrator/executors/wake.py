@@ -19,6 +19,8 @@ import os
 import stat
 from pathlib import Path
 
+from orchestrator.procstat import process_matches
+
 WAKE_FILE = ".wake"
 RUN_DIR_DEPTH = 3  # runs/<suite>/<job>/attempt-N (executors.runs_tree)
 MAX_LINE_BYTES = 4096  # PIPE_BUF: a write up to this size is never interleaved with another
@@ -137,12 +139,11 @@ def wait_gone(pid: int, create_time: float, timeout_s: float) -> bool:
     except (OSError, AttributeError):  # no pidfd here: poll instead
         fd = None
     try:
+        if not process_matches(pid, create_time):
+            return True  # ended, a zombie, or its pid reused by another process
         try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - create_time) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
-                return True
             if fd is None:
-                proc.wait(timeout_s)
+                psutil.Process(pid).wait(timeout_s)
                 return True
         except psutil.NoSuchProcess:
             return True

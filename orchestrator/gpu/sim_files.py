@@ -12,13 +12,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchestrator.procstat import create_time_s, read_stat
+from orchestrator.procstat import process_matches
 
 SIZE_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(GiB|MiB|G|M)\s*$", re.IGNORECASE)
 FOREIGN_PID = 0  # pid shown for memory held by processes orch did not start
 LOCK_FILE = ".lock"
 HOST_DIR = "host"  # $ORCH_SIM_DIR/host: simulated host RAM, same holder files as a GPU
-CREATE_TIME_TOLERANCE_S = 0.05
 
 
 def parse_sizes_mib(spec: str) -> list[int]:
@@ -63,19 +62,7 @@ def gpu_lock(directory: Path) -> Iterator[None]:
 
 def holder_alive(pid: int, create_time: float) -> bool:
     """True when `pid` runs and is the process that wrote the file (not a reuse of its pid)."""
-    stat = read_stat(pid) if pid > 0 else None  # one read: asked for every holder, every second
-    created_s = create_time_s(stat) if stat is not None else None
-    if stat is not None and created_s is not None:
-        return stat.state != "Z" and abs(created_s - create_time) < CREATE_TIME_TOLERANCE_S
-    import psutil  # only where /proc has no answer; kept out of the import so this stays stdlib
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return abs(proc.create_time() - create_time) < CREATE_TIME_TOLERANCE_S
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
+    return process_matches(pid, create_time)  # one /proc read: asked for every holder, every second
 
 
 def read_holders(directory: Path) -> tuple[list[tuple[int, int]], list[Path]]:

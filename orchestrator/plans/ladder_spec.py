@@ -1,6 +1,6 @@
 """A degradation ladder as a suite writes it: the schema of its steps, parsed and checked.
 
-The ladder's rungs (`Step`s) say what to change; `orchestrator.prediction.ladder` expands them into the
+The ladder's rungs (`Rung`s) say what to change; `orchestrator.prediction.ladder` expands them into the
 levels one job runs through and decides retries. The schema is documented at the top of
 plans/ladder.yaml.
 
@@ -49,7 +49,7 @@ _GUARDED_KEYS = (BATCH_KEY, ACCUM_KEY)  # only halve_batch may change them, keep
 
 
 @dataclass(frozen=True)
-class Step:
+class Rung:
     """One rung as written in a ladder spec."""
 
     name: str
@@ -65,7 +65,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Ladder:
-    steps: tuple[Step, ...]
+    rungs: tuple[Rung, ...]
     strict: bool = False  # exact rungs only: `expand_levels` leaves the others out
 
 
@@ -73,7 +73,7 @@ def _step_error(position: int, message: str) -> PlanError:
     return PlanError(f"ladder step {position}: {message}")
 
 
-def _parse_step(item: Any, position: int) -> Step:
+def _parse_rung(item: Any, position: int) -> Rung:
     if isinstance(item, str):
         if item not in _BARE_ACTIONS:
             raise _step_error(
@@ -128,7 +128,7 @@ def _parse_step(item: Any, position: int) -> Step:
     name = item.get("name", "+".join(actions))
     if not isinstance(name, str) or not name.strip():
         raise _step_error(position, f"`name` must be a non-empty string, got {name!r}")
-    return Step(
+    return Rung(
         name=name,
         checkpointing=bool(item.get("checkpointing", False)),
         logits_to_keep=logits,
@@ -183,7 +183,7 @@ def load_ladder(spec: Any) -> Ladder:
     if isinstance(spec, str | bytes) or not isinstance(spec, Sequence):
         shown = repr(spec) if isinstance(spec, str) else type(spec).__name__
         raise PlanError(f"ladder must be a list of steps or {STRICT!r}, got {shown}")
-    return Ladder(tuple(_parse_step(item, position) for position, item in enumerate(spec, 1)), strict)
+    return Ladder(tuple(_parse_rung(item, position) for position, item in enumerate(spec, 1)), strict)
 
 
 def strict_spec(spec: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ worker output can all import them without importing each other."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,10 +49,6 @@ class ConfigSpec:
     name: str
     path: Path
     content: dict[str, Any]  # the config file as loaded
-
-    @property
-    def content_hash(self) -> str:
-        return hashlib.sha256(canonical_json(self.content).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from orchestrator.plans.ladder_spec import (
     LOGITS_KEY,
     WORKERS_KEY,
     Ladder,
-    Step,
+    Rung,
     is_one_token_task,
     load_ladder,
     load_ladder_file,
@@ -39,7 +39,7 @@ from orchestrator.wording import fmt_value
 __all__ = [
     "ACCUM_KEY", "BATCH_KEY", "CHECKPOINTING_KEY", "DEFAULT_LADDER_SPEC", "DEFAULT_MAX_ATTEMPTS",
     "HUNG_RETRIES", "LOGITS_KEY", "NO_HOST_STEPS", "WORKERS_KEY", "HostSettings", "HostStep",
-    "Ladder", "Level", "RetryDecision", "Step", "expand_levels", "first_inexact_level", "inexact_rungs", "is_one_token_task",
+    "Ladder", "Level", "RetryDecision", "Rung", "expand_levels", "first_inexact_level", "inexact_rungs", "is_one_token_task",
     "load_ladder", "load_ladder_file", "next_host_step", "retry_decision", "with_host_settings",
 ]
 
@@ -52,17 +52,17 @@ class Level:
     """One attempt configuration. `overrides` are cumulative against the job's config."""
 
     index: int
-    step: str
+    rung: str  # the name of the rung this level comes from ("as_configured" for level 0)
     overrides: dict[str, Any] = field(default_factory=dict)
     changes: dict[str, Any] = field(default_factory=dict)  # vs. the previous level
     run_alone: bool = False
-    exact: bool = True  # its rung keeps numbers bit-equal (`Step.exact`); level 0 is as configured
+    exact: bool = True  # its rung keeps numbers bit-equal (`Rung.exact`); level 0 is as configured
 
     def describe(self) -> str:
         shown = [f"{key}={fmt_value(value)}" for key, value in self.changes.items()]
         if self.run_alone and not self.changes:
             shown.append("run alone on a GPU")
-        return f"level {self.index} ({self.step}): " + (", ".join(shown) or "as configured")
+        return f"level {self.index} ({self.rung}): " + (", ".join(shown) or "as configured")
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,13 @@ class HostStep:
     """One host-side step a job took after a host-RAM OOM, kept on top of its ladder level."""
 
     level: int  # the ladder level the job was at when it took the step
-    step: str  # the name of the rung it came from
+    rung: str  # the name of the rung it came from (stored as "step": records keep their key)
     changes: dict[str, Any] = field(default_factory=dict)  # config changes (num_data_workers)
     run_alone: bool = False  # whether this step made the job run alone
 
     def to_record(self) -> dict[str, Any]:
         return {
-            "level": self.level, "step": self.step, "changes": self.changes,
+            "level": self.level, "step": self.rung, "changes": self.changes,
             "run_alone": self.run_alone,
         }  # fmt: skip
 
@@ -108,7 +108,7 @@ class HostSettings:
             tuple(
                 HostStep(
                     level=int(r["level"]),
-                    step=str(r["step"]),
+                    rung=str(r["step"]),
                     changes=dict(r.get("changes", {})),
                     run_alone=bool(r.get("run_alone", False)),
                 )
@@ -141,7 +141,7 @@ def _lowers(current: Any, target: int) -> bool:
     return not isinstance(current, int) or isinstance(current, bool) or current > target
 
 
-def _step_changes(step: Step, current: Mapping[str, Any], one_token_task: bool) -> dict[str, Any]:
+def _rung_changes(step: Rung, current: Mapping[str, Any], one_token_task: bool) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if step.checkpointing and current.get(CHECKPOINTING_KEY) is not True:
         changes[CHECKPOINTING_KEY] = True
@@ -196,17 +196,17 @@ def expand_levels(
     every rung that changes numerics (of a rung inexact only by `logits_to_keep`, that change)."""
     current = dict(base_config)
     overrides: dict[str, Any] = {}
-    levels = [Level(index=0, step="as_configured")]
+    levels = [Level(index=0, rung="as_configured")]
     run_alone = False
 
-    def add(step: Step, changes: dict[str, Any]) -> None:
+    def add(step: Rung, changes: dict[str, Any]) -> None:
         nonlocal run_alone
         current.update(changes)
         overrides.update(changes)
         run_alone = run_alone or step.run_alone
         levels.append(Level(len(levels), step.name, dict(overrides), changes, run_alone, step.exact))
 
-    for step in ladder.steps:
+    for step in ladder.rungs:
         if ladder.strict and not step.exact:
             continue
         if step.halve_batch:
@@ -214,7 +214,7 @@ def expand_levels(
                 for changes in _halvings(current, reaches is None or reaches(EVAL_BATCH_KEY)):
                     add(step, changes)
             continue
-        changes = _step_changes(step, current, one_token_task)
+        changes = _rung_changes(step, current, one_token_task)
         if reaches is not None:
             changes = {key: value for key, value in changes.items() if reaches(key)}
         if LOGITS_KEY in changes and not logits_exact and not step.exact_declared:
@@ -235,7 +235,7 @@ def inexact_rungs(levels: Sequence[Level], level: int) -> tuple[str, ...]:
     names: dict[str, None] = {}
     for reached in levels[1 : level + 1]:
         if not reached.exact:
-            names.setdefault(reached.step)
+            names.setdefault(reached.rung)
     return tuple(names)
 
 
@@ -267,10 +267,10 @@ def with_host_settings(level: Level, host: HostSettings) -> Level:
         if key not in overrides or _lowers(overrides[key], value):
             overrides[key] = value
     latest = host.steps[-1]
-    step, changes = level.step, dict(level.changes)
+    rung, changes = level.rung, dict(level.changes)
     if latest.level == level.index:
-        step, changes = latest.step, dict(latest.changes)
-    return Level(level.index, step, overrides, changes, level.run_alone or host.run_alone, level.exact)
+        rung, changes = latest.rung, dict(latest.changes)
+    return Level(level.index, rung, overrides, changes, level.run_alone or host.run_alone, level.exact)
 
 
 def _lowers_host_memory(level: Level, previous: Level) -> bool:
@@ -295,7 +295,7 @@ def next_host_step(
             changes[WORKERS_KEY] = workers
         run_alone = level.run_alone and not now.run_alone
         if changes or run_alone:
-            taken = HostStep(current_index, level.step, changes, run_alone)
+            taken = HostStep(current_index, level.rung, changes, run_alone)
             return HostSettings((*host.steps, taken))
     return None
 

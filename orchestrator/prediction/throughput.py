@@ -10,19 +10,10 @@ T(k+1) − T(k). Placement prefers the card where a job adds the most, and a sui
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 # A reading for k jobs on a card counts once it rests on this many optimizer steps: a few
 # intervals of a noisy start (warm-up, the first evaluation) made 3 jobs read 3.16x.
 MIN_CURVE_STEPS = 20
-
-
-@dataclass(frozen=True)
-class RateReading:
-    """One interval of one attempt: samples/s while `tenants` attempts shared its card."""
-
-    tenants: int
-    samples_per_s: float
 
 
 def interval_rate(

@@ -33,7 +33,6 @@ from typing import Any
 
 from orchestrator.lifecycle import JobState
 from orchestrator.results.seeds import (
-    LOST,
     PENDING,
     Denominator,
     SeedRunInput,

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.attempts.reported import (
-    RunReading,
     PRINTED_SPLITS_NOTE,
+    RunReading,
     finite_metrics,
     first_line,
     job_metrics,
@@ -101,9 +101,6 @@ class RunReader:
                     self._stored.clear()
                 self._stored[text] = found
         return found
-
-    def test_metrics(self, run_dir: str, printed_json: str | None = None) -> dict[str, float] | None:
-        return self.reading(run_dir, printed_json).metrics
 
     def setting(self, run: ResultJob) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from orchestrator.attempts.containment import tracking_env
 from orchestrator.attempts.disk_space import is_disk_full_error
 from orchestrator.errors import (
@@ -39,6 +37,7 @@ from orchestrator.plans.resume import (
 )
 from orchestrator.prediction.job_facts import job_inexact_rungs, job_keys
 from orchestrator.prediction.ladder import Level
+from orchestrator.procstat import process_start
 from orchestrator.rundir_files import TOKEN_VAR, RunDir
 from orchestrator.scheduling.packing.types import PackingPolicy
 from orchestrator.scheduling.resources import free_port
@@ -153,10 +152,8 @@ def launch_all(
 def _create_time(pid: int | None) -> float | None:
     if pid is None:
         return None
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
+    start = process_start(pid)
+    return start[0] if start is not None else None
 
 
 def claim(
@@ -181,7 +178,7 @@ def claim(
         config = resume_config(config, job_keys(job), str(checkpoint.path))  # {resume} alone: not in config.yaml
     plan = AttemptPlan(
         job_id=job.id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, level=level.index,
-        level_step=level.step, changes=dict(level.changes), overrides=dict(level.overrides),
+        level_step=level.rung, changes=dict(level.changes), overrides=dict(level.overrides),
         run_alone=level.run_alone, predicted_peak_mib=predicted_mib, prediction_source=source,
         reserved_mib=reserved_mib, gpu_uuids=uuids, port=free_port(live_ports(store)), predicted_host_mib=host_mib,
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,

@@ -136,21 +136,9 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise store_error(self.path, exc) from None
 
-    def iter_query(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[dict[str, Any]]:
-        """Rows one at a time from a cursor, fetched `batch` at a time: memory stays flat
-        whatever the number of rows."""
-        try:
-            cursor = self._db.conn.execute(sql, params)
-            names = [d[0] for d in cursor.description]
-            while rows := cursor.fetchmany(batch):
-                for row in rows:
-                    yield dict(zip(names, row, strict=True))
-        except sqlite3.DatabaseError as exc:
-            raise store_error(self.path, exc) from None
-
     def iter_rows(self, sql: str, params: Any = (), batch: int = 500) -> Iterator[tuple[Any, ...]]:
-        """`iter_query` as plain tuples, in the order selected: for typed rows built by position
-        (no dict per row on the way)."""
+        """Rows as plain tuples, in the order selected, fetched `batch` at a time (memory stays
+        flat whatever the number of rows): for typed rows built by position."""
         try:
             cursor = self._db.conn.execute(sql, params)
             while rows := cursor.fetchmany(batch):

@@ -6,9 +6,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.lifecycle import TERMINAL_VALUES
 from orchestrator.store.db import Store
-
-TERMINAL = ("succeeded", "failed", "cancelled", "pruned")
 
 
 def last_event_id(store: Store) -> int:
@@ -32,11 +31,11 @@ class TerminalEvent:
 
 def terminal_events_since(store: Store, event_id: int) -> list[TerminalEvent]:
     """Jobs that reached succeeded, failed or cancelled after `event_id`, with the job's fields."""
-    marks = ",".join("?" * len(TERMINAL))
+    marks = ",".join("?" * len(TERMINAL_VALUES))
     rows = store.query(
         "SELECT e.id AS event_id, e.to_state, j.id, j.suite, j.config_name, j.seed, j.data, j.reason "
         f"FROM events e JOIN jobs j ON j.id = e.job_id WHERE e.id > ? AND e.to_state IN ({marks}) ORDER BY e.id",
-        [event_id, *TERMINAL],
+        [event_id, *TERMINAL_VALUES],
     )
     return [
         TerminalEvent(int(r["event_id"]), r["to_state"], int(r["id"]), r["suite"], r["config_name"], int(r["seed"]),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from orchestrator.errors import JobNotFound
-from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.lifecycle import TERMINAL_VALUES, AttemptOutcome, JobState
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
 from orchestrator.store.json_columns import json_column
@@ -17,13 +17,18 @@ from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.status import Event, job_events, recent_events
 
+# lifecycle.TERMINAL_STATES as an SQL list (our own enum's values: nothing to escape)
+TERMINAL_SQL = "(" + ", ".join(f"'{value}'" for value in TERMINAL_VALUES) + ")"
+# The attempt `a` of job `j` whose card the job shows (`orch jobs` and the web's job list): its
+# live attempt, or the last attempt of a job that has ended.
+SHOWN_ATTEMPT_SQL = f"(a.outcome IS NULL OR (j.state IN {TERMINAL_SQL} AND a.n = j.attempt_count))"
+
 # The columns are JobListRow's fields, in their order (rows are built by position).
-_JOB_LIST_SQL = """
+_JOB_LIST_SQL = f"""
 SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.priority, j.level,
        j.attempt_count, j.wait_reason, j.reason, a.gpu_index AS gpu, j.overrides_json
 FROM jobs j
-LEFT JOIN attempts a ON a.job_id = j.id AND (a.outcome IS NULL
-    OR (j.state IN ('succeeded', 'failed', 'cancelled', 'pruned') AND a.n = j.attempt_count))
+LEFT JOIN attempts a ON a.job_id = j.id AND {SHOWN_ATTEMPT_SQL}
 """
 
 

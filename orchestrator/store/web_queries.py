@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.store.db import Store
 from orchestrator.store.json_columns import json_column
-from orchestrator.store.queries import state_counts
+from orchestrator.store.queries import SHOWN_ATTEMPT_SQL, state_counts
 from orchestrator.store.status import (
     Event,
     GpuNow,
@@ -289,8 +289,7 @@ def jobs_page(store: Store, f: JobsFilter, *, limit: int = 500, offset: int = 0,
         "SELECT j.id, j.state, j.suite, j.config_name, j.seed, j.data, j.level, j.attempt_count, j.overrides_json, "
         "coalesce(j.reason, j.wait_reason) AS reason, j.updated_at, "
         # the card of its live attempt, or of the last attempt of a job that has ended (as `orch jobs`)
-        "(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND (a.outcome IS NULL OR (j.state IN "
-        "('succeeded', 'failed', 'cancelled', 'pruned') AND a.n = j.attempt_count))) AS gpu "
+        f"(SELECT a.gpu_index FROM attempts a WHERE a.job_id = j.id AND {SHOWN_ATTEMPT_SQL}) AS gpu "
         "FROM jobs j" + clause + " ORDER BY j.id DESC LIMIT ? OFFSET ?", [*params, limit, offset],
     )
     out = []

@@ -45,9 +45,9 @@ from orchestrator.plans.optuna_lib import require_optuna
 from orchestrator.plans.resources import check_gangs_fit
 from orchestrator.plans.search import SearchMethod
 from orchestrator.plans.template import parse_template
+from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
-from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
@@ -175,7 +175,7 @@ def unreached_rungs_note(suite: Suite, specs: list[JobSpec]) -> str | None:
             for key, value in level.changes.items():
                 script_key = suite.keys.script_key(key)
                 if not template.reaches(script_key):
-                    unreached.setdefault(script_key, (level.step, value))
+                    unreached.setdefault(script_key, (level.rung, value))
     if not unreached:
         return None
     shown = ", ".join(f"{key} (rung {rung})" for key, (rung, _) in unreached.items())

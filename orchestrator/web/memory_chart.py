@@ -19,7 +19,6 @@ JOB_PALETTE = ("#3b7dd8", "#2e9d5b", "#8e6bd8", "#1fa2a8", "#5c7cfa", "#4f9d2e",
 UNSPLIT_COLOUR = "#6b93d6"  # ours, where the sample did not record each job's share
 FOREIGN_COLOUR = "#e0a030"
 FREE_COLOUR = "#e6e6e6"
-OOM_COLOUR = "#d64545"
 MAX_POINTS = 600
 
 

@@ -21,7 +21,7 @@ from orchestrator.web.templating import render
 PAGES = (("overview", "/", "Overview"), ("jobs", "/jobs", "Jobs"), ("timeline", "/timeline", "Timeline"),
          ("memory", "/memory", "Memory"), ("curves", "/curves", "Curves"), ("results", "/results", "Results"),
          ("trials", "/trials", "Trials"))
-COUNT_ORDER = ("queued", "running", "succeeded", "failed", "cancelled", "pruned")
+COUNT_ORDER = tuple(state.value for state in JobState)
 
 # Which actions a job's state allows (as orchestrator.actions.user_actions decides; test_web_unit checks both agree).
 ACTIONS_BY_STATE: dict[JobState, tuple[str, ...]] = {

@@ -89,7 +89,6 @@ class PivotCell:
     mean: float | None
     std: float | None
     n: int
-    mixed: bool
     best: bool
     marks: str = ""  # the CLI's marks (†, §, ¶, ◇, ♯, ‖, *): see the legend under the table
     n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
@@ -105,7 +104,6 @@ class PivotRow:
 class Pivot:
     columns: list[tuple[str, str]]  # (task, metric)
     rows: list[PivotRow]
-    mixed: bool  # some cell's seeds ran at different ladder levels
 
 
 def pivot(summaries: Sequence[ResultSummary], digits: int = 4,
@@ -134,10 +132,10 @@ def pivot(summaries: Sequence[ResultSummary], digits: int = 4,
         for column in columns:
             cell = cells.get((label, column))
             row.append(None if cell is None else PivotCell(
-                cell.mean, cell.std, cell.n_seeds, cell.mixed_levels, is_chosen(cell, choices),
+                cell.mean, cell.std, cell.n_seeds, is_chosen(cell, choices),
                 "".join(cell_marks(cell)), cell.n_text))
         rows.append(PivotRow(label, row))
-    return Pivot(columns, rows, any(s.mixed_levels for s in summaries))
+    return Pivot(columns, rows)
 
 
 def result_table(store: Store, cache: RunReader, suite: str | None = None, digits: int = 4) -> ResultTable:

@@ -104,7 +104,7 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
     prec = str(raw.get("prec", "bf16")).lower()
     if prec not in PRECISIONS:
         raise ConfigError(f"config key 'prec' must be bf16 or fp32, got {raw.get('prec')!r}")
-    peft, peft_warning = resolve_peft(raw.get("peft"), config_dir, env)
+    peft, peft_warning = resolve_peft(raw.get("peft"), config_dir)
     if peft_warning:
         warnings.append(peft_warning)
     data_dir_value = raw.get("data_dir") or env.get("ORCH_DATA_DIR")
@@ -173,17 +173,14 @@ def resolve_model(value: str, config_dir: Path) -> str:
     return str(path)
 
 
-def resolve_peft(
-    value: Any, config_dir: Path, env: Mapping[str, str]
-) -> tuple[dict[str, Any], str | None]:
-    """The LoRA spec as a mapping: inline, or a JSON file found next to the config or in ORCH_PLANS_DIR."""
+def resolve_peft(value: Any, config_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The LoRA spec as a mapping: inline, or a JSON file (a path absolute or relative to the
+    config's folder: the plans' configs name `../../peft/NAME.json`)."""
     if value is None:
         return dict(DEFAULT_PEFT), "no 'peft' key: using LoRA r=8 on q/k/v/o projections"
     if isinstance(value, dict):
         return dict(value), None
     candidates = [Path(value)] if Path(value).is_absolute() else [config_dir / value]
-    if not Path(value).is_absolute() and env.get("ORCH_PLANS_DIR"):
-        candidates.append(Path(env["ORCH_PLANS_DIR"]) / value)
     for candidate in candidates:
         if candidate.is_file():
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,14 +17,9 @@ from orchestrator.api.daemon_process import (
     stop_daemon,
 )
 from orchestrator.cli.common import db_option, echo_json, json_option, open_store
-from orchestrator.cli.daemon.setup import (
-    check_mps,
-    daemon_settings_options,
-    executor_args,
-    make_daemon_executor,
-    resolve_backend,
-)
+from orchestrator.cli.daemon.setup import check_mps, make_daemon_executor, resolve_backend
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
+from orchestrator.daemon.options import NOTIFY_VAR, DaemonOptions
 from orchestrator.errors import MissingDatabase
 from orchestrator.plans.notify_urls import check_urls
 from orchestrator.store.db import Store, now_s
@@ -36,93 +32,42 @@ def daemon_group() -> None:
 
 
 @daemon_group.command("run")
-@daemon_settings_options
-def daemon_run(
-    executor_kind: str | None,
-    partition: str | None,
-    account: str | None,
-    shard_mib: int | None,
-    max_in_queue: int,
-    slurm_poll_s: float | None,
-    exit_grace_s: float | None,
-    backend: str | None,
-    poll_s: float,
-    headroom_fraction: float,
-    headroom_max_gib: float,
-    launcher_kind: str | None,
-    order: str,
-    notify_urls: tuple[str, ...],
-    host_reserve_gib: float,
-    min_free_mib: int,
-    warn_free_mib: int,
-    mps: bool,
-    overlap: bool,
-    db_path: Path,
-) -> None:
+@DaemonOptions.click_options
+def daemon_run(**given: Any) -> None:
     """Run the daemon in the foreground."""
-    from orchestrator.daemon.loop import Daemon, DaemonSettings
-    check_urls(notify_urls)
-    check_mps(mps, backend)
+    from orchestrator.daemon.loop import Daemon
+
+    options = DaemonOptions(**given)
+    check_urls(options.notify_urls)
+    check_mps(options.mps, options.backend)
     # The URLs carry tokens: read once, then gone from the environment before the launcher and
     # its tmux server exist, so no worker inherits them.
-    os.environ.pop("ORCH_NOTIFY", None)
+    os.environ.pop(NOTIFY_VAR, None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # libtmux logs every window it creates at INFO; orch logs each launch itself.
     logging.getLogger("libtmux").setLevel(logging.WARNING)
+    db_path = options.db_path
     check_no_newline(db_path)
+    options.check_executor()
     Store(db_path).close()  # create and migrate before taking the lock
-    probe, worker_env = resolve_backend(db_path, backend)
-    executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)
-    launcher = make_daemon_executor(executor_kind, launcher_kind, db_path, probe, partition, account, shard_mib, max_in_queue,
-                              slurm_poll_s, exit_grace_s)
-    daemon = Daemon(DaemonSettings(
-            db_path=db_path, poll_s=poll_s, headroom_fraction=headroom_fraction,
-            headroom_max_mib=round(headroom_max_gib * 1024), order=order, notify_urls=tuple(notify_urls),
-            max_in_queue=max_in_queue,
-            host_reserve_mib=round(host_reserve_gib * 1024),
-            min_free_mib=min_free_mib, warn_free_mib=warn_free_mib, mps=mps, overlap=overlap,
-        ), probe, launcher, worker_env)
-    click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, state {db_path}", err=True)
+    probe, worker_env = resolve_backend(db_path, options.backend)
+    launcher = make_daemon_executor(options, probe)
+    daemon = Daemon(options.settings(), probe, launcher, worker_env)
+    click.echo(f"orch daemon: pid {os.getpid()}, {len(probe.snapshot())} GPU(s), launcher {launcher.name}, "
+               f"state {db_path}", err=True)
     daemon.run()
 
 
 @daemon_group.command("start")
-@daemon_settings_options
-def daemon_start(
-    executor_kind: str | None,
-    partition: str | None,
-    account: str | None,
-    shard_mib: int | None,
-    max_in_queue: int,
-    slurm_poll_s: float | None,
-    exit_grace_s: float | None,
-    backend: str | None,
-    poll_s: float,
-    launcher_kind: str | None,
-    order: str,
-    headroom_fraction: float,
-    headroom_max_gib: float,
-    notify_urls: tuple[str, ...],
-    host_reserve_gib: float,
-    min_free_mib: int,
-    warn_free_mib: int,
-    mps: bool,
-    overlap: bool,
-    db_path: Path,
-) -> None:
+@DaemonOptions.click_options
+def daemon_start(**given: Any) -> None:
     """Start the daemon in the background (log in STATE.db.daemon.log)."""
-    check_urls(notify_urls)
-    check_mps(mps, backend)
-    pid = start_daemon(
-        db_path, backend=backend, poll_s=poll_s, launcher_kind=launcher_kind, order=order,
-        extra_args=["--headroom", str(headroom_fraction), "--headroom-max-gib", str(headroom_max_gib),
-                    "--host-reserve-gib", str(host_reserve_gib),
-                    "--min-free-mib", str(min_free_mib), "--warn-free-mib", str(warn_free_mib),
-                    *(["--mps"] if mps else []), *(["--overlap"] if overlap else []),
-                    *executor_args(executor_kind, partition, account, shard_mib, max_in_queue, slurm_poll_s, exit_grace_s)],
-        notify_urls=notify_urls,
-    )
-    click.echo(f"daemon started (pid {pid}); log: {daemon_log_path(db_path)}")
+    options = DaemonOptions(**given)
+    check_urls(options.notify_urls)
+    check_mps(options.mps, options.backend)
+    options.check_executor()
+    pid = start_daemon(options)
+    click.echo(f"daemon started (pid {pid}); log: {daemon_log_path(options.db_path)}")
 
 
 @daemon_group.command("stop")

@@ -136,8 +136,6 @@ RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "
 LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 FAILED_STATES = frozenset({"DEADLINE", "REVOKED", "SPECIAL_EXIT"})
 OWN_WORD = {"PREEMPTED": SlurmState.PREEMPTED, "TIMEOUT": SlurmState.TIMEOUT, "OUT_OF_MEMORY": SlurmState.HOST_OOM}
-# Ends only Slurm can name: they decide the attempt's outcome even when the wrapper wrote exit.json
-CLUSTER_ENDS = frozenset({SlurmState.LOST, SlurmState.PREEMPTED, SlurmState.TIMEOUT, SlurmState.HOST_OOM, SlurmState.FAILED})
 
 
 # Pending reasons that no other job's end will clear: the job never starts as submitted.

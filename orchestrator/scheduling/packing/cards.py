@@ -44,8 +44,6 @@ class Card:
     headroom_mib: int
     used_slots: int
     reserved_mib: int  # outstanding reservations of ramping attempts + placements of this call
-    ramping_mib: int  # the part of `reserved_mib` owed to running attempts still ramping
-    capacity_mib: int  # free memory once our own attempts end: free_mib + what they hold
     occupied: bool  # any running attempt or placement
     alone: bool  # a run_alone attempt or placement holds the card
     held_for: int | None = None  # job id of a starving job or waiting gang this card is kept for
@@ -55,6 +53,8 @@ class Card:
     ends_s: list[float | None] = field(default_factory=list)  # running attempts' expected ends
     # (expected end, memory it frees then: what it holds plus what it still reserves), per attempt
     frees: list[tuple[float, int]] = field(default_factory=list)
+    # the same for the jobs this pack call placed here (their expected end: now + their run time)
+    placed_frees: list[tuple[float, int]] = field(default_factory=list)
     probing: set[str] = field(default_factory=set)  # families measuring their memory here (probes)
     overlap: bool = False  # a job may start ahead of the attempts whose end makes room for it
 
@@ -69,7 +69,7 @@ class Card:
 
 
 def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: PackingPolicy) -> dict[int, Card]:
-    cards = {g.index: Card(g, headroom_mib(g, policy), 0, 0, 0, g.free_mib, False, False, overlap=policy.overlap)
+    cards = {g.index: Card(g, headroom_mib(g, policy), 0, 0, False, False, overlap=policy.overlap)
              for g in gpus}
     for attempt in running:
         card = cards.get(attempt.gpu_index)
@@ -78,8 +78,6 @@ def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: Packin
         owed = outstanding_reservation_mib(attempt)
         card.used_slots += 1
         card.reserved_mib += owed
-        card.ramping_mib += owed
-        card.capacity_mib += attempt.held_mib
         card.occupied = True
         card.alone = card.alone or attempt.run_alone
         card.ends_s.append(attempt.expected_end_s)
@@ -177,8 +175,11 @@ def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
     return min(fits, key=key)
 
 
-def place_on(card: Card, job: QueuedJob) -> None:
+def place_on(card: Card, job: QueuedJob, now_s: float) -> None:
     card.used_slots += 1
+    duration_s = job.expected_duration_s  # unknown: it gives its memory back at no known time
+    card.placed_frees.append((now_s + duration_s if duration_s is not None else math.inf,
+                              job.predicted_peak_mib))
     card.reserved_mib += job.predicted_peak_mib
     card.occupied = True
     card.alone = card.alone or job.run_alone

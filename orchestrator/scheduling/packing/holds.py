@@ -7,9 +7,11 @@ before the kept-for job is expected to fit there (EASY backfilling), or jobs tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from orchestrator.scheduling.packing.cards import Card, blocker, headroom_for, need_mib
+from orchestrator.scheduling.packing.fit_time import card_fits_at_s
 from orchestrator.scheduling.packing.gang import HostState, closest_set, ready_at_s
 from orchestrator.scheduling.packing.types import QueuedJob
 from orchestrator.scheduling.waits import Blocker, gang_note
@@ -50,18 +52,6 @@ def best_candidate(job: QueuedJob, cards: list[Card]) -> Card | None:
     return min(possible, key=deficit)
 
 
-def fits_at_s(job: QueuedJob, card: Card, now_s: float) -> float:
-    """When `job` is expected to fit on `card` as its running attempts end (inf when an end that
-    matters is unknown)."""
-    need = need_mib(job, card)
-    available, slots_free, at_s = card.available_mib, card.gpu.slots - card.used_slots, now_s
-    for end_s, frees_mib in sorted(card.frees):
-        if need <= available and slots_free >= 1 and not (job.run_alone and slots_free < card.gpu.slots):
-            return at_s
-        available, slots_free, at_s = available + frees_mib, slots_free + 1, max(at_s, end_s)
-    return at_s
-
-
 def hold_for_starving(job: QueuedJob, allowed: list[Card], now_s: float) -> Card | None:
     """Keep the starving head job's best card from when it is expected to fit there; until then
     only jobs that end before, or fit beside it, start there. None when no hold is needed (one
@@ -71,7 +61,9 @@ def hold_for_starving(job: QueuedJob, allowed: list[Card], now_s: float) -> Card
     best = best_candidate(job, [c for c in allowed if c.held_for is None])
     if best is not None:
         best.held_for = job.job_id
-        best.held_until_s = fits_at_s(job, best, now_s)
+        # an end in the way unknown, or never: no time before which backfill surely ends
+        fit_s = card_fits_at_s(job, best, now_s)
+        best.held_until_s = math.inf if fit_s is None else fit_s
         best.held_need_mib = need_mib(job, best)
     return best
 

@@ -6,7 +6,8 @@ starts there when it is expected to end sooner: now + its run time there, agains
 level is expected to fit (the running attempts' expected ends giving back their memory and
 slots) + its run time at its own level. A rung that changes numerics (half batch, `set:`) is
 never taken for speed, and nothing moves on a figure not known: a run time at either level, or
-when the own level would fit (an attempt in the way with no expected end).
+when the own level would fit (an attempt in the way with no expected end). When it would fit is
+fit_time.fits_at_s, the answer the starvation hold reads too.
 
 The wait is a lower bound: other queued jobs may take the memory first. That favours the job's
 own, faster level: a move is made only where even the optimistic wait loses.
@@ -28,31 +29,6 @@ class LevelOption:
     expected_duration_s: float | None  # learned (or its own level's × the rung's learned slowdown)
     exact: bool  # every rung from the job's level to this one keeps numbers bit-equal
     run_alone: bool = False
-
-
-def fits_at_s(need_mib: int, available_mib: int, used_slots: int, slots: int,
-              frees: Iterable[tuple[float, int]], now_s: float, alone: bool = False) -> float | None:
-    """When a job needing `need_mib` (its headroom included) is expected to fit on one card: now
-    if it does; else the expected end of the running attempt after which the memory and a slot it
-    needs are free (`frees`: each running attempt's expected end and the memory it gives back
-    then). `alone`: the card must be empty. inf: not even once every running attempt has ended
-    (other processes hold the rest); None: an attempt that must end first has no expected end."""
-    if slots <= 0:
-        return math.inf
-
-    def fits(room_mib: int, used: int) -> bool:
-        return room_mib >= need_mib and used < slots and (not alone or used == 0)
-
-    room_mib, used = available_mib, used_slots
-    if fits(room_mib, used):
-        return now_s
-    for end_s, mib in sorted(frees):
-        if not math.isfinite(end_s):
-            return None
-        room_mib, used = room_mib + mib, used - 1
-        if fits(room_mib, used):
-            return max(now_s, end_s)
-    return math.inf
 
 
 def own_fit_s(per_card: Sequence[float | None]) -> float | None:

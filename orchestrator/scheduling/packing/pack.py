@@ -22,14 +22,13 @@ from orchestrator.scheduling.packing.cards import (
     headroom_for,
     headroom_mib,
     is_open,
-    need_mib,
     outstanding_reservation_mib,
     place_on,
 )
+from orchestrator.scheduling.packing.fit_time import card_fits_at_s
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
 from orchestrator.scheduling.packing.level_choice import (
-    fits_at_s,
     move_note,
     own_fit_s,
     sooner_level,
@@ -266,7 +265,7 @@ def _pack(
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
                 chosen = closest_set(fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
             for card in chosen:
-                place_on(card, job)
+                place_on(card, job, now_s)
             for card in cards.values():  # holds it did not need: free for the rest of this call
                 card.release(job.job_id)
             spend(host, job.host_mib, job.cpus)
@@ -298,21 +297,12 @@ def _pack(
                     if job.job_id in reasons:
                         reasons[job.job_id] = replace(reasons[job.job_id], kept_gpu=kept.gpu.index)
                     failed.clear()  # a card now held: blockers of later jobs change
-    # what this call placed frees its card when it is expected to end (unknown: never known)
-    placed_frees: dict[int, list[tuple[float, int]]] = {}
-    by_id = {job.job_id: job for job in queue}
-    for placed in placements:
-        duration_s = by_id[placed.job_id].expected_duration_s if placed.job_id in by_id else None
-        for index in placed.all_gpus:
-            placed_frees.setdefault(index, []).append(
-                (now_s + duration_s if duration_s is not None else math.inf, placed.reserved_mib))
-    placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons, placed_frees)
+    placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons)
     return PackingDecision(tuple(placements), reasons)
 
 
 def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], cards: dict[int, Card], now_s: float,
-                     host: HostState | None, policy: PackingPolicy, reasons: dict[int, Wait],
-                     placed_frees: dict[int, list[tuple[float, int]]]) -> list[Placement]:
+                     host: HostState | None, policy: PackingPolicy, reasons: dict[int, Wait]) -> list[Placement]:
     """Once every job has been tried at its own level: the waiting jobs, in packing order, that
     start at a later exact level where it fits now and ends sooner. Capacity that a job could use
     at its own (faster) level is never spent on a slower one."""
@@ -322,15 +312,12 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         if not any(is_open(c) for c in allowed) or host_blocker(job.host_mib, job.cpus, host) is not None:
             continue
-        sooner = _at_sooner_level(job, allowed, blockers, now_s, placed_frees)
+        sooner = _at_sooner_level(job, allowed, blockers, now_s)
         if sooner is None:
             continue
         placing, fits, level, note = sooner
         card = choose(placing, fits, policy.placement)
-        place_on(card, placing)
-        duration_s = placing.expected_duration_s
-        placed_frees.setdefault(card.gpu.index, []).append(
-            (now_s + duration_s if duration_s is not None else math.inf, placing.predicted_peak_mib))
+        place_on(card, placing, now_s)
         for each in cards.values():  # a hold it had: free for the rest of this call
             each.release(job.job_id)
         spend(host, job.host_mib, job.cpus)
@@ -344,8 +331,8 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
 _WAITS_FOR_ENDS = (Blocker.MEMORY, Blocker.CAP, Blocker.OCCUPIED, Blocker.ALONE)
 
 
-def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Blocker | None], now_s: float,
-                     placed_frees: dict[int, list[tuple[float, int]]]) -> tuple[QueuedJob, list[Card], int, str] | None:
+def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Blocker | None],
+                     now_s: float) -> tuple[QueuedJob, list[Card], int, str] | None:
     """A one-GPU job that fits no card now at its level, at a later exact level that fits now and
     is expected to end sooner (orchestrator.scheduling.packing.level_choice): the job as placed
     there, the cards it fits, the level and why; None: it waits at its level."""
@@ -356,8 +343,7 @@ def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Bl
             per_card.append(math.inf)
         elif why in _WAITS_FOR_ENDS:
             # the running attempts' ends, and those of the jobs this call placed on the card
-            at_s = fits_at_s(need_mib(job, c), c.available_mib, c.used_slots, c.gpu.slots,
-                             [*c.frees, *placed_frees.get(c.gpu.index, ())], now_s, alone=job.run_alone)
+            at_s = card_fits_at_s(job, c, now_s)
             if at_s is None:
                 return None  # an attempt in the way has no expected end: nothing moves on it
             per_card.append(at_s)
