@@ -40,8 +40,14 @@ def shown_value(text: str, limit: int = 60) -> str:
 
 
 def shown_repr(value: object, limit: int = 60) -> str:
-    """A bad Python value (not text a user typed) for an error line: its repr, short."""
-    shown = repr(value)
+    """A bad Python value (not text a user typed) for an error line: its repr, short. Never
+    raises: an int too long to print, a self-holding list or a failing __repr__ is named by type."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"a whole number of {value.bit_length()} bits"
+    try:
+        shown = repr(value)
+    except Exception:  # ValueError (int digits), RecursionError, a __repr__ of its own
+        return f"a {type(value).__name__} value"
     return shown if len(shown) <= limit else shown[:limit] + "…"
 
 
