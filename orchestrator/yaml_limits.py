@@ -55,8 +55,9 @@ class _LimitedLoader(yaml.SafeLoader):
                 continue  # an unhashable key: the safe constructor refuses it itself
             if repeated:
                 line = key_node.start_mark.line + 1
-                raise PlanError(f"key {key!r} is given twice in one mapping (line {line}): "
-                                "keep one")
+                raise PlanError(
+                    f"key {key!r} is given twice in one mapping (line {line}): keep one"
+                )
         return super().construct_mapping(node, deep=deep)
 
 
@@ -94,7 +95,11 @@ def _not_plain(value: Any, where: str, ancestors: set[int]) -> str | None:
         for key, item in items:
             if isinstance(value, dict) and (found := _not_plain(key, f"{shown}: a key", ancestors)):
                 return found
-            inner = f"{where}.{key}" if where and isinstance(key, str) else f"{where}{key if isinstance(key, str) else [key]}"
+            inner = (
+                f"{where}.{key}"
+                if where and isinstance(key, str)
+                else f"{where}{key if isinstance(key, str) else [key]}"
+            )
             if found := _not_plain(item, inner[:120], ancestors):
                 return found
     finally:
@@ -105,7 +110,9 @@ def _not_plain(value: Any, where: str, ancestors: set[int]) -> str | None:
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """`line 3, column 8: mapping values are not allowed here`: where in the file, and what."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or (str(exc).splitlines()[0] if str(exc) else "invalid YAML")
+    problem = getattr(exc, "problem", None) or (
+        str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+    )
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return where + " ".join(str(problem).split())
 
@@ -122,7 +129,9 @@ def load_yaml(text: str, what: str) -> Any:
             return None
         expanded = _expanded_size(node, {})
         if expanded > MAX_YAML_NODES:
-            raise PlanError(f"expands to {expanded} nodes through its aliases, more than {MAX_YAML_NODES}")
+            raise PlanError(
+                f"expands to {expanded} nodes through its aliases, more than {MAX_YAML_NODES}"
+            )
         document = loader.construct_document(node)
         if problem := _not_plain(document, "", set()):
             raise PlanError(problem)
@@ -136,7 +145,9 @@ def load_yaml(text: str, what: str) -> Any:
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         # a tag the safe loader cannot build (`!!float abc`, `!!int abc`, a 5000-digit number)
         detail = " ".join(str(exc).split())[:100]
-        raise PlanError(f"{what}: a value cannot be read ({type(exc).__name__}: {detail})") from None
+        raise PlanError(
+            f"{what}: a value cannot be read ({type(exc).__name__}: {detail})"
+        ) from None
     finally:
         loader.dispose()
 

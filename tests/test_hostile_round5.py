@@ -1,0 +1,168 @@
+"""A fresh hostile pass over the surfaces round five fixed: what a worker prints, YAML values that
+are not plain data, and `Sweep` arguments no repr or float() can show. Each case is one line of
+error (or a line skipped), never a traceback. Pure: no daemon, tmux or database."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.api import arguments
+from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict
+from orchestrator.attempts.printed_results import parse_result
+from orchestrator.errors import PlanError, UsageError
+from orchestrator.plans.grid import given_grid, given_sets
+from orchestrator.plans.inputs import shown_repr
+from orchestrator.plans.model import ConfigSpec
+from orchestrator.submit.core import check_priority
+from orchestrator.yaml_limits import load_yaml
+
+# 2000 brackets fit the 4096 characters a printed dict may have, and pass json's recursion limit
+DEEP_JSON_LINE = '{"loss": ' + "[" * 2000 + "]" * 2000 + "}"
+
+
+def test_a_deeply_nested_json_line_a_worker_prints_is_no_metrics_line_not_an_error() -> None:
+    # it raised RecursionError in the daemon's pass: a healthy job failed all its attempts
+    assert parse_dict(DEEP_JSON_LINE) is None
+    assert parse_result(f"{{'eval_accuracy': 0.5}}\n{DEEP_JSON_LINE}\n") == {"eval_accuracy": 0.5}
+    parser = StdoutProgress()
+    parser.feed(f'{{"step": 3, "loss": 0.5}}\n{DEEP_JSON_LINE}\n{{"step": 4, "loss": 0.25}}\n')
+    snapshot = parser.snapshot()
+    assert snapshot is not None and snapshot["step"] == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("x: !!float abc", "a value cannot be read"),
+        ("x: !!int abc", "a value cannot be read"),
+        ("x: !!timestamp abc", "a value cannot be read"),
+        ("x: " + "9" * 5000, "a value cannot be read"),
+        ("x: " + ":".join(["59"] * 3000), "x: a whole number beyond 64 bits"),
+        ("mem_gib: " + "9" * 400, "mem_gib: a whole number beyond 64 bits"),
+        ("when: 2020-01-01", "when: a date value (quote it"),
+        ("grid: {name: [2020-01-01]}", "grid.name[0]: a date value"),
+        ("s: !!set {a, b}", "s: a set value"),
+        ("b: !!binary QUFB", "b: a bytes value"),
+        ("x: !!omap [a: 1, a: 2]", "x[0]: a tuple value"),
+        ("r: &a [*a]", "r[0]: an alias that holds itself"),
+        ("? 2020-01-01\n: 1", "a key: a date value"),
+    ],
+    ids=lambda case: case[:24],
+)
+def test_yaml_values_that_are_not_plain_data_are_one_line_refusals(text: str, said: str) -> None:
+    # before: ValueError/AttributeError tracebacks, or TypeError/ValueError from json.dumps later
+    with pytest.raises(PlanError) as raised:
+        load_yaml(text, "config file c.yaml")
+    message = str(raised.value)
+    assert message.startswith("config file c.yaml: ") and said in message and "\n" not in message
+
+
+def test_plain_yaml_with_shared_aliases_still_loads() -> None:
+    loaded = load_yaml(
+        "base: &b {lr: 0.1, mods: [q, v]}\nx: *b\ny: *b\nn: 9223372036854775807\n", "suite s"
+    )
+    assert (
+        loaded["x"] == loaded["y"] == {"lr": 0.1, "mods": ["q", "v"]} and loaded["n"] == 2**63 - 1
+    )
+
+
+class _NoRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr fails")
+
+
+def _nested(levels: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_shown_repr_never_raises() -> None:
+    assert shown_repr(10**5000) == "a whole number of 16610 bits"
+    assert shown_repr(_NoRepr()) == "a _NoRepr value"
+    assert shown_repr(_nested(100_000)) == "a list value"
+    assert shown_repr([10**5000]) == "a list value"
+    assert shown_repr(-(2**63)) == str(-(2**63))
+
+
+CONFIGS = [
+    ConfigSpec("small", Path("small.yaml"), {"batch_size": 8, "learning_rate": 0.1, "name": "x"})
+]
+KNOWN = {"batch_size", "learning_rate", "name"}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda: check_priority(10**5000), id="priority_huge_int"),
+        pytest.param(lambda: arguments.seeds_text([10**5000]), id="seed_huge_int"),
+        pytest.param(lambda: arguments.job_ids("jobs", [10**5000]), id="job_id_huge_int"),
+        pytest.param(lambda: arguments.job_ids("jobs", [_NoRepr()]), id="job_id_no_repr"),
+        pytest.param(
+            lambda: given_grid("grid", {"batch_size": [10**5000]}, KNOWN, CONFIGS),
+            id="grid_huge_int",
+        ),
+        pytest.param(
+            lambda: given_sets("sets", {"batch_size": 10**5000}, KNOWN, CONFIGS), id="set_huge_int"
+        ),
+        pytest.param(
+            lambda: given_sets("sets", {10**5000: 1}, KNOWN, CONFIGS), id="set_key_huge_int"
+        ),
+        pytest.param(
+            lambda: given_sets("sets", {"batch_size": _NoRepr()}, KNOWN, CONFIGS), id="set_no_repr"
+        ),
+        pytest.param(
+            lambda: given_grid("grid", {"batch_size": _NoRepr()}, KNOWN, CONFIGS),
+            id="grid_list_no_repr",
+        ),
+        pytest.param(
+            lambda: given_grid("grid", {_NoRepr(): [1]}, KNOWN, CONFIGS), id="grid_key_no_repr"
+        ),
+        pytest.param(
+            lambda: given_grid("grid", {"batch_size": _nested(100_000)}, KNOWN, CONFIGS),
+            id="grid_deep_list",
+        ),
+        pytest.param(lambda: arguments.number("poll_s", 10**400, positive=True), id="poll_10e400"),
+        pytest.param(
+            lambda: arguments.number("poll_s", float("inf"), positive=True), id="poll_inf"
+        ),
+        pytest.param(
+            lambda: arguments.number("timeout_s", -float("inf"), optional=True),
+            id="timeout_minus_inf",
+        ),
+    ],
+)
+def test_python_arguments_no_repr_or_float_can_show_are_one_line_usage_errors(call: object) -> None:
+    # before: ValueError (int digits), RuntimeError, RecursionError or OverflowError escaped
+    with pytest.raises(UsageError) as raised:
+        call()  # type: ignore[operator]
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 200
+
+
+def test_a_grid_of_millions_of_values_is_refused_before_one_is_read() -> None:
+    values = [float(i) for i in range(3_000_000)]
+    started_s = time.perf_counter()
+    with pytest.raises(PlanError, match="3000000 values, at most 1000"):
+        given_grid("grid", {"learning_rate": values}, KNOWN, CONFIGS)
+    print(f"refused in {time.perf_counter() - started_s:.3f} s")  # 11.7 s before: each typed first
+    iterated: list[bool] = []
+
+    class Watched(list):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            iterated.append(True)
+            return super().__iter__()
+
+    with pytest.raises(PlanError, match="1001 values"):
+        given_grid(
+            "grid", {"learning_rate": Watched(float(i) for i in range(1001))}, KNOWN, CONFIGS
+        )
+    assert iterated == []  # no value read before the count was refused
+    assert (
+        json.dumps(given_grid("grid", {"learning_rate": [0.1, 0.2]}, KNOWN, CONFIGS))
+        == '{"learning_rate": [0.1, 0.2]}'
+    )
