@@ -9,6 +9,8 @@ configs and ladders use a handful of aliases at most.
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 import yaml
@@ -153,12 +155,23 @@ def load_yaml(text: str, what: str) -> Any:
 
 
 def read_yaml_file(path: Any, what: str) -> Any:
-    """Read and load a YAML file, refusing one over MAX_YAML_BYTES before reading it all."""
+    """Read and load a YAML file, refusing one over MAX_YAML_BYTES before reading it all, and
+    anything but a regular file (a FIFO would hold the command forever, a device never ends)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(MAX_YAML_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise PlanError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise PlanError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanError(f"{what} {path} is not a regular file")
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            fd = -1  # the handle closes it now
+            text = handle.read(MAX_YAML_BYTES + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"{what} {path} cannot be read: {exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     return load_yaml(text, f"{what} {path}")

@@ -5,6 +5,8 @@ error (or a line skipped), never a traceback. Pure: no daemon, tmux or database.
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from orchestrator.plans.grid import given_grid, given_sets
 from orchestrator.plans.inputs import shown_repr
 from orchestrator.plans.model import ConfigSpec
 from orchestrator.submit.core import check_priority
-from orchestrator.yaml_limits import load_yaml
+from orchestrator.yaml_limits import load_yaml, read_yaml_file
 
 # 2000 brackets fit the 4096 characters a printed dict may have, and pass json's recursion limit
 DEEP_JSON_LINE = '{"loss": ' + "[" * 2000 + "]" * 2000 + "}"
@@ -166,3 +168,40 @@ def test_a_grid_of_millions_of_values_is_refused_before_one_is_read() -> None:
         json.dumps(given_grid("grid", {"learning_rate": [0.1, 0.2]}, KNOWN, CONFIGS))
         == '{"learning_rate": [0.1, 0.2]}'
     )
+
+
+def _read_in_thread(path: Path) -> tuple[bool, list[BaseException]]:
+    """read_yaml_file(path) in a thread: (did it end within 10 s, what it raised). A reader
+    still blocked is released by opening the FIFO's other end, so the test fails, never hangs."""
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_yaml_file(path, "config file")
+        except BaseException as exc:  # handed to the test to judge
+            raised.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    ended = not reader.is_alive()
+    if not ended:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+    return ended, raised
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_config_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    # a FIFO held `orch submit` (and `orch retry`, a web retry) forever
+    path = tmp_path / "small.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    ended, raised = _read_in_thread(path)
+    assert ended, "reading the config blocked"
+    assert len(raised) == 1 and isinstance(raised[0], PlanError)
+    assert str(raised[0]) == f"config file {path} is not a regular file"
