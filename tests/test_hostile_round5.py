@@ -16,9 +16,10 @@ from orchestrator.api import arguments
 from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict
 from orchestrator.attempts.printed_results import parse_result
 from orchestrator.errors import PlanError, UsageError
-from orchestrator.plans.grid import given_grid, given_sets
+from orchestrator.plans.grid import given_grid, given_sets, parse_sets
 from orchestrator.plans.inputs import shown_repr
 from orchestrator.plans.model import ConfigSpec
+from orchestrator.plans.suite import load_suite
 from orchestrator.submit.core import check_priority
 from orchestrator.yaml_limits import load_yaml, read_yaml_file
 
@@ -205,3 +206,30 @@ def test_a_config_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, 
     assert ended, "reading the config blocked"
     assert len(raised) == 1 and isinstance(raised[0], PlanError)
     assert str(raised[0]) == f"config file {path} is not a regular file"
+
+
+def _suite_with(tmp_path: Path, extra: str) -> Path:
+    plans = tmp_path / "plans"
+    (plans / "suites").mkdir(parents=True)
+    (plans / "suites" / "s.yaml").write_text(
+        f"worker: sim\nmem_gib: 1\nconfigs: {{c: {{batch_size: 8}}}}\n{extra}"
+    )
+    return plans
+
+
+@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "ORCH_GPU_UUID", "ORCH_GPU_INDEX"])
+def test_a_suite_cannot_set_the_variables_that_place_an_attempt_on_its_gpus(
+    tmp_path: Path, name: str
+) -> None:
+    # `--set env.CUDA_VISIBLE_DEVICES=...` reached the worker over the card it was placed on:
+    # the job ran on cards given to other jobs
+    said = f"{name} is set by orch to the GPUs each attempt is placed on"
+    with pytest.raises(PlanError, match=said):
+        load_suite("s", _suite_with(tmp_path, f"env: {{{name}: '0,1'}}\n"))
+    with pytest.raises(PlanError, match=said):
+        parse_sets([f"env.{name}=0,1"], KNOWN, CONFIGS)
+    with pytest.raises(PlanError, match=said):
+        given_sets("sets", {f"env.{name}": "0"}, KNOWN, CONFIGS)
+    with pytest.raises(PlanError, match=said):
+        given_grid("grid", {f"env.{name}": ["0", "1"]}, KNOWN, CONFIGS)
+    assert parse_sets(["env.MY_FLAG=1"], KNOWN, CONFIGS) == {"env.MY_FLAG": "1"}

@@ -26,6 +26,7 @@ from orchestrator.plans.inputs import (
     PAIR_KEYS,
     Pair,
     Scalar,
+    check_env_name,
     check_task_name,
     check_text,
     parse_scalar,
@@ -92,6 +93,7 @@ def check_key(flag: str, key: str, known: set[str]) -> None:
     if key.startswith("env."):
         if not ENV_NAME_RE.fullmatch(key[len("env."):]):
             raise PlanError(f"{flag} {shown_value(key)}: {shown_value(key[4:])} is not a valid environment variable name")
+        check_env_name(f"{flag} {key}", key[len("env."):])
     elif key in PAIR_KEYS:
         raise PlanError(f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)")
     elif key not in known:
