@@ -17,7 +17,7 @@ from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict
 from orchestrator.attempts.printed_results import parse_result
 from orchestrator.errors import PlanError, UsageError
 from orchestrator.plans.grid import given_grid, given_sets, parse_sets
-from orchestrator.plans.inputs import shown_repr
+from orchestrator.plans.inputs import parse_scalar, shown_repr
 from orchestrator.plans.model import ConfigSpec
 from orchestrator.plans.suite import load_suite
 from orchestrator.submit.core import check_priority
@@ -233,3 +233,10 @@ def test_a_suite_cannot_set_the_variables_that_place_an_attempt_on_its_gpus(
     with pytest.raises(PlanError, match=said):
         given_grid("grid", {f"env.{name}": ["0", "1"]}, KNOWN, CONFIGS)
     assert parse_sets(["env.MY_FLAG=1"], KNOWN, CONFIGS) == {"env.MY_FLAG": "1"}
+
+
+@pytest.mark.parametrize("raw", ["!!float abc", "!!int abc", "!!timestamp x", "!!int 0x"])
+def test_a_set_value_whose_yaml_tag_cannot_read_it_is_one_line(raw: str) -> None:
+    # `--set KEY='!!float abc'` on a key only the worker command names: ValueError traceback
+    with pytest.raises(PlanError, match="not a YAML scalar"):
+        parse_scalar("k", raw)

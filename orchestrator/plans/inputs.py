@@ -269,6 +269,9 @@ def parse_scalar(key: str, raw_value: str) -> Scalar:
     except yaml.YAMLError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise PlanError(f"--set {key}={shown_value(raw_value)}: not a YAML scalar ({first_line})") from None
+    except (ValueError, TypeError, AttributeError, OverflowError):  # `!!float abc`, `!!int abc`
+        raise PlanError(f"--set {key}={shown_value(raw_value)}: not a YAML scalar (its tag cannot "
+                        "read the value)") from None
     if len(docs) > 1:
         raise PlanError(f"--set {key}={shown_value(raw_value)}: several YAML documents, give one scalar")
     value = docs[0] if docs else None
