@@ -240,3 +240,16 @@ def test_a_set_value_whose_yaml_tag_cannot_read_it_is_one_line(raw: str) -> None
     # `--set KEY='!!float abc'` on a key only the worker command names: ValueError traceback
     with pytest.raises(PlanError, match="not a YAML scalar"):
         parse_scalar("k", raw)
+
+
+def test_a_python_number_for_a_text_key_asks_for_the_job_the_same_flag_asks_for() -> None:
+    # `orch submit --set name=1` then `Sweep.submit(sets={"name": 1})` queued a second job
+    # (name: 1 beside name: '1'): one setting, run twice
+    for value, flag in ((1, "name=1"), (True, "name=true"), (0.5, "name=0.5")):
+        assert given_sets("sets", {"name": value}, KNOWN, CONFIGS) == parse_sets([flag], KNOWN, CONFIGS)
+    assert given_grid("grid", {"name": [1, True]}, KNOWN, CONFIGS) == {"name": ["1", "true"]}
+    flags = [ConfigSpec("f", Path("f.yaml"), {"flag": True})]
+    with pytest.raises(PlanError, match="flag is true or false in the config"):
+        parse_sets(["flag=1"], {"flag"}, flags)
+    with pytest.raises(PlanError, match="flag is true or false in the config"):
+        given_sets("sets", {"flag": 1}, {"flag"}, flags)

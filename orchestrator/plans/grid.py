@@ -180,6 +180,10 @@ def given_value(what: str, key: str, value: Any, kind: type | None) -> Scalar:
         raise PlanError(f"{what} {key}: {shown_repr(value)} is too large")
     if kind in (int, float):
         return typed_value(what, key, str(value), kind)
+    if kind is str:  # the text `--set KEY=1` gives: both ask for one job, not two
+        return _env_text(value)
+    if kind is bool and not isinstance(value, bool):
+        raise PlanError(f"{what} {key}={value!r}: {key} is true or false in the config")
     return value
 
 
