@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from orchestrator.api import arguments
 from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict
 from orchestrator.attempts.printed_results import parse_result
 from orchestrator.errors import PlanError, UsageError
+from orchestrator.executors.provenance import interpreter_versions
 from orchestrator.plans.grid import given_grid, given_sets, parse_sets
 from orchestrator.plans.inputs import parse_scalar, shown_repr
 from orchestrator.plans.model import ConfigSpec
@@ -253,3 +255,16 @@ def test_a_python_number_for_a_text_key_asks_for_the_job_the_same_flag_asks_for(
         parse_sets(["flag=1"], {"flag"}, flags)
     with pytest.raises(PlanError, match="flag is true or false in the config"):
         given_sets("sets", {"flag": 1}, {"flag"}, flags)
+
+
+def test_reading_the_worker_interpreters_versions_runs_no_module_of_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -c` puts the working folder first on sys.path: the probe imported a json.py (or
+    # importlib/) lying there, on every attempt, code the worker itself may never import
+    touched = tmp_path / "touched"
+    (tmp_path / "json.py").write_text(f"open({str(touched)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    versions = interpreter_versions(sys.executable)
+    assert not touched.exists()
+    assert versions.get("python") == sys.version.split()[0], versions
