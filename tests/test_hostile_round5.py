@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.api import arguments
+from orchestrator.api.daemon_process import resolve_backend
 from orchestrator.attempts.printed_metrics import StdoutProgress, parse_dict
 from orchestrator.attempts.printed_results import parse_result
-from orchestrator.errors import PlanError, UsageError
+from orchestrator.errors import DaemonError, PlanError, UsageError
 from orchestrator.executors.provenance import interpreter_versions
 from orchestrator.plans.grid import given_grid, given_sets, parse_sets
 from orchestrator.plans.inputs import parse_scalar, shown_repr
@@ -248,7 +249,9 @@ def test_a_python_number_for_a_text_key_asks_for_the_job_the_same_flag_asks_for(
     # `orch submit --set name=1` then `Sweep.submit(sets={"name": 1})` queued a second job
     # (name: 1 beside name: '1'): one setting, run twice
     for value, flag in ((1, "name=1"), (True, "name=true"), (0.5, "name=0.5")):
-        assert given_sets("sets", {"name": value}, KNOWN, CONFIGS) == parse_sets([flag], KNOWN, CONFIGS)
+        assert given_sets("sets", {"name": value}, KNOWN, CONFIGS) == parse_sets(
+            [flag], KNOWN, CONFIGS
+        )
     assert given_grid("grid", {"name": [1, True]}, KNOWN, CONFIGS) == {"name": ["1", "true"]}
     flags = [ConfigSpec("f", Path("f.yaml"), {"flag": True})]
     with pytest.raises(PlanError, match="flag is true or false in the config"):
@@ -268,3 +271,16 @@ def test_reading_the_worker_interpreters_versions_runs_no_module_of_the_working_
     versions = interpreter_versions(sys.executable)
     assert not touched.exists()
     assert versions.get("python") == sys.version.split()[0], versions
+
+
+def test_a_simulated_gpus_folder_that_cannot_be_made_is_one_line_at_daemon_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `orch daemon start` beside a state.db on a read-only filesystem: a 38-line OSError
+    in_the_way = tmp_path / "state.db.sim"
+    in_the_way.write_text("")  # a file where the folder goes: mkdir fails as on EROFS
+    monkeypatch.setenv("ORCH_SIM_DIR", str(in_the_way))
+    with pytest.raises(
+        DaemonError, match=r"cannot make the simulated GPUs' folder .*state\.db\.sim"
+    ):
+        resolve_backend(tmp_path / "state.db", "sim")
