@@ -61,4 +61,5 @@ def test_a_writer_on_a_read_only_filesystem_says_write_not_open(tmp_path: Path) 
         _read_only(archive)
         with pytest.raises(StoreError) as refused:
             Store(db)  # a writer's open (create=True), as the daemon and submit open it
-        assert str(refused.value) == f"cannot write state database {db}: its filesystem is read-only"
+        said = str(refused.value)
+        assert said == f"cannot write state database {db}: its filesystem is read-only"

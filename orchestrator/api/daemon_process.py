@@ -44,7 +44,8 @@ def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[
         try:
             Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:  # beside a state.db on a read-only filesystem, say
-            raise DaemonError(f"cannot make the simulated GPUs' folder {os.environ['ORCH_SIM_DIR']}: "
+            folder = os.environ["ORCH_SIM_DIR"]
+            raise DaemonError(f"cannot make the simulated GPUs' folder {folder}: "
                               f"{exc.strerror or exc} (ORCH_SIM_DIR names another)") from None
         probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
         env = {
