@@ -9,6 +9,8 @@ configs and ladders use a handful of aliases at most.
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 import yaml
@@ -55,8 +57,9 @@ class _LimitedLoader(yaml.SafeLoader):
                 continue  # an unhashable key: the safe constructor refuses it itself
             if repeated:
                 line = key_node.start_mark.line + 1
-                raise PlanError(f"key {key!r} is given twice in one mapping (line {line}): "
-                                "keep one")
+                raise PlanError(
+                    f"key {key!r} is given twice in one mapping (line {line}): keep one"
+                )
         return super().construct_mapping(node, deep=deep)
 
 
@@ -75,10 +78,43 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     return memo[key]
 
 
+def _not_plain(value: Any, where: str, ancestors: set[int]) -> str | None:
+    """Where and why `value` is not plain data (text, numbers, switches, null, lists and
+    mappings of them): a date, a set, bytes or a tuple cannot become a job's JSON, an alias that
+    holds itself has no end, and a whole number beyond 64 bits fits no column."""
+    shown = where or "the document"
+    if value is None or isinstance(value, (str, bool, float)):
+        return None
+    if isinstance(value, int):
+        return None if -(2**63) <= value < 2**63 else f"{shown}: a whole number beyond 64 bits"
+    if not isinstance(value, (list, dict)):
+        return f"{shown}: a {type(value).__name__} value (quote it to keep it as text)"
+    if id(value) in ancestors:
+        return f"{shown}: an alias that holds itself"
+    ancestors.add(id(value))
+    try:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(value, dict) and (found := _not_plain(key, f"{shown}: a key", ancestors)):
+                return found
+            inner = (
+                f"{where}.{key}"
+                if where and isinstance(key, str)
+                else f"{where}{key if isinstance(key, str) else [key]}"
+            )
+            if found := _not_plain(item, inner[:120], ancestors):
+                return found
+    finally:
+        ancestors.discard(id(value))
+    return None
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """`line 3, column 8: mapping values are not allowed here`: where in the file, and what."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or (str(exc).splitlines()[0] if str(exc) else "invalid YAML")
+    problem = getattr(exc, "problem", None) or (
+        str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+    )
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return where + " ".join(str(problem).split())
 
@@ -95,25 +131,47 @@ def load_yaml(text: str, what: str) -> Any:
             return None
         expanded = _expanded_size(node, {})
         if expanded > MAX_YAML_NODES:
-            raise PlanError(f"expands to {expanded} nodes through its aliases, more than {MAX_YAML_NODES}")
-        return loader.construct_document(node)
+            raise PlanError(
+                f"expands to {expanded} nodes through its aliases, more than {MAX_YAML_NODES}"
+            )
+        document = loader.construct_document(node)
+        if problem := _not_plain(document, "", set()):
+            raise PlanError(problem)
+        return document
     except PlanError as exc:
         raise PlanError(f"{what}: {exc}") from None
     except yaml.YAMLError as exc:
         raise PlanError(f"{what} is not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise PlanError(f"{what}: nested too deeply") from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # a tag the safe loader cannot build (`!!float abc`, `!!int abc`, a 5000-digit number)
+        detail = " ".join(str(exc).split())[:100]
+        raise PlanError(
+            f"{what}: a value cannot be read ({type(exc).__name__}: {detail})"
+        ) from None
     finally:
         loader.dispose()
 
 
 def read_yaml_file(path: Any, what: str) -> Any:
-    """Read and load a YAML file, refusing one over MAX_YAML_BYTES before reading it all."""
+    """Read and load a YAML file, refusing one over MAX_YAML_BYTES before reading it all, and
+    anything but a regular file (a FIFO would hold the command forever, a device never ends)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(MAX_YAML_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise PlanError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise PlanError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanError(f"{what} {path} is not a regular file")
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            fd = -1  # the handle closes it now
+            text = handle.read(MAX_YAML_BYTES + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"{what} {path} cannot be read: {exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     return load_yaml(text, f"{what} {path}")

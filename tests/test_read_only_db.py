@@ -51,3 +51,15 @@ def test_readers_work_on_a_database_on_a_read_only_filesystem(
             f"orch: error: cannot write state database {db}: opened read-only, its filesystem is read-only"
         )
         assert not any(p.name.endswith(("-wal", "-shm")) for p in archive.iterdir())
+
+
+def test_a_writer_on_a_read_only_filesystem_says_write_not_open(tmp_path: Path) -> None:
+    # `orch daemon run` and `orch submit` said "cannot open ... check permissions"
+    with small_tmpfs(tmp_path / "archive", 16) as archive:
+        _store(archive).close()
+        db = archive / "state.db"
+        _read_only(archive)
+        with pytest.raises(StoreError) as refused:
+            Store(db)  # a writer's open (create=True), as the daemon and submit open it
+        said = str(refused.value)
+        assert said == f"cannot write state database {db}: its filesystem is read-only"

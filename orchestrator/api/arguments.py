@@ -4,6 +4,7 @@ turned into its Python repr). Pure."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -115,6 +116,12 @@ def number(
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise UsageError(f"{name} must be a number, not {_shown(value)}")
-    if positive and not value > 0:
-        raise UsageError(f"{name} must be above 0, not {value}")
-    return float(value)
+    try:
+        as_float = float(value)
+    except OverflowError:
+        as_float = math.inf
+    if not math.isfinite(as_float):  # time.sleep(inf) and float(10**400) raise OverflowError
+        raise UsageError(f"{name} must be a finite number, not {_shown(value)}")
+    if positive and not as_float > 0:
+        raise UsageError(f"{name} must be above 0, not {as_float}")
+    return as_float

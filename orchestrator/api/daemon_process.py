@@ -42,7 +42,12 @@ def resolve_backend(db_path: Path, backend: str | None) -> tuple[GpuProbe, dict[
     chosen = (backend or os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() or None
     if chosen == "sim":
         os.environ.setdefault("ORCH_SIM_DIR", str(sim_dir(db_path)))
-        Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            Path(os.environ["ORCH_SIM_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:  # beside a state.db on a read-only filesystem, say
+            folder = os.environ["ORCH_SIM_DIR"]
+            raise DaemonError(f"cannot make the simulated GPUs' folder {folder}: "
+                              f"{exc.strerror or exc} (ORCH_SIM_DIR names another)") from None
         probe = make_probe("sim", Path(os.environ["ORCH_SIM_DIR"]))
         env = {
             k: os.environ[k]

@@ -78,6 +78,8 @@ def parse_dict_literal(text: str) -> dict[Any, Any] | None:
     parsed: Any = None
     try:
         parsed = json.loads(candidate)
+    except RecursionError:  # a few thousand brackets: no metrics line, not the attempt's error
+        return None
     except ValueError:
         try:
             parsed = ast.literal_eval(candidate)

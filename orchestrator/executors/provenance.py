@@ -45,8 +45,13 @@ INTERPRETER_TIMEOUT_S = 30.0
 NOT_A_REPOSITORY = "not a git repository"
 _PYTHON = re.compile(r"^python[0-9.]*$")
 # Run by the worker's interpreter: its version and the installed versions, as one JSON line.
+# `-c` puts the working directory first on sys.path: a json.py there would run, so it goes
+# before anything is imported (what `python -P` does, on any Python 3).
 _VERSIONS_SNIPPET = (
-    "import json, sys\n"
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "import json\n"
     "from importlib import metadata\n"
     "found = {}\n"
     "for name in sys.argv[1:]:\n"

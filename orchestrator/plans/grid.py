@@ -26,6 +26,7 @@ from orchestrator.plans.inputs import (
     PAIR_KEYS,
     Pair,
     Scalar,
+    check_env_name,
     check_task_name,
     check_text,
     parse_scalar,
@@ -92,6 +93,7 @@ def check_key(flag: str, key: str, known: set[str]) -> None:
     if key.startswith("env."):
         if not ENV_NAME_RE.fullmatch(key[len("env."):]):
             raise PlanError(f"{flag} {shown_value(key)}: {shown_value(key[4:])} is not a valid environment variable name")
+        check_env_name(f"{flag} {key}", key[len("env."):])
     elif key in PAIR_KEYS:
         raise PlanError(f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)")
     elif key not in known:
@@ -175,9 +177,13 @@ def given_value(what: str, key: str, value: Any, kind: type | None) -> Scalar:
     if isinstance(value, float) and not math.isfinite(value):
         raise PlanError(f"{what} {key}: {value!r} is not a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
-        raise PlanError(f"{what} {key}: {value} is too large")
+        raise PlanError(f"{what} {key}: {shown_repr(value)} is too large")
     if kind in (int, float):
         return typed_value(what, key, str(value), kind)
+    if kind is str:  # the text `--set KEY=1` gives: both ask for one job, not two
+        return _env_text(value)
+    if kind is bool and not isinstance(value, bool):
+        raise PlanError(f"{what} {key}={value!r}: {key} is true or false in the config")
     return value
 
 
@@ -198,6 +204,8 @@ def given_grid(what: str, raw: Any, known: set[str], configs: Sequence[ConfigSpe
         if not isinstance(values, (list, tuple)) or not values:
             raise PlanError(f"{what} {key} must be a non-empty list of values, "
                             f"not {shown_repr(values)}")
+        if len(values) > MAX_GRID_VALUES:  # refused before a value is read: 10**7 took 30 s
+            raise PlanError(f"{what} {key}: {len(values)} values, at most {MAX_GRID_VALUES}")
         env = key.startswith("env.")
         kind = str if env else config_type(key, configs)
         typed = [given_value(what, key, _env_text(v) if env else v, kind) for v in values]
@@ -214,7 +222,7 @@ def given_sets(what: str, raw: Any, known: set[str],
     overrides: dict[str, Scalar] = {}
     for key, value in raw.items():
         if not isinstance(key, str) or "=" in key or not key.strip():
-            raise PlanError(f"{what} key {shown_value(str(key))} is not a config key name")
+            raise PlanError(f"{what} key {shown_repr(key)} is not a config key name")
         check_key(what, key, known)
         kind = str if key.startswith("env.") else config_type(key, configs)
         several = isinstance(value, str) and _looks_like_a_list(value, kind)

@@ -27,6 +27,16 @@ PAIR_KEYS = frozenset({"seed", "data"})  # set per job from --pairs, never by --
 SUITE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by orch per attempt to the cards it was placed on: a suite's value would run the job on
+# cards given to other jobs (`gpus:`/`--gpus` choose cards).
+PLACEMENT_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "ORCH_GPU_UUID", "ORCH_GPU_INDEX"})
+
+
+def check_env_name(what: str, name: str) -> None:
+    """An environment variable a suite may set: a valid name, none orch sets for placement."""
+    if name in PLACEMENT_ENV_NAMES:
+        raise PlanError(f"{what}: {name} is set by orch to the GPUs each attempt is placed on; "
+                        "choose cards with `gpus:` or --gpus")
 _EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -40,8 +50,14 @@ def shown_value(text: str, limit: int = 60) -> str:
 
 
 def shown_repr(value: object, limit: int = 60) -> str:
-    """A bad Python value (not text a user typed) for an error line: its repr, short."""
-    shown = repr(value)
+    """A bad Python value (not text a user typed) for an error line: its repr, short. Never
+    raises: an int too long to print, a self-holding list or a failing __repr__ is named by type."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"a whole number of {value.bit_length()} bits"
+    try:
+        shown = repr(value)
+    except Exception:  # ValueError (int digits), RecursionError, a __repr__ of its own
+        return f"a {type(value).__name__} value"
     return shown if len(shown) <= limit else shown[:limit] + "…"
 
 
@@ -234,6 +250,7 @@ def parse_set_overrides(items: Sequence[str], known_keys: Iterable[str]) -> dict
             name = key[len("env."):]
             if not ENV_NAME_RE.fullmatch(name):
                 raise PlanError(f"--set {shown_value(key)}: {shown_value(name)} is not a valid environment variable name")
+            check_env_name(f"--set {key}", name)
         elif key in PAIR_KEYS:
             raise PlanError(f"--set {key}=... is not allowed: seed and data come from --pairs")
         elif key not in known:
@@ -252,6 +269,9 @@ def parse_scalar(key: str, raw_value: str) -> Scalar:
     except yaml.YAMLError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise PlanError(f"--set {key}={shown_value(raw_value)}: not a YAML scalar ({first_line})") from None
+    except (ValueError, TypeError, AttributeError, OverflowError):  # `!!float abc`, `!!int abc`
+        raise PlanError(f"--set {key}={shown_value(raw_value)}: not a YAML scalar (its tag cannot "
+                        "read the value)") from None
     if len(docs) > 1:
         raise PlanError(f"--set {key}={shown_value(raw_value)}: several YAML documents, give one scalar")
     value = docs[0] if docs else None

@@ -22,6 +22,7 @@ from orchestrator.plans.grid import check_grid_size, suite_grid, suite_pairs
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
     SUITE_NAME_RE,
+    check_env_name,
     check_text,
     shown_value,
 )
@@ -165,6 +166,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     for env_name, env_value in env_raw.items():
         if not isinstance(env_name, str) or not ENV_NAME_RE.fullmatch(env_name):
             raise PlanError(f"suite {path}: env name {env_name!r} is not a valid variable name")
+        check_env_name(f"suite {path}: env", env_name)
         if not isinstance(env_value, (str, int, float, bool)):
             raise PlanError(f"suite {path}: env {env_name} must be a scalar")
         check_text(f"suite {path} env {env_name}", str(env_value))

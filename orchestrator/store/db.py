@@ -55,6 +55,8 @@ class Store:
             existed = self.path.exists()
             if existed:
                 _refuse_emptied(self.path)
+                if _not_writable(self.path) == READ_ONLY_FS:  # a writer: say so, not "cannot open"
+                    raise StoreError(f"cannot write state database {self.path}: {READ_ONLY_FS}")
             # Owner-only from the first byte: state.db holds configs and paths.
             old_umask = os.umask(0o077)
             try:
@@ -159,12 +161,15 @@ class Store:
         self.close()
 
 
+READ_ONLY_FS = "its filesystem is read-only"
+
+
 def _not_writable(path: Path) -> str | None:
     """Why an existing state.db cannot be written here (its filesystem is read-only, the file is
     read-only or immutable); None when it can."""
     try:
         if os.statvfs(path).f_flag & os.ST_RDONLY:
-            return "its filesystem is read-only"
+            return READ_ONLY_FS
     except OSError:
         return None  # not ours to judge: the normal open says what is wrong
     if not os.access(path, os.W_OK):
