@@ -157,7 +157,7 @@ def test_other_seeds_after_an_oom_try_checkpointing_before_half_batch() -> None:
     cache = JobShapeCache()
     seeds = [a_job(n, worker="lora", config=config) for n in (1, 2, 3)]
     levels = job_levels(seeds[0], cache)
-    assert [levels[1].step, levels[4].step] == ["checkpointing", "halve_batch"]
+    assert [levels[1].rung, levels[4].rung] == ["checkpointing", "halve_batch"]
     shared = facts_for(seeds[0], cache, levels[0])  # seeds of one config share their facts
     card = [GpuState(0, "GPU-0", 7 * GIB, 7 * GIB, 1)]
     oom = {job_shape_key(seeds[0], levels[0]): ShapeMemory(None, 40 * GIB, 0)}
