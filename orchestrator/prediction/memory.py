@@ -353,7 +353,8 @@ def predict_peak_mib(
     borrowed from a neighbouring shape (`transfer`: a lower ladder level, another task), else
     the estimate, else the declared figure. Once an OOM has struck a family that has measured
     nothing (`disproven_mib`: the most its members held), the estimate and the declared figure
-    are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a running attempt of the shape
+    are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a
+    running attempt of the shape
     already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
@@ -376,7 +377,11 @@ def predict_peak_mib(
         prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
         prediction = Prediction(0, PredictionSource(SourceKind.NONE))
-    if disproven_mib is not None and prediction.source.kind in (SourceKind.ESTIMATE, SourceKind.DECLARED, SourceKind.NONE):
+    if disproven_mib is not None and prediction.source.kind in (
+        SourceKind.ESTIMATE,
+        SourceKind.DECLARED,
+        SourceKind.NONE,
+    ):
         prediction = Prediction(math.ceil(max(prediction.mib, disproven_mib) * OOM_FLOOR_GROWTH),
                                 PredictionSource(SourceKind.OOM_FLOOR))
     if held is not None and prediction.source.kind is not SourceKind.MEASURED:

@@ -6,9 +6,11 @@ what became of the others), and marks what a reader must know about a cell: † 
 through a ladder rung that changes numerics (half batch × double accumulation, a suite rung not
 declared exact), whatever its precision and dropout: the legend names the rungs, and its value is
 an equivalent draw, not the number level 0 gives (exact rungs are not marked: they give bit-equal
-numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/ladder.md); § its "test" metric was scored on the validation set; ¶ some
+numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/ladder.md); § its
+"test" metric was scored on the validation set; ¶ some
 of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
-◇ some of its runs are still queued or running; ‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran
+◇ some of its runs are still queued or running; ‡ early stopping pruned its setting; ♯ a counted
+run's loss diverged; ‖ its runs ran
 different code or library versions; * see its notes. A std of fewer than two values is `—`,
 never `± 0`.
 
@@ -99,7 +101,14 @@ def accounting_marks(summary: ResultSummary) -> list[str]:
 
 def evidence_marks(summary: ResultSummary) -> list[str]:
     """♯ when a counted run diverged, ‖ when the runs ran different code or libraries."""
-    return [mark for mark, on in ((DIVERGED, bool(summary.diverged)), (MIXED_PROVENANCE, summary.mixed_provenance)) if on]
+    return [
+        mark
+        for mark, on in (
+            (DIVERGED, bool(summary.diverged)),
+            (MIXED_PROVENANCE, summary.mixed_provenance),
+        )
+        if on
+    ]
 
 
 def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hints: bool = False,

@@ -90,8 +90,13 @@ def reserve_for_gang(
                  for c in possible}
         cutoff = sorted(ready.values())[job.gpus - 1]
         pool = [c for c in possible if ready[c.gpu.index] <= cutoff]
-        chosen = closest_set(pool, job.gpus, index_of, topology,
-                             lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index))  # type: ignore[misc]
+        chosen = closest_set(
+            pool,
+            job.gpus,
+            index_of,
+            topology,
+            lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index),
+        )  # type: ignore[misc]
         until_s = max(ready[c.gpu.index] for c in chosen)
         for card in chosen:
             card.held_for, card.held_gang = job.job_id, True

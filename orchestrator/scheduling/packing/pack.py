@@ -2,7 +2,8 @@
 
 The daemon and the virtual-time simulator in benchmarks/ both call `pack`, which holds the whole
 placement policy: paused suites, draining, the ceiling cap, order, fit, backfill, the holds
-against starvation and the later exact level where a waiting job ends sooner. Card state and blockers are in orchestrator.scheduling.packing.cards, the holds in
+against starvation and the later exact level where a waiting job ends sooner. Card state and
+blockers are in orchestrator.scheduling.packing.cards, the holds in
 orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits; nothing here does I/O.
 """
 
@@ -181,7 +182,8 @@ def pack(
     """Place queued jobs on GPUs; the first `policy.reasons_for` waiting jobs (in packing order
     and in queue order) get a reason.
 
-    Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does every job while `draining` or a `hold` (why
+    Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does
+    every job while `draining` or a `hold` (why
     nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
     capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
     priority (high first), then longest expected run first (weighted by the plan slots its memory
@@ -263,7 +265,9 @@ def _pack(
                 chosen = [choose(job, fits, policy.placement)]
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
-                chosen = closest_set(fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
+                chosen = closest_set(
+                    fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]
+                )  # type: ignore[misc]
             for card in chosen:
                 place_on(card, job, now_s)
             for card in cards.values():  # holds it did not need: free for the rest of this call
@@ -308,7 +312,11 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
     at its own (faster) level is never spent on a slower one."""
     placements = []
     for job in deferred:
-        allowed = [c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices]
+        allowed = [
+            c
+            for c in ordered_cards
+            if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices
+        ]
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         if not any(is_open(c) for c in allowed) or host_blocker(job.host_mib, job.cpus, host) is not None:
             continue
