@@ -7,7 +7,12 @@ from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_sha
 from tests.rows_helpers import job_of
 
 TRL = "trl sft --per_device_train_batch_size {cfg.per_device_train_batch_size} --gradient_accumulation_steps {cfg.gradient_accumulation_steps} --seed {cfg.seed}"
-KEYS = {"keys": {"batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps"}}
+KEYS = {
+    "keys": {
+        "batch_size": "per_device_train_batch_size",
+        "gradient_accumulation_steps": "gradient_accumulation_steps",
+    }
+}
 
 
 def _trl_job(job_id: int, config_name: str, batch: int, accumulation: int, seed: int = 1):  # type: ignore[no-untyped-def]

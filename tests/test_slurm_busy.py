@@ -46,7 +46,9 @@ class RefusingSlurm(Executor):
 def test_busy_refusals_are_known() -> None:
     assert is_transient_refusal("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation")
     assert is_transient_refusal("sbatch: error: Resource temporarily unavailable")
-    assert not is_transient_refusal("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified")
+    assert not is_transient_refusal(
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"
+    )
 
 
 def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path: Path, tmp_path: Path) -> None:
@@ -66,7 +68,12 @@ def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path
 
 def test_nothing_is_submitted_while_slurm_backs_off(db_path: Path, tmp_path: Path) -> None:
     executor = SlurmExecutor.__new__(SlurmExecutor)  # its state only: no cluster is asked here
-    executor.options, executor.clock, executor._failures, executor._next_poll_at = SlurmOptions(), FakeClock(0.0), 0, 0.0
+    executor.options, executor.clock, executor._failures, executor._next_poll_at = (
+        SlurmOptions(),
+        FakeClock(0.0),
+        0,
+        0.0,
+    )
     assert executor.submit_hold() is None
     executor._backoff("Socket timed out")
     executor._backoff("Socket timed out")

@@ -267,7 +267,12 @@ def test_an_emptied_state_db_is_refused_a_new_one_is_not(orch: Orch) -> None:
 
 
 def test_results_with_non_dict_metrics(orch: Orch) -> None:
-    orch.write_suite("r", {"r": {"corrupt": "result_metrics_list", "hold_s": 0}}, worker=hostile_command(), mem_gib=0.25)
+    orch.write_suite(
+        "r",
+        {"r": {"corrupt": "result_metrics_list", "hold_s": 0}},
+        worker=hostile_command(),
+        mem_gib=0.25,
+    )
     orch.submit("r", "1:a")
     orch.start_daemon()
     assert orch.wait_all_done(60) == {1: "succeeded"}

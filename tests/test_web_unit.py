@@ -29,8 +29,31 @@ def reading(index: int = 0, used: int = 1000) -> GpuReading:
     return GpuReading(index, f"GPU-{index}", 24576, used, 24576 - used)
 
 
-def span(attempt_id: int, gpu: int, start: float, end: float | None, outcome: str | None = "succeeded", config: str = "c") -> AttemptSpan:
-    return AttemptSpan(attempt_id, attempt_id, 1, gpu, 1, None, outcome, start, end, "s", config, 1, "glue_rte", 2048, 1024)
+def span(
+    attempt_id: int,
+    gpu: int,
+    start: float,
+    end: float | None,
+    outcome: str | None = "succeeded",
+    config: str = "c",
+) -> AttemptSpan:
+    return AttemptSpan(
+        attempt_id,
+        attempt_id,
+        1,
+        gpu,
+        1,
+        None,
+        outcome,
+        start,
+        end,
+        "s",
+        config,
+        1,
+        "glue_rte",
+        2048,
+        1024,
+    )
 
 
 def test_samples_are_spaced_and_bounded(db_path: Path) -> None:
@@ -80,7 +103,11 @@ def test_spans_filter_by_time_and_limit(db_path: Path) -> None:
         middle = every[len(every) // 2]
         window, _ = attempt_spans(store, from_s=middle.started_at, to_s=middle.started_at + 1)
     assert middle.attempt_id in {s.attempt_id for s in window}
-    assert all(s.started_at <= middle.started_at + 1 and (s.ended_at is None or s.ended_at >= middle.started_at) for s in window)
+    assert all(
+        s.started_at <= middle.started_at + 1
+        and (s.ended_at is None or s.ended_at >= middle.started_at)
+        for s in window
+    )
 
 
 def test_occupancy_counts_busy_gpu_time_once() -> None:
@@ -93,7 +120,12 @@ def test_occupancy_counts_busy_gpu_time_once() -> None:
 
 
 def test_timeline_draws_one_bar_per_attempt_in_lanes_without_overlap() -> None:
-    spans = [span(1, 0, 0, 10), span(2, 0, 5, 15, outcome="oom"), span(3, 0, 12, 20), span(4, 1, 0, 5, config="<script>x")]
+    spans = [
+        span(1, 0, 0, 10),
+        span(2, 0, 5, 15, outcome="oom"),
+        span(3, 0, 12, 20),
+        span(4, 1, 0, 5, config="<script>x"),
+    ]
     rows = pack_lanes(spans, now_s=20)
     assert rows[1] == 0 and rows[2] == 1 and rows[3] == 0  # 3 starts after 1 ended: back on row 0
     from orchestrator.web.pages import timeline_fragment
@@ -126,10 +158,12 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
     assert client.get("/timeline").text.count('class="attempt"') == n_attempts
     csv = client.get("/results.csv")
     assert csv.headers["content-type"].startswith("text/csv")
-    assert csv.text.splitlines()[0] == ("suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels,"
-                                        "overrides,test_is_val,dropout_differs,notes,val_mean,val_std,val_n,"
-                                        "best_steps,submitted,failed,cancelled,running,queued,no_metric,accounted,"
-                                        "pooled,chosen_by,inexact_rungs,run_levels,run_inexact_rungs,diverged,mixed_provenance,pruned")
+    assert csv.text.splitlines()[0] == (
+        "suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels,"
+        "overrides,test_is_val,dropout_differs,notes,val_mean,val_std,val_n,"
+        "best_steps,submitted,failed,cancelled,running,queued,no_metric,accounted,"
+        "pooled,chosen_by,inexact_rungs,run_levels,run_inexact_rungs,diverged,mixed_provenance,pruned"
+    )
     assert client.get("/job/9999").status_code == 404
     assert client.get("/job/99999999999999999999999").status_code == 404  # beyond SQLite's integers
     assert client.get("/timeline?from=abc").status_code == 400
@@ -207,7 +241,11 @@ def test_web_refuses_a_busy_port_in_one_line(orch_cli, db_path: Path) -> None:  
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         result = orch_cli("web", "--port", str(busy.getsockname()[1]))
-    assert result.rc == 2 and result.stderr.startswith("orch: error: cannot listen on") and result.stderr.count("\n") == 1
+    assert (
+        result.rc == 2
+        and result.stderr.startswith("orch: error: cannot listen on")
+        and result.stderr.count("\n") == 1
+    )
     assert os.path.exists(db_path)
 
 
