@@ -313,4 +313,7 @@ def load_note() -> str:
     """The machine's load average at the time, for the record: other work shares the cores."""
     one, five, _ = os.getloadavg()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores; bench self CPU {usage.ru_utime:.0f} s"
+    return (
+        f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores; bench self "
+        f"CPU {usage.ru_utime:.0f} s"
+    )

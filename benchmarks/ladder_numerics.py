@@ -25,7 +25,8 @@ from workers.lora import train
 from workers.lora.config import parse_config
 from workers.lora.sample_data import main as write_sample_data
 
-EXACT: dict[str, dict[str, Any]] = {"checkpointing": {"gradient_checkpointing": True}, "logits_to_keep": {"logits_to_keep": 1},
+EXACT: dict[str, dict[str, Any]] = {"checkpointing": {"gradient_checkpointing": True},
+         "logits_to_keep": {"logits_to_keep": 1},
          "data_workers 2 vs 0": {"num_data_workers": 2}}  # fmt: skip
 CUMULATIVE: dict[str, Any] = {"gradient_checkpointing": True, "logits_to_keep": 1}
 INEXACT: dict[str, dict[str, Any]] = {"half batch 4 x 2": {"batch_size": 4, "gradient_accumulation_steps": 2},

@@ -68,7 +68,10 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
         (env.root / "trainer_like.py").write_text(TRAINER_LIKE)
         configs = {name: {"batch_size": 16, "gradient_accumulation_steps": 1, "die_at": die_at}
                    for name, die_at in (("whole", 0), ("dies", 13))}  # fmt: skip
-        worker = f"{PY} trainer_like.py --out {{run_dir}}/out --die-at {{cfg.die_at}} --resume={{resume}} --batch-size {{cfg.batch_size}} --accum {{cfg.gradient_accumulation_steps}}"
+        worker = (
+            f"{PY} trainer_like.py --out {{run_dir}}/out --die-at {{cfg.die_at}} "
+            f"--resume={{resume}} --batch-size {{cfg.batch_size}} --accum {{cfg.gradient_accumulation_steps}}"
+        )
         write_script_suite(env, "hf", worker, configs, max_attempts=3, ladder=["halve_batch"])
         yield env
 

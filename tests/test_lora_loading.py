@@ -116,7 +116,9 @@ class OldLlama(torch.nn.Module):  # transformers 4.45-4.49 named it num_logits_t
 
 class NoKeep(OldLlama):
 
-    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any = None) -> _Output:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self, input_ids: Any, attention_mask: Any, position_ids: Any = None
+    ) -> _Output:
         return _Output(torch.zeros(input_ids.shape[0], input_ids.shape[1], 5))
 
 

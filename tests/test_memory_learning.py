@@ -309,7 +309,9 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     assert json.loads(orch_inproc("memory", "--json").stdout)["shapes"] == []
 
 
-def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
+def test_forget_suite_finds_shapes_another_suite_taught_after_it(  # type: ignore[no-untyped-def]
+    orch_inproc, db_path
+) -> None:
     from orchestrator.store.attempts import write_shape
     from orchestrator.store.db import Store
     from orchestrator.store.learning import label_shape, record_throughput

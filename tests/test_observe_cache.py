@@ -32,7 +32,9 @@ def write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)  # as the wrapper writes them: a new inode each time
 
 
-def test_files_are_read_again_only_when_they_changed(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_files_are_read_again_only_when_they_changed(  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch
+) -> None:
     run_dir = run_dir_in(tmp_path)
     reads: list[Path] = []
     real = runfiles.read_run_files

@@ -105,7 +105,9 @@ def client(db_path: Path):  # type: ignore[no-untyped-def]
         yield test_client
 
 
-def test_the_job_page_writes_values_as_yaml_and_metrics_once(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_job_page_writes_values_as_yaml_and_metrics_once(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     from orchestrator.rundir_files import RunDir
     from orchestrator.store.queries import get_attempts
 
@@ -131,7 +133,9 @@ def test_the_job_page_writes_values_as_yaml_and_metrics_once(client, db_path: Pa
     assert metrics is not None and re.findall(r"<b>(\w+)</b>", metrics.group(1)) == ["accuracy", "eval_loss"]
 
 
-def test_the_overview_says_which_config_is_paused_and_why(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_overview_says_which_config_is_paused_and_why(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     from orchestrator.store.endings import pause_config
 
     with Store(db_path) as store:

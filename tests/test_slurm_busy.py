@@ -58,7 +58,9 @@ def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path
     with Store(db_path) as store:
         (job,) = submit(store, plans, "busy", 1)
         for _ in range(4):  # more refusals than the crash-loop guard's 3 and than max_attempts 1
-            schedule_remote(store, executor, ctx, JobShapeCache(), draining=False, max_in_queue=4)  # type: ignore[arg-type]
+            schedule_remote(  # type: ignore[arg-type]
+                store, executor, ctx, JobShapeCache(), draining=False, max_in_queue=4
+            )
         after = get_job(store, job.id)
         outcomes = [a.outcome for a in get_attempts(store, job.id)]
         assert executor.asked == 4 and outcomes == [AttemptOutcome.LOST] * 4

@@ -34,7 +34,10 @@ REPO_PLANS = Path(__file__).resolve().parent.parent / "plans"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     missing = missing_binaries()
     if missing:
-        message = f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld slurmd slurm-client munge"
+        message = (
+            f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld "
+            "slurmd slurm-client munge"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

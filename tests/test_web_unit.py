@@ -277,7 +277,9 @@ def _set_state(db_path: Path, job_id: int, state: str, **columns: object) -> Non
         store.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [state, *columns.values(), job_id])
 
 
-def test_jobs_page_filters_by_state_suite_config_and_data(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_jobs_page_filters_by_state_suite_config_and_data(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     import re
 
     def listed(query: str) -> set[int]:
@@ -366,7 +368,9 @@ def test_job_page_shows_final_metrics_and_set_overrides(client, db_path: Path) -
     assert spec["runs"][0]["colour"] != spec["runs"][1]["colour"] and spec["metrics"] == ["loss"]
 
 
-def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     form = {"content-type": "application/x-www-form-urlencoded"}
     refused = client.post("/api/jobs/28/cancel", content="token=wrong", headers=form)
     assert refused.status_code == 403 and refused.headers["content-type"].startswith("text/html")
@@ -386,7 +390,9 @@ def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(client, db_pa
     assert mixed.status_code == 403
 
 
-def test_static_files_are_served_and_live_pages_load_only_from_their_server(client) -> None:  # type: ignore[no-untyped-def]
+def test_static_files_are_served_and_live_pages_load_only_from_their_server(  # type: ignore[no-untyped-def]
+    client
+) -> None:
     from orchestrator.web.assets import UPLOT_VERSION
 
     uplot = client.get("/static/uPlot.iife.min.js")

@@ -158,7 +158,8 @@ def summarize(db_dir: Path, free_mib: int, slots: int, headroom_mib: int = 0) ->
         shapes[shape] = {
             "attempts": len(mine), "ooms": len(ooms), "ooms_after_first": len(later),
             "ooms_of_measured_starts": len(measured_ooms),
-            "first_running_sized_start_after_s": round(running[0]["started_at"] - mine[0]["started_at"], 1) if running else None,
+            "first_running_sized_start_after_s": (
+                round(running[0]["started_at"] - mine[0]["started_at"], 1) if running else None),
             "first_step_k_after_s": None if step_k_at is None else round(step_k_at - mine[0]["started_at"], 1),
             "running_sized_start_after_step_k_s": round(running[0]["started_at"] - step_k_at, 1)
             if running and step_k_at is not None else None,

@@ -89,8 +89,9 @@ def prepare(work: Path, dry: bool) -> tuple[Path, Path]:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         tokenizer = build_tiny_tokenizer()
-        shape: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                 "num_key_value_heads": 2, "max_position_embeddings": 1024} if dry else LLAMA_210M  # fmt: skip
+        shape: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 2,
+                 "max_position_embeddings": 1024} if dry else LLAMA_210M  # fmt: skip
         config: Any = LlamaConfig(**shape, vocab_size=len(tokenizer), tie_word_embeddings=False,
                              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id)  # fmt: skip

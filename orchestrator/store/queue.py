@@ -86,7 +86,9 @@ def queued_jobs_alike(store: Store, job_ids: Iterable[int]) -> list[list[int]]:
     scheduler's per-job facts are made of. A sweep's seeds are then learned once."""
     ids = list(job_ids)
     groups: dict[tuple[object, ...], list[int]] = {}
-    seedless = "CASE WHEN json_valid(config_json) THEN json_remove(config_json, '$.seed', '$.data') ELSE config_json END"
+    seedless = (
+        "CASE WHEN json_valid(config_json) THEN json_remove(config_json, '$.seed', '$.data') ELSE config_json END"
+    )
     for start in range(0, len(ids), _IN_CHUNK):
         chunk = ids[start : start + _IN_CHUNK]
         sql = (f"SELECT id, {seedless}, {_FACT_COLUMNS} FROM jobs "
