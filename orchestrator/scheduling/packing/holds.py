@@ -95,8 +95,8 @@ def reserve_for_gang(
             job.gpus,
             index_of,
             topology,
-            lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index),
-        )  # type: ignore[misc]
+            lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index),  # type: ignore[misc]
+        )
         until_s = max(ready[c.gpu.index] for c in chosen)
         for card in chosen:
             card.held_for, card.held_gang = job.job_id, True

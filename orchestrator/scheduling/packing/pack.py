@@ -266,8 +266,8 @@ def _pack(
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
                 chosen = closest_set(
-                    fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]
-                )  # type: ignore[misc]
+                    fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]  # type: ignore[misc]
+                )
             for card in chosen:
                 place_on(card, job, now_s)
             for card in cards.values():  # holds it did not need: free for the rest of this call
