@@ -207,9 +207,9 @@ def test_slurm_ends_without_an_exit_record_carry_the_state_in_the_reason() -> No
     assert isinstance(granted, ClusterEnd) and granted.next_mem_mib == 512 and "--mem=512M" in granted.reason
     cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
     assert (
-        remote_end(cancelled, _obs(), _status("CANCELLED"), True, None)[0]
+        remote_end(cancelled, _obs(), _status("CANCELLED"), True, None)[0]  # type: ignore[index]
         is AttemptOutcome.CANCELLED
-    )  # type: ignore[index]
+    )
 
 
 STOPPED = {"exit_code": 143, "signal": None, "received": ["SIGTERM"], "forwarded": ["SIGTERM"]}

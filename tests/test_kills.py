@@ -132,8 +132,10 @@ def test_a_group_gone_before_the_first_signal_ends_at_once() -> None:
 def test_a_group_that_vanished_between_the_read_and_the_signal_is_gone() -> None:
     clock = FakeClock()
     stopper = GroupStopper(
-        clock, send=lambda pgid, sig: False, read_groups=lambda: FakeTable({NO_SUCH_PID})
-    )  # type: ignore[arg-type, return-value]
+        clock,
+        send=lambda pgid, sig: False,
+        read_groups=lambda: FakeTable({NO_SUCH_PID}),  # type: ignore[arg-type, return-value]
+    )
     assert stopper.stop(1, NO_SUCH_PID, None) is True
     assert stopper.pending() == {}
 

@@ -125,9 +125,9 @@ def test_new_progress_lines_alone_wait_for_the_refresh(tmp_path: Path) -> None:
     assert cache.run_files(run_dir, max_age_s=60.0).exit_record == {"exit_code": 0}
 
 
-def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(
+def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(  # type: ignore[no-untyped-def]
     tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from orchestrator.attempts import observe_cache
 
     run_dir = run_dir_in(tmp_path)
@@ -155,9 +155,9 @@ def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(
     cache.close()
 
 
-def test_a_refresh_after_appended_lines_reads_only_the_progress(
+def test_a_refresh_after_appended_lines_reads_only_the_progress(  # type: ignore[no-untyped-def]
     tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     run_dir = run_dir_in(tmp_path)
     write_json(run_dir / "pid.json", {"pid": 12345, "pgid": 12345, "create_time": 1.0})
     progress = run_dir / "progress.jsonl"

@@ -85,8 +85,10 @@ def test_every_time_limit_counts_toward_the_cap_even_one_slurm_called_failed(db_
         policy = time_limit_of(store, first, job)
         assert policy.can_resume and policy.timeouts_before == 0 and policy.max_timeouts == 1 and policy.limit == "1"
         row = _end(
-            store, first, remote_end(first, _obs_warned(store), _failed(), True, None, policy)
-        )  # type: ignore[arg-type]
+            store,
+            first,
+            remote_end(first, _obs_warned(store), _failed(), True, None, policy),  # type: ignore[arg-type]
+        )
         assert row.state == "queued" and row.max_attempts == 2  # resumed, not counted
         second = _start(store, job, tmp_path)
         assert time_limit_of(store, second, job).timeouts_before == 1
