@@ -167,10 +167,11 @@ def lora_footprint(info: ModelInfo, peft_spec: Mapping[str, Any]) -> tuple[int, 
         found = _LAYER_TARGET.search(str(target))
         module = found.group(2) if found else str(target)
         d_in, d_out = _module_dims(info, module)
-        if module.endswith("lm_head"):
-            layers = [-1]
-        else:
-            layers = [int(found.group(1))] if found else list(range(info.layers))
+        layers = (
+            [-1]
+            if module.endswith("lm_head")
+            else ([int(found.group(1))] if found else list(range(info.layers)))
+        )
         for layer in layers:
             params += rank * (d_in + d_out)
             d_in_by_layer[layer] = d_in_by_layer.get(layer, 0) + d_in

@@ -43,10 +43,9 @@ def best_candidate(job: QueuedJob, cards: list[Card]) -> Card | None:
         return None
 
     def deficit(c: Card) -> tuple[int, int, int]:
-        if job.run_alone or c.alone:
-            jobs_to_drain = c.used_slots
-        else:
-            jobs_to_drain = max(0, c.used_slots - c.gpu.slots + 1)
+        jobs_to_drain = (
+            c.used_slots if job.run_alone or c.alone else max(0, c.used_slots - c.gpu.slots + 1)
+        )
         return (jobs_to_drain, max(0, need_mib(job, c) - c.available_mib), c.gpu.index)
 
     return min(possible, key=deficit)
