@@ -7,9 +7,10 @@ co-location curve.
     python benchmarks/gpu/trl_sweep.py run --work /tmp/trl --out OUT --tag serial --gpu-plan 1   # GPU
     python benchmarks/gpu/trl_sweep.py analyze --orch OUT/trl-orch.json --serial OUT/trl-serial.json
     python benchmarks/gpu/trl_sweep.py run --dry --work /tmp/trl-dry --out /tmp/trl-out --max-steps 2  # CPU
-    python benchmarks/gpu/trl_sweep.py run --case scarce --seeds 3 --max-steps 40 --mem-gib 3 --tag
-    orch [--mps] [--overlap]
-    python benchmarks/gpu/trl_sweep.py run --case plentiful --seeds 4 --max-steps 100 --mem-gib 3 --tag orch [--mps]
+    python benchmarks/gpu/trl_sweep.py run --case scarce --seeds 3 --max-steps 40 --mem-gib 3
+        --tag orch [--mps] [--overlap]
+    python benchmarks/gpu/trl_sweep.py run --case plentiful --seeds 4 --max-steps 100 --mem-gib 3
+        --tag orch [--mps]
 
 The sweep: a Llama of about 210M parameters (hidden 1024, 12 layers, random weights, bf16) and a
 word-level tokenizer saved once; 6,000 rows of 400 random words (`train.jsonl`); a suite `trl` whose
@@ -17,19 +18,18 @@ worker is the `trl sft` command line (LoRA r=16 on q/k/v/o, `--max_length 512`, 
 through `{cfg.KEY}` placeholders; configs `b64`, `b128`, `b256`: per-device batch 64/128/256 with
 accumulation 4/2/1 (one effective batch of 256) × seeds 1-3, 16 steps each; `mem_gib: 2` (the true peaks are
 several times that); ladder `[halve_batch]`; `min_stack_gain: 0.1`. A ballast process holds all but
-`--leave-gib` (24) of
-the card. `run` writes OUT/trl-TAG.json (every attempt: config, level, outcome, peak, start and
-end, prediction and its source; `orch memory --json`) and OUT/sweep-trl-TAG.tar.gz (dumps, run
-dirs' small files, daemon log). `analyze` (no GPU) reads both runs: OOM'd attempts per family
-(goal <= 1), makespan of `orch` against `serial` (goal >= 1.5x faster) and against an oracle
-schedule (goal >= 0.9x): the packing simulator's oracle (benchmarks/packing) over one card of
-`--leave-gib`, each job at its true peak (the largest a succeeded attempt of its batch reached)
-and its solo run time (the serial run's), jobs on the card sharing by the co-location curve that
-orch measured (`orch memory`, samples/s by jobs on the card, averaged over the family's shapes).
-`analyze` also reports each job's slowdown when stacked: its run time through orch over its
-config's run time alone (serial run), median and worst. `--case scarce` (b256/b128, peaks that do
-not fit together) and `--case plentiful` (b64/b32) are the two cases of the MPS and start-up
-overlap goals; `--mps` and `--overlap` start the daemon with them.
+`--leave-gib` (24) of the card. `run` writes OUT/trl-TAG.json (every attempt: config, level,
+outcome, peak, start and end, prediction and its source; `orch memory --json`) and
+OUT/sweep-trl-TAG.tar.gz (dumps, run dirs' small files, daemon log). `analyze` (no GPU) reads both
+runs: OOM'd attempts per family (goal <= 1), makespan of `orch` against `serial` (goal >= 1.5x
+faster) and against an oracle schedule (goal >= 0.9x): the packing simulator's oracle
+(benchmarks/packing) over one card of `--leave-gib`, each job at its true peak (the largest a
+succeeded attempt of its batch reached) and its solo run time (the serial run's), jobs on the card
+sharing by the co-location curve that orch measured (`orch memory`, samples/s by jobs on the card,
+averaged over the family's shapes). `analyze` also reports each job's slowdown when stacked: its run
+time through orch over its config's run time alone (serial run), median and worst. `--case scarce`
+(b256/b128, peaks that do not fit together) and `--case plentiful` (b64/b32) are the two cases of
+the MPS and start-up overlap goals; `--mps` and `--overlap` start the daemon with them.
 """
 
 from __future__ import annotations

@@ -3,13 +3,12 @@
 The run dir wins for an attempt that ended by itself: its exit record is classified as every
 executor's is. An attempt stopped from outside (the wrapper names SIGTERM, SIGHUP or the time
 limit's warning SIGUSR2, or the worker died of SIGKILL) waits for the backend's final word, which
-then decides: TIMEOUT fails
-the job with the limit named, or resumes it where the worker can; PREEMPTED requeues it without
-counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host OOM. A job that left the
-queue without an exit record is given a grace period for the record to appear on a shared
-filesystem before it is lost. An unanswered poll concludes nothing. A submission that went
-unanswered is lost once no job of its name is in the queue past the launch grace, measured as
-`launch_age` says (never wall time: a clock step moves that by hours); like a claim whose daemon
+then decides: TIMEOUT fails the job with the limit named, or resumes it where the worker can;
+PREEMPTED requeues it without counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host
+OOM. A job that left the queue without an exit record is given a grace period for the record to
+appear on a shared filesystem before it is lost. An unanswered poll concludes nothing. A submission
+that went unanswered is lost once no job of its name is in the queue past the launch grace, measured
+as `launch_age` says (never wall time: a clock step moves that by hours); like a claim whose daemon
 died before submitting it, it is a launch that never happened, requeued without counting.
 """
 

@@ -355,8 +355,8 @@ def predict_peak_mib(
     the estimate, else the declared figure. Once an OOM has struck a family that has measured
     nothing (`disproven_mib`: the most its members held), the estimate and the declared figure
     are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a
-    running attempt of the shape
-    already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
+    running attempt of the shape already holds before step K (`held`, with the running margin), nor
+    the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         # running attempts count at this margin: a shape measured to completion is known

@@ -3,8 +3,8 @@
 A job's start-up is the time from its launch to its first training step (imports, model load,
 tokenising), learned per suite and config from the attempts that reached a first step (the
 shortest seen: orchestrator.store.startups says why), with the GPU memory it held just before. A
-running attempt's remaining time comes from its progress:
-the steps still to go at the pace of the steps it has run since its start-up.
+running attempt's remaining time comes from its progress: the steps still to go at the pace of the
+steps it has run since its start-up.
 """
 
 from __future__ import annotations

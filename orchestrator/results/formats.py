@@ -7,12 +7,10 @@ through a ladder rung that changes numerics (half batch × double accumulation, 
 declared exact), whatever its precision and dropout: the legend names the rungs, and its value is
 an equivalent draw, not the number level 0 gives (exact rungs are not marked: they give bit-equal
 numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/ladder.md); § its
-"test" metric was scored on the validation set; ¶ some
-of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
-◇ some of its runs are still queued or running; ‡ early stopping pruned its setting; ♯ a counted
-run's loss diverged; ‖ its runs ran
-different code or library versions; * see its notes. A std of fewer than two values is `—`,
-never `± 0`.
+"test" metric was scored on the validation set; ¶ some of its seeds failed, were cancelled or
+reported no metric (the mean is over the survivors); ◇ some of its runs are still queued or running;
+‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran different code
+or library versions; * see its notes. A std of fewer than two values is `—`, never `± 0`.
 
 Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
 a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.

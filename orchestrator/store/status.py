@@ -1,8 +1,7 @@
 """Read-only queries behind the live views (`orch status`, the web page's overview): the
 daemon's last reading, the live attempts, the head of the queue, the latest events and ladder
 retries, the paused suites and configs, the waiting jobs grouped by reason. Each returns typed
-rows; each is bounded or indexed, so a queue
-of 100,000 jobs answers quickly."""
+rows; each is bounded or indexed, so a queue of 100,000 jobs answers quickly."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ The daemon and the virtual-time simulator in benchmarks/ both call `pack`, which
 placement policy: paused suites, draining, the ceiling cap, order, fit, backfill, the holds
 against starvation and the later exact level where a waiting job ends sooner. Card state and
 blockers are in orchestrator.scheduling.packing.cards, the holds in
-orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits; nothing here does I/O.
+orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits;
+nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -183,21 +184,19 @@ def pack(
     and in queue order) get a reason.
 
     Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does
-    every job while `draining` or a `hold` (why
-    nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
-    capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
-    priority (high first), then longest expected run first (weighted by the plan slots its memory
-    takes; policy.order), then queue order. A
-    job that does not fit is skipped and later jobs may start around it (backfill), except that
-    the first such job, once it has waited `starvation_s` and no single running attempt's end
-    would make room for it, keeps its best card (orchestrator.scheduling.packing.holds), and the first
-    multi-GPU job keeps the cards it will run on as they free up. Once every job was tried at its
-    own level, a waiting one-GPU job may start at a later exact level (`QueuedJob.alternatives`)
-    that fits now and is expected to end sooner (orchestrator.scheduling.packing.level_choice; the
-    placement names the level). `host` (when given) is spent
-    by every placement: a job whose predicted host RAM or cores do not fit waits. `topology`
-    ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card has a free slot
-    with free memory the rest of the queue is not examined.
+    every job while `draining` or a `hold` (why nothing may start now, e.g. a full disk) is given. A
+    prediction above every usable card is capped to the largest (`ceiling_mib`; the placement says
+    `capped`). Jobs are taken by priority (high first), then longest expected run first (weighted by
+    the plan slots its memory takes; policy.order), then queue order. A job that does not fit is
+    skipped and later jobs may start around it (backfill), except that the first such job, once it
+    has waited `starvation_s` and no single running attempt's end would make room for it, keeps its
+    best card (orchestrator.scheduling.packing.holds), and the first multi-GPU job keeps the cards
+    it will run on as they free up. Once every job was tried at its own level, a waiting one-GPU job
+    may start at a later exact level (`QueuedJob.alternatives`) that fits now and is expected to end
+    sooner (orchestrator.scheduling.packing.level_choice; the placement names the level). `host`
+    (when given) is spent by every placement: a job whose predicted host RAM or cores do not fit
+    waits. `topology` ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card
+    has a free slot with free memory the rest of the queue is not examined.
     """
     if policy.placement not in PLACEMENT_RULES:
         raise ValueError(f"unknown placement rule {policy.placement!r}")
