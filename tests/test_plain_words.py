@@ -45,9 +45,8 @@ def _finish(db_path: Path, job_id: int, gpu: int, *, state: str) -> None:
     with Store(db_path) as store, store.write():
         store.execute(
             "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, run_dir, "
-            "predicted_peak_mib, prediction_source, "
-            "reserved_mib, started_at, ended_at, outcome) VALUES (?, 1, ?, ?, 0, 'run', 1024, "
-            "'declared', 0, 1.0, 2.0, ?)",
+            "predicted_peak_mib, prediction_source, reserved_mib, started_at, ended_at, outcome) "
+            "VALUES (?, 1, ?, ?, 0, 'run', 1024, 'declared', 0, 1.0, 2.0, ?)",
             [job_id, gpu, f"GPU-{gpu}", "succeeded" if state == "succeeded" else "failed"],
         )
         store.execute("UPDATE jobs SET state = ?, attempt_count = 1 WHERE id = ?", [state, job_id])

@@ -206,8 +206,8 @@ def paused_configs(store: Store, *, count_queued: bool = True) -> list[PausedCon
         return [PausedConfig(r["suite"], r["config_name"], r["reason"], r["paused_at"], None) for r in rows]
     rows = store.query(
         "SELECT p.suite, p.config_name, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
-        "AND j.config_name = p.config_name AND j.state = ?) AS queued FROM paused_configs p ORDER "
-        "BY p.suite, p.config_name",
+        "AND j.config_name = p.config_name AND j.state = ?) AS queued FROM paused_configs p "
+        "ORDER BY p.suite, p.config_name",
         [JobState.QUEUED.value],
     )
     return [PausedConfig(r["suite"], r["config_name"], r["reason"], r["paused_at"], int(r["queued"])) for r in rows]
