@@ -38,7 +38,13 @@ from orchestrator.store.sweep_attempts import all_attempts
 
 
 def _orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], env=env, capture_output=True, text=True, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def _write_plans(root: Path) -> Path:
@@ -192,8 +198,14 @@ def by_queue_size(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         print(f"queue of {n:,} ...", file=sys.stderr, flush=True)
         row = daemon_scale.fill_and_wait(root / f"fill-{n}", n, args.waiting_s, args.poll, cli=not args.no_cli)
         if n <= args.handoff_max:
-            row["handoff"] = daemon_scale.handoff(root / f"handoff-{n}", n, args.handoff_s, args.handoff_job_s, args.poll,
-                                                 configs=args.handoff_configs)
+            row["handoff"] = daemon_scale.handoff(
+                root / f"handoff-{n}",
+                n,
+                args.handoff_s,
+                args.handoff_job_s,
+                args.poll,
+                configs=args.handoff_configs,
+            )
         row["load"] = daemon_scale.load_note()
         rows[str(n)] = row
     status_big = daemon_scale.status_at(root / "status-big", args.status_jobs) if args.status_jobs else None
@@ -216,26 +228,60 @@ def print_by_queue(data: dict[str, Any]) -> None:
                 cells.append("–")
         print(f"| {name} | " + " | ".join(cells) + f" | {target} |")
 
-    line("daemon CPU, no slot free (% of a core)", lambda r: f"{r['waiting']['cpu_percent_of_one_core']:.2f} %", "< 2 %")
+    line(
+        "daemon CPU, no slot free (% of a core)",
+        lambda r: f"{r['waiting']['cpu_percent_of_one_core']:.2f} %",
+        "< 2 %",
+    )
     line("CPU per tick", lambda r: f"{1000 * r['waiting']['cpu_per_tick_s']:.1f} ms", "")
     line("daemon RSS", lambda r: f"{r['waiting']['rss_mib']:.0f} MiB", "< 150 MiB")
-    line("hand-off: slot freed -> next wrapper running, median / p99", lambda r: f"{r['handoff']['median_s']:.3f} / {r['handoff']['p99_s']:.3f} s", "< 0.2 / 0.5 s at 10k")
-    line("of which the daemon's: slot freed -> attempt claimed, median / p99", lambda r: f"{r['handoff']['claim_median_s']:.3f} / {r['handoff']['claim_p99_s']:.3f} s", "")
-    line("daemon CPU per attempt started, hand-off window", lambda r: f"{1000 * r['handoff']['daemon_cpu_per_start_s']:.0f} ms", "")
+    line(
+        "hand-off: slot freed -> next wrapper running, median / p99",
+        lambda r: f"{r['handoff']['median_s']:.3f} / {r['handoff']['p99_s']:.3f} s",
+        "< 0.2 / 0.5 s at 10k",
+    )
+    line(
+        "of which the daemon's: slot freed -> attempt claimed, median / p99",
+        lambda r: f"{r['handoff']['claim_median_s']:.3f} / {r['handoff']['claim_p99_s']:.3f} s",
+        "",
+    )
+    line(
+        "daemon CPU per attempt started, hand-off window",
+        lambda r: f"{1000 * r['handoff']['daemon_cpu_per_start_s']:.0f} ms",
+        "",
+    )
     line("start -> 64 slots launched", lambda r: f"{r['launch_64_s']:.2f} s", "< 2 s")
     line("daemon CPU from its start to the 64th launch", lambda r: f"{r['launch_64_daemon_cpu_s']:.2f} s", "")
     line("start -> 64 wrappers running", lambda r: f"{r['fill_64_s']:.2f} s", "")
     line("orch jobs", lambda r: f"{r['cli']['jobs']['median_s']:.2f} s", "< 1 s at 10k")
-    line("orch jobs --json (peak RSS)", lambda r: f"{r['cli']['jobs_json']['median_s']:.2f} s ({r['cli']['jobs_json']['max_rss_mib']:.0f} MiB)", "")
+    line(
+        "orch jobs --json (peak RSS)",
+        lambda r: (
+            f"{r['cli']['jobs_json']['median_s']:.2f} s ({r['cli']['jobs_json']['max_rss_mib']:.0f} MiB)"
+        ),
+        "",
+    )
     line("orch status --once", lambda r: f"{r['cli']['status_once']['median_s']:.2f} s", "")
-    line("orch status --json (peak RSS)", lambda r: f"{r['cli']['status_json']['median_s']:.2f} s ({r['cli']['status_json']['max_rss_mib']:.0f} MiB)", "")
+    line(
+        "orch status --json (peak RSS)",
+        lambda r: (
+            f"{r['cli']['status_json']['median_s']:.2f} s ({r['cli']['status_json']['max_rss_mib']:.0f} MiB)"
+        ),
+        "",
+    )
     wrapper = data["wrapper"]
-    print(f"\nwrapper start-up CPU: {1000 * wrapper['wrapper_cpu_s']:.0f} ms (bare python {1000 * wrapper['bare_python_cpu_s']:.0f} ms)")
+    print(
+        f"\nwrapper start-up CPU: {1000 * wrapper['wrapper_cpu_s']:.0f} ms (bare python "
+        f"{1000 * wrapper['bare_python_cpu_s']:.0f} ms)"
+    )
     big = data["status_big"]
     if big is not None:
-        print(f"orch status --once at {big['n_jobs']:,} jobs: {big['status_once']['median_s']:.3f} s (target < 0.3 s); "
-              f"status --json {big['status_json']['median_s']:.2f} s, peak RSS {big['status_json']['max_rss_mib']:.0f} MiB; "
-              f"jobs --json {big['jobs_json']['median_s']:.2f} s, peak RSS {big['jobs_json']['max_rss_mib']:.0f} MiB")
+        print(
+            f"orch status --once at {big['n_jobs']:,} jobs: {big['status_once']['median_s']:.3f} s (target < 0.3 s); "
+            f"status --json {big['status_json']['median_s']:.2f} s, peak RSS "
+            f"{big['status_json']['max_rss_mib']:.0f} MiB; "
+            f"jobs --json {big['jobs_json']['median_s']:.2f} s, peak RSS {big['jobs_json']['max_rss_mib']:.0f} MiB"
+        )
     for n in sizes:
         print(f"  {int(n):,} queued: {rows[n]['load']}")
 
@@ -253,7 +299,12 @@ def main() -> int:
     parser.add_argument("--handoff-configs", type=int, default=daemon_scale.HANDOFF_CONFIGS,
                         help="run times of the hand-off workers (1: all 40 end together)")
     parser.add_argument("--handoff-max", type=int, default=10_000, help="largest queue to measure hand-off at")
-    parser.add_argument("--status-jobs", type=int, default=100_000, help="jobs for the big `status --once` figure (0: skip it)")
+    parser.add_argument(
+        "--status-jobs",
+        type=int,
+        default=100_000,
+        help="jobs for the big `status --once` figure (0: skip it)",
+    )
     parser.add_argument("--no-cli", action="store_true", help="skip the CLI figures by queue size")
     parser.add_argument("--only-queued", action="store_true", help="skip the empty-queue figures")
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
@@ -272,15 +323,21 @@ def main() -> int:
             figures.update(by_queue_size(root, args))
     if not args.only_queued:
         lat, status, idle = figures["dispatch_latency"], figures["status_10k"], figures["idle_daemon"]
-        print(f"dispatch latency (queued -> worker running), {lat['jobs']} jobs, poll {lat['poll_s']} s: "
-              f"median {lat['median_s']:.3f} s, p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s   (target: median < 1 s)")
+        print(
+            f"dispatch latency (queued -> worker running), {lat['jobs']} jobs, poll {lat['poll_s']} s: "
+            f"median {lat['median_s']:.3f} s, p90 {lat['p90_s']:.3f} s, max {lat['max_s']:.3f} s   "
+            "(target: median < 1 s)"
+        )
         slot = figures["slot_free_latency"]
         print(f"slot freed -> next worker running, {slot['handoffs']} hand-offs on one slot: "
               f"median {slot['median_s']:.3f} s, max {slot['max_s']:.3f} s")
         print(f"orch status --once, 10,000 jobs: median {status['status_once_median_s']:.3f} s "
               f"(of which interpreter + imports {status['interpreter_and_import_s']:.3f} s); "
               f"--json {status['status_json_median_s']:.3f} s   (target: < 0.5 s)")
-        print(f"idle daemon, poll {idle['poll_s']} s, {idle['idle_s']} s: {idle['cpu_percent_of_one_core']:.2f}% of one core   (target: < 2%)")
+        print(
+            f"idle daemon, poll {idle['poll_s']} s, {idle['idle_s']} s: "
+            f"{idle['cpu_percent_of_one_core']:.2f}% of one core   (target: < 2%)"
+        )
     if args.queued:
         print_by_queue(figures)
     if args.json_path:

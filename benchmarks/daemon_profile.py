@@ -54,7 +54,9 @@ def _daemon(bench: Bench, poll_s: float, on_pass: Callable[[], None], figures: d
     return ProfiledDaemon(DaemonSettings(db_path=bench.db, poll_s=poll_s, order="fifo"), probe, executor, worker_env)
 
 
-def profile(root: Path, queued: int, scenario: str, window_s: float, poll_s: float) -> tuple[cProfile.Profile, dict[str, Any]]:
+def profile(
+    root: Path, queued: int, scenario: str, window_s: float, poll_s: float
+) -> tuple[cProfile.Profile, dict[str, Any]]:
     busy = scenario in ("busy", "fill")
     bench = Bench(root, "8x80GiB", job_s=3600 if busy else 5.0, spread=not busy)
     bench.queue(queued)
@@ -118,13 +120,19 @@ def main() -> int:
     stats = pstats.Stats(profiler, stream=sys.stdout)
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
-    print(f"{args.scenario}, {args.queued:,} queued: {figures['ticks']} passes ({figures['quick']} after a poke), process CPU {figures['cpu_s']:.2f} s "
-          f"in {figures['wall_s']:.1f} s wall ({100 * figures['cpu_s'] / max(figures['wall_s'], 1e-9):.2f} % of a core), "
-          f"{figures['attempts']} attempts in all; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{args.scenario}, {args.queued:,} queued: {figures['ticks']} passes ({figures['quick']} "
+        f"after a poke), process CPU {figures['cpu_s']:.2f} s "
+        f"in {figures['wall_s']:.1f} s wall ({100 * figures['cpu_s'] / max(figures['wall_s'], 1e-9):.2f} % of a core), "
+        f"{figures['attempts']} attempts in all; load average {os.getloadavg()[0]:.2f}"
+    )
     for kind in ("full", "quick"):
         cpu = sorted(figures[f"{kind}_cpu_s"])
         if cpu:  # profiled: cProfile's own overhead is in these
-            print(f"  {kind} passes: {len(cpu)}, CPU median {1000 * cpu[len(cpu) // 2]:.1f} ms, max {1000 * cpu[-1]:.1f} ms")
+            print(
+                f"  {kind} passes: {len(cpu)}, CPU median {1000 * cpu[len(cpu) // 2]:.1f} ms, max "
+                f"{1000 * cpu[-1]:.1f} ms"
+            )
     return 0
 
 

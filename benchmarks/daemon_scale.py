@@ -52,7 +52,13 @@ PAIRS_PER_SUBMIT = 2_000  # --pairs is bounded in length
 
 
 def orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], env=env, capture_output=True, text=True, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
 
 def timed_orch(env: dict[str, str], *args: str) -> tuple[float, float]:
@@ -64,7 +70,9 @@ def timed_orch(env: dict[str, str], *args: str) -> tuple[float, float]:
     wall_s = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise RuntimeError(f"orch {' '.join(args)} failed: {proc.stderr.read().decode(errors='replace') if proc.stderr else ''}")
+        raise RuntimeError(
+            f"orch {' '.join(args)} failed: {proc.stderr.read().decode(errors='replace') if proc.stderr else ''}"
+        )
     return wall_s, usage.ru_maxrss / 1024.0  # Linux: KiB
 
 
@@ -286,7 +294,11 @@ def wrapper_start_cpu(root: Path, runs: int = 7) -> dict[str, float]:
     for i in range(runs):
         run_dir = root / "runs" / "s" / "j" / f"attempt-{i}"
         run_dir.mkdir(parents=True)
-        proc = subprocess.Popen(wrapper_argv(run_dir, ["/bin/true"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            wrapper_argv(run_dir, ["/bin/true"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _, _, usage = os.wait4(proc.pid, 0)
         samples.append(usage.ru_utime + usage.ru_stime)
     bare = []
@@ -301,4 +313,7 @@ def load_note() -> str:
     """The machine's load average at the time, for the record: other work shares the cores."""
     one, five, _ = os.getloadavg()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores; bench self CPU {usage.ru_utime:.0f} s"
+    return (
+        f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores; bench self "
+        f"CPU {usage.ru_utime:.0f} s"
+    )

@@ -25,11 +25,12 @@ from workers.lora import train
 from workers.lora.config import parse_config
 from workers.lora.sample_data import main as write_sample_data
 
-EXACT: dict[str, dict[str, Any]] = {"checkpointing": {"gradient_checkpointing": True}, "logits_to_keep": {"logits_to_keep": 1},
+EXACT: dict[str, dict[str, Any]] = {"checkpointing": {"gradient_checkpointing": True},
+         "logits_to_keep": {"logits_to_keep": 1},
          "data_workers 2 vs 0": {"num_data_workers": 2}}  # fmt: skip
 CUMULATIVE: dict[str, Any] = {"gradient_checkpointing": True, "logits_to_keep": 1}
 INEXACT: dict[str, dict[str, Any]] = {"half batch 4 x 2": {"batch_size": 4, "gradient_accumulation_steps": 2},
-           "1 x 8 + checkpointing + ltk": {**CUMULATIVE, "batch_size": 1, "gradient_accumulation_steps": 8}}  # fmt: skip
+           "1 x 8 + checkpointing + ltk": {**CUMULATIVE, "batch_size": 1, "gradient_accumulation_steps": 8}}
 
 
 def noisy_rte(root: Path) -> Path:
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             for dropout in (0.0, 0.05):
                 base = run(data, work, args.steps, args.seed, prec, dropout)
                 print(f"{prec}, lora_dropout {dropout}: level 0 val {base.metrics['val']['accuracy']:.3f}, "
-                      f"test {base.metrics['test']['accuracy']:.3f}, best step {base.best_step}", flush=True)  # fmt: skip
+                      f"test {base.metrics['test']['accuracy']:.3f}, best step {base.best_step}", flush=True)
                 for name, rung in {**EXACT, **INEXACT}.items():
                     kind = "exact" if name in EXACT else "inexact"
                     outcome = run(data, work, args.steps, args.seed, prec, dropout, **rung)

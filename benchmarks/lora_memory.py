@@ -36,7 +36,8 @@ def build(kind: str, tiny: bool) -> Any:
     if kind == "gla":
         from fla.models import GLAConfig, GLAForCausalLM
 
-        gla_shape: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=256) if tiny else dict(
+        gla_shape: dict[str, Any] = dict(
+            hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=256) if tiny else dict(
             hidden_size=2048, num_hidden_layers=24, num_heads=4, vocab_size=32000)  # fmt: skip
         return GLAForCausalLM(GLAConfig(**gla_shape, tie_word_embeddings=False, use_cache=False))
     from transformers import LlamaConfig, LlamaForCausalLM

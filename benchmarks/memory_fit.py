@@ -75,7 +75,14 @@ def load_rows() -> list[Row]:
                 config = {**job["config_content"], **attempt["overrides"]}
                 config["max_seq_len"] = min(int(config.get("max_seq_len", 256)), SWEEP_PROMPT_TOKENS)
                 model = "gla" if "gla" in str(config.get("model", "")).lower() else "llama"
-                key = json.dumps({k: config.get(k) for k in ("batch_size", "gradient_checkpointing", "logits_to_keep", "peft")}, sort_keys=True, default=str)
+                key = json.dumps(
+                    {
+                        k: config.get(k)
+                        for k in ("batch_size", "gradient_checkpointing", "logits_to_keep", "peft")
+                    },
+                    sort_keys=True,
+                    default=str,
+                )
                 name = f"{path.stem} {job['config']} L{attempt['level']}"
                 if (name, key) in seen:
                     continue
@@ -86,7 +93,11 @@ def load_rows() -> list[Row]:
 
 def estimate(row: Row, k: EstimateConstants) -> int:
     constants = k if row.with_context else replace(k, context_mib=0)
-    peft = row.config.get("peft") if isinstance(row.config.get("peft"), dict) else (PEFT_GLA if row.model == "gla" else PEFT_LLAMA)
+    peft = (
+        row.config.get("peft")
+        if isinstance(row.config.get("peft"), dict)
+        else (PEFT_GLA if row.model == "gla" else PEFT_LLAMA)
+    )
     value = estimate_peak_mib(row.config, _info(row.model), peft, constants)
     assert value is not None
     return value
@@ -115,7 +126,10 @@ def fit(rows: list[Row]) -> EstimateConstants:
     for _ in range(4):
         for name, grid in grids.items():
             best = min((replace(best, **{name: v}) for v in grid), key=score)  # type: ignore[arg-type]
-    for a, c in itertools.product([best.alpha - 1, best.alpha, best.alpha + 1], [best.context_mib - 64, best.context_mib, best.context_mib + 64]):
+    for a, c in itertools.product(
+        [best.alpha - 1, best.alpha, best.alpha + 1],
+        [best.context_mib - 64, best.context_mib, best.context_mib + 64],
+    ):
         candidate = replace(best, alpha=a, context_mib=c)
         if score(candidate) < score(best):
             best = candidate
@@ -146,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':<34}{'model':<6}{'batch':>6}{'tok':>5}{'ckpt':>6}{'keep':>5}{'measured':>9}"
           f"{'textbook':>15}{'shipped':>15}{'fitted':>15}")
     for t in table:
-        cells = "".join(f"{t[c]:>8} {100 * (t[c] / t['measured_mib'] - 1):>+5.0f}%" for c in ("textbook_mib", "shipped_mib", "fitted_mib"))
+        cells = "".join(
+            f"{t[c]:>8} {100 * (t[c] / t['measured_mib'] - 1):>+5.0f}%"
+            for c in ("textbook_mib", "shipped_mib", "fitted_mib")
+        )
         print(f"{t['row'][:33]:<34}{t['model']:<6}{t['batch']:>6}{t['tokens']:>5}{t['ckpt']!s:>6}{t['keep'] or '-':>5}"
               f"{t['measured_mib']:>9}{cells}")
     print(f"fitted constants: {vars(fitted)}")

@@ -31,8 +31,16 @@ from orchestrator.store.history_bounds import Point
 
 
 def _line(step: int) -> str:
-    record: dict[str, object] = {"t": 1.0 * step, "step": step, "total": 10**6, "loss": 2.0 / (1 + 0.01 * step) + 0.1 * math.sin(step),
-                                 "lr": 1e-4, "grad_norm": 1.0 + (step % 7) / 10, "samples_per_s": 50.0, "peak_mem_mib": 9000}
+    record: dict[str, object] = {
+        "t": 1.0 * step,
+        "step": step,
+        "total": 10**6,
+        "loss": 2.0 / (1 + 0.01 * step) + 0.1 * math.sin(step),
+        "lr": 1e-4,
+        "grad_norm": 1.0 + (step % 7) / 10,
+        "samples_per_s": 50.0,
+        "peak_mem_mib": 9000,
+    }
     if step % 200 == 0:
         record["val"] = {"accuracy": 0.5 + step / 10**6, "f1": 0.4}
     return json.dumps(record) + "\n"
@@ -68,7 +76,9 @@ def main() -> None:
             counts = dict(Counter(p.key for p in one))
             for attempt in range(2, args.jobs + 1):  # the other jobs: a copy of the first one's history
                 record_history(store, attempt, one)
-        size_mib = db.stat().st_size / 2**20 + (Path(f"{db}-wal").stat().st_size / 2**20 if Path(f"{db}-wal").exists() else 0)
+        size_mib = db.stat().st_size / 2**20 + (
+            Path(f"{db}-wal").stat().st_size / 2**20 if Path(f"{db}-wal").exists() else 0
+        )
         with Store(db) as store:
             began = time.perf_counter()
             points = curve_points(store)
@@ -77,7 +87,10 @@ def main() -> None:
     print(f"{args.steps} steps, {args.per_pass} a pass: pass median {statistics.median(passes_ms):.2f} ms, "
           f"p99 {passes_ms[int(len(passes_ms) * 0.99)]:.2f} ms, max {passes_ms[-1]:.2f} ms")
     print("rows kept per key: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
-    print(f"{args.jobs} such attempts: state.db {size_mib:.1f} MiB; reading their {len(points)} points: {read_s * 1000:.0f} ms")
+    print(
+        f"{args.jobs} such attempts: state.db {size_mib:.1f} MiB; reading their {len(points)} "
+        f"points: {read_s * 1000:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def main() -> None:
                 passes_ms.append((time.perf_counter() - started) * 1000)
         size_mib = log.stat().st_size / 2**20
     print(f"log {size_mib:.0f} MiB; first look {first_ms:.2f} ms (step {first and first.get('step')})")
-    print(f"{args.passes} passes with ~{40 * len(REDRAW.format(n=12345)) / 1024:.1f} KiB new each: "
-          f"median {statistics.median(passes_ms):.3f} ms, max {max(passes_ms):.3f} ms (step {last and last.get('step')})")
+    print(
+        f"{args.passes} passes with ~{40 * len(REDRAW.format(n=12345)) / 1024:.1f} KiB new each: "
+        f"median {statistics.median(passes_ms):.3f} ms, max {max(passes_ms):.3f} ms (step {last and last.get('step')})"
+    )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,17 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
             max_attempts=8, hang_timeout_s=3600.0,
             wait_reason="GPU 0: 2.0 GiB free, needs 9.1 GiB" if state is JobState.QUEUED else None,
         ))  # fmt: skip
-        events.append(PastEvent(ts, job_id, None, "submitted", None, "queued", f"queued E1/{config} seed {jseed} on {task}"))
+        events.append(
+            PastEvent(
+                ts,
+                job_id,
+                None,
+                "submitted",
+                None,
+                "queued",
+                f"queued E1/{config} seed {jseed} on {task}",
+            )
+        )
         if state is JobState.QUEUED:
             continue
         n_attempts = 2 if job_id % 10 == 0 else 1
@@ -86,10 +96,24 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
                 ended_at=None if live else started + duration, outcome=outcome, reason=None if live else "done",
                 progress={"step": 20, "total": 50, "loss": 0.7} if live else None,
             ))  # fmt: skip
-            events.append(PastEvent(started, job_id, attempt_id, "start", "queued", "running", f"attempt {n} started on GPU {gpu}"))
+            events.append(
+                PastEvent(
+                    started,
+                    job_id,
+                    attempt_id,
+                    "start",
+                    "queued",
+                    "running",
+                    f"attempt {n} started on GPU {gpu}",
+                )
+            )
             if outcome is not None:
                 to = "queued" if outcome is AttemptOutcome.OOM else "succeeded"
-                data = {"retry": {"from_level": 0, "to_level": 1, "why": "oom"}} if outcome is AttemptOutcome.OOM else None
+                data = (
+                    {"retry": {"from_level": 0, "to_level": 1, "why": "oom"}}
+                    if outcome is AttemptOutcome.OOM
+                    else None
+                )
                 events.append(PastEvent(started + duration, job_id, attempt_id, f"end:{outcome.value}", "running", to,
                                         f"attempt {n} {outcome.value}", data))
     gpus: list[dict[str, Any]] = [
@@ -98,10 +122,21 @@ def build_sweep(db_path: Path, n_jobs: int, *, running: int = 14, queued: int = 
     ]
     # ours split between two jobs per sample, a new pair every 20 samples: a card's chart has ~100 jobs
     samples = [
-        GpuSample(t_start + i * 43.0, g, f"GPU-{g:04d}", CARD_MIB, 15000 + (i * 37 % 8000), 12000 + (i * 29 % 3000),
-                  CARD_MIB - 15000 - (i * 37 % 8000),
-                  {1 + (g * 997 + i // 20) % n_jobs: 6000, 1 + (g * 991 + i // 20 + 7) % n_jobs: 6000 + (i * 29 % 3000)})
-        for g in range(GPUS) for i in range(MAX_ROWS_PER_GPU)
+        GpuSample(
+            t_start + i * 43.0,
+            g,
+            f"GPU-{g:04d}",
+            CARD_MIB,
+            15000 + (i * 37 % 8000),
+            12000 + (i * 29 % 3000),
+            CARD_MIB - 15000 - (i * 37 % 8000),
+            {
+                1 + (g * 997 + i // 20) % n_jobs: 6000,
+                1 + (g * 991 + i // 20 + 7) % n_jobs: 6000 + (i * 29 % 3000),
+            },
+        )
+        for g in range(GPUS)
+        for i in range(MAX_ROWS_PER_GPU)
     ]
     with Store(db_path) as store:
         write_history(store, jobs, attempts, events, samples, gpus=gpus, heartbeat_at=time.time())
@@ -163,7 +198,10 @@ def main() -> None:
             times = [_get(f"http://127.0.0.1:{port}{page}")[0] for _ in range(args.repeat)]
             median = statistics.median(times)
             worst = max(worst, first, median)
-            print(f"{page:<36}{first:>10.3f}{median:>12.3f}{size / 1024:>8.0f}  {'ok' if max(first, median) < GOAL_S else 'SLOW'}")
+            print(
+                f"{page:<36}{first:>10.3f}{median:>12.3f}{size / 1024:>8.0f}  "
+                f"{'ok' if max(first, median) < GOAL_S else 'SLOW'}"
+            )
         print(f"slowest: {worst:.3f} s ({'within' if worst < GOAL_S else 'over'} the {GOAL_S} s goal)")
         server.should_exit = True
         thread.join(timeout=10)

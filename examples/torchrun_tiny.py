@@ -58,13 +58,19 @@ def main() -> int:
     model = nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
     need = state_mib(model, world, args.sharded, args.cpu_offload)
     if args.budget_mib and need > args.budget_mib and rank == world - 1:
-        print(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need:.2f} MiB. "
-              f"GPU {local} has a total capacity of {args.budget_mib:.2f} MiB (rank {rank})", file=sys.stderr, flush=True)
+        print(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need:.2f} MiB. "
+            f"GPU {local} has a total capacity of {args.budget_mib:.2f} MiB (rank {rank})",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1  # torchrun ends the other ranks and exits non-zero: the whole job's OOM
     ddp = DistributedDataParallel(model)
     optimizer_device_params = ddp.parameters()
     if args.sharded:
-        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(optimizer_device_params, optimizer_class=torch.optim.Adam, lr=1e-3)
+        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+            optimizer_device_params, optimizer_class=torch.optim.Adam, lr=1e-3
+        )
     else:
         optimizer = torch.optim.Adam(optimizer_device_params, lr=1e-3)
     generator = torch.Generator().manual_seed(rank)

@@ -52,8 +52,14 @@ def as_user(user: pwd.struct_passwd) -> dict[str, object]:
 def start_victim(user: pwd.struct_passwd | None = None) -> psutil.Process:
     """A process orch never started (in its own session), optionally another user's."""
     extra = as_user(user) if user is not None else {}
-    proc = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **extra)  # type: ignore[call-overload]
+    proc = subprocess.Popen(
+        ["sleep", "600"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        **extra,
+    )  # type: ignore[call-overload]
     return psutil.Process(proc.pid)
 
 

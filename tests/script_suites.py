@@ -17,7 +17,9 @@ class HasPlans(Protocol):
     plans: Path
 
 
-def write_script_suite(orch: HasPlans, name: str, worker: str, configs: dict[str, dict[str, Any]], **suite: Any) -> None:
+def write_script_suite(
+    orch: HasPlans, name: str, worker: str, configs: dict[str, dict[str, Any]], **suite: Any
+) -> None:
     """Suite NAME running `worker` over CONFIGS (each written as the script receives it), 1 GiB
     a job unless `mem_gib=` says otherwise."""
     config_dir = orch.plans / "configs" / name

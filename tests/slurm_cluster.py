@@ -65,7 +65,14 @@ class SlurmCluster:
         key.chmod(0o400)
 
     def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30, check=False)
+        return subprocess.run(
+            argv,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
 
     def start(self) -> None:
         self.write_config()

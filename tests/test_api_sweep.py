@@ -39,7 +39,9 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
     orch.start_daemon()
     seen: list[dict[int, str]] = []
     states = sweep.wait(timeout_s=120, poll_s=0.2, on_poll=seen.append)
-    assert states == {1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "succeeded"}, [j["reason"] for j in sweep.jobs(as_frame=False)]
+    assert states == {1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "succeeded"}, [
+        j["reason"] for j in sweep.jobs(as_frame=False)
+    ]
     assert seen[-1] == states and seen[0] != states  # polled while they ran, until they ended
 
     jobs = sweep.jobs()

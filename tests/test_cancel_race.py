@@ -20,7 +20,9 @@ from tests.store_reads import job_ids
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
 
-def test_a_job_started_between_cancels_read_and_write_is_stopped(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_started_between_cancels_read_and_write_is_stopped(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with Store(db_path) as store:
         suite = load_suite("demo", PLANS)
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:a"), {}, None, 0), allowed_gpus=None,
@@ -31,7 +33,19 @@ def test_a_job_started_between_cancels_read_and_write_is_stopped(db_path: Path, 
 
         def daemon_starts_it_first(store_: Store, job: int, reason: str) -> JobState:
             if not calls:  # the daemon's launch lands after cancel read the job as queued
-                plan = AttemptPlan(job, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+                plan = AttemptPlan(
+                    job,
+                    0,
+                    "GPU-0",
+                    0,
+                    "base",
+                    {},
+                    {},
+                    False,
+                    1024,
+                    PredictionSource(SourceKind.DECLARED),
+                    1024,
+                )
                 start_attempt(store_, plan, lambda n: db_path.parent / f"run-{job}-{n}")
             calls.append(job)
             return real_cancel_queued(store_, job, reason)

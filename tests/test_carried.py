@@ -137,7 +137,10 @@ def test_nothing_predicted_to_fit_tries_the_next_level_not_proven_too_large() ->
 
 def test_no_level_fits_says_so() -> None:
     proven = _needs((2, 30, True, True), (3, 25, True, True))
-    assert no_level_fits(proven, 24 * GIB) == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB after headroom"
+    assert (
+        no_level_fits(proven, 24 * GIB)
+        == "no level of its ladder fits: level 3 needs ≥ 25 GiB, the cards hold 24 GiB after headroom"
+    )
     assert no_level_fits(_needs((2, 30, True, True), (3, 25, False, True)), 24 * GIB) is None
     assert gib(24.6 * GIB) == "24.6 GiB" and gib(24 * GIB) == "24 GiB"
 

@@ -104,7 +104,9 @@ def test_daemon_sigkilled_repeatedly_every_job_once(orch: Orch) -> None:
     kills = 0
     while kills < kills_wanted and not orch.all_done():
         target = _progress(orch) + rng.randint(0, 2)  # a random moment: after 0-2 more attempt starts/ends
-        wait_until(lambda t=target: _progress(orch) >= t or orch.all_done(), 60, "the sweep to move")  # type: ignore[misc]
+        wait_until(
+            lambda t=target: _progress(orch) >= t or orch.all_done(), 60, "the sweep to move"
+        )  # type: ignore[misc]
         if orch.all_done():
             break
         _kill_daemon(orch)

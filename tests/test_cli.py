@@ -185,7 +185,12 @@ def test_plan_set_and_show(orch_inproc: OrchRunner, db_path: Path, monkeypatch: 
 
 def test_cancel_and_retry(orch_inproc: OrchRunner) -> None:
     submit_demo(orch_inproc)
-    assert json.loads(orch_inproc("cancel", "1", "--json").stdout) == {"cancelled": [1], "stopping": [], "finished": [], "skipped": []}
+    assert json.loads(orch_inproc("cancel", "1", "--json").stdout) == {
+        "cancelled": [1],
+        "stopping": [],
+        "finished": [],
+        "skipped": [],
+    }
     again = json.loads(orch_inproc("cancel", "1", "--json").stdout)
     assert again["cancelled"] == [] and again["skipped"] == [{"id": 1, "state": "cancelled"}]
     assert json.loads(orch_inproc("retry", "1", "--json").stdout) == {"requeued": [1], "restarting": []}
@@ -302,7 +307,9 @@ def test_every_command_has_help(orch_inproc: OrchRunner) -> None:
     ],
     ids=lambda value: " ".join(value) if isinstance(value, tuple) else None,
 )
-def test_console_entry_point(orch_cli: OrchRunner, orch_inproc: OrchRunner, args: tuple[str, ...], rc: int, needle: str) -> None:
+def test_console_entry_point(
+    orch_cli: OrchRunner, orch_inproc: OrchRunner, args: tuple[str, ...], rc: int, needle: str
+) -> None:
     submit_demo(orch_inproc)
     result = orch_cli(*args)
     assert result.rc == rc, result.stderr
@@ -335,10 +342,15 @@ def test_attach_to_a_job_whose_attempt_ended_points_to_its_logs(orch_inproc: Orc
         store.execute(
             "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, ended_at, "
             "outcome, executor, executor_id, predicted_peak_mib, prediction_source, reserved_mib) "
-            "VALUES (1, 1, 0, 'as configured', 0, 'GPU-0', '/nonexistent', 1.0, 2.0, 'oom', 'tmux', '@3', 100, 'declared', 0)")
+            "VALUES (1, 1, 0, 'as configured', 0, 'GPU-0', '/nonexistent', 1.0, 2.0, 'oom', "
+            "'tmux', '@3', 100, 'declared', 0)"
+        )
     result = orch_inproc("attach", "1")
     assert result.rc == 2 and result.stdout == ""
-    assert one_error_line(result.stderr) == "orch: error: job 1's attempt 1 has ended (oom): its output is in `orch logs 1`"
+    assert (
+        one_error_line(result.stderr)
+        == "orch: error: job 1's attempt 1 has ended (oom): its output is in `orch logs 1`"
+    )
 
 
 def test_a_read_command_imports_only_what_it_runs(tmp_path: Path) -> None:
@@ -354,5 +366,17 @@ def test_a_read_command_imports_only_what_it_runs(tmp_path: Path) -> None:
                          check=False).stdout
     loaded = json.loads(out.strip().splitlines()[-1].replace("'", '"'))
     assert "orchestrator.cli.jobs.command" in loaded
-    assert not [m for m in loaded if m.startswith(("orchestrator.actions", "orchestrator.submit", "orchestrator.api.s", "orchestrator.cli.demo",
-                                                   "orchestrator.cli.web_cmd", "orchestrator.cli.results"))], loaded
+    assert not [
+        m
+        for m in loaded
+        if m.startswith(
+            (
+                "orchestrator.actions",
+                "orchestrator.submit",
+                "orchestrator.api.s",
+                "orchestrator.cli.demo",
+                "orchestrator.cli.web_cmd",
+                "orchestrator.cli.results",
+            )
+        )
+    ], loaded

@@ -115,15 +115,31 @@ def _bad_ladder_plans(root: Path) -> Path:
         (("--gpus", "0 1", "--gpu-plan", "0"), {}, "0 slots"),
         (("--gpu-plan", "2,,1"), {}, "empty entry"),
         (("--gpu-plan", "2,1,"), {}, "empty entry"),
-        (("--gpus", "0 5"), {"ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "2x24GiB"}, "GPU 5, which this machine does not have"),
+        (
+            ("--gpus", "0 5"),
+            {"ORCH_GPU_BACKEND": "sim", "ORCH_SIM_GPUS": "2x24GiB"},
+            "GPU 5, which this machine does not have",
+        ),
         (("--plans", "<bad-ladder>"), {}, "unknown action 'halve_bach'"),
     ],
-    ids=["plan-all-zero", "plan-single-zero", "plan-zero-on-gpus", "plan-empty-entry", "plan-trailing-comma",
-         "gpus-missing", "ladder-bad-rung"],
+    ids=[
+        "plan-all-zero",
+        "plan-single-zero",
+        "plan-zero-on-gpus",
+        "plan-empty-entry",
+        "plan-trailing-comma",
+        "gpus-missing",
+        "ladder-bad-rung",
+    ],
 )
 def test_input_that_cannot_work_is_refused_at_submit(
-    orch_inproc: OrchRunner, tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch,
-    extra: tuple[str, ...], env: dict[str, str], needle: str,
+    orch_inproc: OrchRunner,
+    tmp_path: Path,
+    db_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: tuple[str, ...],
+    env: dict[str, str],
+    needle: str,
 ) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -54,7 +54,10 @@ def test_a_local_plans_folder_that_hides_a_shipped_suite_says_so(orch_inproc: Or
     plans_with(tmp_path, "worker: sim\nconfigs: [a]\nmem_gib: 3\n")  # ./plans in the working folder
     line = submit(orch_inproc, "demo")
     assert f"in {tmp_path / 'plans' / 'suites'}" in line
-    assert f"suite demo ships with orch, but {tmp_path / 'plans'} is read instead: --plans {shipped_plans_dir()}" in line
+    assert (
+        f"suite demo ships with orch, but {tmp_path / 'plans'} is read instead: --plans {shipped_plans_dir()}"
+        in line
+    )
 
 
 def test_the_demos_closing_hint_names_the_job_that_ran_out_of_memory(orch_inproc: OrchRunner, db_path: Path) -> None:

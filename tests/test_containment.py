@@ -125,9 +125,16 @@ def test_a_full_disk_under_the_database_holds_decisions_it_does_not_make_them(tm
                                if pid_alive(pid)), 60, "the workers to reach their end")
         assert not orch.all_done()
         filler.unlink()
-        assert orch.wait_all_done(60) == {1: "succeeded", 2: "succeeded", 3: "succeeded", 4: "succeeded"}, [(a["outcome"], a["reason"]) for a in orch.attempts()]
+        assert orch.wait_all_done(60) == {
+            1: "succeeded",
+            2: "succeeded",
+            3: "succeeded",
+            4: "succeeded",
+        }, [(a["outcome"], a["reason"]) for a in orch.attempts()]
         attempts = orch.attempts()
-        assert [(a["job_id"], a["n"], a["outcome"]) for a in attempts] == [(j, 1, "succeeded") for j in (1, 2, 3, 4)], [a["reason"] for a in attempts]
+        assert [(a["job_id"], a["n"], a["outcome"]) for a in attempts] == [
+            (j, 1, "succeeded") for j in (1, 2, 3, 4)
+        ], [a["reason"] for a in attempts]
         assert all(a["peak_mib"] > 0 for a in attempts)
 
 

@@ -68,7 +68,10 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
         (env.root / "trainer_like.py").write_text(TRAINER_LIKE)
         configs = {name: {"batch_size": 16, "gradient_accumulation_steps": 1, "die_at": die_at}
                    for name, die_at in (("whole", 0), ("dies", 13))}  # fmt: skip
-        worker = f"{PY} trainer_like.py --out {{run_dir}}/out --die-at {{cfg.die_at}} --resume={{resume}} --batch-size {{cfg.batch_size}} --accum {{cfg.gradient_accumulation_steps}}"
+        worker = (
+            f"{PY} trainer_like.py --out {{run_dir}}/out --die-at {{cfg.die_at}} "
+            f"--resume={{resume}} --batch-size {{cfg.batch_size}} --accum {{cfg.gradient_accumulation_steps}}"
+        )
         write_script_suite(env, "hf", worker, configs, max_attempts=3, ladder=["halve_batch"])
         yield env
 
@@ -91,7 +94,16 @@ def test_a_trainer_like_scripts_history_is_exported_whole_and_a_resumed_job_stit
     attempts = orch.json("show", "2")["attempts"]
     assert [a["outcome"] for a in attempts] == ["oom", "succeeded"]
     each = json.loads(orch.run("curves", "--job", "2", "--key", "loss", "--format", "json").stdout)
-    assert [(r["attempt"], r["step"]) for r in each] == [(1, 5), (1, 10), (2, 15), (2, 20), (2, 25), (2, 30), (2, 35), (2, 40)]
+    assert [(r["attempt"], r["step"]) for r in each] == [
+        (1, 5),
+        (1, 10),
+        (2, 15),
+        (2, 20),
+        (2, 25),
+        (2, 30),
+        (2, 35),
+        (2, 40),
+    ]
     stitched = json.loads(orch.run("curves", "--job", "2", "--stitch", "--format", "json").stdout)
     assert [(r["attempt"], r["step"]) for r in stitched if r["key"] == "loss"] == [
         (1, 5), (1, 10), *[(2, s) for s in range(15, 41, 5)]]
@@ -142,7 +154,8 @@ def _check_pages(page: Any, url: str) -> None:
     assert chart.get_attribute("data-series") == "2" and chart.get_attribute("data-marks") == "1"  # job 2 resumed
     data = json.loads(chart.locator('script[type="application/json"]').text_content())
     resumed = next(r for r in data["runs"] if r["key"] == "job-2")
-    assert resumed["curves"]["loss"][0] == [5 * k for k in range(1, 9)] and resumed["marks"] == [15]  # its first point after the resume
+    # its first point after the resume
+    assert resumed["curves"]["loss"][0] == [5 * k for k in range(1, 9)] and resumed["marks"] == [15]
     rows = chart.locator("table.curve-legend tbody tr")
     assert rows.count() == 2 and "dies" in rows.nth(1).inner_text()
     rows.nth(0).locator("input.toggle").uncheck()
@@ -178,9 +191,20 @@ def test_a_real_trainers_printed_logs_become_its_curves(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     with orch_env(tmp_path) as orch:
         (orch.root / "hf_train.py").write_text(REAL_TRAINER)
-        config = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 1, "gradient_accumulation_steps": 1,
-                  "max_steps": 40, "logging_steps": 5, "eval_strategy": "steps", "eval_steps": 20, "save_strategy": "no",
-                  "report_to": "none", "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}
+        config = {
+            "per_device_train_batch_size": 4,
+            "per_device_eval_batch_size": 1,
+            "gradient_accumulation_steps": 1,
+            "max_steps": 40,
+            "logging_steps": 5,
+            "eval_strategy": "steps",
+            "eval_steps": 20,
+            "save_strategy": "no",
+            "report_to": "none",
+            "use_cpu": True,
+            "learning_rate": 0.001,
+            "dataloader_num_workers": 0,
+        }
         write_script_suite(orch, "real", f"{PY} hf_train.py {{config}} {{run_dir}}/out", {"real": config},
                            hang_timeout_s="off", keys={"batch_size": "per_device_train_batch_size"})  # fmt: skip
         orch.submit("real", "0:toy")

@@ -73,7 +73,13 @@ def test_each_demo_starts_fresh_and_leaves_nothing_running(tmp_path: Path) -> No
 
 def test_a_stopped_daemon_takes_its_tmux_server_along_unless_workers_run(tmp_path: Path) -> None:
     with orch_env(tmp_path) as orch:
-        orch.write_suite("quick", {"a": {"sim_mem_gib": 1, "sim_seconds": 0.2}, "slow": {"sim_mem_gib": 1, "sim_seconds": 60}})
+        orch.write_suite(
+            "quick",
+            {
+                "a": {"sim_mem_gib": 1, "sim_seconds": 0.2},
+                "slow": {"sim_mem_gib": 1, "sim_seconds": 60},
+            },
+        )
         orch.submit("quick", "1:glue_rte")
         orch.start_daemon()
         wait_until(lambda: orch.job_states().get(1) == "succeeded", 60, "the quick job to succeed")
@@ -151,8 +157,13 @@ def test_an_interrupted_demo_stops_its_daemon_and_workers(tmp_path: Path, signum
             cwd=tmp_path, env=demo_env(tmp_path), stdout=out, stderr=err, text=True,
             preexec_fn=_as_from_a_terminal)
     try:
-        started = wait_until(lambda: re.search(r"^\d\d:\d\d:\d\d job \d: attempt 1 started", out_path.read_text(), re.M),
-                             120, "a demo job to start")
+        started = wait_until(
+            lambda: re.search(
+                r"^\d\d:\d\d:\d\d job \d: attempt 1 started", out_path.read_text(), re.M
+            ),
+            120,
+            "a demo job to start",
+        )
         assert started
         match = re.search(r"demo database: (\S+)", out_path.read_text())
         assert match

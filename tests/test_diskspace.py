@@ -34,7 +34,12 @@ def test_only_failed_or_lost_attempts_orch_did_not_stop_are_put_down_to_the_disk
     assert disk_full_cause(Classification(AttemptOutcome.LOST, "no exit record"), None, True, "", None, None)
     assert disk_full_cause(FAILED, None, False, "ValueError: bad", None, None) is None
     assert disk_full_cause(FAILED, "hung", True, log, None, None) is None  # orch killed it: not the disk
-    assert disk_full_cause(Classification(AttemptOutcome.OOM, "CUDA out of memory"), None, True, log, None, None) is None
+    assert (
+        disk_full_cause(
+            Classification(AttemptOutcome.OOM, "CUDA out of memory"), None, True, log, None, None
+        )
+        is None
+    )
 
 
 def test_disk_state_levels(tmp_path: Path) -> None:

@@ -89,7 +89,8 @@ def test_the_losses_a_script_printed_are_read_from_both_ends_of_its_log(tmp_path
     assert summary.initial == pytest.approx(2.0 - 0.001 * 4.5) and summary.final == pytest.approx(2.0 - 0.001 * 994.5)
     assert verdict(summary) is None
     (tmp_path / "stdout.log").write_text("\n".join(lines[:20] + ["{'loss': nan, 'epoch': 0.02}"] * 3) + "\n")
-    assert verdict(printed_loss_summary(tmp_path, None)) == "loss not finite at the end of training"  # type: ignore[arg-type]
+    summary = printed_loss_summary(tmp_path, None)
+    assert verdict(summary) == "loss not finite at the end of training"  # type: ignore[arg-type]
     (tmp_path / "stdout.log").write_text("loading\ndone, accuracy 0.8\n")
     assert printed_loss_summary(tmp_path, None) is None
     (tmp_path / "stdout.log").unlink()

@@ -53,7 +53,10 @@ def broken_links(source: Path) -> list[str]:
 
 
 def test_the_slug_rule() -> None:
-    assert slug("The LoRA worker: what it trains and what it reports") == "the-lora-worker-what-it-trains-and-what-it-reports"
+    assert (
+        slug("The LoRA worker: what it trains and what it reports")
+        == "the-lora-worker-what-it-trains-and-what-it-reports"
+    )
     assert slug("`--json` shapes") == "--json-shapes"
     assert anchors("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
 

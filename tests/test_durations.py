@@ -66,7 +66,19 @@ def test_the_daemon_reads_succeeded_attempts_from_its_store(db_path: Path) -> No
             jobs[1].id: ("oom", 5.0),  # an OOM says nothing about how long the job takes
         }
         for job_id, (outcome, wall_s) in ran.items():
-            plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+            plan = AttemptPlan(
+                job_id,
+                0,
+                "GPU-0",
+                0,
+                "base",
+                {},
+                {},
+                False,
+                1024,
+                PredictionSource(SourceKind.DECLARED),
+                1024,
+            )
             attempt = start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}")
             update_attempt(
                 store, attempt.id, outcome=outcome, ended_at=attempt.started_at + wall_s

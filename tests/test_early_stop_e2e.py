@@ -94,8 +94,14 @@ def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> N
     assert "0 of 2 (2 pruned)" in table and "‡" in table and "pruned at step" in table
     rows = Sweep(orch.db).results(as_frame=False)
     assert {r["job"] for r in rows if r["state"] == "pruned"} == {j.id for j in pruned}
-    assert all(r["value"] is None and not r["counted"] and r["why"].startswith("pruned at step") and "‡" in r["marks"]
-               for r in rows if r["state"] == "pruned"), [(r["why"], r["marks"]) for r in rows if r["state"] == "pruned"]
+    assert all(
+        r["value"] is None
+        and not r["counted"]
+        and r["why"].startswith("pruned at step")
+        and "‡" in r["marks"]
+        for r in rows
+        if r["state"] == "pruned"
+    ), [(r["why"], r["marks"]) for r in rows if r["state"] == "pruned"]
 
     # `orch retry` resumes a pruned job; its setting is judged no more
     retried = pruned[0]

@@ -33,7 +33,9 @@ def test_a_backend_that_forgets_observe_or_stop_cannot_be_made() -> None:
 
 def test_a_backend_that_says_each_can_be_made() -> None:
     class Complete(ForgetsObserveAndStop):
-        def observe(self, attempts: Sequence[tuple[Attempt, Job]]) -> dict[int, object] | None:  # type: ignore[override]
+        def observe(  # type: ignore[override]
+            self, attempts: Sequence[tuple[Attempt, Job]]
+        ) -> dict[int, object] | None:
             return None
 
         def stop(self, attempt: Attempt, job: Job) -> None:

@@ -76,12 +76,21 @@ def test_settings_take_typed_gpus_per_gpu_resources_and_slurm_syntax_in_extra() 
 @pytest.mark.parametrize(
     ("raw", "named"),
     [
-        ({"time": "soon"}, "time"), ({"cpus": 0}, "cpus"), ({"cpus": True}, "cpus"), ({"mem": "lots"}, "mem"),
-        ({"extra": ["--gres=gpu:8"]}, "set by orch"), ({"extra": ["--qos=a; rm -rf ~"]}, "extra option"),
-        ({"extra": "--qos=a"}, "extra"), ({"partitions": "x"}, "unknown key"), (["time"], "mapping"),
-        ({"extra": ["--qos=a\nb"]}, "extra option"), ({"partition": "a b"}, "partition"),
-        ({"mem": "1G", "mem_per_gpu": "1G"}, "exclude each other"), ({"cpus": 1, "cpus_per_gpu": 2}, "exclude each other"),
-        ({"extra": ["--signal=USR1@60"]}, "set by orch"), ({"max_timeouts": -1}, "max_timeouts"),
+        ({"time": "soon"}, "time"),
+        ({"cpus": 0}, "cpus"),
+        ({"cpus": True}, "cpus"),
+        ({"mem": "lots"}, "mem"),
+        ({"extra": ["--gres=gpu:8"]}, "set by orch"),
+        ({"extra": ["--qos=a; rm -rf ~"]}, "extra option"),
+        ({"extra": "--qos=a"}, "extra"),
+        ({"partitions": "x"}, "unknown key"),
+        (["time"], "mapping"),
+        ({"extra": ["--qos=a\nb"]}, "extra option"),
+        ({"partition": "a b"}, "partition"),
+        ({"mem": "1G", "mem_per_gpu": "1G"}, "exclude each other"),
+        ({"cpus": 1, "cpus_per_gpu": 2}, "exclude each other"),
+        ({"extra": ["--signal=USR1@60"]}, "set by orch"),
+        ({"max_timeouts": -1}, "max_timeouts"),
     ],
 )
 def test_settings_refuse_bad_values(raw: object, named: str) -> None:
@@ -135,7 +144,9 @@ def test_squeue_sacct_and_scontrol_output_are_parsed() -> None:
     assert queue["12"].reason == "Resources" and queue["13"].state == "RUNNING" and len(queue) == 2
     sacct = parse_sacct("14|orch-demo-3-a1|NODE_FAIL|None\n15|orch-demo-4-a1|CANCELLED by 0|None\n")
     assert sacct["14"].state == "NODE_FAIL" and sacct["15"].state == "CANCELLED"
-    scontrol = parse_scontrol_jobs("JobId=16 JobName=orch-demo-5-a1 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Comment=JobState=X\n")
+    scontrol = parse_scontrol_jobs(
+        "JobId=16 JobName=orch-demo-5-a1 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Comment=JobState=X\n"
+    )
     assert scontrol["16"].state == "TIMEOUT" and scontrol["16"].name == "orch-demo-5-a1"
     assert parse_scontrol_jobs("JobId=17 JobState=OUT_OF_MEMORY MinMemoryNode=256M\n")["17"].mem_mib == 256
     assert parse_sacct("18|orch-x|OUT_OF_MEMORY|None|2000Mn\n")["18"].mem_mib == 2000
@@ -182,7 +193,9 @@ def test_the_run_dir_wins_over_slurm() -> None:
 
 
 def test_slurm_ends_without_an_exit_record_carry_the_state_in_the_reason() -> None:
-    assert remote_end(ATTEMPT, _obs(), _status("NODE_FAIL"), True, None) == ClusterEnd(AttemptOutcome.LOST, "Slurm job 42 ended NODE_FAIL")
+    assert remote_end(ATTEMPT, _obs(), _status("NODE_FAIL"), True, None) == ClusterEnd(
+        AttemptOutcome.LOST, "Slurm job 42 ended NODE_FAIL"
+    )
     preempted = remote_end(ATTEMPT, _obs(), _status("PREEMPTED"), True, None)
     assert isinstance(preempted, ClusterEnd) and preempted.outcome is AttemptOutcome.LOST and not preempted.counted
     timeout = remote_end(ATTEMPT, _obs(), _status("TIMEOUT"), True, None, TimeLimit(limit="1"))
@@ -193,7 +206,10 @@ def test_slurm_ends_without_an_exit_record_carry_the_state_in_the_reason() -> No
     granted = remote_end(ATTEMPT, _obs(), replace(_status("OUT_OF_MEMORY"), mem_mib=256), True, None)
     assert isinstance(granted, ClusterEnd) and granted.next_mem_mib == 512 and "--mem=512M" in granted.reason
     cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
-    assert remote_end(cancelled, _obs(), _status("CANCELLED"), True, None)[0] is AttemptOutcome.CANCELLED  # type: ignore[index]
+    assert (
+        remote_end(cancelled, _obs(), _status("CANCELLED"), True, None)[0]  # type: ignore[index]
+        is AttemptOutcome.CANCELLED
+    )
 
 
 STOPPED = {"exit_code": 143, "signal": None, "received": ["SIGTERM"], "forwarded": ["SIGTERM"]}
@@ -204,7 +220,11 @@ def test_slurms_final_word_wins_over_an_exit_record_written_under_its_signal() -
     assert remote_end(ATTEMPT, _obs(STOPPED), _status("RUNNING"), True, None) == AWAIT
     assert remote_end(ATTEMPT, _obs(STOPPED), None, False, 50.0) == AWAIT
     failed = remote_end(ATTEMPT, _obs(STOPPED), _status("TIMEOUT"), True, None, TimeLimit(limit="10:00"))
-    assert isinstance(failed, ClusterEnd) and failed.outcome is AttemptOutcome.FAILED and "--time=10:00" in failed.reason
+    assert (
+        isinstance(failed, ClusterEnd)
+        and failed.outcome is AttemptOutcome.FAILED
+        and "--time=10:00" in failed.reason
+    )
     preempted = remote_end(ATTEMPT, _obs(STOPPED), _status("PREEMPTED"), True, None)
     assert isinstance(preempted, ClusterEnd) and not preempted.counted
     # a stray SIGTERM that Slurm did not send: the run dir decides (stopped from outside: lost)
@@ -231,7 +251,12 @@ def test_a_time_limit_resumes_a_resumable_worker_up_to_its_cap() -> None:
     warned = {"exit_code": 140, "signal": 12, "received": ["SIGUSR2"]}
     assert remote_end(ATTEMPT, _obs(warned), _status("FAILED"), True, None, resumable) == first
     # it checkpointed on the warning and finished: the run dir decides
-    assert remote_end(ATTEMPT, _obs({**warned, "exit_code": 0}), _status("COMPLETED"), True, None, resumable) == "finished"
+    assert (
+        remote_end(
+            ATTEMPT, _obs({**warned, "exit_code": 0}), _status("COMPLETED"), True, None, resumable
+        )
+        == "finished"
+    )
 
 
 def test_a_job_out_of_the_queue_waits_out_the_grace_for_its_exit_record() -> None:
@@ -239,7 +264,11 @@ def test_a_job_out_of_the_queue_waits_out_the_grace_for_its_exit_record() -> Non
     assert remote_end(ATTEMPT, _obs(), unsettled, True, None) is None
     assert remote_end(ATTEMPT, _obs({"exit_code": 0}), unsettled, True, None) == "finished"
     lost = remote_end(ATTEMPT, _obs(), replace(unsettled, settled=True), True, None)
-    assert isinstance(lost, ClusterEnd) and lost.outcome is AttemptOutcome.LOST and "no exit record appeared" in lost.reason
+    assert (
+        isinstance(lost, ClusterEnd)
+        and lost.outcome is AttemptOutcome.LOST
+        and "no exit record appeared" in lost.reason
+    )
 
 
 def test_worker_can_resume_from_its_template_or_its_config() -> None:
@@ -273,7 +302,17 @@ def test_a_remote_process_is_alive_while_slurm_runs_it() -> None:
 # -- the wrapper's own GPU peak --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", ['{"peak_mib": true}', '{"peak_mib": -1}', '{"peak_mib": 1e30}', "[1]", "{", '{"peak_mib": 99999999999}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"peak_mib": true}',
+        '{"peak_mib": -1}',
+        '{"peak_mib": 1e30}',
+        "[1]",
+        "{",
+        '{"peak_mib": 99999999999}',
+    ],
+)
 def test_an_unbelievable_gpu_peak_file_reads_as_zero(tmp_path: Path, content: str) -> None:
     (tmp_path / RunDir.GPU_PEAK).write_text(content)
     assert read_gpu_peak_mib(tmp_path) == 0
@@ -304,7 +343,14 @@ def test_the_wrapper_measures_its_own_tree_on_simulated_gpus(tmp_path: Path, mon
 
     monkeypatch.setenv("ORCH_SIM_GPUS", "2x24GiB")
     make_probe("sim", sim_dir).close()  # creates the card directories
-    done = subprocess.run(wrapper_argv(run_dir, [sys.executable, "-c", holder]), env=env, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        wrapper_argv(run_dir, [sys.executable, "-c", holder]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert read_gpu_peak_mib(run_dir) == 3000
     assert json.loads((run_dir / RunDir.GPU_PEAK).read_text())["samples"] >= 1
@@ -349,7 +395,10 @@ def test_slurm_options_need_the_slurm_executor(tmp_path: Path) -> None:
 @requires_tmux
 def test_finished_tmux_windows_are_closed_once_recorded(tmp_path: Path) -> None:
     with orch_env(tmp_path) as orch:
-        orch.write_suite("quick", {"a": {"sim_mem_gib": 1, "sim_seconds": 1}, "b": {"sim_mem_gib": 1, "sim_seconds": 1}})
+        orch.write_suite(
+            "quick",
+            {"a": {"sim_mem_gib": 1, "sim_seconds": 1}, "b": {"sim_mem_gib": 1, "sim_seconds": 1}},
+        )
         orch.submit("quick", "1:x 2:x")
         orch.start_daemon()
         orch.wait_all_done(90)
@@ -400,7 +449,12 @@ def test_slurm_requests_are_sized_from_the_prediction_or_take_a_whole_gpu_alone(
     assert request(predicted_peak_mib=8192) == "shard:2"
     assert request(predicted_peak_mib=8192, run_alone=True) == "shard:4"
     assert request(predicted_peak_mib=8192, gpus=2) == "gpu:2"  # gpus: 2 is two whole GPUs, never one
-    assert request(slurm={"cpus": 3, "gpu_type": "a100", "partition": "big"}, gpus=2, want_partition="big") == "gpu:a100:2"
+    assert (
+        request(
+            slurm={"cpus": 3, "gpu_type": "a100", "partition": "big"}, gpus=2, want_partition="big"
+        )
+        == "gpu:a100:2"
+    )
     executor.shard_mib = None  # a cluster without shards
     assert request(predicted_peak_mib=8192) == "gpu:1"
 

@@ -164,7 +164,11 @@ def test_family_predicts_a_member_never_run_and_an_oom_retires_the_declared_figu
     assert untouched.disproven_bound(member) is None
     assert not struck.family_measured(member.family_key)
     # a running attempt past step K measures the family
-    running = Knowledge({}, {shape_key("h256", "m", "t"): RunningPeak(9_000, 12)}, tags={shape_key("h256", "m", "t"): tag256})
+    running = Knowledge(
+        {},
+        {shape_key("h256", "m", "t"): RunningPeak(9_000, 12)},
+        tags={shape_key("h256", "m", "t"): tag256},
+    )
     assert running.family_measured(member.family_key)
 
 

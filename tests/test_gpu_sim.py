@@ -122,7 +122,10 @@ def test_sim_misconfiguration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_process_tree_attribution(sim_env: Path) -> None:
-    code = "import subprocess,sys,time; c=subprocess.Popen([sys.executable,'-c','import time; time.sleep(30)']); print(c.pid, flush=True); time.sleep(30)"
+    code = (
+        "import subprocess,sys,time; c=subprocess.Popen([sys.executable,'-c','import time; "
+        "time.sleep(30)']); print(c.pid, flush=True); time.sleep(30)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None

@@ -248,7 +248,9 @@ def test_late_round_errors_with_existing_db(
     ("case_id", "argv"),
     [pytest.param(*case, id=case[0]) for case in LATE_ROUND_CASES],
 )
-def test_late_round_errors_without_db(orch_inproc: OrchRunner, cwd: Path, db_path: Path, case_id: str, argv: tuple[str, ...]) -> None:
+def test_late_round_errors_without_db(
+    orch_inproc: OrchRunner, cwd: Path, db_path: Path, case_id: str, argv: tuple[str, ...]
+) -> None:
     before = tree(cwd)
     assert_refused(orch_inproc(*argv), before, cwd)
     assert not db_path.exists()

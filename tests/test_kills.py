@@ -131,12 +131,18 @@ def test_a_group_gone_before_the_first_signal_ends_at_once() -> None:
 
 def test_a_group_that_vanished_between_the_read_and_the_signal_is_gone() -> None:
     clock = FakeClock()
-    stopper = GroupStopper(clock, send=lambda pgid, sig: False, read_groups=lambda: FakeTable({NO_SUCH_PID}))  # type: ignore[arg-type, return-value]
+    stopper = GroupStopper(
+        clock,
+        send=lambda pgid, sig: False,
+        read_groups=lambda: FakeTable({NO_SUCH_PID}),  # type: ignore[arg-type, return-value]
+    )
     assert stopper.stop(1, NO_SUCH_PID, None) is True
     assert stopper.pending() == {}
 
 
-def test_members_that_outlive_sigkill_keep_the_attempt_open_and_are_named_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_members_that_outlive_sigkill_keep_the_attempt_open_and_are_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     clock, alive, sent = FakeClock(), {NO_SUCH_PID}, []
     stopper = _stopper(clock, alive, sent)
     caplog.set_level(logging.WARNING, logger="orchestrator.attempts.kills")
@@ -180,7 +186,8 @@ def test_a_real_group_ignoring_sigterm_is_killed_after_the_clock_passes_the_grac
     ready = tmp_path / "ready"
     code = (
         "import pathlib, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
+        "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
         f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)

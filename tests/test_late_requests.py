@@ -48,7 +48,11 @@ def test_retry_of_a_running_job_whose_worker_succeeded_is_refused_and_keeps_it(o
     _worker_ended_unseen(orch, 0)
     proc = orch.run("retry", "1", check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "already succeeded" in proc.stderr and "--force" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert (
+        "already succeeded" in proc.stderr
+        and "--force" in proc.stderr
+        and len(proc.stderr.strip().splitlines()) == 1
+    )
     orch.start_daemon()
     assert orch.wait_all_done(30) == {1: "succeeded"}
     assert [a["outcome"] for a in orch.json("show", "1")["attempts"]] == ["succeeded"]

@@ -58,7 +58,11 @@ def test_an_adopted_attempt_adds_the_stored_gap_before_this_daemon_started_when_
     back = launch_age(5.0, True, CLAIMED_AT_S, CLAIMED_AT_S - HOUR_S)  # claimed "after" this daemon started
     assert back.age_s == 5.0 and back.distrusted is not None and "wall clock went back" in back.distrusted
     absurd = launch_age(5.0, True, CLAIMED_AT_S, CLAIMED_AT_S + MAX_TRUSTED_GAP_S + 1)
-    assert absurd.age_s == 5.0 and absurd.distrusted is not None and "only this daemon's own measure" in absurd.distrusted
+    assert (
+        absurd.age_s == 5.0
+        and absurd.distrusted is not None
+        and "only this daemon's own measure" in absurd.distrusted
+    )
     unknown = launch_age(5.0, True, CLAIMED_AT_S, None)
     assert unknown.age_s == 5.0 and unknown.distrusted is not None
     assert "only this daemon's own measure counts" in back.said() and back.said().startswith("5s since its claim")
@@ -103,7 +107,9 @@ def test_a_claim_is_taken_for_a_dead_daemons_by_its_id_not_its_time() -> None:
     # an hour "before" this daemon started by the wall clock, but claimed by it: left to its launch
     assert remote_end(never_submitted, looked(CLAIMED_AT_S - HOUR_S), None, True, own) is None
     end = remote_end(never_submitted, looked(CLAIMED_AT_S), None, True, adopted)
-    assert end == ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", counted=False)
+    assert end == ClusterEnd(
+        AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", counted=False
+    )
 
 
 def test_the_watch_runs_on_the_monotonic_clock_and_ends_with_the_attempt() -> None:
@@ -127,7 +133,19 @@ def test_attempt_ids_only_grow_so_the_last_one_at_start_marks_the_adopted(db_pat
                     priority=0, force=False, dry_run=False)
         ids = []
         for job_id in (1, 2):
-            plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+            plan = AttemptPlan(
+                job_id,
+                0,
+                "GPU-0",
+                0,
+                "base",
+                {},
+                {},
+                False,
+                1024,
+                PredictionSource(SourceKind.DECLARED),
+                1024,
+            )
             ids.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}").id)
         assert last_attempt_id(store) == max(ids) and ids == sorted(ids)
 

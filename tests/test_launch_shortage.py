@@ -43,7 +43,9 @@ def test_a_batch_orch_cannot_launch_ends_uncounted_at_once(tmp_path: Path) -> No
              SchedulerState(), draining=False)
     attempts = all_attempts(store)
     assert len(attempts) == 3  # the batch was claimed
-    assert all(a.outcome == "lost" and a.ended_at is not None for a in attempts), [(a.outcome, a.reason) for a in attempts]
+    assert all(a.outcome == "lost" and a.ended_at is not None for a in attempts), [
+        (a.outcome, a.reason) for a in attempts
+    ]
     assert all("Too many open files" in (a.reason or "") for a in attempts)
     jobs = read_jobs(store)
     assert all(job.state is JobState.QUEUED for job in jobs)  # to be started again

@@ -138,11 +138,23 @@ def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
     tricky = "a'b\"c $HOME; d #e {f} ~g \\h %if"
     code = "import os, pathlib; pathlib.Path(os.environ['ORCH_RUN_DIR'], 'seen').write_text(os.environ['TRICKY'])"
     specs = [
-        spec(tmp_path, f"job{i}-many", code, {"TRICKY": f"{tricky} {i}", "ORCH_RUN_DIR": str(tmp_path / f"job{i}-many")})
+        spec(
+            tmp_path,
+            f"job{i}-many",
+            code,
+            {"TRICKY": f"{tricky} {i}", "ORCH_RUN_DIR": str(tmp_path / f"job{i}-many")},
+        )
         for i in range(12)
     ]
     # a newline cannot go through a command file: that window is opened on its own
-    specs.append(spec(tmp_path, "job12-many", code, {"TRICKY": "two\nlines", "ORCH_RUN_DIR": str(tmp_path / "job12-many")}))
+    specs.append(
+        spec(
+            tmp_path,
+            "job12-many",
+            code,
+            {"TRICKY": "two\nlines", "ORCH_RUN_DIR": str(tmp_path / "job12-many")},
+        )
+    )
     handles = tmux.submit_many(specs)
     assert len(handles) == len(specs)
     assert all(not isinstance(h, Exception) for h in handles)

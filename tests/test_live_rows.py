@@ -25,7 +25,19 @@ def _started(store: Store, db_path: Path, seeds: str) -> list[Attempt]:
     submit_jobs(store, suite, submit, allowed_gpus=None, priority=0, force=False, dry_run=False)
     started = []
     for job_id in job_ids(store):
-        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        plan = AttemptPlan(
+            job_id,
+            0,
+            "GPU-0",
+            0,
+            "base",
+            {},
+            {},
+            False,
+            1024,
+            PredictionSource(SourceKind.DECLARED),
+            1024,
+        )
         started.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}"))
     return started
 

@@ -211,8 +211,15 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
                 names = [node.module or ""]
             assert all(n.split(".")[0] != "orchestrator" or n in allowed for n in names), path
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, orchestrator.plans.lora_keys, orchestrator.attempts.divergence, orchestrator.executors.provenance; print(' '.join(sys.modules))"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, orchestrator.plans.lora_keys, orchestrator.attempts.divergence, "
+            "orchestrator.executors.provenance; print(' '.join(sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert not {"sqlite_utils", "psutil", "libtmux", "pynvml", "click", "torch"} & {m.split(".")[0] for m in loaded}
 

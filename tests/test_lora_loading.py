@@ -108,7 +108,6 @@ class OldLlama(torch.nn.Module):  # transformers 4.45-4.49 named it num_logits_t
     def __init__(self) -> None:
         super().__init__()
         self.seen: dict[str, Any] = {}
-
     def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any = None,
                 num_logits_to_keep: int = 0) -> _Output:  # fmt: skip
         self.seen = {"num_logits_to_keep": num_logits_to_keep}
@@ -116,7 +115,10 @@ class OldLlama(torch.nn.Module):  # transformers 4.45-4.49 named it num_logits_t
 
 
 class NoKeep(OldLlama):
-    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any = None) -> _Output:  # type: ignore[override]
+
+    def forward(  # type: ignore[override]
+        self, input_ids: Any, attention_mask: Any, position_ids: Any = None
+    ) -> _Output:
         return _Output(torch.zeros(input_ids.shape[0], input_ids.shape[1], 5))
 
 

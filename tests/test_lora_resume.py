@@ -103,7 +103,9 @@ def test_a_run_resumed_from_its_checkpoint_matches_one_never_stopped(
     assert not list((tmp_path / "attempt-2").glob("checkpoint-*"))  # finished: its checkpoints are gone
 
 
-def test_a_checkpoint_of_other_settings_is_refused(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_of_other_settings_is_refused(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = tmp_path / "attempt-1"
     with monkeypatch.context() as patch:
         die_at_step(patch, 5, 1)

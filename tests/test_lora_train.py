@@ -53,7 +53,10 @@ def test_end_to_end_subprocess_with_local_model_dir(tmp_path: Path, data_dir: Pa
     write_config(
         run_dir, data_dir, model=str(model_dir), no_save=False, data="glue_mrpc", mem_gib=2
     )
-    env = {k: v for k, v in os.environ.items() if k != "ORCH_HEARTBEAT_S"} | {"PYTHONPATH": str(REPO), "ORCH_WORKER_DEVICE": "cpu"}
+    env = {k: v for k, v in os.environ.items() if k != "ORCH_HEARTBEAT_S"} | {
+        "PYTHONPATH": str(REPO),
+        "ORCH_WORKER_DEVICE": "cpu",
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "workers.lora", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir)],
         capture_output=True, text=True, env=env, timeout=120,

@@ -26,7 +26,8 @@ from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import ShapeMemory
 
 PEFT_DIR = Path(__file__).resolve().parent.parent / "plans" / "peft"
-QKVO: dict[str, Any] = {"r": 8, "lora_dropout": 0.05, "target_modules": ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"]}  # fmt: skip
+QKVO: dict[str, Any] = {"r": 8, "lora_dropout": 0.05,
+                        "target_modules": ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"]}  # fmt: skip
 E1: dict[str, Any] = {
     "batch_size": 4,
     "max_seq_len": 256,

@@ -188,7 +188,9 @@ def test_knowledge_transfers_between_levels_then_tasks() -> None:
     k = Knowledge(shapes, running)
     lengths = {"rte": 100, "qnli": 250, "sst2": 50}.get
     lower = {0: shape_key("h0", "m", "rte"), 1: shape_key("h1", "m", "rte")}
-    assert k.transfer(shape_key("h2", "m", "rte"), None, lengths, lower) == Transfer(12_000, PredictionSource(SourceKind.LEVEL, level=0))
+    assert k.transfer(shape_key("h2", "m", "rte"), None, lengths, lower) == Transfer(
+        12_000, PredictionSource(SourceKind.LEVEL, level=0)
+    )
     via_task = k.transfer(shape_key("h1", "m", "sst2"), None, lengths)
     assert via_task is not None and via_task.mib == 7_000 and via_task.source.task == "qnli"
     assert k.transfer(shape_key("other", "m", "rte"), None, lengths) is None
@@ -248,7 +250,9 @@ def _suite(tmp_path, **extra: object):  # type: ignore[no-untyped-def]
     (tmp_path / "suites").mkdir(exist_ok=True)
     (tmp_path / "configs" / "s").mkdir(parents=True, exist_ok=True)
     (tmp_path / "configs" / "s" / "c.yaml").write_text("model: m\nbatch_size: 4\n")
-    (tmp_path / "suites" / "s.yaml").write_text(yaml.safe_dump({"worker": "sim", "mem_gib": 4, "configs": ["c"], **extra}))
+    (tmp_path / "suites" / "s.yaml").write_text(
+        yaml.safe_dump({"worker": "sim", "mem_gib": 4, "configs": ["c"], **extra})
+    )
     return load_suite("s", tmp_path)
 
 
@@ -292,7 +296,8 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     assert first["throughput"]["GPU-1"]["relative"] == {"1": 1.0, "2": 1.2}
     assert first["throughput"]["GPU-1"]["spread"] == {"1": 0.0, "2": 0.17}  # (65 - 55) / 60
     shown = orch_inproc("memory").stdout
-    assert "1:1.0x (±0%), 2:1.2x (±8%)" in shown and "E1/c L0 glue_rte" in shown  # configs of one name in two suites differ
+    # configs of one name in two suites differ
+    assert "1:1.0x (±0%), 2:1.2x (±8%)" in shown and "E1/c L0 glue_rte" in shown
     for bad in (("memory", "forget"), ("memory", "forget", key, "--suite", "E1"),
                 ("memory", "forget", "nope"), ("memory", "forget", "a\x01b")):
         result = orch_inproc(*bad)
@@ -304,7 +309,9 @@ def test_orch_memory_lists_and_forgets(orch_inproc, db_path) -> None:  # type: i
     assert json.loads(orch_inproc("memory", "--json").stdout)["shapes"] == []
 
 
-def test_forget_suite_finds_shapes_another_suite_taught_after_it(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
+def test_forget_suite_finds_shapes_another_suite_taught_after_it(  # type: ignore[no-untyped-def]
+    orch_inproc, db_path
+) -> None:
     from orchestrator.store.attempts import write_shape
     from orchestrator.store.db import Store
     from orchestrator.store.learning import label_shape, record_throughput
@@ -400,7 +407,19 @@ def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # t
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0), allowed_gpus=None,
                     priority=0, force=False, dry_run=False)  # fmt: skip
         job_id = job_ids(store)[0]
-        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        plan = AttemptPlan(
+            job_id,
+            0,
+            "GPU-0",
+            0,
+            "base",
+            {},
+            {},
+            False,
+            1024,
+            PredictionSource(SourceKind.DECLARED),
+            1024,
+        )
         start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         live, jobs = live_attempts_with_jobs(store)
         key = attempt_shape_key(jobs[job_id], live[0], JobShapeCache())
@@ -427,4 +446,7 @@ def test_a_prediction_source_has_no_parentheses_of_its_own() -> None:
                PredictionSource(SourceKind.OOM_FLOOR, level=1), PredictionSource(SourceKind.ESTIMATE, tokens=512)]
     texts = [s.render() for s in sources]
     assert not any("(" in t or ")" in t for t in texts), texts
-    assert texts[1] == "measured: level 0 peak" and texts[3] == "family fit: 3 members, error 5 %, capped at the largest card"
+    assert (
+        texts[1] == "measured: level 0 peak"
+        and texts[3] == "family fit: 3 members, error 5 %, capped at the largest card"
+    )

@@ -70,10 +70,20 @@ def hf_trainer_output(steps: int = 40, log_every: int = 5, eval_every: int = 20,
         if step % eval_every == 0:
             out += ["\n" + bar(k, eval_batches) for k in range(1, eval_batches + 1)]
             out.append("\r" + " " * 40 + "\r\x1b[A")  # the evaluation bar cleared
-            out.append(write(f"{{'eval_loss': {1.9 - step / 100}, 'eval_accuracy': {0.5 + step / 100}, "
-                             f"'eval_runtime': 0.5, 'eval_samples_per_second': 64.0, 'epoch': {step / steps:.2f}}}", step))
-    out.append("\n" + write("{'train_runtime': 10.0, 'train_samples_per_second': 32.0, 'train_loss': 1.5, 'epoch': 1.0}",
-                             steps))
+            out.append(
+                write(
+                    f"{{'eval_loss': {1.9 - step / 100}, 'eval_accuracy': {0.5 + step / 100}, "
+                    f"'eval_runtime': 0.5, 'eval_samples_per_second': 64.0, 'epoch': {step / steps:.2f}}}",
+                    step,
+                )
+            )
+    out.append(
+        "\n"
+        + write(
+            "{'train_runtime': 10.0, 'train_samples_per_second': 32.0, 'train_loss': 1.5, 'epoch': 1.0}",
+            steps,
+        )
+    )
     return "".join(out)
 
 
@@ -122,13 +132,18 @@ def test_the_follower_reads_progress_as_it_grows_and_a_new_one_adds_nothing_twic
         run_dir = tmp_path / "a1"
         run_dir.mkdir()
         progress = run_dir / "progress.jsonl"
-        progress.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 11)) + '{"step": 11')
+        progress.write_text(
+            "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 11))
+            + '{"step": 11'
+        )
         follower = HistoryFollower(store)
         assert follower.collect(1, run_dir) == 10
         with progress.open("a") as handle:
             handle.write(', "loss": 0.05}\n')
         assert follower.collect(1, run_dir) == 1
-        (run_dir / "result.json").write_text(json.dumps({"status": "succeeded", "metrics": {"test": {"accuracy": 0.9}}}))
+        (run_dir / "result.json").write_text(
+            json.dumps({"status": "succeeded", "metrics": {"test": {"accuracy": 0.9}}})
+        )
         HistoryFollower(store).finish(1, run_dir)  # a restarted daemon reads the file again
         rows = list(iter_history(store))
         assert len([p for p in rows if p.key == "loss"]) == 11
@@ -183,7 +198,10 @@ def test_orch_curves_refuses_a_key_the_chosen_jobs_never_reported(orch_inproc: O
         record_history(store, 1, [Point(1.0, "loss", 2.0), Point(1.0, "lr", 1e-4)])
     done = orch_inproc("curves", "--key", "loss", "--key", "nope")
     assert done.rc == 2 and done.stdout == ""
-    assert done.stderr.strip() == "orch: error: --key 'nope': no such metric in the chosen jobs' history (known: loss, lr)"
+    assert (
+        done.stderr.strip()
+        == "orch: error: --key 'nope': no such metric in the chosen jobs' history (known: loss, lr)"
+    )
     assert orch_inproc("curves", "--key", "loss").stdout.count("\n") == 2  # the header and the one point
 
 

@@ -129,9 +129,21 @@ def test_a_card_whose_server_failed_a_worker_leaves_mps(db_path: Path) -> None:
             watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})
             assert state.cards == {"GPU-0"}
             said = [e.message for e in events(store, "daemon")]
-            assert any("the MPS server failed a worker on GPU 1 (jobs 1): MPS off for that card" in m for m in said), said
+            assert any(
+                "the MPS server failed a worker on GPU 1 (jobs 1): MPS off for that card" in m
+                for m in said
+            ), said
             watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})  # read once: no second event
-            assert len([m for m in (e.message for e in events(store, "daemon")) if "on GPU 1 (jobs 1): MPS off" in m]) == 1
+            assert (
+                len(
+                    [
+                        m
+                        for m in (e.message for e in events(store, "daemon"))
+                        if "on GPU 1 (jobs 1): MPS off" in m
+                    ]
+                )
+                == 1
+            )
         finally:
             own.kill()
             own.wait(10)

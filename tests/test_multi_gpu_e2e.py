@@ -118,7 +118,11 @@ def test_a_four_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs(orch: Orch) -
     orch.write_suite("big", {"wide": {"sim_mem_gib": 9, "sim_seconds": 1, "gpus": 4}}, mem_gib=10)
     orch.submit("first", " ".join(f"{s}:glue_rte" for s in range(1, 5)), "--gpu-plan", "1")
     orch.start_daemon(poll_s=0.1)
-    wait_until(lambda: len(orch.read(lambda store: job_ids(store, JobState.RUNNING))) == 4, 30, "four one-GPU jobs running")
+    wait_until(
+        lambda: len(orch.read(lambda store: job_ids(store, JobState.RUNNING))) == 4,
+        30,
+        "four one-GPU jobs running",
+    )
     orch.submit("big", "1:glue_rte")
     (gang_id,) = orch.read(lambda store: job_ids(store, suite="big"))
     seed = 100

@@ -114,8 +114,12 @@ def test_orch_retry_requeues_as_it_is() -> None:
 
 def test_a_preempted_or_resumable_timeout_requeues_uncounted() -> None:
     preempted = ClusterEnd(AttemptOutcome.LOST, "preempted", counted=False)
-    step = decide_next(a_job(attempt_count=8, max_attempts=8), LEVELS, LEVELS[0], ended(AttemptOutcome.LOST, "preempted",
-                                                                                           remote_end=preempted))
+    step = decide_next(
+        a_job(attempt_count=8, max_attempts=8),
+        LEVELS,
+        LEVELS[0],
+        ended(AttemptOutcome.LOST, "preempted", remote_end=preempted),
+    )
     assert step.job_state is JobState.QUEUED and step.job_fields["max_attempts"] == 9 and not step.counted
 
 
@@ -144,7 +148,11 @@ def evidence(**kw: Any) -> EndEvidence:
 
 
 def test_classify_end_reads_an_oom_from_the_log() -> None:
-    verdict = classify_end(evidence(log_tail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"))
+    verdict = classify_end(
+        evidence(
+            log_tail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+        )
+    )
     assert verdict.classification.outcome is AttemptOutcome.OOM and verdict.disk_full is None
 
 
@@ -159,7 +167,11 @@ def test_classify_end_blames_a_full_disk_and_the_cluster_word_wins() -> None:
 def test_classify_end_a_hangup_orch_did_not_send_is_lost() -> None:
     verdict = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}))
     assert verdict.classification.outcome is AttemptOutcome.LOST
-    killed = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.HUNG))
+    killed = classify_end(
+        evidence(
+            exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.HUNG
+        )
+    )
     assert killed.classification.outcome is AttemptOutcome.FAILED and killed.classification.reason == REASON_HUNG
 
 
@@ -182,11 +194,21 @@ def test_a_stop_request_after_the_worker_ended_keeps_its_own_end() -> None:
     does not make its end a cancellation: a success stays a success, a failure a failure."""
     on_its_own = {"exit_code": 0, "signal": None, "received": []}
     for request in (KillRequest.CANCEL, KillRequest.RETRY):
-        kept = classify_end(evidence(exit_record=on_its_own, result={"status": "succeeded", "metrics": {}}, kill_reason=request))
+        kept = classify_end(
+            evidence(
+                exit_record=on_its_own,
+                result={"status": "succeeded", "metrics": {}},
+                kill_reason=request,
+            )
+        )
         assert kept.classification.outcome is AttemptOutcome.SUCCEEDED
         assert decide_next(a_job(), LEVELS, LEVELS[0], kept).job_state is JobState.SUCCEEDED
     failed = classify_end(evidence(exit_record={**on_its_own, "exit_code": 1}, kill_reason=KillRequest.CANCEL))
     assert failed.classification.outcome is AttemptOutcome.FAILED
     assert decide_next(a_job(), LEVELS, LEVELS[0], failed).job_state is JobState.CANCELLED
-    stopped = classify_end(evidence(exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.CANCEL))
+    stopped = classify_end(
+        evidence(
+            exit_record={"exit_code": 143, "received": ["SIGTERM"]}, kill_reason=KillRequest.CANCEL
+        )
+    )
     assert stopped.classification.outcome is AttemptOutcome.CANCELLED

@@ -67,7 +67,10 @@ def test_suite_finished_and_job_failed_are_sent(tmp_path: Path, inbox: Inbox) ->
     with orch_env(tmp_path) as orch:
         orch.write_suite(
             "overnight",
-            {"good": {"sim_mem_gib": 1, "sim_seconds": 0.3}, "bad": {"sim_mem_gib": 1, "sim_seconds": 0.4, "sim_fail": "error"}},
+            {
+                "good": {"sim_mem_gib": 1, "sim_seconds": 0.3},
+                "bad": {"sim_mem_gib": 1, "sim_seconds": 0.4, "sim_fail": "error"},
+            },
             notify=inbox.url("suite"),
         )
         # a script of the user's that dumps its environment (as experiment trackers do)

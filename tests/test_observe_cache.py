@@ -32,7 +32,9 @@ def write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)  # as the wrapper writes them: a new inode each time
 
 
-def test_files_are_read_again_only_when_they_changed(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_files_are_read_again_only_when_they_changed(  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch
+) -> None:
     run_dir = run_dir_in(tmp_path)
     reads: list[Path] = []
     real = runfiles.read_run_files
@@ -44,7 +46,10 @@ def test_files_are_read_again_only_when_they_changed(tmp_path: Path, monkeypatch
     assert cache.run_files(run_dir) is first and len(reads) == 1
     with open(run_dir / "progress.jsonl", "a") as handle:
         handle.write(json.dumps({"t": time.time(), "step": 3}) + "\n")
-    assert cache.run_files(run_dir).last_progress == {"t": json.loads((run_dir / "progress.jsonl").read_text())["t"], "step": 3}
+    assert cache.run_files(run_dir).last_progress == {
+        "t": json.loads((run_dir / "progress.jsonl").read_text())["t"],
+        "step": 3,
+    }
     write_json(run_dir / "exit.json", {"exit_code": 0})
     assert cache.run_files(run_dir).exit_record == {"exit_code": 0}
     assert len(reads) == 3
@@ -120,7 +125,9 @@ def test_new_progress_lines_alone_wait_for_the_refresh(tmp_path: Path) -> None:
     assert cache.run_files(run_dir, max_age_s=60.0).exit_record == {"exit_code": 0}
 
 
-def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch
+) -> None:
     from orchestrator.attempts import observe_cache
 
     run_dir = run_dir_in(tmp_path)
@@ -148,7 +155,9 @@ def test_a_settled_attempts_files_are_not_looked_at_between_refreshes(tmp_path: 
     cache.close()
 
 
-def test_a_refresh_after_appended_lines_reads_only_the_progress(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_refresh_after_appended_lines_reads_only_the_progress(  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch
+) -> None:
     run_dir = run_dir_in(tmp_path)
     write_json(run_dir / "pid.json", {"pid": 12345, "pgid": 12345, "create_time": 1.0})
     progress = run_dir / "progress.jsonl"

@@ -126,7 +126,9 @@ def test_unfixable_oom_errors_and_foreign_scripts(orch: Orch) -> None:
     assert [a["outcome"] for a in broken["attempts"]] == ["failed"]
     assert broken["attempts"][0]["level"] == 0
     assert broken["level"] == 0
-    assert "simulated failure" in (broken["reason"] or "") or "simulated failure" in (broken["attempts"][0]["reason"] or "")
+    assert "simulated failure" in (broken["reason"] or "") or "simulated failure" in (
+        broken["attempts"][0]["reason"] or ""
+    )
 
     foreign = orch.json("show", "3")
     assert [a["outcome"] for a in foreign["attempts"]] == ["oom", "succeeded"]

@@ -54,8 +54,21 @@ def test_piped_jobs_keep_every_value_whole(orch_inproc: OrchRunner) -> None:
     assert len(configs) == 44 and all(len(c) > 10 for c in configs)
     assert any("alpha16" in line for line in out.splitlines())
     assert max(len(line) for line in out.splitlines()) > 80  # wider than a terminal, as it must be
-    assert out.splitlines()[0].split() == ["id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl", "metric",
-                                        "time", "note"]
+    assert out.splitlines()[0].split() == [
+        "id",
+        "state",
+        "suite",
+        "config",
+        "setting",
+        "seed",
+        "data",
+        "gpu",
+        "att",
+        "lvl",
+        "metric",
+        "time",
+        "note",
+    ]
 
 
 def test_plain_columns_are_aligned_and_whole() -> None:
@@ -227,6 +240,11 @@ def test_a_name_that_looks_like_markup_is_printed_as_written(capsys: pytest.Capt
     from orchestrator.results.aggregate import ResultRow, aggregate
     from orchestrator.results.selection import choose
 
-    summaries = aggregate([ResultRow("E", MARKUP_NAME, "glue_rte", seed, {"accuracy": 0.5}, job=seed) for seed in (1, 2)])
+    summaries = aggregate(
+        [
+            ResultRow("E", MARKUP_NAME, "glue_rte", seed, {"accuracy": 0.5}, job=seed)
+            for seed in (1, 2)
+        ]
+    )
     _print_table(summaries, 3, choose(summaries, 3), "(none)")
     assert MARKUP_NAME in capsys.readouterr().out

@@ -51,7 +51,12 @@ def test_pack_starts_a_job_ahead_only_with_overlap_on() -> None:
     too_early = pack([job], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 40.0)
     assert too_early.placements == ()
     alone = QueuedJob(3, 0, 3, 15_700, 0.0, run_alone=True, startup_s=38.0, startup_mib=1_000)
-    assert pack([alone], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 70.0).placements == ()
+    assert (
+        pack(
+            [alone], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 70.0
+        ).placements
+        == ()
+    )
 
 
 def test_two_jobs_do_not_both_take_one_ending_attempts_room() -> None:

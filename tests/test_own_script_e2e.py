@@ -54,7 +54,8 @@ ARGPARSE_SCRIPT = textwrap.dedent(
         bar.update(1)
         bar.set_postfix(loss=round(loss, 4))
         if step % 5 == 0:
-            tqdm.write(str({"loss": f"{loss:.4f}", "learning_rate": f"{args.lr:.2e}", "epoch": f"{step / args.steps:.2f}"}))
+            tqdm.write(str({"loss": f"{loss:.4f}", "learning_rate": f"{args.lr:.2e}",
+                            "epoch": f"{step / args.steps:.2f}"}))
     bar.close()
     print(json.dumps({"eval_accuracy": 0.81, "eval_loss": round(loss, 4)}))  # the validation split
     print(json.dumps({"test_accuracy": 0.79}))

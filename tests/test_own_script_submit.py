@@ -64,7 +64,9 @@ def test_refused_before_anything_is_written(orch_cli: OrchRunner, tmp_path: Path
     assert not db_path.exists()
 
 
-def test_refused_with_an_existing_database_leaves_it_unchanged(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_refused_with_an_existing_database_leaves_it_unchanged(
+    orch_cli: OrchRunner, tmp_path: Path, db_path: Path
+) -> None:
     plans = write_plans(tmp_path, {})
     assert submit(orch_cli, plans).rc == 0
     before = db_path.read_bytes()
@@ -76,7 +78,9 @@ def test_refused_with_an_existing_database_leaves_it_unchanged(orch_cli: OrchRun
     assert submit(orch_cli, plans, "--force", "--set", "warmup_steps=10").rc == 0
 
 
-def test_flag_key_the_ladder_sets_is_accepted_and_settings_are_stored(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
+def test_flag_key_the_ladder_sets_is_accepted_and_settings_are_stored(
+    orch_cli: OrchRunner, tmp_path: Path, db_path: Path
+) -> None:
     plans = write_plans(tmp_path, {
         "worker": FLAGS + " {cfg.gradient_checkpointing?--gradient-checkpointing}",
         "hang_timeout_s": "off",
@@ -120,7 +124,14 @@ def test_submit_names_the_changes_the_command_cannot_receive(orch_cli: OrchRunne
 
 def test_ladder_set_of_a_renamed_batch_key_is_refused(orch_cli: OrchRunner, tmp_path: Path, db_path: Path) -> None:
     configs = {"hf": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}}
-    plans = write_plans(tmp_path, {"worker": "python train.py {config}", "keys": {"batch_size": "per_device_train_batch_size"},
-                                   "ladder": [{"set": {"per_device_train_batch_size": 2}}]}, configs)
+    plans = write_plans(
+        tmp_path,
+        {
+            "worker": "python train.py {config}",
+            "keys": {"batch_size": "per_device_train_batch_size"},
+            "ladder": [{"set": {"per_device_train_batch_size": 2}}],
+        },
+        configs,
+    )
     result = submit(orch_cli, plans)
     assert result.rc == 2 and "use halve_batch" in result.stderr and not db_path.exists()

@@ -16,7 +16,7 @@ def test_the_views_count_a_paused_suites_queue_and_the_daemon_reads_it_without(t
     jobs = [PastJob(i, f"id{i}", suite, "c", "c.yaml", i, "rte", "sim", 1024, state, 1.0, max_attempts=3,
                     hang_timeout_s=60.0)
             for i, (suite, state) in enumerate([("crashy", JobState.QUEUED), ("crashy", JobState.QUEUED),
-                                                ("crashy", JobState.FAILED), ("fine", JobState.QUEUED)], start=1)]  # fmt: skip
+                                                ("crashy", JobState.FAILED), ("fine", JobState.QUEUED)], start=1)]
     with Store(tmp_path / "state.db") as store:
         write_history(store, jobs, [], [], [], gpus=[], heartbeat_at=1.0)
         assert paused_suites(store) == []

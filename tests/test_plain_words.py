@@ -24,7 +24,10 @@ def test_an_attempts_end_says_each_thing_once() -> None:
     assert ended_on_gpu(1, "cancelled", 0, "cancelled", "cancelled") == "attempt 1 cancelled on GPU 0"
     assert ended_on_gpu(2, "oom", 1, "CUDA out of memory", "retry at level 1") == (
         "attempt 2 oom on GPU 1: CUDA out of memory; retry at level 1")
-    assert ended_on_gpu(3, "failed", 0, "exit code 1: boom", "exit code 1: boom") == "attempt 3 failed on GPU 0: exit code 1: boom"
+    assert (
+        ended_on_gpu(3, "failed", 0, "exit code 1: boom", "exit code 1: boom")
+        == "attempt 3 failed on GPU 0: exit code 1: boom"
+    )
     assert ended_on_gpu(4, "lost", None, "", "requeued") == "attempt 4 lost: requeued"
 
 
@@ -41,8 +44,9 @@ def test_a_step_without_a_total_is_shown() -> None:
 def _finish(db_path: Path, job_id: int, gpu: int, *, state: str) -> None:
     with Store(db_path) as store, store.write():
         store.execute(
-            "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, run_dir, predicted_peak_mib, prediction_source, "
-            "reserved_mib, started_at, ended_at, outcome) VALUES (?, 1, ?, ?, 0, 'run', 1024, 'declared', 0, 1.0, 2.0, ?)",
+            "INSERT INTO attempts (job_id, n, gpu_index, gpu_uuid, level, run_dir, "
+            "predicted_peak_mib, prediction_source, reserved_mib, started_at, ended_at, outcome) "
+            "VALUES (?, 1, ?, ?, 0, 'run', 1024, 'declared', 0, 1.0, 2.0, ?)",
             [job_id, gpu, f"GPU-{gpu}", "succeeded" if state == "succeeded" else "failed"],
         )
         store.execute("UPDATE jobs SET state = ?, attempt_count = 1 WHERE id = ?", [state, job_id])
@@ -100,16 +104,25 @@ def client(db_path: Path):  # type: ignore[no-untyped-def]
         yield test_client
 
 
-def test_the_job_page_writes_values_as_yaml_and_metrics_once(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_job_page_writes_values_as_yaml_and_metrics_once(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     from orchestrator.rundir_files import RunDir
     from orchestrator.store.queries import get_attempts
 
     with Store(db_path) as store:
         with store.write():
-            store.execute("UPDATE jobs SET overrides_json = ? WHERE id = 1", [json.dumps({"use_dora": True, "note": None})])
+            store.execute(
+                "UPDATE jobs SET overrides_json = ? WHERE id = 1",
+                [json.dumps({"use_dora": True, "note": None})],
+            )
             store.execute("UPDATE attempts SET changes_json = ? WHERE job_id = 1",
                           [json.dumps({"gradient_checkpointing": True, "batch_size": 2})])
-        run_dir = [a for a in get_attempts(store, 1) if a.outcome is not None and a.outcome.value == "succeeded"][-1].run_dir
+        run_dir = [
+            a
+            for a in get_attempts(store, 1)
+            if a.outcome is not None and a.outcome.value == "succeeded"
+        ][-1].run_dir
     RunDir(Path(run_dir)).result.write_text(json.dumps({"status": "succeeded",
                                                         "metrics": {"test": {"accuracy": 0.81, "eval_loss": 0.25}}}))
     page = client.get("/job/1").text
@@ -119,7 +132,9 @@ def test_the_job_page_writes_values_as_yaml_and_metrics_once(client, db_path: Pa
     assert metrics is not None and re.findall(r"<b>(\w+)</b>", metrics.group(1)) == ["accuracy", "eval_loss"]
 
 
-def test_the_overview_says_which_config_is_paused_and_why(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_overview_says_which_config_is_paused_and_why(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     from orchestrator.store.endings import pause_config
 
     with Store(db_path) as store:

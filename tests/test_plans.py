@@ -137,7 +137,11 @@ def test_plan_errors_are_usage_errors() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["87:glue-tvt_qnli 127:glue-tvt_rte", "87:glue-tvt_qnli,127:glue-tvt_rte", " 87:glue-tvt_qnli ,\t127:glue-tvt_rte "],
+    [
+        "87:glue-tvt_qnli 127:glue-tvt_rte",
+        "87:glue-tvt_qnli,127:glue-tvt_rte",
+        " 87:glue-tvt_qnli ,\t127:glue-tvt_rte ",
+    ],
 )
 def test_pairs_comma_or_space_separated(text: str) -> None:
     assert parse_pairs(text) == [Pair(87, "glue-tvt_qnli"), Pair(127, "glue-tvt_rte")]
@@ -183,7 +187,10 @@ def test_newline_in_pairs_is_refused() -> None:
 # ---------------------------------------------------------------- rounds
 
 
-@pytest.mark.parametrize(("text", "expected"), [("all", None), ("ALL", None), ("1", 1), ("2", 2), (" 12 ", 12), ("r1", "r1")])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("all", None), ("ALL", None), ("1", 1), ("2", 2), (" 12 ", 12), ("r1", "r1")],
+)
 def test_round_values(text: str, expected: int | str | None) -> None:
     assert parse_round(text) == expected
 
@@ -365,7 +372,9 @@ def test_shipped_suites_load() -> None:
     assert demo.worker == "sim" and demo.configs
 
 
-def test_default_plans_dir_is_the_shipped_one_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_plans_dir_is_the_shipped_one_outside_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # no ./plans here
     assert default_plans_dir() == PLANS
     (tmp_path / "plans" / "suites").mkdir(parents=True)
@@ -412,21 +421,72 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         ({**GOOD, "max_attempts": "3"}, {"a": {}}, "must be int"),
         ({**GOOD, "hang_timeout_s": -1}, {"a": {}}, "must be positive"),
         ({**GOOD, "one_token_tasks": [1]}, {"a": {}}, "list of task patterns"),
-        ({**GOOD, "crash_loop": True}, {"a": {}}, "`crash_loop` must be off or a mapping .*, not True"),
-        ({**GOOD, "crash_loop": None}, {"a": {}}, "`crash_loop` must be off or a mapping .*, not None"),
-        ({**GOOD, "crash_loop": "sometimes"}, {"a": {}}, "must be off or a mapping .*, not 'sometimes'"),
+        (
+            {**GOOD, "crash_loop": True},
+            {"a": {}},
+            "`crash_loop` must be off or a mapping .*, not True",
+        ),
+        (
+            {**GOOD, "crash_loop": None},
+            {"a": {}},
+            "`crash_loop` must be off or a mapping .*, not None",
+        ),
+        (
+            {**GOOD, "crash_loop": "sometimes"},
+            {"a": {}},
+            "must be off or a mapping .*, not 'sometimes'",
+        ),
         ({**GOOD, "crash_loop": [3, 30]}, {"a": {}}, "must be off or a mapping"),
-        ({**GOOD, "crash_loop": {"count": 3}}, {"a": {}}, r"`crash_loop` has unknown key\(s\) count"),
-        ({**GOOD, "crash_loop": {"failures": -1}}, {"a": {}}, r"`crash_loop.failures` must be between 0 \(off\) and 1000"),
-        ({**GOOD, "crash_loop": {"failures": 2.5}}, {"a": {}}, "`crash_loop.failures` must be an integer .*not float"),
-        ({**GOOD, "crash_loop": {"failures": True}}, {"a": {}}, "`crash_loop.failures` must be an integer .*not bool"),
-        ({**GOOD, "crash_loop": {"failures": "3"}}, {"a": {}}, "`crash_loop.failures` must be an integer .*not str"),
-        ({**GOOD, "crash_loop": {"within_s": 0}}, {"a": {}}, "`crash_loop.within_s` must be between 0 and 604800 seconds"),
-        ({**GOOD, "crash_loop": {"window_s": -5}}, {"a": {}}, "`crash_loop.window_s` must be between 0 and"),
-        ({**GOOD, "crash_loop": {"window_s": 1e9}}, {"a": {}}, "`crash_loop.window_s` must be between 0 and"),
-        ({**GOOD, "crash_loop": {"window_s": "5 min"}}, {"a": {}}, "`crash_loop.window_s` must be a number of seconds, not str"),
-        ("worker: sim\nmem_gib: 2\nconfigs: [a]\ncrash_loop: {within_s: .inf}\n", {"a": {}},
-         "`crash_loop.within_s` must be between 0 and"),
+        (
+            {**GOOD, "crash_loop": {"count": 3}},
+            {"a": {}},
+            r"`crash_loop` has unknown key\(s\) count",
+        ),
+        (
+            {**GOOD, "crash_loop": {"failures": -1}},
+            {"a": {}},
+            r"`crash_loop.failures` must be between 0 \(off\) and 1000",
+        ),
+        (
+            {**GOOD, "crash_loop": {"failures": 2.5}},
+            {"a": {}},
+            "`crash_loop.failures` must be an integer .*not float",
+        ),
+        (
+            {**GOOD, "crash_loop": {"failures": True}},
+            {"a": {}},
+            "`crash_loop.failures` must be an integer .*not bool",
+        ),
+        (
+            {**GOOD, "crash_loop": {"failures": "3"}},
+            {"a": {}},
+            "`crash_loop.failures` must be an integer .*not str",
+        ),
+        (
+            {**GOOD, "crash_loop": {"within_s": 0}},
+            {"a": {}},
+            "`crash_loop.within_s` must be between 0 and 604800 seconds",
+        ),
+        (
+            {**GOOD, "crash_loop": {"window_s": -5}},
+            {"a": {}},
+            "`crash_loop.window_s` must be between 0 and",
+        ),
+        (
+            {**GOOD, "crash_loop": {"window_s": 1e9}},
+            {"a": {}},
+            "`crash_loop.window_s` must be between 0 and",
+        ),
+        (
+            {**GOOD, "crash_loop": {"window_s": "5 min"}},
+            {"a": {}},
+            "`crash_loop.window_s` must be a number of seconds, not str",
+        ),
+        (
+            "worker: sim\nmem_gib: 2\nconfigs: [a]\ncrash_loop: {within_s: .inf}\n",
+            {"a": {}},
+            "`crash_loop.within_s` must be between 0 and",
+        ),
         (GOOD, {}, "config file not found"),
         (GOOD, {"a": "- 1\n- 2\n"}, "must be a YAML mapping, not list"),
         (GOOD, {"a": "x: [\n"}, "is not valid YAML"),

@@ -35,7 +35,10 @@ def test_a_zombie_reads_as_one_and_a_gone_pid_as_none() -> None:
 
 
 def test_cpu_and_rss_match_psutils() -> None:
-    code = "x = bytearray(64 * 2**20)\nimport time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
+    code = (
+        "x = bytearray(64 * 2**20)\nimport time\nt = time.process_time()\nwhile "
+        "time.process_time() - t < 0.3: pass\ninput()"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
     try:
         wait_until(lambda: sum(psutil.Process(child.pid).cpu_times()[:2]) >= 0.3)

@@ -73,10 +73,20 @@ def test_the_worker_interpreter_is_found_by_name_or_shebang(tmp_path: Path) -> N
 
 def test_the_digest_keeps_short_printable_texts_only() -> None:
     wrapper = {
-        "recorded_by": "wrapper", "cwd": "/home/r/proj\x1b[31m",
-        "code": {"commit": "a" * 40, "dirty": True}, "host": {"name": "node\u202e7"},
-        "gpu": {"kind": "nvml", "models": ["NVIDIA H100", "NVIDIA H100"], "driver": "550.54", "cuda": "12.4"},
-        "python": {"python": "3.11.7", "libraries": {"numpy": "2.0", "torch": "2.5.1", "zzz": {"x": 1}, "peft": "x" * 999}},
+        "recorded_by": "wrapper",
+        "cwd": "/home/r/proj\x1b[31m",
+        "code": {"commit": "a" * 40, "dirty": True},
+        "host": {"name": "node\u202e7"},
+        "gpu": {
+            "kind": "nvml",
+            "models": ["NVIDIA H100", "NVIDIA H100"],
+            "driver": "550.54",
+            "cuda": "12.4",
+        },
+        "python": {
+            "python": "3.11.7",
+            "libraries": {"numpy": "2.0", "torch": "2.5.1", "zzz": {"x": 1}, "peft": "x" * 999},
+        },
     }
     digest = provenance_digest(wrapper, None)
     assert digest is not None
@@ -161,7 +171,10 @@ def test_runs_of_different_code_are_marked_and_each_attempt_names_its_own(orch: 
     report = orch.root / "report.html"
     orch.run("report", "--out", str(report))
     html = report.read_text()
-    assert f"{head} <span class=\"muted\">(1)</span>" in html and f"{head}+dirty <span class=\"muted\">(1)</span>" in html
+    assert (
+        f'{head} <span class="muted">(1)</span>' in html
+        and f'{head}+dirty <span class="muted">(1)</span>' in html
+    )
     assert "‖" in html  # the results table's mark, with its legend
 
 

@@ -109,13 +109,22 @@ def test_random_changes_keep_the_kept_queue_equal_to_a_whole_read(tmp_path: Path
         elif move == "cancel" and queued:
             cancel_queued(store, rng.choice(queued), "cancelled")
         elif move == "requeue" and running:
-            transition(store, rng.choice(running), JobState.QUEUED, message="retry", fields={"level": rng.randint(1, 3)})
+            transition(
+                store,
+                rng.choice(running),
+                JobState.QUEUED,
+                message="retry",
+                fields={"level": rng.randint(1, 3)},
+            )
         elif move == "submit":
             _submit(store, range(next_seed, next_seed + 1), priority=rng.randint(-1, 1))
             next_seed += 1
         elif move == "priority" and (queued or running):
             with store.write():
-                store.execute("UPDATE jobs SET priority = ? WHERE id = ?", [rng.randint(-2, 2), rng.choice(queued + running)])
+                store.execute(
+                    "UPDATE jobs SET priority = ? WHERE id = ?",
+                    [rng.randint(-2, 2), rng.choice(queued + running)],
+                )
         elif move == "reason" and queued:
             with store.write():
                 store.execute("UPDATE jobs SET wait_reason = ? WHERE id = ?", [f"r{rng.random()}", rng.choice(queued)])

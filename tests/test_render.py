@@ -14,4 +14,7 @@ def test_a_host_step_names_what_it_changed_not_a_level_move() -> None:
     got = retry_move({"from_level": 0, "to_level": 0, "host_step": step})
     assert got == "level 0 + host step data_workers: num_data_workers=0"
     alone = {"level": 2, "step": "run_alone", "changes": {}, "run_alone": True}
-    assert retry_move({"from_level": 2, "to_level": 2, "host_step": alone}) == "level 2 + host step run_alone: run alone"
+    assert (
+        retry_move({"from_level": 2, "to_level": 2, "host_step": alone})
+        == "level 2 + host step run_alone: run alone"
+    )

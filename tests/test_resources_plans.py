@@ -29,7 +29,9 @@ def _suite(tmp_path: Path, suite: dict, config: dict) -> Path:
     (tmp_path / "suites").mkdir()
     (tmp_path / "configs" / "s").mkdir(parents=True)
     (tmp_path / "configs" / "s" / "c.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 4, **config}))
-    (tmp_path / "suites" / "s.yaml").write_text(yaml.safe_dump({"worker": "sim", "mem_gib": 4, "configs": ["c"], **suite}))
+    (tmp_path / "suites" / "s.yaml").write_text(
+        yaml.safe_dump({"worker": "sim", "mem_gib": 4, "configs": ["c"], **suite})
+    )
     return tmp_path
 
 
@@ -101,7 +103,11 @@ def test_sim_host_counts_what_sim_workers_hold(tmp_path: Path, monkeypatch: pyte
     held.release()
     assert host.snapshot().available_mib == 16 * 1024
     # another process holding 10 GiB: 8 more do not fit, as the kernel would refuse them
-    write_json(tmp_path / "host" / "foreign-test.json", {"pid": 0, "used_mib": 10 * 1024, "create_time": 0}, parents=True)
+    write_json(
+        tmp_path / "host" / "foreign-test.json",
+        {"pid": 0, "used_mib": 10 * 1024, "create_time": 0},
+        parents=True,
+    )
     with pytest.raises(RuntimeError, match="DefaultCPUAllocator: can't allocate memory"):
         hold_host({"sim_host_gib": 8})
 
@@ -118,7 +124,13 @@ def test_status_shows_host_ram_ours_others_free() -> None:
     from orchestrator.cli.status.rich_view import host_line
 
     summary = host_summary({"total_mib": 65536, "available_mib": 9728, "ours_mib": 40960, "reserve_mib": 2048})
-    assert summary == {"total_mib": 65536, "ours_mib": 40960, "others_mib": 14848, "free_mib": 9728, "reserve_mib": 2048}
+    assert summary == {
+        "total_mib": 65536,
+        "ours_mib": 40960,
+        "others_mib": 14848,
+        "free_mib": 9728,
+        "reserve_mib": 2048,
+    }
     text = host_line(summary).plain
     assert "ours 40.0 GiB" in text and "others 14.5 GiB" in text and "free 9.5 GiB" in text
     assert host_summary(None) is None and host_summary({"total_mib": "x"}) is None

@@ -15,9 +15,16 @@ from tests.conftest import OrchRunner
 from tests.store_reads import read_jobs
 
 # (config, task, seed) -> (test accuracy, val accuracy); r16 is best on val, r8 on test
-VALUES = {("r8", "glue_rte", 1): (0.60, 0.70), ("r8", "glue_rte", 2): (0.62, 0.72), ("r8", "glue_rte", 3): (0.64, 0.74),
-          ("r16", "glue_rte", 1): (0.50, 0.80), ("r16", "glue_rte", 2): (0.52, 0.82), ("r16", "glue_rte", 3): (0.54, 0.84),
-          ("r64", "glue_rte", 1): (0.99, 0.99), ("r8", "glue_mrpc", 1): (0.5, 0.5)}
+VALUES = {
+    ("r8", "glue_rte", 1): (0.60, 0.70),
+    ("r8", "glue_rte", 2): (0.62, 0.72),
+    ("r8", "glue_rte", 3): (0.64, 0.74),
+    ("r16", "glue_rte", 1): (0.50, 0.80),
+    ("r16", "glue_rte", 2): (0.52, 0.82),
+    ("r16", "glue_rte", 3): (0.54, 0.84),
+    ("r64", "glue_rte", 1): (0.99, 0.99),
+    ("r8", "glue_mrpc", 1): (0.5, 0.5),
+}
 ENDED = {("r64", "glue_rte", 2): "cancelled", ("r64", "glue_rte", 3): "running", ("r16", "glue_mrpc", 1): "failed",
          ("r64", "glue_mrpc", 1): "queued"}
 

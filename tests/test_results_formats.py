@@ -68,7 +68,11 @@ def test_csv_has_no_float_noise_and_says_which_levels() -> None:
     assert parsed[0]["mean"] == "0.8288" and parsed[0]["std"] == "0.0"
     assert parsed[0]["levels"] == "0 1" and parsed[0]["mixed_levels"] == "true"
     # checkpointing is exact: mixed levels, bit-equal numbers, no mark
-    assert (parsed[0]["inexact_rungs"], parsed[0]["run_levels"], parsed[0]["run_inexact_rungs"]) == ("", "0 1", "1:-; 2:-")
+    assert (
+        parsed[0]["inexact_rungs"],
+        parsed[0]["run_levels"],
+        parsed[0]["run_inexact_rungs"],
+    ) == ("", "0 1", "1:-; 2:-")
 
 
 def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
@@ -139,12 +143,44 @@ def test_orch_results_json_and_table(orch_inproc: OrchRunner, finished_db: Path)
 
 def test_a_diverged_run_and_mixed_code_are_marked_in_every_format() -> None:
     why = "final loss 9.2e+08 above the first steps' 0.7"
-    summaries = aggregate([
-        ResultRow("E1", "wild", "glue_rte", 1, {"accuracy": 0.5}, job=1, diverged=why, code="1a2b3c4d5e6f", libraries="torch 2.5"),
-        ResultRow("E1", "wild", "glue_rte", 2, {"accuracy": 0.6}, job=2, code="1a2b3c4d5e6f+dirty", libraries="torch 2.5"),
-        ResultRow("E1", "calm", "glue_rte", 1, {"accuracy": 0.7}, job=3, code="1a2b3c4d5e6f", libraries="torch 2.5"),
-        ResultRow("E1", "calm", "glue_rte", 2, {"accuracy": 0.8}, job=4, code="1a2b3c4d5e6f"),  # libraries unknown
-    ])
+    summaries = aggregate(
+        [
+            ResultRow(
+                "E1",
+                "wild",
+                "glue_rte",
+                1,
+                {"accuracy": 0.5},
+                job=1,
+                diverged=why,
+                code="1a2b3c4d5e6f",
+                libraries="torch 2.5",
+            ),
+            ResultRow(
+                "E1",
+                "wild",
+                "glue_rte",
+                2,
+                {"accuracy": 0.6},
+                job=2,
+                code="1a2b3c4d5e6f+dirty",
+                libraries="torch 2.5",
+            ),
+            ResultRow(
+                "E1",
+                "calm",
+                "glue_rte",
+                1,
+                {"accuracy": 0.7},
+                job=3,
+                code="1a2b3c4d5e6f",
+                libraries="torch 2.5",
+            ),
+            ResultRow(
+                "E1", "calm", "glue_rte", 2, {"accuracy": 0.8}, job=4, code="1a2b3c4d5e6f"
+            ),  # libraries unknown
+        ]
+    )
     calm, wild = sorted(summaries, key=lambda s: s.config)
     assert (calm.diverged, calm.mixed_provenance) == ((), False)
     assert [r.seed for r in wild.diverged] == [1] and wild.mixed_provenance

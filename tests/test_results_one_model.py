@@ -519,7 +519,8 @@ def test_a_pruned_seed_is_accounted_for_as_a_terminal_state_once_the_lifecycle_h
     from orchestrator.results.run_lines import run_lines
 
     pruned: Any = "pruned"  # a job row may carry the state by its value
-    rows = [ResultRow("E", "c", "toy", 1, {"accuracy": 0.5}, job=1), ResultRow("E", "c", "toy", 2, {"accuracy": 0.7}, job=2),
+    rows = [ResultRow("E", "c", "toy", 1, {"accuracy": 0.5}, job=1),
+            ResultRow("E", "c", "toy", 2, {"accuracy": 0.7}, job=2),
             ResultRow("E", "c", "toy", 3, {}, job=3, state=pruned)]  # fmt: skip
     (summary,) = aggregate(rows)
     assert summary.n_text == "2 of 3 (1 pruned)" and not summary.failed_runs  # ‡, not ¶

@@ -99,7 +99,9 @@ def test_a_forced_rerun_of_a_seed_replaces_its_value_unless_pooled(
         seed_one = sorted(j.id for j in read_jobs(store) if j.config_name == "demo_small" and j.seed == 1
                           and not j.overrides)
     assert [run["job"] for run in plain["runs"] if run["seed"] == 1] == [seed_one[-1]]  # the latest run
-    assert plain["notes"] == [f"seed 1 ran twice (jobs {seed_one[0]}, {seed_one[1]}): the latest, job {seed_one[1]}, counted"]
+    assert plain["notes"] == [
+        f"seed 1 ran twice (jobs {seed_one[0]}, {seed_one[1]}): the latest, job {seed_one[1]}, counted"
+    ]
     values = [run["value"] for run in plain["runs"]]
     assert plain["mean"] == pytest.approx(sum(values) / 2)  # computed from exactly the runs it names
     assert "*" in plain["marks"]

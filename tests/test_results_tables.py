@@ -65,7 +65,10 @@ def test_latex_cells_hold_their_own_metric_and_the_best_is_bold() -> None:
 
 
 def test_markdown_escapes_pipes_backslashes_and_underscores_in_names() -> None:
-    rows = [ResultRow("E", "x", "t_1", 1, {"f1|macro_avg\\": 0.5}), ResultRow("E", "y", "t_1", 1, {"f1|macro_avg\\": 0.6})]
+    rows = [
+        ResultRow("E", "x", "t_1", 1, {"f1|macro_avg\\": 0.5}),
+        ResultRow("E", "y", "t_1", 1, {"f1|macro_avg\\": 0.6}),
+    ]
     lines = to_markdown(aggregate(rows)).splitlines()
     assert len(_cells(lines[0])) == 3 and len(_cells(lines[2])) == 3  # the `|` in the name split nothing
     assert lines[0] == "| config | t\\_1 (f1\\|macro\\_avg\\\\) | n |"

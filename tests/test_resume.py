@@ -19,7 +19,13 @@ from orchestrator.plans.resume import (
 )
 from orchestrator.plans.template import parse_template
 
-HF_KEYS = parse_keys({"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"}, "t")
+HF_KEYS = parse_keys(
+    {
+        "batch_size": "per_device_train_batch_size",
+        "resume_from_checkpoint": "resume_from_checkpoint",
+    },
+    "t",
+)
 
 
 def test_an_argument_using_resume_is_left_out_without_a_checkpoint() -> None:
@@ -74,7 +80,13 @@ def test_the_resume_key_goes_under_the_scripts_name() -> None:
     assert resume_config({"lr": 1}, NO_KEYS, "/c") == {"lr": 1, "resume_from_checkpoint": "/c"}
     assert HF_KEYS.to_json()["resume_from_checkpoint"] == "resume_from_checkpoint"  # kept: it opts in
     with pytest.raises(PlanError):
-        parse_keys({"resume_from_checkpoint": "per_device_train_batch_size", "batch_size": "per_device_train_batch_size"}, "t")
+        parse_keys(
+            {
+                "resume_from_checkpoint": "per_device_train_batch_size",
+                "batch_size": "per_device_train_batch_size",
+            },
+            "t",
+        )
 
 
 def _checkpoint(path: Path, *files: str) -> Path:

@@ -191,15 +191,28 @@ def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(or
     config = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 6,
               "save_strategy": "steps", "save_steps": 2, "logging_steps": 1, "report_to": "none",
               "use_cpu": True, "learning_rate": 0.001, "dataloader_num_workers": 0}  # fmt: skip
-    write_script_suite(orch, "hf", f"{PY} hf_resume.py {{config}} {{run_dir}}/out", {"hf": config}, max_attempts=3,
-                       hang_timeout_s="off", ladder=["halve_batch"],
-                       keys={"batch_size": "per_device_train_batch_size", "resume_from_checkpoint": "resume_from_checkpoint"})  # fmt: skip
+    write_script_suite(
+        orch,
+        "hf",
+        f"{PY} hf_resume.py {{config}} {{run_dir}}/out",
+        {"hf": config},
+        max_attempts=3,
+        hang_timeout_s="off",
+        ladder=["halve_batch"],
+        keys={
+            "batch_size": "per_device_train_batch_size",
+            "resume_from_checkpoint": "resume_from_checkpoint",
+        },
+    )
     orch.submit("hf", "0:toy")
     orch.start_daemon()
     assert orch.wait_all_done(240) == {1: "succeeded"}
 
     first, second = orch.json("show", "1")["attempts"]
-    assert first["outcome"] == "oom" and "resume_from_checkpoint" not in (Path(first["run_dir"]) / "config.yaml").read_text()
+    assert (
+        first["outcome"] == "oom"
+        and "resume_from_checkpoint" not in (Path(first["run_dir"]) / "config.yaml").read_text()
+    )
     checkpoint = Path(first["run_dir"]) / "out" / "checkpoint-2"
     assert not checkpoint.exists() and (Path(first["run_dir"]) / "out").is_dir()  # removed once the job succeeded
     assert second["resumed_from"] == {"attempt": 1, "checkpoint": str(checkpoint)}

@@ -28,7 +28,9 @@ def _states(db_path: Path) -> list[tuple[int, str, int]]:
     return [(j.id, j.state.value, j.max_attempts) for j in jobs]
 
 
-def test_a_retry_with_one_job_it_cannot_take_writes_nothing(orch_inproc: OrchRunner, db_path: Path, plans: Path) -> None:
+def test_a_retry_with_one_job_it_cannot_take_writes_nothing(
+    orch_inproc: OrchRunner, db_path: Path, plans: Path
+) -> None:
     write_suite(plans, TYPO)
     assert orch_inproc("submit", "--suite", "mine", "--pairs", "1:glue_rte 2:glue_rte").rc == 0
     fail_and_pause(db_path, 1)
@@ -42,7 +44,9 @@ def test_a_retry_with_one_job_it_cannot_take_writes_nothing(orch_inproc: OrchRun
     assert worker_of(db_path, 1) == TYPO  # the suite's fixed command was not taken either
 
 
-def test_retry_fresh_resumes_from_none_of_the_attempts_so_far(orch_inproc: OrchRunner, db_path: Path, plans: Path) -> None:
+def test_retry_fresh_resumes_from_none_of_the_attempts_so_far(
+    orch_inproc: OrchRunner, db_path: Path, plans: Path
+) -> None:
     write_suite(plans, FIXED)
     assert orch_inproc("submit", "--suite", "mine", "--pairs", "1:glue_rte").rc == 0
     fail_and_pause(db_path, 1)

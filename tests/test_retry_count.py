@@ -30,9 +30,14 @@ def test_an_older_database_gets_its_retries_from_its_events(db_path: Path) -> No
     conn = sqlite3.connect(str(db_path))
     events = [
         ("end:oom", "attempt 1 oom; requeued at level 1", json.dumps({"gpu": 0, "retry": MOVE})),
-        ("end:oom", "attempt 2 oom; requeued unchanged", json.dumps({"gpu": 0, "note": "retry"})),  # a value, not a move
+        # a value, not a move
+        ("end:oom", "attempt 2 oom; requeued unchanged", json.dumps({"gpu": 0, "note": "retry"})),
         ("retry", "requeued by orch retry", None),  # the user's retry: not a move down the ladder
-        ("end:oom", "attempt 3 oom; requeued at level 2", json.dumps({"retry": {**MOVE, "from_level": 1, "to_level": 2}})),
+        (
+            "end:oom",
+            "attempt 3 oom; requeued at level 2",
+            json.dumps({"retry": {**MOVE, "from_level": 1, "to_level": 2}}),
+        ),
     ]
     for ts, (kind, message, data) in enumerate(events):
         conn.execute("INSERT INTO events (ts, job_id, kind, message, data_json) VALUES (?, 1, ?, ?, ?)",

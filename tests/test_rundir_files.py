@@ -102,7 +102,9 @@ def test_workers_import_nothing_else_of_orchestrator() -> None:
             alias.name for n in tree.body if isinstance(n, ast.Import) for alias in n.names
         }
         imported = {name for name in at_import if name.split(".")[0] != "orchestrator"}
-        assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names) | {"__future__"}, (module, imported)
+        assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names) | {
+            "__future__"
+        }, (module, imported)
         assert {name for name in _imports(path) if name.split(".")[0] == "orchestrator"} <= WORKER_IMPORTS, module
     for path in sorted((REPO / "workers").rglob("*.py")):
         ours = {name for name in _imports(path) if name.split(".")[0] == "orchestrator"}

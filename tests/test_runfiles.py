@@ -70,7 +70,9 @@ def test_invalid_result_fields_are_dropped_and_named(tmp_path: Path, text: str, 
 
 def test_progress_with_a_step_like_10_of_100_is_dropped(tmp_path: Path) -> None:
     run_dir = private_attempt_dir(tmp_path)
-    (run_dir / "progress.jsonl").write_text('{"step": 3, "total": 100}\n{"step": "10/100", "total": 100, "loss": 1.5}\n')
+    (run_dir / "progress.jsonl").write_text(
+        '{"step": 3, "total": 100}\n{"step": "10/100", "total": 100, "loss": 1.5}\n'
+    )
     files = read_run_files(run_dir)
     assert files.last_progress == {"total": 100, "loss": 1.5}
     assert any("step must be" in p for p in files.problems)

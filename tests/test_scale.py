@@ -33,8 +33,12 @@ from tests.store_reads import job_ids, read_jobs
 # ---------------------------------------------------------------- streamed JSON
 
 
-@pytest.mark.parametrize("items", [[], [{"id": 1, "a": [1, 2], "b": None}], [{"id": i, "n": {"x": i}} for i in range(3)]])
-def test_streamed_json_is_what_echo_json_prints(items: list, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "items", [[], [{"id": 1, "a": [1, 2], "b": None}], [{"id": i, "n": {"x": i}} for i in range(3)]]
+)
+def test_streamed_json_is_what_echo_json_prints(
+    items: list, capsys: pytest.CaptureFixture[str]
+) -> None:
     echo_json(items)
     whole = capsys.readouterr().out
     echo_json_stream(iter(items))
@@ -92,7 +96,12 @@ def test_a_long_listing_is_a_plain_table_with_every_row(orch_inproc: OrchRunner)
 
 
 def _queue(n: int, peak_mib: int = 1000) -> list[QueuedJob]:
-    return [QueuedJob(job_id=i, priority=0, queued_seq=i, predicted_peak_mib=peak_mib, waiting_since_s=0.0) for i in range(n)]
+    return [
+        QueuedJob(
+            job_id=i, priority=0, queued_seq=i, predicted_peak_mib=peak_mib, waiting_since_s=0.0
+        )
+        for i in range(n)
+    ]
 
 
 def test_pack_on_a_full_machine_places_nothing_and_explains_only_the_head() -> None:
@@ -130,7 +139,9 @@ def test_a_run_time_table_filled_run_by_run_answers_as_one_built_at_once() -> No
         for config in ("a", "b", "c", "d"):
             for task in ("rte", "qnli", "mnli"):
                 for level in (0, 1, 2):
-                    assert growing.expected_s(config, task, level) == pytest.approx(fresh.expected_s(config, task, level))
+                    assert growing.expected_s(config, task, level) == pytest.approx(
+                        fresh.expected_s(config, task, level)
+                    )
     # config c ran at a sixth of rte's mean; qnli's mean times that factor
     assert growing.expected_s("c", "qnli", 0) == pytest.approx((900 + 2_000) / 2 * 50 / ((100 + 300 + 50) / 3))
 

@@ -6,11 +6,21 @@ from __future__ import annotations
 from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
 from tests.rows_helpers import job_of
 
-TRL = "trl sft --per_device_train_batch_size {cfg.per_device_train_batch_size} --gradient_accumulation_steps {cfg.gradient_accumulation_steps} --seed {cfg.seed}"
-KEYS = {"keys": {"batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps"}}
+TRL = (
+    "trl sft --per_device_train_batch_size {cfg.per_device_train_batch_size} "
+    "--gradient_accumulation_steps {cfg.gradient_accumulation_steps} --seed {cfg.seed}"
+)
+KEYS = {
+    "keys": {
+        "batch_size": "per_device_train_batch_size",
+        "gradient_accumulation_steps": "gradient_accumulation_steps",
+    }
+}
 
 
-def _trl_job(job_id: int, config_name: str, batch: int, accumulation: int, seed: int = 1):  # type: ignore[no-untyped-def]
+def _trl_job(  # type: ignore[no-untyped-def]
+    job_id: int, config_name: str, batch: int, accumulation: int, seed: int = 1
+):
     config = {"model_name_or_path": "llama-210m", "per_device_train_batch_size": batch,
               "gradient_accumulation_steps": accumulation, "seed": seed}
     return job_of(id=job_id, config_name=config_name, config_json=config, worker=TRL, worker_output_json=KEYS,

@@ -46,7 +46,9 @@ class RefusingSlurm(Executor):
 def test_busy_refusals_are_known() -> None:
     assert is_transient_refusal("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation")
     assert is_transient_refusal("sbatch: error: Resource temporarily unavailable")
-    assert not is_transient_refusal("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified")
+    assert not is_transient_refusal(
+        "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"
+    )
 
 
 def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path: Path, tmp_path: Path) -> None:
@@ -56,7 +58,9 @@ def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path
     with Store(db_path) as store:
         (job,) = submit(store, plans, "busy", 1)
         for _ in range(4):  # more refusals than the crash-loop guard's 3 and than max_attempts 1
-            schedule_remote(store, executor, ctx, JobShapeCache(), draining=False, max_in_queue=4)  # type: ignore[arg-type]
+            schedule_remote(  # type: ignore[arg-type]
+                store, executor, ctx, JobShapeCache(), draining=False, max_in_queue=4
+            )
         after = get_job(store, job.id)
         outcomes = [a.outcome for a in get_attempts(store, job.id)]
         assert executor.asked == 4 and outcomes == [AttemptOutcome.LOST] * 4
@@ -66,7 +70,12 @@ def test_a_transient_sbatch_refusal_requeues_without_counting_or_pausing(db_path
 
 def test_nothing_is_submitted_while_slurm_backs_off(db_path: Path, tmp_path: Path) -> None:
     executor = SlurmExecutor.__new__(SlurmExecutor)  # its state only: no cluster is asked here
-    executor.options, executor.clock, executor._failures, executor._next_poll_at = SlurmOptions(), FakeClock(0.0), 0, 0.0
+    executor.options, executor.clock, executor._failures, executor._next_poll_at = (
+        SlurmOptions(),
+        FakeClock(0.0),
+        0,
+        0.0,
+    )
     assert executor.submit_hold() is None
     executor._backoff("Socket timed out")
     executor._backoff("Socket timed out")

@@ -34,7 +34,10 @@ REPO_PLANS = Path(__file__).resolve().parent.parent / "plans"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     missing = missing_binaries()
     if missing:
-        message = f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld slurmd slurm-client munge"
+        message = (
+            f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld "
+            "slurmd slurm-client munge"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -131,7 +134,10 @@ def test_demo_sweep_through_slurm(orch: Orch, cluster: SlurmCluster) -> None:
     assert sorted(ours) == sorted(ids), "every sbatch job is one attempt, and nothing else was submitted"
     suite_of = {job.id: job.suite for job in orch.jobs()}
     for attempt in attempts:
-        assert ours[attempt["executor_id"]][0] == f"orch-{suite_of[attempt['job_id']]}-{attempt['job_id']}-a{attempt['n']}"
+        assert (
+            ours[attempt["executor_id"]][0]
+            == f"orch-{suite_of[attempt['job_id']]}-{attempt['job_id']}-a{attempt['n']}"
+        )
         script = (Path(attempt["run_dir"]) / "sbatch.sh").read_text()
         assert "#SBATCH --gres=shard:" in script and "#SBATCH --cpus-per-task=" in script
         assert "#SBATCH --mem=" not in script  # the demo suite sets no mem: the cluster's default holds
@@ -264,7 +270,11 @@ def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch:
     assert "reached its time limit (--time=1)" in str(reason), reason
     # the resumable worker: warned first (USR2 forwarded by the wrapper), then resumed at attempt 2,
     # its time limit not counted against max_attempts 1
-    first = wait_until(lambda: [a for a in orch.attempts(resumable) if a["outcome"]], 120, "its first attempt to end")[0]
+    first = wait_until(
+        lambda: [a for a in orch.attempts(resumable) if a["outcome"]],
+        120,
+        "its first attempt to end",
+    )[0]
     assert first["executor_state"] == "TIMEOUT" and "resumes from its checkpoint" in first["reason"], first
     assert "warned" in (Path(first["run_dir"]) / "stdout.log").read_text()
     exit_record = json.loads((Path(first["run_dir"]) / "exit.json").read_text())
@@ -286,7 +296,18 @@ def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: S
     start_slurm_daemon(orch)
     (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
     # a job of the higher-priority partition that needs every CPU of the node: ours is preempted
-    done = cluster._run("sbatch", "--parsable", "-p", "high", "-c", "8", "--mem=100", "--output=/dev/null", "--wrap", "sleep 5")
+    done = cluster._run(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "high",
+        "-c",
+        "8",
+        "--mem=100",
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 5",
+    )
     assert done.returncode == 0, done.stderr
     states = orch.wait_all_done(180)
     assert list(states.values()) == ["succeeded"], states
@@ -335,14 +356,18 @@ def test_an_exit_record_that_shows_late_on_a_shared_filesystem_is_not_rerun(orch
     assert orch.attempts()[0]["outcome"] is None, "concluded before its exit record could arrive"
     run_dir = Path(attempt["run_dir"])
     token = orch.attempts()[0]["token"]  # as the wrapper writes it: an exit record without it is not this attempt's
-    (run_dir / "exit.json.tmp").write_text(json.dumps({"exit_code": 0, "signal": None, "ended_at": 0.0, "token": token}))
+    (run_dir / "exit.json.tmp").write_text(
+        json.dumps({"exit_code": 0, "signal": None, "ended_at": 0.0, "token": token})
+    )
     os.replace(run_dir / "exit.json.tmp", run_dir / "exit.json")
     states = orch.wait_all_done(60)
     assert list(states.values()) == ["succeeded"], states
     assert len(orch.attempts()) == 1, "the finished attempt was run again"
 
 
-def test_slurm_is_asked_at_most_4_times_a_minute_at_steady_state(orch: Orch, cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_slurm_is_asked_at_most_4_times_a_minute_at_steady_state(
+    orch: Orch, cluster: SlurmCluster, tmp_path: Path
+) -> None:
     shims = tmp_path / "shims"
     shims.mkdir()
     calls = tmp_path / "squeue.calls"
@@ -366,14 +391,22 @@ def test_slurm_is_asked_at_most_4_times_a_minute_at_steady_state(orch: Orch, clu
 
 
 def test_a_job_slurm_never_starts_is_shown_as_such_and_holds_no_slot(orch: Orch, cluster: SlurmCluster) -> None:
-    orch.write_suite("toolong", {"c": {"sim_mem_gib": 1}}, mem_gib=1, slurm={"partition": "short", "time": "5", "mem": "256M"})
+    orch.write_suite(
+        "toolong",
+        {"c": {"sim_mem_gib": 1}},
+        mem_gib=1,
+        slurm={"partition": "short", "time": "5", "mem": "256M"},
+    )
     orch.write_suite("fine", {"c": {"sim_mem_gib": 1, "sim_seconds": 1}}, mem_gib=1, slurm={"mem": "256M"})
     orch.submit("toolong", "1:a")
     orch.submit("fine", "1:a")
     start_slurm_daemon(orch, "--max-in-queue", "1")
     stuck, fine = sorted(orch.job_states())
-    (attempt,) = wait_until(lambda: [a for a in orch.attempts(stuck) if "never starts" in (a["executor_state"] or "")], 60,
-                            "the attempt shown as never starting")
+    (attempt,) = wait_until(
+        lambda: [a for a in orch.attempts(stuck) if "never starts" in (a["executor_state"] or "")],
+        60,
+        "the attempt shown as never starting",
+    )
     # Slurm names it PartitionConfig on its first look at the job, PartitionTimeLimit later
     assert attempt["executor_state"] in ("PENDING (PartitionTimeLimit: never starts as submitted)",
                                          "PENDING (PartitionConfig: never starts as submitted)"), attempt

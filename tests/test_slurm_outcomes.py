@@ -42,7 +42,13 @@ def test_preemptions_never_use_up_max_attempts(db_path: Path, tmp_path: Path) ->
         (job,) = submit(store, plans, "s", 1)
         for _ in range(3):
             attempt = _start(store, job, tmp_path)
-            row = _end(store, attempt, ClusterEnd(AttemptOutcome.LOST, "Slurm job 7 was preempted (PREEMPTED)", counted=False))
+            row = _end(
+                store,
+                attempt,
+                ClusterEnd(
+                    AttemptOutcome.LOST, "Slurm job 7 was preempted (PREEMPTED)", counted=False
+                ),
+            )
             assert row.state == "queued", row
         assert row.max_attempts == 4  # three preemptions, none counted: one real attempt left
         attempt = _start(store, job, tmp_path)
@@ -78,7 +84,11 @@ def test_every_time_limit_counts_toward_the_cap_even_one_slurm_called_failed(db_
         update_attempt(store, first.id, executor_state="FAILED")
         policy = time_limit_of(store, first, job)
         assert policy.can_resume and policy.timeouts_before == 0 and policy.max_timeouts == 1 and policy.limit == "1"
-        row = _end(store, first, remote_end(first, _obs_warned(store), _failed(), True, None, policy))  # type: ignore[arg-type]
+        row = _end(
+            store,
+            first,
+            remote_end(first, _obs_warned(store), _failed(), True, None, policy),  # type: ignore[arg-type]
+        )
         assert row.state == "queued" and row.max_attempts == 2  # resumed, not counted
         second = _start(store, job, tmp_path)
         assert time_limit_of(store, second, job).timeouts_before == 1

@@ -80,7 +80,8 @@ def test_an_unanswered_lookup_of_an_ended_job_concludes_nothing(monkeypatch: pyt
     slurm_up["scontrol"] = True
     clock.advance(30.0)
     (status,) = executor.observe([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
-    assert (status.state, status.kind, status.settled) == ("COMPLETED", "ended", False)  # its exit.json may be on its way
+    # its exit.json may be on its way
+    assert (status.state, status.kind, status.settled) == ("COMPLETED", "ended", False)
     clock.advance(60.0)
     (status,) = executor.observe([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
     assert status.settled and status.mem_mib == 1024  # the grace is over: now its absence means something

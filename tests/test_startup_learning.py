@@ -62,7 +62,19 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
                     allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
         job_id = job_ids(store)[0]
-        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        plan = AttemptPlan(
+            job_id,
+            0,
+            "GPU-0",
+            0,
+            "base",
+            {},
+            {},
+            False,
+            1024,
+            PredictionSource(SourceKind.DECLARED),
+            1024,
+        )
         attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         update_attempt(store, attempt.id, held_mib=900)
         (attempt,) = get_attempts(store, job_id)

@@ -42,7 +42,8 @@ def test_tqdm_bar_redrawn_with_carriage_returns_and_no_newline() -> None:
 def test_tqdm_postfix_loss() -> None:
     snapshot = feed_all(real_tqdm_output(40, 5, {"loss": 0.4125})).snapshot()
     assert snapshot is not None
-    assert (snapshot["step"], snapshot["total"], snapshot["loss"]) == (5, 40, pytest.approx(0.412))  # tqdm prints 3 digits
+    # tqdm prints 3 digits
+    assert (snapshot["step"], snapshot["total"], snapshot["loss"]) == (5, 40, pytest.approx(0.412))
 
 
 @pytest.mark.parametrize(

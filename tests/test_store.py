@@ -52,7 +52,9 @@ def specs_of(suite: Suite, pairs: str = "87:glue_rte") -> list[JobSpec]:
     return expand_jobs(suite, parse_pairs(pairs), {}, None, 0)
 
 
-def submit(store: Store, suite: Suite, specs: list[JobSpec], *, force: bool = False, dry_run: bool = False) -> list[store_jobs.SubmitOutcome]:
+def submit(
+    store: Store, suite: Suite, specs: list[JobSpec], *, force: bool = False, dry_run: bool = False
+) -> list[store_jobs.SubmitOutcome]:
     return submit_jobs(store, suite, specs, allowed_gpus=None, priority=0, force=force, dry_run=dry_run)
 
 
@@ -335,7 +337,9 @@ def test_only_queued_running_or_succeeded_block_a_resubmit(
 
 
 def test_submit_records_suite_fields(store: Store, demo: Suite) -> None:
-    outcome = submit_jobs(store, demo, specs_of(demo)[:1], allowed_gpus=[2, 0], priority=5, force=False, dry_run=False)[0]
+    outcome = submit_jobs(
+        store, demo, specs_of(demo)[:1], allowed_gpus=[2, 0], priority=5, force=False, dry_run=False
+    )[0]
     job = get_job(store, outcome.job_id)
     assert job.declared_mib == round(demo.mem_gib * 1024)
     assert job.allowed_gpus == frozenset({2, 0})

@@ -22,8 +22,12 @@ def sql_outside_store() -> list[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and STATEMENT.search(node.value):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value.strip()[:60]!r}")
-            if isinstance(node, ast.Attribute) and node.attr in ("_db", "db", "conn") and isinstance(node.value, ast.Name) \
-                    and node.value.id == "store":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("_db", "db", "conn")
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "store"
+            ):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: store.{node.attr}")
     return found
 

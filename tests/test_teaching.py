@@ -71,7 +71,19 @@ def test_the_daemon_starts_a_short_job_of_an_untaught_model_and_data_before_long
     # one run of each task finished: SST-2 took an hour and reported its prompt lengths; RTE
     # took a minute and reported none (its model and data stay untaught)
     for job_id, wall_s in ((sst2[0], 3_600.0), (rte[0], 60.0)):
-        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED), 1024)
+        plan = AttemptPlan(
+            job_id,
+            0,
+            "GPU-0",
+            0,
+            "base",
+            {},
+            {},
+            False,
+            1024,
+            PredictionSource(SourceKind.DECLARED),
+            1024,
+        )
         attempt = start_attempt(store, plan, lambda n, j=job_id: tmp_path / f"run-{j}-{n}")
         update_attempt(store, attempt.id, outcome="succeeded", ended_at=attempt.started_at + wall_s)
         with store.write():

@@ -43,13 +43,24 @@ def test_false_flag_leaves_the_argument_out() -> None:
 
 @pytest.mark.parametrize(
     ("value", "rendered"),
-    [(True, "true"), (False, "false"), (7, "7"), (0.5, "0.5"), ("x y", "x y"), ([1, 2], "[1,2]"), ({"a": 1}, '{"a":1}')],
+    [
+        (True, "true"),
+        (False, "false"),
+        (7, "7"),
+        (0.5, "0.5"),
+        ("x y", "x y"),
+        ([1, 2], "[1,2]"),
+        ({"a": 1}, '{"a":1}'),
+    ],
 )
 def test_value_rendering(value: Any, rendered: str) -> None:
     assert fill("t --v={cfg.k}", {"k": value}) == ["t", f"--v={rendered}"]
 
 
-@pytest.mark.parametrize(("value", "given"), [(True, True), (1, True), ("yes", True), ("off", False), (0, False), (None, False)])
+@pytest.mark.parametrize(
+    ("value", "given"),
+    [(True, True), (1, True), ("yes", True), ("off", False), (0, False), (None, False)],
+)
 def test_flag_truth(value: Any, given: bool) -> None:
     assert fill("t {cfg.k?--k}", {"k": value}) == (["t", "--k"] if given else ["t"])
 
@@ -137,7 +148,9 @@ def test_bad_keys(raw: Any, match: str) -> None:
 
 def test_rungs_the_worker_cannot_receive_are_skipped() -> None:
     config = {"batch_size": 32, "gradient_accumulation_steps": 1, "num_data_workers": 2}
-    template = parse_template("python t.py --batch-size {cfg.batch_size} --grad-accum {cfg.gradient_accumulation_steps}")
+    template = parse_template(
+        "python t.py --batch-size {cfg.batch_size} --grad-accum {cfg.gradient_accumulation_steps}"
+    )
     levels = expand_levels(load_ladder(None), config, one_token_task=True, reaches=template.reaches)
     steps = [level.rung for level in levels]
     # checkpointing/logits_to_keep and data workers never reach the script; running alone always can

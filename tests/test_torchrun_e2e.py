@@ -21,7 +21,8 @@ SCRIPT = REPO_ROOT / "examples" / "torchrun_tiny.py"
 WORKER = (
     f"{sys.executable} -m torch.distributed.run --nproc_per_node={{nproc}} --master_addr=127.0.0.1 "
     f"--master_port={{port}} {SCRIPT} --steps 6 --step-s 0 --batch {{cfg.micro_batch}} "
-    "--grad-accum {cfg.accum} --budget-mib {cfg.budget_mib} {cfg.use_fsdp?--sharded} {cfg.fsdp_cpu_offload?--cpu-offload}"
+    "--grad-accum {cfg.accum} --budget-mib {cfg.budget_mib} {cfg.use_fsdp?--sharded} "
+    "{cfg.fsdp_cpu_offload?--cpu-offload}"
 )
 # DDP first; after an OOM the optimizer state is sharded (FSDP's optimizer half), then offloaded;
 # only then is the batch halved, under the script's own key names (`keys:`)

@@ -67,7 +67,9 @@ def test_runs_dir_made_by_another_user_in_a_shared_dir_is_refused() -> None:
     shared.chmod(0o1777)  # a shared scratch dir
     with second_user() as other, orch_env(shared) as orch, _removed(shared):
         orch.db = shared / "state.db"
-        subprocess.run(["mkdir", "-p", str(shared / "runs" / "s")], check=True, **as_user(other))  # type: ignore[call-overload]
+        subprocess.run(  # type: ignore[call-overload]
+            ["mkdir", "-p", str(shared / "runs" / "s")], check=True, **as_user(other)
+        )
         orch.write_suite("s", {"c": {"sim_mem_gib": 1}}, mem_gib=1)
         orch.submit("s", "1:a")
         proc = orch.run("daemon", "start", check=False)
@@ -247,7 +249,8 @@ def test_yaml_alias_bomb_in_a_config_is_refused_at_once(orch: Orch) -> None:
     assert orch.jobs() == []  # none when there is no database either
 
 
-# -- 6. a hung worker that ignores SIGTERM: tests/test_clock_rules.py (the clock passes the hang timeout and the kill grace)
+# -- 6. a hung worker that ignores SIGTERM: tests/test_clock_rules.py (the clock passes the hang
+#    timeout and the kill grace)
 
 
 # -- 7. smaller ones ---------------------------------------------------------------------------
@@ -267,7 +270,12 @@ def test_an_emptied_state_db_is_refused_a_new_one_is_not(orch: Orch) -> None:
 
 
 def test_results_with_non_dict_metrics(orch: Orch) -> None:
-    orch.write_suite("r", {"r": {"corrupt": "result_metrics_list", "hold_s": 0}}, worker=hostile_command(), mem_gib=0.25)
+    orch.write_suite(
+        "r",
+        {"r": {"corrupt": "result_metrics_list", "hold_s": 0}},
+        worker=hostile_command(),
+        mem_gib=0.25,
+    )
     orch.submit("r", "1:a")
     orch.start_daemon()
     assert orch.wait_all_done(60) == {1: "succeeded"}

@@ -89,7 +89,11 @@ def test_overview_lists_running_jobs_and_updates_without_reload(sweep: WebSweep,
 
 
 def test_cancel_is_refused_without_the_token_and_works_with_it(sweep: WebSweep, page: Any) -> None:
-    long_job = wait_until(lambda: min(sweep.ids(JobState.RUNNING, config="long"), default=None), 60, "a long job running")
+    long_job = wait_until(
+        lambda: min(sweep.ids(JobState.RUNNING, config="long"), default=None),
+        60,
+        "a long job running",
+    )
     action = f"{sweep.url}/api/jobs/{long_job}/cancel"
     assert page.request.post(action).status == 403
     assert page.request.post(action, headers={"X-Orch-Token": "guess"}).status == 403
@@ -204,8 +208,15 @@ def test_jobs_page_filters_and_is_one_click_from_the_counts(sweep: WebSweep, pag
 
 
 def test_curves_overlay_picked_runs_with_log_scale_and_a_seed_band(sweep: WebSweep, page: Any) -> None:
-    shorts = wait_until(lambda: sorted(sweep.ids(JobState.SUCCEEDED, config="short")) if sweep.counts().get("succeeded", 0) >= 2
-        else None, 90, "both short jobs to succeed")
+    shorts = wait_until(
+        lambda: (
+            sorted(sweep.ids(JobState.SUCCEEDED, config="short"))
+            if sweep.counts().get("succeeded", 0) >= 2
+            else None
+        ),
+        90,
+        "both short jobs to succeed",
+    )
     page.goto(sweep.url + "/jobs?config=short")
     for job_id in shorts:
         page.check(f'input[name="job"][value="{job_id}"]')

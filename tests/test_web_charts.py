@@ -169,7 +169,9 @@ def test_the_last_tick_label_stays_inside_the_chart() -> None:
     assert all(t.anchor == "middle" for t in ticks[:-1])
 
 
-def test_curves_are_read_from_the_run_dir_itself_never_through_a_symlink(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_curves_are_read_from_the_run_dir_itself_never_through_a_symlink(  # type: ignore[no-untyped-def]
+    tmp_path
+) -> None:
     from orchestrator.web.curves import read_curves
 
     run_dir = private_attempt_dir(tmp_path)

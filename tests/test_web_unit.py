@@ -29,8 +29,31 @@ def reading(index: int = 0, used: int = 1000) -> GpuReading:
     return GpuReading(index, f"GPU-{index}", 24576, used, 24576 - used)
 
 
-def span(attempt_id: int, gpu: int, start: float, end: float | None, outcome: str | None = "succeeded", config: str = "c") -> AttemptSpan:
-    return AttemptSpan(attempt_id, attempt_id, 1, gpu, 1, None, outcome, start, end, "s", config, 1, "glue_rte", 2048, 1024)
+def span(
+    attempt_id: int,
+    gpu: int,
+    start: float,
+    end: float | None,
+    outcome: str | None = "succeeded",
+    config: str = "c",
+) -> AttemptSpan:
+    return AttemptSpan(
+        attempt_id,
+        attempt_id,
+        1,
+        gpu,
+        1,
+        None,
+        outcome,
+        start,
+        end,
+        "s",
+        config,
+        1,
+        "glue_rte",
+        2048,
+        1024,
+    )
 
 
 def test_samples_are_spaced_and_bounded(db_path: Path) -> None:
@@ -80,7 +103,11 @@ def test_spans_filter_by_time_and_limit(db_path: Path) -> None:
         middle = every[len(every) // 2]
         window, _ = attempt_spans(store, from_s=middle.started_at, to_s=middle.started_at + 1)
     assert middle.attempt_id in {s.attempt_id for s in window}
-    assert all(s.started_at <= middle.started_at + 1 and (s.ended_at is None or s.ended_at >= middle.started_at) for s in window)
+    assert all(
+        s.started_at <= middle.started_at + 1
+        and (s.ended_at is None or s.ended_at >= middle.started_at)
+        for s in window
+    )
 
 
 def test_occupancy_counts_busy_gpu_time_once() -> None:
@@ -93,7 +120,12 @@ def test_occupancy_counts_busy_gpu_time_once() -> None:
 
 
 def test_timeline_draws_one_bar_per_attempt_in_lanes_without_overlap() -> None:
-    spans = [span(1, 0, 0, 10), span(2, 0, 5, 15, outcome="oom"), span(3, 0, 12, 20), span(4, 1, 0, 5, config="<script>x")]
+    spans = [
+        span(1, 0, 0, 10),
+        span(2, 0, 5, 15, outcome="oom"),
+        span(3, 0, 12, 20),
+        span(4, 1, 0, 5, config="<script>x"),
+    ]
     rows = pack_lanes(spans, now_s=20)
     assert rows[1] == 0 and rows[2] == 1 and rows[3] == 0  # 3 starts after 1 ended: back on row 0
     from orchestrator.web.pages import timeline_fragment
@@ -126,10 +158,12 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
     assert client.get("/timeline").text.count('class="attempt"') == n_attempts
     csv = client.get("/results.csv")
     assert csv.headers["content-type"].startswith("text/csv")
-    assert csv.text.splitlines()[0] == ("suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels,"
-                                        "overrides,test_is_val,dropout_differs,notes,val_mean,val_std,val_n,"
-                                        "best_steps,submitted,failed,cancelled,running,queued,no_metric,accounted,"
-                                        "pooled,chosen_by,inexact_rungs,run_levels,run_inexact_rungs,diverged,mixed_provenance,pruned")
+    assert csv.text.splitlines()[0] == (
+        "suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels,"
+        "overrides,test_is_val,dropout_differs,notes,val_mean,val_std,val_n,"
+        "best_steps,submitted,failed,cancelled,running,queued,no_metric,accounted,"
+        "pooled,chosen_by,inexact_rungs,run_levels,run_inexact_rungs,diverged,mixed_provenance,pruned"
+    )
     assert client.get("/job/9999").status_code == 404
     assert client.get("/job/99999999999999999999999").status_code == 404  # beyond SQLite's integers
     assert client.get("/timeline?from=abc").status_code == 400
@@ -207,7 +241,11 @@ def test_web_refuses_a_busy_port_in_one_line(orch_cli, db_path: Path) -> None:  
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         result = orch_cli("web", "--port", str(busy.getsockname()[1]))
-    assert result.rc == 2 and result.stderr.startswith("orch: error: cannot listen on") and result.stderr.count("\n") == 1
+    assert (
+        result.rc == 2
+        and result.stderr.startswith("orch: error: cannot listen on")
+        and result.stderr.count("\n") == 1
+    )
     assert os.path.exists(db_path)
 
 
@@ -239,7 +277,9 @@ def _set_state(db_path: Path, job_id: int, state: str, **columns: object) -> Non
         store.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [state, *columns.values(), job_id])
 
 
-def test_jobs_page_filters_by_state_suite_config_and_data(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_jobs_page_filters_by_state_suite_config_and_data(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     import re
 
     def listed(query: str) -> set[int]:
@@ -328,7 +368,9 @@ def test_job_page_shows_final_metrics_and_set_overrides(client, db_path: Path) -
     assert spec["runs"][0]["colour"] != spec["runs"][1]["colour"] and spec["metrics"] == ["loss"]
 
 
-def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(client, db_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(  # type: ignore[no-untyped-def]
+    client, db_path: Path
+) -> None:
     form = {"content-type": "application/x-www-form-urlencoded"}
     refused = client.post("/api/jobs/28/cancel", content="token=wrong", headers=form)
     assert refused.status_code == 403 and refused.headers["content-type"].startswith("text/html")
@@ -348,7 +390,9 @@ def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(client, db_pa
     assert mixed.status_code == 403
 
 
-def test_static_files_are_served_and_live_pages_load_only_from_their_server(client) -> None:  # type: ignore[no-untyped-def]
+def test_static_files_are_served_and_live_pages_load_only_from_their_server(  # type: ignore[no-untyped-def]
+    client
+) -> None:
     from orchestrator.web.assets import UPLOT_VERSION
 
     uplot = client.get("/static/uPlot.iife.min.js")

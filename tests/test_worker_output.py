@@ -39,7 +39,8 @@ ATTEMPT = attempt_of(started_at=NOW - 100.0, pid=None, proc_create_time=None)
         (observation(silent_s=100.0), 10.0, Verdict.HUNG),  # the daemon saw nothing change for 100 s
         (observation(silent_s=1.0), 10.0, Verdict.ALIVE),  # stdout.log grew a second ago
         (observation(silent_s=20.0), 10.0, Verdict.HUNG),
-        (observation(silent_s=None, last_output_at=NOW - 500.0), 10.0, Verdict.ALIVE),  # not watched yet: no verdict from file times
+        # not watched yet: no verdict from file times
+        (observation(silent_s=None, last_output_at=NOW - 500.0), 10.0, Verdict.ALIVE),
         (observation(silent_s=100.0), 0.0, Verdict.ALIVE),  # hang_timeout_s: off
     ],
 )

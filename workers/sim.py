@@ -231,7 +231,9 @@ def pseudo_accuracy(seed: int, config: dict[str, Any], split: str = "test") -> f
 
 def resolve_gpus(visible: str, sizes_mib: list[int]) -> list[int]:
     """Indices of every simulated GPU CUDA_VISIBLE_DEVICES names, in its order."""
-    return [resolve_gpu(item, sizes_mib) for item in visible.split(",") if item.strip()] or [resolve_gpu("0", sizes_mib)]
+    return [resolve_gpu(item, sizes_mib) for item in visible.split(",") if item.strip()] or [
+        resolve_gpu("0", sizes_mib)
+    ]
 
 
 class GangAllocation(SimAllocation):

@@ -128,7 +128,11 @@ def _step_k_at(run_dir: str | None, k: int = PROVISIONAL_STEPS) -> float | None:
 def summarize(db_dir: Path, free_mib: int, slots: int, headroom_mib: int = 0) -> dict[str, Any]:
     jobs = [json.loads((db_dir / "dumps" / "show" / p.name).read_text())
             for p in sorted((db_dir / "dumps" / "show").glob("*.json"), key=lambda p: int(p.stem))]  # fmt: skip
-    attempts = [{**a, "shape": f"{j['suite']}/{j['config']} L{a['level']}", "job": j["id"]} for j in jobs for a in j["attempts"]]
+    attempts = [
+        {**a, "shape": f"{j['suite']}/{j['config']} L{a['level']}", "job": j["id"]}
+        for j in jobs
+        for a in j["attempts"]
+    ]
     if not attempts:
         return {"error": "no attempts"}
     t0 = min(a["started_at"] for a in attempts)
@@ -154,7 +158,8 @@ def summarize(db_dir: Path, free_mib: int, slots: int, headroom_mib: int = 0) ->
         shapes[shape] = {
             "attempts": len(mine), "ooms": len(ooms), "ooms_after_first": len(later),
             "ooms_of_measured_starts": len(measured_ooms),
-            "first_running_sized_start_after_s": round(running[0]["started_at"] - mine[0]["started_at"], 1) if running else None,
+            "first_running_sized_start_after_s": (
+                round(running[0]["started_at"] - mine[0]["started_at"], 1) if running else None),
             "first_step_k_after_s": None if step_k_at is None else round(step_k_at - mine[0]["started_at"], 1),
             "running_sized_start_after_step_k_s": round(running[0]["started_at"] - step_k_at, 1)
             if running and step_k_at is not None else None,
@@ -189,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=1200, help="a few minutes per job on an H200")
     parser.add_argument("--leave-gib", type=float, default=38.0)
     parser.add_argument("--gpu-plan", default="8")
-    parser.add_argument("--headroom", type=float, default=0.1, help="fraction of the card, capped by --headroom-max-gib")
+    parser.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="fraction of the card, capped by --headroom-max-gib",
+    )
     parser.add_argument("--headroom-max-gib", type=float, default=2.4, help="the same headroom on an H100 and an H200")
     parser.add_argument("--budget-s", type=float, default=480.0, help="then what still runs is cancelled")
     parser.add_argument("--dry", action="store_true", help="CPU: the sim worker on one simulated card of --leave-gib")

@@ -179,7 +179,13 @@ def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float, *, b
         for run_dir in sorted((root / "runs").rglob("attempt-*")):
             log_text = (run_dir / "stdout.log").read_text(errors="replace") if (run_dir / "stdout.log").exists() else ""
             last = [json.loads(x) for x in log_text.splitlines() if x.startswith('{"train_s"')]
-            runs.append({"run_dir": run_dir.name, "result": last[-1] if last else None, "tail": log_text.splitlines()[-3:]})
+            runs.append(
+                {
+                    "run_dir": run_dir.name,
+                    "result": last[-1] if last else None,
+                    "tail": log_text.splitlines()[-3:],
+                }
+            )
         status = orch(["status", "--json"], db, check=False)
     finally:
         finish(db, daemon, None)

@@ -33,7 +33,10 @@ def build(batch: int, seq: int) -> tuple[Any, Any, Any]:
                          num_key_value_heads=16, vocab_size=8000, max_position_embeddings=seq)
     model: Any = LlamaForCausalLM(config)
     model = model.to(torch.bfloat16).cuda()
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model = get_peft_model(
+        model,
+        LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     tokens = torch.randint(0, 8000, (batch, seq), device="cuda")
     return model, optimizer, tokens

@@ -128,8 +128,9 @@ def start_ballast(work: Path, leave_gib: float) -> tuple[subprocess.Popen[bytes]
     ready = work / "ballast.json"
     ready.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.sweep_common", "ballast", "--leave-gib", str(leave_gib),
-                             "--ready", str(ready)], start_new_session=True, env=env, cwd=REPO)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.sweep_common", "ballast",
+                             "--leave-gib", str(leave_gib), "--ready", str(ready)],
+                            start_new_session=True, env=env, cwd=REPO)  # fmt: skip
     deadline = time.monotonic() + 120
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -7,27 +7,29 @@ co-location curve.
     python benchmarks/gpu/trl_sweep.py run --work /tmp/trl --out OUT --tag serial --gpu-plan 1   # GPU
     python benchmarks/gpu/trl_sweep.py analyze --orch OUT/trl-orch.json --serial OUT/trl-serial.json
     python benchmarks/gpu/trl_sweep.py run --dry --work /tmp/trl-dry --out /tmp/trl-out --max-steps 2  # CPU
-    python benchmarks/gpu/trl_sweep.py run --case scarce --seeds 3 --max-steps 40 --mem-gib 3 --tag orch [--mps] [--overlap]
-    python benchmarks/gpu/trl_sweep.py run --case plentiful --seeds 4 --max-steps 100 --mem-gib 3 --tag orch [--mps]
+    python benchmarks/gpu/trl_sweep.py run --case scarce --seeds 3 --max-steps 40 --mem-gib 3
+        --tag orch [--mps] [--overlap]
+    python benchmarks/gpu/trl_sweep.py run --case plentiful --seeds 4 --max-steps 100 --mem-gib 3
+        --tag orch [--mps]
 
 The sweep: a Llama of about 210M parameters (hidden 1024, 12 layers, random weights, bf16) and a
 word-level tokenizer saved once; 6,000 rows of 400 random words (`train.jsonl`); a suite `trl` whose
 worker is the `trl sft` command line (LoRA r=16 on q/k/v/o, `--max_length 512`, bf16) reached
 through `{cfg.KEY}` placeholders; configs `b64`, `b128`, `b256`: per-device batch 64/128/256 with
 accumulation 4/2/1 (one effective batch of 256) × seeds 1-3, 16 steps each; `mem_gib: 2` (the true peaks are
-several times that); ladder `[halve_batch]`; `min_stack_gain: 0.1`. A ballast process holds all but `--leave-gib` (24) of
-the card. `run` writes OUT/trl-TAG.json (every attempt: config, level, outcome, peak, start and
-end, prediction and its source; `orch memory --json`) and OUT/sweep-trl-TAG.tar.gz (dumps, run
-dirs' small files, daemon log). `analyze` (no GPU) reads both runs: OOM'd attempts per family
-(goal <= 1), makespan of `orch` against `serial` (goal >= 1.5x faster) and against an oracle
-schedule (goal >= 0.9x): the packing simulator's oracle (benchmarks/packing) over one card of
-`--leave-gib`, each job at its true peak (the largest a succeeded attempt of its batch reached)
-and its solo run time (the serial run's), jobs on the card sharing by the co-location curve that
-orch measured (`orch memory`, samples/s by jobs on the card, averaged over the family's shapes).
-`analyze` also reports each job's slowdown when stacked: its run time through orch over its
-config's run time alone (serial run), median and worst. `--case scarce` (b256/b128, peaks that do
-not fit together) and `--case plentiful` (b64/b32) are the two cases of the MPS and start-up
-overlap goals; `--mps` and `--overlap` start the daemon with them.
+several times that); ladder `[halve_batch]`; `min_stack_gain: 0.1`. A ballast process holds all but
+`--leave-gib` (24) of the card. `run` writes OUT/trl-TAG.json (every attempt: config, level,
+outcome, peak, start and end, prediction and its source; `orch memory --json`) and
+OUT/sweep-trl-TAG.tar.gz (dumps, run dirs' small files, daemon log). `analyze` (no GPU) reads both
+runs: OOM'd attempts per family (goal <= 1), makespan of `orch` against `serial` (goal >= 1.5x
+faster) and against an oracle schedule (goal >= 0.9x): the packing simulator's oracle
+(benchmarks/packing) over one card of `--leave-gib`, each job at its true peak (the largest a
+succeeded attempt of its batch reached) and its solo run time (the serial run's), jobs on the card
+sharing by the co-location curve that orch measured (`orch memory`, samples/s by jobs on the card,
+averaged over the family's shapes). `analyze` also reports each job's slowdown when stacked: its run
+time through orch over its config's run time alone (serial run), median and worst. `--case scarce`
+(b256/b128, peaks that do not fit together) and `--case plentiful` (b64/b32) are the two cases of
+the MPS and start-up overlap goals; `--mps` and `--overlap` start the daemon with them.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ def prepare(work: Path, dry: bool) -> tuple[Path, Path]:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         tokenizer = build_tiny_tokenizer()
-        shape: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                 "num_key_value_heads": 2, "max_position_embeddings": 1024} if dry else LLAMA_210M  # fmt: skip
+        shape: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 2,
+                 "max_position_embeddings": 1024} if dry else LLAMA_210M  # fmt: skip
         config: Any = LlamaConfig(**shape, vocab_size=len(tokenizer), tie_word_embeddings=False,
                              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id)  # fmt: skip
@@ -145,7 +148,7 @@ def attempts_of(tag_dir: Path) -> list[dict[str, Any]]:
             rows.append({"job": job["id"], "config": job["config"], "seed": job["seed"], "level": a["level"],
                          "outcome": a["outcome"], "peak_mib": a["peak_mib"], "started_at": a["started_at"],
                          "ended_at": a["ended_at"], "predicted_peak_mib": a.get("predicted_peak_mib"),
-                         "prediction_source": a.get("prediction_source"), "changes": a.get("changes") or {}})  # fmt: skip
+                         "prediction_source": a.get("prediction_source"), "changes": a.get("changes") or {}})
     return rows
 
 
@@ -211,7 +214,9 @@ def true_batch(a: dict[str, Any]) -> int:
     return int(changed) if isinstance(changed, int) else BATCHES[a["config"]][0]
 
 
-def oracle_makespan_s(orch_run: dict[str, Any], serial_run: dict[str, Any], leave_gib: float, slots: int) -> dict[str, Any]:
+def oracle_makespan_s(
+    orch_run: dict[str, Any], serial_run: dict[str, Any], leave_gib: float, slots: int
+) -> dict[str, Any]:
     """The packing simulator's offline oracle over one card: true peaks by batch (the largest a
     succeeded attempt reached, either run), solo run times by config (the serial run), sharing by
     the co-location curve orch measured."""
@@ -283,7 +288,7 @@ def analyze(args: argparse.Namespace) -> int:
         serial["makespan_from"] = "sum of solo run times (the serial run did not finish every job)"
     report = {"orch": ours, "serial": serial, "oracle": oracle, "slowdown": slowdowns(orch_run, serial_run),
               "speedup_vs_serial": round(serial["makespan_s"] / ours["makespan_s"], 3),
-              "vs_oracle": round(oracle["makespan_s"] / ours["makespan_s"], 3) if "makespan_s" in oracle else None}  # fmt: skip
+              "vs_oracle": round(oracle["makespan_s"] / ours["makespan_s"], 3) if "makespan_s" in oracle else None}
     text = json.dumps(report, indent=2)
     if args.out is not None:
         args.out.write_text(text + "\n")

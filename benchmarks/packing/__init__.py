@@ -1,1 +1,2 @@
-"""Virtual-time packing benchmark: the real `orchestrator.scheduling.packing.pack.pack` raced against simple launchers."""
+"""Virtual-time packing benchmark: the real `orchestrator.scheduling.packing.pack.pack` raced against
+simple launchers."""

@@ -55,8 +55,12 @@ def run_all(
     trace: Trace, packing: PackingPolicy, names: tuple[str, ...] = POLICY_NAMES
 ) -> dict[str, SimResult]:
     plain = trace.sharing or SHARING_THROUGHPUT
-    return {name: Simulator(trace, with_mps(plain) if name in MPS_ROWS else plain).run(make_policy(name, trace, packing))
-            for name in names}
+    return {
+        name: Simulator(trace, with_mps(plain) if name in MPS_ROWS else plain).run(
+            make_policy(name, trace, packing)
+        )
+        for name in names
+    }
 
 
 def report(trace: Trace, results: dict[str, SimResult]) -> dict[str, object]:

@@ -1,7 +1,8 @@
 """`orch` for a foreign script's sweep: no memory estimate (orch does not know the script), only
 the declared figure, what running attempts show at step K, and the daemon's memory families.
 
-The rules are the daemon's own (`orchestrator.prediction.families`, `orchestrator.prediction.memory`, `orchestrator.scheduling.packing.pack`):
+The rules are the daemon's own (`orchestrator.prediction.families`,
+`orchestrator.prediction.memory`, `orchestrator.scheduling.packing.pack`):
 - a shape is what the script receives: ladder levels that change nothing the script receives
   (level 4, alone, after level 3) share one shape;
 - a family is a config at one setting of checkpointing and data workers: its members differ in

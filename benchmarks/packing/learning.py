@@ -2,9 +2,10 @@
 
 `python -m benchmarks.packing.learning [--trace FILE]... [--minutes-scale 1,10] [--json]`
 
-The policies are in daemon_policy (the daemon's, the oracle) and family_policy. Every shipped trace is LoRA fine-tuning jobs (GLA-1.3B on E5; 0.5B-3B models on the generated
-ones), for which the daemon has its calibrated memory estimate; the trace carries no configs, so
-the estimate is modelled (StepKPolicy.estimate). Rows:
+The policies are in daemon_policy (the daemon's, the oracle) and family_policy. Every shipped trace
+is LoRA fine-tuning jobs (GLA-1.3B on E5; 0.5B-3B models on the generated ones), for which the
+daemon has its calibrated memory estimate; the trace carries no configs, so the estimate is modelled
+(StepKPolicy.estimate). Rows:
 - `orch` (the daemon on these traces): the real `pack` with the daemon's defaults; a shape's
   peak counts once a running attempt of it has run K optimizer steps (`known_after_s` after its
   memory ramp, at `early_fraction` of its true peak, with the running margin) and its

@@ -287,7 +287,9 @@ class OrchPolicy:
             )
             self.durations.add(self.completed[-1])  # not rebuilt from every run: O(1)
             return
-        self.shapes[key] = update_shape(self.shapes.get(key), held, AttemptOutcome.OOM, held, int(s.predicted_mib) or None)
+        self.shapes[key] = update_shape(
+            self.shapes.get(key), held, AttemptOutcome.OOM, held, int(s.predicted_mib) or None
+        )
         decision = retry_decision(AttemptOutcome.OOM, "CUDA out of memory", self.attempts[s.job_index],
                                   TRACE_LEVELS, s.level)
         if decision.action == "requeue" and decision.level is not None:

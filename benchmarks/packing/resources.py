@@ -80,7 +80,11 @@ Decide = Callable[[float, list[Job], list[Run], Machine, dict[str, float]], list
 def load(path: Path) -> tuple[Machine, list[Job]]:
     raw = yaml.safe_load(path.read_text())
     m = raw["machine"]
-    machine = Machine(tuple(float(g["total_gib"]) for g in m["gpus"]), float(m["host_gib"]), float(m["host_reserve_gib"]))
+    machine = Machine(
+        tuple(float(g["total_gib"]) for g in m["gpus"]),
+        float(m["host_gib"]),
+        float(m["host_reserve_gib"]),
+    )
     jobs = [Job(str(j["id"]), str(j["config"]), int(j["gpus"]), float(j["peak_gib"]), float(j["host_gib"]),
                 float(j["minutes"])) for j in raw["jobs"]]  # fmt: skip
     return machine, jobs
@@ -126,7 +130,9 @@ def simulate(machine: Machine, jobs: list[Job], decide: Decide) -> Result:
     return Result(now, kills, lost, gang_wait, partial)
 
 
-def orch_policy(now: float, queue: list[Job], running: list[Run], machine: Machine, learned: dict[str, float]) -> list[tuple[Job, tuple[int, ...]]]:
+def orch_policy(
+    now: float, queue: list[Job], running: list[Run], machine: Machine, learned: dict[str, float]
+) -> list[tuple[Job, tuple[int, ...]]]:
     by_id = {n: j for n, j in enumerate(queue)}
     gpus = []
     held = {c: r for r in running for c in r.cards}
@@ -150,7 +156,13 @@ def orch_policy(now: float, queue: list[Job], running: list[Run], machine: Machi
 
 
 def list_policy(host_aware: bool, backfill: bool) -> Decide:
-    def decide(now: float, queue: list[Job], running: list[Run], machine: Machine, learned: dict[str, float]) -> list[tuple[Job, tuple[int, ...]]]:
+    def decide(
+        now: float,
+        queue: list[Job],
+        running: list[Run],
+        machine: Machine,
+        learned: dict[str, float],
+    ) -> list[tuple[Job, tuple[int, ...]]]:
         free = free_cards(machine, running)
         host_free = machine.host_gib - machine.host_reserve_gib - host_used(running)
         out = []

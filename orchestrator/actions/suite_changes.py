@@ -47,7 +47,12 @@ def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[boo
     before = job_command(store, job_id)
     if now != before:
         shown = "worker command" if now.worker != before.worker else "worker settings"
-        set_job_command(store, job_id, now, f"retry takes the suite's {shown} as {suite.path.name} has it now: {now.worker}")
+        set_job_command(
+            store,
+            job_id,
+            now,
+            f"retry takes the suite's {shown} as {suite.path.name} has it now: {now.worker}",
+        )
     return now.worker != before.worker, None
 
 

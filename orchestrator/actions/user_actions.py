@@ -43,7 +43,12 @@ def _stop_running(store: Store, job_id: int, why: KillRequest) -> bool:
     if live is None:
         return False
     # only the process the launcher started, proven by its start time; never a pid from a file
-    if daemon_alive(store) is None and live.pid and live.proc_create_time is not None and group_is_ours(live.pid, live.proc_create_time):
+    if (
+        daemon_alive(store) is None
+        and live.pid
+        and live.proc_create_time is not None
+        and group_is_ours(live.pid, live.proc_create_time)
+    ):
         from orchestrator.executors.process_groups import kill_process_group
 
         kill_process_group(int(live.pid))
@@ -133,12 +138,18 @@ def check_retryable(store: Store, job_id: int, job: Job | None = None) -> Job:
     if job.state is JobState.RUNNING:
         ended = _exited_end(store, job)
         if ended is not None and ended.outcome is AttemptOutcome.SUCCEEDED:
-            raise UsageError(_succeeded_already(job, f"job {job_id} is recorded as running, but its worker already succeeded"))
+            raise UsageError(
+                _succeeded_already(
+                    job, f"job {job_id} is recorded as running, but its worker already succeeded"
+                )
+            )
     if job.state in (*_REQUEUED_BY_RETRY, JobState.RUNNING):
         return job
     if job.state is JobState.SUCCEEDED:
         raise UsageError(_succeeded_already(job, f"job {job_id} succeeded"))
-    raise UsageError(f"job {job_id} is {job.state.value}: only failed, cancelled, pruned or running jobs can be retried")
+    raise UsageError(
+        f"job {job_id} is {job.state.value}: only failed, cancelled, pruned or running jobs can be retried"
+    )
 
 
 def _succeeded_already(job: Job, said: str) -> str:

@@ -66,7 +66,9 @@ def _pandas() -> bool:
     try:
         import pandas  # noqa: F401
     except ImportError:
-        raise OrchError("DataFrames need pandas: pip install 'orch[notebook]' (or pass as_frame=False for rows)") from None
+        raise OrchError(
+            "DataFrames need pandas: pip install 'orch[notebook]' (or pass as_frame=False for rows)"
+        ) from None
     return True
 
 
@@ -221,7 +223,11 @@ class Sweep:
                  "setting": setting_text(o.spec.overrides), "created": o.created,
                  "state": "queued" if o.created else o.existing_state} for o in report.outcomes]
         if not dry_run:
-            self.submitted += [o.job_id for o in report.outcomes if o.job_id is not None and o.job_id not in self.submitted]
+            self.submitted += [
+                o.job_id
+                for o in report.outcomes
+                if o.job_id is not None and o.job_id not in self.submitted
+            ]
         return _frame(rows, ("id", "config", "seed", "task", "setting", "created", "state"), as_frame)
 
     def cancel(self, jobs: Iterable[int]) -> dict[str, list[int]]:
@@ -320,7 +326,9 @@ class _Bar:
             TimeElapsedColumn,
         )
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+        )
         self.task = self.progress.add_task("jobs ended", total=total)
         self.progress.start()
 

@@ -18,7 +18,11 @@ def int_in(low: int, high: int) -> Check:
 
 def is_number(v: Any) -> bool:
     # no math.isfinite on an int: a 4000-digit integer overflows the float conversion
-    return isinstance(v, int | float) and not isinstance(v, bool) and not (isinstance(v, float) and not math.isfinite(v))
+    return (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and not (isinstance(v, float) and not math.isfinite(v))
+    )
 
 
 def number_in(low: float, high: float) -> Check:

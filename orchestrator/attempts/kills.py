@@ -121,7 +121,12 @@ class GroupStopper:
                 log.warning("attempt %s: %s", key, exc)
                 return False
             if step is KillStep.KILL and state.kill_at_s is None:
-                log.warning("attempt %s: process group %s outlived SIGTERM by %.0f s; sent SIGKILL", key, pgid, self.grace_s)
+                log.warning(
+                    "attempt %s: process group %s outlived SIGTERM by %.0f s; sent SIGKILL",
+                    key,
+                    pgid,
+                    self.grace_s,
+                )
             state = after(state, step, now)
         if is_stuck(state, alive, now) and not state.stuck_said:
             log.warning("attempt %s: process group %s still alive %.0f s after SIGKILL (uninterruptible?); "

@@ -159,15 +159,27 @@ def _gather(
     peak_mib = max(attempt.peak_mib, int(reported_peak or 0) if isinstance(reported_peak, (int, float)) else 0,
                    read_gpu_peak_mib(run_dir))  # the wrapper's own reading, on the node it ran on
     exit_record = obs.exit_record if obs else None
-    sigkilled = result is None and died_of_sigkill((exit_record or {}).get("exit_code"), (exit_record or {}).get("signal"))
+    sigkilled = result is None and died_of_sigkill(
+        (exit_record or {}).get("exit_code"), (exit_record or {}).get("signal")
+    )
     ended_well = not (lost or hung) and (exit_record or {}).get("exit_code") == 0
     # the history was kept up to the attempt's end before it is completed (daemon.watcher)
     loss = loss_verdict(job, run_dir, result, history_values(store, attempt.id, "loss")) if ended_well else None
-    evidence = EndEvidence(exit_record, result, read_log_tail(run_dir), attempt.kill_requested,
-                           lost=lost, hung=hung, disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started,
-                           kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),
-                           checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None,
-                           diverged=loss.diverged if loss else None, fail_on_divergence=bool(loss and loss.fail))
+    evidence = EndEvidence(
+        exit_record,
+        result,
+        read_log_tail(run_dir),
+        attempt.kill_requested,
+        lost=lost,
+        hung=hung,
+        disk_full_now=disk_full_now,
+        remote_end=remote_end,
+        not_started=not_started,
+        kernel_oom_kill=sigkilled and _kernel_log_names(attempt, obs),
+        checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None,
+        diverged=loss.diverged if loss else None,
+        fail_on_divergence=bool(loss and loss.fail),
+    )
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt),

@@ -148,7 +148,9 @@ def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, An
     builtin = worker_code_text(_mapping(wrapper.get("worker_code")))  # our worker's code, not its cwd's
     digest: dict[str, str | None] = {
         "code": builtin or code_text(_mapping(wrapper.get("code"))),
-        "code_dir": text(_mapping(wrapper.get("worker_code")).get("package_dir")) if builtin else text(wrapper.get("cwd")),
+        "code_dir": text(_mapping(wrapper.get("worker_code")).get("package_dir"))
+        if builtin
+        else text(wrapper.get("cwd")),
         "orch": orch_text(_mapping(wrapper.get("orch"))),
         "python": text(python.get("python")),
         "libraries": libraries_text(python) or text(python.get("note")),
@@ -159,7 +161,9 @@ def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, An
         "host": text(_mapping(wrapper.get("host")).get("name")),
         "data": data_text(_mapping(worker.get("data"))),
         "model": model_text(_mapping(worker.get("model"))),
-        "recorded_by": " + ".join(filter(None, (text(wrapper.get("recorded_by")), text(worker.get("recorded_by"))))),
+        "recorded_by": " + ".join(
+            filter(None, (text(wrapper.get("recorded_by")), text(worker.get("recorded_by"))))
+        ),
     }
     return {key: value for key, value in digest.items() if value}
 
@@ -177,7 +181,10 @@ def provenance_line(digest: Mapping[str, str]) -> str:
     """The digest in one line, for `orch show`, the job page and the report."""
     parts = []
     if "code" in digest:
-        parts.append(f"code {short_code(digest['code'])}" + (f" in {digest['code_dir']}" if "code_dir" in digest else ""))
+        parts.append(
+            f"code {short_code(digest['code'])}"
+            + (f" in {digest['code_dir']}" if "code_dir" in digest else "")
+        )
     if "orch" in digest:
         parts.append(f"orch {digest['orch']}")
     if "libraries" in digest:

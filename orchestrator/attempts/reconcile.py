@@ -110,7 +110,11 @@ def observe(
         return cache.run_files(path, max_age_s, settled) if cache is not None else runfiles.read_run_files(path)
 
     def matches(pid: int, create_time: float | None) -> bool:
-        return cache.process_matches(pid, create_time, process_matches) if cache is not None else process_matches(pid, create_time)
+        return (
+            cache.process_matches(pid, create_time, process_matches)
+            if cache is not None
+            else process_matches(pid, create_time)
+        )
 
     record = launcher_record(attempt) if attempt is not None else None
     launcher_alive = matches(*record) if record is not None else None

@@ -163,7 +163,9 @@ class RunFiles:
     problems: list[str] = field(default_factory=list)
 
 
-def _record(dir_fd: int, name: str, limit: int, fields: dict[str, tuple[Check, str]], problems: list[str]) -> tuple[dict[str, Any] | None, bool]:
+def _record(
+    dir_fd: int, name: str, limit: int, fields: dict[str, tuple[Check, str]], problems: list[str]
+) -> tuple[dict[str, Any] | None, bool]:
     try:
         raw = read_file(dir_fd, name, limit)
     except FileProblem as exc:
@@ -214,7 +216,9 @@ def read_run_files(run_dir: Path, *, with_result: bool = False) -> RunFiles:
     files = RunFiles()
     try:
         with open_run_dir(Path(run_dir)) as dir_fd:
-            files.pid_record, files.pid_file_present = _record(dir_fd, RunDir.PID, MAX_RECORD_BYTES, PID_FIELDS, files.problems)
+            files.pid_record, files.pid_file_present = _record(
+                dir_fd, RunDir.PID, MAX_RECORD_BYTES, PID_FIELDS, files.problems
+            )
             files.exit_record, _ = _record(dir_fd, RunDir.EXIT, MAX_RECORD_BYTES, EXIT_FIELDS, files.problems)
             files.last_progress_at = file_mtime(dir_fd, RunDir.PROGRESS)
             if files.last_progress_at is not None:

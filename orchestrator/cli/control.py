@@ -77,12 +77,21 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
 @click.argument("jobs", nargs=-1)
 @click.option("--suite", default=None, help="Requeue every failed or cancelled job of a suite.")
 @click.option("--all", "all_jobs", is_flag=True, help="Requeue every failed or cancelled job.")
-@click.option("--fresh", is_flag=True, help="Start without a checkpoint: resume from none of the job's attempts so far.")
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start without a checkpoint: resume from none of the job's attempts so far.",
+)
 @json_option
 @plans_option
 @db_option
 def retry_cmd(
-    jobs: tuple[str, ...], suite: str | None, all_jobs: bool, fresh: bool, as_json: bool, plans_dir: Path | None,
+    jobs: tuple[str, ...],
+    suite: str | None,
+    all_jobs: bool,
+    fresh: bool,
+    as_json: bool,
+    plans_dir: Path | None,
     db_path: Path,
 ) -> None:
     """Requeue failed or cancelled jobs (attempt budget renewed); restart running ones. A job
@@ -121,10 +130,14 @@ def attach_cmd(job: str, db_path: Path) -> None:
         get_job(store, job_id)
         attempt = latest_attempt(store, job_id)
     if attempt is None:
-        raise NotAttachable(f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`")
+        raise NotAttachable(
+            f"job {job_id} has no tmux window (not started, or run without tmux): use `orch logs {job_id} -f`"
+        )
     if not attempt.live:  # its window closed with it: tmux would only say `can't find window`
         outcome = f" ({attempt.outcome.value})" if attempt.outcome else ""
-        raise NotAttachable(f"job {job_id}'s attempt {attempt.n} has ended{outcome}: its output is in `orch logs {job_id}`")
+        raise NotAttachable(
+            f"job {job_id}'s attempt {attempt.n} has ended{outcome}: its output is in `orch logs {job_id}`"
+        )
     argv = attach_argv(attempt, tmux_socket_name(db_path))
     tmux = shutil.which(argv[0])
     if tmux is None:

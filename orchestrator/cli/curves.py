@@ -16,14 +16,40 @@ from orchestrator.store.job_facts import job_states
 
 
 @click.command("curves")
-@click.option("--job", "job_ids", type=click.IntRange(1), multiple=True, metavar="N", help="A job (repeatable); default every job.")
+@click.option(
+    "--job",
+    "job_ids",
+    type=click.IntRange(1),
+    multiple=True,
+    metavar="N",
+    help="A job (repeatable); default every job.",
+)
 @click.option("--suite", "suite", default=None, help="Only jobs of this suite.")
-@click.option("--key", "keys", multiple=True, metavar="KEY", help="Only this metric (repeatable), e.g. loss.")
-@click.option("--stitch", is_flag=True, help="One curve per job: a later attempt wins from its first step (a resumed job reads whole).")
-@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True, help="csv: a header and a row per point; json: a list of row objects.")
+@click.option(
+    "--key", "keys", multiple=True, metavar="KEY", help="Only this metric (repeatable), e.g. loss."
+)
+@click.option(
+    "--stitch",
+    is_flag=True,
+    help="One curve per job: a later attempt wins from its first step (a resumed job reads whole).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["csv", "json"]),
+    default="csv",
+    show_default=True,
+    help="csv: a header and a row per point; json: a list of row objects.",
+)
 @db_option
-def curves_cmd(job_ids: tuple[int, ...], suite: str | None, keys: tuple[str, ...], stitch: bool, fmt: str,
-               db_path: Path) -> None:
+def curves_cmd(
+    job_ids: tuple[int, ...],
+    suite: str | None,
+    keys: tuple[str, ...],
+    stitch: bool,
+    fmt: str,
+    db_path: Path,
+) -> None:
     """Print the metric history of jobs: job, attempt, step, key, value."""
     if suite is not None and not SUITE_NAME_RE.fullmatch(suite):
         raise UsageError(f"--suite {shown_value(suite)} is not a suite name")

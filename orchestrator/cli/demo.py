@@ -48,16 +48,50 @@ DEMO_PAIRS = "1:glue_rte 2:glue_rte 3:glue_rte 4:glue_rte"
 
 
 @click.command("demo")
-@click.option("--sim-gpus", default="2x24GiB", show_default=True, help="Simulated GPUs when there is no NVIDIA driver.")
-@click.option("--gpu-plan", "plan_text", default="2,1", show_default=True, help="Per-GPU concurrency caps for the demo.")
-@click.option("--pairs", "pairs_text", default=DEMO_PAIRS, show_default=True, help="SEED:DATA pairs of the demo jobs.")
-@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True,
-              help="Give up (exit 1) when the sweep has not finished after this many seconds.")
+@click.option(
+    "--sim-gpus",
+    default="2x24GiB",
+    show_default=True,
+    help="Simulated GPUs when there is no NVIDIA driver.",
+)
+@click.option(
+    "--gpu-plan",
+    "plan_text",
+    default="2,1",
+    show_default=True,
+    help="Per-GPU concurrency caps for the demo.",
+)
+@click.option(
+    "--pairs",
+    "pairs_text",
+    default=DEMO_PAIRS,
+    show_default=True,
+    help="SEED:DATA pairs of the demo jobs.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Give up (exit 1) when the sweep has not finished after this many seconds.",
+)
 @plans_option
-@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="State database to use (default: a fresh one in a new temporary folder, named on screen).")
-def demo_cmd(sim_gpus: str, plan_text: str, pairs_text: str, timeout_s: float, plans_dir: Path | None,
-             db_path: Path | None) -> None:
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="State database to use (default: a fresh one in a new temporary folder, named on screen).",
+)
+def demo_cmd(
+    sim_gpus: str,
+    plan_text: str,
+    pairs_text: str,
+    timeout_s: float,
+    plans_dir: Path | None,
+    db_path: Path | None,
+) -> None:
     """Run the demo sweep end to end with the live dashboard (each run starts fresh)."""
     if not os.environ.get("ORCH_GPU_BACKEND") and not nvml_available():
         os.environ["ORCH_GPU_BACKEND"] = "sim"

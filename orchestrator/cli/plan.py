@@ -60,7 +60,12 @@ def plan_set(plan_text: str, gpus_text: str | None, as_json: bool, db_path: Path
         set_gpu_plan(store, plan)
         stored = get_gpu_plan(store)
     if as_json:
-        echo_json({"gpus": {str(k): v for k, v in sorted(stored.slots_by_gpu.items())}, "default_slots": stored.default_slots})
+        echo_json(
+            {
+                "gpus": {str(k): v for k, v in sorted(stored.slots_by_gpu.items())},
+                "default_slots": stored.default_slots,
+            }
+        )
         return
     click.echo(f"GPU plan set: {describe_plan(stored)}")
 

@@ -45,33 +45,87 @@ from orchestrator.wording import one_line
 
 @click.command("results")
 @click.option("--suite", default=None, help="Only this suite.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="table (default), csv, markdown or latex (configs × tasks with n, chosen row in bold), json.")
-@click.option("--digits", type=click.IntRange(0, 10), default=4, show_default=True,
-              help="Decimals shown in table, markdown and latex output.")
-@click.option("--metric", default=None, metavar="NAME",
-              help="Show this metric in every row instead of each task's own (accuracy, F1 for MRPC/QQP, ...).")
-@click.option("--where", "where_items", multiple=True, metavar="KEY=VALUE",
-              help="Only settings with this value: suite, config, task or a config key (repeatable).")
-@click.option("--select", type=click.Choice([Basis.VAL.value]), default=None,
-              help="val: per task, only the setting with the best mean on the validation split (n ≥ 2), "
-                   "with its test mean; bold follows it.")
-@click.option("--pooled", is_flag=True,
-              help="Count every succeeded run, a rerun of a seed again (n = runs); the output says so. "
-                   "Default: the latest succeeded run of each seed (n = seeds).")
-@click.option("--partial", is_flag=True,
-              help="Print markdown or latex although runs are still queued or running; the table says it is partial.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON: every row with its overrides and each run's job, attempt and ladder level.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="table (default), csv, markdown or latex (configs × tasks with n, chosen row in bold), json.",
+)
+@click.option(
+    "--digits",
+    type=click.IntRange(0, 10),
+    default=4,
+    show_default=True,
+    help="Decimals shown in table, markdown and latex output.",
+)
+@click.option(
+    "--metric",
+    default=None,
+    metavar="NAME",
+    help="Show this metric in every row instead of each task's own (accuracy, F1 for MRPC/QQP, ...).",
+)
+@click.option(
+    "--where",
+    "where_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only settings with this value: suite, config, task or a config key (repeatable).",
+)
+@click.option(
+    "--select",
+    type=click.Choice([Basis.VAL.value]),
+    default=None,
+    help="val: per task, only the setting with the best mean on the validation split (n ≥ 2), "
+    "with its test mean; bold follows it.",
+)
+@click.option(
+    "--pooled",
+    is_flag=True,
+    help="Count every succeeded run, a rerun of a seed again (n = runs); the output says so. "
+    "Default: the latest succeeded run of each seed (n = seeds).",
+)
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="Print markdown or latex although runs are still queued or running; the table says it is partial.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON: every row with its overrides and each run's job, attempt and ladder level.",
+)
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (same as --format csv).")
-@click.option("--ci", is_flag=True,
-              help="Add each row's t-based 95 % interval of the mean to the table or --json (needs scipy).")
-@click.option("--compare", nargs=2, default=None, metavar="A B",
-              help="Paired-by-seed t test of setting A against B per task (labels as the table shows them; "
-                   "needs scipy).")
+@click.option(
+    "--ci",
+    is_flag=True,
+    help="Add each row's t-based 95 % interval of the mean to the table or --json (needs scipy).",
+)
+@click.option(
+    "--compare",
+    nargs=2,
+    default=None,
+    metavar="A B",
+    help="Paired-by-seed t test of setting A against B per task (labels as the table shows them; "
+    "needs scipy).",
+)
 @db_option
-def results_cmd(suite: str | None, fmt: str | None, digits: int, metric: str | None, where_items: tuple[str, ...],
-                select: str | None, pooled: bool, partial: bool, as_json: bool, as_csv: bool,
-                ci: bool, compare: tuple[str, str] | None, db_path: Path) -> None:
+def results_cmd(
+    suite: str | None,
+    fmt: str | None,
+    digits: int,
+    metric: str | None,
+    where_items: tuple[str, ...],
+    select: str | None,
+    pooled: bool,
+    partial: bool,
+    as_json: bool,
+    as_csv: bool,
+    ci: bool,
+    compare: tuple[str, str] | None,
+    db_path: Path,
+) -> None:
     """Aggregate test metrics over seeds: one row per effective config (config and its --set
     overrides) × task, one value per seed (its latest succeeded run), every submitted seed
     accounted for (n of submitted; failed, cancelled and unfinished seeds named)."""
@@ -134,8 +188,10 @@ def _refuse_unfinished(summaries: list[ResultSummary]) -> None:
     going = [s for s in summaries if s.unfinished]
     if going:
         first = going[0]
-        raise UsageError(f"{len(going)} row(s) have runs still queued or running (first: {first.label} · "
-                         f"{first.task}: {first.accounted}); wait for them, or pass --partial for a table marked partial")
+        raise UsageError(
+            f"{len(going)} row(s) have runs still queued or running (first: {first.label} · "
+            f"{first.task}: {first.accounted}); wait for them, or pass --partial for a table marked partial"
+        )
 
 
 def _print_comparison(summaries: list[ResultSummary], compare: tuple[str, str], pooled: bool, digits: int) -> None:

@@ -26,23 +26,65 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
 
 @click.command("submit")
 @click.option("--suite", "suite_name", required=True, help="Suite name (plans/suites/NAME.yaml).")
-@click.option("--pairs", "pairs_text", default=None,
-              help='SEED:DATA pairs, e.g. "87:glue-tvt_qnli 127:glue-tvt_rte" (default: the suite\'s seeds × tasks).')
-@click.option("--seeds", "seeds_text", default=None,
-              help='Seeds, e.g. "1-3" or "1 2 3": each × the suite\'s tasks, '
-                   "or alone for a script without tasks.")
-@click.option("--round", "round_text", default="all", show_default=True, help="all, a round number (1-based) or a named round.")
-@click.option("--gpus", "gpus_text", default=None, help='Restrict these jobs to GPUs, e.g. "0 1 2 3".')
-@click.option("--gpu-plan", "plan_text", default=None, help='Per-GPU concurrency caps, e.g. "2,2,1" (stored for the daemon).')
-@click.option("--set", "set_items", multiple=True, metavar="KEY=VALUE",
-              help="Override a config key (typed as the config holds it) or env.NAME; each key once.")
-@click.option("--grid", "grid_items", multiple=True, metavar="KEY=V1,V2",
-              help="Queue one job per value (repeatable: the Cartesian product with configs × pairs).")
-@click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True, help="Higher runs first.")
+@click.option(
+    "--pairs",
+    "pairs_text",
+    default=None,
+    help='SEED:DATA pairs, e.g. "87:glue-tvt_qnli 127:glue-tvt_rte" (default: the suite\'s seeds × tasks).',
+)
+@click.option(
+    "--seeds",
+    "seeds_text",
+    default=None,
+    help='Seeds, e.g. "1-3" or "1 2 3": each × the suite\'s tasks, '
+    "or alone for a script without tasks.",
+)
+@click.option(
+    "--round",
+    "round_text",
+    default="all",
+    show_default=True,
+    help="all, a round number (1-based) or a named round.",
+)
+@click.option(
+    "--gpus", "gpus_text", default=None, help='Restrict these jobs to GPUs, e.g. "0 1 2 3".'
+)
+@click.option(
+    "--gpu-plan",
+    "plan_text",
+    default=None,
+    help='Per-GPU concurrency caps, e.g. "2,2,1" (stored for the daemon).',
+)
+@click.option(
+    "--set",
+    "set_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key (typed as the config holds it) or env.NAME; each key once.",
+)
+@click.option(
+    "--grid",
+    "grid_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Queue one job per value (repeatable: the Cartesian product with configs × pairs).",
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(-1000, 1000),
+    default=0,
+    show_default=True,
+    help="Higher runs first.",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would be queued; write nothing.")
-@click.option("--force", is_flag=True, help="Queue even jobs that are already queued, running or succeeded.")
-@click.option("--strict-ladder", is_flag=True,
-              help="Exact ladder rungs only: no retry changes the numbers (no half batch); a job no exact rung fits fails.")
+@click.option(
+    "--force", is_flag=True, help="Queue even jobs that are already queued, running or succeeded."
+)
+@click.option(
+    "--strict-ladder",
+    is_flag=True,
+    help="Exact ladder rungs only: no retry changes the numbers (no half batch); a job no exact rung fits fails.",
+)
 @json_option
 @plans_option
 @db_option

@@ -40,8 +40,19 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 @click.command("web")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (anything but localhost is warned about).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port (0: any free one).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (anything but localhost is warned about).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="Port (0: any free one).",
+)
 @plans_option
 @db_option
 def web_cmd(host: str, port: int, plans_dir: Path | None, db_path: Path) -> None:
@@ -63,7 +74,10 @@ def web_cmd(host: str, port: int, plans_dir: Path | None, db_path: Path) -> None
         click.echo(f"orch web: warning: listening on {host}, not only this machine; anyone who can reach it "
                    "can read the sweep (actions still need the token)", err=True)
     click.echo(f"orch web: serving {db_path} at http://{shown_host}:{bound_port}/")
-    click.echo(f"orch web: actions (cancel, retry, resume) need the token; open http://{shown_host}:{bound_port}/?token={token}")
+    click.echo(
+        "orch web: actions (cancel, retry, resume) need the token; open "
+        f"http://{shown_host}:{bound_port}/?token={token}"
+    )
     click.echo(f"orch web: token {token}", nl=True)
     # a retry takes the suite file as it is now, from the same plans folder `orch retry` reads
     app = create_app(Path(db_path), token, loopback_only=loopback, bound_host=host,

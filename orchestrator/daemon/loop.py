@@ -343,8 +343,16 @@ class Daemon:
                 schedule_remote(self.store, self.executor, self.ctx, self.scheduler.shapes, draining=draining,
                                 max_in_queue=self.settings.max_in_queue, hold=hold)
             else:
-                schedule(self.store, with_memory_held(snapshots, self.watcher.ending_mib), self.executor, self.ctx, self.scheduler,
-                         draining=draining, hold=hold, run_age_s=self.watcher.run_age_s)
+                schedule(
+                    self.store,
+                    with_memory_held(snapshots, self.watcher.ending_mib),
+                    self.executor,
+                    self.ctx,
+                    self.scheduler,
+                    draining=draining,
+                    hold=hold,
+                    run_age_s=self.watcher.run_age_s,
+                )
         finally:  # the next workers start first: closing a dead window costs tmux calls
             self.watcher.close_ended()
 

@@ -122,7 +122,8 @@ class AttemptWatcher:
         handled apart: an exception is recorded against that attempt and the others (and the
         loop) go on."""
         self._by_uuid = {s.uuid: s for s in snapshots}
-        self._trees.new_pass(p.pid for s in snapshots for p in s.processes)  # the process table: scanned once when needed
+        # the process table: scanned once when needed
+        self._trees.new_pass(p.pid for s in snapshots for p in s.processes)
         self.resources.new_pass()
         self.stopper.new_pass()
         self.hunter.new_pass()
@@ -142,7 +143,11 @@ class AttemptWatcher:
                 if attempt.run_dir not in wanted:
                     still_live += 1
                     continue
-                if attempt.pid and attempt.proc_create_time is not None and os.path.lexists(RunDir(attempt.run_dir).exit):
+                if (
+                    attempt.pid
+                    and attempt.proc_create_time is not None
+                    and os.path.lexists(RunDir(attempt.run_dir).exit)
+                ):
                     wait_gone(attempt.pid, attempt.proc_create_time, WRAPPER_EXIT_WAIT_S)
             if attempt.id in self._abandoning:
                 still_live += self._finish_abandoning(attempt, jobs.get(attempt.job_id), statuses)
@@ -169,7 +174,13 @@ class AttemptWatcher:
             self.resources.keep_only(a.id for a in live)
         return still_live
 
-    def _record_attempt_error(self, attempt: Attempt, job: Job | None, exc: Exception, statuses: dict[int, RemoteStatus] | None) -> None:
+    def _record_attempt_error(
+        self,
+        attempt: Attempt,
+        job: Job | None,
+        exc: Exception,
+        statuses: dict[int, RemoteStatus] | None,
+    ) -> None:
         """Record the error against the attempt (once per distinct message); after
         MAX_ATTEMPT_ERRORS passes in a row, stop its group and close it as failed with that reason."""
         message = f"attempt {attempt.n}: error while checking it: {type(exc).__name__}: {exc}"[:500]
@@ -205,20 +216,41 @@ class AttemptWatcher:
 
     def _reconcile_one(self, attempt: Attempt, job: Job, statuses: dict[int, RemoteStatus] | None, tenants: int) -> int:
         """Look, track, stop what was asked to stop, complete what ended; 1 while it is live."""
-        look = self._look_elsewhere(attempt, job, statuses) if self._runs_elsewhere(attempt) else self._look_here(attempt, job)
+        look = (
+            self._look_elsewhere(attempt, job, statuses)
+            if self._runs_elsewhere(attempt)
+            else self._look_here(attempt, job)
+        )
         attempt, obs, verdict = look.attempt, look.obs, look.verdict
         if verdict in LIVE:
-            learn_startup(self.store, attempt, job, obs, self.clock.now_s(), watched_s=self.silences.watched_s(attempt.id),
-                          adopted=self.adopted(attempt))  # before _track stores the progress
+            learn_startup(
+                self.store,
+                attempt,
+                job,
+                obs,
+                self.clock.now_s(),
+                watched_s=self.silences.watched_s(attempt.id),
+                adopted=self.adopted(attempt),
+            )  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
-            self._track(attempt, replace(obs, pid_record=None) if look.elsewhere else obs, None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid), job)
+            self._track(
+                attempt,
+                replace(obs, pid_record=None) if look.elsewhere else obs,
+                None if look.elsewhere else self._by_uuid.get(attempt.gpu_uuid),
+                job,
+            )
             self.lessons.rate(attempt, job, obs, tenants)
             self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id), ended=False)
         if verdict is Verdict.HUNG and self.disk.silenced(job.hang_timeout_s):
             verdict = Verdict.ALIVE  # no progress line or log could be written: silence proves nothing
         if verdict is Verdict.HUNG and attempt.kill_requested is None:  # a cancel or retry asked for stays
             how = "cancelling" if look.elsewhere else "killing"
-            attempt = mark_hung(self.store, attempt, f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no progress.jsonl line, stdout.log not growing): {how} it")
+            attempt = mark_hung(
+                self.store,
+                attempt,
+                f"attempt {attempt.n} silent for more than {job.hang_timeout_s:.0f} s (no "
+                f"progress.jsonl line, stdout.log not growing): {how} it",
+            )
             faults.reach("after_mark_hung")
         if verdict in look.stoppable and attempt.kill_requested:
             # signalled now, confirmed on later passes; its end is recorded once a pass finds
@@ -229,7 +261,15 @@ class AttemptWatcher:
             return 1
         if not look.elsewhere:  # its processes must all be gone before it may end: say what that took
             if not self._stop(attempt, job, obs):
-                self.ending_mib.update(ending_peaks_mib(attempt.gpu_uuid, attempt.peak_mib, attempt.predicted_peak_mib, attempt.peak_by_gpu))  # counted as held until the group is gone
+                # counted as held until the group is gone
+                self.ending_mib.update(
+                    ending_peaks_mib(
+                        attempt.gpu_uuid,
+                        attempt.peak_mib,
+                        attempt.predicted_peak_mib,
+                        attempt.peak_by_gpu,
+                    )
+                )
                 return 1
             record_hunted(self.store, attempt, obs, self.hunter.hunted(attempt.id))
         if verdict is Verdict.LOST and look.end is None and (why := disagreement(attempt, obs)) is not None:
@@ -238,8 +278,17 @@ class AttemptWatcher:
             self.lessons.host(attempt, job)
         self.history.keep(attempt.id, Path(attempt.run_dir), self.output.take_points(attempt.id, True), ended=True)
         never = verdict is Verdict.LOST and attempt.executor is None and not (obs.pid_file_present or look.elsewhere)
-        complete(self.store, attempt, obs, self.scheduler.shapes, lost=verdict is Verdict.LOST, disk_full_now=self.disk.full,
-                 hung=attempt.kill_requested is KillRequest.HUNG, remote_end=look.end, not_started=NEVER_LAUNCHED if never else None)
+        complete(
+            self.store,
+            attempt,
+            obs,
+            self.scheduler.shapes,
+            lost=verdict is Verdict.LOST,
+            disk_full_now=self.disk.full,
+            hung=attempt.kill_requested is KillRequest.HUNG,
+            remote_end=look.end,
+            not_started=NEVER_LAUNCHED if never else None,
+        )
         self._ended.append(attempt)
         self._cancel_sent.discard(attempt.id)
         self._attempt_errors.pop(attempt.id, None)
@@ -307,13 +356,24 @@ class AttemptWatcher:
         polled = statuses is not None and self.executor.answered_now
         launch = launch_age(self.silences.watched_s(attempt.id), self.adopted(attempt), attempt.started_at,
                             self.started_at_s)
-        end = remote_end(attempt, obs, status, polled, launch, time_limit_of(self.store, attempt, job) if ended else None)
+        end = remote_end(
+            attempt,
+            obs,
+            status,
+            polled,
+            launch,
+            time_limit_of(self.store, attempt, job) if ended else None,
+        )
         cluster_end: ClusterEnd | None = None
         if end == AWAIT:  # stopped from outside: Slurm's final word (TIMEOUT, PREEMPTED, ...) decides
             self.executor.expedite()
             verdict = Verdict.PENDING
         elif end is None:
-            verdict = judge(attempt, obs, job.hang_timeout_s, self.adopted(attempt)) if obs.pid_record else Verdict.PENDING
+            verdict = (
+                judge(attempt, obs, job.hang_timeout_s, self.adopted(attempt))
+                if obs.pid_record
+                else Verdict.PENDING
+            )
             if verdict is Verdict.LOST:
                 verdict = Verdict.PENDING  # only Slurm's word ends a remote attempt without exit.json
         elif isinstance(end, ClusterEnd):

@@ -195,5 +195,7 @@ def attach_argv(attempt: Attempt, tmux_socket: str) -> list[str]:
             f"use `orch logs {job} -f` (the output is in its run dir)"
         )
     if attempt.executor != "tmux" or not attempt.executor_id:
-        raise NotAttachable(f"job {job} has no tmux window (not started, or run without tmux): use `orch logs {job} -f`")
+        raise NotAttachable(
+            f"job {job} has no tmux window (not started, or run without tmux): use `orch logs {job} -f`"
+        )
     return ["tmux", "-L", tmux_socket, "attach-session", "-t", attempt.executor_id]

@@ -100,7 +100,10 @@ def search_checkpoints(
     if not candidates:
         return CheckpointSearch(None, tuple(in_part))
     best = max(candidates, key=lambda c: (c.attempt_n, c.step, c.names))
-    return CheckpointSearch(Checkpoint(best.attempt_n, best.step, Path(run_dirs[best.attempt_n]).joinpath(*best.names)), tuple(in_part))
+    return CheckpointSearch(
+        Checkpoint(best.attempt_n, best.step, Path(run_dirs[best.attempt_n]).joinpath(*best.names)),
+        tuple(in_part),
+    )
 
 
 def checkpoint_step(path: str | None) -> int | None:

@@ -5,12 +5,13 @@ orchestrator.gpu, by the wrapper only, once site-packages are loaded.
 The wrapper writes `provenance.json` into the run dir after the worker has started, from a
 thread, so the worker's start waits for none of it: the git commit and dirty flag of the
 worker's working directory, orch's own version (and commit and dirty flag where it runs from a
-git checkout), for our built-in workers a sha256 of the `workers` package they run, the host, the GPU it was given (model, driver, CUDA; "simulated" on
-sim GPUs) and, unless the worker reports its own (ORCH_WORKER_PROVENANCE, set for our LoRA
-worker), the Python and library versions of the worker's interpreter, read by running it once
-with `importlib.metadata` (nothing is imported). Our LoRA worker puts its own record (versions,
-CUDA runtime, device, a content hash of its data files, the model's revision or weights digest)
-under `provenance` in result.json. orch reads both as untrusted input (attempts.provenance_reads).
+git checkout), for our built-in workers a sha256 of the `workers` package they run, the host, the
+GPU it was given (model, driver, CUDA; "simulated" on sim GPUs) and, unless the worker reports its
+own (ORCH_WORKER_PROVENANCE, set for our LoRA worker), the Python and library versions of the
+worker's interpreter, read by running it once with `importlib.metadata` (nothing is imported). Our
+LoRA worker puts its own record (versions, CUDA runtime, device, a content hash of its data files,
+the model's revision or weights digest) under `provenance` in result.json. orch reads both as
+untrusted input (attempts.provenance_reads).
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 The run dir wins for an attempt that ended by itself: its exit record is classified as every
 executor's is. An attempt stopped from outside (the wrapper names SIGTERM, SIGHUP or the time
-limit's warning SIGUSR2, or the worker died of SIGKILL) waits for the backend's final word, which then decides: TIMEOUT fails
-the job with the limit named, or resumes it where the worker can; PREEMPTED requeues it without
-counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host OOM. A job that left the
-queue without an exit record is given a grace period for the record to appear on a shared
-filesystem before it is lost. An unanswered poll concludes nothing. A submission that went
-unanswered is lost once no job of its name is in the queue past the launch grace, measured as
-`launch_age` says (never wall time: a clock step moves that by hours); like a claim whose daemon
+limit's warning SIGUSR2, or the worker died of SIGKILL) waits for the backend's final word, which
+then decides: TIMEOUT fails the job with the limit named, or resumes it where the worker can;
+PREEMPTED requeues it without counting; NODE_FAIL and the like are lost; OUT_OF_MEMORY is a host
+OOM. A job that left the queue without an exit record is given a grace period for the record to
+appear on a shared filesystem before it is lost. An unanswered poll concludes nothing. A submission
+that went unanswered is lost once no job of its name is in the queue past the launch grace, measured
+as `launch_age` says (never wall time: a clock step moves that by hours); like a claim whose daemon
 died before submitting it, it is a launch that never happened, requeued without counting.
 """
 
@@ -102,7 +102,11 @@ def remote_end(
             polled and not attempt.executor_id and attempt.executor is None and launch is not None and launch.adopted
         )
         if never_submitted:  # claimed by a daemon that died before sbatch, and not in the queue
-            return ClusterEnd(AttemptOutcome.LOST, "claimed by a daemon that stopped before submitting it", counted=False)
+            return ClusterEnd(
+                AttemptOutcome.LOST,
+                "claimed by a daemon that stopped before submitting it",
+                counted=False,
+            )
         unanswered = (polled and attempt.executor and not attempt.executor_id and launch is not None
                       and launch.age_s > LAUNCH_GRACE_S)
         if unanswered and launch is not None:  # sbatch timed out and no job of its name was ever seen in the queue
@@ -124,7 +128,11 @@ def _cluster_end(job: str, status: RemoteStatus, time_limit: TimeLimit | None) -
     if status.kind == "timeout":
         return _timed_out(job, time_limit)
     if status.kind == "preempted":
-        return ClusterEnd(AttemptOutcome.LOST, f"{job} was preempted ({status.state}): requeued, not counted", counted=False)
+        return ClusterEnd(
+            AttemptOutcome.LOST,
+            f"{job} was preempted ({status.state}): requeued, not counted",
+            counted=False,
+        )
     if status.kind == "host_oom":  # the cgroup's kill: more host memory, same settings otherwise
         more = 2 * status.mem_mib if status.mem_mib else None
         then = f"; the next attempt asks for --mem={more}M" if more else ""

@@ -255,7 +255,14 @@ def exists(dir_fd: int, name: str) -> bool:
 def create_exclusive(dir_fd: int, name: str) -> bool:
     """Create an empty file; False when the name exists already (a symlink counts)."""
     try:
-        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd))
+        os.close(
+            os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dir_fd,
+            )
+        )
     except FileExistsError:
         return False
     return True

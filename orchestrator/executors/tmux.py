@@ -331,7 +331,18 @@ class TmuxExecutor(LocalExecutor):
         if attempt.executor != self.name or not attempt.executor_id:
             return super().attach(attempt)
         # select the window first, then attach; `tmux -L` keeps us on the private server
-        return ["tmux", "-L", self.socket_name, "select-window", "-t", attempt.executor_id, ";", "attach-session", "-t", SESSION]
+        return [
+            "tmux",
+            "-L",
+            self.socket_name,
+            "select-window",
+            "-t",
+            attempt.executor_id,
+            ";",
+            "attach-session",
+            "-t",
+            SESSION,
+        ]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -42,7 +42,10 @@ def poke(run_dir: Path) -> bool:
         return False
     try:
         # NONBLOCK: no reader is ENXIO, a full pipe EAGAIN; NOFOLLOW: never through a link
-        fd = os.open(wake_path(run_dir.parents[RUN_DIR_DEPTH - 1]), os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(
+            wake_path(run_dir.parents[RUN_DIR_DEPTH - 1]),
+            os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+        )
     except OSError:
         return False
     try:

@@ -202,7 +202,9 @@ class MpsControl:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MpsError(f"cannot start {CONTROL_BINARY}: {exc}") from exc
         if done.returncode != 0:
-            raise MpsError(f"{CONTROL_BINARY} -d exited {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}")
+            raise MpsError(
+                f"{CONTROL_BINARY} -d exited {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}"
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if (self.dirs.pipe / "control").exists():

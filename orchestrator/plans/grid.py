@@ -92,10 +92,14 @@ def check_key(flag: str, key: str, known: set[str]) -> None:
     check_text(f"{flag} key", key, 128)
     if key.startswith("env."):
         if not ENV_NAME_RE.fullmatch(key[len("env."):]):
-            raise PlanError(f"{flag} {shown_value(key)}: {shown_value(key[4:])} is not a valid environment variable name")
+            raise PlanError(
+                f"{flag} {shown_value(key)}: {shown_value(key[4:])} is not a valid environment variable name"
+            )
         check_env_name(f"{flag} {key}", key[len("env."):])
     elif key in PAIR_KEYS:
-        raise PlanError(f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)")
+        raise PlanError(
+            f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)"
+        )
     elif key not in known:
         keys = ", ".join(sorted(known))
         raise PlanError(f"{flag} {shown_value(key)}: unknown config key (the configs' keys: {keys}); "

@@ -249,7 +249,9 @@ def parse_set_overrides(items: Sequence[str], known_keys: Iterable[str]) -> dict
         if key.startswith("env."):
             name = key[len("env."):]
             if not ENV_NAME_RE.fullmatch(name):
-                raise PlanError(f"--set {shown_value(key)}: {shown_value(name)} is not a valid environment variable name")
+                raise PlanError(
+                    f"--set {shown_value(key)}: {shown_value(name)} is not a valid environment variable name"
+                )
             check_env_name(f"--set {key}", name)
         elif key in PAIR_KEYS:
             raise PlanError(f"--set {key}=... is not allowed: seed and data come from --pairs")

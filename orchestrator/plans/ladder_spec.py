@@ -7,10 +7,11 @@ plans/ladder.yaml.
 Each rung is exact (an attempt through it gives bit-equal numbers: checkpointing, whose recompute
 restores the RNG state; `logits_to_keep` in the built-in LoRA worker (and the simulator), whose
 dropout masks do not depend on it, but not in a researcher's own script, whose dropout may draw
-other masks (a rung that changes it is inexact there unless it says `exact: true`); fewer data workers, the data order being a (seed, epoch) permutation; running alone) or it
-changes numerics (half batch × double accumulation: the same effective batch, but another
-rounding and dropout draw; a `set:` rung unless it says `exact: true`). The default ladder tries
-every exact rung before any inexact one; a strict ladder has exact rungs only.
+other masks (a rung that changes it is inexact there unless it says `exact: true`); fewer data
+workers, the data order being a (seed, epoch) permutation; running alone) or it changes numerics
+(half batch × double accumulation: the same effective batch, but another rounding and dropout draw;
+a `set:` rung unless it says `exact: true`). The default ladder tries every exact rung before any
+inexact one; a strict ladder has exact rungs only.
 """
 
 from __future__ import annotations

@@ -39,7 +39,18 @@ RESERVED_OPTIONS = frozenset({
     "--requeue", "--no-requeue", "--array", "--export", "--partition", "--account", "--parsable",
     "--time", "--signal", "--wrap",
 })
-KEYS = ("partition", "account", "time", "gpu_type", "cpus", "cpus_per_gpu", "mem", "mem_per_gpu", "max_timeouts", "extra")
+KEYS = (
+    "partition",
+    "account",
+    "time",
+    "gpu_type",
+    "cpus",
+    "cpus_per_gpu",
+    "mem",
+    "mem_per_gpu",
+    "max_timeouts",
+    "extra",
+)
 DEFAULT_CPUS = 1
 DEFAULT_MAX_TIMEOUTS = 3
 
@@ -132,7 +143,9 @@ def parse_settings(raw: Any, where: str) -> SlurmSettings:
         raise UsageError(f"{where}: slurm extra must be a list of sbatch options such as '--qos=short'")
     for option in extra_raw:
         if not EXTRA_RE.fullmatch(option):
-            raise UsageError(f"{where}: slurm extra option {option!r} is not of the form --name or --name=value (no spaces)")
+            raise UsageError(
+                f"{where}: slurm extra option {option!r} is not of the form --name or --name=value (no spaces)"
+            )
         if option.split("=", 1)[0] in RESERVED_OPTIONS:
             raise UsageError(f"{where}: slurm extra option {option!r} is set by orch itself (or by a key of `slurm:`)")
     return SlurmSettings(

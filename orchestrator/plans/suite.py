@@ -135,7 +135,10 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     if not path.is_file():
         known = list_suites(plans_dir)
         hint = f" (known suites: {', '.join(known)})" if known else ""
-        raise SuiteNotFound(f"unknown suite {name!r} in {plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}")
+        raise SuiteNotFound(
+            f"unknown suite {name!r} in "
+            f"{plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}"
+        )
     data = _read_yaml_mapping(path, "suite file")
     allowed = {
         "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",

@@ -88,7 +88,9 @@ class Template:
                     only_flags = False
                 elif part.kind == "name":
                     if part.key not in names:
-                        raise PlanError(f"placeholder {{{part.key}}} in worker command {self.source!r} has no value here")
+                        raise PlanError(
+                            f"placeholder {{{part.key}}} in worker command {self.source!r} has no value here"
+                        )
                     pieces.append(names[part.key])
                     only_flags = False
                 elif part.kind == "cfg":

@@ -209,8 +209,14 @@ def as_received(job: Job, level: Level) -> Level:
     keys = job_keys(job)
     if not keys.names:
         return level
-    return Level(level.index, level.rung, keys.to_script(level.overrides), keys.to_script(level.changes), level.run_alone,
-                 level.exact)
+    return Level(
+        level.index,
+        level.rung,
+        keys.to_script(level.overrides),
+        keys.to_script(level.changes),
+        level.run_alone,
+        level.exact,
+    )
 
 
 def attempt_config(job: Job, level: Level) -> dict[str, Any]:

@@ -37,10 +37,30 @@ from orchestrator.plans.ladder_spec import (
 from orchestrator.wording import fmt_value
 
 __all__ = [
-    "ACCUM_KEY", "BATCH_KEY", "CHECKPOINTING_KEY", "DEFAULT_LADDER_SPEC", "DEFAULT_MAX_ATTEMPTS",
-    "HUNG_RETRIES", "LOGITS_KEY", "NO_HOST_STEPS", "WORKERS_KEY", "HostSettings", "HostStep",
-    "Ladder", "Level", "RetryDecision", "Rung", "expand_levels", "first_inexact_level", "inexact_rungs", "is_one_token_task",
-    "load_ladder", "load_ladder_file", "next_host_step", "retry_decision", "with_host_settings",
+    "ACCUM_KEY",
+    "BATCH_KEY",
+    "CHECKPOINTING_KEY",
+    "DEFAULT_LADDER_SPEC",
+    "DEFAULT_MAX_ATTEMPTS",
+    "HUNG_RETRIES",
+    "LOGITS_KEY",
+    "NO_HOST_STEPS",
+    "WORKERS_KEY",
+    "HostSettings",
+    "HostStep",
+    "Ladder",
+    "Level",
+    "RetryDecision",
+    "Rung",
+    "expand_levels",
+    "first_inexact_level",
+    "inexact_rungs",
+    "is_one_token_task",
+    "load_ladder",
+    "load_ladder_file",
+    "next_host_step",
+    "retry_decision",
+    "with_host_settings",
 ]
 
 DEFAULT_MAX_ATTEMPTS = 8

@@ -167,10 +167,11 @@ def lora_footprint(info: ModelInfo, peft_spec: Mapping[str, Any]) -> tuple[int, 
         found = _LAYER_TARGET.search(str(target))
         module = found.group(2) if found else str(target)
         d_in, d_out = _module_dims(info, module)
-        if module.endswith("lm_head"):
-            layers = [-1]
-        else:
-            layers = [int(found.group(1))] if found else list(range(info.layers))
+        layers = (
+            [-1]
+            if module.endswith("lm_head")
+            else ([int(found.group(1))] if found else list(range(info.layers)))
+        )
         for layer in layers:
             params += rank * (d_in + d_out)
             d_in_by_layer[layer] = d_in_by_layer.get(layer, 0) + d_in
@@ -353,8 +354,9 @@ def predict_peak_mib(
     borrowed from a neighbouring shape (`transfer`: a lower ladder level, another task), else
     the estimate, else the declared figure. Once an OOM has struck a family that has measured
     nothing (`disproven_mib`: the most its members held), the estimate and the declared figure
-    are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a running attempt of the shape
-    already holds before step K (`held`, with the running margin), nor the OOM floor × (1 + margin)."""
+    are proven too low: the figure is raised above both by OOM_FLOOR_GROWTH. Never below what a
+    running attempt of the shape already holds before step K (`held`, with the running margin), nor
+    the OOM floor × (1 + margin)."""
     if measured is not None and measured.peak_mib is not None:
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         # running attempts count at this margin: a shape measured to completion is known
@@ -376,7 +378,11 @@ def predict_peak_mib(
         prediction = Prediction(declared_mib, PredictionSource(SourceKind.DECLARED))
     else:
         prediction = Prediction(0, PredictionSource(SourceKind.NONE))
-    if disproven_mib is not None and prediction.source.kind in (SourceKind.ESTIMATE, SourceKind.DECLARED, SourceKind.NONE):
+    if disproven_mib is not None and prediction.source.kind in (
+        SourceKind.ESTIMATE,
+        SourceKind.DECLARED,
+        SourceKind.NONE,
+    ):
         prediction = Prediction(math.ceil(max(prediction.mib, disproven_mib) * OOM_FLOOR_GROWTH),
                                 PredictionSource(SourceKind.OOM_FLOOR))
     if held is not None and prediction.source.kind is not SourceKind.MEASURED:

@@ -51,7 +51,9 @@ NOT_MEMORY_KEYS: frozenset[str] = frozenset(
 )  # fmt: skip
 
 
-def memory_config(config: Mapping[str, Any], extra_keys: Iterable[str] = (), *, foreign: bool = False) -> dict[str, Any]:
+def memory_config(
+    config: Mapping[str, Any], extra_keys: Iterable[str] = (), *, foreign: bool = False
+) -> dict[str, Any]:
     """The part of `config` that decides memory: MEMORY_KEYS plus the suite's `memory_keys`; for a
     foreign script (`foreign=True`), every key but NOT_MEMORY_KEYS."""
     if foreign:
@@ -101,7 +103,9 @@ class RunningPeak:
 PROVISIONAL_STEPS = 10  # K: optimizer steps before a running attempt's peak is used
 
 
-def provisional_step_reached(step: int | None, eval_every_steps: int | None, min_steps: int = PROVISIONAL_STEPS) -> bool:
+def provisional_step_reached(
+    step: int | None, eval_every_steps: int | None, min_steps: int = PROVISIONAL_STEPS
+) -> bool:
     """A running attempt's peak so far stands for its shape once it has run `min_steps` steps and,
     when its worker evaluates every N steps, its first evaluation (step N) is behind it."""
     if step is None or step < min_steps:

@@ -2,8 +2,9 @@
 
 A job's start-up is the time from its launch to its first training step (imports, model load,
 tokenising), learned per suite and config from the attempts that reached a first step (the
-shortest seen: orchestrator.store.startups says why), with the GPU memory it held just before. A running attempt's remaining time comes from its progress:
-the steps still to go at the pace of the steps it has run since its start-up.
+shortest seen: orchestrator.store.startups says why), with the GPU memory it held just before. A
+running attempt's remaining time comes from its progress: the steps still to go at the pace of the
+steps it has run since its start-up.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def first_step_seen(step_before: object, step_now: object) -> bool:
     return isinstance(step_now, int) and not isinstance(step_now, bool) and step_now >= 1 > before
 
 
-def remaining_s(now_s: float, started_at_s: float, startup_s: float | None, step: object, total: object) -> float | None:
+def remaining_s(
+    now_s: float, started_at_s: float, startup_s: float | None, step: object, total: object
+) -> float | None:
     """Seconds an attempt has left by its progress: (total - step) steps at the pace of the steps
     it ran since its start-up; None without a step and a total, or before a learned start-up ended."""
     if not (isinstance(step, int) and isinstance(total, int)) or isinstance(step, bool) or step < 1 or total < step:

@@ -38,7 +38,15 @@ from orchestrator.store.db import Store
 from orchestrator.store.queries import ResultJob, result_jobs
 from orchestrator.wording import number
 
-__all__ = ["PRINTED_SPLITS_NOTE", "RunReader", "RunReading", "collect_rows", "finite_metrics", "job_metrics", "val_metrics"]
+__all__ = [
+    "PRINTED_SPLITS_NOTE",
+    "RunReader",
+    "RunReading",
+    "collect_rows",
+    "finite_metrics",
+    "job_metrics",
+    "val_metrics",
+]
 
 NO_METRICS = "no test metrics (result.json or printed)"
 # What the exact rungs change (results.aggregate's mark trusts the rest to change numerics);
@@ -105,7 +113,14 @@ class RunReader:
     def setting(self, run: ResultJob) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task)."""
-        key = (run.setting_json, run.job_overrides_json, run.config_path, run.env_json, run.worker, run.not_science_json)
+        key = (
+            run.setting_json,
+            run.job_overrides_json,
+            run.config_path,
+            run.env_json,
+            run.worker,
+            run.not_science_json,
+        )
         with self._lock:
             found = self._settings.get(key)
         if found is None:

@@ -6,11 +6,11 @@ what became of the others), and marks what a reader must know about a cell: † 
 through a ladder rung that changes numerics (half batch × double accumulation, a suite rung not
 declared exact), whatever its precision and dropout: the legend names the rungs, and its value is
 an equivalent draw, not the number level 0 gives (exact rungs are not marked: they give bit-equal
-numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/ladder.md); § its "test" metric was scored on the validation set; ¶ some
-of its seeds failed, were cancelled or reported no metric (the mean is over the survivors);
-◇ some of its runs are still queued or running; ‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran
-different code or library versions; * see its notes. A std of fewer than two values is `—`,
-never `± 0`.
+numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/ladder.md); § its
+"test" metric was scored on the validation set; ¶ some of its seeds failed, were cancelled or
+reported no metric (the mean is over the survivors); ◇ some of its runs are still queued or running;
+‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran different code
+or library versions; * see its notes. A std of fewer than two values is `—`, never `± 0`.
 
 Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
 a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.
@@ -99,7 +99,14 @@ def accounting_marks(summary: ResultSummary) -> list[str]:
 
 def evidence_marks(summary: ResultSummary) -> list[str]:
     """♯ when a counted run diverged, ‖ when the runs ran different code or libraries."""
-    return [mark for mark, on in ((DIVERGED, bool(summary.diverged)), (MIXED_PROVENANCE, summary.mixed_provenance)) if on]
+    return [
+        mark
+        for mark, on in (
+            (DIVERGED, bool(summary.diverged)),
+            (MIXED_PROVENANCE, summary.mixed_provenance),
+        )
+        if on
+    ]
 
 
 def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hints: bool = False,
@@ -175,7 +182,8 @@ def to_csv(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None 
             " ".join(map(str, s.seeds)), " ".join(map(str, s.levels)), _flag(s.mixed_levels),
             s.overrides_label if not s.variant else ", ".join(filter(None, (s.overrides_label, s.variant))),
             _flag(s.test_is_val), _flag(s.dropout_differs), "; ".join(s.notes),
-            _opt(s.val_mean), _opt(s.val_std), s.val_n, " ".join(str(r.best_step) for r in s.runs if r.best_step is not None),
+            _opt(s.val_mean), _opt(s.val_std), s.val_n,
+            " ".join(str(r.best_step) for r in s.runs if r.best_step is not None),
             d.submitted, d.failed, d.cancelled, d.running, d.queued, d.no_metric, s.accounted, _flag(s.pooled),
             (chosen or {}).get(id(s), ""), "; ".join(s.inexact_rungs), " ".join(_level(r) for r in s.runs),
             "; ".join(f"{r.seed}:{'+'.join(r.inexact) or '-'}" for r in s.runs), len(s.diverged),

@@ -129,8 +129,13 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Bas
         return text + (" " + " ".join(md_escape(m) for m in marks) if marks else "")
 
     for label in rows:
-        lines.append(f"| {md_escape(label)} | "
-                     + " | ".join(_row_cells(label, columns, cells, choices, render, md_escape, with_val, digits)) + " |")
+        lines.append(
+            f"| {md_escape(label)} | "
+            + " | ".join(
+                _row_cells(label, columns, cells, choices, render, md_escape, with_val, digits)
+            )
+            + " |"
+        )
     # Our own sentences, outside the table: only a leading `*` would start a list
     legend = [("\\" + line) if line.startswith("*") else line for line in _footer(summaries, choices, md_escape)]
     notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
@@ -193,8 +198,14 @@ def to_latex(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis 
         return text + _latex_marks(cell_marks(s))
 
     for label in rows:
-        lines.append(latex_escape(label) + " & "
-                     + " & ".join(_row_cells(label, columns, cells, choices, render, latex_escape, with_val, digits)) + r" \\")
+        lines.append(
+            latex_escape(label)
+            + " & "
+            + " & ".join(
+                _row_cells(label, columns, cells, choices, render, latex_escape, with_val, digits)
+            )
+            + r" \\"
+        )
     lines += [r"\hline", r"\end{tabular}"]
     lines += [latex_escape(line) + r"\par" for line in _footer(summaries, choices)]
     notes = _notes(rows, columns, cells)

@@ -187,7 +187,9 @@ def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], p
         for run in jobs:
             if run.state in (JobState.FAILED, JobState.CANCELLED, *PENDING):
                 when = "a later" if _job_key(run.job) > _job_key(last) else "an earlier"
-                verb = {JobState.FAILED: "failed", JobState.CANCELLED: "was cancelled"}.get(run.state, "has not finished")
+                verb = {JobState.FAILED: "failed", JobState.CANCELLED: "was cancelled"}.get(
+                    run.state, "has not finished"
+                )
                 why = f" ({run.why})" if run.why and run.state is JobState.FAILED else ""
                 notes.append(f"seed {seed}: {when} run, job {run.job}, {verb}{why}; job {last} counted")
     return notes

@@ -37,7 +37,12 @@ CLUSTER_GPU = GpuSnapshot(index=-1, uuid="cluster", name="cluster", total_mib=0,
 def cluster_cards(gpus: int) -> tuple[GpuSnapshot, ...]:
     """A `gpus: N` job's N cards, all the cluster's to pick: {nproc} is N, and the batch
     script asks for N GPUs of one node."""
-    return (CLUSTER_GPU, *tuple(replace(CLUSTER_GPU, index=-1 - i, uuid=f"cluster-{i}") for i in range(1, max(1, gpus))))
+    return (
+        CLUSTER_GPU,
+        *tuple(
+            replace(CLUSTER_GPU, index=-1 - i, uuid=f"cluster-{i}") for i in range(1, max(1, gpus))
+        ),
+    )
 
 
 def schedule_remote(
@@ -71,8 +76,18 @@ def schedule_remote(
             fail_queued(store, job, f"invalid ladder: {exc}")
             continue
         predicted_mib, source = predict(shapes, job, level, cache, prompt_lengths, knowledge)
-        claimed = claim(store, ctx, job, as_received(job, level), attempt_config(job, level), CLUSTER_GPU, predicted_mib, source, 0,
-                        cards=cluster_cards(job.gpus))
+        claimed = claim(
+            store,
+            ctx,
+            job,
+            as_received(job, level),
+            attempt_config(job, level),
+            CLUSTER_GPU,
+            predicted_mib,
+            source,
+            0,
+            cards=cluster_cards(job.gpus),
+        )
         if claimed is not None:
             claims.append(claimed)
         placed.add(job.id)

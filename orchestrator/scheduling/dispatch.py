@@ -137,7 +137,14 @@ def schedule(
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
-    fresh_key = (tuple(a.id for a in live), plan, tuple(sorted(paused.items())), tuple(sorted(paused_cfgs)), draining, hold)
+    fresh_key = (
+        tuple(a.id for a in live),
+        plan,
+        tuple(sorted(paused.items())),
+        tuple(sorted(paused_cfgs)),
+        draining,
+        hold,
+    )
     per_kind = max(1, open_slots(gpus, running, ctx.policy)) if whole_queue else 0
     rows = _read_queue(store, state, ctx, whole_queue, per_kind, fresh_key)
     if rows is None:  # nothing can start and the head's reasons still stand
@@ -237,7 +244,11 @@ def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int,
 def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, plans: list[ClaimPlan]) -> None:
     """Write each placed attempt as started, then start their workers. A job placed at a later
     level than its own (it ends sooner there) moves to it first, with the note saying why."""
-    moved = {p.job_id for p in plans if p.level_note and move_queued_to_level(store, [p.job_id], p.level.index, p.level_note)}
+    moved = {
+        p.job_id
+        for p in plans
+        if p.level_note and move_queued_to_level(store, [p.job_id], p.level.index, p.level_note)
+    }
     plans = [p for p in plans if not p.level_note or p.job_id in moved]  # a job that left the queue stays out
     placed = jobs_by_id(store, [p.job_id for p in plans])
     claims = []
@@ -374,5 +385,7 @@ def fail_queued(store: Store, job: Job, reason: str) -> None:
                    expect_from=[JobState.QUEUED], fields={"reason": reason})
 
 
-def write_wait_reasons(store: Store, rows: Sequence[Job | QueueEntry], reasons: dict[int, str], placed: set[int]) -> None:
+def write_wait_reasons(
+    store: Store, rows: Sequence[Job | QueueEntry], reasons: dict[int, str], placed: set[int]
+) -> None:
     store_wait_reasons(store, changed_wait_reasons(rows, reasons, placed))

@@ -233,8 +233,20 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
         )
     except (OSError, ValueError, OrchError, LauncherError) as exc:
         return exc
-    return LaunchSpec(job_id=job.id, attempt_id=attempt.id, window_name=f"job{job.id}-{_safe_name(job.config_name)[:30]}",
-                      argv=argv, env=env, run_dir=run_dir,  # the executor puts the wrapper in front
-                      meta={"suite": job.suite, "n": attempt.n, "predicted_peak_mib": attempt.predicted_peak_mib,
-                            "run_alone": attempt.run_alone, "slurm": dict(job.slurm), "gpus": job.gpus,
-                            "can_resume": worker_can_resume(job.worker, job_keys(job), claimed.config)})
+    return LaunchSpec(
+        job_id=job.id,
+        attempt_id=attempt.id,
+        window_name=f"job{job.id}-{_safe_name(job.config_name)[:30]}",
+        argv=argv,
+        env=env,
+        run_dir=run_dir,  # the executor puts the wrapper in front
+        meta={
+            "suite": job.suite,
+            "n": attempt.n,
+            "predicted_peak_mib": attempt.predicted_peak_mib,
+            "run_alone": attempt.run_alone,
+            "slurm": dict(job.slurm),
+            "gpus": job.gpus,
+            "can_resume": worker_can_resume(job.worker, job_keys(job), claimed.config),
+        },
+    )

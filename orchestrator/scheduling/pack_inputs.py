@@ -150,7 +150,9 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else ())
 
 
-def later_levels(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache: JobShapeCache) -> tuple[LaterLevel, ...]:
+def later_levels(
+    facts: JobFacts, job: QueueEntry, readings: PassReadings, cache: JobShapeCache
+) -> tuple[LaterLevel, ...]:
     """The later levels a kind's jobs reach through exact rungs only, each with its prediction and
     its run time where that is known (learned there, or learned at the job's level times the
     rungs' learned slowdown); a level whose run time is unknown is not offered."""

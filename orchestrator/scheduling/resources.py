@@ -34,7 +34,9 @@ def running_attempts(
     return out
 
 
-def predict_host_mib(learned_mib: int | None, running_peak_mib: int | None, declared_mib: int | None) -> tuple[int, str]:
+def predict_host_mib(
+    learned_mib: int | None, running_peak_mib: int | None, declared_mib: int | None
+) -> tuple[int, str]:
     """Host RAM to expect of a job: learned from finished attempts of its shape, else the
     config's `host_mem_gib`, else what running attempts of its shape hold, else nothing known."""
     if learned_mib:

@@ -88,15 +88,17 @@ def write_history(
         store.executemany(
             "INSERT INTO jobs (id, identity, suite, config_name, config_path, config_json, seed, data, overrides_json, "
             "env_json, worker, declared_mib, state, attempt_count, max_attempts, hang_timeout_s, wait_reason, "
-            "queued_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, '{}', ?, ?, '{}', '{}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "queued_at, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, '{}', ?, ?, '{}', '{}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(j.id, j.identity, j.suite, j.config_name, j.config_path, j.seed, j.data, j.worker, j.declared_mib,
               j.state.value, attempts_of.get(j.id, 0), j.max_attempts, j.hang_timeout_s, j.wait_reason,
               j.queued_at, j.queued_at, j.queued_at) for j in jobs],
         )  # fmt: skip
         store.executemany(
             "INSERT INTO attempts (id, job_id, n, gpu_index, gpu_uuid, level, level_step, run_dir, predicted_peak_mib, "
-            "prediction_source, reserved_mib, held_mib, peak_mib, reached_peak, started_at, ended_at, outcome, exit_code, "
-            "reason, progress_json, last_progress_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
+            "prediction_source, reserved_mib, held_mib, peak_mib, reached_peak, started_at, "
+            "ended_at, outcome, exit_code, reason, progress_json, last_progress_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
             [(a.id, a.job_id, a.n, a.gpu_index, a.gpu_uuid, a.level, a.level_step, a.run_dir, a.predicted_peak_mib,
               a.prediction_source, a.reserved_mib, a.held_mib, a.peak_mib, a.started_at, a.ended_at,
               None if a.outcome is None else a.outcome.value, None if a.ended_at is None else 0, a.reason,

@@ -24,5 +24,13 @@ def failures_since(store: Store, since_s: float) -> list[CardFailure]:
         "ORDER BY ended_at",
         [since_s],
     )
-    return [CardFailure(int(r["id"]), int(r["job_id"]), str(r["gpu_uuid"]), float(r["ended_at"]), str(r["reason"] or ""))
-            for r in rows]
+    return [
+        CardFailure(
+            int(r["id"]),
+            int(r["job_id"]),
+            str(r["gpu_uuid"]),
+            float(r["ended_at"]),
+            str(r["reason"] or ""),
+        )
+        for r in rows
+    ]

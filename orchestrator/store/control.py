@@ -20,7 +20,10 @@ def request_stop(store: Store, job_id: int, why: KillRequest) -> LiveProcess | N
     """Mark the job's live attempt to be stopped (`why`: cancel or retry), with its event.
     Returns its wrapper process, or None when the job has no live attempt."""
     with store.write():
-        rows = store.query("SELECT id, pid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL", [job_id])
+        rows = store.query(
+            "SELECT id, pid, proc_create_time FROM attempts WHERE job_id = ? AND outcome IS NULL",
+            [job_id],
+        )
         if not rows:
             return None
         store._db.execute("UPDATE attempts SET kill_requested = ? WHERE id = ?", [why.value, rows[0]["id"]])
@@ -83,7 +86,12 @@ class JobCommand:
 
 def job_command(store: Store, job_id: int) -> JobCommand:
     row = store.query("SELECT worker, env_json, worker_output_json, hang_timeout_s FROM jobs WHERE id = ?", [job_id])[0]
-    return JobCommand(row["worker"], row["env_json"] or "{}", row["worker_output_json"] or "{}", float(row["hang_timeout_s"]))
+    return JobCommand(
+        row["worker"],
+        row["env_json"] or "{}",
+        row["worker_output_json"] or "{}",
+        float(row["hang_timeout_s"]),
+    )
 
 
 def set_job_command(store: Store, job_id: int, command: JobCommand, message: str) -> None:

@@ -54,7 +54,10 @@ def register_daemon(
 
 def unregister_daemon(store: Store, now_s: float, message: str) -> None:
     with store.write():
-        store.execute("UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1", [now_s])
+        store.execute(
+            "UPDATE daemon SET pid = NULL, heartbeat_at = ?, stop_requested = 0, draining = 0 WHERE id = 1",
+            [now_s],
+        )
         add_event(store, "daemon", message)
 
 
@@ -86,7 +89,10 @@ def live_run_dirs(store: Store) -> list[str]:
 
 def live_host_held_mib(store: Store) -> int:
     """Host RAM the live attempts' process trees hold now, together."""
-    return sum(int(r["host_held_mib"] or 0) for r in store.query("SELECT host_held_mib FROM attempts WHERE outcome IS NULL"))
+    return sum(
+        int(r["host_held_mib"] or 0)
+        for r in store.query("SELECT host_held_mib FROM attempts WHERE outcome IS NULL")
+    )
 
 
 def daemon_row_fields(store: Store) -> dict[str, Any] | None:

@@ -80,7 +80,15 @@ def neighbours(store: Store, attempt: Attempt, within_s: float = 5.0) -> list[di
         "WHERE a.gpu_index = ? AND a.id != ? AND (a.outcome IS NULL OR a.ended_at >= ?)",
         [attempt.gpu_index, attempt.id, store.now_s() - within_s],
     )
-    return [{"job": r["job_id"], "config": r["config_name"], "held_mib": r["held_mib"], "peak_mib": r["peak_mib"]} for r in rows]
+    return [
+        {
+            "job": r["job_id"],
+            "config": r["config_name"],
+            "held_mib": r["held_mib"],
+            "peak_mib": r["peak_mib"],
+        }
+        for r in rows
+    ]
 
 
 def hung_attempts_before(store: Store, attempt: Attempt) -> int:
@@ -132,7 +140,8 @@ def pause_suite(store: Store, suite: str, reason: str, message: str) -> bool:
     """Pause the suite (nothing of it starts until resumed), with its event; False when it was paused already."""
     with store.write():
         cursor = store.execute(
-            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)", [suite, reason, store.now_s()]
+            "INSERT OR IGNORE INTO paused_suites (suite, reason, paused_at) VALUES (?, ?, ?)",
+            [suite, reason, store.now_s()],
         )
         if not cursor.rowcount:
             return False

@@ -64,7 +64,16 @@ INSERT_SAMPLE = (
 def sample_row(ts: float, gpu_index: int, gpu_uuid: str, total_mib: int, used_mib: int, orch_mib: int,
                free_mib: int, held_by_job: Mapping[int, int]) -> tuple[Any, ...]:
     """A gpu_samples row as INSERT_SAMPLE takes it; what each job held, by job id."""
-    return (ts, gpu_index, gpu_uuid, total_mib, used_mib, orch_mib, free_mib, json.dumps(dict(held_by_job), sort_keys=True))
+    return (
+        ts,
+        gpu_index,
+        gpu_uuid,
+        total_mib,
+        used_mib,
+        orch_mib,
+        free_mib,
+        json.dumps(dict(held_by_job), sort_keys=True),
+    )
 
 
 def record_gpu_samples(

@@ -28,7 +28,10 @@ def add_event(
     to_state: str | None = None,
     data: dict[str, Any] | None = None,
 ) -> None:
-    store._db.execute(INSERT_EVENT, event_row(store.now_s(), kind, message, job_id, attempt_id, from_state, to_state, data))
+    store._db.execute(
+        INSERT_EVENT,
+        event_row(store.now_s(), kind, message, job_id, attempt_id, from_state, to_state, data),
+    )
 
 
 INSERT_EVENT = (
@@ -138,25 +141,45 @@ def submit_jobs(
                 "INSERT INTO jobs (identity, suite, config_name, config_path, config_json, seed, data, "
                 "overrides_json, env_json, worker, declared_mib, allowed_gpus_json, priority, state, "
                 "max_attempts, one_token, ladder_json, hang_timeout_s, crash_loop_failures, crash_loop_within_s, "
-                "crash_loop_window_s, queued_at, created_at, updated_at, worker_output_json, memory_keys_json, min_stack_gain) "
+                "crash_loop_window_s, queued_at, created_at, updated_at, worker_output_json, "
+                "memory_keys_json, min_stack_gain) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    spec.identity, spec.suite, spec.config_name, spec.config_path,
-                    json.dumps(spec.config, sort_keys=True), spec.seed, spec.data,
-                    json.dumps(spec.overrides, sort_keys=True), json.dumps(spec.env, sort_keys=True),
-                    suite.worker, declared_mib,
+                    spec.identity,
+                    spec.suite,
+                    spec.config_name,
+                    spec.config_path,
+                    json.dumps(spec.config, sort_keys=True),
+                    spec.seed,
+                    spec.data,
+                    json.dumps(spec.overrides, sort_keys=True),
+                    json.dumps(spec.env, sort_keys=True),
+                    suite.worker,
+                    declared_mib,
                     json.dumps(list(allowed_gpus)) if allowed_gpus is not None else None,
-                    priority, JobState.QUEUED.value, suite.max_attempts,
+                    priority,
+                    JobState.QUEUED.value,
+                    suite.max_attempts,
                     int(is_one_token_task(spec.data, list(suite.one_token_tasks))),
                     json.dumps(suite.ladder) if suite.ladder is not None else None,
-                    suite.hang_timeout_s, suite.crash_loop.failures, suite.crash_loop.within_s,
-                    suite.crash_loop.window_s, ts, ts, ts, json.dumps(suite.worker_output, sort_keys=True),
-                    json.dumps(list(suite.memory_keys)), suite.min_stack_gain,
+                    suite.hang_timeout_s,
+                    suite.crash_loop.failures,
+                    suite.crash_loop.within_s,
+                    suite.crash_loop.window_s,
+                    ts,
+                    ts,
+                    ts,
+                    json.dumps(suite.worker_output, sort_keys=True),
+                    json.dumps(list(suite.memory_keys)),
+                    suite.min_stack_gain,
                 ],
             )
             job_id = int(cursor.lastrowid or 0)
             if getattr(suite, "slurm", None):
-                store._db.execute("UPDATE jobs SET slurm_json = ? WHERE id = ?", [json.dumps(suite.slurm, sort_keys=True), job_id])
+                store._db.execute(
+                    "UPDATE jobs SET slurm_json = ? WHERE id = ?",
+                    [json.dumps(suite.slurm, sort_keys=True), job_id],
+                )
             store._db.execute("UPDATE jobs SET gpus = ?, cpus = ?, max_resumes = ? WHERE id = ?",
                               [spec.gpus, spec.cpus, suite.max_resumes, job_id])
             if suite.search is not None and spec.trial is not None:

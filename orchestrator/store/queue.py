@@ -86,7 +86,9 @@ def queued_jobs_alike(store: Store, job_ids: Iterable[int]) -> list[list[int]]:
     scheduler's per-job facts are made of. A sweep's seeds are then learned once."""
     ids = list(job_ids)
     groups: dict[tuple[object, ...], list[int]] = {}
-    seedless = "CASE WHEN json_valid(config_json) THEN json_remove(config_json, '$.seed', '$.data') ELSE config_json END"
+    seedless = (
+        "CASE WHEN json_valid(config_json) THEN json_remove(config_json, '$.seed', '$.data') ELSE config_json END"
+    )
     for start in range(0, len(ids), _IN_CHUNK):
         chunk = ids[start : start + _IN_CHUNK]
         sql = (f"SELECT id, {seedless}, {_FACT_COLUMNS} FROM jobs "
@@ -98,7 +100,10 @@ def queued_jobs_alike(store: Store, job_ids: Iterable[int]) -> list[list[int]]:
 
 def queued_whole_jobs(store: Store) -> list[Job]:
     """Every queued job, whole, in queue order (a cluster-placed pass reads them all)."""
-    return [Job.from_row(r) for r in store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")]
+    return [
+        Job.from_row(r)
+        for r in store.query("SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id")
+    ]
 
 
 def jobs_by_id(store: Store, job_ids: Iterable[int]) -> dict[int, Job]:
@@ -135,7 +140,14 @@ def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[Succeed
     )
     rows = store.query(sql) if ended_at_s is None else store.query(sql + " AND a.ended_at >= ?", [ended_at_s])
     return [
-        SucceededRun(int(r["id"]), r["config_name"], r["data"], int(r["level"]), float(r["ended_at"]), float(r["duration_s"]))
+        SucceededRun(
+            int(r["id"]),
+            r["config_name"],
+            r["data"],
+            int(r["level"]),
+            float(r["ended_at"]),
+            float(r["duration_s"]),
+        )
         for r in rows
     ]
 
@@ -160,7 +172,12 @@ def live_attempts_with_jobs(store: Store) -> tuple[list[Attempt], dict[int, Job]
     for start in range(0, len(ids), _IN_CHUNK):
         chunk = ids[start : start + _IN_CHUNK]
         marks = ",".join("?" * len(chunk))
-        jobs.update((j.id, j) for j in _kept_rows(store, _LIVE_JOBS, f"SELECT * FROM jobs WHERE id IN ({marks})", chunk))
+        jobs.update(
+            (j.id, j)
+            for j in _kept_rows(
+                store, _LIVE_JOBS, f"SELECT * FROM jobs WHERE id IN ({marks})", chunk
+            )
+        )
     _LIVE_ATTEMPTS.keep_only(a.id for a in live)
     _LIVE_JOBS.keep_only(jobs)
     return live, jobs

@@ -10,7 +10,10 @@ from orchestrator.store.db import Store
 
 def read_host_shapes(store: Store) -> dict[str, int]:
     """shape key -> the largest host RAM (MiB) one finished attempt of it took."""
-    return {r["shape_key"]: int(r["host_peak_mib"]) for r in store.query("SELECT shape_key, host_peak_mib FROM host_shapes")}
+    return {
+        r["shape_key"]: int(r["host_peak_mib"])
+        for r in store.query("SELECT shape_key, host_peak_mib FROM host_shapes")
+    }
 
 
 def learn_host_shape(store: Store, shape_key: str, host_peak_mib: int, cpu_peak_cores: float | None) -> None:

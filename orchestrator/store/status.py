@@ -1,7 +1,7 @@
 """Read-only queries behind the live views (`orch status`, the web page's overview): the
 daemon's last reading, the live attempts, the head of the queue, the latest events and ladder
-retries, the paused suites and configs, the waiting jobs grouped by reason. Each returns typed rows; each is bounded or indexed, so a queue
-of 100,000 jobs answers quickly."""
+retries, the paused suites and configs, the waiting jobs grouped by reason. Each returns typed
+rows; each is bounded or indexed, so a queue of 100,000 jobs answers quickly."""
 
 from __future__ import annotations
 
@@ -200,11 +200,14 @@ class PausedConfig:
 def paused_configs(store: Store, *, count_queued: bool = True) -> list[PausedConfig]:
     """Every paused config, by suite and name (the daemon's pass asks without `count_queued`)."""
     if not count_queued:
-        rows = store.query("SELECT suite, config_name, reason, paused_at FROM paused_configs ORDER BY suite, config_name")
+        rows = store.query(
+            "SELECT suite, config_name, reason, paused_at FROM paused_configs ORDER BY suite, config_name"
+        )
         return [PausedConfig(r["suite"], r["config_name"], r["reason"], r["paused_at"], None) for r in rows]
     rows = store.query(
         "SELECT p.suite, p.config_name, p.reason, p.paused_at, (SELECT COUNT(*) FROM jobs j WHERE j.suite = p.suite "
-        "AND j.config_name = p.config_name AND j.state = ?) AS queued FROM paused_configs p ORDER BY p.suite, p.config_name",
+        "AND j.config_name = p.config_name AND j.state = ?) AS queued FROM paused_configs p "
+        "ORDER BY p.suite, p.config_name",
         [JobState.QUEUED.value],
     )
     return [PausedConfig(r["suite"], r["config_name"], r["reason"], r["paused_at"], int(r["queued"])) for r in rows]

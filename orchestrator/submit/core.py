@@ -208,7 +208,9 @@ def _refuse_both(what: str, text: Mapping[str, Any], values: Mapping[str, Any]) 
         raise UsageError(f"{what} {both[0]} is given both as text and as a value: give it once")
 
 
-def search_trials(suite: Suite, overrides: dict[str, Scalar], grid: dict[str, list[Scalar]]) -> list[dict[str, Scalar]] | None:
+def search_trials(
+    suite: Suite, overrides: dict[str, Scalar], grid: dict[str, list[Scalar]]
+) -> list[dict[str, Scalar]] | None:
     """The trials a suite's `search:` queues at submit: every one of a random search (the same
     ones for the same seed), the first of a TPE search (the daemon asks for the rest); None
     without a search."""
@@ -297,7 +299,12 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     if gpus is not None:
         check_gpus_exist(gpus, db_path, "--gpus", opener)
     if plan is not None and gpus is None:
-        check_gpus_exist(sorted(plan.slots_by_gpu), db_path, f"--gpu-plan {shown_value(request.gpu_plan or '')}", opener)
+        check_gpus_exist(
+            sorted(plan.slots_by_gpu),
+            db_path,
+            f"--gpu-plan {shown_value(request.gpu_plan or '')}",
+            opener,
+        )
     _check_gangs_fit(specs, gpus, db_path, opener)
     check_urls(suite.notify, f"suite {suite.name} notify")
     check_worker_template(suite, specs, {**overrides, **dict.fromkeys(grid)})  # the grid's keys are set too

@@ -104,7 +104,12 @@ def _jobs_filter(request: Request) -> JobsFilter:
     state = _text_param(request, "state")
     if state is not None and state not in {s.value for s in JobState}:
         raise UsageError(f"state must be one of {', '.join(s.value for s in JobState)}, not {state[:40]!r}")
-    return JobsFilter(state, _text_param(request, "suite"), _text_param(request, "config"), _text_param(request, "data"))
+    return JobsFilter(
+        state,
+        _text_param(request, "suite"),
+        _text_param(request, "config"),
+        _text_param(request, "data"),
+    )
 
 
 def _curve_params(request: Request) -> tuple[list[int], str | None, float, bool, bool]:
@@ -216,8 +221,11 @@ def create_app(
                     yield chunk
 
         raw = request.query_params.get("raw", "") in {"1", "yes", "on", "true"}
-        return StreamingResponse(chunks() if raw else collapsed_chunks(chunks()), media_type="text/plain; charset=utf-8",
-                                 headers={"Cache-Control": "no-store"})
+        return StreamingResponse(
+            chunks() if raw else collapsed_chunks(chunks()),
+            media_type="text/plain; charset=utf-8",
+            headers={"Cache-Control": "no-store"},
+        )
 
     def results_page(request: Request) -> Response:
         return page("Results", "results", "/fragment/results", lambda s: views.results_view(s, cache, "/results.csv"))
@@ -274,7 +282,9 @@ def create_app(
                 return ""
         return parse_qs(body.decode("utf-8", errors="replace")).get("token", [""])[0]
 
-    async def action(request: Request, run: Callable[[Store], dict[str, object]], job_id: int | None = None) -> Response:
+    async def action(
+        request: Request, run: Callable[[Store], dict[str, object]], job_id: int | None = None
+    ) -> Response:
         sent = await form_token(request)
         as_page = sent is not None
 
@@ -301,7 +311,12 @@ def create_app(
             return answer("Not done (409)", str(exc), 409, {"error": str(exc)})
         what = f"job {done['job']}" if "job" in done else f"suite {done.get('suite')}"
         if done["done"] == "skipped":  # e.g. cancel on a job that already ended: nothing changed
-            return answer(f"{what}: nothing to do", f"{what} was left as it is: its state does not allow that.", 200, done)
+            return answer(
+                f"{what}: nothing to do",
+                f"{what} was left as it is: its state does not allow that.",
+                200,
+                done,
+            )
         notes = done.get("notes")
         said = "".join(f" Note: {note}." for note in notes) if isinstance(notes, list) else ""
         return answer(f"{what}: {done['done']}", f"{what} is {done['done']}.{said}", 200, done)

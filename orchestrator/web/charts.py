@@ -122,7 +122,12 @@ def span_title(s: AttemptSpan) -> str:
 
 def bar_label(s: AttemptSpan, width_px: float) -> str:
     """The longest of "L1 · job 12 · config", "job 12 · config", "job 12", "L1" that fits."""
-    for text in (f"L{s.level} · job {s.job_id} · {s.config}", f"job {s.job_id} · {s.config}", f"job {s.job_id}", f"L{s.level}"):
+    for text in (
+        f"L{s.level} · job {s.job_id} · {s.config}",
+        f"job {s.job_id} · {s.config}",
+        f"job {s.job_id}",
+        f"L{s.level}",
+    ):
         if len(text) * LABEL_CHAR_PX + 6 <= width_px:
             return text
     return ""

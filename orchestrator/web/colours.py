@@ -28,6 +28,10 @@ def job_colours(config_of: Mapping[int, str]) -> dict[int, str]:
         jobs = by_config[config]
         hue = config_hue(i)
         for k, job_id in enumerate(jobs):
-            lightness = (DARKEST + LIGHTEST) / 2 if len(jobs) == 1 else DARKEST + (LIGHTEST - DARKEST) * k / (len(jobs) - 1)
+            lightness = (
+                (DARKEST + LIGHTEST) / 2
+                if len(jobs) == 1
+                else DARKEST + (LIGHTEST - DARKEST) * k / (len(jobs) - 1)
+            )
             colours[job_id] = f"hsl({hue:.0f}, 62%, {lightness:.0f}%)"
     return colours

@@ -40,10 +40,22 @@ class GpuMemoryChart:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "gpu": self.gpu, "total_mib": self.total_mib, "ts": self.ts,
-            "bands": [{"label": b.label, "colour": b.colour, "mib": b.mib, "job": b.job_id} for b in self.bands],
-            "ooms": [{"ts": o.ts, "job": o.job_id, "attempt": o.attempt, "label": f"OOM: job {o.job_id} attempt {o.attempt} · {o.config}"}
-                     for o in self.ooms],
+            "gpu": self.gpu,
+            "total_mib": self.total_mib,
+            "ts": self.ts,
+            "bands": [
+                {"label": b.label, "colour": b.colour, "mib": b.mib, "job": b.job_id}
+                for b in self.bands
+            ],
+            "ooms": [
+                {
+                    "ts": o.ts,
+                    "job": o.job_id,
+                    "attempt": o.attempt,
+                    "label": f"OOM: job {o.job_id} attempt {o.attempt} · {o.config}",
+                }
+                for o in self.ooms
+            ],
         }
 
 

@@ -65,7 +65,13 @@ def inline_assets() -> dict[str, Markup]:
 
 
 def layout(
-    title: str, active: str, body: str, *, fragment_url: str | None = None, watch: tuple[str, ...] = (), nav: bool = True,
+    title: str,
+    active: str,
+    body: str,
+    *,
+    fragment_url: str | None = None,
+    watch: tuple[str, ...] = (),
+    nav: bool = True,
     inline: bool = False,
 ) -> str:
     return render("base.html", title=title, active=active, body=Markup(body), fragment_url=fragment_url, watch=watch,
@@ -79,10 +85,25 @@ def overview_fragment(ov: Overview, now_s: float, daemon_alive: bool) -> str:
 
 
 def timeline_fragment(
-    spans: list[AttemptSpan], total: int, t0: float, t1: float, now_s: float, *, zoomed: bool, gpus: list[int], link: bool = True
+    spans: list[AttemptSpan],
+    total: int,
+    t0: float,
+    t1: float,
+    now_s: float,
+    *,
+    zoomed: bool,
+    gpus: list[int],
+    link: bool = True,
 ) -> str:
-    return render("timeline.html", layout=timeline_layout(spans, t0, t1, now_s, gpus=gpus), total=total, shown=len(spans),
-                  zoomed=zoomed, link=link, outcome_colours=OUTCOME_COLOURS)
+    return render(
+        "timeline.html",
+        layout=timeline_layout(spans, t0, t1, now_s, gpus=gpus),
+        total=total,
+        shown=len(spans),
+        zoomed=zoomed,
+        link=link,
+        outcome_colours=OUTCOME_COLOURS,
+    )
 
 
 def empty_timeline() -> str:
@@ -109,7 +130,15 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
     def dot(line: ResultLine) -> Any:
         return dot_plot(line.values, line.mean, line.std or 0.0, lo, hi)
 
-    return render("results.html", table=table, csv_href=csv_href, pivot=pivot(table.summaries, choices=table.choices or None), lo=lo, hi=hi, dot=dot)
+    return render(
+        "results.html",
+        table=table,
+        csv_href=csv_href,
+        pivot=pivot(table.summaries, choices=table.choices or None),
+        lo=lo,
+        hi=hi,
+        dot=dot,
+    )
 
 
 def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int],
@@ -117,7 +146,14 @@ def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int],
     """`facts`: per job, its headline metric (key, value) and run time (api.jobs, store.job_facts)."""
     filters = [("state", "state", [s.value for s in JobState], f.state), ("suite", "suite", page.suites, f.suite),
                ("config", "config", page.configs, f.config), ("data", "data", page.datas, f.data)]
-    return render("jobs.html", page=page, filters=filters, by_state=by_state, count_order=COUNT_ORDER, facts=facts or {})
+    return render(
+        "jobs.html",
+        page=page,
+        filters=filters,
+        by_state=by_state,
+        count_order=COUNT_ORDER,
+        facts=facts or {},
+    )
 
 
 def curves_fragment(runs: list[dict[str, Any]], spec: dict[str, Any], configs: list[str], config: str | None,

@@ -31,10 +31,19 @@ def render_report(store: Store, title: str = "orch sweep report") -> str:
     done = jobs_page(store, JobsFilter(state="succeeded"), limit=REPORT_CURVE_RUNS)
     runs, _, _ = views.curve_runs(store, [r.id for r in reversed(done.rows)])
     body = render(
-        "report.html", title=title, now_s=now, db_name=store.path.name, counts=counts, occ=occupancy(spans, now),
-        count_order=pages.COUNT_ORDER, failed=failed,
-        timeline=views.timeline_view(store, link=False), memory=views.memory_view(store),
-        curves=chart_spec(runs, key="report-curves", band=True, columns=views.CURVE_COLUMNS), curve_jobs=len(runs), succeeded=counts.by_state.get("succeeded", 0),
+        "report.html",
+        title=title,
+        now_s=now,
+        db_name=store.path.name,
+        counts=counts,
+        occ=occupancy(spans, now),
+        count_order=pages.COUNT_ORDER,
+        failed=failed,
+        timeline=views.timeline_view(store, link=False),
+        memory=views.memory_view(store),
+        curves=chart_spec(runs, key="report-curves", band=True, columns=views.CURVE_COLUMNS),
+        curve_jobs=len(runs),
+        succeeded=counts.by_state.get("succeeded", 0),
         results=pages.results_fragment(table, "data:text/csv;charset=utf-8," + quote(table.csv)),
         provenance=provenance_counts(store, REPORT_PROVENANCE_FIELDS),
     )

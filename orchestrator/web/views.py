@@ -82,7 +82,14 @@ def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
     # as the script reported them, each once (`eval_loss`, not also its alias `loss`)
     test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None, aliases=False)
     numbers = finite_metrics(test) if test is not None else {}
-    return (numbers, "") if numbers else (None, "the succeeded attempt reported no metrics (result.json or a printed JSON line)")
+    return (
+        (numbers, "")
+        if numbers
+        else (
+            None,
+            "the succeeded attempt reported no metrics (result.json or a printed JSON line)",
+        )
+    )
 
 
 def job_view(store: Store, job_id: int) -> str:
@@ -163,7 +170,9 @@ def colour_key(job: Job, by: str) -> str:
     return str(field(job)) if field is not None else str(job.config.get(by, "-"))
 
 
-def curve_runs(store: Store, job_ids: list[int], by: str | None = None) -> tuple[list[Run], list[dict[str, object]], int]:
+def curve_runs(
+    store: Store, job_ids: list[int], by: str | None = None
+) -> tuple[list[Run], list[dict[str, object]], int]:
     """Each picked job's curve, its attempts stitched by step (a resumed job reads whole; where
     a later attempt took over is marked). Seeds of one effective config share a group, or with
     `by`, jobs with one value of that config key do (and share a colour)."""
@@ -212,7 +221,11 @@ def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth:
     """`by`: what colours the runs (a job field or a config key; one that names neither is
     said on the page, and the runs coloured by config and task); `metric`: the one drawn
     first (`&metric=eval_accuracy`), else the loss."""
-    page = jobs_page(store, JobsFilter(config=config) if config else JobsFilter(), limit=MAX_CURVE_RUNS if config else 0)
+    page = jobs_page(
+        store,
+        JobsFilter(config=config) if config else JobsFilter(),
+        limit=MAX_CURVE_RUNS if config else 0,
+    )
     picked = list(dict.fromkeys(job_ids + ([r.id for r in reversed(page.rows)] if config else [])))
     keys = sorted({k for run in picked_configs(store, picked) for k in run})
     notes = []

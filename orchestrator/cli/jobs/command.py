@@ -60,8 +60,11 @@ def _with_facts(store: Store, rows: Iterable[JobListRow], chunk: int = 500) -> I
             facts = job_facts(store, [r.id for r in batch], store.now_s())
             for r in batch:
                 headline = headline_metric(facts[r.id].last_values, r.data)
-                yield {**job_row_to_public(r), "metric": {"key": headline[0], "value": headline[1]} if headline else None,
-                       "run_s": facts[r.id].run_s}
+                yield {
+                    **job_row_to_public(r),
+                    "metric": {"key": headline[0], "value": headline[1]} if headline else None,
+                    "run_s": facts[r.id].run_s,
+                }
             batch = []
 
 
@@ -146,7 +149,11 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
             changes = fmt_changes(a["changes"], bool(a["run_alone"]))
             predicted = f"predicted from {a['prediction_source']}" if a["prediction_source"] else ""
             resumed = a["resumed_from"]
-            resumed_text = f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}" if resumed else ""
+            resumed_text = (
+                f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}"
+                if resumed
+                else ""
+            )
             notes = [resumed_text, predicted, f"changed {changes}" if changes else "", a["reason"] or "",
                      a.get("hunted") or "", f"loss diverged: {a['diverged']}" if a.get("diverged") else ""]
             shown = "; ".join(n for n in notes if n)

@@ -120,7 +120,14 @@ def print_jobs(rows: Sequence[JobListRow], *, wide: bool = False, console: Conso
     names = setting_names(rows)
     cells = [job_cells(r, extras.get(r.id, ("-", "-")), names) for r in rows]
     if len(rows) > RICH_TABLE_ROWS:  # whole values, states coloured, in a fraction of the time
-        click.echo(render_plain(COLUMNS, cells, [STATE_STYLES.get(STATE_TEXT[r.state]) for r in rows], coloured_column=1))
+        click.echo(
+            render_plain(
+                COLUMNS,
+                cells,
+                [STATE_STYLES.get(STATE_TEXT[r.state]) for r in rows],
+                coloured_column=1,
+            )
+        )
     elif wide:
         print_whole(jobs_table(rows, extras=extras, names=names), console)
     else:

@@ -31,13 +31,32 @@ from orchestrator.wording import fmt_duration
 
 @click.command("status")
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
-@click.option("--interval", "interval_s", type=click.FloatRange(0.2, 60.0), default=1.0, show_default=True,
-              help="Seconds between refreshes of the live dashboard.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="--json: at most this many jobs in `jobs` (by id).")
-@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="--json: skip this many jobs first.")
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(0.2, 60.0),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes of the live dashboard.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--json: at most this many jobs in `jobs` (by id).",
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="--json: skip this many jobs first.",
+)
 @json_option
 @db_option
-def status_cmd(once: bool, interval_s: float, limit: int | None, offset: int, as_json: bool, db_path: Path) -> None:
+def status_cmd(
+    once: bool, interval_s: float, limit: int | None, offset: int, as_json: bool, db_path: Path
+) -> None:
     """Live dashboard: GPUs, running jobs, waiting reasons, retries, events."""
     with open_store(db_path) as store:  # a read: never creates a database
         if as_json:  # `jobs` streamed from the cursor: flat memory at any number of jobs

@@ -87,8 +87,10 @@ def paused_lines(snapshot: dict[str, Any]) -> list[str]:
 
 
 def _is_paused(w: dict[str, Any], snapshot: dict[str, Any]) -> bool:
-    return (w.get("suite") in {p["suite"] for p in snapshot["paused_suites"]}
-            or (w.get("suite"), w.get("config")) in {(p["suite"], p["config"]) for p in snapshot.get("paused_configs", [])})
+    return w.get("suite") in {p["suite"] for p in snapshot["paused_suites"]} or (
+        w.get("suite"),
+        w.get("config"),
+    ) in {(p["suite"], p["config"]) for p in snapshot.get("paused_configs", [])}
 
 
 def paused_queued(snapshot: dict[str, Any]) -> int:
@@ -149,5 +151,7 @@ def retry_move(retry: dict[str, Any]) -> str:
     if isinstance(step, dict) and retry.get("from_level") == retry.get("to_level"):
         changes = fmt_changes(step.get("changes"))
         alone = "run alone" if step.get("run_alone") else ""
-        return f"level {retry['to_level']} + host step {step.get('step')}" + (f": {changes or alone}" if changes or alone else "")
+        return f"level {retry['to_level']} + host step {step.get('step')}" + (
+            f": {changes or alone}" if changes or alone else ""
+        )
     return f"level {retry['from_level']} -> {retry['to_level']}"

@@ -99,7 +99,12 @@ def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bo
             table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold",
                              min_width=min(natural[column], 12))
         elif column == "config":
-            table.add_column(column, no_wrap=clipped, overflow="ellipsis" if clipped else "fold", max_width=config_width)
+            table.add_column(
+                column,
+                no_wrap=clipped,
+                overflow="ellipsis" if clipped else "fold",
+                max_width=config_width,
+            )
         else:
             table.add_column(column, no_wrap=True, min_width=natural[column])
     for row in cells:
@@ -178,9 +183,16 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
         paused=paused_lines(snapshot),
         waiting=waiting_group_lines(snapshot),
         # one line per entry: a long OOM text's own newlines are spaces here
-        retries=[one_line(f"{clock(r['ts'])} job {r['job']}: {retry_move(r)} ({r['why']})") for r in snapshot["retries"]],
-        events=[one_line(f"{clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"])
-                for e in snapshot["events"]],
+        retries=[
+            one_line(f"{clock(r['ts'])} job {r['job']}: {retry_move(r)} ({r['why']})")
+            for r in snapshot["retries"]
+        ],
+        events=[
+            one_line(
+                f"{clock(e['ts'])} " + (f"job {e['job']}: " if e["job"] else "") + e["message"]
+            )
+            for e in snapshot["events"]
+        ],
     )
     running = snapshot["running"]
     full = {"running": len(running), "waiting": len(lines.waiting), "retries": len(lines.retries),
@@ -253,10 +265,25 @@ def _frame(
                            title_align="left"))
     if lines.retries and limits["retries"]:
         # the newest retries first, so a cut list keeps them
-        parts.append(Panel(Text("\n".join(_entries(lines.retries, limits["retries"])), overflow="ellipsis", no_wrap=True),
-                           title="retries", title_align="left"))
+        parts.append(
+            Panel(
+                Text(
+                    "\n".join(_entries(lines.retries, limits["retries"])),
+                    overflow="ellipsis",
+                    no_wrap=True,
+                ),
+                title="retries",
+                title_align="left",
+            )
+        )
     if lines.events and limits["events"]:
         # the newest events are last: a cut list keeps the end
         kept = lines.events[-limits["events"]:]
-        parts.append(Panel(Text("\n".join(kept), overflow="ellipsis", no_wrap=True), title="recent events", title_align="left"))
+        parts.append(
+            Panel(
+                Text("\n".join(kept), overflow="ellipsis", no_wrap=True),
+                title="recent events",
+                title_align="left",
+            )
+        )
     return Group(*parts)

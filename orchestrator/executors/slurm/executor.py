@@ -102,7 +102,9 @@ class SlurmExecutor(Executor):
     def _discover(self, gpu_mib: int | None) -> None:
         nodes = _run("scontrol", "-o", "show", "node")
         if nodes.returncode != 0:
-            raise LauncherError(f"cannot reach Slurm (scontrol show node): {nodes.stderr.strip() or nodes.stdout.strip()}")
+            raise LauncherError(
+                f"cannot reach Slurm (scontrol show node): {nodes.stderr.strip() or nodes.stdout.strip()}"
+            )
         found = parse_node_shards(nodes.stdout)
         if found is not None:
             gpus, shards = found
@@ -148,9 +150,15 @@ class SlurmExecutor(Executor):
         try:
             spec.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             script = RunDir(spec.run_dir).sbatch_script
-            script.write_text(sbatch_script(
-                request, str(spec.run_dir), str(spec.cwd or Path.cwd()), wrapper_argv(spec.run_dir, spec.argv, portable=True), spec.env,
-            ))
+            script.write_text(
+                sbatch_script(
+                    request,
+                    str(spec.run_dir),
+                    str(spec.cwd or Path.cwd()),
+                    wrapper_argv(spec.run_dir, spec.argv, portable=True),
+                    spec.env,
+                )
+            )
         except OSError as exc:
             raise LauncherError(f"cannot write the batch script of job {spec.job_id}: {exc}") from None
         try:

@@ -131,7 +131,17 @@ class SlurmState(str, Enum):
     FAILED = "failed"  # Slurm ended it for a reason rerunning would not fix
 
 
-QUEUED_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"})
+QUEUED_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+        "SUSPENDED",
+    }
+)
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED", "RESIZING"})
 LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 FAILED_STATES = frozenset({"DEADLINE", "REVOKED", "SPECIAL_EXIT"})
@@ -208,7 +218,9 @@ def parse_sacct(text: str) -> dict[str, SlurmJob]:
         if len(parts) < 3 or not parts[0].isdigit() or not parts[2].strip():
             continue
         mem = slurm_mem_mib(parts[4]) if len(parts) > 4 else None
-        jobs[parts[0]] = SlurmJob(parts[0], parts[1], parts[2].split()[0].upper(), parts[3] if len(parts) > 3 else "", mem)
+        jobs[parts[0]] = SlurmJob(
+            parts[0], parts[1], parts[2].split()[0].upper(), parts[3] if len(parts) > 3 else "", mem
+        )
     return jobs
 
 
@@ -223,8 +235,13 @@ def parse_scontrol_jobs(text: str) -> dict[str, SlurmJob]:
                 fields[key] = value
         job_id = fields.get("JobId", "")
         if job_id.isdigit():
-            jobs[job_id] = SlurmJob(job_id, fields.get("JobName", ""), fields.get("JobState", "").upper(), fields.get("Reason", ""),
-                                    slurm_mem_mib(fields.get("MinMemoryNode", "")))
+            jobs[job_id] = SlurmJob(
+                job_id,
+                fields.get("JobName", ""),
+                fields.get("JobState", "").upper(),
+                fields.get("Reason", ""),
+                slurm_mem_mib(fields.get("MinMemoryNode", "")),
+            )
     return jobs
 
 

@@ -3,11 +3,11 @@
 
 Every attempt runs under this. It leads its own process group (so the whole tree can be killed
 at once), records `pid.json` (created exclusively, see claim_run_dir) before the worker starts
-and `exit.json` after it ends, both atomically, appends the worker's stdout+stderr to `stdout.log` while echoing it (so a tmux pane
-shows it), and forwards SIGTERM/SIGINT/SIGHUP/SIGUSR2 to the worker (SIGHUP as SIGTERM), naming the
-signals it received and forwarded in exit.json. Its only word to the daemon is a poke after
-exit.json (orchestrator.executors.wake), which may go unheard: a daemon that was down learns what
-happened from these files.
+and `exit.json` after it ends, both atomically, appends the worker's stdout+stderr to `stdout.log`
+while echoing it (so a tmux pane shows it), and forwards SIGTERM/SIGINT/SIGHUP/SIGUSR2 to the worker
+(SIGHUP as SIGTERM), naming the signals it received and forwarded in exit.json. Its only word to the
+daemon is a poke after exit.json (orchestrator.executors.wake), which may go unheard: a daemon that
+was down learns what happened from these files.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ def closest_set(
     topology: Mapping[tuple[int, int], int] | None, preference: Callable[[T], Any],
 ) -> list[T]:
     """The n candidates with the smallest summed pairwise distance; ties go to the set whose
-    worst member by `preference` is best (then the next worst, ...). The result is in GPU index order (CUDA_VISIBLE_DEVICES
-    order). `candidates` holds at least n items."""
+    worst member by `preference` is best (then the next worst, ...). The result is in GPU index
+    order (CUDA_VISIBLE_DEVICES order). `candidates` holds at least n items."""
     ranked = sorted(candidates, key=preference)
     if math.comb(len(ranked), n) > _MAX_COMBINATIONS:
         chosen = [ranked[0]]

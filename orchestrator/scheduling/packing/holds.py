@@ -43,10 +43,9 @@ def best_candidate(job: QueuedJob, cards: list[Card]) -> Card | None:
         return None
 
     def deficit(c: Card) -> tuple[int, int, int]:
-        if job.run_alone or c.alone:
-            jobs_to_drain = c.used_slots
-        else:
-            jobs_to_drain = max(0, c.used_slots - c.gpu.slots + 1)
+        jobs_to_drain = (
+            c.used_slots if job.run_alone or c.alone else max(0, c.used_slots - c.gpu.slots + 1)
+        )
         return (jobs_to_drain, max(0, need_mib(job, c) - c.available_mib), c.gpu.index)
 
     return min(possible, key=deficit)
@@ -90,8 +89,13 @@ def reserve_for_gang(
                  for c in possible}
         cutoff = sorted(ready.values())[job.gpus - 1]
         pool = [c for c in possible if ready[c.gpu.index] <= cutoff]
-        chosen = closest_set(pool, job.gpus, index_of, topology,
-                             lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index))  # type: ignore[misc]
+        chosen = closest_set(
+            pool,
+            job.gpus,
+            index_of,
+            topology,
+            lambda c, ready=ready: (ready[c.gpu.index], c.used_slots, c.gpu.index),  # type: ignore[misc]
+        )
         until_s = max(ready[c.gpu.index] for c in chosen)
         for card in chosen:
             card.held_for, card.held_gang = job.job_id, True

@@ -65,4 +65,6 @@ def move_note(own_level: int, chosen: LevelOption, own_expected_s: float, own_fi
     else:
         waited = (f"level {own_level} would wait ~{(own_fit_at_s - now_s) / 60:.0f} min "
                   f"and run ~{own_expected_s / 60:.0f} min")
-    return f"started at level {chosen.level}, an exact rung that fits now and ends sooner (~{run_min:.0f} min): {waited}"
+    return (
+        f"started at level {chosen.level}, an exact rung that fits now and ends sooner (~{run_min:.0f} min): {waited}"
+    )

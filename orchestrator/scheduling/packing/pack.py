@@ -2,8 +2,10 @@
 
 The daemon and the virtual-time simulator in benchmarks/ both call `pack`, which holds the whole
 placement policy: paused suites, draining, the ceiling cap, order, fit, backfill, the holds
-against starvation and the later exact level where a waiting job ends sooner. Card state and blockers are in orchestrator.scheduling.packing.cards, the holds in
-orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits; nothing here does I/O.
+against starvation and the later exact level where a waiting job ends sooner. Card state and
+blockers are in orchestrator.scheduling.packing.cards, the holds in
+orchestrator.scheduling.packing.holds, the wait reasons' text in orchestrator.scheduling.waits;
+nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -181,21 +183,20 @@ def pack(
     """Place queued jobs on GPUs; the first `policy.reasons_for` waiting jobs (in packing order
     and in queue order) get a reason.
 
-    Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does every job while `draining` or a `hold` (why
-    nothing may start now, e.g. a full disk) is given. A prediction above every usable card is
-    capped to the largest (`ceiling_mib`; the placement says `capped`). Jobs are taken by
-    priority (high first), then longest expected run first (weighted by the plan slots its memory
-    takes; policy.order), then queue order. A
-    job that does not fit is skipped and later jobs may start around it (backfill), except that
-    the first such job, once it has waited `starvation_s` and no single running attempt's end
-    would make room for it, keeps its best card (orchestrator.scheduling.packing.holds), and the first
-    multi-GPU job keeps the cards it will run on as they free up. Once every job was tried at its
-    own level, a waiting one-GPU job may start at a later exact level (`QueuedJob.alternatives`)
-    that fits now and is expected to end sooner (orchestrator.scheduling.packing.level_choice; the
-    placement names the level). `host` (when given) is spent
-    by every placement: a job whose predicted host RAM or cores do not fit waits. `topology`
-    ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card has a free slot
-    with free memory the rest of the queue is not examined.
+    Jobs of a `paused` suite or of one of the `paused_configs` ((suite, config)) wait, and so does
+    every job while `draining` or a `hold` (why nothing may start now, e.g. a full disk) is given. A
+    prediction above every usable card is capped to the largest (`ceiling_mib`; the placement says
+    `capped`). Jobs are taken by priority (high first), then longest expected run first (weighted by
+    the plan slots its memory takes; policy.order), then queue order. A job that does not fit is
+    skipped and later jobs may start around it (backfill), except that the first such job, once it
+    has waited `starvation_s` and no single running attempt's end would make room for it, keeps its
+    best card (orchestrator.scheduling.packing.holds), and the first multi-GPU job keeps the cards
+    it will run on as they free up. Once every job was tried at its own level, a waiting one-GPU job
+    may start at a later exact level (`QueuedJob.alternatives`) that fits now and is expected to end
+    sooner (orchestrator.scheduling.packing.level_choice; the placement names the level). `host`
+    (when given) is spent by every placement: a job whose predicted host RAM or cores do not fit
+    waits. `topology` ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card
+    has a free slot with free memory the rest of the queue is not examined.
     """
     if policy.placement not in PLACEMENT_RULES:
         raise ValueError(f"unknown placement rule {policy.placement!r}")
@@ -263,7 +264,9 @@ def _pack(
                 chosen = [choose(job, fits, policy.placement)]
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
-                chosen = closest_set(fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index])  # type: ignore[misc]
+                chosen = closest_set(
+                    fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]  # type: ignore[misc]
+                )
             for card in chosen:
                 place_on(card, job, now_s)
             for card in cards.values():  # holds it did not need: free for the rest of this call
@@ -308,7 +311,11 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
     at its own (faster) level is never spent on a slower one."""
     placements = []
     for job in deferred:
-        allowed = [c for c in ordered_cards if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices]
+        allowed = [
+            c
+            for c in ordered_cards
+            if job.allowed_gpu_indices is None or c.gpu.index in job.allowed_gpu_indices
+        ]
         blockers = {c.gpu.index: blocker(job, c, now_s) for c in allowed}
         if not any(is_open(c) for c in allowed) or host_blocker(job.host_mib, job.cpus, host) is not None:
             continue

@@ -2,9 +2,10 @@
 
 Each module is `seqNNN_<what>.py` with `NAME` (the name recorded in `_sqlite_migrations`) and
 `migrate(db)`. Never edit an applied migration: add a module with the next sequence number, and
-for a new one let `NAME` be `mNNN_<what>` with the same number (numbers may skip, never repeat). The first 30 keep the names they
-were recorded under (some out of order, `m022` twice), which existing databases already hold.
-`docs/schema.sql` is the schema they build (`python -m orchestrator.store.migrations`).
+for a new one let `NAME` be `mNNN_<what>` with the same number (numbers may skip, never repeat).
+The first 30 keep the names they were recorded under (some out of order, `m022` twice), which
+existing databases already hold. `docs/schema.sql` is the schema they build (`python -m
+orchestrator.store.migrations`).
 """
 
 from __future__ import annotations
