@@ -33,7 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu.run_sweep import finish, orch, start_daemon  # noqa: E402
+from benchmarks.gpu.sweep_common import finish, orch, start_daemon  # noqa: E402
 
 LLAMA_210M: dict[str, Any] = dict(
     hidden_size=1024,
