@@ -148,7 +148,7 @@ def contain(args: argparse.Namespace) -> dict[str, Any]:
 
 def orch_once(work: Path, tag: str, mps: bool, steps: int, budget_s: float, *, batch: int = 32, jobs: int = 4,
               mem_gib: float = 16, overlap: bool = False, warmup: int = 3) -> dict[str, Any]:
-    from benchmarks.gpu.run_sweep import finish, orch, start_daemon
+    from benchmarks.gpu.sweep_common import finish, orch, start_daemon
 
     root = work / tag
     shutil.rmtree(root, ignore_errors=True)

@@ -88,9 +88,10 @@ def final_points(metrics: Mapping[str, Any], step: float, logged: frozenset[str]
     points = []
     for key, value in flat_metrics(metrics).items():
         name, at = key, step
-        if key in logged:
-            best = best_step is not None and key.startswith("val")
-            name, at = (f"best_{key}", best_step) if best else (f"final_{key}", step)
+        if key in logged and best_step is not None and key.startswith("val"):
+            name, at = f"best_{key}", best_step
+        elif key in logged:
+            name = f"final_{key}"
         if len(name) <= MAX_KEY_CHARS and at is not None:
             points.append(Point(at, name, value))
     return points
