@@ -47,7 +47,9 @@ def test_a_daemon_killed_between_learning_and_closing_applies_the_floor_once(tmp
         orch.start_daemon()
         assert orch.wait_all_done(60) == {1: "failed"}
         attempts = orch.attempts()
-        assert [(a["outcome"], a["peak_mib"]) for a in attempts] == [("oom", 0)]
+        # the script holds its declared 1 GiB on the simulated card from its start (a simulated
+        # footprint): whether a sample saw it before the OOM is timing
+        assert [(a["outcome"], a["peak_mib"] in (0, 1024)) for a in attempts] == [("oom", True)]
         shapes = [(shape.oom_floor_mib, shape.samples) for shape in orch.read(read_all_shapes).values()]
         assert shapes == [(FLOOR_MIB, 0)], shapes
         ends = [event.kind for event in orch.events() if event.kind.startswith("end:")]

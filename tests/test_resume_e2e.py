@@ -129,7 +129,7 @@ def test_lora_worker_killed_after_a_checkpoint_resumes_from_it(orch: Orch, tmp_p
         if not rows or rows[0]["pgid"] is None:
             return None
         run_dir = Path(rows[0]["run_dir"])
-        return (run_dir, int(rows[0]["pgid"])) if any(run_dir.glob("checkpoint-*")) else None
+        return (run_dir, int(rows[0]["pgid"])) if any(run_dir.glob("checkpoint-*/state.json")) else None
 
     first_dir, pgid = wait_until(first_checkpoint, 90, "attempt 1's first checkpoint")
     os.killpg(pgid, signal.SIGKILL)  # the attempt dies with its wrapper: nothing recorded, as on a lost node
@@ -238,7 +238,7 @@ def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orc
             child = json.loads((run_dir / "pid.json").read_text()).get("child_pid")
         except (OSError, ValueError):
             return None
-        return (run_dir, int(child)) if child and any(run_dir.glob("checkpoint-*")) else None
+        return (run_dir, int(child)) if child and any(run_dir.glob("checkpoint-*/state.json")) else None
 
     first_dir, worker_pid = wait_until(worker_with_a_checkpoint, 90, "attempt 1's worker and first checkpoint")
     os.kill(worker_pid, signal.SIGKILL)  # the worker only: its wrapper lives on and records the signal

@@ -170,7 +170,10 @@ def test_the_attempts_reason_keeps_words_together_at_800_px(done_sweep: Reading,
     try:
         page = context.new_page()
         page.goto(f"{done_sweep.url}/job/{failed[0]}")
-        cells = page.eval_on_selector_all("table.attempts tr.attempt-row td:last-child", """cells => cells.map(c => ({
+        # queried and measured in one synchronous script: the page's live refresh swaps its
+        # fragment, and a cell found before a swap would be measured detached (0 wide)
+        cells = page.evaluate("""() => Array.from(document.querySelectorAll(
+                "table.attempts tr.attempt-row td:last-child")).map(c => ({
             words: c.textContent.trim().split(/\\s+/).length,
             lines: Math.round(c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight || 20)),
             width: c.getBoundingClientRect().width}))""")
