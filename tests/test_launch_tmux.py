@@ -124,7 +124,9 @@ def test_killing_a_running_window_stops_the_worker_and_records_it(
     child_pid = json.loads((s.run_dir / "pid.json").read_text())["child_pid"]
 
     tmux.kill_window(handle.executor_id)
-    wait_until(lambda: (s.run_dir / "exit.json").exists())
+    # the wrapper records the end after its sampler and tee threads stop: on a loaded 2-core
+    # machine (the full suite, four test processes) that once took longer than 15 s
+    wait_until(lambda: (s.run_dir / "exit.json").exists(), 60, "the wrapper's exit.json")
     assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
     wait_until(
         lambda: not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
