@@ -142,15 +142,30 @@ def test_timeline_labels_are_readable_at_800_px(done_sweep: Reading, browser: An
         context.close()
 
 
+# Each cell's words, lines and width, once every cell of several words is laid out: the page's
+# live refresh swaps its fragment, and a cell measured mid-swap reads 0 wide.
+_MEASURE_CELLS = """selector => {
+    const cells = Array.from(document.querySelectorAll(selector)).map(c => ({
+        words: c.textContent.trim().split(/\\s+/).length,
+        lines: Math.round(c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight || 20)),
+        width: c.getBoundingClientRect().width}));
+    return cells.some(c => c.words >= 6) && cells.every(c => c.words < 6 || c.width > 0) ? cells : null;
+}"""
+
+
+def _laid_out_cells(page: Any, selector: str) -> list[dict[str, float]]:
+    try:
+        return page.wait_for_function(_MEASURE_CELLS, arg=selector, timeout=15_000).json_value()
+    except Exception:  # not laid out in time: the assertions below say what was seen
+        return page.evaluate(_MEASURE_CELLS.replace("? cells : null", "? cells : cells"), selector)
+
+
 def test_the_reason_column_keeps_words_together_at_800_px(done_sweep: Reading, browser: Any) -> None:
     context = _page(browser, 800)
     try:
         page = context.new_page()
         page.goto(done_sweep.url + "/jobs?state=failed")
-        cells = page.eval_on_selector_all("td.reason", """cells => cells.map(c => ({
-            words: c.textContent.trim().split(/\\s+/).length,
-            lines: Math.round(c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight || 20)),
-            width: c.getBoundingClientRect().width}))""")
+        cells = _laid_out_cells(page, "td.reason")
         gpus = page.eval_on_selector_all("tr.job-row", "rows => rows.map(r => r.cells[10].textContent.trim())")
         assert gpus and all(g in ("0", "1") for g in gpus), gpus  # the card each failed job ran on
         long = [c for c in cells if c["words"] >= 6]
@@ -170,13 +185,7 @@ def test_the_attempts_reason_keeps_words_together_at_800_px(done_sweep: Reading,
     try:
         page = context.new_page()
         page.goto(f"{done_sweep.url}/job/{failed[0]}")
-        # queried and measured in one synchronous script: the page's live refresh swaps its
-        # fragment, and a cell found before a swap would be measured detached (0 wide)
-        cells = page.evaluate("""() => Array.from(document.querySelectorAll(
-                "table.attempts tr.attempt-row td:last-child")).map(c => ({
-            words: c.textContent.trim().split(/\\s+/).length,
-            lines: Math.round(c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight || 20)),
-            width: c.getBoundingClientRect().width}))""")
+        cells = _laid_out_cells(page, "table.attempts tr.attempt-row td:last-child")
         long = [c for c in cells if c["words"] >= 6]
         assert long, cells  # the failed attempt's reason
         for cell in long:  # several words to a line, not one
