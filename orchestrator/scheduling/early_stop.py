@@ -227,18 +227,8 @@ def _judge_again(
             trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
             trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
             if study.pruner.prune(study, trial):
-                value = at_rung[rung][setting.key]
-                others = [v for key, v in at_rung[rung].items() if key != setting.key]
                 prunes.append(
-                    Prune(
-                        setting.key,
-                        tuple(setting.live_job_ids()),
-                        rung,
-                        step,
-                        value,
-                        _rank(value, others, spec.mode),
-                        len(others) + 1,
-                    )
+                    _prune(setting, rung, step, at_rung[rung][setting.key], at_rung, spec)
                 )
                 break
     return prunes
@@ -282,19 +272,29 @@ def _judge_rung(
             k: v for k, v in frozen.system_attrs.items() if k in before[setting.key]
         }
         if study.pruner.prune(study, frozen):
-            others = [v for key, v in at_rung[rung].items() if key != setting.key]
-            prunes.append(
-                Prune(
-                    setting.key,
-                    tuple(setting.live_job_ids()),
-                    rung,
-                    step,
-                    value,
-                    _rank(value, others, spec.mode),
-                    len(others) + 1,
-                )
-            )
+            prunes.append(_prune(setting, rung, step, value, at_rung, spec))
     return prunes
+
+
+def _prune(
+    setting: SettingRuns,
+    rung: int,
+    step: int,
+    value: float,
+    at_rung: Mapping[int, Mapping[str, float]],
+    spec: EarlyStop,
+) -> Prune:
+    """The stop of `setting` at `rung`, ranked among every setting told at that rung."""
+    others = [v for key, v in at_rung[rung].items() if key != setting.key]
+    return Prune(
+        setting.key,
+        tuple(setting.live_job_ids()),
+        rung,
+        step,
+        value,
+        _rank(value, others, spec.mode),
+        len(others) + 1,
+    )
 
 
 def final_value(setting: SettingRuns) -> float | None:
