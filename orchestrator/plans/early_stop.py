@@ -26,6 +26,16 @@ class Mode(str, Enum):
     MIN = "min"
 
 
+def parse_mode(where: str, section: str, raw: dict[str, Any]) -> Mode:
+    """`mode:` of an `early_stop:` or `search:` section: max (the default) or min."""
+    try:
+        return Mode(str(raw.get("mode", "max")))
+    except ValueError:
+        raise PlanError(
+            f"{where}: `{section}.mode` must be max or min, not {shown_value(str(raw.get('mode')))}"
+        ) from None
+
+
 @dataclass(frozen=True)
 class EarlyStop:
     metric: str
@@ -102,12 +112,7 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
         raise PlanError(
             f"{where}: unknown `early_stop.rule` {shown_value(str(raw.get('rule')))} ({rules})"
         ) from None
-    try:
-        mode = Mode(str(raw.get("mode", "max")))
-    except ValueError:
-        raise PlanError(
-            f"{where}: `early_stop.mode` must be max or min, not {shown_value(str(raw.get('mode')))}"
-        ) from None
+    mode = parse_mode(where, "early_stop", raw)
     if "min_steps" not in raw:
         raise PlanError(
             f"{where}: `early_stop.min_steps` is required: nothing is stopped before this step"

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.errors import PlanError
-from orchestrator.plans.early_stop import Mode
+from orchestrator.plans.early_stop import Mode, parse_mode
 from orchestrator.plans.grid import MAX_GRID_JOBS, config_type
 from orchestrator.plans.inputs import PAIR_KEYS, Scalar, shown_value
 from orchestrator.plans.model import ConfigSpec
@@ -121,12 +121,7 @@ def _parse(
         raise PlanError(
             f"{where}: `search.metric` is required for tpe: the final value it optimises"
         )
-    try:
-        mode = Mode(str(raw.get("mode", "max")))
-    except ValueError:
-        raise PlanError(
-            f"{where}: `search.mode` must be max or min, not {shown_value(str(raw.get('mode')))}"
-        ) from None
+    mode = parse_mode(where, "search", raw)
     space = raw.get("space")
     if not isinstance(space, dict) or not space:
         raise PlanError(
