@@ -162,12 +162,3 @@ def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
     with store.write():
         add_event(store, "early_stop", f"{suite} on {data}: {message}")
 
-
-def pruned_jobs(store: Store, suite: str | None = None) -> list[Job]:
-    """The jobs that ended pruned (of one suite), by id."""
-    sql = (
-        "SELECT * FROM jobs WHERE state = 'pruned'"
-        + (" AND suite = ?" if suite is not None else "")
-        + " ORDER BY id"
-    )
-    return [Job.from_row(row) for row in store.query(sql, [suite] if suite is not None else [])]
