@@ -54,6 +54,10 @@ class Heartbeat:
     def __init__(self, run_dir: Path) -> None:
         self.path = RunDir(run_dir).progress
 
+    def check_stopped(self) -> None:
+        """Raise where orch has stopped the job: a warm process's job stops before it writes
+        into a run dir whose attempt has ended. A process of its own is stopped by signal."""
+
     def beat(
         self,
         step: int,

@@ -47,11 +47,14 @@ class StoppableHeartbeat(Heartbeat):
         super().__init__(run_dir)
         self.stop = stop
 
-    def beat(self, *args: Any, **kwargs: Any) -> None:
+    def check_stopped(self) -> None:
         if self.stop.is_set():
             from workers.lora.__main__ import JobStopped
 
             raise JobStopped("orch stopped the attempt (cancelled, hung or its client gone)")
+
+    def beat(self, *args: Any, **kwargs: Any) -> None:
+        self.check_stopped()
         super().beat(*args, **kwargs)
 
 

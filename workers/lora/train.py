@@ -306,6 +306,9 @@ def run(
             if every and step % every == 0 and step < total_steps:
                 loop = LoopState(step, epoch, consumed, samples_seen, train_seconds, losses,
                                  best_score, best_step, best_val)  # fmt: skip
+                # a save also removes the older checkpoints: never after orch stopped the job
+                # (a warm process's job outlives its client by up to an evaluation)
+                heartbeat.check_stopped()
                 saved = save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config)
                 log(f"saved {saved}")
             if step >= total_steps:
@@ -320,6 +323,7 @@ def run(
         # before test is scored: an evaluation that runs out of memory resumes here, not up to
         # checkpoint_every_steps - 1 steps back
         loop = LoopState(step, epoch, 0, samples_seen, train_seconds, losses, best_score, best_step, best_val)
+        heartbeat.check_stopped()
         log(f"saved {save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config)}")
     with torch.no_grad():
         named = dict(model.named_parameters())
