@@ -227,7 +227,9 @@ def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orc
     """The worker alone is SIGKILLed (an admin, or the kernel's OOM killer where its word cannot
     be read): its wrapper records the signal and no OOM evidence. With a checkpoint left, that is
     a death: the job resumes from it on its own, and the retry does not use up max_attempts (1)."""
-    start_a_150_step_lora_job(orch, tmp_path, max_attempts=1)
+    # the worker in a process of its own (share_base: off), as it ran before a warm process could
+    # take the job: killing a warm process's client is another case (docs/lora-worker.md)
+    start_a_150_step_lora_job(orch, tmp_path, max_attempts=1, share_base="off")
 
     def worker_with_a_checkpoint() -> tuple[Path, int] | None:
         rows = orch.attempts(1)
