@@ -24,6 +24,9 @@ class AttemptOutcome(str, Enum):
     LOST = "lost"
     CANCELLED = "cancelled"
     PRUNED = "pruned"  # stopped by early stopping: no evidence against the job
+    # its fused group (`share_base: fused`, >= 2 jobs in one process) ran out of memory: not the
+    # job's own need; requeued uncounted at its level, the suite's fused groups made smaller
+    GROUP_OOM = "group_oom"
 
 
 class KillRequest(str, Enum):

@@ -35,7 +35,8 @@ class RunDir:
     - written by the wrapper: PID (before the worker starts, exclusively), EXIT (after it ends),
       LOG (the worker's stdout+stderr), GPU_PEAK (its process tree's GPU memory), PROVENANCE
       (code, host, GPU and interpreter it ran with);
-    - written by the worker: PROGRESS (heartbeats, one JSON line each), RESULT (once, at the end);
+    - written by the worker: PROGRESS (heartbeats, one JSON line each), RESULT (once, at the end),
+      SHARE (the LoRA worker's client, once a warm process took its job: `share_base`);
     - written by the daemon: LOST_MARKER (before it declares an attempt without PID lost),
       SBATCH_SCRIPT (the Slurm executor's batch script), and Slurm writes SLURM_OUTPUT.
     Everything but CONFIG, ENV and SBATCH_SCRIPT can be written by user code: untrusted input.
@@ -50,6 +51,7 @@ class RunDir:
     PROVENANCE = "provenance.json"
     PROGRESS = "progress.jsonl"
     RESULT = "result.json"
+    SHARE = "share.json"
     LOST_MARKER = "lost"
     SBATCH_SCRIPT = "sbatch.sh"
     SLURM_OUTPUT = "slurm-%j.out"  # Slurm's own output file; it fills in %j, the job id

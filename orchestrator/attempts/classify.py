@@ -21,6 +21,11 @@ from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 # foreign script that exits 3 or 4 is read the same way.
 EXIT_OOM = 3  # workers.harness.EXIT_OOM
 EXIT_CONFIG_ERROR = 4  # workers.harness.EXIT_CONFIG_ERROR
+# `share_base: fused`: every member of a group of N >= 2 jobs that ran out of memory in one step
+# exits with this code and prints GROUP_OOM_LINE (the LoRA worker's fused protocol).
+EXIT_GROUP_OOM = 75
+GROUP_OOM_LINE = re.compile(r"orch: fused group of ([0-9]{1,2}) members ran out of memory")
+MAX_GROUP_MEMBERS = 16
 SIGKILL = 9
 # A SIGKILL nothing explains (an admin, a watchdog; the kernel's OOM killer where its word could
 # not be read): a death, resumed from a checkpoint where one is left (attempts.next_step).
@@ -168,6 +173,21 @@ class Classification:
     reason: str
     retryable: bool = True  # False for config errors: the same config fails again
     oom_detail: OomDetail | None = None
+    group_members: int | None = None  # a fused group's OOM: the members it had at that step
+
+
+def group_oom_members(exit_code: int | None, log_tail: str) -> int | None:
+    """N of a fused group's OOM: exit code 75 and, as a whole line of the log tail, `orch: fused
+    group of N members ran out of memory` with 2 <= N <= 16 (the last such line). None otherwise:
+    a line anyone prints without that exit code, or an N out of range, is not one."""
+    if exit_code != EXIT_GROUP_OOM:
+        return None
+    for line in reversed(log_tail.splitlines()[-400:]):
+        match = GROUP_OOM_LINE.fullmatch(line.strip())
+        if match is not None:
+            members = int(match.group(1))
+            return members if 2 <= members <= MAX_GROUP_MEMBERS else None
+    return None
 
 
 def _mib(match: re.Match[str] | None, group: int = 1) -> float | None:
@@ -294,6 +314,12 @@ def classify_attempt(
         return Classification(AttemptOutcome.FAILED, REASON_HUNG)
     if not exit_record_present and result is None:
         return Classification(AttemptOutcome.LOST, "no exit record and no result.json")
+    # before the CUDA OOM signatures: the group's CUDA OOM is in this log too, but the job's own
+    # need is not what ran out
+    members = group_oom_members(exit_code, log_tail)
+    if members is not None and (result is None or result.get("status") != "succeeded"):
+        return Classification(AttemptOutcome.GROUP_OOM, f"its fused group of {members} members ran out of memory",
+                              group_members=members)
     if result is not None:
         return _from_result(result, log_tail)
     if exit_code == 0 and signal is None:

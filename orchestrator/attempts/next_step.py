@@ -208,6 +208,12 @@ def describe_pruned(record: dict[str, Any]) -> str:
     return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{rank}{rule})"
 
 
+def fused_cap_after(members: int | None) -> int:
+    """The most members a suite's fused group may have after a group of `members` ran out of
+    memory: half as many, at least 1 (where a job runs alone and its OOM is its own)."""
+    return max(1, (members or 2) // 2)
+
+
 def _uncounted(job: Job, why: str) -> NextStep:
     return NextStep(JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}, why)
 
@@ -250,6 +256,12 @@ def decide_next(
     if kill_reason is KillRequest.PRUNE:  # whatever ended it, its setting is stopped: never retried
         why = pruned_reason(job)
         return NextStep(JobState.PRUNED, {"reason": why}, why)
+    if outcome.outcome is AttemptOutcome.GROUP_OOM:
+        # its group's memory, not its own: same level, uncounted, from its last checkpoint if any;
+        # the suite's groups are made smaller (bounded: at a cap of 1 an OOM is the job's own)
+        cap = fused_cap_after(outcome.group_members)
+        return _uncounted(job, f"requeued unchanged, not counted: {outcome.reason}; "
+                               f"fused groups of suite {job.suite} now have at most {cap} member{'s' * (cap != 1)}")
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.progress:
         return _resume(job, resumes_from)

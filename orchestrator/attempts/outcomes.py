@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.attempts.classify import Classification, clip_reason, died_of_sigkill
 from orchestrator.attempts.crash_loop import crash_loop_of, guard_crash_loop
+from orchestrator.attempts.fused_lessons import group_shape_key, group_size
 from orchestrator.attempts.kernel_log import kernel_oom_killed
 from orchestrator.attempts.next_step import (
     CheckpointLeft,
@@ -18,6 +19,7 @@ from orchestrator.attempts.next_step import (
     NextStep,
     classify_end,
     decide_next,
+    fused_cap_after,
 )
 from orchestrator.attempts.printed_results import parse_result
 from orchestrator.attempts.provenance_reads import read_provenance
@@ -25,6 +27,8 @@ from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_lo
 from orchestrator.attempts.reported import RunReading, reading_of
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
+from orchestrator.attempts.share_record import read_share
+from orchestrator.attempts.warm_peak import fused, shares_base
 from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import (
     checkpoint_step,
@@ -49,7 +53,7 @@ from orchestrator.prediction.ladder import Level
 from orchestrator.prediction.memory import update_shape
 from orchestrator.prediction.shapes import shape_label
 from orchestrator.prediction.throughput import interval_rate
-from orchestrator.store.attempts import AttemptEnd, past_attempts, read_attempt
+from orchestrator.store.attempts import AttemptEnd, past_attempts, read_attempt, update_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.endings import (
     PromptLesson,
@@ -63,6 +67,7 @@ from orchestrator.store.history import history_values
 from orchestrator.store.learning import record_throughput
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
+from orchestrator.store.sharing import lower_fused_cap, members_now
 from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
@@ -122,6 +127,10 @@ def complete(
         _remove_earlier_checkpoints(store, attempt)
     if ended.classification.outcome is AttemptOutcome.FAILED and not hung:
         guard_crash_loop(store, found.job.suite, found.job.config_name, crash_loop_of(found.job))
+    if closed and ended.classification.outcome is AttemptOutcome.GROUP_OOM:
+        members = ended.classification.group_members
+        lower_fused_cap(store, found.job.suite, fused_cap_after(members),
+                        f"a fused group of {members} members ran out of memory (job {found.job.id})")
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,7 @@ class _Gathered:
     ran_alone: bool  # no other attempt on its card at its end (live or just ended)
     loss: LossVerdict | None = None  # a run that ended well: its loss summary and the divergence rule's word
     provenance: dict[str, str] | None = None  # the digest of its provenance records
+    group_size: int = 1  # a fused member: the size of the group its peak belongs to (attempts.fused_lessons)
 
 
 def _gather(
@@ -184,7 +194,23 @@ def _gather(
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt),
                      job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt),
-                     loss, read_provenance(run_dir, result))
+                     loss, read_provenance(run_dir, result), _group_size(store, attempt, job, result))
+
+
+def _group_size(store: Store, attempt: Attempt, job: Job, result: dict[str, Any] | None) -> int:
+    """A fused member's group size (attempts.fused_lessons); 1 for any other attempt. Its
+    share.json is read once more (and kept) where observation had not seen it yet, so that the
+    crash-loop guard and `orch show` know its process."""
+    if not shares_base(job):
+        return 1
+    process, pid = attempt.share_process, attempt.share_pid
+    if process is None and (record := read_share(attempt.run_dir)) is not None:
+        update_attempt(store, attempt.id, **record.fields())
+        process, pid = record.process, record.pid
+    if not fused(job):
+        return 1
+    seen = members_now(store, process, pid, attempt.id) if process is not None and pid is not None else None
+    return group_size(result, seen)
 
 
 def _kernel_log_names(attempt: Attempt, obs: Observation | None) -> bool:
@@ -252,7 +278,8 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             loss=found.loss.summary.to_record() if found.loss and found.loss.summary else None,
             diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
-        shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib),
+        shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib,
+                            found.group_size),
         prompt=_prompt_lesson(job, verdict.outcome, result), kill_seen=True,
     )
 
@@ -277,14 +304,17 @@ def _stdout_metrics(job: Job, run_dir: Path) -> dict[str, float] | None:
 
 
 def _shape_lesson(
-    job: Job, level: Level, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int, placed_mib: int | None
+    job: Job, level: Level, outcome: AttemptOutcome, peak_mib: int, held_at_death_mib: int, placed_mib: int | None,
+    members: int = 1,
 ) -> ShapeLesson | None:
     """How the attempt folds into its shape's memory record. For an OOM, what the process held
-    plus what it asked for when it died (torch's message) is a floor on what the shape needs."""
+    plus what it asked for when it died (torch's message) is a floor on what the shape needs.
+    A fused member that trained in a group of `members` >= 2 teaches its shape's record at that
+    group size instead (attempts.fused_lessons)."""
     if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
         return None
     return ShapeLesson(
-        job_shape_key(job, level),
+        group_shape_key(job_shape_key(job, level), members),
         lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None, placed_mib or None),
         job.suite, shape_label(job.config_name, level.index, job.data), job_family_tag(job, level),
     )

@@ -16,9 +16,22 @@ from orchestrator.store.rows import Job
 MAX_REPORTED_MIB = 16 * 1024 * 1024  # 16 TiB: above any card
 
 
+def shares_base(job: Job) -> bool:
+    """Whether the job's attempts may be trained by a warm LoRA worker process (`share_base`)."""
+    return job.worker == "lora" and job.worker_output.get("share_base", "off") != "off"
+
+
+def fused(job: Job) -> bool:
+    """Whether the job's attempts may train in a fused group (`share_base: fused`)."""
+    return job.worker == "lora" and job.worker_output.get("share_base") == "fused"
+
+
 def shared_base_peak_mib(job: Job, progress: dict[str, Any] | None) -> int:
-    """The job's peak from its last progress line when a warm process trains it, else 0."""
-    if job.worker != "lora" or job.worker_output.get("share_base", "off") == "off" or not progress:
+    """The job's peak from its last progress line when a warm process trains it one job at a
+    time, else 0. A fused member's line reports the peak of its whole group's process: not the
+    job's own, so it teaches nothing of the job's shape while it runs (see
+    orchestrator.attempts.fused_lessons for what its end teaches)."""
+    if not shares_base(job) or fused(job) or not progress:
         return 0
     value = progress.get("peak_mem_mib")
     if (

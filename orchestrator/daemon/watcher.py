@@ -34,10 +34,11 @@ from orchestrator.attempts.reconcile import (
     proven_group,
 )
 from orchestrator.attempts.resource_use import ResourceTracker
+from orchestrator.attempts.share_record import read_share
 from orchestrator.attempts.silence import Silences
 from orchestrator.attempts.startup_lesson import learn_startup
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
-from orchestrator.attempts.warm_peak import shared_base_peak_mib
+from orchestrator.attempts.warm_peak import shared_base_peak_mib, shares_base
 from orchestrator.clock import Clock
 from orchestrator.daemon.attempt_lessons import AttemptLessons
 from orchestrator.daemon.disk_hold import DiskHold
@@ -429,6 +430,10 @@ class AttemptWatcher:
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
             if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):
                 fields["reached_peak"] = 1
+        if attempt.share_process is None and shares_base(job):
+            record = read_share(attempt.run_dir)  # until its client says which warm process took it
+            if record is not None:
+                fields.update(record.fields())
         if obs.last_progress_at and obs.last_progress_at != attempt.last_progress_at:
             fields["last_progress_at"] = obs.last_progress_at
             fields["progress_json"] = json.dumps(obs.last_progress) if obs.last_progress else None

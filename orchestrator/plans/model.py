@@ -87,7 +87,9 @@ class Suite:
     fail_on_divergence: bool = False  # a run whose loss diverged fails instead of succeeding (marked)
     divergence_factor: float | None = None  # k of "last epoch above k × its minimum"; None: the default, 0: off
     # off | sequential: one warm LoRA worker process per card slot trains jobs of one base in turn
+    # | fused: one process trains up to `fused_members` jobs of one base at once
     share_base: str = "off"
+    fused_members: int = 4
 
     @property
     def worker_output(self) -> dict[str, Any]:
@@ -105,6 +107,8 @@ class Suite:
             stored["result_regex"] = self.result_regex
         if self.share_base != "off":
             stored["share_base"] = self.share_base
+        if self.share_base == "fused":
+            stored["fused_members"] = self.fused_members
         return stored
     memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory
     min_stack_gain: float | None = None  # stop stacking a card below this measured marginal gain

@@ -92,7 +92,7 @@ class PastAttemptView(Protocol):
     def worker(self) -> str | None: ...
 
 
-_DEATHS = frozenset({"oom", "host_oom", "lost", "cancelled", "pruned"})
+_DEATHS = frozenset({"oom", "host_oom", "group_oom", "lost", "cancelled", "pruned"})
 _DEATH_REASONS = ("hung", "killed by")  # a FAILED outcome that is a death, not the run's own failure
 
 

@@ -43,7 +43,12 @@ from orchestrator.plans.model import (  # noqa: F401
 from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
 from orchestrator.plans.search import parse_search
 from orchestrator.plans.template import parse_template
-from orchestrator.plans.worker_output import parse_hang_timeout, parse_regex, parse_share_base
+from orchestrator.plans.worker_output import (
+    parse_fused_members,
+    parse_hang_timeout,
+    parse_regex,
+    parse_share_base,
+)
 from orchestrator.yaml_limits import read_yaml_file
 
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
@@ -147,7 +152,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
         "memory_keys", "min_stack_gain", "slurm",
         "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop", "search",
-        "share_base",
+        "share_base", "fused_members",
     }
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -236,6 +241,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     search = parse_search(f"suite {path}", data["search"], grid_keys, tuple(configs)) if data.get("search") else None
     if search is not None and data.get("grid"):
         raise PlanError(f"suite {path}: `search` and `grid` both choose values: keep one")
+    share_base = parse_share_base(path, data.get("share_base"), worker.strip())
     return Suite(
         early_stop=early_stop,
         search=search,
@@ -267,7 +273,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
         slurm=_parse_slurm(path, data.get("slurm")),
         fail_on_divergence=fail_on_divergence,
         divergence_factor=divergence_factor,
-        share_base=parse_share_base(path, data.get("share_base"), worker.strip()),
+        share_base=share_base,
+        fused_members=parse_fused_members(path, data.get("fused_members"), share_base),
     )
 
 

@@ -19,6 +19,8 @@ from orchestrator.plans.template import check_config_keys, parse_template
 HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
 SHARE_BASE_VALUES = ("off", "sequential", "fused")
 SHARING_WORKERS = frozenset({"lora"})  # workers that can train several jobs over one loaded base
+FUSED_MEMBERS_DEFAULT = 4  # `fused_members`: the most jobs one fused process trains at once
+FUSED_MEMBERS_RANGE = (2, 16)
 MAX_REGEX_CHARS = 500
 
 
@@ -36,8 +38,9 @@ def parse_hang_timeout(path: Path, raw: Any) -> float:
 
 def parse_share_base(path: Path, raw: Any, worker: str) -> str:
     """`share_base`: off, sequential (one warm process per card slot and base trains jobs one
-    after another; the default for `worker: lora`) or fused (several jobs at once: not yet
-    available). A value other than off on a worker that cannot share is refused."""
+    after another; the default for `worker: lora`) or fused (several jobs of one base trained
+    at once, in one process, over one batch). A value other than off on a worker that cannot
+    share is refused."""
     if raw is None:
         return "sequential" if worker in SHARING_WORKERS else "off"
     value = "off" if raw is False else raw.strip().lower() if isinstance(raw, str) else None
@@ -48,10 +51,22 @@ def parse_share_base(path: Path, raw: Any, worker: str) -> str:
         raise PlanError(f"suite {path}: `share_base: {value}` needs the built-in LoRA worker "
                         "(`worker: lora`); other workers cannot share a loaded base: "
                         "use share_base: off")
-    if value == "fused":
-        raise PlanError(f"suite {path}: `share_base: fused` is not available yet: use sequential "
-                        "(the default for worker: lora) or off")  # fmt: skip
     return value
+
+
+def parse_fused_members(path: Path, raw: Any, share_base: str) -> int:
+    """`fused_members`: the most jobs one fused process trains at once (2..16, default 4); only
+    with `share_base: fused`, where it means something."""
+    if raw is None:
+        return FUSED_MEMBERS_DEFAULT
+    low, high = FUSED_MEMBERS_RANGE
+    if share_base != "fused":
+        raise PlanError(f"suite {path}: `fused_members` applies only with `share_base: fused` "
+                        f"(this suite's share_base is {share_base})")
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        shown = repr(raw) if not isinstance(raw, str) else repr(raw[:40])
+        raise PlanError(f"suite {path}: `fused_members` must be a whole number from {low} to {high}, not {shown}")
+    return raw
 
 
 def parse_regex(path: Path, data: dict[str, Any], key: str, required_group: str | None) -> str | None:

@@ -104,12 +104,27 @@ def recent_failure_durations(store: Store, suite: str, config: str, since_s: flo
     `until_s` ran (hung ones, killed by orch, left out). One stamped after `until_s` (now) ended
     before a wall-clock step back, at a time that cannot be told: left out."""
     rows = store.query(
-        "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "SELECT a.started_at, a.ended_at, a.share_process, a.share_pid FROM attempts a JOIN jobs j ON j.id = a.job_id "
         "WHERE j.suite = ? AND j.config_name = ? AND a.outcome = ? AND a.ended_at >= ? AND a.ended_at <= ? "
-        "AND a.kill_requested IS NOT ?",
+        "AND a.kill_requested IS NOT ? ORDER BY a.ended_at, a.id",
         [suite, config, AttemptOutcome.FAILED.value, since_s, until_s, KillRequest.HUNG.value],
     )
-    return [(r["ended_at"] or 0) - r["started_at"] for r in rows]
+    return once_per_process([((r["ended_at"] or 0) - r["started_at"], r["share_process"], r["share_pid"])
+                             for r in rows])
+
+
+def once_per_process(failures: list[tuple[float, str | None, int | None]]) -> list[float]:
+    """Each failure's length, those naming one warm process (share.json's process and pid) once:
+    one process's death fails every job it trained, and counts as one crash."""
+    seen: set[tuple[str, int]] = set()
+    lengths = []
+    for length_s, process, pid in failures:
+        if process is not None and pid is not None:
+            if (process, pid) in seen:
+                continue
+            seen.add((process, pid))
+        lengths.append(length_s)
+    return lengths
 
 
 def pause_config(store: Store, suite: str, config: str, reason: str, message: str) -> bool:

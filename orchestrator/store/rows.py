@@ -205,6 +205,12 @@ class Attempt:
     diverged: str | None = None  # why the divergence rule flagged it
     provenance: dict[str, Any] = field(default_factory=dict)  # the validated digest of provenance.json
     sm_pct: int | None = None  # its share of its card's SMs now (NVML per process); None: not known
+    # what its share.json said (a warm LoRA worker process trains its job): sequential or fused,
+    # the process (`<key16>-<slot>`) and its pid, the base's resident MiB; None: none read
+    share_mode: str | None = None
+    share_process: str | None = None
+    share_pid: int | None = None
+    share_base_mib: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -261,6 +267,10 @@ class Attempt:
             diverged=row.get("diverged"),
             provenance=_json(row.get("provenance_json"), {}),
             sm_pct=_opt_int(row.get("sm_pct")),
+            share_mode=row.get("share_mode"),
+            share_process=row.get("share_process"),
+            share_pid=_opt_int(row.get("share_pid")),
+            share_base_mib=_opt_int(row.get("share_base_mib")),
         )
 
     @property

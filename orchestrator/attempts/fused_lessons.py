@@ -1,0 +1,40 @@
+"""What a fused member's end teaches about memory (`share_base: fused`), pure.
+
+A fused process trains up to `fused_members` jobs of one base over one batch, so the peak a
+member reports is its whole group's: the base once plus every member's own activations and
+adapter state. The rule: a member that trained alone in its process (group size 1) teaches its
+shape's peak as any job does; one that trained in a group of k >= 2 teaches the record of its
+shape at group size k (`<shape>|fused<k>`), never the shape's own, so a job run alone is never
+placed by a group's peak. The group size is the largest the member trained in, as its
+result.json says (`fused_members_max`), else what the daemon saw: the live attempts naming its
+process in their share.json when it ended, itself included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_MEMBERS = 16
+FUSED_SHAPE_MARK = "|fused"
+
+
+def reported_group_size(result: dict[str, Any] | None) -> int | None:
+    """`fused_members_max` of a fused member's result.json (1..16), else None."""
+    value = (result or {}).get("fused_members_max")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MEMBERS:
+        return None
+    return value
+
+
+def group_size(result: dict[str, Any] | None, seen_members: int | None) -> int:
+    """The group size a fused member's peak belongs to: its report, else the daemon's count."""
+    reported = reported_group_size(result)
+    if reported is not None:
+        return reported
+    return max(1, min(MAX_MEMBERS, seen_members or 1))
+
+
+def group_shape_key(shape_key: str, members: int) -> str:
+    """The memory record a fused member's peak teaches: its shape's own when it trained alone,
+    else its shape's at that group size."""
+    return shape_key if members <= 1 else f"{shape_key}{FUSED_SHAPE_MARK}{members}"

@@ -1,0 +1,65 @@
+"""Jobs that share a warm LoRA worker process (`share_base`): which live attempts name one
+process in their share.json, and each suite's cap on fused group size after a group ran out of
+memory (kept across daemon restarts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.store.db import Store
+from orchestrator.store.jobs import add_event
+
+
+@dataclass(frozen=True)
+class LiveShare:
+    """A live attempt whose job a warm process trains, as its share.json said."""
+
+    job_id: int
+    gpu_index: int
+    mode: str
+    process: str
+    pid: int
+    base_mib: int | None
+
+
+def live_shares(store: Store) -> list[LiveShare]:
+    """Every live attempt that names a warm process, in job order."""
+    rows = store.query(
+        "SELECT job_id, gpu_index, share_mode, share_process, share_pid, share_base_mib FROM attempts "
+        "WHERE outcome IS NULL AND share_process IS NOT NULL AND share_pid IS NOT NULL ORDER BY job_id"
+    )
+    return [LiveShare(int(r["job_id"]), int(r["gpu_index"]), str(r["share_mode"]), str(r["share_process"]),
+                      int(r["share_pid"]), r["share_base_mib"]) for r in rows]
+
+
+def members_now(store: Store, process: str, pid: int, attempt_id: int) -> int:
+    """How many attempts the process trains now: the live ones naming it, with `attempt_id`
+    (which may be ending) counted once."""
+    rows = store.query(
+        "SELECT count(*) AS n FROM attempts WHERE share_process = ? AND share_pid = ? "
+        "AND (outcome IS NULL OR id = ?)", [process, pid, attempt_id],
+    )
+    return max(1, int(rows[0]["n"]))
+
+
+def fused_caps(store: Store) -> dict[str, int]:
+    """Suite -> the most members its fused groups may have now (only suites whose groups ran
+    out of memory; the others keep their `fused_members`)."""
+    return {str(r["suite"]): int(r["cap"]) for r in store.query("SELECT suite, cap FROM fused_caps")}
+
+
+def lower_fused_cap(store: Store, suite: str, cap: int, reason: str) -> bool:
+    """Make the suite's fused groups at most `cap` members (never raised here), with an event
+    when it went down; False when it was that low already."""
+    with store.write():
+        rows = store.query("SELECT cap FROM fused_caps WHERE suite = ?", [suite])
+        if rows and int(rows[0]["cap"]) <= cap:
+            return False
+        store.execute(
+            "INSERT INTO fused_caps (suite, cap, lowered_at, reason) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(suite) DO UPDATE SET cap = excluded.cap, lowered_at = excluded.lowered_at, "
+            "reason = excluded.reason", [suite, cap, store.now_s(), reason],
+        )
+        add_event(store, "fused", f"suite {suite}: fused groups now have at most {cap} "
+                                  f"member{'s' * (cap != 1)} ({reason})")
+    return True
