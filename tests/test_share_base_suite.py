@@ -3,6 +3,7 @@ where it cannot apply, and turned into the attempt's environment for the built-i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -57,9 +58,46 @@ def test_sharing_on_a_worker_that_cannot_share_is_refused(tmp_path: Path, worker
     assert suite_with(tmp_path, worker, "off").share_base == "off"
 
 
-def test_fused_is_refused_until_it_exists(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match=r"`share_base: fused` is not available yet"):
-        suite_with(tmp_path, "lora", "fused")
+def test_fused_is_accepted_with_its_group_size(tmp_path: Path) -> None:
+    suite = suite_with(tmp_path, "lora", "fused")
+    assert suite.share_base == "fused" and suite.fused_members == 4
+    assert suite.worker_output["share_base"] == "fused" and suite.worker_output["fused_members"] == 4
+    write_suite(tmp_path, "s", {"worker": "lora", "mem_gib": 2, "configs": ["c1"], "share_base": "fused",
+                                "fused_members": 8}, CONFIG)
+    assert load_suite("s", tmp_path).worker_output["fused_members"] == 8
+
+
+@pytest.mark.parametrize(
+    ("share_base", "members", "said"),
+    [("fused", 1, "must be a whole number from 2 to 16, not 1"), ("fused", 17, "from 2 to 16, not 17"),
+     ("fused", "4", "not '4'"), ("fused", True, "not True"), ("fused", 2.5, "not 2.5"),
+     ("sequential", 4, "applies only with `share_base: fused`"), ("off", 4, "applies only with")],
+)
+def test_fused_members_out_of_range_or_without_fused_is_refused_in_one_line(
+    tmp_path: Path, share_base: str, members: Any, said: str
+) -> None:
+    write_suite(tmp_path, "s", {"worker": "lora", "mem_gib": 2, "configs": ["c1"], "share_base": share_base,
+                                "fused_members": members}, CONFIG)
+    with pytest.raises(PlanError, match=re.escape(said)) as caught:
+        load_suite("s", tmp_path)
+    assert "\n" not in str(caught.value)
+
+
+def test_fused_on_a_worker_that_cannot_share_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match=r"`share_base: fused` needs the built-in LoRA worker"):
+        suite_with(tmp_path, "python train.py {config}", "fused")
+
+
+def test_a_fused_attempt_is_told_its_group_cap() -> None:
+    runs = Path("/r")
+    fused = _job("lora", {"share_base": "fused", "fused_members": 6})
+    env = share_env(fused, 1, False, True, runs)
+    assert env == {"ORCH_SHARE_BASE": "fused", "ORCH_SHARE_DIR": "/r/.warm", "ORCH_FUSE_MAX": "6"}
+    assert share_env(fused, 1, False, True, runs, fused_cap=3)["ORCH_FUSE_MAX"] == "3"  # after a group OOM
+    assert share_env(fused, 1, False, True, runs, fused_cap=8)["ORCH_FUSE_MAX"] == "6"  # never above the suite's
+    assert share_env(_job("lora", {"share_base": "fused"}), 1, False, True, runs)["ORCH_FUSE_MAX"] == "4"
+    assert share_env(fused, 1, True, True, runs) == {}  # the ladder runs it alone
+    assert "ORCH_FUSE_MAX" not in share_env(_job("lora", {"share_base": "sequential"}), 1, False, True, runs)
 
 
 def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_path: Path) -> None:

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.prediction.fused_groups import fused, shares_base
 from orchestrator.store.rows import Job
 
+__all__ = ["fused", "shared_base_peak_mib", "shares_base"]
+
 MAX_REPORTED_MIB = 16 * 1024 * 1024  # 16 TiB: above any card
-
-
-def shares_base(job: Job) -> bool:
-    """Whether the job's attempts may be trained by a warm LoRA worker process (`share_base`)."""
-    return job.worker == "lora" and job.worker_output.get("share_base", "off") != "off"
-
-
-def fused(job: Job) -> bool:
-    """Whether the job's attempts may train in a fused group (`share_base: fused`)."""
-    return job.worker == "lora" and job.worker_output.get("share_base") == "fused"
 
 
 def shared_base_peak_mib(job: Job, progress: dict[str, Any] | None) -> int:

@@ -14,6 +14,7 @@ from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import JobState
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.prediction.durations import CompletedRun, DurationTable
+from orchestrator.prediction.fused_groups import fuse_group, fuse_max
 from orchestrator.prediction.job_facts import (
     JobFacts,
     as_received,
@@ -63,6 +64,7 @@ from orchestrator.store.queue import (
 from orchestrator.store.queue import write_wait_reasons as store_wait_reasons
 from orchestrator.store.resources import read_host_shapes
 from orchestrator.store.rows import Attempt, Job, QueueEntry
+from orchestrator.store.sharing import fused_caps
 from orchestrator.store.startups import read_startups
 from orchestrator.store.status import paused_configs, paused_suites
 
@@ -132,8 +134,10 @@ def schedule(
     durations = refresh_durations(store, state)
     # one RunningAttempt per card of a multi-GPU attempt, each with its expected end
     startups = read_startups(store) if ctx.policy.overlap else {}
+    caps = fused_caps(store)
     running = running_attempts(live, {s.uuid: s.index for s in snapshots},
-                               _expected_end(live_jobs, durations, startups, store.now_s(), run_age_s))
+                               _expected_end(live_jobs, durations, startups, store.now_s(), run_age_s),
+                               _fused_of(live_jobs, caps))
     plan = get_gpu_plan(store)
     gpus = gpu_states(snapshots, plan)
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
@@ -149,7 +153,7 @@ def schedule(
     rows = _read_queue(store, state, ctx, whole_queue, per_kind, fresh_key)
     if rows is None:  # nothing can start and the head's reasons still stand
         return PackingDecision((), {})
-    readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups)
+    readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups, caps)
     running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
     facts_of = state.job_facts.by_job
     moves = start_moves(rows, facts_of, readings, cache, gpus, ctx.policy)
@@ -168,7 +172,7 @@ def schedule(
                           any(q.cpus is not None for q in queue))
     decision = pack(queue, gpus, running, ctx.policy, now_s, host=host, topology=ctx.topology,
                     paused=paused, paused_configs=paused_cfgs, draining=draining, hold=hold)
-    _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots))
+    _claim_and_launch(store, executor, ctx, claim_plans(decision, inputs, facts_of, snapshots), caps)
     _explain_waits(store, state, rows, {q.job_id for q in queue}, decision, whole_queue)
     return decision
 
@@ -203,7 +207,7 @@ def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole
 
 def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live_jobs: Mapping[int, Job],
                   snapshots: tuple[GpuSnapshot, ...], durations: DurationTable,
-                  startups: Mapping[str, Startup]) -> PassReadings:
+                  startups: Mapping[str, Startup], caps: Mapping[str, int]) -> PassReadings:
     """What orch has learned that the queued jobs' inputs rest on: measured shapes and prompt
     lengths, live attempts' peaks, memory families, co-location curves, host memory."""
     cache = state.shapes
@@ -218,7 +222,7 @@ def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live
     by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
     return PassReadings(shapes, read_all_prompt_lengths(store), knowledge, durations, curves, by_family,
                         read_host_shapes(store), host_running_peaks(live, live_jobs, key_of),
-                        startups)
+                        startups, caps)
 
 
 def _apply_moves(store: Store, moves: list[LevelMove]) -> set[int]:
@@ -234,6 +238,15 @@ def _apply_moves(store: Store, moves: list[LevelMove]) -> set[int]:
     return moved
 
 
+def _fused_of(live_jobs: Mapping[int, Job], caps: Mapping[str, int]) -> Callable[[Attempt], tuple[str | None, int]]:
+    """A live attempt's fused group (at the overrides it runs with) and that group's cap now."""
+    def of(a: Attempt) -> tuple[str | None, int]:
+        job = live_jobs.get(a.job_id)
+        group = None if job is None else fuse_group(job, job.suite, a.overrides, a.run_alone)
+        return (group, fuse_max(job, caps.get(job.suite))) if group is not None and job is not None else (None, 1)
+    return of
+
+
 def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int, Job]) -> set[int]:
     """The jobs that start early to teach a prediction (orchestrator.scheduling.teaching)."""
     if not any(group is not None for _, group, _ in firsts):
@@ -241,7 +254,8 @@ def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int,
     return teaching_jobs(firsts, {job_prompt_length_key(j) for j in live_jobs.values() if j.worker == "lora"})
 
 
-def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, plans: list[ClaimPlan]) -> None:
+def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, plans: list[ClaimPlan],
+                      caps: Mapping[str, int]) -> None:
     """Write each placed attempt as started, then start their workers. A job placed at a later
     level than its own (it ends sooner there) moves to it first, with the note saying why."""
     moved = {
@@ -256,7 +270,7 @@ def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, pl
         whole = placed[p.job_id]
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, p.level), attempt_config(whole, p.level), p.gpu,
-                        p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib)
+                        p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib, caps.get(whole.suite))
         if claimed is not None:
             claims.append(claimed)
     launch_all(store, executor, ctx, claims)

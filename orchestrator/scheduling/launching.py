@@ -35,6 +35,7 @@ from orchestrator.plans.resume import (
     takes_resume_key,
     worker_can_resume,
 )
+from orchestrator.prediction.fused_groups import fuse_max
 from orchestrator.prediction.job_facts import job_inexact_rungs, job_keys
 from orchestrator.prediction.ladder import Level
 from orchestrator.procstat import process_start
@@ -70,13 +71,19 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
-def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path) -> dict[str, str]:
+def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
+              fused_cap: int | None = None) -> dict[str, str]:
     """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
-    `share_base: sequential`, on this host, unless the ladder runs it alone on its card."""
+    `share_base` sequential or fused, on this host, unless the ladder runs it alone on its card.
+    A fused attempt is also told the most members its group may have (ORCH_FUSE_MAX): its
+    suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory."""
     mode = job.worker_output.get("share_base", "off")
     if job.worker != "lora" or mode == "off" or gpus != 1 or run_alone or not local:
         return {}
-    return {SHARE_BASE_VAR: str(mode), SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+    env = {SHARE_BASE_VAR: str(mode), SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+    if mode == "fused":
+        env[FUSE_MAX_VAR] = str(fuse_max(job, fused_cap))
+    return env
 
 
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
@@ -95,6 +102,7 @@ class Claim:
     config: dict[str, Any]  # the job's config with the level's overrides, paths resolved
     cards: tuple[GpuSnapshot, ...] = ()  # a multi-GPU job's cards in order (gpu is the first)
     measured_shape: bool = False  # the prediction is a peak measured on this shape (MPS fence)
+    fused_cap: int | None = None  # its suite's fused group cap after a group OOM; None: none lowered
 
 
 # Predictions that are peaks of the shape itself: only these tighten an MPS fence.
@@ -102,6 +110,7 @@ MEASURED_SHAPE = frozenset({SourceKind.MEASURED, SourceKind.RUNNING})
 # `share_base: sequential` (workers/lora/share.py reads these): the attempt's worker hands its
 # job to a warm LoRA worker process, whose sockets and locks are in the runs dir's WARM_DIR.
 SHARE_BASE_VAR, SHARE_DIR_VAR, WARM_DIR = "ORCH_SHARE_BASE", "ORCH_SHARE_DIR", ".warm"
+FUSE_MAX_VAR = "ORCH_FUSE_MAX"  # `share_base: fused`: the most members of the group it joins
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
 
 
@@ -168,6 +177,7 @@ def claim(
     reserved_mib: int,
     cards: tuple[GpuSnapshot, ...] = (),
     host_mib: int = 0,
+    fused_cap: int | None = None,
 ) -> Claim | None:
     """Write the attempt as started (the job moves to running); None if the job left the queue.
     A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
@@ -190,7 +200,7 @@ def claim(
     except InvalidTransition:
         return None  # cancelled between the read and the claim
     return Claim(job, gpu, attempt, config, cards if len(cards) > 1 else (gpu,),
-                 measured_shape=source.kind in MEASURED_SHAPE)
+                 measured_shape=source.kind in MEASURED_SHAPE, fused_cap=fused_cap)
 
 
 def resume_point(store: Store, job: Job) -> CheckpointSearch:
@@ -219,7 +229,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
                    **footprint_env(ctx.worker_env, job.worker, job.declared_mib),
-                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir),
+                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir, claimed.fused_cap),
                    **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.durations import DurationTable
+from orchestrator.prediction.fused_groups import fuse_group, fuse_max
 from orchestrator.prediction.job_facts import (
     JobFacts,
     JobShapeCache,
@@ -49,6 +50,7 @@ class PassReadings:
     host_shapes: Mapping[str, int]  # shape key -> the most host RAM (MiB) a finished attempt took
     host_running: Mapping[str, int]  # shape key -> the most host RAM (MiB) a live attempt holds
     startups: Mapping[str, Startup] = field(default_factory=dict)  # suite/config -> its learned start-up
+    fused_caps: Mapping[str, int] = field(default_factory=dict)  # suite -> its fused groups' cap, once lowered
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class KindInputs:
     probe_family: str | None = None
     startup: Startup | None = None
     later: tuple[LaterLevel, ...] = ()
+    fuse_group: str | None = None  # `share_base: fused`: its group (prediction.fused_groups)
+    fuse_cap: int = 1
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ def pack_inputs(
                 startup_s=inputs.startup.seconds if inputs.startup else None,
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
+                fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts, later)
@@ -143,11 +148,14 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     host_mib, _ = predict_host_mib(readings.host_shapes.get(shape_key), readings.host_running.get(shape_key),
                                    facts.declared_host_mib)
     expected_s = readings.durations.expected_s(job.config_name, job.data, facts.level.index)
+    whole = facts.shape.job  # a job of the kind: its config and suite settings
+    group = fuse_group(whole, job.suite, facts.level.overrides, facts.level.run_alone)
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
         readings.startups.get(startup_key(job.suite, job.config_name)),
-        later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else ())
+        later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else (),
+        group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1)
 
 
 def later_levels(

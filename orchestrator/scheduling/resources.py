@@ -15,10 +15,14 @@ from orchestrator.store.rows import Attempt
 def running_attempts(
     live: Iterable[Attempt], index_of_uuid: Mapping[str, int],
     expected_end_s: Callable[[Attempt], float | None],
+    fused_of: Callable[[Attempt], tuple[str | None, int]] | None = None,
 ) -> list[RunningAttempt]:
-    """One RunningAttempt per card a live attempt runs on, holding what its tree holds there."""
+    """One RunningAttempt per card a live attempt runs on, holding what its tree holds there.
+    `fused_of`: a live attempt's fused group and that group's cap ((None, 1): none); a member
+    reserves, while it ramps up, what it was placed with (its own needs where it joined)."""
     out: list[RunningAttempt] = []
     for a in live:
+        group, cap = fused_of(a) if fused_of is not None else (None, 1)
         uuids = a.cards
         held = {str(k): int(v) for k, v in a.held_by_gpu.items() if isinstance(v, int)}
         end = expected_end_s(a)
@@ -27,9 +31,11 @@ def running_attempts(
             if index is None:
                 continue  # a card no longer read: nothing to pack there
             out.append(RunningAttempt(
-                job_id=a.job_id, gpu_index=index, predicted_peak_mib=a.predicted_peak_mib,
+                job_id=a.job_id, gpu_index=index,
+                predicted_peak_mib=a.predicted_peak_mib if group is None else min(a.predicted_peak_mib, a.reserved_mib),
                 held_mib=held.get(uuid, a.held_mib if len(uuids) == 1 else 0),
                 reached_peak=a.reached_peak, run_alone=a.run_alone, expected_end_s=end,
+                fuse_group=group, fuse_cap=cap, base_mib=a.share_base_mib if group is not None else None,
             ))
     return out
 

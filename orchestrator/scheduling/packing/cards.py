@@ -10,6 +10,13 @@ import math
 from dataclasses import dataclass, field
 
 from orchestrator.prediction.throughput import marginal_gain
+from orchestrator.scheduling.packing.fused import (
+    GroupOnCard,
+    add_running,
+    joining,
+    own_mib,
+    place_member,
+)
 from orchestrator.scheduling.packing.gang import may_backfill
 from orchestrator.scheduling.packing.overlap import fits_ahead
 from orchestrator.scheduling.packing.types import (
@@ -57,6 +64,7 @@ class Card:
     placed_frees: list[tuple[float, int]] = field(default_factory=list)
     probing: set[str] = field(default_factory=set)  # families measuring their memory here (probes)
     overlap: bool = False  # a job may start ahead of the attempts whose end makes room for it
+    groups: dict[str, GroupOnCard] = field(default_factory=dict)  # fused groups here (packing.fused)
 
     @property
     def available_mib(self) -> int:
@@ -76,7 +84,7 @@ def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: Packin
         if card is None:  # a GPU outside the plan: nothing to pack there
             continue
         owed = outstanding_reservation_mib(attempt)
-        card.used_slots += 1
+        card.used_slots += add_running(card.groups, attempt)  # a fused group's members share one
         card.reserved_mib += owed
         card.occupied = True
         card.alone = card.alone or attempt.run_alone
@@ -104,7 +112,8 @@ def headroom_for(job: QueuedJob, card: Card) -> int:
 
 
 def need_mib(job: QueuedJob, card: Card) -> int:
-    return job.predicted_peak_mib + headroom_for(job, card)
+    """Its prediction (its own needs where it joins a fused group here) and headroom."""
+    return own_mib(job, card.groups) + headroom_for(job, card)
 
 
 def gain(job: QueuedJob, card: Card) -> float | None:
@@ -124,7 +133,7 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         return Blocker.HELD  # said first: the card stays the kept-for job's even after its jobs end
     if card.alone:
         return Blocker.ALONE
-    if card.used_slots >= card.gpu.slots and not starts_ahead(job, card, now_s):
+    if card.used_slots >= card.gpu.slots and joining(job, card.groups) is None and not starts_ahead(job, card, now_s):
         return Blocker.CAP
     if job.run_alone and card.occupied:
         return Blocker.OCCUPIED
@@ -162,6 +171,9 @@ def beside_hold(job: QueuedJob, card: Card, now_s: float) -> bool:
 
 
 def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
+    joins = [c for c in fits if joining(job, c.groups) is not None]
+    if joins:  # a card where its fused group runs with room: the base is loaded there already
+        fits = joins
     if rule == "best_fit":  # the tightest card keeps large gaps for large jobs
         return min(fits, key=lambda c: (c.available_mib - job.predicted_peak_mib, c.gpu.index))
 
@@ -175,14 +187,16 @@ def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
     return min(fits, key=key)
 
 
-def place_on(card: Card, job: QueuedJob, now_s: float) -> None:
-    card.used_slots += 1
+def place_on(card: Card, job: QueuedJob, now_s: float) -> int:
+    """Spend the card on the job; what it reserves there (MiB)."""
+    reserved = own_mib(job, card.groups)
+    card.used_slots += place_member(job, card.groups)
     duration_s = job.expected_duration_s  # unknown: it gives its memory back at no known time
-    card.placed_frees.append((now_s + duration_s if duration_s is not None else math.inf,
-                              job.predicted_peak_mib))
-    card.reserved_mib += job.predicted_peak_mib
+    card.placed_frees.append((now_s + duration_s if duration_s is not None else math.inf, reserved))
+    card.reserved_mib += reserved
     card.occupied = True
     card.alone = card.alone or job.run_alone
     if job.probe_family is not None:
         card.probing.add(job.probe_family)
     card.release(job.job_id)
+    return reserved

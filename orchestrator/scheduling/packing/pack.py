@@ -248,7 +248,7 @@ def _pack(
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
                  id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib,
-                 job.alternatives)  # one curve object per shape and pass
+                 job.alternatives, job.fuse_group, job.fuse_cap)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [
@@ -267,13 +267,12 @@ def _pack(
                 chosen = closest_set(
                     fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]  # type: ignore[misc]
                 )
-            for card in chosen:
-                place_on(card, job, now_s)
+            reserved = [place_on(card, job, now_s) for card in chosen]  # less than its peak: joins a group
             for card in cards.values():  # holds it did not need: free for the rest of this call
                 card.release(job.job_id)
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
-            placements.append(Placement(job.job_id, indices[0], job.predicted_peak_mib,
+            placements.append(Placement(job.job_id, indices[0], min(reserved),
                                         indices if job.gpus > 1 else (), job.job_id in capped))
             any_open = any(is_open(c) for c in ordered_cards)
             failed.clear()
@@ -324,12 +323,12 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
             continue
         placing, fits, level, note = sooner
         card = choose(placing, fits, policy.placement)
-        place_on(card, placing, now_s)
+        reserved = place_on(card, placing, now_s)
         for each in cards.values():  # a hold it had: free for the rest of this call
             each.release(job.job_id)
         spend(host, job.host_mib, job.cpus)
         reasons.pop(job.job_id, None)
-        placements.append(Placement(job.job_id, card.gpu.index, placing.predicted_peak_mib, level=level,
+        placements.append(Placement(job.job_id, card.gpu.index, reserved, level=level,
                                     level_note=note))
     return placements
 
@@ -363,8 +362,9 @@ def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Bl
     for option in job.alternatives:
         if not option.exact:
             continue
+        # its fused group at that level is not known here: placed as a job of its own
         at = replace(job, predicted_peak_mib=option.predicted_peak_mib, run_alone=option.run_alone,
-                     expected_duration_s=option.expected_duration_s, alternatives=())
+                     expected_duration_s=option.expected_duration_s, alternatives=(), fuse_group=None)
         cards_now = [c for c in allowed if blocker(at, c, now_s) is None]
         if cards_now:
             fitting[option.level] = (option, at, cards_now)

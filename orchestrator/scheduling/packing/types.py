@@ -46,6 +46,11 @@ class QueuedJob:
     # orchestrator.scheduling.packing.level_choice); () keeps it at its level
     alternatives: tuple[LevelOption, ...] = ()
     level: int = 0  # its ladder level (what a note on a move names)
+    # `share_base: fused`: its group (orchestrator.prediction.fused_groups) and the most members a
+    # group of it may have now; a card where its group runs with room takes it for its own need
+    # (orchestrator.scheduling.packing.fused)
+    fuse_group: str | None = None
+    fuse_cap: int = 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ class RunningAttempt:
     expected_end_s: float | None = None
     # its memory family while that family has measured nothing (its probe, before step K)
     probe_family: str | None = None
+    # `share_base: fused`: its group, the group's cap, and the base's resident MiB in its
+    # process as its share.json says (None: not known yet)
+    fuse_group: str | None = None
+    fuse_cap: int = 1
+    base_mib: int | None = None
 
 
 @dataclass(frozen=True)
