@@ -1,0 +1,180 @@
+"""`share_base: fused`, the daemon's side, from values: placement of a group as one unit, the
+group OOM's classification and what the job does next, the suite's lowered cap, one process's
+failures counted once, the group-size memory rule and share.json read as untrusted input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.attempts.classify import classify_attempt, group_oom_members
+from orchestrator.attempts.fused_lessons import group_shape_key, group_size
+from orchestrator.attempts.next_step import EndVerdict, decide_next, fused_cap_after
+from orchestrator.attempts.share_record import parse_share, read_share, shares_label
+from orchestrator.lifecycle import AttemptOutcome, JobState
+from orchestrator.prediction.fused_groups import fuse_group, fuse_max
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.store.endings import once_per_process
+from tests.test_packing import GIB, NO_HEADROOM, gpu, job, placed
+
+GROUP = "g"
+LINE = "orch: fused group of 4 members ran out of memory"
+
+
+def member(job_id: int, gpu_index: int, base_gib: float | None, cap: int = 4, predicted_gib: float = 10,
+           group: str = GROUP) -> RunningAttempt:
+    return RunningAttempt(job_id, gpu_index, int(predicted_gib * GIB), int(predicted_gib * GIB), True,
+                          fuse_group=group, fuse_cap=cap, base_mib=None if base_gib is None else int(base_gib * GIB))
+
+
+def fused_job(job_id: int, need_gib: float, cap: int = 4, group: str = GROUP) -> QueuedJob:
+    return job(job_id, need_gib, fuse_group=group, fuse_cap=cap)
+
+
+# ------------------------------------------------------------------ placement
+
+
+def test_a_member_joins_the_card_where_its_group_runs_for_its_own_need_and_no_slot() -> None:
+    # card 0: one plan slot, taken by a member of the group whose base holds 8 GiB; 4 GiB free
+    cards = [gpu(0, 24, free_gib=4, slots=1), gpu(1, 24, slots=1)]
+    d = pack([fused_job(1, 10)], cards, [member(9, 0, base_gib=8)], NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 0}  # joins (10 - 8 = 2 GiB) although card 1 is empty
+    assert d.placements[0].reserved_mib == 2 * GIB
+    solo = pack([job(1, 10)], cards, [member(9, 0, base_gib=8)], NO_HEADROOM, 0.0)
+    assert placed(solo) == {1: 1}  # the same job outside the group: a card of its own
+
+
+def test_without_the_base_figure_a_member_is_placed_by_its_full_prediction() -> None:
+    cards = [gpu(0, 24, free_gib=4, slots=1)]
+    d = pack([fused_job(1, 10)], cards, [member(9, 0, base_gib=None)], NO_HEADROOM, 0.0)
+    assert placed(d) == {}  # never below what is known: 10 GiB does not fit in 4
+    roomy = pack([fused_job(1, 10)], [gpu(0, 24, free_gib=12, slots=1)], [member(9, 0, None)], NO_HEADROOM, 0.0)
+    assert placed(roomy) == {1: 0} and roomy.placements[0].reserved_mib == 10 * GIB  # joins, no slot needed
+
+
+def test_a_full_group_takes_no_more_members_a_new_process_needs_a_slot() -> None:
+    running = [member(i, 0, base_gib=8, cap=2) for i in (8, 9)]  # cap 2, two members: full
+    d = pack([fused_job(1, 10, cap=2)], [gpu(0, 48, free_gib=30, slots=1)], running, NO_HEADROOM, 0.0)
+    assert placed(d) == {}  # a second process would need a second plan slot
+    d2 = pack([fused_job(1, 10, cap=2)], [gpu(0, 48, free_gib=30, slots=2)], running, NO_HEADROOM, 0.0)
+    assert placed(d2) == {1: 0} and d2.placements[0].reserved_mib == 10 * GIB  # whole base again
+
+
+def test_members_placed_in_one_pass_fill_the_group_up_to_its_cap() -> None:
+    queue = [fused_job(i, 6, cap=3) for i in range(1, 6)]
+    d = pack(queue, [gpu(0, 80, slots=1), gpu(1, 80, slots=1)], [], NO_HEADROOM, 0.0)
+    on = placed(d)
+    assert sorted(on.values()).count(0) == 3 and sorted(on.values()).count(1) == 2  # 3 + 2: one process each
+
+
+def test_another_group_or_a_cap_of_one_never_joins() -> None:
+    cards = [gpu(0, 24, free_gib=4, slots=1)]
+    assert placed(pack([fused_job(1, 10, group="other")], cards, [member(9, 0, 8)], NO_HEADROOM, 0.0)) == {}
+    at_one = [member(9, 0, 8, cap=1)]
+    assert placed(pack([fused_job(1, 10, cap=1)], cards, at_one, NO_HEADROOM, 0.0)) == {}
+
+
+def test_running_members_of_one_group_take_one_slot() -> None:
+    running = [member(i, 0, base_gib=8) for i in (7, 8, 9)]  # one process, 3 of 4
+    d = pack([job(1, 2)], [gpu(0, 80, slots=2)], running, PackingPolicy(), 0.0)
+    assert placed(d) == {1: 0}  # the other plan slot is still free
+
+
+def test_the_group_key_follows_the_resolved_config() -> None:
+    base = {"model": "m", "prec": "bf16", "max_seq_len": 256, "learning_rate": 1e-4}
+    a = _job({"share_base": "fused"}, base)
+    b = _job({"share_base": "fused"}, {**base, "learning_rate": 3e-4, "peft": {"r": 16}})
+    assert fuse_group(a, "s", {}) == fuse_group(b, "s", {}) is not None  # other LoRA settings: one group
+    assert fuse_group(a, "s", {}) != fuse_group(a, "t", {})  # another suite
+    assert fuse_group(a, "s", {"gradient_checkpointing": True}) != fuse_group(a, "s", {})  # a ladder rung
+    assert fuse_group(a, "s", {}, run_alone=True) is None
+    assert fuse_group(_job({"share_base": "sequential"}, base), "s", {}) is None
+    assert fuse_group(_job({"share_base": "fused"}, base, gpus=2), "s", {}) is None
+    assert fuse_max(a, None) == 4 and fuse_max(a, 2) == 2 and fuse_max(a, 1) == 1
+    assert fuse_max(_job({"share_base": "fused", "fused_members": 8}, base), 5) == 5
+
+
+def _job(worker_output: dict[str, Any], config: dict[str, Any], gpus: int = 1) -> Any:
+    return SimpleNamespace(worker="lora", worker_output=worker_output, config=config, gpus=gpus)
+
+
+# ------------------------------------------------------------------ a group's OOM
+
+
+def test_the_group_oom_line_with_exit_75_is_its_own_outcome_before_the_cuda_signatures() -> None:
+    tail = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n" + LINE + "\n"
+    verdict = classify_attempt(exit_code=75, signal=None, result=None, log_tail=tail)
+    assert verdict.outcome is AttemptOutcome.GROUP_OOM and verdict.group_members == 4
+    failed_result = {"status": "oom", "error": "CUDA out of memory"}
+    assert classify_attempt(exit_code=75, signal=None, result=failed_result, log_tail=tail).outcome \
+        is AttemptOutcome.GROUP_OOM
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "tail"),
+    [(1, LINE), (3, LINE), (75, "some text " + LINE), (75, LINE + " or so"), (75, "orch: fused group of 1 members "
+     "ran out of memory"), (75, "orch: fused group of 99 members ran out of memory"), (75, "")],
+)
+def test_only_the_exact_line_with_exit_75_is_a_group_oom(exit_code: int, tail: str) -> None:
+    assert group_oom_members(exit_code, tail) is None
+    verdict = classify_attempt(exit_code=exit_code, signal=None, result=None, log_tail=tail)
+    assert verdict.outcome is not AttemptOutcome.GROUP_OOM
+
+
+def test_a_group_oom_is_requeued_uncounted_at_its_level_and_halves_the_cap() -> None:
+    from tests.test_next_step import LEVELS, a_job
+
+    job_row = a_job(level=1, attempt_count=2, max_attempts=2)  # its last counted attempt
+    verdict = EndVerdict(classify_attempt(exit_code=75, signal=None, result=None, log_tail=LINE))
+    step = decide_next(job_row, LEVELS, LEVELS[1], verdict)
+    assert step.job_state is JobState.QUEUED and not step.counted and step.next_level is None
+    assert step.job_fields["max_attempts"] == 3 and "level" not in step.job_fields
+    assert "at most 2 members" in step.why
+    assert [fused_cap_after(n) for n in (2, 3, 4, 16, None)] == [1, 1, 2, 8, 1]
+
+
+# ------------------------------------------------------------------ crash loop, memory, share.json
+
+
+def test_one_processes_failures_count_once() -> None:
+    failures = [(2.0, "ab12-0", 100), (2.1, "ab12-0", 100), (2.2, "ab12-0", 100), (3.0, None, None),
+                (1.0, "ab12-0", 101), (1.5, None, None)]
+    assert once_per_process(failures) == [2.0, 3.0, 1.0, 1.5]
+
+
+def test_a_groups_peak_teaches_its_group_size_never_the_solo_shape() -> None:
+    assert group_size({"fused_members_max": 3}, seen_members=1) == 3  # the worker's word first
+    assert group_size({}, seen_members=2) == 2 and group_size(None, None) == 1
+    assert group_size({"fused_members_max": "3"}, seen_members=5) == 5  # junk: the daemon's count
+    assert group_size({"fused_members_max": 99}, seen_members=None) == 1
+    assert group_shape_key("shape", 1) == "shape" and group_shape_key("shape", 3) == "shape|fused3"
+
+
+def test_share_json_is_read_as_untrusted_input(tmp_path: Path) -> None:
+    good = {"mode": "fused", "process": "0123456789abcdef-0", "pid": 4242, "base_mem_mib": 8000}
+    record = parse_share(json.dumps(good).encode())
+    assert record is not None and (record.mode, record.process, record.pid, record.base_mib) == \
+        ("fused", "0123456789abcdef-0", 4242, 8000)
+    assert parse_share(json.dumps({**good, "base_mem_mib": "8000"}).encode()).base_mib is None  # type: ignore[union-attr]
+    for bad in ({**good, "mode": "parallel"}, {**good, "pid": True}, {**good, "pid": 0},
+                {**good, "process": "../../etc"}, {**good, "process": "x" * 100}, [good]):
+        assert parse_share(json.dumps(bad).encode()) is None
+    assert parse_share(b"\xff\xfe") is None and parse_share(b"{" * 5000) is None and parse_share(None) is None
+    run_dir = tmp_path / "runs" / "s" / "000001-c-s1" / "attempt-1"
+    run_dir.mkdir(parents=True)
+    assert read_share(run_dir) is None  # none written
+    (run_dir / "share.json").write_text(json.dumps(good) + " " * 5000)  # over the size cap
+    assert read_share(run_dir) is None
+    (run_dir / "share.json").write_text(json.dumps(good))
+    assert read_share(run_dir) == record
+    (run_dir / "share.json").unlink()
+    (run_dir / "share.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(good))
+    assert read_share(run_dir) is None  # a link is not followed
+    assert shares_label("fused", "0123456789abcdef-0", [5, 3, 4]) == "fused 0123-0 · jobs 3,4,5"
+    assert shares_label("sequential", "ab12-1", [3]) == "warm ab12-1" and shares_label(None, None, []) == ""
