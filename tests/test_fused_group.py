@@ -14,12 +14,13 @@ import pytest
 from orchestrator.attempts.classify import classify_attempt, group_oom_members
 from orchestrator.attempts.fused_lessons import group_shape_key, group_size
 from orchestrator.attempts.next_step import EndVerdict, decide_next, fused_cap_after
-from orchestrator.attempts.share_record import parse_share, read_share, shares_label
+from orchestrator.attempts.share_record import parse_share, read_share
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.prediction.fused_groups import fuse_group, fuse_max
 from orchestrator.scheduling.packing.pack import pack
 from orchestrator.scheduling.packing.types import PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.store.endings import once_per_process
+from orchestrator.store.sharing import shares_label
 from tests.test_packing import GIB, NO_HEADROOM, gpu, job, placed
 
 GROUP = "g"

@@ -9,6 +9,7 @@ from orchestrator.actions.presence import daemon_alive
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.queries import iter_status_jobs, state_counts
 from orchestrator.store.resources import read_host_reading
+from orchestrator.store.sharing import share_labels
 from orchestrator.store.status import (
     cards_now,
     daemon_reading,
@@ -47,6 +48,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
         }
         for card in cards_now(store, reading, live)
     ]
+    shares = share_labels([la.attempt for la in live])
     running = [
         {
             "id": la.attempt.job_id,
@@ -67,6 +69,9 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "executor": la.attempt.executor,
             "executor_id": la.attempt.executor_id,
             "executor_state": la.attempt.executor_state,  # Slurm: e.g. "PENDING (Resources)"
+            # the warm process that trains it, as its share.json says: `fused ab12-0 · jobs 3,4,5`
+            # (the running jobs of that process) or `warm ab12-0`; null: a process of its own
+            "shares": shares.get(la.attempt.id),
         }
         for la in live
     ]

@@ -66,14 +66,3 @@ def read_share(run_dir: str | Path) -> ShareRecord | None:
             return parse_share(read_file(dir_fd, RunDir.SHARE, MAX_SHARE_BYTES))
     except (FileProblem, RunTreeError, OSError):
         return None
-
-
-def shares_label(mode: str | None, process: str | None, job_ids: list[int]) -> str:
-    """`fused ab12-0 · jobs 3,4,5` (the running jobs of one process) or `warm ab12-0` (a
-    sequential warm process, one job at a time); "" where the attempt trains in its own."""
-    if not mode or not process:
-        return ""
-    short = process if len(process) <= 12 else f"{process.split('-')[0][:4]}-{process.rsplit('-', 1)[-1]}"
-    if mode == "fused":
-        return f"fused {short} · jobs {','.join(str(j) for j in sorted(job_ids))}"
-    return f"warm {short}"

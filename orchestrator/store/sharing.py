@@ -4,10 +4,12 @@ memory (kept across daemon restarts)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
+from orchestrator.store.rows import Attempt
 
 
 @dataclass(frozen=True)
@@ -63,3 +65,25 @@ def lower_fused_cap(store: Store, suite: str, cap: int, reason: str) -> bool:
         add_event(store, "fused", f"suite {suite}: fused groups now have at most {cap} "
                                   f"member{'s' * (cap != 1)} ({reason})")
     return True
+
+
+def shares_label(mode: str | None, process: str | None, job_ids: list[int]) -> str:
+    """`fused ab12-0 · jobs 3,4,5` (the running jobs of one process) or `warm ab12-0` (a
+    sequential warm process, one job at a time); "" where the attempt trains in its own."""
+    if not mode or not process:
+        return ""
+    short = process if len(process) <= 12 else f"{process.split('-')[0][:4]}-{process.rsplit('-', 1)[-1]}"
+    if mode == "fused":
+        return f"fused {short} · jobs {','.join(str(j) for j in sorted(job_ids))}"
+    return f"warm {short}"
+
+
+def share_labels(live: Iterable[Attempt]) -> dict[int, str]:
+    """Attempt id -> its `shares` label (shares_label), for the live attempts that name a warm
+    process; a process is told by its name and pid together (a name is reused by the next)."""
+    attempts = [a for a in live if a.share_mode and a.share_process and a.share_pid is not None]
+    jobs: dict[tuple[str | None, int | None], list[int]] = {}
+    for a in attempts:
+        jobs.setdefault((a.share_process, a.share_pid), []).append(a.job_id)
+    return {a.id: shares_label(a.share_mode, a.share_process, jobs[(a.share_process, a.share_pid)])
+            for a in attempts}

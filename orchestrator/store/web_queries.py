@@ -11,6 +11,7 @@ from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.store.db import Store
 from orchestrator.store.json_columns import json_column
 from orchestrator.store.queries import SHOWN_ATTEMPT_SQL, state_counts
+from orchestrator.store.sharing import share_labels
 from orchestrator.store.status import (
     Event,
     GpuNow,
@@ -48,6 +49,7 @@ class RunningJob:
     loss: float | None
     overrides: dict[str, Any] = field(default_factory=dict)  # the job's `--set` and `--grid` values
     sm_pct: int | None = None  # its share of its card's SMs (NVML per process); None: not known
+    shares: str = ""  # the warm process that trains it (`fused ab12-0 · jobs 3,4,5`); "": its own
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ def _number(value: Any) -> float | None:
 def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) -> Overview:
     daemon = daemon_reading(store)
     live = live_attempts(store)
+    shares = share_labels([la.attempt for la in live])
     running = []
     for la in live:
         a = la.attempt
@@ -79,6 +82,7 @@ def overview(store: Store, *, waiting_limit: int = 50, retries_limit: int = 10) 
             a.job_id, la.suite, la.config_name, la.seed, la.data, a.gpu_index, a.n, a.level, a.started_at,
             a.held_mib, a.predicted_peak_mib, None if step is None else int(step),
             None if total is None else int(total), _number(a.progress.get("loss")), la.overrides, a.sm_pct,
+            shares.get(a.id, ""),
         ))
     gpus = cards_now(store, daemon, live)
     counts = state_counts(store)

@@ -11,7 +11,9 @@ from orchestrator.executors.base import is_cluster_executor
 from orchestrator.wording import fmt_changes, fmt_duration, fmt_setting, setting_pairs, short_keys
 
 RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step",
-                   "loss", "mem/pred")
+                   "loss", "mem/pred", "shares")
+# shown only where a running job has a value (SM: NVML's per-process figures; shares: a warm process)
+SPARSE_COLUMNS = ("setting", "SM", "shares")
 NOT_CONSIDERED = "not yet considered"
 
 
@@ -69,7 +71,14 @@ def running_cells(r: dict[str, Any], names: dict[str, str] | None = None) -> lis
         str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
         f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
+        r.get("shares") or "-",
     ]
+
+
+def shown_columns(rows: list[list[str]], sparse: tuple[str, ...] = SPARSE_COLUMNS) -> list[str]:
+    """The running table's columns, without a `sparse` one that no row has a value in."""
+    return [c for c in RUNNING_COLUMNS
+            if c not in sparse or any(row[RUNNING_COLUMNS.index(c)] != "-" for row in rows)]
 
 
 def paused_line(p: dict[str, Any]) -> str:

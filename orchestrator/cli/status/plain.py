@@ -16,6 +16,7 @@ from orchestrator.cli.status.lines import (
     retry_move,
     running_cells,
     setting_cell,
+    shown_columns,
     waiting_entries,
 )
 from orchestrator.cli.tables import plain_columns
@@ -58,7 +59,9 @@ def plain_status(snapshot: dict[str, Any]) -> str:
         out.append(f"\nhost RAM: ours {fmt_mib(host['ours_mib'])}, others {fmt_mib(host['others_mib'])}, "
                    f"free {fmt_mib(host['free_mib'])} ({fmt_mib(host['reserve_mib'])} reserved)\n")
     if snapshot["running"]:
-        out.append(_section("running", RUNNING_COLUMNS, [running_cells(r) for r in snapshot["running"]]))
+        every = [running_cells(r) for r in snapshot["running"]]
+        columns = shown_columns(every, ("shares",))  # the others always, as before
+        out.append(_section("running", columns, [[row[RUNNING_COLUMNS.index(c)] for c in columns] for row in every]))
     paused = paused_lines(snapshot)
     if paused:
         out.append("\npaused\n" + "".join(one_line(line) + "\n" for line in paused))

@@ -22,6 +22,7 @@ from orchestrator.cli.status.lines import (
     retry_move,
     running_cells,
     setting_names,
+    shown_columns,
     waiting_group_lines,
 )
 from orchestrator.cli.tables import fit_columns
@@ -72,7 +73,7 @@ def host_line(host: dict[str, Any]) -> Text:
 # Dropped first on a narrow terminal: the last of this list first. job, config and GPU stay, and
 # the seed is the first kept (at 80 columns the seeds of one config must be told apart), and the
 # ladder level goes before the elapsed time and attempt number (a rung changes what is measured).
-RUNNING_OPTIONAL = ("seed", "SM", "step", "loss", "data", "lvl", "mem/pred", "elapsed", "att")
+RUNNING_OPTIONAL = ("seed", "SM", "step", "loss", "data", "lvl", "mem/pred", "shares", "elapsed", "att")
 
 
 def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bool = False) -> Table:
@@ -81,9 +82,7 @@ def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bo
     names = setting_names(running)
     every = [running_cells(r, names) for r in running]
     # the setting and SM columns only where a job has one (SM: NVML's per-process figures)
-    headers = [c for c in RUNNING_COLUMNS
-               if c not in ("setting", "SM")
-               or any(row[RUNNING_COLUMNS.index(c)] != "-" for row in every)]
+    headers = shown_columns(every)
     cells = [[row[RUNNING_COLUMNS.index(c)] for c in headers] for row in every]
     folded = {"config": 16 if clipped else 32, "setting": 12}
     optional = [c for c in RUNNING_OPTIONAL if c in headers]

@@ -1,0 +1,90 @@
+"""`share_base` in state.db: which running jobs share a process (`orch status`, its --json and
+the web page, from the attempts' share.json as stored), a suite's lowered fused cap kept across
+restarts, and one process's failures counted once by the crash-loop guard."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.api.status_snapshot import status_snapshot
+from orchestrator.cli.status.plain import plain_status
+from orchestrator.cli.status.rich_view import render_status
+from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.store import Store
+from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.endings import recent_failure_durations
+from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.sharing import fused_caps, lower_fused_cap, members_now
+from orchestrator.store.web_queries import overview
+from tests.store_reads import events, job_ids
+
+PLANS = Path(__file__).resolve().parents[1] / "plans"
+PROCESS = "0123456789abcdef-0"
+
+
+def _running(store: Store, db_path: Path, n_jobs: int) -> list[int]:
+    suite = load_suite("demo", PLANS)
+    pairs = " ".join(f"{seed}:glue_rte" for seed in range(1, n_jobs + 1))
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs(pairs), {}, None, 0),
+                allowed_gpus=None, priority=0, force=False, dry_run=False)
+    attempts = []
+    for job_id in job_ids(store)[:n_jobs]:
+        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 4096,
+                           PredictionSource(SourceKind.DECLARED), 4096)
+        attempts.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}").id)
+    return attempts
+
+
+def test_status_and_the_web_page_show_which_jobs_share_a_process(db_path: Path) -> None:
+    with Store(db_path) as store:
+        a = _running(store, db_path, 5)
+        jobs = job_ids(store)[:5]
+        for attempt_id in a[:3]:
+            update_attempt(store, attempt_id, share_mode="fused", share_process=PROCESS, share_pid=4242,
+                           share_base_mib=8000)
+        update_attempt(store, a[3], share_mode="sequential", share_process="fedcba9876543210-1", share_pid=77)
+        snapshot = status_snapshot(store)
+        web = {r.job_id: r.shares for r in overview(store).running}
+        assert members_now(store, PROCESS, 4242, a[0]) == 3
+    fused = f"fused 0123-0 · jobs {','.join(str(j) for j in jobs[:3])}"
+    shares = {r["id"]: r["shares"] for r in snapshot["running"]}
+    assert shares == {jobs[0]: fused, jobs[1]: fused, jobs[2]: fused, jobs[3]: "warm fedc-1", jobs[4]: None}
+    assert web == {**{j: fused for j in jobs[:3]}, jobs[3]: "warm fedc-1", jobs[4]: ""}
+    plain = plain_status(snapshot)
+    assert "shares" in plain and fused in plain and "warm fedc-1" in plain
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(render_status(snapshot, width=200))
+    assert fused in console.export_text()
+    for r in snapshot["running"]:
+        r["shares"] = None
+    assert "shares" not in plain_status(snapshot)  # no job shares: no column
+
+
+def test_a_lowered_fused_cap_is_kept_and_never_raised(db_path: Path) -> None:
+    with Store(db_path) as store:
+        assert fused_caps(store) == {}
+        assert lower_fused_cap(store, "s", 2, "a fused group of 4 members ran out of memory (job 3)")
+        assert not lower_fused_cap(store, "s", 3, "later")  # a larger group's OOM raises nothing
+        assert lower_fused_cap(store, "s", 1, "a fused group of 2 members ran out of memory (job 5)")
+        said = [e.message for e in events(store, "fused")]
+    assert said == ["suite s: fused groups now have at most 2 members (a fused group of 4 members ran out of "
+                    "memory (job 3))", "suite s: fused groups now have at most 1 member (a fused group of 2 "
+                    "members ran out of memory (job 5))"]
+    with Store(db_path) as store:  # a daemon started again reads the same
+        assert fused_caps(store) == {"s": 1}
+
+
+def test_the_failures_of_one_process_count_once(db_path: Path) -> None:
+    with Store(db_path) as store:
+        a = _running(store, db_path, 5)
+        now = store.now_s()
+        for n, attempt_id in enumerate(a):
+            shared = {"share_mode": "fused", "share_process": PROCESS, "share_pid": 4242} if n < 3 else {}
+            update_attempt(store, attempt_id, outcome="failed", ended_at=now, **shared)
+        suite, config = "demo", store.query("SELECT config_name FROM jobs LIMIT 1")[0]["config_name"]
+        durations = recent_failure_durations(store, suite, config, now - 60, now + 1)
+    assert len(durations) == 3  # the process's three members once, and the two others
