@@ -35,6 +35,9 @@ class RunReading:
     best_step: int | None = None
     error: str = ""
     printed_splits: bool = False  # printed eval_*/test_* names were read as val and test
+    # `share_base: fused`: the largest group it trained in (its `fused_members_max`; 0: not said);
+    # None: not trained in a fused process
+    fused_members: int | None = None
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class RunReading:
             "best_step": self.best_step,
             "error": self.error,
             "printed_splits": self.printed_splits,
+            "fused_members": self.fused_members,
         }
 
 
@@ -64,7 +68,17 @@ def reading_of(result: dict[str, Any] | None, printed: str | dict[str, Any] | No
         best_step if isinstance(best_step, int) and not isinstance(best_step, bool) else None,
         first_line(error) if isinstance(error, str) else "",
         printed_splits(result, printed),
+        fused_of(found),
     )
+
+
+def fused_of(result: dict[str, Any]) -> int | None:
+    """A result.json saying `share_base: fused`: the largest group it trained in (1..16; 0 where
+    it does not say); None for any other."""
+    if result.get("share_base") != "fused":
+        return None
+    members = result.get("fused_members_max")
+    return members if isinstance(members, int) and not isinstance(members, bool) and 1 <= members <= 16 else 0
 
 
 def reading_from_record(text: str | None) -> RunReading | None:
@@ -92,7 +106,12 @@ def reading_from_record(text: str | None) -> RunReading | None:
         best_step if isinstance(best_step, int) and not isinstance(best_step, bool) else None,
         error if isinstance(error, str) else "",
         record.get("printed_splits") is True,
+        _fused_record(record.get("fused_members")),
     )
+
+
+def _fused_record(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 16 else None
 
 
 def first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:

@@ -88,6 +88,8 @@ class ResultRow:
     code: str | None = None  # provenance: the worker's commit (`+dirty`), "not a git repository"; None: unknown
     libraries: str | None = None  # provenance: its library versions, in one line; None: unknown
     level_note: str | None = None  # why its job started above level 0 ("started at level 2: …")
+    # trained in a fused group (`share_base: fused`): the largest group (0: not said); None: not
+    fused: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class SeedRun:
     code: str | None = None
     libraries: str | None = None
     level_note: str | None = None
+    fused: int | None = None  # trained in a fused group of up to this many (0: not said); None: not
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,12 @@ class ResultSummary:
         for run in self.runs:
             names.update(dict.fromkeys(run.inexact))
         return tuple(names)
+
+    @property
+    def fused_runs(self) -> tuple[SeedRun, ...]:
+        """Counted runs trained in a fused group (`share_base: fused`): not bit-equal to a run of
+        their own (the base ran over the group's larger batch); a mark says so."""
+        return tuple(r for r in self.runs if r.fused is not None)
 
     @property
     def dropout_differs(self) -> bool:
@@ -316,7 +325,8 @@ def _run(row: ResultRow, value: float | None, metric: str) -> SeedRun:
     return SeedRun(seed=row.seed, value=value, job=row.job, attempt=row.attempt, level=row.level, step=row.step,
                    changes=dict(row.changes), run_alone=row.run_alone, test_is_val=row.test_is_val,
                    val=row.val_metrics.get(metric), best_step=row.best_step, inexact=row.inexact,
-                   diverged=row.diverged, code=row.code, libraries=row.libraries, level_note=row.level_note)
+                   diverged=row.diverged, code=row.code, libraries=row.libraries, level_note=row.level_note,
+                   fused=row.fused)
 
 
 def _provenance_differs(runs: tuple[SeedRun, ...] | list[SeedRun]) -> list[str]:

@@ -191,7 +191,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
-            level_note=run.level_note,
+            level_note=run.level_note, fused=reading.fused_members,
         ))  # fmt: skip
     if backfill:
         with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time

@@ -10,7 +10,8 @@ numbers in bf16; in fp32 `logits_to_keep` moves values in their last bits, docs/
 "test" metric was scored on the validation set; ¶ some of its seeds failed, were cancelled or
 reported no metric (the mean is over the survivors); ◇ some of its runs are still queued or running;
 ‡ early stopping pruned its setting; ♯ a counted run's loss diverged; ‖ its runs ran different code
-or library versions; * see its notes. A std of fewer than two values is `—`, never `± 0`.
+or library versions; ⊕ some run trained in a fused group (`share_base: fused`), not bit-equal to a
+run of its own; * see its notes. A std of fewer than two values is `—`, never `± 0`.
 
 Text from user code (names, overrides, metric keys) goes into CSV neutralised as OWASP advises:
 a cell beginning with `=`, `+`, `-`, `@`, tab or carriage return gets a leading `'` and quotes.
@@ -27,18 +28,21 @@ from orchestrator.wording import fmt_changes
 CSV_COLUMNS = ("suite", "config", "task", "metric", "mean", "std", "n_seeds", "seeds", "levels", "mixed_levels",
                "overrides", "test_is_val", "dropout_differs", "notes", "val_mean", "val_std", "val_n", "best_steps",
                "submitted", "failed", "cancelled", "running", "queued", "no_metric", "accounted", "pooled", "chosen_by",
-               "inexact_rungs", "run_levels", "run_inexact_rungs", "diverged", "mixed_provenance", "pruned")
+               "inexact_rungs", "run_levels", "run_inexact_rungs", "diverged", "mixed_provenance", "pruned",
+               "fused_runs")
 TABLE_COLUMNS = ("suite", "config", "overrides", "task", "metric", "mean ± std", "val", "n", "seeds", "levels",
                  "notes")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
 INEXACT, TEST_IS_VAL, FAILED_RUNS, UNFINISHED, SEE_NOTES = "†", "§", "¶", "◇", "*"
-DIVERGED, MIXED_PROVENANCE, PRUNED = "♯", "‖", "‡"
+DIVERGED, MIXED_PROVENANCE, PRUNED, FUSED = "♯", "‖", "‡", "⊕"
 # One legend for every mark of every format, in the order cells carry them (for papers: no CLI text).
 LEGEND = {
     INEXACT: "† some runs went through a ladder rung that changes numerics ({rungs}): their values are "
              "equivalent draws, not the numbers level 0 gives (exact rungs are not marked: bit-equal in "
              "bf16; in fp32 `logits_to_keep` moves values by ≤ 4.3e-7 relative, same scores)",
+    FUSED: "⊕ some runs trained in a fused group (share_base: fused; {fused}): not bit-equal to a run of "
+           "their own, the base ran over the group's larger batch",
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
     FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
                  "that succeeded (n of the seeds submitted), which may be biased",
@@ -82,6 +86,8 @@ def cell_marks(summary: ResultSummary, with_notes: bool = True) -> list[str]:
     marks = []
     if summary.inexact_rungs:
         marks.append(INEXACT)
+    if summary.fused_runs:
+        marks.append(FUSED)
     if summary.test_is_val:
         marks.append(TEST_IS_VAL)
     marks += accounting_marks(summary)
@@ -116,7 +122,9 @@ def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hi
     summaries = list(summaries)
     used = {mark for s in summaries for mark in cell_marks(s, with_notes)}
     rungs = ", ".join(escape(rung) for rung in dict.fromkeys(r for s in summaries for r in s.inexact_rungs))
-    return [text.format(rungs=rungs) + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
+    largest = max((r.fused or 0 for s in summaries for r in s.fused_runs), default=0)
+    fused = f"groups of up to {largest} members" if largest else "group size not reported"
+    return [text.format(rungs=rungs, fused=fused) + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
             for mark, text in LEGEND.items() if mark in used]
 
 
@@ -187,7 +195,7 @@ def to_csv(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None 
             d.submitted, d.failed, d.cancelled, d.running, d.queued, d.no_metric, s.accounted, _flag(s.pooled),
             (chosen or {}).get(id(s), ""), "; ".join(s.inexact_rungs), " ".join(_level(r) for r in s.runs),
             "; ".join(f"{r.seed}:{'+'.join(r.inexact) or '-'}" for r in s.runs), len(s.diverged),
-            _flag(s.mixed_provenance), d.pruned,
+            _flag(s.mixed_provenance), d.pruned, len(s.fused_runs),
         ])  # fmt: skip
     return csv_lines(CSV_COLUMNS, rows)
 
@@ -214,7 +222,7 @@ def _run_record(r: Any) -> dict[str, Any]:
             "run_alone": r.run_alone, "changed": fmt_changes(dict(r.changes), r.run_alone) or "nothing",
             "test_is_val": r.test_is_val, "val": _opt_json(r.val), "best_step": r.best_step,
             "inexact_rungs": list(r.inexact), "diverged": r.diverged, "code": r.code,
-            "libraries": r.libraries}
+            "libraries": r.libraries, "fused_members": r.fused}
 
 
 def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
@@ -240,7 +248,7 @@ def to_records(summaries: Iterable[ResultSummary], chosen: Mapping[int, str] | N
             "lora_dropout": s.lora_dropout, "dropout_differs": s.dropout_differs, "test_is_val": s.test_is_val,
             "inexact_rungs": list(s.inexact_rungs),
             "marks": cell_marks(s), "notes": list(s.notes), "chosen_by": (chosen or {}).get(id(s)),
-            "diverged": len(s.diverged), "mixed_provenance": s.mixed_provenance,
+            "diverged": len(s.diverged), "mixed_provenance": s.mixed_provenance, "fused_runs": len(s.fused_runs),
             "provenance": {name: sorted({v for r in s.runs if (v := getattr(r, name)) is not None})
                            for name in ("code", "libraries")},
             "runs": [_run_record(r) for r in s.runs], "uncounted": [_run_record(r) for r in s.uncounted],

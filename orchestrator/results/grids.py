@@ -151,10 +151,10 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "\n": " ", "\r": " ", "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
                   "`": "'"}
 # in a $^{...}$ superscript
-_LATEX_MARKS = {"†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "¶": r"\P", "◇": r"\diamond", "♯": r"\sharp",
-                "‖": r"\|", "*": "*"}
-_LATEX_TEXT = {"†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "¶": r"$^\P$", "◇": r"$^\diamond$",
-               "♯": r"$^\sharp$", "‖": r"$^\|$",
+_LATEX_MARKS = {"⊕": r"\oplus", "†": r"\dagger", "‡": r"\ddagger", "§": r"\S", "¶": r"\P", "◇": r"\diamond",
+                "♯": r"\sharp", "‖": r"\|", "*": "*"}
+_LATEX_TEXT = {"⊕": r"$^\oplus$", "†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "¶": r"$^\P$",
+               "◇": r"$^\diamond$", "♯": r"$^\sharp$", "‖": r"$^\|$",
                "*": r"$^*$", "×": r"$\times$", "±": r"$\pm$", "·": r"\textperiodcentered{}", "—": "---",
                "≥": r"$\geq$"}
 

@@ -18,6 +18,7 @@ from orchestrator.results.aggregate import ResultRow, ResultSummary, overrides_l
 from orchestrator.results.formats import (
     DIVERGED,
     FAILED_RUNS,
+    FUSED,
     INEXACT,
     PRUNED,
     TEST_IS_VAL,
@@ -190,6 +191,11 @@ def _run_marks(r: ResultRow) -> tuple[tuple[str, ...], list[str]]:
     if r.inexact:
         marks.append(INEXACT)
         reasons.append(f"went through rungs that change numerics: {', '.join(r.inexact)}")
+    if r.fused is not None:
+        marks.append(FUSED)
+        group = f"a group of up to {r.fused} members" if r.fused else "a group"
+        reasons.append(f"trained in {group} in one fused process (share_base: fused): "
+                       "not bit-equal to a run of its own")
     if r.test_is_val:
         marks.append(TEST_IS_VAL)
         reasons.append("its test metrics were scored on the validation split")

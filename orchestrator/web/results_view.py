@@ -46,7 +46,7 @@ class ResultLine:
     levels: str = ""  # the ladder levels its seeds ran at, "0,2 †" when a run went through a rung changing numerics
     overrides: dict[str, Any] = field(default_factory=dict)  # the row's `--set` overrides
     notes: tuple[str, ...] = ()
-    marks: str = ""  # the same marks as the CLI's markdown (†, §, ¶, ◇, ♯, ‖, *)
+    marks: str = ""  # the same marks as the CLI's markdown (†, ⊕, §, ¶, ◇, ♯, ‖, *)
     n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
     val_mean: float | None = None
     val_std: float | None = None
@@ -90,7 +90,7 @@ class PivotCell:
     std: float | None
     n: int
     best: bool
-    marks: str = ""  # the CLI's marks (†, §, ¶, ◇, ♯, ‖, *): see the legend under the table
+    marks: str = ""  # the CLI's marks (†, ⊕, §, ¶, ◇, ♯, ‖, *): see the legend under the table
     n_text: str = ""  # `3`, or `3 of 4 (seed 4 failed)`
 
 
