@@ -83,7 +83,7 @@ def test_json_traces_every_seed_to_its_attempt_and_level() -> None:
         "changes": HALVED, "run_alone": False,
         "changed": "gradient_checkpointing=true, batch_size=2, gradient_accumulation_steps=2", "test_is_val": False,
         "val": None, "best_step": None, "inexact_rungs": ["halve_batch"],
-        "diverged": None, "code": None, "libraries": None,
+        "diverged": None, "code": None, "libraries": None, "fused_members": None,
     }
     assert rte["inexact_rungs"] == ["halve_batch"] and rte["marks"] == ["†"]
     assert rte["runs"][0]["changed"] == "nothing"
