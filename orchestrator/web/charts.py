@@ -16,6 +16,7 @@ OUTCOME_COLOURS = {
     "succeeded": "#2e9d5b",
     "oom": "#d64545",
     "host_oom": "#e07b00",
+    "group_oom": "#e8a0a0",  # a fused group's OOM: not the job's own, requeued uncounted
     "failed": "#7b2a8c",
     "lost": "#777777",
     "cancelled": "#b9b9b9",
