@@ -79,6 +79,10 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # > 0: a halved micro-batch draws other LoRA dropout masks (an equivalent draw, not bit-equal)
     "lora_dropout": (lambda v: v is None or _number_in(0, 1)(v), "a number from 0 to 1 or null"),
     "token": (_short_text(64), "a short text"),
+    # the LoRA worker's `share_base` (sequential, fused) and, fused, the largest group it trained in:
+    # a fused run is marked in results (not bit-equal to a run of its own)
+    "share_base": (_short_text(32), "a short text"),
+    "fused_members_max": (lambda v: v is None or _int_in(1, 16)(v), "an integer from 1 to 16 or null"),
     # our workers' own records, each checked where it is used (attempts.divergence,
     # attempts.provenance_reads): dropped here, they were never judged or shown
     "loss_summary": (lambda v: v is None or isinstance(v, dict), "a mapping or null"),

@@ -1,0 +1,83 @@
+"""`share_base: fused` through the real daemon, tmux, SQLite and simulated GPUs, with a stand-in
+for the LoRA worker (the fused training itself is the worker's, tested there): its first
+attempts end as a fused group's OOM (exit 75 and the exact line), are requeued uncounted (at
+`max_attempts: 1`), the suite's cap is halved for the next attempts' `ORCH_FUSE_MAX` and kept in
+state.db, each attempt's share.json is stored, and `orch results` marks the fused runs ⊕."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from orchestrator.store.sharing import fused_caps
+from tests.e2e_helpers import Orch, requires_tmux
+
+pytestmark = requires_tmux
+
+# `python -m workers.lora` from the daemon's folder (the attempts' cwd) finds this package first.
+STAND_IN = textwrap.dedent(
+    """\
+    import json, os, sys, time
+
+    run_dir = os.environ["ORCH_RUN_DIR"]
+    attempt = int(os.environ["ORCH_ATTEMPT"])
+    seen = {name: os.environ.get(name) for name in ("ORCH_SHARE_BASE", "ORCH_FUSE_MAX", "ORCH_SHARE_DIR")}
+    with open(os.path.join(run_dir, "seen.json"), "w") as f:
+        json.dump(seen, f)
+    share = {"mode": "fused", "process": "0123456789abcdef-0", "pid": 4242 + attempt, "base_mem_mib": 1000}
+    with open(os.path.join(run_dir, "share.json"), "w") as f:
+        json.dump(share, f)
+    print(json.dumps({"step": 1, "total": 2, "loss": 0.5}), flush=True)
+    time.sleep(1.5)
+    if attempt == 1:
+        print("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
+        print("orch: fused group of 4 members ran out of memory", file=sys.stderr, flush=True)
+        sys.exit(75)
+    result = {"status": "succeeded", "metrics": {"test": {"accuracy": 0.75}}, "share_base": "fused",
+              "fused_members_max": 2, "token": os.environ.get("ORCH_ATTEMPT_TOKEN")}
+    with open(os.path.join(run_dir, "result.json"), "w") as f:
+        json.dump(result, f)
+    """
+)
+
+
+def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch) -> None:
+    package = orch.root / "workers" / "lora"
+    package.mkdir(parents=True)
+    (orch.root / "workers" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(STAND_IN)
+    config_dir = orch.plans / "configs" / "fz"
+    config_dir.mkdir(parents=True)
+    (config_dir / "c1.yaml").write_text(yaml.safe_dump({"model": "tiny-llama", "batch_size": 2}))
+    (orch.plans / "suites" / "fz.yaml").write_text(yaml.safe_dump({
+        "worker": "lora", "mem_gib": 1, "max_attempts": 1, "hang_timeout_s": 60, "configs": ["c1"],
+        "share_base": "fused", "fused_members": 4}))
+    orch.submit("fz", "1:toy 2:toy 3:toy")
+    orch.start_daemon()
+    states = orch.wait_all_done(180)
+    assert set(states.values()) == {"succeeded"}, states
+    attempts = orch.attempt_rows()
+    first = [a for a in attempts if a.n == 1]
+    second = [a for a in attempts if a.n == 2]
+    assert len(first) == len(second) == 3, [(a.job_id, a.n, a.outcome, a.reason) for a in attempts]
+    assert {a.outcome.value for a in first if a.outcome} == {"group_oom"}
+    assert all(a.reason == "its fused group of 4 members ran out of memory" for a in first)
+    seen = [json.loads((Path(a.run_dir) / "seen.json").read_text()) for a in first + second]
+    # halved for every attempt after the first group OOM (a first attempt started after it sees 2 too)
+    assert seen[0]["ORCH_FUSE_MAX"] in ("4", "2") and [s["ORCH_FUSE_MAX"] for s in seen[3:]] == ["2"] * 3
+    assert "4" in {s["ORCH_FUSE_MAX"] for s in seen[:3]}
+    assert all(s["ORCH_SHARE_BASE"] == "fused" and s["ORCH_SHARE_DIR"] for s in seen)
+    assert {(a.share_mode, a.share_process, a.share_base_mib) for a in attempts} == {
+        ("fused", "0123456789abcdef-0", 1000)}
+    (lowered,) = orch.events("fused")  # the other members' OOMs lower it no further
+    assert lowered.message.startswith("suite fz: fused groups now have at most 2 members (a fused group of 4 "
+                                      "members ran out of memory (job ")
+    assert orch.read(fused_caps) == {"fz": 2}  # in state.db: a daemon started again keeps it
+    (row,) = orch.json("results")
+    assert row["marks"] == ["⊕"] and row["fused_runs"] == 3 and row["n"] == 3
+    table = orch.run("results").stdout
+    assert "⊕ some runs trained in a fused group (share_base: fused; groups of up to 2 members)" in table
