@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.store.attempts import read_all_shapes
 from orchestrator.store.sharing import fused_caps
 from tests.e2e_helpers import Orch, requires_tmux
 
@@ -77,6 +78,9 @@ def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch)
     assert lowered.message.startswith("suite fz: fused groups now have at most 2 members (a fused group of 4 "
                                       "members ran out of memory (job ")
     assert orch.read(fused_caps) == {"fz": 2}  # in state.db: a daemon started again keeps it
+    # their peaks are a group's (of 2, as result.json says): learned at that group size only
+    shapes = orch.read(read_all_shapes)
+    assert shapes and all(key.endswith("|fused2") for key in shapes), list(shapes)
     (row,) = orch.json("results")
     assert row["marks"] == ["⊕"] and row["fused_runs"] == 3 and row["n"] == 3
     table = orch.run("results").stdout

@@ -313,10 +313,13 @@ def _shape_lesson(
     group size instead (attempts.fused_lessons)."""
     if outcome not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.OOM):
         return None
+    label = shape_label(job.config_name, level.index, job.data)
     return ShapeLesson(
         group_shape_key(job_shape_key(job, level), members),
         lambda old: update_shape(old, peak_mib or None, outcome, held_at_death_mib or None, placed_mib or None),
-        job.suite, shape_label(job.config_name, level.index, job.data), job_family_tag(job, level),
+        job.suite, label if members <= 1 else f"{label}, fused ×{members}",
+        # a group's peak is no point of its shape's memory family (it would skew the fit)
+        job_family_tag(job, level) if members <= 1 else None,
     )
 
 
