@@ -179,3 +179,15 @@ def test_share_json_is_read_as_untrusted_input(tmp_path: Path) -> None:
     assert read_share(run_dir) is None  # a link is not followed
     assert shares_label("fused", "0123456789abcdef-0", [5, 3, 4]) == "fused 0123-0 · jobs 3,4,5"
     assert shares_label("sequential", "ab12-1", [3]) == "warm ab12-1" and shares_label(None, None, []) == ""
+
+
+def test_a_card_whose_slots_are_taken_is_open_while_its_group_has_room() -> None:
+    from orchestrator.scheduling.packing.pack import can_take_any, open_slots
+
+    full = [gpu(0, 80, slots=1)]
+    one = [member(9, 0, base_gib=8, cap=3)]
+    assert can_take_any(full, one, NO_HEADROOM) and open_slots(full, one, NO_HEADROOM) == 2  # 2 more members
+    solo = [RunningAttempt(9, 0, 10 * GIB, 10 * GIB, True)]
+    assert not can_take_any(full, solo, NO_HEADROOM) and open_slots(full, solo, NO_HEADROOM) == 0
+    at_cap = [member(i, 0, base_gib=8, cap=3) for i in (7, 8, 9)]
+    assert not can_take_any(full, at_cap, NO_HEADROOM)

@@ -13,6 +13,7 @@ from orchestrator.prediction.throughput import marginal_gain
 from orchestrator.scheduling.packing.fused import (
     GroupOnCard,
     add_running,
+    group_room,
     joining,
     own_mib,
     place_member,
@@ -101,8 +102,8 @@ def is_open(card: Card) -> bool:
     overlap, a running attempt with an expected end)."""
     if card.gpu.slots <= 0 or card.alone:
         return False
-    if card.used_slots < card.gpu.slots and card.available_mib > 0:
-        return True
+    if (card.used_slots < card.gpu.slots or group_room(card.groups)) and card.available_mib > 0:
+        return True  # a free slot, or a fused group with room (its members join without one)
     return card.overlap and any(end_s < math.inf for end_s, _ in card.frees)
 
 

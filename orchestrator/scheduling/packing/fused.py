@@ -19,15 +19,22 @@ from orchestrator.scheduling.packing.types import QueuedJob, RunningAttempt
 class GroupOnCard:
     members: int = 0
     base_mib: int | None = None  # the base's resident memory in its process, when a member said
+    cap: int = 1  # the cap its latest member was counted with
 
     def has_room(self, cap: int) -> bool:
         """A member can join a process of the group without starting another."""
         return cap > 1 and self.members % cap != 0
 
+    @property
+    def room(self) -> int:
+        """How many more members its last process takes (at its cap)."""
+        return (self.cap - self.members % self.cap) % self.cap if self.cap > 1 else 0
+
     def add(self, cap: int, base_mib: int | None = None) -> bool:
         """Count one more member; True when it opens a process (a plan slot)."""
         opens = not self.has_room(cap)
         self.members += 1
+        self.cap = cap
         if base_mib:
             self.base_mib = max(self.base_mib or 0, base_mib)
         return opens
@@ -39,6 +46,11 @@ def add_running(groups: dict[str, GroupOnCard], attempt: RunningAttempt) -> bool
     if attempt.fuse_group is None:
         return True
     return groups.setdefault(attempt.fuse_group, GroupOnCard()).add(attempt.fuse_cap, attempt.base_mib)
+
+
+def group_room(groups: dict[str, GroupOnCard]) -> int:
+    """Members the card's fused groups still take without a plan slot."""
+    return sum(group.room for group in groups.values())
 
 
 def joining(job: QueuedJob, groups: dict[str, GroupOnCard]) -> GroupOnCard | None:

@@ -28,6 +28,7 @@ from orchestrator.scheduling.packing.cards import (
     place_on,
 )
 from orchestrator.scheduling.packing.fit_time import card_fits_at_s
+from orchestrator.scheduling.packing.fused import group_room
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
 from orchestrator.scheduling.packing.level_choice import (
@@ -85,7 +86,8 @@ def open_slots(gpus: list[GpuState], running: list[RunningAttempt], policy: Pack
     """Free slots over the cards that could take a job now: no pass places more jobs than this,
     so a caller may hand `pack` only that many of each kind of job (jobs alike but for their
     place in the queue; `pack` takes them in queue order)."""
-    return sum(card.gpu.slots - card.used_slots for card in cards_of(gpus, running, policy).values() if is_open(card))
+    return sum(card.gpu.slots - card.used_slots + group_room(card.groups)
+               for card in cards_of(gpus, running, policy).values() if is_open(card))
 
 
 def ceiling_mib(gpus: list[GpuState], policy: PackingPolicy) -> int | None:
