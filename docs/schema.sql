@@ -39,7 +39,7 @@ CREATE TABLE attempts (
             exit_code INTEGER,
             signal INTEGER,
             reason TEXT,
-            kill_requested TEXT, output_metrics_json TEXT, executor TEXT, executor_id TEXT, executor_state TEXT, gpu_uuids_json TEXT, held_by_gpu_json TEXT, peak_by_gpu_json TEXT, peak_by_rank_json TEXT, port INTEGER, predicted_host_mib INTEGER NOT NULL DEFAULT 0, host_held_mib INTEGER NOT NULL DEFAULT 0, host_peak_mib INTEGER NOT NULL DEFAULT 0, cpu_peak_cores REAL, resumed_from_attempt INTEGER, resumed_from_checkpoint TEXT, worker TEXT, hunted TEXT, token TEXT, inexact_rungs_json TEXT, loss_json TEXT, diverged TEXT, provenance_json TEXT, reported_json TEXT, sm_pct INTEGER,            -- 'cancel' | 'retry' | 'hung' when someone asked to stop it
+            kill_requested TEXT, output_metrics_json TEXT, executor TEXT, executor_id TEXT, executor_state TEXT, gpu_uuids_json TEXT, held_by_gpu_json TEXT, peak_by_gpu_json TEXT, peak_by_rank_json TEXT, port INTEGER, predicted_host_mib INTEGER NOT NULL DEFAULT 0, host_held_mib INTEGER NOT NULL DEFAULT 0, host_peak_mib INTEGER NOT NULL DEFAULT 0, cpu_peak_cores REAL, resumed_from_attempt INTEGER, resumed_from_checkpoint TEXT, worker TEXT, hunted TEXT, token TEXT, inexact_rungs_json TEXT, loss_json TEXT, diverged TEXT, provenance_json TEXT, reported_json TEXT, sm_pct INTEGER, share_mode TEXT, share_process TEXT, share_pid INTEGER, share_base_mib INTEGER,            -- 'cancel' | 'retry' | 'hung' when someone asked to stop it
             UNIQUE(job_id, n)
         );
 
@@ -75,6 +75,8 @@ CREATE TABLE events (
             message TEXT NOT NULL,
             data_json TEXT
         , retry INTEGER NOT NULL DEFAULT 0);
+
+CREATE TABLE fused_caps (suite TEXT PRIMARY KEY, cap INTEGER NOT NULL, lowered_at REAL NOT NULL, reason TEXT NOT NULL);
 
 CREATE TABLE gpu_plan (
             gpu_index INTEGER PRIMARY KEY,  -- -1 holds the default for GPUs not named

@@ -162,7 +162,7 @@ def test_every_page_answers(client, db_path: Path) -> None:  # type: ignore[no-u
         "suite,config,task,metric,mean,std,n_seeds,seeds,levels,mixed_levels,"
         "overrides,test_is_val,dropout_differs,notes,val_mean,val_std,val_n,"
         "best_steps,submitted,failed,cancelled,running,queued,no_metric,accounted,"
-        "pooled,chosen_by,inexact_rungs,run_levels,run_inexact_rungs,diverged,mixed_provenance,pruned"
+        "pooled,chosen_by,inexact_rungs,run_levels,run_inexact_rungs,diverged,mixed_provenance,pruned,fused_runs"
     )
     assert client.get("/job/9999").status_code == 404
     assert client.get("/job/99999999999999999999999").status_code == 404  # beyond SQLite's integers

@@ -255,7 +255,7 @@ def _teaching(firsts: list[tuple[int, str | None, int]], live_jobs: Mapping[int,
 
 
 def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, plans: list[ClaimPlan],
-                      caps: Mapping[str, int]) -> None:
+                      caps: Mapping[str, int] | None = None) -> None:
     """Write each placed attempt as started, then start their workers. A job placed at a later
     level than its own (it ends sooner there) moves to it first, with the note saying why."""
     moved = {
@@ -265,6 +265,7 @@ def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, pl
     }
     plans = [p for p in plans if not p.level_note or p.job_id in moved]  # a job that left the queue stays out
     placed = jobs_by_id(store, [p.job_id for p in plans])
+    caps = fused_caps(store) if caps is None else caps  # each suite's lowered fused cap (ORCH_FUSE_MAX)
     claims = []
     for p in plans:
         whole = placed[p.job_id]
