@@ -50,10 +50,17 @@ def test_status_and_the_web_page_show_which_jobs_share_a_process(db_path: Path) 
         snapshot = status_snapshot(store)
         web = {r.job_id: r.shares for r in overview(store).running}
         assert members_now(store, PROCESS, 4242, a[0]) == 3
+    from starlette.testclient import TestClient
+
+    from orchestrator.web.app import create_app
+
+    with TestClient(create_app(db_path, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        page = client.get("/fragment/overview", headers={"X-Orch-Token": "t0ken"}).text
     fused = f"fused 0123-0 · jobs {','.join(str(j) for j in jobs[:3])}"
     shares = {r["id"]: r["shares"] for r in snapshot["running"]}
     assert shares == {jobs[0]: fused, jobs[1]: fused, jobs[2]: fused, jobs[3]: "warm fedc-1", jobs[4]: None}
     assert web == {**{j: fused for j in jobs[:3]}, jobs[3]: "warm fedc-1", jobs[4]: ""}
+    assert "<th" in page and ">shares</th>" in page and page.count(f'<td class="shares">{fused}</td>') == 3
     plain = plain_status(snapshot)
     assert "shares" in plain and fused in plain and "warm fedc-1" in plain
     console = Console(file=io.StringIO(), width=200, record=True)
