@@ -29,8 +29,12 @@ STAND_IN = textwrap.dedent(
     with open(os.path.join(run_dir, "seen.json"), "w") as f:
         json.dump(seen, f)
     share = {"mode": "fused", "process": "0123456789abcdef-0", "pid": 4242 + attempt, "base_mem_mib": 1000}
-    with open(os.path.join(run_dir, "share.json"), "w") as f:
-        json.dump(share, f)
+    if os.environ.get("STAND_IN") != "no-share":
+        with open(os.path.join(run_dir, "share.json"), "w") as f:
+            json.dump(share, f)
+    if os.environ.get("STAND_IN") in ("process-dies", "no-share"):  # its warm process died
+        print("the warm LoRA worker process ended while it trained this job", file=sys.stderr, flush=True)
+        sys.exit(1)
     print(json.dumps({"step": 1, "total": 2, "loss": 0.5}), flush=True)
     time.sleep(1.5)
     if attempt == 1:
@@ -45,18 +49,24 @@ STAND_IN = textwrap.dedent(
 )
 
 
-def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch) -> None:
+def stand_in(orch: Orch, suite: str, **settings: object) -> None:
+    """The stand-in worker package in the daemon's folder, and a fused suite `suite` of one config."""
     package = orch.root / "workers" / "lora"
-    package.mkdir(parents=True)
-    (orch.root / "workers" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "__main__.py").write_text(STAND_IN)
-    config_dir = orch.plans / "configs" / "fz"
+    if not package.is_dir():
+        package.mkdir(parents=True)
+        (orch.root / "workers" / "__init__.py").write_text("")
+        (package / "__init__.py").write_text("")
+        (package / "__main__.py").write_text(STAND_IN)
+    config_dir = orch.plans / "configs" / suite
     config_dir.mkdir(parents=True)
     (config_dir / "c1.yaml").write_text(yaml.safe_dump({"model": "tiny-llama", "batch_size": 2}))
-    (orch.plans / "suites" / "fz.yaml").write_text(yaml.safe_dump({
+    (orch.plans / "suites" / f"{suite}.yaml").write_text(yaml.safe_dump({
         "worker": "lora", "mem_gib": 1, "max_attempts": 1, "hang_timeout_s": 60, "configs": ["c1"],
-        "share_base": "fused", "fused_members": 4}))
+        "share_base": "fused", "fused_members": 4, **settings}))
+
+
+def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch) -> None:
+    stand_in(orch, "fz")
     orch.submit("fz", "1:toy 2:toy 3:toy")
     orch.start_daemon()
     states = orch.wait_all_done(180)
@@ -85,3 +95,18 @@ def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch)
     assert row["marks"] == ["⊕"] and row["fused_runs"] == 3 and row["n"] == 3
     table = orch.run("results").stdout
     assert "⊕ some runs trained in a fused group (share_base: fused; groups of up to 2 members)" in table
+
+
+def test_the_failures_of_one_warm_process_count_once_against_the_crash_loop_guard(orch: Orch) -> None:
+    guard = {"crash_loop": {"failures": 2, "within_s": 60, "window_s": 600}}
+    stand_in(orch, "shared", env={"STAND_IN": "process-dies"}, **guard)  # share.json: one process
+    stand_in(orch, "apart", env={"STAND_IN": "no-share"}, **guard)  # the same failures, no share.json
+    orch.submit("shared", "1:toy 2:toy 3:toy")
+    orch.submit("apart", "1:toy 2:toy 3:toy")
+    orch.start_daemon()
+    orch.wait_all_done(180)
+    paused = {p["suite"] for p in orch.json("status", "--once")["paused_configs"]} | {
+        p["suite"] for p in orch.json("status", "--once")["paused_suites"]}
+    assert paused == {"apart"}  # 3 fast failures naming one process and pid count once: below 2
+    shared = [a for a in orch.attempt_rows() if a.share_pid is not None]
+    assert len(shared) == 3 and {a.share_pid for a in shared} == {4243}
