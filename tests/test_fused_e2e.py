@@ -88,6 +88,11 @@ def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch)
     assert lowered.message.startswith("suite fz: fused groups now have at most 2 members (a fused group of 4 "
                                       "members ran out of memory (job ")
     assert orch.read(fused_caps) == {"fz": 2}  # in state.db: a daemon started again keeps it
+    shown = orch.json("show", str(first[0].job_id))["attempts"]
+    assert [a["share"] for a in shown] == [{"mode": "fused", "process": "0123456789abcdef-0", "pid": 4242 + n,
+                                            "base_mib": 1000} for n in (1, 2)]
+    said = orch.run("show", str(first[0].job_id)).stdout
+    assert "trained in fused warm process 0123456789abcdef-0 (pid 4243)" in said
     # their peaks are a group's (of 2, as result.json says): learned at that group size only
     shapes = orch.read(read_all_shapes)
     assert shapes and all(key.endswith("|fused2") for key in shapes), list(shapes)

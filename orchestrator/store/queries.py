@@ -250,6 +250,10 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         "run_alone": a.run_alone,
         "executor": a.executor,
         "executor_id": a.executor_id,  # a Slurm job id, a tmux window id
+        # the warm LoRA worker process that trained it, as its share.json said; null: its own
+        "share": None if a.share_process is None else {
+            "mode": a.share_mode, "process": a.share_process, "pid": a.share_pid, "base_mib": a.share_base_mib,
+        },
         "resumed_from": None if a.resumed_from_checkpoint is None else {
             "attempt": a.resumed_from_attempt, "checkpoint": a.resumed_from_checkpoint,
         },

@@ -154,7 +154,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
                 if resumed
                 else ""
             )
-            notes = [resumed_text, predicted, f"changed {changes}" if changes else "", a["reason"] or "",
+            share = a.get("share")
+            shared = f"trained in {share['mode']} warm process {share['process']} (pid {share['pid']})" if share else ""
+            notes = [resumed_text, predicted, shared, f"changed {changes}" if changes else "", a["reason"] or "",
                      a.get("hunted") or "", f"loss diverged: {a['diverged']}" if a.get("diverged") else ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
