@@ -430,8 +430,10 @@ class AttemptWatcher:
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
             if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):
                 fields["reached_peak"] = 1
-        if attempt.share_process is None and shares_base(job):
-            record = read_share(attempt.run_dir)  # until its client says which warm process took it
+        if attempt.share_process is None and shares_base(job) and obs.last_progress_at != attempt.last_progress_at:
+            # until its client says which warm process took it (written before the job's first
+            # progress line), read when its progress moved: not every pass
+            record = read_share(attempt.run_dir)
             if record is not None:
                 fields.update(record.fields())
         if obs.last_progress_at and obs.last_progress_at != attempt.last_progress_at:
