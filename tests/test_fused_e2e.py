@@ -36,7 +36,7 @@ STAND_IN = textwrap.dedent(
         print("the warm LoRA worker process ended while it trained this job", file=sys.stderr, flush=True)
         sys.exit(1)
     with open(os.path.join(run_dir, "progress.jsonl"), "a") as f:
-        f.write(json.dumps({"t": time.time(), "step": 1, "total": 2, "loss": 0.5}) + "\n")
+        f.write(json.dumps({"t": time.time(), "step": 1, "total": 2, "loss": 0.5}) + "\\n")
     time.sleep(1.5)
     if attempt == 1:
         print("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
