@@ -14,7 +14,7 @@ import yaml
 
 from orchestrator.store.attempts import read_all_shapes
 from orchestrator.store.sharing import fused_caps
-from tests.e2e_helpers import Orch, requires_tmux
+from tests.e2e_helpers import Orch, requires_tmux, wait_until
 
 pytestmark = requires_tmux
 
@@ -39,6 +39,10 @@ STAND_IN = textwrap.dedent(
         f.write(json.dumps({"t": time.time(), "step": 1, "total": 2, "loss": 0.5}) + "\\n")
     time.sleep(1.5)
     if attempt == 1:
+        for _ in range(600):  # until the test has seen the group in `orch status` (at most 60 s)
+            if os.path.exists("go"):
+                break
+            time.sleep(0.1)
         print("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr)
         print("orch: fused group of 4 members ran out of memory", file=sys.stderr, flush=True)
         sys.exit(75)
@@ -70,6 +74,15 @@ def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch)
     stand_in(orch, "fz")
     orch.submit("fz", "1:toy 2:toy 3:toy")
     orch.start_daemon()
+
+    def sharing() -> set[str] | None:  # every running job shows the one process it shares
+        running = orch.json("status", "--once")["running"]
+        labels = {r["shares"] for r in running}
+        return labels if len(running) == 3 and None not in labels else None
+
+    ids = ",".join(str(j.id) for j in sorted(orch.jobs(), key=lambda j: j.id))
+    assert wait_until(sharing, 60, "the running jobs to show their process") == {f"fused 0123-0 · jobs {ids}"}
+    (orch.root / "go").write_text("")
     states = orch.wait_all_done(180)
     assert set(states.values()) == {"succeeded"}, states
     attempts = orch.attempt_rows()

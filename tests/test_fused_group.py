@@ -5,6 +5,7 @@ failures counted once, the group-size memory rule and share.json read as untrust
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -192,3 +193,11 @@ def test_a_card_whose_slots_are_taken_is_open_while_its_group_has_room() -> None
     assert not can_take_any(full, solo, NO_HEADROOM) and open_slots(full, solo, NO_HEADROOM) == 0
     at_cap = [member(i, 0, base_gib=8, cap=3) for i in (7, 8, 9)]
     assert not can_take_any(full, at_cap, NO_HEADROOM)
+
+
+def test_a_member_joins_its_group_while_the_family_still_probes() -> None:
+    probing = [replace(member(9, 0, base_gib=None), probe_family="fam")]
+    d = pack([replace(fused_job(1, 4), probe_family="fam")], [gpu(0, 80, slots=1)], probing, NO_HEADROOM, 0.0)
+    assert placed(d) == {1: 0}  # at its whole prediction (no base figure yet)
+    alone = pack([job(1, 4, probe_family="fam")], [gpu(0, 80, slots=2)], probing, NO_HEADROOM, 0.0)
+    assert placed(alone) == {}  # any other job of the family waits for the probe

@@ -138,8 +138,8 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         return Blocker.CAP
     if job.run_alone and card.occupied:
         return Blocker.OCCUPIED
-    if job.probe_family is not None and job.probe_family in card.probing:
-        return Blocker.PROBE
+    if job.probe_family is not None and job.probe_family in card.probing and joining(job, card.groups) is None:
+        return Blocker.PROBE  # a fused member joins its group's process at its whole prediction instead
     if job.min_stack_gain is not None:
         measured = gain(job, card)
         if measured is not None and measured < job.min_stack_gain:
