@@ -68,7 +68,7 @@ class RunLine:
     value: float | None
     level: int | None
     inexact_rungs: tuple[str, ...]
-    marks: tuple[str, ...]  # the run's own marks (†, §, ♯, ¶, ◇)
+    marks: tuple[str, ...]  # the run's own marks (†, ⊕, §, ♯, ¶, ◇)
     why: str  # the reasons: of each mark, and why it is not counted
     best_step: int | None = None
     row_marks: tuple[str, ...] = ()  # its row's marks in the tables, on the row's metric
