@@ -138,6 +138,11 @@ def test_a_group_oom_is_requeued_uncounted_at_its_level_and_halves_the_cap() -> 
     assert step.job_fields["max_attempts"] == 3 and "level" not in step.job_fields
     assert "at most 2 members" in step.why
     assert [fused_cap_after(n) for n in (2, 3, 4, 16, None)] == [1, 1, 2, 8, 1]
+    # bounded: past the halvings from 16 to 1, a job's group OOM is taken as its own (down the ladder)
+    fifth = decide_next(job_row, LEVELS, LEVELS[1], verdict, group_ooms_so_far=4)
+    assert fifth.counted and fifth.job_state is JobState.FAILED  # its last counted attempt
+    roomy = decide_next(a_job(level=1, attempt_count=1), LEVELS, LEVELS[1], verdict, group_ooms_so_far=4)
+    assert roomy.counted and roomy.next_level == 2
 
 
 # ------------------------------------------------------------------ crash loop, memory, share.json

@@ -208,6 +208,9 @@ def describe_pruned(record: dict[str, Any]) -> str:
     return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{rank}{rule})"
 
 
+MAX_GROUP_OOMS = 4  # halvings from the largest group (16) to 1: a job's group OOMs past these are its own
+
+
 def fused_cap_after(members: int | None) -> int:
     """The most members a suite's fused group may have after a group of `members` ran out of
     memory: half as many, at least 1 (where a job runs alone and its OOM is its own)."""
@@ -233,7 +236,7 @@ def _resume(job: Job, checkpoint: CheckpointLeft) -> NextStep:
 
 def decide_next(
     job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
-    ran_alone: bool = False, resumed_from: str | None = None,
+    ran_alone: bool = False, resumed_from: str | None = None, group_ooms_so_far: int = 0,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended (`job.counted_attempts`: those
@@ -256,12 +259,15 @@ def decide_next(
     if kill_reason is KillRequest.PRUNE:  # whatever ended it, its setting is stopped: never retried
         why = pruned_reason(job)
         return NextStep(JobState.PRUNED, {"reason": why}, why)
-    if outcome.outcome is AttemptOutcome.GROUP_OOM:
+    if outcome.outcome is AttemptOutcome.GROUP_OOM and group_ooms_so_far < MAX_GROUP_OOMS:
         # its group's memory, not its own: same level, uncounted, from its last checkpoint if any;
         # the suite's groups are made smaller (bounded: at a cap of 1 an OOM is the job's own)
         cap = fused_cap_after(outcome.group_members)
         return _uncounted(job, f"requeued unchanged, not counted: {outcome.reason}; "
                                f"fused groups of suite {job.suite} now have at most {cap} member{'s' * (cap != 1)}")
+    if outcome.outcome is AttemptOutcome.GROUP_OOM:  # more than halving 16 down to 1 takes: its own OOM
+        outcome = Classification(AttemptOutcome.OOM, f"{outcome.reason}, its job's group OOM number "
+                                                     f"{group_ooms_so_far + 1}: taken as its own OOM")
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.progress:
         return _resume(job, resumes_from)

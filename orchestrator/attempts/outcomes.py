@@ -67,7 +67,7 @@ from orchestrator.store.history import history_values
 from orchestrator.store.learning import record_throughput
 from orchestrator.store.queue import job_by_id
 from orchestrator.store.rows import Attempt, Job
-from orchestrator.store.sharing import lower_fused_cap, members_now
+from orchestrator.store.sharing import group_ooms_before, lower_fused_cap, members_now
 from orchestrator.wording import ended_on_gpu
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def complete(
         ended = classify_end(found.evidence)  # pure, as is the decision (attempts.next_step)
         step = decide_next(found.job, found.levels, found.level, ended,
                            hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone,
-                           resumed_from=attempt.resumed_from_checkpoint)
+                           resumed_from=attempt.resumed_from_checkpoint, group_ooms_so_far=found.group_ooms)
         with contextlib.suppress(StopAskedMeanwhile):
             closed = _write_end(store, attempt, found, ended.classification, step)
             break
@@ -149,6 +149,7 @@ class _Gathered:
     loss: LossVerdict | None = None  # a run that ended well: its loss summary and the divergence rule's word
     provenance: dict[str, str] | None = None  # the digest of its provenance records
     group_size: int = 1  # a fused member: the size of the group its peak belongs to (attempts.fused_lessons)
+    group_ooms: int = 0  # earlier attempts of the job that ended as their fused group's OOM
 
 
 def _gather(
@@ -194,7 +195,8 @@ def _gather(
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt),
                      job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt),
-                     loss, read_provenance(run_dir, result), _group_size(store, attempt, job, result))
+                     loss, read_provenance(run_dir, result), _group_size(store, attempt, job, result),
+                     group_ooms_before(store, attempt) if fused(job) else 0)
 
 
 def _group_size(store: Store, attempt: Attempt, job: Job, result: dict[str, Any] | None) -> int:

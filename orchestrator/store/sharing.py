@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.rows import Attempt
@@ -42,6 +43,12 @@ def members_now(store: Store, process: str, pid: int, attempt_id: int) -> int:
         "AND (outcome IS NULL OR id = ?)", [process, pid, attempt_id],
     )
     return max(1, int(rows[0]["n"]))
+
+
+def group_ooms_before(store: Store, attempt: Attempt) -> int:
+    """Earlier attempts of the attempt's job that ended as their fused group's OOM."""
+    return int(store.query("SELECT count(*) AS n FROM attempts WHERE job_id = ? AND outcome = ? AND id != ?",
+                           [attempt.job_id, AttemptOutcome.GROUP_OOM.value, attempt.id])[0]["n"])
 
 
 def fused_caps(store: Store) -> dict[str, int]:
