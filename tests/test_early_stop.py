@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, parse_early_stop
@@ -184,3 +185,38 @@ def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> No
     order = [s.overrides["learning_rate"] for s in shuffled]
     assert order != sorted(order)
     assert all(order[i] == order[i + 1] == order[i + 2] for i in range(0, 18, 3))  # seeds together
+
+
+def test_smooth_evals_judges_a_seed_on_the_mean_of_its_last_evaluations() -> None:
+    values = {10.0: 0.5, 20.0: 0.6, 30.0: 0.9, 40.0: 0.7}
+    assert value_at(values, 30.0) == 0.9
+    assert value_at(values, 30.0, smooth_evals=3) == pytest.approx((0.5 + 0.6 + 0.9) / 3)
+    assert value_at(values, 35.0, smooth_evals=2) == pytest.approx(0.75)  # 20 and 30: at or before 35
+    assert value_at(values, 10.0, smooth_evals=3) == 0.5  # fewer evaluations than the window
+    assert value_at(values, 50.0, smooth_evals=3) is None  # not reported at or past the step
+    # one lucky evaluation at the rung: judged on it alone it ranks first, on the mean of 3 last
+    lucky = SeedRun(1, R, {8.0: 0.50, 9.0: 0.50, 10.0: 0.80, 20.0: 0.6}, 20.0)
+    steady = [SeedRun(i, R, {8.0: 0.62, 9.0: 0.62, 10.0: 0.62, 20.0: 0.7}, 20.0) for i in range(2, 5)]
+    settings = [SettingRuns("lucky", (lucky,))] + [SettingRuns(f"s{s.job_id}", (s,)) for s in steady]
+    plain = judge(ASHA, settings, [])
+    smoothed_spec = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, 10, 3, smooth_evals=3)
+    smoothed = judge(smoothed_spec, settings, [])
+    assert "lucky" not in {p.setting for p in plain.prunes}
+    stop = next(p for p in smoothed.prunes if p.setting == "lucky")
+    assert stop.value == pytest.approx(0.6) and stop.rank == 4
+    assert stop.record(smoothed_spec)["smooth_evals"] == 3 and "smooth_evals" not in stop.record(ASHA)
+    assert describe_pruned(stop.record(smoothed_spec)) == (
+        "pruned at step 10 (val_accuracy 0.6 (mean of the last 3 evaluations), ranked 4 of 4 at that step; asha)"
+    )
+
+
+def test_smooth_evals_is_checked_and_kept() -> None:
+    raw = {"metric": "m", "min_steps": 5, "smooth_evals": 3}
+    spec = parse_early_stop("s", raw)
+    assert spec.smooth_evals == 3 and EarlyStop.from_json(spec.to_json()) == spec
+    assert "smooth_evals" not in parse_early_stop("s", {"metric": "m", "min_steps": 5}).to_json()
+    for bad, said in ((0, "integer >= 1"), (101, "between 1 and 100"), ("3", "integer >= 1"), (True, ">= 1")):
+        with pytest.raises(PlanError) as info:
+            parse_early_stop("suite s.yaml", {**raw, "smooth_evals": bad})
+        assert "`early_stop.smooth_evals` must be" in str(info.value) and said in str(info.value)
+        assert "\n" not in str(info.value)

@@ -70,6 +70,7 @@ class Prune:
     of: int
 
     def record(self, spec: EarlyStop) -> dict[str, Any]:
+        smooth = {"smooth_evals": spec.smooth_evals} if spec.smooth_evals > 1 else {}
         return {
             "step": self.step,
             "metric": spec.metric,
@@ -78,7 +79,7 @@ class Prune:
             "of": self.of,
             "rule": spec.rule.value,
             "rung": self.rung,
-        }
+        } | smooth
 
 
 @dataclass
@@ -88,18 +89,19 @@ class Judgement:
     metric_missing_at: int | None = None  # a seed passed the first rung step without the metric
 
 
-def value_at(values: Mapping[float, float], step: float) -> float | None:
-    """A seed's metric at `step`: its last value at or before it, once it reported at or past it."""
+def value_at(values: Mapping[float, float], step: float, smooth_evals: int = 1) -> float | None:
+    """A seed's metric at `step`, once it reported at or past it: its last value at or before
+    it, or the mean of its last `smooth_evals` values there (fewer where it has fewer)."""
     if not values or max(values) < step:
         return None
-    earlier = [s for s in values if s <= step]
-    return float(values[max(earlier)]) if earlier else None
+    earlier = sorted(s for s in values if s <= step)[-smooth_evals:]
+    return sum(float(values[s]) for s in earlier) / len(earlier) if earlier else None
 
 
-def setting_value(setting: SettingRuns, step: float) -> float | None:
+def setting_value(setting: SettingRuns, step: float, smooth_evals: int = 1) -> float | None:
     """The mean over the setting's counted seeds at `step`; None until every one has it."""
     counted = setting.counted()
-    found = [value_at(seed.values, step) for seed in counted]
+    found = [value_at(seed.values, step, smooth_evals) for seed in counted]
     if not found or any(v is None or not math.isfinite(v) for v in found):
         return None
     return sum(v for v in found if v is not None) / len(found)
@@ -167,7 +169,7 @@ def judge(
         for rung, step in enumerate(spec.rung_steps(reached)):
             if rung in told_rungs.get(setting.key, set()):
                 continue
-            value = setting_value(setting, step)
+            value = setting_value(setting, step, spec.smooth_evals)
             if value is None:
                 break
             new.append((rung, step, setting, value))
