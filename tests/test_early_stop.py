@@ -220,3 +220,16 @@ def test_smooth_evals_is_checked_and_kept() -> None:
             parse_early_stop("suite s.yaml", {**raw, "smooth_evals": bad})
         assert "`early_stop.smooth_evals` must be" in str(info.value) and said in str(info.value)
         assert "\n" not in str(info.value)
+
+
+def test_a_leader_at_a_later_rung_is_never_stopped_for_an_earlier_one() -> None:
+    # A ran ahead alone to the second rung (step 30); eight settings then reach the first rung
+    # above A's value there: A is judged at its last rung only, where it leads (stopped for
+    # rung 0, every leader of a later rung could go, and the whole grid with them)
+    ahead = SettingRuns("A", (SeedRun(1, R, {10.0: 0.50, 30.0: 0.80}, 30.0),))
+    first = judge(ASHA, [ahead], [])
+    assert first.prunes == [] and {r.rung for r in first.told} == {0, 1}
+    late = [SettingRuns(f"s{i}", (SeedRun(i + 2, R, {10.0: 0.6 + i / 100}, 10.0),)) for i in range(8)]
+    again = judge(ASHA, [ahead, *late], first.told)
+    assert "A" not in {p.setting for p in again.prunes}
+    assert {p.setting for p in again.prunes} >= {"s0", "s1", "s2"}  # the worst at the first rung

@@ -208,10 +208,13 @@ def _judge_again(
     settings: Sequence[SettingRuns],
     at_rung: Mapping[int, Mapping[str, float]],
 ) -> list[Prune]:
-    """Each running setting judged by the pruner again at every rung it has passed, against
+    """Each running setting judged by the pruner again at the last rung it has reached, against
     every setting that has reached that rung by now: one that went on for being among the first
     there is stopped once better ones arrive (a grid queued in order of its values would
-    otherwise keep every setting better than those before it)."""
+    otherwise keep every setting better than those before it). Only there: a setting among the
+    best at a later rung is never stopped for where it stood at an earlier one (judged again at
+    every rung it passed, the leaders of the later rungs could all be stopped, and the grid with
+    them)."""
     prunes: list[Prune] = []
     everyone = study.get_trials(deepcopy=True)
     steps = spec.rung_steps(
@@ -222,17 +225,15 @@ def _judge_again(
             continue
         trial = everyone[trials[setting.key].number]
         values, attrs = dict(trial.intermediate_values), dict(trial.system_attrs)
-        for rung, step in enumerate(steps):
-            if setting.key not in at_rung.get(rung, {}):
-                break
-            # the trial as it was when it reached this rung: the pruner records the rung again
-            trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
-            trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
-            if study.pruner.prune(study, trial):
-                prunes.append(
-                    _prune(setting, rung, step, at_rung[rung][setting.key], at_rung, spec)
-                )
-                break
+        reached = [rung for rung in range(len(steps)) if setting.key in at_rung.get(rung, {})]
+        if not reached:
+            continue
+        rung, step = reached[-1], steps[reached[-1]]
+        # the trial as it was when it reached this rung: the pruner records the rung again
+        trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
+        trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
+        if study.pruner.prune(study, trial):
+            prunes.append(_prune(setting, rung, step, at_rung[rung][setting.key], at_rung, spec))
     return prunes
 
 
