@@ -111,8 +111,11 @@ def test_every_job_has_its_own_colour_and_a_config_its_hue(done_sweep: Reading, 
         for job_id, colour in colour_of.items():
             hues.setdefault(config_of[job_id], set()).add(_hsl(colour)[0])
         assert all(len(h) == 1 for h in hues.values()), hues  # seeds of a config: shades of one hue
-        config_hues = sorted(next(iter(h)) for h in hues.values())  # configs: hues well apart
-        assert len(config_hues) == 4 and min(b - a for a, b in itertools.pairwise(config_hues)) >= 40, hues
+        # configs: hues well apart. The broken config's jobs fail within a second or two and may
+        # end before a memory sample is taken (under load they often do): they need not be drawn.
+        assert set(CONFIGS) <= set(hues), hues
+        config_hues = sorted(next(iter(h)) for h in hues.values())
+        assert min(b - a for a, b in itertools.pairwise(config_hues)) >= 40, hues
         legend = page.locator(".gpu-memory").first.locator(".u-legend")
         assert re.search(r"job \d+ · (alpha|beta|gamma)", legend.inner_text())
         page.locator(".gpu-memory").first.screenshot(path=str(ARTIFACTS / "reading-memory-colours.png"))
