@@ -233,3 +233,14 @@ def test_a_leader_at_a_later_rung_is_never_stopped_for_an_earlier_one() -> None:
     again = judge(ASHA, [ahead, *late], first.told)
     assert "A" not in {p.setting for p in again.prunes}
     assert {p.setting for p in again.prunes} >= {"s0", "s1", "s2"}  # the worst at the first rung
+
+
+def test_the_benchmark_explains_each_seed_and_counts_ties(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import early_stop_sim
+
+    assert early_stop_sim.main(["--seeds", "2", "--no-search", "--explain", "--smooth-evals", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("  grid best lr=") == 2 and "true rank" in printed and "rung 0: " in printed
+    assert "smooth_evals 3" in printed and "tied with the grid best" in printed
+    assert early_stop_sim.true_best() == "lr=0.000251 r=16"  # 0.00002 above lr=0.000158 r=16: a tie
+    assert early_stop_sim.mean_se() == pytest.approx(0.005 / 3**0.5)
