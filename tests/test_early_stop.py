@@ -182,7 +182,7 @@ def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> No
     ]
     shuffled = settings_shuffled(specs, "s")
     assert shuffled == settings_shuffled(specs, "s") and sorted(shuffled, key=specs.index) == specs
-    order = [s.overrides["learning_rate"] for s in shuffled]
+    order = [float(str(s.overrides["learning_rate"])) for s in shuffled]
     assert order != sorted(order)
     assert all(order[i] == order[i + 1] == order[i + 2] for i in range(0, 18, 3))  # seeds together
 
