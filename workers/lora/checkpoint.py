@@ -74,7 +74,7 @@ def trainable(model: Any) -> dict[str, torch.Tensor]:
 def save_checkpoint(
     run_dir: Path, loop: LoopState, model: Any, optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler, best_weights: dict[str, torch.Tensor],
-    config: RunConfig, params: dict[str, torch.nn.Parameter] | None = None,
+    config: RunConfig, params: dict[str, torch.Tensor] | None = None,
 ) -> Path:  # fmt: skip
     """Write `run_dir/checkpoint-<step>` atomically and remove the older ones; returns its path."""
     final = run_dir / f"checkpoint-{loop.step}"
@@ -132,7 +132,7 @@ def _remove_aside(folder: Path) -> None:
 def load_checkpoint(
     path: Path, model: Any, optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler, config: RunConfig,
-    params: dict[str, torch.nn.Parameter] | None = None,
+    params: dict[str, torch.Tensor] | None = None,
 ) -> tuple[LoopState, dict[str, torch.Tensor]]:  # fmt: skip
     """Restore the weights, optimizer and RNG from `path`; returns the loop's state and the
     best-on-val weights. ConfigError when it is not a checkpoint of this run. `params`: the job's
@@ -154,7 +154,7 @@ def load_checkpoint(
         raise ConfigError(f"resume_from_checkpoint {path} was written by a run with other settings: "
                           f"{', '.join(differing)} differ")  # fmt: skip
     loop.best_score = -math.inf if loop.best_score is None else float(loop.best_score)
-    params = params or trainable(model)
+    params = trainable(model) if params is None else params
     device = next(iter(params.values())).device
     weights = _load(path / "lora.pt")
     if set(weights) != set(params) or any(weights[k].shape != params[k].shape for k in params):

@@ -211,7 +211,7 @@ LORA_SETTINGS = ("r", "lora_alpha", "lora_dropout", "target_modules", "layers_to
 
 
 def lora_settings(
-    model: Any, adapter: str = "default", params: dict[str, torch.nn.Parameter] | None = None
+    model: Any, adapter: str = "default", params: dict[str, torch.Tensor] | None = None
 ) -> dict[str, Any]:
     """For result.json: the LoRA settings peft applied (after the spec's translation for this
     model) as `lora`, and the trainable and total parameter counts (of `adapter` alone: a fused

@@ -21,7 +21,13 @@ from orchestrator.attempts.divergence import summarise_losses
 from workers.harness import Heartbeat
 from workers.lora.base_cache import BaseCache
 from workers.lora.batching import Encoded, LeftPadCollator, answer_token_ids
-from workers.lora.checkpoint import LoopState, load_checkpoint, remove_checkpoints, save_checkpoint, trainable
+from workers.lora.checkpoint import (
+    LoopState,
+    load_checkpoint,
+    remove_checkpoints,
+    save_checkpoint,
+    trainable,
+)
 from workers.lora.config import RunConfig
 from workers.lora.data import MISMATCHED_SPLIT, parse_data_name
 from workers.lora.dropout import KEYED_DROPOUT, install_keyed_dropout
@@ -167,7 +173,7 @@ class Placement:
     attach: Callable[[Any, RunConfig, str], tuple[Any, list[str]]] | None = None
     route: Callable[[], Any] = contextlib.nullcontext  # around the job's own evaluations
     save: Callable[[Any, Path], None] | None = None  # the adapter, to a folder
-    params: Callable[[Any], dict[str, torch.nn.Parameter]] | None = None  # solo names
+    params: Callable[[Any], dict[str, torch.Tensor]] | None = None  # by the names alone
 
 
 def run(
@@ -210,7 +216,8 @@ class JobRun:
         self.keep_checkpoints = keep_checkpoints
         self.placement = placement or Placement()
         self.step, self.samples_seen, self.train_seconds, self.last_beat_s = 0, 0, 0.0, 0.0
-        self.best_score, self.best_step, self.best_val = -math.inf, 0, {}
+        self.best_score, self.best_step = -math.inf, 0
+        self.best_val: dict[str, float] = {}
         self.best_state: dict[str, torch.Tensor] = {}
         self.losses: list[float] = []
         self.epoch, self.consumed = 0, 0  # consumed: examples of the epoch's permutation trained on
@@ -249,8 +256,8 @@ class JobRun:
         if config.gradient_checkpointing and not (self.placement.attach and is_checkpointing(model)):
             enable_checkpointing(model)
         if config.logits_to_keep > 0 and logits_to_keep_argument(model) is None:
-            log(f"warning: logits_to_keep: {config.logits_to_keep} has no effect: this model's forward "
-                "takes neither logits_to_keep nor num_logits_to_keep, so it computes every position's logits")  # fmt: skip
+            log(f"warning: logits_to_keep: {config.logits_to_keep} has no effect: this model's forward takes "
+                "neither logits_to_keep nor num_logits_to_keep, so it computes every position's logits")  # fmt: skip
         model.to(device)
         model.train()
         self.answer_ids = answer_token_ids(tokenizer, task)
@@ -258,8 +265,9 @@ class JobRun:
         self.pad_token_id = tokenizer.pad_token_id
         for name, count in truncated.items():
             if count > TRUNCATION_WARN_SHARE * len(encoded[name]):
-                log(f"warning: {count} of {len(encoded[name])} {name} examples ({100 * count / len(encoded[name]):.1f} %) "
-                    f"are longer than max_seq_len {config.max_seq_len} and lost text from their longest field")  # fmt: skip
+                share = 100 * count / len(encoded[name])
+                log(f"warning: {count} of {len(encoded[name])} {name} examples ({share:.1f} %) are longer than "
+                    f"max_seq_len {config.max_seq_len} and lost text from their longest field")  # fmt: skip
         self.order = EpochOrder(len(encoded["train"]), config.seed)
         self.train_loader = build_loader(
             encoded["train"], config.batch_size, collator, config.num_data_workers, self.order, config.seed
@@ -278,7 +286,7 @@ class JobRun:
         self.n_train = n_train = len(encoded["train"])
         updates_per_epoch = math.ceil(n_train / config.effective_batch_size)
         self.total_steps = total_steps = config.max_steps or (config.num_epochs or 1) * updates_per_epoch
-        self.optimizer, self.scheduler = build_optimizer(list(params.values()), config, total_steps)
+        self.optimizer, self.scheduler = build_optimizer(self.param_list(), config, total_steps)
         self.settings = lora_settings(model, adapter, params) | {
             "optimizer": describe_optimizer(config, total_steps),
             # what a ladder rung may change, as this attempt ran it
@@ -293,8 +301,8 @@ class JobRun:
         if self.draw_key is not None:
             self.settings["dropout_masks"] = KEYED_DROPOUT
         self.primary = PRIMARY_METRIC[task]
-        log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, "
-            f"{total_steps} optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
+        log(f"{config.data}: {n_train} train / {len(encoded['val'])} val / {len(encoded['test'])} test, {total_steps} "
+            f"optimizer steps, effective batch {config.effective_batch_size}, device {device}")  # fmt: skip
         if config.resume_from_checkpoint is not None:
             loop, self.best_state = load_checkpoint(
                 config.resume_from_checkpoint, model, self.optimizer, self.scheduler, config, params
@@ -305,6 +313,9 @@ class JobRun:
             log(f"resumed from {config.resume_from_checkpoint}: step {self.step} of {total_steps}, "
                 f"epoch {self.epoch + 1} with {self.consumed} of its {n_train} examples done")  # fmt: skip
         self.start_step = self.epoch_start_step = self.step
+
+    def param_list(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.params.values() if isinstance(p, torch.nn.Parameter)]
 
     def _eval_beat(self, split: str) -> Callable[[int, int], None]:
         def beat(done: int, batches: int) -> None:  # liveness while a long evaluation runs
@@ -355,7 +366,7 @@ class JobRun:
                     if self.draw_key is not None:
                         self.draw_key.at(self.step, micro_batch, batch["input_ids"].shape[1])
                     loss_total += (yield MicroBatch(batch, 1.0 / group_samples)) * len(batch["labels"])
-                update = apply_update(self.optimizer, self.scheduler, list(self.params.values()),
+                update = apply_update(self.optimizer, self.scheduler, self.param_list(),
                                       config.max_grad_norm, loss_total / group_samples, self.step + 1,
                                       total_steps)  # fmt: skip
                 self.step += 1
