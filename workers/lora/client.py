@@ -74,11 +74,7 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
     job = {"run_dir": str(run_dir.resolve()), "config": str(config_path.resolve()), "env": dict(os.environ)}
     cap = fuse_max(os.environ)
     if os.environ.get("ORCH_SHARE_BASE") == "fused" and cap > 1:
-        # the group's members must match in what one forward shares: the base key, the
-        # sequence-length bucket and checkpointing (the dtype is in the base key)
-        key = hashlib.sha256(
-            json.dumps([key, config.max_seq_len, config.gradient_checkpointing, "fused"]).encode()
-        ).hexdigest()[:16]
+        key = fused_key(key, config.max_seq_len, config.gradient_checkpointing)
         conn, why, first = _fused_connection(folder, key, {"job": job, "fuse_max": cap})
         mode = "fused"
     else:
@@ -91,6 +87,13 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
         return run_attempt(run_dir, config_path).exit_code
     log(f"share_base: {mode}: training in warm LoRA worker process {why}")
     return _relay(conn, run_dir, mode, why.split(" ")[0], first)
+
+
+def fused_key(key: str, max_seq_len: int, gradient_checkpointing: bool) -> str:
+    """The group key of a fused job: what one forward of the group shares must match (the base
+    key, which holds the dtype; the sequence-length bucket; checkpointing)."""
+    text = json.dumps([key, max_seq_len, gradient_checkpointing, "fused"])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def fuse_max(env: Mapping[str, str]) -> int:

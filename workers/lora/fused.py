@@ -130,7 +130,9 @@ class FusedModel:
 
     def _activate(self) -> None:
         """Every member's adapter trains (requires_grad); the routes pick who sees which rows."""
-        self.model.base_model.set_adapter(self.names())
+        names = self.names()
+        self.model.base_model.set_adapter(names)
+        self.model.active_adapter = names[0]  # PeftModel's own: it reads that adapter's config
 
     def detach(self, name: str) -> None:
         """Take a member's adapter out; the last one takes the whole PEFT model out (as a job
@@ -167,7 +169,7 @@ class MemberSpec:
     run_dir: Path
     config_path: Path
     env: dict[str, str] = field(default_factory=dict)
-    out: Any = None  # its stdout and stderr, a text stream (None: this process's)
+    out: Any = None  # its stdout and stderr, a text stream (None: as they are)
     stop: threading.Event = field(default_factory=threading.Event)
     done: Callable[[int], None] = lambda exit_code: None
     heartbeat: Callable[[Path, threading.Event], Heartbeat] = lambda run_dir, stop: Heartbeat(run_dir)
@@ -204,9 +206,11 @@ class FusedTrainer:
         """The member's environment and output, while its own code runs."""
         os.environ.clear()
         os.environ.update(self.base_env | spec.env)
-        out = spec.out or sys.__stdout__
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            with contextlib.ExitStack() as stack:
+                if spec.out is not None:
+                    stack.enter_context(contextlib.redirect_stdout(spec.out))
+                    stack.enter_context(contextlib.redirect_stderr(spec.out))
                 yield
         finally:
             os.environ.clear()

@@ -23,10 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from workers.lora.fused import FusedTrainer, MemberSpec
-from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted, log
+from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
 from workers.lora.share import messages, send
 
 MAX_MEMBERS = 16
+
+
+def log(message: str) -> None:
+    """This process's own lines: its window (the main thread's stderr is a member's meanwhile)."""
+    print(message, file=sys.__stderr__, flush=True)
 
 
 class Door:
