@@ -224,13 +224,14 @@ def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp
             run_dir = tmp_path / f"job-{n}"
             run_dir.mkdir()
             (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))
+            log = (run_dir / "stdout.log").open("wb")
             clients.append(subprocess.Popen([sys.executable, "-m", "workers.lora", "--run-dir", str(run_dir)],
                                             env={**env, "PYTHONHASHSEED": str(raw["seed"])}, cwd=REPO,
-                                            stdout=(run_dir / "stdout.log").open("wb"), stderr=subprocess.STDOUT))  # fmt: skip
+                                            stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
             if n == 0:  # the others join while the first trains
                 deadline = time.monotonic() + 120
                 while not ((run_dir / "progress.jsonl").exists() and (run_dir / "progress.jsonl").read_text()):
-                    assert clients[0].poll() is None and time.monotonic() < deadline, (run_dir / "stdout.log").read_text()
+                    assert clients[0].poll() is None and time.monotonic() < deadline, log.name
                     time.sleep(0.1)
         for n, client in enumerate(clients):
             assert client.wait(180) == 0, (tmp_path / f"job-{n}" / "stdout.log").read_text()[-3000:]

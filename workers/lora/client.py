@@ -81,7 +81,7 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
         conn, why = _warm_connection(folder, key)
         first, mode = None, "sequential"
         if conn is not None:
-            send(conn, {"job": job})
+            send(conn, {"job": job, "share_json": True})
     if conn is None:
         log(f"share_base: {mode}: training in this process: {why}")
         return run_attempt(run_dir, config_path).exit_code

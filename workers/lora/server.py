@@ -157,8 +157,9 @@ def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool
     env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
     log(f"job {env.get('ORCH_JOB_ID', '?')} attempt {env.get('ORCH_ATTEMPT', '?')}: {run_dir}")
     exit_code, usable = EXIT_FAILED, False
-    with contextlib.suppress(OSError):
-        send(conn, {"accepted": accepted(cache)})
+    if first and first.get("share_json"):  # a client that writes share.json: which process took the job
+        with contextlib.suppress(OSError):
+            send(conn, {"accepted": accepted(cache)})
     relay = Relay(conn, sys.__stdout__)
     try:
         os.environ.clear()
