@@ -251,3 +251,29 @@ def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp
         assert json.loads((run_dir / "result.json").read_text())["share_base"] == "fused"
     assert pids == {server.pid}
     assert json.loads((tmp_path / "job-0" / "result.json").read_text())["fused_members_max"] >= 2
+
+
+def test_a_checkpointing_group_trains_as_one_without(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Activation checkpointing computes each layer's forward again in the backward: the routes
+    and each member's dropout keys must hold there too."""
+    from workers.lora import fused
+    from workers.lora.model import is_checkpointing
+
+    seen: list[bool] = []
+    real = fused.forward_backward
+
+    def spy(model: Any, *args: Any) -> list[float]:
+        seen.append(is_checkpointing(model))
+        return real(model, *args)
+
+    monkeypatch.setattr(fused, "forward_backward", spy)
+    ends: dict[str, int] = {}
+    for ckpt in (False, True):
+        train_group([member(tmp_path / f"a-{ckpt}", config(data_dir, 1, gradient_checkpointing=ckpt), ends),
+                     member(tmp_path / f"c-{ckpt}", config(data_dir, 2, gradient_checkpointing=ckpt, **WIDE), ends)])
+    assert set(ends.values()) == {0} and False in seen and True in seen
+    for name in ("a", "c"):
+        plain, checkpointed = progress(tmp_path / f"{name}-False"), progress(tmp_path / f"{name}-True")
+        assert [p[1] for p in plain] == pytest.approx([p[1] for p in checkpointed], rel=1e-6)
