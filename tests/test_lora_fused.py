@@ -35,7 +35,7 @@ def config(data_dir: Path, seed: int, prec: str = "fp32", **changes: Any) -> dic
     return raw | changes
 
 
-WIDE = {  # another rank, other targets, another rate and micro-batch
+WIDE: dict[str, Any] = {  # another rank, other targets, another rate and micro-batch
     "peft": {"r": 4, "alpha": 4, "dropout": 0.1, "targets": ["q_proj", "k_proj", "o_proj"]},
     "learning_rate": 5e-3, "batch_size": 4, "gradient_accumulation_steps": 2,
 }  # fmt: skip
@@ -245,9 +245,9 @@ def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp
         share = json.loads((run_dir / "share.json").read_text())
         assert share["mode"] == "fused" and share["process"] == f"{key}-0"
         pids.add(share["pid"])
-        log = (run_dir / "stdout.log").read_text()
-        assert "share_base: fused: training in warm LoRA worker process" in log and "done: test" in log
-        assert log.count("optimizer steps, effective batch") == 1  # its own output only
+        text = (run_dir / "stdout.log").read_text()
+        assert "share_base: fused: training in warm LoRA worker process" in text and "done: test" in text
+        assert text.count("optimizer steps, effective batch") == 1  # its own output only
         assert json.loads((run_dir / "result.json").read_text())["share_base"] == "fused"
     assert pids == {server.pid}
     assert json.loads((tmp_path / "job-0" / "result.json").read_text())["fused_members_max"] >= 2
