@@ -277,3 +277,33 @@ def test_a_checkpointing_group_trains_as_one_without(
     for name in ("a", "c"):
         plain, checkpointed = progress(tmp_path / f"{name}-False"), progress(tmp_path / f"{name}-True")
         assert [p[1] for p in plain] == pytest.approx([p[1] for p in checkpointed], rel=1e-6)
+
+
+def test_a_sequential_warm_process_tells_a_client_that_asks_which_process_took_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """share.json (sequential too): the client writes it from the process's answer."""
+    import socket
+
+    import workers.lora.__main__ as worker
+    from workers.lora import server
+    from workers.lora.client import write_share_json
+    from workers.lora.share import messages, send, slot_paths
+
+    monkeypatch.setattr(worker, "run_attempt", lambda *args: worker.AttemptEnd(worker.EXIT_OK, True))
+    thread = threading.Thread(target=lambda: server.serve(tmp_path, "k", 0, 1.0), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not slot_paths(tmp_path, "k", 0)[0].exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(slot_paths(tmp_path, "k", 0)[0]))
+    send(conn, {"job": {"run_dir": str(tmp_path / "run"), "config": "c.yaml", "env": {}}, "share_json": True})
+    heard = list(messages(conn))
+    conn.close()
+    assert heard == [{"accepted": {"pid": os.getpid(), "base_mem_mib": None}}, {"exit": 0}]
+    write_share_json(tmp_path, "sequential", "k-0", heard[0]["accepted"] | {"base_mem_mib": "much"})
+    share = json.loads((tmp_path / "share.json").read_text())
+    assert share == {"mode": "sequential", "process": "k-0", "pid": os.getpid(), "base_mem_mib": None}
+    thread.join(30)

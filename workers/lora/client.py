@@ -61,7 +61,7 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
         return run_attempt(run_dir, config_path).exit_code  # reports the config error
     reason = unshareable(config.peft)
     if reason is not None:
-        log(f"share_base: sequential: training in this process: {reason}")
+        log(f"share_base: {os.environ.get('ORCH_SHARE_BASE', 'sequential')}: training in this process: {reason}")
         return run_attempt(run_dir, config_path).exit_code
     from workers.lora.provenance import model_record
 
