@@ -160,13 +160,19 @@ def test_a_stopped_member_leaves_and_the_others_finish(tmp_path: Path, data_dir:
     assert json.loads((tmp_path / "other" / "result.json").read_text())["steps"] == 6
 
 
-def test_dora_trains_alone_after_the_group_and_says_so(tmp_path: Path, data_dir: Path) -> None:
+def test_dora_trains_alone_after_the_group_and_says_so(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ends: dict[str, int] = {}
     dora = config(data_dir, 1, peft={"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "use_dora": True})
-    train_group([member(tmp_path / "dora", dora, ends), member(tmp_path / "plain", config(data_dir, 2), ends)])
-    assert ends == {"dora": 0, "plain": 0}
+    apart = config(data_dir, 3, gradient_checkpointing=True)  # another group key, handed over anyway
+    train_group([member(tmp_path / "plain", config(data_dir, 2), ends), member(tmp_path / "dora", dora, ends),
+                 member(tmp_path / "apart", apart, ends)])  # fmt: skip
+    assert ends == {"dora": 0, "plain": 0, "apart": 0}
     result = json.loads((tmp_path / "dora" / "result.json").read_text())
     assert result["share_base"] == "sequential" and "DoRA" in result["fused_fallback"]
+    assert "share_base: fused: DoRA (use_dora) trains alone in the process (sequential)" in capsys.readouterr().err
+    assert "gradient_checkpointing" in json.loads((tmp_path / "apart" / "result.json").read_text())["fused_fallback"]
     assert json.loads((tmp_path / "plain" / "result.json").read_text())["share_base"] == "fused"
 
 

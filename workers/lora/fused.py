@@ -222,7 +222,7 @@ class FusedTrainer:
         with self.context(spec):
             try:
                 config = member.attempt.prepare()
-                why = unfusable(config)
+                why = unfusable(config) or self._mismatch(config)
                 if why is not None:
                     raise Unfusable(why)
                 placement = self.fused.placement()
@@ -247,6 +247,17 @@ class FusedTrainer:
             self.members.append(member)
         if member.micro is None:
             self._finish(member)
+
+    def _mismatch(self, config: RunConfig) -> str | None:
+        """What this job does not share with the group (its clients' group key keeps such jobs
+        apart; a job handed over anyway trains alone after the group)."""
+        if not self.members or self.members[0].job is None:
+            return None
+        group = self.members[0].job.config
+        for name in ("model", "prec", "max_seq_len", "gradient_checkpointing"):
+            if getattr(config, name) != getattr(group, name):
+                return f"its {name} differs from the fused group's: it trains alone in the process (sequential)"
+        return None
 
     def _end(self, member: Member, exc: BaseException) -> None:
         with self.context(member.spec):
