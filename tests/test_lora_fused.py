@@ -313,3 +313,23 @@ def test_a_sequential_warm_process_tells_a_client_that_asks_which_process_took_i
     share = json.loads((tmp_path / "share.json").read_text())
     assert share == {"mode": "sequential", "process": "k-0", "pid": os.getpid(), "base_mem_mib": None}
     thread.join(30)
+
+
+def test_a_fused_members_checkpoint_resumes_alone(tmp_path: Path, data_dir: Path) -> None:
+    """Its checkpoint names its weights as the job alone does: orch's resume (alone, or in
+    another group) goes on from it."""
+    from workers.lora.__main__ import run_attempt
+
+    ends: dict[str, int] = {}
+    raw = config(data_dir, 1, checkpoint_every_steps=2)
+    stopped = member(tmp_path / "stopped", raw, ends, heartbeat=lambda run_dir, stop: StopAt(run_dir, stop, 4))
+    train_group([stopped, member(tmp_path / "whole", raw, ends), member(tmp_path / "mate", config(data_dir, 2), ends)])
+    assert ends == {"stopped": 143, "whole": 0, "mate": 0}
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    checkpoint = tmp_path / "stopped" / "checkpoint-4"
+    (resumed / "config.yaml").write_text(yaml.safe_dump(raw | {"resume_from_checkpoint": str(checkpoint)}))
+    assert run_attempt(resumed, resumed / "config.yaml").exit_code == 0, (resumed / "result.json").read_text()
+    whole = [p[1] for p in progress(tmp_path / "whole") if p[1] is not None]
+    after = [p[1] for p in progress(resumed) if p[1] is not None]
+    assert len(after) == 2 and after == pytest.approx(whole[4:], rel=1e-4)
