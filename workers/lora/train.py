@@ -7,7 +7,6 @@ import inspect
 import math
 import os
 import random
-import resource
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -30,13 +29,13 @@ from workers.lora.checkpoint import (
 )
 from workers.lora.config import RunConfig
 from workers.lora.data import MISMATCHED_SPLIT, parse_data_name
+from workers.lora.device import peak_memory, select_device
 from workers.lora.dropout import KEYED_DROPOUT, install_keyed_dropout
 from workers.lora.metrics import PRIMARY_METRIC, task_metrics
 from workers.lora.model import apply_lora, enable_checkpointing, is_checkpointing, lora_settings
 from workers.lora.optimizer import apply_update, build_optimizer, describe_optimizer
 from workers.lora.order import EpochOrder
 
-MIB = 1024 * 1024
 TRUNCATION_WARN_SHARE = 0.01  # more truncated examples than this share of a split: a warning
 Log = Callable[[str], None]
 
@@ -62,25 +61,6 @@ class TrainOutcome:
     examples: dict[str, int] = field(default_factory=dict)
     truncated: dict[str, int] = field(default_factory=dict)
     loss_summary: dict[str, Any] = field(default_factory=dict)  # divergence.LossSummary.to_record()
-
-
-def select_device() -> torch.device:
-    wanted = os.environ.get("ORCH_WORKER_DEVICE")
-    if wanted:
-        return torch.device(wanted)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def peak_memory(device: torch.device) -> dict[str, Any]:
-    """Peak memory: CUDA allocator reservation on a GPU, the process's peak RSS on CPU."""
-    if device.type == "cuda":
-        return {
-            "peak_mem_mib": math.ceil(torch.cuda.max_memory_reserved(device) / MIB),
-            "peak_mem_allocated_mib": math.ceil(torch.cuda.max_memory_allocated(device) / MIB),
-            "peak_mem_kind": "cuda_max_memory_reserved",
-        }
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return {"peak_mem_mib": math.ceil(rss_kib / 1024), "peak_mem_kind": "cpu_peak_rss"}
 
 
 def build_loader(
