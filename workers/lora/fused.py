@@ -276,6 +276,8 @@ class FusedTrainer:
         self._leave(member, end)
 
     def _leave(self, member: Member, end: AttemptEnd) -> None:
+        if member.steps is not None:
+            member.steps.close()  # a loop left mid-epoch: its loader (and data workers) go now
         if member.job is not None and member.job.params:
             for parameter in member.job.params.values():
                 parameter.grad = None
