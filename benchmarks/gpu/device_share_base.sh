@@ -3,7 +3,8 @@
 # benchmarks/gpu/share_base_sweep.py on one GPU: the 210M-Llama LoRA sweep one job at a time,
 # through orch with `share_base: off`, and with `share_base: sequential`, on the same machine.
 #   SEEDS (default 2) seeds of each of the 4 configs, or several counts ("4 2": one sweep each,
-#   in turn); MODES (default serial,off,sequential) the script's --modes; PLAN (default 4) jobs
+#   in turn); MODES (default serial,off,sequential; fusedN: share_base fused with N members)
+#   the script's --modes; SIZE (210m or 1b3) the Llama; PLAN (default 4) jobs
 #   per card for off and sequential; LIMIT_S (default 540) the wall-clock limit of each sweep.
 # Writes, per seed count N, $OUT/sN/share-base.json (the script's summary and every job's
 # figures) and $OUT/sN/daemon-logs.tar.gz (each mode's daemon log); and $OUT/log-share-base.txt.
@@ -18,6 +19,7 @@ SEEDS=${SEEDS:-2}
 MODES=${MODES:-serial,off,sequential}
 PLAN=${PLAN:-4}
 LIMIT_S=${LIMIT_S:-540}
+SIZE=${SIZE:-210m}
 mkdir -p "$OUT"
 rm -rf "$WORK"-s*
 {
@@ -31,7 +33,7 @@ rm -rf "$WORK"-s*
     started=$(date +%s)
     mkdir -p "$OUT/s$n"
     timeout "$LIMIT_S" python3 benchmarks/gpu/share_base_sweep.py --work "$WORK-s$n" \
-      --out "$OUT/s$n" --seeds "$n" --plan "$PLAN" --modes "$MODES"
+      --out "$OUT/s$n" --seeds "$n" --plan "$PLAN" --modes "$MODES" --size "$SIZE"
     echo "share_base_sweep.py --seeds $n exited $? after $(($(date +%s) - started)) s"
     (cd "$WORK-s$n" && tar czf "$OUT/s$n/daemon-logs.tar.gz" */state.db.daemon.log)
   done

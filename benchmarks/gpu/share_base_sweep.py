@@ -9,12 +9,13 @@ trl_sweep.py) with the toy word-level tokenizer; RTE-sized sample data (2,490 tr
 validation examples); 4 LoRA configs (r 8 on q/v at 3e-4, r 16 on q/k/v/o at 3e-4, r 8 on q/v at
 1e-3, r 4 on q/k/v/o/gate/up/down at 5e-4; LoRA dropout 0.05) × `--seeds` seeds, one epoch,
 batch 16, no checkpoints. Modes, each a fresh state database and `orch daemon run` on the GPU:
-`serial` (plan 1, off), `off` (plan `--plan`, today's orch), `sequential` (plan `--plan`);
-`--modes off,sequential` leaves out `serial` (it takes longest). Writes
-OUT/share-base.json: per mode the makespan (daemon start to every job ended) and each job's
-figures; prints the makespans, the speed-ups against the goals (sequential >= 1.5x off; fused,
-not yet built, would need >= 2x off and >= 3x serial) and whether every per-seed figure of
-`sequential` equals `off`'s bit for bit. `--dry`: the tiny Llama on CPU, simulated GPUs, 2
+`serial` (plan 1, off), `off` (plan `--plan`, today's orch), `sequential` (plan `--plan`),
+`fusedN` (`share_base: fused`, `fused_members: N`, plan `--plan`); `--modes off,sequential`
+leaves out `serial` (it takes longest). `--size 1b3` trains a 1.3B Llama-shaped model (GLA-1.3B's
+width and depth) instead. Writes OUT/share-base.json: per mode the makespan (daemon start to
+every job ended) and each job's figures; prints the makespans, the speed-ups against the goals
+(sequential >= 1.5x off; fused >= 2x off and >= 3x serial), whether every per-seed figure of
+`sequential` equals `off`'s bit for bit, and how far each fused mode's figures are from `off`'s. `--dry`: the tiny Llama on CPU, simulated GPUs, 2
 configs, 20 steps (checks the script, not the figures).
 """
 
@@ -43,6 +44,16 @@ LLAMA_210M: dict[str, Any] = dict(
     num_attention_heads=16,
     num_key_value_heads=16,
 )
+# A 1.3B Llama-shaped model (GLA-1.3B's width and depth: hidden 2048, 24 layers), for where fla
+# does not install.
+LLAMA_1B3: dict[str, Any] = dict(
+    hidden_size=2048,
+    num_hidden_layers=24,
+    intermediate_size=5632,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+)
+SIZES = {"210m": LLAMA_210M, "1b3": LLAMA_1B3}
 CONFIGS: dict[str, dict[str, Any]] = {
     "qv_r8": {
         "peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]},
@@ -76,7 +87,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-def make_model(directory: Path) -> None:
+def make_model(directory: Path, shape: dict[str, Any]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -84,7 +95,7 @@ def make_model(directory: Path) -> None:
 
     tokenizer = build_tiny_tokenizer()
     config = LlamaConfig(
-        **LLAMA_210M,
+        **shape,
         vocab_size=len(tokenizer),
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
@@ -123,10 +134,17 @@ def write_plans(plans: Path, mode: str, model: str, data: Path, dry: bool) -> No
         "configs": names,
         "one_token_tasks": ["glue*"],
         "hang_timeout_s": 900,
-        "share_base": "off" if mode == "serial" else mode,
+        "share_base": "off" if mode == "serial" else share_base(mode),
         "env": env,
     }
+    if mode.startswith("fused"):
+        suite["fused_members"] = int(mode.removeprefix("fused"))
     (plans / "suites" / "share.yaml").write_text(yaml.safe_dump(suite))
+
+
+def share_base(mode: str) -> str:
+    """The suite's share_base for a mode: fusedN is `fused` with N members at most."""
+    return "fused" if mode.startswith("fused") else mode
 
 
 def run_mode(
@@ -175,6 +193,7 @@ def run_mode(
             "final_loss": result.get("final_loss"),
             "peak_mem_mib": result.get("peak_mem_mib"),
             "share_base": result.get("share_base", "off"),
+            "fused_members_max": result.get("fused_members_max"),
             "attempt": result_path.parent.name,
             "losses": [json.loads(line).get("loss") for line in progress if '"loss"' in line],
         }
@@ -190,6 +209,22 @@ def same_numbers(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
+def largest_gaps(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """Over the jobs both ran: the largest |difference| of the final loss and of each val and
+    test metric (fused runs are not bit-equal to solo ones: how far they are)."""
+    gaps: dict[str, float] = {}
+    for key in sorted(set(a) & set(b)):
+        pairs = [("final_loss", a[key].get("final_loss"), b[key].get("final_loss"))]
+        for split in ("val", "test"):
+            mine = ((a[key].get("metrics") or {}).get(split)) or {}
+            theirs = ((b[key].get("metrics") or {}).get(split)) or {}
+            pairs += [(f"{split}_{m}", mine[m], theirs.get(m)) for m in mine]
+        for name, x, y in pairs:
+            if isinstance(x, int | float) and isinstance(y, int | float):
+                gaps[name] = max(gaps.get(name, 0.0), round(abs(x - y), 6))
+    return gaps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -199,10 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--plan", default="4", help="jobs per card for off and sequential")
     parser.add_argument("--dry", action="store_true", help="tiny Llama on CPU, simulated GPUs")
+    parser.add_argument("--size", choices=sorted(SIZES), default="210m", help="the Llama's size")
     parser.add_argument(
         "--modes",
         default="serial,off,sequential",
-        help="which of serial,off,sequential to run (off and sequential are always compared)",
+        help="which of serial,off,sequential,fusedN (fused with N members at most) to run; "
+        "off and sequential are always compared",
     )
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True)
@@ -215,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         model = "tiny-llama"
     else:
-        model = str(args.work / "llama-210m")
-        make_model(Path(model))
+        model = str(args.work / f"llama-{args.size}")
+        make_model(Path(model), SIZES[args.size])
     data = args.work / "data"
     subprocess.run(
         [
@@ -236,7 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         cwd=REPO,
         capture_output=True,
     )
-    modes = [m for m in ("serial", "off", "sequential") if m in args.modes.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        if mode not in ("serial", "off", "sequential") and not (
+            mode.startswith("fused") and mode.removeprefix("fused").isdigit()
+        ):
+            parser.error(f"unknown mode {mode!r}")
     if "off" not in modes or "sequential" not in modes:
         parser.error("--modes must name off and sequential")
     runs = {
@@ -260,6 +302,15 @@ def main(argv: list[str] | None = None) -> int:
             "sequential_vs_serial": round(makespan_s["serial"] / makespan_s["sequential"], 3),
             "off_vs_serial": round(makespan_s["serial"] / makespan_s["off"], 3),
             "serial_equals_off": all(same_numbers(serial[k], off[k]) for k in off if k in serial),
+        }
+    for mode in (m for m in runs if m.startswith("fused")):
+        fused = runs[mode]["figures"]
+        summary[mode] = {
+            "vs_off": round(makespan_s["off"] / makespan_s[mode], 3),
+            "vs_serial": round(makespan_s["serial"] / makespan_s[mode], 3) if "serial" in runs else None,
+            "fused_jobs": sum(f["share_base"] == "fused" for f in fused.values()),
+            "largest_group": max((f["fused_members_max"] or 0 for f in fused.values()), default=0),
+            "largest_gap_to_off": largest_gaps(fused, off),
         }
     summary |= {
         "warm_jobs": sum(f["share_base"] == "sequential" for f in sequential.values()),
