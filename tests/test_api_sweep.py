@@ -74,13 +74,13 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
 
     curves = sweep.curves(keys=["loss"])
     assert list(curves.columns) == ["job", "attempt", "step", "key", "value", "suite", "config", "learning_rate",
-                                    "seed", "task"]
+                                    "seed", "task", "pruned_step"]
     per_job = curves.groupby("job")["step"].count()
     assert (per_job >= 5).all() and curves["value"].between(0, 2).all()
     assert set(curves["learning_rate"]) == {1e-4, 3e-4} and set(curves["seed"]) == {1, 2}
     rows = sweep.curves(jobs=[1], as_frame=False)
     assert isinstance(rows, list) and rows[0].keys() == {"job", "attempt", "step", "key", "value", "suite", "config",
-                                                         "learning_rate", "seed", "task"}
+                                                         "learning_rate", "seed", "task", "pruned_step"}
     assert {r["key"] for r in rows} >= {"loss", "test_accuracy"}
     assert sweep.jobs(as_frame=False)[0]["setting"] == "learning_rate=0.0001"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, parse_early_stop
@@ -181,6 +182,65 @@ def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> No
     ]
     shuffled = settings_shuffled(specs, "s")
     assert shuffled == settings_shuffled(specs, "s") and sorted(shuffled, key=specs.index) == specs
-    order = [s.overrides["learning_rate"] for s in shuffled]
+    order = [float(str(s.overrides["learning_rate"])) for s in shuffled]
     assert order != sorted(order)
     assert all(order[i] == order[i + 1] == order[i + 2] for i in range(0, 18, 3))  # seeds together
+
+
+def test_smooth_evals_judges_a_seed_on_the_mean_of_its_last_evaluations() -> None:
+    values = {10.0: 0.5, 20.0: 0.6, 30.0: 0.9, 40.0: 0.7}
+    assert value_at(values, 30.0) == 0.9
+    assert value_at(values, 30.0, smooth_evals=3) == pytest.approx((0.5 + 0.6 + 0.9) / 3)
+    assert value_at(values, 35.0, smooth_evals=2) == pytest.approx(0.75)  # 20 and 30: at or before 35
+    assert value_at(values, 10.0, smooth_evals=3) == 0.5  # fewer evaluations than the window
+    assert value_at(values, 50.0, smooth_evals=3) is None  # not reported at or past the step
+    # one lucky evaluation at the rung: judged on it alone it ranks first, on the mean of 3 last
+    lucky = SeedRun(1, R, {8.0: 0.50, 9.0: 0.50, 10.0: 0.80, 20.0: 0.6}, 20.0)
+    steady = [SeedRun(i, R, {8.0: 0.62, 9.0: 0.62, 10.0: 0.62, 20.0: 0.7}, 20.0) for i in range(2, 5)]
+    settings = [SettingRuns("lucky", (lucky,))] + [SettingRuns(f"s{s.job_id}", (s,)) for s in steady]
+    plain = judge(ASHA, settings, [])
+    smoothed_spec = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, 10, 3, smooth_evals=3)
+    smoothed = judge(smoothed_spec, settings, [])
+    assert "lucky" not in {p.setting for p in plain.prunes}
+    stop = next(p for p in smoothed.prunes if p.setting == "lucky")
+    assert stop.value == pytest.approx(0.6) and stop.rank == 4
+    assert stop.record(smoothed_spec)["smooth_evals"] == 3 and "smooth_evals" not in stop.record(ASHA)
+    assert describe_pruned(stop.record(smoothed_spec)) == (
+        "pruned at step 10 (val_accuracy 0.6 (mean of the last 3 evaluations), ranked 4 of 4 at that step; asha)"
+    )
+
+
+def test_smooth_evals_is_checked_and_kept() -> None:
+    raw = {"metric": "m", "min_steps": 5, "smooth_evals": 3}
+    spec = parse_early_stop("s", raw)
+    assert spec.smooth_evals == 3 and EarlyStop.from_json(spec.to_json()) == spec
+    assert "smooth_evals" not in parse_early_stop("s", {"metric": "m", "min_steps": 5}).to_json()
+    for bad, said in ((0, "integer >= 1"), (101, "between 1 and 100"), ("3", "integer >= 1"), (True, ">= 1")):
+        with pytest.raises(PlanError) as info:
+            parse_early_stop("suite s.yaml", {**raw, "smooth_evals": bad})
+        assert "`early_stop.smooth_evals` must be" in str(info.value) and said in str(info.value)
+        assert "\n" not in str(info.value)
+
+
+def test_a_leader_at_a_later_rung_is_never_stopped_for_an_earlier_one() -> None:
+    # A ran ahead alone to the second rung (step 30); eight settings then reach the first rung
+    # above A's value there: A is judged at its last rung only, where it leads (stopped for
+    # rung 0, every leader of a later rung could go, and the whole grid with them)
+    ahead = SettingRuns("A", (SeedRun(1, R, {10.0: 0.50, 30.0: 0.80}, 30.0),))
+    first = judge(ASHA, [ahead], [])
+    assert first.prunes == [] and {r.rung for r in first.told} == {0, 1}
+    late = [SettingRuns(f"s{i}", (SeedRun(i + 2, R, {10.0: 0.6 + i / 100}, 10.0),)) for i in range(8)]
+    again = judge(ASHA, [ahead, *late], first.told)
+    assert "A" not in {p.setting for p in again.prunes}
+    assert {p.setting for p in again.prunes} >= {"s0", "s1", "s2"}  # the worst at the first rung
+
+
+def test_the_benchmark_explains_each_seed_and_counts_ties(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import early_stop_sim
+
+    assert early_stop_sim.main(["--seeds", "2", "--no-search", "--explain", "--smooth-evals", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("  grid best lr=") == 2 and "true rank" in printed and "rung 0: " in printed
+    assert "smooth_evals 3" in printed and "tied with the grid best" in printed
+    assert early_stop_sim.true_best() == "lr=0.000251 r=16"  # 0.00002 above lr=0.000158 r=16: a tie
+    assert early_stop_sim.mean_se() == pytest.approx(0.005 / 3**0.5)

@@ -219,6 +219,10 @@ def test_early_stopping_reads_what_it_needs_of_a_history_by_seeks(tmp_path: Path
         sparse = metric_points_at(store, [1], "val_accuracy", [12.0, 36.0, 92.0])[1]
         assert sparse == {10.0: 0.1, 35.0: 0.35, 90.0: 0.5, 110.0: 0.6}
         assert [value_at(sparse, s) for s in (12.0, 36.0, 92.0, 111.0)] == [0.1, 0.35, 0.5, None]
+        # smooth_evals: the last 3 distinct steps at or before each rung step, attempt 2's at 90
+        window = metric_points_at(store, [1], "val_accuracy", [12.0, 92.0], last_n=3)[1]
+        assert window == {5.0: 0.05, 10.0: 0.1, 80.0: 0.8, 85.0: 0.85, 90.0: 0.5, 110.0: 0.6}
+        assert value_at(window, 92.0, 3) == pytest.approx((0.8 + 0.85 + 0.5) / 3)
 
 
 def test_a_prune_never_overrides_a_stop_already_asked(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ leaves out `serial` (it takes longest). `--size 1b3` trains a 1.3B Llama-shaped 
 width and depth) instead. Writes OUT/share-base.json: per mode the makespan (daemon start to
 every job ended) and each job's figures; prints the makespans, the speed-ups against the goals
 (sequential >= 1.5x off; fused >= 2x off and >= 3x serial), whether every per-seed figure of
-`sequential` equals `off`'s bit for bit, and how far each fused mode's figures are from `off`'s. `--dry`: the tiny Llama on CPU, simulated GPUs, 2
-configs, 20 steps (checks the script, not the figures).
+`sequential` equals `off`'s bit for bit, and how far each fused mode's figures are from
+`off`'s. `--dry`: the tiny Llama on CPU, simulated GPUs, 2 configs, 20 steps (checks the script,
+not the figures).
 """
 
 from __future__ import annotations

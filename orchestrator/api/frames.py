@@ -4,10 +4,13 @@ lists: every reader names the job `job`, carries one typed column per `--set` ov
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from orchestrator.lifecycle import JobState
 from orchestrator.results.run_lines import RunLine
+from orchestrator.store.rows import Job
 
 RESULT_COLUMNS = (
     "job",
@@ -49,7 +52,15 @@ SUMMARY_COLUMNS = (
     "inexact_rungs",
     "pooled",
 )
-INT_COLUMNS = ("gpu", "level", "attempt", "best_step", "job")  # nullable integers (pandas `Int64`)
+INT_COLUMNS = ("gpu", "level", "attempt", "best_step", "job", "pruned_step")  # nullable integers (pandas `Int64`)
+
+
+def pruned_step(job: Job) -> int | float | None:
+    """The step early stopping stopped a pruned job at (its prune record's); None for any other."""
+    step = (job.pruned or {}).get("step") if job.state is JobState.PRUNED else None
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+        return None
+    return int(step) if step == int(step) else float(step)
 
 
 def override_columns(

@@ -33,6 +33,7 @@ from orchestrator.api.daemon_process import start_daemon, stop_daemon
 from orchestrator.api.frames import (
     column_order,
     override_columns,
+    pruned_step,
     result_rows,
     summary_rows,
     typed_frame,
@@ -57,7 +58,7 @@ JOB_COLUMNS = ("job", "suite", "config", "setting", "seed", "task", "state", "at
                "metric", "value", "reason", "submitted_at", "started_at", "ended_at")
 TIME_COLUMNS = ("submitted_at", "started_at", "ended_at")
 # a curve's point, then its job's names (the override columns go after `config`)
-CURVE_FRAME_COLUMNS = (*CURVE_COLUMNS, "suite", "config", "seed", "task")
+CURVE_FRAME_COLUMNS = (*CURVE_COLUMNS, "suite", "config", "seed", "task", "pruned_step")
 _CANCEL_WORDS = {Done.CANCELLED: "cancelled", Done.STOPPING: "stopping", Done.FINISHED: "finished"}
 
 
@@ -193,11 +194,14 @@ class Sweep:
             wanted = set(ids)
             listed = {j.id: j for j in list_jobs(store, suite=suite) if j.id in wanted}
             facts = job_facts(store, ids, store.now_s())
+            # where early stopping stopped each pruned job: its prune record, on the job row
+            stopped = {j.id: pruned_step(get_job(store, j.id)) for j in listed.values() if j.state is JobState.PRUNED}
         columns = override_columns((f.overrides for f in facts.values()), CURVE_FRAME_COLUMNS)
         described = {}
         for job_id in ids:
             job = listed.get(job_id)
-            about = {"suite": job.suite, "config": job.config_name, "seed": job.seed, "task": job.data} if job else {}
+            about = {"suite": job.suite, "config": job.config_name, "seed": job.seed, "task": job.data,
+                     "pruned_step": stopped.get(job_id)} if job else {}
             described[job_id] = with_overrides(about, facts[job_id].overrides, columns)
         rows = [{**point_row(p), **described[p.job]} for p in points]
         return _frame(rows, column_order(CURVE_FRAME_COLUMNS, columns), as_frame)

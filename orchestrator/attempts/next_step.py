@@ -205,7 +205,9 @@ def describe_pruned(record: dict[str, Any]) -> str:
     rank = (f", ranked {record['rank']} of {record['of']} at that step"
             if isinstance(record.get("rank"), int) and isinstance(record.get("of"), int) else "")
     rule = f"; {record['rule']}" if isinstance(record.get("rule"), str) else ""
-    return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{rank}{rule})"
+    smooth = record.get("smooth_evals")
+    mean_of = f" (mean of the last {smooth} evaluations)" if isinstance(smooth, int) and smooth > 1 else ""
+    return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{mean_of}{rank}{rule})"
 
 
 MAX_GROUP_OOMS = 4  # halvings from the largest group (16) to 1: a job's group OOMs past these are its own

@@ -99,7 +99,7 @@ class EarlyStopper:
             return
         steps = spec.rung_steps(max(last.values(), default=0.0))
         settings = group_settings(
-            jobs, metric_points_at(self.store, ids, spec.metric, steps), reached
+            jobs, metric_points_at(self.store, ids, spec.metric, steps, spec.smooth_evals), reached
         )
         judged = judge(spec, settings, read_rungs(self.store, suite, data))
         self._judged[(suite, data)] = signature

@@ -12,6 +12,7 @@ from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import shown_value
 
 MAX_REDUCTION_FACTOR = 100
+MAX_SMOOTH_EVALS = 100  # a rung value averages at most this many evaluations of a seed
 MAX_RUNGS = 64  # steps min_steps × factor^k past any worker's length are never reached
 
 
@@ -44,6 +45,9 @@ class EarlyStop:
     min_steps: int
     reduction_factor: int = 3
     max_steps: int | None = None  # hyperband's largest budget; None: Optuna's "auto"
+    # a seed's value at a rung: the mean of its last this many evaluations at or before the rung
+    # step (1: its last one); a noisy evaluation then moves a rung value less
+    smooth_evals: int = 1
 
     def rung_steps(self, up_to_step: float) -> list[int]:
         """The steps settings are compared at (min_steps × factor^k), up to `up_to_step`."""
@@ -64,6 +68,8 @@ class EarlyStop:
         }
         if self.max_steps is not None:
             stored["max_steps"] = self.max_steps
+        if self.smooth_evals != 1:  # a rule stored before the key existed reads as 1
+            stored["smooth_evals"] = self.smooth_evals
         return stored
 
     @classmethod
@@ -77,7 +83,7 @@ class EarlyStop:
             return None
 
 
-_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps")
+_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps", "smooth_evals")
 _SHAPE = (
     "`early_stop` must be a mapping of metric, mode (max|min), rule (asha|hyperband|median), min_steps, "
     "reduction_factor"
@@ -131,4 +137,7 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
                 "takes none"
             )
         max_steps = _positive_int(where, "max_steps", max_steps, min_steps + 1)
-    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps)
+    smooth = _positive_int(where, "smooth_evals", raw.get("smooth_evals", 1), 1)
+    if smooth > MAX_SMOOTH_EVALS:
+        raise PlanError(f"{where}: `early_stop.smooth_evals` must be between 1 and {MAX_SMOOTH_EVALS}")
+    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps, smooth)

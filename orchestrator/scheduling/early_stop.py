@@ -70,6 +70,7 @@ class Prune:
     of: int
 
     def record(self, spec: EarlyStop) -> dict[str, Any]:
+        smooth = {"smooth_evals": spec.smooth_evals} if spec.smooth_evals > 1 else {}
         return {
             "step": self.step,
             "metric": spec.metric,
@@ -78,7 +79,7 @@ class Prune:
             "of": self.of,
             "rule": spec.rule.value,
             "rung": self.rung,
-        }
+        } | smooth
 
 
 @dataclass
@@ -88,18 +89,19 @@ class Judgement:
     metric_missing_at: int | None = None  # a seed passed the first rung step without the metric
 
 
-def value_at(values: Mapping[float, float], step: float) -> float | None:
-    """A seed's metric at `step`: its last value at or before it, once it reported at or past it."""
+def value_at(values: Mapping[float, float], step: float, smooth_evals: int = 1) -> float | None:
+    """A seed's metric at `step`, once it reported at or past it: its last value at or before
+    it, or the mean of its last `smooth_evals` values there (fewer where it has fewer)."""
     if not values or max(values) < step:
         return None
-    earlier = [s for s in values if s <= step]
-    return float(values[max(earlier)]) if earlier else None
+    earlier = sorted(s for s in values if s <= step)[-smooth_evals:]
+    return sum(float(values[s]) for s in earlier) / len(earlier) if earlier else None
 
 
-def setting_value(setting: SettingRuns, step: float) -> float | None:
+def setting_value(setting: SettingRuns, step: float, smooth_evals: int = 1) -> float | None:
     """The mean over the setting's counted seeds at `step`; None until every one has it."""
     counted = setting.counted()
-    found = [value_at(seed.values, step) for seed in counted]
+    found = [value_at(seed.values, step, smooth_evals) for seed in counted]
     if not found or any(v is None or not math.isfinite(v) for v in found):
         return None
     return sum(v for v in found if v is not None) / len(found)
@@ -167,7 +169,7 @@ def judge(
         for rung, step in enumerate(spec.rung_steps(reached)):
             if rung in told_rungs.get(setting.key, set()):
                 continue
-            value = setting_value(setting, step)
+            value = setting_value(setting, step, spec.smooth_evals)
             if value is None:
                 break
             new.append((rung, step, setting, value))
@@ -206,10 +208,13 @@ def _judge_again(
     settings: Sequence[SettingRuns],
     at_rung: Mapping[int, Mapping[str, float]],
 ) -> list[Prune]:
-    """Each running setting judged by the pruner again at every rung it has passed, against
+    """Each running setting judged by the pruner again at the last rung it has reached, against
     every setting that has reached that rung by now: one that went on for being among the first
     there is stopped once better ones arrive (a grid queued in order of its values would
-    otherwise keep every setting better than those before it)."""
+    otherwise keep every setting better than those before it). Only there: a setting among the
+    best at a later rung is never stopped for where it stood at an earlier one (judged again at
+    every rung it passed, the leaders of the later rungs could all be stopped, and the grid with
+    them)."""
     prunes: list[Prune] = []
     everyone = study.get_trials(deepcopy=True)
     steps = spec.rung_steps(
@@ -220,17 +225,15 @@ def _judge_again(
             continue
         trial = everyone[trials[setting.key].number]
         values, attrs = dict(trial.intermediate_values), dict(trial.system_attrs)
-        for rung, step in enumerate(steps):
-            if setting.key not in at_rung.get(rung, {}):
-                break
-            # the trial as it was when it reached this rung: the pruner records the rung again
-            trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
-            trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
-            if study.pruner.prune(study, trial):
-                prunes.append(
-                    _prune(setting, rung, step, at_rung[rung][setting.key], at_rung, spec)
-                )
-                break
+        reached = [rung for rung in range(len(steps)) if setting.key in at_rung.get(rung, {})]
+        if not reached:
+            continue
+        rung, step = reached[-1], steps[reached[-1]]
+        # the trial as it was when it reached this rung: the pruner records the rung again
+        trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
+        trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
+        if study.pruner.prune(study, trial):
+            prunes.append(_prune(setting, rung, step, at_rung[rung][setting.key], at_rung, spec))
     return prunes
 
 

@@ -53,21 +53,27 @@ def metric_last_steps(store: Store, job_ids: Sequence[int], key: str) -> dict[in
 
 
 def metric_points_at(
-    store: Store, job_ids: Sequence[int], key: str, steps: Sequence[float]
+    store: Store, job_ids: Sequence[int], key: str, steps: Sequence[float], last_n: int = 1
 ) -> dict[int, dict[float, float]]:
-    """job id -> {step: value} holding, for each of `steps`, the job's last value of `key` at or
-    before it, and its value at the furthest step reported: what early stopping needs of a
-    history, read by index seeks (a later attempt's value wins at a step both reported)."""
+    """job id -> {step: value} holding, for each of `steps`, the job's last `last_n` values of
+    `key` at or before it, and its value at the furthest step reported: what early stopping
+    needs of a history, read by index seeks (a later attempt's value wins at a step both
+    reported)."""
     points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
     sql = (
         "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
-        "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? ORDER BY h.step DESC, a.n DESC LIMIT 1"
+        "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? AND h.step < ? "
+        "ORDER BY h.step DESC, a.n DESC LIMIT 1"
     )
     for job_id in job_ids:
         for step in [*steps, float("inf")]:
-            row = store.execute(sql, [job_id, key, step]).fetchone()
-            if row is not None:
-                points[job_id][float(row[0])] = float(row[1])
+            below = float("inf")  # each seek the step before the one found last: steps distinct
+            for _ in range(last_n if step != float("inf") else 1):
+                row = store.execute(sql, [job_id, key, step, below]).fetchone()
+                if row is None:
+                    break
+                below = float(row[0])
+                points[job_id][below] = float(row[1])
     return points
 
 

@@ -116,6 +116,13 @@ class Run:
     seed: int | None = None  # a job's seed: a band counts each seed once
     job: int | None = None
     succeeded: bool = False
+    pruned: PrunedAt | None = None  # where early stopping stopped it: a ✕ at its last point
+
+
+@dataclass(frozen=True)
+class PrunedAt:
+    step: float | None  # the step of its prune record (None where the record has none)
+    why: str  # "pruned at step 400 (val_accuracy 0.52, ranked 7 of 9 at that step; asha)"
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,7 @@ def chart_spec(runs: Sequence[Run], *, key: str, metric: str = "loss", smooth: f
         "columns": list(columns),
         "runs": [{"key": r.key, "label": r.label, "group": r.group, "colour": r.colour, "dash": r.dash or None,
                   "marks": r.marks, "cells": [r.cells.get(c, "") for c in columns], "href": r.href,
+                  "pruned": {"step": r.pruned.step, "why": r.pruned.why} if r.pruned else None,
                   "curves": {m: [c.steps, c.values] for m, c in r.curves.items()}} for r in runs],
     }
     if with_bands:

@@ -3,12 +3,14 @@ rendering (pages), shared by the live app and the report."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import curve_points, stitch
 from orchestrator.api.jobs import headline_metric
+from orchestrator.attempts.next_step import pruned_reason
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.errors import JobNotFound, UsageError
@@ -33,7 +35,7 @@ from orchestrator.store.web_queries import (
     sweep_time_range,
 )
 from orchestrator.web import pages
-from orchestrator.web.curves import PALETTE, Run, chart_spec, curves_of, read_curves
+from orchestrator.web.curves import PALETTE, PrunedAt, Run, chart_spec, curves_of, read_curves
 from orchestrator.web.log_text import log_tail
 from orchestrator.web.memory_chart import memory_charts
 from orchestrator.web.results_view import result_table
@@ -211,9 +213,19 @@ def curve_runs(
             cells[by] = colour_key(job, by)
         runs.append(Run(f"job-{job.id}", label, group, curves_of(own) if own else read_curves(last.run_dir), colour,
                         marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}", seed=job.seed, job=job.id,
-                        succeeded=job.state is JobState.SUCCEEDED))
+                        succeeded=job.state is JobState.SUCCEEDED, pruned=pruned_at(job)))
         shown.append({"job_id": job.id, "label": label, "colour": colour})
     return runs, shown, missing
+
+
+def pruned_at(job: Job) -> PrunedAt | None:
+    """Where early stopping stopped a pruned job (its record's step; None for any other job)."""
+    if job.state is not JobState.PRUNED:
+        return None
+    step = job.pruned.get("step")  # a record written by orch, read as untrusted all the same
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+        return PrunedAt(None, pruned_reason(job))
+    return PrunedAt(float(step), pruned_reason(job))
 
 
 def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth: float, log: bool, band: bool,

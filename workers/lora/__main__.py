@@ -98,38 +98,64 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_attempt(
-    run_dir: Path, config_path: Path, cache: Any = None, heartbeat: Heartbeat | None = None
-) -> AttemptEnd:
+    run_dir: Path, config_path: Path, cache: Any = None, heartbeat: Heartbeat | None = None,
+    shared: dict[str, Any] | None = None,
+) -> AttemptEnd:  # fmt: skip
     """One attempt in this process: train and write result.json. `cache`: a warm process's
-    workers.lora.base_cache.BaseCache; `heartbeat`: its stoppable one."""
-    started_s = time.monotonic()
-    memory: dict[str, Any] = {}
-    provenance: dict[str, Any] = {}
+    workers.lora.base_cache.BaseCache; `heartbeat`: its stoppable one; `shared`: what
+    result.json says of the sharing (default: `share_base: sequential` in a warm process)."""
+    attempt = Attempt(run_dir, config_path)
     try:
-        config = load_config(config_path)
+        config = attempt.prepare()
+        from workers.lora import train  # torch is imported only once the config is known good
+
+        outcome = train.run(config, run_dir, heartbeat or Heartbeat(run_dir), log, cache, attempt.digests,
+                            keep_checkpoints=True)  # fmt: skip
+    except Exception as exc:
+        return attempt.failed(exc)
+    if shared is None:
+        shared = {"share_base": "sequential"} if cache is not None else {}
+    return attempt.succeeded(outcome, shared)
+
+
+class Attempt:
+    """What an attempt reports around its training (one job alone, or a member of a fused
+    group): its config read and checked, provenance, and result.json at the end."""
+
+    def __init__(self, run_dir: Path, config_path: Path) -> None:
+        self.run_dir, self.config_path = run_dir, config_path
+        self.started_s = time.monotonic()
+        self.provenance: dict[str, Any] = {}
+        self.digests = ("", "")
+        self.config: RunConfig | None = None
+
+    def prepare(self) -> RunConfig:
+        config = load_config(self.config_path)
         for warning in config.warnings:
             log(f"warning: {warning}")
         check_inputs(config)
         if test_is_validation(config.data):
             log(f"warning: {config.data} scores test on the validation split that also picks the "
                 "best epoch; result.json says test_is_val (use glue-tvt_ for a held-out test)")  # fmt: skip
-        provenance = worker_record(config)
-        from workers.lora import train  # torch is imported only once the config is known good
+        self.provenance = worker_record(config)
+        self.digests = (digest_of(self.provenance.get("model")), digest_of(self.provenance.get("data")))
+        self.config = config
+        return config
 
-        digests = (digest_of(provenance.get("model")), digest_of(provenance.get("data")))
-        outcome = train.run(config, run_dir, heartbeat or Heartbeat(run_dir), log, cache, digests,
-                            keep_checkpoints=True)
-    except JobStopped as exc:
-        log(f"stopped: {exc}")  # orch ends the attempt; no result.json of a job cut short
-        return AttemptEnd(EXIT_STOPPED, True)
-    except ConfigError as exc:
-        log(f"config error: {exc}")
-        write_result(
-            run_dir, STATUS_CONFIG_ERROR, error=str(exc), seconds=time.monotonic() - started_s
-        )
-        return AttemptEnd(EXIT_CONFIG_ERROR, True)
-    except Exception as exc:
-        traceback.print_exc()  # the log is the researcher's: keep the whole story there
+    def failed(self, exc: BaseException) -> AttemptEnd:
+        """The end of an attempt that raised `exc` (its result.json, unless stopped)."""
+        run_dir = self.run_dir
+        if isinstance(exc, JobStopped):
+            log(f"stopped: {exc}")  # orch ends the attempt; no result.json of a job cut short
+            return AttemptEnd(EXIT_STOPPED, True)
+        if isinstance(exc, ConfigError):
+            log(f"config error: {exc}")
+            write_result(
+                run_dir, STATUS_CONFIG_ERROR, error=str(exc), seconds=time.monotonic() - self.started_s
+            )
+            return AttemptEnd(EXIT_CONFIG_ERROR, True)
+        traceback.print_exception(exc)  # the log is the researcher's: keep the whole story there
+        memory: dict[str, Any] = {}
         if "workers.lora.train" in sys.modules:
             memory = sys.modules["workers.lora.train"].peak_memory(
                 sys.modules["workers.lora.train"].select_device()
@@ -138,38 +164,40 @@ def run_attempt(
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         write_result(
             run_dir, STATUS_OOM if oom else STATUS_FAILED, error=error,
-            seconds=time.monotonic() - started_s, **memory,
-            provenance=(provenance | torch_record()) or None,
+            seconds=time.monotonic() - self.started_s, **memory,
+            provenance=(self.provenance | torch_record()) or None,
         )  # fmt: skip
         own = oom or isinstance(exc, OWN_ERRORS) or type(exc).__name__ in OWN_ERROR_NAMES
         return AttemptEnd(EXIT_OOM if oom else EXIT_FAILED, own)
-    shared: dict[str, Any] = {"share_base": "sequential"} if cache is not None else {}
-    write_result(
-        run_dir,
-        STATUS_SUCCEEDED,
-        metrics=outcome.metrics,
-        samples_per_s=round(outcome.samples_per_s, 3),
-        steps=outcome.steps,
-        seconds=round(time.monotonic() - started_s, 3),
-        best_step=outcome.best_step,
-        final_loss=outcome.losses[-1] if outcome.losses else None,
-        longest_tokens=outcome.longest_tokens,
-        examples=outcome.examples,
-        truncated=outcome.truncated,
-        loss_summary=outcome.loss_summary,
-        provenance=provenance | torch_record(),
-        test_is_val=test_is_validation(config.data),
-        **outcome.settings,
-        **outcome.memory,
-        **shared,
-    )
-    # finished and recorded: nothing left to resume. Removed only now, so a kill during the
-    # clean-up leaves a succeeded run, never one that must resume from a checkpoint
-    from workers.lora.checkpoint import remove_checkpoints
 
-    remove_checkpoints(run_dir)
-    log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")
-    return AttemptEnd(EXIT_OK, True)
+    def succeeded(self, outcome: Any, shared: dict[str, Any]) -> AttemptEnd:
+        assert self.config is not None
+        write_result(
+            self.run_dir,
+            STATUS_SUCCEEDED,
+            metrics=outcome.metrics,
+            samples_per_s=round(outcome.samples_per_s, 3),
+            steps=outcome.steps,
+            seconds=round(time.monotonic() - self.started_s, 3),
+            best_step=outcome.best_step,
+            final_loss=outcome.losses[-1] if outcome.losses else None,
+            longest_tokens=outcome.longest_tokens,
+            examples=outcome.examples,
+            truncated=outcome.truncated,
+            loss_summary=outcome.loss_summary,
+            provenance=self.provenance | torch_record(),
+            test_is_val=test_is_validation(self.config.data),
+            **outcome.settings,
+            **outcome.memory,
+            **shared,
+        )
+        # finished and recorded: nothing left to resume. Removed only now, so a kill during the
+        # clean-up leaves a succeeded run, never one that must resume from a checkpoint
+        from workers.lora.checkpoint import remove_checkpoints
+
+        remove_checkpoints(self.run_dir)
+        log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")
+        return AttemptEnd(EXIT_OK, True)
 
 
 # By name, so that this module need not import torch: a diverged loss, a model folder that could

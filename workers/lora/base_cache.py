@@ -70,6 +70,15 @@ class BaseCache:
             self._splits[key] = (encoded, truncated)
         return encoded, truncated
 
+    def base_mem_mib(self) -> int | None:
+        """The loaded base's weights on its CUDA device, MiB; None before loading and on CPU."""
+        if self._base is None:
+            return None
+        parameters = list(self._base[0].parameters())
+        if not parameters or parameters[0].device.type != "cuda":
+            return None
+        return -(-sum(p.numel() * p.element_size() for p in parameters) // (1024 * 1024))
+
     def adapted(self, model: Any) -> Any:
         """Remember the job's PEFT model, so that `release` can take its adapter out."""
         self._adapted = model

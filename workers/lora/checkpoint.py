@@ -74,7 +74,7 @@ def trainable(model: Any) -> dict[str, torch.Tensor]:
 def save_checkpoint(
     run_dir: Path, loop: LoopState, model: Any, optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler, best_weights: dict[str, torch.Tensor],
-    config: RunConfig,
+    config: RunConfig, params: dict[str, torch.Tensor] | None = None,
 ) -> Path:  # fmt: skip
     """Write `run_dir/checkpoint-<step>` atomically and remove the older ones; returns its path."""
     final = run_dir / f"checkpoint-{loop.step}"
@@ -86,7 +86,7 @@ def save_checkpoint(
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    weights = {name: p.detach().cpu() for name, p in trainable(model).items()}
+    weights = {name: p.detach().cpu() for name, p in (params or trainable(model)).items()}
     _save(partial / "lora.pt", weights)
     _save(partial / "best.pt", {name: v.detach().cpu() for name, v in best_weights.items()})
     _save(partial / "optimizer.pt", optimizer.state_dict())
@@ -132,9 +132,11 @@ def _remove_aside(folder: Path) -> None:
 def load_checkpoint(
     path: Path, model: Any, optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler, config: RunConfig,
+    params: dict[str, torch.Tensor] | None = None,
 ) -> tuple[LoopState, dict[str, torch.Tensor]]:  # fmt: skip
     """Restore the weights, optimizer and RNG from `path`; returns the loop's state and the
-    best-on-val weights. ConfigError when it is not a checkpoint of this run."""
+    best-on-val weights. ConfigError when it is not a checkpoint of this run. `params`: the job's
+    trainable parameters by their names alone (default: the model's trainable ones)."""
     state_path = path / STATE_FILE
     if path.is_symlink() or not path.is_dir() or not state_path.is_file() or state_path.is_symlink():
         raise ConfigError(f"resume_from_checkpoint {path}: not a checkpoint folder of this worker (no {STATE_FILE})")
@@ -152,9 +154,9 @@ def load_checkpoint(
         raise ConfigError(f"resume_from_checkpoint {path} was written by a run with other settings: "
                           f"{', '.join(differing)} differ")  # fmt: skip
     loop.best_score = -math.inf if loop.best_score is None else float(loop.best_score)
-    device = next(iter(trainable(model).values())).device
+    params = trainable(model) if params is None else params
+    device = next(iter(params.values())).device
     weights = _load(path / "lora.pt")
-    params = trainable(model)
     if set(weights) != set(params) or any(weights[k].shape != params[k].shape for k in params):
         raise ConfigError(f"resume_from_checkpoint {path}: its LoRA weights do not fit this model")
     with torch.no_grad():

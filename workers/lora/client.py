@@ -13,6 +13,8 @@ as with `share_base: off`, and the log says why.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import json
 import os
 import shlex
@@ -22,8 +24,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from workers.lora.config import ConfigError, load_config
 from workers.lora.share import (
@@ -57,7 +61,7 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
         return run_attempt(run_dir, config_path).exit_code  # reports the config error
     reason = unshareable(config.peft)
     if reason is not None:
-        log(f"share_base: sequential: training in this process: {reason}")
+        log(f"share_base: {os.environ.get('ORCH_SHARE_BASE', 'sequential')}: training in this process: {reason}")
         return run_attempt(run_dir, config_path).exit_code
     from workers.lora.provenance import model_record
 
@@ -67,11 +71,68 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
         model_digest = ""
     key = base_key(config.model, model_digest, config.prec, os.environ)
     folder = share_dir(os.environ)
-    conn, why = _warm_connection(folder, key)
+    job = {"run_dir": str(run_dir.resolve()), "config": str(config_path.resolve()), "env": dict(os.environ)}
+    cap = fuse_max(os.environ)
+    if os.environ.get("ORCH_SHARE_BASE") == "fused" and cap > 1:
+        key = fused_key(key, config.max_seq_len, config.gradient_checkpointing)
+        conn, why, first = _fused_connection(folder, key, {"job": job, "fuse_max": cap})
+        mode = "fused"
+    else:
+        conn, why = _warm_connection(folder, key)
+        first, mode = None, "sequential"
+        if conn is not None:
+            send(conn, {"job": job, "share_json": True})
     if conn is None:
-        log(f"share_base: sequential: training in this process: {why}")
+        log(f"share_base: {mode}: training in this process: {why}")
         return run_attempt(run_dir, config_path).exit_code
-    return _relay(conn, run_dir.resolve(), config_path.resolve(), why)
+    log(f"share_base: {mode}: training in warm LoRA worker process {why}")
+    return _relay(conn, run_dir, mode, why.split(" ")[0], first)
+
+
+def fused_key(key: str, max_seq_len: int, gradient_checkpointing: bool) -> str:
+    """The group key of a fused job: what one forward of the group shares must match (the base
+    key, which holds the dtype; the sequence-length bucket; checkpointing)."""
+    text = json.dumps([key, max_seq_len, gradient_checkpointing, "fused"])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fuse_max(env: Mapping[str, str]) -> int:
+    """ORCH_FUSE_MAX: the most members the joined group may have (1..16; 1: sequential)."""
+    try:
+        return max(1, min(16, int(env.get("ORCH_FUSE_MAX") or 4)))
+    except ValueError:
+        return 4
+
+
+def _fused_connection(
+    folder: Path, key: str, hello: dict[str, Any]
+) -> tuple[socket.socket | None, str, dict[str, Any] | None]:
+    """A fused warm process of `key` that accepted the job (the first slot with room; one is
+    started where none listens): (connection, where, its answer), or (None, why, None)."""
+    for slot in range(MAX_SLOTS):
+        sock_path, _, server_lock = slot_paths(folder, key, slot)
+        conn = _connect(sock_path)
+        started = ""
+        if conn is None:
+            held = try_lock(server_lock)
+            if held is not None:  # nobody serves this slot: start one
+                os.close(held)
+                why = _start_server(folder, key, slot, fused=True)
+                if why is not None:
+                    return None, why, None
+                started = " (started for this job)"
+            deadline = time.monotonic() + START_DEADLINE_S
+            while conn is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                conn = _connect(sock_path)
+            if conn is None:
+                continue
+        send(conn, hello)
+        answer = next(messages(conn), None)
+        if answer is not None and "accepted" in answer:
+            return conn, f"{key}-{slot}{started}", answer
+        conn.close()  # full, or leaving: the next slot
+    return None, f"all {MAX_SLOTS} fused warm processes of this base are full", None
 
 
 def _warm_connection(folder: Path, key: str) -> tuple[socket.socket | None, str]:
@@ -112,7 +173,7 @@ def _connect(path: Path) -> socket.socket | None:
     return conn
 
 
-def _start_server(folder: Path, key: str, slot: int) -> str | None:
+def _start_server(folder: Path, key: str, slot: int, fused: bool = False) -> str | None:
     """Open a tmux window running the warm process of this slot (outside this attempt: it
     outlives it); None when started, else why not."""
     if not os.environ.get("TMUX") or shutil.which("tmux") is None:
@@ -134,6 +195,7 @@ def _start_server(folder: Path, key: str, slot: int) -> str | None:
             str(slot),
             "--env-file",
             str(env_file),
+            *(["--fused"] if fused else []),
         ]
     )
     path_env = (
@@ -161,8 +223,11 @@ def _start_server(folder: Path, key: str, slot: int) -> str | None:
     return None
 
 
-def _relay(conn: socket.socket, run_dir: Path, config_path: Path, where: str) -> int:
-    """Hand the job over, print what it prints, relay signals; the job's exit code."""
+def _relay(
+    conn: socket.socket, run_dir: Path, mode: str, process: str, first: dict[str, Any] | None
+) -> int:
+    """Print what the job prints, relay signals, write share.json once accepted; the job's exit
+    code. The job was handed over already (`first`: the answer read meanwhile)."""
     from workers.lora.__main__ import EXIT_FAILED
 
     received: list[int] = []
@@ -174,16 +239,13 @@ def _relay(conn: socket.socket, run_dir: Path, config_path: Path, where: str) ->
 
     for signum in RELAYED:
         signal.signal(signum, on_signal)
-    log(f"share_base: sequential: training in warm LoRA worker process {where}")
-    send(
-        conn,
-        {"job": {"run_dir": str(run_dir), "config": str(config_path), "env": dict(os.environ)}},
-    )
     exit_code: int | None = None
-    for message in messages(conn):
+    for message in itertools.chain([first] if first else [], messages(conn)):
         if isinstance(message.get("out"), str):
             sys.stdout.write(message["out"])
             sys.stdout.flush()
+        elif isinstance(message.get("accepted"), dict):
+            write_share_json(run_dir, mode, process, message["accepted"])
         elif isinstance(message.get("exit"), int):
             exit_code = message["exit"]
             break
@@ -198,3 +260,15 @@ def _relay(conn: socket.socket, run_dir: Path, config_path: Path, where: str) ->
         )
         return EXIT_FAILED
     return exit_code
+
+
+def write_share_json(run_dir: Path, mode: str, process: str, answer: dict[str, Any]) -> None:
+    """share.json: which warm process trains this attempt (orch shows jobs sharing one)."""
+    pid, mem = answer.get("pid"), answer.get("base_mem_mib")
+    record = {
+        "mode": mode, "process": process, "pid": pid if isinstance(pid, int) else None,
+        "base_mem_mib": mem if isinstance(mem, int) else None,
+    }  # fmt: skip
+    partial = run_dir / ".share.json.partial"
+    partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    os.replace(partial, run_dir / "share.json")

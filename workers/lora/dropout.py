@@ -59,7 +59,8 @@ class KeyedDropout(torch.nn.Module):
         shape = list(x.shape)
         positions = shape[-2] if x.dim() >= 3 else 0
         sliced = 0 < positions < self.key.sequence_length
-        if sliced:
+        padded = 0 < self.key.sequence_length < positions  # a fused group's longer left padding
+        if sliced or padded:
             shape[-2] = self.key.sequence_length  # sliced by logits_to_keep: draw the whole mask
         generator = torch.Generator(device=x.device)
         generator.manual_seed(
@@ -70,20 +71,29 @@ class KeyedDropout(torch.nn.Module):
         )
         if sliced:
             mask = mask[..., -positions:, :]
+        elif padded:  # the job's own positions are the last ones; the padding before them is kept
+            pad = list(shape)
+            pad[-2] = positions - self.key.sequence_length
+            mask = torch.cat([torch.full(pad, 1 - self.p, dtype=x.dtype, device=x.device), mask], dim=-2)
         return x * mask.div_(1 - self.p)
 
 
-def install_keyed_dropout(model: Any, seed: int) -> DrawKey | None:
+def install_keyed_dropout(model: Any, seed: int, adapter: str | None = None) -> DrawKey | None:
     """Replace every LoRA dropout with p > 0 by a KeyedDropout sharing one DrawKey, which the
-    training loop moves before each micro-batch. None when the model has no LoRA dropout."""
+    training loop moves before each micro-batch. None when the model has no LoRA dropout.
+    `adapter`: only that adapter's dropouts (one job of a fused group), keyed as the job's own
+    "default" adapter would be, so that its masks are those it draws alone."""
     key = DrawKey(seed)
     replaced = 0
     for name, module in model.named_modules():
         dropouts = getattr(module, "lora_dropout", None)
         if not isinstance(dropouts, torch.nn.ModuleDict):
             continue
-        for adapter, dropout in list(dropouts.items()):
+        for own, dropout in list(dropouts.items()):
+            if adapter is not None and own != adapter:
+                continue
             if isinstance(dropout, torch.nn.Dropout) and dropout.p > 0:
-                dropouts[adapter] = KeyedDropout(dropout.p, f"{name}.{adapter}", key)
+                keyed_as = own if adapter is None else "default"
+                dropouts[own] = KeyedDropout(dropout.p, f"{name}.{keyed_as}", key)
                 replaced += 1
     return key if replaced else None

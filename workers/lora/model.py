@@ -186,12 +186,22 @@ def _first_line(exc: BaseException) -> str:
 
 
 def apply_lora(model: Any, spec: dict[str, Any], kind: str) -> tuple[Any, list[str]]:
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
+
+    lora_config, warnings = build_lora_config(spec, kind)
+    try:
+        return get_peft_model(model, lora_config), warnings
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid LoRA spec: {str(exc).splitlines()[0]}") from None
+
+
+def build_lora_config(spec: dict[str, Any], kind: str) -> tuple[Any, list[str]]:
+    """(peft LoraConfig of a spec for this model kind, warnings); ConfigError when invalid."""
+    from peft import LoraConfig
 
     kwargs, warnings = lora_kwargs(spec, kind, os.environ)
     try:
-        lora_config = LoraConfig(**kwargs)
-        return get_peft_model(model, lora_config), warnings
+        return LoraConfig(**kwargs), warnings
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid LoRA spec: {str(exc).splitlines()[0]}") from None
 
@@ -200,20 +210,28 @@ LORA_SETTINGS = ("r", "lora_alpha", "lora_dropout", "target_modules", "layers_to
                  "use_dora", "use_rslora", "bias", "modules_to_save", "exclude_modules")  # fmt: skip
 
 
-def lora_settings(model: Any) -> dict[str, Any]:
+def lora_settings(
+    model: Any, adapter: str = "default", params: dict[str, torch.Tensor] | None = None
+) -> dict[str, Any]:
     """For result.json: the LoRA settings peft applied (after the spec's translation for this
-    model) as `lora`, and the trainable and total parameter counts."""
-    applied = model.peft_config["default"]
+    model) as `lora`, and the trainable and total parameter counts (of `adapter` alone: a fused
+    group's model holds several; `params`, its own trainable parameters)."""
+    applied = model.peft_config[adapter]
     lora: dict[str, Any] = {}
     for name in LORA_SETTINGS:
         value = getattr(applied, name, None)
         lora[name] = sorted(value) if isinstance(value, set | frozenset) else value
+    total = sum(p.numel() for p in model.parameters())
+    if params is None:
+        trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    else:
+        trainable_count = sum(p.numel() for p in params.values())
     return {
         "lora": lora,
         # top level too, for orch: dropout > 0 makes a halved batch draw other masks
         "lora_dropout": float(lora["lora_dropout"] or 0.0),
-        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "total_params": sum(p.numel() for p in model.parameters()),
+        "trainable_params": trainable_count,
+        "total_params": total - sum(p.numel() for p in model.parameters() if p.requires_grad) + trainable_count,
     }
 
 

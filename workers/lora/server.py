@@ -8,7 +8,11 @@ when idle for ORCH_SHARE_IDLE_S seconds, after an error that is not the job's ow
 broken: the next client starts a fresh one), and when a stopped job does not stop within
 STOP_GRACE_S (a hang).
 
-    python -m workers.lora.server --dir DIR --key KEY --slot N [--env-file FILE]
+With `--fused` it serves `share_base: fused` instead (workers.lora.fused): the jobs of its
+clients train at once, as one group, up to the smallest ORCH_FUSE_MAX of the group's members;
+one thread per client relays its output and its stop, the training runs in the main thread.
+
+    python -m workers.lora.server --dir DIR --key KEY --slot N [--fused] [--env-file FILE]
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def serve(folder: Path, key: str, slot: int, idle_s: float) -> int:
+def serve(folder: Path, key: str, slot: int, idle_s: float, fused: bool = False) -> int:
     """Listen on the slot's socket and train its jobs until idle; the exit code."""
     sock_path, client_lock, server_lock = slot_paths(folder, key, slot)
     if try_lock(server_lock) is None:
@@ -96,8 +100,13 @@ def serve(folder: Path, key: str, slot: int, idle_s: float) -> int:
 
     cache = BaseCache()
     base_env = dict(os.environ)
-    log(f"warm LoRA worker {key}-{slot} (pid {os.getpid()}): ready, exits after {idle_s:g} s idle")
+    mode = "fused" if fused else "sequential"
+    log(f"warm LoRA worker {key}-{slot} ({mode}, pid {os.getpid()}): ready, exits after {idle_s:g} s idle")
     try:
+        if fused:
+            from workers.lora.fused_server import serve_fused
+
+            return serve_fused(listener, cache, base_env, idle_s, sock_path)
         while True:
             listener.settimeout(idle_s)
             try:
@@ -148,6 +157,9 @@ def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool
     env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
     log(f"job {env.get('ORCH_JOB_ID', '?')} attempt {env.get('ORCH_ATTEMPT', '?')}: {run_dir}")
     exit_code, usable = EXIT_FAILED, False
+    if first and first.get("share_json"):  # a client that writes share.json: which process took the job
+        with contextlib.suppress(OSError):
+            send(conn, {"accepted": accepted(cache)})
     relay = Relay(conn, sys.__stdout__)
     try:
         os.environ.clear()
@@ -170,6 +182,12 @@ def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool
     return usable
 
 
+def accepted(cache: Any) -> dict[str, Any]:
+    """What a client writes into its attempt's share.json: this process, and the memory its
+    base holds on the card (None before the base is loaded, and on CPU)."""
+    return {"pid": os.getpid(), "base_mem_mib": cache.base_mem_mib() if cache is not None else None}
+
+
 def _close_window_on_exit() -> None:
     """orch's tmux keeps a window whose command ended (remain-on-exit); this one is closed."""
     pane = os.environ.get("TMUX_PANE")
@@ -188,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", required=True)
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--env-file", type=Path, help="start again with this environment")
+    parser.add_argument("--fused", action="store_true", help="serve share_base: fused")
     args = parser.parse_args(argv)
     if args.env_file is not None:  # started by a client through tmux: take the attempt's env
         env = json.loads(args.env_file.read_text(encoding="utf-8"))
@@ -203,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             args.key,
             "--slot",
             str(args.slot),
+            *(["--fused"] if args.fused else []),
         ]
         os.execve(sys.executable, command, env)
     idle_s = float(os.environ.get(IDLE_VAR) or DEFAULT_IDLE_S)
-    return serve(args.dir, args.key, args.slot, idle_s)
+    return serve(args.dir, args.key, args.slot, idle_s, args.fused)
 
 
 if __name__ == "__main__":

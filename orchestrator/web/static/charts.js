@@ -150,6 +150,18 @@
     });
     ctx.restore();
   }
+  // where early stopping stopped a run: a ✕ in its colour at the last point drawn, its title (the
+  // tooltip) the prune's words; elements over the plot, so a pointer and a test can find them
+  function prunedMarks(u, list){
+    u.over.querySelectorAll('.pruned-mark').forEach(function(e){ e.remove(); });
+    var w = u.over.clientWidth, h = u.over.clientHeight;
+    list.forEach(function(p){
+      var x = u.valToPos(p.step, 'x'), y = u.valToPos(p.value, 'y');
+      if (!isFinite(x) || !isFinite(y) || x < 0 || x > w || y < 0 || y > h) return;  // zoomed out of view
+      u.over.appendChild(el('span', {'class': 'pruned-mark', title: p.why, 'data-run': p.run,
+                                     style: 'left:' + x + 'px;top:' + y + 'px;color:' + p.colour}, '\u2715'));
+    });
+  }
   // The curves page's address names the metric drawn (`&metric=eval_accuracy`): a copied link shows it.
   function linkMetric(key, metric){
     if (key !== 'curves' || !window.history || !history.replaceState) return;
@@ -195,7 +207,8 @@
       var thead = el('thead'); thead.appendChild(head); t.appendChild(thead);
       var body = el('tbody');
       spec.runs.forEach(function(r){
-        var tr = el('tr', {'data-run': r.key, 'class': st.hidden[r.key] ? 'off' : ''});
+        var tr = el('tr', {'data-run': r.key, 'class': (st.hidden[r.key] ? 'off' : '') + (r.pruned ? ' pruned' : '')});
+        if (r.pruned) tr.title = r.pruned.why;
         var cb = el('input', {type: 'checkbox', 'class': 'toggle', 'aria-label': r.label}); cb.checked = !st.hidden[r.key];
         cb.addEventListener('change', function(){ if (cb.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true; legend(); draw(); });
         var td0 = el('td'); td0.appendChild(cb); tr.appendChild(td0);
@@ -215,7 +228,7 @@
     }
     function draw(){
       if (u) { u.destroy(); u = null; }
-      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null, marks = [];
+      var lines = [], series = [{label: 'step'}], bandsOpt = [], bad = false, without = null, marks = [], pruned = [];
       if (st.band && spec.bands) {
         (spec.bands[st.metric] || []).forEach(function(b){
           var lo = smooth(b.lo, st.smooth), hi = smooth(b.hi, st.smooth), mean = smooth(b.mean, st.smooth);
@@ -231,9 +244,13 @@
         spec.runs.forEach(function(r){
           if (st.hidden[r.key]) return;
           var c = r.curves[st.metric]; if (!c) { without.push(r.label); return; }
-          lines.push({steps: c[0], values: smooth(c[1], st.smooth)});
+          var ys = smooth(c[1], st.smooth);
+          lines.push({steps: c[0], values: ys});
           series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined, points: {show: false}, spanGaps: true});
           (r.marks || []).forEach(function(m){ marks.push({step: m, colour: r.colour}); });
+          for (var i = ys.length - 1; r.pruned && i >= 0; i--) {
+            if (ys[i] != null) { pruned.push({step: c[0][i], value: ys[i], colour: r.colour, why: r.pruned.why, run: r.key}); break; }
+          }
         });
       }
       var data = align(lines);
@@ -247,11 +264,12 @@
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
         axes: [{label: 'step', labelSize: 18}, {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
         legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
-        hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box), function(u){ resumeMarks(u, marks); }]})
+        hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box), function(u){ resumeMarks(u, marks); prunedMarks(u, pruned); }]})
       };
       u = box._plot = new uPlot(opts, data, plot);
       restoreZoom(u, key, box);
       box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1); box.dataset.marks = String(marks.length);
+      box.dataset.pruned = String(pruned.length);
       box.dataset.metric = st.metric; box.dataset.log = st.log && !bad ? 'yes' : 'no';
     }
     pick.addEventListener('change', function(){ st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); linkMetric(key, st.metric); });

@@ -1,0 +1,415 @@
+"""`share_base: fused`: several jobs of one base train in one process at once. Their rows go
+through the frozen base together (one GEMM per base layer), each row routed to its own adapter.
+
+peft refuses `adapter_names` in training, so the routing is our own: each LoRA Linear of the
+group's PEFT model computes the base over all rows, then adds each member's
+lora_B(lora_A(dropout(x[rows]))) * scaling to its own contiguous slice of rows (peft's
+`_mixed_batch_forward`, with slices). Everything else is each member's own JobRun (its optimizer,
+scheduler, data order, keyed dropout masks, accumulation, evaluations, checkpoints, result):
+FusedTrainer only drives their loops, a tick at a time.
+
+A member's numbers do not depend on its batch-mates beyond float rounding (the padding to the
+longest member's micro-batch changes the attention's reduction lengths), and are not bit-equal
+to the same job alone. DoRA members, and LoRA layers other than Linear, train alone (sequential)
+once the group is empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.harness import Heartbeat
+from workers.lora.__main__ import Attempt, AttemptEnd, JobStopped, is_oom, run_attempt
+from workers.lora.base_cache import BaseCache
+from workers.lora.config import RunConfig
+from workers.lora.model import build_lora_config
+from workers.lora.train import JobRun, MicroBatch, Placement, answer_logits
+
+EXIT_GROUP_OOM = 75  # the daemon requeues each member, uncounted, with a smaller group
+Route = tuple[str, int, int | None]  # (adapter, first row, row after the last; None: to the end)
+
+
+def group_oom_line(members: int) -> str:
+    return f"orch: fused group of {members} members ran out of memory"
+
+
+class Routes:
+    """The rows of the forward running now, per adapter; read by every patched LoRA layer."""
+
+    def __init__(self) -> None:
+        self.now: list[Route] | None = None
+
+    @contextlib.contextmanager
+    def use(self, routes: list[Route]) -> Iterator[None]:
+        before, self.now = self.now, routes
+        try:
+            yield
+        finally:
+            self.now = before
+
+
+def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A LoRA Linear's forward over a fused batch: the base once, each adapter on its rows."""
+    if routes.now is None:
+        raise RuntimeError("a fused group's forward ran without routes")
+    result = layer.base_layer(x, *args, **kwargs)
+    dtype = result.dtype
+    pieces = []
+    for adapter, start, stop in routes.now:
+        part = result[start:stop]
+        if adapter in layer.lora_A and not layer.disable_adapters:
+            lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
+            rows = layer._cast_input_dtype(x[start:stop], lora_A.weight.dtype)
+            part = part + lora_B(lora_A(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter]
+        pieces.append(part.to(dtype))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+class Unfusable(Exception):
+    """A member whose adapter cannot be routed (DoRA, a LoRA layer other than Linear)."""
+
+
+def unfusable(config: RunConfig) -> str | None:
+    """Why a job trains alone rather than fused, or None."""
+    if config.peft.get("use_dora") or config.peft.get("dora"):
+        return "DoRA (use_dora) trains alone in the process (sequential): its magnitude is not routed"
+    return None
+
+
+class FusedModel:
+    """The group's PEFT model over the cached base: one named adapter per member."""
+
+    def __init__(self, cache: BaseCache) -> None:
+        self.cache, self.routes = cache, Routes()
+        self.model: Any = None
+        self.count = 0
+
+    def names(self) -> list[str]:
+        return list(self.model.peft_config) if self.model is not None else []
+
+    def placement(self) -> Placement:
+        self.count += 1
+        name = f"fused_{self.count}"
+        return Placement(
+            adapter=name, attach=functools.partial(self._attach, name),
+            route=lambda: self.routes.use([(name, 0, None)]),
+            save=functools.partial(_save_one, name), params=functools.partial(own_params, name),
+        )  # fmt: skip
+
+    def _attach(self, name: str, base: Any, config: RunConfig, kind: str) -> tuple[Any, list[str]]:
+        from peft import get_peft_model
+        from peft.tuners.lora import Linear
+
+        lora_config, warnings = build_lora_config(config.peft, kind)
+        if self.model is None:
+            self.model = self.cache.adapted(get_peft_model(base, lora_config, adapter_name=name))
+        else:
+            self.model.add_adapter(name, lora_config)
+        layers = [m for m in self.model.modules() if name in getattr(m, "lora_A", {})]
+        if any(not isinstance(m, Linear) for m in layers):
+            self.detach(name)
+            raise Unfusable("a LoRA layer other than Linear trains alone in the process (sequential)")
+        self._activate()
+        for module in self.model.modules():
+            if isinstance(module, Linear) and not hasattr(module, "_fused_routes"):
+                setattr(module, "_fused_routes", self.routes)  # noqa: B010
+                setattr(module, "forward", functools.partial(routed_forward, module, self.routes))  # noqa: B010
+        return self.model, warnings
+
+    def _activate(self) -> None:
+        """Every member's adapter trains (requires_grad); the routes pick who sees which rows."""
+        names = self.names()
+        self.model.base_model.set_adapter(names)
+        self.model.active_adapter = names[0]  # PeftModel's own: it reads that adapter's config
+
+    def detach(self, name: str) -> None:
+        """Take a member's adapter out; the last one takes the whole PEFT model out (as a job
+        alone leaves the base)."""
+        if self.model is None or name not in self.model.peft_config:
+            return
+        if len(self.model.peft_config) > 1:
+            self.model.delete_adapter(name)
+            self._activate()
+            return
+        self.model = None
+        self.cache.release()
+
+
+def own_params(name: str, model: Any) -> dict[str, torch.Tensor]:
+    """A member's parameters, named as the job's "default" adapter alone would name them (its
+    checkpoints and best state are those of the job alone)."""
+    tag = f".{name}."
+    return {n.replace(tag, ".default."): p for n, p in model.named_parameters() if tag in n}
+
+
+def _save_one(name: str, model: Any, folder: Path) -> None:
+    """The member's adapter as the job alone would save it (peft puts a named one in a subfolder)."""
+    with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
+        model.save_pretrained(scratch, selected_adapters=[name])
+        shutil.rmtree(folder, ignore_errors=True)
+        os.rename(Path(scratch) / name, folder)
+
+
+@dataclass
+class MemberSpec:
+    """One job handed to the group: where its output goes, how it is stopped, who hears its end."""
+
+    run_dir: Path
+    config_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    out: Any = None  # its stdout and stderr, a text stream (None: as they are)
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: Callable[[int], None] = lambda exit_code: None
+    heartbeat: Callable[[Path, threading.Event], Heartbeat] = lambda run_dir, stop: Heartbeat(run_dir)
+
+
+@dataclass
+class Member:
+    spec: MemberSpec
+    attempt: Attempt
+    job: JobRun | None = None
+    steps: Any = None
+    micro: MicroBatch | None = None
+    name: str = ""
+    largest: int = 1  # members in the largest group it trained in
+
+
+class FusedTrainer:
+    """Drives the loops of a fused group's members, one tick (a micro-batch of each) at a time."""
+
+    def __init__(self, cache: BaseCache, base_env: dict[str, str] | None = None) -> None:
+        self.cache, self.fused = cache, FusedModel(cache)
+        self.base_env = dict(os.environ) if base_env is None else base_env
+        self.members: list[Member] = []
+        self.waiting_solo: list[tuple[MemberSpec, str]] = []
+        self.usable = True
+        self.lock = threading.Lock()  # members and waiting_solo, read by a server's threads
+
+    def size(self) -> int:
+        with self.lock:
+            return len(self.members) + len(self.waiting_solo)
+
+    @contextlib.contextmanager
+    def context(self, spec: MemberSpec) -> Iterator[None]:
+        """The member's environment and output, while its own code runs."""
+        os.environ.clear()
+        os.environ.update(self.base_env | spec.env)
+        try:
+            with contextlib.ExitStack() as stack:
+                if spec.out is not None:
+                    stack.enter_context(contextlib.redirect_stdout(spec.out))
+                    stack.enter_context(contextlib.redirect_stderr(spec.out))
+                yield
+        finally:
+            os.environ.clear()
+            os.environ.update(self.base_env)
+
+    def add(self, spec: MemberSpec) -> None:
+        """Set a job up in the group (its first micro-batch ready), or end it at once."""
+        member = Member(spec, Attempt(spec.run_dir, spec.config_path))
+        with self.context(spec):
+            try:
+                config = member.attempt.prepare()
+                why = unfusable(config) or self._mismatch(config)
+                if why is not None:
+                    raise Unfusable(why)
+                placement = self.fused.placement()
+                member.name = placement.adapter
+                heartbeat = spec.heartbeat(spec.run_dir, spec.stop)
+                member.job = JobRun(config, spec.run_dir, heartbeat, _log, self.cache, member.attempt.digests,
+                                    keep_checkpoints=True, placement=placement)  # fmt: skip
+                member.job.setup()
+                member.steps = member.job.loop()
+                member.micro = next(member.steps)
+            except Unfusable as exc:
+                _log(f"share_base: fused: {exc}; it waits for the group to finish")
+                with self.lock:
+                    self.waiting_solo.append((spec, str(exc)))
+                return
+            except StopIteration:
+                pass  # nothing to train (a resume at its last step): finished below
+            except Exception as exc:
+                self._end(member, exc)
+                return
+        with self.lock:
+            self.members.append(member)
+        if member.micro is None:
+            self._finish(member)
+
+    def _mismatch(self, config: RunConfig) -> str | None:
+        """What this job does not share with the group (its clients' group key keeps such jobs
+        apart; a job handed over anyway trains alone after the group)."""
+        if not self.members or self.members[0].job is None:
+            return None
+        group = self.members[0].job.config
+        for name in ("model", "prec", "max_seq_len", "gradient_checkpointing"):
+            if getattr(config, name) != getattr(group, name):
+                return f"its {name} differs from the fused group's: it trains alone in the process (sequential)"
+        return None
+
+    def _end(self, member: Member, exc: BaseException) -> None:
+        with self.context(member.spec):
+            end = member.attempt.failed(exc)
+        self._leave(member, end)
+
+    def _finish(self, member: Member) -> None:
+        assert member.job is not None
+        with self.context(member.spec):
+            try:
+                outcome = member.job.finish()
+            except Exception as exc:
+                end = member.attempt.failed(exc)
+            else:
+                end = member.attempt.succeeded(outcome, {"share_base": "fused", "fused_members_max": member.largest})
+        self._leave(member, end)
+
+    def _leave(self, member: Member, end: AttemptEnd) -> None:
+        if member.steps is not None:
+            member.steps.close()  # a loop left mid-epoch: its loader (and data workers) go now
+        if member.job is not None and member.job.params:
+            for parameter in member.job.params.values():
+                parameter.grad = None
+        self.fused.detach(member.name)
+        with self.lock:
+            if member in self.members:
+                self.members.remove(member)
+        self.usable = self.usable and end.process_usable
+        member.spec.done(end.exit_code)
+
+    def run_solo(self) -> None:
+        """The first job waiting to train alone, once the group is empty."""
+        with self.lock:
+            spec, why = self.waiting_solo.pop(0)
+        with self.context(spec):
+            heartbeat = spec.heartbeat(spec.run_dir, spec.stop)
+            end = run_attempt(spec.run_dir, spec.config_path, self.cache, heartbeat,
+                              shared={"share_base": "sequential", "fused_fallback": why})  # fmt: skip
+        self.cache.release()
+        self.usable = self.usable and end.process_usable
+        spec.done(end.exit_code)
+
+    def tick(self) -> None:
+        """One forward and backward over a micro-batch of every member; each member's loop then
+        goes on (an optimizer step where its accumulation group is complete)."""
+        for member in list(self.members):
+            if member.spec.stop.is_set():
+                self._end(member, JobStopped("orch stopped the attempt (cancelled, hung or its client gone)"))
+        active = list(self.members)
+        if not active:
+            return
+        for member in active:
+            member.largest = max(member.largest, len(active))
+        first = active[0].job
+        assert first is not None
+        micro = [m.micro for m in active if m.micro is not None]
+        batch, routes = concatenate([m.batch for m in micro], [m.name for m in active], first.pad_token_id)
+        keep = 1 if all(m.job is not None and m.job.config.logits_to_keep > 0 for m in active) else 0
+        try:
+            losses = forward_backward(first.model, batch, routes, [m.scale for m in micro], first.kind, keep,
+                                      first.autocast, self.fused.routes)  # fmt: skip
+        except Exception as exc:
+            self._group_failed(active, exc)
+            return
+        for member, loss in zip(active, losses, strict=True):
+            assert member.steps is not None
+            failure: BaseException | None = None
+            with self.context(member.spec):
+                try:
+                    member.micro = member.steps.send(loss)
+                except StopIteration:
+                    member.micro = None
+                except Exception as exc:
+                    member.micro, failure = None, exc
+            if failure is not None:
+                self._end(member, failure)  # a non-finite loss, say: this member alone fails
+            elif member.micro is None:
+                self._finish(member)
+
+    def _group_failed(self, active: list[Member], exc: BaseException) -> None:
+        """A shared forward or backward failed: an OOM of several members ends each with exit 75
+        (the daemon requeues them with a smaller group); anything else fails each member."""
+        if is_oom(exc) and len(active) >= 2:
+            for member in active:
+                with self.context(member.spec):
+                    print(group_oom_line(len(active)), file=sys.stderr, flush=True)
+                self._leave(member, AttemptEnd(EXIT_GROUP_OOM, True))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return
+        for member in active:
+            self._end(member, exc)
+
+    def run(self, admit: Callable[[bool], list[MemberSpec] | None]) -> bool:
+        """Train until `admit(idle)` (blocking when the group is empty) says no more (None);
+        whether this process is still usable."""
+        while self.usable:
+            if not self.waiting_solo or self.members:
+                new = admit(not self.members and not self.waiting_solo) if not self.waiting_solo else []
+                if new is None and not self.members and not self.waiting_solo:
+                    break
+                for spec in new or []:
+                    self.add(spec)
+            if not self.members and self.waiting_solo:
+                self.run_solo()
+                continue
+            self.tick()
+        for member in list(self.members):  # the process is broken: the rest fail with it
+            self._end(member, RuntimeError("the fused group's process failed"))
+        return self.usable
+
+
+def concatenate(
+    batches: list[dict[str, torch.Tensor]], names: list[str], pad_token_id: int
+) -> tuple[dict[str, torch.Tensor], list[Route]]:
+    """The members' micro-batches as one, left-padded to the longest (mask 0, position 0, as the
+    collator pads), and each member's rows."""
+    length = max(b["input_ids"].shape[1] for b in batches)
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in batches[0]}
+    routes: list[Route] = []
+    row = 0
+    for batch, name in zip(batches, names, strict=True):
+        extra = length - batch["input_ids"].shape[1]
+        for key, value in batch.items():
+            if value.dim() == 2 and extra:
+                fill = pad_token_id if key == "input_ids" else 0
+                value = torch.nn.functional.pad(value, (extra, 0), value=fill)
+            parts[key].append(value)
+        rows = batch["input_ids"].shape[0]
+        routes.append((name, row, row + rows))
+        row += rows
+    return {k: torch.cat(v) for k, v in parts.items()}, routes
+
+
+def forward_backward(
+    model: Any, batch: dict[str, torch.Tensor], routes: list[Route], scales: list[float], kind: str,
+    logits_to_keep: int, autocast: Callable[[], Any], routing: Routes,
+) -> list[float]:  # fmt: skip
+    """One forward of the fused batch and one backward of the members' losses, each scaled as
+    its own job scales it; each member's mean loss. The routes hold through the backward too
+    (activation checkpointing computes the forward again there)."""
+    with routing.use(routes), autocast():
+        logits = answer_logits(model, batch, logits_to_keep, kind)
+        sums = [
+            torch.nn.functional.cross_entropy(logits[start:stop], batch["target_ids"][start:stop], reduction="sum")
+            for _, start, stop in routes
+        ]
+        total = sum(loss_sum * scale for loss_sum, scale in zip(sums, scales, strict=True))
+        assert isinstance(total, torch.Tensor)
+        total.backward()
+    return [float(s.detach()) / ((stop or 0) - start) for s, (_, start, stop) in zip(sums, routes, strict=True)]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

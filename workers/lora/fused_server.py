@@ -1,0 +1,157 @@
+"""The warm process of `share_base: fused` (workers.lora.server --fused): its clients' jobs train
+at once as one group (workers.lora.fused.FusedTrainer, in the main thread).
+
+A client sends `{"job": {...}, "fuse_max": N}`. The process takes it while the group (with the
+jobs accepted but not yet joined) has fewer members than the smallest `fuse_max` among them and
+the newcomer, answering `{"accepted": {"pid", "base_mem_mib"}}`; else `{"full": true}` (the client
+tries the next slot). A job joins the group at the next tick. One thread per client relays the
+job's output (its own only: each member's code runs with its stdout and stderr on its relay) and
+turns a stop message, or the client gone, into a stop: the job leaves at the next tick without a
+checkpoint. The process exits after ORCH_SHARE_IDLE_S without a member, refusing the clients
+that arrive meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from workers.lora.fused import FusedTrainer, MemberSpec
+from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
+from workers.lora.share import messages, send
+
+MAX_MEMBERS = 16
+
+
+def log(message: str) -> None:
+    """This process's own lines: its window (the main thread's stderr is a member's meanwhile)."""
+    print(message, file=sys.__stderr__, flush=True)
+
+
+class Door:
+    """Who may join: the members' caps, and whether the process is closing."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.caps: dict[int, int] = {}  # per accepted job (until it ends): its fuse_max
+        self.closing = False
+        self.arrivals: queue.Queue[MemberSpec] = queue.Queue()
+
+    def enter(self, job_id: int, cap: int) -> bool:
+        with self.lock:
+            if self.closing:
+                return False
+            limit = min([cap, *self.caps.values()])
+            if len(self.caps) + 1 > limit:
+                return False
+            self.caps[job_id] = cap
+            return True
+
+    def leave(self, job_id: int) -> None:
+        with self.lock:
+            self.caps.pop(job_id, None)
+
+    def close_if_empty(self) -> bool:
+        with self.lock:
+            if self.caps:
+                return False
+            self.closing = True
+            return True
+
+
+def serve_fused(listener: socket.socket, cache: Any, base_env: dict[str, str], idle_s: float, sock_path: Path) -> int:
+    """Accept clients in a thread, train their jobs here; the exit code."""
+    door = Door()
+    trainer = FusedTrainer(cache, base_env)
+    listener.settimeout(None)
+
+    def accept_loop() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed: the process is leaving
+            threading.Thread(target=_client, args=(conn, door, cache), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+
+    def admit(idle: bool) -> list[MemberSpec] | None:
+        new: list[MemberSpec] = []
+        if idle:
+            while True:
+                try:
+                    new.append(door.arrivals.get(timeout=idle_s))
+                    break
+                except queue.Empty:
+                    if door.close_if_empty():
+                        log(f"idle for {idle_s:g} s: exiting")
+                        with contextlib.suppress(FileNotFoundError):
+                            sock_path.unlink()
+                        return None
+        while True:
+            try:
+                new.append(door.arrivals.get_nowait())
+            except queue.Empty:
+                return new
+
+    usable = trainer.run(admit)
+    if not usable:
+        log("a job left this process unusable: exiting (the next job starts a new one)")
+    return 0 if usable else 1
+
+
+def _client(conn: socket.socket, door: Door, cache: Any) -> None:
+    """One client: admission, then its stop; its job's end is sent by the trainer's thread."""
+    reader = messages(conn)
+    first = next(reader, None)
+    job = first.get("job") if first else None
+    if not isinstance(job, dict):
+        conn.close()
+        return
+    try:
+        cap = max(1, min(MAX_MEMBERS, int(first.get("fuse_max") or 1)))  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        cap = 1
+    job_id = id(conn)
+    if not door.enter(job_id, cap):
+        with contextlib.suppress(OSError):
+            send(conn, {"full": True})
+        conn.close()
+        return
+    stop, done = threading.Event(), threading.Event()
+    lock = threading.Lock()
+
+    def end(exit_code: int) -> None:
+        door.leave(job_id)
+        done.set()
+        with lock, contextlib.suppress(OSError):
+            send(conn, {"exit": exit_code})
+            conn.shutdown(socket.SHUT_RDWR)  # wakes the reader below
+        conn.close()
+
+    run_dir, config = Path(str(job.get("run_dir"))), Path(str(job.get("config")))
+    env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
+    log(f"job {env.get('ORCH_JOB_ID', '?')} attempt {env.get('ORCH_ATTEMPT', '?')} joins: {run_dir}")
+    try:
+        send(conn, {"accepted": accepted(cache)})
+    except OSError:
+        door.leave(job_id)
+        conn.close()
+        return
+    door.arrivals.put(MemberSpec(run_dir, config, env, Relay(conn, sys.__stdout__), stop, end,
+                                 lambda path, event: StoppableHeartbeat(path, event)))  # fmt: skip
+    for message in reader:  # a stop message, or the client gone, stops the job
+        if "stop" in message:
+            break
+    if done.is_set():
+        return
+    stop.set()
+    if not done.wait(STOP_GRACE_S):
+        log(f"a stopped job did not stop within {STOP_GRACE_S:g} s: exiting")
+        os._exit(EXIT_HUNG)
