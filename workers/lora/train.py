@@ -309,7 +309,8 @@ def run(
                 # a save also removes the older checkpoints: never after orch stopped the job
                 # (a warm process's job outlives its client by up to an evaluation)
                 heartbeat.check_stopped()
-                saved = save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config)
+                saved = save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config,
+                                        heartbeat.check_stopped)
                 log(f"saved {saved}")
             if step >= total_steps:
                 break
@@ -324,7 +325,8 @@ def run(
         # checkpoint_every_steps - 1 steps back
         loop = LoopState(step, epoch, 0, samples_seen, train_seconds, losses, best_score, best_step, best_val)
         heartbeat.check_stopped()
-        log(f"saved {save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config)}")
+        saved = save_checkpoint(run_dir, loop, model, optimizer, scheduler, best_state, config, heartbeat.check_stopped)
+        log(f"saved {saved}")
     with torch.no_grad():
         named = dict(model.named_parameters())
         for name, value in best_state.items():
