@@ -69,10 +69,12 @@ def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_p
         "ORCH_SHARE_BASE": "sequential",
         "ORCH_SHARE_DIR": str(runs / ".warm"),
     }
-    assert share_env(_job("lora", {}), 1, False, True, runs) == {}  # share_base: off
+    # no warm process, but the folder, where a resume waits for a warm process's job to stop
+    folder = {"ORCH_SHARE_DIR": str(runs / ".warm")}
+    assert share_env(_job("lora", {}), 1, False, True, runs) == folder  # share_base: off
     assert share_env(_job("sim", sharing), 1, False, True, runs) == {}
-    assert share_env(_job("lora", sharing), 2, False, True, runs) == {}  # a gang
-    assert share_env(_job("lora", sharing), 1, True, True, runs) == {}  # the ladder runs it alone
+    assert share_env(_job("lora", sharing), 2, False, True, runs) == folder  # a gang
+    assert share_env(_job("lora", sharing), 1, True, True, runs) == folder  # the ladder runs it alone
     assert share_env(_job("lora", sharing), 1, False, False, runs) == {}  # a cluster node
 
 

@@ -72,11 +72,16 @@ def _safe_name(text: str) -> str:
 
 def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path) -> dict[str, str]:
     """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
-    `share_base: sequential`, on this host, unless the ladder runs it alone on its card."""
+    `share_base: sequential`, on this host, unless the ladder runs it alone on its card. Every
+    LoRA attempt on this host gets the folder: a resume there waits on the lock of the job a
+    warm process may still train in the checkpoint's run dir (workers/lora/resume_guard.py)."""
     mode = job.worker_output.get("share_base", "off")
-    if job.worker != "lora" or mode == "off" or gpus != 1 or run_alone or not local:
+    if job.worker != "lora" or not local:
         return {}
-    return {SHARE_BASE_VAR: str(mode), SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+    folder = {SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+    if mode == "off" or gpus != 1 or run_alone:
+        return folder
+    return {SHARE_BASE_VAR: str(mode), **folder}
 
 
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
