@@ -96,7 +96,7 @@ def test_a_job_stopped_while_it_saves_keeps_its_older_checkpoint(tmp_path: Path)
             if stopped:
                 raise RuntimeError("stopped")
 
-        save_checkpoint(tmp_path, LoopState(step=step), model, optimizer, scheduler, {}, config, check)
+        save_checkpoint(tmp_path, LoopState(step=step), model, optimizer, scheduler, {}, config, check_stopped=check)
 
     save(3, stopped=False)
     save(6, stopped=False)
