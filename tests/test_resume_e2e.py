@@ -223,13 +223,17 @@ def test_trainer_script_resumes_through_resume_from_checkpoint_in_config_yaml(or
     assert "train begins at global step 2" in log and '{"global_step": 6}' in log
 
 
-def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orch: Orch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("share_base", ["off", "sequential"])
+def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(
+    orch: Orch, tmp_path: Path, share_base: str
+) -> None:
     """The worker alone is SIGKILLed (an admin, or the kernel's OOM killer where its word cannot
     be read): its wrapper records the signal and no OOM evidence. With a checkpoint left, that is
-    a death: the job resumes from it on its own, and the retry does not use up max_attempts (1)."""
-    # the worker in a process of its own (share_base: off), as it ran before a warm process could
-    # take the job: killing a warm process's client is another case (docs/lora-worker.md)
-    start_a_150_step_lora_job(orch, tmp_path, max_attempts=1, share_base="off")
+    a death: the job resumes from it on its own, and the retry does not use up max_attempts (1).
+    `off`: the worker trains in its own process. `sequential`: the killed process is the thin
+    client, and the warm process goes on with the job until it notices; the next attempt waits
+    for that job to stop before it resumes (docs/lora-worker.md)."""
+    start_a_150_step_lora_job(orch, tmp_path, max_attempts=1, share_base=share_base)
 
     def worker_with_a_checkpoint() -> tuple[Path, int] | None:
         rows = orch.attempts(1)
@@ -244,7 +248,7 @@ def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orc
 
     first_dir, worker_pid = wait_until(worker_with_a_checkpoint, 90, "attempt 1's worker and first checkpoint")
     os.kill(worker_pid, signal.SIGKILL)  # the worker only: its wrapper lives on and records the signal
-    assert orch.wait_all_done(120) == {1: "succeeded"}
+    assert orch.wait_all_done(120) == {1: "succeeded"}, Path(orch.attempts(1)[-1]["run_dir"], "stdout.log").read_text()
 
     shown = orch.json("show", "1")
     first, second = shown["attempts"]
@@ -253,9 +257,14 @@ def test_lora_worker_sigkilled_after_a_checkpoint_resumes_without_orch_retry(orc
     assert second["resumed_from"] is not None and second["resumed_from"]["attempt"] == 1
     checkpoint = Path(second["resumed_from"]["checkpoint"])
     assert checkpoint.parent == first_dir and second["level"] == first["level"] == 0
-    step = int(checkpoint.name.removeprefix("checkpoint-"))
-    assert f"resumed from {checkpoint}: step {step} of 150" in Path(second["log"]).read_text()
-    assert json.loads((Path(second["run_dir"]) / "result.json").read_text())["steps"] == 150
+    result = json.loads((Path(second["run_dir"]) / "result.json").read_text())
+    # the one orch named, or, where the old warm job's last save removed it, a later one of that run said so
+    used = Path(result.get("resumed_from_checkpoint", checkpoint))
+    assert used == checkpoint or (used.parent == first_dir and str(checkpoint) in result["resume_note"])
+    step = int(used.name.removeprefix("checkpoint-"))
+    assert f"resumed from {used}: step {step} of 150" in Path(second["log"]).read_text()
+    assert result["steps"] == 150
+    assert result.get("share_base") == (None if share_base == "off" else "sequential")
 
 
 # Saves a checkpoint and then SIGKILLs itself (no OOM evidence): `same` saves checkpoint-10

@@ -96,7 +96,7 @@ def test_a_fused_attempt_is_told_its_group_cap() -> None:
     assert share_env(fused, 1, False, True, runs, fused_cap=3)["ORCH_FUSE_MAX"] == "3"  # after a group OOM
     assert share_env(fused, 1, False, True, runs, fused_cap=8)["ORCH_FUSE_MAX"] == "6"  # never above the suite's
     assert share_env(_job("lora", {"share_base": "fused"}), 1, False, True, runs)["ORCH_FUSE_MAX"] == "4"
-    assert share_env(fused, 1, True, True, runs) == {}  # the ladder runs it alone
+    assert share_env(fused, 1, True, True, runs) == {"ORCH_SHARE_DIR": "/r/.warm"}  # the ladder runs it alone
     assert "ORCH_FUSE_MAX" not in share_env(_job("lora", {"share_base": "sequential"}), 1, False, True, runs)
 
 
@@ -107,10 +107,12 @@ def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_p
         "ORCH_SHARE_BASE": "sequential",
         "ORCH_SHARE_DIR": str(runs / ".warm"),
     }
-    assert share_env(_job("lora", {}), 1, False, True, runs) == {}  # share_base: off
+    # no warm process, but the folder, where a resume waits for a warm process's job to stop
+    folder = {"ORCH_SHARE_DIR": str(runs / ".warm")}
+    assert share_env(_job("lora", {}), 1, False, True, runs) == folder  # share_base: off
     assert share_env(_job("sim", sharing), 1, False, True, runs) == {}
-    assert share_env(_job("lora", sharing), 2, False, True, runs) == {}  # a gang
-    assert share_env(_job("lora", sharing), 1, True, True, runs) == {}  # the ladder runs it alone
+    assert share_env(_job("lora", sharing), 2, False, True, runs) == folder  # a gang
+    assert share_env(_job("lora", sharing), 1, True, True, runs) == folder  # the ladder runs it alone
     assert share_env(_job("lora", sharing), 1, False, False, runs) == {}  # a cluster node
 
 

@@ -76,11 +76,16 @@ def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
     """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
     `share_base` sequential or fused, on this host, unless the ladder runs it alone on its card.
     A fused attempt is also told the most members its group may have (ORCH_FUSE_MAX): its
-    suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory."""
+    suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory. Every
+    LoRA attempt on this host gets the folder: a resume there waits on the lock of the job a
+    warm process may still train in the checkpoint's run dir (workers/lora/resume_guard.py)."""
     mode = job.worker_output.get("share_base", "off")
-    if job.worker != "lora" or mode == "off" or gpus != 1 or run_alone or not local:
+    if job.worker != "lora" or not local:
         return {}
-    env = {SHARE_BASE_VAR: str(mode), SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+    folder = {SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
+    if mode == "off" or gpus != 1 or run_alone:
+        return folder
+    env = {SHARE_BASE_VAR: str(mode), **folder}
     if mode == "fused":
         env[FUSE_MAX_VAR] = str(fuse_max(job, fused_cap))
     return env

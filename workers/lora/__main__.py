@@ -10,7 +10,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from workers.harness import (
 from workers.lora.config import ConfigError, RunConfig, load_config
 from workers.lora.data import find_source, parse_data_name, test_is_validation
 from workers.lora.provenance import torch_record, worker_record
+from workers.lora.resume_guard import ResumeBlocked, resume_point, wait_until_stopped
 from workers.lora.share import digest_of
 
 SHARE_BASE_VAR = "ORCH_SHARE_BASE"  # set by orch for a suite's `share_base` other than off
@@ -128,6 +129,7 @@ class Attempt:
         self.provenance: dict[str, Any] = {}
         self.digests = ("", "")
         self.config: RunConfig | None = None
+        self.resumed: dict[str, Any] = {}  # what result.json says of a replaced checkpoint
 
     def prepare(self) -> RunConfig:
         config = load_config(self.config_path)
@@ -137,6 +139,7 @@ class Attempt:
         if test_is_validation(config.data):
             log(f"warning: {config.data} scores test on the validation split that also picks the "
                 "best epoch; result.json says test_is_val (use glue-tvt_ for a held-out test)")  # fmt: skip
+        config, self.resumed = _resume_point(config)
         self.provenance = worker_record(config)
         self.digests = (digest_of(self.provenance.get("model")), digest_of(self.provenance.get("data")))
         self.config = config
@@ -190,6 +193,7 @@ class Attempt:
             **outcome.settings,
             **outcome.memory,
             **shared,
+            **self.resumed,
         )
         # finished and recorded: nothing left to resume. Removed only now, so a kill during the
         # clean-up leaves a succeeded run, never one that must resume from a checkpoint
@@ -198,6 +202,25 @@ class Attempt:
         remove_checkpoints(self.run_dir)
         log(f"done: test {outcome.metrics['test']} (best val at step {outcome.best_step})")
         return AttemptEnd(EXIT_OK, True)
+
+
+def _resume_point(config: RunConfig) -> tuple[RunConfig, dict[str, Any]]:
+    """The config to train with, once the job that wrote its checkpoint has stopped (a warm
+    process may still train it after its client was killed), and what result.json says where
+    that checkpoint had to be replaced by a later one of the same run (resume_guard)."""
+    named = config.resume_from_checkpoint
+    if named is None:
+        return config, {}
+    try:
+        wait_until_stopped(named.parent, os.environ, log)
+        point = resume_point(named)
+    except ResumeBlocked as exc:
+        raise ConfigError(f"resume_from_checkpoint {named}: {exc}") from None
+    if point.note is None:
+        return config, {}
+    log(f"warning: {point.note}")
+    used = replace(config, resume_from_checkpoint=point.checkpoint)
+    return used, {"resumed_from_checkpoint": str(point.checkpoint), "resume_note": point.note}
 
 
 # By name, so that this module need not import torch: a diverged loss, a model folder that could

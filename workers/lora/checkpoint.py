@@ -24,6 +24,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,11 @@ def save_checkpoint(
     run_dir: Path, loop: LoopState, model: Any, optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler, best_weights: dict[str, torch.Tensor],
     config: RunConfig, params: dict[str, torch.Tensor] | None = None,
+    check_stopped: Callable[[], None] = lambda: None,
 ) -> Path:  # fmt: skip
-    """Write `run_dir/checkpoint-<step>` atomically and remove the older ones; returns its path."""
+    """Write `run_dir/checkpoint-<step>` atomically and remove the older ones; returns its path.
+    `check_stopped` raises where the job was stopped while it saved: the older checkpoints stay
+    then (orch may have picked one of them for the next attempt meanwhile)."""
     final = run_dir / f"checkpoint-{loop.step}"
     partial = run_dir / f".checkpoint-{loop.step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -98,6 +102,7 @@ def save_checkpoint(
         _remove_aside(final)
     os.rename(partial, final)
     _fsync_dir(run_dir)
+    check_stopped()
     remove_checkpoints(run_dir, below_step=loop.step)
     return final
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.lora.fused import FusedTrainer, MemberSpec
+from workers.lora.resume_guard import holding_job
 from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
 from workers.lora.share import messages, send
 
@@ -126,8 +127,10 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
         return
     stop, done = threading.Event(), threading.Event()
     lock = threading.Lock()
+    held = contextlib.ExitStack()  # the job's lock while it is a member: a resume of it waits
 
     def end(exit_code: int) -> None:
+        held.close()
         door.leave(job_id)
         done.set()
         with lock, contextlib.suppress(OSError):
@@ -144,6 +147,7 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
         door.leave(job_id)
         conn.close()
         return
+    held.enter_context(holding_job(run_dir, env))
     door.arrivals.put(MemberSpec(run_dir, config, env, Relay(conn, sys.__stdout__), stop, end,
                                  lambda path, event: StoppableHeartbeat(path, event)))  # fmt: skip
     for message in reader:  # a stop message, or the client gone, stops the job

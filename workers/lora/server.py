@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.harness import Heartbeat
+from workers.lora.resume_guard import holding_job
 from workers.lora.share import (
     DEFAULT_IDLE_S,
     IDLE_VAR,
@@ -164,7 +165,8 @@ def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool
     try:
         os.environ.clear()
         os.environ.update(base_env | env)
-        with contextlib.redirect_stdout(relay), contextlib.redirect_stderr(relay):
+        # the job's lock, held while this process trains it: a resume of its run dir waits on it
+        with holding_job(run_dir, os.environ), contextlib.redirect_stdout(relay), contextlib.redirect_stderr(relay):
             end = run_attempt(run_dir, config, cache, StoppableHeartbeat(run_dir, stop))
         exit_code, usable = end.exit_code, end.process_usable
         cache.release()

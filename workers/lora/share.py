@@ -11,6 +11,7 @@ Its files live in one folder (orch passes the runs dir's `.warm/` as ORCH_SHARE_
   a warm process that has been idle for a while exits only if it can take this lock itself, so
   it never leaves a client that just arrived.
 - `KEY-n.server.lock`: held by the warm process for its life (never two for one slot).
+- `job-DIGEST.lock`: held by a warm process while it trains one job (workers.lora.resume_guard).
 
 Messages are JSON lines. Client to server: `{"job": {"run_dir", "config", "env"}}`, then
 `{"stop": SIGNAL}` when orch stops the attempt. Server to client: `{"out": TEXT}` (the job's

@@ -327,7 +327,8 @@ class JobRun:
         # (a warm process's job outlives its client by up to an evaluation)
         self.heartbeat.check_stopped()
         saved = save_checkpoint(self.run_dir, loop, self.model, self.optimizer, self.scheduler,
-                                self.best_state, self.config, self.params)  # fmt: skip
+                                self.best_state, self.config, self.params,
+                                self.heartbeat.check_stopped)  # fmt: skip
         self.log(f"saved {saved}")
 
     def loop(self) -> Generator[MicroBatch, float, None]:
