@@ -196,7 +196,12 @@ def run_mode(
             "share_base": result.get("share_base", "off"),
             "fused_members_max": result.get("fused_members_max"),
             "attempt": result_path.parent.name,
-            "losses": [json.loads(line).get("loss") for line in progress if '"loss"' in line],
+            # a liveness line during a long evaluation carries "loss": null, and how many of
+            # those a run writes depends on timing: only the steps' losses are compared
+            "losses": [
+                loss for line in progress
+                if '"loss"' in line and (loss := json.loads(line).get("loss")) is not None
+            ],
         }
     return {
         "makespan_s": round(makespan_s, 1),
