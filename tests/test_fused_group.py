@@ -20,7 +20,7 @@ from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.prediction.fused_groups import fuse_group, fuse_max
 from orchestrator.scheduling.packing.pack import pack
 from orchestrator.scheduling.packing.types import PackingPolicy, QueuedJob, RunningAttempt
-from orchestrator.store.endings import once_per_process
+from orchestrator.store.endings import GROUP_DEATH_WINDOW_S, Failure, once_per_process
 from orchestrator.store.sharing import shares_label
 from tests.test_packing import GIB, NO_HEADROOM, gpu, job, placed
 
@@ -148,10 +148,22 @@ def test_a_group_oom_is_requeued_uncounted_at_its_level_and_halves_the_cap() -> 
 # ------------------------------------------------------------------ crash loop, memory, share.json
 
 
-def test_one_processes_failures_count_once() -> None:
-    failures = [(2.0, "ab12-0", 100), (2.1, "ab12-0", 100), (2.2, "ab12-0", 100), (3.0, None, None),
-                (1.0, "ab12-0", 101), (1.5, None, None)]
-    assert once_per_process(failures) == [2.0, 3.0, 1.0, 1.5]
+def test_one_fused_processes_death_counts_once() -> None:
+    fused = [Failure(2.0, 100.0, "fused", "ab12-0", 100), Failure(2.1, 100.5, "fused", "ab12-0", 100),
+             Failure(2.2, 101.0, "fused", "ab12-0", 100), Failure(3.0, 101.0, None, None, None),
+             Failure(1.0, 102.0, "fused", "ab12-0", 101), Failure(1.5, 103.0, None, None, None)]
+    assert once_per_process(fused) == [2.0, 3.0, 1.0, 1.5]  # members failing together: once
+
+
+def test_a_sequential_processes_failures_and_a_fused_ones_apart_each_count() -> None:
+    # one sequential warm process trains jobs one after another under one pid: each failure is a crash
+    sequential = [Failure(1.0 + n, 100.0 + n, "sequential", "ab12-0", 100) for n in range(4)]
+    assert once_per_process(sequential) == [1.0, 2.0, 3.0, 4.0]
+    # fused failures of one pid minutes apart are crashes of their own
+    apart = [Failure(1.0, 100.0, "fused", "ab12-0", 100), Failure(1.1, 100.0 + GROUP_DEATH_WINDOW_S + 1,
+             "fused", "ab12-0", 100), Failure(1.2, 400.0, "fused", "ab12-0", 100),
+             Failure(1.3, 405.0, "fused", "ab12-0", 100)]
+    assert once_per_process(apart) == [1.0, 1.1, 1.2]  # the fourth died with the third
 
 
 def test_a_groups_peak_teaches_its_group_size_never_the_solo_shape() -> None:

@@ -10,15 +10,17 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.api.status_snapshot import status_snapshot
+from orchestrator.attempts.crash_loop import guard_crash_loop
 from orchestrator.cli.status.plain import plain_status
 from orchestrator.cli.status.rich_view import render_status
-from orchestrator.plans import expand_jobs, load_suite, parse_pairs
+from orchestrator.plans import CrashLoop, expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.endings import recent_failure_durations
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.sharing import fused_caps, lower_fused_cap, members_now
+from orchestrator.store.status import paused_configs
 from orchestrator.store.web_queries import overview
 from tests.store_reads import events, job_ids
 
@@ -95,3 +97,28 @@ def test_the_failures_of_one_process_count_once(db_path: Path) -> None:
         suite, config = "demo", store.query("SELECT config_name FROM jobs LIMIT 1")[0]["config_name"]
         durations = recent_failure_durations(store, suite, config, now - 60, now + 1)
     assert len(durations) == 3  # the process's three members once, and the two others
+
+
+def test_a_sequential_processes_failures_each_count_and_pause_the_config(db_path: Path) -> None:
+    guard = CrashLoop(failures=3, within_s=60.0, window_s=600.0)
+    with Store(db_path) as store:
+        a = _running(store, db_path, 3)
+        now = store.now_s()
+        for attempt_id in a:  # one warm process trained them one after another under one pid
+            update_attempt(store, attempt_id, outcome="failed", ended_at=now, share_mode="sequential",
+                           share_process=PROCESS, share_pid=4242)
+        suite, config = "demo", store.query("SELECT config_name FROM jobs LIMIT 1")[0]["config_name"]
+        assert len(recent_failure_durations(store, suite, config, now - 60, now + 1)) == 3
+        guard_crash_loop(store, suite, config, guard)
+        assert [(p.suite, p.config) for p in paused_configs(store)] == [(suite, config)]
+
+
+def test_a_fused_processes_failures_minutes_apart_each_count(db_path: Path) -> None:
+    with Store(db_path) as store:
+        a = _running(store, db_path, 3)
+        now = store.now_s()
+        for n, attempt_id in enumerate(a):
+            update_attempt(store, attempt_id, outcome="failed", ended_at=now - 240 + 120 * n, share_mode="fused",
+                           share_process=PROCESS, share_pid=4242)
+        suite, config = "demo", store.query("SELECT config_name FROM jobs LIMIT 1")[0]["config_name"]
+        assert len(recent_failure_durations(store, suite, config, now - 300, now + 1)) == 3

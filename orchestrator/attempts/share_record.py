@@ -5,7 +5,8 @@ The LoRA worker's client writes it once a warm process took the job: `{"mode": "
 user code like everything in a run dir: read without following links, at most MAX_SHARE_BYTES,
 and each field checked; a file that fails any check counts as none (nothing here raises).
 `orch status` and the web page show which jobs share a process from it, the crash-loop guard
-counts the failures naming one process and pid once, and placement joins a fused group there.
+counts the failures of one fused process's members that end together once, and placement joins
+a fused group there.
 """
 
 from __future__ import annotations

@@ -101,29 +101,57 @@ def hung_attempts_before(store: Store, attempt: Attempt) -> int:
 
 def recent_failure_durations(store: Store, suite: str, config: str, since_s: float, until_s: float) -> list[float]:
     """How long each failed attempt of the suite's config that ended between `since_s` and
-    `until_s` ran (hung ones, killed by orch, left out). One stamped after `until_s` (now) ended
-    before a wall-clock step back, at a time that cannot be told: left out."""
+    `until_s` ran (hung ones, killed by orch, left out; one fused process's death once). One
+    stamped after `until_s` (now) ended before a wall-clock step back, at a time that cannot be
+    told: left out."""
     rows = store.query(
-        "SELECT a.started_at, a.ended_at, a.share_process, a.share_pid FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "SELECT a.started_at, a.ended_at, a.share_mode, a.share_process, a.share_pid FROM attempts a "
+        "JOIN jobs j ON j.id = a.job_id "
         "WHERE j.suite = ? AND j.config_name = ? AND a.outcome = ? AND a.ended_at >= ? AND a.ended_at <= ? "
         "AND a.kill_requested IS NOT ? ORDER BY a.ended_at, a.id",
         [suite, config, AttemptOutcome.FAILED.value, since_s, until_s, KillRequest.HUNG.value],
     )
-    return once_per_process([((r["ended_at"] or 0) - r["started_at"], r["share_process"], r["share_pid"])
-                             for r in rows])
+    return once_per_process([
+        Failure((r["ended_at"] or 0) - r["started_at"], r["ended_at"] or 0, r["share_mode"], r["share_process"],
+                r["share_pid"])
+        for r in rows
+    ])
 
 
-def once_per_process(failures: list[tuple[float, str | None, int | None]]) -> list[float]:
-    """Each failure's length, those naming one warm process (share.json's process and pid) once:
-    one process's death fails every job it trained, and counts as one crash."""
-    seen: set[tuple[str, int]] = set()
+# A fused process's death fails its members within moments of each other (each client sees the
+# process end and exits); failures of one process further apart are crashes of their own.
+GROUP_DEATH_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt as the crash-loop guard counts it: its length, when it ended, and the
+    warm process its share.json named (mode, process, pid; None without one)."""
+
+    length_s: float
+    ended_at_s: float
+    share_mode: str | None
+    process: str | None
+    pid: int | None
+
+
+def once_per_process(failures: list[Failure]) -> list[float]:
+    """Each failure's length (in the order given, by end time), the members of one fused process
+    (share.json's mode `fused`, one process and pid) that failed within GROUP_DEATH_WINDOW_S of
+    that process's last counted failure once: one process's death fails every job it trained
+    at once, and counts as one crash. A sequential warm process trains its jobs one after
+    another under one pid, so each of its failures is a crash of its own config: each counts,
+    as do fused failures of one process further apart."""
+    counted_at: dict[tuple[str, int], float] = {}
     lengths = []
-    for length_s, process, pid in failures:
-        if process is not None and pid is not None:
-            if (process, pid) in seen:
+    for f in failures:
+        if f.share_mode == "fused" and f.process is not None and f.pid is not None:
+            key = (f.process, f.pid)
+            first_s = counted_at.get(key)
+            if first_s is not None and 0 <= f.ended_at_s - first_s <= GROUP_DEATH_WINDOW_S:
                 continue
-            seen.add((process, pid))
-        lengths.append(length_s)
+            counted_at[key] = f.ended_at_s
+        lengths.append(f.length_s)
     return lengths
 
 
