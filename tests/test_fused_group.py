@@ -14,7 +14,13 @@ import pytest
 
 from orchestrator.attempts.classify import classify_attempt, group_oom_members
 from orchestrator.attempts.fused_lessons import group_shape_key, group_size
-from orchestrator.attempts.next_step import EndVerdict, decide_next, fused_cap_after
+from orchestrator.attempts.next_step import (
+    EndEvidence,
+    EndVerdict,
+    classify_end,
+    decide_next,
+    fused_cap_after,
+)
 from orchestrator.attempts.share_record import parse_share, read_share
 from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.prediction.fused_groups import fuse_group, fuse_max
@@ -110,11 +116,25 @@ def _job(worker_output: dict[str, Any], config: dict[str, Any], gpus: int = 1) -
 
 def test_the_group_oom_line_with_exit_75_is_its_own_outcome_before_the_cuda_signatures() -> None:
     tail = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n" + LINE + "\n"
-    verdict = classify_attempt(exit_code=75, signal=None, result=None, log_tail=tail)
+    verdict = classify_attempt(exit_code=75, signal=None, result=None, log_tail=tail, fused=True)
     assert verdict.outcome is AttemptOutcome.GROUP_OOM and verdict.group_members == 4
     failed_result = {"status": "oom", "error": "CUDA out of memory"}
-    assert classify_attempt(exit_code=75, signal=None, result=failed_result, log_tail=tail).outcome \
+    assert classify_attempt(exit_code=75, signal=None, result=failed_result, log_tail=tail,
+                            fused=True).outcome \
         is AttemptOutcome.GROUP_OOM
+
+
+def test_only_a_fused_job_may_end_as_its_groups_oom() -> None:
+    # any other job's worker that exits 75 and prints the line is read as before: never requeued
+    # uncounted for ever, never lowering a suite's cap
+    tail = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n" + LINE + "\n"
+    own = classify_attempt(exit_code=75, signal=None, result=None, log_tail=tail)
+    assert own.outcome is AttemptOutcome.OOM and own.group_members is None
+    assert classify_attempt(exit_code=75, signal=None, result=None, log_tail=LINE).outcome is AttemptOutcome.FAILED
+    evidence = {"exit_record": {"exit_code": 75, "signal": None}, "result": None, "log_tail": LINE,
+                "kill_reason": None}
+    assert classify_end(EndEvidence(**evidence)).classification.outcome is AttemptOutcome.FAILED
+    assert classify_end(EndEvidence(**evidence, fused=True)).classification.outcome is AttemptOutcome.GROUP_OOM
 
 
 @pytest.mark.parametrize(
@@ -124,7 +144,7 @@ def test_the_group_oom_line_with_exit_75_is_its_own_outcome_before_the_cuda_sign
 )
 def test_only_the_exact_line_with_exit_75_is_a_group_oom(exit_code: int, tail: str) -> None:
     assert group_oom_members(exit_code, tail) is None
-    verdict = classify_attempt(exit_code=exit_code, signal=None, result=None, log_tail=tail)
+    verdict = classify_attempt(exit_code=exit_code, signal=None, result=None, log_tail=tail, fused=True)
     assert verdict.outcome is not AttemptOutcome.GROUP_OOM
 
 
@@ -132,7 +152,7 @@ def test_a_group_oom_is_requeued_uncounted_at_its_level_and_halves_the_cap() -> 
     from tests.test_next_step import LEVELS, a_job
 
     job_row = a_job(level=1, attempt_count=2, max_attempts=2)  # its last counted attempt
-    verdict = EndVerdict(classify_attempt(exit_code=75, signal=None, result=None, log_tail=LINE))
+    verdict = EndVerdict(classify_attempt(exit_code=75, signal=None, result=None, log_tail=LINE, fused=True))
     step = decide_next(job_row, LEVELS, LEVELS[1], verdict)
     assert step.job_state is JobState.QUEUED and not step.counted and step.next_level is None
     assert step.job_fields["max_attempts"] == 3 and "level" not in step.job_fields

@@ -303,8 +303,11 @@ def classify_attempt(
     exit_record_present: bool = True,
     kernel_oom_kill: bool = False,
     hung: bool = False,
+    fused: bool = False,
 ) -> Classification:
-    """Outcome of one attempt. `hung`: the daemon killed it for missing heartbeats."""
+    """Outcome of one attempt. `hung`: the daemon killed it for missing heartbeats. `fused`: its
+    job has `share_base: fused`; only then may its (untrusted) exit and log say its fused group ran
+    out of memory (requeued uncounted, the suite's cap lowered): any other job's is read as before."""
     if cancelled:
         return Classification(AttemptOutcome.CANCELLED, "cancelled")
     if hung and result is None:
@@ -316,7 +319,7 @@ def classify_attempt(
         return Classification(AttemptOutcome.LOST, "no exit record and no result.json")
     # before the CUDA OOM signatures: the group's CUDA OOM is in this log too, but the job's own
     # need is not what ran out
-    members = group_oom_members(exit_code, log_tail)
+    members = group_oom_members(exit_code, log_tail) if fused else None
     if members is not None and (result is None or result.get("status") != "succeeded"):
         return Classification(AttemptOutcome.GROUP_OOM, f"its fused group of {members} members ran out of memory",
                               group_members=members)

@@ -13,6 +13,7 @@ from orchestrator.attempts.classify import Classification
 from orchestrator.attempts.next_step import EndEvidence, classify_end, ended_by_itself
 from orchestrator.attempts.reconcile import observe, read_log_tail, read_result
 from orchestrator.plans.template import OUR_WORKERS
+from orchestrator.prediction.fused_groups import fused
 from orchestrator.store.rows import Attempt, Job
 
 
@@ -26,5 +27,5 @@ def end_of_exited(attempt: Attempt, job: Job) -> Classification | None:
     result = read_result(run_dir, [])
     if result is not None and attempt.token and job.worker in OUR_WORKERS and result.get("token") != attempt.token:
         result = None  # another attempt's result (our workers sign theirs)
-    evidence = EndEvidence(obs.exit_record, result, read_log_tail(run_dir), None)
+    evidence = EndEvidence(obs.exit_record, result, read_log_tail(run_dir), None, fused=fused(job))
     return classify_end(evidence).classification

@@ -53,6 +53,7 @@ class EndEvidence:
     checkpoint: CheckpointLeft | None = None  # what the job's next attempt would resume from
     diverged: str | None = None  # why the divergence rule flagged its loss
     fail_on_divergence: bool = False  # the suite's: a flagged run fails (never retried: it would again)
+    fused: bool = False  # its job has `share_base: fused`: the only kind whose worker may report a group's OOM
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def classify_end(evidence: EndEvidence) -> EndVerdict:
         exit_record_present=exit_record is not None and not evidence.lost,
         hung=evidence.hung or kill_reason is KillRequest.HUNG,
         kernel_oom_kill=evidence.kernel_oom_kill or bool((exit_record or {}).get("oom_kills")),
+        fused=evidence.fused,
     )
     remote_end, resumes_from = evidence.remote_end, None
     not_the_jobs = evidence.not_started

@@ -190,6 +190,7 @@ def _gather(
         checkpoint=_checkpoint_left(store, attempt, job) if sigkilled else None,
         diverged=loss.diverged if loss else None,
         fail_on_divergence=bool(loss and loss.fail),
+        fused=fused(job),
     )
     return _Gathered(job, levels, levels[min(attempt.level, len(levels) - 1)], evidence, problems, peak_mib,
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
