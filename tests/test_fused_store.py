@@ -7,22 +7,29 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
 from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.attempts.crash_loop import guard_crash_loop
+from orchestrator.attempts.outcomes import complete
 from orchestrator.cli.status.plain import plain_status
 from orchestrator.cli.status.rich_view import render_status
+from orchestrator.executors.observation import Observation
+from orchestrator.lifecycle import JobState
 from orchestrator.plans import CrashLoop, expand_jobs, load_suite, parse_pairs
+from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
 from orchestrator.store.endings import recent_failure_durations
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.queries import get_attempts, get_job
 from orchestrator.store.sharing import fused_caps, lower_fused_cap, members_now
 from orchestrator.store.status import paused_configs
 from orchestrator.store.web_queries import overview
 from tests.store_reads import events, job_ids
+from tests.test_crash_loop import submit, write_suite
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 PROCESS = "0123456789abcdef-0"
@@ -122,3 +129,27 @@ def test_a_fused_processes_failures_minutes_apart_each_count(db_path: Path) -> N
                            share_process=PROCESS, share_pid=4242)
         suite, config = "demo", store.query("SELECT config_name FROM jobs LIMIT 1")[0]["config_name"]
         assert len(recent_failure_durations(store, suite, config, now - 300, now + 1)) == 3
+
+
+def test_past_its_bound_a_group_oom_is_stored_as_the_jobs_own_and_lowers_no_cap(tmp_path: Path) -> None:
+    plans = write_suite(tmp_path / "plans", "fz", worker="lora", share_base="fused", fused_members=16,
+                        max_attempts=1)
+    (plans / "configs" / "fz" / "a.yaml").write_text(yaml.safe_dump({"model": "tiny-llama", "batch_size": 2}))
+    line = "orch: fused group of {} members ran out of memory"
+    with Store(tmp_path / "state.db") as store:
+        (job,) = submit(store, plans, "fz", 1)
+        for n, members in enumerate((16, 8, 4, 2, 2)):  # the fifth is past MAX_GROUP_OOMS
+            plan = AttemptPlan(job.id, 0, "GPU-0", 0, "base", {}, {}, False, 1024,
+                               PredictionSource(SourceKind.DECLARED), 1024)
+            attempt = start_attempt(store, plan, lambda k: tmp_path / "runs" / f"attempt-{k}")
+            Path(attempt.run_dir).mkdir(parents=True)
+            (Path(attempt.run_dir) / "stdout.log").write_text(line.format(members) + "\n")
+            obs = Observation(pid_record=None, exit_record={"exit_code": 75, "signal": None, "received": []},
+                              process_alive=False, last_progress=None, last_progress_at=None,
+                              now_s=store.now_s())
+            complete(store, attempt, obs, JobShapeCache())
+            assert get_job(store, job.id).state is (JobState.QUEUED if n < 4 else JobState.FAILED)
+        outcomes = [a.outcome.value for a in get_attempts(store, job.id) if a.outcome]
+        assert outcomes == ["group_oom"] * 4 + ["oom"]
+        assert fused_caps(store) == {"fz": 1}  # the fourth's (of 2): the fifth lowered nothing
+        assert len(events(store, "fused")) == 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.attempts.classify import (
@@ -221,6 +221,18 @@ def fused_cap_after(members: int | None) -> int:
     return max(1, (members or 2) // 2)
 
 
+def bounded_group_oom(verdict: EndVerdict, group_ooms_so_far: int) -> EndVerdict:
+    """The verdict as it is decided and stored: a fused group's OOM of a job that had
+    MAX_GROUP_OOMS of them already (more than halving 16 down to 1 takes) is its own OOM, so the
+    attempt is kept as `oom`, goes down the ladder and lowers no suite's cap again."""
+    outcome = verdict.classification
+    if outcome.outcome is not AttemptOutcome.GROUP_OOM or group_ooms_so_far < MAX_GROUP_OOMS:
+        return verdict
+    own = Classification(AttemptOutcome.OOM, f"{outcome.reason}, its job's group OOM number "
+                                             f"{group_ooms_so_far + 1}: taken as its own OOM")
+    return replace(verdict, classification=own)
+
+
 def _uncounted(job: Job, why: str) -> NextStep:
     return NextStep(JobState.QUEUED, {"reason": None, "max_attempts": job.max_attempts + 1}, why)
 
@@ -246,7 +258,9 @@ def decide_next(
     `verdict`. `job.attempt_count` counts the attempt that ended (`job.counted_attempts`: those
     that use up its max_attempts); `hung_retries_so_far`: its job's earlier attempts killed as
     hung; `ran_alone`: no other attempt was on its card; `resumed_from`: the checkpoint the
-    attempt was given, if any."""
+    attempt was given, if any; `group_ooms_so_far`: its job's earlier attempts ended as their
+    fused group's OOM (bounded_group_oom)."""
+    verdict = bounded_group_oom(verdict, group_ooms_so_far)
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
         # Not the job's fault: requeued unchanged and not counted; it waits while the disk is full.
@@ -263,15 +277,12 @@ def decide_next(
     if kill_reason is KillRequest.PRUNE:  # whatever ended it, its setting is stopped: never retried
         why = pruned_reason(job)
         return NextStep(JobState.PRUNED, {"reason": why}, why)
-    if outcome.outcome is AttemptOutcome.GROUP_OOM and group_ooms_so_far < MAX_GROUP_OOMS:
+    if outcome.outcome is AttemptOutcome.GROUP_OOM:
         # its group's memory, not its own: same level, uncounted, from its last checkpoint if any;
         # the suite's groups are made smaller (bounded: at a cap of 1 an OOM is the job's own)
         cap = fused_cap_after(outcome.group_members)
         return _uncounted(job, f"requeued unchanged, not counted: {outcome.reason}; "
                                f"fused groups of suite {job.suite} now have at most {cap} member{'s' * (cap != 1)}")
-    if outcome.outcome is AttemptOutcome.GROUP_OOM:  # more than halving 16 down to 1 takes: its own OOM
-        outcome = Classification(AttemptOutcome.OOM, f"{outcome.reason}, its job's group OOM number "
-                                                     f"{group_ooms_so_far + 1}: taken as its own OOM")
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.progress:
         return _resume(job, resumes_from)

@@ -17,6 +17,7 @@ from orchestrator.attempts.next_step import (
     CheckpointLeft,
     EndEvidence,
     NextStep,
+    bounded_group_oom,
     classify_end,
     decide_next,
     fused_cap_after,
@@ -111,7 +112,8 @@ def complete(
     for _ in range(_STOP_REREADS):  # a cancel or retry stored since the read wins: decide again
         found = _gather(store, attempt, obs, cache, lost=lost, hung=hung,
                         disk_full_now=disk_full_now, remote_end=remote_end, not_started=not_started)
-        ended = classify_end(found.evidence)  # pure, as is the decision (attempts.next_step)
+        # pure, as is the decision (attempts.next_step); past its bound a group's OOM is stored as the job's own
+        ended = bounded_group_oom(classify_end(found.evidence), found.group_ooms)
         step = decide_next(found.job, found.levels, found.level, ended,
                            hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone,
                            resumed_from=attempt.resumed_from_checkpoint, group_ooms_so_far=found.group_ooms)
