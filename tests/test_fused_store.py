@@ -12,7 +12,8 @@ from rich.console import Console
 
 from orchestrator.api.status_snapshot import status_snapshot
 from orchestrator.attempts.crash_loop import guard_crash_loop
-from orchestrator.attempts.outcomes import complete
+from orchestrator.attempts.fused_lessons import teaches_solo_speed
+from orchestrator.attempts.outcomes import complete, learn_rate
 from orchestrator.cli.status.plain import plain_status
 from orchestrator.cli.status.rich_view import render_status
 from orchestrator.executors.observation import Observation
@@ -20,11 +21,13 @@ from orchestrator.lifecycle import JobState
 from orchestrator.plans import CrashLoop, expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import AttemptPlan, read_attempt, start_attempt, update_attempt
 from orchestrator.store.endings import recent_failure_durations
 from orchestrator.store.jobs import submit_jobs
+from orchestrator.store.learning import read_throughput
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_attempts, get_job
+from orchestrator.store.queue import succeeded_runs_since
 from orchestrator.store.sharing import fused_caps, lower_fused_cap, members_now
 from orchestrator.store.status import paused_configs
 from orchestrator.store.web_queries import overview
@@ -153,3 +156,24 @@ def test_past_its_bound_a_group_oom_is_stored_as_the_jobs_own_and_lowers_no_cap(
         assert outcomes == ["group_oom"] * 4 + ["oom"]
         assert fused_caps(store) == {"fz": 1}  # the fourth's (of 2): the fifth lowered nothing
         assert len(events(store, "fused")) == 4
+
+
+def test_a_fused_members_speed_teaches_no_throughput_or_run_time(db_path: Path) -> None:
+    with Store(db_path) as store:
+        a = _running(store, db_path, 3)
+        modes = ("fused", "sequential", None)
+        for attempt_id, mode in zip(a, modes, strict=True):
+            update_attempt(store, attempt_id, share_mode=mode)
+        for attempt_id in a:
+            attempt = read_attempt(store, attempt_id)
+            assert attempt is not None
+            job = get_job(store, attempt.job_id)
+            learn_rate(store, attempt, job, (1, 100.0), (11, 110.0), 1, JobShapeCache())
+        taught = read_throughput(store)
+        assert len(taught) == 1 and taught[0].samples == 2  # the sequential and the plain attempt only
+        now = store.now_s()
+        for attempt_id in a:
+            update_attempt(store, attempt_id, outcome="succeeded", ended_at=now)
+        assert sorted(r.attempt_id for r in succeeded_runs_since(store, None)) == sorted(a[1:])
+    assert [teaches_solo_speed(mode, job_fused) for mode, job_fused in
+            (("fused", False), ("sequential", True), (None, True), (None, False))] == [False, True, False, True]

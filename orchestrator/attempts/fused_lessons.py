@@ -8,6 +8,9 @@ shape at group size k (`<shape>|fused<k>`), never the shape's own, so a job run 
 placed by a group's peak. The group size is the largest the member trained in, as its
 result.json says (`fused_members_max`), else what the daemon saw: the live attempts naming its
 process in their share.json when it ended, itself included.
+
+Speed: a fused member's samples/s and run time are a group's step shared out, not its shape's
+alone, so neither teaches the shape's throughput curves or the run-time table.
 """
 
 from __future__ import annotations
@@ -38,3 +41,12 @@ def group_shape_key(shape_key: str, members: int) -> str:
     """The memory record a fused member's peak teaches: its shape's own when it trained alone,
     else its shape's at that group size."""
     return shape_key if members <= 1 else f"{shape_key}{FUSED_SHAPE_MARK}{members}"
+
+
+def teaches_solo_speed(share_mode: str | None, job_fused: bool) -> bool:
+    """Whether an attempt's samples/s may teach its shape's throughput: not a fused member's
+    (share.json's mode `fused`), nor one of a `share_base: fused` job whose share.json is not
+    read yet (it may train in a group)."""
+    if share_mode == "fused":
+        return False
+    return not (job_fused and share_mode is None)

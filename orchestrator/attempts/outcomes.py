@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.attempts.classify import Classification, clip_reason, died_of_sigkill
 from orchestrator.attempts.crash_loop import crash_loop_of, guard_crash_loop
-from orchestrator.attempts.fused_lessons import group_shape_key, group_size
+from orchestrator.attempts.fused_lessons import group_shape_key, group_size, teaches_solo_speed
 from orchestrator.attempts.kernel_log import kernel_oom_killed
 from orchestrator.attempts.next_step import (
     CheckpointLeft,
@@ -333,7 +333,10 @@ def learn_rate(
     tenants: int, cache: JobShapeCache,
 ) -> None:
     """Record the attempt's samples/s between two progress readings (steps × effective batch
-    over the time between them) at `tenants` attempts on its card."""
+    over the time between them) at `tenants` attempts on its card; none for a fused member (its
+    rate is its group's step shared out: attempts.fused_lessons)."""
+    if not teaches_solo_speed(attempt.share_mode, fused(job)):
+        return
     config = {**job.config, **attempt.overrides}
     per_step = 1
     for key in ("batch_size", "gradient_accumulation_steps"):

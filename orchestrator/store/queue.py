@@ -132,11 +132,12 @@ class SucceededRun:
 
 def succeeded_runs_since(store: Store, ended_at_s: float | None) -> list[SucceededRun]:
     """Succeeded attempts that ended at or after `ended_at_s` (all when None), with their
-    config, data and level: the run-time table is built from these."""
+    config, data and level: the run-time table is built from these. A fused member's (share.json's
+    mode `fused`) is left out: its run time is its group's, not its config's alone."""
     sql = (
         "SELECT a.id, j.config_name, j.data, a.level, a.ended_at, a.ended_at - a.started_at AS duration_s"
         " FROM attempts a JOIN jobs j ON j.id = a.job_id"
-        " WHERE a.outcome = 'succeeded' AND a.ended_at IS NOT NULL"
+        " WHERE a.outcome = 'succeeded' AND a.ended_at IS NOT NULL AND a.share_mode IS NOT 'fused'"
     )
     rows = store.query(sql) if ended_at_s is None else store.query(sql + " AND a.ended_at >= ?", [ended_at_s])
     return [
