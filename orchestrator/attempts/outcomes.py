@@ -29,7 +29,6 @@ from orchestrator.attempts.reported import RunReading, reading_of
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
 from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.attempts.share_record import read_share
-from orchestrator.attempts.warm_peak import fused, shares_base
 from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import (
     checkpoint_step,
@@ -41,6 +40,7 @@ from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
 from orchestrator.plans.resume import checkpoint_marker, resumable_attempts, worker_can_resume
 from orchestrator.plans.template import OUR_WORKERS
+from orchestrator.prediction.fused_groups import fused, shares_base
 from orchestrator.prediction.job_facts import (
     JobShapeCache,
     attempt_shape_key,

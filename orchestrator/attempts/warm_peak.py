@@ -14,8 +14,6 @@ from typing import Any
 from orchestrator.prediction.fused_groups import fused, shares_base
 from orchestrator.store.rows import Job
 
-__all__ = ["fused", "shared_base_peak_mib", "shares_base"]
-
 MAX_REPORTED_MIB = 16 * 1024 * 1024  # 16 TiB: above any card
 
 

@@ -35,7 +35,7 @@ from orchestrator.plans.resume import (
     takes_resume_key,
     worker_can_resume,
 )
-from orchestrator.prediction.fused_groups import fuse_max
+from orchestrator.prediction.fused_groups import fuse_max, fused, shares_base
 from orchestrator.prediction.job_facts import job_inexact_rungs, job_keys
 from orchestrator.prediction.ladder import Level
 from orchestrator.procstat import process_start
@@ -79,16 +79,14 @@ def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
     suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory. Every
     LoRA attempt on this host gets the folder: a resume there waits on the lock of the job a
     warm process may still train in the checkpoint's run dir (workers/lora/resume_guard.py)."""
-    mode = job.worker_output.get("share_base", "off")
     if job.worker != "lora" or not local:
         return {}
     folder = {SHARE_DIR_VAR: str(runs_dir / WARM_DIR)}
-    if mode == "off" or gpus != 1 or run_alone:
+    if not shares_base(job) or gpus != 1 or run_alone:
         return folder
-    env = {SHARE_BASE_VAR: str(mode), **folder}
-    if mode == "fused":
-        env[FUSE_MAX_VAR] = str(fuse_max(job, fused_cap))
-    return env
+    if fused(job):
+        return {SHARE_BASE_VAR: "fused", FUSE_MAX_VAR: str(fuse_max(job, fused_cap)), **folder}
+    return {SHARE_BASE_VAR: "sequential", **folder}
 
 
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:
