@@ -115,3 +115,18 @@ def test_a_pruned_run_ends_in_a_cross_with_its_reason(served: str, browser: Any)
 
 for _mark in BROWSER_MARKS:  # the browser test alone needs Chromium
     test_a_pruned_run_ends_in_a_cross_with_its_reason = _mark(test_a_pruned_run_ends_in_a_cross_with_its_reason)
+
+
+@pytest.mark.parametrize(("step", "shown"), [(20, 20.0), (20.5, 20.5), ("20", None), (True, None),
+                                             (float("nan"), None), (None, None)])
+def test_a_prune_records_step_is_read_as_untrusted_in_one_place(step: Any, shown: float | None) -> None:
+    from types import SimpleNamespace
+
+    from orchestrator.api.frames import pruned_step
+    from orchestrator.lifecycle import JobState
+    from orchestrator.web.views import pruned_at
+
+    job: Any = SimpleNamespace(state=JobState.PRUNED, pruned={"step": step, "metric": "val_accuracy"})
+    at = pruned_at(job)
+    assert at is not None and at.step == shown and (pruned_step(job) is None) is (shown is None)
+    assert pruned_at(SimpleNamespace(state=JobState.SUCCEEDED, pruned={"step": 3})) is None  # type: ignore[arg-type]

@@ -3,12 +3,12 @@ rendering (pages), shared by the live app and the report."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import curve_points, stitch
+from orchestrator.api.frames import pruned_step
 from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.next_step import pruned_reason
 from orchestrator.attempts.provenance_reads import read_provenance
@@ -222,10 +222,8 @@ def pruned_at(job: Job) -> PrunedAt | None:
     """Where early stopping stopped a pruned job (its record's step; None for any other job)."""
     if job.state is not JobState.PRUNED:
         return None
-    step = job.pruned.get("step")  # a record written by orch, read as untrusted all the same
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
-        return PrunedAt(None, pruned_reason(job))
-    return PrunedAt(float(step), pruned_reason(job))
+    step = pruned_step(job)  # a record written by orch, read as untrusted all the same
+    return PrunedAt(None if step is None else float(step), pruned_reason(job))
 
 
 def curves_view(store: Store, job_ids: list[int], config: str | None, *, smooth: float, log: bool, band: bool,

@@ -249,7 +249,10 @@
           series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined, points: {show: false}, spanGaps: true});
           (r.marks || []).forEach(function(m){ marks.push({step: m, colour: r.colour}); });
           for (var i = ys.length - 1; r.pruned && i >= 0; i--) {
-            if (ys[i] != null) { pruned.push({step: c[0][i], value: ys[i], colour: r.colour, why: r.pruned.why, run: r.key}); break; }
+            if (ys[i] != null) {
+              pruned.push({step: c[0][i], value: ys[i], colour: r.colour, why: r.pruned.why, run: r.key});
+              break;
+            }
           }
         });
       }
@@ -264,7 +267,9 @@
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
         axes: [{label: 'step', labelSize: 18}, {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
         legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
-        hooks: Object.assign(keepZoom(key), {draw: [noteAxes(box), function(u){ resumeMarks(u, marks); prunedMarks(u, pruned); }]})
+        hooks: Object.assign(keepZoom(key), {
+          draw: [noteAxes(box), function(u){ resumeMarks(u, marks); prunedMarks(u, pruned); }]
+        })
       };
       u = box._plot = new uPlot(opts, data, plot);
       restoreZoom(u, key, box);
