@@ -115,3 +115,40 @@ def test_threading_event_default_is_per_spec(tmp_path: Path, data_dir: Path) -> 
     ends: dict[str, int] = {}
     a, b = member(tmp_path / "a", config(data_dir, 1), ends), member(tmp_path / "b", config(data_dir, 2), ends)
     assert a.seen is not b.seen and isinstance(a.seen, threading.Event)
+
+
+def test_a_client_tries_the_next_slot_when_a_closing_process_breaks_its_pipe(tmp_path: Path) -> None:
+    import socket
+
+    from workers.lora.client import _fused_connection
+    from workers.lora.share import messages, send, slot_paths
+
+    folder, key = tmp_path / "warm", "0" * 16
+    folder.mkdir()
+    listeners = []
+    for slot in (0, 1):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(slot_paths(folder, key, slot)[0]))
+        listener.listen(1)
+        listeners.append(listener)
+
+    def closing() -> None:  # slot 0: a process leaving, it closes what it accepts unread
+        conn, _ = listeners[0].accept()
+        conn.close()
+
+    def taking() -> None:
+        conn, _ = listeners[1].accept()
+        next(messages(conn))
+        send(conn, {"accepted": {"pid": 7, "base_mem_mib": None}})
+
+    threads = [threading.Thread(target=closing), threading.Thread(target=taking)]
+    for thread in threads:
+        thread.start()
+    hello = {"job": {"pad": "x" * 4_000_000}, "fuse_max": 2}  # larger than the socket's buffer
+    conn, where, answer = _fused_connection(folder, key, hello)
+    assert conn is not None and where == f"{key}-1" and answer == {"accepted": {"pid": 7, "base_mem_mib": None}}
+    conn.close()
+    for thread in threads:
+        thread.join(10)
+    for listener in listeners:
+        listener.close()

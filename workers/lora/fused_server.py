@@ -26,9 +26,7 @@ from workers.lora.__main__ import EXIT_FAILED, EXIT_STOPPED
 from workers.lora.fused import PROCESS_ENDED, FusedTrainer, MemberSpec
 from workers.lora.resume_guard import holding_job
 from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
-from workers.lora.share import messages, send
-
-MAX_MEMBERS = 16
+from workers.lora.share import MAX_FUSED_MEMBERS, messages, send
 
 
 def log(message: str) -> None:
@@ -119,7 +117,7 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
         conn.close()
         return
     try:
-        cap = max(1, min(MAX_MEMBERS, int(first.get("fuse_max") or 1)))  # type: ignore[union-attr]
+        cap = max(1, min(MAX_FUSED_MEMBERS, int(first.get("fuse_max") or 1)))  # type: ignore[union-attr]
     except (TypeError, ValueError):
         cap = 1
     job_id = id(conn)
