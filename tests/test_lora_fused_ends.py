@@ -152,3 +152,25 @@ def test_a_client_tries_the_next_slot_when_a_closing_process_breaks_its_pipe(tmp
         thread.join(10)
     for listener in listeners:
         listener.close()
+
+
+def test_the_peak_starts_over_when_the_groups_membership_changes(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.lora import fused
+
+    sizes: list[int] = []
+    trainer: list[Any] = []
+    real_init = fused.FusedTrainer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        trainer.append(self)
+
+    monkeypatch.setattr(fused.FusedTrainer, "__init__", init)
+    monkeypatch.setattr(fused, "reset_peak", lambda device: sizes.append(len(trainer[0].members)))
+    ends: dict[str, int] = {}
+    short = member(tmp_path / "short", config(data_dir, 1, max_steps=2), ends)
+    train_group([short, member(tmp_path / "long", config(data_dir, 2), ends)])
+    assert ends == {"short": 0, "long": 0}
+    assert sizes == [1, 2, 1]  # each join, then the short one's leaving; none when the last leaves

@@ -34,6 +34,7 @@ from workers.harness import Heartbeat
 from workers.lora.__main__ import EXIT_STOPPED, Attempt, AttemptEnd, JobStopped, is_oom, run_attempt
 from workers.lora.base_cache import BaseCache
 from workers.lora.config import RunConfig
+from workers.lora.device import reset_peak, select_device
 from workers.lora.model import build_lora_config
 from workers.lora.train import JobRun, MicroBatch, Placement, answer_logits
 
@@ -301,6 +302,7 @@ class FusedTrainer:
                 return
         with self.lock:
             self.members.append(member)
+        reset_peak(select_device())  # a member's peak covers the groups of its size, not earlier ones
         if member.micro is None:
             self._finish(member)
 
@@ -339,8 +341,11 @@ class FusedTrainer:
                 parameter.grad = None
         self.fused.detach(member.name)
         with self.lock:
-            if member in self.members:
+            left = member in self.members
+            if left:
                 self.members.remove(member)
+        if left and self.members:
+            reset_peak(select_device())  # the others' peaks: of the smaller group from here
         self.usable = self.usable and end.process_usable
         member.spec.done(end.exit_code)
 
