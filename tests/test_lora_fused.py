@@ -214,7 +214,7 @@ def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp
     env |= {"PYTHONPATH": str(REPO), "ORCH_WORKER_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
             "ORCH_SHARE_DIR": str(tmp_path / "warm"), "ORCH_SHARE_IDLE_S": "30", "ORCH_SHARE_BASE": "fused",
             "ORCH_FUSE_MAX": "3"}  # fmt: skip
-    raws = [config(data_dir, seed, max_steps=steps, eval_every_steps=4) for seed, steps in ((1, 24), (2, 8), (3, 8))]
+    raws = [config(data_dir, seed, max_steps=steps, eval_every_steps=4) for seed, steps in ((1, 96), (2, 8), (3, 8))]
     from workers.lora.client import fused_key
     from workers.lora.config import load_config
 

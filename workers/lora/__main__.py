@@ -1,6 +1,9 @@
 """Entry point: run one training attempt and report it through the worker file protocol.
 
-Exit codes: 0 succeeded, 1 failed, 3 CUDA out of memory, 4 invalid configuration.
+Exit codes: 0 succeeded, 1 failed, 3 CUDA out of memory, 4 invalid configuration; through a warm
+process (`share_base`) also 143 stopped (cancelled or its client gone: no result.json, as a worker
+ended by SIGTERM) and 75 a fused group's out of memory (the stderr line `orch: fused group of N
+members ran out of memory`; orch requeues the job uncounted with a smaller group).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any
 
 from workers.lora.config import ConfigError, load_config
 from workers.lora.share import (
+    MAX_FUSED_MEMBERS,
     MAX_SLOTS,
     base_key,
     digest_of,
@@ -99,7 +100,7 @@ def fused_key(key: str, max_seq_len: int, gradient_checkpointing: bool) -> str:
 def fuse_max(env: Mapping[str, str]) -> int:
     """ORCH_FUSE_MAX: the most members the joined group may have (1..16; 1: sequential)."""
     try:
-        return max(1, min(16, int(env.get("ORCH_FUSE_MAX") or 4)))
+        return max(1, min(MAX_FUSED_MEMBERS, int(env.get("ORCH_FUSE_MAX") or 4)))
     except ValueError:
         return 4
 
@@ -127,8 +128,11 @@ def _fused_connection(
                 conn = _connect(sock_path)
             if conn is None:
                 continue
-        send(conn, hello)
-        answer = next(messages(conn), None)
+        try:
+            send(conn, hello)
+            answer = next(messages(conn), None)
+        except OSError:  # a process closing meanwhile (a broken pipe, a reset): the next slot
+            answer = None
         if answer is not None and "accepted" in answer:
             return conn, f"{key}-{slot}{started}", answer
         conn.close()  # full, or leaving: the next slot

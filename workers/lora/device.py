@@ -19,6 +19,12 @@ def select_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start the peak over (a fused group's membership changed); the CPU's peak RSS cannot be."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def peak_memory(device: torch.device) -> dict[str, Any]:
     """Peak memory: CUDA allocator reservation on a GPU, the process's peak RSS on CPU."""
     if device.type == "cuda":

@@ -31,13 +31,18 @@ from typing import Any
 import torch
 
 from workers.harness import Heartbeat
-from workers.lora.__main__ import Attempt, AttemptEnd, JobStopped, is_oom, run_attempt
+from workers.lora.__main__ import EXIT_STOPPED, Attempt, AttemptEnd, JobStopped, is_oom, run_attempt
 from workers.lora.base_cache import BaseCache
 from workers.lora.config import RunConfig
+from workers.lora.device import reset_peak, select_device
 from workers.lora.model import build_lora_config
 from workers.lora.train import JobRun, MicroBatch, Placement, answer_logits
 
 EXIT_GROUP_OOM = 75  # the daemon requeues each member, uncounted, with a smaller group
+# Not an exit code: the job ends with no answer from this process (its client prints that the warm
+# process ended while it trained the job, exit 1: orch counts one process death for its members).
+PROCESS_ENDED = -1
+STOPPED = "orch stopped the attempt (cancelled, hung or its client gone)"
 Route = tuple[str, int, int | None]  # (adapter, first row, row after the last; None: to the end)
 
 
@@ -95,6 +100,7 @@ class FusedModel:
         self.cache, self.routes = cache, Routes()
         self.model: Any = None
         self.count = 0
+        self.before_eval: Callable[[str], None] = lambda name: None  # the trainer's stop checks
 
     def names(self) -> list[str]:
         return list(self.model.peft_config) if self.model is not None else []
@@ -104,9 +110,14 @@ class FusedModel:
         name = f"fused_{self.count}"
         return Placement(
             adapter=name, attach=functools.partial(self._attach, name),
-            route=lambda: self.routes.use([(name, 0, None)]),
+            route=functools.partial(self._route, name),
             save=functools.partial(_save_one, name), params=functools.partial(own_params, name),
         )  # fmt: skip
+
+    def _route(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Around a member's evaluation: every stop is checked first (one may run long)."""
+        self.before_eval(name)
+        return self.routes.use([(name, 0, None)])
 
     def _attach(self, name: str, base: Any, config: RunConfig, kind: str) -> tuple[Any, list[str]]:
         from peft import get_peft_model
@@ -173,6 +184,30 @@ class MemberSpec:
     stop: threading.Event = field(default_factory=threading.Event)
     done: Callable[[int], None] = lambda exit_code: None
     heartbeat: Callable[[Path, threading.Event], Heartbeat] = lambda run_dir, stop: Heartbeat(run_dir)
+    # set once the job's stop is in the hands of code that honours it (the trainer saw it, or the
+    # job trains alone under its own heartbeat), or the job ended: a hang is timed from there
+    seen: threading.Event = field(default_factory=threading.Event)
+    _claim: threading.Lock = field(default_factory=threading.Lock)
+    _training: bool = False
+    _withdrawn: bool = False
+
+    def claim(self) -> bool:
+        """The trainer takes the job up (False: it was withdrawn, stopped while it waited)."""
+        with self._claim:
+            self._training = not self._withdrawn
+            return self._training
+
+    def unclaim(self) -> None:
+        """The job waits again (to train alone after the group)."""
+        with self._claim:
+            self._training = False
+
+    def withdraw(self) -> bool:
+        """Its stop, while it waits (queued, or to train alone): True when nothing trains it now
+        and nothing will; the caller ends it."""
+        with self._claim:
+            self._withdrawn = self._withdrawn or not self._training
+            return self._withdrawn
 
 
 @dataclass
@@ -196,14 +231,13 @@ class FusedTrainer:
         self.waiting_solo: list[tuple[MemberSpec, str]] = []
         self.usable = True
         self.lock = threading.Lock()  # members and waiting_solo, read by a server's threads
-
-    def size(self) -> int:
-        with self.lock:
-            return len(self.members) + len(self.waiting_solo)
+        self.fused.before_eval = self._before_eval
 
     @contextlib.contextmanager
     def context(self, spec: MemberSpec) -> Iterator[None]:
-        """The member's environment and output, while its own code runs."""
+        """The member's environment and output, while its own code runs (nested: another
+        member's end within a member's evaluation restores that member's)."""
+        before = dict(os.environ)
         os.environ.clear()
         os.environ.update(self.base_env | spec.env)
         try:
@@ -214,10 +248,32 @@ class FusedTrainer:
                 yield
         finally:
             os.environ.clear()
-            os.environ.update(self.base_env)
+            os.environ.update(before)
+
+    def check_stops(self, running: str | None = None) -> None:
+        """End every member whose stop is set, except the one whose code runs now (`running`:
+        its own heartbeat ends it); its stop then counts as seen."""
+        for member in list(self.members):
+            if member.spec.stop.is_set() and member.name != running:
+                member.spec.seen.set()
+                self._end(member, JobStopped(STOPPED))
+
+    def _before_eval(self, name: str) -> None:
+        self.check_stops(running=name)
+        for member in self.members:
+            if member.name == name and member.spec.stop.is_set():
+                member.spec.seen.set()
+                raise JobStopped(STOPPED)
 
     def add(self, spec: MemberSpec) -> None:
         """Set a job up in the group (its first micro-batch ready), or end it at once."""
+        self.check_stops()  # a setup (a resume's wait, say) may take long: the stops first
+        if not spec.claim():
+            return  # stopped while queued: ended by its stop already
+        if spec.stop.is_set():
+            spec.seen.set()
+            spec.done(EXIT_STOPPED)
+            return
         member = Member(spec, Attempt(spec.run_dir, spec.config_path))
         with self.context(spec):
             try:
@@ -235,6 +291,7 @@ class FusedTrainer:
                 member.micro = next(member.steps)
             except Unfusable as exc:
                 _log(f"share_base: fused: {exc}; it waits for the group to finish")
+                spec.unclaim()  # a stop meanwhile ends it at once (MemberSpec.withdraw)
                 with self.lock:
                     self.waiting_solo.append((spec, str(exc)))
                 return
@@ -245,6 +302,7 @@ class FusedTrainer:
                 return
         with self.lock:
             self.members.append(member)
+        reset_peak(select_device())  # a member's peak covers the groups of its size, not earlier ones
         if member.micro is None:
             self._finish(member)
 
@@ -283,8 +341,11 @@ class FusedTrainer:
                 parameter.grad = None
         self.fused.detach(member.name)
         with self.lock:
-            if member in self.members:
+            left = member in self.members
+            if left:
                 self.members.remove(member)
+        if left and self.members:
+            reset_peak(select_device())  # the others' peaks: of the smaller group from here
         self.usable = self.usable and end.process_usable
         member.spec.done(end.exit_code)
 
@@ -292,6 +353,9 @@ class FusedTrainer:
         """The first job waiting to train alone, once the group is empty."""
         with self.lock:
             spec, why = self.waiting_solo.pop(0)
+        if not spec.claim():
+            return  # stopped while it waited: ended by its stop already
+        spec.seen.set()  # it trains under its own heartbeat, which honours its stop
         with self.context(spec):
             heartbeat = spec.heartbeat(spec.run_dir, spec.stop)
             end = run_attempt(spec.run_dir, spec.config_path, self.cache, heartbeat,
@@ -303,9 +367,7 @@ class FusedTrainer:
     def tick(self) -> None:
         """One forward and backward over a micro-batch of every member; each member's loop then
         goes on (an optimizer step where its accumulation group is complete)."""
-        for member in list(self.members):
-            if member.spec.stop.is_set():
-                self._end(member, JobStopped("orch stopped the attempt (cancelled, hung or its client gone)"))
+        self.check_stops()
         active = list(self.members)
         if not active:
             return
@@ -314,15 +376,18 @@ class FusedTrainer:
         first = active[0].job
         assert first is not None
         micro = [m.micro for m in active if m.micro is not None]
-        batch, routes = concatenate([m.batch for m in micro], [m.name for m in active], first.pad_token_id)
         keep = 1 if all(m.job is not None and m.job.config.logits_to_keep > 0 for m in active) else 0
         try:
+            batch, routes = concatenate([m.batch for m in micro], [m.name for m in active], first.pad_token_id)
             losses = forward_backward(first.model, batch, routes, [m.scale for m in micro], first.kind, keep,
                                       first.autocast, self.fused.routes)  # fmt: skip
         except Exception as exc:
             self._group_failed(active, exc)
             return
+        del batch
         for member, loss in zip(active, losses, strict=True):
+            if member not in self.members:
+                continue  # stopped meanwhile (another member's evaluation checks every stop)
             assert member.steps is not None
             failure: BaseException | None = None
             with self.context(member.spec):
@@ -332,6 +397,10 @@ class FusedTrainer:
                     member.micro = None
                 except Exception as exc:
                     member.micro, failure = None, exc
+            if failure is not None and is_oom(failure) and len(self.members) >= 2:
+                # its own step, evaluation or checkpoint ran out of memory the group shares
+                self._group_failed(list(self.members), failure)
+                return
             if failure is not None:
                 self._end(member, failure)  # a non-finite loss, say: this member alone fails
             elif member.micro is None:
@@ -353,7 +422,8 @@ class FusedTrainer:
 
     def run(self, admit: Callable[[bool], list[MemberSpec] | None]) -> bool:
         """Train until `admit(idle)` (blocking when the group is empty) says no more (None);
-        whether this process is still usable."""
+        whether this process is still usable. An unusable process ends every job it holds with
+        no answer (PROCESS_ENDED: each client says the warm process ended, as at its death)."""
         while self.usable:
             if not self.waiting_solo or self.members:
                 new = admit(not self.members and not self.waiting_solo) if not self.waiting_solo else []
@@ -365,9 +435,19 @@ class FusedTrainer:
                 self.run_solo()
                 continue
             self.tick()
-        for member in list(self.members):  # the process is broken: the rest fail with it
-            self._end(member, RuntimeError("the fused group's process failed"))
+        if not self.usable:
+            self._abandon(admit)
         return self.usable
+
+    def _abandon(self, admit: Callable[[bool], list[MemberSpec] | None]) -> None:
+        for member in list(self.members):
+            with contextlib.suppress(Exception):
+                self._leave(member, AttemptEnd(PROCESS_ENDED, False))
+        with self.lock:
+            waiting, self.waiting_solo = [spec for spec, _ in self.waiting_solo], []
+        for spec in [*waiting, *(admit(False) or [])]:
+            if spec.claim():
+                spec.done(PROCESS_ENDED)
 
 
 def concatenate(

@@ -22,12 +22,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from workers.lora.fused import FusedTrainer, MemberSpec
+from workers.lora.__main__ import EXIT_FAILED, EXIT_STOPPED
+from workers.lora.fused import PROCESS_ENDED, FusedTrainer, MemberSpec
 from workers.lora.resume_guard import holding_job
 from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
-from workers.lora.share import messages, send
-
-MAX_MEMBERS = 16
+from workers.lora.share import MAX_FUSED_MEMBERS, messages, send
 
 
 def log(message: str) -> None:
@@ -102,6 +101,8 @@ def serve_fused(listener: socket.socket, cache: Any, base_env: dict[str, str], i
                 return new
 
     usable = trainer.run(admit)
+    with door.lock:
+        door.closing = True  # a client arriving now is refused (it tries the next slot)
     if not usable:
         log("a job left this process unusable: exiting (the next job starts a new one)")
     return 0 if usable else 1
@@ -116,7 +117,7 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
         conn.close()
         return
     try:
-        cap = max(1, min(MAX_MEMBERS, int(first.get("fuse_max") or 1)))  # type: ignore[union-attr]
+        cap = max(1, min(MAX_FUSED_MEMBERS, int(first.get("fuse_max") or 1)))  # type: ignore[union-attr]
     except (TypeError, ValueError):
         cap = 1
     job_id = id(conn)
@@ -128,13 +129,17 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
     stop, done = threading.Event(), threading.Event()
     lock = threading.Lock()
     held = contextlib.ExitStack()  # the job's lock while it is a member: a resume of it waits
+    spec: MemberSpec | None = None
 
     def end(exit_code: int) -> None:
         held.close()
         door.leave(job_id)
         done.set()
+        if spec is not None:
+            spec.seen.set()
         with lock, contextlib.suppress(OSError):
-            send(conn, {"exit": exit_code})
+            if exit_code != PROCESS_ENDED:  # else no answer: the client says the process ended
+                send(conn, {"exit": exit_code})
             conn.shutdown(socket.SHUT_RDWR)  # wakes the reader below
         conn.close()
 
@@ -147,15 +152,27 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
         door.leave(job_id)
         conn.close()
         return
-    held.enter_context(holding_job(run_dir, env))
-    door.arrivals.put(MemberSpec(run_dir, config, env, Relay(conn, sys.__stdout__), stop, end,
-                                 lambda path, event: StoppableHeartbeat(path, event)))  # fmt: skip
+    try:
+        held.enter_context(holding_job(run_dir, env, log))
+    except OSError as exc:
+        log(f"the job's lock could not be opened ({exc}): it ends failed")
+        end(EXIT_FAILED)
+        return
+    spec = MemberSpec(run_dir, config, env, Relay(conn, sys.__stdout__), stop, end,
+                      lambda path, event: StoppableHeartbeat(path, event))  # fmt: skip
+    door.arrivals.put(spec)
     for message in reader:  # a stop message, or the client gone, stops the job
         if "stop" in message:
             break
     if done.is_set():
         return
     stop.set()
+    if spec.withdraw():  # queued, or waiting to train alone: nothing of it runs; it ends now
+        end(EXIT_STOPPED)
+        return
+    # the trainer sees the stop at its next check (between ticks, before any evaluation and
+    # setup); only a stop seen and not honoured within the grace is a hang of this process
+    spec.seen.wait()
     if not done.wait(STOP_GRACE_S):
         log(f"a stopped job did not stop within {STOP_GRACE_S:g} s: exiting")
         os._exit(EXIT_HUNG)

@@ -59,11 +59,16 @@ def lock_folder(env: Mapping[str, str]) -> Path | None:
 
 
 @contextmanager
-def holding_job(run_dir: Path, env: Mapping[str, str]) -> Iterator[None]:
-    """Hold the job's lock while the body trains it (the warm process's side)."""
+def holding_job(run_dir: Path, env: Mapping[str, str], log: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the job's lock while the body trains it (the warm process's side). A lock another
+    holds (an old job of the run dir still stopping) is not waited for: the job trains unguarded
+    and `log` says so. OSError when the lock file cannot be opened."""
     folder = lock_folder(env)
     path = job_lock_path(folder, run_dir) if folder is not None else None
     fd = try_lock(path) if path is not None else None
+    if path is not None and fd is None:
+        log(f"the lock of {run_dir} is held by another process: this job trains unguarded "
+            f"(a resume of it does not wait for it)")  # fmt: skip
     try:
         yield
     finally:

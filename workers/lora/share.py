@@ -35,6 +35,7 @@ from typing import Any
 SHARE_DIR_VAR = "ORCH_SHARE_DIR"
 IDLE_VAR = "ORCH_SHARE_IDLE_S"
 DEFAULT_IDLE_S = 20.0  # a warm process with no job for this long exits (a hand-off takes < 1 s)
+MAX_FUSED_MEMBERS = 16  # the largest fused group (ORCH_FUSE_MAX, fused_members); orch's own copy too
 MAX_SLOTS = 64  # warm processes of one key (one per attempt running at once on its card)
 SOCKET_PATH_MAX = 100  # a Unix socket path is at most 107 bytes
 MAX_LINE_BYTES = 4 * 1024 * 1024
