@@ -92,7 +92,8 @@ def test_a_fused_attempt_is_told_its_group_cap() -> None:
     runs = Path("/r")
     fused = _job("lora", {"share_base": "fused", "fused_members": 6})
     env = share_env(fused, 1, False, True, runs)
-    assert env == {"ORCH_SHARE_BASE": "fused", "ORCH_SHARE_DIR": "/r/.warm", "ORCH_FUSE_MAX": "6"}
+    assert env == {"ORCH_SHARE_BASE": "fused", "ORCH_SHARE_DIR": "/r/.warm", "ORCH_FUSE_MAX": "6",
+                   "ORCH_FUSE_SUITE": fused.suite}  # the worker joins only its own suite's group
     assert share_env(fused, 1, False, True, runs, fused_cap=3)["ORCH_FUSE_MAX"] == "3"  # after a group OOM
     assert share_env(fused, 1, False, True, runs, fused_cap=8)["ORCH_FUSE_MAX"] == "6"  # never above the suite's
     assert share_env(_job("lora", {"share_base": "fused"}), 1, False, True, runs)["ORCH_FUSE_MAX"] == "4"
@@ -117,7 +118,7 @@ def test_an_attempt_is_pointed_at_a_warm_process_only_where_it_can_use_one(tmp_p
 
 
 def _job(worker: str, worker_output: dict[str, Any]) -> Any:
-    return SimpleNamespace(worker=worker, worker_output=worker_output)  # what share_env reads
+    return SimpleNamespace(worker=worker, worker_output=worker_output, suite="E1")  # what share_env reads
 
 
 def test_a_warm_process_job_counts_the_peak_its_worker_reports() -> None:

@@ -76,7 +76,8 @@ def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
     """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
     `share_base` sequential or fused, on this host, unless the ladder runs it alone on its card.
     A fused attempt is also told the most members its group may have (ORCH_FUSE_MAX): its
-    suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory. Every
+    suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory; and
+    its suite (ORCH_FUSE_SUITE), so that it joins only a process of its own suite's group. Every
     LoRA attempt on this host gets the folder: a resume there waits on the lock of the job a
     warm process may still train in the checkpoint's run dir (workers/lora/resume_guard.py)."""
     if job.worker != "lora" or not local:
@@ -85,7 +86,8 @@ def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
     if not shares_base(job) or gpus != 1 or run_alone:
         return folder
     if fused(job):
-        return {SHARE_BASE_VAR: "fused", FUSE_MAX_VAR: str(fuse_max(job, fused_cap)), **folder}
+        return {SHARE_BASE_VAR: "fused", FUSE_MAX_VAR: str(fuse_max(job, fused_cap)), FUSE_SUITE_VAR: job.suite,
+                **folder}
     return {SHARE_BASE_VAR: "sequential", **folder}
 
 
@@ -114,6 +116,8 @@ MEASURED_SHAPE = frozenset({SourceKind.MEASURED, SourceKind.RUNNING})
 # job to a warm LoRA worker process, whose sockets and locks are in the runs dir's WARM_DIR.
 SHARE_BASE_VAR, SHARE_DIR_VAR, WARM_DIR = "ORCH_SHARE_BASE", "ORCH_SHARE_DIR", ".warm"
 FUSE_MAX_VAR = "ORCH_FUSE_MAX"  # `share_base: fused`: the most members of the group it joins
+# and the suite, part of the worker's group key: its groups are the ones placement counts
+FUSE_SUITE_VAR = "ORCH_FUSE_SUITE"
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
 
 

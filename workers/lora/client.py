@@ -75,7 +75,7 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
     job = {"run_dir": str(run_dir.resolve()), "config": str(config_path.resolve()), "env": dict(os.environ)}
     cap = fuse_max(os.environ)
     if os.environ.get("ORCH_SHARE_BASE") == "fused" and cap > 1:
-        key = fused_key(key, config.max_seq_len, config.gradient_checkpointing)
+        key = fused_key(key, config.max_seq_len, config.gradient_checkpointing, os.environ.get(FUSE_SUITE_VAR, ""))
         conn, why, first = _fused_connection(folder, key, {"job": job, "fuse_max": cap})
         mode = "fused"
     else:
@@ -90,10 +90,15 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
     return _relay(conn, run_dir, mode, why.split(" ")[0], first)
 
 
-def fused_key(key: str, max_seq_len: int, gradient_checkpointing: bool) -> str:
+FUSE_SUITE_VAR = "ORCH_FUSE_SUITE"  # the suite: orch places the jobs of one suite as a group
+
+
+def fused_key(key: str, max_seq_len: int, gradient_checkpointing: bool, suite: str = "") -> str:
     """The group key of a fused job: what one forward of the group shares must match (the base
-    key, which holds the dtype; the sequence-length bucket; checkpointing)."""
-    text = json.dumps([key, max_seq_len, gradient_checkpointing, "fused"])
+    key, which holds the dtype; the sequence-length bucket; checkpointing), and the suite, as
+    orch's placement groups jobs (a member of another suite would take room orch counted)."""
+    parts: list[object] = [key, max_seq_len, gradient_checkpointing, "fused"]
+    text = json.dumps([*parts, suite] if suite else parts)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
