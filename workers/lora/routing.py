@@ -1,0 +1,152 @@
+"""The rows of a fused group's batch, each routed to its own adapter (`share_base: fused`).
+
+peft refuses `adapter_names` in training, so the routing is our own: each LoRA Linear of the
+group's PEFT model computes the base over all rows, then adds each member's
+lora_B(lora_A(dropout(x[rows]))) * scaling to its own contiguous slice of rows (peft's
+`_mixed_batch_forward`, with slices). FusedModel holds that PEFT model over the cached base, one
+named adapter per member, and gives each member's JobRun its Placement (attach, route, save, own
+parameters); workers.lora.fused drives the members.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.lora.base_cache import BaseCache
+from workers.lora.config import RunConfig
+from workers.lora.model import build_lora_config
+from workers.lora.train import Placement
+
+Route = tuple[str, int, int | None]  # (adapter, first row, row after the last; None: to the end)
+
+
+class Routes:
+    """The rows of the forward running now, per adapter; read by every patched LoRA layer."""
+
+    def __init__(self) -> None:
+        self.now: list[Route] | None = None
+
+    @contextlib.contextmanager
+    def use(self, routes: list[Route]) -> Iterator[None]:
+        before, self.now = self.now, routes
+        try:
+            yield
+        finally:
+            self.now = before
+
+
+def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A LoRA Linear's forward over a fused batch: the base once, each adapter on its rows."""
+    if routes.now is None:
+        raise RuntimeError("a fused group's forward ran without routes")
+    result = layer.base_layer(x, *args, **kwargs)
+    dtype = result.dtype
+    pieces = []
+    for adapter, start, stop in routes.now:
+        part = result[start:stop]
+        if adapter in layer.lora_A and not layer.disable_adapters:
+            lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
+            rows = layer._cast_input_dtype(x[start:stop], lora_A.weight.dtype)
+            part = part + lora_B(lora_A(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter]
+        pieces.append(part.to(dtype))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+class Unfusable(Exception):
+    """A member whose adapter cannot be routed (DoRA, a LoRA layer other than Linear)."""
+
+
+def unfusable(config: RunConfig) -> str | None:
+    """Why a job trains alone rather than fused, or None."""
+    if config.peft.get("use_dora") or config.peft.get("dora"):
+        return "DoRA (use_dora) trains alone in the process (sequential): its magnitude is not routed"
+    return None
+
+
+class FusedModel:
+    """The group's PEFT model over the cached base: one named adapter per member."""
+
+    def __init__(self, cache: BaseCache) -> None:
+        self.cache, self.routes = cache, Routes()
+        self.model: Any = None
+        self.count = 0
+        self.before_eval: Callable[[str], None] = lambda name: None  # the trainer's stop checks
+
+    def names(self) -> list[str]:
+        return list(self.model.peft_config) if self.model is not None else []
+
+    def placement(self) -> Placement:
+        self.count += 1
+        name = f"fused_{self.count}"
+        return Placement(
+            adapter=name, attach=functools.partial(self._attach, name),
+            route=functools.partial(self._route, name),
+            save=functools.partial(_save_one, name), params=functools.partial(own_params, name),
+        )  # fmt: skip
+
+    def _route(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Around a member's evaluation: every stop is checked first (one may run long)."""
+        self.before_eval(name)
+        return self.routes.use([(name, 0, None)])
+
+    def _attach(self, name: str, base: Any, config: RunConfig, kind: str) -> tuple[Any, list[str]]:
+        from peft import get_peft_model
+        from peft.tuners.lora import Linear
+
+        lora_config, warnings = build_lora_config(config.peft, kind)
+        if self.model is None:
+            self.model = self.cache.adapted(get_peft_model(base, lora_config, adapter_name=name))
+        else:
+            self.model.add_adapter(name, lora_config)
+        layers = [m for m in self.model.modules() if name in getattr(m, "lora_A", {})]
+        if any(not isinstance(m, Linear) for m in layers):
+            self.detach(name)
+            raise Unfusable("a LoRA layer other than Linear trains alone in the process (sequential)")
+        self._activate()
+        for module in self.model.modules():
+            if isinstance(module, Linear) and not hasattr(module, "_fused_routes"):
+                setattr(module, "_fused_routes", self.routes)  # noqa: B010
+                setattr(module, "forward", functools.partial(routed_forward, module, self.routes))  # noqa: B010
+        return self.model, warnings
+
+    def _activate(self) -> None:
+        """Every member's adapter trains (requires_grad); the routes pick who sees which rows."""
+        names = self.names()
+        self.model.base_model.set_adapter(names)
+        self.model.active_adapter = names[0]  # PeftModel's own: it reads that adapter's config
+
+    def detach(self, name: str) -> None:
+        """Take a member's adapter out; the last one takes the whole PEFT model out (as a job
+        alone leaves the base)."""
+        if self.model is None or name not in self.model.peft_config:
+            return
+        if len(self.model.peft_config) > 1:
+            self.model.delete_adapter(name)
+            self._activate()
+            return
+        self.model = None
+        self.cache.release()
+
+
+def own_params(name: str, model: Any) -> dict[str, torch.Tensor]:
+    """A member's parameters, named as the job's "default" adapter alone would name them (its
+    checkpoints and best state are those of the job alone)."""
+    tag = f".{name}."
+    return {n.replace(tag, ".default."): p for n, p in model.named_parameters() if tag in n}
+
+
+def _save_one(name: str, model: Any, folder: Path) -> None:
+    """The member's adapter as the job alone would save it (peft puts a named one in a subfolder)."""
+    with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
+        model.save_pretrained(scratch, selected_adapters=[name])
+        shutil.rmtree(folder, ignore_errors=True)
+        os.rename(Path(scratch) / name, folder)
