@@ -1,13 +1,17 @@
-"""A state.db as an older orch left it: migrated up to just before one migration."""
+"""Store set-ups for tests: a state.db as an older orch left it (migrated up to just before one
+migration), and an attempt plan with the usual values."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import sqlite_utils
 
+from orchestrator.store.attempts import AttemptPlan
 from orchestrator.store.migrations import MIGRATIONS
+from orchestrator.store.peak_source import PredictionSource, SourceKind
 
 
 def old_database_with_one_job(db_path: Path, stop_before: str) -> None:
@@ -21,3 +25,10 @@ def old_database_with_one_job(db_path: Path, stop_before: str) -> None:
     )
     conn.commit()
     conn.close()
+
+
+def declared_plan(job_id: int, **more: Any) -> AttemptPlan:
+    """An attempt plan at level 0 on GPU 0, predicted and reserved at the declared 1,024 MiB;
+    `more`: its other fields (a resume's checkpoint, say)."""
+    return AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED),
+                       1024, **more)

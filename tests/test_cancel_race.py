@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store_helpers import declared_plan
 
 from orchestrator.actions import user_actions
 from orchestrator.actions.user_actions import Done, cancel_job
 from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt
+from orchestrator.store.attempts import start_attempt
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_job, live_attempt
 from tests.store_reads import job_ids
 
@@ -33,19 +33,7 @@ def test_a_job_started_between_cancels_read_and_write_is_stopped(
 
         def daemon_starts_it_first(store_: Store, job: int, reason: str) -> JobState:
             if not calls:  # the daemon's launch lands after cancel read the job as queued
-                plan = AttemptPlan(
-                    job,
-                    0,
-                    "GPU-0",
-                    0,
-                    "base",
-                    {},
-                    {},
-                    False,
-                    1024,
-                    PredictionSource(SourceKind.DECLARED),
-                    1024,
-                )
+                plan = declared_plan(job)
                 start_attempt(store_, plan, lambda n: db_path.parent / f"run-{job}-{n}")
             calls.append(job)
             return real_cancel_queued(store_, job, reason)

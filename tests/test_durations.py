@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store_helpers import declared_plan
 
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.durations import CompletedRun, DurationTable, expected_duration_s
 from orchestrator.scheduling.dispatch import load_durations
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.peak_source import PredictionSource, SourceKind
 from tests.store_reads import read_jobs
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
@@ -66,19 +66,7 @@ def test_the_daemon_reads_succeeded_attempts_from_its_store(db_path: Path) -> No
             jobs[1].id: ("oom", 5.0),  # an OOM says nothing about how long the job takes
         }
         for job_id, (outcome, wall_s) in ran.items():
-            plan = AttemptPlan(
-                job_id,
-                0,
-                "GPU-0",
-                0,
-                "base",
-                {},
-                {},
-                False,
-                1024,
-                PredictionSource(SourceKind.DECLARED),
-                1024,
-            )
+            plan = declared_plan(job_id)
             attempt = start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}")
             update_attempt(
                 store, attempt.id, outcome=outcome, ended_at=attempt.started_at + wall_s

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rows_helpers import attempt_of
+from store_helpers import declared_plan
 
 from orchestrator.attempts.silence import Silences
 from orchestrator.clock import FakeClock
@@ -20,9 +21,8 @@ from orchestrator.lifecycle import AttemptOutcome
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.rundir_files import RunDir
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, last_attempt_id, start_attempt, update_attempt
+from orchestrator.store.attempts import last_attempt_id, start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_attempts, get_job
 from orchestrator.store.rows import Attempt, Job
 from tests.test_crash_loop import submit, write_suite
@@ -133,19 +133,7 @@ def test_attempt_ids_only_grow_so_the_last_one_at_start_marks_the_adopted(db_pat
                     priority=0, force=False, dry_run=False)
         ids = []
         for job_id in (1, 2):
-            plan = AttemptPlan(
-                job_id,
-                0,
-                "GPU-0",
-                0,
-                "base",
-                {},
-                {},
-                False,
-                1024,
-                PredictionSource(SourceKind.DECLARED),
-                1024,
-            )
+            plan = declared_plan(job_id)
             ids.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}").id)
         assert last_attempt_id(store) == max(ids) and ids == sorted(ids)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from store_helpers import declared_plan
+
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queue import live_attempts_with_jobs
 from orchestrator.store.row_memo import RowMemo
 from orchestrator.store.rows import Attempt
@@ -25,19 +26,7 @@ def _started(store: Store, db_path: Path, seeds: str) -> list[Attempt]:
     submit_jobs(store, suite, submit, allowed_gpus=None, priority=0, force=False, dry_run=False)
     started = []
     for job_id in job_ids(store):
-        plan = AttemptPlan(
-            job_id,
-            0,
-            "GPU-0",
-            0,
-            "base",
-            {},
-            {},
-            False,
-            1024,
-            PredictionSource(SourceKind.DECLARED),
-            1024,
-        )
+        plan = declared_plan(job_id)
         started.append(start_attempt(store, plan, lambda n, j=job_id: db_path.parent / f"run-{j}-{n}"))
     return started
 

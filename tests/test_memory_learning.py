@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from rows_helpers import attempt_of, job_of
+from store_helpers import declared_plan
 
 from orchestrator.prediction.learned import (
     Knowledge,
@@ -395,7 +396,7 @@ def test_packing_benchmark_oracle_and_step_k_learning() -> None:
 def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # type: ignore[no-untyped-def]
     from orchestrator.plans import expand_jobs, load_suite, parse_pairs
     from orchestrator.prediction.job_facts import JobShapeCache, attempt_shape_key
-    from orchestrator.store.attempts import AttemptPlan, start_attempt
+    from orchestrator.store.attempts import start_attempt
     from orchestrator.store.db import Store
     from orchestrator.store.jobs import submit_jobs
     from orchestrator.store.learning import record_throughput
@@ -407,19 +408,7 @@ def test_forgetting_a_shape_of_live_attempts(orch_inproc, db_path) -> None:  # t
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0), allowed_gpus=None,
                     priority=0, force=False, dry_run=False)  # fmt: skip
         job_id = job_ids(store)[0]
-        plan = AttemptPlan(
-            job_id,
-            0,
-            "GPU-0",
-            0,
-            "base",
-            {},
-            {},
-            False,
-            1024,
-            PredictionSource(SourceKind.DECLARED),
-            1024,
-        )
+        plan = declared_plan(job_id)
         start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         live, jobs = live_attempts_with_jobs(store)
         key = attempt_shape_key(jobs[job_id], live[0], JobShapeCache())

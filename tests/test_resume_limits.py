@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store_helpers import declared_plan
 
 from orchestrator.actions import user_actions
 from orchestrator.actions.user_actions import Done, cancel_job
@@ -15,8 +16,7 @@ from orchestrator.executors.observation import Observation
 from orchestrator.lifecycle import JobState, KillRequest
 from orchestrator.prediction.job_facts import JobShapeCache
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt
-from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.attempts import start_attempt
 from orchestrator.store.queries import get_attempts, get_job
 from orchestrator.store.rows import Attempt, Job
 from tests.test_crash_loop import submit, write_suite
@@ -37,19 +37,7 @@ def resumable_job(store: Store, tmp_path: Path, **settings: object) -> Job:
 
 
 def start(store: Store, job: Job, runs: Path) -> Attempt:
-    plan = AttemptPlan(
-        job.id,
-        0,
-        "GPU-0",
-        0,
-        "base",
-        {},
-        {},
-        False,
-        1024,
-        PredictionSource(SourceKind.DECLARED),
-        1024,
-    )
+    plan = declared_plan(job.id)
     attempt = start_attempt(
         store, plan, lambda n: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{n}"
     )
@@ -130,21 +118,7 @@ def test_a_worker_printing_the_oom_killers_lines_about_itself_is_no_host_oom(
 def resume_from(store: Store, job: Job, runs: Path, checkpoint: Path) -> Attempt:
     """The job's next attempt, resuming from `checkpoint` (attempt n's)."""
     n = int(checkpoint.parents[1].name.removeprefix("attempt-"))
-    plan = AttemptPlan(
-        job.id,
-        0,
-        "GPU-0",
-        0,
-        "base",
-        {},
-        {},
-        False,
-        1024,
-        PredictionSource(SourceKind.DECLARED),
-        1024,
-        resumed_from_attempt=n,
-        resumed_from_checkpoint=str(checkpoint),
-    )
+    plan = declared_plan(job.id, resumed_from_attempt=n, resumed_from_checkpoint=str(checkpoint))
     attempt = start_attempt(
         store, plan, lambda k: runs / "mine" / f"{job.id:06d}-job" / f"attempt-{k}"
     )

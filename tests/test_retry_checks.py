@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store_helpers import declared_plan
 
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.resume import resumable_attempts
@@ -73,9 +74,8 @@ def test_a_resume_stops_at_a_failure_a_command_change_and_a_fresh_start() -> Non
 
 def test_an_attempt_records_its_command_and_a_cut_checkpoint_search_is_said(db_path: Path) -> None:
     from orchestrator.plans import expand_jobs, load_suite, parse_pairs
-    from orchestrator.store.attempts import AttemptPlan, past_attempts, start_attempt
+    from orchestrator.store.attempts import past_attempts, start_attempt
     from orchestrator.store.jobs import submit_jobs
-    from orchestrator.store.peak_source import PredictionSource, SourceKind
 
     plans = Path(__file__).resolve().parents[1] / "plans"
     with Store(db_path) as store:
@@ -83,8 +83,7 @@ def test_an_attempt_records_its_command_and_a_cut_checkpoint_search_is_said(db_p
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
                     allowed_gpus=None, priority=0, force=False, dry_run=False)
         job_id = job_ids(store)[0]
-        plan = AttemptPlan(job_id, 0, "GPU-0", 0, "base", {}, {}, False, 1024, PredictionSource(SourceKind.DECLARED),
-                           1024, searched_in_part=(2, 1))
+        plan = declared_plan(job_id, searched_in_part=(2, 1))
         attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         (past,) = past_attempts(store, job_id)
         worker = get_job(store, job_id).worker

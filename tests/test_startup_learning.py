@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store_helpers import declared_plan
 
 from orchestrator.attempts.startup_lesson import STEP_TOLERANCE_S, learn_startup, startup_from
 from orchestrator.executors.observation import Observation
@@ -15,9 +16,8 @@ from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.startup import Startup, first_step_seen, remaining_s, startup_key
 from orchestrator.scheduling.dispatch import _expected_end
 from orchestrator.store import Store
-from orchestrator.store.attempts import AttemptPlan, start_attempt, update_attempt
+from orchestrator.store.attempts import start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.queries import get_attempts
 from orchestrator.store.startups import read_startups
 from tests.store_reads import job_ids
@@ -62,19 +62,7 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
                     allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
         job_id = job_ids(store)[0]
-        plan = AttemptPlan(
-            job_id,
-            0,
-            "GPU-0",
-            0,
-            "base",
-            {},
-            {},
-            False,
-            1024,
-            PredictionSource(SourceKind.DECLARED),
-            1024,
-        )
+        plan = declared_plan(job_id)
         attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
         update_attempt(store, attempt.id, held_mib=900)
         (attempt,) = get_attempts(store, job_id)

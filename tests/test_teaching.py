@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from store_helpers import declared_plan
+
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.job_facts import job_prompt_length_key
@@ -14,7 +16,6 @@ from orchestrator.scheduling.state import SchedulerState
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
 from orchestrator.store import Store
 from orchestrator.store.attempts import (
-    AttemptPlan,
     record_prompt_length,
     start_attempt,
     update_attempt,
@@ -71,19 +72,7 @@ def test_the_daemon_starts_a_short_job_of_an_untaught_model_and_data_before_long
     # one run of each task finished: SST-2 took an hour and reported its prompt lengths; RTE
     # took a minute and reported none (its model and data stay untaught)
     for job_id, wall_s in ((sst2[0], 3_600.0), (rte[0], 60.0)):
-        plan = AttemptPlan(
-            job_id,
-            0,
-            "GPU-0",
-            0,
-            "base",
-            {},
-            {},
-            False,
-            1024,
-            PredictionSource(SourceKind.DECLARED),
-            1024,
-        )
+        plan = declared_plan(job_id)
         attempt = start_attempt(store, plan, lambda n, j=job_id: tmp_path / f"run-{j}-{n}")
         update_attempt(store, attempt.id, outcome="succeeded", ended_at=attempt.started_at + wall_s)
         with store.write():
