@@ -208,7 +208,7 @@ def test_members_join_a_running_group_and_leave_when_done(tmp_path: Path, data_d
 def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp_path: Path, data_dir: Path) -> None:
     """Real processes: a fused warm process and three `python -m workers.lora` clients, the
     second and third started while the first trains; each gets its own output only."""
-    from workers.lora.share import base_key, share_dir
+    from workers.lora.share import base_key, server_command, share_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "TMUX"))}
     env |= {"PYTHONPATH": str(REPO), "ORCH_WORKER_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
@@ -223,8 +223,7 @@ def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp
     key = fused_key(base_key("tiny-llama", json.dumps({"builtin": "tiny-llama"}, sort_keys=True), "fp32", env),
                     max_seq_len, False)  # fmt: skip
     folder = share_dir(env)
-    server = subprocess.Popen([sys.executable, "-m", "workers.lora.server", "--dir", str(folder), "--key", key,
-                               "--slot", "0", "--fused"], env=env, cwd=REPO,
+    server = subprocess.Popen(server_command(folder, key, 0, fused=True), env=env, cwd=REPO,
                               stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
     try:
         clients = []

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from benchmarks.noisy_rte import flip_every_fourth_label, numerics_config
-from workers.lora.share import base_key, share_dir, slot_paths, unshareable
+from workers.lora.share import base_key, server_command, share_dir, slot_paths, unshareable
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -106,17 +106,7 @@ def warm_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[
     key = base_key("tiny-llama", json.dumps({"builtin": "tiny-llama"}, sort_keys=True), "bf16", env)
     folder = share_dir(env)
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "workers.lora.server",
-            "--dir",
-            str(folder),
-            "--key",
-            key,
-            "--slot",
-            "0",
-        ],
+        server_command(folder, key, 0),
         env={**env, "PYTHONHASHSEED": "12345"},
         cwd=REPO,
         stdout=(tmp_path / "server.log").open("wb"),

@@ -38,6 +38,7 @@ from workers.lora.share import (
     messages,
     process_env,
     send,
+    server_command,
     share_dir,
     slot_paths,
     try_lock,
@@ -191,22 +192,7 @@ def _start_server(folder: Path, key: str, slot: int, fused: bool = False) -> str
     fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(process_env(os.environ), handle)
-    command = shlex.join(
-        [
-            sys.executable,
-            "-m",
-            "workers.lora.server",
-            "--dir",
-            str(folder),
-            "--key",
-            key,
-            "--slot",
-            str(slot),
-            "--env-file",
-            str(env_file),
-            *(["--fused"] if fused else []),
-        ]
-    )
+    command = shlex.join(server_command(folder, key, slot, fused, env_file))
     path_env = (
         ["-e", f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
     )

@@ -37,6 +37,7 @@ from workers.lora.share import (
     IDLE_VAR,
     messages,
     send,
+    server_command,
     slot_paths,
     try_lock,
 )
@@ -214,19 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         env = json.loads(args.env_file.read_text(encoding="utf-8"))
         args.env_file.unlink()
         env |= {name: os.environ[name] for name in ("TMUX", "TMUX_PANE") if name in os.environ}
-        command = [
-            sys.executable,
-            "-m",
-            "workers.lora.server",
-            "--dir",
-            str(args.dir),
-            "--key",
-            args.key,
-            "--slot",
-            str(args.slot),
-            *(["--fused"] if args.fused else []),
-        ]
-        os.execve(sys.executable, command, env)
+        os.execve(sys.executable, server_command(args.dir, args.key, args.slot, args.fused), env)
     idle_s = float(os.environ.get(IDLE_VAR) or DEFAULT_IDLE_S)
     return serve(args.dir, args.key, args.slot, idle_s, args.fused)
 

@@ -122,6 +122,17 @@ def share_dir(env: Mapping[str, str]) -> Path:
     return fallback
 
 
+def server_command(folder: Path, key: str, slot: int, fused: bool = False,
+                   env_file: Path | None = None) -> list[str]:
+    """The command line of a slot's warm process (`--env-file`: start again with that
+    environment, as a client's tmux window does)."""
+    return [
+        sys.executable, "-m", "workers.lora.server", "--dir", str(folder), "--key", key, "--slot", str(slot),
+        *(["--env-file", str(env_file)] if env_file is not None else []),
+        *(["--fused"] if fused else []),
+    ]  # fmt: skip
+
+
 def slot_paths(folder: Path, key: str, slot: int) -> tuple[Path, Path, Path]:
     """(socket, client lock, server lock) of one slot."""
     stem = folder / f"{key}-{slot}"
