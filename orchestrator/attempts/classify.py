@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.attempts.fused_lessons import MAX_MEMBERS
 from orchestrator.gpu.mps import MPS_FAILURES, REASON_MPS
 from orchestrator.lifecycle import REASON_HUNG, AttemptOutcome
 
@@ -25,7 +26,6 @@ EXIT_CONFIG_ERROR = 4  # workers.harness.EXIT_CONFIG_ERROR
 # exits with this code and prints GROUP_OOM_LINE (the LoRA worker's fused protocol).
 EXIT_GROUP_OOM = 75
 GROUP_OOM_LINE = re.compile(r"orch: fused group of ([0-9]{1,2}) members ran out of memory")
-MAX_GROUP_MEMBERS = 16
 SIGKILL = 9
 # A SIGKILL nothing explains (an admin, a watchdog; the kernel's OOM killer where its word could
 # not be read): a death, resumed from a checkpoint where one is left (attempts.next_step).
@@ -186,7 +186,7 @@ def group_oom_members(exit_code: int | None, log_tail: str) -> int | None:
         match = GROUP_OOM_LINE.fullmatch(line.strip())
         if match is not None:
             members = int(match.group(1))
-            return members if 2 <= members <= MAX_GROUP_MEMBERS else None
+            return members if 2 <= members <= MAX_MEMBERS else None
     return None
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_MEMBERS = 16
+from orchestrator.plans.worker_output import FUSED_MEMBERS_RANGE
+
+MAX_MEMBERS = FUSED_MEMBERS_RANGE[1]  # the largest group a fused process may train
 FUSED_SHAPE_MARK = "|fused"
 
 

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.attempts.fused_lessons import MAX_MEMBERS, reported_group_size
 from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
 from orchestrator.wording import number
 
@@ -77,8 +78,7 @@ def fused_of(result: dict[str, Any]) -> int | None:
     it does not say); None for any other."""
     if result.get("share_base") != "fused":
         return None
-    members = result.get("fused_members_max")
-    return members if isinstance(members, int) and not isinstance(members, bool) and 1 <= members <= 16 else 0
+    return reported_group_size(result) or 0
 
 
 def reading_from_record(text: str | None) -> RunReading | None:
@@ -111,7 +111,7 @@ def reading_from_record(text: str | None) -> RunReading | None:
 
 
 def _fused_record(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 16 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MEMBERS else None
 
 
 def first_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:

@@ -21,6 +21,7 @@ from orchestrator.attempts.field_checks import leftovers as _leftovers
 from orchestrator.attempts.field_checks import names_list as _names
 from orchestrator.attempts.field_checks import number_in as _number_in
 from orchestrator.attempts.field_checks import short_text as _short_text
+from orchestrator.attempts.fused_lessons import MAX_MEMBERS
 from orchestrator.executors.runs_tree import (
     FileProblem,
     RunTreeError,
@@ -82,7 +83,8 @@ RESULT_FIELDS: dict[str, tuple[Check, str]] = {
     # the LoRA worker's `share_base` (sequential, fused) and, fused, the largest group it trained in:
     # a fused run is marked in results (not bit-equal to a run of its own)
     "share_base": (_short_text(32), "a short text"),
-    "fused_members_max": (lambda v: v is None or _int_in(1, 16)(v), "an integer from 1 to 16 or null"),
+    "fused_members_max": (lambda v: v is None or _int_in(1, MAX_MEMBERS)(v),
+                          f"an integer from 1 to {MAX_MEMBERS} or null"),
     # our workers' own records, each checked where it is used (attempts.divergence,
     # attempts.provenance_reads): dropped here, they were never judged or shown
     "loss_summary": (lambda v: v is None or isinstance(v, dict), "a mapping or null"),
