@@ -1,0 +1,184 @@
+"""Where a fused group's time goes (`share_base: fused`), in one worker process on one GPU: the
+sweep's jobs (benchmarks/gpu/share_base_sweep.py: its Llama, RTE-sized data and 4 LoRA configs)
+trained as fused groups of k members, no daemon.
+
+    python benchmarks/gpu/fused_tick.py --work /tmp/tick --out OUT [--size 1b3] [--steps 60]
+    python benchmarks/gpu/fused_tick.py --dry --work /tmp/tick-dry --out /tmp/o    # CPU, tiny
+
+For each group size k of `--members` and each LoRA dropout of `--dropouts`: k jobs (the 4 configs
+in turn, seeds 1..k) train `--steps` steps each as one group (FusedTrainer, base loaded once);
+reported per run: the wall seconds and seconds per tick (one micro-batch of every member), and,
+timed with a CUDA synchronisation around each, the share of a tick in the group's one forward and
+backward against the members' own steps (optimizer, scheduler, progress line). Then one more run
+of the largest k under cProfile: the functions with the most own time (Python overhead in one
+thread is what a fused group cannot spread over processes). Writes OUT/fused-tick.json and
+OUT/fused-profile.txt; prints a line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.gpu.share_base_sweep import CONFIGS, SIZES, make_model  # noqa: E402
+
+
+def member_config(
+    name: str, seed: int, model: str, data: Path, steps: int, dropout: float
+) -> dict[str, Any]:
+    return {
+        "model": model, "data": "glue-tvt_rte", "data_dir": str(data), "batch_size": 16, "prec": "bf16",
+        "max_seq_len": 256, "no_save": True, "checkpoint_every_steps": 0, **CONFIGS[name],
+        "peft": {**CONFIGS[name]["peft"], "dropout": dropout}, "max_steps": steps, "seed": seed,
+    }  # fmt: skip
+
+
+class TickClock:
+    """Seconds in the group's forward and backward, synchronised, summed over ticks."""
+
+    def __init__(self) -> None:
+        self.forward_backward_s = 0.0
+        self.ticks = 0
+
+    def wrap(self, function: Any) -> Any:
+        import torch
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.forward_backward_s += time.perf_counter() - started
+                self.ticks += 1
+
+        return timed
+
+
+def run_group(root: Path, tag: str, configs: list[dict[str, Any]], cache: Any, clock: TickClock | None,
+              profile: cProfile.Profile | None) -> float:  # fmt: skip
+    from workers.lora import fused
+    from workers.lora.fused import FusedTrainer, MemberSpec
+
+    specs = []
+    ends: list[int] = []
+    for n, config in enumerate(configs):
+        run_dir = root / tag / str(n)
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        specs.append(MemberSpec(run_dir, run_dir / "config.yaml", done=ends.append))
+    original = fused.forward_backward
+    if clock is not None:
+        fused.forward_backward = clock.wrap(original)
+    waves = [specs]
+    started = time.perf_counter()
+    try:
+        if profile is not None:
+            profile.enable()
+        FusedTrainer(cache).run(lambda idle: waves.pop() if waves else None)
+    finally:
+        if profile is not None:
+            profile.disable()
+        fused.forward_backward = original
+    seconds = time.perf_counter() - started
+    if ends != [0] * len(configs):
+        raise SystemExit(f"{tag}: members ended {ends}")
+    return seconds
+
+
+def train_seconds(root: Path, tag: str, members: int, steps: int) -> tuple[float, int]:
+    """The longest training loop of the members (steps x batch 16 / their result.json's
+    samples_per_s: the loop, without load or evaluations), and the longest prompt in tokens."""
+    values, longest = [], 0
+    for n in range(members):
+        result = json.loads((root / tag / str(n) / "result.json").read_text())
+        values.append(steps * 16 / float(result["samples_per_s"]))
+        longest = max(longest, int(result.get("longest_tokens") or 0))
+    return max(values), longest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--size", choices=sorted(SIZES), default="1b3")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--members", default="1,2,4,8")
+    parser.add_argument("--dropouts", default="0.05,0")
+    parser.add_argument("--dry", action="store_true", help="the tiny Llama on CPU, 4 steps")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    import os
+
+    if args.dry:
+        os.environ["ORCH_WORKER_DEVICE"] = "cpu"
+        model, steps = "tiny-llama", 4
+    else:
+        model, steps = str(args.work / f"llama-{args.size}"), args.steps
+        if not Path(model).exists():
+            make_model(Path(model), SIZES[args.size])
+    data = args.work / "data"
+    subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data), "--tasks", "rte",
+                    "--n-train", "40" if args.dry else "2490", "--n-dev", "16" if args.dry else "277"],
+                   check=True, cwd=REPO, capture_output=True)  # fmt: skip
+    from workers.lora.base_cache import BaseCache
+
+    cache = BaseCache()
+    names = list(CONFIGS)
+    sizes = [int(k) for k in args.members.split(",")]
+    runs: list[dict[str, Any]] = []
+    for dropout in [float(d) for d in args.dropouts.split(",")]:
+        for k in sizes:
+            configs = [
+                member_config(names[n % len(names)], n + 1, model, data, steps, dropout)
+                for n in range(k)
+            ]
+            tag = f"k{k}-p{dropout}"
+            clock = TickClock()
+            seconds = run_group(args.work / "runs", tag, configs, cache, clock, None)
+            loop_s, longest = train_seconds(args.work / "runs", tag, k, steps)
+            run = {
+                "members": k, "dropout": dropout, "steps": steps, "wall_s": round(seconds, 2),
+                "loop_s": round(loop_s, 2), "tick_ms": round(1000 * loop_s / steps, 1),
+                "forward_backward_ms": round(1000 * clock.forward_backward_s / max(1, clock.ticks), 1),
+                "job_steps_per_s": round(k * steps / loop_s, 1) if loop_s else None, "longest_tokens": longest,
+            }  # fmt: skip
+            runs.append(run)
+            print(json.dumps(run), flush=True)
+    profile = cProfile.Profile()
+    k = max(sizes)
+    configs = [
+        member_config(names[n % len(names)], n + 1, model, data, steps, 0.05) for n in range(k)
+    ]
+    run_group(args.work / "runs", f"profile-k{k}", configs, cache, None, profile)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    (args.out / "fused-profile.txt").write_text(text.getvalue())
+    print("\n".join(text.getvalue().splitlines()[:45]))
+    (args.out / "fused-tick.json").write_text(
+        json.dumps({"size": args.size, "runs": runs}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
