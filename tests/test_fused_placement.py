@@ -181,3 +181,23 @@ def test_the_daemons_pass_places_a_group_by_its_learned_peak_per_group_size(tmp_
     # peaks at 12 × 1.05 and 13.5 × 1.05 GiB; a fourth member has no record (its whole 10 GiB)
     at_2, at_3 = math.ceil(12 * GIB * 1.05), math.ceil(13.5 * GIB * 1.05)
     assert run(learned=True) == [(0, 10 * GIB), (1, at_2 - 10 * GIB), (1, at_3 - at_2)]
+
+
+def test_orch_memory_names_a_group_sizes_record_and_its_size(tmp_path: Path) -> None:
+    from orchestrator.cli.memory import memory_snapshot, render
+    from orchestrator.prediction.fused_groups import split_group_key
+    from orchestrator.store import Store
+    from orchestrator.store.attempts import write_shape
+
+    shape = "0123456789abcdef|tiny-llama|toy"
+    assert split_group_key(group_shape_key(shape, 4)) == (shape, 4)
+    assert split_group_key(shape) == (shape, None)
+    assert split_group_key(f"{shape}|fused1") == (f"{shape}|fused1", None)  # no group of one is recorded
+    with Store(tmp_path / "state.db") as store:
+        write_shape(store, shape, ShapeMemory(5 * GIB, None, 1))
+        write_shape(store, group_shape_key(shape, 4), ShapeMemory(19 * GIB, None, 2))
+        entries, _ = memory_snapshot(store)
+    assert [(e["shape"], e["fused_members"]) for e in entries] == [(shape, None), (f"{shape}|fused4", 4)]
+    lines = render(entries).splitlines()
+    assert lines[1].startswith(f"{shape} ") and " 5.0 GiB " in lines[1]
+    assert lines[2].startswith(f"{shape}, fused ×4 ") and " 19.0 GiB " in lines[2]

@@ -60,6 +60,15 @@ def group_shape_key(shape_key: str, members: int) -> str:
     return shape_key if members <= 1 else f"{shape_key}{FUSED_SHAPE_MARK}{members}"
 
 
+def split_group_key(key: str) -> tuple[str, int | None]:
+    """A memory record's shape key and group size (`group_shape_key` undone); (key, None) for a
+    shape's own record."""
+    shape, mark, members = key.rpartition(FUSED_SHAPE_MARK)
+    if mark and members.isdigit() and FUSED_MEMBERS_RANGE[0] <= int(members) <= MAX_FUSE:
+        return shape, int(members)
+    return key, None
+
+
 @dataclass(frozen=True)
 class GroupPeak:
     """A fused process's peak at `members` members, as one member shape's record says."""
