@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_RANGE
 from orchestrator.prediction.fused_groups import group_shape_key
 
@@ -45,6 +46,6 @@ def teaches_solo_speed(share_mode: str | None, job_fused: bool) -> bool:
     """Whether an attempt's samples/s may teach its shape's throughput: not a fused member's
     (share.json's mode `fused`), nor one of a `share_base: fused` job whose share.json is not
     read yet (it may train in a group)."""
-    if share_mode == "fused":
+    if share_mode == ShareBase.FUSED.value:
         return False
     return not (job_fused and share_mode is None)

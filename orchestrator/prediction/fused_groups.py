@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_DEFAULT, FUSED_MEMBERS_RANGE
 from orchestrator.prediction.memory import predict_peak_mib
 from orchestrator.store.peak_source import SourceKind
@@ -27,14 +28,22 @@ MAX_FUSE = FUSED_MEMBERS_RANGE[1]
 FUSED_SHAPE_MARK = "|fused"
 
 
+def share_base(job: Job) -> ShareBase:
+    """The job's `share_base` as its suite stored it (off where absent or not a mode, and for any
+    worker but the LoRA worker)."""
+    if job.worker != "lora":
+        return ShareBase.OFF
+    return ShareBase.of(job.worker_output.get("share_base", ShareBase.OFF.value)) or ShareBase.OFF
+
+
 def shares_base(job: Job) -> bool:
     """Whether the job's attempts may be trained by a warm LoRA worker process (`share_base`)."""
-    return job.worker == "lora" and job.worker_output.get("share_base", "off") != "off"
+    return share_base(job) is not ShareBase.OFF
 
 
 def fused(job: Job) -> bool:
     """Whether the job's attempts may train in a fused group (`share_base: fused`)."""
-    return job.worker == "lora" and job.worker_output.get("share_base") == "fused"
+    return share_base(job) is ShareBase.FUSED
 
 
 def fuse_group(job: Job, suite: str, overrides: Mapping[str, Any], run_alone: bool = False) -> str | None:
