@@ -118,10 +118,9 @@ def test_a_record_only_raises_while_not_every_members_shape_was_measured_at_that
 
 def test_a_record_never_counts_where_the_job_opens_a_process() -> None:
     learned = peaks((2, 4, True))  # smaller than the job alone: the group's, not the job's
-    d = pack([fused_job(1, 10, learned, cap=2)], [gpu(0, 24, slots=2)], [member(8, 10, learned, cap=2),
-                                                                         member(9, 1, learned, cap=2)],
-             PackingPolicy(headroom_fraction=0.0), 0.0)
-    assert reserved(d) == {1: 10 * GIB}  # the process of 8 and 9 is full: a new one, its whole prediction
+    full = [member(8, 10, learned, cap=2), member(9, 1, learned, cap=2)]  # one process at its cap
+    d = pack([fused_job(1, 10, learned, cap=2)], [gpu(0, 24, slots=2)], full, NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 10 * GIB}  # a new process: its whole prediction
 
 
 # ------------------------------------------------------------------ the daemon's pass
