@@ -133,3 +133,20 @@ def test_a_warm_process_job_counts_the_peak_its_worker_reports() -> None:
     for junk in ("15700", True, -1, 1e30, None, float("nan")):
         assert shared_base_peak_mib(sharing, {"peak_mem_mib": junk}) == 0
     assert shared_base_peak_mib(sharing, None) == 0
+
+
+def test_one_enum_names_the_modes_and_a_stored_text_that_is_none_of_them_is_off() -> None:
+    from orchestrator.plans.model import ShareBase
+    from orchestrator.prediction.fused_groups import fused, share_base, shares_base
+
+    assert [ShareBase.of(text) for text in ("off", "sequential", "fused", "Fused", ["fused"], None)] == [
+        ShareBase.OFF, ShareBase.SEQUENTIAL, ShareBase.FUSED, None, None, None]
+
+    def job(stored: object, worker: str = "lora") -> Any:
+        return SimpleNamespace(worker=worker, worker_output={"share_base": stored})
+
+    assert share_base(job("fused")) is ShareBase.FUSED and fused(job("fused"))
+    assert share_base(job("sequential")) is ShareBase.SEQUENTIAL and not fused(job("sequential"))
+    for odd in ("shared", 1, None, ["fused"]):  # a row edited by hand: no warm process
+        assert share_base(job(odd)) is ShareBase.OFF and not shares_base(job(odd))
+    assert share_base(job("fused", worker="sim")) is ShareBase.OFF

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_RANGE
+from orchestrator.prediction.fused_groups import group_shape_key
+
+__all__ = ["MAX_MEMBERS", "group_shape_key", "group_size", "reported_group_size", "teaches_solo_speed"]
 
 MAX_MEMBERS = FUSED_MEMBERS_RANGE[1]  # the largest group a fused process may train
-FUSED_SHAPE_MARK = "|fused"
 
 
 def reported_group_size(result: dict[str, Any] | None) -> int | None:
@@ -39,16 +42,10 @@ def group_size(result: dict[str, Any] | None, seen_members: int | None) -> int:
     return max(1, min(MAX_MEMBERS, seen_members or 1))
 
 
-def group_shape_key(shape_key: str, members: int) -> str:
-    """The memory record a fused member's peak teaches: its shape's own when it trained alone,
-    else its shape's at that group size."""
-    return shape_key if members <= 1 else f"{shape_key}{FUSED_SHAPE_MARK}{members}"
-
-
 def teaches_solo_speed(share_mode: str | None, job_fused: bool) -> bool:
     """Whether an attempt's samples/s may teach its shape's throughput: not a fused member's
     (share.json's mode `fused`), nor one of a `share_base: fused` job whose share.json is not
     read yet (it may train in a group)."""
-    if share_mode == "fused":
+    if share_mode == ShareBase.FUSED.value:
         return False
     return not (job_fused and share_mode is None)

@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.attempts.fused_lessons import MAX_MEMBERS, reported_group_size
 from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
+from orchestrator.plans.model import ShareBase
 from orchestrator.wording import number
 
 MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
@@ -76,7 +77,7 @@ def reading_of(result: dict[str, Any] | None, printed: str | dict[str, Any] | No
 def fused_of(result: dict[str, Any]) -> int | None:
     """A result.json saying `share_base: fused`: the largest group it trained in (1..16; 0 where
     it does not say); None for any other."""
-    if result.get("share_base") != "fused":
+    if result.get("share_base") != ShareBase.FUSED.value:
         return None
     return reported_group_size(result) or 0
 

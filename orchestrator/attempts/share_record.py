@@ -19,10 +19,11 @@ from typing import Any
 
 from orchestrator.attempts.field_checks import MAX_PID
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run_dir, read_file
+from orchestrator.plans.model import ShareBase
 from orchestrator.rundir_files import RunDir
 
 MAX_SHARE_BYTES = 4096
-SHARE_MODES = ("sequential", "fused")
+SHARE_MODES = (ShareBase.SEQUENTIAL.value, ShareBase.FUSED.value)  # a warm process's modes
 MAX_BASE_MIB = 16 * 1024 * 1024  # 16 TiB: above any card
 _PROCESS = re.compile(r"[0-9A-Za-z]{1,32}-[0-9]{1,4}")  # <key16>-<slot>
 

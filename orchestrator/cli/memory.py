@@ -13,6 +13,7 @@ from orchestrator.cli.tables import plain_columns
 from orchestrator.errors import UsageError
 from orchestrator.plans.inputs import check_text
 from orchestrator.prediction.families import FamilyFloor, FamilyPoint, fit_family
+from orchestrator.prediction.fused_groups import split_group_key
 from orchestrator.prediction.shapes import RunningPeak, measured_margin, running_margin, shape_label
 from orchestrator.prediction.throughput import MIN_CURVE_STEPS, relative_curve, spread
 from orchestrator.store.db import Store
@@ -153,6 +154,8 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
             source, margin = "throughput only", 0.0
         out.append({
             "shape": key, "suite": suite, "label": label,
+            # a fused process's peak with this many members (`<shape>|fused<k>`); null: one job's
+            "fused_members": split_group_key(key)[1],
             "peak_mib": peak, "oom_floor_mib": floor, "samples": samples,
             "running": None if run is None else {"peak_mib": run.peak_mib, "step": run.step, "attempts": run.attempts},
             "source": source, "margin": round(margin, 3),
@@ -183,6 +186,13 @@ def _throughput(e: dict[str, Any], gpu_index: dict[str, int] | None) -> str:
     return "; ".join(cards) or "-"
 
 
+def _unnamed(e: dict[str, Any]) -> str:
+    """A shape no attempt named (its key's head), with its group size where it is a fused
+    process's record: a named one says `fused ×k` in its label."""
+    shape, members = split_group_key(e["shape"])
+    return shape[:40] if members is None else f"{shape[:40]}, fused ×{members}"
+
+
 def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = None, *, keys: bool = False) -> str:
     """One line per shape in aligned columns; its key (what `orch memory forget` takes) only
     with `keys`."""
@@ -193,7 +203,7 @@ def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = Non
     rows = []
     for e in entries:
         # configs of the same name in two suites are two shapes: the suite tells them apart
-        name = (f"{e['suite']}/{e['label']}" if e["suite"] else e["label"]) or e["shape"][:40]
+        name = (f"{e['suite']}/{e['label']}" if e["suite"] else e["label"]) or _unnamed(e)
         peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
         rows.append([name, _gib(peak), _gib(e["oom_floor_mib"]), str(e["samples"]), f"{e['margin']:.0%}", e["source"],
                      _throughput(e, gpu_index), *([e["shape"]] if keys else [])])

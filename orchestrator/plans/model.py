@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,21 @@ class CrashLoop:
         return self.failures > 0
 
 
+class ShareBase(str, Enum):
+    """`share_base`: how a suite's LoRA jobs share a loaded base. The same words name a warm
+    process's mode in an attempt's share.json (sequential or fused) and the ORCH_SHARE_BASE it
+    is given."""
+
+    OFF = "off"  # each attempt loads its own base
+    SEQUENTIAL = "sequential"  # one warm LoRA worker process per card slot trains jobs of one base in turn
+    FUSED = "fused"  # one process trains up to `fused_members` jobs of one base at once
+
+    @classmethod
+    def of(cls, value: object) -> ShareBase | None:
+        """The mode a stored or reported text names; None for anything else (untrusted input)."""
+        return next((mode for mode in cls if mode.value == value), None)
+
+
 @dataclass(frozen=True)
 class Suite:
     name: str
@@ -86,9 +102,7 @@ class Suite:
     result_regex: str | None = None  # metrics from stdout when there is no result.json
     fail_on_divergence: bool = False  # a run whose loss diverged fails instead of succeeding (marked)
     divergence_factor: float | None = None  # k of "last epoch above k × its minimum"; None: the default, 0: off
-    # off | sequential: one warm LoRA worker process per card slot trains jobs of one base in turn
-    # | fused: one process trains up to `fused_members` jobs of one base at once
-    share_base: str = "off"
+    share_base: ShareBase = ShareBase.OFF
     fused_members: int = 4
 
     @property
@@ -105,9 +119,9 @@ class Suite:
             stored["progress_regex"] = self.progress_regex
         if self.result_regex:
             stored["result_regex"] = self.result_regex
-        if self.share_base != "off":
-            stored["share_base"] = self.share_base
-        if self.share_base == "fused":
+        if self.share_base is not ShareBase.OFF:
+            stored["share_base"] = self.share_base.value
+        if self.share_base is ShareBase.FUSED:
             stored["fused_members"] = self.fused_members
         return stored
     memory_keys: tuple[str, ...] = ()  # config keys beyond the known ones that change memory

@@ -13,11 +13,11 @@ from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
 from orchestrator.plans.ladder_spec import spec_steps
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
-from orchestrator.plans.model import JobSpec, Suite
+from orchestrator.plans.model import JobSpec, ShareBase, Suite
 from orchestrator.plans.template import check_config_keys, parse_template
 
 HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
-SHARE_BASE_VALUES = ("off", "sequential", "fused")
+SHARE_BASE_VALUES = tuple(mode.value for mode in ShareBase)
 SHARING_WORKERS = frozenset({"lora"})  # workers that can train several jobs over one loaded base
 FUSED_MEMBERS_DEFAULT = 4  # `fused_members`: the most jobs one fused process trains at once
 FUSED_MEMBERS_RANGE = (2, 16)
@@ -36,33 +36,33 @@ def parse_hang_timeout(path: Path, raw: Any) -> float:
     return float(raw)
 
 
-def parse_share_base(path: Path, raw: Any, worker: str) -> str:
+def parse_share_base(path: Path, raw: Any, worker: str) -> ShareBase:
     """`share_base`: off, sequential (one warm process per card slot and base trains jobs one
     after another; the default for `worker: lora`) or fused (several jobs of one base trained
     at once, in one process, over one batch). A value other than off on a worker that cannot
     share is refused."""
     if raw is None:
-        return "sequential" if worker in SHARING_WORKERS else "off"
-    value = "off" if raw is False else raw.strip().lower() if isinstance(raw, str) else None
-    if value not in SHARE_BASE_VALUES:
+        return ShareBase.SEQUENTIAL if worker in SHARING_WORKERS else ShareBase.OFF
+    value = ShareBase.OFF if raw is False else ShareBase.of(raw.strip().lower()) if isinstance(raw, str) else None
+    if value is None:
         shown = repr(raw) if not isinstance(raw, str) else repr(raw[:40])
         raise PlanError(f"suite {path}: `share_base` must be off, sequential or fused, not {shown}")
-    if value != "off" and worker not in SHARING_WORKERS:
-        raise PlanError(f"suite {path}: `share_base: {value}` needs the built-in LoRA worker "
+    if value is not ShareBase.OFF and worker not in SHARING_WORKERS:
+        raise PlanError(f"suite {path}: `share_base: {value.value}` needs the built-in LoRA worker "
                         "(`worker: lora`); other workers cannot share a loaded base: "
                         "use share_base: off")
     return value
 
 
-def parse_fused_members(path: Path, raw: Any, share_base: str) -> int:
+def parse_fused_members(path: Path, raw: Any, share_base: ShareBase) -> int:
     """`fused_members`: the most jobs one fused process trains at once (2..16, default 4); only
     with `share_base: fused`, where it means something."""
     if raw is None:
         return FUSED_MEMBERS_DEFAULT
     low, high = FUSED_MEMBERS_RANGE
-    if share_base != "fused":
+    if share_base is not ShareBase.FUSED:
         raise PlanError(f"suite {path}: `fused_members` applies only with `share_base: fused` "
-                        f"(this suite's share_base is {share_base})")
+                        f"(this suite's share_base is {share_base.value})")
     if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
         shown = repr(raw) if not isinstance(raw, str) else repr(raw[:40])
         raise PlanError(f"suite {path}: `fused_members` must be a whole number from {low} to {high}, not {shown}")

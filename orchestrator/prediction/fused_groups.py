@@ -4,29 +4,46 @@ A fused group is the jobs of one suite whose resolved configs (at the attempt's 
 agree on what the process loads and how it steps: the model, `prec`, `max_seq_len` and
 `gradient_checkpointing`. The worker's own group key (its base key: model digest, dtype,
 interpreter, environment) is finer still; the daemon's key only says where a job may join.
+
+What a group's process was measured to take at each size is its members' shapes' records at that
+size (`<shape>|fused<k>`, taught by attempts.fused_lessons); `learned_group_peaks` reads them as
+the solo path reads a shape's own record (orchestrator.prediction.memory.predict_peak_mib).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_DEFAULT, FUSED_MEMBERS_RANGE
-from orchestrator.store.rows import Job
+from orchestrator.prediction.memory import predict_peak_mib
+from orchestrator.store.peak_source import SourceKind
+from orchestrator.store.rows import Job, ShapeMemory
 
 FUSE_KEYS = ("model", "prec", "max_seq_len", "gradient_checkpointing")
 MAX_FUSE = FUSED_MEMBERS_RANGE[1]
+FUSED_SHAPE_MARK = "|fused"
+
+
+def share_base(job: Job) -> ShareBase:
+    """The job's `share_base` as its suite stored it (off where absent or not a mode, and for any
+    worker but the LoRA worker)."""
+    if job.worker != "lora":
+        return ShareBase.OFF
+    return ShareBase.of(job.worker_output.get("share_base", ShareBase.OFF.value)) or ShareBase.OFF
 
 
 def shares_base(job: Job) -> bool:
     """Whether the job's attempts may be trained by a warm LoRA worker process (`share_base`)."""
-    return job.worker == "lora" and job.worker_output.get("share_base", "off") != "off"
+    return share_base(job) is not ShareBase.OFF
 
 
 def fused(job: Job) -> bool:
     """Whether the job's attempts may train in a fused group (`share_base: fused`)."""
-    return job.worker == "lora" and job.worker_output.get("share_base") == "fused"
+    return share_base(job) is ShareBase.FUSED
 
 
 def fuse_group(job: Job, suite: str, overrides: Mapping[str, Any], run_alone: bool = False) -> str | None:
@@ -44,3 +61,43 @@ def fuse_max(job: Job, fused_cap: int | None) -> int:
     members = job.worker_output.get("fused_members")
     wanted = members if isinstance(members, int) and not isinstance(members, bool) else FUSED_MEMBERS_DEFAULT
     return max(1, min(MAX_FUSE, wanted, fused_cap if fused_cap is not None else MAX_FUSE))
+
+
+def group_shape_key(shape_key: str, members: int) -> str:
+    """The memory record of a shape's process at a group size: its shape's own at one member
+    (a job alone in its process), else `<shape>|fused<k>`."""
+    return shape_key if members <= 1 else f"{shape_key}{FUSED_SHAPE_MARK}{members}"
+
+
+def split_group_key(key: str) -> tuple[str, int | None]:
+    """A memory record's shape key and group size (`group_shape_key` undone); (key, None) for a
+    shape's own record."""
+    shape, mark, members = key.rpartition(FUSED_SHAPE_MARK)
+    if mark and members.isdigit() and FUSED_MEMBERS_RANGE[0] <= int(members) <= MAX_FUSE:
+        return shape, int(members)
+    return key, None
+
+
+@dataclass(frozen=True)
+class GroupPeak:
+    """A fused process's peak at `members` members, as one member shape's record says."""
+
+    members: int  # 2..16
+    mib: int  # the peak with the margin the solo path gives a shape's own record
+    # a completed member's peak: it may put the process below today's figure (base plus the
+    # members' own needs), as a measured peak overrides a declared one; else an OOM floor,
+    # which only raises it
+    measured: bool
+
+
+def learned_group_peaks(shape_key: str, shapes: Mapping[str, ShapeMemory]) -> tuple[GroupPeak, ...]:
+    """The shape's `|fused<k>` records as process peaks, smallest group first; () where none was
+    learned. Margins and the OOM floor as for the shape's own record (predict_peak_mib)."""
+    found = []
+    for members in range(FUSED_MEMBERS_RANGE[0], MAX_FUSE + 1):
+        record = shapes.get(group_shape_key(shape_key, members))
+        if record is None or (record.peak_mib is None and record.oom_floor_mib is None):
+            continue
+        predicted = predict_peak_mib(record, None, None)
+        found.append(GroupPeak(members, predicted.mib, predicted.source.kind is SourceKind.MEASURED))
+    return tuple(found)

@@ -28,6 +28,7 @@ from orchestrator.gpu.host import HostProbe
 from orchestrator.gpu.mps import MpsState
 from orchestrator.gpu.sim_footprint import footprint_env
 from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.plans.model import ShareBase
 from orchestrator.plans.resume import (
     checkpoint_marker,
     resumable_attempts,
@@ -86,9 +87,9 @@ def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
     if not shares_base(job) or gpus != 1 or run_alone:
         return folder
     if fused(job):
-        return {SHARE_BASE_VAR: "fused", FUSE_MAX_VAR: str(fuse_max(job, fused_cap)), FUSE_SUITE_VAR: job.suite,
-                **folder}
-    return {SHARE_BASE_VAR: "sequential", **folder}
+        return {SHARE_BASE_VAR: ShareBase.FUSED.value, FUSE_MAX_VAR: str(fuse_max(job, fused_cap)),
+                FUSE_SUITE_VAR: job.suite, **folder}
+    return {SHARE_BASE_VAR: ShareBase.SEQUENTIAL.value, **folder}
 
 
 def run_dir_for(ctx: DispatchContext, job: Job, n: int) -> Path:

@@ -12,10 +12,16 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.durations import DurationTable
-from orchestrator.prediction.fused_groups import fuse_group, fuse_max
+from orchestrator.prediction.fused_groups import (
+    GroupPeak,
+    fuse_group,
+    fuse_max,
+    learned_group_peaks,
+)
 from orchestrator.prediction.job_facts import (
     JobFacts,
     JobShapeCache,
+    attempt_shape_key,
     job_host_settings,
     job_levels,
     shape_facts,
@@ -27,7 +33,7 @@ from orchestrator.prediction.startup import Startup, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
 from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import PackingDecision
-from orchestrator.scheduling.packing.types import QueuedJob
+from orchestrator.scheduling.packing.types import QueuedJob, RunningAttempt
 from orchestrator.scheduling.queue_kinds import Kind, kind_of
 from orchestrator.scheduling.resources import predict_host_mib
 from orchestrator.scheduling.teaching import untaught
@@ -76,6 +82,7 @@ class KindInputs:
     later: tuple[LaterLevel, ...] = ()
     fuse_group: str | None = None  # `share_base: fused`: its group (prediction.fused_groups)
     fuse_cap: int = 1
+    group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks learned per group size
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ def pack_inputs(
                 startup_s=inputs.startup.seconds if inputs.startup else None,
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
-                fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap,
+                fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts, later)
@@ -155,7 +162,25 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
         readings.startups.get(startup_key(job.suite, job.config_name)),
         later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else (),
-        group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1)
+        group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
+        learned_group_peaks(shape_key, readings.shapes) if group is not None else ())
+
+
+def with_group_peaks(running: list[RunningAttempt], live: Iterable[Attempt], live_jobs: Mapping[int, Job],
+                     shapes: Mapping[str, ShapeMemory], cache: JobShapeCache) -> list[RunningAttempt]:
+    """The running fused members with their shapes' process peaks learned per group size (what
+    the packer reads where a job joins their process: orchestrator.scheduling.packing.fused)."""
+    members = {r.job_id for r in running if r.fuse_group is not None}
+    peaks: dict[int, tuple[GroupPeak, ...]] = {}
+    for attempt in live:
+        job = live_jobs.get(attempt.job_id)
+        if attempt.job_id in members and job is not None:
+            found = learned_group_peaks(attempt_shape_key(job, attempt, cache), shapes)
+            if found:
+                peaks[attempt.job_id] = found
+    if not peaks:
+        return running
+    return [replace(r, group_peaks=peaks[r.job_id]) if r.job_id in peaks else r for r in running]
 
 
 def later_levels(

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator import faults
 from orchestrator.lifecycle import AttemptOutcome, KillRequest
+from orchestrator.plans.model import ShareBase
 from orchestrator.store.attempts import (
     AttemptEnd,
     finish_attempt,
@@ -145,7 +146,7 @@ def once_per_process(failures: list[Failure]) -> list[float]:
     counted_at: dict[tuple[str, int], float] = {}
     lengths = []
     for f in failures:
-        if f.share_mode == "fused" and f.process is not None and f.pid is not None:
+        if f.share_mode == ShareBase.FUSED.value and f.process is not None and f.pid is not None:
             key = (f.process, f.pid)
             first_s = counted_at.get(key)
             if first_s is not None and 0 <= f.ended_at_s - first_s <= GROUP_DEATH_WINDOW_S:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.plans.model import ShareBase
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.rows import Attempt
@@ -80,7 +81,7 @@ def shares_label(mode: str | None, process: str | None, job_ids: list[int]) -> s
     if not mode or not process:
         return ""
     short = process if len(process) <= 12 else f"{process.split('-')[0][:4]}-{process.rsplit('-', 1)[-1]}"
-    if mode == "fused":
+    if mode == ShareBase.FUSED.value:
         return f"fused {short} · jobs {','.join(str(j) for j in sorted(job_ids))}"
     return f"warm {short}"
 

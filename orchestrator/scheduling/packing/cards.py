@@ -191,7 +191,7 @@ def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
 def place_on(card: Card, job: QueuedJob, now_s: float) -> int:
     """Spend the card on the job; what it reserves there (MiB)."""
     reserved = own_mib(job, card.groups)
-    card.used_slots += place_member(job, card.groups)
+    card.used_slots += place_member(job, card.groups, reserved)
     duration_s = job.expected_duration_s  # unknown: it gives its memory back at no known time
     card.placed_frees.append((now_s + duration_s if duration_s is not None else math.inf, reserved))
     card.reserved_mib += reserved

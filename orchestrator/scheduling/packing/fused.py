@@ -6,13 +6,25 @@ cap, join it without a slot, for their own needs only: the prediction less the b
 memory, as a running member's share.json says. Without that figure a joining job is placed by its
 full prediction (never below what is known). Members past the cap start another process: a slot
 and the full prediction again (the daemon counts ceil(members / cap) processes).
+
+What was learned per group size overrides that split where it exists. A process is counted at
+what its members were placed at, together; a job joining it so that it has k members is placed
+for the process's learned peak at k less that count. The peak at k is the largest of the
+members' shapes' records at k (the joiner's included: any of them may be the shape whose group
+needed the most). It replaces the figure above only when every member's shape was measured at k
+(a measured peak overrides a declared one on the solo path too); an OOM floor at k, or a record
+of some members' shapes only, may only raise it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from orchestrator.prediction.fused_groups import GroupPeak
 from orchestrator.scheduling.packing.types import QueuedJob, RunningAttempt
+
+Peaks = tuple[GroupPeak, ...]  # one member shape's process peaks per group size
 
 
 @dataclass
@@ -20,6 +32,10 @@ class GroupOnCard:
     members: int = 0
     base_mib: int | None = None  # the base's resident memory in its process, when a member said
     cap: int = 1  # the cap its latest member was counted with
+    # its last process (the one a member joins): what it is counted at on the card (what its
+    # members were placed at, together) and each member's learned peaks per group size
+    counted_mib: int = 0
+    peaks: list[Peaks] = field(default_factory=list)
 
     def has_room(self, cap: int) -> bool:
         """A member can join a process of the group without starting another."""
@@ -30,11 +46,15 @@ class GroupOnCard:
         """How many more members its last process takes (at its cap)."""
         return (self.cap - self.members % self.cap) % self.cap if self.cap > 1 else 0
 
-    def add(self, cap: int, base_mib: int | None = None) -> bool:
-        """Count one more member; True when it opens a process (a plan slot)."""
+    def add(self, cap: int, placed_mib: int, peaks: Peaks = (), base_mib: int | None = None) -> bool:
+        """Count one more member, placed at `placed_mib`; True when it opens a process (a plan slot)."""
         opens = not self.has_room(cap)
+        if opens:
+            self.counted_mib, self.peaks = 0, []
         self.members += 1
         self.cap = cap
+        self.counted_mib += placed_mib
+        self.peaks.append(peaks)
         if base_mib:
             self.base_mib = max(self.base_mib or 0, base_mib)
         return opens
@@ -42,10 +62,12 @@ class GroupOnCard:
 
 def add_running(groups: dict[str, GroupOnCard], attempt: RunningAttempt) -> bool:
     """Count a running attempt into its card's groups; True when it takes a plan slot (any
-    attempt outside a fused group does)."""
+    attempt outside a fused group does). A member counts at what it was placed at (the
+    dispatcher hands a member's reservation as its prediction)."""
     if attempt.fuse_group is None:
         return True
-    return groups.setdefault(attempt.fuse_group, GroupOnCard()).add(attempt.fuse_cap, attempt.base_mib)
+    group = groups.setdefault(attempt.fuse_group, GroupOnCard())
+    return group.add(attempt.fuse_cap, attempt.predicted_peak_mib, attempt.group_peaks, attempt.base_mib)
 
 
 def group_room(groups: dict[str, GroupOnCard]) -> int:
@@ -61,17 +83,34 @@ def joining(job: QueuedJob, groups: dict[str, GroupOnCard]) -> GroupOnCard | Non
     return group if group is not None and group.has_room(job.fuse_cap) else None
 
 
+def process_peak(members: Sequence[Peaks], size: int) -> GroupPeak | None:
+    """A process's learned peak at `size` members from its members' records at that size: the
+    largest; measured only where every member's shape was measured there; None where no
+    member's shape has a record at that size."""
+    at = [next((p for p in peaks if p.members == size), None) for peaks in members]
+    known = [p for p in at if p is not None]
+    if not known:
+        return None
+    return GroupPeak(size, max(p.mib for p in known), all(p is not None and p.measured for p in at))
+
+
 def own_mib(job: QueuedJob, groups: dict[str, GroupOnCard]) -> int:
-    """What the job needs on the card: its prediction less the base where it joins a group
-    whose base's resident memory is known; its whole prediction otherwise."""
+    """What the job needs on the card: where it joins a group, the process's learned peak at its
+    new size less what the process is counted at (module docstring), else its prediction less
+    the base where the base's resident memory is known; its whole prediction otherwise."""
     group = joining(job, groups)
-    if group is None or not group.base_mib:
+    if group is None:
         return job.predicted_peak_mib
-    return max(0, job.predicted_peak_mib - group.base_mib)
+    split_mib = job.predicted_peak_mib if not group.base_mib else max(0, job.predicted_peak_mib - group.base_mib)
+    learned = process_peak([*group.peaks, job.group_peaks], len(group.peaks) + 1)
+    if learned is None:
+        return split_mib
+    by_record_mib = max(0, learned.mib - group.counted_mib)
+    return by_record_mib if learned.measured else max(split_mib, by_record_mib)
 
 
-def place_member(job: QueuedJob, groups: dict[str, GroupOnCard]) -> bool:
-    """Count a placed job into its group; True when it takes a plan slot."""
+def place_member(job: QueuedJob, groups: dict[str, GroupOnCard], placed_mib: int) -> bool:
+    """Count a job placed at `placed_mib` into its group; True when it takes a plan slot."""
     if job.fuse_group is None:
         return True
-    return groups.setdefault(job.fuse_group, GroupOnCard()).add(job.fuse_cap)
+    return groups.setdefault(job.fuse_group, GroupOnCard()).add(job.fuse_cap, placed_mib, job.group_peaks)

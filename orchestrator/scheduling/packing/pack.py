@@ -28,7 +28,7 @@ from orchestrator.scheduling.packing.cards import (
     place_on,
 )
 from orchestrator.scheduling.packing.fit_time import card_fits_at_s
-from orchestrator.scheduling.packing.fused import group_room
+from orchestrator.scheduling.packing.fused import group_room, own_mib
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
 from orchestrator.scheduling.packing.level_choice import (
@@ -145,8 +145,9 @@ def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None]
     short = [c for c in usable if blockers[c.gpu.index] is Blocker.MEMORY]
     if short:
         c = max(short, key=lambda c: c.available_mib - headroom_for(job, c))
+        # a fused member joining its group there needs its own part of the process's peak
         return Wait(WaitKind.MEMORY, gpu=c.gpu.index, free_mib=c.available_mib, reserved_mib=c.reserved_mib,
-                    need_mib=job.predicted_peak_mib, headroom_mib=headroom_for(job, c))
+                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_for(job, c))
     probing = [c for c in usable if blockers[c.gpu.index] is Blocker.PROBE]
     if probing:
         return Wait(WaitKind.PROBE, gpu=probing[0].gpu.index)
@@ -250,7 +251,8 @@ def _pack(
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
                  id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib,
-                 job.alternatives, job.fuse_group, job.fuse_cap)  # one curve object per shape and pass
+                 job.alternatives, job.fuse_group, job.fuse_cap,
+                 job.group_peaks)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestrator.prediction.fused_groups import GroupPeak
 from orchestrator.scheduling.packing.level_choice import LevelOption
 
 
@@ -51,6 +52,8 @@ class QueuedJob:
     # (orchestrator.scheduling.packing.fused)
     fuse_group: str | None = None
     fuse_cap: int = 1
+    # its shape's process peaks learned per group size (`|fused<k>` records); (): none learned
+    group_peaks: tuple[GroupPeak, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class RunningAttempt:
     fuse_group: str | None = None
     fuse_cap: int = 1
     base_mib: int | None = None
+    group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks per group size, as QueuedJob's
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,202 @@
+"""`share_base: fused` placement by the memory learned per group size: a fused process is placed
+by its members' `<shape>|fused<k>` records where they exist (the pure packer, then the daemon's
+pass over state.db), else as before (its base and its members' own needs)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from orchestrator.prediction.fused_groups import GroupPeak, group_shape_key, learned_group_peaks
+from orchestrator.scheduling.packing.fused import process_peak
+from orchestrator.scheduling.packing.pack import pack
+from orchestrator.scheduling.packing.types import PackingPolicy, QueuedJob, RunningAttempt
+from orchestrator.store.rows import ShapeMemory
+from tests.test_packing import GIB, NO_HEADROOM, gpu, job, placed
+
+GROUP = "g"
+
+
+def peaks(*at: tuple[int, float, bool]) -> tuple[GroupPeak, ...]:
+    """(members, GiB, measured) per group size."""
+    return tuple(GroupPeak(k, int(gib * GIB), measured) for k, gib, measured in at)
+
+
+def fused_job(job_id: int, need_gib: float, learned: tuple[GroupPeak, ...] = (), cap: int = 4) -> QueuedJob:
+    return job(job_id, need_gib, fuse_group=GROUP, fuse_cap=cap, group_peaks=learned)
+
+
+def member(job_id: int, placed_gib: float, learned: tuple[GroupPeak, ...] = (), base_gib: float | None = None,
+           cap: int = 4) -> RunningAttempt:
+    return RunningAttempt(job_id, 0, int(placed_gib * GIB), 0, True, fuse_group=GROUP, fuse_cap=cap,
+                          base_mib=None if base_gib is None else int(base_gib * GIB), group_peaks=learned)
+
+
+def reserved(decision: object) -> dict[int, int]:
+    return {p.job_id: p.reserved_mib for p in decision.placements}  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------ the records as process peaks
+
+
+def test_a_group_sizes_record_is_read_with_the_solo_paths_margin_and_floor() -> None:
+    shape = "h|m|t"
+    shapes = {
+        shape: ShapeMemory(5000, None, 1),  # its own record (alone in its process): never a group's
+        group_shape_key(shape, 2): ShapeMemory(8000, None, 1),
+        group_shape_key(shape, 3): ShapeMemory(None, 9000, 0),  # an OOM floor only
+        group_shape_key(shape, 4): ShapeMemory(10000, 12000, 4),  # measured, floor above it
+        group_shape_key("other|m|t", 2): ShapeMemory(1, None, 1),
+    }
+    assert learned_group_peaks(shape, shapes) == (
+        GroupPeak(2, 8400, True),  # 5 % over one measured peak
+        GroupPeak(3, 9450, False),  # the floor's margin: raises, never lowers
+        GroupPeak(4, 12300, False),  # 2.5 % over four; the floor outbids the peak
+    )
+    assert learned_group_peaks("nothing|m|t", shapes) == ()
+
+
+def test_the_process_peak_is_the_largest_members_record_measured_only_where_all_were() -> None:
+    a, b = peaks((2, 10, True), (3, 12, True)), peaks((2, 11, True))
+    assert process_peak([a, a], 2) == GroupPeak(2, 10 * GIB, True)
+    assert process_peak([a, b], 2) == GroupPeak(2, 11 * GIB, True)
+    assert process_peak([a, b, b], 3) == GroupPeak(3, 12 * GIB, False)  # b's shape has no record of 3
+    assert process_peak([b, b], 4) is None
+
+
+# ------------------------------------------------------------------ placement
+
+
+def test_a_group_that_fits_by_its_members_needs_waits_when_its_record_at_that_size_says_it_does_not() -> None:
+    # the base (8 GiB) is known: each joiner needs 10 - 8 = 2 GiB, 3 × 2 fit in the 7 GiB left
+    running = [member(9, 10, base_gib=8)]
+    card = [gpu(0, 24, free_gib=7, slots=1)]
+    queue = [fused_job(i, 10) for i in (1, 2, 3)]
+    assert placed(pack(queue, card, running, NO_HEADROOM, 0.0)) == {1: 0, 2: 0, 3: 0}
+    # measured: a process of this shape peaked at 19 GiB with 4 members, not 10 + 3 × 2 = 16
+    learned = peaks((4, 19, True))
+    queue = [fused_job(i, 10, learned) for i in (1, 2, 3)]
+    d = pack(queue, card, [member(9, 10, learned, base_gib=8)], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 2 * GIB, 2: 2 * GIB}  # sizes 2 and 3 have no record: as before
+    # the process at 4 members: 19 GiB less the 14 it is counted at; 3 are left
+    assert d.wait_reasons[3] == ("GPU 0: 3.0 GiB free (4.0 GiB reserved for ramping jobs), "
+                                 "needs 5.0 GiB + 0.0 GiB headroom")
+
+
+def test_a_group_that_does_not_fit_by_its_members_predictions_joins_where_its_record_says_it_fits() -> None:
+    # no base figure: each joiner is placed by its whole prediction, 10 GiB, and 7 are free
+    card = [gpu(0, 24, free_gib=7, slots=1)]
+    assert placed(pack([fused_job(1, 10)], card, [member(9, 10)], NO_HEADROOM, 0.0)) == {}
+    learned = peaks((2, 13, True), (3, 15.5, True))
+    d = pack([fused_job(i, 10, learned) for i in (1, 2)], card, [member(9, 10, learned)], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 3 * GIB, 2: int(2.5 * GIB)}  # 13 - 10, then 15.5 - 13
+
+
+def test_placed_in_one_pass_the_process_is_counted_at_its_record_at_each_size() -> None:
+    learned = peaks((2, 14, True), (3, 17, True), (4, 19, True))
+    d = pack([fused_job(i, 10, learned) for i in (1, 2, 3, 4)], [gpu(0, 24, slots=1)], [], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 10 * GIB, 2: 4 * GIB, 3: 3 * GIB, 4: 2 * GIB}  # 10, 14, 17, 19 in all
+    small = [gpu(0, 18, slots=1)]
+    assert placed(pack([fused_job(i, 10, learned) for i in (1, 2, 3, 4)], small, [], NO_HEADROOM, 0.0)) == {
+        1: 0, 2: 0, 3: 0}  # 17 GiB at three members; the fourth would make it 19
+
+
+def test_a_record_only_raises_while_not_every_members_shape_was_measured_at_that_size() -> None:
+    card = [gpu(0, 24, free_gib=7, slots=1)]
+    floor = peaks((2, 12, False))  # an OOM floor at two members: the whole prediction stays
+    assert placed(pack([fused_job(1, 10, floor)], card, [member(9, 10, floor)], NO_HEADROOM, 0.0)) == {}
+    raised = pack([fused_job(1, 10, peaks((2, 19, False)))], card, [member(9, 10, base_gib=8)], NO_HEADROOM, 0.0)
+    assert placed(raised) == {}  # 19 - 10 = 9 GiB, above the 2 of its own needs and the 7 free
+    # the joiner's shape was measured at two, the running member's was not: no lowering
+    measured = peaks((2, 13, True))
+    assert placed(pack([fused_job(1, 10, measured)], card, [member(9, 10)], NO_HEADROOM, 0.0)) == {}
+    d = pack([fused_job(1, 10, measured)], card, [member(9, 10, peaks((2, 12, True)))], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 3 * GIB}  # both measured: the larger record, 13 GiB
+
+
+def test_a_record_never_counts_where_the_job_opens_a_process() -> None:
+    learned = peaks((2, 4, True))  # smaller than the job alone: the group's, not the job's
+    full = [member(8, 10, learned, cap=2), member(9, 1, learned, cap=2)]  # one process at its cap
+    d = pack([fused_job(1, 10, learned, cap=2)], [gpu(0, 24, slots=2)], full, NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 10 * GIB}  # a new process: its whole prediction
+
+
+# ------------------------------------------------------------------ the daemon's pass
+
+
+def _fused_suite(plans: Path, declared_gib: int) -> None:
+    (plans / "configs" / "fz").mkdir(parents=True)
+    (plans / "suites").mkdir(parents=True)
+    (plans / "configs" / "fz" / "c1.yaml").write_text(yaml.safe_dump({"model": "tiny-llama", "batch_size": 2}))
+    (plans / "suites" / "fz.yaml").write_text(yaml.safe_dump({
+        "worker": "lora", "mem_gib": declared_gib, "configs": ["c1"], "share_base": "fused", "fused_members": 4}))
+
+
+def test_the_daemons_pass_places_a_group_by_its_learned_peak_per_group_size(tmp_path: Path) -> None:
+    from orchestrator.gpu.snapshot import GpuSnapshot
+    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.dispatch import DispatchContext, schedule
+    from orchestrator.scheduling.state import SchedulerState
+    from orchestrator.store import Store
+    from orchestrator.store.attempts import write_shape
+    from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+    from orchestrator.store.sweep_attempts import all_attempts
+    from tests.store_reads import read_jobs
+    from tests.test_scale import _Recorder
+
+    def run(learned: bool) -> list[tuple[int, int]]:
+        """Two passes over one 24 GiB card of one plan slot: one job queued, then three more;
+        (pass, reserved MiB) of each attempt started."""
+        root = tmp_path / ("learned" if learned else "not")
+        _fused_suite(root / "plans", declared_gib=10)
+        suite = load_suite("fz", root / "plans")
+        store = Store(root / "state.db")
+        set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
+        ctx = DispatchContext(root / "runs", PackingPolicy(order="fifo"), {})
+        state, card = SchedulerState(), (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=24 * GIB,
+                                                     used_mib=0, free_mib=24 * GIB, processes=()),)
+        started: list[tuple[int, int]] = []
+        for n, pairs in enumerate(("1:toy", "2:toy 3:toy 4:toy")):
+            submit_jobs(store, suite, expand_jobs(suite, parse_pairs(pairs), {}, None, 0), allowed_gpus=None,
+                        priority=0, force=False, dry_run=False)
+            if learned and n == 0:
+                [first] = read_jobs(store)
+                shape = job_shape_key(first, job_levels(first, JobShapeCache())[0])
+                for k, gib in ((2, 12), (3, 13.5)):  # seeds of one config: one shape, measured at 2 and 3
+                    write_shape(store, group_shape_key(shape, k), ShapeMemory(int(gib * GIB), None, 1))
+            seen = {a.id for a in all_attempts(store)}
+            schedule(store, card, _Recorder(), ctx, state, draining=False)
+            started += [(n, a.reserved_mib) for a in all_attempts(store) if a.id not in seen]
+        store.close()
+        return started
+
+    # declared 10 GiB each, no base figure: the second fits beside the first (10 + 10 + 2.4 GiB
+    # headroom), the third does not
+    assert run(learned=False) == [(0, 10 * GIB), (1, 10 * GIB)]
+    # learned: the process of the running member (its record read from state.db) and two joiners
+    # peaks at 12 × 1.05 and 13.5 × 1.05 GiB; a fourth member has no record (its whole 10 GiB)
+    at_2, at_3 = math.ceil(12 * GIB * 1.05), math.ceil(13.5 * GIB * 1.05)
+    assert run(learned=True) == [(0, 10 * GIB), (1, at_2 - 10 * GIB), (1, at_3 - at_2)]
+
+
+def test_orch_memory_names_a_group_sizes_record_and_its_size(tmp_path: Path) -> None:
+    from orchestrator.cli.memory import memory_snapshot, render
+    from orchestrator.prediction.fused_groups import split_group_key
+    from orchestrator.store import Store
+    from orchestrator.store.attempts import write_shape
+
+    shape = "0123456789abcdef|tiny-llama|toy"
+    assert split_group_key(group_shape_key(shape, 4)) == (shape, 4)
+    assert split_group_key(shape) == (shape, None)
+    assert split_group_key(f"{shape}|fused1") == (f"{shape}|fused1", None)  # no group of one is recorded
+    with Store(tmp_path / "state.db") as store:
+        write_shape(store, shape, ShapeMemory(5 * GIB, None, 1))
+        write_shape(store, group_shape_key(shape, 4), ShapeMemory(19 * GIB, None, 2))
+        entries, _ = memory_snapshot(store)
+    assert [(e["shape"], e["fused_members"]) for e in entries] == [(shape, None), (f"{shape}|fused4", 4)]
+    lines = render(entries).splitlines()
+    assert lines[1].startswith(f"{shape} ") and " 5.0 GiB " in lines[1]
+    assert lines[2].startswith(f"{shape}, fused ×4 ") and " 19.0 GiB " in lines[2]
