@@ -21,7 +21,9 @@
         st.xmin = u.posToVal(u.select.left, 'x'); st.xmax = u.posToVal(u.select.left + u.select.width, 'x');
       }],
       ready: [function(u){
-        u.over.addEventListener('dblclick', function(){ if (kept[key]) { delete kept[key].xmin; delete kept[key].xmax; } });
+        u.over.addEventListener('dblclick', function(){
+          if (kept[key]) { delete kept[key].xmin; delete kept[key].xmax; }
+        });
       }]
     };
   }
@@ -55,7 +57,9 @@
     box._observer.observe(box);
   }
   // 24-hour UTC times on the time axis; the date too when the chart spans more than a day
-  function timeFormat(span){ return span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}'; }
+  function timeFormat(span){
+    return span > 86400 ? '{MM}-{DD} {HH}:{mm}' : span > 600 ? '{HH}:{mm}' : '{HH}:{mm}:{ss}';
+  }
   function timeLabels(u, splits){
     var fmt = uPlot.fmtDate(timeFormat(u.scales.x.max - u.scales.x.min));
     return splits.map(function(v){ return fmt(utc(v)); });
@@ -75,7 +79,9 @@
     // each lower sum paints over the one above it
     var sums = [], acc = new Array(n).fill(0);
     bands.forEach(function(b){ acc = acc.map(function(a, i){ return a + b.mib[i]; }); sums.push(acc.slice()); });
-    var data = [spec.ts], series = [{label: 'time (UTC)', value: function(u, v){ return v == null ? '-' : uPlot.fmtDate('{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}')(utc(v)); }}];
+    var stamp = uPlot.fmtDate('{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}');
+    var data = [spec.ts];
+    var series = [{label: 'time (UTC)', value: function(u, v){ return v == null ? '-' : stamp(utc(v)); }}];
     for (var k = bands.length - 1; k >= 0; k--) {
       (function(k){
         var b = bands[k];
@@ -89,7 +95,8 @@
       width: width(box), height: 200, tzDate: utc, cursor: {drag: {x: true, y: false}},
       scales: {x: {time: true}, y: {range: [0, Math.max(spec.total_mib / MiB_PER_GiB, 0.001)]}},
       axes: [{label: 'time (UTC)', labelSize: 18, font: AXIS_FONT, values: timeLabels, space: timeSpace},
-             {label: 'GPU memory (GiB)', labelSize: 18, size: 56, font: AXIS_FONT, values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
+             {label: 'GPU memory (GiB)', labelSize: 18, size: 56, font: AXIS_FONT,
+              values: function(u, vals){ return vals.map(function(v){ return v + ' GiB'; }); }}],
       series: series,
       hooks: Object.assign(keepZoom(key), {
         draw: [noteAxes(box), function(u){
@@ -101,7 +108,8 @@
             ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
             ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
             ctx.setLineDash([]); var s = 6 * devicePixelRatio;
-            ctx.beginPath(); ctx.moveTo(x - s, u.bbox.top); ctx.lineTo(x + s, u.bbox.top); ctx.lineTo(x, u.bbox.top + 1.6 * s); ctx.closePath(); ctx.fill();
+            ctx.beginPath(); ctx.moveTo(x - s, u.bbox.top); ctx.lineTo(x + s, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + 1.6 * s); ctx.closePath(); ctx.fill();
           });
           ctx.restore();
         }]
@@ -143,7 +151,8 @@
     marks.forEach(function(m){
       var x = u.valToPos(m.step, 'x', true);
       if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
-      ctx.strokeStyle = m.colour; ctx.lineWidth = 1 * devicePixelRatio; ctx.setLineDash([3 * devicePixelRatio, 3 * devicePixelRatio]);
+      ctx.strokeStyle = m.colour; ctx.lineWidth = 1 * devicePixelRatio;
+      ctx.setLineDash([3 * devicePixelRatio, 3 * devicePixelRatio]);
       ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
       ctx.setLineDash([]); ctx.fillStyle = m.colour; ctx.font = (10 * devicePixelRatio) + 'px sans-serif';
       ctx.fillText('resumed', x + 3 * devicePixelRatio, u.bbox.top + 10 * devicePixelRatio);
@@ -174,24 +183,37 @@
   function curves(box, spec){
     var key = spec.key || 'curves', st = kept[key] = kept[key] || {};
     var metrics = spec.metrics || [];
-    if (st.metric === undefined || metrics.indexOf(st.metric) < 0) st.metric = metrics.indexOf(spec.metric) >= 0 ? spec.metric : metrics[0];
+    if (st.metric === undefined || metrics.indexOf(st.metric) < 0) {
+      st.metric = metrics.indexOf(spec.metric) >= 0 ? spec.metric : metrics[0];
+    }
     if (st.smooth === undefined) st.smooth = spec.smooth || 0;
     if (st.log === undefined) st.log = !!spec.log;
     if (st.band === undefined) st.band = !!spec.band;
     var controls = box.querySelector('.controls'), plot = box.querySelector('.plot'), note = box.querySelector('.note');
     controls.textContent = '';
-    if (!metrics.length) { plot.textContent = ''; note.textContent = spec.empty || 'no curve reported yet'; box.dataset.drawn = 'yes'; return; }
+    if (!metrics.length) {
+      plot.textContent = ''; note.textContent = spec.empty || 'no curve reported yet'; box.dataset.drawn = 'yes';
+      return;
+    }
     var pick = el('select', {'class': 'metric', 'aria-label': 'metric'});
-    metrics.forEach(function(m){ var o = el('option', {value: m}, m); if (m === st.metric) o.selected = true; pick.appendChild(o); });
-    var sm = el('input', {type: 'range', min: '0', max: '0.99', step: '0.01', value: String(st.smooth), 'class': 'smooth', 'aria-label': 'smoothing'});
+    metrics.forEach(function(m){
+      var o = el('option', {value: m}, m); if (m === st.metric) o.selected = true; pick.appendChild(o);
+    });
+    var sm = el('input', {type: 'range', min: '0', max: '0.99', step: '0.01', value: String(st.smooth),
+                          'class': 'smooth', 'aria-label': 'smoothing'});
     var smv = el('span', {'class': 'muted'}, String(st.smooth));
     var lg = el('input', {type: 'checkbox', 'class': 'log'}); lg.checked = st.log;
-    var lbl = function(text, input){ var l = el('label'); l.appendChild(document.createTextNode(text + ' ')); l.appendChild(input); return l; };
+    var lbl = function(text, input){
+      var l = el('label'); l.appendChild(document.createTextNode(text + ' ')); l.appendChild(input); return l;
+    };
     controls.appendChild(lbl('metric', pick));
     var sl = lbl('smoothing', sm); sl.appendChild(smv); controls.appendChild(sl);
     controls.appendChild(lbl('log scale', lg));
     var bd = null;
-    if (spec.bands) { bd = el('input', {type: 'checkbox', 'class': 'band'}); bd.checked = st.band; controls.appendChild(lbl('seeds of a config as a band', bd)); }
+    if (spec.bands) {
+      bd = el('input', {type: 'checkbox', 'class': 'band'}); bd.checked = st.band;
+      controls.appendChild(lbl('seeds of a config as a band', bd));
+    }
     var u = null;
     st.hidden = st.hidden || {};
     // the legend: a compact table, a row per run with a toggle, its colour and its columns
@@ -209,10 +231,15 @@
       spec.runs.forEach(function(r){
         var tr = el('tr', {'data-run': r.key, 'class': (st.hidden[r.key] ? 'off' : '') + (r.pruned ? ' pruned' : '')});
         if (r.pruned) tr.title = r.pruned.why;
-        var cb = el('input', {type: 'checkbox', 'class': 'toggle', 'aria-label': r.label}); cb.checked = !st.hidden[r.key];
-        cb.addEventListener('change', function(){ if (cb.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true; legend(); draw(); });
+        var cb = el('input', {type: 'checkbox', 'class': 'toggle', 'aria-label': r.label});
+        cb.checked = !st.hidden[r.key];
+        cb.addEventListener('change', function(){
+          if (cb.checked) delete st.hidden[r.key]; else st.hidden[r.key] = true;
+          legend(); draw();
+        });
         var td0 = el('td'); td0.appendChild(cb); tr.appendChild(td0);
-        var sw = el('td'), i = el('i', {'class': 'swatch', style: 'background:' + r.colour}); sw.appendChild(i); tr.appendChild(sw);
+        var sw = el('td'), i = el('i', {'class': 'swatch', style: 'background:' + r.colour});
+        sw.appendChild(i); tr.appendChild(sw);
         (cols.length ? r.cells : [r.label]).forEach(function(v, k){
           var td = el('td');
           if (k === 0 && r.href) { var a = el('a', {href: r.href}, v); td.appendChild(a); } else td.textContent = v;
@@ -234,9 +261,10 @@
           var lo = smooth(b.lo, st.smooth), hi = smooth(b.hi, st.smooth), mean = smooth(b.mean, st.smooth);
           var base = lines.length + 1;
           lines.push({steps: b.steps, values: hi}, {steps: b.steps, values: lo}, {steps: b.steps, values: mean});
-          series.push({label: b.label + ' max', stroke: b.colour, width: 0.5, alpha: 0.6, points: {show: false}, spanGaps: true},
-                      {label: b.label + ' min', stroke: b.colour, width: 0.5, alpha: 0.6, points: {show: false}, spanGaps: true},
-                      {label: b.label + ' mean (n=' + b.n + ' seeds)', stroke: b.colour, width: 2, points: {show: false}, spanGaps: true});
+          var edge = {stroke: b.colour, width: 0.5, alpha: 0.6, points: {show: false}, spanGaps: true};
+          series.push(Object.assign({label: b.label + ' max'}, edge), Object.assign({label: b.label + ' min'}, edge),
+                      {label: b.label + ' mean (n=' + b.n + ' seeds)', stroke: b.colour, width: 2,
+                       points: {show: false}, spanGaps: true});
           bandsOpt.push({series: [base, base + 1], fill: b.colour + '33'});
         });
       } else {
@@ -246,7 +274,8 @@
           var c = r.curves[st.metric]; if (!c) { without.push(r.label); return; }
           var ys = smooth(c[1], st.smooth);
           lines.push({steps: c[0], values: ys});
-          series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined, points: {show: false}, spanGaps: true});
+          series.push({label: r.label, stroke: r.colour, width: 1.6, dash: r.dash || undefined,
+                       points: {show: false}, spanGaps: true});
           (r.marks || []).forEach(function(m){ marks.push({step: m, colour: r.colour}); });
           for (var i = ys.length - 1; r.pruned && i >= 0; i--) {
             if (ys[i] != null) {
@@ -265,7 +294,8 @@
       var opts = {
         width: width(box), height: 260, cursor: {drag: {x: true, y: false}},
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
-        axes: [{label: 'step', labelSize: 18}, {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
+        axes: [{label: 'step', labelSize: 18},
+               {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
         legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
         hooks: Object.assign(keepZoom(key), {
           draw: [noteAxes(box), function(u){ resumeMarks(u, marks); prunedMarks(u, pruned); }]
@@ -273,11 +303,14 @@
       };
       u = box._plot = new uPlot(opts, data, plot);
       restoreZoom(u, key, box);
-      box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1); box.dataset.marks = String(marks.length);
+      box.dataset.drawn = 'yes'; box.dataset.series = String(series.length - 1);
+      box.dataset.marks = String(marks.length);
       box.dataset.pruned = String(pruned.length);
       box.dataset.metric = st.metric; box.dataset.log = st.log && !bad ? 'yes' : 'no';
     }
-    pick.addEventListener('change', function(){ st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); linkMetric(key, st.metric); });
+    pick.addEventListener('change', function(){
+      st.metric = pick.value; delete st.xmin; delete st.xmax; draw(); linkMetric(key, st.metric);
+    });
     sm.addEventListener('input', function(){ st.smooth = +sm.value; smv.textContent = sm.value; draw(); });
     lg.addEventListener('change', function(){ st.log = lg.checked; draw(); });
     if (bd) bd.addEventListener('change', function(){ st.band = bd.checked; draw(); });

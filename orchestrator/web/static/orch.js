@@ -1,6 +1,8 @@
 (function(){
   var q = new URLSearchParams(location.search), token = q.get('token');
-  try { if (token) sessionStorage.setItem('orch-token', token); else token = sessionStorage.getItem('orch-token'); } catch (e) {}
+  try {
+    if (token) sessionStorage.setItem('orch-token', token); else token = sessionStorage.getItem('orch-token');
+  } catch (e) {}
   if (q.has('token')) {  // kept for this tab; out of the address bar, history and shared links
     q.delete('token'); var rest = q.toString();
     history.replaceState(null, '', location.pathname + (rest ? '?' + rest : ''));
@@ -43,8 +45,13 @@
     busy = true;
     fetch(live.dataset.fragment, {cache: 'no-store'}).then(function(r){ return r.ok ? r.text() : null; })
       .then(function(html){
-        if (html !== null && !picking) { var kept = logPlaces(live); if (window.orchChartsDestroy) window.orchChartsDestroy(live); live.innerHTML = html; logsAtEnd(live, kept); applySort(); if (window.orchCharts) window.orchCharts(live);
-          document.body.dataset.refreshes = String(1 + +(document.body.dataset.refreshes || 0)); }
+        if (html !== null && !picking) {
+          var kept = logPlaces(live);
+          if (window.orchChartsDestroy) window.orchChartsDestroy(live);
+          live.innerHTML = html; logsAtEnd(live, kept); applySort();
+          if (window.orchCharts) window.orchCharts(live);
+          document.body.dataset.refreshes = String(1 + +(document.body.dataset.refreshes || 0));
+        }
       }).catch(function(){}).then(function(){ busy = false; if (again) { again = false; refresh(); } });
   }
   if (live && live.dataset.fragment && window.EventSource) {
@@ -84,7 +91,8 @@
     if (!drag || !sel) return;
     var r = drag.rect;
     sel.style.display = 'block'; sel.style.left = Math.min(drag.x, ev.clientX) + 'px';
-    sel.style.width = Math.abs(ev.clientX - drag.x) + 'px'; sel.style.top = r.top + 'px'; sel.style.height = r.height + 'px';
+    sel.style.width = Math.abs(ev.clientX - drag.x) + 'px';
+    sel.style.top = r.top + 'px'; sel.style.height = r.height + 'px';
   });
   document.addEventListener('mouseup', function(ev){
     if (!drag) return;
