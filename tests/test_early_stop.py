@@ -236,11 +236,12 @@ def test_a_leader_at_a_later_rung_is_never_stopped_for_an_earlier_one() -> None:
 
 
 def test_the_benchmark_explains_each_seed_and_counts_ties(capsys: pytest.CaptureFixture[str]) -> None:
-    from benchmarks import early_stop_sim
+    from benchmarks import curve_family, early_stop_sim
 
-    assert early_stop_sim.main(["--seeds", "2", "--no-search", "--explain", "--smooth-evals", "3"]) == 0
+    argv = ["--curves", "parametric", "--seeds", "2", "--no-search", "--explain", "--smooth-evals", "3"]
+    assert early_stop_sim.main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("  grid best lr=") == 2 and "true rank" in printed and "rung 0: " in printed
-    assert "smooth_evals 3" in printed and "tied with the grid best" in printed
-    assert early_stop_sim.true_best() == "lr=0.000251 r=16"  # 0.00002 above lr=0.000158 r=16: a tie
-    assert early_stop_sim.mean_se() == pytest.approx(0.005 / 3**0.5)
+    assert "smooth_evals 3" in printed and "tied with the grid best" in printed and "parametric curves" in printed
+    assert curve_family.true_best() == "lr=0.000251 r=16"  # 0.00002 above lr=0.000158 r=16: a tie
+    assert curve_family.mean_se() == pytest.approx(0.005 / 3**0.5)
