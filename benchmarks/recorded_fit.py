@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     print("fitted: " + ", ".join(f"{n} {v:.4g}" for n, v in zip(NAMES, params, strict=True)))
     print(f"  lr_best {10 ** params[2]:.3g}; residual rms {rms_all:.4f} over every evaluation, {rms_finals:.4f} "
           f"over the finals")  # fmt: skip
-    print(f"seed sd of a final within a setting (pooled): {recorded.seed_sd():.4f}")
+    print(
+        f"seed sd of a final within a setting (pooled over the top quarter of the settings): {recorded.seed_sd():.4f}"
+    )
     first = recorded.steps // 10  # the benchmark's default min_steps; its rungs at factors 2 and 3
     for step in sorted({first * 2**k for k in range(4)} | {first * 3**k for k in range(3)}):
         if step <= recorded.steps and step % recorded.eval_every == 0:

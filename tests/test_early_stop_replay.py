@@ -1,0 +1,75 @@
+"""The early-stopping benchmark's replay of recorded learning curves (benchmarks/recorded_curves.py,
+benchmarks/early_stop_sim.py `--curves recorded`): the committed recording is a whole grid, each
+benchmark seed draws its 3 seeds per setting reproducibly, and a damaged recording is refused."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks.recorded_curves import RECORDED, RecordingError, load
+
+
+def test_the_committed_recording_is_a_whole_grid_of_histories() -> None:
+    recorded = load(RECORDED)
+    assert len(recorded.learning_rates) == 11 and recorded.ranks == [4, 8, 16, 32]
+    assert len(recorded.curves) == 44 and recorded.seeds() >= 6
+    assert recorded.steps // recorded.eval_every >= 20  # at least 20 evaluations per run
+    finals = sorted(recorded.true_final(s) for s in recorded.curves)
+    # learnable, not saturated: the settings' finals are graded, none at 1.0
+    assert finals[-1] < 0.95 and finals[-1] - finals[0] > 0.1 and len(set(finals)) > 30
+
+
+def test_a_benchmark_seed_draws_the_same_seeds_and_queue_every_time() -> None:
+    recorded = load(RECORDED)
+    first = recorded.draw(random.Random(7), shuffled=True)
+    again = recorded.draw(random.Random(7), shuffled=True)
+    other = recorded.draw(random.Random(8), shuffled=True)
+    assert [(d.setting, d.curve) for d in first] == [(d.setting, d.curve) for d in again]
+    assert [(d.setting, d.curve) for d in first] != [(d.setting, d.curve) for d in other]
+    assert len(first) == 132
+    settings = [d.setting for d in first]
+    assert settings[::3] != list(recorded.curves)  # shuffled, setting by setting
+    for index in range(0, 132, 3):
+        group = first[index : index + 3]
+        assert len({d.setting for d in group}) == 1
+        recorded_seeds = recorded.curves[group[0].setting]
+        drawn = [recorded_seeds.index(d.curve) for d in group]
+        assert len(set(drawn)) == 3  # without replacement
+    assert [d.setting for d in recorded.draw(random.Random(7), shuffled=False)][::3] == list(
+        recorded.curves
+    )
+
+
+def test_the_replay_runs_through_the_decision_core(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import early_stop_sim
+
+    assert early_stop_sim.main(["--seeds", "1", "--no-search", "--explain", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (
+        summary["curves"] == "recorded" and summary["min_steps"] == 48 and summary["steps"] == 480
+    )
+    assert 0 < summary["early_stop_gpu_hours_mean"] < summary["full_grid_gpu_hours"] == 132
+
+
+def test_a_damaged_recording_is_refused(tmp_path: Path) -> None:
+    document = json.loads(RECORDED.read_text(encoding="utf-8"))
+    document["runs"][5]["val"] = document["runs"][5]["val"][:-1]  # a history cut short
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(RecordingError, match="not evaluated every"):
+        load(path)
+    document = json.loads(RECORDED.read_text(encoding="utf-8"))
+    document["runs"] = [run for run in document["runs"] if run["seed"] > 5]
+    path.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(RecordingError, match="fewer than 3 seeds"):
+        load(path)
+    path.write_text(
+        json.dumps({"steps": 480, "eval_every_steps": 16, "learning_rates": ["x"]}),
+        encoding="utf-8",
+    )
+    with pytest.raises(RecordingError, match="not a recording"):
+        load(path)
