@@ -17,6 +17,8 @@ learning rate (too small: still near the majority class after the run; too large
 
     python -m benchmarks.lr_grid_record [--seeds 1-6] [--steps 480] [--eval-every 16]
                                         [--out benchmarks/results/lr_grid_curves.json]
+    (the committed file: `--seeds 1-3 --out A.json` and `--seeds 4-6 --out B.json` at once, each
+    under `nice`, then the merge below)
     python -m benchmarks.lr_grid_record --merge A.json B.json --out C.json  # seeds recorded apart
     python -m benchmarks.lr_grid_record --probe   # one run per learning rate at rank 8: the step time
 """
@@ -107,14 +109,27 @@ def run_config(
     }  # fmt: skip
 
 
+def shared_config(steps: int, eval_every: int) -> dict[str, Any]:
+    """What every run's config holds; what each run sets is written as `per run`."""
+    config = run_config(Path("DATA"), 0.0, 0, 0, steps, eval_every)
+    config["peft"] |= {"r": "per run", "lora_alpha": "2 r"}
+    return config | {"data_dir": "the task's folder", "learning_rate": "per run", "seed": "per run"}
+
+
 def val_history(progress: Path) -> list[list[float]]:
     """[[step, val accuracy], ...] from the worker's progress.jsonl (lines without val skipped)."""
     points = []
-    for line in progress.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        val = record.get("val")
-        if isinstance(val, dict) and isinstance(val.get("accuracy"), (int, float)):
-            points.append([int(record["step"]), round(float(val["accuracy"]), 5)])
+    for line in progress.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill or a full disk
+        val = record.get("val") if isinstance(record, dict) else None
+        if not isinstance(val, dict):
+            continue
+        step, accuracy = record.get("step"), val.get("accuracy")
+        if isinstance(step, int) and isinstance(accuracy, (int, float)):
+            points.append([step, round(float(accuracy), 5)])
     return points
 
 
@@ -197,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "val accuracy histories of the LoRA worker's tiny Llama (CPU, fp32, one thread) on the "
         "`cues` task of benchmarks/lr_grid_record.py, one run per (lr, r, seed)",
         "task": {"name": args.task, "n_train_rows": args.n_train, "n_dev_rows": args.n_dev, "label_noise": args.noise},
-        "config": run_config(Path("DATA"), 0.0, 0, 0, args.steps, args.eval_every) | {"data_dir": None},
+        "config": shared_config(args.steps, args.eval_every),
         "learning_rates": rates, "ranks": RANKS, "seeds": seeds,
         "steps": args.steps, "eval_every_steps": args.eval_every,
         "wall_seconds": [round(elapsed_s)], "load_average_end": [[round(x, 2) for x in load]],
