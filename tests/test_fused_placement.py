@@ -224,6 +224,12 @@ def test_orch_memory_names_a_group_sizes_record_and_its_size(tmp_path: Path) -> 
     assert split_group_key(group_shape_key(shape, 4)) == (shape, 4)
     assert split_group_key(shape) == (shape, None)
     assert split_group_key(f"{shape}|fused1") == (f"{shape}|fused1", None)  # no group of one is recorded
+    # a shape whose task is named like a group size is a shape of its own; sizes as the daemon
+    # writes them only (the keys come back from the store)
+    for own in ("0123456789abcdef|tiny-llama|fused4", f"{shape}|fused04", f"{shape}|fused\u0664",
+                f"{shape}|fused\u00b2", f"{shape}|fused17"):
+        assert split_group_key(own) == (own, None)
+    assert split_group_key("0123456789abcdef|tiny-llama|fused4|fused2") == ("0123456789abcdef|tiny-llama|fused4", 2)
     with Store(tmp_path / "state.db") as store:
         write_shape(store, shape, ShapeMemory(5 * GIB, None, 1))
         write_shape(store, group_shape_key(shape, 4), ShapeMemory(19 * GIB, None, 2))
