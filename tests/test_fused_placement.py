@@ -149,8 +149,10 @@ def test_a_joiner_leaves_no_room_another_job_would_take_from_the_process() -> No
 
 
 def test_a_record_never_counts_where_the_job_opens_a_process() -> None:
-    learned = peaks((2, 4, True))  # smaller than the job alone: the group's, not the job's
-    full = [member(8, 10, learned, cap=2), member(9, 1, learned, cap=2)]  # one process at its cap
+    learned = peaks((2, 4, True), (3, 12, True))  # smaller than the job alone: the group's, not the job's
+    # one process at its cap (it holds 11 GiB; its base is 8): joined, the job would take 12 - 11 = 1
+    # GiB by its record at three, or 10 - 8 = 2 by its own needs
+    full = [member(8, 10, learned, base_gib=8, cap=2, process_gib=11), member(9, 1, learned, cap=2, process_gib=11)]
     d = pack([fused_job(1, 10, learned, cap=2)], [gpu(0, 24, slots=2)], full, NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 10 * GIB}  # a new process: its whole prediction
 
