@@ -137,6 +137,15 @@ def test_a_joiner_is_placed_against_what_the_card_counts_of_the_process_not_its_
     assert reserved(pack(joiner, [gpu(0, 24, slots=1)], ramping, NO_HEADROOM, 0.0)) == {1: 0}
 
 
+def test_a_process_is_never_counted_above_what_its_members_were_placed_at() -> None:
+    # the reading says 17 GiB (a process of more members than the one counted here, or one above
+    # its prediction): the joiner is placed against the 10 its member was placed at, not 17
+    learned = peaks((2, 14, True))
+    d = pack([fused_job(1, 10, learned)], [gpu(0, 40, slots=1)], [member(9, 10, learned, process_gib=17)],
+             NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 4 * GIB}
+
+
 def test_a_joiner_leaves_no_room_another_job_would_take_from_the_process() -> None:
     # 13 GiB free; the process holds 10 and is measured at 14 with two members: a joiner takes 4,
     # and a 10 GiB job of another suite no longer fits beside it (the card would need 14)
