@@ -14,11 +14,11 @@ placed in this call). What it holds is the snapshot's reading of its process whe
 share.json names it; else, once a member has stepped (the card then counts it by what it holds,
 not by its placement), the base's resident memory, the least the process can hold; else nothing.
 A job joining it so that it has k members is placed for the process's learned peak at k less
-that count, so the card counts the process at that peak at least. The
-peak at k is the largest of the members' shapes' records at k (the joiner's included: any of them
-may be the shape whose group needed the most). It replaces the figure above only when every
-member's shape was measured at k (a measured peak overrides a declared one on the solo path too);
-an OOM floor at k, or a record of some members' shapes only, may only raise it.
+that count, so the card counts the process at that peak at least. The peak at k is the largest
+of the members' shapes' records at k (the joiner's included: any of them may be the shape whose
+group needed the most). It replaces the figure above only when every member's shape was measured
+at k (a measured peak overrides a declared one on the solo path too); an OOM floor at k, or a
+record of some members' shapes only, may only raise it.
 """
 
 from __future__ import annotations
