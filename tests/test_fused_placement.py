@@ -29,9 +29,12 @@ def fused_job(job_id: int, need_gib: float, learned: tuple[GroupPeak, ...] = (),
 
 
 def member(job_id: int, placed_gib: float, learned: tuple[GroupPeak, ...] = (), base_gib: float | None = None,
-           cap: int = 4) -> RunningAttempt:
-    return RunningAttempt(job_id, 0, int(placed_gib * GIB), 0, True, fuse_group=GROUP, fuse_cap=cap,
-                          base_mib=None if base_gib is None else int(base_gib * GIB), group_peaks=learned)
+           cap: int = 4, process_gib: float | None = None, stepped: bool = True) -> RunningAttempt:
+    """A running member placed at `placed_gib`; `process_gib`: what its warm process holds on the
+    card as the snapshot read it; `stepped`: it reached its peak (the card reserves nothing more)."""
+    return RunningAttempt(job_id, 0, int(placed_gib * GIB), 0, stepped, fuse_group=GROUP, fuse_cap=cap,
+                          base_mib=None if base_gib is None else int(base_gib * GIB), group_peaks=learned,
+                          process_mib=None if process_gib is None else int(process_gib * GIB))
 
 
 def reserved(decision: object) -> dict[int, int]:
@@ -78,9 +81,10 @@ def test_a_group_that_fits_by_its_members_needs_waits_when_its_record_at_that_si
     # measured: a process of this shape peaked at 19 GiB with 4 members, not 10 + 3 × 2 = 16
     learned = peaks((4, 19, True))
     queue = [fused_job(i, 10, learned) for i in (1, 2, 3)]
-    d = pack(queue, card, [member(9, 10, learned, base_gib=8)], NO_HEADROOM, 0.0)
+    d = pack(queue, card, [member(9, 10, learned, base_gib=8, process_gib=10)], NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 2 * GIB, 2: 2 * GIB}  # sizes 2 and 3 have no record: as before
-    # the process at 4 members: 19 GiB less the 14 it is counted at; 3 are left
+    # the process at 4 members: 19 GiB less the 14 it is counted at (the 10 it holds, 2 × 2
+    # reserved); 3 are left
     assert d.wait_reasons[3] == ("GPU 0: 3.0 GiB free (4.0 GiB reserved for ramping jobs), "
                                  "needs 5.0 GiB + 0.0 GiB headroom")
 
@@ -90,7 +94,8 @@ def test_a_group_that_does_not_fit_by_its_members_predictions_joins_where_its_re
     card = [gpu(0, 24, free_gib=7, slots=1)]
     assert placed(pack([fused_job(1, 10)], card, [member(9, 10)], NO_HEADROOM, 0.0)) == {}
     learned = peaks((2, 13, True), (3, 15.5, True))
-    d = pack([fused_job(i, 10, learned) for i in (1, 2)], card, [member(9, 10, learned)], NO_HEADROOM, 0.0)
+    running = [member(9, 10, learned, process_gib=10)]  # its process holds 10 GiB
+    d = pack([fused_job(i, 10, learned) for i in (1, 2)], card, running, NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 3 * GIB, 2: int(2.5 * GIB)}  # 13 - 10, then 15.5 - 13
 
 
@@ -112,13 +117,51 @@ def test_a_record_only_raises_while_not_every_members_shape_was_measured_at_that
     # the joiner's shape was measured at two, the running member's was not: no lowering
     measured = peaks((2, 13, True))
     assert placed(pack([fused_job(1, 10, measured)], card, [member(9, 10)], NO_HEADROOM, 0.0)) == {}
-    d = pack([fused_job(1, 10, measured)], card, [member(9, 10, peaks((2, 12, True)))], NO_HEADROOM, 0.0)
-    assert reserved(d) == {1: 3 * GIB}  # both measured: the larger record, 13 GiB
+    d = pack([fused_job(1, 10, measured)], card, [member(9, 10, peaks((2, 12, True)), process_gib=10)],
+             NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 3 * GIB}  # both measured: the larger record, 13 GiB, less the 10 held
+
+
+def test_a_joiner_is_placed_against_what_the_card_counts_of_the_process_not_its_placement() -> None:
+    # placed at a declared 20 GiB, the process holds 10 once it stepped: the card counts it at 10,
+    # so a joiner brings it to its measured peak at two members, 14, by 4 (not 14 - 20 -> 0)
+    learned = peaks((2, 14, True))
+    card = [gpu(0, 24, free_gib=14, slots=1)]
+    joiner = [fused_job(1, 20, learned)]
+    assert reserved(pack(joiner, card, [member(9, 20, learned, process_gib=10)], NO_HEADROOM, 0.0)) == {1: 4 * GIB}
+    # no reading: the base it reported is the least the process holds; neither: nothing
+    assert reserved(pack(joiner, card, [member(9, 20, learned, base_gib=8)], NO_HEADROOM, 0.0)) == {1: 6 * GIB}
+    assert reserved(pack(joiner, card, [member(9, 20, learned)], NO_HEADROOM, 0.0)) == {1: 14 * GIB}
+    # still ramping up, the card reserves its placement: that is what it counts
+    ramping = [member(9, 20, learned, stepped=False)]
+    assert reserved(pack(joiner, [gpu(0, 24, slots=1)], ramping, NO_HEADROOM, 0.0)) == {1: 0}
+
+
+def test_a_process_is_never_counted_above_what_its_members_were_placed_at() -> None:
+    # the reading says 17 GiB (a process of more members than the one counted here, or one above
+    # its prediction): the joiner is placed against the 10 its member was placed at, not 17
+    learned = peaks((2, 14, True))
+    d = pack([fused_job(1, 10, learned)], [gpu(0, 40, slots=1)], [member(9, 10, learned, process_gib=17)],
+             NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 4 * GIB}
+
+
+def test_a_joiner_leaves_no_room_another_job_would_take_from_the_process() -> None:
+    # 13 GiB free; the process holds 10 and is measured at 14 with two members: a joiner takes 4,
+    # and a 10 GiB job of another suite no longer fits beside it (the card would need 14)
+    learned = peaks((2, 14, True))
+    queue = [fused_job(1, 20, learned), job(2, 10)]
+    d = pack(queue, [gpu(0, 24, free_gib=13, slots=2)], [member(9, 20, learned, process_gib=10)],
+             NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 4 * GIB}
+    assert d.wait_reasons[2].startswith("GPU 0: 9.0 GiB free (4.0 GiB reserved for ramping jobs), needs 10.0 GiB")
 
 
 def test_a_record_never_counts_where_the_job_opens_a_process() -> None:
-    learned = peaks((2, 4, True))  # smaller than the job alone: the group's, not the job's
-    full = [member(8, 10, learned, cap=2), member(9, 1, learned, cap=2)]  # one process at its cap
+    learned = peaks((2, 4, True), (3, 12, True))  # smaller than the job alone: the group's, not the job's
+    # one process at its cap (it holds 11 GiB; its base is 8): joined, the job would take 12 - 11 = 1
+    # GiB by its record at three, or 10 - 8 = 2 by its own needs
+    full = [member(8, 10, learned, base_gib=8, cap=2, process_gib=11), member(9, 1, learned, cap=2, process_gib=11)]
     d = pack([fused_job(1, 10, learned, cap=2)], [gpu(0, 24, slots=2)], full, NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 10 * GIB}  # a new process: its whole prediction
 
@@ -192,6 +235,12 @@ def test_orch_memory_names_a_group_sizes_record_and_its_size(tmp_path: Path) -> 
     assert split_group_key(group_shape_key(shape, 4)) == (shape, 4)
     assert split_group_key(shape) == (shape, None)
     assert split_group_key(f"{shape}|fused1") == (f"{shape}|fused1", None)  # no group of one is recorded
+    # a shape whose task is named like a group size is a shape of its own; sizes as the daemon
+    # writes them only (the keys come back from the store)
+    for own in ("0123456789abcdef|tiny-llama|fused4", f"{shape}|fused04", f"{shape}|fused\u0664",
+                f"{shape}|fused\u00b2", f"{shape}|fused17"):
+        assert split_group_key(own) == (own, None)
+    assert split_group_key("0123456789abcdef|tiny-llama|fused4|fused2") == ("0123456789abcdef|tiny-llama|fused4", 2)
     with Store(tmp_path / "state.db") as store:
         write_shape(store, shape, ShapeMemory(5 * GIB, None, 1))
         write_shape(store, group_shape_key(shape, 4), ShapeMemory(19 * GIB, None, 2))
@@ -200,3 +249,56 @@ def test_orch_memory_names_a_group_sizes_record_and_its_size(tmp_path: Path) -> 
     lines = render(entries).splitlines()
     assert lines[1].startswith(f"{shape} ") and " 5.0 GiB " in lines[1]
     assert lines[2].startswith(f"{shape}, fused ×4 ") and " 19.0 GiB " in lines[2]
+
+
+def test_the_daemons_pass_counts_a_stepped_process_at_what_its_card_shows_it_holds(tmp_path: Path) -> None:
+    from orchestrator.attempts.share_record import ShareRecord
+    from orchestrator.gpu.snapshot import GpuSnapshot, ProcessMemory
+    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.dispatch import DispatchContext, schedule
+    from orchestrator.scheduling.state import SchedulerState
+    from orchestrator.store import Store
+    from orchestrator.store.attempts import update_attempt, write_shape
+    from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+    from orchestrator.store.sweep_attempts import all_attempts
+    from tests.store_reads import read_jobs
+    from tests.test_scale import _Recorder
+
+    pid = 4242
+
+    def joiner_reserves(process_seen: bool) -> list[int]:
+        """The first member, placed at its declared 20 GiB, stepped in a warm process of pid 4242
+        that holds 10 GiB (its share.json: base 8 GiB); the MiB a second job reserves to join it."""
+        root = tmp_path / ("seen" if process_seen else "unseen")
+        _fused_suite(root / "plans", declared_gib=20)
+        suite = load_suite("fz", root / "plans")
+        store = Store(root / "state.db")
+        set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
+        ctx = DispatchContext(root / "runs", PackingPolicy(order="fifo"), {})
+        state = SchedulerState()
+        processes = (ProcessMemory(pid, 10 * GIB),) if process_seen else ()
+        card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=40 * GIB, used_mib=10 * GIB,
+                            free_mib=30 * GIB, processes=processes),)
+        reserves: list[int] = []
+        for n, pairs in enumerate(("1:toy", "2:toy")):
+            submit_jobs(store, suite, expand_jobs(suite, parse_pairs(pairs), {}, None, 0), allowed_gpus=None,
+                        priority=0, force=False, dry_run=False)
+            seen = {a.id for a in all_attempts(store)}
+            schedule(store, card, _Recorder(), ctx, state, draining=False)
+            reserves += [a.reserved_mib for a in all_attempts(store) if a.id not in seen]
+            if n == 0:
+                [first] = read_jobs(store)
+                shape = job_shape_key(first, job_levels(first, JobShapeCache())[0])
+                write_shape(store, group_shape_key(shape, 2), ShapeMemory(12 * GIB, None, 1))
+                [attempt] = all_attempts(store)
+                update_attempt(store, attempt.id, reached_peak=1,
+                               **ShareRecord("fused", "0123456789abcdef-0", pid, 8 * GIB).fields())
+        store.close()
+        return reserves
+
+    at_2 = math.ceil(12 * GIB * 1.05)  # the process's measured peak at two members, with its margin
+    # the card counts the stepped process at what it holds (10 GiB), not at its 20 GiB placement
+    assert joiner_reserves(process_seen=True) == [20 * GIB, at_2 - 10 * GIB]
+    # the process not read: its base (8 GiB, share.json) is the least it holds
+    assert joiner_reserves(process_seen=False) == [20 * GIB, at_2 - 8 * GIB]

@@ -13,6 +13,7 @@ the solo path reads a shape's own record (orchestrator.prediction.memory.predict
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from orchestrator.store.rows import Job, ShapeMemory
 FUSE_KEYS = ("model", "prec", "max_seq_len", "gradient_checkpointing")
 MAX_FUSE = FUSED_MEMBERS_RANGE[1]
 FUSED_SHAPE_MARK = "|fused"
+SHAPE_KEY_PARTS = 3  # hash|model|task (orchestrator.prediction.memory.shape_key)
+_SIZE = re.compile(r"[1-9][0-9]?", re.ASCII)  # a group size as group_shape_key writes it
 
 
 def share_base(job: Job) -> ShareBase:
@@ -71,9 +74,13 @@ def group_shape_key(shape_key: str, members: int) -> str:
 
 def split_group_key(key: str) -> tuple[str, int | None]:
     """A memory record's shape key and group size (`group_shape_key` undone); (key, None) for a
-    shape's own record."""
+    shape's own record. The mark follows a whole shape key (`hash|model|task`): a shape whose task
+    is named `fused4` is a shape of its own. The size is ASCII digits written as the daemon writes
+    them (keys are read back from the store: anything else is no group's)."""
     shape, mark, members = key.rpartition(FUSED_SHAPE_MARK)
-    if mark and members.isdigit() and FUSED_MEMBERS_RANGE[0] <= int(members) <= MAX_FUSE:
+    if not mark or shape.count("|") < SHAPE_KEY_PARTS - 1 or not _SIZE.fullmatch(members):
+        return key, None
+    if FUSED_MEMBERS_RANGE[0] <= int(members) <= MAX_FUSE:
         return shape, int(members)
     return key, None
 

@@ -156,7 +156,7 @@ def schedule(
         return PackingDecision((), {})
     readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups, caps)
     running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
-    running = with_group_peaks(running, live, live_jobs, readings.shapes, cache)
+    running = with_group_peaks(running, live, live_jobs, readings.shapes, cache, snapshots)
     facts_of = state.job_facts.by_job
     moves = start_moves(rows, facts_of, readings, cache, gpus, ctx.policy)
     if moves:  # they are read again, at their new level, in the next pass

@@ -167,20 +167,29 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
 
 
 def with_group_peaks(running: list[RunningAttempt], live: Iterable[Attempt], live_jobs: Mapping[int, Job],
-                     shapes: Mapping[str, ShapeMemory], cache: JobShapeCache) -> list[RunningAttempt]:
-    """The running fused members with their shapes' process peaks learned per group size (what
-    the packer reads where a job joins their process: orchestrator.scheduling.packing.fused)."""
+                     shapes: Mapping[str, ShapeMemory], cache: JobShapeCache,
+                     snapshots: Iterable[GpuSnapshot]) -> list[RunningAttempt]:
+    """The running fused members with their shapes' process peaks learned per group size and what
+    their warm process (share.json's pid) holds on their card as the snapshot read it (what the
+    packer reads where a job joins their process: orchestrator.scheduling.packing.fused)."""
     members = {r.job_id for r in running if r.fuse_group is not None}
+    held = {(s.index, p.pid): p.used_mib for s in snapshots for p in s.processes}
     peaks: dict[int, tuple[GroupPeak, ...]] = {}
+    process: dict[int, int] = {}
     for attempt in live:
         job = live_jobs.get(attempt.job_id)
-        if attempt.job_id in members and job is not None:
-            found = learned_group_peaks(attempt_shape_key(job, attempt, cache), shapes)
-            if found:
-                peaks[attempt.job_id] = found
-    if not peaks:
+        if attempt.job_id not in members or job is None:
+            continue
+        found = learned_group_peaks(attempt_shape_key(job, attempt, cache), shapes)
+        if found:
+            peaks[attempt.job_id] = found
+        reading = held.get((attempt.gpu_index, attempt.share_pid)) if attempt.share_pid is not None else None
+        if reading is not None:
+            process[attempt.job_id] = reading
+    if not peaks and not process:
         return running
-    return [replace(r, group_peaks=peaks[r.job_id]) if r.job_id in peaks else r for r in running]
+    return [replace(r, group_peaks=peaks.get(r.job_id, r.group_peaks), process_mib=process.get(r.job_id))
+            if r.job_id in peaks or r.job_id in process else r for r in running]
 
 
 def later_levels(

@@ -85,7 +85,7 @@ def cards_of(gpus: list[GpuState], running: list[RunningAttempt], policy: Packin
         if card is None:  # a GPU outside the plan: nothing to pack there
             continue
         owed = outstanding_reservation_mib(attempt)
-        card.used_slots += add_running(card.groups, attempt)  # a fused group's members share one
+        card.used_slots += add_running(card.groups, attempt, owed)  # a fused group's members share one
         card.reserved_mib += owed
         card.occupied = True
         card.alone = card.alone or attempt.run_alone

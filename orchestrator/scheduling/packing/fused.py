@@ -8,12 +8,17 @@ full prediction (never below what is known). Members past the cap start another 
 and the full prediction again (the daemon counts ceil(members / cap) processes).
 
 What was learned per group size overrides that split where it exists. A process is counted at
-what its members were placed at, together; a job joining it so that it has k members is placed
-for the process's learned peak at k less that count. The peak at k is the largest of the
-members' shapes' records at k (the joiner's included: any of them may be the shape whose group
-needed the most). It replaces the figure above only when every member's shape was measured at k
-(a measured peak overrides a declared one on the solo path too); an OOM floor at k, or a record
-of some members' shapes only, may only raise it.
+the lesser of what its members were placed at, together, and what the card counts of it: what
+it holds now plus what the card still reserves for its members (those ramping up and those
+placed in this call). What it holds is the snapshot's reading of its process where a member's
+share.json names it; else, once a member has stepped (the card then counts it by what it holds,
+not by its placement), the base's resident memory, the least the process can hold; else nothing.
+A job joining it so that it has k members is placed for the process's learned peak at k less
+that count, so the card counts the process at that peak at least. The peak at k is the largest
+of the members' shapes' records at k (the joiner's included: any of them may be the shape whose
+group needed the most). It replaces the figure above only when every member's shape was measured
+at k (a measured peak overrides a declared one on the solo path too); an OOM floor at k, or a
+record of some members' shapes only, may only raise it.
 """
 
 from __future__ import annotations
@@ -32,10 +37,25 @@ class GroupOnCard:
     members: int = 0
     base_mib: int | None = None  # the base's resident memory in its process, when a member said
     cap: int = 1  # the cap its latest member was counted with
-    # its last process (the one a member joins): what it is counted at on the card (what its
-    # members were placed at, together) and each member's learned peaks per group size
-    counted_mib: int = 0
+    # its last process (the one a member joins): what its members were placed at, together, what
+    # the card still reserves for them, what the process holds now as the snapshot read it (the
+    # least its members' readings say; None: not read), whether a member has stepped, and each
+    # member's learned peaks per group size
+    placed_mib: int = 0
+    owed_mib: int = 0
+    process_mib: int | None = None
+    stepped: bool = False
     peaks: list[Peaks] = field(default_factory=list)
+
+    @property
+    def counted_mib(self) -> int:
+        """What its last process is counted at (module docstring): never more than the card counts
+        of it, so that a joiner placed for the process's learned peak less this leaves that peak
+        counted; nor more than its placements (where the members' processes are not the ones
+        counted here, a reading may be of a larger one)."""
+        stepped_mib = (self.base_mib or 0) if self.stepped else 0  # the least a process that stepped holds
+        held_mib = self.process_mib if self.process_mib is not None else stepped_mib
+        return min(self.placed_mib, self.owed_mib + held_mib)
 
     def has_room(self, cap: int) -> bool:
         """A member can join a process of the group without starting another."""
@@ -46,28 +66,35 @@ class GroupOnCard:
         """How many more members its last process takes (at its cap)."""
         return (self.cap - self.members % self.cap) % self.cap if self.cap > 1 else 0
 
-    def add(self, cap: int, placed_mib: int, peaks: Peaks = (), base_mib: int | None = None) -> bool:
-        """Count one more member, placed at `placed_mib`; True when it opens a process (a plan slot)."""
+    def add(self, cap: int, placed_mib: int, owed_mib: int, peaks: Peaks = (), base_mib: int | None = None,
+            process_mib: int | None = None, stepped: bool = False) -> bool:
+        """Count one more member, placed at `placed_mib`, for which the card still reserves
+        `owed_mib`; True when it opens a process (a plan slot)."""
         opens = not self.has_room(cap)
         if opens:
-            self.counted_mib, self.peaks = 0, []
+            self.placed_mib, self.owed_mib, self.process_mib, self.stepped, self.peaks = 0, 0, None, False, []
         self.members += 1
         self.cap = cap
-        self.counted_mib += placed_mib
+        self.placed_mib += placed_mib
+        self.owed_mib += owed_mib
+        if process_mib is not None:
+            self.process_mib = process_mib if self.process_mib is None else min(self.process_mib, process_mib)
+        self.stepped = self.stepped or stepped
         self.peaks.append(peaks)
         if base_mib:
             self.base_mib = max(self.base_mib or 0, base_mib)
         return opens
 
 
-def add_running(groups: dict[str, GroupOnCard], attempt: RunningAttempt) -> bool:
-    """Count a running attempt into its card's groups; True when it takes a plan slot (any
-    attempt outside a fused group does). A member counts at what it was placed at (the
-    dispatcher hands a member's reservation as its prediction)."""
+def add_running(groups: dict[str, GroupOnCard], attempt: RunningAttempt, owed_mib: int) -> bool:
+    """Count a running attempt, for which the card still reserves `owed_mib`, into its card's
+    groups; True when it takes a plan slot (any attempt outside a fused group does). A member was
+    placed at its prediction (the dispatcher hands a member's reservation as its prediction)."""
     if attempt.fuse_group is None:
         return True
     group = groups.setdefault(attempt.fuse_group, GroupOnCard())
-    return group.add(attempt.fuse_cap, attempt.predicted_peak_mib, attempt.group_peaks, attempt.base_mib)
+    return group.add(attempt.fuse_cap, attempt.predicted_peak_mib, owed_mib, attempt.group_peaks, attempt.base_mib,
+                     attempt.process_mib, attempt.reached_peak)
 
 
 def group_room(groups: dict[str, GroupOnCard]) -> int:
@@ -110,7 +137,9 @@ def own_mib(job: QueuedJob, groups: dict[str, GroupOnCard]) -> int:
 
 
 def place_member(job: QueuedJob, groups: dict[str, GroupOnCard], placed_mib: int) -> bool:
-    """Count a job placed at `placed_mib` into its group; True when it takes a plan slot."""
+    """Count a job placed at `placed_mib` (all of it reserved on the card) into its group; True
+    when it takes a plan slot."""
     if job.fuse_group is None:
         return True
-    return groups.setdefault(job.fuse_group, GroupOnCard()).add(job.fuse_cap, placed_mib, job.group_peaks)
+    return groups.setdefault(job.fuse_group, GroupOnCard()).add(job.fuse_cap, placed_mib, placed_mib,
+                                                                 job.group_peaks)

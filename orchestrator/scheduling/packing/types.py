@@ -75,6 +75,9 @@ class RunningAttempt:
     fuse_cap: int = 1
     base_mib: int | None = None
     group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks per group size, as QueuedJob's
+    # a fused member: the GPU memory its warm process (share.json's pid) holds on this card now, as
+    # the snapshot read it; None: not read (no share.json yet, or the probe sees no processes)
+    process_mib: int | None = None
 
 
 @dataclass(frozen=True)
