@@ -80,6 +80,20 @@ def test_members_placed_in_one_pass_fill_the_group_up_to_its_cap() -> None:
     assert sorted(on.values()).count(0) == 3 and sorted(on.values()).count(1) == 2  # 3 + 2: one process each
 
 
+def test_after_the_cap_is_lowered_a_process_started_under_the_old_one_takes_no_new_member() -> None:
+    # three members started under cap 4; a group OOM elsewhere lowered the suite's cap to 2: the
+    # warm process takes a job only while it has fewer members than every member's cap and the
+    # joiner's, so the job starts another process: a plan slot and its whole prediction
+    running = [member(i, 0, base_gib=8, cap=4) for i in (7, 8, 9)]
+    one_slot = pack([fused_job(1, 10, cap=2)], [gpu(0, 80, free_gib=40, slots=1)], running, NO_HEADROOM, 0.0)
+    assert placed(one_slot) == {}  # counted as joining, it would have taken 2 GiB and no slot
+    two_slots = pack([fused_job(1, 10, cap=2)], [gpu(0, 80, free_gib=40, slots=2)], running, NO_HEADROOM, 0.0)
+    assert placed(two_slots) == {1: 0} and two_slots.placements[0].reserved_mib == 10 * GIB
+    # under the old cap the same process still has room
+    joins = pack([fused_job(1, 10, cap=4)], [gpu(0, 80, free_gib=40, slots=1)], running, NO_HEADROOM, 0.0)
+    assert placed(joins) == {1: 0} and joins.placements[0].reserved_mib == 2 * GIB
+
+
 def test_another_group_or_a_cap_of_one_never_joins() -> None:
     cards = [gpu(0, 24, free_gib=4, slots=1)]
     assert placed(pack([fused_job(1, 10, group="other")], cards, [member(9, 0, 8)], NO_HEADROOM, 0.0)) == {}

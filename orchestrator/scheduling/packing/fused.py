@@ -5,7 +5,10 @@ takes a plan slot and its full prediction (the base and its own needs); the next
 cap, join it without a slot, for their own needs only: the prediction less the base's resident
 memory, as a running member's share.json says. Without that figure a joining job is placed by its
 full prediction (never below what is known). Members past the cap start another process: a slot
-and the full prediction again (the daemon counts ceil(members / cap) processes).
+and the full prediction again. The cap of a process is the smallest of its members' and the
+joiner's (the warm process takes a job only below every one of them), so after a group OOM has
+lowered a suite's cap a process started under the old one takes no member of the new one once it
+has as many.
 
 What was learned per group size overrides that split where it exists. A process is counted at
 the lesser of what its members were placed at, together, and what the card counts of it: what
@@ -34,10 +37,12 @@ Peaks = tuple[GroupPeak, ...]  # one member shape's process peaks per group size
 
 @dataclass
 class GroupOnCard:
-    members: int = 0
     base_mib: int | None = None  # the base's resident memory in its process, when a member said
-    cap: int = 1  # the cap its latest member was counted with
-    # its last process (the one a member joins): what its members were placed at, together, what
+    # its last process (the one a member joins): how many members it has, and the smallest cap
+    # they were counted with (the most members it takes)
+    last_members: int = 0
+    cap: int = 1
+    # of that process: what its members were placed at, together, what
     # the card still reserves for them, what the process holds now as the snapshot read it (the
     # least its members' readings say; None: not read), whether a member has stepped, and each
     # member's learned peaks per group size
@@ -58,13 +63,13 @@ class GroupOnCard:
         return min(self.placed_mib, self.owed_mib + held_mib)
 
     def has_room(self, cap: int) -> bool:
-        """A member can join a process of the group without starting another."""
-        return cap > 1 and self.members % cap != 0
+        """A member counted with `cap` can join the last process without starting another."""
+        return 0 < self.last_members < min(cap, self.cap)
 
     @property
     def room(self) -> int:
         """How many more members its last process takes (at its cap)."""
-        return (self.cap - self.members % self.cap) % self.cap if self.cap > 1 else 0
+        return max(0, self.cap - self.last_members) if self.last_members else 0
 
     def add(self, cap: int, placed_mib: int, owed_mib: int, peaks: Peaks = (), base_mib: int | None = None,
             process_mib: int | None = None, stepped: bool = False) -> bool:
@@ -73,8 +78,9 @@ class GroupOnCard:
         opens = not self.has_room(cap)
         if opens:
             self.placed_mib, self.owed_mib, self.process_mib, self.stepped, self.peaks = 0, 0, None, False, []
-        self.members += 1
-        self.cap = cap
+            self.last_members, self.cap = 0, cap
+        self.last_members += 1
+        self.cap = min(self.cap, cap)
         self.placed_mib += placed_mib
         self.owed_mib += owed_mib
         if process_mib is not None:
