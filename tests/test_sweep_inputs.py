@@ -296,6 +296,14 @@ SCRIPT_CONFIG = {"learning_rate": 0.001, "weight_decay": 0.0}
             "--set 'dropout': unknown config key (the configs' keys: learning_rate, weight_decay); "
             "add `dropout:` to your config file",
         ),
+        (
+            ["--set", "share_base=fused"],
+            "--set 'share_base': share_base is a suite key, not a config key: set `share_base:` in the suite file",
+        ),
+        (
+            ["--grid", "mem_gib=2,4"],
+            "--grid 'mem_gib': mem_gib is a suite key, not a config key: set `mem_gib:` in the suite file",
+        ),
     ],
 )
 def test_a_key_the_command_never_receives_is_refused(
