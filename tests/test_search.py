@@ -156,6 +156,16 @@ def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> No
 
 
 @requires_tmux
+def test_a_tpe_dry_run_says_trial_0_would_be_queued(orch: Orch) -> None:
+    _suite(orch, "tpe", 3)
+    dry = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", "--dry-run")
+    assert "note: tpe search: trial 0 would be queued now (a dry run queues nothing)" in dry.stderr
+    assert "would queue 1 job(s)" in dry.stdout and not orch.db.exists()
+    done = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert "note: tpe search: trial 0 is queued now; the daemon asks for trials 1 to 2" in done.stderr
+
+
+@requires_tmux
 @pytest.mark.tmux
 @pytest.mark.slow
 def test_a_tpe_search_killed_midway_ends_with_exactly_its_trials(orch: Orch) -> None:

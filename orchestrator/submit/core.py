@@ -243,10 +243,11 @@ def settings_shuffled(specs: list[JobSpec], seed_text: str) -> list[JobSpec]:
     return [spec for key in keys for spec in by_setting[key]]
 
 
-def tpe_note(suite: Suite) -> str | None:
+def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
     if suite.search is None or suite.search.method is not SearchMethod.TPE or suite.search.trials < 2:
         return None
-    return (f"note: tpe search: trial 0 is queued now; the daemon asks for trials 1 to {suite.search.trials - 1} "
+    queued = "would be queued now (a dry run queues nothing)" if dry_run else "is queued now"
+    return (f"note: tpe search: trial 0 {queued}; the daemon asks for trials 1 to {suite.search.trials - 1} "
             "one at a time, when the search has no job left in the queue")
 
 
@@ -310,7 +311,7 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     check_worker_template(suite, specs, {**overrides, **dict.fromkeys(grid)})  # the grid's keys are set too
     if suite.early_stop is not None or suite.search is not None:
         require_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
-    notes = [n for n in (unreached_rungs_note(suite, specs), tpe_note(suite)) if n]
+    notes = [n for n in (unreached_rungs_note(suite, specs), tpe_note(suite, request.dry_run)) if n]
 
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)
