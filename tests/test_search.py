@@ -156,6 +156,16 @@ def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> No
 
 
 @requires_tmux
+def test_trials_of_a_search_without_a_metric_point_at_results(orch: Orch) -> None:
+    search = {"method": "random", "trials": 2, "space": {"learning_rate": [1e-4, 1e-3]}}
+    orch.write_suite("hp", {"base": {"sim_mem_gib": 1, "learning_rate": 1e-4}}, mem_gib=1, search=search)
+    orch.submit("hp", "1:toy")
+    listed = orch.run("trials", "--suite", "hp", check=False)
+    assert listed.returncode == 2 and len(listed.stderr.strip().splitlines()) == 1
+    assert "names no metric: its trials have no order (`orch results --suite hp` shows each trial" in listed.stderr
+
+
+@requires_tmux
 def test_a_tpe_dry_run_says_trial_0_would_be_queued(orch: Orch) -> None:
     _suite(orch, "tpe", 3)
     dry = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", "--dry-run")
