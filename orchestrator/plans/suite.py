@@ -7,6 +7,7 @@ jobs is `plans.expand` (its names are importable from here too).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from decimal import Decimal
@@ -148,7 +149,10 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     data = _read_yaml_mapping(path, "suite file")
     unknown = sorted(set(data) - SUITE_KEYS)
     if unknown:
-        raise PlanError(f"suite {path}: unknown key(s) {', '.join(map(str, unknown))}")
+        # a misspelt key (`fused_member`) is the usual cause: name the key it was likely meant as
+        close = [m for k in unknown for m in difflib.get_close_matches(str(k), sorted(SUITE_KEYS), n=1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise PlanError(f"suite {path}: unknown key(s) {', '.join(map(str, unknown))}{hint}")
     worker = _typed(path, data, "worker", (str,), None)
     if not worker or not worker.strip():
         raise PlanError(f"suite {path}: `worker` is required (lora, sim, or a command template)")
