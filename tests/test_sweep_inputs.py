@@ -423,3 +423,22 @@ def test_seeds_go_with_the_suites_tasks(tmp_path: Path) -> None:
         (8, "glue_rte"),
         (8, "glue_sst2"),
     ]
+
+
+def test_an_early_stop_no_lora_job_can_reach_is_noted_at_submit(
+    orch_inproc: OrchRunner, tmp_path: Path, db_path: Path
+) -> None:
+    early_stop = {"metric": "val_accuracy", "min_steps": 100}
+    lora = {"model": "tiny-llama", "peft": {"r": 4, "targets": ["q_proj"]}, "max_steps": 12}
+    plans = write_plans(
+        tmp_path, {"es": {"worker": "lora", "mem_gib": 1, "configs": ["base"], "early_stop": early_stop}},
+        {"base": lora},
+    )
+    args = ("submit", "--plans", str(plans), "--suite", "es", "--pairs", "1:glue_rte", "--dry-run")
+    short = orch_inproc(*args, "--grid", "max_steps=12,50")
+    assert short.rc == 0 and (
+        "note: early_stop.min_steps 100 is past every job's max_steps (at most 50): no job reaches the first "
+        "rung, so early stopping stops none"
+    ) in short.stderr
+    reaching = orch_inproc(*args, "--grid", "max_steps=12,100")
+    assert reaching.rc == 0 and "early_stop.min_steps" not in reaching.stderr
