@@ -122,9 +122,20 @@ def test_hyperband_runs_on_optuna() -> None:
         ({"metric": "m", "rule": "bohb", "min_steps": 5}, "unknown `early_stop.rule`"),
         (
             {"metric": "m", "min_steps": 5, "reduction_factor": 1},
-            "reduction_factor` must be an integer >= 2",
+            "reduction_factor` must be an integer from 2 to 100, not 1",
         ),
-        ({"metric": "m", "min_steps": 0}, "min_steps` must be an integer >= 1"),
+        (
+            {"metric": "m", "min_steps": 5, "reduction_factor": 10**12},
+            "reduction_factor` must be an integer from 2 to 100, not 1000000000000",
+        ),
+        ({"metric": "m", "min_steps": "4"}, "min_steps` must be an integer from 1 to 1000000000, not '4'"),
+        ({"metric": "m", "min_steps": 0}, "min_steps` must be an integer from 1 to 1000000000, not 0"),
+        ({"metric": "m", "min_steps": 3, "smooth_evals": 101}, "smooth_evals` must be an integer from 1 to 100"),
+        (
+            {"metric": "m", "min_steps": 3, "smoothing": 3},
+            "unknown key(s) smoothing (`early_stop` must be a mapping of metric, mode (max|min), "
+            "rule (asha|hyperband|median), min_steps, reduction_factor, max_steps (hyperband), smooth_evals)",
+        ),
         ({"metric": "m"}, "min_steps` is required"),
         ({"min_steps": 3}, "early_stop.metric` must name"),
         ({"metric": "m", "min_steps": 3, "mode": "up"}, "mode` must be max or min"),
@@ -215,7 +226,8 @@ def test_smooth_evals_is_checked_and_kept() -> None:
     spec = parse_early_stop("s", raw)
     assert spec.smooth_evals == 3 and EarlyStop.from_json(spec.to_json()) == spec
     assert "smooth_evals" not in parse_early_stop("s", {"metric": "m", "min_steps": 5}).to_json()
-    for bad, said in ((0, "integer >= 1"), (101, "between 1 and 100"), ("3", "integer >= 1"), (True, ">= 1")):
+    for bad, said in ((0, "from 1 to 100, not 0"), (101, "from 1 to 100, not 101"), ("3", "not '3'"),
+                      (True, "not True")):
         with pytest.raises(PlanError) as info:
             parse_early_stop("suite s.yaml", {**raw, "smooth_evals": bad})
         assert "`early_stop.smooth_evals` must be" in str(info.value) and said in str(info.value)

@@ -10,7 +10,12 @@ from orchestrator.plans.ladder_spec import load_ladder
 from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.ladder import exact_levels_after, expand_levels
 from orchestrator.scheduling.packing.fit_time import fits_at_s
-from orchestrator.scheduling.packing.level_choice import LevelOption, own_fit_s, sooner_level
+from orchestrator.scheduling.packing.level_choice import (
+    LevelOption,
+    move_note,
+    own_fit_s,
+    sooner_level,
+)
 from orchestrator.scheduling.packing.pack import pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 
@@ -102,6 +107,13 @@ def test_pack_starts_a_job_at_the_exact_level_that_ends_sooner() -> None:
     [p] = d.placements
     assert (p.level, p.reserved_mib) == (1, 8 * GIB)
     assert "level 1" in p.level_note and "level 0 would wait ~60 min" in p.level_note
+
+
+def test_a_short_job_s_note_says_seconds_not_zero_minutes() -> None:
+    note = move_note(0, option(1, 8, 17 / 60), own_expected_s=20.0, own_fit_at_s=105.0, now_s=100.0)
+    assert note == ("started at level 1, an exact rung that fits now and ends sooner (~17 s): "
+                    "level 0 would wait ~5 s and run ~20 s")
+    assert "(~13 min): level 0 would wait ~60 min and run ~10 min" in move_note(0, option(1, 8, 13), 600.0, 3600.0, 0.0)
 
 
 def test_pack_keeps_the_job_at_its_level_when_waiting_ends_sooner() -> None:

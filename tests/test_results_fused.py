@@ -31,6 +31,13 @@ def test_a_fused_run_is_marked_in_every_format_and_a_solo_row_is_not() -> None:
     legend = legend_lines(summaries)
     assert any(line.startswith("⊕ some runs trained in a fused group (share_base: fused; groups of up to 4 members)")
                for line in legend)
+    assert any(line.endswith("not bit-equal to a run of their own, the base ran over the group's larger batch")
+               for line in legend)
+    alone = aggregate([ResultRow("E1", "fused", "glue_rte", 1, {"accuracy": 0.5}, job=1, fused=1)])
+    assert legend_lines(alone) == [
+        "⊕ some runs trained in a fused group (share_base: fused; each alone in its group): trained by the fused "
+        "code path, not shown bit-equal to a run of its own"
+    ]  # not "groups of up to 1 members", nor a larger batch that there never was
     markdown = to_markdown(summaries)
     assert "0.5500 ± 0.0707 ⊕" in markdown and "0.7500 ± 0.0707** |" in markdown
     assert r"$^{\oplus}$" in to_latex(summaries)

@@ -55,7 +55,9 @@ def test_a_search_is_parsed_with_its_space() -> None:
         ({"space": {"learning_rate": {"normal": [0, 1]}}}, "unknown distribution 'normal'"),
         ({"space": {"learning_rate": {"log_uniform": [0, 1]}}}, "log_uniform needs bounds above 0"),
         ({"space": {"learning_rate": {"uniform": [0.1, 0.1]}}}, "low 0.1 must be below high 0.1"),
-        ({"trials": 100_001}, "between 1 and 100000 (the submit cap)"),
+        ({"trials": 100_001}, "between 1 and 100000 (the submit cap), not 100001"),
+        ({"trials": "4"}, "(the submit cap), not '4'"),
+        ({"trials": None}, "`search.trials` is required"),
         ({"space": {"nope": [1, 2]}}, "unknown config key 'nope'"),
         ({"space": {"seed": [1, 2]}}, "seed and data come from the pairs"),
         ({"metric": None}, "`search.metric` is required for tpe"),
@@ -151,6 +153,26 @@ def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> No
         and "keep one" in bad.stderr
         and len(bad.stderr.strip().splitlines()) == 1
     )
+
+
+@requires_tmux
+def test_trials_of_a_search_without_a_metric_point_at_results(orch: Orch) -> None:
+    search = {"method": "random", "trials": 2, "space": {"learning_rate": [1e-4, 1e-3]}}
+    orch.write_suite("hp", {"base": {"sim_mem_gib": 1, "learning_rate": 1e-4}}, mem_gib=1, search=search)
+    orch.submit("hp", "1:toy")
+    listed = orch.run("trials", "--suite", "hp", check=False)
+    assert listed.returncode == 2 and len(listed.stderr.strip().splitlines()) == 1
+    assert "names no metric: its trials have no order (`orch results --suite hp` shows each trial" in listed.stderr
+
+
+@requires_tmux
+def test_a_tpe_dry_run_says_trial_0_would_be_queued(orch: Orch) -> None:
+    _suite(orch, "tpe", 3)
+    dry = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", "--dry-run")
+    assert "note: tpe search: trial 0 would be queued now (a dry run queues nothing)" in dry.stderr
+    assert "would queue 1 job(s)" in dry.stdout and not orch.db.exists()
+    done = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert "note: tpe search: trial 0 is queued now; the daemon asks for trials 1 to 2" in done.stderr
 
 
 @requires_tmux

@@ -296,6 +296,14 @@ SCRIPT_CONFIG = {"learning_rate": 0.001, "weight_decay": 0.0}
             "--set 'dropout': unknown config key (the configs' keys: learning_rate, weight_decay); "
             "add `dropout:` to your config file",
         ),
+        (
+            ["--set", "share_base=fused"],
+            "--set 'share_base': share_base is a suite key, not a config key: set `share_base:` in the suite file",
+        ),
+        (
+            ["--grid", "mem_gib=2,4"],
+            "--grid 'mem_gib': mem_gib is a suite key, not a config key: set `mem_gib:` in the suite file",
+        ),
     ],
 )
 def test_a_key_the_command_never_receives_is_refused(
@@ -415,3 +423,22 @@ def test_seeds_go_with_the_suites_tasks(tmp_path: Path) -> None:
         (8, "glue_rte"),
         (8, "glue_sst2"),
     ]
+
+
+def test_an_early_stop_no_lora_job_can_reach_is_noted_at_submit(
+    orch_inproc: OrchRunner, tmp_path: Path, db_path: Path
+) -> None:
+    early_stop = {"metric": "val_accuracy", "min_steps": 100}
+    lora = {"model": "tiny-llama", "peft": {"r": 4, "targets": ["q_proj"]}, "max_steps": 12}
+    plans = write_plans(
+        tmp_path, {"es": {"worker": "lora", "mem_gib": 1, "configs": ["base"], "early_stop": early_stop}},
+        {"base": lora},
+    )
+    args = ("submit", "--plans", str(plans), "--suite", "es", "--pairs", "1:glue_rte", "--dry-run")
+    short = orch_inproc(*args, "--grid", "max_steps=12,50")
+    assert short.rc == 0 and (
+        "note: early_stop.min_steps 100 is past every job's max_steps (at most 50): no job reaches the first "
+        "rung, so early stopping stops none"
+    ) in short.stderr
+    reaching = orch_inproc(*args, "--grid", "max_steps=12,100")
+    assert reaching.rc == 0 and "early_stop.min_steps" not in reaching.stderr

@@ -38,7 +38,8 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
         metric, mode = str(spec.get("metric") or ""), str(spec.get("mode") or "max")
         if not metric:
             raise UsageError(
-                f"the search of suite {suite} names no metric: its trials have no order"
+                f"the search of suite {suite} names no metric: its trials have no order "
+                f"(`orch results --suite {suite}` shows each trial as a row)"
             )
         rows = trial_rows(jobs, final_values(store, [j.id for j in jobs], metric), mode)
     if as_json:

@@ -9,9 +9,10 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.errors import PlanError
-from orchestrator.plans.inputs import shown_value
+from orchestrator.plans.inputs import shown_repr, shown_value
 
 MAX_REDUCTION_FACTOR = 100
+MAX_STEPS = 10**9  # min_steps and max_steps: far past any run's length
 MAX_SMOOTH_EVALS = 100  # a rung value averages at most this many evaluations of a seed
 MAX_RUNGS = 64  # steps min_steps × factor^k past any worker's length are never reached
 
@@ -86,14 +87,16 @@ class EarlyStop:
 _KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps", "smooth_evals")
 _SHAPE = (
     "`early_stop` must be a mapping of metric, mode (max|min), rule (asha|hyperband|median), min_steps, "
-    "reduction_factor"
+    "reduction_factor, max_steps (hyperband), smooth_evals"
 )
 
 
-def _positive_int(where: str, key: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 10**9:
+def _bounded_int(where: str, key: str, value: Any, least: int, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        # text the user typed is quoted, a number or boolean is not: `'3'` is a string
+        shown = shown_value(value) if isinstance(value, str) else shown_repr(value)
         raise PlanError(
-            f"{where}: `early_stop.{key}` must be an integer >= {least}, not {shown_value(str(value))}"
+            f"{where}: `early_stop.{key}` must be an integer from {least} to {most}, not {shown}"
         )
     return value
 
@@ -123,12 +126,8 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
         raise PlanError(
             f"{where}: `early_stop.min_steps` is required: nothing is stopped before this step"
         )
-    min_steps = _positive_int(where, "min_steps", raw["min_steps"], 1)
-    factor = _positive_int(where, "reduction_factor", raw.get("reduction_factor", 3), 2)
-    if factor > MAX_REDUCTION_FACTOR:
-        raise PlanError(
-            f"{where}: `early_stop.reduction_factor` must be between 2 and {MAX_REDUCTION_FACTOR}"
-        )
+    min_steps = _bounded_int(where, "min_steps", raw["min_steps"], 1, MAX_STEPS)
+    factor = _bounded_int(where, "reduction_factor", raw.get("reduction_factor", 3), 2, MAX_REDUCTION_FACTOR)
     max_steps = raw.get("max_steps")
     if max_steps is not None:
         if rule is not PruneRule.HYPERBAND:
@@ -136,8 +135,6 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
                 f"{where}: `early_stop.max_steps` is hyperband's largest budget; rule {rule.value} "
                 "takes none"
             )
-        max_steps = _positive_int(where, "max_steps", max_steps, min_steps + 1)
-    smooth = _positive_int(where, "smooth_evals", raw.get("smooth_evals", 1), 1)
-    if smooth > MAX_SMOOTH_EVALS:
-        raise PlanError(f"{where}: `early_stop.smooth_evals` must be between 1 and {MAX_SMOOTH_EVALS}")
+        max_steps = _bounded_int(where, "max_steps", max_steps, min_steps + 1, MAX_STEPS)
+    smooth = _bounded_int(where, "smooth_evals", raw.get("smooth_evals", 1), 1, MAX_SMOOTH_EVALS)
     return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps, smooth)

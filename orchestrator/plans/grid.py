@@ -24,6 +24,7 @@ from orchestrator.plans.inputs import (
     ENV_NAME_RE,
     MAX_SEED,
     PAIR_KEYS,
+    SUITE_KEYS,
     Pair,
     Scalar,
     check_env_name,
@@ -100,6 +101,10 @@ def check_key(flag: str, key: str, known: set[str]) -> None:
         raise PlanError(
             f"{flag} {key}=... is not allowed: seed and data come from --pairs (or the suite's seeds: and tasks:)"
         )
+    elif key not in known and key in SUITE_KEYS:
+        # not a key of any config: `add it to your config file` would send it where it is refused
+        raise PlanError(f"{flag} {shown_value(key)}: {key} is a suite key, not a config key: "
+                        f"set `{key}:` in the suite file")
     elif key not in known:
         keys = ", ".join(sorted(known))
         raise PlanError(f"{flag} {shown_value(key)}: unknown config key (the configs' keys: {keys}); "

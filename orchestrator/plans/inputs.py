@@ -23,6 +23,16 @@ MAX_VALUE_CHARS = 4096
 MAX_PAIRS_CHARS = 65536  # a long sweep's pair list is longer than one value
 
 PAIR_KEYS = frozenset({"seed", "data"})  # set per job from --pairs, never by --set
+# the keys of a suite file (plans/suites/NAME.yaml); a config key is anything its worker reads
+SUITE_KEYS = frozenset({
+    "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
+    "one_token_tasks", "ladder", "max_attempts", "max_resumes", "hang_timeout_s", "crash_loop",
+    "notify",
+    "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
+    "memory_keys", "min_stack_gain", "slurm",
+    "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop", "search",
+    "share_base", "fused_members",
+})
 
 SUITE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")

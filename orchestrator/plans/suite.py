@@ -7,6 +7,7 @@ jobs is `plans.expand` (its names are importable from here too).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from decimal import Decimal
@@ -21,6 +22,7 @@ from orchestrator.plans.expand import expand_jobs, job_identity  # noqa: F401
 from orchestrator.plans.grid import check_grid_size, suite_grid, suite_pairs
 from orchestrator.plans.inputs import (
     ENV_NAME_RE,
+    SUITE_KEYS,
     SUITE_NAME_RE,
     check_env_name,
     check_text,
@@ -145,18 +147,12 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
             f"{plans_dir / 'suites'}{hint}{_path_hint(name) or _shipped_hint(name, plans_dir)}"
         )
     data = _read_yaml_mapping(path, "suite file")
-    allowed = {
-        "name", "description", "worker", "mem_gib", "env", "configs", "config_dir", "rounds",
-        "one_token_tasks", "ladder", "max_attempts", "max_resumes", "hang_timeout_s", "crash_loop",
-        "notify",
-        "keys", "progress_regex", "result_regex", "fail_on_divergence", "divergence_factor",
-        "memory_keys", "min_stack_gain", "slurm",
-        "gpus", "cpus", "grid", "seeds", "tasks", "not_science", "early_stop", "search",
-        "share_base", "fused_members",
-    }
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted(set(data) - SUITE_KEYS)
     if unknown:
-        raise PlanError(f"suite {path}: unknown key(s) {', '.join(map(str, unknown))}")
+        # a misspelt key (`fused_member`) is the usual cause: name the key it was likely meant as
+        close = [m for k in unknown for m in difflib.get_close_matches(str(k), sorted(SUITE_KEYS), n=1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise PlanError(f"suite {path}: unknown key(s) {', '.join(map(str, unknown))}{hint}")
     worker = _typed(path, data, "worker", (str,), None)
     if not worker or not worker.strip():
         raise PlanError(f"suite {path}: `worker` is required (lora, sim, or a command template)")

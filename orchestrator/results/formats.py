@@ -41,8 +41,7 @@ LEGEND = {
     INEXACT: "† some runs went through a ladder rung that changes numerics ({rungs}): their values are "
              "equivalent draws, not the numbers level 0 gives (exact rungs are not marked: bit-equal in "
              "bf16; in fp32 `logits_to_keep` moves values by ≤ 4.3e-7 relative, same scores)",
-    FUSED: "⊕ some runs trained in a fused group (share_base: fused; {fused}): not bit-equal to a run of "
-           "their own, the base ran over the group's larger batch",
+    FUSED: "⊕ some runs trained in a fused group (share_base: fused; {fused}): {fused_why}",
     TEST_IS_VAL: "§ test = validation set: the best epoch was picked on the same split",
     FAILED_RUNS: "¶ some seeds failed, were cancelled or reported no metric: the mean is over the seeds "
                  "that succeeded (n of the seeds submitted), which may be biased",
@@ -124,7 +123,12 @@ def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hi
     rungs = ", ".join(escape(rung) for rung in dict.fromkeys(r for s in summaries for r in s.inexact_rungs))
     largest = max((r.fused or 0 for s in summaries for r in s.fused_runs), default=0)
     fused = f"groups of up to {largest} members" if largest else "group size not reported"
-    return [text.format(rungs=rungs, fused=fused) + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
+    fused_why = "not bit-equal to a run of their own, the base ran over the group's larger batch"
+    if largest == 1:  # no batch-mate, no larger batch: the fused code path alone, not shown equal either
+        fused = "each alone in its group"
+        fused_why = "trained by the fused code path, not shown bit-equal to a run of its own"
+    return [text.format(rungs=rungs, fused=fused, fused_why=fused_why)
+            + (f" ({HINTS[mark]})" if hints and mark in HINTS else "")
             for mark, text in LEGEND.items() if mark in used]
 
 

@@ -243,10 +243,26 @@ def settings_shuffled(specs: list[JobSpec], seed_text: str) -> list[JobSpec]:
     return [spec for key in keys for spec in by_setting[key]]
 
 
-def tpe_note(suite: Suite) -> str | None:
+def unreachable_early_stop_note(suite: Suite, specs: list[JobSpec]) -> str | None:
+    """A line when no job of a `worker: lora` suite can reach early_stop's first rung: each one's
+    `max_steps` (its last step, whatever its epochs) ends before `min_steps`, so none is stopped."""
+    if suite.early_stop is None or suite.worker != "lora" or not specs:
+        return None
+    last_steps = [spec.config.get("max_steps") for spec in specs]
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in last_steps):
+        return None  # some job runs by epochs: its length is not known here
+    longest = max(int(s) for s in last_steps if s is not None)
+    if longest >= suite.early_stop.min_steps:
+        return None
+    return (f"note: early_stop.min_steps {suite.early_stop.min_steps} is past every job's max_steps (at most "
+            f"{longest}): no job reaches the first rung, so early stopping stops none")
+
+
+def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
     if suite.search is None or suite.search.method is not SearchMethod.TPE or suite.search.trials < 2:
         return None
-    return (f"note: tpe search: trial 0 is queued now; the daemon asks for trials 1 to {suite.search.trials - 1} "
+    queued = "would be queued now (a dry run queues nothing)" if dry_run else "is queued now"
+    return (f"note: tpe search: trial 0 {queued}; the daemon asks for trials 1 to {suite.search.trials - 1} "
             "one at a time, when the search has no job left in the queue")
 
 
@@ -310,7 +326,8 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     check_worker_template(suite, specs, {**overrides, **dict.fromkeys(grid)})  # the grid's keys are set too
     if suite.early_stop is not None or suite.search is not None:
         require_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
-    notes = [n for n in (unreached_rungs_note(suite, specs), tpe_note(suite)) if n]
+    notes = [n for n in (unreached_rungs_note(suite, specs), unreachable_early_stop_note(suite, specs),
+                         tpe_note(suite, request.dry_run)) if n]
 
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)

@@ -59,12 +59,19 @@ def sooner_level(own_expected_s: float | None, own_fit_at_s: float | None, fitti
 def move_note(own_level: int, chosen: LevelOption, own_expected_s: float, own_fit_at_s: float,
               now_s: float) -> str:
     """Why the job started at `chosen` (the note `orch show` gives)."""
-    run_min = (chosen.expected_duration_s or 0.0) / 60
     if math.isinf(own_fit_at_s):
         waited = f"level {own_level} fits no card until other processes free memory"
     else:
-        waited = (f"level {own_level} would wait ~{(own_fit_at_s - now_s) / 60:.0f} min "
-                  f"and run ~{own_expected_s / 60:.0f} min")
+        waited = (f"level {own_level} would wait {_about(own_fit_at_s - now_s)} "
+                  f"and run {_about(own_expected_s)}")
     return (
-        f"started at level {chosen.level}, an exact rung that fits now and ends sooner (~{run_min:.0f} min): {waited}"
+        f"started at level {chosen.level}, an exact rung that fits now and ends sooner "
+        f"({_about(chosen.expected_duration_s or 0.0)}): {waited}"
     )
+
+
+def _about(seconds: float) -> str:
+    """`~13 min`; under a minute in seconds (`~40 s`), where minutes would all read `~0 min`."""
+    if seconds < 59.5:
+        return f"~{max(seconds, 0.0):.0f} s"
+    return f"~{seconds / 60:.0f} min"
