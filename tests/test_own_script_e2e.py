@@ -170,9 +170,17 @@ CUSTOM_SCRIPT = textwrap.dedent(
     import sys
     import time
 
+    import os
+
     for it in range(1, 16):
         time.sleep(0.3)
         print(f"[rank{it % 2}] it {it} of 15 | l={2.0 / it:.3f}", flush=True)
+        # at step 5 it waits (saying so as a step line, so it is alive) until the test has read
+        # its progress: under load a short run could end before the test's first look
+        deadline = time.monotonic() + 120
+        while it == 5 and not os.path.exists("release") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            print(f"[rank{it % 2}] it {it} of 15 | l={2.0 / it:.3f}", flush=True)
     print("final test acc=0.905 (best)", flush=True)
     """
 )
@@ -194,6 +202,7 @@ def test_suite_regexes_for_progress_and_results(orch: Orch) -> None:
         return progress if (progress.get("step") or 0) >= 3 else None
 
     progress = wait_until(regex_progress, 60, "progress parsed by the suite's progress_regex")
+    (orch.root / "release").touch()
     assert progress["total"] == 15 and progress["loss"] == pytest.approx(2.0 / progress["step"], abs=1e-3)
     assert orch.wait_all_done(60) == {1: "succeeded"}
     assert [(r["metric"], r["mean"]) for r in orch.json("results")] == [("accuracy", 0.905)]
