@@ -127,7 +127,8 @@ def test_killing_a_running_window_stops_the_worker_and_records_it(
     # the wrapper records the end after its sampler and tee threads stop: on a loaded 2-core
     # machine (the full suite, four test processes) that once took longer than 15 s
     wait_until(lambda: (s.run_dir / "exit.json").exists(), 60, "the wrapper's exit.json")
-    assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
+    record = json.loads((s.run_dir / "exit.json").read_text())
+    assert record["signal"] in (1, 15), record  # not the worker's own end, 60 s later
     wait_until(
         lambda: not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie"
     )
@@ -192,3 +193,32 @@ def test_many_windows_close_in_one_call_past_one_already_gone(tmux: TmuxExecutor
     tmux.kill_windows([w for w in ids if w])
     assert [c[0] for c in calls] == ["source-file"]
     assert not any(_listed(tmux, w) for w in ids)
+
+
+def test_a_kill_that_tmux_refuses_for_a_moment_is_asked_again(
+    tmux: TmuxExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tmux client that cannot reach its server for a moment (a loaded machine) must not make
+    the kill a no-op, silent or raised: the worker would run to its end."""
+    s = spec(tmp_path, "stubborn", "import time; print('ready', flush=True); time.sleep(60)")
+    handle = tmux.submit(s)
+    assert handle.executor_id is not None
+    log = s.run_dir / "stdout.log"
+    wait_until(lambda: log.exists() and "ready" in log.read_text())
+    real_cmd = tmux._cmd
+    refused: list[str] = []
+
+    def flaky(*args: str) -> object:
+        if args[0] in ("list-panes", "kill-window") and not refused:
+            refused.append(args[0])
+            proc = real_cmd("display-message", "-p", "x")
+            proc.returncode, proc.stdout = 1, []
+            proc.stderr = ["error connecting to server (Resource temporarily unavailable)"]
+            return proc
+        return real_cmd(*args)
+
+    monkeypatch.setattr(tmux, "_cmd", flaky)
+    tmux.kill_window(handle.executor_id)
+    assert refused and not _listed(tmux, handle.executor_id)
+    wait_until(lambda: (s.run_dir / "exit.json").exists(), 60, "the wrapper's exit.json")
+    assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)

@@ -67,6 +67,12 @@ def _attempt_identity(attempt: Attempt) -> str:
     return window_identity(attempt.id, attempt.token)
 
 
+# what tmux says when the window (or its whole server) is already gone
+WINDOW_GONE = ("can't find window", "no server running", "server exited")
+KILL_RETRY_S = 5.0
+KILL_RETRY_POLL_S = 0.1
+
+
 class TmuxExecutor(LocalExecutor):
     name = "tmux"
 
@@ -311,11 +317,18 @@ class TmuxExecutor(LocalExecutor):
         self.kill_windows(ours)
 
     def kill_window(self, window_id: str) -> None:
-        if self._pane_dead(window_id) is None:
-            return  # already gone: killing is idempotent
-        proc = self._cmd("kill-window", "-t", window_id)
-        if proc.returncode != 0 and self._pane_dead(window_id) is not None:
-            raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
+        """Kill the window (its pane's processes get SIGHUP); one already gone is no error. Any
+        other refusal is asked again for a few seconds: on a loaded machine a tmux client can
+        fail to reach its server, and a kill skipped then left the worker running to its end."""
+        deadline = time.monotonic() + KILL_RETRY_S
+        while True:
+            proc = self._cmd("kill-window", "-t", window_id)
+            told = " ".join(proc.stderr)
+            if proc.returncode == 0 or any(gone in told for gone in WINDOW_GONE):
+                return
+            if time.monotonic() >= deadline:
+                raise LauncherError(f"tmux could not kill window {window_id}: {told}")
+            time.sleep(KILL_RETRY_POLL_S)
 
     def kill_windows(self, window_ids: list[str]) -> None:
         """Remove many windows in one tmux call (`source-file` goes on past a window already
