@@ -302,3 +302,12 @@ def test_the_daemons_pass_counts_a_stepped_process_at_what_its_card_shows_it_hol
     assert joiner_reserves(process_seen=True) == [20 * GIB, at_2 - 10 * GIB]
     # the process not read: its base (8 GiB, share.json) is the least it holds
     assert joiner_reserves(process_seen=False) == [20 * GIB, at_2 - 8 * GIB]
+
+
+def test_when_the_member_that_opened_the_process_has_ended_the_base_is_not_counted_twice() -> None:
+    # the process (base 8 GiB, now holding 10) outlived the member that opened it; the one left
+    # joined it, placed at 2 GiB for its own needs: the process is counted at 10 GiB, not at 2
+    left = member(9, 2, peaks((2, 13, True)), base_gib=8, process_gib=10)
+    left = RunningAttempt(**{**left.__dict__, "opened_process": False})
+    d = pack([fused_job(1, 10, peaks((2, 13, True)))], [gpu(0, 24, free_gib=5, slots=1)], [left], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 3 * GIB}  # 13 - 10: the base the process holds is counted once

@@ -36,6 +36,7 @@ def running_attempts(
                 held_mib=held.get(uuid, a.held_mib if len(uuids) == 1 else 0),
                 reached_peak=a.reached_peak, run_alone=a.run_alone, expected_end_s=end,
                 fuse_group=group, fuse_cap=cap, base_mib=a.share_base_mib if group is not None else None,
+                opened_process=group is None or a.reserved_mib >= a.predicted_peak_mib,
             ))
     return out
 

@@ -11,7 +11,8 @@ lowered a suite's cap a process started under the old one takes no member of the
 has as many.
 
 What was learned per group size overrides that split where it exists. A process is counted at
-the lesser of what its members were placed at, together, and what the card counts of it: what
+the lesser of what its members were placed at, together (and the base, once the member that
+opened it, placed with the base, has ended), and what the card counts of it: what
 it holds now plus what the card still reserves for its members (those ramping up and those
 placed in this call). What it holds is the snapshot's reading of its process where a member's
 share.json names it; else, once a member has stepped (the card then counts it by what it holds,
@@ -51,6 +52,7 @@ class GroupOnCard:
     process_mib: int | None = None
     stepped: bool = False
     peaks: list[Peaks] = field(default_factory=list)
+    opener_counted: bool = False  # a member placed with the base (the one that opened it) is among them
 
     @property
     def counted_mib(self) -> int:
@@ -60,7 +62,10 @@ class GroupOnCard:
         counted here, a reading may be of a larger one)."""
         stepped_mib = (self.base_mib or 0) if self.stepped else 0  # the least a process that stepped holds
         held_mib = self.process_mib if self.process_mib is not None else stepped_mib
-        return min(self.placed_mib, self.owed_mib + held_mib)
+        # the member that opened it (placed with the base) may have ended before the joiners:
+        # their placements then leave out the base the process still holds
+        placed_mib = self.placed_mib + (0 if self.opener_counted else (self.base_mib or 0))
+        return min(placed_mib, self.owed_mib + held_mib)
 
     def has_room(self, cap: int) -> bool:
         """A member counted with `cap` can join the last process without starting another."""
@@ -72,13 +77,15 @@ class GroupOnCard:
         return max(0, self.cap - self.last_members) if self.last_members else 0
 
     def add(self, cap: int, placed_mib: int, owed_mib: int, peaks: Peaks = (), base_mib: int | None = None,
-            process_mib: int | None = None, stepped: bool = False) -> bool:
+            process_mib: int | None = None, stepped: bool = False, opened: bool | None = None) -> bool:
         """Count one more member, placed at `placed_mib`, for which the card still reserves
-        `owed_mib`; True when it opens a process (a plan slot)."""
+        `owed_mib`; True when it opens a process (a plan slot). `opened`: whether it was placed
+        with the base (None: as counted here, when it opens the process)."""
         opens = not self.has_room(cap)
         if opens:
             self.placed_mib, self.owed_mib, self.process_mib, self.stepped, self.peaks = 0, 0, None, False, []
-            self.last_members, self.cap = 0, cap
+            self.last_members, self.cap, self.opener_counted = 0, cap, False
+        self.opener_counted = self.opener_counted or (opens if opened is None else opened)
         self.last_members += 1
         self.cap = min(self.cap, cap)
         self.placed_mib += placed_mib
@@ -100,7 +107,7 @@ def add_running(groups: dict[str, GroupOnCard], attempt: RunningAttempt, owed_mi
         return True
     group = groups.setdefault(attempt.fuse_group, GroupOnCard())
     return group.add(attempt.fuse_cap, attempt.predicted_peak_mib, owed_mib, attempt.group_peaks, attempt.base_mib,
-                     attempt.process_mib, attempt.reached_peak)
+                     attempt.process_mib, attempt.reached_peak, attempt.opened_process)
 
 
 def group_room(groups: dict[str, GroupOnCard]) -> int:

@@ -78,6 +78,9 @@ class RunningAttempt:
     # a fused member: the GPU memory its warm process (share.json's pid) holds on this card now, as
     # the snapshot read it; None: not read (no share.json yet, or the probe sees no processes)
     process_mib: int | None = None
+    # a fused member placed at its whole prediction, the base included (it opened its process);
+    # False: it joined one, placed for its own needs only
+    opened_process: bool = True
 
 
 @dataclass(frozen=True)
