@@ -68,8 +68,8 @@ def _attempt_identity(attempt: Attempt) -> str:
 
 
 # what tmux says when the window (or its whole server) is already gone
-WINDOW_GONE = ("can't find window", "no server running", "server exited")
-KILL_RETRY_S = 5.0
+WINDOW_GONE = ("can't find window", "no server running", "server exited", "Connection refused")
+KILL_RETRY_S = 2.0
 KILL_RETRY_POLL_S = 0.1
 
 
@@ -317,9 +317,10 @@ class TmuxExecutor(LocalExecutor):
         self.kill_windows(ours)
 
     def kill_window(self, window_id: str) -> None:
-        """Kill the window (its pane's processes get SIGHUP); one already gone is no error. Any
-        other refusal is asked again for a few seconds: on a loaded machine a tmux client can
-        fail to reach its server, and a kill skipped then left the worker running to its end."""
+        """Kill the window (its pane's processes get SIGHUP); one already gone, or whose server
+        is gone, is no error. Any other refusal is asked again for a moment: on a loaded machine
+        a tmux client can fail to reach its server, and a kill skipped then left the window, and
+        whatever still ran in it, in place."""
         deadline = time.monotonic() + KILL_RETRY_S
         while True:
             proc = self._cmd("kill-window", "-t", window_id)
