@@ -13,6 +13,7 @@ import pytest
 from e2e_helpers import wait_until
 from rows_helpers import attempt_of
 
+from orchestrator.errors import LauncherError
 from orchestrator.executors.base import LaunchSpec
 from orchestrator.executors.tmux import SESSION, TmuxExecutor
 
@@ -222,3 +223,33 @@ def test_a_kill_that_tmux_refuses_for_a_moment_is_asked_again(
     assert refused and not _listed(tmux, handle.executor_id)
     wait_until(lambda: (s.run_dir / "exit.json").exists(), 60, "the wrapper's exit.json")
     assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
+
+
+def test_a_window_tmux_cannot_list_for_a_moment_is_not_taken_for_gone(
+    tmux: TmuxExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launching attempt whose window tmux cannot list (a client that cannot reach its server)
+    is not judged lost on that: the executor says it cannot tell (the watcher then waits out the
+    launch grace); a window that is gone is still gone."""
+    s = spec(tmp_path, "listed", "import time; print('ready', flush=True); time.sleep(60)")
+    handle = tmux.submit(s)
+    assert handle.executor_id is not None
+    attempt = attempt_of(executor="tmux", executor_id=handle.executor_id)
+    real_cmd = tmux._cmd
+
+    def unreachable(*args: str) -> object:
+        if args[0] != "list-panes":
+            return real_cmd(*args)
+        proc = real_cmd("display-message", "-p", "x")
+        proc.returncode, proc.stdout = 1, []
+        proc.stderr = ["error connecting to server (Resource temporarily unavailable)"]
+        return proc
+
+    monkeypatch.setattr(tmux, "_cmd", unreachable)
+    with pytest.raises(LauncherError, match="could not list window"):
+        tmux.window_alive(handle.executor_id)
+    monkeypatch.undo()
+    assert tmux.window_alive(handle.executor_id)
+    tmux.kill_window(handle.executor_id)
+    assert not tmux.window_alive(handle.executor_id)  # gone: no error
+    assert tmux.started_alive(attempt) is False

@@ -68,7 +68,10 @@ def _attempt_identity(attempt: Attempt) -> str:
 
 
 # what tmux says when the window (or its whole server) is already gone
-WINDOW_GONE = ("can't find window", "no server running", "server exited", "Connection refused")
+WINDOW_GONE = (
+    "can't find window", "no server running", "server exited",
+    "Connection refused", "No such file or directory",  # a dead server's socket, stale or removed
+)
 KILL_RETRY_S = 2.0
 KILL_RETRY_POLL_S = 0.1
 
@@ -271,9 +274,16 @@ class TmuxExecutor(LocalExecutor):
         self._server_pid = pid
 
     def _window(self, window_id: str) -> tuple[bool, str] | None:
-        """(whether its command has exited, its name) of a window; None when there is none."""
+        """(whether its command has exited, its name) of a window; None when there is none.
+        LauncherError when tmux cannot say (a client that cannot reach its server on a loaded
+        machine): a launching attempt is not taken for lost on that."""
         proc = self._cmd("list-panes", "-t", window_id, "-F", "#{pid} #{pane_dead} #{window_name}")
-        if proc.returncode != 0 or not proc.stdout:
+        if proc.returncode != 0:
+            told = " ".join(proc.stderr)
+            if any(gone in told for gone in WINDOW_GONE):
+                return None
+            raise LauncherError(f"tmux could not list window {window_id}: {told}")
+        if not proc.stdout:
             return None
         pid, dead, name = [*proc.stdout[0].split(" ", 2), "", ""][:3]
         self._seen_server(pid)
