@@ -123,6 +123,7 @@ def test_a_metric_never_reported_stops_nothing_and_warns(orch: Orch) -> None:
     assert {j.state for j in orch.jobs()} == {JobState.SUCCEEDED}
     warnings = [e for e in orch.events("early_stop") if "val_f1" in e.message]
     assert len(warnings) == 1 and "nothing is stopped" in warnings[0].message
+    assert "reported: " in warnings[0].message and "val_accuracy" in warnings[0].message  # what it may mean
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from orchestrator.store.early_stop import (
     reached_steps,
     read_rungs,
     record_rungs,
+    reported_keys,
     warn_early_stop,
 )
 from orchestrator.store.rows import Job
@@ -103,9 +104,9 @@ class EarlyStopper:
         )
         judged = judge(spec, settings, read_rungs(self.store, suite, data))
         self._judged[(suite, data)] = signature
-        self._write(suite, data, spec, judged)
+        self._write(suite, data, spec, judged, ids)
 
-    def _write(self, suite: str, data: str, spec: EarlyStop, judged: Judgement) -> None:
+    def _write(self, suite: str, data: str, spec: EarlyStop, judged: Judgement, ids: list[int]) -> None:
         record_rungs(
             self.store, suite, data, judged.told
         )  # before the stops: a restart tells none twice
@@ -116,13 +117,15 @@ class EarlyStopper:
                 self.store, prune.job_ids, record, describe_pruned(record)
             )
             log.info("%s; stopping jobs %s, pruned queued jobs %s", why, stopping, pruned)
-        if judged.metric_missing_at is not None:
+        if judged.metric_missing_at is not None and (suite, data, "metric") not in self._warned:
+            keys = reported_keys(self.store, ids)  # what a misspelt metric was likely meant as
             self._warn_once(
                 suite,
                 data,
                 "metric",
                 f"early_stop metric {spec.metric!r} not reported by step "
-                f"{judged.metric_missing_at} (the first rung): nothing is stopped on missing data",
+                f"{judged.metric_missing_at} (the first rung): nothing is stopped on missing data "
+                f"({'reported: ' + ', '.join(keys) if keys else 'no metric reported over steps yet'})",
             )
 
     def _warn_once(self, suite: str, data: str, what: str, message: str) -> None:

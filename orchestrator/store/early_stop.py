@@ -89,6 +89,18 @@ def reached_steps(store: Store, job_ids: Sequence[int]) -> dict[int, float]:
     return {int(row["job_id"]): float(row["step"]) for row in rows}
 
 
+def reported_keys(store: Store, job_ids: Sequence[int], most: int = 12) -> list[str]:
+    """The metric keys the jobs' attempts reported over steps, sorted (at most `most`)."""
+    if not job_ids:
+        return []
+    rows = store.query(
+        "SELECT DISTINCT h.key AS key FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
+        f"WHERE a.job_id IN ({','.join('?' * len(job_ids))}) ORDER BY h.key LIMIT ?",
+        [*job_ids, most],
+    )
+    return [str(row["key"]) for row in rows]
+
+
 def read_rungs(store: Store, suite: str, data: str) -> list[RungValue]:
     rows = store.query(
         "SELECT setting, rung, step, value FROM early_stop_rungs WHERE suite = ? AND data = ? "
