@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.prediction.fused_groups import GroupPeak, group_shape_key, learned_group_peaks
 from orchestrator.scheduling.packing.fused import process_peak
 from orchestrator.scheduling.packing.pack import pack
@@ -29,12 +31,15 @@ def fused_job(job_id: int, need_gib: float, learned: tuple[GroupPeak, ...] = (),
 
 
 def member(job_id: int, placed_gib: float, learned: tuple[GroupPeak, ...] = (), base_gib: float | None = None,
-           cap: int = 4, process_gib: float | None = None, stepped: bool = True) -> RunningAttempt:
+           cap: int = 4, process_gib: float | None = None, stepped: bool = True,
+           opened: bool = True) -> RunningAttempt:
     """A running member placed at `placed_gib`; `process_gib`: what its warm process holds on the
-    card as the snapshot read it; `stepped`: it reached its peak (the card reserves nothing more)."""
+    card as the snapshot read it; `stepped`: it reached its peak (the card reserves nothing more);
+    `opened`: placed with the base (it opened its process), else joined for its own needs."""
     return RunningAttempt(job_id, 0, int(placed_gib * GIB), 0, stepped, fuse_group=GROUP, fuse_cap=cap,
                           base_mib=None if base_gib is None else int(base_gib * GIB), group_peaks=learned,
-                          process_mib=None if process_gib is None else int(process_gib * GIB))
+                          process_mib=None if process_gib is None else int(process_gib * GIB),
+                          opened_process=opened)
 
 
 def reserved(decision: object) -> dict[int, int]:
@@ -177,43 +182,68 @@ def _fused_suite(plans: Path, declared_gib: int) -> None:
         "worker": "lora", "mem_gib": declared_gib, "configs": ["c1"], "share_base": "fused", "fused_members": 4}))
 
 
+class _DaemonPasses:
+    """The fused suite `fz` (one config, `declared_gib` each) on a fresh state.db under `root`, a
+    plan of one slot per card: `submit` queues pairs, `scheduling_pass` runs one pass."""
+
+    def __init__(self, root: Path, declared_gib: int) -> None:
+        from orchestrator.plans import GpuPlan, load_suite
+        from orchestrator.scheduling.dispatch import DispatchContext
+        from orchestrator.scheduling.state import SchedulerState
+        from orchestrator.store import Store
+        from orchestrator.store.jobs import set_gpu_plan
+
+        _fused_suite(root / "plans", declared_gib)
+        self.suite = load_suite("fz", root / "plans")
+        self.store = Store(root / "state.db")
+        set_gpu_plan(self.store, GpuPlan(slots_by_gpu={}, default_slots=1))
+        self.ctx = DispatchContext(root / "runs", PackingPolicy(order="fifo"), {})
+        self.state = SchedulerState()
+
+    def submit(self, pairs: str) -> None:
+        from orchestrator.plans import expand_jobs, parse_pairs
+        from orchestrator.store.jobs import submit_jobs
+
+        submit_jobs(self.store, self.suite, expand_jobs(self.suite, parse_pairs(pairs), {}, None, 0),
+                    allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+
+    def scheduling_pass(self, card: tuple[GpuSnapshot, ...]) -> list[Any]:
+        """The attempts one scheduling pass started."""
+        from orchestrator.scheduling.dispatch import schedule
+        from orchestrator.store.sweep_attempts import all_attempts
+        from tests.test_scale import _Recorder
+
+        seen = {a.id for a in all_attempts(self.store)}
+        schedule(self.store, card, _Recorder(), self.ctx, self.state, draining=False)
+        return [a for a in all_attempts(self.store) if a.id not in seen]
+
+    def first_shape(self) -> str:
+        """The memory shape of the first job's level 0."""
+        from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+        from tests.store_reads import read_jobs
+
+        first = read_jobs(self.store)[0]
+        return job_shape_key(first, job_levels(first, JobShapeCache())[0])
+
+
 def test_the_daemons_pass_places_a_group_by_its_learned_peak_per_group_size(tmp_path: Path) -> None:
-    from orchestrator.gpu.snapshot import GpuSnapshot
-    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
-    from orchestrator.scheduling.dispatch import DispatchContext, schedule
-    from orchestrator.scheduling.state import SchedulerState
-    from orchestrator.store import Store
     from orchestrator.store.attempts import write_shape
-    from orchestrator.store.jobs import set_gpu_plan, submit_jobs
-    from orchestrator.store.sweep_attempts import all_attempts
-    from tests.store_reads import read_jobs
-    from tests.test_scale import _Recorder
 
     def run(learned: bool) -> list[tuple[int, int]]:
         """Two passes over one 24 GiB card of one plan slot: one job queued, then three more;
         (pass, reserved MiB) of each attempt started."""
-        root = tmp_path / ("learned" if learned else "not")
-        _fused_suite(root / "plans", declared_gib=10)
-        suite = load_suite("fz", root / "plans")
-        store = Store(root / "state.db")
-        set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
-        ctx = DispatchContext(root / "runs", PackingPolicy(order="fifo"), {})
-        state, card = SchedulerState(), (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=24 * GIB,
-                                                     used_mib=0, free_mib=24 * GIB, processes=()),)
+        passes = _DaemonPasses(tmp_path / ("learned" if learned else "not"), declared_gib=10)
+        card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=24 * GIB, used_mib=0,
+                            free_mib=24 * GIB, processes=()),)  # fmt: skip
         started: list[tuple[int, int]] = []
         for n, pairs in enumerate(("1:toy", "2:toy 3:toy 4:toy")):
-            submit_jobs(store, suite, expand_jobs(suite, parse_pairs(pairs), {}, None, 0), allowed_gpus=None,
-                        priority=0, force=False, dry_run=False)
+            passes.submit(pairs)
             if learned and n == 0:
-                [first] = read_jobs(store)
-                shape = job_shape_key(first, job_levels(first, JobShapeCache())[0])
+                shape = passes.first_shape()
                 for k, gib in ((2, 12), (3, 13.5)):  # seeds of one config: one shape, measured at 2 and 3
-                    write_shape(store, group_shape_key(shape, k), ShapeMemory(int(gib * GIB), None, 1))
-            seen = {a.id for a in all_attempts(store)}
-            schedule(store, card, _Recorder(), ctx, state, draining=False)
-            started += [(n, a.reserved_mib) for a in all_attempts(store) if a.id not in seen]
-        store.close()
+                    write_shape(passes.store, group_shape_key(shape, k), ShapeMemory(int(gib * GIB), None, 1))
+            started += [(n, a.reserved_mib) for a in passes.scheduling_pass(card)]
+        passes.store.close()
         return started
 
     # declared 10 GiB each, no base figure: the second fits beside the first (10 + 10 + 2.4 GiB
@@ -253,48 +283,29 @@ def test_orch_memory_names_a_group_sizes_record_and_its_size(tmp_path: Path) -> 
 
 def test_the_daemons_pass_counts_a_stepped_process_at_what_its_card_shows_it_holds(tmp_path: Path) -> None:
     from orchestrator.attempts.share_record import ShareRecord
-    from orchestrator.gpu.snapshot import GpuSnapshot, ProcessMemory
-    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
-    from orchestrator.scheduling.dispatch import DispatchContext, schedule
-    from orchestrator.scheduling.state import SchedulerState
-    from orchestrator.store import Store
+    from orchestrator.gpu.snapshot import ProcessMemory
     from orchestrator.store.attempts import update_attempt, write_shape
-    from orchestrator.store.jobs import set_gpu_plan, submit_jobs
-    from orchestrator.store.sweep_attempts import all_attempts
-    from tests.store_reads import read_jobs
-    from tests.test_scale import _Recorder
 
     pid = 4242
 
     def joiner_reserves(process_seen: bool) -> list[int]:
         """The first member, placed at its declared 20 GiB, stepped in a warm process of pid 4242
         that holds 10 GiB (its share.json: base 8 GiB); the MiB a second job reserves to join it."""
-        root = tmp_path / ("seen" if process_seen else "unseen")
-        _fused_suite(root / "plans", declared_gib=20)
-        suite = load_suite("fz", root / "plans")
-        store = Store(root / "state.db")
-        set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=1))
-        ctx = DispatchContext(root / "runs", PackingPolicy(order="fifo"), {})
-        state = SchedulerState()
+        passes = _DaemonPasses(tmp_path / ("seen" if process_seen else "unseen"), declared_gib=20)
         processes = (ProcessMemory(pid, 10 * GIB),) if process_seen else ()
         card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=40 * GIB, used_mib=10 * GIB,
                             free_mib=30 * GIB, processes=processes),)
         reserves: list[int] = []
         for n, pairs in enumerate(("1:toy", "2:toy")):
-            submit_jobs(store, suite, expand_jobs(suite, parse_pairs(pairs), {}, None, 0), allowed_gpus=None,
-                        priority=0, force=False, dry_run=False)
-            seen = {a.id for a in all_attempts(store)}
-            schedule(store, card, _Recorder(), ctx, state, draining=False)
-            reserves += [a.reserved_mib for a in all_attempts(store) if a.id not in seen]
+            passes.submit(pairs)
+            started = passes.scheduling_pass(card)
+            reserves += [a.reserved_mib for a in started]
             if n == 0:
-                [first] = read_jobs(store)
-                shape = job_shape_key(first, job_levels(first, JobShapeCache())[0])
-                write_shape(store, group_shape_key(shape, 2), ShapeMemory(12 * GIB, None, 1))
-                [attempt] = all_attempts(store)
-                update_attempt(store, attempt.id, reached_peak=1,
+                write_shape(passes.store, group_shape_key(passes.first_shape(), 2), ShapeMemory(12 * GIB, None, 1))
+                [attempt] = started
+                update_attempt(passes.store, attempt.id, reached_peak=1,
                                **ShareRecord("fused", "0123456789abcdef-0", pid, 8 * GIB).fields())
-        store.close()
+        passes.store.close()
         return reserves
 
     at_2 = math.ceil(12 * GIB * 1.05)  # the process's measured peak at two members, with its margin
@@ -307,7 +318,6 @@ def test_the_daemons_pass_counts_a_stepped_process_at_what_its_card_shows_it_hol
 def test_when_the_member_that_opened_the_process_has_ended_the_base_is_not_counted_twice() -> None:
     # the process (base 8 GiB, now holding 10) outlived the member that opened it; the one left
     # joined it, placed at 2 GiB for its own needs: the process is counted at 10 GiB, not at 2
-    left = member(9, 2, peaks((2, 13, True)), base_gib=8, process_gib=10)
-    left = RunningAttempt(**{**left.__dict__, "opened_process": False})
+    left = member(9, 2, peaks((2, 13, True)), base_gib=8, process_gib=10, opened=False)
     d = pack([fused_job(1, 10, peaks((2, 13, True)))], [gpu(0, 24, free_gib=5, slots=1)], [left], NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 3 * GIB}  # 13 - 10: the base the process holds is counted once
