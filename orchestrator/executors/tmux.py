@@ -73,6 +73,12 @@ WINDOW_GONE = (
     "Connection refused", "No such file or directory",  # a dead server's socket, stale or removed
 )
 KILL_RETRY_S = 2.0
+
+
+def _says_gone(stderr: list[str]) -> bool:
+    """Whether tmux's refusal says the window (or its whole server) is gone."""
+    told = " ".join(stderr)
+    return any(gone in told for gone in WINDOW_GONE)
 KILL_RETRY_POLL_S = 0.1
 
 
@@ -279,10 +285,9 @@ class TmuxExecutor(LocalExecutor):
         machine): a launching attempt is not taken for lost on that."""
         proc = self._cmd("list-panes", "-t", window_id, "-F", "#{pid} #{pane_dead} #{window_name}")
         if proc.returncode != 0:
-            told = " ".join(proc.stderr)
-            if any(gone in told for gone in WINDOW_GONE):
+            if _says_gone(proc.stderr):
                 return None
-            raise LauncherError(f"tmux could not list window {window_id}: {told}")
+            raise LauncherError(f"tmux could not list window {window_id}: {' '.join(proc.stderr)}")
         if not proc.stdout:
             return None
         pid, dead, name = [*proc.stdout[0].split(" ", 2), "", ""][:3]
@@ -334,11 +339,10 @@ class TmuxExecutor(LocalExecutor):
         deadline = time.monotonic() + KILL_RETRY_S
         while True:
             proc = self._cmd("kill-window", "-t", window_id)
-            told = " ".join(proc.stderr)
-            if proc.returncode == 0 or any(gone in told for gone in WINDOW_GONE):
+            if proc.returncode == 0 or _says_gone(proc.stderr):
                 return
             if time.monotonic() >= deadline:
-                raise LauncherError(f"tmux could not kill window {window_id}: {told}")
+                raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
             time.sleep(KILL_RETRY_POLL_S)
 
     def kill_windows(self, window_ids: list[str]) -> None:
