@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.errors import PlanError
-from orchestrator.plans.inputs import shown_repr, shown_value
+from orchestrator.plans.inputs import shown_typed, shown_value
 
 MAX_REDUCTION_FACTOR = 100
 MAX_STEPS = 10**9  # min_steps and max_steps: far past any run's length
@@ -93,10 +93,8 @@ _SHAPE = (
 
 def _bounded_int(where: str, key: str, value: Any, least: int, most: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        # text the user typed is quoted, a number or boolean is not: `'3'` is a string
-        shown = shown_value(value) if isinstance(value, str) else shown_repr(value)
         raise PlanError(
-            f"{where}: `early_stop.{key}` must be an integer from {least} to {most}, not {shown}"
+            f"{where}: `early_stop.{key}` must be an integer from {least} to {most}, not {shown_typed(value)}"
         )
     return value
 

@@ -71,6 +71,12 @@ def shown_repr(value: object, limit: int = 60) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "…"
 
 
+def shown_typed(value: object) -> str:
+    """A bad value of a YAML file for an error line: text quoted as `shown_value` quotes it, a
+    number or boolean as itself (`'3'` is a string, `3` is not)."""
+    return shown_value(value) if isinstance(value, str) else shown_repr(value)
+
+
 def check_text(what: str, text: str, max_chars: int = MAX_VALUE_CHARS) -> None:
     if _CONTROL_CHARS.search(text) or "\n" in text:
         raise PlanError(f"{what} contains control characters: {shown_value(text)}")

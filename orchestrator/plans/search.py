@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.errors import PlanError
 from orchestrator.plans.early_stop import Mode, parse_mode
 from orchestrator.plans.grid import MAX_GRID_JOBS, config_type
-from orchestrator.plans.inputs import PAIR_KEYS, Scalar, shown_repr, shown_value
+from orchestrator.plans.inputs import PAIR_KEYS, Scalar, shown_typed, shown_value
 from orchestrator.plans.model import ConfigSpec
 
 
@@ -107,11 +107,9 @@ def _parse(
     if trials is None:
         raise PlanError(f"{where}: `search.trials` is required: how many trials to draw (1 to {MAX_GRID_JOBS})")
     if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_GRID_JOBS:
-        # text the user typed is quoted, a number or boolean is not: `'4'` is a string
-        shown = shown_value(trials) if isinstance(trials, str) else shown_repr(trials)
         raise PlanError(
             f"{where}: `search.trials` must be an integer between 1 and {MAX_GRID_JOBS} (the submit "
-            f"cap), not {shown}"
+            f"cap), not {shown_typed(trials)}"
         )
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
