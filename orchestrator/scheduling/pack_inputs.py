@@ -173,6 +173,8 @@ def with_group_peaks(running: list[RunningAttempt], live: Iterable[Attempt], liv
     their warm process (share.json's pid) holds on their card as the snapshot read it (what the
     packer reads where a job joins their process: orchestrator.scheduling.packing.fused)."""
     members = {r.job_id for r in running if r.fuse_group is not None}
+    if not members:  # every pass comes here: nothing to read without a fused member
+        return running
     held = {(s.index, p.pid): p.used_mib for s in snapshots for p in s.processes}
     peaks: dict[int, tuple[GroupPeak, ...]] = {}
     process: dict[int, int] = {}
