@@ -1,10 +1,12 @@
 """The LoRA worker run in-process as orch runs it: a config.yaml in the run dir, the exit code
-checked, result.json read back. Its caller has skipped where torch, transformers or peft are
-missing."""
+checked, result.json read back; and a warm LoRA worker process a test started, awaited until it
+listens. Its caller has skipped where torch, transformers or peft are missing."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +28,15 @@ def run_lora_worker(run_dir: Path, data_root: Path, **overrides: Any) -> dict[st
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     assert main(["--run-dir", str(run_dir)]) == EXIT_OK
     return dict(json.loads((run_dir / "result.json").read_text()))
+
+
+def wait_listening(server: subprocess.Popen[bytes], folder: Path, key: str, log: Path, deadline_s: float) -> None:
+    """Until the warm process `server` listens on slot 0 of `key`: a client that finds none
+    listening (and cannot start one outside tmux) trains alone, and under load the process's
+    imports can take longer than a client's."""
+    from workers.lora.share import slot_paths
+
+    deadline = time.monotonic() + deadline_s
+    while not slot_paths(folder, key, 0)[0].exists():
+        assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from benchmarks.noisy_rte import numerics_config
+from tests.lora_runs import wait_listening
 from workers.harness import Heartbeat
 
 pytest.importorskip("torch")
@@ -208,7 +209,7 @@ def test_members_join_a_running_group_and_leave_when_done(tmp_path: Path, data_d
 def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp_path: Path, data_dir: Path) -> None:
     """Real processes: a fused warm process and three `python -m workers.lora` clients, the
     second and third started while the first trains; each gets its own output only."""
-    from workers.lora.share import base_key, server_command, share_dir, slot_paths
+    from workers.lora.share import base_key, server_command, share_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "TMUX"))}
     env |= {"PYTHONPATH": str(REPO), "ORCH_WORKER_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
@@ -226,12 +227,7 @@ def test_three_clients_joining_at_different_times_train_in_one_fused_process(tmp
     server = subprocess.Popen(server_command(folder, key, 0, fused=True), env=env, cwd=REPO,
                               stdout=(tmp_path / "server.log").open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        # a client that finds no listening process (and cannot start one outside tmux) trains
-        # alone: under load the server's imports can take longer than a client's
-        deadline = time.monotonic() + 120
-        while not slot_paths(folder, key, 0)[0].exists():
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-            time.sleep(0.1)
+        wait_listening(server, folder, key, tmp_path / "server.log", 120)
         clients = []
         for n, raw in enumerate(raws):
             run_dir = tmp_path / f"job-{n}"

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from benchmarks.noisy_rte import flip_every_fourth_label, numerics_config
+from tests.lora_runs import wait_listening
 from workers.lora.share import base_key, server_command, share_dir, slot_paths, unshareable
 
 pytest.importorskip("torch")
@@ -112,12 +113,7 @@ def warm_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[
         stdout=(tmp_path / "server.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 60
-    while not slot_paths(folder, key, 0)[0].exists():
-        assert server.poll() is None and time.monotonic() < deadline, (
-            tmp_path / "server.log"
-        ).read_text()
-        time.sleep(0.1)
+    wait_listening(server, folder, key, tmp_path / "server.log", 60)
     yield server, env
     server.send_signal(signal.SIGKILL)
     server.wait()
