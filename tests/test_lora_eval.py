@@ -76,8 +76,11 @@ def test_scores_do_not_depend_on_the_eval_batch(data_dir: Path) -> None:
         loader = train.build_loader(ordered, batch, collator, 0, None, 0)
         scores.append(train.evaluate(model, loader, answer_ids, "rte", "llama", torch.device("cpu"),
                                      contextlib.nullcontext))  # fmt: skip
+    losses = [s.pop("loss") for s in scores]
     assert scores[0] == scores[1]
     assert 0.0 < scores[0]["accuracy"] < 1.0  # a random LoRA: both classes are predicted
+    # the loss is a sum of floats: batched differently, it agrees to rounding
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] > 0
 
 
 def test_a_checkpoint_is_taken_before_test_is_scored_and_a_resume_from_it_only_scores_test(

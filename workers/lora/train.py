@@ -119,19 +119,24 @@ def train_step(
 def evaluate(model: Any, loader: DataLoader[Encoded], answer_ids: list[int], task: str, kind: str,
              device: torch.device, autocast: Callable[[], Any],
              beat: Callable[[int, int], None] = lambda done, total: None) -> dict[str, float]:  # fmt: skip
-    """Scores of the model on a loader; `beat(batches done, batches)` after each batch."""
+    """Scores of the model on a loader, and its `loss` (the training loss, cross-entropy of the
+    answer token over the vocabulary, mean per example); `beat(batches done, batches)` after each
+    batch. The loss moves while accuracy is still one class early in a run: early stopping can
+    rank settings on it (`early_stop.metric: val_loss`)."""
     model.eval()
     predictions: list[int] = []
     labels: list[int] = []
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for done, batch in enumerate(loader, start=1):
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast():
             logits = answer_logits(model, batch, 1, kind)
+        loss_sum += torch.nn.functional.cross_entropy(logits, batch["target_ids"], reduction="sum").double()
         predictions += logits[:, answer_ids].argmax(-1).tolist()
         labels += batch["labels"].tolist()
         beat(done, len(loader))
     model.train()
-    return task_metrics(task, predictions, labels)
+    return task_metrics(task, predictions, labels) | {"loss": float(loss_sum) / max(1, len(labels))}
 
 
 @dataclass
