@@ -45,20 +45,62 @@ class Routes:
 
 
 def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """A LoRA Linear's forward over a fused batch: the base once, each adapter on its rows."""
+    """A LoRA Linear's forward over a fused batch: the base once, each adapter on its rows.
+
+    The adapters' outputs are joined (rows of a member without an adapter here hold -0.0, which
+    adds as an exact identity) and added to the base output in one addition: per element the same
+    sum as each member's rows plus its own output, in fewer kernels than one addition a member."""
     if routes.now is None:
         raise RuntimeError("a fused group's forward ran without routes")
     result = layer.base_layer(x, *args, **kwargs)
-    dtype = result.dtype
-    pieces = []
+    if layer.disable_adapters:
+        return result
+    outputs: list[tuple[int, torch.Tensor | None]] = []
     for adapter, start, stop in routes.now:
-        part = result[start:stop]
-        if adapter in layer.lora_A and not layer.disable_adapters:
-            lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
-            rows = layer._cast_input_dtype(x[start:stop], lora_A.weight.dtype)
-            part = part + lora_B(lora_A(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter]
-        pieces.append(part.to(dtype))
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        rows = (result.shape[0] if stop is None else stop) - start
+        own = _adapter_output(layer, adapter, x[start:stop]) if adapter in layer.lora_A else None
+        outputs.append((rows, own))
+    present = [own for _, own in outputs if own is not None]
+    if not present:
+        return result
+    if len(outputs) == 1:
+        return (result + present[0]).to(result.dtype)
+    shape, dtype = present[0].shape[1:], present[0].dtype
+    joined = torch.cat([
+        own if own is not None else torch.full((rows, *shape), -0.0, dtype=dtype, device=result.device)
+        for rows, own in outputs
+    ])  # fmt: skip
+    return (result + joined).to(result.dtype)
+
+
+def _adapter_output(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
+    """lora_B(lora_A(dropout(rows))) * scaling, as peft computes it. peft first casts the rows to
+    the LoRA weights' dtype (fp32); under autocast with no dropout that cast is undone before the
+    matmul (bf16 -> fp32 -> bf16, forward and backward, both exact), so it is skipped: the same
+    numbers in two kernels fewer each way. With dropout the mask multiplies the fp32 copy, as
+    peft's does."""
+    lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
+    dropout = layer.lora_dropout[adapter]
+    if not (_identity(dropout) and _autocast_round_trip(rows, lora_A.weight.dtype)):
+        rows = layer._cast_input_dtype(rows, lora_A.weight.dtype)
+    return lora_B(lora_A(dropout(rows))) * layer.scaling[adapter]
+
+
+def _identity(dropout: torch.nn.Module) -> bool:
+    if isinstance(dropout, torch.nn.Identity):
+        return True
+    p = getattr(dropout, "p", None)
+    return isinstance(p, (int, float)) and (p == 0 or not dropout.training)
+
+
+def _autocast_round_trip(rows: torch.Tensor, weight_dtype: torch.dtype) -> bool:
+    """Casting the rows to the weights' dtype is undone by autocast before the matmul."""
+    device = rows.device.type
+    return (
+        weight_dtype == torch.float32
+        and torch.is_autocast_enabled(device)
+        and rows.dtype == torch.get_autocast_dtype(device)
+    )
 
 
 class Unfusable(Exception):
