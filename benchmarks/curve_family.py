@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.plans.early_stop import Mode
+
 STEPS = 2000
 EVAL_EVERY = 50
 SEEDS_PER_SETTING = 3
@@ -45,6 +47,8 @@ class Curves(Protocol):
     name: str
     steps: int  # a run's length: one GPU-hour
     eval_every: int
+    metric: str  # as early_stop.metric names it: `val_accuracy`, `val_loss`
+    mode: Mode  # of the metric; curves hold values times sign(mode): higher is better
 
     def draw(self, rng: random.Random, shuffled: bool) -> list[Drawn]:
         """Every run of the grid, queued setting by setting (the settings shuffled or not)."""
@@ -57,6 +61,11 @@ class Curves(Protocol):
     def mean_se(self) -> float:
         """One standard error of a setting's measured final (the mean of 3 seeds' last evaluations)."""
         ...
+
+
+def sign(mode: Mode) -> float:
+    """What a value is multiplied by so that higher is better (a loss: -1)."""
+    return 1.0 if mode is Mode.MAX else -1.0
 
 
 def setting_name(lr: float, rank: int) -> str:
@@ -106,6 +115,8 @@ class Parametric:
     name = "parametric"
     steps = STEPS
     eval_every = EVAL_EVERY
+    metric = "val_accuracy"
+    mode = Mode.MAX
 
     def draw(self, rng: random.Random, shuffled: bool) -> list[Drawn]:
         settings = [(lr, rank) for lr in LEARNING_RATES for rank in RANKS]

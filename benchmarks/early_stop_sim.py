@@ -25,7 +25,9 @@ settings, so a second count says how often the kept setting is tied with the gri
 finals within one standard error of a 3-seed mean), and `--explain` prints, per seed, the grid
 best's true rank, its seeds' deviations from its true final, its rank at each rung and where it
 was stopped. `--smooth-evals N` judges on the mean of each seed's last N evaluations
-(early_stop.smooth_evals).
+(early_stop.smooth_evals). `--metric loss` judges the recordings' validation losses instead of
+their accuracies (`early_stop.metric: val_loss`, `mode: min`; the grid's best is then the lowest
+final loss).
 
 Search: random vs TPE at equal trials, one measurement per trial. On the family: a continuous
 learning rate, warm-up ratio and a rank choice, noise N(0, 0.004). On the recordings: the 11
@@ -45,10 +47,10 @@ from statistics import mean
 from typing import Any
 
 from benchmarks import curve_family
-from benchmarks.curve_family import NONE_KEPT, Curves, Drawn, Parametric, final_of
+from benchmarks.curve_family import NONE_KEPT, Curves, Drawn, Parametric, final_of, sign
 from benchmarks.recorded_curves import RECORDED, Recorded, load
 from orchestrator.lifecycle import JobState
-from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule
+from orchestrator.plans.early_stop import EarlyStop, PruneRule
 from orchestrator.plans.search import parse_search
 from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial, random_trials
 from orchestrator.scheduling.early_stop import Prune, SeedRun, SettingRuns, judge
@@ -101,7 +103,7 @@ def grid_best(runs: list[Run]) -> str:
 def explain(curves: Curves, runs: list[Run], best: str, sweep: Sweep) -> str:
     """Why the grid's best was kept or lost: its true rank, its seeds' noise, its rank at each
     rung it was told, and where it was stopped."""
-    true_final = curves.true_final
+    true_final, better = curves.true_final, sign(curves.mode)
     truth = sorted({r.setting for r in runs}, key=true_final, reverse=True)
     noise = [r.drawn.final - true_final(best) for r in runs if r.setting == best]
     measured = measured_finals(runs)
@@ -109,13 +111,13 @@ def explain(curves: Curves, runs: list[Run], best: str, sweep: Sweep) -> str:
     for rung in sorted({t.rung for t in sweep.told}):
         at = {t.setting: t.value for t in sweep.told if t.rung == rung}
         if best in at:
-            rank = 1 + sum(v > at[best] for v in at.values())
+            rank = 1 + sum(better * v > better * at[best] for v in at.values())
             rungs.append(f"rung {rung}: {rank} of {len(at)}")
     stop = sweep.prunes.get(best)
     return (
-        f"  grid best {best}: true rank {truth.index(best) + 1} (true final {true_final(best):.5f}, "
-        f"best {true_final(truth[0]):.5f}), measured {measured[best]:.4f}, seed noise "
-        f"{', '.join(f'{n:+.4f}' for n in noise)}; {'; '.join(rungs) or 'never told'}; "
+        f"  grid best {best}: true rank {truth.index(best) + 1} (true final {better * true_final(best):.5f}, "
+        f"best {better * true_final(truth[0]):.5f}), measured {better * measured[best]:.4f}, seed noise "
+        f"{', '.join(f'{better * n:+.4f}' for n in noise)}; {'; '.join(rungs) or 'never told'}; "
         + (f"stopped at step {stop.step} (rank {stop.rank} of {stop.of})" if stop else "kept")
         + (
             f"; kept {sweep.kept} (true rank {truth.index(sweep.kept) + 1})"
@@ -136,8 +138,10 @@ class Sweep:
 def sweep_with_early_stop(runs: list[Run], spec: EarlyStop, steps: int) -> Sweep:
     """GPU-hours until every surviving setting ended (a run of `steps` is one), the setting
     kept, and what was told. Judged after every evaluation step at which a running seed reached
-    or passed a rung step (the daemon judges every 2 s)."""
+    or passed a rung step (the daemon judges every 2 s). The runs hold values times sign(spec.mode);
+    the core is told the values themselves."""
     rungs = spec.rung_steps(steps)
+    better = sign(spec.mode)
     told: list[RungValue] = []
     prunes: dict[str, Prune] = {}
     decided: set[str] = set()
@@ -160,7 +164,8 @@ def sweep_with_early_stop(runs: list[Run], spec: EarlyStop, steps: int) -> Sweep
                     SettingRuns(
                         key,
                         tuple(
-                            SeedRun(r.job_id, r.state, dict(r.values), float(r.step))
+                            SeedRun(r.job_id, r.state, {k: better * v for k, v in r.values.items()},
+                                    float(r.step))
                             for r in members
                         ),
                         decided=key in decided,
@@ -206,22 +211,23 @@ def search_best(method: str, trials: int, seed: int, curves: Curves) -> float:
         "method": method,
         "trials": trials,
         "seed": seed,
-        "metric": "val_accuracy",
-        "mode": "max",
+        "metric": curves.metric,
+        "mode": curves.mode.value,
         "space": space,
     }
     search = parse_search("benchmark", raw, set(space), ())
+    better = sign(curves.mode)
     rng = random.Random(seed * 7919 + 1)
     finished: list[FinishedTrial] = []
     asked = random_trials(search) if method == "random" else []
     for number in range(trials):
         params = asked[number] if asked else next_trial(search, finished, number)
         if isinstance(curves, Recorded):
-            value = rng.choice(curves.curves[_setting(params)])[-1]
+            value = better * rng.choice(curves.curves[_setting(params)])[-1]  # as the worker reports it
         else:
             value = _family_final(params) + rng.gauss(0, 0.004)
         finished.append(FinishedTrial(number, params, TrialEnd.COMPLETE, value))
-    chosen = max(finished, key=lambda t: t.value if t.value is not None else -math.inf).params
+    chosen = max(finished, key=lambda t: better * t.value if t.value is not None else -math.inf).params
     return (
         curves.true_final(_setting(chosen))
         if isinstance(curves, Recorded)
@@ -247,7 +253,9 @@ def _number(value: object) -> float:
 
 def curves_of(args: argparse.Namespace) -> Curves:
     if args.curves == "recorded":
-        return load(args.recording)
+        return load(args.recording, args.metric)
+    if args.metric != "accuracy":
+        raise SystemExit("--metric loss: the recorded curves only (the family is accuracy)")
     curve_family.CROSSING[0] = args.crossing
     curve_family.NOISE[0] = args.eval_sd
     return Parametric()
@@ -265,6 +273,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--recording", type=Path, default=RECORDED, help="the recorded curves' JSON"
+    )
+    parser.add_argument(
+        "--metric", default="accuracy", choices=["accuracy", "loss"],
+        help="what early stopping and search judge, and what picks the grid's best: the recorded "
+        "val_accuracy (mode max, default) or val_loss (mode min)",
     )
     parser.add_argument("--seeds", type=int, default=10, help="benchmark seeds (default 10)")
     parser.add_argument("--rule", default="asha", choices=[r.value for r in PruneRule])
@@ -311,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = curves_of(args)
     min_steps = args.min_steps or curves.steps // 10
     hyperband = args.rule == "hyperband"
-    spec = EarlyStop("val_accuracy", Mode.MAX, PruneRule(args.rule), min_steps, args.reduction_factor,
+    spec = EarlyStop(curves.metric, curves.mode, PruneRule(args.rule), min_steps, args.reduction_factor,
                      curves.steps if hyperband else None, args.smooth_evals)  # fmt: skip
     rows: list[dict[str, Any]] = []
     settings: list[str] = []
@@ -334,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     tpe_best = [search_best("tpe", args.trials, seed, curves) for seed in searched] or [math.nan]
     optimum = max(settings, key=curves.true_final) if isinstance(curves, Recorded) else None
+    better = sign(curves.mode)
     summary = {
-        "curves": curves.name, "rule": args.rule, "order": args.order,
+        "curves": curves.name, "metric": curves.metric, "mode": curves.mode.value,
+        "rule": args.rule, "order": args.order,
         "crossing": args.crossing if curves.name == "parametric" else None,
         "min_steps": min_steps, "steps": curves.steps, "eval_every_steps": curves.eval_every,
         "reduction_factor": args.reduction_factor, "smooth_evals": args.smooth_evals,
@@ -348,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         "grid_picks_true_best": sum(r["grid_picks_true_best"] for r in rows),
         "mean_standard_error": curves.mean_se(), "benchmark_seeds": args.seeds,
         "regret_mean": mean(r["regret"] for r in rows), "regret_max": max(r["regret"] for r in rows),
-        "trials": args.trials, "random_best_mean": mean(random_best), "tpe_best_mean": mean(tpe_best),
-        "optimum": curves.true_final(optimum) if optimum else final_of(curve_family.BEST_LR, 16, 0.05),
+        # the search's figures as the worker reports them (a loss as itself); regrets: how much worse
+        "trials": args.trials, "random_best_mean": better * mean(random_best),
+        "tpe_best_mean": better * mean(tpe_best),
+        "optimum": better * curves.true_final(optimum) if optimum else final_of(curve_family.BEST_LR, 16, 0.05),
         "runs": rows,
     }  # fmt: skip
     if args.json:
@@ -371,11 +388,12 @@ def report(args: argparse.Namespace, summary: dict[str, Any], curves: Curves) ->
     noise = f"evaluation noise {args.eval_sd}, crossing {args.crossing}" if curves.name == "parametric" else (
         f"{curves.steps} steps, an evaluation every {curves.eval_every}")  # fmt: skip
     lines.append(
-        f"early stopping on {curves.name} curves ({args.rule}, min_steps {summary['min_steps']}, factor "
+        f"early stopping on {curves.name} curves, {curves.metric} ({args.rule}, "
+        f"min_steps {summary['min_steps']}, factor "
         f"{args.reduction_factor}, smooth_evals {args.smooth_evals}, {noise}): "
         f"{summary['early_stop_gpu_hours_mean']:.1f} GPU-h mean (max {summary['early_stop_gpu_hours_max']:.1f}) "
         f"vs {full_hours:.0f} for the full grid ({summary['early_stop_gpu_hours_mean'] / full_hours:.2f}); "
-        f"grid best kept in {summary['grid_best_kept']} of {n}; the kept setting's {truth} below "
+        f"grid best kept in {summary['grid_best_kept']} of {n}; the kept setting's {truth} short of "
         f"the grid best's by {summary['regret_mean']:.4f} on average (at most {summary['regret_max']:.4f}); "
         f"a setting tied with the grid best (within one standard error of a setting's mean, "
         f"{summary['mean_standard_error']:.4f}) kept in {summary['tied_with_grid_best_kept']} of {n}; the full grid "

@@ -116,8 +116,8 @@ def shared_config(steps: int, eval_every: int) -> dict[str, Any]:
     return config | {"data_dir": "the task's folder", "learning_rate": "per run", "seed": "per run"}
 
 
-def val_history(progress: Path) -> list[list[float]]:
-    """[[step, val accuracy], ...] from the worker's progress.jsonl (lines without val skipped)."""
+def val_history(progress: Path, metric: str = "accuracy") -> list[list[float]]:
+    """[[step, val `metric`], ...] from the worker's progress.jsonl (lines without it skipped)."""
     points = []
     for line in progress.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
@@ -127,9 +127,9 @@ def val_history(progress: Path) -> list[list[float]]:
         val = record.get("val") if isinstance(record, dict) else None
         if not isinstance(val, dict):
             continue
-        step, accuracy = record.get("step"), val.get("accuracy")
-        if isinstance(step, int) and isinstance(accuracy, (int, float)):
-            points.append([step, round(float(accuracy), 5)])
+        step, value = record.get("step"), val.get(metric)
+        if isinstance(step, int) and isinstance(value, (int, float)):
+            points.append([step, round(float(value), 5)])
     return points
 
 
@@ -152,6 +152,7 @@ def record_one(cache: BaseCache, data: Path, work: Path, lr: float, rank: int, s
     seconds = time.monotonic() - started
     return {
         "lr": lr, "r": rank, "seed": seed, "val": val_history(run_dir / "progress.jsonl"),
+        "val_loss": val_history(run_dir / "progress.jsonl", "loss"),
         "test": round(outcome.metrics["test"]["accuracy"], 5), "seconds": round(seconds, 2),
         "train_seconds": round(outcome.train_seconds, 2),
     }  # fmt: skip
@@ -209,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         return 0
     document = {
-        "what": "val accuracy histories of the LoRA worker's tiny Llama (CPU, fp32, one thread) on the "
+        "what": "val accuracy (`val`) and val loss (`val_loss`) histories of the LoRA worker's tiny Llama "
+        "(CPU, fp32, one thread) on the "
         "`cues` task of benchmarks/lr_grid_record.py, one run per (lr, r, seed)",
         "task": {"name": args.task, "n_train_rows": args.n_train, "n_dev_rows": args.n_dev, "label_noise": args.noise},
         "config": shared_config(args.steps, args.eval_every),

@@ -7,7 +7,11 @@ queues the settings as the parametric family does (shuffled as orch shuffles an 
 suite). A run is as recorded (480 steps, an evaluation every 16): one GPU-hour. A setting's
 "true" final is the mean of the last evaluations of all its recorded seeds; one standard error
 of a 3-seed mean is the pooled spread of the finals within the top quarter of the settings over
-sqrt(3)."""
+sqrt(3).
+
+`metric` picks the histories: `accuracy` (the recording's `val`) or `loss` (its `val_loss`,
+`mode: min`). A loss is held negated, so that higher is better throughout the benchmark; the
+decision core is told the loss itself, under `mode: min`."""
 
 from __future__ import annotations
 
@@ -19,9 +23,12 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from benchmarks.curve_family import NONE_KEPT, SEEDS_PER_SETTING, Drawn, setting_name
+from benchmarks.curve_family import NONE_KEPT, SEEDS_PER_SETTING, Drawn, setting_name, sign
+from orchestrator.plans.early_stop import Mode
 
 RECORDED = Path(__file__).resolve().parent / "results" / "lr_grid_curves.json"
+# --metric: the run's history key, the metric as early_stop names it, its mode
+METRICS = {"accuracy": ("val", "val_accuracy", Mode.MAX), "loss": ("val_loss", "val_loss", Mode.MIN)}
 
 
 class RecordingError(ValueError):
@@ -36,8 +43,10 @@ class Recorded:
     eval_every: int
     learning_rates: list[float]
     ranks: list[int]
-    curves: dict[str, list[list[float]]]
+    curves: dict[str, list[list[float]]]  # times sign(mode): higher is better
     name: str = "recorded"
+    metric: str = "val_accuracy"
+    mode: Mode = Mode.MAX
 
     def draw(self, rng: random.Random, shuffled: bool) -> list[Drawn]:
         settings = list(self.curves)
@@ -52,7 +61,7 @@ class Recorded:
 
     def true_final(self, setting: str) -> float:
         if setting == NONE_KEPT:
-            return 0.0
+            return 0.0 if self.mode is Mode.MAX else -math.inf
         return mean(seed[-1] for seed in self.curves[setting])
 
     def seed_sd(self) -> float:
@@ -75,20 +84,21 @@ class Recorded:
         return min(len(seeds) for seeds in self.curves.values())
 
 
-def load(path: Path = RECORDED) -> Recorded:
+def load(path: Path = RECORDED, metric: str = "accuracy") -> Recorded:
     """The recording at `path`, checked: every setting of the grid with at least 3 seeds, each
-    history evaluated at every `eval_every` steps up to `steps`."""
+    history of `metric` (`accuracy` or `loss`) evaluated at every `eval_every` steps up to `steps`."""
     try:
-        return _parse(path, json.loads(path.read_text(encoding="utf-8")))
+        return _parse(path, json.loads(path.read_text(encoding="utf-8")), metric)
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         if isinstance(exc, RecordingError):
             raise
         raise RecordingError(f"{path}: not a recording: {exc!r}"[:200]) from None
 
 
-def _parse(path: Path, document: Any) -> Recorded:
+def _parse(path: Path, document: Any, metric: str) -> Recorded:
     if not isinstance(document, dict):
         raise RecordingError(f"{path}: not a JSON object")
+    key, name, mode = METRICS[metric]
     steps, every = _int(document, "steps"), _int(document, "eval_every_steps")
     if steps % every:
         raise RecordingError(f"{path}: steps {steps} is not a multiple of eval_every_steps {every}")
@@ -100,18 +110,21 @@ def _parse(path: Path, document: Any) -> Recorded:
         setting = setting_name(float(run["lr"]), int(run["r"])) if isinstance(run, dict) else ""
         if setting not in curves:
             raise RecordingError(f"{path}: a run outside the grid: {str(run)[:80]}")
-        points = run.get("val")
+        points = run.get(key)
+        if points is None:
+            raise RecordingError(f"{path}: {setting} seed {run.get('seed')}: no {key} history "
+                                 "(recorded before the worker reported it: record again)")  # fmt: skip
         if not isinstance(points, list) or [_step(p) for p in points] != expected:
             raise RecordingError(
                 f"{path}: {setting} seed {run.get('seed')}: not evaluated every {every} steps"
             )
-        curves[setting].append([float(p[1]) for p in points])
+        curves[setting].append([sign(mode) * float(p[1]) for p in points])
     short = [s for s, seeds in curves.items() if len(seeds) < SEEDS_PER_SETTING]
     if not curves or short:
         raise RecordingError(
             f"{path}: fewer than {SEEDS_PER_SETTING} seeds of {', '.join(short) or 'any setting'}"
         )
-    return Recorded(steps, every, rates, ranks, curves)
+    return Recorded(steps, every, rates, ranks, curves, metric=name, mode=mode)
 
 
 def _int(document: dict[str, Any], key: str) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +74,58 @@ def test_a_damaged_recording_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(RecordingError, match="not a recording"):
         load(path)
+
+
+def test_the_recording_holds_each_runs_validation_loss_and_the_replay_judges_it_as_a_minimum(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import early_stop_sim
+
+    losses, accuracies = load(RECORDED, "loss"), load(RECORDED)
+    assert losses.metric == "val_loss" and losses.mode.value == "min" and accuracies.metric == "val_accuracy"
+    assert losses.curves.keys() == accuracies.curves.keys()
+    # held negated (higher is better in the benchmark): the lowest final loss is the best setting
+    best = max(losses.curves, key=losses.true_final)
+    assert all(-v > 0 for seed in losses.curves[best] for v in seed)
+    assert -losses.true_final(best) == min(-losses.true_final(s) for s in losses.curves)
+    # early, the loss ranks the settings as their ends do far better than accuracy does
+    assert rank_agreement(losses, 48) > 0.8 > 0 > rank_agreement(accuracies, 48)
+    assert early_stop_sim.main(["--seeds", "1", "--no-search", "--metric", "loss", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["metric"] == "val_loss" and summary["mode"] == "min"
+    assert 0 < summary["early_stop_gpu_hours_mean"] < summary["full_grid_gpu_hours"]
+
+
+def test_a_recording_without_loss_histories_is_refused_for_the_loss(tmp_path: Path) -> None:
+    document = json.loads(RECORDED.read_text(encoding="utf-8"))
+    for run in document["runs"]:
+        del run["val_loss"]
+    path = tmp_path / "accuracy-only.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    assert len(load(path).curves) == 44  # accuracy still replays
+    with pytest.raises(RecordingError, match=r"no val_loss history .*record again"):
+        load(path, "loss")
+
+
+def rank_agreement(recorded: Any, step: int) -> float:
+    """Spearman's correlation of the settings' mean value at `step` with their true finals."""
+    settings = list(recorded.curves)
+    index = step // recorded.eval_every - 1
+    at = [sum(seed[index] for seed in recorded.curves[s]) / len(recorded.curves[s]) for s in settings]
+    final = [recorded.true_final(s) for s in settings]
+    return pearson(ranks(at), ranks(final))
+
+
+def ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    result = [0.0] * len(values)
+    for position, index in enumerate(order):
+        result[index] = float(position)
+    return result
+
+
+def pearson(a: list[float], b: list[float]) -> float:
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    covariance = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b, strict=True))
+    spread = (sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b)) ** 0.5
+    return covariance / spread
