@@ -2,7 +2,8 @@
 the plain loop it replaced: each member's rows plus its own adapter's output, one addition per
 member, after peft's cast of the rows to the LoRA weights' dtype. Checked on the logits and on
 every LoRA gradient, in fp32 and under bf16 autocast, with and without LoRA dropout, for members
-with other ranks and other targets (some layers hold one member's adapter only)."""
+with other ranks and other targets (some layers hold one member's adapter only), so both ways
+RowSlices joins the rows' gradients are taken."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
 
+from benchmarks.routing_loop import loop_forward  # noqa: E402
 from workers.lora.model import build_tiny_llama  # noqa: E402
 from workers.lora.routing import Routes, routed_forward  # noqa: E402
 
@@ -23,25 +25,8 @@ pytestmark = [pytest.mark.train]
 MEMBERS = {  # name: (rank, targets)
     "a": (8, ["q_proj", "v_proj"]),
     "b": (4, ["q_proj", "k_proj", "o_proj", "down_proj"]),
-    "c": (2, ["v_proj"]),
-}
-
-
-def loop_forward(layer: Any, routes: Routes, x: Any, *args: Any, **kwargs: Any) -> Any:
-    """The routing as it was: each member's slice of the base output plus its adapter's output,
-    joined."""
-    result = layer.base_layer(x, *args, **kwargs)
-    dtype = result.dtype
-    pieces = []
-    assert routes.now is not None
-    for adapter, start, stop in routes.now:
-        part = result[start:stop]
-        if adapter in layer.lora_A and not layer.disable_adapters:
-            lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
-            rows = layer._cast_input_dtype(x[start:stop], lora_A.weight.dtype)
-            part = part + lora_B(lora_A(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter]
-        pieces.append(part.to(dtype))
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    "c": (2, ["q_proj", "v_proj"]),
+}  # q_proj: every member (the rows' gradients joined whole); the others: some members
 
 
 def fused_model(dropout: float) -> tuple[Any, list[Any]]:

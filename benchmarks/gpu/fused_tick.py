@@ -4,6 +4,7 @@ trained as fused groups of k members, no daemon.
 
     python benchmarks/gpu/fused_tick.py --work /tmp/tick --out OUT [--size 1b3] [--steps 60]
     python benchmarks/gpu/fused_tick.py --dry --work /tmp/tick-dry --out /tmp/o    # CPU, tiny
+    python benchmarks/gpu/fused_tick.py ... --routing loop,joined --trace 4 --no-profile
 
 For each group size k of `--members` and each LoRA dropout of `--dropouts`: k jobs (the 4 configs
 in turn, seeds 1..k) train `--steps` steps each as one group (FusedTrainer, base loaded once);
@@ -13,6 +14,13 @@ backward against the members' own steps (optimizer, scheduler, progress line). T
 of the largest k under cProfile: the functions with the most own time (Python overhead in one
 thread is what a fused group cannot spread over processes). Writes OUT/fused-tick.json and
 OUT/fused-profile.txt; prints a line per run.
+
+`--routing` times each named routing of the LoRA layers: `joined` (workers/lora/routing.py, as
+shipped) and `loop` (benchmarks/routing_loop.py, the first version, one addition a member).
+`--trace K` runs a group of K members under torch.profiler for `--trace-ticks` ticks (after
+5 untimed) with each routing: the GPU's busy time per tick (the union of its kernels' and
+copies' intervals) against the tick's wall time, the kernels launched per tick and the kernels
+with the most GPU time (OUT/fused-trace.json).
 """
 
 from __future__ import annotations
@@ -71,8 +79,67 @@ class TickClock:
         return timed
 
 
+class TickTrace:
+    """torch.profiler over `active` ticks of a group, after `skip`: GPU busy time and kernels."""
+
+    def __init__(self, path: Path, skip: int = 5, active: int = 10) -> None:
+        self.path, self.skip, self.active = path, skip, active
+        self.ticks = 0
+        self.profiler: Any = None
+        self.wall_s = 0.0
+        self.started = 0.0
+
+    def wrap(self, tick: Any) -> Any:
+        import torch
+
+        def traced(trainer: Any) -> None:
+            if self.ticks == self.skip:
+                from torch.profiler import ProfilerActivity, profile
+
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                self.profiler.__enter__()
+                self.started = time.perf_counter()
+            tick(trainer)
+            self.ticks += 1
+            if self.ticks == self.skip + self.active:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.wall_s = time.perf_counter() - self.started
+                self.profiler.__exit__(None, None, None)
+                self.profiler.export_chrome_trace(str(self.path))
+
+        return traced
+
+    def summary(self) -> dict[str, Any]:
+        """Per tick: wall ms, GPU busy ms (union of kernel and copy intervals), kernels; the top kernels."""
+        events = json.loads(self.path.read_text()).get("traceEvents", [])
+        gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+        spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu)
+        busy_us, end = 0.0, -1.0
+        for start, stop in spans:
+            if stop > end:
+                busy_us += stop - max(start, end)
+                end = stop
+        by_name: dict[str, list[float]] = {}
+        for e in gpu:
+            entry = by_name.setdefault(str(e.get("name", "?"))[:90], [0.0, 0])
+            entry[0] += float(e["dur"])
+            entry[1] += 1
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
+        ticks = self.active
+        return {
+            "ticks": ticks, "tick_wall_ms": round(1000 * self.wall_s / ticks, 1),
+            "gpu_busy_ms_per_tick": round(busy_us / 1000 / ticks, 1),
+            "kernels_per_tick": round(sum(1 for e in gpu if e.get("cat") == "kernel") / ticks),
+            "top_kernels": [{"name": n, "ms_per_tick": round(v[0] / 1000 / ticks, 2),
+                             "per_tick": round(v[1] / ticks)} for n, v in top],
+        }  # fmt: skip
+
+
 def run_group(root: Path, tag: str, configs: list[dict[str, Any]], cache: Any, clock: TickClock | None,
-              profile: cProfile.Profile | None) -> float:  # fmt: skip
+              profile: cProfile.Profile | None, trace: TickTrace | None = None) -> float:  # fmt: skip
     from workers.lora import fused
     from workers.lora.fused import FusedTrainer, MemberSpec
 
@@ -83,9 +150,11 @@ def run_group(root: Path, tag: str, configs: list[dict[str, Any]], cache: Any, c
         run_dir.mkdir(parents=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
         specs.append(MemberSpec(run_dir, run_dir / "config.yaml", done=ends.append))
-    original = fused.forward_backward
+    original, tick = fused.forward_backward, fused.FusedTrainer.tick
     if clock is not None:
         fused.forward_backward = clock.wrap(original)
+    if trace is not None:
+        fused.FusedTrainer.tick = trace.wrap(tick)  # type: ignore[method-assign]
     waves = [specs]
     started = time.perf_counter()
     try:
@@ -95,7 +164,7 @@ def run_group(root: Path, tag: str, configs: list[dict[str, Any]], cache: Any, c
     finally:
         if profile is not None:
             profile.disable()
-        fused.forward_backward = original
+        fused.forward_backward, fused.FusedTrainer.tick = original, tick  # type: ignore[method-assign]
     seconds = time.perf_counter() - started
     if ends != [0] * len(configs):
         raise SystemExit(f"{tag}: members ended {ends}")
@@ -124,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", default="1,2,4,8")
     parser.add_argument("--dropouts", default="0.05,0")
     parser.add_argument("--dry", action="store_true", help="the tiny Llama on CPU, 4 steps")
+    parser.add_argument("--routing", default="joined", help="comma-separated: joined (shipped), loop (the first)")
+    parser.add_argument("--trace", type=int, default=0, help="members of a group traced by torch.profiler")
+    parser.add_argument("--trace-ticks", type=int, default=10)
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -140,30 +213,34 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data), "--tasks", "rte",
                     "--n-train", "40" if args.dry else "2490", "--n-dev", "16" if args.dry else "277"],
                    check=True, cwd=REPO, capture_output=True)  # fmt: skip
+    from benchmarks.routing_loop import loop_forward
+    from workers.lora import routing
     from workers.lora.base_cache import BaseCache
 
+    routings = {"joined": routing.routed_forward, "loop": loop_forward}
     cache = BaseCache()
     names = list(CONFIGS)
     sizes = [int(k) for k in args.members.split(",")]
     runs: list[dict[str, Any]] = []
-    for dropout in [float(d) for d in args.dropouts.split(",")]:
-        for k in sizes:
-            configs = [
-                member_config(names[n % len(names)], n + 1, model, data, steps, dropout)
-                for n in range(k)
-            ]
-            tag = f"k{k}-p{dropout}"
-            clock = TickClock()
-            seconds = run_group(args.work / "runs", tag, configs, cache, clock, None)
-            loop_s, longest = train_seconds(args.work / "runs", tag, k, steps)
-            run = {
-                "members": k, "dropout": dropout, "steps": steps, "wall_s": round(seconds, 2),
-                "loop_s": round(loop_s, 2), "tick_ms": round(1000 * loop_s / steps, 1),
-                "forward_backward_ms": round(1000 * clock.forward_backward_s / max(1, clock.ticks), 1),
-                "job_steps_per_s": round(k * steps / loop_s, 1) if loop_s else None, "longest_tokens": longest,
-            }  # fmt: skip
-            runs.append(run)
-            print(json.dumps(run), flush=True)
+    traces: list[dict[str, Any]] = []
+    for way in args.routing.split(","):
+        routing.routed_forward = routings[way]  # FusedModel patches each new group's layers with it
+        for dropout in [float(d) for d in args.dropouts.split(",")]:
+            for k in sizes:
+                runs.append(timed_group(args, model, data, steps, dropout, k, way, cache))
+                print(json.dumps(runs[-1]), flush=True)
+        if args.trace:
+            trace = TickTrace(args.work / f"trace-{way}.json", active=args.trace_ticks)
+            configs = [member_config(names[n % len(names)], n + 1, model, data, 5 + args.trace_ticks + 2, 0.0)
+                       for n in range(args.trace)]  # fmt: skip
+            run_group(args.work / "runs", f"trace-{way}", configs, cache, None, None, trace)
+            traces.append({"routing": way, "members": args.trace, "dropout": 0.0, **trace.summary()})
+            print(json.dumps(traces[-1]), flush=True)
+            (args.out / "fused-trace.json").write_text(json.dumps(traces, indent=1))
+    routing.routed_forward = routings["joined"]
+    (args.out / "fused-tick.json").write_text(json.dumps({"size": args.size, "runs": runs}, indent=1))
+    if args.no_profile:
+        return 0
     profile = cProfile.Profile()
     k = max(sizes)
     configs = [
@@ -174,10 +251,26 @@ def main(argv: list[str] | None = None) -> int:
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
     (args.out / "fused-profile.txt").write_text(text.getvalue())
     print("\n".join(text.getvalue().splitlines()[:45]))
-    (args.out / "fused-tick.json").write_text(
-        json.dumps({"size": args.size, "runs": runs}, indent=1)
-    )
     return 0
+
+
+def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dropout: float, k: int, way: str,
+                cache: Any) -> dict[str, Any]:  # fmt: skip
+    names = list(CONFIGS)
+    configs = [
+        member_config(names[n % len(names)], n + 1, model, data, steps, dropout)
+        for n in range(k)
+    ]
+    tag = f"{way}-k{k}-p{dropout}"
+    clock = TickClock()
+    seconds = run_group(args.work / "runs", tag, configs, cache, clock, None)
+    loop_s, longest = train_seconds(args.work / "runs", tag, k, steps)
+    return {
+        "routing": way, "members": k, "dropout": dropout, "steps": steps, "wall_s": round(seconds, 2),
+        "loop_s": round(loop_s, 2), "tick_ms": round(1000 * loop_s / steps, 1),
+        "forward_backward_ms": round(1000 * clock.forward_backward_s / max(1, clock.ticks), 1),
+        "job_steps_per_s": round(k * steps / loop_s, 1) if loop_s else None, "longest_tokens": longest,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import shutil
 import tempfile
@@ -49,28 +50,60 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
 
     The adapters' outputs are joined (rows of a member without an adapter here hold -0.0, which
     adds as an exact identity) and added to the base output in one addition: per element the same
-    sum as each member's rows plus its own output, in fewer kernels than one addition a member."""
+    sum as each member's rows plus its own output, in fewer kernels than one addition a member.
+    The members' rows are cut by RowSlices, whose backward joins their gradients in one tensor."""
     if routes.now is None:
         raise RuntimeError("a fused group's forward ran without routes")
     result = layer.base_layer(x, *args, **kwargs)
     if layer.disable_adapters:
         return result
-    outputs: list[tuple[int, torch.Tensor | None]] = []
-    for adapter, start, stop in routes.now:
-        rows = (result.shape[0] if stop is None else stop) - start
-        own = _adapter_output(layer, adapter, x[start:stop]) if adapter in layer.lora_A else None
-        outputs.append((rows, own))
-    present = [own for _, own in outputs if own is not None]
-    if not present:
+    bounds = [(start, result.shape[0] if stop is None else stop) for _, start, stop in routes.now]
+    adapted = [adapter in layer.lora_A for adapter, _, _ in routes.now]
+    if not any(adapted):
         return result
-    if len(outputs) == 1:
-        return (result + present[0]).to(result.dtype)
+    if len(bounds) == 1:
+        return (result + _adapter_output(layer, routes.now[0][0], x)).to(result.dtype)
+    cut = [b for b, own in zip(bounds, adapted, strict=True) if own]
+    slices = iter(RowSlices.apply(x, tuple(cut)))
+    outputs = [
+        _adapter_output(layer, adapter, next(slices)) if own else None
+        for (adapter, _, _), own in zip(routes.now, adapted, strict=True)
+    ]
+    present = [own for own in outputs if own is not None]
     shape, dtype = present[0].shape[1:], present[0].dtype
     joined = torch.cat([
-        own if own is not None else torch.full((rows, *shape), -0.0, dtype=dtype, device=result.device)
-        for rows, own in outputs
+        own if own is not None else torch.full((stop - start, *shape), -0.0, dtype=dtype, device=result.device)
+        for own, (start, stop) in zip(outputs, bounds, strict=True)
     ])  # fmt: skip
     return (result + joined).to(result.dtype)
+
+
+class RowSlices(torch.autograd.Function):
+    """Rows of a batch, cut at `bounds` (one (start, stop) per member with an adapter). Autograd's
+    own slicing makes, in the backward, a zero tensor of the whole batch per slice and adds each
+    to the input's gradient; here the slices' gradients go into one tensor (-0.0 elsewhere, an
+    exact identity when added): per element the same sum, in one or a few kernels."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bounds: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, ...]:
+        ctx.bounds, ctx.shape = bounds, x.shape
+        return tuple(x[start:stop] for start, stop in bounds)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:
+        given = [(bound, g) for bound, g in zip(ctx.bounds, grads, strict=True) if g is not None]
+        if not given:
+            return None, None
+        rows = [(start, stop) for (start, stop), _ in given]
+        first = given[0][1]
+        if rows[0][0] == 0 and rows[-1][1] == ctx.shape[0] and all(
+            stop == start for (_, stop), (start, _) in itertools.pairwise(rows)
+        ):
+            return torch.cat([g for _, g in given]), None  # the slices cover the batch
+        whole = torch.full(ctx.shape, -0.0, dtype=first.dtype, device=first.device)
+        for (start, stop), g in given:
+            whole[start:stop] = g
+        return whole, None
 
 
 def _adapter_output(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
