@@ -72,7 +72,7 @@ def stand_in(orch: Orch, suite: str, **settings: object) -> None:
 
 def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch) -> None:
     stand_in(orch, "fz")
-    orch.submit("fz", "1:toy 2:toy 3:toy")
+    orch.submit("fz", "1:glue-tvt_rte 2:glue-tvt_rte 3:glue-tvt_rte")
     orch.start_daemon()
 
     def sharing() -> set[str] | None:  # every running job shows the one process it shares
@@ -120,8 +120,8 @@ def test_the_failures_of_one_warm_process_count_once_against_the_crash_loop_guar
     guard = {"crash_loop": {"failures": 2, "within_s": 60, "window_s": 600}}
     stand_in(orch, "shared", env={"STAND_IN": "process-dies"}, **guard)  # share.json: one process
     stand_in(orch, "apart", env={"STAND_IN": "no-share"}, **guard)  # the same failures, no share.json
-    orch.submit("shared", "1:toy 2:toy 3:toy")
-    orch.submit("apart", "1:toy 2:toy 3:toy")
+    orch.submit("shared", "1:glue-tvt_rte 2:glue-tvt_rte 3:glue-tvt_rte")
+    orch.submit("apart", "1:glue-tvt_rte 2:glue-tvt_rte 3:glue-tvt_rte")
     orch.start_daemon()
     orch.wait_all_done(180)
     paused = {p["suite"] for p in orch.json("status", "--once")["paused_configs"]} | {

@@ -201,8 +201,8 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
     """The LoRA worker runs with the training stack only: of orchestrator it may use the
     dependency-free run-dir names and writer and the config key table, nothing else (and the
     table pulls in nothing of orch's own dependencies)."""
-    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys", "orchestrator.attempts.divergence",
-               "orchestrator.executors.provenance"}
+    allowed = {"orchestrator.rundir_files", "orchestrator.plans.lora_keys", "orchestrator.plans.lora_values",
+               "orchestrator.attempts.divergence", "orchestrator.executors.provenance"}
     for path in (WORKER_DIR / "lora").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -214,7 +214,8 @@ def test_worker_imports_only_the_run_dir_names_of_orchestrator() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, orchestrator.plans.lora_keys, orchestrator.attempts.divergence, "
+            "import sys, orchestrator.plans.lora_keys, orchestrator.plans.lora_values, "
+            "orchestrator.attempts.divergence, "
             "orchestrator.executors.provenance; print(' '.join(sys.modules))",
         ],
         capture_output=True,

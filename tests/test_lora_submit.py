@@ -1,5 +1,7 @@
-"""`orch submit` of a `worker: lora` suite refuses a config key the worker does not know
-(exit 2, one line naming it, nothing written): a misspelt key must not train with a default."""
+"""`orch submit` of a `worker: lora` suite refuses a config key the worker does not know, and a
+value the worker would refuse at start (a mistyped task, a fractional batch), each with exit 2,
+one line naming it and nothing written: a misspelt key must not train with a default, and a
+mistake the config alone shows must not wait in the queue to fail."""
 
 from __future__ import annotations
 
@@ -52,6 +54,39 @@ def test_unknown_lora_keys_are_refused_at_submit(
     assert needle in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not db_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "pairs", "extra", "needle"),
+    [
+        (CONFIG, "1:glue-tvt_rt", (), "task glue-tvt_rt: unknown task 'rt' in 'glue-tvt_rt' (known: cola, "),
+        (CONFIG, "1:rte", (), "data name 'rte' is not glue_<task>[_N] or glue-tvt_<task>[_N]"),
+        (CONFIG, "1:glue_stsb", (), "task 'stsb' is a regression task"),
+        ({**CONFIG, "batch_size": 8.5}, "1:glue_rte", (), "config key 'batch_size' must be an integer, got 8.5"),
+        (CONFIG, "1:glue_rte", ("--set", "learning_rate=-0.1"), "'learning_rate' must be a finite positive"),
+        (CONFIG, "1:glue_rte", ("--set", "prec=fp16"), "config key 'prec' must be bf16 or fp32, got 'fp16'"),
+        ({**CONFIG, "lr_scheduler": "step"}, "1:glue_rte", (), "'lr_scheduler' must be one of constant, "),
+        ({**CONFIG, "gradient_checkpointing": "maybe"}, "1:glue_rte", (), "must be true or false, got 'maybe'"),
+        ({"batch_size": 8}, "1:glue_rte", (), "config key 'model' is missing"),
+    ],
+)
+def test_values_the_lora_worker_would_refuse_are_refused_at_submit(
+    orch_cli: OrchRunner, tmp_path: Path, db_path: Path, config: dict[str, Any], pairs: str,
+    extra: tuple[str, ...], needle: str,
+) -> None:  # fmt: skip
+    plans = write_plans(tmp_path, config)
+    result = orch_cli("submit", "--suite", "tl", "--pairs", pairs, "--plans", str(plans), *extra)
+    assert result.rc == 2, result
+    assert needle in result.stderr and "suite tl, config c1" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not db_path.exists()
+
+
+def test_the_worker_and_orch_name_the_same_tasks() -> None:
+    from orchestrator.plans.lora_values import GLUE_TASKS
+    from workers.lora.data import TASKS
+
+    assert tuple(TASKS) == GLUE_TASKS
 
 
 def test_known_and_orch_keys_are_accepted(orch_cli: OrchRunner, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
 from orchestrator.plans.ladder_spec import spec_steps
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
+from orchestrator.plans.lora_values import ConfigError, check_values
 from orchestrator.plans.model import JobSpec, ShareBase, Suite
 from orchestrator.plans.template import check_config_keys, parse_template
 
@@ -111,7 +112,9 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
 
 def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: set[str]) -> None:
     """Refuse a key the LoRA worker does not know (a misspelt `warmup_step` would otherwise run
-    without warm-up), in the submitted configs or the suite ladder's `set:`."""
+    without warm-up), in the submitted configs or the suite ladder's `set:`; and a value it would
+    refuse at start (a mistyped task, `batch_size: 8.5`), in each submitted job's config as it
+    would run (its task and overrides in), before anything is queued."""
     configs = {job.config_name: job.config for job in jobs}
     if not configs:
         configs = {c.name: c.content for c in suite.configs}
@@ -119,6 +122,11 @@ def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: s
         unknown = unknown_keys(config)
         if unknown:
             raise PlanError(f"suite {suite.name}, config {name}: {unknown_keys_message(unknown)}")
+    for job in jobs:
+        try:
+            check_values(job.config)
+        except ConfigError as exc:
+            raise PlanError(f"suite {suite.name}, config {job.config_name}, task {job.data}: {exc}") from None
     unknown = unknown_keys(dict.fromkeys(ladder_sets))
     if unknown:
         raise PlanError(f"suite {suite.name}, ladder set: {unknown_keys_message(unknown)}")

@@ -8,35 +8,40 @@ own keys are ignored silently.
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-# The keys the worker and orch know (orch checks them at submit without importing the worker).
+# The keys the worker and orch know, and the values orch checks at submit without importing the
+# worker (ConfigError is that module's, so both raise the same).
 from orchestrator.plans.lora_keys import (
     DEFAULT_CHECKPOINT_EVERY_STEPS,
-    LR_SCHEDULES,
     unknown_keys,
     unknown_keys_message,
 )
+from orchestrator.plans.lora_values import (
+    ConfigError,
+    check_values,
+    flag,
+    non_negative_int,
+    optimizer_settings,
+    optional,
+    positive_float,
+    positive_int,
+    precision,
+)
 
 BUILTIN_MODELS = ("tiny-llama", "tiny-gla")
-PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
 DEFAULT_PEFT: dict[str, Any] = {
     "r": 8,
     "lora_alpha": 16,
     "lora_dropout": 0.0,
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }
-
-
-class ConfigError(ValueError):
-    """An invalid configuration: reported as status config_error, never retried."""
 
 
 @dataclass(frozen=True)
@@ -92,18 +97,12 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
     unknown = unknown_keys(raw)
     if unknown:
         raise ConfigError(unknown_keys_message(unknown))
+    check_values(raw)
     warnings: list[str] = []
-    if "model" not in raw:
-        raise ConfigError("config key 'model' is missing")
-    if "data" not in raw:
-        raise ConfigError("config key 'data' is missing")
-    num_epochs = _optional(raw, "num_epochs", _positive_int)
-    max_steps = _optional(raw, "max_steps", _positive_int)
+    num_epochs = optional(raw, "num_epochs", positive_int)
+    max_steps = optional(raw, "max_steps", positive_int)
     if num_epochs is None and max_steps is None:
         num_epochs = 1
-    prec = str(raw.get("prec", "bf16")).lower()
-    if prec not in PRECISIONS:
-        raise ConfigError(f"config key 'prec' must be bf16 or fp32, got {raw.get('prec')!r}")
     peft, peft_warning = resolve_peft(raw.get("peft"), config_dir)
     if peft_warning:
         warnings.append(peft_warning)
@@ -113,52 +112,29 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
         peft=peft,
         data=str(raw["data"]),
         data_dir=_resolve_path(str(data_dir_value), config_dir) if data_dir_value else None,
-        batch_size=_positive_int("batch_size", raw.get("batch_size", 8)),
-        learning_rate=_positive_float("learning_rate", raw.get("learning_rate", 1e-4)),
+        batch_size=positive_int("batch_size", raw.get("batch_size", 8)),
+        learning_rate=positive_float("learning_rate", raw.get("learning_rate", 1e-4)),
         num_epochs=num_epochs,
         max_steps=max_steps,
-        prec=PRECISIONS[prec],
-        seed=_non_negative_int("seed", raw.get("seed", 0)),
-        gradient_accumulation_steps=_positive_int(
+        prec=precision(raw),
+        seed=non_negative_int("seed", raw.get("seed", 0)),
+        gradient_accumulation_steps=positive_int(
             "gradient_accumulation_steps", raw.get("gradient_accumulation_steps", 1)
         ),
-        gradient_checkpointing=_bool(
-            "gradient_checkpointing", raw.get("gradient_checkpointing", False)
-        ),
-        logits_to_keep=_non_negative_int("logits_to_keep", raw.get("logits_to_keep") or 0),
-        num_data_workers=_non_negative_int("num_data_workers", raw.get("num_data_workers", 0)),
-        max_seq_len=_positive_int("max_seq_len", raw.get("max_seq_len", 256)),
-        eval_every_steps=_optional(raw, "eval_every_steps", _positive_int),
-        no_save=_bool("no_save", raw.get("no_save", False)),
-        checkpoint_every_steps=_non_negative_int(
+        gradient_checkpointing=flag("gradient_checkpointing", raw.get("gradient_checkpointing", False)),
+        logits_to_keep=non_negative_int("logits_to_keep", raw.get("logits_to_keep") or 0),
+        num_data_workers=non_negative_int("num_data_workers", raw.get("num_data_workers", 0)),
+        max_seq_len=positive_int("max_seq_len", raw.get("max_seq_len", 256)),
+        eval_every_steps=optional(raw, "eval_every_steps", positive_int),
+        no_save=flag("no_save", raw.get("no_save", False)),
+        checkpoint_every_steps=non_negative_int(
             "checkpoint_every_steps", raw.get("checkpoint_every_steps", DEFAULT_CHECKPOINT_EVERY_STEPS)
         ),
         resume_from_checkpoint=_resume_path(raw.get("resume_from_checkpoint"), config_dir),
         **optimizer_settings(raw),
-        eval_batch_size=_optional(raw, "eval_batch_size", _positive_int),
+        eval_batch_size=optional(raw, "eval_batch_size", positive_int),
         warnings=tuple(warnings),
     )
-
-
-def optimizer_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
-    schedule = str(raw.get("lr_scheduler") or "constant").lower()
-    if schedule not in LR_SCHEDULES:
-        raise ConfigError(
-            f"config key 'lr_scheduler' must be one of {', '.join(LR_SCHEDULES)}, got {raw['lr_scheduler']!r}"
-        )
-    warmup_ratio = _non_negative_float("warmup_ratio", raw.get("warmup_ratio", 0.0))
-    if warmup_ratio > 1:
-        raise ConfigError(f"config key 'warmup_ratio' must be at most 1, got {warmup_ratio!r}")
-    max_grad_norm = raw.get("max_grad_norm", 1.0)
-    if max_grad_norm is None:  # null: no clipping, as 0
-        max_grad_norm = 0.0
-    return {
-        "weight_decay": _non_negative_float("weight_decay", raw.get("weight_decay", 0.01)),
-        "lr_scheduler": schedule,
-        "warmup_steps": _non_negative_int("warmup_steps", raw.get("warmup_steps", 0)),
-        "warmup_ratio": warmup_ratio,
-        "max_grad_norm": _non_negative_float("max_grad_norm", max_grad_norm),
-    }
 
 
 def resolve_model(value: str, config_dir: Path) -> str:
@@ -209,53 +185,3 @@ def _resolve_path(value: str, config_dir: Path) -> Path:
         return path
     # Relative to the working directory first (how users type it), then to the config file.
     return path.resolve() if path.exists() else (config_dir / path).resolve()
-
-
-def _optional(raw: Mapping[str, Any], key: str, check: Callable[[str, Any], int]) -> int | None:
-    value = raw.get(key)
-    return None if value is None else check(key, value)
-
-
-def _positive_int(key: str, value: Any) -> int:
-    number = _non_negative_int(key, value)
-    if number < 1:
-        raise ConfigError(f"config key {key!r} must be a positive integer, got {value!r}")
-    return number
-
-
-def _non_negative_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
-    if value < 0:
-        raise ConfigError(f"config key {key!r} must not be negative, got {value!r}")
-    return int(value)
-
-
-def _positive_float(key: str, value: Any) -> float:
-    try:
-        number = float(value)  # YAML reads "1e-4" (no dot) as a string
-    except (TypeError, ValueError):
-        raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
-    if not (math.isfinite(number) and number > 0):
-        raise ConfigError(f"config key {key!r} must be a finite positive number, got {value!r}")
-    return number
-
-
-def _non_negative_float(key: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not (math.isfinite(number) and number >= 0):
-        raise ConfigError(f"config key {key!r} must be a finite number >= 0, got {value!r}")
-    return number
-
-
-def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-        return value.lower() in ("true", "yes", "1")
-    if value in (0, 1):
-        return bool(value)
-    raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")

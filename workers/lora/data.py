@@ -11,11 +11,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# the data-name grammar is orch's too: it refuses a mistyped name at submit
+from orchestrator.plans.lora_values import parse_data_name
 from workers.lora.config import ConfigError
 
 # Fixed, independent of the run seed: every seed of a sweep sees the same splits and subsets.
@@ -69,35 +70,12 @@ TASKS: dict[str, TaskSpec] = {
                  "Does sentence 1 entail sentence 2? Answer:", (" no", " yes")),
     )
 }  # fmt: skip
-REGRESSION_TASKS = ("stsb",)
-_NAME = re.compile(r"^(glue|glue-tvt)_([a-z0-9]+?)(?:_(\d+))?$")
-
-
-@dataclass(frozen=True)
-class DataName:
-    kind: str  # "glue" | "glue-tvt"
-    task: str
-    subset: int | None
 
 
 @dataclass(frozen=True)
 class Example:
     texts: tuple[str, ...]
     label: int
-
-
-def parse_data_name(name: str) -> DataName:
-    match = _NAME.match(name.strip().lower())
-    if not match:
-        raise ConfigError(f"data name {name!r} is not glue_<task>[_N] or glue-tvt_<task>[_N]")
-    kind, task, subset = match.groups()
-    if task in REGRESSION_TASKS:
-        raise ConfigError(f"task {task!r} is a regression task and is not supported")
-    if task not in TASKS:
-        raise ConfigError(f"unknown task {task!r} in {name!r} (known: {', '.join(TASKS)})")
-    if subset is not None and int(subset) < 1:
-        raise ConfigError(f"subset size in {name!r} must be positive")
-    return DataName(kind, task, int(subset) if subset else None)
 
 
 def test_is_validation(name: str) -> bool:
