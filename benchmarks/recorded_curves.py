@@ -60,8 +60,8 @@ class Recorded:
         return drawn
 
     def true_final(self, setting: str) -> float:
-        if setting == NONE_KEPT:
-            return 0.0 if self.mode is Mode.MAX else -math.inf
+        if setting == NONE_KEPT:  # as bad as accuracy 0, or as the worst setting's loss
+            return 0.0 if self.mode is Mode.MAX else min(self.true_final(s) for s in self.curves)
         return mean(seed[-1] for seed in self.curves[setting])
 
     def seed_sd(self) -> float:

@@ -23,7 +23,8 @@ def loop_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kwar
         part = result[start:stop]
         if adapter in layer.lora_A and not layer.disable_adapters:
             lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
-            rows = layer._cast_input_dtype(x[start:stop], lora_A.weight.dtype)
+            rows = x[start:stop]  # cast to the LoRA weights' dtype, as peft casts it
+            rows = rows if rows.dtype == lora_A.weight.dtype else rows.to(dtype=lora_A.weight.dtype)
             part = part + lora_B(lora_A(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter]
         pieces.append(part.to(dtype))
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)

@@ -1,9 +1,9 @@
 """A fused group's routed LoRA forward (workers/lora/routing.py) gives, bit for bit, the numbers of
 the plain loop it replaced: each member's rows plus its own adapter's output, one addition per
 member, after peft's cast of the rows to the LoRA weights' dtype. Checked on the logits and on
-every LoRA gradient, in fp32 and under bf16 autocast, with and without LoRA dropout, for members
-with other ranks and other targets (some layers hold one member's adapter only), so both ways
-RowSlices joins the rows' gradients are taken."""
+every LoRA gradient, in fp32 and under bf16 autocast, with and without LoRA dropout, on CPU and
+on a GPU where there is one, for members with other ranks and other targets (some layers hold one
+member's adapter only), so both ways RowSlices joins the rows' gradients are taken."""
 
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ MEMBERS = {  # name: (rank, targets)
 }  # q_proj: every member (the rows' gradients joined whole); the others: some members
 
 
-def fused_model(dropout: float) -> tuple[Any, list[Any]]:
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def fused_model(dropout: float, device: str = "cpu") -> tuple[Any, list[Any]]:
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import Linear
 
@@ -44,18 +47,19 @@ def fused_model(dropout: float) -> tuple[Any, list[Any]]:
             model.add_adapter(name, config)
     assert model is not None
     model.base_model.set_adapter(list(MEMBERS))
+    model.to(device)
     return model, [m for m in model.modules() if isinstance(m, Linear)]
 
 
-def run(model: Any, layers: list[Any], forward: Any, autocast: bool, seed: int) -> dict[str, Any]:
+def run(model: Any, layers: list[Any], forward: Any, autocast: bool, seed: int, device: str = "cpu") -> dict[str, Any]:
     routes = Routes()
     for layer in layers:
         layer.forward = functools.partial(forward, layer, routes)
     generator = torch.Generator().manual_seed(11)
-    input_ids = torch.randint(3, 40, (7, 9), generator=generator)
+    input_ids = torch.randint(3, 40, (7, 9), generator=generator).to(device)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)  # the same dropout masks for both routings
-    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    context = torch.autocast(device, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with routes.use([("a", 0, 2), ("b", 2, 5), ("c", 5, 7)]), context:
         logits = model(input_ids=input_ids).logits
         logits.float().square().mean().backward()
@@ -63,14 +67,15 @@ def run(model: Any, layers: list[Any], forward: Any, autocast: bool, seed: int) 
     return {"logits": logits.detach().clone(), **grads}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_the_routed_forward_is_bit_equal_to_the_loop_it_replaced(autocast: bool, dropout: float) -> None:
-    model, layers = fused_model(dropout)
-    new = run(model, layers, routed_forward, autocast, seed=5)
-    old = run(model, layers, loop_forward, autocast, seed=5)
+def test_the_routed_forward_is_bit_equal_to_the_loop_it_replaced(autocast: bool, dropout: float, device: str) -> None:
+    model, layers = fused_model(dropout, device)
+    new = run(model, layers, routed_forward, autocast, seed=5, device=device)
+    old = run(model, layers, loop_forward, autocast, seed=5, device=device)
     assert new.keys() == old.keys() and len(new) == 1 + 2 * sum(len(t) for _, t in MEMBERS.values()) * 2
     for name in old:
         assert torch.equal(new[name], old[name]), name
-    other = run(model, layers, routed_forward, autocast, seed=6)  # the test can fail
+    other = run(model, layers, routed_forward, autocast, seed=6, device=device)  # the test can fail
     assert dropout == 0 or not torch.equal(other["logits"], new["logits"])

@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     from workers.lora.base_cache import BaseCache
 
     routings = {"joined": routing.routed_forward, "loop": loop_forward}
+    unknown = set(args.routing.split(",")) - set(routings)
+    if unknown:
+        raise SystemExit(f"--routing: unknown {', '.join(sorted(unknown))} (known: joined, loop)")
     cache = BaseCache()
     names = list(CONFIGS)
     sizes = [int(k) for k in args.members.split(",")]

@@ -48,29 +48,51 @@ def parse_data_name(name: str) -> DataName:
     return DataName(kind, task, int(subset) if subset else None)
 
 
-def check_values(raw: Mapping[str, Any]) -> None:
-    """Every value of a config that needs no file to judge; ConfigError for the first wrong one."""
+def check_values(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Every value of a config that needs no file to judge, with the worker's defaults filled in
+    (its RunConfig fields, paths aside); ConfigError for the first wrong one."""
     for key in ("model", "data"):
         if key not in raw:
             raise ConfigError(f"config key {key!r} is missing")
     parse_data_name(str(raw["data"]))
-    precision(raw)
-    for key in ("num_epochs", "max_steps", "eval_every_steps", "eval_batch_size"):
-        optional(raw, key, positive_int)
-    for key, default in (
-        ("batch_size", 8),
-        ("gradient_accumulation_steps", 1),
-        ("max_seq_len", 256),
-    ):
-        positive_int(key, raw.get(key, default))
-    for key, default in (("seed", 0), ("num_data_workers", 0),
-                         ("checkpoint_every_steps", DEFAULT_CHECKPOINT_EVERY_STEPS)):  # fmt: skip
-        non_negative_int(key, raw.get(key, default))
-    non_negative_int("logits_to_keep", raw.get("logits_to_keep") or 0)
-    positive_float("learning_rate", raw.get("learning_rate", 1e-4))
-    for key in ("gradient_checkpointing", "no_save"):
-        flag(key, raw.get(key, False))
-    optimizer_settings(raw)
+    peft = raw.get("peft")
+    if peft is not None and not isinstance(peft, dict | str):
+        raise ConfigError(
+            f"config key 'peft' must be a mapping or a JSON file's path, got {peft!r}"
+        )
+    resume = raw.get("resume_from_checkpoint")
+    if resume not in (None, False, "") and not isinstance(resume, str):
+        raise ConfigError(
+            f"config key 'resume_from_checkpoint' must be a folder path, got {resume!r}"
+        )
+    num_epochs = optional(raw, "num_epochs", positive_int)
+    max_steps = optional(raw, "max_steps", positive_int)
+    return {
+        "data": str(raw["data"]),
+        "batch_size": positive_int("batch_size", raw.get("batch_size", 8)),
+        "learning_rate": positive_float("learning_rate", raw.get("learning_rate", 1e-4)),
+        "num_epochs": 1 if num_epochs is None and max_steps is None else num_epochs,
+        "max_steps": max_steps,
+        "prec": precision(raw),
+        "seed": non_negative_int("seed", raw.get("seed", 0)),
+        "gradient_accumulation_steps": positive_int(
+            "gradient_accumulation_steps", raw.get("gradient_accumulation_steps", 1)
+        ),
+        "gradient_checkpointing": flag(
+            "gradient_checkpointing", raw.get("gradient_checkpointing", False)
+        ),
+        "logits_to_keep": non_negative_int("logits_to_keep", raw.get("logits_to_keep") or 0),
+        "num_data_workers": non_negative_int("num_data_workers", raw.get("num_data_workers", 0)),
+        "max_seq_len": positive_int("max_seq_len", raw.get("max_seq_len", 256)),
+        "eval_every_steps": optional(raw, "eval_every_steps", positive_int),
+        "no_save": flag("no_save", raw.get("no_save", False)),
+        "checkpoint_every_steps": non_negative_int(
+            "checkpoint_every_steps",
+            raw.get("checkpoint_every_steps", DEFAULT_CHECKPOINT_EVERY_STEPS),
+        ),
+        "eval_batch_size": optional(raw, "eval_batch_size", positive_int),
+        **optimizer_settings(raw),
+    }
 
 
 def precision(raw: Mapping[str, Any]) -> str:
@@ -114,7 +136,8 @@ def positive_int(key: str, value: Any) -> int:
 
 
 def non_negative_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not finite or int(value) != value:
         raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
     if value < 0:
         raise ConfigError(f"config key {key!r} must not be negative, got {value!r}")

@@ -23,17 +23,7 @@ from orchestrator.plans.lora_keys import (
     unknown_keys,
     unknown_keys_message,
 )
-from orchestrator.plans.lora_values import (
-    ConfigError,
-    check_values,
-    flag,
-    non_negative_int,
-    optimizer_settings,
-    optional,
-    positive_float,
-    positive_int,
-    precision,
-)
+from orchestrator.plans.lora_values import ConfigError, check_values
 
 BUILTIN_MODELS = ("tiny-llama", "tiny-gla")
 DEFAULT_PEFT: dict[str, Any] = {
@@ -97,12 +87,8 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
     unknown = unknown_keys(raw)
     if unknown:
         raise ConfigError(unknown_keys_message(unknown))
-    check_values(raw)
+    values = check_values(raw)
     warnings: list[str] = []
-    num_epochs = optional(raw, "num_epochs", positive_int)
-    max_steps = optional(raw, "max_steps", positive_int)
-    if num_epochs is None and max_steps is None:
-        num_epochs = 1
     peft, peft_warning = resolve_peft(raw.get("peft"), config_dir)
     if peft_warning:
         warnings.append(peft_warning)
@@ -110,30 +96,10 @@ def parse_config(raw: Mapping[str, Any], config_dir: Path, env: Mapping[str, str
     return RunConfig(
         model=resolve_model(str(raw["model"]), config_dir),
         peft=peft,
-        data=str(raw["data"]),
         data_dir=_resolve_path(str(data_dir_value), config_dir) if data_dir_value else None,
-        batch_size=positive_int("batch_size", raw.get("batch_size", 8)),
-        learning_rate=positive_float("learning_rate", raw.get("learning_rate", 1e-4)),
-        num_epochs=num_epochs,
-        max_steps=max_steps,
-        prec=precision(raw),
-        seed=non_negative_int("seed", raw.get("seed", 0)),
-        gradient_accumulation_steps=positive_int(
-            "gradient_accumulation_steps", raw.get("gradient_accumulation_steps", 1)
-        ),
-        gradient_checkpointing=flag("gradient_checkpointing", raw.get("gradient_checkpointing", False)),
-        logits_to_keep=non_negative_int("logits_to_keep", raw.get("logits_to_keep") or 0),
-        num_data_workers=non_negative_int("num_data_workers", raw.get("num_data_workers", 0)),
-        max_seq_len=positive_int("max_seq_len", raw.get("max_seq_len", 256)),
-        eval_every_steps=optional(raw, "eval_every_steps", positive_int),
-        no_save=flag("no_save", raw.get("no_save", False)),
-        checkpoint_every_steps=non_negative_int(
-            "checkpoint_every_steps", raw.get("checkpoint_every_steps", DEFAULT_CHECKPOINT_EVERY_STEPS)
-        ),
         resume_from_checkpoint=_resume_path(raw.get("resume_from_checkpoint"), config_dir),
-        **optimizer_settings(raw),
-        eval_batch_size=optional(raw, "eval_batch_size", positive_int),
         warnings=tuple(warnings),
+        **values,
     )
 
 

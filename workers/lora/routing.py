@@ -58,6 +58,10 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     if layer.disable_adapters:
         return result
     bounds = [(start, result.shape[0] if stop is None else stop) for _, start, stop in routes.now]
+    edges = [0, *(stop for _, stop in bounds)]
+    if [start for start, _ in bounds] != edges[:-1] or edges[-1] != result.shape[0]:
+        # the joined outputs are added to the rows by position
+        raise RuntimeError(f"a fused group's routes {bounds} do not cut its {result.shape[0]} rows in order")
     adapted = [adapter in layer.lora_A for adapter, _, _ in routes.now]
     if not any(adapted):
         return result
@@ -90,19 +94,17 @@ class RowSlices(torch.autograd.Function):
         return tuple(x[start:stop] for start, stop in bounds)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:
-        given = [(bound, g) for bound, g in zip(ctx.bounds, grads, strict=True) if g is not None]
-        if not given:
-            return None, None
-        rows = [(start, stop) for (start, stop), _ in given]
-        first = given[0][1]
-        if rows[0][0] == 0 and rows[-1][1] == ctx.shape[0] and all(
-            stop == start for (_, stop), (start, _) in itertools.pairwise(rows)
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # (autograd gives every slice a gradient, zeros for one that was not used; routed_forward
+        # cuts disjoint slices in order)
+        bounds = ctx.bounds
+        if bounds[0][0] == 0 and bounds[-1][1] == ctx.shape[0] and all(
+            stop == start for (_, stop), (start, _) in itertools.pairwise(bounds)
         ):
-            return torch.cat([g for _, g in given]), None  # the slices cover the batch
-        whole = torch.full(ctx.shape, -0.0, dtype=first.dtype, device=first.device)
-        for (start, stop), g in given:
-            whole[start:stop] = g
+            return torch.cat(grads), None  # the slices cover the batch
+        whole = torch.full(ctx.shape, -0.0, dtype=grads[0].dtype, device=grads[0].device)
+        for (start, stop), grad in zip(bounds, grads, strict=True):
+            whole[start:stop] = grad
         return whole, None
 
 
