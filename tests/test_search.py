@@ -314,3 +314,42 @@ def test_a_bound_yaml_reads_as_text_is_taken_as_the_number_it_is() -> None:
     assert (search.space[0].low, search.space[0].high) == (1e-5, 1e-2)
     with pytest.raises(PlanError, match="two finite numbers"):
         parse_search("s", _search(space={"learning_rate": {"uniform": ["low", 1]}}), KNOWN, ())
+
+
+def test_an_integer_search_reads_back_from_the_store_and_asks_again() -> None:
+    """A stored TPE search over an int_uniform key is read back every time the daemon asks (its
+    bounds stay integers; a search stored with `[2.0, 8.0]` reads as well)."""
+    from orchestrator.plans.search import Search
+
+    search = parse_search("s", _search(space={"batch_size": {"int_uniform": [2, 8]}}), KNOWN, ())
+    stored = search.to_json()
+    assert stored["space"] == [{"key": "batch_size", "int_uniform": [2, 8]}]
+    assert Search.from_json(stored) == search
+    older = {**stored, "space": [{"key": "batch_size", "int_uniform": [2.0, 8.0]}]}
+    assert Search.from_json(older) == search
+    told = [FinishedTrial(0, {"batch_size": 4}, TrialEnd.COMPLETE, 0.5)]
+    asked = next_trial(Search.from_json(stored), told, 1)
+    assert isinstance(asked["batch_size"], int) and 2 <= asked["batch_size"] <= 8
+
+
+def test_a_search_that_cannot_ask_says_so_in_one_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.daemon import search as runner
+    from orchestrator.store.db import Store
+    from orchestrator.store.status import recent_events
+
+    class Stored:
+        suite, search = "hp", {"spec": {"method": "tpe"}}
+
+    def broken(self: Any, key: Any, jobs: Any) -> None:
+        raise PlanError("stored search: it cannot be read")
+
+    monkeypatch.setattr(runner, "tpe_search_jobs", lambda store: [Stored()])
+    monkeypatch.setattr(runner.SearchRunner, "_advance", broken)
+    with Store(tmp_path / "state.db") as store:
+        searches = runner.SearchRunner(store)
+        for _ in range(3):
+            searches._next_check_s = 0.0
+            searches.check()
+        said = [e.message for e in recent_events(store, 20) if e.kind == "search"]
+    assert said == ["the search of suite hp cannot ask for its next trial (tried again every pass): "
+                    "PlanError: stored search: it cannot be read"]  # once, however often it fails

@@ -15,6 +15,7 @@ from orchestrator.lifecycle import TERMINAL_STATES, JobState
 from orchestrator.plans.search import Search
 from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial
 from orchestrator.store.db import Store
+from orchestrator.store.jobs import add_event
 from orchestrator.store.rows import Job
 from orchestrator.store.search import final_values, queue_trial, tpe_search_jobs
 
@@ -47,6 +48,7 @@ class SearchRunner:
         self.store = store
         self._next_check_s = 0.0
         self._done: set[tuple[str, str]] = set()  # searches that have all their trials
+        self._told: dict[str, str] = {}  # suite -> the last failure an event said
 
     def check(self) -> None:
         if time.monotonic() < self._next_check_s:
@@ -62,10 +64,24 @@ class SearchRunner:
                 continue
             try:
                 self._advance(key, jobs)
-            except Exception:
+            except Exception as exc:
                 log.exception(
                     "the search of suite %s failed to ask for a trial; tried again", key[0]
                 )
+                self._tell(key[0], f"{type(exc).__name__}: {exc}")
+
+    def _tell(self, suite: str, error: str) -> None:
+        """One event per suite and error: a search that cannot go on shows in `orch status`,
+        not only in the daemon's log."""
+        if self._told.get(suite) == error:
+            return
+        self._told[suite] = error
+        message = f"the search of suite {suite} cannot ask for its next trial (tried again every pass): {error}"
+        try:
+            with self.store.write():
+                add_event(self.store, "search", message[:500])
+        except Exception:
+            log.warning("cannot record the search's failure", exc_info=True)
 
     def _advance(self, key: tuple[str, str], jobs: Sequence[Job]) -> None:
         search = Search.from_json(jobs[0].search["spec"])

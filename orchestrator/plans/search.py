@@ -40,6 +40,8 @@ class Dimension:
     def to_json(self) -> dict[str, Any]:
         if self.distribution is Distribution.CHOICE:
             return {"key": self.key, "choice": list(self.choices)}
+        if self.distribution is Distribution.INT_UNIFORM:  # read back, its bounds must be integers
+            return {"key": self.key, self.distribution.value: [int(self.low), int(self.high)]}
         return {"key": self.key, self.distribution.value: [self.low, self.high]}
 
 
@@ -70,13 +72,20 @@ class Search:
             space[key] = (
                 item["choice"]
                 if "choice" in item
-                else {k: v for k, v in item.items() if k != "key"}
+                else {k: _stored_bounds(k, v) for k, v in item.items() if k != "key"}
             )
         raw = {k: v for k, v in stored.items() if k != "space"} | {"space": space}
         return _parse(raw, "stored search", None, None)
 
 
 _KEYS = ("method", "trials", "seed", "metric", "mode", "space")
+
+
+def _stored_bounds(distribution: str, bounds: Any) -> Any:
+    """int_uniform bounds as stored before they were kept as integers (`[0.0, 8.0]`)."""
+    if distribution == Distribution.INT_UNIFORM.value and isinstance(bounds, list):
+        return [int(b) if isinstance(b, float) and b.is_integer() else b for b in bounds]
+    return bounds
 
 
 def parse_search(where: str, raw: Any, known: set[str], configs: tuple[ConfigSpec, ...]) -> Search:
