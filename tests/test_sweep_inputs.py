@@ -442,3 +442,24 @@ def test_an_early_stop_no_lora_job_can_reach_is_noted_at_submit(
     ) in short.stderr
     reaching = orch_inproc(*args, "--grid", "max_steps=12,100")
     assert reaching.rc == 0 and "early_stop.min_steps" not in reaching.stderr
+
+
+def test_a_loss_judged_as_a_maximum_is_noted_at_submit(
+    orch_inproc: OrchRunner, tmp_path: Path, db_path: Path
+) -> None:
+    lora = {"model": "tiny-llama", "peft": {"r": 4, "targets": ["q_proj"]}, "max_steps": 200}
+    suites = {
+        "loss_max": {"early_stop": {"metric": "val_loss", "min_steps": 10}},  # mode left out: max
+        "loss_min": {"early_stop": {"metric": "val_loss", "mode": "min", "min_steps": 10}},
+        "acc": {"early_stop": {"metric": "val_accuracy", "min_steps": 10}},
+    }
+    common = {"worker": "lora", "mem_gib": 1, "configs": ["base"]}
+    plans = write_plans(tmp_path, {name: common | body for name, body in suites.items()}, {"base": lora})
+    said = {}
+    for name in suites:
+        result = orch_inproc("submit", "--plans", str(plans), "--suite", name, "--pairs", "1:glue_rte", "--dry-run")
+        assert result.rc == 0, result
+        said[name] = result.stderr
+    assert ("note: early_stop.metric val_loss reads as a loss, but early_stop.mode is max (the default): the "
+            "highest value counts as best; write `mode: min` if lower is better") in said["loss_max"]
+    assert "reads as a loss" not in said["loss_min"] and "reads as a loss" not in said["acc"]

@@ -27,6 +27,7 @@ from orchestrator.plans import (
     parse_pairs,
     parse_round,
 )
+from orchestrator.plans.early_stop import Mode
 from orchestrator.plans.grid import (
     MAX_GRID_JOBS,
     check_grid_size,
@@ -48,6 +49,7 @@ from orchestrator.plans.template import parse_template
 from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
+from orchestrator.results.selection import lower_is_better
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
@@ -258,6 +260,18 @@ def unreachable_early_stop_note(suite: Suite, specs: list[JobSpec]) -> str | Non
             f"{longest}): no job reaches the first rung, so early stopping stops none")
 
 
+def loss_mode_notes(suite: Suite) -> list[str]:
+    """A line for an `early_stop` or `search` metric that reads as a loss (lower is better) while
+    its mode is max, the default when `mode:` is left out: the best would be taken for the worst."""
+    sections = [("early_stop", suite.early_stop), ("search", suite.search)]
+    return [
+        f"note: {name}.metric {section.metric} reads as a loss, but {name}.mode is max (the default): "
+        f"the highest value counts as best; write `mode: min` if lower is better"
+        for name, section in sections
+        if section is not None and section.metric and section.mode is Mode.MAX and lower_is_better(section.metric)
+    ]
+
+
 def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
     if suite.search is None or suite.search.method is not SearchMethod.TPE or suite.search.trials < 2:
         return None
@@ -327,7 +341,7 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     if suite.early_stop is not None or suite.search is not None:
         require_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
     notes = [n for n in (unreached_rungs_note(suite, specs), unreachable_early_stop_note(suite, specs),
-                         tpe_note(suite, request.dry_run)) if n]
+                         tpe_note(suite, request.dry_run)) if n] + loss_mode_notes(suite)
 
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)
