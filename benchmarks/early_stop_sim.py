@@ -50,7 +50,7 @@ from benchmarks import curve_family
 from benchmarks.curve_family import NONE_KEPT, Curves, Drawn, Parametric, final_of, sign
 from benchmarks.recorded_curves import RECORDED, Recorded, load
 from orchestrator.lifecycle import JobState
-from orchestrator.plans.early_stop import EarlyStop, PruneRule
+from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule
 from orchestrator.plans.search import parse_search
 from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial, random_trials
 from orchestrator.scheduling.early_stop import Prune, SeedRun, SettingRuns, judge
@@ -254,8 +254,6 @@ def _number(value: object) -> float:
 def curves_of(args: argparse.Namespace) -> Curves:
     if args.curves == "recorded":
         return load(args.recording, args.metric)
-    if args.metric != "accuracy":
-        raise SystemExit("--metric loss: the recorded curves only (the family is accuracy)")
     curve_family.CROSSING[0] = args.crossing
     curve_family.NOISE[0] = args.eval_sd
     return Parametric()
@@ -316,7 +314,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-search", action="store_true", help="early stopping only")
     parser.add_argument("--json", action="store_true")
-    return parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.curves == "parametric" and args.metric != "accuracy":
+        parser.error("--metric loss: the recorded curves only (the family is accuracy)")
+    return args  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,8 +394,9 @@ def report(args: argparse.Namespace, summary: dict[str, Any], curves: Curves) ->
         f"{args.reduction_factor}, smooth_evals {args.smooth_evals}, {noise}): "
         f"{summary['early_stop_gpu_hours_mean']:.1f} GPU-h mean (max {summary['early_stop_gpu_hours_max']:.1f}) "
         f"vs {full_hours:.0f} for the full grid ({summary['early_stop_gpu_hours_mean'] / full_hours:.2f}); "
-        f"grid best kept in {summary['grid_best_kept']} of {n}; the kept setting's {truth} short of "
-        f"the grid best's by {summary['regret_mean']:.4f} on average (at most {summary['regret_max']:.4f}); "
+        f"grid best kept in {summary['grid_best_kept']} of {n}; the kept setting's {truth} "
+        f"{'above' if curves.mode is Mode.MIN else 'below'} the grid best's by {summary['regret_mean']:.4f} on average "
+        f"(at most {summary['regret_max']:.4f}); "
         f"a setting tied with the grid best (within one standard error of a setting's mean, "
         f"{summary['mean_standard_error']:.4f}) kept in {summary['tied_with_grid_best_kept']} of {n}; the full grid "
         f"picked the true best in {summary['grid_picks_true_best']} of {n}"

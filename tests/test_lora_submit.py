@@ -68,6 +68,7 @@ def test_unknown_lora_keys_are_refused_at_submit(
         ({**CONFIG, "lr_scheduler": "step"}, "1:glue_rte", (), "'lr_scheduler' must be one of constant, "),
         ({**CONFIG, "gradient_checkpointing": "maybe"}, "1:glue_rte", (), "must be true or false, got 'maybe'"),
         ({"batch_size": 8}, "1:glue_rte", (), "config key 'model' is missing"),
+        (CONFIG, "1:glue_rte", ("--set", "model="), "'model' must name a built-in model or a model folder, got ''"),
         ({**CONFIG, "max_steps": float("inf")}, "1:glue_rte", (), "config key 'max_steps' must be an integer, got inf"),
         ({**CONFIG, "batch_size": float("nan")}, "1:glue_rte", (), "'batch_size' must be an integer, got nan"),
         ({**CONFIG, "peft": 5}, "1:glue_rte", (), "config key 'peft' must be a mapping or a JSON file's path, got 5"),

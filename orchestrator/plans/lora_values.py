@@ -54,6 +54,9 @@ def check_values(raw: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("model", "data"):
         if key not in raw:
             raise ConfigError(f"config key {key!r} is missing")
+    model = raw["model"]
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"config key 'model' must name a built-in model or a model folder, got {model!r}")
     parse_data_name(str(raw["data"]))
     peft = raw.get("peft")
     if peft is not None and not isinstance(peft, dict | str):
