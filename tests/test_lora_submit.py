@@ -86,6 +86,29 @@ def test_values_the_lora_worker_would_refuse_are_refused_at_submit(
     assert not db_path.exists()
 
 
+@pytest.mark.parametrize(
+    ("space", "needle"),
+    [
+        ({"batch_size": {"int_uniform": [0, 8]}}, "search.space.batch_size 0: config key 'batch_size' must be a pos"),
+        ({"prec": ["fp32", "fp16"]}, "config key 'prec' must be bf16 or fp32, got 'fp16'"),
+        ({"warmup_ratio": {"uniform": [0.0, 1.5]}}, "search.space.warmup_ratio 1.5: config key 'warmup_ratio' must be"),
+    ],
+)
+def test_a_tpe_search_whose_later_trials_could_draw_a_value_the_worker_refuses_is_refused(
+    orch_cli: OrchRunner, tmp_path: Path, db_path: Path, space: dict[str, Any], needle: str
+) -> None:
+    """TPE draws trial 0 at submit and the rest in the daemon: every choice and both bounds are
+    checked at submit, not only the first trial's values."""
+    pytest.importorskip("optuna")
+    config = {**CONFIG, "prec": "bf16", "warmup_ratio": 0.0}
+    search = {"method": "tpe", "trials": 4, "seed": 0, "metric": "val_loss", "mode": "min", "space": space}
+    plans = write_plans(tmp_path, config, search=search)
+    result = orch_cli("submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans))
+    assert result.rc == 2, result
+    assert needle in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not db_path.exists()
+
+
 def test_the_worker_and_orch_name_the_same_tasks() -> None:
     from orchestrator.plans.lora_values import GLUE_TASKS
     from workers.lora.data import TASKS

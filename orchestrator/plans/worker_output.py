@@ -15,6 +15,7 @@ from orchestrator.plans.ladder_spec import spec_steps
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
 from orchestrator.plans.lora_values import ConfigError, check_values
 from orchestrator.plans.model import JobSpec, ShareBase, Suite
+from orchestrator.plans.search import Dimension, Distribution
 from orchestrator.plans.template import check_config_keys, parse_template
 
 HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
@@ -122,14 +123,31 @@ def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: s
         unknown = unknown_keys(config)
         if unknown:
             raise PlanError(f"suite {suite.name}, config {name}: {unknown_keys_message(unknown)}")
+    unknown = unknown_keys(dict.fromkeys(ladder_sets))
+    if unknown:
+        raise PlanError(f"suite {suite.name}, ladder set: {unknown_keys_message(unknown)}")
     for job in jobs:
         try:
             check_values(job.config)
         except ConfigError as exc:
             raise PlanError(f"suite {suite.name}, config {job.config_name}, task {job.data}: {exc}") from None
-    unknown = unknown_keys(dict.fromkeys(ladder_sets))
-    if unknown:
-        raise PlanError(f"suite {suite.name}, ladder set: {unknown_keys_message(unknown)}")
+    if suite.search is not None and jobs:  # a TPE search draws its later trials in the daemon
+        for dimension in suite.search.space:
+            for value in dimension_values(dimension):
+                try:
+                    check_values(jobs[0].config | {dimension.key: value})
+                except ConfigError as exc:
+                    raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {value!r}: {exc}") from None
+
+
+def dimension_values(dimension: Dimension) -> tuple[Scalar, ...]:
+    """What a searched key may take, as far as a check of values goes: its choices, or its
+    bounds (a value between two valid bounds is valid for every check of lora_values)."""
+    if dimension.distribution is Distribution.CHOICE:
+        return dimension.choices
+    if dimension.distribution is Distribution.INT_UNIFORM:
+        return (int(dimension.low), int(dimension.high))
+    return (dimension.low, dimension.high)
 
 
 ORCH_READ_KEYS = frozenset({"gpus", "cpus", "host_mem_gib"})  # orch itself sizes a job by these
