@@ -48,3 +48,16 @@ def unknown_keys_message(unknown: list[str]) -> str:
     named = ", ".join(repr(key) for key in unknown)
     plural = "s" if len(unknown) > 1 else ""
     return f"unknown config key{plural} {named} (known: {', '.join(sorted(TRAINING_KEYS))})"
+
+
+# The LoRA spec (`peft:` inline, or a JSON file): peft's LoraConfig keys, the short names the
+# plans use for some, and the keys of a saved adapter_config.json that are not settings.
+LORA_SPEC_KEYS = frozenset(
+    {
+        "r", "lora_alpha", "lora_dropout", "target_modules", "use_dora", "use_rslora", "bias",
+        "task_type", "layers_to_transform", "layers_pattern", "modules_to_save",
+        "init_lora_weights", "fan_in_fan_out", "exclude_modules",
+    }
+)  # fmt: skip
+LORA_SPEC_SHORT_KEYS = {"alpha": "lora_alpha", "dropout": "lora_dropout", "targets": "target_modules", "rank": "r"}
+LORA_SPEC_RECORD_KEYS = frozenset({"peft_type", "base_model_name_or_path", "revision", "inference_mode"})

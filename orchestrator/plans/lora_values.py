@@ -13,7 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.plans.lora_keys import DEFAULT_CHECKPOINT_EVERY_STEPS, LR_SCHEDULES
+from orchestrator.plans.lora_keys import (
+    DEFAULT_CHECKPOINT_EVERY_STEPS,
+    LORA_SPEC_KEYS,
+    LORA_SPEC_RECORD_KEYS,
+    LORA_SPEC_SHORT_KEYS,
+    LR_SCHEDULES,
+)
 
 PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
 # GLUE's classification tasks the worker trains (workers/lora/data.py holds their formats).
@@ -63,6 +69,8 @@ def check_values(raw: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"config key 'peft' must be a mapping or a JSON file's path, got {peft!r}"
         )
+    if isinstance(peft, dict):
+        check_inline_peft(peft)
     resume = raw.get("resume_from_checkpoint")
     if resume not in (None, False, "") and not isinstance(resume, str):
         raise ConfigError(
@@ -96,6 +104,25 @@ def check_values(raw: Mapping[str, Any]) -> dict[str, Any]:
         "eval_batch_size": optional(raw, "eval_batch_size", positive_int),
         **optimizer_settings(raw),
     }
+
+
+def check_inline_peft(spec: Mapping[str, Any]) -> None:
+    """A LoRA spec written in the config (a JSON file's is the worker's to read): every key known
+    (a misspelt `lora_alhpa` would train with the default alpha), the rank a positive integer,
+    the dropout in [0, 1)."""
+    names = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in spec.items()}
+    allowed = LORA_SPEC_KEYS | LORA_SPEC_RECORD_KEYS
+    unknown = sorted(str(k) for k in spec if LORA_SPEC_SHORT_KEYS.get(str(k), str(k)) not in allowed)
+    if unknown:
+        known = ", ".join(sorted(LORA_SPEC_KEYS | set(LORA_SPEC_SHORT_KEYS)))
+        named = ", ".join(repr(k) for k in unknown)
+        raise ConfigError(f"unknown LoRA spec key(s) {named} in 'peft' (known: {known})")
+    rank = names.get("r", 8)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ConfigError(f"LoRA rank r must be a positive integer, got {rank!r}")
+    dropout = names.get("lora_dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise ConfigError(f"lora_dropout must be in [0, 1), got {dropout!r}")
 
 
 def precision(raw: Mapping[str, Any]) -> str:

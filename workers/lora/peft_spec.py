@@ -11,24 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.plans.lora_keys import LORA_SPEC_KEYS, LORA_SPEC_RECORD_KEYS, LORA_SPEC_SHORT_KEYS
 from workers.lora.config import ConfigError
 
 LLAMA_TARGETS = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
 )
-SHORT_KEYS = {
-    "alpha": "lora_alpha",
-    "dropout": "lora_dropout",
-    "targets": "target_modules",
-    "rank": "r",
-}
-LORA_KEYS = frozenset(
-    {
-        "r", "lora_alpha", "lora_dropout", "target_modules", "use_dora", "use_rslora", "bias",
-        "task_type", "layers_to_transform", "layers_pattern", "modules_to_save",
-        "init_lora_weights", "fan_in_fan_out", "exclude_modules",
-    }
-)  # fmt: skip
+SHORT_KEYS = LORA_SPEC_SHORT_KEYS
+LORA_KEYS = LORA_SPEC_KEYS
 # Once read from the environment over the spec; no more: a setting that changes the science
 # belongs in the config, where the job's identity and result.json see it.
 RETIRED_ENV = ("ORCH_LORA_R", "ORCH_LORA_ALPHA", "ORCH_LORA_DROPOUT")
@@ -44,7 +34,7 @@ def lora_kwargs(
         name = SHORT_KEYS.get(key, key)
         if name in LORA_KEYS:
             kwargs[name] = value
-        elif key not in ("peft_type", "base_model_name_or_path", "revision", "inference_mode"):
+        elif key not in LORA_SPEC_RECORD_KEYS:
             warnings.append(f"ignoring unknown LoRA spec key {key!r}")
     for variable in RETIRED_ENV:
         if env.get(variable):
