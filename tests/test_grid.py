@@ -49,7 +49,8 @@ def test_values_are_typed_as_the_configs_hold_them(plans: Path) -> None:
 @pytest.mark.parametrize(("sets", "grid", "message"), [
     (["batch_size=4", "batch_size=8"], [], "--set batch_size is given twice"),
     (["learning_rate=1e-4,3e-4"], [], "use --grid learning_rate=1e-4,3e-4"),
-    (["learning_rate=fast"], [], "learning_rate is a number in the config"),
+    (["learning_rate=fast"], [], "not a number, and learning_rate is a number in the config"),
+    (["learning_rate=.inf"], [], "not a number, and learning_rate is a number in the config"),
     (["gradient_checkpointing=2"], [], "true or false"),
     ([], ["seed=1,2"], "seed and data come from --pairs"),
     ([], ["lora_r=4,4"], "value 4 is given twice"),

@@ -77,7 +77,7 @@ def typed_value(flag: str, key: str, raw: str, kind: type | None) -> Scalar:
     try:
         number = float(text)
     except ValueError:
-        raise PlanError(f"{flag} {key}={shown_value(raw)}: {key} is a number in the config") from None
+        raise PlanError(f"{flag} {key}={shown_value(raw)}: not a number, and {key} is a number in the config") from None
     if not math.isfinite(number):
         raise PlanError(f"{flag} {key}={shown_value(raw)}: value must be a finite number")
     if kind is int and number.is_integer():
