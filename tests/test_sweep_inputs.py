@@ -463,17 +463,3 @@ def test_a_loss_judged_as_a_maximum_is_noted_at_submit(
     assert ("note: early_stop.metric val_loss reads as a loss, but early_stop.mode is max (the default): the "
             "highest value counts as best; write `mode: min` if lower is better") in said["loss_max"]
     assert "reads as a loss" not in said["loss_min"] and "reads as a loss" not in said["acc"]
-
-
-def test_a_number_yaml_reads_as_text_types_the_keys_overrides_as_numbers(
-    orch_inproc: OrchRunner, tmp_path: Path, db_path: Path
-) -> None:
-    """`learning_rate: 1e-4` (no dot: YAML 1.1 reads text) is a float to the workers, so a
-    `--grid` of it is numbers: `0.0001` and `1e-4` are one value, not two jobs."""
-    lora = {"model": "tiny-llama", "learning_rate": "1e-4", "max_steps": 5}
-    plans = write_plans(tmp_path, {"lr": {"worker": "lora", "mem_gib": 1, "configs": ["base"]}}, {"base": lora})
-    args = ("submit", "--plans", str(plans), "--suite", "lr", "--pairs", "1:glue_rte", "--dry-run")
-    same = orch_inproc(*args, "--grid", "learning_rate=0.0001,1e-4")
-    assert same.rc == 2 and "learning_rate: value 0.0001 is given twice" in same.stderr, same
-    two = orch_inproc(*args, "--grid", "learning_rate=3e-4,1e-3")
-    assert two.rc == 0 and "learning_rate=0.0003" in two.stdout and "learning_rate=0.001" in two.stdout, two

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -42,18 +41,10 @@ MAX_GRID_JOBS = 100_000  # configs × grid × pairs beyond this is a typo, not a
 MAX_GRID_VALUES = 1000
 
 
-_NUMBER_TEXT = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)[eE][+-]?\d+")
-
-
 def config_type(key: str, configs: Iterable[ConfigSpec]) -> type | None:
     """The type the configs give `key` (int and float together: float); None when no config
-    holds a scalar there or they disagree. A number YAML reads as text (`1e-4`, written without
-    a dot) counts as a float, as the workers take it: `--set`/`--grid` values of the key are then
-    numbers, and `1e-4` and `0.0001` one value."""
-    kinds = {
-        float if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value.strip()) else type(value)
-        for c in configs if (value := c.content.get(key)) is not None
-    }  # fmt: skip
+    holds a scalar there or they disagree."""
+    kinds = {type(c.content[key]) for c in configs if c.content.get(key) is not None}
     if kinds and kinds <= {int, float}:
         return float if float in kinds else int
     if len(kinds) == 1 and (kind := next(iter(kinds))) in (str, bool):
