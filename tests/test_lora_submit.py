@@ -93,9 +93,13 @@ def test_values_the_lora_worker_would_refuse_are_refused_at_submit(
 @pytest.mark.parametrize(
     ("space", "needle"),
     [
-        ({"batch_size": {"int_uniform": [0, 8]}}, "search.space.batch_size 0: config key 'batch_size' must be a pos"),
-        ({"prec": ["fp32", "fp16"]}, "config key 'prec' must be bf16 or fp32, got 'fp16'"),
-        ({"warmup_ratio": {"uniform": [0.0, 1.5]}}, "search.space.warmup_ratio 1.5: config key 'warmup_ratio' must be"),
+        ({"batch_size": {"int_uniform": [0, 8]}}, "search.space.batch_size int_uniform [0, 8]: config key 'batch_size' "
+                                                  "must be a positive integer, got 0"),
+        ({"prec": ["bf16", "fp16"]}, "search.space.prec 'fp16': config key 'prec' must be bf16 or fp32, got 'fp16'"),
+        ({"eval_batch_size": {"uniform": [4, 32]}}, "search.space.eval_batch_size uniform [4, 32]: config key "
+                                                    "'eval_batch_size' must be an integer"),
+        ({"warmup_ratio": {"uniform": [0.0, 1.5]}}, "search.space.warmup_ratio uniform [0, 1.5]: config key "
+                                                    "'warmup_ratio' must be at most 1"),
     ],
 )
 def test_a_tpe_search_whose_later_trials_could_draw_a_value_the_worker_refuses_is_refused(
@@ -111,6 +115,33 @@ def test_a_tpe_search_whose_later_trials_could_draw_a_value_the_worker_refuses_i
     assert result.rc == 2, result
     assert needle in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not db_path.exists()
+
+
+def test_a_searchs_config_fault_is_named_as_the_configs(orch_cli: OrchRunner, tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    search = {"method": "tpe", "trials": 4, "seed": 0, "metric": "val_loss", "mode": "min",
+              "space": {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]}}}  # fmt: skip
+    plans = write_plans(tmp_path, {**CONFIG, "batch_size": 8.5}, search=search)
+    result = orch_cli("submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans))
+    assert result.rc == 2 and "config c1, task glue_rte: config key 'batch_size' must be an integer" in result.stderr
+
+
+def test_a_search_whose_draws_the_worker_takes_is_accepted(orch_cli: OrchRunner, tmp_path: Path) -> None:
+    """A uniform from 0 over a rate that must be positive draws 0 practically never: accepted."""
+    pytest.importorskip("optuna")
+    space = {"learning_rate": {"uniform": [0, 0.001]}, "batch_size": {"int_uniform": [2, 8]}}
+    search = {"method": "tpe", "trials": 4, "seed": 0, "metric": "val_loss", "mode": "min", "space": space}
+    plans = write_plans(tmp_path, CONFIG, search=search)
+    result = orch_cli("submit", "--suite", "tl", "--pairs", "1:glue_rte", "--plans", str(plans), "--dry-run")
+    assert result.rc == 0, result
+
+
+def test_an_unknown_inline_peft_key_is_refused_at_submit_and_only_warned_of_by_the_worker(tmp_path: Path) -> None:
+    """A job queued before the submit check must still run: the worker warns and trains."""
+    from workers.lora.config import parse_config
+
+    parsed = parse_config({**CONFIG, "data": "glue_rte", "peft": {"r": 4, "lora_alhpa": 8}}, tmp_path, {})
+    assert parsed.peft == {"r": 4, "lora_alhpa": 8}  # the worker's LoRA spec warns of the key (peft_spec)
 
 
 def test_the_worker_and_orch_name_the_same_tasks() -> None:

@@ -460,6 +460,6 @@ def test_a_loss_judged_as_a_maximum_is_noted_at_submit(
         result = orch_inproc("submit", "--plans", str(plans), "--suite", name, "--pairs", "1:glue_rte", "--dry-run")
         assert result.rc == 0, result
         said[name] = result.stderr
-    assert ("note: early_stop.metric val_loss reads as a loss, but early_stop.mode is max (the default): the "
-            "highest value counts as best; write `mode: min` if lower is better") in said["loss_max"]
+    assert ("note: early_stop.metric val_loss reads as a loss, but early_stop.mode is max (the default when left "
+            "out): the highest value counts as best; write `mode: min` if lower is better") in said["loss_max"]
     assert "reads as a loss" not in said["loss_min"] and "reads as a loss" not in said["acc"]

@@ -48,7 +48,7 @@ class SearchRunner:
         self.store = store
         self._next_check_s = 0.0
         self._done: set[tuple[str, str]] = set()  # searches that have all their trials
-        self._told: dict[str, str] = {}  # suite -> the last failure an event said
+        self._told: dict[tuple[str, str], str] = {}  # search -> the failure an event said, while it lasts
 
     def check(self) -> None:
         if time.monotonic() < self._next_check_s:
@@ -68,15 +68,17 @@ class SearchRunner:
                 log.exception(
                     "the search of suite %s failed to ask for a trial; tried again", key[0]
                 )
-                self._tell(key[0], f"{type(exc).__name__}: {exc}")
+                self._tell(key, f"{type(exc).__name__}: {exc}")
+            else:
+                self._told.pop(key, None)  # it asks again: a later failure is told anew
 
-    def _tell(self, suite: str, error: str) -> None:
-        """One event per suite and error: a search that cannot go on shows in `orch status`,
-        not only in the daemon's log."""
-        if self._told.get(suite) == error:
+    def _tell(self, key: tuple[str, str], error: str) -> None:
+        """One event per search and error while it keeps failing: a search that cannot go on
+        shows in `orch status`, not only in the daemon's log."""
+        if self._told.get(key) == error:
             return
-        self._told[suite] = error
-        message = f"the search of suite {suite} cannot ask for its next trial (tried again every pass): {error}"
+        self._told[key] = error
+        message = f"the search of suite {key[0]} cannot ask for its next trial (tried again every pass): {error}"
         try:
             with self.store.write():
                 add_event(self.store, "search", message[:500])

@@ -13,7 +13,7 @@ from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import Scalar
 from orchestrator.plans.ladder_spec import spec_steps
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
-from orchestrator.plans.lora_values import ConfigError, check_values
+from orchestrator.plans.lora_values import ConfigError, check_inline_peft, check_values
 from orchestrator.plans.model import JobSpec, ShareBase, Suite
 from orchestrator.plans.search import Dimension, Distribution
 from orchestrator.plans.template import check_config_keys, parse_template
@@ -126,28 +126,40 @@ def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: s
     unknown = unknown_keys(dict.fromkeys(ladder_sets))
     if unknown:
         raise PlanError(f"suite {suite.name}, ladder set: {unknown_keys_message(unknown)}")
-    for job in jobs:
-        try:
-            check_values(job.config)
-        except ConfigError as exc:
-            raise PlanError(f"suite {suite.name}, config {job.config_name}, task {job.data}: {exc}") from None
     if suite.search is not None and jobs:  # a TPE search draws its later trials in the daemon
         for dimension in suite.search.space:
             for value in dimension_values(dimension):
                 try:
                     check_values(jobs[0].config | {dimension.key: value})
                 except ConfigError as exc:
-                    raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {value!r}: {exc}") from None
+                    if f"'{dimension.key}'" not in str(exc):
+                        break  # a fault of the config itself: the job's check below names it
+                    drawn = repr(value) if dimension.distribution is Distribution.CHOICE else shown_range(dimension)
+                    raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {drawn}: {exc}") from None
+    for job in jobs:
+        try:
+            check_values(job.config)
+            if isinstance(job.config.get("peft"), dict):
+                check_inline_peft(job.config["peft"])
+        except ConfigError as exc:
+            raise PlanError(f"suite {suite.name}, config {job.config_name}, task {job.data}: {exc}") from None
+
+
+def shown_range(dimension: Dimension) -> str:
+    return f"{dimension.distribution.value} [{dimension.low:g}, {dimension.high:g}]"
 
 
 def dimension_values(dimension: Dimension) -> tuple[Scalar, ...]:
-    """What a searched key may take, as far as a check of values goes: its choices, or its
-    bounds (a value between two valid bounds is valid for every check of lora_values)."""
+    """What a searched key may take, as far as a check of values goes: its choices; an
+    int_uniform's bounds; just inside a uniform's or log_uniform's bounds (a draw lands on a
+    bound practically never, and such a draw is a fraction: a key the worker reads as an
+    integer is refused). Every check of lora_values is a bound or a kind, so these stand for
+    the values between."""
     if dimension.distribution is Distribution.CHOICE:
         return dimension.choices
     if dimension.distribution is Distribution.INT_UNIFORM:
         return (int(dimension.low), int(dimension.high))
-    return (dimension.low, dimension.high)
+    return (math.nextafter(dimension.low, dimension.high), math.nextafter(dimension.high, dimension.low))
 
 
 ORCH_READ_KEYS = frozenset({"gpus", "cpus", "host_mem_gib"})  # orch itself sizes a job by these

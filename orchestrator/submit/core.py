@@ -265,8 +265,8 @@ def loss_mode_notes(suite: Suite) -> list[str]:
     its mode is max, the default when `mode:` is left out: the best would be taken for the worst."""
     sections = [("early_stop", suite.early_stop), ("search", suite.search)]
     return [
-        f"note: {name}.metric {section.metric} reads as a loss, but {name}.mode is max (the default): "
-        f"the highest value counts as best; write `mode: min` if lower is better"
+        f"note: {name}.metric {section.metric} reads as a loss, but {name}.mode is max (the default when left "
+        f"out): the highest value counts as best; write `mode: min` if lower is better"
         for name, section in sections
         if section is not None and section.metric and section.mode is Mode.MAX and lower_is_better(section.metric)
     ]
