@@ -133,3 +133,15 @@ def pearson(a: list[float], b: list[float]) -> float:
     covariance = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b, strict=True))
     spread = (sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b)) ** 0.5
     return covariance / spread
+
+
+def test_the_loss_replay_says_a_gap_is_above_and_the_family_has_no_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import early_stop_sim
+
+    assert early_stop_sim.main(["--seeds", "1", "--no-search", "--metric", "loss"]) == 0
+    assert "above the grid best's by" in capsys.readouterr().out
+    assert early_stop_sim.main(["--seeds", "1", "--no-search"]) == 0
+    assert "below the grid best's by" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        early_stop_sim.main(["--curves", "parametric", "--metric", "loss"])
+    assert refused.value.code == 2 and "the recorded curves only" in capsys.readouterr().err

@@ -75,7 +75,7 @@ def test_unknown_lora_keys_are_refused_at_submit(
         ({**CONFIG, "peft": {"r": 4, "lora_alhpa": 8}}, "1:glue_rte", (), "unknown LoRA spec key(s) 'lora_alhpa' in"),
         ({**CONFIG, "peft": {"r": 0}}, "1:glue_rte", (), "LoRA rank r must be a positive integer, got 0"),
         ({**CONFIG, "peft": {"rank": "four"}}, "1:glue_rte", (), "LoRA rank r must be a positive integer, got 'four'"),
-        ({**CONFIG, "peft": {"dropout": 1.5}}, "1:glue_rte", (), "lora_dropout must be in [0, 1), got 1.5"),
+        ({**CONFIG, "peft": {"dropout": 1.5}}, "1:glue_rte", (), "lora_dropout must be a number in [0, 1), got 1.5"),
     ],
 )
 def test_values_the_lora_worker_would_refuse_are_refused_at_submit(

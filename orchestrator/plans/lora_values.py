@@ -121,7 +121,7 @@ def check_inline_peft(spec: Mapping[str, Any]) -> None:
         raise ConfigError(f"LoRA rank r must be a positive integer, got {rank!r}")
     dropout = names.get("lora_dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
-        raise ConfigError(f"lora_dropout must be in [0, 1), got {dropout!r}")
+        raise ConfigError(f"lora_dropout must be a number in [0, 1), got {dropout!r}")
 
 
 def precision(raw: Mapping[str, Any]) -> str:
