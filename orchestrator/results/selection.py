@@ -9,23 +9,15 @@ broken as TIE_RULE says, and a choice resting on fewer seeds than a rival's is n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from orchestrator.plans.metric_direction import lower_is_better
 from orchestrator.results.aggregate import ResultSummary
 
 MIN_N_CHOSEN = 2  # a single seed is no evidence that a setting is better
 Column = tuple[str, str]  # (task, metric)
-
-# whole words of a metric's name only (`eval_loss`, `wer`, not `exact_answer` or `lossless`)
-_LOWER_IS_BETTER = re.compile(r"(^|_)(loss|error|err|perplexity|ppl|mse|mae|rmse|wer|cer)($|_)", re.IGNORECASE)
-
-
-def lower_is_better(metric: str) -> bool:
-    """A loss, an error rate or a perplexity: the best is the lowest."""
-    return bool(_LOWER_IS_BETTER.search(metric))
 
 
 class Basis(str, Enum):

@@ -41,6 +41,7 @@ from orchestrator.plans.grid import (
 )
 from orchestrator.plans.inputs import Pair, Scalar, shown_repr, shown_value
 from orchestrator.plans.ladder_spec import is_one_token_task, load_ladder, strict_spec
+from orchestrator.plans.metric_direction import lower_is_better
 from orchestrator.plans.notify_urls import check_urls
 from orchestrator.plans.optuna_lib import require_optuna
 from orchestrator.plans.resources import check_gangs_fit
@@ -49,7 +50,6 @@ from orchestrator.plans.template import parse_template
 from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
-from orchestrator.results.selection import lower_is_better
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
