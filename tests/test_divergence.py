@@ -33,6 +33,18 @@ def test_a_last_epoch_above_the_first_steps_diverged() -> None:
     assert reason is not None and "above the first steps'" in reason
 
 
+def test_a_flat_run_a_little_above_its_start_is_not_diverged() -> None:
+    """A rate too small to learn: the loss never moves, and its last epoch ends a hair above the
+    first steps by noise (4.411 against 4.405, seen on the tiny Llama at lr 1e-5)."""
+    flat = [4.405 + 0.02 * ((7 * i) % 5 - 2) / 2 for i in range(100)]
+    flat[-10:] = [v + 0.006 for v in flat[-10:]]
+    summary = summarise_losses(flat, final_steps=10)
+    assert summary.final is not None and summary.initial is not None and summary.final > summary.initial
+    assert verdict(summary) is None
+    rising = [4.4] * 90 + [4.4 * 1.06] * 10  # 6 % above: beyond the margin
+    assert "above the first steps'" in str(verdict(summarise_losses(rising, final_steps=10)))
+
+
 def test_k_times_the_minimum_is_configurable() -> None:
     # down from 5 to 0.1 and back up to 0.5: below the start, 5 × the minimum
     losses = [5.0] * 10 + [0.1] * 40 + [0.5] * 50

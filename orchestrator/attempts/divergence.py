@@ -1,7 +1,9 @@
 """Divergence: whether a run's training loss ended above where it began. Pure: losses in, verdict out.
 
 A run diverged when the mean loss of its last epoch (a script's own output: its last readings)
-is not finite, exceeds the mean of its first steps, or exceeds `factor` × its minimum (the lowest
+is not finite, exceeds the mean of its first steps by more than FIRST_STEPS_MARGIN of it (a run
+whose loss never moved ends a little either side of its start by noise alone: 4.411 against
+4.405 is not a divergence), or exceeds `factor` × its minimum (the lowest
 mean over a window of consecutive steps, so one lucky batch is not the minimum). Our LoRA worker
 summarises its per-step losses with `summarise_losses`; for any other script orch feeds the
 losses it parsed from the output to a `LossTrack`, and every worker's reported history of `loss`
@@ -21,6 +23,7 @@ from typing import Any
 
 DEFAULT_FACTOR = 3.0  # k: a last epoch above k × the minimum diverged
 MAX_WINDOW = 10  # steps averaged for the first steps, the minimum and a script's last readings
+FIRST_STEPS_MARGIN = 0.05  # of |the first steps' mean|: a last epoch this close above it is a flat run's noise
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def verdict(summary: LossSummary, factor: float | None = DEFAULT_FACTOR) -> str 
     final, initial, minimum = summary.final, summary.initial, summary.minimum
     if final is None:
         return None
-    if initial is not None and final > initial:
+    if initial is not None and final - initial > FIRST_STEPS_MARGIN * abs(initial):
         return f"final loss {final:.4g} above the first steps' {initial:.4g}"
     if factor is not None and minimum is not None and minimum > 0 and final > factor * minimum:
         return f"final loss {final:.4g} above {factor:g} × its minimum {minimum:.4g}"
