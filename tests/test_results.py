@@ -67,6 +67,18 @@ def test_a_row_without_its_task_metric_falls_back_and_says_which() -> None:
     assert "no run reported f1: accuracy shown" in render_rows([mrpc])[0][10]
 
 
+def test_a_split_prefixed_metric_asked_for_points_at_the_bare_name() -> None:
+    """`--metric val_loss`: the table holds test metrics, each split under the bare name."""
+    rows = [ResultRow("E1", "a", "glue_rte", seed, {"accuracy": 0.7, "loss": 0.6}) for seed in (1, 2)]
+    (asked,) = aggregate(rows, metric="val_loss")
+    assert asked.n == 0 and any(
+        "no run reported val_loss among its test metrics: the table shows each split under the metric's bare name, "
+        "--metric loss (val beside test)" in note for note in asked.notes
+    ), asked.notes
+    (bare,) = aggregate(rows, metric="loss")
+    assert bare.n == 2 and not any("bare name" in note for note in bare.notes)
+
+
 def test_runs_that_lack_the_shown_metric_are_named_not_dropped_silently() -> None:
     (summary,) = aggregate([ResultRow("E1", "a", "glue_mrpc", 1, {"f1": 0.7, "accuracy": 0.8}, job=1),
                             ResultRow("E1", "a", "glue_mrpc", 2, {"accuracy": 0.9}, job=2),

@@ -267,6 +267,12 @@ def choose_metric(task: str, rows: list[ResultRow], wanted: str | None = None) -
     """The metric a row shows and, when it is not the task's own, the note that says so. A
     `wanted` metric (`orch results --metric`) is shown whatever the runs reported."""
     if wanted is not None:
+        split, _, bare = wanted.partition("_")
+        reported = any(wanted in row.metrics for row in rows)
+        if split in ("val", "test") and bare and not reported and any(bare in row.metrics for row in rows):
+            # the table holds each split under the bare name (`loss`, val beside test)
+            return wanted, (f"no run reported {wanted} among its test metrics: the table shows each split under "
+                            f"the metric's bare name, --metric {bare} (val beside test)")
         return wanted, None
     primary = primary_metric(task)
     if any(primary in row.metrics for row in rows):
