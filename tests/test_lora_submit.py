@@ -62,6 +62,7 @@ def test_unknown_lora_keys_are_refused_at_submit(
         (CONFIG, "1:glue-tvt_rt", (), "task glue-tvt_rt: unknown task 'rt' in 'glue-tvt_rt' (known: cola, "),
         (CONFIG, "1:rte", (), "data name 'rte' is not glue_<task>[_N] or glue-tvt_<task>[_N]"),
         (CONFIG, "1:glue_stsb", (), "task 'stsb' is a regression task"),
+        (CONFIG, "1:GLUE-TVT_RTE", (), "task GLUE-TVT_RTE: write the data name as the worker reads it, glue-tvt_rte"),
         ({**CONFIG, "batch_size": 8.5}, "1:glue_rte", (), "config key 'batch_size' must be an integer, got 8.5"),
         (CONFIG, "1:glue_rte", ("--set", "learning_rate=-0.1"), "'learning_rate' must be a finite positive"),
         (CONFIG, "1:glue_rte", ("--set", "prec=fp16"), "config key 'prec' must be bf16 or fp32, got 'fp16'"),

@@ -137,6 +137,10 @@ def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: s
                     drawn = repr(value) if dimension.distribution is Distribution.CHOICE else shown_range(dimension)
                     raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {drawn}: {exc}") from None
     for job in jobs:
+        if job.data != job.data.strip().lower():
+            raise PlanError(f"suite {suite.name}, config {job.config_name}, task {job.data}: write the data name "
+                            "as the worker reads it, "
+                            f"{job.data.strip().lower()} (two spellings of one task would be two jobs)")
         try:
             check_values(job.config)
             if isinstance(job.config.get("peft"), dict):
