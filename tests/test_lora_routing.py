@@ -79,3 +79,13 @@ def test_the_routed_forward_is_bit_equal_to_the_loop_it_replaced(autocast: bool,
         assert torch.equal(new[name], old[name]), name
     other = run(model, layers, routed_forward, autocast, seed=6, device=device)  # the test can fail
     assert dropout == 0 or not torch.equal(other["logits"], new["logits"])
+
+
+@pytest.mark.parametrize(
+    "routes", [[("a", 2, 5), ("b", 0, 2)], [("a", 0, 2), ("b", 3, 5)], [("a", 0, None), ("b", 2, 5)], []]
+)
+def test_routes_that_do_not_cut_the_rows_in_order_are_refused(routes: list[Any]) -> None:
+    """The joined outputs are added to the rows by position: routes out of order, with a gap, or
+    with an open end before the last would add an adapter to another member's rows."""
+    with pytest.raises(RuntimeError, match="do not cut its rows in order"), Routes().use(routes):
+        pass

@@ -38,6 +38,11 @@ class Routes:
 
     @contextlib.contextmanager
     def use(self, routes: list[Route]) -> Iterator[None]:
+        """Routes that cut the rows in order, back to back from row 0 (routed_forward adds the
+        joined outputs to the rows by position): checked once here, not in every layer."""
+        stops = [stop for _, _, stop in routes]
+        if not routes or [start for _, start, _ in routes] != [0, *stops[:-1]] or None in stops[:-1]:
+            raise RuntimeError(f"a fused group's routes {routes} do not cut its rows in order from row 0")
         before, self.now = self.now, routes
         try:
             yield
@@ -58,10 +63,8 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     if layer.disable_adapters:
         return result
     bounds = [(start, result.shape[0] if stop is None else stop) for _, start, stop in routes.now]
-    edges = [0, *(stop for _, stop in bounds)]
-    if [start for start, _ in bounds] != edges[:-1] or edges[-1] != result.shape[0]:
-        # the joined outputs are added to the rows by position
-        raise RuntimeError(f"a fused group's routes {bounds} do not cut its {result.shape[0]} rows in order")
+    if bounds[-1][1] != result.shape[0]:  # in order from row 0 (Routes.use): the last must end the batch
+        raise RuntimeError(f"a fused group's routes {bounds} do not cover its {result.shape[0]} rows")
     adapted = [adapter in layer.lora_A for adapter, _, _ in routes.now]
     if not any(adapted):
         return result
