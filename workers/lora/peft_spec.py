@@ -17,8 +17,6 @@ from workers.lora.config import ConfigError
 LLAMA_TARGETS = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
 )
-SHORT_KEYS = LORA_SPEC_SHORT_KEYS
-LORA_KEYS = LORA_SPEC_KEYS
 # Once read from the environment over the spec; no more: a setting that changes the science
 # belongs in the config, where the job's identity and result.json see it.
 RETIRED_ENV = ("ORCH_LORA_R", "ORCH_LORA_ALPHA", "ORCH_LORA_DROPOUT")
@@ -31,8 +29,8 @@ def lora_kwargs(
     warnings: list[str] = []
     kwargs: dict[str, Any] = {"task_type": "CAUSAL_LM"}
     for key, value in spec.items():
-        name = SHORT_KEYS.get(key, key)
-        if name in LORA_KEYS:
+        name = LORA_SPEC_SHORT_KEYS.get(key, key)
+        if name in LORA_SPEC_KEYS:
             kwargs[name] = value
         elif key not in LORA_SPEC_RECORD_KEYS:
             warnings.append(f"ignoring unknown LoRA spec key {key!r}")
