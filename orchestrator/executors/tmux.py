@@ -73,13 +73,13 @@ WINDOW_GONE = (
     "Connection refused", "No such file or directory",  # a dead server's socket, stale or removed
 )
 KILL_RETRY_S = 2.0
+KILL_RETRY_POLL_S = 0.1
 
 
 def _says_gone(stderr: list[str]) -> bool:
     """Whether tmux's refusal says the window (or its whole server) is gone."""
     told = " ".join(stderr)
     return any(gone in told for gone in WINDOW_GONE)
-KILL_RETRY_POLL_S = 0.1
 
 
 class TmuxExecutor(LocalExecutor):
