@@ -25,7 +25,8 @@ settings, so a second count says how often the kept setting is tied with the gri
 finals within one standard error of a 3-seed mean), and `--explain` prints, per seed, the grid
 best's true rank, its seeds' deviations from its true final, its rank at each rung and where it
 was stopped. `--smooth-evals N` judges on the mean of each seed's last N evaluations
-(early_stop.smooth_evals). `--metric loss` judges the recordings' validation losses instead of
+(early_stop.smooth_evals); `--value best` on each seed's best evaluation so far
+(early_stop.value). `--metric loss` judges the recordings' validation losses instead of
 their accuracies (`early_stop.metric: val_loss`, `mode: min`; the grid's best is then the lowest
 final loss).
 
@@ -50,7 +51,7 @@ from benchmarks import curve_family
 from benchmarks.curve_family import NONE_KEPT, Curves, Drawn, Parametric, final_of, sign
 from benchmarks.recorded_curves import RECORDED, Recorded, load
 from orchestrator.lifecycle import JobState
-from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule
+from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, SeedValue
 from orchestrator.plans.search import parse_search
 from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial, random_trials
 from orchestrator.scheduling.early_stop import Prune, SeedRun, SettingRuns, judge
@@ -290,6 +291,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--smooth-evals", type=int, default=1, help="early_stop.smooth_evals (default 1)"
     )
     parser.add_argument(
+        "--value", default="last", choices=[v.value for v in SeedValue],
+        help="early_stop.value: each seed's last evaluation at a rung (default) or its best so far",
+    )
+    parser.add_argument(
         "--eval-sd",
         type=float,
         default=curve_family.EVAL_SD,
@@ -317,6 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.curves == "parametric" and args.metric != "accuracy":
         parser.error("--metric loss: the recorded curves only (the family is accuracy)")
+    if args.value == "best" and args.smooth_evals > 1:
+        parser.error("--value best takes each seed's best so far, --smooth-evals a mean: choose one")
     return args  # fmt: skip
 
 
@@ -326,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     min_steps = args.min_steps or curves.steps // 10
     hyperband = args.rule == "hyperband"
     spec = EarlyStop(curves.metric, curves.mode, PruneRule(args.rule), min_steps, args.reduction_factor,
-                     curves.steps if hyperband else None, args.smooth_evals)  # fmt: skip
+                     curves.steps if hyperband else None, args.smooth_evals, SeedValue(args.value))  # fmt: skip
     rows: list[dict[str, Any]] = []
     settings: list[str] = []
     for seed in range(args.seeds):
@@ -354,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "rule": args.rule, "order": args.order,
         "crossing": args.crossing if curves.name == "parametric" else None,
         "min_steps": min_steps, "steps": curves.steps, "eval_every_steps": curves.eval_every,
-        "reduction_factor": args.reduction_factor, "smooth_evals": args.smooth_evals,
+        "reduction_factor": args.reduction_factor, "smooth_evals": args.smooth_evals, "value": args.value,
         "eval_sd": args.eval_sd if curves.name == "parametric" else None,
         "full_grid_gpu_hours": full_hours,
         "early_stop_gpu_hours_mean": mean(r["gpu_hours"] for r in rows),
@@ -391,7 +398,7 @@ def report(args: argparse.Namespace, summary: dict[str, Any], curves: Curves) ->
     lines.append(
         f"early stopping on {curves.name} curves, {curves.metric} ({args.rule}, "
         f"min_steps {summary['min_steps']}, factor "
-        f"{args.reduction_factor}, smooth_evals {args.smooth_evals}, {noise}): "
+        f"{args.reduction_factor}, smooth_evals {args.smooth_evals}, value {args.value}, {noise}): "
         f"{summary['early_stop_gpu_hours_mean']:.1f} GPU-h mean (max {summary['early_stop_gpu_hours_max']:.1f}) "
         f"vs {full_hours:.0f} for the full grid ({summary['early_stop_gpu_hours_mean'] / full_hours:.2f}); "
         f"grid best kept in {summary['grid_best_kept']} of {n}; the kept setting's {truth} "

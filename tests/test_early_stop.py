@@ -8,7 +8,7 @@ import pytest
 from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import JobState
-from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, parse_early_stop
+from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, SeedValue, parse_early_stop
 from orchestrator.scheduling.early_stop import SeedRun, SettingRuns, judge, setting_value, value_at
 
 R, S, Q, F = JobState.RUNNING, JobState.SUCCEEDED, JobState.QUEUED, JobState.FAILED
@@ -134,7 +134,8 @@ def test_hyperband_runs_on_optuna() -> None:
         (
             {"metric": "m", "min_steps": 3, "smoothing": 3},
             "unknown key(s) smoothing (`early_stop` must be a mapping of metric, mode (max|min), "
-            "rule (asha|hyperband|median), min_steps, reduction_factor, max_steps (hyperband), smooth_evals)",
+            "rule (asha|hyperband|median), min_steps, reduction_factor, max_steps (hyperband), smooth_evals, "
+            "value (last|best))",
         ),
         ({"metric": "m"}, "min_steps` is required"),
         ({"min_steps": 3}, "early_stop.metric` must name"),
@@ -232,6 +233,50 @@ def test_smooth_evals_is_checked_and_kept() -> None:
             parse_early_stop("suite s.yaml", {**raw, "smooth_evals": bad})
         assert "`early_stop.smooth_evals` must be" in str(info.value) and said in str(info.value)
         assert "\n" not in str(info.value)
+
+
+def test_value_best_judges_a_seed_on_its_best_evaluation_so_far() -> None:
+    losses = {16.0: 0.70, 32.0: 0.52, 48.0: 0.61, 64.0: 0.45}
+    assert value_at(losses, 48.0, best_of=Mode.MIN) == 0.52  # the bump at 48 passed over
+    assert value_at(losses, 48.0) == 0.61
+    assert value_at(losses, 40.0, best_of=Mode.MAX) == 0.70
+    assert value_at(losses, 70.0, best_of=Mode.MIN) is None  # not reported at or past the step
+    # a large rate's loss rises after its warm-up, right at the rung, and comes down later: judged
+    # on its last value it ranks last of 4 and is stopped; on its best so far it leads
+    bumped = SeedRun(1, R, {32.0: 0.40, 48.0: 0.80, 96.0: 0.35}, 96.0)
+    steady = [SeedRun(i, R, {32.0: 0.60, 48.0: 0.58, 96.0: 0.55}, 96.0) for i in range(2, 5)]
+    settings = [SettingRuns("bumped", (bumped,))] + [SettingRuns(f"s{s.job_id}", (s,)) for s in steady]
+    last_spec = EarlyStop("val_loss", Mode.MIN, PruneRule.ASHA, 48, 3)
+    best_spec = EarlyStop("val_loss", Mode.MIN, PruneRule.ASHA, 48, 3, value=SeedValue.BEST)
+    assert best_spec.best_of() is Mode.MIN and last_spec.best_of() is None
+    stop = next(p for p in judge(last_spec, settings, []).prunes if p.setting == "bumped")
+    assert stop.value == pytest.approx(0.80) and stop.rank == 4
+    best = judge(best_spec, settings, [])
+    assert "bumped" not in {p.setting for p in best.prunes}
+    assert {r.setting: r.value for r in best.told}["bumped"] == pytest.approx(0.40)
+    worst = next(p for p in best.prunes)
+    assert worst.record(best_spec)["seed_value"] == "best" and "seed_value" not in worst.record(last_spec)
+    assert describe_pruned(worst.record(best_spec)) == (
+        f"pruned at step 48 (val_loss {worst.value:.4g} (the best so far), ranked {worst.rank} of 4 at that "
+        "step; asha)"
+    )
+
+
+def test_value_is_checked_and_kept() -> None:
+    raw = {"metric": "val_loss", "mode": "min", "min_steps": 5, "value": "best"}
+    spec = parse_early_stop("s", raw)
+    assert spec.value is SeedValue.BEST and EarlyStop.from_json(spec.to_json()) == spec
+    assert parse_early_stop("s", {**raw, "value": "last"}).value is SeedValue.LAST
+    assert "value" not in parse_early_stop("s", {"metric": "m", "min_steps": 5}).to_json()  # as stored before
+    for bad, said in (
+        ({"value": "mean"}, "`early_stop.value` must be last or best, not 'mean'"),
+        ({"value": True}, "`early_stop.value` must be last or best, not 'True'"),
+        ({"smooth_evals": 3}, "`early_stop.value: best` takes each seed's best value so far, "
+                              "`smooth_evals: 3` the mean of its last ones: choose one"),
+    ):
+        with pytest.raises(PlanError) as info:
+            parse_early_stop("suite s.yaml", {**raw, **bad})
+        assert str(info.value) == f"suite s.yaml: {said}"
 
 
 def test_a_leader_at_a_later_rung_is_never_stopped_for_an_earlier_one() -> None:

@@ -136,7 +136,7 @@ def test_a_random_search_with_early_stopping_prunes_trials_and_lists_them(orch: 
         "mode": "max",
         "space": {"learning_rate": {"log_uniform": [1.0e-6, 1.0e-1]}},
     }
-    _suite(orch)
+    _suite(orch, value="best")  # each seed judged on its best so far (a rising curve: its last)
     suite_file = orch.plans / "suites" / "es.yaml"
     suite_file.write_text(suite_file.read_text() + "search: " + json.dumps(search) + "\n")
     orch.submit("es", "1:toy", "--gpu-plan", "6,6")
@@ -153,3 +153,5 @@ def test_a_random_search_with_early_stopping_prunes_trials_and_lists_them(orch: 
     )  # no value: listed last
     best = max(jobs, key=lambda j: -abs(math.log10(j.overrides["learning_rate"] / BEST_LR)))
     assert best.state is JobState.SUCCEEDED  # the trial nearest the best rate runs to its end
+    stopped = [j for j in jobs if j.state is JobState.PRUNED]
+    assert all(j.pruned["seed_value"] == "best" and "(the best so far)" in (j.reason or "") for j in stopped)

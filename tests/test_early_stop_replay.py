@@ -145,3 +145,13 @@ def test_the_loss_replay_says_a_gap_is_above_and_the_family_has_no_loss(capsys: 
     with pytest.raises(SystemExit) as refused:
         early_stop_sim.main(["--curves", "parametric", "--metric", "loss"])
     assert refused.value.code == 2 and "the recorded curves only" in capsys.readouterr().err
+
+
+def test_the_replay_judges_each_seed_on_its_best_so_far(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import early_stop_sim
+
+    assert early_stop_sim.main(["--seeds", "1", "--no-search", "--metric", "loss", "--value", "best"]) == 0
+    assert "value best" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        early_stop_sim.main(["--value", "best", "--smooth-evals", "3"])
+    assert refused.value.code == 2 and "choose one" in capsys.readouterr().err

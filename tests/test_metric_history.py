@@ -206,6 +206,7 @@ def test_orch_curves_refuses_a_key_the_chosen_jobs_never_reported(orch_inproc: O
 
 
 def test_early_stopping_reads_what_it_needs_of_a_history_by_seeks(tmp_path: Path) -> None:
+    from orchestrator.plans.early_stop import Mode
     from orchestrator.scheduling.early_stop import value_at
     from orchestrator.store.early_stop import metric_last_steps, metric_points_at, reached_steps
 
@@ -223,6 +224,13 @@ def test_early_stopping_reads_what_it_needs_of_a_history_by_seeks(tmp_path: Path
         window = metric_points_at(store, [1], "val_accuracy", [12.0, 92.0], last_n=3)[1]
         assert window == {5.0: 0.05, 10.0: 0.1, 80.0: 0.8, 85.0: 0.85, 90.0: 0.5, 110.0: 0.6}
         assert value_at(window, 92.0, 3) == pytest.approx((0.8 + 0.85 + 0.5) / 3)
+        # value: best: each rung step's best value at or before it, among the values no later
+        # attempt reported again (attempt 1's 0.9 at step 90 was reported again by attempt 2)
+        highest = metric_points_at(store, [1], "val_accuracy", [12.0, 92.0], best_lower=False)[1]
+        assert highest == {10.0: 0.1, 85.0: 0.85, 90.0: 0.5, 110.0: 0.6}
+        assert value_at(highest, 92.0, best_of=Mode.MAX) == 0.85
+        lowest = metric_points_at(store, [1], "val_accuracy", [92.0], best_lower=True)[1]
+        assert lowest == {5.0: 0.05, 90.0: 0.5, 110.0: 0.6} and value_at(lowest, 92.0, best_of=Mode.MIN) == 0.05
 
 
 def test_a_prune_never_overrides_a_stop_already_asked(tmp_path: Path) -> None:

@@ -28,6 +28,14 @@ class Mode(str, Enum):
     MIN = "min"
 
 
+class SeedValue(str, Enum):
+    """What a seed counts at a rung."""
+
+    LAST = "last"  # its last evaluation at or before the rung step (or the mean of the last few)
+    BEST = "best"  # its best evaluation at or before it: a loss that rises after warm-up and
+    # comes down again is not judged at its bump
+
+
 def parse_mode(where: str, section: str, raw: dict[str, Any]) -> Mode:
     """`mode:` of an `early_stop:` or `search:` section: max (the default) or min."""
     try:
@@ -49,6 +57,11 @@ class EarlyStop:
     # a seed's value at a rung: the mean of its last this many evaluations at or before the rung
     # step (1: its last one); a noisy evaluation then moves a rung value less
     smooth_evals: int = 1
+    value: SeedValue = SeedValue.LAST
+
+    def best_of(self) -> Mode | None:
+        """The direction a seed's best value so far is taken in; None: its last value counts."""
+        return self.mode if self.value is SeedValue.BEST else None
 
     def rung_steps(self, up_to_step: float) -> list[int]:
         """The steps settings are compared at (min_steps × factor^k), up to `up_to_step`."""
@@ -71,6 +84,8 @@ class EarlyStop:
             stored["max_steps"] = self.max_steps
         if self.smooth_evals != 1:  # a rule stored before the key existed reads as 1
             stored["smooth_evals"] = self.smooth_evals
+        if self.value is not SeedValue.LAST:  # likewise: a rule stored before it reads as last
+            stored["value"] = self.value.value
         return stored
 
     @classmethod
@@ -84,10 +99,10 @@ class EarlyStop:
             return None
 
 
-_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps", "smooth_evals")
+_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps", "smooth_evals", "value")
 _SHAPE = (
     "`early_stop` must be a mapping of metric, mode (max|min), rule (asha|hyperband|median), min_steps, "
-    "reduction_factor, max_steps (hyperband), smooth_evals"
+    "reduction_factor, max_steps (hyperband), smooth_evals, value (last|best)"
 )
 
 
@@ -135,4 +150,15 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
             )
         max_steps = _bounded_int(where, "max_steps", max_steps, min_steps + 1, MAX_STEPS)
     smooth = _bounded_int(where, "smooth_evals", raw.get("smooth_evals", 1), 1, MAX_SMOOTH_EVALS)
-    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps, smooth)
+    try:
+        value = SeedValue(str(raw.get("value", "last")))
+    except ValueError:
+        raise PlanError(
+            f"{where}: `early_stop.value` must be last or best, not {shown_value(str(raw.get('value')))}"
+        ) from None
+    if value is SeedValue.BEST and smooth > 1:
+        raise PlanError(
+            f"{where}: `early_stop.value: best` takes each seed's best value so far, "
+            f"`smooth_evals: {smooth}` the mean of its last ones: choose one"
+        )
+    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps, smooth, value)

@@ -5,10 +5,11 @@ metric by step, and what the pruner was told before. No store, clock or process:
 The algorithms are Optuna's (SuccessiveHalvingPruner for asha, HyperbandPruner, MedianPruner),
 driven through its ask-and-tell interface on an in-memory study rebuilt at every call: one trial
 per setting, told the setting's value at each rung step (min_steps × factor^k). A setting's
-value at a step is the mean over its seeds of each seed's last value at or before that step, once
-every seed that counts (queued, running or succeeded) has reported the metric at or past it. What
-was told before is told again first, in the same order of rungs, so a restarted daemon's pruner
-holds what the last one's did; only then are new rungs told, and judged."""
+value at a step is the mean over its seeds of each seed's last value at or before that step (its
+best there with `value: best`), once every seed that counts (queued, running or succeeded) has
+reported the metric at or past it. What was told before is told again first, in the same order
+of rungs, so a restarted daemon's pruner holds what the last one's did; only then are new rungs
+told, and judged."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class Prune:
 
     def record(self, spec: EarlyStop) -> dict[str, Any]:
         smooth = {"smooth_evals": spec.smooth_evals} if spec.smooth_evals > 1 else {}
+        best = {"seed_value": spec.value.value} if spec.best_of() is not None else {}
         return {
             "step": self.step,
             "metric": spec.metric,
@@ -79,7 +81,7 @@ class Prune:
             "of": self.of,
             "rule": spec.rule.value,
             "rung": self.rung,
-        } | smooth
+        } | smooth | best
 
 
 @dataclass
@@ -89,19 +91,28 @@ class Judgement:
     metric_missing_at: int | None = None  # a seed passed the first rung step without the metric
 
 
-def value_at(values: Mapping[float, float], step: float, smooth_evals: int = 1) -> float | None:
+def value_at(
+    values: Mapping[float, float], step: float, smooth_evals: int = 1, best_of: Mode | None = None
+) -> float | None:
     """A seed's metric at `step`, once it reported at or past it: its last value at or before
-    it, or the mean of its last `smooth_evals` values there (fewer where it has fewer)."""
+    it, or the mean of its last `smooth_evals` values there (fewer where it has fewer), or with
+    `best_of` its best value there in that direction."""
     if not values or max(values) < step:
         return None
-    earlier = sorted(s for s in values if s <= step)[-smooth_evals:]
+    earlier = sorted(s for s in values if s <= step)
+    if best_of is not None and earlier:
+        pick = max if best_of is Mode.MAX else min
+        return pick(float(values[s]) for s in earlier)
+    earlier = earlier[-smooth_evals:]
     return sum(float(values[s]) for s in earlier) / len(earlier) if earlier else None
 
 
-def setting_value(setting: SettingRuns, step: float, smooth_evals: int = 1) -> float | None:
+def setting_value(
+    setting: SettingRuns, step: float, smooth_evals: int = 1, best_of: Mode | None = None
+) -> float | None:
     """The mean over the setting's counted seeds at `step`; None until every one has it."""
     counted = setting.counted()
-    found = [value_at(seed.values, step, smooth_evals) for seed in counted]
+    found = [value_at(seed.values, step, smooth_evals, best_of) for seed in counted]
     if not found or any(v is None or not math.isfinite(v) for v in found):
         return None
     return sum(v for v in found if v is not None) / len(found)
@@ -169,7 +180,7 @@ def judge(
         for rung, step in enumerate(spec.rung_steps(reached)):
             if rung in told_rungs.get(setting.key, set()):
                 continue
-            value = setting_value(setting, step, spec.smooth_evals)
+            value = setting_value(setting, step, spec.smooth_evals, spec.best_of())
             if value is None:
                 break
             new.append((rung, step, setting, value))
