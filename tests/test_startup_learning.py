@@ -97,3 +97,44 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         by_progress = _expected_end(live, durations, read_startups(store), now)(attempt)
         assert by_progress == pytest.approx(now + 70 * 2.0)
         assert _expected_end(live, durations, {}, now)(attempt) == pytest.approx(attempt.started_at + 500.0)
+
+
+def test_the_hold_is_what_the_start_up_held_before_its_first_steps_memory() -> None:
+    from orchestrator.prediction.startup import HOLD_LEAD_S, HeldReadings, ahead_s
+
+    readings = HeldReadings()
+    # TRL-like: the model loaded by 10 s, the first step's activations read at 23 s, its progress
+    # line seen at 24 s
+    for at_s, held in ((1.0, 0), (4.0, 480), (10.0, 1_350), (12.0, 1_300), (18.0, 1_360), (23.0, 13_814)):
+        readings.note(7, 1000.0 + at_s, held)
+    assert readings.held_until(7, 1000.0 + 24.0 - HOLD_LEAD_S) == 1_360
+    assert readings.held_until(7, 1000.0 + 24.0) == 13_814
+    assert readings.held_until(7, 1000.5) is None and readings.held_until(8, 2000.0) is None
+    readings.keep_only([8])
+    assert readings.held_until(7, 2000.0) is None
+    assert ahead_s(Startup(24.0, 1_360, 1)) == pytest.approx(24.0 - HOLD_LEAD_S)
+    assert ahead_s(Startup(HOLD_LEAD_S, 100, 1)) is None and ahead_s(None) is None
+
+
+def test_an_attempt_learns_its_hold_from_readings_before_the_lead(db_path: Path) -> None:
+    from orchestrator.prediction.startup import HeldReadings
+
+    with Store(db_path) as store:
+        suite = load_suite("demo", PLANS)
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                    allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+        job_id = job_ids(store)[0]
+        attempt = start_attempt(store, declared_plan(job_id), lambda n: db_path.parent / f"run-{n}")
+        update_attempt(store, attempt.id, held_mib=13_814)  # the last reading: the first step's
+        (attempt,) = get_attempts(store, job_id)
+        from orchestrator.store.queries import get_job
+
+        job = get_job(store, job_id)
+        assert job is not None
+        readings = HeldReadings()
+        for at_s, held in ((2.0, 500), (15.0, 1_360), (23.0, 13_814)):
+            readings.note(attempt.id, attempt.started_at + at_s, held)
+        seen = attempt.started_at + 24.0
+        learn_startup(store, attempt, job, _obs(1, seen), seen, watched_s=24.0, readings=readings)
+        key = startup_key(job.suite, job.config_name)
+        assert read_startups(store) == {key: Startup(pytest.approx(24.0), 1_360, 1)}  # type: ignore[arg-type]

@@ -1,12 +1,12 @@
 """What a running attempt teaches at its first training step: how long its start-up took and
-what it held on the GPU until then (orchestrator.prediction.startup)."""
+what it held on the GPU until shortly before then (orchestrator.prediction.startup)."""
 
 from __future__ import annotations
 
 import logging
 
 from orchestrator.executors.observation import Observation
-from orchestrator.prediction.startup import first_step_seen, startup_key
+from orchestrator.prediction.startup import HOLD_LEAD_S, HeldReadings, first_step_seen, startup_key
 from orchestrator.store.db import Store
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.startups import record_startup
@@ -38,13 +38,22 @@ def startup_from(wall_s: float, watched_s: float | None, adopted: bool) -> float
     return wall_s
 
 
+def startup_hold_mib(attempt: Attempt, seen_at_s: float, readings: HeldReadings | None) -> int:
+    """What the attempt held until HOLD_LEAD_S before its first step was seen at `seen_at_s`:
+    the most of its readings then; without one (a start-up shorter than the lead, a daemon
+    started since), its last reading, which may hold the first step's own memory."""
+    held = None if readings is None else readings.held_until(attempt.id, seen_at_s - HOLD_LEAD_S)
+    return attempt.held_mib if held is None else held
+
+
 def learn_startup(
     store: Store, attempt: Attempt, job: Job, obs: Observation, now_s: float, *,
-    watched_s: float | None = None, adopted: bool = False,
+    watched_s: float | None = None, adopted: bool = False, readings: HeldReadings | None = None,
 ) -> None:
     """Record the start-up of an attempt whose first step this pass saw (its progress before the
-    pass had no step). What it held is the last reading before that step. `watched_s` and
-    `adopted`: as `startup_from` takes them."""
+    pass had no step), with what it held (`startup_hold_mib`; `readings`: its GPU readings as
+    the daemon took them, on the clock of `now_s`). `watched_s` and `adopted`: as
+    `startup_from` takes them."""
     step_now = (obs.last_progress or {}).get("step")
     if not first_step_seen((attempt.progress or {}).get("step"), step_now):
         return
@@ -56,6 +65,7 @@ def learn_startup(
                     "(the wall clock stepped)", attempt.id, wall_s, watched_s or 0.0)
         return
     try:
-        record_startup(store, startup_key(job.suite, job.config_name), seconds, attempt.held_mib)
+        held_mib = startup_hold_mib(attempt, float(seen_at), readings)
+        record_startup(store, startup_key(job.suite, job.config_name), seconds, held_mib)
     except Exception:  # learning must not stop reconciling the others
         log.warning("cannot record the start-up of attempt %s", attempt.id, exc_info=True)

@@ -37,6 +37,7 @@ from orchestrator.attempts.resource_use import ResourceTracker
 from orchestrator.attempts.share_record import read_share
 from orchestrator.attempts.silence import Silences
 from orchestrator.attempts.startup_lesson import learn_startup
+from orchestrator.prediction.startup import HeldReadings
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.attempts.warm_peak import shared_base_peak_mib
 from orchestrator.clock import Clock
@@ -112,6 +113,7 @@ class AttemptWatcher:
         self._by_uuid: dict[str, GpuSnapshot] = {}  # this pass's cards, for a gang's other ranks
         self._ended: list[Attempt] = []  # attempts closed this pass: windows closed after launching
         self.lessons = AttemptLessons(store, scheduler, resources)  # host peaks and rates they teach
+        self.startup_readings = HeldReadings()  # GPU memory of attempts before their first step
         self._attempt_errors: dict[int, str] = {}  # last error recorded per attempt, so it is not repeated
         self._attempt_error_counts: dict[int, int] = {}  # passes in a row that failed on the attempt
         self._abandoning: set[int] = set()  # attempts being stopped after too many errors in a row
@@ -166,6 +168,7 @@ class AttemptWatcher:
                 self._record_attempt_error(attempt, jobs.get(attempt.job_id), exc, statuses)
         self.output.keep_only(a.id for a in live)  # those closed now go at the next pass
         self.silences.keep_only(a.id for a in live)
+        self.startup_readings.keep_only(a.id for a in live)
         self.history.keep_only(a.id for a in live)
         if wanted is None:
             self.observed.end_pass(a.run_dir for a in live)
@@ -233,6 +236,7 @@ class AttemptWatcher:
                 self.clock.now_s(),
                 watched_s=self.silences.watched_s(attempt.id),
                 adopted=self.adopted(attempt),
+                readings=self.startup_readings,
             )  # before _track stores the progress
             # a process on a cluster's node: its pid and group are never recorded as killable here
             self._track(
@@ -429,6 +433,8 @@ class AttemptWatcher:
             fields.update(self.resources.fields(attempt, list(tree), self._by_uuid, host_due))
             held = int(fields.get("held_mib", held))
             progressed = bool(obs.last_progress and (obs.last_progress.get("step") or 0) >= 1)
+            if not progressed:  # what its start-up holds, for start-up overlap
+                self.startup_readings.note(attempt.id, self.clock.now_s(), held)
             if not attempt.reached_peak and (progressed or held >= attempt.predicted_peak_mib):
                 fields["reached_peak"] = 1
         if attempt.share_process is None and shares_base(job) and obs.last_progress_at != attempt.last_progress_at:

@@ -2,16 +2,28 @@
 
 A job's start-up is the time from its launch to its first training step (imports, model load,
 tokenising), learned per suite and config from the attempts that reached a first step (the
-shortest seen: orchestrator.store.startups says why), with the GPU memory it held just before. A
-running attempt's remaining time comes from its progress: the steps still to go at the pace of the
-steps it has run since its start-up.
+shortest seen: orchestrator.store.startups says why), with the GPU memory it held until
+HOLD_LEAD_S before that step: a trainer that reports its first step only after it (TRL's first
+progress line) has that step's activations in the readings just before, so those are left out,
+and a job starts at most its start-up less HOLD_LEAD_S ahead. A running attempt's remaining time
+comes from its progress: the steps still to go at the pace of the steps it has run since its
+start-up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from orchestrator.store.startups import Startup
 
-__all__ = ["Startup", "first_step_seen", "remaining_s", "startup_key"]
+__all__ = ["HOLD_LEAD_S", "HeldReadings", "Startup", "ahead_s", "first_step_seen", "remaining_s", "startup_key"]
+
+# The readings this long before a first step is seen are not its start-up's: the step itself
+# (a first step that builds the optimizer and finds kernels takes seconds) and the pass that
+# sees its progress line come in it. A job starts at most its start-up less this ahead, so what
+# it holds until then is what was learned.
+HOLD_LEAD_S = 5.0
+MAX_HELD_READINGS = 4096  # a start-up's rises in memory kept; past them the last holds the rest
 
 
 def startup_key(suite: str, config_name: str) -> str:
@@ -36,3 +48,43 @@ def remaining_s(
     if training_s <= 0:
         return None
     return (total - step) * training_s / step
+
+
+def ahead_s(startup: Startup | None) -> float | None:
+    """How far ahead of the memory it needs a job may start: its start-up less HOLD_LEAD_S (the
+    time its learned hold covers); None when there is no such time."""
+    if startup is None or startup.seconds <= HOLD_LEAD_S:
+        return None
+    return startup.seconds - HOLD_LEAD_S
+
+
+class HeldReadings:
+    """What each starting attempt held on its GPU, reading by reading, until its first step:
+    kept as the running maximum at each rise, so a long start-up costs only its rises."""
+
+    def __init__(self) -> None:
+        self._rises: dict[int, list[tuple[float, int]]] = {}  # attempt -> (time, most held so far)
+
+    def note(self, attempt_id: int, at_s: float, held_mib: int) -> None:
+        rises = self._rises.setdefault(attempt_id, [])
+        if not rises or held_mib > rises[-1][1]:
+            if len(rises) >= MAX_HELD_READINGS:
+                rises[-1] = (rises[-1][0], held_mib)  # later rises fold into the last: never lower
+            else:
+                rises.append((at_s, held_mib))
+
+    def held_until(self, attempt_id: int, until_s: float) -> int | None:
+        """The most the attempt held in its readings at or before `until_s`; None without one."""
+        held = None
+        for at_s, most in self._rises.get(attempt_id, []):
+            if at_s > until_s:
+                break
+            held = most
+        return held
+
+    def forget(self, attempt_id: int) -> None:
+        self._rises.pop(attempt_id, None)
+
+    def keep_only(self, attempt_ids: Iterable[int]) -> None:
+        keep = set(attempt_ids)
+        self._rises = {k: v for k, v in self._rises.items() if k in keep}

@@ -29,7 +29,7 @@ from orchestrator.prediction.job_facts import (
 from orchestrator.prediction.job_prediction import predict_for
 from orchestrator.prediction.ladder import Level, exact_levels_after, with_host_settings
 from orchestrator.prediction.learned import Knowledge
-from orchestrator.prediction.startup import Startup, startup_key
+from orchestrator.prediction.startup import Startup, ahead_s, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
 from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import PackingDecision
@@ -138,7 +138,7 @@ def pack_inputs(
                 min_stack_gain=facts.min_stack_gain,
                 gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite, config=job.config_name,
                 probe_family=inputs.probe_family,
-                startup_s=inputs.startup.seconds if inputs.startup else None,
+                startup_s=ahead_s(inputs.startup),
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,

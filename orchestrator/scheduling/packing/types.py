@@ -39,8 +39,9 @@ class QueuedJob:
     # its memory family (orchestrator.prediction.families) while the family has measured nothing: one such
     # job per family per card until a running one reaches step K (probe before stacking)
     probe_family: str | None = None
-    # learned for its family: launch to the first training step, and what it holds until then
-    # (orchestrator.scheduling.packing.overlap); None: not known, never started ahead
+    # learned for its config: how far ahead it may start (its start-up less the lead before its
+    # first step) and what it holds until then (orchestrator.prediction.startup.ahead_s,
+    # orchestrator.scheduling.packing.overlap); None: not known, never started ahead
     startup_s: float | None = None
     startup_mib: int = 0
     # later ladder levels it could start at instead, where one ends sooner (exact rungs only:
