@@ -13,7 +13,14 @@ from orchestrator.attempts.startup_lesson import STEP_TOLERANCE_S, learn_startup
 from orchestrator.executors.observation import Observation
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.prediction.durations import CompletedRun, DurationTable
-from orchestrator.prediction.startup import Startup, first_step_seen, remaining_s, startup_key
+from orchestrator.prediction.startup import (
+    END_MARGIN_SHARE,
+    EXIT_S,
+    Startup,
+    first_step_seen,
+    remaining_s,
+    startup_key,
+)
 from orchestrator.scheduling.dispatch import _expected_end
 from orchestrator.store import Store
 from orchestrator.store.attempts import start_attempt, update_attempt
@@ -95,7 +102,7 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         update_attempt(store, attempt.id, progress_json='{"step": 30, "total": 100}')
         (attempt,) = get_attempts(store, job_id)
         by_progress = _expected_end(live, durations, read_startups(store), now)(attempt)
-        assert by_progress == pytest.approx(now + 70 * 2.0)
+        assert by_progress == pytest.approx(now + 70 * 2.0 * (1 + END_MARGIN_SHARE) + EXIT_S)
         assert _expected_end(live, durations, {}, now)(attempt) == pytest.approx(attempt.started_at + 500.0)
 
 

@@ -16,13 +16,21 @@ from collections.abc import Iterable
 
 from orchestrator.store.startups import Startup
 
-__all__ = ["HOLD_LEAD_S", "HeldReadings", "Startup", "ahead_s", "first_step_seen", "remaining_s", "startup_key"]
+__all__ = ["HOLD_LEAD_S", "HeldReadings", "Startup", "ahead_s", "expected_end_s", "first_step_seen", "remaining_s",
+           "startup_key"]
 
 # The readings this long before a first step is seen are not its start-up's: the step itself
 # (a first step that builds the optimizer and finds kernels takes seconds) and the pass that
 # sees its progress line come in it. A job starts at most its start-up less this ahead, so what
 # it holds until then is what was learned.
 HOLD_LEAD_S = 5.0
+# A running attempt's end by its progress is taken later than its pace says, since a job started
+# ahead meets it at its first step: its pace moves (a neighbour's start-up shares the card and
+# host), and after its last step it still holds its memory while it saves and exits (2.6-4.5 s
+# for TRL on an H200, where a job started on the bare pace met its neighbour 0.5 s before it
+# exited and ran out of memory).
+END_MARGIN_SHARE = 0.25
+EXIT_S = 5.0
 MAX_HELD_READINGS = 4096  # a start-up's rises in memory kept; past them the last holds the rest
 
 
@@ -48,6 +56,12 @@ def remaining_s(
     if training_s <= 0:
         return None
     return (total - step) * training_s / step
+
+
+def expected_end_s(now_s: float, remaining: float) -> float:
+    """When an attempt with `remaining` seconds of steps to go (`remaining_s`) is taken to have
+    ended and freed its memory."""
+    return now_s + remaining * (1.0 + END_MARGIN_SHARE) + EXIT_S
 
 
 def ahead_s(startup: Startup | None) -> float | None:

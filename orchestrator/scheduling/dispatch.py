@@ -25,7 +25,7 @@ from orchestrator.prediction.job_facts import (
     shape_facts,
 )
 from orchestrator.prediction.learned import Knowledge, held_peaks, running_peaks, throughput_curves
-from orchestrator.prediction.startup import Startup, remaining_s, startup_key
+from orchestrator.prediction.startup import Startup, expected_end_s, remaining_s, startup_key
 from orchestrator.prediction.throughput import family_curves
 from orchestrator.scheduling.family_inputs import family_tags, mark_probes
 from orchestrator.scheduling.launching import DispatchContext, claim, launch_all
@@ -324,8 +324,8 @@ def _expected_end(
     run_age_s: Callable[[Attempt], float | None] | None = None,
 ) -> Callable[[Attempt], float | None]:
     """When a live attempt is expected to end, on the scale of `now_s`: by its progress (steps to
-    go at its pace since its learned start-up) where it reports a step and a total and start-ups
-    are read (overlap on); else its start plus the learned run time of its kind. Its start is
+    go at its pace since its learned start-up, with `expected_end_s`'s margin and exit) where it
+    reports a step and a total and start-ups are read (overlap on); else its start plus the learned run time of its kind. Its start is
     `now_s` less how long it has run (`run_age_s`, monotonic), so that a wall-clock step moves
     its end with `now_s`; the recorded wall-clock start only where no such measure is given."""
     def end(a: Attempt) -> float | None:
@@ -341,7 +341,7 @@ def _expected_end(
             left = remaining_s(now_s, started_s, startup.seconds if startup else None,
                                (a.progress or {}).get("step"), (a.progress or {}).get("total"))
             if left is not None:
-                return now_s + left
+                return expected_end_s(now_s, left)
         expected = durations.expected_s(job.config_name, job.data, a.level)
         return None if expected is None else started_s + expected
     return end
