@@ -101,8 +101,13 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         now = attempt.started_at + 90.0  # 60 s of training (after the 30 s start-up) for 30 steps
         update_attempt(store, attempt.id, progress_json='{"step": 30, "total": 100}')
         (attempt,) = get_attempts(store, job_id)
-        by_progress = _expected_end(live, durations, read_startups(store), now)(attempt)
-        assert by_progress == pytest.approx(now + 70 * 2.0 * (1 + END_MARGIN_SHARE) + EXIT_S)
+        by_progress = now + 70 * 2.0 * (1 + END_MARGIN_SHARE) + EXIT_S  # a quarter slower, and its exit
+        short = DurationTable([CompletedRun(job.config_name, job.data, 0, 100.0)])
+        assert _expected_end(live, short, read_startups(store), now)(attempt) == pytest.approx(by_progress)
+        assert _expected_end(live, DurationTable([]), read_startups(store), now)(attempt) == pytest.approx(by_progress)
+        # the later of the two: a run of its kind took 500 s
+        assert _expected_end(live, durations, read_startups(store), now)(attempt) == pytest.approx(
+            attempt.started_at + 500.0)
         assert _expected_end(live, durations, {}, now)(attempt) == pytest.approx(attempt.started_at + 500.0)
 
 

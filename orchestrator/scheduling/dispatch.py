@@ -324,8 +324,9 @@ def _expected_end(
     run_age_s: Callable[[Attempt], float | None] | None = None,
 ) -> Callable[[Attempt], float | None]:
     """When a live attempt is expected to end, on the scale of `now_s`: by its progress (steps to
-    go at its pace since its learned start-up, with `expected_end_s`'s margin and exit) where it
-    reports a step and a total and start-ups are read (overlap on); else its start plus the learned run time of its kind. Its start is
+    go at its pace since its learned start-up, with `expected_end_s`'s margin and exit, or its
+    start plus the learned run time of its kind where that is later) where it reports a step and
+    a total and start-ups are read (overlap on); else its start plus the learned run time of its kind. Its start is
     `now_s` less how long it has run (`run_age_s`, monotonic), so that a wall-clock step moves
     its end with `now_s`; the recorded wall-clock start only where no such measure is given."""
     def end(a: Attempt) -> float | None:
@@ -336,14 +337,18 @@ def _expected_end(
         if run_age_s is not None and age_s is None:
             return None  # how long it has run is not known: neither is its end
         started_s = a.started_at if age_s is None else now_s - age_s
+        expected = durations.expected_s(job.config_name, job.data, a.level)
+        by_kind = None if expected is None else started_s + expected
         if startups:
             startup = startups.get(startup_key(job.suite, job.config_name))
             left = remaining_s(now_s, started_s, startup.seconds if startup else None,
                                (a.progress or {}).get("step"), (a.progress or {}).get("total"))
             if left is not None:
-                return expected_end_s(now_s, left)
-        expected = durations.expected_s(job.config_name, job.data, a.level)
-        return None if expected is None else started_s + expected
+                by_progress = expected_end_s(now_s, left)
+                # the later of the two: just past its start-up an attempt's pace rests on a
+                # second or two of steps (on an H200 a TRL job's end read 8 s early from it)
+                return by_progress if by_kind is None else max(by_progress, by_kind)
+        return by_kind
     return end
 
 
