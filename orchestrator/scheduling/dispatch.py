@@ -346,7 +346,7 @@ def _expected_end(
             if left is not None:
                 by_progress = expected_end_s(now_s, left)
                 # the later of the two: just past its start-up an attempt's pace rests on a
-                # second or two of steps (on an H200 a TRL job's end read 8 s early from it)
+                # second or two of steps (on an H200 a TRL job's end read at least 6 s early from it)
                 return by_progress if by_kind is None else max(by_progress, by_kind)
         return by_kind
     return end
