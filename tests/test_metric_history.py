@@ -229,6 +229,9 @@ def test_early_stopping_reads_what_it_needs_of_a_history_by_seeks(tmp_path: Path
         highest = metric_points_at(store, [1], "val_accuracy", [12.0, 92.0], best_lower=False)[1]
         assert highest == {10.0: 0.1, 85.0: 0.85, 90.0: 0.5, 110.0: 0.6}
         assert value_at(highest, 92.0, best_of=Mode.MAX) == 0.85
+        # attempt 1's 0.95 and 1.0 at steps 95 and 100 came after attempt 2 began (step 90): replaced
+        later = metric_points_at(store, [1], "val_accuracy", [110.0], best_lower=False)[1]
+        assert value_at(later, 110.0, best_of=Mode.MAX) == 0.85  # not 1.0
         lowest = metric_points_at(store, [1], "val_accuracy", [92.0], best_lower=True)[1]
         assert lowest == {5.0: 0.05, 90.0: 0.5, 110.0: 0.6} and value_at(lowest, 92.0, best_of=Mode.MIN) == 0.05
 
@@ -249,3 +252,35 @@ def test_a_prune_never_overrides_a_stop_already_asked(tmp_path: Path) -> None:
         assert get_job(store, 1).pruned == {}
         attempt = live_attempt(store, 1)
         assert attempt is not None and attempt.kill_requested is KillRequest.CANCEL
+
+
+def test_the_daemon_judges_value_best_on_each_seeds_best_so_far(tmp_path: Path) -> None:
+    """The daemon's early-stopping step reads `value: best` histories from the store: a setting
+    whose loss bumps at the rung is told its best so far, and is not the one stopped."""
+    from orchestrator.daemon.early_stop import EarlyStopper
+    from orchestrator.store.early_stop import read_rungs
+
+    store = Store(tmp_path / "state.db")
+    jobs = [PastJob(j, f"id{j}", "E1", "c1", "c1.yaml", 1, "rte", "sim", 1024, JobState.RUNNING, 10.0,
+                    max_attempts=3, hang_timeout_s=60.0) for j in range(1, 5)]  # fmt: skip
+    rows = [PastAttempt(j, j, 1, 0, "GPU-0", 0, str(tmp_path / f"a{j}"), 900, 0, 800, 20.0) for j in range(1, 5)]
+    write_history(store, jobs, rows, [], [], gpus=[], heartbeat_at=40.0)
+    rule = {"metric": "val_loss", "mode": "min", "rule": "asha", "min_steps": 48, "reduction_factor": 3,
+            "value": "best"}  # fmt: skip
+    with store.write():
+        for j in range(1, 5):  # four settings of one seed each: four learning rates
+            store.execute("UPDATE jobs SET early_stop_json = ?, overrides_json = ? WHERE id = ?",
+                          [json.dumps(rule), json.dumps({"learning_rate": j / 1000}), j])  # fmt: skip
+    bumped = [Point(32.0, "val_loss", 0.40), Point(48.0, "val_loss", 0.80), Point(64.0, "val_loss", 0.35)]
+    record_history(store, 1, bumped)
+    for j in range(2, 5):
+        record_history(store, j, [Point(32.0, "val_loss", 0.60), Point(48.0, "val_loss", 0.58 + j / 100),
+                                  Point(64.0, "val_loss", 0.55)])  # fmt: skip
+    with store:
+        EarlyStopper(store).check()
+        told = {r.setting.split(" ", 1)[1]: r.value for r in read_rungs(store, "E1", "rte") if r.rung == 0}
+        assert told['{"learning_rate": 0.001}'] == pytest.approx(0.40)  # its best so far, not its 0.80
+        rows = store.query("SELECT id, pruned_json FROM jobs")
+        stopped = [j for j in rows if j["pruned_json"] not in (None, "{}", "null")]
+        assert stopped and all(json.loads(j["pruned_json"])["seed_value"] == "best" for j in stopped)
+        assert 1 not in {j["id"] for j in stopped}

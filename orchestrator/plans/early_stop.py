@@ -59,6 +59,10 @@ class EarlyStop:
     smooth_evals: int = 1
     value: SeedValue = SeedValue.LAST
 
+    def __post_init__(self) -> None:
+        if self.value is SeedValue.BEST and self.smooth_evals > 1:
+            raise ValueError("early_stop: value best and smooth_evals above 1 do not combine")
+
     def best_of(self) -> Mode | None:
         """The direction a seed's best value so far is taken in; None: its last value counts."""
         return self.mode if self.value is SeedValue.BEST else None

@@ -60,7 +60,9 @@ def metric_points_at(
     `key` at or before it, and its value at the furthest step reported: what early stopping
     needs of a history, read by index seeks (a later attempt's value wins at a step both
     reported). With `best_lower` (True: the least is best, False: the greatest) each step's
-    best value at or before it too, among the values no later attempt reported again."""
+    best value at or before it too (a scan of the history up to it), among the values no later
+    attempt replaced: as a stitched curve keeps them, an attempt's values from a later attempt's
+    first step on are left out."""
     points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
     sql = (
         "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
@@ -71,7 +73,7 @@ def metric_points_at(
         "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
         "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? AND NOT EXISTS ("
         "SELECT 1 FROM metric_history l JOIN attempts b ON b.id = l.attempt_id "
-        "WHERE b.job_id = a.job_id AND b.n > a.n AND l.key = h.key AND l.step = h.step) "
+        "WHERE b.job_id = a.job_id AND b.n > a.n AND l.key = h.key AND l.step <= h.step) "
         f"ORDER BY h.value {'ASC' if best_lower else 'DESC'}, h.step DESC LIMIT 1"
     )
     for job_id in job_ids:
