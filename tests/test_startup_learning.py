@@ -45,6 +45,12 @@ def test_remaining_time_is_the_steps_to_go_at_the_pace_since_start_up() -> None:
     assert remaining_s(30.0, 0.0, 40.0, 1, 100) is None  # still inside the learned start-up
     assert remaining_s(100.0, 0.0, 40.0, 0, 100) is None and remaining_s(100.0, 0.0, 40.0, 5, None) is None
     assert remaining_s(100.0, 0.0, 40.0, 100, 100) == 0.0
+    # its own first step seen (step 1 at 40 s): 29 steps in the next 60 s; the kind's shortest
+    # start-up (30 s) no longer counts the first step's own time as training
+    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(1, 40.0)) == pytest.approx(70 * 60.0 / 29)
+    assert remaining_s(100.0, 0.0, 30.0, 30, 100) == pytest.approx(70 * 70.0 / 30)  # without it: faster
+    assert remaining_s(41.0, 0.0, 30.0, 1, 100, first_step=(1, 40.0)) is None  # no step since the first
+    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(10, 40.0)) == pytest.approx(70 * 60.0 / 20)
 
 
 def test_a_start_up_a_wall_clock_step_moved_is_not_learned() -> None:
@@ -85,6 +91,8 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         learn_startup(store, attempt, job, _obs(2, attempt.started_at + 38.0), attempt.started_at + 39, watched_s=39.0)
         key = startup_key(job.suite, job.config_name)
         assert read_startups(store) == {key: Startup(pytest.approx(38.0), 900, 1)}  # type: ignore[arg-type]
+        (seen,) = get_attempts(store, job_id)
+        assert seen.first_step == 2 and seen.first_step_at == pytest.approx(attempt.started_at + 38.0)
         update_attempt(store, attempt.id, progress_json='{"step": 2, "total": 100}')
         (attempt,) = get_attempts(store, job_id)
         learn_startup(store, attempt, job, _obs(5, attempt.started_at + 50.0), attempt.started_at + 50)
@@ -98,10 +106,11 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         # the scheduler's expected end: by progress once start-ups are read, else the learned run time
         durations = DurationTable([CompletedRun(job.config_name, job.data, 0, 500.0)])
         live = {job.id: job}
-        now = attempt.started_at + 90.0  # 60 s of training (after the 30 s start-up) for 30 steps
+        now = attempt.started_at + 90.0  # 30 steps done, 90 s after its start
         update_attempt(store, attempt.id, progress_json='{"step": 30, "total": 100}')
         (attempt,) = get_attempts(store, job_id)
-        by_progress = now + 70 * 2.0 * (1 + END_MARGIN_SHARE) + EXIT_S  # a quarter slower, and its exit
+        # its own pace: 28 steps since its first step seen (step 2 at 38 s), a quarter slower, and its exit
+        by_progress = now + 70 * (52.0 / 28) * (1 + END_MARGIN_SHARE) + EXIT_S
         short = DurationTable([CompletedRun(job.config_name, job.data, 0, 100.0)])
         assert _expected_end(live, short, read_startups(store), now)(attempt) == pytest.approx(by_progress)
         assert _expected_end(live, DurationTable([]), read_startups(store), now)(attempt) == pytest.approx(by_progress)

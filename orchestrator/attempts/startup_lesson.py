@@ -7,6 +7,7 @@ import logging
 
 from orchestrator.executors.observation import Observation
 from orchestrator.prediction.startup import HOLD_LEAD_S, HeldReadings, first_step_seen, startup_key
+from orchestrator.store.attempts import update_attempt
 from orchestrator.store.db import Store
 from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.startups import record_startup
@@ -64,7 +65,8 @@ def learn_startup(
         log.warning("start-up of attempt %s not learned: its files say %.0f s, this daemon watched it %.0f s "
                     "(the wall clock stepped)", attempt.id, wall_s, watched_s or 0.0)
         return
-    try:
+    try:  # its own pace counts from this step (orchestrator.prediction.startup.remaining_s)
+        update_attempt(store, attempt.id, first_step=int(step_now), first_step_at=float(seen_at))
         held_mib = startup_hold_mib(attempt, float(seen_at), readings)
         record_startup(store, startup_key(job.suite, job.config_name), seconds, held_mib)
     except Exception:  # learning must not stop reconciling the others

@@ -341,8 +341,10 @@ def _expected_end(
         by_kind = None if expected is None else started_s + expected
         if startups:
             startup = startups.get(startup_key(job.suite, job.config_name))
+            first = (None if a.first_step is None or a.first_step_at is None
+                     else (a.first_step, a.first_step_at - a.started_at))
             left = remaining_s(now_s, started_s, startup.seconds if startup else None,
-                               (a.progress or {}).get("step"), (a.progress or {}).get("total"))
+                               (a.progress or {}).get("step"), (a.progress or {}).get("total"), first)
             if left is not None:
                 by_progress = expected_end_s(now_s, left)
                 # the later of the two: just past its start-up an attempt's pace rests on a

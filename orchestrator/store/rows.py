@@ -211,6 +211,10 @@ class Attempt:
     share_process: str | None = None
     share_pid: int | None = None
     share_base_mib: int | None = None
+    # the first training step the daemon saw it report, and when (wall clock): its own pace
+    # counts from there (orchestrator.prediction.startup.remaining_s); None: not seen
+    first_step: int | None = None
+    first_step_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -271,6 +275,8 @@ class Attempt:
             share_process=row.get("share_process"),
             share_pid=_opt_int(row.get("share_pid")),
             share_base_mib=_opt_int(row.get("share_base_mib")),
+            first_step=_opt_int(row.get("first_step")),
+            first_step_at=_opt_float(row.get("first_step_at")),
         )
 
     @property
