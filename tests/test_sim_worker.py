@@ -122,6 +122,25 @@ def test_memory_is_visible_while_running_and_foreign_memory_counts(
     assert probe.snapshot()[0].used_mib == 0
 
 
+def test_a_start_up_holds_the_base_alone_before_the_first_step(sim: Path, tmp_path: Path) -> None:
+    probe = make_probe("sim")
+    config = {"sim_mem_gib": 4, "sim_base_gib": 0.5, "sim_startup_s": 6, "sim_exit_s": 3}
+    worker = start_worker(tmp_path, "starting", config, "0")
+    run_dir = tmp_path / "starting"
+    samples = []  # (MiB held, steps reported, result written), read as the worker runs
+    while worker.poll() is None:
+        progress = run_dir / "progress.jsonl"
+        steps = len(progress.read_text().splitlines()) if progress.exists() else 0
+        samples.append((probe.snapshot()[0].used_mib, steps, (run_dir / "result.json").exists()))
+        time.sleep(0.05)  # sampling the worker's memory as it runs
+    assert worker.returncode == 0 and result(tmp_path, "starting")["status"] == "succeeded"
+    assert (512, 0, False) in samples  # the base alone, before any step
+    # the peak from the first step on, until its result is written (it frees its memory after)
+    assert all(held == 4096 for held, steps, written in samples if steps and not written)
+    assert (4096, 4, False) in samples  # after its last step it holds the peak while it "saves"
+    assert probe.snapshot()[0].used_mib == 0
+
+
 def test_sigterm_frees_memory_and_hang_stops_heartbeats(sim: Path, tmp_path: Path) -> None:
     probe = make_probe("sim")
     proc = start_worker(

@@ -23,7 +23,10 @@ Memory model of the worker (all from the config):
 `num_data_workers` costs host memory only, so it does not change the simulated peak.
 The worker allocates the peak in RAMP_STEPS equal steps over sim_ramp_s (like a model load),
 each under an fcntl lock on the GPU dir; a step that would overfill the card fails with torch's
-out-of-memory message, result.json status "oom" and exit code 3.
+out-of-memory message, result.json status "oom" and exit code 3. `sim_startup_s: S` first holds
+the base alone for S seconds (imports, tokenising: a real trainer's start-up, before its first
+step), then ramps the rest; `sim_exit_s: E` holds the peak E seconds after the last step (saving
+the adapter) before the worker writes its result and exits.
 
 `sim_fail` makes an attempt fail on purpose:
     error     a RuntimeError halfway through training
@@ -102,6 +105,12 @@ def oom_message(request_mib: float, total_mib: int, free_mib: float, own_mib: fl
         "to avoid fragmentation.  See documentation for Memory Management  "
         "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
     )
+
+
+def base_mib_of(config: dict[str, Any]) -> int:
+    """What the worker holds through its start-up (`sim_startup_s`): the base of the memory model."""
+    peak_gib = float(config["sim_mem_gib"])
+    return round(float(config.get("sim_base_gib", BASE_SHARE * peak_gib)) * 1024)
 
 
 def predicted_peak_mib(config: dict[str, Any]) -> int:
@@ -312,7 +321,12 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
     print(
         f"sim worker: pid {os.getpid()}, peak {peak_mib} MiB on {alloc.directory.name}", flush=True
     )
-    for request_mib in step_mib:
+    startup_s = float(config.get("sim_startup_s", 0.0))
+    if startup_s > 0:  # the base alone through the start-up, then the rest in the ramp
+        base_mib = min(peak_mib, base_mib_of(config))
+        step_mib = [base_mib, *([(peak_mib - base_mib) // RAMP_STEPS] * RAMP_STEPS)]
+        step_mib[-1] += peak_mib - sum(step_mib)
+    for index, request_mib in enumerate(step_mib):
         message = alloc.allocate(request_mib)
         if message is not None:
             print(message, file=sys.stderr, flush=True)
@@ -324,7 +338,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
                 seconds=time.monotonic() - started,
             )
             return harness.EXIT_OOM
-        time.sleep(ramp_s / RAMP_STEPS)
+        time.sleep(startup_s if startup_s > 0 and index == 0 else ramp_s / RAMP_STEPS)
 
     heartbeat = harness.Heartbeat(run_dir)
     total_steps = max(1, int(float(config.get("sim_seconds", 5.0)) / HEARTBEAT_S))
@@ -352,6 +366,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
             peak_mem_mib=alloc.peak_mib,
             **sim_curves.val_curve(config, step),  # with `sim_best_lr`: val_accuracy
         )
+    time.sleep(float(config.get("sim_exit_s", 0.0)))
     harness.write_result(
         run_dir,
         harness.STATUS_SUCCEEDED,

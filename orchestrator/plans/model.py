@@ -26,7 +26,7 @@ KNOWN_CONFIG_KEYS: frozenset[str] = frozenset(
         "warmup_ratio", "lr_scheduler", "max_grad_norm", "eval_batch_size",
         "sim_mem_gib", "sim_seconds", "sim_ramp_s", "sim_fail", "sim_reference_batch",
         "sim_base_gib", "sim_host_max_workers", "sim_best_lr", "sim_host_oom_kind", "sim_fail_seeds",
-        "gpus", "cpus", "host_mem_gib", "sim_host_gib",
+        "gpus", "cpus", "host_mem_gib", "sim_host_gib", "sim_startup_s", "sim_exit_s",
         "checkpoint_every_steps",  # the lora worker's checkpoint period (resume_from_checkpoint is orch's to set)
     }
 )

@@ -28,7 +28,8 @@ MEMORY_KEYS: frozenset[str] = frozenset(
         "batch_size", "per_device_train_batch_size", "train_batch_size",
         "max_seq_len", "max_length", "max_seq_length", "seq_len", "block_size",
         "lora_r", "lora_alpha", "lora_dropout", "target_modules",
-        # the sim worker's memory model (its run time keys, sim_seconds and sim_ramp_s, are not)
+        # the sim worker's memory model (its run time keys, sim_seconds, sim_ramp_s, sim_startup_s
+        # and sim_exit_s, are not)
         "sim_mem_gib", "sim_base_gib", "sim_reference_batch",
     }
 )  # fmt: skip
@@ -46,7 +47,7 @@ NOT_MEMORY_KEYS: frozenset[str] = frozenset(
         "warmup_ratio", "weight_decay", "lr_scheduler_type", "output_dir", "run_name", "logging_dir",
         "logging_steps", "eval_steps", "save_steps", "eval_every_steps", "save_total_limit",
         "report_to", "overwrite_output_dir", "resume_from_checkpoint", "data", "data_dir",
-        "sim_seconds", "sim_ramp_s", "host_mem_gib", "cpus",
+        "sim_seconds", "sim_ramp_s", "sim_startup_s", "sim_exit_s", "host_mem_gib", "cpus",
     }
 )  # fmt: skip
 
