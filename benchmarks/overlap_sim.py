@@ -6,8 +6,8 @@ The sweep of `benchmarks/gpu/trl_sweep.py --case scarce` as the sim worker plays
 b128 × 3 seeds on one 24 GiB card, each job holding its start-up hold (516 MiB) through its
 start-up, then its peak through its steps and its exit (b256 13,866 MiB, the true peak on an
 H200; b128 at half the activations, 7,191 MiB against a true 7,948, so that the two share one
-memory family through `gradient_accumulation_steps` as the TRL configs do), with the H200's times (start-up 25 s, 33 s of steps, 3 s from the last step to exit;
-`--time-scale` shortens them all). Declared 3 GiB, headroom 10 % (at most 2.4 GiB), as
+memory family through `gradient_accumulation_steps` as the TRL configs do), with the H200's
+times (start-up 25 s, 33 s of steps, 3 s from the last step to exit; `--time-scale` scales them). Declared 3 GiB, headroom 10 % (at most 2.4 GiB), as
 trl_sweep runs the daemon. Modes: `serial` (plan 1), `plan` (plan 4), `overlap` (plan 4,
 `--overlap`). Per mode: the makespan, attempts, OOM'd attempts, every attempt's start and end,
 and the start-ups orch learned. It runs the real daemon, tmux and state.db; only the memory is
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 import yaml
 
 from benchmarks.gpu.sweep_common import end_sweep, fresh_tag_dir, orch, start_daemon, use_sim_gpus, watch_sweep
+from orchestrator.store.db import Store
+from orchestrator.store.startups import read_startups
 
 # config -> (per-device batch, accumulation): one effective batch of 256, as trl_sweep's scarce case
 CONFIGS = {"b256": (256, 1), "b128": (128, 2)}
@@ -52,22 +53,26 @@ def write_plans(plans: Path, scale: float) -> None:
     (plans / "suites" / "trl.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
 
 
-def read_run(db: Path) -> dict[str, Any]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT a.job_id, a.n, a.outcome, a.level, a.started_at, a.ended_at, j.config_name "
-            "FROM attempts a JOIN jobs j ON j.id = a.job_id ORDER BY a.started_at"
-        ).fetchall()
-        startups = conn.execute("SELECT key, seconds, held_mib, samples FROM startups").fetchall()
-    t0 = min(r[4] for r in rows)
-    attempts = [{"job": r[0], "n": r[1], "outcome": r[2], "level": r[3], "config": r[6],
-                 "start_s": round(r[4] - t0, 1), "end_s": round((r[5] or t0) - t0, 1)} for r in rows]  # fmt: skip
+def read_run(db: Path, tag_dir: Path) -> dict[str, Any]:
+    """The sweep's figures from its dumps (`orch show --json` of each job) and its learned start-ups."""
+    attempts = []
+    for path in sorted((tag_dir / "dumps" / "show").glob("*.json"), key=lambda p: int(p.stem)):
+        job = json.loads(path.read_text())
+        attempts += [{"job": job["id"], "config": job["config"], "n": a["n"], "outcome": a["outcome"],
+                      "level": a["level"], "started_at": a["started_at"], "ended_at": a["ended_at"]}
+                     for a in job["attempts"]]  # fmt: skip
+    t0 = min(a["started_at"] for a in attempts)
+    for a in attempts:
+        a["start_s"], a["end_s"] = round(a.pop("started_at") - t0, 1), round((a.pop("ended_at") or t0) - t0, 1)
+    with Store(db) as store:
+        startups = read_startups(store)
     return {
         "makespan_s": max(a["end_s"] for a in attempts),
         "attempts": len(attempts),
         "oom": sum(a["outcome"] == "oom" for a in attempts),
-        "startups": [{"key": k, "seconds": round(s, 1), "held_mib": m, "samples": n} for k, s, m, n in startups],
-        "timeline": attempts,
+        "startups": [{"key": key, "seconds": round(s.seconds, 1), "held_mib": s.held_mib, "samples": s.samples}
+                     for key, s in sorted(startups.items())],  # fmt: skip
+        "timeline": sorted(attempts, key=lambda a: a["start_s"]),
     }
 
 
@@ -87,7 +92,7 @@ def run_mode(mode: str, work: Path, scale: float, budget_s: float) -> dict[str, 
         watch_sweep(db, daemon, tag_dir / "frames", meta, budget_s, 30.0)
     finally:
         end_sweep(db, tag_dir, meta, daemon, None)
-    return {**read_run(db), **({"incomplete": meta["incomplete"]} if "incomplete" in meta else {})}
+    return {**read_run(db, tag_dir), **({"incomplete": meta["incomplete"]} if "incomplete" in meta else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
