@@ -1,17 +1,18 @@
 """Start-up overlap through the daemon on a simulated card, modelled on the scarce TRL sweep (no GPU).
 
-`python -m benchmarks.overlap_sim [--modes serial,plan,overlap] [--time-scale 0.5] [--out DIR]`
+`python -m benchmarks.overlap_sim [--modes serial,plan,overlap] [--time-scale 0.5] [--out FILE]`
 
 The sweep of `benchmarks/gpu/trl_sweep.py --case scarce` as the sim worker plays it: b256 and
 b128 × 3 seeds on one 24 GiB card, each job holding its start-up hold (516 MiB) through its
 start-up, then its peak through its steps and its exit (b256 13,866 MiB, the true peak on an
 H200; b128 at half the activations, 7,191 MiB against a true 7,948, so that the two share one
 memory family through `gradient_accumulation_steps` as the TRL configs do), with the H200's
-times (start-up 25 s, 33 s of steps, 3 s from the last step to exit; `--time-scale` scales them).
-Declared 3 GiB, headroom 10 % (at most 2.4 GiB), as trl_sweep runs the daemon. Modes: `serial` (plan 1), `plan` (plan 4), `overlap` (plan 4,
-`--overlap`). Per mode: the makespan, attempts, OOM'd attempts, every attempt's start and end,
-and the start-ups orch learned. It runs the real daemon, tmux and state.db; only the memory is
-simulated, and a sim job's pace does not slow when it shares the card.
+times (start-up 25 s, 33 s of steps, 3 s from the last step to exit; `--time-scale` scales
+them). Declared 3 GiB, headroom 10 % (at most 2.4 GiB), as trl_sweep runs the daemon. Modes:
+`serial` (plan 1), `plan` (plan 4), `overlap` (plan 4, `--overlap`). Per mode: the makespan,
+attempts, OOM'd attempts, every attempt's start and end, and the start-ups orch learned. It runs
+the real daemon, tmux and state.db; only the memory is simulated, and a sim job's pace does not
+slow when it shares the card.
 """
 
 from __future__ import annotations
