@@ -27,7 +27,14 @@ from typing import Any
 
 import yaml
 
-from benchmarks.gpu.sweep_common import end_sweep, fresh_tag_dir, orch, start_daemon, use_sim_gpus, watch_sweep
+from benchmarks.gpu.sweep_common import (
+    end_sweep,
+    fresh_tag_dir,
+    orch,
+    start_daemon,
+    use_sim_gpus,
+    watch_sweep,
+)
 from orchestrator.store.db import Store
 from orchestrator.store.startups import read_startups
 
@@ -72,7 +79,7 @@ def read_run(db: Path, tag_dir: Path) -> dict[str, Any]:
         "attempts": len(attempts),
         "oom": sum(a["outcome"] == "oom" for a in attempts),
         "startups": [{"key": key, "seconds": round(s.seconds, 1), "held_mib": s.held_mib, "samples": s.samples}
-                     for key, s in sorted(startups.items())],  # fmt: skip
+                     for key, s in sorted(startups.items())],
         "timeline": sorted(attempts, key=lambda a: a["start_s"]),
     }
 

@@ -20,7 +20,7 @@ GIB = 1024
 
 
 def _fits(**changes: object) -> bool:
-    values: dict[str, object] = {"need_mib": 16_000, "startup_mib": 1_000, "startup_s": 38.0, "available_mib": 8_000,
+    values: dict[str, object] = {"need_mib": 16_000, "startup_mib": 1_000, "ahead_s": 38.0, "available_mib": 8_000,
                                  "used_slots": 1, "slots": 4, "frees": [(100.0, 16_000)], "now_s": 70.0}
     values.update(changes)
     return fits_ahead(**values)  # type: ignore[arg-type]
@@ -29,7 +29,7 @@ def _fits(**changes: object) -> bool:
 def test_fits_ahead_needs_an_end_within_the_start_up_and_room_then() -> None:
     assert _fits()  # ends at 100 s, within 70 + 38; 8,000 + 16,000 free then
     assert not _fits(now_s=50.0)  # the end is 50 s away: the job would be ready before the room is
-    assert not _fits(startup_s=None) and not _fits(startup_s=0.0)  # start-up never measured
+    assert not _fits(ahead_s=None) and not _fits(ahead_s=0.0)  # start-up never measured
     assert not _fits(startup_mib=9_000)  # what it holds while starting does not fit now
     assert not _fits(frees=[(100.0, 4_000)])  # that end does not free enough
     assert not _fits(used_slots=5, slots=4)  # no plan slot free even after that end
@@ -42,7 +42,7 @@ def _card(free_mib: int) -> list[GpuState]:
 
 def test_pack_starts_a_job_ahead_only_with_overlap_on() -> None:
     running = [RunningAttempt(1, 0, 15_700, 15_700, reached_peak=True, expected_end_s=100.0)]
-    job = QueuedJob(2, 0, 2, 15_700, 0.0, expected_duration_s=84.0, startup_s=38.0, startup_mib=1_000)
+    job = QueuedJob(2, 0, 2, 15_700, 0.0, expected_duration_s=84.0, ahead_s=38.0, startup_mib=1_000)
     free = 24 * GIB - 15_700
     plain = pack([job], _card(free), running, PackingPolicy(headroom_max_mib=1024), 70.0)
     assert plain.placements == ()
@@ -50,7 +50,7 @@ def test_pack_starts_a_job_ahead_only_with_overlap_on() -> None:
     assert [p.job_id for p in ahead.placements] == [2]
     too_early = pack([job], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 40.0)
     assert too_early.placements == ()
-    alone = QueuedJob(3, 0, 3, 15_700, 0.0, run_alone=True, startup_s=38.0, startup_mib=1_000)
+    alone = QueuedJob(3, 0, 3, 15_700, 0.0, run_alone=True, ahead_s=38.0, startup_mib=1_000)
     assert (
         pack(
             [alone], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 70.0
@@ -61,7 +61,7 @@ def test_pack_starts_a_job_ahead_only_with_overlap_on() -> None:
 
 def test_two_jobs_do_not_both_take_one_ending_attempts_room() -> None:
     running = [RunningAttempt(1, 0, 15_700, 15_700, reached_peak=True, expected_end_s=100.0)]
-    jobs = [QueuedJob(j, 0, j, 15_700, 0.0, startup_s=38.0, startup_mib=1_000) for j in (2, 3)]
+    jobs = [QueuedJob(j, 0, j, 15_700, 0.0, ahead_s=38.0, startup_mib=1_000) for j in (2, 3)]
     decision = pack(jobs, _card(24 * GIB - 15_700), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 70.0)
     assert [p.job_id for p in decision.placements] == [2]
 

@@ -124,7 +124,7 @@ def test_memory_is_visible_while_running_and_foreign_memory_counts(
 
 def test_a_start_up_holds_the_base_alone_before_the_first_step(sim: Path, tmp_path: Path) -> None:
     probe = make_probe("sim")
-    config = {"sim_mem_gib": 4, "sim_base_gib": 0.5, "sim_startup_s": 6, "sim_exit_s": 3}
+    config = {"sim_mem_gib": 4, "sim_base_gib": 0.5, "sim_startup_s": 4, "sim_exit_s": 2}
     worker = start_worker(tmp_path, "starting", config, "0")
     run_dir = tmp_path / "starting"
     samples = []  # (MiB held, steps reported, result written), read as the worker runs

@@ -16,6 +16,7 @@ from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.startup import (
     END_MARGIN_SHARE,
     EXIT_S,
+    HeldReadings,
     Startup,
     first_step_seen,
     remaining_s,
@@ -47,10 +48,11 @@ def test_remaining_time_is_the_steps_to_go_at_the_pace_since_start_up() -> None:
     assert remaining_s(100.0, 0.0, 40.0, 100, 100) == 0.0
     # its own first step seen (step 1 at 40 s): 29 steps in the next 60 s; the kind's shortest
     # start-up (30 s) no longer counts the first step's own time as training
-    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(1, 40.0)) == pytest.approx(70 * 60.0 / 29)
+    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(1, 60.0)) == pytest.approx(70 * 60.0 / 29)
     assert remaining_s(100.0, 0.0, 30.0, 30, 100) == pytest.approx(70 * 70.0 / 30)  # without it: faster
-    assert remaining_s(41.0, 0.0, 30.0, 1, 100, first_step=(1, 40.0)) is None  # no step since the first
-    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(10, 40.0)) == pytest.approx(70 * 60.0 / 20)
+    assert remaining_s(41.0, 0.0, 30.0, 1, 100, first_step=(1, 1.0)) is None  # no step since the first
+    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(10, 60.0)) == pytest.approx(70 * 60.0 / 20)
+    assert remaining_s(100.0, 0.0, 30.0, 30, 100, first_step=(1, 0.0)) is None  # no time since: no pace
 
 
 def test_a_start_up_a_wall_clock_step_moved_is_not_learned() -> None:
@@ -83,25 +85,33 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
 
         job = get_job(store, job_id)
         assert job is not None
-        learn_startup(store, attempt, job, _obs(0, attempt.started_at + 10), attempt.started_at + 10)
+        readings = HeldReadings()
+        readings.note(attempt.id, attempt.started_at + 1.0, 900)
+        learn_startup(store, attempt, job, _obs(0, attempt.started_at + 10), attempt.started_at + 10,
+                      readings=readings)  # fmt: skip
         assert read_startups(store) == {}  # step 0: still starting
         stepped = _obs(2, attempt.started_at + 3600 + 38.0)  # the wall clock went an hour ahead while it started
-        learn_startup(store, attempt, job, stepped, attempt.started_at + 3600 + 39, watched_s=39.0)
+        learn_startup(store, attempt, job, stepped, attempt.started_at + 3600 + 39, watched_s=39.0, readings=readings)
         assert read_startups(store) == {}  # not learned as an hour-long start-up
+        # nothing read before its first step (a daemon started since, a remote process): not learned
         learn_startup(store, attempt, job, _obs(2, attempt.started_at + 38.0), attempt.started_at + 39, watched_s=39.0)
+        assert read_startups(store) == {}
+        (seen,) = get_attempts(store, job_id)
+        assert seen.first_step == 2 and seen.first_step_at == pytest.approx(attempt.started_at + 38.0, abs=1e-6)
+        learn_startup(store, attempt, job, _obs(2, attempt.started_at + 38.0), attempt.started_at + 39, watched_s=39.0,
+                      readings=readings)  # fmt: skip
         key = startup_key(job.suite, job.config_name)
         assert read_startups(store) == {key: Startup(pytest.approx(38.0), 900, 1)}  # type: ignore[arg-type]
-        (seen,) = get_attempts(store, job_id)
-        assert seen.first_step == 2 and seen.first_step_at == pytest.approx(attempt.started_at + 38.0)
         update_attempt(store, attempt.id, progress_json='{"step": 2, "total": 100}')
         (attempt,) = get_attempts(store, job_id)
-        learn_startup(store, attempt, job, _obs(5, attempt.started_at + 50.0), attempt.started_at + 50)
+        learn_startup(store, attempt, job, _obs(5, attempt.started_at + 50.0), attempt.started_at + 50,
+                      readings=readings)  # fmt: skip
         assert read_startups(store)[key].samples == 1  # the first step is learned once
         from orchestrator.store.startups import record_startup
 
-        record_startup(store, key, 45.0, 12_000)  # a slower start that caught its first step's memory
-        record_startup(store, key, 30.0, 1_500)
-        assert read_startups(store)[key] == Startup(30.0, 900, 3)  # the shortest, the least held
+        record_startup(store, key, 45.0, 1_200)
+        record_startup(store, key, 30.0, 1_000)
+        assert read_startups(store)[key] == Startup(30.0, 1_200, 3)  # the shortest, the most held
 
         # the scheduler's expected end: by progress once start-ups are read, else the learned run time
         durations = DurationTable([CompletedRun(job.config_name, job.data, 0, 500.0)])
@@ -112,12 +122,22 @@ def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> Non
         # its own pace: 28 steps since its first step seen (step 2 at 38 s), a quarter slower, and its exit
         by_progress = now + 70 * (52.0 / 28) * (1 + END_MARGIN_SHARE) + EXIT_S
         short = DurationTable([CompletedRun(job.config_name, job.data, 0, 100.0)])
-        assert _expected_end(live, short, read_startups(store), now)(attempt) == pytest.approx(by_progress)
-        assert _expected_end(live, DurationTable([]), read_startups(store), now)(attempt) == pytest.approx(by_progress)
+        learned = read_startups(store)
+        exact = {"abs": 1e-6}  # epoch-scale times: the default relative tolerance is about half an hour
+        assert _expected_end(live, short, learned, now)(attempt) == pytest.approx(by_progress, **exact)
+        assert _expected_end(live, DurationTable([]), learned, now)(attempt) == pytest.approx(by_progress, **exact)
+        # its age on the daemon's own clock: the first step seen 52 s ago fits within its 90 s
+        aged = _expected_end(live, short, learned, now, run_age_s=lambda a: 90.0)(attempt)
+        assert aged == pytest.approx(by_progress, **exact)
+        # the wall clock stepped an hour back since its first step was seen: its own pace is not
+        # read, and the kind's start-up (30 s) gives 60 s for 30 steps
+        back = now - 3600.0
+        stepped_end = _expected_end(live, DurationTable([]), learned, back, run_age_s=lambda a: 90.0)(attempt)
+        assert stepped_end == pytest.approx(back + 70 * 2.0 * (1 + END_MARGIN_SHARE) + EXIT_S, **exact)
         # the later of the two: a run of its kind took 500 s
-        assert _expected_end(live, durations, read_startups(store), now)(attempt) == pytest.approx(
-            attempt.started_at + 500.0)
-        assert _expected_end(live, durations, {}, now)(attempt) == pytest.approx(attempt.started_at + 500.0)
+        by_kind = attempt.started_at + 500.0
+        assert _expected_end(live, durations, learned, now)(attempt) == pytest.approx(by_kind, **exact)
+        assert _expected_end(live, durations, {}, now)(attempt) == pytest.approx(by_kind, **exact)
 
 
 def test_the_hold_is_what_the_start_up_held_before_its_first_steps_memory() -> None:

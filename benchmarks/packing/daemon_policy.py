@@ -138,7 +138,7 @@ class OraclePolicy:
         queue = [
             QueuedJob(j, 0, j, int(job.peak_mib[lv]) + 1, 0.0, run_alone=lv == RUN_ALONE_LEVEL,
                       expected_duration_s=job.minutes[lv] * 60 + job.startup_s,
-                      startup_s=job.startup_s if self.overlap else None, startup_mib=int(job.startup_mib) + 1)
+                      ahead_s=job.startup_s if self.overlap else None, startup_mib=int(job.startup_mib) + 1)
             for j, lv in self.queue.items() for job in [self.trace.jobs[j]]
         ]
         starts = []

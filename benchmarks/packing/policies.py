@@ -217,7 +217,7 @@ class OrchPolicy:
                         run_alone=alone,
                         expected_duration_s=expected_s,
                         probe_family=probe,
-                        startup_s=startup[0] if startup else None,
+                        ahead_s=startup[0] if startup else None,
                         startup_mib=startup[1] if startup else 0,
                         alternatives=alternatives,
                         level=level,

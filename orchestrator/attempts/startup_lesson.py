@@ -39,12 +39,12 @@ def startup_from(wall_s: float, watched_s: float | None, adopted: bool) -> float
     return wall_s
 
 
-def startup_hold_mib(attempt: Attempt, seen_at_s: float, readings: HeldReadings | None) -> int:
+def startup_hold_mib(attempt: Attempt, seen_at_s: float, readings: HeldReadings | None) -> int | None:
     """What the attempt held until HOLD_LEAD_S before its first step was seen at `seen_at_s`:
-    the most of its readings then; without one (a start-up shorter than the lead, a daemon
-    started since), its last reading, which may hold the first step's own memory."""
-    held = None if readings is None else readings.held_until(attempt.id, seen_at_s - HOLD_LEAD_S)
-    return attempt.held_mib if held is None else held
+    the most of its readings then; None without one (a start-up shorter than the lead, a daemon
+    started since, a process on another machine): then its start-up is not learned, since a
+    hold taken too small starts a job beside memory it will need."""
+    return None if readings is None else readings.held_until(attempt.id, seen_at_s - HOLD_LEAD_S)
 
 
 def learn_startup(
@@ -58,16 +58,24 @@ def learn_startup(
     step_now = (obs.last_progress or {}).get("step")
     if not first_step_seen((attempt.progress or {}).get("step"), step_now):
         return
-    seen_at = obs.last_progress_at if obs.last_progress_at is not None else now_s
-    wall_s = float(seen_at) - attempt.started_at
+    # when the line was written: progress.jsonl's time, else the output's (stdout-parsed progress)
+    written_at = obs.last_progress_at if obs.last_progress_at is not None else obs.last_output_at
+    seen_at = float(written_at) if written_at is not None else now_s
+    first_step = step_now if isinstance(step_now, int) else 1  # first_step_seen: an int
+    try:  # its own pace counts from this step (orchestrator.prediction.startup.remaining_s)
+        update_attempt(store, attempt.id, first_step=first_step, first_step_at=seen_at)
+    except Exception:
+        log.warning("cannot record the first step of attempt %s", attempt.id, exc_info=True)
+    wall_s = seen_at - attempt.started_at
     seconds = startup_from(wall_s, watched_s, adopted)
     if seconds is None:
         log.warning("start-up of attempt %s not learned: its files say %.0f s, this daemon watched it %.0f s "
                     "(the wall clock stepped)", attempt.id, wall_s, watched_s or 0.0)
         return
-    try:  # its own pace counts from this step (orchestrator.prediction.startup.remaining_s)
-        update_attempt(store, attempt.id, first_step=int(step_now), first_step_at=float(seen_at))
-        held_mib = startup_hold_mib(attempt, float(seen_at), readings)
+    held_mib = startup_hold_mib(attempt, seen_at, readings)
+    if held_mib is None:
+        return  # nothing read before its first step (adopted, remote, too short a start-up)
+    try:
         record_startup(store, startup_key(job.suite, job.config_name), seconds, held_mib)
     except Exception:  # learning must not stop reconciling the others
         log.warning("cannot record the start-up of attempt %s", attempt.id, exc_info=True)

@@ -37,7 +37,6 @@ from orchestrator.attempts.resource_use import ResourceTracker
 from orchestrator.attempts.share_record import read_share
 from orchestrator.attempts.silence import Silences
 from orchestrator.attempts.startup_lesson import learn_startup
-from orchestrator.prediction.startup import HeldReadings
 from orchestrator.attempts.stdout_follow import OutputFollower, follows_stdout
 from orchestrator.attempts.warm_peak import shared_base_peak_mib
 from orchestrator.clock import Clock
@@ -60,6 +59,7 @@ from orchestrator.gpu.attribution import ProcessTrees
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.lifecycle import KillRequest
 from orchestrator.prediction.fused_groups import shares_base
+from orchestrator.prediction.startup import HeldReadings
 from orchestrator.rundir_files import RunDir
 from orchestrator.scheduling.state import SchedulerState
 from orchestrator.store.attempts import attempt_closed, update_attempt

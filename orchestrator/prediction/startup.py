@@ -50,17 +50,17 @@ def remaining_s(
     first_step: tuple[int, float] | None = None,
 ) -> float | None:
     """Seconds an attempt has left by its progress: (total - step) steps at the pace of the steps
-    it ran since its own first step seen (`first_step`: that step and the seconds after its start
-    it was seen at), or where that is not known since its kind's learned start-up; None without a
-    step and a total, before a learned start-up ended, or before a step after its first."""
+    it ran since its own first step seen (`first_step`: that step and the seconds since it was
+    seen), or where that is not known since its kind's learned start-up; None without a step and
+    a total, before a learned start-up ended, or before a step after its first."""
     if not (isinstance(step, int) and isinstance(total, int)) or isinstance(step, bool) or step < 1 or total < step:
         return None
     if first_step is not None:
         # the first step seen was done when it was seen: the pace is that of the steps since
-        first, seen_after_s = first_step
-        if step <= first:
+        first, since_s = first_step
+        if step <= first or since_s <= 0:
             return None
-        return (total - step) * (now_s - started_at_s - seen_after_s) / (step - first)
+        return (total - step) * since_s / (step - first)
     training_s = now_s - started_at_s - (startup_s or 0.0)
     if training_s <= 0:
         return None

@@ -341,8 +341,7 @@ def _expected_end(
         by_kind = None if expected is None else started_s + expected
         if startups:
             startup = startups.get(startup_key(job.suite, job.config_name))
-            first = (None if a.first_step is None or a.first_step_at is None
-                     else (a.first_step, a.first_step_at - a.started_at))
+            first = _first_step(a, now_s, now_s - started_s)
             left = remaining_s(now_s, started_s, startup.seconds if startup else None,
                                (a.progress or {}).get("step"), (a.progress or {}).get("total"), first)
             if left is not None:
@@ -352,6 +351,16 @@ def _expected_end(
                 return by_progress if by_kind is None else max(by_progress, by_kind)
         return by_kind
     return end
+
+
+def _first_step(attempt: Attempt, now_s: float, age_s: float) -> tuple[int, float] | None:
+    """The attempt's first step seen and the seconds since, on the clock of its record (`now_s`
+    less when it was seen); None where it is not known, or where that is not within how long the
+    attempt has run (`age_s`): a wall clock that stepped since."""
+    if attempt.first_step is None or attempt.first_step_at is None:
+        return None
+    since_s = now_s - attempt.first_step_at
+    return (attempt.first_step, since_s) if 0 < since_s <= age_s + 1.0 else None
 
 
 def _declared_host_mib(job: Job) -> int | None:

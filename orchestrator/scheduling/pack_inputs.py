@@ -138,7 +138,7 @@ def pack_inputs(
                 min_stack_gain=facts.min_stack_gain,
                 gpus=facts.gpus, host_mib=inputs.host_mib, cpus=facts.cpus, suite=job.suite, config=job.config_name,
                 probe_family=inputs.probe_family,
-                startup_s=ahead_s(inputs.startup),
+                ahead_s=ahead_s(inputs.startup),
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,

@@ -11,7 +11,7 @@ from orchestrator.store.db import Store
 @dataclass(frozen=True)
 class Startup:
     seconds: float  # launch to the first training step: the shortest seen
-    held_mib: int  # GPU memory held at the last reading before the first step: the least seen
+    held_mib: int  # GPU memory held until shortly before the first step: the most seen
     samples: int
 
 
@@ -19,13 +19,14 @@ def record_startup(store: Store, key: str, seconds: float, held_mib: int) -> Non
     """Fold one attempt's start-up into its key. The shortest start-up is kept: one taken too
     long starts the next job's training while the old one still runs, an OOM (measured on an
     H100: a first start-up of 17.5 s, later ones 9-12 s, and the early start on the mean OOM'd);
-    one taken too short only overlaps less. The least memory held is kept: the reading before
-    the first step may already catch that step's allocations."""
+    one taken too short only overlaps less. The most memory held is kept: a hold taken too small
+    starts a job beside memory it will need (each is read until shortly before the first step,
+    without that step's allocations: orchestrator.prediction.startup)."""
     with store.write():
         store.execute(
             "INSERT INTO startups (key, seconds, held_mib, samples, updated_at) VALUES (?, ?, ?, 1, ?) "
             "ON CONFLICT(key) DO UPDATE SET seconds = min(seconds, excluded.seconds), "
-            "held_mib = min(held_mib, excluded.held_mib), samples = samples + 1, updated_at = excluded.updated_at",
+            "held_mib = max(held_mib, excluded.held_mib), samples = samples + 1, updated_at = excluded.updated_at",
             [key, seconds, held_mib, store.now_s()],
         )
 

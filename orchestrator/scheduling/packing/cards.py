@@ -157,7 +157,7 @@ def starts_ahead(job: QueuedJob, card: Card, now_s: float) -> bool:
     if not card.overlap or job.run_alone or job.gpus > 1:
         return False
     return fits_ahead(need_mib=need_mib(job, card), startup_mib=job.startup_mib + headroom_for(job, card),
-                      startup_s=job.startup_s, available_mib=card.available_mib, used_slots=card.used_slots,
+                      ahead_s=job.ahead_s, available_mib=card.available_mib, used_slots=card.used_slots,
                       slots=card.gpu.slots, frees=card.frees, now_s=now_s)
 
 

@@ -1,11 +1,12 @@
 """Start-up overlap: launch a job before the memory it will need is free, when what it holds
-while starting fits now and the running attempts expected to end within its start-up free the
-rest. Pure.
+while starting fits now and the running attempts expected to end within how far ahead it may
+start free the rest. Pure.
 
 A job spends its first seconds (imports, model load, tokenising) holding little GPU memory. A
 next job that waits for a running one to end before it even starts loses that time on every
-hand-over; started `startup_s` ahead, its first training step comes as the other one ends. A
-wrong estimate of either is an OOM like any other: the ladder and resume take it from there.
+hand-over; started `ahead_s` ahead (its start-up less a lead: orchestrator.prediction.startup),
+its first training step comes that lead after the other one ends. A wrong estimate of either is
+an OOM like any other: the ladder and resume take it from there.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def fits_ahead(*, need_mib: int, startup_mib: int, startup_s: float | None, available_mib: int, used_slots: int,
+def fits_ahead(*, need_mib: int, startup_mib: int, ahead_s: float | None, available_mib: int, used_slots: int,
                slots: int, frees: Sequence[tuple[float, int]], now_s: float) -> bool:
     """Whether a job may start now on a card it does not fit yet.
 
-    `need_mib`: its peak plus headroom; `startup_mib`: what it holds before its first step;
+    `need_mib`: its peak plus headroom; `startup_mib`: what it holds for its first `ahead_s`;
     `available_mib`: the card's free memory less what is promised; `frees`: (expected end, memory
     it frees then) of each running attempt on the card. True when its start-up hold fits now and,
-    counting only the attempts expected to end before its start-up does, a plan slot and its
-    whole need will be free by then."""
-    if startup_s is None or startup_s <= 0 or startup_mib > available_mib:
+    counting only the attempts expected to end within `ahead_s`, a plan slot and its whole need
+    will be free by then."""
+    if ahead_s is None or ahead_s <= 0 or startup_mib > available_mib:
         return False
-    horizon_s = now_s + startup_s + 1e-6  # a wake-up computed as end - start-up lands on the end
+    horizon_s = now_s + ahead_s + 1e-6  # a wake-up computed as end - ahead_s lands on the end
     ending = [mib for end_s, mib in frees if end_s <= horizon_s]
     if not ending:
         return False

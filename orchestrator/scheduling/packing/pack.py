@@ -250,7 +250,7 @@ def _pack(
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
-                 id(job.throughput_by_gpu), job.probe_family, job.startup_s, job.startup_mib,
+                 id(job.throughput_by_gpu), job.probe_family, job.ahead_s, job.startup_mib,
                  job.alternatives, job.fuse_group, job.fuse_cap,
                  job.group_peaks)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:

@@ -42,7 +42,7 @@ class QueuedJob:
     # learned for its config: how far ahead it may start (its start-up less the lead before its
     # first step) and what it holds until then (orchestrator.prediction.startup.ahead_s,
     # orchestrator.scheduling.packing.overlap); None: not known, never started ahead
-    startup_s: float | None = None
+    ahead_s: float | None = None
     startup_mib: int = 0
     # later ladder levels it could start at instead, where one ends sooner (exact rungs only:
     # orchestrator.scheduling.packing.level_choice); () keeps it at its level
@@ -113,6 +113,6 @@ class PackingPolicy:
     # a waiting job's reason costs a pass over the cards: only the first this many jobs in packing
     # order, and the first this many in queue order (the dashboard's list), get one per call
     reasons_for: int = 50
-    # start a job `startup_s` ahead of the running attempts whose end makes room for it
+    # start a job `ahead_s` ahead of the running attempts whose end makes room for it
     # (orchestrator.scheduling.packing.overlap)
     overlap: bool = False

@@ -1,0 +1,35 @@
+"""The daemon learns a start-up's hold from its own GPU readings before the first step: a real
+daemon, tmux and a simulated card; the sim worker holds its base alone through `sim_startup_s`,
+then its peak from its first step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
+
+from orchestrator.prediction.startup import HOLD_LEAD_S
+from orchestrator.store.startups import read_startups
+
+pytestmark = [requires_tmux, pytest.mark.tmux]
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    with orch_env(tmp_path, gpus="1x24GiB") as env:
+        yield env
+
+
+def test_the_hold_is_the_base_held_before_the_first_steps_peak(orch: Orch) -> None:
+    startup_s = HOLD_LEAD_S + 4.0  # readings before the lead, then the peak at the first step
+    orch.write_suite("hold", {"base": {"sim_mem_gib": 6, "sim_base_gib": 0.75, "sim_startup_s": startup_s,
+                                       "sim_ramp_s": 0.2, "sim_seconds": 1}}, mem_gib=7)  # fmt: skip
+    orch.submit("hold", "1:toy")
+    orch.start_daemon()
+    wait_until(lambda: orch.all_done(), 90, "the job to end")
+    learned = orch.read(read_startups)
+    (startup,) = learned.values()
+    assert startup.held_mib == 768  # the base, not the 6 GiB peak the last reading before its first step held
+    assert startup.seconds >= startup_s
