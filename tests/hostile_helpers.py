@@ -89,8 +89,9 @@ def small_tmpfs(folder: Path, size_mib: int, before_unmount: Callable[[], object
 
 
 def fill_filesystem(filler: Path) -> None:
-    """Write `filler` until its filesystem is full, for real (no injected fault)."""
-    with open(filler, "wb") as handle, contextlib.suppress(OSError):
+    """Write `filler` until its filesystem is full, for real (no injected fault). Unbuffered, and
+    the closing under the suppression too: a buffered file's close flushes what the full disk
+    refused, and raised ENOSPC past a suppression entered after the open."""
+    with contextlib.suppress(OSError), open(filler, "wb", buffering=0) as handle:
         while True:
             handle.write(b"\0" * (1 << 20))
-            handle.flush()
