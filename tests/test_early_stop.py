@@ -257,8 +257,8 @@ def test_value_best_judges_a_seed_on_its_best_evaluation_so_far() -> None:
     worst = next(p for p in best.prunes)
     assert worst.record(best_spec)["seed_value"] == "best" and "seed_value" not in worst.record(last_spec)
     assert describe_pruned(worst.record(best_spec)) == (
-        f"pruned at step 48 (val_loss {worst.value:.4g} (each seed's best so far), ranked {worst.rank} of 4 at that "
-        "step; asha)"
+        f"pruned at step 48 (val_loss {worst.value:.4g} (mean of each seed's best so far), ranked {worst.rank} of 4 "
+        "at that step; asha)"
     )
 
 

@@ -210,7 +210,7 @@ def describe_pruned(record: dict[str, Any]) -> str:
     smooth = record.get("smooth_evals")
     mean_of = f" (mean of the last {smooth} evaluations)" if isinstance(smooth, int) and smooth > 1 else ""
     if record.get("seed_value") == "best":
-        mean_of = " (each seed's best so far)"
+        mean_of = " (mean of each seed's best so far)"
     return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{mean_of}{rank}{rule})"
 
 
