@@ -54,7 +54,9 @@ def test_a_window_id_reused_by_a_new_server_is_neither_closed_nor_believed(tmux:
 
 def test_tmux_kill_server_loses_nothing_and_counts_nothing(orch: Orch) -> None:
     jobs = 4
-    orch.write_suite("k", {"k": {"sim_mem_gib": 2, "sim_seconds": 6}}, mem_gib=3, max_attempts=1)
+    # long enough that the family's first jobs pass step K, and the other two stack beside them,
+    # well before the first ones end, under load too (at 6 s a loaded run ended them first)
+    orch.write_suite("k", {"k": {"sim_mem_gib": 2, "sim_seconds": 14}}, mem_gib=3, max_attempts=1)
     orch.submit("k", " ".join(f"{seed}:glue_rte" for seed in range(jobs)), "--gpu-plan", "2,2")
     orch.start_daemon()
     wait_until(lambda: len([a for a in orch.live_attempts() if a.pgid]) == jobs, 60, "every job running")
