@@ -226,13 +226,13 @@ def test_early_stopping_reads_what_it_needs_of_a_history_by_seeks(tmp_path: Path
         assert value_at(window, 92.0, 3) == pytest.approx((0.8 + 0.85 + 0.5) / 3)
         # value: best: each rung step's best value at or before it, among the values no later
         # attempt reported again (attempt 1's 0.9 at step 90 was reported again by attempt 2)
-        highest = metric_points_at(store, [1], "val_accuracy", [12.0, 92.0], best_lower=False)[1]
+        highest = metric_points_at(store, [1], "val_accuracy", [12.0, 92.0], best_of=Mode.MAX)[1]
         assert highest == {10.0: 0.1, 85.0: 0.85, 90.0: 0.5, 110.0: 0.6}
         assert value_at(highest, 92.0, best_of=Mode.MAX) == 0.85
         # attempt 1's 0.95 and 1.0 at steps 95 and 100 came after attempt 2 began (step 90): replaced
-        later = metric_points_at(store, [1], "val_accuracy", [110.0], best_lower=False)[1]
+        later = metric_points_at(store, [1], "val_accuracy", [110.0], best_of=Mode.MAX)[1]
         assert value_at(later, 110.0, best_of=Mode.MAX) == 0.85  # not 1.0
-        lowest = metric_points_at(store, [1], "val_accuracy", [92.0], best_lower=True)[1]
+        lowest = metric_points_at(store, [1], "val_accuracy", [92.0], best_of=Mode.MIN)[1]
         assert lowest == {5.0: 0.05, 90.0: 0.5, 110.0: 0.6} and value_at(lowest, 92.0, best_of=Mode.MIN) == 0.05
 
 

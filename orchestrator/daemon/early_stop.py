@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import UsageError
-from orchestrator.plans.early_stop import EarlyStop, Mode
+from orchestrator.plans.early_stop import EarlyStop
 from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, judge
 from orchestrator.store.db import Store
 from orchestrator.store.early_stop import (
@@ -99,11 +99,7 @@ class EarlyStopper:
         if self._judged.get((suite, data)) == signature:
             return
         steps = spec.rung_steps(max(last.values(), default=0.0))
-        best = spec.best_of()
-        points = metric_points_at(
-            self.store, ids, spec.metric, steps, spec.smooth_evals,
-            best_lower=None if best is None else best is Mode.MIN,
-        )
+        points = metric_points_at(self.store, ids, spec.metric, steps, spec.smooth_evals, spec.best_of())
         settings = group_settings(jobs, points, reached)
         judged = judge(spec, settings, read_rungs(self.store, suite, data))
         self._judged[(suite, data)] = signature

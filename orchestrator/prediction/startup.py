@@ -105,9 +105,6 @@ class HeldReadings:
             held = most
         return held
 
-    def forget(self, attempt_id: int) -> None:
-        self._rises.pop(attempt_id, None)
-
     def keep_only(self, attempt_ids: Iterable[int]) -> None:
         keep = set(attempt_ids)
         self._rises = {k: v for k, v in self._rises.items() if k in keep}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.lifecycle import JobState, KillRequest
+from orchestrator.plans.early_stop import Mode
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event, transition
 from orchestrator.store.rows import Job
@@ -54,13 +55,13 @@ def metric_last_steps(store: Store, job_ids: Sequence[int], key: str) -> dict[in
 
 def metric_points_at(
     store: Store, job_ids: Sequence[int], key: str, steps: Sequence[float], last_n: int = 1,
-    best_lower: bool | None = None,
+    best_of: Mode | None = None,
 ) -> dict[int, dict[float, float]]:
     """job id -> {step: value} holding, for each of `steps`, the job's last `last_n` values of
     `key` at or before it, and its value at the furthest step reported: what early stopping
     needs of a history, read by index seeks (a later attempt's value wins at a step both
-    reported). With `best_lower` (True: the least is best, False: the greatest) each step's
-    best value at or before it too (a scan of the history up to it), among the values no later
+    reported). With `best_of` (the direction that is better) each step's best value at or
+    before it too (a scan of the history up to it), among the values no later
     attempt replaced: as a stitched curve keeps them, an attempt's values from a later attempt's
     first step on are left out."""
     points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
@@ -74,7 +75,7 @@ def metric_points_at(
         "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? AND NOT EXISTS ("
         "SELECT 1 FROM metric_history l JOIN attempts b ON b.id = l.attempt_id "
         "WHERE b.job_id = a.job_id AND b.n > a.n AND l.key = h.key AND l.step <= h.step) "
-        f"ORDER BY h.value {'ASC' if best_lower else 'DESC'}, h.step DESC LIMIT 1"
+        f"ORDER BY h.value {'ASC' if best_of is Mode.MIN else 'DESC'}, h.step DESC LIMIT 1"
     )
     for job_id in job_ids:
         for step in [*steps, float("inf")]:
@@ -85,7 +86,7 @@ def metric_points_at(
                     break
                 below = float(row[0])
                 points[job_id][below] = float(row[1])
-            if best_lower is not None and step != float("inf"):
+            if best_of is not None and step != float("inf"):
                 row = store.execute(best_sql, [job_id, key, step]).fetchone()
                 if row is not None:
                     points[job_id][float(row[0])] = float(row[1])
