@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.errors import PlanError
 from orchestrator.plans.inputs import shown_typed, shown_value
@@ -36,14 +36,24 @@ class SeedValue(str, Enum):
     # comes down again is not judged at its bump
 
 
+ChoiceT = TypeVar("ChoiceT", bound=Enum)
+
+
+def _parse_choice(where: str, section: str, key: str, raw: dict[str, Any], default: ChoiceT) -> ChoiceT:
+    """`key:` of a section, one of its enum's values (`default` when left out)."""
+    choices = type(default)
+    try:
+        return choices(str(raw.get(key, default.value)))
+    except ValueError:
+        allowed = " or ".join(str(choice.value) for choice in choices)
+        raise PlanError(
+            f"{where}: `{section}.{key}` must be {allowed}, not {shown_value(str(raw.get(key)))}"
+        ) from None
+
+
 def parse_mode(where: str, section: str, raw: dict[str, Any]) -> Mode:
     """`mode:` of an `early_stop:` or `search:` section: max (the default) or min."""
-    try:
-        return Mode(str(raw.get("mode", "max")))
-    except ValueError:
-        raise PlanError(
-            f"{where}: `{section}.mode` must be max or min, not {shown_value(str(raw.get('mode')))}"
-        ) from None
+    return _parse_choice(where, section, "mode", raw, Mode.MAX)
 
 
 @dataclass(frozen=True)
@@ -154,12 +164,7 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
             )
         max_steps = _bounded_int(where, "max_steps", max_steps, min_steps + 1, MAX_STEPS)
     smooth = _bounded_int(where, "smooth_evals", raw.get("smooth_evals", 1), 1, MAX_SMOOTH_EVALS)
-    try:
-        value = SeedValue(str(raw.get("value", "last")))
-    except ValueError:
-        raise PlanError(
-            f"{where}: `early_stop.value` must be last or best, not {shown_value(str(raw.get('value')))}"
-        ) from None
+    value = _parse_choice(where, "early_stop", "value", raw, SeedValue.LAST)
     if value is SeedValue.BEST and smooth > 1:
         raise PlanError(
             f"{where}: `early_stop.value: best` takes each seed's best value so far, "
