@@ -26,7 +26,8 @@ from orchestrator.scheduling.dispatch import _expected_end
 from orchestrator.store import Store
 from orchestrator.store.attempts import start_attempt, update_attempt
 from orchestrator.store.jobs import submit_jobs
-from orchestrator.store.queries import get_attempts
+from orchestrator.store.queries import get_attempts, get_job
+from orchestrator.store.rows import Attempt, Job
 from orchestrator.store.startups import read_startups
 from tests.store_reads import job_ids
 
@@ -71,20 +72,24 @@ def _obs(step: int | None, at: float | None) -> Observation:
     return Observation(None, None, True, progress, at, at or 0.0)
 
 
+def _started_attempt(store: Store, db_path: Path, held_mib: int) -> tuple[Attempt, Job]:
+    """One job of the demo suite, its first attempt started and holding `held_mib` now."""
+    suite = load_suite("demo", PLANS)
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
+                allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+    job_id = job_ids(store)[0]
+    attempt = start_attempt(store, declared_plan(job_id), lambda n: db_path.parent / f"run-{n}")
+    update_attempt(store, attempt.id, held_mib=held_mib)
+    (attempt,) = get_attempts(store, job_id)
+    job = get_job(store, job_id)
+    assert job is not None
+    return attempt, job
+
+
 def test_an_attempt_teaches_its_start_up_at_its_first_step(db_path: Path) -> None:
     with Store(db_path) as store:
-        suite = load_suite("demo", PLANS)
-        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
-                    allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
-        job_id = job_ids(store)[0]
-        plan = declared_plan(job_id)
-        attempt = start_attempt(store, plan, lambda n: db_path.parent / f"run-{n}")
-        update_attempt(store, attempt.id, held_mib=900)
-        (attempt,) = get_attempts(store, job_id)
-        from orchestrator.store.queries import get_job
-
-        job = get_job(store, job_id)
-        assert job is not None
+        attempt, job = _started_attempt(store, db_path, held_mib=900)
+        job_id = job.id
         readings = HeldReadings()
         readings.note(attempt.id, attempt.started_at + 1.0, 900)
         learn_startup(store, attempt, job, _obs(0, attempt.started_at + 10), attempt.started_at + 10,
@@ -158,20 +163,8 @@ def test_the_hold_is_what_the_start_up_held_before_its_first_steps_memory() -> N
 
 
 def test_an_attempt_learns_its_hold_from_readings_before_the_lead(db_path: Path) -> None:
-    from orchestrator.prediction.startup import HeldReadings
-
     with Store(db_path) as store:
-        suite = load_suite("demo", PLANS)
-        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:glue_rte"), {}, None, 0),
-                    allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
-        job_id = job_ids(store)[0]
-        attempt = start_attempt(store, declared_plan(job_id), lambda n: db_path.parent / f"run-{n}")
-        update_attempt(store, attempt.id, held_mib=13_814)  # the last reading: the first step's
-        (attempt,) = get_attempts(store, job_id)
-        from orchestrator.store.queries import get_job
-
-        job = get_job(store, job_id)
-        assert job is not None
+        attempt, job = _started_attempt(store, db_path, held_mib=13_814)  # the last reading: the first step's
         readings = HeldReadings()
         for at_s, held in ((2.0, 500), (15.0, 1_360), (23.0, 13_814)):
             readings.note(attempt.id, attempt.started_at + at_s, held)
