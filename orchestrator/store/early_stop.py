@@ -60,10 +60,11 @@ def metric_points_at(
     """job id -> {step: value} holding, for each of `steps`, the job's last `last_n` values of
     `key` at or before it, and its value at the furthest step reported: what early stopping
     needs of a history, read by index seeks (a later attempt's value wins at a step both
-    reported). With `best_of` (the direction that is better) each step's best value at or
-    before it too (a scan of the history up to it), among the values no later
-    attempt replaced: as a stitched curve keeps them, an attempt's values from a later attempt's
-    first step on are left out."""
+    reported). With `best_of` (the direction that is better) the best value between each two
+    of `steps` too (each stretch of the history scanned once: the best at or before a step is
+    the best of the stretches up to it), among the values no later attempt replaced: as a
+    stitched curve keeps them, an attempt's values from a later attempt's first step on are
+    left out."""
     points: dict[int, dict[float, float]] = {job_id: {} for job_id in job_ids}
     sql = (
         "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
@@ -72,7 +73,7 @@ def metric_points_at(
     )
     best_sql = (
         "SELECT h.step, h.value FROM metric_history h JOIN attempts a ON a.id = h.attempt_id "
-        "WHERE a.job_id = ? AND h.key = ? AND h.step <= ? AND NOT EXISTS ("
+        "WHERE a.job_id = ? AND h.key = ? AND h.step > ? AND h.step <= ? AND NOT EXISTS ("
         "SELECT 1 FROM metric_history l JOIN attempts b ON b.id = l.attempt_id "
         "WHERE b.job_id = a.job_id AND b.n > a.n AND l.key = h.key AND l.step <= h.step) "
         f"ORDER BY h.value {'ASC' if best_of is Mode.MIN else 'DESC'}, h.step DESC LIMIT 1"
@@ -86,10 +87,14 @@ def metric_points_at(
                     break
                 below = float(row[0])
                 points[job_id][below] = float(row[1])
-            if best_of is not None and step != float("inf"):
-                row = store.execute(best_sql, [job_id, key, step]).fetchone()
-                if row is not None:
-                    points[job_id][float(row[0])] = float(row[1])
+        if best_of is None:
+            continue
+        after = float("-inf")
+        for step in sorted(steps):
+            row = store.execute(best_sql, [job_id, key, after, step]).fetchone()
+            if row is not None:
+                points[job_id][float(row[0])] = float(row[1])
+            after = step
     return points
 
 
