@@ -107,16 +107,19 @@ def oom_message(request_mib: float, total_mib: int, free_mib: float, own_mib: fl
     )
 
 
+def base_gib_of(config: dict[str, Any]) -> float:
+    """The base of the memory model: what the worker holds through its start-up (`sim_startup_s`)."""
+    return float(config.get("sim_base_gib", BASE_SHARE * float(config["sim_mem_gib"])))
+
+
 def base_mib_of(config: dict[str, Any]) -> int:
-    """What the worker holds through its start-up (`sim_startup_s`): the base of the memory model."""
-    peak_gib = float(config["sim_mem_gib"])
-    return round(float(config.get("sim_base_gib", BASE_SHARE * peak_gib)) * 1024)
+    return round(base_gib_of(config) * 1024)
 
 
 def predicted_peak_mib(config: dict[str, Any]) -> int:
     """The memory model of the module docstring."""
     peak_gib = float(config["sim_mem_gib"])
-    base_gib = float(config.get("sim_base_gib", BASE_SHARE * peak_gib))
+    base_gib = base_gib_of(config)
     batch = int(config.get("batch_size", 1))
     accum = int(config.get("gradient_accumulation_steps", 1) or 1)
     reference = int(config.get("sim_reference_batch") or batch * accum)
