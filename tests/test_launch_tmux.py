@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -13,7 +15,8 @@ import pytest
 from e2e_helpers import wait_until
 from rows_helpers import attempt_of
 
-from orchestrator.errors import LauncherError
+from orchestrator.errors import LauncherError, OrchShortOf
+from orchestrator.executors import tmux as tmux_module
 from orchestrator.executors.base import LaunchSpec
 from orchestrator.executors.tmux import SESSION, TmuxExecutor
 
@@ -253,3 +256,27 @@ def test_a_window_tmux_cannot_list_for_a_moment_is_not_taken_for_gone(
     tmux.kill_window(handle.executor_id)
     assert not tmux.window_alive(handle.executor_id)  # gone: no error
     assert tmux.started_alive(attempt) is False
+
+
+def test_a_server_that_never_answers_is_given_up_on_with_a_shortage(
+    tmux: TmuxExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tmux server out of file descriptors accepts no client, and libtmux's client waits for
+    ever: a daemon waiting there launched, watched and stopped nothing. A stopped server answers
+    no client either; each command is given up on after its deadline as orch's own shortage."""
+    s = spec(tmp_path, "frozen", "import time; time.sleep(60)")
+    handle = tmux.submit(s)
+    assert handle.executor_id is not None
+    server_pid = int(tmux.server.cmd("display-message", "-p", "#{pid}").stdout[0])
+    monkeypatch.setattr(tmux_module, "TMUX_ANSWER_S", 1.0)
+    os.kill(server_pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(OrchShortOf, match=r"did not answer `list-panes` within 1 s"):
+            tmux.window_alive(handle.executor_id)
+        with pytest.raises(OrchShortOf, match="did not answer"):
+            tmux.submit(spec(tmp_path, "never", "print('never')"))
+    finally:
+        os.kill(server_pid, signal.SIGCONT)
+    monkeypatch.undo()
+    assert tmux.window_alive(handle.executor_id)  # answered again: the server was only slow
+    tmux.kill_window(handle.executor_id)

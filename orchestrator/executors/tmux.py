@@ -15,9 +15,11 @@ import logging
 import os
 import shlex
 import shutil
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import libtmux
 from libtmux import exc as tmux_exc
@@ -38,6 +40,9 @@ SESSION_DEADLINE_S = 10.0
 # tmux refuses commands larger than its message size (16 KiB in 3.x); keep well below it.
 MAX_COMMAND_BYTES = 12_000
 MAX_ARG_BYTES = 131_072  # Linux's MAX_ARG_STRLEN: no process may be given one longer argument
+# A tmux server out of file descriptors accepts no client and leaves it waiting for ever (seen
+# with a daemon's `ulimit -n`, which its server inherits): every command is given up after this.
+TMUX_ANSWER_S = 20.0
 
 
 def too_big_for_tmux(job_id: int, argv: list[str], command_bytes: int, env_bytes: int, socket_name: str) -> str:
@@ -82,6 +87,40 @@ def _says_gone(stderr: list[str]) -> bool:
     return any(gone in told for gone in WINDOW_GONE)
 
 
+class _BoundedCommand(tmux_cmd):
+    """libtmux's tmux command, with a deadline: libtmux waits for the client without one."""
+
+    def __init__(self, *args: Any, tmux_bin: str | None = None) -> None:
+        self.cmd = [tmux_bin or shutil.which("tmux") or "tmux", *(str(arg) for arg in args)]
+        try:
+            done = subprocess.run(self.cmd, capture_output=True, text=True, encoding="utf-8",
+                                  errors="backslashreplace", timeout=TMUX_ANSWER_S, check=False)
+        except FileNotFoundError:
+            raise tmux_exc.TmuxCommandNotFound from None
+        except subprocess.TimeoutExpired:  # run() has killed the client
+            socket = next((arg[2:] for arg in self.cmd if arg.startswith("-L")), "default")
+            command = next((arg for arg in self.cmd[1:] if not arg.startswith("-")), "")
+            raise OrchShortOf(
+                f"tmux did not answer `{command}` within {TMUX_ANSWER_S:.0f} s: its server "
+                f"may be out of file descriptors (`ulimit -n`) or stopped; check `tmux -L {socket} ls`"
+            ) from None
+        self.returncode = done.returncode
+        stdout = done.stdout.split("\n")
+        while stdout and stdout[-1] == "":
+            stdout.pop()
+        self.stderr = [line for line in done.stderr.split("\n") if line]
+        # as libtmux: has-session's answer is read from stdout
+        self.stdout = [self.stderr[0]] if "has-session" in self.cmd and self.stderr and not stdout else stdout
+
+
+class _BoundedServer(libtmux.Server):
+    """libtmux's server, every command of it (its own methods' too) run by _BoundedCommand."""
+
+    def cmd(self, cmd: str, *args: Any, target: str | int | None = None) -> tmux_cmd:
+        target_args = ["-t", str(target)] if target is not None else []
+        return _BoundedCommand(f"-L{self.socket_name}", cmd, *target_args, *args, tmux_bin=self.tmux_bin)
+
+
 class TmuxExecutor(LocalExecutor):
     name = "tmux"
 
@@ -91,7 +130,7 @@ class TmuxExecutor(LocalExecutor):
                 "tmux is not installed: install it, or set ORCH_LAUNCHER=subprocess"
             )
         self.socket_name = socket_name
-        self.server = libtmux.Server(socket_name=socket_name)
+        self.server = _BoundedServer(socket_name=socket_name)
         # Learned on the first launch and kept: asking tmux again for every window cost several
         # subprocesses each; a launch is then one `tmux new-window`.
         self._ready = False
@@ -124,7 +163,8 @@ class TmuxExecutor(LocalExecutor):
         )
 
     def _cmd(self, *args: str) -> tmux_cmd:
-        """One tmux command on our server; OrchShortOf when tmux cannot even be started."""
+        """One tmux command on our server; OrchShortOf when tmux cannot even be started, or its
+        server does not answer."""
         try:
             return self.server.cmd(*args)
         except OSError as error:
