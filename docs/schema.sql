@@ -60,7 +60,7 @@ CREATE TABLE early_stop_rungs (
             setting TEXT NOT NULL,
             rung INTEGER NOT NULL,
             step REAL NOT NULL,
-            value REAL NOT NULL,
+            value REAL NOT NULL, rule_json TEXT NOT NULL DEFAULT '',
             PRIMARY KEY (suite, data, setting, rung)
         );
 

@@ -278,9 +278,42 @@ def test_the_daemon_judges_value_best_on_each_seeds_best_so_far(tmp_path: Path) 
                                   Point(64.0, "val_loss", 0.55)])  # fmt: skip
     with store:
         EarlyStopper(store).check()
-        told = {r.setting.split(" ", 1)[1]: r.value for r in read_rungs(store, "E1", "rte") if r.rung == 0}
+        told = {r.setting.split(" ", 1)[1]: r.value for r in read_rungs(store, "E1", "rte", rule) if r.rung == 0}
         assert told['{"learning_rate": 0.001}'] == pytest.approx(0.40)  # its best so far, not its 0.80
         rows = store.query("SELECT id, pruned_json FROM jobs")
         stopped = [j for j in rows if j["pruned_json"] not in (None, "{}", "null")]
         assert stopped and all(json.loads(j["pruned_json"])["seed_value"] == "best" for j in stopped)
         assert 1 not in {j["id"] for j in stopped}
+
+
+def test_a_suite_resubmitted_with_another_rule_is_judged_on_that_rule_s_rungs_alone(tmp_path: Path) -> None:
+    """Rung values told under one early_stop rule (min_steps 48) are other steps than another
+    rule's (min_steps 32): once the newest job carries the new rule, the old values are neither
+    read back into the pruner nor kept, and the settings are told again at the new rule's rungs."""
+    from orchestrator.daemon.early_stop import EarlyStopper
+    from orchestrator.store.early_stop import read_rungs
+
+    store = Store(tmp_path / "state.db")
+    jobs = [PastJob(j, f"id{j}", "E1", "c1", "c1.yaml", 1, "rte", "sim", 1024, JobState.RUNNING, 10.0,
+                    max_attempts=3, hang_timeout_s=60.0) for j in range(1, 6)]  # fmt: skip
+    rows = [PastAttempt(j, j, 1, 0, "GPU-0", 0, str(tmp_path / f"a{j}"), 900, 0, 800, 20.0) for j in range(1, 6)]
+    write_history(store, jobs, rows, [], [], gpus=[], heartbeat_at=40.0)
+    old = {"metric": "val_loss", "mode": "min", "rule": "asha", "min_steps": 48, "reduction_factor": 3}
+    new = {**old, "min_steps": 32}
+    with store.write():
+        for j in range(1, 6):  # five settings of one seed each
+            store.execute("UPDATE jobs SET early_stop_json = ?, overrides_json = ? WHERE id = ?",
+                          [json.dumps(old), json.dumps({"learning_rate": j / 1000}), j])  # fmt: skip
+    for j in range(1, 6):
+        record_history(store, j, [Point(32.0, "val_loss", 0.6 - j / 100), Point(48.0, "val_loss", 0.5 - j / 100),
+                                  Point(64.0, "val_loss", 0.4 - j / 100)])  # fmt: skip
+    with store:
+        EarlyStopper(store).check()
+        assert {r.step for r in read_rungs(store, "E1", "rte", old)} == {48.0}
+        with store.write():  # the suite resubmitted: its newest job carries the new rule
+            store.execute("UPDATE jobs SET early_stop_json = ? WHERE id = 5", [json.dumps(new)])
+        EarlyStopper(store).check()
+        assert read_rungs(store, "E1", "rte", old) == []
+        told = read_rungs(store, "E1", "rte", new)
+        assert told and {(r.rung, r.step) for r in told} == {(0, 32.0)}
+        assert [r.value for r in told if r.setting.endswith('{"learning_rate": 0.005}')] == [pytest.approx(0.55)]

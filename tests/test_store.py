@@ -3,6 +3,7 @@ corrupt and locked databases."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import stat
 import threading
@@ -111,6 +112,25 @@ def test_attempts_from_before_executors_keep_their_window_as_executor_id(db_path
     with Store(db_path) as store:
         attempts = all_attempts(store)
     assert [(a.executor, a.executor_id) for a in attempts] == [("tmux", "@1"), ("tmux", "@9")]
+
+
+def test_rung_values_from_before_rules_were_kept_are_kept_under_their_suite_s_newest_rule(db_path: Path) -> None:
+    # A rung value recorded before m060, for a suite and task whose newest job has a rule: it was
+    # told under that rule, and is read back under it.
+    from orchestrator.store.early_stop import read_rungs
+
+    old_database_with_one_job(db_path, stop_before="m060_early_stop_rung_rule")
+    rule = {"rule": "asha", "metric": "val_loss", "mode": "min", "min_steps": 48, "reduction_factor": 3}
+    conn = sqlite3.connect(str(db_path))
+    conn.execute("UPDATE jobs SET early_stop_json = ?", (json.dumps(rule),))
+    conn.execute("INSERT INTO early_stop_rungs (suite, data, setting, rung, step, value) "
+                 "VALUES ('old', 'task', 'a {}', 0, 48, 0.5)")
+    conn.commit()
+    conn.close()
+    with Store(db_path) as store:
+        told = read_rungs(store, "old", "task", rule)
+        assert [(r.setting, r.rung, r.step, r.value) for r in told] == [("a {}", 0, 48.0, 0.5)]
+        assert read_rungs(store, "old", "task", {**rule, "min_steps": 32}) == []
 
 
 def test_concurrent_first_opens_migrate_once(db_path: Path) -> None:

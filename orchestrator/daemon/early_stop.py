@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import UsageError
@@ -101,14 +102,15 @@ class EarlyStopper:
         steps = spec.rung_steps(max(last.values(), default=0.0))
         points = metric_points_at(self.store, ids, spec.metric, steps, spec.smooth_evals, spec.best_of())
         settings = group_settings(jobs, points, reached)
-        judged = judge(spec, settings, read_rungs(self.store, suite, data))
+        rule = jobs[-1].early_stop  # the newest job's rule: a resubmitted suite's is the one judged by
+        judged = judge(spec, settings, read_rungs(self.store, suite, data, rule))
         self._judged[(suite, data)] = signature
-        self._write(suite, data, spec, judged, ids)
+        self._write(suite, data, spec, rule, judged, ids)
 
-    def _write(self, suite: str, data: str, spec: EarlyStop, judged: Judgement, ids: list[int]) -> None:
-        record_rungs(
-            self.store, suite, data, judged.told
-        )  # before the stops: a restart tells none twice
+    def _write(
+        self, suite: str, data: str, spec: EarlyStop, rule: dict[str, Any], judged: Judgement, ids: list[int]
+    ) -> None:
+        record_rungs(self.store, suite, data, rule, judged.told)  # before the stops: a restart tells none twice
         for prune in judged.prunes:
             record = prune.record(spec)
             why = f"{describe_pruned(record)}: setting {prune.setting} of {suite} on {data}"

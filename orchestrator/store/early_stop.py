@@ -6,7 +6,7 @@ pruned at once), each in one transaction."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,11 +122,18 @@ def reported_keys(store: Store, job_ids: Sequence[int], most: int = 12) -> list[
     return [str(row["key"]) for row in rows]
 
 
-def read_rungs(store: Store, suite: str, data: str) -> list[RungValue]:
+def rule_key(rule: Mapping[str, Any]) -> str:
+    """The stored form of an early_stop rule that rung values are kept under (keys sorted)."""
+    return json.dumps(rule, sort_keys=True)
+
+
+def read_rungs(store: Store, suite: str, data: str, rule: Mapping[str, Any]) -> list[RungValue]:
+    """What the pruner was told under `rule`; values told under another rule (the suite was
+    resubmitted with another one) are other steps or another metric, and are left out."""
     rows = store.query(
         "SELECT setting, rung, step, value FROM early_stop_rungs WHERE suite = ? AND data = ? "
-        "ORDER BY rung, setting",
-        [suite, data],
+        "AND rule_json = ? ORDER BY rung, setting",
+        [suite, data, rule_key(rule)],
     )
     return [
         RungValue(str(r["setting"]), int(r["rung"]), float(r["step"]), float(r["value"]))
@@ -134,14 +141,22 @@ def read_rungs(store: Store, suite: str, data: str) -> list[RungValue]:
     ]
 
 
-def record_rungs(store: Store, suite: str, data: str, rungs: Iterable[RungValue]) -> None:
-    """Keep what the pruner was told; a rung already recorded keeps its first value."""
-    rows = [(suite, data, r.setting, r.rung, r.step, r.value) for r in rungs]
+def record_rungs(
+    store: Store, suite: str, data: str, rule: Mapping[str, Any], rungs: Iterable[RungValue]
+) -> None:
+    """Keep what the pruner was told under `rule`; a rung already recorded keeps its first value.
+    Values told under another rule are dropped first: the new rule's take their place."""
+    key = rule_key(rule)
+    rows = [(suite, data, r.setting, r.rung, r.step, r.value, key) for r in rungs]
     if rows:
         with store.write():
+            store.execute(
+                "DELETE FROM early_stop_rungs WHERE suite = ? AND data = ? AND rule_json != ?",
+                [suite, data, key],
+            )
             store.executemany(
-                "INSERT OR IGNORE INTO early_stop_rungs (suite, data, setting, rung, step, value) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO early_stop_rungs (suite, data, setting, rung, step, value, rule_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
 
