@@ -166,6 +166,16 @@ def test_trials_of_a_search_without_a_metric_point_at_results(orch: Orch) -> Non
 
 
 @requires_tmux
+def test_a_random_search_over_fewer_settings_than_trials_queues_each_once_and_says_so(orch: Orch) -> None:
+    search = {"method": "random", "trials": 5, "seed": 0, "space": {"learning_rate": [1e-4, 1e-3]}}
+    orch.write_suite("hp", {"base": {"sim_mem_gib": 1, "learning_rate": 1e-4}}, mem_gib=1, search=search)
+    done = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert "note: random search: 2 trials, not 5: its space has no other setting" in done.stderr
+    assert "already present" not in done.stdout + done.stderr
+    assert sorted(j.overrides["learning_rate"] for j in orch.jobs()) == [1e-4, 1e-3]
+
+
+@requires_tmux
 def test_a_tpe_dry_run_says_trial_0_would_be_queued(orch: Orch) -> None:
     _suite(orch, "tpe", 3)
     dry = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", "--dry-run")
@@ -173,6 +183,35 @@ def test_a_tpe_dry_run_says_trial_0_would_be_queued(orch: Orch) -> None:
     assert "would queue 1 job(s)" in dry.stdout and not orch.db.exists()
     done = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
     assert "note: tpe search: trial 0 is queued now; the daemon asks for trials 1 to 2" in done.stderr
+
+
+@requires_tmux
+def test_a_tpe_search_submitted_again_says_what_it_does_and_takes_its_new_trials(orch: Orch) -> None:
+    """Submitted again unchanged, a TPE search queues nothing and says so (it used to say trial 0
+    was queued); with more trials it is the same search, extended: its stored trials follow."""
+    _suite(orch, "tpe", 3)
+    orch.submit("hp", "1:toy")
+    again = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert "note: tpe search: already submitted (1 of 3 trials asked so far): nothing new is queued" in again.stderr
+    assert "trial 0 is queued now" not in again.stderr
+    _suite(orch, "tpe", 5)
+    dry = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", "--dry-run")
+    assert "now 5, the daemon would ask for trials 1 to 4" in dry.stderr
+    assert {j.search["spec"]["trials"] for j in orch.jobs()} == {3}  # a dry run writes nothing
+    more = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert "submitted before with 3 trials (1 asked so far): now 5, the daemon asks for trials 1 to 4" in more.stderr
+    assert {j.search["spec"]["trials"] for j in orch.jobs()} == {5}
+
+
+def test_nearby_tpe_seeds_share_no_start_up_trials_and_random_trials_never_repeat() -> None:
+    """Trial n of a TPE search seeded s was the first trial of seed s + n (its sampler was seeded
+    s + n); and a random search over few settings queued repeats, which collapsed into one job."""
+    searches = [parse_search("s", _search(seed=seed), KNOWN, ()) for seed in (0, 1, 2)]
+    firsts = [[next_trial(search, [], n) for n in range(4)] for search in searches]
+    assert not any(a == b for i, x in enumerate(firsts) for y in firsts[i + 1:] for a in x for b in y)
+    few = parse_search("s", _search(method="random", trials=5, space={"lora_r": [4, 8, 16]}), KNOWN, ())
+    drawn = random_trials(few)
+    assert sorted(t["lora_r"] for t in drawn) == [4, 8, 16]
 
 
 @requires_tmux

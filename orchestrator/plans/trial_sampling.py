@@ -4,6 +4,8 @@ have finished (the daemon reads them from the store and writes the new trial's j
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from orchestrator.plans.search import Dimension, Distribution, Search
 SIGNIFICANT_DIGITS = (
     6  # a drawn float is kept to this many digits: what the job runs and results name
 )
+DRAWS_PER_TRIAL = 50  # a random search draws at most this many times its trials to find them distinct
 
 
 class TrialEnd(str, Enum):
@@ -66,11 +69,30 @@ def _params(trial: Any, search: Search, found: dict[str, Any]) -> dict[str, Scal
 
 
 def random_trials(search: Search) -> list[dict[str, Scalar]]:
-    """Every trial of a random search: the same list for the same search (its seed)."""
+    """Every trial of a random search, each a setting no earlier trial has: the same list for
+    the same search (its seed). A space of fewer settings than `trials` gives them all (fewer
+    trials: the caller says so); a draw that repeats a setting is drawn again."""
     optuna = load_optuna()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=search.seed))
     found = distributions(search)
-    return [_params(study.ask(found), search, found) for _ in range(search.trials)]
+    trials: list[dict[str, Scalar]] = []
+    seen: set[str] = set()
+    for _ in range(search.trials * DRAWS_PER_TRIAL):
+        params = _params(study.ask(found), search, found)
+        key = json.dumps(params, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            trials.append(params)
+            if len(trials) == search.trials:
+                break
+    return trials
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The sampler's seed for trial `number` of a search seeded `seed`, drawn from both: with
+    `seed + number` trial n of seed s was the first trial of seed s + n, and the searches of
+    nearby seeds shared most of their random start-up trials."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{number}".encode()).digest()[:4], "big")
 
 
 def _direction(search: Search) -> str:
@@ -83,7 +105,7 @@ def next_trial(search: Search, finished: Sequence[FinishedTrial], number: int) -
     optuna = load_optuna()
     found = distributions(search)
     study = optuna.create_study(
-        direction=_direction(search), sampler=optuna.samplers.TPESampler(seed=search.seed + number)
+        direction=_direction(search), sampler=optuna.samplers.TPESampler(seed=trial_seed(search.seed, number))
     )
     for trial in sorted(finished, key=lambda t: t.number):
         params = {k: v for k, v in trial.params.items() if k in found}

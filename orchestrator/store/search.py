@@ -143,6 +143,35 @@ def queue_trial(
     return queued
 
 
+_SAME_TPE_SEARCH = (  # the suite's TPE search with this spec but for its `trials`
+    "suite = ? AND search_json != '{}' AND json_extract(search_json, '$.spec.method') = 'tpe' "
+    "AND json_remove(json_extract(search_json, '$.spec'), '$.trials') = json(?)"
+)
+
+
+def submitted_again(store: Store, suite: str, spec: Mapping[str, Any], write: bool) -> tuple[int, int] | None:
+    """A TPE search submitted again: (its trials asked so far, the `trials` it had); None when the
+    suite has no such search. With `write`, the search takes the new spec's `trials` (a search
+    extended goes on asking; one cut short asks no more)."""
+    others = json.dumps({k: v for k, v in spec.items() if k != "trials"}, sort_keys=True)
+    rows = store.query(
+        "SELECT DISTINCT json_extract(search_json, '$.trial') AS trial, "
+        f"json_extract(search_json, '$.spec.trials') AS trials FROM jobs WHERE {_SAME_TPE_SEARCH}",
+        [suite, others],
+    )
+    if not rows:
+        return None
+    asked = len({row["trial"] for row in rows})
+    had = max(int(row["trials"]) for row in rows)
+    if write and had != int(spec["trials"]):
+        with store.write():
+            store.execute(
+                f"UPDATE jobs SET search_json = json_set(search_json, '$.spec.trials', ?) WHERE {_SAME_TPE_SEARCH}",
+                [int(spec["trials"]), suite, others],
+            )
+    return asked, had
+
+
 def suite_search_jobs(store: Store, suite: str) -> list[Job]:
     """The jobs of the suite's search trials (of any method), by id."""
     rows = store.query(

@@ -45,7 +45,7 @@ from orchestrator.plans.metric_direction import lower_is_better
 from orchestrator.plans.notify_urls import check_urls
 from orchestrator.plans.optuna_lib import require_optuna
 from orchestrator.plans.resources import check_gangs_fit
-from orchestrator.plans.search import SearchMethod
+from orchestrator.plans.search import Search, SearchMethod
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
@@ -54,6 +54,7 @@ from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
+from orchestrator.store.search import submitted_again
 from orchestrator.submit.suite_pause import resume_if_changed, worker_changed_since_failure
 
 Opener = Callable[..., Store]  # (db_path, create=...) -> Store: the CLI's checks the lost-file daemon
@@ -272,12 +273,44 @@ def loss_mode_notes(suite: Suite) -> list[str]:
     ]
 
 
+def random_note(suite: Suite, trials: list[dict[str, Scalar]] | None) -> str | None:
+    """A line when a random search found fewer distinct settings than its `trials`."""
+    search = suite.search
+    if search is None or search.method is not SearchMethod.RANDOM or trials is None:
+        return None
+    if len(trials) >= search.trials:
+        return None
+    return (f"note: random search: {len(trials)} trials, not {search.trials}: its space has no other "
+            "setting (a trial never repeats another's)")
+
+
+TPE_NOTE = "note: tpe search:"
+
+
 def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
     if suite.search is None or suite.search.method is not SearchMethod.TPE or suite.search.trials < 2:
         return None
     queued = "would be queued now (a dry run queues nothing)" if dry_run else "is queued now"
-    return (f"note: tpe search: trial 0 {queued}; the daemon asks for trials 1 to {suite.search.trials - 1} "
+    return (f"{TPE_NOTE} trial 0 {queued}; the daemon asks for trials 1 to {suite.search.trials - 1} "
             "one at a time, when the search has no job left in the queue")
+
+
+def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool) -> list[str]:
+    """What a TPE search submitted again does: (trials asked so far, `trials` it had), or None
+    when its trial 0's jobs are another search's (the same setting, another metric, say)."""
+    if found is None:
+        return [f"{TPE_NOTE} its trial 0 is already queued for another search of this suite (the same "
+                "setting): this search queues nothing; change its seed or space to start it"]
+    asked, had = found
+    would = "would ask" if dry_run else "asks"
+    if search.trials > had and search.trials > asked:
+        more = f"trials {asked} to {search.trials - 1}" if search.trials - asked > 1 else f"trial {asked}"
+        return [f"{TPE_NOTE} submitted before with {had} trials ({asked} asked so far): now {search.trials}, "
+                f"the daemon {would} for {more} one at a time"]
+    if search.trials < had:
+        return [f"{TPE_NOTE} submitted before with {had} trials ({asked} asked so far): now {search.trials}, "
+                f"the daemon {would} for {'no more' if asked >= search.trials else 'fewer'}"]
+    return [f"{TPE_NOTE} already submitted ({asked} of {had} trials asked so far): nothing new is queued"]
 
 
 def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None = None,
@@ -341,7 +374,7 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     if suite.early_stop is not None or suite.search is not None:
         require_optuna()  # the daemon runs its pruner: a missing library is said now, not at the first rung
     notes = [n for n in (unreached_rungs_note(suite, specs), unreachable_early_stop_note(suite, specs),
-                         tpe_note(suite, request.dry_run)) if n] + loss_mode_notes(suite)
+                         tpe_note(suite, request.dry_run), random_note(suite, trials)) if n] + loss_mode_notes(suite)
 
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)
@@ -352,6 +385,11 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
             set_gpu_plan(store, plan)
         if not request.dry_run:
             set_suite_notify_urls(store, suite.name, suite.notify)
+        if suite.search is not None and suite.search.method is SearchMethod.TPE and not any(
+                o.created for o in outcomes):  # fmt: skip
+            notes = [n for n in notes if not n.startswith(TPE_NOTE)]
+            notes += tpe_again_note(suite.search, submitted_again(store, suite.name, suite.search.to_json(),
+                                                                  write=not request.dry_run), request.dry_run)
         if not request.dry_run and any(o.created for o in outcomes):
             changed = worker_changed_since_failure(store, suite.name, suite.worker)
             paused_note = resume_if_changed(store, suite.name, changed)
