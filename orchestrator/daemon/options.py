@@ -208,8 +208,9 @@ class DaemonOptions:
             envvar="ORCH_MPS",
             show_default=True,
             help="Run a CUDA MPS control daemon for orch's GPUs (its own, next to the state database) "
-            "and point every worker that shares a card at it, each fenced at its prediction plus "
-            "a margin (env ORCH_MPS).",
+            "and point every worker that shares a card at it; a worker whose shape has a measured "
+            "peak is fenced at that peak plus 10 % (at least 512 MiB), one never measured is not fenced "
+            "(env ORCH_MPS).",
         ),
     )
     overlap: bool = field(
