@@ -52,7 +52,7 @@ CREATE TABLE daemon (
             draining INTEGER NOT NULL DEFAULT 0,
             stop_requested INTEGER NOT NULL DEFAULT 0,
             gpus_json TEXT                 -- last GPU snapshots, for `orch status` without NVML
-        , disk_json TEXT, host_json TEXT);
+        , disk_json TEXT, host_json TEXT, modes_json TEXT);
 
 CREATE TABLE early_stop_rungs (
             suite TEXT NOT NULL,

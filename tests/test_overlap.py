@@ -47,7 +47,9 @@ def test_pack_starts_a_job_ahead_only_with_overlap_on() -> None:
     plain = pack([job], _card(free), running, PackingPolicy(headroom_max_mib=1024), 70.0)
     assert plain.placements == ()
     ahead = pack([job], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 70.0)
-    assert [p.job_id for p in ahead.placements] == [2]
+    assert [(p.job_id, p.ahead) for p in ahead.placements] == [(2, True)]  # its start event says so
+    roomy = pack([job], _card(24 * GIB), [], PackingPolicy(headroom_max_mib=1024, overlap=True), 70.0)
+    assert [(p.job_id, p.ahead) for p in roomy.placements] == [(2, False)]  # it fits now: not ahead
     too_early = pack([job], _card(free), running, PackingPolicy(headroom_max_mib=1024, overlap=True), 40.0)
     assert too_early.placements == ()
     alone = QueuedJob(3, 0, 3, 15_700, 0.0, run_alone=True, ahead_s=38.0, startup_mib=1_000)

@@ -33,3 +33,20 @@ def test_the_hold_is_the_base_held_before_the_first_steps_peak(orch: Orch) -> No
     (startup,) = learned.values()
     assert startup.held_mib == 768  # the base, not the 6 GiB peak the last reading before its first step held
     assert startup.seconds >= startup_s
+
+
+def test_a_job_started_ahead_of_its_memory_says_so_in_its_start_event(orch: Orch) -> None:
+    """With `--overlap`, a job that cannot fit beside the running one starts its start-up while
+    that one finishes, and its start event says it started ahead (nothing else showed it)."""
+    startup_s = HOLD_LEAD_S + 9.0  # a job may start up to 9 s ahead, more than the end's margin eats
+    orch.write_suite("ahead", {"base": {"sim_mem_gib": 14, "sim_base_gib": 0.5, "sim_startup_s": startup_s,
+                                        "sim_ramp_s": 0.2, "sim_seconds": 6, "sim_exit_s": 0.5}},
+                     mem_gib=15)  # fmt: skip
+    orch.submit("ahead", "1:toy 2:toy 3:toy", "--gpu-plan", "2")
+    orch.env["ORCH_OVERLAP"] = "1"
+    orch.start_daemon()
+    assert set(orch.wait_all_done(150).values()) == {"succeeded"}
+    starts = [e.message for e in orch.events("start")]
+    assert len(starts) == 3 and "started ahead" not in starts[0]  # the first: nothing learned yet
+    assert any("started ahead (--overlap)" in message for message in starts[1:]), starts
+    assert "overlap" in orch.json("daemon", "status")["modes"]

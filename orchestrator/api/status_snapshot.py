@@ -83,6 +83,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "alive": daemon is not None,
             "pid": daemon["pid"] if daemon else None,
             "draining": bool(daemon["draining"]) if daemon else False,
+            "modes": daemon["modes"] if daemon else [],  # opt-in ways it runs: overlap, mps
             "last_tick_age_s": (now_s() - heartbeat_at) if heartbeat_at else None,
         },
         "gpus": gpus,

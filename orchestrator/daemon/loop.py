@@ -271,7 +271,9 @@ class Daemon:
                     "`orch daemon status` shows it, `orch daemon stop` stops it"
                 )
 
-        register_daemon(self.store, os.getpid(), psutil.Process().create_time(), self.clock.now_s(), refuse_live)
+        modes = [name for name, on in (("overlap", self.settings.overlap), ("mps", self.settings.mps)) if on]
+        register_daemon(self.store, os.getpid(), psutil.Process().create_time(), self.clock.now_s(), refuse_live,
+                        modes)
 
     # -- one tick --------------------------------------------------------------------------
 

@@ -273,7 +273,8 @@ def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, pl
         whole = placed[p.job_id]
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, p.level), attempt_config(whole, p.level), p.gpu,
-                        p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib, caps.get(whole.suite))
+                        p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib, caps.get(whole.suite),
+                        ahead=p.ahead)
         if claimed is not None:
             claims.append(claimed)
     launch_all(store, executor, ctx, claims)

@@ -186,6 +186,7 @@ def claim(
     cards: tuple[GpuSnapshot, ...] = (),
     host_mib: int = 0,
     fused_cap: int | None = None,
+    ahead: bool = False,
 ) -> Claim | None:
     """Write the attempt as started (the job moves to running); None if the job left the queue.
     A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
@@ -202,6 +203,7 @@ def claim(
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
         resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
         searched_in_part=search.searched_in_part, inexact_rungs=job_inexact_rungs(job, level.index),
+        started_ahead=ahead,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))

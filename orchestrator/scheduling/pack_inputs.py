@@ -253,6 +253,7 @@ class ClaimPlan:
     reserved_mib: int
     host_mib: int
     level_note: str = ""  # set where it starts at a later level than its own (written before the claim)
+    ahead: bool = False  # it starts ahead of the memory or slot it needs (--overlap)
 
 
 def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping[int, JobFacts],
@@ -272,5 +273,5 @@ def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping
         plans.append(ClaimPlan(
             placement.job_id, level, by_index[placement.gpu_index],
             tuple(by_index[i] for i in placement.all_gpus), predicted_mib, source, placement.reserved_mib,
-            inputs.host_predictions[placement.job_id], placement.level_note))
+            inputs.host_predictions[placement.job_id], placement.level_note, placement.ahead))
     return plans

@@ -37,6 +37,7 @@ class AttemptPlan:
     resumed_from_checkpoint: str | None = None  # that checkpoint's folder
     searched_in_part: tuple[int, ...] = ()  # earlier attempts whose run dir the checkpoint search read in part
     inexact_rungs: tuple[str, ...] = ()  # the rungs changing numerics its level went through
+    started_ahead: bool = False  # before the memory or slot it needs was free (--overlap)
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -76,6 +77,8 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
                 f"attempt {n} started on GPU {plan.gpu_index}{_more_gpus(plan)}{level_note}, predicted "
                 f"{plan.predicted_peak_mib / 1024:.1f} GiB{' per GPU' if len(plan.gpu_uuids) > 1 else ''} "
                 f"({plan.prediction_source.render()})" + _resume_note(plan)
+                + ("; started ahead (--overlap): its start-up runs while the attempts it waits for end"
+                   if plan.started_ahead else "")
             ),
             kind="start", expect_from=[JobState.QUEUED], attempt_id=attempt_id,
             fields={"attempt_count": n, "wait_reason": None},

@@ -4,7 +4,7 @@ reads of live attempts the daemon's loop makes between passes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +35,11 @@ def read_daemon(store: Store) -> DaemonRow | None:
 
 def register_daemon(
     store: Store, pid: int, proc_create_time: float, now_s: float,
-    refuse: Callable[[int | None, float | None], None],
+    refuse: Callable[[int | None, float | None], None], modes: Sequence[str] = (),
 ) -> None:
     """Record this daemon, unless `refuse(pid, create_time)` of the daemon recorded now raises
-    (another live daemon): the check and the write are one transaction."""
+    (another live daemon): the check and the write are one transaction. `modes`: the opt-in ways
+    it runs (`overlap`, `mps`), which the status commands show."""
     with store.write():
         recorded = read_daemon(store)
         if recorded is not None:
@@ -50,6 +51,7 @@ def register_daemon(
             "heartbeat_at = excluded.heartbeat_at, draining = 0, stop_requested = 0",
             [pid, proc_create_time, now_s, now_s],
         )
+        store.execute("UPDATE daemon SET modes_json = ? WHERE id = 1", [json.dumps(list(modes))])
 
 
 def unregister_daemon(store: Store, now_s: float, message: str) -> None:
@@ -96,6 +98,15 @@ def live_host_held_mib(store: Store) -> int:
 
 
 def daemon_row_fields(store: Store) -> dict[str, Any] | None:
-    """Every column of the daemon's row (what `orch daemon status` shows), or None."""
+    """Every column of the daemon's row (what `orch daemon status` shows), `modes_json` read as
+    `modes` (a list of names), or None."""
     rows = store.query("SELECT * FROM daemon WHERE id = 1")
-    return rows[0] if rows else None
+    if not rows:
+        return None
+    row = dict(rows[0])
+    try:
+        modes = json.loads(row.pop("modes_json", None) or "[]")
+    except ValueError:
+        modes = []
+    row["modes"] = [str(mode) for mode in modes] if isinstance(modes, list) else []
+    return row

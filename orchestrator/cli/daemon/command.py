@@ -109,6 +109,7 @@ def daemon_status(as_json: bool, db_path: Path) -> None:
         "started_at": row["started_at"] if row else None,
         "heartbeat_age_s": (now_s() - row["heartbeat_at"]) if row and row["heartbeat_at"] else None,
         "draining": bool(row["draining"]) if row else False,
+        "modes": row["modes"] if row else [],  # opt-in ways it runs: overlap, mps
         "log": str(daemon_log_path(db_path)),
     }
     if as_json:
@@ -120,6 +121,7 @@ def daemon_status(as_json: bool, db_path: Path) -> None:
     click.echo(
         f"daemon: running, pid {row['pid']}, up {fmt_duration(now_s() - row['started_at'])}, "
         f"last tick {payload['heartbeat_age_s']:.1f} s ago" + (", draining" if payload["draining"] else "")
+        + "".join(f", --{mode}" for mode in payload["modes"])
     )
 
 

@@ -34,6 +34,7 @@ def _summary(snapshot: dict[str, Any]) -> str:
     daemon, counts = snapshot["daemon"], snapshot["counts"]
     if daemon["alive"]:
         head = f"daemon pid {daemon['pid']}" + (" (draining)" if daemon["draining"] else "")
+        head += "".join(f" --{mode}" for mode in daemon.get("modes", []))
     else:
         head = "daemon not running" + (f" for {snapshot['db']}" if snapshot.get("db") else "") + " (orch daemon start)"
     return (f"{head}   queued {counts['queued']}  running {counts['running']}  succeeded {counts['succeeded']}  "

@@ -168,6 +168,7 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
     daemon = snapshot["daemon"]
     if daemon["alive"]:
         head = f"daemon pid {daemon['pid']}" + (" [yellow](draining)[/]" if daemon["draining"] else "")
+        head += "".join(f" --{mode}" for mode in daemon.get("modes", []))
     else:
         db = snapshot.get("db")
         where = f" for {escape(db)}" if db else ""

@@ -151,6 +151,13 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
     return None
 
 
+def fits_now(job: QueuedJob, card: Card) -> bool:
+    """Whether the job fits the card's memory and slots now, without starting ahead."""
+    return need_mib(job, card) <= card.available_mib and (
+        card.used_slots < card.gpu.slots or joining(job, card.groups) is not None
+    )
+
+
 def starts_ahead(job: QueuedJob, card: Card, now_s: float) -> bool:
     """With overlap on: the job may start now, its start-up overlapping the end of attempts
     that make room for it (orchestrator.scheduling.packing.overlap)."""

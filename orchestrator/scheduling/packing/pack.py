@@ -20,6 +20,7 @@ from orchestrator.scheduling.packing.cards import (
     blocker,
     cards_of,
     choose,
+    fits_now,
     gain,
     headroom_for,
     headroom_mib,
@@ -55,6 +56,7 @@ class Placement:
     # a later ladder level it starts at because it ends sooner there (QueuedJob.alternatives), and why
     level: int | None = None
     level_note: str = ""
+    ahead: bool = False  # started ahead of the memory or slot it needs (--overlap: cards.starts_ahead)
 
     @property
     def all_gpus(self) -> tuple[int, ...]:
@@ -271,13 +273,14 @@ def _pack(
                 chosen = closest_set(
                     fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]  # type: ignore[misc]
                 )
+            ahead = job.gpus == 1 and not fits_now(job, chosen[0])  # before place_on takes its room
             reserved = [place_on(card, job, now_s) for card in chosen]  # less than its peak: joins a group
             for card in cards.values():  # holds it did not need: free for the rest of this call
                 card.release(job.job_id)
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
             placements.append(Placement(job.job_id, indices[0], min(reserved),
-                                        indices if job.gpus > 1 else (), job.job_id in capped))
+                                        indices if job.gpus > 1 else (), job.job_id in capped, ahead=ahead))
             any_open = any(is_open(c) for c in ordered_cards)
             failed.clear()
             continue
