@@ -146,8 +146,9 @@ def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 LONGEST_FIRST = (
     "test_slurm_e2e.py", "test_resume_e2e.py", "test_untrusted.py", "test_orch_shortages.py",
     "test_torchrun_e2e.py", "test_ladder_evidence_e2e.py", "test_startup_hold_e2e.py", "test_containment.py",
-    "test_logs_stream.py", "test_demo_fresh.py", "test_chaos.py", "test_own_script_e2e.py", "test_memory_learning_e2e.py",
-    "test_late_requests.py", "test_lora_through_orch.py", "test_demo_oom.py", "test_oom_recovery.py",
+    "test_logs_stream.py", "test_demo_fresh.py", "test_chaos.py", "test_own_script_e2e.py",
+    "test_memory_learning_e2e.py", "test_late_requests.py", "test_lora_through_orch.py", "test_demo_oom.py",
+    "test_oom_recovery.py",
 )
 
 
