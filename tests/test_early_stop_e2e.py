@@ -124,6 +124,9 @@ def test_a_metric_never_reported_stops_nothing_and_warns(orch: Orch) -> None:
     warnings = [e for e in orch.events("early_stop") if "val_f1" in e.message]
     assert len(warnings) == 1 and "nothing is stopped" in warnings[0].message
     assert "reported: " in warnings[0].message and "val_accuracy" in warnings[0].message  # what it may mean
+    # the results table says it too: the event alone scrolls out of `orch status` within minutes
+    shown = orch.run("results", "--suite", "es")
+    assert f"early stopping: {warnings[0].message}" in shown.stderr
 
 
 @pytest.mark.slow

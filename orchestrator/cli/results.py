@@ -39,6 +39,7 @@ from orchestrator.results.selection import (
 )
 from orchestrator.results.stats import paired_test, paired_text, row_interval
 from orchestrator.results.table import build_table
+from orchestrator.store.early_stop import early_stop_warnings
 from orchestrator.store.queries import suite_names
 from orchestrator.wording import one_line
 
@@ -148,6 +149,7 @@ def results_cmd(
                     f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
                 )
         table = build_table(store, suite, metric=metric, pooled=pooled, where=filters, digits=digits, select=basis)
+        warned = early_stop_warnings(store, suite)
     summaries, choices, missing = table.summaries, table.choices, table.missing
     if compare is not None:
         _print_comparison(summaries, compare, pooled, digits)
@@ -181,6 +183,8 @@ def results_cmd(
         _print_table(summaries, digits, choices, empty, ci)
     if missing and fmt != "json":
         click.echo(f"{missing} succeeded job(s) had {NO_METRICS}", err=True)
+    for warning in warned if fmt != "json" else []:  # an early stopping that stopped nothing, say
+        click.echo(f"early stopping: {warning}", err=True)
 
 
 def _refuse_unfinished(summaries: list[ResultSummary]) -> None:

@@ -216,3 +216,11 @@ def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
     with store.write():
         add_event(store, "early_stop", f"{suite} on {data}: {message}")
 
+
+def early_stop_warnings(store: Store, suite: str | None = None) -> list[str]:
+    """What early stopping warned of (a metric no job reports, say), each once, oldest first; of
+    one suite's tasks with `suite`."""
+    rows = store.query("SELECT message FROM events WHERE kind = 'early_stop' ORDER BY id")
+    said = dict.fromkeys(str(row["message"]) for row in rows)
+    return [m for m in said if suite is None or m.startswith(f"{suite} on ")]
+
