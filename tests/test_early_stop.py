@@ -140,6 +140,7 @@ def test_hyperband_runs_on_optuna() -> None:
         ({"metric": "m"}, "min_steps` is required"),
         ({"min_steps": 3}, "early_stop.metric` must name"),
         ({"metric": "m", "min_steps": 3, "mode": "up"}, "mode` must be max or min"),
+        ({"metric": "m", "min_steps": 3, "mode": None}, "mode` must be max or min, not null (an empty value)"),
         ({"metric": "m", "min_steps": 3, "patience": 2}, "unknown key(s) patience"),
         ({"metric": "m", "min_steps": 3, "max_steps": 9}, "takes none"),
         ("asha", "must be a mapping"),

@@ -100,7 +100,7 @@ def test_values_the_lora_worker_would_refuse_are_refused_at_submit(
         ({"eval_batch_size": {"uniform": [4, 32]}}, "search.space.eval_batch_size uniform [4, 32]: config key "
                                                     "'eval_batch_size' must be an integer"),
         ({"warmup_ratio": {"uniform": [0.0, 1.5]}}, "search.space.warmup_ratio uniform [0, 1.5]: config key "
-                                                    "'warmup_ratio' must be at most 1"),
+                                                    "'warmup_ratio' must be at most 1, got 1.5"),  # not 1.49999...
     ],
 )
 def test_a_tpe_search_whose_later_trials_could_draw_a_value_the_worker_refuses_is_refused(

@@ -392,3 +392,12 @@ def test_a_search_that_cannot_ask_says_so_in_one_event(tmp_path: Path, monkeypat
         said = [e.message for e in recent_events(store, 20) if e.kind == "search"]
     assert said == ["the search of suite hp cannot ask for its next trial (tried again every pass): "
                     "PlanError: stored search: it cannot be read"]  # once, however often it fails
+
+
+@requires_tmux
+def test_trials_times_pairs_above_the_cap_are_refused_before_any_trial_is_drawn(orch: Orch) -> None:
+    search = {"method": "random", "trials": 60_000, "seed": 0, "space": {"learning_rate": {"uniform": [0.1, 0.2]}}}
+    orch.write_suite("hp", {"base": {"sim_mem_gib": 1, "learning_rate": 1e-4}}, mem_gib=1, search=search)
+    refused = orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy", "--dry-run", check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "60000 trials × 1 configs × 2 pairs is more than 100000 jobs" in refused.stderr  # not "grid values"

@@ -46,9 +46,9 @@ def _parse_choice(where: str, section: str, key: str, raw: dict[str, Any], defau
         return choices(str(raw.get(key, default.value)))
     except ValueError:
         allowed = " or ".join(str(choice.value) for choice in choices)
-        raise PlanError(
-            f"{where}: `{section}.{key}` must be {allowed}, not {shown_value(str(raw.get(key)))}"
-        ) from None
+        given = raw.get(key)
+        shown = "null (an empty value)" if given is None else shown_value(str(given))
+        raise PlanError(f"{where}: `{section}.{key}` must be {allowed}, not {shown}") from None
 
 
 def parse_mode(where: str, section: str, raw: dict[str, Any]) -> Mode:

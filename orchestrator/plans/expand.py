@@ -45,7 +45,8 @@ def expand_jobs(
     overrides of its jobs, so they are jobs of their own (their identity names it). `trials`: the
     assignments are a search's trials, numbered in their order."""
     if len(suite.configs) * len(grid) * len(pairs) > MAX_GRID_JOBS:
-        raise PlanError(f"suite {suite.name}: {len(suite.configs)} configs × {len(grid)} grid values × "
+        values = "trials" if trials else "grid values"
+        raise PlanError(f"suite {suite.name}: {len(suite.configs)} configs × {len(grid)} {values} × "
                         f"{len(pairs)} pairs is more than {MAX_GRID_JOBS} jobs")
     config_overrides = {k: v for k, v in overrides.items() if not k.startswith("env.")}
     env = dict(suite.env)

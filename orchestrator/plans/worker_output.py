@@ -135,7 +135,9 @@ def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: s
                     if f"'{dimension.key}'" not in str(exc):
                         break  # a fault of the config itself: the job's check below names it
                     drawn = repr(value) if dimension.distribution is Distribution.CHOICE else shown_range(dimension)
-                    raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {drawn}: {exc}") from None
+                    # a probe just inside a bound reads as the bound, as a drawn value is kept (6 digits)
+                    said = str(exc).replace(repr(value), f"{value:.6g}") if isinstance(value, float) else str(exc)
+                    raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {drawn}: {said}") from None
     for job in jobs:
         if job.data != job.data.strip().lower():
             raise PlanError(f"suite {suite.name}, config {job.config_name}, task {job.data}: write the data name "

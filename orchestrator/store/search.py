@@ -135,7 +135,7 @@ def queue_trial(
                 store,
                 "submitted",
                 f"queued trial {number} of the {template.suite} search (tpe): {shown}, "
-                f"{template.config_name} seed {template.seed} on {template.data}",
+                f"{template.config_name} seed {template.seed}" + (f" on {template.data}" if template.data else ""),
                 job_id=job_id,
                 to_state=JobState.QUEUED.value,
             )

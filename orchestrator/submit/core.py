@@ -212,7 +212,7 @@ def _refuse_both(what: str, text: Mapping[str, Any], values: Mapping[str, Any]) 
 
 
 def search_trials(
-    suite: Suite, overrides: dict[str, Scalar], grid: dict[str, list[Scalar]]
+    suite: Suite, overrides: dict[str, Scalar], grid: dict[str, list[Scalar]], pairs: int = 1
 ) -> list[dict[str, Scalar]] | None:
     """The trials a suite's `search:` queues at submit: every one of a random search (the same
     ones for the same seed), the first of a TPE search (the daemon asks for the rest); None
@@ -225,9 +225,10 @@ def search_trials(
     clash = sorted(dim.key for dim in search.space if dim.key in overrides)
     if clash:
         raise PlanError(f"--set {clash[0]} and the suite's search both set {clash[0]}: keep one")
-    if search.trials * len(suite.configs) > MAX_GRID_JOBS:
-        raise PlanError(f"suite {suite.name}: {search.trials} trials × {len(suite.configs)} configs is more than "
-                        f"{MAX_GRID_JOBS} jobs")
+    if search.trials * len(suite.configs) * max(pairs, 1) > MAX_GRID_JOBS:  # said before any trial is drawn
+        pairs_shown = f" × {pairs} pairs" if pairs > 1 else ""
+        raise PlanError(f"suite {suite.name}: {search.trials} trials × {len(suite.configs)} configs{pairs_shown} is "
+                        f"more than {MAX_GRID_JOBS} jobs")
     if search.method is SearchMethod.RANDOM:
         return random_trials(search)
     return [next_trial(search, [], 0)]
@@ -352,7 +353,7 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     total_slots = 0
     if isinstance(round_selector, int) and not suite.rounds:
         total_slots = _round_slots(plan, stored_plan, gpus)
-    trials = search_trials(suite, overrides, grid)
+    trials = search_trials(suite, overrides, grid, len(pairs))
     if trials is not None:
         grid = {dim.key: [t[dim.key] for t in trials] for dim in suite.search.space}  # what a dry run shows
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots,
