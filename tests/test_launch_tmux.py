@@ -280,3 +280,14 @@ def test_a_server_that_never_answers_is_given_up_on_with_a_shortage(
     monkeypatch.undo()
     assert tmux.window_alive(handle.executor_id)  # answered again: the server was only slow
     tmux.kill_window(handle.executor_id)
+    # the server carries out the launch it was sent once it runs again: that window's wrapper
+    # finds its run dir marked lost (the attempt was requeued) and starts nothing
+    never = tmp_path / "never"
+    assert (never / "lost").exists()
+
+    def never_window_ended() -> bool:
+        listed = tmux.server.cmd("list-windows", "-a", "-F", "#{window_name} #{pane_dead}").stdout
+        return any(line.startswith("never") and line.endswith(" 1") for line in listed)
+
+    wait_until(never_window_ended, 30, "the late window's wrapper to end")
+    assert not (never / "pid.json").exists() and "declared lost; not starting it" in pane_text(tmux, "never")

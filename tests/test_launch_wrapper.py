@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.attempts.reconcile import mark_lost
 from orchestrator.attempts.rundir_reads import read_gpu_peak_mib
+from orchestrator.executors.lost_marker import mark_lost
 from orchestrator.executors.process_groups import kill_process_group
 from orchestrator.executors.wrapper.run import EXIT_NOT_STARTED, EXIT_REFUSED, wrapper_argv
 from orchestrator.rundir_files import RunDir

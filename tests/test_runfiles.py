@@ -12,7 +12,7 @@ import pytest
 from rows_helpers import attempt_of
 from run_dirs import private_attempt_dir
 
-from orchestrator.attempts.reconcile import Verdict, judge, mark_lost, observe
+from orchestrator.attempts.reconcile import Verdict, judge, observe
 from orchestrator.attempts.rundir_reads import (
     read_log_tail,
     read_output,
@@ -20,6 +20,7 @@ from orchestrator.attempts.rundir_reads import (
     read_run_files,
     stat_output,
 )
+from orchestrator.executors.lost_marker import mark_lost
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.run_dir import prepare_run_dir
 from orchestrator.executors.runs_tree import RunTreeError, check_runs_root

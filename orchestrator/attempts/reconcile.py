@@ -18,16 +18,16 @@ returns. An attempt without pid.json is judged so:
 - its window is gone, or its command ended, without writing pid.json: lost at once;
 - otherwise (window alive, or nothing to look at) pending for up to LAUNCH_GRACE_S.
 The old daemon may have died right after tmux opened the window, with the wrapper still
-starting. So before any attempt without pid.json is declared lost, `mark_lost` creates the
-run dir's lost marker (O_EXCL) and then looks for pid.json; the wrapper (claim_run_dir)
-creates pid.json exclusively and then looks for the marker. Each writes its flag before
-reading the other's, so at most one goes on: either the wrapper never starts the worker, or
-the daemon sees pid.json and judges the attempt again on its next pass, as usual.
+starting. So before any attempt without pid.json is declared lost, `mark_lost`
+(executors.lost_marker) creates the run dir's lost marker (O_EXCL) and then looks for
+pid.json; the wrapper (claim_run_dir) creates pid.json exclusively and then looks for the
+marker. Each writes its flag before reading the other's, so at most one goes on: either the
+wrapper never starts the worker, or the daemon sees pid.json and judges the attempt again on
+its next pass, as usual.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from enum import Enum
 from pathlib import Path
@@ -37,19 +37,14 @@ import psutil
 
 from orchestrator.attempts import rundir_reads as runfiles
 from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
-from orchestrator.executors.runs_tree import RunTreeError, create_exclusive, exists, open_run_dir
 from orchestrator.executors.wrapper.run import LOCAL_PREFIX, PORTABLE_PREFIX
 from orchestrator.procstat import process_matches, same_start
-from orchestrator.rundir_files import RunDir
 from orchestrator.store.rows import Attempt
 
 if TYPE_CHECKING:
     from orchestrator.attempts.observe_cache import ObserveCache
-
-if TYPE_CHECKING:
     from orchestrator.executors.process_groups import ProcessGroups
 
-log = logging.getLogger(__name__)
 
 PROGRESS_REFRESH_S = 5.0  # the daemon reads a running worker's new progress lines this often
 
@@ -197,21 +192,6 @@ def _judge_alive(attempt: Attempt, obs: Observation, hang_timeout_s: float) -> V
     if hang_timeout_s > 0 and obs.silent_s is not None and obs.silent_s > hang_timeout_s:
         return Verdict.HUNG
     return Verdict.ALIVE
-
-
-def mark_lost(run_dir: Path) -> bool:
-    """Leave the lost marker, then look for pid.json. True: no worker can start for this run dir
-    any more, the attempt may be closed as lost; False: a wrapper recorded itself first, so
-    judge the attempt again on the next pass."""
-    run_dir = Path(run_dir)
-    try:
-        with open_run_dir(run_dir, create=True) as dir_fd:
-            create_exclusive(dir_fd, RunDir.LOST_MARKER)  # False: left by an earlier pass
-            return not exists(dir_fd, RunDir.PID)
-    except (RunTreeError, OSError) as exc:
-        # A run dir we cannot write to (or reach safely) is one the wrapper cannot record itself in either.
-        log.warning("cannot mark %s lost (%s); no wrapper can record itself there", run_dir, exc)
-        return True
 
 
 def proven_group(attempt: Attempt, obs: Observation | None) -> tuple[int, float] | None:

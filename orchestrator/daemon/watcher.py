@@ -29,7 +29,6 @@ from orchestrator.attempts.reconcile import (
     Verdict,
     disagreement,
     judge,
-    mark_lost,
     observe,
     proven_group,
 )
@@ -45,6 +44,7 @@ from orchestrator.daemon.disk_hold import DiskHold
 from orchestrator.daemon.settings import MAX_ATTEMPT_ERRORS, WRAPPER_EXIT_WAIT_S, run_dir_path
 from orchestrator.executors.base import Executor, RemoteStatus
 from orchestrator.executors.launch_age import launch_age
+from orchestrator.executors.lost_marker import mark_lost
 from orchestrator.executors.observation import Observation
 from orchestrator.executors.remote_verdict import (
     AWAIT,

@@ -29,6 +29,7 @@ from orchestrator import faults
 from orchestrator.errors import LauncherError, OrchShortOf, is_orch_shortage
 from orchestrator.executors.base import LaunchHandle, LaunchSpec, LocalExecutor
 from orchestrator.executors.launch_gate import LaunchGate, launch_file
+from orchestrator.executors.lost_marker import mark_lost
 from orchestrator.executors.wrapper.run import wrapper_argv
 from orchestrator.rundir_files import TOKEN_VAR
 from orchestrator.store.rows import Attempt
@@ -118,7 +119,9 @@ class _BoundedServer(libtmux.Server):
 
     def cmd(self, cmd: str, *args: Any, target: str | int | None = None) -> tmux_cmd:
         target_args = ["-t", str(target)] if target is not None else []
-        return _BoundedCommand(f"-L{self.socket_name}", cmd, *target_args, *args, tmux_bin=self.tmux_bin)
+        # (orch's server is named by its socket only: libtmux's -S, -f and colour options are unused)
+        tmux_bin = getattr(self, "tmux_bin", None)  # an attribute of libtmux's Server since 0.38
+        return _BoundedCommand(f"-L{self.socket_name}", cmd, *target_args, *args, tmux_bin=tmux_bin)
 
 
 class TmuxExecutor(LocalExecutor):
@@ -138,24 +141,19 @@ class TmuxExecutor(LocalExecutor):
         self._server_pid: str | None = None  # the tmux server's pid as last seen: a change is a restart
         self._gate = LaunchGate()
 
-    def _session(self) -> libtmux.Session:
-        """Session "orch", created on demand; another process may be creating it at the same time."""
+    def _session(self) -> None:
+        """Session "orch", created on demand; another process may be creating it at the same time.
+        Plain commands through _cmd (libtmux's session objects list the server without a deadline)."""
         deadline = time.monotonic() + SESSION_DEADLINE_S
-        last_error: Exception | None = None
+        last_error = ""
         while time.monotonic() < deadline:
-            try:
-                if self.server.has_session(SESSION):
-                    session = self.server.sessions.get(session_name=SESSION, default=None)
-                    if session is not None:
-                        return session
-                else:
-                    session = self.server.new_session(session_name=SESSION, window_name="orch")
-                    self._configure()
-                    return session
-            except (tmux_exc.TmuxSessionExists, tmux_exc.LibTmuxException) as error:
-                last_error = error  # lost a race with another creator, or the server is starting
-            except OSError as error:  # tmux could not even be run (descriptors, processes)
-                raise OrchShortOf(f"cannot run tmux: {error}") from None
+            if self._cmd("has-session", "-t", f"={SESSION}").returncode == 0:
+                return
+            created = self._cmd("new-session", "-d", "-s", SESSION, "-n", "orch")
+            if created.returncode == 0:
+                self._configure()
+                return
+            last_error = " ".join(created.stderr)  # lost a race with another creator, or the server is starting
             time.sleep(0.1)
         raise OrchShortOf(
             f"cannot create tmux session {SESSION!r} on socket {self.socket_name!r}: {last_error}; "
@@ -243,10 +241,13 @@ class TmuxExecutor(LocalExecutor):
     def submit(self, spec: LaunchSpec) -> LaunchHandle:
         self._prepare()
         args = self._new_window_args(spec)
-        lines = self._run(args, 1)
-        if not lines:
-            self._prepare()
+        try:
             lines = self._run(args, 1)
+            if not lines:
+                self._prepare()
+                lines = self._run(args, 1)
+        except OrchShortOf as short:
+            return _given_up(spec, short)
         if not lines:
             raise OrchShortOf(
                 f"tmux could not open a window for job {spec.job_id}; "
@@ -267,6 +268,7 @@ class TmuxExecutor(LocalExecutor):
             return [error for _ in specs]
         results: list[LaunchHandle | Exception | None] = [None] * len(specs)
         lines: list[str] = []
+        batched: list[int] = []  # the specs whose windows the batch opens
         gate = self._gate.shut(specs[0].run_dir) if specs else None
         try:
             for i, spec in enumerate(specs):
@@ -279,8 +281,14 @@ class TmuxExecutor(LocalExecutor):
                     continue  # not for a config file's syntax: launched alone below
                 args[args.index("#{window_id} #{pane_pid}")] = f"#{{window_id}} #{{pane_pid}} {i}"
                 lines.append(" ".join(_tmux_quote(a) for a in args))
+                batched.append(i)
             if lines:
-                sourced = self._source(lines, self._gate.runs_dir(specs[0].run_dir))
+                try:
+                    sourced = self._source(lines, self._gate.runs_dir(specs[0].run_dir))
+                except OrchShortOf as short:  # before the gate opens: a window opened late starts nothing
+                    for i in batched:
+                        results[i] = _given_up_or_error(specs[i], short)
+                    sourced = []
                 faults.reach("mid_launch_batch")  # windows open, their attempts not yet recorded
                 for line in sourced:
                     window_id, pane_pid, index = [*line.split(), "", "", ""][:3]
@@ -417,9 +425,25 @@ class TmuxExecutor(LocalExecutor):
             self.kill_server()
 
     def kill_server(self) -> None:
-        """Stop orch's tmux server (tests, and `orch daemon stop --all`)."""
-        if self.server.is_alive():
-            self.server.kill()
+        """Stop orch's tmux server (tests, and `orch daemon stop --all`); none running is no error."""
+        self._cmd("kill-server")
+
+
+def _given_up(spec: LaunchSpec, short: OrchShortOf) -> LaunchHandle:
+    """A launch whose tmux command was given up on (no answer in time): the server may still
+    open its window later. Its run dir is marked lost first, so that window's wrapper starts
+    nothing and the attempt is requeued (`short` raised); where the wrapper already recorded
+    itself, it runs: its handle, with no window to name (it is followed by its pid.json)."""
+    if mark_lost(spec.run_dir):
+        raise short
+    return LaunchHandle(executor="tmux", pid=None, executor_id=None)
+
+
+def _given_up_or_error(spec: LaunchSpec, short: OrchShortOf) -> LaunchHandle | Exception:
+    try:
+        return _given_up(spec, short)
+    except OrchShortOf as error:
+        return error
 
 
 def _format_literal(text: str) -> str:

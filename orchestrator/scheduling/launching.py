@@ -139,8 +139,9 @@ def launch_all(
         handles: list[LaunchHandle | Exception] = executor.submit_many([spec for _, spec in ready])
     except OrchShortOf as short:
         # orch could not even run its launcher (out of descriptors, say): no worker of the batch
-        # started. Each attempt ends now, uncounted, and is requeued; raised on, they waited out
-        # the launch grace (a minute) as launches that never completed.
+        # started (a launch tmux may still carry out later is marked lost by the executor first).
+        # Each attempt ends now, uncounted, and is requeued; raised on, they waited out the launch
+        # grace (a minute) as launches that never completed.
         handles = [short] * len(ready)
     for (i, _), handle in zip(ready, handles, strict=True):
         outcomes[i] = handle
