@@ -201,6 +201,10 @@ def test_a_tpe_search_submitted_again_says_what_it_does_and_takes_its_new_trials
     more = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
     assert "submitted before with 3 trials (1 asked so far): now 5, the daemon asks for trials 1 to 4" in more.stderr
     assert {j.search["spec"]["trials"] for j in orch.jobs()} == {5}
+    paired = orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy")  # a new pair: its trial 0 only
+    assert "trial 0 of the new pairs is queued (1 job(s))" in paired.stderr
+    assert "already submitted (1 of 5 trials asked so far)" in paired.stderr
+    assert sorted((j.seed, j.search["trial"]) for j in orch.jobs()) == [(1, 0), (2, 0)]
 
 
 def test_nearby_tpe_seeds_share_no_start_up_trials_and_random_trials_never_repeat() -> None:

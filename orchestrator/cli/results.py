@@ -39,7 +39,7 @@ from orchestrator.results.selection import (
 )
 from orchestrator.results.stats import paired_test, paired_text, row_interval
 from orchestrator.results.table import build_table
-from orchestrator.store.early_stop import early_stop_warnings
+from orchestrator.store.early_stop import unreported_metrics
 from orchestrator.store.queries import suite_names
 from orchestrator.wording import one_line
 
@@ -149,7 +149,7 @@ def results_cmd(
                     f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
                 )
         table = build_table(store, suite, metric=metric, pooled=pooled, where=filters, digits=digits, select=basis)
-        warned = early_stop_warnings(store, suite)
+        warned = unreported_metrics(store, suite)
     summaries, choices, missing = table.summaries, table.choices, table.missing
     if compare is not None:
         _print_comparison(summaries, compare, pooled, digits)

@@ -5,6 +5,7 @@ have finished (the daemon reads them from the store and writes the new trial's j
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -68,10 +69,28 @@ def _params(trial: Any, search: Search, found: dict[str, Any]) -> dict[str, Scal
     return {dim.key: _kept(trial.params[dim.key], dim) for dim in search.space if dim.key in found}
 
 
+def space_size(search: Search) -> int | None:
+    """How many settings the space holds; None when a dimension is continuous."""
+    size = 1
+    for dim in search.space:
+        if dim.distribution is Distribution.CHOICE:
+            size *= len(dim.choices)
+        elif dim.distribution is Distribution.INT_UNIFORM:
+            size *= int(dim.high) - int(dim.low) + 1
+        else:
+            return None
+    return size
+
+
 def random_trials(search: Search) -> list[dict[str, Scalar]]:
     """Every trial of a random search, each a setting no earlier trial has: the same list for
-    the same search (its seed). A space of fewer settings than `trials` gives them all (fewer
-    trials: the caller says so); a draw that repeats a setting is drawn again."""
+    the same search (its seed). A space of no more settings than `trials` gives them all, in
+    its own order (fewer trials: the caller says so); a draw that repeats a setting is drawn
+    again."""
+    size = space_size(search)
+    if size is not None and size <= search.trials:
+        return [dict(zip([d.key for d in search.space], values, strict=True))
+                for values in itertools.product(*(_values(d) for d in search.space))]  # fmt: skip
     optuna = load_optuna()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=search.seed))
     found = distributions(search)
@@ -89,10 +108,20 @@ def random_trials(search: Search) -> list[dict[str, Scalar]]:
 
 
 def trial_seed(seed: int, number: int) -> int:
-    """The sampler's seed for trial `number` of a search seeded `seed`, drawn from both: with
-    `seed + number` trial n of seed s was the first trial of seed s + n, and the searches of
-    nearby seeds shared most of their random start-up trials."""
+    """The sampler's seed for trial `number` of a search seeded `seed`: trial 0's is the seed
+    (as it always was: a search submitted again queues the same trial 0), a later trial's is
+    drawn from both. With `seed + number` trial n of seed s was the first trial of seed s + n,
+    and the searches of nearby seeds shared most of their random start-up trials."""
+    if number == 0:
+        return seed
     return int.from_bytes(hashlib.sha256(f"{seed}:{number}".encode()).digest()[:4], "big")
+
+
+def _values(dim: Dimension) -> list[Scalar]:
+    """Every value of a finite dimension (a choice, an int_uniform)."""
+    if dim.distribution is Distribution.CHOICE:
+        return list(dim.choices)
+    return list(range(int(dim.low), int(dim.high) + 1))
 
 
 def _direction(search: Search) -> str:

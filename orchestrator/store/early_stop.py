@@ -217,10 +217,31 @@ def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
         add_event(store, "early_stop", f"{suite} on {data}: {message}")
 
 
-def early_stop_warnings(store: Store, suite: str | None = None) -> list[str]:
-    """What early stopping warned of (a metric no job reports, say), each once, oldest first; of
-    one suite's tasks with `suite`."""
-    rows = store.query("SELECT message FROM events WHERE kind = 'early_stop' ORDER BY id")
-    said = dict.fromkeys(str(row["message"]) for row in rows)
-    return [m for m in said if suite is None or m.startswith(f"{suite} on ")]
+def unreported_metrics(store: Store, suite: str | None = None) -> list[str]:
+    """A line for each suite and task (of `suite`) whose early_stop metric (its newest job's
+    rule) no job has reported although one has passed the first rung: nothing was stopped there.
+    Read from the history as it is now, so a metric that came later, or a rule since mended,
+    says nothing."""
+    rows = store.query(
+        "SELECT id, suite, data, early_stop_json FROM jobs WHERE early_stop_json != '{}'"
+        + (" AND suite = ?" if suite is not None else "") + " ORDER BY id",
+        [suite] if suite is not None else [],
+    )
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((str(row["suite"]), str(row["data"])), []).append(row)
+    lines = []
+    for (name, data), jobs in groups.items():
+        try:
+            rule = json.loads(jobs[-1]["early_stop_json"])
+            metric, min_steps = str(rule["metric"]), float(rule["min_steps"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        ids = [int(job["id"]) for job in jobs]
+        if metric_last_steps(store, ids, metric) or max(reached_steps(store, ids).values(), default=0.0) < min_steps:
+            continue
+        keys = reported_keys(store, ids)
+        lines.append(f"{name} on {data}: early_stop metric {metric!r} was never reported, so nothing was stopped "
+                     f"(reported: {', '.join(keys) or 'nothing'})")
+    return lines
 

@@ -82,6 +82,12 @@ def _identity(row: Mapping[str, Any], config: dict[str, Any], overrides: dict[st
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
+_SAME_TPE_SEARCH = (  # the suite's TPE search with this spec but for its `trials`
+    "suite = ? AND search_json != '{}' AND json_extract(search_json, '$.spec.method') = 'tpe' "
+    "AND json_remove(json_extract(search_json, '$.spec'), '$.trials') = json(?)"
+)
+
+
 def queue_trial(
     store: Store, templates: Sequence[Job], params: dict[str, Any], number: int
 ) -> list[int]:
@@ -91,20 +97,21 @@ def queue_trial(
     if not templates:
         return []
     search = dict(templates[0].search)
-    spec_json = json.dumps(search["spec"], sort_keys=True)
+    others = json.dumps({k: v for k, v in search["spec"].items() if k != "trials"}, sort_keys=True)
     queued: list[int] = []
     with store.write():
-        numbers = {
-            int(r[0])
-            for r in store._db.execute(
-                "SELECT DISTINCT json_extract(search_json, '$.trial') FROM jobs WHERE suite = ? "
-                "AND json_extract(search_json, '$.spec') = json(?)",
-                [templates[0].suite, spec_json],
-            ).fetchall()
-            if r[0] is not None
-        }
-        if number in numbers or len(numbers) >= int(search["spec"]["trials"]):
+        # the search's trials and `trials` as they are now: a submit may have changed `trials`
+        # since the templates were read (the same search: its spec but for `trials`)
+        rows = store._db.execute(
+            "SELECT DISTINCT json_extract(search_json, '$.trial'), json_extract(search_json, '$.spec.trials') "
+            f"FROM jobs WHERE {_SAME_TPE_SEARCH}",
+            [templates[0].suite, others],
+        ).fetchall()
+        numbers = {int(r[0]) for r in rows if r[0] is not None}
+        trials = max((int(r[1]) for r in rows if r[1] is not None), default=int(search["spec"]["trials"]))
+        if number in numbers or len(numbers) >= trials:
             return []
+        search["spec"] = {**search["spec"], "trials": trials}
         now = store.now_s()
         for template in templates:
             row = store._db.execute(
@@ -141,12 +148,6 @@ def queue_trial(
             )
             queued.append(job_id)
     return queued
-
-
-_SAME_TPE_SEARCH = (  # the suite's TPE search with this spec but for its `trials`
-    "suite = ? AND search_json != '{}' AND json_extract(search_json, '$.spec.method') = 'tpe' "
-    "AND json_remove(json_extract(search_json, '$.spec'), '$.trials') = json(?)"
-)
 
 
 def submitted_again(store: Store, suite: str, spec: Mapping[str, Any], write: bool) -> tuple[int, int] | None:

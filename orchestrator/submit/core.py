@@ -296,14 +296,19 @@ def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
             "one at a time, when the search has no job left in the queue")
 
 
-def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool) -> list[str]:
-    """What a TPE search submitted again does: (trials asked so far, `trials` it had), or None
-    when its trial 0's jobs are another search's (the same setting, another metric, say)."""
+def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool, created: int = 0) -> list[str]:
+    """What a TPE search submitted again does: `found` is (trials asked so far, `trials` it had),
+    or None when its trial 0's jobs are already there as another search's or the grid's (the
+    same setting, another metric, say). `created`: trial-0 jobs queued now (new pairs)."""
     if found is None:
-        return [f"{TPE_NOTE} its trial 0 is already queued for another search of this suite (the same "
-                "setting): this search queues nothing; change its seed or space to start it"]
+        return [f"{TPE_NOTE} its trial 0 is already queued as another search's or grid's job of this suite "
+                "(the same setting): this search queues nothing; change its seed or space to start it"]
     asked, had = found
     would = "would ask" if dry_run else "asks"
+    if created:
+        pairs = (f"{TPE_NOTE} trial 0 of the new pairs {'would be' if dry_run else 'is'} queued ({created} "
+                 "job(s)); the trials already asked keep their pairs, later trials take every pair")
+        return [pairs, *tpe_again_note(search, found, dry_run)]
     if search.trials > had and search.trials > asked:
         more = f"trials {asked} to {search.trials - 1}" if search.trials - asked > 1 else f"trial {asked}"
         return [f"{TPE_NOTE} submitted before with {had} trials ({asked} asked so far): now {search.trials}, "
@@ -379,18 +384,21 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
 
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)
+    tpe = suite.search if suite.search is not None and suite.search.method is SearchMethod.TPE else None
     with opener(db_path, create=True) as store:
+        # a TPE search already submitted (the same spec but for its trials), read before queuing
+        earlier = submitted_again(store, suite.name, tpe.to_json(), write=False) if tpe is not None else None
         outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
                                force=request.force, dry_run=request.dry_run)
         if plan is not None and not request.dry_run:
             set_gpu_plan(store, plan)
         if not request.dry_run:
             set_suite_notify_urls(store, suite.name, suite.notify)
-        if suite.search is not None and suite.search.method is SearchMethod.TPE and not any(
-                o.created for o in outcomes):  # fmt: skip
+        if tpe is not None and (earlier is not None or not any(o.created for o in outcomes)):
+            if earlier is not None and not request.dry_run:
+                submitted_again(store, suite.name, tpe.to_json(), write=True)  # takes a changed `trials`
             notes = [n for n in notes if not n.startswith(TPE_NOTE)]
-            notes += tpe_again_note(suite.search, submitted_again(store, suite.name, suite.search.to_json(),
-                                                                  write=not request.dry_run), request.dry_run)
+            notes += tpe_again_note(tpe, earlier, request.dry_run, sum(o.created for o in outcomes))
         if not request.dry_run and any(o.created for o in outcomes):
             changed = worker_changed_since_failure(store, suite.name, suite.worker)
             paused_note = resume_if_changed(store, suite.name, changed)
