@@ -16,7 +16,8 @@ import pytest
 from rows_helpers import attempt_of
 
 from orchestrator.attempts.next_step import stopped_from_outside
-from orchestrator.attempts.reconcile import Verdict, disagreement, judge, mark_lost, observe
+from orchestrator.attempts.reconcile import Verdict, disagreement, judge, observe
+from orchestrator.executors.lost_marker import mark_lost
 from orchestrator.executors.observation import LAUNCH_GRACE_S, Observation
 from orchestrator.executors.wrapper.held_dir import HeldRunDir
 from orchestrator.executors.wrapper.run import claim_run_dir

@@ -134,6 +134,7 @@ def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> No
         shown == orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy", "--dry-run").stdout
     )
     assert shown.count("learning_rate=") == 10 and "would queue 10 job(s)" in shown
+    assert all(shown.count(f"  trial {n}  ") == 2 for n in range(5))  # each trial named, once per pair
     orch.submit("hp", "1:toy 2:toy")
     jobs = orch.jobs()
     assert sorted(j.search["trial"] for j in jobs) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]

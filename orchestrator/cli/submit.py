@@ -129,6 +129,7 @@ def submit_cmd(
                         "seed": o.spec.seed,
                         "data": o.spec.data,
                         "overrides": o.spec.overrides,
+                        "trial": o.spec.trial,  # a search's trial number; null outside a search
                         "created": o.created,
                         "state": "queued" if o.created else o.existing_state,
                     }
@@ -141,8 +142,9 @@ def submit_cmd(
     if dry_run:
         for o in created:
             task = f"  {o.spec.data}" if o.spec.data else ""
+            trial = f"  trial {o.spec.trial}" if o.spec.trial is not None else ""  # queued shuffled with early_stop
             shown = _shown(o.spec.overrides, report.grid)
-            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}  {shown}".rstrip())
+            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}{trial}  {shown}".rstrip())
     click.echo(f"{verb} {len(created)} job(s) of suite {report.suite.name}", nl=False)
     if existing:
         states = sorted({o.existing_state or "?" for o in existing})

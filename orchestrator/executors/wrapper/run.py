@@ -144,7 +144,7 @@ def claim_run_dir(held: HeldRunDir, info: dict[str, Any]) -> bool:
     """Create pid.json exclusively, then look for the daemon's lost marker; False means the
     worker must not start.
 
-    The daemon (reconcile.mark_lost) creates the marker first and then looks for pid.json; we
+    The daemon (lost_marker.mark_lost) creates the marker first and then looks for pid.json; we
     create pid.json first and then look for the marker. Each side writes its own flag before
     reading the other's, so at most one of them goes on: never a worker running for an
     attempt the daemon has already declared lost (and requeued)."""
