@@ -273,11 +273,16 @@ def test_a_server_that_never_answers_is_given_up_on_with_a_shortage(
     try:
         with pytest.raises(OrchShortOf, match=r"did not answer `list-panes` within 1 s"):
             tmux.window_alive(handle.executor_id)
+        # for a while the server is not asked again: a pass over many windows waits once, not once each
+        with pytest.raises(OrchShortOf, match="not asked of it for another"):
+            tmux.window_alive(handle.executor_id)
+        tmux.server.unanswered_until_s = 0.0  # that while over
         with pytest.raises(OrchShortOf, match="did not answer"):
             tmux.submit(spec(tmp_path, "never", "print('never')"))
     finally:
         os.kill(server_pid, signal.SIGCONT)
     monkeypatch.undo()
+    tmux.server.unanswered_until_s = 0.0
     assert tmux.window_alive(handle.executor_id)  # answered again: the server was only slow
     tmux.kill_window(handle.executor_id)
     # the server carries out the launch it was sent once it runs again: that window's wrapper

@@ -115,13 +115,25 @@ class _BoundedCommand(tmux_cmd):
 
 
 class _BoundedServer(libtmux.Server):
-    """libtmux's server, every command of it (its own methods' too) run by _BoundedCommand."""
+    """libtmux's server, every command of it (its own methods' too) run by _BoundedCommand. Once
+    a command went unanswered, the server is not asked again for TMUX_ANSWER_S: the commands
+    of that while fail at once, so a daemon's pass over many windows waits once, not once each."""
+
+    unanswered_until_s = 0.0  # on the monotonic clock
 
     def cmd(self, cmd: str, *args: Any, target: str | int | None = None) -> tmux_cmd:
+        left_s = self.unanswered_until_s - time.monotonic()
+        if left_s > 0:
+            raise OrchShortOf(f"tmux did not answer a moment ago; `{cmd}` is not asked of it for another "
+                              f"{left_s:.0f} s (check `tmux -L {self.socket_name} ls`)")
         target_args = ["-t", str(target)] if target is not None else []
         # (orch's server is named by its socket only: libtmux's -S, -f and colour options are unused)
         tmux_bin = getattr(self, "tmux_bin", None)  # an attribute of libtmux's Server since 0.38
-        return _BoundedCommand(f"-L{self.socket_name}", cmd, *target_args, *args, tmux_bin=tmux_bin)
+        try:
+            return _BoundedCommand(f"-L{self.socket_name}", cmd, *target_args, *args, tmux_bin=tmux_bin)
+        except OrchShortOf:
+            self.unanswered_until_s = time.monotonic() + TMUX_ANSWER_S
+            raise
 
 
 class TmuxExecutor(LocalExecutor):
