@@ -374,7 +374,7 @@ def train(config: dict[str, Any], run_dir: Path, alloc: SimAllocation) -> int:
         run_dir,
         harness.STATUS_SUCCEEDED,
         metrics={
-            "test": {"accuracy": pseudo_accuracy(seed, config)},
+            "test": sim_curves.final_test(config, total_steps, pseudo_accuracy(seed, config)),
             "val": sim_curves.final_val(config, total_steps, pseudo_accuracy(seed, config, "val")),
         },
         best_step=total_steps,
