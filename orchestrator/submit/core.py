@@ -307,7 +307,8 @@ def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool,
     would = "would ask" if dry_run else "asks"
     if created:
         pairs = (f"{TPE_NOTE} trial 0 of the new pairs {'would be' if dry_run else 'is'} queued ({created} "
-                 "job(s)); the trials already asked keep their pairs, later trials take every pair")
+                 "job(s), or again with --force); the trials already asked keep their pairs, later trials take "
+                 "every pair")
         return [pairs, *tpe_again_note(search, found, dry_run)]
     if search.trials > had and search.trials > asked:
         more = f"trials {asked} to {search.trials - 1}" if search.trials - asked > 1 else f"trial {asked}"
