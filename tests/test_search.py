@@ -193,7 +193,7 @@ def test_a_tpe_search_submitted_again_says_what_it_does_and_takes_its_new_trials
     _suite(orch, "tpe", 3)
     orch.submit("hp", "1:toy")
     again = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
-    assert "note: tpe search: already submitted (1 of 3 trials asked so far): nothing new is queued" in again.stderr
+    assert "note: tpe search: already submitted (1 of 3 trials asked so far): no new trial is queued" in again.stderr
     assert "trial 0 is queued now" not in again.stderr
     _suite(orch, "tpe", 5)
     dry = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", "--dry-run")
@@ -203,7 +203,7 @@ def test_a_tpe_search_submitted_again_says_what_it_does_and_takes_its_new_trials
     assert "submitted before with 3 trials (1 asked so far): now 5, the daemon asks for trials 1 to 4" in more.stderr
     assert {j.search["spec"]["trials"] for j in orch.jobs()} == {5}
     paired = orch.run("submit", "--suite", "hp", "--pairs", "1:toy 2:toy")  # a new pair: its trial 0 only
-    assert "trial 0 of the new pairs is queued (1 job(s))" in paired.stderr
+    assert "trial 0 of the new pairs is queued (1 job(s), or again with --force)" in paired.stderr
     assert "already submitted (1 of 5 trials asked so far)" in paired.stderr
     assert sorted((j.seed, j.search["trial"]) for j in orch.jobs()) == [(1, 0), (2, 0)]
 

@@ -317,7 +317,7 @@ def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool,
     if search.trials < had:
         return [f"{TPE_NOTE} submitted before with {had} trials ({asked} asked so far): now {search.trials}, "
                 f"the daemon {would} for {'no more' if asked >= search.trials else 'fewer'}"]
-    return [f"{TPE_NOTE} already submitted ({asked} of {had} trials asked so far): nothing new is queued"]
+    return [f"{TPE_NOTE} already submitted ({asked} of {had} trials asked so far): no new trial is queued"]
 
 
 def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None = None,
