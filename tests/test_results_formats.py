@@ -199,3 +199,10 @@ def test_a_diverged_run_and_mixed_code_are_marked_in_every_format() -> None:
     assert record["diverged"] == 1 and record["marks"] == ["♯", "‖", "*"]
     assert record["runs"][0]["diverged"] == why and record["runs"][1]["code"] == "1a2b3c4d5e6f+dirty"
     assert record["provenance"] == {"code": ["1a2b3c4d5e6f", "1a2b3c4d5e6f+dirty"], "libraries": ["torch 2.5"]}
+
+
+def test_the_score_line_explains_val_only_where_the_table_has_a_val_column() -> None:
+    from orchestrator.results.formats import SCORE_LINE, score_line
+
+    assert score_line(True) == SCORE_LINE and "validation split" in score_line(True)
+    assert "val" not in score_line(False) and score_line(False).startswith("mean ± std over seeds")

@@ -17,10 +17,10 @@ from orchestrator.results.collect import NO_METRICS, PRINTED_SPLITS_NOTE
 from orchestrator.results.filters import parse_where
 from orchestrator.results.formats import (
     FORMATS,
-    SCORE_LINE,
     TABLE_COLUMNS,
     legend_lines,
     render_rows,
+    score_line,
     table_lines,
     to_csv,
     to_records,
@@ -246,7 +246,8 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
     console.print(table)
     for line in table_lines(summaries):
         click.echo(line)
-    click.echo(SCORE_LINE + ("; 95% CI: t-based interval of the mean (n − 1 degrees of freedom)" if ci else ""))
+    interval = "; 95% CI: t-based interval of the mean (n − 1 degrees of freedom)" if ci else ""
+    click.echo(score_line("val" in {names[i] for i in shown}) + interval)
     bold = bold_legend(choices, {s.metric for s in summaries}).replace("bold:", "chosen:", 1)
     for line in legend_lines(summaries, with_notes=False, hints=True):
         click.echo(line)

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.results.aggregate import ResultSummary
 from orchestrator.results.formats import (
-    SCORE_LINE,
     cell_marks,
     legend_lines,
     score,
+    score_line,
     table_lines,
     val_score,
 )
@@ -90,7 +90,7 @@ def _footer(
     summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str
 ) -> list[str]:
     bold = bold_legend(choices, {s.metric for s in summaries})
-    return ([SCORE_LINE] + ([bold] if bold else []) + choice_notes(choices)
+    return ([score_line(bool(val_columns(summaries)))] + ([bold] if bold else []) + choice_notes(choices)
             + legend_lines(summaries, escape=escape))
 
 

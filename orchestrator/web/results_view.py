@@ -13,9 +13,9 @@ from orchestrator.results.aggregate import ResultSummary
 from orchestrator.results.collect import NO_METRICS, RunReader
 from orchestrator.results.formats import (
     INEXACT,
-    SCORE_LINE,
     cell_marks,
     legend_lines,
+    score_line,
     table_lines,
     to_csv,
 )
@@ -153,6 +153,7 @@ def result_table(store: Store, cache: RunReader, suite: str | None = None, digit
         for s in summaries
     ]
     bold = bold_legend(choices, {s.metric for s in summaries})
-    legend = (SCORE_LINE, *([bold] if bold else []), *choice_notes(choices), *legend_lines(summaries))
+    with_val = any(s.val_n for s in summaries)  # the page's val cells: said only where there are some
+    legend = (score_line(with_val), *([bold] if bold else []), *choice_notes(choices), *legend_lines(summaries))
     return ResultTable(lines, to_csv(summaries, chosen_by(choices)), built.missing, summaries, legend,
                        tuple(table_lines(summaries)), choices)
