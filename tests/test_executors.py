@@ -235,6 +235,12 @@ def test_slurms_final_word_wins_over_an_exit_record_written_under_its_signal() -
     oom = remote_end(ATTEMPT, _obs(killed), replace(_status("OUT_OF_MEMORY"), mem_mib=1024), True, None)
     assert isinstance(oom, ClusterEnd) and oom.outcome is AttemptOutcome.HOST_OOM and oom.next_mem_mib == 2048
     assert remote_end(ATTEMPT, _obs(killed), _status("FAILED"), True, None) == "finished"
+    # a worker ended by Slurm's SIGTERM before its wrapper noted the signal: still Slurm's word
+    unnoted = {"exit_code": 143, "signal": None, "received": [], "forwarded": []}
+    assert remote_end(ATTEMPT, _obs(unnoted), _status("RUNNING"), True, None) == AWAIT
+    preempted_early = remote_end(ATTEMPT, _obs(unnoted), _status("PREEMPTED"), True, None)
+    assert isinstance(preempted_early, ClusterEnd) and not preempted_early.counted
+    assert remote_end(ATTEMPT, _obs(unnoted), _status("FAILED"), True, None) == "finished"
     # orch's own cancel: the run dir decides at once
     cancelled = replace(ATTEMPT, kill_requested=KillRequest.CANCEL)
     assert remote_end(cancelled, _obs(STOPPED), _status("RUNNING"), True, None) == "finished"

@@ -72,9 +72,15 @@ def received_signals(exit_record: dict[str, Any]) -> frozenset[str]:
     return frozenset(name for name in received if isinstance(name, str))
 
 
-def _killed(exit_record: dict[str, Any]) -> bool:
-    """The worker died of SIGKILL: a cgroup's OOM kill (Slurm's OUT_OF_MEMORY) looks so here."""
-    return exit_record.get("signal") == signal.SIGKILL or exit_record.get("exit_code") == 128 + signal.SIGKILL
+def _signalled(exit_record: dict[str, Any]) -> bool:
+    """The worker died of SIGKILL (a cgroup's OOM kill, Slurm's OUT_OF_MEMORY, looks so here),
+    or ended on a SIGTERM the wrapper had not yet noted: Slurm signals the job's every process,
+    and a worker that ends at once can beat its wrapper's handler (a preemption then read as an
+    exit code of 143, failed and counted)."""
+    return any(
+        exit_record.get("signal") == sig or exit_record.get("exit_code") == 128 + sig
+        for sig in (signal.SIGKILL, signal.SIGTERM)
+    )
 
 
 def remote_end(
@@ -88,7 +94,7 @@ def remote_end(
     stopped_by_orch = attempt.kill_requested is not None
     if obs.exit_record is not None:
         received = received_signals(obs.exit_record)
-        if stopped_by_orch or not (received & OUTSIDE_SIGNALS or _killed(obs.exit_record)):
+        if stopped_by_orch or not (received & OUTSIDE_SIGNALS or _signalled(obs.exit_record)):
             return FINISHED
         if status is None or not status.ended:
             return AWAIT
