@@ -82,10 +82,26 @@ def _identity(row: Mapping[str, Any], config: dict[str, Any], overrides: dict[st
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-_SAME_TPE_SEARCH = (  # the suite's TPE search with this spec but for its `trials`
+_SAME_TPE_SEARCH = (  # the suite's TPE search with this spec but for its `trials` (_but_trials)
     "suite = ? AND search_json != '{}' AND json_extract(search_json, '$.spec.method') = 'tpe' "
     "AND json_remove(json_extract(search_json, '$.spec'), '$.trials') = json(?)"
 )
+
+
+def _but_trials(spec: Mapping[str, Any]) -> str:
+    return json.dumps({k: v for k, v in spec.items() if k != "trials"}, sort_keys=True)
+
+
+def _asked(store: Store, suite: str, spec: Mapping[str, Any]) -> tuple[set[int], int | None]:
+    """The trial numbers the suite's TPE search of `spec` (but for its `trials`) has asked, and
+    the `trials` it has now (None: no such search)."""
+    rows = store.execute(
+        "SELECT DISTINCT json_extract(search_json, '$.trial'), json_extract(search_json, '$.spec.trials') "
+        f"FROM jobs WHERE {_SAME_TPE_SEARCH}",
+        [suite, _but_trials(spec)],
+    ).fetchall()
+    numbers = {int(r[0]) for r in rows if r[0] is not None}
+    return numbers, max((int(r[1]) for r in rows if r[1] is not None), default=None)
 
 
 def queue_trial(
@@ -97,18 +113,12 @@ def queue_trial(
     if not templates:
         return []
     search = dict(templates[0].search)
-    others = json.dumps({k: v for k, v in search["spec"].items() if k != "trials"}, sort_keys=True)
     queued: list[int] = []
     with store.write():
         # the search's trials and `trials` as they are now: a submit may have changed `trials`
         # since the templates were read (the same search: its spec but for `trials`)
-        rows = store._db.execute(
-            "SELECT DISTINCT json_extract(search_json, '$.trial'), json_extract(search_json, '$.spec.trials') "
-            f"FROM jobs WHERE {_SAME_TPE_SEARCH}",
-            [templates[0].suite, others],
-        ).fetchall()
-        numbers = {int(r[0]) for r in rows if r[0] is not None}
-        trials = max((int(r[1]) for r in rows if r[1] is not None), default=int(search["spec"]["trials"]))
+        numbers, now_trials = _asked(store, templates[0].suite, search["spec"])
+        trials = now_trials if now_trials is not None else int(search["spec"]["trials"])
         if number in numbers or len(numbers) >= trials:
             return []
         search["spec"] = {**search["spec"], "trials": trials}
@@ -150,27 +160,20 @@ def queue_trial(
     return queued
 
 
-def submitted_again(store: Store, suite: str, spec: Mapping[str, Any], write: bool) -> tuple[int, int] | None:
-    """A TPE search submitted again: (its trials asked so far, the `trials` it had); None when the
-    suite has no such search. With `write`, the search takes the new spec's `trials` (a search
-    extended goes on asking; one cut short asks no more)."""
-    others = json.dumps({k: v for k, v in spec.items() if k != "trials"}, sort_keys=True)
-    rows = store.query(
-        "SELECT DISTINCT json_extract(search_json, '$.trial') AS trial, "
-        f"json_extract(search_json, '$.spec.trials') AS trials FROM jobs WHERE {_SAME_TPE_SEARCH}",
-        [suite, others],
-    )
-    if not rows:
-        return None
-    asked = len({row["trial"] for row in rows})
-    had = max(int(row["trials"]) for row in rows)
-    if write and had != int(spec["trials"]):
-        with store.write():
-            store.execute(
-                f"UPDATE jobs SET search_json = json_set(search_json, '$.spec.trials', ?) WHERE {_SAME_TPE_SEARCH}",
-                [int(spec["trials"]), suite, others],
-            )
-    return asked, had
+def submitted_before(store: Store, suite: str, spec: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The suite's TPE search of `spec` (but for its `trials`), submitted before: (its trials
+    asked so far, the `trials` it has); None when the suite has no such search."""
+    numbers, trials = _asked(store, suite, spec)
+    return None if trials is None else (len(numbers), trials)
+
+
+def set_search_trials(store: Store, suite: str, spec: Mapping[str, Any]) -> None:
+    """The search takes `spec`'s `trials`: one extended goes on asking, one cut short asks no more."""
+    with store.write():
+        store.execute(
+            f"UPDATE jobs SET search_json = json_set(search_json, '$.spec.trials', ?) WHERE {_SAME_TPE_SEARCH}",
+            [int(spec["trials"]), suite, _but_trials(spec)],
+        )
 
 
 def suite_search_jobs(store: Store, suite: str) -> list[Job]:

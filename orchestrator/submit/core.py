@@ -54,7 +54,7 @@ from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
-from orchestrator.store.search import submitted_again
+from orchestrator.store.search import set_search_trials, submitted_before
 from orchestrator.submit.suite_pause import resume_if_changed, worker_changed_since_failure
 
 Opener = Callable[..., Store]  # (db_path, create=...) -> Store: the CLI's checks the lost-file daemon
@@ -388,7 +388,7 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     tpe = suite.search if suite.search is not None and suite.search.method is SearchMethod.TPE else None
     with opener(db_path, create=True) as store:
         # a TPE search already submitted (the same spec but for its trials), read before queuing
-        earlier = submitted_again(store, suite.name, tpe.to_json(), write=False) if tpe is not None else None
+        earlier = submitted_before(store, suite.name, tpe.to_json()) if tpe is not None else None
         outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
                                force=request.force, dry_run=request.dry_run)
         if plan is not None and not request.dry_run:
@@ -396,8 +396,8 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
         if not request.dry_run:
             set_suite_notify_urls(store, suite.name, suite.notify)
         if tpe is not None and (earlier is not None or not any(o.created for o in outcomes)):
-            if earlier is not None and not request.dry_run:
-                submitted_again(store, suite.name, tpe.to_json(), write=True)  # takes a changed `trials`
+            if earlier is not None and earlier[1] != tpe.trials and not request.dry_run:
+                set_search_trials(store, suite.name, tpe.to_json())
             notes = [n for n in notes if not n.startswith(TPE_NOTE)]
             notes += tpe_again_note(tpe, earlier, request.dry_run, sum(o.created for o in outcomes))
         if not request.dry_run and any(o.created for o in outcomes):
