@@ -259,7 +259,10 @@ class TmuxExecutor(LocalExecutor):
                 self._prepare()
                 lines = self._run(args, 1)
         except OrchShortOf as short:
-            return _given_up(spec, short)
+            given_up = _given_up(spec, short)
+            if isinstance(given_up, OrchShortOf):
+                raise given_up from None
+            return given_up
         if not lines:
             raise OrchShortOf(
                 f"tmux could not open a window for job {spec.job_id}; "
@@ -299,7 +302,7 @@ class TmuxExecutor(LocalExecutor):
                     sourced = self._source(lines, self._gate.runs_dir(specs[0].run_dir))
                 except OrchShortOf as short:  # before the gate opens: a window opened late starts nothing
                     for i in batched:
-                        results[i] = _given_up_or_error(specs[i], short)
+                        results[i] = _given_up(specs[i], short)
                     sourced = []
                 faults.reach("mid_launch_batch")  # windows open, their attempts not yet recorded
                 for line in sourced:
@@ -441,21 +444,14 @@ class TmuxExecutor(LocalExecutor):
         self._cmd("kill-server")
 
 
-def _given_up(spec: LaunchSpec, short: OrchShortOf) -> LaunchHandle:
+def _given_up(spec: LaunchSpec, short: OrchShortOf) -> LaunchHandle | OrchShortOf:
     """A launch whose tmux command was given up on (no answer in time): the server may still
     open its window later. Its run dir is marked lost first, so that window's wrapper starts
-    nothing and the attempt is requeued (`short` raised); where the wrapper already recorded
-    itself, it runs: its handle, with no window to name (it is followed by its pid.json)."""
+    nothing and the attempt is requeued (`short`); where the wrapper already recorded itself, it
+    runs: its handle, with no window to name (it is followed by its pid.json)."""
     if mark_lost(spec.run_dir):
-        raise short
+        return short
     return LaunchHandle(executor="tmux", pid=None, executor_id=None)
-
-
-def _given_up_or_error(spec: LaunchSpec, short: OrchShortOf) -> LaunchHandle | Exception:
-    try:
-        return _given_up(spec, short)
-    except OrchShortOf as error:
-        return error
 
 
 def _format_literal(text: str) -> str:
