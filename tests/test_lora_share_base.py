@@ -225,7 +225,14 @@ def hand_over(folder: Path) -> list[dict[str, Any]]:
     from workers.lora.share import messages, send
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(str(slot_paths(folder, "k", 0)[0]))
+    deadline = time.monotonic() + 30
+    while True:  # the socket file exists from bind(); the server may not listen() yet
+        try:
+            conn.connect(str(slot_paths(folder, "k", 0)[0]))
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the warm process never listened"
+            time.sleep(0.01)
     send(
         conn, {"job": {"run_dir": str(folder / "run"), "config": str(folder / "c.yaml"), "env": {}}}
     )
