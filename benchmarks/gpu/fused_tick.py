@@ -4,19 +4,21 @@ trained as fused groups of k members, no daemon.
 
     python benchmarks/gpu/fused_tick.py --work /tmp/tick --out OUT [--size 1b3] [--steps 60]
     python benchmarks/gpu/fused_tick.py --dry --work /tmp/tick-dry --out /tmp/o    # CPU, tiny
-    python benchmarks/gpu/fused_tick.py ... --routing loop,joined --trace 4 --no-profile
+    python benchmarks/gpu/fused_tick.py ... --routing loop,stacked --trace 4 --no-profile
+    python benchmarks/gpu/fused_tick.py ... --config all_r4   # every member of one config
 
 For each group size k of `--members` and each LoRA dropout of `--dropouts`: k jobs (the 4 configs
-in turn, seeds 1..k) train `--steps` steps each as one group (FusedTrainer, base loaded once);
-reported per run: the wall seconds and seconds per tick (one micro-batch of every member), and,
-timed with a CUDA synchronisation around each, the share of a tick in the group's one forward and
-backward against the members' own steps (optimizer, scheduler, progress line). Then one more run
-of the largest k under cProfile: the functions with the most own time (Python overhead in one
-thread is what a fused group cannot spread over processes). Writes OUT/fused-tick.json and
-OUT/fused-profile.txt; prints a line per run.
+in turn, or all of the config `--config` names; seeds 1..k) train `--steps` steps each as one group
+(FusedTrainer, base loaded once); reported per run: the wall seconds and seconds per tick (one
+micro-batch of every member), and, timed with a CUDA synchronisation around each, the share of a
+tick in the group's one forward and backward against the members' own steps (optimizer, scheduler,
+progress line). Then one more run of the largest k under cProfile: the functions with the most own
+time (Python overhead in one thread is what a fused group cannot spread over processes). Writes
+OUT/fused-tick.json and OUT/fused-profile.txt; prints a line per run.
 
-`--routing` times each named routing of the LoRA layers: `joined` (workers/lora/routing.py, as
-shipped) and `loop` (benchmarks/routing_loop.py, the first version, one addition a member).
+`--routing` times each named routing of the LoRA layers: `stacked` (workers/lora/routing.py, as
+shipped: members of one shape stacked, two batched matmuls a layer) and `loop`
+(benchmarks/routing_loop.py, the first version, one addition a member).
 `--trace K` runs a group of K members under torch.profiler for `--trace-ticks` ticks (after
 5 untimed) with each routing: the GPU's busy time per tick (the union of its kernels' and
 copies' intervals) against the tick's wall time, the kernels launched per tick and the kernels
@@ -193,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", default="1,2,4,8")
     parser.add_argument("--dropouts", default="0.05,0")
     parser.add_argument("--dry", action="store_true", help="the tiny Llama on CPU, 4 steps")
-    parser.add_argument("--routing", default="joined", help="comma-separated: joined (shipped), loop (the first)")
+    parser.add_argument("--routing", default="stacked", help="comma-separated: stacked (shipped), loop (the first)")
+    parser.add_argument("--config", default="all", choices=["all", *CONFIGS],
+                        help="all: the 4 configs in turn; a name: every member of that config")
     parser.add_argument("--trace", type=int, default=0, help="members of a group traced by torch.profiler")
     parser.add_argument("--trace-ticks", type=int, default=10)
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
@@ -217,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     from workers.lora import routing
     from workers.lora.base_cache import BaseCache
 
-    routings = {"joined": routing.routed_forward, "loop": loop_forward}
+    routings = {"stacked": routing.routed_forward, "loop": loop_forward}
     unknown = set(args.routing.split(",")) - set(routings)
     if unknown:
-        raise SystemExit(f"--routing: unknown {', '.join(sorted(unknown))} (known: joined, loop)")
+        raise SystemExit(f"--routing: unknown {', '.join(sorted(unknown))} (known: stacked, loop)")
     cache = BaseCache()
-    names = list(CONFIGS)
+    names = list(CONFIGS) if args.config == "all" else [args.config]
     sizes = [int(k) for k in args.members.split(",")]
     runs: list[dict[str, Any]] = []
     traces: list[dict[str, Any]] = []
@@ -240,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             traces.append({"routing": way, "members": args.trace, "dropout": 0.0, **trace.summary()})
             print(json.dumps(traces[-1]), flush=True)
             (args.out / "fused-trace.json").write_text(json.dumps(traces, indent=1))
-    routing.routed_forward = routings["joined"]
+    routing.routed_forward = routings["stacked"]
     (args.out / "fused-tick.json").write_text(json.dumps({"size": args.size, "runs": runs}, indent=1))
     if args.no_profile:
         return 0
@@ -259,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dropout: float, k: int, way: str,
                 cache: Any) -> dict[str, Any]:  # fmt: skip
-    names = list(CONFIGS)
+    names = list(CONFIGS) if args.config == "all" else [args.config]
     configs = [
         member_config(names[n % len(names)], n + 1, model, data, steps, dropout)
         for n in range(k)
@@ -269,7 +273,8 @@ def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dr
     seconds = run_group(args.work / "runs", tag, configs, cache, clock, None)
     loop_s, longest = train_seconds(args.work / "runs", tag, k, steps)
     return {
-        "routing": way, "members": k, "dropout": dropout, "steps": steps, "wall_s": round(seconds, 2),
+        "routing": way, "config": args.config, "members": k, "dropout": dropout, "steps": steps,
+        "wall_s": round(seconds, 2),
         "loop_s": round(loop_s, 2), "tick_ms": round(1000 * loop_s / steps, 1),
         "forward_backward_ms": round(1000 * clock.forward_backward_s / max(1, clock.ticks), 1),
         "job_steps_per_s": round(k * steps / loop_s, 1) if loop_s else None, "longest_tokens": longest,

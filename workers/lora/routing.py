@@ -51,12 +51,16 @@ class Routes:
 
 
 def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """A LoRA Linear's forward over a fused batch: the base once, each adapter on its rows.
+    """A LoRA Linear's forward over a fused batch: the base once, the adapters stacked.
 
-    The adapters' outputs are joined (rows of a member without an adapter here hold -0.0, which
-    adds as an exact identity) and added to the base output in one addition: per element the same
-    sum as each member's rows plus its own output, in fewer kernels than one addition a member.
-    The members' rows are cut by RowSlices, whose backward joins their gradients in one tensor."""
+    Members whose adapters here have one shape (rank, scaling, rows) are computed together: their
+    A and B weights stacked, two batched matmuls for all of them (`_stacked_output`), so a layer
+    launches a handful of kernels whatever the number of members, where one member at a time
+    launched some twenty each (the host's launches, not the GPU, set a fused tick's pace). A
+    member alone goes the same way (a stack of one): a batched matmul computes each matrix of the
+    batch alike whatever the others, so a member's numbers do not depend on who it is stacked
+    with. The adapters' outputs are joined in row order (rows of a member without an adapter here
+    hold -0.0, which adds as an exact identity) and added to the base output in one addition."""
     if routes.now is None:
         raise RuntimeError("a fused group's forward ran without routes")
     result = layer.base_layer(x, *args, **kwargs)
@@ -65,24 +69,77 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     bounds = [(start, result.shape[0] if stop is None else stop) for _, start, stop in routes.now]
     if bounds[-1][1] != result.shape[0]:  # in order from row 0 (Routes.use): the last must end the batch
         raise RuntimeError(f"a fused group's routes {bounds} do not cover its {result.shape[0]} rows")
-    adapted = [adapter in layer.lora_A for adapter, _, _ in routes.now]
-    if not any(adapted):
+    adapted = [adapter for adapter, _, _ in routes.now if adapter in layer.lora_A]
+    if not adapted:
         return result
-    if len(bounds) == 1:
-        return (result + _adapter_output(layer, routes.now[0][0], x)).to(result.dtype)
-    cut = [b for b, own in zip(bounds, adapted, strict=True) if own]
-    slices = iter(RowSlices.apply(x, tuple(cut)))
-    outputs = [
-        _adapter_output(layer, adapter, next(slices)) if own else None
-        for (adapter, _, _), own in zip(routes.now, adapted, strict=True)
-    ]
-    present = [own for own in outputs if own is not None]
-    shape, dtype = present[0].shape[1:], present[0].dtype
-    joined = torch.cat([
-        own if own is not None else torch.full((stop - start, *shape), -0.0, dtype=dtype, device=result.device)
-        for own, (start, stop) in zip(outputs, bounds, strict=True)
-    ])  # fmt: skip
-    return (result + joined).to(result.dtype)
+    whole = len(adapted) == len(bounds)
+    cut = [b for (adapter, _, _), b in zip(routes.now, bounds, strict=True) if adapter in layer.lora_A]
+    rows = (x,) if len(bounds) == 1 else RowSlices.apply(x, tuple(cut))
+    prepared = [_prepared_rows(layer, adapter, own) for adapter, own in zip(adapted, rows, strict=True)]
+    stacks: dict[tuple[Any, ...], list[int]] = {}
+    for index, (adapter, own) in enumerate(zip(adapted, prepared, strict=True)):
+        stacks.setdefault(_stack_key(layer, adapter, own), []).append(index)
+    if whole and len(stacks) == 1 and all(own is cut_rows for own, cut_rows in zip(prepared, rows, strict=True)):
+        # every member's rows as they come, in one stack: the batch itself, seen as one
+        # matrix a member (no copy, and the rows' gradient comes back whole)
+        stacked = _stacked_output(layer, adapted, x.reshape(len(adapted), -1, x.shape[-1]))
+        return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
+    outputs: list[torch.Tensor] = [x] * len(adapted)  # each replaced below
+    for members in stacks.values():
+        own_rows = [prepared[i] for i in members]
+        flat = _stack([own.reshape(-1, own.shape[-1]) for own in own_rows])
+        stacked = _stacked_output(layer, [adapted[i] for i in members], flat)
+        for index, own, output in zip(members, own_rows, stacked, strict=True):
+            outputs[index] = output.reshape(*own.shape[:-1], output.shape[-1])
+    present = iter(outputs)
+    shape, dtype = outputs[0].shape[1:], outputs[0].dtype
+    joined = [
+        next(present) if adapter in layer.lora_A
+        else torch.full((stop - start, *shape), -0.0, dtype=dtype, device=result.device)
+        for (adapter, _, _), (start, stop) in zip(routes.now, bounds, strict=True)
+    ]  # fmt: skip
+    return (result + (joined[0] if len(joined) == 1 else torch.cat(joined))).to(result.dtype)
+
+
+def _prepared_rows(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
+    """A member's rows as its adapter's first matmul takes them: through its dropout, after
+    peft's cast to the LoRA weights' dtype (fp32). Under autocast with no dropout that cast is
+    undone before the matmul (bf16 -> fp32 -> bf16, forward and backward, both exact), so it is
+    skipped and the rows are returned as they are. With dropout the mask multiplies the fp32 copy,
+    as peft's does."""
+    lora_A = layer.lora_A[adapter]
+    if _identity(layer.lora_dropout[adapter]) and (
+        rows.dtype == lora_A.weight.dtype or _autocast_round_trip(rows, lora_A.weight.dtype)
+    ):
+        return rows
+    return layer.lora_dropout[adapter](layer._cast_input_dtype(rows, lora_A.weight.dtype))
+
+
+def _stack_key(layer: Any, adapter: str, rows: torch.Tensor) -> tuple[Any, ...]:
+    """What members must share to be computed in one stack: the weights' shapes and dtypes, the
+    scaling and the rows' shape and dtype."""
+    lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
+    if lora_A.bias is not None or lora_B.bias is not None:  # peft's lora_bias: a stack of its own
+        return ("own", adapter)
+    weights = (tuple(lora_A.weight.shape), lora_A.weight.dtype, tuple(lora_B.weight.shape), lora_B.weight.dtype)
+    return (*weights, layer.scaling[adapter], tuple(rows.shape), rows.dtype)
+
+
+def _stacked_output(layer: Any, adapters: list[str], rows: torch.Tensor) -> torch.Tensor:
+    """lora_B(lora_A(rows)) * scaling for each member of a stack, `rows` being (members, n, in):
+    the members' A and B weights stacked, and two batched matmuls. The weights' stack is one
+    copy (a member alone: a view); under autocast each stack is cast once."""
+    lora_A, lora_B, scaling = layer.lora_A[adapters[0]], layer.lora_B[adapters[0]], layer.scaling[adapters[0]]
+    if lora_A.bias is not None or lora_B.bias is not None:  # alone in its stack (_stack_key)
+        return lora_B(lora_A(rows)) * scaling
+    A = _stack([layer.lora_A[adapter].weight for adapter in adapters])
+    B = _stack([layer.lora_B[adapter].weight for adapter in adapters])
+    return torch.bmm(torch.bmm(rows, A.transpose(1, 2)), B.transpose(1, 2)) * scaling
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor of the members' (a member alone: a view of its own, no copy)."""
+    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
 
 
 class RowSlices(torch.autograd.Function):
@@ -109,19 +166,6 @@ class RowSlices(torch.autograd.Function):
         for (start, stop), grad in zip(bounds, grads, strict=True):
             whole[start:stop] = grad
         return whole, None
-
-
-def _adapter_output(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
-    """lora_B(lora_A(dropout(rows))) * scaling, as peft computes it. peft first casts the rows to
-    the LoRA weights' dtype (fp32); under autocast with no dropout that cast is undone before the
-    matmul (bf16 -> fp32 -> bf16, forward and backward, both exact), so it is skipped: the same
-    numbers in two kernels fewer each way. With dropout the mask multiplies the fp32 copy, as
-    peft's does."""
-    lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
-    dropout = layer.lora_dropout[adapter]
-    if not (_identity(dropout) and _autocast_round_trip(rows, lora_A.weight.dtype)):
-        rows = layer._cast_input_dtype(rows, lora_A.weight.dtype)
-    return lora_B(lora_A(dropout(rows))) * layer.scaling[adapter]
 
 
 def _identity(dropout: torch.nn.Module) -> bool:
