@@ -100,9 +100,17 @@ def test_the_stacked_forward_agrees_with_the_loop_it_replaced(autocast: bool, dr
 SAME_SHAPE = {"a": MEMBERS["a"], "a2": MEMBERS["a"], "a3": MEMBERS["a"]}
 
 
-@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+# fp32 on a GPU is left out: on one H200 a member's fp32 numbers differ with its batch-mates under
+# the loop routing too (the base's matmuls run over the group's rows), bf16 autocast is bit-equal
+INDEPENDENT = [(d, a) for d in DEVICES for a in (False, True) if d == "cpu" or a]
+
+
+PRECISION = {False: "fp32", True: "bf16-autocast"}
+
+
+@pytest.mark.parametrize(("device", "autocast"), INDEPENDENT, ids=lambda v: PRECISION.get(v, v))
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_a_members_numbers_do_not_depend_on_who_it_is_stacked_with(autocast: bool, dropout: float) -> None:
+def test_a_members_numbers_do_not_depend_on_who_it_is_stacked_with(autocast: bool, dropout: float, device: str) -> None:
     """Member a (its weights and rows the same each time) alone, in a stack of three, and beside
     members of other ranks and targets: its logits and LoRA gradients are bit-equal."""
     seen = []
@@ -111,13 +119,13 @@ def test_a_members_numbers_do_not_depend_on_who_it_is_stacked_with(autocast: boo
         (SAME_SHAPE, [("a", 0, 2), ("a2", 2, 4), ("a3", 4, 6)]),
         (MEMBERS, ROUTES),
     ]:
-        model, layers = fused_model(dropout, members=members)
+        model, layers = fused_model(dropout, device, members=members)
         for name in members:  # each member's masks its own, as in the worker (not the global RNG's)
             key = install_keyed_dropout(model, seed=len(name), adapter=name)
             assert (key is None) == (dropout == 0)
             if key is not None:
                 key.at(0, 0, sequence_length=9)
-        numbers = run(model, layers, routed_forward, autocast, seed=5, routes_now=routes_now)
+        numbers = run(model, layers, routed_forward, autocast, seed=5, device=device, routes_now=routes_now)
         seen.append({"logits": numbers["logits"][:2], **{k: v for k, v in numbers.items() if ".a." in k}})
     alone, stacked, beside = seen
     assert alone.keys() == stacked.keys() == beside.keys() and len(alone) == 1 + 2 * 2 * 2

@@ -12,8 +12,9 @@ in turn, or all of the config `--config` names; seeds 1..k) train `--steps` step
 (FusedTrainer, base loaded once); reported per run: the wall seconds and seconds per tick (one
 micro-batch of every member), and, timed with a CUDA synchronisation around each, the share of a
 tick in the group's one forward and backward against the members' own steps (optimizer, scheduler,
-progress line). Then one more run of the largest k under cProfile: the functions with the most own
-time (Python overhead in one thread is what a fused group cannot spread over processes). Writes
+progress line). Then one more run of the largest k, at the first of `--dropouts`, under cProfile: the functions
+with the most own time and the most time in all (Python overhead in one thread is what a fused
+group cannot spread over processes). Writes
 OUT/fused-tick.json and OUT/fused-profile.txt; prints a line per run.
 
 `--routing` times each named routing of the LoRA layers: `stacked` (workers/lora/routing.py, as
@@ -251,11 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     profile = cProfile.Profile()
     k = max(sizes)
     configs = [
-        member_config(names[n % len(names)], n + 1, model, data, steps, 0.05) for n in range(k)
+        member_config(names[n % len(names)], n + 1, model, data, steps, float(args.dropouts.split(",")[0]))
+        for n in range(k)
     ]
     run_group(args.work / "runs", f"profile-k{k}", configs, cache, None, profile)
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
     (args.out / "fused-profile.txt").write_text(text.getvalue())
     print("\n".join(text.getvalue().splitlines()[:45]))
     return 0
