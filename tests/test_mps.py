@@ -29,6 +29,7 @@ from orchestrator.lifecycle import AttemptOutcome, JobState
 from orchestrator.plans import expand_jobs, load_suite, parse_pairs
 from orchestrator.store import Store
 from orchestrator.store.attempts import AttemptEnd, AttemptPlan, finish_attempt, start_attempt
+from orchestrator.store.daemon_row import daemon_row_fields, register_daemon
 from orchestrator.store.jobs import submit_jobs
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from tests.store_reads import events, job_ids
@@ -125,9 +126,11 @@ def test_a_card_whose_server_failed_a_worker_leaves_mps(db_path: Path) -> None:
         try:
             state = MpsState(MpsControl(DIRS, (), binary="unused", pid=own.pid), {"GPU-0", "GPU-1"})
             watch = MpsWatch(store, state, since_s=0.0)
+            register_daemon(store, os.getpid(), 0.0, 0.0, lambda pid, created: None, modes=("overlap", "mps"))
             _attempt_failed_by_mps(store, db_path, "GPU-1")
             watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})
             assert state.cards == {"GPU-0"}
+            assert modes(store) == ["overlap", "mps"]  # still on for GPU 0
             said = [e.message for e in events(store, "daemon")]
             assert any(
                 "the MPS server failed a worker on GPU 1 (jobs 1): MPS off for that card" in m
@@ -150,6 +153,27 @@ def test_a_card_whose_server_failed_a_worker_leaves_mps(db_path: Path) -> None:
         watch.check(1e12, {"GPU-0": 0, "GPU-1": 1})  # the control daemon is gone: off everywhere
         assert state.cards == set()
         assert any("MPS control daemon is gone: MPS off for GPU 0" in e.message for e in events(store, "daemon"))
+        assert modes(store) == ["overlap"]  # `orch status` no longer says --mps
+
+
+def test_mps_off_for_its_last_card_leaves_the_daemons_modes(db_path: Path) -> None:
+    with Store(db_path) as store:
+        own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            state = MpsState(MpsControl(DIRS, (), binary="unused", pid=own.pid), {"GPU-1"})
+            register_daemon(store, os.getpid(), 0.0, 0.0, lambda pid, created: None, modes=("mps",))
+            _attempt_failed_by_mps(store, db_path, "GPU-1")
+            MpsWatch(store, state, since_s=0.0).check(1e12, {"GPU-1": 1})
+            assert state.cards == set() and modes(store) == []
+        finally:
+            own.kill()
+            own.wait(10)
+
+
+def modes(store: Store) -> list[str]:
+    fields = daemon_row_fields(store)
+    assert fields is not None
+    return list(fields["modes"])
 
 
 def test_mps_without_the_binary_is_one_clear_line(tmp_path: Path) -> None:

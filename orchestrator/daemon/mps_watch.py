@@ -12,6 +12,7 @@ from orchestrator.errors import MpsError
 from orchestrator.gpu.mps import SPREAD_WINDOW_S, MpsState, describe, failed_cards, start_mps
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.store.card_failures import failures_since
+from orchestrator.store.daemon_row import drop_daemon_mode
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 
@@ -50,6 +51,7 @@ class MpsWatch:
             with self.store.write():
                 add_event(self.store, "daemon", f"MPS control daemon is gone: MPS off for GPU "
                                                 f"{', '.join(map(str, off))}; new workers run without it")
+                drop_daemon_mode(self.store, "mps")
             return
         # failures this close to the last read are read again: a spread fault's second worker
         # may end a pass after its first
@@ -61,6 +63,8 @@ class MpsWatch:
                 with self.store.write():
                     add_event(self.store, "daemon", f"{why} on GPU {index_of.get(uuid, '?')} (jobs {jobs}): MPS off "
                                                     "for that card; new workers there run without it")
+                    if not state.cards:  # the last card: the daemon runs without MPS now
+                        drop_daemon_mode(self.store, "mps")
 
     def stop(self) -> None:
         if self.state is None:

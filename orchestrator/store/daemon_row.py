@@ -54,6 +54,20 @@ def register_daemon(
         store.execute("UPDATE daemon SET modes_json = ? WHERE id = 1", [json.dumps(list(modes))])
 
 
+def drop_daemon_mode(store: Store, mode: str) -> None:
+    """A mode the running daemon no longer runs in (MPS off on every card): the status commands
+    stop showing it. Inside the caller's write."""
+    rows = store.query("SELECT modes_json FROM daemon WHERE id = 1")
+    if not rows:
+        return
+    try:
+        modes = json.loads(rows[0]["modes_json"] or "[]")
+    except ValueError:
+        modes = []
+    kept = [m for m in modes if m != mode] if isinstance(modes, list) else []
+    store.execute("UPDATE daemon SET modes_json = ? WHERE id = 1", [json.dumps(kept)])
+
+
 def unregister_daemon(store: Store, now_s: float, message: str) -> None:
     with store.write():
         store.execute(
