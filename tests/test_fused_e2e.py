@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -75,13 +76,18 @@ def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch)
     orch.submit("fz", "1:glue-tvt_rte 2:glue-tvt_rte 3:glue-tvt_rte")
     orch.start_daemon()
 
-    def sharing() -> set[str] | None:  # every running job shows the one process it shares
-        running = orch.json("status", "--once")["running"]
-        labels = {r["shares"] for r in running}
-        return labels if len(running) == 3 and None not in labels else None
+    def sharing() -> tuple[set[str], list[Any]] | None:  # every running job shows the one process it shares
+        status = orch.json("status", "--once")
+        labels = {r["shares"] for r in status["running"]}
+        return (labels, status["gpus"]) if len(status["running"]) == 3 and None not in labels else None
 
     ids = ",".join(str(j.id) for j in sorted(orch.jobs(), key=lambda j: j.id))
-    assert wait_until(sharing, 60, "the running jobs to show their process") == {f"fused 0123-0 · jobs {ids}"}
+    labels, cards = wait_until(sharing, 60, "the running jobs to show their process")
+    assert labels == {f"fused 0123-0 · jobs {ids}"}
+    # the process takes one plan slot for its three members
+    (card,) = [g for g in cards if g["running"]]
+    assert (card["running"], card["slots_taken"]) == (3, 1)
+    assert f"1/{card['slots']} (3 jobs)" in orch.run("status", "--once").stdout
     (orch.root / "go").write_text("")
     states = orch.wait_all_done(180)
     assert set(states.values()) == {"succeeded"}, states

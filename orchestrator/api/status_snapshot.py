@@ -45,6 +45,7 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             "utilization_pct": card.utilization_pct,
             "slots": card.slots,
             "running": card.running,  # every rank of a gang counts
+            "slots_taken": card.slots_taken,  # a fused process's members take one slot
         }
         for card in cards_now(store, reading, live)
     ]

@@ -86,6 +86,20 @@ def shares_label(mode: str | None, process: str | None, job_ids: list[int]) -> s
     return f"warm {short}"
 
 
+def slots_taken(attempts: Iterable[Attempt]) -> int:
+    """The plan slots these attempts of one card take: the members of one fused process, as its
+    share.json names it, take one between them (the daemon places a fused group's joiners
+    without a slot); every other attempt one."""
+    processes: set[tuple[str, int]] = set()
+    alone = 0
+    for a in attempts:
+        if a.share_mode == ShareBase.FUSED.value and a.share_process and a.share_pid is not None:
+            processes.add((a.share_process, a.share_pid))
+        else:
+            alone += 1
+    return alone + len(processes)
+
+
 def share_labels(live: Iterable[Attempt]) -> dict[int, str]:
     """Attempt id -> its `shares` label (shares_label), for the live attempts that name a warm
     process; a process is told by its name and pid together (a name is reused by the next)."""

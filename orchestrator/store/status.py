@@ -14,6 +14,7 @@ from orchestrator.store.db import Store
 from orchestrator.store.jobs import get_gpu_plan
 from orchestrator.store.json_columns import json_column
 from orchestrator.store.rows import Attempt
+from orchestrator.store.sharing import slots_taken
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class GpuNow:
     running: int  # attempts with a rank on this card
     slots: int
     utilization_pct: float | None = None
+    slots_taken: int = 0  # of `slots`: a fused process's members take one between them
 
     @property
     def foreign_mib(self) -> int:
@@ -100,6 +102,7 @@ def cards_now(store: Store, reading: DaemonReading | None, live: list[LiveAttemp
             int(g["index"]), str(g["uuid"]), str(g["name"]), int(g["total_mib"]), int(g["used_mib"]), orch_mib,
             int(g["free_mib"]), len(on_card), plan.slots_for(int(g["index"]), DEFAULT_SLOTS),
             utilization if isinstance(utilization, (int, float)) and not isinstance(utilization, bool) else None,
+            slots_taken(on_card),
         ))
     return cards
 

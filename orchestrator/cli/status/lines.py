@@ -37,6 +37,18 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def slots_cell(card: dict[str, Any]) -> str:
+    """A card's plan slots taken of its slots, and its jobs where a fused process's members share
+    one slot: `1/2 (3 jobs)`."""
+    taken = card.get("slots_taken", card["running"])
+    jobs = f" ({card['running']} jobs)" if card["running"] != taken else ""
+    return f"{taken}/{card['slots']}{jobs}"
+
+
+def slots_full(card: dict[str, Any]) -> bool:
+    return bool(card.get("slots_taken", card["running"]) >= card["slots"] > 0)
+
+
 def step_cell(progress: dict[str, Any]) -> str:
     """`12/40`, or `12` when the script does not say how many steps there are; `-` before any."""
     step, total = _number(progress.get("step")), _number(progress.get("total"))

@@ -17,6 +17,7 @@ from orchestrator.cli.status.lines import (
     running_cells,
     setting_cell,
     shown_columns,
+    slots_cell,
     waiting_entries,
 )
 from orchestrator.cli.tables import plain_columns
@@ -52,7 +53,7 @@ def plain_status(snapshot: dict[str, Any]) -> str:
     if snapshot["gpus"]:
         out.append(_section("GPUs", ("GPU", "name", "used", "total", "orch", "foreign", "free", "slots", "util"), [
             [str(g["index"]), g["name"], fmt_mib(g["used_mib"]), fmt_mib(g["total_mib"]), fmt_mib(g["orch_mib"]),
-             fmt_mib(g["foreign_mib"]), fmt_mib(g["free_mib"]), f"{g['running']}/{g['slots']}",
+             fmt_mib(g["foreign_mib"]), fmt_mib(g["free_mib"]), slots_cell(g),
              "-" if g["utilization_pct"] is None else f"{g['utilization_pct']}%"]
             for g in snapshot["gpus"]]))
     host = snapshot.get("host")

@@ -23,6 +23,8 @@ from orchestrator.cli.status.lines import (
     running_cells,
     setting_names,
     shown_columns,
+    slots_cell,
+    slots_full,
     waiting_group_lines,
 )
 from orchestrator.cli.tables import fit_columns
@@ -49,13 +51,12 @@ def _gpu_table(snapshot: dict[str, Any]) -> Table:
     for column in ("GPU", "memory (orch/foreign/free)", "used", "free", "slots", "util"):
         table.add_column(column)
     for g in snapshot["gpus"]:
-        slots = f"{g['running']}/{g['slots']}"
         table.add_row(
             f"{g['index']}",
             memory_bar(g["total_mib"], g["orch_mib"], g["foreign_mib"]),
             f"{fmt_mib(g['used_mib'])} / {fmt_mib(g['total_mib'])}",
             fmt_mib(g["free_mib"]),
-            Text(slots, style="bold" if g["running"] >= g["slots"] > 0 else ""),
+            Text(slots_cell(g), style="bold" if slots_full(g) else ""),
             "-" if g["utilization_pct"] is None else f"{g['utilization_pct']}%",
         )
     return table
