@@ -1,7 +1,8 @@
 """The fused group's LoRA routing as it was first written (one addition a member, each after
-peft's cast of its rows), kept as the reference the routing of workers/lora/routing.py is held
-bit-equal to (tests/test_lora_routing.py) and timed against (benchmarks/gpu/fused_tick.py
-`--routing loop`)."""
+peft's cast of its rows), kept as the reference the stacked routing of workers/lora/routing.py
+is held to (tests/test_lora_routing.py: bit-equal under bf16 autocast on CPU, within float
+rounding in fp32, where a batched matmul is not the plain one) and timed against
+(benchmarks/gpu/fused_tick.py `--routing loop`)."""
 
 from __future__ import annotations
 

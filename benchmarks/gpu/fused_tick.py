@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--routing: unknown {', '.join(sorted(unknown))} (known: stacked, loop)")
     cache = BaseCache()
-    names = list(CONFIGS) if args.config == "all" else [args.config]
+    names = config_names(args)
     sizes = [int(k) for k in args.members.split(",")]
     runs: list[dict[str, Any]] = []
     traces: list[dict[str, Any]] = []
@@ -264,9 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def config_names(args: argparse.Namespace) -> list[str]:
+    """The configs the members take in turn: all 4, or the one `--config` names."""
+    return list(CONFIGS) if args.config == "all" else [args.config]
+
+
 def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dropout: float, k: int, way: str,
                 cache: Any) -> dict[str, Any]:  # fmt: skip
-    names = list(CONFIGS) if args.config == "all" else [args.config]
+    names = config_names(args)
     configs = [
         member_config(names[n % len(names)], n + 1, model, data, steps, dropout)
         for n in range(k)

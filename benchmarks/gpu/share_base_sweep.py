@@ -293,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode}: makespan {runs[mode]['makespan_s']} s", flush=True)
         (args.out / "share-base-partial.json").write_text(json.dumps({"runs": runs}, indent=1))
     off = runs["off"]["figures"]
-    sequential = runs["sequential"]["figures"] if "sequential" in runs else off
-    differing = sorted(
-        k for k in off if k not in sequential or not same_numbers(off[k], sequential[k])
+    sequential = runs["sequential"]["figures"] if "sequential" in runs else None
+    differing = (
+        sorted(k for k in off if k not in sequential or not same_numbers(off[k], sequential[k]))
+        if sequential is not None
+        else None
     )
     makespan_s = {mode: run["makespan_s"] for mode, run in runs.items()}
     summary: dict[str, Any] = {
@@ -322,10 +324,13 @@ def main(argv: list[str] | None = None) -> int:
             "largest_gap_to_off": largest_gaps(fused, off),
         }
     summary |= {
-        "warm_jobs": sum(f["share_base"] == "sequential" for f in sequential.values())
-        if "sequential" in runs else None,
+        "warm_jobs": (
+            sum(f["share_base"] == "sequential" for f in sequential.values())
+            if sequential is not None
+            else None
+        ),
         "jobs": len(off),
-        "differing_from_off": differing if "sequential" in runs else None,
+        "differing_from_off": differing,
         "oom_attempts": {
             m: sum(f["status"] == "oom" for f in r["figures"].values()) for m, r in runs.items()
         },
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             "identical to solo runs: "
             f"{'yes' if not differing else 'no'}"
         )
-    return 0 if not differing else 1
+    return 1 if differing else 0
 
 
 if __name__ == "__main__":

@@ -53,14 +53,14 @@ class Routes:
 def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A LoRA Linear's forward over a fused batch: the base once, the adapters stacked.
 
-    Members whose adapters here have one shape (rank, scaling, rows) are computed together: their
-    A and B weights stacked, two batched matmuls for all of them (`_stacked_output`), so a layer
-    launches a handful of kernels whatever the number of members, where one member at a time
-    launched some twenty each (the host's launches, not the GPU, set a fused tick's pace). A
-    member alone goes the same way (a stack of one): a batched matmul computes each matrix of the
-    batch alike whatever the others, so a member's numbers do not depend on who it is stacked
-    with. The adapters' outputs are joined in row order (rows of a member without an adapter here
-    hold -0.0, which adds as an exact identity) and added to the base output in one addition."""
+    Members whose adapters here have one shape (rank, scaling, rows) and whose rows go in alike
+    (as they are, or through their dropout or cast) are computed together: their A and B weights
+    stacked, two batched matmuls for all of them (`_stacked_output`), where one member at a time
+    launched some twenty kernels each (the host's launches, not the GPU, set a fused tick's pace).
+    Rows that go in as they are and sit side by side are one slice of the batch, seen as one
+    matrix a member (no copy). A member alone goes the same way (a stack of one). The adapters'
+    outputs are joined in row order (rows of a member without an adapter here hold -0.0, which
+    adds as an exact identity) and added to the base output in one addition."""
     if routes.now is None:
         raise RuntimeError("a fused group's forward ran without routes")
     result = layer.base_layer(x, *args, **kwargs)
@@ -69,44 +69,72 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     bounds = [(start, result.shape[0] if stop is None else stop) for _, start, stop in routes.now]
     if bounds[-1][1] != result.shape[0]:  # in order from row 0 (Routes.use): the last must end the batch
         raise RuntimeError(f"a fused group's routes {bounds} do not cover its {result.shape[0]} rows")
-    adapted = [adapter for adapter, _, _ in routes.now if adapter in layer.lora_A]
-    if not adapted:
+    members = [(adapter, b) for (adapter, _, _), b in zip(routes.now, bounds, strict=True) if adapter in layer.lora_A]
+    if not members:
         return result
-    whole = len(adapted) == len(bounds)
-    cut = [b for (adapter, _, _), b in zip(routes.now, bounds, strict=True) if adapter in layer.lora_A]
-    rows = (x,) if len(bounds) == 1 else RowSlices.apply(x, tuple(cut))
-    prepared = [_prepared_rows(layer, adapter, own) for adapter, own in zip(adapted, rows, strict=True)]
-    stacks: dict[tuple[Any, ...], list[int]] = {}
-    for index, (adapter, own) in enumerate(zip(adapted, prepared, strict=True)):
-        stacks.setdefault(_stack_key(layer, adapter, own), []).append(index)
-    if whole and len(stacks) == 1 and all(own is cut_rows for own, cut_rows in zip(prepared, rows, strict=True)):
-        # every member's rows as they come, in one stack: the batch itself, seen as one
-        # matrix a member (no copy, and the rows' gradient comes back whole)
-        stacked = _stacked_output(layer, adapted, x.reshape(len(adapted), -1, x.shape[-1]))
-        return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
-    outputs: list[torch.Tensor] = [x] * len(adapted)  # each replaced below
-    for members in stacks.values():
-        own_rows = [prepared[i] for i in members]
-        flat = _stack([own.reshape(-1, own.shape[-1]) for own in own_rows])
-        stacked = _stacked_output(layer, [adapted[i] for i in members], flat)
-        for index, own, output in zip(members, own_rows, stacked, strict=True):
-            outputs[index] = output.reshape(*own.shape[:-1], output.shape[-1])
-    present = iter(outputs)
-    shape, dtype = outputs[0].shape[1:], outputs[0].dtype
+    stacks = _stacks(layer, members, x)
+    # what RowSlices cuts: a stack of rows as they are, side by side, is one slice; any other
+    # member its own (the whole batch needs no cut)
+    pieces = sorted(
+        (members[stack[0]][1][0], members[stack[-1]][1][1]) if whole else members[i][1]
+        for stack, whole in stacks for i in (stack[:1] if whole else stack)
+    )  # fmt: skip
+    whole_batch = pieces == [(0, x.shape[0])]
+    sliced = {pieces[0]: x} if whole_batch else dict(zip(pieces, RowSlices.apply(x, tuple(pieces)), strict=True))
+    outputs: dict[int, torch.Tensor] = {}
+    for stack, whole in stacks:
+        adapters = [members[i][0] for i in stack]
+        if whole:  # one slice: a matrix a member
+            rows = sliced[(members[stack[0]][1][0], members[stack[-1]][1][1])]
+            stacked = _stacked_output(layer, adapters, rows.reshape(len(stack), -1, x.shape[-1]))
+            if len(stacks) == 1 and len(members) == len(bounds):  # the whole batch, every member
+                return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
+        else:
+            own = [_prepared_rows(layer, members[i][0], sliced[members[i][1]]) for i in stack]
+            stacked = _stacked_output(layer, adapters, _stack([r.reshape(-1, r.shape[-1]) for r in own]))
+        for i, output in zip(stack, stacked, strict=True):
+            start, stop = members[i][1]
+            outputs[i] = output.reshape(stop - start, *x.shape[1:-1], output.shape[-1])
+    present = iter(outputs[i] for i in range(len(members)))
+    dtype = outputs[0].dtype
     joined = [
         next(present) if adapter in layer.lora_A
-        else torch.full((stop - start, *shape), -0.0, dtype=dtype, device=result.device)
+        else torch.full((stop - start, *result.shape[1:]), -0.0, dtype=dtype, device=result.device)
         for (adapter, _, _), (start, stop) in zip(routes.now, bounds, strict=True)
     ]  # fmt: skip
     return (result + (joined[0] if len(joined) == 1 else torch.cat(joined))).to(result.dtype)
+
+
+def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Tensor) -> list[tuple[list[int], bool]]:
+    """The members (indices, in row order) computed together, and for each stack whether its rows
+    go in as they are and side by side (one slice of the batch). Members share a stack where their
+    weights' shapes and dtypes, scaling, rows and the way their rows go in agree."""
+    stacks: dict[tuple[Any, ...], list[int]] = {}
+    untouched: dict[int, bool] = {}
+    for index, (adapter, (start, stop)) in enumerate(members):
+        lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
+        untouched[index] = _identity(layer.lora_dropout[adapter]) and (
+            x.dtype == lora_A.weight.dtype or _autocast_round_trip(x, lora_A.weight.dtype)
+        )
+        if lora_A.bias is not None or lora_B.bias is not None:  # peft's lora_bias: a stack of its own
+            key: tuple[Any, ...] = ("own", adapter)
+        else:
+            key = (tuple(lora_A.weight.shape), lora_A.weight.dtype, tuple(lora_B.weight.shape),
+                   lora_B.weight.dtype, layer.scaling[adapter], stop - start, untouched[index])  # fmt: skip
+        stacks.setdefault(key, []).append(index)
+    return [
+        (stack, all(untouched[i] for i in stack) and all(
+            members[a][1][1] == members[b][1][0] for a, b in itertools.pairwise(stack)))
+        for stack in stacks.values()
+    ]  # fmt: skip
 
 
 def _prepared_rows(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
     """A member's rows as its adapter's first matmul takes them: through its dropout, after
     peft's cast to the LoRA weights' dtype (fp32). Under autocast with no dropout that cast is
     undone before the matmul (bf16 -> fp32 -> bf16, forward and backward, both exact), so it is
-    skipped and the rows are returned as they are. With dropout the mask multiplies the fp32 copy,
-    as peft's does."""
+    skipped (`_stacks` says which rows go in as they are). With dropout the mask multiplies the
+    fp32 copy, as peft's does."""
     lora_A = layer.lora_A[adapter]
     if _identity(layer.lora_dropout[adapter]) and (
         rows.dtype == lora_A.weight.dtype or _autocast_round_trip(rows, lora_A.weight.dtype)
@@ -115,22 +143,13 @@ def _prepared_rows(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor
     return layer.lora_dropout[adapter](layer._cast_input_dtype(rows, lora_A.weight.dtype))
 
 
-def _stack_key(layer: Any, adapter: str, rows: torch.Tensor) -> tuple[Any, ...]:
-    """What members must share to be computed in one stack: the weights' shapes and dtypes, the
-    scaling and the rows' shape and dtype."""
-    lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
-    if lora_A.bias is not None or lora_B.bias is not None:  # peft's lora_bias: a stack of its own
-        return ("own", adapter)
-    weights = (tuple(lora_A.weight.shape), lora_A.weight.dtype, tuple(lora_B.weight.shape), lora_B.weight.dtype)
-    return (*weights, layer.scaling[adapter], tuple(rows.shape), rows.dtype)
-
-
 def _stacked_output(layer: Any, adapters: list[str], rows: torch.Tensor) -> torch.Tensor:
     """lora_B(lora_A(rows)) * scaling for each member of a stack, `rows` being (members, n, in):
     the members' A and B weights stacked, and two batched matmuls. The weights' stack is one
     copy (a member alone: a view); under autocast each stack is cast once."""
-    lora_A, lora_B, scaling = layer.lora_A[adapters[0]], layer.lora_B[adapters[0]], layer.scaling[adapters[0]]
-    if lora_A.bias is not None or lora_B.bias is not None:  # alone in its stack (_stack_key)
+    lora_A, lora_B = layer.lora_A[adapters[0]], layer.lora_B[adapters[0]]
+    scaling = layer.scaling[adapters[0]]
+    if lora_A.bias is not None or lora_B.bias is not None:  # alone in its stack (_stacks)
         return lora_B(lora_A(rows)) * scaling
     A = _stack([layer.lora_A[adapter].weight for adapter in adapters])
     B = _stack([layer.lora_B[adapter].weight for adapter in adapters])
