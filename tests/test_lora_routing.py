@@ -148,6 +148,34 @@ def test_a_members_numbers_do_not_depend_on_who_it_is_stacked_with(autocast: boo
         assert torch.equal(alone[name], stacked[name]) and torch.equal(alone[name], beside[name]), name
 
 
+@pytest.mark.parametrize("group", ["one-shape", "side-by-side", "apart"])
+def test_rows_that_go_in_as_they_are_are_not_copied_for_the_backward(group: str) -> None:
+    """Without dropout (fp32: no cast), each stack's rows are a slice of the batch: what the first
+    LoRA layer saves for its backward holds no copy of a member's rows."""
+    members, routes_now = GROUPS[group]
+    model, _ = fused_model(0.0, members=members)
+    layer = next(m for n, m in model.named_modules() if n.endswith("layers.0.self_attn.q_proj"))
+    copies: list[tuple[int, ...]] = []
+
+    def watched(layer: Any, routes: Routes, x: Any, *args: Any, **kwargs: Any) -> Any:
+        def pack(saved: Any) -> Any:
+            rows_of_one = 2 * x.shape[1]  # every member here has 2 rows of 9 positions
+            rows = saved.dim() == 3 and saved.shape[1:] == (rows_of_one, x.shape[-1])
+            if rows and not _shares(saved, x):
+                copies.append(tuple(saved.shape))
+            return saved
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved):
+            return routed_forward(layer, routes, x, *args, **kwargs)
+
+    numbers = run(model, [layer], watched, False, seed=5, routes_now=routes_now)
+    assert numbers["logits"].shape[0] == routes_now[-1][2] and copies == []
+
+
+def _shares(tensor: Any, other: Any) -> bool:
+    return bool(tensor.untyped_storage().data_ptr() == other.untyped_storage().data_ptr())
+
+
 def aten_calls(members: int, forward: Any) -> int:
     """Operations a forward and backward of `members` members of one shape runs."""
     from torch.utils._python_dispatch import TorchDispatchMode

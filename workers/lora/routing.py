@@ -57,8 +57,9 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     (as they are, or through their dropout or cast) are computed together: their A and B weights
     stacked, two batched matmuls for all of them (`_stacked_output`), where one member at a time
     launched some twenty kernels each (the host's launches, not the GPU, set a fused tick's pace).
-    Rows that go in as they are and sit side by side are one slice of the batch, seen as one
-    matrix a member (no copy). A member alone goes the same way (a stack of one). The adapters'
+    Rows that go in as they are are stacked only side by side, one slice of the batch seen as one
+    matrix a member (no copy kept for the backward). A member alone goes the same way (a stack
+    of one). The adapters'
     outputs are joined in row order (rows of a member without an adapter here hold -0.0, which
     adds as an exact identity) and added to the base output in one addition."""
     if routes.now is None:
@@ -107,9 +108,11 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
 
 def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Tensor) -> list[tuple[list[int], bool]]:
     """The members (indices, in row order) computed together, and for each stack whether its rows
-    go in as they are and side by side (one slice of the batch). Members share a stack where their
-    weights' shapes and dtypes, scaling, rows and the way their rows go in agree."""
-    stacks: dict[tuple[Any, ...], list[int]] = {}
+    go in as they are, side by side (one slice of the batch). Members share a stack where their
+    weights' shapes and dtypes, scaling, rows and the way their rows go in agree; rows that go in
+    as they are are stacked only side by side (members of one shape apart are stacks of their
+    own, each a slice: no copy of their rows is made and saved). A LoRA bias is a stack alone."""
+    stacks: dict[tuple[Any, ...], list[list[int]]] = {}
     untouched: dict[int, bool] = {}
     for index, (adapter, (start, stop)) in enumerate(members):
         lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
@@ -121,12 +124,12 @@ def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Ten
         else:
             key = (tuple(lora_A.weight.shape), lora_A.weight.dtype, tuple(lora_B.weight.shape),
                    lora_B.weight.dtype, layer.scaling[adapter], stop - start, untouched[index])  # fmt: skip
-        stacks.setdefault(key, []).append(index)
-    return [
-        (stack, all(untouched[i] for i in stack) and all(
-            members[a][1][1] == members[b][1][0] for a, b in itertools.pairwise(stack)))
-        for stack in stacks.values()
-    ]  # fmt: skip
+        runs = stacks.setdefault(key, [])
+        if runs and (not untouched[index] or members[runs[-1][-1]][1][1] == start):
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return [(stack, untouched[stack[0]]) for runs in stacks.values() for stack in runs]
 
 
 def _prepared_rows(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
@@ -162,7 +165,8 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class RowSlices(torch.autograd.Function):
-    """Rows of a batch, cut at `bounds` (one (start, stop) per member with an adapter). Autograd's
+    """Rows of a batch, cut at `bounds` (a stack's span where its rows go in as they are, side by
+    side; else one (start, stop) per member with an adapter: routed_forward). Autograd's
     own slicing makes, in the backward, a zero tensor of the whole batch per slice and adds each
     to the input's gradient; here the slices' gradients go into one tensor (-0.0 elsewhere, an
     exact identity when added): per element the same sum, in one or a few kernels."""
