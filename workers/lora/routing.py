@@ -59,9 +59,9 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     launched some twenty kernels each (the host's launches, not the GPU, set a fused tick's pace).
     Rows that go in as they are are stacked only side by side, one slice of the batch seen as one
     matrix a member (no copy kept for the backward). A member alone goes the same way (a stack
-    of one). The adapters'
-    outputs are joined in row order (rows of a member without an adapter here hold -0.0, which
-    adds as an exact identity) and added to the base output in one addition."""
+    of one). The adapters' outputs are joined in row order (rows of a member without an adapter
+    here hold -0.0, which adds as an exact identity) and added to the base output in one
+    addition."""
     if routes.now is None:
         raise RuntimeError("a fused group's forward ran without routes")
     result = layer.base_layer(x, *args, **kwargs)
@@ -91,7 +91,7 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
             if len(stacks) == 1 and len(members) == len(bounds):  # the whole batch, every member
                 return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
         else:
-            own = [_prepared_rows(layer, members[i][0], sliced[members[i][1]]) for i in stack]
+            own = [_through_dropout(layer, members[i][0], sliced[members[i][1]]) for i in stack]
             stacked = _stacked_output(layer, adapters, _stack([r.reshape(-1, r.shape[-1]) for r in own]))
         for i, output in zip(stack, stacked, strict=True):
             start, stop = members[i][1]
@@ -116,9 +116,7 @@ def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Ten
     untouched: dict[int, bool] = {}
     for index, (adapter, (start, stop)) in enumerate(members):
         lora_A, lora_B = layer.lora_A[adapter], layer.lora_B[adapter]
-        untouched[index] = _identity(layer.lora_dropout[adapter]) and (
-            x.dtype == lora_A.weight.dtype or _autocast_round_trip(x, lora_A.weight.dtype)
-        )
+        untouched[index] = _goes_in_as_it_is(layer, adapter, x)
         if lora_A.bias is not None or lora_B.bias is not None:  # peft's lora_bias: a stack of its own
             key: tuple[Any, ...] = ("own", adapter)
         else:
@@ -132,18 +130,20 @@ def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Ten
     return [(stack, untouched[stack[0]]) for runs in stacks.values() for stack in runs]
 
 
-def _prepared_rows(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
-    """A member's rows as its adapter's first matmul takes them: through its dropout, after
-    peft's cast to the LoRA weights' dtype (fp32). Under autocast with no dropout that cast is
-    undone before the matmul (bf16 -> fp32 -> bf16, forward and backward, both exact), so it is
-    skipped (`_stacks` says which rows go in as they are). With dropout the mask multiplies the
-    fp32 copy, as peft's does."""
-    lora_A = layer.lora_A[adapter]
-    if _identity(layer.lora_dropout[adapter]) and (
-        rows.dtype == lora_A.weight.dtype or _autocast_round_trip(rows, lora_A.weight.dtype)
-    ):
-        return rows
-    return layer.lora_dropout[adapter](layer._cast_input_dtype(rows, lora_A.weight.dtype))
+def _goes_in_as_it_is(layer: Any, adapter: str, x: torch.Tensor) -> bool:
+    """Whether a member's rows reach its adapter's first matmul as they are: no dropout, and no
+    cast, or peft's cast to the LoRA weights' dtype (fp32) undone by autocast before the matmul
+    (bf16 -> fp32 -> bf16, forward and backward, both exact), so skipped."""
+    weight_dtype = layer.lora_A[adapter].weight.dtype
+    return _identity(layer.lora_dropout[adapter]) and (
+        x.dtype == weight_dtype or _autocast_round_trip(x, weight_dtype)
+    )
+
+
+def _through_dropout(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
+    """A member's rows that do not go in as they are, as peft prepares them: cast to the LoRA
+    weights' dtype, then through its dropout (the mask multiplies the fp32 copy, as peft's does)."""
+    return layer.lora_dropout[adapter](layer._cast_input_dtype(rows, layer.lora_A[adapter].weight.dtype))
 
 
 def _stacked_output(layer: Any, adapters: list[str], rows: torch.Tensor) -> torch.Tensor:
