@@ -159,8 +159,9 @@ def test_rows_that_go_in_as_they_are_are_not_copied_for_the_backward(group: str)
 
     def watched(layer: Any, routes: Routes, x: Any, *args: Any, **kwargs: Any) -> Any:
         def pack(saved: Any) -> Any:
-            rows_of_one = 2 * x.shape[1]  # every member here has 2 rows of 9 positions
-            rows = saved.dim() == 3 and saved.shape[1:] == (rows_of_one, x.shape[-1])
+            # (members, rows × positions, hidden); a weights' stack is (members, rank, hidden),
+            # and no rank here is a multiple of the 9 positions
+            rows = saved.dim() == 3 and saved.shape[-1] == x.shape[-1] and saved.shape[1] % x.shape[1] == 0
             if rows and not _shares(saved, x):
                 copies.append(tuple(saved.shape))
             return saved
