@@ -12,10 +12,10 @@ in turn, or all of the config `--config` names; seeds 1..k) train `--steps` step
 (FusedTrainer, base loaded once); reported per run: the wall seconds and seconds per tick (one
 micro-batch of every member), and, timed with a CUDA synchronisation around each, the share of a
 tick in the group's one forward and backward against the members' own steps (optimizer, scheduler,
-progress line). Then one more run of the largest k, at the first of `--dropouts`, under cProfile: the functions
-with the most own time and the most time in all (Python overhead in one thread is what a fused
-group cannot spread over processes). Writes
-OUT/fused-tick.json and OUT/fused-profile.txt; prints a line per run.
+progress line). Then one more run of the largest k, at the first of `--dropouts`, under cProfile:
+the functions with the most own time and the most time in all (Python overhead in one thread is
+what a fused group cannot spread over processes). Writes OUT/fused-tick.json and
+OUT/fused-profile.txt; prints a line per run.
 
 `--routing` times each named routing of the LoRA layers: `stacked` (workers/lora/routing.py, as
 shipped: members of one shape stacked, two batched matmuls a layer) and `loop`
