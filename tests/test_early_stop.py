@@ -219,7 +219,8 @@ def test_smooth_evals_judges_a_seed_on_the_mean_of_its_last_evaluations() -> Non
     assert stop.value == pytest.approx(0.6) and stop.rank == 4
     assert stop.record(smoothed_spec)["smooth_evals"] == 3 and "smooth_evals" not in stop.record(ASHA)
     assert describe_pruned(stop.record(smoothed_spec)) == (
-        "pruned at step 10 (val_accuracy 0.6 (mean of the last 3 evaluations), ranked 4 of 4 at that step; asha)"
+        "pruned at step 10 (val_accuracy 0.6 (the setting's mean over its seeds of the last 3 evaluations), ranked 4 "
+        "of 4 at that step; asha)"
     )
 
 
@@ -258,7 +259,8 @@ def test_value_best_judges_a_seed_on_its_best_evaluation_so_far() -> None:
     worst = next(p for p in best.prunes)
     assert worst.record(best_spec)["seed_value"] == "best" and "seed_value" not in worst.record(last_spec)
     assert describe_pruned(worst.record(best_spec)) == (
-        f"pruned at step 48 (val_loss {worst.value:.4g} (mean of each seed's best so far), ranked {worst.rank} of 4 "
+        f"pruned at step 48 (val_loss {worst.value:.4g} (the setting's mean of each seed's best so far), ranked "
+        f"{worst.rank} of 4 "
         "at that step; asha)"
     )
 

@@ -158,5 +158,5 @@ def test_a_random_search_with_early_stopping_prunes_trials_and_lists_them(orch: 
     best = max(jobs, key=lambda j: -abs(math.log10(j.overrides["learning_rate"] / BEST_LR)))
     assert best.state is JobState.SUCCEEDED  # the trial nearest the best rate runs to its end
     stopped = [j for j in jobs if j.state is JobState.PRUNED]
-    said = "(mean of each seed's best so far)"
+    said = "(the setting's mean of each seed's best so far)"
     assert all(j.pruned["seed_value"] == "best" and said in (j.reason or "") for j in stopped)

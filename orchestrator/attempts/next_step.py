@@ -200,7 +200,8 @@ def pruned_reason(job: Job) -> str:
 
 
 def describe_pruned(record: dict[str, Any]) -> str:
-    """"pruned at step 400 (val_accuracy 0.52, ranked 7 of 9 at that step; asha)"."""
+    """"pruned at step 400 (val_accuracy 0.52 (the setting's mean over its seeds), ranked 7 of 9 at that
+    step; asha)": the value the setting was judged on, not the job's own reading."""
     step, value = record.get("step"), record.get("value")
     shown_step = f"{float(step):g}" if isinstance(step, (int, float)) else "?"
     shown_value = f"{float(value):.4g}" if isinstance(value, (int, float)) else "?"
@@ -208,9 +209,12 @@ def describe_pruned(record: dict[str, Any]) -> str:
             if isinstance(record.get("rank"), int) and isinstance(record.get("of"), int) else "")
     rule = f"; {record['rule']}" if isinstance(record.get("rule"), str) else ""
     smooth = record.get("smooth_evals")
-    mean_of = f" (mean of the last {smooth} evaluations)" if isinstance(smooth, int) and smooth > 1 else ""
+    # the setting's value, judged on its seeds' mean: not this job's own reading
+    mean_of = " (the setting's mean over its seeds)"
+    if isinstance(smooth, int) and smooth > 1:
+        mean_of = f" (the setting's mean over its seeds of the last {smooth} evaluations)"
     if record.get("seed_value") == "best":
-        mean_of = " (mean of each seed's best so far)"
+        mean_of = " (the setting's mean of each seed's best so far)"
     return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{mean_of}{rank}{rule})"
 
 

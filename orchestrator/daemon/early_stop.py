@@ -27,6 +27,7 @@ from orchestrator.store.early_stop import (
     record_rungs,
     reported_keys,
     warn_early_stop,
+    where,
 )
 from orchestrator.store.rows import Job
 
@@ -113,7 +114,7 @@ class EarlyStopper:
         record_rungs(self.store, suite, data, rule, judged.told)  # before the stops: a restart tells none twice
         for prune in judged.prunes:
             record = prune.record(spec)
-            why = f"{describe_pruned(record)}: setting {prune.setting} of {suite} on {data}"
+            why = f"{describe_pruned(record)}: setting {prune.setting} of {where(suite, data)}"
             stopping, pruned = prune_jobs(
                 self.store, prune.job_ids, record, describe_pruned(record)
             )

@@ -212,9 +212,14 @@ def prune_jobs(
     return stopping, pruned
 
 
+def where(suite: str, data: str) -> str:
+    """`suite on task`, or the suite alone where its jobs have no task (a script without one)."""
+    return f"{suite} on {data}" if data else suite
+
+
 def warn_early_stop(store: Store, suite: str, data: str, message: str) -> None:
     with store.write():
-        add_event(store, "early_stop", f"{suite} on {data}: {message}")
+        add_event(store, "early_stop", f"{where(suite, data)}: {message}")
 
 
 def unreported_metrics(store: Store, suite: str | None = None) -> list[str]:
@@ -241,7 +246,7 @@ def unreported_metrics(store: Store, suite: str | None = None) -> list[str]:
         if metric_last_steps(store, ids, metric) or max(reached_steps(store, ids).values(), default=0.0) < min_steps:
             continue
         keys = reported_keys(store, ids)
-        lines.append(f"{name} on {data}: early_stop metric {metric!r} was never reported, so nothing was stopped "
+        lines.append(f"{where(name, data)}: early_stop metric {metric!r} was never reported, so nothing was stopped "
                      f"(reported: {', '.join(keys) or 'nothing'})")
     return lines
 
