@@ -305,3 +305,9 @@ def test_the_benchmark_explains_each_seed_and_counts_ties(capsys: pytest.Capture
     assert "smooth_evals 3" in printed and "tied with the grid best" in printed and "parametric curves" in printed
     assert curve_family.true_best() == "lr=0.000251 r=16"  # 0.00002 above lr=0.000158 r=16: a tie
     assert curve_family.mean_se() == pytest.approx(0.005 / 3**0.5)
+
+
+def test_a_suite_without_tasks_is_named_alone() -> None:
+    from orchestrator.store.early_stop import where
+
+    assert where("es", "") == "es" and where("es", "glue-tvt_rte") == "es on glue-tvt_rte"

@@ -167,6 +167,21 @@ def test_trials_of_a_search_without_a_metric_point_at_results(orch: Orch) -> Non
 
 
 @requires_tmux
+def test_trials_say_when_no_trial_reported_the_search_metric(orch: Orch) -> None:
+    search = {"method": "random", "trials": 2, "seed": 0, "metric": "val_f1", "mode": "max",
+              "space": {"learning_rate": [1e-4, 1e-3]}}  # fmt: skip
+    base = {"sim_mem_gib": 1, "sim_seconds": 1.0, "sim_ramp_s": 0.1, "learning_rate": 1e-4, "sim_best_lr": 1e-4}
+    orch.write_suite("hp", {"base": base}, mem_gib=1, search=search)
+    orch.submit("hp", "1:toy")
+    orch.start_daemon()
+    assert set(orch.wait_all_done(120).values()) == {"succeeded"}
+    listed = orch.run("trials", "--suite", "hp").stdout
+    assert "note: no trial that succeeded reported 'val_f1', so none is ranked (reported: " in listed
+    assert "val_accuracy" in listed.split("(reported: ")[1] and "best:" not in listed
+    assert orch.json("trials", "--suite", "hp")["note"].startswith("no trial that succeeded reported 'val_f1'")
+
+
+@requires_tmux
 def test_a_random_search_over_fewer_settings_than_trials_queues_each_once_and_says_so(orch: Orch) -> None:
     search = {"method": "random", "trials": 5, "seed": 0, "space": {"learning_rate": [1e-4, 1e-3]}}
     orch.write_suite("hp", {"base": {"sim_mem_gib": 1, "learning_rate": 1e-4}}, mem_gib=1, search=search)

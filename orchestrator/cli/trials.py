@@ -8,8 +8,10 @@ import click
 
 from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState
 from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
 from orchestrator.results.trials import trial_rows
+from orchestrator.store.early_stop import reported_keys
 from orchestrator.store.search import final_values, suite_search_jobs
 from orchestrator.wording import fmt_value
 
@@ -42,6 +44,13 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
                 f"(`orch results --suite {suite}` shows each trial as a row)"
             )
         rows = trial_rows(jobs, final_values(store, [j.id for j in jobs], metric), mode)
+        succeeded = [j.id for j in jobs if j.state is JobState.SUCCEEDED]
+        unreported = (
+            f"no trial that succeeded reported {metric!r}, so none is ranked "
+            f"(reported: {', '.join(reported_keys(store, succeeded)) or 'nothing'})"
+            if succeeded and all(r.value is None for r in rows)
+            else None
+        )
     if as_json:
         echo_json(
             {
@@ -49,6 +58,7 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
                 "metric": metric,
                 "mode": mode,
                 "method": spec.get("method"),
+                "note": unreported,  # the metric no trial that succeeded reported; null: none
                 "trials": [
                     {
                         "trial": r.trial,
@@ -70,6 +80,8 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
         params = ", ".join(f"{k}={fmt_value(v)}" for k, v in row.params.items())
         value = f"{row.value:.4f}" if row.value is not None else "—"
         click.echo(f"  trial {row.trial:>3}  {value:>8}  n {row.n_text():<24} {params}")
+    if unreported is not None:
+        click.echo(f"note: {unreported}")
     best = rows[0]
     if best.value is not None:
         params = ", ".join(f"{k}={fmt_value(v)}" for k, v in best.params.items())
