@@ -253,7 +253,7 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
         click.echo(line)
     picked = [s for s in summaries if is_chosen(s, choices)]
     if bold and picked:
-        click.echo(bold + ": " + "; ".join(f"{s.task} ({s.metric}) {s.label}" for s in picked))
+        click.echo(bold + ": " + "; ".join(f"{s.task} ({s.metric}) {s.label}".strip() for s in picked))
     for note in choice_notes(choices):
         click.echo(note)
 

@@ -80,7 +80,7 @@ def _score(s: ResultSummary, basis: Basis) -> float:
 
 def choice_notes(choices: dict[Column, ColumnChoice]) -> list[str]:
     """`glue_rte (accuracy): the choice, r8, has 2 seeds; its rivals up to 4`, per column."""
-    return [f"{task} ({metric}): {c.note}" for (task, metric), c in choices.items() if c.note]
+    return [f"{task} ({metric}): {c.note}".strip() for (task, metric), c in choices.items() if c.note]
 
 
 def is_chosen(summary: ResultSummary, choices: dict[Column, ColumnChoice]) -> bool:
