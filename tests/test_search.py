@@ -138,6 +138,10 @@ def test_a_dry_run_shows_the_random_trials_the_same_every_time(orch: Orch) -> No
     orch.submit("hp", "1:toy 2:toy")
     jobs = orch.jobs()
     assert sorted(j.search["trial"] for j in jobs) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    first = min(jobs, key=lambda j: j.id)  # its drawn values are the search's, not a --set
+    assert orch.json("show", str(first.id))["trial"] == first.search["trial"]
+    said = orch.run("show", str(first.id)).stdout
+    assert f"  search trial {first.search['trial']}: learning_rate=" in said and "--set" not in said
     assert {f"learning_rate={j.overrides['learning_rate']}" for j in jobs} <= set(shown.split())
     bad = orch.run(
         "submit",

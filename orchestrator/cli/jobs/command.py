@@ -126,7 +126,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     if payload["level_note"]:
         console.print(f"  {payload['level_note']}", markup=False, highlight=False)
     if payload["overrides"]:
-        console.print(f"  --set {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
+        # a search trial's values were drawn by the search, not given with --set
+        given = "--set" if payload.get("trial") is None else f"search trial {payload['trial']}:"
+        console.print(f"  {given} {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
     if payload["wait_reason"] and payload["state"] == "queued":
         console.print(f"  waiting: {payload['wait_reason']}", markup=False, highlight=False)
     if payload["reason"]:
