@@ -186,6 +186,22 @@ def test_trials_say_when_no_trial_reported_the_search_metric(orch: Orch) -> None
 
 
 @requires_tmux
+def test_a_tpe_search_whose_metric_no_trial_reports_says_so_once(orch: Orch) -> None:
+    search = {"method": "tpe", "trials": 3, "seed": 0, "metric": "val_f1", "mode": "max",
+              "space": {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]}}}  # fmt: skip
+    base = {"sim_mem_gib": 1, "sim_seconds": 1.0, "sim_ramp_s": 0.1, "learning_rate": 1e-4, "sim_best_lr": 1e-4}
+    orch.write_suite("hp", {"base": base}, mem_gib=1, search=search)
+    orch.submit("hp", "1:toy")
+    orch.start_daemon()
+    wait_until(lambda: len(orch.jobs()) == 3 or None, 120, "the search's three trials")
+    assert set(orch.wait_all_done(120).values()) == {"succeeded"}
+    said = [e.message for e in orch.events("search")]
+    assert len(said) == 1, said  # once, not at every trial asked
+    assert said[0].startswith("the search of suite hp: trial 0 succeeded without reporting 'val_f1' (reported: ")
+    assert "TPE is told it failed" in said[0]
+
+
+@requires_tmux
 def test_a_random_search_over_fewer_settings_than_trials_queues_each_once_and_says_so(orch: Orch) -> None:
     search = {"method": "random", "trials": 5, "seed": 0, "space": {"learning_rate": [1e-4, 1e-3]}}
     orch.write_suite("hp", {"base": {"sim_mem_gib": 1, "learning_rate": 1e-4}}, mem_gib=1, search=search)

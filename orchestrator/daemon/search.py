@@ -15,6 +15,7 @@ from orchestrator.lifecycle import TERMINAL_STATES, JobState
 from orchestrator.plans.search import Search
 from orchestrator.plans.trial_sampling import FinishedTrial, TrialEnd, next_trial
 from orchestrator.store.db import Store
+from orchestrator.store.early_stop import reported_keys
 from orchestrator.store.jobs import add_event
 from orchestrator.store.rows import Job
 from orchestrator.store.search import final_values, queue_trial, tpe_search_jobs
@@ -49,6 +50,7 @@ class SearchRunner:
         self._next_check_s = 0.0
         self._done: set[tuple[str, str]] = set()  # searches that have all their trials
         self._told: dict[tuple[str, str], str] = {}  # search -> the failure an event said, while it lasts
+        self._unreported: set[tuple[str, str]] = set()  # searches whose missing metric an event said
 
     def check(self) -> None:
         if time.monotonic() < self._next_check_s:
@@ -85,6 +87,24 @@ class SearchRunner:
         except Exception:
             log.warning("cannot record the search's failure", exc_info=True)
 
+    def _say_unreported(
+        self, key: tuple[str, str], metric: str, trials: dict[int, list[Job]], values: dict[int, float]
+    ) -> None:
+        """One event per search when a trial succeeded without its metric: TPE is told it failed,
+        so a metric the worker never writes (a typo) leaves the search asking at random."""
+        silent = [
+            number for number, jobs in sorted(trials.items())
+            if all(job.state is JobState.SUCCEEDED for job in jobs) and not any(job.id in values for job in jobs)
+        ]  # fmt: skip
+        if not silent or key in self._unreported:
+            return
+        self._unreported.add(key)
+        reported = ", ".join(reported_keys(self.store, [job.id for job in trials[silent[0]]])) or "nothing"
+        with self.store.write():
+            add_event(self.store, "search", f"the search of suite {key[0]}: trial {silent[0]} succeeded without "
+                                            f"reporting {metric!r} (reported: {reported}); TPE is told it failed, "
+                                            "so it asks at random until a trial reports it")  # fmt: skip
+
     def _advance(self, key: tuple[str, str], jobs: Sequence[Job]) -> None:
         search = Search.from_json(jobs[0].search["spec"])
         trials: dict[int, list[Job]] = {}
@@ -97,6 +117,7 @@ class SearchRunner:
             return  # a slot has yet to take the last trial asked for
         metric = search.metric or ""
         values = final_values(self.store, [job.id for job in jobs], metric)
+        self._say_unreported(key, metric, trials, values)
         number = max(trials) + 1
         params = next_trial(search, finished_trials(search, trials, values), number)
         first = trials[min(trials)]
