@@ -74,19 +74,22 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     if not members:
         return result
     stacks = _stacks(layer, members, x)
+
+    def span(stack: list[int]) -> tuple[int, int]:  # the rows of a stack whose members sit side by side
+        return members[stack[0]][1][0], members[stack[-1]][1][1]
+
     # what RowSlices cuts: a stack of rows as they are, side by side, is one slice; any other
     # member its own (the whole batch needs no cut)
     pieces = sorted(
-        (members[stack[0]][1][0], members[stack[-1]][1][1]) if whole else members[i][1]
-        for stack, whole in stacks for i in (stack[:1] if whole else stack)
-    )  # fmt: skip
+        piece for stack, whole in stacks for piece in ([span(stack)] if whole else [members[i][1] for i in stack])
+    )
     whole_batch = pieces == [(0, x.shape[0])]
     sliced = {pieces[0]: x} if whole_batch else dict(zip(pieces, RowSlices.apply(x, tuple(pieces)), strict=True))
     outputs: dict[int, torch.Tensor] = {}
     for stack, whole in stacks:
         adapters = [members[i][0] for i in stack]
         if whole:  # one slice: a matrix a member
-            rows = sliced[(members[stack[0]][1][0], members[stack[-1]][1][1])]
+            rows = sliced[span(stack)]
             stacked = _stacked_output(layer, adapters, rows.reshape(len(stack), -1, x.shape[-1]))
             if len(stacks) == 1 and len(members) == len(bounds):  # the whole batch, every member
                 return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
