@@ -56,26 +56,48 @@ class KeyedDropout(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        shape = list(x.shape)
-        positions = shape[-2] if x.dim() >= 3 else 0
-        sliced = 0 < positions < self.key.sequence_length
-        padded = 0 < self.key.sequence_length < positions  # a fused group's longer left padding
-        if sliced or padded:
-            shape[-2] = self.key.sequence_length  # sliced by logits_to_keep: draw the whole mask
-        generator = torch.Generator(device=x.device)
+        return x * self.keep_mask(torch.empty(x.shape, dtype=x.dtype, device=x.device)).div_(1 - self.p)
+
+    def keep_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """`mask` (contiguous, in the shape of this call's input) filled with the call's keep mask:
+        1 with probability 1 - p, drawn in the full shape of the micro-batch's sequence."""
+        shape = list(mask.shape)
+        positions = shape[-2] if mask.dim() >= 3 else 0
+        length = self.key.sequence_length
+        if positions == 0 or length in (0, positions):
+            return self._draw(mask)
+        shape[-2] = length
+        drawn = self._draw(torch.empty(shape, dtype=mask.dtype, device=mask.device))
+        if positions < length:  # sliced by logits_to_keep: the whole mask's last positions
+            return mask.copy_(drawn[..., -positions:, :])
+        # a fused group's longer left padding: the job's own positions are the last ones, the
+        # padding before them is kept
+        mask[..., : positions - length, :].fill_(1 - self.p)
+        mask[..., positions - length :, :].copy_(drawn)
+        return mask
+
+    def _draw(self, mask: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator(device=mask.device)
         generator.manual_seed(
             draw_seed(self.key.seed, self.key.step, self.key.micro_batch, self.module)
         )
-        mask = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(
-            1 - self.p, generator=generator
-        )
-        if sliced:
-            mask = mask[..., -positions:, :]
-        elif padded:  # the job's own positions are the last ones; the padding before them is kept
-            pad = list(shape)
-            pad[-2] = positions - self.key.sequence_length
-            mask = torch.cat([torch.full(pad, 1 - self.p, dtype=x.dtype, device=x.device), mask], dim=-2)
-        return x * mask.div_(1 - self.p)
+        return mask.bernoulli_(1 - self.p, generator=generator)
+
+
+def stacked_masks(dropouts: list[torch.nn.Module], rows: torch.Tensor) -> torch.Tensor | None:
+    """The masks, scaled by 1 / (1 - p), that a fused stack's KeyedDropouts would each multiply
+    its member's rows by, drawn into one tensor: `rows` is (members, *a member's rows). One
+    division for all of them (and the caller's one multiplication) instead of three kernels a
+    member; each member's mask is the one it draws alone (its own key and generator). None for
+    other dropouts, or p differing: each member's dropout then runs on its own rows."""
+    first = dropouts[0]
+    keyed = [d for d in dropouts if isinstance(d, KeyedDropout) and d.training and d.p == first.p]
+    if len(keyed) != len(dropouts) or first.p == 0:
+        return None
+    masks = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device)
+    for dropout, mask in zip(keyed, masks, strict=True):
+        dropout.keep_mask(mask)
+    return masks.div_(1 - first.p)
 
 
 def install_keyed_dropout(model: Any, seed: int, adapter: str | None = None) -> DrawKey | None:

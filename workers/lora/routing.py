@@ -24,6 +24,7 @@ import torch
 
 from workers.lora.base_cache import BaseCache
 from workers.lora.config import RunConfig
+from workers.lora.dropout import stacked_masks
 from workers.lora.model import build_lora_config
 from workers.lora.train import Placement
 
@@ -57,9 +58,11 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     (as they are, or through their dropout or cast) are computed together: their A and B weights
     stacked, two batched matmuls for all of them (`_stacked_output`), where one member at a time
     launched some twenty kernels each (the host's launches, not the GPU, set a fused tick's pace).
-    Rows that go in as they are are stacked only side by side, one slice of the batch seen as one
-    matrix a member (no copy kept for the backward). A member alone goes the same way (a stack
-    of one). The adapters' outputs are joined in row order (rows of a member without an adapter
+    A stack whose members sit side by side is one slice of the batch seen as one matrix a member
+    (no copy kept for the backward); rows that go in as they are are stacked only so. Rows that go
+    through a dropout and a cast are prepared for the whole stack at once: one cast, and one
+    multiplication by the members' own keyed masks drawn into one tensor. A member alone goes the
+    same way (a stack of one). The adapters' outputs are joined in row order (rows of a member without an adapter
     here hold -0.0, which adds as an exact identity) and added to the base output in one
     addition."""
     if routes.now is None:
@@ -78,24 +81,29 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     def span(stack: list[int]) -> tuple[int, int]:  # the rows of a stack whose members sit side by side
         return members[stack[0]][1][0], members[stack[-1]][1][1]
 
-    # what RowSlices cuts: a stack of rows as they are, side by side, is one slice; any other
-    # member its own (the whole batch needs no cut)
+    def side_by_side(stack: list[int]) -> bool:
+        return all(members[a][1][1] == members[b][1][0] for a, b in itertools.pairwise(stack))
+
+    # what RowSlices cuts: a stack of members side by side is one slice; any other member its own
+    # (the whole batch needs no cut)
     pieces = sorted(
-        piece for stack, whole in stacks for piece in ([span(stack)] if whole else [members[i][1] for i in stack])
-    )
+        piece for stack, _ in stacks
+        for piece in ([span(stack)] if side_by_side(stack) else [members[i][1] for i in stack])
+    )  # fmt: skip
     whole_batch = pieces == [(0, x.shape[0])]
     sliced = {pieces[0]: x} if whole_batch else dict(zip(pieces, RowSlices.apply(x, tuple(pieces)), strict=True))
     outputs: dict[int, torch.Tensor] = {}
-    for stack, whole in stacks:
+    for stack, as_it_is in stacks:
         adapters = [members[i][0] for i in stack]
-        if whole:  # one slice: a matrix a member
-            rows = sliced[span(stack)]
-            stacked = _stacked_output(layer, adapters, rows.reshape(len(stack), -1, x.shape[-1]))
-            if len(stacks) == 1 and len(members) == len(bounds):  # the whole batch, every member
-                return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
+        if side_by_side(stack):  # one slice: a matrix a member, no copy
+            rows = sliced[span(stack)].reshape(len(stack), -1, *x.shape[1:])
         else:
-            own = [_through_dropout(layer, members[i][0], sliced[members[i][1]]) for i in stack]
-            stacked = _stacked_output(layer, adapters, _stack([r.reshape(-1, r.shape[-1]) for r in own]))
+            rows = _stack([sliced[members[i][1]] for i in stack])
+        if not as_it_is:
+            rows = _prepared(layer, adapters, rows)
+        stacked = _stacked_output(layer, adapters, rows.reshape(len(stack), -1, x.shape[-1]))
+        if len(stacks) == 1 and len(members) == len(bounds):  # the whole batch, every member, side by side
+            return (result + stacked.reshape(*result.shape[:-1], stacked.shape[-1])).to(result.dtype)
         for i, output in zip(stack, stacked, strict=True):
             start, stop = members[i][1]
             outputs[i] = output.reshape(stop - start, *x.shape[1:-1], output.shape[-1])
@@ -111,10 +119,11 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
 
 def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Tensor) -> list[tuple[list[int], bool]]:
     """The members (indices, in row order) computed together, and for each stack whether its rows
-    go in as they are, side by side (one slice of the batch). Members share a stack where their
-    weights' shapes and dtypes, scaling, rows and the way their rows go in agree; rows that go in
-    as they are are stacked only side by side (members of one shape apart are stacks of their
-    own, each a slice: no copy of their rows is made and saved). A LoRA bias is a stack alone."""
+    go in as they are. Members share a stack where their weights' shapes and dtypes, scaling, rows
+    and the way their rows go in (as they are, or through a dropout of one p and a cast) agree;
+    rows that go in as they are are stacked only side by side (one slice of the batch: members of
+    one shape apart are stacks of their own, and no copy of their rows is made and saved). A LoRA
+    bias is a stack alone."""
     stacks: dict[tuple[Any, ...], list[list[int]]] = {}
     untouched: dict[int, bool] = {}
     for index, (adapter, (start, stop)) in enumerate(members):
@@ -124,7 +133,8 @@ def _stacks(layer: Any, members: list[tuple[str, tuple[int, int]]], x: torch.Ten
             key: tuple[Any, ...] = ("own", adapter)
         else:
             key = (tuple(lora_A.weight.shape), lora_A.weight.dtype, tuple(lora_B.weight.shape),
-                   lora_B.weight.dtype, layer.scaling[adapter], stop - start, untouched[index])  # fmt: skip
+                   lora_B.weight.dtype, layer.scaling[adapter], stop - start, untouched[index],
+                   None if untouched[index] else getattr(layer.lora_dropout[adapter], "p", None))  # fmt: skip
         runs = stacks.setdefault(key, [])
         if runs and (not untouched[index] or members[runs[-1][-1]][1][1] == start):
             runs[-1].append(index)
@@ -143,10 +153,18 @@ def _goes_in_as_it_is(layer: Any, adapter: str, x: torch.Tensor) -> bool:
     )
 
 
-def _through_dropout(layer: Any, adapter: str, rows: torch.Tensor) -> torch.Tensor:
-    """A member's rows that do not go in as they are, as peft prepares them: cast to the LoRA
-    weights' dtype, then through its dropout (the mask multiplies the fp32 copy, as peft's does)."""
-    return layer.lora_dropout[adapter](layer._cast_input_dtype(rows, layer.lora_A[adapter].weight.dtype))
+def _prepared(layer: Any, adapters: list[str], rows: torch.Tensor) -> torch.Tensor:
+    """A stack's rows that do not go in as they are, `rows` being (members, *a member's rows), as
+    peft prepares each member's: cast to the LoRA weights' dtype, then through its dropout (the
+    mask multiplies the cast copy, as peft's does). The cast is one for the stack, and keyed masks
+    of one p are drawn into one tensor and applied in one multiplication (stacked_masks); any
+    other dropout runs on its own member's rows."""
+    cast = layer._cast_input_dtype(rows, layer.lora_A[adapters[0]].weight.dtype)
+    dropouts = [layer.lora_dropout[adapter] for adapter in adapters]
+    masks = stacked_masks(dropouts, cast)
+    if masks is not None:
+        return cast * masks
+    return _stack([dropout(own) for dropout, own in zip(dropouts, cast, strict=True)])
 
 
 def _stacked_output(layer: Any, adapters: list[str], rows: torch.Tensor) -> torch.Tensor:
