@@ -90,14 +90,13 @@ def stacked_masks(dropouts: list[torch.nn.Module], rows: torch.Tensor) -> torch.
     division for all of them (and the caller's one multiplication) instead of three kernels a
     member; each member's mask is the one it draws alone (its own key and generator). None for
     other dropouts, or p differing: each member's dropout then runs on its own rows."""
-    first = dropouts[0]
-    keyed = [d for d in dropouts if isinstance(d, KeyedDropout) and d.training and d.p == first.p]
-    if len(keyed) != len(dropouts) or first.p == 0:
+    keyed = [d for d in dropouts if isinstance(d, KeyedDropout) and d.training]
+    if len(keyed) != len(dropouts) or keyed[0].p == 0 or any(d.p != keyed[0].p for d in keyed):
         return None
     masks = torch.empty(rows.shape, dtype=rows.dtype, device=rows.device)
     for dropout, mask in zip(keyed, masks, strict=True):
         dropout.keep_mask(mask)
-    return masks.div_(1 - first.p)
+    return masks.div_(1 - keyed[0].p)
 
 
 def install_keyed_dropout(model: Any, seed: int, adapter: str | None = None) -> DrawKey | None:
