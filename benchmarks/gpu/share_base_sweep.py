@@ -13,8 +13,9 @@ off), `off` (plan `--plan`, today's orch), `sequential` (plan `--plan`), `fusedN
 fused`, `fused_members: N`, plan `--plan`); `--modes` must name `off` (`--modes off,sequential`
 leaves out `serial`, which takes longest). `--size 1b3` trains a 1.3B Llama-shaped model
 (GLA-1.3B's width and depth) instead. Writes OUT/share-base.json: per mode the makespan (daemon
-start to every job ended) and each job's figures (OUT/share-base-partial.json as each mode ends);
-prints the makespans, the speed-ups against the goals (sequential >= 1.5x off; fused >= 2x off and
+start to every job ended) and each job's figures and the times of its first and last step
+(OUT/share-base-partial.json as each mode ends); prints the makespans, each mode's span of first
+and last steps, the speed-ups against the goals (sequential >= 1.5x off; fused >= 2x off and
 >= 3x serial), whether every per-seed figure of `sequential` equals `off`'s bit for bit, and how
 far each fused mode's figures are from `off`'s. `--dry`: the tiny Llama on CPU, simulated GPUs, 2
 configs, 20 steps (checks the script, not the figures).
@@ -169,7 +170,7 @@ def run_mode(
         db,
         root / "plans",
     )
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     daemon = start_daemon(db, ["--poll", "0.5"])
     try:
         while True:
@@ -187,6 +188,7 @@ def run_mode(
         _, config, seed, _ = result_path.parent.parent.name.split("-", 3)
         result = json.loads(result_path.read_text())
         progress = (result_path.parent / "progress.jsonl").read_text().splitlines()
+        steps = [line for line in map(json.loads, progress) if line.get("loss") is not None]
         figures[f"{config} {seed}"] = {
             "status": result["status"],
             "metrics": result.get("metrics"),
@@ -198,11 +200,16 @@ def run_mode(
             "attempt": result_path.parent.name,
             # a liveness line during a long evaluation carries "loss": null, and how many of
             # those a run writes depends on timing: only the steps' losses are compared
-            "losses": [
-                loss for line in progress
-                if '"loss"' in line and (loss := json.loads(line).get("loss")) is not None
-            ],
+            "losses": [line["loss"] for line in steps],
+            # the job's timeline, seconds after the daemon started: its first and last step
+            "first_step_s": round(steps[0]["t"] - started_wall, 1) if steps else None,
+            "last_step_s": round(steps[-1]["t"] - started_wall, 1) if steps else None,
         }
+    firsts = [f["first_step_s"] for f in figures.values() if f["first_step_s"] is not None]
+    lasts = [f["last_step_s"] for f in figures.values() if f["last_step_s"] is not None]
+    if firsts and lasts:
+        print(f"{mode}: first steps {min(firsts)}-{max(firsts)} s, last steps {min(lasts)}-{max(lasts)} s "
+              "after the daemon started", flush=True)  # fmt: skip
     return {
         "makespan_s": round(makespan_s, 1),
         "jobs": {j["id"]: j["state"] for j in jobs},
