@@ -35,7 +35,7 @@ rm -rf "$WORK"-s*
     timeout "$LIMIT_S" python3 benchmarks/gpu/share_base_sweep.py --work "$WORK-s$n" \
       --out "$OUT/s$n" --seeds "$n" --plan "$PLAN" --modes "$MODES" --size "$SIZE"
     echo "share_base_sweep.py --seeds $n exited $? after $(($(date +%s) - started)) s"
-    (cd "$WORK-s$n" && tar czf "$OUT/s$n/daemon-logs.tar.gz" */state.db.daemon.log)
+    (cd "$WORK-s$n" && tar czf "$OUT/s$n/daemon-logs.tar.gz" */state.db*)
   done
   nvidia-smi --query-gpu=memory.used --format=csv
 } 2>&1 | tee "$OUT/log-share-base.txt"

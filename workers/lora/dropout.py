@@ -49,6 +49,9 @@ class KeyedDropout(torch.nn.Module):
     def __init__(self, p: float, module: str, key: DrawKey) -> None:
         super().__init__()
         self.p, self.module, self.key = p, module, key
+        # one generator per device, seeded again for each draw (the seed sets its whole state): a
+        # generator made for each draw costs the host more than the draw
+        self._generators: dict[torch.device, torch.Generator] = {}
 
     def extra_repr(self) -> str:
         return f"p={self.p}, keyed"
@@ -77,7 +80,9 @@ class KeyedDropout(torch.nn.Module):
         return mask
 
     def _draw(self, mask: torch.Tensor) -> torch.Tensor:
-        generator = torch.Generator(device=mask.device)
+        generator = self._generators.get(mask.device)
+        if generator is None:
+            generator = self._generators[mask.device] = torch.Generator(device=mask.device)
         generator.manual_seed(
             draw_seed(self.key.seed, self.key.step, self.key.micro_batch, self.module)
         )
