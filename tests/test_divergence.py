@@ -27,6 +27,17 @@ def test_a_learning_run_is_not_diverged() -> None:
     assert verdict(summary) is None
 
 
+def test_a_run_of_one_epoch_is_judged_on_its_last_steps_not_its_whole_descent() -> None:
+    """The LoRA worker's one-epoch runs on a toy task: the loss fell from about 5 to 5e-5; the
+    epoch's mean (0.22 here) is above 3 × the minimum, the last steps' is not."""
+    losses = [5.0 * 0.9**i for i in range(100)] + [5e-5] * 25
+    assert verdict(summarise_losses(losses, final_steps=len(losses))) is None
+    assert summarise_losses(losses, final_steps=len(losses)).final_steps == 10
+    assert "3 × its minimum" in str(verdict(summarise_losses(losses, final_steps=len(losses) - 1)))
+    again = [*losses, *([0.5] * 10)]  # the last steps above 3 × the minimum: flagged still
+    assert "3 × its minimum" in str(verdict(summarise_losses(again, final_steps=len(again))))
+
+
 def test_a_last_epoch_above_the_first_steps_diverged() -> None:
     losses = [0.7] * 30 + [2.3e8, 9.2e8] * 5  # the lr 200 runs' end
     reason = verdict(summarise_losses(losses, final_steps=10))

@@ -1,10 +1,10 @@
 """Divergence: whether a run's training loss ended above where it began. Pure: losses in, verdict out.
 
-A run diverged when the mean loss of its last epoch (a script's own output: its last readings)
-is not finite, exceeds the mean of its first steps by more than FIRST_STEPS_MARGIN of it (a run
-whose loss never moved ends a little either side of its start by noise alone: 4.411 against
-4.405 is not a divergence), or exceeds `factor` × its minimum (the lowest
-mean over a window of consecutive steps, so one lucky batch is not the minimum). Our LoRA worker
+A run diverged when the mean loss of its last epoch (of a run of one epoch, and of a script's
+own output: its last readings) is not finite, exceeds the mean of its first steps by more than
+FIRST_STEPS_MARGIN of it (a run whose loss never moved ends a little either side of its start by
+noise alone: 4.411 against 4.405 is not a divergence), or exceeds `factor` × its minimum (the
+lowest mean over a window of consecutive steps, so one lucky batch is not the minimum). Our LoRA worker
 summarises its per-step losses with `summarise_losses`; for any other script orch feeds the
 losses it parsed from the output to a `LossTrack`, and every worker's reported history of `loss`
 (progress.jsonl, printed log dicts) is summarised too. Each gives a `LossSummary`, judged by
@@ -67,11 +67,14 @@ def _min_window_mean(losses: Sequence[float], window: int) -> float | None:
 
 def summarise_losses(losses: Sequence[float], final_steps: int | None = None) -> LossSummary:
     """A run's per-step losses; `final_steps`: how many of the last ones make its last epoch
-    (None: the last window)."""
+    (None: the last window). A last epoch that is the whole run is its descent too: such a run's
+    end is its last window (judged on the whole epoch, a loss that fell from 5 to 5e-5 in one
+    epoch averaged 0.22 and read as diverged, above 3 × its minimum)."""
     if not losses:
         return LossSummary(None, None, None, 0, 0)
     window = window_for(len(losses))
-    last = max(1, min(len(losses), final_steps if final_steps else window))
+    whole_run = final_steps is not None and final_steps >= len(losses)
+    last = max(1, min(len(losses), final_steps if final_steps and not whole_run else window))
     first = [v for v in losses[:window] if _finite(v)]
     tail = losses[-last:]
     nonfinite = not all(_finite(v) for v in tail)
