@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from workers.lora.__main__ import run_attempt
     from workers.lora.base_cache import BaseCache
-    from workers.lora.fused import FusedTrainer, MemberSpec
+    from workers.lora.fused import FusedTrainer
+    from workers.lora.member import MemberSpec
 
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="fused-cpu-"))

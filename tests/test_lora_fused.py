@@ -43,7 +43,7 @@ WIDE: dict[str, Any] = {  # another rank, other targets, another rate and micro-
 
 
 def member(run_dir: Path, raw: dict[str, Any], ends: dict[str, int], **kwargs: Any) -> Any:
-    from workers.lora.fused import MemberSpec
+    from workers.lora.member import MemberSpec
 
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(raw))

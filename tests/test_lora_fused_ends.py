@@ -70,7 +70,8 @@ def test_a_stop_is_honoured_before_a_batch_mates_evaluation(tmp_path: Path, data
 
 def test_an_unusable_process_ends_the_others_with_no_result(tmp_path: Path, data_dir: Path) -> None:
     from workers.lora.base_cache import BaseCache
-    from workers.lora.fused import PROCESS_ENDED, FusedTrainer
+    from workers.lora.fused import FusedTrainer
+    from workers.lora.member import PROCESS_ENDED
 
     def broken() -> None:
         raise RuntimeError("the device is in a bad state")  # not the job's own: the process is unusable

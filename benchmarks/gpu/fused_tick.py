@@ -144,7 +144,8 @@ class TickTrace:
 def run_group(root: Path, tag: str, configs: list[dict[str, Any]], cache: Any, clock: TickClock | None,
               profile: cProfile.Profile | None, trace: TickTrace | None = None) -> float:  # fmt: skip
     from workers.lora import fused
-    from workers.lora.fused import FusedTrainer, MemberSpec
+    from workers.lora.fused import FusedTrainer
+    from workers.lora.member import MemberSpec
 
     specs = []
     ends: list[int] = []

@@ -20,66 +20,25 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workers.harness import Heartbeat
 from workers.lora.__main__ import EXIT_STOPPED, Attempt, AttemptEnd, JobStopped, is_oom, run_attempt
 from workers.lora.base_cache import BaseCache
 from workers.lora.config import RunConfig
 from workers.lora.device import reset_peak, select_device
+from workers.lora.member import PROCESS_ENDED, MemberSpec
 from workers.lora.routing import FusedModel, Route, Routes, Unfusable, unfusable
 from workers.lora.train import JobRun, MicroBatch, answer_logits
 
 EXIT_GROUP_OOM = 75  # the daemon requeues each member, uncounted, with a smaller group
-# Not an exit code: the job ends with no answer from this process (its client prints that the warm
-# process ended while it trained the job, exit 1: orch counts one process death for its members).
-PROCESS_ENDED = -1
 STOPPED = "orch stopped the attempt (cancelled, hung or its client gone)"
 
 
 def group_oom_line(members: int) -> str:
     return f"orch: fused group of {members} members ran out of memory"
-
-
-@dataclass
-class MemberSpec:
-    """One job handed to the group: where its output goes, how it is stopped, who hears its end."""
-
-    run_dir: Path
-    config_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    out: Any = None  # its stdout and stderr, a text stream (None: as they are)
-    stop: threading.Event = field(default_factory=threading.Event)
-    done: Callable[[int], None] = lambda exit_code: None
-    heartbeat: Callable[[Path, threading.Event], Heartbeat] = lambda run_dir, stop: Heartbeat(run_dir)
-    # set once the job's stop is in the hands of code that honours it (the trainer saw it, or the
-    # job trains alone under its own heartbeat), or the job ended: a hang is timed from there
-    seen: threading.Event = field(default_factory=threading.Event)
-    _claim: threading.Lock = field(default_factory=threading.Lock)
-    _training: bool = False
-    _withdrawn: bool = False
-
-    def claim(self) -> bool:
-        """The trainer takes the job up (False: it was withdrawn, stopped while it waited)."""
-        with self._claim:
-            self._training = not self._withdrawn
-            return self._training
-
-    def unclaim(self) -> None:
-        """The job waits again (to train alone after the group)."""
-        with self._claim:
-            self._training = False
-
-    def withdraw(self) -> bool:
-        """Its stop, while it waits (queued, or to train alone): True when nothing trains it now
-        and nothing will; the caller ends it."""
-        with self._claim:
-            self._withdrawn = self._withdrawn or not self._training
-            return self._withdrawn
 
 
 @dataclass

@@ -19,11 +19,12 @@ import queue
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from workers.lora.__main__ import EXIT_FAILED, EXIT_STOPPED
-from workers.lora.fused import PROCESS_ENDED, FusedTrainer, MemberSpec
+from workers.lora.member import PROCESS_ENDED, MemberSpec
 from workers.lora.resume_guard import holding_job
 from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
 from workers.lora.share import MAX_FUSED_MEMBERS, messages, send
@@ -65,10 +66,14 @@ class Door:
             return True
 
 
-def serve_fused(listener: socket.socket, cache: Any, base_env: dict[str, str], idle_s: float, sock_path: Path) -> int:
-    """Accept clients in a thread, train their jobs here; the exit code."""
+def serve_fused(
+    listener: socket.socket, make_cache: Callable[[], Any], base_env: dict[str, str], idle_s: float, sock_path: Path
+) -> int:
+    """Accept clients in a thread, train their jobs here; the exit code. Clients are answered
+    from the start: the cache (torch, its imports) is made meanwhile, so the clients a full
+    process turns away start the next slot's process without waiting for this one's imports."""
     door = Door()
-    trainer = FusedTrainer(cache, base_env)
+    ready: list[Any] = []  # the cache, once made (an answer before it says no base memory)
     listener.settimeout(None)
 
     def accept_loop() -> None:
@@ -77,9 +82,13 @@ def serve_fused(listener: socket.socket, cache: Any, base_env: dict[str, str], i
                 conn, _ = listener.accept()
             except OSError:
                 return  # closed: the process is leaving
-            threading.Thread(target=_client, args=(conn, door, cache), daemon=True).start()
+            threading.Thread(target=_client, args=(conn, door, ready), daemon=True).start()
 
     threading.Thread(target=accept_loop, daemon=True).start()
+    ready.append(make_cache())
+    from workers.lora.fused import FusedTrainer  # torch
+
+    trainer = FusedTrainer(ready[0], base_env)
 
     def admit(idle: bool) -> list[MemberSpec] | None:
         new: list[MemberSpec] = []
@@ -108,7 +117,7 @@ def serve_fused(listener: socket.socket, cache: Any, base_env: dict[str, str], i
     return 0 if usable else 1
 
 
-def _client(conn: socket.socket, door: Door, cache: Any) -> None:
+def _client(conn: socket.socket, door: Door, ready: list[Any]) -> None:
     """One client: admission, then its stop; its job's end is sent by the trainer's thread."""
     reader = messages(conn)
     first = next(reader, None)
@@ -147,7 +156,7 @@ def _client(conn: socket.socket, door: Door, cache: Any) -> None:
     env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
     log(f"job {env.get('ORCH_JOB_ID', '?')} attempt {env.get('ORCH_ATTEMPT', '?')} joins: {run_dir}")
     try:
-        send(conn, {"accepted": accepted(cache)})
+        send(conn, {"accepted": accepted(ready[0] if ready else None)})
     except OSError:
         door.leave(job_id)
         conn.close()

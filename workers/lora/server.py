@@ -43,6 +43,9 @@ from workers.lora.share import (
 )
 
 STOP_GRACE_S = 30.0  # a stopped job still running after this long: the process is replaced
+# clients connecting at once wait in the socket's queue for an answer (a sweep's first jobs all
+# try the first slot together)
+LISTEN_BACKLOG = 64
 EXIT_HUNG = 70
 
 
@@ -96,11 +99,8 @@ def serve(folder: Path, key: str, slot: int, idle_s: float, fused: bool = False)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock_path))
     os.chmod(sock_path, 0o600)
-    listener.listen(4)
+    listener.listen(LISTEN_BACKLOG)
     _close_window_on_exit()
-    from workers.lora.base_cache import BaseCache  # torch: after the socket, clients wait on it
-
-    cache = BaseCache()
     base_env = dict(os.environ)
     mode = "fused" if fused else "sequential"
     log(f"warm LoRA worker {key}-{slot} ({mode}, pid {os.getpid()}): ready, exits after {idle_s:g} s idle")
@@ -108,7 +108,8 @@ def serve(folder: Path, key: str, slot: int, idle_s: float, fused: bool = False)
         if fused:
             from workers.lora.fused_server import serve_fused
 
-            return serve_fused(listener, cache, base_env, idle_s, sock_path)
+            return serve_fused(listener, _new_cache, base_env, idle_s, sock_path)
+        cache = _new_cache()  # torch: after the socket, clients wait on it
         while True:
             listener.settimeout(idle_s)
             try:
@@ -129,6 +130,12 @@ def serve(folder: Path, key: str, slot: int, idle_s: float, fused: bool = False)
         with contextlib.suppress(FileNotFoundError):
             sock_path.unlink()
         listener.close()
+
+
+def _new_cache() -> Any:
+    from workers.lora.base_cache import BaseCache  # torch
+
+    return BaseCache()
 
 
 def serve_one(conn: socket.socket, cache: Any, base_env: dict[str, str]) -> bool:
