@@ -98,6 +98,15 @@ def run(
     return {"logits": logits.detach().clone(), **grads}
 
 
+def assert_near(new: Any, old: Any, share: float, name: str) -> None:
+    """Within `share` of the tensor's largest value: the two routings sum in other orders (on a
+    GPU a batched matmul and one a member take other kernels), so an element that is a small
+    sum of large terms may differ by more than its own size, and the largest value is the
+    scale its rounding is of."""
+    gap, scale = float((new - old).abs().max()), float(old.abs().max())
+    assert gap <= share * scale, f"{name}: {gap:.3g} apart, the largest value {scale:.3g}"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
@@ -114,7 +123,7 @@ def test_the_stacked_forward_agrees_with_the_loop_it_replaced(
         if autocast and device == "cpu":
             assert torch.equal(new[name], old[name]), name
         else:
-            assert torch.allclose(new[name], old[name], rtol=1e-2 if autocast else 1e-5, atol=1e-6), name
+            assert_near(new[name], old[name], 1e-2 if autocast else 1e-5, name)
     other = run(model, layers, routed_forward, autocast, seed=6, device=device, routes_now=routes_now)
     assert dropout == 0 or not torch.equal(other["logits"], new["logits"])  # the test can fail
 
@@ -133,7 +142,7 @@ def test_a_padded_members_masks_in_a_stack_agree_with_the_loop(autocast: bool, d
         if autocast and device == "cpu":
             assert torch.equal(new[name], old[name]), name
         else:
-            assert torch.allclose(new[name], old[name], rtol=1e-2 if autocast else 1e-5, atol=1e-6), name
+            assert_near(new[name], old[name], 1e-2 if autocast else 1e-5, name)
     unpadded = run(model, layers, routed_forward, autocast, 5, device, routes_now)
     assert not torch.equal(unpadded["logits"][2:4], new["logits"][2:4])  # the test can fail
     assert torch.equal(unpadded["logits"][:2], new["logits"][:2])  # the other members' own
