@@ -25,7 +25,8 @@ settings, so a second count says how often the kept setting is tied with the gri
 finals within one standard error of a 3-seed mean), and `--explain` prints, per seed, the grid
 best's true rank, its seeds' deviations from its true final, its rank at each rung and where it
 was stopped. `--smooth-evals N` judges on the mean of each seed's last N evaluations
-(early_stop.smooth_evals); `--value best` on each seed's best evaluation so far
+(early_stop.smooth_evals); `--margin-se Z` spares a setting within Z standard errors of a
+rung's cutoff (early_stop.margin_se); `--value best` on each seed's best evaluation so far
 (early_stop.value). `--metric loss` judges the recordings' validation losses instead of
 their accuracies (`early_stop.metric: val_loss`, `mode: min`; the grid's best is then the lowest
 final loss).
@@ -295,6 +296,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="early_stop.value: each seed's last evaluation at a rung (default) or its best so far",
     )
     parser.add_argument(
+        "--margin-se", type=float, default=None, metavar="Z",
+        help="early_stop.margin_se (asha): spare a setting the pruner stops while within Z standard "
+        "errors of the rung's cutoff (default: none)",
+    )
+    parser.add_argument(
         "--eval-sd",
         type=float,
         default=curve_family.EVAL_SD,
@@ -324,6 +330,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--metric loss: the recorded curves only (the family is accuracy)")
     if args.value == "best" and args.smooth_evals > 1:
         parser.error("--value best takes each seed's best so far, --smooth-evals a mean: choose one")
+    if args.margin_se is not None and args.rule != "asha":
+        parser.error("--margin-se spares settings near asha's cutoff: --rule asha only")
     return args  # fmt: skip
 
 
@@ -333,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     min_steps = args.min_steps or curves.steps // 10
     hyperband = args.rule == "hyperband"
     spec = EarlyStop(curves.metric, curves.mode, PruneRule(args.rule), min_steps, args.reduction_factor,
-                     curves.steps if hyperband else None, args.smooth_evals, SeedValue(args.value))  # fmt: skip
+                     curves.steps if hyperband else None, args.smooth_evals, SeedValue(args.value),
+                     args.margin_se)  # fmt: skip
     rows: list[dict[str, Any]] = []
     settings: list[str] = []
     for seed in range(args.seeds):
@@ -362,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         "crossing": args.crossing if curves.name == "parametric" else None,
         "min_steps": min_steps, "steps": curves.steps, "eval_every_steps": curves.eval_every,
         "reduction_factor": args.reduction_factor, "smooth_evals": args.smooth_evals, "value": args.value,
+        "margin_se": args.margin_se,
         "eval_sd": args.eval_sd if curves.name == "parametric" else None,
         "full_grid_gpu_hours": full_hours,
         "early_stop_gpu_hours_mean": mean(r["gpu_hours"] for r in rows),
@@ -398,7 +408,8 @@ def report(args: argparse.Namespace, summary: dict[str, Any], curves: Curves) ->
     lines.append(
         f"early stopping on {curves.name} curves, {curves.metric} ({args.rule}, "
         f"min_steps {summary['min_steps']}, factor "
-        f"{args.reduction_factor}, smooth_evals {args.smooth_evals}, value {args.value}, {noise}): "
+        f"{args.reduction_factor}, smooth_evals {args.smooth_evals}, value {args.value}"
+        f"{'' if args.margin_se is None else f', margin_se {args.margin_se:g}'}, {noise}): "
         f"{summary['early_stop_gpu_hours_mean']:.1f} GPU-h mean (max {summary['early_stop_gpu_hours_max']:.1f}) "
         f"vs {full_hours:.0f} for the full grid ({summary['early_stop_gpu_hours_mean'] / full_hours:.2f}); "
         f"grid best kept in {summary['grid_best_kept']} of {n}; the kept setting's {truth} "

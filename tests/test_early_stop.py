@@ -135,7 +135,7 @@ def test_hyperband_runs_on_optuna() -> None:
             {"metric": "m", "min_steps": 3, "smoothing": 3},
             "unknown key(s) smoothing (`early_stop` must be a mapping of metric, mode (max|min), "
             "rule (asha|hyperband|median), min_steps, reduction_factor, max_steps (hyperband), smooth_evals, "
-            "value (last|best))",
+            "value (last|best), margin_se (asha))",
         ),
         ({"metric": "m"}, "min_steps` is required"),
         ({"min_steps": 3}, "early_stop.metric` must name"),
@@ -311,3 +311,49 @@ def test_a_suite_without_tasks_is_named_alone() -> None:
     from orchestrator.store.early_stop import where
 
     assert where("es", "") == "es" and where("es", "glue-tvt_rte") == "es on glue-tvt_rte"
+
+
+def test_margin_se_is_checked_and_kept() -> None:
+    raw = {"metric": "val_loss", "mode": "min", "min_steps": 5, "margin_se": 1}
+    spec = parse_early_stop("s", raw)
+    assert spec.margin_se == 1.0 and EarlyStop.from_json(spec.to_json()) == spec
+    assert "margin_se" not in parse_early_stop("s", {"metric": "m", "min_steps": 5}).to_json()  # as stored before
+    for bad, said in (
+        ({"margin_se": -0.5}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not -0.5"),
+        ({"margin_se": "1"}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not '1'"),
+        ({"margin_se": True}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not True"),
+        ({"rule": "median"}, "`early_stop.margin_se` spares settings near asha's cutoff; rule median takes none"),
+    ):
+        with pytest.raises(PlanError) as info:
+            parse_early_stop("suite s.yaml", {**raw, **bad})
+        assert str(info.value) == f"suite s.yaml: {said}"
+
+
+def _two_seeds(key: str, first: float, second: float, job_id: int, up_to: int) -> SettingRuns:
+    values = [{float(s): v for s in range(10, up_to + 1, 10)} for v in (first, second)]
+    seeds = (SeedRun(job_id, R, values[0], float(up_to)), SeedRun(job_id + 1, R, values[1], float(up_to)))
+    return SettingRuns(key, seeds)
+
+
+def _noisy_grid(up_to: int) -> list[SettingRuns]:
+    """Nine settings of two seeds at a rung of factor 3: the cutoff is the third best, 0.7;
+    `close` (0.69, seeds 0.64 and 0.74: a standard error of 0.05) is 4th, `far` (0.5) last."""
+    means = {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6, "e": 0.58, "f": 0.56, "g": 0.54}
+    grid = [_two_seeds(k, m - 0.001, m + 0.001, 10 * i, up_to) for i, (k, m) in enumerate(means.items())]
+    return [*grid, _two_seeds("close", 0.64, 0.74, 100, up_to), _two_seeds("far", 0.49, 0.51, 110, up_to)]
+
+
+def test_a_margin_spares_a_setting_within_its_seeds_noise_of_the_cutoff_and_only_that() -> None:
+    with_margin = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, margin_se=1.0)
+    plain = {p.setting for p in judge(ASHA, _noisy_grid(10), []).prunes}
+    assert {"close", "far"} <= plain  # the test can fail: the pruner alone stops both
+    first = judge(with_margin, _noisy_grid(10), [])
+    assert {p.setting for p in first.prunes} == plain - {"close"}  # the margin only spares
+    assert first.prunes[0].record(with_margin)["margin_se"] == 1.0
+    # judged again at its rung later (a running setting is, at its last rung): still spared
+    stopped = {p.setting for p in first.prunes}
+    later = [SettingRuns(s.key, s.seeds, decided=s.key in stopped) for s in _noisy_grid(20)]
+    assert "close" not in {p.setting for p in judge(with_margin, later, first.told).prunes}
+    assert "close" in {p.setting for p in judge(ASHA, later, first.told).prunes}
+    narrow = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, margin_se=0.1)
+    assert {p.setting for p in judge(narrow, _noisy_grid(10), []).prunes} == plain  # 0.01 > 0.1 × 0.05

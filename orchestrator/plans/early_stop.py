@@ -68,6 +68,9 @@ class EarlyStop:
     # step (1: its last one); a noisy evaluation then moves a rung value less
     smooth_evals: int = 1
     value: SeedValue = SeedValue.LAST
+    # asha: a setting the pruner would stop at a rung goes on while its seed mean is within this
+    # many standard errors (its seeds' spread there) of the worst setting kept at that rung
+    margin_se: float | None = None
 
     def __post_init__(self) -> None:
         if self.value is SeedValue.BEST and self.smooth_evals > 1:
@@ -100,6 +103,8 @@ class EarlyStop:
             stored["smooth_evals"] = self.smooth_evals
         if self.value is not SeedValue.LAST:  # likewise: a rule stored before it reads as last
             stored["value"] = self.value.value
+        if self.margin_se is not None:
+            stored["margin_se"] = self.margin_se
         return stored
 
     @classmethod
@@ -113,11 +118,12 @@ class EarlyStop:
             return None
 
 
-_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps", "smooth_evals", "value")
+_KEYS = ("metric", "mode", "rule", "min_steps", "reduction_factor", "max_steps", "smooth_evals", "value", "margin_se")
 _SHAPE = (
     "`early_stop` must be a mapping of metric, mode (max|min), rule (asha|hyperband|median), min_steps, "
-    "reduction_factor, max_steps (hyperband), smooth_evals, value (last|best)"
+    "reduction_factor, max_steps (hyperband), smooth_evals, value (last|best), margin_se (asha)"
 )
+MAX_MARGIN_SE = 10.0  # standard errors: far past any margin that still stops anything
 
 
 def _bounded_int(where: str, key: str, value: Any, least: int, most: int) -> int:
@@ -170,4 +176,20 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
             f"{where}: `early_stop.value: best` takes each seed's best value so far, "
             f"`smooth_evals: {smooth}` the mean of its last ones: choose one"
         )
-    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps, smooth, value)
+    margin = _parse_margin(where, rule, raw.get("margin_se"))
+    return EarlyStop(metric.strip(), mode, rule, min_steps, factor, max_steps, smooth, value, margin)
+
+
+def _parse_margin(where: str, rule: PruneRule, margin: Any) -> float | None:
+    if margin is None:
+        return None
+    if rule is not PruneRule.ASHA:
+        raise PlanError(
+            f"{where}: `early_stop.margin_se` spares settings near asha's cutoff; rule {rule.value} takes none"
+        )
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin <= MAX_MARGIN_SE:
+        raise PlanError(
+            f"{where}: `early_stop.margin_se` must be a number of standard errors from 0 to "
+            f"{MAX_MARGIN_SE:g}, not {shown_typed(margin)}"
+        )
+    return float(margin)

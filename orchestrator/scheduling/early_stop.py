@@ -73,6 +73,7 @@ class Prune:
     def record(self, spec: EarlyStop) -> dict[str, Any]:
         smooth = {"smooth_evals": spec.smooth_evals} if spec.smooth_evals > 1 else {}
         best = {"seed_value": spec.value.value} if spec.best_of() is not None else {}
+        margin = {"margin_se": spec.margin_se} if spec.margin_se is not None else {}
         return {
             "step": self.step,
             "metric": spec.metric,
@@ -81,7 +82,7 @@ class Prune:
             "of": self.of,
             "rule": spec.rule.value,
             "rung": self.rung,
-        } | smooth | best
+        } | smooth | best | margin
 
 
 @dataclass
@@ -116,6 +117,42 @@ def setting_value(
     if not found or any(v is None or not math.isfinite(v) for v in found):
         return None
     return sum(v for v in found if v is not None) / len(found)
+
+
+def seed_values(
+    setting: SettingRuns, step: float, smooth_evals: int = 1, best_of: Mode | None = None
+) -> list[float]:
+    """The finite values at `step` of the setting's counted seeds (what its mean is made of)."""
+    found = [value_at(seed.values, step, smooth_evals, best_of) for seed in setting.counted()]
+    return [v for v in found if v is not None and math.isfinite(v)]
+
+
+class Margin:
+    """`early_stop.margin_se` (asha): a stop the pruner decides at a rung is not made while the
+    setting is as good as the worst setting successive halving keeps there (the ceil(n / factor)-th
+    best of the n settings told at that rung, itself among them), or within `margin_se` standard
+    errors of it: its seeds' sample standard deviation at the rung step over √seeds (0 with one
+    seed). The pruner decides; the margin only spares, and a spared setting is judged again as any
+    other. Ties with the cutoff within seed noise were what lost the grid's best (docs/search.md)."""
+
+    def __init__(self, spec: EarlyStop, settings: Sequence[SettingRuns]) -> None:
+        self.spec = spec
+        self.by_key = {setting.key: setting for setting in settings}
+
+    def spares(self, key: str, step: int, value: float, told: Mapping[str, float]) -> bool:
+        spec = self.spec
+        ranked = sorted(told.values(), reverse=spec.mode is Mode.MAX)  # best first
+        cutoff = ranked[max(1, math.ceil(len(ranked) / spec.reduction_factor)) - 1]
+        gap = cutoff - value if spec.mode is Mode.MAX else value - cutoff
+        if gap <= 0:
+            return True
+        setting = self.by_key.get(key)
+        found = seed_values(setting, step, spec.smooth_evals, spec.best_of()) if setting else []
+        if len(found) < 2:
+            return False
+        centre = sum(found) / len(found)
+        spread = math.sqrt(sum((v - centre) ** 2 for v in found) / (len(found) - 1))
+        return gap <= (spec.margin_se or 0.0) * spread / math.sqrt(len(found))
 
 
 def _pruner(spec: EarlyStop) -> Any:
@@ -197,15 +234,16 @@ def judge(
             study.tell(trials[setting.key], final)
     live = [item for item in new if not item[2].finished()]
     stopped: set[str] = set()
+    margin = Margin(spec, settings) if spec.margin_se is not None else None
     for rung in sorted({item[0] for item in live}):
         batch = [item for item in live if item[0] == rung and item[2].key not in stopped]
-        for prune in _judge_rung(study, trials, spec, batch, at_rung, judgement):
+        for prune in _judge_rung(study, trials, spec, batch, at_rung, judgement, margin):
             stopped.add(prune.setting)
             judgement.prunes.append(prune)
     if (
         spec.rule is not PruneRule.HYPERBAND
     ):  # a bracket's rungs are its own: judged as they come only
-        for prune in _judge_again(study, trials, spec, settings, at_rung):
+        for prune in _judge_again(study, trials, spec, settings, at_rung, margin):
             if prune.setting not in stopped:
                 stopped.add(prune.setting)
                 judgement.prunes.append(prune)
@@ -218,6 +256,7 @@ def _judge_again(
     spec: EarlyStop,
     settings: Sequence[SettingRuns],
     at_rung: Mapping[int, Mapping[str, float]],
+    margin: Margin | None = None,
 ) -> list[Prune]:
     """Each running setting judged by the pruner again at the last rung it has reached, against
     every setting that has reached that rung by now: one that went on for being among the first
@@ -243,8 +282,10 @@ def _judge_again(
         # the trial as it was when it reached this rung: the pruner records the rung again
         trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
         trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
-        if study.pruner.prune(study, trial):
-            prunes.append(_prune(setting, rung, step, at_rung[rung][setting.key], at_rung, spec))
+        value = at_rung[rung][setting.key]
+        spared = margin is not None and margin.spares(setting.key, step, value, at_rung[rung])
+        if study.pruner.prune(study, trial) and not spared:
+            prunes.append(_prune(setting, rung, step, value, at_rung, spec))
     return prunes
 
 
@@ -265,6 +306,7 @@ def _judge_rung(
     batch: Sequence[tuple[int, int, SettingRuns, float]],
     at_rung: dict[int, dict[str, float]],
     judgement: Judgement,
+    margin: Margin | None = None,
 ) -> list[Prune]:
     """The settings of `batch` (all reaching one rung in this check) told, then judged by the
     pruner against every setting at that rung, the whole batch included: settings that arrive
@@ -285,7 +327,8 @@ def _judge_rung(
         frozen.system_attrs = {
             k: v for k, v in frozen.system_attrs.items() if k in before[setting.key]
         }
-        if study.pruner.prune(study, frozen):
+        spared = margin is not None and margin.spares(setting.key, step, value, at_rung[rung])
+        if study.pruner.prune(study, frozen) and not spared:
             prunes.append(_prune(setting, rung, step, value, at_rung, spec))
     return prunes
 
