@@ -9,7 +9,8 @@ value at a step is the mean over its seeds of each seed's last value at or befor
 best there with `value: best`), once every seed that counts (queued, running or succeeded) has
 reported the metric at or past it. What was told before is told again first, in the same order
 of rungs, so a restarted daemon's pruner holds what the last one's did; only then are new rungs
-told, and judged."""
+told, and judged. With `margin_se` (asha) a stop the pruner decides is not made for a setting tied
+with the rung's cutoff within its seeds' noise (`Margin`)."""
 
 from __future__ import annotations
 
