@@ -8,15 +8,35 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from workers.lora.fused_server import serve_fused
+from workers.lora.fused_server import Door, serve_fused
 from workers.lora.share import messages, send
 
+pytest.importorskip("torch")
 pytestmark = [pytest.mark.train]
+
+
+def _client(sock_path: Path, run_dir: Path, fuse_max: int = 2) -> tuple[socket.socket, Any]:
+    """A client's hello to the process; its connection and the answer."""
+    run_dir.mkdir()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(20)  # an answer held back until the cache is made fails the test, not hangs it
+    conn.connect(str(sock_path))
+    send(conn, {"job": {"run_dir": str(run_dir), "config": str(run_dir / "config.yaml"), "env": {}},
+                "fuse_max": fuse_max})  # fmt: skip
+    return conn, next(messages(conn), None)
+
+
+def _listening(sock_path: Path) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(64)
+    return listener
 
 
 def test_clients_are_answered_while_the_process_is_still_importing(tmp_path: Path) -> None:
@@ -30,24 +50,17 @@ def test_clients_are_answered_while_the_process_is_still_importing(tmp_path: Pat
         return BaseCache()
 
     sock_path = tmp_path / "slot.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock_path))
-    listener.listen(64)
+    listener = _listening(sock_path)
+    door = Door()
     ended: list[int] = []
     server = threading.Thread(
-        target=lambda: ended.append(serve_fused(listener, make_cache, dict(os.environ), 0.5, sock_path))
+        target=lambda: ended.append(serve_fused(listener, make_cache, dict(os.environ), 0.5, sock_path, door))
     )
     server.start()
     answers, conns = [], []
     for n in range(3):
-        run_dir = tmp_path / f"job{n}"
-        run_dir.mkdir()
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(20)  # an answer held back until the cache is made fails the test, not hangs it
-        conn.connect(str(sock_path))
-        send(conn, {"job": {"run_dir": str(run_dir), "config": str(run_dir / "config.yaml"), "env": {}},
-                    "fuse_max": 2})  # fmt: skip
-        answers.append(next(messages(conn), None))
+        conn, answer = _client(sock_path, tmp_path / f"job{n}")
+        answers.append(answer)
         conns.append(conn)
     assert not made.is_set()  # every answer came before the cache was made
     assert [answer is not None and "accepted" in answer for answer in answers] == [True, True, False]
@@ -55,7 +68,42 @@ def test_clients_are_answered_while_the_process_is_still_importing(tmp_path: Pat
     assert answers[2] == {"full": True}
     for conn in conns:  # the clients leave: their jobs end before they train; the process idles out
         conn.close()
+    deadline = time.monotonic() + 20
+    while door.caps and time.monotonic() < deadline:  # each withdrawn before the trainer starts
+        time.sleep(0.05)  # polling the door's count, with the deadline above
+    assert not door.caps
     gate.set()
     server.join(60)
     assert made.is_set() and ended == [0]
+    listener.close()
+
+
+def test_jobs_accepted_before_the_process_fails_to_start_its_trainer_end_failed_saying_why(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    def make_cache() -> Any:  # an import that fails, once a client was accepted
+        assert gate.wait(60)
+        raise ImportError("no module named 'peft'")
+
+    sock_path = tmp_path / "slot.sock"
+    listener = _listening(sock_path)
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            serve_fused(listener, make_cache, dict(os.environ), 0.5, sock_path)
+        except BaseException as exc:  # the process's own end: it exits with the traceback
+            raised.append(exc)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    conn, answer = _client(sock_path, tmp_path / "job")
+    assert answer is not None and "accepted" in answer
+    gate.set()
+    said = list(messages(conn))  # the job's output, then its end
+    server.join(60)
+    assert isinstance(raised[0], ImportError)
+    assert said[-1] == {"exit": 1}
+    text = "".join(m.get("out", "") for m in said[:-1])
+    assert "could not start its trainer: ImportError: no module named 'peft'" in text, said
     listener.close()

@@ -19,6 +19,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from workers.lora.member import PROCESS_ENDED, MemberSpec
 from workers.lora.resume_guard import holding_job
 from workers.lora.server import EXIT_HUNG, STOP_GRACE_S, Relay, StoppableHeartbeat, accepted
 from workers.lora.share import MAX_FUSED_MEMBERS, messages, send
+
+FAIL_DRAIN_S = 10.0  # a process that cannot train waits this long for the jobs it accepted to arrive
 
 
 def log(message: str) -> None:
@@ -67,12 +70,14 @@ class Door:
 
 
 def serve_fused(
-    listener: socket.socket, make_cache: Callable[[], Any], base_env: dict[str, str], idle_s: float, sock_path: Path
-) -> int:
+    listener: socket.socket, make_cache: Callable[[], Any], base_env: dict[str, str], idle_s: float, sock_path: Path,
+    door: Door | None = None,
+) -> int:  # fmt: skip
     """Accept clients in a thread, train their jobs here; the exit code. Clients are answered
     from the start: the cache (torch, its imports) is made meanwhile, so the clients a full
-    process turns away start the next slot's process without waiting for this one's imports."""
-    door = Door()
+    process turns away start the next slot's process without waiting for this one's imports.
+    `door`: who may join (a new one when not given)."""
+    door = door or Door()
     ready: list[Any] = []  # the cache, once made (an answer before it says no base memory)
     listener.settimeout(None)
 
@@ -85,10 +90,14 @@ def serve_fused(
             threading.Thread(target=_client, args=(conn, door, ready), daemon=True).start()
 
     threading.Thread(target=accept_loop, daemon=True).start()
-    ready.append(make_cache())
-    from workers.lora.fused import FusedTrainer  # torch
+    try:
+        ready.append(make_cache())
+        from workers.lora.fused import FusedTrainer  # torch
 
-    trainer = FusedTrainer(ready[0], base_env)
+        trainer = FusedTrainer(ready[0], base_env)
+    except BaseException as exc:  # an import or the cache failed: the jobs accepted meanwhile say why
+        _fail_accepted(door, f"the warm LoRA worker process could not start its trainer: {type(exc).__name__}: {exc}")
+        raise
 
     def admit(idle: bool) -> list[MemberSpec] | None:
         new: list[MemberSpec] = []
@@ -115,6 +124,26 @@ def serve_fused(
     if not usable:
         log("a job left this process unusable: exiting (the next job starts a new one)")
     return 0 if usable else 1
+
+
+def _fail_accepted(door: Door, why: str) -> None:
+    """The process cannot train: no client is accepted from now on, and each job accepted
+    meanwhile ends failed with `why` in its own output (the process's window closes with it)."""
+    log(why)
+    with door.lock:
+        door.closing = True
+    deadline = time.monotonic() + FAIL_DRAIN_S
+    while time.monotonic() < deadline:
+        try:
+            spec = door.arrivals.get(timeout=0.1)
+        except queue.Empty:
+            with door.lock:
+                if not door.caps:  # every accepted job ended (or withdrew)
+                    return
+            continue
+        if spec.claim():
+            print(f"orch: {why}", file=spec.out or sys.__stderr__, flush=True)
+            spec.done(EXIT_FAILED)
 
 
 def _client(conn: socket.socket, door: Door, ready: list[Any]) -> None:
