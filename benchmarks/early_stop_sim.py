@@ -332,6 +332,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--value best takes each seed's best so far, --smooth-evals a mean: choose one")
     if args.margin_se is not None and args.rule != "asha":
         parser.error("--margin-se spares settings near asha's cutoff: --rule asha only")
+    if args.margin_se is not None and not 0 <= args.margin_se <= 10:
+        parser.error("--margin-se: a number of standard errors from 0 to 10")
     return args  # fmt: skip
 
 

@@ -357,3 +357,17 @@ def test_a_margin_spares_a_setting_within_its_seeds_noise_of_the_cutoff_and_only
     assert "close" in {p.setting for p in judge(ASHA, later, first.told).prunes}
     narrow = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, margin_se=0.1)
     assert {p.setting for p in judge(narrow, _noisy_grid(10), []).prunes} == plain  # 0.01 > 0.1 × 0.05
+
+
+def test_a_margin_is_asha_s_only_however_the_rule_is_made() -> None:
+    with pytest.raises(ValueError, match="margin_se is asha's"):
+        EarlyStop("val_accuracy", Mode.MAX, PruneRule.MEDIAN, min_steps=10, margin_se=1.0)
+    with pytest.raises(ValueError, match="margin_se is asha's"):
+        EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, margin_se=-1.0)
+
+
+def test_a_one_seed_setting_below_the_cutoff_has_no_spread_to_be_spared_by() -> None:
+    wide = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, margin_se=10.0)
+    finals = [0.5, 0.6, 0.9, 0.55, 0.65, 0.52, 0.58, 0.62, 0.51]  # 9 settings of one seed: cutoff the 3rd
+    spared = {p.setting for p in judge(wide, _grid(finals, 10), []).prunes}
+    assert spared == {p.setting for p in judge(ASHA, _grid(finals, 10), []).prunes} and spared

@@ -23,7 +23,8 @@ import torch
 def per_draw_us(shape: tuple[int, ...], draws: int, device: torch.device, reuse: bool) -> float:
     mask = torch.empty(shape, device=device)
     kept = torch.Generator(device=device)
-    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     started = time.perf_counter()
     for n in range(draws):
         generator = kept if reuse else torch.Generator(device=device)

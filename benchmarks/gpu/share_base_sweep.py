@@ -188,7 +188,7 @@ def run_mode(
         _, config, seed, _ = result_path.parent.parent.name.split("-", 3)
         result = json.loads(result_path.read_text())
         progress = (result_path.parent / "progress.jsonl").read_text().splitlines()
-        steps = [line for line in map(json.loads, progress) if line.get("loss") is not None]
+        steps = [line for line in map(_record, progress) if line.get("loss") is not None]
         figures[f"{config} {seed}"] = {
             "status": result["status"],
             "metrics": result.get("metrics"),
@@ -215,6 +215,16 @@ def run_mode(
         "jobs": {j["id"]: j["state"] for j in jobs},
         "figures": figures,
     }
+
+
+def _record(line: str) -> dict[str, Any]:
+    """A progress.jsonl line (the worker's file): {} where it is not a JSON object (a last line
+    cut short, say)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def same_numbers(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -1,7 +1,7 @@
 """Divergence: whether a run's training loss ended above where it began. Pure: losses in, verdict out.
 
-A run diverged when the mean loss of its last epoch (of a run of one epoch, and of a script's
-own output: its last readings) is not finite, exceeds the mean of its first steps by more than
+A run diverged when the mean loss of its end (its last epoch; for a run of one epoch and for a
+script's own output, its last readings) is not finite, exceeds the mean of its first steps by more than
 FIRST_STEPS_MARGIN of it (a run whose loss never moved ends a little either side of its start by
 noise alone: 4.411 against 4.405 is not a divergence), or exceeds `factor` × its minimum (the
 lowest mean over a window of consecutive steps, so one lucky batch is not the minimum). Our LoRA worker

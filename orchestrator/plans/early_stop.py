@@ -14,6 +14,7 @@ from orchestrator.plans.inputs import shown_typed, shown_value
 MAX_REDUCTION_FACTOR = 100
 MAX_STEPS = 10**9  # min_steps and max_steps: far past any run's length
 MAX_SMOOTH_EVALS = 100  # a rung value averages at most this many evaluations of a seed
+MAX_MARGIN_SE = 10.0  # standard errors: far past any margin that still stops anything
 MAX_RUNGS = 64  # steps min_steps × factor^k past any worker's length are never reached
 
 
@@ -69,12 +70,15 @@ class EarlyStop:
     smooth_evals: int = 1
     value: SeedValue = SeedValue.LAST
     # asha: a setting the pruner would stop at a rung goes on while its seed mean is within this
-    # many standard errors (its seeds' spread there) of the worst setting kept at that rung
+    # many standard errors (its seeds' spread there) of the rung's cutoff, the ceil(n / factor)-th
+    # best (scheduling.early_stop.Margin)
     margin_se: float | None = None
 
     def __post_init__(self) -> None:
         if self.value is SeedValue.BEST and self.smooth_evals > 1:
             raise ValueError("early_stop: value best and smooth_evals above 1 do not combine")
+        if self.margin_se is not None and (self.rule is not PruneRule.ASHA or not 0 <= self.margin_se <= MAX_MARGIN_SE):
+            raise ValueError("early_stop: margin_se is asha's, from 0 to 10 standard errors")
 
     def best_of(self) -> Mode | None:
         """The direction a seed's best value so far is taken in; None: its last value counts."""
@@ -123,7 +127,6 @@ _SHAPE = (
     "`early_stop` must be a mapping of metric, mode (max|min), rule (asha|hyperband|median), min_steps, "
     "reduction_factor, max_steps (hyperband), smooth_evals, value (last|best), margin_se (asha)"
 )
-MAX_MARGIN_SE = 10.0  # standard errors: far past any margin that still stops anything
 
 
 def _bounded_int(where: str, key: str, value: Any, least: int, most: int) -> int:

@@ -130,11 +130,12 @@ def seed_values(
 
 class Margin:
     """`early_stop.margin_se` (asha): a stop the pruner decides at a rung is not made while the
-    setting is as good as the worst setting successive halving keeps there (the ceil(n / factor)-th
-    best of the n settings told at that rung, itself among them), or within `margin_se` standard
-    errors of it: its seeds' sample standard deviation at the rung step over √seeds (0 with one
-    seed). The pruner decides; the margin only spares, and a spared setting is judged again as any
-    other. Ties with the cutoff within seed noise were what lost the grid's best (docs/search.md)."""
+    setting is as good as the cutoff, the ceil(n / factor)-th best of the n settings told at that
+    rung (itself among them; where n / factor is not whole, one more setting than the pruner
+    keeps: `margin_se: 0` spares that one), or within `margin_se` standard errors of it: its
+    seeds' sample standard deviation at the rung step over √seeds (0 with one seed). The pruner
+    decides; the margin only spares, and a spared setting is judged again as any other. Ties
+    with the cutoff within seed noise were what lost the grid's best (docs/search.md)."""
 
     def __init__(self, spec: EarlyStop, settings: Sequence[SettingRuns]) -> None:
         self.spec = spec
