@@ -160,3 +160,16 @@ def test_a_random_search_with_early_stopping_prunes_trials_and_lists_them(orch: 
     stopped = [j for j in jobs if j.state is JobState.PRUNED]
     said = "(the setting's mean of each seed's best so far)"
     assert all(j.pruned["seed_value"] == "best" and said in (j.reason or "") for j in stopped)
+
+
+def test_a_margin_is_stored_with_each_job_and_read_back_as_the_daemon_reads_it(orch: Orch) -> None:
+    from orchestrator.plans.early_stop import EarlyStop
+
+    _suite(orch, margin_se=1)
+    orch.submit("es", "1:toy 2:toy", "--grid", "learning_rate=0.01,0.001")
+    jobs = orch.jobs()
+    assert len(jobs) == 4
+    rules = {json.dumps(job.early_stop, sort_keys=True) for job in jobs}
+    assert len(rules) == 1 and '"margin_se": 1.0' in next(iter(rules))
+    spec = EarlyStop.from_json(jobs[0].early_stop)
+    assert spec is not None and spec.margin_se == 1.0
