@@ -103,6 +103,12 @@ def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> N
         if r["state"] == "pruned"
     ), [(r["why"], r["marks"]) for r in rows if r["state"] == "pruned"]
 
+    # the suite submitted again unchanged queues nothing: a pruned job is there already (queued
+    # again it would run the steps early stopping saved)
+    again = orch.run("submit", "--suite", "es", "--pairs", "1:toy 2:toy", "--grid", GRID).stdout
+    assert again.startswith("queued 0 job(s) of suite es; 12 already present (pruned, succeeded;"), again
+    assert "`orch retry JOB` resumes a pruned one" in again and len(orch.jobs()) == 12
+
     # `orch retry` resumes a pruned job; its setting is judged no more
     retried = pruned[0]
     orch.run("retry", str(retried.id))

@@ -78,7 +78,7 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
 )
 @click.option("--dry-run", is_flag=True, help="Show what would be queued; write nothing.")
 @click.option(
-    "--force", is_flag=True, help="Queue even jobs that are already queued, running or succeeded."
+    "--force", is_flag=True, help="Queue even jobs that are already queued, running, succeeded or pruned."
 )
 @click.option(
     "--strict-ladder",
@@ -148,7 +148,8 @@ def submit_cmd(
     click.echo(f"{verb} {len(created)} job(s) of suite {report.suite.name}", nl=False)
     if existing:
         states = sorted({o.existing_state or "?" for o in existing})
-        click.echo(f"; {len(existing)} already present ({', '.join(states)}; --force to queue again)")
+        again = "--force to queue again" + ("; `orch retry JOB` resumes a pruned one" if "pruned" in states else "")
+        click.echo(f"; {len(existing)} already present ({', '.join(states)}; {again})")
     else:
         click.echo("")
     if plan is not None:

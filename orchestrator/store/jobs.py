@@ -14,7 +14,9 @@ from orchestrator.plans import GpuPlan, JobSpec, Suite
 from orchestrator.plans.ladder_spec import is_one_token_task
 from orchestrator.store.db import Store
 
-ACTIVE_OR_DONE = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value)
+# a job in one of these states is there already: submitting it again adds nothing (a pruned one
+# was stopped by early stopping: submitted again unchanged, it would run the steps saved)
+PRESENT = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value, JobState.PRUNED.value)
 
 
 def add_event(
@@ -115,7 +117,7 @@ def submit_jobs(
     force: bool,
     dry_run: bool,
 ) -> list[SubmitOutcome]:
-    """Queue the specs; a job already queued, running or succeeded is reported, not duplicated."""
+    """Queue the specs; a job already queued, running, succeeded or pruned is reported, not duplicated."""
     whole = isinstance(priority, int) and not isinstance(priority, bool)
     if not whole or not -(2**63) <= priority < 2**63:
         # the last line of defence: a priority that is not a whole number stalls every pass
@@ -125,9 +127,9 @@ def submit_jobs(
     with store.write():
         for spec in specs:
             existing = store._db.execute(
-                f"SELECT id, state FROM jobs WHERE identity = ? AND state IN ({','.join('?' * len(ACTIVE_OR_DONE))}) "
+                f"SELECT id, state FROM jobs WHERE identity = ? AND state IN ({','.join('?' * len(PRESENT))}) "
                 "ORDER BY id DESC LIMIT 1",
-                [spec.identity, *ACTIVE_OR_DONE],
+                [spec.identity, *PRESENT],
             ).fetchone()
             if existing is not None and not force:
                 outcomes.append(SubmitOutcome(spec, existing[0], False, existing[1]))
