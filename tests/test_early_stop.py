@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.attempts.next_step import describe_pruned
+from orchestrator.daemon.early_stop import spared_words
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, SeedValue, parse_early_stop
@@ -349,6 +350,13 @@ def test_a_margin_spares_a_setting_within_its_seeds_noise_of_the_cutoff_and_only
     assert {"close", "far"} <= plain  # the test can fail: the pruner alone stops both
     first = judge(with_margin, _noisy_grid(10), [])
     assert {p.setting for p in first.prunes} == plain - {"close"}  # the margin only spares
+    kept = next(k for k in first.spared if k.setting == "close")  # what the daemon says it did
+    assert (kept.step, kept.cutoff) == (10, pytest.approx(0.7)) and kept.standard_error == pytest.approx(0.05)
+    assert spared_words(with_margin, kept) == (
+        "kept at step 10 by margin_se: setting close, val_accuracy 0.69 (the setting's mean over its seeds), "
+        "0.01 from the rung's cutoff 0.7, within margin_se 1 × its standard error 0.05"
+    )
+    assert not judge(ASHA, _noisy_grid(10), []).spared
     assert first.prunes[0].record(with_margin)["margin_se"] == 1.0
     # judged again at its rung later (a running setting is, at its last rung): still spared
     stopped = {p.setting for p in first.prunes}

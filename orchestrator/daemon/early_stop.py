@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import UsageError
 from orchestrator.plans.early_stop import EarlyStop
-from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, judge
+from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, Spared, judge
 from orchestrator.store.db import Store
 from orchestrator.store.early_stop import (
     early_stop_jobs,
@@ -119,6 +119,8 @@ class EarlyStopper:
                 self.store, prune.job_ids, record, describe_pruned(record)
             )
             log.info("%s; stopping jobs %s, pruned queued jobs %s", why, stopping, pruned)
+        for kept in judged.spared:  # said once a daemon run per setting and rung step
+            self._warn_once(suite, data, f"spared {kept.setting} {kept.step}", spared_words(spec, kept))
         if judged.metric_missing_at is not None and (suite, data, "metric") not in self._warned:
             keys = reported_keys(self.store, ids)  # what a misspelt metric was likely meant as
             self._warn_once(
@@ -135,3 +137,14 @@ class EarlyStopper:
             return
         self._warned.add((suite, data, what))
         warn_early_stop(self.store, suite, data, message)
+
+
+def spared_words(spec: EarlyStop, kept: Spared) -> str:
+    """What `margin_se` did: the setting asha would have stopped, and why it goes on."""
+    value = f"{spec.metric} {kept.value:.4g} (the setting's mean over its seeds)"
+    if kept.standard_error is None:
+        why = f"as good as the rung's cutoff {kept.cutoff:.4g}"
+    else:
+        why = (f"{abs(kept.cutoff - kept.value):.4g} from the rung's cutoff {kept.cutoff:.4g}, within "
+               f"margin_se {spec.margin_se:g} × its standard error {kept.standard_error:.4g}")  # fmt: skip
+    return f"kept at step {kept.step} by margin_se: setting {kept.setting}, {value}, {why}"

@@ -86,11 +86,24 @@ class Prune:
         } | smooth | best | margin
 
 
+@dataclass(frozen=True)
+class Spared:
+    """A stop the pruner decided and `margin_se` did not make: the setting, where, its value, the
+    rung's cutoff and the setting's standard error there (None: it is as good as the cutoff)."""
+
+    setting: str
+    step: int
+    value: float
+    cutoff: float
+    standard_error: float | None
+
+
 @dataclass
 class Judgement:
     prunes: list[Prune] = field(default_factory=list)
     told: list[RungValue] = field(default_factory=list)  # new rung values, to be kept
     metric_missing_at: int | None = None  # a seed passed the first rung step without the metric
+    spared: list[Spared] = field(default_factory=list)  # by the margin, this judgement
 
 
 def value_at(
@@ -141,20 +154,22 @@ class Margin:
         self.spec = spec
         self.by_key = {setting.key: setting for setting in settings}
 
-    def spares(self, key: str, step: int, value: float, told: Mapping[str, float]) -> bool:
+    def spare(self, key: str, step: int, value: float, told: Mapping[str, float]) -> Spared | None:
+        """The setting spared at this rung, or None where the pruner's stop stands."""
         spec = self.spec
         ranked = sorted(told.values(), reverse=spec.mode is Mode.MAX)  # best first
         cutoff = ranked[max(1, math.ceil(len(ranked) / spec.reduction_factor)) - 1]
         gap = cutoff - value if spec.mode is Mode.MAX else value - cutoff
         if gap <= 0:
-            return True
+            return Spared(key, step, value, cutoff, None)
         setting = self.by_key.get(key)
         found = seed_values(setting, step, spec.smooth_evals, spec.best_of()) if setting else []
         if len(found) < 2:
-            return False
+            return None
         centre = sum(found) / len(found)
-        spread = math.sqrt(sum((v - centre) ** 2 for v in found) / (len(found) - 1))
-        return gap <= (spec.margin_se or 0.0) * spread / math.sqrt(len(found))
+        standard_error = math.sqrt(sum((v - centre) ** 2 for v in found) / (len(found) - 1) / len(found))
+        within = gap <= (spec.margin_se or 0.0) * standard_error
+        return Spared(key, step, value, cutoff, standard_error) if within else None
 
 
 def _pruner(spec: EarlyStop) -> Any:
@@ -245,7 +260,7 @@ def judge(
     if (
         spec.rule is not PruneRule.HYPERBAND
     ):  # a bracket's rungs are its own: judged as they come only
-        for prune in _judge_again(study, trials, spec, settings, at_rung, margin):
+        for prune in _judge_again(study, trials, spec, settings, at_rung, margin, judgement.spared):
             if prune.setting not in stopped:
                 stopped.add(prune.setting)
                 judgement.prunes.append(prune)
@@ -259,6 +274,7 @@ def _judge_again(
     settings: Sequence[SettingRuns],
     at_rung: Mapping[int, Mapping[str, float]],
     margin: Margin | None = None,
+    spared: list[Spared] | None = None,
 ) -> list[Prune]:
     """Each running setting judged by the pruner again at the last rung it has reached, against
     every setting that has reached that rung by now: one that went on for being among the first
@@ -285,9 +301,12 @@ def _judge_again(
         trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
         trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
         value = at_rung[rung][setting.key]
-        spared = margin is not None and margin.spares(setting.key, step, value, at_rung[rung])
-        if study.pruner.prune(study, trial) and not spared:
-            prunes.append(_prune(setting, rung, step, value, at_rung, spec))
+        if study.pruner.prune(study, trial):
+            kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
+            if kept is None:
+                prunes.append(_prune(setting, rung, step, value, at_rung, spec))
+            elif spared is not None:
+                spared.append(kept)
     return prunes
 
 
@@ -329,9 +348,12 @@ def _judge_rung(
         frozen.system_attrs = {
             k: v for k, v in frozen.system_attrs.items() if k in before[setting.key]
         }
-        spared = margin is not None and margin.spares(setting.key, step, value, at_rung[rung])
-        if study.pruner.prune(study, frozen) and not spared:
-            prunes.append(_prune(setting, rung, step, value, at_rung, spec))
+        if study.pruner.prune(study, frozen):
+            kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
+            if kept is None:
+                prunes.append(_prune(setting, rung, step, value, at_rung, spec))
+            else:
+                judgement.spared.append(kept)
     return prunes
 
 
