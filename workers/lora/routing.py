@@ -62,9 +62,9 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     (no copy kept for the backward); rows that go in as they are are stacked only so. Rows that go
     through a dropout and a cast are prepared for the whole stack at once: one cast, and one
     multiplication by the members' own keyed masks drawn into one tensor. A member alone goes the
-    same way (a stack of one). The adapters' outputs are joined in row order (rows of a member without an adapter
-    here hold -0.0, which adds as an exact identity) and added to the base output in one
-    addition."""
+    same way (a stack of one). The adapters' outputs are joined in row order (rows of a member
+    without an adapter here hold -0.0, which adds as an exact identity) and added to the base
+    output in one addition."""
     if routes.now is None:
         raise RuntimeError("a fused group's forward ran without routes")
     result = layer.base_layer(x, *args, **kwargs)
@@ -161,6 +161,8 @@ def _prepared(layer: Any, adapters: list[str], rows: torch.Tensor) -> torch.Tens
     other dropout runs on its own member's rows."""
     cast = layer._cast_input_dtype(rows, layer.lora_A[adapters[0]].weight.dtype)
     dropouts = [layer.lora_dropout[adapter] for adapter in adapters]
+    if all(_identity(dropout) for dropout in dropouts):  # a cast alone
+        return cast
     masks = stacked_masks(dropouts, cast)
     if masks is not None:
         return cast * masks
