@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_helpers import Orch, orch_env, requires_tmux, wait_until
@@ -118,6 +119,19 @@ def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> N
         "the retried job to succeed",
     )
     assert len(orch.attempt_rows(retried.id)) == 2
+
+    # a new seed of a stopped setting ends pruned too (stopping a setting stops all of its seeds)
+    orch.submit("es", "3:toy", "--grid", GRID)
+    stopped = {j.config["learning_rate"] for j in pruned}
+
+    def new_seeds() -> list[Any]:
+        return [j for j in orch.jobs() if j.id > 12 and j.config["learning_rate"] in stopped]
+
+    wait_until(lambda: all(j.state is JobState.PRUNED for j in new_seeds()), 60, "the new seeds to end pruned")
+    assert len(new_seeds()) == len(stopped) == 5
+    records = {json.dumps(j.pruned, sort_keys=True) for j in pruned}
+    assert all(json.dumps(j.pruned, sort_keys=True) in records for j in new_seeds())  # its setting's stop
+    assert all(j.reason is not None and j.reason.startswith("pruned at step ") for j in new_seeds())
 
 
 @pytest.mark.slow

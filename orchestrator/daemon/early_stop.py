@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState
 from orchestrator.plans.early_stop import EarlyStop
 from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, Spared, judge
 from orchestrator.store.db import Store
@@ -100,6 +101,7 @@ class EarlyStopper:
         )
         if self._judged.get((suite, data)) == signature:
             return
+        self._stop_new_seeds(suite, data, jobs)
         steps = spec.rung_steps(max(last.values(), default=0.0))
         points = metric_points_at(self.store, ids, spec.metric, steps, spec.smooth_evals, spec.best_of())
         settings = group_settings(jobs, points, reached)
@@ -107,6 +109,24 @@ class EarlyStopper:
         judged = judge(spec, settings, read_rungs(self.store, suite, data, rule))
         self._judged[(suite, data)] = signature
         self._write(suite, data, spec, rule, judged, ids)
+
+    def _stop_new_seeds(self, suite: str, data: str, jobs: list[Job]) -> None:
+        """A seed queued after its setting was stopped (a new seed submitted) ends pruned too:
+        stopping a setting stops all of its seeds. A job retried after its prune (`orch retry`)
+        keeps its record, and runs."""
+        by_key: dict[str, list[Job]] = {}
+        for job in jobs:
+            by_key.setdefault(setting_key(job), []).append(job)
+        for key, members in by_key.items():
+            stopped = [job for job in members if job.pruned]
+            new = [job.id for job in members if not job.pruned and job.state in (JobState.QUEUED, JobState.RUNNING)]
+            if not stopped or not new:
+                continue
+            record = max(stopped, key=lambda job: job.id).pruned
+            why = f"{describe_pruned(record)}, before this seed was queued"
+            stopping, pruned = prune_jobs(self.store, new, record, why)
+            log.info("setting %s of %s was stopped: stopping its new seeds %s, pruned %s", key, where(suite, data),
+                     stopping, pruned)  # fmt: skip
 
     def _write(
         self, suite: str, data: str, spec: EarlyStop, rule: dict[str, Any], judged: Judgement, ids: list[int]
