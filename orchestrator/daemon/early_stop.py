@@ -46,9 +46,6 @@ def group_settings(
     jobs: Sequence[Job], values: dict[int, dict[float, float]], reached: dict[int, float]
 ) -> list[SettingRuns]:
     """The settings of one suite and task, in the order of their first job."""
-    by_key: dict[str, list[Job]] = {}
-    for job in sorted(jobs, key=lambda j: j.id):
-        by_key.setdefault(setting_key(job), []).append(job)
     return [
         SettingRuns(
             key,
@@ -58,8 +55,16 @@ def group_settings(
             ),
             decided=any(j.pruned for j in members),
         )
-        for key, members in by_key.items()
+        for key, members in by_setting(jobs).items()
     ]
+
+
+def by_setting(jobs: Sequence[Job]) -> dict[str, list[Job]]:
+    """Each setting's jobs, in job order; the settings in the order of their first job."""
+    grouped: dict[str, list[Job]] = {}
+    for job in sorted(jobs, key=lambda j: j.id):
+        grouped.setdefault(setting_key(job), []).append(job)
+    return grouped
 
 
 class EarlyStopper:
@@ -114,10 +119,7 @@ class EarlyStopper:
         """A seed queued after its setting was stopped (a new seed submitted) ends pruned too:
         stopping a setting stops all of its seeds. A job retried after its prune (`orch retry`)
         keeps its record, and runs."""
-        by_key: dict[str, list[Job]] = {}
-        for job in jobs:
-            by_key.setdefault(setting_key(job), []).append(job)
-        for key, members in by_key.items():
+        for key, members in by_setting(jobs).items():
             stopped = [job for job in members if job.pruned]
             new = [job.id for job in members if not job.pruned and job.state in (JobState.QUEUED, JobState.RUNNING)]
             if not stopped or not new:

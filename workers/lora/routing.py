@@ -76,26 +76,25 @@ def routed_forward(layer: Any, routes: Routes, x: torch.Tensor, *args: Any, **kw
     members = [(adapter, b) for (adapter, _, _), b in zip(routes.now, bounds, strict=True) if adapter in layer.lora_A]
     if not members:
         return result
-    stacks = _stacks(layer, members, x)
-
     def span(stack: list[int]) -> tuple[int, int]:  # the rows of a stack whose members sit side by side
         return members[stack[0]][1][0], members[stack[-1]][1][1]
 
     def side_by_side(stack: list[int]) -> bool:
         return all(members[a][1][1] == members[b][1][0] for a, b in itertools.pairwise(stack))
 
+    stacks = [(stack, as_it_is, side_by_side(stack)) for stack, as_it_is in _stacks(layer, members, x)]
     # what RowSlices cuts: a stack of members side by side is one slice; any other member its own
     # (the whole batch needs no cut)
     pieces = sorted(
-        piece for stack, _ in stacks
-        for piece in ([span(stack)] if side_by_side(stack) else [members[i][1] for i in stack])
+        piece for stack, _, together in stacks
+        for piece in ([span(stack)] if together else [members[i][1] for i in stack])
     )  # fmt: skip
     whole_batch = pieces == [(0, x.shape[0])]
     sliced = {pieces[0]: x} if whole_batch else dict(zip(pieces, RowSlices.apply(x, tuple(pieces)), strict=True))
     outputs: dict[int, torch.Tensor] = {}
-    for stack, as_it_is in stacks:
+    for stack, as_it_is, together in stacks:
         adapters = [members[i][0] for i in stack]
-        if side_by_side(stack):  # one slice: a matrix a member, no copy
+        if together:  # one slice: a matrix a member, no copy
             rows = sliced[span(stack)].reshape(len(stack), -1, *x.shape[1:])
         else:
             rows = _stack([sliced[members[i][1]] for i in stack])
