@@ -17,6 +17,7 @@ from orchestrator.prediction.fused_groups import (
     fuse_group,
     fuse_max,
     learned_group_peaks,
+    member_work,
 )
 from orchestrator.prediction.job_facts import (
     JobFacts,
@@ -24,6 +25,7 @@ from orchestrator.prediction.job_facts import (
     attempt_shape_key,
     job_host_settings,
     job_levels,
+    peft_spec_of,
     shape_facts,
 )
 from orchestrator.prediction.job_prediction import predict_for
@@ -83,6 +85,7 @@ class KindInputs:
     fuse_group: str | None = None  # `share_base: fused`: its group (prediction.fused_groups)
     fuse_cap: int = 1
     group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks learned per group size
+    fuse_work: float = 1.0  # what a member adds to each tick of its group (fused_groups.member_work)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def pack_inputs(
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,
+                fuse_work=inputs.fuse_work,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts, later)
@@ -163,7 +167,13 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         readings.startups.get(startup_key(job.suite, job.config_name)),
         later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else (),
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
-        learned_group_peaks(shape_key, readings.shapes) if group is not None else ())
+        learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
+        _member_work(whole, facts.level.overrides, cache) if group is not None else 1.0)
+
+
+def _member_work(job: Job, overrides: Mapping[str, object], cache: JobShapeCache) -> float:
+    config = {**job.config, **overrides}
+    return member_work(config, peft_spec_of(config, cache))
 
 
 def with_group_peaks(running: list[RunningAttempt], live: Iterable[Attempt], live_jobs: Mapping[int, Job],

@@ -156,3 +156,48 @@ def place_member(job: QueuedJob, groups: dict[str, GroupOnCard], placed_mib: int
         return True
     return groups.setdefault(job.fuse_group, GroupOnCard()).add(job.fuse_cap, placed_mib, placed_mib,
                                                                  job.group_peaks)
+
+
+def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
+    """The packing order with the fused jobs of one group and priority that have no expected run
+    time (the packer keeps those in queue order) rearranged, in the places they held, so that each
+    run of `cap` of them carries about the same work per tick (`QueuedJob.fuse_work`). A card
+    fills its processes of a group in placement order, and a process's tick lasts as long as its
+    members' work together: in queue order a sweep's configs come one after another, and a
+    process of the heaviest alone would train on long after the others ended. Jobs with a run
+    time keep the longest-first order; jobs that teach a prediction keep their places (they run
+    first to teach it)."""
+    places: dict[tuple[str, int], list[int]] = {}
+    for index, job in enumerate(ordered):
+        if job.fuse_group is not None and job.fuse_cap > 1 and job.expected_duration_s is None and not job.teaches:
+            places.setdefault((job.fuse_group, job.priority), []).append(index)
+    arranged = list(ordered)
+    for indices in places.values():
+        jobs = [ordered[i] for i in indices]
+        for index, job in zip(indices, in_runs_of_like_work(jobs, min(j.fuse_cap for j in jobs)), strict=True):
+            arranged[index] = job
+    return arranged
+
+
+def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int) -> list[QueuedJob]:
+    """The jobs dealt into runs of `cap` (the last one shorter) of like work: the heaviest first,
+    each to the run with the least work so far that has room (longest processing time first),
+    then the runs one after another, heaviest first and lightest first in turn: a job that
+    reaches a warm process a moment before or after its neighbour in this order (each attempt's
+    client joins the first process with room) then swaps with one of like work. Ties keep their
+    order; jobs all of one work keep theirs."""
+    if len({j.fuse_work for j in jobs}) <= 1:
+        return list(jobs)
+    rank = {j.job_id: n for n, j in enumerate(jobs)}
+    runs: list[list[QueuedJob]] = [[] for _ in range(-(-len(jobs) // cap))]
+    sizes = [min(cap, len(jobs) - n * cap) for n in range(len(runs))]
+    totals = [0.0] * len(runs)
+    for job in sorted(jobs, key=lambda j: (-j.fuse_work, rank[j.job_id])):
+        chosen = min((n for n in range(len(runs)) if len(runs[n]) < sizes[n]), key=lambda n: (totals[n], n))
+        runs[chosen].append(job)
+        totals[chosen] += job.fuse_work
+    arranged: list[QueuedJob] = []
+    for n, run in enumerate(runs):
+        # dealt heaviest first; every other run lightest first
+        arranged += run if n % 2 == 0 else sorted(run, key=lambda j: (j.fuse_work, rank[j.job_id]))
+    return arranged

@@ -29,7 +29,7 @@ from orchestrator.scheduling.packing.cards import (
     place_on,
 )
 from orchestrator.scheduling.packing.fit_time import card_fits_at_s
-from orchestrator.scheduling.packing.fused import group_room, own_mib
+from orchestrator.scheduling.packing.fused import balanced, group_room, own_mib
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
 from orchestrator.scheduling.packing.level_choice import (
@@ -198,7 +198,9 @@ def pack(
     best card (orchestrator.scheduling.packing.holds), and the first multi-GPU job keeps the cards
     it will run on as they free up. Once every job was tried at its own level, a waiting one-GPU job
     may start at a later exact level (`QueuedJob.alternatives`) that fits now and is expected to end
-    sooner (orchestrator.scheduling.packing.level_choice; the placement names the level). `host`
+    sooner (orchestrator.scheduling.packing.level_choice; the placement names the level). A fused
+    group's jobs without a run time are dealt into processes of like work
+    (orchestrator.scheduling.packing.fused.balanced). `host`
     (when given) is spent by every placement: a job whose predicted host RAM or cores do not fit
     waits. `topology` ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card
     has a free slot with free memory the rest of the queue is not examined.
@@ -235,7 +237,7 @@ def _pack(
     waits = {job.job_id: job.waiting_since_s for job in queue}
     placements: list[Placement] = []
     slot_mib = slot_share_mib(gpus)
-    ordered = sorted(queue, key=lambda j: _order_key(j, policy.order, slot_mib))
+    ordered = balanced(sorted(queue, key=lambda j: _order_key(j, policy.order, slot_mib)))
     notes = reserve_for_gang(ordered, cards, now_s, topology, host)
     head_seen = False
     # Reasons for the first few in queue order too: the dashboard lists those.

@@ -55,6 +55,8 @@ class QueuedJob:
     fuse_cap: int = 1
     # its shape's process peaks learned per group size (`|fused<k>` records); (): none learned
     group_peaks: tuple[GroupPeak, ...] = ()
+    # what it adds to each tick of its fused group, relative (orchestrator.prediction.fused_groups.member_work)
+    fuse_work: float = 1.0
 
 
 @dataclass(frozen=True)

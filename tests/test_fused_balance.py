@@ -1,0 +1,130 @@
+"""Fused groups of like work: the packer deals a fused group's jobs that have no run time into runs
+of its cap whose work per tick is alike (a card fills its processes in placement order), instead
+of queue order, where a sweep's configs come one after another and one process would get the
+heaviest alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from orchestrator.gpu.snapshot import GpuSnapshot
+from orchestrator.prediction.fused_groups import BASE_MODULE_WORK, DEFAULT_TARGETS, member_work
+from orchestrator.scheduling.packing.fused import balanced, in_runs_of_like_work
+from orchestrator.scheduling.packing.types import QueuedJob
+from tests.test_packing import GIB, job
+
+ALL_SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def member(job_id: int, work: float, cap: int = 4, group: str = "g", **kw: object) -> QueuedJob:
+    return job(job_id, 4, fuse_group=group, fuse_cap=cap, fuse_work=work, **kw)
+
+
+def works(jobs: list[QueuedJob]) -> list[float]:
+    return [j.fuse_work for j in jobs]
+
+
+def test_a_members_work_is_its_rows_times_the_base_and_its_adapted_modules() -> None:
+    light = member_work({"batch_size": 16}, {"r": 8, "targets": ["q_proj", "v_proj"]})
+    heavy = member_work({"batch_size": 16}, {"r": 4, "target_modules": ALL_SEVEN})
+    assert light == 16 * (BASE_MODULE_WORK + 2)
+    assert heavy == 16 * (BASE_MODULE_WORK + 7)
+    assert member_work({"batch_size": 8}, {"targets": ALL_SEVEN}) == heavy / 2  # half the rows
+    # a spec it cannot read (a file, a pattern) counts as the worker's default four
+    assert member_work({"batch_size": 16}, None) == 16 * (BASE_MODULE_WORK + DEFAULT_TARGETS)
+    assert member_work({"batch_size": 16}, {"target_modules": "all-linear"}) == 16 * (BASE_MODULE_WORK + 4)
+    assert member_work({}, {"targets": ["q_proj"]}) == BASE_MODULE_WORK + 1  # no batch size: one row
+
+
+def test_a_sweeps_configs_one_after_another_are_dealt_into_runs_of_like_work() -> None:
+    # 4 configs x 4 seeds in queue order (config-major), cap 4: queue order would give one process
+    # the four heaviest
+    queue = [member(n + 1, w) for n, w in enumerate([9.0] * 4 + [11.0] * 4 + [9.0] * 4 + [14.0] * 4)]
+    arranged = in_runs_of_like_work(queue, 4)
+    assert sorted(j.job_id for j in arranged) == list(range(1, 17))
+    runs = [arranged[n:n + 4] for n in range(0, 16, 4)]
+    assert [sum(works(run)) for run in runs] == [43.0] * 4
+    # heaviest first, then lightest first: neighbours across a run's edge are of like work
+    assert works(runs[0]) == [14.0, 11.0, 9.0, 9.0]
+    assert works(runs[1]) == [9.0, 9.0, 11.0, 14.0]
+    # ties keep their order: each run's first light seed before its second
+    assert [j.job_id for j in runs[0]] == [13, 5, 1, 9]
+
+
+def test_an_uneven_count_leaves_the_last_run_short_and_the_work_spread() -> None:
+    queue = [member(n + 1, w) for n, w in enumerate([1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 9.0])]
+    arranged = in_runs_of_like_work(queue, 3)
+    runs = [arranged[0:3], arranged[3:6], arranged[6:]]
+    assert [len(r) for r in runs] == [3, 3, 1]
+    assert max(sum(works(r)) for r in runs) <= 11.0  # never a run of 9 + 5 + 5 (19)
+
+
+def test_only_a_groups_jobs_without_a_run_time_move_and_only_among_their_own_places() -> None:
+    queue = [
+        member(1, 2.0, 2, teaches=True),  # teaches a prediction: keeps its place
+        member(2, 2.0, 2), member(3, 2.0, 2),
+        job(4, 4),  # not fused
+        member(5, 9.0, 2), member(6, 9.0, 2),
+        member(7, 9.0, 2, expected_duration_s=30.0),  # has a run time: longest-first order stands
+        member(8, 9.0, 2, group="other"),  # another group
+        member(9, 2.0, cap=1),  # trains alone (sequential)
+    ]
+    arranged = [j.job_id for j in balanced(queue)]
+    assert (arranged[0], arranged[3], arranged[6:]) == (1, 4, [7, 8, 9])
+    moved = [arranged[i] for i in (1, 2, 4, 5)]
+    assert sorted(moved) == [2, 3, 5, 6] and moved == [5, 2, 3, 6]  # (9, 2), then (2, 9)
+
+
+def test_jobs_all_of_one_work_keep_the_packing_order() -> None:
+    queue = [member(n, 9.0) for n in (3, 1, 2, 5, 4)]
+    assert balanced(queue) == queue
+
+
+def _suite(plans: Path) -> None:
+    (plans / "configs" / "fz").mkdir(parents=True)
+    (plans / "suites").mkdir(parents=True)
+    for name, targets in (("light", ["q_proj", "v_proj"]), ("heavy", ALL_SEVEN)):
+        config = {"model": "tiny-llama", "batch_size": 2, "peft": {"targets": targets}}
+        (plans / "configs" / "fz" / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    suite = {"worker": "lora", "mem_gib": 1, "configs": ["light", "heavy"], "share_base": "fused",
+             "fused_members": 2}
+    (plans / "suites" / "fz.yaml").write_text(yaml.safe_dump(suite))
+
+
+def test_the_daemons_pass_starts_a_config_major_sweep_in_processes_of_like_work(tmp_path: Path) -> None:
+    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.dispatch import DispatchContext, schedule
+    from orchestrator.scheduling.packing.types import PackingPolicy
+    from orchestrator.scheduling.state import SchedulerState
+    from orchestrator.store import Store
+    from orchestrator.store.attempts import write_shape
+    from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+    from orchestrator.store.rows import ShapeMemory
+    from orchestrator.store.sweep_attempts import all_attempts
+    from tests.store_reads import read_jobs
+    from tests.test_scale import _Recorder
+
+    _suite(tmp_path / "plans")
+    suite = load_suite("fz", tmp_path / "plans")
+    store = Store(tmp_path / "state.db")
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=4))
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:toy 2:toy 3:toy 4:toy"), {}, None, 0),
+                allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+    jobs = read_jobs(store)
+    configs = {j.id: j.config_name for j in jobs}
+    assert [configs[j] for j in sorted(configs)] == ["light"] * 4 + ["heavy"] * 4  # config-major
+    for queued in jobs:  # each config's memory measured: no probe holds the others back
+        write_shape(store, job_shape_key(queued, job_levels(queued, JobShapeCache())[0]),
+                    ShapeMemory(2 * GIB, None, 1))
+    card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80 * GIB, used_mib=0,
+                        free_mib=80 * GIB, processes=()),)  # fmt: skip
+    schedule(store, card, _Recorder(), DispatchContext(tmp_path / "runs", PackingPolicy(), {}), SchedulerState(),
+             draining=False)  # fmt: skip
+    started = [configs[a.job_id] for a in sorted(all_attempts(store), key=lambda a: a.id)]
+    store.close()
+    assert len(started) == 8
+    # launched in this order, each pair (one process of cap 2) one light and one heavy
+    assert [sorted(started[n:n + 2]) for n in range(0, 8, 2)] == [["heavy", "light"]] * 4
