@@ -94,6 +94,22 @@ def test_a_group_that_fits_by_its_members_needs_waits_when_its_record_at_that_si
                                  "needs 5.0 GiB + 0.0 GiB headroom")
 
 
+def test_before_any_share_json_a_joiner_is_placed_for_its_prediction_less_the_estimated_base() -> None:
+    # a sweep's first pass: no member runs, so no share.json says what the base holds; the
+    # estimate's weights and context (3 GiB) are the process's, placed with the member that opens it
+    first = [job(i, 10, fuse_group=GROUP, fuse_cap=4, estimated_base_mib=3 * GIB) for i in (1, 2, 3, 4, 5)]
+    d = pack(first, [gpu(0, 80, slots=2)], [], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 10 * GIB, 2: 7 * GIB, 3: 7 * GIB, 4: 7 * GIB, 5: 10 * GIB}  # 5 opens another
+    # a member's share.json figure wins over the estimate's
+    running = [member(9, 10, base_gib=2)]
+    d = pack([job(1, 10, fuse_group=GROUP, fuse_cap=4, estimated_base_mib=3 * GIB)], [gpu(0, 80, slots=2)],
+             running, NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 8 * GIB}
+    # without either, its whole prediction
+    d = pack([fused_job(1, 10), fused_job(2, 10)], [gpu(0, 80, slots=2)], [], NO_HEADROOM, 0.0)
+    assert reserved(d) == {1: 10 * GIB, 2: 10 * GIB}
+
+
 def test_a_group_that_does_not_fit_by_its_members_predictions_joins_where_its_record_says_it_fits() -> None:
     # no base figure: each joiner is placed by its whole prediction, 10 GiB, and 7 are free
     card = [gpu(0, 24, free_gib=7, slots=1)]

@@ -111,6 +111,19 @@ def test_unknown_inputs_give_no_estimate() -> None:
     assert estimate_peak_mib(E1, GLA_1_3B) == _estimate({**QKVO, "lora_dropout": 0.0})
 
 
+def test_the_estimated_base_is_the_weights_at_their_precision_and_the_context() -> None:
+    from orchestrator.prediction.memory import CALIBRATED, estimated_base_mib
+
+    bf16 = estimated_base_mib(E1, GLA_1_3B)
+    assert bf16 == math.floor(GLA_1_3B.n_params * 2 / 2**20 + CALIBRATED.context_mib)
+    assert estimated_base_mib({**E1, "prec": "fp32"}, GLA_1_3B) == math.floor(
+        GLA_1_3B.n_params * 4 / 2**20 + CALIBRATED.context_mib)
+    assert estimated_base_mib(E1, None) is None
+    # a joiner of a fused process needs its estimate less this, which is most of a small job's
+    estimate = estimate_peak_mib(E1, GLA_1_3B, QKVO)
+    assert estimate is not None and bf16 is not None and 0 < bf16 < estimate
+
+
 def test_shape_key_separates_every_part() -> None:
     keys = {
         shape_key("abc", "gla", "glue_rte"),

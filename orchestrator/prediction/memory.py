@@ -178,6 +178,11 @@ def lora_footprint(info: ModelInfo, peft_spec: Mapping[str, Any]) -> tuple[int, 
     return params, d_in_by_layer
 
 
+def weight_bytes(config: Mapping[str, Any]) -> int:
+    """Bytes per base weight at the config's precision (`prec`: fp32, else bf16 or fp16)."""
+    return 4 if str(config.get("prec", "bf16")).lower() in ("fp32", "float32", "32") else 2
+
+
 def _first_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
     for key in keys:
         value = config.get(key)
@@ -219,7 +224,7 @@ def estimate_peak_mib(
         peft_spec = config["peft"] if isinstance(config.get("peft"), Mapping) else DEFAULT_LORA
     seq = max_seq_len_of(config)
     h, n_layers = model_info.hidden, model_info.layers
-    bytes_w = 4 if str(config.get("prec", "bf16")).lower() in ("fp32", "float32", "32") else 2
+    bytes_w = weight_bytes(config)
     lora_params, d_in_by_layer = lora_footprint(model_info, peft_spec)
     dropout = float(peft_spec.get("lora_dropout", 0.0) or 0.0)
     per_input = CAST_BYTES + (DROPOUT_BYTES if dropout > 0 else 0)
@@ -245,6 +250,19 @@ def estimate_peak_mib(
     if k.gap_on_weights:
         return math.ceil(k.allocator_factor * (fixed + transient) / MIB + k.context_mib)
     return math.ceil((fixed + k.allocator_factor * transient) / MIB + k.context_mib)
+
+
+def estimated_base_mib(config: Mapping[str, Any], model_info: ModelInfo | None,
+                       constants: EstimateConstants | None = None) -> int | None:
+    """What a process of this model holds before any job's own needs, as the estimate counts it:
+    the base's weights at the config's precision and the CUDA context. A job that joins a warm
+    process of the base (`share_base: fused`) needs its estimate less this. None: the model's
+    shape is unknown."""
+    if model_info is None:
+        return None
+    bytes_w = weight_bytes(config)
+    k = constants or CALIBRATED
+    return math.floor(model_info.n_params * bytes_w / MIB + k.context_mib)
 
 
 DEFAULT_CONSTANTS = EstimateConstants()

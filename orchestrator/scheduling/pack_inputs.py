@@ -25,12 +25,14 @@ from orchestrator.prediction.job_facts import (
     attempt_shape_key,
     job_host_settings,
     job_levels,
+    model_info_of,
     peft_spec_of,
     shape_facts,
 )
 from orchestrator.prediction.job_prediction import predict_for
 from orchestrator.prediction.ladder import Level, exact_levels_after, with_host_settings
 from orchestrator.prediction.learned import Knowledge
+from orchestrator.prediction.memory import estimated_base_mib
 from orchestrator.prediction.startup import Startup, ahead_s, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
 from orchestrator.scheduling.packing.level_choice import LevelOption
@@ -86,6 +88,7 @@ class KindInputs:
     fuse_cap: int = 1
     group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks learned per group size
     fuse_work: float = 1.0  # what a member adds to each tick of its group (fused_groups.member_work)
+    estimated_base_mib: int | None = None  # its base's weights and context as the estimate counts them
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ def pack_inputs(
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,
-                fuse_work=inputs.fuse_work,
+                fuse_work=inputs.fuse_work, estimated_base_mib=inputs.estimated_base_mib,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts, later)
@@ -168,12 +171,13 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else (),
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
         learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
-        _member_work(whole, facts.level.overrides, cache) if group is not None else 1.0)
+        *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None)))
 
 
-def _member_work(job: Job, overrides: Mapping[str, object], cache: JobShapeCache) -> float:
+def _member_inputs(job: Job, overrides: Mapping[str, object], cache: JobShapeCache) -> tuple[float, int | None]:
+    """A fused member's work per tick and its base's memory as the estimate counts it."""
     config = {**job.config, **overrides}
-    return member_work(config, peft_spec_of(config, cache))
+    return member_work(config, peft_spec_of(config, cache)), estimated_base_mib(config, model_info_of(config, cache))
 
 
 def with_group_peaks(running: list[RunningAttempt], live: Iterable[Attempt], live_jobs: Mapping[int, Job],

@@ -3,8 +3,11 @@
 The daemon counts one fused process per group and card, taking `cap` members: the first member
 takes a plan slot and its full prediction (the base and its own needs); the next ones, up to the
 cap, join it without a slot, for their own needs only: the prediction less the base's resident
-memory, as a running member's share.json says. Without that figure a joining job is placed by its
-full prediction (never below what is known). Members past the cap start another process: a slot
+memory, as a running member's share.json says. Without that figure, by its prediction less the
+base's weights and CUDA context as the memory estimate counts them (where the model's shape is
+known: a process of its base holds them before any member's own needs, and a sweep's first jobs
+all start before any share.json is written); else by its full prediction (never below what is
+known). Members past the cap start another process: a slot
 and the full prediction again. The cap of a process is the smallest of its members' and the
 joiner's (the warm process takes a job only below every one of them), so after a group OOM has
 lowered a suite's cap a process started under the old one takes no member of the new one once it
@@ -137,11 +140,13 @@ def process_peak(members: Sequence[Peaks], size: int) -> GroupPeak | None:
 def own_mib(job: QueuedJob, groups: dict[str, GroupOnCard]) -> int:
     """What the job needs on the card: where it joins a group, the process's learned peak at its
     new size less what the process is counted at (module docstring), else its prediction less
-    the base where the base's resident memory is known; its whole prediction otherwise."""
+    the base where the base's resident memory is known (a member's share.json, else the
+    estimate's weights and CUDA context); its whole prediction otherwise."""
     group = joining(job, groups)
     if group is None:
         return job.predicted_peak_mib
-    split_mib = job.predicted_peak_mib if not group.base_mib else max(0, job.predicted_peak_mib - group.base_mib)
+    base_mib = group.base_mib or job.estimated_base_mib
+    split_mib = job.predicted_peak_mib if not base_mib else max(0, job.predicted_peak_mib - base_mib)
     learned = process_peak([*group.peaks, job.group_peaks], len(group.peaks) + 1)
     if learned is None:
         return split_mib
