@@ -121,10 +121,17 @@ def test_the_daemons_pass_starts_a_config_major_sweep_in_processes_of_like_work(
                     ShapeMemory(2 * GIB, None, 1))
     card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80 * GIB, used_mib=0,
                         free_mib=80 * GIB, processes=()),)  # fmt: skip
-    schedule(store, card, _Recorder(), DispatchContext(tmp_path / "runs", PackingPolicy(), {}), SchedulerState(),
+    launched = _Recorder()
+    schedule(store, card, launched, DispatchContext(tmp_path / "runs", PackingPolicy(), {}), SchedulerState(),
              draining=False)  # fmt: skip
-    started = [configs[a.job_id] for a in sorted(all_attempts(store), key=lambda a: a.id)]
+    attempts = sorted(all_attempts(store), key=lambda a: a.id)
     store.close()
+    started = [configs[a.job_id] for a in attempts]
     assert len(started) == 8
     # launched in this order, each pair (one process of cap 2) one light and one heavy
     assert [sorted(started[n:n + 2]) for n in range(0, 8, 2)] == [["heavy", "light"]] * 4
+    # each pair is one process, named by the attempt that opened it: its client joins only that one
+    pairs = [attempts[n:n + 2] for n in range(0, 8, 2)]
+    assert [(a.fuse_process, b.fuse_process) for a, b in pairs] == [(a.id, a.id) for a, _ in pairs]
+    names = {spec.attempt_id: spec.env.get("ORCH_FUSE_PROCESS") for spec in launched.specs}
+    assert names == {a.id: str(a.fuse_process) for a in attempts}

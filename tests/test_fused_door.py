@@ -107,3 +107,26 @@ def test_jobs_accepted_before_the_process_fails_to_start_its_trainer_end_failed_
     text = "".join(m.get("out", "") for m in said[:-1])
     assert "could not start its trainer: ImportError: no module named 'peft'" in text, said
     listener.close()
+
+
+def test_a_process_takes_only_the_group_orch_placed_in_it_and_serves_the_next_once_empty() -> None:
+    door = Door()
+    assert door.enter(1, 3, process=7)  # idle: takes the name of its first member
+    assert door.enter(2, 3, process=7)
+    assert not door.enter(3, 3, process=9)  # another group's: its own process is elsewhere
+    assert door.enter(4, 3)  # a job orch did not name (placed before names) joins where there is room
+    assert not door.enter(5, 3, process=7)  # full at its cap
+    for job in (1, 2, 4):
+        door.leave(job)
+    assert door.process is None
+    assert door.enter(3, 3, process=9)  # empty: the next group takes it, warm
+    assert not door.enter(6, 3, process=7)
+
+
+def test_the_process_a_client_names_is_a_positive_number_or_none() -> None:
+    from workers.lora.client import fuse_process
+
+    assert fuse_process({"ORCH_FUSE_PROCESS": "12"}) == 12
+    for text in ("", "0", "-3", "1.5", "x", "١٢", "9" * 30):
+        assert fuse_process({"ORCH_FUSE_PROCESS": text}) is None
+    assert fuse_process({}) is None

@@ -337,3 +337,30 @@ def test_when_the_member_that_opened_the_process_has_ended_the_base_is_not_count
     left = member(9, 2, peaks((2, 13, True)), base_gib=8, process_gib=10, opened=False)
     d = pack([fused_job(1, 10, peaks((2, 13, True)))], [gpu(0, 24, free_gib=5, slots=1)], [left], NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 3 * GIB}  # 13 - 10: the base the process holds is counted once
+
+
+def test_a_placement_names_the_process_it_was_counted_in() -> None:
+    from dataclasses import replace
+
+    from orchestrator.scheduling.packing.fused import ProcessChoice
+
+    def processes(decision: object) -> dict[int, ProcessChoice | None]:
+        return {p.job_id: p.process for p in decision.placements}  # type: ignore[attr-defined]
+
+    card = [gpu(0, 80, slots=4)]
+    # placed in one call: the first opens, the next joins it by its job, the third opens another
+    d = pack([fused_job(i, 4, cap=2) for i in (1, 2, 3)], card, [], NO_HEADROOM, 0.0)
+    assert processes(d) == {1: ProcessChoice(True), 2: ProcessChoice(False, None, 1), 3: ProcessChoice(True)}
+    # running members carry their process's name: a joiner joins the last one by that name
+    running = [replace(member(9, 4, cap=4), fuse_process=30), replace(member(8, 4, cap=4, opened=False),
+                                                                      fuse_process=30)]
+    d = pack([fused_job(1, 4)], card, running, NO_HEADROOM, 0.0)
+    assert processes(d) == {1: ProcessChoice(False, 30, None)}
+    assert d.placements[0].reserved_mib == 4 * GIB  # no base figure: its whole prediction
+    # two running members of other names are two processes, though the first had room: two slots
+    running = [replace(member(9, 4), fuse_process=30), replace(member(8, 4), fuse_process=31)]
+    one_slot_left = [gpu(0, 80, slots=3)]
+    d = pack([fused_job(1, 4), job(2, 4)], one_slot_left, running, NO_HEADROOM, 0.0)
+    assert processes(d) == {1: ProcessChoice(False, 31, None), 2: None}  # job 2 takes the last slot
+    d = pack([job(2, 4), job(3, 4)], one_slot_left, running, NO_HEADROOM, 0.0)
+    assert placed(d) == {2: 0}  # 2 of 3 slots taken by the two processes

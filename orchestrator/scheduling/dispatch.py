@@ -269,14 +269,20 @@ def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, pl
     placed = jobs_by_id(store, [p.job_id for p in plans])
     caps = fused_caps(store) if caps is None else caps  # each suite's lowered fused cap (ORCH_FUSE_MAX)
     claims = []
+    opened: dict[int, int] = {}  # job id -> its attempt, where it opened a fused process this pass
     for p in plans:
         whole = placed[p.job_id]
+        process = p.process
+        joins = None if process is None or process.opens else (
+            process.process if process.with_job is None else opened.get(process.with_job))
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, p.level), attempt_config(whole, p.level), p.gpu,
                         p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib, caps.get(whole.suite),
-                        ahead=p.ahead)
+                        ahead=p.ahead, fuse_process=joins, opens_process=process is not None and process.opens)
         if claimed is not None:
             claims.append(claimed)
+            if process is not None and process.opens:
+                opened[p.job_id] = claimed.attempt.id
     launch_all(store, executor, ctx, claims)
 
 

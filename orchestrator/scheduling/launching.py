@@ -73,12 +73,14 @@ def _safe_name(text: str) -> str:
 
 
 def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
-              fused_cap: int | None = None) -> dict[str, str]:
+              fused_cap: int | None = None, fuse_process: int | None = None) -> dict[str, str]:
     """What points an attempt at a warm LoRA worker process: for a one-card job of a suite with
     `share_base` sequential or fused, on this host, unless the ladder runs it alone on its card.
     A fused attempt is also told the most members its group may have (ORCH_FUSE_MAX): its
     suite's `fused_members`, or `fused_cap` where a group of the suite ran out of memory; and
-    its suite (ORCH_FUSE_SUITE), so that it joins only a process of its own suite's group. Every
+    its suite (ORCH_FUSE_SUITE), so that it joins only a process of its own suite's group; and
+    the process placement counted it in (ORCH_FUSE_PROCESS, `fuse_process`), so that it joins that
+    one (or an idle one, which takes the name) and the groups that train are those placed. Every
     LoRA attempt on this host gets the folder: a resume there waits on the lock of the job a
     warm process may still train in the checkpoint's run dir (workers/lora/resume_guard.py)."""
     if job.worker != "lora" or not local:
@@ -87,8 +89,9 @@ def share_env(job: Job, gpus: int, run_alone: bool, local: bool, runs_dir: Path,
     if not shares_base(job) or gpus != 1 or run_alone:
         return folder
     if fused(job):
+        named = {FUSE_PROCESS_VAR: str(fuse_process)} if fuse_process is not None else {}
         return {SHARE_BASE_VAR: ShareBase.FUSED.value, FUSE_MAX_VAR: str(fuse_max(job, fused_cap)),
-                FUSE_SUITE_VAR: job.suite, **folder}
+                FUSE_SUITE_VAR: job.suite, **named, **folder}
     return {SHARE_BASE_VAR: ShareBase.SEQUENTIAL.value, **folder}
 
 
@@ -119,6 +122,7 @@ SHARE_BASE_VAR, SHARE_DIR_VAR, WARM_DIR = "ORCH_SHARE_BASE", "ORCH_SHARE_DIR", "
 FUSE_MAX_VAR = "ORCH_FUSE_MAX"  # `share_base: fused`: the most members of the group it joins
 # and the suite, part of the worker's group key: its groups are the ones placement counts
 FUSE_SUITE_VAR = "ORCH_FUSE_SUITE"
+FUSE_PROCESS_VAR = "ORCH_FUSE_PROCESS"  # the process placement counted it in (workers/lora/share.py)
 LAUNCH_THREADS = 8  # run dirs and windows of one pass made side by side (fsync, tmux wait)
 
 
@@ -188,9 +192,13 @@ def claim(
     host_mib: int = 0,
     fused_cap: int | None = None,
     ahead: bool = False,
+    fuse_process: int | None = None,
+    opens_process: bool = False,
 ) -> Claim | None:
     """Write the attempt as started (the job moves to running); None if the job left the queue.
-    A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port})."""
+    A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port}). A fused
+    member records the process it joins (`fuse_process`: the attempt that opened it), or that it
+    opens one (`opens_process`)."""
     uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
     search = resume_point(store, job)
     checkpoint = search.checkpoint
@@ -204,7 +212,7 @@ def claim(
         resumed_from_attempt=checkpoint.attempt_n if checkpoint else None,
         resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
         searched_in_part=search.searched_in_part, inexact_rungs=job_inexact_rungs(job, level.index),
-        started_ahead=ahead,
+        started_ahead=ahead, fuse_process=fuse_process, opens_process=opens_process,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
@@ -240,7 +248,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
                    **footprint_env(ctx.worker_env, job.worker, job.declared_mib),
-                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir, claimed.fused_cap),
+                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir, claimed.fused_cap,
+                               attempt.fuse_process),
                    **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)

@@ -35,6 +35,7 @@ from orchestrator.prediction.learned import Knowledge
 from orchestrator.prediction.memory import estimated_base_mib
 from orchestrator.prediction.startup import Startup, ahead_s, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
+from orchestrator.scheduling.packing.fused import ProcessChoice
 from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import PackingDecision
 from orchestrator.scheduling.packing.types import QueuedJob, RunningAttempt
@@ -268,6 +269,7 @@ class ClaimPlan:
     host_mib: int
     level_note: str = ""  # set where it starts at a later level than its own (written before the claim)
     ahead: bool = False  # it starts ahead of the memory or slot it needs (--overlap)
+    process: ProcessChoice | None = None  # `share_base: fused`: the process it was counted in
 
 
 def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping[int, JobFacts],
@@ -287,5 +289,5 @@ def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping
         plans.append(ClaimPlan(
             placement.job_id, level, by_index[placement.gpu_index],
             tuple(by_index[i] for i in placement.all_gpus), predicted_mib, source, placement.reserved_mib,
-            inputs.host_predictions[placement.job_id], placement.level_note, placement.ahead))
+            inputs.host_predictions[placement.job_id], placement.level_note, placement.ahead, placement.process))
     return plans

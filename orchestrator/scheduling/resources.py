@@ -37,6 +37,7 @@ def running_attempts(
                 reached_peak=a.reached_peak, run_alone=a.run_alone, expected_end_s=end,
                 fuse_group=group, fuse_cap=cap, base_mib=a.share_base_mib if group is not None else None,
                 opened_process=group is None or a.reserved_mib >= a.predicted_peak_mib,
+                fuse_process=a.fuse_process if group is not None else None,
             ))
     return out
 

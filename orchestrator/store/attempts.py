@@ -38,6 +38,10 @@ class AttemptPlan:
     searched_in_part: tuple[int, ...] = ()  # earlier attempts whose run dir the checkpoint search read in part
     inexact_rungs: tuple[str, ...] = ()  # the rungs changing numerics its level went through
     started_ahead: bool = False  # before the memory or slot it needs was free (--overlap)
+    # `share_base: fused`: the process it joins (the id of the attempt that opened it), or
+    # `opens_process`: it opens one, named by its own id; neither: not a fused member
+    fuse_process: int | None = None
+    opens_process: bool = False
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -64,10 +68,11 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
             "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ?, "
-            "inexact_rungs_json = ? WHERE id = ?",
+            "inexact_rungs_json = ?, fuse_process = ? WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
              plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16),
-             json.dumps(list(plan.inexact_rungs)), attempt_id],
+             json.dumps(list(plan.inexact_rungs)), attempt_id if plan.opens_process else plan.fuse_process,
+             attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""

@@ -215,6 +215,9 @@ class Attempt:
     # counts from there (orchestrator.prediction.startup.remaining_s); None: not seen
     first_step: int | None = None
     first_step_at: float | None = None
+    # `share_base: fused`: the process the daemon placed it in, named by the id of the attempt
+    # whose placement opened it (its own where it opened one); None: not a fused member
+    fuse_process: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -277,6 +280,7 @@ class Attempt:
             share_base_mib=_opt_int(row.get("share_base_mib")),
             first_step=_opt_int(row.get("first_step")),
             first_step_at=_opt_float(row.get("first_step_at")),
+            fuse_process=_opt_int(row.get("fuse_process")),
         )
 
     @property

@@ -77,7 +77,8 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
     cap = fuse_max(os.environ)
     if os.environ.get("ORCH_SHARE_BASE") == "fused" and cap > 1:
         key = fused_key(key, config.max_seq_len, config.gradient_checkpointing, os.environ.get(FUSE_SUITE_VAR, ""))
-        conn, why, first = _fused_connection(folder, key, {"job": job, "fuse_max": cap})
+        hello = {"job": job, "fuse_max": cap, **({"process": named} if (named := fuse_process(os.environ)) else {})}
+        conn, why, first = _fused_connection(folder, key, hello)
         mode = "fused"
     else:
         conn, why = _warm_connection(folder, key)
@@ -92,6 +93,7 @@ def run_shared(run_dir: Path, config_path: Path) -> int:
 
 
 FUSE_SUITE_VAR = "ORCH_FUSE_SUITE"  # the suite: orch places the jobs of one suite as a group
+FUSE_PROCESS_VAR = "ORCH_FUSE_PROCESS"  # the process orch placed the job in (a positive number)
 
 
 def fused_key(key: str, max_seq_len: int, gradient_checkpointing: bool, suite: str = "") -> str:
@@ -111,11 +113,19 @@ def fuse_max(env: Mapping[str, str]) -> int:
         return 4
 
 
+def fuse_process(env: Mapping[str, str]) -> int | None:
+    """ORCH_FUSE_PROCESS: the process orch placed the job in; None where not set or not a
+    positive number (the job then joins the first process with room)."""
+    text = env.get(FUSE_PROCESS_VAR, "")
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) < 2**62 else None
+
+
 def _fused_connection(
     folder: Path, key: str, hello: dict[str, Any]
 ) -> tuple[socket.socket | None, str, dict[str, Any] | None]:
-    """A fused warm process of `key` that accepted the job (the first slot with room; one is
-    started where none listens): (connection, where, its answer), or (None, why, None)."""
+    """A fused warm process of `key` that accepted the job (the first slot with room, and, where
+    `hello` names the process orch placed the job in, of that name or idle; one is started where
+    none listens): (connection, where, its answer), or (None, why, None)."""
     for slot in range(MAX_SLOTS):
         sock_path, _, server_lock = slot_paths(folder, key, slot)
         conn = _connect(sock_path)

@@ -1,14 +1,18 @@
 """The warm process of `share_base: fused` (workers.lora.server --fused): its clients' jobs train
 at once as one group (workers.lora.fused.FusedTrainer, in the main thread).
 
-A client sends `{"job": {...}, "fuse_max": N}`. The process takes it while the group (with the
-jobs accepted but not yet joined) has fewer members than the smallest `fuse_max` among them and
-the newcomer, answering `{"accepted": {"pid", "base_mem_mib"}}`; else `{"full": true}` (the client
-tries the next slot). A job joins the group at the next tick. One thread per client relays the
-job's output (its own only: each member's code runs with its stdout and stderr on its relay) and
-turns a stop message, or the client gone, into a stop: the job leaves at the next tick without a
-checkpoint. The process exits after ORCH_SHARE_IDLE_S without a member, refusing the clients
-that arrive meanwhile.
+A client sends `{"job": {...}, "fuse_max": N}`, and `"process": P` where orch named the process
+it placed the job in (ORCH_FUSE_PROCESS). The process takes it while the group (with the jobs
+accepted but not yet joined) has fewer members than the smallest `fuse_max` among them and the
+newcomer, and, for a named job, while it has no member or its members came under that name (an
+idle process takes the name of the first, and drops it once empty): so the groups that train are
+the ones orch placed, and a warm process serves the next group. It answers
+`{"accepted": {"pid", "base_mem_mib"}}`; else `{"full": true}` (the client tries the next slot).
+A job joins the group at the next tick. One thread per client relays the job's output (its own
+only: each member's code runs with its stdout and stderr on its relay) and turns a stop message,
+or the client gone, into a stop: the job leaves at the next tick without a checkpoint. The
+process exits after ORCH_SHARE_IDLE_S without a member, refusing the clients that arrive
+meanwhile.
 """
 
 from __future__ import annotations
@@ -46,20 +50,27 @@ class Door:
         self.caps: dict[int, int] = {}  # per accepted job (until it ends): its fuse_max
         self.closing = False
         self.arrivals: queue.Queue[MemberSpec] = queue.Queue()
+        self.process: int | None = None  # the name its members came under (None: none named yet)
 
-    def enter(self, job_id: int, cap: int) -> bool:
+    def enter(self, job_id: int, cap: int, process: int | None = None) -> bool:
         with self.lock:
             if self.closing:
                 return False
+            if process is not None and self.caps and self.process is not None and process != self.process:
+                return False  # another group's process: the job's own is elsewhere, or to start
             limit = min([cap, *self.caps.values()])
             if len(self.caps) + 1 > limit:
                 return False
+            if process is not None and (not self.caps or self.process is None):
+                self.process = process
             self.caps[job_id] = cap
             return True
 
     def leave(self, job_id: int) -> None:
         with self.lock:
             self.caps.pop(job_id, None)
+            if not self.caps:
+                self.process = None  # empty: the next group may take it, warm
 
     def close_if_empty(self) -> bool:
         with self.lock:
@@ -158,8 +169,10 @@ def _client(conn: socket.socket, door: Door, ready: list[Any]) -> None:
         cap = max(1, min(MAX_FUSED_MEMBERS, int(first.get("fuse_max") or 1)))  # type: ignore[union-attr]
     except (TypeError, ValueError):
         cap = 1
+    named = first.get("process")  # type: ignore[union-attr]
+    process = named if isinstance(named, int) and not isinstance(named, bool) and named > 0 else None
     job_id = id(conn)
-    if not door.enter(job_id, cap):
+    if not door.enter(job_id, cap, process):
         with contextlib.suppress(OSError):
             send(conn, {"full": True})
         conn.close()

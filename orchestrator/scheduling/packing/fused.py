@@ -56,6 +56,10 @@ class GroupOnCard:
     stepped: bool = False
     peaks: list[Peaks] = field(default_factory=list)
     opener_counted: bool = False  # a member placed with the base (the one that opened it) is among them
+    # the last process's name where its members are running ones that carry it (the id of the
+    # attempt that opened it), or the job placed in this call that opened it
+    last_process: int | None = None
+    last_opener_job: int | None = None
 
     @property
     def counted_mib(self) -> int:
@@ -80,14 +84,19 @@ class GroupOnCard:
         return max(0, self.cap - self.last_members) if self.last_members else 0
 
     def add(self, cap: int, placed_mib: int, owed_mib: int, peaks: Peaks = (), base_mib: int | None = None,
-            process_mib: int | None = None, stepped: bool = False, opened: bool | None = None) -> bool:
+            process_mib: int | None = None, stepped: bool = False, opened: bool | None = None,
+            process: int | None = None, placed_job: int | None = None) -> bool:
         """Count one more member, placed at `placed_mib`, for which the card still reserves
         `owed_mib`; True when it opens a process (a plan slot). `opened`: whether it was placed
-        with the base (None: as counted here, when it opens the process)."""
-        opens = not self.has_room(cap)
+        with the base (None: as counted here, when it opens the process). `process`: a running
+        member's process name (it is in the last process only if that has its name; without
+        one, where the last process has room); `placed_job`: a job placed in this call."""
+        named = process is not None
+        opens = (not self.last_members or process != self.last_process) if named else not self.has_room(cap)
         if opens:
             self.placed_mib, self.owed_mib, self.process_mib, self.stepped, self.peaks = 0, 0, None, False, []
             self.last_members, self.cap, self.opener_counted = 0, cap, False
+            self.last_process, self.last_opener_job = process, placed_job
         self.opener_counted = self.opener_counted or (opens if opened is None else opened)
         self.last_members += 1
         self.cap = min(self.cap, cap)
@@ -110,7 +119,7 @@ def add_running(groups: dict[str, GroupOnCard], attempt: RunningAttempt, owed_mi
         return True
     group = groups.setdefault(attempt.fuse_group, GroupOnCard())
     return group.add(attempt.fuse_cap, attempt.predicted_peak_mib, owed_mib, attempt.group_peaks, attempt.base_mib,
-                     attempt.process_mib, attempt.reached_peak, attempt.opened_process)
+                     attempt.process_mib, attempt.reached_peak, attempt.opened_process, attempt.fuse_process)
 
 
 def group_room(groups: dict[str, GroupOnCard]) -> int:
@@ -160,7 +169,29 @@ def place_member(job: QueuedJob, groups: dict[str, GroupOnCard], placed_mib: int
     if job.fuse_group is None:
         return True
     return groups.setdefault(job.fuse_group, GroupOnCard()).add(job.fuse_cap, placed_mib, placed_mib,
-                                                                 job.group_peaks)
+                                                                 job.group_peaks, placed_job=job.job_id)
+
+
+@dataclass(frozen=True)
+class ProcessChoice:
+    """The fused process a placed job trains in, as the card counted it: one it opens, or the
+    last one of its group there, named (a running one) or by the job placed in this call that
+    opened it. Neither name: a process of running members placed before processes were named."""
+
+    opens: bool
+    process: int | None = None
+    with_job: int | None = None
+
+
+def placed_process(job: QueuedJob, groups: dict[str, GroupOnCard]) -> ProcessChoice | None:
+    """After `place_member`: the process the job was counted in; None for a job outside any
+    fused group."""
+    group = groups.get(job.fuse_group) if job.fuse_group is not None else None
+    if group is None:
+        return None
+    if group.last_opener_job == job.job_id:
+        return ProcessChoice(True)
+    return ProcessChoice(False, group.last_process, group.last_opener_job)
 
 
 def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:

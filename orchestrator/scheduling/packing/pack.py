@@ -29,7 +29,13 @@ from orchestrator.scheduling.packing.cards import (
     place_on,
 )
 from orchestrator.scheduling.packing.fit_time import card_fits_at_s
-from orchestrator.scheduling.packing.fused import balanced, group_room, own_mib
+from orchestrator.scheduling.packing.fused import (
+    ProcessChoice,
+    balanced,
+    group_room,
+    own_mib,
+    placed_process,
+)
 from orchestrator.scheduling.packing.gang import HostState, closest_set, host_blocker, spend
 from orchestrator.scheduling.packing.holds import hold_for_starving, index_of, reserve_for_gang
 from orchestrator.scheduling.packing.level_choice import (
@@ -57,6 +63,7 @@ class Placement:
     level: int | None = None
     level_note: str = ""
     ahead: bool = False  # started ahead of the memory or slot it needs (--overlap: cards.starts_ahead)
+    process: ProcessChoice | None = None  # `share_base: fused`: the process it was counted in
 
     @property
     def all_gpus(self) -> tuple[int, ...]:
@@ -282,7 +289,8 @@ def _pack(
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
             placements.append(Placement(job.job_id, indices[0], min(reserved),
-                                        indices if job.gpus > 1 else (), job.job_id in capped, ahead=ahead))
+                                        indices if job.gpus > 1 else (), job.job_id in capped, ahead=ahead,
+                                        process=placed_process(job, chosen[0].groups)))
             any_open = any(is_open(c) for c in ordered_cards)
             failed.clear()
             continue
@@ -338,7 +346,7 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
         spend(host, job.host_mib, job.cpus)
         reasons.pop(job.job_id, None)
         placements.append(Placement(job.job_id, card.gpu.index, reserved, level=level,
-                                    level_note=note))
+                                    level_note=note, process=placed_process(placing, card.groups)))
     return placements
 
 

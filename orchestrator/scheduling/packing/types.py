@@ -88,6 +88,9 @@ class RunningAttempt:
     # a fused member placed at its whole prediction, the base included (it opened its process);
     # False: it joined one, placed for its own needs only
     opened_process: bool = True
+    # a fused member: the process the daemon placed it in (the id of the attempt that opened it);
+    # None: not recorded (placed before orch named processes)
+    fuse_process: int | None = None
 
 
 @dataclass(frozen=True)
