@@ -63,18 +63,27 @@ def test_an_uneven_count_leaves_the_last_run_short_and_the_work_spread() -> None
 
 def test_only_a_groups_jobs_without_a_run_time_move_and_only_among_their_own_places() -> None:
     queue = [
-        member(1, 2.0, 2, teaches=True),  # teaches a prediction: keeps its place
-        member(2, 2.0, 2), member(3, 2.0, 2),
+        member(1, 9.0, 2), member(2, 9.0, 2), member(3, 2.0, 2),
         job(4, 4),  # not fused
-        member(5, 9.0, 2), member(6, 9.0, 2),
+        member(5, 2.0, 2),
         member(7, 9.0, 2, expected_duration_s=30.0),  # has a run time: longest-first order stands
         member(8, 9.0, 2, group="other"),  # another group
         member(9, 2.0, cap=1),  # trains alone (sequential)
     ]
     arranged = [j.job_id for j in balanced(queue)]
-    assert (arranged[0], arranged[3], arranged[6:]) == (1, 4, [7, 8, 9])
-    moved = [arranged[i] for i in (1, 2, 4, 5)]
-    assert sorted(moved) == [2, 3, 5, 6] and moved == [5, 2, 3, 6]  # (9, 2), then (2, 9)
+    assert (arranged[3], arranged[5:]) == (4, [7, 8, 9])
+    moved = [arranged[i] for i in (0, 1, 2, 4)]
+    assert moved == [1, 3, 5, 2]  # (9, 2), then (2, 9)
+
+
+def test_a_job_that_teaches_keeps_its_place_and_counts_in_its_run() -> None:
+    # the sweep's first job teaches its kind's prediction: it stays first, and the runs stay
+    # aligned with the processes (four members each), every one of like work
+    queue = [member(n + 1, w, teaches=n == 0)
+             for n, w in enumerate([9.0] * 4 + [11.0] * 4 + [9.0] * 4 + [14.0] * 4)]
+    arranged = balanced(queue)
+    assert arranged[0].job_id == 1
+    assert [sum(works(arranged[n:n + 4])) for n in range(0, 16, 4)] == [43.0] * 4
 
 
 def test_jobs_all_of_one_work_keep_the_packing_order() -> None:

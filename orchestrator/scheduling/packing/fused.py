@@ -201,39 +201,47 @@ def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
     fills its processes of a group in placement order, and a process's tick lasts as long as its
     members' work together: in queue order a sweep's configs come one after another, and a
     process of the heaviest alone would train on long after the others ended. Jobs with a run
-    time keep the longest-first order; jobs that teach a prediction keep their places (they run
-    first to teach it)."""
+    time keep the longest-first order; a job that teaches a prediction keeps its place (it runs
+    first to teach it) and counts in its run."""
     places: dict[tuple[str, int], list[int]] = {}
     for index, job in enumerate(ordered):
-        if job.fuse_group is not None and job.fuse_cap > 1 and job.expected_duration_s is None and not job.teaches:
+        if job.fuse_group is not None and job.fuse_cap > 1 and job.expected_duration_s is None:
             places.setdefault((job.fuse_group, job.priority), []).append(index)
     arranged = list(ordered)
     for indices in places.values():
         jobs = [ordered[i] for i in indices]
-        for index, job in zip(indices, in_runs_of_like_work(jobs, min(j.fuse_cap for j in jobs)), strict=True):
+        pinned = frozenset(n for n, job in enumerate(jobs) if job.teaches)
+        for index, job in zip(indices, in_runs_of_like_work(jobs, min(j.fuse_cap for j in jobs), pinned),
+                              strict=True):
             arranged[index] = job
     return arranged
 
 
-def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int) -> list[QueuedJob]:
-    """The jobs dealt into runs of `cap` (the last one shorter) of like work: the heaviest first,
-    each to the run with the least work so far that has room (longest processing time first),
-    then the runs one after another, heaviest first and lightest first in turn: a job that
-    reaches a warm process a moment before or after its neighbour in this order (each attempt's
-    client joins the first process with room) then swaps with one of like work. Ties keep their
-    order; jobs all of one work keep theirs."""
+def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int, pinned: frozenset[int] = frozenset()) -> list[QueuedJob]:
+    """The jobs dealt into runs of `cap` places (the last one shorter) of like work: the jobs at
+    the `pinned` places stay there, in their runs; the others go heaviest first, each to the run
+    with the least work so far that has room (longest processing time first), and fill their
+    runs' free places heaviest first and lightest first in turn: a job that reaches a warm
+    process a moment before or after its neighbour in this order then swaps with one of like
+    work. Ties keep their order; jobs all of one work keep theirs."""
     if len({j.fuse_work for j in jobs}) <= 1:
         return list(jobs)
     rank = {j.job_id: n for n, j in enumerate(jobs)}
     runs: list[list[QueuedJob]] = [[] for _ in range(-(-len(jobs) // cap))]
     sizes = [min(cap, len(jobs) - n * cap) for n in range(len(runs))]
     totals = [0.0] * len(runs)
-    for job in sorted(jobs, key=lambda j: (-j.fuse_work, rank[j.job_id])):
+    for n in sorted(pinned):
+        totals[n // cap] += jobs[n].fuse_work
+        sizes[n // cap] -= 1
+    free = [job for n, job in enumerate(jobs) if n not in pinned]
+    for job in sorted(free, key=lambda j: (-j.fuse_work, rank[j.job_id])):
         chosen = min((n for n in range(len(runs)) if len(runs[n]) < sizes[n]), key=lambda n: (totals[n], n))
         runs[chosen].append(job)
         totals[chosen] += job.fuse_work
     arranged: list[QueuedJob] = []
     for n, run in enumerate(runs):
         # dealt heaviest first; every other run lightest first
-        arranged += run if n % 2 == 0 else sorted(run, key=lambda j: (j.fuse_work, rank[j.job_id]))
+        dealt = iter(run if n % 2 == 0 else sorted(run, key=lambda j: (j.fuse_work, rank[j.job_id])))
+        for place in range(n * cap, min(len(jobs), (n + 1) * cap)):
+            arranged.append(jobs[place] if place in pinned else next(dealt))
     return arranged
