@@ -4,6 +4,7 @@ which settings Optuna's pruners stop, from histories given as values."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.daemon.early_stop import spared_words
@@ -321,13 +322,18 @@ def test_margin_se_is_checked_and_kept() -> None:
     assert "margin_se" not in parse_early_stop("s", {"metric": "m", "min_steps": 5}).to_json()  # as stored before
     for bad, said in (
         ({"margin_se": -0.5}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not -0.5"),
-        ({"margin_se": "1"}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not '1'"),
+        ({"margin_se": "one"}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not 'one'"),
+        ({"margin_se": "2e1"}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not 20.0"),
         ({"margin_se": True}, "`early_stop.margin_se` must be a number of standard errors from 0 to 10, not True"),
         ({"rule": "median"}, "`early_stop.margin_se` spares settings near asha's cutoff; rule median takes none"),
     ):
         with pytest.raises(PlanError) as info:
             parse_early_stop("suite s.yaml", {**raw, **bad})
         assert str(info.value) == f"suite s.yaml: {said}"
+    # YAML 1.1 reads `5e-1` (no dot) as text: the number it spells, as search bounds take it
+    written = yaml.safe_load("margin_se: 5e-1")
+    assert written == {"margin_se": "5e-1"}
+    assert parse_early_stop("s", {**raw, **written}).margin_se == 0.5
 
 
 def _two_seeds(key: str, first: float, second: float, job_id: int, up_to: int) -> SettingRuns:

@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from orchestrator.errors import PlanError
-from orchestrator.plans.inputs import shown_typed, shown_value
+from orchestrator.plans.inputs import shown_typed, shown_value, yaml_number
 
 MAX_REDUCTION_FACTOR = 100
 MAX_STEPS = 10**9  # min_steps and max_steps: far past any run's length
@@ -186,6 +186,7 @@ def parse_early_stop(where: str, raw: Any) -> EarlyStop:
 def _parse_margin(where: str, rule: PruneRule, margin: Any) -> float | None:
     if margin is None:
         return None
+    margin = yaml_number(margin)  # `5e-1` is text to YAML
     if rule is not PruneRule.ASHA:
         raise PlanError(
             f"{where}: `early_stop.margin_se` spares settings near asha's cutoff; rule {rule.value} takes none"

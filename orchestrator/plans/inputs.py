@@ -77,6 +77,17 @@ def shown_typed(value: object) -> str:
     return shown_value(value) if isinstance(value, str) else shown_repr(value)
 
 
+def yaml_number(value: object) -> object:
+    """A number YAML left as text (`5e-1` and `1e3` are strings to YAML 1.1, which wants a dot
+    and a signed exponent): the number; any other value as it is."""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
 def check_text(what: str, text: str, max_chars: int = MAX_VALUE_CHARS) -> None:
     if _CONTROL_CHARS.search(text) or "\n" in text:
         raise PlanError(f"{what} contains control characters: {shown_value(text)}")

@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.errors import PlanError
 from orchestrator.plans.early_stop import Mode, parse_mode
 from orchestrator.plans.grid import MAX_GRID_JOBS, config_type
-from orchestrator.plans.inputs import PAIR_KEYS, Scalar, shown_typed, shown_value
+from orchestrator.plans.inputs import PAIR_KEYS, Scalar, shown_typed, shown_value, yaml_number
 from orchestrator.plans.model import ConfigSpec
 
 
@@ -173,7 +173,7 @@ def _dimension(
         )
     ((name, bounds),) = raw.items()
     if isinstance(bounds, list):  # YAML reads `1e-5` (no dot) as text: a number written so is one
-        bounds = [_yaml_number(b) for b in bounds]
+        bounds = [yaml_number(b) for b in bounds]
     try:
         distribution = Distribution(str(name))
     except ValueError:
@@ -205,15 +205,6 @@ def _dimension(
             f"{distribution.value} draws {'integers' if distribution is Distribution.INT_UNIFORM else 'floats'}"
         )
     return Dimension(key, distribution, low, high)
-
-
-def _yaml_number(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _check_kind(flag: str, value: Scalar, kind: type | None) -> None:
