@@ -27,8 +27,10 @@ def sim_loss(step: int, config: dict[str, Any], seed: int) -> float:
 
 
 def val_curve(config: dict[str, Any], step: int) -> dict[str, float]:
-    """`val_accuracy` at `step` when the config has `sim_best_lr` (else nothing): it climbs
-    towards 0.9 - 0.15 x |log10(learning_rate / sim_best_lr)|, a little apart per seed."""
+    """`val_accuracy` and `val_loss` at `step` when the config has `sim_best_lr` (else nothing):
+    the accuracy climbs towards 0.9 - 0.15 x |log10(learning_rate / sim_best_lr)|, the loss falls
+    as it climbs (0.3 + 2 x (1 - accuracy)), each a little apart per seed: early stopping's rules
+    on either metric can be rehearsed on simulated cards."""
     best_lr = config.get("sim_best_lr")
     lr = config.get("learning_rate")
     if (
@@ -40,12 +42,17 @@ def val_curve(config: dict[str, Any], step: int) -> dict[str, float]:
         return {}
     final = 0.9 - 0.15 * abs(math.log10(lr / best_lr))
     seed = int(config.get("seed", 0) or 0)
-    return {"val_accuracy": round(final * step / (step + 5) + 0.002 * (seed % 3), 4)}
+    accuracy = final * step / (step + 5)
+    return {"val_accuracy": round(accuracy + 0.002 * (seed % 3), 4),
+            "val_loss": round(0.3 + 2.0 * (1 - accuracy) + 0.003 * ((seed * 5) % 3), 4)}
 
 
 def final_val(config: dict[str, Any], steps: int, otherwise: float) -> dict[str, float]:
-    """result.json's val metrics: the curve's last value when there is one (else `otherwise`)."""
-    return {"accuracy": val_curve(config, steps).get("val_accuracy", otherwise)}
+    """result.json's val metrics: the curve's last values when there is one (else `otherwise`)."""
+    curve = val_curve(config, steps)
+    if not curve:
+        return {"accuracy": otherwise}
+    return {"accuracy": curve["val_accuracy"], "loss": curve["val_loss"]}
 
 
 def final_test(config: dict[str, Any], steps: int, otherwise: float) -> dict[str, float]:
