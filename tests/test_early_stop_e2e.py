@@ -193,3 +193,10 @@ def test_a_margin_is_stored_with_each_job_and_read_back_as_the_daemon_reads_it(o
     assert len(rules) == 1 and '"margin_se": 1.0' in next(iter(rules))
     spec = EarlyStop.from_json(jobs[0].early_stop)
     assert spec is not None and spec.margin_se == 1.0
+    # the rule is said where a user looks: at submit (a dry run too) and in `orch show`
+    said = "early_stop: metric val_accuracy, mode max, rule asha, min_steps 4, reduction_factor 3, margin_se 1"
+    dry = orch.run("submit", "--suite", "es", "--pairs", "3:toy", "--dry-run").stdout
+    assert said in dry.splitlines()
+    assert said in orch.run("show", str(jobs[0].id)).stdout
+    shown = json.loads(orch.run("show", str(jobs[0].id), "--json").stdout)
+    assert shown["early_stop"]["margin_se"] == 1.0

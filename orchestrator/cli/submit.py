@@ -121,6 +121,7 @@ def submit_cmd(
                 "existing": len(existing),
                 "gpu_plan": format_plan(plan) if plan else None,
                 "grid": report.grid,
+                "early_stop": report.suite.early_stop.to_json() if report.suite.early_stop else None,
                 "jobs": [
                     {
                         "id": o.job_id,
@@ -152,6 +153,8 @@ def submit_cmd(
         click.echo(f"; {len(existing)} already present ({', '.join(states)}; {again})")
     else:
         click.echo("")
+    if report.suite.early_stop is not None and created:
+        click.echo(f"early_stop: {report.suite.early_stop.words()}")
     if plan is not None:
         click.echo(f"GPU plan {'would be set' if dry_run else 'set'}: {describe_plan(plan)}")
 

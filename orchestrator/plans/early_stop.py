@@ -111,6 +111,11 @@ class EarlyStop:
             stored["margin_se"] = self.margin_se
         return stored
 
+    def words(self) -> str:
+        """The rule in the suite file's own keys, one line: `orch show` and `orch submit` say it."""
+        return ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+                         for key, value in self.to_json().items())
+
     @classmethod
     def from_json(cls, stored: dict[str, Any]) -> EarlyStop | None:
         """As stored with a job; None for '{}' (no rule) or a record this orch cannot read."""

@@ -288,6 +288,7 @@ def job_to_public(history: JobHistory) -> dict[str, Any]:
         "allowed_gpus": None if job.allowed_gpus is None else sorted(job.allowed_gpus),
         "overrides": job.overrides,
         "trial": job.search.get("trial"),  # its trial's number in the suite's search:; null: none
+        "early_stop": job.early_stop or None,  # the rule it was submitted with; null: none
         "config_content": job.config,
         "wait_reason": job.wait_reason,
         "reason": job.reason,

@@ -30,6 +30,7 @@ from orchestrator.cli.jobs.table import STATE_STYLES, jobs_extras, print_jobs
 from orchestrator.errors import UsageError
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_regular_file
 from orchestrator.lifecycle import JobState
+from orchestrator.plans.early_stop import EarlyStop
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
 from orchestrator.store.job_facts import job_facts
@@ -129,6 +130,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         # a search trial's values were drawn by the search, not given with --set
         given = "--set" if payload.get("trial") is None else f"search trial {payload['trial']}:"
         console.print(f"  {given} {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
+    rule = EarlyStop.from_json(payload.get("early_stop") or {})
+    if rule is not None:
+        console.print(f"  early_stop: {rule.words()}", markup=False, highlight=False)
     if payload["wait_reason"] and payload["state"] == "queued":
         console.print(f"  waiting: {payload['wait_reason']}", markup=False, highlight=False)
     if payload["reason"]:
