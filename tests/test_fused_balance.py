@@ -34,7 +34,9 @@ def test_a_members_work_is_its_rows_times_the_base_and_its_adapted_modules() -> 
     assert member_work({"batch_size": 8}, {"targets": ALL_SEVEN}) == heavy / 2  # half the rows
     # a spec it cannot read (a file, a pattern) counts as the worker's default four
     assert member_work({"batch_size": 16}, None) == 16 * (BASE_MODULE_WORK + DEFAULT_TARGETS)
-    assert member_work({"batch_size": 16}, {"target_modules": "all-linear"}) == 16 * (BASE_MODULE_WORK + 4)
+    assert member_work({"batch_size": 16}, {"target_modules": "all-linear"}) == heavy  # a Llama layer's seven
+    assert member_work({"batch_size": 16}, {"target_modules": ".*proj"}) == 16 * (BASE_MODULE_WORK + 4)
+    assert member_work({"per_device_train_batch_size": 8}, {"targets": ALL_SEVEN}) == heavy / 2  # its batch key
     assert member_work({}, {"targets": ["q_proj"]}) == BASE_MODULE_WORK + 1  # no batch size: one row
 
 
@@ -84,6 +86,16 @@ def test_a_job_that_teaches_keeps_its_place_and_counts_in_its_run() -> None:
     arranged = balanced(queue)
     assert arranged[0].job_id == 1
     assert [sum(works(arranged[n:n + 4])) for n in range(0, 16, 4)] == [43.0] * 4
+
+
+def test_jobs_with_a_run_time_keep_their_places_and_count_in_their_runs() -> None:
+    # fifo order: the group's jobs that have a run time sit among the others; the runs still line
+    # up with the processes the card fills in this order
+    queue = [member(1, 9.0, expected_duration_s=30.0), member(2, 9.0), member(3, 14.0), member(4, 9.0),
+             member(5, 14.0), member(6, 14.0, expected_duration_s=30.0), member(7, 9.0), member(8, 14.0)]
+    arranged = balanced(queue)
+    assert (arranged[0].job_id, arranged[5].job_id) == (1, 6)
+    assert [sum(works(arranged[n:n + 4])) for n in (0, 4)] == [46.0, 46.0]
 
 
 def test_jobs_all_of_one_work_keep_the_packing_order() -> None:
@@ -144,3 +156,48 @@ def test_the_daemons_pass_starts_a_config_major_sweep_in_processes_of_like_work(
     assert [(a.fuse_process, b.fuse_process) for a, b in pairs] == [(a.id, a.id) for a, _ in pairs]
     names = {spec.attempt_id: spec.env.get("ORCH_FUSE_PROCESS") for spec in launched.specs}
     assert names == {a.id: str(a.fuse_process) for a in attempts}
+
+
+def test_the_daemons_pass_places_a_sweeps_first_joiners_for_their_estimate_less_the_base(tmp_path: Path) -> None:
+    """Before any share.json, a joiner of a model whose shape orch reads (its config.json) is placed
+    for its estimate less the base's weights and context as the estimate counts them."""
+    import json
+
+    from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
+    from orchestrator.prediction.memory import estimated_base_mib, model_info_from_hf_config
+    from orchestrator.scheduling.dispatch import DispatchContext, schedule
+    from orchestrator.scheduling.packing.types import PackingPolicy
+    from orchestrator.scheduling.state import SchedulerState
+    from orchestrator.store import Store
+    from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+    from orchestrator.store.sweep_attempts import all_attempts
+    from tests.test_scale import _Recorder
+
+    shape = {"hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5632, "vocab_size": 32000,
+             "num_attention_heads": 16, "model_type": "llama"}
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(shape))
+    plans = tmp_path / "plans"
+    (plans / "configs" / "fz").mkdir(parents=True)
+    (plans / "suites").mkdir(parents=True)
+    config = {"model": str(model), "batch_size": 4, "prec": "bf16", "peft": {"targets": ["q_proj", "v_proj"]}}
+    (plans / "configs" / "fz" / "c.yaml").write_text(yaml.safe_dump(config))
+    (plans / "suites" / "fz.yaml").write_text(yaml.safe_dump(
+        {"worker": "lora", "mem_gib": 1, "configs": ["c"], "share_base": "fused", "fused_members": 3}))
+    suite = load_suite("fz", plans)
+    store = Store(tmp_path / "state.db")
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=4))
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:toy 2:toy 3:toy"), {}, None, 0),
+                allowed_gpus=None, priority=0, force=False, dry_run=False)  # fmt: skip
+    card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=80 * GIB, used_mib=0,
+                        free_mib=80 * GIB, processes=()),)  # fmt: skip
+    schedule(store, card, _Recorder(), DispatchContext(tmp_path / "runs", PackingPolicy(), {}), SchedulerState(),
+             draining=False)  # fmt: skip
+    attempts = sorted(all_attempts(store), key=lambda a: a.id)
+    store.close()
+    base = estimated_base_mib(config, model_info_from_hf_config(shape))
+    assert base is not None and len(attempts) == 3
+    estimate = attempts[0].predicted_peak_mib
+    assert attempts[0].prediction_source.startswith("estimate") and estimate > base
+    assert [a.reserved_mib for a in attempts] == [estimate, estimate - base, estimate - base]

@@ -65,7 +65,7 @@ def test_clients_are_answered_while_the_process_is_still_importing(tmp_path: Pat
     assert not made.is_set()  # every answer came before the cache was made
     assert [answer is not None and "accepted" in answer for answer in answers] == [True, True, False]
     assert answers[0] == {"accepted": {"pid": os.getpid(), "base_mem_mib": None}}
-    assert answers[2] == {"full": True}
+    assert answers[2] == {"full": True, "why": "full"}
     for conn in conns:  # the clients leave: their jobs end before they train; the process idles out
         conn.close()
     deadline = time.monotonic() + 20
@@ -111,16 +111,20 @@ def test_jobs_accepted_before_the_process_fails_to_start_its_trainer_end_failed_
 
 def test_a_process_takes_only_the_group_orch_placed_in_it_and_serves_the_next_once_empty() -> None:
     door = Door()
-    assert door.enter(1, 3, process=7)  # idle: takes the name of its first member
-    assert door.enter(2, 3, process=7)
-    assert not door.enter(3, 3, process=9)  # another group's: its own process is elsewhere
-    assert door.enter(4, 3)  # a job orch did not name (placed before names) joins where there is room
-    assert not door.enter(5, 3, process=7)  # full at its cap
+    assert door.enter(1, 3, process=7, own_only=True) == "other"  # idle: no member of its name yet
+    assert door.enter(1, 3, process=7) is None  # idle: takes the name of its first member
+    assert door.enter(2, 3, process=7, own_only=True) is None
+    assert door.enter(3, 3, process=9) == "other"  # another group's: its own process is elsewhere
+    assert door.enter(4, 3) is None  # a job orch did not name (placed before names) joins where there is room
+    assert door.enter(5, 3, process=7, own_only=True) == "full"  # its own, at its cap: it may wait for it
     for job in (1, 2, 4):
         door.leave(job)
     assert door.process is None
-    assert door.enter(3, 3, process=9)  # empty: the next group takes it, warm
-    assert not door.enter(6, 3, process=7)
+    assert door.enter(3, 3, process=9) is None  # empty: the next group takes it, warm
+    assert door.enter(6, 3, process=7) == "other"
+    legacy = Door()  # members orch did not name: a named job joins, and the process takes no name
+    assert legacy.enter(1, 3) is None and legacy.enter(2, 3, process=7) is None and legacy.process is None
+    assert legacy.enter(3, 3, process=9) is None
 
 
 def test_the_process_a_client_names_is_a_positive_number_or_none() -> None:
@@ -130,3 +134,47 @@ def test_the_process_a_client_names_is_a_positive_number_or_none() -> None:
     for text in ("", "0", "-3", "1.5", "x", "١٢", "9" * 30):
         assert fuse_process({"ORCH_FUSE_PROCESS": text}) is None
     assert fuse_process({}) is None
+
+
+def test_a_named_client_finds_its_own_process_before_an_idle_one(tmp_path: Path) -> None:
+    from workers.lora.client import _fused_connection
+    from workers.lora.share import slot_paths
+
+    folder, key = tmp_path / "warm", "k"
+    folder.mkdir()
+    gate = threading.Event()
+
+    def make_cache() -> Any:  # held until the end: the processes only answer
+        assert gate.wait(60)
+        from workers.lora.base_cache import BaseCache
+
+        return BaseCache()
+
+    doors, servers, listeners = [], [], []
+    for slot in range(2):
+        sock_path = slot_paths(folder, key, slot)[0]
+        listeners.append(_listening(sock_path))
+        doors.append(Door())
+        servers.append(threading.Thread(target=serve_fused, args=(listeners[-1], make_cache, dict(os.environ), 0.5,
+                                                                  sock_path, doors[-1])))
+        servers[-1].start()
+    assert doors[1].enter(999, 4, process=40) is None  # slot 1 trains a member of process 40; slot 0 is idle
+
+    def hello(run_dir: Path, process: int) -> dict[str, Any]:
+        run_dir.mkdir()
+        job = {"run_dir": str(run_dir), "config": str(run_dir / "config.yaml"), "env": {}}
+        return {"job": job, "fuse_max": 4, "process": process}
+
+    conn, where, answer = _fused_connection(folder, key, hello(tmp_path / "own", 40))
+    assert conn is not None and where == "k-1" and answer is not None and "accepted" in answer
+    other, where_other, _ = _fused_connection(folder, key, hello(tmp_path / "new", 41))
+    assert other is not None and where_other == "k-0"  # no process of its name: the idle one takes it
+    assert doors[0].process == 41 and doors[1].process == 40
+    for each in (conn, other):
+        each.close()
+    doors[1].leave(999)
+    gate.set()
+    for server in servers:
+        server.join(60)
+    for listener in listeners:
+        listener.close()

@@ -88,6 +88,13 @@ def test_a_fused_groups_oom_is_requeued_uncounted_and_halves_the_cap(orch: Orch)
     (card,) = [g for g in cards if g["running"]]
     assert (card["running"], card["slots_taken"]) == (3, 1)
     assert f"1/{card['slots']} (3 jobs)" in orch.run("status", "--once").stdout
+    # each names the process the daemon placed it in: the first job's attempt opened it
+    placed = {json.loads(orch.run("show", str(j), "--json").stdout)["attempts"][0]["fuse_process"]
+              for j in ids.split(",")}
+    first_attempt = json.loads(orch.run("show", ids.split(",")[0], "--json").stdout)["attempts"][0]["id"]
+    assert placed == {first_attempt}
+    assert f"placed in fused process {first_attempt}, trained in fused warm process" in orch.run(
+        "show", ids.split(",")[1]).stdout
     (orch.root / "go").write_text("")
     states = orch.wait_all_done(180)
     assert set(states.values()) == {"succeeded"}, states

@@ -108,6 +108,9 @@ def test_before_any_share_json_a_joiner_is_placed_for_its_prediction_less_the_es
     # without either, its whole prediction
     d = pack([fused_job(1, 10), fused_job(2, 10)], [gpu(0, 80, slots=2)], [], NO_HEADROOM, 0.0)
     assert reserved(d) == {1: 10 * GIB, 2: 10 * GIB}
+    # a prediction near the estimated base (a declared 4 GiB for a 3.5 GiB base): a quarter of it
+    low = [job(i, 4, fuse_group=GROUP, fuse_cap=4, estimated_base_mib=int(3.5 * GIB)) for i in (1, 2)]
+    assert reserved(pack(low, [gpu(0, 80, slots=2)], [], NO_HEADROOM, 0.0)) == {1: 4 * GIB, 2: GIB}
 
 
 def test_a_group_that_does_not_fit_by_its_members_predictions_joins_where_its_record_says_it_fits() -> None:

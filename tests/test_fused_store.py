@@ -177,3 +177,19 @@ def test_a_fused_members_speed_teaches_no_throughput_or_run_time(db_path: Path) 
         assert sorted(r.attempt_id for r in succeeded_runs_since(store, None)) == sorted(a[1:])
     assert [teaches_solo_speed(mode, job_fused) for mode, job_fused in
             (("fused", False), ("sequential", True), (None, True), (None, False))] == [False, True, False, True]
+
+
+def test_a_fused_process_takes_one_slot_from_its_members_start_before_any_share_json() -> None:
+    from orchestrator.store.sharing import slots_taken
+    from tests.rows_helpers import attempt_of
+
+    # three members the daemon placed in process 7 (no share.json written yet) and one job alone
+    starting = [attempt_of(id=n, job_id=n, fuse_process=7) for n in (7, 8, 9)] + [attempt_of(id=10, job_id=10)]
+    assert slots_taken(starting) == 2
+    # once written, share.json's process does not count the members again
+    written = [attempt_of(id=n, job_id=n, fuse_process=7, share_mode="fused", share_process="k-0", share_pid=5)
+               for n in (7, 8)] + [attempt_of(id=9, job_id=9, fuse_process=7)]
+    assert slots_taken(written) == 1
+    # members placed before processes were named: share.json's process, as before
+    legacy = [attempt_of(id=n, job_id=n, share_mode="fused", share_process="k-0", share_pid=5) for n in (1, 2)]
+    assert slots_taken(legacy) == 1

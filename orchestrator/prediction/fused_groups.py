@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.plans.lora_keys import LORA_SPEC_SHORT_KEYS
 from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_DEFAULT, FUSED_MEMBERS_RANGE
+from orchestrator.prediction.families import BATCH_KEYS
 from orchestrator.prediction.memory import predict_peak_mib
 from orchestrator.store.peak_source import SourceKind
 from orchestrator.store.rows import Job, ShapeMemory
@@ -32,7 +33,7 @@ FUSED_SHAPE_MARK = "|fused"
 # layer's seven (q, k, v, o, gate, up, down). On one H200 a 1.3B Llama's jobs alone took 15.5 s
 # with r 8 on two of them and 24 s on all seven (benchmarks/gpu/README.md): (7 + 7) / (7 + 2).
 BASE_MODULE_WORK = 7.0
-DEFAULT_TARGETS = 4  # the worker's default q, k, v, o; also a spec given as a file or a pattern
+DEFAULT_TARGETS = 4  # the worker's default q, k, v, o; also a spec given as a file or another pattern
 SHAPE_KEY_PARTS = 3  # hash|model|task (orchestrator.prediction.memory.shape_key)
 _SIZE = re.compile(r"[1-9][0-9]?", re.ASCII)  # a group size as group_shape_key writes it
 
@@ -68,11 +69,13 @@ def member_work(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None) 
     """What a fused member adds to each tick of its group, relative: its micro-batch rows times
     the base's work per row plus one share per adapted module name (`BASE_MODULE_WORK`). Only
     for ordering members into groups of like work; a member's length (its steps) is not in it."""
-    rows = config.get("batch_size")
-    rows = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else 1
+    rows = next((v for k in BATCH_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0), 1)
     spec = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in (peft_spec or {}).items()}
     targets = spec.get("target_modules")
-    count = len(targets) if isinstance(targets, list) and targets else DEFAULT_TARGETS
+    if targets == "all-linear":  # peft: every linear layer but the output head, a Llama layer's seven
+        count = int(BASE_MODULE_WORK)
+    else:
+        count = len(targets) if isinstance(targets, list) and targets else DEFAULT_TARGETS
     return rows * (BASE_MODULE_WORK + count)
 
 

@@ -227,6 +227,7 @@ def _resources_public(a: Attempt) -> dict[str, Any]:
 def attempt_to_public(a: Attempt) -> dict[str, Any]:
     """The documented `--json` shape of one attempt."""
     return {
+        "id": a.id,  # orch's own number for it (a fused process is named by its opener's)
         "n": a.n,
         "gpu": a.gpu_index,
         "gpu_uuid": a.gpu_uuid,
@@ -254,6 +255,8 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         "share": None if a.share_process is None else {
             "mode": a.share_mode, "process": a.share_process, "pid": a.share_pid, "base_mib": a.share_base_mib,
         },
+        # `share_base: fused`: the process the daemon placed it in (the attempt that opened it)
+        "fuse_process": a.fuse_process,
         "resumed_from": None if a.resumed_from_checkpoint is None else {
             "attempt": a.resumed_from_attempt, "checkpoint": a.resumed_from_checkpoint,
         },

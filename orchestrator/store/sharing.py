@@ -87,13 +87,16 @@ def shares_label(mode: str | None, process: str | None, job_ids: list[int]) -> s
 
 
 def slots_taken(attempts: Iterable[Attempt]) -> int:
-    """The plan slots these attempts of one card take: the members of one fused process, as its
-    share.json names it, take one between them (the daemon places a fused group's joiners
-    without a slot); every other attempt one."""
-    processes: set[tuple[str, int]] = set()
+    """The plan slots these attempts of one card take: the members of one fused process take one
+    between them (the daemon places a fused group's joiners without a slot), told by the process
+    the daemon placed them in (`fuse_process`, from their start) or else by the one their
+    share.json names (written seconds later); every other attempt one."""
+    processes: set[tuple[str | int, ...]] = set()
     alone = 0
     for a in attempts:
-        if a.share_mode == ShareBase.FUSED.value and a.share_process and a.share_pid is not None:
+        if a.fuse_process is not None:
+            processes.add(("placed", a.fuse_process))
+        elif a.share_mode == ShareBase.FUSED.value and a.share_process and a.share_pid is not None:
             processes.add((a.share_process, a.share_pid))
         else:
             alone += 1

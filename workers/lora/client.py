@@ -123,9 +123,20 @@ def fuse_process(env: Mapping[str, str]) -> int | None:
 def _fused_connection(
     folder: Path, key: str, hello: dict[str, Any]
 ) -> tuple[socket.socket | None, str, dict[str, Any] | None]:
-    """A fused warm process of `key` that accepted the job (the first slot with room, and, where
-    `hello` names the process orch placed the job in, of that name or idle; one is started where
-    none listens): (connection, where, its answer), or (None, why, None)."""
+    """A fused warm process of `key` that accepted the job: (connection, where, its answer), or
+    (None, why, None). A job orch named (`hello["process"]`) looks first for the process of its
+    name among those that listen, and while that one is full (a member that ended still leaving)
+    waits for it up to OWN_WAIT_S; then, as an unnamed job does, takes the first slot with room,
+    starting a process where none listens."""
+    if hello.get("process") is not None:
+        deadline = time.monotonic() + OWN_WAIT_S
+        while True:
+            conn, where, answer, own_full = _own_process(folder, key, hello)
+            if conn is not None or not own_full or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if conn is not None:
+            return conn, where, answer
     for slot in range(MAX_SLOTS):
         sock_path, _, server_lock = slot_paths(folder, key, slot)
         conn = _connect(sock_path)
@@ -144,15 +155,44 @@ def _fused_connection(
                 conn = _connect(sock_path)
             if conn is None:
                 continue
-        try:
-            send(conn, hello)
-            answer = next(messages(conn), None)
-        except OSError:  # a process closing meanwhile (a broken pipe, a reset): the next slot
-            answer = None
+        answer = _ask(conn, hello)
         if answer is not None and "accepted" in answer:
             return conn, f"{key}-{slot}{started}", answer
         conn.close()  # full, or leaving: the next slot
     return None, f"all {MAX_SLOTS} fused warm processes of this base are full", None
+
+
+OWN_WAIT_S = 10.0  # a named job waits this long for its own full process before taking another
+
+
+def _own_process(
+    folder: Path, key: str, hello: dict[str, Any]
+) -> tuple[socket.socket | None, str, dict[str, Any] | None, bool]:
+    """The listening process of the job's name that took it: (connection, where, answer, False);
+    else (None, "", None, whether one of its name answered full)."""
+    own_full = False
+    for slot in range(MAX_SLOTS):
+        sock_path = slot_paths(folder, key, slot)[0]
+        if not sock_path.exists():
+            continue
+        conn = _connect(sock_path)
+        if conn is None:
+            continue
+        answer = _ask(conn, {**hello, "own_only": True})
+        if answer is not None and "accepted" in answer:
+            return conn, f"{key}-{slot}", answer, False
+        own_full = own_full or (answer or {}).get("why") == "full"
+        conn.close()
+    return None, "", None, own_full
+
+
+def _ask(conn: socket.socket, hello: dict[str, Any]) -> dict[str, Any] | None:
+    """The process's answer to the hello; None where it closed meanwhile (a broken pipe, a reset)."""
+    try:
+        send(conn, hello)
+        return next(messages(conn), None)
+    except OSError:
+        return None
 
 
 def _warm_connection(folder: Path, key: str) -> tuple[socket.socket | None, str]:

@@ -4,10 +4,13 @@ at once as one group (workers.lora.fused.FusedTrainer, in the main thread).
 A client sends `{"job": {...}, "fuse_max": N}`, and `"process": P` where orch named the process
 it placed the job in (ORCH_FUSE_PROCESS). The process takes it while the group (with the jobs
 accepted but not yet joined) has fewer members than the smallest `fuse_max` among them and the
-newcomer, and, for a named job, while it has no member or its members came under that name (an
-idle process takes the name of the first, and drops it once empty): so the groups that train are
-the ones orch placed, and a warm process serves the next group. It answers
-`{"accepted": {"pid", "base_mem_mib"}}`; else `{"full": true}` (the client tries the next slot).
+newcomer, and, for a named job, while it has no member or its members came under that name or
+none (an idle process takes the name of the first, and drops it once empty; a process of jobs
+orch did not name keeps none): so the groups that train are the ones orch placed, and a warm
+process serves the next group. With `"own_only": true` it takes the job only into members of its
+name (the client's first pass over the slots, so that it never takes an idle process while its
+own has room). It answers `{"accepted": {"pid", "base_mem_mib"}}`; else `{"full": true, "why":
+"full" | "other" | "closing"}` (the client tries the next slot).
 A job joins the group at the next tick. One thread per client relays the job's output (its own
 only: each member's code runs with its stdout and stderr on its relay) and turns a stop message,
 or the client gone, into a stop: the job leaves at the next tick without a checkpoint. The
@@ -52,19 +55,23 @@ class Door:
         self.arrivals: queue.Queue[MemberSpec] = queue.Queue()
         self.process: int | None = None  # the name its members came under (None: none named yet)
 
-    def enter(self, job_id: int, cap: int, process: int | None = None) -> bool:
+    def enter(self, job_id: int, cap: int, process: int | None = None, own_only: bool = False) -> str | None:
+        """None when the job is taken, else why not: `closing`, `other` (its members came under
+        another name; with `own_only`, also an idle or unnamed process) or `full` (at its cap)."""
         with self.lock:
             if self.closing:
-                return False
-            if process is not None and self.caps and self.process is not None and process != self.process:
-                return False  # another group's process: the job's own is elsewhere, or to start
+                return "closing"
+            if process is not None and (self.process if self.caps else None) not in (None, process):
+                return "other"  # another group's process: the job's own is elsewhere, or to start
+            if own_only and (not self.caps or self.process != process):
+                return "other"
             limit = min([cap, *self.caps.values()])
             if len(self.caps) + 1 > limit:
-                return False
-            if process is not None and (not self.caps or self.process is None):
-                self.process = process
+                return "full"
+            if process is not None and not self.caps:
+                self.process = process  # idle: it takes the name (with unnamed members, none)
             self.caps[job_id] = cap
-            return True
+            return None
 
     def leave(self, job_id: int) -> None:
         with self.lock:
@@ -172,9 +179,10 @@ def _client(conn: socket.socket, door: Door, ready: list[Any]) -> None:
     named = first.get("process")  # type: ignore[union-attr]
     process = named if isinstance(named, int) and not isinstance(named, bool) and named > 0 else None
     job_id = id(conn)
-    if not door.enter(job_id, cap, process):
+    refused = door.enter(job_id, cap, process, own_only=first.get("own_only") is True)  # type: ignore[union-attr]
+    if refused is not None:
         with contextlib.suppress(OSError):
-            send(conn, {"full": True})
+            send(conn, {"full": True, "why": refused})
         conn.close()
         return
     stop, done = threading.Event(), threading.Event()

@@ -162,6 +162,9 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
             )
             share = a.get("share")
             shared = f"trained in {share['mode']} warm process {share['process']} (pid {share['pid']})" if share else ""
+            if a.get("fuse_process") is not None:  # where the daemon placed it: the attempt that opened the process
+                placed = f"placed in fused process {a['fuse_process']}"
+                shared = f"{placed}, {shared}" if shared else placed
             notes = [resumed_text, predicted, shared, f"changed {changes}" if changes else "", a["reason"] or "",
                      a.get("hunted") or "", f"loss diverged: {a['diverged']}" if a.get("diverged") else ""]
             shown = "; ".join(n for n in notes if n)

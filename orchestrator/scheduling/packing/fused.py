@@ -3,11 +3,12 @@
 The daemon counts one fused process per group and card, taking `cap` members: the first member
 takes a plan slot and its full prediction (the base and its own needs); the next ones, up to the
 cap, join it without a slot, for their own needs only: the prediction less the base's resident
-memory, as a running member's share.json says. Without that figure, by its prediction less the
-base's weights and CUDA context as the memory estimate counts them (where the model's shape is
-known: a process of its base holds them before any member's own needs, and a sweep's first jobs
-all start before any share.json is written); else by its full prediction (never below what is
-known). Members past the cap start another process: a slot
+memory, as a running member's share.json says (the weights alone: the context is left in, the
+more cautious figure). Without that figure, by its prediction less the base's weights and CUDA
+context as the memory estimate counts them, never below a quarter of its prediction (where the
+model's shape is known: a joiner brings neither, and a sweep's first jobs all start before any
+share.json is written); else by its full prediction (never below what is known). Members past
+the cap start another process: a slot
 and the full prediction again. The cap of a process is the smallest of its members' and the
 joiner's (the warm process takes a job only below every one of them), so after a group OOM has
 lowered a suite's cap a process started under the old one takes no member of the new one once it
@@ -30,6 +31,8 @@ record of some members' shapes only, may only raise it.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +40,9 @@ from orchestrator.prediction.fused_groups import GroupPeak
 from orchestrator.scheduling.packing.types import QueuedJob, RunningAttempt
 
 Peaks = tuple[GroupPeak, ...]  # one member shape's process peaks per group size
+# a joiner placed by the estimate's base (no share.json yet) is placed for at least this share of
+# its prediction
+ESTIMATED_SPLIT_FLOOR = 0.25
 
 
 @dataclass
@@ -154,8 +160,15 @@ def own_mib(job: QueuedJob, groups: dict[str, GroupOnCard]) -> int:
     group = joining(job, groups)
     if group is None:
         return job.predicted_peak_mib
-    base_mib = group.base_mib or job.estimated_base_mib
-    split_mib = job.predicted_peak_mib if not base_mib else max(0, job.predicted_peak_mib - base_mib)
+    if group.base_mib:
+        split_mib = max(0, job.predicted_peak_mib - group.base_mib)
+    elif job.estimated_base_mib:
+        # a figure near the base's own size (a declared one, say) says little of the job's own
+        # needs: never below a share of it
+        split_mib = max(job.predicted_peak_mib - job.estimated_base_mib,
+                        math.ceil(job.predicted_peak_mib * ESTIMATED_SPLIT_FLOOR))
+    else:
+        split_mib = job.predicted_peak_mib
     learned = process_peak([*group.peaks, job.group_peaks], len(group.peaks) + 1)
     if learned is None:
         return split_mib
@@ -197,20 +210,23 @@ def placed_process(job: QueuedJob, groups: dict[str, GroupOnCard]) -> ProcessCho
 def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
     """The packing order with the fused jobs of one group and priority that have no expected run
     time (the packer keeps those in queue order) rearranged, in the places they held, so that each
-    run of `cap` of them carries about the same work per tick (`QueuedJob.fuse_work`). A card
-    fills its processes of a group in placement order, and a process's tick lasts as long as its
-    members' work together: in queue order a sweep's configs come one after another, and a
-    process of the heaviest alone would train on long after the others ended. Jobs with a run
-    time keep the longest-first order; a job that teaches a prediction keeps its place (it runs
-    first to teach it) and counts in its run."""
+    run of `cap` of the group's jobs carries about the same work per tick (`QueuedJob.fuse_work`).
+    A card fills its processes of a group in placement order, and a process's tick lasts as long
+    as its members' work together: in queue order a sweep's configs come one after another, and a
+    process of the heaviest alone would train on long after the others ended. Jobs with a run time
+    keep the longest-first order, and a job that teaches a prediction its place (it runs first to
+    teach it); both count in their runs, which so stay aligned with the processes (as long as no
+    process of the group on the card had room before: a sweep's first wave)."""
     places: dict[tuple[str, int], list[int]] = {}
     for index, job in enumerate(ordered):
-        if job.fuse_group is not None and job.fuse_cap > 1 and job.expected_duration_s is None:
+        if job.fuse_group is not None and job.fuse_cap > 1:
             places.setdefault((job.fuse_group, job.priority), []).append(index)
     arranged = list(ordered)
     for indices in places.values():
         jobs = [ordered[i] for i in indices]
-        pinned = frozenset(n for n, job in enumerate(jobs) if job.teaches)
+        pinned = frozenset(n for n, job in enumerate(jobs) if job.teaches or job.expected_duration_s is not None)
+        if len(pinned) == len(jobs):
+            continue
         for index, job in zip(indices, in_runs_of_like_work(jobs, min(j.fuse_cap for j in jobs), pinned),
                               strict=True):
             arranged[index] = job
@@ -223,21 +239,26 @@ def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int, pinned: frozenset[
     with the least work so far that has room (longest processing time first), and fill their
     runs' free places heaviest first and lightest first in turn: a job that reaches a warm
     process a moment before or after its neighbour in this order then swaps with one of like
-    work. Ties keep their order; jobs all of one work keep theirs."""
-    if len({j.fuse_work for j in jobs}) <= 1:
+    work. Ties keep their order; free jobs all of one work keep theirs."""
+    free = [job for n, job in enumerate(jobs) if n not in pinned]
+    if len({j.fuse_work for j in free}) <= 1:
         return list(jobs)
     rank = {j.job_id: n for n, j in enumerate(jobs)}
-    runs: list[list[QueuedJob]] = [[] for _ in range(-(-len(jobs) // cap))]
-    sizes = [min(cap, len(jobs) - n * cap) for n in range(len(runs))]
-    totals = [0.0] * len(runs)
-    for n in sorted(pinned):
+    count = -(-len(jobs) // cap)
+    runs: list[list[QueuedJob]] = [[] for _ in range(count)]
+    room = [min(cap, len(jobs) - n * cap) for n in range(count)]
+    totals = [0.0] * count
+    for n in pinned:
         totals[n // cap] += jobs[n].fuse_work
-        sizes[n // cap] -= 1
-    free = [job for n, job in enumerate(jobs) if n not in pinned]
+        room[n // cap] -= 1
+    open_runs = [(totals[n], n) for n in range(count) if room[n] > 0]
+    heapq.heapify(open_runs)  # the run with the least work so far, then the first
     for job in sorted(free, key=lambda j: (-j.fuse_work, rank[j.job_id])):
-        chosen = min((n for n in range(len(runs)) if len(runs[n]) < sizes[n]), key=lambda n: (totals[n], n))
+        total, chosen = heapq.heappop(open_runs)
         runs[chosen].append(job)
-        totals[chosen] += job.fuse_work
+        room[chosen] -= 1
+        if room[chosen] > 0:
+            heapq.heappush(open_runs, (total + job.fuse_work, chosen))
     arranged: list[QueuedJob] = []
     for n, run in enumerate(runs):
         # dealt heaviest first; every other run lightest first

@@ -345,8 +345,11 @@ def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], card
             each.release(job.job_id)
         spend(host, job.host_mib, job.cpus)
         reasons.pop(job.job_id, None)
+        # placed as a job of its own (its group at that level is not known here): a fused one opens
+        # a process, so that it joins no other the card counted
+        opens = job.fuse_group is not None and not placing.run_alone
         placements.append(Placement(job.job_id, card.gpu.index, reserved, level=level,
-                                    level_note=note, process=placed_process(placing, card.groups)))
+                                    level_note=note, process=ProcessChoice(True) if opens else None))
     return placements
 
 
