@@ -8,11 +8,11 @@ more cautious figure). Without that figure, by its prediction less the base's we
 context as the memory estimate counts them, never below a quarter of its prediction (where the
 model's shape is known: a joiner brings neither, and a sweep's first jobs all start before any
 share.json is written); else by its full prediction (never below what is known). Members past
-the cap start another process: a slot
-and the full prediction again. The cap of a process is the smallest of its members' and the
-joiner's (the warm process takes a job only below every one of them), so after a group OOM has
-lowered a suite's cap a process started under the old one takes no member of the new one once it
-has as many.
+the cap start another process: a slot and the full prediction again. The cap of a process is the
+smallest of its members' and the joiner's (the warm process takes a job only below every one of
+them), so after a group OOM has lowered a suite's cap a process started under the old one takes
+no member of the new one once it has as many. Each placement names the process it was counted in
+(`placed_process`): the daemon hands the name to the attempt, whose client joins only that one.
 
 What was learned per group size overrides that split where it exists. A process is counted at
 the lesser of what its members were placed at, together (and the base, once the member that
