@@ -216,6 +216,34 @@ def test_cancel_suite_and_all(orch_inproc: OrchRunner) -> None:
     assert neither.rc == 2 and "exactly one" in one_error_line(neither.stderr)
 
 
+def test_submit_config_queues_only_that_config_and_refuses_one_the_suite_lacks(
+    orch_inproc: OrchRunner, db_path: Path
+) -> None:
+    payload = submit_demo(orch_inproc, "--config", "demo_large")
+    assert payload["created"] == 2 and {j["config"] for j in payload["jobs"]} == {"demo_large"}
+    missing = orch_inproc("submit", "--suite", "demo", "--pairs", PAIRS, "--config", "demo_hug")
+    assert missing.rc == 2
+    assert "suite demo has no config 'demo_hug' (its configs: demo_large," in one_error_line(missing.stderr)
+    assert len(json.loads(orch_inproc("jobs", "--json").stdout)) == 2  # nothing written
+
+
+def test_a_succeeded_jobs_retry_names_the_command_that_runs_it_alone_again(
+    orch_inproc: OrchRunner, db_path: Path
+) -> None:
+    from orchestrator.actions.user_actions import _succeeded_already
+    from orchestrator.store.queries import get_job
+
+    submit_demo(orch_inproc)
+    with Store(db_path) as store:
+        said = _succeeded_already(get_job(store, 1), "job 1 succeeded")
+    command = said.split("`")[1]
+    assert command == "orch submit --suite demo --config demo_large --pairs 87:glue-tvt_qnli --force"
+    again = orch_inproc(*command.split()[1:], "--json")  # run as suggested: that job alone, queued again
+    assert again.rc == 0, again.stderr
+    assert [(j["config"], j["seed"], j["data"]) for j in json.loads(again.stdout)["jobs"]] == [
+        ("demo_large", 87, "glue-tvt_qnli")]
+
+
 def test_resubmit_after_cancel_queues_a_new_job(orch_inproc: OrchRunner) -> None:
     submit_demo(orch_inproc)
     orch_inproc("cancel", "1")

@@ -102,7 +102,7 @@ def test_retrying_a_succeeded_job_points_at_submit_force(orch_inproc: OrchRunner
         store.execute("UPDATE jobs SET state = 'succeeded' WHERE id = 1")
     result = orch_inproc("retry", "1")
     assert result.rc == 2
-    assert "orch submit --suite mine --pairs 1:glue_rte --force" in one_error_line(result.stderr)
+    assert "orch submit --suite mine --config base --pairs 1:glue_rte --force" in one_error_line(result.stderr)
 
 
 @requires_tmux

@@ -155,9 +155,11 @@ def check_retryable(store: Store, job_id: int, job: Job | None = None) -> Job:
 def _succeeded_already(job: Job, said: str) -> str:
     """Why a succeeded job is not retried, and the command that runs it again."""
     sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
+    pairs = f"{job.seed}:{job.data}" if job.data else str(job.seed)
+    option = "--pairs" if job.data else "--seeds"
     return (f"{said}: a retry is for failed, cancelled or running jobs; to run it again, "
-            f"`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}{sets} --force` "
-            "(it queues every config of the suite for that pair)")
+            f"`orch submit --suite {job.suite} --config {shlex.quote(job.config_name)} {option} "
+            f"{shlex.quote(pairs)}{sets} --force`")
 
 
 def resume_suite(store: Store, suite: str) -> None:

@@ -40,6 +40,13 @@ def _shown(overrides: Mapping[str, object], grid: Mapping[str, object]) -> str:
     "or alone for a script without tasks.",
 )
 @click.option(
+    "--config",
+    "config_names",
+    multiple=True,
+    metavar="NAME",
+    help="Only this config of the suite (repeatable; default: all of them).",
+)
+@click.option(
     "--round",
     "round_text",
     default="all",
@@ -92,6 +99,7 @@ def submit_cmd(
     suite_name: str,
     pairs_text: str | None,
     seeds_text: str | None,
+    config_names: tuple[str, ...],
     round_text: str,
     gpus_text: str | None,
     plan_text: str | None,
@@ -107,7 +115,7 @@ def submit_cmd(
 ) -> None:
     """Queue SUITE × GRID × PAIRS as jobs (idempotent unless --force)."""
     request = SubmitRequest(suite_name, pairs_text, set_items, grid_items, round_text, gpus_text, plan_text,
-                            priority, dry_run, force, strict_ladder, seeds=seeds_text)
+                            priority, dry_run, force, strict_ladder, seeds=seeds_text, configs=config_names)
     report = submit_sweep(request, db_path, plans_dir, open_store)
     for note in report.notes:
         click.echo(note, err=True)

@@ -78,6 +78,7 @@ class SubmitRequest:
     seeds: str | None = None  # `--seeds 1-3`: these seeds × the suite's tasks (or alone: no task)
     set_values: Mapping[str, Any] | None = None  # {KEY: value} from Python
     grid_values: Mapping[str, Any] | None = None  # {KEY: [values]} from Python
+    configs: Sequence[str] = ()  # `--config NAME`: only these configs of the suite; (): all of them
 
 
 MAX_PRIORITY = 1000
@@ -234,6 +235,15 @@ def search_trials(
     return [next_trial(search, [], 0)]
 
 
+def only_configs(suite: Suite, specs: list[JobSpec], names: Sequence[str]) -> list[JobSpec]:
+    """The jobs of the configs named (`--config`); a name the suite does not have is refused."""
+    have = [c.name for c in suite.configs]
+    for name in names:
+        if name not in have:
+            raise UsageError(f"suite {suite.name} has no config {shown_value(name)} (its configs: {', '.join(have)})")
+    return [spec for spec in specs if spec.config_name in names]
+
+
 def settings_shuffled(specs: list[JobSpec], seed_text: str) -> list[JobSpec]:
     """The jobs with their settings (config and overrides) in a seeded shuffled order, each
     setting's seeds together: successive halving compares each setting with those that reached
@@ -364,6 +374,8 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
         grid = {dim.key: [t[dim.key] for t in trials] for dim in suite.search.space}  # what a dry run shows
     specs = expand_jobs(suite, pairs, overrides, round_selector, total_slots,
                         trials if trials is not None else combinations(grid), trials=trials is not None)
+    if request.configs:
+        specs = only_configs(suite, specs, request.configs)
     if suite.early_stop is not None:
         specs = settings_shuffled(specs, suite.name)
     if gpus is not None:
