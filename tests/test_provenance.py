@@ -188,6 +188,13 @@ def test_our_workers_versions_are_not_read_by_the_wrapper(tmp_path: Path, monkey
     shell = tmp_path / "train.sh"
     shell.write_text("#!/bin/sh\nexit 0\n")
     assert wrapper_record([str(shell)], tmp_path, None, None)["python"] == {"note": "train.sh is not a Python program"}
+    # an attempt that ended without the worker's record (cancelled, failed before its result.json)
+    # does not say its versions were recorded there; one still running does
+    assert provenance_digest(record, None)["libraries"] == "recorded by the worker (result.json)"
+    assert provenance_digest(record, None, ended=True)["libraries"] == (
+        "not recorded: the worker ended before writing its result.json")
+    other = {"python": {"note": "train.sh is not a Python program"}}
+    assert provenance_digest(other, None, ended=True)["libraries"] == "train.sh is not a Python program"
 
 
 @pytest.mark.parametrize("junk", [None, True, 3, "text", [1, 2], {"a": {"b": [None]}}, 1e308, "\x00" * 300])

@@ -198,7 +198,7 @@ def _gather(
                      read_gpu_peak_card(run_dir),  # on a cluster, the only word on which card it ran
                      hung_attempts_before(store, attempt),
                      job.gpus == 1 and not cluster_owned(attempt) and not neighbours(store, attempt),
-                     loss, read_provenance(run_dir, result), _group_size(store, attempt, job, result),
+                     loss, read_provenance(run_dir, result, ended=True), _group_size(store, attempt, job, result),
                      group_ooms_before(store, attempt) if fused(job) else 0)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.executors.provenance import LIBRARIES
+from orchestrator.executors.provenance import LIBRARIES, WORKER_PROVENANCE_NOTES
 from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run_dir, read_file
 from orchestrator.rundir_files import RunDir
 
@@ -31,9 +31,9 @@ FIELDS = ("code", "code_dir", "orch", "python", "libraries", "gpu", "driver", "c
           "model", "recorded_by")
 
 
-def read_provenance(run_dir: Path, result: Mapping[str, Any] | None) -> dict[str, str] | None:
+def read_provenance(run_dir: Path, result: Mapping[str, Any] | None, ended: bool = False) -> dict[str, str] | None:
     """The digest of the attempt's provenance.json and of its result's `provenance`; None when
-    neither says anything."""
+    neither says anything. `ended`: read at the attempt's end (`result` is then all it wrote)."""
     wrapper: Any = None
     try:
         with open_run_dir(Path(run_dir)) as dir_fd:
@@ -43,7 +43,11 @@ def read_provenance(run_dir: Path, result: Mapping[str, Any] | None) -> dict[str
         wrapper = None
     worker = (result or {}).get("provenance")
     return provenance_digest(wrapper if isinstance(wrapper, dict) else None,
-                             worker if isinstance(worker, dict) else None)
+                             worker if isinstance(worker, dict) else None, ended)
+
+
+# the wrapper's notes that say our worker records its versions itself (its result.json)
+WORKER_RECORDS = frozenset(note for note in WORKER_PROVENANCE_NOTES.values() if "result.json" in note)
 
 
 def text(value: Any) -> str | None:
@@ -137,9 +141,12 @@ def model_text(model: Mapping[str, Any]) -> str | None:
     return ", ".join(parts) or text(model.get("note"))
 
 
-def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, Any] | None) -> dict[str, str] | None:
+def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, Any] | None,
+                      ended: bool = False) -> dict[str, str] | None:
     """One flat mapping of short texts (FIELDS) from the two records; pure. The worker's own
-    versions win over what the wrapper read from its interpreter."""
+    versions win over what the wrapper read from its interpreter. Where the wrapper's note says
+    our worker records them and the attempt `ended` without a record of its worker's, they were
+    not recorded (a cancelled or failed attempt, say)."""
     wrapper, worker = wrapper or {}, worker or {}
     if not wrapper and not worker:
         return None
@@ -153,7 +160,7 @@ def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, An
         else text(wrapper.get("cwd")),
         "orch": orch_text(_mapping(wrapper.get("orch"))),
         "python": text(python.get("python")),
-        "libraries": libraries_text(python) or text(python.get("note")),
+        "libraries": libraries_text(python) or _note(python, ended and not worker),
         "gpu": gpu_text(gpu, worker),
         "driver": text(gpu.get("driver")),
         "cuda": text(gpu.get("cuda")),
@@ -166,6 +173,13 @@ def provenance_digest(wrapper: Mapping[str, Any] | None, worker: Mapping[str, An
         ),
     }
     return {key: value for key, value in digest.items() if value}
+
+
+def _note(python: Mapping[str, Any], worker_silent: bool) -> str | None:
+    note = text(python.get("note"))
+    if worker_silent and note in WORKER_RECORDS:
+        return "not recorded: the worker ended before writing its result.json"
+    return note
 
 
 def short_code(code: str) -> str:
