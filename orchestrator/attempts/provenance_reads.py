@@ -46,8 +46,8 @@ def read_provenance(run_dir: Path, result: Mapping[str, Any] | None, ended: bool
                              worker if isinstance(worker, dict) else None, ended)
 
 
-# the wrapper's notes that say our worker records its versions itself (its result.json)
-WORKER_RECORDS = frozenset(note for note in WORKER_PROVENANCE_NOTES.values() if "result.json" in note)
+# the wrapper's note that says our LoRA worker records its versions itself (its result.json)
+WORKER_RECORDS = frozenset({WORKER_PROVENANCE_NOTES["lora"]})
 
 
 def text(value: Any) -> str | None:

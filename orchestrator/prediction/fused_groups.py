@@ -22,7 +22,7 @@ from orchestrator.plans.lora_keys import LORA_SPEC_SHORT_KEYS
 from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_DEFAULT, FUSED_MEMBERS_RANGE
 from orchestrator.prediction.families import BATCH_KEYS
-from orchestrator.prediction.memory import predict_peak_mib
+from orchestrator.prediction.memory import first_int, predict_peak_mib
 from orchestrator.store.peak_source import SourceKind
 from orchestrator.store.rows import Job, ShapeMemory
 
@@ -69,7 +69,7 @@ def member_work(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None) 
     """What a fused member adds to each tick of its group, relative: its micro-batch rows times
     the base's work per row plus one share per adapted module name (`BASE_MODULE_WORK`). Only
     for ordering members into groups of like work; a member's length (its steps) is not in it."""
-    rows = next((v for k in BATCH_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0), 1)
+    rows = first_int(config, BATCH_KEYS) or 1
     spec = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in (peft_spec or {}).items()}
     targets = spec.get("target_modules")
     if targets == "all-linear":  # peft: every linear layer but the output head, a Llama layer's seven

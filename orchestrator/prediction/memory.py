@@ -183,7 +183,8 @@ def weight_bytes(config: Mapping[str, Any]) -> int:
     return 4 if str(config.get("prec", "bf16")).lower() in ("fp32", "float32", "32") else 2
 
 
-def _first_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+def first_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    """The first of `keys` the config sets to a positive integer (not a bool)."""
     for key in keys:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -217,7 +218,7 @@ def estimate_peak_mib(
     The LoRA spec is `peft_spec`, else a mapping under the config's `peft` key, else r=8 on
     q,k,v,o. None when the model's shape or the batch size is unknown.
     """
-    batch = _first_int(config, _BATCH_KEYS)
+    batch = first_int(config, _BATCH_KEYS)
     if model_info is None or batch is None:
         return None
     if peft_spec is None:
@@ -278,7 +279,7 @@ CALIBRATED = EstimateConstants(
 
 
 def max_seq_len_of(config: Mapping[str, Any]) -> int:
-    return _first_int(config, _SEQ_KEYS) or DEFAULT_SEQ_LEN
+    return first_int(config, _SEQ_KEYS) or DEFAULT_SEQ_LEN
 
 
 def prompt_length_key(config: Mapping[str, Any], data: str) -> str:

@@ -273,15 +273,16 @@ def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, pl
     for p in plans:
         whole = placed[p.job_id]
         process = p.process
-        joins = None if process is None or process.opens else (
+        opens = process is not None and process.opens
+        joins = None if process is None or opens else (
             process.process if process.with_job is None else opened.get(process.with_job))
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, p.level), attempt_config(whole, p.level), p.gpu,
                         p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib, caps.get(whole.suite),
-                        ahead=p.ahead, fuse_process=joins, opens_process=process is not None and process.opens)
+                        ahead=p.ahead, fuse_process=joins, opens_process=opens)
         if claimed is not None:
             claims.append(claimed)
-            if process is not None and process.opens:
+            if opens:
                 opened[p.job_id] = claimed.attempt.id
     launch_all(store, executor, ctx, claims)
 

@@ -126,11 +126,10 @@ def setting_value(
     setting: SettingRuns, step: float, smooth_evals: int = 1, best_of: Mode | None = None
 ) -> float | None:
     """The mean over the setting's counted seeds at `step`; None until every one has it."""
-    counted = setting.counted()
-    found = [value_at(seed.values, step, smooth_evals, best_of) for seed in counted]
-    if not found or any(v is None or not math.isfinite(v) for v in found):
+    found = seed_values(setting, step, smooth_evals, best_of)
+    if not found or len(found) < len(setting.counted()):
         return None
-    return sum(v for v in found if v is not None) / len(found)
+    return sum(found) / len(found)
 
 
 def seed_values(
