@@ -39,7 +39,7 @@ CREATE TABLE attempts (
             exit_code INTEGER,
             signal INTEGER,
             reason TEXT,
-            kill_requested TEXT, output_metrics_json TEXT, executor TEXT, executor_id TEXT, executor_state TEXT, gpu_uuids_json TEXT, held_by_gpu_json TEXT, peak_by_gpu_json TEXT, peak_by_rank_json TEXT, port INTEGER, predicted_host_mib INTEGER NOT NULL DEFAULT 0, host_held_mib INTEGER NOT NULL DEFAULT 0, host_peak_mib INTEGER NOT NULL DEFAULT 0, cpu_peak_cores REAL, resumed_from_attempt INTEGER, resumed_from_checkpoint TEXT, worker TEXT, hunted TEXT, token TEXT, inexact_rungs_json TEXT, loss_json TEXT, diverged TEXT, provenance_json TEXT, reported_json TEXT, sm_pct INTEGER, share_mode TEXT, share_process TEXT, share_pid INTEGER, share_base_mib INTEGER, first_step INTEGER, first_step_at REAL, fuse_process INTEGER,            -- 'cancel' | 'retry' | 'hung' when someone asked to stop it
+            kill_requested TEXT, output_metrics_json TEXT, executor TEXT, executor_id TEXT, executor_state TEXT, gpu_uuids_json TEXT, held_by_gpu_json TEXT, peak_by_gpu_json TEXT, peak_by_rank_json TEXT, port INTEGER, predicted_host_mib INTEGER NOT NULL DEFAULT 0, host_held_mib INTEGER NOT NULL DEFAULT 0, host_peak_mib INTEGER NOT NULL DEFAULT 0, cpu_peak_cores REAL, resumed_from_attempt INTEGER, resumed_from_checkpoint TEXT, worker TEXT, hunted TEXT, token TEXT, inexact_rungs_json TEXT, loss_json TEXT, diverged TEXT, provenance_json TEXT, reported_json TEXT, sm_pct INTEGER, share_mode TEXT, share_process TEXT, share_pid INTEGER, share_base_mib INTEGER, first_step INTEGER, first_step_at REAL, fuse_process INTEGER, trial_fence_mib INTEGER,            -- 'cancel' | 'retry' | 'hung' when someone asked to stop it
             UNIQUE(job_id, n)
         );
 

@@ -148,7 +148,9 @@ def attempts_of(tag_dir: Path) -> list[dict[str, Any]]:
             rows.append({"job": job["id"], "config": job["config"], "seed": job["seed"], "level": a["level"],
                          "outcome": a["outcome"], "peak_mib": a["peak_mib"], "started_at": a["started_at"],
                          "ended_at": a["ended_at"], "predicted_peak_mib": a.get("predicted_peak_mib"),
-                         "prediction_source": a.get("prediction_source"), "changes": a.get("changes") or {}})
+                         "prediction_source": a.get("prediction_source"), "changes": a.get("changes") or {},
+                         "trial_fence_mib": a.get("trial_fence_mib"),
+                         "reason": a.get("reason")})
     return rows
 
 

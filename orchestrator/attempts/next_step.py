@@ -259,13 +259,15 @@ def _resume(job: Job, checkpoint: CheckpointLeft) -> NextStep:
 def decide_next(
     job: Job, levels: Sequence[Level], level: Level, verdict: EndVerdict, *, hung_retries_so_far: int = 0,
     ran_alone: bool = False, resumed_from: str | None = None, group_ooms_so_far: int = 0,
+    trial_fence_mib: int | None = None,
 ) -> NextStep:
     """The job's next step after an attempt at `level` (of its ladder `levels`) ended as
     `verdict`. `job.attempt_count` counts the attempt that ended (`job.counted_attempts`: those
     that use up its max_attempts); `hung_retries_so_far`: its job's earlier attempts killed as
     hung; `ran_alone`: no other attempt was on its card; `resumed_from`: the checkpoint the
     attempt was given, if any; `group_ooms_so_far`: its job's earlier attempts ended as their
-    fused group's OOM (bounded_group_oom)."""
+    fused group's OOM (bounded_group_oom); `trial_fence_mib`: the attempt started on trial into that
+    much room, less than its prediction, fenced there by MPS (orchestrator.scheduling.packing.trial)."""
     verdict = bounded_group_oom(verdict, group_ooms_so_far)
     outcome, kill_reason, remote_end = verdict.classification, verdict.kill_reason, verdict.remote_end
     if verdict.disk_full is not None:
@@ -289,6 +291,12 @@ def decide_next(
         cap = fused_cap_after(outcome.group_members)
         return _uncounted(job, f"requeued unchanged, not counted: {outcome.reason}; "
                                f"fused groups of suite {job.suite} now have at most {cap} member{'s' * (cap != 1)}")
+    if outcome.outcome is AttemptOutcome.OOM and trial_fence_mib is not None:
+        # orch's gamble, not the job's: it was given less than its prediction asked. Its shape's
+        # record now holds the OOM, so its next start waits for the room its prediction asks.
+        return _uncounted(job, f"requeued unchanged, not counted: it ran out of memory in the "
+                               f"{trial_fence_mib / 1024:.1f} GiB it was started into on trial (its MPS fence, "
+                               "less than its prediction); it starts next where its prediction fits")
     resumes_from = verdict.resumes_from
     if resumes_from is not None and resumes_from.progress:
         return _resume(job, resumes_from)

@@ -116,7 +116,8 @@ def complete(
         ended = bounded_group_oom(classify_end(found.evidence), found.group_ooms)
         step = decide_next(found.job, found.levels, found.level, ended,
                            hung_retries_so_far=found.hung_retries_so_far, ran_alone=found.ran_alone,
-                           resumed_from=attempt.resumed_from_checkpoint, group_ooms_so_far=found.group_ooms)
+                           resumed_from=attempt.resumed_from_checkpoint, group_ooms_so_far=found.group_ooms,
+                           trial_fence_mib=attempt.trial_fence_mib)
         with contextlib.suppress(StopAskedMeanwhile):
             closed = _write_end(store, attempt, found, ended.classification, step)
             break
@@ -283,8 +284,9 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
             loss=found.loss.summary.to_record() if found.loss and found.loss.summary else None,
             diverged=found.loss.diverged if found.loss else None, provenance=found.provenance,
         ),
-        shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib, attempt.predicted_peak_mib,
-                            found.group_size),
+        # a start on trial was placed into its fence's room, not at its prediction
+        shape=_shape_lesson(job, level, verdict.outcome, peak_mib, held_at_death_mib,
+                            attempt.trial_fence_mib or attempt.predicted_peak_mib, found.group_size),
         prompt=_prompt_lesson(job, verdict.outcome, result), kill_seen=True,
     )
 

@@ -102,11 +102,13 @@ def fence_mib(predicted_peak_mib: int, *, measured: bool) -> int | None:
     return predicted_peak_mib + max(FENCE_MIN_MARGIN_MIB, int(predicted_peak_mib * FENCE_MARGIN_FRACTION))
 
 
-def client_env(dirs: MpsDirs, predicted_peak_mib: int, *, measured: bool) -> dict[str, str]:
+def client_env(dirs: MpsDirs, predicted_peak_mib: int, *, measured: bool,
+               trial_fence_mib: int | None = None) -> dict[str, str]:
     """What a worker needs to run as a client of orch's control daemon. The fence names device 0:
-    the worker sees only its card (CUDA_VISIBLE_DEVICES)."""
+    the worker sees only its card (CUDA_VISIBLE_DEVICES). A start on trial is fenced at the room it
+    was started into (`trial_fence_mib`: less than its prediction asked), whatever its prediction."""
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe), "CUDA_MPS_LOG_DIRECTORY": str(dirs.log)}
-    limit = fence_mib(predicted_peak_mib, measured=measured)
+    limit = trial_fence_mib if trial_fence_mib else fence_mib(predicted_peak_mib, measured=measured)
     if limit is not None:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
     return env
@@ -280,10 +282,10 @@ class MpsState:
     cards: set[str]  # GPU UUIDs whose workers are pointed at the control daemon
 
     def env_for(self, gpu_uuid: str, gpus: int, run_alone: bool, predicted_peak_mib: int, *,
-                measured: bool) -> dict[str, str]:  # fmt: skip
+                measured: bool, trial_fence_mib: int | None = None) -> dict[str, str]:  # fmt: skip
         if gpu_uuid not in self.cards or not may_share(gpus, run_alone):
             return {}
-        return client_env(self.control.dirs, predicted_peak_mib, measured=measured)
+        return client_env(self.control.dirs, predicted_peak_mib, measured=measured, trial_fence_mib=trial_fence_mib)
 
     def turn_off(self, gpu_uuid: str) -> bool:
         """MPS off for one card; True when it was on."""

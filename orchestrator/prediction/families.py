@@ -206,6 +206,25 @@ def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, t
     return math.ceil(raw * (1 + margin)), margin
 
 
+def least_member_mib(points: Iterable[FamilyPoint], floors: Iterable[FamilyFloor], batch_size: int,
+                     tokens: int | None, task: str) -> int | None:
+    """The least a member at `batch_size` on `task` could need, from its family's points on that
+    task: memory never shrinks with more samples, so a point at a batch no larger bounds it from
+    below at its own peak, and the fixed part never goes negative, so a point at a larger batch
+    does at its peak scaled down by the ratio (tokens multiply the batch where both know them).
+    An OOM's floor at this batch or a smaller one bounds it too. None: no point on its task."""
+    found = []
+    for p in points:
+        if p.task != task or p.peak_mib <= 0:
+            continue
+        per_token = bool(p.tokens and tokens)
+        x, at = _x(batch_size, tokens, per_token), _x(p.batch_size, p.tokens, per_token)
+        found.append(p.peak_mib if at <= x else math.floor(p.peak_mib * x / at))
+    if not found:
+        return None
+    return max(max(found), floors_bound(floors, batch_size) or 0)
+
+
 def floors_bound(floors: Iterable[FamilyFloor], batch_size: int) -> int | None:
     """The largest OOM floor at this batch or a smaller one: a lower bound on the member."""
     found = [f.floor_mib for f in floors if f.batch_size <= batch_size]

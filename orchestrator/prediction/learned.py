@@ -17,6 +17,7 @@ from orchestrator.prediction.families import (
     FamilyPoint,
     fit_family,
     floors_bound,
+    least_member_mib,
     predict_member,
 )
 from orchestrator.prediction.shapes import (
@@ -149,6 +150,11 @@ class Knowledge:
         predicted = predict_member(fit, tag.batch_size, tag.tokens, tag.task, self.family_floors(tag.family_key),
                                    prompt_tokens, self.same_model(tag.family_key))
         return None if predicted is None else (predicted[0], fit)
+
+    def family_least(self, tag: FamilyTag) -> int | None:
+        """The least a member could need by its family's points on its task (a lower bound)."""
+        return least_member_mib(self._points.get(tag.family_key, ()), self.family_floors(tag.family_key),
+                                tag.batch_size, tag.tokens, tag.task)
 
     def disproven_bound(self, tag: FamilyTag) -> int | None:
         """While the family has measured nothing but an OOM has struck it: the most any of its

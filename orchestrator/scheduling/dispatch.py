@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 from orchestrator.errors import InvalidTransition, OrchError
@@ -97,11 +97,12 @@ def refresh_durations(store: Store, state: SchedulerState) -> DurationTable:
     return state.durations
 
 
-def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan) -> list[GpuState]:
+def gpu_states(snapshots: tuple[GpuSnapshot, ...], plan: GpuPlan, fenced: Container[str] = ()) -> list[GpuState]:
+    """`fenced`: the UUIDs of the cards whose workers orch's MPS control daemon fences."""
     return [
         GpuState(
             index=s.index, uuid=s.uuid, total_mib=s.total_mib, free_mib=s.free_mib,
-            slots=plan.slots_for(s.index, DEFAULT_SLOTS),
+            slots=plan.slots_for(s.index, DEFAULT_SLOTS), fenced=s.uuid in fenced,
         )
         for s in snapshots
     ]
@@ -140,7 +141,7 @@ def schedule(
                                _expected_end(live_jobs, durations, startups, store.now_s(), run_age_s),
                                _fused_of(live_jobs, caps))
     plan = get_gpu_plan(store)
-    gpus = gpu_states(snapshots, plan)
+    gpus = gpu_states(snapshots, plan, ctx.mps.cards if ctx.mps is not None else ())
     whole_queue = not draining and can_take_any(gpus, running, ctx.policy)
     fresh_key = (
         tuple(a.id for a in live),
@@ -279,7 +280,7 @@ def _claim_and_launch(store: Store, executor: Executor, ctx: DispatchContext, pl
         # the attempt records its changes as the script receives them (the suite's `keys:`)
         claimed = claim(store, ctx, whole, as_received(whole, p.level), attempt_config(whole, p.level), p.gpu,
                         p.predicted_mib, p.source, p.reserved_mib, p.cards, p.host_mib, caps.get(whole.suite),
-                        ahead=p.ahead, fuse_process=joins, opens_process=opens)
+                        ahead=p.ahead, fuse_process=joins, opens_process=opens, trial_fence_mib=p.trial_fence_mib)
         if claimed is not None:
             claims.append(claimed)
             if opens:

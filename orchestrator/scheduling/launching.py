@@ -194,11 +194,13 @@ def claim(
     ahead: bool = False,
     fuse_process: int | None = None,
     opens_process: bool = False,
+    trial_fence_mib: int | None = None,
 ) -> Claim | None:
     """Write the attempt as started (the job moves to running); None if the job left the queue.
     A multi-GPU job's attempt records all its `cards` and a rendezvous port ({port}). A fused
     member records the process it joins (`fuse_process`: the attempt that opened it), or that it
-    opens one (`opens_process`)."""
+    opens one (`opens_process`). A start on trial records the room it got (`trial_fence_mib`), where
+    MPS fences it."""
     uuids = tuple(c.uuid for c in cards) if len(cards) > 1 else ()
     search = resume_point(store, job)
     checkpoint = search.checkpoint
@@ -213,6 +215,7 @@ def claim(
         resumed_from_checkpoint=str(checkpoint.path) if checkpoint else None,
         searched_in_part=search.searched_in_part, inexact_rungs=job_inexact_rungs(job, level.index),
         started_ahead=ahead, fuse_process=fuse_process, opens_process=opens_process,
+        trial_fence_mib=trial_fence_mib,
     )
     try:
         attempt = start_attempt(store, plan, lambda n: run_dir_for(ctx, job, n))
@@ -239,7 +242,8 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
     mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib,
-                              measured=claimed.measured_shape) if ctx.mps else {}
+                              measured=claimed.measured_shape,
+                              trial_fence_mib=attempt.trial_fence_mib) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,

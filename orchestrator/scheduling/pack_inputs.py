@@ -18,6 +18,7 @@ from orchestrator.prediction.fused_groups import (
     fuse_max,
     learned_group_peaks,
     member_work,
+    shares_base,
 )
 from orchestrator.prediction.job_facts import (
     JobFacts,
@@ -32,6 +33,7 @@ from orchestrator.prediction.job_facts import (
 from orchestrator.prediction.job_prediction import predict_for
 from orchestrator.prediction.ladder import Level, exact_levels_after, with_host_settings
 from orchestrator.prediction.learned import Knowledge
+from orchestrator.prediction.least import least_mib
 from orchestrator.prediction.memory import estimated_base_mib
 from orchestrator.prediction.startup import Startup, ahead_s, startup_key
 from orchestrator.scheduling.family_inputs import curve_of, probe_family
@@ -90,6 +92,7 @@ class KindInputs:
     group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks learned per group size
     fuse_work: float = 1.0  # what a member adds to each tick of its group (fused_groups.member_work)
     estimated_base_mib: int | None = None  # its base's weights and context as the estimate counts them
+    least_mib: int | None = None  # the least it could need: room for a start on trial (prediction.least)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ def pack_inputs(
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,
                 fuse_work=inputs.fuse_work, estimated_base_mib=inputs.estimated_base_mib,
+                least_mib=inputs.least_mib,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts, later)
@@ -165,6 +169,8 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     expected_s = readings.durations.expected_s(job.config_name, job.data, facts.level.index)
     whole = facts.shape.job  # a job of the kind: its config and suite settings
     group = fuse_group(whole, job.suite, facts.level.overrides, facts.level.run_alone)
+    # a warm LoRA worker process was started with another attempt's fence: no trial into its room
+    own_process = group is None and not shares_base(whole)
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
@@ -172,7 +178,8 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else (),
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
         learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
-        *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None)))
+        *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None)),
+        least_mib(facts.shape, readings.shapes, readings.knowledge) if own_process else None)
 
 
 def _member_inputs(job: Job, overrides: Mapping[str, object], cache: JobShapeCache) -> tuple[float, int | None]:
@@ -270,6 +277,7 @@ class ClaimPlan:
     level_note: str = ""  # set where it starts at a later level than its own (written before the claim)
     ahead: bool = False  # it starts ahead of the memory or slot it needs (--overlap)
     process: ProcessChoice | None = None  # `share_base: fused`: the process it was counted in
+    trial_fence_mib: int | None = None  # a start on trial: the room it got and its MPS fence
 
 
 def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping[int, JobFacts],
@@ -289,5 +297,6 @@ def claim_plans(decision: PackingDecision, inputs: PackInputs, facts_of: Mapping
         plans.append(ClaimPlan(
             placement.job_id, level, by_index[placement.gpu_index],
             tuple(by_index[i] for i in placement.all_gpus), predicted_mib, source, placement.reserved_mib,
-            inputs.host_predictions[placement.job_id], placement.level_note, placement.ahead, placement.process))
+            inputs.host_predictions[placement.job_id], placement.level_note, placement.ahead, placement.process,
+            placement.trial_fence_mib))
     return plans

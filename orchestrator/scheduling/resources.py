@@ -32,7 +32,9 @@ def running_attempts(
                 continue  # a card no longer read: nothing to pack there
             out.append(RunningAttempt(
                 job_id=a.job_id, gpu_index=index,
-                predicted_peak_mib=a.predicted_peak_mib if group is None else min(a.predicted_peak_mib, a.reserved_mib),
+                # a fused member that joined a process, or a start on trial: what it was placed with
+                predicted_peak_mib=a.predicted_peak_mib if group is None and a.trial_fence_mib is None
+                else min(a.predicted_peak_mib, a.reserved_mib),
                 held_mib=held.get(uuid, a.held_mib if len(uuids) == 1 else 0),
                 reached_peak=a.reached_peak, run_alone=a.run_alone, expected_end_s=end,
                 fuse_group=group, fuse_cap=cap, base_mib=a.share_base_mib if group is not None else None,

@@ -42,6 +42,8 @@ class AttemptPlan:
     # `opens_process`: it opens one, named by its own id; neither: not a fused member
     fuse_process: int | None = None
     opens_process: bool = False
+    # a start on trial (--mps): the room it gets, less than its prediction, where MPS fences it
+    trial_fence_mib: int | None = None
 
 
 def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
@@ -68,11 +70,11 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
         store._db.execute(
             "UPDATE attempts SET gpu_uuids_json = ?, port = ?, predicted_host_mib = ?, resumed_from_attempt = ?, "
             "resumed_from_checkpoint = ?, worker = (SELECT worker FROM jobs WHERE id = ?), token = ?, "
-            "inexact_rungs_json = ?, fuse_process = ? WHERE id = ?",
+            "inexact_rungs_json = ?, fuse_process = ?, trial_fence_mib = ? WHERE id = ?",
             [json.dumps(list(plan.gpu_uuids)) if plan.gpu_uuids else None, plan.port, plan.predicted_host_mib,
              plan.resumed_from_attempt, plan.resumed_from_checkpoint, plan.job_id, secrets.token_hex(16),
              json.dumps(list(plan.inexact_rungs)), attempt_id if plan.opens_process else plan.fuse_process,
-             attempt_id],
+             plan.trial_fence_mib, attempt_id],
         )
         # a host step taken at level 0 is worth naming too (level_step says which)
         level_note = f" at level {plan.level} ({plan.level_step})" if plan.level or plan.overrides else ""
@@ -83,12 +85,19 @@ def start_attempt(store: Store, plan: AttemptPlan, run_dir_for: Any) -> Attempt:
                 f"{plan.predicted_peak_mib / 1024:.1f} GiB{' per GPU' if len(plan.gpu_uuids) > 1 else ''} "
                 f"({plan.prediction_source.render()})" + _resume_note(plan)
                 + ("; started ahead (--overlap): its start-up runs while the attempts it waits for end"
-                   if plan.started_ahead else "")
+                   if plan.started_ahead else "") + _trial_note(plan)
             ),
             kind="start", expect_from=[JobState.QUEUED], attempt_id=attempt_id,
             fields={"attempt_count": n, "wait_reason": None},
         )
     return Attempt.from_row(store.query("SELECT * FROM attempts WHERE id = ?", [attempt_id])[0])
+
+
+def _trial_note(plan: AttemptPlan) -> str:
+    if plan.trial_fence_mib is None:
+        return ""
+    return (f"; started on trial in {plan.trial_fence_mib / 1024:.1f} GiB, its MPS fence (its prediction did "
+            "not fit; an out-of-memory error under that fence requeues it at this level, not counted)")
 
 
 def _resume_note(plan: AttemptPlan) -> str:

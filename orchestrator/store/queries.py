@@ -257,6 +257,8 @@ def attempt_to_public(a: Attempt) -> dict[str, Any]:
         },
         # `share_base: fused`: the process the daemon placed it in (the attempt that opened it)
         "fuse_process": a.fuse_process,
+        # a start on trial (--mps): the room it was started into and fenced at; null: an ordinary start
+        "trial_fence_mib": a.trial_fence_mib,
         "resumed_from": None if a.resumed_from_checkpoint is None else {
             "attempt": a.resumed_from_attempt, "checkpoint": a.resumed_from_checkpoint,
         },

@@ -218,6 +218,9 @@ class Attempt:
     # `share_base: fused`: the process the daemon placed it in, named by the id of the attempt
     # whose placement opened it (its own where it opened one); None: not a fused member
     fuse_process: int | None = None
+    # a start on trial (--mps): the room it was started into, less than its prediction asked, and
+    # its MPS fence (orchestrator.scheduling.packing.trial); None: an ordinary start
+    trial_fence_mib: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Attempt:
@@ -281,6 +284,7 @@ class Attempt:
             first_step=_opt_int(row.get("first_step")),
             first_step_at=_opt_float(row.get("first_step_at")),
             fuse_process=_opt_int(row.get("fuse_process")),
+            trial_fence_mib=_opt_int(row.get("trial_fence_mib")),
         )
 
     @property

@@ -20,6 +20,7 @@ from orchestrator.scheduling.packing.fused import (
 )
 from orchestrator.scheduling.packing.gang import may_backfill
 from orchestrator.scheduling.packing.overlap import fits_ahead
+from orchestrator.scheduling.packing.trial import trial_room
 from orchestrator.scheduling.packing.types import (
     GpuState,
     PackingPolicy,
@@ -134,7 +135,8 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         return Blocker.HELD  # said first: the card stays the kept-for job's even after its jobs end
     if card.alone:
         return Blocker.ALONE
-    if card.used_slots >= card.gpu.slots and joining(job, card.groups) is None and not starts_ahead(job, card, now_s):
+    if card.used_slots >= card.gpu.slots and joining(job, card.groups) is None and not starts_ahead(job, card, now_s) \
+            and on_trial(job, card, now_s) is None:
         return Blocker.CAP
     if job.run_alone and card.occupied:
         return Blocker.OCCUPIED
@@ -144,7 +146,8 @@ def blocker(job: QueuedJob, card: Card, now_s: float = 0.0) -> Blocker | None:
         measured = gain(job, card)
         if measured is not None and measured < job.min_stack_gain:
             return Blocker.GAIN
-    if need_mib(job, card) > card.available_mib and not starts_ahead(job, card, now_s):
+    if need_mib(job, card) > card.available_mib and not starts_ahead(job, card, now_s) \
+            and on_trial(job, card, now_s) is None:
         return Blocker.MEMORY
     if card.held_for is not None and card.held_for != job.job_id and not beside_hold(job, card, now_s):
         return Blocker.HELD
@@ -166,6 +169,24 @@ def starts_ahead(job: QueuedJob, card: Card, now_s: float) -> bool:
     return fits_ahead(need_mib=need_mib(job, card), startup_mib=job.startup_mib + headroom_for(job, card),
                       ahead_s=job.ahead_s, available_mib=card.available_mib, used_slots=card.used_slots,
                       slots=card.gpu.slots, frees=card.frees, now_s=now_s)
+
+
+def on_trial(job: QueuedJob, card: Card, now_s: float) -> tuple[int, bool] | None:
+    """Where the job does not fit at its prediction (now, or ahead with overlap) but may start on
+    trial: (the room it starts into, its MPS fence; whether it starts ahead). Only a one-GPU job
+    of its own process (not a shared base) on a card whose workers MPS fences."""
+    if job.least_mib is None or not card.gpu.fenced or job.gpus > 1 or job.run_alone or job.fuse_group is not None:
+        return None
+    if fits_now(job, card) or starts_ahead(job, card, now_s):
+        return None
+    found = trial_room(least_mib=job.least_mib, headroom_mib=headroom_for(job, card),
+                       available_mib=card.available_mib, used_slots=card.used_slots, slots=card.gpu.slots,
+                       overlap=card.overlap, ahead_s=job.ahead_s, startup_mib=job.startup_mib, frees=card.frees,
+                       now_s=now_s)
+    if found is None:
+        return None
+    room_mib, ahead = found
+    return min(room_mib, job.predicted_peak_mib), ahead
 
 
 def beside_hold(job: QueuedJob, card: Card, now_s: float) -> bool:
@@ -195,9 +216,10 @@ def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
     return min(fits, key=key)
 
 
-def place_on(card: Card, job: QueuedJob, now_s: float) -> int:
-    """Spend the card on the job; what it reserves there (MiB)."""
-    reserved = own_mib(job, card.groups)
+def place_on(card: Card, job: QueuedJob, now_s: float, trial_mib: int | None = None) -> int:
+    """Spend the card on the job; what it reserves there (MiB): the room it got on trial
+    (`trial_mib`), else its prediction (its own needs where it joins a fused group)."""
+    reserved = own_mib(job, card.groups) if trial_mib is None else trial_mib
     card.used_slots += place_member(job, card.groups, reserved)
     duration_s = job.expected_duration_s  # unknown: it gives its memory back at no known time
     card.placed_frees.append((now_s + duration_s if duration_s is not None else math.inf, reserved))

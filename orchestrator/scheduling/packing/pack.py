@@ -25,6 +25,7 @@ from orchestrator.scheduling.packing.cards import (
     headroom_for,
     headroom_mib,
     is_open,
+    on_trial,
     outstanding_reservation_mib,
     place_on,
 )
@@ -64,6 +65,9 @@ class Placement:
     level_note: str = ""
     ahead: bool = False  # started ahead of the memory or slot it needs (--overlap: cards.starts_ahead)
     process: ProcessChoice | None = None  # `share_base: fused`: the process it was counted in
+    # a start on trial (orchestrator.scheduling.packing.trial): the room it got, less than its
+    # prediction, and its MPS fence; `reserved_mib` is that room; None: an ordinary start
+    trial_fence_mib: int | None = None
 
     @property
     def all_gpus(self) -> tuple[int, ...]:
@@ -263,7 +267,7 @@ def _pack(
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
                  id(job.throughput_by_gpu), job.probe_family, job.ahead_s, job.startup_mib,
                  job.alternatives, job.fuse_group, job.fuse_cap,
-                 job.group_peaks)  # one curve object per shape and pass
+                 job.group_peaks, job.least_mib)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [
@@ -282,15 +286,19 @@ def _pack(
                 chosen = closest_set(
                     fits, job.gpus, index_of, topology, lambda c, rank=rank: rank[c.gpu.index]  # type: ignore[misc]
                 )
-            ahead = job.gpus == 1 and not fits_now(job, chosen[0])  # before place_on takes its room
-            reserved = [place_on(card, job, now_s) for card in chosen]  # less than its peak: joins a group
+            # before place_on takes its room
+            trial = on_trial(job, chosen[0], now_s) if job.gpus == 1 else None
+            ahead = trial[1] if trial is not None else job.gpus == 1 and not fits_now(job, chosen[0])
+            trial_mib = trial[0] if trial is not None else None
+            # less than its peak: it joins a group, or starts on trial
+            reserved = [place_on(card, job, now_s, trial_mib) for card in chosen]
             for card in cards.values():  # holds it did not need: free for the rest of this call
                 card.release(job.job_id)
             spend(host, job.host_mib, job.cpus)
             indices = tuple(c.gpu.index for c in chosen)
             placements.append(Placement(job.job_id, indices[0], min(reserved),
                                         indices if job.gpus > 1 else (), job.job_id in capped, ahead=ahead,
-                                        process=placed_process(job, chosen[0].groups)))
+                                        process=placed_process(job, chosen[0].groups), trial_fence_mib=trial_mib))
             any_open = any(is_open(c) for c in ordered_cards)
             failed.clear()
             continue
@@ -384,7 +392,8 @@ def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Bl
             continue
         # its fused group at that level is not known here: placed as a job of its own
         at = replace(job, predicted_peak_mib=option.predicted_peak_mib, run_alone=option.run_alone,
-                     expected_duration_s=option.expected_duration_s, alternatives=(), fuse_group=None)
+                     expected_duration_s=option.expected_duration_s, alternatives=(), fuse_group=None,
+                     least_mib=None)  # the least its own level could need says nothing of another
         cards_now = [c for c in allowed if blocker(at, c, now_s) is None]
         if cards_now:
             fitting[option.level] = (option, at, cards_now)

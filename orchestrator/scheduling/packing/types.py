@@ -61,6 +61,9 @@ class QueuedJob:
     # CUDA context; orchestrator.prediction.memory.estimated_base_mib): a joiner's share until a member's
     # share.json says what the base holds; None: the model's shape is unknown
     estimated_base_mib: int | None = None
+    # the least it could need (orchestrator.prediction.least): on a fenced card it may start on
+    # trial into less room than its prediction asks (orchestrator.scheduling.packing.trial); None: never
+    least_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class GpuState:
     total_mib: int
     free_mib: int  # live free memory: foreign and our own processes already subtracted
     slots: int  # plan cap; 0 keeps the GPU visible but unused
+    fenced: bool = False  # its workers run under orch's MPS control daemon, each with its own fence
 
 
 @dataclass(frozen=True)
