@@ -96,8 +96,10 @@ def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def test_a_member_trains_alike_whatever_its_batch_mates(tmp_path: Path, data_dir: Path) -> None:
     """One job with B (same settings, another rate) and with C (other rank, targets, rate and
     micro-batch; another seed, so other prompt lengths pad the fused batch): in fp32 on CPU its
-    every training loss, gradient norm, validation score and final weight are bit-equal (the
-    validation loss agrees to 1e-6: it shows the padding's rounding, which the others do not). In bf16 they are
+    every training loss, validation score and final weight are bit-equal; its gradient norms
+    agree to 1e-6 (bit-equal on one CPU, 6.6e-8 relative apart at the last step on an AVX2 AMD
+    EPYC, where a stack of one and a stack of two take other matmul paths) and the validation
+    loss too (it shows the padding's rounding, which the others do not). In bf16 they are
     within 1e-4 (relative) of each other: measured 3.6e-5 against the C group, whose longer
     prompts pad the member's rows further (extra left padding alone changes bf16 numbers on CPU).
     With batch-mates that pad it no further, bf16 is bit-equal too (the ejection test)."""
@@ -109,7 +111,10 @@ def test_a_member_trains_alike_whatever_its_batch_mates(tmp_path: Path, data_dir
         train_group([member(tmp_path / f"a2-{prec}", solo_config, ends),
                      member(tmp_path / f"c-{prec}", config(data_dir, 2, prec, **WIDE), ends)])  # fmt: skip
     assert set(ends.values()) == {0}
-    assert progress(tmp_path / "a1-fp32", val_loss=False) == progress(tmp_path / "a2-fp32", val_loss=False)
+    with_b, with_c = progress(tmp_path / "a1-fp32", val_loss=False), progress(tmp_path / "a2-fp32", val_loss=False)
+    assert [(step, loss, scores) for step, loss, _, scores in with_b] == \
+        [(step, loss, scores) for step, loss, _, scores in with_c]
+    assert [norm for *_, norm, _ in with_b] == pytest.approx([norm for *_, norm, _ in with_c], rel=1e-6)
     # the validation loss, a sum over every answer's log-probability, shows the padding's rounding
     # (a later step's weights differ in their last bits): measured 1.6e-7 relative
     assert val_losses(tmp_path / "a1-fp32") == pytest.approx(val_losses(tmp_path / "a2-fp32"), rel=1e-6)
