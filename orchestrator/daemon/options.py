@@ -209,8 +209,9 @@ class DaemonOptions:
             show_default=True,
             help="Run a CUDA MPS control daemon for orch's GPUs (its own, next to the state database) "
             "and point every worker that shares a card at it; a worker whose shape has a measured "
-            "peak is fenced at that peak plus 10 % (at least 512 MiB), one never measured is not fenced "
-            "(env ORCH_MPS).",
+            "peak is fenced at that peak plus 10 % (at least 512 MiB), one never measured is not fenced; "
+            "a job whose prediction does not fit may start on trial into the room there is, fenced there, "
+            "where that room holds the least it could need (env ORCH_MPS).",
         ),
     )
     overlap: bool = field(
