@@ -195,3 +195,47 @@ def test_only_a_peak_of_the_shape_itself_tightens_the_fence() -> None:
     for borrowed in (SourceKind.LEVEL, SourceKind.TASK, SourceKind.FAMILY, SourceKind.ESTIMATE,
                      SourceKind.DECLARED, SourceKind.OOM_FLOOR):  # fmt: skip
         assert borrowed not in MEASURED_SHAPE
+
+
+@pytest.mark.parametrize("share_base", ["off", "sequential", "fused"])
+def test_a_warm_processs_opener_is_not_fenced_a_job_of_its_own_is(tmp_path: Path, share_base: str) -> None:
+    """A warm LoRA worker process outlives the attempt that starts it and trains other jobs: a
+    fence of its opener's would bound them all (and split the warm processes by fence)."""
+    import yaml
+
+    from orchestrator.gpu.snapshot import GpuSnapshot
+    from orchestrator.plans import GpuPlan
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.dispatch import DispatchContext, schedule
+    from orchestrator.scheduling.packing.types import PackingPolicy
+    from orchestrator.scheduling.state import SchedulerState
+    from orchestrator.store.attempts import write_shape
+    from orchestrator.store.jobs import set_gpu_plan
+    from orchestrator.store.rows import ShapeMemory
+    from tests.store_reads import read_jobs
+    from tests.test_scale import _Recorder
+
+    plans = tmp_path / "plans"
+    (plans / "configs" / "wb").mkdir(parents=True)
+    (plans / "suites").mkdir(parents=True)
+    (plans / "configs" / "wb" / "c1.yaml").write_text(yaml.safe_dump({"model": "tiny-llama", "batch_size": 2}))
+    (plans / "suites" / "wb.yaml").write_text(yaml.safe_dump(
+        {"worker": "lora", "mem_gib": 2, "configs": ["c1"], "share_base": share_base}))
+    suite = load_suite("wb", plans)
+    store = Store(tmp_path / "state.db")
+    set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=2))
+    submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:toy"), {}, None, 0), allowed_gpus=None,
+                priority=0, force=False, dry_run=False)
+    job = read_jobs(store)[0]
+    write_shape(store, job_shape_key(job, job_levels(job, JobShapeCache())[0]), ShapeMemory(3000, None, 1))
+    control = MpsControl(mps_dirs(tmp_path / "state.db"), ("GPU-0",), binary="/bin/false")
+    ctx = DispatchContext(tmp_path / "runs", PackingPolicy(), {}, mps=MpsState(control, {"GPU-0"}))
+    card = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=24_000, used_mib=0, free_mib=24_000,
+                        processes=()),)  # fmt: skip
+    recorder = _Recorder()
+    schedule(store, card, recorder, ctx, SchedulerState(), draining=False)
+    env = recorder.specs[0].env
+    assert "CUDA_MPS_PIPE_DIRECTORY" in env  # under MPS either way
+    fence = env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    assert fence == (f"0={fence_mib(3150, measured=True)}M" if share_base == "off" else None)
+    store.close()

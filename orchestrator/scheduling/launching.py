@@ -241,9 +241,15 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
     job, gpu, attempt = claimed.job, claimed.gpu, claimed.attempt
     cards = claimed.cards or (gpu,)
     run_dir = Path(attempt.run_dir)
+    shared = share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir, claimed.fused_cap,
+                       attempt.fuse_process)
+    # A warm LoRA worker process outlives the attempt that starts it and trains other jobs (a
+    # fused one, several at once): a fence of this job's would bound them all, and, being part of
+    # the process's environment, split the warm processes by fence. Such a process is not fenced.
+    own_process = SHARE_BASE_VAR not in shared
     mps_env = ctx.mps.env_for(gpu.uuid, len(cards), attempt.run_alone, attempt.predicted_peak_mib,
-                              measured=claimed.measured_shape,
-                              trial_fence_mib=attempt.trial_fence_mib) if ctx.mps else {}
+                              measured=claimed.measured_shape and own_process,
+                              trial_fence_mib=attempt.trial_fence_mib if own_process else None) if ctx.mps else {}
     try:
         env = build_worker_env(
             gpu_uuid=",".join(c.uuid for c in cards), gpu_index=gpu.index, seed=job.seed,
@@ -252,8 +258,7 @@ def _prepare(ctx: DispatchContext, claimed: Claim, local: bool = True) -> Launch
                    "ORCH_RUN_DIR": str(run_dir), **tracking_env(ctx.runs_dir, attempt.id, cgroup=local),
                    **({TOKEN_VAR: attempt.token} if attempt.token else {}), **mps_env,
                    **footprint_env(ctx.worker_env, job.worker, job.declared_mib),
-                   **share_env(job, len(cards), attempt.run_alone, local, ctx.runs_dir, claimed.fused_cap,
-                               attempt.fuse_process),
+                   **shared,
                    **({WORKER_PROVENANCE_VAR: note} if (note := WORKER_PROVENANCE_NOTES.get(job.worker)) else {})},
         )
         moved_to = prepare_run_dir(run_dir, claimed.config, env)
