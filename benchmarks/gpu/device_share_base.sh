@@ -5,7 +5,8 @@
 #   SEEDS (default 2) seeds of each of the 4 configs, or several counts ("4 2": one sweep each,
 #   in turn); MODES (default serial,off,sequential; fusedN: share_base fused with N members)
 #   the script's --modes; SIZE (210m or 1b3) the Llama; PLAN (default 4) jobs
-#   per card for off and sequential; LIMIT_S (default 540) the wall-clock limit of each sweep.
+#   per card for off and sequential; LIMIT_S (default 540) the wall-clock limit of each sweep;
+#   EXTRA more of the script's options (EXTRA=--mps: every mode's daemon runs with --mps).
 # Writes, per seed count N, $OUT/sN/share-base.json (the script's summary and every job's
 # figures) and $OUT/sN/daemon-logs.tar.gz (each mode's daemon log); and $OUT/log-share-base.txt.
 # Wheels of what the machine lacks (libtmux, sqlite-utils, sqlite-fts4, click-default-group and
@@ -33,7 +34,7 @@ rm -rf "$WORK"-s*
     started=$(date +%s)
     mkdir -p "$OUT/s$n"
     timeout "$LIMIT_S" python3 benchmarks/gpu/share_base_sweep.py --work "$WORK-s$n" \
-      --out "$OUT/s$n" --seeds "$n" --plan "$PLAN" --modes "$MODES" --size "$SIZE"
+      --out "$OUT/s$n" --seeds "$n" --plan "$PLAN" --modes "$MODES" --size "$SIZE" ${EXTRA:-}
     echo "share_base_sweep.py --seeds $n exited $? after $(($(date +%s) - started)) s"
     (cd "$WORK-s$n" && tar czf "$OUT/s$n/daemon-logs.tar.gz" */state.db*)
   done

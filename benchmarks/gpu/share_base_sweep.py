@@ -150,7 +150,7 @@ def share_base(mode: str) -> str:
 
 
 def run_mode(
-    work: Path, mode: str, plan: str, model: str, data: Path, seeds: int, dry: bool
+    work: Path, mode: str, plan: str, model: str, data: Path, seeds: int, dry: bool, mps: bool = False
 ) -> dict[str, Any]:
     root = work / mode
     root.mkdir(parents=True)
@@ -171,7 +171,7 @@ def run_mode(
         root / "plans",
     )
     started, started_wall = time.monotonic(), time.time()
-    daemon = start_daemon(db, ["--poll", "0.5"])
+    daemon = start_daemon(db, ["--poll", "0.5", *(["--mps"] if mps else [])])
     try:
         while True:
             jobs = json.loads(orch(["jobs", "--json"], db))
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         help="which of serial,off,sequential,fusedN (fused with N members at most) to run; "
         "off and sequential are always compared",
     )
+    parser.add_argument("--mps", action="store_true", help="every mode's daemon runs with --mps")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--modes must name off (today's orch, what every mode is compared with)")
     runs: dict[str, dict[str, Any]] = {}
     for mode in modes:  # each mode's figures are written as it ends: a call cut short keeps them
-        runs[mode] = run_mode(args.work, mode, args.plan, model, data, args.seeds, args.dry)
+        runs[mode] = run_mode(args.work, mode, args.plan, model, data, args.seeds, args.dry, args.mps)
         print(f"{mode}: makespan {runs[mode]['makespan_s']} s", flush=True)
         (args.out / "share-base-partial.json").write_text(json.dumps({"runs": runs}, indent=1))
     off = runs["off"]["figures"]
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {
         "seeds": args.seeds,
         "plan": args.plan,
+        "mps": args.mps,
         "makespan_s": makespan_s,
     }
     if "sequential" in runs:
