@@ -74,8 +74,12 @@ def test_the_least_a_family_member_could_need_is_a_bound_from_below() -> None:
     assert least_member_mib([FamilyPoint(64, None, "t", 5_000)], [], 128, None, "t") == 5_000
     assert least_member_mib([b256], [], 128, None, "other") is None  # another task's prompts: nothing
     assert least_member_mib([b256], [FamilyFloor(128, None, "t", 9_000)], 128, None, "t") == 9_000  # an OOM's floor
-    # tokens multiply the batch where both know them
-    assert least_member_mib([FamilyPoint(256, 512, "t", 12_000)], [], 256, 256, "t") == 6_000
+    assert least_member_mib([b256], [FamilyFloor(128, None, "other", 9_000)], 128, None, "t") == B256_MIB // 2
+    # a point at a shorter length and a batch no larger bounds it; one at another length and a
+    # larger batch does not (attention may grow faster than the length)
+    assert least_member_mib([FamilyPoint(128, 256, "t", 6_000)], [], 128, 512, "t") == 6_000
+    assert least_member_mib([FamilyPoint(256, 512, "t", 12_000)], [], 128, 256, "t") is None
+    assert least_member_mib([FamilyPoint(256, 512, "t", 12_000)], [], 128, 512, "t") == 6_000
 
 
 def _facts(key: str = "k|m|t", family: FamilyTag | None = None) -> ShapeFacts:
@@ -141,6 +145,45 @@ def test_a_trial_starts_ahead_into_the_room_an_ending_attempt_frees() -> None:
     # its start-up hold and headroom must fit now, as for any start ahead
     crowded = [running(1, B256_MIB, end_s=100.0), running(2, B128_MIB)]
     assert pack([b256], card(CARD_MIB - B256_MIB - B128_MIB), crowded, policy, 75.0).placements == ()
+
+
+def test_a_trial_keeps_the_cards_whole_headroom_beside_others() -> None:
+    # beside a larger card (full), a job predicted at 24,400 MiB may have the smaller card alone
+    # with 175 MiB of headroom; a trial beside a neighbour keeps the card's whole 2,457 (its fence
+    # does not count its CUDA context)
+    free = CARD_MIB - 10_000
+    cards = [*card(free), GpuState(1, "GPU-1", 48_000, 0, 1, fenced=True)]
+    busy = [running(1, 10_000), RunningAttempt(9, 1, 47_000, 47_000, reached_peak=True)]
+    assert pack([queued(2, 24_400, 12_000)], cards, busy, POLICY, 0.0).placements == ()
+    fits = pack([queued(2, 24_400, 11_000)], cards, busy, POLICY, 0.0)
+    assert [(p.gpu_index, p.trial_fence_mib) for p in fits.placements] == [(0, free - HEADROOM_MIB)]
+
+
+def test_a_card_that_fits_the_prediction_comes_before_one_that_takes_a_trial() -> None:
+    # card 0 is idle (spread's first choice) but only a trial fits there; card 1 fits the job whole
+    cards = [GpuState(0, "GPU-0", 16_000, 12_000, 4, fenced=True), GpuState(1, "GPU-1", CARD_MIB, CARD_MIB - 5_000,
+                                                                             4, fenced=True)]
+    decision = pack([queued(2, 12_000, 8_000)], cards, [RunningAttempt(1, 1, 5_000, 5_000, reached_peak=True)],
+                    POLICY, 0.0)
+    assert [(p.gpu_index, p.trial_fence_mib) for p in decision.placements] == [(1, None)]
+
+
+def test_one_trial_of_a_kind_at_a_time() -> None:
+    # two cards, each with room for a trial: the second seed waits until the first shows its fit
+    cards = [GpuState(i, f"GPU-{i}", CARD_MIB, CARD_MIB - B256_MIB, 4, fenced=True) for i in (0, 1)]
+    busy = [RunningAttempt(10 + i, i, B256_MIB, B256_MIB, reached_peak=True) for i in (0, 1)]
+    seeds = [queued(j, int(B256_MIB * 1.1), B256_MIB // 2, config="b128", suite="s") for j in (2, 3)]
+    decision = pack(seeds, cards, busy, POLICY, 0.0)
+    assert [p.job_id for p in decision.placements] == [2]
+    # across passes: a live trial of the shape before step K keeps the others from a trial
+    from orchestrator.prediction.learned import unproven_trials
+    from tests.rows_helpers import attempt_of, job_of
+
+    job = job_of(id=2)
+    for step, unproven in ((3, True), (12, False), (None, True)):
+        trial = attempt_of(job_id=2, trial_fence_mib=8_252, progress_json={"step": step} if step is not None else {})
+        assert unproven_trials([trial], {2: job}, lambda j, a: "k") == ({"k"} if unproven else set())
+    assert unproven_trials([attempt_of(job_id=2, progress_json={"step": 3})], {2: job}, lambda j, a: "k") == set()
 
 
 def test_no_trial_for_a_gang_a_job_alone_or_a_fused_member() -> None:

@@ -208,21 +208,29 @@ def predict_member(fit: FamilyFit | None, batch_size: int, tokens: int | None, t
 
 def least_member_mib(points: Iterable[FamilyPoint], floors: Iterable[FamilyFloor], batch_size: int,
                      tokens: int | None, task: str) -> int | None:
-    """The least a member at `batch_size` on `task` could need, from its family's points on that
-    task: memory never shrinks with more samples, so a point at a batch no larger bounds it from
-    below at its own peak, and the fixed part never goes negative, so a point at a larger batch
-    does at its peak scaled down by the ratio (tokens multiply the batch where both know them).
-    An OOM's floor at this batch or a smaller one bounds it too. None: no point on its task."""
+    """The least a member at `batch_size` (sized at `tokens`) on `task` could need, from its
+    family's points and OOM floors on that task: memory never shrinks with more samples or longer
+    sequences, so a point (or floor) at a batch and length no larger bounds it from below at its
+    own figure; and at one length, activations grow with the batch and the fixed part is never
+    negative, so a point at a larger batch does at its peak scaled down by the ratio. A point at
+    another length and a larger batch says nothing (attention may grow faster than the length).
+    None: no point on its task bounds it."""
+    def no_larger(other_batch: int, other_tokens: int | None) -> bool:
+        return other_batch <= batch_size and (other_tokens == tokens or (
+            other_tokens is not None and tokens is not None and other_tokens <= tokens))
+
     found = []
     for p in points:
         if p.task != task or p.peak_mib <= 0:
             continue
-        per_token = bool(p.tokens and tokens)
-        x, at = _x(batch_size, tokens, per_token), _x(p.batch_size, p.tokens, per_token)
-        found.append(p.peak_mib if at <= x else math.floor(p.peak_mib * x / at))
+        if no_larger(p.batch_size, p.tokens):
+            found.append(p.peak_mib)
+        elif p.tokens == tokens:  # one length, a larger batch
+            found.append(math.floor(p.peak_mib * batch_size / p.batch_size))
     if not found:
         return None
-    return max(max(found), floors_bound(floors, batch_size) or 0)
+    bounds = [f.floor_mib for f in floors if f.task == task and no_larger(f.batch_size, f.tokens)]
+    return max(found + bounds)
 
 
 def floors_bound(floors: Iterable[FamilyFloor], batch_size: int) -> int | None:

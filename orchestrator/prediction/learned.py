@@ -83,6 +83,20 @@ def held_peaks(
     return running_peaks(live, jobs, key_of, past_step_k=False)
 
 
+def unproven_trials(
+    live: Iterable[Attempt], jobs: Mapping[int, Job], key_of: Callable[[Job, Attempt], str]
+) -> set[str]:
+    """Shape keys of live attempts started on trial that have not passed step K yet: until one
+    has, the least its shape could need is not shown to be enough, and no other starts on trial."""
+    found = set()
+    for attempt in live:
+        job = jobs.get(attempt.job_id)
+        if job is not None and attempt.trial_fence_mib is not None and not provisional_step_reached(
+                attempt_step(attempt), eval_every_steps(job)):
+            found.add(key_of(job, attempt))
+    return found
+
+
 @dataclass
 class Knowledge:
     """Every shape's completed and running peaks, indexed for the neighbour look-ups."""

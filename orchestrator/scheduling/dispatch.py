@@ -24,7 +24,13 @@ from orchestrator.prediction.job_facts import (
     level_of,
     shape_facts,
 )
-from orchestrator.prediction.learned import Knowledge, held_peaks, running_peaks, throughput_curves
+from orchestrator.prediction.learned import (
+    Knowledge,
+    held_peaks,
+    running_peaks,
+    throughput_curves,
+    unproven_trials,
+)
 from orchestrator.prediction.startup import Startup, expected_end_s, remaining_s, startup_key
 from orchestrator.prediction.throughput import family_curves
 from orchestrator.scheduling.family_inputs import family_tags, mark_probes
@@ -225,7 +231,7 @@ def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live
     by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
     return PassReadings(shapes, read_all_prompt_lengths(store), knowledge, durations, curves, by_family,
                         read_host_shapes(store), host_running_peaks(live, live_jobs, key_of),
-                        startups, caps)
+                        startups, caps, frozenset(unproven_trials(live, live_jobs, key_of)))
 
 
 def _apply_moves(store: Store, moves: list[LevelMove]) -> set[int]:

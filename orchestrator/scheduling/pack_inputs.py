@@ -64,6 +64,8 @@ class PassReadings:
     host_running: Mapping[str, int]  # shape key -> the most host RAM (MiB) a live attempt holds
     startups: Mapping[str, Startup] = field(default_factory=dict)  # suite/config -> its learned start-up
     fused_caps: Mapping[str, int] = field(default_factory=dict)  # suite -> its fused groups' cap, once lowered
+    # shape keys with a live attempt started on trial before step K (prediction.learned.unproven_trials)
+    unproven_trials: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     group = fuse_group(whole, job.suite, facts.level.overrides, facts.level.run_alone)
     # a warm LoRA worker process was started with another attempt's fence: no trial into its room
     own_process = group is None and not shares_base(whole)
+    may_trial = own_process and shape_key not in readings.unproven_trials
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
@@ -179,7 +182,7 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
         learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
         *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None)),
-        least_mib(facts.shape, readings.shapes, readings.knowledge) if own_process else None)
+        least_mib(facts.shape, readings.shapes, readings.knowledge) if may_trial else None)
 
 
 def _member_inputs(job: Job, overrides: Mapping[str, object], cache: JobShapeCache) -> tuple[float, int | None]:

@@ -179,7 +179,9 @@ def on_trial(job: QueuedJob, card: Card, now_s: float) -> tuple[int, bool] | Non
         return None
     if fits_now(job, card) or starts_ahead(job, card, now_s):
         return None
-    found = trial_room(least_mib=job.least_mib, headroom_mib=headroom_for(job, card),
+    # the card's whole headroom: a trial runs beside others (headroom_for's cut lets a job that
+    # nearly fills a card have it alone), and its fence does not count its CUDA context
+    found = trial_room(least_mib=job.least_mib, headroom_mib=card.headroom_mib,
                        available_mib=card.available_mib, used_slots=card.used_slots, slots=card.gpu.slots,
                        overlap=card.overlap, ahead_s=job.ahead_s, startup_mib=job.startup_mib, frees=card.frees,
                        now_s=now_s)
@@ -199,10 +201,13 @@ def beside_hold(job: QueuedJob, card: Card, now_s: float) -> bool:
     return need_mib(job, card) + card.held_need_mib <= card.available_mib
 
 
-def choose(job: QueuedJob, fits: list[Card], rule: str) -> Card:
+def choose(job: QueuedJob, fits: list[Card], rule: str, now_s: float = 0.0) -> Card:
     joins = [c for c in fits if joining(job, c.groups) is not None]
     if joins:  # a card where its fused group runs with room: the base is loaded there already
         fits = joins
+    whole = [c for c in fits if on_trial(job, c, now_s) is None]
+    if whole:  # a card that fits its prediction before any where it could only start on trial
+        fits = whole
     if rule == "best_fit":  # the tightest card keeps large gaps for large jobs
         return min(fits, key=lambda c: (c.available_mib - job.predicted_peak_mib, c.gpu.index))
 

@@ -261,7 +261,10 @@ def _pack(
     # changes a card: a queue of many seeds of few shapes is then one check per shape.
     failed: set[tuple[object, ...]] = set()
     deferred: list[QueuedJob] = []  # jobs that wait at their level but may start at a later one
+    trialled: set[tuple[object, ...]] = set()  # kinds of job one of which started on trial this call
     for job in ordered:
+        if job.least_mib is not None and _trial_kind(job) in trialled:
+            job = replace(job, least_mib=None)  # one trial of a kind at a time: its fit is not shown yet
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
@@ -280,7 +283,7 @@ def _pack(
             deferred.append(job)  # after every job at its own level: what is left may suit a later one
         if len(fits) >= job.gpus and host_reason is None:
             if job.gpus == 1:
-                chosen = [choose(job, fits, policy.placement)]
+                chosen = [choose(job, fits, policy.placement, now_s)]
             else:
                 rank = {c.gpu.index: n for n, c in enumerate(sorted(fits, key=_spread_key(job, policy)))}
                 chosen = closest_set(
@@ -290,6 +293,8 @@ def _pack(
             trial = on_trial(job, chosen[0], now_s) if job.gpus == 1 else None
             ahead = trial[1] if trial is not None else job.gpus == 1 and not fits_now(job, chosen[0])
             trial_mib = trial[0] if trial is not None else None
+            if trial is not None:
+                trialled.add(_trial_kind(job))
             # less than its peak: it joins a group, or starts on trial
             reserved = [place_on(card, job, now_s, trial_mib) for card in chosen]
             for card in cards.values():  # holds it did not need: free for the rest of this call
@@ -326,6 +331,11 @@ def _pack(
                     failed.clear()  # a card now held: blockers of later jobs change
     placements += _at_sooner_levels(deferred, ordered_cards, cards, now_s, host, policy, reasons)
     return PackingDecision(tuple(placements), reasons)
+
+
+def _trial_kind(job: QueuedJob) -> tuple[object, ...]:
+    """Jobs alike for a start on trial: one wrong guess of the least they need is wrong for all."""
+    return job.suite, job.config, job.level, job.predicted_peak_mib, job.least_mib
 
 
 def _at_sooner_levels(deferred: list[QueuedJob], ordered_cards: list[Card], cards: dict[int, Card], now_s: float,

@@ -5,12 +5,12 @@ A prediction is an upper bound with a margin: a shape's measured peak plus 5 to 
 batch size its memory family has not run, the peak of a larger batch. On a card shared under
 `--mps` that margin is what keeps two jobs apart that fit together by their true peaks (on one
 H200, TRL's b256 and b128 jobs, 13,866 and 7,948 MiB, beside 2.4 GiB of headroom in 24 GiB). A
-job started into the room there is, fenced by MPS at that room, cannot take its neighbours'
-memory: if it needs more, the out-of-memory error is its own, and orch requeues it at the same
-level, not counted (orchestrator.attempts.next_step). The least it could need
-(orchestrator.prediction.least) is a measured peak without its margin, or the family's peak
-scaled down by the batch ratio (the fixed part can only add), so a trial never starts where it
-must fail.
+job started into the room there is, fenced by MPS at that room, allocates no more than that
+room: if it needs more, the out-of-memory error is its own, and orch requeues it at the same
+level, not counted (orchestrator.attempts.next_step). Its CUDA context is outside the fence, so
+the card's whole headroom stays free beside it. The least it could need
+(orchestrator.prediction.least) is a measured peak without its margin, or what its family's
+points bound from below, so a trial never starts where it must fail.
 """
 
 from __future__ import annotations
