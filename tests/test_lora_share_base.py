@@ -63,7 +63,9 @@ def base_env(tmp_path: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "ORCH_SHARE_DIR": str(tmp_path / "warm"),
-        "ORCH_SHARE_IDLE_S": "60",
+        # never idle out mid-test: a fresh run between two warm jobs took over 60 s on a loaded
+        # 2-core machine, and the next warm job then found no process (the fixture kills it)
+        "ORCH_SHARE_IDLE_S": "900",
     }
     return env
 
