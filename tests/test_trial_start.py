@@ -271,3 +271,16 @@ def test_the_daemons_pass_starts_a_trial_fenced_at_its_room_and_says_so(tmp_path
     started = [e.message for e in events(store, "start")]
     assert "started on trial in 8.1 GiB, its MPS fence" in started[0]
     store.close()
+
+
+def test_the_sim_worker_holds_itself_to_its_mps_fence(tmp_path: Path) -> None:
+    from workers.sim import SimAllocation, mps_fence_mib
+
+    assert mps_fence_mib({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8252M"}) == 8252
+    assert mps_fence_mib({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G"}) == 8192
+    assert mps_fence_mib({}) is None and mps_fence_mib({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "1=8G"}) is None
+    fenced = SimAllocation(tmp_path / "gpu0", 24_576, fence_mib=8_000)
+    assert fenced.allocate(7_000) is None
+    said = fenced.allocate(1_500)  # the card has room; the fence has not
+    assert said is not None and said.startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert SimAllocation(tmp_path / "gpu0", 24_576).allocate(8_500) is None  # unfenced: the card's room

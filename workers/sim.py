@@ -23,7 +23,9 @@ Memory model of the worker (all from the config):
 `num_data_workers` costs host memory only, so it does not change the simulated peak.
 The worker allocates the peak in RAMP_STEPS equal steps over sim_ramp_s (like a model load),
 each under an fcntl lock on the GPU dir; a step that would overfill the card fails with torch's
-out-of-memory message, result.json status "oom" and exit code 3. `sim_startup_s: S` first holds
+out-of-memory message, result.json status "oom" and exit code 3; so does a step past the MPS fence
+of a one-GPU worker (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, set by `--mps`, simulated on simulated
+cards), as a fenced client fails. `sim_startup_s: S` first holds
 the base alone for S seconds (imports, tokenising: a real trainer's start-up, before its first
 step), then ramps the rest; `sim_exit_s: E` holds the peak E seconds after the last step (saving
 the adapter) before the worker writes its result and exits.
@@ -48,10 +50,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,23 +200,38 @@ def resolve_gpu(visible: str, sizes_mib: list[int]) -> int:
     )
 
 
-class SimAllocation:
-    """This process's holding file on one simulated GPU."""
+def mps_fence_mib(env: Mapping[str, str]) -> int | None:
+    """The device memory an MPS client may pin (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, `0=8252M` as
+    orch sets it, or `0=8G`); None when unfenced or not read."""
+    spec = env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
+    match = re.fullmatch(r"\s*0=(\d+)([MG])\s*", spec)
+    if match is None:
+        return None
+    return int(match.group(1)) * (1024 if match.group(2) == "G" else 1)
 
-    def __init__(self, directory: Path, total_mib: int) -> None:
+
+class SimAllocation:
+    """This process's holding file on one simulated GPU. Under an MPS fence (simulated `--mps`)
+    it never holds more than the fence, as a fenced client is held."""
+
+    def __init__(self, directory: Path, total_mib: int, fence_mib: int | None = None) -> None:
         self.directory = directory
         self.total_mib = total_mib
+        self.fence_mib = fence_mib
         self.path = directory / f"{os.getpid()}.json"
         self.create_time = psutil.Process().create_time()
         self.used_mib = 0
         self.peak_mib = 0
 
     def allocate(self, request_mib: int) -> str | None:
-        """Take `request_mib` more, or return torch's OOM message when the card is too full."""
+        """Take `request_mib` more, or return torch's OOM message when the card (or the fence) is
+        too full."""
         with gpu_lock(self.directory):
             holders, _ = read_holders(self.directory)
             others_mib = sum(mib for pid, mib in holders if pid != os.getpid())
             free_mib = self.total_mib - others_mib - self.used_mib
+            if self.fence_mib is not None:
+                free_mib = min(free_mib, self.fence_mib - self.used_mib)
             if request_mib > free_mib:
                 message = oom_message(request_mib, self.total_mib, free_mib, self.used_mib)
                 # The process is about to die: free its memory before a neighbour's next step,
@@ -293,7 +312,8 @@ def run(config: dict[str, Any], run_dir: Path) -> int:
     sizes_mib = parse_sizes_mib(os.environ["ORCH_SIM_GPUS"])
     indices = resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES", "0"), sizes_mib)
     state = Path(os.environ["ORCH_SIM_DIR"])
-    parts = [SimAllocation(gpu_dir(state, i), sizes_mib[i]) for i in indices]
+    fence = mps_fence_mib(os.environ) if len(indices) == 1 else None  # MPS fences one-GPU workers only
+    parts = [SimAllocation(gpu_dir(state, i), sizes_mib[i], fence) for i in indices]
     alloc = parts[0] if len(parts) == 1 else GangAllocation(parts)
     host: list[SimAllocation] = []
 

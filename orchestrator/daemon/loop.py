@@ -49,6 +49,7 @@ from orchestrator.executors.runs_tree import check_runs_root
 from orchestrator.executors.wake import WakeChannel
 from orchestrator.gpu import GpuProbe
 from orchestrator.gpu.host import make_host_probe
+from orchestrator.gpu.sim import SimProbe
 from orchestrator.gpu.snapshot import GpuSnapshot
 from orchestrator.rundir_files import RunDir
 from orchestrator.scheduling.cluster_dispatch import schedule_remote
@@ -165,7 +166,8 @@ class Daemon:
         if self.settings.mps:  # before any worker starts: each is pointed at it from the first
             try:
                 self.ctx = replace(self.ctx, mps=self.mps.start(self.settings.db_path, self.probe.snapshot(),
-                                                                  self.clock.now_s()))
+                                                                  self.clock.now_s(),
+                                                                  simulated=isinstance(self.probe, SimProbe)))
             except BaseException:
                 with contextlib.suppress(Exception):
                     unregister_daemon(self.store, self.clock.now_s(), "daemon did not start: MPS did not")

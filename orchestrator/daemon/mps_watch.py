@@ -25,15 +25,18 @@ class MpsWatch:
     state: MpsState | None = None
     since_s: float = 0.0  # attempts that ended before this are not read again
 
-    def start(self, db_path: Path, snapshots: tuple[GpuSnapshot, ...], now_s: float) -> MpsState:
-        """Start the control daemon for these cards; raises MpsError (the daemon does not start)."""
+    def start(self, db_path: Path, snapshots: tuple[GpuSnapshot, ...], now_s: float,
+              simulated: bool = False) -> MpsState:
+        """Start the control daemon for these cards (`simulated`: simulated cards, where none runs
+        and the sim worker keeps its fence); raises MpsError (the daemon does not start)."""
         uuids = [s.uuid for s in snapshots]
-        state, others = start_mps(db_path, uuids)
+        state, others = start_mps(db_path, uuids, simulated)
         self.state, self.since_s = state, now_s
         cards = ", ".join(str(s.index) for s in snapshots)
+        started = (f"MPS simulated for GPU {cards} (no control daemon: the sim worker keeps its fence)"
+                   if simulated else f"MPS control daemon started for GPU {cards} (pipe {state.control.dirs.pipe})")
         with self.store.write():
-            add_event(self.store, "daemon", f"MPS control daemon started for GPU {cards} "
-                                            f"(pipe {state.control.dirs.pipe})")
+            add_event(self.store, "daemon", started)
             if others:
                 add_event(self.store, "daemon", f"MPS daemons not orch's are running ({describe(others)}): "
                                                 "left alone; their clients keep their server, ours use ours")

@@ -274,6 +274,31 @@ class MpsControl:
 
 
 @dataclass
+class SimulatedControl(MpsControl):
+    """MPS on simulated cards (`--backend sim`): no control daemon or server runs, each worker
+    gets the variables a client of one would, and the sim worker (workers/sim.py) holds itself to
+    its fence as a fenced client is held: a sweep's fences and starts on trial can be rehearsed."""
+
+    binary: str = ""
+
+    def start(self) -> None:
+        for folder in (self.dirs.pipe, self.dirs.log):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def ask(self, command: str) -> str:
+        return ""
+
+    def answers(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        return None
+
+
+@dataclass
 class MpsState:
     """What the daemon knows of MPS while it runs: the control daemon and the cards still under
     it. A card leaves (for the rest of this daemon's life) when its server failed a worker."""
@@ -295,12 +320,14 @@ class MpsState:
         return False
 
 
-def start_mps(db_path: Path, gpu_uuids: Iterable[str]) -> tuple[MpsState, list[ForeignServer]]:
-    """Start orch's control daemon for these cards; also the MPS daemons others run (left alone:
-    their clients keep theirs, ours connect only to ours)."""
+def start_mps(db_path: Path, gpu_uuids: Iterable[str],
+              simulated: bool = False) -> tuple[MpsState, list[ForeignServer]]:
+    """Start orch's control daemon for these cards (`simulated`: simulated cards, where none
+    runs: SimulatedControl); also the MPS daemons others run (left alone: their clients keep
+    theirs, ours connect only to ours)."""
     uuids = tuple(gpu_uuids)
-    control = MpsControl(mps_dirs(db_path), uuids)
-    others = foreign_servers()
+    control = SimulatedControl(mps_dirs(db_path), uuids) if simulated else MpsControl(mps_dirs(db_path), uuids)
+    others = [] if simulated else foreign_servers()
     control.start()
     return MpsState(control, set(uuids)), [s for s in others if s.pid not in control.own_pids()]
 

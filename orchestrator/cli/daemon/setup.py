@@ -9,17 +9,15 @@ from dataclasses import replace
 from orchestrator.api.daemon_process import resolve_backend  # noqa: F401 (the CLI's name for it)
 from orchestrator.daemon.options import DaemonOptions
 from orchestrator.daemon.state import tmux_socket_name
-from orchestrator.errors import UsageError
 from orchestrator.executors.base import Executor
 from orchestrator.gpu import GpuProbe
 
 
 def check_mps(mps: bool, backend: str | None) -> None:
-    """In the user's terminal: --mps needs NVIDIA's control binary and real GPUs."""
-    if not mps:
+    """In the user's terminal: --mps needs NVIDIA's control binary on real GPUs (on simulated
+    ones it is simulated: orchestrator.gpu.mps.SimulatedControl)."""
+    if not mps or (backend or os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() == "sim":
         return
-    if (backend or os.environ.get("ORCH_GPU_BACKEND") or "").strip().lower() == "sim":
-        raise UsageError("--mps needs real GPUs (NVML): simulated GPUs have no MPS")
     from orchestrator.gpu.mps import require_binary
 
     require_binary()
