@@ -211,7 +211,8 @@ class DaemonOptions:
             "and point every worker that shares a card at it; a worker whose shape has a measured "
             "peak is fenced at that peak plus 10 % (at least 512 MiB), one never measured is not fenced; "
             "a job whose prediction does not fit may start on trial into the room there is, fenced there, "
-            "where that room holds the least it could need plus 2 % and the headroom (env ORCH_MPS).",
+            "where that room holds the least it could need plus 2 % and the headroom. On simulated GPUs "
+            "it is simulated: the sim worker keeps its fence (env ORCH_MPS).",
         ),
     )
     overlap: bool = field(
