@@ -138,6 +138,33 @@ def test_killing_a_running_window_stops_the_worker_and_records_it(
     )
 
 
+def test_a_kill_refused_as_if_the_server_were_gone_is_asked_again_while_the_window_is_listed(
+    tmux: TmuxExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # under load a tmux client that cannot reach its busy server says so in words that also mean
+    # "gone"; the window, still listed, must not be left running
+    s = spec(tmp_path, "refused", "import time; print('ready', flush=True); time.sleep(60)")
+    handle = tmux.submit(s)
+    assert handle.executor_id is not None
+    wait_until(lambda: (s.run_dir / "stdout.log").exists() and "ready" in (s.run_dir / "stdout.log").read_text())
+    real_cmd, refused = tmux._cmd, []
+
+    def refusing(*args: str) -> object:
+        if args[0] == "kill-window" and not refused:
+            refused.append(args)
+            proc = real_cmd("display-message", "-p", "x")
+            proc.returncode, proc.stdout = 1, []
+            proc.stderr = ["error connecting to /tmp/tmux (Connection refused)"]
+            return proc
+        return real_cmd(*args)
+
+    monkeypatch.setattr(tmux, "_cmd", refusing)
+    tmux.kill_window(handle.executor_id)
+    assert refused and not _listed(tmux, handle.executor_id)
+    wait_until(lambda: (s.run_dir / "exit.json").exists(), 60, "the wrapper's exit.json")
+    assert json.loads((s.run_dir / "exit.json").read_text())["signal"] in (1, 15)
+
+
 def test_launch_many_opens_every_window_in_one_call_with_values_kept_exactly(
     tmux: TmuxExecutor, tmp_path: Path
 ) -> None:

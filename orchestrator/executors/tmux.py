@@ -74,8 +74,9 @@ def _attempt_identity(attempt: Attempt) -> str:
 
 
 # what tmux says when the window (or its whole server) is already gone
+WINDOW_NOT_FOUND = "can't find window"  # the server answered: no such window
 WINDOW_GONE = (
-    "can't find window", "no server running", "server exited",
+    WINDOW_NOT_FOUND, "no server running", "server exited",
     "Connection refused", "No such file or directory",  # a dead server's socket, stale or removed
 )
 KILL_RETRY_S = 2.0
@@ -396,15 +397,19 @@ class TmuxExecutor(LocalExecutor):
 
     def kill_window(self, window_id: str) -> None:
         """Kill the window (its pane's processes get SIGHUP); one already gone, or whose server
-        is gone, is no error. Any other refusal is asked again for a moment: on a loaded machine
-        a tmux client can fail to reach its server, and a kill skipped then left the window, and
-        whatever still ran in it, in place."""
+        is gone, is no error. Any other refusal is asked again for a moment, and so is one that
+        says the server is gone (no server, a refused connection): on a loaded machine a tmux
+        client can fail to reach its server in those words, and a kill skipped then left the
+        window, and whatever still ran in it, in place. Only tmux's own "can't find window" is
+        taken at once."""
         deadline = time.monotonic() + KILL_RETRY_S
         while True:
             proc = self._cmd("kill-window", "-t", window_id)
-            if proc.returncode == 0 or _says_gone(proc.stderr):
+            if proc.returncode == 0 or WINDOW_NOT_FOUND in " ".join(proc.stderr):
                 return
             if time.monotonic() >= deadline:
+                if _says_gone(proc.stderr):  # still unreachable: the server is gone
+                    return
                 raise LauncherError(f"tmux could not kill window {window_id}: {' '.join(proc.stderr)}")
             time.sleep(KILL_RETRY_POLL_S)
 
