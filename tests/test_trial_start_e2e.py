@@ -46,6 +46,8 @@ def test_a_member_whose_least_fits_starts_beside_the_larger_one_on_trial(orch: O
     started = [e.message for e in orch.events("start") if "on trial" in e.message]
     assert len(started) == 1 and f"started on trial in {ROOM_MIB / 1024:.1f} GiB, its MPS fence" in started[0]
     assert any("MPS simulated for GPU 0" in e.message for e in orch.events("daemon"))
+    job = orch.jobs()[1].id
+    assert f"started on trial in {ROOM_MIB / 1024:.1f} GiB, its MPS fence" in orch.run("show", str(job)).stdout
 
 
 @pytest.mark.slow

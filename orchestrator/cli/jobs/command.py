@@ -154,6 +154,8 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         for a in payload["attempts"]:
             changes = fmt_changes(a["changes"], bool(a["run_alone"]))
             predicted = f"predicted from {a['prediction_source']}" if a["prediction_source"] else ""
+            if a.get("trial_fence_mib") is not None:  # placed into less room than its prediction
+                predicted += f"; started on trial in {fmt_mib(a['trial_fence_mib'])}, its MPS fence"
             resumed = a["resumed_from"]
             resumed_text = (
                 f"resumed from attempt {resumed['attempt']}'s checkpoint {resumed['checkpoint']}"
