@@ -161,7 +161,8 @@ def schedule(
     rows = _read_queue(store, state, ctx, whole_queue, per_kind, fresh_key)
     if rows is None:  # nothing can start and the head's reasons still stand
         return PackingDecision((), {})
-    readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups, caps)
+    readings = _read_learned(store, state, live, live_jobs, snapshots, durations, startups, caps,
+                             fenced=any(g.fenced for g in gpus))
     running = mark_probes(running, live, live_jobs, readings.knowledge, cache)
     running = with_group_peaks(running, live, live_jobs, readings.shapes, cache, snapshots)
     facts_of = state.job_facts.by_job
@@ -216,7 +217,7 @@ def _read_queue(store: Store, state: SchedulerState, ctx: DispatchContext, whole
 
 def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live_jobs: Mapping[int, Job],
                   snapshots: tuple[GpuSnapshot, ...], durations: DurationTable,
-                  startups: Mapping[str, Startup], caps: Mapping[str, int]) -> PassReadings:
+                  startups: Mapping[str, Startup], caps: Mapping[str, int], *, fenced: bool = False) -> PassReadings:
     """What orch has learned that the queued jobs' inputs rest on: measured shapes and prompt
     lengths, live attempts' peaks, memory families, co-location curves, host memory."""
     cache = state.shapes
@@ -231,7 +232,8 @@ def _read_learned(store: Store, state: SchedulerState, live: list[Attempt], live
     by_family = family_curves(curves, {key: tag.family_key for key, tag in knowledge.tags.items()})
     return PassReadings(shapes, read_all_prompt_lengths(store), knowledge, durations, curves, by_family,
                         read_host_shapes(store), host_running_peaks(live, live_jobs, key_of),
-                        startups, caps, frozenset(unproven_trials(live, live_jobs, key_of)))
+                        startups, caps, fenced,
+                        frozenset(unproven_trials(live, live_jobs, key_of)) if fenced else frozenset())
 
 
 def _apply_moves(store: Store, moves: list[LevelMove]) -> set[int]:

@@ -64,6 +64,8 @@ class PassReadings:
     host_running: Mapping[str, int]  # shape key -> the most host RAM (MiB) a live attempt holds
     startups: Mapping[str, Startup] = field(default_factory=dict)  # suite/config -> its learned start-up
     fused_caps: Mapping[str, int] = field(default_factory=dict)  # suite -> its fused groups' cap, once lowered
+    # whether a card is fenced by MPS: only then may a job start on trial (its least is worked out)
+    fenced: bool = False
     # shape keys with a live attempt started on trial before step K (prediction.learned.unproven_trials)
     unproven_trials: frozenset[str] = frozenset()
 
@@ -173,7 +175,7 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     group = fuse_group(whole, job.suite, facts.level.overrides, facts.level.run_alone)
     # a warm LoRA worker process was started with another attempt's fence: no trial into its room
     own_process = group is None and not shares_base(whole)
-    may_trial = own_process and shape_key not in readings.unproven_trials
+    may_trial = readings.fenced and own_process and shape_key not in readings.unproven_trials
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
