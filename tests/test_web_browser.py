@@ -136,6 +136,8 @@ def test_timeline_has_one_bar_per_attempt(sweep: WebSweep, page: Any) -> None:
     def drag_across() -> bool:
         # the chart grows while attempts start, so measure it right before each try
         box = page.locator("svg.timeline").bounding_box()
+        if box is None:  # a live redraw swapped the chart out between finding it and measuring it
+            return False
         below_bars = box["y"] + box["height"] - 6  # the time axis: a drag that starts on a bar opens its job
         page.mouse.move(box["x"] + box["width"] * 0.6, below_bars)
         page.mouse.down()
@@ -169,16 +171,24 @@ def test_memory_chart_has_time_and_gib_axes_a_band_per_job_and_a_legend(sweep: W
     assert "foreign" in legend and "free" in legend
     page.screenshot(path=str(ARTIFACTS / "memory.png"), full_page=True)
     # drag across the chart to zoom; the zoom survives the page's live redraws
-    box = chart.locator(".u-over").bounding_box()
-    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] / 2)
-    page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + box["height"] / 2, steps=5)
-    page.mouse.up()
+    first_chart = page.locator('.gpu-memory [data-chart="memory"]').first
+
+    def drag_to_zoom() -> bool:
+        box = chart.locator(".u-over").bounding_box()
+        if box is None:  # a live redraw swapped the chart out between finding it and measuring it
+            return False
+        page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + box["height"] / 2, steps=5)
+        page.mouse.up()
+        return True
+
+    wait_until(drag_to_zoom, 20, "the memory chart in place to drag across", poll_s=0.5)
     refreshes = int(page.evaluate("document.body.dataset.refreshes || '0'"))
     wait_until(lambda: int(page.evaluate("document.body.dataset.refreshes || '0'")) > refreshes, 30,
                "a live redraw (a new memory sample)")
     wait_until(lambda: _memory_charts_drawn(page) == 2, 15, "the charts drawn again")
-    assert page.locator('.gpu-memory [data-chart="memory"]').first.get_attribute("data-zoomed") == "yes"
+    assert first_chart.get_attribute("data-zoomed") == "yes"
 
 
 def test_jobs_page_filters_and_is_one_click_from_the_counts(sweep: WebSweep, page: Any) -> None:

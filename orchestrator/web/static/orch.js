@@ -40,7 +40,8 @@
   }
   function refresh(){
     if (!live || !live.dataset.fragment) return;
-    if (busy || drag) { again = true; return; }  // a swap mid-drag would lose the selection
+    // a swap mid-drag would lose the selection, on the timeline or on a chart
+    if (busy || drag || chartDrag) { again = true; return; }
     if (picking) return;  // a reader is filling in a form (filters, runs to compare): keep it as it is
     busy = true;
     fetch(live.dataset.fragment, {cache: 'no-store'}).then(function(r){ return r.ok ? r.text() : null; })
@@ -80,8 +81,9 @@
     var form = ev.target.closest('form.action'); if (!form) return;
     var field = form.querySelector('input[name="token"]'); if (field) field.value = token || '';
   });
-  var drag = null, sel = null;
+  var drag = null, sel = null, chartDrag = false;
   document.addEventListener('mousedown', function(ev){
+    if (ev.target.closest('[data-chart] .u-over')) { chartDrag = true; return; }
     var svg = ev.target.closest('svg.timeline');
     if (!svg || !live || !live.dataset.fragment || ev.target.closest('a')) return;
     drag = {rect: svg.getBoundingClientRect(), d: svg.dataset, x: ev.clientX}; ev.preventDefault();
@@ -95,6 +97,9 @@
     sel.style.top = r.top + 'px'; sel.style.height = r.height + 'px';
   });
   document.addEventListener('mouseup', function(ev){
+    if (chartDrag) {  // uPlot takes the selection on this mouseup; the held redraw comes after
+      chartDrag = false; if (again) { again = false; setTimeout(refresh, 0); } return;
+    }
     if (!drag) return;
     var r = drag.rect, d = drag.d, x0 = drag.x; drag = null;
     if (sel) sel.style.display = 'none';
