@@ -1,7 +1,8 @@
-"""Fused groups of like work: the packer deals a fused group's jobs that have no run time into runs
-of its cap whose work per tick is alike (a card fills its processes in placement order), instead
-of queue order, where a sweep's configs come one after another and one process would get the
-heaviest alone."""
+"""Fused groups of one adapter shape, else of like work: the packer deals a fused group's jobs that
+have no run time into runs of its cap (a card fills its processes in placement order). Members that
+stack together (one adapter spec and micro-batch) go together, so that a process launches each of
+its LoRA layers' adapters once for all of them; what is left is dealt into runs whose work per tick
+is alike."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from pathlib import Path
 import yaml
 
 from orchestrator.gpu.snapshot import GpuSnapshot
-from orchestrator.prediction.fused_groups import BASE_MODULE_WORK, DEFAULT_TARGETS, member_work
+from orchestrator.prediction.fused_groups import (
+    BASE_MODULE_WORK,
+    DEFAULT_TARGETS,
+    member_stack,
+    member_work,
+)
 from orchestrator.scheduling.packing.fused import balanced, in_runs_of_like_work
 from orchestrator.scheduling.packing.types import QueuedJob
 from tests.test_packing import GIB, job
@@ -24,6 +30,21 @@ def member(job_id: int, work: float, cap: int = 4, group: str = "g", **kw: objec
 
 def works(jobs: list[QueuedJob]) -> list[float]:
     return [j.fuse_work for j in jobs]
+
+
+def stacks(jobs: list[QueuedJob]) -> list[str | None]:
+    return [j.fuse_stack for j in jobs]
+
+
+def test_members_stack_together_where_their_micro_batch_and_adapter_spec_agree() -> None:
+    qv = {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}
+    key = member_stack({"batch_size": 16, "learning_rate": 3e-4}, qv)
+    assert key == member_stack({"batch_size": 16, "learning_rate": 1e-3}, qv)  # the rate is its own
+    assert key == member_stack({"batch_size": 16}, {"lora_alpha": 16, "r": 8, "target_modules": ["q_proj", "v_proj"]})
+    assert key != member_stack({"batch_size": 8}, qv)  # other rows: a stack of its own
+    assert key != member_stack({"batch_size": 16}, qv | {"r": 16})
+    assert key != member_stack({"batch_size": 16}, qv | {"dropout": 0.1})
+    assert member_stack({"batch_size": 16}, None) is None  # a spec not read here stacks with none
 
 
 def test_a_members_work_is_its_rows_times_the_base_and_its_adapted_modules() -> None:
@@ -53,6 +74,43 @@ def test_a_sweeps_configs_one_after_another_are_dealt_into_runs_of_like_work() -
     assert works(runs[1]) == [9.0, 9.0, 11.0, 14.0]
     # ties keep their order: each run's first light seed before its second
     assert [j.job_id for j in runs[0]] == [13, 5, 1, 9]
+
+
+def stacked(job_id: int, stack: str, work: float = 9.0, cap: int = 4, **kw: object) -> QueuedJob:
+    return member(job_id, work, cap, fuse_stack=stack, **kw)
+
+
+def test_a_sweeps_configs_of_one_adapter_shape_each_fill_processes_of_their_own() -> None:
+    # the H200 sweep: 4 configs x 4 seeds, config-major; two configs differ only in their learning
+    # rate, so they stack together. Mixed, each process would launch every shape's adapters
+    shapes = ["qv"] * 4 + ["qkvo"] * 4 + ["qv"] * 4 + ["all"] * 4
+    weights = {"qv": 9.0, "qkvo": 11.0, "all": 14.0}
+    queue = [stacked(n + 1, shape, weights[shape]) for n, shape in enumerate(shapes)]
+    arranged = in_runs_of_like_work(queue, 4)
+    assert sorted(j.job_id for j in arranged) == list(range(1, 17))
+    runs = [arranged[n:n + 4] for n in range(0, 16, 4)]
+    assert [set(stacks(run)) for run in runs] == [{"all"}, {"qkvo"}, {"qv"}, {"qv"}]  # heaviest first
+    assert [j.job_id for j in runs[2]] == [1, 2, 3, 4] and [j.job_id for j in runs[3]] == [9, 10, 11, 12]
+
+
+def test_a_teaching_jobs_process_takes_its_stack_mates_first() -> None:
+    shapes = ["qv"] * 4 + ["all"] * 4
+    queue = [stacked(n + 1, shape, 14.0 if shape == "all" else 9.0, teaches=n == 0) for n, shape in enumerate(shapes)]
+    arranged = balanced(queue)
+    assert arranged[0].job_id == 1  # it keeps its place
+    assert stacks(arranged[:4]) == ["qv"] * 4 and stacks(arranged[4:]) == ["all"] * 4
+
+
+def test_what_is_left_after_whole_runs_keeps_stack_mates_together_and_evens_the_work() -> None:
+    # cap 4, 12 jobs: "d" fills a run; the pairs left share two runs, each pair in one run
+    queue = ([stacked(n, "d", 8.0) for n in range(1, 7)] + [stacked(7, "a", 12.0), stacked(8, "a", 12.0)]
+             + [stacked(9, "b", 10.0), stacked(10, "b", 10.0), stacked(11, "c", 2.0), stacked(12, "c", 2.0)])
+    arranged = in_runs_of_like_work(queue, 4)
+    runs = [arranged[n:n + 4] for n in range(0, 12, 4)]
+    assert stacks(runs[0]) == ["d"] * 4
+    pairs = [sorted(set(stacks(run)), key=str) for run in runs[1:]]
+    assert sorted(pairs) == [["a", "c"], ["b", "d"]]  # 12+12+2+2 = 28 beside 10+10+8+8 = 36
+    assert all(stacks(run).count(key) == 2 for run in runs[1:] for key in set(stacks(run)))
 
 
 def test_an_uneven_count_leaves_the_last_run_short_and_the_work_spread() -> None:
@@ -114,7 +172,7 @@ def _suite(plans: Path) -> None:
     (plans / "suites" / "fz.yaml").write_text(yaml.safe_dump(suite))
 
 
-def test_the_daemons_pass_starts_a_config_major_sweep_in_processes_of_like_work(tmp_path: Path) -> None:
+def test_the_daemons_pass_starts_a_config_major_sweep_in_processes_of_one_adapter_shape(tmp_path: Path) -> None:
     from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
     from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
     from orchestrator.scheduling.dispatch import DispatchContext, schedule
@@ -149,8 +207,8 @@ def test_the_daemons_pass_starts_a_config_major_sweep_in_processes_of_like_work(
     store.close()
     started = [configs[a.job_id] for a in attempts]
     assert len(started) == 8
-    # launched in this order, each pair (one process of cap 2) one light and one heavy
-    assert [sorted(started[n:n + 2]) for n in range(0, 8, 2)] == [["heavy", "light"]] * 4
+    # launched in this order, each pair (one process of cap 2) of one config (its adapters stack)
+    assert [started[n:n + 2] for n in range(0, 8, 2)] == [["heavy"] * 2] * 2 + [["light"] * 2] * 2
     # each pair is one process, named by the attempt that opened it: its client joins only that one
     pairs = [attempts[n:n + 2] for n in range(0, 8, 2)]
     assert [(a.fuse_process, b.fuse_process) for a, b in pairs] == [(a.id, a.id) for a, _ in pairs]

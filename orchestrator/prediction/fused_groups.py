@@ -79,6 +79,19 @@ def member_work(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None) 
     return rows * (BASE_MODULE_WORK + count)
 
 
+def member_stack(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None) -> str | None:
+    """Which members of a fused group stack together: those of one micro-batch size and one adapter
+    spec (rank, alpha, targets, dropout, ...) go through each of their LoRA layers as one stack,
+    two batched matmuls for all of them (workers.lora.routing), where members of other shapes are
+    stacks of their own. None where the spec is not known here (a file that cannot be read): a
+    member that stacks with no other."""
+    if peft_spec is None:
+        return None
+    rows = first_int(config, BATCH_KEYS) or 1
+    spec = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in peft_spec.items()}
+    return json.dumps([rows, spec], sort_keys=True, default=str)
+
+
 def fuse_max(job: Job, fused_cap: int | None) -> int:
     """The most members a fused group of this job may have now (1..16): its suite's
     `fused_members`, lowered to `fused_cap` after one of the suite's groups ran out of memory."""

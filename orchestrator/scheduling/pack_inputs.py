@@ -17,6 +17,7 @@ from orchestrator.prediction.fused_groups import (
     fuse_group,
     fuse_max,
     learned_group_peaks,
+    member_stack,
     member_work,
     shares_base,
 )
@@ -95,6 +96,7 @@ class KindInputs:
     fuse_cap: int = 1
     group_peaks: tuple[GroupPeak, ...] = ()  # its shape's process peaks learned per group size
     fuse_work: float = 1.0  # what a member adds to each tick of its group (fused_groups.member_work)
+    fuse_stack: str | None = None  # which members it stacks with (fused_groups.member_stack)
     estimated_base_mib: int | None = None  # its base's weights and context as the estimate counts them
     least_mib: int | None = None  # the least it could need: room for a start on trial (prediction.least)
 
@@ -156,7 +158,7 @@ def pack_inputs(
                 startup_mib=inputs.startup.held_mib if inputs.startup else 0,
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,
-                fuse_work=inputs.fuse_work, estimated_base_mib=inputs.estimated_base_mib,
+                fuse_work=inputs.fuse_work, fuse_stack=inputs.fuse_stack, estimated_base_mib=inputs.estimated_base_mib,
                 least_mib=inputs.least_mib,
             )
         )
@@ -183,14 +185,19 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         later_levels(facts, job, readings, cache) if expected_s is not None and facts.gpus == 1 else (),
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
         learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
-        *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None)),
+        *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None, None)),
         least_mib(facts.shape, readings.shapes, readings.knowledge) if may_trial else None)
 
 
-def _member_inputs(job: Job, overrides: Mapping[str, object], cache: JobShapeCache) -> tuple[float, int | None]:
-    """A fused member's work per tick and its base's memory as the estimate counts it."""
+def _member_inputs(
+    job: Job, overrides: Mapping[str, object], cache: JobShapeCache
+) -> tuple[float, str | None, int | None]:
+    """A fused member's work per tick, which members it stacks with, and its base's memory as the
+    estimate counts it."""
     config = {**job.config, **overrides}
-    return member_work(config, peft_spec_of(config, cache)), estimated_base_mib(config, model_info_of(config, cache))
+    spec = peft_spec_of(config, cache)
+    return (member_work(config, spec), member_stack(config, spec),
+            estimated_base_mib(config, model_info_of(config, cache)))
 
 
 def with_group_peaks(running: list[RunningAttempt], live: Iterable[Attempt], live_jobs: Mapping[int, Job],

@@ -31,7 +31,6 @@ record of some members' shapes only, may only raise it.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -209,14 +208,15 @@ def placed_process(job: QueuedJob, groups: dict[str, GroupOnCard]) -> ProcessCho
 
 def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
     """The packing order with the fused jobs of one group and priority that have no expected run
-    time (the packer keeps those in queue order) rearranged, in the places they held, so that each
-    run of `cap` of the group's jobs carries about the same work per tick (`QueuedJob.fuse_work`).
-    A card fills its processes of a group in placement order, and a process's tick lasts as long
-    as its members' work together: in queue order a sweep's configs come one after another, and a
-    process of the heaviest alone would train on long after the others ended. Jobs with a run time
-    keep the longest-first order, and a job that teaches a prediction its place (it runs first to
-    teach it); both count in their runs, which so stay aligned with the processes (as long as no
-    process of the group on the card had room before: a sweep's first wave)."""
+    time (the packer keeps those in queue order) rearranged, in the places they held, into runs
+    of `cap` (`in_runs_of_like_work`). A card fills its processes of a group in placement order,
+    and a process's tick is host-bound: it launches the base's kernels once and each stack of its
+    members' adapters once (members of one adapter shape and micro-batch stack together), so a
+    process of one shape launches the fewest; where shapes must mix, like work per tick evens the
+    processes. Jobs with a run time keep the longest-first order, and a job that teaches a
+    prediction its place (it runs first to teach it); both count in their runs, which so stay
+    aligned with the processes (as long as no process of the group on the card had room before: a
+    sweep's first wave)."""
     places: dict[tuple[str, int], list[int]] = {}
     for index, job in enumerate(ordered):
         if job.fuse_group is not None and job.fuse_cap > 1:
@@ -234,35 +234,61 @@ def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
 
 
 def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int, pinned: frozenset[int] = frozenset()) -> list[QueuedJob]:
-    """The jobs dealt into runs of `cap` places (the last one shorter) of like work: the jobs at
-    the `pinned` places stay there, in their runs; the others go heaviest first, each to the run
-    with the least work so far that has room (longest processing time first), and fill their
-    runs' free places heaviest first and lightest first in turn: a job that reaches a warm
+    """The jobs dealt into runs of `cap` places (the last one shorter), each run one process. The
+    jobs at the `pinned` places stay there, in their runs. Then, members that stack together
+    (`QueuedJob.fuse_stack`) go together: a run's free places take first the jobs that stack with
+    its pinned ones, then each stack (heaviest work first) fills whole runs of its own while it has
+    a run's worth. The rest go heaviest first, each to the run with the least work so far that
+    has room, one with a member it stacks with first (longest processing time first), and fill
+    their runs' free places heaviest first and lightest first in turn: a job that reaches a warm
     process a moment before or after its neighbour in this order then swaps with one of like
-    work. Ties keep their order; free jobs all of one work keep theirs."""
+    work. Ties keep their order; free jobs all of one work and none that stack keep theirs."""
     free = [job for n, job in enumerate(jobs) if n not in pinned]
-    if len({j.fuse_work for j in free}) <= 1:
+    stacks: dict[str, list[QueuedJob]] = {}
+    for job in free:
+        if job.fuse_stack is not None:
+            stacks.setdefault(job.fuse_stack, []).append(job)
+    if len({j.fuse_work for j in free}) <= 1 and all(len(members) == 1 for members in stacks.values()):
         return list(jobs)
     rank = {j.job_id: n for n, j in enumerate(jobs)}
     count = -(-len(jobs) // cap)
     runs: list[list[QueuedJob]] = [[] for _ in range(count)]
     room = [min(cap, len(jobs) - n * cap) for n in range(count)]
     totals = [0.0] * count
-    for n in pinned:
-        totals[n // cap] += jobs[n].fuse_work
-        room[n // cap] -= 1
-    open_runs = [(totals[n], n) for n in range(count) if room[n] > 0]
-    heapq.heapify(open_runs)  # the run with the least work so far, then the first
-    for job in sorted(free, key=lambda j: (-j.fuse_work, rank[j.job_id])):
-        total, chosen = heapq.heappop(open_runs)
-        runs[chosen].append(job)
-        room[chosen] -= 1
-        if room[chosen] > 0:
-            heapq.heappush(open_runs, (total + job.fuse_work, chosen))
+    stacked: list[set[str]] = [set() for _ in range(count)]  # the stacks each run holds
+
+    def put(job: QueuedJob, n: int, is_pinned: bool = False) -> None:
+        if not is_pinned:
+            runs[n].append(job)
+        totals[n] += job.fuse_work
+        room[n] -= 1
+        if job.fuse_stack is not None:
+            stacked[n].add(job.fuse_stack)
+
+    for n in sorted(pinned):
+        put(jobs[n], n // cap, is_pinned=True)
+    for n in range(count):  # a pinned job's run: its stack-mates first
+        for key in sorted(stacked[n]):
+            mates = stacks.get(key, [])
+            while mates and room[n] > 0:
+                put(mates.pop(0), n)
+    by_weight = sorted(stacks, key=lambda key: (-stacks[key][0].fuse_work, rank[stacks[key][0].job_id])
+                       if stacks[key] else (0.0, 0))
+    for key in by_weight:  # whole runs of one stack
+        for n in range(count):
+            if room[n] == cap and len(stacks[key]) >= cap:
+                for _ in range(cap):
+                    put(stacks[key].pop(0), n)
+    placed = {j.job_id for run in runs for j in run}
+    for job in sorted((j for j in free if j.job_id not in placed), key=lambda j: (-j.fuse_work, rank[j.job_id])):
+        open_runs = [n for n in range(count) if room[n] > 0]
+        with_mates = [n for n in open_runs if job.fuse_stack is not None and job.fuse_stack in stacked[n]]
+        put(job, min(with_mates or open_runs, key=lambda n: (totals[n], n)))
     arranged: list[QueuedJob] = []
     for n, run in enumerate(runs):
         # dealt heaviest first; every other run lightest first
-        dealt = iter(run if n % 2 == 0 else sorted(run, key=lambda j: (j.fuse_work, rank[j.job_id])))
+        heaviest_first = sorted(run, key=lambda j: (-j.fuse_work, rank[j.job_id]))
+        dealt = iter(heaviest_first if n % 2 == 0 else sorted(run, key=lambda j: (j.fuse_work, rank[j.job_id])))
         for place in range(n * cap, min(len(jobs), (n + 1) * cap)):
             arranged.append(jobs[place] if place in pinned else next(dealt))
     return arranged

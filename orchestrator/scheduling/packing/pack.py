@@ -210,8 +210,8 @@ def pack(
     it will run on as they free up. Once every job was tried at its own level, a waiting one-GPU job
     may start at a later exact level (`QueuedJob.alternatives`) that fits now and is expected to end
     sooner (orchestrator.scheduling.packing.level_choice; the placement names the level). A fused
-    group's jobs without a run time are dealt into processes of like work
-    (orchestrator.scheduling.packing.fused.balanced). `host`
+    group's jobs without a run time are dealt into processes of one adapter shape, else of like
+    work (orchestrator.scheduling.packing.fused.balanced). `host`
     (when given) is spent by every placement: a job whose predicted host RAM or cores do not fit
     waits. `topology` ((i, j) -> distance, i < j) picks the closest cards for a gang. Once no card
     has a free slot with free memory the rest of the queue is not examined.

@@ -57,6 +57,9 @@ class QueuedJob:
     group_peaks: tuple[GroupPeak, ...] = ()
     # what it adds to each tick of its fused group, relative (orchestrator.prediction.fused_groups.member_work)
     fuse_work: float = 1.0
+    # which of its group's members it stacks with (orchestrator.prediction.fused_groups.member_stack);
+    # None: with none
+    fuse_stack: str | None = None
     # what a process of its base holds before its own needs, as the memory estimate counts it (weights and
     # CUDA context; orchestrator.prediction.memory.estimated_base_mib): a joiner's share until a member's
     # share.json says what the base holds; None: the model's shape is unknown
