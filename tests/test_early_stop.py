@@ -186,6 +186,21 @@ def test_a_setting_kept_for_arriving_first_is_stopped_once_better_ones_arrive() 
     }  # lr0 told once, before
 
 
+def test_a_setting_judged_again_counts_once_among_those_at_its_rung() -> None:
+    # lr0 reached the rung alone and went on; four more arrive, one better. Of five at the rung,
+    # successive halving (reduction 3) keeps the best alone: lr0, second, is stopped. Its own
+    # record at the rung, counted beside the value judged, made six, which keeps two
+    alone = judge(ASHA, _grid([0.76], 10), [])
+    assert alone.prunes == []
+    everyone = [SettingRuns("lr0", (SeedRun(1, R, _curve(0.76, 20), 20.0),)),
+                *[SettingRuns(f"lr{n}", (SeedRun(n + 1, R, _curve(final, 10), 10.0),))
+                  for n, final in enumerate([0.5, 0.6, 0.7, 0.8], start=1)]]
+    later = judge(ASHA, everyone, alone.told)
+    stopped = {p.setting: p for p in later.prunes}
+    assert set(stopped) == {"lr0", "lr1", "lr2", "lr3"}
+    assert (stopped["lr0"].rank, stopped["lr0"].of) == (2, 5)
+
+
 def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> None:
     from orchestrator.plans.model import JobSpec
     from orchestrator.submit.core import settings_shuffled

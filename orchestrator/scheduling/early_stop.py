@@ -14,6 +14,7 @@ with the rung's cutoff within its seeds' noise (`Margin`)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -300,13 +301,35 @@ def _judge_again(
         trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
         trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
         value = at_rung[rung][setting.key]
-        if study.pruner.prune(study, trial):
+        if study.pruner.prune(_WithoutOwnRecords(study, trial.number, rung), trial):
             kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
             if kept is None:
                 prunes.append(_prune(setting, rung, step, value, at_rung, spec))
             elif spared is not None:
                 spared.append(kept)
     return prunes
+
+
+class _WithoutOwnRecords:
+    """The study as the pruner reads it while a setting is judged again at `rung`: that setting's
+    own records from that rung on are left out of what the others hold. Successive halving adds
+    the value it judges to the values recorded at the rung, where the setting's own, recorded when
+    it first reached the rung, would count it twice (six of five kept two, not one)."""
+
+    def __init__(self, study: Any, number: int, rung: int) -> None:
+        self._study, self._number, self._rung = study, number, rung
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[Any]:
+        trials = self._study.get_trials(*args, **kwargs)
+        return [self._without_own(t) if t.number == self._number else t for t in trials]
+
+    def _without_own(self, trial: Any) -> Any:
+        kept = copy.copy(trial)
+        kept.system_attrs = {k: v for k, v in trial.system_attrs.items() if _rung_of(k) < self._rung}
+        return kept
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
 
 
 def _rung_of(attr: str) -> int:
