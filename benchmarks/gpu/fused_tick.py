@@ -6,6 +6,8 @@ trained as fused groups of k members, no daemon.
     python benchmarks/gpu/fused_tick.py --dry --work /tmp/tick-dry --out /tmp/o    # CPU, tiny
     python benchmarks/gpu/fused_tick.py ... --routing loop,stacked --trace 4 --no-profile
     python benchmarks/gpu/fused_tick.py ... --config all_r4   # every member of one config
+    python benchmarks/gpu/fused_tick.py ... --config qv_r8,qv_r8_lr1e3   # members take these in turn
+    python benchmarks/gpu/fused_tick.py --cpu --size 1b3-narrow --count-ops ...   # launches, on CPU
 
 For each group size k of `--members` and each LoRA dropout of `--dropouts`: k jobs (the 4 configs
 in turn, or all of the config `--config` names; seeds 1..k) train `--steps` steps each as one group
@@ -23,7 +25,14 @@ shipped: members of one shape stacked, two batched matmuls a layer) and `loop`
 `--trace K` runs a group of K members under torch.profiler for `--trace-ticks` ticks (after
 5 untimed) with each routing: the GPU's busy time per tick (the union of its kernels' and
 copies' intervals) against the tick's wall time, the kernels launched per tick and the kernels
-with the most GPU time (OUT/fused-trace.json).
+with the most GPU time (OUT/fused-trace.json), and the operators the host dispatched per tick.
+
+`--cpu` trains on the CPU. `--size 1b3-narrow` is the 1.3B shape's depth and modules (24 layers,
+the same projections) at a width of 64: on a CPU its arithmetic takes microseconds, so a tick's
+time is what the host spends dispatching its operators, as on a GPU where the host sets the pace
+(but for dropout: a CPU draws a mask some 30 times slower than an H200). `--count-ops` counts the
+operators the host dispatches in one forward and backward of each group (torch.profiler, nested
+ones included): a figure of the routing alone, the same on any machine.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import subprocess
 import sys
@@ -44,30 +54,49 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu.share_base_sweep import CONFIGS, SIZES, make_model  # noqa: E402
+from benchmarks.gpu.share_base_sweep import CONFIGS, LLAMA_1B3, SIZES, make_model  # noqa: E402
+
+# the 1.3B shape's layers and modules at a width whose arithmetic is negligible (module docstring)
+TICK_SIZES = SIZES | {"1b3-narrow": LLAMA_1B3 | dict(hidden_size=64, intermediate_size=176, num_attention_heads=4,
+                                                     num_key_value_heads=4)}
 
 
 def member_config(
     name: str, seed: int, model: str, data: Path, steps: int, dropout: float
 ) -> dict[str, Any]:
+    # bf16 on a CPU without bf16 arithmetic is emulated, many times slower than fp32
+    prec = "fp32" if os.environ.get("ORCH_WORKER_DEVICE") == "cpu" else "bf16"
     return {
-        "model": model, "data": "glue-tvt_rte", "data_dir": str(data), "batch_size": 16, "prec": "bf16",
+        "model": model, "data": "glue-tvt_rte", "data_dir": str(data), "batch_size": 16, "prec": prec,
         "max_seq_len": 256, "no_save": True, "checkpoint_every_steps": 0, **CONFIGS[name],
         "peft": {**CONFIGS[name]["peft"], "dropout": dropout}, "max_steps": steps, "seed": seed,
     }  # fmt: skip
 
 
 class TickClock:
-    """Seconds in the group's forward and backward, synchronised, summed over ticks."""
+    """Seconds in the group's forward and backward, synchronised, summed over ticks; with
+    `count_ops`, the operators the host dispatched in one of them (the sixth, after warm-up),
+    counted by torch.profiler (nested ones included; the profiled one's time is not summed)."""
 
-    def __init__(self) -> None:
+    COUNTED_TICK = 5
+
+    def __init__(self, count_ops: bool = False) -> None:
         self.forward_backward_s = 0.0
         self.ticks = 0
+        self.count_ops = count_ops
+        self.host_operators: int | None = None
 
     def wrap(self, function: Any) -> Any:
         import torch
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.count_ops and self.ticks == self.COUNTED_TICK and self.host_operators is None:
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU]) as profiled:
+                    result = function(*args, **kwargs)
+                self.host_operators = sum(event.count for event in profiled.key_averages())
+                return result
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             started = time.perf_counter()
@@ -136,6 +165,7 @@ class TickTrace:
             "ticks": ticks, "tick_wall_ms": round(1000 * self.wall_s / ticks, 1),
             "gpu_busy_ms_per_tick": round(busy_us / 1000 / ticks, 1),
             "kernels_per_tick": round(sum(1 for e in gpu if e.get("cat") == "kernel") / ticks),
+            "host_operators_per_tick": round(sum(1 for e in events if e.get("cat") == "cpu_op") / ticks),
             "top_kernels": [{"name": n, "ms_per_tick": round(v[0] / 1000 / ticks, 2),
                              "per_tick": round(v[1] / ticks)} for n, v in top],
         }  # fmt: skip
@@ -192,29 +222,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--size", choices=sorted(SIZES), default="1b3")
+    parser.add_argument("--size", choices=sorted(TICK_SIZES), default="1b3")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--members", default="1,2,4,8")
     parser.add_argument("--dropouts", default="0.05,0")
     parser.add_argument("--dry", action="store_true", help="the tiny Llama on CPU, 4 steps")
     parser.add_argument("--routing", default="stacked", help="comma-separated: stacked (shipped), loop (the first)")
-    parser.add_argument("--config", default="all", choices=["all", *CONFIGS],
-                        help="all: the 4 configs in turn; a name: every member of that config")
+    parser.add_argument("--config", default="all",
+                        help="all: the 4 configs in turn; names, comma-separated: the members take them in turn")
+    parser.add_argument("--cpu", action="store_true", help="train on the CPU")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count the operators the host dispatches in one forward and backward of each group")
     parser.add_argument("--trace", type=int, default=0, help="members of a group traced by torch.profiler")
     parser.add_argument("--trace-ticks", type=int, default=10)
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    import os
-
-    if args.dry:
+    unknown_configs = set(config_names(args)) - set(CONFIGS)
+    if unknown_configs:
+        raise SystemExit(f"--config: unknown {', '.join(sorted(unknown_configs))} (known: all, {', '.join(CONFIGS)})")
+    if args.dry or args.cpu:
         os.environ["ORCH_WORKER_DEVICE"] = "cpu"
+    if args.dry:
         model, steps = "tiny-llama", 4
     else:
         model, steps = str(args.work / f"llama-{args.size}"), args.steps
         if not Path(model).exists():
-            make_model(Path(model), SIZES[args.size])
+            make_model(Path(model), TICK_SIZES[args.size])
     data = args.work / "data"
     subprocess.run([sys.executable, "-m", "workers.lora.sample_data", "--out", str(data), "--tasks", "rte",
                     "--n-train", "40" if args.dry else "2490", "--n-dev", "16" if args.dry else "277"],
@@ -243,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             configs = [member_config(names[n % len(names)], n + 1, model, data, 5 + args.trace_ticks + 2, 0.0)
                        for n in range(args.trace)]  # fmt: skip
             run_group(args.work / "runs", f"trace-{way}", configs, cache, None, None, trace)
-            traces.append({"routing": way, "members": args.trace, "dropout": 0.0, **trace.summary()})
+            traces.append({"routing": way, "config": args.config, "members": args.trace, "dropout": 0.0,
+                           **trace.summary()})
             print(json.dumps(traces[-1]), flush=True)
             (args.out / "fused-trace.json").write_text(json.dumps(traces, indent=1))
     routing.routed_forward = routings["stacked"]
@@ -266,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def config_names(args: argparse.Namespace) -> list[str]:
-    """The configs the members take in turn: all 4, or the one `--config` names."""
-    return list(CONFIGS) if args.config == "all" else [args.config]
+    """The configs the members take in turn: all 4, or those `--config` names."""
+    return list(CONFIGS) if args.config == "all" else args.config.split(",")
 
 
 def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dropout: float, k: int, way: str,
@@ -278,7 +314,7 @@ def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dr
         for n in range(k)
     ]
     tag = f"{way}-k{k}-p{dropout}"
-    clock = TickClock()
+    clock = TickClock(args.count_ops)
     seconds = run_group(args.work / "runs", tag, configs, cache, clock, None)
     loop_s, longest = train_seconds(args.work / "runs", tag, k, steps)
     return {
@@ -287,6 +323,7 @@ def timed_group(args: argparse.Namespace, model: str, data: Path, steps: int, dr
         "loop_s": round(loop_s, 2), "tick_ms": round(1000 * loop_s / steps, 1),
         "forward_backward_ms": round(1000 * clock.forward_backward_s / max(1, clock.ticks), 1),
         "job_steps_per_s": round(k * steps / loop_s, 1) if loop_s else None, "longest_tokens": longest,
+        "host_operators_forward_backward": clock.host_operators,
     }  # fmt: skip
 
 
