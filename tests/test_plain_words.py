@@ -39,6 +39,9 @@ def test_a_step_without_a_total_is_shown() -> None:
                "held_mib": 1024, "predicted_mib": 2048, "progress": {"step": 5, "loss": 0.25}}
     cells = running_cells(running)
     assert cells[10:12] == ["5", "0.250"]
+    assert cells[12] == "1.0/2.0G"
+    # started on trial under --mps: the fence it may not grow past is named beside its prediction
+    assert running_cells(running | {"trial_fence_mib": 1536})[12] == "1.0/2.0G, fence 1.5G"
 
 
 def _finish(db_path: Path, job_id: int, gpu: int, *, state: str) -> None:

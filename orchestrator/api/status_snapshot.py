@@ -66,6 +66,8 @@ def status_snapshot(store: Store, *, all_jobs: bool = True) -> dict[str, Any]:
             # its share of its card's SMs (NVML per process); null: not known
             "sm_pct": la.attempt.sm_pct,
             "predicted_mib": la.attempt.predicted_peak_mib,
+            # started on trial under --mps: the room it got, its fence (less than its prediction)
+            "trial_fence_mib": la.attempt.trial_fence_mib,
             "progress": la.attempt.progress or None,
             "executor": la.attempt.executor,
             "executor_id": la.attempt.executor_id,

@@ -82,9 +82,17 @@ def running_cells(r: dict[str, Any], names: dict[str, str] | None = None) -> lis
         sm_cell(r),
         str(r["attempt"]), str(r["level"]),
         fmt_duration(r["elapsed_s"]), step_cell(progress), "-" if loss is None else f"{loss:.3f}",
-        f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G",
+        memory_cell(r),
         r.get("shares") or "-",
     ]
+
+
+def memory_cell(r: dict[str, Any]) -> str:
+    """What the job holds against its prediction (`7.4/13.6G`); one started on trial also names its
+    MPS fence, the room it got (`7.4/13.6G, fence 7.3G`): it may not grow past that."""
+    cell = f"{r['held_mib'] / 1024:.1f}/{r['predicted_mib'] / 1024:.1f}G"
+    fence = _number(r.get("trial_fence_mib"))
+    return cell if fence is None else f"{cell}, fence {fence / 1024:.1f}G"
 
 
 def shown_columns(rows: list[list[str]], sparse: tuple[str, ...] = SPARSE_COLUMNS) -> list[str]:
