@@ -44,7 +44,12 @@ def test_members_stack_together_where_their_micro_batch_and_adapter_spec_agree()
     assert key != member_stack({"batch_size": 8}, qv)  # other rows: a stack of its own
     assert key != member_stack({"batch_size": 16}, qv | {"r": 16})
     assert key != member_stack({"batch_size": 16}, qv | {"dropout": 0.1})
-    assert member_stack({"batch_size": 16}, None) is None  # a spec not read here stacks with none
+    # a spec file orch cannot read from here: one file, one spec; no spec: the worker's default
+    named = {"batch_size": 16, "peft": "../../peft/qv.json"}
+    assert member_stack(named, None) == member_stack(dict(named), None)
+    assert member_stack(named, None) != member_stack(named | {"peft": "kv.json"}, None)
+    assert member_stack({"batch_size": 16}, None) == member_stack({"batch_size": 16, "seed": 2}, None)
+    assert member_stack({"batch_size": 16, "peft": 3}, None) is None  # not a spec: stacks with none
 
 
 def test_a_members_work_is_its_rows_times_the_base_and_its_adapted_modules() -> None:

@@ -83,12 +83,19 @@ def member_stack(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None)
     """Which members of a fused group stack together: those of one micro-batch size and one adapter
     spec (rank, alpha, targets, dropout, ...) go through each of their LoRA layers as one stack,
     two batched matmuls for all of them (workers.lora.routing), where members of other shapes are
-    stacks of their own. None where the spec is not known here (a file that cannot be read): a
-    member that stacks with no other."""
-    if peft_spec is None:
+    stacks of their own. A spec is the one read (`peft_spec`), else the file the config names (one
+    file, one spec, whether or not orch can read it from here), else the worker's default where
+    the config names none; None for anything else: a member that stacks with no other."""
+    named = config.get("peft")
+    if peft_spec is not None:
+        spec: Any = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in peft_spec.items()}
+    elif isinstance(named, str):
+        spec = {"file": named}
+    elif named is None:
+        spec = "default"
+    else:
         return None
     rows = first_int(config, BATCH_KEYS) or 1
-    spec = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in peft_spec.items()}
     return json.dumps([rows, spec], sort_keys=True, default=str)
 
 
