@@ -175,6 +175,12 @@ def test_one_trial_of_a_kind_at_a_time() -> None:
     seeds = [queued(j, int(B256_MIB * 1.1), B256_MIB // 2, config="b128", suite="s") for j in (2, 3)]
     decision = pack(seeds, cards, busy, POLICY, 0.0)
     assert [p.job_id for p in decision.placements] == [2]
+    # and the one that waits is told why it gets no trial of its own
+    said = decision.wait_reasons[3]
+    assert said.startswith("GPU ") and said.endswith("no start on trial until one of its kind started on trial "
+                                                     "shows its peak"), said
+    no_least = queued(3, int(B256_MIB * 1.1), None, config="b128", suite="s")
+    assert "trial" not in pack([no_least], cards, busy, POLICY, 0.0).wait_reasons[3]  # never offered one
     # across passes: a live trial of the shape before step K keeps the others from a trial
     from orchestrator.prediction.learned import unproven_trials
     from tests.rows_helpers import attempt_of, job_of
@@ -243,12 +249,12 @@ def test_the_daemons_pass_starts_a_trial_fenced_at_its_room_and_says_so(tmp_path
     from tests.store_reads import events, read_jobs
     from tests.test_scale import _Recorder
 
-    def one_pass(root: Path, mps: bool) -> tuple[Any, list[Any], _Recorder]:
+    def one_pass(root: Path, mps: bool, passes: int = 1) -> tuple[Any, list[Any], _Recorder]:
         _suite(root / "plans")
         suite = load_suite("tr", root / "plans")
         store = Store(root / "state.db")
         set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=4))
-        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:toy"), {}, None, 0), allowed_gpus=None,
+        submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:toy 2:toy"), {}, None, 0), allowed_gpus=None,
                     priority=0, force=False, dry_run=False)
         job = read_jobs(store)[0]
         write_shape(store, job_shape_key(job, job_levels(job, JobShapeCache())[0]), ShapeMemory(B128_MIB, None, 1))
@@ -258,18 +264,23 @@ def test_the_daemons_pass_starts_a_trial_fenced_at_its_room_and_says_so(tmp_path
         snapshot = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=CARD_MIB, used_mib=B256_MIB,
                                 free_mib=CARD_MIB - B256_MIB, processes=()),)  # fmt: skip
         recorder = _Recorder()
-        schedule(store, snapshot, recorder, ctx, SchedulerState(), draining=False)
+        for _ in range(passes):  # a later pass: the first trial is live, before step K
+            schedule(store, snapshot, recorder, ctx, SchedulerState(), draining=False)
         return store, all_attempts(store), recorder
 
     store, attempts, _ = one_pass(tmp_path / "plain", mps=False)
     assert attempts == []  # without MPS nothing fences a trial: it waits
     store.close()
-    store, attempts, recorder = one_pass(tmp_path / "mps", mps=True)
+    store, attempts, recorder = one_pass(tmp_path / "mps", mps=True, passes=2)
     room = CARD_MIB - B256_MIB - HEADROOM_MIB
     assert [(a.reserved_mib, a.trial_fence_mib) for a in attempts] == [(room, room)]
     assert recorder.specs[0].env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={room}M"
     started = [e.message for e in events(store, "start")]
     assert "started on trial in 8.1 GiB, its MPS fence" in started[0]
+    # the second seed waits for the first trial's peak, and is told so
+    waiting = [j.wait_reason for j in read_jobs(store) if j.id != attempts[0].job_id]
+    assert len(waiting) == 1 and waiting[0] is not None
+    assert waiting[0].endswith("no start on trial until one of its kind started on trial shows its peak"), waiting
     store.close()
 
 

@@ -99,6 +99,7 @@ class KindInputs:
     fuse_stack: str | None = None  # which members it stacks with (fused_groups.member_stack)
     estimated_base_mib: int | None = None  # its base's weights and context as the estimate counts them
     least_mib: int | None = None  # the least it could need: room for a start on trial (prediction.least)
+    trial_held: bool = False  # no start on trial while one of its shape on trial is before step K
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def pack_inputs(
                 alternatives=tuple(option.option for option in inputs.later), level=facts.level.index,
                 fuse_group=inputs.fuse_group, fuse_cap=inputs.fuse_cap, group_peaks=inputs.group_peaks,
                 fuse_work=inputs.fuse_work, fuse_stack=inputs.fuse_stack, estimated_base_mib=inputs.estimated_base_mib,
-                least_mib=inputs.least_mib,
+                least_mib=inputs.least_mib, trial_held=inputs.trial_held,
             )
         )
     return PackInputs(queue, predictions, host_predictions, firsts, later)
@@ -177,7 +178,8 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     group = fuse_group(whole, job.suite, facts.level.overrides, facts.level.run_alone)
     # a warm LoRA worker process was started with another attempt's fence: no trial into its room
     own_process = group is None and not shares_base(whole)
-    may_trial = readings.fenced and own_process and shape_key not in readings.unproven_trials
+    trial_held = readings.fenced and own_process and shape_key in readings.unproven_trials
+    may_trial = readings.fenced and own_process and not trial_held
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
@@ -186,7 +188,7 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
         learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
         *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None, None)),
-        least_mib(facts.shape, readings.shapes, readings.knowledge) if may_trial else None)
+        least_mib(facts.shape, readings.shapes, readings.knowledge) if may_trial else None, trial_held)
 
 
 def _member_inputs(

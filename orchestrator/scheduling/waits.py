@@ -72,6 +72,7 @@ class Wait:
     text: str = ""  # HOLD: said as given; PAUSED: the suite
     free_cpus: int = 0  # HOST_CPUS
     cpus: int = 0  # HOST_CPUS: cores the job asks for
+    trial_held: bool = False  # MEMORY: no start on trial while one of its kind on trial shows its peak
 
 
 def _gib(mib: float) -> str:
@@ -122,8 +123,9 @@ def _render(w: Wait) -> str:
         return f"held back: GPU {w.gpu} kept free for job {w.for_job} (waiting {w.waited_s / 60.0:.0f} min)"
     if k is WaitKind.MEMORY:
         ramping = f" ({_gib(w.reserved_mib)} reserved for ramping jobs)" if w.reserved_mib else ""
+        trial = "; no start on trial until one of its kind started on trial shows its peak" if w.trial_held else ""
         return (f"GPU {w.gpu}: {_gib(max(0, w.free_mib))} free{ramping}, "
-                f"needs {_gib(w.need_mib)} + {_gib(w.headroom_mib)} headroom")
+                f"needs {_gib(w.need_mib)} + {_gib(w.headroom_mib)} headroom{trial}")
     if k is WaitKind.GAIN:
         return (f"GPU {w.gpu}: one more job would add {w.gain:.0%} throughput "
                 f"(measured), below min_stack_gain {w.min_gain:.0%}")

@@ -160,7 +160,7 @@ def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None]
         c = max(short, key=lambda c: c.available_mib - headroom_for(job, c))
         # a fused member joining its group there needs its own part of the process's peak
         return Wait(WaitKind.MEMORY, gpu=c.gpu.index, free_mib=c.available_mib, reserved_mib=c.reserved_mib,
-                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_for(job, c))
+                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_for(job, c), trial_held=job.trial_held)
     probing = [c for c in usable if blockers[c.gpu.index] is Blocker.PROBE]
     if probing:
         return Wait(WaitKind.PROBE, gpu=probing[0].gpu.index)
@@ -264,7 +264,8 @@ def _pack(
     trialled: set[tuple[object, ...]] = set()  # kinds of job one of which started on trial this call
     for job in ordered:
         if job.least_mib is not None and _trial_kind(job) in trialled:
-            job = replace(job, least_mib=None)  # one trial of a kind at a time: its fit is not shown yet
+            # one trial of a kind at a time: its fit is not shown yet
+            job = replace(job, least_mib=None, trial_held=True)
         wanted = explained < policy.reasons_for or job.job_id in listed or not head_seen
         alike = (job.predicted_peak_mib, job.allowed_gpu_indices, job.run_alone, job.gpus, job.host_mib,
                  job.cpus, job.expected_duration_s, job.min_stack_gain,

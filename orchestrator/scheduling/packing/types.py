@@ -67,6 +67,9 @@ class QueuedJob:
     # the least it could need (orchestrator.prediction.least): on a fenced card it may start on
     # trial into less room than its prediction asks (orchestrator.scheduling.packing.trial); None: never
     least_mib: int | None = None
+    # on a fenced card it would be offered a start on trial, but one of its kind started on trial has
+    # not shown its peak yet (orchestrator.prediction.learned.unproven_trials): its wait says so
+    trial_held: bool = False
 
 
 @dataclass(frozen=True)
