@@ -3,6 +3,8 @@ which settings Optuna's pruners stop, from histories given as values."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 
@@ -199,6 +201,41 @@ def test_a_setting_judged_again_counts_once_among_those_at_its_rung() -> None:
     stopped = {p.setting: p for p in later.prunes}
     assert set(stopped) == {"lr0", "lr1", "lr2", "lr3"}
     assert (stopped["lr0"].rank, stopped["lr0"].of) == (2, 5)
+
+
+def test_settings_past_two_rungs_in_one_check_are_each_counted_once_at_each() -> None:
+    # five settings reach rungs 0 (step 10) and 1 (step 30) in one check: of five at rung 0,
+    # successive halving keeps the best alone (lr3); lr4, second there, is stopped at rung 0
+    # however it leads at step 30
+    at_10, at_30 = [0.5, 0.6, 0.7, 0.8, 0.76], [0.5, 0.6, 0.7, 0.85, 0.9]
+    settings = [SettingRuns(f"lr{n}", (SeedRun(n + 1, R, {10.0: a, 30.0: b}, 30.0),))
+                for n, (a, b) in enumerate(zip(at_10, at_30, strict=True))]
+    judged = judge(ASHA, settings, [])
+    assert {p.setting: p.rung for p in judged.prunes} == {"lr0": 0, "lr1": 0, "lr2": 0, "lr4": 0}
+
+
+@pytest.mark.parametrize("rule", [PruneRule.ASHA, PruneRule.HYPERBAND])
+def test_the_pruner_compares_a_setting_with_each_setting_at_its_rung_once(
+    rule: PruneRule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what successive halving (alone, or in Hyperband's one bracket here) compares a value with:
+    # the nine settings at the rung, the judged one among them once
+    from optuna.pruners import _successive_halving
+
+    compared: list[int] = []
+    original = _successive_halving._get_competing_values
+
+    def counted(trials: Any, value: float, rung_key: str) -> list[float]:
+        competing = original(trials, value, rung_key)
+        compared.append(len(competing))
+        return competing
+
+    monkeypatch.setattr(_successive_halving, "_get_competing_values", counted)
+    spec = EarlyStop("val_accuracy", Mode.MAX, rule, min_steps=10, reduction_factor=3,
+                     max_steps=20 if rule is PruneRule.HYPERBAND else None)  # 20 of 10 by 3: one bracket
+    judge(spec, _grid([0.5, 0.6, 0.9, 0.55, 0.65, 0.52, 0.58, 0.62, 0.51], 10), [])
+    # told one by one first (each recorded beside those before it), then each judged
+    assert compared[:9] == list(range(1, 10)) and len(compared) > 9 and set(compared[9:]) == {9}, compared
 
 
 def test_an_early_stop_suite_queues_its_settings_shuffled_seeds_together() -> None:

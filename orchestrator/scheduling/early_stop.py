@@ -15,8 +15,9 @@ with the rung's cutoff within its seeds' noise (`Margin`)."""
 from __future__ import annotations
 
 import copy
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,7 +302,8 @@ def _judge_again(
         trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
         trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
         value = at_rung[rung][setting.key]
-        if study.pruner.prune(_WithoutOwnRecords(study, trial.number, rung), trial):
+        before_rung = functools.partial(_before_rung, rung=rung)
+        if study.pruner.prune(_WithoutOwnRecords(study, trial._trial_id, before_rung), trial):
             kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
             if kept is None:
                 prunes.append(_prune(setting, rung, step, value, at_rung, spec))
@@ -311,25 +313,48 @@ def _judge_again(
 
 
 class _WithoutOwnRecords:
-    """The study as the pruner reads it while a setting is judged again at `rung`: that setting's
-    own records from that rung on are left out of what the others hold. Successive halving adds
-    the value it judges to the values recorded at the rung, where the setting's own, recorded when
-    it first reached the rung, would count it twice (six of five kept two, not one)."""
+    """The study as a pruner reads it while it judges one setting: that setting's own records that
+    `keep` leaves out (those of the rung it is judged at, and after) are out of every reading of
+    the trials, its bracket's included (Hyperband reads the storage through a study of its own).
+    Successive halving adds the value it judges to the values recorded at the rung, where the
+    setting's own record, made when it was told, would count it twice (six of five kept two, not
+    one)."""
 
-    def __init__(self, study: Any, number: int, rung: int) -> None:
-        self._study, self._number, self._rung = study, number, rung
+    def __init__(self, study: Any, trial_id: int, keep: Callable[[str], bool]) -> None:
+        self._study = study
+        self._storage = _StorageWithoutOwnRecords(study._storage, trial_id, keep)
 
-    def get_trials(self, *args: Any, **kwargs: Any) -> list[Any]:
-        trials = self._study.get_trials(*args, **kwargs)
-        return [self._without_own(t) if t.number == self._number else t for t in trials]
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        return self._get_trials(deepcopy, states)
 
-    def _without_own(self, trial: Any) -> Any:
-        kept = copy.copy(trial)
-        kept.system_attrs = {k: v for k, v in trial.system_attrs.items() if _rung_of(k) < self._rung}
-        return kept
+    def _get_trials(self, deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list[Any]:
+        return self._storage.get_all_trials(self._study._study_id, deepcopy=deepcopy, states=states)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
+
+
+class _StorageWithoutOwnRecords:
+    """Optuna's storage, reading one trial without the system attributes `keep` leaves out."""
+
+    def __init__(self, storage: Any, trial_id: int, keep: Callable[[str], bool]) -> None:
+        self._storage, self._trial_id, self._keep = storage, trial_id, keep
+
+    def get_all_trials(self, study_id: int, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        trials = self._storage.get_all_trials(study_id, deepcopy=deepcopy, states=states)
+        return [self._without_own(t) if t._trial_id == self._trial_id else t for t in trials]
+
+    def _without_own(self, trial: Any) -> Any:
+        kept = copy.copy(trial)
+        kept.system_attrs = {k: v for k, v in trial.system_attrs.items() if self._keep(k)}
+        return kept
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+
+def _before_rung(attr: str, rung: int) -> bool:
+    return _rung_of(attr) < rung
 
 
 def _rung_of(attr: str) -> int:
@@ -370,7 +395,7 @@ def _judge_rung(
         frozen.system_attrs = {
             k: v for k, v in frozen.system_attrs.items() if k in before[setting.key]
         }
-        if study.pruner.prune(study, frozen):
+        if study.pruner.prune(_WithoutOwnRecords(study, frozen._trial_id, before[setting.key].__contains__), frozen):
             kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
             if kept is None:
                 prunes.append(_prune(setting, rung, step, value, at_rung, spec))
