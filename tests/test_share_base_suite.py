@@ -150,3 +150,22 @@ def test_one_enum_names_the_modes_and_a_stored_text_that_is_none_of_them_is_off(
     for odd in ("shared", 1, None, ["fused"]):  # a row edited by hand: no warm process
         assert share_base(job(odd)) is ShareBase.OFF and not shares_base(job(odd))
     assert share_base(job("fused", worker="sim")) is ShareBase.OFF
+
+
+@pytest.mark.parametrize(("mode", "said"), [
+    ("fused", "share_base: fused: up to 3 jobs of one base train at once in a process"),
+    ("sequential", "share_base: sequential: a warm LoRA worker process per card slot and base"),
+])
+def test_submit_says_how_the_jobs_will_share_a_base(orch_inproc: Any, tmp_path: Path, mode: str, said: str) -> None:
+    body: dict[str, Any] = {"worker": "lora", "mem_gib": 2, "configs": ["c1"], "share_base": mode}
+    if mode == "fused":
+        body["fused_members"] = 3
+    write_suite(tmp_path / "plans", "s", body, CONFIG)
+    plans = str(tmp_path / "plans")
+    for extra in (["--dry-run"], []):
+        done = orch_inproc("submit", "--plans", plans, "--suite", "s", "--pairs", "1:glue_rte 2:glue_rte", *extra)
+        assert done.rc == 0 and said in done.stdout, (done.stdout, done.stderr)
+    off = {"worker": "lora", "mem_gib": 2, "configs": ["c1"], "share_base": "off"}
+    write_suite(tmp_path / "plans", "o", off, CONFIG)
+    done = orch_inproc("submit", "--plans", plans, "--suite", "o", "--pairs", "1:glue_rte", "--dry-run")
+    assert done.rc == 0 and "share_base" not in done.stdout

@@ -16,6 +16,7 @@ from orchestrator.cli.common import (
     open_store,
     plans_option,
 )
+from orchestrator.plans.model import ShareBase
 from orchestrator.store.jobs import format_plan
 from orchestrator.submit.core import SubmitRequest, submit_sweep
 
@@ -163,8 +164,19 @@ def submit_cmd(
         click.echo("")
     if report.suite.early_stop is not None and created:
         click.echo(f"early_stop: {report.suite.early_stop.words()}")
+    if report.suite.share_base is not ShareBase.OFF and created:
+        click.echo(f"share_base: {share_base_words(report.suite.share_base, report.suite.fused_members)}")
     if plan is not None:
         click.echo(f"GPU plan {'would be set' if dry_run else 'set'}: {describe_plan(plan)}")
+
+
+def share_base_words(mode: ShareBase, fused_members: int) -> str:
+    """How the suite's jobs will share a loaded base, said where they are queued."""
+    if mode is ShareBase.SEQUENTIAL:
+        return ("sequential: a warm LoRA worker process per card slot and base trains its jobs one after "
+                "another (numbers bit-equal to a process of their own)")
+    return (f"fused: up to {fused_members} jobs of one base train at once in a process, those of one adapter "
+            "spec and batch size together first; their results are marked ⊕ (not bit-equal to a run alone)")
 
 
 def register(group: click.Group) -> None:
