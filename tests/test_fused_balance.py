@@ -17,7 +17,7 @@ from orchestrator.prediction.fused_groups import (
     member_stack,
     member_work,
 )
-from orchestrator.scheduling.packing.fused import balanced, in_runs_of_like_work
+from orchestrator.scheduling.packing.fused import balanced, in_runs_by_stack_then_work
 from orchestrator.scheduling.packing.types import QueuedJob
 from tests.test_packing import GIB, job
 
@@ -70,7 +70,7 @@ def test_a_sweeps_configs_one_after_another_are_dealt_into_runs_of_like_work() -
     # 4 configs x 4 seeds in queue order (config-major), cap 4: queue order would give one process
     # the four heaviest
     queue = [member(n + 1, w) for n, w in enumerate([9.0] * 4 + [11.0] * 4 + [9.0] * 4 + [14.0] * 4)]
-    arranged = in_runs_of_like_work(queue, 4)
+    arranged = in_runs_by_stack_then_work(queue, 4)
     assert sorted(j.job_id for j in arranged) == list(range(1, 17))
     runs = [arranged[n:n + 4] for n in range(0, 16, 4)]
     assert [sum(works(run)) for run in runs] == [43.0] * 4
@@ -91,7 +91,7 @@ def test_a_sweeps_configs_of_one_adapter_shape_each_fill_processes_of_their_own(
     shapes = ["qv"] * 4 + ["qkvo"] * 4 + ["qv"] * 4 + ["all"] * 4
     weights = {"qv": 9.0, "qkvo": 11.0, "all": 14.0}
     queue = [stacked(n + 1, shape, weights[shape]) for n, shape in enumerate(shapes)]
-    arranged = in_runs_of_like_work(queue, 4)
+    arranged = in_runs_by_stack_then_work(queue, 4)
     assert sorted(j.job_id for j in arranged) == list(range(1, 17))
     runs = [arranged[n:n + 4] for n in range(0, 16, 4)]
     assert [set(stacks(run)) for run in runs] == [{"all"}, {"qkvo"}, {"qv"}, {"qv"}]  # heaviest first
@@ -106,11 +106,29 @@ def test_a_teaching_jobs_process_takes_its_stack_mates_first() -> None:
     assert stacks(arranged[:4]) == ["qv"] * 4 and stacks(arranged[4:]) == ["all"] * 4
 
 
+def test_a_pinned_jobs_run_is_filled_with_its_stack_mates_before_whole_runs_are_dealt() -> None:
+    # cap 4: the teaching qv job's run takes the three other qv jobs; dealt by whole runs and work
+    # alone, two qv jobs would land elsewhere
+    queue = [stacked(1, "qv", 9.0, teaches=True), *[stacked(n, "qv", 9.0) for n in (2, 3, 4)],
+             stacked(5, "a", 14.0), stacked(6, "a", 14.0), *[stacked(n, "b", 11.0) for n in (7, 8, 9)]]
+    arranged = balanced(queue)
+    assert arranged[0].job_id == 1 and stacks(arranged[:4]) == ["qv"] * 4
+    assert sorted(stacks(arranged[4:]), key=str) == ["a", "a", "b", "b", "b"]
+
+
+def test_a_pinned_jobs_stack_mate_joins_it_though_every_free_job_is_of_one_work() -> None:
+    # cap 2: every free job does the same work and no two free ones stack; one stacks with the
+    # pinned job and joins its process
+    queue = [stacked(1, "qv", cap=2, teaches=True), stacked(2, "all", cap=2), stacked(3, "kv", cap=2),
+             stacked(4, "qv", cap=2)]
+    assert stacks(balanced(queue)[:2]) == ["qv", "qv"]
+
+
 def test_what_is_left_after_whole_runs_keeps_stack_mates_together_and_evens_the_work() -> None:
     # cap 4, 12 jobs: "d" fills a run; the pairs left share two runs, each pair in one run
     queue = ([stacked(n, "d", 8.0) for n in range(1, 7)] + [stacked(7, "a", 12.0), stacked(8, "a", 12.0)]
              + [stacked(9, "b", 10.0), stacked(10, "b", 10.0), stacked(11, "c", 2.0), stacked(12, "c", 2.0)])
-    arranged = in_runs_of_like_work(queue, 4)
+    arranged = in_runs_by_stack_then_work(queue, 4)
     runs = [arranged[n:n + 4] for n in range(0, 12, 4)]
     assert stacks(runs[0]) == ["d"] * 4
     pairs = [sorted(set(stacks(run)), key=str) for run in runs[1:]]
@@ -120,7 +138,7 @@ def test_what_is_left_after_whole_runs_keeps_stack_mates_together_and_evens_the_
 
 def test_an_uneven_count_leaves_the_last_run_short_and_the_work_spread() -> None:
     queue = [member(n + 1, w) for n, w in enumerate([1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 9.0])]
-    arranged = in_runs_of_like_work(queue, 3)
+    arranged = in_runs_by_stack_then_work(queue, 3)
     runs = [arranged[0:3], arranged[3:6], arranged[6:]]
     assert [len(r) for r in runs] == [3, 3, 1]
     assert max(sum(works(r)) for r in runs) <= 11.0  # never a run of 9 + 5 + 5 (19)

@@ -32,7 +32,9 @@ the same projections) at a width of 64: on a CPU its arithmetic takes microsecon
 time is what the host spends dispatching its operators, as on a GPU where the host sets the pace
 (but for dropout: a CPU draws a mask some 30 times slower than an H200). `--count-ops` counts the
 operators the host dispatches in one forward and backward of each group (torch.profiler, nested
-ones included): a figure of the routing alone, the same on any machine.
+ones included): a figure of the code alone, the same on any CPU in fp32 (on a GPU, bf16 autocast
+adds its casts). `--cpu` trains in fp32 (bf16 on a CPU without bf16 arithmetic is emulated, many
+times slower); `--dry` keeps bf16.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.share_base_sweep import CONFIGS, LLAMA_1B3, SIZES, make_model  # noqa: E402
 
+PREC_ENV = "FUSED_TICK_PREC"  # the members' `prec`, set by --cpu
 # the 1.3B shape's layers and modules at a width whose arithmetic is negligible (module docstring)
 TICK_SIZES = SIZES | {"1b3-narrow": LLAMA_1B3 | dict(hidden_size=64, intermediate_size=176, num_attention_heads=4,
                                                      num_key_value_heads=4)}
@@ -64,8 +67,7 @@ TICK_SIZES = SIZES | {"1b3-narrow": LLAMA_1B3 | dict(hidden_size=64, intermediat
 def member_config(
     name: str, seed: int, model: str, data: Path, steps: int, dropout: float
 ) -> dict[str, Any]:
-    # bf16 on a CPU without bf16 arithmetic is emulated, many times slower than fp32
-    prec = "fp32" if os.environ.get("ORCH_WORKER_DEVICE") == "cpu" else "bf16"
+    prec = os.environ.get(PREC_ENV, "bf16")  # fp32 under --cpu (module docstring)
     return {
         "model": model, "data": "glue-tvt_rte", "data_dir": str(data), "batch_size": 16, "prec": prec,
         "max_seq_len": 256, "no_save": True, "checkpoint_every_steps": 0, **CONFIGS[name],
@@ -244,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--config: unknown {', '.join(sorted(unknown_configs))} (known: all, {', '.join(CONFIGS)})")
     if args.dry or args.cpu:
         os.environ["ORCH_WORKER_DEVICE"] = "cpu"
+    if args.cpu:
+        os.environ[PREC_ENV] = "fp32"
     if args.dry:
         model, steps = "tiny-llama", 4
     else:

@@ -209,7 +209,7 @@ def placed_process(job: QueuedJob, groups: dict[str, GroupOnCard]) -> ProcessCho
 def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
     """The packing order with the fused jobs of one group and priority that have no expected run
     time (the packer keeps those in queue order) rearranged, in the places they held, into runs
-    of `cap` (`in_runs_of_like_work`). A card fills its processes of a group in placement order,
+    of `cap` (`in_runs_by_stack_then_work`). A card fills its processes of a group in placement order,
     and a process's tick is host-bound: it launches the base's kernels once and each stack of its
     members' adapters once (members of one adapter shape and micro-batch stack together), so a
     process of one shape launches the fewest; where shapes must mix, like work per tick evens the
@@ -227,13 +227,15 @@ def balanced(ordered: list[QueuedJob]) -> list[QueuedJob]:
         pinned = frozenset(n for n, job in enumerate(jobs) if job.teaches or job.expected_duration_s is not None)
         if len(pinned) == len(jobs):
             continue
-        for index, job in zip(indices, in_runs_of_like_work(jobs, min(j.fuse_cap for j in jobs), pinned),
+        for index, job in zip(indices, in_runs_by_stack_then_work(jobs, min(j.fuse_cap for j in jobs), pinned),
                               strict=True):
             arranged[index] = job
     return arranged
 
 
-def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int, pinned: frozenset[int] = frozenset()) -> list[QueuedJob]:
+def in_runs_by_stack_then_work(
+    jobs: Sequence[QueuedJob], cap: int, pinned: frozenset[int] = frozenset()
+) -> list[QueuedJob]:
     """The jobs dealt into runs of `cap` places (the last one shorter), each run one process. The
     jobs at the `pinned` places stay there, in their runs. Then, members that stack together
     (`QueuedJob.fuse_stack`) go together: a run's free places take first the jobs that stack with
@@ -248,7 +250,9 @@ def in_runs_of_like_work(jobs: Sequence[QueuedJob], cap: int, pinned: frozenset[
     for job in free:
         if job.fuse_stack is not None:
             stacks.setdefault(job.fuse_stack, []).append(job)
-    if len({j.fuse_work for j in free}) <= 1 and all(len(members) == 1 for members in stacks.values()):
+    pinned_stacks = {jobs[n].fuse_stack for n in pinned} - {None}
+    any_mates = any(len(members) > 1 or key in pinned_stacks for key, members in stacks.items())
+    if len({j.fuse_work for j in free}) <= 1 and not any_mates:
         return list(jobs)
     rank = {j.job_id: n for n, j in enumerate(jobs)}
     count = -(-len(jobs) // cap)

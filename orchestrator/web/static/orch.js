@@ -46,6 +46,8 @@
     busy = true;
     fetch(live.dataset.fragment, {cache: 'no-store'}).then(function(r){ return r.ok ? r.text() : null; })
       .then(function(html){
+        // a drag began while this was in flight: its redraw waits for the mouse, as a new one would
+        if (html !== null && (drag || chartDrag)) { again = true; return; }
         if (html !== null && !picking) {
           var kept = logPlaces(live);
           if (window.orchChartsDestroy) window.orchChartsDestroy(live);
@@ -83,6 +85,7 @@
   });
   var drag = null, sel = null, chartDrag = false;
   document.addEventListener('mousedown', function(ev){
+    if (ev.button !== 0) return;  // a drag selects with the main button only (as uPlot's does)
     if (ev.target.closest('[data-chart] .u-over')) { chartDrag = true; return; }
     var svg = ev.target.closest('svg.timeline');
     if (!svg || !live || !live.dataset.fragment || ev.target.closest('a')) return;
@@ -111,6 +114,16 @@
     history.replaceState(null, '', location.pathname + query);
     live.dataset.fragment = '/fragment/timeline' + query; refresh();
   });
+  // a context menu or another window can take the mouseup: the drag ends there, and the held
+  // redraw comes
+  function dragLost(){
+    if (!drag && !chartDrag) return;
+    drag = null; chartDrag = false;
+    if (sel) sel.style.display = 'none';
+    if (again) { again = false; refresh(); }
+  }
+  document.addEventListener('contextmenu', dragLost);
+  window.addEventListener('blur', dragLost);
   logsAtEnd(document, null);
   if (window.orchCharts) window.orchCharts(document);
 })();
