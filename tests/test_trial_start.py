@@ -179,8 +179,12 @@ def test_one_trial_of_a_kind_at_a_time() -> None:
     said = decision.wait_reasons[3]
     assert said.startswith("GPU ") and said.endswith("no start on trial until one of its kind started on trial "
                                                      "shows its peak"), said
-    no_least = queued(3, int(B256_MIB * 1.1), None, config="b128", suite="s")
-    assert "trial" not in pack([no_least], cards, busy, POLICY, 0.0).wait_reasons[3]  # never offered one
+    # a seed of the kind that may use only an unfenced card could never start on trial: not told so
+    mixed = [cards[0], GpuState(1, "GPU-1", CARD_MIB, CARD_MIB - B256_MIB, 4, fenced=False)]
+    unfenced_only = queued(3, int(B256_MIB * 1.1), B256_MIB // 2, config="b128", suite="s",
+                           allowed_gpu_indices=frozenset({1}))
+    waits = pack([seeds[0], unfenced_only], mixed, busy, POLICY, 0.0).wait_reasons
+    assert "GPU 1" in waits[3] and "trial" not in waits[3], waits
     # across passes: a live trial of the shape before step K keeps the others from a trial
     from orchestrator.prediction.learned import unproven_trials
     from tests.rows_helpers import attempt_of, job_of

@@ -178,8 +178,10 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     group = fuse_group(whole, job.suite, facts.level.overrides, facts.level.run_alone)
     # a warm LoRA worker process was started with another attempt's fence: no trial into its room
     own_process = group is None and not shares_base(whole)
-    trial_held = readings.fenced and own_process and shape_key in readings.unproven_trials
-    may_trial = readings.fenced and own_process and not trial_held
+    # the least it could need, for a start on trial; held back (and told so) while one of its shape on
+    # trial has not shown its peak, where it could start on trial at all
+    least = least_mib(facts.shape, readings.shapes, readings.knowledge) if readings.fenced and own_process else None
+    trial_held = least is not None and shape_key in readings.unproven_trials
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),
@@ -188,7 +190,7 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
         group, fuse_max(whole, readings.fused_caps.get(job.suite)) if group is not None else 1,
         learned_group_peaks(shape_key, readings.shapes) if group is not None else (),
         *(_member_inputs(whole, facts.level.overrides, cache) if group is not None else (1.0, None, None)),
-        least_mib(facts.shape, readings.shapes, readings.knowledge) if may_trial else None, trial_held)
+        None if trial_held else least, trial_held)
 
 
 def _member_inputs(

@@ -160,7 +160,8 @@ def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None]
         c = max(short, key=lambda c: c.available_mib - headroom_for(job, c))
         # a fused member joining its group there needs its own part of the process's peak
         return Wait(WaitKind.MEMORY, gpu=c.gpu.index, free_mib=c.available_mib, reserved_mib=c.reserved_mib,
-                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_for(job, c), trial_held=job.trial_held)
+                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_for(job, c),
+                    trial_held=job.trial_held and c.gpu.fenced and not job.run_alone)
     probing = [c for c in usable if blockers[c.gpu.index] is Blocker.PROBE]
     if probing:
         return Wait(WaitKind.PROBE, gpu=probing[0].gpu.index)
