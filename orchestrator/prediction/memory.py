@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.lifecycle import AttemptOutcome
+from orchestrator.prediction.families import BATCH_KEYS
 from orchestrator.prediction.shapes import RunningPeak, Transfer, measured_margin, running_margin
 from orchestrator.store.peak_source import PredictionSource, SourceKind
 from orchestrator.store.rows import ShapeMemory
@@ -58,7 +59,6 @@ DEFAULT_LORA: dict[str, Any] = {
 }
 
 _SEQ_KEYS = ("max_seq_len", "max_length", "max_seq_length", "seq_len", "block_size")
-_BATCH_KEYS = ("batch_size", "per_device_train_batch_size", "train_batch_size")
 _LAYER_TARGET = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 
 
@@ -218,7 +218,7 @@ def estimate_peak_mib(
     The LoRA spec is `peft_spec`, else a mapping under the config's `peft` key, else r=8 on
     q,k,v,o. None when the model's shape or the batch size is unknown.
     """
-    batch = first_int(config, _BATCH_KEYS)
+    batch = first_int(config, BATCH_KEYS)
     if model_info is None or batch is None:
         return None
     if peft_spec is None:
