@@ -61,3 +61,8 @@ LORA_SPEC_KEYS = frozenset(
 )  # fmt: skip
 LORA_SPEC_SHORT_KEYS = {"alpha": "lora_alpha", "dropout": "lora_dropout", "targets": "target_modules", "rank": "r"}
 LORA_SPEC_RECORD_KEYS = frozenset({"peft_type", "base_model_name_or_path", "revision", "inference_mode"})
+
+
+def by_long_names(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A LoRA spec with its short key names (`alpha`, `targets`, ...) written as peft's."""
+    return {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in spec.items()}

@@ -19,6 +19,7 @@ from orchestrator.plans.lora_keys import (
     LORA_SPEC_RECORD_KEYS,
     LORA_SPEC_SHORT_KEYS,
     LR_SCHEDULES,
+    by_long_names,
 )
 
 PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
@@ -109,7 +110,7 @@ def check_inline_peft(spec: Mapping[str, Any]) -> None:
     (a misspelt `lora_alhpa` would train with the default alpha), the rank a positive integer,
     the dropout in [0, 1). At submit only: the worker warns of a key it does not know and trains
     (a job queued before this check must still run)."""
-    names = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in spec.items()}
+    names = by_long_names(spec)
     allowed = LORA_SPEC_KEYS | LORA_SPEC_RECORD_KEYS
     unknown = sorted(str(k) for k in spec if LORA_SPEC_SHORT_KEYS.get(str(k), str(k)) not in allowed)
     if unknown:

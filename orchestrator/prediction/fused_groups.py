@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.plans.lora_keys import LORA_SPEC_SHORT_KEYS
+from orchestrator.plans.lora_keys import by_long_names
 from orchestrator.plans.model import ShareBase
 from orchestrator.plans.worker_output import FUSED_MEMBERS_DEFAULT, FUSED_MEMBERS_RANGE
 from orchestrator.prediction.families import BATCH_KEYS
@@ -70,7 +70,7 @@ def member_work(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None) 
     the base's work per row plus one share per adapted module name (`BASE_MODULE_WORK`). Only
     for ordering members into groups of like work; a member's length (its steps) is not in it."""
     rows = first_int(config, BATCH_KEYS) or 1
-    spec = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in (peft_spec or {}).items()}
+    spec = by_long_names(peft_spec or {})
     targets = spec.get("target_modules")
     if targets == "all-linear":  # peft: every linear layer but the output head, a Llama layer's seven
         count = int(BASE_MODULE_WORK)
@@ -88,7 +88,7 @@ def member_stack(config: Mapping[str, Any], peft_spec: Mapping[str, Any] | None)
     the config names none; None for anything else: a member that stacks with no other."""
     named = config.get("peft")
     if peft_spec is not None:
-        spec: Any = {LORA_SPEC_SHORT_KEYS.get(str(k), str(k)): v for k, v in peft_spec.items()}
+        spec: Any = by_long_names(peft_spec)
     elif isinstance(named, str):
         spec = {"file": named}
     elif named is None:
