@@ -300,9 +300,9 @@ def _judge_again(
         rung, step = reached[-1], steps[reached[-1]]
         # the trial as it was when it reached this rung: the pruner records the rung again
         trial.intermediate_values = {s: v for s, v in values.items() if s <= step}
-        trial.system_attrs = {k: v for k, v in attrs.items() if _rung_of(k) < rung}
-        value = at_rung[rung][setting.key]
         before_rung = functools.partial(_before_rung, rung=rung)
+        trial.system_attrs = {k: v for k, v in attrs.items() if before_rung(k)}
+        value = at_rung[rung][setting.key]
         if study.pruner.prune(_WithoutOwnRecords(study, trial._trial_id, before_rung), trial):
             kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
             if kept is None:
@@ -392,10 +392,9 @@ def _judge_rung(
     for rung, step, setting, value in batch:
         frozen = everyone[trials[setting.key].number]
         # as it was before this batch: the pruner records its rung again and compares it with all
-        frozen.system_attrs = {
-            k: v for k, v in frozen.system_attrs.items() if k in before[setting.key]
-        }
-        if study.pruner.prune(_WithoutOwnRecords(study, frozen._trial_id, before[setting.key].__contains__), frozen):
+        told_before = before[setting.key].__contains__
+        frozen.system_attrs = {k: v for k, v in frozen.system_attrs.items() if told_before(k)}
+        if study.pruner.prune(_WithoutOwnRecords(study, frozen._trial_id, told_before), frozen):
             kept = margin.spare(setting.key, step, value, at_rung[rung]) if margin is not None else None
             if kept is None:
                 prunes.append(_prune(setting, rung, step, value, at_rung, spec))
