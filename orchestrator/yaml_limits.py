@@ -124,7 +124,11 @@ def load_yaml(text: str, what: str) -> Any:
     many aliases, nests too deep, or is not YAML."""
     if len(text) > MAX_YAML_BYTES:
         raise PlanError(f"{what} is larger than {MAX_YAML_BYTES // 1024} KiB")
-    loader = _LimitedLoader(text)
+    try:
+        # the reader refuses a control character (NUL, \x01) as it is built, before any parsing
+        loader = _LimitedLoader(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{what} is not valid YAML: {_yaml_problem(exc)}") from None
     try:
         node = loader.get_single_node()
         if node is None:

@@ -284,3 +284,13 @@ def test_a_simulated_gpus_folder_that_cannot_be_made_is_one_line_at_daemon_start
         DaemonError, match=r"cannot make the simulated GPUs' folder .*state\.db\.sim"
     ):
         resolve_backend(tmp_path / "state.db", "sim")
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "\x01\x02", "lr: 1\nname: a\x07b\n"], ids=["nul", "soh-stx", "bell"])
+def test_a_control_character_is_a_one_line_refusal(text: str) -> None:
+    # before: PyYAML's reader raised as the loader was built, outside the refusals (a traceback)
+    with pytest.raises(PlanError) as raised:
+        load_yaml(text, "suite file s.yaml")
+    message = str(raised.value)
+    assert message.startswith("suite file s.yaml is not valid YAML: unacceptable character #x00")
+    assert "\n" not in message

@@ -27,6 +27,7 @@ from orchestrator.plans import (
     parse_scalar,
     parse_set_overrides,
 )
+from orchestrator.plans.model import known_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLANS = REPO_ROOT / "plans"
@@ -400,8 +401,8 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
     [
         ({**GOOD, "mem_gib": "lots"}, {"a": {}}, "`mem_gib` must be int/float, not str"),
         ({**GOOD, "mem_gib": True}, {"a": {}}, "not bool"),
-        ({**GOOD, "mem_gib": 0}, {"a": {}}, "between 0 and 4096"),
-        ({**GOOD, "mem_gib": 1e9}, {"a": {}}, "between 0 and 4096"),
+        ({**GOOD, "mem_gib": 0}, {"a": {}}, "above 0 and at most 4096"),
+        ({**GOOD, "mem_gib": 1e9}, {"a": {}}, "above 0 and at most 4096"),
         ({**GOOD, "configs": "E1"}, {"a": {}}, "`configs` must be list/dict, not str"),
         ({**GOOD, "configs": []}, {}, "non-empty list"),
         ({**GOOD, "configs": [1]}, {}, "config name 1 is not valid"),
@@ -494,7 +495,9 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         (GOOD, {"a": "1: x\n"}, "is not a string"),
         (GOOD, {"a": "!!python/object/apply:os.system [x]\n"}, "is not valid YAML"),
         ("- a\n- b\n", {}, "must be a YAML mapping, not list"),
-        ("", {}, "must be a YAML mapping, not NoneType"),
+        ("", {}, "is empty: it must be a YAML mapping"),
+        ("worker: sim\nmem_gib: 0\nconfigs: [a]\n", {"a": {}}, "above 0 and at most 4096, not 0$"),
+        ("worker: sim\nmem_gib: 2\nconfigs: [a]\ndivergence_factor: 0.5\n", {"a": {}}, "or off, not 0.5$"),
         ("worker: [\n", {}, "is not valid YAML"),
     ],
 )
@@ -661,3 +664,11 @@ def test_divergence_settings_are_checked_and_stored_with_the_job(tmp_path: Path)
             load_suite("D", tmp_path)
     write_suite(tmp_path, "D", base, {"a": {"lr": 1}})
     assert load_suite("D", tmp_path).worker_output == sharing  # no divergence setting: the defaults
+
+
+def test_the_lora_workers_known_keys_leave_out_the_simulators() -> None:
+    # a refusal naming the keys a LoRA suite may set listed sim_mem_gib, sim_seconds, ...: keys only
+    # orch's simulator reads
+    lora, sim = known_keys("lora", ()), known_keys("sim", ())
+    assert "learning_rate" in lora and "sim_mem_gib" in sim
+    assert not any(key.startswith("sim_") for key in lora)

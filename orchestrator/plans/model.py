@@ -145,10 +145,12 @@ class Suite:
 
 def known_keys(worker: str, configs: Iterable[ConfigSpec]) -> set[str]:
     """The keys `--set`, `--grid` and `grid:` may name: the configs' own, those the worker command
-    names (`{cfg.KEY}`), and for orch's own workers (lora, sim) every key those read; never seed
-    or data."""
-    if worker in ("lora", "sim"):
+    names (`{cfg.KEY}`), and for orch's own workers (lora, sim) every key the worker reads; never
+    seed or data."""
+    if worker == "sim":
         keys = set(KNOWN_CONFIG_KEYS)
+    elif worker == "lora":  # the simulator's own keys mean nothing to the LoRA worker
+        keys = {key for key in KNOWN_CONFIG_KEYS if not key.startswith("sim_")}
     else:
         template = parse_template(worker)
         keys = set(template.value_keys | template.flag_keys)

@@ -103,6 +103,8 @@ def list_suites(plans_dir: Path) -> list[str]:
 
 def _read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     data = read_yaml_file(path, what)  # size-, alias- and depth-limited
+    if data is None:
+        raise PlanError(f"{what} {path} is empty: it must be a YAML mapping (`key: value` lines)")
     if not isinstance(data, dict):
         raise PlanError(f"{what} {path} must be a YAML mapping, not {type(data).__name__}")
     return data
@@ -164,7 +166,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
                         "measured it (e.g. `mem_gib: 20`)")
     mem_gib = _typed(path, data, "mem_gib", (int, float), None)
     if not (0 < float(mem_gib) <= 4096):
-        raise PlanError(f"suite {path}: `mem_gib` must be a number of GiB between 0 and 4096")
+        raise PlanError(f"suite {path}: `mem_gib` must be a number of GiB above 0 and at most 4096, not {mem_gib}")
     env_raw = _typed(path, data, "env", (dict,), {})
     env: dict[str, str] = {}
     for env_name, env_value in env_raw.items():
@@ -319,7 +321,8 @@ def _parse_divergence_factor(path: Path, raw: Any) -> float | None:
     if raw is False:
         return 0.0
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not (math.isfinite(raw) and 1 <= raw <= 1e6):
-        raise PlanError(f"suite {path}: `divergence_factor` must be a number >= 1 or off, not {shown_value(str(raw))}")
+        shown = str(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else shown_value(str(raw))
+        raise PlanError(f"suite {path}: `divergence_factor` must be a number >= 1 or off, not {shown}")
     return float(raw)
 
 
