@@ -101,7 +101,7 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
         yield env
 
 
-def _suite(orch: Orch, method: str, trials: int) -> None:
+def _suite(orch: Orch, method: str, trials: int, **changes: Any) -> None:
     search = {
         "method": method,
         "trials": trials,
@@ -109,6 +109,7 @@ def _suite(orch: Orch, method: str, trials: int) -> None:
         "metric": "val_accuracy",
         "mode": "max",
         "space": {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-2]}},
+        **changes,
     }
     orch.write_suite(
         "hp",
@@ -241,6 +242,30 @@ def test_a_tpe_search_submitted_again_says_what_it_does_and_takes_its_new_trials
     assert "trial 0 of the new pairs is queued (1 job(s), or again with --force)" in paired.stderr
     assert "already submitted (1 of 5 trials asked so far)" in paired.stderr
     assert sorted((j.seed, j.search["trial"]) for j in orch.jobs()) == [(1, 0), (2, 0)]
+
+
+@requires_tmux
+def test_a_changed_search_submitted_to_the_same_suite_is_refused_with_nothing_written(orch: Orch) -> None:
+    """A second search in one suite numbered its trials from 0 again, and `orch trials` pooled
+    its trial 1 with the first search's (two learning rates as one trial's seeds)."""
+    _suite(orch, "random", 3)
+    orch.submit("hp", "1:toy")
+    before = [(j.id, j.config["learning_rate"]) for j in orch.jobs()]
+    for method, changes, said in [
+        ("random", {"seed": 4}, "differs in its seed"),
+        ("random", {"space": {"learning_rate": {"log_uniform": [1.0e-3, 1.0e-2]}}}, "differs in its space"),
+        ("tpe", {}, "differs in its method"),
+    ]:
+        _suite(orch, method, 3, **changes)
+        refused = orch.run("submit", "--suite", "hp", "--pairs", "1:toy", check=False)
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("orch: error: suite hp already holds a random search, and this one " + said), line
+        assert "a suite of its own" in line
+        assert [(j.id, j.config["learning_rate"]) for j in orch.jobs()] == before
+    _suite(orch, "random", 4)  # `trials` alone: the same search, extended
+    more = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert [(j.id, j.config["learning_rate"]) for j in orch.jobs()][:3] == before and len(orch.jobs()) == 4, more
 
 
 def test_nearby_tpe_seeds_share_no_start_up_trials_and_random_trials_never_repeat() -> None:

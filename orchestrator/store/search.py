@@ -167,6 +167,21 @@ def submitted_before(store: Store, suite: str, spec: Mapping[str, Any]) -> tuple
     return None if trials is None else (len(numbers), trials)
 
 
+def other_search(store: Store, suite: str, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The spec of a search the suite already holds that differs from `spec` in more than its
+    `trials` (compared as values: a number's text may differ); None when it holds none."""
+    rows = store.execute(
+        "SELECT DISTINCT json_extract(search_json, '$.spec') FROM jobs WHERE suite = ? AND search_json != '{}'",
+        [suite],
+    ).fetchall()
+    wanted = json.loads(_but_trials(spec))
+    for (stored,) in rows:
+        held = json.loads(stored) if isinstance(stored, str) else None
+        if isinstance(held, dict) and {k: v for k, v in held.items() if k != "trials"} != wanted:
+            return held
+    return None
+
+
 def set_search_trials(store: Store, suite: str, spec: Mapping[str, Any]) -> None:
     """The search takes `spec`'s `trials`: one extended goes on asking, one cut short asks no more."""
     with store.write():

@@ -54,7 +54,7 @@ from orchestrator.store.db import Store
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
-from orchestrator.store.search import set_search_trials, submitted_before
+from orchestrator.store.search import other_search, set_search_trials, submitted_before
 from orchestrator.submit.suite_pause import resume_if_changed, worker_changed_since_failure
 
 Opener = Callable[..., Store]  # (db_path, create=...) -> Store: the CLI's checks the lost-file daemon
@@ -306,13 +306,23 @@ def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
             "one at a time, when the search has no job left in the queue")
 
 
+def refuse_another_search(suite_name: str, search: Search, held: Mapping[str, Any]) -> None:
+    """A suite holds one search: trials are numbered and ranked per suite, so a second search's
+    trial 3 would be pooled with the first's. Only `trials` changes a search in place."""
+    wanted = search.to_json()
+    differs = [key for key in ("method", "seed", "metric", "mode", "space") if held.get(key) != wanted.get(key)]
+    raise UsageError(f"suite {suite_name} already holds a {held.get('method')} search, and this one differs in its "
+                     f"{', '.join(differs) or 'spec'}: a suite holds one search (only `trials` changes in place); "
+                     f"submit a changed search as a suite of its own (a copy of its suite file under a new name)")
+
+
 def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool, created: int = 0) -> list[str]:
     """What a TPE search submitted again does: `found` is (trials asked so far, `trials` it had),
     or None when its trial 0's jobs are already there as another search's or the grid's (the
     same setting, another metric, say). `created`: trial-0 jobs queued now (new pairs)."""
     if found is None:
-        return [f"{TPE_NOTE} its trial 0 is already queued as another search's or grid's job of this suite "
-                "(the same setting): this search queues nothing; change its seed or space to start it"]
+        return [f"{TPE_NOTE} its trial 0 is already queued as a grid job of this suite (the same setting): "
+                "this search queues nothing; change its seed or space to start it"]
     asked, had = found
     would = "would ask" if dry_run else "asks"
     if created:
@@ -398,6 +408,11 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     if request.dry_run and not db_path.exists():
         return SubmitReport(suite, [SubmitOutcome(spec, None, True, None) for spec in specs], plan, grid, notes)
     tpe = suite.search if suite.search is not None and suite.search.method is SearchMethod.TPE else None
+    if suite.search is not None and db_path.exists():
+        with opener(db_path) as reader:  # refused before anything is written
+            held = other_search(reader, suite.name, suite.search.to_json())
+        if held is not None:
+            refuse_another_search(suite.name, suite.search, held)
     with opener(db_path, create=True) as store:
         # a TPE search already submitted (the same spec but for its trials), read before queuing
         earlier = submitted_before(store, suite.name, tpe.to_json()) if tpe is not None else None
