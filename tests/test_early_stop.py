@@ -8,11 +8,17 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.daemon.early_stop import spared_words
 from orchestrator.errors import PlanError
 from orchestrator.lifecycle import JobState
-from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule, SeedValue, parse_early_stop
+from orchestrator.plans.early_stop import (
+    EarlyStop,
+    Mode,
+    PruneRule,
+    SeedValue,
+    describe_pruned,
+    parse_early_stop,
+)
 from orchestrator.scheduling.early_stop import SeedRun, SettingRuns, judge, setting_value, value_at
 
 R, S, Q, F = JobState.RUNNING, JobState.SUCCEEDED, JobState.QUEUED, JobState.FAILED

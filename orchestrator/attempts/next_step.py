@@ -20,6 +20,7 @@ from orchestrator.attempts.classify import (
 from orchestrator.attempts.disk_space import disk_full_evidence
 from orchestrator.executors.remote_verdict import ClusterEnd
 from orchestrator.lifecycle import AttemptOutcome, JobState, KillRequest
+from orchestrator.plans.early_stop import describe_pruned
 from orchestrator.prediction.job_facts import as_received, job_host_settings, job_ladder
 from orchestrator.prediction.ladder import Level, retry_decision, with_host_settings
 from orchestrator.store.rows import Job
@@ -197,25 +198,6 @@ def pruned_reason(job: Job) -> str:
     if not record:
         return "pruned by early stopping"
     return describe_pruned(record)
-
-
-def describe_pruned(record: dict[str, Any]) -> str:
-    """"pruned at step 400 (val_accuracy 0.52 (the setting's mean over its seeds), ranked 7 of 9 at that
-    step; asha)": the value the setting was judged on, not the job's own reading."""
-    step, value = record.get("step"), record.get("value")
-    shown_step = f"{float(step):g}" if isinstance(step, (int, float)) else "?"
-    shown_value = f"{float(value):.4g}" if isinstance(value, (int, float)) else "?"
-    rank = (f", ranked {record['rank']} of {record['of']} at that step"
-            if isinstance(record.get("rank"), int) and isinstance(record.get("of"), int) else "")
-    rule = f"; {record['rule']}" if isinstance(record.get("rule"), str) else ""
-    smooth = record.get("smooth_evals")
-    # the setting's value, judged on its seeds' mean: not this job's own reading
-    mean_of = " (the setting's mean over its seeds)"
-    if isinstance(smooth, int) and smooth > 1:
-        mean_of = f" (the setting's mean over its seeds of the last {smooth} evaluations)"
-    if record.get("seed_value") == "best":
-        mean_of = " (the setting's mean of each seed's best so far)"
-    return f"pruned at step {shown_step} ({record.get('metric', '?')} {shown_value}{mean_of}{rank}{rule})"
 
 
 MAX_GROUP_OOMS = 4  # halvings from the largest group (16) to 1: a job's group OOMs past these are its own

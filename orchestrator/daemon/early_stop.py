@@ -12,10 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.attempts.next_step import describe_pruned
 from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState
-from orchestrator.plans.early_stop import EarlyStop
+from orchestrator.plans.early_stop import EarlyStop, describe_pruned
 from orchestrator.scheduling.early_stop import Judgement, SeedRun, SettingRuns, Spared, judge
 from orchestrator.store.db import Store
 from orchestrator.store.early_stop import (

@@ -161,6 +161,26 @@ def record_rungs(
             )
 
 
+def stopped_setting_records(store: Store, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """For each of `job_ids` (of a suite with an early_stop rule) whose setting (its suite, task,
+    config and overrides) early stopping has stopped: the record of the newest job stopped there."""
+    if not job_ids:
+        return {}
+    rows = store.execute(
+        "SELECT n.id, p.pruned_json FROM jobs n JOIN jobs p ON p.suite = n.suite AND p.data = n.data "
+        "AND p.config_name = n.config_name AND p.overrides_json = n.overrides_json AND p.id != n.id "
+        f"WHERE n.id IN ({','.join('?' * len(job_ids))}) AND n.early_stop_json != '{{}}' "
+        "AND p.pruned_json IS NOT NULL AND p.pruned_json NOT IN ('', '{}') ORDER BY p.id",
+        list(job_ids),
+    ).fetchall()
+    records: dict[int, dict[str, Any]] = {}
+    for job_id, stored in rows:  # the newest stopped job's record wins
+        record = json.loads(stored) if isinstance(stored, str) else None
+        if isinstance(record, dict):
+            records[int(job_id)] = record
+    return records
+
+
 def prune_jobs(
     store: Store, job_ids: Sequence[int], record: dict[str, Any], why: str
 ) -> tuple[list[int], list[int]]:

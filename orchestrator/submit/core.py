@@ -27,7 +27,7 @@ from orchestrator.plans import (
     parse_pairs,
     parse_round,
 )
-from orchestrator.plans.early_stop import Mode
+from orchestrator.plans.early_stop import Mode, describe_pruned
 from orchestrator.plans.grid import (
     MAX_GRID_JOBS,
     check_grid_size,
@@ -51,6 +51,7 @@ from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.db import Store
+from orchestrator.store.early_stop import prune_jobs, stopped_setting_records
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
@@ -306,6 +307,18 @@ def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
             "one at a time, when the search has no job left in the queue")
 
 
+def prune_seeds_of_stopped_settings(store: Store, job_ids: list[int]) -> list[str]:
+    """Stopping a setting stops all of its seeds: one submitted after the stop ends pruned at
+    once, with the setting's record, never started. A note says how many."""
+    records = stopped_setting_records(store, job_ids)
+    for job_id, record in records.items():
+        prune_jobs(store, [job_id], record, f"{describe_pruned(record)}, before this seed was queued")
+    if not records:
+        return []
+    return [f"note: {len(records)} new seed(s) of settings early stopping had stopped end pruned without "
+            f"starting (jobs {', '.join(map(str, sorted(records)))}; `orch retry JOB` runs one on)"]
+
+
 def refuse_another_search(suite_name: str, search: Search, held: Mapping[str, Any]) -> None:
     """A suite holds one search: trials are numbered and ranked per suite, so a second search's
     trial 3 would be pooled with the first's. Only `trials` changes a search in place."""
@@ -416,8 +429,11 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     with opener(db_path, create=True) as store:
         # a TPE search already submitted (the same spec but for its trials), read before queuing
         earlier = submitted_before(store, suite.name, tpe.to_json()) if tpe is not None else None
-        outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
-                               force=request.force, dry_run=request.dry_run)
+        with store.write():  # a new seed of a stopped setting is pruned before any pass can start it
+            outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
+                                   force=request.force, dry_run=request.dry_run)
+            if suite.early_stop is not None and not request.dry_run:
+                notes += prune_seeds_of_stopped_settings(store, [o.job_id for o in outcomes if o.created and o.job_id])
         if plan is not None and not request.dry_run:
             set_gpu_plan(store, plan)
         if not request.dry_run:
