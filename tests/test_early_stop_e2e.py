@@ -203,3 +203,20 @@ def test_a_margin_is_stored_with_each_job_and_read_back_as_the_daemon_reads_it(o
     assert said in orch.run("show", str(jobs[0].id)).stdout
     shown = json.loads(orch.run("show", str(jobs[0].id), "--json").stdout)
     assert shown["early_stop"]["margin_se"] == 1.0
+
+
+def test_a_changed_rule_submitted_again_is_said_not_dropped_without_a_word(orch: Orch) -> None:
+    _suite(orch)
+    orch.submit("es", "1:toy", "--grid", "learning_rate=0.01,0.001")
+    _suite(orch, min_steps=8)
+    again = orch.run("submit", "--suite", "es", "--pairs", "1:toy", "--grid", "learning_rate=0.01,0.001")
+    said = "note: early_stop differs from the rule this suite's jobs were queued with (min_steps 4 → 8)"
+    assert f"{said}: no job is queued with it, so nothing changes" in again.stderr
+    assert {j.early_stop["min_steps"] for j in orch.jobs()} == {4}
+    dry = orch.run("submit", "--suite", "es", "--pairs", "2:toy", "--grid", "learning_rate=0.01,0.001", "--dry-run")
+    assert f"{said}: the jobs this would queue hold it" in dry.stderr
+    added = orch.run("submit", "--suite", "es", "--pairs", "2:toy", "--grid", "learning_rate=0.01,0.001")
+    assert f"{said}: the jobs queued now hold it" in added.stderr
+    assert sorted(j.early_stop["min_steps"] for j in orch.jobs()) == [4, 4, 8, 8]
+    quiet = orch.run("submit", "--suite", "es", "--pairs", "2:toy", "--grid", "learning_rate=0.01,0.001")
+    assert "early_stop differs" not in quiet.stderr  # the newest jobs hold the file's rule now

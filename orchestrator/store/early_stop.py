@@ -161,6 +161,16 @@ def record_rungs(
             )
 
 
+def newest_rule(store: Store, suite: str) -> dict[str, Any] | None:
+    """The early_stop rule stored with the suite's newest job that has one; None: none has."""
+    row = store.execute(
+        "SELECT early_stop_json FROM jobs WHERE suite = ? AND early_stop_json != '{}' ORDER BY id DESC LIMIT 1",
+        [suite],
+    ).fetchone()
+    rule = json.loads(row[0]) if row is not None and isinstance(row[0], str) else None
+    return rule if isinstance(rule, dict) else None
+
+
 def stopped_setting_records(store: Store, job_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
     """For each of `job_ids` (of a suite with an early_stop rule) whose setting (its suite, task,
     config and overrides) early stopping has stopped: the record of the newest job stopped there."""

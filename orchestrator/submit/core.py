@@ -51,7 +51,7 @@ from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.db import Store
-from orchestrator.store.early_stop import prune_jobs, stopped_setting_records
+from orchestrator.store.early_stop import newest_rule, prune_jobs, stopped_setting_records
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
@@ -319,6 +319,24 @@ def prune_seeds_of_stopped_settings(store: Store, job_ids: list[int]) -> list[st
             f"starting (jobs {', '.join(map(str, sorted(records)))}; `orch retry JOB` runs one on)"]
 
 
+def changed_rule_note(held: Mapping[str, Any] | None, rule: Mapping[str, Any], created: int, tpe: bool,
+                      dry_run: bool = False) -> str | None:
+    """A line when the suite's early_stop differs from the rule its jobs were queued with: a suite and
+    task are judged by their newest job's rule, so the new one counts only once a job holds it."""
+    if held is None or dict(held) == dict(rule):
+        return None
+    changes = ", ".join(f"{key} {held.get(key, '-')} → {rule.get(key, '-')}"
+                        for key in sorted(set(held) | set(rule)) if held.get(key) != rule.get(key))
+    said = f"note: early_stop differs from the rule this suite's jobs were queued with ({changes})"
+    if created:
+        queued = "the jobs this would queue" if dry_run else "the jobs queued now"
+        return (f"{said}: {queued} hold it, and each task they run on is judged by it from then on "
+                "(the values told under the old rule are dropped)")
+    if tpe:
+        return f"{said}: not used: a tpe search's later trials copy its trial 0's rule"
+    return f"{said}: no job is queued with it, so nothing changes"
+
+
 def refuse_another_search(suite_name: str, search: Search, held: Mapping[str, Any]) -> None:
     """A suite holds one search: trials are numbered and ranked per suite, so a second search's
     trial 3 would be pooled with the first's. Only `trials` changes a search in place."""
@@ -429,11 +447,16 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     with opener(db_path, create=True) as store:
         # a TPE search already submitted (the same spec but for its trials), read before queuing
         earlier = submitted_before(store, suite.name, tpe.to_json()) if tpe is not None else None
+        held_rule = newest_rule(store, suite.name) if suite.early_stop is not None else None
         with store.write():  # a new seed of a stopped setting is pruned before any pass can start it
             outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
                                    force=request.force, dry_run=request.dry_run)
             if suite.early_stop is not None and not request.dry_run:
                 notes += prune_seeds_of_stopped_settings(store, [o.job_id for o in outcomes if o.created and o.job_id])
+        if suite.early_stop is not None:
+            rule_note = changed_rule_note(held_rule, suite.early_stop.to_json(), sum(o.created for o in outcomes),
+                                          tpe is not None, request.dry_run)
+            notes += [rule_note] if rule_note else []
         if plan is not None and not request.dry_run:
             set_gpu_plan(store, plan)
         if not request.dry_run:
