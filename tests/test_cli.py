@@ -381,6 +381,22 @@ def test_attach_to_a_job_whose_attempt_ended_points_to_its_logs(orch_inproc: Orc
     )
 
 
+def test_attach_without_a_terminal_says_so_in_one_line(orch_inproc: OrchRunner, db_path: Path) -> None:
+    # tmux said only `open terminal failed: not a terminal`, outside orch's errors
+    submit_demo(orch_inproc)
+    with Store(db_path) as store, store.write():
+        store.execute(
+            "INSERT INTO attempts (job_id, n, level, level_step, gpu_index, gpu_uuid, run_dir, started_at, "
+            "executor, executor_id, predicted_peak_mib, prediction_source, reserved_mib) "
+            "VALUES (1, 1, 0, 'as configured', 0, 'GPU-0', '/nonexistent', 1.0, 'tmux', '@3', 100, 'declared', 0)"
+        )
+    result = orch_inproc("attach", "1")  # the runner's input is no terminal
+    line = one_error_line(result.stderr)
+    assert result.rc == 2 and result.stdout == ""
+    assert line.startswith("orch: error: orch attach needs a terminal, and its input is not one: `orch logs 1 -f`")
+    assert "from a terminal: tmux -L " in line and "@3" in line
+
+
 def test_a_read_command_imports_only_what_it_runs(tmp_path: Path) -> None:
     """Each command's module is imported when it runs: `orch jobs` loads neither the other
     commands nor the submit path and user actions (their imports cost every call ~0.3 s)."""
