@@ -15,6 +15,7 @@ from orchestrator.attempts.divergence import (
     summary_from_record,
     verdict,
 )
+from orchestrator.attempts.history_follow import reported_loss_summary
 from orchestrator.attempts.printed_metrics import printed_losses
 from orchestrator.attempts.stdout_follow import printed_loss_summary
 
@@ -120,6 +121,23 @@ def test_the_losses_a_script_printed_are_read_from_both_ends_of_its_log(tmp_path
     (tmp_path / "stdout.log").symlink_to(tmp_path / "elsewhere.log")
     (tmp_path / "elsewhere.log").write_text("\n".join(lines))
     assert printed_loss_summary(tmp_path, None) is None  # never read through a link
+
+
+def test_a_nan_loss_written_to_progress_jsonl_is_the_rules_evidence(tmp_path: Path) -> None:
+    """The stored history keeps finite values only: a run whose progress.jsonl losses turned NaN
+    read as a learning one (the same losses printed were flagged)."""
+    good = [f'{{"step": {i}, "loss": {2.0 - 0.01 * i}}}' for i in range(1, 15)]
+    nans = [f'{{"step": {i}, "loss": NaN}}' for i in range(15, 21)]
+    (tmp_path / "progress.jsonl").write_text("\n".join([*good, *nans]))
+    summary = reported_loss_summary(tmp_path)
+    assert summary is not None and summary.steps == 20 and summary.nonfinite
+    assert verdict(summary) == "loss not finite at the end of training"
+    (tmp_path / "progress.jsonl").write_text("\n".join([*good, '{"step": 15, "loss": Infinity, "val": {"a": 1}}', ""]))
+    assert verdict(reported_loss_summary(tmp_path)) == "loss not finite at the end of training"  # type: ignore[arg-type]
+    (tmp_path / "progress.jsonl").write_text("\n".join([*good, '{"loss": NaN}', '{"step": 2e300, "loss": NaN}', ""]))
+    assert verdict(reported_loss_summary(tmp_path)) is None  # type: ignore[arg-type]  # no step: no record
+    (tmp_path / "progress.jsonl").unlink()
+    assert reported_loss_summary(tmp_path) is None
 
 
 def test_a_huge_log_is_read_at_its_ends_only(tmp_path: Path) -> None:

@@ -19,8 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.attempts.disk_space import is_disk_full_error
-from orchestrator.attempts.history_points import JsonLines, final_points
-from orchestrator.attempts.rundir_reads import read_output, read_result, stat_output
+from orchestrator.attempts.divergence import LossSummary, LossTrack
+from orchestrator.attempts.history_points import JsonLines, final_points, reported_losses
+from orchestrator.attempts.rundir_reads import (
+    head_and_tail_texts,
+    read_output,
+    read_result,
+    stat_output,
+)
+from orchestrator.attempts.stdout_follow import LOSS_HEAD_BYTES, LOSS_TAIL_BYTES
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.db import Store
 from orchestrator.store.history import history_keys, last_history_step, record_history
@@ -122,3 +129,16 @@ class HistoryFollower:
         live = set(attempt_ids)
         for attempt_id in [a for a in self._followed if a not in live]:
             del self._followed[attempt_id]
+
+
+def reported_loss_summary(run_dir: Path) -> LossSummary | None:
+    """The losses an ended attempt wrote to progress.jsonl, as the divergence rule reads them, NaN
+    and infinities kept (its stored history holds finite values only): from the file's head and
+    tail, never more than LOSS_HEAD_BYTES + LOSS_TAIL_BYTES of it. None: no loss written."""
+    texts = head_and_tail_texts(run_dir, RunDir.PROGRESS, LOSS_HEAD_BYTES, LOSS_TAIL_BYTES)
+    track = LossTrack()
+    for text in texts or ():
+        for loss in reported_losses(text):
+            track.add(loss)
+    summary = track.summary()
+    return summary if summary.steps else None

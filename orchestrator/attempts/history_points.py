@@ -79,6 +79,33 @@ def record_points(record: Any) -> list[Point]:
     return [Point(step, key, value) for key, value in flat_metrics(record).items()]
 
 
+def record_loss(record: Any) -> float | None:
+    """A progress.jsonl record's `loss` as a float, NaN and infinities kept (the history keeps
+    finite values only; a non-finite loss is the divergence rule's evidence); None: no loss, or
+    the record is none (`record_points`' test of its step)."""
+    if not isinstance(record, dict) or not record_points({**record, "loss": 0.0}):
+        return None
+    loss = record.get("loss")
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or (isinstance(loss, int) and abs(loss) > 1e300):
+        return None
+    return float(loss)
+
+
+def reported_losses(text: str) -> list[float]:
+    """The `loss` of each complete progress.jsonl line of `text`, in order (`record_loss`)."""
+    losses = []
+    for line in text.split("\n"):
+        if not line.strip() or len(line) > MAX_LINE_CHARS:
+            continue
+        try:
+            loss = record_loss(json.loads(line))  # `NaN` and `Infinity` read as floats
+        except (ValueError, RecursionError):
+            continue
+        if loss is not None:
+            losses.append(loss)
+    return losses
+
+
 def final_points(metrics: Mapping[str, Any], step: float, logged: frozenset[str] | set[str] = frozenset(),
                  best_step: float | None = None) -> list[Point]:
     """An attempt's final metrics (result.json's, flattened: `test_accuracy`) at its last step,

@@ -18,6 +18,7 @@ from orchestrator.attempts.divergence import (
     summary_from_record,
     verdict,
 )
+from orchestrator.attempts.history_follow import reported_loss_summary
 from orchestrator.attempts.stdout_follow import printed_loss_summary
 from orchestrator.store.rows import Job
 
@@ -41,12 +42,14 @@ def loss_verdict(job: Job, run_dir: Path, result: dict[str, Any] | None,
                  history_losses: Sequence[float] = ()) -> LossVerdict:
     """The rule's word on every loss record the run left: result.json's `loss_summary` (our
     LoRA worker's, over every step), its reported history of `loss` (progress.jsonl or printed
-    log dicts, as stored: any worker) and the losses it printed. Flagged when any says diverged;
+    log dicts, as stored: any worker), progress.jsonl's losses with their NaNs (the history keeps
+    finite values only) and the losses it printed. Flagged when any says diverged;
     the summary kept is the one that flagged, else the first known in that order."""
     factor = divergence_factor(job)
     summaries = [summary_from_record((result or {}).get("loss_summary"))]
     if history_losses:
         summaries.append(summarise_losses(history_losses))
+    summaries.append(reported_loss_summary(run_dir))  # progress.jsonl again: its NaN losses too
     regex = job.worker_output.get("progress_regex")
     with contextlib.suppress(re.error):  # checked at submit; a row edited since must not stop the end
         summaries.append(printed_loss_summary(run_dir, regex if isinstance(regex, str) else None))

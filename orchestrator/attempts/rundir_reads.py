@@ -7,6 +7,7 @@ for the attempt's reason. Nothing here raises for bad content.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import stat
@@ -349,3 +350,23 @@ def read_output(run_dir: Path, start: int, max_bytes: int, name: str = RunDir.LO
         return b""
     finally:
         os.close(fd)
+
+
+def _text(raw: bytes) -> str:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(raw, final=True)
+
+
+def head_and_tail_texts(run_dir: Path, name: str, head_bytes: int, tail_bytes: int) -> list[str] | None:
+    """An appended file's first `head_bytes` and last `tail_bytes` as text (undecodable bytes
+    replaced): one text when they meet, else two, each less the part line cut at the gap. None
+    when there is no such file. Never more of a file that may be gigabytes."""
+    found = stat_output(run_dir, name)
+    if found is None:
+        return None
+    head = min(found.size_bytes, head_bytes)
+    head_text = _text(read_output(run_dir, 0, head, name))
+    tail_start = max(head, found.size_bytes - tail_bytes)
+    tail_text = _text(read_output(run_dir, tail_start, found.size_bytes - tail_start, name))
+    if tail_start == head:  # the whole file: one text
+        return [head_text + tail_text]
+    return [head_text.rsplit("\n", 1)[0], tail_text.partition("\n")[2]]

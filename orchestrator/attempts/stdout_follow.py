@@ -17,8 +17,9 @@ from typing import Any
 
 from orchestrator.attempts.divergence import LossSummary, LossTrack
 from orchestrator.attempts.printed_metrics import StdoutProgress, printed_losses
-from orchestrator.attempts.rundir_reads import read_output, stat_output
+from orchestrator.attempts.rundir_reads import head_and_tail_texts, read_output, stat_output
 from orchestrator.plans.template import OUR_WORKERS
+from orchestrator.rundir_files import RunDir
 from orchestrator.store.history_bounds import Point
 
 TAIL_START_BYTES = 64 * 1024
@@ -95,18 +96,10 @@ def printed_loss_summary(run_dir: Path, progress_regex: str | None) -> LossSumma
     and, with the head, its minimum), never more than LOSS_HEAD_BYTES + LOSS_TAIL_BYTES of it.
     None: no loss printed. (The follower reads live attempts only: a short script may end before
     a pass has read any of its output.)"""
-    found = stat_output(run_dir)
-    if found is None:
+    texts = head_and_tail_texts(run_dir, RunDir.LOG, LOSS_HEAD_BYTES, LOSS_TAIL_BYTES)
+    if texts is None:
         return None
     pattern = re.compile(progress_regex) if progress_regex else None
-    head = min(found.size_bytes, LOSS_HEAD_BYTES)
-    head_text = _decoder().decode(read_output(run_dir, 0, head), final=True)
-    tail_start = max(head, found.size_bytes - LOSS_TAIL_BYTES)
-    tail_text = _decoder().decode(read_output(run_dir, tail_start, found.size_bytes - tail_start), final=True)
-    if tail_start == head:  # the whole log: one text
-        texts = [head_text + tail_text]
-    else:  # two stretches, each cut mid-line at the gap: those part lines are left out
-        texts = [head_text.rsplit("\n", 1)[0], tail_text.partition("\n")[2]]
     track = LossTrack()
     for text in texts:
         for loss in printed_losses(text, pattern):
