@@ -105,6 +105,8 @@ class SubmitOutcome:
     job_id: int | None  # None in a dry run of a new job
     created: bool
     existing_state: str | None  # the state of the job already there, when not created
+    # created, and ended pruned at once: early stopping had stopped its setting (submit.core)
+    pruned_at_once: bool = False
 
 
 def submit_jobs(

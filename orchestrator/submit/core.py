@@ -6,6 +6,7 @@ is validated before the database is touched, and a grid's size before a job of i
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.db import Store
-from orchestrator.store.early_stop import newest_rule, prune_jobs, stopped_setting_records
+from orchestrator.store.early_stop import newest_rule, prune_jobs, stopped_settings
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
@@ -307,16 +308,30 @@ def tpe_note(suite: Suite, dry_run: bool = False) -> str | None:
             "one at a time, when the search has no job left in the queue")
 
 
-def prune_seeds_of_stopped_settings(store: Store, job_ids: list[int]) -> list[str]:
-    """Stopping a setting stops all of its seeds: one submitted after the stop ends pruned at
-    once, with the setting's record, never started. A note says how many."""
-    records = stopped_setting_records(store, job_ids)
-    for job_id, record in records.items():
-        prune_jobs(store, [job_id], record, f"{describe_pruned(record)}, before this seed was queued")
-    if not records:
-        return []
-    return [f"note: {len(records)} new seed(s) of settings early stopping had stopped end pruned without "
-            f"starting (jobs {', '.join(map(str, sorted(records)))}; `orch retry JOB` runs one on)"]
+def prune_seeds_of_stopped_settings(store: Store, suite: str, outcomes: list[SubmitOutcome],
+                                    dry_run: bool) -> tuple[list[SubmitOutcome], list[str]]:
+    """Stopping a setting stops all of its seeds: a job queued for a stopped setting (a new seed,
+    or one queued again with --force) ends pruned at once, with the setting's record, never
+    started. The outcomes, those marked; a note says how many."""
+    stopped = stopped_settings(store, suite)
+    if not stopped:
+        return outcomes, []
+    marked: list[SubmitOutcome] = []
+    for outcome in outcomes:
+        spec = outcome.spec
+        record = stopped.get((spec.data, spec.config_name, json.dumps(spec.overrides, sort_keys=True)))
+        if not outcome.created or record is None:
+            marked.append(outcome)
+            continue
+        if not dry_run and outcome.job_id is not None:
+            prune_jobs(store, [outcome.job_id], record, f"{describe_pruned(record)}, before this job was queued")
+        marked.append(dataclasses.replace(outcome, pruned_at_once=True))
+    count = sum(o.pruned_at_once for o in marked)
+    if not count:
+        return marked, []
+    verb = "would end" if dry_run else "end"
+    return marked, [f"note: {count} of the jobs queued {verb} pruned at once, never started: early stopping had "
+                    "stopped their settings (`orch retry JOB` runs one on)"]
 
 
 def changed_rule_note(held: Mapping[str, Any] | None, rule: Mapping[str, Any], created: int, tpe: bool,
@@ -451,8 +466,9 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
         with store.write():  # a new seed of a stopped setting is pruned before any pass can start it
             outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
                                    force=request.force, dry_run=request.dry_run)
-            if suite.early_stop is not None and not request.dry_run:
-                notes += prune_seeds_of_stopped_settings(store, [o.job_id for o in outcomes if o.created and o.job_id])
+            if suite.early_stop is not None:
+                outcomes, pruned_note = prune_seeds_of_stopped_settings(store, suite.name, outcomes, request.dry_run)
+                notes += pruned_note
         if suite.early_stop is not None:
             rule_note = changed_rule_note(held_rule, suite.early_stop.to_json(), sum(o.created for o in outcomes),
                                           tpe is not None, request.dry_run)
