@@ -268,6 +268,38 @@ def test_a_changed_search_submitted_to_the_same_suite_is_refused_with_nothing_wr
     assert [(j.id, j.config["learning_rate"]) for j in orch.jobs()][:3] == before and len(orch.jobs()) == 4, more
 
 
+@requires_tmux
+def test_a_search_is_the_same_one_whatever_its_numbers_text(orch: Orch) -> None:
+    """A search is compared as read back: an integer bound stored as 8.0 by an older version is the
+    same search (its new `trials` taken), a choice of 1.0 where it was 1 is another (refused)."""
+    import sqlite3
+
+    _suite(orch, "tpe", 3, space={"batch_size": {"int_uniform": [1, 8]}})
+    orch.submit("hp", "1:toy")
+    with sqlite3.connect(orch.db) as db:  # as an older version stored it
+        db.execute("UPDATE jobs SET search_json = replace(search_json, '[1, 8]', '[1.0, 8.0]')")
+        assert db.execute("SELECT count(*) FROM jobs WHERE search_json LIKE '%[1.0, 8.0]%'").fetchone()[0] == 1
+    _suite(orch, "tpe", 5, space={"batch_size": {"int_uniform": [1, 8]}})
+    more = orch.run("submit", "--suite", "hp", "--pairs", "1:toy")
+    assert "submitted before with 3 trials (1 asked so far): now 5" in more.stderr, more.stderr
+    assert {j.search["spec"]["trials"] for j in orch.jobs()} == {5}
+    _suite(orch, "random", 2, space={"learning_rate": [1, 2]}, seed=9)
+    refused = orch.run("submit", "--suite", "hp", "--pairs", "2:toy", check=False)
+    assert refused.returncode == 2 and "already holds a tpe search" in refused.stderr
+
+
+def test_search_specs_compare_as_read_back_with_numbers_kept_apart() -> None:
+    from orchestrator.store.search import _spec_key
+
+    spec = {"method": "random", "trials": 3, "seed": 0, "metric": None, "mode": "max"}
+    ints = {**spec, "space": [{"key": "lora_r", "choice": [1, 2]}]}
+    assert _spec_key(ints) == _spec_key({**ints, "trials": 7})
+    assert _spec_key(ints) != _spec_key({**spec, "space": [{"key": "lora_r", "choice": [1.0, 2.0]}]})
+    assert _spec_key(ints) != _spec_key({**spec, "space": [{"key": "lora_r", "choice": [True, 2]}]})
+    old = {**spec, "space": [{"key": "batch_size", "int_uniform": [1.0, 8.0]}]}
+    assert _spec_key(old) == _spec_key({**spec, "space": [{"key": "batch_size", "int_uniform": [1, 8]}]})
+
+
 def test_nearby_tpe_seeds_share_no_start_up_trials_and_random_trials_never_repeat() -> None:
     """Trial n of a TPE search seeded s was the first trial of seed s + n (its sampler was seeded
     s + n); and a random search over few settings queued repeats, which collapsed into one job."""

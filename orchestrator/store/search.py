@@ -9,7 +9,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.errors import PlanError
 from orchestrator.lifecycle import JobState
+from orchestrator.plans.search import Search
 from orchestrator.store.db import Store
 from orchestrator.store.jobs import add_event
 from orchestrator.store.rows import Job
@@ -82,26 +84,44 @@ def _identity(row: Mapping[str, Any], config: dict[str, Any], overrides: dict[st
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-_SAME_TPE_SEARCH = (  # the suite's TPE search with this spec but for its `trials` (_but_trials)
-    "suite = ? AND search_json != '{}' AND json_extract(search_json, '$.spec.method') = 'tpe' "
-    "AND json_remove(json_extract(search_json, '$.spec'), '$.trials') = json(?)"
-)
+def _spec_key(spec: Mapping[str, Any]) -> str:
+    """A search's spec but for its `trials`, as text to compare: read back as a Search (an
+    integer bound an older version stored as 1.0 reads as 1) with its keys sorted; 1, 1.0 and
+    true stay apart, as they do in a job's config."""
+    try:
+        normal = Search.from_json(dict(spec)).to_json()
+    except (PlanError, KeyError, TypeError, ValueError, AttributeError):
+        normal = dict(spec)  # unreadable: compared as stored
+    return json.dumps({k: v for k, v in normal.items() if k != "trials"}, sort_keys=True)
 
 
-def _but_trials(spec: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in spec.items() if k != "trials"}, sort_keys=True)
+def _same_search(store: Store, suite: str, spec: Mapping[str, Any]) -> list[tuple[int, int | None, int | None]]:
+    """(job id, its trial, the search's `trials`) of each job of the suite's search of `spec`
+    (of its method, but for its `trials`)."""
+    rows = store.execute(
+        "SELECT id, json_extract(search_json, '$.spec'), json_extract(search_json, '$.trial'), "
+        "json_extract(search_json, '$.spec.trials') FROM jobs WHERE suite = ? AND search_json != '{}'",
+        [suite],
+    ).fetchall()
+    wanted = _spec_key(spec)
+    keys: dict[str, str] = {}  # one reading of each distinct stored spec
+    same = []
+    for job_id, stored, trial, trials in rows:
+        if stored not in keys:
+            held = json.loads(stored) if isinstance(stored, str) else None
+            keys[stored] = _spec_key(held) if isinstance(held, dict) else ""
+        if keys[stored] == wanted:
+            same.append((int(job_id), int(trial) if trial is not None else None,
+                         int(trials) if trials is not None else None))
+    return same
 
 
 def _asked(store: Store, suite: str, spec: Mapping[str, Any]) -> tuple[set[int], int | None]:
-    """The trial numbers the suite's TPE search of `spec` (but for its `trials`) has asked, and
+    """The trial numbers the suite's search of `spec` (but for its `trials`) has asked, and
     the `trials` it has now (None: no such search)."""
-    rows = store.execute(
-        "SELECT DISTINCT json_extract(search_json, '$.trial'), json_extract(search_json, '$.spec.trials') "
-        f"FROM jobs WHERE {_SAME_TPE_SEARCH}",
-        [suite, _but_trials(spec)],
-    ).fetchall()
-    numbers = {int(r[0]) for r in rows if r[0] is not None}
-    return numbers, max((int(r[1]) for r in rows if r[1] is not None), default=None)
+    same = _same_search(store, suite, spec)
+    numbers = {trial for _, trial, _ in same if trial is not None}
+    return numbers, max((trials for _, _, trials in same if trials is not None), default=None)
 
 
 def queue_trial(
@@ -169,15 +189,15 @@ def submitted_before(store: Store, suite: str, spec: Mapping[str, Any]) -> tuple
 
 def other_search(store: Store, suite: str, spec: Mapping[str, Any]) -> dict[str, Any] | None:
     """The spec of a search the suite already holds that differs from `spec` in more than its
-    `trials` (compared as values: a number's text may differ); None when it holds none."""
+    `trials`; None when it holds no search, or only this one."""
     rows = store.execute(
         "SELECT DISTINCT json_extract(search_json, '$.spec') FROM jobs WHERE suite = ? AND search_json != '{}'",
         [suite],
     ).fetchall()
-    wanted = json.loads(_but_trials(spec))
+    wanted = _spec_key(spec)
     for (stored,) in rows:
         held = json.loads(stored) if isinstance(stored, str) else None
-        if isinstance(held, dict) and {k: v for k, v in held.items() if k != "trials"} != wanted:
+        if isinstance(held, dict) and _spec_key(held) != wanted:
             return held
     return None
 
@@ -185,10 +205,13 @@ def other_search(store: Store, suite: str, spec: Mapping[str, Any]) -> dict[str,
 def set_search_trials(store: Store, suite: str, spec: Mapping[str, Any]) -> None:
     """The search takes `spec`'s `trials`: one extended goes on asking, one cut short asks no more."""
     with store.write():
-        store.execute(
-            f"UPDATE jobs SET search_json = json_set(search_json, '$.spec.trials', ?) WHERE {_SAME_TPE_SEARCH}",
-            [int(spec["trials"]), suite, _but_trials(spec)],
-        )
+        ids = [job_id for job_id, _, _ in _same_search(store, suite, spec)]
+        for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+            store.execute(
+                "UPDATE jobs SET search_json = json_set(search_json, '$.spec.trials', ?) "
+                f"WHERE id IN ({','.join('?' * len(chunk))})",
+                [int(spec["trials"]), *chunk],
+            )
 
 
 def suite_search_jobs(store: Store, suite: str) -> list[Job]:

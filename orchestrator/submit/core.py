@@ -364,8 +364,8 @@ def refuse_another_search(suite_name: str, search: Search, held: Mapping[str, An
 
 def tpe_again_note(search: Search, found: tuple[int, int] | None, dry_run: bool, created: int = 0) -> list[str]:
     """What a TPE search submitted again does: `found` is (trials asked so far, `trials` it had),
-    or None when its trial 0's jobs are already there as another search's or the grid's (the
-    same setting, another metric, say). `created`: trial-0 jobs queued now (new pairs)."""
+    or None when its trial 0's jobs are already there as grid jobs of the suite (the same setting;
+    another search is refused before this). `created`: trial-0 jobs queued now (new pairs)."""
     if found is None:
         return [f"{TPE_NOTE} its trial 0 is already queued as a grid job of this suite (the same setting): "
                 "this search queues nothing; change its seed or space to start it"]
