@@ -3,6 +3,7 @@ them), and a TPE search that ends with exactly `trials` trials across a daemon k
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections import Counter
@@ -420,6 +421,11 @@ def test_trials_are_listed_best_first_with_what_became_of_each_seed() -> None:
     assert rows[0].n_text() == "1 of 2 (1 failed)" and rows[1].value == pytest.approx(0.75)
     assert rows[-1].value is None and rows[-1].n_text() == "0 of 2 (2 pruned)"
     assert [r.trial for r in trial_rows(jobs, values, "min")][:3] == [3, 0, 1]
+    # a trial 1 of other values (a `--set` changed between submits): a row of its own, not pooled
+    other = dataclasses.replace(job(9, 1, S), overrides={"learning_rate": 9.0})
+    apart = trial_rows([*jobs, other], {**values, 9: 0.1}, "max")
+    assert [(r.trial, r.params["learning_rate"], r.value) for r in apart if r.trial == 1] == [
+        (1, 1.1, pytest.approx(0.9)), (1, 9.0, pytest.approx(0.1))]
 
 
 def test_the_trials_plot_escapes_what_user_code_named() -> None:

@@ -4,6 +4,7 @@ the best trial. Pure: the jobs and their final values are given."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +31,15 @@ class TrialRow:
 
 def trial_rows(jobs: Sequence[Job], values: Mapping[int, float], mode: str) -> list[TrialRow]:
     """One row per trial, best first (mode max or min); trials without a value last, by number."""
-    by_trial: dict[int, list[Job]] = {}
+    # a trial is its number and its setting: trials of one number whose values differ (a `--set`
+    # changed between submits, a search of an older version) are never pooled
+    by_trial: dict[tuple[int, str], list[Job]] = {}
     for job in jobs:
-        by_trial.setdefault(int(job.search.get("trial", 0)), []).append(job)
+        setting = json.dumps(job.overrides, sort_keys=True, default=str)
+        by_trial.setdefault((int(job.search.get("trial", 0)), setting), []).append(job)
     keys = [d.get("key") for d in jobs[0].search.get("spec", {}).get("space", [])] if jobs else []
     rows = []
-    for number, members in by_trial.items():
+    for (number, _), members in by_trial.items():
         counted = [
             values[j.id] for j in members if j.state is JobState.SUCCEEDED and j.id in values
         ]
