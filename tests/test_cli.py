@@ -381,8 +381,11 @@ def test_attach_to_a_job_whose_attempt_ended_points_to_its_logs(orch_inproc: Orc
     )
 
 
-def test_attach_without_a_terminal_says_so_in_one_line(orch_inproc: OrchRunner, db_path: Path) -> None:
+def test_attach_without_a_terminal_says_so_in_one_line(
+    orch_inproc: OrchRunner, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # tmux said only `open terminal failed: not a terminal`, outside orch's errors
+    monkeypatch.setattr("os.isatty", lambda fd: False)  # never a terminal, whoever runs the tests
     submit_demo(orch_inproc)
     with Store(db_path) as store, store.write():
         store.execute(
@@ -390,7 +393,7 @@ def test_attach_without_a_terminal_says_so_in_one_line(orch_inproc: OrchRunner, 
             "executor, executor_id, predicted_peak_mib, prediction_source, reserved_mib) "
             "VALUES (1, 1, 0, 'as configured', 0, 'GPU-0', '/nonexistent', 1.0, 'tmux', '@3', 100, 'declared', 0)"
         )
-    result = orch_inproc("attach", "1")  # the runner's input is no terminal
+    result = orch_inproc("attach", "1")
     line = one_error_line(result.stderr)
     assert result.rc == 2 and result.stdout == ""
     assert line.startswith("orch: error: orch attach needs a terminal, and its input is not one: `orch logs 1 -f`")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import sys
 from pathlib import Path
 
 import click
@@ -141,12 +140,12 @@ def attach_cmd(job: str, db_path: Path) -> None:
             f"job {job_id}'s attempt {attempt.n} has ended{outcome}: its output is in `orch logs {job_id}`"
         )
     argv = attach_argv(attempt, tmux_socket_name(db_path))
-    if not sys.stdin.isatty():  # tmux would say only `open terminal failed: not a terminal`
-        raise NotAttachable(f"orch attach needs a terminal, and its input is not one: `orch logs {job_id} -f` "
-                            f"follows the job's output; from a terminal: {shlex.join(argv)}")
     tmux = shutil.which(argv[0])
     if tmux is None:
         raise UsageError("tmux is not installed")
+    if not os.isatty(0):  # tmux would say only `open terminal failed: not a terminal`
+        raise NotAttachable(f"orch attach needs a terminal, and its input is not one: `orch logs {job_id} -f` "
+                            f"follows the job's output; from a terminal: {shlex.join(argv)}")
     os.execv(tmux, [tmux, *argv[1:]])
 
 
