@@ -222,3 +222,25 @@ def test_a_changed_rule_submitted_again_is_said_not_dropped_without_a_word(orch:
     assert sorted(j.early_stop["min_steps"] for j in orch.jobs()) == [4, 4, 8, 8]
     quiet = orch.run("submit", "--suite", "es", "--pairs", "2:toy", "--grid", "learning_rate=0.01,0.001")
     assert "early_stop differs" not in quiet.stderr  # the newest jobs hold the file's rule now
+    suite_file = orch.plans / "suites" / "es.yaml"
+    suite_file.write_text("\n".join(line for line in suite_file.read_text().splitlines()
+                                    if not line.startswith(("early_stop", "  "))) + "\n")
+    dropped = orch.run("submit", "--suite", "es", "--pairs", "2:toy", "--grid", "learning_rate=0.01,0.001")
+    assert "note: the suite file has no early_stop:, but its jobs were queued with one (metric val_accuracy" \
+        in dropped.stderr and "they are still judged by it; the jobs queued now are not judged" in dropped.stderr
+
+
+def test_a_changed_rule_of_a_tpe_search_is_said_to_go_unused() -> None:
+    from orchestrator.plans.model import JobSpec
+    from orchestrator.store.jobs import SubmitOutcome
+    from orchestrator.submit.core import changed_rule_note
+
+    spec = JobSpec("s", "c", "c.yaml", {}, 1, "toy", {}, {}, "x")
+    held = {"toy": {"metric": "loss", "min_steps": 10}, "other": {"metric": "loss", "min_steps": 99}}
+    rule = {"metric": "loss", "min_steps": 20}
+    existing = [SubmitOutcome(spec, 1, False, "succeeded")]
+    note = changed_rule_note(held, rule, existing, tpe=True)
+    assert note == ("note: early_stop differs from the rule this suite's jobs were queued with (min_steps 10 → 20): "
+                    "not used: a tpe search's later trials copy its trial 0's rule")
+    assert changed_rule_note({"other": held["other"]}, rule, existing, tpe=True) is None  # another task's rule
+    assert changed_rule_note({"toy": rule}, rule, existing, tpe=True) is None

@@ -161,14 +161,19 @@ def record_rungs(
             )
 
 
-def newest_rule(store: Store, suite: str) -> dict[str, Any] | None:
-    """The early_stop rule stored with the suite's newest job that has one; None: none has."""
-    row = store.execute(
-        "SELECT early_stop_json FROM jobs WHERE suite = ? AND early_stop_json != '{}' ORDER BY id DESC LIMIT 1",
+def newest_rules(store: Store, suite: str) -> dict[str, dict[str, Any]]:
+    """Per task, the early_stop rule stored with the suite's newest job on it that has one (a
+    suite and task are judged by that rule)."""
+    rows = store.execute(
+        "SELECT data, early_stop_json FROM jobs WHERE suite = ? AND early_stop_json != '{}' ORDER BY id",
         [suite],
-    ).fetchone()
-    rule = json.loads(row[0]) if row is not None and isinstance(row[0], str) else None
-    return rule if isinstance(rule, dict) else None
+    ).fetchall()
+    rules: dict[str, dict[str, Any]] = {}
+    for data, stored in rows:  # the newest wins
+        rule = json.loads(stored) if isinstance(stored, str) else None
+        if isinstance(rule, dict):
+            rules[str(data)] = rule
+    return rules
 
 
 def stopped_settings(store: Store, suite: str) -> dict[tuple[str, str, str], dict[str, Any]]:

@@ -52,7 +52,7 @@ from orchestrator.plans.trial_sampling import next_trial, random_trials
 from orchestrator.plans.worker_output import check_keys_reach
 from orchestrator.prediction.ladder import expand_levels
 from orchestrator.store.db import Store
-from orchestrator.store.early_stop import newest_rule, prune_jobs, stopped_settings
+from orchestrator.store.early_stop import newest_rules, prune_jobs, stopped_settings
 from orchestrator.store.jobs import SubmitOutcome, get_gpu_plan, set_gpu_plan, submit_jobs
 from orchestrator.store.notify_queries import set_suite_notify_urls
 from orchestrator.store.queries import last_seen_gpu_indices
@@ -334,16 +334,25 @@ def prune_seeds_of_stopped_settings(store: Store, suite: str, outcomes: list[Sub
                     "stopped their settings (`orch retry JOB` runs one on)"]
 
 
-def changed_rule_note(held: Mapping[str, Any] | None, rule: Mapping[str, Any], created: int, tpe: bool,
-                      dry_run: bool = False) -> str | None:
-    """A line when the suite's early_stop differs from the rule its jobs were queued with: a suite and
-    task are judged by their newest job's rule, so the new one counts only once a job holds it."""
-    if held is None or dict(held) == dict(rule):
+def changed_rule_note(held: Mapping[str, Mapping[str, Any]], rule: Mapping[str, Any] | None,
+                      outcomes: Sequence[SubmitOutcome], tpe: bool, dry_run: bool = False) -> str | None:
+    """A line when the suite file's early_stop differs from the rule the suite's jobs on the
+    submitted tasks were queued with (`held`, per task): a suite and task are judged by their
+    newest job's rule, so a new one counts only once a job holds it."""
+    tasks = {o.spec.data for o in outcomes}
+    differing = sorted({json.dumps(dict(held[t]), sort_keys=True) for t in tasks & set(held)
+                        if dict(held[t]) != dict(rule or {})})
+    if not differing:
         return None
-    changes = ", ".join(f"{key} {held.get(key, '-')} → {rule.get(key, '-')}"
-                        for key in sorted(set(held) | set(rule)) if held.get(key) != rule.get(key))
+    old = json.loads(differing[0])
+    if rule is None:
+        return ("note: the suite file has no early_stop:, but its jobs were queued with one "
+                f"({', '.join(f'{k} {v}' for k, v in old.items())}): they are still judged by it; "
+                "the jobs queued now are not judged")
+    changes = ", ".join(f"{key} {old.get(key, '-')} → {rule.get(key, '-')}"
+                        for key in sorted(set(old) | set(rule)) if old.get(key) != rule.get(key))
     said = f"note: early_stop differs from the rule this suite's jobs were queued with ({changes})"
-    if created:
+    if any(o.created for o in outcomes):
         queued = "the jobs this would queue" if dry_run else "the jobs queued now"
         return (f"{said}: {queued} hold it, and each task they run on is judged by it from then on "
                 "(the values told under the old rule are dropped)")
@@ -462,17 +471,16 @@ def submit_sweep(request: SubmitRequest, db_path: Path, plans_dir: Path | None =
     with opener(db_path, create=True) as store:
         # a TPE search already submitted (the same spec but for its trials), read before queuing
         earlier = submitted_before(store, suite.name, tpe.to_json()) if tpe is not None else None
-        held_rule = newest_rule(store, suite.name) if suite.early_stop is not None else None
+        held_rules = newest_rules(store, suite.name)
         with store.write():  # a new seed of a stopped setting is pruned before any pass can start it
             outcomes = submit_jobs(store, suite, specs, allowed_gpus=gpus, priority=request.priority,
                                    force=request.force, dry_run=request.dry_run)
             if suite.early_stop is not None:
                 outcomes, pruned_note = prune_seeds_of_stopped_settings(store, suite.name, outcomes, request.dry_run)
                 notes += pruned_note
-        if suite.early_stop is not None:
-            rule_note = changed_rule_note(held_rule, suite.early_stop.to_json(), sum(o.created for o in outcomes),
-                                          tpe is not None, request.dry_run)
-            notes += [rule_note] if rule_note else []
+        rule_note = changed_rule_note(held_rules, suite.early_stop.to_json() if suite.early_stop else None,
+                                      outcomes, tpe is not None, request.dry_run)
+        notes += [rule_note] if rule_note else []
         if plan is not None and not request.dry_run:
             set_gpu_plan(store, plan)
         if not request.dry_run:
