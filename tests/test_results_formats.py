@@ -206,3 +206,14 @@ def test_the_score_line_explains_val_only_where_the_table_has_a_val_column() -> 
 
     assert score_line(True) == SCORE_LINE and "validation split" in score_line(True)
     assert "val" not in score_line(False) and score_line(False).startswith("mean ± std over seeds")
+
+
+def test_every_legend_line_escapes_to_plain_ascii_latex() -> None:
+    # pdflatex stopped at a raw ≤ in the † legend (and − in the score line)
+    from orchestrator.results.formats import LEGEND, POOLED_LINE, SCORE_LINE, score_line
+
+    for text in (*LEGEND.values(), SCORE_LINE, POOLED_LINE):
+        escaped = latex_escape(text)
+        assert escaped.isascii(), [ch for ch in escaped if not ch.isascii()]
+    assert "over runs" in score_line(True, pooled=True) and "over seeds" not in score_line(True, pooled=True)
+    assert "over seeds" in score_line(True)

@@ -247,7 +247,7 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
     for line in table_lines(summaries):
         click.echo(line)
     interval = "; 95% CI: t-based interval of the mean (n − 1 degrees of freedom)" if ci else ""
-    click.echo(score_line("val" in {names[i] for i in shown}) + interval)
+    click.echo(score_line("val" in {names[i] for i in shown}, any(s.pooled for s in summaries)) + interval)
     bold = bold_legend(choices, {s.metric for s in summaries}).replace("bold:", "chosen:", 1)
     for line in legend_lines(summaries, with_notes=False, hints=True):
         click.echo(line)

@@ -60,9 +60,11 @@ POOLED_LINE = "pooled: every succeeded run counted (a rerun of a seed counts aga
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
 
 
-def score_line(with_val: bool) -> str:
-    """SCORE_LINE, its `val:` part only where the table has a val column."""
-    return SCORE_LINE if with_val else SCORE_LINE.split("; val:", 1)[0]
+def score_line(with_val: bool, pooled: bool = False) -> str:
+    """SCORE_LINE, its `val:` part only where the table has a val column; over runs, not seeds,
+    where the table pools reruns (`--pooled`)."""
+    line = SCORE_LINE if with_val else SCORE_LINE.split("; val:", 1)[0]
+    return line.replace("over seeds", "over runs", 1).replace("for one seed", "for one run", 1) if pooled else line
 
 
 def _exact(value: float) -> float:

@@ -90,8 +90,8 @@ def _footer(
     summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str
 ) -> list[str]:
     bold = bold_legend(choices, {s.metric for s in summaries})
-    return ([score_line(bool(val_columns(summaries)))] + ([bold] if bold else []) + choice_notes(choices)
-            + legend_lines(summaries, escape=escape))
+    scores = score_line(bool(val_columns(summaries)), any(s.pooled for s in summaries))
+    return [scores] + ([bold] if bold else []) + choice_notes(choices) + legend_lines(summaries, escape=escape)
 
 
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
@@ -156,7 +156,7 @@ _LATEX_MARKS = {"⊕": r"\oplus", "†": r"\dagger", "‡": r"\ddagger", "§": r
 _LATEX_TEXT = {"⊕": r"$^\oplus$", "†": r"$^\dagger$", "‡": r"$^\ddagger$", "§": r"$^\S$", "¶": r"$^\P$",
                "◇": r"$^\diamond$", "♯": r"$^\sharp$", "‖": r"$^\|$",
                "*": r"$^*$", "×": r"$\times$", "±": r"$\pm$", "·": r"\textperiodcentered{}", "—": "---",
-               "≥": r"$\geq$"}
+               "≥": r"$\geq$", "≤": r"$\leq$", "−": "$-$", "→": r"$\to$", "–": "--", "…": r"\ldots{}"}
 
 
 def latex_escape(text: str) -> str:

@@ -154,6 +154,7 @@ def result_table(store: Store, cache: RunReader, suite: str | None = None, digit
     ]
     bold = bold_legend(choices, {s.metric for s in summaries})
     with_val = any(s.val_n for s in summaries)  # the page's val cells: said only where there are some
-    legend = (score_line(with_val), *([bold] if bold else []), *choice_notes(choices), *legend_lines(summaries))
+    scores = score_line(with_val, any(s.pooled for s in summaries))
+    legend = (scores, *([bold] if bold else []), *choice_notes(choices), *legend_lines(summaries))
     return ResultTable(lines, to_csv(summaries, chosen_by(choices)), built.missing, summaries, legend,
                        tuple(table_lines(summaries)), choices)
