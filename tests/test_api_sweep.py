@@ -123,3 +123,14 @@ def test_the_notebook_steers_a_sweep(orch: Orch, monkeypatch: pytest.MonkeyPatch
     said = sweep.stop_daemon()
     assert "daemon stopped" in said and not sweep.status()["daemon"]["alive"]
     assert "nothing to stop" in sweep.stop_daemon()
+
+
+def test_a_not_science_list_changed_between_submits_never_splits_a_row(orch: Orch) -> None:
+    """Seeds queued before a suite's not_science named a key kept it in their setting, seeds
+    queued after did not: one config, one command, two rows (a --force rerun kept apart too)."""
+    orch.write_suite("ac", {"tiny": {"sim_seconds": 1, "sim_mem_gib": 1}}, mem_gib=1)
+    orch.submit("ac", "1:toy")
+    orch.write_suite("ac", {"tiny": {"sim_seconds": 1, "sim_mem_gib": 1}}, mem_gib=1, not_science=["sim_seconds"])
+    orch.submit("ac", "2:toy")
+    rows = Sweep(orch.db).summary(as_frame=False)
+    assert len(rows) == 1 and rows[0]["n_text"] == "0 of 2 (seeds 1, 2 queued)", rows

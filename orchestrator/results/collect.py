@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ class RunReader:
     def __init__(self, max_entries: int = 200_000) -> None:
         self._readings: dict[str, RunReading] = {}
         self._stored: dict[str, RunReading] = {}  # by the stored text: it never changes
-        self._settings: dict[tuple[str, str, str, str, str, str], Setting] = {}
+        self._settings: dict[tuple[str, str, str, str, str, frozenset[str]], Setting] = {}
         self._lock = threading.Lock()
         self.max_entries = max_entries
 
@@ -110,23 +111,24 @@ class RunReader:
                 self._stored[text] = found
         return found
 
-    def setting(self, run: ResultJob) -> Setting:
+    def setting(self, run: ResultJob, aside: frozenset[str] | None = None) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
-        config × overrides share it whatever their seed and task)."""
+        config × overrides share it whatever their seed and task). `aside`: the keys its suite
+        calls not science, over all of its jobs (`not_science_keys`); None: its own job's list."""
+        aside = _not_science(run.not_science_json) if aside is None else aside
         key = (
             run.setting_json,
             run.job_overrides_json,
             run.config_path,
             run.env_json,
             run.worker,
-            run.not_science_json,
+            aside,
         )
         with self._lock:
             found = self._settings.get(key)
         if found is None:
             config, overrides = _loads_mapping(run.setting_json), _loads_mapping(run.job_overrides_json)
             # keys the suite calls not science (paths, simulated time) never split a row
-            aside = _not_science(run.not_science_json)
             config = {k: v for k, v in config.items() if k not in aside}
             overrides = {k: v for k, v in overrides.items() if k not in aside}
             env = {str(k): str(v) for k, v in _loads_mapping(run.env_json).items()}
@@ -160,8 +162,10 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     missing = from_run_dirs = 0
     splits_read = False
     backfill: list[tuple[int, int, dict[str, Any]]] = []
-    for run in result_jobs(store, suite):
-        setting = reader.setting(run)
+    runs = result_jobs(store, suite)
+    aside = not_science_keys(runs)
+    for run in runs:
+        setting = reader.setting(run, aside.get(run.suite, frozenset()))
         reading = reader.stored(run.reported_json)
         if reading is None and run.run_dir is not None and run.n is not None and run.state in ENDED:
             from_run_dirs += 1
@@ -260,6 +264,16 @@ def _peft_file(config_dir: Path, name: str) -> dict[str, Any] | None:
     with contextlib.suppress(UnicodeDecodeError, ValueError, RecursionError):
         return _dict(json.loads(raw.decode("utf-8")))
     return None
+
+
+def not_science_keys(runs: Sequence[ResultJob]) -> dict[str, frozenset[str]]:
+    """Per suite, the keys any of its jobs was submitted calling not science: a list changed
+    between submits sets the same keys aside in every run of the suite, so a row is never split
+    by when its seeds were queued (nor a `--force` rerun kept apart from the seed it replaces)."""
+    texts: dict[str, set[str]] = {}
+    for run in runs:
+        texts.setdefault(run.suite, set()).add(run.not_science_json)
+    return {suite: frozenset().union(*(_not_science(text) for text in found)) for suite, found in texts.items()}
 
 
 def _not_science(text: str) -> frozenset[str]:
