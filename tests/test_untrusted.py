@@ -199,6 +199,12 @@ def test_one_malformed_run_dir_never_stops_the_others(orch: Orch) -> None:
         assert states[job_id] in ("succeeded", "failed"), mode
         reason = orch.attempts(job_id)[0]["reason"]
         assert "ignored invalid run-dir files" in reason, (mode, reason)
+    # results say why a succeeded run has no metrics: the file ignored, not "reported none"
+    from orchestrator.api import Sweep
+
+    whys = {r["job"]: r["why"] for r in Sweep(orch.db).results(as_frame=False) if r["job"] in bad}
+    ignored = [job_id for job_id, mode in bad.items() if mode == "result_1e308"]
+    assert states[ignored[0]] == "succeeded" and "ignored invalid run-dir files: result.json" in whys[ignored[0]], whys
     log = Path(str(orch.db) + ".daemon.log").read_text()
     assert "tick failed" not in log
 

@@ -27,7 +27,7 @@ from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reconcile import group_is_ours, proven_group, read_log_tail, read_result
 from orchestrator.attempts.reported import RunReading, reading_of
 from orchestrator.attempts.run_evidence import LossVerdict, loss_verdict
-from orchestrator.attempts.rundir_reads import read_gpu_peak_card, read_gpu_peak_mib
+from orchestrator.attempts.rundir_reads import IGNORED_FILES, read_gpu_peak_card, read_gpu_peak_mib
 from orchestrator.attempts.share_record import read_share
 from orchestrator.executors.base import cluster_owned
 from orchestrator.executors.checkpoints import (
@@ -269,8 +269,8 @@ def _write_end(store: Store, attempt: Attempt, found: _Gathered, verdict: Classi
     reason = verdict.reason
     if found.problems:  # what in the run dir was refused: named, never the cause of a crash
         unique = list(dict.fromkeys(found.problems))
-        reason = f"{reason}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
-        message = f"{message}; ignored invalid run-dir files: {'; '.join(unique)}"[:1000]
+        reason = f"{reason}; {IGNORED_FILES}{'; '.join(unique)}"[:1000]
+        message = f"{message}; {IGNORED_FILES}{'; '.join(unique)}"[:1000]
         data["invalid_files"] = unique[:20]
     succeeded_silently = result is None and verdict.outcome is AttemptOutcome.SUCCEEDED
     printed = _stdout_metrics(job, Path(attempt.run_dir)) if succeeded_silently else None

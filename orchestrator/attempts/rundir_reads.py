@@ -99,6 +99,7 @@ PROGRESS_FIELDS: dict[str, tuple[Check, str]] = {
     "samples_per_s": (lambda v: v is None or _number_in(0, 1e12)(v), "a finite number or null"),
     "peak_mem_mib": (lambda v: v is None or _number_in(0, MAX_MIB)(v), "a number of MiB or null"),
 }
+IGNORED_FILES = "ignored invalid run-dir files: "  # how an attempt's end names the files it refused
 REQUIRED = {RunDir.PID: ("pid", "pgid", "create_time"), RunDir.EXIT: ("exit_code",)}
 
 

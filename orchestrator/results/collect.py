@@ -29,7 +29,7 @@ from orchestrator.attempts.reported import (
     reading_of,
     val_metrics,
 )
-from orchestrator.attempts.rundir_reads import read_result
+from orchestrator.attempts.rundir_reads import IGNORED_FILES, read_result
 from orchestrator.errors import StoreError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.ladder_spec import LOGITS_KEY, logits_exact
@@ -192,7 +192,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             changes=run.overrides, run_alone=run.run_alone, overrides=setting.overrides,
             setting=setting.digest, test_is_val=reading.test_is_val,
             lora_dropout=setting.lora_dropout if reading.lora_dropout is None else reading.lora_dropout,
-            no_metrics=NO_METRICS if reading.metrics is None else None, inexact=inexact_of(run),
+            no_metrics=no_metrics_why(run.attempt_reason) if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
             level_note=run.level_note, fused=reading.fused_members,
@@ -201,6 +201,13 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
         with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time
             backfill_reported(store, backfill)
     return Collected(rows, missing, from_run_dirs, splits_read)
+
+
+def no_metrics_why(attempt_reason: str | None) -> str:
+    """Why a succeeded run has no metrics: none reported, or the files it wrote that orch
+    ignored (a result.json too large, not JSON, a link), as its attempt's end named them."""
+    ignored = (attempt_reason or "").partition(IGNORED_FILES)[2]
+    return f"{NO_METRICS}; {IGNORED_FILES}{first_line(ignored, 300)}" if ignored else NO_METRICS
 
 
 def provenance_keys(stored: str | None) -> dict[str, str | None]:

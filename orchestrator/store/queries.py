@@ -358,6 +358,7 @@ class ResultJob:
     level_note: str | None = None  # why the job started above the level its ladder gave it
     reported_json: str | None = None  # what the attempt reported, read at its end; None: ended before that
     ended_at: float | None = None  # when the attempt ended; None: not ended (or never started)
+    attempt_reason: str | None = None  # the attempt's end, as recorded (with any run-dir files it ignored)
 
     @property
     def succeeded(self) -> bool:
@@ -368,7 +369,7 @@ class ResultJob:
 _RESULT_JOBS_SQL = (
     "SELECT j.id AS job_id, j.suite, j.config_name, j.data, j.seed, j.state, j.reason, a.n, a.level, a.level_step, "
     "a.overrides_json, a.run_alone, a.run_dir, a.output_metrics_json, j.overrides_json AS job_overrides_json, "
-    "a.inexact_rungs_json, a.diverged, a.provenance_json, a.reported_json, a.ended_at, "
+    "a.inexact_rungs_json, a.diverged, a.provenance_json, a.reported_json, a.ended_at, a.reason AS attempt_reason, "
     "j.config_path, j.env_json, COALESCE(a.worker, j.worker) AS worker, j.not_science_json, j.level_note, "
     "CASE WHEN json_valid(j.config_json) THEN json_remove(j.config_json, '$.seed', '$.data') ELSE j.config_json END "
     "AS setting_json FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND a.n = CASE WHEN j.state = ? "
@@ -400,6 +401,6 @@ def result_jobs(store: Store, suite: str | None = None) -> list[ResultJob]:
             r["output_metrics_json"], r["job_overrides_json"] or "{}", r["setting_json"] or "{}",
             r["config_path"] or "", r["env_json"] or "{}", r["worker"] or "", _STATES[r["state"]], r["reason"],
             _names(r["inexact_rungs_json"]), r["not_science_json"] or "[]", r["diverged"], r["provenance_json"],
-            r["level_note"], r["reported_json"], r["ended_at"],
+            r["level_note"], r["reported_json"], r["ended_at"], r["attempt_reason"],
         ))  # fmt: skip
     return out
