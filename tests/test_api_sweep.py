@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.api import Sweep
-from orchestrator.errors import OrchError, PlanError
+from orchestrator.errors import OrchError, PlanError, UsageError
 from tests.e2e_helpers import REPO_ROOT, Orch, orch_env, requires_tmux, wait_until
 
 pytestmark = requires_tmux
@@ -134,3 +134,18 @@ def test_a_not_science_list_changed_between_submits_never_splits_a_row(orch: Orc
     orch.submit("ac", "2:toy")
     rows = Sweep(orch.db).summary(as_frame=False)
     assert len(rows) == 1 and rows[0]["n_text"] == "0 of 2 (seeds 1, 2 queued)", rows
+
+
+def test_wait_returns_ended_jobs_without_a_daemon_and_refuses_nothing_to_wait_for(orch: Orch) -> None:
+    """A notebook run again after a kernel restart: a new Sweep knew no job (wait returned {} at
+    once), and jobs found already there and ended were refused for want of a daemon."""
+    with pytest.raises(UsageError, match="nothing to wait for: this Sweep submitted no job"):
+        Sweep(orch.db, plans=orch.plans).wait()
+    import sqlite3
+
+    Sweep(orch.db, plans=orch.plans).submit("nb", pairs=["1:glue_rte"])
+    with sqlite3.connect(orch.db) as db:  # as a daemon, stopped since, left it
+        db.execute("UPDATE jobs SET state = 'succeeded' WHERE id = 1")
+    again = Sweep(orch.db, plans=orch.plans)
+    again.submit("nb", pairs=["1:glue_rte"])  # found there already: this Sweep's job all the same
+    assert again.wait(timeout_s=5, progress=False) == {1: "succeeded"}

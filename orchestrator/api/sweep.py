@@ -277,8 +277,10 @@ class Sweep:
 
     def wait(self, jobs: Iterable[int] | None = None, *, timeout_s: float | None = None, poll_s: float = 1.0,
              progress: bool = True, on_poll: Callable[[dict[int, str]], None] | None = None) -> dict[int, str]:
-        """Until the jobs (default: those this object submitted) have ended; returns their states.
-        A bar shows how many ended; refused at once when no daemon runs on the database."""
+        """Until the jobs (default: those this object submitted, found there already or queued) have
+        ended; returns their states. A bar shows how many ended. Jobs that have all ended are
+        returned at once; refused at once when some have not and no daemon runs on the database,
+        and when there is nothing to wait for (this object submitted nothing and no `jobs` given)."""
         wanted = arguments.job_ids("jobs", jobs)
         wanted = list(self.submitted) if wanted is None else wanted
         timeout_s = arguments.number("timeout_s", timeout_s, optional=True, positive=True)
@@ -286,7 +288,11 @@ class Sweep:
         progress = bool(arguments.flag("progress", progress))
         on_poll = arguments.callback("on_poll", on_poll)
         if not wanted:
-            return {}
+            raise UsageError("nothing to wait for: this Sweep submitted no job (a new one after a restart of the "
+                             "kernel knows none): submit again, which finds the jobs already there, or pass jobs=[...]")
+        states = self._states(wanted)
+        if all(JobState(s) in TERMINAL_STATES for s in states.values()):
+            return states  # ended already: no daemon needed
         with self._store() as store:
             if daemon_alive(store) is None:
                 raise OrchError(f"no daemon runs on {self.db_path}: start one (`orch daemon start`) and wait again")
