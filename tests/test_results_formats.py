@@ -5,6 +5,7 @@ changing numerics is marked."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -217,3 +218,13 @@ def test_every_legend_line_escapes_to_plain_ascii_latex() -> None:
         assert escaped.isascii(), [ch for ch in escaped if not ch.isascii()]
     assert "over runs" in score_line(True, pooled=True) and "over seeds" not in score_line(True, pooled=True)
     assert "over seeds" in score_line(True)
+
+
+def test_a_column_of_a_script_without_tasks_is_titled_by_its_metric_alone() -> None:
+    # the markdown and LaTeX heads read " (accuracy)", the notes "a ·  (accuracy): ..."
+    from orchestrator.results.formats import column_title
+
+    assert column_title("", "accuracy") == "accuracy" and column_title("rte", "accuracy") == "rte (accuracy)"
+    summaries = [dataclasses.replace(s, task="") for s in aggregate(rows())]
+    head = to_markdown(summaries).splitlines()[0]
+    assert "| accuracy |" in head.replace("  ", " ") and " (accuracy)" not in head, head

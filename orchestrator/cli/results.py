@@ -18,6 +18,7 @@ from orchestrator.results.filters import parse_where
 from orchestrator.results.formats import (
     FORMATS,
     TABLE_COLUMNS,
+    column_title,
     legend_lines,
     render_rows,
     score_line,
@@ -158,8 +159,8 @@ def results_cmd(
         _refuse_unfinished(summaries)
     if basis is not None and fmt not in ("markdown", "latex"):
         for task, column_metric in unchosen_columns(choices):
-            click.echo(f"{task} ({column_metric}): no setting with n ≥ 2 reported val {column_metric}: none selected",
-                       err=True)
+            click.echo(f"{column_title(task, column_metric)}: no setting with n ≥ 2 reported val {column_metric}: "
+                       "none selected", err=True)
         if summaries and not any(is_chosen(s, choices) for s in summaries):
             # there are results, but none to choose by: say so, not "no results yet"
             empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds) to choose on: "
@@ -253,7 +254,7 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
         click.echo(line)
     picked = [s for s in summaries if is_chosen(s, choices)]
     if bold and picked:
-        click.echo(bold + ": " + "; ".join(f"{s.task} ({s.metric}) {s.label}".strip() for s in picked))
+        click.echo(bold + ": " + "; ".join(f"{column_title(s.task, s.metric)} {s.label}".strip() for s in picked))
     for note in choice_notes(choices):
         click.echo(note)
 

@@ -60,6 +60,11 @@ POOLED_LINE = "pooled: every succeeded run counted (a rerun of a seed counts aga
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")
 
 
+def column_title(task: str, metric: str) -> str:
+    """`rte (accuracy)`; the metric alone for a script without tasks (no ` (accuracy)`)."""
+    return f"{task} ({metric})" if task else metric
+
+
 def score_line(with_val: bool, pooled: bool = False) -> str:
     """SCORE_LINE, its `val:` part only where the table has a val column; over runs, not seeds,
     where the table pools reruns (`--pooled`)."""

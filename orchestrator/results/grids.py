@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from orchestrator.results.aggregate import ResultSummary
 from orchestrator.results.formats import (
     cell_marks,
+    column_title,
     legend_lines,
     score,
     score_line,
@@ -95,7 +96,7 @@ def _footer(
 
 
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
-    return [f"{label} · {task} ({metric}): {note}" for label in rows for task, metric in columns
+    return [f"{label} · {column_title(task, metric)}: {note}" for label in rows for task, metric in columns
             if (s := cells.get((label, task, metric))) is not None for note in s.notes]
 
 
@@ -117,7 +118,7 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Bas
     lines = [md_escape(line) for line in table_lines(summaries)]
     lines += [""] if lines else []
     with_val = val_columns(summaries)
-    heads = [f"{md_escape(t)} ({md_escape(m)})" + (" | val" if (t, m) in with_val else "") + " | n"
+    heads = [md_escape(column_title(t, m)) + (" | val" if (t, m) in with_val else "") + " | n"
              for t, m in columns]
     lines += ["| config | " + " | ".join(heads) + " |",
               "|---|" + "".join("---:|---:|---:|" if c in with_val else "---:|---:|" for c in columns)]
@@ -184,7 +185,7 @@ def to_latex(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis 
         return ""
     lines = [latex_escape(line) + r"\par" for line in table_lines(summaries)]
     with_val = val_columns(summaries)
-    heads = [f"{latex_escape(t)} ({latex_escape(m)})" + (" & val" if (t, m) in with_val else "") + " & $n$"
+    heads = [latex_escape(column_title(t, m)) + (" & val" if (t, m) in with_val else "") + " & $n$"
              for t, m in columns]
     lines += [r"\begin{tabular}{l" + "".join("rrr" if c in with_val else "rr" for c in columns) + "}", r"\hline",
               "config & " + " & ".join(heads) + r" \\",

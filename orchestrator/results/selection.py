@@ -15,6 +15,7 @@ from enum import Enum
 
 from orchestrator.plans.metric_direction import lower_is_better
 from orchestrator.results.aggregate import ResultSummary
+from orchestrator.results.formats import column_title
 
 MIN_N_CHOSEN = 2  # a single seed is no evidence that a setting is better
 Column = tuple[str, str]  # (task, metric)
@@ -80,7 +81,7 @@ def _score(s: ResultSummary, basis: Basis) -> float:
 
 def choice_notes(choices: dict[Column, ColumnChoice]) -> list[str]:
     """`glue_rte (accuracy): the choice, r8, has 2 seeds; its rivals up to 4`, per column."""
-    return [f"{task} ({metric}): {c.note}".strip() for (task, metric), c in choices.items() if c.note]
+    return [f"{column_title(task, metric)}: {c.note}" for (task, metric), c in choices.items() if c.note]
 
 
 def is_chosen(summary: ResultSummary, choices: dict[Column, ColumnChoice]) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.results.aggregate import ResultSummary
+from orchestrator.results.formats import column_title
 
 CONFIDENCE = 0.95
 SAME_DIFFERENCE = 1e-9  # differences closer than this (relative) are one difference: no t test
@@ -84,7 +85,7 @@ def paired_test(a: ResultSummary, b: ResultSummary) -> PairedTest:
 def paired_text(test: PairedTest, digits: int = 4) -> str:
     """One line: `glue_rte (accuracy): A − B = +0.0125 over 4 paired seeds (1 2 3 4); t = 2.10,
     p = 0.127 (paired t test)`."""
-    head = f"{test.task} ({test.metric}): "
+    head = f"{column_title(test.task, test.metric)}: "
     if test.mean_difference is None:
         return head + "no seed counted in both: nothing to pair"
     text = (

@@ -200,7 +200,8 @@ def curve_runs(
             continue
         job, last = history.job, history.attempts[-1]
         overrides = " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items()))
-        group = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") + f" · {job.data}"
+        group = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") \
+            + (f" · {job.data}" if job.data else "")  # a script without tasks: no empty part
         if by is not None:
             group = f"{by}={colour_key(job, by)}"
         colour = colours.setdefault(group, PALETTE[len(colours) % len(PALETTE)]) if by is not None \
