@@ -290,7 +290,8 @@ def test_results_with_non_dict_metrics(orch: Orch) -> None:
     assert "no test metrics" in proc.stderr
     (row,) = orch.json("results")  # the row is there, empty, and says why
     assert (row["mean"], row["n"], row["runs"]) == (None, 0, [])
-    assert row["notes"] == ["seed 1 (job 1) reported no test metrics (result.json or printed): not counted"]
+    assert row["notes"] == ["seed 1 (job 1) reported no test metrics (result.json or printed); ignored invalid "
+                            "run-dir files: result.json: metrics must be a mapping, not [1, 2, 3]: not counted"]
 
 
 def test_cancel_with_an_invalid_pid_json_stops_the_job(orch: Orch) -> None:
