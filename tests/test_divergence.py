@@ -133,9 +133,11 @@ def test_a_nan_loss_written_to_progress_jsonl_is_the_rules_evidence(tmp_path: Pa
     assert summary is not None and summary.steps == 20 and summary.nonfinite
     assert verdict(summary) == "loss not finite at the end of training"
     (tmp_path / "progress.jsonl").write_text("\n".join([*good, '{"step": 15, "loss": Infinity, "val": {"a": 1}}', ""]))
-    assert verdict(reported_loss_summary(tmp_path)) == "loss not finite at the end of training"  # type: ignore[arg-type]
+    infinite = reported_loss_summary(tmp_path)
+    assert infinite is not None and verdict(infinite) == "loss not finite at the end of training"
     (tmp_path / "progress.jsonl").write_text("\n".join([*good, '{"loss": NaN}', '{"step": 2e300, "loss": NaN}', ""]))
-    assert verdict(reported_loss_summary(tmp_path)) is None  # type: ignore[arg-type]  # no step: no record
+    no_step = reported_loss_summary(tmp_path)
+    assert no_step is not None and verdict(no_step) is None  # no step: no record
     (tmp_path / "progress.jsonl").unlink()
     assert reported_loss_summary(tmp_path) is None
 
