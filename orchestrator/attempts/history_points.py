@@ -67,14 +67,21 @@ def flat_metrics(values: Mapping[str, Any], prefix: str = "") -> dict[str, float
 STEP_FALLBACKS = ("global_step", "train_step", "optimizer_step", "iteration", "iter", "epoch")
 
 
-def record_points(record: Any) -> list[Point]:
-    """The points of one progress.jsonl record: every metric at its `step` (without one, at a
-    step-like key's or its `epoch`); none when there is none, or it is not a number."""
+def record_step(record: Any) -> float | None:
+    """A progress.jsonl record's step: its `step` (without one, a step-like key's or its `epoch`);
+    None when it has none in range, or it is no record."""
     if not isinstance(record, dict):
-        return []
+        return None
     at = "step" if "step" in record else next((k for k in STEP_FALLBACKS if k in record), None)
     step = finite(record.get(at)) if at is not None else None
-    if step is None or not 0 <= step <= MAX_STEP:
+    return step if step is not None and 0 <= step <= MAX_STEP else None
+
+
+def record_points(record: Any) -> list[Point]:
+    """The points of one progress.jsonl record: every metric at its step (`record_step`); none
+    when it has no step."""
+    step = record_step(record)
+    if step is None:
         return []
     return [Point(step, key, value) for key, value in flat_metrics(record).items()]
 
@@ -82,8 +89,8 @@ def record_points(record: Any) -> list[Point]:
 def record_loss(record: Any) -> float | None:
     """A progress.jsonl record's `loss` as a float, NaN and infinities kept (the history keeps
     finite values only; a non-finite loss is the divergence rule's evidence); None: no loss, or
-    the record is none (`record_points`' test of its step)."""
-    if not isinstance(record, dict) or not record_points({**record, "loss": 0.0}):
+    the record has no step (`record_step`)."""
+    if record_step(record) is None:
         return None
     loss = record.get("loss")
     if isinstance(loss, bool) or not isinstance(loss, (int, float)) or (isinstance(loss, int) and abs(loss) > 1e300):
