@@ -111,11 +111,10 @@ class RunReader:
                 self._stored[text] = found
         return found
 
-    def setting(self, run: ResultJob, aside: frozenset[str] | None = None) -> Setting:
+    def setting(self, run: ResultJob, aside: frozenset[str]) -> Setting:
         """The job's effective config, worked out once per distinct stored text (the jobs of a
         config × overrides share it whatever their seed and task). `aside`: the keys its suite
-        calls not science, over all of its jobs (`not_science_keys`); None: its own job's list."""
-        aside = _not_science(run.not_science_json) if aside is None else aside
+        calls not science, over all of its jobs (`not_science_keys`)."""
         key = (
             run.setting_json,
             run.job_overrides_json,
