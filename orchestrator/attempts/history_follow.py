@@ -26,6 +26,7 @@ from orchestrator.attempts.rundir_reads import (
     read_output,
     read_result,
     stat_output,
+    text_decoder,
 )
 from orchestrator.attempts.stdout_follow import LOSS_HEAD_BYTES, LOSS_TAIL_BYTES
 from orchestrator.rundir_files import RunDir
@@ -39,17 +40,13 @@ START_BYTES = 4 * 1024 * 1024
 MAX_READ_BYTES = 4 * 1024 * 1024
 
 
-def _decoder() -> codecs.IncrementalDecoder:
-    return codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-
 @dataclass
 class _Followed:
     offset: int
     keys: set[str]
     looked: bool = False  # the file was looked at once: a later pass may follow a fast writer's tail
     lines: JsonLines = field(default_factory=JsonLines)
-    decoder: codecs.IncrementalDecoder = field(default_factory=_decoder)
+    decoder: codecs.IncrementalDecoder = field(default_factory=text_decoder)
 
 
 class HistoryFollower:
@@ -104,7 +101,7 @@ class HistoryFollower:
     @staticmethod
     def _jump(followed: _Followed, offset: int) -> None:
         followed.offset = offset
-        followed.decoder = _decoder()
+        followed.decoder = text_decoder()
         followed.lines = JsonLines(skip_first=offset > 0)
 
     def finish(self, attempt_id: int, run_dir: Path, printed: Sequence[Point] = ()) -> None:

@@ -353,8 +353,14 @@ def read_output(run_dir: Path, start: int, max_bytes: int, name: str = RunDir.LO
         os.close(fd)
 
 
+def text_decoder() -> codecs.IncrementalDecoder:
+    """A decoder of a run-dir file's bytes read piece by piece: UTF-8, undecodable bytes replaced
+    (user code writes them), a character cut between two reads completed by the next."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
 def _text(raw: bytes) -> str:
-    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(raw, final=True)
+    return text_decoder().decode(raw, final=True)
 
 
 def head_and_tail_texts(run_dir: Path, name: str, head_bytes: int, tail_bytes: int) -> list[str] | None:

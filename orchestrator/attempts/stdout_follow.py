@@ -17,7 +17,12 @@ from typing import Any
 
 from orchestrator.attempts.divergence import LossSummary, LossTrack
 from orchestrator.attempts.printed_metrics import StdoutProgress, printed_losses
-from orchestrator.attempts.rundir_reads import head_and_tail_texts, read_output, stat_output
+from orchestrator.attempts.rundir_reads import (
+    head_and_tail_texts,
+    read_output,
+    stat_output,
+    text_decoder,
+)
 from orchestrator.plans.template import OUR_WORKERS
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.history_bounds import Point
@@ -34,15 +39,11 @@ def follows_stdout(worker: str) -> bool:
     return worker not in OUR_WORKERS
 
 
-def _decoder() -> codecs.IncrementalDecoder:
-    return codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-
 @dataclass
 class _Followed:
     offset: int
     parser: StdoutProgress
-    decoder: codecs.IncrementalDecoder = field(default_factory=_decoder)
+    decoder: codecs.IncrementalDecoder = field(default_factory=text_decoder)
 
 
 class OutputFollower:
@@ -74,7 +75,7 @@ class OutputFollower:
     @staticmethod
     def _jump(followed: _Followed, offset: int) -> None:
         followed.offset = offset
-        followed.decoder = _decoder()
+        followed.decoder = text_decoder()
         followed.parser.resync(mid_line=offset > 0)
 
     def take_points(self, attempt_id: int, ended: bool = False) -> list[Point]:
