@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator.scheduling.packing.pack import outstanding_reservation_mib, pack
@@ -240,6 +242,26 @@ def test_headroom_shrinks_for_a_job_that_needs_most_of_an_empty_card() -> None:
     assert placed(pack([job(1, 23)], [gpu(0, total_gib=24)], [], PackingPolicy(), 0.0)) == {1: 0}
     d = pack([job(1, 23)], [gpu(0, total_gib=24, free_gib=23.5)], [], PackingPolicy(), 0.0)
     assert d.placements == ()
+
+
+def test_a_measured_peaks_margin_counts_within_the_headroom_not_beside_it() -> None:
+    # The TRL sweep on one H200 beside a ballast (24,575 MiB, 2,457 of headroom): a b128 job holds
+    # 7,948 MiB at its peak; a b256 one measured at 13,866 is predicted 14,357 (a 3.5 % margin).
+    card = GpuState(0, "GPU-0", 24_575, 24_575 - 7_948 - 105, 4)
+    policy = PackingPolicy(headroom_max_mib=2_457)
+    busy = [RunningAttempt(1, 0, 7_948, 7_948, reached_peak=True)]
+    b256 = QueuedJob(2, 0, 2, 14_357, 0.0, margin_mib=491)
+    assert placed(pack([b256], [card], busy, policy, 0.0)) == {2: 0}  # 13,866 + 2,457 fit 16,522
+    # the same figure with no measured peak under it (an estimate) keeps the whole headroom beside it
+    d = pack([replace(b256, margin_mib=0)], [card], busy, policy, 0.0)
+    assert d.placements == () and "needs 14.0 GiB + 2.4 GiB headroom" in d.wait_reasons[2]
+    # a margin above the headroom leaves none beside it: the prediction alone must fit
+    wide = QueuedJob(3, 0, 3, 16_000, 0.0, margin_mib=3_000)
+    assert placed(pack([wide], [card], busy, policy, 0.0)) == {3: 0}
+    assert pack([replace(wide, predicted_peak_mib=16_523)], [card], busy, policy, 0.0).placements == ()
+    # capped to the largest card, its figure is the cap's: no margin of a measure under it
+    big = QueuedJob(4, 0, 4, 30_000, 0.0, margin_mib=1_000)
+    assert pack([big], [GpuState(0, "GPU-0", 24_575, 24_575 - 1, 4)], [], policy, 0.0).placements == ()
 
 
 def test_spread_prefers_the_emptiest_card_and_best_fit_the_tightest() -> None:

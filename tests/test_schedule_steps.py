@@ -13,6 +13,7 @@ from orchestrator.prediction.durations import CompletedRun, DurationTable
 from orchestrator.prediction.job_facts import JobFacts, JobShapeCache, job_shape_key, shape_facts
 from orchestrator.prediction.ladder import Level, expand_levels, load_ladder
 from orchestrator.prediction.learned import Knowledge
+from orchestrator.prediction.shapes import RunningPeak
 from orchestrator.scheduling.pack_inputs import (
     PackInputs,
     PassReadings,
@@ -91,6 +92,25 @@ def test_a_measured_peak_learned_host_memory_and_run_time_reach_the_queued_job()
     assert queued.predicted_peak_mib >= 6000 and inputs.predictions[1][1].kind is SourceKind.MEASURED
     assert queued.host_mib == inputs.host_predictions[1] == 2048
     assert queued.expected_duration_s == 300.0
+    # its margin over the measured peak is what the card's headroom covers (packing.cards.headroom_for)
+    assert queued.margin_mib == queued.predicted_peak_mib - 6000 > 0
+
+
+def test_only_a_peak_measured_to_completion_gives_its_margin_to_the_headroom() -> None:
+    cache = JobShapeCache()
+    job = a_job(1, declared_mib=1024)
+    key = job_shape_key(job, LEVEL)
+    running = Knowledge({}, {key: RunningPeak(6000, 12)})
+    inputs = pack_inputs([entry(job)], {1: facts_for(job, cache)}, readings(knowledge=running), cache, None)
+    # a running attempt's early peak may still grow (its margin is growth, not slack); a declared figure has none
+    assert inputs.predictions[1][1].kind is SourceKind.RUNNING and inputs.queue[0].margin_mib == 0
+    declared = pack_inputs([entry(job)], {1: facts_for(job, JobShapeCache())}, readings(), JobShapeCache(), None)
+    assert declared.queue[0].margin_mib == 0
+    # a shared base's process counts its memory apart from the job's own peak: no margin given
+    lora = a_job(2, worker="lora", worker_output={"share_base": "sequential"})
+    measured = {job_shape_key(lora, LEVEL): ShapeMemory(6000, None, 1)}
+    shared = pack_inputs([entry(lora)], {2: facts_for(lora, cache)}, readings(shapes=measured), cache, None)
+    assert shared.predictions[2][1].kind is SourceKind.MEASURED and shared.queue[0].margin_mib == 0
 
 
 def test_kinds_split_by_priority_and_each_kind_counts_its_queued_jobs() -> None:

@@ -4,6 +4,7 @@ requeues it at its level, not counted, and it never starts on trial again."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -243,11 +244,12 @@ def _suite(plans: Path) -> None:
 
 def test_the_daemons_pass_starts_a_trial_fenced_at_its_room_and_says_so(tmp_path: Path) -> None:
     from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.prediction.job_facts import JobShapeCache, job_family_tag, job_levels, job_shape_key
     from orchestrator.scheduling.dispatch import DispatchContext, schedule
     from orchestrator.scheduling.state import SchedulerState
     from orchestrator.store import Store
     from orchestrator.store.attempts import write_shape
+    from orchestrator.store.learning import label_shape
     from orchestrator.store.jobs import set_gpu_plan, submit_jobs
     from orchestrator.store.sweep_attempts import all_attempts
     from tests.store_reads import events, read_jobs
@@ -260,11 +262,16 @@ def test_the_daemons_pass_starts_a_trial_fenced_at_its_room_and_says_so(tmp_path
         set_gpu_plan(store, GpuPlan(slots_by_gpu={}, default_slots=4))
         submit_jobs(store, suite, expand_jobs(suite, parse_pairs("1:toy 2:toy"), {}, None, 0), allowed_gpus=None,
                     priority=0, force=False, dry_run=False)
+        # its memory family has measured only b256: the b128 is predicted above it, and the least it
+        # could need is half of it (a measured b128 would fit beside the headroom without a trial)
         job = read_jobs(store)[0]
-        write_shape(store, job_shape_key(job, job_levels(job, JobShapeCache())[0]), ShapeMemory(B128_MIB, None, 1))
+        b256 = replace(job, config={**job.config, "batch_size": 256})
+        level = job_levels(b256, JobShapeCache())[0]
+        write_shape(store, job_shape_key(b256, level), ShapeMemory(B256_MIB, None, 1))
+        label_shape(store, job_shape_key(b256, level), "tr", "b256", job_family_tag(b256, level))
         control = MpsControl(MpsDirs(root / "mps" / "pipe", root / "mps" / "log"), ("GPU-0",), binary="/bin/false")
         ctx = DispatchContext(root / "runs", POLICY, {}, mps=MpsState(control, {"GPU-0"}) if mps else None)
-        # a b256 job of another program holds its peak: 10,709 MiB free, 8,345 + 2,457 needed
+        # a b256 job of another program holds its peak: 10,709 MiB free, 14,560 + 2,457 needed
         snapshot = (GpuSnapshot(index=0, uuid="GPU-0", name="sim", total_mib=CARD_MIB, used_mib=B256_MIB,
                                 free_mib=CARD_MIB - B256_MIB, processes=()),)  # fmt: skip
         recorder = _Recorder()

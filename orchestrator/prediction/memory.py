@@ -380,7 +380,8 @@ def predict_peak_mib(
         margin = measured_margin(measured.samples) if margin_fraction is None else margin_fraction
         # running attempts count at this margin: a shape measured to completion is known
         peak_mib = max([measured.peak_mib, *(r.peak_mib for r in (running, held) if r is not None)])
-        prediction = Prediction(math.ceil(peak_mib * (1 + margin)), PredictionSource(SourceKind.MEASURED))
+        figure_mib = math.ceil(peak_mib * (1 + margin))
+        prediction = Prediction(figure_mib, PredictionSource(SourceKind.MEASURED, margin_mib=figure_mib - peak_mib))
     elif running is not None:
         prediction = Prediction(
             math.ceil(running.peak_mib * (1 + running_margin(running.step))),

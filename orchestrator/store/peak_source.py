@@ -32,6 +32,9 @@ class PredictionSource:
     capped: bool = False  # lowered to the largest card's usable memory
     points: int | None = None  # FAMILY: measured members behind the fit
     error: float | None = None  # FAMILY: the fit's largest relative residual
+    # MEASURED: how much of the figure is margin over the measured peak (the card's headroom
+    # covers it: orchestrator.scheduling.packing.cards.headroom_for); not rendered
+    margin_mib: int = 0
 
     def render(self) -> str:
         """The text shown and stored (attempts.prediction_source)."""

@@ -109,8 +109,12 @@ def is_open(card: Card) -> bool:
 
 
 def headroom_for(job: QueuedJob, card: Card) -> int:
-    """Headroom, capped so that a job predicted to fill most of a card may still have it alone."""
-    return max(0, min(card.headroom_mib, card.gpu.total_mib - job.predicted_peak_mib))
+    """Headroom, capped so that a job predicted to fill most of a card may still have it alone,
+    less the margin its prediction already holds over a measured peak: both are slack for what a
+    measured peak may not show again, so the card keeps the headroom free beyond that peak once,
+    not beyond the peak and the margin (on a 24 GiB card a measured 13,866 MiB peak and a
+    7,948 MiB one fit together beside the headroom; with the margin beside it, they did not)."""
+    return max(0, min(card.headroom_mib, card.gpu.total_mib - job.predicted_peak_mib) - job.margin_mib)
 
 
 def need_mib(job: QueuedJob, card: Card) -> int:

@@ -235,7 +235,8 @@ def pack(
     capped: set[int] = set()
     if ceiling is not None:
         capped = {j.job_id for j in movable if j.predicted_peak_mib > ceiling}
-        movable = [replace(j, predicted_peak_mib=ceiling) if j.job_id in capped else j for j in movable]
+        movable = [replace(j, predicted_peak_mib=ceiling, margin_mib=0) if j.job_id in capped else j
+                   for j in movable]
     return _pack(movable, gpus, running, policy, now_s, host, topology, reasons, capped)
 
 
@@ -405,7 +406,7 @@ def _at_sooner_level(job: QueuedJob, allowed: list[Card], blockers: dict[int, Bl
         # its fused group at that level is not known here: placed as a job of its own
         at = replace(job, predicted_peak_mib=option.predicted_peak_mib, run_alone=option.run_alone,
                      expected_duration_s=option.expected_duration_s, alternatives=(), fuse_group=None,
-                     least_mib=None)  # the least its own level could need says nothing of another
+                     least_mib=None, margin_mib=0)  # its own level's measures say nothing of another
         cards_now = [c for c in allowed if blocker(at, c, now_s) is None]
         if cards_now:
             fitting[option.level] = (option, at, cards_now)

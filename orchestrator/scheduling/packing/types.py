@@ -67,6 +67,10 @@ class QueuedJob:
     # the least it could need (orchestrator.prediction.least): on a fenced card it may start on
     # trial into less room than its prediction asks (orchestrator.scheduling.packing.trial); None: never
     least_mib: int | None = None
+    # the part of its prediction that is margin over its shape's peak measured to completion (a job
+    # of its own process): the card's headroom covers that margin, so it counts within the
+    # headroom, not beside it (orchestrator.scheduling.packing.cards.headroom_for); 0: none such
+    margin_mib: int = 0
     # on a fenced card it would be offered a start on trial, but one of its kind started on trial has
     # not shown its peak yet (orchestrator.prediction.learned.unproven_trials): its wait says so
     trial_held: bool = False
