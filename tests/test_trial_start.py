@@ -244,13 +244,18 @@ def _suite(plans: Path) -> None:
 
 def test_the_daemons_pass_starts_a_trial_fenced_at_its_room_and_says_so(tmp_path: Path) -> None:
     from orchestrator.plans import GpuPlan, expand_jobs, load_suite, parse_pairs
-    from orchestrator.prediction.job_facts import JobShapeCache, job_family_tag, job_levels, job_shape_key
+    from orchestrator.prediction.job_facts import (
+        JobShapeCache,
+        job_family_tag,
+        job_levels,
+        job_shape_key,
+    )
     from orchestrator.scheduling.dispatch import DispatchContext, schedule
     from orchestrator.scheduling.state import SchedulerState
     from orchestrator.store import Store
     from orchestrator.store.attempts import write_shape
-    from orchestrator.store.learning import label_shape
     from orchestrator.store.jobs import set_gpu_plan, submit_jobs
+    from orchestrator.store.learning import label_shape
     from orchestrator.store.sweep_attempts import all_attempts
     from tests.store_reads import events, read_jobs
     from tests.test_scale import _Recorder
