@@ -174,3 +174,26 @@ def test_other_seeds_after_an_oom_try_checkpointing_before_half_batch() -> None:
     [move] = start_moves([entry(job, level=1) for job in seeds], {job.id: at_1 for job in seeds},
                          readings(shapes=both), cache, card, PackingPolicy(headroom_fraction=0.0))
     assert move.level == 4
+
+
+def test_a_measured_peak_under_the_ceiling_stays_at_its_level_though_its_margin_is_above() -> None:
+    from orchestrator.prediction.job_facts import JobShapeCache, job_levels, job_shape_key
+    from orchestrator.scheduling.packing.types import GpuState, PackingPolicy
+    from orchestrator.scheduling.start_levels import start_moves
+    from orchestrator.store.rows import ShapeMemory
+    from tests.test_schedule_steps import a_job, entry, facts_for, readings
+
+    config = {"model": "/data/gla-1.3B", "batch_size": 16, "gradient_accumulation_steps": 1,
+              "max_seq_len": 1024, "peft": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}}
+    cache = JobShapeCache()
+    job = a_job(1, worker="lora", config=config)
+    level = job_levels(job, cache)[0]
+    card = [GpuState(0, "GPU-0", 24 * GIB, 24 * GIB, 1)]  # 21.6 GiB after the 10 % headroom
+
+    def moves(peak_mib: int) -> list[object]:
+        shapes = {job_shape_key(job, level): ShapeMemory(peak_mib, None, 1)}
+        return list(start_moves([entry(job)], {1: facts_for(job, cache, level)}, readings(shapes=shapes), cache, card,
+                                PackingPolicy()))
+
+    assert moves(21 * GIB) == []  # 21 GiB + 5 % is above 21.6 GiB; 21 GiB and the headroom fit the card
+    assert len(moves(22 * GIB)) == 1  # the peak itself is above: it moves to a later level

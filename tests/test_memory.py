@@ -244,3 +244,15 @@ def test_an_attempts_end_passes_where_it_was_placed_to_the_floor() -> None:
     assert below is not None and at_floor is not None
     assert below.fold(known).oom_floor_mib == 5000
     assert at_floor.fold(known).oom_floor_mib == math.ceil(5000 * OOM_FLOOR_GROWTH)
+
+
+def test_only_a_margin_over_a_peak_measured_to_completion_is_given_to_the_headroom() -> None:
+    from orchestrator.prediction.shapes import RunningPeak
+
+    measured = predict_peak_mib(ShapeMemory(6_000, None, 1), None, None)
+    assert measured.source.kind is SourceKind.MEASURED and measured.source.margin_mib == measured.mib - 6_000 > 0
+    # a live attempt past the completed peak: the figure is over its peak, growth that may go on
+    grown = predict_peak_mib(ShapeMemory(6_000, None, 1), None, None, running=RunningPeak(7_000, 20))
+    assert grown.mib > 7_000 and grown.source.margin_mib == 0
+    assert grown.source.margin_within_headroom_mib(shared_base=False) == 0
+    assert measured.source.margin_within_headroom_mib(shared_base=True) == 0  # a warm process counts apart

@@ -262,6 +262,24 @@ def test_a_measured_peaks_margin_counts_within_the_headroom_not_beside_it() -> N
     # capped to the largest card, its figure is the cap's: no margin of a measure under it
     big = QueuedJob(4, 0, 4, 30_000, 0.0, margin_mib=1_000)
     assert pack([big], [GpuState(0, "GPU-0", 24_575, 24_575 - 1, 4)], [], policy, 0.0).placements == ()
+    # above the cap (24,575 less 2,457) only by its margin: not capped, the measured peak fits an empty card
+    near = QueuedJob(5, 0, 5, 22_500, 0.0, margin_mib=700)
+    [whole] = pack([near], [GpuState(0, "GPU-0", 24_575, 24_575, 4)], [], policy, 0.0).placements
+    assert not whole.capped and whole.reserved_mib == 22_500
+
+
+def test_a_start_up_hold_keeps_the_whole_headroom_beside_it() -> None:
+    # the margin is slack over the job's peak, not over what it holds while it starts: beside a
+    # neighbour that ends in 10 s, its 516 MiB hold needs the whole 2,457 MiB of headroom now
+    policy = PackingPolicy(headroom_max_mib=2_457, overlap=True)
+    b256 = QueuedJob(2, 0, 2, 14_357, 0.0, margin_mib=491, ahead_s=20.0, startup_mib=516)
+
+    def beside(held_mib: int) -> dict[int, int]:
+        ending = [RunningAttempt(1, 0, held_mib, held_mib, reached_peak=True, expected_end_s=10.0)]
+        return placed(pack([b256], [GpuState(0, "GPU-0", 24_575, 24_575 - held_mib, 4)], ending, policy, 0.0))
+
+    assert beside(24_575 - 3_000) == {2: 0}  # 516 + 2,457 fit 3,000
+    assert beside(24_575 - 2_700) == {}  # they do not fit 2,700, though 516 + (2,457 - 491) would
 
 
 def test_spread_prefers_the_emptiest_card_and_best_fit_the_tightest() -> None:

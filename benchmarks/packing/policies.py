@@ -28,7 +28,6 @@ from orchestrator.scheduling.packing.level_choice import LevelOption
 from orchestrator.scheduling.packing.pack import can_take_any, pack
 from orchestrator.scheduling.packing.types import GpuState, PackingPolicy, QueuedJob, RunningAttempt
 from orchestrator.scheduling.teaching import teaching_jobs, untaught
-from orchestrator.store.peak_source import SourceKind
 from orchestrator.store.rows import ShapeMemory
 
 # The traces record true peaks and run times for five configurations in this order: as configured,
@@ -222,8 +221,7 @@ class OrchPolicy:
                         startup_mib=startup[1] if startup else 0,
                         alternatives=alternatives,
                         level=level,
-                        # a peak measured to completion gives its margin to the headroom, as the daemon's
-                        margin_mib=prediction.source.margin_mib if prediction.source.kind is SourceKind.MEASURED else 0,
+                        margin_mib=prediction.source.margin_within_headroom_mib(shared_base=False),
                     )
                 )
         if not placeable:

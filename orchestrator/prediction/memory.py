@@ -381,7 +381,10 @@ def predict_peak_mib(
         # running attempts count at this margin: a shape measured to completion is known
         peak_mib = max([measured.peak_mib, *(r.peak_mib for r in (running, held) if r is not None)])
         figure_mib = math.ceil(peak_mib * (1 + margin))
-        prediction = Prediction(figure_mib, PredictionSource(SourceKind.MEASURED, margin_mib=figure_mib - peak_mib))
+        # the margin over a peak measured to completion is slack the card's headroom covers; over a live
+        # attempt's peak beyond it, growth that may go on (no margin given to the headroom)
+        given_mib = figure_mib - peak_mib if peak_mib == measured.peak_mib else 0
+        prediction = Prediction(figure_mib, PredictionSource(SourceKind.MEASURED, margin_mib=given_mib))
     elif running is not None:
         prediction = Prediction(
             math.ceil(running.peak_mib * (1 + running_margin(running.step))),

@@ -45,7 +45,7 @@ from orchestrator.scheduling.packing.types import QueuedJob, RunningAttempt
 from orchestrator.scheduling.queue_kinds import Kind, kind_of
 from orchestrator.scheduling.resources import predict_host_mib
 from orchestrator.scheduling.teaching import untaught
-from orchestrator.store.peak_source import PredictionSource, SourceKind
+from orchestrator.store.peak_source import PredictionSource
 from orchestrator.store.rows import Attempt, Job, QueueEntry, ShapeMemory
 
 Curve = Mapping[int, Mapping[int, float]]  # GPU index -> tenants -> relative throughput
@@ -100,7 +100,7 @@ class KindInputs:
     estimated_base_mib: int | None = None  # its base's weights and context as the estimate counts them
     least_mib: int | None = None  # the least it could need: room for a start on trial (prediction.least)
     trial_held: bool = False  # no start on trial while one of its shape on trial is before step K
-    margin_mib: int = 0  # its prediction's margin over its shape's measured peak, within the headroom
+    margin_mib: int = 0  # its prediction's margin over a measured peak: within the headroom
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,7 @@ def kind_inputs(facts: JobFacts, job: QueueEntry, readings: PassReadings, cache:
     # trial has not shown its peak, where it could start on trial at all
     least = least_mib(facts.shape, readings.shapes, readings.knowledge) if readings.fenced and own_process else None
     trial_held = least is not None and shape_key in readings.unproven_trials
-    # a peak measured to completion: the card's headroom covers its margin (packing.cards.headroom_for).
-    # Not a shared base's: its process's memory is counted apart from the job's own peak
-    margin_mib = predicted[1].margin_mib if predicted[1].kind is SourceKind.MEASURED and own_process else 0
+    margin_mib = predicted[1].margin_within_headroom_mib(shared_base=not own_process)
     return KindInputs(
         predicted, host_mib, expected_s,
         curve_of(facts, readings.curves, readings.by_family), probe_family(facts, predicted[1], readings.knowledge),

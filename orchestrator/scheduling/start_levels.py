@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.prediction.carried import LevelNeed, no_level_fits, start_level
+from orchestrator.prediction.fused_groups import shares_base
 from orchestrator.prediction.job_facts import (
     JobFacts,
     JobShapeCache,
@@ -97,7 +98,8 @@ def start_moves(rows: Sequence[QueueEntry], facts_of: Mapping[int, JobFacts], re
             continue
         mib, source = predict_for(facts.shape, job, facts.level, readings.shapes, readings.prompt_lengths, cache,
                                   readings.knowledge)
-        if mib <= ceiling or source.kind not in _EVIDENCE:
+        # a measured peak's margin counts within the headroom the ceiling leaves (packing.cards)
+        if mib - source.margin_within_headroom_mib(shares_base(job)) <= ceiling or source.kind not in _EVIDENCE:
             continue
         needs = level_needs(job, facts, readings, cache, ceiling)
         choice = start_level(needs, facts.level.index, ceiling, verb="starts" if facts.level.index == 0 else "goes on")

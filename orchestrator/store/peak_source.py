@@ -32,9 +32,15 @@ class PredictionSource:
     capped: bool = False  # lowered to the largest card's usable memory
     points: int | None = None  # FAMILY: measured members behind the fit
     error: float | None = None  # FAMILY: the fit's largest relative residual
-    # MEASURED: how much of the figure is margin over the measured peak (the card's headroom
-    # covers it: orchestrator.scheduling.packing.cards.headroom_for); not rendered
+    # MEASURED: how much of the figure is margin over a peak measured to completion (the card's
+    # headroom covers it: orchestrator.scheduling.packing.cards.headroom_beside_mib); 0: none such.
+    # Not rendered
     margin_mib: int = 0
+
+    def margin_within_headroom_mib(self, shared_base: bool) -> int:
+        """The margin a job's prediction gives to the card's headroom: none for a job trained by a
+        warm shared-base process, whose memory is counted apart from the job's own peak."""
+        return 0 if shared_base else self.margin_mib
 
     def render(self) -> str:
         """The text shown and stored (attempts.prediction_source)."""

@@ -109,17 +109,23 @@ def is_open(card: Card) -> bool:
 
 
 def headroom_for(job: QueuedJob, card: Card) -> int:
-    """Headroom, capped so that a job predicted to fill most of a card may still have it alone,
-    less the margin its prediction already holds over a measured peak: both are slack for what a
-    measured peak may not show again, so the card keeps the headroom free beyond that peak once,
-    not beyond the peak and the margin (on a 24 GiB card a measured 13,866 MiB peak and a
-    7,948 MiB one fit together beside the headroom; with the margin beside it, they did not)."""
-    return max(0, min(card.headroom_mib, card.gpu.total_mib - job.predicted_peak_mib) - job.margin_mib)
+    """Headroom, capped so that a job predicted to fill most of a card may still have it alone."""
+    return max(0, min(card.headroom_mib, card.gpu.total_mib - job.predicted_peak_mib))
+
+
+def headroom_beside_mib(job: QueuedJob, card: Card) -> int:
+    """What the card keeps free beside the job's prediction: its headroom less the margin the
+    prediction already holds over a measured peak. Both are slack for what a measured peak may
+    not show again, so the card keeps the headroom free beyond that peak once, not beyond the
+    peak and the margin (on a 24 GiB card a measured 13,866 MiB peak and a 7,948 MiB one fit
+    together beside the headroom; with the margin beside it, they did not). A start-up hold is
+    not the peak the margin is over: beside it the whole headroom stays free (starts_ahead)."""
+    return max(0, headroom_for(job, card) - job.margin_mib)
 
 
 def need_mib(job: QueuedJob, card: Card) -> int:
-    """Its prediction (its own needs where it joins a fused group here) and headroom."""
-    return own_mib(job, card.groups) + headroom_for(job, card)
+    """Its prediction (its own needs where it joins a fused group here) and what is kept free beside it."""
+    return own_mib(job, card.groups) + headroom_beside_mib(job, card)
 
 
 def gain(job: QueuedJob, card: Card) -> float | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from orchestrator.scheduling.packing.cards import Card, blocker, headroom_for, need_mib
+from orchestrator.scheduling.packing.cards import Card, blocker, headroom_beside_mib, need_mib
 from orchestrator.scheduling.packing.fit_time import card_fits_at_s
 from orchestrator.scheduling.packing.gang import HostState, closest_set, ready_at_s
 from orchestrator.scheduling.packing.types import QueuedJob
@@ -100,7 +100,7 @@ def reserve_for_gang(
         for card in chosen:
             card.held_for, card.held_gang = job.job_id, True
             card.held_until_s = until_s
-            card.held_need_mib = job.predicted_peak_mib + headroom_for(job, card)
+            card.held_need_mib = job.predicted_peak_mib + headroom_beside_mib(job, card)
         free_now = [c.gpu.index for c in chosen if ready[c.gpu.index] <= now_s]
         waiting = [c.gpu.index for c in chosen if ready[c.gpu.index] > now_s]
         return {job.job_id: gang_note(free_now + waiting, waiting, until_s - now_s)}

@@ -22,7 +22,7 @@ from orchestrator.scheduling.packing.cards import (
     choose,
     fits_now,
     gain,
-    headroom_for,
+    headroom_beside_mib,
     headroom_mib,
     is_open,
     on_trial,
@@ -157,10 +157,10 @@ def _wait(job: QueuedJob, cards: list[Card], blockers: dict[int, Blocker | None]
                     runs_s=job.expected_duration_s, waited_s=now_s - waits.get(c.held_for, now_s))
     short = [c for c in usable if blockers[c.gpu.index] is Blocker.MEMORY]
     if short:
-        c = max(short, key=lambda c: c.available_mib - headroom_for(job, c))
+        c = max(short, key=lambda c: c.available_mib - headroom_beside_mib(job, c))
         # a fused member joining its group there needs its own part of the process's peak
         return Wait(WaitKind.MEMORY, gpu=c.gpu.index, free_mib=c.available_mib, reserved_mib=c.reserved_mib,
-                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_for(job, c),
+                    need_mib=own_mib(job, c.groups), headroom_mib=headroom_beside_mib(job, c),
                     trial_held=job.trial_held and c.gpu.fenced and not job.run_alone)
     probing = [c for c in usable if blockers[c.gpu.index] is Blocker.PROBE]
     if probing:
@@ -234,7 +234,8 @@ def pack(
     ceiling = ceiling_mib(gpus, policy)
     capped: set[int] = set()
     if ceiling is not None:
-        capped = {j.job_id for j in movable if j.predicted_peak_mib > ceiling}
+        # a measured peak under the cap needs no cap: its margin counts within the headroom
+        capped = {j.job_id for j in movable if j.predicted_peak_mib - j.margin_mib > ceiling}
         movable = [replace(j, predicted_peak_mib=ceiling, margin_mib=0) if j.job_id in capped else j
                    for j in movable]
     return _pack(movable, gpus, running, policy, now_s, host, topology, reasons, capped)
@@ -273,7 +274,7 @@ def _pack(
                  job.cpus, job.expected_duration_s, job.min_stack_gain,
                  id(job.throughput_by_gpu), job.probe_family, job.ahead_s, job.startup_mib,
                  job.alternatives, job.fuse_group, job.fuse_cap,
-                 job.group_peaks, job.least_mib)  # one curve object per shape and pass
+                 job.group_peaks, job.least_mib, job.margin_mib)  # one curve object per shape and pass
         if (not any_open or alike in failed) and not wanted:
             continue  # cannot start, and no reason asked for: no work
         allowed = [

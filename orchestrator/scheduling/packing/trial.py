@@ -4,9 +4,10 @@ as long as that room holds the least it could need. Pure.
 A prediction is an upper bound with a margin: a running attempt's peak plus 5 to 15 %, or, for a
 batch size its memory family has not run, the peak of a larger batch. On a card shared under
 `--mps` that margin is what keeps two jobs apart that fit together by their true peaks (on one
-H200, TRL's b256 and b128 jobs, 13,866 and 7,948 MiB, beside 2.4 GiB of headroom in 24 GiB). (A
-peak measured to completion gives its margin to the headroom: orchestrator.scheduling.packing
-.cards.headroom_for; such a job rarely needs a trial.) A
+H200, a b128 job of TRL predicted by its family's fit from the b256 peak, 14,560 MiB, or by its
+running attempt's, beside a b256 at 13,866 MiB and 2.4 GiB of headroom in 24 GiB; its true peak
+is 7,948). A peak measured to completion gives its margin to the headroom instead
+(orchestrator.scheduling.packing.cards.headroom_beside_mib), so such a job rarely needs a trial. A
 job started into the room there is, fenced by MPS at that room, allocates no more than that
 room: if it needs more, the out-of-memory error is its own, and orch requeues it at the same
 level, not counted (orchestrator.attempts.next_step). Its CUDA context is outside the fence, so

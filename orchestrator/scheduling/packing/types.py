@@ -69,7 +69,7 @@ class QueuedJob:
     least_mib: int | None = None
     # the part of its prediction that is margin over its shape's peak measured to completion (a job
     # of its own process): the card's headroom covers that margin, so it counts within the
-    # headroom, not beside it (orchestrator.scheduling.packing.cards.headroom_for); 0: none such
+    # headroom, not beside it (orchestrator.scheduling.packing.cards.headroom_beside_mib); 0: none such
     margin_mib: int = 0
     # on a fenced card it would be offered a start on trial, but one of its kind started on trial has
     # not shown its peak yet (orchestrator.prediction.learned.unproven_trials): its wait says so
