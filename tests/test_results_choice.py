@@ -166,3 +166,56 @@ def test_select_val_with_nothing_to_choose_on_says_so_not_no_results(sweep: Orch
     assert said.rc == 0 and "no results yet" not in said.stdout
     assert said.stdout.startswith("no setting reports a validation metric (on n ≥ 2 seeds) to choose on"), said.stdout
     assert "no results yet" in sweep("results", "--where", "task=nope").stdout
+
+
+def test_a_row_with_a_diverged_run_is_never_the_choice_and_every_format_says_why() -> None:
+    # pure: summaries from values, no daemon. `wild` has the best val mean, but orch flagged one
+    # of its counted runs as diverged (♯): a figure must not single it out
+    import csv
+    import io
+
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.formats import to_csv, to_records
+    from orchestrator.results.grids import to_latex, to_markdown
+    from orchestrator.results.selection import choice_notes, choose, is_chosen
+
+    why = "final loss 9.2e+08 above the first steps' 0.7"
+
+    def row(job: int, config: str, seed: int, test: float, val: float, diverged: str | None = None) -> ResultRow:
+        return ResultRow("E1", config, "glue_rte", seed, {"accuracy": test}, job=job,
+                         val_metrics={"accuracy": val}, diverged=diverged)
+
+    rows = [row(1, "wild", 1, 0.90, 0.95, why), row(2, "wild", 2, 0.92, 0.97),
+            row(3, "calm", 1, 0.70, 0.80), row(4, "calm", 2, 0.72, 0.82), row(5, "solo", 1, 0.99, 0.99)]
+    summaries = aggregate(rows)
+    wild, calm, _solo = summaries
+    choices = choose(summaries, 4)
+    assert is_chosen(calm, choices) and not is_chosen(wild, choices)
+    note = ("glue_rte (accuracy): wild has the best val mean but a counted run's loss diverged (♯): not chosen; "
+            "calm chosen")
+    assert choice_notes(choices) == [note]
+    markdown = to_markdown(summaries)
+    lines = {line.split("|")[1].strip(): line for line in markdown.splitlines() if line.startswith("| ")}
+    assert "**0.7100 ± 0.0141**" in lines["calm"] and "**" not in lines["wild"] and "♯" in lines["wild"]
+    assert note in markdown  # under the grid, with the legend
+    assert "among rows with n ≥ 2 and no diverged run (♯)" in markdown
+    latex = to_latex(summaries).splitlines()
+    assert any(line.startswith("calm & \\textbf{0.7100") for line in latex)
+    assert not any(line.startswith("wild") and "textbf" in line for line in latex)
+    parsed = {r["config"]: r["chosen_by"] for r in csv.DictReader(io.StringIO(to_csv(summaries, _by(choices))))}
+    assert parsed == {"wild": "", "calm": "val", "solo": ""}
+    assert {r["config"]: r["chosen_by"] for r in to_records(summaries, _by(choices))} == {
+        "wild": None, "calm": "val", "solo": None}
+
+    # with no other row of two seeds, nothing is bold, and the note says why
+    lone = aggregate([r for r in rows if r.config != "calm"])
+    lone_choices = choose(lone, 4)
+    assert not any(is_chosen(s, lone_choices) for s in lone)
+    assert choice_notes(lone_choices) == [note.replace("calm chosen", "none chosen")]
+    assert "**" not in to_markdown(lone).split("\n\n")[0]  # the grid: no bold cell
+
+
+def _by(choices: dict) -> dict[int, str]:
+    from orchestrator.results.selection import chosen_by
+
+    return chosen_by(choices)

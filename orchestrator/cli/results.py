@@ -159,12 +159,14 @@ def results_cmd(
         _refuse_unfinished(summaries)
     if basis is not None and fmt not in ("markdown", "latex"):
         for task, column_metric in unchosen_columns(choices):
-            click.echo(f"{column_title(task, column_metric)}: no setting with n ≥ 2 reported val {column_metric}: "
-                       "none selected", err=True)
+            why = choices[(task, column_metric)].note  # the best rows' runs diverged (♯)
+            click.echo(f"{column_title(task, column_metric)}: "
+                       + (why or f"no setting with n ≥ 2 reported val {column_metric}: none selected"), err=True)
         if summaries and not any(is_chosen(s, choices) for s in summaries):
             # there are results, but none to choose by: say so, not "no results yet"
-            empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds) to choose on: "
-                     f"`--select {select}` keeps none; without it every setting is shown")
+            diverged = " and no diverged run (♯)" if any(c.passed_over for c in choices.values()) else ""
+            empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds{diverged}) to choose "
+                     f"on: `--select {select}` keeps none; without it every setting is shown")
         summaries = [s for s in summaries if is_chosen(s, choices)]
     if table.printed_splits and fmt == "table" and summaries:
         click.echo(PRINTED_SPLITS_NOTE)
