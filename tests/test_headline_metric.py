@@ -4,12 +4,10 @@ accuracy."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from orchestrator.api.jobs import shown_metric
-from orchestrator.results.aggregate import choose_metric
+from orchestrator.results.aggregate import ResultRow, choose_metric
 from orchestrator.results.collect import job_metrics, val_metrics
 from orchestrator.results.headline import headline_metric
 
@@ -33,8 +31,8 @@ def test_the_headline_is_the_metric_results_show(
     assert key == expected and value == values[expected]
     # results read eval_X as the validation split's X: the task's metric in either split
     reported = {**val_metrics(None, dict(values)), **(job_metrics(None, dict(values)) or {})}
-    row = SimpleNamespace(metrics=reported)
-    shown_by_results, _ = choose_metric(task, [row])  # type: ignore[list-item]
+    row = ResultRow("E1", "c", task, 1, reported)
+    shown_by_results, _ = choose_metric(task, [row])
     assert key.removeprefix("test_").removeprefix("eval_") == shown_by_results
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,57 @@ def test_settings_that_differ_are_never_pooled() -> None:
     assert [n for n, _ in variants] == [1, 3] and all(v.startswith("setting ") for _, v in variants)
     assert setting_digest({**base, "seed": 1, "data": "x"}, {}) == setting_digest({**base, "seed": 2}, {})
     assert overrides_label({"b": 1e-3, "a": True, "c": 0.1 + 0.2}) == "a=true, b=0.001, c=0.30000000000000004"
+
+
+def test_a_non_finite_test_metric_is_named_and_the_runs_finite_val_still_counts(tmp_path: Path) -> None:
+    # Python's json.dump writes a metric gone NaN as a bare NaN: the file must still be read (its
+    # val and other fields kept), the NaN named, never averaged; junk beside it changes nothing
+    import json
+
+    from orchestrator.attempts.reported import reading_from_record, reading_of
+    from orchestrator.attempts.rundir_reads import read_result
+    from orchestrator.results.run_lines import run_lines
+    from tests.run_dirs import private_attempt_dir
+
+    run_dir = private_attempt_dir(tmp_path)
+    (run_dir / "result.json").write_text(
+        '{"status": "succeeded", "best_step": 40, "peak_mem_mib": NaN, "metrics": {"test": {"accuracy": NaN,'
+        ' "f1": 1e999, "huge": ' + "9" * 400 + ', "text": "NaN", "junk": [NaN, {"a": null}],'
+        ' "deep": {"a": {"b": {"c": {"d": {"e": -Infinity}}}}}}, "val": {"accuracy": 0.8, "loss": -Infinity}}}')
+    problems: list[str] = []
+    result = read_result(run_dir, problems)
+    assert result is not None and result["status"] == "succeeded" and result["best_step"] == 40
+    assert problems == ["result.json: peak_mem_mib must be a number of MiB from 0 to 1073741824 or null, not nan"]
+    reading = reading_of(result, None)
+    assert (reading.metrics, reading.val_metrics) == ({}, {"accuracy": 0.8})
+    assert (reading.nonfinite_test, reading.nonfinite_val) == ({"accuracy": "nan", "f1": "inf"}, {"loss": "-inf"})
+    stored = reading_from_record(json.dumps(reading.to_record(), allow_nan=False))
+    assert stored == reading
+
+    def row(seed: int, job: int, test: dict, val: dict, nonfinite: dict | None = None) -> ResultRow:
+        return ResultRow("E1", "r8", "glue_rte", seed, test, job=job, val_metrics=val, nonfinite=nonfinite or {})
+
+    rows = [row(1, 1, stored.metrics or {}, stored.val_metrics, stored.nonfinite_test),
+            row(2, 2, {"accuracy": 0.7}, {"accuracy": 0.76}), row(3, 3, {"accuracy": 0.74}, {"accuracy": 0.78})]
+    (summary,) = aggregate(rows)
+    assert (summary.metric, summary.n, summary.mean) == ("accuracy", 2, pytest.approx(0.72))  # the NaN is no value
+    assert (summary.val_n, summary.val_mean) == (3, pytest.approx(0.78))  # its val counts
+    assert summary.n_text == "2 of 3 (seed 1 reported no accuracy)"
+    assert summary.notes == ("seed 1 (job 1) reported a non-finite test accuracy (nan): not counted",
+                             "seed 1 (job 1): its val accuracy counted in the val mean, though its test accuracy "
+                             "was not finite")
+    lines = [(line.seed, line.split, line.counted) for line in run_lines(rows, [summary]) if line.seed == 1]
+    assert lines == [(1, "test", False), (1, "val", True)]
+
+    # a row none of whose runs has a finite f1 still shows f1 (each run named), not a fallback metric
+    (mrpc,) = aggregate([ResultRow("E1", "r8", "glue_mrpc", s, {"accuracy": 0.9}, job=s, nonfinite={"f1": "nan"})
+                         for s in (1, 2)])
+    assert (mrpc.metric, mrpc.n, mrpc.mean) == ("f1", 0, None)
+    assert "seed 2 (job 2) reported a non-finite test f1 (nan): not counted" in mrpc.notes
+    # a counted run whose val is not finite: its test counts, its val is named and left out
+    (half,) = aggregate([
+        ResultRow("E1", "r8", "glue_rte", 1, {"accuracy": 0.7}, job=1, val_nonfinite={"accuracy": "inf"}),
+        ResultRow("E1", "r8", "glue_rte", 2, {"accuracy": 0.8}, job=2, val_metrics={"accuracy": 0.9}),
+    ])
+    assert (half.n, half.val_n, half.val_mean) == (2, 1, 0.9)
+    assert half.notes == ("seed 1 (job 1): a non-finite val accuracy (inf): its val not counted",)

@@ -4,8 +4,10 @@ split, the LoRA dropout and the step that chose its weights, and a failed run's 
 
 The tables then never reopen run dirs (which may sit on a slow shared filesystem, or be gone).
 result.json is written by user code: anything but a mapping of numbers under metrics.test is
-counted as missing, never trusted. A progress line's bookkeeping (`step`, `epoch`, ...) is never
-a result metric."""
+counted as missing, never trusted. A metric whose value is a number but not a finite one (NaN, an
+infinity, an integer too large for a float) is missing too, and named (`nonfinite_test`,
+`nonfinite_val`), so a table can say which; the run's other metrics still count. A progress
+line's bookkeeping (`step`, `epoch`, ...) is never a result metric."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from orchestrator.plans.model import ShareBase
 from orchestrator.wording import number
 
 MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
+MAX_NONFINITE = 32  # non-finite metrics named per split (a result.json may hold thousands)
+MAX_METRIC_NAME = 200  # longer names are not named as non-finite
 READING_VERSION = 1  # the stored shape; a later one may add keys, never change these
 
 
@@ -40,6 +44,9 @@ class RunReading:
     # `share_base: fused`: the largest group it trained in (its `fused_members_max`; 0: not said);
     # None: not trained in a fused process
     fused_members: int | None = None
+    # metrics whose value was a number but not a finite one: name -> what it was (`nan`, `inf`)
+    nonfinite_test: dict[str, str] = field(default_factory=dict)
+    nonfinite_val: dict[str, str] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -52,6 +59,7 @@ class RunReading:
             "error": self.error,
             "printed_splits": self.printed_splits,
             "fused_members": self.fused_members,
+            "nonfinite": {"test": self.nonfinite_test, "val": self.nonfinite_val},
         }
 
 
@@ -59,6 +67,7 @@ def reading_of(result: dict[str, Any] | None, printed: str | dict[str, Any] | No
     """The reading of a result.json (validated by attempts.rundir_reads) and the metrics the
     script printed (what a run without result.json reports)."""
     test = job_metrics(result, printed)
+    val = _val_reported(result, printed)
     found = result if isinstance(result, dict) else {}
     best_step = found.get("best_step")
     error = found.get("error")
@@ -66,11 +75,13 @@ def reading_of(result: dict[str, Any] | None, printed: str | dict[str, Any] | No
         None if test is None else finite_metrics(test),
         found.get("test_is_val") is True,
         number(found.get("lora_dropout")),
-        val_metrics(result, printed),
+        finite_metrics(val),
         best_step if isinstance(best_step, int) and not isinstance(best_step, bool) else None,
         first_line(error) if isinstance(error, str) else "",
         printed_splits(result, printed),
         fused_of(found),
+        nonfinite_metrics(test or {}),
+        nonfinite_metrics(val),
     )
 
 
@@ -94,6 +105,8 @@ def reading_from_record(text: str | None) -> RunReading | None:
     if not isinstance(record, dict) or record.get("version") != READING_VERSION:
         return None
     test, val = record.get("test"), record.get("val")
+    nonfinite = record.get("nonfinite")  # absent from readings stored before it was
+    nonfinite = nonfinite if isinstance(nonfinite, dict) else {}
     dropout, best_step, error = (
         record.get("lora_dropout"),
         record.get("best_step"),
@@ -108,7 +121,16 @@ def reading_from_record(text: str | None) -> RunReading | None:
         error if isinstance(error, str) else "",
         record.get("printed_splits") is True,
         _fused_record(record.get("fused_members")),
+        _nonfinite_record(nonfinite.get("test")),
+        _nonfinite_record(nonfinite.get("val")),
     )
+
+
+def _nonfinite_record(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    kept = {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METRIC_NAME}
+    return dict(list(kept.items())[:MAX_NONFINITE])
 
 
 def _fused_record(value: Any) -> int | None:
@@ -127,15 +149,20 @@ def val_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any
     """The finite metrics a run reports on the validation split: result.json's `metrics.val`,
     or the `val_X` and `eval_X` keys of a flat `metrics` mapping, else the `eval_X` keys its
     script printed (a Trainer's `evaluate()`)."""
+    return finite_metrics(_val_reported(result, printed_json))
+
+
+def _val_reported(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None) -> dict[str, Any]:
+    """The validation split's metrics as reported, before any is checked (val_metrics)."""
     if isinstance(result, dict) and isinstance(result.get("metrics"), dict) and result["metrics"]:
         reported = result["metrics"]
         if isinstance(reported.get("val"), dict):
-            return finite_metrics(reported["val"])
+            return dict(reported["val"])
         if isinstance(reported.get("test"), dict):
             return {}
-        return finite_metrics(_split_flat(reported)[1])
+        return _split_flat(reported)[1]
     printed = _printed(printed_json)
-    return finite_metrics(_split_flat(printed)[1]) if printed else {}
+    return _split_flat(printed)[1] if printed else {}
 
 
 def job_metrics(result: dict[str, Any] | None, printed_json: str | dict[str, Any] | None, *,
@@ -223,3 +250,19 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
             if finite is not None:
                 kept[str(key)] = finite
     return kept
+
+
+def nonfinite_metrics(metrics: dict[str, Any]) -> dict[str, str]:
+    """The metrics finite_metrics leaves out for being numbers that are not finite ones: name ->
+    `nan`, `inf`, `-inf` or `too large` (an integer no float holds); at most MAX_NONFINITE, names
+    up to MAX_METRIC_NAME characters. Strings, mappings and lists are not numbers: not named."""
+    named: dict[str, str] = {}
+    for key, value in metrics.items():
+        if len(named) >= MAX_NONFINITE:
+            break
+        name = str(key)
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or name in BOOKKEEPING_KEYS
+                or len(name) > MAX_METRIC_NAME or number(value) is not None):
+            continue
+        named[name] = "too large" if isinstance(value, int) else repr(value)  # nan, inf, -inf
+    return named

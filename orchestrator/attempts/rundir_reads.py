@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field, replace
@@ -131,7 +132,9 @@ def validate(name: str, data: Any, fields: dict[str, tuple[Check, str]], problem
 
 
 def clean_metrics(value: Any, depth: int = 0) -> dict[str, Any]:
-    """Metrics keep string keys and finite numbers (nested a few levels); the rest is dropped."""
+    """Metrics keep string keys and numbers (nested a few levels): finite ones, and NaN and the
+    infinities, which every reader leaves out of its numbers (attempts.reported names them, so a
+    table can say which metric was not finite); the rest is dropped."""
     if not isinstance(value, dict) or depth > MAX_METRIC_DEPTH:
         return {}
     out: dict[str, Any] = {}
@@ -142,12 +145,16 @@ def clean_metrics(value: Any, depth: int = 0) -> dict[str, Any]:
             out[key] = clean_metrics(item, depth + 1)
         elif _is_number(item) and abs(item) <= 1e300:
             out[key] = float(item) if isinstance(item, int) and abs(item) > 2**53 else item
+        elif isinstance(item, float) and not math.isfinite(item):
+            out[key] = item
     return out
 
 
-def _parse_json(raw: bytes, name: str, problems: list[str]) -> Any:
+def _parse_json(raw: bytes, name: str, problems: list[str], constants: bool = False) -> Any:
+    """`constants`: NaN, Infinity and -Infinity read as floats (Python's json.dump writes them
+    for a metric gone non-finite; every field check refuses them, metrics name them)."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=float if constants else _no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         problems.append(f"{name}: not valid JSON ({type(exc).__name__})")
         return None
@@ -172,7 +179,8 @@ class RunFiles:
 
 
 def _record(
-    dir_fd: int, name: str, limit: int, fields: dict[str, tuple[Check, str]], problems: list[str]
+    dir_fd: int, name: str, limit: int, fields: dict[str, tuple[Check, str]], problems: list[str],
+    constants: bool = False,
 ) -> tuple[dict[str, Any] | None, bool]:
     try:
         raw = read_file(dir_fd, name, limit)
@@ -181,14 +189,15 @@ def _record(
         return None, True
     if raw is None:
         return None, False
-    data = _parse_json(raw, name, problems)
+    data = _parse_json(raw, name, problems, constants)
     if data is None:
         return None, True
     return validate(name, data, fields, problems), True
 
 
 def read_result_in(dir_fd: int, problems: list[str]) -> dict[str, Any] | None:
-    result, _ = _record(dir_fd, RunDir.RESULT, MAX_RESULT_BYTES, RESULT_FIELDS, problems)
+    # a metric gone NaN must not cost the run its other metrics: the file is read, the NaN named
+    result, _ = _record(dir_fd, RunDir.RESULT, MAX_RESULT_BYTES, RESULT_FIELDS, problems, constants=True)
     if result is None:
         return None
     if "status" not in result:

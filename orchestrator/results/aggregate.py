@@ -18,6 +18,10 @@ The metric follows the GLUE convention for the task: Matthews correlation for Co
 and QQP, accuracy for the rest. When none of a row's runs reported that metric, the row shows
 accuracy, else the first metric its runs reported; for a benchmark's task (`glue_mrpc`) its
 notes say so (a script's own task, `toy`, just names the metric it shows).
+
+A metric a run reported as a number that is not finite (NaN, an infinity) is no value to average:
+that run is missing from the metric's mean and a note names the value, but its other finite
+metrics still count, its val among them (the val mean then counts a run the test mean does not).
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ class ResultRow:
     level_note: str | None = None  # why its job started above level 0 ("started at level 2: …")
     # trained in a fused group (`share_base: fused`): the largest group (0: not said); None: not
     fused: int | None = None
+    # metrics reported as numbers that are not finite: name -> what they were (`nan`, `inf`)
+    nonfinite: Mapping[str, str] = field(default_factory=dict)  # on the test split
+    val_nonfinite: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,8 @@ class ResultSummary:
     order: tuple[Any, ...] = ()  # where the row goes: its jobs' submission order (suite order)
     task_order: tuple[Any, ...] = ()  # where its task's column goes
     setting: str = ""  # the digest of its effective setting (ResultRow.setting)
+    # runs whose val counts in val_mean though their test value was not finite (not in `runs`)
+    val_only: tuple[SeedRun, ...] = ()
 
     @property
     def n_seeds(self) -> int:
@@ -268,25 +277,31 @@ def choose_metric(task: str, rows: list[ResultRow], wanted: str | None = None) -
     `wanted` metric (`orch results --metric`) is shown whatever the runs reported."""
     if wanted is not None:
         split, _, bare = wanted.partition("_")
-        reported = any(wanted in row.metrics for row in rows)
-        if split in ("val", "test") and bare and not reported and any(bare in row.metrics for row in rows):
+        reported = any(wanted in _reported(row) for row in rows)
+        if split in ("val", "test") and bare and not reported and any(bare in _reported(row) for row in rows):
             # the table holds each split under the bare name (`loss`, val beside test)
             return wanted, (f"no run reported {wanted} among its test metrics: the table shows each split under "
                             f"the metric's bare name, --metric {bare} (val beside test)")
         return wanted, None
+    # a metric reported as NaN was reported: the row shows it (each such run named), not another
     primary = primary_metric(task)
-    if any(primary in row.metrics for row in rows):
+    if any(primary in _reported(row) for row in rows):
         return primary, None
     # A benchmark's task (`glue_mrpc`) has a metric a reader expects; a script's own task
     # (`toy`) shows what its runs report, and the metric column says which.
     named = _TASK.match(task.lower()) is not None
-    if any(DEFAULT_METRIC in row.metrics for row in rows):
+    if any(DEFAULT_METRIC in _reported(row) for row in rows):
         return DEFAULT_METRIC, f"no run reported {primary}: {DEFAULT_METRIC} shown" if named else None
     for row in rows:  # the first metric its runs report
-        if row.metrics:
-            first = next(iter(row.metrics))
+        if names := _reported(row):
+            first = names[0]
             return first, f"no run reported {primary}: {first} shown" if named else None
     return primary, None
+
+
+def _reported(row: ResultRow) -> list[str]:
+    """The test metrics a run reported: its finite ones, then those whose value was not finite."""
+    return [*row.metrics, *(name for name in row.nonfinite if name not in row.metrics)]
 
 
 def aggregate(rows: Iterable[ResultRow], metric: str | None = None, pooled: bool = False) -> list[ResultSummary]:
@@ -367,7 +382,8 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
 def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
     why = row.reason
     if row.state is JobState.SUCCEEDED and metric not in row.metrics:
-        why = row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}")
+        why = (f"a non-finite test {metric} ({row.nonfinite[metric]})" if metric in row.nonfinite
+               else row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}"))
     return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why)
 
 
@@ -382,13 +398,15 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     ordered = sorted(succeeded, key=lambda r: (r.seed, r.job if r.job is not None else -1))
     uncounted = [(r, _run(r, None, metric)) for r in ordered if metric not in r.metrics]
     mean, std = mean_std([r.value for r in counted if r.value is not None])
-    vals = [r.val for r in counted if r.val is not None]
+    val_only = [_run(r, None, metric) for r in _val_only(rows, metric, pooled)]
+    vals = [r.val for r in [*counted, *val_only] if r.val is not None]
     val_mean, val_std = mean_std(vals)
     states = seed_states(inputs.values())
     notes: list[str] = [fallback_note] if fallback_note else []
     notes += later_run_notes(list(inputs.values()), states, pooled, _jobs_text)
     notes += _evidence_notes(counted)
     notes += uncounted_notes([inputs[id(row)] for row, _ in uncounted], {r.seed: r.job for r in counted}, pooled)
+    notes += _nonfinite_notes(counted_rows, val_only, metric)
     notes += pruned_notes(states)  # with the step, value and rank early stopping judged
     for state in states:
         if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):  # pruned: pruned_notes
@@ -404,8 +422,34 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
         denominator=denominator(states, len(rows)), pooled=pooled,
         unfinished=any(r.state in PENDING for r in rows),
         failed_runs=lost_runs(list(inputs.values()), states),
-        val_mean=val_mean, val_std=val_std, val_n=len(vals), setting=first.setting,
+        val_mean=val_mean, val_std=val_std, val_n=len(vals), setting=first.setting, val_only=tuple(val_only),
     )  # fmt: skip
+
+
+def _val_only(rows: list[ResultRow], metric: str, pooled: bool) -> list[ResultRow]:
+    """Succeeded runs whose test value of `metric` was not finite and whose val is: their val
+    counts. One per seed with no counted test value (its latest succeeded run, the one its
+    denominator names), or every such run when pooled."""
+    succeeded = sorted((r for r in rows if r.state is JobState.SUCCEEDED),
+                       key=lambda r: (r.seed, r.job if r.job is not None else -1))
+    if not pooled:
+        counted_seeds = {r.seed for r in succeeded if metric in r.metrics}
+        latest = {r.seed: r for r in succeeded if r.seed not in counted_seeds}  # job order: the last wins
+        succeeded = list(latest.values())
+    return [r for r in succeeded if metric not in r.metrics and metric in r.nonfinite and metric in r.val_metrics]
+
+
+def _nonfinite_notes(counted: list[ResultRow], val_only: list[SeedRun], metric: str) -> list[str]:
+    """A run whose val counts though its test value was not finite, and a counted run whose val
+    of the metric was not finite (its val left out of the val mean)."""
+    def where(seed: int, job: int | None) -> str:
+        return f"seed {seed}" + (f" (job {job})" if job is not None else "")
+
+    notes = [f"{where(r.seed, r.job)}: its val {metric} counted in the val mean, though its test {metric} "
+             "was not finite" for r in val_only]
+    notes += [f"{where(r.seed, r.job)}: a non-finite val {metric} ({r.val_nonfinite[metric]}): its val not counted"
+              for r in counted if metric in r.val_nonfinite and metric not in r.val_metrics]
+    return notes
 
 
 def _jobs_text(jobs: list[int | None]) -> str:

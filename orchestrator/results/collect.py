@@ -194,7 +194,8 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             no_metrics=no_metrics_why(run.attempt_reason) if reading.metrics is None else None, inexact=inexact_of(run),
             val_metrics=reading.val_metrics, best_step=reading.best_step, params=setting.params,
             diverged=run.diverged, code=provenance.get("code"), libraries=provenance.get("libraries"),
-            level_note=run.level_note, fused=reading.fused_members,
+            level_note=run.level_note, fused=reading.fused_members, nonfinite=reading.nonfinite_test,
+            val_nonfinite=reading.nonfinite_val,
         ))  # fmt: skip
     if backfill:
         with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time

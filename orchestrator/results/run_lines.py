@@ -107,6 +107,7 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
     metrics = list(dict.fromkeys([s.metric, *(k for r in group for k in r.metrics)]))
     counted = {m: _counted_jobs(group, m, s.pooled) for m in metrics}
     counted[s.metric] = {r.job for r in s.runs if r.job is not None}  # the row's own choice
+    val_only = {r.job for r in s.val_only if r.job is not None}  # its val counts, its test was not finite
     lines = []
     for r in group:
         base: dict[str, Any] = dict(
@@ -138,11 +139,8 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
             is_counted = r.job in counted[metric]
             why: list[str] = list(reasons)
             if metric not in r.metrics:
-                why.append(
-                    f"reported no {metric}"
-                    + (f" ({r.no_metrics})" if r.no_metrics else "")
-                    + ", not counted"
-                )
+                detail = f"not finite: {r.nonfinite[metric]}" if metric in r.nonfinite else r.no_metrics
+                why.append(f"reported no {metric}" + (f" ({detail})" if detail else "") + ", not counted")
             elif not is_counted:
                 later = [o.job for o in group if o.seed == r.seed and o.job in counted[metric]]
                 why.append(
@@ -164,15 +162,17 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
                 )
             )
             if metric in r.val_metrics:
+                val_counted = metric == s.metric and r.job in val_only
+                val_why = [*reasons, f"its test {metric} was not finite ({r.nonfinite.get(metric)}): its val counted"]
                 lines.append(
                     RunLine(
                         **base,
-                        counted=is_counted,
+                        counted=is_counted or val_counted,
                         split="val",
                         metric=metric,
                         value=r.val_metrics[metric],
                         marks=own,
-                        why="; ".join(why),
+                        why="; ".join(val_why if val_counted else why),
                         **extra,
                     )
                 )
