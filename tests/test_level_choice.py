@@ -116,6 +116,14 @@ def test_a_short_job_s_note_says_seconds_not_zero_minutes() -> None:
     assert "(~13 min): level 0 would wait ~60 min and run ~10 min" in move_note(0, option(1, 8, 13), 600.0, 3600.0, 0.0)
 
 
+def test_a_later_level_keeps_the_whole_headroom_its_own_levels_margin_does_not_cover() -> None:
+    # a margin over its own level's measured peak says nothing of the later level's figure: at level 1
+    # (8 GiB) it needs the card's whole 2.4 GiB of headroom, which 9.8 GiB free does not hold
+    at_level_0 = queued((option(1, 8, 13),), margin_mib=3 * GIB)
+    assert pack([at_level_0], [card(9.8)], [tenant(3600.0)], PackingPolicy(), 0.0).placements == ()
+    assert [p.level for p in pack([at_level_0], [card(10.5)], [tenant(3600.0)], PackingPolicy(), 0.0).placements] == [1]
+
+
 def test_pack_keeps_the_job_at_its_level_when_waiting_ends_sooner() -> None:
     d = pack([queued((option(1, 8, 13),))], [card(9)], [tenant(60.0)], NO_HEADROOM, 0.0)
     assert d.placements == () and 1 in d.waits
