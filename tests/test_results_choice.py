@@ -197,7 +197,7 @@ def test_a_row_with_a_diverged_run_is_never_the_choice_and_every_format_says_why
     markdown = to_markdown(summaries)
     lines = {line.split("|")[1].strip(): line for line in markdown.splitlines() if line.startswith("| ")}
     assert "**0.7100 ± 0.0141**" in lines["calm"] and "**" not in lines["wild"] and "♯" in lines["wild"]
-    assert note in markdown  # under the grid, with the legend
+    assert note.replace("_", "\\_") in markdown  # under the grid, with the legend (Markdown-escaped)
     assert "among rows with n ≥ 2 and no diverged run (♯)" in markdown
     latex = to_latex(summaries).splitlines()
     assert any(line.startswith("calm & \\textbf{0.7100") for line in latex)

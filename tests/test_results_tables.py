@@ -19,7 +19,7 @@ import yaml
 from orchestrator.attempts.printed_results import parse_result
 from orchestrator.results.aggregate import ResultRow, aggregate
 from orchestrator.results.formats import csv_cell, to_csv
-from orchestrator.results.grids import latex_escape, md_escape, to_latex, to_markdown
+from orchestrator.results.grids import latex_escape, md_escape, md_line, to_latex, to_markdown
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
 
 HOSTILE = '=HYPERLINK("http://example.invalid")'
@@ -73,6 +73,30 @@ def test_markdown_escapes_pipes_backslashes_and_underscores_in_names() -> None:
     assert len(_cells(lines[0])) == 3 and len(_cells(lines[2])) == 3  # the `|` in the name split nothing
     assert lines[0] == "| config | t\\_1 (f1\\|macro\\_avg\\\\) | n |"
     assert md_escape("a|b\\c_d*e\nf") == "a\\|b\\\\c\\_d\\*e f"
+
+
+def test_markdown_lines_under_the_grid_escape_the_names_they_hold() -> None:
+    # pure: a config whose loss diverged would be chosen, so a choice note names it and the
+    # chosen one; the bold legend names the loss metric; the notes name configs. User names
+    # must neither split, restyle nor open a block (heading, list) in any of them: the choice
+    # note's line starts with the task, `# ...`, which would be a heading.
+    def row(job: int, config: str, seed: int, test: float, diverged: str | None = None) -> ResultRow:
+        return ResultRow("E", config, "# t_`k|", seed, {"x*y_loss": test}, job=job, diverged=diverged)
+
+    rows = [row(1, "w_i*ld|x", 1, 0.1, "boom"), row(2, "w_i*ld|x", 2, 0.1), row(3, "# c~a~lm", 1, 0.7),
+            row(4, "# c~a~lm", 2, 0.8), row(5, "1. solo", 1, 0.9), row(6, "1. solo", 1, 0.9)]
+    under = to_markdown(aggregate(rows)).split("\n\n", 1)[1]
+    assert ("\\# t\\_\\`k\\| (x\\*y\\_loss): w\\_i\\*ld\\|x has the best test mean but a counted run's loss "
+            "diverged (♯): not chosen; # c\\~a\\~lm chosen") in under
+    assert "lowest is best for x\\*y\\_loss;" in under
+    assert "- 1\\. solo · # t\\_\\`k\\| (x\\*y\\_loss): seed 1 ran twice" in under
+    for text in (*[r.config for r in rows], "# t_`k|", "x*y_loss"):
+        assert text not in under  # every name appears only escaped
+    assert md_line("# a") == "\\# a" and md_line("=== x") == "\\=== x" and md_line("2) b") == "2\\) b"
+    assert md_line("- a") == "\\- a" and md_line("> q") == "\\> q" and md_line("a # b") == "a # b"
+    assert md_escape("a&lt;b~c~") == "a&amp;lt;b\\~c\\~"
+    latex = to_latex(aggregate(rows))  # LaTeX escapes its whole note lines already
+    assert "\\# t\\_'k\\textbar{} (x$^*$y\\_loss): w\\_i$^*$ld\\textbar{}x has the best test mean" in latex
 
 
 def test_latex_escapes_every_special_character() -> None:

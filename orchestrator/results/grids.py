@@ -14,6 +14,7 @@ asked for as partial, and then says so on its first line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from orchestrator.results.aggregate import ResultSummary
@@ -88,11 +89,16 @@ def val_columns(summaries: Sequence[ResultSummary]) -> set[Column]:
 
 
 def _footer(
-    summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str
+    summaries: Sequence[ResultSummary], choices: dict[Column, ColumnChoice], escape: Callable[[str], str] = str,
+    escape_line: Callable[[str], str] = str,
 ) -> list[str]:
+    """The lines under a grid. The bold legend and the choice notes name metrics, tasks and
+    configs (user text) in plain prose: `escape_line` escapes each whole; the legend lines are
+    our own text, only their rung names `escape`d."""
     bold = bold_legend(choices, {s.metric for s in summaries})
     scores = score_line(bool(val_columns(summaries)), any(s.pooled for s in summaries))
-    return [scores] + ([bold] if bold else []) + choice_notes(choices) + legend_lines(summaries, escape=escape)
+    named = ([bold] if bold else []) + choice_notes(choices)
+    return [scores] + [escape_line(line) for line in named] + legend_lines(summaries, escape=escape)
 
 
 def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSummary]) -> list[str]:
@@ -101,12 +107,22 @@ def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSumma
 
 
 def md_escape(text: str) -> str:
-    """A Markdown table cell: `\\` and `|` escaped (a bare `|` splits the cell), emphasis and
-    code characters escaped, HTML's `<` and line ends made harmless."""
-    out = text.replace("\\", "\\\\")
-    for ch in ("|", "*", "_", "`", "[", "]"):
+    """A Markdown table cell: `\\` and `|` escaped (a bare `|` splits the cell), emphasis, code,
+    link and strikethrough characters escaped, HTML's `<` and `&` and line ends made harmless."""
+    out = text.replace("\\", "\\\\").replace("&", "&amp;")  # `&lt;` in a name shows as typed
+    for ch in ("|", "*", "_", "`", "[", "]", "~"):  # `~` strikes text through in GitHub Markdown
         out = out.replace(ch, "\\" + ch)
     return out.replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
+
+
+_BLOCK_START = re.compile(r"^( {0,3})(?:([#>+=\-])|(\d{1,9})([.)]))")
+
+
+def md_line(text: str) -> str:
+    """A line of Markdown prose (or a list item's text) holding user text: md_escape, and a
+    start that would open a block (`#` heading, `>` quote, `-`/`+` list, `===`/`---` turning the
+    line above into a heading, `1.` list) escaped, since such a line may interrupt a paragraph."""
+    return _BLOCK_START.sub(lambda m: m[1] + ("\\" + m[2] if m[2] else m[3] + "\\" + m[4]), md_escape(text))
 
 
 def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Basis | None = None) -> str:
@@ -137,9 +153,11 @@ def to_markdown(summaries: Sequence[ResultSummary], digits: int = 4, select: Bas
             )
             + " |"
         )
-    # Our own sentences, outside the table: only a leading `*` would start a list
-    legend = [("\\" + line) if line.startswith("*") else line for line in _footer(summaries, choices, md_escape)]
-    notes = [f"- {md_escape(note)}" for note in _notes(rows, columns, cells)]
+    # Outside the table: the legend's own sentences need only a leading `*` escaped (it would
+    # start a list); lines naming user text go through md_line
+    legend = [("\\" + line) if line.startswith("*") else line
+              for line in _footer(summaries, choices, md_escape, md_line)]
+    notes = [f"- {md_line(note)}" for note in _notes(rows, columns, cells)]
     if legend:
         lines += [""] + [line + "  " for line in legend[:-1]] + legend[-1:]
     if notes:
