@@ -368,6 +368,25 @@ def test_job_page_shows_final_metrics_and_set_overrides(client, db_path: Path) -
     assert spec["runs"][0]["colour"] != spec["runs"][1]["colour"] and spec["metrics"] == ["loss"]
 
 
+def test_job_page_names_a_non_finite_test_metric_as_results_notes_do() -> None:
+    # pure: a result.json whose only test metric is NaN reported one, not counted, not "no metrics"
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.collect import job_metrics
+    from orchestrator.web.views import reported_metrics
+
+    nan_only = job_metrics({"metrics": {"test": {"accuracy": float("nan")}}}, None, aliases=False)
+    said = "reported a non-finite test accuracy (nan): not counted"
+    assert reported_metrics(nan_only) == (None, f"the succeeded attempt {said}")
+    (summary,) = aggregate([ResultRow("E", "c", "t", 1, {}, job=3, nonfinite={"accuracy": "nan"})])
+    assert f"seed 1 (job 3) {said}" in summary.notes  # the sentence `orch results` notes hold
+    both = reported_metrics({"accuracy": float("inf"), "f1": -float("inf")})[1]
+    assert both == "the succeeded attempt reported a non-finite test accuracy (inf), a non-finite test f1 (-inf): " \
+                   "not counted"
+    assert reported_metrics({"accuracy": 0.5, "f1": float("nan")}) == ({"accuracy": 0.5}, "")
+    for nothing in (None, {}, {"text": "NaN"}):
+        assert reported_metrics(nothing)[1].startswith("the succeeded attempt reported no metrics (")
+
+
 def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(  # type: ignore[no-untyped-def]
     client, db_path: Path
 ) -> None:

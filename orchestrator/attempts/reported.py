@@ -266,3 +266,9 @@ def nonfinite_metrics(metrics: dict[str, Any]) -> dict[str, str]:
             continue
         named[name] = "too large" if isinstance(value, int) else repr(value)  # nan, inf, -inf
     return named
+
+
+def nonfinite_said(split: str, metric: str, value: str) -> str:
+    """`a non-finite test accuracy (nan)`: how a results note and the web job page name a metric
+    left out for not being finite (`value` as nonfinite_metrics gives it)."""
+    return f"a non-finite {split} {metric} ({value})"

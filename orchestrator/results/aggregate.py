@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from orchestrator.attempts.reported import nonfinite_said
 from orchestrator.lifecycle import JobState
 from orchestrator.results.seeds import (
     PENDING,
@@ -382,7 +383,7 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
 def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
     why = row.reason
     if row.state is JobState.SUCCEEDED and metric not in row.metrics:
-        why = (f"a non-finite test {metric} ({row.nonfinite[metric]})" if metric in row.nonfinite
+        why = (nonfinite_said("test", metric, row.nonfinite[metric]) if metric in row.nonfinite
                else row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}"))
     return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why)
 
@@ -447,7 +448,7 @@ def _nonfinite_notes(counted: list[ResultRow], val_only: list[SeedRun], metric: 
 
     notes = [f"{where(r.seed, r.job)}: its val {metric} counted in the val mean, though its test {metric} "
              "was not finite" for r in val_only]
-    notes += [f"{where(r.seed, r.job)}: a non-finite val {metric} ({r.val_nonfinite[metric]}): its val not counted"
+    notes += [f"{where(r.seed, r.job)}: {nonfinite_said('val', metric, r.val_nonfinite[metric])}: its val not counted"
               for r in counted if metric in r.val_nonfinite and metric not in r.val_metrics]
     return notes
 

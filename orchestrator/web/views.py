@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import curve_points, stitch
@@ -12,6 +13,7 @@ from orchestrator.api.frames import pruned_step
 from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.next_step import pruned_reason
 from orchestrator.attempts.provenance_reads import read_provenance
+from orchestrator.attempts.reported import nonfinite_metrics, nonfinite_said
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome, JobState
@@ -82,16 +84,21 @@ def final_metrics(history: JobHistory) -> tuple[dict[str, float] | None, str]:
     if not done:
         return None, "none yet: only a succeeded attempt has final metrics"
     # as the script reported them, each once (`eval_loss`, not also its alias `loss`)
-    test = job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None, aliases=False)
+    return reported_metrics(job_metrics(read_result(Path(done[-1].run_dir)), done[-1].output_metrics or None,
+                                        aliases=False))
+
+
+def reported_metrics(test: dict[str, Any] | None) -> tuple[dict[str, float] | None, str]:
+    """A succeeded attempt's finite test metrics, or why it has none: its only metrics were not
+    finite (named as `orch results` notes name them), or it reported none. Pure."""
     numbers = finite_metrics(test) if test is not None else {}
-    return (
-        (numbers, "")
-        if numbers
-        else (
-            None,
-            "the succeeded attempt reported no metrics (result.json or a printed JSON line)",
-        )
-    )
+    if numbers:
+        return numbers, ""
+    nonfinite = nonfinite_metrics(test or {})
+    if nonfinite:
+        said = ", ".join(nonfinite_said("test", name, value) for name, value in nonfinite.items())
+        return None, f"the succeeded attempt reported {said}: not counted"
+    return None, "the succeeded attempt reported no metrics (result.json or a printed JSON line)"
 
 
 def job_view(store: Store, job_id: int) -> str:
