@@ -219,3 +219,26 @@ def _by(choices: dict) -> dict[int, str]:
     from orchestrator.results.selection import chosen_by
 
     return chosen_by(choices)
+
+
+def test_a_val_mean_from_one_run_never_chooses_and_the_note_says_so() -> None:
+    # `partial` has three test values but val from seed 1 only (0.99); `full` has val from all three
+    from orchestrator.results.aggregate import ResultRow, aggregate
+    from orchestrator.results.selection import Basis, choice_notes, choose, is_chosen
+
+    def row(job: int, config: str, seed: int, test: float, val: float | None) -> ResultRow:
+        return ResultRow("E1", config, "glue_rte", seed, {"accuracy": test}, job=job,
+                         val_metrics={} if val is None else {"accuracy": val})
+
+    rows = [row(1, "partial", 1, 0.51, 0.99), row(2, "partial", 2, 0.52, None), row(3, "partial", 3, 0.50, None),
+            row(4, "full", 1, 0.70, 0.80), row(5, "full", 2, 0.71, 0.81), row(6, "full", 3, 0.72, 0.82)]
+    partial, full = aggregate(rows)
+    assert partial.val_n == 1 and full.val_n == 3
+    choices = choose([partial, full], 4)
+    assert is_chosen(full, choices) and not is_chosen(partial, choices)
+    assert choice_notes(choices) == ["glue_rte (accuracy): partial has the best val mean but from one run: "
+                                     "not chosen on it; full chosen"]
+    # with no val over two runs anywhere, the choice is on test, as where no row reports val
+    alone = aggregate([r for r in rows if r.config == "partial"] + [row(7, "other", s, 0.6, None) for s in (1, 2)])
+    [(basis, chosen)] = [(c.basis, c.chosen) for c in choose(alone, 4).values()]
+    assert basis is Basis.TEST and chosen == frozenset({id(alone[1])})

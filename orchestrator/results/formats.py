@@ -54,7 +54,7 @@ LEGEND = {
 }
 # What every table's numbers are, said under each (the std's divisor, what val is).
 SCORE_LINE = ("mean ± std over seeds: std is the sample standard deviation (n − 1), — for one seed; val: "
-              "the mean over the same runs of each run's best evaluation on the validation split")
+              "the mean, over the runs that report it (val_n), of each run's best evaluation on the validation split")
 HINTS = {INEXACT: "`orch results --json` lists each run's level and rungs"}  # the terminal's legend only
 POOLED_LINE = "pooled: every succeeded run counted (a rerun of a seed counts again), n = runs, not seeds"
 _CSV_DANGER = ("=", "+", "-", "@", "\t", "\r")

@@ -42,8 +42,9 @@ class ColumnChoice:
 
 def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None = None) -> dict[Column, ColumnChoice]:
     """Per column, one row: the best mean val at the shown precision, or, when no eligible row
-    of the column reports val and `select` does not ask for val, the best test mean. Eligible:
-    a mean over two seeds or more, and no counted run flagged as diverged (♯). A tie at the
+    of the column reports val over two runs or more and `select` does not ask for val, the best
+    test mean. Eligible: a mean over two seeds or more, and no counted run flagged as diverged (♯);
+    on val, a val mean over two runs or more (one run's val is no more evidence). A tie at the
     shown precision goes to the better unrounded mean, then to more seeds, then to the smaller
     std, then to the first row in table order (TIE_RULE)."""
     columns: dict[Column, list[ResultSummary]] = {}
@@ -59,6 +60,11 @@ def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None
             rivals = max(s.distinct_seeds for s in pool)
             if best.distinct_seeds < rivals:
                 notes.append(f"the choice, {best.label}, has {best.distinct_seeds} seeds; its rivals up to {rivals}")
+        # a val mean from one seed is no more evidence than a test mean from one: say where it would have chosen
+        _, lone, _ = _pick(eligible, column, digits, select, min_val_n=1)
+        if lone is not None and lone is not best and lone.val_n < MIN_N_CHOSEN:
+            instead = f"{best.label} chosen" if best is not None else "none chosen"
+            notes.insert(0, f"{lone.label} has the best val mean but from one run: not chosen on it; {instead}")
         passed_over = tuple(s.label for s in ranked if s.diverged)
         if passed_over:
             would_basis, would, _ = _pick(ranked, column, digits, select)
@@ -72,10 +78,11 @@ def choose(summaries: Sequence[ResultSummary], digits: int, select: Basis | None
     return choices
 
 
-def _pick(pool: list[ResultSummary], column: Column, digits: int,
-          select: Basis | None) -> tuple[Basis | None, ResultSummary | None, list[ResultSummary]]:
-    """The basis, the best row of `pool` on it (None: none to choose) and the rows it was chosen among."""
-    with_val = [s for s in pool if s.val_mean is not None]
+def _pick(pool: list[ResultSummary], column: Column, digits: int, select: Basis | None,
+          min_val_n: int = MIN_N_CHOSEN) -> tuple[Basis | None, ResultSummary | None, list[ResultSummary]]:
+    """The basis, the best row of `pool` on it (None: none to choose) and the rows it was chosen among.
+    A row's val mean counts only over `min_val_n` seeds or more."""
+    with_val = [s for s in pool if s.val_mean is not None and s.val_n >= min_val_n]
     basis = Basis.VAL if with_val or select is Basis.VAL else Basis.TEST
     pool = with_val if basis is Basis.VAL else pool
     if not pool:
