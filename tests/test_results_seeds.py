@@ -7,7 +7,8 @@ import pytest
 
 from orchestrator.lifecycle import JobState
 from orchestrator.results.aggregate import ResultRow, aggregate, mean_std, natural_key
-from orchestrator.results.formats import render_rows, score
+from orchestrator.results.formats import render_rows, score, to_records
+from orchestrator.results.run_lines import run_lines
 from orchestrator.results.seeds import (
     SeedRunInput,
     SeedStatus,
@@ -32,14 +33,34 @@ def test_each_seed_not_counted_says_what_it_became() -> None:
     runs = [SeedRunInput(1, 1, S, True), SeedRunInput(2, 2, F, False, "RuntimeError: x"),
             SeedRunInput(3, 3, F, False, "old"), SeedRunInput(3, 8, R, False),  # a retry still going decides
             SeedRunInput(4, 4, C, False), SeedRunInput(5, 5, Q, False),
-            SeedRunInput(6, 6, S, False, "no f1"), SeedRunInput(6, 9, F, False, "later")]
+            SeedRunInput(6, 6, S, False, "no f1"), SeedRunInput(6, 9, F, False, "later"),  # the newest decides
+            SeedRunInput(7, 7, S, False, "no f1")]
     states = seed_states(runs)
     assert [(s.seed, s.status, s.job) for s in states] == [
         (1, SeedStatus.COUNTED, 1), (2, SeedStatus.FAILED, 2), (3, SeedStatus.RUNNING, 8),
-        (4, SeedStatus.CANCELLED, 4), (5, SeedStatus.QUEUED, 5), (6, SeedStatus.NO_METRIC, 6)]
+        (4, SeedStatus.CANCELLED, 4), (5, SeedStatus.QUEUED, 5), (6, SeedStatus.FAILED, 9),
+        (7, SeedStatus.NO_METRIC, 7)]
     assert short_denominator(1, states, "f1") == (
-        "1 of 6 (seed 6 reported no f1; seed 2 failed; seed 4 cancelled; seed 3 running; seed 5 queued)")
-    assert full_denominator(1, states, "f1").startswith("1 of 6; seed 2 (job 2) failed: RuntimeError: x; ")
+        "1 of 7 (seed 7 reported no f1; seeds 2, 6 failed; seed 4 cancelled; seed 3 running; seed 5 queued)")
+    assert full_denominator(1, states, "f1").startswith("1 of 7; seed 2 (job 2) failed: RuntimeError: x; ")
+
+
+def test_a_rerun_that_failed_decides_over_an_earlier_run_without_the_metric_in_every_view() -> None:
+    """Seed 1 ran as job 30 (succeeded, no accuracy), then again as job 54 (failed: boom): the
+    newest run decides what the row says of seed 1 (n, notes, seed_states), as the per-run lines do."""
+    rows = [ResultRow("E", "r8", "toy", 1, {}, job=30, no_metrics="no test metrics"),
+            ResultRow("E", "r8", "toy", 1, {}, job=54, state=F, reason="boom"),
+            ResultRow("E", "r8", "toy", 2, {"accuracy": 0.5}, job=31),
+            ResultRow("E", "r8", "toy", 3, {"accuracy": 0.7}, job=32)]
+    (summary,) = aggregate(rows)
+    assert summary.n_text == "2 of 3 (seed 1 failed)"
+    assert summary.accounted == "2 of 3; seed 1 (job 54) failed: boom"
+    assert (summary.seed_states[0].status, summary.seed_states[0].job) == (SeedStatus.FAILED, 54)
+    assert "seed 1 (job 54) failed, not counted: boom" in summary.notes
+    (record,) = to_records([summary])
+    assert record["seed_states"][0] == {"seed": 1, "status": "failed", "job": 54, "why": "boom"}
+    lines = {line.job: line for line in run_lines(rows, [summary]) if line.seed == 1}
+    assert (lines[54].state, lines[54].counted, lines[54].why) == ("failed", False, "failed: boom, not counted")
 
 
 def test_a_long_list_of_seeds_is_cut() -> None:

@@ -2,9 +2,10 @@
 
 A row counts one value per seed: the latest succeeded run of the seed that reported the metric
 (a `--force` rerun replaces, never adds to, its seed's value). Every other submitted run is
-accounted for: a seed with no such run is failed, cancelled, still queued or running, or
-succeeded without the metric, and says so; a seed whose later run failed, was cancelled or has
-not finished keeps its counted value and says that too. With `pooled`, every succeeded run that
+accounted for: a seed with no such run says what its newest run became (failed, cancelled,
+still queued or running, or succeeded without the metric); a seed whose later run failed, was
+cancelled or has not finished keeps its counted value and says that too. `deciding_run` is
+that rule, in one place. With `pooled`, every succeeded run that
 reported the metric counts, and n counts runs; the denominator still counts distinct seeds.
 """
 
@@ -89,34 +90,41 @@ T = TypeVar("T", bound=SeedRunInput)
 def counted_runs(runs: Sequence[T], pooled: bool) -> list[T]:
     """The runs whose values count: the latest per seed with a value, or every one when pooled.
     In seed order, then job order."""
-    ordered = sorted(runs, key=lambda r: (r.seed, _job_key(r.job)))
-    with_value = [r for r in ordered if r.has_value]
     if pooled:
-        return with_value
-    latest: dict[int, T] = {}
-    for run in with_value:
-        latest[run.seed] = run  # job order: the last one wins
-    return [latest[seed] for seed in sorted(latest)]
+        return [r for r in sorted(runs, key=lambda r: (r.seed, _job_key(r.job))) if r.has_value]
+    deciders = (deciding_run(jobs) for jobs in _by_seed(runs).values())
+    return [run for run in deciders if run.has_value]
+
+
+def deciding_run(jobs: Sequence[T]) -> T:
+    """The one run that decides what a seed's row says of it (every view: the table's n and
+    notes, `--json`'s seed_states, the per-run lines): its latest run with a value, else its
+    newest run, whatever became of it (a rerun that failed decides over an earlier run that
+    succeeded without the metric). `jobs`: one seed's runs, in job order."""
+    valued = [r for r in jobs if r.has_value]
+    return valued[-1] if valued else jobs[-1]
 
 
 def seed_states(runs: Iterable[SeedRunInput]) -> list[SeedState]:
-    """One state per distinct seed, by seed."""
-    by_seed: dict[int, list[SeedRunInput]] = {}
-    for run in sorted(runs, key=lambda r: (r.seed, _job_key(r.job))):
-        by_seed.setdefault(run.seed, []).append(run)
+    """One state per distinct seed, by seed: what its deciding run (`deciding_run`) became."""
     states = []
-    for seed, jobs in by_seed.items():
-        valued = [r for r in jobs if r.has_value]
-        if valued:
-            states.append(SeedState(seed, SeedStatus.COUNTED, valued[-1].job))
+    for seed, jobs in _by_seed(runs).items():
+        decider = deciding_run(jobs)
+        if decider.has_value:
+            states.append(SeedState(seed, SeedStatus.COUNTED, decider.job))
             continue
-        no_metric = [r for r in jobs if r.state is JobState.SUCCEEDED]
-        pending = [r for r in jobs if r.state in PENDING]
-        # a run still going decides before an earlier failure; a succeeded run before both
-        decider = no_metric[-1] if no_metric else pending[-1] if pending else jobs[-1]
-        status = SeedStatus.NO_METRIC if no_metric else _BY_STATE.get(decider.state, SeedStatus.FAILED)
+        status = (SeedStatus.NO_METRIC if decider.state is JobState.SUCCEEDED
+                  else _BY_STATE.get(decider.state, SeedStatus.FAILED))
         states.append(SeedState(seed, status, decider.job, decider.why))
     return states
+
+
+def _by_seed(runs: Iterable[T]) -> dict[int, list[T]]:
+    """Each seed's runs in job order, by seed."""
+    by_seed: dict[int, list[T]] = {}
+    for run in sorted(runs, key=lambda r: (r.seed, _job_key(r.job))):
+        by_seed.setdefault(run.seed, []).append(run)
+    return by_seed
 
 
 def denominator(states: Sequence[SeedState], runs: int) -> Denominator:
@@ -168,10 +176,7 @@ def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], p
     change)."""
     notes = []
     counted_job = {s.seed: s.job for s in states if s.status is SeedStatus.COUNTED}
-    by_seed: dict[int, list[SeedRunInput]] = {}
-    for run in sorted(runs, key=lambda r: (r.seed, _job_key(r.job))):
-        by_seed.setdefault(run.seed, []).append(run)
-    for seed, jobs in by_seed.items():
+    for seed, jobs in _by_seed(runs).items():
         valued = [r for r in jobs if r.has_value]
         if len(valued) > 1:
             named = job_text([r.job for r in valued])
