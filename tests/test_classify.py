@@ -115,6 +115,22 @@ def test_result_json_is_trusted_over_exit_code_and_log() -> None:
     assert got.oom_detail is not None and got.oom_detail.tried_mib == 2048.0
 
 
+def test_result_without_status_goes_by_the_exit_code() -> None:
+    metrics = {"metrics": {"test": {"accuracy": 0.6}}}
+    got = _classify(exit_code=0, result=metrics)
+    assert (got.outcome, got.reason) == (AttemptOutcome.SUCCEEDED, "exit code 0")
+    got = _classify(exit_code=1, result=metrics, log_tail="ValueError: bad label")
+    assert got.outcome is AttemptOutcome.FAILED and "bad label" in got.reason
+
+
+@pytest.mark.parametrize("status", ["done", "", 7, None])
+def test_result_with_an_unknown_status_fails_naming_the_known_ones(status: object) -> None:
+    got = _classify(exit_code=0, result={"status": status})
+    assert got.outcome is AttemptOutcome.FAILED
+    assert got.reason == (f"result.json: status {status!r} is not one of succeeded, failed, oom, config_error"
+                          " (leave it out to go by the exit code)")
+
+
 def test_result_config_error_is_failed_and_not_retryable() -> None:
     got = _classify(exit_code=4, result={"status": "config_error", "error": "lora.r must be > 0"})
     assert got.outcome is AttemptOutcome.FAILED

@@ -31,6 +31,8 @@ SIGKILL = 9
 # not be read): a death, resumed from a checkpoint where one is left (attempts.next_step).
 REASON_SIGKILL = "killed by SIGKILL without OOM evidence"
 REASON_CONFIG_ERROR = "config error"  # how the reason of a worker's refusal of its settings starts
+# result.json's `status`, optional: without it the exit code decides, as for a script writing no result.json
+RESULT_STATUSES = ("succeeded", "failed", "oom", "config_error")
 
 # At the start of a line, or right after an error label. The label is case-sensitive on purpose:
 # Python exception names are CamelCase, so `on_error: CUDA out of memory` in a config is no label.
@@ -258,8 +260,12 @@ def classify_log_tail(log_tail: str) -> Classification | None:
 
 
 def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
-    status = str(result.get("status", ""))
+    status = result["status"]
     error = str(result.get("error") or "")
+    if status not in RESULT_STATUSES:
+        allowed = ", ".join(RESULT_STATUSES)
+        return Classification(AttemptOutcome.FAILED, clip_reason(
+            f"result.json: status {status!r} is not one of {allowed} (leave it out to go by the exit code)"))
     if status == "succeeded":
         return Classification(AttemptOutcome.SUCCEEDED, "result.json: succeeded")
     if status == "config_error":
@@ -271,7 +277,7 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
         return Classification(
             AttemptOutcome.OOM, clip_reason(f"result.json: oom: {error}"), oom_detail=detail
         )
-    # "failed", or a status we do not know: an OOM in its error text still counts as one.
+    # "failed": an OOM in its error text still counts as one.
     from_error = classify_log_tail(error)
     if from_error is not None and from_error.outcome in (
         AttemptOutcome.OOM,
@@ -283,7 +289,7 @@ def _from_result(result: dict[str, Any], log_tail: str) -> Classification:
     from_log = classify_log_tail(log_tail)
     if from_log is not None and from_log.outcome in (AttemptOutcome.OOM, AttemptOutcome.HOST_OOM):
         return from_log
-    shown = error.strip().splitlines()[-1] if error.strip() else f"status {status!r}"
+    shown = error.strip().splitlines()[-1] if error.strip() else "status 'failed'"
     return Classification(AttemptOutcome.FAILED, clip_reason(f"result.json: {shown}"))
 
 
@@ -310,13 +316,17 @@ def classify_attempt(
     out of memory (requeued uncounted, the suite's cap lowered): any other job's is read as before."""
     if cancelled:
         return Classification(AttemptOutcome.CANCELLED, "cancelled")
+    wrote = result is not None
+    if result is not None and "status" not in result:
+        result = None  # its status is optional: the exit code and log decide, as without result.json
     if hung and result is None:
         # Killed by orch for silence. A worker that ignored SIGTERM died of the SIGKILL before
         # its wrapper could write exit.json: still hung, not lost (which would retry it again
         # and again instead of once).
         return Classification(AttemptOutcome.FAILED, REASON_HUNG)
     if not exit_record_present and result is None:
-        return Classification(AttemptOutcome.LOST, "no exit record and no result.json")
+        return Classification(AttemptOutcome.LOST, "no exit record and no result.json"
+                              + (" status" if wrote else ""))
     # before the CUDA OOM signatures: the group's CUDA OOM is in this log too, but the job's own
     # need is not what ran out
     members = group_oom_members(exit_code, log_tail) if fused else None
