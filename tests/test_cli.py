@@ -96,6 +96,19 @@ def test_submit_bad_input_is_one_line_exit_2(orch_inproc: OrchRunner, db_path: P
     assert not db_path.exists()
 
 
+def test_submit_refuses_a_config_key_that_is_not_a_string(orch_inproc: OrchRunner, db_path: Path,
+                                                           tmp_path: Path) -> None:
+    (tmp_path / "p" / "suites").mkdir(parents=True)
+    (tmp_path / "p" / "configs" / "w").mkdir(parents=True)
+    (tmp_path / "p" / "suites" / "w.yaml").write_text("worker: sim\nmem_gib: 1\nconfigs: [c]\n")
+    (tmp_path / "p" / "configs" / "w" / "c.yaml").write_text("sim_mem_gib: 1\nclass_weights: {0: 1.0, 1: 2.5}\n")
+    result = orch_inproc("submit", "--plans", str(tmp_path / "p"), "--suite", "w", "--seeds", "1")
+    assert result.rc == 2
+    assert one_error_line(result.stderr).endswith(
+        "c.yaml: class_weights has a key 0 that is not a string: quote it ('0') or use a list")
+    assert not db_path.exists()
+
+
 # ---------------------------------------------------------------- reading
 
 

@@ -28,6 +28,7 @@ from orchestrator.plans import (
     parse_set_overrides,
 )
 from orchestrator.plans.model import known_keys
+from orchestrator.plans.suite import non_string_key
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLANS = REPO_ROOT / "plans"
@@ -493,6 +494,11 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         (GOOD, {"a": "- 1\n- 2\n"}, "must be a YAML mapping, not list"),
         (GOOD, {"a": "x: [\n"}, "is not valid YAML"),
         (GOOD, {"a": "1: x\n"}, "is not a string"),
+        (GOOD, {"a": "class_weights: {0: 1.0, 1: 2.5}\n"}, r"config .*a\.yaml: class_weights has a key 0 that is "
+         r"not a string: quote it \('0'\) or use a list$"),
+        (GOOD, {"a": "heads: [{name: x, sizes: {true: 1}}]\n"}, r"heads\[0\]\.sizes has a key true that"),
+        ({**GOOD, "configs": {"a": {"class_weights": {0: 1.0}}}}, {},
+         r"suite .*bad\.yaml: config a: class_weights has a key 0 that is not a string"),
         (GOOD, {"a": "!!python/object/apply:os.system [x]\n"}, "is not valid YAML"),
         ("- a\n- b\n", {}, "must be a YAML mapping, not list"),
         ("", {}, "is empty: it must be a YAML mapping"),
@@ -505,6 +511,14 @@ def test_bad_suite_files(tmp_path: Path, suite: Any, configs: dict[str, Any], me
     plans = write_suite(tmp_path / "plans", "bad", suite, configs)
     with pytest.raises(PlanError, match=message):
         load_suite("bad", plans)
+
+
+def test_non_string_key_names_its_path() -> None:
+    assert non_string_key({"a": {"b": [1, {"c": {"d": 1}}]}, "e": {}}) is None
+    assert non_string_key({1: "x"}) == "key 1 is not a string: quote it ('1')"
+    assert non_string_key({"a": [{"b": {2.5: 1}}]}) == (
+        "a[0].b has a key 2.5 that is not a string: quote it ('2.5') or use a list")
+    assert non_string_key({"a": {None: 1}}) == "a has a key null that is not a string: quote it ('null') or use a list"
 
 
 def test_good_minimal_suite_loads(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from orchestrator.plans.inputs import (
     SUITE_NAME_RE,
     check_env_name,
     check_text,
+    shown_repr,
     shown_value,
 )
 from orchestrator.plans.keymap import parse_keys
@@ -306,11 +307,37 @@ def _load_configs(path: Path, data: dict[str, Any], name: str) -> list[ConfigSpe
             config_path = config_dir / f"{config_name}.yaml"
             content = _read_yaml_mapping(config_path, "config file")
             where = f"config {config_path}"
-        for key in content:
-            if not isinstance(key, str):
-                raise PlanError(f"{where}: key {key!r} is not a string")
+        if problem := non_string_key(content):
+            raise PlanError(f"{where}: {problem}")
         configs.append(ConfigSpec(config_name, config_path.resolve(), content))
     return configs
+
+
+def _yaml_key(key: Any) -> str:
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return "null" if key is None else shown_repr(key)
+
+
+def non_string_key(value: Any, where: str = "") -> str | None:
+    """What is wrong where a mapping in a config (at any depth, lists included) has a key that is
+    not a string, or None: a job's config is stored as JSON, which turns `{0: 1.0}` into
+    `{"0": 1.0}`, so the script's `cfg["class_weights"].get(0)` would silently miss it."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                shown = _yaml_key(key)
+                if not where:
+                    return f"key {shown} is not a string: quote it ('{shown}')"
+                path = where if len(where) <= 120 and where.isprintable() else shown_value(where, 120)
+                return f"{path} has a key {shown} that is not a string: quote it ('{shown}') or use a list"
+            if found := non_string_key(item, f"{where}.{key}" if where else key):
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if found := non_string_key(item, f"{where}[{index}]"):
+                return found
+    return None
 
 
 def _parse_divergence_factor(path: Path, raw: Any) -> float | None:
