@@ -144,3 +144,27 @@ def test_the_web_retry_takes_the_suite_file_as_orch_retry_does(
     assert done.status_code == 200 and done.json()["done"] == "requeued"
     assert worker_of(db_path, 1) == (FIXED if knows_plans else TYPO)
     assert paused(db_path) == ([] if knows_plans else ["mine"])
+
+
+def test_a_tpe_trial_the_daemon_queued_takes_the_suite_and_a_taskless_hint_names_seeds(
+    orch_inproc: OrchRunner, db_path: Path, plans: Path
+) -> None:
+    # the daemon's later trials carry an identity of their own making: their stored config decides
+    from orchestrator.actions.suite_changes import take_suite_as_it_is
+    from orchestrator.store.search import queue_trial
+
+    (plans / "configs" / "rs").mkdir(parents=True)
+    (plans / "suites").mkdir(parents=True, exist_ok=True)
+    (plans / "configs" / "rs" / "base.yaml").write_text(yaml.safe_dump({"learning_rate": 0.1, "width": 8}))
+    suite = {"worker": "python train.py {config}", "mem_gib": 1, "configs": ["base"],
+             "search": {"method": "tpe", "trials": 3, "metric": "accuracy",
+                        "space": {"learning_rate": {"log_uniform": [1.0e-5, 1.0e-1]}}}}
+    (plans / "suites" / "rs.yaml").write_text(yaml.safe_dump(suite))
+    submitted = orch_inproc("submit", "--suite", "rs", "--seeds", "1")
+    assert submitted.rc == 0, submitted.stderr
+    with Store(db_path) as store:
+        [later] = queue_trial(store, [get_job(store, 1)], {"learning_rate": 0.001}, 1)
+        assert take_suite_as_it_is(store, later, plans) == (False, None)
+        (plans / "configs" / "rs" / "base.yaml").write_text(yaml.safe_dump({"learning_rate": 0.1, "width": 16}))
+        changed, said = take_suite_as_it_is(store, later, plans)
+    assert not changed and said is not None and "`orch submit --suite rs --seeds 1`" in said, said

@@ -34,9 +34,10 @@ def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[boo
     overrides = dict(job.overrides)
     specs = [s for s in expand_jobs(suite, [Pair(job.seed, job.data)], overrides, None, 0)
              if s.config_name == job.config_name]
-    if not specs or specs[0].identity != job.identity:
+    if not specs or not _same_job(job, specs[0].identity, specs[0].config):
+        how = f"--pairs {job.seed}:{job.data}" if job.data else f"--seeds {job.seed}"
         return False, (f"job {job_id} runs as submitted: config {job.config_name} or its overrides changed since "
-                f"(`orch submit --suite {job.suite} --pairs {job.seed}:{job.data}` queues it as it is now)")
+                f"(`orch submit --suite {job.suite} {how}` queues it as it is now)")
     spec = specs[0]
     try:
         check_worker_template(suite, specs, overrides)
@@ -54,6 +55,15 @@ def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[boo
             f"retry takes the suite's {shown} as {suite.path.name} has it now: {now.worker}",
         )
     return now.worker != before.worker, None
+
+
+def _same_job(job: Job, identity: str, config: dict[str, object]) -> bool:
+    """Whether the suite file as it is now gives `job` what it was submitted with. A search trial the
+    daemon queued carries an identity of its own making (orchestrator.store.search): its config as
+    stored decides."""
+    if identity == job.identity:
+        return True
+    return bool(job.search) and json.loads(json.dumps(config, sort_keys=True)) == job.config
 
 
 @dataclass
