@@ -408,6 +408,12 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         ({**GOOD, "configs": []}, {}, "non-empty list"),
         ({**GOOD, "configs": [1]}, {}, "config name 1 is not valid"),
         ({**GOOD, "configs": ["../x"]}, {}, "is not valid"),
+        ({**GOOD, "configs": ["café_β 模型"]}, {},
+         r"config name 'café_β 模型' is not valid \(ASCII letters and digits, then also '_', '\.', '\+', '-'; "
+         r"at most 128 characters\)$"),
+        ({**GOOD, "rounds": {"r 1": ["a"]}}, {"a": {}},
+         r"round name 'r 1' is not valid \(ASCII letters and digits, then also '_', '\.', '-'; "
+         r"at most 64 characters\)$"),
         ({**GOOD, "configs": ["a", "a"]}, {"a": {}}, "listed twice"),
         ({**GOOD, "env": ["a"]}, {"a": {}}, "`env` must be dict, not list"),
         ({**GOOD, "env": {"1X": "y"}}, {"a": {}}, "not a valid variable name"),

@@ -184,7 +184,8 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     rounds: dict[str, tuple[str, ...]] = {}
     for round_name, members in rounds_raw.items():
         if not isinstance(round_name, str) or not SUITE_NAME_RE.fullmatch(round_name):
-            raise PlanError(f"suite {path}: round name {round_name!r} is not valid")
+            raise PlanError(f"suite {path}: round name {round_name!r} is not valid (ASCII letters and digits, "
+                            "then also '_', '.', '-'; at most 64 characters)")
         if not isinstance(members, list) or not members:
             raise PlanError(f"suite {path}: round {round_name} must list config names")
         for member in members:
@@ -293,7 +294,8 @@ def _load_configs(path: Path, data: dict[str, Any], name: str) -> list[ConfigSpe
     seen: set[str] = set()
     for config_name in raw:
         if not isinstance(config_name, str) or not _CONFIG_NAME.fullmatch(config_name):
-            raise PlanError(f"suite {path}: config name {config_name!r} is not valid")
+            raise PlanError(f"suite {path}: config name {config_name!r} is not valid (ASCII letters and digits, "
+                            "then also '_', '.', '+', '-'; at most 128 characters)")
         if config_name in seen:
             raise PlanError(f"suite {path}: config {config_name} is listed twice")
         seen.add(config_name)
