@@ -125,6 +125,7 @@ def test_orch_results_formats(orch_inproc: OrchRunner, finished_db: Path, fmt: s
     result = orch_inproc("results", "--format", fmt)
     assert result.rc == 0, result.stderr
     assert needle in result.stdout
+    assert result.stdout.endswith("\n") and not result.stdout.endswith("\n\n")  # piped or to a file: one line end
     if fmt != "csv":
         assert "†" in result.stdout or "dagger" in result.stdout
 
@@ -228,3 +229,22 @@ def test_a_column_of_a_script_without_tasks_is_titled_by_its_metric_alone() -> N
     summaries = [dataclasses.replace(s, task="") for s in aggregate(rows())]
     head = to_markdown(summaries).splitlines()[0]
     assert "| accuracy |" in head.replace("  ", " ") and " (accuracy)" not in head, head
+
+
+def test_the_no_metrics_count_is_of_the_rows_shown_and_the_runs_that_count(
+    orch_inproc: OrchRunner, finished_db: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "runs" / "1" / "result.json").write_text(json.dumps({"status": "ok", "metrics": {}}))
+    with Store(finished_db) as store:
+        config = next(job.config_name for job in read_jobs(store) if job.id == 1)
+        other = next(job.config_name for job in read_jobs(store) if job.config_name != config)
+    assert "1 succeeded job(s) had no test metrics" in orch_inproc("results").stderr
+    assert "had no test metrics" not in orch_inproc("results", "--where", f"config={other}").stderr
+    # seed 2's first run reported nothing; its rerun, job 3, counts
+    from orchestrator.results.table import no_metric_jobs
+
+    rows = [ResultRow("E", "c", "toy", 1, {"accuracy": 0.5}, job=1),
+            ResultRow("E", "c", "toy", 2, {}, job=2, no_metrics="none"),
+            ResultRow("E", "c", "toy", 2, {"accuracy": 0.6}, job=3),
+            ResultRow("E", "c", "toy", 3, {}, job=4, no_metrics="none")]  # fmt: skip
+    assert no_metric_jobs(rows, aggregate(rows)) == 1

@@ -39,7 +39,7 @@ from orchestrator.results.selection import (
     unchosen_columns,
 )
 from orchestrator.results.stats import paired_test, paired_text, row_interval
-from orchestrator.results.table import build_table
+from orchestrator.results.table import build_table, no_metric_jobs
 from orchestrator.store.early_stop import unreported_metrics
 from orchestrator.store.queries import suite_names
 from orchestrator.wording import one_line
@@ -168,6 +168,7 @@ def results_cmd(
             empty = (f"no setting reports a validation metric (on n ≥ {MIN_N_CHOSEN} seeds{diverged}) to choose "
                      f"on: `--select {select}` keeps none; without it every setting is shown")
         summaries = [s for s in summaries if is_chosen(s, choices)]
+        missing = no_metric_jobs(table.rows, summaries)  # of the rows shown only
     if table.printed_splits and fmt == "table" and summaries:
         click.echo(PRINTED_SPLITS_NOTE)
     if fmt == "json":

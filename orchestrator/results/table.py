@@ -14,6 +14,7 @@ from orchestrator.results.aggregate import ResultRow, ResultSummary, aggregate
 from orchestrator.results.collect import RunReader, collect_rows
 from orchestrator.results.filters import Where, apply_where
 from orchestrator.results.run_lines import RunLine, run_lines
+from orchestrator.results.seeds import SeedStatus
 from orchestrator.results.selection import Basis, Column, ColumnChoice, choose
 from orchestrator.store.db import Store
 
@@ -25,7 +26,7 @@ class ResultsTable:
     rows: list[ResultRow]  # every submitted job the filters keep
     summaries: list[ResultSummary]  # one per effective setting × task, in suite order
     choices: dict[Column, ColumnChoice]
-    missing: int  # succeeded jobs with no usable test metrics
+    missing: int  # the summaries' seeds whose deciding run succeeded with no usable test metrics (no_metric_jobs)
     from_run_dirs: int = 0  # attempts read from their run dirs (ended before readings were stored)
     printed_splits: bool = False  # some run's printed eval_*/test_* were read as val and test
 
@@ -52,7 +53,15 @@ def build_table(
         rows,
         summaries,
         choose(summaries, digits, select),
-        collected.missing,
+        no_metric_jobs(rows, summaries),
         collected.from_run_dirs,
         collected.printed_splits,
     )
+
+
+def no_metric_jobs(rows: Sequence[ResultRow], summaries: Sequence[ResultSummary]) -> int:
+    """How many succeeded jobs reported no usable test metrics, among the runs that decide a seed
+    of `summaries` (seeds.deciding_run): a run replaced by a later run of its seed is not
+    counted, nor a job of a row not shown (--where, --select)."""
+    deciding = {state.job for s in summaries for state in s.seed_states if state.status is SeedStatus.NO_METRIC}
+    return len({r.job for r in rows if r.job is not None and r.job in deciding and r.no_metrics is not None})
