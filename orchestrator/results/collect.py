@@ -142,12 +142,11 @@ class RunReader:
 
 @dataclass(frozen=True)
 class Collected:
-    """Every submitted job as a ResultRow, how many succeeded jobs had no usable test metrics,
-    and how many attempts had to be read from their run dirs (ended before readings were
-    stored at their end)."""
+    """Every submitted job as a ResultRow, and how many attempts had to be read from their run
+    dirs (ended before readings were stored at their end). How many succeeded jobs had no usable
+    test metrics is counted over the rows a table shows (results.table.no_metric_jobs)."""
 
     rows: list[ResultRow]
-    missing: int
     from_run_dirs: int = 0
     printed_splits: bool = False  # some run's printed eval_*/test_* were read as val and test
 
@@ -158,7 +157,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     error, a queued or running one its state."""
     reader = reader or RunReader()
     rows: list[ResultRow] = []
-    missing = from_run_dirs = 0
+    from_run_dirs = 0
     splits_read = False
     backfill: list[tuple[int, int, dict[str, Any]]] = []
     runs = result_jobs(store, suite)
@@ -182,8 +181,6 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
             continue
         assert reading is not None  # a succeeded job's attempt has ended
         splits_read = splits_read or reading.printed_splits
-        if reading.metrics is None:
-            missing += 1
         provenance = provenance_keys(run.provenance_json)
         rows.append(ResultRow(
             run.suite, run.config, run.data, run.seed, reading.metrics or {},
@@ -200,7 +197,7 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     if backfill:
         with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time
             backfill_reported(store, backfill)
-    return Collected(rows, missing, from_run_dirs, splits_read)
+    return Collected(rows, from_run_dirs, splits_read)
 
 
 def no_metrics_why(attempt_reason: str | None) -> str:
