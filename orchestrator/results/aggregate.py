@@ -50,6 +50,7 @@ from orchestrator.results.seeds import (
     lost_runs,
     pruned_notes,
     seed_states,
+    seed_text,
     short_denominator,
     uncounted_notes,
 )
@@ -360,10 +361,8 @@ def _provenance_differs(runs: tuple[SeedRun, ...] | list[SeedRun]) -> list[str]:
 def _evidence_notes(counted: list[SeedRun]) -> list[str]:
     """The notes of a row's diverged runs, of runs whose job started above level 0, and of runs of
     different code or libraries."""
-    notes = [f"seed {r.seed}" + (f" (job {r.job})" if r.job is not None else "") + f": loss diverged, {r.diverged}: "
-             "counted, marked" for r in counted if r.diverged]
-    notes += [f"seed {r.seed}" + (f" (job {r.job})" if r.job is not None else "") + f": {r.level_note}"
-              for r in counted if r.level_note]
+    notes = [f"{seed_text(r.seed, r.job)}: loss diverged, {r.diverged}: counted, marked" for r in counted if r.diverged]
+    notes += [f"{seed_text(r.seed, r.job)}: {r.level_note}" for r in counted if r.level_note]
     differs = _provenance_differs(counted)
     if differs:
         notes.append(f"runs differ in {' and '.join(differs)} (`orch results --json` lists each run's)")
@@ -411,7 +410,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     notes += pruned_notes(states)  # with the step, value and rank early stopping judged
     for state in states:
         if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):  # pruned: pruned_notes
-            where = f"seed {state.seed}" + (f" (job {state.job})" if state.job is not None else "")
+            where = seed_text(state.seed, state.job)
             verb = "failed" if state.status is SeedStatus.FAILED else "was cancelled"
             notes.append(f"{where} {verb}, not counted" + (f": {state.why}" if state.why else ""))
     return ResultSummary(
@@ -443,13 +442,10 @@ def _val_only(rows: list[ResultRow], metric: str, pooled: bool) -> list[ResultRo
 def _nonfinite_notes(counted: list[ResultRow], val_only: list[SeedRun], metric: str) -> list[str]:
     """A run whose val counts though its test value was not finite, and a counted run whose val
     of the metric was not finite (its val left out of the val mean)."""
-    def where(seed: int, job: int | None) -> str:
-        return f"seed {seed}" + (f" (job {job})" if job is not None else "")
-
-    notes = [f"{where(r.seed, r.job)}: its val {metric} counted in the val mean, though its test {metric} "
+    notes = [f"{seed_text(r.seed, r.job)}: its val {metric} counted in the val mean, though its test {metric} "
              "was not finite" for r in val_only]
-    notes += [f"{where(r.seed, r.job)}: {nonfinite_said('val', metric, r.val_nonfinite[metric])}: its val not counted"
-              for r in counted if metric in r.val_nonfinite and metric not in r.val_metrics]
+    notes += [f"{seed_text(r.seed, r.job)}: {nonfinite_said('val', metric, r.val_nonfinite[metric])}: "
+              "its val not counted" for r in counted if metric in r.val_nonfinite and metric not in r.val_metrics]
     return notes
 
 

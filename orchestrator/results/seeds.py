@@ -119,6 +119,11 @@ def seed_states(runs: Iterable[SeedRunInput]) -> list[SeedState]:
     return states
 
 
+def seed_text(seed: int, job: int | None) -> str:
+    """How a note names a seed's run: `seed 2 (job 14)`, `seed 2` where the job is not known."""
+    return f"seed {seed}" + (f" (job {job})" if job is not None else "")
+
+
 def _by_seed(runs: Iterable[T]) -> dict[int, list[T]]:
     """Each seed's runs in job order, by seed."""
     by_seed: dict[int, list[T]] = {}
@@ -164,7 +169,7 @@ def full_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: b
     text = f"{seeds_counted} of {len(states)}{_runs_text(n, states, pooled)}"
     for s in states:
         if s.status is not SeedStatus.COUNTED:
-            where = f"seed {s.seed}" + (f" (job {s.job})" if s.job is not None else "")
+            where = seed_text(s.seed, s.job)
             text += f"; {where} {_WORDS[s.status].format(metric=metric)}" + (f": {s.why}" if s.why else "")
     return text
 
@@ -210,7 +215,7 @@ def uncounted_notes(runs: Sequence[SeedRunInput], counted_job: dict[int, int | N
             notes.append(f"seed {run.seed}: {when} run, job {run.job}, reported {run.why}; "
                          f"job {counted_job[run.seed]} counted")
         else:
-            where = f"seed {run.seed}" + (f" (job {run.job})" if run.job is not None else "")
+            where = seed_text(run.seed, run.job)
             notes.append(f"{where} reported {run.why}: not counted")
     return notes
 
