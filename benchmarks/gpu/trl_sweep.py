@@ -164,14 +164,15 @@ def run(args: argparse.Namespace) -> int:
     write_plans(plans, model_dir, data_dir, args.max_steps, args.mem_gib, args.dry, args.case)
     meta: dict[str, Any] = {"tag": args.tag, "gpu_plan": args.gpu_plan, "seeds": args.seeds, "dry": args.dry,
                             "max_steps": args.max_steps, "leave_gib": args.leave_gib, "mem_gib": args.mem_gib,
-                            "case": args.case, "mps": args.mps, "overlap": args.overlap}  # fmt: skip
+                            "case": args.case, "mps": args.mps, "overlap": args.overlap,
+                            "headroom": args.headroom}  # fmt: skip
     ballast = daemon = None
     try:
         if not args.dry:
             ballast, meta["ballast"] = start_ballast(work, args.leave_gib)
         pairs = ",".join(f"{seed}:sft" for seed in range(1, args.seeds + 1))
         orch(["submit", "--suite", "trl", "--pairs", pairs, "--gpu-plan", args.gpu_plan], db, plans)
-        daemon = start_daemon(db, ["--backend", "sim" if args.dry else "nvml", "--poll", "0.5", "--headroom", "0.1",
+        daemon = start_daemon(db, ["--backend", "sim" if args.dry else "nvml", "--poll", "0.5", "--headroom", str(args.headroom),
                                    "--headroom-max-gib", "2.4", *(["--mps"] if args.mps else []),
                                    *(["--overlap"] if args.overlap else [])])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
@@ -316,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="family: b64/b128/b256; scarce: b256/b128 (do not fit together); plentiful: b64/b32")
     go.add_argument("--mps", action="store_true", help="orch daemon run --mps")
     go.add_argument("--overlap", action="store_true", help="orch daemon run --overlap")
+    go.add_argument("--headroom", type=float, default=0.1, help="orch daemon run --headroom (at most 2.4 GiB)")
     look = sub.add_parser("analyze")
     look.add_argument("--orch", type=Path, required=True)
     look.add_argument("--serial", type=Path, required=True)
