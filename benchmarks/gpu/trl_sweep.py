@@ -172,8 +172,9 @@ def run(args: argparse.Namespace) -> int:
             ballast, meta["ballast"] = start_ballast(work, args.leave_gib)
         pairs = ",".join(f"{seed}:sft" for seed in range(1, args.seeds + 1))
         orch(["submit", "--suite", "trl", "--pairs", pairs, "--gpu-plan", args.gpu_plan], db, plans)
-        daemon = start_daemon(db, ["--backend", "sim" if args.dry else "nvml", "--poll", "0.5", "--headroom", str(args.headroom),
-                                   "--headroom-max-gib", "2.4", *(["--mps"] if args.mps else []),
+        daemon = start_daemon(db, ["--backend", "sim" if args.dry else "nvml", "--poll", "0.5",
+                                   "--headroom", str(args.headroom), "--headroom-max-gib", "2.4",
+                                   *(["--mps"] if args.mps else []),
                                    *(["--overlap"] if args.overlap else [])])  # fmt: skip
         watch_sweep(db, daemon, tag_dir / "frames", meta, args.budget_s, 30.0)
     finally:
