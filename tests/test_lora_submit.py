@@ -33,9 +33,9 @@ def write_plans(root: Path, config: dict[str, Any], **suite: Any) -> Path:
             {**CONFIG, "warmup_step": 10},
             {},
             (),
-            "config c1: unknown config key 'warmup_step' (known: ",
+            "config c1: unknown config key 'warmup_step' (did you mean 'warmup_steps'?) (known: ",
         ),
-        (CONFIG, {}, ("--set", "weight_decy=0.1"), "weight_decy"),
+        (CONFIG, {}, ("--set", "weight_decy=0.1"), "'weight_decy': unknown config key (did you mean 'weight_decay'?)"),
         (
             CONFIG,
             {"ladder": [{"set": {"grad_ckpt": True}}]},

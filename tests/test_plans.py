@@ -422,7 +422,7 @@ GOOD = {"worker": "sim", "mem_gib": 2, "configs": ["a"]}
         ({**GOOD, "worker": " "}, {"a": {}}, "`worker` is required"),
         ({"mem_gib": 2, "configs": ["a"]}, {"a": {}}, "`worker` is required"),
         ({**GOOD, "surprise": 1}, {"a": {}}, r"unknown key\(s\) surprise$"),
-        ({**GOOD, "fused_member": 2}, {"a": {}}, r"unknown key\(s\) fused_member \(did you mean fused_members\?\)$"),
+        ({**GOOD, "fused_member": 2}, {"a": {}}, r"unknown key\(s\) fused_member \(did you mean 'fused_members'\?\)$"),
         ({**GOOD, "rounds": {"r1": ["zzz"]}}, {"a": {}}, "names unknown config 'zzz'"),
         ({**GOOD, "rounds": {"r1": []}}, {"a": {}}, "must list config names"),
         ({**GOOD, "rounds": ["a"]}, {"a": {}}, "`rounds` must be dict"),

@@ -60,6 +60,7 @@ def test_a_search_is_parsed_with_its_space() -> None:
         ({"trials": "4"}, "(the submit cap), not '4'"),
         ({"trials": None}, "`search.trials` is required"),
         ({"space": {"nope": [1, 2]}}, "unknown config key 'nope'"),
+        ({"space": {"learning_rat": [1, 2]}}, "unknown config key 'learning_rat' (did you mean 'learning_rate'?)"),
         ({"space": {"seed": [1, 2]}}, "seed and data come from the pairs"),
         ({"metric": None}, "`search.metric` is required for tpe"),
         ({"space": {}}, "`search.space` must map"),

@@ -297,6 +297,11 @@ SCRIPT_CONFIG = {"learning_rate": 0.001, "weight_decay": 0.0}
             "add `dropout:` to your config file",
         ),
         (
+            ["--set", "learning_rat=0.1"],
+            "--set 'learning_rat': unknown config key (did you mean 'learning_rate'?) (the configs' keys: "
+            "learning_rate, weight_decay)",
+        ),
+        (
             ["--set", "share_base=fused"],
             "--set 'share_base': share_base is a suite key, not a config key: set `share_base:` in the suite file",
         ),

@@ -36,6 +36,7 @@ from orchestrator.plans.inputs import (
     shown_value,
 )
 from orchestrator.plans.model import ConfigSpec
+from orchestrator.plans.spelling import did_you_mean
 
 MAX_GRID_JOBS = 100_000  # configs × grid × pairs beyond this is a typo, not a sweep
 MAX_GRID_VALUES = 1000
@@ -107,7 +108,8 @@ def check_key(flag: str, key: str, known: set[str]) -> None:
                         f"set `{key}:` in the suite file")
     elif key not in known:
         keys = ", ".join(sorted(known))
-        raise PlanError(f"{flag} {shown_value(key)}: unknown config key (the configs' keys: {keys}); "
+        raise PlanError(f"{flag} {shown_value(key)}: unknown config key{did_you_mean([key], known)} "
+                        f"(the configs' keys: {keys}); "
                         f"add `{key}:` to your config file to set it")
 
 

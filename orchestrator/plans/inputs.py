@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from orchestrator.errors import PlanError
+from orchestrator.plans.spelling import did_you_mean
 
 DEFAULT_SLOTS = 1  # a GPU the plan does not name runs one job at a time
 MAX_SLOTS_PER_GPU = 64
@@ -283,7 +284,8 @@ def parse_set_overrides(items: Sequence[str], known_keys: Iterable[str]) -> dict
         elif key in PAIR_KEYS:
             raise PlanError(f"--set {key}=... is not allowed: seed and data come from --pairs")
         elif key not in known:
-            raise PlanError(f"--set {shown_value(key)}: unknown config key (known: {', '.join(sorted(known))})")
+            raise PlanError(f"--set {shown_value(key)}: unknown config key{did_you_mean([key], known)} "
+                            f"(known: {', '.join(sorted(known))})")
         overrides[key] = parse_scalar(key, raw_value)
     return overrides
 

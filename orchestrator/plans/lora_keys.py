@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.plans.spelling import did_you_mean
+
 KNOWN_KEYS = frozenset(
     {
         "model", "peft", "data", "data_dir", "batch_size", "learning_rate", "num_epochs",
@@ -47,7 +49,8 @@ def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
 def unknown_keys_message(unknown: list[str]) -> str:
     named = ", ".join(repr(key) for key in unknown)
     plural = "s" if len(unknown) > 1 else ""
-    return f"unknown config key{plural} {named} (known: {', '.join(sorted(TRAINING_KEYS))})"
+    return (f"unknown config key{plural} {named}{did_you_mean(unknown, TRAINING_KEYS)} "
+            f"(known: {', '.join(sorted(TRAINING_KEYS))})")
 
 
 # The LoRA spec (`peft:` inline, or a JSON file): peft's LoraConfig keys, the short names the

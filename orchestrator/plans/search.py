@@ -15,6 +15,7 @@ from orchestrator.plans.early_stop import Mode, parse_mode
 from orchestrator.plans.grid import MAX_GRID_JOBS, config_type
 from orchestrator.plans.inputs import PAIR_KEYS, Scalar, shown_typed, shown_value, yaml_number
 from orchestrator.plans.model import ConfigSpec
+from orchestrator.plans.spelling import did_you_mean
 
 
 class SearchMethod(str, Enum):
@@ -153,7 +154,7 @@ def _dimension(
         )
     if known is not None and key not in known:
         raise PlanError(
-            f"{where}: `search.space` names unknown config key {shown_value(key)} "
+            f"{where}: `search.space` names unknown config key {shown_value(key)}{did_you_mean([key], known)} "
             f"(known: {', '.join(sorted(known))})"
         )
     kind = config_type(key, configs) if configs is not None else None

@@ -7,7 +7,6 @@ jobs is `plans.expand` (its names are importable from here too).
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from decimal import Decimal
@@ -45,6 +44,7 @@ from orchestrator.plans.model import (  # noqa: F401
 )
 from orchestrator.plans.resources import MAX_CPUS, MAX_GPUS, job_resources, parse_count
 from orchestrator.plans.search import parse_search
+from orchestrator.plans.spelling import did_you_mean
 from orchestrator.plans.template import parse_template
 from orchestrator.plans.worker_output import (
     parse_fused_members,
@@ -153,8 +153,7 @@ def load_suite(name: str, plans_dir: Path) -> Suite:
     unknown = sorted(set(data) - SUITE_KEYS)
     if unknown:
         # a misspelt key (`fused_member`) is the usual cause: name the key it was likely meant as
-        close = [m for k in unknown for m in difflib.get_close_matches(str(k), sorted(SUITE_KEYS), n=1)]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        hint = did_you_mean(unknown, SUITE_KEYS)
         raise PlanError(f"suite {path}: unknown key(s) {', '.join(map(str, unknown))}{hint}")
     worker = _typed(path, data, "worker", (str,), None)
     if not worker or not worker.strip():
