@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,9 +65,6 @@ def ended_on_gpu(n: int, outcome: str, gpu: int | None, *details: str) -> str:
     return f"attempt {n} {outcome}{where}" + (f": {'; '.join(said)}" if said else "")
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
-
-
 def attempts_said(
     attempts: int, counted: int, max_attempts: int, resumes: int, max_resumes: int
 ) -> str:
@@ -76,11 +75,43 @@ def attempts_said(
             f"resume {resumes} of at most {max_resumes}")
 
 
+# What a reader is never shown as it is: control characters (C0 and C1: a terminal obeys them),
+# line and paragraph separators, format characters (Unicode's Cf: the bidirectional overrides,
+# embeddings, isolates and marks U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, which reorder the
+# text around them, and zero-width ones, which hide in a name) and lone surrogates (JSON's
+# `\ud800`, which no terminal or page can encode).
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _shown_char(found: re.Match[str]) -> str:
+    char = found[0]
+    return _escape(char) if unicodedata.category(char) in _HIDDEN_CATEGORIES else char
+
+
+_MAY_HIDE = re.compile(r"[^\x20-\x7e]")  # the characters that may be hidden: all but ASCII's printable ones
+_MAY_HIDE_IN_LINES = re.compile(r"[^\x20-\x7e\n\t]")
+
+
 def one_line(text: str) -> str:
-    """`text` as one line of a plain table: a line break or other control character in a name
-    (written by user code) is shown escaped (`\\n`), never splitting the row or reaching the
-    terminal as a control sequence."""
-    return text.translate(_CONTROL)
+    """User text (a name, a note, a value: written by user code) as one line for a reader, in
+    every human-facing output: each hidden character above shown escaped (`\\n`, `\\x1b`,
+    `\\u202e`), so it never splits a row, reaches a terminal as a control sequence or reorders
+    what is read."""
+    return text if text.isprintable() else _MAY_HIDE.sub(_shown_char, text)
+
+
+def shown_lines(text: str) -> str:
+    """User text of several lines (a log, a config file) for a reader: one_line's rule, its
+    line breaks and tabs kept."""
+    return text if text.isprintable() else _MAY_HIDE_IN_LINES.sub(_shown_char, text)
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -11,7 +11,7 @@ import pytest
 from e2e_helpers import Orch, requires_tmux
 
 from orchestrator.cli.plain_table import render_plain
-from orchestrator.wording import one_line
+from orchestrator.wording import one_line, shown_lines
 
 
 def test_one_line_escapes_line_breaks_and_control_characters() -> None:
@@ -19,6 +19,19 @@ def test_one_line_escapes_line_breaks_and_control_characters() -> None:
     assert one_line("plain name · ü") == "plain name · ü"
     lines = render_plain(["name", "state"], [["a\nb", "ok"], ["c", "ok"]]).splitlines()
     assert len(lines) == 3 and "a\\nb" in lines[1]
+
+
+def test_one_line_shows_bidirectional_and_other_format_characters_escaped() -> None:
+    # a right-to-left override, isolates, marks, zero-width and C1 characters, a line separator and a
+    # lone surrogate (JSON's `\ud800`) reorder, hide or break what a reader sees: each shown escaped
+    hidden = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c\u200b\ufeff\x85\x9b\u2028\ud800"
+    shown = one_line(f"acc{hidden}uracy")
+    assert shown == ("acc\\u202a\\u202b\\u202c\\u202d\\u202e\\u2066\\u2067\\u2068\\u2069\\u200e\\u200f\\u061c"
+                     "\\u200b\\ufeff\\x85\\x9b\\u2028\\ud800uracy")
+    assert shown.isprintable() and shown.isascii()
+    assert one_line("naïve · 中文 🙂 a\u00a0b") == "naïve · 中文 🙂 a\u00a0b"  # letters, symbols, spaces: as they are
+    assert shown_lines("a\nb\tc\u202ed\r") == "a\nb\tc\\u202ed\\r"  # several lines: breaks and tabs kept
+    assert render_plain(["name"], [["x\u202ey"]]).splitlines()[1] == "x\\u202ey"
 
 
 

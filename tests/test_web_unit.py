@@ -387,6 +387,23 @@ def test_job_page_names_a_non_finite_test_metric_as_results_notes_do() -> None:
         assert reported_metrics(nothing)[1].startswith("the succeeded attempt reported no metrics (")
 
 
+def test_every_page_shows_a_bidirectional_override_escaped_in_text_and_chart_data() -> None:
+    # pure: what a template prints and what a chart's script is given, by the one rule of the CLI
+    from markupsafe import Markup
+
+    from orchestrator.results.trials import TrialRow
+    from orchestrator.web.templating import environment, json_script
+    from orchestrator.web.trials_plot import key_plots
+
+    page = environment().from_string("<td>{{ name }}</td><pre>{{ log }}</pre>{{ made }}").render(
+        name="acc\u202eycarucca", log="line 1\n\tline\u2066 2", made=Markup("<b>ours</b>"))
+    assert page == "<td>acc\\u202eycarucca</td><pre>line 1\n\tline\\u2066 2</pre><b>ours</b>"
+    data = json_script({"metrics": ["val\u202eloss"], "curves": {"val\u202eloss": [[1, 2], [0.5, 0.25]]}})
+    assert json.loads(data) == {"metrics": ["val\\u202eloss"], "curves": {"val\\u202eloss": [[1, 2], [0.5, 0.25]]}}
+    (plot,) = key_plots([TrialRow(0, {"lr": 0.1}, 0.5, 1, 1, {"succeeded": 1})], ["lr"], set(), "acc\u202e")
+    assert "\u202e" not in plot.svg and "acc\\u202e" in plot.svg
+
+
 def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(  # type: ignore[no-untyped-def]
     client, db_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import click
 
 from orchestrator.errors import OrchError
+from orchestrator.wording import one_line
 
 # Which module registers each command. A command's module (and what it imports: the store,
 # the scheduler, rich) is imported only when that command runs: every `orch` call paid ~0.7 s
@@ -63,7 +64,7 @@ def _register() -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()) or "error"
+    return one_line(" ".join(text.split())) or "error"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -160,8 +160,8 @@ def results_cmd(
     if basis is not None and fmt not in ("markdown", "latex"):
         for task, column_metric in unchosen_columns(choices):
             why = choices[(task, column_metric)].note  # the best rows' runs diverged (♯)
-            click.echo(f"{column_title(task, column_metric)}: "
-                       + (why or f"no setting with n ≥ 2 reported val {column_metric}: none selected"), err=True)
+            _say(f"{column_title(task, column_metric)}: "
+                 + (why or f"no setting with n ≥ 2 reported val {column_metric}: none selected"), err=True)
         if summaries and not any(is_chosen(s, choices) for s in summaries):
             # there are results, but none to choose by: say so, not "no results yet"
             diverged = " and no diverged run (♯)" if any(c.passed_over for c in choices.values()) else ""
@@ -188,7 +188,7 @@ def results_cmd(
     if missing and fmt != "json":
         click.echo(f"{missing} succeeded job(s) had {NO_METRICS}", err=True)
     for warning in warned if fmt != "json" else []:  # an early stopping that stopped nothing, say
-        click.echo(f"early stopping: {warning}", err=True)
+        _say(f"early stopping: {warning}", err=True)
 
 
 def _refuse_unfinished(summaries: list[ResultSummary]) -> None:
@@ -218,9 +218,9 @@ def _print_comparison(summaries: list[ResultSummary], compare: tuple[str, str], 
     pairs = [(a, rows_b[(a.task, a.metric)]) for a in by_label[compare[0]] if (a.task, a.metric) in rows_b]
     if not pairs:
         raise UsageError(f"--compare: {compare[0]!r} and {compare[1]!r} share no task and metric")
-    click.echo(f"A = {compare[0]}; B = {compare[1]}")
+    _say(f"A = {compare[0]}; B = {compare[1]}")
     for a, b in pairs:
-        click.echo(paired_text(paired_test(a, b), digits))
+        _say(paired_text(paired_test(a, b), digits))
 
 
 def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Column, ColumnChoice], empty: str,
@@ -248,18 +248,29 @@ def _print_table(summaries: list[ResultSummary], digits: int, choices: dict[Colu
     if not console.is_terminal:
         console = Console(width=10_000)  # piped: never cut a value
     console.print(table)
-    for line in table_lines(summaries):
+    for line in footer_lines(summaries, choices, "val" in {names[i] for i in shown}, ci):
         click.echo(line)
+
+
+def footer_lines(summaries: list[ResultSummary], choices: dict[Column, ColumnChoice], with_val: bool,
+                 ci: bool = False) -> list[str]:
+    """The lines under the terminal table: about the whole table, what its numbers are, its marks,
+    what was chosen and the choice notes; each as one_line shows it (they name configs, tasks and
+    metrics)."""
     interval = "; 95% CI: t-based interval of the mean (n − 1 degrees of freedom)" if ci else ""
-    click.echo(score_line("val" in {names[i] for i in shown}, any(s.pooled for s in summaries)) + interval)
+    lines = [*table_lines(summaries), score_line(with_val, any(s.pooled for s in summaries)) + interval,
+             *legend_lines(summaries, with_notes=False, hints=True)]
     bold = bold_legend(choices, {s.metric for s in summaries}).replace("bold:", "chosen:", 1)
-    for line in legend_lines(summaries, with_notes=False, hints=True):
-        click.echo(line)
     picked = [s for s in summaries if is_chosen(s, choices)]
     if bold and picked:
-        click.echo(bold + ": " + "; ".join(f"{column_title(s.task, s.metric)} {s.label}".strip() for s in picked))
-    for note in choice_notes(choices):
-        click.echo(note)
+        lines.append(bold + ": " + "; ".join(f"{column_title(s.task, s.metric)} {s.label}".strip() for s in picked))
+    lines += choice_notes(choices)
+    return [one_line(line) for line in lines]
+
+
+def _say(line: str, err: bool = False) -> None:
+    """A line under the table or on stderr: it names configs, tasks and metrics (user text)."""
+    click.echo(one_line(line), err=err)
 
 
 def register(group: click.Group) -> None:

@@ -36,6 +36,7 @@ from orchestrator.results.selection import (
     is_chosen,
     lower_is_better,
 )
+from orchestrator.wording import one_line
 
 Column = tuple[str, str]  # (task, metric)
 Cell = tuple[str, str, str]  # (row label, task, metric)
@@ -108,11 +109,14 @@ def _notes(rows: list[str], columns: list[Column], cells: dict[Cell, ResultSumma
 
 def md_escape(text: str) -> str:
     """A Markdown table cell: `\\` and `|` escaped (a bare `|` splits the cell), emphasis, code,
-    link and strikethrough characters escaped, HTML's `<` and `&` and line ends made harmless."""
-    out = text.replace("\\", "\\\\").replace("&", "&amp;")  # `&lt;` in a name shows as typed
+    link and strikethrough characters escaped, HTML's `<` and `&` made harmless, line ends made
+    spaces and every other hidden character (a control, a bidirectional override) shown escaped
+    as `one_line` shows it."""
+    out = one_line(text.replace("\r", " ").replace("\n", " "))
+    out = out.replace("\\", "\\\\").replace("&", "&amp;")  # `&lt;` in a name shows as typed
     for ch in ("|", "*", "_", "`", "[", "]", "~"):  # `~` strikes text through in GitHub Markdown
         out = out.replace(ch, "\\" + ch)
-    return out.replace("<", "&lt;").replace("\r", " ").replace("\n", " ")
+    return out.replace("<", "&lt;")
 
 
 _BLOCK_START = re.compile(r"^( {0,3})(?:([#>+=\-])|(\d{1,9})([.)]))")
@@ -180,7 +184,9 @@ _LATEX_TEXT = {"⊕": r"$^\oplus$", "†": r"$^\dagger$", "‡": r"$^\ddagger$",
 
 def latex_escape(text: str) -> str:
     """Text for LaTeX: `& % $ # _ { } ~ ^ \\` escaped (and `< > |`, which the default font
-    does not have), `--` kept two hyphens, line ends made spaces."""
+    does not have), `--` kept two hyphens, line ends made spaces, every other hidden character
+    (a control, a bidirectional override) shown escaped as `one_line` shows it."""
+    text = one_line(text.replace("\r", " ").replace("\n", " "))
     out = []
     for i, ch in enumerate(text):
         if ch == "-" and text[i + 1 : i + 2] == "-":

@@ -11,7 +11,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from orchestrator.wording import attempts_said, fmt_duration, fmt_value
+from orchestrator.wording import attempts_said, fmt_duration, fmt_value, shown_lines
 
 
 def clock(ts: float) -> str:
@@ -26,10 +26,38 @@ def mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB"
 
 
+def shown(value: Any) -> Any:
+    """Every `{{ ... }}` of a page as it is shown (Jinja's finalize): text through
+    wording.shown_lines, the one rule for user text, so a control or bidirectional character
+    (U+202E) shows escaped (`\\u202e`) instead of reordering the page; markup already made
+    (a rendered fragment, an SVG) and other values as they are."""
+    return shown_lines(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
+_NESTED = (str, dict, list, tuple)
+_PLAIN = frozenset({float, int, bool, type(None)})
+
+
+def _shown_data(value: Any) -> Any:
+    """JSON data a page's script shows (chart labels, metric names): each text, keys included,
+    as `shown` shows it. A list of numbers alone (most of a chart's data) is passed as it is."""
+    if isinstance(value, str):
+        return shown_lines(value)
+    if isinstance(value, dict):
+        return {shown_lines(k) if isinstance(k, str) else k: _shown_data(v) if isinstance(v, _NESTED) else v
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if _PLAIN.issuperset(map(type, value)):
+            return value
+        return [_shown_data(v) if isinstance(v, _NESTED) else v for v in value]
+    return value
+
+
 def json_script(value: Any) -> Markup:
-    """JSON for a <script type="application/json"> block: `<`, `>` and `&` escaped as \\u003c
-    and the like, so text from a run dir can never close the element."""
-    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    """JSON for a <script type="application/json"> block: its texts as `shown` shows them, and
+    `<`, `>` and `&` escaped as \\u003c and the like, so text from a run dir can never close the
+    element."""
+    text = json.dumps(_shown_data(value), separators=(",", ":"), allow_nan=False)
     return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
@@ -47,6 +75,7 @@ def environment() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=shown,
     )
     # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
     env.filters.update(

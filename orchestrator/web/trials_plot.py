@@ -1,6 +1,7 @@
 """The search page's plots: each trial's final metric against each searched key, one small
 SVG scatter per key (a log axis for a key drawn log-uniformly, evenly spaced values for a list).
-Pure: trial rows in, markup out; every text from user code is escaped."""
+Pure: trial rows in, markup out; every text from user code is shown as wording.one_line shows it,
+then escaped."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
+from markupsafe import escape as escape_markup
 
 from orchestrator.results.trials import TrialRow
+from orchestrator.wording import one_line
 
 WIDTH, HEIGHT, PAD = 320, 180, 34
 
@@ -19,6 +22,12 @@ WIDTH, HEIGHT, PAD = 320, 180, 34
 class KeyPlot:
     key: str
     svg: Markup
+
+
+def _escaped(text: str) -> Markup:
+    """Text from user code in the SVG: shown as every page shows it (wording.one_line), then
+    escaped."""
+    return escape_markup(one_line(text))
 
 
 def _x_positions(values: Sequence[object], log: bool) -> tuple[list[float], list[str]]:
@@ -57,7 +66,7 @@ def key_plots(
         for row, x in zip(valued, xs, strict=True):
             cx = PAD + x * (WIDTH - 2 * PAD)
             cy = HEIGHT - PAD - ((float(row.value or 0.0) - low) / span) * (HEIGHT - 2 * PAD)
-            title = escape(
+            title = _escaped(
                 f"trial {row.trial}: {key}={row.params.get(key)}, {metric} {row.value:.4f}"
             )
             fill = "#3b7dd8" if row.trial == best else "none"
@@ -68,16 +77,16 @@ def key_plots(
         axes = (
             f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#999"/>'
             f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#999"/>'
-            f'<text x="{PAD}" y="{HEIGHT - 8}" font-size="10">{escape(ends[0])}</text>'
-            f'<text x="{WIDTH - PAD}" y="{HEIGHT - 8}" font-size="10" text-anchor="end">{escape(ends[1])}</text>'
-            f'<text x="{WIDTH / 2}" y="{HEIGHT - 8}" font-size="11" text-anchor="middle">{escape(key)}'
+            f'<text x="{PAD}" y="{HEIGHT - 8}" font-size="10">{_escaped(ends[0])}</text>'
+            f'<text x="{WIDTH - PAD}" y="{HEIGHT - 8}" font-size="10" text-anchor="end">{_escaped(ends[1])}</text>'
+            f'<text x="{WIDTH / 2}" y="{HEIGHT - 8}" font-size="11" text-anchor="middle">{_escaped(key)}'
             f"{' (log)' if key in log_keys else ''}</text>"
-            f'<text x="4" y="{PAD - 6}" font-size="10">{escape(metric)} {high:.4f}</text>'
+            f'<text x="4" y="{PAD - 6}" font-size="10">{_escaped(metric)} {high:.4f}</text>'
             f'<text x="4" y="{HEIGHT - PAD + 12}" font-size="10">{low:.4f}</text>'
         )
         svg = (
             f'<svg class="trials-plot" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-            f'role="img" aria-label="{escape(metric)} against {escape(key)}">{axes}{"".join(dots)}</svg>'
+            f'role="img" aria-label="{_escaped(metric)} against {_escaped(key)}">{axes}{"".join(dots)}</svg>'
         )
         plots.append(KeyPlot(key, Markup(svg)))
     return plots

@@ -17,7 +17,7 @@ from orchestrator.cli.tables import fit_columns, plain_columns, print_whole
 from orchestrator.lifecycle import JobState
 from orchestrator.store.job_facts import JobFacts
 from orchestrator.store.queries import JobListRow
-from orchestrator.wording import fmt_duration, fmt_setting, setting_pairs, short_keys
+from orchestrator.wording import fmt_duration, fmt_setting, one_line, setting_pairs, short_keys
 
 COLUMNS = ("id", "state", "suite", "config", "setting", "seed", "data", "gpu", "att", "lvl", "metric",
            "time", "note")
@@ -99,7 +99,7 @@ def jobs_table(rows: Sequence[JobListRow], columns: Sequence[str] = COLUMNS,
     for r in rows:
         extra = (extras or {}).get(r.id, ("-", "-"))
         cells = dict(zip(COLUMNS, job_cells(r, extra, names), strict=True))
-        shown = [Text(cells[c]) for c in columns]  # Text: a `[…]` in a user's name is not markup
+        shown = [Text(one_line(cells[c])) for c in columns]  # Text: a `[…]` in a user's name is not markup
         if "state" in columns:
             shown[list(columns).index("state")] = Text(r.state.value, style=STATE_STYLES.get(r.state.value, ""))
         table.add_row(*shown)

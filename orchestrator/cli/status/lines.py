@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.executors.base import is_cluster_executor
 from orchestrator.wording import fmt_changes, fmt_duration, fmt_setting, setting_pairs, short_keys
+from orchestrator.wording import one_line as shown_one_line
 
 RUNNING_COLUMNS = ("job", "config", "setting", "seed", "data", "GPU", "SM", "att", "lvl", "elapsed", "step",
                    "loss", "mem/pred", "shares")
@@ -22,8 +23,9 @@ def clock(ts: float) -> str:
 
 
 def one_line(text: str) -> str:
-    """Every run of whitespace (the newlines of a long OOM text included) as one space."""
-    return " ".join(str(text).split())
+    """Every run of whitespace (the newlines of a long OOM text included) as one space, and
+    every other hidden character shown escaped (wording.one_line)."""
+    return shown_one_line(" ".join(str(text).split()))
 
 
 def _where(r: dict[str, Any]) -> str:

@@ -81,7 +81,7 @@ def _running_table(running: list[dict[str, Any]], width: int | None, clipped: bo
     """The running jobs; on a live frame one line each (a long config is cut with an ellipsis,
     `orch jobs` has it whole) and every other column whole, so that each job gets its row."""
     names = setting_names(running)
-    every = [running_cells(r, names) for r in running]
+    every = [[one_line(cell) for cell in running_cells(r, names)] for r in running]  # names: user text
     # the setting and SM columns only where a job has one (SM: NVML's per-process figures)
     headers = shown_columns(every)
     cells = [[row[RUNNING_COLUMNS.index(c)] for c in headers] for row in every]
@@ -181,7 +181,7 @@ def render_status(snapshot: dict[str, Any], *, width: int | None = None, height:
         + (f"  pruned [blue]{counts['pruned']}[/]" if counts.get("pruned") else "")
     )
     lines = Lines(
-        paused=paused_lines(snapshot),
+        paused=[one_line(line) for line in paused_lines(snapshot)],
         waiting=waiting_group_lines(snapshot),
         # one line per entry: a long OOM text's own newlines are spaces here
         retries=[
