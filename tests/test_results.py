@@ -202,11 +202,11 @@ def test_a_non_finite_test_metric_is_named_and_the_runs_finite_val_still_counts(
     assert (summary.metric, summary.n, summary.mean) == ("accuracy", 2, pytest.approx(0.72))  # the NaN is no value
     assert (summary.val_n, summary.val_mean) == (3, pytest.approx(0.78))  # its val counts
     assert summary.n_text == "2 of 3 (seed 1 reported no accuracy)"
-    assert summary.notes == ("seed 1 (job 1) reported a non-finite test accuracy (nan): not counted",
-                             "seed 1 (job 1): its val accuracy counted in the val mean, though its test accuracy "
-                             "was not finite")
-    lines = [(line.seed, line.split, line.counted) for line in run_lines(rows, [summary]) if line.seed == 1]
-    assert lines == [(1, "test", False), (1, "val", True)]
+    said = "reported a non-finite test accuracy (nan)"  # one phrase (nonfinite_said) in every view
+    assert summary.notes == (f"seed 1 (job 1) {said}: not counted",
+                             f"seed 1 (job 1): its val accuracy counted in the val mean, though it {said}")
+    lines = [(line.seed, line.split, line.counted, line.why) for line in run_lines(rows, [summary]) if line.seed == 1]
+    assert lines == [(1, "test", False, f"{said}, not counted"), (1, "val", True, f"{said}: its val counted")]
 
     # a row none of whose runs has a finite f1 still shows f1 (each run named), not a fallback metric
     (mrpc,) = aggregate([ResultRow("E1", "r8", "glue_mrpc", s, {"accuracy": 0.9}, job=s, nonfinite={"f1": "nan"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,6 +270,17 @@ def nonfinite_metrics(metrics: dict[str, Any]) -> dict[str, str]:
 
 
 def nonfinite_said(split: str, metric: str, value: str) -> str:
-    """`a non-finite test accuracy (nan)`: how a results note and the web job page name a metric
-    left out for not being finite (`value` as nonfinite_metrics gives it)."""
+    """`a non-finite test accuracy (nan)`: how every view (results notes, the per-run lines, the
+    web job page) names a metric left out for not being finite (`value` as nonfinite_metrics
+    gives it)."""
     return f"a non-finite {split} {metric} ({value})"
+
+
+def missing_said(metric: str, nonfinite: Mapping[str, str], no_metrics: str | None, has_metrics: bool) -> str:
+    """What a succeeded run reported instead of a test value of `metric`, said after `reported`
+    by every view: the metric and its value where it was a number but not a finite one
+    (nonfinite_said), else why the run has no metrics (`no_metrics`), else `no finite metric`
+    (it reported none that is a finite number) or `no accuracy` (it reported others)."""
+    if metric in nonfinite:
+        return nonfinite_said("test", metric, nonfinite[metric])
+    return no_metrics or ("no finite metric" if not has_metrics else f"no {metric}")

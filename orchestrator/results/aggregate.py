@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from orchestrator.attempts.reported import nonfinite_said
+from orchestrator.attempts.reported import missing_said, nonfinite_said
 from orchestrator.lifecycle import JobState
 from orchestrator.results.seeds import (
     PENDING,
@@ -382,8 +382,7 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
 def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
     why = row.reason
     if row.state is JobState.SUCCEEDED and metric not in row.metrics:
-        why = (nonfinite_said("test", metric, row.nonfinite[metric]) if metric in row.nonfinite
-               else row.no_metrics or ("no finite metric" if not row.metrics else f"no {metric}"))
+        why = missing_said(metric, row.nonfinite, row.no_metrics, bool(row.metrics))
     return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why)
 
 
@@ -398,7 +397,8 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     ordered = sorted(succeeded, key=lambda r: (r.seed, r.job if r.job is not None else -1))
     uncounted = [(r, _run(r, None, metric)) for r in ordered if metric not in r.metrics]
     mean, std = mean_std([r.value for r in counted if r.value is not None])
-    val_only = [_run(r, None, metric) for r in _val_only(rows, metric, pooled)]
+    val_only_rows = _val_only(rows, metric, pooled)
+    val_only = [_run(r, None, metric) for r in val_only_rows]
     vals = [r.val for r in [*counted, *val_only] if r.val is not None]
     val_mean, val_std = mean_std(vals)
     states = seed_states(inputs.values())
@@ -406,7 +406,7 @@ def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | No
     notes += later_run_notes(list(inputs.values()), states, pooled, _jobs_text)
     notes += _evidence_notes(counted)
     notes += uncounted_notes([inputs[id(row)] for row, _ in uncounted], {r.seed: r.job for r in counted}, pooled)
-    notes += _nonfinite_notes(counted_rows, val_only, metric)
+    notes += _nonfinite_notes(counted_rows, val_only_rows, metric)
     notes += pruned_notes(states)  # with the step, value and rank early stopping judged
     for state in states:
         if state.status in (SeedStatus.FAILED, SeedStatus.CANCELLED):  # pruned: pruned_notes
@@ -439,11 +439,11 @@ def _val_only(rows: list[ResultRow], metric: str, pooled: bool) -> list[ResultRo
     return [r for r in succeeded if metric not in r.metrics and metric in r.nonfinite and metric in r.val_metrics]
 
 
-def _nonfinite_notes(counted: list[ResultRow], val_only: list[SeedRun], metric: str) -> list[str]:
+def _nonfinite_notes(counted: list[ResultRow], val_only: list[ResultRow], metric: str) -> list[str]:
     """A run whose val counts though its test value was not finite, and a counted run whose val
     of the metric was not finite (its val left out of the val mean)."""
-    notes = [f"{seed_text(r.seed, r.job)}: its val {metric} counted in the val mean, though its test {metric} "
-             "was not finite" for r in val_only]
+    notes = [f"{seed_text(r.seed, r.job)}: its val {metric} counted in the val mean, though it reported "
+             f"{nonfinite_said('test', metric, r.nonfinite[metric])}" for r in val_only]
     notes += [f"{seed_text(r.seed, r.job)}: {nonfinite_said('val', metric, r.val_nonfinite[metric])}: "
               "its val not counted" for r in counted if metric in r.val_nonfinite and metric not in r.val_metrics]
     return notes

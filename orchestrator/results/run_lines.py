@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.attempts.reported import missing_said
 from orchestrator.lifecycle import JobState
 from orchestrator.results.aggregate import ResultRow, ResultSummary, overrides_label
 from orchestrator.results.formats import (
@@ -138,9 +139,9 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
         for metric in (m for m in metrics if m in r.metrics or m == s.metric):
             is_counted = r.job in counted[metric]
             why: list[str] = list(reasons)
-            if metric not in r.metrics:
-                detail = f"not finite: {r.nonfinite[metric]}" if metric in r.nonfinite else r.no_metrics
-                why.append(f"reported no {metric}" + (f" ({detail})" if detail else "") + ", not counted")
+            missing = "" if metric in r.metrics else missing_said(metric, r.nonfinite, r.no_metrics, bool(r.metrics))
+            if missing:
+                why.append(f"reported {missing}, not counted")
             elif not is_counted:
                 later = [o.job for o in group if o.seed == r.seed and o.job in counted[metric]]
                 why.append(
@@ -163,7 +164,7 @@ def _group_lines(s: ResultSummary, group: list[ResultRow]) -> list[RunLine]:
             )
             if metric in r.val_metrics:
                 val_counted = metric == s.metric and r.job in val_only
-                val_why = [*reasons, f"its test {metric} was not finite ({r.nonfinite.get(metric)}): its val counted"]
+                val_why = [*reasons, f"reported {missing}: its val counted"]  # a non-finite test value
                 lines.append(
                     RunLine(
                         **base,
