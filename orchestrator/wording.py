@@ -41,6 +41,11 @@ def fmt_changes(changes: Any, run_alone: bool = False) -> str:
     return ", ".join(shown)
 
 
+# Beyond this magnitude a number a script reports is no metric value: treated as a non-finite one
+# (named, never averaged or drawn), since its sums of squares would leave a float's range.
+MAX_METRIC = 1e300
+
+
 def number(value: Any) -> float | None:
     """A finite number from a value a script printed (a number or a numeric string)."""
     if isinstance(value, bool):

@@ -189,7 +189,8 @@ def test_a_non_finite_test_metric_is_named_and_the_runs_finite_val_still_counts(
     assert problems == ["result.json: peak_mem_mib must be a number of MiB from 0 to 1073741824 or null, not nan"]
     reading = reading_of(result, None)
     assert (reading.metrics, reading.val_metrics) == ({}, {"accuracy": 0.8})
-    assert (reading.nonfinite_test, reading.nonfinite_val) == ({"accuracy": "nan", "f1": "inf"}, {"loss": "-inf"})
+    assert (reading.nonfinite_test, reading.nonfinite_val) == (
+        {"accuracy": "nan", "f1": "inf", "huge": "too large"}, {"loss": "-inf"})
     stored = reading_from_record(json.dumps(reading.to_record(), allow_nan=False))
     assert stored == reading
 
@@ -220,3 +221,26 @@ def test_a_non_finite_test_metric_is_named_and_the_runs_finite_val_still_counts(
     ])
     assert (half.n, half.val_n, half.val_mean) == (2, 1, 0.9)
     assert half.notes == ("seed 1 (job 1): a non-finite val accuracy (inf): its val not counted",)
+
+
+def test_a_metric_too_large_to_average_is_named_as_a_non_finite_one_is(tmp_path: Path) -> None:
+    # beyond 1e300 a value is no metric (its spread would overflow a float): missing for the run,
+    # named in a note by the phrase a NaN gets, from result.json and from what a script printed
+    from orchestrator.attempts.reported import reading_of
+    from orchestrator.attempts.rundir_reads import read_result
+    from tests.run_dirs import private_attempt_dir
+
+    run_dir = private_attempt_dir(tmp_path)
+    (run_dir / "result.json").write_text('{"metrics": {"test": {"accuracy": 1e305, "f1": 0.5, "big": 1' + "0" * 305
+                                         + ', "edge": 1e300}, "val": {"accuracy": -2e301, "f1": 0.4}}}')
+    reading = reading_of(read_result(run_dir), None)
+    assert (reading.metrics, reading.val_metrics) == ({"f1": 0.5, "edge": 1e300}, {"f1": 0.4})
+    assert (reading.nonfinite_test, reading.nonfinite_val) == ({"accuracy": "1e+305", "big": "1e+305"},
+                                                               {"accuracy": "-2e+301"})
+    assert reading_of(None, '{"accuracy": 3e300, "f1": 0.5}').nonfinite_test == {"accuracy": "3e+300"}
+    rows = [ResultRow("E", "c", "glue_rte", 1, reading.metrics or {}, job=4, nonfinite=reading.nonfinite_test),
+            ResultRow("E", "c", "glue_rte", 2, {"accuracy": 0.7}, job=5),
+            ResultRow("E", "c", "glue_rte", 3, {"accuracy": 0.8}, job=6)]
+    (summary,) = aggregate(rows)
+    assert (summary.metric, summary.n, summary.mean) == ("accuracy", 2, pytest.approx(0.75))
+    assert summary.notes == ("seed 1 (job 4) reported a test accuracy too large to average (1e+305): not counted",)

@@ -383,6 +383,8 @@ def test_job_page_names_a_non_finite_test_metric_as_results_notes_do() -> None:
     assert both == "the succeeded attempt reported a non-finite test accuracy (inf), a non-finite test f1 (-inf): " \
                    "not counted"
     assert reported_metrics({"accuracy": 0.5, "f1": float("nan")}) == ({"accuracy": 0.5}, "")
+    assert reported_metrics({"accuracy": 1e305}) == (  # beyond 1e300: named as a NaN is
+        None, "the succeeded attempt reported a test accuracy too large to average (1e+305): not counted")
     for nothing in (None, {}, {"text": "NaN"}):
         assert reported_metrics(nothing)[1].startswith("the succeeded attempt reported no metrics (")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.store.history_bounds import Point
+from orchestrator.wording import MAX_METRIC
 
 MAX_KEY_CHARS = 64
 MAX_LINE_CHARS = 65536  # a progress.jsonl line longer than this is not a record: skipped whole
@@ -34,10 +35,9 @@ NOT_HISTORY = frozenset({
 
 
 def finite(value: Any) -> float | None:
-    """A finite float from a JSON number (bools and huge ints are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, int) and abs(value) > 1e300:
+    """A finite float from a JSON number of magnitude at most wording.MAX_METRIC (bools and
+    larger numbers are not values here, as they are no metric's)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > MAX_METRIC:
         return None
     number = float(value)
     return number if math.isfinite(number) else None

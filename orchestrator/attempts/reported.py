@@ -5,9 +5,10 @@ split, the LoRA dropout and the step that chose its weights, and a failed run's 
 The tables then never reopen run dirs (which may sit on a slow shared filesystem, or be gone).
 result.json is written by user code: anything but a mapping of numbers under metrics.test is
 counted as missing, never trusted. A metric whose value is a number but not a finite one (NaN, an
-infinity, an integer too large for a float) is missing too, and named (`nonfinite_test`,
-`nonfinite_val`), so a table can say which; the run's other metrics still count. A progress
-line's bookkeeping (`step`, `epoch`, ...) is never a result metric."""
+infinity, an integer too large for a float) or one beyond wording.MAX_METRIC (1e300) is missing
+too, and named (`nonfinite_test`, `nonfinite_val`), so a table can say which; the run's other
+metrics still count. A progress line's bookkeeping (`step`, `epoch`, ...) is never a result
+metric."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 from orchestrator.attempts.fused_lessons import MAX_MEMBERS, reported_group_size
 from orchestrator.attempts.printed_metrics import BOOKKEEPING_KEYS
 from orchestrator.plans.model import ShareBase
-from orchestrator.wording import number
+from orchestrator.wording import MAX_METRIC, number
 
 MAX_ERROR_CHARS = 200  # a failed seed's error, as a results note shows it
 MAX_NONFINITE = 32  # non-finite metrics named per split (a result.json may hold thousands)
@@ -247,33 +248,47 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
             and not isinstance(value, bool)
             and str(key) not in BOOKKEEPING_KEYS
         ):
-            finite = number(value)
+            finite = metric_number(value)
             if finite is not None:
                 kept[str(key)] = finite
     return kept
 
 
+def metric_number(value: Any) -> float | None:
+    """A value a metric can have: a finite number of magnitude at most wording.MAX_METRIC."""
+    found = number(value)
+    return found if found is not None and abs(found) <= MAX_METRIC else None
+
+
 def nonfinite_metrics(metrics: dict[str, Any]) -> dict[str, str]:
-    """The metrics finite_metrics leaves out for being numbers that are not finite ones: name ->
-    `nan`, `inf`, `-inf` or `too large` (an integer no float holds); at most MAX_NONFINITE, names
-    up to MAX_METRIC_NAME characters. Strings, mappings and lists are not numbers: not named."""
+    """The metrics finite_metrics leaves out for being numbers that are not finite ones or are
+    beyond wording.MAX_METRIC: name -> `nan`, `inf`, `-inf`, the value (`1e+305`) or `too large`
+    (an integer no float holds); at most MAX_NONFINITE, names up to MAX_METRIC_NAME characters.
+    Strings, mappings and lists are not numbers: not named."""
     named: dict[str, str] = {}
     for key, value in metrics.items():
         if len(named) >= MAX_NONFINITE:
             break
         name = str(key)
         if (not isinstance(value, (int, float)) or isinstance(value, bool) or name in BOOKKEEPING_KEYS
-                or len(name) > MAX_METRIC_NAME or number(value) is not None):
+                or len(name) > MAX_METRIC_NAME or metric_number(value) is not None):
             continue
-        named[name] = "too large" if isinstance(value, int) else repr(value)  # nan, inf, -inf
+        found = number(value)
+        named[name] = (f"{found:.3g}" if found is not None  # beyond MAX_METRIC
+                       else "too large" if isinstance(value, int) else repr(value))  # nan, inf, -inf
     return named
 
 
+NONFINITE_VALUES = frozenset({"nan", "inf", "-inf"})
+
+
 def nonfinite_said(split: str, metric: str, value: str) -> str:
-    """`a non-finite test accuracy (nan)`: how every view (results notes, the per-run lines, the
-    web job page) names a metric left out for not being finite (`value` as nonfinite_metrics
-    gives it)."""
-    return f"a non-finite {split} {metric} ({value})"
+    """`a non-finite test accuracy (nan)`, `a test loss too large to average (1e+305)`: how every
+    view (results notes, the per-run lines, the web job page) names a metric left out for not
+    being finite or being beyond wording.MAX_METRIC (`value` as nonfinite_metrics gives it)."""
+    if value in NONFINITE_VALUES:
+        return f"a non-finite {split} {metric} ({value})"
+    return f"a {split} {metric} too large to average" + ("" if value == "too large" else f" ({value})")
 
 
 def missing_said(metric: str, nonfinite: Mapping[str, str], no_metrics: str | None, has_metrics: bool) -> str:

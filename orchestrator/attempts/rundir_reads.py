@@ -32,6 +32,7 @@ from orchestrator.executors.runs_tree import (
     read_file,
 )
 from orchestrator.rundir_files import RunDir
+from orchestrator.wording import MAX_METRIC
 
 MAX_RECORD_BYTES = 64 * 1024  # pid.json, exit.json
 MAX_RESULT_BYTES = 4 * 1024 * 1024  # result.json (metrics of many evals)
@@ -133,9 +134,10 @@ def validate(name: str, data: Any, fields: dict[str, tuple[Check, str]], problem
 
 
 def clean_metrics(value: Any, depth: int = 0) -> dict[str, Any]:
-    """Metrics keep string keys and numbers (nested a few levels): finite ones, and NaN and the
-    infinities, which every reader leaves out of its numbers (attempts.reported names them, so a
-    table can say which metric was not finite); the rest is dropped."""
+    """Metrics keep string keys and numbers (nested a few levels): every number, NaN and the
+    infinities included. Every reader leaves out of its numbers those that are not finite or are
+    beyond wording.MAX_METRIC (attempts.reported names them, so a table can say which metric was
+    not finite or too large). The rest is dropped."""
     if not isinstance(value, dict) or depth > MAX_METRIC_DEPTH:
         return {}
     out: dict[str, Any] = {}
@@ -144,8 +146,8 @@ def clean_metrics(value: Any, depth: int = 0) -> dict[str, Any]:
             continue
         if isinstance(item, dict):
             out[key] = clean_metrics(item, depth + 1)
-        elif _is_number(item) and abs(item) <= 1e300:
-            out[key] = float(item) if isinstance(item, int) and abs(item) > 2**53 else item
+        elif _is_number(item):  # an int no float holds is kept as it is, to be named
+            out[key] = float(item) if isinstance(item, int) and 2**53 < abs(item) <= MAX_METRIC else item
         elif isinstance(item, float) and not math.isfinite(item):
             out[key] = item
     return out

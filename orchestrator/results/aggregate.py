@@ -19,9 +19,10 @@ and QQP, accuracy for the rest. When none of a row's runs reported that metric, 
 accuracy, else the first metric its runs reported; for a benchmark's task (`glue_mrpc`) its
 notes say so (a script's own task, `toy`, just names the metric it shows).
 
-A metric a run reported as a number that is not finite (NaN, an infinity) is no value to average:
-that run is missing from the metric's mean and a note names the value, but its other finite
-metrics still count, its val among them (the val mean then counts a run the test mean does not).
+A metric a run reported as a number that is not finite (NaN, an infinity) or beyond
+wording.MAX_METRIC is no value to average: that run is missing from the metric's mean and a note
+names the value, but its other finite metrics still count, its val among them (the val mean then
+counts a run the test mean does not).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class ResultRow:
     level_note: str | None = None  # why its job started above level 0 ("started at level 2: …")
     # trained in a fused group (`share_base: fused`): the largest group (0: not said); None: not
     fused: int | None = None
-    # metrics reported as numbers that are not finite: name -> what they were (`nan`, `inf`)
+    # metrics reported as numbers that are not finite or too large: name -> what they were (`nan`, `1e+305`)
     nonfinite: Mapping[str, str] = field(default_factory=dict)  # on the test split
     val_nonfinite: Mapping[str, str] = field(default_factory=dict)
 

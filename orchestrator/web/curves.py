@@ -22,6 +22,7 @@ from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.history import HistoryPoint
 from orchestrator.store.history_bounds import downsample
+from orchestrator.wording import MAX_METRIC
 
 NOT_METRICS = frozenset({"t", "ts", "time", "step", "total", "epoch"})
 MAX_METRICS = 24
@@ -40,7 +41,7 @@ class Curve:
 def _finite(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    number = float(value) if abs(value) <= 1e300 else math.inf
+    number = float(value) if abs(value) <= MAX_METRIC else math.inf
     return number if math.isfinite(number) else None
 
 
