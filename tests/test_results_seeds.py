@@ -3,6 +3,8 @@ seed not counted became, the denominator's words, and no std or bold for a singl
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from orchestrator.lifecycle import JobState
@@ -80,6 +82,19 @@ def test_rows_of_settings_that_never_succeeded_and_runs_still_going() -> None:
     assert (going.n, going.n_text, going.unfinished, going.failed_runs) == (1, "1 of 2 (seed 2 running)", True, False)
     assert going.notes == ("seed 1: a later run, job 5, has not finished; job 3 counted",)
     assert render_rows([going])[0][5] == "0.5000 ± — ◇"  # one value: no std, and the row may change
+
+
+def test_a_std_of_values_near_the_metric_bound_is_computed_not_overflowed() -> None:
+    # metrics up to 1e300 count (wording.MAX_METRIC): their deviations' squares leave a float's
+    # range, so the std is computed scaled; values of a common size give the same bits as before
+    mean, std = mean_std([1e200, 3e200])
+    assert (mean, std) == (2e200, pytest.approx(2 ** 0.5 * 1e200))
+    assert mean_std([-1e300, 1e300]) == (0.0, pytest.approx(2 ** 0.5 * 1e300))
+    values = [0.4, 0.6, 0.65]
+    plain = sum(values) / 3
+    assert mean_std(values) == (plain, math.sqrt(sum((v - plain) ** 2 for v in values) / 2))
+    (row,) = aggregate([ResultRow("E", "c", "toy", s, {"loss": v}) for s, v in ((1, 1e300), (2, -1e300))])
+    assert (row.n, row.mean, row.std) == (2, 0.0, pytest.approx(2 ** 0.5 * 1e300))
 
 
 def test_no_std_and_no_choice_for_a_single_seed() -> None:

@@ -370,14 +370,23 @@ def _evidence_notes(counted: list[SeedRun]) -> list[str]:
     return notes
 
 
+_SQUARE_SAFE = 1e150  # deviations up to this size square (and sum) within a float's range
+
+
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation; no std for fewer than two values (never `± 0`)."""
+    """Mean and sample standard deviation; no std for fewer than two values (never `± 0`). A
+    metric may be as large as wording.MAX_METRIC (1e300), whose deviations' squares leave a
+    float's range: those are summed scaled by the largest deviation."""
     if not values:
         return None, None
     mean = sum(values) / len(values)
     if len(values) < 2:
         return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    deviations = [v - mean for v in values]
+    scale = max(abs(d) for d in deviations)
+    if scale <= _SQUARE_SAFE:
+        return mean, math.sqrt(sum(d**2 for d in deviations) / (len(values) - 1))
+    return mean, scale * math.sqrt(sum((d / scale) ** 2 for d in deviations) / (len(values) - 1))
 
 
 def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
