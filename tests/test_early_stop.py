@@ -194,6 +194,20 @@ def test_a_setting_kept_for_arriving_first_is_stopped_once_better_ones_arrive() 
     }  # lr0 told once, before
 
 
+def test_a_setting_that_finished_before_its_rivals_reach_a_rung_is_never_judged_there() -> None:
+    # lr0 finishes (its one seed succeeded) before five better settings reach the first rung: it
+    # is told there, so they are compared with it, but it is never judged (the same setting still
+    # running is stopped once they arrive, the test above), whether a check saw it at the rung
+    # before it finished or not
+    finals = [0.5, 0.7, 0.72, 0.74, 0.76, 0.78]
+    first = judge(ASHA, _grid(finals[:1], 10), [])
+    done = SettingRuns("lr0", (SeedRun(1, S, _curve(0.5, 20), 20.0),))
+    for told_before in (first.told, []):
+        later = judge(ASHA, [done, *_grid(finals, 10)[1:]], told_before)
+        assert "lr0" not in {p.setting for p in later.prunes}
+        assert later.prunes and all(p.of == 6 for p in later.prunes if p.rung == 0)  # lr0 among them
+
+
 def test_a_setting_judged_again_counts_once_among_those_at_its_rung() -> None:
     # lr0 reached the rung alone and went on; four more arrive, one better. Of five at the rung,
     # successive halving (reduction 3) keeps the best alone: lr0, second, is stopped. Its own
