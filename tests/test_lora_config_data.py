@@ -41,9 +41,11 @@ def test_defaults_warnings_and_orch_keys(tmp_path: Path) -> None:
 
 def test_an_unknown_training_key_is_a_config_error(tmp_path: Path) -> None:
     # a misspelt key must not train with the default instead of what the researcher meant
-    with pytest.raises(ConfigError, match=r"^unknown config key 'warmup_step' \(did you mean 'warmup_steps'\?\) \(known: .*warmup_steps"):
+    said = r"^unknown config key 'warmup_step' \(did you mean 'warmup_steps'\?\) \(known: .*warmup_steps"
+    with pytest.raises(ConfigError, match=said):
         parse_config(base(warmup_step=100), tmp_path, {})
-    with pytest.raises(ConfigError, match=r"^unknown config keys 'foo', 'warmup_step' \(did you mean 'warmup_steps'\?\) \("):
+    said = r"^unknown config keys 'foo', 'warmup_step' \(did you mean 'warmup_steps'\?\) \("
+    with pytest.raises(ConfigError, match=said):
         parse_config(base(warmup_step=100, foo=1), tmp_path, {})
 
 
