@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -138,23 +138,11 @@ def _fused_connection(
         if conn is not None:
             return conn, where, answer
     for slot in range(MAX_SLOTS):
-        sock_path, _, server_lock = slot_paths(folder, key, slot)
-        conn = _connect(sock_path)
-        started = ""
+        conn, started, why = _slot_connection(folder, key, slot)
+        if why is not None:
+            return None, why, None
         if conn is None:
-            held = try_lock(server_lock)
-            if held is not None:  # nobody serves this slot: start one
-                os.close(held)
-                why = _start_server(folder, key, slot, fused=True)
-                if why is not None:
-                    return None, why, None
-                started = " (started for this job)"
-            deadline = time.monotonic() + START_DEADLINE_S
-            while conn is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-                conn = _connect(sock_path)
-            if conn is None:
-                continue
+            continue
         answer = _ask(conn, hello)
         if answer is not None and "accepted" in answer:
             return conn, f"{key}-{slot}{started}", answer
@@ -163,6 +151,51 @@ def _fused_connection(
 
 
 OWN_WAIT_S = 10.0  # a named job waits this long for its own full process before taking another
+
+
+def _slot_connection(
+    folder: Path, key: str, slot: int, start: Callable[[], str | None] | None = None
+) -> tuple[socket.socket | None, str, str | None]:
+    """A connection to the fused process of this slot, starting one where none serves it:
+    (connection or None when none listened in time, ' (started for this job)' or '', why no
+    process could be started). One client at a time starts a slot's process (its start lock):
+    jobs placed together found no socket together and each started one, which lost the race
+    for the slot and left a dead window. A process that is leaving (idle) has closed its socket
+    but holds the slot until it exits: then the next process is started once it has."""
+    sock_path, _, server_lock = slot_paths(folder, key, slot)
+    conn = _connect(sock_path)
+    if conn is not None:
+        return conn, "", None
+    deadline = time.monotonic() + START_DEADLINE_S
+    starting = _lock_within(folder / f"{key}-{slot}.start.lock", deadline)
+    if starting is None:  # another client's start outlasted the deadline
+        return None, "", None
+    started = ""
+    try:
+        while time.monotonic() < deadline:
+            conn = _connect(sock_path)
+            if conn is not None:
+                return conn, started, None
+            held = None if started else try_lock(server_lock)
+            if held is not None:  # nobody serves this slot (any more): start one
+                os.close(held)
+                why = (start or (lambda: _start_server(folder, key, slot, fused=True)))()
+                if why is not None:
+                    return None, "", why
+                started = " (started for this job)"
+            time.sleep(0.1)
+        return None, "", None
+    finally:
+        os.close(starting)
+
+
+def _lock_within(path: Path, deadline: float) -> int | None:
+    """An exclusive lock on `path` taken before `deadline` (monotonic), else None."""
+    while True:
+        held = try_lock(path)
+        if held is not None or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.05)
 
 
 def _own_process(
