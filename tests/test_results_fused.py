@@ -49,6 +49,12 @@ def test_a_fused_run_is_marked_in_every_format_and_a_solo_row_is_not() -> None:
     lines = {line.job: line for line in run_lines(_rows(), summaries)}
     assert lines[1].marks == ("⊕",) and "trained in a group of up to 4 members" in lines[1].why
     assert lines[2].marks == () and lines[2].row_marks == ("⊕",)
+    mixed = aggregate([*_rows(), ResultRow("E1", "late", "glue_rte", 1, {"accuracy": 0.5}, job=5, fused=1)])
+    assert any(line.startswith("⊕ some runs trained in a fused group (share_base: fused; groups of up to 4 members, "
+                               "some runs alone in theirs)") for line in legend_lines(mixed))
+    alone_lines = run_lines([ResultRow("E1", "late", "glue_rte", 1, {"accuracy": 0.5}, job=5, fused=1)], mixed)
+    # not "a group of up to 1 members"
+    assert alone_lines[0].why.startswith("trained alone in a fused process (share_base: fused)")
     unsaid = aggregate([ResultRow("E1", "f", "glue_rte", 1, {"accuracy": 0.5}, job=1, fused=0)])
     assert any("group size not reported" in line for line in legend_lines(unsaid))
 

@@ -135,6 +135,8 @@ def legend_lines(summaries: Iterable[ResultSummary], with_notes: bool = True, hi
     rungs = ", ".join(escape(rung) for rung in dict.fromkeys(r for s in summaries for r in s.inexact_rungs))
     largest = max((r.fused or 0 for s in summaries for r in s.fused_runs), default=0)
     fused = f"groups of up to {largest} members" if largest else "group size not reported"
+    if largest > 1 and any(r.fused == 1 for s in summaries for r in s.fused_runs):
+        fused += ", some runs alone in theirs"  # the larger batch below is not theirs
     fused_why = "not bit-equal to a run of their own, the base ran over the group's larger batch"
     if largest == 1:  # no batch-mate, no larger batch: the fused code path alone, not shown equal either
         fused = "each alone in its group"

@@ -194,9 +194,13 @@ def _run_marks(r: ResultRow) -> tuple[tuple[str, ...], list[str]]:
         reasons.append(f"went through rungs that change numerics: {', '.join(r.inexact)}")
     if r.fused is not None:
         marks.append(FUSED)
-        group = f"a group of up to {r.fused} members" if r.fused else "a group"
-        reasons.append(f"trained in {group} in one fused process (share_base: fused): "
-                       "not bit-equal to a run of its own")
+        if r.fused == 1:  # no batch-mate: the fused code path alone, as the legend says
+            reasons.append("trained alone in a fused process (share_base: fused): the fused code path, "
+                           "not shown bit-equal to a run of its own")
+        else:
+            group = f"a group of up to {r.fused} members" if r.fused else "a group"
+            reasons.append(f"trained in {group} in one fused process (share_base: fused): "
+                           "not bit-equal to a run of its own")
     if r.test_is_val:
         marks.append(TEST_IS_VAL)
         reasons.append("its test metrics were scored on the validation split")
