@@ -333,6 +333,11 @@ def test_forget_suite_finds_shapes_another_suite_taught_after_it(  # type: ignor
         assert result.rc == 2 and len(result.stderr.strip().splitlines()) == 1, bad
     assert "no suite 'nosuite'" in orch_inproc("memory", "forget", "--suite", "nosuite").stderr
     assert len(json.loads(orch_inproc("memory", "--json").stdout)["shapes"]) == 3  # nothing went
+    # a shape two suites taught is named by both, not by the last one alone
+    listed = {s["shape"]: s for s in json.loads(orch_inproc("memory", "--json").stdout)["shapes"]}
+    assert (listed[shared]["suites"], listed[shared]["suite"]) == (["low", "nomk"], "nomk")
+    assert listed[own]["suites"] == ["nomk"]
+    assert "low,nomk/c L0 glue_rte" in orch_inproc("memory").stdout
     result = orch_inproc("memory", "forget", "--suite", "low", "--json")
     assert result.rc == 0
     assert sorted(json.loads(result.stdout)["shapes"]) == sorted([shared, shape_key("t", "m", "glue_rte")])

@@ -56,10 +56,11 @@ def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str,
 
 
 def family_snapshot(store: Store, running: dict[str, RunningPeak], names: dict[str, tuple[str, str]],
-                    live_tags: dict[str, FamilyTag]) -> list[dict[str, Any]]:
+                    live_tags: dict[str, FamilyTag],
+                    taught: dict[str, tuple[str, ...]] | None = None) -> list[dict[str, Any]]:
     """One entry per memory family with a measured member or an OOM floor: its fit (fixed part,
     per sample or per sample-token), its error and margin, its points and floors, named by the
-    suites and configs that taught it."""
+    suites and configs that taught it (`taught`: shape key -> every suite that taught it)."""
     members: dict[str, list[tuple[str, FamilyTag, int | None, bool, int | None, str | None, str | None]]] = {}
     learned = {m.shape_key: m for m in read_family_members(store)}
     for key, m in learned.items():
@@ -77,7 +78,8 @@ def family_snapshot(store: Store, running: dict[str, RunningPeak], names: dict[s
                   for _, t, peak, r, _, _, _ in rows if peak]
         floors = [FamilyFloor(t.batch_size, t.tokens, t.task, floor) for _, t, _, _, floor, _, _ in rows if floor]
         fit = fit_family(points, floors)
-        suites = sorted({suite for *_, suite, _ in rows if suite})
+        suites = sorted({suite for key, *_, suite, _ in rows if suite}
+                        | {each for key, *_ in rows for each in (taught or {}).get(key, ())})
         configs = sorted({label.split(" ")[0] for *_, label in rows if label}, key=lambda c: (len(c), c))
         out.append({
             "family": family_key, "name": f"{'/'.join(suites)}: {', '.join(configs)}",
@@ -154,6 +156,8 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
             source, margin = "throughput only", 0.0
         out.append({
             "shape": key, "suite": suite, "label": label,
+            # every suite that taught it (`suite`: the last one)
+            "suites": list(row.suites) if row is not None and row.suites else [suite] if suite else [],
             # a fused process's peak with this many members (`<shape>|fused<k>`); null: one job's
             "fused_members": split_group_key(key)[1],
             "peak_mib": peak, "oom_floor_mib": floor, "samples": samples,
@@ -168,7 +172,7 @@ def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
                 for gpu, by_k in sorted(rates.get(key, {}).items())
             },
         })  # fmt: skip
-    return out, family_snapshot(store, running, names, tags)
+    return out, family_snapshot(store, running, names, tags, {key: row.suites for key, row in rows.items()})
 
 
 def _gib(mib: int | None) -> str:
@@ -202,8 +206,10 @@ def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = Non
                "throughput (jobs on a card: × one job alone)", *(["key"] if keys else [])]
     rows = []
     for e in entries:
-        # configs of the same name in two suites are two shapes: the suite tells them apart
-        name = (f"{e['suite']}/{e['label']}" if e["suite"] else e["label"]) or _unnamed(e)
+        # configs of the same name in two suites are two shapes: the suite tells them apart; a shape
+        # two suites taught (the same config in both) names both
+        suites = ",".join(e.get("suites") or ([e["suite"]] if e["suite"] else []))
+        name = (f"{suites}/{e['label']}" if suites else e["label"]) or _unnamed(e)
         peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
         rows.append([name, _gib(peak), _gib(e["oom_floor_mib"]), str(e["samples"]), f"{e['margin']:.0%}", e["source"],
                      _throughput(e, gpu_index), *([e["shape"]] if keys else [])])

@@ -3,6 +3,7 @@ throughput per GPU, shape and number of jobs on the card."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from orchestrator.store.db import Store
@@ -77,17 +78,19 @@ class LearnedShape:
     peak_mib: int | None
     oom_floor_mib: int | None
     samples: int
-    suite: str | None
+    suite: str | None  # the suite that taught it last
     label: str | None
+    suites: tuple[str, ...] = ()  # every suite that taught it, in the order they did
 
 
 def list_shapes(store: Store) -> list[LearnedShape]:
     rows = store.query(
-        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label FROM memory_shapes "
-        "ORDER BY suite, label, shape_key"
+        "SELECT shape_key, peak_mib, oom_floor_mib, samples, suite, label, "
+        "(SELECT json_group_array(value) FROM json_each(memory_shapes.suites_json) "
+        " WHERE json_each.type = 'text') AS suites FROM memory_shapes ORDER BY suite, label, shape_key"
     )
     return [LearnedShape(r["shape_key"], r["peak_mib"], r["oom_floor_mib"], int(r["samples"] or 0), r["suite"],
-                         r["label"]) for r in rows]
+                         r["label"], tuple(json.loads(r["suites"] or "[]"))) for r in rows]
 
 
 def forget_shapes(store: Store, shape_key: str | None = None, suite: str | None = None) -> list[str]:
