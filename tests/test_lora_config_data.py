@@ -44,7 +44,7 @@ def test_an_unknown_training_key_is_a_config_error(tmp_path: Path) -> None:
     said = r"^unknown config key 'warmup_step' \(did you mean 'warmup_steps'\?\) \(known: .*warmup_steps"
     with pytest.raises(ConfigError, match=said):
         parse_config(base(warmup_step=100), tmp_path, {})
-    said = r"^unknown config keys 'foo', 'warmup_step' \(did you mean 'warmup_steps'\?\) \("
+    said = r"^unknown config keys 'foo', 'warmup_step' \(did you mean 'warmup_steps' for 'warmup_step'\?\) \("
     with pytest.raises(ConfigError, match=said):
         parse_config(base(warmup_step=100, foo=1), tmp_path, {})
 

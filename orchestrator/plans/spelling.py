@@ -7,12 +7,15 @@ from collections.abc import Iterable
 
 
 def did_you_mean(names: Iterable[object], known: Iterable[str]) -> str:
-    """` (did you mean 'learning_rate'?)` for names close to a known one (`learning_rat`), else ''.
-    One suggestion per name: a list of near misses would read as a second error."""
+    """` (did you mean 'learning_rate'?)` for a name close to a known one (`learning_rat`), else
+    ''; where several names were refused, each suggestion says which it answers (` (did you mean
+    'warmup_steps' for 'warmup_step'?)`). One suggestion per name: a list of near misses would
+    read as a second error."""
     choices = sorted(known)
-    close = [
-        match for name in names for match in difflib.get_close_matches(str(name), choices, n=1)
-    ]
+    refused = [str(name) for name in names]
+    close = {name: match for name in refused for match in difflib.get_close_matches(name, choices, n=1)}
     if not close:
         return ""
-    return f" (did you mean {', '.join(repr(match) for match in dict.fromkeys(close))}?)"
+    if len(refused) == 1:
+        return f" (did you mean {next(iter(close.values()))!r}?)"
+    return f" (did you mean {', '.join(f'{match!r} for {name!r}' for name, match in close.items())}?)"
