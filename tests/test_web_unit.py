@@ -406,6 +406,30 @@ def test_every_page_shows_a_bidirectional_override_escaped_in_text_and_chart_dat
     assert "\u202e" not in plot.svg and "acc\\u202e" in plot.svg
 
 
+def test_a_value_the_page_sends_back_is_the_stored_name_while_its_label_reads_escaped() -> None:
+    # a filter option, the curves page's hidden metric and the chart's metric names go back to the
+    # server (or into the address): they must name what is stored, not its escaped reading
+    import html
+    import re
+
+    from orchestrator.store.web_queries import JobsFilter, JobsPage
+    from orchestrator.web import pages
+    from orchestrator.web.curves import Curve, Run, chart_spec
+
+    name = "lr\u202esched"
+    jobs = pages.jobs_fragment(JobsPage([], 0, [name], [name], [name]), JobsFilter(config=name), {})
+    offered = [html.unescape(v) for v in re.findall(r'<option value="([^"]+)"', jobs)]
+    assert offered.count(name) == 3 and "selected>lr\\u202esched</option>" in jobs
+    spec = chart_spec([Run("job-1", "job 1", "g", {name: Curve([1.0], [0.5])})], key="curves", metric=name)
+    page = pages.curves_fragment([{}], spec, [name], name, [1], 0, keys=["config", name], by=name)
+    sent_back = [html.unescape(v) for v in re.findall(r'value="([^"]*)"', page)]
+    assert sent_back.count(name) == 3  # the config option, the colour-by option, the hidden metric
+    assert page.count(">lr\\u202esched</option>") == 2  # what a person reads: escaped
+    data = json.loads(html.unescape(page.split('<script type="application/json">')[1].split("</script>")[0]))
+    assert data["metric"] == name and data["metrics"] == [name] and list(data["runs"][0]["curves"]) == [name]
+    assert data["labels"] == {name: "lr\\u202esched"} and list(data["bands"]) == [name]
+
+
 def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(  # type: ignore[no-untyped-def]
     client, db_path: Path
 ) -> None:

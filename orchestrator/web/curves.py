@@ -22,6 +22,7 @@ from orchestrator.executors.runs_tree import FileProblem, RunTreeError, open_run
 from orchestrator.rundir_files import RunDir
 from orchestrator.store.history import HistoryPoint
 from orchestrator.store.history_bounds import downsample
+from orchestrator.web.templating import Sent
 from orchestrator.wording import MAX_METRIC
 
 NOT_METRICS = frozenset({"t", "ts", "time", "step", "total", "epoch"})
@@ -207,15 +208,18 @@ def chart_spec(runs: Sequence[Run], *, key: str, metric: str = "loss", smooth: f
     for run in runs:
         metrics += [m for m in run.curves if m not in metrics]
     metrics.sort(key=lambda m: (m != "loss", m))
+    # metric names are identifiers the page sends back (the address names the metric drawn): kept as
+    # reported (Sent); `labels` gives each the text a person reads
     spec: dict[str, Any] = {
-        "key": key, "metric": metric, "metrics": metrics, "smooth": smooth, "log": log, "band": band, "empty": empty,
+        "key": key, "metric": Sent(metric), "metrics": [Sent(m) for m in metrics],
+        "labels": {Sent(m): m for m in metrics}, "smooth": smooth, "log": log, "band": band, "empty": empty,
         "columns": list(columns),
         "runs": [{"key": r.key, "label": r.label, "group": r.group, "colour": r.colour, "dash": r.dash or None,
                   "marks": r.marks, "cells": [r.cells.get(c, "") for c in columns], "href": r.href,
                   "pruned": {"step": r.pruned.step, "why": r.pruned.why} if r.pruned else None,
-                  "curves": {m: [c.steps, c.values] for m, c in r.curves.items()}} for r in runs],
+                  "curves": {Sent(m): [c.steps, c.values] for m, c in r.curves.items()}} for r in runs],
     }
     if with_bands:
-        spec["bands"] = {m: [{"label": b.label, "colour": b.colour, "n": b.n, "steps": b.steps, "mean": b.mean,
+        spec["bands"] = {Sent(m): [{"label": b.label, "colour": b.colour, "n": b.n, "steps": b.steps, "mean": b.mean,
                               "lo": b.lo, "hi": b.hi} for b in seed_bands(runs, m)] for m in metrics}
     return spec

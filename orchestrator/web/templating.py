@@ -26,12 +26,23 @@ def mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB"
 
 
+class Sent(str):
+    """Text a page sends back as it is: a filter's option value, a hidden field, a metric name a
+    chart writes into the address. HTML-escaped like all text, never escaped by wording's rule
+    (`lr\\u200dsched` would filter on a name nothing has); the text a person reads beside it is."""
+
+
+def sent(value: Any) -> Sent:
+    """The `sent` filter: `<option value="{{ o | sent }}">{{ o }}</option>`."""
+    return Sent(value)
+
+
 def shown(value: Any) -> Any:
     """Every `{{ ... }}` of a page as it is shown (Jinja's finalize): text through
     wording.shown_lines, the one rule for user text, so a control or bidirectional character
     (U+202E) shows escaped (`\\u202e`) instead of reordering the page; markup already made
-    (a rendered fragment, an SVG) and other values as they are."""
-    return shown_lines(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+    (a rendered fragment, an SVG), text sent back (Sent) and other values as they are."""
+    return shown_lines(value) if isinstance(value, str) and not isinstance(value, (Markup, Sent)) else value
 
 
 _NESTED = (str, dict, list, tuple)
@@ -40,12 +51,12 @@ _PLAIN = frozenset({float, int, bool, type(None)})
 
 def _shown_data(value: Any) -> Any:
     """JSON data a page's script shows (chart labels, metric names): each text, keys included,
-    as `shown` shows it. A list of numbers alone (most of a chart's data) is passed as it is."""
+    as `shown` shows it, but for identifiers the script sends back (Sent: a metric it names in the
+    address). A list of numbers alone (most of a chart's data) is passed as it is."""
     if isinstance(value, str):
-        return shown_lines(value)
+        return shown(value)
     if isinstance(value, dict):
-        return {shown_lines(k) if isinstance(k, str) else k: _shown_data(v) if isinstance(v, _NESTED) else v
-                for k, v in value.items()}
+        return {shown(k): _shown_data(v) if isinstance(v, _NESTED) else v for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         if _PLAIN.issuperset(map(type, value)):
             return value
@@ -80,7 +91,7 @@ def environment() -> Environment:
     # `yaml`: a config value as the CLI and the YAML files write it (`true`, `null`), never a Python repr
     env.filters.update(
         clock=clock, stamp=stamp, mib=mib, json_script=json_script, duration=fmt_duration,
-        yaml=fmt_value, attempts=attempts,
+        yaml=fmt_value, attempts=attempts, sent=sent,
     )
     return env
 

@@ -182,7 +182,10 @@
   }
   function curves(box, spec){
     var key = spec.key || 'curves', st = kept[key] = kept[key] || {};
-    var metrics = spec.metrics || [];
+    var metrics = spec.metrics || [], labels = spec.labels || {};
+    // a metric's name as a person reads it (escaped as the page's text is); the name itself is
+    // what the address and the hidden field carry
+    var shownName = function(m){ return labels[m] !== undefined ? labels[m] : m; };
     if (st.metric === undefined || metrics.indexOf(st.metric) < 0) {
       st.metric = metrics.indexOf(spec.metric) >= 0 ? spec.metric : metrics[0];
     }
@@ -197,7 +200,7 @@
     }
     var pick = el('select', {'class': 'metric', 'aria-label': 'metric'});
     metrics.forEach(function(m){
-      var o = el('option', {value: m}, m); if (m === st.metric) o.selected = true; pick.appendChild(o);
+      var o = el('option', {value: m}, shownName(m)); if (m === st.metric) o.selected = true; pick.appendChild(o);
     });
     var sm = el('input', {type: 'range', min: '0', max: '0.99', step: '0.01', value: String(st.smooth),
                           'class': 'smooth', 'aria-label': 'smoothing'});
@@ -289,13 +292,13 @@
       if (st.log) data.slice(1).forEach(function(y){ y.forEach(function(v){ if (v != null && v <= 0) bad = true; }); });
       var notes = [];
       if (bad) notes.push('log scale needs values above 0: shown on a linear scale');
-      if (without && without.length) notes.push('no ' + st.metric + ' reported by: ' + without.join('; '));
+      if (without && without.length) notes.push('no ' + shownName(st.metric) + ' reported by: ' + without.join('; '));
       note.textContent = notes.join(' · ');
       var opts = {
         width: width(box), height: 260, cursor: {drag: {x: true, y: false}},
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
         axes: [{label: 'step', labelSize: 18},
-               {label: st.metric + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
+               {label: shownName(st.metric) + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
         legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
         hooks: Object.assign(keepZoom(key), {
           draw: [noteAxes(box), function(u){ resumeMarks(u, marks); prunedMarks(u, pruned); }]
