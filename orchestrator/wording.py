@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -80,12 +79,19 @@ def attempts_said(
             f"resume {resumes} of at most {max_resumes}")
 
 
-# What a reader is never shown as it is: control characters (C0 and C1: a terminal obeys them),
-# line and paragraph separators, format characters (Unicode's Cf: the bidirectional overrides,
-# embeddings, isolates and marks U+202A-U+202E, U+2066-U+2069, U+200E, U+200F, which reorder the
-# text around them, and zero-width ones, which hide in a name) and lone surrogates (JSON's
-# `\ud800`, which no terminal or page can encode).
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+# What a reader is never shown as it is: control characters (Unicode's Cc, C0 and C1: a terminal
+# obeys them), the line and paragraph separators (Zl, Zp), lone surrogates (Cs: JSON's `\ud800`,
+# which no terminal or page can encode), and the invisible characters that reorder or hide text:
+# the bidirectional marks, embeddings, overrides and isolates (U+061C, U+200E, U+200F,
+# U+202A-U+202E, U+2066-U+2069), the zero-width space and word joiner (U+200B, U+2060), the
+# invisible operators (U+2061-U+2064), the deprecated format controls (U+206A-U+206F), the byte
+# order mark (U+FEFF) and the interlinear annotation controls (U+FFF9-U+FFFB). The other format
+# characters are text: the zero-width joiner and non-joiner (U+200D in 👩‍🔬, U+200C in Persian),
+# the soft hyphen, the tag characters of a subdivision flag (U+E0020-U+E007F).
+_HIDDEN_RANGES = (
+    (0x00, 0x1F), (0x7F, 0x9F), (0x061C, 0x061C), (0x200B, 0x200B), (0x200E, 0x200F), (0x2028, 0x202E),
+    (0x2060, 0x206F), (0xD800, 0xDFFF), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB),
+)
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -98,7 +104,8 @@ def _escape(char: str) -> str:
 
 def _shown_char(found: re.Match[str]) -> str:
     char = found[0]
-    return _escape(char) if unicodedata.category(char) in _HIDDEN_CATEGORIES else char
+    code = ord(char)
+    return _escape(char) if any(low <= code <= high for low, high in _HIDDEN_RANGES) else char
 
 
 _MAY_HIDE = re.compile(r"[^\x20-\x7e]")  # the characters that may be hidden: all but ASCII's printable ones

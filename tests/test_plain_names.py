@@ -34,6 +34,23 @@ def test_one_line_shows_bidirectional_and_other_format_characters_escaped() -> N
     assert render_plain(["name"], [["x\u202ey"]]).splitlines()[1] == "x\\u202ey"
 
 
+@pytest.mark.parametrize("text", [
+    "\U0001f469\u200d\U0001f52c",  # 👩‍🔬: a woman scientist, joined by U+200D
+    "\U0001f3f3\ufe0f\u200d\U0001f308",  # 🏳️‍🌈: a flag, a variation selector and a joiner
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian: a zero-width non-joiner in a word
+    "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",  # Scotland's flag: tag characters
+    "hyphen\u00adation",  # a soft hyphen
+])
+def test_format_characters_that_are_text_are_shown_as_written(text: str) -> None:
+    assert one_line(text) == text and shown_lines(f"{text}\n{text}") == f"{text}\n{text}"
+
+
+def test_invisible_operators_and_deprecated_format_controls_are_escaped() -> None:
+    hidden = "\u2060\u2061\u2062\u2063\u2064\u206a\u206b\u206c\u206d\u206e\u206f\ufff9\ufffa\ufffb\u2029"
+    assert one_line(hidden) == "".join(f"\\u{ord(c):04x}" for c in hidden)
+    assert one_line("\U0001f469\u200d\u202e\U0001f52c") == "\U0001f469\u200d\\u202e\U0001f52c"
+
+
 
 
 @requires_tmux
