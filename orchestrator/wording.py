@@ -102,14 +102,29 @@ def _escape(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def _shown_char(found: re.Match[str]) -> str:
-    char = found[0]
-    code = ord(char)
-    return _escape(char) if any(low <= code <= high for low, high in _HIDDEN_RANGES) else char
+def _escaped(found: re.Match[str]) -> str:
+    return _escape(found[0])
 
 
-_MAY_HIDE = re.compile(r"[^\x20-\x7e]")  # the characters that may be hidden: all but ASCII's printable ones
-_MAY_HIDE_IN_LINES = re.compile(r"[^\x20-\x7e\n\t]")
+def _hidden_class(kept: str = "") -> re.Pattern[str]:
+    """One character class of exactly the hidden code points (but `kept`), so the callback runs
+    only on a character it escapes, never on `·` or `ü`."""
+    spans: list[tuple[int, int]] = []
+    for low, high in _HIDDEN_RANGES:
+        start = low
+        for code in sorted(ord(c) for c in kept if low <= ord(c) <= high):
+            if start < code:
+                spans.append((start, code - 1))
+            start = code + 1
+        if start <= high:
+            spans.append((start, high))
+    return re.compile("[" + "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in spans) + "]")
+
+
+# every hidden character is one str.isprintable() rejects, so text it accepts (most text) is
+# returned as it is without a search
+_HIDDEN = _hidden_class()
+_HIDDEN_IN_LINES = _hidden_class("\n\t")
 
 
 def one_line(text: str) -> str:
@@ -117,13 +132,13 @@ def one_line(text: str) -> str:
     every human-facing output: each hidden character above shown escaped (`\\n`, `\\x1b`,
     `\\u202e`), so it never splits a row, reaches a terminal as a control sequence or reorders
     what is read."""
-    return text if text.isprintable() else _MAY_HIDE.sub(_shown_char, text)
+    return text if text.isprintable() else _HIDDEN.sub(_escaped, text)
 
 
 def shown_lines(text: str) -> str:
     """User text of several lines (a log, a config file) for a reader: one_line's rule, its
     line breaks and tabs kept."""
-    return text if text.isprintable() else _MAY_HIDE_IN_LINES.sub(_shown_char, text)
+    return text if text.isprintable() else _HIDDEN_IN_LINES.sub(_escaped, text)
 
 
 def fmt_duration(seconds: float | None) -> str:

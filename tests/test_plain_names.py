@@ -51,6 +51,35 @@ def test_invisible_operators_and_deprecated_format_controls_are_escaped() -> Non
     assert one_line("\U0001f469\u200d\u202e\U0001f52c") == "\U0001f469\u200d\\u202e\U0001f52c"
 
 
+def test_the_escape_runs_only_on_characters_it_escapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one precompiled class of the hidden code points: text of `·`, `ü` and line breaks (a timeline
+    # tooltip) calls back once per escaped character, not once per character beyond ASCII
+    from orchestrator import wording
+
+    calls: list[str] = []
+    escaped = wording._escaped
+    monkeypatch.setattr(wording, "_escaped", lambda found: calls.append(found[0]) or escaped(found))
+    tip = "job 3 · attempt 1 · ü 中文 🙂\n" * 200
+    assert shown_lines(tip) == tip and calls == []
+    assert one_line(tip) == tip.replace("\n", "\\n") and calls == ["\n"] * 200
+
+
+def test_exactly_the_hidden_code_points_are_escaped() -> None:
+    from orchestrator.wording import _HIDDEN_RANGES
+
+    codes = [*range(0x3000), *range(0xD7F0, 0xE010), *range(0xFE00, 0x10000), *range(0xE0000, 0xE0100)]
+    hidden = {c for low, high in _HIDDEN_RANGES for c in range(low, high + 1)}
+    assert hidden >= {0x0A, 0x1B, 0x85, 0x200B, 0x202E, 0x2066, 0xFEFF} and not hidden & {0x200C, 0x200D, 0xAD}
+    for c in codes:  # every hidden character fails isprintable(): the fast path never skips one
+        assert c not in hidden or not chr(c).isprintable()
+    text = "".join(map(chr, codes))
+    expected = "".join((f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") if c in hidden else chr(c) for c in codes)
+    for name, char in (("n", "\n"), ("r", "\r"), ("t", "\t")):
+        expected = expected.replace(f"\\x{ord(char):02x}", f"\\{name}")
+    assert one_line(text) == expected
+    assert shown_lines(text) == expected.replace("\\n", "\n").replace("\\t", "\t")
+
+
 
 
 @requires_tmux
