@@ -445,6 +445,19 @@ def test_a_margin_spares_a_setting_within_its_seeds_noise_of_the_cutoff_and_only
     assert {p.setting for p in judge(narrow, _noisy_grid(10), []).prunes} == plain  # 0.01 > 0.1 × 0.05
 
 
+def test_a_margin_over_metrics_near_the_bound_is_computed_not_an_overflow() -> None:
+    # history keeps values up to 1e300: the seeds' spread squared left a float's range, and the
+    # OverflowError turned early stopping off for the suite; the same grid scaled judges the same
+    with_margin = EarlyStop("val_accuracy", Mode.MAX, PruneRule.ASHA, min_steps=10, margin_se=1.0)
+    scaled = [SettingRuns(s.key, tuple(SeedRun(r.job_id, r.state, {k: v * 1e300 for k, v in r.values.items()},
+                                               r.reached_step) for r in s.seeds)) for s in _noisy_grid(10)]
+    plain, big = judge(with_margin, _noisy_grid(10), []), judge(with_margin, scaled, [])
+    assert {p.setting for p in big.prunes} == {p.setting for p in plain.prunes}
+    assert [k.setting for k in big.spared] == [k.setting for k in plain.spared]
+    kept = next(k for k in big.spared if k.setting == "close")
+    assert kept.standard_error == pytest.approx(0.05e300)
+
+
 def test_a_margin_is_asha_s_only_however_the_rule_is_made() -> None:
     with pytest.raises(ValueError, match="margin_se is asha's"):
         EarlyStop("val_accuracy", Mode.MAX, PruneRule.MEDIAN, min_steps=10, margin_se=1.0)

@@ -8,7 +8,13 @@ import math
 import pytest
 
 from orchestrator.lifecycle import JobState
-from orchestrator.results.aggregate import ResultRow, aggregate, mean_std, natural_key
+from orchestrator.results.aggregate import (
+    ResultRow,
+    ResultSummary,
+    aggregate,
+    mean_std,
+    natural_key,
+)
 from orchestrator.results.formats import render_rows, score, to_records
 from orchestrator.results.run_lines import run_lines
 from orchestrator.results.seeds import (
@@ -20,6 +26,8 @@ from orchestrator.results.seeds import (
     short_denominator,
 )
 from orchestrator.results.selection import Basis, choose, lower_is_better
+from orchestrator.results.stats import paired_test
+from orchestrator.spread import sample_std
 
 S, F, C, R, Q = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RUNNING, JobState.QUEUED
 
@@ -95,6 +103,22 @@ def test_a_std_of_values_near_the_metric_bound_is_computed_not_overflowed() -> N
     assert mean_std(values) == (plain, math.sqrt(sum((v - plain) ** 2 for v in values) / 2))
     (row,) = aggregate([ResultRow("E", "c", "toy", s, {"loss": v}) for s, v in ((1, 1e300), (2, -1e300))])
     assert (row.n, row.mean, row.std) == (2, 0.0, pytest.approx(2 ** 0.5 * 1e300))
+
+
+def test_a_paired_test_over_metrics_near_the_bound_is_the_scaled_one() -> None:
+    # the pairs' differences near 1e300 squared past a float's range, and scipy said t = 0, p = 1
+    # without a word: t and p are those of the same values at a common size
+    pytest.importorskip("scipy")
+
+    def pair(scale: float) -> tuple[ResultSummary, ResultSummary]:
+        values = {"a": (3.0, 5.0, 4.5), "b": (1.0, 2.0, 2.2)}
+        a, b = aggregate([ResultRow("E", c, "t", s, {"loss": v * scale}) for c, vs in values.items()
+                          for s, v in zip((1, 2, 3), vs, strict=True)])
+        return a, b
+
+    small, big = paired_test(*pair(1.0)), paired_test(*pair(1e299))
+    assert small.t is not None and small.t > 8 and (big.t, big.p) == (pytest.approx(small.t), pytest.approx(small.p))
+    assert sample_std([1e300, -1e300, 0.0]) == pytest.approx(1e300)
 
 
 def test_no_std_and_no_choice_for_a_single_seed() -> None:

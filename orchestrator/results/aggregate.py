@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -55,6 +54,7 @@ from orchestrator.results.seeds import (
     short_denominator,
     uncounted_notes,
 )
+from orchestrator.spread import sample_std
 from orchestrator.wording import fmt_value
 
 PRIMARY_METRICS = {"cola": "mcc", "mrpc": "f1", "qqp": "f1"}
@@ -370,23 +370,14 @@ def _evidence_notes(counted: list[SeedRun]) -> list[str]:
     return notes
 
 
-_SQUARE_SAFE = 1e150  # deviations up to this size square (and sum) within a float's range
-
-
 def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation; no std for fewer than two values (never `± 0`). A
-    metric may be as large as wording.MAX_METRIC (1e300), whose deviations' squares leave a
-    float's range: those are summed scaled by the largest deviation."""
+    metric may be as large as wording.MAX_METRIC (1e300): spread.sample_std keeps its deviations'
+    squares within a float's range."""
     if not values:
         return None, None
     mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    deviations = [v - mean for v in values]
-    scale = max(abs(d) for d in deviations)
-    if scale <= _SQUARE_SAFE:
-        return mean, math.sqrt(sum(d**2 for d in deviations) / (len(values) - 1))
-    return mean, scale * math.sqrt(sum((d / scale) ** 2 for d in deviations) / (len(values) - 1))
+    return mean, sample_std(values) if len(values) >= 2 else None
 
 
 def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:

@@ -12,6 +12,7 @@ from typing import Any
 from orchestrator.errors import UsageError
 from orchestrator.results.aggregate import ResultSummary
 from orchestrator.results.formats import column_title
+from orchestrator.spread import in_square_range
 
 CONFIDENCE = 0.95
 SAME_DIFFERENCE = 1e-9  # differences closer than this (relative) are one difference: no t test
@@ -75,7 +76,9 @@ def paired_test(a: ResultSummary, b: ResultSummary) -> PairedTest:
     if len(common) >= 2 and max(diffs) - min(diffs) > SAME_DIFFERENCE * max(
         1.0, abs(mean_diff or 0.0)
     ):
-        result = _scipy_stats().ttest_rel([va[s] for s in common], [vb[s] for s in common])
+        # the pairs' differences (metrics up to 1e300), scaled where their squares would overflow
+        # (scipy then says t = 0, p = 1 without a word): a common scale leaves t and p as they are
+        result = _scipy_stats().ttest_rel(in_square_range(diffs), [0.0] * len(diffs))
         t_stat, p_value = float(result.statistic), float(result.pvalue)
     elif len(common) >= 2:
         t_stat = p_value = math.nan  # no spread in the differences: a t statistic would be noise

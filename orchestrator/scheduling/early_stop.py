@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.early_stop import EarlyStop, Mode, PruneRule
 from orchestrator.plans.optuna_lib import load_optuna
+from orchestrator.spread import sample_std
 from orchestrator.store.early_stop import RungValue
 
 COUNTED = (
@@ -167,8 +168,7 @@ class Margin:
         found = seed_values(setting, step, spec.smooth_evals, spec.best_of()) if setting else []
         if len(found) < 2:
             return None
-        centre = sum(found) / len(found)
-        standard_error = math.sqrt(sum((v - centre) ** 2 for v in found) / (len(found) - 1) / len(found))
+        standard_error = sample_std(found) / math.sqrt(len(found))  # values up to 1e300: never an OverflowError
         within = gap <= (spec.margin_se or 0.0) * standard_error
         return Spared(key, step, value, cutoff, standard_error) if within else None
 
