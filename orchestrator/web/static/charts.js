@@ -298,7 +298,8 @@
         width: width(box), height: 260, cursor: {drag: {x: true, y: false}},
         scales: {x: {time: false}, y: {distr: st.log && !bad ? 3 : 1}},
         axes: [{label: 'step', labelSize: 18},
-               {label: shownName(st.metric) + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''), labelSize: 18, size: 60}],
+               {label: shownName(st.metric) + (st.smooth ? ' (smoothed ' + st.smooth + ')' : ''),
+                labelSize: 18, size: 60}],
         legend: {show: !!(st.band && spec.bands)}, series: series, bands: bandsOpt,  // runs: the table below
         hooks: Object.assign(keepZoom(key), {
           draw: [noteAxes(box), function(u){ resumeMarks(u, marks); prunedMarks(u, pruned); }]
