@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 from e2e_helpers import Orch, requires_tmux
 
 from orchestrator.cli.plain_table import render_plain
 from orchestrator.wording import one_line, shown_lines
+from tests.conftest import OrchRunner
 
 
 def test_one_line_escapes_line_breaks_and_control_characters() -> None:
@@ -97,3 +99,32 @@ def test_a_metric_name_with_a_line_break_keeps_its_row(orch: Orch) -> None:
     table = orch.run("results").stdout.splitlines()
     row = next(line for line in table if "uracy" in line)
     assert "acc\\nuracy" in row and "0.5" in row
+
+
+def test_orch_trials_shows_the_metric_keys_and_values_escaped() -> None:
+    from orchestrator.cli.trials import trial_lines
+    from orchestrator.results.trials import TrialRow
+
+    rows = [TrialRow(0, {"lr\u202e": "x\u2066y"}, 0.5, 1, 1, {"succeeded": 1})]
+    lines = trial_lines("hp", "random", "acc\u202e", "max", rows, "no trial reported 'f\x1b[2J'")
+    assert not any(c in "".join(lines) for c in "\u202e\u2066\x1b")
+    assert lines[1].endswith("lr\\u202e=x\\u2066y") and lines[2] == "note: no trial reported 'f\\x1b[2J'"
+    assert lines[3] == "best: trial 0 (lr\\u202e=x\\u2066y): acc\\u202e 0.5000, mean of 1 seed(s)"
+
+
+def test_orch_show_prints_settings_reasons_and_history_escaped(orch_inproc: OrchRunner, db_path: Path) -> None:
+    from orchestrator.store.db import Store
+    from orchestrator.store.jobs import cancel_queued
+
+    submitted = orch_inproc("submit", "--suite", "demo", "--pairs", "87:glue-tvt_qnli",
+                            "--set", "lr_scheduler=x\u202ey", "--json")
+    assert submitted.rc == 0, submitted.stderr
+    store = Store(db_path)
+    try:
+        cancel_queued(store, 1, "stop\u2066ped\x1b]0;title\x07")
+    finally:
+        store.close()
+    shown = orch_inproc("show", "1")
+    assert shown.rc == 0 and not any(c in shown.stdout for c in "\u202e\u2066\x1b\x07")
+    assert "--set lr_scheduler=x\\u202ey" in shown.stdout
+    assert "reason: stop\\u2066ped\\x1b]0;title\\x07" in shown.stdout

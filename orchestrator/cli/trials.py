@@ -10,10 +10,10 @@ from orchestrator.cli.common import db_option, echo_json, open_store
 from orchestrator.errors import UsageError
 from orchestrator.lifecycle import JobState
 from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
-from orchestrator.results.trials import trial_rows
+from orchestrator.results.trials import TrialRow, trial_rows
 from orchestrator.store.early_stop import reported_keys
 from orchestrator.store.search import final_values, suite_search_jobs
-from orchestrator.wording import fmt_value
+from orchestrator.wording import fmt_value, one_line
 
 
 @click.command("trials")
@@ -73,21 +73,26 @@ def trials_cmd(suite: str, as_json: bool, db_path: Path) -> None:
             }
         )
         return
-    click.echo(
-        f"{suite}: {len(rows)} trial(s) of a {spec.get('method')} search, best first by {metric} ({mode})"
-    )
+    for line in trial_lines(suite, str(spec.get("method")), metric, mode, rows, unreported):
+        click.echo(line)
+
+
+def trial_lines(suite: str, method: str, metric: str, mode: str, rows: list[TrialRow],
+                unreported: str | None) -> list[str]:
+    """What `orch trials` prints: a line per trial, best first, and the best named; each as
+    wording.one_line shows it (the metric, the searched keys and their values are user text)."""
+    lines = [f"{suite}: {len(rows)} trial(s) of a {method} search, best first by {metric} ({mode})"]
     for row in rows:
         params = ", ".join(f"{k}={fmt_value(v)}" for k, v in row.params.items())
         value = f"{row.value:.4f}" if row.value is not None else "—"
-        click.echo(f"  trial {row.trial:>3}  {value:>8}  n {row.n_text():<24} {params}")
+        lines.append(f"  trial {row.trial:>3}  {value:>8}  n {row.n_text():<24} {params}")
     if unreported is not None:
-        click.echo(f"note: {unreported}")
+        lines.append(f"note: {unreported}")
     best = rows[0]
     if best.value is not None:
         params = ", ".join(f"{k}={fmt_value(v)}" for k, v in best.params.items())
-        click.echo(
-            f"best: trial {best.trial} ({params}): {metric} {best.value:.4f}, mean of {best.counted} seed(s)"
-        )
+        lines.append(f"best: trial {best.trial} ({params}): {metric} {best.value:.4f}, mean of {best.counted} seed(s)")
+    return [one_line(line) for line in lines]
 
 
 def register(group: click.Group) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.api.jobs import headline_metric
@@ -44,7 +45,7 @@ from orchestrator.store.queries import (
     job_to_public,
     list_jobs,
 )
-from orchestrator.wording import attempts_said, fmt_changes, fmt_duration, fmt_settings
+from orchestrator.wording import attempts_said, fmt_changes, fmt_duration, fmt_settings, one_line
 
 
 def _ts(value: float | None) -> str:
@@ -111,12 +112,16 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=100_000)  # piped: lines are never cut or wrapped
+
+    def say(line: str) -> None:  # a line of user text (settings, reasons, notes, events): as one_line shows it
+        console.print(one_line(line), markup=False, highlight=False)
+
     style = STATE_STYLES.get(payload["state"], "")
     console.print(
         f"[bold]job {payload['id']}[/]  [{style}]{payload['state']}[/]  "
-        f"{payload['suite']}/{payload['config']}  seed {payload['seed']}  {payload['data']}"
+        + escape(one_line(f"{payload['suite']}/{payload['config']}  seed {payload['seed']}  {payload['data']}"))
     )
-    console.print(f"  worker: {payload['worker']}   config: {payload['config_path']}")
+    say(f"  worker: {payload['worker']}   config: {payload['config_path']}")
     console.print(
         f"  level {payload['level']}, "
         + attempts_said(payload["attempt"], payload["counted_attempts"], payload["max_attempts"],
@@ -125,18 +130,18 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         + (f", GPUs {payload['allowed_gpus']}" if payload["allowed_gpus"] is not None else "")
     )
     if payload["level_note"]:
-        console.print(f"  {payload['level_note']}", markup=False, highlight=False)
+        say(f"  {payload['level_note']}")
     if payload["overrides"]:
         # a search trial's values were drawn by the search, not given with --set
         given = "--set" if payload.get("trial") is None else f"search trial {payload['trial']}:"
-        console.print(f"  {given} {fmt_settings(payload['overrides'])}", markup=False, highlight=False)
+        say(f"  {given} {fmt_settings(payload['overrides'])}")
     rule = EarlyStop.from_json(payload.get("early_stop") or {})
     if rule is not None:
-        console.print(f"  early_stop: {rule.words()}", markup=False, highlight=False)
+        say(f"  early_stop: {rule.words()}")
     if payload["wait_reason"] and payload["state"] == "queued":
-        console.print(f"  waiting: {payload['wait_reason']}", markup=False, highlight=False)
+        say(f"  waiting: {payload['wait_reason']}")
     if payload["reason"]:
-        console.print(f"  reason: {payload['reason']}", markup=False, highlight=False)
+        say(f"  reason: {payload['reason']}")
     if payload["attempts"]:
         table = Table(title="attempts", box=None, header_style="bold", title_justify="left")
         # A narrow terminal folds the level's name; numbers and dates are never cut or broken.
@@ -145,7 +150,7 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
         for a in payload["attempts"]:
             took = fmt_duration(a["ended_at"] - a["started_at"]) if a["ended_at"] else "-"
             table.add_row(
-                str(a["n"]), str(a["gpu"]), f"{a['level']} {a['step'] or ''}".strip(),
+                str(a["n"]), str(a["gpu"]), one_line(f"{a['level']} {a['step'] or ''}".strip()),
                 fmt_mib(a["predicted_peak_mib"]), fmt_mib(a["peak_mib"]),
                 a["outcome"] or "running", "-" if a["exit_code"] is None else str(a["exit_code"]),
                 _ts(a["started_at"]), took,
@@ -171,14 +176,13 @@ def show_cmd(job: str, as_json: bool, db_path: Path) -> None:
                      a.get("hunted") or "", f"loss diverged: {a['diverged']}" if a.get("diverged") else ""]
             shown = "; ".join(n for n in notes if n)
             if shown:
-                console.print(f"  attempt {a['n']}: {shown}", markup=False, highlight=False)
+                say(f"  attempt {a['n']}: {shown}")
             if a["provenance"]:
-                console.print(f"  attempt {a['n']} ran with: {provenance_line(a['provenance'])}",
-                              markup=False, highlight=False)
-        console.print(f"  run dir: {payload['attempts'][-1]['run_dir']}")
+                say(f"  attempt {a['n']} ran with: {provenance_line(a['provenance'])}")
+        say(f"  run dir: {payload['attempts'][-1]['run_dir']}")
     console.print("[bold]history[/]")
     for e in payload["events"]:
-        console.print(f"  {_ts(e['ts'])}  {e['message']}", markup=False, highlight=False)
+        say(f"  {_ts(e['ts'])}  {e['message']}")
 
 
 @click.command("logs")
