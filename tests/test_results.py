@@ -238,6 +238,8 @@ def test_a_metric_too_large_to_average_is_named_as_a_non_finite_one_is(tmp_path:
     assert (reading.nonfinite_test, reading.nonfinite_val) == ({"accuracy": "1e+305", "big": "1e+305"},
                                                                {"accuracy": "-2e+301"})
     assert reading_of(None, '{"accuracy": 3e300, "f1": 0.5}').nonfinite_test == {"accuracy": "3e+300"}
+    # just beyond the bound reads as such, not as the bound itself (which is averaged)
+    assert reading_of(None, '{"accuracy": 1.0000001e300}').nonfinite_test == {"accuracy": "1.0000001e+300"}
     rows = [ResultRow("E", "c", "glue_rte", 1, reading.metrics or {}, job=4, nonfinite=reading.nonfinite_test),
             ResultRow("E", "c", "glue_rte", 2, {"accuracy": 0.7}, job=5),
             ResultRow("E", "c", "glue_rte", 3, {"accuracy": 0.8}, job=6)]

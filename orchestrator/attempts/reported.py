@@ -274,7 +274,7 @@ def nonfinite_metrics(metrics: dict[str, Any]) -> dict[str, str]:
                 or len(name) > MAX_METRIC_NAME or metric_number(value) is not None):
             continue
         found = number(value)
-        named[name] = (f"{found:.3g}" if found is not None  # beyond MAX_METRIC
+        named[name] = (repr(found) if found is not None  # beyond MAX_METRIC, each digit it has (1.0000001e+300)
                        else "too large" if isinstance(value, int) else repr(value))  # nan, inf, -inf
     return named
 
