@@ -430,6 +430,16 @@ def test_a_value_the_page_sends_back_is_the_stored_name_while_its_label_reads_es
     assert data["labels"] == {name: "lr\\u202esched"} and list(data["bands"]) == [name]
 
 
+def test_the_job_page_log_tail_leaves_terminal_sequences_out_colours_too(tmp_path: Path) -> None:
+    # the page shows text: a colour code would read `\x1b[32m`, a title write would be noise
+    from orchestrator.web.views import job_log_tail
+    from tests.run_dirs import private_attempt_dir
+
+    run_dir = private_attempt_dir(tmp_path)
+    (run_dir / "stdout.log").write_text("\x1b[32mok\x1b[0m\tstep 1\n\x1b]0;title\x07bar 10%\rbar 100%\ndone\x1b[2K\n")
+    assert job_log_tail(str(run_dir)) == "ok\tstep 1\nbar 100%\ndone\n"
+
+
 def test_a_form_post_is_answered_with_a_page_and_the_api_with_json(  # type: ignore[no-untyped-def]
     client, db_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import curve_points, stitch
 from orchestrator.api.frames import pruned_step
 from orchestrator.api.jobs import headline_metric
+from orchestrator.attempts.log_sequences import plain_text
 from orchestrator.attempts.next_step import pruned_reason
 from orchestrator.attempts.provenance_reads import read_provenance
 from orchestrator.attempts.reported import nonfinite_metrics, nonfinite_said
@@ -130,9 +131,10 @@ def job_view(store: Store, job_id: int) -> str:
 
 def job_log_tail(run_dir: str) -> str:
     """The end of the attempt's log with its `\r` redraws collapsed (a tqdm bar is one line at
-    its last state), so that the result or the traceback shows."""
+    its last state), so that the result or the traceback shows, and its terminal sequences left
+    out as `orch logs` leaves them out, colours too (a page would show `\x1b[32m`)."""
     raw = read_log_tail(run_dir, WEB_LOG_TAIL_BYTES)
-    return log_tail(raw, WEB_LOG_TAIL_LINES, cut_at_start=len(raw.encode()) >= WEB_LOG_TAIL_BYTES)
+    return log_tail(plain_text(raw), WEB_LOG_TAIL_LINES, cut_at_start=len(raw.encode()) >= WEB_LOG_TAIL_BYTES)
 
 
 def attempt_run_dir(store: Store, job_id: int, n: int | None) -> str:

@@ -10,27 +10,9 @@ import os
 import re
 from collections.abc import Callable
 
-BLOCK_BYTES = 64 * 1024
-MAX_PENDING_CHARS = 4096  # an escape sequence left open longer than this is dropped, not kept
+from orchestrator.attempts.log_sequences import FINISHED, INTRODUCER, MAX_PENDING_CHARS, SEQUENCE
 
-# Colours and text attributes (SGR): the only sequences passed on.
-_SGR = r"\x1b\[[0-9;:]*m"
-_STRING_END = r"(?:\x07|\x1b\\|\x9c)"
-_BOUNDED = ".{0," + str(MAX_PENDING_CHARS) + "}?"
-_COMPLETE = (
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours (kept), cursor moves, erases, queries, modes
-    r"|\x9b[0-?]*[ -/]*[@-~]"  # the same, by its one-character introducer
-    r"|\x1b[\]PX^_]" + _BOUNDED + _STRING_END  # strings: OSC (title, clipboard), DCS, APC...
-    + r"|[\x9d\x90\x98\x9e\x9f]" + _BOUNDED + _STRING_END
-    + r"|\x1b[ -/]*[0-OQ-WYZ\\`-~]"  # two-character escapes (not the introducers above)
-)
-_SEQUENCE = re.compile(
-    "(" + _SGR + ")|" + _COMPLETE
-    + r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]",  # any other control character, a lone ESC too (tab, CR, LF kept)
-    re.DOTALL,
-)
-_FINISHED = re.compile(_COMPLETE, re.DOTALL)
-_INTRODUCER = re.compile("[\x1b\x9b\x9d\x90\x98\x9e\x9f]")
+BLOCK_BYTES = 64 * 1024
 
 
 def _keep_colours(match: re.Match[str]) -> str:
@@ -50,7 +32,7 @@ class TerminalText:
         self._pending = ""
         if not final and (open_at := _first_unfinished(text)) is not None:
             text, self._pending = text[:open_at], text[open_at:]  # its end may come with the next block
-        return _SEQUENCE.sub(_keep_colours, text)
+        return SEQUENCE.sub(_keep_colours, text)
 
 
 def _first_unfinished(text: str) -> int | None:
@@ -58,10 +40,10 @@ def _first_unfinished(text: str) -> int | None:
     MAX_PENDING_CHARS characters), if one does."""
     position = max(0, len(text) - MAX_PENDING_CHARS)
     while True:
-        found = _INTRODUCER.search(text, position)
+        found = INTRODUCER.search(text, position)
         if found is None:
             return None
-        finished = _FINISHED.match(text, found.start())
+        finished = FINISHED.match(text, found.start())
         if finished is None:
             return found.start()
         position = finished.end()
