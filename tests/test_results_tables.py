@@ -17,12 +17,11 @@ import pytest
 import yaml
 
 from orchestrator.attempts.printed_results import parse_result
-from orchestrator.cli.results import footer_lines
+from orchestrator.cli.results import _print_table
 from orchestrator.results.aggregate import ResultRow, aggregate
-from orchestrator.results.formats import csv_cell, render_rows, to_csv
+from orchestrator.results.formats import csv_cell, to_csv
 from orchestrator.results.grids import latex_escape, md_escape, md_line, to_latex, to_markdown
 from orchestrator.results.selection import choose
-from orchestrator.wording import one_line
 from tests.e2e_helpers import Orch, orch_env, requires_tmux
 
 HOSTILE = '=HYPERLINK("http://example.invalid")'
@@ -110,7 +109,9 @@ def test_latex_escapes_every_special_character() -> None:
     assert "config & t (a\\_b\\&c\\%d) & $n$ \\\\" in text
 
 
-def test_a_bidirectional_override_in_a_name_is_shown_escaped_under_every_table() -> None:
+def test_a_bidirectional_override_in_a_name_is_shown_escaped_under_every_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     # a metric whose name reverses its own end (U+202E), a setting with an isolate and a mark: the
     # terminal table's cells and lines under it, Markdown and LaTeX show each escaped (`\u202e`)
     metric, hidden = "acc\u202eycarucca", ("\u202e", "\u2066", "\u200f")
@@ -121,12 +122,13 @@ def test_a_bidirectional_override_in_a_name_is_shown_escaped_under_every_table()
 
     # w would be chosen but diverged: the choice note names both settings and the metric
     summaries = aggregate([row(1, "w", 1, 0.9, "boom"), row(2, "w", 2, 0.9), row(3, "c", 1, 0.7), row(4, "c", 2, 0.8)])
-    terminal = [one_line(cell) for r in render_rows(summaries) for cell in r]
-    terminal += footer_lines(summaries, choose(summaries, 4), with_val=False)
-    outputs = {"terminal": "\n".join(terminal), "markdown": to_markdown(summaries), "latex": to_latex(summaries)}
+    # the terminal: what `orch results` prints, its table and the lines under it
+    _print_table(summaries, 4, choose(summaries, 4), "no results")
+    outputs = {"terminal": capsys.readouterr().out, "markdown": to_markdown(summaries), "latex": to_latex(summaries)}
     for name, text in outputs.items():
         assert not any(ch in text for ch in hidden), name
     assert "t (acc\\u202eycarucca): w [note=x\\u2066y\\u200f] has the best test mean" in outputs["terminal"]
+    assert outputs["terminal"].count("note=x\\u2066y\\u200f") >= 4  # both rows' cells and the note
     assert "t (acc\\\\u202eycarucca): w \\[note=x\\\\u2066y\\\\u200f\\] has the best" in outputs["markdown"]
     assert "w [note=x\\textbackslash{}u2066y\\textbackslash{}u200f] & 0.9000" in outputs["latex"]
 
