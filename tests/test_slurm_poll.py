@@ -7,11 +7,16 @@ from __future__ import annotations
 import math
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rows_helpers import attempt_of, job_of
 
+from orchestrator.cli.daemon.setup import make_daemon_executor
 from orchestrator.clock import FakeClock
+from orchestrator.daemon.options import DaemonOptions
+from orchestrator.executors import factory
 from orchestrator.executors.slurm import executor as slurm
 from orchestrator.executors.slurm.executor import SlurmExecutor, SlurmOptions
 
@@ -46,7 +51,8 @@ JOB = job_of(id=3, suite="s")
 
 def test_slurm_is_asked_on_its_own_period_and_sooner_after_a_submission(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(0.0)
-    executor, asked = _executor(monkeypatch, lambda argv: _done("42|orch-s-3-a1|RUNNING|None|1G\n"), clock, poll_s=30.0)
+    executor, asked = _executor(monkeypatch, lambda argv: _done("42|orch-s-3-a1|RUNNING|None|1G\n"), clock)
+    assert executor.options.poll_s == 30.0  # the default period (docs/slurm.md)
 
     def squeues() -> list[tuple[str, ...]]:
         return [a for a in asked if a[0] == "squeue"]
@@ -85,3 +91,19 @@ def test_an_unanswered_lookup_of_an_ended_job_concludes_nothing(monkeypatch: pyt
     clock.advance(60.0)
     (status,) = executor.observe([(ATTEMPT, JOB)]).values()  # type: ignore[union-attr]
     assert status.settled and status.mem_mib == 1024  # the grace is over: now its absence means something
+
+
+def test_the_daemon_asks_slurm_every_30_s_unless_slurm_poll_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    made: list[SlurmOptions] = []
+
+    def make_executor(kind: str, socket_name: str, options: SlurmOptions, gpu_mib: int | None) -> None:
+        made.append(options)
+
+    monkeypatch.setattr(factory, "make_executor", make_executor)
+    probe = SimpleNamespace(snapshot=lambda: [])
+    for given in ({}, {"slurm_poll_s": 10.0}):
+        options = DaemonOptions(executor_kind="slurm", shard_mib=1024, db_path=tmp_path / "state.db", **given)
+        make_daemon_executor(options, probe)  # type: ignore[arg-type]
+    assert [options.poll_s for options in made] == [30.0, 10.0]
