@@ -289,9 +289,15 @@ def test_a_time_limit_fails_the_job_naming_it_or_resumes_a_worker_that_can(orch:
     wait_until(lambda: orch.job_states()[resumable] == "cancelled", 60, "the resumed job cancelled")
 
 
-def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: SlurmCluster) -> None:
-    orch.write_suite("low", {"c": {"sim_mem_gib": 1, "sim_seconds": 25, "sim_ramp_s": 0.5}}, mem_gib=1, max_attempts=1,
-                     slurm={"mem": "256M"})
+def test_a_preempted_attempt_is_requeued_without_counting(
+    orch: Orch, cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # The worker runs until the test has seen its first attempt end (or 120 s, then fails): the
+    # first is preempted whatever the machine's load, and the second ends as soon as it may.
+    release = tmp_path / "release"
+    worker = (f"""sh -c 'i=0; while [ ! -e {release} ]; do i=$((i+1)); [ $i -gt 1200 ] && exit 3; """
+              f"""sleep 0.1; done'""")
+    orch.write_suite("low", {"c": {}}, worker=worker, mem_gib=1, max_attempts=1, slurm={"mem": "256M"})
     orch.submit("low", "1:a")
     start_slurm_daemon(orch)
     (running,) = wait_until(lambda: _running_in_slurm(orch, 1), 60, "the attempt running in Slurm")
@@ -309,6 +315,8 @@ def test_a_preempted_attempt_is_requeued_without_counting(orch: Orch, cluster: S
         "sleep 5",
     )
     assert done.returncode == 0, done.stderr
+    wait_until(lambda: orch.attempts(running.job_id)[0]["outcome"], 120, "the preempted attempt to end")
+    release.touch()
     states = orch.wait_all_done(180)
     assert list(states.values()) == ["succeeded"], states
     first, second = orch.attempts(running.job_id)
