@@ -9,6 +9,7 @@ one with gradient checkpointing, interleaved so that every job follows a job of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,30 +102,51 @@ def numbers(run_dir: Path) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def warm_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
+WarmServer = tuple[subprocess.Popen[bytes], dict[str, str], Path]  # the process, its env, its log
+
+
+@contextlib.contextmanager
+def started_warm_server(folder: Path) -> Iterator[WarmServer]:
     """A warm process for the tiny Llama in bf16 on CPU, slot 0, started as a client's tmux
     window would start it (the attempt's environment less its own variables)."""
-    env = base_env(tmp_path)
+    env = base_env(folder)
     key = base_key("tiny-llama", json.dumps({"builtin": "tiny-llama"}, sort_keys=True), "bf16", env)
-    folder = share_dir(env)
+    log = folder / "server.log"
     server = subprocess.Popen(
-        server_command(folder, key, 0),
+        server_command(share_dir(env), key, 0),
         env={**env, "PYTHONHASHSEED": "12345"},
         cwd=REPO,
-        stdout=(tmp_path / "server.log").open("wb"),
+        stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
-    wait_listening(server, folder, key, tmp_path / "server.log", 60)
-    yield server, env
-    server.send_signal(signal.SIGKILL)
-    server.wait()
+    try:
+        wait_listening(server, share_dir(env), key, log, 60)
+        yield server, env, log
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def shared_warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmServer]:
+    """One warm process for the tests that leave it usable: the bit-for-bit test trains its jobs
+    in it first, on a process that has trained nothing, then the cancel test (a process that has
+    trained jobs before is what a sweep's next job finds)."""
+    with started_warm_server(tmp_path_factory.mktemp("warm")) as started:
+        yield started
+
+
+@pytest.fixture
+def warm_server(tmp_path: Path) -> Iterator[WarmServer]:
+    """A warm process of the test's own (the test kills it)."""
+    with started_warm_server(tmp_path) as started:
+        yield started
 
 
 def test_jobs_in_one_warm_process_match_fresh_processes_bit_for_bit(
-    tmp_path: Path, data_dir: Path, warm_server: tuple[subprocess.Popen[bytes], dict[str, str]]
+    tmp_path: Path, data_dir: Path, shared_warm_server: WarmServer
 ) -> None:
-    server, env = warm_server
+    server, env, _log = shared_warm_server
     flip_every_fourth_label(data_dir)
     jobs = [
         (1, False, False),
@@ -155,9 +177,9 @@ def test_jobs_in_one_warm_process_match_fresh_processes_bit_for_bit(
 
 
 def test_a_cancelled_client_stops_its_job_and_the_warm_process_trains_the_next(
-    tmp_path: Path, data_dir: Path, warm_server: tuple[subprocess.Popen[bytes], dict[str, str]]
+    tmp_path: Path, data_dir: Path, shared_warm_server: WarmServer
 ) -> None:
-    server, env = warm_server
+    server, env, log = shared_warm_server
     env = {**env, "ORCH_SHARE_BASE": "sequential"}
     long_job = job_config(data_dir, 1, False) | {"max_steps": 100000}
     del long_job["eval_every_steps"]
@@ -173,9 +195,9 @@ def test_a_cancelled_client_stops_its_job_and_the_warm_process_trains_the_next(
     after = run_job(tmp_path / "after", job_config(data_dir, 2, False), env)
     assert after.wait(300) == 0, (tmp_path / "after" / "stdout.log").read_text()[-3000:]
     assert server.poll() is None
-    assert "stopped: orch stopped the attempt" in (tmp_path / "server.log").read_text()
+    server_log = log.read_text()
+    assert "stopped: orch stopped the attempt" in server_log
     # one job at a time: the next job ran only after the cancelled one had stopped
-    server_log = (tmp_path / "server.log").read_text()
     assert server_log.index("stopped: orch stopped the attempt") < server_log.index(
         str(tmp_path / "after")
     )
@@ -283,9 +305,9 @@ def test_an_idle_warm_process_exits_unless_a_client_holds_its_slot(tmp_path: Pat
 
 
 def test_a_warm_process_that_dies_mid_job_fails_that_attempt_with_a_line_saying_so(
-    tmp_path: Path, data_dir: Path, warm_server: tuple[subprocess.Popen[bytes], dict[str, str]]
+    tmp_path: Path, data_dir: Path, warm_server: WarmServer
 ) -> None:
-    server, env = warm_server
+    server, env, _log = warm_server
     long_job = job_config(data_dir, 1, False) | {"max_steps": 100000}
     del long_job["eval_every_steps"]
     client = run_job(tmp_path / "orphaned", long_job, {**env, "ORCH_SHARE_BASE": "sequential"})
