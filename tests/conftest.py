@@ -164,16 +164,22 @@ def tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     launcher.kill_server()
 
 
-# The files that take longest, longest first (seconds summed over their tests, from a full run
-# with `--durations=0`): pytest-xdist hands out whole files (`--dist loadfile`) in collection
-# order (`--no-loadscope-reorder`), so the long ones start first and the many short files fill
-# in around them, instead of one long file starting last and running on alone.
+# The files that take longest, longest first: pytest-xdist hands out whole files (`--dist
+# loadfile`) in collection order (`--no-loadscope-reorder`), so the long ones start first and the
+# many short files fill in around them, instead of one long file starting last and running on
+# alone. Every file that took 20 s or more alone (`python -m pytest -q -n 0 tests/FILE.py`), a
+# CPU-bound one counted up to half as long again (it slows down most beside the others), and
+# where known, as long as it took in a full run.
 LONGEST_FIRST = (
-    "test_slurm_e2e.py", "test_resume_e2e.py", "test_untrusted.py", "test_orch_shortages.py",
-    "test_torchrun_e2e.py", "test_ladder_evidence_e2e.py", "test_startup_hold_e2e.py", "test_containment.py",
-    "test_logs_stream.py", "test_demo_fresh.py", "test_chaos.py", "test_own_script_e2e.py",
-    "test_memory_learning_e2e.py", "test_late_requests.py", "test_lora_through_orch.py", "test_demo_oom.py",
-    "test_oom_recovery.py",
+    "test_slurm_e2e.py", "test_resume_e2e.py", "test_early_stop_e2e.py", "test_untrusted.py",
+    "test_containment.py", "test_lora_share_base.py", "test_chaos.py", "test_search.py",
+    "test_oom_recovery.py", "test_torchrun_e2e.py", "test_startup_hold_e2e.py", "test_demo_fresh.py",
+    "test_ladder_evidence_e2e.py", "test_tmux_restart.py", "test_own_script_e2e.py", "test_lora_through_orch.py",
+    "test_daemon_e2e.py", "test_curves_e2e.py", "test_demo_oom.py", "test_trial_start_e2e.py",
+    "test_web_browser.py", "test_lora_equivalence.py", "test_memory_learning_e2e.py", "test_web_reading.py",
+    "test_multi_gpu_e2e.py", "test_lora_fused.py", "test_late_requests.py", "test_logs_stream.py",
+    "test_fault_injection.py", "test_lora_train.py", "test_fused_e2e.py", "test_memory_family_e2e.py",
+    "test_orch_shortages.py", "test_sim_footprint.py",
 )
 
 
