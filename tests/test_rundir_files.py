@@ -88,6 +88,7 @@ WORKER_IMPORTS = {
     "orchestrator.procstat",
     "orchestrator.gpu.sim_files",
     "orchestrator.plans.lora_keys",
+    "orchestrator.plans.spelling",  # a misspelt key's likely meaning (difflib)
     "orchestrator.plans.lora_values",  # the config values orch checks at submit, and the worker at start
     "orchestrator.executors.provenance",  # the standard library only: the wrapper runs it under `python -S`
     "orchestrator.attempts.divergence",  # the divergence rule, one for our worker and for orch
