@@ -139,6 +139,24 @@ def test_signals_received_and_forwarded_are_recorded(tmp_path: Path) -> None:
     assert record["signal_name"] == "SIGTERM"
 
 
+def _blocking_the_forwarded_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+
+
+def test_a_wrapper_started_with_signals_blocked_still_stops_its_worker(tmp_path: Path) -> None:
+    # as under a tmux server started by a process that had SIGTERM blocked: every pane inherits
+    # the mask, and a worker started that way ran on to its own end after a cancel
+    proc = subprocess.Popen(
+        wrapper_argv(tmp_path, [sys.executable, "-c", "import time; time.sleep(60)"]),
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_blocking_the_forwarded_signals,
+    )
+    _wait_for_child(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM  # not the worker's own end, 60 s later
+    assert exit_info(tmp_path)["signal_name"] == "SIGTERM"
+
+
 def test_a_worker_failing_by_itself_records_no_signal(tmp_path: Path) -> None:
     done = run_wrapper(tmp_path, [sys.executable, "-c", "raise SystemExit(143)"])
     assert done.returncode == 143

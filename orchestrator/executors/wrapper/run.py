@@ -212,6 +212,10 @@ def _run_held(held: HeldRunDir, argv: list[str]) -> int:
     early: list[int] = []
     for signum in FORWARDED:
         signal.signal(signum, lambda received_signum, _frame: early.append(received_signum))
+    # A blocked signal mask is inherited through tmux (its server started by a process that had
+    # SIGTERM blocked) down to the worker, which then ignored the SIGTERM forwarded to it and ran on
+    # after a cancel: the wrapper, and the worker it starts, take these signals whatever came before.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     pgid = become_group_leader()
     # Before the worker starts: whatever it starts stays in the cgroup and, orphaned, in our
     # tree (strays), so none of it outlives the attempt or hides its GPU memory.
