@@ -338,6 +338,36 @@ def test_a_sequential_warm_process_tells_a_client_that_asks_which_process_took_i
     thread.join(30)
 
 
+def test_a_warm_process_socket_appears_only_once_it_listens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sees the socket's path connects (a path bound but not yet listening refused
+    one, a race a client waiting on the path lost under load)."""
+    import socket
+
+    from workers.lora import server
+    from workers.lora.share import slot_paths
+
+    sock_path = slot_paths(tmp_path, "k", 0)[0]
+    tmp_path.joinpath("k-0.bind").write_text("left by a process that died")
+    seen_at_listen: list[bool] = []
+    real_listen = socket.socket.listen
+
+    def listen(self: socket.socket, *args: Any) -> None:
+        seen_at_listen.append(sock_path.exists())
+        real_listen(self, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", listen)
+    listener = server._listen(sock_path)
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(sock_path))
+        conn.close()
+        assert seen_at_listen == [False]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["k-0.sock"]
+        assert sock_path.stat().st_mode & 0o777 == 0o600
+    finally:
+        listener.close()
+
+
 def test_a_fused_members_checkpoint_resumes_alone(tmp_path: Path, data_dir: Path) -> None:
     """Its checkpoint names its weights as the job alone does: orch's resume (alone, or in
     another group) goes on from it."""

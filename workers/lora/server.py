@@ -94,12 +94,7 @@ def serve(folder: Path, key: str, slot: int, idle_s: float, fused: bool = False)
     if try_lock(server_lock) is None:
         log(f"another warm LoRA worker serves {key}-{slot}")
         return 0
-    with contextlib.suppress(FileNotFoundError):
-        sock_path.unlink()  # left by a process of this slot that died: we hold the slot now
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock_path))
-    os.chmod(sock_path, 0o600)
-    listener.listen(LISTEN_BACKLOG)
+    listener = _listen(sock_path)
     _close_window_on_exit()
     base_env = dict(os.environ)
     mode = "fused" if fused else "sequential"
@@ -130,6 +125,21 @@ def serve(folder: Path, key: str, slot: int, idle_s: float, fused: bool = False)
         with contextlib.suppress(FileNotFoundError):
             sock_path.unlink()
         listener.close()
+
+
+def _listen(sock_path: Path) -> socket.socket:
+    """A socket listening at `sock_path`, which appears only once it listens (bound under a side
+    name first, then renamed): a client that sees the path never meets a refused connection."""
+    bound_path = sock_path.with_suffix(".bind")  # as long as ".sock": within the socket path limit
+    for path in (sock_path, bound_path):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # left by a process of this slot that died: we hold the slot now
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(bound_path))
+    os.chmod(bound_path, 0o600)
+    listener.listen(LISTEN_BACKLOG)
+    os.rename(bound_path, sock_path)
+    return listener
 
 
 def _new_cache() -> Any:
