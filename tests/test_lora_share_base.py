@@ -249,7 +249,7 @@ def hand_over(folder: Path) -> list[dict[str, Any]]:
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     deadline = time.monotonic() + 30
-    while True:  # the socket file exists from bind(); the server may not listen() yet
+    while True:  # the socket appears once it listens; a refused connect is retried all the same
         try:
             conn.connect(str(slot_paths(folder, "k", 0)[0]))
             break

@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,20 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
         with contextlib.suppress(StoreError):  # a read-only or busy database: read again next time
             backfill_reported(store, backfill)
     return Collected(rows, from_run_dirs, splits_read)
+
+
+def setting_digests(store: Store, suites: Collection[str], job_ids: Collection[int],
+                    reader: RunReader | None = None) -> dict[int, str]:
+    """The effective setting of each of these jobs (of these suites), as `orch results` tells its
+    rows apart: jobs with one digest are seeds of one setting, and only they are pooled."""
+    reader = reader or RunReader()
+    wanted = set(job_ids)
+    digests: dict[int, str] = {}
+    for suite in sorted(set(suites)):
+        runs = result_jobs(store, suite)
+        aside = not_science_keys(runs).get(suite, frozenset())
+        digests.update({run.job_id: reader.setting(run, aside).digest for run in runs if run.job_id in wanted})
+    return digests
 
 
 def no_metrics_why(attempt_reason: str | None) -> str:

@@ -18,7 +18,7 @@ from orchestrator.attempts.reported import nonfinite_metrics, nonfinite_said
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome, JobState
-from orchestrator.results.collect import RunReader, finite_metrics, job_metrics
+from orchestrator.results.collect import RunReader, finite_metrics, job_metrics, setting_digests
 from orchestrator.results.trials import trial_rows
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
@@ -185,8 +185,9 @@ def curve_runs(
     store: Store, job_ids: list[int], by: str | None = None
 ) -> tuple[list[Run], list[dict[str, object]], int]:
     """Each picked job's curve, its attempts stitched by step (a resumed job reads whole; where
-    a later attempt took over is marked). Seeds of one effective config share a group, or with
-    `by`, jobs with one value of that config key do (and share a colour)."""
+    a later attempt took over is marked). A band pools the seeds of one effective setting and
+    task, as a row of `orch results` does; with `by`, jobs with one value of that key (a config
+    key or a job field) share a colour, and their bands stay apart by setting."""
     runs: list[Run] = []
     shown: list[dict[str, object]] = []
     missing = 0
@@ -198,7 +199,7 @@ def curve_runs(
     marks: dict[int, list[float]] = {}
     for takeover in takeovers:
         marks.setdefault(takeover.job, []).append(takeover.step)
-    colours: dict[str, str] = {}
+    histories: list[JobHistory] = []
     for job_id in picked:
         try:
             history = job_history(store, job_id, events_limit=0)
@@ -207,12 +208,14 @@ def curve_runs(
         if history is None or not history.attempts:
             missing += 1
             continue
+        histories.append(history)
+    bands = band_names([h.job for h in histories],
+                       setting_digests(store, {h.job.suite for h in histories}, [h.job.id for h in histories]))
+    colours: dict[str, str] = {}
+    for history in histories:
         job, last = history.job, history.attempts[-1]
         overrides = " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items()))
-        group = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") \
-            + (f" · {job.data}" if job.data else "")  # a script without tasks: no empty part
-        if by is not None:
-            group = f"{by}={colour_key(job, by)}"
+        group = bands[job.id] if by is None else f"{by}={colour_key(job, by)}"
         colour = colours.setdefault(group, PALETTE[len(colours) % len(PALETTE)]) if by is not None \
             else PALETTE[len(runs) % len(PALETTE)]
         label = f"job {job.id} · {group} · seed {job.seed}"
@@ -221,11 +224,27 @@ def curve_runs(
                  "task": job.data}
         if by is not None and by not in cells:
             cells[by] = colour_key(job, by)
-        runs.append(Run(f"job-{job.id}", label, group, curves_of(own) if own else read_curves(last.run_dir), colour,
-                        marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}", seed=job.seed, job=job.id,
-                        succeeded=job.state is JobState.SUCCEEDED, pruned=pruned_at(job)))
+        runs.append(Run(f"job-{job.id}", label, bands[job.id], curves_of(own) if own else read_curves(last.run_dir),
+                        colour, marks=marks.get(job.id, []), cells=cells, href=f"/job/{job.id}", seed=job.seed,
+                        job=job.id, succeeded=job.state is JobState.SUCCEEDED, pruned=pruned_at(job)))
         shown.append({"job_id": job.id, "label": label, "colour": colour})
     return runs, shown, missing
+
+
+def band_names(jobs: list[Job], digests: dict[int, str]) -> dict[int, str]:
+    """Each job's band: its suite / config [overrides] · task, with the setting's digest added
+    where jobs of one such name ran different settings (a config file edited between submits, a
+    changed command or environment), so that they are never pooled."""
+    named: dict[int, str] = {}
+    for job in jobs:
+        overrides = " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items()))
+        named[job.id] = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") \
+            + (f" · {job.data}" if job.data else "")  # a script without tasks: no empty part
+    settings: dict[str, set[str]] = {}
+    for job in jobs:
+        settings.setdefault(named[job.id], set()).add(digests.get(job.id, ""))
+    return {job: name + (f" · setting {digests.get(job, '?')}" if len(settings[name]) > 1 else "")
+            for job, name in named.items()}
 
 
 def pruned_at(job: Job) -> PrunedAt | None:
