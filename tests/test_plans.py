@@ -28,7 +28,7 @@ from orchestrator.plans import (
     parse_set_overrides,
 )
 from orchestrator.plans.model import known_keys
-from orchestrator.plans.suite import non_string_key
+from orchestrator.plans.suite import config_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLANS = REPO_ROOT / "plans"
@@ -519,12 +519,22 @@ def test_bad_suite_files(tmp_path: Path, suite: Any, configs: dict[str, Any], me
         load_suite("bad", plans)
 
 
-def test_non_string_key_names_its_path() -> None:
-    assert non_string_key({"a": {"b": [1, {"c": {"d": 1}}]}, "e": {}}) is None
-    assert non_string_key({1: "x"}) == "key 1 is not a string: quote it ('1')"
-    assert non_string_key({"a": [{"b": {2.5: 1}}]}) == (
+def test_a_config_problem_names_its_path() -> None:
+    assert config_problem({"a": {"b": [1, {"c": {"d": 1}}]}, "e": {}}) is None
+    assert config_problem({1: "x"}) == "key 1 is not a string: quote it ('1')"
+    assert config_problem({"a": [{"b": {2.5: 1}}]}) == (
         "a[0].b has a key 2.5 that is not a string: quote it ('2.5') or use a list")
-    assert non_string_key({"a": {None: 1}}) == "a has a key null that is not a string: quote it ('null') or use a list"
+    assert config_problem({"a": {None: 1}}) == "a has a key null that is not a string: quote it ('null') or use a list"
+    assert config_problem({"lr": float("nan")}) == "lr is .nan: a value must be a finite number"
+    assert config_problem({"a": {"b": [1.0, float("-inf")]}}) == "a.b[1] is -.inf: a value must be a finite number"
+    assert config_problem({"a": 1e308, "b": True, "c": None}) is None
+
+
+def test_a_config_value_that_is_not_finite_is_refused_at_load(tmp_path: Path) -> None:
+    """As `--set learning_rate=.nan` is: before, a suite's `.nan` was queued and stored as JSON."""
+    plans = write_suite(tmp_path / "plans", "ok", GOOD, {"a": {"learning_rate": float("nan")}})
+    with pytest.raises(PlanError, match=r"a\.yaml: learning_rate is \.nan: a value must be a finite number"):
+        load_suite("ok", plans)
 
 
 def test_good_minimal_suite_loads(tmp_path: Path) -> None:

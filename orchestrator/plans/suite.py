@@ -308,7 +308,7 @@ def _load_configs(path: Path, data: dict[str, Any], name: str) -> list[ConfigSpe
             config_path = config_dir / f"{config_name}.yaml"
             content = _read_yaml_mapping(config_path, "config file")
             where = f"config {config_path}"
-        if problem := non_string_key(content):
+        if problem := config_problem(content):
             raise PlanError(f"{where}: {problem}")
         configs.append(ConfigSpec(config_name, config_path.resolve(), content))
     return configs
@@ -320,25 +320,32 @@ def _yaml_key(key: Any) -> str:
     return "null" if key is None else shown_repr(key)
 
 
-def non_string_key(value: Any, where: str = "") -> str | None:
-    """What is wrong where a mapping in a config (at any depth, lists included) has a key that is
-    not a string, or None: a job's config is stored as JSON, which turns `{0: 1.0}` into
-    `{"0": 1.0}`, so the script's `cfg["class_weights"].get(0)` would silently miss it."""
+def config_problem(value: Any, where: str = "") -> str | None:
+    """What is wrong in a config (at any depth, lists included), or None: a mapping key that is
+    not a string (a job's config is stored as JSON, which turns `{0: 1.0}` into `{"0": 1.0}`, so
+    the script's `cfg["class_weights"].get(0)` would silently miss it), or a number that is not
+    finite (`.nan`, `.inf`: refused as `--set` refuses them; JSON has no such numbers)."""
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 shown = _yaml_key(key)
                 if not where:
                     return f"key {shown} is not a string: quote it ('{shown}')"
-                path = where if len(where) <= 120 and where.isprintable() else shown_value(where, 120)
-                return f"{path} has a key {shown} that is not a string: quote it ('{shown}') or use a list"
-            if found := non_string_key(item, f"{where}.{key}" if where else key):
+                return f"{_path_said(where)} has a key {shown} that is not a string: quote it ('{shown}') or use a list"
+            if found := config_problem(item, f"{where}.{key}" if where else key):
                 return found
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            if found := non_string_key(item, f"{where}[{index}]"):
+            if found := config_problem(item, f"{where}[{index}]"):
                 return found
+    elif isinstance(value, float) and not math.isfinite(value):
+        shown = ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
+        return f"{_path_said(where)} is {shown}: a value must be a finite number"
     return None
+
+
+def _path_said(where: str) -> str:
+    return where if len(where) <= 120 and where.isprintable() else shown_value(where, 120)
 
 
 def _parse_divergence_factor(path: Path, raw: Any) -> float | None:
