@@ -32,7 +32,11 @@ def test_a_grid_from_python_waited_for_and_read_back_as_dataframes(orch: Orch) -
     sweep = Sweep(orch.db, plans=orch.plans)
     with pytest.raises(PlanError, match="holds several values: use grid="):
         sweep.submit("nb", pairs=["1:glue_rte"], sets={"learning_rate": "1e-4,3e-4"})
+    rehearsed = sweep.submit("nb", pairs=["1:glue_rte"], grid={"learning_rate": [1e-4]}, dry_run=True)
+    assert str(rehearsed["job"].dtype) == "Int64" and rehearsed["job"].isna().all()  # no float ids
+    assert list(rehearsed["state"]) == ["would be queued"]
     queued = sweep.submit("nb", pairs=["1:glue_rte", "2:glue_rte"], grid={"learning_rate": [1e-4, 3e-4]})
+    assert list(queued["job"]) == [1, 2, 3, 4] and list(queued["state"]) == ["queued"] * 4
     assert list(queued["setting"]) == ["learning_rate=0.0001"] * 2 + ["learning_rate=0.0003"] * 2
     with pytest.raises(OrchError, match="no daemon runs"):
         sweep.wait()

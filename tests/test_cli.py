@@ -63,7 +63,7 @@ def test_submit_force_duplicates(orch_inproc: OrchRunner) -> None:
 def test_dry_run_creates_no_database(orch_inproc: OrchRunner, db_path: Path) -> None:
     payload = submit_demo(orch_inproc, "--dry-run", "--gpu-plan", "2")
     assert payload["dry_run"] is True and payload["created"] == 6
-    assert all(j["id"] is None for j in payload["jobs"])
+    assert all(j["id"] is None and j["state"] == "would be queued" for j in payload["jobs"])
     assert not db_path.exists()
 
 

@@ -213,7 +213,9 @@ class Sweep:
                *, seeds: Sequence[int] | str | None = None, force: bool = False,
                dry_run: bool = False, priority: int = 0, as_frame: bool = True) -> Any:
         """Queue suite × grid × pairs as `orch submit` does (idempotent unless `force`); a row
-        per job: id, config, seed, task, setting, created, state. wait() waits for these.
+        per job: job, config, seed, task, setting, created (new, not found in the database),
+        state (`would be queued` in a dry run, where `job` is missing for a new job). wait()
+        waits for these.
         `sets` and `grid` are values, typed by the configs as `--set`/`--grid` are; a grid
         value is one value whatever it holds. `seeds` (e.g. [1, 2, 3]) in place of `pairs`:
         those seeds × the suite's tasks, or alone for a script without tasks."""
@@ -223,16 +225,16 @@ class Sweep:
             seeds=arguments.seeds_text(seeds), set_values=sets, grid_values=grid)
         arguments.flag("as_frame", as_frame)
         report = submit_sweep(request, self.db_path, self.plans_dir)
-        rows = [{"id": o.job_id, "config": o.spec.config_name, "seed": o.spec.seed, "task": o.spec.data,
+        rows = [{"job": o.job_id, "config": o.spec.config_name, "seed": o.spec.seed, "task": o.spec.data,
                  "setting": setting_text(o.spec.overrides), "created": o.created,
-                 "state": "queued" if o.created else o.existing_state} for o in report.outcomes]
+                 "state": o.state_said(request.dry_run)} for o in report.outcomes]
         if not dry_run:
             self.submitted += [
                 o.job_id
                 for o in report.outcomes
                 if o.job_id is not None and o.job_id not in self.submitted
             ]
-        return _frame(rows, ("id", "config", "seed", "task", "setting", "created", "state"), as_frame)
+        return _frame(rows, ("job", "config", "seed", "task", "setting", "created", "state"), as_frame)
 
     def cancel(self, jobs: Iterable[int]) -> dict[str, list[int]]:
         """Cancel queued jobs and stop running ones, as `orch cancel` does: which were cancelled,

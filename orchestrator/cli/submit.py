@@ -141,7 +141,7 @@ def submit_cmd(
                         "overrides": o.spec.overrides,
                         "trial": o.spec.trial,  # a search's trial number; null outside a search
                         "created": o.created,
-                        "state": ("pruned" if o.pruned_at_once else "queued") if o.created else o.existing_state,
+                        "state": o.state_said(dry_run),
                     }
                     for o in report.outcomes
                 ],

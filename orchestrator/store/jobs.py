@@ -108,6 +108,13 @@ class SubmitOutcome:
     # created, and ended pruned at once: early stopping had stopped its setting (submit.core)
     pruned_at_once: bool = False
 
+    def state_said(self, dry_run: bool) -> str:
+        """The job's state once the submit is done; in a dry run, a new job's would-be state."""
+        if not self.created:
+            return self.existing_state or "unknown"
+        state = "pruned" if self.pruned_at_once else "queued"
+        return f"would be {state}" if dry_run else state
+
 
 def submit_jobs(
     store: Store,
