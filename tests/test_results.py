@@ -202,7 +202,8 @@ def test_a_non_finite_test_metric_is_named_and_the_runs_finite_val_still_counts(
     (summary,) = aggregate(rows)
     assert (summary.metric, summary.n, summary.mean) == ("accuracy", 2, pytest.approx(0.72))  # the NaN is no value
     assert (summary.val_n, summary.val_mean) == (3, pytest.approx(0.78))  # its val counts
-    assert summary.n_text == "2 of 3 (seed 1 reported no accuracy)"
+    assert summary.n_text == "2 of 3 (seed 1 reported accuracy nan)"  # the n column names the value, as notes do
+    assert summary.accounted == "2 of 3; seed 1 (job 1) reported a non-finite test accuracy (nan)"
     said = "reported a non-finite test accuracy (nan)"  # one phrase (nonfinite_said) in every view
     assert summary.notes == (f"seed 1 (job 1) {said}: not counted",
                              f"seed 1 (job 1): its val accuracy counted in the val mean, though it {said}")

@@ -55,6 +55,22 @@ def test_each_seed_not_counted_says_what_it_became() -> None:
     assert full_denominator(1, states, "f1").startswith("1 of 7; seed 2 (job 2) failed: RuntimeError: x; ")
 
 
+def test_a_seed_whose_value_was_not_finite_is_named_by_its_value_not_as_reporting_none() -> None:
+    runs = [SeedRunInput(1, 1, S, True), SeedRunInput(2, 2, S, False, "a non-finite test f1 (nan)", "nan"),
+            SeedRunInput(3, 3, S, False, "a non-finite test f1 (nan)", "nan"),
+            SeedRunInput(4, 4, S, False, "a test f1 too large to average (1e+305)", "1e+305"),
+            SeedRunInput(5, 5, S, False, "a test f1 too large to average", "too large"),
+            SeedRunInput(6, 6, S, False, "no f1")]
+    states = seed_states(runs)
+    assert short_denominator(1, states, "f1") == (
+        "1 of 6 (seeds 2, 3 reported f1 nan; seed 4 reported f1 1e+305; seed 5 reported a f1 too large to average; "
+        "seed 6 reported no f1)")
+    assert full_denominator(1, states, "f1") == (
+        "1 of 6; seed 2 (job 2) reported a non-finite test f1 (nan); seed 3 (job 3) reported a non-finite test f1 (nan)"
+        "; seed 4 (job 4) reported a test f1 too large to average (1e+305); seed 5 (job 5) reported a test f1 too "
+        "large to average; seed 6 (job 6) reported no f1")
+
+
 def test_a_rerun_that_failed_decides_over_an_earlier_run_without_the_metric_in_every_view() -> None:
     """Seed 1 ran as job 30 (succeeded, no accuracy), then again as job 54 (failed: boom): the
     newest run decides what the row says of seed 1 (n, notes, seed_states), as the per-run lines do."""

@@ -384,7 +384,9 @@ def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
     why = row.reason
     if row.state is JobState.SUCCEEDED and metric not in row.metrics:
         why = missing_said(metric, row.nonfinite, row.no_metrics, bool(row.metrics))
-    return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why)
+    nonfinite = row.nonfinite.get(metric, "") if row.state is JobState.SUCCEEDED and metric not in row.metrics else ""
+    return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why,
+                        nonfinite)
 
 
 def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | None, pooled: bool) -> ResultSummary:

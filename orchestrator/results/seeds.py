@@ -52,6 +52,7 @@ class SeedRunInput:
     state: JobState
     has_value: bool  # succeeded and reported the row's metric
     why: str = ""  # a failed or cancelled job's error; a succeeded job's missing-metric reason
+    nonfinite: str = ""  # the metric's value where it was a number but not one to count ("nan")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class SeedState:
     status: SeedStatus
     job: int | None
     why: str = ""
+    nonfinite: str = ""  # NO_METRIC: the value it reported in place of one to count ("nan")
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def seed_states(runs: Iterable[SeedRunInput]) -> list[SeedState]:
             continue
         status = (SeedStatus.NO_METRIC if decider.state is JobState.SUCCEEDED
                   else _BY_STATE.get(decider.state, SeedStatus.FAILED))
-        states.append(SeedState(seed, status, decider.job, decider.why))
+        states.append(SeedState(seed, status, decider.job, decider.why, decider.nonfinite))
     return states
 
 
@@ -155,11 +157,14 @@ def short_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: 
         return f"{seeds_counted}{_runs_text(n, states, pooled)}"
     parts = []
     for status in SeedStatus:
-        seeds = [s.seed for s in missing if s.status is status]
-        if seeds and status is SeedStatus.PRUNED:  # a setting's seeds are pruned together: counted
-            parts.append(f"{len(seeds)} pruned")
-        elif seeds:
-            parts.append(f"{_seeds_named(seeds)} {_WORDS[status].format(metric=metric)}")
+        said: dict[str, list[int]] = {}
+        for s in missing:
+            if s.status is status:
+                said.setdefault(_short_said(s, metric), []).append(s.seed)
+        if said and status is SeedStatus.PRUNED:  # a setting's seeds are pruned together: counted
+            parts.append(f"{sum(map(len, said.values()))} pruned")
+            continue
+        parts += [f"{_seeds_named(seeds)} {words}" for words, seeds in said.items()]
     return f"{seeds_counted} of {len(states)} ({'; '.join(parts)}){_runs_text(n, states, pooled)}"
 
 
@@ -170,8 +175,21 @@ def full_denominator(n: int, states: Sequence[SeedState], metric: str, pooled: b
     for s in states:
         if s.status is not SeedStatus.COUNTED:
             where = seed_text(s.seed, s.job)
-            text += f"; {where} {_WORDS[s.status].format(metric=metric)}" + (f": {s.why}" if s.why else "")
+            if s.status is SeedStatus.NO_METRIC:  # why: missing_said's phrase, said after `reported`
+                text += f"; {where} reported {s.why or f'no {metric}'}"
+            else:
+                text += f"; {where} {_WORDS[s.status].format(metric=metric)}" + (f": {s.why}" if s.why else "")
     return text
+
+
+def _short_said(state: SeedState, metric: str) -> str:
+    """What an n column says of a seed not counted: `failed`, `reported no f1`, or the value it
+    reported in place of one to count (`reported accuracy nan`), as the notes name it."""
+    if state.nonfinite == "too large":
+        return f"reported a {metric} too large to average"
+    if state.nonfinite:
+        return f"reported {metric} {state.nonfinite}"
+    return _WORDS[state.status].format(metric=metric)
 
 
 def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], pooled: bool,
