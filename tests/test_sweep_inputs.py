@@ -135,7 +135,7 @@ def test_a_grid_value_is_one_value_whatever_it_holds(sweep: Sweep) -> None:
         'learning_rate=0.0003 name="x,y z"',
     ]
     with Store(sweep.db_path) as store:
-        assert [get_job(store, r["id"]).priority for r in rows] == [0, 0]
+        assert [get_job(store, r["job"]).priority for r in rows] == [0, 0]
 
 
 def test_the_store_refuses_a_priority_that_is_not_a_whole_number(tmp_path: Path) -> None:
