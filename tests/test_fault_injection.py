@@ -33,12 +33,16 @@ SIM_GPUS = "2x24GiB"  # the simulated cards of the `orch` fixture (tests/conftes
 
 def test_hostile_workers_beside_normal_jobs(orch: Orch) -> None:
     victim = start_victim()
-    passwd_before = Path("/etc/passwd").read_bytes()
+    # the workers' symlinks point here, not at /etc/passwd, which a test beside this one changes
+    # when it adds a Unix user
+    canary = orch.db.parent / "canary.txt"
+    canary.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    canary_before = canary.read_bytes()
     try:
         configs = {
             mode.replace("_", "-"): {
                 "corrupt": mode, "hold_s": 1, "victim_pid": victim.pid,
-                "victim_create_time": victim.create_time(),
+                "victim_create_time": victim.create_time(), "link_target": str(canary),
             }
             for mode in MODES
         }
@@ -74,7 +78,7 @@ def test_hostile_workers_beside_normal_jobs(orch: Orch) -> None:
 
         # nothing outside orch was signalled or written through a link
         assert victim.is_running() and group_alive(victim.pid)
-        assert Path("/etc/passwd").read_bytes() == passwd_before
+        assert canary.read_bytes() == canary_before
         for row in orch.attempts():
             if row["pgid"]:
                 assert not group_alive(int(row["pgid"]))

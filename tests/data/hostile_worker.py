@@ -2,7 +2,9 @@
 
 The config's `corrupt` key names what it does (see MODES); `victim_pid` / `victim_create_time`
 name a process for a forged pid.json; `hold_s` is how long it stays alive afterwards;
-`ignore_term: true` makes it ignore SIGTERM (a hung worker that will not stop).
+`ignore_term: true` makes it ignore SIGTERM (a hung worker that will not stop); `link_target`
+is where its symlinks point (/etc/passwd unless given: a test that runs beside others which add
+Unix users points them at a canary file of its own).
 Standard library only, like a user's script.
 """
 
@@ -24,7 +26,7 @@ def _replace(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _swap_for(path: Path, kind: str) -> None:
+def _swap_for(path: Path, kind: str, link_target: str = "/etc/passwd") -> None:
     """Put something that is not a regular file where `path` was."""
     if path.is_dir() and not path.is_symlink():
         os.rmdir(path)
@@ -35,9 +37,13 @@ def _swap_for(path: Path, kind: str) -> None:
     elif kind == "fifo":
         os.mkfifo(path)
     elif kind == "symlink":
-        path.symlink_to("/etc/passwd")
+        path.symlink_to(link_target)
     elif kind == "dangling":
         path.symlink_to("/nonexistent/orch-target")
+
+
+def _link_target(config: dict[str, object]) -> str:
+    return str(config.get("link_target", "/etc/passwd"))
 
 
 def _pid_json(run_dir: Path, **fields: object) -> None:
@@ -81,7 +87,7 @@ def corrupt(mode: str, run_dir: Path, config: dict[str, object]) -> None:
     elif mode == "pid_huge_file":
         _replace(pid, b" " * HUGE + b"{}")
     elif mode in ("pid_dir", "pid_fifo", "pid_symlink"):
-        _swap_for(pid, mode.split("_")[1])
+        _swap_for(pid, mode.split("_")[1], _link_target(config))
     elif mode == "exit_str":
         _replace(run_dir / "exit.json", json.dumps({"exit_code": "x", "signal": "y"}).encode())
     elif mode == "exit_dir":
@@ -107,7 +113,7 @@ def corrupt(mode: str, run_dir: Path, config: dict[str, object]) -> None:
     elif mode == "result_huge":
         _replace(run_dir / "result.json", b'{"status": "succeeded", "error": "' + b"x" * HUGE + b'"}')
     elif mode in ("result_dir", "result_fifo", "result_symlink"):
-        _swap_for(run_dir / "result.json", mode.split("_")[1])
+        _swap_for(run_dir / "result.json", mode.split("_")[1], _link_target(config))
     elif mode == "progress_step_str":
         _progress(run_dir, b'{"step": "10/100", "total": 100, "loss": "NaN"}\n')
     elif mode == "progress_nan":
@@ -117,9 +123,9 @@ def corrupt(mode: str, run_dir: Path, config: dict[str, object]) -> None:
     elif mode == "progress_huge_line":
         _progress(run_dir, b'{"step": ' + b"1" * HUGE)
     elif mode in ("progress_dir", "progress_fifo", "progress_symlink"):
-        _swap_for(run_dir / "progress.jsonl", mode.split("_")[1])
+        _swap_for(run_dir / "progress.jsonl", mode.split("_")[1], _link_target(config))
     elif mode == "log_symlink":
-        _swap_for(run_dir / "stdout.log", "symlink")
+        _swap_for(run_dir / "stdout.log", "symlink", _link_target(config))
     elif mode == "log_fifo":
         _swap_for(run_dir / "stdout.log", "fifo")
     elif mode == "log_binary":
