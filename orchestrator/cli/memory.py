@@ -28,6 +28,7 @@ from orchestrator.store.learning import (
     suite_known,
 )
 from orchestrator.store.rows import FamilyTag
+from orchestrator.wording import one_line
 
 
 def _running(store: Store) -> tuple[dict[str, RunningPeak], dict[str, tuple[str, str]], dict[str, FamilyTag]]:
@@ -114,7 +115,8 @@ def render_families(families: list[dict[str, Any]]) -> str:
         for floor in sorted(f["floors"], key=lambda p: (p["task"], p["batch_size"])):
             lines.append(f"    batch {floor['batch_size']:>5} {floor['task']}: at least "
                          f"{_gib(floor['oom_floor_mib'])} (OOM)")
-    return "\n".join(lines)
+    # each line as one_line shows it: the suites, configs, model and tasks it names are user text
+    return "\n".join(one_line(line) for line in lines)
 
 
 def memory_snapshot(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -213,7 +215,9 @@ def render(entries: list[dict[str, Any]], gpu_index: dict[str, int] | None = Non
         peak = e["peak_mib"] or (e["running"] or {}).get("peak_mib")
         rows.append([name, _gib(peak), _gib(e["oom_floor_mib"]), str(e["samples"]), f"{e['margin']:.0%}", e["source"],
                      _throughput(e, gpu_index), *([e["shape"]] if keys else [])])
-    return plain_columns(headers, rows)
+    # each cell as one_line shows it: names and keys hold user text (a model path with a line break
+    # or a right-to-left override would split a row or reorder it); --json keeps them raw
+    return plain_columns(headers, [[one_line(cell) for cell in row] for row in rows])
 
 
 @click.group("memory", invoke_without_command=True)
