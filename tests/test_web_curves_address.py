@@ -56,7 +56,7 @@ def test_by_config_task_and_seed_colour_by_the_jobs_own_fields(client: Any, db_p
         colour_of: dict[str, str] = {}
         for run in spec["runs"]:
             job = jobs[int(run["key"].removeprefix("job-"))]
-            assert run["group"] == f"{by}={job[field]}"
+            assert f" · {by}={job[field]} · " in run["label"]  # its band stays its setting's (run["group"])
             assert colour_of.setdefault(str(job[field]), run["colour"]) == run["colour"]
         assert (
             len(set(colour_of.values()))
