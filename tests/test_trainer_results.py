@@ -54,6 +54,25 @@ def test_printed_trainer_dicts_are_val_and_test_metrics() -> None:
     assert parse_result("{'eval_accuracy': 0.5, 'x': '" + "y" * 5000 + "'}\n") is None
 
 
+def test_a_printed_nan_or_infinity_is_named_by_results_not_lost_with_the_runs_other_metrics() -> None:
+    """A run that diverged prints `{"accuracy": NaN, ...}` (json.dumps) or `{'test_loss': nan}`
+    (print of a dict): its metric is named as a result.json's would be, its finite val counts."""
+    from orchestrator.attempts.reported import reading_of
+
+    for printed_line, nonfinite in (('{"accuracy": NaN, "eval_accuracy": 0.75}', {"accuracy": "nan"}),
+                                    ('{"accuracy": -Infinity, "eval_accuracy": 0.75}', {"accuracy": "-inf"}),
+                                    ("{'test_accuracy': nan, 'eval_accuracy': 0.75}", {"accuracy": "nan"}),
+                                    ("{'test_accuracy': -inf , 'eval_accuracy': 0.75}", {"accuracy": "-inf"})):
+        printed = parse_result("step 1/4 loss 0.5\n" + printed_line + "\n")
+        assert printed is not None, printed_line
+        reading = reading_of(None, printed)
+        assert (reading.metrics, reading.val_metrics) == ({}, {"accuracy": 0.75}), printed_line
+        assert reading.nonfinite_test == nonfinite, printed_line
+    # a quoted 'nan' is text, a key named nan is a key: neither is read as a number
+    assert parse_result("{'test_note': 'nan', 'test_accuracy': 0.5}\n") == {"test_accuracy": 0.5}
+    assert parse_result("{'test_accuracy': 0.5, 'nan': inf}\n") == {"test_accuracy": 0.5, "nan": float("inf")}
+
+
 SCRIPT = textwrap.dedent(
     """\
     import sys

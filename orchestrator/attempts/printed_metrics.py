@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,9 +69,11 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def parse_dict_literal(text: str) -> dict[Any, Any] | None:
+def parse_dict_literal(text: str, nonfinite: bool = False) -> dict[Any, Any] | None:
     """The dict a line prints, as JSON or as a Python literal (ast.literal_eval of a bounded
-    text: never eval), values as they were; None otherwise."""
+    text: never eval), values as they were; None otherwise. With `nonfinite`, a Python dict's
+    bare `nan`, `inf` and `-inf` values (`print(metrics)` of a run that diverged) are read as
+    those floats, as JSON's `NaN` and `Infinity` are."""
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end <= start or end - start >= MAX_DICT_CHARS:
         return None
@@ -81,21 +84,47 @@ def parse_dict_literal(text: str) -> dict[Any, Any] | None:
     except RecursionError:  # a few thousand brackets: no metrics line, not the attempt's error
         return None
     except ValueError:
-        try:
-            parsed = ast.literal_eval(candidate)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return None
+        parsed = _literal(candidate)
+        if parsed is None and nonfinite and _BARE_NONFINITE.search(candidate):
+            found = _literal(_BARE_NONFINITE.sub(lambda m: f": '{_NONFINITE_MARK}{m[1]}'", candidate))
+            if isinstance(found, dict):
+                parsed = {key: _NONFINITE_MARKED.get(value, value) if isinstance(value, str) else value
+                          for key, value in found.items()}
     return parsed if isinstance(parsed, dict) else None
 
 
-def numeric_entries(parsed: dict[Any, Any]) -> dict[str, float] | None:
-    """The numeric entries of a printed dict (numbers or numeric strings); None when none."""
+# A Python dict's value `nan`, `inf` or `-inf` (after its key's colon, before `,` or `}`), read
+# through a marked string: literal_eval knows no such names.
+_BARE_NONFINITE = re.compile(r":\s*(-?inf|nan)(?=\s*[,}])")
+_NONFINITE_MARK = "__orch_nonfinite__:"
+_NONFINITE_MARKED = {f"{_NONFINITE_MARK}{name}": float(name) for name in ("nan", "inf", "-inf")}
+
+
+def _literal(candidate: str) -> Any:
+    try:
+        return ast.literal_eval(candidate)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def numeric_entries(parsed: dict[Any, Any], nonfinite: bool = False) -> dict[str, float] | None:
+    """The numeric entries of a printed dict (numbers or numeric strings); None when none. With
+    `nonfinite`, float NaN and infinities are kept too (results name them, never average them)."""
     values = {
         key: value
         for key, raw in parsed.items()
-        if isinstance(key, str) and len(key) <= MAX_KEY_CHARS and (value := number(raw)) is not None
+        if isinstance(key, str) and len(key) <= MAX_KEY_CHARS
+        and (value := _nonfinite_float(raw) if nonfinite else number(raw)) is not None
     }
     return dict(list(values.items())[:MAX_METRICS]) or None
+
+
+def _nonfinite_float(raw: Any) -> float | None:
+    """A number as `number` reads it, or a float NaN or infinity as it is."""
+    found = number(raw)
+    if found is None and isinstance(raw, float) and not math.isfinite(raw):
+        return raw
+    return found
 
 
 def parse_dict(text: str) -> dict[str, float] | None:

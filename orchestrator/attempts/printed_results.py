@@ -52,8 +52,8 @@ def parse_result(tail: str, result_regex: str | None = None) -> dict[str, float]
             or len(stripped) >= MAX_DICT_CHARS
         ):
             continue
-        raw = parse_dict_literal(stripped)  # ast.literal_eval of a bounded line, never eval
-        printed = numeric_entries(raw) if raw is not None else None
+        raw = parse_dict_literal(stripped, nonfinite=True)  # ast.literal_eval of a bounded line, never eval
+        printed = numeric_entries(raw, nonfinite=True) if raw is not None else None  # NaN kept: results name it
         if not printed:
             continue
         prefixed = {p: m for p in SPLIT_PREFIXES if (m := _split_metrics(printed, p))}
