@@ -210,6 +210,11 @@ def test_a_non_finite_test_metric_is_named_and_the_runs_finite_val_still_counts(
     lines = [(line.seed, line.split, line.counted, line.why) for line in run_lines(rows, [summary]) if line.seed == 1]
     assert lines == [(1, "test", False, f"{said}, not counted"), (1, "val", True, f"{said}: its val counted")]
 
+    # a run left out whose loss diverged says so in its note (no ♯: that marks counted runs)
+    (gone,) = aggregate([ResultRow("E1", "r8", "glue_rte", 1, {}, job=4, nonfinite={"accuracy": "-inf"},
+                                   diverged="final loss 4.6e+299 above the first steps' 1.1e+26")])
+    assert gone.notes == ("seed 1 (job 4) reported a non-finite test accuracy (-inf) (its loss diverged, final loss "
+                          "4.6e+299 above the first steps' 1.1e+26): not counted",)
     # a row none of whose runs has a finite f1 still shows f1 (each run named), not a fallback metric
     (mrpc,) = aggregate([ResultRow("E1", "r8", "glue_mrpc", s, {"accuracy": 0.9}, job=s, nonfinite={"f1": "nan"})
                          for s in (1, 2)])

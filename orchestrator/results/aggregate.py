@@ -386,7 +386,7 @@ def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
         why = missing_said(metric, row.nonfinite, row.no_metrics, bool(row.metrics))
     nonfinite = row.nonfinite.get(metric, "") if row.state is JobState.SUCCEEDED and metric not in row.metrics else ""
     return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why,
-                        nonfinite)
+                        nonfinite, row.diverged or "")
 
 
 def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | None, pooled: bool) -> ResultSummary:

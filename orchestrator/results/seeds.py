@@ -53,6 +53,7 @@ class SeedRunInput:
     has_value: bool  # succeeded and reported the row's metric
     why: str = ""  # a failed or cancelled job's error; a succeeded job's missing-metric reason
     nonfinite: str = ""  # the metric's value where it was a number but not one to count ("nan")
+    diverged: str = ""  # why the divergence rule flagged its loss (an uncounted run's note says it)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ def uncounted_notes(runs: Sequence[SeedRunInput], counted_job: dict[int, int | N
                          f"job {counted_job[run.seed]} counted")
         else:
             where = seed_text(run.seed, run.job)
-            notes.append(f"{where} reported {run.why}: not counted")
+            diverged = f" (its loss diverged, {run.diverged})" if run.diverged else ""
+            notes.append(f"{where} reported {run.why}{diverged}: not counted")
     return notes
 
 
