@@ -209,11 +209,19 @@ def test_show_prints_overrides_and_changes_as_yaml_words(orch_inproc: OrchRunner
     assert "{'" not in shown and "True" not in shown and "None" not in shown
 
 
-def test_results_for_an_unknown_suite_is_an_error(orch_inproc: OrchRunner) -> None:
+@pytest.mark.parametrize("command", [("results",), ("cancel",), ("retry",), ("jobs",), ("curves",)])
+def test_a_suite_this_database_has_no_job_of_is_an_error(orch_inproc: OrchRunner, db_path: Path,
+                                                         command: tuple[str, ...]) -> None:
+    """Before, `orch cancel --suite Demo` said it cancelled 0 jobs, exit 0, while the sweep ran on."""
     assert orch_inproc(*SUBMIT).rc == 0
-    result = orch_inproc("results", "--suite", "nope")
-    assert result.rc == 2
-    assert "unknown suite 'nope'" in one_error_line(result.stderr) and "demo" in result.stderr
+    queued = json.loads(orch_inproc("jobs", "--state", "queued", "--json").stdout)
+    before = db_path.read_bytes()
+    result = orch_inproc(*command, "--suite", "dmeo")
+    assert result.rc == 2, result
+    assert one_error_line(result.stderr).endswith(" (did you mean 'demo'?) (its suites: demo)"), result.stderr
+    assert "unknown suite 'dmeo' in " in result.stderr
+    assert db_path.read_bytes() == before
+    assert json.loads(orch_inproc("jobs", "--state", "queued", "--json").stdout) == queued  # nothing cancelled
 
 
 def test_daemon_log_has_no_libtmux_chatter(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ import click
 from orchestrator.daemon.database_file import daemon_on_lost_file, last_note
 from orchestrator.errors import StoreError, UsageError
 from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
+from orchestrator.plans.spelling import did_you_mean
 from orchestrator.store import Store
+from orchestrator.store.queries import suite_names
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -111,3 +113,12 @@ def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
     from orchestrator.submit import core as submit_core
 
     submit_core.check_gpus_exist(gpus, db_path, what, open_store)
+
+
+def check_suite_known(store: Store, suite: str, db_path: Path) -> None:
+    """Refuse a `--suite` this state.db has no job of, naming those it has: a misspelt name
+    selected nothing, and `orch cancel --suite` said it cancelled 0 jobs while the sweep ran on."""
+    known = suite_names(store)
+    if suite not in known:
+        raise UsageError(f"unknown suite {suite!r} in {db_path}{did_you_mean([suite], known)} "
+                         f"(its suites: {', '.join(known) or 'none yet'})")

@@ -12,6 +12,7 @@ import click
 from orchestrator.actions.suite_changes import retry_jobs
 from orchestrator.actions.user_actions import Done, cancel_job, resume_suite
 from orchestrator.cli.common import (
+    check_suite_known,
     db_option,
     echo_json,
     json_option,
@@ -29,7 +30,8 @@ from orchestrator.store.queries import get_job, job_ids_in_states, latest_attemp
 
 
 def _select(
-    store: Store, job_args: tuple[str, ...], suite: str | None, all_jobs: bool, states: tuple[JobState, ...]
+    store: Store, job_args: tuple[str, ...], suite: str | None, all_jobs: bool, states: tuple[JobState, ...],
+    db_path: Path,
 ) -> list[int]:
     if sum(bool(x) for x in (job_args, suite, all_jobs)) != 1:
         raise UsageError("give job ids, --suite S or --all (exactly one of them)")
@@ -38,6 +40,8 @@ def _select(
         for job_id in ids:
             get_job(store, job_id)
         return ids
+    if suite:
+        check_suite_known(store, suite, db_path)
     return job_ids_in_states(store, states, suite or None)
 
 
@@ -54,7 +58,7 @@ def cancel_cmd(jobs: tuple[str, ...], suite: str | None, all_jobs: bool, as_json
     finished: list[int] = []  # recorded as running, but the worker already succeeded: kept
     skipped: list[dict[str, object]] = []
     with open_store(db_path) as store:
-        for job_id in _select(store, jobs, suite, all_jobs, (JobState.QUEUED, JobState.RUNNING)):
+        for job_id in _select(store, jobs, suite, all_jobs, (JobState.QUEUED, JobState.RUNNING), db_path):
             done = cancel_job(store, job_id)
             if done is Done.CANCELLED:
                 cancelled.append(job_id)
@@ -100,7 +104,7 @@ def retry_cmd(
     A requeued job takes its suite's worker command as the suite file has it now, and resumes
     from its latest checkpoint where its worker can (--fresh: from none)."""
     with open_store(db_path) as store:
-        selected = _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED))
+        selected = _select(store, jobs, suite, all_jobs, (JobState.FAILED, JobState.CANCELLED), db_path)
         done = retry_jobs(store, selected, plans_dir or default_plans_dir(), fresh=fresh)
     requeued, restarting, notes = done.requeued, done.restarting, done.notes
     for note in notes:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from orchestrator.api.curves import as_csv, as_json, curve_points
-from orchestrator.cli.common import db_option, open_store
+from orchestrator.cli.common import check_suite_known, db_option, open_store
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
 from orchestrator.store.history import selection_keys
@@ -54,6 +54,8 @@ def curves_cmd(
     if suite is not None and not SUITE_NAME_RE.fullmatch(suite):
         raise UsageError(f"--suite {shown_value(suite)} is not a suite name")
     with open_store(db_path) as store:
+        if suite is not None:
+            check_suite_known(store, suite, db_path)
         missing = sorted(set(job_ids) - set(job_states(store, list(job_ids))))
         if missing:
             raise JobNotFound(f"no job {missing[0]} (see `orch jobs`)")

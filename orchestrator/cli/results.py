@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.common import db_option, echo_json, open_store
+from orchestrator.cli.common import check_suite_known, db_option, echo_json, open_store
 from orchestrator.errors import UsageError
 from orchestrator.results.aggregate import ResultSummary
 from orchestrator.results.collect import NO_METRICS, PRINTED_SPLITS_NOTE
@@ -41,7 +41,6 @@ from orchestrator.results.selection import (
 from orchestrator.results.stats import paired_test, paired_text, row_interval
 from orchestrator.results.table import build_table, no_metric_jobs
 from orchestrator.store.early_stop import unreported_metrics
-from orchestrator.store.queries import suite_names
 from orchestrator.wording import one_line
 
 
@@ -144,11 +143,7 @@ def results_cmd(
     empty = "no results yet (no job submitted, or none kept by --where)"
     with open_store(db_path) as store:
         if suite is not None:
-            known = suite_names(store)
-            if suite not in known:
-                raise UsageError(
-                    f"unknown suite {suite!r} in {db_path} (its suites: {', '.join(known) or 'none yet'})"
-                )
+            check_suite_known(store, suite, db_path)
         table = build_table(store, suite, metric=metric, pooled=pooled, where=filters, digits=digits, select=basis)
         warned = unreported_metrics(store, suite)
     summaries, choices, missing = table.summaries, table.choices, table.missing

@@ -18,6 +18,7 @@ from rich.table import Table
 from orchestrator.api.jobs import headline_metric
 from orchestrator.attempts.provenance_reads import provenance_line, read_provenance
 from orchestrator.cli.common import (
+    check_suite_known,
     db_option,
     echo_json,
     echo_json_stream,
@@ -83,6 +84,8 @@ def jobs_cmd(
 ) -> None:
     """List jobs (piped output: whole values in plain columns)."""
     with open_store(db_path) as store:
+        if suite is not None:
+            check_suite_known(store, suite, db_path)
         if as_json:  # streamed from the cursor: flat memory at any number of jobs
             echo_json_stream(_with_facts(store, iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset)))
             return
