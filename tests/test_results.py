@@ -252,3 +252,19 @@ def test_a_metric_too_large_to_average_is_named_as_a_non_finite_one_is(tmp_path:
     (summary,) = aggregate(rows)
     assert (summary.metric, summary.n, summary.mean) == ("accuracy", 2, pytest.approx(0.75))
     assert summary.notes == ("seed 1 (job 4) reported a test accuracy too large to average (1e+305): not counted",)
+
+
+def test_a_metric_no_run_reported_is_refused_where_runs_reported_others() -> None:
+    """`--metric acuracy` showed every seed as `reported no acuracy`, blaming the runs."""
+    from orchestrator.errors import UsageError
+    from orchestrator.results.table import check_metric_reported
+
+    rows = [ResultRow("E1", "r8", "glue_rte", 1, {"accuracy": 0.7}, job=1, val_metrics={"loss": 0.4}),
+            ResultRow("E1", "r8", "glue_rte", 2, {}, job=2, nonfinite={"f1": "nan"})]
+    for metric in ("accuracy", "loss", "f1"):  # test, val, or reported only as NaN: all named by some run
+        check_metric_reported(rows, metric)
+    with pytest.raises(UsageError, match=r"^metric 'acuracy': no run here reported it \(did you mean 'accuracy'\?\) "
+                                         r"\(reported: accuracy, f1, loss\)$"):
+        check_metric_reported(rows, "acuracy")
+    check_metric_reported([ResultRow("E1", "r8", "glue_rte", 1, {}, job=1)], "anything")  # nothing reported yet
+

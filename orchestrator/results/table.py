@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.errors import UsageError
+from orchestrator.plans.spelling import did_you_mean
 from orchestrator.results.aggregate import ResultRow, ResultSummary, aggregate
 from orchestrator.results.collect import RunReader, collect_rows
 from orchestrator.results.filters import Where, apply_where
@@ -48,6 +50,8 @@ def build_table(
 ) -> ResultsTable:
     collected = collect_rows(store, suite, reader)
     rows = apply_where(collected.rows, where)
+    if metric is not None:
+        check_metric_reported(rows, metric)
     summaries = aggregate(rows, metric=metric, pooled=pooled)
     return ResultsTable(
         rows,
@@ -57,6 +61,23 @@ def build_table(
         collected.from_run_dirs,
         collected.printed_splits,
     )
+
+
+def check_metric_reported(rows: Sequence[ResultRow], metric: str) -> None:
+    """Refuse a metric no run reported (on either split, a non-finite value included) where runs
+    reported others: a misspelt `--metric acuracy` showed every seed as reporting none, blaming
+    the runs. Before any run reported a metric, every name is taken (nothing tells a typo)."""
+    reported = {name for r in rows for found in (r.metrics, r.val_metrics, r.nonfinite, r.val_nonfinite)
+                for name in found}
+    if reported and metric not in reported:
+        shown = sorted(reported)
+        more = len(shown) - MAX_LISTED
+        listed = ", ".join(shown[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+        raise UsageError(f"metric {metric!r}: no run here reported it{did_you_mean([metric], shown)} "
+                         f"(reported: {listed})")
+
+
+MAX_LISTED = 20  # metric names an error lists
 
 
 def no_metric_jobs(rows: Sequence[ResultRow], summaries: Sequence[ResultSummary]) -> int:
