@@ -44,7 +44,8 @@ print(summary[["config", key, "task", "metric", "mean", "std", "val_mean", "n_te
 # %% The same table per run: the counted rows (one per seed) give exactly the summary's means.
 results = s.results(args.suite)
 counted = results[results["counted"] & (results["split"] == "test")]
-print(counted.groupby(["config", key, "task", "metric"])["value"].agg(["mean", "std", "count"]))
+# dropna=False: a job without the override has no value in its column, and would be left out
+print(counted.groupby(["config", key, "task", "metric"], dropna=False)["value"].agg(["mean", "std", "count"]))
 print(results[~results["counted"]][["job", "seed", "state", "why"]])  # what the table left out, and why
 
 # %% Every loss point of every run, one curve per job (a resumed job reads whole), with its setting.
