@@ -124,6 +124,7 @@ def test_a_grid_with_one_clear_best_runs_at_most_half_its_steps(orch: Orch) -> N
     # the transaction that queues it: never started (it used to start, then be stopped a second later)
     dry = orch.run("submit", "--suite", "es", "--pairs", "3:toy", "--grid", GRID, "--dry-run")
     assert "note: 5 of the jobs queued would end pruned at once, never started" in dry.stderr
+    assert dry.stdout.count("(would end pruned at once)") == 5  # each such job's line says it
     added = orch.json("submit", "--suite", "es", "--pairs", "3:toy", "--grid", GRID)
     stopped = {j.config["learning_rate"] for j in pruned}
     assert sorted(j["state"] for j in added["jobs"]) == ["pruned"] * 5 + ["queued"]

@@ -94,7 +94,8 @@ def test_a_job_that_succeeded_meanwhile_keeps_its_success(
 ) -> None:
     daemon_ends_it_first(monkeypatch, SUCCEEDED)
     with Store(db_path) as store:
-        with pytest.raises(UsageError, match="job 1 succeeded: a retry is for failed, cancelled or running jobs"):
+        with pytest.raises(UsageError,
+                           match="job 1 succeeded: a retry is for failed, cancelled, pruned or running jobs"):
             retry_job(store, running_job)
         assert get_job(store, running_job).state is JobState.SUCCEEDED
 

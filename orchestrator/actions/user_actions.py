@@ -157,7 +157,7 @@ def _succeeded_already(job: Job, said: str) -> str:
     sets = "".join(f" --set {shlex.quote(f'{key}={fmt_value(value)}')}" for key, value in job.overrides.items())
     pairs = f"{job.seed}:{job.data}" if job.data else str(job.seed)
     option = "--pairs" if job.data else "--seeds"
-    return (f"{said}: a retry is for failed, cancelled or running jobs; to run it again, "
+    return (f"{said}: a retry is for failed, cancelled, pruned or running jobs; to run it again, "
             f"`orch submit --suite {job.suite} --config {shlex.quote(job.config_name)} {option} "
             f"{shlex.quote(pairs)}{sets} --force`")
 

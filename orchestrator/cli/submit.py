@@ -154,7 +154,8 @@ def submit_cmd(
             task = f"  {o.spec.data}" if o.spec.data else ""
             trial = f"  trial {o.spec.trial}" if o.spec.trial is not None else ""  # queued shuffled with early_stop
             shown = _shown(o.spec.overrides, report.grid)
-            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}{trial}  {shown}".rstrip())
+            pruned = "  (would end pruned at once)" if o.pruned_at_once else ""  # its setting was stopped
+            click.echo(f"  {o.spec.config_name}  seed {o.spec.seed}{task}{trial}  {shown}".rstrip() + pruned)
     click.echo(f"{verb} {len(created)} job(s) of suite {report.suite.name}", nl=False)
     if existing:
         states = sorted({o.existing_state or "?" for o in existing})
