@@ -468,3 +468,19 @@ def test_a_loss_judged_as_a_maximum_is_noted_at_submit(
     assert ("note: early_stop.metric val_loss reads as a loss, but early_stop.mode is max (the default when left "
             "out): the highest value counts as best; write `mode: min` if lower is better") in said["loss_max"]
     assert "reads as a loss" not in said["loss_min"] and "reads as a loss" not in said["acc"]
+
+
+def test_a_misspelt_simulator_key_is_refused_with_its_likely_meaning(tmp_path: Path) -> None:
+    """`sim_secnds: 3` rehearsed the sweep at the default run time, silently."""
+    plans = write_plans(tmp_path / "plans", {"s": {"worker": "sim", "mem_gib": 1, "configs": ["base"],
+                                                   "ladder": [{"set": {"sim_mem_gb": 1}}]}},
+                        {"base": {"sim_mem_gib": 1, "sim_secnds": 3, "learnig_rate": 0.1}})
+    sweep = Sweep(tmp_path / "state.db", plans=plans)
+    with pytest.raises(PlanError, match=r"^suite s, config base: the simulated worker reads no 'sim_secnds' "
+                                        r"\(did you mean 'sim_seconds'\?\) \(its keys: sim_base_gib, "):
+        sweep.submit("s", seeds=[1], dry_run=True)
+    (plans / "configs" / "s" / "base.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1, "other_key": 2}))
+    with pytest.raises(PlanError, match=r"^suite s, ladder set: the simulated worker reads no 'sim_mem_gb' "
+                                        r"\(did you mean 'sim_mem_gib'\?\)"):
+        sweep.submit("s", seeds=[1], dry_run=True)
+    assert not (tmp_path / "state.db").exists()

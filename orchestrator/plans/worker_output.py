@@ -14,8 +14,9 @@ from orchestrator.plans.inputs import Scalar
 from orchestrator.plans.ladder_spec import spec_steps
 from orchestrator.plans.lora_keys import unknown_keys, unknown_keys_message
 from orchestrator.plans.lora_values import ConfigError, check_inline_peft, check_values
-from orchestrator.plans.model import JobSpec, ShareBase, Suite
+from orchestrator.plans.model import KNOWN_CONFIG_KEYS, JobSpec, ShareBase, Suite
 from orchestrator.plans.search import Dimension, Distribution
+from orchestrator.plans.spelling import did_you_mean
 from orchestrator.plans.template import check_config_keys, parse_template
 
 HANG_TIMEOUT_OFF = 0.0  # stored for `hang_timeout_s: off`
@@ -102,6 +103,8 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
                             f"(orch's {knob}): use halve_batch, which keeps batch x accumulation")
     if suite.worker == "lora":
         check_lora_config_keys(suite, jobs, ladder_sets)
+    if suite.worker == "sim":
+        check_sim_config_keys(suite, jobs, ladder_sets)
     if suite.worker in ("lora", "sim"):
         return
     settable = set(suite.keys.script_keys()) | set(overrides) | ladder_sets
@@ -109,6 +112,23 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
     if not configs:  # nothing selected: check against the suite's configs as they are
         configs = {c.name: c.content for c in suite.configs}
     check_config_keys(parse_template(suite.worker), configs, settable)
+
+
+SIM_KEYS = frozenset(key for key in KNOWN_CONFIG_KEYS if key.startswith("sim_"))
+
+
+def check_sim_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: set[str]) -> None:
+    """Refuse a `sim_*` key the simulated worker does not read (a misspelt `sim_secnds` would
+    rehearse the sweep with the default run time), in the submitted configs or the ladder's
+    `set:`. Other keys pass: a rehearsal may carry the real script's config."""
+    configs = {job.config_name: job.config for job in jobs} or {c.name: c.content for c in suite.configs}
+    for where, keys in [*((f"config {name}", set(config)) for name, config in configs.items()),
+                        ("ladder set", ladder_sets)]:
+        unknown = sorted(key for key in keys if key.startswith("sim_") and key not in SIM_KEYS)
+        if unknown:
+            raise PlanError(f"suite {suite.name}, {where}: the simulated worker reads no "
+                            f"{', '.join(repr(key) for key in unknown)}{did_you_mean(unknown, SIM_KEYS)} "
+                            f"(its keys: {', '.join(sorted(SIM_KEYS))})")
 
 
 def check_lora_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: set[str]) -> None:
