@@ -484,3 +484,19 @@ def test_a_misspelt_simulator_key_is_refused_with_its_likely_meaning(tmp_path: P
                                         r"\(did you mean 'sim_mem_gib'\?\)"):
         sweep.submit("s", seeds=[1], dry_run=True)
     assert not (tmp_path / "state.db").exists()
+
+
+@pytest.mark.parametrize(("key", "value"), [("batch_size", "1.5"), ("batch_size", "-4"), ("batch_size", "0"),
+                                            ("gradient_accumulation_steps", "0.5"), ("num_data_workers", "-1")])
+def test_a_ladder_knob_that_is_not_a_whole_number_at_its_floor_is_refused(tmp_path: Path, key: str,
+                                                                         value: str) -> None:
+    """`--set batch_size=1.5` was queued and failed at run time; `-4` ran."""
+    plans = write_plans(tmp_path / "plans", {"s": {"worker": "sim", "mem_gib": 1, "configs": ["base"]}},
+                        {"base": {"sim_mem_gib": 1, "batch_size": 8, "gradient_accumulation_steps": 1,
+                                  "num_data_workers": 2}})
+    sweep = Sweep(tmp_path / "state.db", plans=plans)
+    with pytest.raises(PlanError, match=rf"^suite s, config base: {key}=[-0-9.]+ must be a whole number of [01] or "
+                                        r"more \(orch's ladder changes it\)$"):
+        sweep.submit("s", seeds=[1], sets={key: value}, dry_run=True)
+    assert sweep.submit("s", seeds=[1], sets={"batch_size": "4", "num_data_workers": "0"}, dry_run=True,
+                        as_frame=False)[0]["state"] == "would be queued"

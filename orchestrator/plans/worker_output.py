@@ -93,6 +93,8 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
     """Refuse (PlanError) a command template whose `{cfg.KEY}` placeholders the submitted jobs
     cannot fill, or a ladder `set:` of a renamed batch key (only halve_batch may change it, to
     keep batch x accumulation). Our own workers read config.yaml and have no template."""
+    if suite.worker != "lora":  # the LoRA worker's own check (check_values) names these
+        check_knob_values(suite, jobs)
     ladder_sets: set[str] = set()
     for step in spec_steps(suite.ladder):
         if isinstance(step, dict) and isinstance(step.get("set"), dict):
@@ -112,6 +114,27 @@ def check_worker_template(suite: Suite, jobs: Sequence[JobSpec], overrides: dict
     if not configs:  # nothing selected: check against the suite's configs as they are
         configs = {c.name: c.content for c in suite.configs}
     check_config_keys(parse_template(suite.worker), configs, settable)
+
+
+# orch's ladder knobs and the least each may be: halve_batch halves a batch and doubles the
+# accumulation, data_workers lowers the loader's workers.
+KNOB_FLOORS = {"batch_size": 1, "gradient_accumulation_steps": 1, "num_data_workers": 0}
+
+
+def check_knob_values(suite: Suite, jobs: Sequence[JobSpec]) -> None:
+    """Refuse a job whose batch size, accumulation or data workers (orch's ladder knobs, under
+    the suite's names) is not a whole number at or above its floor: `--set batch_size=1.5` was
+    queued and failed at run time, `-4` ran."""
+    for job in jobs:
+        config = suite.keys.to_orch(job.config)
+        for knob, floor in KNOB_FLOORS.items():
+            value = config.get(knob)
+            if value is None:
+                continue
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if not whole or value < floor:
+                raise PlanError(f"suite {suite.name}, config {job.config_name}: {suite.keys.script_key(knob)}="
+                                f"{value!r} must be a whole number of {floor} or more (orch's ladder changes it)")
 
 
 SIM_KEYS = frozenset(key for key in KNOWN_CONFIG_KEYS if key.startswith("sim_"))
