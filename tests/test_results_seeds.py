@@ -71,6 +71,16 @@ def test_a_seed_whose_value_was_not_finite_is_named_by_its_value_not_as_reportin
         "large to average; seed 6 (job 6) reported no f1")
 
 
+def test_a_seed_that_ran_twice_and_counts_in_neither_names_both_runs() -> None:
+    """A pruned seed queued again with --force (pruned at once): its row named job 27 only."""
+    from orchestrator.results.seeds import later_run_notes
+
+    runs = [SeedRunInput(1, 3, JobState.PRUNED, False, "pruned at step 20"),
+            SeedRunInput(1, 27, JobState.PRUNED, False, "pruned at step 20"), SeedRunInput(2, 4, S, True)]
+    notes = later_run_notes(runs, seed_states(runs), False, lambda jobs: f" (jobs {', '.join(map(str, jobs))})")
+    assert notes == ["seed 1 ran twice (jobs 3, 27): the latest, job 27, decides what its row says"]
+
+
 def test_a_rerun_that_failed_decides_over_an_earlier_run_without_the_metric_in_every_view() -> None:
     """Seed 1 ran as job 30 (succeeded, no accuracy), then again as job 54 (failed: boom): the
     newest run decides what the row says of seed 1 (n, notes, seed_states), as the per-run lines do."""

@@ -211,6 +211,10 @@ def later_run_notes(runs: Sequence[SeedRunInput], states: Sequence[SeedState], p
                              + (f", job {counted_job[seed]}," if counted_job.get(seed) is not None else "")
                              + " counted")
         if seed not in counted_job:
+            if len(jobs) > 1:  # no run of the seed counts: the runs besides the one its row names
+                decider = deciding_run(jobs)
+                notes.append(f"seed {seed} ran {_times(len(jobs))}{job_text([r.job for r in jobs])}: the "
+                             f"latest, job {decider.job}, decides what its row says")
             continue
         last = counted_job[seed]
         for run in jobs:
