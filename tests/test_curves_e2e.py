@@ -108,7 +108,8 @@ def test_a_trainer_like_scripts_history_is_exported_whole_and_a_resumed_job_stit
     assert [(r["attempt"], r["step"]) for r in stitched if r["key"] == "loss"] == [
         (1, 5), (1, 10), *[(2, s) for s in range(15, 41, 5)]]
     listed = orch.json("jobs")
-    assert [j["metric"] for j in listed] == [{"key": "eval_accuracy", "value": 0.9}] * 2
+    assert [(j["metric"]["key"], j["metric"]["value"]) for j in listed] == [("eval_accuracy", 0.9)] * 2
+    assert [j["metric"]["attempt"] for j in listed] == [j["attempt"] for j in listed]  # the latest reported it
     assert all(j["run_s"] > 0 for j in listed)
     plain = orch.run("jobs").stdout.splitlines()
     assert plain[0].split()[10:12] == ["metric", "time"] and plain[1].split()[10] == "eval_accuracy=0.9"

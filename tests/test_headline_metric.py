@@ -44,3 +44,14 @@ def test_a_script_without_accuracy_keeps_the_eval_metric_then_the_loss() -> None
     assert headline_metric({"loss": 1.2, "learning_rate": 1e-4}, "toy") == ("loss", 1.2)
     assert headline_metric({"learning_rate": 1e-4}, "toy") is None
     assert shown_metric({"accuracy": 0.93125, "eval_loss": 0.4}, "toy") == "accuracy=0.9313"
+
+
+def test_a_value_an_earlier_attempt_reported_says_whose_it_is() -> None:
+    """Right after a retry, attempt 2 has reported nothing: attempt 1's loss is not attempt 2's."""
+    from orchestrator.cli.jobs.table import jobs_extras
+    from orchestrator.store.job_facts import JobFacts
+
+    facts = {1: JobFacts(1, 15.0, 1, {"loss": 0.0596}), 2: JobFacts(2, 3.0, 2, {"loss": 0.5}), 3: JobFacts(3)}
+    extras = jobs_extras(facts, {}, {1: 2, 2: 2, 3: 1})
+    assert extras[1][0] == "loss=0.0596@att1" and extras[2][0] == "loss=0.5" and extras[3][0] == "-"
+

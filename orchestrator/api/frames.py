@@ -52,7 +52,8 @@ SUMMARY_COLUMNS = (
     "inexact_rungs",
     "pooled",
 )
-INT_COLUMNS = ("gpu", "level", "attempt", "best_step", "job", "pruned_step")  # nullable integers (pandas `Int64`)
+# nullable integers (pandas `Int64`)
+INT_COLUMNS = ("gpu", "level", "attempt", "best_step", "job", "pruned_step", "value_attempt")
 
 
 def pruned_step(job: Job) -> int | float | None:

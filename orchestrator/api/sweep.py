@@ -55,7 +55,7 @@ from orchestrator.store.queries import get_job, list_jobs, suite_names
 from orchestrator.submit.core import SubmitRequest, submit_sweep
 
 JOB_COLUMNS = ("job", "suite", "config", "setting", "seed", "task", "state", "attempt", "level", "gpu", "run_s",
-               "metric", "value", "reason", "submitted_at", "started_at", "ended_at")
+               "metric", "value", "value_attempt", "reason", "submitted_at", "started_at", "ended_at")
 TIME_COLUMNS = ("submitted_at", "started_at", "ended_at")
 # a curve's point, then its job's names (the override columns go after `config`)
 CURVE_FRAME_COLUMNS = (*CURVE_COLUMNS, "suite", "config", "seed", "task", "pruned_step")
@@ -102,7 +102,8 @@ class Sweep:
     def jobs(self, suite: str | None = None, *, as_frame: bool = True) -> Any:
         """A row per job: job (its id), suite, config, one column per override key (typed),
         setting (the overrides as text), seed, task, state, attempt, level, gpu (an integer:
-        its live attempt's, or its last one's), run_s, the headline metric and its value,
+        its live attempt's, or its last one's), run_s, the headline metric and its value, the
+        attempt that reported it (value_attempt: an earlier one while a retry reports nothing yet),
         reason, and submitted_at, started_at, ended_at (epoch seconds; UTC datetimes in a
         DataFrame)."""
         suite = arguments.text("suite", suite, optional=True)
@@ -119,7 +120,8 @@ class Sweep:
                    "setting": setting_text(fact.overrides), "seed": job.seed, "task": job.data,
                    "state": job.state.value, "attempt": job.attempt_count, "level": job.level, "gpu": job.gpu,
                    "run_s": fact.run_s, "metric": headline[0] if headline else None,
-                   "value": headline[1] if headline else None, "reason": job.reason,
+                   "value": headline[1] if headline else None,
+                   "value_attempt": fact.attempt if headline else None, "reason": job.reason,
                    "submitted_at": fact.submitted_at, "started_at": fact.started_at, "ended_at": fact.ended_at}
             rows.append(with_overrides(row, fact.overrides, columns))
         frame = _frame(rows, column_order(JOB_COLUMNS, columns), as_frame)

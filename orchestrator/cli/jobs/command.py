@@ -65,7 +65,8 @@ def _with_facts(store: Store, rows: Iterable[JobListRow], chunk: int = 500) -> I
                 headline = headline_metric(facts[r.id].last_values, r.data)
                 yield {
                     **job_row_to_public(r),
-                    "metric": {"key": headline[0], "value": headline[1]} if headline else None,
+                    "metric": {"key": headline[0], "value": headline[1], "attempt": facts[r.id].attempt}
+                    if headline else None,
                     "run_s": facts[r.id].run_s,
                 }
             batch = []
@@ -91,7 +92,7 @@ def jobs_cmd(
             return
         rows = list_jobs(store, state=state, suite=suite, limit=limit, offset=offset)
         facts = job_facts(store, [r.id for r in rows], store.now_s())
-        extras = jobs_extras(facts, {r.id: r.data for r in rows})
+        extras = jobs_extras(facts, {r.id: r.data for r in rows}, {r.id: r.attempt_count for r in rows})
     print_jobs(rows, wide=wide, extras=extras)
     if not rows:
         click.echo("no jobs" + (" matching" if state or suite else " (orch submit --suite ... --pairs ...)"))

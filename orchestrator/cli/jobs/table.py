@@ -50,10 +50,19 @@ def job_cells(r: JobListRow, extra: tuple[str, str] = ("-", "-"),
 Extras = dict[int, tuple[str, str]]  # job id -> (headline metric, run time)
 
 
-def jobs_extras(facts: dict[int, JobFacts], tasks: dict[int, str] | None = None) -> Extras:
-    """`tasks`: each job's task, whose primary metric is its headline (as in `orch results`)."""
-    return {job: (shown_metric(f.last_values, (tasks or {}).get(job, "")), fmt_duration(f.run_s))
-            for job, f in facts.items()}
+def jobs_extras(facts: dict[int, JobFacts], tasks: dict[int, str] | None = None,
+                attempts: dict[int, int] | None = None) -> Extras:
+    """`tasks`: each job's task, whose primary metric is its headline (as in `orch results`);
+    `attempts`: each job's latest attempt, so that a value an earlier attempt reported (a retry
+    that has reported nothing yet) says whose it is."""
+    extras: Extras = {}
+    for job, f in facts.items():
+        metric = shown_metric(f.last_values, (tasks or {}).get(job, ""))
+        latest = (attempts or {}).get(job)
+        if metric != "-" and f.attempt is not None and latest is not None and f.attempt != latest:
+            metric += f"@att{f.attempt}"  # one word still, for piped columns
+        extras[job] = (metric, fmt_duration(f.run_s))
+    return extras
 
 
 # Columns a narrow terminal drops first (last in this list first); id, state, config, the
