@@ -71,6 +71,11 @@ def test_a_printed_nan_or_infinity_is_named_by_results_not_lost_with_the_runs_ot
     # a quoted 'nan' is text, a key named nan is a key: neither is read as a number
     assert parse_result("{'test_note': 'nan', 'test_accuracy': 0.5}\n") == {"test_accuracy": 0.5}
     assert parse_result("{'test_accuracy': 0.5, 'nan': inf}\n") == {"test_accuracy": 0.5, "nan": float("inf")}
+    # the names are read as floats in the tree, never by rewriting text: a string saying nan stays text
+    assert parse_result("{'test_accuracy': 0.5, 'test_note': 'x: nan, y', 'test_f1': -inf}\n") == {
+        "test_accuracy": 0.5, "test_f1": float("-inf")}
+    assert parse_result("{'test_accuracy': 0.5, 'test_x': '__orch_nonfinite__:nan'}\n") == {"test_accuracy": 0.5}
+    assert parse_result("{'test_accuracy': nan, 'test_x': os.sep}\n") is None  # any other name: no literal
 
 
 SCRIPT = textwrap.dedent(

@@ -84,25 +84,28 @@ def parse_dict_literal(text: str, nonfinite: bool = False) -> dict[Any, Any] | N
     except RecursionError:  # a few thousand brackets: no metrics line, not the attempt's error
         return None
     except ValueError:
-        parsed = _literal(candidate)
-        if parsed is None and nonfinite and _BARE_NONFINITE.search(candidate):
-            found = _literal(_BARE_NONFINITE.sub(lambda m: f": '{_NONFINITE_MARK}{m[1]}'", candidate))
-            if isinstance(found, dict):
-                parsed = {key: _NONFINITE_MARKED.get(value, value) if isinstance(value, str) else value
-                          for key, value in found.items()}
+        parsed = _literal(candidate, nonfinite)
     return parsed if isinstance(parsed, dict) else None
 
 
-# A Python dict's value `nan`, `inf` or `-inf` (after its key's colon, before `,` or `}`), read
-# through a marked string: literal_eval knows no such names.
-_BARE_NONFINITE = re.compile(r":\s*(-?inf|nan)(?=\s*[,}])")
-_NONFINITE_MARK = "__orch_nonfinite__:"
-_NONFINITE_MARKED = {f"{_NONFINITE_MARK}{name}": float(name) for name in ("nan", "inf", "-inf")}
+class _NonFiniteNames(ast.NodeTransformer):
+    """The names `nan` and `inf` (as `print` writes float NaN and infinities) as those floats:
+    literal_eval then reads `{'loss': nan, 'x': -inf}` and still refuses any other name."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in ("nan", "inf"):
+            return ast.copy_location(ast.Constant(float(node.id)), node)
+        return node
 
 
-def _literal(candidate: str) -> Any:
+def _literal(candidate: str, nonfinite: bool = False) -> Any:
+    """ast.literal_eval of the text (never eval); with `nonfinite`, of its tree with the names
+    `nan` and `inf` made floats (nothing else is rewritten: a string saying `nan` stays text)."""
     try:
-        return ast.literal_eval(candidate)
+        if not nonfinite:
+            return ast.literal_eval(candidate)
+        tree = ast.parse(candidate, mode="eval")
+        return ast.literal_eval(_NonFiniteNames().visit(tree).body)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
 
