@@ -257,6 +257,7 @@ def test_a_metric_too_large_to_average_is_named_as_a_non_finite_one_is(tmp_path:
 def test_a_metric_no_run_reported_is_refused_where_runs_reported_others() -> None:
     """`--metric acuracy` showed every seed as `reported no acuracy`, blaming the runs."""
     from orchestrator.errors import UsageError
+    from orchestrator.lifecycle import JobState
     from orchestrator.results.table import check_metric_reported
 
     rows = [ResultRow("E1", "r8", "glue_rte", 1, {"accuracy": 0.7}, job=1, val_metrics={"loss": 0.4}),
@@ -267,4 +268,7 @@ def test_a_metric_no_run_reported_is_refused_where_runs_reported_others() -> Non
                                          r"\(reported: accuracy, f1, loss\)$"):
         check_metric_reported(rows, "acuracy")
     check_metric_reported([ResultRow("E1", "r8", "glue_rte", 1, {}, job=1)], "anything")  # nothing reported yet
+    check_metric_reported(rows, "val_loss")  # a split's name: the table's note says where the split is
+    running = ResultRow("E1", "r8", "glue_mrpc", 1, {}, job=3, state=JobState.RUNNING)
+    check_metric_reported([*rows, running], "mcc")  # a run still going may report it
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.errors import UsageError
+from orchestrator.lifecycle import JobState
 from orchestrator.plans.spelling import did_you_mean
 from orchestrator.results.aggregate import ResultRow, ResultSummary, aggregate
 from orchestrator.results.collect import RunReader, collect_rows
@@ -66,10 +67,15 @@ def build_table(
 def check_metric_reported(rows: Sequence[ResultRow], metric: str) -> None:
     """Refuse a metric no run reported (on either split, a non-finite value included) where runs
     reported others: a misspelt `--metric acuracy` showed every seed as reporting none, blaming
-    the runs. Before any run reported a metric, every name is taken (nothing tells a typo)."""
+    the runs. Every name is taken before any run reported a metric, while a run has not ended (a
+    task's own metric may come with it), and for a split's name of a reported metric (`val_loss`:
+    the table's note says where each split is)."""
+    if any(r.state in (JobState.QUEUED, JobState.RUNNING) for r in rows):
+        return
     reported = {name for r in rows for found in (r.metrics, r.val_metrics, r.nonfinite, r.val_nonfinite)
                 for name in found}
-    if reported and metric not in reported:
+    bare = metric.split("_", 1)[1] if metric.startswith(("val_", "eval_", "test_")) else metric
+    if reported and metric not in reported and bare not in reported:
         shown = sorted(reported)
         more = len(shown) - MAX_LISTED
         listed = ", ".join(shown[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
