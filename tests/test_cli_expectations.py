@@ -209,7 +209,7 @@ def test_show_prints_overrides_and_changes_as_yaml_words(orch_inproc: OrchRunner
     assert "{'" not in shown and "True" not in shown and "None" not in shown
 
 
-@pytest.mark.parametrize("command", [("results",), ("cancel",), ("retry",), ("jobs",), ("curves",)])
+@pytest.mark.parametrize("command", [("results",), ("cancel",), ("retry",)])
 def test_a_suite_this_database_has_no_job_of_is_an_error(orch_inproc: OrchRunner, db_path: Path,
                                                          command: tuple[str, ...]) -> None:
     """Before, `orch cancel --suite Demo` said it cancelled 0 jobs, exit 0, while the sweep ran on."""
@@ -222,6 +222,17 @@ def test_a_suite_this_database_has_no_job_of_is_an_error(orch_inproc: OrchRunner
     assert "unknown suite 'dmeo' in " in result.stderr
     assert db_path.read_bytes() == before
     assert json.loads(orch_inproc("jobs", "--state", "queued", "--json").stdout) == queued  # nothing cancelled
+
+
+@pytest.mark.parametrize("command", [("jobs", "--json"), ("curves", "--format", "json")])
+def test_a_listing_of_a_suite_with_no_job_here_is_empty_and_says_why(orch_inproc: OrchRunner,
+                                                                     command: tuple[str, ...]) -> None:
+    """A script may list a suite before it submits: the listing is empty (exit 0), and a note says
+    which suites there are (a misspelt name is answered)."""
+    assert orch_inproc(*SUBMIT).rc == 0
+    result = orch_inproc(*command, "--suite", "dmeo")
+    assert result.rc == 0 and json.loads(result.stdout) == [], result
+    assert result.stderr.strip().endswith("(did you mean 'demo'?) (its suites: demo)"), result.stderr
 
 
 def test_daemon_log_has_no_libtmux_chatter(tmp_path: Path) -> None:

@@ -118,7 +118,16 @@ def check_gpus_exist(gpus: list[int], db_path: Path, what: str) -> None:
 def check_suite_known(store: Store, suite: str, db_path: Path) -> None:
     """Refuse a `--suite` this state.db has no job of, naming those it has: a misspelt name
     selected nothing, and `orch cancel --suite` said it cancelled 0 jobs while the sweep ran on."""
+    if said := unknown_suite_said(store, suite, db_path):
+        raise UsageError(said)
+
+
+def unknown_suite_said(store: Store, suite: str, db_path: Path) -> str | None:
+    """`unknown suite 'dmeo' in state.db (did you mean 'demo'?) (its suites: demo)`, or None for
+    a suite with jobs here. A listing says it beside its empty output (a script may ask before it
+    submits); an action refuses (check_suite_known)."""
     known = suite_names(store)
-    if suite not in known:
-        raise UsageError(f"unknown suite {suite!r} in {db_path}{did_you_mean([suite], known)} "
-                         f"(its suites: {', '.join(known) or 'none yet'})")
+    if suite in known:
+        return None
+    return (f"unknown suite {suite!r} in {db_path}{did_you_mean([suite], known)} "
+            f"(its suites: {', '.join(known) or 'none yet'})")
