@@ -496,7 +496,26 @@ def test_a_ladder_knob_that_is_not_a_whole_number_at_its_floor_is_refused(tmp_pa
                                   "num_data_workers": 2}})
     sweep = Sweep(tmp_path / "state.db", plans=plans)
     with pytest.raises(PlanError, match=rf"^suite s, config base: {key}=[-0-9.]+ must be a whole number of [01] or "
-                                        r"more \(orch's ladder changes it\)$"):
+                                        r"more$"):
         sweep.submit("s", seeds=[1], sets={key: value}, dry_run=True)
     assert sweep.submit("s", seeds=[1], sets={"batch_size": "4", "num_data_workers": "0"}, dry_run=True,
                         as_frame=False)[0]["state"] == "would be queued"
+
+
+def test_a_ladder_knob_written_as_a_float_or_searched_below_its_floor_is_refused_and_text_passes(
+    tmp_path: Path,
+) -> None:
+    def submit(config: dict[str, Any], **suite: Any) -> Any:
+        plans = write_plans(tmp_path / "plans", {"s": {"worker": "sim", "mem_gib": 1, "configs": ["base"], **suite}},
+                            {"base": {"sim_mem_gib": 1, **config}})
+        return Sweep(tmp_path / "state.db", plans=plans).submit("s", seeds=[1], dry_run=True, as_frame=False)
+
+    with pytest.raises(PlanError, match=r"batch_size=8\.0: write 8, a whole number \(orch's ladder halves only"):
+        submit({"batch_size": 8.0})
+    assert submit({"batch_size": "auto", "gradient_accumulation_steps": "auto"})[0]["state"] == "would be queued"
+    space = {"method": "random", "trials": 2, "seed": 0, "space": {"batch_size": {"int_uniform": [0, 8]}}}
+    with pytest.raises(PlanError, match=r"search\.space\.batch_size int_uniform \[0, 8\]: batch_size=0 must be a "
+                                        r"whole number of 1 or more"):
+        submit({"batch_size": 8}, search=space)
+    space["space"] = {"batch_size": {"int_uniform": [1, 8]}}
+    assert len(submit({"batch_size": 8}, search=space)) == 2

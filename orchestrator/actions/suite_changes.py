@@ -42,7 +42,7 @@ def take_suite_as_it_is(store: Store, job_id: int, plans_dir: Path) -> tuple[boo
     try:
         check_worker_template(suite, specs, overrides)
     except PlanError as exc:
-        return False, f"job {job_id} runs as submitted: the suite's worker command does not fit it now ({exc})"
+        return False, f"job {job_id} runs as submitted: the suite as it is now refuses it ({exc})"
     now = JobCommand(suite.worker, json.dumps(spec.env, sort_keys=True),
                      json.dumps(suite.worker_output, sort_keys=True), suite.hang_timeout_s)
     before = job_command(store, job_id)

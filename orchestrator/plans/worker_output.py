@@ -123,18 +123,39 @@ KNOB_FLOORS = {"batch_size": 1, "gradient_accumulation_steps": 1, "num_data_work
 
 def check_knob_values(suite: Suite, jobs: Sequence[JobSpec]) -> None:
     """Refuse a job whose batch size, accumulation or data workers (orch's ladder knobs, under
-    the suite's names) is not a whole number at or above its floor: `--set batch_size=1.5` was
-    queued and failed at run time, `-4` ran."""
+    the suite's names) is a number that is not a whole one at or above its floor: `--set
+    batch_size=1.5` was queued and failed at run time, `-4` ran, and `8.0` reached a command as
+    `8.0` (the ladder leaves a value it cannot halve alone). Text (`auto`) is the script's own.
+    A search over a knob is checked over its space."""
     for job in jobs:
         config = suite.keys.to_orch(job.config)
         for knob, floor in KNOB_FLOORS.items():
-            value = config.get(knob)
-            if value is None:
-                continue
-            whole = isinstance(value, int) and not isinstance(value, bool)
-            if not whole or value < floor:
-                raise PlanError(f"suite {suite.name}, config {job.config_name}: {suite.keys.script_key(knob)}="
-                                f"{value!r} must be a whole number of {floor} or more (orch's ladder changes it)")
+            if problem := _knob_problem(config.get(knob), floor):
+                raise PlanError(f"suite {suite.name}, config {job.config_name}: "
+                                f"{suite.keys.script_key(knob)}={problem}")
+    if suite.search is None:
+        return
+    for dimension in suite.search.space:
+        as_orch = suite.keys.to_orch({dimension.key: None})  # the knob it is, under orch's name
+        searched_floor = next((KNOB_FLOORS[k] for k in as_orch if k in KNOB_FLOORS), None)
+        if searched_floor is None:
+            continue
+        for value in dimension_values(dimension):
+            if problem := _knob_problem(value, searched_floor):
+                raise PlanError(f"suite {suite.name}, search.space.{dimension.key} {shown_range(dimension)}: "
+                                f"{dimension.key}={problem}")
+
+
+def _knob_problem(value: Any, floor: int) -> str | None:
+    """What is wrong with a ladder knob's value (`1.5 must be ...`), or None (a whole number at
+    its floor or above; text or a switch, the script's own)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and value.is_integer() and value >= floor:
+        return f"{value!r}: write {int(value)}, a whole number (orch's ladder halves only those)"
+    if isinstance(value, float) or value < floor:
+        return f"{value!r} must be a whole number of {floor} or more"
+    return None
 
 
 SIM_KEYS = frozenset(key for key in KNOWN_CONFIG_KEYS if key.startswith("sim_"))
