@@ -526,7 +526,9 @@ def test_a_config_problem_names_its_path() -> None:
         "a[0].b has a key 2.5 that is not a string: quote it ('2.5') or use a list")
     assert config_problem({"a": {None: 1}}) == "a has a key null that is not a string: quote it ('null') or use a list"
     assert config_problem({"lr": float("nan")}) == "lr is .nan: a value must be a finite number"
-    assert config_problem({"a": {"b": [1.0, float("-inf")]}}) == "a.b[1] is -.inf: a value must be a finite number"
+    assert config_problem({"a": {"b": [1.0, float("-inf")]}}) == (
+        "a.b[1] is -.inf: a value must be a finite number (for no limit, a large number, or null where the script "
+        "reads null so)")
     assert config_problem({"a": 1e308, "b": True, "c": None}) is None
 
 

@@ -479,7 +479,8 @@ def test_a_misspelt_simulator_key_is_refused_with_its_likely_meaning(tmp_path: P
     with pytest.raises(PlanError, match=r"^suite s, config base: the simulated worker reads no 'sim_secnds' "
                                         r"\(did you mean 'sim_seconds'\?\) \(its keys: sim_base_gib, "):
         sweep.submit("s", seeds=[1], dry_run=True)
-    (plans / "configs" / "s" / "base.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1, "other_key": 2}))
+    (plans / "configs" / "s" / "base.yaml").write_text(yaml.safe_dump({"sim_mem_gib": 1, "other_key": 2,
+                                                                        "sim_temperature": 0.7}))  # the script's
     with pytest.raises(PlanError, match=r"^suite s, ladder set: the simulated worker reads no 'sim_mem_gb' "
                                         r"\(did you mean 'sim_mem_gib'\?\)"):
         sweep.submit("s", seeds=[1], dry_run=True)

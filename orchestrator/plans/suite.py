@@ -339,8 +339,11 @@ def config_problem(value: Any, where: str = "") -> str | None:
             if found := config_problem(item, f"{where}[{index}]"):
                 return found
     elif isinstance(value, float) and not math.isfinite(value):
-        shown = ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
-        return f"{_path_said(where)} is {shown}: a value must be a finite number"
+        if math.isnan(value):
+            return f"{_path_said(where)} is .nan: a value must be a finite number"
+        shown = "-.inf" if value < 0 else ".inf"
+        return (f"{_path_said(where)} is {shown}: a value must be a finite number (for no limit, a large "
+                "number, or null where the script reads null so)")
     return None
 
 

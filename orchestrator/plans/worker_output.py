@@ -162,13 +162,14 @@ SIM_KEYS = frozenset(key for key in KNOWN_CONFIG_KEYS if key.startswith("sim_"))
 
 
 def check_sim_config_keys(suite: Suite, jobs: Sequence[JobSpec], ladder_sets: set[str]) -> None:
-    """Refuse a `sim_*` key the simulated worker does not read (a misspelt `sim_secnds` would
-    rehearse the sweep with the default run time), in the submitted configs or the ladder's
-    `set:`. Other keys pass: a rehearsal may carry the real script's config."""
+    """Refuse a key close to one the simulated worker reads but not it (a misspelt `sim_secnds`
+    would rehearse the sweep with the default run time), in the submitted configs or the ladder's
+    `set:`. Other keys pass, `sim_` ones too: a rehearsal may carry the real script's config."""
     configs = {job.config_name: job.config for job in jobs} or {c.name: c.content for c in suite.configs}
     for where, keys in [*((f"config {name}", set(config)) for name, config in configs.items()),
                         ("ladder set", ladder_sets)]:
-        unknown = sorted(key for key in keys if key.startswith("sim_") and key not in SIM_KEYS)
+        unknown = sorted(key for key in keys if key.startswith("sim_") and key not in SIM_KEYS
+                         and did_you_mean([key], SIM_KEYS))
         if unknown:
             raise PlanError(f"suite {suite.name}, {where}: the simulated worker reads no "
                             f"{', '.join(repr(key) for key in unknown)}{did_you_mean(unknown, SIM_KEYS)} "
