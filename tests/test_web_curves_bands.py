@@ -59,3 +59,19 @@ def test_a_band_never_pools_runs_whose_settings_differ(db_path: Path) -> None:
             assert bands[0]["label"] != bands[1]["label"]
         alike = _bands(client, "job=1&job=2&metric=loss&band=1")
         assert [band["label"] for band in alike] == ["E1/c01 · glue-tvt_rte"]  # no digest where none is needed
+
+
+def test_overrides_the_suite_calls_not_science_never_split_a_band(db_path: Path) -> None:
+    """As they never split a results row (`not_science: [output_dir]`): each seed wrote elsewhere."""
+    from starlette.testclient import TestClient
+
+    from orchestrator.web.app import create_app
+
+    _sweep(db_path)
+    with Store(db_path) as store, store.write():
+        for job_id in range(1, 4):
+            store.execute("UPDATE jobs SET overrides_json = ?, not_science_json = ? WHERE id = ?",
+                          [json.dumps({"output_dir": f"out/{job_id}"}), json.dumps(["output_dir"]), job_id])
+    with TestClient(create_app(db_path, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        (band,) = _bands(client, "job=1&job=2&job=3&metric=loss&band=1")
+    assert band["n"] == 3 and band["label"] == "E1/c01 · glue-tvt_rte"

@@ -36,7 +36,7 @@ from orchestrator.plans.ladder_spec import LOGITS_KEY, logits_exact
 from orchestrator.results.aggregate import ResultRow, setting_digest
 from orchestrator.store.attempts import backfill_reported
 from orchestrator.store.db import Store
-from orchestrator.store.queries import ResultJob, result_jobs
+from orchestrator.store.queries import ResultJob, not_science_texts, result_jobs
 from orchestrator.wording import number
 
 __all__ = [
@@ -200,18 +200,18 @@ def collect_rows(store: Store, suite: str | None = None, reader: RunReader | Non
     return Collected(rows, from_run_dirs, splits_read)
 
 
-def setting_digests(store: Store, suites: Collection[str], job_ids: Collection[int],
-                    reader: RunReader | None = None) -> dict[int, str]:
+def job_settings(store: Store, suites: Collection[str], job_ids: Collection[int],
+                 reader: RunReader | None = None) -> dict[int, Setting]:
     """The effective setting of each of these jobs (of these suites), as `orch results` tells its
-    rows apart: jobs with one digest are seeds of one setting, and only they are pooled."""
+    rows apart: jobs of one digest are seeds of one setting, and only they are pooled. Only these
+    jobs are read, and their suites' not-science lists."""
     reader = reader or RunReader()
-    wanted = set(job_ids)
-    digests: dict[int, str] = {}
+    wanted = sorted(set(job_ids))
+    settings: dict[int, Setting] = {}
     for suite in sorted(set(suites)):
-        runs = result_jobs(store, suite)
-        aside = not_science_keys(runs).get(suite, frozenset())
-        digests.update({run.job_id: reader.setting(run, aside).digest for run in runs if run.job_id in wanted})
-    return digests
+        aside = frozenset().union(*(_not_science(text) for text in not_science_texts(store, suite)))
+        settings.update({run.job_id: reader.setting(run, aside) for run in result_jobs(store, suite, wanted)})
+    return settings
 
 
 def no_metrics_why(attempt_reason: str | None) -> str:

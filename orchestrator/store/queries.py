@@ -320,6 +320,12 @@ def last_seen_gpu_indices(store: Store) -> list[int] | None:
         return None
 
 
+def not_science_texts(store: Store, suite: str) -> list[str]:
+    """Each distinct `not_science` list (JSON) the suite's jobs were submitted with."""
+    return [r["t"] or "[]" for r in store.query("SELECT DISTINCT not_science_json AS t FROM jobs WHERE suite = ?",
+                                                  [suite])]
+
+
 def suite_names(store: Store) -> list[str]:
     """Every suite that has jobs in this state.db."""
     return [r["suite"] for r in store.query("SELECT DISTINCT suite FROM jobs ORDER BY suite")]
@@ -384,15 +390,21 @@ def _names(text: str | None) -> tuple[str, ...] | None:
     return tuple(str(v) for v in value) if isinstance(value, list) else None
 
 
-def result_jobs(store: Store, suite: str | None = None) -> list[ResultJob]:
-    """Every job of the results tables (of one suite, or all), by job id: the one reader of
-    results (`orch results`, the web page's results, `orch report`). A succeeded job without a
-    succeeded attempt (never written by orch) comes without one."""
+def result_jobs(store: Store, suite: str | None = None, job_ids: Sequence[int] | None = None) -> list[ResultJob]:
+    """Every job of the results tables (of one suite, or all; or only these jobs), by job id:
+    the one reader of results (`orch results`, the web page's results, `orch report`, the curves'
+    bands). A succeeded job without a succeeded attempt (never written by orch) comes without one."""
     sql = _RESULT_JOBS_SQL
     params: list[Any] = [JobState.SUCCEEDED.value, AttemptOutcome.SUCCEEDED.value]
+    where: list[str] = []
     if suite is not None:
-        sql += " WHERE j.suite = ?"
+        where.append("j.suite = ?")
         params.append(suite)
+    if job_ids is not None:
+        where.append(f"j.id IN ({','.join('?' * len(job_ids))})" if job_ids else "0")
+        params.extend(job_ids)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
     out: list[ResultJob] = []
     for r in store.query(sql + " ORDER BY j.id", params):
         out.append(ResultJob(

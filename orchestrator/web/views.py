@@ -18,7 +18,13 @@ from orchestrator.attempts.reported import nonfinite_metrics, nonfinite_said
 from orchestrator.attempts.rundir_reads import read_log_tail, read_result
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.lifecycle import AttemptOutcome, JobState
-from orchestrator.results.collect import RunReader, finite_metrics, job_metrics, setting_digests
+from orchestrator.results.collect import (
+    RunReader,
+    Setting,
+    finite_metrics,
+    job_metrics,
+    job_settings,
+)
 from orchestrator.results.trials import trial_rows
 from orchestrator.store.db import Store, now_s
 from orchestrator.store.gpu_samples import gpu_sample_series
@@ -210,7 +216,7 @@ def curve_runs(
             continue
         histories.append(history)
     bands = band_names([h.job for h in histories],
-                       setting_digests(store, {h.job.suite for h in histories}, [h.job.id for h in histories]))
+                       job_settings(store, {h.job.suite for h in histories}, [h.job.id for h in histories]))
     colours: dict[str, str] = {}
     for history in histories:
         job, last = history.job, history.attempts[-1]
@@ -231,19 +237,23 @@ def curve_runs(
     return runs, shown, missing
 
 
-def band_names(jobs: list[Job], digests: dict[int, str]) -> dict[int, str]:
-    """Each job's band: its suite / config [overrides] · task, with the setting's digest added
-    where jobs of one such name ran different settings (a config file edited between submits, a
-    changed command or environment), so that they are never pooled."""
+def band_names(jobs: list[Job], settings: dict[int, Setting]) -> dict[int, str]:
+    """Each job's band: its suite / config [overrides] · task, the overrides as results show them
+    (without the keys the suite calls not science), with the setting's digest added where jobs of
+    one such name ran different settings (a config file edited between submits, a changed command
+    or environment), so that the runs of a band are exactly those one results row pools."""
     named: dict[int, str] = {}
     for job in jobs:
-        overrides = " ".join(f"{k}={v}" for k, v in sorted(job.overrides.items()))
+        setting = settings.get(job.id)
+        shown = setting.overrides if setting is not None else job.overrides
+        overrides = " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
         named[job.id] = f"{job.suite}/{job.config_name}" + (f" [{overrides}]" if overrides else "") \
             + (f" · {job.data}" if job.data else "")  # a script without tasks: no empty part
-    settings: dict[str, set[str]] = {}
+    digests = {job: setting.digest for job, setting in settings.items()}
+    kinds: dict[str, set[str]] = {}
     for job in jobs:
-        settings.setdefault(named[job.id], set()).add(digests.get(job.id, ""))
-    return {job: name + (f" · setting {digests.get(job, '?')}" if len(settings[name]) > 1 else "")
+        kinds.setdefault(named[job.id], set()).add(digests.get(job.id, ""))
+    return {job: name + (f" · setting {digests.get(job, '?')}" if len(kinds[name]) > 1 else "")
             for job, name in named.items()}
 
 
