@@ -4,6 +4,8 @@ accuracy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.api.jobs import shown_metric
@@ -55,3 +57,23 @@ def test_a_value_an_earlier_attempt_reported_says_whose_it_is() -> None:
     extras = jobs_extras(facts, {}, {1: 2, 2: 2, 3: 1})
     assert extras[1][0] == "loss=0.0596@att1" and extras[2][0] == "loss=0.5" and extras[3][0] == "-"
 
+
+
+def test_the_web_jobs_page_says_when_a_value_is_an_earlier_attempts(tmp_path: Path) -> None:
+    pytest.importorskip("starlette", reason="needs the web extra")
+    from starlette.testclient import TestClient
+
+    from benchmarks.web_load import build_sweep
+    from orchestrator.store import Store
+    from orchestrator.web.app import create_app
+
+    db_path = tmp_path / "state.db"
+    build_sweep(db_path, 10, running=0, queued=0)  # job 10 ran twice (its first attempt OOM'd)
+    with Store(db_path) as store, store.write():
+        first = store.query("SELECT min(id) AS id FROM attempts WHERE job_id = 10")[0]["id"]
+        store.execute("INSERT INTO metric_history (attempt_id, key, step, value) VALUES (?, 'loss', 5, 0.0596)",
+                      [first])
+        assert store.query("SELECT count(*) AS n FROM attempts WHERE job_id = 10")[0]["n"] == 2
+    with TestClient(create_app(db_path, "t0ken"), base_url="http://127.0.0.1:8765") as client:
+        page = client.get("/jobs").text
+    assert '<span class="muted">loss</span> 0.0596 <span class="muted" title="reported by attempt 1' in page

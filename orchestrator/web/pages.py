@@ -142,8 +142,9 @@ def results_fragment(table: ResultTable, csv_href: str) -> str:
 
 
 def jobs_fragment(page: JobsPage, f: JobsFilter, by_state: dict[str, int],
-                  facts: Mapping[int, tuple[tuple[str, float] | None, float | None]] | None = None) -> str:
-    """`facts`: per job, its headline metric (key, value) and run time (api.jobs, store.job_facts)."""
+                  facts: Mapping[int, tuple[tuple[str, float] | None, float | None, int | None]] | None = None) -> str:
+    """`facts`: per job, its headline metric (key, value), run time (api.jobs, store.job_facts) and
+    the earlier attempt that reported the value (None when the latest did)."""
     filters = [("state", "state", [s.value for s in JobState], f.state), ("suite", "suite", page.suites, f.suite),
                ("config", "config", page.configs, f.config), ("data", "data", page.datas, f.data)]
     return render(

@@ -163,7 +163,10 @@ def jobs_view(store: Store, f: JobsFilter) -> str:
     page = jobs_page(store, f)
     facts = job_facts(store, [r.id for r in page.rows], now_s())
     tasks = {r.id: r.data for r in page.rows}
-    shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s)
+    latest = {r.id: r.attempts for r in page.rows}
+    # the attempt a value came from, where it is not the latest (a retry that reported nothing yet)
+    shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s,
+                   fact.attempt if fact.attempt is not None and fact.attempt != latest.get(job) else None)
              for job, fact in facts.items()}
     return pages.jobs_fragment(page, f, state_counts(store), shown)
 
