@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,12 +57,6 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class WebServer:
     url: str
@@ -76,12 +69,16 @@ class WebServer:
 
 @contextlib.contextmanager
 def web_server(orch: CliRunner) -> Iterator[WebServer]:
-    """`orch web` on a free port, once it has printed its address and token; stopped on leaving."""
-    port = free_port()
-    web = orch.popen("web", "--port", str(port))
+    """`orch web` on a port the system gives it (`--port 0`: a port chosen here and bound later
+    could be taken in between, by a test opening a thousand connections beside this one), once it
+    has printed its address and token; stopped on leaving."""
+    web = orch.popen("web", "--port", "0")
     try:
         assert web.stdout is not None
-        yield WebServer(f"http://127.0.0.1:{port}", [web.stdout.readline() for _ in range(3)])
+        printed = [web.stdout.readline() for _ in range(3)]
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", printed[0])
+        assert found, printed
+        yield WebServer(f"http://127.0.0.1:{found.group(1)}", printed)
     finally:
         web.terminate()
         try:

@@ -172,8 +172,8 @@ def test_a_cancel_of_a_worker_ignoring_sigterm_never_stalls_scheduling(orch: Orc
     pgid = int(str(first.pgid))
     wait_until(lambda: "free" in (orch.read(lambda store: get_job(store, 2).wait_reason) or "").lower(), 30,
                "job 2 to wait for memory")
+    cancelled_at = time.monotonic()  # before the CLI: the daemon's grace may start before it returns
     orch.run("cancel", "1")
-    cancelled_at = time.monotonic()
     for path in foreign:
         path.unlink()
     second = wait_until(lambda: orch.attempt_rows(2), 30, "job 2 to start")

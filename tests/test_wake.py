@@ -105,11 +105,12 @@ def test_the_wrapper_pokes_after_its_exit_record(tmp_path: Path) -> None:
 def test_wait_gone_follows_the_recorded_process_only(tmp_path: Path) -> None:
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         create_time = psutil.Process(proc.pid).create_time()
         assert wait_gone(proc.pid, create_time + 100.0, 5.0) is True  # another process: not waited on
         assert wait_gone(proc.pid, create_time, 0.01) is False  # still running
+        proc.terminate()
         threading.Thread(target=proc.wait).start()  # reaped, as tmux reaps a pane's process
         assert wait_gone(proc.pid, create_time, 30.0) is True
     finally:
