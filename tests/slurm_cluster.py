@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,10 +29,29 @@ def _binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now, below the kernel's range for outgoing connections (its start read from
+    /proc, 32768 by default): slurmctld binds it a while later, and a port from that range could
+    be taken in between by any connection a test beside this one opens."""
+    try:
+        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768
+    low = max(1024, min(20000, first_ephemeral - 2000))
+    for port in random.sample(range(low, first_ephemeral), min(200, first_ephemeral - low)):
+        if port in _GIVEN_PORTS:  # slurmctld's and slurmd's are two
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _GIVEN_PORTS.add(port)
+            return port
+    raise RuntimeError(f"no free port from {low} to {first_ephemeral}")
 
 
 @dataclass
