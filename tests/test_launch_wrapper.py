@@ -244,20 +244,25 @@ def test_orphans_reparented_to_the_wrapper_are_reaped_while_the_worker_runs(tmp_
     code = (
         "import os, sys, time\n"
         "if os.fork() == 0:\n"
-        "    if os.fork() == 0:\n"
+        "    orphan = os.fork()\n"
+        "    if orphan == 0:\n"
         "        time.sleep(0.2); os._exit(0)\n"  # an orphan of the wrapper once its parent is gone
-        "    os._exit(0)\n"
-        "os.wait(); print('forked', flush=True); time.sleep(5)\n"
+        "    print(f'orphan {orphan}', flush=True); os._exit(0)\n"
+        "os.wait(); print('forked', flush=True); time.sleep(10)\n"
     )
     proc = subprocess.Popen(wrapper_argv(tmp_path, [sys.executable, "-c", code]), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        assert proc.stdout is not None and b"forked" in proc.stdout.readline()
-        time.sleep(0.5)  # the orphan has exited by now (it lived 0.2 s)
-        deadline = time.monotonic() + 4
-        while _zombie_children(proc.pid) and time.monotonic() < deadline:
+        assert proc.stdout is not None
+        first, second = proc.stdout.readline(), proc.stdout.readline()
+        assert first.startswith(b"orphan ") and b"forked" in second, (first, second)
+        orphan = int(first.split()[1])
+        # gone from the process table only once reaped: unreaped, it would stay a zombie of the wrapper
+        deadline = time.monotonic() + 8
+        while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
             time.sleep(0.1)  # polling the process table for the reaper's pass
-        assert _zombie_children(proc.pid) == []
+        assert not os.path.exists(f"/proc/{orphan}"), _zombie_children(proc.pid)
+        assert proc.poll() is None  # reaped while the worker runs, not by the wrapper's end
     finally:
         proc.kill()
         proc.wait()
