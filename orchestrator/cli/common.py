@@ -16,6 +16,7 @@ from orchestrator.plans import DEFAULT_SLOTS, GpuPlan
 from orchestrator.plans.spelling import did_you_mean
 from orchestrator.store import Store
 from orchestrator.store.queries import suite_names
+from orchestrator.wording import one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -120,6 +121,13 @@ def check_suite_known(store: Store, suite: str, db_path: Path) -> None:
     selected nothing, and `orch cancel --suite` said it cancelled 0 jobs while the sweep ran on."""
     if said := unknown_suite_said(store, suite, db_path):
         raise UsageError(said)
+
+
+def note_unknown_suite(store: Store, suite: str | None, db_path: Path) -> None:
+    """A listing's line on stderr when its `--suite` has no job here: it still lists (nothing),
+    since a script may ask before it submits."""
+    if suite is not None and (said := unknown_suite_said(store, suite, db_path)):
+        click.echo(one_line(f"note: {said}"), err=True)
 
 
 def unknown_suite_said(store: Store, suite: str, db_path: Path) -> str | None:

@@ -8,12 +8,11 @@ from pathlib import Path
 import click
 
 from orchestrator.api.curves import as_csv, as_json, curve_points
-from orchestrator.cli.common import db_option, open_store, unknown_suite_said
+from orchestrator.cli.common import db_option, note_unknown_suite, open_store
 from orchestrator.errors import JobNotFound, UsageError
 from orchestrator.plans.inputs import SUITE_NAME_RE, shown_value
 from orchestrator.store.history import selection_keys
 from orchestrator.store.job_facts import job_states
-from orchestrator.wording import one_line
 
 
 @click.command("curves")
@@ -55,8 +54,7 @@ def curves_cmd(
     if suite is not None and not SUITE_NAME_RE.fullmatch(suite):
         raise UsageError(f"--suite {shown_value(suite)} is not a suite name")
     with open_store(db_path) as store:
-        if suite is not None and (said := unknown_suite_said(store, suite, db_path)):
-            click.echo(one_line(f"note: {said}"), err=True)  # still printed (no point): a script may ask first
+        note_unknown_suite(store, suite, db_path)
         missing = sorted(set(job_ids) - set(job_states(store, list(job_ids))))
         if missing:
             raise JobNotFound(f"no job {missing[0]} (see `orch jobs`)")

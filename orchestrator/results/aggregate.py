@@ -381,12 +381,13 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def _seed_input(row: ResultRow, metric: str) -> SeedRunInput:
-    why = row.reason
-    if row.state is JobState.SUCCEEDED and metric not in row.metrics:
+    succeeded = row.state is JobState.SUCCEEDED
+    why, nonfinite = row.reason, ""
+    if succeeded and metric not in row.metrics:  # why, and the value it reported instead, if any
         why = missing_said(metric, row.nonfinite, row.no_metrics, bool(row.metrics))
-    nonfinite = row.nonfinite.get(metric, "") if row.state is JobState.SUCCEEDED and metric not in row.metrics else ""
-    return SeedRunInput(row.seed, row.job, row.state, row.state is JobState.SUCCEEDED and metric in row.metrics, why,
-                        nonfinite, row.diverged or "")
+        nonfinite = row.nonfinite.get(metric, "")
+    return SeedRunInput(row.seed, row.job, row.state, succeeded and metric in row.metrics, why, nonfinite,
+                        row.diverged or "")
 
 
 def _summarise(rows: list[ResultRow], label: str, variant: str, wanted: str | None, pooled: bool) -> ResultSummary:

@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator.actions.presence import daemon_alive
 from orchestrator.api.curves import curve_points, stitch
 from orchestrator.api.frames import pruned_step
-from orchestrator.api.jobs import headline_metric
+from orchestrator.api.jobs import earlier_attempt, headline_metric
 from orchestrator.attempts.log_sequences import plain_text
 from orchestrator.attempts.next_step import pruned_reason
 from orchestrator.attempts.provenance_reads import read_provenance
@@ -164,9 +164,8 @@ def jobs_view(store: Store, f: JobsFilter) -> str:
     facts = job_facts(store, [r.id for r in page.rows], now_s())
     tasks = {r.id: r.data for r in page.rows}
     latest = {r.id: r.attempts for r in page.rows}
-    # the attempt a value came from, where it is not the latest (a retry that reported nothing yet)
     shown = {job: (headline_metric(fact.last_values, tasks.get(job, "")), fact.run_s,
-                   fact.attempt if fact.attempt is not None and fact.attempt != latest.get(job) else None)
+                   earlier_attempt(fact.attempt, latest.get(job)))
              for job, fact in facts.items()}
     return pages.jobs_fragment(page, f, state_counts(store), shown)
 

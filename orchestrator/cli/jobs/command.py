@@ -23,9 +23,9 @@ from orchestrator.cli.common import (
     echo_json_stream,
     fmt_mib,
     json_option,
+    note_unknown_suite,
     open_store,
     parse_job_ids,
-    unknown_suite_said,
 )
 from orchestrator.cli.jobs.log_stream import TerminalText, copy_from, tail_offset
 from orchestrator.cli.jobs.table import STATE_STYLES, jobs_extras, print_jobs
@@ -85,8 +85,7 @@ def jobs_cmd(
 ) -> None:
     """List jobs (piped output: whole values in plain columns)."""
     with open_store(db_path) as store:
-        if suite is not None and (said := unknown_suite_said(store, suite, db_path)):
-            click.echo(one_line(f"note: {said}"), err=True)  # still listed (none): a script may ask first
+        note_unknown_suite(store, suite, db_path)
         if as_json:  # streamed from the cursor: flat memory at any number of jobs
             echo_json_stream(_with_facts(store, iter_jobs(store, state=state, suite=suite, limit=limit, offset=offset)))
             return

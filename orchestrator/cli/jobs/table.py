@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.api.jobs import shown_metric
+from orchestrator.api.jobs import earlier_attempt, shown_metric
 from orchestrator.cli.plain_table import render_plain
 from orchestrator.cli.tables import fit_columns, plain_columns, print_whole
 from orchestrator.lifecycle import JobState
@@ -58,9 +58,9 @@ def jobs_extras(facts: dict[int, JobFacts], tasks: dict[int, str] | None = None,
     extras: Extras = {}
     for job, f in facts.items():
         metric = shown_metric(f.last_values, (tasks or {}).get(job, ""))
-        latest = (attempts or {}).get(job)
-        if metric != "-" and f.attempt is not None and latest is not None and f.attempt != latest:
-            metric += f"@att{f.attempt}"  # one word still, for piped columns
+        earlier = earlier_attempt(f.attempt, (attempts or {}).get(job))
+        if metric != "-" and earlier is not None:
+            metric += f"@att{earlier}"  # one word still, for piped columns
         extras[job] = (metric, fmt_duration(f.run_s))
     return extras
 
